@@ -1,0 +1,156 @@
+"""specdec-build's engine: checkpoint -> network -> engine directory.
+
+The engine is written into a temporary directory beside the output and moved
+into place only when complete, so a failed or interrupted build leaves nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ..runtime import __version__
+from ..runtime.engine_format import CONFIG_FILE, BuildConfig, EngineConfig, ModelConfig, hash_directory
+from ..runtime.errors import BuildConfigError
+from .architectures import checkpoint_dtype, model_config_from_hf
+from .backends import resolve_backend
+from .checkpoint import load_checkpoint
+
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+MODES = ("none", "draft_tokens_external")
+
+
+@dataclass
+class BuildResult:
+    output_dir: Path
+    config: EngineConfig
+    num_parameters: int
+    engine_bytes: int
+    seconds: float
+
+
+def validate_build_config(build: BuildConfig, model: ModelConfig) -> None:
+    problems = []
+    if build.max_batch_size < 1:
+        problems.append(f"max_batch_size={build.max_batch_size} must be >= 1")
+    if build.max_input_len < 1:
+        problems.append(f"max_input_len={build.max_input_len} must be >= 1")
+    if build.max_input_len >= build.max_seq_len:
+        problems.append(f"max_input_len={build.max_input_len} must be smaller than max_seq_len={build.max_seq_len} (room for output tokens)")
+    if build.speculative_decoding_mode not in MODES:
+        problems.append(f"speculative_decoding_mode={build.speculative_decoding_mode!r} is not one of {', '.join(MODES)}")
+    elif build.speculative_decoding_mode == "draft_tokens_external" and build.max_draft_len < 1:
+        problems.append("speculative_decoding_mode=draft_tokens_external needs max_draft_len >= 1")
+    elif build.speculative_decoding_mode == "none" and build.max_draft_len != 0:
+        problems.append(f"max_draft_len={build.max_draft_len} needs --speculative_decoding_mode draft_tokens_external")
+    if build.max_draft_len < 0:
+        problems.append(f"max_draft_len={build.max_draft_len} must be >= 0")
+    if build.tp_size != 1:
+        problems.append(f"tp_size={build.tp_size}: tensor parallelism is not supported yet (use 1)")
+    if build.dtype not in DTYPES[1:]:
+        problems.append(f"dtype={build.dtype!r} is not one of {', '.join(DTYPES)}")
+    if problems:
+        raise BuildConfigError("invalid build configuration: " + "; ".join(problems) + ".")
+
+
+def resolve_dtype(requested: str, hf_config: dict) -> str:
+    if requested not in DTYPES:
+        raise BuildConfigError(f"--dtype {requested!r} is not one of {', '.join(DTYPES)}.")
+    if requested != "auto":
+        return requested
+    found = checkpoint_dtype(hf_config)
+    return found if found in DTYPES else "float32"
+
+
+def prepare_output(output_dir: Path, force: bool) -> None:
+    if output_dir.exists() and not output_dir.is_dir():
+        raise BuildConfigError(f"--output_dir {output_dir} exists and is not a directory.")
+    if output_dir.is_dir() and any(output_dir.iterdir()) and not force:
+        raise BuildConfigError(f"--output_dir {output_dir} exists and is not empty; pass --force to replace it.")
+
+
+def _versions() -> dict[str, str]:
+    import onnx
+
+    versions = {"specdec": __version__, "onnx": onnx.__version__, "numpy": np.__version__, "python": platform.python_version()}
+    try:
+        import onnxruntime
+
+        versions["onnxruntime"] = onnxruntime.__version__
+    except ImportError:
+        pass
+    return versions
+
+
+def build_engine(
+    checkpoint_dir: str | Path,
+    output_dir: str | Path,
+    build: BuildConfig,
+    force: bool = False,
+    allow_pickle: bool = False,
+    progress: Callable[[str, int, int], None] | None = None,
+    say: Callable[[str], None] = print,
+) -> BuildResult:
+    """Build one engine directory. ``progress(step, done, total)`` reports work."""
+    t0 = time.perf_counter()
+    output_dir = Path(output_dir)
+    prepare_output(output_dir, force)
+    ckpt = load_checkpoint(checkpoint_dir, allow_pickle=allow_pickle)
+    model = model_config_from_hf(ckpt.hf_config, max_seq_len=build.max_seq_len)
+    build = replace(build, dtype=resolve_dtype(build.dtype, ckpt.hf_config), backend=resolve_backend(build.backend, say))
+    validate_build_config(build, model)
+    if build.max_seq_len > model.max_position_embeddings:
+        say(f"warning: max_seq_len={build.max_seq_len} exceeds the model's max_position_embeddings={model.max_position_embeddings}")
+
+    from .backends import onnxruntime as backend
+    from .network import build_network
+
+    total = model.num_layers + 3
+    report = progress or (lambda *_: None)
+    report("network", 0, total)
+    network = build_network(ckpt, model, build, on_layer=lambda i: report(f"layer {i}", i + 1, total))
+    num_parameters = sum(int(np.prod(t.dims)) for t in network.graph.initializer if t.name.endswith((".weight", ".bias")))
+
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.building-", dir=output_dir.parent))
+    try:
+        network_file = backend.write_engine(network, tmp)
+        report("write", model.num_layers + 1, total)
+        for f in ckpt.tokenizer_files():
+            shutil.copy2(f, tmp / f.name)
+        backend.check_loads(tmp)
+        report("verify", model.num_layers + 2, total)
+        config = EngineConfig(
+            model=model,
+            build=build,
+            files=hash_directory(tmp),
+            versions=_versions(),
+            network_file=network_file,
+            extra={"checkpoint": str(Path(checkpoint_dir).resolve()), "checkpoint_dtype": checkpoint_dtype(ckpt.hf_config), "hf_config": ckpt.hf_config},
+        )
+        (tmp / CONFIG_FILE).write_text(config.to_json())
+        _move_into_place(tmp, output_dir)
+        report("done", total, total)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    engine_bytes = sum(p.stat().st_size for p in output_dir.rglob("*") if p.is_file())
+    return BuildResult(output_dir, config, num_parameters, engine_bytes, time.perf_counter() - t0)
+
+
+def _move_into_place(tmp: Path, output_dir: Path) -> None:
+    if output_dir.exists():
+        trash = output_dir.with_name(f".{output_dir.name}.old-{os.getpid()}")
+        os.replace(output_dir, trash)
+        os.replace(tmp, output_dir)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(tmp, output_dir)

@@ -1,0 +1,139 @@
+"""Hugging Face checkpoint directories: config.json + safetensors (+ tokenizer).
+
+Pickled ``.bin`` weights are never loaded unless the caller opts in
+(``allow_pickle=True``), because unpickling runs arbitrary code.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from ..runtime.errors import CheckpointError
+from .safetensors_io import SafetensorsFile
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+)
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint on disk: its raw HF config and a name -> tensor reader."""
+
+    path: Path
+    hf_config: dict[str, Any]
+    _tensors: dict[str, tuple[Any, str]]  # name -> (reader, key)
+
+    def names(self) -> list[str]:
+        return list(self._tensors)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._tensors
+
+    def dtype_name(self, name: str) -> str:
+        reader, key = self._tensors[name]
+        return reader.dtype_name(key)
+
+    def float32(self, name: str) -> np.ndarray:
+        if name not in self._tensors:
+            raise CheckpointError(f"checkpoint {self.path} has no tensor {name!r}; is the config's architecture right?")
+        reader, key = self._tensors[name]
+        return reader.float32(key)
+
+    def tokenizer_files(self) -> Iterator[Path]:
+        for name in TOKENIZER_FILES:
+            p = self.path / name
+            if p.is_file():
+                yield p
+
+
+def load_checkpoint(path: str | Path, allow_pickle: bool = False) -> Checkpoint:
+    root = Path(path)
+    if not root.is_dir():
+        raise CheckpointError(f"checkpoint directory {root} does not exist.")
+    cfg_file = root / "config.json"
+    if not cfg_file.is_file():
+        raise CheckpointError(
+            f"{root} has no config.json; expected a Hugging Face model directory (config.json + *.safetensors), "
+            "as written by `model.save_pretrained(dir)`."
+        )
+    try:
+        hf_config = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{cfg_file} is not valid JSON: {err}") from err
+    return Checkpoint(root, hf_config, _index_tensors(root, allow_pickle))
+
+
+def _index_tensors(root: Path, allow_pickle: bool) -> dict[str, tuple[Any, str]]:
+    index = root / "model.safetensors.index.json"
+    single = root / "model.safetensors"
+    if index.is_file():
+        weight_map: dict[str, str] = json.loads(index.read_text()).get("weight_map", {})
+        if not weight_map:
+            raise CheckpointError(f"{index} has an empty weight_map.")
+        readers: dict[str, SafetensorsFile] = {}
+        tensors = {}
+        for name, shard in weight_map.items():
+            shard_path = root / shard
+            if not shard_path.is_file():
+                raise CheckpointError(f"shard {shard} named in {index.name} is missing from {root}.")
+            reader = readers.setdefault(shard, SafetensorsFile(shard_path))
+            if name not in reader.entries:
+                raise CheckpointError(f"{index.name} places {name!r} in {shard}, but that shard does not hold it.")
+            tensors[name] = (reader, name)
+        return tensors
+    if single.is_file():
+        reader = SafetensorsFile(single)
+        return {name: (reader, name) for name in reader.keys()}
+    others = sorted(p.name for p in root.glob("*.safetensors"))
+    if others:
+        tensors = {}
+        for name in others:
+            reader = SafetensorsFile(root / name)
+            tensors.update({k: (reader, k) for k in reader.keys()})
+        return tensors
+    bins = sorted(root.glob("pytorch_model*.bin"))
+    if bins:
+        if not allow_pickle:
+            raise CheckpointError(
+                f"{root} holds only pickled PyTorch weights ({bins[0].name}); specdec does not unpickle files by default "
+                "because unpickling can run arbitrary code. Convert once with "
+                "`python -c \"from transformers import AutoModelForCausalLM as M; M.from_pretrained('DIR').save_pretrained('DIR', safe_serialization=True)\"`, "
+                "or pass --allow_pickle if you trust the file."
+            )
+        return _index_pickled(bins)
+    raise CheckpointError(f"{root} has no model weights: expected model.safetensors or model.safetensors.index.json.")
+
+
+class _PickledReader:
+    """Opt-in only: torch.load with weights_only=True (still a pickle)."""
+
+    def __init__(self, path: Path):
+        import torch  # the build extra; only reached with allow_pickle
+
+        self.state = torch.load(path, map_location="cpu", weights_only=True)
+
+    def dtype_name(self, key: str) -> str:
+        return {"torch.bfloat16": "BF16", "torch.float16": "F16"}.get(str(self.state[key].dtype), "F32")
+
+    def float32(self, key: str) -> np.ndarray:
+        return self.state[key].float().numpy()
+
+
+def _index_pickled(bins: list[Path]) -> dict[str, tuple[Any, str]]:
+    tensors = {}
+    for b in bins:
+        reader = _PickledReader(b)
+        tensors.update({k: (reader, k) for k in reader.state})
+    return tensors

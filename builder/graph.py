@@ -1,0 +1,82 @@
+"""A small ONNX graph builder: nodes named by where they live in the model.
+
+Node names follow ``/model/layers.3/attn/qkv_proj`` so that a profile or a
+parser error points at the layer; a node's outputs are ``<name>/out<i>``.
+Weights are stored in the engine's dtype and cast to float32 where the graph
+computes in float32 (ONNX Runtime CPU has no fp16/bf16 MatMul); ONNX Runtime
+folds those casts once, when the session is created.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 24  # TensorScatter (24), Attention / RotaryEmbedding / RMSNormalization (23)
+IR_VERSION = 12  # the IR of opset 24; onnx 1.23 would write 14, newer than ONNX Runtime 1.31 reads
+
+_STORAGE = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
+
+
+def float32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """Round float32 to bfloat16 (nearest even) and return the uint16 bits."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
+    return (rounded >> np.uint32(16)).astype(np.uint16)
+
+
+class GraphBuilder:
+    def __init__(self, weight_dtype: str = "float32"):
+        if weight_dtype not in _STORAGE:
+            raise ValueError(f"unsupported weight dtype {weight_dtype!r}")
+        self.weight_dtype = weight_dtype
+        self.nodes: list = []
+        self.initializers: list = []
+        self.inputs: list = []
+        self.outputs: list = []
+        self._names: set[str] = set()
+
+    # -- values ---------------------------------------------------------------
+    def input(self, name: str, elem_type: int, shape: Sequence[int | str]) -> str:
+        self.inputs.append(helper.make_tensor_value_info(name, elem_type, list(shape)))
+        return name
+
+    def output(self, name: str, elem_type: int, shape: Sequence[int | str]) -> None:
+        self.outputs.append(helper.make_tensor_value_info(name, elem_type, list(shape)))
+
+    def const(self, name: str, value: np.ndarray) -> str:
+        """An initializer stored as given (indices, shapes, float32 tables)."""
+        self.initializers.append(numpy_helper.from_array(np.array(value, copy=True, order="C"), name))
+        return name
+
+    def weight(self, name: str, value: np.ndarray) -> str:
+        """A float32 weight stored in the engine dtype; returns a float32 value."""
+        value = np.ascontiguousarray(value, dtype=np.float32)
+        if self.weight_dtype == "float32":
+            return self.const(name, value)
+        if self.weight_dtype == "float16":
+            self.const(name, value.astype(np.float16))
+        else:
+            bits = float32_to_bf16_bits(value)
+            self.initializers.append(
+                helper.make_tensor(name, TensorProto.BFLOAT16, value.shape, bits.tobytes(), raw=True)
+            )
+        return self.op("Cast", [name], f"{name}/cast", to=TensorProto.FLOAT)
+
+    # -- nodes ----------------------------------------------------------------
+    def op(self, op_type: str, inputs: Sequence[str], name: str, num_outputs: int = 1, outputs: Sequence[str] | None = None, domain: str = "", **attrs) -> str:
+        if name in self._names:
+            raise ValueError(f"duplicate node name {name}")
+        self._names.add(name)
+        outs = list(outputs) if outputs else [f"{name}/out{i}" for i in range(num_outputs)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=name, domain=domain or None, **attrs))
+        return outs[0] if len(outs) == 1 else outs  # type: ignore[return-value]
+
+    def model(self, graph_name: str, extra_opsets: dict[str, int] | None = None):
+        graph = helper.make_graph(self.nodes, graph_name, self.inputs, self.outputs, self.initializers)
+        opsets = [helper.make_opsetid("", OPSET)] + [helper.make_opsetid(d, v) for d, v in (extra_opsets or {}).items()]
+        model = helper.make_model(graph, opset_imports=opsets, producer_name="specdec")
+        model.ir_version = IR_VERSION
+        return model

@@ -1,0 +1,46 @@
+"""Rotary position embedding tables, computed the way transformers does.
+
+``cos``/``sin`` are ``[positions, head_dim // 2]`` float32, indexed by
+position id; ONNX ``RotaryEmbedding`` (non-interleaved) consumes them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..runtime.engine_format import ModelConfig
+
+
+def inverse_frequencies(cfg: ModelConfig) -> np.ndarray:
+    dim = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim))
+    inv_freq = inv_freq.astype(np.float32)
+    scaling = cfg.rope_scaling or {}
+    kind = scaling.get("rope_type")
+    if kind == "linear":
+        inv_freq = (inv_freq / np.float32(scaling["factor"])).astype(np.float32)
+    elif kind == "llama3":
+        inv_freq = _llama3(inv_freq, scaling)
+    return inv_freq
+
+
+def _llama3(inv_freq: np.ndarray, s: dict) -> np.ndarray:
+    factor = float(s["factor"])
+    low, high = float(s["low_freq_factor"]), float(s["high_freq_factor"])
+    old_len = float(s["original_max_position_embeddings"])
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def cos_sin_tables(cfg: ModelConfig, num_positions: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin: [num_positions, head_dim // 2] float32."""
+    inv_freq = inverse_frequencies(cfg)
+    freqs = np.arange(num_positions, dtype=np.float32)[:, None] * inv_freq[None, :]
+    return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)

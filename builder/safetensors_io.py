@@ -1,0 +1,94 @@
+"""Read safetensors files into numpy without torch.
+
+numpy has no bfloat16 or float8 types, so those tensors are widened here:
+bfloat16 -> float32 exactly (it is the top half of a float32), float8 is
+returned as raw ``uint8`` bits with its dtype name for the quantization code.
+A truncated or malformed file gets a CheckpointError naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from ..runtime.errors import CheckpointError
+
+_NUMPY_DTYPES = {
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "I64": np.int64,
+    "I32": np.int32,
+    "I16": np.int16,
+    "I8": np.int8,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
+}
+_RAW_DTYPES = {"BF16": np.uint16, "F8_E4M3": np.uint8, "F8_E5M2": np.uint8}
+
+
+def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+class SafetensorsFile:
+    """One .safetensors file, memory-mapped; tensors are read on demand."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            size = path.stat().st_size
+            with open(path, "rb") as f:
+                head = f.read(8)
+                if len(head) < 8:
+                    raise ValueError("file shorter than its 8-byte header length")
+                (n,) = struct.unpack("<Q", head)
+                if n > size - 8:
+                    raise ValueError(f"header length {n} runs past the end of the file ({size} bytes)")
+                header = json.loads(f.read(n))
+        except (OSError, ValueError, UnicodeDecodeError) as err:
+            raise CheckpointError(f"{path} is not a readable safetensors file ({err}). Re-save or re-download the checkpoint.") from err
+        self._data_start = 8 + n
+        self.metadata = header.pop("__metadata__", {}) or {}
+        self.entries: dict[str, dict] = header
+        end = max((e["data_offsets"][1] for e in header.values()), default=0)
+        if self._data_start + end > size:
+            raise CheckpointError(
+                f"{path} is truncated: its header describes {self._data_start + end} bytes but the file has {size}. "
+                "Re-save or re-download the checkpoint."
+            )
+        self._mmap = np.memmap(path, dtype=np.uint8, mode="r") if size else np.zeros(0, np.uint8)
+
+    def keys(self) -> list[str]:
+        return list(self.entries)
+
+    def dtype_name(self, name: str) -> str:
+        return self.entries[name]["dtype"]
+
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor with its stored bits: BF16 as uint16, F8 as uint8."""
+        e = self.entries[name]
+        code, shape = e["dtype"], e["shape"]
+        np_dtype = _NUMPY_DTYPES.get(code) or _RAW_DTYPES.get(code)
+        if np_dtype is None:
+            raise CheckpointError(f"tensor {name!r} in {self.path} has dtype {code}, which specdec cannot read.")
+        start, stop = e["data_offsets"]
+        buf = self._mmap[self._data_start + start : self._data_start + stop]
+        return np.frombuffer(buf, dtype=np_dtype).reshape(shape)
+
+    def float32(self, name: str) -> np.ndarray:
+        """The tensor as float32 (bfloat16 widened exactly)."""
+        code = self.dtype_name(name)
+        arr = self.raw(name)
+        if code == "BF16":
+            return bf16_bits_to_float32(arr)
+        if code.startswith("F8"):
+            raise CheckpointError(f"tensor {name!r} is {code}; FP8 checkpoints need the quantization path.")
+        return arr.astype(np.float32)
+
+
+def read_header_only(path: Path) -> dict:
+    return SafetensorsFile(path).entries

@@ -1,0 +1,95 @@
+"""Attention with a runtime-owned, static-capacity KV cache.
+
+The cache of layer i is a graph input ``past_key.i`` ``[batch, kv_heads,
+capacity, head_dim]``; the updated cache is the output ``present_key.i``.
+The runtime binds the same buffer to both, so TensorScatter writes the new
+K/V in place. Each token's cache slot is its position, so rolling back
+rejected drafts is only moving the runtime's per-row length back: stale
+slots past it are masked (slot j is visible to a token at position p iff
+j <= p) and later overwritten.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import TensorProto
+
+from ..builder.graph import GraphBuilder
+from ..runtime.engine_format import ModelConfig
+
+
+@dataclass
+class Shared:
+    """Values computed once per graph and used by every layer."""
+
+    positions: str  # [batch, num_tokens] int64
+    cos: str  # [capacity, head_dim/2] float32
+    sin: str
+    write_index: str = ""  # [batch] int64: the first new slot of each row
+    mask: str = ""  # [batch, 1, num_tokens, live_len] bool
+    live_len: str = ""  # [1] int64: longest live row, bounds attention cost
+
+
+class AttentionLowering:
+    name = "base"
+
+    def __init__(self, gb: GraphBuilder, cfg: ModelConfig):
+        self.gb, self.cfg = gb, cfg
+
+    def prelude(self, shared: Shared) -> Shared:
+        raise NotImplementedError
+
+    def layer(self, prefix: str, q: str, k: str, v: str, layer: int, shared: Shared) -> str:
+        """q: [B,S,nh,hd], k/v: [B,S,kvh,hd] (after any q/k norm) -> [B,S,nh*hd]."""
+        raise NotImplementedError
+
+
+class PortableAttention(AttentionLowering):
+    name = "portable"
+
+    def prelude(self, shared: Shared) -> Shared:
+        gb = self.gb
+        p = "/model/attn_prelude"
+        zero = gb.const(f"{p}/zero", np.array([0], np.int64))
+        one = gb.const(f"{p}/one", np.array(1, np.int64))
+        first = gb.op("Gather", [shared.positions, gb.const(f"{p}/idx0", np.array(0, np.int64))], f"{p}/write_index", axis=1)
+        # Attention only spans the longest live row, not the whole capacity:
+        # on a small model this decides whether a step costs the weights or the cache.
+        top = gb.op("ReduceMax", [shared.positions], f"{p}/max_pos", keepdims=0)
+        live = gb.op("Add", [top, one], f"{p}/live_len_scalar")
+        slots = gb.op("Range", [gb.const(f"{p}/zero_s", np.array(0, np.int64)), live, one], f"{p}/slots")
+        pos4 = gb.op("Unsqueeze", [shared.positions, gb.const(f"{p}/axes13", np.array([1, 3], np.int64))], f"{p}/pos4")
+        mask = gb.op("LessOrEqual", [slots, pos4], f"{p}/mask")  # [B,1,S,L]
+        live1 = gb.op("Unsqueeze", [live, zero], f"{p}/live_len")
+        shared.write_index, shared.mask, shared.live_len = first, mask, live1
+        self._zero, self._axis2 = zero, gb.const(f"{p}/axis2", np.array([2], np.int64))
+        return shared
+
+    def layer(self, prefix: str, q: str, k: str, v: str, layer: int, shared: Shared) -> str:
+        gb, cfg = self.gb, self.cfg
+        perm = [0, 2, 1, 3]
+        q = gb.op("Transpose", [q], f"{prefix}/q_bnsh", perm=perm)
+        k = gb.op("Transpose", [k], f"{prefix}/k_bnsh", perm=perm)
+        v = gb.op("Transpose", [v], f"{prefix}/v_bnsh", perm=perm)
+        q = gb.op("RotaryEmbedding", [q, shared.cos, shared.sin, shared.positions], f"{prefix}/q_rope")
+        k = gb.op("RotaryEmbedding", [k, shared.cos, shared.sin, shared.positions], f"{prefix}/k_rope")
+        cache_shape = ["batch", cfg.num_kv_heads, "kv_capacity", cfg.head_dim]
+        keys = []
+        for kind, new in (("key", k), ("value", v)):
+            past = gb.input(f"past_{kind}.{layer}", TensorProto.FLOAT, cache_shape)
+            present = f"present_{kind}.{layer}"
+            gb.op("TensorScatter", [past, new, shared.write_index], f"{prefix}/{kind}_cache_update", outputs=[present], axis=-2)
+            gb.output(present, TensorProto.FLOAT, cache_shape)
+            keys.append(gb.op("Slice", [present, self._zero, shared.live_len, self._axis2], f"{prefix}/{kind}_live"))
+        out = gb.op(
+            "Attention",
+            [q, keys[0], keys[1], shared.mask],
+            f"{prefix}/attention",
+            q_num_heads=cfg.num_heads,
+            kv_num_heads=cfg.num_kv_heads,
+            scale=float(cfg.head_dim) ** -0.5,
+        )
+        out = gb.op("Transpose", [out], f"{prefix}/o_bsnh", perm=perm)
+        return gb.op("Reshape", [out, gb.const(f"{prefix}/o_shape", np.array([0, 0, cfg.num_heads * cfg.head_dim], np.int64))], f"{prefix}/o_flat")

@@ -1,0 +1,180 @@
+"""The engine directory: its config schema, file hashes, writing and loading.
+
+This lives on the runtime side because a host that only runs engines must be
+able to read and verify them; the builder imports it to write engines.
+
+An engine directory holds ``config.json`` (model + build config, versions and
+a sha256 for every other file), the network files of the backend, and the
+tokenizer files copied from the checkpoint. See docs/engine-format.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import EngineError
+
+FORMAT_VERSION = 1
+CONFIG_FILE = "config.json"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The network's shape, normalised from the Hugging Face config."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    qk_norm: bool
+    bos_token_id: int | None = None
+    eos_token_id: list[int] = field(default_factory=list)
+    pad_token_id: int | None = None
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """The limits baked into an engine at build time."""
+
+    dtype: str = "auto"  # resolved at build time; an engine records the real one
+    max_batch_size: int = 8
+    max_input_len: int = 512
+    max_seq_len: int = 1024
+    max_draft_len: int = 0
+    speculative_decoding_mode: str = "none"
+    backend: str = "onnxruntime"
+    tp_size: int = 1
+    lowering: str = "portable"
+
+    @property
+    def kv_capacity(self) -> int:
+        """Cache slots per sequence.
+
+        A step writes K/V for all ``num_tokens`` of the padded batch, so a row
+        near ``max_seq_len`` may write a few padding slots past it: the slack
+        of ``max_draft_len + 1`` keeps those writes in bounds.
+        """
+        return self.max_seq_len + self.max_draft_len + 1
+
+    @property
+    def max_tokens_per_step(self) -> int:
+        """Tokens per sequence in one generation-phase call."""
+        return self.max_draft_len + 1
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig
+    build: BuildConfig
+    files: dict[str, str]  # relative path -> sha256
+    versions: dict[str, str]
+    network_file: str
+    format_version: int = FORMAT_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "EngineConfig":
+        try:
+            return cls(
+                model=ModelConfig(**data["model"]),
+                build=BuildConfig(**data["build"]),
+                files=dict(data["files"]),
+                versions=dict(data["versions"]),
+                network_file=str(data["network_file"]),
+                format_version=int(data.get("format_version", 0)),
+                extra=dict(data.get("extra", {})),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise EngineError(
+                f"{CONFIG_FILE} does not follow the engine format (version {FORMAT_VERSION}): {err!r}. "
+                "Rebuild the engine with this version of specdec-build."
+            ) from err
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def hash_directory(root: Path, exclude: tuple[str, ...] = (CONFIG_FILE,)) -> dict[str, str]:
+    """sha256 of every regular file below ``root`` except ``exclude``."""
+    return {
+        p.relative_to(root).as_posix(): sha256_file(p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.relative_to(root).as_posix() not in exclude
+    }
+
+
+@dataclass(frozen=True)
+class EngineDir:
+    """A loaded, verified engine directory."""
+
+    path: Path
+    config: EngineConfig
+
+    @property
+    def network_path(self) -> Path:
+        return self.path / self.config.network_file
+
+    @property
+    def tokenizer_path(self) -> Path | None:
+        p = self.path / "tokenizer.json"
+        return p if p.is_file() else None
+
+
+def load_engine_dir(path: str | Path, verify_hashes: bool = True) -> EngineDir:
+    """Open an engine directory, check its format version and file hashes."""
+    root = Path(path)
+    if not root.is_dir():
+        raise EngineError(f"engine directory {root} does not exist. Build one with `specdec-build --output_dir {root} ...`.")
+    cfg_path = root / CONFIG_FILE
+    if not cfg_path.is_file():
+        raise EngineError(
+            f"{root} is not an engine directory: it has no {CONFIG_FILE}. "
+            "Point --engine_dir at the output of specdec-build (not at a Hugging Face checkpoint)."
+        )
+    try:
+        data = json.loads(cfg_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise EngineError(f"{cfg_path} is not valid JSON ({err}); the engine is corrupt, rebuild it.") from err
+    if not isinstance(data, dict) or "build" not in data or "model" not in data:
+        raise EngineError(f"{cfg_path} is not a specdec engine config (no 'model'/'build' sections). Rebuild the engine.")
+    fmt = data.get("format_version")
+    if fmt != FORMAT_VERSION:
+        raise EngineError(
+            f"{root} was written in engine format version {fmt}, this specdec reads version {FORMAT_VERSION}. "
+            "Rebuild the engine with this version of specdec-build."
+        )
+    config = EngineConfig.from_dict(data)
+    if config.network_file not in config.files:
+        raise EngineError(f"{cfg_path} lists no hash for its network file {config.network_file!r}; rebuild the engine.")
+    for rel, expected in config.files.items():
+        f = root / rel
+        if not f.is_file():
+            raise EngineError(f"engine file {f} is missing (listed in {CONFIG_FILE}). Copy the whole engine directory, or rebuild it.")
+        if verify_hashes and sha256_file(f) != expected:
+            raise EngineError(
+                f"engine file {f} is corrupt: its sha256 does not match {CONFIG_FILE}. "
+                "Copy the engine directory again, or rebuild it."
+            )
+    return EngineDir(path=root, config=config)

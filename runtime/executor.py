@@ -1,0 +1,119 @@
+"""Run one engine: ``num_tokens`` new tokens for each row of a batch.
+
+The ONNX Runtime executor binds the KV buffers once as both the cache input
+and the updated-cache output (TensorScatter then writes in place), and
+reuses preallocated logits buffers, so a decode step allocates nothing big
+and copies no cache.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import numpy as np
+
+from .engine_format import EngineDir
+from .errors import EngineError, RequestError
+from .kv_cache import KVCache
+
+
+def _default_threads() -> int:
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
+class OrtExecutor:
+    """The onnxruntime backend's executor (CPU)."""
+
+    def __init__(self, engine: EngineDir, num_threads: int | None = None):
+        import onnxruntime as ort
+
+        self.engine = engine
+        self.model = engine.config.model
+        self.build = engine.config.build
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.intra_op_num_threads = num_threads or _default_threads()
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.log_severity_level = 3
+        try:
+            self.session = ort.InferenceSession(str(engine.network_path), opts, providers=["CPUExecutionProvider"])
+        except Exception as err:  # onnxruntime's own errors are untyped
+            raise EngineError(f"ONNX Runtime could not load {engine.network_path}: {err}") from err
+        self._ort = ort
+        self._binding = self.session.io_binding()
+        self._bound_cache: tuple[int, int] | None = None
+        self._logit_buffers: dict[tuple[int, int], np.ndarray] = {}
+        self.vocab_size = self.model.vocab_size
+
+    # -- cache ------------------------------------------------------------------
+    def new_cache(self, batch_size: int) -> KVCache:
+        if batch_size > self.build.max_batch_size:
+            raise RequestError(f"batch of {batch_size} exceeds the engine's max_batch_size={self.build.max_batch_size}.")
+        m = self.model
+        return KVCache(m.num_layers, batch_size, m.num_kv_heads, self.build.kv_capacity, m.head_dim, self.build.max_seq_len)
+
+    def _bind_cache(self, cache: KVCache) -> None:
+        key = (id(cache), cache.version)
+        if self._bound_cache == key:
+            return
+        b = self._binding
+        for i, (k, v) in enumerate(zip(cache.keys, cache.values)):
+            for kind, arr in (("key", k), ("value", v)):
+                ov = self._ort.OrtValue.ortvalue_from_numpy(arr)
+                b.bind_ortvalue_input(f"past_{kind}.{i}", ov)
+                b.bind_ortvalue_output(f"present_{kind}.{i}", ov)
+        self._bound_cache = key
+
+    # -- compute ----------------------------------------------------------------
+    def forward(self, cache: KVCache, tokens: Sequence[Sequence[int]] | np.ndarray, all_logits: bool) -> np.ndarray:
+        """Append ``tokens[b]`` to row b of ``cache`` and return logits.
+
+        tokens: one sequence per row (ragged allowed, each non-empty).
+        Returns ``[batch, num_tokens, vocab]`` if ``all_logits`` (rows past a
+        row's own count are padding), else ``[batch, 1, vocab]`` for each
+        row's last token. The view is reused by the next call: copy to keep.
+        """
+        ids, num_new = self._pad(tokens, cache.batch_size)
+        batch, width = ids.shape
+        cache.check_room(num_new, width)
+        positions = cache.lengths[:, None] + np.arange(width, dtype=np.int64)[None, :]
+        if all_logits:
+            index = np.broadcast_to(np.arange(width, dtype=np.int64), (batch, width))
+        else:
+            index = (num_new - 1)[:, None]
+        logits = self.run(cache, ids, positions, np.ascontiguousarray(index))
+        cache.lengths += num_new
+        return logits
+
+    def run(self, cache: KVCache, ids: np.ndarray, positions: np.ndarray, logits_index: np.ndarray) -> np.ndarray:
+        """The raw ABI call: ids/positions [B,S], logits_index [B,R] -> logits [B,R,V]."""
+        self._bind_cache(cache)
+        b = self._binding
+        b.bind_cpu_input("input_ids", ids)
+        b.bind_cpu_input("position_ids", positions)
+        b.bind_cpu_input("logits_index", logits_index)
+        shape = logits_index.shape
+        out = self._logit_buffers.get(shape)
+        if out is None:
+            out = self._logit_buffers[shape] = np.empty((*shape, self.vocab_size), np.float32)
+        b.bind_output("logits", "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
+        self.session.run_with_iobinding(b)
+        return out
+
+    @staticmethod
+    def _pad(tokens: Sequence[Sequence[int]] | np.ndarray, batch: int) -> tuple[np.ndarray, np.ndarray]:
+        if isinstance(tokens, np.ndarray) and tokens.ndim == 2:
+            if tokens.shape[0] != batch:
+                raise RequestError(f"got {tokens.shape[0]} rows of tokens for a batch of {batch}.")
+            return np.ascontiguousarray(tokens, dtype=np.int64), np.full(batch, tokens.shape[1], np.int64)
+        if len(tokens) != batch:
+            raise RequestError(f"got {len(tokens)} rows of tokens for a batch of {batch}.")
+        num_new = np.array([len(t) for t in tokens], np.int64)
+        if (num_new < 1).any():
+            raise RequestError("every row needs at least one token per step.")
+        ids = np.zeros((batch, int(num_new.max())), np.int64)
+        for row, t in enumerate(tokens):
+            ids[row, : len(t)] = t
+        return ids, num_new

@@ -1,0 +1,52 @@
+"""Ragged batches and rollback (invariant 4: rejected drafts leave no trace)."""
+
+import numpy as np
+
+from conftest import build_and_load
+
+ATOL = 1e-5
+
+
+def test_ragged_batch_equals_each_row_alone(llama_ckpt, tmp_path):
+    ex = build_and_load(llama_ckpt, tmp_path / "e")
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, 96, n).tolist() for n in (5, 11, 8)]
+    steps = [rng.integers(3, 96, n).tolist() for n in (3, 1, 5)]  # ragged generation step
+
+    batch = ex.new_cache(3)
+    ctx = ex.forward(batch, prompts, all_logits=False).copy()
+    gen = ex.forward(batch, steps, all_logits=True).copy()
+    for row in range(3):
+        alone = ex.new_cache(1)
+        np.testing.assert_allclose(ex.forward(alone, [prompts[row]], all_logits=False)[0], ctx[row], atol=ATOL)
+        n = len(steps[row])
+        np.testing.assert_allclose(ex.forward(alone, [steps[row]], all_logits=True)[0, :n], gen[row, :n], atol=ATOL)
+
+
+def test_rollback_leaves_no_trace(llama_ckpt, tmp_path):
+    ex = build_and_load(llama_ckpt, tmp_path / "e")
+    prompt, drafts, accepted_then = [5, 6, 7, 8, 9], [40, 41, 42, 43], [50, 51]
+
+    clean = ex.new_cache(1)
+    ex.forward(clean, [prompt + drafts[:1]], all_logits=False)
+    want = ex.forward(clean, [accepted_then], all_logits=True).copy()
+
+    dirty = ex.new_cache(1)
+    ex.forward(dirty, [prompt], all_logits=False)
+    ex.forward(dirty, [drafts], all_logits=True)  # write K/V for 4 drafts
+    dirty.rollback(0, len(prompt) + 1)  # keep 1 of them
+    got = ex.forward(dirty, [accepted_then], all_logits=True)
+    np.testing.assert_allclose(got, want, atol=ATOL)
+
+
+def test_finished_rows_leave_the_batch(llama_ckpt, tmp_path):
+    ex = build_and_load(llama_ckpt, tmp_path / "e")
+    prompts = [[3, 4, 5], [6, 7, 8, 9], [10, 11]]
+    batch = ex.new_cache(3)
+    ex.forward(batch, prompts, all_logits=False)
+    batch.keep_rows([0, 2])
+    got = ex.forward(batch, [[20], [21]], all_logits=True).copy()
+    for row, prompt, nxt in ((0, prompts[0], 20), (1, prompts[2], 21)):
+        alone = ex.new_cache(1)
+        ex.forward(alone, [prompt], all_logits=False)
+        np.testing.assert_allclose(ex.forward(alone, [[nxt]], all_logits=True)[0], got[row], atol=ATOL)

@@ -1,0 +1,45 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from checkpoints import make_checkpoint  # noqa: E402
+
+from specdec.builder.build import build_engine  # noqa: E402
+from specdec.runtime.engine_format import BuildConfig, load_engine_dir  # noqa: E402
+from specdec.runtime.executor import OrtExecutor  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu = pytest.mark.skip(reason="needs an NVIDIA GPU with TensorRT; this machine has neither")
+    for item in items:
+        if "gpu" in item.keywords:
+            try:
+                import tensorrt  # noqa: F401
+            except ImportError:
+                item.add_marker(gpu)
+
+
+def spec_build(max_draft_len: int = 4, **kw) -> BuildConfig:
+    mode = "draft_tokens_external" if max_draft_len else "none"
+    base = dict(max_batch_size=4, max_input_len=48, max_seq_len=96, max_draft_len=max_draft_len, speculative_decoding_mode=mode)
+    return BuildConfig(**{**base, **kw})
+
+
+def build_and_load(ckpt: Path, out: Path, build: BuildConfig | None = None) -> OrtExecutor:
+    build_engine(ckpt, out, build or spec_build(), say=lambda _: None)
+    return OrtExecutor(load_engine_dir(out), num_threads=1)
+
+
+@pytest.fixture(scope="session")
+def llama_ckpt(tmp_path_factory) -> Path:
+    return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "llama", "LlamaForCausalLM", tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="session")
+def llama_engine(tmp_path_factory, llama_ckpt) -> Path:
+    out = tmp_path_factory.mktemp("engines") / "llama"
+    build_engine(llama_ckpt, out, spec_build(), say=lambda _: None)
+    return out
