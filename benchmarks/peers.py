@@ -141,8 +141,9 @@ def _make_speculative_dir(target_dir: str, draft_dir: str, k: int) -> str:
     """Compose a `model.type = "speculative"` genai_config wrapping target + draft exports.
 
     onnxruntime-genai (>= 0.14-ish; verified on 0.18) enables draft-model speculative decoding
-    when genai_config.json has a `model.draft` decoder block next to `model.decoder`; filenames
-    are resolved relative to the wrapper directory, so we store relative paths.
+    when genai_config.json has a `model.draft` decoder block next to `model.decoder`. Filenames
+    are resolved relative to the wrapper directory and 0.18 rejects ".." in them, so the two
+    exports are symlinked into the wrapper as target/ and draft/.
     """
     def load(d: str) -> dict[str, Any]:
         with open(os.path.join(d, "genai_config.json"), encoding="utf-8") as f:
@@ -154,10 +155,11 @@ def _make_speculative_dir(target_dir: str, draft_dir: str, k: int) -> str:
     wrap = tempfile.mkdtemp(prefix="ortgenai_spec_")
     cfg = copy.deepcopy(tcfg)
     cfg["model"]["type"] = "speculative"
-    for key, src, cdir in (("decoder", tcfg, target_dir), ("draft", dcfg, draft_dir)):
+    for key, src, cdir, link in (("decoder", tcfg, target_dir, "target"),
+                                 ("draft", dcfg, draft_dir, "draft")):
+        os.symlink(os.path.abspath(cdir), os.path.join(wrap, link))
         block = copy.deepcopy(src["model"]["decoder"])
-        block["filename"] = os.path.relpath(
-            os.path.join(os.path.abspath(cdir), block["filename"]), wrap)
+        block["filename"] = f"{link}/{block['filename']}"
         cfg["model"][key] = block
     cfg["speculative"] = {"max_draft_tokens": k}
     with open(os.path.join(wrap, "genai_config.json"), "w", encoding="utf-8") as f:

@@ -50,6 +50,7 @@ import os
 import platform
 import random
 import shlex
+import shutil
 import sys
 import sysconfig
 import time
@@ -424,10 +425,12 @@ def simulate_greedy_specdec(target, draft, stream, n_prompts, prompt_len, new_to
     """
     rng = np.random.default_rng(seed)
     starts = rng.integers(0, len(stream) - prompt_len - 1, size=n_prompts)
-    seq = torch.from_numpy(np.stack([stream[s:s + prompt_len] for s in starts]).astype(np.int64))
-    for _ in range(new_tokens):
-        nxt = target(input_ids=seq).logits[:, -1].argmax(-1, keepdim=True)
-        seq = torch.cat([seq, nxt], dim=1)
+    prompts = torch.from_numpy(np.stack([stream[s:s + prompt_len] for s in starts]).astype(np.int64))
+    # fixed-length greedy continuations (EOS does not stop them; all rows equal length)
+    seq = target.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts),
+                          max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                          pad_token_id=target.config.pad_token_id)
+    assert seq.shape[1] == prompt_len + new_tokens
     ld = draft(input_ids=seq[:, :-1]).logits
     d_pred = ld.argmax(-1)[:, prompt_len - 1:]  # predictions for generated positions
     gen = seq[:, prompt_len:]
@@ -464,12 +467,35 @@ def sample_text(model, hf_tok, prompt: str, new_tokens: int) -> str:
 # saving / card
 # --------------------------------------------------------------------------
 
-def save_model(model, hf_tok, out: Path):
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def save_model(model, out: Path):
     out.mkdir(parents=True, exist_ok=True)
     model.config.use_cache = True
     model.to(torch.float16).save_pretrained(out, safe_serialization=True)
-    hf_tok.save_pretrained(out)
     model.to(torch.float32)
+
+
+def save_tokenizer(hf_tok, out: Path):
+    out.mkdir(parents=True, exist_ok=True)
+    hf_tok.save_pretrained(out)
+    # transformers 5 records its internal class name ("TokenizersBackend"); the
+    # generic name loads the same tokenizer.json in transformers 4.x and 5.x.
+    cfg_path = out / "tokenizer_config.json"
+    tok_cfg = json.loads(cfg_path.read_text())
+    tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    cfg_path.write_text(json.dumps(tok_cfg, indent=2, ensure_ascii=False) + "\n")
+    for extra in ("special_tokens_map.json", "chat_template.jinja"):  # not used; keep dirs minimal
+        if (out / extra).exists() and extra not in TOKENIZER_FILES:
+            (out / extra).unlink()
+
+
+def copy_tokenizer(src: Path, dst: Path):
+    """The draft gets byte-identical tokenizer files."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(src / name, dst / name)
 
 
 def dir_size(p: Path) -> int:
@@ -500,11 +526,15 @@ the draft's guesses match the target's, and this pair agrees on
 Both load with plain `transformers`:
 
 ```python
+import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 tok = AutoTokenizer.from_pretrained("examples/demo-pair/target")
-target = AutoModelForCausalLM.from_pretrained("examples/demo-pair/target")
-draft = AutoModelForCausalLM.from_pretrained("examples/demo-pair/draft")
+target = AutoModelForCausalLM.from_pretrained("examples/demo-pair/target", dtype=torch.float32)
+draft = AutoModelForCausalLM.from_pretrained("examples/demo-pair/draft", dtype=torch.float32)
 ```
+
+The weights are stored in float16. Without `dtype=`, transformers 5 loads
+them in float16, which is slow on CPU, so pass `dtype=torch.float32` there.
 
 ## Models
 
@@ -693,6 +723,7 @@ def main(argv=None):
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()  # e.g. "sequence longer than model_max_length" on whole files
     t_start = time.perf_counter()
     out_dir: Path = args.output_dir
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -758,7 +789,8 @@ def main(argv=None):
         target = make_model(TARGET_ARCH, hf_tok, args.max_positions, args.rope_theta)
         target_result = train_lm("target", target, train_stream, args, args.target_minutes,
                                  args.target_lr, args.seed)
-        save_model(target, hf_tok, tdir)
+        save_model(target, tdir)
+        save_tokenizer(hf_tok, tdir)
     target.eval()
 
     # 4. draft ---------------------------------------------------------------
@@ -770,7 +802,8 @@ def main(argv=None):
             p.requires_grad_(False)
     draft_result = train_lm("draft", draft, train_stream, args, args.draft_minutes,
                             args.draft_lr, args.seed + 1, teacher=teacher)
-    save_model(draft, hf_tok, ddir)
+    save_model(draft, ddir)
+    copy_tokenizer(tdir, ddir)
     del target, draft, teacher
 
     # 5. evaluation on the reloaded float16 checkpoints ----------------------
@@ -778,7 +811,7 @@ def main(argv=None):
     tok_t = AutoTokenizer.from_pretrained(tdir)
     tok_d = AutoTokenizer.from_pretrained(ddir)
     assert tok_t.get_vocab() == tok_d.get_vocab() == hf_tok.get_vocab()
-    for a in ("tokenizer.json", "tokenizer_config.json"):
+    for a in TOKENIZER_FILES:
         assert (tdir / a).read_bytes() == (ddir / a).read_bytes(), f"{a} differs between target and draft"
     check_roundtrip(tok_t, [t for _, t in heldout_items[:3]])
     target = AutoModelForCausalLM.from_pretrained(tdir, dtype=torch.float32).eval()
@@ -803,7 +836,7 @@ def main(argv=None):
     ]:
         entry = {
             "model": name,
-            "config": model.config.to_dict(),
+            "config": json.loads((mdir / "config.json").read_text()),
             "n_params": n_params(model),
             **{k: result[k] for k in TRAIN_RESULT_KEYS},
             "time_budget_minutes": minutes,

@@ -2,8 +2,20 @@
 
 Imports nothing heavier than numpy, onnxruntime and tokenizers, so a host that
 only runs engines needs neither torch nor transformers.
+
+    from specdec.runtime import load_orchestrator, GenerationConfig
+    orch = load_orchestrator("engines/target", "engines/draft")
+    outputs, metrics = orch.generate([[1, 2, 3]], GenerationConfig(max_output_len=64))
 """
 
 __version__ = "0.1.0"
 
+from .config_strings import DraftTargetConfig, NGramConfig, parse_draft_target_config, parse_ngram_config  # noqa: E402,F401
+from .engine_format import EngineDir, load_engine_dir  # noqa: E402,F401
 from .errors import SpecdecError  # noqa: E402,F401
+from .executor import OrtExecutor  # noqa: E402,F401
+from .kv_cache import KVCache  # noqa: E402,F401
+from .loading import load_orchestrator  # noqa: E402,F401
+from .metrics import Metrics  # noqa: E402,F401
+from .orchestrator import GenerationConfig, Orchestrator, RequestOutput  # noqa: E402,F401
+from .sampling import SamplingConfig  # noqa: E402,F401

@@ -158,7 +158,8 @@ def load_engine_dir(path: str | Path, verify_hashes: bool = True) -> EngineDir:
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise EngineError(f"{cfg_path} is not valid JSON ({err}); the engine is corrupt, rebuild it.") from err
     if not isinstance(data, dict) or "build" not in data or "model" not in data:
-        raise EngineError(f"{cfg_path} is not a specdec engine config (no 'model'/'build' sections). Rebuild the engine.")
+        hint = " It looks like a Hugging Face checkpoint: build an engine from it with specdec-build." if isinstance(data, dict) and "architectures" in data else ""
+        raise EngineError(f"{cfg_path} is not a specdec engine config (no 'model'/'build' sections).{hint}")
     fmt = data.get("format_version")
     if fmt != FORMAT_VERSION:
         raise EngineError(

@@ -67,24 +67,27 @@ class OrtExecutor:
         self._bound_cache = key
 
     # -- compute ----------------------------------------------------------------
-    def forward(self, cache: KVCache, tokens: Sequence[Sequence[int]] | np.ndarray, all_logits: bool) -> np.ndarray:
+    def forward(self, cache: KVCache, tokens: Sequence[Sequence[int]] | np.ndarray, all_logits: bool, advance: np.ndarray | None = None) -> np.ndarray:
         """Append ``tokens[b]`` to row b of ``cache`` and return logits.
 
         tokens: one sequence per row (ragged allowed, each non-empty).
         Returns ``[batch, num_tokens, vocab]`` if ``all_logits`` (rows past a
         row's own count are padding), else ``[batch, 1, vocab]`` for each
         row's last token. The view is reused by the next call: copy to keep.
+        Rows where ``advance`` is False ride along (a batch runs every row)
+        and keep their length: what they wrote is stale at once.
         """
         ids, num_new = self._pad(tokens, cache.batch_size)
         batch, width = ids.shape
-        cache.check_room(num_new, width)
+        grow = num_new if advance is None else np.where(advance, num_new, 0)
+        cache.check_room(grow, width)
         positions = cache.lengths[:, None] + np.arange(width, dtype=np.int64)[None, :]
         if all_logits:
             index = np.broadcast_to(np.arange(width, dtype=np.int64), (batch, width))
         else:
             index = (num_new - 1)[:, None]
         logits = self.run(cache, ids, positions, np.ascontiguousarray(index))
-        cache.lengths += num_new
+        cache.lengths += grow
         return logits
 
     def run(self, cache: KVCache, ids: np.ndarray, positions: np.ndarray, logits_index: np.ndarray) -> np.ndarray:

@@ -50,5 +50,5 @@ class KVCache:
                 f"row {row} would hold {int(after[row])} tokens, more than the engine's max_seq_len={self.max_seq_len}. "
                 "Shorten the request or rebuild the engine with a larger --max_seq_len."
             )
-        if int((self.lengths + padded_len).max()) > self.capacity:
+        if self.batch_size and int((self.lengths + padded_len).max()) > self.capacity:
             raise RequestError(f"a step of {padded_len} tokens would write past the KV capacity {self.capacity}.")

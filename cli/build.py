@@ -1,0 +1,82 @@
+"""specdec-build: turn a Hugging Face checkpoint into an engine directory."""
+
+from __future__ import annotations
+
+import click
+from tqdm import tqdm
+
+from ..builder.build import DTYPES, MODES, build_engine
+from ..builder.backends import BACKENDS
+from ..runtime.engine_format import BuildConfig
+from .common import clean_errors, human_bytes, option
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@option("checkpoint_dir", "--model_dir", required=True, type=click.Path(), help="Hugging Face model directory: config.json + *.safetensors (+ tokenizer files).")
+@option("output_dir", required=True, type=click.Path(), help="Where to write the engine directory (refused if it exists and is not empty, unless --force).")
+@option("dtype", type=click.Choice(DTYPES), default="auto", show_default=True,
+        help="Weight storage dtype of the engine; auto = the checkpoint's. The onnxruntime backend computes in float32 "
+             "whatever the storage (ONNX Runtime on CPU has no float16/bfloat16 MatMul), so float16/bfloat16 halve the engine size, not the compute.")
+@option("max_batch_size", type=int, default=8, show_default=True, help="Most sequences per call.")
+@option("max_input_len", type=int, default=None, help="Longest prompt in tokens [default: max_seq_len / 2].")
+@option("max_seq_len", type=int, default=None, help="Longest prompt + output in tokens; the KV cache capacity [default: min(max_position_embeddings, 4096)].")
+@option("max_draft_len", type=int, default=None,
+        help="Most draft tokens verified per step; baked into the engine. Needs --speculative_decoding_mode draft_tokens_external "
+             "[default: 8 with that mode, else 0].")
+@option("speculative_decoding_mode", type=click.Choice(MODES), default="none", show_default=True,
+        help="draft_tokens_external: the target engine accepts 1..max_draft_len+1 tokens per sequence per step and returns logits for all of them (build TARGET engines this way). none: one token per step (draft engines, plain decoding).")
+@option("backend", type=click.Choice(BACKENDS), default="auto", show_default=True, help="onnxruntime runs everywhere (CPU); tensorrt is not implemented yet; auto picks the best available.")
+@option("tp_size", type=int, default=1, show_default=True, help="Tensor-parallel ranks (only 1 is supported).")
+@option("allow_pickle", is_flag=True, help="Allow loading pickled pytorch_model*.bin weights (unpickling can run arbitrary code: only for checkpoints you trust).")
+@option("force", is_flag=True, help="Replace a non-empty --output_dir.")
+@clean_errors
+def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_seq_len, max_draft_len, speculative_decoding_mode, backend, tp_size, allow_pickle, force) -> None:
+    """Build an engine directory from a Hugging Face checkpoint.
+
+    \b
+    Target engine for draft-target or n-gram speculative decoding:
+      specdec-build --checkpoint_dir ./llama --output_dir engines/target \\
+          --speculative_decoding_mode draft_tokens_external --max_draft_len 8
+    Draft engine (or a plain engine):
+      specdec-build --checkpoint_dir ./llama-small --output_dir engines/draft
+    """
+    from ..builder.architectures import model_config_from_hf
+    from ..builder.checkpoint import load_checkpoint
+
+    hf = load_checkpoint(checkpoint_dir, allow_pickle=allow_pickle).hf_config
+    model = model_config_from_hf(hf)
+    if max_seq_len is None:
+        max_seq_len = min(model.max_position_embeddings, 4096)
+    if max_input_len is None:
+        max_input_len = max(1, max_seq_len // 2)
+    if max_draft_len is None:
+        max_draft_len = 8 if speculative_decoding_mode == "draft_tokens_external" else 0
+    build = BuildConfig(
+        dtype=dtype, max_batch_size=max_batch_size, max_input_len=max_input_len, max_seq_len=max_seq_len,
+        max_draft_len=max_draft_len, speculative_decoding_mode=speculative_decoding_mode, backend=backend, tp_size=tp_size,
+    )
+    bars: list[tqdm] = []  # made on the first report, after the inputs were validated
+
+    def progress(step: str, done: int, total: int) -> None:
+        if not bars:
+            bars.append(tqdm(total=total, desc=f"building {output_dir}", unit="step", leave=False, dynamic_ncols=True))
+        bars[0].set_postfix_str(step)
+        bars[0].n = done
+        bars[0].refresh()
+
+    try:
+        result = build_engine(checkpoint_dir, output_dir, build, force=force, allow_pickle=allow_pickle, progress=progress, say=tqdm.write)
+    finally:
+        for bar in bars:
+            bar.close()
+    b = result.config.build
+    click.echo(
+        f"built {result.output_dir}  [{model.architecture}, {result.num_parameters / 1e6:.2f}M params, {b.dtype}, "
+        f"backend {b.backend}]\n"
+        f"  limits: batch {b.max_batch_size}, input {b.max_input_len}, seq {b.max_seq_len}, draft {b.max_draft_len} ({b.speculative_decoding_mode})\n"
+        f"  size {human_bytes(result.engine_bytes)}, {len(result.config.files)} files, {result.seconds:.1f}s"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""specdec-run: decode with a target engine, alone or with a draft model or n-gram drafts."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+import click
+import numpy as np
+
+from ..runtime.config_strings import DTM_FORM, NGRAM_FORM, parse_draft_target_config, parse_ngram_config
+from ..runtime.engine_format import load_engine_dir
+from ..runtime.errors import RequestError
+from ..runtime.loading import load_orchestrator
+from ..runtime.orchestrator import GenerationConfig
+from ..runtime.sampling import SamplingConfig
+from ..runtime.tokenizer import Tokenizer
+from .common import clean_errors, option
+
+
+def read_inputs(texts: tuple[str, ...], input_file: str | None, tok: Tokenizer | None, add_special: bool) -> list[list[int]]:
+    prompts: list[list[int]] = []
+    if texts or (input_file and input_file.endswith(".txt")):
+        if tok is None:
+            raise RequestError("text prompts need a tokenizer: the engine has no tokenizer.json, pass --tokenizer_dir.")
+        lines = list(texts)
+        if input_file and input_file.endswith(".txt"):
+            lines += [line.rstrip("\n") for line in Path(input_file).read_text().splitlines() if line.strip()]
+        prompts += [tok.encode(line.replace("\\n", "\n"), add_special_tokens=add_special) for line in lines]
+    elif input_file:
+        path = Path(input_file)
+        if not path.is_file():
+            raise RequestError(f"--input_file {path} does not exist.")
+        if path.suffix == ".csv":
+            with open(path, newline="") as f:
+                prompts += [[int(x) for x in row if x.strip()] for row in csv.reader(f) if row]
+        elif path.suffix == ".npy":
+            arr = np.load(path, allow_pickle=False)
+            prompts += [arr.astype(np.int64).tolist()] if arr.ndim == 1 else [r.tolist() for r in arr.astype(np.int64)]
+        else:
+            raise RequestError(f"--input_file {path}: expected .txt (one prompt per line), .csv (token ids per row) or .npy.")
+    if not prompts:
+        raise RequestError("no input: give --input_text (repeatable) or --input_file.")
+    return prompts
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@option("engine_dir", required=True, type=click.Path(), help="Target engine directory (from specdec-build).")
+@option("draft_engine_dir", type=click.Path(), help="Draft engine directory: enables draft-target speculative decoding.")
+@option("draft_target_model_config", type=str, help=f'Draft-target settings, TensorRT-LLM style: "{DTM_FORM}", e.g. "[4,[0],[0],False]". use_logits=True: rejection sampling on logits; False: token compare.')
+@option("ngram_config", "--prompt_lookup_config", type=str, help=f'NGram / prompt-lookup drafting without a draft model: "{NGRAM_FORM}", e.g. "[10,2,[0]]".')
+@click.option("--ngram_keep_all/--ngram_keep_newest", "ngram_keep_all", default=True, show_default=True, help="NGram: keep every earlier occurrence of a pattern, or only the newest.")
+@click.option("--ngram_use_oldest/--ngram_use_newest", "ngram_use_oldest", default=True, show_default=True, help="NGram: when a pattern occurred more than once, draft from the oldest or the newest occurrence.")
+@option("input_text", multiple=True, help="A prompt (repeatable; several run as one batch). '\\n' is read as a newline.")
+@option("input_file", type=click.Path(), help=".txt (one prompt per line), .csv (token ids per row) or .npy (token ids).")
+@option("tokenizer_dir", type=click.Path(), help="Tokenizer directory [default: the engine's own].")
+@option("no_add_special_tokens", is_flag=True, help="Do not add BOS/special tokens when encoding prompts.")
+@option("max_output_len", type=int, default=128, show_default=True, help="Most new tokens per request.")
+@option("end_id", type=int, default=None, help="Token id that ends a request [default: the tokenizer's EOS]; -1: never stop on EOS.")
+@option("stop_words", multiple=True, help="A string that ends a request (repeatable).")
+@option("temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
+@option("top_k", type=int, default=0, show_default=True, help="0 = off.")
+@option("top_p", type=float, default=1.0, show_default=True, help="1.0 = off.")
+@option("random_seed", type=int, default=0, show_default=True, help="Same seed, same output.")
+@option("streaming", is_flag=True, help="Print text as tokens are accepted (one prompt).")
+@option("baseline", is_flag=True, help="Also run target-only decoding on the same inputs first, and report the speedup and whether outputs match.")
+@option("output_csv", type=click.Path(), help="Write output token ids (new tokens), one request per row.")
+@option("output_npy", type=click.Path(), help="Write output token ids as a [requests, max_len] array padded with -1.")
+@option("output_json", type=click.Path(), help="Write every request (input_ids, output_ids, text, finish_reason) and the metrics.")
+@option("num_threads", type=int, default=None, help="ONNX Runtime intra-op threads [default: all cores, up to 8].")
+@clean_errors
+def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, ngram_keep_all, ngram_use_oldest, input_text, input_file,
+         tokenizer_dir, no_add_special_tokens, max_output_len, end_id, stop_words, temperature, top_k, top_p, random_seed, streaming,
+         baseline, output_csv, output_npy, output_json, num_threads) -> None:
+    """Run a target engine, optionally with speculative decoding.
+
+    \b
+    Draft-target (TensorRT-LLM's Draft-Target-Model):
+      specdec-run --engine_dir engines/target --draft_engine_dir engines/draft \\
+          --draft_target_model_config "[4,[0],[0],False]" --input_text "def fib(n):"
+    NGram / prompt lookup:
+      specdec-run --engine_dir engines/target --ngram_config "[10,2,[0]]" --input_file prompts.txt
+    Target only (the baseline):
+      specdec-run --engine_dir engines/target --input_text "def fib(n):"
+    """
+    dtm = parse_draft_target_config(draft_target_model_config) if draft_target_model_config else None
+    ngram = parse_ngram_config(ngram_config) if ngram_config else None
+    if dtm and ngram:
+        raise RequestError("--draft_target_model_config and --ngram_config are mutually exclusive: choose one drafting method.")
+    if draft_engine_dir and ngram:
+        raise RequestError("--draft_engine_dir is for draft-target decoding; n-gram drafting (--ngram_config) needs no draft engine.")
+    target = load_engine_dir(engine_dir)
+    tok_dir = Path(tokenizer_dir) if tokenizer_dir else (target.path if target.tokenizer_path else None)
+    tok = Tokenizer(tok_dir) if tok_dir else None
+    prompts = read_inputs(input_text, input_file, tok, not no_add_special_tokens)
+    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, random_seed=random_seed)
+    if end_id is None:
+        ends = (tok.eos_token_id,) if tok and tok.eos_token_id is not None else tuple(target.config.model.eos_token_id)
+    else:
+        ends = () if end_id < 0 else (end_id,)
+    stops = tuple(tuple(tok.encode(s, add_special_tokens=False)) for s in stop_words) if stop_words else ()
+    if stop_words and tok is None:
+        raise RequestError("--stop_words needs a tokenizer: pass --tokenizer_dir.")
+    gen = GenerationConfig(max_output_len=max_output_len, sampling=sampling, end_ids=ends, stop_words=stops)
+    orch = load_orchestrator(engine_dir, draft_engine_dir, dtm, ngram, sampling, ngram_keep_all, ngram_use_oldest, num_threads)
+    if streaming and len(prompts) != 1:
+        raise RequestError("--streaming prints one request as it is decoded: give exactly one prompt.")
+
+    base = None
+    if baseline:
+        base_orch = load_orchestrator(engine_dir, sampling=sampling, num_threads=num_threads)
+        base = base_orch.generate(prompts, gen)
+
+    on_tokens = None
+    if streaming:
+        def on_tokens(_request: int, ids: list[int], _seen: list[int] = []) -> None:
+            before = tok.decode(_seen) if tok else ""
+            _seen.extend(ids)
+            text = tok.decode(_seen) if tok else " ".join(map(str, ids)) + " "
+            sys.stdout.write(text[len(before):] if tok else text)
+            sys.stdout.flush()
+
+    outputs, metrics = orch.generate(prompts, gen, on_tokens=on_tokens)
+    if streaming:
+        click.echo()
+    for i, out in enumerate(outputs):
+        out.text = tok.decode(out.output_ids) if tok else None
+        if not streaming:
+            shown = repr(tok.decode(out.input_ids)) if tok else str(out.input_ids)
+            click.echo(f"[{i}] input: {shown}")
+            click.echo(f"[{i}] output ({len(out.output_ids)} tokens, {out.finish_reason}): {out.text if tok else out.output_ids}")
+    method = "draft-target" if draft_engine_dir else "ngram" if ngram else "target-only"
+    click.echo(f"--- {method} ---\n{metrics.summary()}")
+    report = {"method": method, "metrics": metrics.to_dict()}
+    if base is not None:
+        base_out, base_metrics = base
+        same = all(a.output_ids == b.output_ids for a, b in zip(outputs, base_out))
+        speedup = metrics.tokens_per_s / base_metrics.tokens_per_s if base_metrics.tokens_per_s else 0.0
+        click.echo(
+            f"--- baseline (target-only, same run) ---\n{base_metrics.tokens_per_s:.1f} tokens/s; "
+            f"speedup {speedup:.2f}x; outputs identical to target-only: {'yes' if same else 'no'}"
+            + ("" if sampling.greedy else " (sampling: outputs are not expected to be identical)")
+        )
+        report["baseline"] = {"metrics": base_metrics.to_dict(), "speedup": speedup, "identical_outputs": same}
+    _write_outputs(outputs, report, output_csv, output_npy, output_json)
+
+
+def _write_outputs(outputs, report: dict, output_csv, output_npy, output_json) -> None:
+    if output_csv:
+        with open(output_csv, "w", newline="") as f:
+            csv.writer(f).writerows(o.output_ids for o in outputs)
+    if output_npy:
+        width = max(len(o.output_ids) for o in outputs)
+        arr = np.full((len(outputs), width), -1, np.int64)
+        for i, o in enumerate(outputs):
+            arr[i, : len(o.output_ids)] = o.output_ids
+        np.save(output_npy, arr)
+    if output_json:
+        requests = [dict(input_ids=o.input_ids, output_ids=o.output_ids, text=o.text, finish_reason=o.finish_reason) for o in outputs]
+        Path(output_json).write_text(json.dumps({"requests": requests, **report}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

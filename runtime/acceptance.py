@@ -1,0 +1,60 @@
+"""Deciding how many drafts survive, knowing nothing of where they came from.
+
+Both rules return ``(num_accepted, next_token)``: the first ``num_accepted``
+drafts are kept and ``next_token`` (the target's correction, or the bonus
+token when every draft survived) is appended after them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .sampling import SamplingConfig, processed_probs, sample
+
+
+def accept_token_compare(drafts: np.ndarray, target_logits: np.ndarray, cfg: SamplingConfig, rng: np.random.Generator) -> tuple[int, int]:
+    """Accept while the draft equals the token the target picks at that position.
+
+    drafts: [k]; target_logits: [k + 1, vocab]. With sampling, the target's
+    token is drawn from its own processed distribution at each position, so
+    the output is distributed exactly as target-only sampling, whatever the
+    drafts were (for a deterministic draft this is the rule "accept x with
+    probability p(x), else sample from p without x").
+    """
+    k = len(drafts)
+    if cfg.greedy:
+        picks = target_logits[: k + 1].argmax(axis=-1)
+        mismatch = np.flatnonzero(picks[:k] != drafts)
+        n = int(mismatch[0]) if len(mismatch) else k
+        return n, int(picks[n])
+    probs = processed_probs(target_logits[: k + 1], cfg)
+    for j in range(k):
+        t = sample(probs[j], rng)
+        if t != drafts[j]:
+            return j, t
+    return k, sample(probs[k], rng)
+
+
+def accept_rejection_sampling(
+    drafts: np.ndarray, draft_probs: np.ndarray, target_logits: np.ndarray, cfg: SamplingConfig, rng: np.random.Generator
+) -> tuple[int, int]:
+    """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
+
+    drafts: [k] sampled from draft_probs [k, vocab] (q, already processed with
+    ``cfg``); target_logits: [k + 1, vocab] -> p with the same processing.
+    Accept x with probability min(1, p(x)/q(x)); at the first rejection draw
+    from normalize(max(0, p - q)); if all survive, draw the bonus from p[k].
+    """
+    k = len(drafts)
+    if cfg.greedy:
+        return accept_token_compare(drafts, target_logits, cfg, rng)
+    p = processed_probs(target_logits[: k + 1], cfg)
+    for j in range(k):
+        x = int(drafts[j])
+        px, qx = p[j, x], draft_probs[j, x]
+        if qx > 0 and rng.random() < min(1.0, px / qx):
+            continue
+        residual = np.maximum(p[j] - draft_probs[j], 0.0)
+        total = residual.sum()
+        return j, sample(residual / total if total > 0 else p[j], rng)
+    return k, sample(p[k], rng)

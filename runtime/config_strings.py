@@ -1,0 +1,106 @@
+"""TensorRT-LLM's config strings, parsed by a real parser (never ``eval``).
+
+    --draft_target_model_config "[draft_len, [draft devices], [target devices], use_logits]"   e.g. "[4,[0],[1],False]"
+    --ngram_config              "[max_draft_len, max_matching_ngram_size, [devices]]"          e.g. "[10,2,[0]]"
+
+The grammar is tiny: value := int | bool | '[' value (',' value)* ']'.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .errors import ConfigStringError
+
+_TOKEN = re.compile(r"\s*(?:(\[)|(\])|(,)|(-?\d+)|(True|False|true|false))")
+
+DTM_FORM = "[draft_len, [draft device ids], [target device ids], use_logits]"
+DTM_EXAMPLE = "[4,[0],[0],False]"
+NGRAM_FORM = "[max_draft_len, max_matching_ngram_size, [device ids]]"
+NGRAM_EXAMPLE = "[10,2,[0]]"
+
+
+def parse_value(text: str):
+    pos, value = _parse(text, 0)
+    if text[pos:].strip():
+        raise ValueError(f"unexpected {text[pos:].strip()!r} after the value")
+    return value
+
+
+def _parse(text: str, pos: int):
+    m = _TOKEN.match(text, pos)
+    if not m:
+        raise ValueError(f"unexpected {text[pos:].strip()[:10]!r}" if text[pos:].strip() else "unexpected end")
+    open_, close, comma, number, boolean = m.groups()
+    pos = m.end()
+    if number is not None:
+        return pos, int(number)
+    if boolean is not None:
+        return pos, boolean.lower() == "true"
+    if open_ is None:
+        raise ValueError(f"unexpected {(close or comma)!r}")
+    items = []
+    m = re.compile(r"\s*\]").match(text, pos)
+    if m:
+        return m.end(), items
+    while True:
+        pos, item = _parse(text, pos)
+        items.append(item)
+        m = re.compile(r"\s*([,\]])").match(text, pos)
+        if not m:
+            raise ValueError("expected ',' or ']'")
+        pos = m.end()
+        if m.group(1) == "]":
+            return pos, items
+
+
+def _int_list(v) -> bool:
+    return isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@dataclass(frozen=True)
+class DraftTargetConfig:
+    draft_len: int
+    draft_devices: list[int]
+    target_devices: list[int]
+    use_logits: bool
+
+
+@dataclass(frozen=True)
+class NGramConfig:
+    max_draft_len: int
+    max_matching_ngram_size: int
+    devices: list[int]
+
+
+def _fail(flag: str, text: str, why: str, form: str, example: str) -> ConfigStringError:
+    return ConfigStringError(f"{flag} {text!r} is malformed ({why}); expected {form}, e.g. {flag} \"{example}\".")
+
+
+def parse_draft_target_config(text: str, flag: str = "--draft_target_model_config") -> DraftTargetConfig:
+    try:
+        v = parse_value(text)
+    except ValueError as err:
+        raise _fail(flag, text, str(err), DTM_FORM, DTM_EXAMPLE) from None
+    if not (isinstance(v, list) and len(v) == 4 and _is_int(v[0]) and _int_list(v[1]) and _int_list(v[2]) and isinstance(v[3], bool)):
+        raise _fail(flag, text, "wrong shape", DTM_FORM, DTM_EXAMPLE)
+    if v[0] < 1:
+        raise _fail(flag, text, f"draft_len must be >= 1, got {v[0]}", DTM_FORM, DTM_EXAMPLE)
+    return DraftTargetConfig(v[0], v[1], v[2], v[3])
+
+
+def parse_ngram_config(text: str, flag: str = "--ngram_config") -> NGramConfig:
+    try:
+        v = parse_value(text)
+    except ValueError as err:
+        raise _fail(flag, text, str(err), NGRAM_FORM, NGRAM_EXAMPLE) from None
+    if not (isinstance(v, list) and len(v) == 3 and _is_int(v[0]) and _is_int(v[1]) and _int_list(v[2])):
+        raise _fail(flag, text, "wrong shape", NGRAM_FORM, NGRAM_EXAMPLE)
+    if v[0] < 1 or v[1] < 1:
+        raise _fail(flag, text, "max_draft_len and max_matching_ngram_size must be >= 1", NGRAM_FORM, NGRAM_EXAMPLE)
+    return NGramConfig(v[0], v[1], v[2])

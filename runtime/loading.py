@@ -1,0 +1,89 @@
+"""Assemble an orchestrator from engine directories, checking they fit together.
+
+Every mismatch a user can hit is answered here, before any decoding, with
+the numbers and the fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .config_strings import DraftTargetConfig, NGramConfig
+from .devices import validate_devices
+from .engine_format import EngineDir, load_engine_dir
+from .errors import EngineError, RequestError
+from .executor import OrtExecutor
+from .orchestrator import Orchestrator
+from .proposers.draft_model import DraftModelProposer
+from .proposers.ngram import NGramProposer
+from .sampling import SamplingConfig
+from .tokenizer import Tokenizer
+
+
+def open_executor(engine: EngineDir, num_threads: int | None = None) -> OrtExecutor:
+    if engine.config.build.backend != "onnxruntime":
+        raise EngineError(f"{engine.path} was built for backend {engine.config.build.backend!r}, which has no executor in this version.")
+    return OrtExecutor(engine, num_threads=num_threads)
+
+
+def _check_draft_len(target: EngineDir, draft_len: int, what: str) -> None:
+    build = target.config.build
+    if build.speculative_decoding_mode != "draft_tokens_external":
+        raise EngineError(
+            f"the target engine {target.path} was built with --speculative_decoding_mode {build.speculative_decoding_mode}, "
+            f"so it cannot verify drafts. Rebuild it with --speculative_decoding_mode draft_tokens_external --max_draft_len {draft_len}."
+        )
+    if draft_len > build.max_draft_len:
+        raise EngineError(
+            f"{what}={draft_len} is larger than the target engine's max_draft_len={build.max_draft_len} (baked in at build time). "
+            f"Use {what} <= {build.max_draft_len}, or rebuild the target with --max_draft_len {draft_len}."
+        )
+
+
+def _check_tokenizers(target: EngineDir, draft: EngineDir) -> None:
+    t, d = target.tokenizer_path, draft.tokenizer_path
+    if t is None or d is None:
+        return  # nothing to compare: token ids are the user's responsibility
+    if Tokenizer(t.parent).vocab() != Tokenizer(d.parent).vocab():
+        raise EngineError(
+            f"the draft engine {draft.path} and the target engine {target.path} have different tokenizers; "
+            "speculative decoding needs a draft that shares the target's tokenizer."
+        )
+
+
+def load_orchestrator(
+    target_dir: str | Path,
+    draft_dir: str | Path | None = None,
+    draft_target: DraftTargetConfig | None = None,
+    ngram: NGramConfig | None = None,
+    sampling: SamplingConfig = SamplingConfig(),
+    ngram_keep_all: bool = True,
+    ngram_use_oldest: bool = True,
+    num_threads: int | None = None,
+    target_devices: list[int] | None = None,
+) -> Orchestrator:
+    """Target-only when neither ``draft_dir`` nor ``ngram`` is given."""
+    if draft_target is not None and ngram is not None:
+        raise RequestError("choose one drafting method: a draft model (--draft_target_model_config) or n-gram (--ngram_config), not both.")
+    target = load_engine_dir(target_dir)
+    if ngram is not None:
+        validate_devices(ngram.devices, target, "target")
+        _check_draft_len(target, ngram.max_draft_len, "ngram max_draft_len")
+        proposer = NGramProposer(ngram.max_draft_len, ngram.max_matching_ngram_size, ngram_keep_all, ngram_use_oldest)
+        return Orchestrator(open_executor(target, num_threads), proposer, draft_len=ngram.max_draft_len)
+    if draft_dir is None:
+        if draft_target is not None:
+            raise RequestError("--draft_target_model_config needs a draft engine: pass --draft_engine_dir.")
+        validate_devices(target_devices or [0], target, "target")
+        return Orchestrator(open_executor(target, num_threads))
+    draft = load_engine_dir(draft_dir)
+    cfg = draft_target or DraftTargetConfig(min(4, max(target.config.build.max_draft_len, 1)), [0], [0], False)
+    validate_devices(cfg.draft_devices, draft, "draft")
+    validate_devices(cfg.target_devices, target, "target")
+    _check_draft_len(target, cfg.draft_len, "draft_len")
+    _check_tokenizers(target, draft)
+    tv, dv = target.config.model.vocab_size, draft.config.model.vocab_size
+    # Vocabularies padded to different sizes share the tokenizer's ids: compare over the common range.
+    vocab_limit = min(tv, dv) if tv != dv else None
+    proposer = DraftModelProposer(open_executor(draft, num_threads), sampling, cfg.use_logits, vocab_limit)
+    return Orchestrator(open_executor(target, num_threads), proposer, draft_len=cfg.draft_len, use_logits=cfg.use_logits, vocab_limit=vocab_limit)

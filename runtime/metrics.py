@@ -1,0 +1,91 @@
+"""Speculative-decoding metrics, defined once (vLLM's definitions).
+
+acceptance rate          = accepted / drafted
+mean acceptance length   = 1 + accepted / rounds   (tokens per target call)
+per-position acceptance  = accepted_at[j] / drafted_at[j]
+output tokens/s          = generated tokens / total latency, time to first token included
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Metrics:
+    requests: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    rounds: int = 0  # row-rounds: one row verified once by the target (after the context phase)
+    drafted: int = 0
+    accepted: int = 0
+    no_draft_rounds: int = 0  # rounds where a row got no drafts (e.g. no n-gram match)
+    drafted_at: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
+    total_s: float = 0.0
+    draft_s: float = 0.0
+    target_s: float = 0.0
+    ttft_s: list[float] = field(default_factory=list)  # per request
+
+    def record_round(self, drafted: int, accepted: int) -> None:
+        """One row's verification: ``drafted`` drafts scored, ``accepted`` kept."""
+        self.rounds += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        if drafted == 0:
+            self.no_draft_rounds += 1
+        while len(self.drafted_at) < drafted:
+            self.drafted_at.append(0)
+            self.accepted_at.append(0)
+        for j in range(drafted):
+            self.drafted_at[j] += 1
+            if j < accepted:
+                self.accepted_at[j] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return 1.0 + self.accepted / self.rounds if self.rounds else 1.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.output_tokens / self.total_s if self.total_s > 0 else 0.0
+
+    @property
+    def mean_ttft_s(self) -> float:
+        return sum(self.ttft_s) / len(self.ttft_s) if self.ttft_s else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(
+            acceptance_rate=self.acceptance_rate,
+            mean_acceptance_length=self.mean_acceptance_length,
+            per_position_acceptance=self.per_position_acceptance,
+            output_tokens_per_s=self.tokens_per_s,
+            mean_ttft_s=self.mean_ttft_s,
+            other_s=max(self.total_s - self.draft_s - self.target_s, 0.0),
+        )
+        return d
+
+    def summary(self) -> str:
+        lines = [
+            f"requests {self.requests}, output tokens {self.output_tokens}, {self.tokens_per_s:.1f} tokens/s "
+            f"(incl. time to first token {self.mean_ttft_s * 1e3:.1f} ms)",
+            f"time: total {self.total_s:.3f}s = target {self.target_s:.3f}s + draft {self.draft_s:.3f}s + other {max(self.total_s - self.draft_s - self.target_s, 0):.3f}s",
+        ]
+        if self.drafted:
+            per_pos = " ".join(f"{a:.2f}" for a in self.per_position_acceptance)
+            lines.append(
+                f"drafted {self.drafted}, accepted {self.accepted}, acceptance rate {self.acceptance_rate:.3f}, "
+                f"mean acceptance length {self.mean_acceptance_length:.2f}, rounds {self.rounds}"
+                + (f", no-draft rounds {self.no_draft_rounds}" if self.no_draft_rounds else "")
+            )
+            lines.append(f"per-position acceptance: {per_pos}")
+        return "\n".join(lines)

@@ -1,0 +1,93 @@
+"""NGram / prompt-lookup drafting: drafts copied from the sequence itself.
+
+The pool maps a pattern (a tuple of 1..max_matching_ngram_size tokens) to the
+positions right after its earlier occurrences. The draft for a position p is
+``seq[p : p + max_draft_len]``, read when proposing, so a continuation that
+was short when it was indexed grows with the sequence.
+
+Lookup follows TensorRT-LLM's NGram drafter: the last
+``max_matching_ngram_size`` tokens are the pattern; if the pool has no match,
+try one token shorter, down to 1; if nothing matches, the row drafts nothing
+this round and decodes one token normally.
+
+Which earlier occurrence wins (TensorRT-LLM's options):
+  is_keep_all=True   keep every occurrence of a pattern; False keeps only the newest
+  is_use_oldest=True use the oldest kept occurrence; False the newest
+Defaults are TensorRT-LLM's (keep all, oldest), which is also what Hugging
+Face prompt lookup does (first match in the sequence): on copy-heavy prompts
+the oldest occurrence usually sits in the source text with the longest run
+still to copy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Proposal
+
+
+class NGramPool:
+    """The pool of one sequence, updated incrementally."""
+
+    def __init__(self, max_draft_len: int, max_matching_ngram_size: int, is_keep_all: bool = True, is_use_oldest: bool = True):
+        self.max_draft_len = max_draft_len
+        self.max_ngram = max_matching_ngram_size
+        self.is_keep_all = is_keep_all
+        self.is_use_oldest = is_use_oldest
+        self.tokens: list[int] = []
+        self.pool: dict[tuple[int, ...], list[int]] = {}
+
+    def extend(self, new_tokens: list[int]) -> None:
+        """Append tokens and index only the new tail: each new position p records
+        the patterns that end right before it."""
+        start = len(self.tokens)
+        self.tokens.extend(int(t) for t in new_tokens)
+        seq = self.tokens
+        for p in range(max(start, 1), len(seq)):
+            for n in range(1, min(self.max_ngram, p) + 1):
+                key = tuple(seq[p - n : p])
+                if self.is_keep_all:
+                    self.pool.setdefault(key, []).append(p)
+                else:
+                    self.pool[key] = [p]
+
+    def draft(self, limit: int | None = None) -> list[int]:
+        """Up to ``limit`` (default max_draft_len) tokens that followed the longest matching tail pattern."""
+        k = self.max_draft_len if limit is None else min(limit, self.max_draft_len)
+        seq = self.tokens
+        if k <= 0:
+            return []
+        for n in range(min(self.max_ngram, len(seq) - 1), 0, -1):
+            hits = self.pool.get(tuple(seq[-n:]))
+            if hits:
+                p = hits[0] if self.is_use_oldest else hits[-1]
+                return seq[p : p + k]
+        return []
+
+
+class NGramProposer:
+    name = "ngram"
+
+    def __init__(self, max_draft_len: int, max_matching_ngram_size: int, is_keep_all: bool = True, is_use_oldest: bool = True):
+        self.settings = (max_draft_len, max_matching_ngram_size, is_keep_all, is_use_oldest)
+        self.pools: list[NGramPool] = []
+
+    def prefill(self, prompts: list[list[int]], first_tokens: list[int], rngs=None) -> None:
+        self.pools = []
+        for prompt, first in zip(prompts, first_tokens):
+            pool = NGramPool(*self.settings)
+            pool.extend(list(prompt) + [first])
+            self.pools.append(pool)
+
+    def room(self) -> np.ndarray:
+        return np.full(len(self.pools), self.settings[0], np.int64)
+
+    def propose(self, draft_lens: np.ndarray) -> Proposal:
+        tokens = [np.array(pool.draft(int(k)), np.int64) for pool, k in zip(self.pools, draft_lens)]
+        return Proposal(tokens=tokens, probs=[None] * len(tokens))
+
+    def commit(self, row: int, num_drafted: int, num_accepted: int, emitted: list[int]) -> None:
+        self.pools[row].extend(emitted)
+
+    def keep_rows(self, rows: np.ndarray) -> None:
+        self.pools = [self.pools[r] for r in rows]

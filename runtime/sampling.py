@@ -1,0 +1,73 @@
+"""Sampling settings and the processed distribution they define.
+
+Draft and target probabilities are always computed by the same function with
+the same settings: rejection sampling is only exact when p and q are the
+*same* processed distributions (temperature, top-k and top-p applied to both).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import RequestError
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    random_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise RequestError(f"temperature={self.temperature} must be >= 0 (0 means greedy).")
+        if self.top_k < 0:
+            raise RequestError(f"top_k={self.top_k} must be >= 0 (0 means off).")
+        if not 0 < self.top_p <= 1:
+            raise RequestError(f"top_p={self.top_p} must be in (0, 1].")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+def processed_probs(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
+    """logits: [rows, vocab] -> probabilities [rows, vocab] (float64) after temperature, top-k, top-p."""
+    x = np.asarray(logits, dtype=np.float64)
+    if cfg.greedy:
+        out = np.zeros_like(x)
+        out[np.arange(len(x)), x.argmax(axis=-1)] = 1.0
+        return out
+    x = x / cfg.temperature
+    if 0 < cfg.top_k < x.shape[-1]:
+        kth = np.partition(x, -cfg.top_k, axis=-1)[:, -cfg.top_k][:, None]
+        x = np.where(x < kth, -np.inf, x)
+    x = x - x.max(axis=-1, keepdims=True)
+    p = np.exp(x)
+    p /= p.sum(axis=-1, keepdims=True)
+    if cfg.top_p < 1.0:
+        order = np.argsort(-p, axis=-1, kind="stable")
+        sorted_p = np.take_along_axis(p, order, axis=-1)
+        # keep the smallest prefix whose mass reaches top_p (the token that crosses it is kept)
+        drop_sorted = (np.cumsum(sorted_p, axis=-1) - sorted_p) >= cfg.top_p
+        drop = np.zeros_like(drop_sorted)
+        np.put_along_axis(drop, order, drop_sorted, axis=-1)
+        p = np.where(drop, 0.0, p)
+        p /= p.sum(axis=-1, keepdims=True)
+    return p
+
+
+def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """One draw from a probability vector [vocab]."""
+    cdf = np.cumsum(probs)
+    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(probs) - 1))
+
+
+def next_token(logits: np.ndarray, cfg: SamplingConfig, rng: np.random.Generator) -> int:
+    """logits: [vocab] -> the token the sampling settings pick."""
+    if cfg.greedy:
+        return int(np.argmax(logits))
+    return sample(processed_probs(logits[None], cfg)[0], rng)

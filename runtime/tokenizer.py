@@ -1,0 +1,46 @@
+"""The engine's tokenizer, from the tokenizer.json copied into the engine dir (no transformers)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .errors import RequestError
+
+
+class Tokenizer:
+    def __init__(self, directory: str | Path):
+        from tokenizers import Tokenizer as HFTokenizer
+
+        d = Path(directory)
+        path = d / "tokenizer.json"
+        if not path.is_file():
+            raise RequestError(f"{d} has no tokenizer.json; pass --tokenizer_dir, or give token ids (--input_file .csv/.npy).")
+        self._tok = HFTokenizer.from_file(str(path))
+        self.directory = d
+        cfg_file = d / "tokenizer_config.json"
+        self.config = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+
+    def _special_id(self, key: str) -> int | None:
+        value = self.config.get(key)
+        if isinstance(value, dict):
+            value = value.get("content")
+        return self._tok.token_to_id(value) if isinstance(value, str) else None
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._special_id("eos_token")
+
+    def vocab(self) -> dict[str, int]:
+        return self._tok.get_vocab(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        bos = self._special_id("bos_token")
+        # tokenizer_config.json's add_bos_token is how many HF tokenizers add BOS
+        if add_special_tokens and self.config.get("add_bos_token") and bos is not None and (not ids or ids[0] != bos):
+            ids = [bos] + ids
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=True)

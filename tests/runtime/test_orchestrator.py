@@ -1,0 +1,167 @@
+"""Invariant 2: greedy speculative decoding emits exactly target-only's tokens.
+
+Draft-target for every draft length up to the engine's max, n-gram, batch 1
+and ragged batches; identity draft = 100% acceptance; clean stops.
+"""
+
+import numpy as np
+import pytest
+from checkpoints import make_checkpoint
+from conftest import build_and_load, spec_build
+
+from specdec.runtime.config_strings import DraftTargetConfig, NGramConfig
+from specdec.runtime.loading import load_orchestrator
+from specdec.runtime.orchestrator import GenerationConfig, Orchestrator
+from specdec.runtime.proposers.draft_model import DraftModelProposer
+from specdec.runtime.proposers.ngram import NGramProposer
+from specdec.runtime.sampling import SamplingConfig
+
+MAX_DRAFT = 5
+PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30]]
+REPETITIVE = [[40, 41, 42, 43, 44, 45, 40, 41, 42, 43, 44, 45, 40, 41], [7, 8, 9, 7, 8, 9, 7, 8]]
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    d = tmp_path_factory.mktemp("orch")
+    target = make_checkpoint(d / "target", num_hidden_layers=2, seed=0)
+    draft = make_checkpoint(d / "draft", num_hidden_layers=1, hidden_size=32, intermediate_size=64, seed=0)
+    return {
+        "target": build_and_load(target, d / "te", spec_build(MAX_DRAFT)),
+        "draft": build_and_load(draft, d / "de", spec_build(0)),
+        "identity": build_and_load(target, d / "ie", spec_build(0)),
+        "dirs": d,
+    }
+
+
+def run(orch, prompts, **cfg):
+    return orch.generate(prompts, GenerationConfig(**{"max_output_len": 40, **cfg}))
+
+
+@pytest.mark.parametrize("draft_len", range(1, MAX_DRAFT + 1))
+@pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["batch1", "ragged-batch3"])
+def test_draft_target_greedy_equals_target_only(engines, draft_len, prompts):
+    base, _ = run(Orchestrator(engines["target"]), prompts)
+    spec, m = run(Orchestrator(engines["target"], DraftModelProposer(engines["draft"], SamplingConfig(), False), draft_len), prompts)
+    assert [o.output_ids for o in spec] == [o.output_ids for o in base]
+    assert m.drafted > 0
+
+
+def test_identity_draft_accepts_everything(engines):
+    spec, m = run(Orchestrator(engines["target"], DraftModelProposer(engines["identity"], SamplingConfig(), False), 4), PROMPTS)
+    base, _ = run(Orchestrator(engines["target"]), PROMPTS)
+    assert [o.output_ids for o in spec] == [o.output_ids for o in base]
+    assert m.acceptance_rate == 1.0
+    assert m.mean_acceptance_length > 3.5  # 4 drafts + bonus per round, less the truncated last rounds
+
+
+def test_row_output_is_the_same_alone_or_in_a_batch(engines):
+    orch = Orchestrator(engines["target"], DraftModelProposer(engines["draft"], SamplingConfig(), False), 3)
+    together, _ = run(orch, PROMPTS)
+    for prompt, out in zip(PROMPTS, together):
+        alone, _ = run(orch, [prompt])
+        assert alone[0].output_ids == out.output_ids
+
+
+@pytest.mark.parametrize("prompts", [REPETITIVE, PROMPTS], ids=["repetitive", "plain"])
+def test_ngram_greedy_equals_target_only(engines, prompts):
+    base, _ = run(Orchestrator(engines["target"]), prompts, max_output_len=48)
+    spec, m = run(Orchestrator(engines["target"], NGramProposer(MAX_DRAFT, 2), MAX_DRAFT), prompts, max_output_len=48)
+    assert [o.output_ids for o in spec] == [o.output_ids for o in base]
+    assert m.drafted > 0
+
+
+def test_ngram_accepts_drafts_on_copy_heavy_output(engines):
+    """A sharpened random model falls into loops; n-gram drafts must then be accepted."""
+    _, m = run(Orchestrator(engines["target"], NGramProposer(MAX_DRAFT, 3), MAX_DRAFT), REPETITIVE, max_output_len=60)
+    assert m.accepted > 0
+
+
+def test_max_seq_len_stop_is_clean(engines):
+    """max_seq_len=96: a 40-token prompt can grow by 56 tokens, then stops with its reason."""
+    prompt = list(range(3, 43))
+    orch = Orchestrator(engines["target"], DraftModelProposer(engines["identity"], SamplingConfig(), False), 5)
+    out, _ = run(orch, [prompt], max_output_len=500)
+    assert out[0].finish_reason == "max_seq_len"
+    assert len(prompt) + len(out[0].output_ids) == 96
+    base, _ = run(Orchestrator(engines["target"]), [prompt], max_output_len=500)
+    assert base[0].output_ids == out[0].output_ids
+
+
+def test_end_id_and_stop_words(engines):
+    base, _ = run(Orchestrator(engines["target"]), PROMPTS[:1])
+    ids = base[0].output_ids
+    orch = Orchestrator(engines["target"], DraftModelProposer(engines["identity"], SamplingConfig(), False), 4)
+    out, _ = run(orch, PROMPTS[:1], end_ids=(ids[9],))
+    cut = ids.index(ids[9]) + 1
+    assert out[0].output_ids == ids[:cut] and out[0].finish_reason == "end_id"
+    out, _ = run(orch, PROMPTS[:1], stop_words=(tuple(ids[12:14]),))
+    assert out[0].output_ids[-2:] == ids[12:14] and out[0].finish_reason == "stop_words"
+    out, _ = run(orch, PROMPTS[:1], max_output_len=7)
+    assert out[0].output_ids == ids[:7] and out[0].finish_reason == "length"
+
+
+def test_more_prompts_than_max_batch_run_in_chunks(engines):
+    prompts = [[3 + i, 4 + i, 5 + i] for i in range(9)]  # max_batch_size is 4
+    orch = Orchestrator(engines["target"], DraftModelProposer(engines["draft"], SamplingConfig(), False), 3)
+    out, m = run(orch, prompts, max_output_len=10)
+    base, _ = run(Orchestrator(engines["target"]), prompts, max_output_len=10)
+    assert [o.output_ids for o in out] == [o.output_ids for o in base]
+    assert m.requests == 9 and m.output_tokens == 90
+
+
+def test_same_seed_same_output_with_sampling(engines):
+    def sample_run(seed):
+        orch = Orchestrator(engines["target"], DraftModelProposer(engines["draft"], SamplingConfig(temperature=1.0, random_seed=seed), True), 3, use_logits=True)
+        return [o.output_ids for o in run(orch, PROMPTS, sampling=SamplingConfig(temperature=1.0, random_seed=seed))[0]]
+
+    assert sample_run(1) == sample_run(1)
+    assert sample_run(1) != sample_run(2)
+
+
+def test_padded_vocabularies_share_the_tokenizer_range(tmp_path):
+    """A draft whose vocabulary is padded differently (96 vs 128) still works, comparing over the shared ids."""
+    t = build_and_load(make_checkpoint(tmp_path / "t", vocab_size=128, seed=3), tmp_path / "te", spec_build(4))
+    d_ckpt = make_checkpoint(tmp_path / "d", vocab_size=96, seed=3)
+    build_and_load(d_ckpt, tmp_path / "de", spec_build(0))
+    orch = load_orchestrator(t.engine.path, tmp_path / "de", DraftTargetConfig(3, [0], [0], False))
+    assert orch.vocab_limit == 96
+    out, m = run(orch, PROMPTS)
+    assert all(max(o.output_ids) < 96 for o in out) and m.drafted > 0
+
+
+def test_end_to_end_sampling_distribution(tmp_path):
+    """Rejection sampling through real engines: two sampled tokens vs the exact target joint distribution."""
+    V = 8
+    tck = make_checkpoint(tmp_path / "t", vocab_size=V, seed=5, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    dck = make_checkpoint(tmp_path / "d", vocab_size=V, seed=6, num_hidden_layers=1, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    target = build_and_load(tck, tmp_path / "te", spec_build(2, max_batch_size=8))
+    build_and_load(dck, tmp_path / "de", spec_build(0, max_batch_size=8))
+    sampling = SamplingConfig(temperature=1.0, random_seed=11)
+    prompt = [1, 2, 3]
+
+    def dist(ctx):
+        c = target.new_cache(1)
+        p = np.exp(target.forward(c, [ctx], all_logits=False)[0, 0].astype(np.float64))
+        return p / p.sum()
+
+    # exact P(t2, t3) = sum_t1 P(t1) P(t2 | t1) P(t3 | t1, t2): both come out of one draft-2 round
+    p1 = dist(prompt)
+    joint = np.zeros((V, V))
+    for t1 in range(V):
+        p2 = dist(prompt + [t1])
+        for t2 in range(V):
+            joint[t2] += p1[t1] * p2[t2] * dist(prompt + [t1, t2])
+    n = 4000
+    orch = load_orchestrator(target.engine.path, tmp_path / "de", DraftTargetConfig(2, [0], [0], True), sampling=sampling)
+    outs, m = orch.generate([prompt] * n, GenerationConfig(max_output_len=4, sampling=sampling))
+    counts = np.zeros((V, V))
+    for o in outs:
+        counts[o.output_ids[1], o.output_ids[2]] += 1
+    assert m.drafted > 0 and 0 < m.acceptance_rate < 1
+    expected = joint * n
+    mask = expected > 5  # chi-square needs enough expected counts per cell
+    chi2 = float((((counts - expected) ** 2) / expected)[mask].sum())
+    df = int(mask.sum()) - 1
+    # 99.9% quantile of chi-square(df) ~ df + 3.1*sqrt(2 df) + 5 (Wilson-Hilferty, rounded up)
+    assert chi2 < df + 3.1 * np.sqrt(2 * df) + 5, (chi2, df)
