@@ -137,11 +137,11 @@ def ortgenai_build(ckpt_dir: str, out_dir: str, precision: str = "fp32",
     return out_dir
 
 
-def _make_speculative_dir(target_dir: str, draft_dir: str, k: int) -> str:
-    """Compose a `model.type = "speculative"` genai_config wrapping target + draft exports.
+def _make_speculative_dir(target_dir: str, draft_dir: str, k: int, wrap: str) -> str:
+    """Write into `wrap` a `model.type = "speculative"` genai_config over target + draft.
 
-    onnxruntime-genai (>= 0.14-ish; verified on 0.18) enables draft-model speculative decoding
-    when genai_config.json has a `model.draft` decoder block next to `model.decoder`. Filenames
+    onnxruntime-genai (verified on 0.18.0) enables draft-model speculative decoding when
+    genai_config.json has a `model.draft` decoder block next to `model.decoder`. Filenames
     are resolved relative to the wrapper directory and 0.18 rejects ".." in them, so the two
     exports are symlinked into the wrapper as target/ and draft/.
     """
@@ -152,7 +152,6 @@ def _make_speculative_dir(target_dir: str, draft_dir: str, k: int) -> str:
     tcfg, dcfg = load(target_dir), load(draft_dir)
     if tcfg["model"]["vocab_size"] != dcfg["model"]["vocab_size"]:
         raise ValueError("target and draft must share the vocabulary")
-    wrap = tempfile.mkdtemp(prefix="ortgenai_spec_")
     cfg = copy.deepcopy(tcfg)
     cfg["model"]["type"] = "speculative"
     for key, src, cdir, link in (("decoder", tcfg, target_dir, "target"),
@@ -176,6 +175,7 @@ def ortgenai_generate(model_dir: str, prompts_ids: list[list[int]], max_new_toke
     ngram: onnxruntime-genai n-gram (prompt-lookup) decoding with `ngram_size=ngram`, i.e. the
       last ngram-1 tokens are matched against the history (HF's max_matching_ngram_size=2 is
       roughly ngram=3, though HF also falls back to shorter matches); K=num_draft_tokens.
+    Runs in PEERS_PYTHON via a subprocess when onnxruntime_genai is not importable here.
     """
     if not _have_ortgenai():
         return _call_in_peers_venv("ortgenai_generate", dict(
@@ -187,26 +187,33 @@ def ortgenai_generate(model_dir: str, prompts_ids: list[list[int]], max_new_toke
 
     if draft_dir is not None and ngram is not None:
         raise ValueError("onnxruntime-genai cannot combine n-gram and draft-model decoding")
-    if not hasattr(og.GeneratorParams, "set_speculative_options"):
+    if (draft_dir or ngram) and not hasattr(og.GeneratorParams, "set_speculative_options"):
         raise NotImplementedError(
             f"onnxruntime-genai {og.__version__} has no speculative decoding API "
-            "(GeneratorParams.set_speculative_options); need >= the release with PR #2233/#2314")
+            "(GeneratorParams.set_speculative_options, added by microsoft/onnxruntime-genai#2233)")
+
     spec_opts: dict[str, int] = {}
-    path, name = model_dir, "ortgenai_greedy"
+    name = "ortgenai_greedy"
     if draft_dir is not None:
-        path = _make_speculative_dir(model_dir, draft_dir, num_draft_tokens)
         spec_opts = {"max_draft_tokens": num_draft_tokens}
         name = f"ortgenai_spec_k{num_draft_tokens}"
     elif ngram is not None:
         spec_opts = {"ngram_size": ngram, "max_draft_tokens": num_draft_tokens}
         name = f"ortgenai_ngram_k{num_draft_tokens}_n{ngram}"
 
-    config = og.Config(path)
-    if num_threads is not None:
-        sess = {"session_options": {"intra_op_num_threads": num_threads}}
-        blocks = {"decoder": sess, **({"draft": sess} if draft_dir else {})}
-        config.overlay(json.dumps({"model": blocks}))
-    model = og.Model(config)
+    with tempfile.TemporaryDirectory(prefix="ortgenai_spec_") as wrap:
+        path = _make_speculative_dir(model_dir, draft_dir, num_draft_tokens, wrap) \
+            if draft_dir is not None else model_dir
+        config = og.Config(path)
+        if num_threads is not None:
+            sess = {"session_options": {"intra_op_num_threads": num_threads}}
+            blocks = {"decoder": sess, **({"draft": sess} if draft_dir else {})}
+            config.overlay(json.dumps({"model": blocks}))
+        model = og.Model(config)  # sessions are created here; the wrapper dir may go after
+
+    if ngram is not None and "ngram_size" not in og.GeneratorParams(model).get_speculative_options():
+        raise NotImplementedError(f"onnxruntime-genai {og.__version__} has no n-gram decoding "
+                                  "(speculative option ngram_size, microsoft/onnxruntime-genai#2314)")
 
     def run(ids: list[int]) -> tuple[list[int], float, dict[str, Any]]:
         total = len(ids) + max_new_tokens
@@ -218,7 +225,7 @@ def ortgenai_generate(model_dir: str, prompts_ids: list[list[int]], max_new_toke
         if spec_opts:
             params.set_speculative_options(**spec_opts)
         gen = og.Generator(model, params)
-        gen.append_tokens(np.asarray([ids], dtype=np.int32))
+        gen.append_tokens(np.asarray([ids], dtype=np.int32))  # prefill
         while not gen.is_done():
             gen.generate_next_token()
         dt = time.perf_counter() - t0
@@ -235,7 +242,7 @@ def ortgenai_generate(model_dir: str, prompts_ids: list[list[int]], max_new_toke
         accepted += float(stats.get("draft_tokens_accepted", 0))
         evaluated += float(stats.get("draft_tokens_evaluated", 0))
     extra: dict[str, Any] = {"ortgenai_version": og.__version__}
-    if spec_opts:
+    if spec_opts:  # draft tokens accepted / draft tokens the target examined
         extra["acceptance_rate"] = accepted / evaluated if evaluated else 0.0
     return _result(name, outputs, seconds, **extra)
 

@@ -79,7 +79,7 @@ def build_network(ckpt: Checkpoint, cfg: ModelConfig, build: BuildConfig, on_lay
         lm_head = gb.weight("lm_head.weight", ckpt.float32("lm_head.weight").T)
     gb.op("MatMul", [x, lm_head], "/lm_head/matmul", outputs=["logits"])
     gb.output("logits", TensorProto.FLOAT, ["batch", "num_logits", cfg.vocab_size])
-    return gb.model(f"specdec_{cfg.architecture}")
+    return gb.model(f"specdec_{cfg.architecture}", extra_opsets=lowering.extra_opsets)
 
 
 def _rms_norm(gb: GraphBuilder, name: str, x: str, weight: np.ndarray, eps: float) -> str:

@@ -138,13 +138,22 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
         base_out, base_metrics = base
         same = all(a.output_ids == b.output_ids for a, b in zip(outputs, base_out))
         speedup = metrics.tokens_per_s / base_metrics.tokens_per_s if base_metrics.tokens_per_s else 0.0
-        click.echo(
-            f"--- baseline (target-only, same run) ---\n{base_metrics.tokens_per_s:.1f} tokens/s; "
-            f"speedup {speedup:.2f}x; outputs identical to target-only: {'yes' if same else 'no'}"
-            + ("" if sampling.greedy else " (sampling: outputs are not expected to be identical)")
-        )
+        click.echo(summary_table([("target-only", base_metrics), (method, metrics)]))
+        note = "" if sampling.greedy else " (sampling: not expected to be identical)"
+        click.echo(f"outputs identical to target-only: {'yes' if same else 'no'}{note}")
         report["baseline"] = {"metrics": base_metrics.to_dict(), "speedup": speedup, "identical_outputs": same}
     _write_outputs(outputs, report, output_csv, output_npy, output_json)
+
+
+def summary_table(rows) -> str:
+    """A compact comparison, the first row being the baseline."""
+    base = rows[0][1].tokens_per_s or 1.0
+    lines = [f"{'method':<14}{'tokens/s':>10}{'speedup':>9}{'acceptance':>12}{'mean acc. len':>15}{'TTFT ms':>9}"]
+    for name, m in rows:
+        acc = f"{m.acceptance_rate:.3f}" if m.drafted else "-"
+        mal = f"{m.mean_acceptance_length:.2f}" if m.drafted else "-"
+        lines.append(f"{name:<14}{m.tokens_per_s:>10.1f}{m.tokens_per_s / base:>8.2f}x{acc:>12}{mal:>15}{m.mean_ttft_s * 1e3:>9.1f}")
+    return "\n".join(lines)
 
 
 def _write_outputs(outputs, report: dict, output_csv, output_npy, output_json) -> None:

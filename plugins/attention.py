@@ -34,6 +34,7 @@ class Shared:
 
 class AttentionLowering:
     name = "base"
+    extra_opsets: dict[str, int] = {}
 
     def __init__(self, gb: GraphBuilder, cfg: ModelConfig):
         self.gb, self.cfg = gb, cfg

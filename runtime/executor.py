@@ -46,6 +46,15 @@ class OrtExecutor:
         self._bound_cache: tuple[int, int] | None = None
         self._logit_buffers: dict[tuple[int, int], np.ndarray] = {}
         self.vocab_size = self.model.vocab_size
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """ONNX Runtime plans memory on its first runs: do that at load, not in the first request's latency."""
+        for width in (2, 1):
+            cache = self.new_cache(1)
+            self.forward(cache, [[0] * width], all_logits=True)
+        self._bound_cache = None
+        self._logit_buffers.clear()
 
     # -- cache ------------------------------------------------------------------
     def new_cache(self, batch_size: int) -> KVCache:
