@@ -23,9 +23,12 @@ from ..runtime.errors import BuildConfigError
 from .architectures import checkpoint_dtype, model_config_from_hf
 from .backends import resolve_backend
 from .checkpoint import load_checkpoint
+from .quantization import detect_fp8
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 MODES = ("none", "draft_tokens_external")
+QUANTIZATIONS = ("auto", "none", "fp8")
+FP8_ACTIVATIONS = ("none", "static", "dynamic")
 
 
 @dataclass
@@ -57,6 +60,12 @@ def validate_build_config(build: BuildConfig, model: ModelConfig) -> None:
         problems.append(f"tp_size={build.tp_size}: tensor parallelism is not supported yet (use 1)")
     if build.dtype not in DTYPES[1:]:
         problems.append(f"dtype={build.dtype!r} is not one of {', '.join(DTYPES)}")
+    if build.quantization not in QUANTIZATIONS[1:]:
+        problems.append(f"quantization={build.quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
+    if build.fp8_activations not in FP8_ACTIVATIONS:
+        problems.append(f"fp8_activations={build.fp8_activations!r} is not one of {', '.join(FP8_ACTIVATIONS)}")
+    elif build.fp8_activations != "none" and build.quantization != "fp8":
+        problems.append(f"fp8_activations={build.fp8_activations} needs --quantization fp8")
     if problems:
         raise BuildConfigError("invalid build configuration: " + "; ".join(problems) + ".")
 
@@ -98,6 +107,8 @@ def build_engine(
     allow_pickle: bool = False,
     progress: Callable[[str, int, int], None] | None = None,
     say: Callable[[str], None] = print,
+    calib_dataset: str | Path | None = None,
+    calib_size: int = 64,
 ) -> BuildResult:
     """Build one engine directory. ``progress(step, done, total)`` reports work."""
     t0 = time.perf_counter()
@@ -105,8 +116,12 @@ def build_engine(
     prepare_output(output_dir, force)
     ckpt = load_checkpoint(checkpoint_dir, allow_pickle=allow_pickle)
     model = model_config_from_hf(ckpt.hf_config, max_seq_len=build.max_seq_len)
-    build = replace(build, dtype=resolve_dtype(build.dtype, ckpt.hf_config), backend=resolve_backend(build.backend, say))
+    fp8 = detect_fp8(ckpt.hf_config, ckpt.path)
+    quantization = ("fp8" if fp8 else "none") if build.quantization == "auto" else build.quantization
+    build = replace(build, dtype=resolve_dtype(build.dtype, ckpt.hf_config), backend=resolve_backend(build.backend, say), quantization=quantization)
     validate_build_config(build, model)
+    if build.fp8_activations == "static" and calib_dataset is None and fp8 is None:
+        raise BuildConfigError("--fp8_activations static needs calibration: pass --calib_dataset FILE (or use dynamic).")
     if build.max_seq_len > model.max_position_embeddings:
         say(f"warning: max_seq_len={build.max_seq_len} exceeds the model's max_position_embeddings={model.max_position_embeddings}")
 
@@ -116,7 +131,16 @@ def build_engine(
     total = model.num_layers + 3
     report = progress or (lambda *_: None)
     report("network", 0, total)
-    network = build_network(ckpt, model, build, on_layer=lambda i: report(f"layer {i}", i + 1, total))
+    scales = None
+    if build.fp8_activations == "static" and calib_dataset is not None:
+        from .calibration import calibrate_activation_scales, calibration_samples
+
+        report("calibrate", 0, total)
+        samples = calibration_samples(Path(calib_dataset), ckpt.path, calib_size, min(256, build.max_input_len))
+        taps: dict[str, str] = {}
+        float_net = build_network(ckpt, model, replace(build, quantization="none", fp8_activations="none", dtype="float32"), fp8=fp8, linear_inputs=taps)
+        scales = calibrate_activation_scales(float_net, taps, build.kv_capacity, (model.num_kv_heads, model.head_dim), model.num_layers, samples)
+    network = build_network(ckpt, model, build, on_layer=lambda i: report(f"layer {i}", i + 1, total), fp8=fp8, activation_scales=scales)
     num_parameters = sum(int(np.prod(t.dims)) for t in network.graph.initializer if t.name.endswith((".weight", ".bias")))
 
     output_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -134,7 +158,12 @@ def build_engine(
             files=hash_directory(tmp),
             versions=_versions(),
             network_file=network_file,
-            extra={"checkpoint": str(Path(checkpoint_dir).resolve()), "checkpoint_dtype": checkpoint_dtype(ckpt.hf_config), "hf_config": ckpt.hf_config},
+            extra={
+                "checkpoint": str(Path(checkpoint_dir).resolve()),
+                "checkpoint_dtype": checkpoint_dtype(ckpt.hf_config),
+                "checkpoint_fp8": fp8.method if fp8 else None,
+                "hf_config": ckpt.hf_config,
+            },
         )
         (tmp / CONFIG_FILE).write_text(config.to_json())
         _move_into_place(tmp, output_dir)

@@ -45,6 +45,11 @@ class Checkpoint:
         reader, key = self._tensors[name]
         return reader.dtype_name(key)
 
+    def raw(self, name: str) -> np.ndarray:
+        """Stored bits (float8 as uint8, bfloat16 as uint16)."""
+        reader, key = self._tensors[name]
+        return reader.raw(key)
+
     def float32(self, name: str) -> np.ndarray:
         if name not in self._tensors:
             raise CheckpointError(f"checkpoint {self.path} has no tensor {name!r}; is the config's architecture right?")

@@ -65,6 +65,21 @@ class GraphBuilder:
             )
         return self.op("Cast", [name], f"{name}/cast", to=TensorProto.FLOAT)
 
+    def fp8_weight(self, name: str, bits: np.ndarray, scale: np.ndarray, block_size: int = 0) -> str:
+        """float8 e4m3 weight [in, out] + scales -> a float32 value via DequantizeLinear."""
+        self.initializers.append(helper.make_tensor(name, TensorProto.FLOAT8E4M3FN, bits.shape, np.ascontiguousarray(bits).tobytes(), raw=True))
+        s = self.const(f"{name}_scale", scale.astype(np.float32))
+        if block_size:
+            return self.op("DequantizeLinear", [name, s], f"{name}/dequant", axis=0, block_size=block_size)
+        return self.op("DequantizeLinear", [name, s], f"{name}/dequant", axis=1)
+
+    def fp8_activation(self, name: str, x: str, scale: str) -> str:
+        """Quantize-dequantize an activation through float8 e4m3 (what an FP8 GEMM reads)."""
+        zero = helper.make_tensor(f"{name}/zero_point", TensorProto.FLOAT8E4M3FN, [], [0.0])
+        self.initializers.append(zero)
+        q = self.op("QuantizeLinear", [x, scale, zero.name], f"{name}/quant")
+        return self.op("DequantizeLinear", [q, scale, zero.name], f"{name}/dequant")
+
     # -- nodes ----------------------------------------------------------------
     def op(self, op_type: str, inputs: Sequence[str], name: str, num_outputs: int = 1, outputs: Sequence[str] | None = None, domain: str = "", **attrs) -> str:
         if name in self._names:

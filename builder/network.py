@@ -26,34 +26,49 @@ from ..plugins.attention import Shared
 from ..runtime.engine_format import BuildConfig, ModelConfig
 from .checkpoint import Checkpoint
 from .graph import GraphBuilder
+from .quantization import FP8_MAX, Fp8Convention, LinearWeight, concat_out, quantize_fp8_per_channel, read_linear
 from .rope import cos_sin_tables
 
 # Hugging Face name -> our name, per layer. A table, not a regex.
 LAYER_WEIGHTS = {
     "input_layernorm": "input_layernorm.weight",
     "post_attention_layernorm": "post_attention_layernorm.weight",
-    "q_proj": "self_attn.q_proj.weight",
-    "k_proj": "self_attn.k_proj.weight",
-    "v_proj": "self_attn.v_proj.weight",
-    "o_proj": "self_attn.o_proj.weight",
+    "q_proj": "self_attn.q_proj",
+    "k_proj": "self_attn.k_proj",
+    "v_proj": "self_attn.v_proj",
+    "o_proj": "self_attn.o_proj",
     "q_bias": "self_attn.q_proj.bias",
     "k_bias": "self_attn.k_proj.bias",
     "v_bias": "self_attn.v_proj.bias",
     "q_norm": "self_attn.q_norm.weight",
     "k_norm": "self_attn.k_norm.weight",
-    "gate_proj": "mlp.gate_proj.weight",
-    "up_proj": "mlp.up_proj.weight",
-    "down_proj": "mlp.down_proj.weight",
-}
+    "gate_proj": "mlp.gate_proj",
+    "up_proj": "mlp.up_proj",
+    "down_proj": "mlp.down_proj",
+}  # linear layers name the module: the weight (and any FP8 scales) hang off it
 
 
 def _shape(gb: GraphBuilder, name: str, dims: list[int]) -> str:
     return gb.const(name, np.array(dims, np.int64))
 
 
-def build_network(ckpt: Checkpoint, cfg: ModelConfig, build: BuildConfig, on_layer: Callable[[int], None] | None = None):
-    """Return the ONNX ModelProto of ``cfg`` with weights from ``ckpt``."""
+def build_network(
+    ckpt: Checkpoint,
+    cfg: ModelConfig,
+    build: BuildConfig,
+    on_layer: Callable[[int], None] | None = None,
+    fp8: Fp8Convention | None = None,
+    activation_scales: dict[str, float] | None = None,
+    linear_inputs: dict[str, str] | None = None,
+):
+    """Return the ONNX ModelProto of ``cfg`` with weights from ``ckpt``.
+
+    fp8: the checkpoint's FP8 convention, if it is quantized.
+    activation_scales: calibrated static FP8 input scales by linear-layer name.
+    linear_inputs: filled with linear-layer name -> the graph value it reads (calibration taps).
+    """
     gb = GraphBuilder(weight_dtype=build.dtype)
+    linears = _Linears(gb, ckpt, build, fp8, activation_scales or {})
     lowering = get_lowering(build.lowering)(gb, cfg)
     ids = gb.input("input_ids", TensorProto.INT64, ["batch", "num_tokens"])
     positions = gb.input("position_ids", TensorProto.INT64, ["batch", "num_tokens"])
@@ -65,7 +80,7 @@ def build_network(ckpt: Checkpoint, cfg: ModelConfig, build: BuildConfig, on_lay
     embed = gb.weight("model.embed_tokens.weight", ckpt.float32("model.embed_tokens.weight"))
     x = gb.op("Gather", [embed, ids], "/model/embed_tokens")
     for i in range(cfg.num_layers):
-        x = _decoder_layer(gb, lowering, ckpt, cfg, i, x, shared)
+        x = _decoder_layer(gb, lowering, linears, ckpt, cfg, i, x, shared)
         if on_layer:
             on_layer(i)
 
@@ -79,6 +94,8 @@ def build_network(ckpt: Checkpoint, cfg: ModelConfig, build: BuildConfig, on_lay
         lm_head = gb.weight("lm_head.weight", ckpt.float32("lm_head.weight").T)
     gb.op("MatMul", [x, lm_head], "/lm_head/matmul", outputs=["logits"])
     gb.output("logits", TensorProto.FLOAT, ["batch", "num_logits", cfg.vocab_size])
+    if linear_inputs is not None:
+        linear_inputs.update(linears.inputs)
     return gb.model(f"specdec_{cfg.architecture}", extra_opsets=lowering.extra_opsets)
 
 
@@ -87,26 +104,65 @@ def _rms_norm(gb: GraphBuilder, name: str, x: str, weight: np.ndarray, eps: floa
     return gb.op("RMSNormalization", [x, w], name, axis=-1, epsilon=eps)
 
 
-def _linear(gb: GraphBuilder, name: str, x: str, weight_t: np.ndarray, bias: np.ndarray | None = None) -> str:
-    """x @ weight_t (+ bias); weight_t is [in, out]."""
-    y = gb.op("MatMul", [x, gb.weight(f"{name}.weight", weight_t)], name)
-    if bias is not None:
-        y = gb.op("Add", [y, gb.weight(f"{name}.bias", bias)], f"{name}/bias")
-    return y
+class _Linears:
+    """Linear layers, dense or FP8, with the precision written into the graph."""
+
+    def __init__(self, gb: GraphBuilder, ckpt: Checkpoint, build: BuildConfig, fp8: Fp8Convention | None, act_scales: dict[str, float]):
+        self.gb, self.ckpt, self.build, self.fp8, self.act_scales = gb, ckpt, build, fp8, act_scales
+        self.inputs: dict[str, str] = {}  # layer name -> the graph value it reads (calibration taps these)
+
+    def weights(self, modules: list[str]) -> LinearWeight:
+        w = concat_out([read_linear(self.ckpt, m, self.fp8) for m in modules])
+        if self.build.quantization == "fp8" and not w.is_fp8:
+            w = quantize_fp8_per_channel(w.dense)
+        elif self.build.quantization == "none" and w.is_fp8:
+            w = LinearWeight(dense=w.dequantized())
+        return w
+
+    def __call__(self, name: str, x: str, modules: list[str], bias: np.ndarray | None = None) -> str:
+        """x @ W (+ bias) for the projections ``modules`` fused along the output axis."""
+        gb, w = self.gb, self.weights(modules)
+        self.inputs[name] = x
+        if w.is_fp8:
+            weight = gb.fp8_weight(f"{name}.weight", w.fp8_bits, w.scale, w.block_size)
+            x = self._activation(name, x, w)
+        else:
+            weight = gb.weight(f"{name}.weight", w.dense)
+        y = gb.op("MatMul", [x, weight], name)
+        if bias is not None:
+            y = gb.op("Add", [y, gb.weight(f"{name}.bias", bias)], f"{name}/bias")
+        return y
+
+    def _activation(self, name: str, x: str, w: LinearWeight) -> str:
+        mode, gb = self.build.fp8_activations, self.gb
+        if mode == "none":
+            return x
+        if mode == "static":
+            scale = self.act_scales.get(name, w.input_scale)
+            if scale is None:
+                raise ValueError(f"no static FP8 input scale for {name}: calibrate (--calib_dataset) or use dynamic activations")
+            return gb.fp8_activation(f"{name}/input", x, gb.const(f"{name}/input_scale", np.array(scale, np.float32)))
+        # dynamic: per-tensor amax of this step's input
+        amax = gb.op("ReduceMax", [gb.op("Abs", [x], f"{name}/input_abs")], f"{name}/input_amax", keepdims=0)
+        scale = gb.op("Div", [amax, gb.const(f"{name}/fp8_max", np.array(FP8_MAX, np.float32))], f"{name}/input_scale_raw")
+        scale = gb.op("Max", [scale, gb.const(f"{name}/min_scale", np.array(1e-12, np.float32))], f"{name}/input_scale")
+        return gb.fp8_activation(f"{name}/input", x, scale)
 
 
-def _decoder_layer(gb: GraphBuilder, lowering, ckpt: Checkpoint, cfg: ModelConfig, i: int, x: str, shared: Shared) -> str:
+def _decoder_layer(gb: GraphBuilder, lowering, linear: _Linears, ckpt: Checkpoint, cfg: ModelConfig, i: int, x: str, shared: Shared) -> str:
     p = f"/model/layers.{i}"
 
     def w(key: str) -> np.ndarray:
         return ckpt.float32(f"model.layers.{i}.{LAYER_WEIGHTS[key]}")
 
+    def mod(*keys: str) -> list[str]:
+        return [f"model.layers.{i}.{LAYER_WEIGHTS[k]}" for k in keys]
+
     nh, kvh, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     h = _rms_norm(gb, f"{p}/input_layernorm", x, w("input_layernorm"), cfg.rms_norm_eps)
     # One fused q|k|v projection: a third of the MatMul calls.
-    qkv_t = np.concatenate([w("q_proj").T, w("k_proj").T, w("v_proj").T], axis=1)
     bias = np.concatenate([w("q_bias"), w("k_bias"), w("v_bias")]) if cfg.qkv_bias else None
-    qkv = _linear(gb, f"{p}/attn/qkv_proj", h, qkv_t, bias)
+    qkv = linear(f"{p}/attn/qkv_proj", h, mod("q_proj", "k_proj", "v_proj"), bias)
     split = _shape(gb, f"{p}/attn/qkv_split", [nh * hd, kvh * hd, kvh * hd])
     q, k, v = gb.op("Split", [qkv, split], f"{p}/attn/qkv_split_op", num_outputs=3, axis=-1)
     q = gb.op("Reshape", [q, _shape(gb, f"{p}/attn/q_shape", [0, 0, nh, hd])], f"{p}/attn/q_heads")
@@ -116,12 +172,11 @@ def _decoder_layer(gb: GraphBuilder, lowering, ckpt: Checkpoint, cfg: ModelConfi
         q = _rms_norm(gb, f"{p}/attn/q_norm", q, w("q_norm"), cfg.rms_norm_eps)
         k = _rms_norm(gb, f"{p}/attn/k_norm", k, w("k_norm"), cfg.rms_norm_eps)
     attn = lowering.layer(f"{p}/attn", q, k, v, i, shared)
-    x = gb.op("Add", [x, _linear(gb, f"{p}/attn/o_proj", attn, w("o_proj").T)], f"{p}/attn/residual")
+    x = gb.op("Add", [x, linear(f"{p}/attn/o_proj", attn, mod("o_proj"))], f"{p}/attn/residual")
 
     h = _rms_norm(gb, f"{p}/post_attention_layernorm", x, w("post_attention_layernorm"), cfg.rms_norm_eps)
-    gate_up_t = np.concatenate([w("gate_proj").T, w("up_proj").T], axis=1)
-    gate_up = _linear(gb, f"{p}/mlp/gate_up_proj", h, gate_up_t)
+    gate_up = linear(f"{p}/mlp/gate_up_proj", h, mod("gate_proj", "up_proj"))
     gate, up = gb.op("Split", [gate_up, _shape(gb, f"{p}/mlp/split", [cfg.intermediate_size] * 2)], f"{p}/mlp/split_op", num_outputs=2, axis=-1)
     silu = gb.op("Mul", [gate, gb.op("Sigmoid", [gate], f"{p}/mlp/sigmoid")], f"{p}/mlp/silu")
-    down = _linear(gb, f"{p}/mlp/down_proj", gb.op("Mul", [silu, up], f"{p}/mlp/gated"), w("down_proj").T)
+    down = linear(f"{p}/mlp/down_proj", gb.op("Mul", [silu, up], f"{p}/mlp/gated"), mod("down_proj"))
     return gb.op("Add", [x, down], f"{p}/mlp/residual")

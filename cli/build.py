@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 from tqdm import tqdm
 
-from ..builder.build import DTYPES, MODES, build_engine
+from ..builder.build import DTYPES, FP8_ACTIVATIONS, MODES, QUANTIZATIONS, build_engine
 from ..builder.backends import BACKENDS
 from ..runtime.engine_format import BuildConfig
 from .common import clean_errors, human_bytes, option
@@ -25,12 +25,23 @@ from .common import clean_errors, human_bytes, option
              "[default: 8 with that mode, else 0].")
 @option("speculative_decoding_mode", type=click.Choice(MODES), default="none", show_default=True,
         help="draft_tokens_external: the target engine accepts 1..max_draft_len+1 tokens per sequence per step and returns logits for all of them (build TARGET engines this way). none: one token per step (draft engines, plain decoding).")
+@option("quantization", "--qformat", type=click.Choice(QUANTIZATIONS), default="auto", show_default=True,
+        help="fp8: linear-layer weights stored as float8 e4m3 with per-channel scales (quantized at build time from a "
+             "float checkpoint, or read from an FP8 checkpoint: ModelOpt, compressed-tensors, fine-grained fp8). The graph carries "
+             "DequantizeLinear, so TensorRT can run FP8 GEMMs; ONNX Runtime on CPU dequantizes once at load and computes in float32. "
+             "auto = fp8 for FP8 checkpoints, else none; none on an FP8 checkpoint dequantizes it.")
+@option("fp8_activations", type=click.Choice(FP8_ACTIVATIONS), default="none", show_default=True,
+        help="With fp8: how linear-layer inputs are scaled. none = weight-only; static = fixed scales (the checkpoint's "
+             "input_scale, or calibrated with --calib_dataset); dynamic = amax of each step's input.")
+@option("calib_dataset", type=click.Path(), help="UTF-8 text file to calibrate static FP8 activation scales on (needs the checkpoint's tokenizer.json).")
+@option("calib_size", type=int, default=64, show_default=True, help="Calibration samples (chunks of up to 256 tokens) taken from --calib_dataset.")
 @option("backend", type=click.Choice(BACKENDS), default="auto", show_default=True, help="onnxruntime runs everywhere (CPU); tensorrt is not implemented yet; auto picks the best available.")
 @option("tp_size", type=int, default=1, show_default=True, help="Tensor-parallel ranks (only 1 is supported).")
 @option("allow_pickle", is_flag=True, help="Allow loading pickled pytorch_model*.bin weights (unpickling can run arbitrary code: only for checkpoints you trust).")
 @option("force", is_flag=True, help="Replace a non-empty --output_dir.")
 @clean_errors
-def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_seq_len, max_draft_len, speculative_decoding_mode, backend, tp_size, allow_pickle, force) -> None:
+def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_seq_len, max_draft_len, speculative_decoding_mode,
+         quantization, fp8_activations, calib_dataset, calib_size, backend, tp_size, allow_pickle, force) -> None:
     """Build an engine directory from a Hugging Face checkpoint.
 
     \b
@@ -54,6 +65,7 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
     build = BuildConfig(
         dtype=dtype, max_batch_size=max_batch_size, max_input_len=max_input_len, max_seq_len=max_seq_len,
         max_draft_len=max_draft_len, speculative_decoding_mode=speculative_decoding_mode, backend=backend, tp_size=tp_size,
+        quantization=quantization, fp8_activations=fp8_activations,
     )
     bars: list[tqdm] = []  # made on the first report, after the inputs were validated
 
@@ -65,13 +77,15 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
         bars[0].refresh()
 
     try:
-        result = build_engine(checkpoint_dir, output_dir, build, force=force, allow_pickle=allow_pickle, progress=progress, say=tqdm.write)
+        result = build_engine(checkpoint_dir, output_dir, build, force=force, allow_pickle=allow_pickle, progress=progress, say=tqdm.write,
+                              calib_dataset=calib_dataset, calib_size=calib_size)
     finally:
         for bar in bars:
             bar.close()
     b = result.config.build
     click.echo(
-        f"built {result.output_dir}  [{model.architecture}, {result.num_parameters / 1e6:.2f}M params, {b.dtype}, "
+        f"built {result.output_dir}  [{model.architecture}, {result.num_parameters / 1e6:.2f}M params, {b.dtype}"
+        f"{', fp8 weights' if b.quantization == 'fp8' else ''}{f' + fp8 {b.fp8_activations} activations' if b.fp8_activations != 'none' else ''}, "
         f"backend {b.backend}]\n"
         f"  limits: batch {b.max_batch_size}, input {b.max_input_len}, seq {b.max_seq_len}, draft {b.max_draft_len} ({b.speculative_decoding_mode})\n"
         f"  size {human_bytes(result.engine_bytes)}, {len(result.config.files)} files, {result.seconds:.1f}s"

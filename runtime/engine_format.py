@@ -59,6 +59,8 @@ class BuildConfig:
     backend: str = "onnxruntime"
     tp_size: int = 1
     lowering: str = "portable"
+    quantization: str = "auto"  # none | fp8; auto (at build time) = what the checkpoint holds (linear-layer weights in float8 e4m3)
+    fp8_activations: str = "none"  # none | static | dynamic: how FP8 linear inputs are scaled
 
     @property
     def kv_capacity(self) -> int:

@@ -37,6 +37,9 @@ class OrtExecutor:
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.log_severity_level = 3
+        # Fold DequantizeLinear of constant FP8 weights into float32 once, at load: the CPU
+        # has no FP8 GEMM, and dequantizing every step would cost more than the MatMul.
+        opts.add_session_config_entry("session.disable_quant_qdq", "1")
         try:
             self.session = ort.InferenceSession(str(engine.network_path), opts, providers=["CPUExecutionProvider"])
         except Exception as err:  # onnxruntime's own errors are untyped

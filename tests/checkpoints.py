@@ -47,3 +47,80 @@ def make_checkpoint(path: Path, arch: str = "LlamaForCausalLM", dtype: torch.dty
 
 def load_hf(path: Path) -> torch.nn.Module:
     return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+LINEAR_SUFFIXES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def is_linear(name: str) -> bool:
+    return name.endswith(".weight") and name.split(".")[-2] in LINEAR_SUFFIXES
+
+
+def save_fp8_checkpoint(src: Path, dst: Path, convention: str = "modelopt", block: int = 32) -> dict[str, torch.Tensor]:
+    """Re-save ``src`` with FP8 e4m3 linear weights, the way published FP8 checkpoints lay them out.
+
+    modelopt: per-tensor weight_scale + input_scale; compressed-tensors: per-channel
+    weight_scale [out, 1]; fp8: weight_scale_inv per [block, block] tile.
+    Returns the dequantized weights (the independent torch reference).
+    """
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.name != "model.safetensors":
+            shutil.copy(f, dst / f.name)
+    tensors = load_file(src / "model.safetensors")
+    out, reference = {}, {}
+    for name, w in tensors.items():
+        if not is_linear(name):
+            out[name] = w
+            continue
+        w = w.float()
+        base = name[: -len(".weight")]
+        if convention == "modelopt":
+            scale = w.abs().max() / 448.0
+            q = (w / scale).to(torch.float8_e4m3fn)
+            out[f"{base}.weight_scale"] = scale.reshape(())
+            out[f"{base}.input_scale"] = torch.tensor(0.05)
+            deq = q.float() * scale
+        elif convention == "compressed-tensors":
+            scale = w.abs().amax(dim=1, keepdim=True) / 448.0
+            q = (w / scale).to(torch.float8_e4m3fn)
+            out[f"{base}.weight_scale"] = scale
+            deq = q.float() * scale
+        elif convention == "fp8":
+            o, i = w.shape
+            tiles = w.reshape(o // block, block, i // block, block)
+            scale = tiles.abs().amax(dim=(1, 3)) / 448.0
+            q = (tiles / scale[:, None, :, None]).to(torch.float8_e4m3fn).reshape(o, i)
+            out[f"{base}.weight_scale_inv"] = scale
+            deq = (q.float().reshape(o // block, block, i // block, block) * scale[:, None, :, None]).reshape(o, i)
+        else:
+            raise ValueError(convention)
+        out[name] = q
+        reference[name] = deq
+    save_file(out, dst / "model.safetensors")
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["quantization_config"] = {
+        "modelopt": {"quant_method": "modelopt", "quant_algo": "FP8"},
+        "compressed-tensors": {
+            "quant_method": "compressed-tensors",
+            "format": "float-quantized",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}},
+        },
+        "fp8": {"quant_method": "fp8", "weight_block_size": [block, block]},
+    }[convention]
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return reference
+
+
+def hf_with_weights(src: Path, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
+    model = load_hf(src)
+    state = model.state_dict()
+    with torch.no_grad():
+        for name, w in weights.items():
+            state[name].copy_(w)
+    return model

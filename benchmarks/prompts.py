@@ -1,0 +1,45 @@
+"""Benchmark prompts made from code every machine has: the Python standard library.
+
+Ordinary prompts are the first lines of a function; copy-heavy prompts show a
+whole function and ask for it again ("repeat / edit this code"), so most of the
+answer is in the prompt, which is n-gram drafting's case.
+"""
+
+from __future__ import annotations
+
+import ast
+import sysconfig
+from pathlib import Path
+
+from specdec.runtime.tokenizer import Tokenizer
+
+# Files outside the demo pair's training data would be best; these modules are
+# common and stable across Python versions.
+SOURCES = ("textwrap.py", "shlex.py", "fnmatch.py", "glob.py", "bisect.py", "heapq.py", "base64.py", "csv.py", "calendar.py", "difflib.py")
+
+
+def _functions(limit: int) -> list[str]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    found = []
+    for name in SOURCES:
+        src = (stdlib / name).read_text()
+        for node in ast.parse(src).body:
+            if isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno >= 8:
+                found.append(ast.get_source_segment(src, node))
+        if len(found) >= limit * 3:
+            break
+    return found
+
+
+def code_prompts(engine_dir: Path, n: int, tokens: int, copy_heavy: bool = False) -> list[list[int]]:
+    tok = Tokenizer(engine_dir)
+    out = []
+    for fn in _functions(n)[::3][:n]:
+        if copy_heavy:
+            head = fn.splitlines()[0]
+            text = f"{fn}\n\n\n# The same function again, unchanged:\n{head}\n"
+            ids = tok.encode(text)[-4 * tokens:]
+        else:
+            ids = tok.encode(fn)[:tokens]
+        out.append(ids)
+    return out

@@ -1,0 +1,59 @@
+"""Static FP8 activation scales, calibrated on a text file.
+
+The unquantized network is built once with every linear layer's input exposed
+as an extra output; calibration text runs through it under ONNX Runtime
+(context phase, batch 1) and each layer's scale is amax / 448.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from ..runtime.errors import BuildConfigError
+from .quantization import FP8_MAX
+
+
+def calibration_samples(text_file: Path, tokenizer_dir: Path, num_samples: int, sample_len: int) -> list[list[int]]:
+    from tokenizers import Tokenizer
+
+    if not text_file.is_file():
+        raise BuildConfigError(f"--calib_dataset {text_file} does not exist; expected a UTF-8 text file.")
+    tok_file = tokenizer_dir / "tokenizer.json"
+    if not tok_file.is_file():
+        raise BuildConfigError(f"calibration needs the checkpoint's tokenizer.json, which {tokenizer_dir} lacks.")
+    ids = Tokenizer.from_file(str(tok_file)).encode(text_file.read_text(errors="replace")).ids
+    samples = [ids[i : i + sample_len] for i in range(0, len(ids), sample_len)][:num_samples]
+    samples = [s for s in samples if len(s) >= 2]
+    if not samples:
+        raise BuildConfigError(f"--calib_dataset {text_file} is too short to calibrate on.")
+    return samples
+
+
+def calibrate_activation_scales(model, taps: dict[str, str], kv_capacity: int, kv_shape: tuple[int, int], num_layers: int, samples: list[list[int]]) -> dict[str, float]:
+    """Run ``samples`` through the float network ``model``; amax/448 per linear layer input (``taps``: name -> value)."""
+    import onnxruntime as ort
+
+    graph = model.graph
+    for value in taps.values():
+        graph.output.append(helper.make_tensor_value_info(value, TensorProto.FLOAT, None))
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = list(taps)
+    amax = dict.fromkeys(names, 0.0)
+    heads, head_dim = kv_shape
+    for ids in samples:
+        n = len(ids)
+        feed = {
+            "input_ids": np.array([ids], np.int64),
+            "position_ids": np.arange(n, dtype=np.int64)[None],
+            "logits_index": np.array([[n - 1]], np.int64),
+        }
+        for i in range(num_layers):
+            for kind in ("key", "value"):
+                feed[f"past_{kind}.{i}"] = np.zeros((1, heads, kv_capacity, head_dim), np.float32)
+        outs = sess.run([taps[k] for k in names], feed)
+        for k, v in zip(names, outs):
+            amax[k] = max(amax[k], float(np.abs(v).max()))
+    return {k: max(v, 1e-12) / FP8_MAX for k, v in amax.items()}
