@@ -46,7 +46,7 @@ class OrtExecutor:
             raise EngineError(f"ONNX Runtime could not load {engine.network_path}: {err}") from err
         self._ort = ort
         self._binding = self.session.io_binding()
-        self._bound_cache: tuple[int, int] | None = None
+        self._bound_cache: tuple[KVCache, int] | None = None
         self._logit_buffers: dict[tuple[int, int], np.ndarray] = {}
         self.vocab_size = self.model.vocab_size
         self._warm_up()
@@ -67,8 +67,9 @@ class OrtExecutor:
         return KVCache(m.num_layers, batch_size, m.num_kv_heads, self.build.kv_capacity, m.head_dim, self.build.max_seq_len)
 
     def _bind_cache(self, cache: KVCache) -> None:
-        key = (id(cache), cache.version)
-        if self._bound_cache == key:
+        # Hold the cache itself, not its id(): a new cache may reuse a freed one's id,
+        # and the binding would then point ONNX Runtime at freed memory.
+        if self._bound_cache is not None and self._bound_cache[0] is cache and self._bound_cache[1] == cache.version:
             return
         b = self._binding
         for i, (k, v) in enumerate(zip(cache.keys, cache.values)):
@@ -76,7 +77,7 @@ class OrtExecutor:
                 ov = self._ort.OrtValue.ortvalue_from_numpy(arr)
                 b.bind_ortvalue_input(f"past_{kind}.{i}", ov)
                 b.bind_ortvalue_output(f"present_{kind}.{i}", ov)
-        self._bound_cache = key
+        self._bound_cache = (cache, cache.version)
 
     # -- compute ----------------------------------------------------------------
     def forward(self, cache: KVCache, tokens: Sequence[Sequence[int]] | np.ndarray, all_logits: bool, advance: np.ndarray | None = None) -> np.ndarray:

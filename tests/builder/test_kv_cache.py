@@ -50,3 +50,16 @@ def test_finished_rows_leave_the_batch(llama_ckpt, tmp_path):
         alone = ex.new_cache(1)
         ex.forward(alone, [prompt], all_logits=False)
         np.testing.assert_allclose(ex.forward(alone, [[nxt]], all_logits=True)[0], got[row], atol=ATOL)
+
+
+def test_a_new_cache_is_never_confused_with_a_freed_one(llama_ckpt, tmp_path):
+    """Regression: binding keyed on id(cache) reused a freed cache's id, so ONNX Runtime
+    wrote K/V into freed memory instead of the new cache."""
+    ex = build_and_load(llama_ckpt, tmp_path / "e")
+    for _ in range(50):
+        cache = ex.new_cache(1)
+        ex.forward(cache, [[9, 9, 9, 9]], all_logits=False)
+        del cache  # freed at once: the next KVCache often gets its id
+        fresh = ex.new_cache(1)
+        ex.forward(fresh, [[5, 6, 7]], all_logits=False)
+        assert np.abs(fresh.keys[0][0, :, :3]).sum() > 0, "the step did not write into the new cache"
