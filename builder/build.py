@@ -109,6 +109,8 @@ def build_engine(
     say: Callable[[str], None] = print,
     calib_dataset: str | Path | None = None,
     calib_size: int = 64,
+    trt_timing_cache: str | Path | None = None,
+    trt_version_compatible: bool = False,
 ) -> BuildResult:
     """Build one engine directory. ``progress(step, done, total)`` reports work."""
     t0 = time.perf_counter()
@@ -150,15 +152,26 @@ def build_engine(
         report("write", model.num_layers + 1, total)
         for f in ckpt.tokenizer_files():
             shutil.copy2(f, tmp / f.name)
-        backend.check_loads(tmp)
+        versions = _versions()
+        trt_meta = None
+        if build.backend == "tensorrt":
+            from ..runtime.trt_executor import ENGINE_FILE
+            from .backends.tensorrt import build_tensorrt_engine
+
+            trt_meta = build_tensorrt_engine(tmp / network_file, tmp, build, model, Path(trt_timing_cache) if trt_timing_cache else None, trt_version_compatible, say=say)
+            versions["tensorrt"] = trt_meta["tensorrt_version"]
+            network_file = ENGINE_FILE  # the ONNX stays beside it: the graph the plan was built from
+        else:
+            backend.check_loads(tmp)
         report("verify", model.num_layers + 2, total)
         config = EngineConfig(
             model=model,
             build=build,
             files=hash_directory(tmp),
-            versions=_versions(),
+            versions=versions,
             network_file=network_file,
             extra={
+                **({"tensorrt": trt_meta} if trt_meta else {}),
                 "checkpoint": str(Path(checkpoint_dir).resolve()),
                 "checkpoint_dtype": checkpoint_dtype(ckpt.hf_config),
                 "checkpoint_fp8": fp8.method if fp8 else None,

@@ -35,13 +35,15 @@ from .common import clean_errors, human_bytes, option
              "input_scale, or calibrated with --calib_dataset); dynamic = amax of each step's input.")
 @option("calib_dataset", type=click.Path(), help="UTF-8 text file to calibrate static FP8 activation scales on (needs the checkpoint's tokenizer.json).")
 @option("calib_size", type=int, default=64, show_default=True, help="Calibration samples (chunks of up to 256 tokens) taken from --calib_dataset.")
-@option("backend", type=click.Choice(BACKENDS), default="auto", show_default=True, help="onnxruntime runs everywhere (CPU); tensorrt is not implemented yet; auto picks the best available.")
+@option("backend", type=click.Choice(BACKENDS), default="auto", show_default=True, help="onnxruntime runs everywhere (CPU); tensorrt compiles the same ONNX network into a TensorRT plan (NVIDIA GPU + TensorRT >= 10.15; untested in CI, see docs/tensorrt.md); auto picks tensorrt when it can build here, else onnxruntime.")
+@option("trt_timing_cache", type=click.Path(dir_okay=False), default=None, help="TensorRT timing cache file: read if present, updated after the build (tensorrt backend).")
+@option("trt_version_compatible", is_flag=True, help="Build a version-compatible TensorRT plan that hosts can run with the lean runtime (tensorrt-lean) of the same or a newer TensorRT; may be slower.")
 @option("tp_size", type=int, default=1, show_default=True, help="Tensor-parallel ranks (only 1 is supported).")
 @option("allow_pickle", is_flag=True, help="Allow loading pickled pytorch_model*.bin weights (unpickling can run arbitrary code: only for checkpoints you trust).")
 @option("force", is_flag=True, help="Replace a non-empty --output_dir.")
 @clean_errors
 def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_seq_len, max_draft_len, speculative_decoding_mode,
-         quantization, fp8_activations, calib_dataset, calib_size, backend, tp_size, allow_pickle, force) -> None:
+         quantization, fp8_activations, calib_dataset, calib_size, backend, trt_timing_cache, trt_version_compatible, tp_size, allow_pickle, force) -> None:
     """Build an engine directory from a Hugging Face checkpoint.
 
     \b
@@ -78,7 +80,8 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
 
     try:
         result = build_engine(checkpoint_dir, output_dir, build, force=force, allow_pickle=allow_pickle, progress=progress, say=tqdm.write,
-                              calib_dataset=calib_dataset, calib_size=calib_size)
+                              calib_dataset=calib_dataset, calib_size=calib_size, trt_timing_cache=trt_timing_cache,
+                              trt_version_compatible=trt_version_compatible)
     finally:
         for bar in bars:
             bar.close()

@@ -9,6 +9,16 @@ from .errors import DeviceError
 def available_devices(backend: str) -> list[int]:
     if backend == "onnxruntime":
         return [0]  # the one CPU device
+    if backend == "tensorrt":
+        try:
+            from .trt_executor import cuda_device_count
+
+            n = cuda_device_count()
+        except Exception:  # cuda-python missing or no driver
+            n = 0
+        if n == 0:
+            raise DeviceError('no CUDA GPU is visible for a tensorrt engine: install the NVIDIA driver and `pip install "specdec[tensorrt]"`.')
+        return list(range(n))
     raise DeviceError(f"backend {backend!r} has no executor in this version of specdec.")
 
 

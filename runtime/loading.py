@@ -20,10 +20,15 @@ from .sampling import SamplingConfig
 from .tokenizer import Tokenizer
 
 
-def open_executor(engine: EngineDir, num_threads: int | None = None) -> OrtExecutor:
-    if engine.config.build.backend != "onnxruntime":
-        raise EngineError(f"{engine.path} was built for backend {engine.config.build.backend!r}, which has no executor in this version.")
-    return OrtExecutor(engine, num_threads=num_threads)
+def open_executor(engine: EngineDir, num_threads: int | None = None, device: int = 0):
+    backend = engine.config.build.backend
+    if backend == "onnxruntime":
+        return OrtExecutor(engine, num_threads=num_threads)
+    if backend == "tensorrt":
+        from .trt_executor import TrtExecutor  # needs tensorrt + cuda-python: only on GPU hosts
+
+        return TrtExecutor(engine, device=device)
+    raise EngineError(f"{engine.path} was built for backend {backend!r}, which has no executor in this version.")
 
 
 def _check_draft_len(target: EngineDir, draft_len: int, what: str) -> None:
@@ -70,12 +75,13 @@ def load_orchestrator(
         validate_devices(ngram.devices, target, "target")
         _check_draft_len(target, ngram.max_draft_len, "ngram max_draft_len")
         proposer = NGramProposer(ngram.max_draft_len, ngram.max_matching_ngram_size, ngram_keep_all, ngram_use_oldest)
-        return Orchestrator(open_executor(target, num_threads), proposer, draft_len=ngram.max_draft_len)
+        return Orchestrator(open_executor(target, num_threads, ngram.devices[0]), proposer, draft_len=ngram.max_draft_len)
     if draft_dir is None:
         if draft_target is not None:
             raise RequestError("--draft_target_model_config needs a draft engine: pass --draft_engine_dir.")
-        validate_devices(target_devices or [0], target, "target")
-        return Orchestrator(open_executor(target, num_threads))
+        devices = target_devices or [0]
+        validate_devices(devices, target, "target")
+        return Orchestrator(open_executor(target, num_threads, devices[0]))
     draft = load_engine_dir(draft_dir)
     cfg = draft_target or DraftTargetConfig(min(4, max(target.config.build.max_draft_len, 1)), [0], [0], False)
     validate_devices(cfg.draft_devices, draft, "draft")
@@ -85,5 +91,10 @@ def load_orchestrator(
     tv, dv = target.config.model.vocab_size, draft.config.model.vocab_size
     # Vocabularies padded to different sizes share the tokenizer's ids: compare over the common range.
     vocab_limit = min(tv, dv) if tv != dv else None
-    proposer = DraftModelProposer(open_executor(draft, num_threads), sampling, cfg.use_logits, vocab_limit)
-    return Orchestrator(open_executor(target, num_threads), proposer, draft_len=cfg.draft_len, use_logits=cfg.use_logits, vocab_limit=vocab_limit)
+    if "tensorrt" in (target.config.build.backend, draft.config.build.backend):
+        from .trt_executor import check_memory  # refuse, with the numbers, before allocating anything
+
+        check_memory([target, draft], [cfg.target_devices[0], cfg.draft_devices[0]])
+    proposer = DraftModelProposer(open_executor(draft, num_threads, cfg.draft_devices[0]), sampling, cfg.use_logits, vocab_limit)
+    target_ex = open_executor(target, num_threads, cfg.target_devices[0])
+    return Orchestrator(target_ex, proposer, draft_len=cfg.draft_len, use_logits=cfg.use_logits, vocab_limit=vocab_limit)

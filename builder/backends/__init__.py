@@ -11,12 +11,13 @@ def resolve_backend(name: str, say=print) -> str:
     """``auto`` -> the best backend this machine can build for."""
     if name not in BACKENDS:
         raise BuildConfigError(f"--backend {name!r} is not one of {', '.join(BACKENDS)}.")
-    if name == "tensorrt":
-        raise BuildConfigError(
-            "--backend tensorrt is not available in this version of specdec: the TensorRT backend is not implemented yet "
-            "(see docs/tensorrt.md). Use --backend onnxruntime, which runs the same network on CPU."
-        )
-    if name == "auto":
-        say("backend: auto -> onnxruntime (the TensorRT backend is not implemented yet)")
-        return "onnxruntime"
+    if name in ("tensorrt", "auto"):
+        from .tensorrt import tensorrt_available
+
+        ok, why = tensorrt_available()
+        if name == "tensorrt" and not ok:
+            raise BuildConfigError(f"--backend tensorrt cannot build on this host: {why} Use --backend onnxruntime, which runs the same network on CPU.")
+        if name == "auto":
+            say(f"backend: auto -> {'tensorrt' if ok else 'onnxruntime'}" + ("" if ok else f" ({why})"))
+            return "tensorrt" if ok else "onnxruntime"
     return name

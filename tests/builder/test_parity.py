@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from checkpoints import load_hf, make_checkpoint
-from conftest import build_and_load, spec_build
+from conftest import build_and_load
 
 CASES = {
     "llama-gqa-tied": ("LlamaForCausalLM", dict(tie_word_embeddings=True)),

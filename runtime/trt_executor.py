@@ -1,0 +1,371 @@
+"""Run one TensorRT engine (``rank0.engine``) on one GPU, same interface as OrtExecutor.
+
+The KV cache lives on the device, allocated once at ``max_batch_size`` rows
+of full capacity: one slab per (layer, K|V), each ``[max_batch, kv_heads,
+kv_capacity, head_dim]``. A call with ``B`` rows binds the slab base with
+shape ``[B, ...]``: TensorRT reads rows ``0..B-1``, so rows must stay
+contiguous, and ``keep_rows`` compacts them on the device (cudaMemcpyAsync
+of whole rows, in order) instead of remapping. The cache input ``past_*``
+and output ``present_*`` are bound to the same address: TensorRT's
+KV-cache-update layer (what its ONNX parser makes of ``TensorScatter``)
+requires its output to share the cache input's memory, which the engine
+confirms through ``ICudaEngine.get_aliased_input_tensor``.
+
+Everything that touches ``tensorrt`` or ``cuda`` imports it lazily, so this
+module imports (and its pure helpers are tested) on hosts without either.
+No torch: buffers are raw device pointers from cuda-python's cudart.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .engine_format import BuildConfig, EngineDir, ModelConfig
+from .errors import DeviceError, EngineError, RequestError
+from .kv_cache import KVCache
+
+ENGINE_FILE = "rank0.engine"
+CONTEXT_PROFILE, GENERATION_PROFILE = 0, 1
+MIN_TENSORRT = (10, 15)  # TensorScatter -> IKVCacheUpdateLayer in the ONNX parser
+# Cross-major pairs that version-compatible plans support (TensorRT "Engine Compatibility" docs).
+_CROSS_MAJOR_VC = {(8, 10), (10, 11)}
+_ALIGN = 256  # IExecutionContext: tensor / device memory addresses 256-byte aligned
+MIB = 1 << 20
+
+
+# -- cuda-python (cudart) ------------------------------------------------------------
+def cudart_module():
+    """cuda-python's runtime bindings: ``cuda.bindings.runtime`` (12.6+), else the older ``cuda.cudart``."""
+    try:
+        from cuda.bindings import runtime
+    except ImportError:
+        from cuda import cudart as runtime  # type: ignore[no-redef]
+    return runtime
+
+
+def cuda_call(result: tuple, what: str) -> Any:
+    """cuda-python returns ``(err, *values)``: raise on err, return the value(s)."""
+    err, rest = result[0], result[1:]
+    if int(err) != 0:
+        rt = cudart_module()
+        desc = rt.cudaGetErrorString(err)[1]
+        desc = desc.decode() if isinstance(desc, bytes) else str(desc)
+        raise DeviceError(f"CUDA {what} failed: {getattr(err, 'name', err)} ({desc}).")
+    return rest[0] if len(rest) == 1 else (rest or None)
+
+
+def cuda_device_count() -> int:
+    """GPUs visible to CUDA (cudaGetDeviceCount); 0 when cuda-python or a driver is missing."""
+    try:
+        err, count = cudart_module().cudaGetDeviceCount()
+    except Exception:  # ImportError, or a loader error without a driver
+        return 0
+    return int(count) if int(err) == 0 and count else 0
+
+
+def cuda_device_info(device: int) -> tuple[str, str]:
+    """(GPU name, compute capability as ``sm_90``) from cudaGetDeviceProperties."""
+    prop = cuda_call(cudart_module().cudaGetDeviceProperties(device), f"cudaGetDeviceProperties({device})")
+    name = prop.name.split(b"\0", 1)[0].decode() if isinstance(prop.name, bytes) else str(prop.name)
+    return name, f"sm_{prop.major}{prop.minor}"
+
+
+# -- pure helpers (tested on CPU) ----------------------------------------------------
+def _version_tuple(v: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in v.split(".")[:3] if p.isdigit())
+
+
+def check_host_compatibility(meta: Mapping[str, Any], host_tensorrt: str, host_sm: str, where: str = "the engine") -> None:
+    """Refuse a plan this host cannot run, before TensorRT fails on it less clearly."""
+    built, sm = meta.get("tensorrt_version"), meta.get("compute_capability")
+    if not built or not sm:
+        raise EngineError(f"{where} records no TensorRT build metadata (extra.tensorrt in config.json); rebuild it with --backend tensorrt.")
+    head = f"{where} was built with TensorRT {built} for {sm}; this host has TensorRT {host_tensorrt} / {host_sm}"
+    if sm != host_sm:
+        raise EngineError(f"{head}: rebuild on this host (a TensorRT plan is specific to the GPU architecture it was built on).")
+    if built == host_tensorrt:
+        return
+    if not meta.get("version_compatible"):
+        raise EngineError(f"{head}: rebuild on this host, or build with --trt_version_compatible.")
+    b, h = _version_tuple(built), _version_tuple(host_tensorrt)
+    if h < b or (b[0] != h[0] and (b[0], h[0]) not in _CROSS_MAJOR_VC):
+        raise EngineError(f"{head}: a version-compatible plan runs only on the same or a newer TensorRT of a supported major; rebuild on this host.")
+    if meta.get("exclude_lean_runtime"):
+        raise EngineError(f"{head}: the plan was built without its lean runtime (EXCLUDE_LEAN_RUNTIME), so only TensorRT {built} can run it; rebuild on this host.")
+
+
+def choose_profile(width: int, rows: int, gen_max: int, ctx_max: int) -> int:
+    """The generation profile whenever the call fits it, else the context profile.
+
+    A profile only bounds shapes (the network is the same), so any profile
+    whose ranges hold the call is correct; the generation one was timed at
+    decode widths, which is what every step after prefill sends.
+    """
+    if width <= gen_max and rows <= gen_max:
+        return GENERATION_PROFILE
+    if width <= ctx_max and rows <= ctx_max:
+        return CONTEXT_PROFILE
+    raise RequestError(
+        f"a call of {width} tokens per row exceeds both TensorRT profiles (context: up to max_input_len={ctx_max}, "
+        f"generation: up to {gen_max}); send at most {max(ctx_max, gen_max)} tokens per row."
+    )
+
+
+def row_moves(rows: Sequence[int] | np.ndarray, batch: int) -> list[tuple[int, int]]:
+    """(source, destination) row copies that compact ``rows`` to the front, in a safe order.
+
+    Rows must be strictly increasing: then each destination i <= source r, and
+    a destination is only overwritten after its own row was moved out.
+    """
+    rows = [int(r) for r in rows]
+    if any(not 0 <= r < batch for r in rows) or any(a >= b for a, b in zip(rows, rows[1:])):
+        raise ValueError(f"keep_rows needs strictly increasing row indices in [0, {batch}), got {rows}")
+    return [(r, i) for i, r in enumerate(rows) if r != i]
+
+
+def kv_cache_bytes(build: BuildConfig, model: ModelConfig, itemsize: int = 4) -> int:
+    """Device bytes of the K and V caches of every layer at max_batch_size rows."""
+    return 2 * model.num_layers * build.max_batch_size * model.num_kv_heads * build.kv_capacity * model.head_dim * itemsize
+
+
+def check_memory(engines: Sequence[EngineDir], devices: Sequence[int], free: Mapping[int, int] | None = None) -> None:
+    """Refuse to start when the engines placed on one GPU do not fit its free memory.
+
+    ``engines[i]`` goes on ``devices[i]``. Each needs its KV cache (allocated
+    up front) plus its plan (the weights live in it); activation scratch is
+    not known before deserialization, so leave headroom. ``free`` maps device
+    -> free bytes; by default it is measured with cudaMemGetInfo.
+    """
+    need: dict[int, list[tuple[EngineDir, int, int]]] = {}
+    for eng, dev in zip(engines, devices, strict=True):
+        plan = eng.path / ENGINE_FILE
+        need.setdefault(dev, []).append((eng, kv_cache_bytes(eng.config.build, eng.config.model), plan.stat().st_size if plan.is_file() else 0))
+    for dev, items in need.items():
+        if free is not None:
+            have = free[dev]
+        else:
+            cuda_call(cudart_module().cudaSetDevice(dev), f"cudaSetDevice({dev})")
+            have = int(cuda_call(cudart_module().cudaMemGetInfo(), "cudaMemGetInfo")[0])
+        total = sum(kv + plan for _, kv, plan in items)
+        if total > have:
+            parts = "; ".join(
+                f"{e.path}: KV cache {kv / MIB:.1f} MiB (max_batch_size={e.config.build.max_batch_size} x kv_capacity={e.config.build.kv_capacity}) "
+                f"+ plan {plan / MIB:.1f} MiB" for e, kv, plan in items
+            )
+            raise DeviceError(
+                f"GPU {dev} has {have / MIB:.1f} MiB free but the engines placed on it need {total / MIB:.1f} MiB ({parts}). "
+                "Rebuild with a smaller --max_batch_size or --max_seq_len, or put the draft on another GPU."
+            )
+
+
+# -- the device KV cache -------------------------------------------------------------
+class DeviceKVCache(KVCache):
+    """KVCache semantics (lengths, rollback, check_room) over the executor's device slabs."""
+
+    def __init__(self, owner: "TrtExecutor", batch: int, generation: int):
+        build = owner.build
+        self.keys, self.values = [], []  # the tensors live on the device (owner._slab)
+        self.lengths = np.zeros(batch, np.int64)
+        self.capacity = build.kv_capacity
+        self.max_seq_len = build.max_seq_len
+        self.version = 0
+        self.owner, self.generation = owner, generation
+
+    def keep_rows(self, rows: np.ndarray | list[int]) -> None:
+        rows = np.asarray(rows, dtype=np.int64)
+        self.owner._move_rows(self, row_moves(rows, self.batch_size))
+        self.lengths = self.lengths[rows].copy()
+        self.version += 1
+
+
+# -- the executor --------------------------------------------------------------------
+class TrtExecutor:
+    """The tensorrt backend's executor: one engine on one GPU."""
+
+    def __init__(self, engine: EngineDir, device: int = 0, warm_up: bool = True):
+        try:
+            import tensorrt as trt
+        except Exception as err:  # ImportError, or a loader error for libnvinfer
+            raise EngineError(f"{engine.path} is a TensorRT engine but `import tensorrt` failed ({err}): pip install \"specdec[tensorrt]\" on a GPU host.") from err
+        self._trt, self._rt = trt, cudart_module()
+        self.engine, self.model, self.build = engine, engine.config.model, engine.config.build
+        self.vocab_size, self.device = self.model.vocab_size, device
+        self._ptrs: list[int] = []
+        meta = engine.config.extra.get("tensorrt", {})
+        self._set_device()
+        check_host_compatibility(meta, trt.__version__, cuda_device_info(device)[1], where=str(engine.path))
+        logger = trt.Logger(trt.Logger.WARNING)
+        self._runtime = trt.Runtime(logger)
+        if meta.get("version_compatible"):
+            self._runtime.engine_host_code_allowed = True  # the plan embeds its lean runtime (host code)
+        self._plan = self._runtime.deserialize_cuda_engine((engine.path / ENGINE_FILE).read_bytes())
+        if self._plan is None:
+            raise EngineError(f"TensorRT {trt.__version__} could not deserialize {engine.path / ENGINE_FILE} (see its log above); rebuild the engine on this host.")
+        self._context = self._plan.create_execution_context()
+        if self._context is None:
+            raise EngineError(f"TensorRT could not create an execution context for {engine.path} (out of GPU memory?).")
+        self._stream = cuda_call(self._rt.cudaStreamCreate(), "cudaStreamCreate")
+        self._check_io()
+        self._allocate()
+        self._profile, self._generation, self._host_out = -1, 0, {}
+        if warm_up:
+            self._warm_up()
+
+    # -- setup ---------------------------------------------------------------------
+    def _set_device(self) -> None:  # draft and target may sit on different GPUs of one thread
+        cuda_call(self._rt.cudaSetDevice(self.device), f"cudaSetDevice({self.device})")
+
+    def _check_io(self) -> None:
+        trt, plan = self._trt, self._plan
+        names = {plan.get_tensor_name(i) for i in range(plan.num_io_tensors)}
+        self._kv = [f"past_{k}.{i}" for i in range(self.model.num_layers) for k in ("key", "value")]
+        want = {"input_ids", "position_ids", "logits_index", "logits", *self._kv, *(n.replace("past_", "present_") for n in self._kv)}
+        if names != want:
+            raise EngineError(f"{self.engine.path}: the plan's I/O {sorted(names ^ want)} differs from the engine ABI; rebuild it with this specdec.")
+        if plan.num_optimization_profiles != 2:
+            raise EngineError(f"{self.engine.path}: expected 2 optimization profiles (context, generation), found {plan.num_optimization_profiles}; rebuild it.")
+        for past in self._kv:
+            present = past.replace("past_", "present_")
+            if not hasattr(plan, "get_aliased_input_tensor") or plan.get_aliased_input_tensor(present) != past:
+                raise EngineError(
+                    f"{self.engine.path}: TensorRT {trt.__version__} does not update {past} in place ({present} is not aliased to it); "
+                    f"rebuild with TensorRT >= {'.'.join(map(str, MIN_TENSORRT))}, whose ONNX parser maps TensorScatter onto its KV-cache-update layer."
+                )
+        self._dtype = {n: np.dtype(trt.nptype(plan.get_tensor_dtype(n))) for n in ("input_ids", "position_ids", "logits_index", "logits", self._kv[0])}
+        self._on_host = {n for n in ("input_ids", "position_ids", "logits_index") if plan.get_tensor_location(n) == trt.TensorLocation.HOST}
+        self._ctx_max = int(plan.get_tensor_profile_shape("input_ids", CONTEXT_PROFILE)[2][1])
+        self._gen_max = int(plan.get_tensor_profile_shape("input_ids", GENERATION_PROFILE)[2][1])
+
+    def _malloc(self, nbytes: int) -> int:
+        ptr = int(cuda_call(self._rt.cudaMalloc(max(nbytes, _ALIGN)), f"cudaMalloc({nbytes / MIB:.1f} MiB)"))
+        self._ptrs.append(ptr)
+        return ptr
+
+    def _allocate(self) -> None:
+        m, b = self.model, self.build
+        self._row_bytes = m.num_kv_heads * b.kv_capacity * m.head_dim * self._dtype[self._kv[0]].itemsize
+        self._slab_stride = -(-b.max_batch_size * self._row_bytes // _ALIGN) * _ALIGN
+        base = self._malloc(self._slab_stride * len(self._kv))
+        # Zeroed once: slots past a row's length are masked, but must never hold NaN/Inf garbage.
+        cuda_call(self._rt.cudaMemset(base, 0, self._slab_stride * len(self._kv)), "cudaMemset(KV cache)")
+        self._slab = {name: base + i * self._slab_stride for i, name in enumerate(self._kv)}
+        width = max(self._ctx_max, self._gen_max)
+        self._inputs = {n: self._malloc(b.max_batch_size * width * self._dtype[n].itemsize) for n in ("input_ids", "position_ids", "logits_index")}
+        self._logits_ptr, self._logits_bytes = 0, 0  # grown on demand: [B, R, V] rows actually requested
+
+    def _warm_up(self) -> None:
+        """First runs of each profile load kernels: pay that at load, not in the first request."""
+        widths = [min(2, self._gen_max)] + ([self._gen_max + 1] if self._gen_max + 1 <= self._ctx_max else [])
+        for width in widths:
+            self.forward(self.new_cache(1), [[0] * width], all_logits=True)
+
+    # -- cache ---------------------------------------------------------------------
+    def new_cache(self, batch_size: int) -> DeviceKVCache:
+        """A view of the one device KV buffer; it supersedes every earlier cache of this executor."""
+        if batch_size > self.build.max_batch_size:
+            raise RequestError(f"batch of {batch_size} exceeds the engine's max_batch_size={self.build.max_batch_size}.")
+        self._generation += 1
+        return DeviceKVCache(self, batch_size, self._generation)
+
+    def _own(self, cache: KVCache) -> None:
+        if not isinstance(cache, DeviceKVCache) or cache.owner is not self or cache.generation != self._generation:
+            raise RequestError(
+                "this KV cache is not the live cache of this TensorRT executor: the executor owns one device KV buffer, "
+                "and each new_cache() call supersedes the previous cache."
+            )
+
+    def _move_rows(self, cache: DeviceKVCache, moves: list[tuple[int, int]]) -> None:
+        self._own(cache)
+        self._set_device()
+        kind = self._rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
+        for src, dst in moves:  # distinct rows never overlap; same stream as execute, so ordered
+            for base in self._slab.values():
+                cuda_call(self._rt.cudaMemcpyAsync(base + dst * self._row_bytes, base + src * self._row_bytes, self._row_bytes, kind, self._stream), "cudaMemcpyAsync(KV row)")
+
+    # -- compute -------------------------------------------------------------------
+    def forward(self, cache: KVCache, tokens: Sequence[Sequence[int]] | np.ndarray, all_logits: bool, advance: np.ndarray | None = None) -> np.ndarray:
+        """Same contract as OrtExecutor.forward: append tokens[b] to row b, return logits [B, R, V]."""
+        from .executor import OrtExecutor
+
+        ids, num_new = OrtExecutor._pad(tokens, cache.batch_size)
+        batch, width = ids.shape
+        grow = num_new if advance is None else np.where(advance, num_new, 0)
+        cache.check_room(grow, width)
+        positions = cache.lengths[:, None] + np.arange(width, dtype=np.int64)[None, :]
+        index = np.broadcast_to(np.arange(width, dtype=np.int64), (batch, width)) if all_logits else (num_new - 1)[:, None]
+        logits = self.run(cache, ids, positions, np.ascontiguousarray(index))
+        cache.lengths += grow
+        return logits
+
+    def run(self, cache: KVCache, ids: np.ndarray, positions: np.ndarray, logits_index: np.ndarray) -> np.ndarray:
+        """The raw ABI call: ids/positions [B,S], logits_index [B,R] -> logits [B,R,V] (host, reused per shape)."""
+        self._own(cache)
+        self._set_device()
+        batch, width = ids.shape
+        rows = logits_index.shape[1]
+        if batch > self.build.max_batch_size:
+            raise RequestError(f"batch of {batch} exceeds the engine's max_batch_size={self.build.max_batch_size}.")
+        ctx, rt, stream = self._context, self._rt, self._stream
+        profile = choose_profile(width, rows, self._gen_max, self._ctx_max)
+        if profile != self._profile:
+            # Documented: TensorRT may enqueue copies on `stream`; we execute on the same stream, so no extra sync.
+            if not ctx.set_optimization_profile_async(profile, int(stream)):
+                raise EngineError(f"TensorRT refused optimization profile {profile} for {self.engine.path}.")
+            self._profile = profile
+        host = {"input_ids": ids, "position_ids": positions, "logits_index": logits_index}
+        h2d = rt.cudaMemcpyKind.cudaMemcpyHostToDevice
+        for name, arr in host.items():
+            arr = host[name] = np.ascontiguousarray(arr, dtype=self._dtype[name])
+            if name in self._on_host:  # a shape-inference input TensorRT reads on the host
+                ptr = arr.ctypes.data
+            else:
+                ptr = self._inputs[name]
+                cuda_call(rt.cudaMemcpyAsync(ptr, arr.ctypes.data, arr.nbytes, h2d, stream), f"cudaMemcpyAsync({name})")
+            self._bind(name, ptr, arr.shape)
+        kv_shape = (batch, self.model.num_kv_heads, self.build.kv_capacity, self.model.head_dim)
+        for past, base in self._slab.items():
+            self._bind(past, base, kv_shape)
+            self._bind(past.replace("past_", "present_"), base)  # in place: same address (KVCacheUpdate)
+        out = self._host_out.get((batch, rows))
+        if out is None:
+            out = self._host_out[(batch, rows)] = np.empty((batch, rows, self.vocab_size), self._dtype["logits"])
+        if out.nbytes > self._logits_bytes:
+            if self._logits_ptr:
+                cuda_call(rt.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
+                cuda_call(rt.cudaFree(self._logits_ptr), "cudaFree(logits)")
+                self._ptrs.remove(self._logits_ptr)
+            self._logits_ptr, self._logits_bytes = self._malloc(out.nbytes), out.nbytes
+        self._bind("logits", self._logits_ptr)
+        if tuple(ctx.get_tensor_shape("logits")) != out.shape:
+            raise EngineError(f"TensorRT infers logits of shape {tuple(ctx.get_tensor_shape('logits'))}, expected {out.shape}.")
+        if not ctx.execute_async_v3(int(stream)):
+            raise EngineError(f"TensorRT execution failed for {self.engine.path} (batch {batch}, {width} tokens); see the TensorRT log.")
+        cuda_call(rt.cudaMemcpyAsync(out.ctypes.data, self._logits_ptr, out.nbytes, rt.cudaMemcpyKind.cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync(logits)")
+        cuda_call(rt.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
+        return out
+
+    def _bind(self, name: str, ptr: int, shape: tuple[int, ...] | None = None) -> None:
+        ctx = self._context
+        if shape is not None and not ctx.set_input_shape(name, shape):
+            raise RequestError(f"TensorRT rejects shape {shape} for {name} in profile {self._profile} of {self.engine.path}.")
+        if not ctx.set_tensor_address(name, ptr):
+            raise EngineError(f"TensorRT rejects the address of {name}.")
+
+    def close(self) -> None:
+        """Free the device buffers and the stream (also on garbage collection)."""
+        rt, ptrs, self._ptrs = getattr(self, "_rt", None), getattr(self, "_ptrs", []), []
+        if rt is not None and getattr(self, "_stream", None) is not None:
+            rt.cudaSetDevice(self.device)
+            rt.cudaStreamSynchronize(self._stream)
+            for ptr in ptrs:
+                rt.cudaFree(ptr)
+            rt.cudaStreamDestroy(self._stream)
+            self._stream = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: cudart may already be gone
+            pass

@@ -1,0 +1,244 @@
+"""The tensorrt backend.
+
+CPU tests check what is decidable without a GPU: the optimization profiles,
+the static-capacity network TensorRT parses (run here by ONNX Runtime), the
+host-compatibility, profile-choice, row-compaction and memory rules, and the
+clear refusals on a host without TensorRT. Tests marked ``gpu`` build real
+TensorRT engines and are skipped (with a reason) where ``import tensorrt``
+fails; nothing here stands in for TensorRT.
+"""
+
+import importlib.util
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from checkpoints import make_checkpoint
+from conftest import spec_build
+
+from specdec.builder.backends.tensorrt import build_tensorrt_engine, generation_width, profile_shapes, static_kv_onnx, tensorrt_available
+from specdec.builder.build import build_engine
+from specdec.runtime.engine_format import EngineDir, ModelConfig, load_engine_dir
+from specdec.runtime.errors import BuildConfigError, DeviceError, EngineError, RequestError
+from specdec.runtime.executor import OrtExecutor
+from specdec.runtime.trt_executor import (
+    ENGINE_FILE,
+    GENERATION_PROFILE,
+    TrtExecutor,
+    check_host_compatibility,
+    check_memory,
+    choose_profile,
+    kv_cache_bytes,
+    row_moves,
+)
+
+HAS_TRT = importlib.util.find_spec("tensorrt") is not None
+MODEL = ModelConfig(
+    architecture="LlamaForCausalLM", vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=3, num_heads=4,
+    num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0, rope_scaling=None, max_position_embeddings=256,
+    tie_word_embeddings=True, qkv_bias=False, qk_norm=False,
+)
+
+
+# -- optimization profiles -----------------------------------------------------------
+def test_profile_shapes_target():
+    ctx, gen = profile_shapes(spec_build(4), MODEL)  # batch 4, input 48, seq 96, draft 4 -> capacity 101
+    assert ctx["input_ids"] == ctx["position_ids"] == ((1, 1), (4, 24), (4, 48))
+    assert ctx["logits_index"] == ((1, 1), (4, 1), (4, 48))
+    assert gen["input_ids"] == gen["position_ids"] == gen["logits_index"] == ((1, 1), (4, 5), (4, 5))
+    for p in (ctx, gen):
+        assert len(p) == 3 + 2 * MODEL.num_layers
+        assert p["past_value.2"] == ((1, 2, 101, 16), (4, 2, 101, 16), (4, 2, 101, 16))
+
+
+def test_profile_shapes_draft_engine_takes_two_tokens():
+    build = spec_build(0, max_batch_size=1, max_input_len=10, max_seq_len=20)
+    assert generation_width(build) == 2  # the draft's catch-up step feeds 2 pending tokens
+    ctx, gen = profile_shapes(build, MODEL)
+    assert gen["input_ids"] == ((1, 1), (1, 1), (1, 2))
+    assert ctx["input_ids"] == ((1, 1), (1, 5), (1, 10))
+    assert gen["past_key.0"] == ((1, 2, 21, 16),) * 3
+
+
+@pytest.mark.parametrize("kw", [dict(max_draft_len=0), dict(max_draft_len=8), dict(max_batch_size=1, max_input_len=1, max_seq_len=2)])
+def test_profile_shapes_are_ordered_and_consistent(kw):
+    for p in profile_shapes(spec_build(**kw), MODEL):
+        for lo, opt, hi in p.values():
+            assert all(1 <= a <= b <= c for a, b, c in zip(lo, opt, hi))
+        assert len({opt[0] for _, opt, _ in p.values()}) == 1  # one batch size at opt across inputs
+
+
+@pytest.fixture(scope="module")
+def onnx_engine(tmp_path_factory) -> EngineDir:
+    d = tmp_path_factory.mktemp("trt_cpu")
+    ckpt = make_checkpoint(d / "ckpt", "LlamaForCausalLM", tie_word_embeddings=True)
+    build_engine(ckpt, d / "engine", spec_build(4), say=lambda _: None)
+    return load_engine_dir(d / "engine")
+
+
+def test_profiles_cover_exactly_the_network_inputs(onnx_engine):
+    graph = onnx.load(str(onnx_engine.network_path), load_external_data=False).graph
+    names = {i.name for i in graph.input}
+    for p in profile_shapes(onnx_engine.config.build, onnx_engine.config.model):
+        assert set(p) == names
+
+
+def test_static_kv_network_computes_the_same(onnx_engine):
+    """The proto TensorRT parses (static cache axis) is the ONNX Runtime network, unchanged in value."""
+    import onnxruntime as ort
+
+    build, model = onnx_engine.config.build, onnx_engine.config.model
+    data = static_kv_onnx(onnx_engine.network_path, build.kv_capacity)
+    proto = onnx.load_from_string(data)
+    for v in [*proto.graph.input, *proto.graph.output]:
+        dims = [d.dim_value or d.dim_param for d in v.type.tensor_type.shape.dim]
+        if v.name.startswith(("past_", "present_")):
+            assert dims == ["batch", model.num_kv_heads, build.kv_capacity, model.head_dim]
+        elif v.name == "input_ids":
+            assert dims == ["batch", "num_tokens"]
+    opts = ort.SessionOptions()
+    opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(onnx_engine.path))
+    patched = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+    plain = ort.InferenceSession(str(onnx_engine.network_path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    feeds = {"input_ids": rng.integers(3, 96, (2, 7)), "position_ids": np.tile(np.arange(7), (2, 1)), "logits_index": np.array([[6], [3]])}
+    shape = (2, model.num_kv_heads, build.kv_capacity, model.head_dim)
+    feeds.update({i.name: np.zeros(shape, np.float32) for i in plain.get_inputs() if i.name.startswith("past_")})
+    np.testing.assert_array_equal(patched.run(["logits"], feeds)[0], plain.run(["logits"], feeds)[0])
+
+
+# -- rules the executor applies --------------------------------------------------------
+def test_choose_profile():
+    assert choose_profile(1, 1, gen_max=5, ctx_max=48) == GENERATION_PROFILE
+    assert choose_profile(5, 5, gen_max=5, ctx_max=48) == GENERATION_PROFILE
+    assert choose_profile(6, 1, gen_max=5, ctx_max=48) == 0
+    assert choose_profile(3, 1, gen_max=2, ctx_max=3) == 0
+    with pytest.raises(RequestError, match="max_input_len=3"):
+        choose_profile(4, 4, gen_max=2, ctx_max=3)
+
+
+def test_row_moves_compact_like_numpy():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        batch = int(rng.integers(1, 9))
+        rows = np.flatnonzero(rng.random(batch) < 0.6)
+        slab = rng.random((batch, 3))
+        want = slab[rows].copy()
+        for src, dst in row_moves(rows, batch):  # applied in order, in place, as on the device
+            slab[dst] = slab[src]
+        np.testing.assert_array_equal(slab[: len(rows)], want)
+    slab = np.arange(6.0)
+    for src, dst in row_moves([1, 3, 4], 6):
+        slab[dst] = slab[src]
+    assert slab[:3].tolist() == [1.0, 3.0, 4.0]
+    assert row_moves([0, 1, 2], 3) == []
+    for bad in ([2, 1], [1, 1], [3]):
+        with pytest.raises(ValueError, match="strictly increasing"):
+            row_moves(bad, 3)
+
+
+def test_host_compatibility():
+    meta = {"tensorrt_version": "10.15.1.29", "compute_capability": "sm_90", "version_compatible": False}
+    check_host_compatibility(meta, "10.15.1.29", "sm_90")
+    with pytest.raises(EngineError, match=r"built with TensorRT 10.15.1.29 for sm_90; this host has TensorRT 10.16.0.72 / sm_90: rebuild on this host, or build with --trt_version_compatible"):
+        check_host_compatibility(meta, "10.16.0.72", "sm_90")
+    with pytest.raises(EngineError, match="GPU architecture"):
+        check_host_compatibility(meta, "10.15.1.29", "sm_89")
+    vc = {**meta, "version_compatible": True}
+    check_host_compatibility(vc, "10.16.0.72", "sm_90")  # newer runtime of the same major
+    check_host_compatibility(vc, "11.0.0.1", "sm_90")  # 10 -> 11 is a supported pair
+    with pytest.raises(EngineError, match="same or a newer"):
+        check_host_compatibility(vc, "10.14.1.48", "sm_90")
+    with pytest.raises(EngineError, match="lean runtime"):
+        check_host_compatibility({**vc, "exclude_lean_runtime": True}, "10.16.0.72", "sm_90")
+    with pytest.raises(EngineError, match="no TensorRT build metadata"):
+        check_host_compatibility({}, "10.15.1.29", "sm_90")
+
+
+def test_check_memory_reports_mib(onnx_engine):
+    kv = kv_cache_bytes(onnx_engine.config.build, onnx_engine.config.model)
+    assert kv == 2 * 2 * 4 * 2 * 101 * 16 * 4  # K+V x layers x batch x kv_heads x capacity x head_dim x fp32
+    check_memory([onnx_engine], [0], free={0: kv})
+    check_memory([onnx_engine, onnx_engine], [0, 1], free={0: kv, 1: kv})  # one engine per GPU fits
+    with pytest.raises(DeviceError, match=r"GPU 1 has 0.2 MiB free but the engines placed on it need 0.4 MiB .*KV cache 0.2 MiB \(max_batch_size=4 x kv_capacity=101\) \+ plan 0.0 MiB"):
+        check_memory([onnx_engine, onnx_engine], [1, 1], free={1: kv})
+
+
+# -- a host without TensorRT gets told what to install ----------------------------------
+@pytest.mark.skipif(HAS_TRT, reason="this host has the tensorrt module")
+def test_tensorrt_unavailable_names_the_extra(onnx_engine, tmp_path):
+    ok, why = tensorrt_available()
+    assert not ok and "`tensorrt` Python module" in why and 'pip install "specdec[tensorrt]"' in why
+    with pytest.raises(BuildConfigError, match=r"specdec\[tensorrt\]"):
+        build_tensorrt_engine(onnx_engine.network_path, tmp_path, onnx_engine.config.build, onnx_engine.config.model, None, False)
+    assert not (tmp_path / ENGINE_FILE).exists()
+    with pytest.raises(EngineError, match=r"specdec\[tensorrt\]"):
+        TrtExecutor(onnx_engine)
+
+
+# -- GPU: real TensorRT engines ----------------------------------------------------------
+def make_trt_engine(ckpt: Path, out: Path, build) -> EngineDir:
+    """The ONNX engine (for the ONNX Runtime reference) and the TensorRT engine, from one checkpoint."""
+    build_engine(ckpt, out.with_name(out.name + "-onnx"), build, say=lambda _: None)
+    build_engine(ckpt, out, replace(build, backend="tensorrt"), say=lambda _: None, trt_timing_cache=out.parent / "timing.cache")
+    return load_engine_dir(out)
+
+
+@pytest.fixture(scope="module")
+def gpu_pair(tmp_path_factory):
+    d = tmp_path_factory.mktemp("trt_gpu")
+    target = make_checkpoint(d / "target", num_hidden_layers=2, seed=0)
+    draft = make_checkpoint(d / "draft", num_hidden_layers=1, hidden_size=32, intermediate_size=64, seed=0)
+    t, dr = make_trt_engine(target, d / "t", spec_build(4)), make_trt_engine(draft, d / "d", spec_build(0))
+    return {"trt_target": TrtExecutor(t), "trt_draft": TrtExecutor(dr), "ort_target": OrtExecutor(load_engine_dir(d / "t-onnx"), num_threads=1),
+            "ort_draft": OrtExecutor(load_engine_dir(d / "d-onnx"), num_threads=1), "target_dir": t}
+
+
+@pytest.mark.gpu
+def test_trt_logits_match_onnxruntime(gpu_pair):
+    trt, ort = gpu_pair["trt_target"], gpu_pair["ort_target"]
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, 96, n).tolist() for n in (5, 11, 8)]
+    steps = [rng.integers(3, 96, n).tolist() for n in (3, 1, 5)]
+    tc, oc = trt.new_cache(3), ort.new_cache(3)
+    for tokens, all_logits in ((prompts, False), (steps, True), ([[7], [8, 9], [10]], True)):
+        np.testing.assert_allclose(trt.forward(tc, tokens, all_logits).copy(), ort.forward(oc, tokens, all_logits), atol=1e-3, rtol=0)
+    for cache in (tc, oc):  # reject drafts, then a row leaves the batch
+        cache.rollback(0, int(cache.lengths[0]) - 2)
+        cache.keep_rows([0, 2])
+    np.testing.assert_allclose(trt.forward(tc, [[30, 31], [32]], True).copy(), ort.forward(oc, [[30, 31], [32]], True), atol=1e-3, rtol=0)
+    np.testing.assert_array_equal(tc.lengths, oc.lengths)
+
+
+@pytest.mark.gpu
+def test_trt_superseded_cache_is_refused(gpu_pair):
+    ex = gpu_pair["trt_target"]
+    old = ex.new_cache(1)
+    ex.new_cache(1)
+    with pytest.raises(RequestError, match="supersedes"):
+        ex.forward(old, [[1, 2, 3]], all_logits=False)
+
+
+@pytest.mark.gpu
+def test_trt_check_memory_on_the_gpu(gpu_pair):
+    check_memory([gpu_pair["target_dir"]], [0])  # cudaMemGetInfo: a tiny engine fits
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("draft_len", [1, 4])
+def test_trt_draft_target_greedy_equals_target_only(gpu_pair, draft_len):
+    from specdec.runtime.orchestrator import GenerationConfig, Orchestrator
+    from specdec.runtime.proposers.draft_model import DraftModelProposer
+    from specdec.runtime.sampling import SamplingConfig
+
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30]]
+    cfg = GenerationConfig(max_output_len=32)
+    base, _ = Orchestrator(gpu_pair["trt_target"]).generate(prompts, cfg)
+    proposer = DraftModelProposer(gpu_pair["trt_draft"], SamplingConfig(), False)
+    spec, m = Orchestrator(gpu_pair["trt_target"], proposer, draft_len).generate(prompts, cfg)
+    assert [o.output_ids for o in spec] == [o.output_ids for o in base]
+    assert m.drafted > 0
+    ort, _ = Orchestrator(gpu_pair["ort_target"]).generate(prompts, cfg)  # and the same tokens as ONNX Runtime
+    assert [o.output_ids for o in base] == [o.output_ids for o in ort]
