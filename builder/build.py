@@ -70,6 +70,20 @@ def validate_build_config(build: BuildConfig, model: ModelConfig) -> None:
         raise BuildConfigError("invalid build configuration: " + "; ".join(problems) + ".")
 
 
+def resolve_lowering(build: BuildConfig) -> BuildConfig:
+    """auto -> the fastest lowering the backend runs; record the KV layout it implies."""
+    from ..plugins import LOWERINGS
+
+    name = build.lowering
+    if name == "auto":
+        name = "ort_cpu" if build.backend == "onnxruntime" else "portable"
+    if name not in LOWERINGS:
+        raise BuildConfigError(f"lowering {name!r} is not one of auto, {', '.join(LOWERINGS)}.")
+    if build.backend == "tensorrt" and name != "portable":
+        raise BuildConfigError(f"the tensorrt backend parses the portable lowering only, not {name!r}.")
+    return replace(build, lowering=name, kv_layout=LOWERINGS[name].kv_layout)
+
+
 def resolve_dtype(requested: str, hf_config: dict) -> str:
     if requested not in DTYPES:
         raise BuildConfigError(f"--dtype {requested!r} is not one of {', '.join(DTYPES)}.")
@@ -121,6 +135,7 @@ def build_engine(
     fp8 = detect_fp8(ckpt.hf_config, ckpt.path)
     quantization = ("fp8" if fp8 else "none") if build.quantization == "auto" else build.quantization
     build = replace(build, dtype=resolve_dtype(build.dtype, ckpt.hf_config), backend=resolve_backend(build.backend, say), quantization=quantization)
+    build = resolve_lowering(build)
     validate_build_config(build, model)
     if build.fp8_activations == "static" and calib_dataset is None and fp8 is None:
         raise BuildConfigError("--fp8_activations static needs calibration: pass --calib_dataset FILE (or use dynamic).")
@@ -141,7 +156,10 @@ def build_engine(
         samples = calibration_samples(Path(calib_dataset), ckpt.path, calib_size, min(256, build.max_input_len))
         taps: dict[str, str] = {}
         float_net = build_network(ckpt, model, replace(build, quantization="none", fp8_activations="none", dtype="float32"), fp8=fp8, linear_inputs=taps)
-        scales = calibrate_activation_scales(float_net, taps, build.kv_capacity, (model.num_kv_heads, model.head_dim), model.num_layers, samples)
+        from ..runtime.kv_cache import KVCache
+
+        cache_shape = KVCache(1, 1, model.num_kv_heads, build.kv_capacity, model.head_dim, build.max_seq_len, build.kv_layout).keys[0].shape
+        scales = calibrate_activation_scales(float_net, taps, cache_shape, model.num_layers, samples)
     network = build_network(ckpt, model, build, on_layer=lambda i: report(f"layer {i}", i + 1, total), fp8=fp8, activation_scales=scales)
     num_parameters = sum(int(np.prod(t.dims)) for t in network.graph.initializer if t.name.endswith((".weight", ".bias")))
 

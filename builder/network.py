@@ -79,10 +79,12 @@ def build_network(
 
     embed = gb.weight("model.embed_tokens.weight", ckpt.float32("model.embed_tokens.weight"))
     x = gb.op("Gather", [embed, ids], "/model/embed_tokens")
+    delta = None  # each layer's MLP output, added to the residual stream by the next norm
     for i in range(cfg.num_layers):
-        x = _decoder_layer(gb, lowering, linears, ckpt, cfg, i, x, shared)
+        x, delta = _decoder_layer(gb, lowering, linears, ckpt, cfg, i, x, delta, shared)
         if on_layer:
             on_layer(i)
+    x = gb.op("Add", [x, delta], "/model/residual")
 
     # Only the rows the caller asked for go through the final norm and lm_head.
     rows = gb.op("Unsqueeze", [logits_index, gb.const("/model/axis_last", np.array([-1], np.int64))], "/model/logits_rows")
@@ -97,6 +99,13 @@ def build_network(
     if linear_inputs is not None:
         linear_inputs.update(linears.inputs)
     return gb.model(f"specdec_{cfg.architecture}", extra_opsets=lowering.extra_opsets)
+
+
+def _head_norm(gb: GraphBuilder, name: str, x: str, heads: int, head_dim: int, weight: np.ndarray, eps: float) -> str:
+    """[B, S, heads * head_dim] -> RMSNorm over each head -> same shape."""
+    x = gb.op("Reshape", [x, _shape(gb, f"{name}/heads_shape", [0, 0, heads, head_dim])], f"{name}/heads")
+    x = _rms_norm(gb, name, x, weight, eps)
+    return gb.op("Reshape", [x, _shape(gb, f"{name}/flat_shape", [0, 0, heads * head_dim])], f"{name}/flat")
 
 
 def _rms_norm(gb: GraphBuilder, name: str, x: str, weight: np.ndarray, eps: float) -> str:
@@ -149,7 +158,8 @@ class _Linears:
         return gb.fp8_activation(f"{name}/input", x, scale)
 
 
-def _decoder_layer(gb: GraphBuilder, lowering, linear: _Linears, ckpt: Checkpoint, cfg: ModelConfig, i: int, x: str, shared: Shared) -> str:
+def _decoder_layer(gb: GraphBuilder, lowering, linear: _Linears, ckpt: Checkpoint, cfg: ModelConfig, i: int, x: str, delta: str | None, shared: Shared) -> tuple[str, str]:
+    """One decoder layer: returns (residual stream, MLP output still to be added to it)."""
     p = f"/model/layers.{i}"
 
     def w(key: str) -> np.ndarray:
@@ -159,24 +169,21 @@ def _decoder_layer(gb: GraphBuilder, lowering, linear: _Linears, ckpt: Checkpoin
         return [f"model.layers.{i}.{LAYER_WEIGHTS[k]}" for k in keys]
 
     nh, kvh, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    h = _rms_norm(gb, f"{p}/input_layernorm", x, w("input_layernorm"), cfg.rms_norm_eps)
+    h, x = lowering.add_norm(f"{p}/input_layernorm", x, delta, gb.weight(f"{p}/input_layernorm.weight", w("input_layernorm")))
     # One fused q|k|v projection: a third of the MatMul calls.
     bias = np.concatenate([w("q_bias"), w("k_bias"), w("v_bias")]) if cfg.qkv_bias else None
     qkv = linear(f"{p}/attn/qkv_proj", h, mod("q_proj", "k_proj", "v_proj"), bias)
     split = _shape(gb, f"{p}/attn/qkv_split", [nh * hd, kvh * hd, kvh * hd])
     q, k, v = gb.op("Split", [qkv, split], f"{p}/attn/qkv_split_op", num_outputs=3, axis=-1)
-    q = gb.op("Reshape", [q, _shape(gb, f"{p}/attn/q_shape", [0, 0, nh, hd])], f"{p}/attn/q_heads")
-    k = gb.op("Reshape", [k, _shape(gb, f"{p}/attn/k_shape", [0, 0, kvh, hd])], f"{p}/attn/k_heads")
-    v = gb.op("Reshape", [v, _shape(gb, f"{p}/attn/v_shape", [0, 0, kvh, hd])], f"{p}/attn/v_heads")
-    if cfg.qk_norm:
-        q = _rms_norm(gb, f"{p}/attn/q_norm", q, w("q_norm"), cfg.rms_norm_eps)
-        k = _rms_norm(gb, f"{p}/attn/k_norm", k, w("k_norm"), cfg.rms_norm_eps)
+    if cfg.qk_norm:  # Qwen3: RMSNorm over each head
+        q = _head_norm(gb, f"{p}/attn/q_norm", q, nh, hd, w("q_norm"), cfg.rms_norm_eps)
+        k = _head_norm(gb, f"{p}/attn/k_norm", k, kvh, hd, w("k_norm"), cfg.rms_norm_eps)
     attn = lowering.layer(f"{p}/attn", q, k, v, i, shared)
-    x = gb.op("Add", [x, linear(f"{p}/attn/o_proj", attn, mod("o_proj"))], f"{p}/attn/residual")
+    o = linear(f"{p}/attn/o_proj", attn, mod("o_proj"))
 
-    h = _rms_norm(gb, f"{p}/post_attention_layernorm", x, w("post_attention_layernorm"), cfg.rms_norm_eps)
+    h, x = lowering.add_norm(f"{p}/post_attention_layernorm", x, o, gb.weight(f"{p}/post_attention_layernorm.weight", w("post_attention_layernorm")))
     gate_up = linear(f"{p}/mlp/gate_up_proj", h, mod("gate_proj", "up_proj"))
     gate, up = gb.op("Split", [gate_up, _shape(gb, f"{p}/mlp/split", [cfg.intermediate_size] * 2)], f"{p}/mlp/split_op", num_outputs=2, axis=-1)
     silu = gb.op("Mul", [gate, gb.op("Sigmoid", [gate], f"{p}/mlp/sigmoid")], f"{p}/mlp/silu")
     down = linear(f"{p}/mlp/down_proj", gb.op("Mul", [silu, up], f"{p}/mlp/gated"), mod("down_proj"))
-    return gb.op("Add", [x, down], f"{p}/mlp/residual")
+    return x, down

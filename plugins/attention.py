@@ -34,6 +34,7 @@ class Shared:
 
 class AttentionLowering:
     name = "base"
+    kv_layout = "bnsh"  # cache layout: bnsh = [batch, kv_heads, capacity, head_dim]; bsh = [batch, capacity, kv_heads * head_dim]
     extra_opsets: dict[str, int] = {}
 
     def __init__(self, gb: GraphBuilder, cfg: ModelConfig):
@@ -43,8 +44,15 @@ class AttentionLowering:
         raise NotImplementedError
 
     def layer(self, prefix: str, q: str, k: str, v: str, layer: int, shared: Shared) -> str:
-        """q: [B,S,nh,hd], k/v: [B,S,kvh,hd] (after any q/k norm) -> [B,S,nh*hd]."""
+        """q: [B,S,nh*hd], k/v: [B,S,kvh*hd] (after any q/k norm) -> [B,S,nh*hd]."""
         raise NotImplementedError
+
+    def add_norm(self, name: str, x: str, delta: str | None, weight: str) -> tuple[str, str]:
+        """(RMSNorm(x + delta), x + delta): the residual add and the next norm."""
+        gb = self.gb
+        if delta is not None:
+            x = gb.op("Add", [x, delta], f"{name}/residual")
+        return gb.op("RMSNormalization", [x, weight], name, axis=-1, epsilon=self.cfg.rms_norm_eps), x
 
 
 class PortableAttention(AttentionLowering):
@@ -65,15 +73,18 @@ class PortableAttention(AttentionLowering):
         mask = gb.op("LessOrEqual", [slots, pos4], f"{p}/mask")  # [B,1,S,L]
         live1 = gb.op("Unsqueeze", [live, zero], f"{p}/live_len")
         shared.write_index, shared.mask, shared.live_len = first, mask, live1
-        self._zero, self._axis2 = zero, gb.const(f"{p}/axis2", np.array([2], np.int64))
+        # the capacity axis, along which the cache is sliced to the live length
+        self._zero, self._cache_axis = zero, gb.const(f"{p}/cache_axis", np.array([2 if self.kv_layout == "bnsh" else 1], np.int64))
         return shared
 
     def layer(self, prefix: str, q: str, k: str, v: str, layer: int, shared: Shared) -> str:
         gb, cfg = self.gb, self.cfg
         perm = [0, 2, 1, 3]
-        q = gb.op("Transpose", [q], f"{prefix}/q_bnsh", perm=perm)
-        k = gb.op("Transpose", [k], f"{prefix}/k_bnsh", perm=perm)
-        v = gb.op("Transpose", [v], f"{prefix}/v_bnsh", perm=perm)
+        heads = {"q": cfg.num_heads, "k": cfg.num_kv_heads, "v": cfg.num_kv_heads}
+        q, k, v = (
+            gb.op("Transpose", [gb.op("Reshape", [x, gb.const(f"{prefix}/{n}_shape", np.array([0, 0, heads[n], cfg.head_dim], np.int64))], f"{prefix}/{n}_heads")], f"{prefix}/{n}_bnsh", perm=perm)
+            for n, x in (("q", q), ("k", k), ("v", v))
+        )
         q = gb.op("RotaryEmbedding", [q, shared.cos, shared.sin, shared.positions], f"{prefix}/q_rope")
         k = gb.op("RotaryEmbedding", [k, shared.cos, shared.sin, shared.positions], f"{prefix}/k_rope")
         cache_shape = ["batch", cfg.num_kv_heads, "kv_capacity", cfg.head_dim]
@@ -83,7 +94,7 @@ class PortableAttention(AttentionLowering):
             present = f"present_{kind}.{layer}"
             gb.op("TensorScatter", [past, new, shared.write_index], f"{prefix}/{kind}_cache_update", outputs=[present], axis=-2)
             gb.output(present, TensorProto.FLOAT, cache_shape)
-            keys.append(gb.op("Slice", [present, self._zero, shared.live_len, self._axis2], f"{prefix}/{kind}_live"))
+            keys.append(gb.op("Slice", [present, self._zero, shared.live_len, self._cache_axis], f"{prefix}/{kind}_live"))
         out = gb.op(
             "Attention",
             [q, keys[0], keys[1], shared.mask],

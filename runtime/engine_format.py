@@ -58,7 +58,8 @@ class BuildConfig:
     speculative_decoding_mode: str = "none"
     backend: str = "onnxruntime"
     tp_size: int = 1
-    lowering: str = "portable"
+    lowering: str = "auto"  # plugins/: portable (standard ops, what TensorRT parses) | ort_cpu; auto = per backend
+    kv_layout: str = "bnsh"  # bnsh: [batch, kv_heads, capacity, head_dim]; bsh: [batch, capacity, kv_heads*head_dim]
     quantization: str = "auto"  # none | fp8; auto (at build time) = what the checkpoint holds (linear-layer weights in float8 e4m3)
     fp8_activations: str = "none"  # none | static | dynamic: how FP8 linear inputs are scaled
 

@@ -64,7 +64,7 @@ class OrtExecutor:
         if batch_size > self.build.max_batch_size:
             raise RequestError(f"batch of {batch_size} exceeds the engine's max_batch_size={self.build.max_batch_size}.")
         m = self.model
-        return KVCache(m.num_layers, batch_size, m.num_kv_heads, self.build.kv_capacity, m.head_dim, self.build.max_seq_len)
+        return KVCache(m.num_layers, batch_size, m.num_kv_heads, self.build.kv_capacity, m.head_dim, self.build.max_seq_len, self.build.kv_layout)
 
     def _bind_cache(self, cache: KVCache) -> None:
         # Hold the cache itself, not its id(): a new cache may reuse a freed one's id,

@@ -62,4 +62,4 @@ def test_a_new_cache_is_never_confused_with_a_freed_one(llama_ckpt, tmp_path):
         del cache  # freed at once: the next KVCache often gets its id
         fresh = ex.new_cache(1)
         ex.forward(fresh, [[5, 6, 7]], all_logits=False)
-        assert np.abs(fresh.keys[0][0, :, :3]).sum() > 0, "the step did not write into the new cache"
+        assert np.abs(fresh.keys[0]).sum() > 0, "the step did not write into the new cache"

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from checkpoints import load_hf, make_checkpoint
-from conftest import build_and_load
+from conftest import build_and_load, spec_build
 
 CASES = {
     "llama-gqa-tied": ("LlamaForCausalLM", dict(tie_word_embeddings=True)),
@@ -36,8 +36,8 @@ def engine_greedy(ex, prompt: list[int], steps: int) -> list[int]:
     return out
 
 
-def check_parity(ckpt, tmp_path, atol=2e-4):
-    ex = build_and_load(ckpt, tmp_path / "engine")
+def check_parity(ckpt, tmp_path, atol=2e-4, lowering="auto"):
+    ex = build_and_load(ckpt, tmp_path / "engine", spec_build(lowering=lowering))
     hf = load_hf(ckpt)
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(3, 96, (1, 20), generator=gen)
@@ -57,10 +57,12 @@ def check_parity(ckpt, tmp_path, atol=2e-4):
     assert engine_greedy(ex, prompt.tolist(), 32) == want
 
 
+@pytest.mark.parametrize("lowering", ["ort_cpu", "portable"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_matches_transformers(case, tmp_path):
+def test_matches_transformers(case, lowering, tmp_path):
+    """Both lowerings: ort_cpu (the onnxruntime default) and portable (what TensorRT parses)."""
     arch, overrides = CASES[case]
-    check_parity(make_checkpoint(tmp_path / "ckpt", arch, **overrides), tmp_path)
+    check_parity(make_checkpoint(tmp_path / "ckpt", arch, **overrides), tmp_path, lowering=lowering)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

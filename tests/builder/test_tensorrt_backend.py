@@ -74,7 +74,7 @@ def test_profile_shapes_are_ordered_and_consistent(kw):
 def onnx_engine(tmp_path_factory) -> EngineDir:
     d = tmp_path_factory.mktemp("trt_cpu")
     ckpt = make_checkpoint(d / "ckpt", "LlamaForCausalLM", tie_word_embeddings=True)
-    build_engine(ckpt, d / "engine", spec_build(4), say=lambda _: None)
+    build_engine(ckpt, d / "engine", spec_build(4, lowering="portable"), say=lambda _: None)
     return load_engine_dir(d / "engine")
 
 
@@ -191,7 +191,7 @@ def gpu_pair(tmp_path_factory):
     d = tmp_path_factory.mktemp("trt_gpu")
     target = make_checkpoint(d / "target", num_hidden_layers=2, seed=0)
     draft = make_checkpoint(d / "draft", num_hidden_layers=1, hidden_size=32, intermediate_size=64, seed=0)
-    t, dr = make_trt_engine(target, d / "t", spec_build(4)), make_trt_engine(draft, d / "d", spec_build(0))
+    t, dr = make_trt_engine(target, d / "t", spec_build(4, lowering="portable")), make_trt_engine(draft, d / "d", spec_build(0, lowering="portable"))
     return {"trt_target": TrtExecutor(t), "trt_draft": TrtExecutor(dr), "ort_target": OrtExecutor(load_engine_dir(d / "t-onnx"), num_threads=1),
             "ort_draft": OrtExecutor(load_engine_dir(d / "d-onnx"), num_threads=1), "target_dir": t}
 

@@ -1,0 +1,70 @@
+"""The CPU lowering for ONNX Runtime: fewer, fatter nodes.
+
+A decode step of a small model costs its weight reads plus a few
+microseconds per graph node, so this lowering removes nodes the portable
+graph needs only for TensorRT's sake:
+
+* the KV cache is 3-D, ``[batch, capacity, kv_heads * head_dim]``, so Q/K/V
+  stay ``[batch, tokens, heads * head_dim]`` end to end: RotaryEmbedding and
+  Attention take 3-D inputs, and no Reshape/Transpose is left per layer;
+* the residual add and the next RMSNorm are one
+  ``com.microsoft.SkipSimplifiedLayerNormalization``.
+
+Same ABI and semantics as the portable lowering (TensorScatter writes in
+place at each row's length; attention spans the live length); the tests run
+both against transformers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto
+
+from .attention import PortableAttention, Shared
+
+CONTRIB = "com.microsoft"
+
+
+class OrtCpuAttention(PortableAttention):
+    name = "ort_cpu"
+    kv_layout = "bsh"
+    extra_opsets = {CONTRIB: 1}
+
+    def layer(self, prefix: str, q: str, k: str, v: str, layer: int, shared: Shared) -> str:
+        gb, cfg = self.gb, self.cfg
+        q = gb.op("RotaryEmbedding", [q, shared.cos, shared.sin, shared.positions], f"{prefix}/q_rope", num_heads=cfg.num_heads)
+        k = gb.op("RotaryEmbedding", [k, shared.cos, shared.sin, shared.positions], f"{prefix}/k_rope", num_heads=cfg.num_kv_heads)
+        cache_shape = ["batch", "kv_capacity", cfg.num_kv_heads * cfg.head_dim]
+        live = []
+        for kind, new in (("key", k), ("value", v)):
+            past = gb.input(f"past_{kind}.{layer}", TensorProto.FLOAT, cache_shape)
+            present = f"present_{kind}.{layer}"
+            gb.op("TensorScatter", [past, new, shared.write_index], f"{prefix}/{kind}_cache_update", outputs=[present], axis=1)
+            gb.output(present, TensorProto.FLOAT, cache_shape)
+            live.append(gb.op("Slice", [present, self._zero, shared.live_len, self._cache_axis], f"{prefix}/{kind}_live"))
+        out = gb.op(
+            "Attention",
+            [q, live[0], live[1], shared.mask],
+            f"{prefix}/attention",
+            q_num_heads=cfg.num_heads,
+            kv_num_heads=cfg.num_kv_heads,
+            scale=float(cfg.head_dim) ** -0.5,
+        )
+        # ONNX shape inference gives 3-D grouped Attention the width of V (kv heads), not of Q;
+        # the kernel returns [B, S, heads * head_dim]. Say so, or the o_proj MatMul fails to load.
+        width = gb.const(f"{prefix}/o_shape", np.array([0, 0, cfg.num_heads * cfg.head_dim], np.int64))
+        return gb.op("Reshape", [out, width], f"{prefix}/o_flat")
+
+    def add_norm(self, name: str, x: str, delta: str | None, weight: str) -> tuple[str, str]:
+        if delta is None:
+            return super().add_norm(name, x, None, weight)
+        gb = self.gb
+        normed, _, _, total = gb.op(
+            "SkipSimplifiedLayerNormalization",
+            [delta, x, weight],
+            name,
+            outputs=[f"{name}/out0", "", "", f"{name}/residual_sum"],
+            domain=CONTRIB,
+            epsilon=self.cfg.rms_norm_eps,
+        )
+        return normed, total

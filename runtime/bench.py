@@ -1,0 +1,422 @@
+"""specdec-bench's logic: datasets (TensorRT-LLM's prepare_dataset semantics) and the sweep.
+
+Pure logic on numpy and the runtime: no torch, no transformers, no plotting.
+
+Datasets are JSON lines, one request each::
+
+    {"task_id": 0, "input_ids": [17, 4, ...], "output_len": 128}
+
+``prepare_synthetic`` is TensorRT-LLM's ``token-norm-dist``: input and output
+lengths drawn from normal distributions, rounded up and clipped to >= 1, token
+ids uniform over the vocabulary minus the special ids. Same seed, same file.
+``prepare_from_jsonl`` turns ``{"prompt": str}`` or ``{"input_ids": [...]}``
+lines (``output_len``, or TensorRT-LLM's ``output_tokens``, optional) into the
+same format.
+
+``run_sweep`` decodes every request at batch 1 (or in static batches of
+``batch_size``), each generating exactly its ``output_len`` tokens (no EOS
+stop), for target-only and each drafting method and draft length, and reports
+per row:
+
+    output tokens/s       generated tokens / summed request latency (time to first token included)
+    speedup               tokens/s over target-only, measured in the same run
+    acceptance rate       accepted / drafted
+    mean acceptance len   1 + accepted / rounds (tokens per target call)
+    latency p50/p90/p99   per request (per batch when batch_size > 1)
+    analytic bound        draft-target only: (1 - a^(g+1)) / ((1 - a)(g c + 1)), a = measured
+                          acceptance rate, g = draft length, c = draft/target one-token step cost
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from .config_strings import DraftTargetConfig, NGramConfig
+from .engine_format import load_engine_dir
+from .errors import RequestError
+from .executor import OrtExecutor
+from .loading import load_orchestrator
+from .orchestrator import GenerationConfig, Orchestrator
+
+METHODS = ("none", "draft", "ngram")
+Record = dict[str, Any]  # {"input_ids": list[int], "output_len": int}
+
+
+# --------------------------------------------------------------------------- datasets
+
+
+def norm_dist_lengths(mean: float, stdev: float, n: int, rng: np.random.Generator) -> list[int]:
+    """TensorRT-LLM's get_norm_dist_lengths: normal draws, rounded up, at least 1."""
+    return [max(1, math.ceil(x)) for x in rng.normal(loc=mean, scale=stdev, size=n).tolist()]
+
+
+def _check_dist(name: str, mean: float | None, stdev: float) -> None:
+    if mean is None or not math.isfinite(mean) or mean < 1:
+        raise RequestError(f"--{name}_mean={mean} must be >= 1 (tokens).")
+    if not math.isfinite(stdev) or stdev < 0:
+        raise RequestError(f"--{name}_stdev={stdev} must be >= 0 (0: every request gets exactly --{name}_mean tokens).")
+
+
+def prepare_synthetic(
+    num_requests: int,
+    input_mean: float,
+    input_stdev: float,
+    output_mean: float,
+    output_stdev: float,
+    vocab_size: int,
+    seed: int = 0,
+    special_ids: Iterable[int] = (),
+) -> list[Record]:
+    """Random-token requests with normally distributed lengths (TensorRT-LLM's token-norm-dist)."""
+    if num_requests < 1:
+        raise RequestError(f"--num_requests={num_requests} must be >= 1.")
+    _check_dist("input", input_mean, input_stdev)
+    _check_dist("output", output_mean, output_stdev)
+    if vocab_size < 1:
+        raise RequestError(f"--vocab_size={vocab_size} must be >= 1.")
+    allowed = np.setdiff1d(np.arange(vocab_size, dtype=np.int64), np.asarray(sorted(set(special_ids)), dtype=np.int64))
+    if len(allowed) == 0:
+        raise RequestError(f"every id of the vocabulary [0, {vocab_size}) is a special id: no token left to draw prompts from.")
+    rng = np.random.default_rng(seed)
+    in_lens = norm_dist_lengths(input_mean, input_stdev, num_requests, rng)
+    out_lens = norm_dist_lengths(output_mean, output_stdev, num_requests, rng)
+    return [
+        {"input_ids": allowed[rng.integers(0, len(allowed), size=n_in)].tolist(), "output_len": n_out}
+        for n_in, n_out in zip(in_lens, out_lens)
+    ]
+
+
+def _ids(value: Any, where: str) -> list[int]:
+    if not isinstance(value, list) or not value or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value):
+        raise RequestError(f"{where}: input_ids must be a non-empty list of token ids >= 0.")
+    return value
+
+
+def prepare_from_jsonl(
+    path: str | Path,
+    tokenizer: Any = None,
+    output_mean: float | None = None,
+    output_stdev: float = 0.0,
+    seed: int = 0,
+    add_special_tokens: bool = True,
+) -> list[Record]:
+    """Read ``{"prompt": str}`` / ``{"input_ids": [...]}`` lines, each with an optional ``output_len``.
+
+    Lines without one get a length drawn from normal(output_mean, output_stdev) with ``seed``
+    (exactly output_mean when output_stdev is 0). ``tokenizer`` (anything with ``encode``) is
+    needed only for prompt lines.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise RequestError(f"dataset {path} does not exist.")
+    if output_mean is not None:
+        _check_dist("output", output_mean, output_stdev)
+    rng = np.random.default_rng(seed)
+    records: list[Record] = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise RequestError(f"{where} is not JSON: {err.msg}.") from None
+        if not isinstance(item, dict):
+            raise RequestError(f"{where}: expected an object with \"prompt\" or \"input_ids\".")
+        if "input_ids" in item:
+            ids = _ids(item["input_ids"], where)
+        elif isinstance(item.get("prompt"), str):
+            if tokenizer is None:
+                raise RequestError(f"{where} has a text prompt but there is no tokenizer: pass --tokenizer_dir, or give input_ids.")
+            ids = tokenizer.encode(item["prompt"], add_special_tokens=add_special_tokens)
+            if not ids:
+                raise RequestError(f"{where}: the prompt encodes to no tokens.")
+        else:
+            raise RequestError(f"{where}: expected \"prompt\" (a string) or \"input_ids\" (a list of token ids).")
+        n = item.get("output_len", item.get("output_tokens"))
+        if n is None:
+            if output_mean is None:
+                raise RequestError(f"{where} has no output_len: add one, or give a default output length (--output_mean / --max_output_len).")
+            n = norm_dist_lengths(output_mean, output_stdev, 1, rng)[0]
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise RequestError(f"{where}: output_len={n!r} must be an integer >= 1.")
+        records.append({"input_ids": [int(x) for x in ids], "output_len": n})
+    if not records:
+        raise RequestError(f"dataset {path} has no requests.")
+    return records
+
+
+def dumps_dataset(records: Sequence[Record]) -> str:
+    """The dataset file's text: one compact JSON line per request (deterministic bytes)."""
+    return "".join(
+        json.dumps({"task_id": i, "input_ids": r["input_ids"], "output_len": r["output_len"]}, separators=(",", ":")) + "\n"
+        for i, r in enumerate(records)
+    )
+
+
+def special_token_ids(tokenizer: Any) -> list[int]:
+    """Ids a synthetic prompt should not contain: the tokenizer's special added tokens, BOS/EOS/PAD/UNK."""
+    ids: set[int] = set()
+    directory = getattr(tokenizer, "directory", None)
+    if directory is not None and (Path(directory) / "tokenizer.json").is_file():
+        data = json.loads((Path(directory) / "tokenizer.json").read_text(encoding="utf-8"))
+        ids |= {int(t["id"]) for t in data.get("added_tokens", []) if t.get("special")}
+    config = getattr(tokenizer, "config", None) or {}
+    vocab = tokenizer.vocab() if hasattr(tokenizer, "vocab") else {}
+    for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        value = config.get(key)
+        value = value.get("content") if isinstance(value, dict) else value
+        if isinstance(value, str) and value in vocab:
+            ids.add(int(vocab[value]))
+    return sorted(ids)
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def analytic_bound(alpha: float, gamma: int, c: float) -> float:
+    """Expected speedup of draft-target over target-only (Leviathan et al. 2023, eq. 1 / Thm. 3.8)."""
+    if alpha >= 1.0:
+        return (gamma + 1) / (gamma * c + 1)
+    return (1 - alpha ** (gamma + 1)) / ((1 - alpha) * (gamma * c + 1))
+
+
+def step_cost(engine_dir: str | Path, num_threads: int | None = None, context: int = 200, reps: int = 100) -> float:
+    """Seconds per one-token generation step at ``context`` tokens (as benchmarks/bench_decode.step_cost)."""
+    engine = load_engine_dir(engine_dir)
+    build = engine.config.build
+    context = max(1, min(context, build.max_input_len, build.max_seq_len - 2))
+    ex = OrtExecutor(engine, num_threads=num_threads)
+    cache = ex.new_cache(1)
+    token = min(5, engine.config.model.vocab_size - 1)
+    ex.forward(cache, [[token] * context], all_logits=False)
+    ex.forward(cache, [[token]], all_logits=True)  # warm this shape
+    cache.lengths -= 1
+    t = time.perf_counter()
+    for _ in range(reps):
+        ex.forward(cache, [[token]], all_logits=True)
+        cache.lengths -= 1
+    return (time.perf_counter() - t) / reps
+
+
+def check_fits(records: Sequence[Record], max_input_len: int, max_seq_len: int) -> None:
+    """Every request must fit the engines, or it would stop short of its output_len."""
+    for i, r in enumerate(records):
+        n_in, n_out = len(r["input_ids"]), r["output_len"]
+        if n_in > max_input_len:
+            raise RequestError(
+                f"request {i} has {n_in} input tokens, more than the engines' max_input_len={max_input_len}. "
+                "Prepare the dataset with a smaller --input_mean/--input_stdev, or rebuild with a larger --max_input_len."
+            )
+        if n_in + n_out > max_seq_len:
+            raise RequestError(
+                f"request {i} needs {n_in} input + {n_out} output = {n_in + n_out} tokens, more than the engines' max_seq_len={max_seq_len}. "
+                "Prepare the dataset with smaller lengths, or rebuild with a larger --max_seq_len."
+            )
+
+
+def generate_each(
+    orch: Orchestrator,
+    prompts: Sequence[Sequence[int]],
+    output_lens: Sequence[int],
+    end_ids: tuple[int, ...] = (),
+    batch_size: int = 1,
+    warmup: int = 0,
+) -> dict[str, Any]:
+    """Decode ``prompts`` in consecutive batches of ``batch_size``, each request up to its output length.
+
+    A batch runs with its longest output length (static batching: with ``end_ids=()`` every row
+    of a batch generates that many tokens). Returns outputs and summed figures; ``latencies_s``
+    has one entry per request (its batch's latency).
+    """
+    if batch_size < 1:
+        raise RequestError(f"batch_size={batch_size} must be >= 1.")
+    if batch_size > orch.max_batch:
+        raise RequestError(f"batch_size={batch_size} exceeds the engines' max_batch_size={orch.max_batch}.")
+    chunks = [(list(range(lo, min(lo + batch_size, len(prompts))))) for lo in range(0, len(prompts), batch_size)]
+
+    def config(rows: list[int]) -> GenerationConfig:
+        return GenerationConfig(max_output_len=max(output_lens[r] for r in rows), end_ids=tuple(end_ids))
+
+    for rows in chunks[: max(0, warmup)]:
+        orch.generate([prompts[r] for r in rows], config(rows))
+    outputs: list[list[int]] = [[] for _ in prompts]
+    latencies: list[float] = [0.0] * len(prompts)
+    ttfts: list[float] = []
+    total_s = drafted = accepted = rounds = 0
+    for rows in chunks:
+        outs, m = orch.generate([prompts[r] for r in rows], config(rows))
+        for r, o in zip(rows, outs):
+            outputs[r] = o.output_ids
+            latencies[r] = m.total_s
+        ttfts += m.ttft_s
+        total_s += m.total_s
+        drafted, accepted, rounds = drafted + m.drafted, accepted + m.accepted, rounds + m.rounds
+    tokens = sum(map(len, outputs))
+    return {
+        "output_ids": outputs,
+        "output_tokens": tokens,
+        "total_s": total_s,
+        "output_tokens_per_s": tokens / total_s if total_s > 0 else 0.0,
+        "latencies_s": latencies,
+        "mean_ttft_s": float(np.mean(ttfts)) if ttfts else 0.0,
+        "drafted": drafted,
+        "accepted": accepted,
+        "rounds": rounds,
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "mean_acceptance_length": 1 + accepted / rounds if drafted and rounds else None,
+    }
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float]:
+    p50, p90, p99 = np.percentile(np.asarray(values, dtype=np.float64), [50, 90, 99]).tolist()
+    return {"latency_p50_s": p50, "latency_p90_s": p90, "latency_p99_s": p99}
+
+
+def parse_methods(values: Iterable[str]) -> list[str]:
+    """--method none --method draft,ngram -> ["none", "draft", "ngram"] (validated, deduplicated)."""
+    out: list[str] = []
+    for v in values:
+        for m in (x.strip().lower() for x in v.split(",")):
+            if not m:
+                continue
+            m = {"target-only": "none", "draft-target": "draft", "draft_target": "draft", "prompt_lookup": "ngram"}.get(m, m)
+            if m not in METHODS:
+                raise RequestError(f"--method {m!r} is not one of {', '.join(METHODS)}.")
+            if m not in out:
+                out.append(m)
+    return out
+
+
+def parse_draft_lens(text: str) -> list[int]:
+    try:
+        lens = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise RequestError(f"--draft_lens {text!r} must be a comma list of integers, e.g. \"1,2,4,8\".") from None
+    if not lens or min(lens) < 1:
+        raise RequestError(f"--draft_lens {text!r} must list draft lengths >= 1, e.g. \"1,2,4,8\".")
+    return sorted(set(lens))
+
+
+def run_sweep(
+    target_dir: str | Path,
+    method: Sequence[str],
+    draft_dir: str | Path | None,
+    draft_lens: Sequence[int],
+    ngram_size: int,
+    dataset: Sequence[Record],
+    threads: int | None = None,
+    warmup: int = 1,
+    batch_size: int = 1,
+    cost_reps: int = 100,
+    say: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
+    """Target-only first (every speedup is against it), then each method x draft length.
+
+    Returns {"settings", "step_cost", "rows"}; rows carry the figures of the module docstring and
+    ``identical_to_target_only`` (greedy drafting must reproduce target-only's tokens).
+    """
+    methods = parse_methods(method)
+    if not methods:
+        raise RequestError("no --method given: choose from none, draft, ngram.")
+    if "draft" in methods and draft_dir is None:
+        raise RequestError("--method draft needs a draft engine: pass --draft_engine_dir.")
+    if ("draft" in methods or "ngram" in methods) and not draft_lens:
+        raise RequestError("no draft lengths to sweep: pass --draft_lens, e.g. \"1,2,4,8\".")
+    if "ngram" in methods and ngram_size < 1:
+        raise RequestError(f"--ngram_size={ngram_size} must be >= 1.")
+    if not dataset:
+        raise RequestError("the dataset has no requests.")
+    target = load_engine_dir(target_dir)
+    limits = [target.config.build]
+    if "draft" in methods:
+        limits.append(load_engine_dir(draft_dir).config.build)
+    check_fits(dataset, min(b.max_input_len for b in limits), min(b.max_seq_len for b in limits))
+
+    prompts = [r["input_ids"] for r in dataset]
+    lens = [r["output_len"] for r in dataset]
+
+    def measure(orch: Orchestrator) -> dict[str, Any]:
+        return generate_each(orch, prompts, lens, (), batch_size, warmup)
+
+    say("target-only")
+    base = measure(load_orchestrator(target_dir, num_threads=threads))
+    base_tps = base["output_tokens_per_s"]
+    rows: list[dict[str, Any]] = []
+
+    def row(kind: str, label: str, r: dict[str, Any], **extra: Any) -> dict[str, Any]:
+        out = {
+            "method": kind,
+            "label": label,
+            **extra,
+            "requests": len(prompts),
+            "output_tokens": r["output_tokens"],
+            "total_s": r["total_s"],
+            "output_tokens_per_s": r["output_tokens_per_s"],
+            "speedup": r["output_tokens_per_s"] / base_tps if base_tps else 0.0,
+            "acceptance_rate": r["acceptance_rate"],
+            "mean_acceptance_length": r["mean_acceptance_length"],
+            "mean_ttft_s": r["mean_ttft_s"],
+            **percentiles(r["latencies_s"]),
+            "identical_to_target_only": r["output_ids"] == base["output_ids"],
+        }
+        rows.append(out)
+        return out
+
+    row("none", "target-only", base, draft_len=0)
+    cost: dict[str, float] | None = None
+    if "draft" in methods:
+        t_s = step_cost(target_dir, threads, reps=cost_reps)
+        d_s = step_cost(draft_dir, threads, reps=cost_reps)  # type: ignore[arg-type]
+        cost = {"target_step_s": t_s, "draft_step_s": d_s, "c": d_s / t_s}
+        for k in draft_lens:
+            say(f"draft-target k={k}")
+            orch = load_orchestrator(target_dir, draft_dir, DraftTargetConfig(k, [0], [0], False), num_threads=threads)
+            r = row("draft", f"draft-target k={k}", measure(orch), draft_len=k)
+            alpha = r["acceptance_rate"] or 0.0
+            r["analytic_bound"] = analytic_bound(alpha, k, cost["c"])
+            r["fraction_of_bound"] = r["speedup"] / r["analytic_bound"] if r["analytic_bound"] else None
+    if "ngram" in methods:
+        for k in draft_lens:
+            say(f"ngram k={k} n={ngram_size}")
+            orch = load_orchestrator(target_dir, ngram=NGramConfig(k, ngram_size, [0]), num_threads=threads)
+            row("ngram", f"ngram k={k} n={ngram_size}", measure(orch), draft_len=k, ngram_size=ngram_size)
+    if "none" not in methods:
+        rows[0]["reference_only"] = True  # measured for the speedups, not asked for
+    settings = {
+        "engine_dir": str(target_dir),
+        "draft_engine_dir": str(draft_dir) if draft_dir else None,
+        "methods": methods,
+        "draft_lens": list(draft_lens),
+        "ngram_size": ngram_size,
+        "requests": len(prompts),
+        "input_tokens": sum(map(len, prompts)),
+        "output_tokens_per_request": {"min": min(lens), "mean": float(np.mean(lens)), "max": max(lens)},
+        "batch_size": batch_size,
+        "warmup": warmup,
+        "num_threads": threads,
+        "greedy": True,
+    }
+    return {"settings": settings, "step_cost": cost, "rows": rows, "target_only_output_ids": base["output_ids"]}
+
+
+def token_agreement(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> dict[str, float]:
+    """Position-wise agreement of two sets of outputs.
+
+    tokens:    identical tokens at the same position / positions in the longer of each pair
+    sequences: fraction of pairs that are identical
+    """
+    if len(a) != len(b):
+        raise ValueError(f"{len(a)} outputs against {len(b)}")
+    same = total = 0
+    for x, y in zip(a, b):
+        same += sum(1 for i, j in zip(x, y) if i == j)
+        total += max(len(x), len(y))
+    seqs = sum(1 for x, y in zip(a, b) if list(x) == list(y))
+    return {"tokens": same / total if total else 1.0, "sequences": seqs / len(a) if a else 1.0}
