@@ -207,6 +207,10 @@ def build_engine(
 
 
 def _move_into_place(tmp: Path, output_dir: Path) -> None:
+    # mkdtemp made the directory private (0700): engines are shipped to and read by other users
+    os.chmod(tmp, 0o755)
+    for f in tmp.rglob("*"):
+        os.chmod(f, 0o755 if f.is_dir() else 0o644)
     if output_dir.exists():
         trash = output_dir.with_name(f".{output_dir.name}.old-{os.getpid()}")
         os.replace(output_dir, trash)

@@ -56,9 +56,13 @@ def _check_tokenizers(target: EngineDir, draft: EngineDir) -> None:
         )
 
 
+def _engine(d: str | Path | EngineDir) -> EngineDir:
+    return d if isinstance(d, EngineDir) else load_engine_dir(d)
+
+
 def load_orchestrator(
-    target_dir: str | Path,
-    draft_dir: str | Path | None = None,
+    target_dir: str | Path | EngineDir,
+    draft_dir: str | Path | EngineDir | None = None,
     draft_target: DraftTargetConfig | None = None,
     ngram: NGramConfig | None = None,
     sampling: SamplingConfig = SamplingConfig(),
@@ -70,7 +74,7 @@ def load_orchestrator(
     """Target-only when neither ``draft_dir`` nor ``ngram`` is given."""
     if draft_target is not None and ngram is not None:
         raise RequestError("choose one drafting method: a draft model (--draft_target_model_config) or n-gram (--ngram_config), not both.")
-    target = load_engine_dir(target_dir)
+    target = _engine(target_dir)  # an already loaded EngineDir is not hashed again
     if ngram is not None:
         validate_devices(ngram.devices, target, "target")
         _check_draft_len(target, ngram.max_draft_len, "ngram max_draft_len")
@@ -82,7 +86,7 @@ def load_orchestrator(
         devices = target_devices or [0]
         validate_devices(devices, target, "target")
         return Orchestrator(open_executor(target, num_threads, devices[0]))
-    draft = load_engine_dir(draft_dir)
+    draft = _engine(draft_dir)
     cfg = draft_target or DraftTargetConfig(min(4, max(target.config.build.max_draft_len, 1)), [0], [0], False)
     validate_devices(cfg.draft_devices, draft, "draft")
     validate_devices(cfg.target_devices, target, "target")

@@ -18,7 +18,7 @@ from .errors import RequestError
 class SamplingConfig:
     temperature: float = 0.0  # 0 = greedy
     top_k: int = 0  # 0 = off
-    top_p: float = 1.0  # 1 = off
+    top_p: float = 1.0  # 1 (or 0, TensorRT-LLM's spelling) = off
     random_seed: int = 0
 
     def __post_init__(self) -> None:
@@ -26,8 +26,8 @@ class SamplingConfig:
             raise RequestError(f"temperature={self.temperature} must be >= 0 (0 means greedy).")
         if self.top_k < 0:
             raise RequestError(f"top_k={self.top_k} must be >= 0 (0 means off).")
-        if not 0 < self.top_p <= 1:
-            raise RequestError(f"top_p={self.top_p} must be in (0, 1].")
+        if not 0 <= self.top_p <= 1:
+            raise RequestError(f"top_p={self.top_p} must be in [0, 1] (0 and 1 mean off).")
 
     @property
     def greedy(self) -> bool:
@@ -48,7 +48,7 @@ def processed_probs(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
     x = x - x.max(axis=-1, keepdims=True)
     p = np.exp(x)
     p /= p.sum(axis=-1, keepdims=True)
-    if cfg.top_p < 1.0:
+    if 0.0 < cfg.top_p < 1.0:
         order = np.argsort(-p, axis=-1, kind="stable")
         sorted_p = np.take_along_axis(p, order, axis=-1)
         # keep the smallest prefix whose mass reaches top_p (the token that crosses it is kept)

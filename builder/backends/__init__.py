@@ -18,6 +18,8 @@ def resolve_backend(name: str, say=print) -> str:
         if name == "tensorrt" and not ok:
             raise BuildConfigError(f"--backend tensorrt cannot build on this host: {why} Use --backend onnxruntime, which runs the same network on CPU.")
         if name == "auto":
-            say(f"backend: auto -> {'tensorrt' if ok else 'onnxruntime'}" + ("" if ok else f" ({why})"))
-            return "tensorrt" if ok else "onnxruntime"
+            # The TensorRT path has not been verified on a GPU yet (docs/tensorrt.md): never pick it silently.
+            note = "TensorRT can build here: pass --backend tensorrt to use it (not yet verified on a GPU)" if ok else why
+            say(f"backend: auto -> onnxruntime ({note})")
+            return "onnxruntime"
     return name

@@ -127,3 +127,29 @@ def test_run_cli_subprocess(engines):
                          capture_output=True, text=True)
     assert bad.returncode == 1
     assert bad.stderr.strip().startswith("error: engine directory") and "Traceback" not in bad.stderr
+
+
+def test_run_cli_input_files_and_output_dirs(engines, tmp_path):
+    import numpy as np
+
+    bad = tmp_path / "bad.csv"
+    bad.write_text("5,6,x\n")
+    r = invoke(run_main, "--engine_dir", engines / "target", "--input_file", bad)
+    assert r.exit_code == 1 and "line 1: expected comma-separated token ids" in r.output
+    r = invoke(run_main, "--engine_dir", engines / "target", "--input_file", tmp_path / "missing.txt")
+    assert r.exit_code == 1 and "does not exist" in r.output
+
+    padded = tmp_path / "ids.npy"
+    np.save(padded, np.array([[5, 6, 7, 8], [9, 10, -1, -1]]))  # right-padded rows, as TensorRT-LLM writes them
+    out = tmp_path / "new" / "dir" / "o.json"  # parents are created
+    r = invoke(run_main, "--engine_dir", engines / "target", "--input_file", padded, "--max_output_len", 3, "--top_p", 0, "--output_json", out)
+    assert r.exit_code == 0, r.output
+    assert [q["input_ids"] for q in json.loads(out.read_text())["requests"]] == [[5, 6, 7, 8], [9, 10]]
+
+
+def test_engine_directory_is_readable_by_others(engines):
+    import stat
+
+    for f in [engines / "target", *(engines / "target").iterdir()]:
+        mode = stat.S_IMODE(f.stat().st_mode)
+        assert mode & 0o044 == 0o044, (f, oct(mode))
