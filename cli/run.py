@@ -85,11 +85,12 @@ def read_inputs(texts: tuple[str, ...], input_file: str | None, tok: Tokenizer |
 @option("output_csv", type=click.Path(), help="Write output token ids (new tokens), one request per row.")
 @option("output_npy", type=click.Path(), help="Write output token ids as a [requests, max_len] array padded with -1.")
 @option("output_json", type=click.Path(), help="Write every request (input_ids, output_ids, text, finish_reason) and the metrics.")
-@option("num_threads", type=int, default=None, help="ONNX Runtime intra-op threads [default: all cores, up to 8].")
+@option("num_threads", type=int, default=None, help="ONNX Runtime intra-op threads of the target engine [default: all cores, up to 8].")
+@option("draft_num_threads", type=int, default=1, show_default=True, help="Threads of the draft engine: a small draft gains nothing from more, and two sessions spinning threads on the same cores slow each other down.")
 @clean_errors
 def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, ngram_keep_all, ngram_use_oldest, input_text, input_file,
          tokenizer_dir, no_add_special_tokens, max_output_len, end_id, stop_words, temperature, top_k, top_p, random_seed, streaming,
-         baseline, output_csv, output_npy, output_json, num_threads) -> None:
+         baseline, output_csv, output_npy, output_json, num_threads, draft_num_threads) -> None:
     """Run a target engine, optionally with speculative decoding.
 
     \b
@@ -120,7 +121,8 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
     if stop_words and tok is None:
         raise RequestError("--stop_words needs a tokenizer: pass --tokenizer_dir.")
     gen = GenerationConfig(max_output_len=max_output_len, sampling=sampling, end_ids=ends, stop_words=stops)
-    orch = load_orchestrator(target, draft_engine_dir, dtm, ngram, sampling, ngram_keep_all, ngram_use_oldest, num_threads)
+    orch = load_orchestrator(target, draft_engine_dir, dtm, ngram, sampling, ngram_keep_all, ngram_use_oldest, num_threads,
+                             draft_num_threads=draft_num_threads)
     if streaming and len(prompts) != 1:
         raise RequestError("--streaming prints one request as it is decoded: give exactly one prompt.")
 
