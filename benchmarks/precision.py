@@ -1,0 +1,125 @@
+"""Precision report: dtype x (engine size, tokens/s, held-out perplexity, greedy
+agreement with float32, draft acceptance when the draft is built the same way).
+
+    python benchmarks/precision.py --target examples/demo-pair/target --draft examples/demo-pair/draft
+
+Perplexity is teacher-forced on held-out text with the engine itself (one
+context-phase call per chunk, logits for every position). Agreement is the
+fraction of generated tokens equal to the float32 engine's, position by
+position, over greedy continuations of held-out prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from prompts import code_prompts  # noqa: E402
+
+from specdec.builder.build import build_engine  # noqa: E402
+from specdec.runtime import GenerationConfig, load_engine_dir, load_orchestrator  # noqa: E402
+from specdec.runtime.config_strings import DraftTargetConfig  # noqa: E402
+from specdec.runtime.engine_format import BuildConfig  # noqa: E402
+from specdec.runtime.executor import OrtExecutor  # noqa: E402
+from specdec.runtime.tokenizer import Tokenizer  # noqa: E402
+
+VARIANTS = {  # name -> build settings
+    "float32": dict(dtype="float32"),
+    "float16": dict(dtype="float16"),
+    "bfloat16": dict(dtype="bfloat16"),
+    "fp8 (weights)": dict(dtype="float16", quantization="fp8"),
+    "fp8 (weights + dynamic activations)": dict(dtype="float16", quantization="fp8", fp8_activations="dynamic"),
+}
+
+
+def heldout_text(ckpt: Path, limit_chars: int) -> str:
+    """The demo pair's held-out files (examples/demo-pair/heldout_files.txt), else a few stdlib modules."""
+    import sysconfig
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    listing = ckpt.parent / "heldout_files.txt"
+    names = listing.read_text().split() if listing.is_file() else ["textwrap.py", "shlex.py", "fnmatch.py"]
+    text = ""
+    for name in names:
+        p = stdlib / name
+        if p.is_file():
+            text += p.read_text(errors="replace") + "\n"
+        if len(text) >= limit_chars:
+            break
+    return text[:limit_chars]
+
+
+def perplexity(ex: OrtExecutor, ids: list[int], chunk: int) -> float:
+    nll, count = 0.0, 0
+    for lo in range(0, len(ids) - 1, chunk):
+        piece = ids[lo : lo + chunk + 1]
+        if len(piece) < 2:
+            break
+        cache = ex.new_cache(1)
+        logits = ex.forward(cache, [piece[:-1]], all_logits=True)[0].astype(np.float64)
+        logits -= logits.max(axis=-1, keepdims=True)
+        logp = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
+        nll -= float(logp[np.arange(len(piece) - 1), piece[1:]].sum())
+        count += len(piece) - 1
+    return float(np.exp(nll / count))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--draft")
+    ap.add_argument("--num_prompts", type=int, default=6)
+    ap.add_argument("--max_new_tokens", type=int, default=96)
+    ap.add_argument("--heldout_chars", type=int, default=40000)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="specdec-precision-"))
+    limits = dict(max_batch_size=1, max_input_len=512, max_seq_len=1024)
+    quiet = lambda _: None  # noqa: E731
+    rows, ref_outputs = {}, None
+    for name, settings in VARIANTS.items():
+        tdir = work / f"t-{len(rows)}"
+        build_engine(args.target, tdir, BuildConfig(**limits, max_draft_len=4, speculative_decoding_mode="draft_tokens_external", **settings), say=quiet)
+        ex = OrtExecutor(load_engine_dir(tdir), num_threads=args.threads)
+        tok = Tokenizer(tdir)
+        ppl = perplexity(ex, tok.encode(heldout_text(Path(args.target), args.heldout_chars)), 256)
+        prompts = code_prompts(tdir, args.num_prompts, 96)
+        orch = load_orchestrator(tdir, num_threads=args.threads)
+        cfg = GenerationConfig(max_output_len=args.max_new_tokens)
+        orch.generate([prompts[0]], GenerationConfig(max_output_len=4))
+        t = time.perf_counter()
+        outs = [orch.generate([p], cfg)[0][0].output_ids for p in prompts]
+        tps = sum(map(len, outs)) / (time.perf_counter() - t)
+        if ref_outputs is None:
+            ref_outputs = outs
+        agree = np.mean([np.mean(np.array(a) == np.array(b)) for a, b in zip(outs, ref_outputs)])
+        row = {"engine_bytes": (tdir / "model.onnx.data").stat().st_size, "tokens_per_s": tps, "heldout_ppl": ppl, "greedy_agreement_vs_float32": float(agree)}
+        if args.draft:
+            ddir = work / f"d-{len(rows)}"
+            build_engine(args.draft, ddir, BuildConfig(**limits, **settings), say=quiet)
+            spec = load_orchestrator(tdir, ddir, DraftTargetConfig(4, [0], [0], False), num_threads=args.threads)
+            _, m = spec.generate(prompts, cfg)
+            row["draft_acceptance_rate"] = m.acceptance_rate
+        rows[name] = row
+        print(f"  {name}: {json.dumps({k: round(v, 4) for k, v in row.items()})}", flush=True)
+    base = rows["float32"]
+    print(f"\n| dtype | weights file | size vs fp32 | tokens/s (CPU) | held-out ppl | greedy agreement vs fp32 |" + (" draft acceptance (draft same dtype) |" if args.draft else ""))
+    print("|---|---|---|---|---|---|" + ("---|" if args.draft else ""))
+    for name, r in rows.items():
+        line = (f"| {name} | {r['engine_bytes'] / 2**20:.1f} MiB | {r['engine_bytes'] / base['engine_bytes']:.2f} | {r['tokens_per_s']:.0f} "
+                f"| {r['heldout_ppl']:.3f} | {r['greedy_agreement_vs_float32']:.3f} |")
+        print(line + (f" {r['draft_acceptance_rate']:.3f} |" if args.draft else ""))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
