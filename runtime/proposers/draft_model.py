@@ -49,7 +49,8 @@ class DraftModelProposer:
         steps = int(draft_lens.max(initial=0))
         drafts = np.zeros((batch, steps), np.int64)
         probs: list[list[np.ndarray]] = [[] for _ in range(batch)]
-        feed: list[list[int]] = [p if k > 0 else [p[-1]] for p, k in zip(self.pending, draft_lens)]
+        # step 0 feeds each row's pending tokens (1 or 2: ragged); later steps one draft per row
+        feed: list[list[int]] | np.ndarray = [p if k > 0 else [p[-1]] for p, k in zip(self.pending, draft_lens)]
         for j in range(steps):
             idle = draft_lens <= j  # rows that already have their drafts ride along, then roll back
             logits = ex.forward(cache, feed, all_logits=False, advance=~idle)[:, 0, : self.vocab_limit]
@@ -60,7 +61,7 @@ class DraftModelProposer:
                     probs[b].append(q[b])
             else:
                 drafts[:, j] = logits.argmax(axis=-1)
-            feed = [[int(t)] for t in drafts[:, j]]
+            feed = drafts[:, j : j + 1]
         return Proposal(
             tokens=[drafts[b, : draft_lens[b]] for b in range(batch)],
             probs=[np.stack(probs[b]) if probs[b] else None for b in range(batch)],
