@@ -47,6 +47,33 @@ class AttentionLowering:
         """q: [B,S,nh*hd], k/v: [B,S,kvh*hd] (after any q/k norm) -> [B,S,nh*hd]."""
         raise NotImplementedError
 
+    def cache_shape(self) -> list[int | str]:
+        cfg = self.cfg
+        if self.kv_layout == "bnsh":
+            return ["batch", cfg.num_kv_heads, "kv_capacity", cfg.head_dim]
+        return ["batch", "kv_capacity", cfg.num_kv_heads * cfg.head_dim]
+
+    def cached_attention(self, prefix: str, q: str, k: str, v: str, layer: int, shared: Shared) -> str:
+        """Write k/v into the layer's cache in place, then attend over its live slots."""
+        gb, cfg = self.gb, self.cfg
+        shape = self.cache_shape()
+        live = []
+        for kind, new in (("key", k), ("value", v)):
+            past = gb.input(f"past_{kind}.{layer}", TensorProto.FLOAT, shape)
+            present = f"present_{kind}.{layer}"
+            # the capacity axis is -2 of either layout
+            gb.op("TensorScatter", [past, new, shared.write_index], f"{prefix}/{kind}_cache_update", outputs=[present], axis=-2)
+            gb.output(present, TensorProto.FLOAT, shape)
+            live.append(gb.op("Slice", [present, self._zero, shared.live_len, self._cache_axis], f"{prefix}/{kind}_live"))
+        return gb.op(
+            "Attention",
+            [q, live[0], live[1], shared.mask],
+            f"{prefix}/attention",
+            q_num_heads=cfg.num_heads,
+            kv_num_heads=cfg.num_kv_heads,
+            scale=float(cfg.head_dim) ** -0.5,
+        )
+
     def add_norm(self, name: str, x: str, delta: str | None, weight: str) -> tuple[str, str]:
         """(RMSNorm(x + delta), x + delta): the residual add and the next norm."""
         gb = self.gb
@@ -87,21 +114,6 @@ class PortableAttention(AttentionLowering):
         )
         q = gb.op("RotaryEmbedding", [q, shared.cos, shared.sin, shared.positions], f"{prefix}/q_rope")
         k = gb.op("RotaryEmbedding", [k, shared.cos, shared.sin, shared.positions], f"{prefix}/k_rope")
-        cache_shape = ["batch", cfg.num_kv_heads, "kv_capacity", cfg.head_dim]
-        keys = []
-        for kind, new in (("key", k), ("value", v)):
-            past = gb.input(f"past_{kind}.{layer}", TensorProto.FLOAT, cache_shape)
-            present = f"present_{kind}.{layer}"
-            gb.op("TensorScatter", [past, new, shared.write_index], f"{prefix}/{kind}_cache_update", outputs=[present], axis=-2)
-            gb.output(present, TensorProto.FLOAT, cache_shape)
-            keys.append(gb.op("Slice", [present, self._zero, shared.live_len, self._cache_axis], f"{prefix}/{kind}_live"))
-        out = gb.op(
-            "Attention",
-            [q, keys[0], keys[1], shared.mask],
-            f"{prefix}/attention",
-            q_num_heads=cfg.num_heads,
-            kv_num_heads=cfg.num_kv_heads,
-            scale=float(cfg.head_dim) ** -0.5,
-        )
+        out = self.cached_attention(prefix, q, k, v, layer, shared)
         out = gb.op("Transpose", [out], f"{prefix}/o_bsnh", perm=perm)
         return gb.op("Reshape", [out, gb.const(f"{prefix}/o_shape", np.array([0, 0, cfg.num_heads * cfg.head_dim], np.int64))], f"{prefix}/o_flat")

@@ -18,8 +18,6 @@ both against transformers.
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto
-
 from .attention import PortableAttention, Shared
 
 CONTRIB = "com.microsoft"
@@ -34,22 +32,7 @@ class OrtCpuAttention(PortableAttention):
         gb, cfg = self.gb, self.cfg
         q = gb.op("RotaryEmbedding", [q, shared.cos, shared.sin, shared.positions], f"{prefix}/q_rope", num_heads=cfg.num_heads)
         k = gb.op("RotaryEmbedding", [k, shared.cos, shared.sin, shared.positions], f"{prefix}/k_rope", num_heads=cfg.num_kv_heads)
-        cache_shape = ["batch", "kv_capacity", cfg.num_kv_heads * cfg.head_dim]
-        live = []
-        for kind, new in (("key", k), ("value", v)):
-            past = gb.input(f"past_{kind}.{layer}", TensorProto.FLOAT, cache_shape)
-            present = f"present_{kind}.{layer}"
-            gb.op("TensorScatter", [past, new, shared.write_index], f"{prefix}/{kind}_cache_update", outputs=[present], axis=1)
-            gb.output(present, TensorProto.FLOAT, cache_shape)
-            live.append(gb.op("Slice", [present, self._zero, shared.live_len, self._cache_axis], f"{prefix}/{kind}_live"))
-        out = gb.op(
-            "Attention",
-            [q, live[0], live[1], shared.mask],
-            f"{prefix}/attention",
-            q_num_heads=cfg.num_heads,
-            kv_num_heads=cfg.num_kv_heads,
-            scale=float(cfg.head_dim) ** -0.5,
-        )
+        out = self.cached_attention(prefix, q, k, v, layer, shared)
         # ONNX shape inference gives 3-D grouped Attention the width of V (kv heads), not of Q;
         # the kernel returns [B, S, heads * head_dim]. Say so, or the o_proj MatMul fails to load.
         width = gb.const(f"{prefix}/o_shape", np.array([0, 0, cfg.num_heads * cfg.head_dim], np.int64))
