@@ -153,3 +153,17 @@ def test_engine_directory_is_readable_by_others(engines):
     for f in [engines / "target", *(engines / "target").iterdir()]:
         mode = stat.S_IMODE(f.stat().st_mode)
         assert mode & 0o044 == 0o044, (f, oct(mode))
+
+
+def test_run_cli_streaming_prints_tokens_as_accepted(engines, tmp_path):
+    (tmp_path / "one.csv").write_text("5,6,7,8\n")
+    args = ["--engine_dir", engines / "target", "--draft_engine_dir", engines / "draft", "--draft_target_model_config", "[3,[0],[0],False]",
+            "--input_file", tmp_path / "one.csv", "--max_output_len", 10]
+    plain = invoke(run_main, *args, "--output_json", tmp_path / "o.json")
+    streamed = invoke(run_main, *args, "--streaming")
+    assert plain.exit_code == 0 and streamed.exit_code == 0, streamed.output
+    want = json.loads((tmp_path / "o.json").read_text())["requests"][0]["output_ids"]
+    first_line = streamed.output.splitlines()[0]  # no tokenizer: ids are streamed as numbers
+    assert [int(t) for t in first_line.split()] == want
+    many = invoke(run_main, *args[:4], "--input_file", engines / "prompts.csv", "--streaming")
+    assert many.exit_code == 1 and "exactly one prompt" in many.output
