@@ -111,7 +111,7 @@ def main() -> None:
         rows[name] = row
         print(f"  {name}: {json.dumps({k: round(v, 4) for k, v in row.items()})}", flush=True)
     base = rows["float32"]
-    print(f"\n| dtype | weights file | size vs fp32 | tokens/s (CPU) | held-out ppl | greedy agreement vs fp32 |" + (" draft acceptance (draft same dtype) |" if args.draft else ""))
+    print("\n| dtype | weights file | size vs fp32 | tokens/s (CPU) | held-out ppl | greedy agreement vs fp32 |" + (" draft acceptance (draft same dtype) |" if args.draft else ""))
     print("|---|---|---|---|---|---|" + ("---|" if args.draft else ""))
     for name, r in rows.items():
         line = (f"| {name} | {r['engine_bytes'] / 2**20:.1f} MiB | {r['engine_bytes'] / base['engine_bytes']:.2f} | {r['tokens_per_s']:.0f} "

@@ -37,12 +37,15 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from .config_strings import DraftTargetConfig, NGramConfig
-from .engine_format import load_engine_dir
+from .config_strings import DraftTargetConfig
+from .engine_format import EngineDir, load_engine_dir
 from .errors import RequestError
 from .executor import OrtExecutor
-from .loading import load_orchestrator
+from .loading import check_draft_len, load_orchestrator, open_executor
 from .orchestrator import GenerationConfig, Orchestrator
+from .proposers.draft_model import DraftModelProposer
+from .proposers.ngram import NGramProposer
+from .sampling import SamplingConfig
 
 METHODS = ("none", "draft", "ngram")
 Record = dict[str, Any]  # {"input_ids": list[int], "output_len": int}
@@ -187,14 +190,19 @@ def analytic_bound(alpha: float, gamma: int, c: float) -> float:
     return (1 - alpha ** (gamma + 1)) / ((1 - alpha) * (gamma * c + 1))
 
 
-def step_cost(engine_dir: str | Path, num_threads: int | None = None, context: int = 200, reps: int = 100) -> float:
-    """Seconds per one-token generation step at ``context`` tokens (as benchmarks/bench_decode.step_cost)."""
-    engine = load_engine_dir(engine_dir)
-    build = engine.config.build
+def step_cost(engine: str | Path | EngineDir | OrtExecutor, num_threads: int | None = None, context: int = 200, reps: int = 100) -> float:
+    """Seconds per one-token generation step at ``context`` tokens (as benchmarks/bench_decode.step_cost).
+
+    ``engine``: an engine directory, or an executor already open (then ``num_threads`` is unused).
+    """
+    if hasattr(engine, "forward") and hasattr(engine, "new_cache"):
+        ex = engine
+    else:
+        ex = open_executor(engine if isinstance(engine, EngineDir) else load_engine_dir(engine), num_threads)
+    build = ex.build
     context = max(1, min(context, build.max_input_len, build.max_seq_len - 2))
-    ex = OrtExecutor(engine, num_threads=num_threads)
     cache = ex.new_cache(1)
-    token = min(5, engine.config.model.vocab_size - 1)
+    token = min(5, ex.vocab_size - 1)
     ex.forward(cache, [[token] * context], all_logits=False)
     ex.forward(cache, [[token]], all_logits=True)  # warm this shape
     cache.lengths -= 1
@@ -305,9 +313,9 @@ def parse_draft_lens(text: str) -> list[int]:
 
 
 def run_sweep(
-    target_dir: str | Path,
+    target_dir: str | Path | EngineDir,
     method: Sequence[str],
-    draft_dir: str | Path | None,
+    draft_dir: str | Path | EngineDir | None,
     draft_lens: Sequence[int],
     ngram_size: int,
     dataset: Sequence[Record],
@@ -333,11 +341,23 @@ def run_sweep(
         raise RequestError(f"--ngram_size={ngram_size} must be >= 1.")
     if not dataset:
         raise RequestError("the dataset has no requests.")
-    target = load_engine_dir(target_dir)
-    limits = [target.config.build]
+    # each engine is loaded (and hashed) once and passed on as an EngineDir
+    target = target_dir if isinstance(target_dir, EngineDir) else load_engine_dir(target_dir)
+    draft = None
     if "draft" in methods:
-        limits.append(load_engine_dir(draft_dir).config.build)
+        draft = draft_dir if isinstance(draft_dir, EngineDir) else load_engine_dir(draft_dir)  # type: ignore[arg-type]
+    limits = [target.config.build] + ([draft.config.build] if draft else [])
     check_fits(dataset, min(b.max_input_len for b in limits), min(b.max_seq_len for b in limits))
+    if "ngram" in methods:
+        check_draft_len(target, max(draft_lens), "ngram max_draft_len")
+
+    # One target session (and one draft session) serves every configuration: load_orchestrator
+    # checks the pair once, at the longest draft length, and its executors are reused.
+    if "draft" in methods:
+        first = load_orchestrator(target, draft, DraftTargetConfig(max(draft_lens), [0], [0], False), num_threads=threads)
+        target_ex, draft_ex, vocab_limit = first.target, first.proposer.executor, first.vocab_limit  # type: ignore[attr-defined]
+    else:
+        target_ex, draft_ex, vocab_limit = load_orchestrator(target, num_threads=threads).target, None, None
 
     prompts = [r["input_ids"] for r in dataset]
     lens = [r["output_len"] for r in dataset]
@@ -346,7 +366,7 @@ def run_sweep(
         return generate_each(orch, prompts, lens, (), batch_size, warmup)
 
     say("target-only")
-    base = measure(load_orchestrator(target_dir, num_threads=threads))
+    base = measure(Orchestrator(target_ex))
     base_tps = base["output_tokens_per_s"]
     rows: list[dict[str, Any]] = []
 
@@ -371,27 +391,27 @@ def run_sweep(
 
     row("none", "target-only", base, draft_len=0)
     cost: dict[str, float] | None = None
-    if "draft" in methods:
-        t_s = step_cost(target_dir, threads, reps=cost_reps)
-        d_s = step_cost(draft_dir, threads, reps=cost_reps)  # type: ignore[arg-type]
+    if draft_ex is not None:
+        t_s = step_cost(target_ex, reps=cost_reps)
+        d_s = step_cost(draft_ex, reps=cost_reps)
         cost = {"target_step_s": t_s, "draft_step_s": d_s, "c": d_s / t_s}
         for k in draft_lens:
             say(f"draft-target k={k}")
-            orch = load_orchestrator(target_dir, draft_dir, DraftTargetConfig(k, [0], [0], False), num_threads=threads)
-            r = row("draft", f"draft-target k={k}", measure(orch), draft_len=k)
+            proposer = DraftModelProposer(draft_ex, SamplingConfig(), use_logits=False, vocab_limit=vocab_limit)
+            r = row("draft", f"draft-target k={k}", measure(Orchestrator(target_ex, proposer, draft_len=k, vocab_limit=vocab_limit)), draft_len=k)
             alpha = r["acceptance_rate"] or 0.0
             r["analytic_bound"] = analytic_bound(alpha, k, cost["c"])
             r["fraction_of_bound"] = r["speedup"] / r["analytic_bound"] if r["analytic_bound"] else None
     if "ngram" in methods:
         for k in draft_lens:
             say(f"ngram k={k} n={ngram_size}")
-            orch = load_orchestrator(target_dir, ngram=NGramConfig(k, ngram_size, [0]), num_threads=threads)
+            orch = Orchestrator(target_ex, NGramProposer(k, ngram_size), draft_len=k)
             row("ngram", f"ngram k={k} n={ngram_size}", measure(orch), draft_len=k, ngram_size=ngram_size)
     if "none" not in methods:
         rows[0]["reference_only"] = True  # measured for the speedups, not asked for
     settings = {
-        "engine_dir": str(target_dir),
-        "draft_engine_dir": str(draft_dir) if draft_dir else None,
+        "engine_dir": str(target.path),
+        "draft_engine_dir": str(draft.path) if draft else None,
         "methods": methods,
         "draft_lens": list(draft_lens),
         "ngram_size": ngram_size,

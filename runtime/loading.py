@@ -31,7 +31,7 @@ def open_executor(engine: EngineDir, num_threads: int | None = None, device: int
     raise EngineError(f"{engine.path} was built for backend {backend!r}, which has no executor in this version.")
 
 
-def _check_draft_len(target: EngineDir, draft_len: int, what: str) -> None:
+def check_draft_len(target: EngineDir, draft_len: int, what: str) -> None:
     build = target.config.build
     if build.speculative_decoding_mode != "draft_tokens_external":
         raise EngineError(
@@ -84,7 +84,7 @@ def load_orchestrator(
     target = _engine(target_dir)  # an already loaded EngineDir is not hashed again
     if ngram is not None:
         validate_devices(ngram.devices, target, "target")
-        _check_draft_len(target, ngram.max_draft_len, "ngram max_draft_len")
+        check_draft_len(target, ngram.max_draft_len, "ngram max_draft_len")
         proposer = NGramProposer(ngram.max_draft_len, ngram.max_matching_ngram_size, ngram_keep_all, ngram_use_oldest)
         return Orchestrator(open_executor(target, num_threads, ngram.devices[0]), proposer, draft_len=ngram.max_draft_len)
     if draft_dir is None:
@@ -97,7 +97,7 @@ def load_orchestrator(
     cfg = draft_target or DraftTargetConfig(min(4, max(target.config.build.max_draft_len, 1)), [0], [0], False)
     validate_devices(cfg.draft_devices, draft, "draft")
     validate_devices(cfg.target_devices, target, "target")
-    _check_draft_len(target, cfg.draft_len, "draft_len")
+    check_draft_len(target, cfg.draft_len, "draft_len")
     _check_tokenizers(target, draft)
     tv, dv = target.config.model.vocab_size, draft.config.model.vocab_size
     # Vocabularies padded to different sizes share the tokenizer's ids: compare over the common range.
