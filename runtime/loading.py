@@ -71,6 +71,7 @@ def load_orchestrator(
     num_threads: int | None = None,
     target_devices: list[int] | None = None,
     draft_num_threads: int = 1,
+    draft_confidence_threshold: float = 0.0,
 ) -> Orchestrator:
     """Target-only when neither ``draft_dir`` nor ``ngram`` is given.
 
@@ -106,6 +107,6 @@ def load_orchestrator(
         from .trt_executor import check_memory  # refuse, with the numbers, before allocating anything
 
         check_memory([target, draft], [cfg.target_devices[0], cfg.draft_devices[0]])
-    proposer = DraftModelProposer(open_executor(draft, draft_num_threads, cfg.draft_devices[0]), sampling, cfg.use_logits, vocab_limit)
+    proposer = DraftModelProposer(open_executor(draft, draft_num_threads, cfg.draft_devices[0]), sampling, cfg.use_logits, vocab_limit, draft_confidence_threshold)
     target_ex = open_executor(target, num_threads, cfg.target_devices[0])
     return Orchestrator(target_ex, proposer, draft_len=cfg.draft_len, use_logits=cfg.use_logits, vocab_limit=vocab_limit)

@@ -47,6 +47,15 @@ def test_draft_target_greedy_equals_target_only(engines, draft_len, prompts):
     assert m.drafted > 0
 
 
+@pytest.mark.parametrize("threshold", [0.3, 0.9])
+def test_confidence_threshold_drafts_less_and_changes_nothing(engines, threshold):
+    base, _ = run(Orchestrator(engines["target"]), PROMPTS)
+    fixed, m_fixed = run(Orchestrator(engines["target"], DraftModelProposer(engines["draft"], SamplingConfig(), False), 5), PROMPTS)
+    adaptive, m = run(Orchestrator(engines["target"], DraftModelProposer(engines["draft"], SamplingConfig(), False, confidence_threshold=threshold), 5), PROMPTS)
+    assert [o.output_ids for o in adaptive] == [o.output_ids for o in base]
+    assert m.drafted < m_fixed.drafted
+
+
 def test_identity_draft_accepts_everything(engines):
     """Also checks the draft-cache gap: after a round where every draft is accepted the draft
     has not fed its last draft; if that token were lost, its next drafts would be wrong."""
