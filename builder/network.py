@@ -4,7 +4,8 @@ Inputs
   input_ids      [batch, num_tokens]  int64
   position_ids   [batch, num_tokens]  int64   position (= cache slot) of each token
   logits_index   [batch, num_logits]  int64   which of the num_tokens rows get logits
-  past_key.i / past_value.i  [batch, kv_heads, kv_capacity, head_dim] float32
+  past_key.i / past_value.i  the KV cache, float32, in the lowering's layout (build.kv_layout):
+                 bnsh [batch, kv_heads, kv_capacity, head_dim] or bsh [batch, kv_capacity, kv_heads * head_dim]
 Outputs
   logits         [batch, num_logits, vocab]   float32
   present_key.i / present_value.i  (bound to the past buffers: updated in place)
@@ -24,6 +25,7 @@ from onnx import TensorProto
 from ..plugins import get_lowering
 from ..plugins.attention import Shared
 from ..runtime.engine_format import BuildConfig, ModelConfig
+from ..runtime.errors import BuildConfigError
 from .checkpoint import Checkpoint
 from .graph import GraphBuilder
 from .quantization import FP8_MAX, Fp8Convention, LinearWeight, concat_out, quantize_fp8_per_channel, read_linear
@@ -149,7 +151,7 @@ class _Linears:
         if mode == "static":
             scale = self.act_scales.get(name, w.input_scale)
             if scale is None:
-                raise ValueError(f"no static FP8 input scale for {name}: calibrate (--calib_dataset) or use dynamic activations")
+                raise BuildConfigError(f"--fp8_activations static: no input scale for {name} (the checkpoint has no input_scale); calibrate with --calib_dataset FILE or use --fp8_activations dynamic.")
             return gb.fp8_activation(f"{name}/input", x, gb.const(f"{name}/input_scale", np.array(scale, np.float32)))
         # dynamic: per-tensor amax of this step's input
         amax = gb.op("ReduceMax", [gb.op("Abs", [x], f"{name}/input_abs")], f"{name}/input_amax", keepdims=0)

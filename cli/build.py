@@ -26,7 +26,7 @@ from .common import clean_errors, human_bytes, option
 @option("speculative_decoding_mode", type=click.Choice(MODES), default="none", show_default=True,
         help="draft_tokens_external: the target engine accepts 1..max_draft_len+1 tokens per sequence per step and returns logits for all of them (build TARGET engines this way). none: one token per step (draft engines, plain decoding).")
 @option("quantization", "--qformat", type=click.Choice(QUANTIZATIONS), default="auto", show_default=True,
-        help="fp8: linear-layer weights stored as float8 e4m3 with per-channel scales (quantized at build time from a "
+        help="fp8: linear-layer weights stored as float8 e4m3 with per-channel scales, or per-tile for block-scaled checkpoints (quantized at build time from a "
              "float checkpoint, or read from an FP8 checkpoint: ModelOpt, compressed-tensors, fine-grained fp8). The graph carries "
              "DequantizeLinear, so TensorRT can run FP8 GEMMs; ONNX Runtime on CPU dequantizes once at load and computes in float32. "
              "auto = fp8 for FP8 checkpoints, else none; none on an FP8 checkpoint dequantizes it.")
@@ -35,7 +35,7 @@ from .common import clean_errors, human_bytes, option
              "input_scale, or calibrated with --calib_dataset); dynamic = amax of each step's input.")
 @option("calib_dataset", type=click.Path(), help="UTF-8 text file to calibrate static FP8 activation scales on (needs the checkpoint's tokenizer.json).")
 @option("calib_size", type=int, default=64, show_default=True, help="Calibration samples (chunks of up to 256 tokens) taken from --calib_dataset.")
-@option("backend", type=click.Choice(BACKENDS), default="auto", show_default=True, help="onnxruntime runs everywhere (CPU); tensorrt compiles the same ONNX network into a TensorRT plan (NVIDIA GPU + TensorRT >= 10.15; untested in CI, see docs/tensorrt.md); auto picks tensorrt when it can build here, else onnxruntime.")
+@option("backend", type=click.Choice(BACKENDS), default="auto", show_default=True, help="onnxruntime runs everywhere (CPU); tensorrt compiles the same ONNX network into a TensorRT plan (NVIDIA GPU + TensorRT >= 10.15; untested in CI, see docs/tensorrt.md); auto picks onnxruntime and says whether TensorRT could be used.")
 @option("trt_timing_cache", type=click.Path(dir_okay=False), default=None, help="TensorRT timing cache file: read if present, updated after the build (tensorrt backend).")
 @option("trt_version_compatible", is_flag=True, help="Build a version-compatible TensorRT plan that hosts can run with the lean runtime (tensorrt-lean) of the same or a newer TensorRT; may be slower.")
 @option("tp_size", type=int, default=1, show_default=True, help="Tensor-parallel ranks (only 1 is supported).")

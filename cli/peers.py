@@ -29,7 +29,8 @@ import tempfile
 import time
 from typing import Any
 
-PEERS_PYTHON = os.environ.get("SPECDEC_PEERS_PYTHON", "/work/venv-peers/bin/python")
+# onnxruntime-genai may live in another environment: name its interpreter here
+PEERS_PYTHON = os.environ.get("SPECDEC_PEERS_PYTHON", "")
 _RESULT_TAG = "PEERS_RESULT_JSON:"
 
 Result = dict[str, Any]
@@ -126,6 +127,9 @@ def _have_ortgenai() -> bool:
 
 def _call_in_peers_venv(fn: str, kwargs: dict[str, Any]) -> Result:
     """Run `fn(**kwargs)` from this file under PEERS_PYTHON and return its JSON result."""
+    if not PEERS_PYTHON:
+        raise NotImplementedError("onnxruntime-genai is not installed here: `pip install onnxruntime-genai onnx_ir`, "
+                                  "or set SPECDEC_PEERS_PYTHON to a Python that has it.")
     proc = subprocess.run([PEERS_PYTHON, os.path.abspath(__file__)],
                           input=json.dumps({"fn": fn, "kwargs": kwargs}),
                           capture_output=True, text=True)

@@ -1,7 +1,8 @@
 """Attention with a runtime-owned, static-capacity KV cache.
 
-The cache of layer i is a graph input ``past_key.i`` ``[batch, kv_heads,
-capacity, head_dim]``; the updated cache is the output ``present_key.i``.
+The cache of layer i is a graph input ``past_key.i`` (``[batch, kv_heads,
+capacity, head_dim]`` here; ``[batch, capacity, kv_heads * head_dim]`` in the
+ort_cpu lowering); the updated cache is the output ``present_key.i``.
 The runtime binds the same buffer to both, so TensorScatter writes the new
 K/V in place. Each token's cache slot is its position, so rolling back
 rejected drafts is only moving the runtime's per-row length back: stale

@@ -257,7 +257,7 @@ def generate_each(
     outputs: list[list[int]] = [[] for _ in prompts]
     latencies: list[float] = [0.0] * len(prompts)
     ttfts: list[float] = []
-    total_s = drafted = accepted = rounds = 0
+    total_s = drafted = accepted = rounds = rejected = 0
     for rows in chunks:
         outs, m = orch.generate([prompts[r] for r in rows], config(rows))
         for r, o in zip(rows, outs):
@@ -265,7 +265,7 @@ def generate_each(
             latencies[r] = m.total_s
         ttfts += m.ttft_s
         total_s += m.total_s
-        drafted, accepted, rounds = drafted + m.drafted, accepted + m.accepted, rounds + m.rounds
+        drafted, accepted, rounds, rejected = drafted + m.drafted, accepted + m.accepted, rounds + m.rounds, rejected + m.rejected
     tokens = sum(map(len, outputs))
     return {
         "output_ids": outputs,
@@ -278,6 +278,8 @@ def generate_each(
         "accepted": accepted,
         "rounds": rounds,
         "acceptance_rate": accepted / drafted if drafted else None,
+        # the alpha of the bound: acceptance of drafts the target reached (see runtime/metrics.py)
+        "per_token_acceptance": accepted / (accepted + rejected) if accepted + rejected else None,
         "mean_acceptance_length": 1 + accepted / rounds if drafted and rounds else None,
     }
 
@@ -381,6 +383,7 @@ def run_sweep(
             "output_tokens_per_s": r["output_tokens_per_s"],
             "speedup": r["output_tokens_per_s"] / base_tps if base_tps else 0.0,
             "acceptance_rate": r["acceptance_rate"],
+            "per_token_acceptance": r["per_token_acceptance"],
             "mean_acceptance_length": r["mean_acceptance_length"],
             "mean_ttft_s": r["mean_ttft_s"],
             **percentiles(r["latencies_s"]),
@@ -399,7 +402,7 @@ def run_sweep(
             say(f"draft-target k={k}")
             proposer = DraftModelProposer(draft_ex, SamplingConfig(), use_logits=False, vocab_limit=vocab_limit)
             r = row("draft", f"draft-target k={k}", measure(Orchestrator(target_ex, proposer, draft_len=k, vocab_limit=vocab_limit)), draft_len=k)
-            alpha = r["acceptance_rate"] or 0.0
+            alpha = r["per_token_acceptance"] or 0.0
             r["analytic_bound"] = analytic_bound(alpha, k, cost["c"])
             r["fraction_of_bound"] = r["speedup"] / r["analytic_bound"] if r["analytic_bound"] else None
     if "ngram" in methods:

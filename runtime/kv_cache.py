@@ -15,6 +15,8 @@ from .errors import RequestError
 class KVCache:
     def __init__(self, num_layers: int, batch: int, kv_heads: int, capacity: int, head_dim: int, max_seq_len: int, layout: str = "bnsh"):
         # keys[i], values[i]: [batch, kv_heads, capacity, head_dim] (bnsh) or [batch, capacity, kv_heads * head_dim] (bsh), float32
+        if layout not in ("bnsh", "bsh"):
+            raise RequestError(f"unknown KV cache layout {layout!r} (engine config build.kv_layout); expected bnsh or bsh.")
         shape = (batch, kv_heads, capacity, head_dim) if layout == "bnsh" else (batch, capacity, kv_heads * head_dim)
         self.keys = [np.zeros(shape, np.float32) for _ in range(num_layers)]
         self.values = [np.zeros(shape, np.float32) for _ in range(num_layers)]

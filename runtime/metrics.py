@@ -1,6 +1,9 @@
 """Speculative-decoding metrics, defined once (vLLM's definitions).
 
 acceptance rate          = accepted / drafted
+per-token acceptance     = accepted / (accepted + rejected): the probability that a draft the
+                           target reached is accepted (the alpha of the speedup bound;
+                           accepted / drafted also counts drafts after a rejection, never reached)
 mean acceptance length   = 1 + accepted / rounds   (tokens per target call)
 per-position acceptance  = accepted_at[j] / drafted_at[j]
 output tokens/s          = generated tokens / total latency, time to first token included
@@ -20,6 +23,7 @@ class Metrics:
     drafted: int = 0
     accepted: int = 0
     no_draft_rounds: int = 0  # rounds where a row got no drafts (e.g. no n-gram match)
+    rejected: int = 0  # rounds that ended on a rejected draft
     drafted_at: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)
     total_s: float = 0.0
@@ -34,6 +38,8 @@ class Metrics:
         self.accepted += accepted
         if drafted == 0:
             self.no_draft_rounds += 1
+        if accepted < drafted:
+            self.rejected += 1
         while len(self.drafted_at) < drafted:
             self.drafted_at.append(0)
             self.accepted_at.append(0)
@@ -45,6 +51,11 @@ class Metrics:
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def per_token_acceptance(self) -> float:
+        reached = self.accepted + self.rejected
+        return self.accepted / reached if reached else 0.0
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -66,6 +77,7 @@ class Metrics:
         d = asdict(self)
         d.update(
             acceptance_rate=self.acceptance_rate,
+            per_token_acceptance=self.per_token_acceptance,
             mean_acceptance_length=self.mean_acceptance_length,
             per_position_acceptance=self.per_position_acceptance,
             output_tokens_per_s=self.tokens_per_s,

@@ -164,7 +164,8 @@ def test_bench_run_writes_json_and_plot(work, dataset, tmp_path):
     c = report["step_cost"]["c"]
     assert c > 0
     for row in report["rows"][1:3]:
-        a, k = row["acceptance_rate"], row["draft_len"]
+        a, k = row["per_token_acceptance"], row["draft_len"]  # alpha: acceptance of the drafts the target reached
+        assert a >= row["acceptance_rate"]
         assert row["analytic_bound"] == pytest.approx((1 - a ** (k + 1)) / ((1 - a) * (k * c + 1)))
     png = (tmp_path / "b.png").read_bytes()
     assert png.startswith(PNG_MAGIC) and b"matplotlib" in png  # matplotlib's Software tag
