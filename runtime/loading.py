@@ -67,11 +67,12 @@ def load_orchestrator(
     ngram: NGramConfig | None = None,
     sampling: SamplingConfig = SamplingConfig(),
     ngram_keep_all: bool = True,
-    ngram_use_oldest: bool = True,
+    ngram_use_oldest: bool = False,
     num_threads: int | None = None,
     target_devices: list[int] | None = None,
     draft_num_threads: int = 1,
     draft_confidence_threshold: float = 0.0,
+    ngram_min_match: int = 1,
 ) -> Orchestrator:
     """Target-only when neither ``draft_dir`` nor ``ngram`` is given.
 
@@ -86,7 +87,7 @@ def load_orchestrator(
     if ngram is not None:
         validate_devices(ngram.devices, target, "target")
         check_draft_len(target, ngram.max_draft_len, "ngram max_draft_len")
-        proposer = NGramProposer(ngram.max_draft_len, ngram.max_matching_ngram_size, ngram_keep_all, ngram_use_oldest)
+        proposer = NGramProposer(ngram.max_draft_len, ngram.max_matching_ngram_size, ngram_keep_all, ngram_use_oldest, ngram_min_match)
         return Orchestrator(open_executor(target, num_threads, ngram.devices[0]), proposer, draft_len=ngram.max_draft_len)
     if draft_dir is None:
         if draft_target is not None:

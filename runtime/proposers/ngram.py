@@ -11,12 +11,18 @@ try one token shorter, down to 1; if nothing matches, the row drafts nothing
 this round and decodes one token normally.
 
 Which earlier occurrence wins (TensorRT-LLM's options):
-  is_keep_all=True   keep every occurrence of a pattern; False keeps only the newest
-  is_use_oldest=True use the oldest kept occurrence; False the newest
-Defaults are TensorRT-LLM's (keep all, oldest), which is also what Hugging
-Face prompt lookup does (first match in the sequence): on copy-heavy prompts
-the oldest occurrence usually sits in the source text with the longest run
-still to copy.
+  is_keep_all=True    keep every occurrence of a pattern; False keeps only the newest
+  is_use_oldest=False use the newest kept occurrence; True the oldest
+Our default is the newest occurrence, where TensorRT-LLM and Hugging Face
+prompt lookup take the oldest: the newest is the local context being copied,
+the oldest is often an unrelated early use of a common pattern. Measured on
+the demo pair (8 held-out functions, 128 tokens, best of 3): copy-heavy
+prompts 1.35x over target-only with newest vs 1.11x with oldest; ordinary
+prompts 1.31x vs 1.34x.
+
+min_matching_ngram_size (ours; TensorRT-LLM falls back to 1): the shortest
+pattern allowed. 1-token patterns match often and draft badly; on the demo
+pair 2 or 3 gave 1.4-1.6x where 1 gave 1.3x. Default 1, TensorRT-LLM's algorithm.
 """
 
 from __future__ import annotations
@@ -29,9 +35,10 @@ from .base import Proposal
 class NGramPool:
     """The pool of one sequence, updated incrementally."""
 
-    def __init__(self, max_draft_len: int, max_matching_ngram_size: int, is_keep_all: bool = True, is_use_oldest: bool = True):
+    def __init__(self, max_draft_len: int, max_matching_ngram_size: int, is_keep_all: bool = True, is_use_oldest: bool = False, min_matching_ngram_size: int = 1):
         self.max_draft_len = max_draft_len
         self.max_ngram = max_matching_ngram_size
+        self.min_ngram = max(1, min(min_matching_ngram_size, max_matching_ngram_size))
         self.is_keep_all = is_keep_all
         self.is_use_oldest = is_use_oldest
         self.tokens: list[int] = []
@@ -57,7 +64,7 @@ class NGramPool:
         seq = self.tokens
         if k <= 0:
             return []
-        for n in range(min(self.max_ngram, len(seq) - 1), 0, -1):
+        for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
             hits = self.pool.get(tuple(seq[-n:]))
             if hits:
                 p = hits[0] if self.is_use_oldest else hits[-1]
@@ -68,8 +75,8 @@ class NGramPool:
 class NGramProposer:
     name = "ngram"
 
-    def __init__(self, max_draft_len: int, max_matching_ngram_size: int, is_keep_all: bool = True, is_use_oldest: bool = True):
-        self.settings = (max_draft_len, max_matching_ngram_size, is_keep_all, is_use_oldest)
+    def __init__(self, max_draft_len: int, max_matching_ngram_size: int, is_keep_all: bool = True, is_use_oldest: bool = False, min_matching_ngram_size: int = 1):
+        self.settings = (max_draft_len, max_matching_ngram_size, is_keep_all, is_use_oldest, min_matching_ngram_size)
         self.pools: list[NGramPool] = []
 
     def prefill(self, prompts: list[list[int]], first_tokens: list[int], rngs=None) -> None:

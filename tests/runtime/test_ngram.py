@@ -34,10 +34,16 @@ def test_limit_caps_the_draft():
 
 def test_oldest_and_newest_occurrence():
     seq = [1, 2, 10, 11, 1, 2, 20, 21, 1, 2]
-    assert pool(seq).draft() == [10, 11, 1, 2]  # default: keep all, use oldest
-    assert pool(seq, is_use_oldest=False).draft() == [20, 21, 1, 2]  # keep all, newest
+    assert pool(seq).draft() == [20, 21, 1, 2]  # default: keep all, newest
+    assert pool(seq, is_use_oldest=True).draft() == [10, 11, 1, 2]  # keep all, oldest (TensorRT-LLM's default)
     assert pool(seq, is_keep_all=False).draft() == [20, 21, 1, 2]  # keep only the newest
-    assert pool(seq, is_keep_all=False, is_use_oldest=True).draft() == [20, 21, 1, 2]
+    assert pool(seq, is_keep_all=False, is_use_oldest=True).draft() == [20, 21, 1, 2]  # only one kept: the newest
+
+
+def test_minimum_pattern_length():
+    seq = [4, 7, 8, 1, 9, 4]  # only the 1-token pattern [4] matches
+    assert pool(seq).draft() == [7, 8, 1, 9]
+    assert pool(seq, min_matching_ngram_size=2).draft() == []
 
 
 def test_longer_pattern_wins_over_shorter():
