@@ -19,7 +19,7 @@ def resolve_backend(name: str, say=print) -> str:
             raise BuildConfigError(f"--backend tensorrt cannot build on this host: {why} Use --backend onnxruntime, which runs the same network on CPU.")
         if name == "auto":
             # The TensorRT path has not been verified on a GPU yet (docs/tensorrt.md): never pick it silently.
-            note = "TensorRT can build here: pass --backend tensorrt to use it (not yet verified on a GPU)" if ok else why
+            note = "TensorRT can build here: pass --backend tensorrt to use it (not yet verified on a GPU)" if ok else "no TensorRT on this host"
             say(f"backend: auto -> onnxruntime ({note})")
             return "onnxruntime"
     return name
