@@ -88,7 +88,3 @@ class SafetensorsFile:
         if code.startswith("F8"):
             raise CheckpointError(f"tensor {name!r} is {code}; FP8 checkpoints need the quantization path.")
         return arr.astype(np.float32)
-
-
-def read_header_only(path: Path) -> dict:
-    return SafetensorsFile(path).entries

@@ -73,11 +73,6 @@ class BuildConfig:
         """
         return self.max_seq_len + self.max_draft_len + 1
 
-    @property
-    def max_tokens_per_step(self) -> int:
-        """Tokens per sequence in one generation-phase call."""
-        return self.max_draft_len + 1
-
 
 @dataclass(frozen=True)
 class EngineConfig:
