@@ -125,10 +125,13 @@ def build_engine(
     calib_size: int = 64,
     trt_timing_cache: str | Path | None = None,
     trt_version_compatible: bool = False,
+    trt_exclude_lean_runtime: bool = False,
 ) -> BuildResult:
     """Build one engine directory. ``progress(step, done, total)`` reports work."""
     t0 = time.perf_counter()
     output_dir = Path(output_dir)
+    if trt_exclude_lean_runtime and not trt_version_compatible:
+        raise BuildConfigError("--trt_exclude_lean_runtime only applies to version-compatible plans: add --trt_version_compatible.")
     prepare_output(output_dir, force)
     ckpt = load_checkpoint(checkpoint_dir, allow_pickle=allow_pickle)
     model = model_config_from_hf(ckpt.hf_config, max_seq_len=build.max_seq_len)
@@ -137,6 +140,11 @@ def build_engine(
     build = replace(build, dtype=resolve_dtype(build.dtype, ckpt.hf_config), backend=resolve_backend(build.backend, say), quantization=quantization)
     build = resolve_lowering(build)
     validate_build_config(build, model)
+    trt_options = [f for f, on in (("--trt_timing_cache", trt_timing_cache), ("--trt_version_compatible", trt_version_compatible),
+                                   ("--trt_exclude_lean_runtime", trt_exclude_lean_runtime)) if on]
+    if trt_options and build.backend != "tensorrt":
+        raise BuildConfigError(f"{', '.join(trt_options)} only {'applies' if len(trt_options) == 1 else 'apply'} to --backend tensorrt (this build uses {build.backend}).")
+
     if build.fp8_activations == "static" and calib_dataset is None and fp8 is None:
         raise BuildConfigError("--fp8_activations static needs calibration: pass --calib_dataset FILE (or use dynamic).")
     if build.max_seq_len > model.max_position_embeddings:
@@ -176,7 +184,8 @@ def build_engine(
             from ..runtime.trt_executor import ENGINE_FILE
             from .backends.tensorrt import build_tensorrt_engine
 
-            trt_meta = build_tensorrt_engine(tmp / network_file, tmp, build, model, Path(trt_timing_cache) if trt_timing_cache else None, trt_version_compatible, say=say)
+            trt_meta = build_tensorrt_engine(tmp / network_file, tmp, build, model, Path(trt_timing_cache) if trt_timing_cache else None,
+                                             trt_version_compatible, exclude_lean_runtime=trt_exclude_lean_runtime, say=say)
             versions["tensorrt"] = trt_meta["tensorrt_version"]
             network_file = ENGINE_FILE  # the ONNX stays beside it: the graph the plan was built from
         else:

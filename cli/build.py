@@ -37,13 +37,14 @@ from .common import clean_errors, human_bytes, option
 @option("calib_size", type=int, default=64, show_default=True, help="Calibration samples (chunks of up to 256 tokens) taken from --calib_dataset.")
 @option("backend", type=click.Choice(BACKENDS), default="auto", show_default=True, help="onnxruntime runs everywhere (CPU); tensorrt compiles the same ONNX network into a TensorRT plan (NVIDIA GPU + TensorRT >= 10.15; untested in CI, see docs/tensorrt.md); auto picks onnxruntime and says whether TensorRT could be used.")
 @option("trt_timing_cache", type=click.Path(dir_okay=False), default=None, help="TensorRT timing cache file: read if present, updated after the build (tensorrt backend).")
-@option("trt_version_compatible", is_flag=True, help="Build a version-compatible TensorRT plan that hosts can run with the lean runtime (tensorrt-lean) of the same or a newer TensorRT; may be slower.")
+@option("trt_version_compatible", is_flag=True, help="Build a version-compatible TensorRT plan: it embeds its lean runtime, so hosts can run it with the small dispatch runtime (specdec[tensorrt-dispatch]) or a newer TensorRT of a supported major; may be slower. See docs/tensorrt.md.")
+@option("trt_exclude_lean_runtime", is_flag=True, help="With --trt_version_compatible: leave the lean runtime out of the plan (smaller); then only tensorrt-lean or tensorrt of exactly the build's version can run it.")
 @option("tp_size", type=int, default=1, show_default=True, help="Tensor-parallel ranks (only 1 is supported).")
 @option("allow_pickle", is_flag=True, help="Allow loading pickled pytorch_model*.bin weights (unpickling can run arbitrary code: only for checkpoints you trust).")
 @option("force", is_flag=True, help="Replace a non-empty --output_dir.")
 @clean_errors
 def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_seq_len, max_draft_len, speculative_decoding_mode,
-         quantization, fp8_activations, calib_dataset, calib_size, backend, trt_timing_cache, trt_version_compatible, tp_size, allow_pickle, force) -> None:
+         quantization, fp8_activations, calib_dataset, calib_size, backend, trt_timing_cache, trt_version_compatible, trt_exclude_lean_runtime, tp_size, allow_pickle, force) -> None:
     """Build an engine directory from a Hugging Face checkpoint.
 
     \b
@@ -81,7 +82,7 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
     try:
         result = build_engine(checkpoint_dir, output_dir, build, force=force, allow_pickle=allow_pickle, progress=progress, say=tqdm.write,
                               calib_dataset=calib_dataset, calib_size=calib_size, trt_timing_cache=trt_timing_cache,
-                              trt_version_compatible=trt_version_compatible)
+                              trt_version_compatible=trt_version_compatible, trt_exclude_lean_runtime=trt_exclude_lean_runtime)
     finally:
         for bar in bars:
             bar.close()

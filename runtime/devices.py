@@ -10,14 +10,12 @@ def available_devices(backend: str) -> list[int]:
     if backend == "onnxruntime":
         return [0]  # the one CPU device
     if backend == "tensorrt":
-        try:
-            from .trt_executor import cuda_device_count
+        from .trt_host import cudart_module, cuda_device_count
 
-            n = cuda_device_count()
-        except Exception:  # cuda-python missing or no driver
-            n = 0
+        n = cuda_device_count()  # 0 without cuda-python or a driver
         if n == 0:
-            raise DeviceError('no CUDA GPU is visible for a tensorrt engine: install the NVIDIA driver and `pip install "specdec[tensorrt]"`.')
+            cudart_module()  # a missing cuda-python names itself and how to install it
+            raise DeviceError("a tensorrt engine needs an NVIDIA GPU, but CUDA sees none (cudaGetDeviceCount): install the NVIDIA driver and check CUDA_VISIBLE_DEVICES.")
         return list(range(n))
     raise DeviceError(f"backend {backend!r} has no executor in this version of specdec.")
 

@@ -11,91 +11,29 @@ KV-cache-update layer (what its ONNX parser makes of ``TensorScatter``)
 requires its output to share the cache input's memory, which the engine
 confirms through ``ICudaEngine.get_aliased_input_tensor``.
 
-Everything that touches ``tensorrt`` or ``cuda`` imports it lazily, so this
+Everything that touches TensorRT or ``cuda`` imports it lazily (runtime choice: trt_host.py), so this
 module imports (and its pure helpers are tested) on hosts without either.
 No torch: buffers are raw device pointers from cuda-python's cudart.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from .engine_format import BuildConfig, EngineDir, ModelConfig
 from .errors import DeviceError, EngineError, RequestError
 from .kv_cache import KVCache
+from .trt_host import MIN_TENSORRT, check_gpu_arch, cuda_call, cuda_device_info, cudart_module, import_runtime, require_gpu
 
 ENGINE_FILE = "rank0.engine"
 CONTEXT_PROFILE, GENERATION_PROFILE = 0, 1
-MIN_TENSORRT = (10, 15)  # TensorScatter -> IKVCacheUpdateLayer in the ONNX parser
-# Cross-major pairs that version-compatible plans support (TensorRT "Engine Compatibility" docs).
-_CROSS_MAJOR_VC = {(8, 10), (10, 11)}
 _ALIGN = 256  # IExecutionContext: tensor / device memory addresses 256-byte aligned
 MIB = 1 << 20
 
 
-# -- cuda-python (cudart) ------------------------------------------------------------
-def cudart_module():
-    """cuda-python's runtime bindings: ``cuda.bindings.runtime`` (12.6+), else the older ``cuda.cudart``."""
-    try:
-        from cuda.bindings import runtime
-    except ImportError:
-        from cuda import cudart as runtime  # type: ignore[no-redef]
-    return runtime
-
-
-def cuda_call(result: tuple, what: str) -> Any:
-    """cuda-python returns ``(err, *values)``: raise on err, return the value(s)."""
-    err, rest = result[0], result[1:]
-    if int(err) != 0:
-        rt = cudart_module()
-        desc = rt.cudaGetErrorString(err)[1]
-        desc = desc.decode() if isinstance(desc, bytes) else str(desc)
-        raise DeviceError(f"CUDA {what} failed: {getattr(err, 'name', err)} ({desc}).")
-    return rest[0] if len(rest) == 1 else (rest or None)
-
-
-def cuda_device_count() -> int:
-    """GPUs visible to CUDA (cudaGetDeviceCount); 0 when cuda-python or a driver is missing."""
-    try:
-        err, count = cudart_module().cudaGetDeviceCount()
-    except Exception:  # ImportError, or a loader error without a driver
-        return 0
-    return int(count) if int(err) == 0 and count else 0
-
-
-def cuda_device_info(device: int) -> tuple[str, str]:
-    """(GPU name, compute capability as ``sm_90``) from cudaGetDeviceProperties."""
-    prop = cuda_call(cudart_module().cudaGetDeviceProperties(device), f"cudaGetDeviceProperties({device})")
-    name = prop.name.split(b"\0", 1)[0].decode() if isinstance(prop.name, bytes) else str(prop.name)
-    return name, f"sm_{prop.major}{prop.minor}"
-
-
 # -- pure helpers (tested on CPU) ----------------------------------------------------
-def _version_tuple(v: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in v.split(".")[:3] if p.isdigit())
-
-
-def check_host_compatibility(meta: Mapping[str, Any], host_tensorrt: str, host_sm: str, where: str = "the engine") -> None:
-    """Refuse a plan this host cannot run, before TensorRT fails on it less clearly."""
-    built, sm = meta.get("tensorrt_version"), meta.get("compute_capability")
-    if not built or not sm:
-        raise EngineError(f"{where} records no TensorRT build metadata (extra.tensorrt in config.json); rebuild it with --backend tensorrt.")
-    head = f"{where} was built with TensorRT {built} for {sm}; this host has TensorRT {host_tensorrt} / {host_sm}"
-    if sm != host_sm:
-        raise EngineError(f"{head}: rebuild on this host (a TensorRT plan is specific to the GPU architecture it was built on).")
-    if built == host_tensorrt:
-        return
-    if not meta.get("version_compatible"):
-        raise EngineError(f"{head}: rebuild on this host, or build with --trt_version_compatible.")
-    b, h = _version_tuple(built), _version_tuple(host_tensorrt)
-    if h < b or (b[0] != h[0] and (b[0], h[0]) not in _CROSS_MAJOR_VC):
-        raise EngineError(f"{head}: a version-compatible plan runs only on the same or a newer TensorRT of a supported major; rebuild on this host.")
-    if meta.get("exclude_lean_runtime"):
-        raise EngineError(f"{head}: the plan was built without its lean runtime (EXCLUDE_LEAN_RUNTIME), so only TensorRT {built} can run it; rebuild on this host.")
-
-
 def choose_profile(width: int, rows: int, gen_max: int, ctx_max: int) -> int:
     """The generation profile whenever the call fits it, else the context profile.
 
@@ -140,8 +78,8 @@ def check_memory(engines: Sequence[EngineDir], devices: Sequence[int], free: Map
     """
     need: dict[int, list[tuple[EngineDir, int, int]]] = {}
     for eng, dev in zip(engines, devices, strict=True):
-        plan = eng.path / ENGINE_FILE
-        need.setdefault(dev, []).append((eng, kv_cache_bytes(eng.config.build, eng.config.model), plan.stat().st_size if plan.is_file() else 0))
+        plan_file = eng.path / ENGINE_FILE
+        need.setdefault(dev, []).append((eng, kv_cache_bytes(eng.config.build, eng.config.model), plan_file.stat().st_size if plan_file.is_file() else 0))
     for dev, items in need.items():
         if free is not None:
             have = free[dev]
@@ -185,21 +123,22 @@ class TrtExecutor:
     """The tensorrt backend's executor: one engine on one GPU."""
 
     def __init__(self, engine: EngineDir, device: int = 0, warm_up: bool = True):
-        try:
-            import tensorrt as trt
-        except Exception as err:  # ImportError, or a loader error for libnvinfer
-            raise EngineError(f"{engine.path} is a TensorRT engine but `import tensorrt` failed ({err}): pip install \"specdec[tensorrt]\" on a GPU host.") from err
+        where = str(engine.path)
+        self._ptrs: list[int] = []
+        meta = engine.config.extra.get("tensorrt", {})
+        # Order matters: every check that can say what is wrong runs before TensorRT
+        # touches the plan or the GPU (TensorRT without a usable GPU can crash).
+        trt = import_runtime(meta, where)  # full, dispatch or lean: whichever can run this plan
+        require_gpu(device, f"{where} (TensorRT engine)")
         self._trt, self._rt = trt, cudart_module()
         self.engine, self.model, self.build = engine, engine.config.model, engine.config.build
         self.vocab_size, self.device = self.model.vocab_size, device
-        self._ptrs: list[int] = []
-        meta = engine.config.extra.get("tensorrt", {})
         self._set_device()
-        check_host_compatibility(meta, trt.__version__, cuda_device_info(device)[1], where=str(engine.path))
+        check_gpu_arch(meta, cuda_device_info(device)[1], where)
         logger = trt.Logger(trt.Logger.WARNING)
         self._runtime = trt.Runtime(logger)
-        if meta.get("version_compatible"):
-            self._runtime.engine_host_code_allowed = True  # the plan embeds its lean runtime (host code)
+        if meta.get("version_compatible") and not meta.get("exclude_lean_runtime"):
+            self._runtime.engine_host_code_allowed = True  # the plan embeds its lean runtime (host code) and is trusted
         self._plan = self._runtime.deserialize_cuda_engine((engine.path / ENGINE_FILE).read_bytes())
         if self._plan is None:
             raise EngineError(f"TensorRT {trt.__version__} could not deserialize {engine.path / ENGINE_FILE} (see its log above); rebuild the engine on this host.")

@@ -24,16 +24,8 @@ from typing import Callable
 
 from ...runtime.engine_format import BuildConfig, ModelConfig
 from ...runtime.errors import BuildConfigError
-from ...runtime.trt_executor import (
-    CONTEXT_PROFILE,
-    ENGINE_FILE,
-    GENERATION_PROFILE,
-    MIN_TENSORRT,
-    cuda_call,
-    cuda_device_count,
-    cuda_device_info,
-    cudart_module,
-)
+from ...runtime.trt_executor import CONTEXT_PROFILE, ENGINE_FILE, GENERATION_PROFILE
+from ...runtime.trt_host import MIN_TENSORRT, cuda_call, cuda_device_count, cuda_device_info, cudart_module
 
 INSTALL_HINT = 'pip install "specdec[tensorrt]" on a host with an NVIDIA GPU and its driver'
 Shape = tuple[int, ...]
@@ -47,8 +39,8 @@ def tensorrt_available() -> tuple[bool, str]:
         return False, f"the `tensorrt` Python module is not importable ({err}); {INSTALL_HINT}."
     try:
         cudart_module()
-    except Exception as err:
-        return False, f"cuda-python is not importable ({err}); {INSTALL_HINT}."
+    except Exception as err:  # DeviceError naming the package
+        return False, f"{err} It is part of {INSTALL_HINT}."
     if cuda_device_count() == 0:
         return False, "no CUDA GPU is visible (cudaGetDeviceCount found none): install the NVIDIA driver, and check CUDA_VISIBLE_DEVICES."
     return True, ""

@@ -2,13 +2,17 @@
 
 CPU tests check what is decidable without a GPU: the optimization profiles,
 the static-capacity network TensorRT parses (run here by ONNX Runtime), the
-host-compatibility, profile-choice, row-compaction and memory rules, and the
+profile-choice, row-compaction and memory rules (host compatibility: tests/runtime/test_trt_host.py), and the
 clear refusals on a host without TensorRT. Tests marked ``gpu`` build real
 TensorRT engines and are skipped (with a reason) where ``import tensorrt``
 fails; nothing here stands in for TensorRT.
 """
 
+import importlib
 import importlib.util
+import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,7 +31,6 @@ from specdec.runtime.trt_executor import (
     ENGINE_FILE,
     GENERATION_PROFILE,
     TrtExecutor,
-    check_host_compatibility,
     check_memory,
     choose_profile,
     kv_cache_bytes,
@@ -139,24 +142,6 @@ def test_row_moves_compact_like_numpy():
             row_moves(bad, 3)
 
 
-def test_host_compatibility():
-    meta = {"tensorrt_version": "10.15.1.29", "compute_capability": "sm_90", "version_compatible": False}
-    check_host_compatibility(meta, "10.15.1.29", "sm_90")
-    with pytest.raises(EngineError, match=r"built with TensorRT 10.15.1.29 for sm_90; this host has TensorRT 10.16.0.72 / sm_90: rebuild on this host, or build with --trt_version_compatible"):
-        check_host_compatibility(meta, "10.16.0.72", "sm_90")
-    with pytest.raises(EngineError, match="GPU architecture"):
-        check_host_compatibility(meta, "10.15.1.29", "sm_89")
-    vc = {**meta, "version_compatible": True}
-    check_host_compatibility(vc, "10.16.0.72", "sm_90")  # newer runtime of the same major
-    check_host_compatibility(vc, "11.0.0.1", "sm_90")  # 10 -> 11 is a supported pair
-    with pytest.raises(EngineError, match="same or a newer"):
-        check_host_compatibility(vc, "10.14.1.48", "sm_90")
-    with pytest.raises(EngineError, match="lean runtime"):
-        check_host_compatibility({**vc, "exclude_lean_runtime": True}, "10.16.0.72", "sm_90")
-    with pytest.raises(EngineError, match="no TensorRT build metadata"):
-        check_host_compatibility({}, "10.15.1.29", "sm_90")
-
-
 def test_check_memory_reports_mib(onnx_engine):
     kv = kv_cache_bytes(onnx_engine.config.build, onnx_engine.config.model)
     assert kv == 2 * 2 * 4 * 2 * 101 * 16 * 4  # K+V x layers x batch x kv_heads x capacity x head_dim x fp32
@@ -174,7 +159,7 @@ def test_tensorrt_unavailable_names_the_extra(onnx_engine, tmp_path):
     with pytest.raises(BuildConfigError, match=r"specdec\[tensorrt\]"):
         build_tensorrt_engine(onnx_engine.network_path, tmp_path, onnx_engine.config.build, onnx_engine.config.model, None, False)
     assert not (tmp_path / ENGINE_FILE).exists()
-    with pytest.raises(EngineError, match=r"specdec\[tensorrt\]"):
+    with pytest.raises(EngineError, match="records no TensorRT build metadata"):  # an ONNX Runtime engine is not a plan
         TrtExecutor(onnx_engine)
 
 
@@ -242,3 +227,38 @@ def test_trt_draft_target_greedy_equals_target_only(gpu_pair, draft_len):
     assert m.drafted > 0
     ort, _ = Orchestrator(gpu_pair["ort_target"]).generate(prompts, cfg)  # and the same tokens as ONNX Runtime
     assert [o.output_ids for o in base] == [o.output_ids for o in ort]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("runtime", "exclude_lean"), [("tensorrt_dispatch", False), ("tensorrt_lean", False), ("tensorrt_lean", True)])
+def test_version_compatible_plan_runs_on_the_small_runtimes(tmp_path, runtime, exclude_lean):
+    """What a shipped host runs: a --trt_version_compatible plan under tensorrt-dispatch / tensorrt-lean."""
+    if importlib.util.find_spec(runtime) is None:
+        pytest.skip(f"{runtime} is not installed (pip install -e '.[{runtime.replace('_', '-')}]')")
+    import tensorrt
+
+    if runtime == "tensorrt_lean" and importlib.import_module(runtime).__version__ != tensorrt.__version__:
+        pytest.skip("the lean runtime runs only plans of its own version; install tensorrt-lean of the same version as tensorrt")
+    ckpt = make_checkpoint(tmp_path / "ckpt", num_hidden_layers=2, seed=1)
+    build = spec_build(4, lowering="portable")
+    build_engine(ckpt, tmp_path / "onnx", build, say=lambda _: None)
+    build_engine(ckpt, tmp_path / "vc", replace(build, backend="tensorrt"), say=lambda _: None,
+                 trt_version_compatible=True, trt_exclude_lean_runtime=exclude_lean)
+    engine = load_engine_dir(tmp_path / "vc")
+    assert engine.config.extra["tensorrt"]["version_compatible"] and engine.config.extra["tensorrt"]["exclude_lean_runtime"] == exclude_lean
+    # In a child process that never imports the full tensorrt, as on a shipped host.
+    script = (
+        "import sys, numpy as np\n"
+        "from specdec.runtime.engine_format import load_engine_dir\nfrom specdec.runtime.trt_executor import TrtExecutor\n"
+        f"ex = TrtExecutor(load_engine_dir({str(tmp_path / 'vc')!r}))\nassert ex._trt.__name__ == {runtime!r}, ex._trt.__name__\n"
+        "assert 'tensorrt' not in sys.modules\nc = ex.new_cache(2)\n"
+        "a = ex.forward(c, [[5, 6, 7, 8], [9, 10]], False).copy()\nb = ex.forward(c, [[11, 12, 13], [14]], True).copy()\n"
+        f"np.save({str(tmp_path / 'a.npy')!r}, a)\nnp.save({str(tmp_path / 'b.npy')!r}, b)\n"
+    )
+    env = {**os.environ, "SPECDEC_TENSORRT_RUNTIME": runtime}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    ort = OrtExecutor(load_engine_dir(tmp_path / "onnx"), num_threads=1)
+    oc = ort.new_cache(2)
+    np.testing.assert_allclose(np.load(tmp_path / "a.npy"), ort.forward(oc, [[5, 6, 7, 8], [9, 10]], False), atol=1e-3, rtol=0)
+    np.testing.assert_allclose(np.load(tmp_path / "b.npy"), ort.forward(oc, [[11, 12, 13], [14]], True), atol=1e-3, rtol=0)

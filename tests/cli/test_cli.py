@@ -44,6 +44,19 @@ def test_build_cli_errors_are_one_line(tmp_path, llama_ckpt):
     assert "Traceback" not in r.output
 
 
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--trt_version_compatible"], "error: --trt_version_compatible only applies to --backend tensorrt (this build uses onnxruntime)."),
+    (["--backend", "onnxruntime", "--trt_timing_cache", "t.cache", "--trt_version_compatible"],
+     "error: --trt_timing_cache, --trt_version_compatible only apply to --backend tensorrt (this build uses onnxruntime)."),
+    (["--backend", "tensorrt", "--trt_exclude_lean_runtime"],
+     "error: --trt_exclude_lean_runtime only applies to version-compatible plans: add --trt_version_compatible."),
+])
+def test_build_cli_refuses_tensorrt_options_that_cannot_apply(tmp_path, llama_ckpt, flags, message):
+    r = invoke(build_main, "--checkpoint_dir", llama_ckpt, "--output_dir", tmp_path / "e", "--max_seq_len", 64, *flags)
+    assert r.exit_code == 1 and message in r.output.splitlines(), r.output
+    assert not (tmp_path / "e").exists() and not list(tmp_path.glob(".e.*"))
+
+
 def test_run_cli_draft_target_writes_outputs(engines, tmp_path):
     r = invoke(run_main, "--engine_dir", engines / "target", "--draft_engine_dir", engines / "draft",
                "--draft_target_model_config", "[4,[0],[0],False]", "--input_file", engines / "prompts.csv",
