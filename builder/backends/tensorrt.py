@@ -40,7 +40,7 @@ def tensorrt_available() -> tuple[bool, str]:
     try:
         cudart_module()
     except Exception as err:  # DeviceError naming the package
-        return False, f"{err} It is part of {INSTALL_HINT}."
+        return False, str(err)
     if cuda_device_count() == 0:
         return False, "no CUDA GPU is visible (cudaGetDeviceCount found none): install the NVIDIA driver, and check CUDA_VISIBLE_DEVICES."
     return True, ""
