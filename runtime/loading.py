@@ -60,6 +60,12 @@ def _engine(d: str | Path | EngineDir) -> EngineDir:
     return d if isinstance(d, EngineDir) else load_engine_dir(d)
 
 
+def gpu_placements(placed: list[tuple[EngineDir, int]]) -> list[tuple[EngineDir, int]]:
+    """The (engine, device) pairs whose KV cache and plan take GPU memory: tensorrt engines only
+    (an onnxruntime engine's device 0 is the CPU, its cache host memory)."""
+    return [(e, d) for e, d in placed if e.config.build.backend == "tensorrt"]
+
+
 def load_orchestrator(
     target_dir: str | Path | EngineDir,
     draft_dir: str | Path | EngineDir | None = None,
@@ -104,10 +110,11 @@ def load_orchestrator(
     tv, dv = target.config.model.vocab_size, draft.config.model.vocab_size
     # Vocabularies padded to different sizes share the tokenizer's ids: compare over the common range.
     vocab_limit = min(tv, dv) if tv != dv else None
-    if "tensorrt" in (target.config.build.backend, draft.config.build.backend):
+    on_gpu = gpu_placements([(target, cfg.target_devices[0]), (draft, cfg.draft_devices[0])])
+    if on_gpu:
         from .trt_executor import check_memory  # refuse, with the numbers, before allocating anything
 
-        check_memory([target, draft], [cfg.target_devices[0], cfg.draft_devices[0]])
+        check_memory([e for e, _ in on_gpu], [d for _, d in on_gpu])
     proposer = DraftModelProposer(open_executor(draft, draft_num_threads, cfg.draft_devices[0]), sampling, cfg.use_logits, vocab_limit, draft_confidence_threshold)
     target_ex = open_executor(target, num_threads, cfg.target_devices[0])
     return Orchestrator(target_ex, proposer, draft_len=cfg.draft_len, use_logits=cfg.use_logits, vocab_limit=vocab_limit)

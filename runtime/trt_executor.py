@@ -188,7 +188,8 @@ class TrtExecutor:
         self._slab_stride = -(-b.max_batch_size * self._row_bytes // _ALIGN) * _ALIGN
         base = self._malloc(self._slab_stride * len(self._kv))
         # Zeroed once: slots past a row's length are masked, but must never hold NaN/Inf garbage.
-        cuda_call(self._rt.cudaMemset(base, 0, self._slab_stride * len(self._kv)), "cudaMemset(KV cache)")
+        # On our stream, like every later use: ordered without relying on legacy default-stream semantics.
+        cuda_call(self._rt.cudaMemsetAsync(base, 0, self._slab_stride * len(self._kv), self._stream), "cudaMemsetAsync(KV cache)")
         self._slab = {name: base + i * self._slab_stride for i, name in enumerate(self._kv)}
         width = max(self._ctx_max, self._gen_max)
         self._inputs = {n: self._malloc(b.max_batch_size * width * self._dtype[n].itemsize) for n in ("input_ids", "position_ids", "logits_index")}

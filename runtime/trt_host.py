@@ -6,7 +6,7 @@ TensorRT ships three runtimes, each its own Python module and PyPI package:
 |---------------------|----------------------------------------------|-----------------------------------------------------------------|
 | `tensorrt`          | tensorrt (`specdec[tensorrt]`), also builds  | plans of its own version; version-compatible plans of an older  |
 |                     |                                              | TensorRT of a supported major, through their embedded runtime   |
-| `tensorrt_dispatch` | tensorrt-dispatch (`specdec[tensorrt-dispatch]`), ~5 MB | version-compatible plans that embed their lean runtime, same rule |
+| `tensorrt_dispatch` | tensorrt-dispatch (`specdec[tensorrt-dispatch]`), ~5 MB | version-compatible plans that embed their lean runtime, same major |
 | `tensorrt_lean`     | tensorrt-lean (`specdec[tensorrt-lean]`)     | version-compatible plans of exactly its own version             |
 
 "Version-compatible" is ``--trt_version_compatible`` at build time
@@ -122,8 +122,13 @@ def version_problem(meta: Mapping[str, Any], module: str, host: str) -> str | No
     if excluded:
         return f"the plan was built without its lean runtime (EXCLUDE_LEAN_RUNTIME), so only TensorRT {built} itself or tensorrt-lean=={built} can run it"
     b, h = version_tuple(built), version_tuple(host)
-    if h < b or (b[0] != h[0] and (b[0], h[0]) not in CROSS_MAJOR_VC):
-        return "a version-compatible plan runs only on the same or a newer TensorRT of a supported major"
+    if h < b:
+        return "a version-compatible plan runs only on the same or a newer TensorRT"
+    if b[0] != h[0] and (module != "tensorrt" or (b[0], h[0]) not in CROSS_MAJOR_VC):
+        # The dispatch library itself says "TensorRT plan major version does not match runtime
+        # major version": across majors (10 -> 11) only the full runtime is documented to work.
+        return f"across TensorRT majors ({b[0]} -> {h[0]}) a version-compatible plan runs only on the full tensorrt" + (
+            "" if (b[0], h[0]) in CROSS_MAJOR_VC else f", and {b[0]} -> {h[0]} is not a supported pair")
     return None
 
 
@@ -140,8 +145,8 @@ def install_advice(meta: Mapping[str, Any]) -> str:
     if not meta.get("version_compatible"):
         return f"tensorrt=={built} (pip install \"specdec[tensorrt]\" \"tensorrt=={built}\")"
     if meta.get("exclude_lean_runtime"):
-        return f"tensorrt-lean=={built} (pip install \"specdec[tensorrt-lean]\" \"tensorrt-lean=={built}\")"
-    return (f"the small dispatch runtime (pip install \"specdec[tensorrt-dispatch]\", tensorrt-dispatch >= {built}, major {major}), "
+        return f"tensorrt-lean=={built} (pip install \"specdec[tensorrt-lean]\" \"tensorrt-lean=={built}\") or tensorrt=={built}"
+    return (f"the small dispatch runtime (pip install \"specdec[tensorrt-dispatch]\" \"tensorrt-dispatch>={built},<{major + 1}\"), "
             f"tensorrt-lean=={built}, or tensorrt >= {built}")
 
 

@@ -153,6 +153,8 @@ def build_tensorrt_engine(
         config.clear_flag(trt.BuilderFlag.TF32)  # float32 graphs stay float32 (parity with ONNX Runtime)
     if version_compatible:
         config.set_flag(trt.BuilderFlag.VERSION_COMPATIBLE)  # plan carries its lean runtime: runs on newer TensorRT
+        # Documented: plugin libraries the parser used must travel inside a version-compatible plan.
+        config.plugins_to_serialize = list(parser.get_used_vc_plugin_libraries())
         if exclude_lean_runtime:
             config.set_flag(trt.BuilderFlag.EXCLUDE_LEAN_RUNTIME)
     cache = _attach_timing_cache(trt, config, timing_cache, say)
@@ -186,8 +188,11 @@ def _attach_timing_cache(trt, config, path: Path | None, say: Callable[[str], No
     if path is None:
         return None
     blob = path.read_bytes() if path.is_file() else b""
-    cache = config.create_timing_cache(blob)
-    if not config.set_timing_cache(cache, False):  # ignore_mismatch=False: never reuse timings of another device
+    try:
+        cache = config.create_timing_cache(blob)
+    except Exception:  # a cache file TensorRT cannot read at all (another version, truncated)
+        cache = None
+    if cache is None or not config.set_timing_cache(cache, False):  # ignore_mismatch=False: never reuse timings of another device
         say(f"warning: timing cache {path} was made on another GPU or TensorRT version; starting a new one")
         cache = config.create_timing_cache(b"")
         config.set_timing_cache(cache, False)

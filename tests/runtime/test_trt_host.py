@@ -49,13 +49,14 @@ def meta(version="10.15.1.29", compatible=False, excluded=False, sm="sm_90") -> 
         (meta(), "tensorrt", "10.16.0.72", "specific to TensorRT 10.15.1.29"),
         (meta(compatible=True), "tensorrt", "10.16.0.72", None),
         (meta(compatible=True), "tensorrt", "11.0.0.114", None),  # 10 -> 11 is a supported pair
-        (meta("9.3.0.1", compatible=True), "tensorrt", "11.0.0.114", "supported major"),
+        (meta("9.3.0.1", compatible=True), "tensorrt", "11.0.0.114", "9 -> 11 is not a supported pair"),
         (meta(compatible=True), "tensorrt", "10.14.1.48", "same or a newer"),
         (meta(compatible=True, excluded=True), "tensorrt", "10.16.0.72", "EXCLUDE_LEAN_RUNTIME"),
         # dispatch: version-compatible plans that carry their lean runtime
         (meta(), "tensorrt_dispatch", "10.15.1.29", "only version-compatible"),
         (meta(compatible=True), "tensorrt_dispatch", "10.15.1.29", None),
-        (meta(compatible=True), "tensorrt_dispatch", "11.4.0.106", None),
+        (meta(compatible=True), "tensorrt_dispatch", "10.16.0.72", None),
+        (meta(compatible=True), "tensorrt_dispatch", "11.4.0.106", "across TensorRT majors (10 -> 11) a version-compatible plan runs only on the full tensorrt"),
         (meta(compatible=True), "tensorrt_dispatch", "10.14.1.48", "same or a newer"),
         (meta(compatible=True, excluded=True), "tensorrt_dispatch", "10.15.1.29", "tensorrt-lean==10.15.1.29"),
         # lean: version-compatible plans of exactly its version, with or without the embedded runtime
@@ -199,6 +200,15 @@ def no_gpu_engine(tmp_path_factory):
     build_engine(make_checkpoint(d / "ckpt"), d / "onnx", replace(spec_build(4), lowering="portable"), say=lambda _: None)
     version = importlib.import_module("tensorrt_dispatch").__version__
     return placeholder_plan_engine(d / "onnx", d / "trt", version)
+
+
+def test_only_tensorrt_engines_count_against_gpu_memory(no_gpu_engine):
+    from specdec.runtime.loading import gpu_placements
+
+    trt_engine = load_engine_dir(no_gpu_engine)
+    ort_engine = load_engine_dir(no_gpu_engine.with_name("onnx"))
+    assert gpu_placements([(trt_engine, 1), (ort_engine, 0)]) == [(trt_engine, 1)]  # a CPU draft beside a GPU target
+    assert gpu_placements([(ort_engine, 0), (ort_engine, 0)]) == []
 
 
 def test_executor_refuses_a_host_without_gpu_before_tensorrt_runs(no_gpu_engine):
