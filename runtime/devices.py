@@ -10,13 +10,9 @@ def available_devices(backend: str) -> list[int]:
     if backend == "onnxruntime":
         return [0]  # the one CPU device
     if backend == "tensorrt":
-        from .trt_host import cudart_module, cuda_device_count
+        from .trt_host import visible_gpu_count
 
-        n = cuda_device_count()  # 0 without cuda-python or a driver
-        if n == 0:
-            cudart_module()  # a missing cuda-python names itself and how to install it
-            raise DeviceError("a tensorrt engine needs an NVIDIA GPU, but CUDA sees none (cudaGetDeviceCount): install the NVIDIA driver and check CUDA_VISIBLE_DEVICES.")
-        return list(range(n))
+        return list(range(visible_gpu_count("a tensorrt engine")))
     raise DeviceError(f"backend {backend!r} has no executor in this version of specdec.")
 
 

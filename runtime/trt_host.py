@@ -80,12 +80,18 @@ def cuda_device_info(device: int) -> tuple[str, str]:
     return name, f"sm_{prop.major}{prop.minor}"
 
 
-def require_gpu(device: int, what: str) -> None:
-    """Refuse, in one line, before TensorRT touches a GPU that is not there."""
+def visible_gpu_count(what: str) -> int:
+    """GPUs CUDA sees; a one-line DeviceError naming ``what`` when there are none."""
     count = cuda_device_count()
     if count == 0:
         cudart_module()  # a missing cuda-python says so itself
         raise DeviceError(f"{what} needs an NVIDIA GPU, but CUDA sees none (cudaGetDeviceCount): install the NVIDIA driver and check CUDA_VISIBLE_DEVICES.")
+    return count
+
+
+def require_gpu(device: int, what: str) -> None:
+    """Refuse, in one line, before TensorRT touches a GPU that is not there."""
+    count = visible_gpu_count(what)
     if not 0 <= device < count:
         raise DeviceError(f"{what}: GPU {device} does not exist (CUDA sees {count}: {list(range(count))}).")
 

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Callable
 
 from ...runtime.engine_format import BuildConfig, ModelConfig
-from ...runtime.errors import BuildConfigError
+from ...runtime.errors import BuildConfigError, DeviceError
 from ...runtime.trt_executor import CONTEXT_PROFILE, ENGINE_FILE, GENERATION_PROFILE
-from ...runtime.trt_host import MIN_TENSORRT, cuda_call, cuda_device_count, cuda_device_info, cudart_module
+from ...runtime.trt_host import MIN_TENSORRT, cuda_call, cuda_device_info, cudart_module, visible_gpu_count
 
 INSTALL_HINT = 'pip install "specdec[tensorrt]" on a host with an NVIDIA GPU and its driver'
 Shape = tuple[int, ...]
@@ -38,11 +38,9 @@ def tensorrt_available() -> tuple[bool, str]:
     except Exception as err:  # ImportError, or OSError when libnvinfer is missing
         return False, f"the `tensorrt` Python module is not importable ({err}); {INSTALL_HINT}."
     try:
-        cudart_module()
-    except Exception as err:  # DeviceError naming the package
+        visible_gpu_count("building a TensorRT engine")
+    except DeviceError as err:  # no cuda-python, or no GPU: the message says which
         return False, str(err)
-    if cuda_device_count() == 0:
-        return False, "no CUDA GPU is visible (cudaGetDeviceCount found none): install the NVIDIA driver, and check CUDA_VISIBLE_DEVICES."
     return True, ""
 
 

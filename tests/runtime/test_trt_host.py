@@ -124,8 +124,8 @@ def used_attributes(path: Path, roots: dict[str, str]) -> dict[str, set[tuple[st
             base = base.value
         chain.reverse()
         text = ast.unparse(base) if not isinstance(base, ast.Call) else ast.unparse(base.func) + "()"
+        head = text.split(".") + chain
         for prefix, kind in roots.items():  # self._plan.x, plan.x, trt.x.y, rt.x ...
-            head = text.split(".") + chain
             root = prefix.split(".")
             if head[: len(root)] == root and len(head) > len(root):
                 found[kind].add(tuple(head[len(root):]))
