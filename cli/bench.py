@@ -155,19 +155,19 @@ def run(engine_dir, draft_engine_dir, method, draft_lens, ngram_size, dataset, m
         _import_matplotlib()  # fail before the measurements, not after
     if compare and batch_size != 1:
         raise RequestError("--compare runs the peers one request at a time: use --batch_size 1.")
+    draft = load_engine_dir(draft_engine_dir) if draft_engine_dir and "draft" in methods else None
+    peer_setup = _check_compare(compare_peers, target, draft, target_checkpoint, draft_checkpoint) if compare else None  # before measuring
     tok_dir = tokenizer_dir or (engine_dir if target.tokenizer_path else None)
     tok = Tokenizer(tok_dir) if tok_dir else None
     records = prepare_from_jsonl(dataset, tok, max_output_len)
 
     click.echo(f"{len(records)} requests, batch {batch_size}, methods {', '.join(methods)}, draft lengths {','.join(map(str, lens)) or '-'}", err=True)
-    draft = load_engine_dir(draft_engine_dir) if draft_engine_dir and "draft" in methods else None
     result = run_sweep(target, methods, draft, lens, ngram_size, records, num_threads, warmup, batch_size,
                        step_cost_reps, say=lambda what: click.echo(f"  measuring {what}", err=True))
     base_ids = result.pop("target_only_output_ids")
     click.echo(sweep_table(result))
     if compare:
-        result["compare"] = _compare(result, records, base_ids, target, draft, target_checkpoint, draft_checkpoint,
-                                     compare_peers, peers_work_dir, num_threads, ngram_size, lens, methods)
+        result["compare"] = _compare(result, records, base_ids, *peer_setup, peers_work_dir, num_threads, ngram_size, lens, methods)
         click.echo(compare_table(result["compare"]))
     if output_json:
         Path(output_json).write_text(json.dumps(result, indent=2) + "\n")
@@ -255,27 +255,33 @@ def _checkpoint(given: str | None, engine: Any, what: str, flag: str) -> str:
     return str(path)
 
 
-def _compare(result, records, base_ids, target, draft, target_ckpt, draft_ckpt, which, work_dir, threads, ngram_size, lens, methods) -> list[dict]:
-    try:
-        from . import peers
-    except ImportError as err:  # pragma: no cover
-        raise RequestError(f"--compare: {err}") from None
+def _check_compare(which: str, target: Any, draft: Any, target_ckpt: str | None, draft_ckpt: str | None) -> tuple[list[str], str, str | None]:
+    """(peers wanted, target checkpoint, draft checkpoint): every --compare input checked before the sweep runs."""
     wanted = [p.strip() for p in which.split(",") if p.strip()]
     unknown = set(wanted) - {"hf", "ortgenai"}
     if unknown:
         raise RequestError(f"--compare_peers {which!r}: unknown peer(s) {', '.join(sorted(unknown))}; choose from hf, ortgenai.")
     t_ckpt = _checkpoint(target_ckpt, target, "target", "--target_checkpoint")
     d_ckpt = _checkpoint(draft_ckpt, draft, "draft", "--draft_checkpoint") if draft is not None else None
-    prompts = [r["input_ids"] for r in records]
-    n_new = [r["output_len"] for r in records]
-    ours = {r["label"]: r for r in result["rows"]}
-    pairs: list[tuple[str, str, Any]] = []  # (our label, peer name, thunk)
     if "hf" in wanted:
         try:
             import torch  # noqa: F401
             import transformers  # noqa: F401
         except ImportError:
             raise RequestError("--compare with the hf peer needs torch and transformers: pip install 'specdec[hf]' (CPU torch: torch==2.13.0).") from None
+    return wanted, t_ckpt, d_ckpt
+
+
+def _compare(result, records, base_ids, wanted, t_ckpt, d_ckpt, work_dir, threads, ngram_size, lens, methods) -> list[dict]:
+    try:
+        from . import peers
+    except ImportError as err:  # pragma: no cover
+        raise RequestError(f"--compare: {err}") from None
+    prompts = [r["input_ids"] for r in records]
+    n_new = [r["output_len"] for r in records]
+    ours = {r["label"]: r for r in result["rows"]}
+    pairs: list[tuple[str, str, Any]] = []  # (our label, peer name, thunk)
+    if "hf" in wanted:
         pairs.append(("target-only", "hf target-only", lambda: peers.hf_generate(t_ckpt, prompts, n_new, num_threads=threads)))
         if d_ckpt:
             for k in lens:

@@ -57,6 +57,12 @@ def test_build_cli_refuses_tensorrt_options_that_cannot_apply(tmp_path, llama_ck
     assert not (tmp_path / "e").exists() and not list(tmp_path.glob(".e.*"))
 
 
+def test_run_cli_stop_words_without_tokenizer_is_one_line(engines):
+    r = invoke(run_main, "--engine_dir", engines / "target", "--input_file", engines / "prompts.csv", "--stop_words", "return")
+    assert r.exit_code == 1
+    assert "error: --stop_words needs a tokenizer: pass --tokenizer_dir." in r.output and "Traceback" not in r.output
+
+
 def test_run_cli_draft_target_writes_outputs(engines, tmp_path):
     r = invoke(run_main, "--engine_dir", engines / "target", "--draft_engine_dir", engines / "draft",
                "--draft_target_model_config", "[4,[0],[0],False]", "--input_file", engines / "prompts.csv",
