@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from .errors import ConfigStringError
 
 _TOKEN = re.compile(r"\s*(?:(\[)|(\])|(,)|(-?\d+)|(True|False|true|false))")
+_CLOSE = re.compile(r"\s*\]")
+_NEXT = re.compile(r"\s*([,\]])")
 
 DTM_FORM = "[draft_len, [draft device ids], [target device ids], use_logits]"
 DTM_EXAMPLE = "[4,[0],[0],False]"
@@ -41,13 +43,13 @@ def _parse(text: str, pos: int):
     if open_ is None:
         raise ValueError(f"unexpected {(close or comma)!r}")
     items = []
-    m = re.compile(r"\s*\]").match(text, pos)
+    m = _CLOSE.match(text, pos)
     if m:
         return m.end(), items
     while True:
         pos, item = _parse(text, pos)
         items.append(item)
-        m = re.compile(r"\s*([,\]])").match(text, pos)
+        m = _NEXT.match(text, pos)
         if not m:
             raise ValueError("expected ',' or ']'")
         pos = m.end()

@@ -48,6 +48,7 @@ class OrtExecutor:
         self._binding = self.session.io_binding()
         self._bound_cache: tuple[KVCache, int] | None = None
         self._ios: dict[tuple[int, int, int], _StepIO] = {}
+        self._decode_width = max(2, self.build.max_draft_len + 1)  # widest decode step: its buffers stay
         self._bound_io: _StepIO | None = None
         self._steps = np.arange(max(self.build.max_input_len, self.build.kv_capacity), dtype=np.int64)
         self.vocab_size = self.model.vocab_size
@@ -113,6 +114,9 @@ class OrtExecutor:
         key = (batch, width, rows)
         io = self._ios.get(key)
         if io is None:
+            if width > self._decode_width:  # prompt widths vary per request: keep only the latest one
+                for old in [k for k in self._ios if k[1] > self._decode_width]:
+                    del self._ios[old]
             io = self._ios[key] = _StepIO(batch, width, rows, self.vocab_size)
         if self._bound_io is not io:
             ort, b = self._ort, self._binding
@@ -122,16 +126,6 @@ class OrtExecutor:
             b.bind_output("logits", "cpu", 0, np.float32, list(io.logits.shape), io.logits.ctypes.data)
             self._bound_io = io
         return io
-
-    def run(self, cache: KVCache, ids: np.ndarray, positions: np.ndarray, logits_index: np.ndarray) -> np.ndarray:
-        """The raw ABI call: ids/positions [B,S], logits_index [B,R] -> logits [B,R,V] (does not move lengths)."""
-        io = self._io(*ids.shape, logits_index.shape[1])
-        io.ids[...] = ids
-        io.positions[...] = positions
-        io.index[...] = logits_index
-        self._bind_cache(cache)
-        self.session.run_with_iobinding(self._binding)
-        return io.logits
 
     @staticmethod
     def _pad(tokens: Sequence[Sequence[int]] | np.ndarray, batch: int) -> tuple[np.ndarray, np.ndarray]:

@@ -49,6 +49,8 @@ def _check_tokenizers(target: EngineDir, draft: EngineDir) -> None:
     t, d = target.tokenizer_path, draft.tokenizer_path
     if t is None or d is None:
         return  # nothing to compare: token ids are the user's responsibility
+    if target.config.files.get(t.name) == draft.config.files.get(d.name):
+        return  # the same file (sha256 checked at load): no need to parse both
     if Tokenizer(t.parent).vocab() != Tokenizer(d.parent).vocab():
         raise EngineError(
             f"the draft engine {draft.path} and the target engine {target.path} have different tokenizers; "

@@ -73,6 +73,11 @@ class Metrics:
     def mean_ttft_s(self) -> float:
         return sum(self.ttft_s) / len(self.ttft_s) if self.ttft_s else 0.0
 
+    @property
+    def other_s(self) -> float:
+        """Time in neither engine: acceptance, bookkeeping, Python."""
+        return max(self.total_s - self.draft_s - self.target_s, 0.0)
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d.update(
@@ -82,7 +87,7 @@ class Metrics:
             per_position_acceptance=self.per_position_acceptance,
             output_tokens_per_s=self.tokens_per_s,
             mean_ttft_s=self.mean_ttft_s,
-            other_s=max(self.total_s - self.draft_s - self.target_s, 0.0),
+            other_s=self.other_s,
         )
         return d
 
@@ -90,7 +95,7 @@ class Metrics:
         lines = [
             f"requests {self.requests}, output tokens {self.output_tokens}, {self.tokens_per_s:.1f} tokens/s "
             f"(incl. time to first token {self.mean_ttft_s * 1e3:.1f} ms)",
-            f"time: total {self.total_s:.3f}s = target {self.target_s:.3f}s + draft {self.draft_s:.3f}s + other {max(self.total_s - self.draft_s - self.target_s, 0):.3f}s",
+            f"time: total {self.total_s:.3f}s = target {self.target_s:.3f}s + draft {self.draft_s:.3f}s + other {self.other_s:.3f}s",
         ]
         if self.drafted:
             per_pos = " ".join(f"{a:.2f}" for a in self.per_position_acceptance)

@@ -165,7 +165,7 @@ class Orchestrator:
                 else:
                     n, nxt = accept_token_compare(drafts, row_logits, sampling, rngs[r])
                 emitted = drafts[:n].tolist() + [nxt]
-                cache.rollback(i, int(cache.lengths[i]) - (k + 1) + 1 + n)
+                cache.rollback(i, int(cache.lengths[i]) - k + n)  # fed k + 1, keep the last token and n drafts
                 proposer.commit(i, k, n, emitted)
                 metrics.record_round(k, n)
                 last[i] = nxt

@@ -59,17 +59,17 @@ class DraftModelProposer:
         for j in range(steps):
             idle = draft_lens <= j  # rows that already have their drafts ride along, then roll back
             logits = ex.forward(cache, feed, all_logits=False, advance=~idle)[:, 0, : self.vocab_limit]
+            active = np.flatnonzero(~idle)
             if self.use_logits:
-                q = processed_probs(logits, self.sampling)
-                for b in np.flatnonzero(~idle):
-                    drafts[b, j] = sample(q[b], self.rngs[b])
-                    probs[b].append(q[b])
+                q = processed_probs(logits[active], self.sampling)  # only rows still drafting
+                for i, b in enumerate(active):
+                    drafts[b, j] = sample(q[i], self.rngs[b])
+                    probs[b].append(q[i])
             else:
                 drafts[:, j] = logits.argmax(axis=-1)
             if self.confidence_threshold > 0:
-                top = q.max(axis=-1) if self.use_logits else _top_probability(logits)
-                stop = ~idle & (top < self.confidence_threshold)
-                draft_lens[stop] = j + 1
+                top = q.max(axis=-1) if self.use_logits else _top_probability(logits[active])
+                draft_lens[active[top < self.confidence_threshold]] = j + 1
                 if not (draft_lens > j + 1).any():
                     break
             feed = drafts[:, j : j + 1]
@@ -85,8 +85,7 @@ class DraftModelProposer:
             return
         # fed: pending + drafts[: num_drafted - 1]; of those drafts, the accepted ones stay
         kept = min(num_accepted, num_drafted - 1)
-        start = int(self.cache.lengths[row]) - len(self.pending[row]) - (num_drafted - 1)
-        self.cache.rollback(row, start + len(self.pending[row]) + kept)
+        self.cache.rollback(row, int(self.cache.lengths[row]) - (num_drafted - 1 - kept))  # drop the rejected fed drafts
         self.pending[row] = emitted[kept:]
 
     def keep_rows(self, rows: np.ndarray) -> None:
