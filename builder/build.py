@@ -168,6 +168,7 @@ def build_engine(
 
         cache_shape = KVCache(1, 1, model.num_kv_heads, build.kv_capacity, model.head_dim, build.max_seq_len, build.kv_layout).keys[0].shape
         scales = calibrate_activation_scales(float_net, taps, cache_shape, model.num_layers, samples)
+        del float_net  # not held while the quantized network is built
     network = build_network(ckpt, model, build, on_layer=lambda i: report(f"layer {i}", i + 1, total), fp8=fp8, activation_scales=scales)
     num_parameters = sum(int(np.prod(t.dims)) for t in network.graph.initializer if t.name.endswith((".weight", ".bias")))
 

@@ -7,6 +7,7 @@ as an extra output; calibration text runs through it under ONNX Runtime
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -36,25 +37,30 @@ def calibrate_activation_scales(model, taps: dict[str, str], cache_shape: tuple[
     """Run ``samples`` through the float network ``model``; amax/448 per linear layer input (``taps``: name -> value)."""
     import onnxruntime as ort
 
+    from .backends.onnxruntime import write_engine
+
     graph = model.graph
     for value in taps.values():
         graph.output.append(helper.make_tensor_value_info(value, TensorProto.FLOAT, None))
     opts = ort.SessionOptions()
-    opts.log_severity_level = 3  # plain run() copies the cache; that is fine for a few samples
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    names = list(taps)
-    amax = dict.fromkeys(names, 0.0)
-    for ids in samples:
-        n = len(ids)
-        feed = {
-            "input_ids": np.array([ids], np.int64),
-            "position_ids": np.arange(n, dtype=np.int64)[None],
-            "logits_index": np.array([[n - 1]], np.int64),
-        }
-        for i in range(num_layers):
-            for kind in ("key", "value"):
-                feed[f"past_{kind}.{i}"] = np.zeros(cache_shape, np.float32)
-        outs = sess.run([taps[k] for k in names], feed)
-        for k, v in zip(names, outs):
-            amax[k] = max(amax[k], float(np.abs(v).max()))
+    opts.log_severity_level = 3
+    with tempfile.TemporaryDirectory(prefix="specdec-calib-") as tmp:
+        # From files, weights external: one serialized proto is capped at 2 GiB (~500M float32 parameters);
+        # the session runs inside the block, so the files outlive it everywhere.
+        sess = ort.InferenceSession(str(Path(tmp) / write_engine(model, Path(tmp))), opts, providers=["CPUExecutionProvider"])
+        # A plain run() returns new caches and leaves these inputs as they are: one set of zeros serves every sample.
+        empty = {f"past_{kind}.{i}": np.zeros(cache_shape, np.float32) for i in range(num_layers) for kind in ("key", "value")}
+        names = list(taps)
+        amax = dict.fromkeys(names, 0.0)
+        for ids in samples:
+            n = len(ids)
+            feed = {
+                "input_ids": np.array([ids], np.int64),
+                "position_ids": np.arange(n, dtype=np.int64)[None],
+                "logits_index": np.array([[n - 1]], np.int64),
+                **empty,
+            }
+            outs = sess.run([taps[k] for k in names], feed)
+            for k, v in zip(names, outs):
+                amax[k] = max(amax[k], float(np.abs(v).max()))
     return {k: max(v, 1e-12) / FP8_MAX for k, v in amax.items()}

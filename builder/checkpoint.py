@@ -33,28 +33,25 @@ class Checkpoint:
 
     path: Path
     hf_config: dict[str, Any]
-    _tensors: dict[str, tuple[Any, str]]  # name -> (reader, key)
-
-    def names(self) -> list[str]:
-        return list(self._tensors)
+    _tensors: dict[str, Any]  # name -> the reader of the file that holds it
 
     def __contains__(self, name: str) -> bool:
         return name in self._tensors
 
+    def _reader(self, name: str) -> Any:
+        if name not in self._tensors:
+            raise CheckpointError(f"checkpoint {self.path} has no tensor {name!r}; is the config's architecture right?")
+        return self._tensors[name]
+
     def dtype_name(self, name: str) -> str:
-        reader, key = self._tensors[name]
-        return reader.dtype_name(key)
+        return self._reader(name).dtype_name(name)
 
     def raw(self, name: str) -> np.ndarray:
         """Stored bits (float8 as uint8, bfloat16 as uint16)."""
-        reader, key = self._tensors[name]
-        return reader.raw(key)
+        return self._reader(name).raw(name)
 
     def float32(self, name: str) -> np.ndarray:
-        if name not in self._tensors:
-            raise CheckpointError(f"checkpoint {self.path} has no tensor {name!r}; is the config's architecture right?")
-        reader, key = self._tensors[name]
-        return reader.float32(key)
+        return self._reader(name).float32(name)
 
     def tokenizer_files(self) -> Iterator[Path]:
         for name in TOKENIZER_FILES:
@@ -64,6 +61,12 @@ class Checkpoint:
 
 
 def load_checkpoint(path: str | Path, allow_pickle: bool = False) -> Checkpoint:
+    root = Path(path)
+    return Checkpoint(root, read_hf_config(root), _index_tensors(root, allow_pickle))
+
+
+def read_hf_config(path: str | Path) -> dict[str, Any]:
+    """config.json of a checkpoint directory, without opening (or unpickling) its weights."""
     root = Path(path)
     if not root.is_dir():
         raise CheckpointError(f"checkpoint directory {root} does not exist.")
@@ -77,10 +80,10 @@ def load_checkpoint(path: str | Path, allow_pickle: bool = False) -> Checkpoint:
         hf_config = json.loads(cfg_file.read_text())
     except json.JSONDecodeError as err:
         raise CheckpointError(f"{cfg_file} is not valid JSON: {err}") from err
-    return Checkpoint(root, hf_config, _index_tensors(root, allow_pickle))
+    return hf_config
 
 
-def _index_tensors(root: Path, allow_pickle: bool) -> dict[str, tuple[Any, str]]:
+def _index_tensors(root: Path, allow_pickle: bool) -> dict[str, Any]:
     index = root / "model.safetensors.index.json"
     single = root / "model.safetensors"
     if index.is_file():
@@ -96,17 +99,17 @@ def _index_tensors(root: Path, allow_pickle: bool) -> dict[str, tuple[Any, str]]
             reader = readers.setdefault(shard, SafetensorsFile(shard_path))
             if name not in reader.entries:
                 raise CheckpointError(f"{index.name} places {name!r} in {shard}, but that shard does not hold it.")
-            tensors[name] = (reader, name)
+            tensors[name] = reader
         return tensors
     if single.is_file():
         reader = SafetensorsFile(single)
-        return {name: (reader, name) for name in reader.keys()}
+        return dict.fromkeys(reader.keys(), reader)
     others = sorted(p.name for p in root.glob("*.safetensors"))
     if others:
         tensors = {}
         for name in others:
             reader = SafetensorsFile(root / name)
-            tensors.update({k: (reader, k) for k in reader.keys()})
+            tensors.update(dict.fromkeys(reader.keys(), reader))
         return tensors
     bins = sorted(root.glob("pytorch_model*.bin"))
     if bins:
@@ -136,9 +139,9 @@ class _PickledReader:
         return self.state[key].float().numpy()
 
 
-def _index_pickled(bins: list[Path]) -> dict[str, tuple[Any, str]]:
+def _index_pickled(bins: list[Path]) -> dict[str, Any]:
     tensors = {}
     for b in bins:
         reader = _PickledReader(b)
-        tensors.update({k: (reader, k) for k in reader.state})
+        tensors.update(dict.fromkeys(reader.state, reader))
     return tensors

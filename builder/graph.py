@@ -48,7 +48,7 @@ class GraphBuilder:
 
     def const(self, name: str, value: np.ndarray) -> str:
         """An initializer stored as given (indices, shapes, float32 tables)."""
-        self.initializers.append(numpy_helper.from_array(np.array(value, copy=True, order="C"), name))
+        self.initializers.append(numpy_helper.from_array(np.asarray(value, order="C"), name))  # from_array copies; asarray keeps 0-d
         return name
 
     def weight(self, name: str, value: np.ndarray) -> str:

@@ -52,7 +52,7 @@ class SafetensorsFile:
         except (OSError, ValueError, UnicodeDecodeError) as err:
             raise CheckpointError(f"{path} is not a readable safetensors file ({err}). Re-save or re-download the checkpoint.") from err
         self._data_start = 8 + n
-        self.metadata = header.pop("__metadata__", {}) or {}
+        header.pop("__metadata__", None)  # free-form strings, not a tensor
         self.entries: dict[str, dict] = header
         end = max((e["data_offsets"][1] for e in header.values()), default=0)
         if self._data_start + end > size:

@@ -55,10 +55,9 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
       specdec-build --checkpoint_dir ./llama-small --output_dir engines/draft
     """
     from ..builder.architectures import model_config_from_hf
-    from ..builder.checkpoint import load_checkpoint
+    from ..builder.checkpoint import read_hf_config
 
-    hf = load_checkpoint(checkpoint_dir, allow_pickle=allow_pickle).hf_config
-    model = model_config_from_hf(hf)
+    model = model_config_from_hf(read_hf_config(checkpoint_dir))  # for the default limits; build_engine reads the weights
     if max_seq_len is None:
         max_seq_len = min(model.max_position_embeddings, 4096)
     if max_input_len is None:

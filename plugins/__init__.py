@@ -13,10 +13,7 @@ from __future__ import annotations
 from .attention import AttentionLowering, PortableAttention
 from .ort_cpu import OrtCpuAttention
 
-LOWERINGS: dict[str, type[AttentionLowering]] = {
-    "portable": PortableAttention,
-    "ort_cpu": OrtCpuAttention,
-}
+LOWERINGS: dict[str, type[AttentionLowering]] = {cls.name: cls for cls in (PortableAttention, OrtCpuAttention)}
 
 
 def get_lowering(name: str) -> type[AttentionLowering]:
