@@ -17,7 +17,6 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,10 +26,12 @@ import peers  # noqa: E402
 from prompts import code_prompts  # noqa: E402
 
 from specdec.builder.build import build_engine  # noqa: E402
-from specdec.runtime import GenerationConfig, load_engine_dir, load_orchestrator  # noqa: E402
-from specdec.runtime.config_strings import DraftTargetConfig, NGramConfig  # noqa: E402
+from specdec.runtime import Orchestrator, SamplingConfig, load_orchestrator  # noqa: E402
+from specdec.runtime.bench import analytic_bound, generate_each, step_cost  # noqa: E402
+from specdec.runtime.config_strings import DraftTargetConfig  # noqa: E402
 from specdec.runtime.engine_format import BuildConfig  # noqa: E402
-from specdec.runtime.executor import OrtExecutor  # noqa: E402
+from specdec.runtime.proposers.draft_model import DraftModelProposer  # noqa: E402
+from specdec.runtime.proposers.ngram import NGramProposer  # noqa: E402
 
 
 def best_of(runs: list[dict]) -> dict:
@@ -39,38 +40,9 @@ def best_of(runs: list[dict]) -> dict:
 
 
 def ours(orch, prompts, max_new, warm: bool = True) -> dict:
-    cfg = GenerationConfig(max_output_len=max_new)
-    if warm:
-        orch.generate([prompts[0]], cfg)
-    outputs, seconds, drafted, accepted, rounds, rejected = [], 0.0, 0, 0, 0, 0
-    for p in prompts:  # batch 1, one request at a time, like the peers
-        out, m = orch.generate([p], cfg)
-        outputs.append(out[0].output_ids)
-        seconds += m.total_s
-        drafted, accepted, rounds, rejected = drafted + m.drafted, accepted + m.accepted, rounds + m.rounds, rejected + m.rejected
-    n = sum(map(len, outputs))
-    return {"tokens_per_s": n / seconds, "output_ids": outputs, "seconds": seconds,
-            "acceptance_rate": accepted / drafted if drafted else None, "mean_acceptance_length": 1 + accepted / rounds if rounds else None,
-            "per_token_acceptance": accepted / (accepted + rejected) if accepted + rejected else None}
-
-
-def step_cost(engine_dir: Path, threads: int | None, context: int = 200, reps: int = 200) -> float:
-    """Seconds per one-token step at a typical length (for c = draft / target cost)."""
-    ex = OrtExecutor(load_engine_dir(engine_dir), num_threads=threads)
-    cache = ex.new_cache(1)
-    ex.forward(cache, [[1] * context], all_logits=False)
-    t = time.perf_counter()
-    for _ in range(reps):
-        ex.forward(cache, [[5]], all_logits=True)
-        cache.lengths -= 1
-    return (time.perf_counter() - t) / reps
-
-
-def bound(alpha: float, gamma: int, c: float) -> float:
-    """Expected speedup of draft-target over target-only (Leviathan et al. 2023)."""
-    if alpha >= 1.0:
-        return (gamma + 1) / (gamma * c + 1)
-    return (1 - alpha ** (gamma + 1)) / ((1 - alpha) * (gamma * c + 1))
+    """Batch 1, one request at a time, like the peers (runtime.bench.generate_each)."""
+    r = generate_each(orch, prompts, [max_new] * len(prompts), warmup=int(warm))
+    return {**r, "tokens_per_s": r["output_tokens_per_s"], "seconds": r["total_s"]}
 
 
 def main() -> None:
@@ -109,14 +81,21 @@ def main() -> None:
         print(f"  {name:<28} {r['tokens_per_s']:8.1f} tokens/s{extra}", flush=True)
 
     print(f"{len(prompts)} prompts of ~{args.prompt_tokens} tokens, {n_new} new tokens each, batch 1, threads={args.threads or 'default'}, best of {args.repeats} interleaved rounds")
-    orchs = {"specdec target-only": load_orchestrator(work / "target", num_threads=args.threads)}
+    # One target session (and one draft session) serves every method, as in runtime.bench.run_sweep.
+    if args.draft:
+        first = load_orchestrator(work / "target", work / "draft", DraftTargetConfig(max(draft_lens), [0], [0], False), num_threads=args.threads)
+        target_ex, draft_ex, vocab_limit = first.target, first.proposer.executor, first.vocab_limit
+    else:
+        target_ex = load_orchestrator(work / "target", num_threads=args.threads).target
+    orchs = {"specdec target-only": Orchestrator(target_ex)}
     c = None
     if args.draft:
-        c = step_cost(work / "draft", 1) / step_cost(work / "target", args.threads)
+        c = step_cost(draft_ex) / step_cost(target_ex)
         for k in draft_lens:
-            orchs[f"specdec draft-target k={k}"] = load_orchestrator(work / "target", work / "draft", DraftTargetConfig(k, [0], [0], False), num_threads=args.threads)
+            proposer = DraftModelProposer(draft_ex, SamplingConfig(), use_logits=False, vocab_limit=vocab_limit)
+            orchs[f"specdec draft-target k={k}"] = Orchestrator(target_ex, proposer, draft_len=k, vocab_limit=vocab_limit)
     if ngram:
-        orchs[f"specdec ngram k={ngram[0]} n={ngram[1]}"] = load_orchestrator(work / "target", ngram=NGramConfig(ngram[0], ngram[1], [0]), num_threads=args.threads)
+        orchs[f"specdec ngram k={ngram[0]} n={ngram[1]}"] = Orchestrator(target_ex, NGramProposer(ngram[0], ngram[1]), draft_len=ngram[0])
     runs: dict[str, list[dict]] = {name: [] for name in orchs}
     for _ in range(args.repeats):
         for name, orch in orchs.items():
@@ -155,7 +134,7 @@ def main() -> None:
         b = ""
         if name.startswith("specdec draft-target") and acc is not None and c is not None:
             k = int(name.split("k=")[1])
-            r["analytic_bound"] = bound(r["per_token_acceptance"], k, c)  # alpha: acceptance of reached drafts
+            r["analytic_bound"] = analytic_bound(r["per_token_acceptance"], k, c)  # alpha: acceptance of reached drafts
             r["fraction_of_bound"] = (r["tokens_per_s"] / base) / r["analytic_bound"]
             b = f"{r['analytic_bound']:.2f}"
         eq = "" if "greedy_equal_to_target_only" not in r else ("yes" if r["greedy_equal_to_target_only"] else "NO")

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from prompts import code_prompts  # noqa: E402
+from prompts import HELDOUT, SOURCES, code_prompts  # noqa: E402
 
 from specdec.builder.build import build_engine  # noqa: E402
 from specdec.runtime import GenerationConfig, load_engine_dir, load_orchestrator  # noqa: E402
@@ -39,13 +39,12 @@ VARIANTS = {  # name -> build settings
 }
 
 
-def heldout_text(ckpt: Path, limit_chars: int) -> str:
-    """The demo pair's held-out files (examples/demo-pair/heldout_files.txt), else a few stdlib modules."""
+def heldout_text(limit_chars: int) -> str:
+    """The demo pair's held-out files (prompts.HELDOUT), else the prompts' fallback stdlib modules."""
     import sysconfig
 
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    listing = ckpt.parent / "heldout_files.txt"
-    names = listing.read_text().split() if listing.is_file() else ["textwrap.py", "shlex.py", "fnmatch.py"]
+    names = HELDOUT.read_text().split() if HELDOUT.is_file() else list(SOURCES)
     text = ""
     for name in names:
         p = stdlib / name
@@ -85,14 +84,16 @@ def main() -> None:
     limits = dict(max_batch_size=1, max_input_len=512, max_seq_len=1024)
     quiet = lambda _: None  # noqa: E731
     rows, ref_outputs = {}, None
+    heldout_ids = prompts = None  # the same tokenizer in every variant: encoded once
     for name, settings in VARIANTS.items():
         tdir = work / f"t-{len(rows)}"
         build_engine(args.target, tdir, BuildConfig(**limits, max_draft_len=4, speculative_decoding_mode="draft_tokens_external", **settings), say=quiet)
-        ex = OrtExecutor(load_engine_dir(tdir), num_threads=args.threads)
-        tok = Tokenizer(tdir)
-        ppl = perplexity(ex, tok.encode(heldout_text(Path(args.target), args.heldout_chars)), 256)
-        prompts = code_prompts(tdir, args.num_prompts, 96)
-        orch = load_orchestrator(tdir, num_threads=args.threads)
+        engine = load_engine_dir(tdir)
+        if prompts is None:
+            heldout_ids = Tokenizer(tdir).encode(heldout_text(args.heldout_chars))
+            prompts = code_prompts(tdir, args.num_prompts, 96)
+        orch = load_orchestrator(engine, num_threads=args.threads)  # one session for perplexity and decoding
+        ppl = perplexity(orch.target, heldout_ids, 256)
         cfg = GenerationConfig(max_output_len=args.max_new_tokens)
         orch.generate([prompts[0]], GenerationConfig(max_output_len=4))
         t = time.perf_counter()
@@ -105,7 +106,7 @@ def main() -> None:
         if args.draft:
             ddir = work / f"d-{len(rows)}"
             build_engine(args.draft, ddir, BuildConfig(**limits, **settings), say=quiet)
-            spec = load_orchestrator(tdir, ddir, DraftTargetConfig(4, [0], [0], False), num_threads=args.threads)
+            spec = load_orchestrator(engine, ddir, DraftTargetConfig(4, [0], [0], False), num_threads=args.threads, target_executor=orch.target)
             _, m = spec.generate(prompts, cfg)
             row["draft_acceptance_rate"] = m.acceptance_rate
         rows[name] = row

@@ -28,7 +28,7 @@ from ..runtime.bench import (
 from ..runtime.engine_format import load_engine_dir
 from ..runtime.errors import RequestError
 from ..runtime.tokenizer import Tokenizer
-from .common import clean_errors, option
+from .common import clean_errors, engine_tokenizer, fmt_or_dash, option, yes_no_dash
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 DEFAULT_DRAFT_LENS = "1,2,4,8"
@@ -157,8 +157,7 @@ def run(engine_dir, draft_engine_dir, method, draft_lens, ngram_size, dataset, m
         raise RequestError("--compare runs the peers one request at a time: use --batch_size 1.")
     draft = load_engine_dir(draft_engine_dir) if draft_engine_dir and "draft" in methods else None
     peer_setup = _check_compare(compare_peers, target, draft, target_checkpoint, draft_checkpoint) if compare else None  # before measuring
-    tok_dir = tokenizer_dir or (engine_dir if target.tokenizer_path else None)
-    tok = Tokenizer(tok_dir) if tok_dir else None
+    tok = engine_tokenizer(target, tokenizer_dir)
     records = prepare_from_jsonl(dataset, tok, max_output_len)
 
     click.echo(f"{len(records)} requests, batch {batch_size}, methods {', '.join(methods)}, draft lengths {','.join(map(str, lens)) or '-'}", err=True)
@@ -177,19 +176,15 @@ def run(engine_dir, draft_engine_dir, method, draft_lens, ngram_size, dataset, m
         click.echo(f"wrote {plot}", err=True)
 
 
-def _fmt(value: float | None, spec: str, missing: str = "-") -> str:
-    return missing if value is None else format(value, spec)
-
-
 def sweep_table(result: dict[str, Any]) -> str:
     head = f"{'method':<20}{'tokens/s':>10}{'speedup':>9}{'acceptance':>12}{'mean acc.len':>13}{'bound':>7}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'same as TO':>11}"
     lines = [head]
     for r in result["rows"]:
         lines.append(
-            f"{r['label']:<20}{r['output_tokens_per_s']:>10.1f}{r['speedup']:>8.2f}x{_fmt(r['acceptance_rate'], '.3f'):>12}"
-            f"{_fmt(r['mean_acceptance_length'], '.2f'):>13}{_fmt(r.get('analytic_bound'), '.2f'):>7}"
+            f"{r['label']:<20}{r['output_tokens_per_s']:>10.1f}{r['speedup']:>8.2f}x{fmt_or_dash(r['acceptance_rate'], '.3f'):>12}"
+            f"{fmt_or_dash(r['mean_acceptance_length'], '.2f'):>13}{fmt_or_dash(r.get('analytic_bound'), '.2f'):>7}"
             f"{r['latency_p50_s'] * 1e3:>9.1f}{r['latency_p90_s'] * 1e3:>9.1f}{r['latency_p99_s'] * 1e3:>9.1f}"
-            f"{('-' if r['method'] == 'none' else 'yes' if r['identical_to_target_only'] else 'NO'):>11}"
+            f"{yes_no_dash(None if r['method'] == 'none' else r['identical_to_target_only']):>11}"
         )
     cost = result.get("step_cost")
     if cost:
@@ -349,8 +344,8 @@ def compare_table(rows: list[dict]) -> str:
             lines.append(f"{r['ours']:<20}{r['peer']:<32}  skipped: {r['skipped'][:60]}")
             continue
         lines.append(
-            f"{r['ours']:<20}{r['peer']:<32}{r['ours_tokens_per_s']:>11.1f}{r['peer_tokens_per_s']:>11.1f}{_fmt(r['ratio'], '.2f'):>9}x"
-            f"{_fmt(r['peer_acceptance_rate'], '.3f'):>10}{r['agreement_with_our_target_only']['sequences']:>10.0%}"
+            f"{r['ours']:<20}{r['peer']:<32}{r['ours_tokens_per_s']:>11.1f}{r['peer_tokens_per_s']:>11.1f}{fmt_or_dash(r['ratio'], '.2f'):>9}x"
+            f"{fmt_or_dash(r['peer_acceptance_rate'], '.3f'):>10}{r['agreement_with_our_target_only']['sequences']:>10.0%}"
         )
     lines.append("same seqs: the peer's outputs identical to our target-only outputs (greedy: should be 100%, up to float ties)")
     return "\n".join(lines)

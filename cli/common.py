@@ -8,7 +8,9 @@ from typing import Any, Callable
 
 import click
 
+from ..runtime.engine_format import EngineDir
 from ..runtime.errors import SpecdecError
+from ..runtime.tokenizer import Tokenizer
 
 
 def option(name: str, *more: str, **kwargs: Any) -> Callable:
@@ -47,3 +49,25 @@ def human_bytes(n: float) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
     return f"{n:.1f} GiB"
+
+
+def engine_tokenizer(engine: EngineDir, tokenizer_dir: str | None) -> Tokenizer | None:
+    """--tokenizer_dir, else the tokenizer.json shipped in the engine, else None."""
+    tok_dir = tokenizer_dir or (engine.path if engine.tokenizer_path else None)
+    return Tokenizer(tok_dir) if tok_dir else None
+
+
+def end_ids(end_id: int | None, tok: Tokenizer | None, engine: EngineDir) -> tuple[int, ...]:
+    """--end_id (negative: none), else the tokenizer's EOS, else the checkpoint's eos_token_id(s)."""
+    if end_id is not None:
+        return () if end_id < 0 else (end_id,)
+    return (tok.eos_token_id,) if tok and tok.eos_token_id is not None else tuple(engine.config.model.eos_token_id)
+
+
+def fmt_or_dash(value: float | None, spec: str) -> str:
+    """A table cell: ``value`` formatted, or '-' when there is none."""
+    return "-" if value is None else format(value, spec)
+
+
+def yes_no_dash(flag: bool | None) -> str:
+    return "-" if flag is None else "yes" if flag else "NO"

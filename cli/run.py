@@ -17,7 +17,7 @@ from ..runtime.loading import load_orchestrator
 from ..runtime.orchestrator import GenerationConfig, Orchestrator
 from ..runtime.sampling import SamplingConfig
 from ..runtime.tokenizer import Tokenizer
-from .common import clean_errors, option
+from .common import clean_errors, end_ids, engine_tokenizer, option
 
 
 def read_inputs(texts: tuple[str, ...], input_file: str | None, tok: Tokenizer | None, add_special: bool, pad_id: int | None) -> list[list[int]]:
@@ -116,14 +116,10 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
     if draft_engine_dir and ngram:
         raise RequestError("--draft_engine_dir is for draft-target decoding; n-gram drafting (--ngram_config) needs no draft engine.")
     target = load_engine_dir(engine_dir)
-    tok_dir = Path(tokenizer_dir) if tokenizer_dir else (target.path if target.tokenizer_path else None)
-    tok = Tokenizer(tok_dir) if tok_dir else None
+    tok = engine_tokenizer(target, tokenizer_dir)
     prompts = read_inputs(input_text, input_file, tok, not no_add_special_tokens, target.config.model.pad_token_id)
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, random_seed=random_seed)
-    if end_id is None:
-        ends = (tok.eos_token_id,) if tok and tok.eos_token_id is not None else tuple(target.config.model.eos_token_id)
-    else:
-        ends = () if end_id < 0 else (end_id,)
+    ends = end_ids(end_id, tok, target)
     if stop_words and tok is None:
         raise RequestError("--stop_words needs a tokenizer: pass --tokenizer_dir.")
     stops = tuple(tuple(tok.encode(s, add_special_tokens=False)) for s in stop_words) if stop_words else ()

@@ -33,7 +33,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -101,6 +101,18 @@ def _ids(value: Any, where: str) -> list[int]:
     return value
 
 
+def jsonl_values(path: Path) -> Iterator[tuple[str, Any]]:
+    """(``path:line``, parsed value) of each non-blank line; a line that is not JSON is a RequestError."""
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise RequestError(f"{path}:{lineno} is not JSON: {err.msg}.") from None
+        yield f"{path}:{lineno}", value
+
+
 def prepare_from_jsonl(
     path: str | Path,
     tokenizer: Any = None,
@@ -122,14 +134,7 @@ def prepare_from_jsonl(
         _check_dist("output", output_mean, output_stdev)
     rng = np.random.default_rng(seed)
     records: list[Record] = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise RequestError(f"{where} is not JSON: {err.msg}.") from None
+    for where, item in jsonl_values(path):
         if not isinstance(item, dict):
             raise RequestError(f"{where}: expected an object with \"prompt\" or \"input_ids\".")
         if "input_ids" in item:

@@ -81,8 +81,13 @@ def load_orchestrator(
     draft_num_threads: int = 1,
     draft_confidence_threshold: float = 0.0,
     ngram_min_match: int = 1,
+    target_executor: OrtExecutor | None = None,  # or a TrtExecutor: the same interface
 ) -> Orchestrator:
     """Target-only when neither ``draft_dir`` nor ``ngram`` is given.
+
+    ``target_executor``: an executor already open on this target engine (say,
+    an earlier orchestrator's ``.target``), reused instead of opening a second
+    session of the same engine.
 
     On CPU the target gets ``num_threads`` (default: all cores) and the draft
     one thread: a small draft step is per-node overhead that threads do not
@@ -96,13 +101,13 @@ def load_orchestrator(
         validate_devices(ngram.devices, target, "target")
         check_draft_len(target, ngram.max_draft_len, "ngram max_draft_len")
         proposer = NGramProposer(ngram.max_draft_len, ngram.max_matching_ngram_size, ngram_keep_all, ngram_use_oldest, ngram_min_match)
-        return Orchestrator(open_executor(target, num_threads, ngram.devices[0]), proposer, draft_len=ngram.max_draft_len)
+        return Orchestrator(target_executor or open_executor(target, num_threads, ngram.devices[0]), proposer, draft_len=ngram.max_draft_len)
     if draft_dir is None:
         if draft_target is not None:
             raise RequestError("--draft_target_model_config needs a draft engine: pass --draft_engine_dir.")
         devices = target_devices or [0]
         validate_devices(devices, target, "target")
-        return Orchestrator(open_executor(target, num_threads, devices[0]))
+        return Orchestrator(target_executor or open_executor(target, num_threads, devices[0]))
     draft = _engine(draft_dir)
     cfg = draft_target or DraftTargetConfig(min(4, max(target.config.build.max_draft_len, 1)), [0], [0], False)
     validate_devices(cfg.draft_devices, draft, "draft")
@@ -118,5 +123,5 @@ def load_orchestrator(
 
         check_memory([e for e, _ in on_gpu], [d for _, d in on_gpu])
     proposer = DraftModelProposer(open_executor(draft, draft_num_threads, cfg.draft_devices[0]), sampling, cfg.use_logits, vocab_limit, draft_confidence_threshold)
-    target_ex = open_executor(target, num_threads, cfg.target_devices[0])
+    target_ex = target_executor or open_executor(target, num_threads, cfg.target_devices[0])
     return Orchestrator(target_ex, proposer, draft_len=cfg.draft_len, use_logits=cfg.use_logits, vocab_limit=vocab_limit)
