@@ -7,6 +7,7 @@ transformers runs the dequantized model.
 import json
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from checkpoints import hf_with_weights, make_checkpoint, save_fp8_checkpoint
@@ -68,8 +69,7 @@ def test_fp8_engine_is_about_a_quarter_of_float32(base, tmp_path):
 
 @pytest.mark.parametrize("mode", ["dynamic", "static"])
 def test_fp8_activations(base, tmp_path, mode):
-    calib = tmp_path / "calib.txt"
-    calib.write_text("x " * 50)
+    # "static" takes the ModelOpt checkpoint's input_scale; calibration is tested below
     ckpt = save_fp8_checkpoint(base, tmp_path / "ckpt", "modelopt") and tmp_path / "ckpt"
     ex = build_and_load(ckpt, tmp_path / "e", spec_build(fp8_activations=mode))
     weight_only = build_and_load(ckpt, tmp_path / "w", spec_build())
@@ -89,15 +89,24 @@ def test_calibrated_static_scales(base, tmp_path):
 
     shutil.copytree(base, tmp_path / "ckpt", dirs_exist_ok=True)
     tok.save(str(tmp_path / "ckpt" / "tokenizer.json"))
-    calib = tmp_path / "calib.txt"
-    calib.write_text(" ".join(f"w{(i * 7) % 96}" for i in range(400)))
-    build_engine(tmp_path / "ckpt", tmp_path / "e", spec_build(quantization="fp8", fp8_activations="static"),
-                 say=lambda _: None, calib_dataset=calib, calib_size=4)
+    texts = {"e": " ".join(f"w{(i * 7) % 96}" for i in range(400)), "e1": "w1 " * 400}  # varied, and one token repeated
+    scales = {}
+    for out, text in texts.items():
+        (tmp_path / f"{out}.txt").write_text(text)
+        build_engine(tmp_path / "ckpt", tmp_path / out, spec_build(quantization="fp8", fp8_activations="static"),
+                     say=lambda _: None, calib_dataset=tmp_path / f"{out}.txt", calib_size=4)
+        graph = onnx.load(str(tmp_path / out / "model.onnx"), load_external_data=False).graph
+        scales[out] = {t.name: float(onnx.numpy_helper.to_array(t)) for t in graph.initializer if t.name.endswith("/input_scale")}
+    layers = json.loads((base / "config.json").read_text())["num_hidden_layers"]
+    assert len(scales["e"]) == 4 * layers  # the fused qkv, o, fused gate_up, down inputs of every layer
+    assert all(0 < v < np.inf for v in scales["e"].values())
+    assert scales["e"] != scales["e1"]  # the scales come from the calibration text
     from conftest import OrtExecutor, load_engine_dir
 
     ex = OrtExecutor(load_engine_dir(tmp_path / "e"), num_threads=1)
     ref = build_and_load(tmp_path / "ckpt", tmp_path / "f", spec_build(quantization="fp8"))
     a, b = engine_logits(ex), engine_logits(ref)
+    assert not np.array_equal(a, b)  # activations really went through float8
     assert np.abs(a - b).max() < 0.25 * np.abs(b).max()
 
 

@@ -1,14 +1,19 @@
 """Ragged batches and rollback (invariant 4: rejected drafts leave no trace)."""
 
 import numpy as np
-
-from conftest import build_and_load
+import pytest
+from conftest import OrtExecutor, load_engine_dir
 
 ATOL = 1e-5
 
 
-def test_ragged_batch_equals_each_row_alone(llama_ckpt, tmp_path):
-    ex = build_and_load(llama_ckpt, tmp_path / "e")
+@pytest.fixture
+def ex(llama_engine):
+    """A fresh executor per test on the session's one built engine."""
+    return OrtExecutor(load_engine_dir(llama_engine), num_threads=1)
+
+
+def test_ragged_batch_equals_each_row_alone(ex):
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, 96, n).tolist() for n in (5, 11, 8)]
     steps = [rng.integers(3, 96, n).tolist() for n in (3, 1, 5)]  # ragged generation step
@@ -23,8 +28,7 @@ def test_ragged_batch_equals_each_row_alone(llama_ckpt, tmp_path):
         np.testing.assert_allclose(ex.forward(alone, [steps[row]], all_logits=True)[0, :n], gen[row, :n], atol=ATOL)
 
 
-def test_rollback_leaves_no_trace(llama_ckpt, tmp_path):
-    ex = build_and_load(llama_ckpt, tmp_path / "e")
+def test_rollback_leaves_no_trace(ex):
     prompt, drafts, accepted_then = [5, 6, 7, 8, 9], [40, 41, 42, 43], [50, 51]
 
     clean = ex.new_cache(1)
@@ -39,8 +43,7 @@ def test_rollback_leaves_no_trace(llama_ckpt, tmp_path):
     np.testing.assert_allclose(got, want, atol=ATOL)
 
 
-def test_finished_rows_leave_the_batch(llama_ckpt, tmp_path):
-    ex = build_and_load(llama_ckpt, tmp_path / "e")
+def test_finished_rows_leave_the_batch(ex):
     prompts = [[3, 4, 5], [6, 7, 8, 9], [10, 11]]
     batch = ex.new_cache(3)
     ex.forward(batch, prompts, all_logits=False)
@@ -52,10 +55,9 @@ def test_finished_rows_leave_the_batch(llama_ckpt, tmp_path):
         np.testing.assert_allclose(ex.forward(alone, [[nxt]], all_logits=True)[0], got[row], atol=ATOL)
 
 
-def test_a_new_cache_is_never_confused_with_a_freed_one(llama_ckpt, tmp_path):
+def test_a_new_cache_is_never_confused_with_a_freed_one(ex):
     """Regression: binding keyed on id(cache) reused a freed cache's id, so ONNX Runtime
     wrote K/V into freed memory instead of the new cache."""
-    ex = build_and_load(llama_ckpt, tmp_path / "e")
     for _ in range(50):
         cache = ex.new_cache(1)
         ex.forward(cache, [[9, 9, 9, 9]], all_logits=False)

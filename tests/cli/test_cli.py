@@ -18,7 +18,6 @@ def engines(tmp_path_factory, llama_ckpt):
     d = tmp_path_factory.mktemp("cli")
     build_engine(llama_ckpt, d / "target", spec_build(4), say=lambda _: None)
     build_engine(llama_ckpt, d / "draft", spec_build(0), say=lambda _: None)
-    build_engine(llama_ckpt, d / "plain", spec_build(0), say=lambda _: None)
     (d / "prompts.csv").write_text("5,6,7,8\n9,10,11\n")
     return d
 
@@ -104,7 +103,7 @@ def test_run_cli_errors(engines, args, message):
 
 
 def test_run_cli_target_without_draft_mode(engines):
-    r = invoke(run_main, "--engine_dir", engines / "plain", "--draft_engine_dir", engines / "draft",
+    r = invoke(run_main, "--engine_dir", engines / "draft", "--draft_engine_dir", engines / "draft",  # built without draft mode
                "--draft_target_model_config", "[2,[0],[0],False]", "--input_file", engines / "prompts.csv")
     assert r.exit_code == 1
     assert "cannot verify drafts. Rebuild it with --speculative_decoding_mode draft_tokens_external" in r.output

@@ -16,7 +16,7 @@ import json
 import shutil
 import subprocess
 import sys
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -219,8 +219,6 @@ def test_executor_refuses_a_host_without_gpu_before_tensorrt_runs(no_gpu_engine)
     assert out.returncode == 1, out.stderr[-2000:]
     assert "specdec.runtime.errors.DeviceError" in out.stderr
     assert "(TensorRT engine) needs an NVIDIA GPU, but CUDA sees none (cudaGetDeviceCount)" in out.stderr
-    assert load_engine_dir(no_gpu_engine).config.extra["tensorrt"]["version_compatible"]
-    assert asdict(load_engine_dir(no_gpu_engine).config.build)["backend"] == "tensorrt"
 
 
 def test_specdec_run_says_no_gpu_in_one_line(no_gpu_engine, tmp_path):
