@@ -84,7 +84,7 @@ def main() -> None:
     # One target session (and one draft session) serves every method, as in runtime.bench.run_sweep.
     if args.draft:
         first = load_orchestrator(work / "target", work / "draft", DraftTargetConfig(max(draft_lens), [0], [0], False), num_threads=args.threads)
-        target_ex, draft_ex, vocab_limit = first.target, first.proposer.executor, first.vocab_limit
+        target_ex, draft_ex = first.target, first.proposer.executor
     else:
         target_ex = load_orchestrator(work / "target", num_threads=args.threads).target
     orchs = {"specdec target-only": Orchestrator(target_ex)}
@@ -92,8 +92,7 @@ def main() -> None:
     if args.draft:
         c = step_cost(draft_ex) / step_cost(target_ex)
         for k in draft_lens:
-            proposer = DraftModelProposer(draft_ex, SamplingConfig(), use_logits=False, vocab_limit=vocab_limit)
-            orchs[f"specdec draft-target k={k}"] = Orchestrator(target_ex, proposer, draft_len=k, vocab_limit=vocab_limit)
+            orchs[f"specdec draft-target k={k}"] = Orchestrator(target_ex, DraftModelProposer(draft_ex), draft_len=k)
     if ngram:
         orchs[f"specdec ngram k={ngram[0]} n={ngram[1]}"] = Orchestrator(target_ex, NGramProposer(ngram[0], ngram[1]), draft_len=ngram[0])
     runs: dict[str, list[dict]] = {name: [] for name in orchs}

@@ -76,6 +76,12 @@ def read_inputs(texts: tuple[str, ...], input_file: str | None, tok: Tokenizer |
 @option("draft_confidence_threshold", type=float, default=0.0, show_default=True,
         help="Draft-target: a row stops drafting after a token the draft gave less than this probability (like Hugging Face's "
              "assistant_confidence_threshold); 0 = always draft_len tokens, as TensorRT-LLM does. Output is unchanged either way.")
+@option("draft_len", type=str, default=None,
+        help="Drafts per round: a number (overrides the config string's), or 'auto': chosen each round from the measured "
+             "acceptance and step costs, 0 when drafting does not pay (docs/speculative-decoding.md).")
+@option("device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+        help="Where engines run; device ids in the config strings index devices of this kind. auto: cpu for onnxruntime engines, cuda for tensorrt engines.")
+@option("allow_vocab_mismatch", is_flag=True, help="Run a draft whose tokenizer differs from the target's, with a warning (default: refused).")
 @option("input_text", multiple=True, help="A prompt (repeatable; several run as one batch). '\\n' is read as a newline.")
 @option("input_file", type=click.Path(), help=".txt (one prompt per line), .csv (token ids per row) or .npy (token ids).")
 @option("tokenizer_dir", type=click.Path(), help="Tokenizer directory [default: the engine's own].")
@@ -97,7 +103,7 @@ def read_inputs(texts: tuple[str, ...], input_file: str | None, tok: Tokenizer |
 @clean_errors
 def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, ngram_keep_all, ngram_use_oldest, ngram_min_match, draft_confidence_threshold, input_text, input_file,
          tokenizer_dir, no_add_special_tokens, max_output_len, end_id, stop_words, temperature, top_k, top_p, random_seed, streaming,
-         baseline, output_csv, output_npy, output_json, num_threads, draft_num_threads) -> None:
+         baseline, output_csv, output_npy, output_json, num_threads, draft_num_threads, draft_len, device, allow_vocab_mismatch) -> None:
     """Run a target engine, optionally with speculative decoding.
 
     \b
@@ -124,8 +130,9 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
         raise RequestError("--stop_words needs a tokenizer: pass --tokenizer_dir.")
     stops = tuple(tuple(tok.encode(s, add_special_tokens=False)) for s in stop_words) if stop_words else ()
     gen = GenerationConfig(max_output_len=max_output_len, sampling=sampling, end_ids=ends, stop_words=stops)
-    orch = load_orchestrator(target, draft_engine_dir, dtm, ngram, sampling, ngram_keep_all, ngram_use_oldest, num_threads,
-                             draft_num_threads=draft_num_threads, draft_confidence_threshold=draft_confidence_threshold, ngram_min_match=ngram_min_match)
+    orch = load_orchestrator(target, draft_engine_dir, dtm, ngram, draft_len=parse_draft_len(draft_len), ngram_keep_all=ngram_keep_all,
+                             ngram_use_oldest=ngram_use_oldest, num_threads=num_threads, draft_num_threads=draft_num_threads, device=device,
+                             draft_confidence_threshold=draft_confidence_threshold, ngram_min_match=ngram_min_match, allow_vocab_mismatch=allow_vocab_mismatch)
     if streaming and len(prompts) != 1:
         raise RequestError("--streaming prints one request as it is decoded: give exactly one prompt.")
 
@@ -166,6 +173,18 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
         click.echo(f"outputs identical to target-only: {'yes' if same else 'no'}{note}")
         report["baseline"] = {"metrics": base_metrics.to_dict(), "speedup": speedup, "identical_outputs": same}
     _write_outputs(outputs, report, output_csv, output_npy, output_json)
+
+
+def parse_draft_len(value: str | None) -> int | str | None:
+    if value is None or value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise RequestError(f"--draft_len {value!r}: expected a number >= 0 or 'auto'.")
+    return n
 
 
 def summary_table(rows) -> str:

@@ -40,12 +40,12 @@ import numpy as np
 from .config_strings import DraftTargetConfig
 from .engine_format import EngineDir, load_engine_dir
 from .errors import RequestError
-from .executor import OrtExecutor
-from .loading import check_draft_len, load_orchestrator, open_executor
+from .backend import Executor, Placement, open_executor
+from .engine import check_draft_len
+from .loading import load_orchestrator
 from .orchestrator import GenerationConfig, Orchestrator
 from .proposers.draft_model import DraftModelProposer
 from .proposers.ngram import NGramProposer
-from .sampling import SamplingConfig
 
 METHODS = ("none", "draft", "ngram")
 Record = dict[str, Any]  # {"input_ids": list[int], "output_len": int}
@@ -195,7 +195,7 @@ def analytic_bound(alpha: float, gamma: int, c: float) -> float:
     return (1 - alpha ** (gamma + 1)) / ((1 - alpha) * (gamma * c + 1))
 
 
-def step_cost(engine: str | Path | EngineDir | OrtExecutor, num_threads: int | None = None, context: int = 200, reps: int = 100) -> float:
+def step_cost(engine: str | Path | EngineDir | Executor, num_threads: int | None = None, context: int = 200, reps: int = 100) -> float:
     """Seconds per one-token generation step at ``context`` tokens (as benchmarks/bench_decode.step_cost).
 
     ``engine``: an engine directory, or an executor already open (then ``num_threads`` is unused).
@@ -203,7 +203,7 @@ def step_cost(engine: str | Path | EngineDir | OrtExecutor, num_threads: int | N
     if hasattr(engine, "forward") and hasattr(engine, "new_cache"):
         ex = engine
     else:
-        ex = open_executor(engine if isinstance(engine, EngineDir) else load_engine_dir(engine), num_threads)
+        ex = open_executor(engine if isinstance(engine, EngineDir) else load_engine_dir(engine), Placement(num_threads=num_threads))
     build = ex.build
     context = max(1, min(context, build.max_input_len, build.max_seq_len - 2))
     cache = ex.new_cache(1)
@@ -362,9 +362,9 @@ def run_sweep(
     # checks the pair once, at the longest draft length, and its executors are reused.
     if "draft" in methods:
         first = load_orchestrator(target, draft, DraftTargetConfig(max(draft_lens), [0], [0], False), num_threads=threads)
-        target_ex, draft_ex, vocab_limit = first.target, first.proposer.executor, first.vocab_limit  # type: ignore[attr-defined]
+        target_ex, draft_ex = first.target, first.proposer.executor  # type: ignore[attr-defined]
     else:
-        target_ex, draft_ex, vocab_limit = load_orchestrator(target, num_threads=threads).target, None, None
+        target_ex, draft_ex = load_orchestrator(target, num_threads=threads).target, None
 
     prompts = [r["input_ids"] for r in dataset]
     lens = [r["output_len"] for r in dataset]
@@ -405,8 +405,7 @@ def run_sweep(
         cost = {"target_step_s": t_s, "draft_step_s": d_s, "c": d_s / t_s}
         for k in draft_lens:
             say(f"draft-target k={k}")
-            proposer = DraftModelProposer(draft_ex, SamplingConfig(), use_logits=False, vocab_limit=vocab_limit)
-            r = row("draft", f"draft-target k={k}", measure(Orchestrator(target_ex, proposer, draft_len=k, vocab_limit=vocab_limit)), draft_len=k)
+            r = row("draft", f"draft-target k={k}", measure(Orchestrator(target_ex, DraftModelProposer(draft_ex), draft_len=k)), draft_len=k)
             alpha = r["per_token_acceptance"] or 0.0
             r["analytic_bound"] = analytic_bound(alpha, k, cost["c"])
             r["fraction_of_bound"] = r["speedup"] / r["analytic_bound"] if r["analytic_bound"] else None

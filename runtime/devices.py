@@ -1,30 +1,45 @@
-"""Device lists: validated the same way on every backend, so scripts move unchanged to GPU hosts."""
+"""Device lists: validated the same way on every backend, so scripts move unchanged to GPU hosts.
+
+The rule: ``--device`` picks the device kind (``cpu`` or ``cuda``; ``auto`` =
+the engine backend's natural one: cpu for onnxruntime engines, cuda for
+tensorrt engines), and the device ids of TensorRT-LLM's lists (``[0]``,
+``[1]``) are indices among the devices of that kind. The CPU is one device,
+``0``.
+"""
 
 from __future__ import annotations
 
+from .backend import DEVICE_KINDS, Placement, available_devices
 from .engine_format import EngineDir
 from .errors import DeviceError
 
-
-def available_devices(backend: str) -> list[int]:
-    if backend == "onnxruntime":
-        return [0]  # the one CPU device
-    if backend == "tensorrt":
-        from .trt_host import visible_gpu_count
-
-        return list(range(visible_gpu_count("a tensorrt engine")))
-    raise DeviceError(f"backend {backend!r} has no executor in this version of specdec.")
+NATURAL_KIND = {"onnxruntime": "cpu", "tensorrt": "cuda"}
 
 
-def validate_devices(devices: list[int], engine: EngineDir, role: str) -> None:
+def device_kind(engine: EngineDir, device: str = "auto") -> str:
+    if device == "auto":
+        return NATURAL_KIND.get(engine.config.build.backend, "cpu")
+    if device not in DEVICE_KINDS:
+        raise DeviceError(f"unknown device {device!r}; expected auto, {' or '.join(DEVICE_KINDS)}.")
+    return device
+
+
+def placement(devices: list[int], engine: EngineDir, role: str, device: str = "auto", num_threads: int | None = None) -> Placement:
+    """Check a device list against the engine and the host; the Placement of its first device."""
+    kind = device_kind(engine, device)
     build = engine.config.build
     if len(devices) != build.tp_size:
         raise DeviceError(
             f"the {role} device list {devices} names {len(devices)} device(s), but the {role} engine {engine.path} "
             f"was built with tp_size={build.tp_size}: give exactly {build.tp_size} device id(s), e.g. [0]."
         )
-    have = available_devices(build.backend)
+    have = available_devices(engine, kind)
     for d in devices:
         if d not in have:
-            where = "the onnxruntime backend runs on the CPU, which is device 0" if build.backend == "onnxruntime" else f"available: {have}"
+            where = "the CPU is device 0" if kind == "cpu" else f"this host has {len(have)} {kind} device(s): {have}"
             raise DeviceError(f"{role} device {d} does not exist ({where}).")
+    return Placement(kind, devices[0], num_threads)
+
+
+def validate_devices(devices: list[int], engine: EngineDir, role: str, device: str = "auto") -> None:
+    placement(devices, engine, role, device)

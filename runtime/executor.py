@@ -23,7 +23,9 @@ def _default_threads() -> int:
 
 
 class OrtExecutor:
-    """The onnxruntime backend's executor (CPU)."""
+    """The onnxruntime backend's executor on the CPU (implements runtime.backend.Executor)."""
+
+    device = "cpu"
 
     def __init__(self, engine: EngineDir, num_threads: int | None = None):
         import onnxruntime as ort
@@ -46,7 +48,7 @@ class OrtExecutor:
             raise EngineError(f"ONNX Runtime could not load {engine.network_path}: {err}") from err
         self._ort = ort
         self._binding = self.session.io_binding()
-        self._bound_cache: tuple[KVCache, int] | None = None
+        self._bound_cache: tuple[KVCache, int, int, int] | None = None
         self._ios: dict[tuple[int, int, int], _StepIO] = {}
         self._decode_width = max(2, self.build.max_draft_len + 1)  # widest decode step: its buffers stay
         self._bound_io: _StepIO | None = None
@@ -64,48 +66,59 @@ class OrtExecutor:
         self._bound_io = None
 
     # -- cache ------------------------------------------------------------------
-    def new_cache(self, batch_size: int) -> KVCache:
-        if batch_size > self.build.max_batch_size:
-            raise RequestError(f"batch of {batch_size} exceeds the engine's max_batch_size={self.build.max_batch_size}.")
+    def new_cache(self, num_slots: int) -> KVCache:
+        if num_slots > self.build.max_batch_size:
+            raise RequestError(f"{num_slots} cache slots exceed {self.engine.path}'s max_batch_size={self.build.max_batch_size}.")
         m = self.model
-        return KVCache(m.num_layers, batch_size, m.num_kv_heads, self.build.kv_capacity, m.head_dim, self.build.max_seq_len, self.build.kv_layout)
+        return KVCache(m.num_layers, num_slots, m.num_kv_heads, self.build.kv_capacity, m.head_dim, self.build.max_seq_len, self.build.kv_layout)
 
-    def _bind_cache(self, cache: KVCache) -> None:
+    def copy_slot(self, cache: KVCache, src: int, dst: int) -> None:
+        cache.copy_host_slot(src, dst)
+
+    def _bind_cache(self, cache: KVCache, first: int, rows: int) -> None:
         # Hold the cache itself, not its id(): a new cache may reuse a freed one's id,
         # and the binding would then point ONNX Runtime at freed memory.
-        if self._bound_cache is not None and self._bound_cache[0] is cache and self._bound_cache[1] == cache.version:
+        key = (cache, cache.version, first, rows)
+        bound = self._bound_cache
+        if bound is not None and bound[0] is cache and bound[1:] == key[1:]:
             return
         b = self._binding
         for i, (k, v) in enumerate(zip(cache.keys, cache.values)):
             for kind, arr in (("key", k), ("value", v)):
-                ov = self._ort.OrtValue.ortvalue_from_numpy(arr)
+                # a range of slots is a contiguous view of the [num_slots, ...] buffer: no copy
+                ov = self._ort.OrtValue.ortvalue_from_numpy(arr[first : first + rows])
                 b.bind_ortvalue_input(f"past_{kind}.{i}", ov)
                 b.bind_ortvalue_output(f"present_{kind}.{i}", ov)
-        self._bound_cache = (cache, cache.version)
+        self._bound_cache = key
 
     # -- compute ----------------------------------------------------------------
-    def forward(self, cache: KVCache, tokens: Sequence[Sequence[int]] | np.ndarray, all_logits: bool, advance: np.ndarray | None = None) -> np.ndarray:
-        """Append ``tokens[b]`` to row b of ``cache`` and return logits.
+    def forward(
+        self, cache: KVCache, tokens: Sequence[Sequence[int]] | np.ndarray, all_logits: bool, advance: np.ndarray | None = None, first_slot: int = 0
+    ) -> np.ndarray:
+        """Append ``tokens[i]`` to slot ``first_slot + i`` of ``cache`` and return logits.
 
-        tokens: one sequence per row (ragged allowed, each non-empty).
-        Returns ``[batch, num_tokens, vocab]`` if ``all_logits`` (rows past a
-        row's own count are padding), else ``[batch, 1, vocab]`` for each
+        tokens: one sequence per slot of the range (ragged allowed, each non-empty).
+        Returns ``[n, num_tokens, vocab]`` if ``all_logits`` (rows past a
+        row's own count are padding), else ``[n, 1, vocab]`` for each
         row's last token. The view is reused by the next call: copy to keep.
         Rows where ``advance`` is False ride along (a batch runs every row)
         and keep their length: what they wrote is stale at once.
         """
-        ids, num_new = self._pad(tokens, cache.batch_size)
+        ids, num_new = pad_tokens(tokens)
         batch, width = ids.shape
+        if first_slot < 0 or first_slot + batch > cache.num_slots:
+            raise RequestError(f"slots {first_slot}..{first_slot + batch - 1} are outside the cache's {cache.num_slots} slots.")
         grow = num_new if advance is None else np.where(advance, num_new, 0)
-        cache.check_room(grow, width)
+        cache.check_room(grow, width, first_slot, str(self.engine.path))
+        lengths = cache.lengths[first_slot : first_slot + batch]  # a view: updated in place below
         io = self._io(batch, width, width if all_logits else 1)
         io.ids[...] = ids
-        np.add(cache.lengths[:, None], self._steps[:width], out=io.positions)
+        np.add(lengths[:, None], self._steps[:width], out=io.positions)
         if not all_logits:
             np.subtract(num_new, 1, out=io.index[:, 0])
-        self._bind_cache(cache)
+        self._bind_cache(cache, first_slot, batch)
         self.session.run_with_iobinding(self._binding)
-        cache.lengths += grow
+        lengths += grow
         return io.logits
 
     def _io(self, batch: int, width: int, rows: int) -> "_StepIO":
@@ -127,21 +140,23 @@ class OrtExecutor:
             self._bound_io = io
         return io
 
-    @staticmethod
-    def _pad(tokens: Sequence[Sequence[int]] | np.ndarray, batch: int) -> tuple[np.ndarray, np.ndarray]:
-        if isinstance(tokens, np.ndarray) and tokens.ndim == 2:
-            if tokens.shape[0] != batch:
-                raise RequestError(f"got {tokens.shape[0]} rows of tokens for a batch of {batch}.")
-            return np.ascontiguousarray(tokens, dtype=np.int64), np.full(batch, tokens.shape[1], np.int64)
-        if len(tokens) != batch:
-            raise RequestError(f"got {len(tokens)} rows of tokens for a batch of {batch}.")
-        num_new = np.array([len(t) for t in tokens], np.int64)
-        if (num_new < 1).any():
+
+def pad_tokens(tokens: Sequence[Sequence[int]] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ragged rows -> (ids [n, width] zero-padded, num_new [n]); every row needs a token."""
+    if isinstance(tokens, np.ndarray) and tokens.ndim == 2:
+        if tokens.shape[1] < 1:
             raise RequestError("every row needs at least one token per step.")
-        ids = np.zeros((batch, int(num_new.max())), np.int64)
-        for row, t in enumerate(tokens):
-            ids[row, : len(t)] = t
-        return ids, num_new
+        return np.ascontiguousarray(tokens, dtype=np.int64), np.full(tokens.shape[0], tokens.shape[1], np.int64)
+    batch = len(tokens)
+    if batch < 1:
+        raise RequestError("a step needs at least one row of tokens.")
+    num_new = np.array([len(t) for t in tokens], np.int64)
+    if (num_new < 1).any():
+        raise RequestError("every row needs at least one token per step.")
+    ids = np.zeros((batch, int(num_new.max())), np.int64)
+    for row, t in enumerate(tokens):
+        ids[row, : len(t)] = t
+    return ids, num_new
 
 
 class _StepIO:

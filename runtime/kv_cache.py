@@ -1,8 +1,10 @@
 """The KV cache: owned by the runtime, one static-capacity buffer per layer.
 
-``lengths[b]`` is how many tokens of row b are in the cache. Slots past it
-are stale and masked by the network, so rolling back rejected drafts is
-setting ``lengths[b]`` back: no tensor is touched.
+The cache has ``num_slots`` rows (at most the engine's max_batch_size); a
+running request holds one slot. ``lengths[s]`` is how many tokens of slot s
+are in the cache. Positions past it are stale and masked by the network, so
+rolling back rejected drafts is setting ``lengths[s]`` back: no tensor is
+touched. Tensors are touched only by the executor that owns them.
 """
 
 from __future__ import annotations
@@ -13,44 +15,52 @@ from .errors import RequestError
 
 
 class KVCache:
-    def __init__(self, num_layers: int, batch: int, kv_heads: int, capacity: int, head_dim: int, max_seq_len: int, layout: str = "bnsh"):
-        # keys[i], values[i]: [batch, kv_heads, capacity, head_dim] (bnsh) or [batch, capacity, kv_heads * head_dim] (bsh), float32
+    """Host-side bookkeeping of a cache; the host (numpy) storage of the CPU executor."""
+
+    def __init__(self, num_layers: int, num_slots: int, kv_heads: int, capacity: int, head_dim: int, max_seq_len: int, layout: str = "bnsh", storage: bool = True):
+        # keys[i], values[i]: [num_slots, kv_heads, capacity, head_dim] (bnsh) or [num_slots, capacity, kv_heads * head_dim] (bsh), float32
         if layout not in ("bnsh", "bsh"):
             raise RequestError(f"unknown KV cache layout {layout!r} (engine config build.kv_layout); expected bnsh or bsh.")
-        shape = (batch, kv_heads, capacity, head_dim) if layout == "bnsh" else (batch, capacity, kv_heads * head_dim)
-        self.keys = [np.zeros(shape, np.float32) for _ in range(num_layers)]
-        self.values = [np.zeros(shape, np.float32) for _ in range(num_layers)]
-        self.lengths = np.zeros(batch, np.int64)
+        shape = (num_slots, kv_heads, capacity, head_dim) if layout == "bnsh" else (num_slots, capacity, kv_heads * head_dim)
+        self.layout = layout
+        self.keys = [np.zeros(shape, np.float32) for _ in range(num_layers)] if storage else []
+        self.values = [np.zeros(shape, np.float32) for _ in range(num_layers)] if storage else []
+        self.lengths = np.zeros(num_slots, np.int64)
         self.capacity = capacity
         self.max_seq_len = max_seq_len
         self.version = 0  # bumped whenever the buffers are replaced (executors rebind)
 
     @property
-    def batch_size(self) -> int:
+    def num_slots(self) -> int:
         return len(self.lengths)
 
-    def rollback(self, row: int, length: int) -> None:
-        """Forget everything of ``row`` at positions >= ``length``."""
-        if not 0 <= length <= self.lengths[row]:
-            raise ValueError(f"cannot roll row {row} back to {length}: it holds {self.lengths[row]} tokens")
-        self.lengths[row] = length
+    batch_size = num_slots  # the name the V1 loop used
 
-    def keep_rows(self, rows: np.ndarray | list[int]) -> None:
-        """Drop the other rows (finished sequences leave the batch)."""
-        rows = np.asarray(rows, dtype=np.int64)
-        self.keys = [np.ascontiguousarray(k[rows]) for k in self.keys]
-        self.values = [np.ascontiguousarray(v[rows]) for v in self.values]
-        self.lengths = self.lengths[rows].copy()
-        self.version += 1
+    def rollback(self, slot: int, length: int) -> None:
+        """Forget everything of ``slot`` at positions >= ``length``."""
+        if not 0 <= length <= self.lengths[slot]:
+            raise ValueError(f"cannot roll slot {slot} back to {length}: it holds {self.lengths[slot]} tokens")
+        self.lengths[slot] = length
 
-    def check_room(self, num_new: np.ndarray, padded_len: int) -> None:
-        """Every row must stay within max_seq_len, and padded writes within capacity."""
-        after = self.lengths + num_new
+    def copy_host_slot(self, src: int, dst: int) -> None:
+        """Copy the live part of slot ``src`` into slot ``dst`` (numpy storage)."""
+        n = int(self.lengths[src])
+        for buf in (*self.keys, *self.values):
+            if self.layout == "bnsh":
+                buf[dst, :, :n] = buf[src, :, :n]
+            else:
+                buf[dst, :n] = buf[src, :n]
+        self.lengths[dst] = n
+
+    def check_room(self, num_new: np.ndarray, padded_len: int, first_slot: int = 0, what: str = "the engine") -> None:
+        """Every row of the range must stay within max_seq_len, and padded writes within capacity."""
+        lengths = self.lengths[first_slot : first_slot + len(num_new)]
+        after = lengths + num_new
         if (after > self.max_seq_len).any():
             row = int(np.argmax(after > self.max_seq_len))
             raise RequestError(
-                f"row {row} would hold {int(after[row])} tokens, more than the engine's max_seq_len={self.max_seq_len}. "
+                f"slot {first_slot + row} would hold {int(after[row])} tokens, more than {what}'s max_seq_len={self.max_seq_len}. "
                 "Shorten the request or rebuild the engine with a larger --max_seq_len."
             )
-        if self.batch_size and int((self.lengths + padded_len).max()) > self.capacity:
-            raise RequestError(f"a step of {padded_len} tokens would write past the KV capacity {self.capacity}.")
+        if len(lengths) and int((lengths + padded_len).max()) > self.capacity:
+            raise RequestError(f"a step of {padded_len} tokens would write past {what}'s KV capacity {self.capacity}.")

@@ -1,61 +1,27 @@
-"""Assemble an orchestrator from engine directories, checking they fit together.
+"""Assemble an engine from engine directories, checking they fit together.
 
-Every mismatch a user can hit is answered here, before any decoding, with
-the numbers and the fix.
+Every mismatch a user can hit is answered here or in the Engine itself,
+before any decoding, with the numbers and the fix. The draft length, the
+pairing checks and the vocabulary limit are decided once, in the Engine, so
+no path (CLI, bench, eval, a user's own loop) can skip them.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from .backend import Executor, Placement, open_executor
 from .config_strings import DraftTargetConfig, NGramConfig
-from .devices import validate_devices
+from .devices import placement
+from .engine import Engine, SpeculationConfig
 from .engine_format import EngineDir, load_engine_dir
-from .errors import EngineError, RequestError
-from .executor import OrtExecutor
+from .errors import RequestError
 from .orchestrator import Orchestrator
+from .proposers.base import Proposer
 from .proposers.draft_model import DraftModelProposer
 from .proposers.ngram import NGramProposer
-from .sampling import SamplingConfig
-from .tokenizer import Tokenizer
 
-
-def open_executor(engine: EngineDir, num_threads: int | None = None, device: int = 0):
-    backend = engine.config.build.backend
-    if backend == "onnxruntime":
-        return OrtExecutor(engine, num_threads=num_threads)
-    if backend == "tensorrt":
-        from .trt_executor import TrtExecutor  # needs tensorrt + cuda-python: only on GPU hosts
-
-        return TrtExecutor(engine, device=device)
-    raise EngineError(f"{engine.path} was built for backend {backend!r}, which has no executor in this version.")
-
-
-def check_draft_len(target: EngineDir, draft_len: int, what: str) -> None:
-    build = target.config.build
-    if build.speculative_decoding_mode != "draft_tokens_external":
-        raise EngineError(
-            f"the target engine {target.path} was built with --speculative_decoding_mode {build.speculative_decoding_mode}, "
-            f"so it cannot verify drafts. Rebuild it with --speculative_decoding_mode draft_tokens_external --max_draft_len {draft_len}."
-        )
-    if draft_len > build.max_draft_len:
-        raise EngineError(
-            f"{what}={draft_len} is larger than the target engine's max_draft_len={build.max_draft_len} (baked in at build time). "
-            f"Use {what} <= {build.max_draft_len}, or rebuild the target with --max_draft_len {draft_len}."
-        )
-
-
-def _check_tokenizers(target: EngineDir, draft: EngineDir) -> None:
-    t, d = target.tokenizer_path, draft.tokenizer_path
-    if t is None or d is None:
-        return  # nothing to compare: token ids are the user's responsibility
-    if target.config.files.get(t.name) == draft.config.files.get(d.name):
-        return  # the same file (sha256 checked at load): no need to parse both
-    if Tokenizer(t.parent).vocab() != Tokenizer(d.parent).vocab():
-        raise EngineError(
-            f"the draft engine {draft.path} and the target engine {target.path} have different tokenizers; "
-            "speculative decoding needs a draft that shares the target's tokenizer."
-        )
+__all__ = ["gpu_placements", "load_engine", "load_orchestrator", "open_executor", "Placement"]
 
 
 def _engine(d: str | Path | EngineDir) -> EngineDir:
@@ -63,9 +29,69 @@ def _engine(d: str | Path | EngineDir) -> EngineDir:
 
 
 def gpu_placements(placed: list[tuple[EngineDir, int]]) -> list[tuple[EngineDir, int]]:
-    """The (engine, device) pairs whose KV cache and plan take GPU memory: tensorrt engines only
-    (an onnxruntime engine's device 0 is the CPU, its cache host memory)."""
+    """The (engine, device) pairs whose KV cache and plan take GPU memory up front: tensorrt engines."""
     return [(e, d) for e, d in placed if e.config.build.backend == "tensorrt"]
+
+
+def load_engine(
+    target_dir: str | Path | EngineDir,
+    draft_dir: str | Path | EngineDir | None = None,
+    draft_target: DraftTargetConfig | None = None,
+    ngram: NGramConfig | None = None,
+    *,
+    method: str | None = None,
+    draft_len: int | str | None = None,
+    ngram_keep_all: bool = True,
+    ngram_use_oldest: bool = False,
+    ngram_min_match: int = 1,
+    num_threads: int | None = None,
+    target_devices: list[int] | None = None,
+    device: str = "auto",
+    draft_device: str | None = None,
+    draft_num_threads: int = 1,
+    draft_confidence_threshold: float = 0.0,
+    allow_vocab_mismatch: bool = False,
+    target_executor: Executor | None = None,
+) -> Engine:
+    """An engine with every proposer asked for loaded (a draft model, n-gram, or both).
+
+    ``method``: the default for requests that do not choose (default: draft if a draft
+    engine is given, else ngram if ``ngram`` is, else none). ``draft_len``: the default
+    drafts per round, an int or "auto" (default: the draft-target or n-gram config's).
+    ``device``: cpu | cuda | auto (docs/cli.md: device lists index devices of that kind).
+
+    ``target_executor``: an executor already open on this target engine (say, an
+    earlier engine's ``.target``), reused instead of opening a second session.
+
+    On CPU the target gets ``num_threads`` (default: all cores) and the draft one
+    thread: a small draft step is per-node overhead that threads do not shorten, and
+    two sessions spinning worker threads on the same cores cut draft-target throughput
+    by 3x (measured on 2 cores).
+    """
+    target = _engine(target_dir)  # an already loaded EngineDir is not hashed again
+    if draft_target is not None and draft_dir is None:
+        raise RequestError("--draft_target_model_config needs a draft engine: pass --draft_engine_dir.")
+    draft = _engine(draft_dir) if draft_dir is not None else None
+    dtm = draft_target or (DraftTargetConfig(min(4, max(target.config.build.max_draft_len, 1)), [0], [0], False) if draft else None)
+    target_ids = dtm.target_devices if dtm else ngram.devices if ngram else target_devices or [0]
+    where = placement(target_ids, target, "target", device, num_threads)
+    proposers: list[Proposer] = []
+    if draft is not None and dtm is not None:
+        dwhere = placement(dtm.draft_devices, draft, "draft", draft_device or device, draft_num_threads)
+        if where.kind == dwhere.kind == "cuda":
+            on_gpu = gpu_placements([(target, where.index), (draft, dwhere.index)])
+            if on_gpu:
+                from .trt_executor import check_memory  # refuse, with the numbers, before allocating anything
+
+                check_memory([e for e, _ in on_gpu], [d for _, d in on_gpu])
+        proposers.append(DraftModelProposer(open_executor(draft, dwhere), dtm.use_logits, draft_confidence_threshold))
+    if ngram is not None:
+        proposers.append(NGramProposer(ngram.max_draft_len, ngram.max_matching_ngram_size, ngram_keep_all, ngram_use_oldest, ngram_min_match))
+    default = method or ("draft" if draft is not None else "ngram" if ngram is not None else "none")
+    if draft_len is None:
+        draft_len = dtm.draft_len if default == "draft" and dtm else ngram.max_draft_len if default == "ngram" and ngram else 0
+    spec = SpeculationConfig(default, draft_len if default != "none" else 0)
+    return Engine(target_executor or open_executor(target, where), proposers, spec, allow_vocab_mismatch)
 
 
 def load_orchestrator(
@@ -73,55 +99,16 @@ def load_orchestrator(
     draft_dir: str | Path | EngineDir | None = None,
     draft_target: DraftTargetConfig | None = None,
     ngram: NGramConfig | None = None,
-    sampling: SamplingConfig = SamplingConfig(),
-    ngram_keep_all: bool = True,
-    ngram_use_oldest: bool = False,
-    num_threads: int | None = None,
-    target_devices: list[int] | None = None,
-    draft_num_threads: int = 1,
-    draft_confidence_threshold: float = 0.0,
-    ngram_min_match: int = 1,
-    target_executor: OrtExecutor | None = None,  # or a TrtExecutor: the same interface
+    **kwargs,
 ) -> Orchestrator:
-    """Target-only when neither ``draft_dir`` nor ``ngram`` is given.
+    """Target-only when neither ``draft_dir`` nor ``ngram`` is given; one drafting method at most.
 
-    ``target_executor``: an executor already open on this target engine (say,
-    an earlier orchestrator's ``.target``), reused instead of opening a second
-    session of the same engine.
-
-    On CPU the target gets ``num_threads`` (default: all cores) and the draft
-    one thread: a small draft step is per-node overhead that threads do not
-    shorten, and two sessions spinning worker threads on the same cores cut
-    draft-target throughput by 3x (measured on 2 cores).
+    Takes ``load_engine``'s keyword arguments.
     """
     if draft_target is not None and ngram is not None:
         raise RequestError("choose one drafting method: a draft model (--draft_target_model_config) or n-gram (--ngram_config), not both.")
-    target = _engine(target_dir)  # an already loaded EngineDir is not hashed again
-    if ngram is not None:
-        validate_devices(ngram.devices, target, "target")
-        check_draft_len(target, ngram.max_draft_len, "ngram max_draft_len")
-        proposer = NGramProposer(ngram.max_draft_len, ngram.max_matching_ngram_size, ngram_keep_all, ngram_use_oldest, ngram_min_match)
-        return Orchestrator(target_executor or open_executor(target, num_threads, ngram.devices[0]), proposer, draft_len=ngram.max_draft_len)
-    if draft_dir is None:
-        if draft_target is not None:
-            raise RequestError("--draft_target_model_config needs a draft engine: pass --draft_engine_dir.")
-        devices = target_devices or [0]
-        validate_devices(devices, target, "target")
-        return Orchestrator(target_executor or open_executor(target, num_threads, devices[0]))
-    draft = _engine(draft_dir)
-    cfg = draft_target or DraftTargetConfig(min(4, max(target.config.build.max_draft_len, 1)), [0], [0], False)
-    validate_devices(cfg.draft_devices, draft, "draft")
-    validate_devices(cfg.target_devices, target, "target")
-    check_draft_len(target, cfg.draft_len, "draft_len")
-    _check_tokenizers(target, draft)
-    tv, dv = target.config.model.vocab_size, draft.config.model.vocab_size
-    # Vocabularies padded to different sizes share the tokenizer's ids: compare over the common range.
-    vocab_limit = min(tv, dv) if tv != dv else None
-    on_gpu = gpu_placements([(target, cfg.target_devices[0]), (draft, cfg.draft_devices[0])])
-    if on_gpu:
-        from .trt_executor import check_memory  # refuse, with the numbers, before allocating anything
-
-        check_memory([e for e, _ in on_gpu], [d for _, d in on_gpu])
-    proposer = DraftModelProposer(open_executor(draft, draft_num_threads, cfg.draft_devices[0]), sampling, cfg.use_logits, vocab_limit, draft_confidence_threshold)
-    target_ex = target_executor or open_executor(target, num_threads, cfg.target_devices[0])
-    return Orchestrator(target_ex, proposer, draft_len=cfg.draft_len, use_logits=cfg.use_logits, vocab_limit=vocab_limit)
+    if draft_dir is not None and ngram is not None:
+        raise RequestError("choose one drafting method: a draft engine (--draft_engine_dir) or n-gram (--ngram_config), not both.")
+    kwargs.pop("sampling", None)  # sampling is per request (GenerationConfig), not per engine
+    engine = load_engine(target_dir, draft_dir, draft_target, ngram, **kwargs)
+    return Orchestrator.from_engine(engine)

@@ -7,6 +7,11 @@ per-token acceptance     = accepted / (accepted + rejected): the probability tha
 mean acceptance length   = 1 + accepted / rounds   (tokens per target call)
 per-position acceptance  = accepted_at[j] / drafted_at[j]
 output tokens/s          = generated tokens / total latency, time to first token included
+TTFT                     = first token - arrival (queue time included); queue time = admission - arrival
+TPOT                     = (finish - first token) / (output tokens - 1)
+
+One ``Metrics`` per request (in each step's outputs) and one per engine
+(the sum of its requests: ``merge``).
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ class Metrics:
     draft_s: float = 0.0
     target_s: float = 0.0
     ttft_s: list[float] = field(default_factory=list)  # per request
+    queue_s: list[float] = field(default_factory=list)  # per request
+    tpot_s: list[float] = field(default_factory=list)  # per request with >= 2 output tokens
 
     def record_round(self, drafted: int, accepted: int) -> None:
         """One row's verification: ``drafted`` drafts scored, ``accepted`` kept."""
@@ -47,6 +54,18 @@ class Metrics:
             self.drafted_at[j] += 1
             if j < accepted:
                 self.accepted_at[j] += 1
+
+    def merge(self, other: "Metrics") -> None:
+        """Add ``other``'s counts and per-request figures to these (an engine's total)."""
+        for name in ("requests", "prompt_tokens", "output_tokens", "rounds", "drafted", "accepted", "no_draft_rounds", "rejected", "draft_s", "target_s"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for mine, theirs in ((self.drafted_at, other.drafted_at), (self.accepted_at, other.accepted_at)):
+            mine.extend([0] * (len(theirs) - len(mine)))
+            for j, v in enumerate(theirs):
+                mine[j] += v
+        self.ttft_s += other.ttft_s
+        self.queue_s += other.queue_s
+        self.tpot_s += other.tpot_s
 
     @property
     def acceptance_rate(self) -> float:
@@ -74,6 +93,10 @@ class Metrics:
         return sum(self.ttft_s) / len(self.ttft_s) if self.ttft_s else 0.0
 
     @property
+    def mean_tpot_s(self) -> float:
+        return sum(self.tpot_s) / len(self.tpot_s) if self.tpot_s else 0.0
+
+    @property
     def other_s(self) -> float:
         """Time in neither engine: acceptance, bookkeeping, Python."""
         return max(self.total_s - self.draft_s - self.target_s, 0.0)
@@ -87,6 +110,7 @@ class Metrics:
             per_position_acceptance=self.per_position_acceptance,
             output_tokens_per_s=self.tokens_per_s,
             mean_ttft_s=self.mean_ttft_s,
+            mean_tpot_s=self.mean_tpot_s,
             other_s=self.other_s,
         )
         return d

@@ -2,10 +2,10 @@
 
 The KV cache lives on the device, allocated once at ``max_batch_size`` rows
 of full capacity: one slab per (layer, K|V), each ``[max_batch, kv_heads,
-kv_capacity, head_dim]``. A call with ``B`` rows binds the slab base with
-shape ``[B, ...]``: TensorRT reads rows ``0..B-1``, so rows must stay
-contiguous, and ``keep_rows`` compacts them on the device (cudaMemcpyAsync
-of whole rows, in order) instead of remapping. The cache input ``past_*``
+kv_capacity, head_dim]``. A call on slots ``s..s+B-1`` binds the slab at
+row ``s`` with shape ``[B, ...]`` (the runtime keeps the running requests in
+contiguous slots), and ``copy_slot`` moves one row on the device
+(cudaMemcpyAsync of its live part). The cache input ``past_*``
 and output ``present_*`` are bound to the same address: TensorRT's
 KV-cache-update layer (what its ONNX parser makes of ``TensorScatter``)
 requires its output to share the cache input's memory, which the engine
@@ -24,6 +24,7 @@ import numpy as np
 
 from .engine_format import BuildConfig, EngineDir, ModelConfig
 from .errors import DeviceError, EngineError, RequestError
+from .executor import pad_tokens
 from .kv_cache import KVCache
 from .trt_host import MIN_TENSORRT, check_gpu_arch, cuda_call, cuda_device_info, cudart_module, import_runtime, require_gpu
 
@@ -49,18 +50,6 @@ def choose_profile(width: int, rows: int, gen_max: int, ctx_max: int) -> int:
         f"a call of {width} tokens per row exceeds both TensorRT profiles (context: up to max_input_len={ctx_max}, "
         f"generation: up to {gen_max}); send at most {max(ctx_max, gen_max)} tokens per row."
     )
-
-
-def row_moves(rows: Sequence[int] | np.ndarray, batch: int) -> list[tuple[int, int]]:
-    """(source, destination) row copies that compact ``rows`` to the front, in a safe order.
-
-    Rows must be strictly increasing: then each destination i <= source r, and
-    a destination is only overwritten after its own row was moved out.
-    """
-    rows = [int(r) for r in rows]
-    if any(not 0 <= r < batch for r in rows) or any(a >= b for a, b in zip(rows, rows[1:])):
-        raise ValueError(f"keep_rows needs strictly increasing row indices in [0, {batch}), got {rows}")
-    return [(r, i) for i, r in enumerate(rows) if r != i]
 
 
 def kv_cache_bytes(build: BuildConfig, model: ModelConfig, itemsize: int = 4) -> int:
@@ -102,20 +91,11 @@ def check_memory(engines: Sequence[EngineDir], devices: Sequence[int], free: Map
 class DeviceKVCache(KVCache):
     """KVCache semantics (lengths, rollback, check_room) over the executor's device slabs."""
 
-    def __init__(self, owner: "TrtExecutor", batch: int, generation: int):
-        build = owner.build
-        self.keys, self.values = [], []  # the tensors live on the device (owner._slab)
-        self.lengths = np.zeros(batch, np.int64)
-        self.capacity = build.kv_capacity
-        self.max_seq_len = build.max_seq_len
-        self.version = 0
+    def __init__(self, owner: "TrtExecutor", num_slots: int, generation: int):
+        m, build = owner.model, owner.build
+        # the tensors live on the device (owner._slab): no host storage
+        super().__init__(m.num_layers, num_slots, m.num_kv_heads, build.kv_capacity, m.head_dim, build.max_seq_len, build.kv_layout, storage=False)
         self.owner, self.generation = owner, generation
-
-    def keep_rows(self, rows: np.ndarray | list[int]) -> None:
-        rows = np.asarray(rows, dtype=np.int64)
-        self.owner._move_rows(self, row_moves(rows, self.batch_size))
-        self.lengths = self.lengths[rows].copy()
-        self.version += 1
 
 
 # -- the executor --------------------------------------------------------------------
@@ -132,7 +112,7 @@ class TrtExecutor:
         require_gpu(device, f"{where} (TensorRT engine)")
         self._trt, self._rt = trt, cudart_module()
         self.engine, self.model, self.build = engine, engine.config.model, engine.config.build
-        self.vocab_size, self.device = self.model.vocab_size, device
+        self.vocab_size, self.device_index, self.device = self.model.vocab_size, device, f"cuda:{device}"
         self._set_device()
         check_gpu_arch(meta, cuda_device_info(device)[1], where)
         logger = trt.Logger(trt.Logger.WARNING)
@@ -154,7 +134,7 @@ class TrtExecutor:
 
     # -- setup ---------------------------------------------------------------------
     def _set_device(self) -> None:  # draft and target may sit on different GPUs of one thread
-        cuda_call(self._rt.cudaSetDevice(self.device), f"cudaSetDevice({self.device})")
+        cuda_call(self._rt.cudaSetDevice(self.device_index), f"cudaSetDevice({self.device_index})")
 
     def _check_io(self) -> None:
         trt, plan = self._trt, self._plan
@@ -202,12 +182,12 @@ class TrtExecutor:
             self.forward(self.new_cache(1), [[0] * width], all_logits=True)
 
     # -- cache ---------------------------------------------------------------------
-    def new_cache(self, batch_size: int) -> DeviceKVCache:
+    def new_cache(self, num_slots: int) -> DeviceKVCache:
         """A view of the one device KV buffer; it supersedes every earlier cache of this executor."""
-        if batch_size > self.build.max_batch_size:
-            raise RequestError(f"batch of {batch_size} exceeds the engine's max_batch_size={self.build.max_batch_size}.")
+        if num_slots > self.build.max_batch_size:
+            raise RequestError(f"{num_slots} cache slots exceed {self.engine.path}'s max_batch_size={self.build.max_batch_size}.")
         self._generation += 1
-        return DeviceKVCache(self, batch_size, self._generation)
+        return DeviceKVCache(self, num_slots, self._generation)
 
     def _own(self, cache: KVCache) -> None:
         if not isinstance(cache, DeviceKVCache) or cache.owner is not self or cache.generation != self._generation:
@@ -216,30 +196,39 @@ class TrtExecutor:
                 "and each new_cache() call supersedes the previous cache."
             )
 
-    def _move_rows(self, cache: DeviceKVCache, moves: list[tuple[int, int]]) -> None:
+    def copy_slot(self, cache: KVCache, src: int, dst: int) -> None:
         self._own(cache)
         self._set_device()
         kind = self._rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
-        for src, dst in moves:  # distinct rows never overlap; same stream as execute, so ordered
-            for base in self._slab.values():
-                cuda_call(self._rt.cudaMemcpyAsync(base + dst * self._row_bytes, base + src * self._row_bytes, self._row_bytes, kind, self._stream), "cudaMemcpyAsync(KV row)")
+        # a row is [kv_heads, capacity, head_dim]: every head's live prefix is its own span
+        m, n = self.model, int(cache.lengths[src])
+        head_bytes = self._row_bytes // m.num_kv_heads
+        span = n * m.head_dim * self._dtype[self._kv[0]].itemsize
+        for base in self._slab.values():  # distinct rows never overlap; same stream as execute, so ordered
+            for h in range(m.num_kv_heads if span else 0):
+                off = h * head_bytes
+                cuda_call(self._rt.cudaMemcpyAsync(base + dst * self._row_bytes + off, base + src * self._row_bytes + off, span, kind, self._stream), "cudaMemcpyAsync(KV slot)")
+        cache.lengths[dst] = n
 
     # -- compute -------------------------------------------------------------------
-    def forward(self, cache: KVCache, tokens: Sequence[Sequence[int]] | np.ndarray, all_logits: bool, advance: np.ndarray | None = None) -> np.ndarray:
-        """Same contract as OrtExecutor.forward: append tokens[b] to row b, return logits [B, R, V]."""
-        from .executor import OrtExecutor
-
-        ids, num_new = OrtExecutor._pad(tokens, cache.batch_size)
+    def forward(
+        self, cache: KVCache, tokens: Sequence[Sequence[int]] | np.ndarray, all_logits: bool, advance: np.ndarray | None = None, first_slot: int = 0
+    ) -> np.ndarray:
+        """Same contract as OrtExecutor.forward: append tokens[i] to slot first_slot + i, return logits [n, R, V]."""
+        ids, num_new = pad_tokens(tokens)
         batch, width = ids.shape
+        if first_slot < 0 or first_slot + batch > cache.num_slots:
+            raise RequestError(f"slots {first_slot}..{first_slot + batch - 1} are outside the cache's {cache.num_slots} slots.")
         grow = num_new if advance is None else np.where(advance, num_new, 0)
-        cache.check_room(grow, width)
-        positions = cache.lengths[:, None] + np.arange(width, dtype=np.int64)[None, :]
+        cache.check_room(grow, width, first_slot, str(self.engine.path))
+        lengths = cache.lengths[first_slot : first_slot + batch]
+        positions = lengths[:, None] + np.arange(width, dtype=np.int64)[None, :]
         index = np.broadcast_to(np.arange(width, dtype=np.int64), (batch, width)) if all_logits else (num_new - 1)[:, None]
-        logits = self.run(cache, ids, positions, np.ascontiguousarray(index))
-        cache.lengths += grow
+        logits = self.run(cache, ids, positions, np.ascontiguousarray(index), first_slot)
+        lengths += grow
         return logits
 
-    def run(self, cache: KVCache, ids: np.ndarray, positions: np.ndarray, logits_index: np.ndarray) -> np.ndarray:
+    def run(self, cache: KVCache, ids: np.ndarray, positions: np.ndarray, logits_index: np.ndarray, first_slot: int = 0) -> np.ndarray:
         """The raw ABI call: ids/positions [B,S], logits_index [B,R] -> logits [B,R,V] (host, reused per shape)."""
         self._own(cache)
         self._set_device()
@@ -266,8 +255,9 @@ class TrtExecutor:
             self._bind(name, ptr, arr.shape)
         kv_shape = (batch, self.model.num_kv_heads, self.build.kv_capacity, self.model.head_dim)
         for past, base in self._slab.items():
-            self._bind(past, base, kv_shape)
-            self._bind(past.replace("past_", "present_"), base)  # in place: same address (KVCacheUpdate)
+            row0 = base + first_slot * self._row_bytes
+            self._bind(past, row0, kv_shape)
+            self._bind(past.replace("past_", "present_"), row0)  # in place: same address (KVCacheUpdate)
         out = self._host_out.get((batch, rows))
         if out is None:
             out = self._host_out[(batch, rows)] = np.empty((batch, rows, self.vocab_size), self._dtype["logits"])
@@ -297,7 +287,7 @@ class TrtExecutor:
         """Free the device buffers and the stream (also on garbage collection)."""
         rt, ptrs, self._ptrs = getattr(self, "_rt", None), getattr(self, "_ptrs", []), []
         if rt is not None and getattr(self, "_stream", None) is not None:
-            rt.cudaSetDevice(self.device)
+            rt.cudaSetDevice(self.device_index)
             rt.cudaStreamSynchronize(self._stream)
             for ptr in ptrs:
                 rt.cudaFree(ptr)

@@ -1,3 +1,3 @@
 """Drafters: where draft tokens come from. One proposer per module, one interface."""
 
-from .base import Proposal, Proposer  # noqa: F401
+from .base import Draft, Proposer, TargetOutput  # noqa: F401

@@ -1,39 +1,66 @@
-"""The proposer interface the orchestrator loop talks to.
+"""The proposer interface the engine talks to, keyed by request (vLLM's proposer split).
 
-The loop never asks what kind of proposer it has: it asks for up to
-``draft_lens[b]`` drafts per row, verifies them, and reports back what was
-accepted so the proposer can update its state (a draft model rolls back its
-KV cache; an n-gram pool learns the new tokens).
+The engine never asks what kind of proposer it has. Per round it asks for up
+to ``draft_lens[i]`` drafts for each of the requests that use this proposer,
+verifies them in one target call, and reports back to each request's
+proposer what was accepted and what the target computed (``observe``), so a
+proposer can update its state: a draft model rolls its KV cache back, an
+n-gram pool learns the new tokens, a drafter that reads the target's hidden
+states (EAGLE) takes them from the target outputs.
+
+Drafts carry their structure: ``parents[j]`` is the index of draft j's
+parent (-1: the request's last accepted token). A chain is ``[-1, 0, 1, ...]``;
+a tree verifies several branches in one call (Medusa/EAGLE).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from ..request import Request
+
 
 @dataclass
-class Proposal:
-    tokens: list[np.ndarray]  # per row: draft token ids [k_b] (k_b may be 0)
-    probs: list[np.ndarray | None]  # per row: draft distributions q [k_b, vocab], or None for deterministic drafts
+class Draft:
+    tokens: np.ndarray  # [k] draft token ids (k may be 0)
+    probs: np.ndarray | None = None  # [k, vocab] the draft distributions q (rejection sampling), or None: deterministic drafts
+    parents: np.ndarray | None = None  # [k] parent index per draft; None = a chain
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @staticmethod
+    def empty() -> "Draft":
+        return Draft(np.zeros(0, np.int64))
+
+
+@dataclass
+class TargetOutput:
+    """What the target computed for one request in a verification call."""
+
+    logits: np.ndarray  # [k + 1, vocab] the rows of the fed tokens (last accepted token + drafts)
+    num_accepted: int  # drafts kept
+    emitted: list[int]  # the accepted drafts + the recovered or bonus token
 
 
 class Proposer(Protocol):
-    name: str
+    name: str  # the method it implements: draft | ngram
 
-    def prefill(self, prompts: list[list[int]], first_tokens: list[int], rngs: list[np.random.Generator] | None = None) -> None:
-        """Start a batch: the prompts, the first token the target picked after each, one RNG per row."""
+    def add(self, requests: Sequence["Request"]) -> None:
+        """Start these requests: each has its prompt and the first token the target picked."""
 
-    def room(self) -> np.ndarray:
-        """[batch] the most drafts each row can take this round (capacity limits)."""
+    def remove(self, request_id: str) -> None:
+        """The request finished or was aborted: free what it holds."""
 
-    def propose(self, draft_lens: np.ndarray) -> Proposal:
-        """Up to draft_lens[b] drafts for each row, following its last token."""
+    def room(self, request: "Request") -> int:
+        """The most drafts this request can take this round (the proposer's own limits)."""
 
-    def commit(self, row: int, num_drafted: int, num_accepted: int, emitted: list[int]) -> None:
-        """Row ``row`` kept ``num_accepted`` of ``num_drafted`` drafts; ``emitted`` are all tokens it appended."""
+    def propose(self, requests: Sequence["Request"], draft_lens: Sequence[int]) -> list[Draft]:
+        """Up to ``draft_lens[i]`` drafts following each request's last token."""
 
-    def keep_rows(self, rows: np.ndarray) -> None:
-        """Finished rows leave the batch."""
+    def observe(self, request: "Request", draft: Draft, target: TargetOutput) -> None:
+        """The target verified ``draft``: ``target.num_accepted`` kept, ``target.emitted`` appended."""

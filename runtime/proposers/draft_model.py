@@ -1,98 +1,137 @@
-"""Drafts from a smaller model's engine, run autoregressively.
+"""Drafts from a smaller model's engine, run autoregressively, keyed by request.
 
-The draft keeps its own KV cache alive across rounds. ``pending[b]`` holds the
-tokens of row b that the draft has not yet seen (the last accepted token, and,
-after a round where every draft was accepted, the last draft too: the draft
-produced it but never fed it). They are fed first in the next round.
+The draft keeps its own KV cache alive across rounds, one slot per request,
+with running requests compacted into slots ``0..n-1`` (a leaving request's
+slot takes the last one). ``pending[id]`` holds the tokens of a request that
+the draft has not yet seen (the last accepted token; after a round where
+every draft was accepted, the last draft too: the draft produced it but
+never fed it; after rounds without drafting, every token emitted since).
+They are fed first in the next round that drafts.
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
-from ..executor import OrtExecutor
-from ..kv_cache import KVCache
-from ..sampling import SamplingConfig, processed_probs, sample
-from .base import Proposal
+from ..backend import Executor
+from ..request import Request
+from ..sampling import processed_probs, sample
+from .base import Draft, TargetOutput
 
 
 class DraftModelProposer:
-    name = "draft_model"
+    name = "draft"
 
-    def __init__(self, executor: OrtExecutor, sampling: SamplingConfig, use_logits: bool, vocab_limit: int | None = None, confidence_threshold: float = 0.0):
+    def __init__(self, executor: Executor, use_logits: bool = False, confidence_threshold: float = 0.0):
         self.executor = executor
-        # A row stops drafting after a token the draft itself gave less than this probability
+        # With use_logits (and a sampled request) drafts are sampled from q and q is kept for
+        # rejection sampling; otherwise the draft proposes its most likely token.
+        self.use_logits = use_logits
+        # A request stops drafting after a token the draft itself gave less than this probability
         # (Hugging Face's assistant_confidence_threshold): fewer wasted draft steps and a
         # narrower verification, which on CPU costs compute per token. 0 = fixed draft_len.
         self.confidence_threshold = confidence_threshold
-        self.sampling = sampling
-        # With use_logits the drafts are sampled from q and q is kept for rejection
-        # sampling; otherwise the draft proposes its most likely token.
-        self.use_logits = use_logits and not sampling.greedy
-        self.vocab_limit = vocab_limit
-        self.cache: KVCache | None = None
-        self.pending: list[list[int]] = []
-        self.rngs: list[np.random.Generator] = []
+        self.vocab_limit: int | None = None  # set by the engine: the vocabulary draft and target share
+        self.cache = executor.new_cache(executor.build.max_batch_size)
+        self.order: list[str] = []  # order[s]: the request in slot s
+        self.slot_of: dict[str, int] = {}
+        self.pending: dict[str, list[int]] = {}
 
-    def prefill(self, prompts: list[list[int]], first_tokens: list[int], rngs: list[np.random.Generator] | None = None) -> None:
-        self.cache = self.executor.new_cache(len(prompts))
-        self.executor.forward(self.cache, prompts, all_logits=False)
-        self.pending = [[t] for t in first_tokens]
-        self.rngs = rngs or [np.random.default_rng(i) for i in range(len(prompts))]
+    @property
+    def max_seq_len(self) -> int:
+        return self.cache.max_seq_len
 
-    def room(self) -> np.ndarray:
-        assert self.cache is not None
-        fed = self.cache.lengths + np.array([len(p) for p in self.pending])
-        # k drafts feed pending + (k - 1) drafts
-        return np.maximum(self.cache.max_seq_len - fed + 1, 0)
+    # -- requests come and go -----------------------------------------------------------
+    def add(self, requests: Sequence[Request]) -> None:
+        first = len(self.order)
+        for r in requests:
+            self.slot_of[r.request_id] = len(self.order)
+            self.order.append(r.request_id)
+            self.pending[r.request_id] = list(r.output_ids)
+        if requests:
+            self.executor.forward(self.cache, [r.prompt_ids for r in requests], all_logits=False, first_slot=first)
 
-    def propose(self, draft_lens: np.ndarray) -> Proposal:
-        cache, ex = self.cache, self.executor
-        assert cache is not None
-        batch = cache.batch_size
-        draft_lens = draft_lens.copy()  # rows may stop early (confidence threshold)
-        steps = int(draft_lens.max(initial=0))
-        drafts = np.zeros((batch, steps), np.int64)
-        probs: list[list[np.ndarray]] = [[] for _ in range(batch)]
-        # step 0 feeds each row's pending tokens (1 or 2: ragged); later steps one draft per row
-        feed: list[list[int]] | np.ndarray = [p if k > 0 else [p[-1]] for p, k in zip(self.pending, draft_lens)]
+    def remove(self, request_id: str) -> None:
+        slot, last = self.slot_of.pop(request_id), len(self.order) - 1
+        if slot != last:  # the last request moves into the freed slot: running slots stay 0..n-1
+            moved = self.order[last]
+            self.executor.copy_slot(self.cache, last, slot)
+            self.order[slot], self.slot_of[moved] = moved, slot
+        self.order.pop()
+        self.cache.lengths[last] = 0
+        del self.pending[request_id]
+
+    def room(self, request: Request) -> int:
+        fed = int(self.cache.lengths[self.slot_of[request.request_id]]) + len(self.pending[request.request_id])
+        return max(self.cache.max_seq_len - fed + 1, 0)  # k drafts feed pending + (k - 1) drafts
+
+    # -- a round ------------------------------------------------------------------------
+    def propose(self, requests: Sequence[Request], draft_lens: Sequence[int]) -> list[Draft]:
+        out = [Draft.empty() for _ in requests]
+        want = {r.request_id: (i, int(k)) for i, (r, k) in enumerate(zip(requests, draft_lens)) if k > 0}
+        if not want:
+            return out
+        slots = sorted(self.slot_of[rid] for rid in want)
+        lo, hi = slots[0], slots[-1] + 1
+        # Slots in the range that do not draft ride along and write stale K/V past their length;
+        # if one has no room for that, draft each request in its own call (rare: near max_seq_len).
+        width = max(len(self.pending[rid]) for rid in want)
+        riding = [s for s in range(lo, hi) if self.order[s] not in want]
+        if any(self.cache.lengths[s] + width > self.cache.capacity for s in riding):
+            ranges = [(s, s + 1) for s in slots]
+        else:
+            ranges = [(lo, hi)]
+        for lo, hi in ranges:
+            self._draft_range(lo, hi, want, requests, out)
+        return out
+
+    def _draft_range(self, lo: int, hi: int, want: dict[str, tuple[int, int]], requests: Sequence[Request], out: list[Draft]) -> None:
+        ids = self.order[lo:hi]
+        reqs = [requests[want[rid][0]] if rid in want else None for rid in ids]
+        lens = np.array([want[rid][1] if rid in want else 0 for rid in ids], np.int64)  # rows may stop early (confidence)
+        steps = int(lens.max(initial=0))
+        drafts = np.zeros((len(ids), steps), np.int64)
+        probs: list[list[np.ndarray]] = [[] for _ in ids]
+        sampled = [r is not None and self.use_logits and not r.config.sampling.greedy for r in reqs]
+        # step 0 feeds each row's pending tokens (ragged); later steps one draft per row
+        feed: list[list[int]] | np.ndarray = [self.pending[rid] if k > 0 else [self.pending[rid][-1]] for rid, k in zip(ids, lens)]
         for j in range(steps):
-            idle = draft_lens <= j  # rows that already have their drafts ride along, then roll back
-            logits = ex.forward(cache, feed, all_logits=False, advance=~idle)[:, 0, : self.vocab_limit]
+            idle = lens <= j  # rows that already have their drafts ride along, then roll back
+            logits = self.executor.forward(self.cache, feed, all_logits=False, advance=~idle, first_slot=lo)[:, 0, : self.vocab_limit]
             active = np.flatnonzero(~idle)
-            if self.use_logits:
-                q = processed_probs(logits[active], self.sampling)  # only rows still drafting
-                for i, b in enumerate(active):
-                    drafts[b, j] = sample(q[i], self.rngs[b])
-                    probs[b].append(q[i])
-            else:
-                drafts[:, j] = logits.argmax(axis=-1)
+            drafts[:, j] = logits.argmax(axis=-1)
+            top = np.zeros(len(ids))
+            for i in active:
+                if sampled[i]:
+                    q = processed_probs(logits[i : i + 1], reqs[i].config.sampling)[0]  # type: ignore[union-attr]
+                    drafts[i, j] = sample(q, reqs[i].rng)  # type: ignore[union-attr]
+                    probs[i].append(q)
+                    top[i] = q.max()
             if self.confidence_threshold > 0:
-                top = q.max(axis=-1) if self.use_logits else _top_probability(logits[active])
-                draft_lens[active[top < self.confidence_threshold]] = j + 1
-                if not (draft_lens > j + 1).any():
+                plain = [i for i in active if not sampled[i]]
+                if plain:
+                    top[plain] = _top_probability(logits[plain])
+                lens[active[top[active] < self.confidence_threshold]] = j + 1
+                if not (lens > j + 1).any():
                     break
             feed = drafts[:, j : j + 1]
-        return Proposal(
-            tokens=[drafts[b, : draft_lens[b]] for b in range(batch)],
-            probs=[np.stack(probs[b]) if probs[b] else None for b in range(batch)],
-        )
+        for i, rid in enumerate(ids):
+            if rid in want:
+                k = int(lens[i])
+                out[want[rid][0]] = Draft(drafts[i, :k].copy(), np.stack(probs[i][:k]) if probs[i] else None)
 
-    def commit(self, row: int, num_drafted: int, num_accepted: int, emitted: list[int]) -> None:
-        assert self.cache is not None
-        if num_drafted == 0:  # the draft was not fed this round
-            self.pending[row] = self.pending[row] + emitted
+    def observe(self, request: Request, draft: Draft, target: TargetOutput) -> None:
+        rid, k = request.request_id, len(draft)
+        if k == 0:  # the draft was not fed this round
+            self.pending[rid] = self.pending[rid] + target.emitted
             return
-        # fed: pending + drafts[: num_drafted - 1]; of those drafts, the accepted ones stay
-        kept = min(num_accepted, num_drafted - 1)
-        self.cache.rollback(row, int(self.cache.lengths[row]) - (num_drafted - 1 - kept))  # drop the rejected fed drafts
-        self.pending[row] = emitted[kept:]
-
-    def keep_rows(self, rows: np.ndarray) -> None:
-        assert self.cache is not None
-        self.cache.keep_rows(rows)
-        self.pending = [self.pending[r] for r in rows]
-        self.rngs = [self.rngs[r] for r in rows]
+        # fed: pending + drafts[: k - 1]; of those drafts, the accepted ones stay
+        kept = min(target.num_accepted, k - 1)
+        slot = self.slot_of[rid]
+        self.cache.rollback(slot, int(self.cache.lengths[slot]) - (k - 1 - kept))  # drop the rejected fed drafts
+        self.pending[rid] = target.emitted[kept:]
 
 
 def _top_probability(logits: np.ndarray) -> np.ndarray:

@@ -27,9 +27,12 @@ pair 2 or 3 gave 1.4-1.6x where 1 gave 1.3x. Default 1, TensorRT-LLM's algorithm
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
-from .base import Proposal
+from ..request import Request
+from .base import Draft, TargetOutput
 
 
 class NGramPool:
@@ -77,24 +80,21 @@ class NGramProposer:
 
     def __init__(self, max_draft_len: int, max_matching_ngram_size: int, is_keep_all: bool = True, is_use_oldest: bool = False, min_matching_ngram_size: int = 1):
         self.settings = (max_draft_len, max_matching_ngram_size, is_keep_all, is_use_oldest, min_matching_ngram_size)
-        self.pools: list[NGramPool] = []
+        self.pools: dict[str, NGramPool] = {}
 
-    def prefill(self, prompts: list[list[int]], first_tokens: list[int], rngs=None) -> None:
-        self.pools = []
-        for prompt, first in zip(prompts, first_tokens):
-            pool = NGramPool(*self.settings)
-            pool.extend(list(prompt) + [first])
-            self.pools.append(pool)
+    def add(self, requests: Sequence[Request]) -> None:
+        for r in requests:
+            pool = self.pools[r.request_id] = NGramPool(*self.settings)
+            pool.extend(list(r.prompt_ids) + list(r.output_ids))
 
-    def room(self) -> np.ndarray:
-        return np.full(len(self.pools), self.settings[0], np.int64)
+    def remove(self, request_id: str) -> None:
+        del self.pools[request_id]
 
-    def propose(self, draft_lens: np.ndarray) -> Proposal:
-        tokens = [np.array(pool.draft(int(k)), np.int64) for pool, k in zip(self.pools, draft_lens)]
-        return Proposal(tokens=tokens, probs=[None] * len(tokens))
+    def room(self, request: Request) -> int:
+        return self.settings[0]
 
-    def commit(self, row: int, num_drafted: int, num_accepted: int, emitted: list[int]) -> None:
-        self.pools[row].extend(emitted)
+    def propose(self, requests: Sequence[Request], draft_lens: Sequence[int]) -> list[Draft]:
+        return [Draft(np.array(self.pools[r.request_id].draft(int(k)), np.int64)) for r, k in zip(requests, draft_lens)]
 
-    def keep_rows(self, rows: np.ndarray) -> None:
-        self.pools = [self.pools[r] for r in rows]
+    def observe(self, request: Request, draft: Draft, target: TargetOutput) -> None:
+        self.pools[request.request_id].extend(target.emitted)

@@ -43,16 +43,34 @@ def test_rollback_leaves_no_trace(ex):
     np.testing.assert_allclose(got, want, atol=ATOL)
 
 
-def test_finished_rows_leave_the_batch(ex):
+def test_a_moved_slot_decodes_as_before(ex):
+    """Slot 1's request leaves; the last slot's request moves into it (compaction)."""
     prompts = [[3, 4, 5], [6, 7, 8, 9], [10, 11]]
     batch = ex.new_cache(3)
     ex.forward(batch, prompts, all_logits=False)
-    batch.keep_rows([0, 2])
+    ex.copy_slot(batch, 2, 1)
+    assert batch.lengths[1] == len(prompts[2])
     got = ex.forward(batch, [[20], [21]], all_logits=True).copy()
     for row, prompt, nxt in ((0, prompts[0], 20), (1, prompts[2], 21)):
         alone = ex.new_cache(1)
         ex.forward(alone, [prompt], all_logits=False)
         np.testing.assert_allclose(ex.forward(alone, [[nxt]], all_logits=True)[0], got[row], atol=ATOL)
+
+
+def test_a_range_of_slots_runs_alone(ex):
+    """A newcomer is prefilled in its own slot while the other slots keep their state."""
+    batch = ex.new_cache(3)
+    ex.forward(batch, [[3, 4, 5], [6, 7]], all_logits=False)  # slots 0 and 1
+    before = [k[:2].copy() for k in batch.keys]
+    ex.forward(batch, [[10, 11, 12, 13]], all_logits=False, first_slot=2)
+    assert batch.lengths.tolist() == [3, 2, 4]
+    for k, b in zip(batch.keys, before):
+        np.testing.assert_array_equal(k[:2], b)
+    got = ex.forward(batch, [[20], [21], [22]], all_logits=True).copy()
+    for row, prompt in enumerate(([3, 4, 5], [6, 7], [10, 11, 12, 13])):
+        alone = ex.new_cache(1)
+        ex.forward(alone, [prompt], all_logits=False)
+        np.testing.assert_allclose(ex.forward(alone, [[20 + row]], all_logits=True)[0], got[row], atol=ATOL)
 
 
 def test_a_new_cache_is_never_confused_with_a_freed_one(ex):

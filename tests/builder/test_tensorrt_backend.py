@@ -34,7 +34,6 @@ from specdec.runtime.trt_executor import (
     check_memory,
     choose_profile,
     kv_cache_bytes,
-    row_moves,
 )
 
 HAS_TRT = importlib.util.find_spec("tensorrt") is not None
@@ -122,26 +121,6 @@ def test_choose_profile():
         choose_profile(4, 4, gen_max=2, ctx_max=3)
 
 
-def test_row_moves_compact_like_numpy():
-    rng = np.random.default_rng(0)
-    for _ in range(50):
-        batch = int(rng.integers(1, 9))
-        rows = np.flatnonzero(rng.random(batch) < 0.6)
-        slab = rng.random((batch, 3))
-        want = slab[rows].copy()
-        for src, dst in row_moves(rows, batch):  # applied in order, in place, as on the device
-            slab[dst] = slab[src]
-        np.testing.assert_array_equal(slab[: len(rows)], want)
-    slab = np.arange(6.0)
-    for src, dst in row_moves([1, 3, 4], 6):
-        slab[dst] = slab[src]
-    assert slab[:3].tolist() == [1.0, 3.0, 4.0]
-    assert row_moves([0, 1, 2], 3) == []
-    for bad in ([2, 1], [1, 1], [3]):
-        with pytest.raises(ValueError, match="strictly increasing"):
-            row_moves(bad, 3)
-
-
 def test_check_memory_reports_mib(onnx_engine):
     kv = kv_cache_bytes(onnx_engine.config.build, onnx_engine.config.model)
     assert kv == 2 * 2 * 4 * 2 * 101 * 16 * 4  # K+V x layers x batch x kv_heads x capacity x head_dim x fp32
@@ -190,9 +169,9 @@ def test_trt_logits_match_onnxruntime(gpu_pair):
     tc, oc = trt.new_cache(3), ort.new_cache(3)
     for tokens, all_logits in ((prompts, False), (steps, True), ([[7], [8, 9], [10]], True)):
         np.testing.assert_allclose(trt.forward(tc, tokens, all_logits).copy(), ort.forward(oc, tokens, all_logits), atol=1e-3, rtol=0)
-    for cache in (tc, oc):  # reject drafts, then a row leaves the batch
+    for ex, cache in ((trt, tc), (ort, oc)):  # reject drafts, then slot 1's request leaves: slot 2 moves into it
         cache.rollback(0, int(cache.lengths[0]) - 2)
-        cache.keep_rows([0, 2])
+        ex.copy_slot(cache, 2, 1)
     np.testing.assert_allclose(trt.forward(tc, [[30, 31], [32]], True).copy(), ort.forward(oc, [[30, 31], [32]], True), atol=1e-3, rtol=0)
     np.testing.assert_array_equal(tc.lengths, oc.lengths)
 
@@ -221,7 +200,7 @@ def test_trt_draft_target_greedy_equals_target_only(gpu_pair, draft_len):
     prompts = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30]]
     cfg = GenerationConfig(max_output_len=32)
     base, _ = Orchestrator(gpu_pair["trt_target"]).generate(prompts, cfg)
-    proposer = DraftModelProposer(gpu_pair["trt_draft"], SamplingConfig(), False)
+    proposer = DraftModelProposer(gpu_pair["trt_draft"])
     spec, m = Orchestrator(gpu_pair["trt_target"], proposer, draft_len).generate(prompts, cfg)
     assert [o.output_ids for o in spec] == [o.output_ids for o in base]
     assert m.drafted > 0

@@ -42,7 +42,7 @@ def run(orch, prompts, **cfg):
 @pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["batch1", "ragged-batch3"])
 def test_draft_target_greedy_equals_target_only(engines, draft_len, prompts):
     base, _ = run(Orchestrator(engines["target"]), prompts)
-    spec, m = run(Orchestrator(engines["target"], DraftModelProposer(engines["draft"], SamplingConfig(), False), draft_len), prompts)
+    spec, m = run(Orchestrator(engines["target"], DraftModelProposer(engines["draft"]), draft_len), prompts)
     assert [o.output_ids for o in spec] == [o.output_ids for o in base]
     assert m.drafted > 0
 
@@ -50,8 +50,8 @@ def test_draft_target_greedy_equals_target_only(engines, draft_len, prompts):
 @pytest.mark.parametrize("threshold", [0.3, 0.9])
 def test_confidence_threshold_drafts_less_and_changes_nothing(engines, threshold):
     base, _ = run(Orchestrator(engines["target"]), PROMPTS)
-    fixed, m_fixed = run(Orchestrator(engines["target"], DraftModelProposer(engines["draft"], SamplingConfig(), False), 5), PROMPTS)
-    adaptive, m = run(Orchestrator(engines["target"], DraftModelProposer(engines["draft"], SamplingConfig(), False, confidence_threshold=threshold), 5), PROMPTS)
+    fixed, m_fixed = run(Orchestrator(engines["target"], DraftModelProposer(engines["draft"]), 5), PROMPTS)
+    adaptive, m = run(Orchestrator(engines["target"], DraftModelProposer(engines["draft"], confidence_threshold=threshold), 5), PROMPTS)
     assert [o.output_ids for o in adaptive] == [o.output_ids for o in base]
     assert m.drafted < m_fixed.drafted
 
@@ -59,7 +59,7 @@ def test_confidence_threshold_drafts_less_and_changes_nothing(engines, threshold
 def test_identity_draft_accepts_everything(engines):
     """Also checks the draft-cache gap: after a round where every draft is accepted the draft
     has not fed its last draft; if that token were lost, its next drafts would be wrong."""
-    spec, m = run(Orchestrator(engines["target"], DraftModelProposer(engines["identity"], SamplingConfig(), False), 4), PROMPTS)
+    spec, m = run(Orchestrator(engines["target"], DraftModelProposer(engines["identity"]), 4), PROMPTS)
     base, _ = run(Orchestrator(engines["target"]), PROMPTS)
     assert [o.output_ids for o in spec] == [o.output_ids for o in base]
     assert m.acceptance_rate == 1.0
@@ -67,7 +67,7 @@ def test_identity_draft_accepts_everything(engines):
 
 
 def test_row_output_is_the_same_alone_or_in_a_batch(engines):
-    orch = Orchestrator(engines["target"], DraftModelProposer(engines["draft"], SamplingConfig(), False), 3)
+    orch = Orchestrator(engines["target"], DraftModelProposer(engines["draft"]), 3)
     together, _ = run(orch, PROMPTS)
     for prompt, out in zip(PROMPTS, together):
         alone, _ = run(orch, [prompt])
@@ -91,7 +91,7 @@ def test_ngram_accepts_drafts_on_copy_heavy_output(engines):
 def test_max_seq_len_stop_is_clean(engines):
     """max_seq_len=96: a 40-token prompt can grow by 56 tokens, then stops with its reason."""
     prompt = list(range(3, 43))
-    orch = Orchestrator(engines["target"], DraftModelProposer(engines["identity"], SamplingConfig(), False), 5)
+    orch = Orchestrator(engines["target"], DraftModelProposer(engines["identity"]), 5)
     out, _ = run(orch, [prompt], max_output_len=500)
     assert out[0].finish_reason == "max_seq_len"
     assert len(prompt) + len(out[0].output_ids) == 96
@@ -102,7 +102,7 @@ def test_max_seq_len_stop_is_clean(engines):
 def test_end_id_and_stop_words(engines):
     base, _ = run(Orchestrator(engines["target"]), PROMPTS[:1])
     ids = base[0].output_ids
-    orch = Orchestrator(engines["target"], DraftModelProposer(engines["identity"], SamplingConfig(), False), 4)
+    orch = Orchestrator(engines["target"], DraftModelProposer(engines["identity"]), 4)
     out, _ = run(orch, PROMPTS[:1], end_ids=(ids[9],))
     cut = ids.index(ids[9]) + 1
     assert out[0].output_ids == ids[:cut] and out[0].finish_reason == "end_id"
@@ -114,7 +114,7 @@ def test_end_id_and_stop_words(engines):
 
 def test_more_prompts_than_max_batch_run_in_chunks(engines):
     prompts = [[3 + i, 4 + i, 5 + i] for i in range(9)]  # max_batch_size is 4
-    orch = Orchestrator(engines["target"], DraftModelProposer(engines["draft"], SamplingConfig(), False), 3)
+    orch = Orchestrator(engines["target"], DraftModelProposer(engines["draft"]), 3)
     out, m = run(orch, prompts, max_output_len=10)
     base, _ = run(Orchestrator(engines["target"]), prompts, max_output_len=10)
     assert [o.output_ids for o in out] == [o.output_ids for o in base]
@@ -123,7 +123,7 @@ def test_more_prompts_than_max_batch_run_in_chunks(engines):
 
 def test_same_seed_same_output_with_sampling(engines):
     def sample_run(seed):
-        orch = Orchestrator(engines["target"], DraftModelProposer(engines["draft"], SamplingConfig(temperature=1.0, random_seed=seed), True), 3, use_logits=True)
+        orch = Orchestrator(engines["target"], DraftModelProposer(engines["draft"], use_logits=True), 3)
         return [o.output_ids for o in run(orch, PROMPTS, sampling=SamplingConfig(temperature=1.0, random_seed=seed))[0]]
 
     assert sample_run(1) == sample_run(1)

@@ -1,0 +1,144 @@
+"""The executor protocol and the registry that picks one for an engine.
+
+An executor runs one engine on one device. The loop above it (runtime/engine.py)
+never touches a KV tensor: it asks for a cache of ``num_slots`` rows, feeds
+tokens to a contiguous range of slots, moves a slot when a request leaves,
+and moves lengths back to roll drafts back. Everything else (where the
+cache lives, how inputs reach the device, how outputs come back) is the
+executor's.
+
+Backends register a factory per (engine backend, device kind); the factory
+imports its runtime lazily, so this module imports on any host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from .engine_format import BuildConfig, EngineDir, ModelConfig
+from .errors import DeviceError, EngineError
+from .kv_cache import KVCache
+
+DEVICE_KINDS = ("cpu", "cuda")
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """One engine on one device (the engine ABI: docs/engine-format.md)."""
+
+    engine: EngineDir
+    model: ModelConfig
+    build: BuildConfig
+    vocab_size: int
+    device: str  # where it runs, for messages: "cpu", "cuda:0"
+
+    def new_cache(self, num_slots: int) -> KVCache:
+        """A KV cache of ``num_slots`` rows (<= build.max_batch_size), every length 0."""
+
+    def forward(
+        self,
+        cache: KVCache,
+        tokens: Sequence[Sequence[int]] | np.ndarray,
+        all_logits: bool,
+        advance: np.ndarray | None = None,
+        first_slot: int = 0,
+    ) -> np.ndarray:
+        """Append ``tokens[i]`` to slot ``first_slot + i`` and return logits on the host.
+
+        tokens: one non-empty sequence per slot of the range (ragged allowed).
+        Returns ``[n, num_tokens, vocab]`` if ``all_logits`` (positions past a row's
+        own count are padding), else ``[n, 1, vocab]`` for each row's last token.
+        The array is reused by the next call: copy what must be kept. Rows where
+        ``advance`` is False ride along and keep their length (what they wrote is
+        stale at once).
+        """
+
+    def copy_slot(self, cache: KVCache, src: int, dst: int) -> None:
+        """Copy slot ``src``'s live K/V (its first ``lengths[src]`` positions) to slot
+        ``dst`` and set ``lengths[dst]``: the loop keeps running requests in slots
+        ``0..n-1`` by moving the last one into a freed slot."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where an engine runs: a device kind and an index among that kind's devices."""
+
+    kind: str = "cpu"  # cpu | cuda
+    index: int = 0
+    num_threads: int | None = None  # CPU threads (intra-op); None = the executor's default
+
+    def __str__(self) -> str:
+        return self.kind if self.kind == "cpu" else f"{self.kind}:{self.index}"
+
+
+ExecutorFactory = Callable[[EngineDir, Placement], Executor]
+DeviceCounter = Callable[[], int]
+
+
+@dataclass(frozen=True)
+class _Entry:
+    factory: ExecutorFactory
+    count_devices: DeviceCounter
+    install_hint: str
+
+
+_REGISTRY: dict[tuple[str, str], _Entry] = {}
+
+
+def register_executor(backend: str, kind: str, factory: ExecutorFactory, count_devices: DeviceCounter, install_hint: str = "") -> None:
+    """Make ``factory`` the executor of ``backend`` engines on ``kind`` devices."""
+    if kind not in DEVICE_KINDS:
+        raise ValueError(f"unknown device kind {kind!r}; expected one of {DEVICE_KINDS}")
+    _REGISTRY[(backend, kind)] = _Entry(factory, count_devices, install_hint)
+
+
+def device_kinds(backend: str) -> list[str]:
+    """The device kinds that have an executor for ``backend`` engines."""
+    return [k for b, k in _REGISTRY if b == backend]
+
+
+def _entry(engine: EngineDir, kind: str) -> _Entry:
+    backend = engine.config.build.backend
+    entry = _REGISTRY.get((backend, kind))
+    if entry is None:
+        kinds = device_kinds(backend)
+        if not kinds:
+            raise EngineError(f"{engine.path} was built for backend {backend!r}, which has no executor in this version.")
+        raise DeviceError(f"a {backend} engine ({engine.path}) cannot run on device {kind!r}; it runs on: {', '.join(kinds)}.")
+    return entry
+
+
+def available_devices(engine: EngineDir, kind: str) -> list[int]:
+    """Indices of the ``kind`` devices this host has for ``engine``'s backend."""
+    return list(range(_entry(engine, kind).count_devices()))
+
+
+def open_executor(engine: EngineDir, placement: Placement = Placement()) -> Executor:
+    """The registered executor for the engine's backend on ``placement``."""
+    return _entry(engine, placement.kind).factory(engine, placement)
+
+
+# -- the built-in backends (each imports its runtime only when opened) -----------------
+def _ort_cpu(engine: EngineDir, placement: Placement) -> Executor:
+    from .executor import OrtExecutor
+
+    return OrtExecutor(engine, num_threads=placement.num_threads)
+
+
+def _trt_cuda(engine: EngineDir, placement: Placement) -> Executor:
+    from .trt_executor import TrtExecutor  # needs tensorrt + cuda-python: only on GPU hosts
+
+    return TrtExecutor(engine, device=placement.index)
+
+
+def _count_trt_gpus() -> int:
+    from .trt_host import visible_gpu_count
+
+    return visible_gpu_count("a tensorrt engine")
+
+
+register_executor("onnxruntime", "cpu", _ort_cpu, lambda: 1)
+register_executor("tensorrt", "cuda", _trt_cuda, _count_trt_gpus, "pip install 'specdec[tensorrt]'")

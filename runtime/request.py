@@ -1,0 +1,120 @@
+"""A request and its settings: what it asked for, where it is, what it produced.
+
+Every setting that can differ between requests lives in ``GenerationConfig``:
+sampling, stops, and speculation (method and draft length). The engine fills
+the speculation fields it leaves unset from its own defaults, once, when the
+request is added.
+
+Lifecycle: WAITING (queued) -> RUNNING (holds a cache slot; prefilled on
+admission, then one verification round per step) -> FINISHED or ABORTED.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import RequestError
+from .metrics import Metrics
+from .sampling import SamplingConfig
+
+METHODS = ("none", "draft", "ngram")
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_output_len: int = 128
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    end_ids: tuple[int, ...] = ()  # stop after any of these (empty: never)
+    stop_words: tuple[tuple[int, ...], ...] = ()  # token sequences that end a request
+    # speculation; None = the engine's default
+    method: str | None = None  # none | draft | ngram
+    draft_len: int | str | None = None  # 0..max_draft_len, or "auto": chosen each round
+
+    def __post_init__(self) -> None:
+        if self.max_output_len < 1:
+            raise RequestError(f"max_output_len={self.max_output_len} must be >= 1.")
+        if self.method is not None and self.method not in METHODS:
+            raise RequestError(f"unknown speculation method {self.method!r}; expected one of {', '.join(METHODS)}.")
+        if isinstance(self.draft_len, str) and self.draft_len != AUTO:
+            raise RequestError(f"draft_len={self.draft_len!r} must be an integer >= 0 or 'auto'.")
+        if isinstance(self.draft_len, int) and (isinstance(self.draft_len, bool) or self.draft_len < 0):
+            raise RequestError(f"draft_len={self.draft_len} must be an integer >= 0 or 'auto'.")
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+
+@dataclass
+class RequestTimes:
+    """perf_counter() stamps of one request's life."""
+
+    arrival: float = field(default_factory=time.perf_counter)
+    scheduled: float = 0.0  # admitted: got a slot, prefill starts
+    first_token: float = 0.0
+    finished: float = 0.0
+
+    @property
+    def queue_s(self) -> float:
+        return max(self.scheduled - self.arrival, 0.0) if self.scheduled else 0.0
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token - self.arrival if self.first_token else 0.0
+
+    def tpot_s(self, num_output: int) -> float:
+        """Time per output token after the first."""
+        if num_output < 2 or not self.finished:
+            return 0.0
+        return (self.finished - self.first_token) / (num_output - 1)
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_ids: list[int]
+    config: GenerationConfig
+    method: str  # resolved: none | draft | ngram
+    draft_len: int | str  # resolved: a fixed length or "auto"
+    rng: np.random.Generator  # this request's own: its output never depends on its batch
+    output_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: str = ""  # end_id | stop_words | length | max_seq_len | abort
+    slot: int = -1  # the target cache row while RUNNING
+    metrics: Metrics = field(default_factory=lambda: Metrics(requests=1))
+    times: RequestTimes = field(default_factory=RequestTimes)
+    idle_rounds: int = 0  # consecutive rounds with no drafts chosen by draft_len=auto
+
+    @property
+    def last_token(self) -> int:
+        return self.output_ids[-1]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status in (RequestStatus.FINISHED, RequestStatus.ABORTED)
+
+
+@dataclass
+class RequestOutput:
+    """What ``generate`` returns per prompt, and ``step`` per request that moved."""
+
+    input_ids: list[int]
+    output_ids: list[int]  # every new token so far
+    finish_reason: str = ""
+    text: str | None = None
+    request_id: str = ""
+    new_token_ids: list[int] = field(default_factory=list)  # produced by this step
+    finished: bool = False
+    metrics: Metrics | None = None  # this request's (drafted, accepted, TTFT, ...)

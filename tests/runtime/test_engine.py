@@ -1,0 +1,301 @@
+"""The request-level engine: requests join and leave a running batch, each as if alone.
+
+Every test compares against the same request decoded alone (its solo
+reference), so any leak between slots, any stale cache row after a move, or
+any RNG shared across the batch shows up as a token difference.
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+from checkpoints import make_checkpoint
+from conftest import build_and_load, spec_build
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from specdec.runtime.engine import Engine, SpeculationConfig
+from specdec.runtime.engine_format import load_engine_dir, sha256_file
+from specdec.runtime.errors import EngineError, RequestError
+from specdec.runtime.orchestrator import Orchestrator
+from specdec.runtime.pairing import PairWarning, check_pair
+from specdec.runtime.proposers.draft_model import DraftModelProposer
+from specdec.runtime.proposers.ngram import NGramProposer
+from specdec.runtime.request import GenerationConfig
+from specdec.runtime.sampling import SamplingConfig
+
+MAX_DRAFT = 4
+PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30], [40, 41, 42, 40, 41, 42, 40], [7, 8], [50, 51, 52, 53]]
+
+
+@pytest.fixture(scope="module")
+def ex(tmp_path_factory):
+    d = tmp_path_factory.mktemp("engine")
+    target = make_checkpoint(d / "target", num_hidden_layers=2, seed=0)
+    draft = make_checkpoint(d / "draft", num_hidden_layers=1, hidden_size=32, intermediate_size=64, seed=0)
+    return {
+        "target": build_and_load(target, d / "te", spec_build(MAX_DRAFT)),
+        "draft": build_and_load(draft, d / "de", spec_build(0)),
+        "identity": build_and_load(target, d / "ie", spec_build(0)),
+        "dirs": d,
+    }
+
+
+def make_engine(ex, method="draft", draft_len=3, draft="draft"):
+    proposers = [DraftModelProposer(ex[draft], use_logits=True), NGramProposer(MAX_DRAFT, 2)]
+    return Engine(ex["target"], proposers, SpeculationConfig(method, draft_len))
+
+
+def drain(engine, outputs=None, max_steps=10_000):
+    """Step until every request ends; {request id: output ids}, checking each ends exactly once."""
+    outputs = {} if outputs is None else outputs
+    for _ in range(max_steps):
+        if not engine.has_unfinished():
+            return outputs
+        for o in engine.step():
+            assert o.request_id not in outputs, f"{o.request_id} reported after it finished"
+            if o.finished:
+                outputs[o.request_id] = o
+    raise AssertionError("the engine did not finish")
+
+
+@pytest.fixture(scope="module")
+def solo(ex):
+    """Each prompt decoded alone, target-only, greedy: the reference every interleaving must meet."""
+    cfg = GenerationConfig(max_output_len=24)
+    out, _ = Orchestrator(ex["target"]).generate([PROMPTS[0]], cfg)  # warm
+    return {i: Orchestrator(ex["target"]).generate([p], cfg)[0][0].output_ids for i, p in enumerate(PROMPTS)}
+
+
+@pytest.mark.parametrize("method", ["none", "draft", "ngram"])
+def test_requests_joining_mid_decode_decode_as_alone(ex, solo, method):
+    engine = make_engine(ex, method)
+    cfg = GenerationConfig(max_output_len=24)
+    ids = {engine.add_request(PROMPTS[0], cfg): 0}
+    done = {}
+    for step in range(200):
+        if step in (2, 3, 7):  # join while request 0 (and later others) are mid-decode
+            i = len(ids)
+            ids[engine.add_request(PROMPTS[i], cfg)] = i
+        if step == 7:
+            for i in (4, 5):  # more at once than the free slots: they queue
+                ids[engine.add_request(PROMPTS[i], cfg)] = i
+        if not engine.has_unfinished() and step > 7:
+            break
+        for o in engine.step():
+            if o.finished:
+                done[ids[o.request_id]] = o.output_ids
+        assert len(engine.running) <= engine.max_batch
+        assert [r.slot for r in engine.running] == list(range(len(engine.running)))
+    assert done == {i: solo[i] for i in range(len(PROMPTS))}
+
+
+def test_per_request_speculation_in_one_batch(ex, solo):
+    engine = make_engine(ex, "draft")
+    cfgs = [GenerationConfig(max_output_len=24, method=m, draft_len=k) for m, k in (("none", None), ("draft", 2), ("ngram", 3), ("draft", "auto"))]
+    ids = {engine.add_request(PROMPTS[i], c): i for i, c in enumerate(cfgs)}
+    out = drain(engine)
+    assert {ids[rid]: o.output_ids for rid, o in out.items()} == {i: solo[i] for i in range(4)}
+    m = {ids[rid]: o.metrics for rid, o in out.items()}
+    assert m[0].drafted == 0 and m[1].drafted > 0 and m[3].drafted > 0
+    assert max(len(m[1].drafted_at), 0) <= 2  # its own draft length, not the engine's
+
+
+def test_seeded_sampling_does_not_depend_on_the_batch(ex):
+    sampled = GenerationConfig(max_output_len=20, sampling=SamplingConfig(temperature=1.0, top_k=20, random_seed=7))
+    alone = make_engine(ex, "draft")
+    rid = alone.add_request(PROMPTS[2], sampled)
+    want = drain(alone)[rid].output_ids
+    busy = make_engine(ex, "draft")
+    busy.add_request(PROMPTS[0], GenerationConfig(max_output_len=30, sampling=SamplingConfig(temperature=0.7, random_seed=1)))
+    busy.step()
+    busy.add_request(PROMPTS[1], GenerationConfig(max_output_len=5))
+    rid = busy.add_request(PROMPTS[2], sampled)
+    busy.add_request(PROMPTS[3], GenerationConfig(max_output_len=25, method="ngram"))
+    assert drain(busy)[rid].output_ids == want
+
+
+def test_abort_frees_the_slot_and_leaves_the_others_alone(ex, solo):
+    engine = make_engine(ex, "draft")
+    cfg = GenerationConfig(max_output_len=24)
+    ids = [engine.add_request(p, cfg) for p in PROMPTS[:4]]  # max_batch_size is 4: every slot taken
+    queued = engine.add_request(PROMPTS[4], cfg)
+    engine.step()
+    engine.step()
+    assert len(engine.running) == 4 and len(engine.waiting) == 1
+    engine.abort(ids[1])  # a running one, in the middle: the last slot moves into its place
+    assert len(engine.running) == 3 and all(r.request_id != ids[1] for r in engine.running)
+    out = drain(engine)
+    assert out[ids[1]].finish_reason == "abort"
+    assert {i: out[ids[i]].output_ids for i in (0, 2, 3)} == {i: solo[i] for i in (0, 2, 3)}
+    assert out[queued].output_ids == solo[4]  # the freed slot admitted the queued request
+    engine.abort("no-such-request")  # unknown or finished: nothing happens
+
+
+def test_abort_a_queued_request(ex):
+    engine = make_engine(ex, "none")
+    rid = engine.add_request(PROMPTS[0], GenerationConfig(max_output_len=4))
+    engine.abort(rid)
+    out = drain(engine)
+    assert out[rid].finish_reason == "abort" and out[rid].output_ids == []
+
+
+def test_per_request_metrics(ex):
+    engine = make_engine(ex, "draft")
+    rid = engine.add_request(PROMPTS[0], GenerationConfig(max_output_len=16))
+    m = drain(engine)[rid].metrics
+    assert m.output_tokens == 16 and m.prompt_tokens == len(PROMPTS[0])
+    assert len(m.ttft_s) == len(m.queue_s) == len(m.tpot_s) == 1 and m.ttft_s[0] >= m.queue_s[0] >= 0 and m.tpot_s[0] > 0
+    assert m.rounds > 0 and m.drafted > 0 and len(m.per_position_acceptance) == 3
+    assert engine.stats.requests == 1 and engine.stats.output_tokens == 16
+
+
+def test_request_errors(ex):
+    engine = make_engine(ex, "draft")
+    with pytest.raises(RequestError, match=r"draft_len=9 is larger than the target engine's max_draft_len=4"):
+        engine.add_request(PROMPTS[0], GenerationConfig(draft_len=9))
+    with pytest.raises(RequestError, match="is empty"):
+        engine.add_request([], GenerationConfig())
+    with pytest.raises(RequestError, match="unknown speculation method 'eagle'"):
+        GenerationConfig(method="eagle")
+    target_only = Engine(ex["target"])
+    with pytest.raises(RequestError, match="'ngram' is not loaded"):
+        target_only.add_request(PROMPTS[0], GenerationConfig(method="ngram"))
+    rid = engine.add_request(PROMPTS[0], GenerationConfig(), request_id="mine")
+    with pytest.raises(RequestError, match="already in use"):
+        engine.add_request(PROMPTS[0], GenerationConfig(), request_id=rid)
+
+
+def test_max_draft_len_is_enforced_where_the_loop_is_built(ex):
+    with pytest.raises(EngineError, match="max_draft_len=4"):
+        Orchestrator(ex["target"], NGramProposer(8, 2), draft_len=8)
+    with pytest.raises(EngineError, match="cannot verify drafts"):
+        Orchestrator(ex["identity"], DraftModelProposer(ex["draft"]), draft_len=2)  # built without draft mode
+
+
+# -- draft_len=auto ----------------------------------------------------------------------
+def test_auto_draft_len_is_exact_and_follows_acceptance(ex, solo):
+    cfg = GenerationConfig(max_output_len=24)
+    prompts = PROMPTS[:4]
+    for proposer in (DraftModelProposer(ex["identity"]), DraftModelProposer(ex["draft"]), NGramProposer(MAX_DRAFT, 2)):
+        out, m = Orchestrator(ex["target"], proposer, "auto").generate(prompts, cfg)
+        assert [o.output_ids for o in out] == [solo[i] for i in range(4)], proposer.name
+    # n-gram drafts cost almost nothing and a repetitive text accepts them: auto drafts
+    rep = [[7, 8, 9] * 5]
+    out, m = Orchestrator(ex["target"], NGramProposer(MAX_DRAFT, 2), "auto").generate(rep, GenerationConfig(max_output_len=40))
+    base, _ = Orchestrator(ex["target"]).generate(rep, GenerationConfig(max_output_len=40))
+    assert out[0].output_ids == base[0].output_ids
+    assert m.drafted > 0 and m.per_token_acceptance > 0.8
+    # a draft as costly as the target (the identity draft) never pays for itself: auto stops drafting
+    # after its first measured rounds, while a fixed k=4 drafts every round
+    _, m_auto = Orchestrator(ex["target"], DraftModelProposer(ex["identity"]), "auto").generate(prompts, cfg)
+    _, m_fixed = Orchestrator(ex["target"], DraftModelProposer(ex["identity"]), 4).generate(prompts, cfg)
+    assert m_auto.drafted < m_fixed.drafted / 2
+
+
+def test_auto_policy_picks_zero_when_drafts_do_not_pay():
+    from specdec.runtime.draft_len import AutoDraftLen
+
+    auto = AutoDraftLen(8)
+    for w in range(1, 10):
+        auto.record_verify(w, 0.010 * w)  # verification cost grows with every token (a compute-bound CPU)
+    auto.record_draft("draft", 1, 0.004)
+    assert auto.choose("draft", accepted=1, rejected=20, limit=8) == 0  # 5% acceptance: never worth it
+    auto2 = AutoDraftLen(8)
+    for w in range(1, 10):
+        auto2.record_verify(w, 0.010 + 0.0001 * w)  # flat verification (memory-bound): long drafts pay
+    auto2.record_draft("ngram", 1, 0.00001)
+    assert auto2.choose("ngram", accepted=95, rejected=5, limit=8) == 8
+    assert auto2.choose("ngram", accepted=95, rejected=5, limit=3) == 3
+
+
+# -- draft and target checked against each other ------------------------------------------
+def _with_tokenizer(src, dst, words, special=None):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    shutil.copytree(src, dst)
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[0]))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(dst / "tokenizer.json"))
+    if special:
+        (dst / "tokenizer_config.json").write_text(json.dumps(special))
+    cfg = json.loads((dst / "config.json").read_text())
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if (dst / name).is_file():
+            cfg["files"][name] = sha256_file(dst / name)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return load_engine_dir(dst)
+
+
+def test_pairing_refuses_another_tokenizer_unless_allowed(ex, tmp_path):
+    t = _with_tokenizer(ex["target"].engine.path, tmp_path / "t", ["<unk>", "a", "b"])
+    d = _with_tokenizer(ex["draft"].engine.path, tmp_path / "d", ["<unk>", "x", "y"])
+    with pytest.raises(EngineError, match="different tokenizers"):
+        check_pair(t, d)
+    with pytest.warns(PairWarning, match="different tokenizers"):
+        check_pair(t, d, allow_mismatch=True)
+    same = _with_tokenizer(ex["draft"].engine.path, tmp_path / "s", ["<unk>", "a", "b"], {"eos_token": "b"})
+    with pytest.raises(EngineError, match="different special token ids"):
+        check_pair(t, same)
+    ok = _with_tokenizer(ex["draft"].engine.path, tmp_path / "ok", ["<unk>", "a", "b"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert check_pair(t, ok) is None
+
+
+def test_pairing_warns_about_a_draft_with_smaller_limits(ex, tmp_path):
+    ckpt = make_checkpoint(tmp_path / "small", num_hidden_layers=1, hidden_size=32, intermediate_size=64, seed=0)
+    small = build_and_load(ckpt, tmp_path / "se", spec_build(0, max_seq_len=64))
+    with pytest.warns(PairWarning, match="max_seq_len 64 < 96"):
+        Orchestrator(ex["target"], DraftModelProposer(small), 2)
+
+
+# -- the runtime stays light -----------------------------------------------------------------
+def test_decoding_imports_no_builder_torch_or_onnx(ex):
+    code = f"""
+import sys
+from specdec.runtime import load_orchestrator, GenerationConfig, NGramConfig
+orch = load_orchestrator({str(ex['target'].engine.path)!r}, ngram=NGramConfig(3, 2, [0]))
+out, m = orch.generate([[5, 6, 7, 5, 6, 7]], GenerationConfig(max_output_len=8))
+assert len(out[0].output_ids) == 8
+heavy = [m for m in ("torch", "transformers", "onnx", "specdec.builder", "specdec.plugins") if m in sys.modules]
+print("HEAVY", heavy)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "HEAVY []" in r.stdout, r.stdout
+
+
+# -- random interleavings ---------------------------------------------------------------------
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(["add", "step", "step", "abort"]), st.integers(0, len(PROMPTS) - 1), st.sampled_from(["none", "draft", "ngram"])), min_size=1, max_size=30))
+def test_random_add_step_abort_sequences(ex, solo, ops):
+    engine = make_engine(ex, "draft")
+    cfg = {m: GenerationConfig(max_output_len=24, method=m) for m in ("none", "draft", "ngram")}
+    prompt_of, aborted, outputs = {}, set(), {}
+    for op, i, method in ops:
+        if op == "add":
+            prompt_of[engine.add_request(PROMPTS[i], cfg[method])] = i
+        elif op == "abort" and prompt_of:
+            rid = sorted(prompt_of)[i % len(prompt_of)]
+            if rid not in outputs:
+                aborted.add(rid)
+            engine.abort(rid)
+        else:
+            for o in engine.step():
+                assert o.request_id not in outputs
+                if o.finished:
+                    outputs[o.request_id] = o
+        slots = [r.slot for r in engine.running]
+        assert slots == list(range(len(slots))) and len(slots) <= engine.max_batch  # no slot used twice
+    drain(engine, outputs)
+    assert set(outputs) == set(prompt_of)  # every request ended exactly once
+    for rid, o in outputs.items():
+        if rid in aborted:
+            assert o.finish_reason == "abort" and o.output_ids == solo[prompt_of[rid]][: len(o.output_ids)]
+        else:
+            assert o.output_ids == solo[prompt_of[rid]]
