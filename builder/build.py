@@ -66,6 +66,8 @@ def validate_build_config(build: BuildConfig, model: ModelConfig) -> None:
         problems.append(f"fp8_activations={build.fp8_activations!r} is not one of {', '.join(FP8_ACTIVATIONS)}")
     elif build.fp8_activations != "none" and build.quantization != "fp8":
         problems.append(f"fp8_activations={build.fp8_activations} needs --quantization fp8")
+    if build.lowering == "ort_cuda" and build.quantization == "fp8":
+        problems.append("lowering ort_cuda computes in the storage dtype and has no FP8 path: use --qformat none (or another lowering)")
     if problems:
         raise BuildConfigError("invalid build configuration: " + "; ".join(problems) + ".")
 
@@ -189,8 +191,10 @@ def build_engine(
                                              trt_version_compatible, exclude_lean_runtime=trt_exclude_lean_runtime, say=say)
             versions["tensorrt"] = trt_meta["tensorrt_version"]
             network_file = ENGINE_FILE  # the ONNX stays beside it: the graph the plan was built from
-        else:
+        elif _computes_in_float32(build):
             backend.check_loads(tmp)
+        else:  # half-precision compute (ort_cuda): ONNX Runtime on CPU has no kernels to load it with; check the graph itself
+            _check_graph(tmp / network_file)
         report("verify", model.num_layers + 2, total)
         config = EngineConfig(
             model=model,
@@ -214,6 +218,21 @@ def build_engine(
         raise
     engine_bytes = sum(p.stat().st_size for p in output_dir.rglob("*") if p.is_file())
     return BuildResult(output_dir, config, num_parameters, engine_bytes, time.perf_counter() - t0)
+
+
+def _computes_in_float32(build: BuildConfig) -> bool:
+    from ..plugins import LOWERINGS
+
+    return LOWERINGS[build.lowering].compute_dtype(build) == "float32"
+
+
+def _check_graph(path: Path) -> None:
+    import onnx
+
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except Exception as err:  # onnx raises several untyped errors
+        raise BuildConfigError(f"the built network {path.name} is not a valid ONNX model: {err}") from err
 
 
 def _move_into_place(tmp: Path, output_dir: Path) -> None:

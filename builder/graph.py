@@ -2,9 +2,10 @@
 
 Node names follow ``/model/layers.3/attn/qkv_proj`` so that a profile or a
 parser error points at the layer; a node's outputs are ``<name>/out<i>``.
-Weights are stored in the engine's dtype and cast to float32 where the graph
-computes in float32 (ONNX Runtime CPU has no fp16/bf16 MatMul); ONNX Runtime
-folds those casts once, when the session is created.
+Weights are stored in the engine's dtype and cast to the compute dtype where
+the two differ: float32 for the CPU lowerings (ONNX Runtime CPU has no
+fp16/bf16 MatMul; it folds those casts once, when the session is created),
+the storage dtype itself for a lowering that computes in half precision.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ def float32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
 
 
 class GraphBuilder:
-    def __init__(self, weight_dtype: str = "float32"):
-        if weight_dtype not in _STORAGE:
-            raise ValueError(f"unsupported weight dtype {weight_dtype!r}")
-        self.weight_dtype = weight_dtype
+    def __init__(self, weight_dtype: str = "float32", compute_dtype: str = "float32"):
+        if weight_dtype not in _STORAGE or compute_dtype not in _STORAGE:
+            raise ValueError(f"unsupported weight/compute dtype {weight_dtype!r}/{compute_dtype!r}")
+        self.weight_dtype, self.compute_dtype = weight_dtype, compute_dtype
+        self.compute_type = _STORAGE[compute_dtype]  # the TensorProto type activations are in
         self.nodes: list = []
         self.initializers: list = []
         self.inputs: list = []
@@ -52,18 +54,20 @@ class GraphBuilder:
         return name
 
     def weight(self, name: str, value: np.ndarray) -> str:
-        """A float32 weight stored in the engine dtype; returns a float32 value."""
+        """A float32 weight stored in the engine dtype; returns a value in the compute dtype."""
         value = np.ascontiguousarray(value, dtype=np.float32)
         if self.weight_dtype == "float32":
-            return self.const(name, value)
-        if self.weight_dtype == "float16":
+            self.const(name, value)
+        elif self.weight_dtype == "float16":
             self.const(name, value.astype(np.float16))
         else:
             bits = float32_to_bf16_bits(value)
             self.initializers.append(
                 helper.make_tensor(name, TensorProto.BFLOAT16, value.shape, bits.tobytes(), raw=True)
             )
-        return self.op("Cast", [name], f"{name}/cast", to=TensorProto.FLOAT)
+        if self.weight_dtype == self.compute_dtype:
+            return name
+        return self.op("Cast", [name], f"{name}/cast", to=self.compute_type)
 
     def fp8_weight(self, name: str, bits: np.ndarray, scale: np.ndarray, block_size: int = 0) -> str:
         """float8 e4m3 weight [in, out] + scales -> a float32 value via DequantizeLinear."""

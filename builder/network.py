@@ -4,7 +4,8 @@ Inputs
   input_ids      [batch, num_tokens]  int64
   position_ids   [batch, num_tokens]  int64   position (= cache slot) of each token
   logits_index   [batch, num_logits]  int64   which of the num_tokens rows get logits
-  past_key.i / past_value.i  the KV cache, float32, in the lowering's layout (build.kv_layout):
+  (a lowering may add inputs of its own: ort_cuda's host-side total_sequence_length, plugins/ort_cuda.py)
+  past_key.i / past_value.i  the KV cache, float32 (ort_cuda: the compute dtype), in the lowering's layout (build.kv_layout):
                  bnsh [batch, kv_heads, kv_capacity, head_dim] or bsh [batch, kv_capacity, kv_heads * head_dim]
 Outputs
   logits         [batch, num_logits, vocab]   float32
@@ -69,9 +70,10 @@ def build_network(
     activation_scales: calibrated static FP8 input scales by linear-layer name.
     linear_inputs: filled with linear-layer name -> the graph value it reads (calibration taps).
     """
-    gb = GraphBuilder(weight_dtype=build.dtype)
+    lowering_cls = get_lowering(build.lowering)
+    gb = GraphBuilder(weight_dtype=build.dtype, compute_dtype=lowering_cls.compute_dtype(build))
     linears = _Linears(gb, ckpt, build, fp8, activation_scales or {})
-    lowering = get_lowering(build.lowering)(gb, cfg)
+    lowering = lowering_cls(gb, cfg)
     ids = gb.input("input_ids", TensorProto.INT64, ["batch", "num_tokens"])
     positions = gb.input("position_ids", TensorProto.INT64, ["batch", "num_tokens"])
     logits_index = gb.input("logits_index", TensorProto.INT64, ["batch", "num_logits"])
@@ -96,7 +98,10 @@ def build_network(
         lm_head = gb.op("Transpose", [embed], "/lm_head/tied_weight_t", perm=[1, 0])
     else:
         lm_head = gb.weight("lm_head.weight", ckpt.float32("lm_head.weight").T)
-    gb.op("MatMul", [x, lm_head], "/lm_head/matmul", outputs=["logits"])
+    if gb.compute_type == TensorProto.FLOAT:
+        gb.op("MatMul", [x, lm_head], "/lm_head/matmul", outputs=["logits"])
+    else:  # a half-precision lowering: the ABI's logits stay float32
+        gb.op("Cast", [gb.op("MatMul", [x, lm_head], "/lm_head/matmul")], "/lm_head/logits_float32", outputs=["logits"], to=TensorProto.FLOAT)
     gb.output("logits", TensorProto.FLOAT, ["batch", "num_logits", cfg.vocab_size])
     if linear_inputs is not None:
         linear_inputs.update(linears.inputs)
@@ -175,17 +180,20 @@ def _decoder_layer(gb: GraphBuilder, lowering, linear: _Linears, ckpt: Checkpoin
     # One fused q|k|v projection: a third of the MatMul calls.
     bias = np.concatenate([w("q_bias"), w("k_bias"), w("v_bias")]) if cfg.qkv_bias else None
     qkv = linear(f"{p}/attn/qkv_proj", h, mod("q_proj", "k_proj", "v_proj"), bias)
-    split = _shape(gb, f"{p}/attn/qkv_split", [nh * hd, kvh * hd, kvh * hd])
-    q, k, v = gb.op("Split", [qkv, split], f"{p}/attn/qkv_split_op", num_outputs=3, axis=-1)
-    if cfg.qk_norm:  # Qwen3: RMSNorm over each head
-        q = _head_norm(gb, f"{p}/attn/q_norm", q, nh, hd, w("q_norm"), cfg.rms_norm_eps)
-        k = _head_norm(gb, f"{p}/attn/k_norm", k, kvh, hd, w("k_norm"), cfg.rms_norm_eps)
-    attn = lowering.layer(f"{p}/attn", q, k, v, i, shared)
+    if lowering.takes_packed_qkv() and not cfg.qk_norm:  # the attention op splits q|k|v itself: one kernel less
+        attn = lowering.layer(f"{p}/attn", qkv, None, None, i, shared)
+    else:
+        split = _shape(gb, f"{p}/attn/qkv_split", [nh * hd, kvh * hd, kvh * hd])
+        q, k, v = gb.op("Split", [qkv, split], f"{p}/attn/qkv_split_op", num_outputs=3, axis=-1)
+        if cfg.qk_norm:  # Qwen3: RMSNorm over each head
+            q = _head_norm(gb, f"{p}/attn/q_norm", q, nh, hd, w("q_norm"), cfg.rms_norm_eps)
+            k = _head_norm(gb, f"{p}/attn/k_norm", k, kvh, hd, w("k_norm"), cfg.rms_norm_eps)
+        attn = lowering.layer(f"{p}/attn", q, k, v, i, shared)
     o = linear(f"{p}/attn/o_proj", attn, mod("o_proj"))
 
     h, x = lowering.add_norm(f"{p}/post_attention_layernorm", x, o, gb.weight(f"{p}/post_attention_layernorm.weight", w("post_attention_layernorm")))
     gate_up = linear(f"{p}/mlp/gate_up_proj", h, mod("gate_proj", "up_proj"))
     gate, up = gb.op("Split", [gate_up, _shape(gb, f"{p}/mlp/split", [cfg.intermediate_size] * 2)], f"{p}/mlp/split_op", num_outputs=2, axis=-1)
-    silu = gb.op("Mul", [gate, gb.op("Sigmoid", [gate], f"{p}/mlp/sigmoid")], f"{p}/mlp/silu")
+    silu = lowering.silu(f"{p}/mlp", gate)
     down = linear(f"{p}/mlp/down_proj", gb.op("Mul", [silu, up], f"{p}/mlp/gated"), mod("down_proj"))
     return x, down

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from .attention import AttentionLowering, PortableAttention
 from .ort_cpu import OrtCpuAttention
+from .ort_cuda import OrtCudaAttention
 
-LOWERINGS: dict[str, type[AttentionLowering]] = {cls.name: cls for cls in (PortableAttention, OrtCpuAttention)}
+LOWERINGS: dict[str, type[AttentionLowering]] = {cls.name: cls for cls in (PortableAttention, OrtCpuAttention, OrtCudaAttention)}
 
 
 def get_lowering(name: str) -> type[AttentionLowering]:

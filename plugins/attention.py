@@ -37,6 +37,12 @@ class AttentionLowering:
     name = "base"
     kv_layout = "bnsh"  # cache layout: bnsh = [batch, kv_heads, capacity, head_dim]; bsh = [batch, capacity, kv_heads * head_dim]
     extra_opsets: dict[str, int] = {}
+    extra_inputs: tuple[str, ...] = ()  # graph inputs beyond the engine ABI's (the runtime feeds them)
+
+    @classmethod
+    def compute_dtype(cls, build) -> str:
+        """The dtype activations (and the KV cache) are computed in: float32 unless a lowering says otherwise."""
+        return "float32"
 
     def __init__(self, gb: GraphBuilder, cfg: ModelConfig):
         self.gb, self.cfg = gb, cfg
@@ -74,6 +80,15 @@ class AttentionLowering:
             kv_num_heads=cfg.num_kv_heads,
             scale=float(cfg.head_dim) ** -0.5,
         )
+
+    def takes_packed_qkv(self) -> bool:
+        """Whether ``layer`` takes the fused q|k|v projection as ``q`` (k and v None) instead of three parts."""
+        return False
+
+    def silu(self, prefix: str, x: str) -> str:
+        """x * sigmoid(x), the MLP's activation."""
+        gb = self.gb
+        return gb.op("Mul", [x, gb.op("Sigmoid", [x], f"{prefix}/sigmoid")], f"{prefix}/silu")
 
     def add_norm(self, name: str, x: str, delta: str | None, weight: str) -> tuple[str, str]:
         """(RMSNorm(x + delta), x + delta): the residual add and the next norm."""

@@ -41,13 +41,16 @@ class OrtCpuAttention(PortableAttention):
     def add_norm(self, name: str, x: str, delta: str | None, weight: str) -> tuple[str, str]:
         if delta is None:
             return super().add_norm(name, x, None, weight)
-        gb = self.gb
+        return self.fused_add_norm(self.gb, self.cfg, name, x, delta, weight)
+
+    @staticmethod
+    def fused_add_norm(gb, cfg, name: str, x: str, delta: str, weight: str) -> tuple[str, str]:
         normed, _, _, total = gb.op(
             "SkipSimplifiedLayerNormalization",
             [delta, x, weight],
             name,
             outputs=[f"{name}/out0", "", "", f"{name}/residual_sum"],
             domain=CONTRIB,
-            epsilon=self.cfg.rms_norm_eps,
+            epsilon=cfg.rms_norm_eps,
         )
         return normed, total
