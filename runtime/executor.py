@@ -150,7 +150,9 @@ def pad_tokens(tokens: Sequence[Sequence[int]] | np.ndarray) -> tuple[np.ndarray
     batch = len(tokens)
     if batch < 1:
         raise RequestError("a step needs at least one row of tokens.")
-    num_new = np.array([len(t) for t in tokens], np.int64)
+    num_new = np.fromiter(map(len, tokens), np.int64, batch)
+    if (num_new == num_new[0]).all() and num_new[0] > 0:  # not ragged: one conversion
+        return np.array(tokens, np.int64).reshape(batch, int(num_new[0])), num_new
     if (num_new < 1).any():
         raise RequestError("every row needs at least one token per step.")
     ids = np.zeros((batch, int(num_new.max())), np.int64)
