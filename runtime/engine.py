@@ -104,7 +104,7 @@ class Engine:
         self.running: list[Request] = []  # running[s] holds slot s
         self.waiting: deque[Request] = deque()
         self.requests: dict[str, Request] = {}
-        self.auto = AutoDraftLen(build.max_draft_len)
+        self.auto = AutoDraftLen(build.max_draft_len, self.max_batch)
         self.stats = Metrics()  # engine totals: every request's counts, merged as it finishes
         self._ids = itertools.count()
         self._aborted: list[Request] = []
@@ -243,7 +243,7 @@ class Engine:
             return 0
         if r.draft_len != AUTO:
             return min(int(r.draft_len), limit)
-        k = self.auto.choose(r.method, r.metrics.accepted, r.metrics.rejected, limit)
+        k = self.auto.choose(r.method, r.metrics.accepted, r.metrics.rejected, limit, len(self.running))
         if k == 0:
             r.idle_rounds += 1
             if r.idle_rounds >= PROBE_EVERY:  # look again: the text may have changed
@@ -264,7 +264,7 @@ class Engine:
             got = proposer.propose([reqs[i] for i in idx], [lens[i] for i in idx])
             dt = time.perf_counter() - t0
             self.stats.draft_s += dt
-            self.auto.record_draft(name, max(len(d) for d in got), dt)
+            self.auto.record_draft(name, len(idx), max(len(d) for d in got), dt)
             for i, d in zip(idx, got):
                 drafts[i] = d
                 reqs[i].metrics.draft_s += dt / len(idx)
@@ -274,7 +274,7 @@ class Engine:
         logits = self.target.forward(self.cache, feed, all_logits=True)
         t1 = time.perf_counter()
         self.stats.target_s += t1 - t0
-        self.auto.record_verify(logits.shape[1], t1 - t0)
+        self.auto.record_verify(len(reqs), logits.shape[1], t1 - t0)
         ended = []
         for r, d in zip(reqs, drafts):
             k = len(d)  # a proposer may offer fewer than allowed (n-gram: no match)

@@ -200,17 +200,20 @@ def test_auto_draft_len_is_exact_and_follows_acceptance(ex, solo):
 def test_auto_policy_picks_zero_when_drafts_do_not_pay():
     from specdec.runtime.draft_len import AutoDraftLen
 
-    auto = AutoDraftLen(8)
+    auto = AutoDraftLen(8, max_batch=4)
     for w in range(1, 10):
-        auto.record_verify(w, 0.010 * w)  # verification cost grows with every token (a compute-bound CPU)
-    auto.record_draft("draft", 1, 0.004)
+        auto.record_verify(1, w, 0.010 * w)  # verification cost grows with every token (a compute-bound CPU)
+    auto.record_draft("draft", 1, 1, 0.004)
     assert auto.choose("draft", accepted=1, rejected=20, limit=8) == 0  # 5% acceptance: never worth it
-    auto2 = AutoDraftLen(8)
+    auto2 = AutoDraftLen(8, max_batch=4)
     for w in range(1, 10):
-        auto2.record_verify(w, 0.010 + 0.0001 * w)  # flat verification (memory-bound): long drafts pay
-    auto2.record_draft("ngram", 1, 0.00001)
+        auto2.record_verify(1, w, 0.010 + 0.0001 * w)  # flat verification at batch 1 (memory-bound): long drafts pay
+        auto2.record_verify(4, w, 0.010 * w)  # at batch 4 the same GEMMs are compute-bound: drafts do not pay
+    auto2.record_draft("ngram", 1, 1, 0.00001)
     assert auto2.choose("ngram", accepted=95, rejected=5, limit=8) == 8
     assert auto2.choose("ngram", accepted=95, rejected=5, limit=3) == 3
+    assert auto2.choose("ngram", accepted=60, rejected=40, limit=8, rows=4) == 0
+    assert auto2.choose("ngram", accepted=60, rejected=40, limit=8, rows=3) == 0  # unmeasured batch size: the nearest one
 
 
 # -- draft and target checked against each other ------------------------------------------
