@@ -142,3 +142,18 @@ def _count_trt_gpus() -> int:
 
 register_executor("onnxruntime", "cpu", _ort_cpu, lambda: 1)
 register_executor("tensorrt", "cuda", _trt_cuda, _count_trt_gpus, "pip install 'specdec[tensorrt]'")
+
+
+def _ort_cuda(engine: EngineDir, placement: Placement) -> Executor:
+    from .cuda_executor import CudaExecutor  # needs onnxruntime-gpu: only on GPU hosts
+
+    return CudaExecutor(engine, device=placement.index)
+
+
+def _count_cuda_gpus() -> int:
+    from .cuda_host import visible_cuda_gpus
+
+    return visible_cuda_gpus("an onnxruntime engine on --device cuda")
+
+
+register_executor("onnxruntime", "cuda", _ort_cuda, _count_cuda_gpus, "pip install 'specdec[gpu]'")

@@ -25,11 +25,24 @@ def gpu_skip_reason() -> str | None:
     return None
 
 
+def cuda_skip_reason() -> str | None:
+    """Why the ``cuda`` tests (ONNX Runtime's CUDA provider) cannot run here, or None."""
+    from specdec.runtime.cuda_host import visible_cuda_gpus
+    from specdec.runtime.errors import DeviceError
+
+    try:
+        visible_cuda_gpus("this test (marked cuda)")
+    except DeviceError as err:
+        return str(err)
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
-    gpu_items = [item for item in items if "gpu" in item.keywords]
-    reason = gpu_skip_reason() if gpu_items else None
-    for item in gpu_items if reason else []:
-        item.add_marker(pytest.mark.skip(reason=reason))
+    for marker, why in (("gpu", gpu_skip_reason), ("cuda", cuda_skip_reason)):
+        marked = [item for item in items if marker in item.keywords]
+        reason = why() if marked else None
+        for item in marked if reason else []:
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 def spec_build(max_draft_len: int = 4, **kw) -> BuildConfig:
