@@ -19,7 +19,7 @@ from typing import Callable, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from .engine_format import BuildConfig, EngineDir, ModelConfig
-from .errors import DeviceError, EngineError
+from .errors import DeviceError, EngineError, RequestError
 from .kv_cache import KVCache
 
 DEVICE_KINDS = ("cpu", "cuda")
@@ -60,6 +60,26 @@ class Executor(Protocol):
         """Copy slot ``src``'s live K/V (its first ``lengths[src]`` positions) to slot
         ``dst`` and set ``lengths[dst]``: the loop keeps running requests in slots
         ``0..n-1`` by moving the last one into a freed slot."""
+
+
+def pad_tokens(tokens: Sequence[Sequence[int]] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ragged rows -> (ids [n, width] zero-padded, num_new [n]); every row needs a token."""
+    if isinstance(tokens, np.ndarray) and tokens.ndim == 2:
+        if tokens.shape[1] < 1:
+            raise RequestError("every row needs at least one token per step.")
+        return np.ascontiguousarray(tokens, dtype=np.int64), np.full(tokens.shape[0], tokens.shape[1], np.int64)
+    batch = len(tokens)
+    if batch < 1:
+        raise RequestError("a step needs at least one row of tokens.")
+    num_new = np.fromiter(map(len, tokens), np.int64, batch)
+    if (num_new == num_new[0]).all() and num_new[0] > 0:  # not ragged: one conversion
+        return np.array(tokens, np.int64).reshape(batch, int(num_new[0])), num_new
+    if (num_new < 1).any():
+        raise RequestError("every row needs at least one token per step.")
+    ids = np.zeros((batch, int(num_new.max())), np.int64)
+    for row, t in enumerate(tokens):
+        ids[row, : len(t)] = t
+    return ids, num_new
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,13 @@ class AutoDraftLen:
         slope, intercept = np.polyfit(known, line[known], 1)
         return float(max(intercept + slope * width, line[known].min()))
 
+    def draft_cost(self, method: str, rows: int, default: float) -> float:
+        """Seconds of one draft step over ``rows`` requests: measured, else the nearest batch size measured."""
+        sizes = [n for m, n in self.draft_s if m == method]
+        if not sizes:
+            return default
+        return self.draft_s[(method, min(sizes, key=lambda n: abs(n - rows)))]
+
     def choose(self, method: str, accepted: int, rejected: int, limit: int, rows: int = 1) -> int:
         """The k in 0..limit with the most expected tokens per second, in a round of ``rows`` requests."""
         limit = min(limit, self.max_draft_len)
@@ -85,7 +92,7 @@ class AutoDraftLen:
             return 0
         a = self.acceptance(method, accepted, rejected)
         t1 = self.verify_cost(rows, 1)
-        t_draft = self.draft_s.get((method, rows), 0.1 * t1)  # unmeasured: a tenth of a target step
+        t_draft = self.draft_cost(method, rows, default=0.1 * t1)  # unmeasured: a tenth of a target step
         ks = np.arange(limit + 1)
         tokens = (1 - a ** (ks + 1)) / (1 - a)
         cost = ks * t_draft + np.array([self.verify_cost(rows, int(k) + 1) for k in ks])

@@ -24,7 +24,7 @@ import numpy as np
 
 from .engine_format import BuildConfig, EngineDir, ModelConfig
 from .errors import DeviceError, EngineError, RequestError
-from .executor import pad_tokens
+from .backend import pad_tokens
 from .kv_cache import KVCache
 from .trt_host import MIN_TENSORRT, check_gpu_arch, cuda_call, cuda_device_info, cudart_module, import_runtime, require_gpu
 
