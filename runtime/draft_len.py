@@ -25,29 +25,56 @@ import numpy as np
 
 PRIOR_WEIGHT = 8.0  # drafts' worth of the method-wide acceptance in a request's estimate
 PROBE_EVERY = 16  # rounds at k = 0 before a probe round
-EMA = 0.2  # weight of a new timing
+FORGET = 0.05  # weight of a new timing: the fits follow the last ~20 calls
+PRIOR_SLOPE = 0.1  # cost of one more verified token, as a share of a 1-token call, before two widths were timed
+
+
+class _CostLine:
+    """seconds = intercept + slope * width, fitted to recent timings (exponentially forgotten
+    least squares). One line, not one average per width: a width timed once during a noisy
+    moment cannot lock itself out, every timing informs every width."""
+
+    def __init__(self) -> None:
+        self.s = np.zeros(5)  # decayed sums of 1, w, w^2, t, w*t
+
+    def add(self, width: int, seconds: float) -> None:
+        if self.s[0] > 0:
+            seconds = min(seconds, 3.0 * self(width))  # one stall (another process, a page fault) is not a cost
+        self.s *= 1.0 - FORGET
+        self.s += (1.0, width, width * width, seconds, width * seconds)
+
+    @property
+    def measured(self) -> bool:
+        return bool(self.s[0] > 0)
+
+    def __call__(self, width: int) -> float:
+        n, sw, sww, st, swt = self.s
+        mean_w, mean_t = sw / n, st / n
+        var = sww / n - mean_w * mean_w
+        if var < 0.1:  # one width seen: the prior slope
+            return mean_t * (1.0 + PRIOR_SLOPE * (width - mean_w))
+        slope = max((swt / n - mean_w * mean_t) / var, 0.0)
+        return max(mean_t + slope * (width - mean_w), 1e-9)
 
 
 class AutoDraftLen:
     def __init__(self, max_draft_len: int, max_batch: int = 1):
         self.max_draft_len = max_draft_len
-        # [rows, width] EMA seconds of a target call of that many rows and tokens per row (0: unmeasured)
-        self.verify_s = np.zeros((max_batch + 1, max_draft_len + 2))
-        self.draft_s: dict[tuple[str, int], float] = {}  # (method, rows) -> EMA seconds per draft step
+        self.verify = [_CostLine() for _ in range(max_batch + 1)]  # [rows]: a target call of that many rows
+        self.draft_s: dict[tuple[str, int], float] = {}  # (method, rows) -> seconds per draft step (moving average)
         self.accepted: dict[str, float] = {}  # method -> drafts accepted (every request)
         self.reached: dict[str, float] = {}  # method -> drafts the target reached (accepted + first rejections)
 
     # -- measurements -------------------------------------------------------------------
     def record_verify(self, rows: int, width: int, seconds: float) -> None:
-        if rows < self.verify_s.shape[0] and width < self.verify_s.shape[1]:
-            old = self.verify_s[rows, width]
-            self.verify_s[rows, width] = seconds if old == 0 else (1 - EMA) * old + EMA * seconds
+        if rows < len(self.verify):
+            self.verify[rows].add(width, seconds)
 
     def record_draft(self, method: str, rows: int, steps: int, seconds: float) -> None:
         if steps > 0:
             per = seconds / steps
             old = self.draft_s.get((method, rows))
-            self.draft_s[(method, rows)] = per if old is None else (1 - EMA) * old + EMA * per
+            self.draft_s[(method, rows)] = per if old is None else min((1 - FORGET) * old + FORGET * per, 3.0 * old)
 
     def record_round(self, method: str, drafted: int, accepted: int) -> None:
         if drafted:
@@ -62,21 +89,11 @@ class AutoDraftLen:
         return float(min(a, 0.999))
 
     def verify_cost(self, rows: int, width: int) -> float:
-        """Seconds of a target call of ``rows`` x ``width`` tokens: measured, else a line through
-        what was measured at that batch size, else the nearest batch size measured."""
-        measured = np.flatnonzero(self.verify_s.any(axis=1))
-        if len(measured) == 0:
-            return 1.0 + 0.1 * (width - 1)  # unitless prior until the first call is timed
-        rows = int(measured[np.argmin(np.abs(measured - rows))])
-        line = self.verify_s[rows]
-        if line[width] > 0:
-            return float(line[width])
-        known = np.flatnonzero(line > 0)
-        if len(known) == 1:
-            w0 = known[0]
-            return float(line[w0] * (1 + 0.1 * (width - w0)))  # assume +10% per token
-        slope, intercept = np.polyfit(known, line[known], 1)
-        return float(max(intercept + slope * width, line[known].min()))
+        """Seconds of a target call of ``rows`` x ``width`` tokens, from the nearest batch size timed."""
+        timed = [n for n, line in enumerate(self.verify) if line.measured]
+        if not timed:
+            return 1.0 + PRIOR_SLOPE * (width - 1)  # unitless until the first call is timed
+        return self.verify[min(timed, key=lambda n: abs(n - rows))](width)
 
     def draft_cost(self, method: str, rows: int, default: float) -> float:
         """Seconds of one draft step over ``rows`` requests: measured, else the nearest batch size measured."""

@@ -183,10 +183,8 @@ def with_costs(orch, verify, draft):
     """Fix the step costs draft_len=auto sees, so the test checks the engine's decisions,
     not this machine's timing: verify(width) seconds per target call, draft seconds per draft step."""
     auto = orch.engine.auto
-    for rows in range(auto.verify_s.shape[0]):
-        auto.verify_s[rows] = [verify(w) for w in range(auto.verify_s.shape[1])]
-    auto.draft_s = {(m, rows): draft for m in ("draft", "ngram") for rows in range(1, auto.verify_s.shape[0])}
-    auto.record_verify = auto.record_draft = lambda *a: None
+    auto.verify_cost = lambda rows, width: verify(width)
+    auto.draft_cost = lambda method, rows, default: draft
     return orch
 
 
@@ -226,6 +224,8 @@ def test_auto_policy_picks_zero_when_drafts_do_not_pay():
         auto2.record_verify(1, w, 0.010 + 0.0001 * w)  # flat verification at batch 1 (memory-bound): long drafts pay
         auto2.record_verify(4, w, 0.010 * w)  # at batch 4 the same GEMMs are compute-bound: drafts do not pay
     auto2.record_draft("ngram", 1, 1, 0.00001)
+    auto2.record_verify(1, 2, 0.5)  # one stall is clipped, not believed
+    assert auto2.verify_cost(1, 2) < 0.04
     assert auto2.choose("ngram", accepted=95, rejected=5, limit=8) == 8
     assert auto2.choose("ngram", accepted=95, rejected=5, limit=3) == 3
     assert auto2.choose("ngram", accepted=60, rejected=40, limit=8, rows=4) == 0
