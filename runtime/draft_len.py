@@ -14,7 +14,13 @@ by more than its probes.
 
 ``a`` is the request's own acceptance so far, shrunk towards the method's
 acceptance over every request (a Beta prior worth ``PRIOR_WEIGHT`` drafts), so
-a new request starts from what the method has shown. A request that has
+a new request starts from what the method has shown. Drafts are not equally
+likely to survive at every position (an n-gram draft that got its first
+token right is copying the right passage, and its later tokens survive more
+often), so the expected tokens use the method's measured acceptance at each
+position given the ones before it, scaled by how the request compares with
+the method: ``1 + sum_j prod_{i<=j} c_i`` (the geometric formula when every
+``c_i`` is ``a``). A request that has
 chosen k = 0 for ``PROBE_EVERY`` rounds drafts once more, so a change in the
 text (a copy-heavy stretch for n-gram) is noticed.
 """
@@ -64,6 +70,9 @@ class AutoDraftLen:
         self.draft_s: dict[tuple[str, int], float] = {}  # (method, rows) -> seconds per draft step (moving average)
         self.accepted: dict[str, float] = {}  # method -> drafts accepted (every request)
         self.reached: dict[str, float] = {}  # method -> drafts the target reached (accepted + first rejections)
+        # method -> [position] drafts accepted / reached there: the acceptance at a position given the ones before
+        self.accepted_at: dict[str, np.ndarray] = {}
+        self.reached_at: dict[str, np.ndarray] = {}
 
     # -- measurements -------------------------------------------------------------------
     def record_verify(self, rows: int, width: int, seconds: float) -> None:
@@ -80,6 +89,10 @@ class AutoDraftLen:
         if drafted:
             self.accepted[method] = self.accepted.get(method, 0.0) + accepted
             self.reached[method] = self.reached.get(method, 0.0) + accepted + (accepted < drafted)
+            acc = self.accepted_at.setdefault(method, np.zeros(self.max_draft_len))
+            reach = self.reached_at.setdefault(method, np.zeros(self.max_draft_len))
+            acc[:accepted] += 1
+            reach[: min(accepted + 1, drafted)] += 1
 
     # -- the estimate -------------------------------------------------------------------
     def acceptance(self, method: str, accepted: int, rejected: int) -> float:
@@ -87,6 +100,16 @@ class AutoDraftLen:
         prior = (self.accepted.get(method, 0.0) + 1.0) / (self.reached.get(method, 0.0) + 2.0)
         a = (accepted + PRIOR_WEIGHT * prior) / (accepted + rejected + PRIOR_WEIGHT)
         return float(min(a, 0.999))
+
+    def expected_tokens(self, method: str, a: float, limit: int) -> np.ndarray:
+        """[k] expected tokens of a round with k = 0..limit drafts for a request of acceptance ``a``."""
+        c = np.full(limit, a)
+        reach = self.reached_at.get(method)
+        if reach is not None and self.reached.get(method, 0.0) > 0:
+            method_a = self.accepted[method] / self.reached[method]
+            at = (self.accepted_at[method][:limit] + PRIOR_WEIGHT * method_a) / (reach[:limit] + PRIOR_WEIGHT)  # smoothed per position
+            c = np.minimum(at * (a / max(method_a, 1e-6)), 0.999)
+        return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(c))])
 
     def verify_cost(self, rows: int, width: int) -> float:
         """Seconds of a target call of ``rows`` x ``width`` tokens, from the nearest batch size timed."""
@@ -111,6 +134,6 @@ class AutoDraftLen:
         t1 = self.verify_cost(rows, 1)
         t_draft = self.draft_cost(method, rows, default=0.1 * t1)  # unmeasured: a tenth of a target step
         ks = np.arange(limit + 1)
-        tokens = (1 - a ** (ks + 1)) / (1 - a)
+        tokens = self.expected_tokens(method, a, limit)
         cost = ks * t_draft + np.array([self.verify_cost(rows, int(k) + 1) for k in ks])
         return int(np.argmax(tokens / cost))

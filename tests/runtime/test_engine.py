@@ -320,3 +320,18 @@ def test_random_add_step_abort_sequences(ex, solo, ops):
             assert o.finish_reason == "abort" and o.output_ids == solo[prompt_of[rid]][: len(o.output_ids)]
         else:
             assert o.output_ids == solo[prompt_of[rid]]
+
+
+def test_auto_expected_tokens_follow_the_measured_positions():
+    from specdec.runtime.draft_len import AutoDraftLen
+
+    auto = AutoDraftLen(4)
+    a = 0.5
+    geometric = (1 - a ** (np.arange(5) + 1)) / (1 - a)
+    np.testing.assert_allclose(auto.expected_tokens("ngram", a, 4), geometric)  # nothing measured: the standard formula
+    for _ in range(200):  # all-or-nothing drafts: half the rounds keep all 4, half lose the first
+        auto.record_round("ngram", 4, 4)
+        auto.record_round("ngram", 4, 0)
+    e = auto.expected_tokens("ngram", auto.accepted["ngram"] / auto.reached["ngram"], 4)
+    # after a first accepted token the rest survive: each extra draft is worth almost as much as the first
+    assert e[4] - e[3] > 0.4 and e[4] > geometric[4] + 0.2
