@@ -1,0 +1,477 @@
+"""Function-preserving, zero-padded enlargement of a Llama-family checkpoint.
+
+    python benchmarks/enlarge.py --preset target325m examples/demo-pair/target /tmp/big/target
+    python benchmarks/enlarge.py --preset draft examples/demo-pair/draft /tmp/big/draft
+    python benchmarks/enlarge.py --hidden_size 128 --intermediate_size 256 --num_heads 8 \\
+        --num_kv_heads 4 --extra_layers 2 SRC DST
+
+The demo pair (about 6M parameters) is so small that per-call overhead, not
+weight bytes, decides its speed, so speculative decoding measured on it says
+little about real models. This script makes a checkpoint of a few hundred
+million parameters whose logits equal the small one's up to float rounding:
+every decode step reads the bytes of the big model and computes the small
+one's function.
+
+What grows, and why the function stays the same (h -> H hidden, nh -> NH query
+heads, kvh -> KVH kv heads, I -> I' FFN, L -> L + E layers; head_dim kept):
+
+* Every new row/column is zero, and the real weights sit in the top-left
+  corner of each padded tensor, so real heads keep indices 0..nh-1.
+* The residual stream is zero in dims h..H-1: the embedding's new columns are
+  zero and so are the rows of o_proj / down_proj that write those dims.
+* Heads: new q heads use new kv heads only. The group NH / KVH must equal
+  nh / kvh, so q head i still reads kv head i // group, which is real for
+  i < nh and new for i >= nh. New q/k/v rows are zero, so a new head attends
+  uniformly over zero values and outputs zero; its o_proj columns are zero too.
+* MLP: new gate/up rows are zero, so silu(0) * 0 = 0; new down columns are zero.
+* New layers go at the end and are all zero (norms included): attention and
+  MLP add exact zeros to the residual stream.
+* lm_head (or the tied embedding) gets zero columns for the new dims.
+
+Trap 1, RMSNorm: it averages x^2 over the padded width. With x zero in dims
+h..H-1, mean_H(x^2) = (h/H) mean_h(x^2). With eps' = eps * h/H,
+    sqrt(mean_H(x^2) + eps') = sqrt(h/H) * sqrt(mean_h(x^2) + eps),
+so the padded norm x * w' / sqrt(mean_H + eps') equals the original
+x * w / sqrt(mean_h + eps) exactly when w' = sqrt(h/H) * w (and the new dims
+stay zero whatever their weight, since x is zero there).
+So every hidden-width norm weight (input_layernorm, post_attention_layernorm,
+model.norm) is multiplied by sqrt(h/H) and rms_norm_eps by h/H. With H/h a
+power of 4 (both presets: 4x) sqrt(h/H) is a power of two and the scaling is
+exact in every float format. Qwen3's q_norm/k_norm run over head_dim, which
+does not change, so their weights stay -- but Hugging Face (and specdec's
+builder) give them the same config rms_norm_eps, so their eps shrinks too:
+a relative change of at most eps * (1 - h/H) / (2 mean(q^2)) per head vector
+(about 4e-7 for eps = 1e-6 and unit-scale q), far below fp16/bf16 storage
+rounding. That is the one place the enlargement is not exact.
+
+Trap 2, shared constants: ONNX Runtime keeps one prepacked copy of
+byte-identical constant weights, so identical all-zero layers (or identical
+zero blocks) would be read once and the big model would read fewer bytes than
+its size. Every zero this script writes gets a pseudo-random sign bit (+0.0 or
+-0.0, seeded per tensor name), so no two generated tensors share their bytes;
+their values are exactly zero. The script checks that and refuses to finish
+otherwise.
+
+Presets (sized for examples/demo-pair; any size flag overrides its value):
+
+* target325m: 256 -> 1024 hidden, 8/4 -> 32/16 heads, FFN 768 -> 3328,
+  6 + 18 = 24 layers: about 325M parameters (the scale DESIGN.md's figures
+  were taken at). Width and depth both x4; the FFN (3.25 x hidden rather than
+  the source's 3x) is what lands the total on 325M.
+* draft: 128 -> 512 hidden, 4/2 -> 16/8 heads, FFN 384 -> 1536, 2 + 6 = 8
+  layers: about 27M parameters, 8% of the target's bytes. The same x4 width
+  and x4 depth as the target, so the pair keeps its proportions in shape, and
+  a draft step costs about 5-10% of a target step (measured, see
+  benchmarks/README.md), the range where draft-target pays on real pairs.
+
+Needs numpy, safetensors and ml_dtypes (bfloat16); not torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import ml_dtypes
+import numpy as np
+from safetensors.numpy import save_file
+
+from specdec.builder.checkpoint import TOKENIZER_FILES, load_checkpoint
+from specdec.runtime.errors import SpecdecError
+
+
+class EnlargeError(SpecdecError):
+    """A checkpoint or a size the enlargement cannot honour."""
+
+
+PRESETS: dict[str, dict[str, int]] = {
+    "target325m": dict(hidden_size=1024, intermediate_size=3328, num_heads=32, num_kv_heads=16, extra_layers=18),
+    "draft": dict(hidden_size=512, intermediate_size=1536, num_heads=16, num_kv_heads=8, extra_layers=6),
+}
+SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+_STORED = {"F32": DTYPES["float32"], "F16": DTYPES["float16"], "BF16": DTYPES["bfloat16"]}
+
+# Hugging Face name within model.layers.{i} -> what each axis is sized by. A table, not a regex.
+LAYER_TENSORS: dict[str, tuple[str, ...]] = {
+    "input_layernorm.weight": ("hidden",),
+    "post_attention_layernorm.weight": ("hidden",),
+    "self_attn.q_proj.weight": ("q", "hidden"),
+    "self_attn.q_proj.bias": ("q",),
+    "self_attn.k_proj.weight": ("kv", "hidden"),
+    "self_attn.k_proj.bias": ("kv",),
+    "self_attn.v_proj.weight": ("kv", "hidden"),
+    "self_attn.v_proj.bias": ("kv",),
+    "self_attn.o_proj.weight": ("hidden", "q"),
+    "self_attn.o_proj.bias": ("hidden",),
+    "self_attn.q_norm.weight": ("head_dim",),
+    "self_attn.k_norm.weight": ("head_dim",),
+    "mlp.gate_proj.weight": ("ffn", "hidden"),
+    "mlp.gate_proj.bias": ("ffn",),
+    "mlp.up_proj.weight": ("ffn", "hidden"),
+    "mlp.up_proj.bias": ("ffn",),
+    "mlp.down_proj.weight": ("hidden", "ffn"),
+    "mlp.down_proj.bias": ("hidden",),
+}
+GLOBAL_TENSORS: dict[str, tuple[str, ...]] = {
+    "model.embed_tokens.weight": ("vocab", "hidden"),
+    "lm_head.weight": ("vocab", "hidden"),
+    "model.norm.weight": ("hidden",),
+}
+HIDDEN_NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight", "model.norm.weight")
+COPIED_AS_IS = ("rotary_emb.inv_freq",)  # old checkpoints store RoPE's buffer; it is per head_dim
+
+
+def count_parameters(cfg: dict[str, Any], qkv_bias: bool = False, qk_norm: bool = False) -> int:
+    """Parameters of a Llama-family model from its config.json (tied embeddings counted once)."""
+    h, inter, layers, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    nh = cfg["num_attention_heads"]
+    kvh = cfg.get("num_key_value_heads") or nh
+    hd = cfg.get("head_dim") or h // nh
+    attn = h * nh * hd + 2 * h * kvh * hd + nh * hd * h + (nh + 2 * kvh) * hd * qkv_bias + 2 * hd * qk_norm
+    per_layer = attn + 3 * h * inter + 2 * h
+    return layers * per_layer + vocab * h * (1 if cfg.get("tie_word_embeddings") else 2) + h
+
+
+# --------------------------------------------------------------------------- tensors
+
+
+def _rng(seed: int, name: str) -> np.random.Generator:
+    return np.random.default_rng(int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little"))
+
+
+def signed_zeros(shape: tuple[int, ...], dtype: np.dtype, rng: np.random.Generator) -> np.ndarray:
+    """Exact zeros whose sign bits are random: equal in value, distinct in bytes."""
+    bits = np.dtype(f"u{dtype.itemsize}")
+    sign = bits.type(1 << (8 * dtype.itemsize - 1))
+    raw = rng.integers(0, np.iinfo(bits).max, size=shape, dtype=bits, endpoint=True)
+    return np.bitwise_and(raw, sign, out=raw).view(dtype)
+
+
+def pad(real: np.ndarray, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """``real`` in the leading corner of a ``shape`` tensor of signed zeros."""
+    out = signed_zeros(shape, real.dtype, rng)
+    out[tuple(slice(0, n) for n in real.shape)] = real
+    return out
+
+
+def _read(ckpt, name: str) -> np.ndarray:
+    code = ckpt.dtype_name(name)
+    if code not in _STORED:
+        raise EnlargeError(f"tensor {name!r} is stored as {code}; only float32/float16/bfloat16 checkpoints can be enlarged (dequantize FP8 first).")
+    return np.asarray(ckpt.raw(name)).view(_STORED[code])
+
+
+def _cast(arr: np.ndarray, dtype: np.dtype | None) -> np.ndarray:
+    if dtype is None or arr.dtype == dtype:
+        return np.array(arr)  # a writable copy of the memory-mapped tensor
+    return arr.astype(np.float32).astype(dtype)
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _sizes(cfg: dict[str, Any]) -> dict[str, int]:
+    nh = int(cfg["num_attention_heads"])
+    kvh = int(cfg.get("num_key_value_heads") or nh)
+    hd = int(cfg.get("head_dim") or cfg["hidden_size"] // nh)
+    return {"hidden": int(cfg["hidden_size"]), "q": nh * hd, "kv": kvh * hd, "ffn": int(cfg["intermediate_size"]),
+            "head_dim": hd, "vocab": int(cfg["vocab_size"])}
+
+
+def _check_source(cfg: dict[str, Any], src: Path) -> None:
+    arch = (cfg.get("architectures") or [None])[0]
+    if arch not in SUPPORTED:
+        raise EnlargeError(f"{src}: architecture {arch!r} (config.json 'architectures') is not supported; supported: {', '.join(SUPPORTED)}.")
+    if cfg.get("quantization_config"):
+        raise EnlargeError(f"{src} is a quantized checkpoint (config.json has quantization_config); enlarge the float checkpoint it came from.")
+    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
+        if not isinstance(cfg.get(key), int) or cfg[key] < 1:
+            raise EnlargeError(f"{src}/config.json: {key}={cfg.get(key)!r} must be a positive integer.")
+    nh, kvh = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    if nh % kvh:
+        raise EnlargeError(f"{src}/config.json: num_attention_heads={nh} is not a multiple of num_key_value_heads={kvh}.")
+    layer_types = cfg.get("layer_types")
+    if layer_types and any(t != "full_attention" for t in layer_types):
+        raise EnlargeError(f"{src}/config.json: layer_types has {sorted(set(layer_types))}; only all-'full_attention' models can be enlarged.")
+
+
+def _check_sizes(old: dict[str, Any], new: dict[str, int]) -> None:
+    nh, kvh = old["num_attention_heads"], old.get("num_key_value_heads") or old["num_attention_heads"]
+    problems = []
+    for key, src_key, src in (
+        ("hidden_size", "hidden_size", old["hidden_size"]),
+        ("intermediate_size", "intermediate_size", old["intermediate_size"]),
+        ("num_heads", "num_attention_heads", nh),
+        ("num_kv_heads", "num_key_value_heads", kvh),
+    ):
+        if new[key] < src:
+            problems.append(f"{key}={new[key]} is smaller than the source's {src_key}={src}")
+    if new["extra_layers"] < 0:
+        problems.append(f"extra_layers={new['extra_layers']} must be >= 0")
+    if new["num_kv_heads"] < 1 or new["num_heads"] % new["num_kv_heads"] or new["num_heads"] // new["num_kv_heads"] != nh // kvh:
+        problems.append(
+            f"num_heads/num_kv_heads={new['num_heads']}/{new['num_kv_heads']} must keep the source's group of {nh // kvh} "
+            f"query heads per kv head ({nh}/{kvh}), so real query heads keep reading real kv heads"
+        )
+    if problems:
+        raise EnlargeError("cannot enlarge: " + "; ".join(problems) + ".")
+
+
+def _prepare_output(dst: Path, src: Path, force: bool) -> None:
+    if dst.resolve() == src.resolve() or src.resolve() in dst.resolve().parents:
+        raise EnlargeError(f"the output {dst} must not be the source checkpoint {src} or inside it.")
+    if dst.exists() and not dst.is_dir():
+        raise EnlargeError(f"the output {dst} exists and is not a directory.")
+    if dst.is_dir() and any(dst.iterdir()) and not force:
+        raise EnlargeError(f"the output {dst} exists and is not empty; pass --force to replace it.")
+
+
+# --------------------------------------------------------------------------- the enlargement
+
+
+def enlarge_checkpoint(
+    src_dir: str | Path,
+    dst_dir: str | Path,
+    hidden_size: int,
+    intermediate_size: int,
+    num_heads: int,
+    num_kv_heads: int,
+    extra_layers: int,
+    dtype: str | None = None,
+    *,
+    force: bool = False,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Write a zero-padded, function-preserving enlargement of ``src_dir`` to ``dst_dir``.
+
+    dtype: None keeps each tensor's stored dtype; else float32 / float16 / bfloat16.
+    Returns {"dst", "config", "source_parameters", "num_parameters", "bytes", "seconds"}.
+    """
+    t0 = time.perf_counter()
+    src, dst = Path(src_dir), Path(dst_dir)
+    if dtype is not None and dtype not in DTYPES:
+        raise EnlargeError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}.")
+    out_dtype = DTYPES[dtype] if dtype else None
+    ckpt = load_checkpoint(src)
+    old = ckpt.hf_config
+    _check_source(old, src)
+    sizes = dict(hidden_size=hidden_size, intermediate_size=intermediate_size, num_heads=num_heads, num_kv_heads=num_kv_heads, extra_layers=extra_layers)
+    _check_sizes(old, sizes)
+    _prepare_output(dst, src, force)
+
+    cfg = _enlarged_config(old, sizes, dtype)
+    before, after = _sizes(old), _sizes(cfg)
+    num_layers = int(old["num_hidden_layers"])
+    ratio = before["hidden"] / after["hidden"]
+    tied = bool(old.get("tie_word_embeddings", False))
+
+    def new_shape(name: str, kinds: tuple[str, ...], arr: np.ndarray) -> tuple[int, ...]:
+        expected = tuple(before[k] for k in kinds)
+        if arr.shape != expected:
+            raise EnlargeError(f"{src}: tensor {name!r} has shape {list(arr.shape)}, but config.json implies {list(expected)}.")
+        return tuple(after[k] for k in kinds)
+
+    def enlarge(name: str, kinds: tuple[str, ...]) -> np.ndarray:
+        arr = _cast(_read(ckpt, name), out_dtype)
+        shape = new_shape(name, kinds, arr)
+        if name.endswith(HIDDEN_NORMS):
+            arr = (arr.astype(np.float32) * np.float32(math.sqrt(ratio))).astype(arr.dtype)
+        return pad(arr, shape, _rng(seed, name))
+
+    names = list(ckpt._tensors)  # the checkpoint's tensor names (Checkpoint has no public list)
+    keys, global_names, copied = _classify(names, num_layers, tied, src)
+    out: dict[str, np.ndarray] = {name: enlarge(name, GLOBAL_TENSORS[name]) for name in global_names}
+    out.update({name: _cast(_read(ckpt, name), out_dtype) for name in copied})
+
+    dtypes = {k: out_dtype or _STORED[ckpt.dtype_name(f"model.layers.0.{k}")] for k in keys}
+    generated: set[str] = set()
+    bar = _progress(num_layers + extra_layers, progress)
+    for i in range(num_layers + extra_layers):
+        for key in keys:
+            name = f"model.layers.{i}.{key}"
+            if i < num_layers:
+                out[name] = enlarge(name, LAYER_TENSORS[key])
+            else:  # a new layer: all zeros, each tensor with its own sign pattern
+                out[name] = signed_zeros(tuple(after[k] for k in LAYER_TENSORS[key]), dtypes[key], _rng(seed, name))
+                generated.add(name)
+        bar(f"layer {i + 1}/{num_layers + extra_layers}" + (" (new, zero)" if i >= num_layers else ""))
+    _check_distinct(out, generated)
+
+    n_params = sum(a.size for a in out.values())
+    report = {
+        "source": str(src.resolve()),
+        "seed": seed,
+        "sizes": sizes,
+        "source_parameters": sum(_read(ckpt, n).size for n in names if not (tied and n == "lm_head.weight")),
+        "num_parameters": int(n_params),
+    }
+    nbytes = _write(src, dst, ckpt, cfg, out, report, force)
+    return {"dst": str(dst), "config": cfg, "source_parameters": report["source_parameters"], "num_parameters": int(n_params),
+            "bytes": nbytes, "seconds": time.perf_counter() - t0}
+
+
+def _classify(names: list[str], num_layers: int, tied: bool, src: Path) -> tuple[list[str], list[str], list[str]]:
+    """(per-layer keys, global tensors to pad, tensors copied as they are); refuses what it cannot pad."""
+    layer_keys: dict[int, set[str]] = {i: set() for i in range(num_layers)}
+    global_names, copied = [], []
+    for name in names:
+        if name.startswith("model.layers."):
+            index, _, key = name[len("model.layers."):].partition(".")
+            if not index.isdigit() or int(index) >= num_layers:
+                raise EnlargeError(f"{src}: tensor {name!r} is outside the {num_layers} layers config.json declares.")
+            if key.endswith(COPIED_AS_IS):
+                copied.append(name)
+            elif key not in LAYER_TENSORS:
+                raise EnlargeError(f"{src}: tensor {name!r} is not one the enlargement knows how to pad ({', '.join(LAYER_TENSORS)}).")
+            else:
+                layer_keys[int(index)].add(key)
+        elif name == "lm_head.weight" and tied:
+            continue  # tied: the embedding is the head; a stored copy would be padded apart from it
+        elif name in GLOBAL_TENSORS:
+            global_names.append(name)
+        else:
+            raise EnlargeError(f"{src}: tensor {name!r} is not one the enlargement knows how to pad.")
+    keys = layer_keys[0]
+    for i, k in layer_keys.items():
+        if k != keys:
+            raise EnlargeError(f"{src}: layer {i} holds {sorted(k)} but layer 0 holds {sorted(keys)}; every layer must have the same tensors.")
+    for required in ("model.embed_tokens.weight", "model.norm.weight"):
+        if required not in global_names:
+            raise EnlargeError(f"{src}: the checkpoint has no {required!r}.")
+    if not tied and "lm_head.weight" not in global_names:
+        raise EnlargeError(f"{src}: tie_word_embeddings is false but the checkpoint has no 'lm_head.weight'.")
+    return sorted(keys), global_names, copied
+
+
+def _enlarged_config(old: dict[str, Any], sizes: dict[str, int], dtype: str | None) -> dict[str, Any]:
+    cfg = dict(old)
+    h, nh = old["hidden_size"], old["num_attention_heads"]
+    cfg["head_dim"] = int(old.get("head_dim") or h // nh)
+    cfg["hidden_size"] = sizes["hidden_size"]
+    cfg["intermediate_size"] = sizes["intermediate_size"]
+    cfg["num_attention_heads"] = sizes["num_heads"]
+    cfg["num_key_value_heads"] = sizes["num_kv_heads"]
+    cfg["num_hidden_layers"] = old["num_hidden_layers"] + sizes["extra_layers"]
+    # RMSNorm over the padded width: eps' = eps * h / H (see the module docstring)
+    cfg["rms_norm_eps"] = float(old.get("rms_norm_eps", 1e-6)) * h / sizes["hidden_size"]
+    if old.get("layer_types"):
+        cfg["layer_types"] = ["full_attention"] * cfg["num_hidden_layers"]
+    if dtype:
+        cfg["dtype"] = dtype
+        if "torch_dtype" in cfg:
+            cfg["torch_dtype"] = dtype
+    return cfg
+
+
+def _check_distinct(tensors: dict[str, np.ndarray], generated: set[str]) -> None:
+    """No generated tensor may share its bytes with any other tensor (ONNX Runtime would keep one copy)."""
+    seen: dict[tuple, str] = {}
+    for name, arr in tensors.items():
+        digest = (arr.dtype.str, arr.shape, hashlib.blake2b(np.ascontiguousarray(arr).view(np.uint8), digest_size=16).digest())
+        other = seen.setdefault(digest, name)
+        if other != name and (name in generated or other in generated):
+            raise EnlargeError(f"{name} and {other} have identical bytes; pass another --seed.")
+
+
+def _progress(total: int, enabled: bool) -> Callable[[str], None]:
+    if not enabled:
+        return lambda _: None
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, unit="layer", file=sys.stderr)
+
+    def step(text: str) -> None:
+        bar.set_postfix_str(text)
+        bar.update(1)
+        if bar.n >= total:
+            bar.close()
+
+    return step
+
+
+def _write(src: Path, dst: Path, ckpt, cfg: dict[str, Any], tensors: dict[str, np.ndarray], report: dict[str, Any], force: bool) -> int:
+    """Everything goes into a temporary directory beside ``dst`` and is moved into place when complete."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
+    try:
+        save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        (tmp / "enlargement.json").write_text(json.dumps(report, indent=2) + "\n")
+        for name in (*TOKENIZER_FILES, "added_tokens.json", "chat_template.jinja"):
+            if (src / name).is_file():
+                shutil.copy2(src / name, tmp / name)
+        umask = os.umask(0)
+        os.umask(umask)
+        for p in tmp.iterdir():  # mkdtemp and safetensors create owner-only files; others read these
+            p.chmod(0o666 & ~umask)
+        tmp.chmod(0o777 & ~umask)
+        nbytes = sum(p.stat().st_size for p in tmp.iterdir())
+        old = None
+        if dst.exists():
+            _prepare_output(dst, src, force)  # re-check: it may have filled up meanwhile
+            old = dst.with_name(f".{dst.name}.old-{tmp.name.rsplit('-', 1)[-1]}")
+            dst.rename(old)
+        tmp.rename(dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return nbytes
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="See the module docstring for the math and the presets.")
+    ap.add_argument("src", help="source Hugging Face checkpoint directory")
+    ap.add_argument("dst", help="output directory (written elsewhere first, then moved into place)")
+    ap.add_argument("--preset", choices=sorted(PRESETS), help="sizes for the demo pair's target (target325m) or draft (draft)")
+    for flag in ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "extra_layers"):
+        ap.add_argument(f"--{flag}", f"--{flag.replace('_', '-')}", type=int, dest=flag, help="overrides the preset" if flag != "extra_layers" else "zero layers appended (overrides the preset)")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), help="store the output in this dtype [default: the source's]")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the +0.0/-0.0 sign patterns")
+    ap.add_argument("--force", action="store_true", help="replace a non-empty output directory")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = ap.parse_args(argv)
+    try:
+        sizes = dict(PRESETS.get(args.preset or "", {}))
+        for key in ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "extra_layers"):
+            if getattr(args, key) is not None:
+                sizes[key] = getattr(args, key)
+        missing = [k for k in ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "extra_layers") if k not in sizes]
+        if missing:
+            raise EnlargeError(f"no size for {', '.join('--' + m for m in missing)}: pass them, or a --preset ({', '.join(PRESETS)}).")
+        r = enlarge_checkpoint(args.src, args.dst, **sizes, dtype=args.dtype, force=args.force, seed=args.seed, progress=not args.quiet)
+    except SpecdecError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:
+        print(f"error: {err.strerror or err}" + (f" ({err.filename})" if err.filename else "") + ".", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    c = r["config"]
+    print(
+        f"wrote {r['dst']}: {r['num_parameters'] / 1e6:.1f}M parameters (source {r['source_parameters'] / 1e6:.1f}M), "
+        f"hidden {c['hidden_size']}, heads {c['num_attention_heads']}/{c['num_key_value_heads']}, FFN {c['intermediate_size']}, "
+        f"{c['num_hidden_layers']} layers, {r['bytes'] / 2**20:.0f} MiB, {r['seconds']:.1f} s"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

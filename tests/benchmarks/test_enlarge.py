@@ -1,0 +1,208 @@
+"""benchmarks/enlarge.py: a zero-padded enlargement computes the same function, reads all its bytes.
+
+Tolerances: the enlarged model computes the same float32 sums plus exact zeros,
+but over wider rows (RMSNorm averages over H, MatMuls block differently), so the
+results differ by float32 rounding only: a few ulps of values of order 1-10 per
+operation, about 1e-6 on these logits. 2e-5 leaves room for that and is far
+below any real difference (a wrong eps or norm scale moves these logits by 0.1 and more).
+"""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from checkpoints import load_hf, make_checkpoint
+from conftest import build_and_load, spec_build
+from safetensors.numpy import load_file
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("enlarge", ROOT / "benchmarks" / "enlarge.py")
+enlarge = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(enlarge)
+
+ATOL = 2e-5
+# hidden 64 -> 128, heads 4/2 -> 8/4 (group 2 kept), FFN 128 -> 256, 2 + 2 layers
+SIZES = dict(hidden_size=128, intermediate_size=256, num_heads=8, num_kv_heads=4, extra_layers=2)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("enlarge")
+    # a large eps makes trap 1 (RMSNorm over the padded width) visible: unscaled, it moves logits by ~0.1
+    small = make_checkpoint(root / "small", "LlamaForCausalLM", tie_word_embeddings=True, rms_norm_eps=1e-3)
+    enlarge.enlarge_checkpoint(small, root / "big", **SIZES, progress=False)
+    return small, root / "big"
+
+
+def hf_logits(path: Path, ids: torch.Tensor) -> np.ndarray:
+    with torch.no_grad():
+        return load_hf(path)(ids).logits.numpy()
+
+
+def greedy(ex, prompt: list[int], n: int) -> tuple[list[int], np.ndarray]:
+    """Greedy tokens and their logits, one target step per token (forward's positional form)."""
+    cache = ex.new_cache(1)
+    logits = ex.forward(cache, [prompt], False)[0, -1].copy()
+    tokens, rows = [], []
+    for _ in range(n):
+        rows.append(logits)
+        tokens.append(int(logits.argmax()))
+        logits = ex.forward(cache, [[tokens[-1]]], True)[0, -1].copy()
+    return tokens, np.stack(rows)
+
+
+def test_enlarged_llama_has_the_same_logits_in_transformers(pair):
+    small, big = pair
+    ids = torch.randint(0, 96, (2, 24), generator=torch.Generator().manual_seed(0))
+    a, b = hf_logits(small, ids), hf_logits(big, ids)
+    assert np.abs(a).max() > 1.0  # not trivially small logits
+    np.testing.assert_allclose(b, a, rtol=0, atol=ATOL)
+
+
+def test_engine_of_the_enlarged_checkpoint_decodes_the_same_tokens(pair, tmp_path):
+    small, big = pair
+    build = spec_build(max_batch_size=1)
+    ex_small, ex_big = build_and_load(small, tmp_path / "small", build), build_and_load(big, tmp_path / "big", build)
+    assert ex_big.model.num_layers == 4 and ex_big.model.hidden_size == 128
+    prompt = [5, 17, 3, 88, 41, 9, 60, 23]
+    want, want_logits = greedy(ex_small, prompt, 16)
+    got, got_logits = greedy(ex_big, prompt, 16)
+    assert got == want
+    np.testing.assert_allclose(got_logits, want_logits, rtol=0, atol=ATOL)
+
+
+def test_config_norms_and_padding(pair):
+    small, big = pair
+    cfg = json.loads((big / "config.json").read_text())
+    src = json.loads((small / "config.json").read_text())
+    assert (cfg["hidden_size"], cfg["intermediate_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]) == (128, 256, 8, 4)
+    assert cfg["num_hidden_layers"] == 4 and cfg["head_dim"] == 16 and cfg["tie_word_embeddings"]
+    assert cfg["rms_norm_eps"] == pytest.approx(src["rms_norm_eps"] * 64 / 128)
+    assert (big / "tokenizer_config.json").is_file() == (small / "tokenizer_config.json").is_file()
+    s, t = load_file(small / "model.safetensors"), load_file(big / "model.safetensors")
+    assert "lm_head.weight" not in t  # tied embeddings stay tied
+    # real weights in the leading corner, zeros elsewhere
+    q = t["model.layers.1.self_attn.q_proj.weight"]
+    np.testing.assert_array_equal(q[:64, :64], s["model.layers.1.self_attn.q_proj.weight"])
+    assert not q[64:].any() and not q[:, 64:].any()
+    o = t["model.layers.0.self_attn.o_proj.weight"]
+    assert not o[64:].any() and not o[:, 64:].any()  # extra heads' columns and the padded rows
+    down = t["model.layers.0.mlp.down_proj.weight"]
+    assert not down[64:].any() and not down[:, 128:].any()
+    assert not t["model.embed_tokens.weight"][:, 64:].any()
+    # RMSNorm weights scaled by sqrt(h / H)
+    for name in ("model.norm.weight", "model.layers.0.input_layernorm.weight", "model.layers.1.post_attention_layernorm.weight"):
+        np.testing.assert_allclose(t[name][:64], s[name] * np.sqrt(0.5), rtol=1e-7)
+        assert not t[name][64:].any()
+
+
+def test_extra_layers_are_zeros_with_distinct_bytes(pair):
+    _, big = pair
+    t = load_file(big / "model.safetensors")
+    extra = {n: a for n, a in t.items() if n.startswith(("model.layers.2.", "model.layers.3."))}
+    assert len(extra) == 2 * 9  # 7 linears + 2 norms per layer
+    for name, a in extra.items():
+        assert not a.any(), name  # exactly zero in value
+        assert np.signbit(a).any() and not np.signbit(a).all(), name  # a mix of +0.0 and -0.0
+    # no two tensors of the same name pattern (or of any name) share their bytes
+    suffixes = {n.split(".", 3)[3] for n in extra}
+    for suffix in suffixes:
+        a, b = (extra[f"model.layers.{i}.{suffix}"] for i in (2, 3))
+        assert a.tobytes() != b.tobytes(), suffix
+    digests = {a.tobytes() for a in t.values()}
+    assert len(digests) == len(t)
+
+
+def test_parameter_count(pair):
+    small, big = pair
+    # per layer: q + k + v + o + gate/up/down + 2 norms; tied embedding once; final norm
+    h, i, nh, kvh, hd, layers, vocab = 128, 256, 8, 4, 16, 4, 96
+    per_layer = h * nh * hd + 2 * h * kvh * hd + nh * hd * h + 3 * h * i + 2 * h
+    expected = layers * per_layer + vocab * h + h
+    t = load_file(big / "model.safetensors")
+    assert sum(a.size for a in t.values()) == expected
+    assert enlarge.count_parameters(json.loads((big / "config.json").read_text())) == expected
+    report = json.loads((big / "enlargement.json").read_text())
+    assert report["num_parameters"] == expected
+    assert report["source_parameters"] == sum(a.size for a in load_file(small / "model.safetensors").values())
+
+
+def test_presets_give_the_documented_sizes():
+    target = json.loads((ROOT / "examples/demo-pair/target/config.json").read_text())
+    draft = json.loads((ROOT / "examples/demo-pair/draft/config.json").read_text())
+    big_t = enlarge._enlarged_config(target, enlarge.PRESETS["target325m"], None)
+    big_d = enlarge._enlarged_config(draft, enlarge.PRESETS["draft"], None)
+    assert 320e6 < enlarge.count_parameters(big_t) < 330e6
+    assert 0.05 < enlarge.count_parameters(big_d) / enlarge.count_parameters(big_t) < 0.10
+    # x4 width: the norm scale sqrt(1/4) = 0.5 is exact in every float format
+    assert big_t["hidden_size"] == 4 * target["hidden_size"] and big_d["hidden_size"] == 4 * draft["hidden_size"]
+
+
+def test_qwen3_gqa_with_qk_norm_and_bias_is_preserved(tmp_path):
+    # Qwen3: RMSNorm per head (head_dim kept) and the same eps as the hidden norms; x4 hidden
+    small = make_checkpoint(tmp_path / "small", "Qwen3ForCausalLM", head_dim=16, attention_bias=True)
+    enlarge.enlarge_checkpoint(small, tmp_path / "big", 256, 384, 12, 6, 1, progress=False)
+    ids = torch.randint(0, 96, (1, 20), generator=torch.Generator().manual_seed(1))
+    np.testing.assert_allclose(hf_logits(tmp_path / "big", ids), hf_logits(small, ids), rtol=0, atol=ATOL)
+
+
+def test_bfloat16_stays_bfloat16_unless_asked(tmp_path):
+    small = make_checkpoint(tmp_path / "small", dtype=torch.bfloat16, num_hidden_layers=1)
+    enlarge.enlarge_checkpoint(small, tmp_path / "bf16", 128, 256, 8, 4, 1, progress=False)
+    enlarge.enlarge_checkpoint(small, tmp_path / "f32", 128, 256, 8, 4, 1, dtype="float32", progress=False)
+
+    def dtypes(path: Path) -> set[str]:
+        raw = (path / "model.safetensors").read_bytes()
+        header = json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])
+        return {e["dtype"] for k, e in header.items() if k != "__metadata__"}
+
+    assert dtypes(tmp_path / "bf16") == {"BF16"} and dtypes(tmp_path / "f32") == {"F32"}
+    assert json.loads((tmp_path / "f32" / "config.json").read_text())["dtype"] == "float32"
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str]:
+    code = enlarge.main([*argv, "--quiet"])
+    return code, capsys.readouterr().err
+
+
+def test_cli_errors_are_one_line(pair, tmp_path, capsys):
+    small, big = pair
+    sizes = ["--hidden_size", "128", "--intermediate_size", "256", "--num_heads", "8", "--num_kv_heads", "4", "--extra_layers", "0"]
+
+    code, err = run_cli(capsys, str(small), str(big), *sizes)
+    assert code == 1 and "not empty; pass --force" in err and err.count("\n") == 1
+
+    code, err = run_cli(capsys, str(small), str(tmp_path / "out"), *sizes[:6], "--num_kv_heads", "2", "--extra_layers", "0")
+    assert code == 1 and "group of 2" in err and err.count("\n") == 1
+
+    code, err = run_cli(capsys, str(small), str(tmp_path / "out"), "--preset", "target325m", "--hidden_size", "32")
+    assert code == 1 and "smaller than the source's hidden_size=64" in err
+
+    code, err = run_cli(capsys, str(small), str(tmp_path / "out"), "--hidden_size", "128")
+    assert code == 1 and "--intermediate_size" in err and "--preset" in err
+
+    code, err = run_cli(capsys, str(tmp_path / "nowhere"), str(tmp_path / "out"), *sizes)
+    assert code == 1 and "does not exist" in err
+
+    other = tmp_path / "gpt2"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    (other / "model.safetensors").write_bytes((small / "model.safetensors").read_bytes())
+    code, err = run_cli(capsys, str(other), str(tmp_path / "out"), *sizes)
+    assert code == 1 and "GPT2LMHeadModel" in err and "not supported" in err
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.tmp-*"))  # nothing half-written
+
+
+def test_cli_force_replaces_and_writes_atomically(pair, tmp_path, capsys):
+    small, _ = pair
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "stale.txt").write_text("old")
+    code, err = run_cli(capsys, str(small), str(out), "--hidden_size", "64", "--intermediate_size", "128", "--num_heads", "4",
+                        "--num_kv_heads", "2", "--extra_layers", "1", "--force")
+    assert code == 0, err
+    assert not (out / "stale.txt").exists() and (out / "model.safetensors").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temp or backup dirs left
