@@ -1,0 +1,75 @@
+"""specdec-serve: an OpenAI-compatible server with speculative decoding (docs/serving.md)."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from ..runtime.config_strings import DTM_FORM, NGRAM_FORM, parse_draft_target_config, parse_ngram_config
+from ..runtime.errors import RequestError
+from .common import clean_errors, option
+from .run import parse_draft_len
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@option("engine_dir", required=True, type=click.Path(), help="Target engine directory (from specdec-build).")
+@option("draft_engine_dir", type=click.Path(), help="Draft engine directory: serves draft-target speculative decoding.")
+@option("draft_target_model_config", type=str, help=f'Draft-target settings, TensorRT-LLM style: "{DTM_FORM}", e.g. "[4,[0],[0],False]".')
+@option("ngram_config", "--prompt_lookup_config", type=str, help=f'Also serve n-gram / prompt-lookup drafting: "{NGRAM_FORM}", e.g. "[8,3,[0]]". May be combined with a draft engine.')
+@option("speculative_method", type=click.Choice(["none", "draft", "ngram"]), default=None,
+        help="The default for requests that do not choose [default: draft if a draft engine is loaded, else ngram if --ngram_config, else none].")
+@option("draft_len", type=str, default=None, help="Default drafts per round of the default method: a number, or 'auto' [default: from the config string].")
+@option("ngram_min_match", type=int, default=1, show_default=True, help="NGram: shortest pattern to match.")
+@option("host", type=str, default="127.0.0.1", show_default=True, help="Address to bind. The default answers this machine only; 0.0.0.0 exposes the server to the network (set --api_key).")
+@option("port", type=int, default=8000, show_default=True, help="Port to bind (0: any free port; the real one is printed).")
+@option("api_key", type=str, default=None, envvar="SPECDEC_API_KEY", help="Require 'Authorization: Bearer KEY' on every route but /health [env: SPECDEC_API_KEY].")
+@option("served_model_name", type=str, default=None, help="The model name clients send [default: the engine directory's name].")
+@option("tokenizer_dir", type=click.Path(), help="Tokenizer directory [default: the engine's own].")
+@option("chat_template", type=click.Path(exists=True, dir_okay=False), help="A jinja chat template file [default: chat_template from tokenizer_config.json].")
+@option("end_id", type=int, default=None, help="Token id that ends a request [default: the tokenizer's EOS]; -1: never stop on EOS.")
+@option("max_request_bytes", type=int, default=4 * 1024 * 1024, show_default=True, help="Largest request body accepted (larger: 413).")
+@option("device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True, help="Where engines run (as specdec-run).")
+@option("num_threads", type=int, default=None, help="ONNX Runtime intra-op threads of the target engine [default: all cores, up to 8].")
+@option("draft_num_threads", type=int, default=1, show_default=True, help="Threads of the draft engine.")
+@option("allow_vocab_mismatch", is_flag=True, help="Serve a draft whose tokenizer differs from the target's, with a warning.")
+@option("log_level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info", show_default=True, help="Server log level (debug: every request logged).")
+@clean_errors
+def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, speculative_method, draft_len, ngram_min_match, host, port, api_key,
+         served_model_name, tokenizer_dir, chat_template, end_id, max_request_bytes, device, num_threads, draft_num_threads, allow_vocab_mismatch, log_level) -> None:
+    """Serve an engine over OpenAI's API: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, /version.
+
+    \b
+    Draft model and n-gram both loaded; each request may choose ("speculative": {"method": ..., "num_draft_tokens": ...}):
+      specdec-serve --engine_dir engines/target --draft_engine_dir engines/draft \\
+          --draft_target_model_config "[4,[0],[0],False]" --ngram_config "[8,3,[0]]" --port 8000
+    Then:
+      curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
+          -d '{"prompt": "def fib(n):", "max_tokens": 32, "temperature": 0}'
+    """
+    try:
+        from ..serve import build_served, create_app, run_server
+    except ImportError as err:
+        raise RequestError(f"specdec-serve needs the serve extra: pip install 'specdec[serve]' ({err}).") from None
+    dtm = parse_draft_target_config(draft_target_model_config) if draft_target_model_config else None
+    ngram = parse_ngram_config(ngram_config) if ngram_config else None
+    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        click.echo(f"warning: binding {host} without --api_key: anyone who can reach this port can use the server.", err=True)
+    served = build_served(engine_dir, draft_engine_dir, dtm, ngram, served_model_name=served_model_name, tokenizer_dir=tokenizer_dir,
+                          chat_template=chat_template, end_id=end_id, method=speculative_method, draft_len=parse_draft_len(draft_len),
+                          ngram_min_match=ngram_min_match, device=device, num_threads=num_threads, draft_num_threads=draft_num_threads,
+                          allow_vocab_mismatch=allow_vocab_mismatch)
+    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    app = create_app(served, api_key=api_key, max_request_bytes=max_request_bytes)
+    spec = served.engine.speculation
+    methods = ", ".join(served.methods)
+
+    def ready(url: str) -> None:
+        click.echo(f"specdec-serve: model {served.model_name!r} (methods: {methods}; default {spec.method}"
+                   f"{f', {spec.draft_len} drafts' if spec.method != 'none' else ''}) on {url}", err=True)
+
+    run_server(app, host, port, log_level=log_level, on_ready=ready)
+
+
+if __name__ == "__main__":
+    main()
