@@ -1,0 +1,209 @@
+"""What a server must survive: bad requests, bad keys, oversize bodies, clients that leave; and /metrics that add up.
+
+Every refusal is OpenAI's error JSON with the right status, never a 500 and
+never a traceback, and the server keeps answering afterwards.
+"""
+
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+from servers import LONG, engines, metric, running, scrape, served_pair, sse_events
+
+from specdec.serve import build_served
+
+LIMIT = 64 * 1024  # the test server's --max_request_bytes
+
+
+@pytest.fixture(scope="module")
+def server():
+    with running(served_pair(), max_request_bytes=LIMIT) as url:
+        yield url
+
+
+OK = {"prompt": "def fib(n):", "max_tokens": 4, "temperature": 0}
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}
+# (name, route, body (dict, or raw bytes), status, param in the error or None)
+BATTERY = [
+    ("malformed JSON", "completions", b'{"prompt": "x", "max_tokens": ', 400, None),
+    ("not an object", "completions", b"[1, 2, 3]", 422, None),
+    ("missing prompt", "completions", {"max_tokens": 4}, 422, "prompt"),
+    ("prompt of floats", "completions", {**OK, "prompt": [1.5, 2.5]}, 422, "prompt"),
+    ("temperature as a string", "completions", {**OK, "temperature": "hot"}, 422, "temperature"),
+    ("max_tokens as a string", "completions", {**OK, "max_tokens": "10"}, 422, "max_tokens"),
+    ("stream as a string", "completions", {**OK, "stream": "yes"}, 422, "stream"),
+    ("temperature out of range", "completions", {**OK, "temperature": 5}, 422, "temperature"),
+    ("max_tokens 0", "completions", {**OK, "max_tokens": 0}, 422, "max_tokens"),
+    ("unknown model", "completions", {**OK, "model": "gpt-9"}, 404, "model"),
+    ("n > 1", "completions", {**OK, "n": 2}, 400, "n"),
+    ("echo", "completions", {**OK, "echo": True}, 400, "echo"),
+    ("logprobs", "completions", {**OK, "logprobs": 1}, 400, "logprobs"),
+    ("penalties", "completions", {**OK, "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ("two prompts", "completions", {**OK, "prompt": ["a", "b"]}, 400, "prompt"),
+    ("empty token list", "completions", {**OK, "prompt": []}, 400, "prompt"),
+    ("token ids outside the vocabulary", "completions", {**OK, "prompt": [5, 500]}, 400, "prompt"),
+    ("prompt longer than max_input_len", "completions", {**OK, "prompt": "x" * 70}, 400, "prompt"),
+    ("max_tokens beyond max_seq_len", "completions", {**OK, "max_tokens": 200}, 400, "max_tokens"),
+    ("negative seed", "completions", {**OK, "seed": -1}, 400, "seed"),
+    ("stream_options without stream", "completions", {**OK, "stream_options": {"include_usage": True}}, 400, "stream_options"),
+    ("unknown speculative method", "completions", {**OK, "speculative": {"method": "medusa"}}, 400, "speculative.method"),
+    ("num_draft_tokens over max_draft_len", "completions", {**OK, "speculative": {"method": "draft", "num_draft_tokens": 9}}, 400, "speculative.num_draft_tokens"),
+    ("num_draft_tokens not a number", "completions", {**OK, "speculative": {"num_draft_tokens": "many"}}, 400, "speculative.num_draft_tokens"),
+    ("drafts with method none", "completions", {**OK, "speculative": {"method": "none", "num_draft_tokens": 2}}, 400, "speculative.num_draft_tokens"),
+    ("speculative typo", "completions", {**OK, "speculative": {"num_draft_token": 2}}, 422, "speculative.num_draft_token"),
+    ("speculative not an object", "completions", {**OK, "speculative": "draft"}, 422, "speculative"),
+    ("messages missing", "chat/completions", {"max_tokens": 4}, 422, "messages"),
+    ("messages empty", "chat/completions", {**CHAT, "messages": []}, 422, "messages"),
+    ("message without role", "chat/completions", {**CHAT, "messages": [{"content": "hi"}]}, 422, "messages.0.role"),
+    ("role the template refuses", "chat/completions", {**CHAT, "messages": [{"role": "tool", "content": "hi"}]}, 400, "messages"),
+    ("image content", "chat/completions", {**CHAT, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "messages"),
+    ("tools", "chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+    ("chat n > 1", "chat/completions", {**CHAT, "n": 3}, 400, "n"),
+    ("chat max_tokens beyond max_seq_len", "chat/completions", {"messages": CHAT["messages"], "max_completion_tokens": 1000}, 400, "max_completion_tokens"),
+    ("max_tokens and max_completion_tokens differ", "chat/completions", {**CHAT, "max_completion_tokens": 5}, 400, "max_completion_tokens"),
+]
+
+
+def check_error(r: httpx.Response, status: int, param=None) -> dict:
+    assert r.status_code == status, r.text
+    assert "Traceback" not in r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"] and "\n" not in err["message"]
+    if param is not None:
+        assert err["param"] == param, err
+    return err
+
+
+def test_the_bad_request_battery_then_the_server_still_serves(server):
+    with httpx.Client(base_url=server, timeout=30) as c:
+        for name, route, body, status, param in BATTERY:
+            kw = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) else {"json": body}
+            check_error(c.post(f"/v1/{route}", **kw), status, param)
+        check_error(c.get("/v1/nothing-here"), 404)
+        check_error(c.get("/v1/completions"), 405)
+        # oversize bodies: declared, and chunked (no Content-Length)
+        big = {**OK, "prompt": "x" * (LIMIT + 10)}
+        check_error(c.post("/v1/completions", json=big), 413)
+        check_error(c.post("/v1/completions", content=iter([b'{"prompt": "', b"x" * (LIMIT + 10), b'"}'])), 413)
+        assert c.get("/health").status_code == 200
+        r = c.post("/v1/completions", json=OK)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+        assert c.post("/v1/chat/completions", json=CHAT).status_code == 200
+
+
+def test_clear_messages(server):
+    with httpx.Client(base_url=server, timeout=30) as c:
+        err = check_error(c.post("/v1/completions", json={**OK, "speculative": {"method": "draft", "num_draft_tokens": 9}}), 400)
+        assert "max_draft_len=4" in err["message"]
+        err = check_error(c.post("/v1/completions", json={**OK, "max_tokens": 200}), 400)
+        assert "maximum context length is 160" in err["message"] and err["code"] == "context_length_exceeded"
+        err = check_error(c.post("/v1/completions", json={**OK, "model": "gpt-9"}), 404)
+        assert err["code"] == "model_not_found" and "'target'" in err["message"]
+        err = check_error(c.post("/v1/chat/completions", json={**CHAT, "messages": [{"role": "tool", "content": "x"}]}), 400)
+        assert "roles must be system, user or assistant" in err["message"]
+
+
+def test_a_method_the_server_did_not_load_and_a_model_without_chat_template():
+    plain = build_served(engines()["one-slot"], num_threads=1)
+    with running(plain) as url, httpx.Client(base_url=url, timeout=30) as c:
+        err = check_error(c.post("/v1/completions", json={**OK, "speculative": {"method": "ngram"}}), 400, "speculative.method")
+        assert "not loaded on this server (loaded: none)" in err["message"] and "--ngram_config" in err["message"]
+        err = check_error(c.post("/v1/chat/completions", json=CHAT), 400, "messages")
+        assert "no chat template" in err["message"]
+        assert c.get("/health").status_code == 200
+
+
+def test_api_key(tmp_path):
+    with running(served_pair(), api_key="s3cret") as url, httpx.Client(base_url=url, timeout=30) as c:
+        assert c.get("/health").status_code == 200  # probes need no key
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            for method, path in (("GET", "/v1/models"), ("POST", "/v1/completions"), ("GET", "/metrics"), ("GET", "/version"), ("GET", "/nowhere")):
+                r = c.request(method, path, json=OK, headers=headers)
+                err = check_error(r, 401)
+                assert err["code"] == "invalid_api_key" and r.headers["www-authenticate"] == "Bearer"
+        ok = {"Authorization": "Bearer s3cret"}
+        assert c.get("/metrics", headers=ok).status_code == 200
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="s3cret", max_retries=0)
+        assert client.completions.create(model="target", prompt="hi", max_tokens=3, temperature=0).usage.completion_tokens == 3
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{url}/v1", api_key="nope", max_retries=0).models.list()
+
+
+def _wait_for(cond, timeout=20.0):
+    end = time.time() + timeout
+    while time.time() < end:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_client_that_disconnects_frees_its_slot():
+    """One slot. A holds it for up to LONG tokens; B queues; A's client leaves; B is served."""
+    long = {"prompt": "def fib(n):", "max_tokens": LONG - 64, "temperature": 0, "ignore_eos": True}
+    with running(build_served(engines()["one-slot"], num_threads=1)) as url:
+        with httpx.Client(base_url=url, timeout=60) as a:
+            with a.stream("POST", "/v1/completions", json={**long, "stream": True}) as r:
+                lines = r.iter_lines()
+                assert sse_events([next(lines) for _ in range(2)])  # decoding: A holds the slot
+                got = {}
+                b = threading.Thread(target=lambda: got.update(b=httpx.post(f"{url}/v1/completions", json={**OK, "max_tokens": 6}, timeout=60)))
+                b.start()
+                assert _wait_for(lambda: metric(scrape(url), "specdec:num_requests_waiting") == 1)  # B is queued behind A
+            # the stream is closed: the server aborts A and B gets the slot
+        b.join(60)
+        assert got["b"].status_code == 200 and got["b"].json()["usage"]["completion_tokens"] == 6
+        s = scrape(url)
+        assert metric(s, "specdec:request_success_total", finished_reason="abort") == 1
+        assert metric(s, "specdec:generation_tokens_total") < long["max_tokens"]  # A was cut short, not finished
+        # a non-streaming client that gives up is aborted too
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/completions", json=long, timeout=0.3)
+        assert _wait_for(lambda: metric(scrape(url), "specdec:request_success_total", finished_reason="abort") == 2)
+        s = scrape(url)
+        assert metric(s, "specdec:num_requests_running") == 0 and metric(s, "specdec:generation_tokens_total") < 2 * long["max_tokens"]
+        assert httpx.post(f"{url}/v1/completions", json=OK, timeout=60).status_code == 200
+
+
+def test_metrics_move_by_exactly_what_the_responses_reported():
+    requests = [
+        ({"prompt": "abc abc abc abc", "max_tokens": 30, "speculative": {"method": "ngram"}}, False),
+        ({"prompt": "def fib(n):", "max_tokens": 25, "speculative": {"method": "draft"}}, False),
+        ({"prompt": "def fib(n):", "max_tokens": 20, "speculative": {"method": "draft", "num_draft_tokens": 2}}, True),
+        ({"prompt": "Hello", "max_tokens": 12, "speculative": {"method": "none"}}, True),
+        ({"prompt": "x = 1", "max_tokens": 16, "speculative": {"method": "draft", "num_draft_tokens": 4}}, False),  # with a stop string
+    ]
+    with running(served_pair()) as url, httpx.Client(base_url=url, timeout=60) as c:
+        text = c.post("/v1/completions", json={**requests[-1][0], "temperature": 0, "ignore_eos": True}).json()["choices"][0]["text"]
+        requests[-1][0]["stop"] = text[6:8]  # ends it mid-round, by an abort: still counted as what it reported
+        before = scrape(url)
+        reports = []
+        for body, stream in requests:
+            body = {**body, "temperature": 0, "ignore_eos": True}
+            if stream:
+                with c.stream("POST", "/v1/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}}) as r:
+                    usage_chunk = sse_events(r.iter_lines())[-2]
+                reports.append((usage_chunk["usage"], usage_chunk["speculative"]))
+            else:
+                r = c.post("/v1/completions", json=body).json()
+                reports.append((r["usage"], r["speculative"]))
+        after = scrape(url)
+
+    def moved(name, **labels):
+        return metric(after, name, **labels) - metric(before, name, **labels)
+
+    specs = [s for _, s in reports]
+    assert moved("specdec:spec_decode_num_drafts_total") == sum(s["num_drafts"] for s in specs) > 0
+    assert moved("specdec:spec_decode_num_draft_tokens_total") == sum(s["drafted"] for s in specs) > 0
+    assert moved("specdec:spec_decode_num_accepted_tokens_total") == sum(s["accepted"] for s in specs) > 0
+    for pos in range(4):
+        assert moved("specdec:spec_decode_num_accepted_tokens_per_pos_total", position=str(pos)) == sum(
+            s["accepted_per_position"][pos] for s in specs if len(s["accepted_per_position"]) > pos)
+    assert moved("specdec:generation_tokens_total") == sum(u["completion_tokens"] for u, _ in reports)
+    assert moved("specdec:prompt_tokens_total") == sum(u["prompt_tokens"] for u, _ in reports)
+    assert moved("specdec:request_success_total", finished_reason="length") == 4
+    assert moved("specdec:request_success_total", finished_reason="stop") == 1
+    for hist in ("e2e_request_latency_seconds", "time_to_first_token_seconds", "request_time_per_output_token_seconds"):
+        assert moved(f"specdec:{hist}_count") == len(requests)
