@@ -36,6 +36,9 @@ from .common import clean_errors, human_bytes, option
 @option("calib_dataset", type=click.Path(), help="UTF-8 text file to calibrate static FP8 activation scales on (needs the checkpoint's tokenizer.json).")
 @option("calib_size", type=int, default=64, show_default=True, help="Calibration samples (chunks of up to 256 tokens) taken from --calib_dataset.")
 @option("backend", type=click.Choice(BACKENDS), default="auto", show_default=True, help="onnxruntime runs everywhere (CPU); tensorrt compiles the same ONNX network into a TensorRT plan (NVIDIA GPU + TensorRT >= 10.15; untested in CI, see docs/tensorrt.md); auto picks onnxruntime and says whether TensorRT could be used.")
+@option("lowering", type=click.Choice(["auto", "portable", "ort_cpu", "ort_cuda"]), default="auto", show_default=True,
+        help="How attention and the KV update become graph nodes (plugins/). auto = ort_cpu for onnxruntime, portable for tensorrt. "
+             "ort_cuda: for --device cuda (ONNX Runtime's CUDA provider): computes in --dtype (bfloat16/float16), fused attention, CUDA graphs; see docs/gpu.md.")
 @option("trt_timing_cache", type=click.Path(dir_okay=False), default=None, help="TensorRT timing cache file: read if present, updated after the build (tensorrt backend).")
 @option("trt_version_compatible", is_flag=True, help="Build a version-compatible TensorRT plan: it embeds its lean runtime, so hosts can run it with the small dispatch runtime (specdec[tensorrt-dispatch]) or a newer TensorRT of a supported major; may be slower. See docs/tensorrt.md.")
 @option("trt_exclude_lean_runtime", is_flag=True, help="With --trt_version_compatible: leave the lean runtime out of the plan (smaller); then only tensorrt-lean or tensorrt of exactly the build's version can run it.")
@@ -44,7 +47,7 @@ from .common import clean_errors, human_bytes, option
 @option("force", is_flag=True, help="Replace a non-empty --output_dir.")
 @clean_errors
 def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_seq_len, max_draft_len, speculative_decoding_mode,
-         quantization, fp8_activations, calib_dataset, calib_size, backend, trt_timing_cache, trt_version_compatible, trt_exclude_lean_runtime, tp_size, allow_pickle, force) -> None:
+         quantization, fp8_activations, calib_dataset, calib_size, backend, lowering, trt_timing_cache, trt_version_compatible, trt_exclude_lean_runtime, tp_size, allow_pickle, force) -> None:
     """Build an engine directory from a Hugging Face checkpoint.
 
     \b
@@ -67,7 +70,7 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
     build = BuildConfig(
         dtype=dtype, max_batch_size=max_batch_size, max_input_len=max_input_len, max_seq_len=max_seq_len,
         max_draft_len=max_draft_len, speculative_decoding_mode=speculative_decoding_mode, backend=backend, tp_size=tp_size,
-        quantization=quantization, fp8_activations=fp8_activations,
+        quantization=quantization, fp8_activations=fp8_activations, lowering=lowering,
     )
     bars: list[tqdm] = []  # made on the first report, after the inputs were validated
 

@@ -5,7 +5,7 @@ host (numpy) input to the GPU when it is *bound*, so the CPU executor's habit
 (bind numpy buffers once, rewrite them in place every step) feeds a GPU stale
 inputs and decodes garbage without an error. Here:
 
-* **KV cache on the device, allocated once** at ``max_batch_size`` slots: one
+* **KV cache on the device, allocated once per cache** (``new_cache``): one
   CUDA buffer per (layer, K|V), ``[slots, ...]`` in the engine's cache dtype,
   zeroed once. A call on slots ``first .. first+n-1`` binds the buffer's
   address at slot ``first`` with shape ``[n, ...]`` as both the cache input
@@ -28,9 +28,9 @@ import numpy as np
 
 from .engine_format import EngineDir
 from .errors import DeviceError, EngineError, RequestError
-from .executor import pad_tokens
+from .backend import pad_tokens
 from .kv_cache import KVCache
-from .cuda_host import CUDA_PROVIDER, D2H, cudart, require_cuda_provider, require_gpu
+from .cuda_host import CUDA_PROVIDER, D2D, D2H, cudart, require_cuda_provider, require_gpu
 
 # ONNX type strings of the cache -> (numpy dtype for sizes, ONNX TensorProto element type for binding)
 _CACHE_TYPES = {"tensor(float)": (np.float32, 1), "tensor(float16)": (np.float16, 10), "tensor(bfloat16)": (np.uint16, 16)}
@@ -75,18 +75,23 @@ def check_engine(engine: EngineDir, cuda_graphs: bool | None) -> bool:
 
 
 class CudaKVCache(KVCache):
-    """KVCache bookkeeping (lengths, rollback, room checks); the tensors are the executor's device buffers."""
+    """KVCache bookkeeping (lengths, rollback, room checks) over device buffers of its own.
 
-    def __init__(self, owner: "CudaExecutor", num_slots: int, generation: int):
+    slabs: past name -> CUDA OrtValue ``[num_slots, *slot shape]``, zeroed once.
+    shapes: the call shapes bound to these buffers (each with its I/O binding, maybe a CUDA graph).
+    """
+
+    def __init__(self, owner: "CudaExecutor", num_slots: int, slabs: dict):
         m, b = owner.model, owner.build
         super().__init__(m.num_layers, num_slots, m.num_kv_heads, b.kv_capacity, m.head_dim, b.max_seq_len, b.kv_layout, storage=False)
-        self.owner, self.generation = owner, generation
+        self.owner, self.slabs = owner, slabs
+        self.shapes: dict[tuple[int, int, int, int, int], _Shape] = {}
 
 
 class _Shape:
     """Everything bound for one call shape: fixed device inputs, the logits buffer, its I/O binding."""
 
-    def __init__(self, ex: "CudaExecutor", first: int, n: int, width: int, rows: int, graph_id: int):
+    def __init__(self, ex: "CudaExecutor", slabs: dict, first: int, n: int, width: int, rows: int, graph_id: int):
         ort = ex._ort
         self.n, self.width, self.rows = n, width, rows
         # ids | positions | logits_index in one int64 device buffer: one copy per step
@@ -106,7 +111,7 @@ class _Shape:
         b.bind_input("logits_index", "cuda", dev, np.int64, [n, rows], base + 16 * n * width)
         if ex._has_total:
             b.bind_input("total_sequence_length", "cpu", 0, np.int32, [], self.total.ctypes.data)
-        for name, slab in ex._slabs.items():
+        for name, slab in slabs.items():
             ptr, shape = slab.data_ptr() + first * ex._slot_bytes, [n, *ex._slot_shape]
             b.bind_input(name, "cuda", dev, ex._cache_elem, shape, ptr)
             b.bind_output(name.replace("past_", "present_"), "cuda", dev, ex._cache_elem, shape, ptr)  # in place
@@ -131,7 +136,16 @@ class CudaExecutor:
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.log_severity_level = 3
-        provider = {**(provider_options or {}), "device_id": str(device), "enable_cuda_graph": "1" if self.cuda_graphs else "0"}
+        provider = {"device_id": str(device), "enable_cuda_graph": "1" if self.cuda_graphs else "0"}
+        if self.build.dtype == "float32" or self.build.lowering != "ort_cuda":  # float32 compute: real float32, not TF32 (greedy parity with the CPU)
+            provider["use_tf32"] = "0"
+        else:
+            # ONNX Runtime's own flash attention: a k+1-token verification then attends exactly as k+1 one-token
+            # steps do (measured on H100: max |logit diff| 0 at contexts 140-700), so greedy speculative output is
+            # target-only's. The default (cuDNN SDPA) is ~8% faster per step but differs by one bf16 ulp past 128
+            # positions, which flipped near-tied tokens on 2 of 8 prompts (docs/gpu.md).
+            provider["sdpa_kernel"] = "1"
+        provider.update(provider_options or {})
         try:
             self.session = ort.InferenceSession(str(engine.network_path), opts, providers=[(CUDA_PROVIDER, provider), "CPUExecutionProvider"])
         except Exception as err:  # onnxruntime's own errors are untyped
@@ -140,8 +154,6 @@ class CudaExecutor:
             raise DeviceError(f"ONNX Runtime fell back to {self.session.get_providers()[0]} for {where}: the CUDA provider did not load (see ONNX Runtime's log; CUDA/cuDNN libraries missing?).")
         self._check_inputs(where)
         self._allocate()
-        self._generation = 0
-        self._shapes: dict[tuple[int, int, int, int, int], _Shape] = {}
         self._decode_width = max(2, self.build.max_draft_len + 1)  # widest decode step: its shapes get graphs
         self._next_graph = 0
         self._steps = np.arange(max(self.build.max_input_len, self.build.kv_capacity), dtype=np.int64)
@@ -164,38 +176,41 @@ class CudaExecutor:
     def _allocate(self) -> None:
         m, b = self.model, self.build
         self._slot_shape = [m.num_kv_heads, b.kv_capacity, m.head_dim] if b.kv_layout == "bnsh" else [b.kv_capacity, m.num_kv_heads * m.head_dim]
-        itemsize = np.dtype(self._cache_np).itemsize
-        self._itemsize = itemsize
-        self._slot_bytes = int(np.prod(self._slot_shape)) * itemsize
+        self._itemsize = np.dtype(self._cache_np).itemsize
+        self._slot_bytes = int(np.prod(self._slot_shape)) * self._itemsize
+
+    def _slabs(self, num_slots: int) -> dict:
+        """One zeroed CUDA buffer per (layer, K|V) of ``num_slots`` slots."""
         self._rt.set_device(self.device_id)
-        self._slabs = {}
+        slabs = {}
         for name in self._kv:
-            slab = self._ort.OrtValue.ortvalue_from_shape_and_type([b.max_batch_size, *self._slot_shape], self._cache_elem, "cuda", self.device_id)
+            slab = self._ort.OrtValue.ortvalue_from_shape_and_type([num_slots, *self._slot_shape], self._cache_elem, "cuda", self.device_id)
             # zeroed once: positions past a slot's length are masked, but must never hold NaN/Inf garbage
-            self._rt.memset(slab.data_ptr(), b.max_batch_size * self._slot_bytes)
-            self._slabs[name] = slab
+            self._rt.memset(slab.data_ptr(), num_slots * self._slot_bytes)
+            slabs[name] = slab
+        self._rt.synchronize()  # cudaMemset may return early; ONNX Runtime's stream does not wait for the legacy one
+        return slabs
 
     def _warm_up(self) -> None:
         """Kernel selection and memory planning happen on the first runs: pay them at load."""
-        cache = self.new_cache(1)
-        self.forward(cache, [[0] * min(3, self.build.max_input_len)], all_logits=False)
-        self.forward(cache, [[0]], all_logits=True)
+        graphs, self.cuda_graphs = self.cuda_graphs, False  # a graph of a throw-away cache would never be replayed
+        try:
+            cache = self.new_cache(1)
+            self.forward(cache, [[0] * min(3, self.build.max_input_len)], all_logits=False)
+            self.forward(cache, [[0]], all_logits=True)
+        finally:
+            self.cuda_graphs = graphs
 
     # -- cache ---------------------------------------------------------------------
     def new_cache(self, num_slots: int) -> CudaKVCache:
-        """A cache over the executor's one device buffer (every length 0; stale contents are masked).
-        It supersedes every earlier cache of this executor, as on the TensorRT executor."""
+        """A cache of ``num_slots`` slots in device buffers of its own (every length 0)."""
         if num_slots > self.build.max_batch_size:
             raise RequestError(f"{num_slots} cache slots exceed {self.engine.path}'s max_batch_size={self.build.max_batch_size}.")
-        self._generation += 1
-        return CudaKVCache(self, num_slots, self._generation)
+        return CudaKVCache(self, num_slots, self._slabs(num_slots))
 
     def _own(self, cache: KVCache) -> None:
-        if not isinstance(cache, CudaKVCache) or cache.owner is not self or cache.generation != self._generation:
-            raise RequestError(
-                f"this KV cache is not the live cache of the CUDA executor of {self.engine.path}: the executor owns one "
-                "device KV buffer, and each new_cache() call supersedes the previous cache."
-            )
+        if not isinstance(cache, CudaKVCache) or cache.owner is not self:
+            raise RequestError(f"this KV cache was not made by the CUDA executor of {self.engine.path}: use its new_cache().")
 
     def copy_slot(self, cache: KVCache, src: int, dst: int) -> None:
         """Copy slot ``src``'s live K/V to slot ``dst`` on the device and set its length."""
@@ -204,14 +219,15 @@ class CudaExecutor:
         if src != dst and n:
             self._rt.set_device(self.device_id)
             m, cap = self.model, self.build.kv_capacity
-            for slab in self._slabs.values():
+            for slab in cache.slabs.values():
                 base = slab.data_ptr()
                 s, d = base + src * self._slot_bytes, base + dst * self._slot_bytes
                 if self.build.kv_layout == "bnsh":  # per KV head: the first n positions of capacity
                     pitch = cap * m.head_dim * self._itemsize
                     self._rt.copy_2d(d, pitch, s, pitch, n * m.head_dim * self._itemsize, m.num_kv_heads)
                 else:  # bsh: the first n positions are contiguous
-                    self._rt.copy(d, s, n * m.num_kv_heads * m.head_dim * self._itemsize, 3)
+                    self._rt.copy(d, s, n * m.num_kv_heads * m.head_dim * self._itemsize, D2D)
+            self._rt.synchronize()  # device-to-device copies may return early: done before the next run reads the slot
         cache.lengths[dst] = n
 
     # -- compute -------------------------------------------------------------------
@@ -229,7 +245,7 @@ class CudaExecutor:
             logits = self._per_row(cache, ids, num_new, all_logits, first_slot)
         else:
             index = None if all_logits else num_new - 1
-            logits = self._run(first_slot, ids, lengths, index)
+            logits = self._run(cache, first_slot, ids, lengths, index)
         cache.lengths[first_slot : first_slot + n] += grow
         return logits
 
@@ -240,26 +256,27 @@ class CudaExecutor:
         for i in range(n):
             k = int(num_new[i])
             slot = first_slot + i
-            row = self._run(slot, ids[i : i + 1, :k], cache.lengths[slot : slot + 1], None if all_logits else np.array([k - 1]))
+            row = self._run(cache, slot, ids[i : i + 1, :k], cache.lengths[slot : slot + 1], None if all_logits else np.array([k - 1]))
             out[i, : row.shape[1]] = row[0]
         return out
 
-    def _run(self, first: int, ids: np.ndarray, lengths: np.ndarray, last: np.ndarray | None) -> np.ndarray:
+    def _run(self, cache: CudaKVCache, first: int, ids: np.ndarray, lengths: np.ndarray, last: np.ndarray | None) -> np.ndarray:
         """ids [n, width] for slots first..first+n-1 at ``lengths``; logits of every token, or of token ``last[i]`` of row i."""
         n, width = ids.shape
         rows = width if last is None else 1
         total = attention_bound(lengths, width, self.build.kv_capacity)
         key = (first, n, width, rows, total)  # a first prompt (total == width) is its own shape, never a graph
-        shape = self._shapes.get(key)
+        shapes = cache.shapes
+        shape = shapes.get(key)
         if shape is None:
             if width > self._decode_width or total == width:  # prompt widths vary per request: keep only the latest, never graph them
-                for old in [k for k in self._shapes if k[2] > self._decode_width or k[2] == k[4]]:
-                    del self._shapes[old]
+                for old in [k for k in shapes if k[2] > self._decode_width or k[2] == k[4]]:
+                    del shapes[old]
                 graph_id = -1
             else:
                 graph_id = self._next_graph if self.cuda_graphs else -1
                 self._next_graph += graph_id >= 0
-            shape = self._shapes[key] = _Shape(self, first, n, width, rows, graph_id)
+            shape = shapes[key] = _Shape(self, cache.slabs, first, n, width, rows, graph_id)
         shape.ids[...] = ids
         np.add(lengths[:, None], self._steps[:width], out=shape.positions)
         if last is not None:

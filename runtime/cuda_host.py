@@ -114,6 +114,10 @@ class Cudart:
     def copy(self, dst: int, src: int, nbytes: int, kind: int) -> None:
         self._check(self._lib.cudaMemcpy(dst, src, nbytes, kind), "cudaMemcpy")
 
+    def synchronize(self) -> None:
+        """Wait for all work on the current device (a device-to-device cudaMemcpy may return before it is done)."""
+        self._check(self._lib.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+
     def copy_2d(self, dst: int, dpitch: int, src: int, spitch: int, width: int, height: int) -> None:
         """``height`` rows of ``width`` bytes, device to device (pitches in bytes)."""
         self._check(self._lib.cudaMemcpy2D(dst, dpitch, src, spitch, width, height, D2D), "cudaMemcpy2D")

@@ -171,7 +171,8 @@ def test_speculative_equals_target_only_on_the_gpu(demo, batch):
     assert target.cuda_graphs
     want, _ = generate(target, prompts)
     draft = CudaExecutor(engines["draft_bf16"], 0)
-    for proposer, k in ((DraftModelProposer(draft, use_logits=False), 4), (NGramProposer(4, 2), 4), (DraftModelProposer(draft, use_logits=False), 2)):
+    for make, k in ((lambda: DraftModelProposer(draft, use_logits=False), 4), (lambda: NGramProposer(4, 2), 4), (lambda: DraftModelProposer(draft, use_logits=False), 2)):
+        proposer = make()
         got, metrics = generate(target, prompts, proposer, k)
         assert got == want, f"{proposer.name} k={k}"
         assert metrics.drafted > 0
@@ -232,13 +233,11 @@ def test_graph_replay_after_the_cache_changed(demo):
 
 
 @pytest.mark.cuda
-def test_superseded_cache_and_bad_device_are_refused(demo):
+def test_foreign_cache_and_bad_device_are_refused(demo):
     engines, _ = demo
-    ex = CudaExecutor(engines["target_bf16"], 0)
-    old = ex.new_cache(1)
-    ex.new_cache(1)
-    with pytest.raises(RequestError, match="supersedes"):
-        ex.forward(old, [[1]], all_logits=False)
-    with pytest.raises(DeviceError, match="has 1 GPU|has [0-9]+ GPU") as err:
+    ex, other = CudaExecutor(engines["target_bf16"], 0), CudaExecutor(engines["target_bf16"], 0)
+    with pytest.raises(RequestError, match="not made by the CUDA executor"):
+        ex.forward(other.new_cache(1), [[1]], all_logits=False)
+    with pytest.raises(DeviceError, match="has [0-9]+ GPU") as err:
         CudaExecutor(engines["target_bf16"], cuda_gpu_count())
     one_line(err.value)
