@@ -68,6 +68,9 @@ class AutoDraftLen:
         self.max_draft_len = max_draft_len
         self.verify = [_CostLine() for _ in range(max_batch + 1)]  # [rows]: a target call of that many rows
         self.draft_s: dict[tuple[str, int], float] = {}  # (method, rows) -> seconds per draft step (moving average)
+        # The first call of a shape pays ONNX Runtime's one-time work for it (memory planning,
+        # kernel choice): 10x a step on the enlarged model. It is not a step's cost, so it is not timed.
+        self._seen: set[tuple] = set()
         self.accepted: dict[str, float] = {}  # method -> drafts accepted (every request)
         self.reached: dict[str, float] = {}  # method -> drafts the target reached (accepted + first rejections)
         # method -> [position] drafts accepted / reached there: the acceptance at a position given the ones before
@@ -75,11 +78,21 @@ class AutoDraftLen:
         self.reached_at: dict[str, np.ndarray] = {}
 
     # -- measurements -------------------------------------------------------------------
+    def _first(self, key: tuple) -> bool:
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        return True
+
     def record_verify(self, rows: int, width: int, seconds: float) -> None:
+        if self._first(("verify", rows, width)):
+            return
         if rows < len(self.verify):
             self.verify[rows].add(width, seconds)
 
     def record_draft(self, method: str, rows: int, steps: int, seconds: float) -> None:
+        if self._first(("draft", method, rows, steps)):
+            return
         if steps > 0:
             per = seconds / steps
             old = self.draft_s.get((method, rows))
