@@ -23,7 +23,9 @@ from typing import Any
 
 from .errors import DeviceError
 
-GPU_EXTRA_HINT = "pip uninstall -y onnxruntime && pip install 'specdec[gpu]'"  # the CPU and GPU wheels share the module name
+# The CPU and GPU wheels install the same `onnxruntime` module and specdec depends on the CPU one:
+# the GPU wheel must be written last.
+GPU_EXTRA_HINT = "pip install 'specdec[gpu]' && pip install --force-reinstall --no-deps onnxruntime-gpu"
 CUDA_PROVIDER = "CUDAExecutionProvider"
 
 H2D, D2H, D2D = 1, 2, 3  # cudaMemcpyKind

@@ -59,7 +59,7 @@ def test_without_onnxruntime_gpu_asking_for_cuda_says_what_to_install(cpu_engine
         with pytest.raises(DeviceError) as err:
             ask()
         msg = one_line(err.value)
-        assert "CUDAExecutionProvider" in msg and "pip install 'specdec[gpu]'" in msg and "pip uninstall -y onnxruntime" in msg
+        assert "CUDAExecutionProvider" in msg and "pip install 'specdec[gpu]' && pip install --force-reinstall --no-deps onnxruntime-gpu" in msg
 
 
 @pytest.mark.skipif(cuda_gpu_count() > 0, reason="CUDA sees a GPU here")
