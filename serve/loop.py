@@ -102,6 +102,8 @@ class EngineLoop:
         return self._thread.is_alive()
 
     def submit(self, job: Job) -> None:
+        if not self.alive:
+            raise ApiError(503, "the engine loop is not running; restart the server.")
         self._inbox.put(("add", job))
 
     def abort(self, job_id: str) -> None:
