@@ -82,6 +82,27 @@ def pad_tokens(tokens: Sequence[Sequence[int]] | np.ndarray) -> tuple[np.ndarray
     return ids, num_new
 
 
+@dataclass
+class StepPlan:
+    """A checked forward call on slots ``first_slot .. first_slot + n - 1``."""
+
+    ids: np.ndarray  # [n, width] int64, rows zero-padded to the widest
+    num_new: np.ndarray  # [n] real tokens per row
+    grow: np.ndarray  # [n] how far each slot's length moves (0 for rows riding along)
+    lengths: np.ndarray  # [n] a view of the range's lengths: add grow to it after the run
+
+
+def plan_step(cache: KVCache, tokens: Sequence[Sequence[int]] | np.ndarray, advance: np.ndarray | None, first_slot: int, engine: str) -> StepPlan:
+    """What every executor checks before a call: the rows, the slot range, the room in each slot."""
+    ids, num_new = pad_tokens(tokens)
+    n, width = ids.shape
+    if first_slot < 0 or first_slot + n > cache.num_slots:
+        raise RequestError(f"slots {first_slot}..{first_slot + n - 1} are outside the cache's {cache.num_slots} slots.")
+    grow = num_new if advance is None else np.where(advance, num_new, 0)
+    cache.check_room(grow, width, first_slot, engine)
+    return StepPlan(ids, num_new, grow, cache.lengths[first_slot : first_slot + n])
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where an engine runs: a device kind and an index among that kind's devices."""

@@ -15,7 +15,7 @@ import numpy as np
 
 from .engine_format import EngineDir
 from .errors import EngineError, RequestError
-from .backend import pad_tokens  # noqa: F401  (the executors' shared input padding)
+from .backend import pad_tokens, plan_step  # noqa: F401  (pad_tokens: re-exported for older imports)
 from .kv_cache import KVCache
 
 
@@ -105,21 +105,16 @@ class OrtExecutor:
         Rows where ``advance`` is False ride along (a batch runs every row)
         and keep their length: what they wrote is stale at once.
         """
-        ids, num_new = pad_tokens(tokens)
-        batch, width = ids.shape
-        if first_slot < 0 or first_slot + batch > cache.num_slots:
-            raise RequestError(f"slots {first_slot}..{first_slot + batch - 1} are outside the cache's {cache.num_slots} slots.")
-        grow = num_new if advance is None else np.where(advance, num_new, 0)
-        cache.check_room(grow, width, first_slot, str(self.engine.path))
-        lengths = cache.lengths[first_slot : first_slot + batch]  # a view: updated in place below
+        step = plan_step(cache, tokens, advance, first_slot, str(self.engine.path))
+        batch, width = step.ids.shape
         io = self._io(batch, width, width if all_logits else 1)
-        io.ids[...] = ids
-        np.add(lengths[:, None], self._steps[:width], out=io.positions)
+        io.ids[...] = step.ids
+        np.add(step.lengths[:, None], self._steps[:width], out=io.positions)
         if not all_logits:
-            np.subtract(num_new, 1, out=io.index[:, 0])
+            np.subtract(step.num_new, 1, out=io.index[:, 0])
         self._bind_cache(cache, first_slot, batch)
         self.session.run_with_iobinding(self._binding)
-        lengths += grow
+        step.lengths += step.grow
         return io.logits
 
     def _io(self, batch: int, width: int, rows: int) -> "_StepIO":

@@ -24,7 +24,7 @@ import numpy as np
 
 from .engine_format import BuildConfig, EngineDir, ModelConfig
 from .errors import DeviceError, EngineError, RequestError
-from .backend import pad_tokens
+from .backend import plan_step
 from .kv_cache import KVCache
 from .trt_host import MIN_TENSORRT, check_gpu_arch, cuda_call, cuda_device_info, cudart_module, import_runtime, require_gpu
 
@@ -215,17 +215,12 @@ class TrtExecutor:
         self, cache: KVCache, tokens: Sequence[Sequence[int]] | np.ndarray, all_logits: bool, advance: np.ndarray | None = None, first_slot: int = 0
     ) -> np.ndarray:
         """Same contract as OrtExecutor.forward: append tokens[i] to slot first_slot + i, return logits [n, R, V]."""
-        ids, num_new = pad_tokens(tokens)
-        batch, width = ids.shape
-        if first_slot < 0 or first_slot + batch > cache.num_slots:
-            raise RequestError(f"slots {first_slot}..{first_slot + batch - 1} are outside the cache's {cache.num_slots} slots.")
-        grow = num_new if advance is None else np.where(advance, num_new, 0)
-        cache.check_room(grow, width, first_slot, str(self.engine.path))
-        lengths = cache.lengths[first_slot : first_slot + batch]
-        positions = lengths[:, None] + np.arange(width, dtype=np.int64)[None, :]
-        index = np.broadcast_to(np.arange(width, dtype=np.int64), (batch, width)) if all_logits else (num_new - 1)[:, None]
-        logits = self.run(cache, ids, positions, np.ascontiguousarray(index), first_slot)
-        lengths += grow
+        step = plan_step(cache, tokens, advance, first_slot, str(self.engine.path))
+        batch, width = step.ids.shape
+        positions = step.lengths[:, None] + np.arange(width, dtype=np.int64)[None, :]
+        index = np.broadcast_to(np.arange(width, dtype=np.int64), (batch, width)) if all_logits else (step.num_new - 1)[:, None]
+        logits = self.run(cache, step.ids, positions, np.ascontiguousarray(index), first_slot)
+        step.lengths += step.grow
         return logits
 
     def run(self, cache: KVCache, ids: np.ndarray, positions: np.ndarray, logits_index: np.ndarray, first_slot: int = 0) -> np.ndarray:
