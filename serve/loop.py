@@ -76,7 +76,10 @@ class Job:
         self.first_token = 0.0
 
     def push(self, event: Event) -> None:
-        self._aio.call_soon_threadsafe(self.events.put_nowait, event)
+        try:
+            self._aio.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the handler's event loop has closed (the server is going down): nobody to tell
+            pass
 
 
 class EngineLoop:
@@ -126,8 +129,13 @@ class EngineLoop:
             self.steps += 1
             for out in outputs:
                 job = self.jobs.get(out.request_id)
-                if job is not None:
+                if job is None:
+                    continue
+                try:
                     self._on_output(job, out)
+                except Exception:  # one request's failure (say, in its text) ends that request, not the loop
+                    log.exception("processing the output of %s failed", job.id)
+                    self._fail(job, ApiError(500, "the server failed while processing this request's output; see the server log."))
             self._gauges()
         self._fail_all(ApiError(503, "the server is shutting down."), inbox=True)
 
@@ -157,6 +165,10 @@ class EngineLoop:
             self.engine.add_request(job.plan.prompt_ids, job.plan.config, request_id=job.id)
         except SpecdecError as err:  # the handler checked already; a last line of defence
             job.push(Event(error=ApiError(400, str(err))))
+            return
+        except Exception:
+            log.exception("adding %s failed", job.id)
+            job.push(Event(error=ApiError(500, "the server failed to start this request; see the server log.")))
             return
         job.added = time.perf_counter()
         self.jobs[job.id] = job
@@ -212,14 +224,17 @@ class EngineLoop:
         self.metrics.record(m, reason, result.prompt_tokens, n, timings["e2e_s"], timings["ttft_s"], timings["tpot_s"], timings["queue_s"])
         job.push(Event(text, new, result=result))
 
+    def _fail(self, job: Job, error: ApiError) -> None:
+        try:
+            self.engine.abort(job.id)
+        except Exception:  # the engine may be broken already; the job still gets its answer
+            log.exception("abort after a failure")
+        self.jobs.pop(job.id, None)
+        job.push(Event(error=error))
+
     def _fail_all(self, error: ApiError, inbox: bool) -> None:
-        for job_id, job in list(self.jobs.items()):
-            try:
-                self.engine.abort(job_id)
-            except Exception:  # the engine is already broken; the job still gets its answer
-                log.exception("abort after an engine failure")
-            del self.jobs[job_id]
-            job.push(Event(error=error))
+        for job in list(self.jobs.values()):
+            self._fail(job, error)
         while inbox:  # shutting down: jobs that never reached the engine
             try:
                 kind, arg = self._inbox.get_nowait()
