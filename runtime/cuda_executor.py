@@ -28,7 +28,7 @@ import numpy as np
 
 from .engine_format import EngineDir
 from .errors import DeviceError, EngineError, RequestError
-from .backend import pad_tokens
+from .backend import plan_step
 from .kv_cache import KVCache
 from .cuda_host import CUDA_PROVIDER, D2D, D2H, cudart, require_cuda_provider, require_gpu
 
@@ -234,13 +234,9 @@ class CudaExecutor:
     def forward(self, cache: KVCache, tokens: Sequence[Sequence[int]] | np.ndarray, all_logits: bool, advance: np.ndarray | None = None, first_slot: int = 0) -> np.ndarray:
         """Append ``tokens[i]`` to slot ``first_slot + i``; logits on the host, ``[n, width or 1, vocab]`` (reused per shape)."""
         self._own(cache)
-        ids, num_new = pad_tokens(tokens)
+        plan = plan_step(cache, tokens, advance, first_slot, str(self.engine.path))
+        ids, num_new, grow, lengths = plan.ids, plan.num_new, plan.grow, plan.lengths
         n, width = ids.shape
-        if first_slot < 0 or first_slot + n > cache.num_slots:
-            raise RequestError(f"slots {first_slot}..{first_slot + n - 1} are outside the cache's {cache.num_slots} slots.")
-        grow = num_new if advance is None else np.where(advance, num_new, 0)
-        cache.check_room(grow, width, first_slot, str(self.engine.path))
-        lengths = cache.lengths[first_slot : first_slot + n]
         if self._has_total and rows_one_by_one(lengths, width):
             logits = self._per_row(cache, ids, num_new, all_logits, first_slot)
         else:
