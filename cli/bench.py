@@ -28,7 +28,7 @@ from ..runtime.bench import (
 from ..runtime.engine_format import load_engine_dir
 from ..runtime.errors import RequestError
 from ..runtime.tokenizer import Tokenizer
-from .common import clean_errors, engine_tokenizer, fmt_or_dash, option, yes_no_dash
+from .common import check_output_file, clean_errors, engine_tokenizer, fmt_or_dash, option, yes_no_dash
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 DEFAULT_DRAFT_LENS = "1,2,4,8"
@@ -157,6 +157,8 @@ def run(engine_dir, draft_engine_dir, method, draft_lens, ngram_size, dataset, m
         raise RequestError("--compare runs the peers one request at a time: use --batch_size 1.")
     draft = load_engine_dir(draft_engine_dir) if draft_engine_dir and "draft" in methods else None
     peer_setup = _check_compare(compare_peers, target, draft, target_checkpoint, draft_checkpoint) if compare else None  # before measuring
+    check_output_file(output_json, "--output_json")  # before measuring: results must not be lost to an unwritable path
+    check_output_file(plot, "--plot")
     tok = engine_tokenizer(target, tokenizer_dir)
     records = prepare_from_jsonl(dataset, tok, max_output_len)
 
@@ -165,15 +167,19 @@ def run(engine_dir, draft_engine_dir, method, draft_lens, ngram_size, dataset, m
                        step_cost_reps, say=lambda what: click.echo(f"  measuring {what}", err=True))
     base_ids = result.pop("target_only_output_ids")
     click.echo(sweep_table(result))
-    if compare:
-        result["compare"] = _compare(result, records, base_ids, *peer_setup, peers_work_dir, num_threads, ngram_size, lens, methods)
-        click.echo(compare_table(result["compare"]))
+    # our measurements are written before the peers run: a failing peer never costs them
     if output_json:
         Path(output_json).write_text(json.dumps(result, indent=2) + "\n")
-        click.echo(f"wrote {output_json}", err=True)
     if plot:
         plot_sweep(result, plot)
         click.echo(f"wrote {plot}", err=True)
+    if compare:
+        result["compare"] = _compare(result, records, base_ids, *peer_setup, peers_work_dir, num_threads, ngram_size, lens, methods)
+        click.echo(compare_table(result["compare"]))
+        if output_json:
+            Path(output_json).write_text(json.dumps(result, indent=2) + "\n")
+    if output_json:
+        click.echo(f"wrote {output_json}", err=True)
 
 
 def sweep_table(result: dict[str, Any]) -> str:
@@ -264,6 +270,13 @@ def _check_compare(which: str, target: Any, draft: Any, target_ckpt: str | None,
             import transformers  # noqa: F401
         except ImportError:
             raise RequestError("--compare with the hf peer needs torch and transformers: pip install 'specdec[hf]' (CPU torch: torch==2.13.0).") from None
+    if "ortgenai" in wanted:
+        from . import peers
+
+        why = peers.ortgenai_unavailable()
+        if why:  # a missing peer is skipped with a note, as docs/bench-and-eval.md says, and recorded as skipped
+            click.echo(f"note: onnxruntime-genai skipped: {why}.", err=True)
+            wanted = [p for p in wanted if p != "ortgenai"] + [f"ortgenai-skipped:{why}"]
     return wanted, t_ckpt, d_ckpt
 
 
@@ -287,6 +300,10 @@ def _compare(result, records, base_ids, wanted, t_ckpt, d_ckpt, work_dir, thread
                 pairs.append((f"ngram k={k} n={ngram_size}", f"hf prompt-lookup k={k} n={ngram_size}",
                               lambda k=k: peers.hf_generate(t_ckpt, prompts, n_new, prompt_lookup_num_tokens=k, max_matching_ngram_size=ngram_size, num_threads=threads)))
     og_skip: str | None = None
+    out: list[dict] = []
+    for w in wanted:
+        if w.startswith("ortgenai-skipped:"):
+            out.append({"ours": "-", "peer": "onnxruntime-genai", "skipped": w.split(":", 1)[1]})
     if "ortgenai" in wanted:
         work = Path(work_dir or tempfile.mkdtemp(prefix="specdec-bench-peers-"))
         og: dict[str, str] = {}
@@ -306,20 +323,19 @@ def _compare(result, records, base_ids, wanted, t_ckpt, d_ckpt, work_dir, thread
             for k in lens:
                 pairs.append((f"ngram k={k} n={ngram_size}", f"ortgenai ngram k={k} n={ngram_size}",
                               lambda k=k: peers.ortgenai_generate(og_dir("target", t_ckpt), prompts, n_new, ngram=ngram_size + 1, num_draft_tokens=k, num_threads=threads)))
-    out: list[dict] = []
     for label, peer, thunk in pairs:
         if peer.startswith("ortgenai") and og_skip:
             continue
         click.echo(f"  peer {peer}", err=True)
         try:
             r = thunk()
-        except (RuntimeError, NotImplementedError, FileNotFoundError, ValueError) as err:
+        except Exception as err:  # a peer that fails is recorded as skipped; what was measured stays
+            why = str(err).strip().splitlines()[-1][:300] if str(err).strip() else type(err).__name__
+            out.append({"ours": label, "peer": peer, "skipped": why})
+            click.echo(f"  {peer} skipped: {why}", err=True)
             if peer.startswith("ortgenai"):
-                og_skip = str(err).strip().splitlines()[-1][:300] if str(err).strip() else type(err).__name__
-                out.append({"ours": label, "peer": peer, "skipped": og_skip})
-                click.echo(f"  onnxruntime-genai skipped: {og_skip}", err=True)
-                continue
-            raise RequestError(f"--compare: {peer} failed: {err}") from None
+                og_skip = why
+            continue
         agree = token_agreement(r["output_ids"], base_ids)
         mine = ours[label]["output_tokens_per_s"]
         out.append({
@@ -341,7 +357,7 @@ def compare_table(rows: list[dict]) -> str:
     lines = [f"{'ours':<20}{'peer':<32}{'ours tok/s':>11}{'peer tok/s':>11}{'ours/peer':>10}{'peer acc.':>10}{'same seqs':>10}"]
     for r in rows:
         if "skipped" in r:
-            lines.append(f"{r['ours']:<20}{r['peer']:<32}  skipped: {r['skipped'][:60]}")
+            lines.append(f"{r['ours']:<20}{r['peer']:<32}  skipped: {r['skipped'][:120]}")
             continue
         lines.append(
             f"{r['ours']:<20}{r['peer']:<32}{r['ours_tokens_per_s']:>11.1f}{r['peer_tokens_per_s']:>11.1f}{fmt_or_dash(r['ratio'], '.2f'):>9}x"

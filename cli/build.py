@@ -2,13 +2,37 @@
 
 from __future__ import annotations
 
-import click
-from tqdm import tqdm
+import importlib
+import sys
+from pathlib import Path
 
-from ..builder.build import DTYPES, FP8_ACTIVATIONS, MODES, QUANTIZATIONS, build_engine
-from ..builder.backends import BACKENDS
+import click
+
+BUILD_EXTRA = ("onnx", "ml_dtypes", "tqdm")  # pyproject.toml's [build] extra
+
+
+def _require_build_extra(missing: str | None = None) -> None:
+    """A runtime-only install (pip install specdec) gets one line saying which extra to add, not a traceback."""
+    for name in [missing] if missing else BUILD_EXTRA:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError:
+            sys.exit(f"error: specdec-build needs the build extra ({name} is not installed): pip install 'specdec[build]' "
+                     "(from a clone: pip install '.[build]'). Running engines does not need it.")
+
+
+try:
+    from tqdm import tqdm
+
+    from ..builder.build import DTYPES, FP8_ACTIVATIONS, MODES, QUANTIZATIONS, build_engine
+    from ..builder.backends import BACKENDS
+except ModuleNotFoundError as err:
+    if (err.name or "").split(".")[0] not in BUILD_EXTRA:
+        raise
+    _require_build_extra(err.name.split(".")[0])
 from ..runtime.engine_format import BuildConfig
-from .common import clean_errors, human_bytes, option
+from ..runtime.errors import CheckpointError
+from .common import check_output_dir, clean_errors, human_bytes, option
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -57,10 +81,14 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
     Draft engine (or a plain engine):
       specdec-build --checkpoint_dir ./llama-small --output_dir engines/draft
     """
+    _require_build_extra()  # the builder imports onnx only when it writes the network: check before any work
     from ..builder.architectures import model_config_from_hf
     from ..builder.checkpoint import read_hf_config
 
-    model = model_config_from_hf(read_hf_config(checkpoint_dir))  # for the default limits; build_engine reads the weights
+    hf_config = read_hf_config(checkpoint_dir)
+    _refuse_engine_dir(checkpoint_dir, hf_config)
+    check_output_dir(output_dir, "--output_dir")  # before the work, not after it
+    model = model_config_from_hf(hf_config)  # for the default limits; build_engine reads the weights
     if max_seq_len is None:
         max_seq_len = min(model.max_position_embeddings, 4096)
     if max_input_len is None:
@@ -76,7 +104,8 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
 
     def progress(step: str, done: int, total: int) -> None:
         if not bars:
-            bars.append(tqdm(total=total, desc=f"building {output_dir}", unit="step", leave=False, dynamic_ncols=True))
+            # disable=None: no bar when stderr is not a terminal (a log gets no '\r' frames)
+            bars.append(tqdm(total=total, desc=f"building {output_dir}", unit="step", leave=False, dynamic_ncols=True, disable=None))
         bars[0].set_postfix_str(step)
         bars[0].n = done
         bars[0].refresh()
@@ -96,6 +125,15 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
         f"  limits: batch {b.max_batch_size}, input {b.max_input_len}, seq {b.max_seq_len}, draft {b.max_draft_len} ({b.speculative_decoding_mode})\n"
         f"  size {human_bytes(result.engine_bytes)}, {len(result.config.files)} files, {result.seconds:.1f}s"
     )
+
+
+def _refuse_engine_dir(checkpoint_dir: str, hf_config: dict) -> None:
+    """An engine directory given as the checkpoint: say so (its config.json is ours, not Hugging Face's)."""
+    if not {"build", "model", "files"} <= set(hf_config):
+        return
+    source = (hf_config.get("extra") or {}).get("checkpoint")
+    hint = f" It was built from {source}; pass that." if source and Path(source).is_dir() else " Pass the Hugging Face checkpoint it was built from."
+    raise CheckpointError(f"--checkpoint_dir {checkpoint_dir} is an engine directory (made by specdec-build), not a Hugging Face checkpoint.{hint}")
 
 
 if __name__ == "__main__":

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import functools
 import sys
+import tempfile
+import warnings
+from pathlib import Path
 from typing import Any, Callable
 
 import click
 
 from ..runtime.engine_format import EngineDir
-from ..runtime.errors import SpecdecError
+from ..runtime.errors import RequestError, SpecdecError
 from ..runtime.tokenizer import Tokenizer
 
 
@@ -31,16 +34,54 @@ def clean_errors(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        warnings.showwarning = _one_line_warning
         try:
             return fn(*args, **kwargs)
         except SpecdecError as err:
             click.echo(f"error: {err}", err=True)
+            sys.exit(1)
+        except OSError as err:  # a file or folder we could not read or write: say which, in one line
+            where = f": {err.filename}" if err.filename else ""
+            click.echo(f"error: {err.strerror or err}{where}.", err=True)
             sys.exit(1)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)
 
     return wrapper
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Our warnings (e.g. a draft with smaller limits) as one 'warning:' line, not Python's two-line format."""
+    click.echo(f"warning: {message}", err=True)
+
+
+def check_output_file(path: str | None, flag: str) -> None:
+    """Refuse, before any work, an output file that cannot be written: a directory, or an unwritable folder."""
+    if not path:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise RequestError(f"{flag} {path} is a directory: give a file name.")
+    _check_folder(p.parent, f"{flag} {path}")
+
+
+def check_output_dir(path: str, flag: str) -> None:
+    """Refuse, before any work, an output directory whose parent cannot be created or written."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise RequestError(f"{flag} {path} exists and is not a directory.")
+    _check_folder(p.parent, f"{flag} {path}")
+
+
+def _check_folder(folder: Path, what: str) -> None:
+    folder = folder if str(folder) else Path(".")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):  # the real test: permissions, read-only mounts, quotas
+            pass
+    except OSError as err:
+        raise RequestError(f"{what} cannot be written: {err.strerror or err} ({err.filename or folder}).") from None
 
 
 def human_bytes(n: float) -> str:

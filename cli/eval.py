@@ -21,7 +21,7 @@ from ..runtime.config_strings import DTM_FORM, NGRAM_FORM, parse_draft_target_co
 from ..runtime.engine_format import load_engine_dir
 from ..runtime.errors import RequestError
 from ..runtime.loading import load_orchestrator
-from .common import clean_errors, end_ids, engine_tokenizer, fmt_or_dash, option, yes_no_dash
+from .common import check_output_file, clean_errors, end_ids, engine_tokenizer, fmt_or_dash, option, yes_no_dash
 
 ROUGE_KEYS = ("rouge1", "rouge2", "rougeL")
 
@@ -87,7 +87,9 @@ def _hf_available() -> bool:
 @option("end_id", type=int, default=None, help="Token that ends an output [default: the tokenizer's EOS]; -1: never stop early.")
 @option("check_accuracy", is_flag=True, help="Exit non-zero when an engine run's ROUGE-1 is below --rouge_threshold.")
 @option("rouge_threshold", "--tensorrt_llm_rouge1_threshold", type=float, default=14.0, show_default=True,
-        help="ROUGE-1 F-measure threshold for --check_accuracy: a fraction, or percent like TensorRT-LLM when > 1 (14 = 0.14).")
+        help="ROUGE-1 F-measure threshold for --check_accuracy: a fraction, or percent like TensorRT-LLM when > 1 (14 = 0.14). "
+             "The default is TensorRT-LLM summarize.py's, meant for real models summarizing CNN/DailyMail; set one your model and "
+             "dataset meet (the demo pair scores about 10 on examples/eval: use 8 there).")
 @option("num_threads", type=int, default=None, help="ONNX Runtime intra-op threads (and torch threads for HF).")
 @option("output_json", type=click.Path(), help="Write scores, agreement and every example's outputs.")
 @clean_errors
@@ -97,11 +99,12 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
 
     \b
       specdec-eval --engine_dir engines/target --dataset examples/eval/heldout_functions.jsonl \\
-          --draft_engine_dir engines/draft --ngram_config "[4,2,[0]]" \\
-          --check_accuracy --rouge_threshold 0.2 --output_json eval.json
+          --draft_engine_dir engines/draft --draft_target_model_config "[4,[0],[0],False]" \\
+          --check_accuracy --rouge_threshold 8 --output_json eval.json
     """
     del test_trt_llm
     threshold = _threshold(rouge_threshold)
+    check_output_file(output_json, "--output_json")  # before decoding, not after
     if max_output_len < 1:
         raise RequestError(f"--max_output_len={max_output_len} must be >= 1.")
     dtm = parse_draft_target_config(draft_target_model_config) if draft_target_model_config else None

@@ -125,6 +125,18 @@ def _have_ortgenai() -> bool:
     return importlib.util.find_spec("onnxruntime_genai") is not None
 
 
+def ortgenai_unavailable() -> str | None:
+    """Why onnxruntime-genai cannot run here (one line), or None when it can."""
+    if _have_ortgenai():
+        return None
+    if not PEERS_PYTHON:
+        return ("onnxruntime-genai is not installed here: `pip install onnxruntime-genai onnx_ir`, "
+                "or set SPECDEC_PEERS_PYTHON to a Python that has it")
+    if not (os.path.isfile(PEERS_PYTHON) and os.access(PEERS_PYTHON, os.X_OK)):
+        return f"SPECDEC_PEERS_PYTHON={PEERS_PYTHON} is not an executable Python"
+    return None
+
+
 def _call_in_peers_venv(fn: str, kwargs: dict[str, Any]) -> Result:
     """Run `fn(**kwargs)` from this file under PEERS_PYTHON and return its JSON result."""
     if not PEERS_PYTHON:
@@ -151,6 +163,9 @@ def ortgenai_build(ckpt_dir: str, out_dir: str, precision: str = "fp32",
 
     Runs fully offline: `-i` points at a local directory and HF_HUB_OFFLINE=1 stops any hub call.
     """
+    why = ortgenai_unavailable()
+    if why:
+        raise NotImplementedError(why)
     python = sys.executable if _have_ortgenai() else PEERS_PYTHON
     cache_dir = cache_dir or out_dir.rstrip("/") + "_cache"
     cmd = [python, "-m", "onnxruntime_genai.models.builder", "-i", os.path.abspath(ckpt_dir),

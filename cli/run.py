@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -17,7 +18,9 @@ from ..runtime.loading import load_orchestrator
 from ..runtime.orchestrator import GenerationConfig, Orchestrator
 from ..runtime.sampling import SamplingConfig
 from ..runtime.tokenizer import Tokenizer
-from .common import clean_errors, end_ids, engine_tokenizer, option
+from .common import check_output_file, clean_errors, end_ids, engine_tokenizer, option
+from .compat import check_run_py_options, run_py_options
+from .stops import decode_text, generate_with_stops
 
 
 def read_inputs(texts: tuple[str, ...], input_file: str | None, tok: Tokenizer | None, add_special: bool, pad_id: int | None) -> list[list[int]]:
@@ -66,7 +69,7 @@ def read_inputs(texts: tuple[str, ...], input_file: str | None, tok: Tokenizer |
 @option("engine_dir", required=True, type=click.Path(), help="Target engine directory (from specdec-build).")
 @option("draft_engine_dir", type=click.Path(), help="Draft engine directory: enables draft-target speculative decoding.")
 @option("draft_target_model_config", type=str, help=f'Draft-target settings, TensorRT-LLM style: "{DTM_FORM}", e.g. "[4,[0],[0],False]". use_logits=True: rejection sampling on logits; False: token compare.')
-@option("ngram_config", "--prompt_lookup_config", type=str, help=f'NGram / prompt-lookup drafting without a draft model: "{NGRAM_FORM}", e.g. "[10,2,[0]]".')
+@option("ngram_config", "--prompt_lookup_config", type=str, help=f'NGram / prompt-lookup drafting without a draft model: "{NGRAM_FORM}", e.g. "[8,2,[0]]" (max_draft_len up to the target\'s).')
 @click.option("--ngram_keep_all/--ngram_keep_newest", "ngram_keep_all", default=True, show_default=True, help="NGram: keep every earlier occurrence of a pattern, or only the newest.")
 @click.option("--ngram_use_oldest/--ngram_use_newest", "ngram_use_oldest", default=False, show_default=True,
               help="NGram: when a pattern occurred more than once, draft from the oldest occurrence (TensorRT-LLM's default) or the newest "
@@ -82,28 +85,33 @@ def read_inputs(texts: tuple[str, ...], input_file: str | None, tok: Tokenizer |
 @option("device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
         help="Where engines run; device ids in the config strings index devices of this kind. auto: cpu for onnxruntime engines, cuda for tensorrt engines.")
 @option("allow_vocab_mismatch", is_flag=True, help="Run a draft whose tokenizer differs from the target's, with a warning (default: refused).")
-@option("input_text", multiple=True, help="A prompt (repeatable; several run as one batch). '\\n' is read as a newline.")
+@option("input_text", multiple=True, help="A prompt (repeatable, or several after one flag as run.py takes them; several run as one batch). '\\n' is read as a newline.")
 @option("input_file", type=click.Path(), help=".txt (one prompt per line), .csv (token ids per row) or .npy (token ids).")
 @option("tokenizer_dir", type=click.Path(), help="Tokenizer directory [default: the engine's own].")
 @option("no_add_special_tokens", is_flag=True, help="Do not add BOS/special tokens when encoding prompts.")
 @option("max_output_len", type=int, default=128, show_default=True, help="Most new tokens per request.")
 @option("end_id", type=int, default=None, help="Token id that ends a request [default: the tokenizer's EOS]; -1: never stop on EOS.")
-@option("stop_words", multiple=True, help="A string that ends a request (repeatable).")
+@option("stop_words", multiple=True, help="A string that ends a request when the output text contains it (matched on text, not tokens; kept in the output; repeatable).")
 @option("temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
 @option("top_k", type=int, default=0, show_default=True, help="0 = off.")
 @option("top_p", type=float, default=1.0, show_default=True, help="1.0 = off.")
 @option("random_seed", type=int, default=0, show_default=True, help="Same seed, same output.")
 @option("streaming", is_flag=True, help="Print text as tokens are accepted (one prompt).")
 @option("baseline", is_flag=True, help="Also run target-only decoding on the same inputs first, and report the speedup and whether outputs match.")
+@option("repeat", type=int, default=1, show_default=True,
+        help="With --baseline: time target-only and the method this many times each, interleaved (A B B A ...), and report the median "
+             "tokens/s and speedup with their spread. One run is noisy on a busy machine.")
 @option("output_csv", type=click.Path(), help="Write output token ids (new tokens), one request per row.")
 @option("output_npy", type=click.Path(), help="Write output token ids as a [requests, max_len] array padded with -1.")
 @option("output_json", type=click.Path(), help="Write every request (input_ids, output_ids, text, finish_reason) and the metrics.")
 @option("num_threads", type=int, default=None, help="ONNX Runtime intra-op threads of the target engine [default: all cores, up to 8].")
 @option("draft_num_threads", type=int, default=1, show_default=True, help="Threads of the draft engine: a small draft gains nothing from more, and two sessions spinning threads on the same cores slow each other down.")
+@run_py_options
+@click.argument("more_input_text", nargs=-1, metavar="")
 @clean_errors
 def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, ngram_keep_all, ngram_use_oldest, ngram_min_match, draft_confidence_threshold, input_text, input_file,
          tokenizer_dir, no_add_special_tokens, max_output_len, end_id, stop_words, temperature, top_k, top_p, random_seed, streaming,
-         baseline, output_csv, output_npy, output_json, num_threads, draft_num_threads, draft_len, device, allow_vocab_mismatch) -> None:
+         baseline, repeat, output_csv, output_npy, output_json, num_threads, draft_num_threads, draft_len, device, allow_vocab_mismatch, more_input_text, **run_py) -> None:
     """Run a target engine, optionally with speculative decoding.
 
     \b
@@ -111,10 +119,18 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
       specdec-run --engine_dir engines/target --draft_engine_dir engines/draft \\
           --draft_target_model_config "[4,[0],[0],False]" --input_text "def fib(n):"
     NGram / prompt lookup:
-      specdec-run --engine_dir engines/target --ngram_config "[10,2,[0]]" --input_file prompts.txt
+      specdec-run --engine_dir engines/target --ngram_config "[8,2,[0]]" --input_file prompts.txt
     Target only (the baseline):
       specdec-run --engine_dir engines/target --input_text "def fib(n):"
     """
+    check_run_py_options(run_py)
+    if more_input_text and not input_text:
+        raise RequestError(f"unexpected argument {more_input_text[0]!r}: prompts go after --input_text (several may follow one flag).")
+    input_text = input_text + more_input_text  # run.py's form: --input_text "a" "b"
+    if repeat < 1 or (repeat > 1 and not baseline):
+        raise RequestError(f"--repeat {repeat}: expected a number >= 1, used with --baseline (it repeats the timed comparison).")
+    for path, flag in ((output_csv, "--output_csv"), (output_npy, "--output_npy"), (output_json, "--output_json")):
+        check_output_file(path, flag)  # before decoding: an unwritable output must not cost the results
     dtm = parse_draft_target_config(draft_target_model_config) if draft_target_model_config else None
     ngram = parse_ngram_config(ngram_config) if ngram_config else None
     if dtm and ngram:
@@ -128,50 +144,59 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
     ends = end_ids(end_id, tok, target)
     if stop_words and tok is None:
         raise RequestError("--stop_words needs a tokenizer: pass --tokenizer_dir.")
-    stops = tuple(tuple(tok.encode(s, add_special_tokens=False)) for s in stop_words) if stop_words else ()
-    gen = GenerationConfig(max_output_len=max_output_len, sampling=sampling, end_ids=ends, stop_words=stops)
+    stops = tuple(s.replace("\\n", "\n") for s in stop_words)  # matched on the output text (cli/stops.py)
+    gen = GenerationConfig(max_output_len=max_output_len, sampling=sampling, end_ids=ends)
     orch = load_orchestrator(target, draft_engine_dir, dtm, ngram, draft_len=parse_draft_len(draft_len), ngram_keep_all=ngram_keep_all,
                              ngram_use_oldest=ngram_use_oldest, num_threads=num_threads, draft_num_threads=draft_num_threads, device=device,
                              draft_confidence_threshold=draft_confidence_threshold, ngram_min_match=ngram_min_match, allow_vocab_mismatch=allow_vocab_mismatch)
     if streaming and len(prompts) != 1:
         raise RequestError("--streaming prints one request as it is decoded: give exactly one prompt.")
 
-    base = None
-    if baseline:
-        base_orch = Orchestrator(orch.target)  # the same target session: no second copy of the engine
-        for o in (base_orch, orch):  # first calls pay one-time costs: keep them out of both timings
-            o.generate([prompts[0][:8]], GenerationConfig(max_output_len=4, sampling=sampling))
-        base = base_orch.generate(prompts, gen)
+    method = "draft-target" if draft_engine_dir else "ngram" if ngram else "target-only"
+    base_orch = Orchestrator(orch.target) if baseline else None  # the same target session: no second copy of the engine
+    for o in (base_orch, orch) if baseline else ():  # first calls pay one-time costs: keep them out of both timings
+        o.generate([prompts[0][:8]], GenerationConfig(max_output_len=4, sampling=sampling))
+    runs: list[tuple[str, object]] = []  # (method, (outputs, metrics)), in the order they ran
+    for i in range(repeat if baseline else 0):
+        order = [("target-only", base_orch), (method, orch)]
+        for name, o in order if i % 2 == 0 else order[::-1]:  # A B B A ...: drift hits both alike
+            if name == method and i == repeat - 1:
+                continue  # the last run of the method is the one shown below
+            runs.append((name, generate_with_stops(o, prompts, gen, tok, stops)))
 
-    on_tokens = None
+    on_text = None
     if streaming:
-        def on_tokens(_request: int, ids: list[int], _seen: list[int] = []) -> None:
-            before = tok.decode(_seen) if tok else ""
-            _seen.extend(ids)
-            text = tok.decode(_seen) if tok else " ".join(map(str, ids)) + " "
-            sys.stdout.write(text[len(before):] if tok else text)
+        def on_text(_request: int, text: str) -> None:
+            sys.stdout.write(text)
             sys.stdout.flush()
 
-    outputs, metrics = orch.generate(prompts, gen, on_tokens=on_tokens)
+    outputs, metrics = generate_with_stops(orch, prompts, gen, tok, stops, on_text)
+    runs.append((method, (outputs, metrics)))
     if streaming:
         click.echo()
     for i, out in enumerate(outputs):
-        out.text = tok.decode(out.output_ids) if tok else None
+        out.text = decode_text(tok, out, stops) if tok else None
         if not streaming:
             shown = repr(tok.decode(out.input_ids)) if tok else str(out.input_ids)
             click.echo(f"[{i}] input: {shown}")
             click.echo(f"[{i}] output ({len(out.output_ids)} tokens, {out.finish_reason}): {out.text if tok else out.output_ids}")
-    method = "draft-target" if draft_engine_dir else "ngram" if ngram else "target-only"
     click.echo(f"--- {method} ---\n{metrics.summary()}")
     report = {"method": method, "metrics": metrics.to_dict()}
-    if base is not None:
-        base_out, base_metrics = base
-        same = all(a.output_ids == b.output_ids for a, b in zip(outputs, base_out))
-        speedup = metrics.tokens_per_s / base_metrics.tokens_per_s if base_metrics.tokens_per_s else 0.0
-        click.echo(summary_table([("target-only", base_metrics), (method, metrics)]))
+    if baseline:
+        base_runs = [r for name, r in runs if name == "target-only"]
+        spec_runs = [r for name, r in runs if name == method]
+        base_out, base_metrics = base_runs[-1]
+        same = all(a.output_ids == b.output_ids for r in spec_runs for a, b in zip(r[0], base_out))
+        click.echo(summary_table([("target-only", base_metrics), (method, metrics)]) if repeat == 1 else
+                   repeat_table(method, [m for _, m in base_runs], [m for _, m in spec_runs]))
         note = "" if sampling.greedy else " (sampling: not expected to be identical)"
         click.echo(f"outputs identical to target-only: {'yes' if same else 'no'}{note}")
-        report["baseline"] = {"metrics": base_metrics.to_dict(), "speedup": speedup, "identical_outputs": same}
+        speedups = [s.tokens_per_s / b.tokens_per_s for (_, b), (_, s) in zip(base_runs, spec_runs) if b.tokens_per_s]
+        report["baseline"] = {"metrics": base_metrics.to_dict(), "speedup": statistics.median(speedups) if speedups else 0.0,
+                              "identical_outputs": same}
+        if repeat > 1:
+            report["baseline"]["repeats"] = {"target_only_tokens_per_s": [m.tokens_per_s for _, m in base_runs],
+                                             "tokens_per_s": [m.tokens_per_s for _, m in spec_runs], "speedups": speedups}
     _write_outputs(outputs, report, output_csv, output_npy, output_json)
 
 
@@ -195,6 +220,22 @@ def summary_table(rows) -> str:
         acc = f"{m.acceptance_rate:.3f}" if m.drafted else "-"
         mal = f"{m.mean_acceptance_length:.2f}" if m.drafted else "-"
         lines.append(f"{name:<14}{m.tokens_per_s:>10.1f}{m.tokens_per_s / base:>8.2f}x{acc:>12}{mal:>15}{m.mean_ttft_s * 1e3:>9.1f}")
+    return "\n".join(lines)
+
+
+def repeat_table(method: str, base: list, spec: list) -> str:
+    """Medians over interleaved repeats, with the spread (min-max); speedups are per pair of neighbouring runs."""
+    def spread(xs: list[float], fmt: str) -> str:
+        return f"{format(min(xs), fmt)}-{format(max(xs), fmt)}"
+
+    b_tps, s_tps = [m.tokens_per_s for m in base], [m.tokens_per_s for m in spec]
+    ups = [s / b for b, s in zip(b_tps, s_tps) if b]
+    last = spec[-1]
+    lines = [f"{'method':<14}{'tokens/s (median, min-max)':>30}{'speedup (median, min-max)':>29}{'acceptance':>12}{'mean acc. len':>15}",
+             f"{'target-only':<14}{statistics.median(b_tps):>14.1f} {spread(b_tps, '.1f'):>15}{'1.00x':>29}{'-':>12}{'-':>15}",
+             f"{method:<14}{statistics.median(s_tps):>14.1f} {spread(s_tps, '.1f'):>15}{statistics.median(ups):>13.2f}x {spread(ups, '.2f'):>14}"
+             f"{(f'{last.acceptance_rate:.3f}' if last.drafted else '-'):>12}{(f'{last.mean_acceptance_length:.2f}' if last.drafted else '-'):>15}",
+             f"{len(ups)} interleaved runs each (A B B A ...); speedup = method / target-only of the neighbouring run"]
     return "\n".join(lines)
 
 

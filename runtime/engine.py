@@ -63,7 +63,9 @@ def check_draft_len(target: EngineDir, draft_len: int | str, what: str = "draft_
     if build.speculative_decoding_mode != "draft_tokens_external":
         raise EngineError(
             f"the target engine {target.path} was built with --speculative_decoding_mode {build.speculative_decoding_mode}, "
-            f"so it cannot verify drafts. Rebuild it with --speculative_decoding_mode draft_tokens_external --max_draft_len {draft_len if draft_len != AUTO else 4}."
+            "so it cannot verify drafts (a draft or plain engine). If it is the draft, pass it as the draft engine (--draft_engine_dir) "
+            "and the target as --engine_dir; otherwise rebuild the target with --speculative_decoding_mode draft_tokens_external "
+            f"--max_draft_len {max(8, draft_len) if draft_len != AUTO else 8}."
         )
     if draft_len != AUTO and int(draft_len) > build.max_draft_len:
         raise EngineError(
@@ -87,6 +89,9 @@ class Engine:
         executors = [target] + [p.executor for p in proposers if hasattr(p, "executor")]  # type: ignore[attr-defined]
         self.max_batch = min(e.build.max_batch_size for e in executors)
         self.max_input_len = min(e.build.max_input_len for e in executors)
+        # which engine sets the input limit, for the error that names it (the draft's may be the smaller)
+        short = min(executors, key=lambda e: e.build.max_input_len)
+        self._input_limit_by = "the target engine" if short is target else f"the draft engine {short.engine.path} (the target's is {build.max_input_len})"
         # The vocabulary draft and target share (padded vocabularies compare over the common ids).
         self.vocab_limit: int | None = None
         for p in proposers:
@@ -120,8 +125,8 @@ class Engine:
             raise RequestError(f"{what} is empty.")
         if len(ids) > self.max_input_len:
             raise RequestError(
-                f"{what} has {len(ids)} tokens, more than the engines' max_input_len={self.max_input_len}. "
-                "Shorten it or rebuild with a larger --max_input_len."
+                f"{what} has {len(ids)} tokens, more than max_input_len={self.max_input_len} of {self._input_limit_by}. "
+                "Shorten it or rebuild that engine with a larger --max_input_len."
             )
         vocab = self.target.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:

@@ -22,8 +22,9 @@ from .request import GenerationConfig, RequestOutput
 
 __all__ = ["GenerationConfig", "Orchestrator", "RequestOutput", "TokenCallback"]
 
-# on_tokens(prompt_index, new_token_ids): called as tokens are accepted (streaming)
-TokenCallback = Callable[[int, list[int]], None]
+# on_tokens(prompt_index, new_token_ids): called as tokens are accepted (streaming);
+# returning True ends that request (finish_reason "abort"), e.g. when a stop string matched its text
+TokenCallback = Callable[[int, list[int]], "bool | None"]
 
 
 class Orchestrator:
@@ -76,8 +77,8 @@ class Orchestrator:
                     i = index.get(out.request_id)
                     if i is None:
                         continue  # another caller's request on a shared engine
-                    if on_tokens and out.new_token_ids:
-                        on_tokens(i, out.new_token_ids)
+                    if on_tokens and out.new_token_ids and on_tokens(i, out.new_token_ids) and not out.finished:
+                        engine.abort(out.request_id)  # the caller's stop: its output comes back at the next step
                     if out.finished:
                         done[i] = out
         finally:

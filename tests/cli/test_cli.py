@@ -106,7 +106,8 @@ def test_run_cli_target_without_draft_mode(engines):
     r = invoke(run_main, "--engine_dir", engines / "draft", "--draft_engine_dir", engines / "draft",  # built without draft mode
                "--draft_target_model_config", "[2,[0],[0],False]", "--input_file", engines / "prompts.csv")
     assert r.exit_code == 1
-    assert "cannot verify drafts. Rebuild it with --speculative_decoding_mode draft_tokens_external" in r.output
+    assert "cannot verify drafts (a draft or plain engine). If it is the draft, pass it as the draft engine" in r.output
+    assert "rebuild the target with --speculative_decoding_mode draft_tokens_external --max_draft_len 8." in r.output
 
 
 def test_run_cli_incompatible_tokenizers(engines, tmp_path):
