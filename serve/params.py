@@ -90,9 +90,10 @@ def chat_prompt(req: ChatCompletionRequest, served: Served) -> list[int]:
     for i, m in enumerate(req.messages):
         msg = m.model_dump(exclude_none=True)
         if isinstance(m.content, list):
-            parts = [p for p in m.content if p.type != "text" or p.text is None]
-            if parts:
-                raise ApiError(400, f"messages[{i}] has a {parts[0].type!r} content part; this server takes text only.", "messages")
+            bad = next((p for p in m.content if p.type != "text" or p.text is None), None)
+            if bad is not None:
+                why = "without text" if bad.type == "text" else f"of type {bad.type!r}"
+                raise ApiError(400, f"messages[{i}] has a content part {why}; this server takes text parts only.", "messages")
             msg["content"] = "".join(p.text or "" for p in m.content)
         messages.append(msg)
     text = render_chat(served.chat_template, messages, served.special_tokens)
