@@ -76,12 +76,17 @@ def check_output_dir(path: str, flag: str) -> None:
 
 def _check_folder(folder: Path, what: str) -> None:
     folder = folder if str(folder) else Path(".")
+    for above in (folder, *folder.parents):
+        if above.exists():
+            if not above.is_dir():
+                raise RequestError(f"{what} cannot be written: {above} is a file, not a folder.")
+            break
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):  # the real test: permissions, read-only mounts, quotas
             pass
     except OSError as err:
-        raise RequestError(f"{what} cannot be written: {err.strerror or err} ({err.filename or folder}).") from None
+        raise RequestError(f"{what} cannot be written: no file can be created in {folder} ({err.strerror or err}).") from None
 
 
 def human_bytes(n: float) -> str:

@@ -77,6 +77,12 @@ def test_build_refuses_an_unwritable_output_dir_before_building(tmp_path):
     assert re.search(r"^error: --output_dir .*file/engine cannot be written", r.output, re.M), r.output
 
 
+def test_build_refuses_a_read_only_place_before_building():
+    r = invoke(build_main, "--checkpoint_dir", DEMO / "draft", "--output_dir", "/proc/specdec-engine")  # /proc takes no new files, even as root
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert "error: --output_dir /proc/specdec-engine cannot be written: no file can be created in /proc" in r.output, r.output
+
+
 @pytest.mark.parametrize("flag", ["--output_json", "--output_csv", "--output_npy"])
 def test_run_checks_output_paths_before_decoding(demo, tmp_path, flag):
     for where, message in ((tmp_path, "is a directory"), (tmp_path / "file" / "out", "cannot be written")):
