@@ -64,7 +64,7 @@ Presets (sized for examples/demo-pair; any size flag overrides its value):
   a draft step costs about 5-10% of a target step (measured, see
   benchmarks/README.md), the range where draft-target pays on real pairs.
 
-Needs numpy, safetensors and ml_dtypes (bfloat16); not torch.
+Needs numpy and ml_dtypes (bfloat16); not torch (safetensors is used when installed, else the format is written here).
 """
 
 from __future__ import annotations
@@ -83,7 +83,25 @@ from typing import Any, Callable
 
 import ml_dtypes
 import numpy as np
-from safetensors.numpy import save_file
+
+try:
+    from safetensors.numpy import save_file
+except ImportError:  # a build-only install (pip install ".[build]", as the quickstart does): write the format directly
+
+    def save_file(tensors: dict[str, np.ndarray], path: str | Path, metadata: dict[str, str] | None = None) -> None:
+        """The safetensors layout: u64 header size, JSON header (names, dtypes, shapes, offsets), raw bytes."""
+        codes = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16", np.dtype(ml_dtypes.bfloat16): "BF16"}
+        header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+        offset = 0
+        for name, arr in tensors.items():
+            header[name] = {"dtype": codes[arr.dtype], "shape": list(arr.shape), "data_offsets": [offset, offset + arr.nbytes]}
+            offset += arr.nbytes
+        head = json.dumps(header, separators=(",", ":")).encode()
+        head += b" " * (-len(head) % 8)
+        with open(path, "wb") as f:
+            f.write(len(head).to_bytes(8, "little") + head)
+            for arr in tensors.values():
+                f.write(np.ascontiguousarray(arr).tobytes())
 
 from specdec.builder.checkpoint import TOKENIZER_FILES, load_checkpoint
 from specdec.runtime.errors import SpecdecError
