@@ -20,5 +20,5 @@ def test_quickstart_runs_and_shows_both_pairs(tmp_path):
     assert r.stdout.count("outputs identical to target-only: yes") == 4, r.stdout[-3000:]
     assert "Traceback" not in r.stderr and "\r" not in r.stdout + r.stderr
     table = r.stdout[r.stdout.rindex("Speedup over target-only"):]
-    assert re.search(r"demo pair \(5\.8M target\)\s+\d+\.\d\dx", table) and re.search(r"enlarged pair \(40M target\)\s+\d+\.\d\dx", table), table
+    assert re.search(r"demo pair \(5\.8M target\)\s+\d+\.\d\dx", table) and re.search(r"enlarged pair \(131M target\)\s+\d+\.\d\dx", table), table
     assert "outputs differ" not in table
