@@ -41,17 +41,17 @@ class _CostLine:
     moment cannot lock itself out, every timing informs every width."""
 
     def __init__(self) -> None:
-        self.s = np.zeros(5)  # decayed sums of 1, w, w^2, t, w*t
+        self.s = [0.0] * 5  # decayed sums of 1, w, w^2, t, w*t (plain floats: this runs every round)
 
     def add(self, width: int, seconds: float) -> None:
         if self.s[0] > 0:
             seconds = min(seconds, 3.0 * self(width))  # one stall (another process, a page fault) is not a cost
-        self.s *= 1.0 - FORGET
-        self.s += (1.0, width, width * width, seconds, width * seconds)
+        keep = 1.0 - FORGET
+        self.s = [keep * a + b for a, b in zip(self.s, (1.0, width, width * width, seconds, width * seconds))]
 
     @property
     def measured(self) -> bool:
-        return bool(self.s[0] > 0)
+        return self.s[0] > 0
 
     def __call__(self, width: int) -> float:
         n, sw, sww, st, swt = self.s
