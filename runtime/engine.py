@@ -260,6 +260,7 @@ class Engine:
     def _round(self, new: dict[str, list[int]]) -> list[Request]:
         reqs = self.running
         lens = [self._draft_len(r) for r in reqs]
+        timing = any(r.draft_len == AUTO for r in reqs)  # step costs feed draft_len=auto only
         drafts: list[Draft] = [Draft.empty()] * len(reqs)
         for name, proposer in self.proposers.items():
             idx = [i for i, r in enumerate(reqs) if r.method == name and lens[i] > 0]
@@ -269,7 +270,8 @@ class Engine:
             got = proposer.propose([reqs[i] for i in idx], [lens[i] for i in idx])
             dt = time.perf_counter() - t0
             self.stats.draft_s += dt
-            self.auto.record_draft(name, len(idx), max(len(d) for d in got), dt)
+            if timing:
+                self.auto.record_draft(name, len(idx), max(len(d) for d in got), dt)
             for i, d in zip(idx, got):
                 drafts[i] = d
                 reqs[i].metrics.draft_s += dt / len(idx)
@@ -279,7 +281,8 @@ class Engine:
         logits = self.target.forward(self.cache, feed, all_logits=True)
         t1 = time.perf_counter()
         self.stats.target_s += t1 - t0
-        self.auto.record_verify(len(reqs), logits.shape[1], t1 - t0)
+        if timing:
+            self.auto.record_verify(len(reqs), logits.shape[1], t1 - t0)
         ended = []
         for r, d in zip(reqs, drafts):
             k = len(d)  # a proposer may offer fewer than allowed (n-gram: no match)
