@@ -207,3 +207,22 @@ def test_metrics_move_by_exactly_what_the_responses_reported():
     assert moved("specdec:request_success_total", finished_reason="stop") == 1
     for hist in ("e2e_request_latency_seconds", "time_to_first_token_seconds", "request_time_per_output_token_seconds"):
         assert moved(f"specdec:{hist}_count") == len(requests)
+
+
+def test_an_engine_failure_is_a_500_for_its_requests_and_the_server_goes_on():
+    served = served_pair()
+    real_step, calls = served.engine.step, []
+
+    def failing_once():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("an executor failed")  # as an ONNX Runtime or CUDA error would surface
+        return real_step()
+
+    served.engine.step = failing_once
+    with running(served) as url, httpx.Client(base_url=url, timeout=30) as c:
+        err = check_error(c.post("/v1/completions", json=OK), 500)
+        assert err["type"] == "server_error" and "server log" in err["message"]
+        assert c.get("/health").status_code == 200
+        r = c.post("/v1/completions", json=OK)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
