@@ -22,7 +22,9 @@ position given the ones before it, scaled by how the request compares with
 the method: ``1 + sum_j prod_{i<=j} c_i`` (the geometric formula when every
 ``c_i`` is ``a``). A request that has
 chosen k = 0 for ``PROBE_EVERY`` rounds drafts once more, so a change in the
-text (a copy-heavy stretch for n-gram) is noticed.
+text (a copy-heavy stretch for n-gram) is noticed. A request keeps its k until
+another promises ``STICKY`` (5%) more: each new call width is a new shape for
+the backend, and estimates are noisy.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import numpy as np
 
 PRIOR_WEIGHT = 8.0  # drafts' worth of the method-wide acceptance in a request's estimate
 PROBE_EVERY = 16  # rounds at k = 0 before a probe round
+STICKY = 0.05  # a new draft length must promise this much more speed than the current one
 FORGET = 0.05  # weight of a new timing: the fits follow the last ~20 calls
 PRIOR_SLOPE = 0.1  # cost of one more verified token, as a share of a 1-token call, before two widths were timed
 
@@ -138,8 +141,13 @@ class AutoDraftLen:
             return default
         return self.draft_s[(method, min(sizes, key=lambda n: abs(n - rows)))]
 
-    def choose(self, method: str, accepted: int, rejected: int, limit: int, rows: int = 1) -> int:
-        """The k in 0..limit with the most expected tokens per second, in a round of ``rows`` requests."""
+    def choose(self, method: str, accepted: int, rejected: int, limit: int, rows: int = 1, current: int | None = None) -> int:
+        """The k in 0..limit with the most expected tokens per second, in a round of ``rows`` requests.
+
+        ``current``: the request's k of the last round, kept unless another k is expected to be
+        ``STICKY`` faster: every new call width costs ONNX Runtime a new shape (buffers, a rebinding,
+        its memory plan), so chasing a 1% difference from noisy estimates loses more than it gains.
+        """
         limit = min(limit, self.max_draft_len)
         if limit <= 0:
             return 0
@@ -149,4 +157,8 @@ class AutoDraftLen:
         ks = np.arange(limit + 1)
         tokens = self.expected_tokens(method, a, limit)
         cost = ks * t_draft + np.array([self.verify_cost(rows, int(k) + 1) for k in ks])
-        return int(np.argmax(tokens / cost))
+        speed = tokens / cost
+        best = int(np.argmax(speed))
+        if current is not None and current <= limit and speed[best] < speed[current] * (1.0 + STICKY):
+            return current
+        return best

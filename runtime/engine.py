@@ -248,7 +248,8 @@ class Engine:
             return 0
         if r.draft_len != AUTO:
             return min(int(r.draft_len), limit)
-        k = self.auto.choose(r.method, r.metrics.accepted, r.metrics.rejected, limit, len(self.running))
+        k = self.auto.choose(r.method, r.metrics.accepted, r.metrics.rejected, limit, len(self.running), r.auto_k)
+        r.auto_k = k
         if k == 0:
             r.idle_rounds += 1
             if r.idle_rounds >= PROBE_EVERY:  # look again: the text may have changed

@@ -339,3 +339,16 @@ def test_auto_expected_tokens_follow_the_measured_positions():
     e = auto.expected_tokens("ngram", auto.accepted["ngram"] / auto.reached["ngram"], 4)
     # after a first accepted token the rest survive: each extra draft is worth almost as much as the first
     assert e[4] - e[3] > 0.4 and e[4] > geometric[4] + 0.2
+
+
+def test_auto_keeps_its_draft_length_unless_another_is_clearly_faster():
+    from specdec.runtime.draft_len import AutoDraftLen
+
+    auto = AutoDraftLen(8)
+    auto.verify_cost = lambda rows, width: 1.0 + 0.02 * width
+    auto.draft_cost = lambda method, rows, default: 0.05
+    best = auto.choose("ngram", accepted=60, rejected=40, limit=8)
+    assert best > 0
+    # a neighbour of the best is within a few percent: kept, so the call width does not churn
+    assert auto.choose("ngram", accepted=60, rejected=40, limit=8, current=best + 1) == best + 1
+    assert auto.choose("ngram", accepted=60, rejected=40, limit=8, current=0) == best  # k = 0 is far slower: left
