@@ -29,7 +29,6 @@ the backend, and estimates are noisy.
 
 from __future__ import annotations
 
-import numpy as np
 
 PRIOR_WEIGHT = 8.0  # drafts' worth of the method-wide acceptance in a request's estimate
 PROBE_EVERY = 16  # rounds at k = 0 before a probe round
@@ -77,8 +76,8 @@ class AutoDraftLen:
         self.accepted: dict[str, float] = {}  # method -> drafts accepted (every request)
         self.reached: dict[str, float] = {}  # method -> drafts the target reached (accepted + first rejections)
         # method -> [position] drafts accepted / reached there: the acceptance at a position given the ones before
-        self.accepted_at: dict[str, np.ndarray] = {}
-        self.reached_at: dict[str, np.ndarray] = {}
+        self.accepted_at: dict[str, list[int]] = {}
+        self.reached_at: dict[str, list[int]] = {}
 
     # -- measurements -------------------------------------------------------------------
     def _first(self, key: tuple) -> bool:
@@ -105,34 +104,49 @@ class AutoDraftLen:
         if drafted:
             self.accepted[method] = self.accepted.get(method, 0.0) + accepted
             self.reached[method] = self.reached.get(method, 0.0) + accepted + (accepted < drafted)
-            acc = self.accepted_at.setdefault(method, np.zeros(self.max_draft_len))
-            reach = self.reached_at.setdefault(method, np.zeros(self.max_draft_len))
-            acc[:accepted] += 1
-            reach[: min(accepted + 1, drafted)] += 1
+            acc = self.accepted_at.setdefault(method, [0] * self.max_draft_len)
+            reach = self.reached_at.setdefault(method, [0] * self.max_draft_len)
+            for j in range(accepted):
+                acc[j] += 1
+            for j in range(min(accepted + 1, drafted)):
+                reach[j] += 1
 
-    # -- the estimate -------------------------------------------------------------------
+    # -- the estimate (plain Python: it runs per request per round, over at most 9 lengths) ---
     def acceptance(self, method: str, accepted: int, rejected: int) -> float:
         """A request's per-token acceptance: its own counts with the method-wide prior."""
         prior = (self.accepted.get(method, 0.0) + 1.0) / (self.reached.get(method, 0.0) + 2.0)
         a = (accepted + PRIOR_WEIGHT * prior) / (accepted + rejected + PRIOR_WEIGHT)
         return float(min(a, 0.999))
 
-    def expected_tokens(self, method: str, a: float, limit: int) -> np.ndarray:
+    def expected_tokens(self, method: str, a: float, limit: int) -> list[float]:
         """[k] expected tokens of a round with k = 0..limit drafts for a request of acceptance ``a``."""
-        c = np.full(limit, a)
         reach = self.reached_at.get(method)
         if reach is not None and self.reached.get(method, 0.0) > 0:
             method_a = self.accepted[method] / self.reached[method]
-            at = (self.accepted_at[method][:limit] + PRIOR_WEIGHT * method_a) / (reach[:limit] + PRIOR_WEIGHT)  # smoothed per position
-            c = np.minimum(at * (a / max(method_a, 1e-6)), 0.999)
-        return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(c))])
+            scale = a / max(method_a, 1e-6)
+            acc = self.accepted_at[method]
+            # smoothed acceptance at each position given the ones before, scaled to this request
+            c = [min((acc[j] + PRIOR_WEIGHT * method_a) / (reach[j] + PRIOR_WEIGHT) * scale, 0.999) for j in range(limit)]
+        else:
+            c = [a] * limit
+        out, survive = [1.0], 1.0
+        for cj in c:
+            survive *= cj
+            out.append(out[-1] + survive)
+        return out
 
     def verify_cost(self, rows: int, width: int) -> float:
         """Seconds of a target call of ``rows`` x ``width`` tokens, from the nearest batch size timed."""
-        timed = [n for n, line in enumerate(self.verify) if line.measured]
-        if not timed:
+        line = self._line(rows)
+        if line is None:
             return 1.0 + PRIOR_SLOPE * (width - 1)  # unitless until the first call is timed
-        return self.verify[min(timed, key=lambda n: abs(n - rows))](width)
+        return line(width)
+
+    def _line(self, rows: int) -> _CostLine | None:
+        if rows < len(self.verify) and self.verify[rows].measured:
+            return self.verify[rows]
+        timed = [n for n, line in enumerate(self.verify) if line.measured]
+        return self.verify[min(timed, key=lambda n: abs(n - rows))] if timed else None
 
     def draft_cost(self, method: str, rows: int, default: float) -> float:
         """Seconds of one draft step over ``rows`` requests: measured, else the nearest batch size measured."""
@@ -152,13 +166,12 @@ class AutoDraftLen:
         if limit <= 0:
             return 0
         a = self.acceptance(method, accepted, rejected)
-        t1 = self.verify_cost(rows, 1)
-        t_draft = self.draft_cost(method, rows, default=0.1 * t1)  # unmeasured: a tenth of a target step
-        ks = np.arange(limit + 1)
+        line = self._line(rows)
+        verify = line if line is not None else (lambda w: 1.0 + PRIOR_SLOPE * (w - 1))
+        t_draft = self.draft_cost(method, rows, default=0.1 * verify(1))  # unmeasured: a tenth of a target step
         tokens = self.expected_tokens(method, a, limit)
-        cost = ks * t_draft + np.array([self.verify_cost(rows, int(k) + 1) for k in ks])
-        speed = tokens / cost
-        best = int(np.argmax(speed))
+        speed = [tokens[k] / (k * t_draft + verify(k + 1)) for k in range(limit + 1)]
+        best = max(range(limit + 1), key=speed.__getitem__)
         if current is not None and current <= limit and speed[best] < speed[current] * (1.0 + STICKY):
             return current
         return best
