@@ -146,6 +146,10 @@ def concurrency(args) -> None:
     if args.draft:
         engines[f"draft-target k={args.k}"] = load_engine(args.target, args.draft, DraftTargetConfig(args.k, [0], [0], False), num_threads=args.threads, target_executor=tex)
     engines[f"ngram k={args.ngram_k} n=3"] = load_engine(args.target, ngram=NGramConfig(args.ngram_k, 3, [0]), num_threads=args.threads, target_executor=tex)
+    if args.auto:  # draft_len=auto beside each fixed k
+        if args.draft:
+            engines["draft-target auto"] = load_engine(args.target, args.draft, DraftTargetConfig(args.ngram_k, [0], [0], False), num_threads=args.threads, target_executor=tex, draft_len="auto")
+        engines["ngram auto n=3"] = load_engine(args.target, ngram=NGramConfig(args.ngram_k, 3, [0]), num_threads=args.threads, target_executor=tex, draft_len="auto")
     streams_list = [int(s) for s in args.streams.split(",")]
     cfg = GenerationConfig(max_output_len=args.tokens)
     results: dict[tuple[str, int], list[tuple[float, float]]] = {}
@@ -200,7 +204,7 @@ def drive(engine, prompts, cfg, streams: int, per_stream: int, stagger: float) -
 
 # -- draft_len=auto --------------------------------------------------------------------------
 def auto(args) -> None:
-    from specdec.runtime import DraftTargetConfig, GenerationConfig, NGramConfig, Orchestrator, load_orchestrator
+    from specdec.runtime import DraftTargetConfig, GenerationConfig, NGramConfig, load_orchestrator
 
     base = load_orchestrator(args.target, num_threads=args.threads)
     tex = base.target
@@ -264,6 +268,7 @@ def main() -> None:
     sub.choices["concurrency"].add_argument("--streams", default="1,2,4,8")
     sub.choices["concurrency"].add_argument("--requests_per_stream", type=int, default=3)
     sub.choices["concurrency"].add_argument("--stagger_ms", type=float, default=20.0)
+    sub.choices["concurrency"].add_argument("--auto", action="store_true", help="also draft_len=auto for each method")
     sub.choices["auto"].add_argument("--draft_lens", default="1,2,3,4,6,8")
     args = ap.parse_args()
     {"regression": regression, "concurrency": concurrency, "auto": auto}[args.cmd](args)
