@@ -24,6 +24,7 @@ TOKENIZER_FILES = (
     "vocab.json",
     "merges.txt",
     "tokenizer.model",
+    "chat_template.jinja",  # where newer transformers save the chat template (specdec-serve reads it)
 )
 
 

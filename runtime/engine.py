@@ -162,11 +162,15 @@ class Engine:
         self.waiting.append(req)
         return rid
 
-    def abort(self, request_id: str) -> None:
-        """Stop a request now: a queued one leaves the queue, a running one frees its slot."""
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now: a queued one leaves the queue, a running one frees its slot.
+
+        Returns its final output (tokens so far, metrics), also reported by the next step;
+        None for an unknown or already finished request.
+        """
         req = self.requests.get(request_id)
         if req is None or req.finished:
-            return
+            return None
         if req.status is RequestStatus.WAITING:
             self.waiting.remove(req)
         else:
@@ -174,6 +178,7 @@ class Engine:
         req.status, req.finish_reason = RequestStatus.ABORTED, "abort"
         self._close(req)
         self._aborted.append(req)
+        return self._output(req, [])
 
     def has_unfinished(self) -> bool:
         return bool(self.running or self.waiting or self._aborted)

@@ -52,10 +52,7 @@ SKIP = {
     ("docs/serving.md", "python benchmarks/bench_serving.py --target"): "a load test of several minutes (its figures are the page's)",
 }
 # file -> (line, why): commands from that line on are not run
-SKIP_FROM = {
-    "docs/serving.md": (300, "the examples after the API-key server were made against a server without a key: they do not run in order "
-                             "as printed (a 401), to be fixed on that page"),
-}
+SKIP_FROM: dict[str, tuple[int, str]] = {}  # doc -> (first line left out, why)
 # flag -> the most the suite asks for
 CAPS = {"--max_output_len": 16, "--num_requests": 4, "--output_mean": 16, "--input_mean": 32}
 # Hugging Face peers load torch models for a minute or more: the suite leaves them out here (tests/cli/test_bench_eval.py

@@ -128,13 +128,14 @@ def test_abort_frees_the_slot_and_leaves_the_others_alone(ex, solo):
     engine.step()
     engine.step()
     assert len(engine.running) == 4 and len(engine.waiting) == 1
-    engine.abort(ids[1])  # a running one, in the middle: the last slot moves into its place
+    final = engine.abort(ids[1])  # a running one, in the middle: the last slot moves into its place
+    assert final.finished and final.finish_reason == "abort" and final.metrics.output_tokens == len(final.output_ids) > 0
     assert len(engine.running) == 3 and all(r.request_id != ids[1] for r in engine.running)
     out = drain(engine)
     assert out[ids[1]].finish_reason == "abort"
     assert {i: out[ids[i]].output_ids for i in (0, 2, 3)} == {i: solo[i] for i in (0, 2, 3)}
     assert out[queued].output_ids == solo[4]  # the freed slot admitted the queued request
-    engine.abort("no-such-request")  # unknown or finished: nothing happens
+    assert engine.abort("no-such-request") is None and engine.abort(ids[0]) is None  # unknown or finished: nothing happens
 
 
 def test_abort_a_queued_request(ex):
