@@ -48,11 +48,9 @@ class OrtExecutor:
         except Exception as err:  # onnxruntime's own errors are untyped
             raise EngineError(f"ONNX Runtime could not load {engine.network_path}: {err}") from err
         self._ort = ort
-        self._binding = self.session.io_binding()
-        self._bound_cache: tuple[KVCache, int, int, int] | None = None
+        self._cache_values: tuple[tuple, list] | None = None  # (cache key, its OrtValues): made once per slot range
         self._ios: dict[tuple[int, int, int], _StepIO] = {}
         self._decode_width = max(2, self.build.max_draft_len + 1)  # widest decode step: its buffers stay
-        self._bound_io: _StepIO | None = None
         self._steps = np.arange(max(self.build.max_input_len, self.build.kv_capacity), dtype=np.int64)
         self.vocab_size = self.model.vocab_size
         self._warm_up()
@@ -62,9 +60,8 @@ class OrtExecutor:
         for width in (2, 1):
             cache = self.new_cache(1)
             self.forward(cache, [[0] * width], all_logits=True)
-        self._bound_cache = None
+        self._cache_values = None
         self._ios.clear()
-        self._bound_io = None
 
     # -- cache ------------------------------------------------------------------
     def new_cache(self, num_slots: int) -> KVCache:
@@ -76,21 +73,24 @@ class OrtExecutor:
     def copy_slot(self, cache: KVCache, src: int, dst: int) -> None:
         cache.copy_host_slot(src, dst)
 
-    def _bind_cache(self, cache: KVCache, first: int, rows: int) -> None:
+    def _bind_cache(self, io: "_StepIO", cache: KVCache, first: int, rows: int) -> None:
         # Hold the cache itself, not its id(): a new cache may reuse a freed one's id,
         # and the binding would then point ONNX Runtime at freed memory.
         key = (cache, cache.version, first, rows)
-        bound = self._bound_cache
+        bound = io.bound_cache
         if bound is not None and bound[0] is cache and bound[1:] == key[1:]:
             return
-        b = self._binding
-        for i, (k, v) in enumerate(zip(cache.keys, cache.values)):
-            for kind, arr in (("key", k), ("value", v)):
-                # a range of slots is a contiguous view of the [num_slots, ...] buffer: no copy
-                ov = self._ort.OrtValue.ortvalue_from_numpy(arr[first : first + rows])
-                b.bind_ortvalue_input(f"past_{kind}.{i}", ov)
-                b.bind_ortvalue_output(f"present_{kind}.{i}", ov)
-        self._bound_cache = key
+        made = self._cache_values
+        if made is None or made[0][0] is not cache or made[0][1:] != key[1:]:
+            # a range of slots is a contiguous view of the [num_slots, ...] buffer: no copy
+            values = [self._ort.OrtValue.ortvalue_from_numpy(arr[first : first + rows]) for arr in (*cache.keys, *cache.values)]
+            made = self._cache_values = (key, values)
+        layers = len(cache.keys)
+        for i in range(layers):
+            for kind, ov in (("key", made[1][i]), ("value", made[1][layers + i])):
+                io.binding.bind_ortvalue_input(f"past_{kind}.{i}", ov)
+                io.binding.bind_ortvalue_output(f"present_{kind}.{i}", ov)
+        io.bound_cache = key
 
     # -- compute ----------------------------------------------------------------
     def forward(
@@ -112,14 +112,16 @@ class OrtExecutor:
         np.add(step.lengths[:, None], self._steps[:width], out=io.positions)
         if not all_logits:
             np.subtract(step.num_new, 1, out=io.index[:, 0])
-        self._bind_cache(cache, first_slot, batch)
-        self.session.run_with_iobinding(self._binding)
+        self._bind_cache(io, cache, first_slot, batch)
+        self.session.run_with_iobinding(io.binding)
         step.lengths += step.grow
         return io.logits
 
     def _io(self, batch: int, width: int, rows: int) -> "_StepIO":
-        """Input/output buffers for one call shape, bound once and then filled in place:
-        rebinding three inputs and the output every step cost ~100 us, a fifth of a step."""
+        """Input/output buffers and an I/O binding for one call shape, bound once and then filled in
+        place: rebinding three inputs and the output every step cost ~100 us, a fifth of a step, and
+        with one binding per shape a loop that alternates widths (draft_len=auto, n-gram misses) does
+        not rebind either (alternating widths 1 and 3 cost 7-15% more per step with one binding)."""
         key = (batch, width, rows)
         io = self._ios.get(key)
         if io is None:
@@ -127,13 +129,12 @@ class OrtExecutor:
                 for old in [k for k in self._ios if k[1] > self._decode_width]:
                     del self._ios[old]
             io = self._ios[key] = _StepIO(batch, width, rows, self.vocab_size)
-        if self._bound_io is not io:
-            ort, b = self._ort, self._binding
+            ort, b = self._ort, self.session.io_binding()
+            io.binding = b
             b.bind_ortvalue_input("input_ids", ort.OrtValue.ortvalue_from_numpy(io.ids))
             b.bind_ortvalue_input("position_ids", ort.OrtValue.ortvalue_from_numpy(io.positions))
             b.bind_ortvalue_input("logits_index", ort.OrtValue.ortvalue_from_numpy(io.index))
             b.bind_output("logits", "cpu", 0, np.float32, list(io.logits.shape), io.logits.ctypes.data)
-            self._bound_io = io
         return io
 
 
@@ -146,3 +147,5 @@ class _StepIO:
         # all rows' logits, or (filled per call) each row's last real token
         self.index = np.broadcast_to(np.arange(rows, dtype=np.int64), (batch, rows)).copy()
         self.logits = np.empty((batch, rows, vocab), np.float32)
+        self.binding = None  # this shape's IOBinding (OrtExecutor._io)
+        self.bound_cache: tuple | None = None  # the cache range bound to it

@@ -56,6 +56,19 @@ def build_and_load(ckpt: Path, out: Path, build: BuildConfig | None = None) -> O
     return OrtExecutor(load_engine_dir(out), num_threads=1)
 
 
+def spec_pair(d: Path, max_draft_len: int) -> dict:
+    """A 2-layer target that verifies up to ``max_draft_len`` drafts, a 1-layer draft, and the
+    target built as a draft ("identity": drafts that are always right), opened at one thread."""
+    target = make_checkpoint(d / "target", num_hidden_layers=2, seed=0)
+    draft = make_checkpoint(d / "draft", num_hidden_layers=1, hidden_size=32, intermediate_size=64, seed=0)
+    return {
+        "target": build_and_load(target, d / "te", spec_build(max_draft_len)),
+        "draft": build_and_load(draft, d / "de", spec_build(0)),
+        "identity": build_and_load(target, d / "ie", spec_build(0)),
+        "dirs": d,
+    }
+
+
 @pytest.fixture(scope="session")
 def llama_ckpt(tmp_path_factory) -> Path:
     return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "llama", "LlamaForCausalLM", tie_word_embeddings=True)

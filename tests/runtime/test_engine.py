@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 import pytest
 from checkpoints import make_checkpoint
-from conftest import build_and_load, spec_build
+from conftest import build_and_load, spec_build, spec_pair
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -35,15 +35,7 @@ PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26, 27, 2
 
 @pytest.fixture(scope="module")
 def ex(tmp_path_factory):
-    d = tmp_path_factory.mktemp("engine")
-    target = make_checkpoint(d / "target", num_hidden_layers=2, seed=0)
-    draft = make_checkpoint(d / "draft", num_hidden_layers=1, hidden_size=32, intermediate_size=64, seed=0)
-    return {
-        "target": build_and_load(target, d / "te", spec_build(MAX_DRAFT)),
-        "draft": build_and_load(draft, d / "de", spec_build(0)),
-        "identity": build_and_load(target, d / "ie", spec_build(0)),
-        "dirs": d,
-    }
+    return spec_pair(tmp_path_factory.mktemp("engine"), MAX_DRAFT)
 
 
 def make_engine(ex, method="draft", draft_len=3, draft="draft"):

@@ -7,7 +7,7 @@ and ragged batches; identity draft = 100% acceptance; clean stops.
 import numpy as np
 import pytest
 from checkpoints import make_checkpoint
-from conftest import build_and_load, spec_build
+from conftest import build_and_load, spec_build, spec_pair
 
 from specdec.runtime.config_strings import DraftTargetConfig, NGramConfig
 from specdec.runtime.loading import load_orchestrator
@@ -23,15 +23,7 @@ REPETITIVE = [[40, 41, 42, 43, 44, 45, 40, 41, 42, 43, 44, 45, 40, 41], [7, 8, 9
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
-    d = tmp_path_factory.mktemp("orch")
-    target = make_checkpoint(d / "target", num_hidden_layers=2, seed=0)
-    draft = make_checkpoint(d / "draft", num_hidden_layers=1, hidden_size=32, intermediate_size=64, seed=0)
-    return {
-        "target": build_and_load(target, d / "te", spec_build(MAX_DRAFT)),
-        "draft": build_and_load(draft, d / "de", spec_build(0)),
-        "identity": build_and_load(target, d / "ie", spec_build(0)),
-        "dirs": d,
-    }
+    return spec_pair(tmp_path_factory.mktemp("orch"), MAX_DRAFT)
 
 
 def run(orch, prompts, **cfg):
