@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -110,6 +111,14 @@ class Worker:
 
 def regression(args) -> None:
     base_pkg = package_of(args.base_ref)
+    try:
+        _regression(args, base_pkg)
+    finally:  # the worktree is this run's scratch: leave no registered worktree behind
+        subprocess.run(["git", "-C", str(HERE.parent), "worktree", "remove", "--force", str(base_pkg.parent / "tree")], check=False)
+        shutil.rmtree(base_pkg.parent, ignore_errors=True)
+
+
+def _regression(args, base_pkg: Path) -> None:
     new = Worker(None, args.target, args.draft, args.threads)
     old = Worker(base_pkg, args.target, args.draft, args.threads)
     prompts = prompts_for(Path(args.target), args.prompts, args.prompt_tokens, copy_heavy=False)
