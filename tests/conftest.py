@@ -56,6 +56,17 @@ def build_and_load(ckpt: Path, out: Path, build: BuildConfig | None = None) -> O
     return OrtExecutor(load_engine_dir(out), num_threads=1)
 
 
+def engine_greedy(ex, prompt: list[int], steps: int) -> list[int]:
+    """Greedy decoding with an executor alone, one token per step: the reference of the parity tests."""
+    cache = ex.new_cache(1)
+    logits = ex.forward(cache, [prompt], all_logits=False)
+    out = [int(logits[0, -1].argmax())]
+    for _ in range(steps - 1):
+        logits = ex.forward(cache, [[out[-1]]], all_logits=False)
+        out.append(int(logits[0, -1].argmax()))
+    return out
+
+
 def spec_pair(d: Path, max_draft_len: int) -> dict:
     """A 2-layer target that verifies up to ``max_draft_len`` drafts, a 1-layer draft, and the
     target built as a draft ("identity": drafts that are always right), opened at one thread."""

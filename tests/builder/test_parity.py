@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from checkpoints import load_hf, make_checkpoint
-from conftest import build_and_load, spec_build
+from conftest import build_and_load, engine_greedy, spec_build
 
 CASES = {
     "llama-gqa-tied": ("LlamaForCausalLM", dict(tie_word_embeddings=True)),
@@ -24,16 +24,6 @@ CASES = {
     "qwen2-qkv-bias": ("Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
     "qwen3-qk-norm-head-dim": ("Qwen3ForCausalLM", dict(head_dim=24, tie_word_embeddings=False)),
 }
-
-
-def engine_greedy(ex, prompt: list[int], steps: int) -> list[int]:
-    cache = ex.new_cache(1)
-    logits = ex.forward(cache, [prompt], all_logits=False)
-    out = [int(logits[0, -1].argmax())]
-    for _ in range(steps - 1):
-        logits = ex.forward(cache, [[out[-1]]], all_logits=False)
-        out.append(int(logits[0, -1].argmax()))
-    return out
 
 
 def check_parity(ckpt, tmp_path, atol=2e-4, lowering="auto"):

@@ -41,14 +41,20 @@ def demo(tmp_path_factory):
 # 1. --compare without onnxruntime-genai: skipped with a note, nothing measured is lost
 
 
-def test_bench_compare_skips_a_missing_peer_and_keeps_results(demo, tmp_path, monkeypatch):
-    monkeypatch.setattr(peers, "PEERS_PYTHON", "")
+def bench_compare(demo, tmp_path, monkeypatch, peers_python: str):
+    """specdec-bench run --compare with onnxruntime-genai as the peer, not importable here."""
+    monkeypatch.setattr(peers, "PEERS_PYTHON", peers_python)
     monkeypatch.setattr(peers, "_have_ortgenai", lambda: False)
     data = tmp_path / "data.jsonl"
     data.write_text(json.dumps({"prompt": PROMPT, "output_len": 8}) + "\n")
     out = tmp_path / "bench.json"
     r = invoke(bench_main, "run", "--engine_dir", demo / "target", "--dataset", data, "--method", "none", "--step_cost_reps", 2,
                "--compare", "--compare_peers", "ortgenai", "--output_json", out)
+    return r, out
+
+
+def test_bench_compare_skips_a_missing_peer_and_keeps_results(demo, tmp_path, monkeypatch):
+    r, out = bench_compare(demo, tmp_path, monkeypatch, "")
     assert r.exit_code == 0, r.output
     assert "note: onnxruntime-genai skipped: onnxruntime-genai is not installed here" in r.output
     result = json.loads(out.read_text())
@@ -56,13 +62,7 @@ def test_bench_compare_skips_a_missing_peer_and_keeps_results(demo, tmp_path, mo
 
 
 def test_bench_compare_a_failing_peer_keeps_what_was_measured(demo, tmp_path, monkeypatch):
-    monkeypatch.setattr(peers, "PEERS_PYTHON", str(tmp_path))  # not a Python: the peer cannot start
-    monkeypatch.setattr(peers, "_have_ortgenai", lambda: False)
-    data = tmp_path / "data.jsonl"
-    data.write_text(json.dumps({"prompt": PROMPT, "output_len": 8}) + "\n")
-    out = tmp_path / "bench.json"
-    r = invoke(bench_main, "run", "--engine_dir", demo / "target", "--dataset", data, "--method", "none", "--step_cost_reps", 2,
-               "--compare", "--compare_peers", "ortgenai", "--output_json", out)
+    r, out = bench_compare(demo, tmp_path, monkeypatch, str(tmp_path))  # not a Python: the peer cannot start
     assert r.exit_code == 0 and "is not an executable Python" in r.output, r.output
     assert json.loads(out.read_text())["rows"]
 

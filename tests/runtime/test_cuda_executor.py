@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import spec_build
+from conftest import engine_greedy, spec_build
 
 from specdec.builder.build import build_engine
 from specdec.runtime.backend import Placement, open_executor
@@ -128,16 +128,6 @@ def demo(tmp_path_factory):
     return engines, [tok.encode(t) for t in PROMPT_TEXTS]
 
 
-def greedy(ex, prompt, steps):
-    cache = ex.new_cache(1)
-    logits = ex.forward(cache, [prompt], all_logits=False)
-    out = [int(logits[0, -1].argmax())]
-    for _ in range(steps - 1):
-        logits = ex.forward(cache, [[out[-1]]], all_logits=False)
-        out.append(int(logits[0, -1].argmax()))
-    return out
-
-
 def generate(target, prompts, proposer=None, draft_len=0, max_output_len=48):
     from specdec.runtime.orchestrator import Orchestrator
     from specdec.runtime.request import GenerationConfig
@@ -155,7 +145,7 @@ def test_demo_pair_greedy_on_the_gpu_equals_the_cpu_executor(demo, name):
     cpu, gpu = OrtExecutor(engines[name], num_threads=2), CudaExecutor(engines[name], 0)
     assert gpu.device == "cuda:0" and not gpu.cuda_graphs
     for p in prompts:
-        assert greedy(gpu, p, 48) == greedy(cpu, p, 48)
+        assert engine_greedy(gpu, p, 48) == engine_greedy(cpu, p, 48)
 
 
 @pytest.mark.cuda
