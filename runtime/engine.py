@@ -358,9 +358,7 @@ class Engine:
             m.ttft_s, m.queue_s = [t.ttft_s], [t.queue_s]
         if len(r.output_ids) >= 2:
             m.tpot_s = [t.tpot_s(len(r.output_ids))]
-        timing = (self.stats.target_s, self.stats.draft_s)
         self.stats.merge(m)
-        self.stats.target_s, self.stats.draft_s = timing  # engine time is counted once, per call
 
     @staticmethod
     def _output(r: Request, tokens: list[int]) -> RequestOutput:

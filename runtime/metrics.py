@@ -56,8 +56,11 @@ class Metrics:
                 self.accepted_at[j] += 1
 
     def merge(self, other: "Metrics") -> None:
-        """Add ``other``'s counts and per-request figures to these (an engine's total)."""
-        for name in ("requests", "prompt_tokens", "output_tokens", "rounds", "drafted", "accepted", "no_draft_rounds", "rejected", "draft_s", "target_s"):
+        """Add ``other``'s counts and per-request figures to these (an engine's total).
+
+        Not the engine times (draft_s, target_s): requests share each call, so a sum of their
+        shares is the caller's to keep (the engine counts every call once)."""
+        for name in ("requests", "prompt_tokens", "output_tokens", "rounds", "drafted", "accepted", "no_draft_rounds", "rejected"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for mine, theirs in ((self.drafted_at, other.drafted_at), (self.accepted_at, other.accepted_at)):
             mine.extend([0] * (len(theirs) - len(mine)))
