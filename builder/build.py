@@ -221,9 +221,9 @@ def build_engine(
 
 
 def _computes_in_float32(build: BuildConfig) -> bool:
-    from ..plugins import LOWERINGS
+    from ..plugins import get_lowering
 
-    return LOWERINGS[build.lowering].compute_dtype(build) == "float32"
+    return get_lowering(build.lowering).compute_dtype(build) == "float32"
 
 
 def _check_graph(path: Path) -> None:

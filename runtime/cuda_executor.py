@@ -93,7 +93,6 @@ class _Shape:
 
     def __init__(self, ex: "CudaExecutor", slabs: dict, first: int, n: int, width: int, rows: int, graph_id: int):
         ort = ex._ort
-        self.n, self.width, self.rows = n, width, rows
         # ids | positions | logits_index in one int64 device buffer: one copy per step
         self.host = np.zeros(2 * n * width + n * rows, np.int64)
         self.ids = self.host[: n * width].reshape(n, width)

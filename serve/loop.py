@@ -89,7 +89,6 @@ class EngineLoop:
         self.jobs: dict[str, Job] = {}  # touched by the loop thread only
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="specdec-engine-loop", daemon=True)
-        self.steps = 0
 
     # -- the handlers' side (any thread) ---------------------------------------------------
     def start(self) -> None:
@@ -126,7 +125,6 @@ class EngineLoop:
                 log.exception("engine step failed")
                 self._fail_all(ApiError(500, "the engine failed while decoding this request; see the server log."), inbox=False)
                 continue
-            self.steps += 1
             for out in outputs:
                 job = self.jobs.get(out.request_id)
                 if job is None:
@@ -177,12 +175,8 @@ class EngineLoop:
         job = self.jobs.get(job_id)
         if job is None:
             return
-        self.engine.abort(job_id)
-        self._finish(job, "abort", "", [], self._request_metrics(job_id))
-
-    def _request_metrics(self, job_id: str) -> Metrics:
-        req = self.engine.requests.get(job_id)  # kept by the engine until its next step
-        return req.metrics if req is not None else Metrics(requests=1)
+        out = self.engine.abort(job_id)  # its final output, metrics included
+        self._finish(job, "abort", "", [], out.metrics if out is not None else Metrics(requests=1))
 
     def _on_output(self, job: Job, out) -> None:
         now = time.perf_counter()
