@@ -121,6 +121,14 @@ def regression(args) -> None:
 def _regression(args, base_pkg: Path) -> None:
     new = Worker(None, args.target, args.draft, args.threads)
     old = Worker(base_pkg, args.target, args.draft, args.threads)
+    try:
+        _interleave(args, new, old)
+    finally:
+        new.close()
+        old.close()
+
+
+def _interleave(args, new: "Worker", old: "Worker") -> None:
     prompts = prompts_for(Path(args.target), args.prompts, args.prompt_tokens, copy_heavy=False)
     copy = prompts_for(Path(args.target), args.prompts, args.prompt_tokens, copy_heavy=True)
     methods = [("target-only", dict(method="none", prompts=prompts)), (f"draft-target k={args.k}", dict(method="draft", k=args.k, prompts=prompts)),
@@ -141,8 +149,6 @@ def _regression(args, base_pkg: Path) -> None:
     print("  done, not the waiting for a core a busy machine adds):")
     for name, v in ratios.items():
         print(f"  {name:<36} wall {spread(v)}   CPU {spread(cpu_ratios[name])}   outputs identical: {'yes' if same[name] else 'NO'}")
-    new.close()
-    old.close()
 
 
 # -- concurrency ----------------------------------------------------------------------------

@@ -46,8 +46,8 @@ from .loading import load_orchestrator
 from .orchestrator import GenerationConfig, Orchestrator
 from .proposers.draft_model import DraftModelProposer
 from .proposers.ngram import NGramProposer
+from .request import METHODS  # noqa: F401  (the sweep's methods: the engine's)
 
-METHODS = ("none", "draft", "ngram")
 Record = dict[str, Any]  # {"input_ids": list[int], "output_len": int}
 
 

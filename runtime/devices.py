@@ -39,7 +39,3 @@ def placement(devices: list[int], engine: EngineDir, role: str, device: str = "a
             where = "the CPU is device 0" if kind == "cpu" else f"this host has {len(have)} {kind} device(s): {have}"
             raise DeviceError(f"{role} device {d} does not exist ({where}).")
     return Placement(kind, devices[0], num_threads)
-
-
-def validate_devices(devices: list[int], engine: EngineDir, role: str, device: str = "auto") -> None:
-    placement(devices, engine, role, device)

@@ -166,11 +166,10 @@ class AutoDraftLen:
         if limit <= 0:
             return 0
         a = self.acceptance(method, accepted, rejected)
-        line = self._line(rows)
-        verify = line if line is not None else (lambda w: 1.0 + PRIOR_SLOPE * (w - 1))
-        t_draft = self.draft_cost(method, rows, default=0.1 * verify(1))  # unmeasured: a tenth of a target step
+        verify = [self.verify_cost(rows, w) for w in range(1, limit + 2)]  # [k]: a call of k + 1 tokens
+        t_draft = self.draft_cost(method, rows, default=0.1 * verify[0])  # unmeasured: a tenth of a target step
         tokens = self.expected_tokens(method, a, limit)
-        speed = [tokens[k] / (k * t_draft + verify(k + 1)) for k in range(limit + 1)]
+        speed = [tokens[k] / (k * t_draft + verify[k]) for k in range(limit + 1)]
         best = max(range(limit + 1), key=speed.__getitem__)
         if current is not None and current <= limit and speed[best] < speed[current] * (1.0 + STICKY):
             return current

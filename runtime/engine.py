@@ -329,7 +329,7 @@ class Engine:
                 reason = "length"
             if reason:
                 break
-        if not reason and len(r.prompt_ids) + len(out) >= self.cache.max_seq_len:
+        if not reason and r.num_tokens >= self.cache.max_seq_len:
             reason = "max_seq_len"  # the engine holds no more: a clean stop, never an overflow
         if reason:
             r.status, r.finish_reason = RequestStatus.FINISHED, reason

@@ -34,8 +34,6 @@ class KVCache:
     def num_slots(self) -> int:
         return len(self.lengths)
 
-    batch_size = num_slots  # the name the V1 loop used
-
     def rollback(self, slot: int, length: int) -> None:
         """Forget everything of ``slot`` at positions >= ``length``."""
         if not 0 <= length <= self.lengths[slot]:

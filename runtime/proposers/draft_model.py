@@ -39,10 +39,6 @@ class DraftModelProposer:
         self.slot_of: dict[str, int] = {}
         self.pending: dict[str, list[int]] = {}
 
-    @property
-    def max_seq_len(self) -> int:
-        return self.cache.max_seq_len
-
     # -- requests come and go -----------------------------------------------------------
     def add(self, requests: Sequence[Request]) -> None:
         first = len(self.order)
