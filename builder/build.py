@@ -23,7 +23,8 @@ from ..runtime.errors import BuildConfigError
 from .architectures import checkpoint_dtype, model_config_from_hf
 from .backends import resolve_backend
 from .checkpoint import load_checkpoint
-from .quantization import detect_fp8
+from .quantization import Fp8Convention, detect_checkpoint_quantization
+from .validation import check_memory_limits, validate_checkpoint
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 MODES = ("none", "draft_tokens_external")
@@ -128,6 +129,7 @@ def build_engine(
     trt_timing_cache: str | Path | None = None,
     trt_version_compatible: bool = False,
     trt_exclude_lean_runtime: bool = False,
+    allow_nonfinite: bool = False,
 ) -> BuildResult:
     """Build one engine directory. ``progress(step, done, total)`` reports work."""
     t0 = time.perf_counter()
@@ -137,11 +139,13 @@ def build_engine(
     prepare_output(output_dir, force)
     ckpt = load_checkpoint(checkpoint_dir, allow_pickle=allow_pickle)
     model = model_config_from_hf(ckpt.hf_config, max_seq_len=build.max_seq_len)
-    fp8 = detect_fp8(ckpt.hf_config, ckpt.path)
+    convention = detect_checkpoint_quantization(ckpt.hf_config, ckpt.path)
+    fp8 = convention if isinstance(convention, Fp8Convention) else None
     quantization = ("fp8" if fp8 else "none") if build.quantization == "auto" else build.quantization
     build = replace(build, dtype=resolve_dtype(build.dtype, ckpt.hf_config), backend=resolve_backend(build.backend, say), quantization=quantization)
     build = resolve_lowering(build)
     validate_build_config(build, model)
+    check_memory_limits(model, build)
     trt_options = [f for f, on in (("--trt_timing_cache", trt_timing_cache), ("--trt_version_compatible", trt_version_compatible),
                                    ("--trt_exclude_lean_runtime", trt_exclude_lean_runtime)) if on]
     if trt_options and build.backend != "tensorrt":
@@ -151,6 +155,8 @@ def build_engine(
         raise BuildConfigError("--fp8_activations static needs calibration: pass --calib_dataset FILE (or use dynamic).")
     if build.max_seq_len > model.max_position_embeddings:
         say(f"warning: max_seq_len={build.max_seq_len} exceeds the model's max_position_embeddings={model.max_position_embeddings}")
+
+    validate_checkpoint(ckpt, model, build, convention, allow_nonfinite=allow_nonfinite)
 
     from .backends import onnxruntime as backend
     from .network import build_network

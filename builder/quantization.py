@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..runtime.errors import CheckpointError
+from .weight_only import IntWeight
 
 FP8_MAX = 448.0  # largest finite float8 e4m3fn
 
@@ -39,12 +40,19 @@ class LinearWeight:
     scale: np.ndarray | None = None  # [out] per output channel, or [in // block, out] blockwise
     block_size: int = 0  # 0: per channel (axis 1); else blocks of that many rows along axis 0
     input_scale: float | None = None  # static activation scale from the checkpoint
+    int_weight: IntWeight | None = None  # weight-only int8/int4 (builder/weight_only.py)
 
     @property
     def is_fp8(self) -> bool:
         return self.fp8_bits is not None
 
+    @property
+    def is_int(self) -> bool:
+        return self.int_weight is not None
+
     def dequantized(self) -> np.ndarray:
+        if self.int_weight is not None:
+            return self.int_weight.dequantized()
         if not self.is_fp8:
             return self.dense  # type: ignore[return-value]
         w = fp8_bits_to_float32(self.fp8_bits)
@@ -120,6 +128,22 @@ def detect_fp8(hf_config: dict[str, Any], checkpoint_dir) -> Fp8Convention | Non
             raise CheckpointError(f"weight_block_size {block} is not square; expected [n, n].")
         return Fp8Convention("fp8", int(block[0]))
     raise CheckpointError(f"quantization_config quant_method {method!r} is not supported (supported: modelopt, compressed-tensors, fp8).")
+
+
+@dataclass(frozen=True)
+class IntConvention:
+    """A pre-quantized integer (weight-only) checkpoint: how its packed tensors are laid out."""
+
+    method: str  # gptq | awq | compressed-tensors
+    bits: int
+    group_size: int  # 0 = per output channel
+    symmetric: bool
+    act_order: bool = False  # GPTQ desc_act: g_idx permutes the groups
+
+
+def detect_checkpoint_quantization(hf_config: dict[str, Any], checkpoint_dir) -> Fp8Convention | IntConvention | None:
+    """Which quantization a checkpoint holds: an FP8 or an integer convention, or None for float weights."""
+    return detect_fp8(hf_config, checkpoint_dir)
 
 
 def read_linear(ckpt, name: str, conv: Fp8Convention | None) -> LinearWeight:

@@ -68,10 +68,11 @@ from .common import check_output_dir, clean_errors, human_bytes, option
 @option("trt_exclude_lean_runtime", is_flag=True, help="With --trt_version_compatible: leave the lean runtime out of the plan (smaller); then only tensorrt-lean or tensorrt of exactly the build's version can run it.")
 @option("tp_size", type=int, default=1, show_default=True, help="Tensor-parallel ranks (only 1 is supported).")
 @option("allow_pickle", is_flag=True, help="Allow loading pickled pytorch_model*.bin weights (unpickling can run arbitrary code: only for checkpoints you trust).")
+@option("allow_nonfinite", is_flag=True, help="Build even if a weight holds NaN or Inf (refused by default: such an engine emits garbage).")
 @option("force", is_flag=True, help="Replace a non-empty --output_dir.")
 @clean_errors
 def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_seq_len, max_draft_len, speculative_decoding_mode,
-         quantization, fp8_activations, calib_dataset, calib_size, backend, lowering, trt_timing_cache, trt_version_compatible, trt_exclude_lean_runtime, tp_size, allow_pickle, force) -> None:
+         quantization, fp8_activations, calib_dataset, calib_size, backend, lowering, trt_timing_cache, trt_version_compatible, trt_exclude_lean_runtime, tp_size, allow_pickle, allow_nonfinite, force) -> None:
     """Build an engine directory from a Hugging Face checkpoint.
 
     \b
@@ -113,7 +114,8 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
     try:
         result = build_engine(checkpoint_dir, output_dir, build, force=force, allow_pickle=allow_pickle, progress=progress, say=tqdm.write,
                               calib_dataset=calib_dataset, calib_size=calib_size, trt_timing_cache=trt_timing_cache,
-                              trt_version_compatible=trt_version_compatible, trt_exclude_lean_runtime=trt_exclude_lean_runtime)
+                              trt_version_compatible=trt_version_compatible, trt_exclude_lean_runtime=trt_exclude_lean_runtime,
+                              allow_nonfinite=allow_nonfinite)
     finally:
         for bar in bars:
             bar.close()
