@@ -1,0 +1,228 @@
+"""Activation-aware weight scaling (AWQ, Lin et al. 2023) for build-time int4.
+
+A few input channels of a linear layer carry much larger activations than the
+rest; round-to-nearest spends the same grid on every channel, so the error on
+those channels dominates the layer's output error. Scaling the weight's rows
+by ``s`` before quantizing and the input by ``1 / s`` leaves the float layer
+unchanged,
+
+    y = x @ W = (x / s) @ (s[:, None] * W),
+
+and gives the salient rows a finer share of their group's grid. The network
+quantizes ``W' = s[:, None] * W`` with RTN and computes ``(x / s) @ deq(W')``
+(builder/network.py folds ``1 / s`` into the preceding norm where it can).
+
+How ``s`` is chosen, per linear layer:
+
+* Calibration text runs through the float32 network under ONNX Runtime, with
+  every linear layer's input exposed as an extra output (as
+  builder/calibration.py does for static FP8). For each layer we keep the mean
+  of ``|x|`` per input channel and the Gram matrix ``G = X^T X`` over every
+  calibration token (not a subsample: ``G`` is ``[in, in]`` however many tokens
+  there are).
+* Candidates ``s = x_mean ** alpha`` for alpha in 0, 0.05, ..., 1, normalised
+  by ``sqrt(max * min)`` so they sit around 1; alpha = 0 is ``s = 1``, plain RTN.
+* Loss: the layer's own output error on the calibration inputs,
+  ``|| X W - (X / s) deq(Q(s W)) ||^2 = sum(E * (G @ E))`` with
+  ``E = W - deq(Q(s W)) / s[:, None]``: exact, and cheaper than multiplying
+  the activations once ``tokens > in``. The best alpha wins; because alpha = 0
+  is a candidate, the result never has a larger calibration loss than RTN.
+
+What this is not, compared with AutoAWQ's search:
+
+* AutoAWQ scores a candidate by the output of the whole block the layer feeds
+  (the attention module for q/k/v, the MLP for gate/up), rerunning it in torch;
+  we score each linear layer's own output. A layer-local loss ignores how the
+  error propagates through attention and SiLU, but needs no torch and no
+  re-execution of the network per candidate.
+* Layers are searched independently on the float network's activations;
+  AutoAWQ searches block by block on the inputs of the already-scaled
+  (not yet quantized) model. With a layer-local loss the two coincide: scaling
+  is function-preserving in float.
+* AutoAWQ's default ("duo scaling") also divides by the weight's mean magnitude,
+  ``x_mean ** a / w_mean ** (1 - a)``; we search activation-only scales, as the
+  paper does.
+* No per-group weight clipping search (AutoAWQ's ``auto_clip``): the contract
+  with the network returns scales only, and clipping would have to change the
+  weight itself.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+
+from .weight_only import quantize_rtn
+
+ALPHAS = tuple(np.round(np.linspace(0.0, 1.0, 21), 2))  # 0 (= RTN), 0.05, ..., 1
+GRAM_BUDGET_BYTES = 2 << 30  # Gram matrices held at once; more layers than fit -> more calibration passes
+_TINY = 1e-6  # relative floor of x_mean: a channel that never fires must not get s = 0
+
+
+@dataclass
+class InputStats:
+    """Running statistics of one linear layer's input over the calibration tokens."""
+
+    abs_sum: np.ndarray  # [in] float64: sum over tokens of |x|
+    gram: np.ndarray  # [in, in] float64: X^T X
+    tokens: int = 0
+
+    @classmethod
+    def empty(cls, in_features: int) -> InputStats:
+        return cls(np.zeros(in_features), np.zeros((in_features, in_features)))
+
+    def add(self, x: np.ndarray) -> None:
+        """x: [..., in] activations of some tokens."""
+        x = x.reshape(-1, x.shape[-1]).astype(np.float64)
+        self.abs_sum += np.abs(x).sum(axis=0)
+        self.gram += x.T @ x
+        self.tokens += x.shape[0]
+
+    @property
+    def mean_abs(self) -> np.ndarray:
+        """[in] float64"""
+        return self.abs_sum / max(self.tokens, 1)
+
+
+@dataclass
+class ScaleSearch:
+    """The outcome for one layer: the chosen scales and what the search saw."""
+
+    scale: np.ndarray  # [in] float32 > 0
+    alpha: float
+    losses: dict[float, float] = field(default_factory=dict)  # alpha -> calibration output error (sum of squares)
+
+    @property
+    def gain(self) -> float:
+        """Calibration loss of RTN (alpha = 0) over the chosen one's: 1 means AWQ bought nothing."""
+        best = self.losses[self.alpha]
+        return self.losses[0.0] / best if best > 0 else 1.0
+
+
+def candidate_scale(x_mean: np.ndarray, alpha: float) -> np.ndarray:
+    """[in] -> [in] float32: x_mean ** alpha, normalised so that sqrt(max * min) = 1."""
+    x = np.maximum(np.asarray(x_mean, np.float64), _TINY * max(float(np.max(x_mean)), _TINY))
+    s = x**alpha
+    return (s / np.sqrt(s.max() * s.min())).astype(np.float32)
+
+
+def output_error(w_t: np.ndarray, s: np.ndarray, gram: np.ndarray, bits: int, group_size: int, symmetric: bool) -> float:
+    """|| X W - (X / s) deq(Q(s W)) ||^2 for inputs X with X^T X = ``gram`` [in, in]; w_t [in, out]."""
+    deq = quantize_rtn(s[:, None] * w_t, bits, group_size, symmetric).dequantized()
+    err = w_t.astype(np.float64) - deq.astype(np.float64) / s[:, None].astype(np.float64)  # [in, out]
+    return float(np.sum(err * (gram @ err)))
+
+
+def search_scale(w_t: np.ndarray, stats: InputStats, bits: int, group_size: int, symmetric: bool, alphas=ALPHAS) -> ScaleSearch:
+    """Grid-search alpha for one layer (w_t [in, out] float32)."""
+    x_mean = stats.mean_abs
+    losses, scales = {}, {}
+    for a in alphas:
+        scales[float(a)] = s = candidate_scale(x_mean, float(a))
+        losses[float(a)] = output_error(w_t, s, stats.gram, bits, group_size, symmetric)
+    best = min(losses, key=lambda a: (losses[a], a))  # ties (e.g. a layer that never fires) go to RTN
+    return ScaleSearch(scale=scales[best], alpha=best, losses=losses)
+
+
+def awq_input_scales(
+    float_network: onnx.ModelProto,
+    taps: dict[str, str],
+    cache_shape: tuple[int, ...],
+    num_layers: int,
+    samples: list[list[int]],
+    bits: int,
+    group_size: int,
+    symmetric: bool,
+    say=None,
+) -> dict[str, np.ndarray]:
+    """Per linear layer (``taps``: name -> the graph value it reads), the AWQ input scales s [in] float32 > 0.
+
+    ``float_network`` is the float32 network (its initializers hold each layer's
+    weight [in, out] as f"{name}.weight"); it is spent: the calibration outputs
+    are added to its graph and its weights move to a temporary file.
+    ``say``, if given, gets one line per layer (chosen alpha, calibration loss vs RTN).
+    """
+    return {name: r.scale for name, r in search_network_scales(float_network, taps, cache_shape, num_layers, samples, bits, group_size, symmetric, say).items()}
+
+
+def search_network_scales(float_network, taps, cache_shape, num_layers, samples, bits, group_size, symmetric, say=None) -> dict[str, ScaleSearch]:
+    """awq_input_scales, keeping each layer's search (alpha, losses) for reports and tests."""
+    import onnxruntime as ort
+
+    from .backends.onnxruntime import write_engine
+
+    weights = _weight_tensors(float_network, taps)
+    in_features = {name: int(t.dims[0]) for name, t in weights.items()}
+    for value in taps.values():
+        float_network.graph.output.append(helper.make_tensor_value_info(value, TensorProto.FLOAT, None))
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    results: dict[str, ScaleSearch] = {}
+    with tempfile.TemporaryDirectory(prefix="specdec-awq-") as tmp:
+        # write_engine moves the weights out of the proto into tmp: read them back from there below.
+        sess = ort.InferenceSession(str(Path(tmp) / write_engine(float_network, Path(tmp))), opts, providers=["CPUExecutionProvider"])
+        for group in _tap_groups(in_features, GRAM_BUDGET_BYTES):
+            stats = _collect_stats(sess, {k: taps[k] for k in group}, in_features, cache_shape, num_layers, samples)
+            for name in group:
+                w_t = _read_weight(weights[name], Path(tmp))
+                results[name] = search_scale(w_t, stats.pop(name), bits, group_size, symmetric)
+                if say:
+                    r = results[name]
+                    say(f"awq {name}: alpha={r.alpha:.2f}, calibration output error {1 / r.gain:.3f} x RTN's")
+    return results
+
+
+def _weight_tensors(model: onnx.ModelProto, taps: dict[str, str]) -> dict[str, onnx.TensorProto]:
+    by_name = {t.name: t for t in model.graph.initializer}
+    missing = [f"{n}.weight" for n in taps if f"{n}.weight" not in by_name]
+    if missing:
+        raise ValueError(f"AWQ needs each tapped layer's float weight as an initializer; missing {missing[:3]}")
+    return {n: by_name[f"{n}.weight"] for n in taps}
+
+
+def _read_weight(tensor: onnx.TensorProto, base_dir: Path) -> np.ndarray:
+    """[in, out] float32, whether the proto still holds the bytes or they were written to ``base_dir``."""
+    if uses_external_data(tensor) and not tensor.HasField("raw_data"):
+        t = onnx.TensorProto()
+        t.CopyFrom(tensor)
+        load_external_data_for_tensor(t, str(base_dir))
+        tensor = t
+    return numpy_helper.to_array(tensor).astype(np.float32, copy=False)
+
+
+def _tap_groups(in_features: dict[str, int], budget_bytes: int) -> list[list[str]]:
+    """Split the layers into calibration passes whose Gram matrices (float64) fit ``budget_bytes`` together."""
+    groups: list[list[str]] = [[]]
+    used = 0
+    for name, n in in_features.items():
+        need = n * n * 8
+        if groups[-1] and used + need > budget_bytes:
+            groups.append([])
+            used = 0
+        groups[-1].append(name)
+        used += need
+    return groups
+
+
+def _collect_stats(sess, taps: dict[str, str], in_features: dict[str, int], cache_shape, num_layers: int, samples: list[list[int]]) -> dict[str, InputStats]:
+    # A plain run() returns new caches and leaves these inputs as they are: one set of zeros serves every sample.
+    empty = {f"past_{kind}.{i}": np.zeros(cache_shape, np.float32) for i in range(num_layers) for kind in ("key", "value")}
+    names = list(taps)
+    stats = {k: InputStats.empty(in_features[k]) for k in names}
+    for ids in samples:
+        n = len(ids)
+        feed = {
+            "input_ids": np.array([ids], np.int64),
+            "position_ids": np.arange(n, dtype=np.int64)[None],
+            "logits_index": np.array([[n - 1]], np.int64),
+            **empty,
+        }
+        for k, x in zip(names, sess.run([taps[k] for k in names], feed)):  # x: [1, n, in]
+            stats[k].add(x)
+    return stats
