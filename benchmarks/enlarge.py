@@ -24,8 +24,9 @@ heads, kvh -> KVH kv heads, I -> I' FFN, L -> L + E layers; head_dim kept):
   i < nh and new for i >= nh. New q/k/v rows are zero, so a new head attends
   uniformly over zero values and outputs zero; its o_proj columns are zero too.
 * MLP: new gate/up rows are zero, so silu(0) * 0 = 0; new down columns are zero.
-* New layers go at the end and are all zero (norms included): attention and
-  MLP add exact zeros to the residual stream.
+* New layers go at the end and are dead: attention and MLP add exact zeros to
+  the residual stream, although most of their weights are random (see trap 2
+  and ``dead_layer``).
 * lm_head (or the tied embedding) gets zero columns for the new dims.
 
 Trap 1, RMSNorm: it averages x^2 over the padded width. With x zero in dims
@@ -47,10 +48,29 @@ rounding. That is the one place the enlargement is not exact.
 Trap 2, shared constants: ONNX Runtime keeps one prepacked copy of
 byte-identical constant weights, so identical all-zero layers (or identical
 zero blocks) would be read once and the big model would read fewer bytes than
-its size. Every zero this script writes gets a pseudo-random sign bit (+0.0 or
--0.0, seeded per tensor name), so no two generated tensors share their bytes;
-their values are exactly zero. The script checks that and refuses to finish
-otherwise.
+its size. Padding zeros get a pseudo-random sign bit (+0.0 or -0.0, seeded per
+tensor name), which keeps float tensors apart, but quantization erases it: an
+all-zero layer quantized to int8/int4 codes is byte-identical to the next one.
+So the extra layers are dead but distinct rather than zero:
+
+* q_proj, k_proj, down_proj: random (std 0.02, seeded per tensor name).
+* v_proj / o_proj: each value dim of a kv head is either live (random v_proj
+  row; the o_proj columns of that dim of the q heads reading the head are
+  zero) or dead (zero v_proj row: those q heads output a weighted sum of
+  zeros there; random o_proj columns). Every o_proj term is 0 * finite.
+* gate_proj / up_proj: each FFN channel has a random gate row and a zero up
+  row, or the reverse: silu(g) * 0 = 0 and silu(0) * u = 0 * u = 0.
+* norms: sqrt(h/H) * (1 + 0.1 * noise) (q_norm/k_norm: 1 + 0.1 * noise), the
+  scale of the real norms, so the dead layers see activations of the usual
+  size; biases stay zero (o_proj's and down_proj's feed the residual).
+
+The partitions are drawn per layer, so no two layers share a tensor's bytes,
+and zeros stay exact zeros under any round-to-nearest quantization (a zero
+group dequantizes to zero, a zero weight to code == zero point): the function
+is preserved exactly in float and after int8/int4 weight-only quantization,
+as long as the random scores and silu stay finite (they are of order 0.1).
+The script checks that no generated tensor shares its bytes with another and
+refuses to finish otherwise.
 
 Presets (sized for examples/demo-pair; any size flag overrides its value):
 
@@ -180,6 +200,67 @@ def pad(real: np.ndarray, shape: tuple[int, ...], rng: np.random.Generator) -> n
     out = signed_zeros(shape, real.dtype, rng)
     out[tuple(slice(0, n) for n in real.shape)] = real
     return out
+
+
+DEAD_STD = 0.02  # the nonzero weights of a dead layer: an ordinary initializer scale, so no score or silu overflows
+
+
+def dead_layer(index: int, keys: list[str], sizes: dict[str, int], dtypes: dict[str, np.dtype], seed: int, ratio: float) -> dict[str, np.ndarray]:
+    """Tensors of an extra layer that adds exact zeros to the residual stream, whatever their quantization.
+
+    Attention: each v_proj row (a kv head's value dim d) is either random, and
+    then the o_proj columns of dim d of the q heads that read that kv head are
+    zero, or zero, and then those q heads output exact zeros in dim d (a
+    weighted sum of zeros) and their o_proj columns are random. Every o_proj
+    product is 0 * finite or finite * 0. MLP: each FFN channel has either
+    a random gate row and a zero up row (silu(g) * 0) or a zero gate row and a
+    random up row (silu(0) * u = 0 * u); down_proj is random. q/k are random,
+    norms near sqrt(h/H), biases zero. The partitions are drawn per layer.
+    """
+    prefix = f"model.layers.{index}."
+    rng = _rng(seed, prefix + "partition")
+    head_dim = sizes["head_dim"]
+    kv_heads = sizes["kv"] // head_dim
+    group = sizes["q"] // sizes["kv"]
+    live_v = _split(rng, sizes["kv"])  # [kv]: v_proj rows that are random
+    # q head j reads kv head j // group: its output dim d is nonzero iff that head's v row d is random
+    live_q = np.broadcast_to(live_v.reshape(kv_heads, 1, head_dim), (kv_heads, group, head_dim)).reshape(-1)
+    gate_rows = _split(rng, sizes["ffn"])  # random gate row (zero up row) or the opposite
+
+    def random(shape: tuple[int, ...], r: np.random.Generator, std: float = DEAD_STD) -> np.ndarray:
+        return r.standard_normal(shape, np.float32) * np.float32(std)
+
+    out: dict[str, np.ndarray] = {}
+    for key in keys:
+        name = prefix + key
+        shape = tuple(sizes[k] for k in LAYER_TENSORS[key])
+        r = _rng(seed, name)
+        arr = signed_zeros(shape, dtypes[key], r)  # biases (and o_proj's bias: it feeds the residual) stay zero
+        if key in ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "mlp.down_proj.weight"):
+            arr[...] = random(shape, r)
+        elif key == "self_attn.v_proj.weight":
+            arr[live_v] = random((int(live_v.sum()), shape[1]), r)
+        elif key == "self_attn.o_proj.weight":
+            arr[:, ~live_q] = random((shape[0], int((~live_q).sum())), r)
+        elif key == "mlp.gate_proj.weight":
+            arr[gate_rows] = random((int(gate_rows.sum()), shape[1]), r)
+        elif key == "mlp.up_proj.weight":
+            arr[~gate_rows] = random((int((~gate_rows).sum()), shape[1]), r)
+        elif key in ("input_layernorm.weight", "post_attention_layernorm.weight"):
+            arr[...] = (1 + random(shape, r, 0.1)) * np.float32(math.sqrt(ratio))  # the scale the real norms have
+        elif key in ("self_attn.q_norm.weight", "self_attn.k_norm.weight"):
+            arr[...] = 1 + random(shape, r, 0.1)
+        out[name] = arr
+    return out
+
+
+def _split(rng: np.random.Generator, n: int) -> np.ndarray:
+    """A random boolean mask with both values present (n >= 2), else all True."""
+    if n < 2:
+        return np.ones(n, bool)
+    mask = rng.random(n) < 0.5
+    mask[rng.choice(n, 2, replace=False)] = (True, False)
+    return mask
 
 
 def _read(ckpt, name: str) -> np.ndarray:
@@ -320,10 +401,11 @@ def enlarge_checkpoint(
             name = f"model.layers.{i}.{key}"
             if i < num_layers:
                 out[name] = enlarge(name, LAYER_TENSORS[key])
-            else:  # a new layer: all zeros, each tensor with its own sign pattern
-                out[name] = signed_zeros(tuple(after[k] for k in LAYER_TENSORS[key]), dtypes[key], _rng(seed, name))
-                generated.add(name)
-        bar(f"layer {i + 1}/{num_layers + extra_layers}" + (" (new, zero)" if i >= num_layers else ""))
+        if i >= num_layers:  # a new layer: dead (adds exact zeros) but distinct in its bytes
+            layer = dead_layer(i, keys, after, dtypes, seed, ratio)
+            out.update(layer)
+            generated.update(layer)
+        bar(f"layer {i + 1}/{num_layers + extra_layers}" + (" (new, dead)" if i >= num_layers else ""))
     _check_distinct(out, generated)
 
     n_params = sum(a.size for a in out.values())
@@ -458,9 +540,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("dst", help="output directory (written elsewhere first, then moved into place)")
     ap.add_argument("--preset", choices=sorted(PRESETS), help="sizes for the demo pair's target (target325m) or draft (draft)")
     for flag in ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "extra_layers"):
-        ap.add_argument(f"--{flag}", f"--{flag.replace('_', '-')}", type=int, dest=flag, help="overrides the preset" if flag != "extra_layers" else "zero layers appended (overrides the preset)")
+        ap.add_argument(f"--{flag}", f"--{flag.replace('_', '-')}", type=int, dest=flag, help="overrides the preset" if flag != "extra_layers" else "dead layers appended (overrides the preset)")
     ap.add_argument("--dtype", choices=sorted(DTYPES), help="store the output in this dtype [default: the source's]")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the +0.0/-0.0 sign patterns")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the +0.0/-0.0 sign patterns and the dead layers' weights")
     ap.add_argument("--force", action="store_true", help="replace a non-empty output directory")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)

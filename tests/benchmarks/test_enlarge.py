@@ -9,14 +9,17 @@ below any real difference (a wrong eps or norm scale moves these logits by 0.1 a
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from checkpoints import load_hf, make_checkpoint
+from checkpoints import is_linear, load_hf, make_checkpoint
 from conftest import build_and_load, spec_build
-from safetensors.numpy import load_file
+from safetensors.numpy import load_file, save_file
+
+from specdec.builder.weight_only import quantize_rtn
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("enlarge", ROOT / "benchmarks" / "enlarge.py")
@@ -99,21 +102,63 @@ def test_config_norms_and_padding(pair):
         assert not t[name][64:].any()
 
 
-def test_extra_layers_are_zeros_with_distinct_bytes(pair):
+def hidden_states(path: Path, ids: torch.Tensor) -> list[np.ndarray]:
+    with torch.no_grad():
+        return [h.numpy() for h in load_hf(path)(ids, output_hidden_states=True).hidden_states]
+
+
+def rtn_bytes(w: np.ndarray) -> bytes:
+    """An [out, in] weight's bytes after int4 round-to-nearest (group 32): what a MatMulNBits initializer holds."""
+    q = quantize_rtn(w.T, 4, 32)
+    return q.codes.tobytes() + q.scale.tobytes() + q.zero.tobytes()
+
+
+def test_extra_layers_are_dead_but_distinct(pair):
     _, big = pair
     t = load_file(big / "model.safetensors")
     extra = {n: a for n, a in t.items() if n.startswith(("model.layers.2.", "model.layers.3."))}
     assert len(extra) == 2 * 9  # 7 linears + 2 norms per layer
-    for name, a in extra.items():
-        assert not a.any(), name  # exactly zero in value
-        assert np.signbit(a).any() and not np.signbit(a).all(), name  # a mix of +0.0 and -0.0
-    # no two tensors of the same name pattern (or of any name) share their bytes
-    suffixes = {n.split(".", 3)[3] for n in extra}
-    for suffix in suffixes:
-        a, b = (extra[f"model.layers.{i}.{suffix}"] for i in (2, 3))
-        assert a.tobytes() != b.tobytes(), suffix
+    for i in (2, 3):
+        w = {k.split(".", 3)[3]: a for k, a in extra.items() if k.startswith(f"model.layers.{i}.")}
+        for key in ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "mlp.down_proj.weight"):
+            assert np.all(w[key] != 0), key
+        for key in ("input_layernorm.weight", "post_attention_layernorm.weight"):
+            assert 0.3 < np.abs(w[key]).mean() < 1.0, key  # near sqrt(64/128), like the real norms
+        # value dims: a random v row <-> zero o_proj columns for the q heads reading it (group 2, head_dim 16)
+        live_v = np.any(w["self_attn.v_proj.weight"] != 0, axis=1)
+        assert 0 < live_v.sum() < live_v.size
+        live_q = np.repeat(live_v.reshape(4, 1, 16), 2, axis=1).reshape(-1)
+        o = w["self_attn.o_proj.weight"]
+        assert not o[:, live_q].any() and np.all(o[:, ~live_q] != 0)
+        # FFN channels: a random gate row xor a random up row
+        gate, up = (np.any(w[f"mlp.{k}_proj.weight"] != 0, axis=1) for k in ("gate", "up"))
+        assert np.all(gate ^ up) and 0 < gate.sum() < gate.size
     digests = {a.tobytes() for a in t.values()}
-    assert len(digests) == len(t)
+    assert len(digests) == len(t)  # distinct in float
+
+
+def test_extra_layers_add_exact_zeros(pair):
+    _, big = pair
+    ids = torch.randint(0, 96, (1, 24), generator=torch.Generator().manual_seed(2))
+    hs = hidden_states(big, ids)  # embeddings, after layers 0, 1, 2, then 3 with the final norm applied
+    assert np.abs(hs[2]).max() > 0.1
+    np.testing.assert_array_equal(hs[3], hs[2])  # layer 2 is dead: bit for bit, not within a tolerance
+
+
+def test_dead_layers_stay_dead_and_distinct_after_int4(pair, tmp_path):
+    small, big = pair
+    t = load_file(big / "model.safetensors")
+    linears = {n: a for n, a in t.items() if is_linear(n)}
+    assert len({rtn_bytes(a) for a in linears.values()}) == len(linears)  # no two share a prepacked copy
+    # the checkpoint with every linear replaced by its int4 dequantization: extra layers still add exact zeros
+    dq = dict(t)
+    dq.update({n: np.ascontiguousarray(quantize_rtn(a.T, 4, 32).dequantized().T) for n, a in linears.items()})
+    shutil.copytree(big, tmp_path / "int4")
+    save_file(dq, tmp_path / "int4" / "model.safetensors", metadata={"format": "pt"})
+    ids = torch.randint(0, 96, (1, 24), generator=torch.Generator().manual_seed(3))
+    hs = hidden_states(tmp_path / "int4", ids)
+    assert np.abs(hs[3] - hidden_states(big, ids)[3]).max() > 1e-4  # the quantization did change the real layers
+    np.testing.assert_array_equal(hs[3], hs[2])
 
 
 def test_parameter_count(pair):
