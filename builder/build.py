@@ -23,12 +23,14 @@ from ..runtime.errors import BuildConfigError
 from .architectures import checkpoint_dtype, model_config_from_hf
 from .backends import resolve_backend
 from .checkpoint import load_checkpoint
-from .quantization import Fp8Convention, detect_checkpoint_quantization
+from .quantization import Fp8Convention, IntConvention, detect_checkpoint_quantization
 from .validation import check_memory_limits, validate_checkpoint
+from .weight_only import GROUP_SIZES, WEIGHT_ONLY_BITS, WeightOnlyScheme
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 MODES = ("none", "draft_tokens_external")
-QUANTIZATIONS = ("auto", "none", "fp8")
+QUANTIZATIONS = ("auto", "none", "fp8", *WEIGHT_ONLY_BITS)
+CHECKPOINT_SOURCES = {"gptq": "gptq", "awq": "awq-checkpoint", "compressed-tensors": "compressed-tensors"}  # IntConvention.method -> source
 FP8_ACTIVATIONS = ("none", "static", "dynamic")
 
 
@@ -69,8 +71,70 @@ def validate_build_config(build: BuildConfig, model: ModelConfig) -> None:
         problems.append(f"fp8_activations={build.fp8_activations} needs --quantization fp8")
     if build.lowering == "ort_cuda" and build.quantization == "fp8":
         problems.append("lowering ort_cuda computes in the storage dtype and has no FP8 path: use --qformat none (or another lowering)")
+    scheme = WeightOnlyScheme.of(build)
+    if scheme is not None:
+        if build.lowering == "ort_cuda":
+            problems.append(f"lowering ort_cuda has no weight-only int8/int4 GEMM (no GPU to test one on): use --lowering ort_cpu or portable, or --qformat none")
+        if build.backend == "tensorrt" and not scheme.symmetric:
+            problems.append("the tensorrt backend takes symmetric weight-only weights (no zero points): drop --asymmetric")
+        if build.backend == "tensorrt" and scheme.bits == 8 and scheme.group_size:
+            problems.append("the tensorrt backend takes int8 weights per channel only: use --group_size 0 (the int8 default)")
+    elif build.group_size is not None or not build.symmetric or build.quantize_lm_head:
+        given = [f for f, on in (("--group_size", build.group_size is not None), ("--asymmetric", not build.symmetric), ("--quantize_lm_head", build.quantize_lm_head)) if on]
+        problems.append(f"{', '.join(given)} apply only to weight-only quantization (--qformat int8_wo, int4_wo or int4_awq), not to {build.quantization}")
     if problems:
         raise BuildConfigError("invalid build configuration: " + "; ".join(problems) + ".")
+
+
+def resolve_quantization(build: BuildConfig, convention: Fp8Convention | IntConvention | None) -> BuildConfig:
+    """auto -> what the checkpoint holds; a weight-only build gets its group size (the checkpoint's, or the default)."""
+    q = build.quantization
+    if isinstance(convention, IntConvention):
+        held = f"int{convention.bits}_wo"
+        where = f"the checkpoint holds {convention.method} int{convention.bits} weights (group size {convention.group_size or 'per channel'})"
+        if q == "auto":
+            q = held
+        if q not in ("none", held):
+            raise BuildConfigError(f"--qformat {q}: {where}; build them as they are (--qformat auto or {held}), or dequantize them with --qformat none.")
+        if q == held:
+            if build.group_size is not None and build.group_size != convention.group_size:
+                raise BuildConfigError(f"--group_size {build.group_size}: {where}, which is kept as is; leave --group_size out.")
+            if not build.symmetric and convention.symmetric:
+                raise BuildConfigError(f"--asymmetric: {where}, symmetric, kept as is; leave --asymmetric out.")
+            return replace(build, quantization=q, group_size=convention.group_size, symmetric=convention.symmetric)
+        return replace(build, quantization=q)
+    if q == "auto":
+        q = "fp8" if convention is not None else "none"
+    if q in WEIGHT_ONLY_BITS:
+        if convention is not None:
+            raise BuildConfigError(f"--qformat {q}: the checkpoint holds FP8 weights; build it as fp8 (--qformat auto) or dequantize it with --qformat none.")
+        if build.group_size is not None and build.group_size not in GROUP_SIZES:
+            raise BuildConfigError(f"--group_size {build.group_size} is not one of {', '.join(map(str, GROUP_SIZES))} (0 = per output channel).")
+        scheme = WeightOnlyScheme.of(replace(build, quantization=q))
+        return replace(build, quantization=q, group_size=scheme.group_size)
+    return replace(build, quantization=q)
+
+
+def weight_only_record(build: BuildConfig, convention, layers: list[str], op: str) -> dict | None:
+    """What config.json says about a weight-only engine: the scheme, which layers, where the integers came from."""
+    scheme = WeightOnlyScheme.of(build)
+    if scheme is None:
+        return None
+    kinds = sorted({name.split("/", 3)[-1] if name.startswith("/model/layers.") else name for name in layers})
+    if isinstance(convention, IntConvention):
+        source = CHECKPOINT_SOURCES.get(convention.method, convention.method)
+    else:
+        source = "awq" if build.quantization == "int4_awq" else "rtn"
+    return {
+        "bits": scheme.bits,
+        "group_size": scheme.group_size,  # 0 = per output channel
+        "symmetric": scheme.symmetric,
+        "act_order": bool(getattr(convention, "act_order", False)),
+        "source": source,
+        "layers": kinds,  # e.g. attn/qkv_proj, mlp/down_proj, lm_head
+        "num_layers_quantized": len(layers),
+        "op": op,
+    }
 
 
 def resolve_lowering(build: BuildConfig) -> BuildConfig:
@@ -141,8 +205,8 @@ def build_engine(
     model = model_config_from_hf(ckpt.hf_config, max_seq_len=build.max_seq_len)
     convention = detect_checkpoint_quantization(ckpt.hf_config, ckpt.path)
     fp8 = convention if isinstance(convention, Fp8Convention) else None
-    quantization = ("fp8" if fp8 else "none") if build.quantization == "auto" else build.quantization
-    build = replace(build, dtype=resolve_dtype(build.dtype, ckpt.hf_config), backend=resolve_backend(build.backend, say), quantization=quantization)
+    build = resolve_quantization(build, convention)
+    build = replace(build, dtype=resolve_dtype(build.dtype, ckpt.hf_config), backend=resolve_backend(build.backend, say))
     build = resolve_lowering(build)
     validate_build_config(build, model)
     check_memory_limits(model, build)
@@ -153,6 +217,8 @@ def build_engine(
 
     if build.fp8_activations == "static" and calib_dataset is None and fp8 is None:
         raise BuildConfigError("--fp8_activations static needs calibration: pass --calib_dataset FILE (or use dynamic).")
+    if build.quantization == "int4_awq" and calib_dataset is None:
+        raise BuildConfigError("--qformat int4_awq searches its scales on calibration text: pass --calib_dataset FILE (or use int4_wo, plain round-to-nearest).")
     if build.max_seq_len > model.max_position_embeddings:
         say(f"warning: max_seq_len={build.max_seq_len} exceeds the model's max_position_embeddings={model.max_position_embeddings}")
 
@@ -164,21 +230,33 @@ def build_engine(
     total = model.num_layers + 3
     report = progress or (lambda *_: None)
     report("network", 0, total)
-    scales = None
-    if build.fp8_activations == "static" and calib_dataset is not None:
+    scales = awq_scales = None
+    if (build.fp8_activations == "static" and calib_dataset is not None) or build.quantization == "int4_awq":
         from .calibration import calibrate_activation_scales, calibration_samples
 
         report("calibrate", 0, total)
         samples = calibration_samples(Path(calib_dataset), ckpt.path, calib_size, min(256, build.max_input_len))
         taps: dict[str, str] = {}
-        float_net = build_network(ckpt, model, replace(build, quantization="none", fp8_activations="none", dtype="float32"), fp8=fp8, linear_inputs=taps)
+        float_build = replace(build, quantization="none", fp8_activations="none", dtype="float32", group_size=None, symmetric=True, quantize_lm_head=False)
+        float_net = build_network(ckpt, model, float_build, convention=convention, linear_inputs=taps)
         from ..runtime.kv_cache import KVCache
 
         cache_shape = KVCache(1, 1, model.num_kv_heads, build.kv_capacity, model.head_dim, build.max_seq_len, build.kv_layout).keys[0].shape
-        scales = calibrate_activation_scales(float_net, taps, cache_shape, model.num_layers, samples)
+        if build.quantization == "int4_awq":
+            from .awq import awq_input_scales
+
+            scheme = WeightOnlyScheme.of(build)
+            awq_scales = awq_input_scales(float_net, taps, cache_shape, model.num_layers, samples, scheme.bits, scheme.group_size, scheme.symmetric)
+        else:
+            scales = calibrate_activation_scales(float_net, taps, cache_shape, model.num_layers, samples)
         del float_net  # not held while the quantized network is built
-    network = build_network(ckpt, model, build, on_layer=lambda i: report(f"layer {i}", i + 1, total), fp8=fp8, activation_scales=scales)
-    num_parameters = sum(int(np.prod(t.dims)) for t in network.graph.initializer if t.name.endswith((".weight", ".bias")))
+    int_layers: list[str] = []
+    network = build_network(ckpt, model, build, on_layer=lambda i: report(f"layer {i}", i + 1, total), convention=convention, activation_scales=scales,
+                            awq_scales=awq_scales, weight_only_layers=int_layers)
+    from ..plugins import get_lowering
+
+    build = replace(build, weight_only=weight_only_record(build, convention, int_layers, get_lowering(build.lowering).weight_only_op))
+    num_parameters = _count_parameters(network)
 
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.building-", dir=output_dir.parent))
@@ -224,6 +302,16 @@ def build_engine(
         raise
     engine_bytes = sum(p.stat().st_size for p in output_dir.rglob("*") if p.is_file())
     return BuildResult(output_dir, config, num_parameters, engine_bytes, time.perf_counter() - t0)
+
+
+def _count_parameters(network) -> int:
+    """Weights and biases, integer ones counted by their [in, out] (MatMulNBits packs them in blocks)."""
+    count = sum(int(np.prod(t.dims)) for t in network.graph.initializer if t.name.endswith((".weight", ".bias")))
+    for node in network.graph.node:
+        if node.op_type == "MatMulNBits":
+            attrs = {a.name: a.i for a in node.attribute}
+            count += attrs["K"] * attrs["N"]
+    return count
 
 
 def _computes_in_float32(build: BuildConfig) -> bool:

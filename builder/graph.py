@@ -29,6 +29,8 @@ def float32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
 
 
 class GraphBuilder:
+    """Satisfies plugins/graph_api.py's GraphOps: the lowerings build through it without importing builder/."""
+
     def __init__(self, weight_dtype: str = "float32", compute_dtype: str = "float32"):
         if weight_dtype not in _STORAGE or compute_dtype not in _STORAGE:
             raise ValueError(f"unsupported weight/compute dtype {weight_dtype!r}/{compute_dtype!r}")
@@ -51,6 +53,11 @@ class GraphBuilder:
     def const(self, name: str, value: np.ndarray) -> str:
         """An initializer stored as given (indices, shapes, float32 tables)."""
         self.initializers.append(numpy_helper.from_array(np.asarray(value, order="C"), name))  # from_array copies; asarray keeps 0-d
+        return name
+
+    def raw_const(self, name: str, elem_type: int, dims: Sequence[int], raw: bytes) -> str:
+        """An initializer of a type numpy has no dtype for (int4/uint4: two values per byte, low nibble first)."""
+        self.initializers.append(helper.make_tensor(name, elem_type, list(dims), raw, raw=True))
         return name
 
     def weight(self, name: str, value: np.ndarray) -> str:

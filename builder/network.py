@@ -29,8 +29,9 @@ from ..runtime.engine_format import BuildConfig, ModelConfig
 from ..runtime.errors import BuildConfigError
 from .checkpoint import Checkpoint
 from .graph import GraphBuilder
-from .quantization import FP8_MAX, Fp8Convention, LinearWeight, concat_out, quantize_fp8_per_channel, read_linear
+from .quantization import FP8_MAX, Fp8Convention, IntConvention, LinearWeight, concat_out, quantize_fp8_per_channel, read_linear
 from .rope import cos_sin_tables
+from .weight_only import IntWeight, WeightOnlyScheme, quantize_rtn
 
 # Hugging Face name -> our name, per layer. A table, not a regex.
 LAYER_WEIGHTS = {
@@ -60,20 +61,24 @@ def build_network(
     cfg: ModelConfig,
     build: BuildConfig,
     on_layer: Callable[[int], None] | None = None,
-    fp8: Fp8Convention | None = None,
+    convention: Fp8Convention | IntConvention | None = None,
     activation_scales: dict[str, float] | None = None,
     linear_inputs: dict[str, str] | None = None,
+    awq_scales: dict[str, np.ndarray] | None = None,
+    weight_only_layers: list[str] | None = None,
 ):
     """Return the ONNX ModelProto of ``cfg`` with weights from ``ckpt``.
 
-    fp8: the checkpoint's FP8 convention, if it is quantized.
+    convention: how the checkpoint is quantized (FP8, or packed integer weights), if it is.
     activation_scales: calibrated static FP8 input scales by linear-layer name.
     linear_inputs: filled with linear-layer name -> the graph value it reads (calibration taps).
+    awq_scales: int4_awq's per-input-channel scales s [in] by linear-layer name (builder/awq.py).
+    weight_only_layers: filled with the names of the layers stored as int8/int4.
     """
     lowering_cls = get_lowering(build.lowering)
     gb = GraphBuilder(weight_dtype=build.dtype, compute_dtype=lowering_cls.compute_dtype(build))
-    linears = _Linears(gb, ckpt, build, fp8, activation_scales or {})
     lowering = lowering_cls(gb, cfg)
+    linears = _Linears(gb, lowering, ckpt, build, convention, activation_scales or {}, awq_scales or {})
     ids = gb.input("input_ids", TensorProto.INT64, ["batch", "num_tokens"])
     positions = gb.input("position_ids", TensorProto.INT64, ["batch", "num_tokens"])
     logits_index = gb.input("logits_index", TensorProto.INT64, ["batch", "num_logits"])
@@ -94,17 +99,25 @@ def build_network(
     rows = gb.op("Unsqueeze", [logits_index, gb.const("/model/axis_last", np.array([-1], np.int64))], "/model/logits_rows")
     x = gb.op("GatherND", [x, rows], "/model/gather_logit_rows", batch_dims=1)
     x = _rms_norm(gb, "/model/norm", x, ckpt.float32("model.norm.weight"), cfg.rms_norm_eps)
-    if cfg.tie_word_embeddings or "lm_head.weight" not in ckpt:
-        lm_head = gb.op("Transpose", [embed], "/lm_head/tied_weight_t", perm=[1, 0])
+    tied = cfg.tie_word_embeddings or "lm_head.weight" not in ckpt
+    if linears.scheme is not None and build.quantize_lm_head:
+        # a quantized copy for the head only: the embedding (tied or not) stays in --dtype
+        head_t = ckpt.float32("model.embed_tokens.weight" if tied else "lm_head.weight").T  # [hidden, vocab]
+        gb.op("Identity", [linears.int_head("/lm_head/matmul", x, head_t, logits_index)], "/lm_head/logits", outputs=["logits"])
     else:
-        lm_head = gb.weight("lm_head.weight", ckpt.float32("lm_head.weight").T)
-    if gb.compute_type == TensorProto.FLOAT:
-        gb.op("MatMul", [x, lm_head], "/lm_head/matmul", outputs=["logits"])
-    else:  # a half-precision lowering: the ABI's logits stay float32
-        gb.op("Cast", [gb.op("MatMul", [x, lm_head], "/lm_head/matmul")], "/lm_head/logits_float32", outputs=["logits"], to=TensorProto.FLOAT)
+        if tied:
+            lm_head = gb.op("Transpose", [embed], "/lm_head/tied_weight_t", perm=[1, 0])
+        else:
+            lm_head = gb.weight("lm_head.weight", ckpt.float32("lm_head.weight").T)
+        if gb.compute_type == TensorProto.FLOAT:
+            gb.op("MatMul", [x, lm_head], "/lm_head/matmul", outputs=["logits"])
+        else:  # a half-precision lowering: the ABI's logits stay float32
+            gb.op("Cast", [gb.op("MatMul", [x, lm_head], "/lm_head/matmul")], "/lm_head/logits_float32", outputs=["logits"], to=TensorProto.FLOAT)
     gb.output("logits", TensorProto.FLOAT, ["batch", "num_logits", cfg.vocab_size])
     if linear_inputs is not None:
         linear_inputs.update(linears.inputs)
+    if weight_only_layers is not None:
+        weight_only_layers.extend(linears.int_layers)
     return gb.model(f"specdec_{cfg.architecture}", extra_opsets=lowering.extra_opsets)
 
 
@@ -121,33 +134,72 @@ def _rms_norm(gb: GraphBuilder, name: str, x: str, weight: np.ndarray, eps: floa
 
 
 class _Linears:
-    """Linear layers, dense or FP8, with the precision written into the graph."""
+    """Linear layers, dense, FP8 or weight-only int8/int4, with the precision written into the graph."""
 
-    def __init__(self, gb: GraphBuilder, ckpt: Checkpoint, build: BuildConfig, fp8: Fp8Convention | None, act_scales: dict[str, float]):
-        self.gb, self.ckpt, self.build, self.fp8, self.act_scales = gb, ckpt, build, fp8, act_scales
+    def __init__(self, gb: GraphBuilder, lowering, ckpt: Checkpoint, build: BuildConfig, convention: Fp8Convention | IntConvention | None,
+                 act_scales: dict[str, float], awq_scales: dict[str, np.ndarray]):
+        self.gb, self.lowering, self.ckpt, self.build, self.convention = gb, lowering, ckpt, build, convention
+        self.act_scales, self.awq_scales = act_scales, awq_scales
+        self.scheme = WeightOnlyScheme.of(build)  # None unless int8_wo / int4_wo / int4_awq
         self.inputs: dict[str, str] = {}  # layer name -> the graph value it reads (calibration taps these)
+        self.int_layers: list[str] = []  # layers stored as int8/int4
+        self.rows = "position_ids"  # [B, S]: the leading shape of every decoder linear's input
 
-    def weights(self, modules: list[str]) -> LinearWeight:
-        w = concat_out([read_linear(self.ckpt, m, self.fp8) for m in modules])
-        if self.build.quantization == "fp8" and not w.is_fp8:
+    def weights(self, name: str, modules: list[str]) -> LinearWeight:
+        w = concat_out([read_linear(self.ckpt, m, self.convention) for m in modules])
+        q = self.build.quantization
+        if q == "fp8" and not w.is_fp8:
             w = quantize_fp8_per_channel(w.dense)
-        elif self.build.quantization == "none" and w.is_fp8:
+        elif q == "none" and (w.is_fp8 or w.is_int):
             w = LinearWeight(dense=w.dequantized())
+        elif self.scheme is not None and w.dense is not None and not isinstance(self.convention, IntConvention):
+            # a float checkpoint: round to nearest, after AWQ's scaling of the input channels when it has one;
+            # a layer an integer checkpoint left in float stays float
+            w = LinearWeight(int_weight=self._quantize(name, w.dense))
         return w
 
-    def __call__(self, name: str, x: str, modules: list[str], bias: np.ndarray | None = None) -> str:
-        """x @ W (+ bias) for the projections ``modules`` fused along the output axis."""
-        gb, w = self.gb, self.weights(modules)
+    def _quantize(self, name: str, w_t: np.ndarray) -> IntWeight:
+        s, scheme = self.awq_scales.get(name), self.scheme
+        if s is None:
+            return quantize_rtn(w_t, scheme.bits, scheme.group_size, scheme.symmetric)
+        q = quantize_rtn(np.asarray(s, np.float32)[:, None] * w_t, scheme.bits, scheme.group_size, scheme.symmetric)
+        q.source = "awq"  # computes (x / s) @ deq(q): the 1/s is folded into the norm before it, or multiplied in
+        return q
+
+    def awq_inverse(self, name: str) -> np.ndarray | None:
+        """1 / s of an AWQ-scaled layer (to fold into the norm that feeds it), or None."""
+        s = self.awq_scales.get(name)
+        return None if s is None else (1.0 / np.asarray(s, np.float64)).astype(np.float32)
+
+    def __call__(self, name: str, x: str, modules: list[str], bias: np.ndarray | None = None, input_folded: bool = False) -> str:
+        """x @ W (+ bias) for the projections ``modules`` fused along the output axis.
+
+        input_folded: AWQ's 1/s is already in x (folded into the RMSNorm weight before it).
+        """
+        gb, w = self.gb, self.weights(name, modules)
         self.inputs[name] = x
-        if w.is_fp8:
-            weight = gb.fp8_weight(f"{name}.weight", w.fp8_bits, w.scale, w.block_size)
-            x = self._activation(name, x, w)
+        if w.is_int:
+            inverse = self.awq_inverse(name) if w.int_weight.source == "awq" and not input_folded else None
+            if inverse is not None:  # o_proj / down_proj: no norm in front of them to fold into
+                x = gb.op("Mul", [x, gb.const(f"{name}/awq_inverse_scale", inverse)], f"{name}/awq_scale_input")
+            self.int_layers.append(name)
+            y = self.lowering.int_matmul(name, x, w.int_weight, self.rows)
         else:
-            weight = gb.weight(f"{name}.weight", w.dense)
-        y = gb.op("MatMul", [x, weight], name)
+            if w.is_fp8:
+                weight = gb.fp8_weight(f"{name}.weight", w.fp8_bits, w.scale, w.block_size)
+                x = self._activation(name, x, w)
+            else:
+                weight = gb.weight(f"{name}.weight", w.dense)
+            y = gb.op("MatMul", [x, weight], name)
         if bias is not None:
             y = gb.op("Add", [y, gb.weight(f"{name}.bias", bias)], f"{name}/bias")
         return y
+
+    def int_head(self, name: str, x: str, w_t: np.ndarray, rows: str) -> str:
+        """The LM head as int8/int4 (--quantize_lm_head): round to nearest, from a copy of the float weight [hidden, vocab]."""
+        scheme = self.scheme
+        self.int_layers.append("lm_head")
+        return self.lowering.int_matmul(name, x, quantize_rtn(w_t, scheme.bits, scheme.group_size, scheme.symmetric), rows)
 
     def _activation(self, name: str, x: str, w: LinearWeight) -> str:
         mode, gb = self.build.fp8_activations, self.gb
@@ -165,6 +217,12 @@ class _Linears:
         return gb.fp8_activation(f"{name}/input", x, scale)
 
 
+def _norm_weight(linear: _Linears, name: str, weight: np.ndarray) -> np.ndarray:
+    """An RMSNorm's weight, times AWQ's 1/s of the one linear layer it feeds (exact up to a float rounding)."""
+    inverse = linear.awq_inverse(name)
+    return weight if inverse is None else weight * inverse
+
+
 def _decoder_layer(gb: GraphBuilder, lowering, linear: _Linears, ckpt: Checkpoint, cfg: ModelConfig, i: int, x: str, delta: str | None, shared: Shared) -> tuple[str, str]:
     """One decoder layer: returns (residual stream, MLP output still to be added to it)."""
     p = f"/model/layers.{i}"
@@ -176,10 +234,10 @@ def _decoder_layer(gb: GraphBuilder, lowering, linear: _Linears, ckpt: Checkpoin
         return [f"model.layers.{i}.{LAYER_WEIGHTS[k]}" for k in keys]
 
     nh, kvh, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    h, x = lowering.add_norm(f"{p}/input_layernorm", x, delta, gb.weight(f"{p}/input_layernorm.weight", w("input_layernorm")))
+    h, x = lowering.add_norm(f"{p}/input_layernorm", x, delta, gb.weight(f"{p}/input_layernorm.weight", _norm_weight(linear, f"{p}/attn/qkv_proj", w("input_layernorm"))))
     # One fused q|k|v projection: a third of the MatMul calls.
     bias = np.concatenate([w("q_bias"), w("k_bias"), w("v_bias")]) if cfg.qkv_bias else None
-    qkv = linear(f"{p}/attn/qkv_proj", h, mod("q_proj", "k_proj", "v_proj"), bias)
+    qkv = linear(f"{p}/attn/qkv_proj", h, mod("q_proj", "k_proj", "v_proj"), bias, input_folded=True)
     if lowering.takes_packed_qkv() and not cfg.qk_norm:  # the attention op splits q|k|v itself: one kernel less
         attn = lowering.layer(f"{p}/attn", qkv, None, None, i, shared)
     else:
@@ -191,8 +249,9 @@ def _decoder_layer(gb: GraphBuilder, lowering, linear: _Linears, ckpt: Checkpoin
         attn = lowering.layer(f"{p}/attn", q, k, v, i, shared)
     o = linear(f"{p}/attn/o_proj", attn, mod("o_proj"))
 
-    h, x = lowering.add_norm(f"{p}/post_attention_layernorm", x, o, gb.weight(f"{p}/post_attention_layernorm.weight", w("post_attention_layernorm")))
-    gate_up = linear(f"{p}/mlp/gate_up_proj", h, mod("gate_proj", "up_proj"))
+    h, x = lowering.add_norm(f"{p}/post_attention_layernorm", x, o, gb.weight(f"{p}/post_attention_layernorm.weight",
+                                                                              _norm_weight(linear, f"{p}/mlp/gate_up_proj", w("post_attention_layernorm"))))
+    gate_up = linear(f"{p}/mlp/gate_up_proj", h, mod("gate_proj", "up_proj"), input_folded=True)
     gate, up = gb.op("Split", [gate_up, _shape(gb, f"{p}/mlp/split", [cfg.intermediate_size] * 2)], f"{p}/mlp/split_op", num_outputs=2, axis=-1)
     silu = lowering.silu(f"{p}/mlp", gate)
     down = linear(f"{p}/mlp/down_proj", gb.op("Mul", [silu, up], f"{p}/mlp/gated"), mod("down_proj"))

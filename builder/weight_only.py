@@ -19,6 +19,27 @@ from dataclasses import dataclass
 import numpy as np
 
 BITS = (4, 8)
+WEIGHT_ONLY_BITS = {"int8_wo": 8, "int4_wo": 4, "int4_awq": 4}  # --quantization -> bits
+DEFAULT_GROUP_SIZE = {4: 128, 8: 0}  # int4: groups of 128 input rows; int8: per output channel (TensorRT-LLM's defaults)
+GROUP_SIZES = (0, 32, 64, 128)  # 0 = per output channel
+
+
+@dataclass(frozen=True)
+class WeightOnlyScheme:
+    """How a build quantizes its linear layers, resolved from the BuildConfig."""
+
+    bits: int
+    group_size: int  # 0 = per output channel
+    symmetric: bool
+
+    @classmethod
+    def of(cls, build) -> "WeightOnlyScheme | None":
+        """None unless ``build.quantization`` is a weight-only one (its group size already resolved)."""
+        bits = WEIGHT_ONLY_BITS.get(build.quantization)
+        if bits is None:
+            return None
+        group = DEFAULT_GROUP_SIZE[bits] if build.group_size is None else build.group_size
+        return cls(bits, group, build.symmetric)
 
 
 @dataclass

@@ -31,7 +31,7 @@ except ModuleNotFoundError as err:
         raise
     _require_build_extra(err.name.split(".")[0])
 from ..runtime.engine_format import BuildConfig
-from ..runtime.errors import CheckpointError
+from ..runtime.errors import BuildConfigError, CheckpointError
 from .common import check_output_dir, clean_errors, human_bytes, option
 
 
@@ -53,7 +53,16 @@ from .common import check_output_dir, clean_errors, human_bytes, option
         help="fp8: linear-layer weights stored as float8 e4m3 with per-channel scales, or per-tile for block-scaled checkpoints (quantized at build time from a "
              "float checkpoint, or read from an FP8 checkpoint: ModelOpt, compressed-tensors, fine-grained fp8). The graph carries "
              "DequantizeLinear, so TensorRT can run FP8 GEMMs; ONNX Runtime on CPU dequantizes once at load and computes in float32. "
-             "auto = fp8 for FP8 checkpoints, else none; none on an FP8 checkpoint dequantizes it.")
+             "int8_wo / int4_wo: weight-only integers (W8A16 / W4A16), round-to-nearest at build time, or read as they are from a GPTQ / AWQ / "
+             "compressed-tensors checkpoint; int4_awq: int4 with activation-aware scales searched on --calib_dataset. See docs/precision.md. "
+             "auto = what the checkpoint holds (fp8, int8_wo/int4_wo), else none; none on a quantized checkpoint dequantizes it.")
+@option("use_weight_only", is_flag=True, help="TensorRT-LLM's spelling of --qformat int8_wo / int4_wo (with --weight_only_precision).")
+@option("weight_only_precision", type=click.Choice(["int8", "int4"]), default=None, help="With --use_weight_only: int8 (W8A16) or int4 (W4A16).")
+@option("group_size", type=int, default=None,
+        help="Weight-only: input rows sharing one scale: 32, 64, 128, or 0 = one per output channel [default: 128 for int4, 0 for int8].")
+@option("asymmetric", is_flag=True, help="Weight-only: a zero point per group as well as a scale (default: symmetric, zero at mid-range).")
+@option("quantize_lm_head", is_flag=True,
+        help="Weight-only: quantize the LM head too (off by default: it decides acceptance). Embeddings stay in --dtype; tied embeddings keep their float copy.")
 @option("fp8_activations", type=click.Choice(FP8_ACTIVATIONS), default="none", show_default=True,
         help="With fp8: how linear-layer inputs are scaled. none = weight-only; static = fixed scales (the checkpoint's "
              "input_scale, or calibrated with --calib_dataset); dynamic = amax of each step's input.")
@@ -72,7 +81,7 @@ from .common import check_output_dir, clean_errors, human_bytes, option
 @option("force", is_flag=True, help="Replace a non-empty --output_dir.")
 @clean_errors
 def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_seq_len, max_draft_len, speculative_decoding_mode,
-         quantization, fp8_activations, calib_dataset, calib_size, backend, lowering, trt_timing_cache, trt_version_compatible, trt_exclude_lean_runtime, tp_size, allow_pickle, allow_nonfinite, force) -> None:
+         quantization, use_weight_only, weight_only_precision, group_size, asymmetric, quantize_lm_head, fp8_activations, calib_dataset, calib_size, backend, lowering, trt_timing_cache, trt_version_compatible, trt_exclude_lean_runtime, tp_size, allow_pickle, allow_nonfinite, force) -> None:
     """Build an engine directory from a Hugging Face checkpoint.
 
     \b
@@ -96,10 +105,12 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
         max_input_len = max(1, max_seq_len // 2)
     if max_draft_len is None:
         max_draft_len = 8 if speculative_decoding_mode == "draft_tokens_external" else 0
+    quantization = _weight_only_alias(quantization, use_weight_only, weight_only_precision)
     build = BuildConfig(
         dtype=dtype, max_batch_size=max_batch_size, max_input_len=max_input_len, max_seq_len=max_seq_len,
         max_draft_len=max_draft_len, speculative_decoding_mode=speculative_decoding_mode, backend=backend, tp_size=tp_size,
         quantization=quantization, fp8_activations=fp8_activations, lowering=lowering,
+        group_size=group_size, symmetric=not asymmetric, quantize_lm_head=quantize_lm_head,
     )
     bars: list[tqdm] = []  # made on the first report, after the inputs were validated
 
@@ -120,13 +131,30 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
         for bar in bars:
             bar.close()
     b = result.config.build
+    wo = b.weight_only
+    int_note = ""
+    if wo:
+        group = f"group {wo['group_size']}" if wo["group_size"] else "per channel"
+        int_note = f", int{wo['bits']} weights ({group}, {'symmetric' if wo['symmetric'] else 'asymmetric'}, {wo['source']}{', lm_head' if 'lm_head' in wo['layers'] else ''})"
     click.echo(
         f"built {result.output_dir}  [{model.architecture}, {result.num_parameters / 1e6:.2f}M params, {b.dtype}"
-        f"{', fp8 weights' if b.quantization == 'fp8' else ''}{f' + fp8 {b.fp8_activations} activations' if b.fp8_activations != 'none' else ''}, "
+        f"{', fp8 weights' if b.quantization == 'fp8' else ''}{int_note}{f' + fp8 {b.fp8_activations} activations' if b.fp8_activations != 'none' else ''}, "
         f"backend {b.backend}]\n"
         f"  limits: batch {b.max_batch_size}, input {b.max_input_len}, seq {b.max_seq_len}, draft {b.max_draft_len} ({b.speculative_decoding_mode})\n"
         f"  size {human_bytes(result.engine_bytes)}, {len(result.config.files)} files, {result.seconds:.1f}s"
     )
+
+
+def _weight_only_alias(quantization: str, use_weight_only: bool, precision: str | None) -> str:
+    """TensorRT-LLM's --use_weight_only --weight_only_precision int8|int4 -> --qformat int8_wo|int4_wo."""
+    if precision is not None and not use_weight_only:
+        raise BuildConfigError(f"--weight_only_precision {precision} needs --use_weight_only (or use --qformat {precision}_wo).")
+    if not use_weight_only:
+        return quantization
+    wanted = f"{precision or 'int8'}_wo"  # TensorRT-LLM's default precision is int8
+    if quantization not in ("auto", wanted):
+        raise BuildConfigError(f"--use_weight_only --weight_only_precision {precision or 'int8'} means --qformat {wanted}, not {quantization}; pass one of the two.")
+    return wanted
 
 
 def _refuse_engine_dir(checkpoint_dir: str, hf_config: dict) -> None:

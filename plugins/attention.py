@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import TensorProto
 
-from ..builder.graph import GraphBuilder
 from ..runtime.engine_format import ModelConfig
+from .graph_api import GraphOps
+from .quantized_gemm import IntWeightLike, dq_matmul, permute_input
 
 
 @dataclass
@@ -44,7 +45,7 @@ class AttentionLowering:
         """The dtype activations (and the KV cache) are computed in: float32 unless a lowering says otherwise."""
         return "float32"
 
-    def __init__(self, gb: GraphBuilder, cfg: ModelConfig):
+    def __init__(self, gb: GraphOps, cfg: ModelConfig):
         self.gb, self.cfg = gb, cfg
 
     def prelude(self, shared: Shared) -> Shared:
@@ -96,6 +97,16 @@ class AttentionLowering:
         if delta is not None:
             x = gb.op("Add", [x, delta], f"{name}/residual")
         return gb.op("RMSNormalization", [x, weight], name, axis=-1, epsilon=self.cfg.rms_norm_eps), x
+
+    weight_only_op = "DequantizeLinear+MatMul"  # what int_matmul lowers to (recorded in the engine config)
+
+    def int_matmul(self, name: str, x: str, w: IntWeightLike, rows: str) -> str:
+        """x [B, S, in] @ deq(w) -> [B, S, out] for a weight-only int8/int4 weight.
+
+        rows: a [B, S] value with x's leading shape (position_ids or logits_index), for lowerings that reshape.
+        Standard ONNX: blocked DequantizeLinear feeding MatMul, which TensorRT fuses into a weight-only GEMM.
+        """
+        return dq_matmul(self.gb, name, permute_input(self.gb, name, x, w), w)
 
 
 class PortableAttention(AttentionLowering):

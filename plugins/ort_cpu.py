@@ -18,15 +18,26 @@ both against transformers.
 from __future__ import annotations
 
 import numpy as np
-from .attention import PortableAttention, Shared
 
-CONTRIB = "com.microsoft"
+from .attention import PortableAttention, Shared
+from .quantized_gemm import CONTRIB, NBITS_ACCURACY_LEVEL, EvenRows, IntWeightLike, matmul_nbits, permute_input
 
 
 class OrtCpuAttention(PortableAttention):
     name = "ort_cpu"
     kv_layout = "bsh"
     extra_opsets = {CONTRIB: 1}
+    weight_only_op = f"MatMulNBits(accuracy_level={NBITS_ACCURACY_LEVEL}, even rows)"
+
+    def __init__(self, gb, cfg):
+        super().__init__(gb, cfg)
+        self._even_rows: dict[str, EvenRows] = {}  # per leading shape (the layers' tokens, the logit rows)
+
+    def int_matmul(self, name: str, x: str, w: IntWeightLike, rows: str) -> str:
+        """MatMulNBits: the weight stays packed; activations padded to an even row count (plugins/quantized_gemm.py)."""
+        if rows not in self._even_rows:
+            self._even_rows[rows] = EvenRows(self.gb, rows)
+        return matmul_nbits(self.gb, name, permute_input(self.gb, name, x, w), w, self._even_rows[rows])
 
     def layer(self, prefix: str, q: str, k: str, v: str, layer: int, shared: Shared) -> str:
         gb, cfg = self.gb, self.cfg

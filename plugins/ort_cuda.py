@@ -68,6 +68,11 @@ class OrtCudaAttention(AttentionLowering):
         self._sin = gb.op("Cast", [shared.sin], f"{p}/rope_sin", to=t) if t != TensorProto.FLOAT else shared.sin
         return shared
 
+    weight_only_op = ""  # none: refused at build time (validate_build_config)
+
+    def int_matmul(self, name: str, x: str, w, rows: str) -> str:
+        raise NotImplementedError("the ort_cuda lowering has no weight-only int8/int4 GEMM (untested without a GPU); use ort_cpu or portable")
+
     def takes_packed_qkv(self) -> bool:
         return self._fused_rotary  # GQA splits a packed q|k|v itself; separate RotaryEmbedding ops need q and k apart
 

@@ -60,8 +60,16 @@ class BuildConfig:
     tp_size: int = 1
     lowering: str = "auto"  # plugins/: portable (standard ops, what TensorRT parses) | ort_cpu; auto = per backend
     kv_layout: str = "bnsh"  # bnsh: [batch, kv_heads, capacity, head_dim]; bsh: [batch, capacity, kv_heads*head_dim]
-    quantization: str = "auto"  # none | fp8; auto (at build time) = what the checkpoint holds (linear-layer weights in float8 e4m3)
+    quantization: str = "auto"  # none | fp8 | int8_wo | int4_wo | int4_awq; auto (at build time) = what the checkpoint holds
     fp8_activations: str = "none"  # none | static | dynamic: how FP8 linear inputs are scaled
+    # weight-only int8/int4 (docs/precision.md); the inputs of the build:
+    group_size: int | None = None  # input rows per scale; 0 = per output channel; None = the default (int4: 128, int8: 0)
+    symmetric: bool = True  # False: a zero point per group (asymmetric)
+    quantize_lm_head: bool = False  # the LM head too (it decides acceptance; off unless asked)
+    # what the build did, recorded for the engine's config.json: bits, group_size, symmetric, act_order,
+    # layers (linear names, lm_head included when quantized), source (rtn | awq | gptq | awq-checkpoint |
+    # compressed-tensors), op (what the lowering computes with); None for float/FP8 engines
+    weight_only: dict[str, Any] | None = None
 
     @property
     def kv_capacity(self) -> int:
