@@ -15,6 +15,10 @@ or ModelOpt's ``hf_quant_config.json``):
                       ``weight_scale`` [out, 1] (channel) or [1] (tensor)
   fp8                 transformers' fine-grained FP8: weight F8_E4M3 +
                       ``weight_scale_inv`` per [block, block] tile
+
+Pre-quantized integer checkpoints (GPTQ, AWQ, compressed-tensors
+``pack-quantized``) are recognised and unpacked in builder/quant_checkpoints.py
+into an ``IntWeight`` held by ``LinearWeight.int_weight``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..runtime.errors import CheckpointError
+from .quant_checkpoints import IntConvention, detect_int_convention, read_int_weight
 from .weight_only import IntWeight
 
 FP8_MAX = 448.0  # largest finite float8 e4m3fn
@@ -41,6 +46,7 @@ class LinearWeight:
     block_size: int = 0  # 0: per channel (axis 1); else blocks of that many rows along axis 0
     input_scale: float | None = None  # static activation scale from the checkpoint
     int_weight: IntWeight | None = None  # weight-only int8/int4 (builder/weight_only.py)
+    name: str = ""  # the checkpoint module it was read from (for errors about fusing)
 
     @property
     def is_fp8(self) -> bool:
@@ -80,7 +86,9 @@ def quantize_fp8_per_channel(w_t: np.ndarray) -> LinearWeight:
 
 
 def concat_out(parts: list[LinearWeight]) -> LinearWeight:
-    """Fuse projections along the output axis (q|k|v, gate|up), keeping FP8 exact."""
+    """Fuse projections along the output axis (q|k|v, gate|up), keeping FP8 and integer weights exact."""
+    if any(p.is_int for p in parts):
+        return LinearWeight(int_weight=_concat_int(parts), name="|".join(p.name for p in parts))
     if not any(p.is_fp8 for p in parts):
         return LinearWeight(dense=np.concatenate([p.dense for p in parts], axis=1))
     if not all(p.is_fp8 for p in parts) or len({p.block_size for p in parts}) != 1:
@@ -91,6 +99,36 @@ def concat_out(parts: list[LinearWeight]) -> LinearWeight:
         scale=np.concatenate([p.scale for p in parts], axis=-1),
         block_size=parts[0].block_size,
         input_scale=max(scales) if scales else None,  # one activation feeds all of them
+    )
+
+
+def _concat_int(parts: list[LinearWeight]) -> IntWeight:
+    """Integer weights share the input rows, so they fuse along the outputs only when each row
+    means the same for all: same bits, group size, symmetry and act-order permutation."""
+    names = ", ".join(p.name or "?" for p in parts)
+    if not all(p.is_int for p in parts):
+        raise CheckpointError(f"layers {names} mix integer-quantized and float weights; expected the same quantization for the projections fused into one MatMul.")
+    ws = [p.int_weight for p in parts]
+    first = ws[0]
+    for w in ws[1:]:
+        if (w.bits, w.group_size, w.symmetric) != (first.bits, first.group_size, first.symmetric):
+            raise CheckpointError(
+                f"layers {names} are quantized differently (bits, group_size, symmetric: "
+                + "; ".join(f"{x.bits}, {x.group_size}, {x.symmetric}" for x in ws)
+                + "); expected the same scheme for the projections fused into one MatMul."
+            )
+        same_perm = (w.perm is None and first.perm is None) or (w.perm is not None and first.perm is not None and np.array_equal(w.perm, first.perm))
+        if not same_perm:
+            raise CheckpointError(f"layers {names} have different act-order permutations (g_idx); expected one input order for the projections fused into one MatMul.")
+    return IntWeight(
+        codes=np.concatenate([w.codes for w in ws], axis=1),
+        scale=np.concatenate([w.scale for w in ws], axis=1),
+        zero=np.concatenate([w.zero for w in ws], axis=1),
+        bits=first.bits,
+        group_size=first.group_size,
+        symmetric=first.symmetric,
+        perm=first.perm,
+        source=first.source,
     )
 
 
@@ -130,30 +168,32 @@ def detect_fp8(hf_config: dict[str, Any], checkpoint_dir) -> Fp8Convention | Non
     raise CheckpointError(f"quantization_config quant_method {method!r} is not supported (supported: modelopt, compressed-tensors, fp8).")
 
 
-@dataclass(frozen=True)
-class IntConvention:
-    """A pre-quantized integer (weight-only) checkpoint: how its packed tensors are laid out."""
-
-    method: str  # gptq | awq | compressed-tensors
-    bits: int
-    group_size: int  # 0 = per output channel
-    symmetric: bool
-    act_order: bool = False  # GPTQ desc_act: g_idx permutes the groups
-
-
 def detect_checkpoint_quantization(hf_config: dict[str, Any], checkpoint_dir) -> Fp8Convention | IntConvention | None:
-    """Which quantization a checkpoint holds: an FP8 or an integer convention, or None for float weights."""
-    return detect_fp8(hf_config, checkpoint_dir)
+    """Which quantization a checkpoint holds: an FP8 or an integer convention, or None for float weights.
+
+    GPTQ, AWQ and compressed-tensors pack-quantized are integer conventions
+    (builder/quant_checkpoints.py); everything else goes to ``detect_fp8``, which
+    refuses the quant_methods it does not know.
+    """
+    return detect_int_convention(hf_config, checkpoint_dir) or detect_fp8(hf_config, checkpoint_dir)
 
 
-def read_linear(ckpt, name: str, conv: Fp8Convention | None) -> LinearWeight:
-    """The weight ``<name>.weight`` ([out, in] in the checkpoint) as a LinearWeight."""
+def read_linear(ckpt, name: str, conv: Fp8Convention | IntConvention | None) -> LinearWeight:
+    """Module ``name``'s weight as a LinearWeight: ``<name>.weight`` ([out, in] in the checkpoint),
+    or, in an integer checkpoint, its packed tensors unpacked exactly into an IntWeight."""
+    if isinstance(conv, IntConvention):
+        int_weight = read_int_weight(ckpt, name, conv)
+        if int_weight is not None:
+            return LinearWeight(int_weight=int_weight, name=name)
+        conv = None  # this module was left in float (modules_to_not_convert / ignore)
+    elif f"{name}.qweight" in ckpt or f"{name}.weight_packed" in ckpt:
+        raise CheckpointError(f"{name} is stored as packed integers but config.json has no quantization_config saying how (expected quant_method gptq, awq or compressed-tensors).")
     wname = f"{name}.weight"
     code = ckpt.dtype_name(wname)  # a missing tensor is a CheckpointError naming it
     if code == "F8_E5M2":
         raise CheckpointError(f"{wname} is float8 e5m2; only e4m3 (F8_E4M3) FP8 weights are supported.")
     if code != "F8_E4M3":
-        return LinearWeight(dense=ckpt.float32(wname).T)
+        return LinearWeight(dense=ckpt.float32(wname).T, name=name)
     if conv is None:
         raise CheckpointError(f"{wname} is FP8 but config.json has no quantization_config saying how it is scaled.")
     bits = np.ascontiguousarray(ckpt.raw(wname).T)  # [in, out]
@@ -167,7 +207,7 @@ def read_linear(ckpt, name: str, conv: Fp8Convention | None) -> LinearWeight:
             raise CheckpointError(f"{sname} has shape {list(scale.shape)}; expected {list(want)} for {b}x{b} blocks of {wname} [{n_out}, {n_in}].")
         # [out/b, in/b] tiles -> [in/b, out]: each tile's scale repeated over its columns (exact)
         per_col = np.repeat(scale, b, axis=0)[:n_out].T.copy()
-        return LinearWeight(fp8_bits=bits, scale=per_col.astype(np.float32), block_size=b)
+        return LinearWeight(fp8_bits=bits, scale=per_col.astype(np.float32), block_size=b, name=name)
     sname = f"{name}.weight_scale"
     scale = _scale(ckpt, sname, wname).reshape(-1)
     if scale.size == 1:
@@ -176,7 +216,7 @@ def read_linear(ckpt, name: str, conv: Fp8Convention | None) -> LinearWeight:
         raise CheckpointError(f"{sname} has {scale.size} values; expected 1 (per tensor) or {n_out} (per output channel of {wname}).")
     iname = f"{name}.input_scale"
     input_scale = float(_scale(ckpt, iname, wname).reshape(-1).max()) if iname in ckpt else None
-    return LinearWeight(fp8_bits=bits, scale=scale.astype(np.float32), input_scale=input_scale)
+    return LinearWeight(fp8_bits=bits, scale=scale.astype(np.float32), input_scale=input_scale, name=name)
 
 
 def _scale(ckpt, sname: str, wname: str) -> np.ndarray:
