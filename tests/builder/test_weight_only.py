@@ -266,3 +266,23 @@ def test_invalid_combinations_are_refused(base, tmp_path, kw, message):
     with pytest.raises(BuildConfigError, match=message):
         build_engine(base, tmp_path / "e", spec_build(**kw), say=lambda _: None)
     assert not (tmp_path / "e").exists()
+
+
+def test_plugins_import_nothing_from_builder():
+    """The dependency runs one way, builder -> plugins: lowerings build through plugins/graph_api.GraphOps."""
+    import ast
+    from pathlib import Path
+
+    import specdec.plugins
+
+    root = Path(specdec.plugins.__file__).parent
+    offenders = []
+    for path in sorted(root.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                module = ("." * node.level) + (node.module or "")
+                if module.startswith("..builder") or module.startswith("specdec.builder") or (node.level == 2 and any(a.name == "builder" for a in node.names)):
+                    offenders.append(f"{path.name}: from {module} import ...")
+            elif isinstance(node, ast.Import):
+                offenders += [f"{path.name}: import {a.name}" for a in node.names if a.name.startswith("specdec.builder")]
+    assert offenders == []
