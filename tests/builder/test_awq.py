@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from checkpoints import make_checkpoint
 
-from specdec.builder.awq import InputStats, awq_input_scales, candidate_scale, output_error, search_network_scales, search_scale
+from specdec.builder.awq import RTN, InputStats, awq_input_scales, candidate_scale, output_error, search_network_scales, search_scale, weight_mean
 from specdec.builder.weight_only import quantize_rtn
 
 N_IN, N_OUT, ROWS = 256, 128, 2048
@@ -36,6 +36,9 @@ def test_searched_scales_cut_output_error_on_outlier_channels(symmetric):
     awq = direct_mse(x, w, r.scale, symmetric=symmetric)
     assert awq < 0.5 * rtn  # measured ~0.26x (symmetric): a real margin, not noise
     assert 0 < r.alpha < 1
+    x_only = search_scale(w, stats, 4, 128, symmetric, duo=False)  # the paper's activation-only grid
+    assert x_only.choice[1] is False and direct_mse(x, w, x_only.scale, symmetric=symmetric) < 0.5 * rtn
+    assert r.loss <= x_only.loss  # duo candidates only add to the grid
     assert r.scale.dtype == np.float32 and r.scale.shape == (N_IN,)
     assert np.all(np.isfinite(r.scale)) and np.all(r.scale > 0)
     # the salient channels are the ones scaled up
@@ -54,12 +57,17 @@ def test_alpha_zero_is_round_to_nearest():
     np.testing.assert_array_equal(s, np.ones(N_IN, np.float32))
     np.testing.assert_array_equal(quantize_rtn(s[:, None] * w, 4, 128).dequantized(), quantize_rtn(w, 4, 128).dequantized())
     r = search_scale(w, stats, 4, 128, True)
-    assert r.losses[r.alpha] <= r.losses[0.0]  # the search can only keep or beat RTN on its own loss
+    assert r.loss <= r.losses[RTN]  # the search can only keep or beat RTN on its own loss
     # with no outliers there is little to buy, but never a loss
     flat = InputStats.empty(N_IN)
     flat.add(np.random.default_rng(3).standard_normal((ROWS, N_IN)))
     r = search_scale(w, flat, 4, 128, True)
-    assert r.losses[r.alpha] <= r.losses[0.0]
+    assert r.loss <= r.losses[RTN]
+
+
+def test_weight_mean_is_relative_to_each_group_max():
+    w = np.array([[1.0, -2.0], [0.5, 4.0], [3.0, 1.0], [-6.0, 2.0]], np.float32)  # [in 4, out 2], groups of 2 rows
+    np.testing.assert_allclose(weight_mean(w, 2), [(1 + 0.5) / 2, (0.5 + 1) / 2, (0.5 + 0.5) / 2, (1 + 1) / 2])
 
 
 def test_dead_channels_get_finite_positive_scales():
@@ -67,13 +75,15 @@ def test_dead_channels_get_finite_positive_scales():
     x[:, 10:20] = 0.0  # channels that never fire
     stats = InputStats.empty(N_IN)
     stats.add(x)
+    w[:, :] = np.where(np.arange(N_IN)[:, None] == 5, 0.0, w)  # and a weight row of zeros
     for a in (0.0, 0.5, 1.0):
-        s = candidate_scale(stats.mean_abs, a)
-        assert np.all(np.isfinite(s)) and np.all(s > 0)
+        for w_mean in (None, weight_mean(w, 128)):
+            s = candidate_scale(stats.mean_abs, a, w_mean)
+            assert np.all(np.isfinite(s)) and np.all(s > 0)
     silent = InputStats.empty(N_IN)
     silent.add(np.zeros((4, N_IN)))  # a layer whose input is all zero: every candidate ties; RTN is kept
     r = search_scale(w, silent, 4, 128, True)
-    assert r.alpha == 0.0 and np.all(r.scale == 1)
+    assert r.choice == RTN and np.all(r.scale == 1)
 
 
 @pytest.fixture(scope="module")
@@ -111,15 +121,16 @@ def test_network_search_reads_every_layer_input(ckpt):
     assert set(results) == set(taps) and len(taps) == 4 * model.num_layers
     for name, r in results.items():
         assert r.scale.shape == (weights[name].shape[0],) and np.all(np.isfinite(r.scale)) and np.all(r.scale > 0)
-        assert r.losses[r.alpha] <= r.losses[0.0]
+        assert r.loss <= r.losses[RTN]
     # the statistics the search used, rebuilt by hand for layer 0's fused q|k|v input
     emb = c.float32("model.embed_tokens.weight")[np.concatenate(samples)]
     h = emb / np.sqrt((emb.astype(np.float64) ** 2).mean(-1, keepdims=True) + model.rms_norm_eps) * c.float32("model.layers.0.input_layernorm.weight")
     gram = h.T @ h
     name = "/model/layers.0/attn/qkv_proj"
     r = results[name]
-    want = {a: output_error(weights[name], candidate_scale(np.abs(h).mean(0), a), gram, 4, 32, True) for a in (0.0, r.alpha)}
-    np.testing.assert_allclose([r.losses[0.0], r.losses[r.alpha]], [want[0.0], want[r.alpha]], rtol=1e-3)
+    w_mean = weight_mean(weights[name], 32)
+    want = [output_error(weights[name], candidate_scale(np.abs(h).mean(0), a, w_mean if duo else None), gram, 4, 32, True) for a, duo in (RTN, r.choice)]
+    np.testing.assert_allclose([r.losses[RTN], r.loss], want, rtol=1e-3)
 
 
 def onnx_array(t):
@@ -136,3 +147,114 @@ def test_awq_input_scales_contract(ckpt):
     assert set(scales) == set(taps)
     for name, s in scales.items():
         assert s.dtype == np.float32 and s.shape == (in_features[name],) and np.all(np.isfinite(s)) and np.all(s > 0)
+
+
+# -- specdec-build --qformat int4_awq ----------------------------------------------
+
+OUTLIER_CHANNELS = [5, 40]
+
+
+@pytest.fixture(scope="module")
+def outlier_ckpt(tmp_path_factory):
+    """A tiny Llama whose norms amplify two hidden channels 20x (every layer's qkv and gate_up inputs get outlier
+    channels, as trained LLMs have), with a word-level tokenizer and calibration text."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    d = tmp_path_factory.mktemp("awq-cli")
+    base = make_checkpoint(d / "base", "LlamaForCausalLM", hidden_size=64, intermediate_size=128, vocab_size=96)
+    ckpt = d / "ckpt"
+    shutil.copytree(base, ckpt)
+    tensors = load_file(ckpt / "model.safetensors")
+    for name, t in tensors.items():
+        if name.endswith("layernorm.weight"):
+            t[OUTLIER_CHANNELS] *= 20.0
+    save_file(tensors, ckpt / "model.safetensors", metadata={"format": "pt"})
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(96)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(ckpt / "tokenizer.json"))
+    (d / "calib.txt").write_text(" ".join(f"w{(i * 7 + i // 96) % 93 + 3}" for i in range(600)))
+    return ckpt, d / "calib.txt"
+
+
+def cli_build(ckpt, out, *flags):
+    from click.testing import CliRunner
+
+    from specdec.cli.build import main as build_main
+
+    args = ("--checkpoint_dir", ckpt, "--output_dir", out, "--max_seq_len", 96, "--max_input_len", 48, "--dtype", "float32", *flags)
+    return CliRunner().invoke(build_main, [str(a) for a in args])
+
+
+def fake_quant_checkpoint(src, dst, scales: dict[str, np.ndarray], group: int):
+    """``src`` with each linear weight W replaced by deq(Q(s W)) / s: in float, what an AWQ int4 engine computes."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    modules = {"attn/qkv_proj": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"], "attn/o_proj": ["self_attn.o_proj"],
+               "mlp/gate_up_proj": ["mlp.gate_proj", "mlp.up_proj"], "mlp/down_proj": ["mlp.down_proj"]}
+    shutil.copytree(src, dst)
+    tensors = load_file(dst / "model.safetensors")
+    for name, s in scales.items():
+        layer, kind = name.removeprefix("/model/layers.").split("/", 1)
+        for m in modules[kind]:  # groups run along the input axis: each projection alone quantizes as the fused one
+            key = f"model.layers.{layer}.{m}.weight"
+            w_t = tensors[key].T
+            tensors[key] = np.ascontiguousarray((quantize_rtn(s[:, None] * w_t, 4, group, True).dequantized() / s[:, None]).T)
+    save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
+
+
+def test_cli_int4_awq_builds_runs_and_computes_the_scaled_weights(outlier_ckpt, tmp_path):
+    """The engine computes (x / s) @ deq(Q(s W)) with the scales awq_input_scales finds on the same calibration text.
+
+    Tolerance as in test_weight_only: MatMulNBits rounds each GEMM's input blocks to int8 (accuracy_level 4),
+    under 3% of the logits' range through 2 layers; a scale left out of the input or folded twice moves the
+    logits by far more (the outlier channels are scaled by up to ~20x).
+    """
+    import json
+
+    from conftest import OrtExecutor, build_and_load, load_engine_dir, spec_build
+
+    from specdec.builder.calibration import calibration_samples
+
+    ckpt, calib = outlier_ckpt
+    r = cli_build(ckpt, tmp_path / "awq", "--qformat", "int4_awq", "--group_size", 32, "--calib_dataset", calib, "--calib_size", 8)
+    assert r.exit_code == 0, r.output
+    wo = json.loads((tmp_path / "awq" / "config.json").read_text())["build"]["weight_only"]
+    assert (wo["bits"], wo["group_size"], wo["source"]) == (4, 32, "awq")
+    got = logits(OrtExecutor(load_engine_dir(tmp_path / "awq"), num_threads=1))
+
+    _, model, net, taps, cache_shape = float_network_with_taps(ckpt)
+    scales = awq_input_scales(net, taps, cache_shape, model.num_layers, calibration_samples(calib, ckpt, 8, 48), 4, 32, True)
+    assert any(np.abs(np.log(s)).max() > 0.5 for s in scales.values())  # the outliers moved the scales well away from 1
+    build = spec_build(quantization="none", dtype="float32")
+    want = logits(build_and_load(fake_quant_checkpoint(ckpt, tmp_path / "awq-ref", scales, 32), tmp_path / "awq-ref-e", build))
+    rtn = logits(build_and_load(fake_quant_checkpoint(ckpt, tmp_path / "rtn-ref", {n: np.ones_like(s) for n, s in scales.items()}, 32), tmp_path / "rtn-ref-e", build))
+    span = want.max() - want.min()
+    assert np.abs(got - want).max() <= 0.03 * span, np.abs(got - want).max() / span
+    assert np.abs(got - want).max() < 0.5 * np.abs(got - rtn).max()  # it is the scaled weights the engine computes with
+
+    # and AWQ is what it is for: closer to the float model than round-to-nearest int4
+    flt = logits(build_and_load(ckpt, tmp_path / "f32", build))
+    r = cli_build(ckpt, tmp_path / "rtn", "--qformat", "int4_wo", "--group_size", 32)
+    assert r.exit_code == 0, r.output
+    plain = logits(OrtExecutor(load_engine_dir(tmp_path / "rtn"), num_threads=1))
+    assert np.mean((got - flt) ** 2) < np.mean((plain - flt) ** 2)
+
+
+def logits(ex, ids=(5, 17, 33, 2, 61, 8, 90, 41, 12, 7)) -> np.ndarray:
+    return ex.forward(ex.new_cache(1), [list(ids)], all_logits=True).copy()[0]
+
+
+def test_cli_int4_awq_without_calibration_text_is_refused(outlier_ckpt, tmp_path):
+    ckpt, _ = outlier_ckpt
+    out = tmp_path / "e"
+    r = cli_build(ckpt, out, "--qformat", "int4_awq", "--group_size", 32)
+    assert r.exit_code == 1, r.output
+    assert r.stderr.startswith("error: ") and r.stderr.strip().count("\n") == 0, r.stderr
+    assert "--calib_dataset" in r.stderr and "Traceback" not in r.output
+    assert not out.exists() and not list(tmp_path.glob(".e*"))
