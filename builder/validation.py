@@ -211,21 +211,11 @@ def _check_linear(ckpt, want: Expected, convention, nonfinite: list[str]) -> Non
 
 
 def _check_unpacked(ckpt, want: Expected, weight: LinearWeight, code: str | None, convention) -> None:
+    """The [in, out] read_linear unpacked, against config.json (the packed sizes themselves read_linear checks)."""
     values = weight.int_weight.codes if weight.is_int else weight.fp8_bits if weight.is_fp8 else weight.dense
     n_in, n_out = values.shape
     what = f"{want.name}.weight" if code else f"{want.name} ({getattr(convention, 'method', 'quantized')}, unpacked)"
     _check_shape(ckpt, Expected(what, want.shape, want.fields), (n_out, n_in), stored_name=f"{want.name}.weight" if code else None)
-    iw = weight.int_weight
-    if iw is None:
-        return
-    group = iw.group_size or n_in  # 0: one group per output channel
-    groups = -(-n_in // group)
-    for part, shape in (("scales", iw.scale.shape), ("zero points", iw.zero.shape)):
-        if shape != (groups, n_out):
-            raise CheckpointError(f"{want.name} ({iw.source}): {part} have shape {list(shape)}; a [{n_out}, {n_in}] weight in groups of "
-                                  f"{group} input rows needs [{groups}, {n_out}]. The packed tensors do not match the group size.")
-    if iw.perm is not None and iw.perm.shape != (n_in,):
-        raise CheckpointError(f"{want.name} ({iw.source}): act-order g_idx has {iw.perm.size} entries; expected {n_in} (one per input row).")
 
 
 def _float_parts(name: str, weight: LinearWeight) -> list[tuple[str, np.ndarray, str]]:

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import torch
 from checkpoints import make_checkpoint, save_fp8_checkpoint
+from quant_layouts import save_quantized_checkpoint
 
 from specdec.builder import validation
 from specdec.builder.architectures import model_config_from_hf
 from specdec.builder.checkpoint import load_checkpoint
-from specdec.builder.quantization import LinearWeight, detect_checkpoint_quantization
+from specdec.builder.quantization import detect_checkpoint_quantization
 from specdec.builder.validation import check_memory_limits, kv_cache_bytes, validate_checkpoint
-from specdec.builder.weight_only import quantize_rtn
 from specdec.runtime.engine_format import BuildConfig
 from specdec.runtime.errors import BuildConfigError, CheckpointError
 
@@ -166,23 +166,28 @@ def test_nonfinite_found_in_bfloat16_and_fp8_bits(tmp_path, llama):
         validate(corrupt(tmp_path / "fp8", tmp_path / "bad_fp8", poison_fp8, "torch"))
 
 
-def test_packed_scales_that_do_not_match_the_group_size(tmp_path, llama, monkeypatch):
-    # A packed checkpoint, as a weight-only reader hands it back: int4 layers, one of them with one group of scales too few.
-    def pack(t):
-        for name in [k for k in t if k.endswith("_proj.weight")]:
-            t[name.replace(".weight", ".packed")] = t.pop(name)
+@pytest.mark.parametrize("spec", [
+    dict(method="gptq", bits=4, group_size=32, act_order=True),
+    dict(method="awq", bits=4, group_size=32, symmetric=False),
+    dict(method="compressed-tensors", bits=8, group_size=0),
+])
+def test_valid_packed_checkpoints_pass(tmp_path, llama, spec):
+    save_quantized_checkpoint(llama, tmp_path / "q", **spec)
+    validate(tmp_path / "q")
 
-    def reader(ckpt, name, convention):
-        w = quantize_rtn(ckpt.float32(f"{name}.packed").T, 4, 32)
-        if name.endswith("layers.0.mlp.down_proj"):
-            w.scale, w.zero = w.scale[:-1], w.zero[:-1]
-        return LinearWeight(int_weight=w)
 
-    packed = corrupt(llama, tmp_path / "packed", pack)
-    monkeypatch.setattr(validation, "read_linear", reader)
-    with pytest.raises(CheckpointError, match=r"layers.0.mlp.down_proj \(rtn\): scales have shape \[3, 64\]; a \[64, 128\] weight in groups "
-                                              r"of 32 input rows needs \[4, 64\]"):
-        validate(packed)
+def test_packed_layer_that_unpacks_to_the_wrong_shape(tmp_path, llama):
+    # each packed tensor agrees with the others of its layer, but the layer is not the one config.json implies
+    save_quantized_checkpoint(llama, tmp_path / "gptq", "gptq", bits=4, group_size=32)
+
+    def swap_up_and_down(t):
+        for part in ("qweight", "qzeros", "scales", "g_idx"):
+            up, down = f"model.layers.0.mlp.up_proj.{part}", f"model.layers.0.mlp.down_proj.{part}"
+            t[up], t[down] = t[down], t[up]
+
+    with pytest.raises(CheckpointError, match=r"model.layers.0.mlp.up_proj \(gptq, unpacked\) has shape \[64, 128\]; "
+                                              r"config.json implies \[128, 64\] = \[intermediate_size, hidden_size\] \(transposed\?"):
+        validate(corrupt(tmp_path / "gptq", tmp_path / "bad", swap_up_and_down, "torch"))
 
 
 # ------------------------------------------------------------------------------------------------ limits

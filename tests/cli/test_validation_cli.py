@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from checkpoints import make_checkpoint
 from click.testing import CliRunner, Result
+from quant_layouts import save_quantized_checkpoint
 from safetensors.numpy import load_file, save_file
 
 from specdec.cli.build import main as build_main
@@ -89,6 +90,18 @@ def test_qwen3_q_norm_of_wrong_size_is_refused(tmp_path, qwen3):
     bad = corrupt(qwen3, tmp_path / "ckpt", shrink)
     assert_refused(build(bad, tmp_path / "e"), tmp_path / "e",
                    "error: model.layers.0.self_attn.q_norm.weight in model.safetensors has shape [16]; config.json implies [32] = [head_dim].")
+
+
+def test_packed_scales_that_do_not_match_the_group_size_are_refused(tmp_path, llama):
+    import safetensors.torch
+
+    ckpt = tmp_path / "gptq"
+    save_quantized_checkpoint(llama, ckpt, "gptq", bits=4, group_size=32)
+    tensors = safetensors.torch.load_file(ckpt / "model.safetensors")
+    name = "model.layers.0.self_attn.q_proj.scales"
+    tensors[name] = tensors[name][:1].clone()  # 64 input rows in groups of 32 need 2 rows of scales
+    safetensors.torch.save_file(tensors, ckpt / "model.safetensors")
+    assert_refused(build(ckpt, tmp_path / "e"), tmp_path / "e", f"error: {name} has shape [1, 128]; expected [2, 128] (2 groups of 32 input rows")
 
 
 @pytest.mark.parametrize("flags,message", [
