@@ -11,7 +11,16 @@ import json
 import numpy as np
 import pytest
 import torch
-from quant_layouts import pack_awq, pack_compressed, pack_gptq, quantization_config, random_layer, reference
+from quant_layouts import (
+    pack_awq,
+    pack_compressed,
+    pack_gptq,
+    quantization_config,
+    random_layer,
+    reference,
+    save_float_checkpoint,
+    save_quantized_checkpoint,
+)
 from safetensors.torch import save_file
 
 from specdec.builder.checkpoint import load_checkpoint
@@ -255,3 +264,128 @@ def test_fp8_and_float_checkpoints_are_not_integer_conventions(tmp_path):
     assert detect_checkpoint_quantization({}, tmp_path) is None
     fp8 = {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"g": {"weights": {"num_bits": 8, "type": "float"}}}}
     assert not isinstance(detect_checkpoint_quantization({"quantization_config": fp8}, tmp_path), IntConvention)
+
+
+# ---------------------------------------------------------------------------
+# Whole checkpoints in the published layouts, through specdec-build and specdec-run
+# ---------------------------------------------------------------------------
+
+# hidden 128 / intermediate 256: every group size divides every input width; head_dim 32
+QUANT_TINY = dict(hidden_size=128, intermediate_size=256)
+QUANTIZED = {  # name -> save_quantized_checkpoint arguments: the variants users meet most
+    "gptq-act-order": dict(method="gptq", bits=4, group_size=32, symmetric=True, act_order=True),
+    "awq": dict(method="awq", bits=4, group_size=32, symmetric=False),
+    "compressed-tensors-int8": dict(method="compressed-tensors", bits=8, group_size=0, symmetric=True),
+}
+
+
+def cli_build(ckpt, out, *flags):
+    from click.testing import CliRunner
+
+    from specdec.cli.build import main as build_main
+
+    args = ("--model_dir", ckpt, "--output_dir", out, "--max_seq_len", 96, "--max_input_len", 48, *flags)
+    return CliRunner().invoke(build_main, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def float_model(tmp_path_factory):
+    from checkpoints import make_checkpoint
+
+    return make_checkpoint(tmp_path_factory.mktemp("quant_ckpt") / "float", **QUANT_TINY)
+
+
+def engine_logits(engine_dir, ids=(5, 17, 33, 2, 61, 8, 90, 41, 12, 7)) -> np.ndarray:
+    from specdec.runtime.engine_format import load_engine_dir
+    from specdec.runtime.executor import OrtExecutor
+
+    ex = OrtExecutor(load_engine_dir(engine_dir), num_threads=1)
+    return ex.forward(ex.new_cache(1), [list(ids)], all_logits=True).copy()[0]  # [tokens, vocab]
+
+
+@pytest.mark.parametrize("variant", list(QUANTIZED))
+def test_published_checkpoint_builds_and_decodes(tmp_path, float_model, variant):
+    """Tolerance: the int engine runs the checkpoint's codes in com.microsoft.MatMulNBits at accuracy_level 4,
+    which rounds each block of a GEMM's input to int8 (about 0.4% of its scale per GEMM, see
+    test_weight_only.py); through 2 layers x 4 GEMMs that stays within 3% of the logits' range, while
+    reading the packing wrongly (a nibble order, the v1 zero offset, the act-order permutation) moves them by
+    tens of percent; an int4 engine must also be much closer to its dequantized twin than to the float model
+    the codes were rounded from."""
+    spec = QUANTIZED[variant]
+    quantized = tmp_path / variant
+    meant = save_quantized_checkpoint(float_model, quantized, **spec)
+    twin = save_float_checkpoint(quantized, tmp_path / "dequantized", meant)
+
+    r = cli_build(quantized, tmp_path / "int", "--dtype", "float32", "--speculative_decoding_mode", "draft_tokens_external", "--max_draft_len", 4)
+    assert r.exit_code == 0, r.output
+    wo = json.loads((tmp_path / "int" / "config.json").read_text())["build"]["weight_only"]
+    source = {"gptq": "gptq", "awq": "awq-checkpoint", "compressed-tensors": "compressed-tensors"}[spec["method"]]
+    assert (wo["bits"], wo["group_size"], wo["symmetric"], wo["act_order"], wo["source"]) == (
+        spec["bits"], spec["group_size"], spec["symmetric"], spec.get("act_order", False), source)
+    for ckpt, out in ((twin, "f32"), (float_model, "orig")):
+        assert cli_build(ckpt, tmp_path / out, "--dtype", "float32").exit_code == 0
+
+    got, want, original = (engine_logits(tmp_path / d) for d in ("int", "f32", "orig"))
+    span = want.max() - want.min()
+    assert np.abs(got - want).max() <= 0.03 * span, np.abs(got - want).max() / span
+    if spec["bits"] == 4:  # int4's rounding dwarfs the int8 activations' (int8 weights' does not)
+        assert np.abs(got - want).max() < 0.5 * np.abs(got - original).max()
+
+    # decodes through specdec-run, target-only and with n-gram drafts verified by the quantized target.
+    # (Whether the two agree token for token is the int lowering's property, tested with it: a one-token and
+    # a multi-token step differ in the attention's last ulp, which MatMulNBits' int8 activations can amplify.)
+    from click.testing import CliRunner
+
+    from specdec.cli.run import main as run_main
+
+    (tmp_path / "prompts.csv").write_text("5,6,7,8,5,6,7\n9,10,11\n")
+    r = CliRunner().invoke(run_main, [str(a) for a in ("--engine_dir", tmp_path / "int", "--ngram_config", "[4,2,[0]]",
+                                                        "--input_file", tmp_path / "prompts.csv", "--max_output_len", 12,
+                                                        "--baseline", "--output_json", tmp_path / "o.json")])
+    assert r.exit_code == 0, r.output
+    report = json.loads((tmp_path / "o.json").read_text())
+    assert [len(q["output_ids"]) for q in report["requests"]] == [12, 12]
+    assert report["metrics"]["drafted"] > 0  # the prompts repeat: n-gram drafts were verified
+
+
+def corrupt_gptq(tensors):
+    tensors["model.layers.0.self_attn.q_proj.qweight"] = tensors["model.layers.0.self_attn.q_proj.qweight"][:12].contiguous()
+
+
+def drop_scales(tensors):
+    del tensors["model.layers.1.mlp.down_proj.scales"]
+
+
+def short_g_idx(tensors):
+    tensors["model.layers.0.mlp.up_proj.g_idx"] = tensors["model.layers.0.mlp.up_proj.g_idx"][:-1].contiguous()
+
+
+def three_bits(cfg):
+    cfg["quantization_config"]["bits"] = 3
+
+
+@pytest.mark.parametrize("edit_tensors,edit_config,message", [
+    (corrupt_gptq, None, "error: model.layers.0.self_attn.q_proj.scales has shape [4, 128]; expected [3, 128]"),
+    (drop_scales, None, "error: quantized weight model.layers.1.mlp.down_proj.qweight has no 'model.layers.1.mlp.down_proj.scales'"),
+    (short_g_idx, None, "error: model.layers.0.mlp.up_proj.g_idx has shape [127]; expected [128]"),
+    (None, three_bits, "error: GPTQ checkpoint with bits=3 is not supported; expected one of 4, 8."),
+])
+def test_corrupt_checkpoint_is_one_clean_cli_error(tmp_path, float_model, edit_tensors, edit_config, message):
+    from safetensors.torch import load_file
+
+    ckpt = tmp_path / "gptq"
+    save_quantized_checkpoint(float_model, ckpt, "gptq", bits=4, group_size=32, act_order=True)
+    if edit_tensors:
+        tensors = load_file(ckpt / "model.safetensors")
+        edit_tensors(tensors)
+        save_file(tensors, ckpt / "model.safetensors")
+    if edit_config:
+        cfg = json.loads((ckpt / "config.json").read_text())
+        edit_config(cfg)
+        (ckpt / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "engine"
+    r = cli_build(ckpt, out)
+    assert r.exit_code == 1, r.output
+    assert r.stderr.splitlines() == [r.stderr.strip()] and r.stderr.startswith(message), r.stderr
+    assert "Traceback" not in r.output and isinstance(r.exception, SystemExit)
+    assert not out.exists() and not list(tmp_path.glob(".engine*")), list(tmp_path.iterdir())
