@@ -123,6 +123,34 @@ def test_compressed_tensors_unaligned_input_width(tmp_path):
     assert_exact(read_linear(ckpt, "layer", conv), codes, zeros, tensors["weight_scale"].float().numpy().T, g_idx, 4, "compressed-tensors")
 
 
+def test_compressed_tensors_tensor_strategy_and_unpacked_zero_points(tmp_path):
+    """One scale for the whole tensor (strategy tensor), and zero points stored as plain signed int8 [out, groups]
+    (writers before packed zero points): both mean the same w = (q - z) * s."""
+    rng = np.random.default_rng(4)
+    codes, zeros, scales, g_idx = random_layer(rng, N_IN, N_OUT, 4, 0, symmetric=False, act_order=False)
+    scales[:] = scales[0, 0]
+    tensors = pack_compressed(codes, zeros, scales, None, 4, symmetric=False)
+    tensors["weight_scale"] = tensors["weight_scale"][:1, :1].reshape(1).contiguous()
+    tensors["weight_zero_point"] = torch.from_numpy((zeros.T.astype(np.int64) - 8).astype(np.int8))  # [out, 1] signed
+    qc = quantization_config("compressed-tensors", 4, 0, symmetric=False)
+    qc["config_groups"]["group_0"]["weights"]["strategy"] = "tensor"
+    ckpt, conv = write(tmp_path, prefixed("layer", tensors), qc)
+    scales = np.full_like(scales, tensors["weight_scale"].float().item())
+    assert_exact(read_linear(ckpt, "layer", conv), codes, zeros, scales, g_idx, 4, "compressed-tensors")
+
+
+def test_legacy_quantize_config_json_is_read(tmp_path):
+    """AutoGPTQ checkpoints from before transformers' integration keep their settings in quantize_config.json."""
+    rng = np.random.default_rng(2)
+    codes, zeros, scales, g_idx = random_layer(rng, N_IN, N_OUT, 4, 128, symmetric=True, act_order=False)
+    ckpt, conv = write(tmp_path, prefixed("layer", pack_gptq(codes, zeros, scales, g_idx, 4)), None)
+    assert conv is None
+    (tmp_path / "quantize_config.json").write_text(json.dumps({"bits": 4, "group_size": 128, "desc_act": False, "sym": True}))
+    conv = detect_checkpoint_quantization(ckpt.hf_config, ckpt.path)
+    assert conv == IntConvention("gptq", 4, 128, True, False, "gptq")
+    assert_exact(read_linear(ckpt, "layer", conv), codes, zeros, scales, g_idx, 4, "gptq")
+
+
 def test_fused_act_order_projections_stay_exact(tmp_path):
     """q|k|v share their input, so GPTQ gives them one g_idx; the fused weight is still exact."""
     rng = np.random.default_rng(11)
