@@ -1,0 +1,112 @@
+"""specdec-train: make training data with the base model, then train Medusa heads or an EAGLE-3 module on it."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .common import clean_errors, option
+
+TRAIN_EXTRA = ("torch", "transformers", "safetensors", "tqdm")  # pyproject.toml's [train] extra (matplotlib is optional)
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def _require_train_extra() -> None:
+    import importlib
+
+    for name in TRAIN_EXTRA:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError:
+            sys.exit(f"error: specdec-train needs the train extra ({name} is not installed): pip install 'specdec[train]' "
+                     "(pin torch, e.g. torch==2.13.0, or pip pulls CUDA wheels).")
+
+
+def _ids(value: str | None) -> list[int] | None:
+    if value is None or not value.strip():
+        return None
+    from ..train.errors import TrainConfigError
+
+    try:
+        return [int(x) for x in value.replace("[", "").replace("]", "").split(",") if x.strip()]
+    except ValueError:
+        raise TrainConfigError(f"--eagle_aux_layer_ids {value!r}: expected comma-separated layer indices, e.g. 1,2,3.") from None
+
+
+@click.group(context_settings=CONTEXT)
+def main() -> None:
+    """Train draft heads on a frozen base model (NVIDIA ModelOpt's speculative-decoding workflow).
+
+    \b
+    1. specdec-train prepare-data   the base model answers your prompts -> data.jsonl
+    2. specdec-train run            Medusa heads or an EAGLE-3 module trained on data.jsonl
+
+    The result is saved in ModelOpt's export layout (docs/medusa-eagle.md). Building heads into
+    engines and verifying trees of drafts are not implemented yet.
+    """
+
+
+@main.command("prepare-data", context_settings=CONTEXT)
+@option("data_path", required=True, type=click.Path(), help="Prompts: a .txt (one per line) or a .jsonl (\"prompt\"/\"text\" or a user turn in \"conversations\").")
+@option("output_path", required=True, type=click.Path(), help="The .jsonl to write: one conversation with the base's answer and its token ids per prompt.")
+@option("model_dir", type=click.Path(), help="The base model (HF checkpoint with tokenizer.json); generates with transformers unless --engine_dir is given.")
+@option("engine_dir", type=click.Path(), help="A specdec engine of the base model: generates with ONNX Runtime (much faster than transformers).")
+@option("max_token", type=int, default=512, show_default=True, help="Most new tokens per answer.")
+@option("max_prompt_tokens", type=int, default=None, help="Cut prompts to this many tokens [default: the engine's max_input_len; with transformers 512 or what fits].")
+@option("temperature", type=float, default=0.0, show_default=True,
+        help="0 = greedy (the tokens greedy verification compares drafts against); > 0 samples, for heads that will serve sampled requests.")
+@option("top_k", type=int, default=0, show_default=True, help="With --temperature > 0: keep the k most likely tokens (0 = off).")
+@option("top_p", type=float, default=1.0, show_default=True, help="With --temperature > 0: nucleus sampling (1 = off).")
+@option("seed", type=int, default=0, show_default=True, help="Sampling seed (prompt i uses seed + i).")
+@option("limit", type=int, default=None, help="Only the first N prompts.")
+@option("num_threads", type=int, default=None, help="CPU threads [default: all cores].")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@clean_errors
+def prepare_data_cmd(quiet: bool, **kwargs) -> None:
+    """The base model answers a dataset's prompts; the answers are what the heads learn to predict."""
+    _require_train_extra()
+    from ..train.prepare import PrepareConfig, prepare_data
+
+    prepare_data(PrepareConfig(**kwargs), say=click.echo, progress_bar=not quiet)
+
+
+@main.command("run", context_settings=CONTEXT)
+@option("mode", required=True, type=str, help="medusa or eagle (EAGLE-3).")
+@option("model", "--model_dir", required=True, type=click.Path(), help="The base model (HF checkpoint, safetensors). It stays frozen.")
+@option("data", "--data_path", required=True, type=click.Path(), help="The .jsonl prepare-data wrote (or conversations to tokenize with the model's tokenizer.json).")
+@option("output_dir", required=True, type=click.Path(), help="Where the heads, checkpoints, loss curve and model card go.")
+@option("num_epochs", type=int, default=1, show_default=True, help="Passes over the data (ignored with --max_steps).")
+@option("max_steps", type=int, default=None, help="Train exactly this many steps.")
+@option("lr", type=float, default=1e-5, show_default=True, help="AdamW learning rate (the guide's 1e-5 suits large models; tiny ones want ~1e-3).")
+@option("lr_scheduler", type=click.Choice(["constant", "cosine"]), default="constant", show_default=True, help="After --warmup_steps.")
+@option("warmup_steps", type=int, default=0, show_default=True, help="Linear warmup steps.")
+@option("batch_size", type=int, default=4, show_default=True, help="Sequences per step.")
+@option("training_seq_len", type=int, default=512, show_default=True, help="Sequences are cut to this many tokens.")
+@option("save_steps", type=int, default=1000, show_default=True, help="Write checkpoint-N every N steps (and at the end).")
+@option("medusa_num_heads", type=int, default=2, show_default=True, help="Medusa: heads; head i predicts token t+2+i.")
+@option("medusa_num_layers", type=int, default=1, show_default=True, help="Medusa: residual blocks x + SiLU(Wx + b) per head.")
+@option("eagle_num_layers", type=int, default=1, show_default=True, help="EAGLE: decoder layers of the draft module.")
+@option("eagle_aux_layer_ids", type=str, default=None,
+        help="EAGLE: base decoder layers whose outputs are fused, e.g. 1,15,28 [default: ModelOpt's {1, L//2-1, L-4}, clamped to the base's layers].")
+@option("eval_fraction", type=float, default=0.0, show_default=True, help="Hold out this share of the sequences to report top-1 accuracy on (0: report on the training data).")
+@option("seed", type=int, default=0, show_default=True, help="Initialisation and data order.")
+@option("resume", is_flag=True, help="Continue from the latest checkpoint-N in --output_dir (heads, optimizer, step).")
+@option("overwrite_output_dir", is_flag=True, help="Delete a non-empty --output_dir and start over.")
+@option("num_threads", type=int, default=None, help="CPU threads [default: all cores].")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@clean_errors
+def run_cmd(quiet: bool, eagle_aux_layer_ids: str | None, **kwargs) -> None:
+    """Train Medusa heads or an EAGLE-3 module with the base model frozen (ModelOpt's launch.sh flags)."""
+    _require_train_extra()
+    from ..train.trainer import TrainConfig, train
+
+    cfg = TrainConfig(eagle_aux_layer_ids=_ids(eagle_aux_layer_ids), **kwargs)
+    result = train(cfg, say=click.echo, progress_bar=not quiet)
+    acc = ", ".join(f"{a:.3f}" for a in result.accuracy)
+    click.echo(f"trained {cfg.mode} for {result.steps} steps in {result.seconds:.0f} s: loss {result.final_loss:.4f}, top-1 {acc}; "
+               f"saved to {result.output_dir}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""Prompts in, training sequences out: the files prepare-data reads and writes, and what `run` trains on.
+
+prepare-data reads prompts from
+  * .txt: one prompt per non-empty line;
+  * .jsonl: one object per line, the prompt from "prompt", "text" or "input", or the
+    first user turn of "conversations" / "messages" (ShareGPT's {"from", "value"} or
+    {"role", "content"}, as in ModelOpt's data).
+and writes one object per prompt (ModelOpt's conversation format plus the token ids):
+  {"conversation_id": i, "conversations": [{"role": "user", "content": prompt},
+   {"role": "assistant", "content": answer}], "input_ids": prompt + answer ids, "prompt_len": n}
+`run` trains on "input_ids" when present, else tokenizes the conversation text.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from .errors import TrainConfigError
+
+PROMPT_FIELDS = ("prompt", "text", "input")
+USER_ROLES = ("user", "human")
+
+
+@dataclass
+class Sequence:
+    """One training sequence: token ids, of which the first ``prompt_len`` are the prompt (not trained on)."""
+
+    ids: list[int]
+    prompt_len: int = 0
+
+
+def check_data_file(path: str | Path, flag: str = "--data_path") -> Path:
+    p = Path(path)
+    if not p.is_file():
+        raise TrainConfigError(f"{flag} {p} does not exist or is not a file.")
+    if p.suffix not in (".txt", ".jsonl", ".json"):
+        raise TrainConfigError(f"{flag} {p}: expected a .txt (one prompt per line) or .jsonl file.")
+    return p
+
+
+def _jsonl(path: Path) -> Iterator[tuple[int, dict]]:
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError as err:
+                raise TrainConfigError(f"{path} line {n} is not valid JSON ({err.__class__.__name__}: {err}).") from None
+            if not isinstance(obj, dict):
+                raise TrainConfigError(f"{path} line {n} holds {type(obj).__name__}; expected a JSON object per line.")
+            yield n, obj
+
+
+def _turns(obj: dict) -> list[tuple[str, str]]:
+    """(role, text) of a ShareGPT/ModelOpt/OpenAI-style conversation."""
+    turns = obj.get("conversations") or obj.get("messages") or []
+    out = []
+    for t in turns if isinstance(turns, list) else []:
+        if isinstance(t, dict):
+            role = str(t.get("role", t.get("from", ""))).lower()
+            text = t.get("content", t.get("value"))
+            if isinstance(text, str):
+                out.append((role, text))
+    return out
+
+
+def _prompt_of(obj: dict) -> str | None:
+    for key in PROMPT_FIELDS:
+        if isinstance(obj.get(key), str):
+            return obj[key]
+    users = [text for role, text in _turns(obj) if role in USER_ROLES]
+    return users[0] if users else None
+
+
+def read_prompts(path: str | Path, flag: str = "--data_path") -> list[str]:
+    """Every prompt in a .txt or .jsonl file; a file without any is an error."""
+    p = check_data_file(path, flag)
+    if p.suffix == ".txt":
+        prompts = [line.rstrip("\n") for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+    else:
+        prompts = []
+        for n, obj in _jsonl(p):
+            prompt = _prompt_of(obj)
+            if prompt is None:
+                raise TrainConfigError(f"{p} line {n} has no prompt: expected a \"prompt\"/\"text\"/\"input\" string or a user turn in \"conversations\".")
+            if prompt.strip():
+                prompts.append(prompt)
+    if not prompts:
+        raise TrainConfigError(f"{flag} {p} holds no prompts.")
+    return prompts
+
+
+def record(index: int, prompt: str, answer: str, prompt_ids: list[int], answer_ids: list[int]) -> dict:
+    return {
+        "conversation_id": index,
+        "conversations": [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}],
+        "input_ids": list(prompt_ids) + list(answer_ids),
+        "prompt_len": len(prompt_ids),
+    }
+
+
+def read_sequences(path: str | Path, tokenizer=None, max_len: int = 512, vocab_size: int | None = None) -> list[Sequence]:
+    """Training sequences from a prepare-data .jsonl (or any conversation .jsonl, tokenized with ``tokenizer``).
+
+    Sequences are cut to ``max_len`` tokens; those under 3 tokens teach nothing (a head predicts t+2) and are dropped.
+    """
+    p = check_data_file(path, "--data")
+    if p.suffix == ".txt":
+        raise TrainConfigError(f"--data {p} is a .txt of prompts: run `specdec-train prepare-data` on it first, and train on the .jsonl it writes.")
+    out, lines = [], 0
+    for n, obj in _jsonl(p):
+        lines += 1
+        if "input_ids" in obj:
+            ids = obj["input_ids"]
+            if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+                raise TrainConfigError(f"{p} line {n}: input_ids must be a list of token ids (integers >= 0).")
+            prompt_len = obj.get("prompt_len", 0)
+        else:
+            if tokenizer is None:
+                raise TrainConfigError(f"{p} line {n} has no input_ids and the model has no tokenizer.json to tokenize its text with.")
+            turns = _turns(obj)
+            if turns:
+                prompt = "".join(t for r, t in turns if r in USER_ROLES)
+                answer = "".join(t for r, t in turns if r not in USER_ROLES)
+            else:
+                prompt, answer = "", _prompt_of(obj) or ""
+            prompt_ids = tokenizer.encode(prompt) if prompt else []
+            ids = prompt_ids + tokenizer.encode(answer, add_special_tokens=not prompt_ids)
+            prompt_len = len(prompt_ids)
+        if vocab_size is not None and ids and max(ids) >= vocab_size:
+            raise TrainConfigError(f"{p} line {n}: token id {max(ids)} is outside the model's vocabulary ({vocab_size}); was this data made for another model?")
+        ids = ids[:max_len]
+        if len(ids) >= 3:
+            out.append(Sequence(ids, min(int(prompt_len), len(ids))))
+    if not out:
+        why = "is empty" if lines == 0 else f"has no sequence of 3 tokens or more (of {lines} lines)"
+        raise TrainConfigError(f"--data {p} {why}; nothing to train on.")
+    return out

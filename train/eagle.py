@@ -1,0 +1,127 @@
+"""An EAGLE-3 module: a small Llama-style decoder over [next token's embedding, fused target hidden states].
+
+At position t it reads the base's hidden states at t from several layers
+(``aux_layer_ids``: low, middle, high, as EAGLE-3 and ModelOpt do), fused by
+``fc``, and the embedding of token t+1, and predicts token t+2: the token after
+the one the base model is about to emit. Layer 0 attends over the concatenation
+``[input_layernorm(embedding), hidden_norm(fused)]`` (2*hidden wide q/k/v), its
+residual stream is the fused hidden state; later layers are plain Llama layers.
+The LM head is the base model's, frozen (ModelOpt's default ``has_lm_head=False``;
+its exporter writes a copy as ``lm_head.weight``, and so do we).
+
+Module names are ModelOpt's EagleModule's, so ``state_dict()`` is the exported layout.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+
+
+def eagle_llama_config(base_config, num_layers: int) -> LlamaConfig:
+    """The EAGLE decoder's config: the base model's widths and rope, ``num_layers`` layers."""
+    hidden, heads = base_config.hidden_size, base_config.num_attention_heads
+    cfg = LlamaConfig(
+        vocab_size=base_config.vocab_size,
+        hidden_size=hidden,
+        intermediate_size=base_config.intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=getattr(base_config, "num_key_value_heads", None) or heads,
+        head_dim=getattr(base_config, "head_dim", None) or hidden // heads,
+        hidden_act=getattr(base_config, "hidden_act", "silu"),
+        max_position_embeddings=base_config.max_position_embeddings,
+        rms_norm_eps=getattr(base_config, "rms_norm_eps", 1e-6),
+        rope_parameters=getattr(base_config, "rope_parameters", None),
+        attention_bias=False,
+        mlp_bias=False,
+    )
+    cfg._attn_implementation = "eager"  # explicit additive masks; sequences are short
+    return cfg
+
+
+class Eagle3Module(nn.Module):
+    def __init__(self, config: LlamaConfig, num_aux: int, base_lm_head: torch.Tensor):
+        super().__init__()
+        hidden = config.hidden_size
+        self.config = config
+        self.fc = nn.Linear(num_aux * hidden, hidden, bias=False)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        attn = self.layers[0].self_attn
+        for name in ("q_proj", "k_proj", "v_proj"):  # layer 0 reads [embedding, fused hidden]: twice as wide
+            old = getattr(attn, name)
+            setattr(attn, name, nn.Linear(2 * hidden, old.out_features, bias=False))
+        self.layers[0].hidden_norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
+        self.norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
+        self.lm_head = nn.Linear(hidden, base_lm_head.shape[0], bias=False)
+        with torch.no_grad():
+            self.lm_head.weight.copy_(base_lm_head)
+        self.lm_head.weight.requires_grad_(False)  # the base's head, frozen
+        self.rotary_emb = LlamaRotaryEmbedding(config=config)  # buffers only, not saved
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def forward(self, aux_hidden: torch.Tensor, next_embeds: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        # aux_hidden: [batch, seq, num_aux * hidden]; next_embeds: [batch, seq, hidden] (embedding of token t+1)
+        # attention_mask: [batch, seq] (1 = real token), None = all real -> logits: [batch, seq, vocab]
+        b, t, _ = next_embeds.shape
+        h = self.fc(aux_hidden)
+        positions = torch.arange(t, device=h.device).unsqueeze(0).expand(b, t)
+        rope = self.rotary_emb(h, positions)
+        mask = causal_mask(attention_mask if attention_mask is not None else torch.ones(b, t, dtype=torch.bool), h.dtype)
+        first = self.layers[0]
+        x = torch.cat([first.input_layernorm(next_embeds), first.hidden_norm(h)], dim=-1)
+        attn_out, _ = first.self_attn(hidden_states=x, position_embeddings=rope, attention_mask=mask)
+        h = h + attn_out
+        h = h + first.mlp(first.post_attention_layernorm(h))
+        for layer in self.layers[1:]:
+            h = layer(h, attention_mask=mask, position_embeddings=rope)
+        return self.lm_head(self.norm(h))
+
+
+def causal_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[batch, seq] validity -> additive [batch, 1, seq, seq]: causal, padded keys masked."""
+    b, t = attention_mask.shape
+    allowed = torch.tril(torch.ones(t, t, dtype=torch.bool)).unsqueeze(0) & attention_mask.bool().unsqueeze(1)
+    return torch.zeros(b, 1, t, t, dtype=dtype).masked_fill(~allowed.unsqueeze(1), torch.finfo(dtype).min)
+
+
+def eagle_inputs(input_ids: torch.Tensor, aux_hidden: torch.Tensor, embed: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """Position t pairs the base's hidden states at t with the embedding of token t+1 (the last position has none).
+
+    Returns aux [batch, seq-1, num_aux*hidden] and next_embeds [batch, seq-1, hidden].
+    """
+    return aux_hidden[:, :-1], embed(input_ids[:, 1:])
+
+
+def eagle_loss(logits: torch.Tensor, base_logits: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Self-logit distillation (ModelOpt's eagle_self_logit_distillation): cross-entropy against the base's own distribution.
+
+    logits: [batch, seq-1, vocab] (EAGLE at t predicts token t+2); base_logits: [batch, seq, vocab]
+    (the base at t+1 predicts token t+2); loss_mask: [batch, seq] over tokens (counted where token t+2 counts).
+    The base's own entropy is subtracted (a constant: same gradient), so the value is KL(base || EAGLE):
+    0 when the draft's distribution equals the base's, whatever the base's uncertainty.
+    """
+    target_logp = F.log_softmax(base_logits[:, 1:].float(), dim=-1)  # [batch, seq-1, vocab]
+    kl = (target_logp.exp() * (target_logp - F.log_softmax(logits.float(), dim=-1))).sum(-1)
+    valid = eagle_valid(loss_mask).float()
+    return (kl * valid).sum() / valid.sum().clamp(min=1)
+
+
+def eagle_valid(loss_mask: torch.Tensor) -> torch.Tensor:
+    """[batch, seq] token mask -> [batch, seq-1]: position t counts when token t+2 exists and counts."""
+    valid = torch.zeros_like(loss_mask[:, 1:], dtype=torch.bool)
+    valid[:, :-1] = loss_mask[:, 2:].bool()
+    return valid
+
+
+@torch.no_grad()
+def eagle_hits(logits: torch.Tensor, base_logits: torch.Tensor, loss_mask: torch.Tensor) -> tuple[int, int]:
+    """(EAGLE's top-1 equals the base's top-1 for token t+2, counted): what greedy verification accepts at depth 1."""
+    valid = eagle_valid(loss_mask)
+    same = logits.argmax(-1) == base_logits[:, 1:].argmax(-1)
+    return int((same & valid).sum()), int(valid.sum())

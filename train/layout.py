@@ -1,0 +1,249 @@
+"""The on-disk layout of trained Medusa heads and EAGLE modules, and ``load_heads`` that reads it.
+
+We follow NVIDIA ModelOpt's layout (``modelopt/torch/speculative``), so heads
+trained with ModelOpt load here and ours load there:
+
+* Medusa: the state-dict names of ModelOpt's ``HFMedusaModel``
+  (``plugins/transformers.py``): ``medusa_heads`` is a ModuleList of
+  ``nn.Sequential(ResBlock * num_layers, Linear(hidden, vocab, bias=False))``,
+  a ResBlock being ``x + SiLU(linear(x))`` with a biased ``linear``. Its
+  config.json is the base model's with a ``"medusa": {"num_medusa_heads",
+  "num_medusa_layers"}`` block. ModelOpt saves the whole model (base + heads);
+  we save the heads only, and ``load_heads`` reads either.
+* EAGLE-3: the draft-only directory of ModelOpt's ``EagleExporter``
+  (``modelopt/torch/export/plugins/hf_spec_export.py``): ``fc``,
+  ``layers.{i}.*`` (Llama decoder layers; layer 0 has ``hidden_norm`` and
+  2*hidden-wide q/k/v inputs), ``norm``, ``lm_head`` (and ``d2t`` when the
+  draft vocabulary is smaller), with an ``"architectures":
+  ["LlamaForCausalLMEagle3"]`` config carrying ``eagle_config.
+  eagle_aux_hidden_state_layer_ids``. Older ModelOpt exports and the official
+  EAGLE-3 checkpoints name layer 0 ``midlayer.*`` (``midlayer.{i}.*`` for
+  several); those load too.
+
+This module needs numpy only (no torch): the builder reads heads with it.
+docs/medusa-eagle.md documents the same layout for people.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..builder.safetensors_io import SafetensorsFile
+from ..runtime.errors import CheckpointError
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
+MEDUSA_PREFIX = "medusa_heads."
+
+# ModelOpt's eagle_config fields (its export template), with the values an EAGLE-3 module trained here has.
+EAGLE_CONFIG_DEFAULTS = {
+    "use_aux_hidden_state": True,
+    "use_input_layernorm_in_first_layer": True,
+    "use_last_layernorm": True,
+    "use_mtp_layernorm": False,
+    "next_layer_regular": True,
+    "parallel_draft_step": 1,
+    "parallel_draft_heads_num_layers": 1,
+}
+
+
+def default_eagle_aux_layer_ids(num_layers: int) -> list[int]:
+    """ModelOpt's default EAGLE-3 layers: ``sorted({1, max(0, L//2 - 1), max(0, L - 4)})`` (low, middle, high).
+
+    Its rule names layer 1 even when the base has one layer; we clamp to the last
+    layer there, so every id exists (L=1 -> [0], L=2 -> [0, 1], L=6 -> [1, 2], L=32 -> [1, 15, 28]).
+    """
+    if num_layers < 1:
+        raise CheckpointError(f"the base model has {num_layers} layers; EAGLE needs at least one.")
+    return sorted({min(1, num_layers - 1), max(0, num_layers // 2 - 1), max(0, num_layers - 4)})
+
+
+def medusa_tensor_names(num_heads: int, num_layers: int) -> list[str]:
+    """Every tensor of ``num_heads`` Medusa heads of ``num_layers`` ResBlocks (ModelOpt's nn.Sequential indices)."""
+    names = []
+    for i in range(num_heads):
+        for j in range(num_layers):
+            names += [f"medusa_heads.{i}.{j}.linear.weight", f"medusa_heads.{i}.{j}.linear.bias"]
+        names.append(f"medusa_heads.{i}.{num_layers}.weight")  # the head's own LM head
+    return names
+
+
+def eagle_tensor_names(num_layers: int, with_d2t: bool = False) -> list[str]:
+    """Every tensor of an EAGLE-3 module of ``num_layers`` decoder layers, as ModelOpt's EagleExporter writes them."""
+    names = ["fc.weight", "layers.0.hidden_norm.weight"]
+    for i in range(num_layers):
+        p = f"layers.{i}."
+        names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
+        names += [p + f"self_attn.{x}_proj.weight" for x in "qkvo"]
+        names += [p + f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
+    names += ["norm.weight", "lm_head.weight"] + (["d2t"] if with_d2t else [])
+    return names
+
+
+def legacy_eagle_name(name: str, num_layers: int) -> str:
+    """``midlayer.*`` (one layer) / ``midlayer.{i}.*`` (several) -> ModelOpt's current ``layers.{i}.*``."""
+    if num_layers == 1 and name.startswith("midlayer."):
+        return "layers.0." + name[len("midlayer."):]
+    return re.sub(r"^midlayers?\.(\d+)\.", r"layers.\1.", name)
+
+
+@dataclass
+class HeadCheckpoint:
+    """What ``load_heads`` returns: the mode, the config, and float32 tensors under ModelOpt's names."""
+
+    mode: str  # "medusa" | "eagle"
+    path: Path
+    config: dict
+    tensors: dict[str, np.ndarray]  # float32, except d2t (int64)
+    hidden_size: int
+    vocab_size: int
+    num_heads: int = 0  # medusa
+    num_layers: int = 0  # medusa: ResBlocks per head; eagle: decoder layers
+    aux_layer_ids: list[int] = field(default_factory=list)  # eagle
+
+
+def _read_config(d: Path) -> dict:
+    f = d / CONFIG_FILE
+    if not f.is_file():
+        raise CheckpointError(f"{d} has no {CONFIG_FILE}: not a Medusa/EAGLE head checkpoint (see docs/medusa-eagle.md).")
+    try:
+        cfg = json.loads(f.read_text())
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{f} is not valid JSON ({err}).") from err
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{f} holds {type(cfg).__name__}, expected a JSON object.")
+    return cfg
+
+
+def _weight_files(d: Path) -> list[Path]:
+    """model.safetensors, or the shards an index names, or every *.safetensors. Never pickles."""
+    if (d / WEIGHTS_FILE).is_file():
+        return [d / WEIGHTS_FILE]
+    if (d / INDEX_FILE).is_file():
+        try:
+            weight_map = json.loads((d / INDEX_FILE).read_text())["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise CheckpointError(f"{d / INDEX_FILE} is not a safetensors index ({err}).") from err
+        return [d / f for f in sorted(set(weight_map.values()))]
+    files = sorted(d.glob("*.safetensors"))
+    if not files:
+        pickles = sorted(p.name for p in d.glob("*.bin")) + sorted(p.name for p in d.glob("*.pt"))
+        hint = f" ({', '.join(pickles)} are pickles, which specdec never loads: re-save them as safetensors)" if pickles else ""
+        raise CheckpointError(f"{d} has no .safetensors weights{hint}.")
+    return files
+
+
+def _read_tensors(d: Path, keep) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for f in _weight_files(d):
+        if not f.is_file():
+            raise CheckpointError(f"{f} is named by {INDEX_FILE} but missing.")
+        st = SafetensorsFile(f)
+        for name in st.keys():
+            if keep(name):
+                code = st.dtype_name(name)
+                out[name] = st.raw(name).astype(np.int64) if code.startswith("I") else st.float32(name)
+    return out
+
+
+def _int_field(cfg: dict, key: str, where: str) -> int:
+    value = cfg.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise CheckpointError(f"{where}: {key} must be a positive integer, found {value!r}.")
+    return value
+
+
+def _check_tensors(found: dict[str, np.ndarray], expected: dict[str, tuple[int, ...]], where: str, optional: set[str] = frozenset()) -> None:
+    missing = [n for n in expected if n not in found and n not in optional]
+    if missing:
+        more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
+        raise CheckpointError(f"{where}: missing tensor(s) {', '.join(missing[:3])}{more}; the config promises them.")
+    unexpected = sorted(set(found) - set(expected))
+    if unexpected:
+        raise CheckpointError(f"{where}: unexpected tensor {unexpected[0]!r}; it does not belong to the layout its config describes.")
+    for name, shape in expected.items():
+        if name in found and tuple(found[name].shape) != tuple(shape):
+            raise CheckpointError(f"{where}: {name} has shape {list(found[name].shape)}, expected {list(shape)} from config.json.")
+
+
+def _load_medusa(d: Path, cfg: dict) -> HeadCheckpoint:
+    where = f"Medusa heads in {d}"
+    block = cfg["medusa"]
+    if not isinstance(block, dict):
+        raise CheckpointError(f"{where}: config.json's \"medusa\" must be an object with num_medusa_heads and num_medusa_layers.")
+    heads = _int_field(block, "num_medusa_heads", where)
+    layers = block.get("num_medusa_layers")
+    if not isinstance(layers, int) or isinstance(layers, bool) or layers < 0:
+        raise CheckpointError(f"{where}: num_medusa_layers must be an integer >= 0, found {layers!r}.")
+    hidden, vocab = _int_field(cfg, "hidden_size", where), _int_field(cfg, "vocab_size", where)
+    tensors = _read_tensors(d, lambda n: n.startswith(MEDUSA_PREFIX))
+    expected = {}
+    for i in range(heads):
+        for j in range(layers):
+            expected[f"medusa_heads.{i}.{j}.linear.weight"] = (hidden, hidden)
+            expected[f"medusa_heads.{i}.{j}.linear.bias"] = (hidden,)
+        expected[f"medusa_heads.{i}.{layers}.weight"] = (vocab, hidden)
+    _check_tensors(tensors, expected, where)
+    return HeadCheckpoint("medusa", d, cfg, tensors, hidden, vocab, num_heads=heads, num_layers=layers)
+
+
+def _load_eagle(d: Path, cfg: dict) -> HeadCheckpoint:
+    where = f"EAGLE module in {d}"
+    eagle = cfg.get("eagle_config")
+    if not isinstance(eagle, dict):
+        raise CheckpointError(f"{where}: config.json has no \"eagle_config\" object (ModelOpt's EAGLE-3 export writes one).")
+    layers = _int_field(cfg, "num_hidden_layers", where)
+    hidden, vocab = _int_field(cfg, "hidden_size", where), _int_field(cfg, "vocab_size", where)
+    heads, kv_heads = _int_field(cfg, "num_attention_heads", where), _int_field(cfg, "num_key_value_heads", where)
+    inter = _int_field(cfg, "intermediate_size", where)
+    head_dim = cfg.get("head_dim") or hidden // heads
+    draft_vocab = cfg.get("draft_vocab_size") or vocab
+    if not eagle.get("use_aux_hidden_state", False):
+        raise CheckpointError(f"{where}: eagle_config.use_aux_hidden_state is false (EAGLE-1); only EAGLE-3 modules are supported.")
+    aux = eagle.get("eagle_aux_hidden_state_layer_ids")
+    if not isinstance(aux, list) or not aux or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in aux):
+        raise CheckpointError(f"{where}: eagle_config.eagle_aux_hidden_state_layer_ids must be a non-empty list of layer indices, found {aux!r}.")
+    if draft_vocab > vocab:
+        raise CheckpointError(f"{where}: draft_vocab_size {draft_vocab} exceeds vocab_size {vocab}.")
+    raw = _read_tensors(d, lambda n: True)
+    tensors = {legacy_eagle_name(n, layers): t for n, t in raw.items()}
+    expected: dict[str, tuple[int, ...]] = {"fc.weight": (hidden, len(aux) * hidden), "layers.0.hidden_norm.weight": (hidden,)}
+    for i in range(layers):
+        p, width = f"layers.{i}.", 2 * hidden if i == 0 else hidden  # layer 0 attends over [embedding, fused hidden]
+        expected |= {p + "input_layernorm.weight": (hidden,), p + "post_attention_layernorm.weight": (hidden,),
+                     p + "self_attn.q_proj.weight": (heads * head_dim, width), p + "self_attn.k_proj.weight": (kv_heads * head_dim, width),
+                     p + "self_attn.v_proj.weight": (kv_heads * head_dim, width), p + "self_attn.o_proj.weight": (hidden, heads * head_dim),
+                     p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden), p + "mlp.down_proj.weight": (hidden, inter)}
+    expected |= {"norm.weight": (hidden,), "lm_head.weight": (draft_vocab, hidden)}
+    if draft_vocab < vocab:
+        expected["d2t"] = (draft_vocab,)
+    _check_tensors(tensors, expected, where)
+    return HeadCheckpoint("eagle", d, cfg, tensors, hidden, vocab, num_layers=layers, aux_layer_ids=list(aux))
+
+
+def load_heads(path: str | Path, base_num_layers: int | None = None) -> HeadCheckpoint:
+    """Read a Medusa or EAGLE-3 head checkpoint in ModelOpt's layout (safetensors only) and check it against its config.
+
+    ``base_num_layers``, when given, also checks that EAGLE's auxiliary layer ids exist in the base model.
+    Raises CheckpointError with what is wrong and what was expected.
+    """
+    d = Path(path)
+    if not d.is_dir():
+        raise CheckpointError(f"head checkpoint {d} does not exist or is not a directory.")
+    cfg = _read_config(d)
+    if "medusa" in cfg:
+        return _load_medusa(d, cfg)
+    if EAGLE3_ARCHITECTURE in (cfg.get("architectures") or []) or "eagle_config" in cfg:
+        ckpt = _load_eagle(d, cfg)
+        if base_num_layers is not None and max(ckpt.aux_layer_ids) >= base_num_layers:
+            raise CheckpointError(f"EAGLE module in {d}: aux layer ids {ckpt.aux_layer_ids} name layers the {base_num_layers}-layer base model lacks.")
+        return ckpt
+    raise CheckpointError(f"{d / CONFIG_FILE} describes neither Medusa heads (a \"medusa\" block) nor an EAGLE-3 module "
+                          f"(architectures [\"{EAGLE3_ARCHITECTURE}\"] with an \"eagle_config\"); see docs/medusa-eagle.md.")

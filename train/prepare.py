@@ -1,0 +1,169 @@
+"""specdec-train prepare-data: the base model answers the dataset's prompts; its answers are the training data.
+
+Heads learn to guess what the base model will say, so the data is the base's own
+output (ModelOpt's guide does the same with its prepare_data.sh). Greedy by
+default: under greedy verification a draft is accepted exactly when it equals the
+base's argmax, and the greedy continuation is that argmax chain, so these are the
+very tokens verification will compare against. --temperature > 0 samples instead
+(more varied data; the right choice when the heads will serve sampled requests).
+
+Two generators: our own engine (``--engine_dir``: ONNX Runtime, fast, needs a
+built target) or transformers on the checkpoint (``--model_dir``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .data import read_prompts, record
+from .errors import TrainConfigError
+
+
+@dataclass
+class PrepareConfig:
+    data_path: str
+    output_path: str
+    model_dir: str | None = None
+    engine_dir: str | None = None
+    max_token: int = 512  # most new tokens per answer (ModelOpt's --max_token)
+    max_prompt_tokens: int | None = None  # prompts are cut to this many tokens [default: the engine's max_input_len, else 512]
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    limit: int | None = None  # first N prompts only
+    num_threads: int | None = None
+    batch: int = 16  # prompts handed to the engine at once (it schedules them on its own slots)
+
+    def validate(self) -> None:
+        if not self.model_dir and not self.engine_dir:
+            raise TrainConfigError("give --model_dir (generate with transformers) or --engine_dir (generate with a specdec engine).")
+        if self.max_token < 1:
+            raise TrainConfigError(f"--max_token {self.max_token} must be >= 1.")
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
+            raise TrainConfigError(f"--max_prompt_tokens {self.max_prompt_tokens} must be >= 1.")
+        if self.temperature < 0:
+            raise TrainConfigError(f"--temperature {self.temperature} must be >= 0 (0 = greedy).")
+        if self.limit is not None and self.limit < 1:
+            raise TrainConfigError(f"--limit {self.limit} must be >= 1.")
+        out = Path(self.output_path)
+        if out.is_dir():
+            raise TrainConfigError(f"--output_path {out} is a directory: give a .jsonl file name.")
+
+
+class _Generator:
+    """prompt ids -> answer ids, for a batch of prompts."""
+
+    tokenizer = None
+    prompt_limit = 512
+
+    def answer(self, prompts: list[list[int]], first_index: int) -> list[list[int]]:
+        raise NotImplementedError
+
+
+class EngineGenerator(_Generator):
+    def __init__(self, cfg: PrepareConfig):
+        from ..runtime import GenerationConfig, load_orchestrator
+        from ..runtime.sampling import SamplingConfig
+        from ..runtime.tokenizer import Tokenizer
+
+        self.tokenizer = Tokenizer(_tokenizer_dir(cfg.model_dir or cfg.engine_dir))
+        self.orch = load_orchestrator(cfg.engine_dir, num_threads=cfg.num_threads)
+        engine = self.orch.engine
+        self.prompt_limit = engine.max_input_len
+        ends = (self.tokenizer.eos_token_id,) if self.tokenizer.eos_token_id is not None else tuple(engine.target.engine.config.model.eos_token_id)
+        self._config = lambda i: GenerationConfig(max_output_len=cfg.max_token, end_ids=ends,
+                                                  sampling=SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed + i))
+
+    def answer(self, prompts: list[list[int]], first_index: int) -> list[list[int]]:
+        outputs, _ = self.orch.generate(prompts, self._config(first_index))
+        return [o.output_ids for o in outputs]
+
+
+class TransformersGenerator(_Generator):
+    def __init__(self, cfg: PrepareConfig):
+        import torch
+
+        from ..runtime.tokenizer import Tokenizer
+        from .base import load_base
+
+        if cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
+        self.torch, self.cfg = torch, cfg
+        self.tokenizer = Tokenizer(_tokenizer_dir(cfg.model_dir))
+        self.model = load_base(cfg.model_dir)
+        self.prompt_limit = max(1, self.model.config.max_position_embeddings - cfg.max_token)
+        eos = self.tokenizer.eos_token_id
+        self.eos = eos if eos is not None else self.model.config.eos_token_id
+
+    def answer(self, prompts: list[list[int]], first_index: int) -> list[list[int]]:
+        torch, cfg, out = self.torch, self.cfg, []
+        sample = cfg.temperature > 0
+        for k, ids in enumerate(prompts):  # one at a time: no padding to get wrong, and tiny models are fast anyway
+            torch.manual_seed(cfg.seed + first_index + k)
+            kwargs = dict(do_sample=True, temperature=cfg.temperature, top_k=cfg.top_k or None, top_p=cfg.top_p) if sample else dict(do_sample=False)
+            with torch.no_grad():
+                gen = self.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long), max_new_tokens=cfg.max_token,
+                                          eos_token_id=self.eos, pad_token_id=self.model.config.pad_token_id or 0, **kwargs)
+            out.append(gen[0, len(ids):].tolist())
+        return out
+
+
+def _tokenizer_dir(d: str) -> str:
+    if not (Path(d) / "tokenizer.json").is_file():
+        raise TrainConfigError(f"{d} has no tokenizer.json: prepare-data turns text prompts into tokens with it.")
+    return d
+
+
+def prepare_data(cfg: PrepareConfig, say: Callable[[str], None] = print, progress_bar: bool = True) -> int:
+    """Write one record per prompt to ``cfg.output_path`` (whole, or not at all); returns how many."""
+    cfg.validate()
+    prompts = read_prompts(cfg.data_path)[: cfg.limit]
+    gen: _Generator = EngineGenerator(cfg) if cfg.engine_dir else TransformersGenerator(cfg)
+    tok = gen.tokenizer
+    limit = min(cfg.max_prompt_tokens or gen.prompt_limit, gen.prompt_limit)
+    encoded, cut = [], 0
+    for p in prompts:
+        ids = tok.encode(p)
+        if len(ids) > limit:
+            ids, cut = ids[:limit], cut + 1
+        encoded.append(ids)
+    if cut:
+        say(f"{cut} of {len(prompts)} prompts cut to {limit} tokens")
+    out = Path(cfg.output_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    bar = _bar(len(prompts), progress_bar)
+    tokens = 0
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for start in range(0, len(prompts), cfg.batch):
+                chunk = encoded[start : start + cfg.batch]
+                for k, answer in enumerate(gen.answer(chunk, start)):
+                    i = start + k
+                    text = prompts[i] if len(chunk[k]) == len(tok.encode(prompts[i])) else tok.decode(chunk[k])
+                    f.write(json.dumps(record(i, text, tok.decode(answer), chunk[k], answer)) + "\n")
+                    tokens += len(answer)
+                if bar is not None:
+                    bar.update(len(chunk))
+        os.replace(tmp, out)
+    finally:
+        if bar is not None:
+            bar.close()
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    say(f"wrote {len(prompts)} answers ({tokens} tokens, {'sampled at temperature ' + str(cfg.temperature) if cfg.temperature > 0 else 'greedy'}) to {out}")
+    return len(prompts)
+
+
+def _bar(total: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="prepare-data", unit="prompt", dynamic_ncols=True)

@@ -1,0 +1,79 @@
+"""What a training run leaves for people: a loss curve PNG and a short model card."""
+
+from __future__ import annotations
+
+import platform
+import warnings
+from pathlib import Path
+
+import torch
+
+
+def loss_curve_png(losses: list[float], path: Path, title: str) -> bool:
+    """Raw per-step loss and its moving average; False (with a warning) where matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ModuleNotFoundError:
+        warnings.warn("matplotlib is not installed (pip install 'specdec[train]'): no loss_curve.png written.")
+        return False
+    window = max(1, len(losses) // 50)
+    smooth = [sum(losses[max(0, i - window + 1) : i + 1]) / len(losses[max(0, i - window + 1) : i + 1]) for i in range(len(losses))]
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    steps = range(1, len(losses) + 1)
+    ax.plot(steps, losses, color="0.75", linewidth=0.8, label="per step")
+    ax.plot(steps, smooth, color="C0", linewidth=1.5, label=f"mean of {window}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def _fmt(values: list[float] | None) -> str:
+    return ", ".join(f"{v:.3f}" for v in values) if values else "-"
+
+
+def model_card(cfg, provenance: dict, losses: list[float], accuracy: list[float], before: list[float] | None,
+               seconds: float, steps: int, held_out: bool, plotted: bool) -> str:
+    if cfg.mode == "medusa":
+        what = (f"{cfg.medusa_num_heads} Medusa heads of {cfg.medusa_num_layers} residual block(s) each; head i predicts "
+                f"token t+2+i from the base's last hidden state")
+        acc_label = "top-1 per head (head 0 = t+2)"
+        shape = f"--medusa_num_heads {cfg.medusa_num_heads} --medusa_num_layers {cfg.medusa_num_layers}"
+    else:
+        what = (f"an EAGLE-3 module of {cfg.eagle_num_layers} decoder layer(s) over the base's layers "
+                f"{provenance['eagle_aux_hidden_state_layer_ids']} and the next token's embedding; LM head = the base's, frozen")
+        acc_label = "top-1 agreement with the base's next-next token"
+        shape = f"--eagle_num_layers {cfg.eagle_num_layers}"
+    tail = losses[-10:]
+    split = "held-out split" if held_out else "training data (no --eval_fraction)"
+    lines = [
+        f"# {cfg.mode} heads (specdec-train)",
+        "",
+        f"{what}. Trained with the base model frozen. Layout: NVIDIA ModelOpt's export format "
+        "(docs/medusa-eagle.md); read it with `specdec.train.load_heads`.",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| base model | `{provenance['base_model']}` |",
+        f"| base weights sha256 | `{provenance['base_model_sha256']}` |",
+        f"| data | `{provenance['data']}` ({provenance['data_bytes']:,} bytes, {provenance['data_sequences']} sequences) |",
+        f"| mode | {cfg.mode} ({shape}) |",
+        f"| hyper-parameters | lr {cfg.lr:g} ({cfg.lr_scheduler}, warmup {cfg.warmup_steps}), AdamW, batch {cfg.batch_size}, "
+        f"training_seq_len {cfg.training_seq_len}, epochs {cfg.num_epochs}, max_steps {cfg.max_steps}, seed {cfg.seed} |",
+        f"| steps | {steps} |",
+        f"| final loss (mean of last {len(tail)} steps) | {sum(tail) / max(1, len(tail)):.4f} |",
+        f"| {acc_label}, {split} | {_fmt(accuracy)} |",
+        f"| same, before training | {_fmt(before)} |",
+        f"| time | {seconds:.0f} s on {platform.machine()} CPU, {torch.get_num_threads()} thread(s), torch {torch.__version__} |",
+        "",
+        "![loss](loss_curve.png)" if plotted else "(no loss curve: matplotlib is not installed)",
+        "",
+    ]
+    return "\n".join(lines)

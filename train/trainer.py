@@ -1,0 +1,321 @@
+"""specdec-train run: train Medusa heads or an EAGLE-3 module on a frozen base model.
+
+The loop is plain PyTorch (no HF Trainer): batch -> frozen base forward (no grad)
+-> heads forward -> loss -> AdamW step on the heads only. The data order is a
+function of (seed, epoch), so a resumed run sees exactly the batches an
+uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .base import base_config_dict, check_model_dir, decoder_layers, load_base, run_base, weights_sha256
+from .data import Sequence, check_data_file, read_sequences
+from .eagle import Eagle3Module, eagle_hits, eagle_inputs, eagle_llama_config, eagle_loss
+from .errors import TrainConfigError
+from .export import eagle_config, medusa_config, save_heads
+from .layout import default_eagle_aux_layer_ids
+from .medusa import DECAY_COEFFICIENT, HEADS_COEFFICIENT, MedusaHeads, medusa_hits, medusa_loss
+from .state import latest_checkpoint, load_checkpoint, save_checkpoint
+
+MODES = ("medusa", "eagle")
+SCHEDULERS = ("constant", "cosine")
+
+
+@dataclass
+class TrainConfig:
+    mode: str
+    model: str
+    data: str
+    output_dir: str
+    num_epochs: int = 1
+    lr: float = 1e-5
+    save_steps: int = 1000
+    medusa_num_heads: int = 2
+    medusa_num_layers: int = 1
+    eagle_num_layers: int = 1
+    eagle_aux_layer_ids: list[int] | None = None  # None: ModelOpt's default (low, middle, high)
+    batch_size: int = 4
+    training_seq_len: int = 512
+    max_steps: int | None = None  # overrides num_epochs
+    warmup_steps: int = 0
+    lr_scheduler: str = "constant"
+    eval_fraction: float = 0.0  # held-out share of the sequences for the top-1 report; 0 reports on the training data
+    seed: int = 0
+    resume: bool = False
+    overwrite_output_dir: bool = False
+    num_threads: int | None = None
+
+    def validate(self) -> None:
+        """Every flag check that needs no file: run before anything is read or written."""
+        if self.mode not in MODES:
+            raise TrainConfigError(f"--mode {self.mode!r} is not one of {', '.join(MODES)}.")
+        positive = {"num_epochs": self.num_epochs, "save_steps": self.save_steps, "batch_size": self.batch_size}
+        if self.mode == "medusa":
+            positive["medusa_num_heads"] = self.medusa_num_heads
+        else:
+            positive["eagle_num_layers"] = self.eagle_num_layers
+        for name, value in positive.items():
+            if value < 1:
+                raise TrainConfigError(f"--{name} {value} must be >= 1.")
+        if self.mode == "medusa" and self.medusa_num_layers < 0:
+            raise TrainConfigError(f"--medusa_num_layers {self.medusa_num_layers} must be >= 0.")
+        if self.training_seq_len < 3:
+            raise TrainConfigError(f"--training_seq_len {self.training_seq_len} must be >= 3 (a head predicts two tokens ahead).")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise TrainConfigError(f"--lr {self.lr} must be a positive number.")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise TrainConfigError(f"--max_steps {self.max_steps} must be >= 1.")
+        if self.warmup_steps < 0:
+            raise TrainConfigError(f"--warmup_steps {self.warmup_steps} must be >= 0.")
+        if self.lr_scheduler not in SCHEDULERS:
+            raise TrainConfigError(f"--lr_scheduler {self.lr_scheduler!r} is not one of {', '.join(SCHEDULERS)}.")
+        if not 0 <= self.eval_fraction < 1:
+            raise TrainConfigError(f"--eval_fraction {self.eval_fraction} must be in [0, 1).")
+        if self.eagle_aux_layer_ids is not None and (not self.eagle_aux_layer_ids or min(self.eagle_aux_layer_ids) < 0):
+            raise TrainConfigError(f"--eagle_aux_layer_ids {self.eagle_aux_layer_ids} must be non-empty layer indices >= 0.")
+        if self.resume and self.overwrite_output_dir:
+            raise TrainConfigError("--resume continues the run in --output_dir and --overwrite_output_dir deletes it: choose one.")
+
+
+@dataclass
+class TrainResult:
+    output_dir: Path
+    steps: int
+    losses: list[float]
+    final_loss: float
+    accuracy: list[float]  # top-1 per head (medusa) or [depth-1] (eagle), on the eval split
+    accuracy_before: list[float] | None
+    seconds: float
+    base: nn.Module = field(repr=False)
+    heads: nn.Module = field(repr=False)
+
+
+def check_output_dir(cfg: TrainConfig) -> Path:
+    out = Path(cfg.output_dir)
+    if out.exists() and not out.is_dir():
+        raise TrainConfigError(f"--output_dir {out} exists and is not a directory.")
+    busy = out.is_dir() and any(out.iterdir())
+    if cfg.resume and latest_checkpoint(out) is None:
+        raise TrainConfigError(f"--resume: {out} holds no checkpoint-N folder to resume from.")
+    if busy and not cfg.resume and not cfg.overwrite_output_dir:
+        raise TrainConfigError(f"--output_dir {out} exists and is not empty; pass --resume to continue its run or --overwrite_output_dir to start over.")
+    return out
+
+
+def _collate(seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ids, attention mask and loss mask (real tokens after the prompt), each [batch, longest]."""
+    t = max(len(s.ids) for s in seqs)
+    ids = torch.zeros(len(seqs), t, dtype=torch.long)
+    attn = torch.zeros(len(seqs), t, dtype=torch.bool)
+    for r, s in enumerate(seqs):
+        ids[r, : len(s.ids)] = torch.tensor(s.ids)
+        attn[r, : len(s.ids)] = True
+    loss_mask = attn & (torch.arange(t).unsqueeze(0) >= torch.tensor([s.prompt_len for s in seqs]).unsqueeze(1))
+    return ids, attn, loss_mask
+
+
+def _batch_for_step(step: int, train: list[Sequence], batch_size: int, seed: int) -> list[Sequence]:
+    per_epoch = math.ceil(len(train) / batch_size)
+    epoch, k = divmod(step, per_epoch)
+    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
+    return [train[i] for i in order[k * batch_size : (k + 1) * batch_size]]
+
+
+def _lr_at(cfg: TrainConfig, step: int, total: int) -> float:
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    if cfg.lr_scheduler == "cosine":
+        done = (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
+        return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, done)))
+    return cfg.lr
+
+
+class Run:
+    """The heads, their loss and their accuracy for one mode; the loop is mode-blind."""
+
+    def __init__(self, cfg: TrainConfig, base: nn.Module):
+        self.cfg, self.base = cfg, base
+        hidden, vocab = base.config.hidden_size, base.config.vocab_size
+        lm_head = base.get_output_embeddings().weight
+        torch.manual_seed(cfg.seed)
+        if cfg.mode == "medusa":
+            self.aux_ids = None
+            self.heads: nn.Module = MedusaHeads(hidden, vocab, cfg.medusa_num_heads, cfg.medusa_num_layers, lm_head)
+        else:
+            n_layers = len(decoder_layers(base))
+            self.aux_ids = sorted(set(cfg.eagle_aux_layer_ids)) if cfg.eagle_aux_layer_ids else default_eagle_aux_layer_ids(n_layers)
+            if max(self.aux_ids) >= n_layers:
+                raise TrainConfigError(f"--eagle_aux_layer_ids {self.aux_ids}: the base model has layers 0..{n_layers - 1} only.")
+            self.eagle_cfg = eagle_llama_config(base.config, cfg.eagle_num_layers)
+            self.heads = Eagle3Module(self.eagle_cfg, len(self.aux_ids), lm_head)
+        self.params = [(n, p) for n, p in self.heads.named_parameters() if p.requires_grad]
+
+    def forward(self, seqs: list[Sequence]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+        """Loss of one batch, and (correct, counted) top-1 per head."""
+        ids, attn, loss_mask = _collate(seqs)
+        out = run_base(self.base, ids, attn, self.aux_ids)
+        if self.cfg.mode == "medusa":
+            logits = self.heads(out.last_hidden)  # [heads, batch, seq, vocab]
+            loss, _ = medusa_loss(logits, ids, loss_mask, HEADS_COEFFICIENT, DECAY_COEFFICIENT)
+            return loss, medusa_hits(logits.detach(), ids, loss_mask)
+        aux, next_embeds = eagle_inputs(ids, out.aux_hidden, self.base.get_input_embeddings())
+        logits = self.heads(aux, next_embeds, attn[:, :-1])  # [batch, seq-1, vocab]
+        return eagle_loss(logits, out.logits, loss_mask), [eagle_hits(logits.detach(), out.logits, loss_mask)]
+
+    @torch.no_grad()
+    def accuracy(self, seqs: list[Sequence], batch_size: int) -> list[float]:
+        totals: list[list[int]] | None = None
+        for i in range(0, len(seqs), batch_size):
+            _, hits = self.forward(seqs[i : i + batch_size])
+            totals = [[a + c, b + n] for (a, b), (c, n) in zip(totals, hits)] if totals else [list(h) for h in hits]
+        return [c / n if n else float("nan") for c, n in totals or []]
+
+    def export_config(self, provenance: dict) -> dict:
+        base_cfg = base_config_dict(self.cfg.model)
+        if self.cfg.mode == "medusa":
+            return medusa_config(base_cfg, self.cfg.medusa_num_heads, self.cfg.medusa_num_layers, provenance)
+        return eagle_config(base_cfg, self.eagle_cfg, self.aux_ids, provenance)
+
+
+def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bool = True) -> TrainResult:
+    cfg.validate()
+    model_dir = check_model_dir(cfg.model)
+    data_path = check_data_file(cfg.data, "--data")
+    out = check_output_dir(cfg)
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    started = time.perf_counter()
+
+    base = load_base(model_dir)
+    tokenizer = _tokenizer(model_dir)
+    seqs = read_sequences(data_path, tokenizer, cfg.training_seq_len, base.config.vocab_size)
+    train_seqs, eval_seqs = _split(seqs, cfg.eval_fraction, cfg.seed)
+    run = Run(cfg, base)
+    names = {i: n for i, (n, _) in enumerate(run.params)}
+    optimizer = torch.optim.AdamW([p for _, p in run.params], lr=cfg.lr, weight_decay=0.0)
+
+    per_epoch = math.ceil(len(train_seqs) / cfg.batch_size)
+    total = cfg.max_steps or cfg.num_epochs * per_epoch
+    provenance = _provenance(cfg, model_dir, data_path, len(seqs), run)
+    config = run.export_config(provenance)
+    step, losses, elapsed_before = 0, [], 0.0
+    if cfg.overwrite_output_dir and out.exists():
+        shutil.rmtree(out)
+    if cfg.resume:
+        ckpt = latest_checkpoint(out)
+        state = load_checkpoint(ckpt, run.heads, optimizer, names)
+        step, losses, elapsed_before = state["step"], state["losses"], state.get("elapsed_s", 0.0)
+        say(f"resuming from {ckpt} at step {step}")
+        if step >= total:
+            say(f"{ckpt.name} is already at step {step} of {total}; nothing left to train (raise --max_steps or --num_epochs to go on).")
+    before = run.accuracy(eval_seqs, cfg.batch_size) if eval_seqs and step == 0 else None
+    say(f"{cfg.mode}: {len(train_seqs)} training sequences{f', {len(eval_seqs)} held out' if eval_seqs else ''}; "
+        f"{total} steps of batch {cfg.batch_size}; {sum(p.numel() for _, p in run.params):,} trainable parameters")
+
+    run.heads.train()
+    bar = _bar(total, step, progress_bar)
+    last_saved = None
+    while step < total:
+        lr = _lr_at(cfg, step, total)
+        for g in optimizer.param_groups:
+            g["lr"] = lr
+        loss, _ = run.forward(_batch_for_step(step, train_seqs, cfg.batch_size, cfg.seed))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        step += 1
+        losses.append(loss.item())
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.4f}")
+        if step % cfg.save_steps == 0 or step == total:
+            elapsed = elapsed_before + time.perf_counter() - started
+            last_saved = save_checkpoint(out, step, run.heads, config, optimizer, names,
+                                         {"losses": losses, "elapsed_s": elapsed, "config": asdict(cfg)})
+    if bar is not None:
+        bar.close()
+    run.heads.eval()
+    accuracy = run.accuracy(eval_seqs or train_seqs, cfg.batch_size)
+    seconds = elapsed_before + time.perf_counter() - started
+    final_loss = _tail_mean(losses)
+    _write_final(out, run, config, cfg, losses, accuracy, before, seconds, step, provenance, bool(eval_seqs))
+    if last_saved:
+        say(f"checkpoint {last_saved}")
+    return TrainResult(out, step, losses, final_loss, accuracy, before, seconds, base, run.heads)
+
+
+def _tokenizer(model_dir: Path):
+    if not (model_dir / "tokenizer.json").is_file():
+        return None
+    from ..runtime.tokenizer import Tokenizer
+
+    return Tokenizer(model_dir)
+
+
+def _split(seqs: list[Sequence], fraction: float, seed: int) -> tuple[list[Sequence], list[Sequence]]:
+    n_eval = int(len(seqs) * fraction)
+    if n_eval == 0:
+        return seqs, []
+    if n_eval >= len(seqs):
+        raise TrainConfigError(f"--eval_fraction {fraction} leaves no training sequence of {len(seqs)}.")
+    order = torch.randperm(len(seqs), generator=torch.Generator().manual_seed(seed)).tolist()
+    held = set(order[:n_eval])
+    return [s for i, s in enumerate(seqs) if i not in held], [s for i, s in enumerate(seqs) if i in held]
+
+
+def _provenance(cfg: TrainConfig, model_dir: Path, data_path: Path, n_seqs: int, run: Run) -> dict:
+    return {
+        "mode": cfg.mode,
+        "base_model": str(model_dir.resolve()),
+        "base_model_sha256": weights_sha256(model_dir),
+        "data": str(data_path.resolve()),
+        "data_bytes": data_path.stat().st_size,
+        "data_sequences": n_seqs,
+        "eagle_aux_hidden_state_layer_ids": run.aux_ids,
+    }
+
+
+def _tail_mean(losses: list[float], n: int = 10) -> float:
+    tail = losses[-n:]
+    return sum(tail) / len(tail) if tail else float("nan")
+
+
+def _bar(total: int, start: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=start, desc="train", unit="step", dynamic_ncols=True)
+
+
+def _write_final(out: Path, run: Run, config: dict, cfg: TrainConfig, losses: list[float], accuracy: list[float],
+                 before: list[float] | None, seconds: float, steps: int, provenance: dict, held_out: bool) -> None:
+    """Heads, log, loss curve and model card, each file complete or absent (staged, then renamed into ``out``)."""
+    from .report import loss_curve_png, model_card
+
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".final.", dir=out))
+    try:
+        save_heads(run.heads, config, tmp)
+        log = {"steps": steps, "losses": losses, "accuracy": accuracy, "accuracy_before": before, "held_out": held_out,
+               "seconds": seconds, "config": asdict(cfg), "provenance": provenance}
+        (tmp / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
+        plotted = loss_curve_png(losses, tmp / "loss_curve.png", f"{cfg.mode} training loss")
+        (tmp / "README.md").write_text(model_card(cfg, provenance, losses, accuracy, before, seconds, steps, held_out, plotted))
+        for f in tmp.iterdir():
+            os.replace(f, out / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
