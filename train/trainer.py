@@ -221,7 +221,7 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
         say(f"resuming from {ckpt} at step {step}")
         if step >= total:
             say(f"{ckpt.name} is already at step {step} of {total}; nothing left to train (raise --max_steps or --num_epochs to go on).")
-    before = run.accuracy(eval_seqs, cfg.batch_size) if eval_seqs and step == 0 else None
+    before = run.accuracy(eval_seqs or train_seqs, cfg.batch_size) if step == 0 else None  # the baseline the card compares with
     say(f"{cfg.mode}: {len(train_seqs)} training sequences{f', {len(eval_seqs)} held out' if eval_seqs else ''}; "
         f"{total} steps of batch {cfg.batch_size}; {sum(p.numel() for _, p in run.params):,} trainable parameters")
 

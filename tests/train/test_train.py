@@ -1,0 +1,110 @@
+"""specdec-train run on a tiny base: the base stays bit-identical, the loss falls, checkpoints resume exactly,
+and what is saved is ModelOpt's layout, read back identically by load_heads."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from checkpoints import load_hf
+from safetensors.torch import load_file
+
+from specdec.train import load_heads
+from specdec.train.base import weights_sha256
+from specdec.train.layout import EAGLE_CONFIG_DEFAULTS, eagle_tensor_names, medusa_tensor_names
+from specdec.train.trainer import TrainConfig, train
+
+QUIET = dict(say=lambda _: None, progress_bar=False)
+
+
+def config(mode, base, data, out, **kw) -> TrainConfig:
+    return TrainConfig(**({"mode": mode, "model": str(base), "data": str(data), "output_dir": str(out), "lr": 1e-2,
+                           "batch_size": 4, "max_steps": 40, "save_steps": 20, "medusa_num_heads": 2, "medusa_num_layers": 1} | kw))
+
+
+@pytest.fixture(scope="module", params=["medusa", "eagle"])
+def trained(request, tmp_path_factory, tiny_base, repetitive_data):
+    out = tmp_path_factory.mktemp(f"train-{request.param}") / "out"
+    sha_before = weights_sha256(tiny_base)
+    result = train(config(request.param, tiny_base, repetitive_data, out), **QUIET)
+    return request.param, result, sha_before
+
+
+def test_base_weights_are_bit_identical_after_training(trained, tiny_base):
+    mode, result, sha_before = trained
+    fresh = load_hf(tiny_base).state_dict()
+    after = result.base.state_dict()
+    assert set(after) == set(fresh)
+    assert all(torch.equal(after[k], fresh[k]) for k in fresh), "a base weight changed in memory"
+    assert weights_sha256(tiny_base) == sha_before, "the base checkpoint on disk changed"
+    assert not any(p.requires_grad for p in result.base.parameters())
+
+
+def test_loss_falls_by_a_real_margin(trained):
+    mode, result, _ = trained
+    first, last = np.mean(result.losses[:3]), np.mean(result.losses[-5:])
+    assert result.steps == len(result.losses) == 40
+    # the data is a 12-token cycle: two tokens ahead is fully determined, so the heads can learn it
+    assert last < 0.5 * first, (mode, first, last)
+    # top-1 (medusa: the token 2 and 3 ahead; eagle: the base's own next-next choice) clearly up from the start
+    assert all(a > b + 0.1 for a, b in zip(result.accuracy, result.accuracy_before)), (result.accuracy_before, result.accuracy)
+
+
+def test_saved_heads_follow_the_documented_layout(trained, tiny_base):
+    mode, result, _ = trained
+    out = result.output_dir
+    saved = load_file(str(out / "model.safetensors"))
+    cfg = json.loads((out / "config.json").read_text())
+    if mode == "medusa":
+        assert set(saved) == set(medusa_tensor_names(2, 1))
+        assert cfg["medusa"] == {"num_medusa_heads": 2, "num_medusa_layers": 1}
+        assert cfg["hidden_size"] == 64 and cfg["vocab_size"] == 96  # the base's own config, plus the block
+    else:
+        assert set(saved) == set(eagle_tensor_names(1))
+        assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
+        assert cfg["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [0, 1], **EAGLE_CONFIG_DEFAULTS}
+        assert cfg["num_hidden_layers"] == 1 and cfg["draft_vocab_size"] == cfg["vocab_size"] == 96
+        base_head = load_hf(tiny_base).lm_head.weight
+        assert torch.equal(saved["lm_head.weight"], base_head)  # the base's LM head, frozen, exported as ModelOpt does
+    assert cfg["specdec_train"]["base_model_sha256"] == weights_sha256(tiny_base)
+    ckpt = load_heads(out, base_num_layers=4)
+    own = result.heads.state_dict()
+    assert set(ckpt.tensors) == set(own)
+    assert all(np.array_equal(ckpt.tensors[k], own[k].numpy()) for k in own)
+
+
+def test_run_leaves_card_curve_log_and_checkpoints(trained):
+    mode, result, _ = trained
+    out = result.output_dir
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint-")) == ["checkpoint-20", "checkpoint-40"]
+    assert (out / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    card = (out / "README.md").read_text()
+    assert f"| mode | {mode}" in card and "| steps | 40 |" in card and weights_sha256(result.base.name_or_path) in card
+    log = json.loads((out / "training_log.json").read_text())
+    assert log["losses"] == result.losses and log["steps"] == 40
+    assert not [p for p in out.iterdir() if p.name.startswith(".")], "a temporary file was left behind"
+
+
+@pytest.mark.parametrize("mode", ["medusa", "eagle"])
+def test_resume_continues_where_it_stopped(tmp_path, tiny_base, repetitive_data, mode):
+    straight = train(config(mode, tiny_base, repetitive_data, tmp_path / "a", max_steps=12, save_steps=4), **QUIET)
+    train(config(mode, tiny_base, repetitive_data, tmp_path / "b", max_steps=8, save_steps=4), **QUIET)  # "interrupted" at 8
+    state = json.loads((tmp_path / "b" / "checkpoint-8" / "trainer_state.json").read_text())
+    assert state["step"] == 8 and len(state["losses"]) == 8
+    resumed = train(config(mode, tiny_base, repetitive_data, tmp_path / "b", max_steps=12, save_steps=4, resume=True), **QUIET)
+    assert resumed.steps == 12 and resumed.losses == straight.losses  # the same batches, the same updates
+    a, b = straight.heads.state_dict(), resumed.heads.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    opt_a = load_file(str(tmp_path / "a" / "checkpoint-12" / "optimizer.safetensors"))
+    opt_b = load_file(str(tmp_path / "b" / "checkpoint-12" / "optimizer.safetensors"))
+    assert set(opt_a) == set(opt_b) and any(k.endswith(".exp_avg_sq") for k in opt_a)
+    assert all(torch.equal(opt_a[k], opt_b[k]) for k in opt_a)  # moments and step counts carried over
+    assert float(opt_b[next(k for k in opt_b if k.endswith(".step"))]) == 12
+
+
+def test_resume_refuses_other_heads(tmp_path, tiny_base, repetitive_data):
+    from specdec.train.errors import TrainConfigError
+
+    train(config("medusa", tiny_base, repetitive_data, tmp_path / "o", max_steps=2, save_steps=2), **QUIET)
+    with pytest.raises(TrainConfigError, match="do not match"):
+        train(config("medusa", tiny_base, repetitive_data, tmp_path / "o", max_steps=4, medusa_num_heads=3, resume=True), **QUIET)
