@@ -28,6 +28,7 @@ def load_base(path: str | Path) -> nn.Module:
     import transformers
 
     d = check_model_dir(path)
+    transformers.utils.logging.disable_progress_bar()  # our own bar says what happens; theirs would garble one-line errors
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, use_safetensors=True, trust_remote_code=False)
     except (ValueError, KeyError, OSError) as err:

@@ -199,10 +199,12 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
         torch.set_num_threads(cfg.num_threads)
     started = time.perf_counter()
 
-    base = load_base(model_dir)
-    tokenizer = _tokenizer(model_dir)
-    seqs = read_sequences(data_path, tokenizer, cfg.training_seq_len, base.config.vocab_size)
+    # Everything that can be refused is checked before the base model loads (seconds to minutes).
+    base_cfg = base_config_dict(model_dir)
+    seqs = read_sequences(data_path, _tokenizer(model_dir), cfg.training_seq_len, base_cfg.get("vocab_size"))
     train_seqs, eval_seqs = _split(seqs, cfg.eval_fraction, cfg.seed)
+    _check_aux_ids(cfg, base_cfg.get("num_hidden_layers"))
+    base = load_base(model_dir)
     run = Run(cfg, base)
     names = {i: n for i, (n, _) in enumerate(run.params)}
     optimizer = torch.optim.AdamW([p for _, p in run.params], lr=cfg.lr, weight_decay=0.0)
@@ -255,6 +257,11 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
     if last_saved:
         say(f"checkpoint {last_saved}")
     return TrainResult(out, step, losses, final_loss, accuracy, before, seconds, base, run.heads)
+
+
+def _check_aux_ids(cfg: TrainConfig, n_layers: int | None) -> None:
+    if cfg.mode == "eagle" and cfg.eagle_aux_layer_ids and n_layers and max(cfg.eagle_aux_layer_ids) >= n_layers:
+        raise TrainConfigError(f"--eagle_aux_layer_ids {sorted(set(cfg.eagle_aux_layer_ids))}: the base model has layers 0..{n_layers - 1} only.")
 
 
 def _tokenizer(model_dir: Path):

@@ -8,6 +8,7 @@ import pytest
 import torch
 from checkpoints import load_hf
 from safetensors.torch import load_file
+from train_fixtures import repetitive_data, tiny_base  # noqa: F401 (fixtures)
 
 from specdec.train import load_heads
 from specdec.train.base import weights_sha256

@@ -1,4 +1,8 @@
-"""Tiny real checkpoints and data for the training tests (one thread: the machine is shared)."""
+"""Tiny real checkpoints and data for the training tests (one thread: the machine is shared).
+
+A helper module, not a conftest.py: tests/conftest.py is imported as `conftest` by other test files,
+and a second conftest.py would shadow it. Test modules import the fixtures they use from here.
+"""
 
 import json
 from pathlib import Path

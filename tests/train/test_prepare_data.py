@@ -1,0 +1,86 @@
+"""prepare-data: the base model's own greedy answers, with transformers and with a specdec engine (the same tokens)."""
+
+import json
+
+import pytest
+import torch
+from checkpoints import load_hf
+from conftest import spec_build
+from train_fixtures import tiny_base  # noqa: F401 (fixture)
+
+from specdec.builder.build import build_engine
+from specdec.runtime.tokenizer import Tokenizer
+from specdec.train.errors import TrainConfigError
+from specdec.train.prepare import PrepareConfig, prepare_data
+
+PROMPTS = ["w5 w6 w7", "w20 w21 w22 w23", "w40"]
+QUIET = dict(say=lambda _: None, progress_bar=False)
+
+
+def hf_greedy(model, ids: list[int], n: int, eos: int = 2) -> list[int]:
+    """The reference: argmax of a plain transformers forward pass, one token at a time, stopping after EOS."""
+    out = []
+    with torch.no_grad():
+        for _ in range(n):
+            nxt = int(model(torch.tensor([ids + out])).logits[0, -1].argmax())
+            out.append(nxt)
+            if nxt == eos:
+                break
+    return out
+
+
+@pytest.fixture(scope="module")
+def prompts_txt(tmp_path_factory):
+    p = tmp_path_factory.mktemp("prompts") / "prompts.txt"
+    p.write_text("\n".join(PROMPTS[:2]) + "\n\n" + PROMPTS[2] + "\n")  # blank lines are skipped
+    return p
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_transformers_path_writes_the_bases_greedy_answers(tmp_path, tiny_base, prompts_txt):
+    out = tmp_path / "data" / "data.jsonl"
+    assert prepare_data(PrepareConfig(str(prompts_txt), str(out), model_dir=str(tiny_base), max_token=6), **QUIET) == 3
+    records = read_jsonl(out)
+    tok, model = Tokenizer(tiny_base), load_hf(tiny_base)
+    for i, (rec, prompt) in enumerate(zip(records, PROMPTS)):
+        prompt_ids = tok.encode(prompt)
+        answer = hf_greedy(model, prompt_ids, 6)
+        assert rec["conversation_id"] == i and rec["prompt_len"] == len(prompt_ids)
+        assert rec["input_ids"] == prompt_ids + answer
+        assert rec["conversations"] == [{"role": "user", "content": prompt}, {"role": "assistant", "content": tok.decode(answer)}]
+    assert [p.name for p in out.parent.iterdir()] == ["data.jsonl"]  # no temporary file left
+
+
+def test_engine_path_gives_the_same_tokens(tmp_path, tiny_base, prompts_txt):
+    engine = tmp_path / "engine"
+    build_engine(tiny_base, engine, spec_build(0, max_batch_size=2, max_input_len=16, max_seq_len=32), say=lambda _: None)
+    via_hf, via_engine = tmp_path / "hf.jsonl", tmp_path / "engine.jsonl"
+    prepare_data(PrepareConfig(str(prompts_txt), str(via_hf), model_dir=str(tiny_base), max_token=6), **QUIET)
+    prepare_data(PrepareConfig(str(prompts_txt), str(via_engine), engine_dir=str(engine), max_token=6, num_threads=1, batch=2), **QUIET)
+    assert read_jsonl(via_engine) == read_jsonl(via_hf)
+
+
+def test_jsonl_prompts_in_modelopt_conversation_format(tmp_path, tiny_base):
+    src = tmp_path / "in.jsonl"
+    rows = [{"conversations": [{"from": "human", "value": "w9 w8"}, {"from": "gpt", "value": "ignored"}]},
+            {"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": "w30 w31"}]},
+            {"prompt": "w50"}]
+    src.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path / "out.jsonl"
+    prepare_data(PrepareConfig(str(src), str(out), model_dir=str(tiny_base), max_token=2, limit=2), **QUIET)
+    assert [r["conversations"][0]["content"] for r in read_jsonl(out)] == ["w9 w8", "w30 w31"]  # --limit 2
+
+
+def test_bad_prompt_files(tmp_path, tiny_base):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n")
+    with pytest.raises(TrainConfigError, match="holds no prompts"):
+        prepare_data(PrepareConfig(str(empty), str(tmp_path / "o.jsonl"), model_dir=str(tiny_base)), **QUIET)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"prompt": "w5"}\n{"prompt": \n')
+    with pytest.raises(TrainConfigError, match="line 2 is not valid JSON"):
+        prepare_data(PrepareConfig(str(broken), str(tmp_path / "o.jsonl"), model_dir=str(tiny_base)), **QUIET)
+    assert not (tmp_path / "o.jsonl").exists()

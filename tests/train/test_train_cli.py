@@ -1,0 +1,79 @@
+"""specdec-train as a user meets it: a happy path, and bad inputs answered with one line, exit 1, no traceback, nothing written."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+from train_fixtures import repetitive_data, tiny_base  # noqa: F401 (fixtures)
+
+from specdec.cli.train import main
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_run_and_prepare_data_through_the_cli(tmp_path, tiny_base, repetitive_data):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("w5 w6\nw7 w8\n")
+    r = invoke("prepare-data", "--model_dir", tiny_base, "--data_path", prompts, "--output_path", tmp_path / "d.jsonl", "--max_token", 4, "-q")
+    assert r.exit_code == 0, r.output
+    assert "wrote 2 answers" in r.output and len((tmp_path / "d.jsonl").read_text().splitlines()) == 2
+    r = invoke("run", "--mode", "medusa", "--model", tiny_base, "--data", repetitive_data, "--output_dir", tmp_path / "out",
+               "--max_steps", 3, "--save_steps", 2, "--lr", 1e-3, "--medusa_num_heads", 3, "--medusa-num-layers", 2, "-q", "--num_threads", 1)
+    assert r.exit_code == 0, r.output
+    assert "trained medusa for 3 steps" in r.output
+    cfg = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert cfg["medusa"] == {"num_medusa_heads": 3, "num_medusa_layers": 2}
+    assert {p.name for p in (tmp_path / "out").iterdir()} >= {"checkpoint-2", "checkpoint-3", "README.md", "loss_curve.png", "model.safetensors"}
+    r = invoke("run", "--mode", "eagle", "--model", tiny_base, "--data", repetitive_data, "--output_dir", tmp_path / "e",
+               "--max_steps", 1, "--eagle_aux_layer_ids", "0,2,3", "-q", "--num_threads", 1)
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "e" / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 2, 3]
+
+
+def _empty(tmp_path):
+    p = tmp_path / "empty.jsonl"
+    p.write_text("")
+    return p
+
+
+@pytest.mark.parametrize("case, extra, message", [
+    ("missing data", lambda t: ["--data", t / "nope.jsonl"], "--data .*nope.jsonl does not exist"),
+    ("empty data", lambda t: ["--data", _empty(t)], "empty.jsonl is empty; nothing to train on"),
+    ("unknown mode", lambda t: ["--mode", "lookahead"], "--mode 'lookahead' is not one of medusa, eagle"),
+    ("no heads", lambda t: ["--medusa_num_heads", 0], "--medusa_num_heads 0 must be >= 1"),
+    ("aux layer out of range", lambda t: ["--mode", "eagle", "--eagle_aux_layer_ids", "1,9"], r"--eagle_aux_layer_ids \[1, 9\]: the base model has layers 0..3 only"),
+    ("resume with nothing", lambda t: ["--resume", True], "holds no checkpoint-N folder to resume from"),
+    ("not a model", lambda t: ["--model", t], "is not a Hugging Face model directory"),
+])
+def test_bad_inputs_are_one_line_errors(tmp_path, tiny_base, repetitive_data, case, extra, message):
+    args = {"--mode": "medusa", "--model": tiny_base, "--data": repetitive_data, "--output_dir": tmp_path / "out", "--max_steps": 2}
+    more = extra(tmp_path)
+    args |= dict(zip(more[::2], more[1::2]))
+    r = invoke("run", *[x for flag, value in args.items() for x in ([flag] if value is True else [flag, value])])
+    assert r.exit_code == 1, (case, r.output)
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.output
+    assert __import__("re").search(message, lines[0]), lines[0]
+    assert "Traceback" not in r.output
+    assert not (tmp_path / "out").exists(), "a refused run left an output directory"
+
+
+def test_refuses_a_non_empty_output_dir(tmp_path, tiny_base, repetitive_data):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("mine")
+    r = invoke("run", "--mode", "eagle", "--model", tiny_base, "--data", repetitive_data, "--output_dir", tmp_path / "out", "--max_steps", 1)
+    assert r.exit_code == 1 and "pass --resume to continue its run or --overwrite_output_dir" in r.output
+    assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
+
+
+def test_subprocess_error_has_no_traceback(tmp_path):
+    # the installed console script's entry point, in a real process
+    proc = subprocess.run([sys.executable, "-m", "specdec.cli.train", "prepare-data", "--model_dir", tmp_path, "--data_path",
+                           tmp_path / "missing.txt", "--output_path", tmp_path / "o.jsonl"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == f"error: --data_path {tmp_path / 'missing.txt'} does not exist or is not a file."
+    assert not (tmp_path / "o.jsonl").exists()
