@@ -1,5 +1,6 @@
-"""Peer baselines for specdec-bench --compare and specdec-eval: HF `transformers.generate` and
-onnxruntime-genai (benchmarks/peers.py re-exports this module).
+"""Peer baselines for specdec-bench --compare, specdec-eval and the benchmarks: HF
+`transformers.generate`, onnxruntime-genai and llama.cpp's `llama-server` (benchmarks/peers.py
+re-exports this module).
 
 Every generate function takes pre-tokenized prompts (list of lists of int ids), decodes greedily
 at batch 1 one prompt at a time, forces exactly `max_new_tokens` new tokens (EOS is masked until
@@ -16,6 +17,13 @@ ortgenai_* functions transparently re-run themselves in that interpreter through
 The peers venv does not have specdec installed, so this file is run by path and must import
 nothing from the package at module level: only the standard library here; torch, transformers
 and onnxruntime_genai are imported inside the functions that need them.
+
+For interleaved benchmarks that must load a model once and time it many times, two handles
+keep a model loaded between calls, each with `load_s` (model load, timed apart from generation),
+`run(ids, n) -> (output_ids, seconds, stats)` and `close()`: `OrtGenaiWorker` (onnxruntime-genai
+in a long-lived PEERS_PYTHON process, `python peers.py --serve`, one JSON line per call) and
+`LlamaServer` (a `llama-server` process at batch 1, one HTTP request per prompt, prompt cache
+off so every call prefills).
 """
 from __future__ import annotations
 
@@ -147,12 +155,7 @@ def _call_in_peers_venv(fn: str, kwargs: dict[str, Any]) -> Result:
                           capture_output=True, text=True)
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(_RESULT_TAG):
-            payload = json.loads(line[len(_RESULT_TAG):])
-            if "error" in payload:
-                exc = {"NotImplementedError": NotImplementedError,
-                       "ValueError": ValueError}.get(payload["error_type"], RuntimeError)
-                raise exc(payload["error"])
-            return payload
+            return _raise_if_error(json.loads(line[len(_RESULT_TAG):]))
     raise RuntimeError(f"{fn} failed in {PEERS_PYTHON} (rc={proc.returncode}):\n"
                        f"{proc.stderr[-4000:]}")
 
@@ -207,6 +210,73 @@ def _make_speculative_dir(target_dir: str, draft_dir: str, k: int, wrap: str) ->
     return wrap
 
 
+class OrtGenaiModel:
+    """An onnxruntime-genai model (optionally with a draft or n-gram decoding) loaded once.
+
+    Needs `onnxruntime_genai` importable in this interpreter (ortgenai_generate and
+    OrtGenaiWorker take care of running it in PEERS_PYTHON otherwise).
+    """
+
+    def __init__(self, model_dir: str, draft_dir: str | None = None, num_draft_tokens: int = 4,
+                 ngram: int | None = None, num_threads: int | None = None) -> None:
+        import onnxruntime_genai as og
+
+        if draft_dir is not None and ngram is not None:
+            raise ValueError("onnxruntime-genai cannot combine n-gram and draft-model decoding")
+        if (draft_dir or ngram) and not hasattr(og.GeneratorParams, "set_speculative_options"):
+            raise NotImplementedError(
+                f"onnxruntime-genai {og.__version__} has no speculative decoding API "
+                "(GeneratorParams.set_speculative_options, added by microsoft/onnxruntime-genai#2233)")
+        self.og = og
+        self.spec_opts: dict[str, int] = {}
+        self.name = "ortgenai_greedy"
+        if draft_dir is not None:
+            self.spec_opts = {"max_draft_tokens": num_draft_tokens}
+            self.name = f"ortgenai_spec_k{num_draft_tokens}"
+        elif ngram is not None:
+            self.spec_opts = {"ngram_size": ngram, "max_draft_tokens": num_draft_tokens}
+            self.name = f"ortgenai_ngram_k{num_draft_tokens}_n{ngram}"
+        t0 = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="ortgenai_spec_") as wrap:
+            path = _make_speculative_dir(model_dir, draft_dir, num_draft_tokens, wrap) \
+                if draft_dir is not None else model_dir
+            config = og.Config(path)
+            if num_threads is not None:
+                sess = {"session_options": {"intra_op_num_threads": num_threads}}
+                blocks = {"decoder": sess, **({"draft": sess} if draft_dir else {})}
+                config.overlay(json.dumps({"model": blocks}))
+            self.model = og.Model(config)  # sessions are created here; the wrapper dir may go after
+        self.load_s = time.perf_counter() - t0
+        if ngram is not None and "ngram_size" not in og.GeneratorParams(self.model).get_speculative_options():
+            raise NotImplementedError(f"onnxruntime-genai {og.__version__} has no n-gram decoding "
+                                      "(speculative option ngram_size, microsoft/onnxruntime-genai#2314)")
+
+    def run(self, ids: list[int], n: int) -> tuple[list[int], float, dict[str, Any]]:
+        """Greedy: exactly n new tokens; wall seconds of prefill + decode; speculative stats."""
+        import numpy as np
+
+        og = self.og
+        total = len(ids) + n
+        t0 = time.perf_counter()
+        params = og.GeneratorParams(self.model)
+        # min_length == max_length masks EOS so exactly max_new_tokens are produced.
+        params.set_search_options(do_sample=False, max_length=total, min_length=total, num_beams=1)
+        if self.spec_opts:
+            params.set_speculative_options(**self.spec_opts)
+        gen = og.Generator(self.model, params)
+        gen.append_tokens(np.asarray([ids], dtype=np.int32))  # prefill
+        while not gen.is_done():
+            gen.generate_next_token()
+        dt = time.perf_counter() - t0
+        seq = gen.get_sequence(0)
+        raw = dict(gen.get_speculative_stats()) if self.spec_opts else {}
+        stats = {k: float(v) for k, v in raw.items() if isinstance(v, (int, float))}  # drops the histogram lists
+        return [int(t) for t in seq[len(ids):]], dt, stats
+
+    def close(self) -> None:
+        self.model = None
+
+
 def ortgenai_generate(model_dir: str, prompts_ids: list[list[int]], max_new_tokens: int | list[int],
                       draft_dir: str | None = None, num_draft_tokens: int = 4,
                       ngram: int | None = None, num_threads: int | None = None) -> Result:
@@ -223,71 +293,251 @@ def ortgenai_generate(model_dir: str, prompts_ids: list[list[int]], max_new_toke
             model_dir=model_dir, prompts_ids=prompts_ids, max_new_tokens=max_new_tokens,
             draft_dir=draft_dir, num_draft_tokens=num_draft_tokens, ngram=ngram,
             num_threads=num_threads))
-    import numpy as np
-    import onnxruntime_genai as og
-
-    if draft_dir is not None and ngram is not None:
-        raise ValueError("onnxruntime-genai cannot combine n-gram and draft-model decoding")
-    if (draft_dir or ngram) and not hasattr(og.GeneratorParams, "set_speculative_options"):
-        raise NotImplementedError(
-            f"onnxruntime-genai {og.__version__} has no speculative decoding API "
-            "(GeneratorParams.set_speculative_options, added by microsoft/onnxruntime-genai#2233)")
-
-    spec_opts: dict[str, int] = {}
-    name = "ortgenai_greedy"
-    if draft_dir is not None:
-        spec_opts = {"max_draft_tokens": num_draft_tokens}
-        name = f"ortgenai_spec_k{num_draft_tokens}"
-    elif ngram is not None:
-        spec_opts = {"ngram_size": ngram, "max_draft_tokens": num_draft_tokens}
-        name = f"ortgenai_ngram_k{num_draft_tokens}_n{ngram}"
-
-    with tempfile.TemporaryDirectory(prefix="ortgenai_spec_") as wrap:
-        path = _make_speculative_dir(model_dir, draft_dir, num_draft_tokens, wrap) \
-            if draft_dir is not None else model_dir
-        config = og.Config(path)
-        if num_threads is not None:
-            sess = {"session_options": {"intra_op_num_threads": num_threads}}
-            blocks = {"decoder": sess, **({"draft": sess} if draft_dir else {})}
-            config.overlay(json.dumps({"model": blocks}))
-        model = og.Model(config)  # sessions are created here; the wrapper dir may go after
-
-    if ngram is not None and "ngram_size" not in og.GeneratorParams(model).get_speculative_options():
-        raise NotImplementedError(f"onnxruntime-genai {og.__version__} has no n-gram decoding "
-                                  "(speculative option ngram_size, microsoft/onnxruntime-genai#2314)")
-
+    model = OrtGenaiModel(model_dir, draft_dir, num_draft_tokens, ngram, num_threads)
     lengths = _lengths(max_new_tokens, len(prompts_ids))
-
-    def run(ids: list[int], n: int) -> tuple[list[int], float, dict[str, Any]]:
-        total = len(ids) + n
-        t0 = time.perf_counter()
-        params = og.GeneratorParams(model)
-        # min_length == max_length masks EOS so exactly max_new_tokens are produced.
-        params.set_search_options(do_sample=False, max_length=total, min_length=total,
-                                  num_beams=1)
-        if spec_opts:
-            params.set_speculative_options(**spec_opts)
-        gen = og.Generator(model, params)
-        gen.append_tokens(np.asarray([ids], dtype=np.int32))  # prefill
-        while not gen.is_done():
-            gen.generate_next_token()
-        dt = time.perf_counter() - t0
-        seq = gen.get_sequence(0)
-        stats = dict(gen.get_speculative_stats()) if spec_opts else {}
-        return [int(t) for t in seq[len(ids):]], dt, stats
-
-    run(prompts_ids[0], lengths[0])  # warm-up
+    model.run(prompts_ids[0], lengths[0])  # warm-up
     outputs, seconds, accepted, evaluated = [], 0.0, 0.0, 0.0
     for ids, n in zip(prompts_ids, lengths):
-        out, dt, stats = run(ids, n)
+        out, dt, stats = model.run(ids, n)
         outputs.append(out)
         seconds += dt
-        accepted += float(stats.get("draft_tokens_accepted", 0))
-        evaluated += float(stats.get("draft_tokens_evaluated", 0))
-    extra: dict[str, Any] = {"ortgenai_version": og.__version__}
-    if spec_opts:  # draft tokens accepted / draft tokens the target examined
+        accepted += stats.get("draft_tokens_accepted", 0.0)
+        evaluated += stats.get("draft_tokens_evaluated", 0.0)
+    extra: dict[str, Any] = {"ortgenai_version": model.og.__version__, "load_s": model.load_s}
+    if model.spec_opts:  # draft tokens accepted / draft tokens the target examined
         extra["acceptance_rate"] = accepted / evaluated if evaluated else 0.0
-    return _result(name, outputs, seconds, **extra)
+    return _result(model.name, outputs, seconds, **extra)
+
+
+class OrtGenaiWorker:
+    """An OrtGenaiModel kept loaded in a long-lived process (PEERS_PYTHON, or this interpreter).
+
+    The process runs this file with `--serve`: one JSON request per stdin line, one tagged JSON
+    answer per stdout line. Errors come back as the exception they were.
+    """
+
+    def __init__(self, model_dir: str, draft_dir: str | None = None, num_draft_tokens: int = 4,
+                 ngram: int | None = None, num_threads: int | None = None) -> None:
+        why = ortgenai_unavailable()
+        if why:
+            raise NotImplementedError(why)
+        python = sys.executable if _have_ortgenai() else PEERS_PYTHON
+        self.proc = subprocess.Popen([python, os.path.abspath(__file__), "--serve"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            answer = self._ask({"op": "load", "kwargs": dict(model_dir=model_dir, draft_dir=draft_dir,
+                                                             num_draft_tokens=num_draft_tokens, ngram=ngram,
+                                                             num_threads=num_threads)})
+        except BaseException:
+            self.close()
+            raise
+        self.name, self.load_s, self.version = answer["name"], answer["load_s"], answer["version"]
+
+    def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        for line in self.proc.stdout:
+            if line.startswith(_RESULT_TAG):
+                return _raise_if_error(json.loads(line[len(_RESULT_TAG):]))
+        err = self.proc.stderr.read() if self.proc.stderr else ""
+        raise RuntimeError(f"the onnxruntime-genai worker exited (rc={self.proc.wait()}):\n{err[-4000:]}")
+
+    def run(self, ids: list[int], n: int) -> tuple[list[int], float, dict[str, Any]]:
+        a = self._ask({"op": "run", "ids": list(ids), "n": n})
+        return a["output_ids"], a["seconds"], a["stats"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()  # the worker's loop ends at end of input
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _serve() -> None:
+    """Worker entry (`--serve`): load one OrtGenaiModel, then run requests until stdin closes."""
+    model: OrtGenaiModel | None = None
+    for line in sys.stdin:
+        req = json.loads(line)
+        try:
+            if req["op"] == "load":
+                model = OrtGenaiModel(**req["kwargs"])
+                payload: dict[str, Any] = {"name": model.name, "load_s": model.load_s, "version": model.og.__version__}
+            elif model is None:
+                raise ValueError("load a model first")
+            else:
+                out, dt, stats = model.run(req["ids"], int(req["n"]))
+                payload = {"output_ids": out, "seconds": dt, "stats": stats}
+        except Exception as e:  # reported back to the parent, which re-raises
+            payload = {"error": str(e), "error_type": type(e).__name__}
+        sys.stdout.write(_RESULT_TAG + json.dumps(payload) + "\n")
+        sys.stdout.flush()
+
+
+# --------------------------------------------------------------------------- llama.cpp
+
+
+def llamacpp_unavailable(server_bin: str) -> str | None:
+    """Why `server_bin` cannot serve here (one line), or None when it can."""
+    if not (os.path.isfile(server_bin) and os.access(server_bin, os.X_OK)):
+        return (f"{server_bin} is not an executable llama-server: build it from llama.cpp "
+                "(cmake --build build --target llama-server), see benchmarks/README.md")
+    return None
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LlamaServer:
+    """llama.cpp's `llama-server` at batch 1 (one slot), greedy, one HTTP request per prompt.
+
+    draft: a draft GGUF -> its draft-model speculation (`--spec-type draft-simple`,
+      `--spec-draft-n-max num_draft_tokens`, `--spec-draft-n-min 0`: `-md` alone loads the draft
+      but drafts nothing in this llama.cpp); spec_type: e.g. "ngram-simple" (with spec_args such
+      as ["--spec-ngram-simple-size-n", "3"]); neither: target-only. The server reads the GGUF
+      with mmap, so several servers on one file share its pages. num_threads sets -t/-tb and,
+      with a draft, -td/-tbd. Every request turns the prompt cache off (each call prefills) and
+      `ignore_eos` on, so exactly n tokens come back. The server reports speculation only in its
+      log ("draft acceptance = ... (A accepted / D generated)"), so with a log_path, run() reads
+      each request's drafted/accepted counts from there.
+    """
+
+    def __init__(self, server_bin: str, model: str, num_threads: int | None = None, draft: str | None = None,
+                 num_draft_tokens: int = 4, spec_type: str | None = None, spec_args: list[str] | None = None,
+                 ctx_size: int = 2048, log_path: str | None = None, timeout_s: float = 300.0) -> None:
+        why = llamacpp_unavailable(server_bin)
+        if why:
+            raise NotImplementedError(why)
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [server_bin, "-m", model, "--host", "127.0.0.1", "--port", str(self.port), "-np", "1",
+               "-c", str(ctx_size), "--no-webui"]
+        if num_threads is not None:
+            cmd += ["-t", str(num_threads), "-tb", str(num_threads)]
+        if draft is not None:
+            spec_type = spec_type or "draft-simple"
+            cmd += ["-md", draft, "--spec-draft-n-max", str(num_draft_tokens), "--spec-draft-n-min", "0"]
+            if num_threads is not None:
+                cmd += ["-td", str(num_threads), "-tbd", str(num_threads)]
+        if spec_type is not None:
+            cmd += ["--spec-type", spec_type, *(spec_args or [])]
+        self.command = cmd
+        env = dict(os.environ)
+        lib = os.path.dirname(os.path.abspath(server_bin))  # a shared-library build keeps its .so files beside it
+        env["LD_LIBRARY_PATH"] = lib + (os.pathsep + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+        self.log_path = log_path
+        self._log = open(log_path or os.devnull, "w")
+        self._log_offset = 0
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        try:
+            self._wait_ready(timeout_s)
+        except BaseException:
+            self.close()
+            raise
+        self.load_s = time.perf_counter() - t0
+        self.name = "llamacpp" + (f"_draft_k{num_draft_tokens}" if draft else "") + (f"_{spec_type}" if spec_type else "")
+
+    def _request(self, path: str, body: dict[str, Any] | None = None, timeout: float = 600.0) -> dict[str, Any]:
+        import urllib.request
+
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read())
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        import urllib.error
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited (rc={self.proc.returncode}): {' '.join(self.command)}")
+            try:
+                if self._request("/health", timeout=5).get("status") == "ok":
+                    return
+            except (urllib.error.URLError, ConnectionError, OSError, ValueError):
+                pass  # still loading (503) or not listening yet
+            time.sleep(0.05)
+        raise RuntimeError(f"llama-server did not become ready in {timeout_s:.0f} s: {' '.join(self.command)}")
+
+    def tokenize(self, text: str) -> list[int]:
+        return [int(t) for t in self._request("/tokenize", {"content": text})["tokens"]]
+
+    def run(self, ids: list[int], n: int) -> tuple[list[int], float, dict[str, Any]]:
+        """Greedy: exactly n new tokens after the token ids; wall seconds of the request; the server's timings."""
+        body = {"prompt": list(ids), "n_predict": n, "temperature": 0.0, "top_k": 1, "ignore_eos": True,
+                "cache_prompt": False, "return_tokens": True, "stream": False}
+        t0 = time.perf_counter()
+        r = self._request("/completion", body)
+        dt = time.perf_counter() - t0
+        return [int(t) for t in r["tokens"]], dt, {**(r.get("timings") or {}), **self._draft_counts()}
+
+    def _draft_counts(self) -> dict[str, int]:
+        """{"draft_n", "draft_n_accepted"} from the log lines written since the last call."""
+        if not self.log_path:
+            return {}
+        with open(self.log_path, errors="replace") as f:
+            f.seek(self._log_offset)
+            text = f.read()
+            self._log_offset = f.tell()
+        drafted = accepted = 0
+        for line in text.splitlines():
+            if "draft acceptance =" in line and "(" in line:
+                counts = line.split("(", 1)[1].split(")", 1)[0]  # "    3 accepted /     8 generated"
+                a, _, d = counts.partition("accepted /")
+                accepted += int(a.strip())
+                drafted += int(d.split()[0])
+        return {"draft_n": drafted, "draft_n_accepted": accepted}
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def llamacpp_generate(server_bin: str, model: str, prompts_ids: list[list[int]], max_new_tokens: int | list[int],
+                      draft: str | None = None, num_draft_tokens: int = 4, spec_type: str | None = None,
+                      spec_args: list[str] | None = None, num_threads: int | None = None) -> Result:
+    """Greedy decoding with llama.cpp's llama-server (see LlamaServer), in the contract above."""
+    server = LlamaServer(server_bin, model, num_threads, draft, num_draft_tokens, spec_type, spec_args)
+    try:
+        lengths = _lengths(max_new_tokens, len(prompts_ids))
+        server.run(prompts_ids[0], lengths[0])  # warm-up
+        outputs, seconds, drafted, accepted = [], 0.0, 0.0, 0.0
+        for ids, n in zip(prompts_ids, lengths):
+            out, dt, timings = server.run(ids, n)
+            outputs.append(out)
+            seconds += dt
+            drafted += float(timings.get("draft_n", 0))
+            accepted += float(timings.get("draft_n_accepted", 0))
+    finally:
+        server.close()
+    extra: dict[str, Any] = {"load_s": server.load_s}
+    if draft or spec_type:
+        extra["acceptance_rate"] = accepted / drafted if drafted else 0.0
+    return _result(server.name, outputs, seconds, **extra)
+
+
+def _raise_if_error(payload: dict[str, Any]) -> dict[str, Any]:
+    if "error" in payload:
+        exc = {"NotImplementedError": NotImplementedError,
+               "ValueError": ValueError}.get(payload["error_type"], RuntimeError)
+        raise exc(payload["error"])
+    return payload
 
 
 def _main() -> None:
@@ -305,4 +555,7 @@ def _main() -> None:
 
 
 if __name__ == "__main__":
-    _main()
+    if sys.argv[1:] == ["--serve"]:
+        _serve()
+    else:
+        _main()

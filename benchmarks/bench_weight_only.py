@@ -1,0 +1,530 @@
+"""Weight-only engines on the realistic-cost pair, against llama.cpp and onnxruntime-genai (issue 13).
+
+    # once: engines, GGUFs and onnxruntime-genai exports under --work (skips what exists)
+    python benchmarks/bench_weight_only.py prepare --work /tmp/big --llama_cpp LLAMA_CPP_DIR \\
+        --peers_python /work/venv-peers/bin/python
+    # the measurement: interleaved rounds at 2 threads, then at 1
+    python benchmarks/bench_weight_only.py run --work /tmp/big --llama_cpp LLAMA_CPP_DIR \\
+        --peers_python /work/venv-peers/bin/python --threads 2,1 --rounds 3 --output_json wo.json
+
+Batch 1, greedy, the same token ids and the same number of new tokens (EOS
+ignored) for every method. Prompts: benchmarks/prompts.py, half ordinary (the
+start of a function) and half copy-heavy (a function, then a request to repeat
+it: n-gram drafting's case), reported apart and together.
+
+Methods, per precision (fp32, int8, int4; llama.cpp's f32, Q8_0, Q4_0; the
+onnxruntime-genai builder's fp32 and int4), target-only at every precision
+(--bits) and the speculative modes at --spec_bits (default int8, int4):
+
+* specdec: target-only, draft-target k=4 and k=auto (a draft engine of the
+  same precision), n-gram (k=8, matching up to 3 tokens);
+* llama.cpp (`llama-server`, one slot): target-only, its draft-model
+  speculation (`--spec-type draft-simple`, draft GGUF of the same type, 4
+  drafts), its n-gram drafters (`ngram-simple` and `ngram-map-k`, a 3-token
+  key and 8-token drafts);
+* onnxruntime-genai: target-only, its draft-model speculation (4 drafts),
+  its n-gram decoding (ngram_size 3, 8 drafts).
+
+Each method is loaded once per thread count (load time reported apart), warmed
+up, then every round runs every method over every prompt, the methods in an
+order rotated each round. Per prompt, the wall time of prefill + decode is
+timed (for llama.cpp, of the HTTP request). Reported per method: tokens/s
+median and min-max over rounds, and the ratio to specdec fp32 target-only in
+the same round (median, min-max): on a shared machine the ratio is the figure
+to read. Exactness: whether each method's output equals its own target-only
+output at the same precision (specdec's speculation must; llama.cpp and
+onnxruntime-genai may differ where their verification kernels round
+differently), and the token agreement with specdec fp32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from prompts import code_prompts  # noqa: E402
+
+from specdec.cli import peers  # noqa: E402
+
+BITS = ("fp32", "int8", "int4")
+LLAMA_TYPE = {"fp32": "f32", "int8": "q8_0", "int4": "q4_0"}
+ORTGENAI_PRECISION = {"fp32": "fp32", "int4": "int4"}  # its builder's int8 is not a weight-only CPU path
+BASE = "specdec fp32 target-only"
+WORKLOADS = ("ordinary", "copy-heavy", "all")
+
+
+class Runner(Protocol):
+    load_s: float
+
+    def run(self, ids: list[int], n: int) -> tuple[list[int], float, dict[str, Any]]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class Method:
+    name: str
+    family: str  # specdec | llama.cpp | ortgenai
+    bits: str  # fp32 | int8 | int4
+    mode: str  # target-only | draft k=4 | draft auto | ngram
+    open: Callable[[], Runner]
+    runner: Runner | None = None
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- layout
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where `prepare` puts everything and `run` finds it."""
+
+    work: Path
+
+    def ckpt(self, role: str) -> Path:
+        return self.work / role
+
+    def engine(self, role: str, bits: str) -> Path:
+        return self.work / (f"engine-{role}" if bits == "fp32" else f"engine-{role}-{bits}")
+
+    def gguf(self, role: str, bits: str) -> Path:
+        return self.work / "gguf" / f"{role}-{LLAMA_TYPE[bits]}.gguf"
+
+    def ortgenai(self, role: str, bits: str) -> Path:
+        return self.work / "ortgenai" / f"{role}-{ORTGENAI_PRECISION[bits]}"
+
+
+def llama_bin(llama_cpp: Path, tool: str) -> Path:
+    return llama_cpp / "build" / "bin" / tool
+
+
+# --------------------------------------------------------------------------- prepare
+
+
+def prepare_commands(lay: Layout, llama_cpp: Path | None, peers_python: str | None) -> list[tuple[Path, list[str], dict[str, str]]]:
+    """(output it makes, command, extra env) for everything the run needs, in order."""
+    py = sys.executable
+    cmds: list[tuple[Path, list[str], dict[str, str]]] = []
+    demo = HERE.parent / "examples" / "demo-pair"
+    for role, preset in (("target", "target325m"), ("draft", "draft")):
+        cmds.append((lay.ckpt(role), [py, str(HERE / "enlarge.py"), "--preset", preset, str(demo / role), str(lay.ckpt(role)), "--quiet"], {}))
+    build = [str(Path(py).with_name("specdec-build")), "--dtype", "float32", "--max_batch_size", "1", "--max_input_len", "512", "--max_seq_len", "1024"]
+    for bits in BITS:
+        wo = [] if bits == "fp32" else ["--use_weight_only", "--weight_only_precision", bits]
+        spec = ["--max_draft_len", "8", "--speculative_decoding_mode", "draft_tokens_external"]
+        for role in ("target", "draft"):
+            cmds.append((lay.engine(role, bits), [*build, "--checkpoint_dir", str(lay.ckpt(role)), "--output_dir", str(lay.engine(role, bits)), *wo,
+                                                 *(spec if role == "target" else [])], {}))
+    if llama_cpp is not None:
+        converter = [peers_python or py, str(llama_cpp / "convert_hf_to_gguf.py")]
+        env = {"PYTHONPATH": str(llama_cpp / "gguf-py")}
+        for role in ("target", "draft"):
+            f32 = lay.gguf(role, "fp32")
+            cmds.append((f32, [*converter, str(lay.ckpt(role)), "--outtype", "f32", "--outfile", str(f32)], env))
+            for bits in ("int8", "int4"):
+                cmds.append((lay.gguf(role, bits), [str(llama_bin(llama_cpp, "llama-quantize")), str(f32), str(lay.gguf(role, bits)), LLAMA_TYPE[bits].upper(), "2"], {}))
+    if peers_python is not None:
+        for role in ("target", "draft"):
+            for bits in ORTGENAI_PRECISION:
+                out = lay.ortgenai(role, bits)
+                cmds.append((out, [peers_python, "-m", "onnxruntime_genai.models.builder", "-i", str(lay.ckpt(role)), "-o", str(out),
+                                   "-p", ORTGENAI_PRECISION[bits], "-e", "cpu", "-c", str(lay.work / "ortgenai" / "cache")],
+                             {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}))
+    return cmds
+
+
+def prepare(args: argparse.Namespace) -> int:
+    lay = Layout(Path(args.work))
+    (lay.work / "gguf").mkdir(parents=True, exist_ok=True)
+    (lay.work / "logs").mkdir(parents=True, exist_ok=True)
+    for out, cmd, env in prepare_commands(lay, args.llama_cpp, args.peers_python):
+        shown = " ".join(f"{k}={v}" for k, v in env.items()) + (" " if env else "") + " ".join(cmd)
+        if out.exists():
+            print(f"have {out}")
+            continue
+        print(f"$ {shown}", flush=True)
+        log = lay.work / "logs" / f"prepare-{out.name}.log"
+        with open(log, "w") as f:
+            rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **env})
+        if rc != 0:
+            print(f"error: exit {rc}; see {log}", file=sys.stderr)
+            return 1
+    return 0
+
+
+# --------------------------------------------------------------------------- runners
+
+
+class SpecdecRunner:
+    """One specdec Orchestrator over executors shared with the other specdec methods."""
+
+    def __init__(self, orch: Any, load_s: float) -> None:
+        self.orch, self.load_s = orch, load_s
+
+    def run(self, ids: list[int], n: int) -> tuple[list[int], float, dict[str, Any]]:
+        from specdec.runtime import GenerationConfig
+
+        t0 = time.perf_counter()
+        outs, m = self.orch.generate([ids], GenerationConfig(max_output_len=n, end_ids=()))
+        dt = time.perf_counter() - t0
+        return list(outs[0].output_ids), dt, {"drafted": m.drafted, "accepted": m.accepted}
+
+    def close(self) -> None:
+        self.orch = None
+
+
+class SpecdecEngines:
+    """Target and draft executors per precision, each loaded once (its load time kept)."""
+
+    def __init__(self, lay: Layout, threads: int) -> None:
+        self.lay, self.threads = lay, threads
+        self.executors: dict[tuple[str, str], Any] = {}
+        self.load_s: dict[str, float] = {}
+
+    def executor(self, role: str, bits: str) -> Any:
+        from specdec.runtime import DraftTargetConfig, load_orchestrator
+
+        key = (role, bits)
+        if key not in self.executors:
+            t0 = time.perf_counter()
+            target = self.lay.engine("target", bits)
+            if role == "target":
+                ex = load_orchestrator(target, num_threads=self.threads).target
+            else:  # the draft's placement (one thread) is load_orchestrator's, as specdec-run does it
+                ex = load_orchestrator(target, self.lay.engine("draft", bits), DraftTargetConfig(4, [0], [0], False),
+                                       num_threads=self.threads, target_executor=self.executor("target", bits)).proposer.executor
+            self.load_s[f"{role} {bits}"] = time.perf_counter() - t0
+            self.executors[key] = ex
+        return self.executors[key]
+
+    def runner(self, bits: str, mode: str) -> SpecdecRunner:
+        from specdec.runtime import Orchestrator
+        from specdec.runtime.proposers.draft_model import DraftModelProposer
+        from specdec.runtime.proposers.ngram import NGramProposer
+
+        target = self.executor("target", bits)
+        if mode == "target-only":
+            orch = Orchestrator(target)
+        elif mode.startswith("draft"):
+            k = mode.split()[-1].removeprefix("k=")
+            orch = Orchestrator(target, DraftModelProposer(self.executor("draft", bits)), draft_len=k if k == "auto" else int(k))
+        else:
+            orch = Orchestrator(target, NGramProposer(8, 3), draft_len=8)
+        loads = [self.load_s.get(f"target {bits}", 0.0)] + ([self.load_s.get(f"draft {bits}", 0.0)] if mode.startswith("draft") else [])
+        return SpecdecRunner(orch, sum(loads))
+
+
+class PeerRunner:
+    """A peers.LlamaServer or peers.OrtGenaiWorker with the stats renamed to drafted/accepted."""
+
+    def __init__(self, handle: Any, drafted_key: str, accepted_key: str) -> None:
+        self.handle, self.load_s = handle, handle.load_s
+        self.keys = (drafted_key, accepted_key)
+
+    def run(self, ids: list[int], n: int) -> tuple[list[int], float, dict[str, Any]]:
+        out, dt, stats = self.handle.run(ids, n)
+        return out, dt, {"drafted": stats.get(self.keys[0], 0), "accepted": stats.get(self.keys[1], 0), **stats}
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+# --------------------------------------------------------------------------- the methods
+
+
+MODES = ("target-only", "draft k=4", "draft auto", "ngram")
+
+
+def specdec_methods(lay: Layout, engines: SpecdecEngines, bits_list: list[str], spec_bits: list[str]) -> list[Method]:
+    out = []
+    for bits in bits_list:
+        for mode in MODES if bits in spec_bits else MODES[:1]:
+            out.append(Method(f"specdec {bits} {mode}", "specdec", bits, mode, lambda b=bits, m=mode: engines.runner(b, m)))
+    return out
+
+
+# llama.cpp's n-gram drafters, sized like specdec's n-gram (3-token key, 8 drafts); their defaults
+# (12-token keys, 48 drafts) never matched on these prompts
+LLAMA_NGRAM = {
+    "simple": {"spec_type": "ngram-simple", "spec_args": ["--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "8"]},
+    "map-k": {"spec_type": "ngram-map-k", "spec_args": ["--spec-ngram-map-k-size-n", "3", "--spec-ngram-map-k-size-m", "8"]},
+}
+
+
+def llama_methods(lay: Layout, server: Path, threads: int, bits_list: list[str], spec_bits: list[str], ngrams: list[str],
+                  log_dir: Path) -> list[Method]:
+    out = []
+    for bits in bits_list:
+        model = str(lay.gguf("target", bits))
+        variants: dict[str, dict[str, Any]] = {"target-only": {}}
+        if bits in spec_bits:
+            variants["draft k=4"] = {"draft": str(lay.gguf("draft", bits)), "num_draft_tokens": 4}
+            variants.update({f"ngram {g}": LLAMA_NGRAM[g] for g in ngrams})
+        for mode, kw in variants.items():
+            log = str(log_dir / f"llama-{LLAMA_TYPE[bits]}-{mode.replace(' ', '').replace('=', '')}-t{threads}.log")
+
+            def open_(kw: dict = kw, log: str = log, model: str = model) -> Runner:
+                return PeerRunner(peers.LlamaServer(str(server), model, threads, log_path=log, **kw), "draft_n", "draft_n_accepted")
+
+            out.append(Method(f"llama.cpp {LLAMA_TYPE[bits]} {mode}", "llama.cpp", bits, mode, open_))
+    return out
+
+
+def ortgenai_methods(lay: Layout, threads: int, bits_list: list[str], spec_bits: list[str]) -> list[Method]:
+    out = []
+    for bits in [b for b in bits_list if b in ORTGENAI_PRECISION]:
+        target = str(lay.ortgenai("target", bits))
+        variants: dict[str, dict[str, Any]] = {"target-only": {}}
+        if bits in spec_bits:
+            variants["draft k=4"] = {"draft_dir": str(lay.ortgenai("draft", bits)), "num_draft_tokens": 4}
+            variants["ngram"] = {"ngram": 3, "num_draft_tokens": 8}
+        for mode, kw in variants.items():
+
+            def open_(kw: dict = kw, target: str = target) -> Runner:
+                return PeerRunner(peers.OrtGenaiWorker(target, num_threads=threads, **kw), "draft_tokens_evaluated", "draft_tokens_accepted")
+
+            out.append(Method(f"ortgenai {ORTGENAI_PRECISION[bits]} {mode}", "ortgenai", bits, mode, open_))
+    return out
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def rotated(methods: list[Method], round_index: int, rounds: int) -> list[Method]:
+    """Each round starts elsewhere in the list, so no method always runs right after the same one."""
+    shift = (round_index * len(methods)) // max(rounds, 1)
+    return methods[shift:] + methods[:shift]
+
+
+def run_round(methods: list[Method], prompts: list[list[int]], n_new: int, round_index: int, rounds: int) -> None:
+    for m in rotated(methods, round_index, rounds):
+        if m.runner is None:
+            continue
+        outputs, seconds, drafted, accepted = [], [], 0.0, 0.0
+        for ids in prompts:
+            out, dt, stats = m.runner.run(ids, n_new)
+            outputs.append(out)
+            seconds.append(dt)
+            drafted += float(stats.get("drafted") or 0)
+            accepted += float(stats.get("accepted") or 0)
+        m.rounds.append({"output_ids": outputs, "seconds": seconds, "drafted": drafted, "accepted": accepted})
+        print(f"    round {round_index + 1} {m.name:<34} {sum(map(len, outputs)) / sum(seconds):7.1f} tokens/s", flush=True)
+
+
+def open_all(methods: list[Method], warm_prompt: list[int]) -> dict[str, str]:
+    """Load and warm every method; a method that cannot load is dropped with its reason."""
+    skipped = {}
+    for m in methods:
+        try:
+            m.runner = m.open()
+            m.runner.run(warm_prompt, 8)  # first-call allocations and page faults happen here, not in round 1
+        except (NotImplementedError, RuntimeError, ValueError, FileNotFoundError, OSError) as err:
+            skipped[m.name] = str(err).splitlines()[0]
+            print(f"  skipped {m.name}: {skipped[m.name]}", flush=True)
+            if m.runner is not None:
+                m.runner.close()
+            m.runner = None
+        else:
+            print(f"  loaded {m.name:<34} {m.runner.load_s:6.2f} s", flush=True)
+    return skipped
+
+
+def close_all(methods: list[Method]) -> None:
+    for m in methods:
+        if m.runner is not None:
+            m.runner.close()
+            m.runner = None
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def tokens_per_s(rnd: dict[str, Any], idx: list[int]) -> float:
+    return sum(len(rnd["output_ids"][i]) for i in idx) / sum(rnd["seconds"][i] for i in idx)
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> float:
+    same = sum(x == y for p, q in zip(a, b) for x, y in zip(p, q))
+    return same / max(1, sum(len(p) for p in a))
+
+
+def summarize(methods: list[Method], subsets: dict[str, list[int]]) -> dict[str, dict[str, Any]]:
+    """Per method: tokens/s and ratio to BASE (same round) per workload, acceptance, exactness."""
+    by_name = {m.name: m for m in methods if m.rounds}
+    base = by_name.get(BASE)
+    out: dict[str, dict[str, Any]] = {}
+    for m in by_name.values():
+        own_to = by_name.get(f"{m.family} {m.name.split()[1]} target-only")
+        row: dict[str, Any] = {"family": m.family, "bits": m.bits, "mode": m.mode, "load_s": m.runner.load_s if m.runner else None}
+        for w, idx in subsets.items():
+            tps = [tokens_per_s(r, idx) for r in m.rounds]
+            row[w] = {"tokens_per_s": spread(tps)}
+            if base is not None and len(base.rounds) == len(m.rounds):
+                row[w]["vs_base"] = spread([t / tokens_per_s(b, idx) for t, b in zip(tps, base.rounds)])
+        drafted = sum(r["drafted"] for r in m.rounds)
+        row["acceptance"] = sum(r["accepted"] for r in m.rounds) / drafted if drafted else None
+        outputs = m.rounds[0]["output_ids"]
+        row["stable_across_rounds"] = all(r["output_ids"] == outputs for r in m.rounds)
+        row["equals_own_target_only"] = None if own_to is None or own_to is m else all(
+            r["output_ids"] == t["output_ids"] for r, t in zip(m.rounds, own_to.rounds))
+        row["agreement_with_specdec_fp32"] = agreement(outputs, base.rounds[0]["output_ids"]) if base else None
+        out[m.name] = row
+    return out
+
+
+def goals(summary: dict[str, dict[str, Any]], methods: list[Method], subsets: dict[str, list[int]]) -> list[dict[str, Any]]:
+    """The issue's two goals per bit width and workload, as per-round ratios of the two methods compared."""
+    by_name = {m.name: m for m in methods if m.rounds}
+    rows = []
+    for bits in BITS:
+        ours_to, theirs_to = f"specdec {bits} target-only", f"llama.cpp {LLAMA_TYPE[bits]} target-only"
+        for w, idx in subsets.items():
+            def best(family: str) -> str | None:
+                names = [n for n, r in summary.items() if r["family"] == family and r["bits"] == bits and r["mode"] != "target-only"]
+                return max(names, key=lambda n: summary[n][w]["tokens_per_s"]["median"], default=None)
+
+            for goal, a, b, target in (("target-only >= llama.cpp", ours_to, theirs_to, 1.0),
+                                       ("fastest speculative >= 1.3x llama.cpp's", best("specdec"), best("llama.cpp"), 1.3)):
+                if a in by_name and b in by_name:
+                    ratios = spread([tokens_per_s(x, idx) / tokens_per_s(y, idx) for x, y in zip(by_name[a].rounds, by_name[b].rounds)])
+                    rows.append({"bits": bits, "workload": w, "goal": goal, "ours": a, "theirs": b, "ratio": ratios,
+                                 "target": target, "met": ratios["median"] >= target})
+    return rows
+
+
+def fmt(s: dict[str, float], digits: int = 1, suffix: str = "") -> str:
+    return f"{s['median']:.{digits}f}{suffix} [{s['min']:.{digits}f}-{s['max']:.{digits}f}]"
+
+
+def print_table(summary: dict[str, dict[str, Any]], threads: int) -> None:
+    head = f"{'method':<34}" + "".join(f"{w + ' tok/s':>24}" for w in WORKLOADS) + f"{'all vs specdec fp32 TO':>26}{'accept':>8}{'==own TO':>9}{'agree fp32':>11}{'load s':>8}"
+    print(f"\n--- {threads} thread(s): median [min-max] over rounds ---")
+    print(head)
+    for name, r in summary.items():
+        eq = {None: "-", True: "yes", False: "NO"}[r["equals_own_target_only"]]
+        acc = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
+        vs = fmt(r["all"]["vs_base"], 2, "x") if "vs_base" in r["all"] else "-"
+        agree = f"{r['agreement_with_specdec_fp32']:.0%}" if r["agreement_with_specdec_fp32"] is not None else "-"
+        load = f"{r['load_s']:.1f}" if r["load_s"] is not None else "-"
+        print(f"{name:<34}" + "".join(f"{fmt(r[w]['tokens_per_s']):>24}" for w in WORKLOADS) + f"{vs:>26}{acc:>8}{eq:>9}{agree:>11}{load:>8}")
+
+
+def print_goals(rows: list[dict[str, Any]], threads: int) -> None:
+    print(f"\n--- goals, {threads} thread(s): ours / theirs, per-round ratio median [min-max] ---")
+    for g in rows:
+        print(f"{g['bits']:<5} {g['workload']:<11} {g['goal']:<40} {g['ours']:<28} / {g['theirs']:<30} {fmt(g['ratio'], 2, 'x'):>22}  {'met' if g['met'] else 'NOT met'}")
+
+
+# --------------------------------------------------------------------------- run
+
+
+def uptime() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def make_prompts(lay: Layout, num_prompts: int, prompt_tokens: int) -> tuple[list[list[int]], dict[str, list[int]]]:
+    ordinary = code_prompts(lay.engine("target", "fp32"), num_prompts, prompt_tokens)
+    copy = code_prompts(lay.engine("target", "fp32"), num_prompts, prompt_tokens, copy_heavy=True)
+    prompts = ordinary + copy
+    idx = list(range(len(prompts)))
+    return prompts, {"ordinary": idx[: len(ordinary)], "copy-heavy": idx[len(ordinary):], "all": idx}
+
+
+def run(args: argparse.Namespace) -> int:
+    lay = Layout(Path(args.work))
+    if args.peers_python:
+        peers.PEERS_PYTHON = args.peers_python
+    bits_list = [b for b in args.bits.split(",") if b]
+    spec_bits = [b for b in args.spec_bits.split(",") if b]
+    families = set(args.families.split(","))
+    prompts, subsets = make_prompts(lay, args.num_prompts, args.prompt_tokens)
+    log_dir = lay.work / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "fn"},
+                              "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+                              "prompt_tokens": [len(p) for p in prompts], "subsets": subsets, "load_start": uptime(), "threads": {}}
+    print(f"{len(prompts)} prompts ({len(subsets['ordinary'])} ordinary, {len(subsets['copy-heavy'])} copy-heavy; "
+          f"{min(map(len, prompts))}-{max(map(len, prompts))} tokens), {args.max_new_tokens} new tokens each, batch 1, greedy; "
+          f"load average {report['load_start']}", flush=True)
+    for threads in [int(t) for t in str(args.threads).split(",")]:
+        engines = SpecdecEngines(lay, threads)
+        methods: list[Method] = []
+        if "specdec" in families:
+            methods += specdec_methods(lay, engines, bits_list, spec_bits)
+        if "llama.cpp" in families and args.llama_cpp:
+            methods += llama_methods(lay, llama_bin(args.llama_cpp, "llama-server"), threads, bits_list, spec_bits,
+                                     [g for g in args.llama_ngram.split(",") if g], log_dir)
+        if "ortgenai" in families:
+            methods += ortgenai_methods(lay, threads, bits_list, spec_bits)
+        print(f"\n== {threads} thread(s): loading {len(methods)} methods (load average {uptime()})", flush=True)
+        skipped = open_all(methods, prompts[0][:32])
+        t_load = {"start": uptime()}
+        for r in range(args.rounds):
+            print(f"  round {r + 1}/{args.rounds} (load average {uptime()})", flush=True)
+            run_round(methods, prompts, args.max_new_tokens, r, args.rounds)
+        t_load["end"] = uptime()
+        summary = summarize(methods, subsets)
+        goal_rows = goals(summary, methods, subsets)
+        print_table(summary, threads)
+        print_goals(goal_rows, threads)
+        print(f"load average: {t_load['start']} at the first round, {t_load['end']} after the last")
+        report["threads"][str(threads)] = {
+            "summary": summary, "goals": goal_rows, "skipped": skipped, "load_average": t_load,
+            "specdec_load_s": dict(engines.load_s),
+            "llama_commands": {m.name: " ".join(m.runner.handle.command) for m in methods if m.family == "llama.cpp" and m.runner},
+            "rounds": {m.name: [{k: v for k, v in r.items() if k != "output_ids" or args.keep_outputs} for r in m.rounds] for m in methods},
+        }
+        close_all(methods)
+        engines.executors.clear()
+        if args.output_json:  # after each thread count, so a cut-short run keeps what it measured
+            Path(args.output_json).write_text(json.dumps(report, indent=1) + "\n")
+    report["load_end"] = uptime()
+    print(f"\nload average at the start {report['load_start']}, at the end {report['load_end']}")
+    if args.output_json:
+        Path(args.output_json).write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {args.output_json}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="fn", required=True)
+    for name in ("prepare", "run"):
+        p = sub.add_parser(name)
+        p.add_argument("--work", default="/tmp/big", help="holds target/, draft/, engine-*/, gguf/, ortgenai/")
+        p.add_argument("--llama_cpp", type=Path, help="a llama.cpp source tree with build/bin/llama-server (and llama-quantize)")
+        p.add_argument("--peers_python", help="a Python with onnxruntime-genai (default: $SPECDEC_PEERS_PYTHON)")
+    r = sub.choices["run"]
+    r.add_argument("--threads", default="2,1", help="comma list: each is one full measurement")
+    r.add_argument("--rounds", type=int, default=3, help="interleaved rounds (>= 3 for a spread)")
+    r.add_argument("--num_prompts", type=int, default=2, help="ordinary prompts, and as many copy-heavy ones")
+    r.add_argument("--prompt_tokens", type=int, default=128)
+    r.add_argument("--max_new_tokens", type=int, default=64)
+    r.add_argument("--bits", default="fp32,int8,int4", help="precisions measured target-only")
+    r.add_argument("--spec_bits", default="int8,int4", help="precisions also measured with every speculative mode")
+    r.add_argument("--llama_ngram", default="simple,map-k", help=f"llama.cpp n-gram drafters ({', '.join(LLAMA_NGRAM)})")
+    r.add_argument("--families", default="specdec,llama.cpp,ortgenai")
+    r.add_argument("--output_json")
+    r.add_argument("--keep_outputs", action="store_true", help="put every method's output ids in the JSON")
+    args = ap.parse_args(argv)
+    return prepare(args) if args.fn == "prepare" else run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
