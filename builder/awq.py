@@ -46,9 +46,19 @@ What this is not, compared with AutoAWQ's search:
   is function-preserving in float.
 * AutoAWQ searches one grid, duo scaling or activation-only; we search both
   (42 candidates instead of 20): the layer-local loss is cheap.
-* No per-group weight clipping search (AutoAWQ's ``auto_clip``): the contract
-  with the network returns scales only, and clipping would have to change the
-  weight itself.
+
+Weight clipping (AutoAWQ's ``auto_clip``), in ``awq_search`` only: after the
+scales, each (group, output column) of ``W' = s W`` may shrink its range to
+``r`` times the largest magnitude, r in 1, 0.95, ..., 0.55, before rounding: a
+coarser reach for a finer grid. Each group's r is chosen per column on the
+group's own share of the output error, ``e^T G_gg e`` over its rows, as
+AutoAWQ scores each group's partial output alone. (Choosing groups in turn
+with the other groups' errors in the cross terms of ``G`` cut the calibration
+loss further, 28-36% below no clipping against 22-30%, but held-out perplexity
+less: 16.431 against 16.399 on the demo pair, int4 group 128.) r = 1 is a
+candidate, so no group's own error term rises. It
+changes the weight, not only the scales, so the network takes it through
+``AwqLayer.quantize`` (``awq_input_scales`` returns the scales alone).
 """
 
 from __future__ import annotations
@@ -62,11 +72,12 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
 
-from .weight_only import quantize_rtn
+from .weight_only import IntWeight, quantize_rtn
 
 ALPHAS = tuple(np.round(np.linspace(0.0, 1.0, 21), 2))  # 0 (= RTN), 0.05, ..., 1
 GRAM_BUDGET_BYTES = 2 << 30  # Gram matrices held at once; more layers than fit -> more calibration passes
 _TINY = 1e-6  # relative floor of x_mean: a channel that never fires must not get s = 0
+CLIP_RATIOS = tuple(round(1.0 - i / 20, 2) for i in range(10))  # 1 (no clipping), 0.95, ..., 0.55, as AutoAWQ's auto_clip
 
 
 @dataclass
@@ -165,6 +176,82 @@ def search_scale(w_t: np.ndarray, stats: InputStats, bits: int, group_size: int,
     return ScaleSearch(scale=scales[best], choice=best, losses=losses)
 
 
+def _group_view(w_t: np.ndarray, group_size: int) -> np.ndarray:
+    """[in, out] -> [groups, group_size, out] float64, zero-padded like quantize_rtn."""
+    n_in, n_out = w_t.shape
+    g = group_size or n_in
+    padded = np.zeros((-(-n_in // g) * g, n_out))
+    padded[:n_in] = w_t
+    return padded.reshape(-1, g, n_out)
+
+
+def clip_weight(w_t: np.ndarray, ratio: np.ndarray, group_size: int, symmetric: bool) -> np.ndarray:
+    """w_t [in, out] clipped per (group, output column) to ``ratio`` [groups, out] of its range; [in, out] float32.
+
+    symmetric: to +-ratio * max|w|; asymmetric: to ratio * [min(w, 0), max(w, 0)] (0 stays inside, as quantize_rtn needs).
+    """
+    blocks = _group_view(w_t, group_size)
+    r = np.asarray(ratio, np.float64)[:, None, :]
+    if symmetric:
+        hi = np.abs(blocks).max(axis=1, keepdims=True) * r
+        lo = -hi
+    else:
+        lo = np.minimum(blocks.min(axis=1, keepdims=True), 0.0) * r
+        hi = np.maximum(blocks.max(axis=1, keepdims=True), 0.0) * r
+    return np.clip(blocks, lo, hi).reshape(-1, w_t.shape[1])[: w_t.shape[0]].astype(np.float32)
+
+
+def search_clip(w_t: np.ndarray, gram: np.ndarray, bits: int, group_size: int, symmetric: bool, ratios=CLIP_RATIOS) -> np.ndarray:
+    """ratio [groups, out] float32: per (group, output column), the clipping that minimises that group's own share of
+    the output error, e^T G_gg e over the group's rows (X^T X = ``gram`` [in, in]); ratio 1 wins ties."""
+    n_in, n_out = w_t.shape
+    g = group_size or n_in
+    groups = -(-n_in // g)
+    padded_gram = np.zeros((groups * g, groups * g))
+    padded_gram[:n_in, :n_in] = gram
+    blocks = np.stack([padded_gram[k * g : (k + 1) * g, k * g : (k + 1) * g] for k in range(groups)])  # [groups, g, g]
+    losses = []
+    for r in ratios:  # groups quantize independently: one whole-matrix rounding per ratio
+        clipped = clip_weight(w_t, np.full((groups, n_out), r, np.float32), g, symmetric)
+        err = _group_view(w_t - quantize_rtn(clipped, bits, g, symmetric).dequantized(), g)  # [groups, g, out]
+        losses.append(np.sum(err * np.einsum("kij,kjo->kio", blocks, err), axis=1))  # [groups, out]
+    best = np.argmin(np.stack(losses), axis=0)  # first of equals: ratios[0] = 1, no clipping
+    return np.asarray(ratios, np.float32)[best]
+
+
+@dataclass
+class AwqLayer:
+    """How int4_awq quantizes one linear layer: (x / scale) @ deq(Q(clip(scale[:, None] * W)))."""
+
+    scale: np.ndarray  # [in] float32 > 0
+    clip: np.ndarray | None  # [groups, out] float32 in (0, 1]: range kept per group of scale * W; None = no clipping
+
+    def scaled_weight(self, w_t: np.ndarray, group_size: int, symmetric: bool) -> np.ndarray:
+        """W' [in, out] float32: the weight that is rounded to nearest."""
+        w = self.scale[:, None] * np.asarray(w_t, np.float32)
+        return w if self.clip is None else clip_weight(w, self.clip, group_size, symmetric)
+
+    def quantize(self, w_t: np.ndarray, bits: int, group_size: int, symmetric: bool) -> IntWeight:
+        q = quantize_rtn(self.scaled_weight(w_t, group_size, symmetric), bits, group_size, symmetric)
+        q.source = "awq"
+        return q
+
+
+def awq_search(float_network, taps, cache_shape, num_layers, samples, bits, group_size, symmetric, clip: bool = True, say=None) -> dict[str, AwqLayer]:
+    """awq_input_scales plus, with ``clip``, the per-group clipping of the scaled weights."""
+    layers = {}
+
+    def on_layer(name: str, w_t: np.ndarray, stats: InputStats, found: ScaleSearch) -> None:
+        ratio = None
+        if clip:
+            inv = 1.0 / found.scale.astype(np.float64)
+            ratio = search_clip(found.scale[:, None] * w_t, stats.gram * np.outer(inv, inv), bits, group_size, symmetric)  # inputs are x / s
+        layers[name] = AwqLayer(found.scale, ratio)
+
+    search_network_scales(float_network, taps, cache_shape, num_layers, samples, bits, group_size, symmetric, say, on_layer)
+    return layers
+
+
 def awq_input_scales(
     float_network: onnx.ModelProto,
     taps: dict[str, str],
@@ -186,8 +273,11 @@ def awq_input_scales(
     return {name: r.scale for name, r in search_network_scales(float_network, taps, cache_shape, num_layers, samples, bits, group_size, symmetric, say).items()}
 
 
-def search_network_scales(float_network, taps, cache_shape, num_layers, samples, bits, group_size, symmetric, say=None) -> dict[str, ScaleSearch]:
-    """awq_input_scales, keeping each layer's search (alpha, losses) for reports and tests."""
+def search_network_scales(float_network, taps, cache_shape, num_layers, samples, bits, group_size, symmetric, say=None, on_layer=None) -> dict[str, ScaleSearch]:
+    """awq_input_scales, keeping each layer's search (alpha, losses) for reports and tests.
+
+    on_layer(name, w_t, stats, search), if given, runs while the layer's weight and statistics are at hand.
+    """
     import onnxruntime as ort
 
     from .backends.onnxruntime import write_engine
@@ -206,7 +296,10 @@ def search_network_scales(float_network, taps, cache_shape, num_layers, samples,
             stats = _collect_stats(sess, {k: taps[k] for k in group}, in_features, cache_shape, num_layers, samples)
             for name in group:
                 w_t = _read_weight(weights[name], Path(tmp))
-                results[name] = search_scale(w_t, stats.pop(name), bits, group_size, symmetric)
+                layer_stats = stats.pop(name)
+                results[name] = search_scale(w_t, layer_stats, bits, group_size, symmetric)
+                if on_layer:
+                    on_layer(name, w_t, layer_stats, results[name])
                 if say:
                     r = results[name]
                     say(f"awq {name}: alpha={r.alpha:.2f}{' / w_mean' if r.choice[1] else ''}, calibration output error {r.relative_loss:.3f} x RTN's")

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 from checkpoints import make_checkpoint
 
-from specdec.builder.awq import RTN, InputStats, awq_input_scales, candidate_scale, output_error, search_network_scales, search_scale, weight_mean
+from specdec.builder.awq import (RTN, AwqLayer, InputStats, awq_input_scales, awq_search, candidate_scale, clip_weight, output_error, search_clip,
+                                 search_network_scales, search_scale, weight_mean)
 from specdec.builder.weight_only import quantize_rtn
 
 N_IN, N_OUT, ROWS = 256, 128, 2048
@@ -86,6 +87,42 @@ def test_dead_channels_get_finite_positive_scales():
     assert r.choice == RTN and np.all(r.scale == 1)
 
 
+def test_clip_weight_bounds_each_group_and_column():
+    w = np.array([[1.0, -2.0], [-4.0, 1.0], [3.0, 0.5], [2.0, 1.0]], np.float32)  # [in 4, out 2], groups of 2 rows
+    ratio = np.array([[0.5, 1.0], [1.0, 0.5]], np.float32)  # [groups, out]
+    np.testing.assert_array_equal(clip_weight(w, ratio, 2, True), [[1.0, -2.0], [-2.0, 1.0], [3.0, 0.5], [2.0, 0.5]])
+    # asymmetric: ratio * [min(w, 0), max(w, 0)]: column 1 of group 1 has no negative values, so 0 stays the floor
+    np.testing.assert_array_equal(clip_weight(w, ratio, 2, False), [[0.5, -2.0], [-2.0, 1.0], [3.0, 0.5], [2.0, 0.5]])
+    np.testing.assert_array_equal(clip_weight(w, np.ones((2, 2), np.float32), 2, True), w)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_clipping_cuts_output_error_on_heavy_tailed_weights(symmetric):
+    """Student-t weights: a few large values stretch their group's grid; shrinking its reach pays."""
+    x, _, stats = outlier_layer(seed=5)
+    w = (np.random.default_rng(5).standard_t(3, (N_IN, N_OUT)) * 0.05).astype(np.float32)
+    found = search_scale(w, stats, 4, 128, symmetric)
+    inv = 1.0 / found.scale.astype(np.float64)
+    ratio = search_clip(found.scale[:, None] * w, stats.gram * np.outer(inv, inv), 4, 128, symmetric)
+    assert ratio.shape == (N_IN // 128, N_OUT) and ratio.dtype == np.float32
+    assert 0.5 < ratio.min() and ratio.max() == 1.0 and (ratio < 1).mean() > 0.2
+    scaled, clipped = AwqLayer(found.scale, None), AwqLayer(found.scale, ratio)
+    mse = {k: float(np.mean((x @ w - (x / a.scale) @ a.quantize(w, 4, 128, symmetric).dequantized()) ** 2)) for k, a in (("s", scaled), ("c", clipped))}
+    assert mse["c"] < 0.95 * mse["s"], mse  # measured 0.79x (symmetric), 0.83x (asymmetric), on top of what the scales bought
+    q = clipped.quantize(w, 4, 128, symmetric)
+    assert q.source == "awq"
+    np.testing.assert_array_equal(scaled.quantize(w, 4, 128, symmetric).dequantized(), quantize_rtn(found.scale[:, None] * w, 4, 128, symmetric).dequantized())
+
+
+def test_clipping_keeps_a_group_it_cannot_improve():
+    """A group whose values sit on the grid already (codes exactly representable) has nothing to gain: ratio 1."""
+    rng = np.random.default_rng(6)
+    w = (rng.integers(-7, 8, (N_IN, N_OUT)) * 0.01).astype(np.float32)
+    w[0] = 0.07  # every group's max |w| is on the grid: RTN is exact
+    _, _, stats = outlier_layer(seed=6)
+    assert np.all(search_clip(w, stats.gram, 4, 128, True) == 1.0)
+
+
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     return make_checkpoint(tmp_path_factory.mktemp("awq") / "base", "LlamaForCausalLM", hidden_size=64, intermediate_size=128, vocab_size=96)
@@ -137,6 +174,17 @@ def onnx_array(t):
     from onnx import numpy_helper
 
     return numpy_helper.to_array(t)
+
+
+def test_awq_search_returns_scales_and_clipping_per_layer(ckpt):
+    _, model, net, taps, cache_shape = float_network_with_taps(ckpt)
+    in_out = {t.name[: -len(".weight")]: tuple(t.dims) for t in net.graph.initializer if t.name.endswith("_proj.weight")}
+    layers = awq_search(net, taps, cache_shape, model.num_layers, [list(range(3, 60))], 4, 32, True)
+    assert set(layers) == set(taps)
+    for name, layer in layers.items():
+        n_in, n_out = in_out[name]
+        assert layer.scale.shape == (n_in,) and layer.clip.shape == (n_in // 32, n_out)
+        assert np.all(layer.clip > 0.5) and np.all(layer.clip <= 1)
 
 
 def test_awq_input_scales_contract(ckpt):
