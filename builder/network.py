@@ -78,6 +78,7 @@ def build_network(
     lowering_cls = get_lowering(build.lowering)
     gb = GraphBuilder(weight_dtype=build.dtype, compute_dtype=lowering_cls.compute_dtype(build))
     lowering = lowering_cls(gb, cfg)
+    lowering.consistent_rows = build.max_draft_len > 0  # a target: its decode steps must compute what verification computes
     linears = _Linears(gb, lowering, ckpt, build, convention, activation_scales or {}, awq_scales or {})
     ids = gb.input("input_ids", TensorProto.INT64, ["batch", "num_tokens"])
     positions = gb.input("position_ids", TensorProto.INT64, ["batch", "num_tokens"])

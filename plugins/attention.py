@@ -36,6 +36,9 @@ class Shared:
 
 class AttentionLowering:
     name = "base"
+    # Set for engines that verify drafts: a one-token step computes every row with the kernels a
+    # (k + 1)-token verification step uses, so the two give the same bits (docs/precision.md).
+    consistent_rows = False
     kv_layout = "bnsh"  # cache layout: bnsh = [batch, kv_heads, capacity, head_dim]; bsh = [batch, capacity, kv_heads * head_dim]
     extra_opsets: dict[str, int] = {}
     extra_inputs: tuple[str, ...] = ()  # graph inputs beyond the engine ABI's (the runtime feeds them)
@@ -73,7 +76,9 @@ class AttentionLowering:
             gb.op("TensorScatter", [past, new, shared.write_index], f"{prefix}/{kind}_cache_update", outputs=[present], axis=-2)
             gb.output(present, TensorProto.FLOAT, shape)
             live.append(gb.op("Slice", [present, self._zero, shared.live_len, self._cache_axis], f"{prefix}/{kind}_live"))
-        return gb.op(
+        if self.consistent_rows:  # a lone query row takes another kernel: give it a zero partner
+            q = gb.op("Pad", [q, self._query_pads], f"{prefix}/two_query_rows")
+        out = gb.op(
             "Attention",
             [q, live[0], live[1], shared.mask],
             f"{prefix}/attention",
@@ -81,6 +86,9 @@ class AttentionLowering:
             kv_num_heads=cfg.num_kv_heads,
             scale=float(cfg.head_dim) ** -0.5,
         )
+        if self.consistent_rows:
+            out = gb.op("Slice", [out, self._zero, self._num_tokens, self._query_axis], f"{prefix}/drop_query_pad")
+        return out
 
     def takes_packed_qkv(self) -> bool:
         """Whether ``layer`` takes the fused q|k|v projection as ``q`` (k and v None) instead of three parts."""
@@ -126,10 +134,32 @@ class PortableAttention(AttentionLowering):
         pos4 = gb.op("Unsqueeze", [shared.positions, gb.const(f"{p}/axes13", np.array([1, 3], np.int64))], f"{p}/pos4")
         mask = gb.op("LessOrEqual", [slots, pos4], f"{p}/mask")  # [B,1,S,L]
         live1 = gb.op("Unsqueeze", [live, zero], f"{p}/live_len")
-        shared.write_index, shared.mask, shared.live_len = first, mask, live1
         # the capacity axis, along which the cache is sliced to the live length
         self._zero, self._cache_axis = zero, gb.const(f"{p}/cache_axis", np.array([2 if self.kv_layout == "bnsh" else 1], np.int64))
+        if self.consistent_rows:
+            mask = self._two_query_rows(p, shared.positions, mask, zero)
+        shared.write_index, shared.mask, shared.live_len = first, mask, live1
         return shared
+
+    def _two_query_rows(self, p: str, positions: str, mask: str, zero: str) -> str:
+        """ONNX Runtime's Attention computes a lone query row with another kernel than two or more
+        (the last bits differ); with two or more, a row's result does not depend on how many others
+        there are, nor on the live length. A one-token step gets a zero second query (its mask row a
+        copy of the first), sliced off after: the same bits as that token's row in a verification step.
+        Returns the mask with that row."""
+        gb = self.gb
+        tokens = gb.op("Slice", [gb.op("Shape", [positions], f"{p}/step_shape"), gb.const(f"{p}/one_1d", np.array([1], np.int64)),
+                                 gb.const(f"{p}/two_1d", np.array([2], np.int64))], f"{p}/num_tokens")  # [1]
+        lone = gb.op("Cast", [gb.op("Less", [tokens, gb.const(f"{p}/two_rows", np.array([2], np.int64))], f"{p}/lone_query")],
+                     f"{p}/lone_query_count", to=TensorProto.INT64)  # [1]: 1 for a one-token step, else 0
+        q_axis = 2 if self.kv_layout == "bnsh" else 1  # q: [B, heads, S, head_dim] or [B, S, heads * head_dim]
+        rank = 4 if self.kv_layout == "bnsh" else 3
+        before = gb.const(f"{p}/pads_before", np.zeros(rank + q_axis, np.int64))
+        after = gb.const(f"{p}/pads_after", np.zeros(rank - q_axis - 1, np.int64))
+        self._query_pads = gb.op("Concat", [before, lone, after], f"{p}/query_pads", axis=0)
+        mask_pads = gb.op("Concat", [gb.const(f"{p}/mask_pads_before", np.zeros(6, np.int64)), lone, zero], f"{p}/mask_pads", axis=0)
+        self._num_tokens, self._query_axis = tokens, gb.const(f"{p}/query_axis", np.array([q_axis], np.int64))
+        return gb.op("Pad", [mask, mask_pads], f"{p}/mask_two_rows", mode="edge")  # [B, 1, max(S, 2), L]
 
     def layer(self, prefix: str, q: str, k: str, v: str, layer: int, shared: Shared) -> str:
         gb, cfg = self.gb, self.cfg

@@ -27,17 +27,21 @@ class OrtCpuAttention(PortableAttention):
     name = "ort_cpu"
     kv_layout = "bsh"
     extra_opsets = {CONTRIB: 1}
-    weight_only_op = f"MatMulNBits(accuracy_level={NBITS_ACCURACY_LEVEL}, even rows)"
+    weight_only_op = f"MatMulNBits(accuracy_level={NBITS_ACCURACY_LEVEL})"
 
     def __init__(self, gb, cfg):
         super().__init__(gb, cfg)
         self._even_rows: dict[str, EvenRows] = {}  # per leading shape (the layers' tokens, the logit rows)
 
     def int_matmul(self, name: str, x: str, w: IntWeightLike, rows: str) -> str:
-        """MatMulNBits: the weight stays packed; activations padded to an even row count (plugins/quantized_gemm.py)."""
+        """MatMulNBits: the weight stays packed; in an engine that verifies drafts, activations padded to an
+        even row count so that every row takes the same kernel (plugins/quantized_gemm.py)."""
+        x = permute_input(self.gb, name, x, w)
+        if not self.consistent_rows:
+            return matmul_nbits(self.gb, name, x, w, None)
         if rows not in self._even_rows:
             self._even_rows[rows] = EvenRows(self.gb, rows)
-        return matmul_nbits(self.gb, name, permute_input(self.gb, name, x, w), w, self._even_rows[rows])
+        return matmul_nbits(self.gb, name, x, w, self._even_rows[rows])
 
     def layer(self, prefix: str, q: str, k: str, v: str, layer: int, shared: Shared) -> str:
         gb, cfg = self.gb, self.cfg

@@ -126,33 +126,39 @@ def unpack_matmul_nbits(p: NBitsWeight) -> tuple[np.ndarray, np.ndarray, np.ndar
 
 
 class EvenRows:
-    """Values shared by the MatMulNBits calls whose activations have the leading shape of ``rows``:
-    the padding that makes their row count even, and the shapes to undo it."""
+    """Values shared by the MatMulNBits calls whose activations have the leading shape of ``rows``
+    ([B, S]): the padding that makes their row count B * S even, and the slice that undoes it.
+
+    B * S is odd only when B and S both are, and then B * (S + 1) is even: one zero token at the end
+    of every sequence does it, on the 3-D activation itself (no reshapes: two extra nodes a GEMM).
+    """
 
     def __init__(self, gb: GraphOps, rows: str):
         p = f"{rows}/even_rows"
         lead = gb.op("Shape", [rows], f"{p}/lead")  # [2]: batch, tokens
-        self.count = gb.op("ReduceProd", [lead], f"{p}/count", keepdims=1)  # [1]
-        odd = gb.op("Mod", [self.count, gb.const(f"{p}/two", np.array([2], np.int64))], f"{p}/odd")
-        zeros = gb.const(f"{p}/zeros", np.array([0, 0], np.int64))
-        # Pad's [rows_begin, cols_begin, rows_end, cols_end]: one zero row at the end when the count is odd
-        self.pads = gb.op("Concat", [zeros, odd, gb.const(f"{p}/zero", np.array([0], np.int64))], f"{p}/pads", axis=0)
-        self.out_shape = gb.op("Concat", [lead, gb.const(f"{p}/minus_one", np.array([-1], np.int64))], f"{p}/out_shape", axis=0)
-        self.zero = gb.const(f"{p}/start", np.array([0], np.int64))
+        count = gb.op("ReduceProd", [lead], f"{p}/count", keepdims=1)  # [1]
+        odd = gb.op("Mod", [count, gb.const(f"{p}/two", np.array([2], np.int64))], f"{p}/odd")
+        # Pad's [begin x3, end x3] on [B, S, K]: `odd` zero tokens after each sequence
+        self.pads = gb.op("Concat", [gb.const(f"{p}/zeros", np.zeros(4, np.int64)), odd, gb.const(f"{p}/zero", np.array([0], np.int64))],
+                          f"{p}/pads", axis=0)
+        self.tokens = gb.op("Slice", [lead, gb.const(f"{p}/one", np.array([1], np.int64)), gb.const(f"{p}/two_end", np.array([2], np.int64))],
+                            f"{p}/tokens")  # [1]: S
+        self.start = gb.const(f"{p}/start", np.array([0], np.int64))
+        self.axis = gb.const(f"{p}/axis", np.array([1], np.int64))
 
 
-def matmul_nbits(gb: GraphOps, name: str, x: str, w: IntWeightLike, rows: EvenRows, accuracy_level: int = NBITS_ACCURACY_LEVEL) -> str:
-    """x [B, S, K] @ deq(w) -> [B, S, N] with MatMulNBits, over an even number of rows."""
+def matmul_nbits(gb: GraphOps, name: str, x: str, w: IntWeightLike, rows: EvenRows | None, accuracy_level: int = NBITS_ACCURACY_LEVEL) -> str:
+    """x [B, S, K] @ deq(w) -> [B, S, N] with MatMulNBits; over an even number of rows unless ``rows`` is None."""
     p = pack_matmul_nbits(w)
     inputs = [gb.const(f"{name}.weight_packed", p.b), gb.const(f"{name}.weight_scales", p.scales)]
     if p.zero_points is not None:
         inputs.append(gb.const(f"{name}.weight_zero_points", p.zero_points))
-    flat = gb.op("Reshape", [x, gb.const(f"{name}/rows_shape", np.array([-1, p.k], np.int64))], f"{name}/rows")
-    padded = gb.op("Pad", [flat, rows.pads], f"{name}/even_rows")
-    y = gb.op("MatMulNBits", [padded, *inputs], f"{name}/matmul_nbits", domain=CONTRIB,
-              K=p.k, N=p.n, bits=p.bits, block_size=p.block_size, accuracy_level=accuracy_level)
-    y = gb.op("Slice", [y, rows.zero, rows.count, rows.zero], f"{name}/drop_pad_row")
-    return gb.op("Reshape", [y, rows.out_shape], name)
+    attrs = dict(domain=CONTRIB, K=p.k, N=p.n, bits=p.bits, block_size=p.block_size, accuracy_level=accuracy_level)
+    if rows is None:
+        return gb.op("MatMulNBits", [x, *inputs], name, **attrs)
+    padded = gb.op("Pad", [x, rows.pads], f"{name}/even_rows")
+    y = gb.op("MatMulNBits", [padded, *inputs], f"{name}/matmul_nbits", **attrs)
+    return gb.op("Slice", [y, rows.start, rows.tokens, rows.axis], name)
 
 
 # -- standard ONNX: blocked DequantizeLinear + MatMul ------------------------------
