@@ -472,12 +472,16 @@ def run(args: argparse.Namespace) -> int:
         if "ortgenai" in families:
             methods += ortgenai_methods(lay, threads, bits_list, spec_bits)
         print(f"\n== {threads} thread(s): loading {len(methods)} methods (load average {uptime()})", flush=True)
-        skipped = open_all(methods, prompts[0][:32])
-        t_load = {"start": uptime()}
-        for r in range(args.rounds):
-            print(f"  round {r + 1}/{args.rounds} (load average {uptime()})", flush=True)
-            run_round(methods, prompts, args.max_new_tokens, r, args.rounds)
-        t_load["end"] = uptime()
+        try:  # llama-server processes outlive an interrupted run unless closed here
+            skipped = open_all(methods, prompts[0][:32])
+            t_load = {"start": uptime()}
+            for r in range(args.rounds):
+                print(f"  round {r + 1}/{args.rounds} (load average {uptime()})", flush=True)
+                run_round(methods, prompts, args.max_new_tokens, r, args.rounds)
+            t_load["end"] = uptime()
+        except BaseException:
+            close_all(methods)
+            raise
         summary = summarize(methods, subsets)
         goal_rows = goals(summary, methods, subsets)
         print_table(summary, threads)
