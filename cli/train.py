@@ -90,6 +90,8 @@ def prepare_data_cmd(quiet: bool, **kwargs) -> None:
 @option("eagle_aux_layer_ids", type=str, default=None,
         help="EAGLE: base decoder layers whose outputs are fused, e.g. 1,15,28 [default: ModelOpt's {1, L//2-1, L-4}, clamped to the base's layers].")
 @option("eval_fraction", type=float, default=0.0, show_default=True, help="Hold out this share of the sequences to report top-1 accuracy on (0: report on the training data).")
+@option("eval_data", type=click.Path(), default=None, help="A separate .jsonl (from prepare-data) to report top-1 accuracy on, instead of --eval_fraction.")
+@option("max_time", type=float, default=None, help="Stop (and save) after the step that passes this many seconds of training.")
 @option("seed", type=int, default=0, show_default=True, help="Initialisation and data order.")
 @option("resume", is_flag=True, help="Continue from the latest checkpoint-N in --output_dir (heads, optimizer, step).")
 @option("overwrite_output_dir", is_flag=True, help="Delete a non-empty --output_dir and start over.")

@@ -127,14 +127,11 @@ def prepare_data(cfg: PrepareConfig, say: Callable[[str], None] = print, progres
     gen: _Generator = EngineGenerator(cfg) if cfg.engine_dir else TransformersGenerator(cfg)
     tok = gen.tokenizer
     limit = min(cfg.max_prompt_tokens or gen.prompt_limit, gen.prompt_limit)
-    encoded, cut = [], 0
-    for p in prompts:
-        ids = tok.encode(p)
-        if len(ids) > limit:
-            ids, cut = ids[:limit], cut + 1
-        encoded.append(ids)
-    if cut:
-        say(f"{cut} of {len(prompts)} prompts cut to {limit} tokens")
+    encoded = [tok.encode(p) for p in prompts]
+    cut = [len(ids) > limit for ids in encoded]
+    encoded = [ids[:limit] for ids in encoded]
+    if any(cut):
+        say(f"{sum(cut)} of {len(prompts)} prompts cut to {limit} tokens")
     out = Path(cfg.output_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
@@ -146,7 +143,7 @@ def prepare_data(cfg: PrepareConfig, say: Callable[[str], None] = print, progres
                 chunk = encoded[start : start + cfg.batch]
                 for k, answer in enumerate(gen.answer(chunk, start)):
                     i = start + k
-                    text = prompts[i] if len(chunk[k]) == len(tok.encode(prompts[i])) else tok.decode(chunk[k])
+                    text = tok.decode(chunk[k]) if cut[i] else prompts[i]  # the record says what the model really saw
                     f.write(json.dumps(record(i, text, tok.decode(answer), chunk[k], answer)) + "\n")
                     tokens += len(answer)
                 if bar is not None:

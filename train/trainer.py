@@ -53,6 +53,8 @@ class TrainConfig:
     warmup_steps: int = 0
     lr_scheduler: str = "constant"
     eval_fraction: float = 0.0  # held-out share of the sequences for the top-1 report; 0 reports on the training data
+    eval_data: str | None = None  # a separate .jsonl to report top-1 on (instead of --eval_fraction)
+    max_time: float | None = None  # stop (and save) after the step that passes this many seconds of training
     seed: int = 0
     resume: bool = False
     overwrite_output_dir: bool = False
@@ -86,6 +88,8 @@ class TrainConfig:
             raise TrainConfigError(f"--eval_fraction {self.eval_fraction} must be in [0, 1).")
         if self.eagle_aux_layer_ids is not None and (not self.eagle_aux_layer_ids or min(self.eagle_aux_layer_ids) < 0):
             raise TrainConfigError(f"--eagle_aux_layer_ids {self.eagle_aux_layer_ids} must be non-empty layer indices >= 0.")
+        if self.max_time is not None and self.max_time <= 0:
+            raise TrainConfigError(f"--max_time {self.max_time} must be > 0 seconds.")
         if self.resume and self.overwrite_output_dir:
             raise TrainConfigError("--resume continues the run in --output_dir and --overwrite_output_dir deletes it: choose one.")
 
@@ -194,6 +198,7 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
     cfg.validate()
     model_dir = check_model_dir(cfg.model)
     data_path = check_data_file(cfg.data, "--data")
+    eval_path = check_data_file(cfg.eval_data, "--eval_data") if cfg.eval_data else None
     out = check_output_dir(cfg)
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
@@ -201,8 +206,12 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
 
     # Everything that can be refused is checked before the base model loads (seconds to minutes).
     base_cfg = base_config_dict(model_dir)
-    seqs = read_sequences(data_path, _tokenizer(model_dir), cfg.training_seq_len, base_cfg.get("vocab_size"))
-    train_seqs, eval_seqs = _split(seqs, cfg.eval_fraction, cfg.seed)
+    tokenizer = _tokenizer(model_dir)
+    seqs = read_sequences(data_path, tokenizer, cfg.training_seq_len, base_cfg.get("vocab_size"))
+    if eval_path:
+        train_seqs, eval_seqs = seqs, read_sequences(eval_path, tokenizer, cfg.training_seq_len, base_cfg.get("vocab_size"))
+    else:
+        train_seqs, eval_seqs = _split(seqs, cfg.eval_fraction, cfg.seed)
     _check_aux_ids(cfg, base_cfg.get("num_hidden_layers"))
     base = load_base(model_dir)
     run = Run(cfg, base)
@@ -230,6 +239,7 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
     run.heads.train()
     bar = _bar(total, step, progress_bar)
     last_saved = None
+    loop_start = time.perf_counter()
     while step < total:
         lr = _lr_at(cfg, step, total)
         for g in optimizer.param_groups:
@@ -243,6 +253,10 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{losses[-1]:.4f}")
+        out_of_time = cfg.max_time is not None and time.perf_counter() - loop_start >= cfg.max_time
+        if out_of_time and step < total:
+            say(f"--max_time {cfg.max_time:g} s reached at step {step} of {total}")
+            total = step
         if step % cfg.save_steps == 0 or step == total:
             elapsed = elapsed_before + time.perf_counter() - started
             last_saved = save_checkpoint(out, step, run.heads, config, optimizer, names,

@@ -109,3 +109,14 @@ def test_resume_refuses_other_heads(tmp_path, tiny_base, repetitive_data):
     train(config("medusa", tiny_base, repetitive_data, tmp_path / "o", max_steps=2, save_steps=2), **QUIET)
     with pytest.raises(TrainConfigError, match="do not match"):
         train(config("medusa", tiny_base, repetitive_data, tmp_path / "o", max_steps=4, medusa_num_heads=3, resume=True), **QUIET)
+
+
+def test_max_time_stops_and_saves_and_eval_data_is_reported_on(tmp_path, tiny_base, repetitive_data):
+    held = tmp_path / "held.jsonl"
+    held.write_text(json.dumps({"input_ids": [9, 10, 11, 12, 13, 14, 15, 16, 5, 6], "prompt_len": 0}) + "\n")
+    r = train(config("medusa", tiny_base, repetitive_data, tmp_path / "t", max_steps=1000, save_steps=500, max_time=1e-6, eval_data=str(held)), **QUIET)
+    assert r.steps == 1 and (tmp_path / "t" / "checkpoint-1").is_dir()  # the step that passed the budget was saved
+    log = json.loads((tmp_path / "t" / "training_log.json").read_text())
+    assert log["held_out"] is True
+    # 10 tokens: head 0 is counted at 8 positions, head 1 at 7; the accuracies are fractions of those
+    assert [round(a * n) / n for a, n in zip(r.accuracy, (8, 7))] == r.accuracy

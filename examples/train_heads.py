@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Train Medusa heads and an EAGLE-3 module for the demo target, on the demo corpus, on a CPU budget.
+
+The demo target (examples/demo-pair/target: 6 layers, hidden 256, vocab 4096)
+was trained on the Python standard library's source (examples/train_demo_pair.py).
+This script follows ModelOpt's speculative-decoding workflow on it:
+
+1. prompts  - code snippets (8-16 lines ending at a line break) cut at random
+              from the corpus's training files, and from its held-out files
+              (sha256(path) % 50 == 0, as train_demo_pair.py splits them) for evaluation;
+2. data     - the target answers them greedily (``specdec-train prepare-data``;
+              with the demo engine when ``--engine-dir`` exists, else transformers);
+3. medusa   - ``--medusa-heads`` heads of one residual block, trained on the answers;
+4. eagle    - an EAGLE-3 module of one decoder layer over the target's layers [1, 2];
+5. report   - top-1 accuracy per head on the held-out answers, before and after.
+
+Example (a few minutes on 2 threads, after the quickstart built demo-engines/)::
+
+    python examples/train_heads.py --output-dir demo-engines/heads --threads 2 --minutes 2
+
+The heads land in OUTPUT_DIR/medusa and OUTPUT_DIR/eagle in ModelOpt's layout
+(docs/medusa-eagle.md), each with its model card and loss curve. Building them
+into engines and decoding with them are not implemented yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from train_demo_pair import collect_corpus  # noqa: E402  (the demo corpus and its held-out split)
+
+from specdec.train.prepare import PrepareConfig, prepare_data  # noqa: E402
+from specdec.train.trainer import TrainConfig, train  # noqa: E402
+
+HELDOUT_MOD = 50  # train_demo_pair.py's default split
+
+
+def snippets(items: list[tuple[str, str]], n: int, rng: random.Random) -> list[str]:
+    """``n`` prompts: 8-16 consecutive non-empty-start lines of a random file, at most 600 characters."""
+    out = []
+    while len(out) < n:
+        _, text = rng.choice(items)
+        lines = text.splitlines()
+        if len(lines) < 24:
+            continue
+        start = rng.randrange(0, len(lines) - 16)
+        chunk = "\n".join(lines[start : start + rng.randint(8, 16)])[:600]
+        if chunk.strip():
+            out.append(chunk + "\n")
+    return out
+
+
+def write_prompts(path: Path, prompts: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    return path
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--output-dir", type=Path, default=Path("demo-engines/heads"))
+    p.add_argument("--target", type=Path, default=HERE / "demo-pair" / "target")
+    p.add_argument("--engine-dir", type=Path, default=Path("demo-engines/target"), help="used for prepare-data when it exists")
+    p.add_argument("--prompts", type=int, default=256, help="training prompts")
+    p.add_argument("--eval-prompts", type=int, default=32, help="held-out prompts (from held-out files)")
+    p.add_argument("--max-token", type=int, default=64, help="tokens the target answers per prompt")
+    p.add_argument("--minutes", type=float, default=2.0, help="training wall-clock budget per mode")
+    p.add_argument("--medusa-heads", type=int, default=3)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+
+    started = time.perf_counter()
+    out = args.output_dir
+    data = out / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    train_items, heldout_items = collect_corpus(Path(sysconfig.get_paths()["stdlib"]), HELDOUT_MOD)
+    rng = random.Random(args.seed)
+    write_prompts(data / "prompts.jsonl", snippets(train_items, args.prompts, rng))
+    write_prompts(data / "eval_prompts.jsonl", snippets(heldout_items, args.eval_prompts, rng))
+    print(f"corpus: {len(train_items)} training files, {len(heldout_items)} held out")
+
+    gen = dict(engine_dir=str(args.engine_dir)) if (args.engine_dir / "config.json").is_file() else dict(model_dir=str(args.target))
+    for name in ("prompts", "eval_prompts"):
+        prepare_data(PrepareConfig(str(data / f"{name}.jsonl"), str(data / f"{name}.answers.jsonl"), max_token=args.max_token,
+                                   num_threads=args.threads, **gen), progress_bar=False)
+    data_s = time.perf_counter() - started
+
+    common = dict(model=str(args.target), data=str(data / "prompts.answers.jsonl"), eval_data=str(data / "eval_prompts.answers.jsonl"),
+                  lr=args.lr, batch_size=args.batch_size, num_epochs=1000, max_time=args.minutes * 60, save_steps=100_000,
+                  training_seq_len=256, lr_scheduler="constant", seed=args.seed, num_threads=args.threads, overwrite_output_dir=True)
+    results = {
+        "medusa": train(TrainConfig(mode="medusa", output_dir=str(out / "medusa"), medusa_num_heads=args.medusa_heads, medusa_num_layers=1, **common)),
+        "eagle": train(TrainConfig(mode="eagle", output_dir=str(out / "eagle"), eagle_num_layers=1, **common)),
+    }
+
+    print(f"\nheld-out top-1 ({args.eval_prompts} prompts from held-out files, {args.max_token} greedy target tokens each); "
+          f"data {data_s:.0f} s, {args.threads} thread(s)")
+    print(f"{'head':<34}{'before':>8}{'after':>8}{'steps':>7}{'train s':>9}")
+    for mode, r in results.items():
+        labels = [f"medusa head {i} (token t+{i + 2})" for i in range(len(r.accuracy))] if mode == "medusa" else ["eagle depth 1 (= target's t+2)"]
+        for label, before, after in zip(labels, r.accuracy_before or [float("nan")] * len(labels), r.accuracy):
+            print(f"{label:<34}{before:>8.3f}{after:>8.3f}{r.steps:>7}{r.seconds:>9.0f}")
+    print(f"total {time.perf_counter() - started:.0f} s; heads in {out}/medusa and {out}/eagle")
+
+
+if __name__ == "__main__":
+    main()
