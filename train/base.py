@@ -65,7 +65,6 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
 @dataclass
 class BaseOutputs:
     last_hidden: torch.Tensor  # [batch, seq, hidden], after the final norm (what the LM head reads)
-    logits: torch.Tensor  # [batch, seq, vocab]
     aux_hidden: torch.Tensor | None  # [batch, seq, len(aux_ids) * hidden]: outputs of the chosen decoder layers, in order
 
 
@@ -85,4 +84,4 @@ def run_base(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Te
             h.remove()
     last = out.last_hidden_state
     aux = torch.cat([captured[i] for i in aux_ids], dim=-1) if aux_ids else None
-    return BaseOutputs(last, model.get_output_embeddings()(last), aux)
+    return BaseOutputs(last, aux)

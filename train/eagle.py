@@ -66,8 +66,12 @@ class Eagle3Module(nn.Module):
         return [p for p in self.parameters() if p.requires_grad]
 
     def forward(self, aux_hidden: torch.Tensor, next_embeds: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """logits: [batch, seq, vocab]."""
+        return self.lm_head(self.hidden(aux_hidden, next_embeds, attention_mask))
+
+    def hidden(self, aux_hidden: torch.Tensor, next_embeds: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         # aux_hidden: [batch, seq, num_aux * hidden]; next_embeds: [batch, seq, hidden] (embedding of token t+1)
-        # attention_mask: [batch, seq] (1 = real token), None = all real -> logits: [batch, seq, vocab]
+        # attention_mask: [batch, seq] (1 = real token), None = all real -> [batch, seq, hidden], after the final norm
         b, t, _ = next_embeds.shape
         h = self.fc(aux_hidden)
         positions = torch.arange(t, device=h.device).unsqueeze(0).expand(b, t)
@@ -80,7 +84,7 @@ class Eagle3Module(nn.Module):
         h = h + first.mlp(first.post_attention_layernorm(h))
         for layer in self.layers[1:]:
             h = layer(h, attention_mask=mask, position_embeddings=rope)
-        return self.lm_head(self.norm(h))
+        return self.norm(h)
 
 
 def causal_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -98,20 +102,6 @@ def eagle_inputs(input_ids: torch.Tensor, aux_hidden: torch.Tensor, embed: nn.Mo
     return aux_hidden[:, :-1], embed(input_ids[:, 1:])
 
 
-def eagle_loss(logits: torch.Tensor, base_logits: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
-    """Self-logit distillation (ModelOpt's eagle_self_logit_distillation): cross-entropy against the base's own distribution.
-
-    logits: [batch, seq-1, vocab] (EAGLE at t predicts token t+2); base_logits: [batch, seq, vocab]
-    (the base at t+1 predicts token t+2); loss_mask: [batch, seq] over tokens (counted where token t+2 counts).
-    The base's own entropy is subtracted (a constant: same gradient), so the value is KL(base || EAGLE):
-    0 when the draft's distribution equals the base's, whatever the base's uncertainty.
-    """
-    target_logp = F.log_softmax(base_logits[:, 1:].float(), dim=-1)  # [batch, seq-1, vocab]
-    kl = (target_logp.exp() * (target_logp - F.log_softmax(logits.float(), dim=-1))).sum(-1)
-    valid = eagle_valid(loss_mask).float()
-    return (kl * valid).sum() / valid.sum().clamp(min=1)
-
-
 def eagle_valid(loss_mask: torch.Tensor) -> torch.Tensor:
     """[batch, seq] token mask -> [batch, seq-1]: position t counts when token t+2 exists and counts."""
     valid = torch.zeros_like(loss_mask[:, 1:], dtype=torch.bool)
@@ -119,9 +109,23 @@ def eagle_valid(loss_mask: torch.Tensor) -> torch.Tensor:
     return valid
 
 
-@torch.no_grad()
-def eagle_hits(logits: torch.Tensor, base_logits: torch.Tensor, loss_mask: torch.Tensor) -> tuple[int, int]:
-    """(EAGLE's top-1 equals the base's top-1 for token t+2, counted): what greedy verification accepts at depth 1."""
+def eagle_loss(module: Eagle3Module, hidden: torch.Tensor, base_hidden: torch.Tensor, base_lm_head: nn.Module,
+               loss_mask: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+    """Self-logit distillation (ModelOpt's eagle_self_logit_distillation): cross-entropy against the base's own
+    distribution, and (EAGLE's top-1 equals the base's, counted): what greedy verification accepts at depth 1.
+
+    hidden: [batch, seq-1, hidden] from ``module.hidden`` (EAGLE at t predicts token t+2); base_hidden:
+    [batch, seq, hidden], the base's last hidden state (at t+1 it predicts token t+2); loss_mask: [batch, seq].
+    The base's entropy is subtracted (a constant: same gradient), so the value is KL(base || EAGLE): 0 when the
+    draft's distribution equals the base's, whatever the base's uncertainty. Both LM heads run on the counted
+    positions only.
+    """
     valid = eagle_valid(loss_mask)
-    same = logits.argmax(-1) == base_logits[:, 1:].argmax(-1)
-    return int((same & valid).sum()), int(valid.sum())
+    if not bool(valid.any()):
+        return hidden.new_zeros(()) * hidden.sum(), (0, 0)
+    with torch.no_grad():
+        target_logp = F.log_softmax(base_lm_head(base_hidden[:, 1:][valid]).float(), dim=-1)  # [counted, vocab]
+    logits = module.lm_head(hidden[valid])  # [counted, vocab]
+    kl = (target_logp.exp() * (target_logp - F.log_softmax(logits.float(), dim=-1))).sum(-1).mean()
+    same = logits.detach().argmax(-1) == target_logp.argmax(-1)
+    return kl, (int(same.sum()), int(same.numel()))

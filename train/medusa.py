@@ -49,46 +49,24 @@ class MedusaHeads(nn.Module):
         return torch.stack([head(last_hidden) for head in self.medusa_heads])
 
 
-def medusa_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor, head: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Head ``head`` at position t predicts token t + 2 + head (the base itself predicts t + 1).
+def medusa_loss(heads: MedusaHeads, last_hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
+                heads_coefficient: float = HEADS_COEFFICIENT, decay: float = DECAY_COEFFICIENT) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """ModelOpt's Medusa loss, sum over heads of CE_i * heads_coefficient * decay**i, and (correct top-1, counted) per head.
 
-    Returns labels and a validity mask, both [batch, seq - 2 - head] for positions 0 .. seq - 3 - head.
+    Head i at position t predicts token t + 2 + i (the base itself predicts t + 1); only positions whose target
+    token counts (``loss_mask``) go through the head, so the [positions, vocab] logits stay as small as they can.
+    last_hidden: [batch, seq, hidden]; input_ids, loss_mask: [batch, seq].
     """
-    shift = 2 + head
-    return input_ids[:, shift:], loss_mask[:, shift:]
-
-
-def medusa_loss(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
-                heads_coefficient: float = HEADS_COEFFICIENT, decay: float = DECAY_COEFFICIENT) -> tuple[torch.Tensor, list[float]]:
-    """ModelOpt's Medusa loss: sum over heads of CE_i * heads_coefficient * decay**i; also each head's plain CE."""
-    # logits: [heads, batch, seq, vocab]; input_ids, loss_mask: [batch, seq]
-    total, per_head = logits.new_zeros(()), []
+    total, hits = last_hidden.new_zeros(()), []
     seq = input_ids.shape[1]
-    for i in range(logits.shape[0]):
+    for i, head in enumerate(heads.medusa_heads):
         shift = 2 + i
-        if seq <= shift:
-            per_head.append(float("nan"))
+        valid = loss_mask[:, shift:].bool()  # [batch, seq - shift]
+        if not bool(valid.any()):
+            hits.append((0, 0))
             continue
-        labels, valid = medusa_targets(input_ids, loss_mask, i)
-        lg = logits[i, :, : seq - shift]
-        ce = F.cross_entropy(lg.reshape(-1, lg.shape[-1]), labels.reshape(-1), reduction="none")
-        weight = valid.reshape(-1).float()
-        ce_i = (ce * weight).sum() / weight.sum().clamp(min=1)
-        per_head.append(ce_i.item())
-        total = total + ce_i * heads_coefficient * decay**i
-    return total, per_head
-
-
-@torch.no_grad()
-def medusa_hits(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> list[tuple[int, int]]:
-    """(correct top-1, counted) per head, on the positions the loss counts."""
-    out, seq = [], input_ids.shape[1]
-    for i in range(logits.shape[0]):
-        shift = 2 + i
-        if seq <= shift:
-            out.append((0, 0))
-            continue
-        labels, valid = medusa_targets(input_ids, loss_mask, i)
-        pred = logits[i, :, : seq - shift].argmax(-1)
-        out.append((int(((pred == labels) & valid).sum()), int(valid.sum())))
-    return out
+        logits = head(last_hidden[:, : seq - shift][valid])  # [counted, vocab]
+        labels = input_ids[:, shift:][valid]
+        total = total + F.cross_entropy(logits, labels) * heads_coefficient * decay**i
+        hits.append((int((logits.detach().argmax(-1) == labels).sum()), int(labels.numel())))
+    return total, hits

@@ -23,11 +23,11 @@ from torch import nn
 
 from .base import base_config_dict, check_model_dir, decoder_layers, load_base, run_base, weights_sha256
 from .data import Sequence, check_data_file, read_sequences
-from .eagle import Eagle3Module, eagle_hits, eagle_inputs, eagle_llama_config, eagle_loss
+from .eagle import Eagle3Module, eagle_inputs, eagle_llama_config, eagle_loss
 from .errors import TrainConfigError
 from .export import eagle_config, medusa_config, save_heads
 from .layout import default_eagle_aux_layer_ids
-from .medusa import DECAY_COEFFICIENT, HEADS_COEFFICIENT, MedusaHeads, medusa_hits, medusa_loss
+from .medusa import DECAY_COEFFICIENT, HEADS_COEFFICIENT, MedusaHeads, medusa_loss
 from .state import latest_checkpoint, load_checkpoint, save_checkpoint
 
 MODES = ("medusa", "eagle")
@@ -172,12 +172,11 @@ class Run:
         ids, attn, loss_mask = _collate(seqs)
         out = run_base(self.base, ids, attn, self.aux_ids)
         if self.cfg.mode == "medusa":
-            logits = self.heads(out.last_hidden)  # [heads, batch, seq, vocab]
-            loss, _ = medusa_loss(logits, ids, loss_mask, HEADS_COEFFICIENT, DECAY_COEFFICIENT)
-            return loss, medusa_hits(logits.detach(), ids, loss_mask)
+            return medusa_loss(self.heads, out.last_hidden, ids, loss_mask, HEADS_COEFFICIENT, DECAY_COEFFICIENT)
         aux, next_embeds = eagle_inputs(ids, out.aux_hidden, self.base.get_input_embeddings())
-        logits = self.heads(aux, next_embeds, attn[:, :-1])  # [batch, seq-1, vocab]
-        return eagle_loss(logits, out.logits, loss_mask), [eagle_hits(logits.detach(), out.logits, loss_mask)]
+        hidden = self.heads.hidden(aux, next_embeds, attn[:, :-1])  # [batch, seq-1, hidden]
+        loss, hits = eagle_loss(self.heads, hidden, out.last_hidden, self.base.get_output_embeddings(), loss_mask)
+        return loss, [hits]
 
     @torch.no_grad()
     def accuracy(self, seqs: list[Sequence], batch_size: int) -> list[float]:
