@@ -5,7 +5,7 @@ The demo target (examples/demo-pair/target: 6 layers, hidden 256, vocab 4096)
 was trained on the Python standard library's source (examples/train_demo_pair.py).
 This script follows ModelOpt's speculative-decoding workflow on it:
 
-1. prompts  - code snippets (8-16 lines ending at a line break) cut at random
+1. prompts  - code snippets (4-12 lines ending at a line break) cut at random
               from the corpus's training files, and from its held-out files
               (sha256(path) % 50 == 0, as train_demo_pair.py splits them) for evaluation;
 2. data     - the target answers them greedily (``specdec-train prepare-data``;
@@ -45,15 +45,15 @@ HELDOUT_MOD = 50  # train_demo_pair.py's default split
 
 
 def snippets(items: list[tuple[str, str]], n: int, rng: random.Random) -> list[str]:
-    """``n`` prompts: 8-16 consecutive non-empty-start lines of a random file, at most 600 characters."""
+    """``n`` prompts: 4-12 consecutive lines of a random file (at most 400 characters), so answers outweigh prompts."""
     out = []
     while len(out) < n:
         _, text = rng.choice(items)
         lines = text.splitlines()
         if len(lines) < 24:
             continue
-        start = rng.randrange(0, len(lines) - 16)
-        chunk = "\n".join(lines[start : start + rng.randint(8, 16)])[:600]
+        start = rng.randrange(0, len(lines) - 12)
+        chunk = "\n".join(lines[start : start + rng.randint(4, 12)])[:400]
         if chunk.strip():
             out.append(chunk + "\n")
     return out

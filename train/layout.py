@@ -20,6 +20,11 @@ trained with ModelOpt load here and ours load there:
   EAGLE-3 checkpoints name layer 0 ``midlayer.*`` (``midlayer.{i}.*`` for
   several); those load too.
 
+Cross-checked with TensorRT-LLM's Medusa checkpoint reader (the same
+``medusa_heads.{i}.{j}.linear.*`` names for ModelOpt checkpoints) and vLLM's
+EAGLE-3 loader (``midlayer.`` read as ``layers.0.``; aux layer ids from
+``eagle_config``). Nothing was copied from any of them.
+
 This module needs numpy only (no torch): the builder reads heads with it.
 docs/medusa-eagle.md documents the same layout for people.
 """

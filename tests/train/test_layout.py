@@ -161,3 +161,21 @@ def test_default_aux_layers_follow_modelopt():
     assert default_eagle_aux_layer_ids(6) == [1, 2]
     assert default_eagle_aux_layer_ids(2) == [0, 1]
     assert default_eagle_aux_layer_ids(1) == [0]
+
+
+def test_load_heads_needs_no_torch(tmp_path):
+    # the builder reads heads with it, and the builder runs without torch
+    import subprocess
+    import sys
+
+    d = write(tmp_path / "m", medusa_config(2, 1), medusa_by_hand(2, 1))
+    code = ("import sys\n"
+            "class Block:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] in ('torch', 'transformers', 'safetensors'):\n"
+            "            raise ImportError(name)\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "from specdec.train import load_heads\n"
+            f"print(load_heads({str(d)!r}).num_heads)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "2", proc.stderr
