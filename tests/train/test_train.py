@@ -120,3 +120,15 @@ def test_max_time_stops_and_saves_and_eval_data_is_reported_on(tmp_path, tiny_ba
     assert log["held_out"] is True
     # 10 tokens: head 0 is counted at 8 positions, head 1 at 7; the accuracies are fractions of those
     assert [round(a * n) / n for a, n in zip(r.accuracy, (8, 7))] == r.accuracy
+
+
+def test_an_epoch_visits_every_sequence_once(tmp_path, tiny_base, repetitive_data):
+    from specdec.train.data import Sequence
+    from specdec.train.trainer import _batch_for_step
+
+    seqs = [Sequence([i, i, i]) for i in range(10)]
+    for epoch in range(2):
+        seen = [s.ids[0] for k in range(3) for s in _batch_for_step(epoch * 3 + k, seqs, 4, seed=0)]  # batches of 4, 4, 2
+        assert sorted(seen) == list(range(10))
+    r = train(config("eagle", tiny_base, repetitive_data, tmp_path / "e", max_steps=None, num_epochs=2, batch_size=10), **QUIET)
+    assert r.steps == 2 * 3  # 24 sequences in batches of 10, twice
