@@ -30,6 +30,9 @@ from .weight_only import GROUP_SIZES, WEIGHT_ONLY_BITS, WeightOnlyScheme
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 MODES = ("none", "draft_tokens_external")
 QUANTIZATIONS = ("auto", "none", "fp8", *WEIGHT_ONLY_BITS)
+# int4_awq: also search each group's clipping of the scaled weight (builder/awq.py). Off until the
+# engine-level AWQ test's reference (tests/builder/test_awq.py) clips as well.
+AWQ_CLIP = False
 CHECKPOINT_SOURCES = {"gptq": "gptq", "awq": "awq-checkpoint", "compressed-tensors": "compressed-tensors"}  # IntConvention.method -> source
 FP8_ACTIVATIONS = ("none", "static", "dynamic")
 
@@ -230,7 +233,7 @@ def build_engine(
     total = model.num_layers + 3
     report = progress or (lambda *_: None)
     report("network", 0, total)
-    scales = awq_scales = None
+    scales = awq_layers = None
     if (build.fp8_activations == "static" and calib_dataset is not None) or build.quantization == "int4_awq":
         from .calibration import calibrate_activation_scales, calibration_samples
 
@@ -243,16 +246,17 @@ def build_engine(
 
         cache_shape = KVCache(1, 1, model.num_kv_heads, build.kv_capacity, model.head_dim, build.max_seq_len, build.kv_layout).keys[0].shape
         if build.quantization == "int4_awq":
-            from .awq import awq_input_scales
+            from .awq import awq_search
 
             scheme = WeightOnlyScheme.of(build)
-            awq_scales = awq_input_scales(float_net, taps, cache_shape, model.num_layers, samples, scheme.bits, scheme.group_size, scheme.symmetric)
+            awq_layers = awq_search(float_net, taps, cache_shape, model.num_layers, samples, scheme.bits, scheme.group_size, scheme.symmetric,
+                                    clip=AWQ_CLIP)
         else:
             scales = calibrate_activation_scales(float_net, taps, cache_shape, model.num_layers, samples)
         del float_net  # not held while the quantized network is built
     int_layers: list[str] = []
     network = build_network(ckpt, model, build, on_layer=lambda i: report(f"layer {i}", i + 1, total), convention=convention, activation_scales=scales,
-                            awq_scales=awq_scales, weight_only_layers=int_layers)
+                            awq_layers=awq_layers, weight_only_layers=int_layers)
     from ..plugins import get_lowering
 
     build = replace(build, weight_only=weight_only_record(build, convention, int_layers, get_lowering(build.lowering).weight_only_op))

@@ -64,7 +64,7 @@ def build_network(
     convention: Fp8Convention | IntConvention | None = None,
     activation_scales: dict[str, float] | None = None,
     linear_inputs: dict[str, str] | None = None,
-    awq_scales: dict[str, np.ndarray] | None = None,
+    awq_layers: dict | None = None,
     weight_only_layers: list[str] | None = None,
 ):
     """Return the ONNX ModelProto of ``cfg`` with weights from ``ckpt``.
@@ -72,14 +72,15 @@ def build_network(
     convention: how the checkpoint is quantized (FP8, or packed integer weights), if it is.
     activation_scales: calibrated static FP8 input scales by linear-layer name.
     linear_inputs: filled with linear-layer name -> the graph value it reads (calibration taps).
-    awq_scales: int4_awq's per-input-channel scales s [in] by linear-layer name (builder/awq.py).
+    awq_layers: int4_awq's search by linear-layer name (builder/awq.py's AwqLayer: input scales s [in],
+        and how to quantize s[:, None] * W, clipped per group).
     weight_only_layers: filled with the names of the layers stored as int8/int4.
     """
     lowering_cls = get_lowering(build.lowering)
     gb = GraphBuilder(weight_dtype=build.dtype, compute_dtype=lowering_cls.compute_dtype(build))
     lowering = lowering_cls(gb, cfg)
     lowering.consistent_rows = build.max_draft_len > 0  # a target: its decode steps must compute what verification computes
-    linears = _Linears(gb, lowering, ckpt, build, convention, activation_scales or {}, awq_scales or {})
+    linears = _Linears(gb, lowering, ckpt, build, convention, activation_scales or {}, awq_layers or {})
     ids = gb.input("input_ids", TensorProto.INT64, ["batch", "num_tokens"])
     positions = gb.input("position_ids", TensorProto.INT64, ["batch", "num_tokens"])
     logits_index = gb.input("logits_index", TensorProto.INT64, ["batch", "num_logits"])
@@ -138,9 +139,9 @@ class _Linears:
     """Linear layers, dense, FP8 or weight-only int8/int4, with the precision written into the graph."""
 
     def __init__(self, gb: GraphBuilder, lowering, ckpt: Checkpoint, build: BuildConfig, convention: Fp8Convention | IntConvention | None,
-                 act_scales: dict[str, float], awq_scales: dict[str, np.ndarray]):
+                 act_scales: dict[str, float], awq_layers: dict):
         self.gb, self.lowering, self.ckpt, self.build, self.convention = gb, lowering, ckpt, build, convention
-        self.act_scales, self.awq_scales = act_scales, awq_scales
+        self.act_scales, self.awq_layers = act_scales, awq_layers
         self.scheme = WeightOnlyScheme.of(build)  # None unless int8_wo / int4_wo / int4_awq
         self.inputs: dict[str, str] = {}  # layer name -> the graph value it reads (calibration taps these)
         self.int_layers: list[str] = []  # layers stored as int8/int4
@@ -160,17 +161,17 @@ class _Linears:
         return w
 
     def _quantize(self, name: str, w_t: np.ndarray) -> IntWeight:
-        s, scheme = self.awq_scales.get(name), self.scheme
-        if s is None:
+        awq, scheme = self.awq_layers.get(name), self.scheme
+        if awq is None:
             return quantize_rtn(w_t, scheme.bits, scheme.group_size, scheme.symmetric)
-        q = quantize_rtn(np.asarray(s, np.float32)[:, None] * w_t, scheme.bits, scheme.group_size, scheme.symmetric)
-        q.source = "awq"  # computes (x / s) @ deq(q): the 1/s is folded into the norm before it, or multiplied in
-        return q
+        # Q(s W) (clipped per group), source "awq": the layer computes (x / s) @ deq(q), its 1/s folded into
+        # the norm before it, or multiplied in
+        return awq.quantize(w_t, scheme.bits, scheme.group_size, scheme.symmetric)
 
     def awq_inverse(self, name: str) -> np.ndarray | None:
         """1 / s of an AWQ-scaled layer (to fold into the norm that feeds it), or None."""
-        s = self.awq_scales.get(name)
-        return None if s is None else (1.0 / np.asarray(s, np.float64)).astype(np.float32)
+        awq = self.awq_layers.get(name)
+        return None if awq is None else (1.0 / np.asarray(awq.scale, np.float64)).astype(np.float32)
 
     def __call__(self, name: str, x: str, modules: list[str], bias: np.ndarray | None = None, input_folded: bool = False) -> str:
         """x @ W (+ bias) for the projections ``modules`` fused along the output axis.

@@ -292,3 +292,39 @@ def test_plugins_import_nothing_from_builder():
             elif isinstance(node, ast.Import):
                 offenders += [f"{path.name}: import {a.name}" for a in node.names if a.name.startswith("specdec.builder")]
     assert offenders == []
+
+
+def cli_build(ckpt, out, *flags):
+    from click.testing import CliRunner
+
+    from specdec.cli.build import main as build_main
+
+    args = ("--model_dir", ckpt, "--output_dir", out, "--max_seq_len", 96, "--max_input_len", 48, *flags)
+    return CliRunner().invoke(build_main, [str(a) for a in args])
+
+
+@pytest.mark.parametrize("flags,bits,group", [
+    (("--use_weight_only", "--weight_only_precision", "int4"), 4, 128),  # TensorRT-LLM's spelling; int4 groups of 128
+    (("--use_weight_only",), 8, 0),  # TensorRT-LLM's default precision: int8, per channel
+    (("--qformat", "int4_wo", "--group_size", "64", "--asymmetric"), 4, 64),
+    (("--use-weight-only", "--weight-only-precision", "int8", "--group-size", "32"), 8, 32),
+])
+def test_cli_weight_only_flags(base, tmp_path, flags, bits, group):
+    r = cli_build(base, tmp_path / "e", *flags)
+    assert r.exit_code == 0, r.output
+    wo = json.loads((tmp_path / "e" / "config.json").read_text())["build"]["weight_only"]
+    assert (wo["bits"], wo["group_size"], wo["symmetric"]) == (bits, group, "--asymmetric" not in flags)
+    assert f"int{bits} weights" in r.output
+
+
+@pytest.mark.parametrize("flags,message", [
+    (("--weight_only_precision", "int4"), "needs --use_weight_only"),
+    (("--use_weight_only", "--weight_only_precision", "int4", "--qformat", "fp8"), "means --qformat int4_wo, not fp8"),
+    (("--qformat", "int4_wo", "--group_size", "100"), "--group_size 100 is not one of"),
+    (("--qformat", "fp8", "--quantize_lm_head"), "apply only to weight-only quantization"),
+])
+def test_cli_refuses_bad_weight_only_flags_in_one_line(base, tmp_path, flags, message):
+    r = cli_build(base, tmp_path / "e", *flags)
+    assert r.exit_code == 1, r.output
+    assert r.stderr.startswith("error: ") and r.stderr.strip().count("\n") == 0 and message in r.stderr, r.stderr
+    assert not (tmp_path / "e").exists() and not list(tmp_path.glob(".e*"))
