@@ -187,6 +187,23 @@ def test_awq_search_returns_scales_and_clipping_per_layer(ckpt):
         assert np.all(layer.clip > 0.5) and np.all(layer.clip <= 1)
 
 
+def test_calibration_in_several_passes_finds_the_same_scales(ckpt, monkeypatch):
+    """Layers whose Gram matrices do not fit the budget together are calibrated in more passes, to the same result."""
+    import specdec.builder.awq as awq
+
+    samples = [list(range(3, 50)), list(range(40, 90))]
+    _, model, net, taps, cache_shape = float_network_with_taps(ckpt)
+    one_pass = awq_input_scales(net, taps, cache_shape, model.num_layers, samples, 4, 32, True)
+    assert len(awq._tap_groups({n: 64 for n in taps}, awq.GRAM_BUDGET_BYTES)) == 1
+    monkeypatch.setattr(awq, "GRAM_BUDGET_BYTES", 128 * 128 * 8)  # one 128-wide down_proj input, or four 64-wide ones
+    groups = awq._tap_groups({n: (128 if n.endswith("down_proj") else 64) for n in taps}, awq.GRAM_BUDGET_BYTES)
+    assert [[n.rsplit("/", 1)[1] for n in g] for g in groups] == [["qkv_proj", "o_proj", "gate_up_proj"], ["down_proj"]] * model.num_layers
+    _, model, net, taps, cache_shape = float_network_with_taps(ckpt)
+    several = awq_input_scales(net, taps, cache_shape, model.num_layers, samples, 4, 32, True)
+    for name, s in one_pass.items():
+        np.testing.assert_array_equal(several[name], s)
+
+
 def test_awq_input_scales_contract(ckpt):
     """The function build.py calls: name -> s [in] float32 > 0 for every tap."""
     _, model, net, taps, cache_shape = float_network_with_taps(ckpt)
@@ -236,8 +253,8 @@ def cli_build(ckpt, out, *flags):
     return CliRunner().invoke(build_main, [str(a) for a in args])
 
 
-def fake_quant_checkpoint(src, dst, scales: dict[str, np.ndarray], group: int):
-    """``src`` with each linear weight W replaced by deq(Q(s W)) / s: in float, what an AWQ int4 engine computes."""
+def fake_quant_checkpoint(src, dst, layers: dict[str, AwqLayer], group: int):
+    """``src`` with each linear weight W replaced by deq(Q(clip(s W))) / s: in float, what an AWQ int4 engine computes."""
     import shutil
 
     from safetensors.numpy import load_file, save_file
@@ -246,18 +263,19 @@ def fake_quant_checkpoint(src, dst, scales: dict[str, np.ndarray], group: int):
                "mlp/gate_up_proj": ["mlp.gate_proj", "mlp.up_proj"], "mlp/down_proj": ["mlp.down_proj"]}
     shutil.copytree(src, dst)
     tensors = load_file(dst / "model.safetensors")
-    for name, s in scales.items():
+    for name, awq in layers.items():
         layer, kind = name.removeprefix("/model/layers.").split("/", 1)
-        for m in modules[kind]:  # groups run along the input axis: each projection alone quantizes as the fused one
-            key = f"model.layers.{layer}.{m}.weight"
-            w_t = tensors[key].T
-            tensors[key] = np.ascontiguousarray((quantize_rtn(s[:, None] * w_t, 4, group, True).dequantized() / s[:, None]).T)
+        keys = [f"model.layers.{layer}.{m}.weight" for m in modules[kind]]
+        w_t = np.concatenate([tensors[k].T for k in keys], axis=1)  # [in, out] fused, as the engine (and its clipping) sees it
+        deq = awq.quantize(w_t, 4, group, True).dequantized() / awq.scale[:, None]
+        for k, part in zip(keys, np.split(deq, np.cumsum([tensors[k].shape[0] for k in keys])[:-1], axis=1)):
+            tensors[k] = np.ascontiguousarray(part.T)
     save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
     return dst
 
 
 def test_cli_int4_awq_builds_runs_and_computes_the_scaled_weights(outlier_ckpt, tmp_path):
-    """The engine computes (x / s) @ deq(Q(s W)) with the scales awq_input_scales finds on the same calibration text.
+    """The engine computes (x / s) @ deq(Q(s W)) (clip(s W) when the build clips) with what awq_search finds on the same text.
 
     Tolerance as in test_weight_only: MatMulNBits rounds each GEMM's input blocks to int8 (accuracy_level 4),
     under 3% of the logits' range through 2 layers; a scale left out of the input or folded twice moves the
@@ -277,11 +295,16 @@ def test_cli_int4_awq_builds_runs_and_computes_the_scaled_weights(outlier_ckpt, 
     got = logits(OrtExecutor(load_engine_dir(tmp_path / "awq"), num_threads=1))
 
     _, model, net, taps, cache_shape = float_network_with_taps(ckpt)
-    scales = awq_input_scales(net, taps, cache_shape, model.num_layers, calibration_samples(calib, ckpt, 8, 48), 4, 32, True)
-    assert any(np.abs(np.log(s)).max() > 0.5 for s in scales.values())  # the outliers moved the scales well away from 1
+    import specdec.builder.build as build_module
+
+    clip = getattr(build_module, "AWQ_CLIP", False)  # whether the build clips as well as scales: the reference does what it does
+    layers = awq_search(net, taps, cache_shape, model.num_layers, calibration_samples(calib, ckpt, 8, 48), 4, 32, True, clip=clip)
+    assert any(np.abs(np.log(a.scale)).max() > 0.5 for a in layers.values())  # the outliers moved the scales well away from 1
+    assert not clip or any((a.clip < 1).any() for a in layers.values())
     build = spec_build(quantization="none", dtype="float32")
-    want = logits(build_and_load(fake_quant_checkpoint(ckpt, tmp_path / "awq-ref", scales, 32), tmp_path / "awq-ref-e", build))
-    rtn = logits(build_and_load(fake_quant_checkpoint(ckpt, tmp_path / "rtn-ref", {n: np.ones_like(s) for n, s in scales.items()}, 32), tmp_path / "rtn-ref-e", build))
+    want = logits(build_and_load(fake_quant_checkpoint(ckpt, tmp_path / "awq-ref", layers, 32), tmp_path / "awq-ref-e", build))
+    plain = {n: AwqLayer(np.ones_like(a.scale), None) for n, a in layers.items()}
+    rtn = logits(build_and_load(fake_quant_checkpoint(ckpt, tmp_path / "rtn-ref", plain, 32), tmp_path / "rtn-ref-e", build))
     span = want.max() - want.min()
     assert np.abs(got - want).max() <= 0.03 * span, np.abs(got - want).max() / span
     assert np.abs(got - want).max() < 0.5 * np.abs(got - rtn).max()  # it is the scaled weights the engine computes with
