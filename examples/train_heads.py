@@ -18,6 +18,10 @@ Example (a few minutes on 2 threads, after the quickstart built demo-engines/)::
 
     python examples/train_heads.py --output-dir demo-engines/heads --threads 2 --minutes 2
 
+Measured (shared 2-core CPU, 2 threads, --minutes 2; 373 s in all), held-out top-1 before -> after:
+Medusa heads 0/1/2 (tokens t+2/t+3/t+4) 0.040/0.135/0.156 -> 0.566/0.473/0.416 in 174 steps;
+EAGLE-3 (the target's t+2) 0.005 -> 0.576 in 155 steps.
+
 The heads land in OUTPUT_DIR/medusa and OUTPUT_DIR/eagle in ModelOpt's layout
 (docs/medusa-eagle.md), each with its model card and loss curve. Building them
 into engines and decoding with them are not implemented yet.

@@ -39,6 +39,14 @@ def _fmt(values: list[float] | None) -> str:
     return ", ".join(f"{v:.3f}" for v in values) if values else "-"
 
 
+def _length(cfg) -> str:
+    """How long the run was asked to be: steps, a time budget, or epochs."""
+    parts = [f"max_steps {cfg.max_steps}"] if cfg.max_steps else [f"epochs {cfg.num_epochs}"]
+    if cfg.max_time:
+        parts.append(f"max_time {cfg.max_time:g} s")
+    return ", ".join(parts)
+
+
 def model_card(cfg, provenance: dict, losses: list[float], accuracy: list[float], before: list[float] | None,
                seconds: float, steps: int, held_out: bool, plotted: bool) -> str:
     if cfg.mode == "medusa":
@@ -66,7 +74,7 @@ def model_card(cfg, provenance: dict, losses: list[float], accuracy: list[float]
         f"| data | `{provenance['data']}` ({provenance['data_bytes']:,} bytes, {provenance['data_sequences']} sequences) |",
         f"| mode | {cfg.mode} ({shape}) |",
         f"| hyper-parameters | lr {cfg.lr:g} ({cfg.lr_scheduler}, warmup {cfg.warmup_steps}), AdamW, batch {cfg.batch_size}, "
-        f"training_seq_len {cfg.training_seq_len}, epochs {cfg.num_epochs}, max_steps {cfg.max_steps}, seed {cfg.seed} |",
+        f"training_seq_len {cfg.training_seq_len}, {_length(cfg)}, seed {cfg.seed} |",
         f"| steps | {steps} |",
         f"| final loss (mean of last {len(tail)} steps) | {sum(tail) / max(1, len(tail)):.4f} |",
         f"| {acc_label}, {split} | {_fmt(accuracy)} |",

@@ -64,12 +64,20 @@ def save_checkpoint(output_dir: Path, step: int, module: nn.Module, config: dict
         tensors, groups = optimizer_tensors(optimizer, names)
         save_file(tensors, str(tmp / OPTIMIZER_FILE))
         (tmp / STATE_FILE).write_text(json.dumps(progress | {"step": step, "param_groups": groups}, indent=1) + "\n")
+        publish(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def publish(folder: Path) -> None:
+    """mkdtemp made ``folder`` private (0700) and safetensors writes 0600 files: heads are shared, so 0755 / 0644."""
+    os.chmod(folder, 0o755)
+    for f in folder.rglob("*"):
+        os.chmod(f, 0o755 if f.is_dir() else 0o644)
 
 
 def latest_checkpoint(output_dir: Path) -> Path | None:

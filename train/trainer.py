@@ -28,7 +28,7 @@ from .errors import TrainConfigError
 from .export import eagle_config, medusa_config, save_heads
 from .layout import default_eagle_aux_layer_ids
 from .medusa import DECAY_COEFFICIENT, HEADS_COEFFICIENT, MedusaHeads, medusa_loss
-from .state import latest_checkpoint, load_checkpoint, save_checkpoint
+from .state import latest_checkpoint, load_checkpoint, publish, save_checkpoint
 
 MODES = ("medusa", "eagle")
 SCHEDULERS = ("constant", "cosine")
@@ -236,7 +236,7 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
         f"{total} steps of batch {cfg.batch_size}; {sum(p.numel() for _, p in run.params):,} trainable parameters")
 
     run.heads.train()
-    bar = _bar(total, step, progress_bar)
+    bar = _bar(None if cfg.max_time else total, step, progress_bar)  # under a time budget the step count is not known
     last_saved = None
     loop_start = time.perf_counter()
     while step < total:
@@ -313,7 +313,7 @@ def _tail_mean(losses: list[float], n: int = 10) -> float:
     return sum(tail) / len(tail) if tail else float("nan")
 
 
-def _bar(total: int, start: int, enabled: bool):
+def _bar(total: int | None, start: int, enabled: bool):
     if not enabled:
         return None
     from tqdm import tqdm
@@ -333,8 +333,10 @@ def _write_final(out: Path, run: Run, config: dict, cfg: TrainConfig, losses: li
         log = {"steps": steps, "losses": losses, "accuracy": accuracy, "accuracy_before": before, "held_out": held_out,
                "seconds": seconds, "config": asdict(cfg), "provenance": provenance}
         (tmp / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
-        plotted = loss_curve_png(losses, tmp / "loss_curve.png", f"{cfg.mode} training loss")
+        what = "sum of 0.2 x 0.8^i x CE of head i" if cfg.mode == "medusa" else "KL(base || EAGLE)"
+        plotted = loss_curve_png(losses, tmp / "loss_curve.png", f"{cfg.mode} training loss: {what}")
         (tmp / "README.md").write_text(model_card(cfg, provenance, losses, accuracy, before, seconds, steps, held_out, plotted))
+        publish(tmp)
         for f in tmp.iterdir():
             os.replace(f, out / f.name)
     finally:

@@ -132,3 +132,10 @@ def test_an_epoch_visits_every_sequence_once(tmp_path, tiny_base, repetitive_dat
         assert sorted(seen) == list(range(10))
     r = train(config("eagle", tiny_base, repetitive_data, tmp_path / "e", max_steps=None, num_epochs=2, batch_size=10), **QUIET)
     assert r.steps == 2 * 3  # 24 sequences in batches of 10, twice
+
+
+def test_saved_files_are_readable_by_others(trained):
+    # heads are shipped and shared: no 0600 files or 0700 folders from mkdtemp/safetensors
+    _, result, _ = trained
+    for f in [result.output_dir / "model.safetensors", result.output_dir / "checkpoint-40", result.output_dir / "checkpoint-40" / "optimizer.safetensors"]:
+        assert f.stat().st_mode & 0o044 == 0o044, f
