@@ -106,7 +106,8 @@ def record(index: int, prompt: str, answer: str, prompt_ids: list[int], answer_i
 def read_sequences(path: str | Path, tokenizer=None, max_len: int = 512, vocab_size: int | None = None) -> list[Sequence]:
     """Training sequences from a prepare-data .jsonl (or any conversation .jsonl, tokenized with ``tokenizer``).
 
-    Sequences are cut to ``max_len`` tokens; those under 3 tokens teach nothing (a head predicts t+2) and are dropped.
+    Sequences are cut to ``max_len`` tokens. One teaches only if it has a token to score at position >= 2 after its
+    prompt (a head at t predicts t+2 at the nearest); the others are dropped.
     """
     p = check_data_file(path, "--data")
     if p.suffix == ".txt":
@@ -134,9 +135,9 @@ def read_sequences(path: str | Path, tokenizer=None, max_len: int = 512, vocab_s
         if vocab_size is not None and ids and max(ids) >= vocab_size:
             raise TrainConfigError(f"{p} line {n}: token id {max(ids)} is outside the model's vocabulary ({vocab_size}); was this data made for another model?")
         ids = ids[:max_len]
-        if len(ids) >= 3:
-            out.append(Sequence(ids, min(int(prompt_len), len(ids))))
+        if len(ids) > max(2, int(prompt_len)):
+            out.append(Sequence(ids, int(prompt_len)))
     if not out:
-        why = "is empty" if lines == 0 else f"has no sequence of 3 tokens or more (of {lines} lines)"
+        why = "is empty" if lines == 0 else f"has no sequence with a token to learn (of {lines} lines: each needs 3 tokens or more, and answer tokens after its prompt_len)"
         raise TrainConfigError(f"--data {p} {why}; nothing to train on.")
     return out

@@ -245,8 +245,9 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
             g["lr"] = lr
         loss, _ = run.forward(_batch_for_step(step, train_seqs, cfg.batch_size, cfg.seed))
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        if loss.requires_grad:  # a batch whose every scored token fell past a short sequence's end has nothing to learn
+            loss.backward()
+            optimizer.step()
         step += 1
         losses.append(loss.item())
         if bar is not None:

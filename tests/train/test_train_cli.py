@@ -77,3 +77,11 @@ def test_subprocess_error_has_no_traceback(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.strip() == f"error: --data_path {tmp_path / 'missing.txt'} does not exist or is not a file."
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_data_without_answer_tokens_is_refused(tmp_path, tiny_base):
+    prompts_only = tmp_path / "prompts_only.jsonl"
+    prompts_only.write_text(json.dumps({"input_ids": [5, 6, 7, 8], "prompt_len": 4}) + "\n" + json.dumps({"input_ids": [5, 6], "prompt_len": 0}) + "\n")
+    r = invoke("run", "--mode", "medusa", "--model", tiny_base, "--data", prompts_only, "--output_dir", tmp_path / "out")
+    assert r.exit_code == 1 and "has no sequence with a token to learn (of 2 lines" in r.output, r.output
+    assert not (tmp_path / "out").exists()
