@@ -328,3 +328,44 @@ def test_cli_refuses_bad_weight_only_flags_in_one_line(base, tmp_path, flags, me
     assert r.exit_code == 1, r.output
     assert r.stderr.startswith("error: ") and r.stderr.strip().count("\n") == 0 and message in r.stderr, r.stderr
     assert not (tmp_path / "e").exists() and not list(tmp_path.glob(".e*"))
+
+
+@pytest.fixture(scope="module")
+def gptq_act_order(tmp_path_factory):
+    """A GPTQ act-order int4 checkpoint in the published layout (tests/quant_layouts.py) and its float32 twin."""
+    from quant_layouts import save_float_checkpoint, save_quantized_checkpoint
+
+    d = tmp_path_factory.mktemp("gptq")
+    src = make_checkpoint(d / "float", "LlamaForCausalLM", **ARCH)
+    meant = save_quantized_checkpoint(src, d / "gptq", method="gptq", bits=4, group_size=32, symmetric=True, act_order=True)
+    return d / "gptq", save_float_checkpoint(d / "gptq", d / "twin", meant)
+
+
+@pytest.mark.parametrize("flags", [("--qformat", "none"), ("--qformat", "auto", "--max_draft_len", "4",
+                                                           "--speculative_decoding_mode", "draft_tokens_external")])
+def test_checkpoint_dequantized_or_portable_equals_its_float_twin(gptq_act_order, tmp_path, flags):
+    """--qformat none dequantizes the checkpoint; a portable int4 engine computes with the folded float32
+    weights (act-order Gather included): both within float32 rounding of the float twin."""
+    from specdec.runtime.engine_format import load_engine_dir
+    from specdec.runtime.executor import OrtExecutor
+
+    ckpt, twin = gptq_act_order
+    build_engine(ckpt, tmp_path / "e", spec_build(4 if "auto" in flags else 0, quantization=flags[1], lowering="portable", dtype="float32"),
+                 say=lambda _: None)
+    build_engine(twin, tmp_path / "t", spec_build(0, dtype="float32"), say=lambda _: None)
+    got, want = (logits(OrtExecutor(load_engine_dir(tmp_path / d), num_threads=1)) for d in ("e", "t"))
+    assert np.abs(got - want).max() <= 1e-5 * (want.max() - want.min())
+    wo = json.loads((tmp_path / "e" / "config.json").read_text())["build"]["weight_only"]
+    assert wo is None if flags[1] == "none" else (wo["source"], wo["act_order"]) == ("gptq", True)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (("--qformat", "int8_wo"), "build them as they are"),
+    (("--qformat", "int4_awq"), "build them as they are"),
+    (("--qformat", "fp8"), "build them as they are"),
+    (("--group_size", "64"), "kept as is; leave --group_size out"),
+])
+def test_checkpoint_is_not_requantized(gptq_act_order, tmp_path, flags, message):
+    r = cli_build(gptq_act_order[0], tmp_path / "e", *flags)
+    assert r.exit_code == 1 and message in r.stderr and r.stderr.strip().count("\n") == 0, r.output
+    assert not (tmp_path / "e").exists()

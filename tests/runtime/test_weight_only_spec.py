@@ -107,3 +107,24 @@ def test_a_draft_engine_is_left_unpadded(engines):
         model = onnx.load(str(engines[name].engine.network_path), load_external_data=False)
         ops = [n.op_type for n in model.graph.node]
         assert ("Pad" in ops) == padded, name
+
+
+@pytest.fixture(scope="module")
+def gptq_target(tmp_path_factory):
+    """A GPTQ act-order int4 checkpoint as published (tests/quant_layouts.py), built as a target: its codes as they are."""
+    from quant_layouts import save_quantized_checkpoint
+
+    d = tmp_path_factory.mktemp("gptq_spec")
+    src = make_checkpoint(d / "float", num_hidden_layers=2, hidden_size=64, intermediate_size=128, seed=2)
+    save_quantized_checkpoint(src, d / "gptq", method="gptq", bits=4, group_size=32, symmetric=True, act_order=True)
+    return build_and_load(d / "gptq", d / "te", spec_build(MAX_DRAFT))
+
+
+@pytest.mark.parametrize("draft_len", [1, 4, 8])
+def test_gptq_act_order_target(engines, gptq_target, draft_len):
+    assert gptq_target.engine.config.build.weight_only["act_order"]
+    base, _ = run(Orchestrator(gptq_target), PROMPTS)
+    spec, _ = run(Orchestrator(gptq_target, DraftModelProposer(engines["draft4"]), draft_len), PROMPTS)
+    assert tokens(spec) == tokens(base)
+    ngram, _ = run(Orchestrator(gptq_target, NGramProposer(draft_len, 2), draft_len), REPETITIVE)
+    assert tokens(ngram) == tokens(run(Orchestrator(gptq_target), REPETITIVE)[0])
