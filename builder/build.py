@@ -77,7 +77,7 @@ def validate_build_config(build: BuildConfig, model: ModelConfig) -> None:
     scheme = WeightOnlyScheme.of(build)
     if scheme is not None:
         if build.lowering == "ort_cuda":
-            problems.append(f"lowering ort_cuda has no weight-only int8/int4 GEMM (no GPU to test one on): use --lowering ort_cpu or portable, or --qformat none")
+            problems.append("lowering ort_cuda has no weight-only int8/int4 GEMM (no GPU to test one on): use --lowering ort_cpu or portable, or --qformat none")
         if build.backend == "tensorrt" and not scheme.symmetric:
             problems.append("the tensorrt backend takes symmetric weight-only weights (no zero points): drop --asymmetric")
         if build.backend == "tensorrt" and scheme.bits == 8 and scheme.group_size:

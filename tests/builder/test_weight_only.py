@@ -14,11 +14,11 @@ import onnxruntime as ort
 import pytest
 from checkpoints import is_linear, make_checkpoint
 from conftest import build_and_load, spec_build
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
 from safetensors.numpy import load_file, save_file
 
 from specdec.builder.build import build_engine
-from specdec.builder.graph import IR_VERSION, OPSET, GraphBuilder
+from specdec.builder.graph import GraphBuilder
 from specdec.builder.weight_only import IntWeight, quantize_rtn
 from specdec.plugins.quantized_gemm import (
     EvenRows,
@@ -102,7 +102,7 @@ def test_dequantize_linear_packing_unpacks_to_the_codes(bits, group, sym):
         np.testing.assert_array_equal(zero, q.zero)
 
 
-def run_op(lower, q: IntWeight, x: np.ndarray, perm_dims: int = 96) -> np.ndarray:
+def run_op(lower, q: IntWeight, x: np.ndarray) -> np.ndarray:
     """One quantized GEMM alone, as a lowering writes it: x [B, S, K] -> [B, S, N]."""
     gb = GraphBuilder()
     xin = gb.input("x", TensorProto.FLOAT, ["b", "s", q.in_features])
