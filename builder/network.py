@@ -79,7 +79,9 @@ def build_network(
     lowering_cls = get_lowering(build.lowering)
     gb = GraphBuilder(weight_dtype=build.dtype, compute_dtype=lowering_cls.compute_dtype(build))
     lowering = lowering_cls(gb, cfg)
-    lowering.consistent_rows = build.max_draft_len > 0  # a target: its decode steps must compute what verification computes
+    # A target's one-token steps must compute what its verification steps compute. The kernel splits this pads
+    # away are ONNX Runtime's (docs/precision.md); TensorRT's (tactics chosen per shape) are not measured.
+    lowering.consistent_rows = build.max_draft_len > 0 and build.backend == "onnxruntime"
     linears = _Linears(gb, lowering, ckpt, build, convention, activation_scales or {}, awq_layers or {})
     ids = gb.input("input_ids", TensorProto.INT64, ["batch", "num_tokens"])
     positions = gb.input("position_ids", TensorProto.INT64, ["batch", "num_tokens"])
