@@ -26,9 +26,13 @@ onnxruntime-genai builder's fp32 and int4), target-only at every precision
   its n-gram decoding (ngram_size 3, 8 drafts).
 
 Each method is loaded once per thread count (load time reported apart), warmed
-up, then every round runs every method over every prompt, the methods in an
-order rotated each round. Per prompt, the wall time of prefill + decode is
-timed (for llama.cpp, of the HTTP request). Reported per method: tokens/s
+up, then every round runs prompt by prompt, every method in turn on each
+prompt (the order rotated each round), so the methods compared share each
+stretch of machine load. Per prompt, the wall time of prefill + decode is
+timed (for llama.cpp, of the HTTP request), and the CPU time of the process
+that did the work (specdec: this one; llama-server; the onnxruntime-genai
+worker): with one thread, tokens per CPU second is the work each method needs,
+whatever the other jobs on the machine do. Reported per method: tokens/s
 median and min-max over rounds, and the ratio to specdec fp32 target-only in
 the same round (median, min-max): on a shared machine the ratio is the figure
 to read. Exactness: whether each method's output equals its own target-only
@@ -43,6 +47,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -69,7 +74,15 @@ class Runner(Protocol):
 
     def run(self, ids: list[int], n: int) -> tuple[list[int], float, dict[str, Any]]: ...
 
+    def cpu_s(self) -> float: ...
+
     def close(self) -> None: ...
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc; clock-tick resolution)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -180,6 +193,9 @@ class SpecdecRunner:
         dt = time.perf_counter() - t0
         return list(outs[0].output_ids), dt, {"drafted": m.drafted, "accepted": m.accepted}
 
+    def cpu_s(self) -> float:
+        return time.process_time()  # this process: specdec runs in it
+
     def close(self) -> None:
         self.orch = None
 
@@ -235,6 +251,9 @@ class PeerRunner:
     def run(self, ids: list[int], n: int) -> tuple[list[int], float, dict[str, Any]]:
         out, dt, stats = self.handle.run(ids, n)
         return out, dt, {"drafted": stats.get(self.keys[0], 0), "accepted": stats.get(self.keys[1], 0), **stats}
+
+    def cpu_s(self) -> float:
+        return process_cpu_s(self.handle.proc.pid)  # the server or worker process
 
     def close(self) -> None:
         self.handle.close()
@@ -308,18 +327,24 @@ def rotated(methods: list[Method], round_index: int, rounds: int) -> list[Method
 
 
 def run_round(methods: list[Method], prompts: list[list[int]], n_new: int, round_index: int, rounds: int) -> None:
-    for m in rotated(methods, round_index, rounds):
-        if m.runner is None:
-            continue
-        outputs, seconds, drafted, accepted = [], [], 0.0, 0.0
-        for ids in prompts:
+    """Prompt by prompt, every method in turn: the methods compared share each stretch of machine load."""
+    live = [m for m in rotated(methods, round_index, rounds) if m.runner is not None]
+    rec = {m.name: {"output_ids": [], "seconds": [], "cpu_s": [], "drafted": 0.0, "accepted": 0.0} for m in live}
+    for ids in prompts:
+        for m in live:
+            r = rec[m.name]
+            cpu0 = m.runner.cpu_s()
             out, dt, stats = m.runner.run(ids, n_new)
-            outputs.append(out)
-            seconds.append(dt)
-            drafted += float(stats.get("drafted") or 0)
-            accepted += float(stats.get("accepted") or 0)
-        m.rounds.append({"output_ids": outputs, "seconds": seconds, "drafted": drafted, "accepted": accepted})
-        print(f"    round {round_index + 1} {m.name:<34} {sum(map(len, outputs)) / sum(seconds):7.1f} tokens/s", flush=True)
+            r["cpu_s"].append(m.runner.cpu_s() - cpu0)
+            r["output_ids"].append(out)
+            r["seconds"].append(dt)
+            r["drafted"] += float(stats.get("drafted") or 0)
+            r["accepted"] += float(stats.get("accepted") or 0)
+    for m in live:
+        m.rounds.append(rec[m.name])
+        tokens = sum(map(len, rec[m.name]["output_ids"]))
+        print(f"    round {round_index + 1} {m.name:<34} {tokens / sum(rec[m.name]['seconds']):7.1f} tokens/s "
+              f"{tokens / max(sum(rec[m.name]['cpu_s']), 1e-9):7.1f} tokens/CPU-s", flush=True)
 
 
 def open_all(methods: list[Method], warm_prompt: list[int]) -> dict[str, str]:
@@ -354,6 +379,10 @@ def tokens_per_s(rnd: dict[str, Any], idx: list[int]) -> float:
     return sum(len(rnd["output_ids"][i]) for i in idx) / sum(rnd["seconds"][i] for i in idx)
 
 
+def tokens_per_cpu_s(rnd: dict[str, Any], idx: list[int]) -> float:
+    return sum(len(rnd["output_ids"][i]) for i in idx) / max(sum(rnd["cpu_s"][i] for i in idx), 1e-9)
+
+
 def spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
@@ -373,9 +402,11 @@ def summarize(methods: list[Method], subsets: dict[str, list[int]]) -> dict[str,
         row: dict[str, Any] = {"family": m.family, "bits": m.bits, "mode": m.mode, "load_s": m.runner.load_s if m.runner else None}
         for w, idx in subsets.items():
             tps = [tokens_per_s(r, idx) for r in m.rounds]
-            row[w] = {"tokens_per_s": spread(tps)}
+            tpc = [tokens_per_cpu_s(r, idx) for r in m.rounds]
+            row[w] = {"tokens_per_s": spread(tps), "tokens_per_cpu_s": spread(tpc)}
             if base is not None and len(base.rounds) == len(m.rounds):
                 row[w]["vs_base"] = spread([t / tokens_per_s(b, idx) for t, b in zip(tps, base.rounds)])
+                row[w]["vs_base_cpu"] = spread([t / tokens_per_cpu_s(b, idx) for t, b in zip(tpc, base.rounds)])
         drafted = sum(r["drafted"] for r in m.rounds)
         row["acceptance"] = sum(r["accepted"] for r in m.rounds) / drafted if drafted else None
         outputs = m.rounds[0]["output_ids"]
@@ -401,9 +432,11 @@ def goals(summary: dict[str, dict[str, Any]], methods: list[Method], subsets: di
             for goal, a, b, target in (("target-only >= llama.cpp", ours_to, theirs_to, 1.0),
                                        ("fastest speculative >= 1.3x llama.cpp's", best("specdec"), best("llama.cpp"), 1.3)):
                 if a in by_name and b in by_name:
-                    ratios = spread([tokens_per_s(x, idx) / tokens_per_s(y, idx) for x, y in zip(by_name[a].rounds, by_name[b].rounds)])
+                    pairs = list(zip(by_name[a].rounds, by_name[b].rounds))
+                    ratios = spread([tokens_per_s(x, idx) / tokens_per_s(y, idx) for x, y in pairs])
+                    cpu = spread([tokens_per_cpu_s(x, idx) / tokens_per_cpu_s(y, idx) for x, y in pairs])
                     rows.append({"bits": bits, "workload": w, "goal": goal, "ours": a, "theirs": b, "ratio": ratios,
-                                 "target": target, "met": ratios["median"] >= target})
+                                 "ratio_cpu": cpu, "target": target, "met": ratios["median"] >= target})
     return rows
 
 
@@ -412,7 +445,8 @@ def fmt(s: dict[str, float], digits: int = 1, suffix: str = "") -> str:
 
 
 def print_table(summary: dict[str, dict[str, Any]], threads: int) -> None:
-    head = f"{'method':<34}" + "".join(f"{w + ' tok/s':>24}" for w in WORKLOADS) + f"{'all vs specdec fp32 TO':>26}{'accept':>8}{'==own TO':>9}{'agree fp32':>11}{'load s':>8}"
+    head = (f"{'method':<34}" + "".join(f"{w + ' tok/s':>24}" for w in WORKLOADS) + f"{'all vs specdec fp32 TO':>26}"
+            f"{'tok/CPU-s':>11}{'CPU vs fp32 TO':>22}{'accept':>8}{'==own TO':>9}{'agree fp32':>11}{'load s':>8}")
     print(f"\n--- {threads} thread(s): median [min-max] over rounds ---")
     print(head)
     for name, r in summary.items():
@@ -421,13 +455,16 @@ def print_table(summary: dict[str, dict[str, Any]], threads: int) -> None:
         vs = fmt(r["all"]["vs_base"], 2, "x") if "vs_base" in r["all"] else "-"
         agree = f"{r['agreement_with_specdec_fp32']:.0%}" if r["agreement_with_specdec_fp32"] is not None else "-"
         load = f"{r['load_s']:.1f}" if r["load_s"] is not None else "-"
-        print(f"{name:<34}" + "".join(f"{fmt(r[w]['tokens_per_s']):>24}" for w in WORKLOADS) + f"{vs:>26}{acc:>8}{eq:>9}{agree:>11}{load:>8}")
+        vs_cpu = fmt(r["all"]["vs_base_cpu"], 2, "x") if "vs_base_cpu" in r["all"] else "-"
+        print(f"{name:<34}" + "".join(f"{fmt(r[w]['tokens_per_s']):>24}" for w in WORKLOADS) + f"{vs:>26}"
+              f"{r['all']['tokens_per_cpu_s']['median']:>11.1f}{vs_cpu:>22}{acc:>8}{eq:>9}{agree:>11}{load:>8}")
 
 
 def print_goals(rows: list[dict[str, Any]], threads: int) -> None:
-    print(f"\n--- goals, {threads} thread(s): ours / theirs, per-round ratio median [min-max] ---")
+    print(f"\n--- goals, {threads} thread(s): ours / theirs, per-round ratio median [min-max], wall time (CPU time) ---")
     for g in rows:
-        print(f"{g['bits']:<5} {g['workload']:<11} {g['goal']:<40} {g['ours']:<28} / {g['theirs']:<30} {fmt(g['ratio'], 2, 'x'):>22}  {'met' if g['met'] else 'NOT met'}")
+        print(f"{g['bits']:<5} {g['workload']:<11} {g['goal']:<40} {g['ours']:<28} / {g['theirs']:<30} {fmt(g['ratio'], 2, 'x'):>22}"
+              f"  {'met' if g['met'] else 'NOT met':<8} (CPU {fmt(g['ratio_cpu'], 2, 'x')})")
 
 
 # --------------------------------------------------------------------------- run
@@ -506,6 +543,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SystemExit: the servers get closed on the way out
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="fn", required=True)
