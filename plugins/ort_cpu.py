@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from .attention import PortableAttention, Shared
-from .quantized_gemm import CONTRIB, NBITS_ACCURACY_LEVEL, EvenRows, IntWeightLike, matmul_nbits, permute_input
+from .quantized_gemm import CONTRIB, NBITS_ACCURACY_LEVEL, EvenRows, IntWeightLike, dq_matmul, matmul_nbits, nbits_holds, permute_input
 
 
 class OrtCpuAttention(PortableAttention):
@@ -37,6 +37,8 @@ class OrtCpuAttention(PortableAttention):
         """MatMulNBits: the weight stays packed; in an engine that verifies drafts, activations padded to an
         even row count so that every row takes the same kernel (plugins/quantized_gemm.py)."""
         x = permute_input(self.gb, name, x, w)
+        if not nbits_holds(w):  # a group MatMulNBits' power-of-two blocks cannot hold: exact, float32 at load
+            return dq_matmul(self.gb, name, x, w)
         if not self.consistent_rows:
             return matmul_nbits(self.gb, name, x, w, None)
         if rows not in self._even_rows:

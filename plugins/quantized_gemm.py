@@ -89,6 +89,15 @@ def nbits_block_size(in_features: int, group_size: int) -> int:
     raise ValueError(f"group size {group_size} has no power-of-two block >= 16 dividing it; MatMulNBits cannot hold it exactly")
 
 
+def nbits_holds(w: IntWeightLike) -> bool:
+    """Whether MatMulNBits can hold ``w``'s groups exactly (a checkpoint may use a group of 40 rows, say)."""
+    try:
+        nbits_block_size(w.codes.shape[0], w.group_size)
+    except ValueError:
+        return False
+    return True
+
+
 def pack_matmul_nbits(w: IntWeightLike) -> NBitsWeight:
     k, n = w.codes.shape
     block = nbits_block_size(k, w.group_size)
