@@ -56,7 +56,10 @@ AutoAWQ scores each group's partial output alone. (Choosing groups in turn
 with the other groups' errors in the cross terms of ``G`` cut the calibration
 loss further, 28-36% below no clipping against 22-30%, but held-out perplexity
 less: 16.431 against 16.399 on the demo pair, int4 group 128.) r = 1 is a
-candidate, so no group's own error term rises. It
+candidate, so no group's own error term rises. Unlike AutoAWQ, which leaves
+q_proj and k_proj unclipped (their errors meet in the q.k product, which a
+layer-local loss does not see), this clips the fused q|k|v like every other
+projection; the perplexity figures below are measured that way. It
 changes the weight, not only the scales, so the network takes it through
 ``AwqLayer.quantize`` (``awq_input_scales`` returns the scales alone).
 

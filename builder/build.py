@@ -118,7 +118,7 @@ def resolve_quantization(build: BuildConfig, convention: Fp8Convention | IntConv
     return replace(build, quantization=q)
 
 
-def weight_only_record(build: BuildConfig, convention, layers: list[str], op: str) -> dict | None:
+def weight_only_record(build: BuildConfig, convention, layers: list[str], op: str, act_order: bool = False) -> dict | None:
     """What config.json says about a weight-only engine: the scheme, which layers, where the integers came from."""
     scheme = WeightOnlyScheme.of(build)
     if scheme is None:
@@ -132,7 +132,7 @@ def weight_only_record(build: BuildConfig, convention, layers: list[str], op: st
         "bits": scheme.bits,
         "group_size": scheme.group_size,  # 0 = per output channel
         "symmetric": scheme.symmetric,
-        "act_order": bool(getattr(convention, "act_order", False)),
+        "act_order": act_order,  # what was built: some layer gathers its input channels (GPTQ g_idx)
         "source": source,
         "layers": kinds,  # e.g. attn/qkv_proj, mlp/down_proj, lm_head
         "num_layers_quantized": len(layers),
@@ -259,7 +259,8 @@ def build_engine(
                             awq_layers=awq_layers, weight_only_layers=int_layers)
     from ..plugins import get_lowering
 
-    build = replace(build, weight_only=weight_only_record(build, convention, int_layers, get_lowering(build.lowering).weight_only_op))
+    act_order = any(node.name.endswith("/act_order") for node in network.graph.node)  # plugins/quantized_gemm.permute_input
+    build = replace(build, weight_only=weight_only_record(build, convention, int_layers, get_lowering(build.lowering).weight_only_op, act_order))
     num_parameters = _count_parameters(network)
 
     output_dir.parent.mkdir(parents=True, exist_ok=True)
