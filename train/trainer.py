@@ -228,6 +228,10 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
         ckpt = latest_checkpoint(out)
         state = load_checkpoint(ckpt, run.heads, optimizer, names)
         step, losses, elapsed_before = state["step"], state["losses"], state.get("elapsed_s", 0.0)
+        saved = state.get("config") or {}
+        changed = [f"--{k} {saved[k]} (now {getattr(cfg, k)})" for k in ("batch_size", "seed") if k in saved and saved[k] != getattr(cfg, k)]
+        if changed:  # the batch order is a function of (seed, batch size): another one would not continue this run
+            raise TrainConfigError(f"cannot resume from {ckpt}: it was trained with {', '.join(changed)}; resume with the same values.")
         say(f"resuming from {ckpt} at step {step}")
         if step >= total:
             say(f"{ckpt.name} is already at step {step} of {total}; nothing left to train (raise --max_steps or --num_epochs to go on).")

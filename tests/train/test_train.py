@@ -109,6 +109,9 @@ def test_resume_refuses_other_heads(tmp_path, tiny_base, repetitive_data):
     train(config("medusa", tiny_base, repetitive_data, tmp_path / "o", max_steps=2, save_steps=2), **QUIET)
     with pytest.raises(TrainConfigError, match="do not match"):
         train(config("medusa", tiny_base, repetitive_data, tmp_path / "o", max_steps=4, medusa_num_heads=3, resume=True), **QUIET)
+    # another seed or batch size would draw other batches: not a continuation of this run
+    with pytest.raises(TrainConfigError, match="--seed 0 \\(now 7\\)"):
+        train(config("medusa", tiny_base, repetitive_data, tmp_path / "o", max_steps=4, seed=7, resume=True), **QUIET)
 
 
 def test_max_time_stops_and_saves_and_eval_data_is_reported_on(tmp_path, tiny_base, repetitive_data):
