@@ -6,13 +6,14 @@ reads a normalised ``ModelConfig``; everything family-specific is decided here.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..runtime.engine_format import ModelConfig
 from ..runtime.errors import CheckpointError
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,9 @@ class Family:
     qk_norm: bool
     # name of the config field that holds a sliding attention window, if any
     sliding_window_active: Callable[[dict[str, Any]], int | None]
+    # Phi-3 stores q|k|v as one self_attn.qkv_proj and gate|up as one mlp.gate_up_proj, in the order the
+    # network splits them: each is read as one module
+    fused_projections: bool = False
 
 
 def _never(_: dict[str, Any]) -> None:
@@ -41,10 +45,12 @@ ARCHITECTURES: dict[str, Family] = {
     "MistralForCausalLM": Family(lambda c: False, False, _mistral_window),
     "Qwen2ForCausalLM": Family(lambda c: True, False, _qwen_window),
     "Qwen3ForCausalLM": Family(lambda c: bool(c.get("attention_bias", False)), True, _qwen_window),
+    # transformers masks Phi-3's window whenever sliding_window is set (Phi-3-mini-4k: 2047)
+    "Phi3ForCausalLM": Family(lambda c: False, False, _mistral_window, fused_projections=True),
 }
 
 
-def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+def _rope(cfg: dict[str, Any], max_seq_len: int | None = None) -> tuple[float, dict[str, Any] | None]:
     """rope_theta and scaling, from either spelling.
 
     Published checkpoints write ``rope_theta`` + ``rope_scaling`` ({"type"|"rope_type": ...});
@@ -57,6 +63,12 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     theta = float(scaling.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
     rope_type = scaling.pop("rope_type", None) or scaling.pop("type", None) or "default"
     scaling.pop("type", None)
+    # transformers 5 copies partial_rotary_factor into rope_parameters (Phi-4-mini: 0.75): refuse it there too
+    partial = scaling.pop("partial_rotary_factor", None)
+    if partial not in (None, 1, 1.0):
+        raise CheckpointError(f"partial_rotary_factor {partial} is not supported (field rope_parameters.partial_rotary_factor); expected 1.0.")
+    if rope_type in ("su", "yarn") and (cfg.get("architectures") or [None])[0] == "Phi3ForCausalLM":
+        rope_type = "longrope"  # transformers reads Phi-3's older spellings as longrope
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise CheckpointError(
             f"rope_scaling type {rope_type!r} is not supported (field rope_scaling/rope_parameters); "
@@ -64,6 +76,8 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
         )
     if rope_type == "default":
         return theta, None
+    if rope_type == "longrope":
+        return theta, _longrope(cfg, scaling, max_seq_len)
     if "factor" not in scaling:
         raise CheckpointError(f"rope_scaling of type {rope_type!r} needs a 'factor' field.")
     if rope_type == "llama3":
@@ -71,6 +85,42 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
             if key not in scaling:
                 raise CheckpointError(f"rope_scaling of type 'llama3' needs the field {key!r}.")
     return theta, {"rope_type": rope_type, **{k: v for k, v in scaling.items() if v is not None}}
+
+
+def _longrope(cfg: dict[str, Any], scaling: dict[str, Any], max_seq_len: int | None) -> dict[str, Any]:
+    """LongRoPE (Phi-3 128k), as transformers computes it for sequences up to original_max_position_embeddings.
+
+    transformers rescales with short_factor while a sequence fits the pretraining length and switches every
+    position, cached keys' rotations aside, to long_factor once it is longer: no fixed table reproduces that
+    switch, so an engine whose sequences could pass that length is refused.
+    """
+    for key in ("short_factor", "long_factor"):
+        if not isinstance(scaling.get(key), list):
+            raise CheckpointError(f"rope_scaling of type 'longrope' needs the list field {key!r}.")
+    # Phi-3 keeps the pretraining length beside rope_scaling, and transformers prefers that copy
+    original = cfg.get("original_max_position_embeddings") or scaling.get("original_max_position_embeddings")
+    if original is None:
+        raise CheckpointError("rope_scaling of type 'longrope' needs the field 'original_max_position_embeddings'.")
+    original = int(original)
+    if max_seq_len is not None and max_seq_len > original:
+        raise CheckpointError(
+            f"rope_scaling type 'longrope' (field rope_scaling) is supported only up to original_max_position_embeddings="
+            f"{original}, not max_seq_len={max_seq_len}: past it transformers switches to long_factor mid-sequence. "
+            f"Build with --max_seq_len {original} or less."
+        )
+    factor = scaling.get("factor")
+    if factor is None:  # transformers' Phi-3 rule: the context extension ratio
+        factor = int(cfg.get("max_position_embeddings", original)) / original
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:  # the LongRoPE paper's cos/sin scale, applied at every length
+        attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return {
+        "rope_type": "longrope",
+        "short_factor": [float(f) for f in scaling["short_factor"]],
+        "long_factor": [float(f) for f in scaling["long_factor"]],
+        "original_max_position_embeddings": original,
+        "attention_factor": float(attention_factor),
+    }
 
 
 def _eos_ids(value: Any) -> list[int]:
@@ -108,7 +158,9 @@ def model_config_from_hf(cfg: dict[str, Any], max_seq_len: int | None = None) ->
     if num_heads % num_kv:
         raise CheckpointError(f"num_attention_heads={num_heads} is not a multiple of num_key_value_heads={num_kv}.")
     head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // num_heads)
-    theta, scaling = _rope(cfg)
+    theta, scaling = _rope(cfg, max_seq_len)
+    if scaling and scaling["rope_type"] == "longrope" and len(scaling["short_factor"]) != head_dim // 2:
+        raise CheckpointError(f"rope_scaling.short_factor has {len(scaling['short_factor'])} entries; head_dim={head_dim} needs {head_dim // 2}.")
     return ModelConfig(
         architecture=arch,
         vocab_size=int(cfg["vocab_size"]),

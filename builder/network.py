@@ -27,6 +27,7 @@ from ..plugins import get_lowering
 from ..plugins.attention import Shared
 from ..runtime.engine_format import BuildConfig, ModelConfig
 from ..runtime.errors import BuildConfigError
+from .architectures import ARCHITECTURES
 from .checkpoint import Checkpoint
 from .graph import GraphBuilder
 from .quantization import FP8_MAX, Fp8Convention, IntConvention, LinearWeight, concat_out, quantize_fp8_per_channel, read_linear
@@ -49,6 +50,8 @@ LAYER_WEIGHTS = {
     "gate_proj": "mlp.gate_proj",
     "up_proj": "mlp.up_proj",
     "down_proj": "mlp.down_proj",
+    "qkv_proj": "self_attn.qkv_proj",  # Phi-3: q|k|v in one module, in the order the network splits them
+    "gate_up_proj": "mlp.gate_up_proj",  # Phi-3: gate|up in one module (transformers chunks gate first)
 }  # linear layers name the module: the weight (and any FP8 scales) hang off it
 
 
@@ -241,7 +244,8 @@ def _decoder_layer(gb: GraphBuilder, lowering, linear: _Linears, ckpt: Checkpoin
     h, x = lowering.add_norm(f"{p}/input_layernorm", x, delta, gb.weight(f"{p}/input_layernorm.weight", _norm_weight(linear, f"{p}/attn/qkv_proj", w("input_layernorm"))))
     # One fused q|k|v projection: a third of the MatMul calls.
     bias = np.concatenate([w("q_bias"), w("k_bias"), w("v_bias")]) if cfg.qkv_bias else None
-    qkv = linear(f"{p}/attn/qkv_proj", h, mod("q_proj", "k_proj", "v_proj"), bias, input_folded=True)
+    fused = ARCHITECTURES[cfg.architecture].fused_projections
+    qkv = linear(f"{p}/attn/qkv_proj", h, mod("qkv_proj") if fused else mod("q_proj", "k_proj", "v_proj"), bias, input_folded=True)
     if lowering.takes_packed_qkv() and not cfg.qk_norm:  # the attention op splits q|k|v itself: one kernel less
         attn = lowering.layer(f"{p}/attn", qkv, None, None, i, shared)
     else:
@@ -255,7 +259,7 @@ def _decoder_layer(gb: GraphBuilder, lowering, linear: _Linears, ckpt: Checkpoin
 
     h, x = lowering.add_norm(f"{p}/post_attention_layernorm", x, o, gb.weight(f"{p}/post_attention_layernorm.weight",
                                                                               _norm_weight(linear, f"{p}/mlp/gate_up_proj", w("post_attention_layernorm"))))
-    gate_up = linear(f"{p}/mlp/gate_up_proj", h, mod("gate_proj", "up_proj"), input_folded=True)
+    gate_up = linear(f"{p}/mlp/gate_up_proj", h, mod("gate_up_proj") if fused else mod("gate_proj", "up_proj"), input_folded=True)
     gate, up = gb.op("Split", [gate_up, _shape(gb, f"{p}/mlp/split", [cfg.intermediate_size] * 2)], f"{p}/mlp/split_op", num_outputs=2, axis=-1)
     silu = lowering.silu(f"{p}/mlp", gate)
     down = linear(f"{p}/mlp/down_proj", gb.op("Mul", [silu, up], f"{p}/mlp/gated"), mod("down_proj"))

@@ -23,6 +23,10 @@ def inverse_frequencies(cfg: ModelConfig) -> np.ndarray:
         inv_freq = (inv_freq / np.float32(scaling["factor"])).astype(np.float32)
     elif kind == "llama3":
         inv_freq = _llama3(inv_freq, scaling)
+    elif kind == "longrope":
+        # short_factor only: architectures.py refuses sequences long enough for transformers to switch to long_factor
+        shape = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim
+        inv_freq = (1.0 / (np.asarray(scaling["short_factor"], np.float32) * cfg.rope_theta**shape)).astype(np.float32)
     return inv_freq
 
 
@@ -43,4 +47,9 @@ def cos_sin_tables(cfg: ModelConfig, num_positions: int) -> tuple[np.ndarray, np
     """cos, sin: [num_positions, head_dim // 2] float32."""
     inv_freq = inverse_frequencies(cfg)
     freqs = np.arange(num_positions, dtype=np.float32)[:, None] * inv_freq[None, :]
-    return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
+    cos, sin = np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
+    scaling = cfg.rope_scaling or {}
+    if scaling.get("rope_type") == "longrope" and scaling["attention_factor"] != 1.0:  # transformers scales cos and sin
+        scale = scaling["attention_factor"]
+        cos, sin = (cos * np.float32(scale)).astype(np.float32), (sin * np.float32(scale)).astype(np.float32)
+    return cos, sin

@@ -131,7 +131,10 @@ class Expected:
 
 def expected_tensors(model: ModelConfig, has_lm_head: bool) -> tuple[list[Expected], list[Expected]]:
     """(dense tensors, linear layers) that the network reads, in the order it reads them."""
+    from .architectures import ARCHITECTURES
     from .network import LAYER_WEIGHTS  # network imports onnx, the build extra: only when a build runs
+
+    fused = ARCHITECTURES[model.architecture].fused_projections
 
     hidden, inter, hd = model.hidden_size, model.intermediate_size, model.head_dim
     q_out, kv_out = model.num_heads * hd, model.num_kv_heads * hd
@@ -148,15 +151,22 @@ def expected_tensors(model: ModelConfig, has_lm_head: bool) -> tuple[list[Expect
         if model.qkv_bias:
             dense += [Expected(name("q_bias"), (q_out,), f"[{q_fields}]")]
             dense += [Expected(name(k), (kv_out,), f"[{kv_fields}]") for k in ("k_bias", "v_bias")]
-        linear += [
-            Expected(name("q_proj"), (q_out, hidden), f"[{q_fields}, hidden_size]"),
-            Expected(name("k_proj"), (kv_out, hidden), f"[{kv_fields}, hidden_size]"),
-            Expected(name("v_proj"), (kv_out, hidden), f"[{kv_fields}, hidden_size]"),
-            Expected(name("o_proj"), (hidden, q_out), f"[hidden_size, {q_fields}]"),
-            Expected(name("gate_proj"), (inter, hidden), "[intermediate_size, hidden_size]"),
-            Expected(name("up_proj"), (inter, hidden), "[intermediate_size, hidden_size]"),
-            Expected(name("down_proj"), (hidden, inter), "[hidden_size, intermediate_size]"),
-        ]
+        if fused:  # Phi-3: one q|k|v module and one gate|up module
+            linear += [
+                Expected(name("qkv_proj"), (q_out + 2 * kv_out, hidden), f"[{q_fields} + 2*{kv_fields}, hidden_size]"),
+                Expected(name("o_proj"), (hidden, q_out), f"[hidden_size, {q_fields}]"),
+                Expected(name("gate_up_proj"), (2 * inter, hidden), "[2*intermediate_size, hidden_size]"),
+            ]
+        else:
+            linear += [
+                Expected(name("q_proj"), (q_out, hidden), f"[{q_fields}, hidden_size]"),
+                Expected(name("k_proj"), (kv_out, hidden), f"[{kv_fields}, hidden_size]"),
+                Expected(name("v_proj"), (kv_out, hidden), f"[{kv_fields}, hidden_size]"),
+                Expected(name("o_proj"), (hidden, q_out), f"[hidden_size, {q_fields}]"),
+                Expected(name("gate_proj"), (inter, hidden), "[intermediate_size, hidden_size]"),
+                Expected(name("up_proj"), (inter, hidden), "[intermediate_size, hidden_size]"),
+            ]
+        linear.append(Expected(name("down_proj"), (hidden, inter), "[hidden_size, intermediate_size]"))
     dense.append(Expected("model.norm.weight", (hidden,), "[hidden_size]"))
     if has_lm_head:
         dense.append(Expected("lm_head.weight", (model.vocab_size, hidden), "[vocab_size, hidden_size]"))

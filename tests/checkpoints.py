@@ -27,6 +27,7 @@ CONFIG_CLASSES = {
     "MistralForCausalLM": transformers.MistralConfig,
     "Qwen2ForCausalLM": transformers.Qwen2Config,
     "Qwen3ForCausalLM": transformers.Qwen3Config,
+    "Phi3ForCausalLM": transformers.Phi3Config,
 }
 
 
@@ -49,7 +50,7 @@ def load_hf(path: Path) -> torch.nn.Module:
     return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
-LINEAR_SUFFIXES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LINEAR_SUFFIXES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj", "gate_up_proj")
 
 
 def is_linear(name: str) -> bool:

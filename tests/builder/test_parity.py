@@ -23,6 +23,14 @@ CASES = {
     "mistral": ("MistralForCausalLM", dict(sliding_window=None)),
     "qwen2-qkv-bias": ("Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
     "qwen3-qk-norm-head-dim": ("Qwen3ForCausalLM", dict(head_dim=24, tie_word_embeddings=False)),
+    # fused qkv_proj / gate_up_proj, GQA (TINY: 4 heads, 2 KV heads), Phi-3-mini-4k's window (wider than max_seq_len)
+    "phi3-gqa": ("Phi3ForCausalLM", dict(sliding_window=2047)),
+    # Phi-3-128k's LongRoPE within original_max_position_embeddings: short_factor, and cos/sin scaled by
+    # sqrt(1 + ln(512 / 128) / ln(128)), both far from 1 so that a table without them fails
+    "phi3-longrope": ("Phi3ForCausalLM", dict(
+        max_position_embeddings=512, original_max_position_embeddings=128,
+        rope_scaling=dict(rope_type="longrope", short_factor=[1.0, 1.5, 2.0, 3.0, 4.5, 6.0, 8.0, 12.0], long_factor=[16.0] * 8),
+    )),
 }
 
 
