@@ -82,6 +82,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
 
+from .calibration import context_feeds
 from .weight_only import IntWeight, quantize_rtn
 
 ALPHAS = tuple(np.round(np.linspace(0.0, 1.0, 21), 2))  # 0 (= RTN), 0.05, ..., 1
@@ -349,18 +350,9 @@ def _tap_groups(in_features: dict[str, int], budget_bytes: int) -> list[list[str
 
 
 def _collect_stats(sess, taps: dict[str, str], in_features: dict[str, int], cache_shape, num_layers: int, samples: list[list[int]]) -> dict[str, InputStats]:
-    # A plain run() returns new caches and leaves these inputs as they are: one set of zeros serves every sample.
-    empty = {f"past_{kind}.{i}": np.zeros(cache_shape, np.float32) for i in range(num_layers) for kind in ("key", "value")}
     names = list(taps)
     stats = {k: InputStats.empty(in_features[k]) for k in names}
-    for ids in samples:
-        n = len(ids)
-        feed = {
-            "input_ids": np.array([ids], np.int64),
-            "position_ids": np.arange(n, dtype=np.int64)[None],
-            "logits_index": np.array([[n - 1]], np.int64),
-            **empty,
-        }
+    for feed in context_feeds(samples, cache_shape, num_layers):
         for k, x in zip(names, sess.run([taps[k] for k in names], feed)):  # x: [1, n, in]
             stats[k].add(x)
     return stats

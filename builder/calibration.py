@@ -48,19 +48,24 @@ def calibrate_activation_scales(model, taps: dict[str, str], cache_shape: tuple[
         # From files, weights external: one serialized proto is capped at 2 GiB (~500M float32 parameters);
         # the session runs inside the block, so the files outlive it everywhere.
         sess = ort.InferenceSession(str(Path(tmp) / write_engine(model, Path(tmp))), opts, providers=["CPUExecutionProvider"])
-        # A plain run() returns new caches and leaves these inputs as they are: one set of zeros serves every sample.
-        empty = {f"past_{kind}.{i}": np.zeros(cache_shape, np.float32) for i in range(num_layers) for kind in ("key", "value")}
         names = list(taps)
         amax = dict.fromkeys(names, 0.0)
-        for ids in samples:
-            n = len(ids)
-            feed = {
-                "input_ids": np.array([ids], np.int64),
-                "position_ids": np.arange(n, dtype=np.int64)[None],
-                "logits_index": np.array([[n - 1]], np.int64),
-                **empty,
-            }
+        for feed in context_feeds(samples, cache_shape, num_layers):
             outs = sess.run([taps[k] for k in names], feed)
             for k, v in zip(names, outs):
                 amax[k] = max(amax[k], float(np.abs(v).max()))
     return {k: max(v, 1e-12) / FP8_MAX for k, v in amax.items()}
+
+
+def context_feeds(samples: list[list[int]], cache_shape: tuple[int, ...], num_layers: int):
+    """One context-phase feed (batch 1, the whole sample, last row's logits) per calibration sample."""
+    # A plain run() returns new caches and leaves these inputs as they are: one set of zeros serves every sample.
+    empty = {f"past_{kind}.{i}": np.zeros(cache_shape, np.float32) for i in range(num_layers) for kind in ("key", "value")}
+    for ids in samples:
+        n = len(ids)
+        yield {
+            "input_ids": np.array([ids], np.int64),  # [1, n]
+            "position_ids": np.arange(n, dtype=np.int64)[None],  # [1, n]
+            "logits_index": np.array([[n - 1]], np.int64),  # [1, 1]
+            **empty,
+        }
