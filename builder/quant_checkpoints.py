@@ -26,6 +26,8 @@ Within an int32 word, value j always sits at bits [j * bits, (j + 1) * bits).
 
 from __future__ import annotations
 
+import sys
+
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,6 +205,17 @@ def _pack_factor(bits: int) -> int:
 def unpack_rows(packed: np.ndarray, bits: int) -> np.ndarray:
     """[R, C] int32 -> [R * 32/bits, C] uint8: value j of word [r, c] is row r * 32/bits + j."""
     pf = _pack_factor(bits)
+    if sys.byteorder == "little" and bits in (4, 8):
+        # Byte k of a little-endian word holds its values 2k, 2k+1 (4 bits) or k (8 bits): work on bytes, about
+        # twice as fast as shifting whole words (GPTQ qweight is most of a checkpoint, read twice per build).
+        r, c = packed.shape
+        b = np.ascontiguousarray(packed).view(np.uint8).reshape(r, c, 4).transpose(0, 2, 1)  # [R, 4, C]
+        if bits == 8:
+            return b.reshape(r * 4, c)
+        out = np.empty((r, 8, c), np.uint8)
+        np.bitwise_and(b, 0xF, out=out[:, 0::2])
+        np.right_shift(b, 4, out=out[:, 1::2])
+        return out.reshape(r * 8, c)
     shifts = (np.arange(pf, dtype=np.uint32) * bits)[None, :, None]
     words = packed.view(np.uint32)[:, None, :]
     return ((words >> shifts) & (2**bits - 1)).astype(np.uint8).reshape(packed.shape[0] * pf, packed.shape[1])
