@@ -28,7 +28,7 @@ from .validation import check_memory_limits, validate_checkpoint
 from .weight_only import GROUP_SIZES, WEIGHT_ONLY_BITS, WeightOnlyScheme
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-MODES = ("none", "draft_tokens_external")
+MODES = ("none", "draft_tokens_external", "medusa")
 QUANTIZATIONS = ("auto", "none", "fp8", *WEIGHT_ONLY_BITS)
 # int4_awq: also search each group's clipping of the scaled weight (builder/awq.py): on the demo pair
 # it takes held-out perplexity from 16.44 (scales only) to 16.41 (float32 16.23, RTN 16.51).
@@ -58,6 +58,8 @@ def validate_build_config(build: BuildConfig, model: ModelConfig) -> None:
         problems.append(f"speculative_decoding_mode={build.speculative_decoding_mode!r} is not one of {', '.join(MODES)}")
     elif build.speculative_decoding_mode == "draft_tokens_external" and build.max_draft_len < 1:
         problems.append("speculative_decoding_mode=draft_tokens_external needs max_draft_len >= 1")
+    elif build.speculative_decoding_mode == "medusa" and build.max_draft_len < 1:
+        problems.append("speculative_decoding_mode=medusa needs max_draft_len >= 1 (at most the number of Medusa heads)")
     elif build.speculative_decoding_mode == "none" and build.max_draft_len != 0:
         problems.append(f"max_draft_len={build.max_draft_len} needs --speculative_decoding_mode draft_tokens_external")
     if build.max_draft_len < 0:
@@ -197,8 +199,13 @@ def build_engine(
     trt_version_compatible: bool = False,
     trt_exclude_lean_runtime: bool = False,
     allow_nonfinite: bool = False,
+    medusa_dir: str | Path | None = None,
 ) -> BuildResult:
-    """Build one engine directory. ``progress(step, done, total)`` reports work."""
+    """Build one engine directory. ``progress(step, done, total)`` reports work.
+
+    medusa_dir: Medusa heads in ModelOpt's layout (docs/medusa-eagle.md), built into the network as its
+    medusa_logits output; needs speculative_decoding_mode "medusa".
+    """
     t0 = time.perf_counter()
     output_dir = Path(output_dir)
     if trt_exclude_lean_runtime and not trt_version_compatible:
@@ -226,6 +233,10 @@ def build_engine(
         say(f"warning: max_seq_len={build.max_seq_len} exceeds the model's max_position_embeddings={model.max_position_embeddings}")
 
     validate_checkpoint(ckpt, model, build, convention, allow_nonfinite=allow_nonfinite)
+    medusa = None
+    if build.speculative_decoding_mode == "medusa" or medusa_dir is not None:
+        medusa = load_medusa_heads(medusa_dir, model, build)
+        build = replace(build, medusa_num_heads=medusa.num_heads, medusa_num_layers=medusa.num_layers)
 
     from .backends import onnxruntime as backend
     from .network import build_network
@@ -256,7 +267,7 @@ def build_engine(
         del float_net  # not held while the quantized network is built
     int_layers: list[str] = []
     network = build_network(ckpt, model, build, on_layer=lambda i: report(f"layer {i}", i + 1, total), convention=convention, activation_scales=scales,
-                            awq_layers=awq_layers, weight_only_layers=int_layers)
+                            awq_layers=awq_layers, weight_only_layers=int_layers, medusa=medusa)
     from ..plugins import get_lowering
 
     act_order = any(node.name.endswith("/act_order") for node in network.graph.node)  # plugins/quantized_gemm.permute_input
@@ -307,6 +318,29 @@ def build_engine(
         raise
     engine_bytes = sum(p.stat().st_size for p in output_dir.rglob("*") if p.is_file())
     return BuildResult(output_dir, config, num_parameters, engine_bytes, time.perf_counter() - t0)
+
+
+def load_medusa_heads(medusa_dir: str | Path | None, model: ModelConfig, build: BuildConfig):
+    """The Medusa heads of a --speculative_decoding_mode medusa build, checked against the base and the build."""
+    from ..train.layout import load_heads
+
+    if build.speculative_decoding_mode != "medusa":
+        raise BuildConfigError(f"--medusa_dir needs --speculative_decoding_mode medusa (this build uses {build.speculative_decoding_mode}).")
+    if medusa_dir is None:
+        raise BuildConfigError("--speculative_decoding_mode medusa needs --medusa_dir DIR: the Medusa heads (ModelOpt layout, e.g. from specdec-train).")
+    if build.backend != "onnxruntime":
+        raise BuildConfigError(f"--speculative_decoding_mode medusa runs on the onnxruntime backend only for now (this build uses {build.backend}).")
+    heads = load_heads(medusa_dir)
+    where = f"--medusa_dir {medusa_dir}"
+    if heads.mode != "medusa":
+        raise BuildConfigError(f"{where} holds an EAGLE-3 module, not Medusa heads; EAGLE engines are not built yet (docs/medusa-eagle.md).")
+    if heads.hidden_size != model.hidden_size or heads.vocab_size != model.vocab_size:
+        raise BuildConfigError(f"{where}: the heads have hidden_size {heads.hidden_size} and vocab_size {heads.vocab_size}, "
+                               f"the base model {model.hidden_size} and {model.vocab_size}: heads trained on another base?")
+    if build.max_draft_len > heads.num_heads:
+        raise BuildConfigError(f"--max_draft_len {build.max_draft_len} exceeds the {heads.num_heads} Medusa heads in {medusa_dir} "
+                               f"(a chain drafts one token per head): use --max_draft_len <= {heads.num_heads}.")
+    return heads
 
 
 def _count_parameters(network) -> int:

@@ -9,6 +9,9 @@ Inputs
                  bnsh [batch, kv_heads, kv_capacity, head_dim] or bsh [batch, kv_capacity, kv_heads * head_dim]
 Outputs
   logits         [batch, num_logits, vocab]   float32
+  medusa_logits  [batch, num_logits, num_heads, vocab]  float32, only in --speculative_decoding_mode medusa engines:
+                 Medusa head i on the same post-norm rows as lm_head (it guesses the token after the one those
+                 logits pick, plus i); an executor that does not bind it does not compute it
   present_key.i / present_value.i  (bound to the past buffers: updated in place)
 
 The context phase sends a whole prompt per row and asks for the last row's
@@ -69,6 +72,7 @@ def build_network(
     linear_inputs: dict[str, str] | None = None,
     awq_layers: dict | None = None,
     weight_only_layers: list[str] | None = None,
+    medusa=None,
 ):
     """Return the ONNX ModelProto of ``cfg`` with weights from ``ckpt``.
 
@@ -78,6 +82,7 @@ def build_network(
     awq_layers: int4_awq's search by linear-layer name (builder/awq.py's AwqLayer: input scales s [in],
         and how to quantize s[:, None] * W, clipped per group).
     weight_only_layers: filled with the names of the layers stored as int8/int4.
+    medusa: Medusa heads (train.layout.HeadCheckpoint) to add as the medusa_logits output, or None.
     """
     lowering_cls = get_lowering(build.lowering)
     gb = GraphBuilder(weight_dtype=build.dtype, compute_dtype=lowering_cls.compute_dtype(build))
@@ -106,6 +111,8 @@ def build_network(
     rows = gb.op("Unsqueeze", [logits_index, gb.const("/model/axis_last", np.array([-1], np.int64))], "/model/logits_rows")
     x = gb.op("GatherND", [x, rows], "/model/gather_logit_rows", batch_dims=1)
     x = _rms_norm(gb, "/model/norm", x, ckpt.float32("model.norm.weight"), cfg.rms_norm_eps)
+    if medusa is not None:
+        _medusa_heads(gb, lowering, x, medusa, cfg)
     tied = cfg.tie_word_embeddings or "lm_head.weight" not in ckpt
     if linears.scheme is not None and build.quantize_lm_head:
         # a quantized copy for the head only: the embedding (tied or not) stays in --dtype
@@ -126,6 +133,28 @@ def build_network(
     if weight_only_layers is not None:
         weight_only_layers.extend(linears.int_layers)
     return gb.model(f"specdec_{cfg.architecture}", extra_opsets=lowering.extra_opsets)
+
+
+def _medusa_heads(gb: GraphBuilder, lowering, x: str, heads, cfg: ModelConfig) -> None:
+    """medusa_logits [B, L, heads, vocab] from the post-norm rows x [B, L, hidden] (train/medusa.py's MedusaHeads):
+    head i = num_layers ResBlocks h + SiLU(h W^T + b), then its own LM head. Standard ops (MatMul, Add, Sigmoid, Mul,
+    Unsqueeze, Concat), kept in float (never weight-only quantized)."""
+    t, layers, axis = heads.tensors, heads.num_layers, gb.const("/medusa/axis_heads", np.array([2], np.int64))
+    per_head = []
+    for i in range(heads.num_heads):
+        p, h = f"/medusa/heads.{i}", x
+        for j in range(layers):
+            w = gb.weight(f"medusa_heads.{i}.{j}.linear.weight", np.ascontiguousarray(t[f"medusa_heads.{i}.{j}.linear.weight"].T))
+            y = gb.op("Add", [gb.op("MatMul", [h, w], f"{p}/{j}/linear"), gb.weight(f"medusa_heads.{i}.{j}.linear.bias", t[f"medusa_heads.{i}.{j}.linear.bias"])],
+                      f"{p}/{j}/linear_bias")
+            h = gb.op("Add", [h, lowering.silu(f"{p}/{j}", y)], f"{p}/{j}/residual")
+        w = gb.weight(f"medusa_heads.{i}.{layers}.weight", np.ascontiguousarray(t[f"medusa_heads.{i}.{layers}.weight"].T))
+        per_head.append(gb.op("Unsqueeze", [gb.op("MatMul", [h, w], f"{p}/lm_head"), axis], f"{p}/logits"))
+    if gb.compute_type == TensorProto.FLOAT:
+        gb.op("Concat", per_head, "/medusa/concat", outputs=["medusa_logits"], axis=2)
+    else:
+        gb.op("Cast", [gb.op("Concat", per_head, "/medusa/concat", axis=2)], "/medusa/logits_float32", outputs=["medusa_logits"], to=TensorProto.FLOAT)
+    gb.output("medusa_logits", TensorProto.FLOAT, ["batch", "num_logits", heads.num_heads, cfg.vocab_size])
 
 
 def _head_norm(gb: GraphBuilder, name: str, x: str, heads: int, head_dim: int, weight: np.ndarray, eps: float) -> str:

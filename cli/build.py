@@ -48,7 +48,10 @@ from .common import check_output_dir, clean_errors, human_bytes, option
         help="Most draft tokens verified per step; baked into the engine. Needs --speculative_decoding_mode draft_tokens_external "
              "[default: 8 with that mode, else 0].")
 @option("speculative_decoding_mode", type=click.Choice(MODES), default="none", show_default=True,
-        help="draft_tokens_external: the target engine accepts 1..max_draft_len+1 tokens per sequence per step and returns logits for all of them (build TARGET engines this way). none: one token per step (draft engines, plain decoding).")
+        help="draft_tokens_external: the target engine accepts 1..max_draft_len+1 tokens per sequence per step and returns logits for all of them (build TARGET engines this way). "
+             "medusa: the same, with the Medusa heads of --medusa_dir in the network (chain drafting, docs/medusa-eagle.md). none: one token per step (draft engines, plain decoding).")
+@option("medusa_dir", type=click.Path(), default=None,
+        help="With --speculative_decoding_mode medusa: Medusa heads in ModelOpt's layout (specdec-train's output); --max_draft_len <= their number [default: all of them].")
 @option("quantization", "--qformat", type=click.Choice(QUANTIZATIONS), default="auto", show_default=True,
         help="fp8: linear-layer weights stored as float8 e4m3 with per-channel scales, or per-tile for block-scaled checkpoints (quantized at build time from a "
              "float checkpoint, or read from an FP8 checkpoint: ModelOpt, compressed-tensors, fine-grained fp8). The graph carries "
@@ -80,7 +83,7 @@ from .common import check_output_dir, clean_errors, human_bytes, option
 @option("allow_nonfinite", is_flag=True, help="Build even if a weight holds NaN or Inf (refused by default: such an engine emits garbage).")
 @option("force", is_flag=True, help="Replace a non-empty --output_dir.")
 @clean_errors
-def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_seq_len, max_draft_len, speculative_decoding_mode,
+def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_seq_len, max_draft_len, speculative_decoding_mode, medusa_dir,
          quantization, use_weight_only, weight_only_precision, group_size, asymmetric, quantize_lm_head, fp8_activations, calib_dataset, calib_size, backend, lowering, trt_timing_cache, trt_version_compatible, trt_exclude_lean_runtime, tp_size, allow_pickle, allow_nonfinite, force) -> None:
     """Build an engine directory from a Hugging Face checkpoint.
 
@@ -105,6 +108,10 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
         max_input_len = max(1, max_seq_len // 2)
     if max_draft_len is None:
         max_draft_len = 8 if speculative_decoding_mode == "draft_tokens_external" else 0
+        if speculative_decoding_mode == "medusa" and medusa_dir is not None:
+            from ..train.layout import load_heads
+
+            max_draft_len = load_heads(medusa_dir).num_heads
     quantization = _weight_only_alias(quantization, use_weight_only, weight_only_precision)
     build = BuildConfig(
         dtype=dtype, max_batch_size=max_batch_size, max_input_len=max_input_len, max_seq_len=max_seq_len,
@@ -126,7 +133,7 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
         result = build_engine(checkpoint_dir, output_dir, build, force=force, allow_pickle=allow_pickle, progress=progress, say=tqdm.write,
                               calib_dataset=calib_dataset, calib_size=calib_size, trt_timing_cache=trt_timing_cache,
                               trt_version_compatible=trt_version_compatible, trt_exclude_lean_runtime=trt_exclude_lean_runtime,
-                              allow_nonfinite=allow_nonfinite)
+                              allow_nonfinite=allow_nonfinite, medusa_dir=medusa_dir)
     finally:
         for bar in bars:
             bar.close()

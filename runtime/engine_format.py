@@ -55,7 +55,9 @@ class BuildConfig:
     max_input_len: int = 512
     max_seq_len: int = 1024
     max_draft_len: int = 0
-    speculative_decoding_mode: str = "none"
+    speculative_decoding_mode: str = "none"  # none | draft_tokens_external | medusa (verifies drafts too, and returns medusa_logits)
+    medusa_num_heads: int = 0  # medusa: the heads in the network (max_draft_len <= this)
+    medusa_num_layers: int = 0  # medusa: ResBlocks per head
     backend: str = "onnxruntime"
     tp_size: int = 1
     lowering: str = "auto"  # plugins/: portable (standard ops, what TensorRT parses) | ort_cpu; auto = per backend
