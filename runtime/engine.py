@@ -51,7 +51,7 @@ from .sampling import next_token
 class SpeculationConfig:
     """The engine's defaults for requests that do not choose (one source of truth)."""
 
-    method: str = "none"  # none | draft | ngram
+    method: str = "none"  # none | draft | ngram | medusa
     draft_len: int | str = 0  # drafts per round, or "auto"
 
 
@@ -60,7 +60,7 @@ def check_draft_len(target: EngineDir, draft_len: int | str, what: str = "draft_
     build = target.config.build
     if draft_len == 0:
         return
-    if build.speculative_decoding_mode != "draft_tokens_external":
+    if build.speculative_decoding_mode not in ("draft_tokens_external", "medusa"):
         raise EngineError(
             f"the target engine {target.path} was built with --speculative_decoding_mode {build.speculative_decoding_mode}, "
             "so it cannot verify drafts (a draft or plain engine). If it is the draft, pass it as the draft engine (--draft_engine_dir) "
@@ -214,6 +214,7 @@ class Engine:
         t0 = time.perf_counter()
         # logits: [len(batch), 1, vocab] at each prompt's last token
         logits = self.target.forward(self.cache, [r.prompt_ids for r in batch], all_logits=False, first_slot=first)[:, 0, : self.vocab_limit]
+        heads = getattr(self.target, "medusa_logits", None)  # [len(batch), 1, heads, vocab] of a Medusa target, else None
         firsts = [next_token(logits[i], r.config.sampling, r.rng) for i, r in enumerate(batch)]
         t1 = time.perf_counter()
         self.stats.target_s += t1 - t0
@@ -228,6 +229,11 @@ class Engine:
             if joining:
                 t2 = time.perf_counter()
                 proposer.add(joining)
+                prefilled = getattr(proposer, "prefilled", None)  # a proposer that reads the target's outputs (Medusa)
+                if prefilled is not None:
+                    for r in joining:
+                        i = r.slot - first
+                        prefilled(r, TargetOutput(logits[i : i + 1], 0, [firsts[i]], None if heads is None else heads[i, :1]))
                 dt = time.perf_counter() - t2
                 self.stats.draft_s += dt
                 for r in joining:
@@ -285,6 +291,7 @@ class Engine:
         feed = [[r.last_token, *d.tokens.tolist()] for r, d in zip(reqs, drafts)]
         t0 = time.perf_counter()
         logits = self.target.forward(self.cache, feed, all_logits=True)
+        heads = getattr(self.target, "medusa_logits", None)  # [n, max k + 1, heads, vocab] of a Medusa target, else None
         t1 = time.perf_counter()
         self.stats.target_s += t1 - t0
         if timing:
@@ -301,7 +308,8 @@ class Engine:
             emitted = d.tokens[:n].tolist() + [nxt]
             self.cache.rollback(r.slot, int(self.cache.lengths[r.slot]) - k + n)  # fed k + 1, keep the last token and n drafts
             if r.method != "none":
-                self.proposers[r.method].observe(r, d, TargetOutput(rows, n, emitted))
+                medusa = None if heads is None else heads[r.slot, : k + 1]
+                self.proposers[r.method].observe(r, d, TargetOutput(rows, n, emitted, medusa))
                 self.auto.record_round(r.method, k, n)
             r.metrics.record_round(k, n)
             r.metrics.target_s += (t1 - t0) / len(reqs)

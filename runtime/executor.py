@@ -53,6 +53,10 @@ class OrtExecutor:
         self._decode_width = max(2, self.build.max_draft_len + 1)  # widest decode step: its buffers stay
         self._steps = np.arange(max(self.build.max_input_len, self.build.kv_capacity), dtype=np.int64)
         self.vocab_size = self.model.vocab_size
+        # a --speculative_decoding_mode medusa engine: its medusa_logits output is bound as well, and after each
+        # forward() this is a view of the call's [n, rows, heads, vocab] (reused by the next call), else None
+        self.medusa_heads = self.build.medusa_num_heads if self.build.speculative_decoding_mode == "medusa" else 0
+        self.medusa_logits: np.ndarray | None = None
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -115,6 +119,7 @@ class OrtExecutor:
         self._bind_cache(io, cache, first_slot, batch)
         self.session.run_with_iobinding(io.binding)
         step.lengths += step.grow
+        self.medusa_logits = io.medusa
         return io.logits
 
     def _io(self, batch: int, width: int, rows: int) -> "_StepIO":
@@ -128,24 +133,27 @@ class OrtExecutor:
             if width > self._decode_width:  # prompt widths vary per request: keep only the latest one
                 for old in [k for k in self._ios if k[1] > self._decode_width]:
                     del self._ios[old]
-            io = self._ios[key] = _StepIO(batch, width, rows, self.vocab_size)
+            io = self._ios[key] = _StepIO(batch, width, rows, self.vocab_size, self.medusa_heads)
             ort, b = self._ort, self.session.io_binding()
             io.binding = b
             b.bind_ortvalue_input("input_ids", ort.OrtValue.ortvalue_from_numpy(io.ids))
             b.bind_ortvalue_input("position_ids", ort.OrtValue.ortvalue_from_numpy(io.positions))
             b.bind_ortvalue_input("logits_index", ort.OrtValue.ortvalue_from_numpy(io.index))
             b.bind_output("logits", "cpu", 0, np.float32, list(io.logits.shape), io.logits.ctypes.data)
+            if io.medusa is not None:
+                b.bind_output("medusa_logits", "cpu", 0, np.float32, list(io.medusa.shape), io.medusa.ctypes.data)
         return io
 
 
 class _StepIO:
     """The buffers of one call shape (batch, tokens, logit rows)."""
 
-    def __init__(self, batch: int, width: int, rows: int, vocab: int):
+    def __init__(self, batch: int, width: int, rows: int, vocab: int, medusa_heads: int = 0):
         self.ids = np.zeros((batch, width), np.int64)
         self.positions = np.zeros((batch, width), np.int64)
         # all rows' logits, or (filled per call) each row's last real token
         self.index = np.broadcast_to(np.arange(rows, dtype=np.int64), (batch, rows)).copy()
         self.logits = np.empty((batch, rows, vocab), np.float32)
+        self.medusa = np.empty((batch, rows, medusa_heads, vocab), np.float32) if medusa_heads else None
         self.binding = None  # this shape's IOBinding (OrtExecutor._io)
         self.bound_cache: tuple | None = None  # the cache range bound to it

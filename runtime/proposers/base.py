@@ -45,10 +45,12 @@ class TargetOutput:
     logits: np.ndarray  # [k + 1, vocab] the rows of the fed tokens (last accepted token + drafts)
     num_accepted: int  # drafts kept
     emitted: list[int]  # the accepted drafts + the recovered or bonus token
+    # a Medusa target's head logits for the same rows [k + 1, heads, vocab] (row num_accepted: the last kept token's), or None
+    medusa_logits: np.ndarray | None = None
 
 
 class Proposer(Protocol):
-    name: str  # the method it implements: draft | ngram
+    name: str  # the method it implements: draft | ngram | medusa
 
     def add(self, requests: Sequence["Request"]) -> None:
         """Start these requests: each has its prompt and the first token the target picked."""
