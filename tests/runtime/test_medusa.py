@@ -1,0 +1,214 @@
+"""Medusa chain drafting: heads built into the target engine (medusa_logits), drafted by MedusaProposer.
+
+Parity: the network's medusa_logits equal train/medusa.py's MedusaHeads (torch) on the Hugging Face model's
+post-norm hidden states, in both lowerings. Exactness: greedy Medusa output is the target's own greedy output
+at every draft length, alone and in a ragged batch.
+"""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from checkpoints import load_hf, make_checkpoint
+from conftest import build_and_load, spec_build
+
+from specdec.builder.build import build_engine
+from specdec.runtime.engine import Engine, SpeculationConfig
+from specdec.runtime.errors import CheckpointError, EngineError, SpecdecError
+from specdec.runtime.proposers.medusa import MedusaProposer
+from specdec.runtime.request import GenerationConfig
+from specdec.runtime.sampling import SamplingConfig
+from specdec.train.export import medusa_config, save_heads
+from specdec.train.medusa import MedusaHeads
+
+NUM_HEADS, NUM_LAYERS = 3, 1
+PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30]]
+
+
+def write_heads(ckpt, out, num_heads=NUM_HEADS, num_layers=NUM_LAYERS, seed=1, copy_lm_head=False, **config_overrides):
+    """Medusa heads in ModelOpt's layout (specdec-train's export): random ResBlocks (not the identity a fresh
+    head starts as), or (copy_lm_head) identity ResBlocks and the base's LM head, which draft repeats of the next token."""
+    base_cfg = json.loads((ckpt / "config.json").read_text())
+    hf = load_hf(ckpt)
+    torch.manual_seed(seed)
+    heads = MedusaHeads(base_cfg["hidden_size"], base_cfg["vocab_size"], num_heads, num_layers, hf.lm_head.weight.detach())
+    if not copy_lm_head:
+        with torch.no_grad():
+            for p in heads.parameters():
+                p.copy_(torch.randn_like(p) * (0.3 if p.dim() == 1 or p.shape[0] == p.shape[1] else 3.0 / p.shape[1] ** 0.5))
+    save_heads(heads, {**medusa_config(base_cfg, num_heads, num_layers, {"test": True}), **config_overrides}, out)
+    return heads, hf
+
+
+@pytest.fixture(scope="module")
+def medusa(tmp_path_factory):
+    d = tmp_path_factory.mktemp("medusa")
+    ckpt = make_checkpoint(d / "target", num_hidden_layers=2, seed=0)
+    heads, hf = write_heads(ckpt, d / "heads")
+    write_heads(ckpt, d / "copy_heads", copy_lm_head=True)
+    return {"dir": d, "ckpt": ckpt, "heads": heads, "hf": hf}
+
+
+def _build_medusa(ckpt, heads_dir, out, **kw):
+    build_engine(ckpt, out, spec_build(NUM_HEADS, speculative_decoding_mode="medusa", **kw), say=lambda _: None, medusa_dir=heads_dir)
+
+
+@pytest.fixture(scope="module")
+def engines(medusa):
+    d = medusa["dir"]
+    from specdec.runtime.engine_format import load_engine_dir
+    from specdec.runtime.executor import OrtExecutor
+
+    out = {}
+    for name, heads in (("random", "heads"), ("copy", "copy_heads")):
+        _build_medusa(medusa["ckpt"], d / heads, d / f"e_{name}")
+        out[name] = OrtExecutor(load_engine_dir(d / f"e_{name}"), num_threads=1)
+    return out
+
+
+@pytest.mark.parametrize("lowering", ["ort_cpu", "portable"])
+def test_medusa_logits_match_the_heads(medusa, lowering, tmp_path):
+    from specdec.runtime.engine_format import load_engine_dir
+    from specdec.runtime.executor import OrtExecutor
+
+    _build_medusa(medusa["ckpt"], medusa["dir"] / "heads", tmp_path / "e", lowering=lowering)
+    engine = load_engine_dir(tmp_path / "e")
+    assert engine.config.build.speculative_decoding_mode == "medusa"
+    assert (engine.config.build.medusa_num_heads, engine.config.build.medusa_num_layers) == (NUM_HEADS, NUM_LAYERS)
+    ex = OrtExecutor(engine, num_threads=1)
+    prompt = PROMPTS[2]
+    logits = ex.forward(ex.new_cache(1), [prompt], all_logits=True).copy()
+    got = ex.medusa_logits.copy()  # [1, L, heads, vocab]
+    with torch.no_grad():
+        out = medusa["hf"](torch.tensor([prompt]), output_hidden_states=True)
+        hidden = out.hidden_states[-1]  # after the final norm: what lm_head and the heads read
+        want = medusa["heads"](hidden).permute(1, 2, 0, 3).numpy()  # [heads, 1, L, V] -> [1, L, heads, V]
+    assert got.shape == (1, len(prompt), NUM_HEADS, 96)
+    np.testing.assert_allclose(logits, out.logits.numpy(), atol=2e-4)
+    np.testing.assert_allclose(got, want, atol=2e-4)
+    # the context phase (last row only) returns that row's heads
+    ex.forward(ex.new_cache(1), [prompt], all_logits=False)
+    np.testing.assert_allclose(ex.medusa_logits[0, 0], want[0, -1], atol=2e-4)
+
+
+def _generate(target, prompts, method, draft_len, max_output_len=24):
+    proposers = [MedusaProposer(target)] if method == "medusa" else []
+    engine = Engine(target, proposers, SpeculationConfig(method, draft_len))
+    cfg = GenerationConfig(max_output_len=max_output_len, sampling=SamplingConfig(temperature=0.0))
+    ids = [engine.add_request(p, cfg) for p in prompts]
+    done = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            if o.finished:
+                done[o.request_id] = o
+    return [done[i].output_ids for i in ids], engine.stats
+
+
+@pytest.mark.parametrize("heads", ["random", "copy"])
+def test_greedy_medusa_is_exact(engines, heads):
+    target = engines[heads]
+    accepted = 0
+    for prompts in ([PROMPTS[0]], PROMPTS):  # alone, and a ragged batch of 3
+        want, _ = _generate(target, prompts, "none", 0)
+        for k in range(1, NUM_HEADS + 1):
+            got, stats = _generate(target, prompts, "medusa", k)
+            assert got == want, (heads, len(prompts), k)
+            accepted += stats.accepted
+    if heads == "copy":
+        assert accepted > 0  # the acceptance path ran, not only rejections
+
+
+def test_a_medusa_target_verifies_other_drafts(engines):
+    """A Medusa target is also a draft_tokens_external target: n-gram drafts on it keep the greedy output."""
+    from specdec.runtime.proposers.ngram import NGramProposer
+
+    target = engines["random"]
+    want, _ = _generate(target, PROMPTS, "none", 0)
+    engine = Engine(target, [NGramProposer(NUM_HEADS, 2), MedusaProposer(target)], SpeculationConfig("ngram", 2))
+    cfg = GenerationConfig(max_output_len=24)
+    ids = [engine.add_request(p, cfg if i != 1 else GenerationConfig(max_output_len=24, method="medusa", draft_len=3)) for i, p in enumerate(PROMPTS)]
+    done = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            if o.finished:
+                done[o.request_id] = o.output_ids
+    assert [done[i] for i in ids] == want
+
+
+def test_medusa_proposer_needs_a_medusa_target(tmp_path, medusa):
+    plain = build_and_load(medusa["ckpt"], tmp_path / "plain", spec_build(2))
+    with pytest.raises(EngineError, match="speculative_decoding_mode medusa"):
+        MedusaProposer(plain)
+
+
+@pytest.mark.parametrize(
+    "case, match",
+    [
+        ("no_dir", "needs --medusa_dir"),
+        ("missing_dir", "does not exist"),
+        ("too_long", "exceeds the 3 Medusa heads"),
+        ("hidden", "hidden_size"),
+        ("vocab", "vocab_size"),
+        ("wrong_mode", "needs --speculative_decoding_mode medusa"),
+    ],
+)
+def test_bad_medusa_builds_say_why(medusa, tmp_path, case, match):
+    d, ckpt = medusa["dir"], medusa["ckpt"]
+    heads_dir, build = d / "heads", spec_build(NUM_HEADS, speculative_decoding_mode="medusa")
+    if case == "no_dir":
+        heads_dir = None
+    elif case == "missing_dir":
+        heads_dir = tmp_path / "nowhere"
+    elif case == "too_long":
+        build = spec_build(NUM_HEADS + 1, speculative_decoding_mode="medusa")
+    elif case in ("hidden", "vocab"):
+        other = make_checkpoint(tmp_path / "other", num_hidden_layers=1, **({"hidden_size": 32, "intermediate_size": 64} if case == "hidden" else {"vocab_size": 80}))
+        heads_dir = tmp_path / "other_heads"
+        write_heads(other, heads_dir)
+    elif case == "wrong_mode":
+        build = spec_build(NUM_HEADS)
+    with pytest.raises((SpecdecError, CheckpointError), match=match) as info:
+        build_engine(ckpt, tmp_path / "out", build, say=lambda _: None, medusa_dir=heads_dir)
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_builds_a_medusa_engine(medusa, tmp_path):
+    out = tmp_path / "engine"
+    code = "from specdec.cli.build import main; main()"
+    args = ["--checkpoint_dir", str(medusa["ckpt"]), "--output_dir", str(out), "--speculative_decoding_mode", "medusa",
+            "--medusa_dir", str(medusa["dir"] / "heads"), "--max_seq_len", "96", "--max_batch_size", "2"]
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    build = json.loads((out / "config.json").read_text())["build"]
+    assert (build["speculative_decoding_mode"], build["max_draft_len"], build["medusa_num_heads"]) == ("medusa", NUM_HEADS, NUM_HEADS)
+    bad = subprocess.run([sys.executable, "-c", code, *args[:4], "--speculative_decoding_mode", "medusa", "--medusa_dir", str(medusa["dir"] / "heads"),
+                          "--max_draft_len", "5", "--max_seq_len", "96", "--force"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "exceeds the 3 Medusa heads" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+def test_chain_is_the_heads_on_the_last_kept_row(engines, medusa):
+    """Each round's chain is [argmax head 0..k-1] on the hidden state that picked the request's last token
+    (head i guesses t+2+i, train/medusa.py), checked against the torch heads on the whole sequence."""
+    target, seen = engines["random"], []
+
+    class Recording(MedusaProposer):
+        def propose(self, requests, draft_lens):
+            got = super().propose(requests, draft_lens)
+            seen.extend((r.prompt_ids + r.output_ids, d.tokens.tolist()) for r, d in zip(requests, got))
+            return got
+
+    engine = Engine(target, [Recording(target)], SpeculationConfig("medusa", NUM_HEADS))
+    for p in PROMPTS:
+        engine.add_request(p, GenerationConfig(max_output_len=16))
+    while engine.has_unfinished():
+        engine.step()
+    assert len(seen) > 10 and sum(len(d) == NUM_HEADS for _, d in seen) > 5
+    with torch.no_grad():
+        for seq, drafts in seen:
+            hidden = medusa["hf"](torch.tensor([seq]), output_hidden_states=True).hidden_states[-1]
+            want = medusa["heads"](hidden[:, len(seq) - 2]).argmax(-1)[:, 0].tolist()  # the row that picked seq[-1]
+            assert drafts and drafts == want[: len(drafts)], (seq, drafts, want)  # fewer near max_output_len
