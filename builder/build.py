@@ -211,6 +211,7 @@ def build_engine(
     if trt_exclude_lean_runtime and not trt_version_compatible:
         raise BuildConfigError("--trt_exclude_lean_runtime only applies to version-compatible plans: add --trt_version_compatible.")
     prepare_output(output_dir, force)
+    check_medusa_flags(build, medusa_dir)
     ckpt = load_checkpoint(checkpoint_dir, allow_pickle=allow_pickle)
     model = model_config_from_hf(ckpt.hf_config, max_seq_len=build.max_seq_len)
     convention = detect_checkpoint_quantization(ckpt.hf_config, ckpt.path)
@@ -320,14 +321,19 @@ def build_engine(
     return BuildResult(output_dir, config, num_parameters, engine_bytes, time.perf_counter() - t0)
 
 
+def check_medusa_flags(build: BuildConfig, medusa_dir: str | Path | None) -> None:
+    """--speculative_decoding_mode medusa and --medusa_dir come together (checked before any work)."""
+    if medusa_dir is not None and build.speculative_decoding_mode != "medusa":
+        raise BuildConfigError(f"--medusa_dir needs --speculative_decoding_mode medusa (this build uses {build.speculative_decoding_mode}).")
+    if medusa_dir is None and build.speculative_decoding_mode == "medusa":
+        raise BuildConfigError("--speculative_decoding_mode medusa needs --medusa_dir DIR: the Medusa heads (ModelOpt layout, e.g. from specdec-train).")
+
+
 def load_medusa_heads(medusa_dir: str | Path | None, model: ModelConfig, build: BuildConfig):
     """The Medusa heads of a --speculative_decoding_mode medusa build, checked against the base and the build."""
     from ..train.layout import load_heads
 
-    if build.speculative_decoding_mode != "medusa":
-        raise BuildConfigError(f"--medusa_dir needs --speculative_decoding_mode medusa (this build uses {build.speculative_decoding_mode}).")
-    if medusa_dir is None:
-        raise BuildConfigError("--speculative_decoding_mode medusa needs --medusa_dir DIR: the Medusa heads (ModelOpt layout, e.g. from specdec-train).")
+    check_medusa_flags(build, medusa_dir)
     if build.backend != "onnxruntime":
         raise BuildConfigError(f"--speculative_decoding_mode medusa runs on the onnxruntime backend only for now (this build uses {build.backend}).")
     heads = load_heads(medusa_dir)

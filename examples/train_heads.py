@@ -23,8 +23,10 @@ Medusa heads 0/1/2 (tokens t+2/t+3/t+4) 0.040/0.135/0.156 -> 0.566/0.473/0.416 i
 EAGLE-3 (the target's t+2) 0.005 -> 0.576 in 155 steps.
 
 The heads land in OUTPUT_DIR/medusa and OUTPUT_DIR/eagle in ModelOpt's layout
-(docs/medusa-eagle.md), each with its model card and loss curve. Building them
-into engines and decoding with them are not implemented yet.
+(docs/medusa-eagle.md), each with its model card and loss curve. The Medusa heads
+build into a target engine (specdec-build --speculative_decoding_mode medusa --medusa_dir
+OUTPUT_DIR/medusa) and draft chains through the Python API (MedusaProposer); EAGLE
+engines and trees are not implemented yet.
 """
 
 from __future__ import annotations

@@ -66,3 +66,7 @@ class Proposer(Protocol):
 
     def observe(self, request: "Request", draft: Draft, target: TargetOutput) -> None:
         """The target verified ``draft``: ``target.num_accepted`` kept, ``target.emitted`` appended."""
+
+    # Optional: ``prefilled(request, target)``, called right after ``add`` with what the target computed on the
+    # request's last prompt row (TargetOutput with num_accepted 0 and emitted [first token]). A proposer that reads
+    # the target's outputs (Medusa: the heads on that row) defines it; the engine calls it only where it exists.

@@ -113,7 +113,7 @@ def test_greedy_medusa_is_exact(engines, heads):
     accepted = 0
     for prompts in ([PROMPTS[0]], PROMPTS):  # alone, and a ragged batch of 3
         want, _ = _generate(target, prompts, "none", 0)
-        for k in range(1, NUM_HEADS + 1):
+        for k in [*range(1, NUM_HEADS + 1), "auto"]:
             got, stats = _generate(target, prompts, "medusa", k)
             assert got == want, (heads, len(prompts), k)
             accepted += stats.accepted
@@ -148,6 +148,7 @@ def test_medusa_proposer_needs_a_medusa_target(tmp_path, medusa):
     "case, match",
     [
         ("no_dir", "needs --medusa_dir"),
+        ("no_dir_no_len", "needs --medusa_dir"),
         ("missing_dir", "does not exist"),
         ("too_long", "exceeds the 3 Medusa heads"),
         ("hidden", "hidden_size"),
@@ -160,6 +161,8 @@ def test_bad_medusa_builds_say_why(medusa, tmp_path, case, match):
     heads_dir, build = d / "heads", spec_build(NUM_HEADS, speculative_decoding_mode="medusa")
     if case == "no_dir":
         heads_dir = None
+    elif case == "no_dir_no_len":  # the flag missing is what is said, not the draft length it would have set
+        heads_dir, build = None, spec_build(0, speculative_decoding_mode="medusa")
     elif case == "missing_dir":
         heads_dir = tmp_path / "nowhere"
     elif case == "too_long":
