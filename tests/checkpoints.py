@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -125,3 +126,19 @@ def hf_with_weights(src: Path, weights: dict[str, torch.Tensor]) -> torch.nn.Mod
         for name, w in weights.items():
             state[name].copy_(w)
     return model
+
+
+SPECIAL = ["<pad>", "<s>", "</s>", "<unk>"]  # ids 0..3; eos = 2 as in TINY
+
+
+def add_word_tokenizer(ckpt: Path) -> Path:
+    """Words w4..w95, one per id: text prompts become known token ids, and decoded outputs are words."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = SPECIAL + [f"w{i}" for i in range(len(SPECIAL), 96)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(SPECIAL)
+    tok.save(str(ckpt / "tokenizer.json"))
+    (ckpt / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>", "add_bos_token": True}))
+    return ckpt

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoints import make_checkpoint
+from checkpoints import add_word_tokenizer, make_checkpoint
 from click.testing import CliRunner
 from conftest import spec_build
 from safetensors.torch import load_file, save_file
-from tokenizers import Tokenizer, models, pre_tokenizers
 
 from specdec.builder.build import build_engine
 from specdec.cli import peers
@@ -23,19 +22,7 @@ from specdec.runtime.bench import prepare_from_jsonl, prepare_synthetic, token_a
 from specdec.runtime.errors import RequestError
 from specdec.runtime.tokenizer import Tokenizer as EngineTokenizer
 
-SPECIAL = ["<pad>", "<s>", "</s>", "<unk>"]  # ids 0..3; eos = 2 as in tests/checkpoints.TINY
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def add_word_tokenizer(ckpt: Path) -> Path:
-    """Words w4..w95, one per id: decoded outputs are words, so ROUGE has something to count."""
-    words = SPECIAL + [f"w{i}" for i in range(len(SPECIAL), 96)]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.add_special_tokens(SPECIAL)
-    tok.save(str(ckpt / "tokenizer.json"))
-    (ckpt / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>", "add_bos_token": True}))
-    return ckpt
 
 
 def perturbed_copy(src: Path, dst: Path, scale: float = 0.5) -> Path:

@@ -9,24 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoints import make_checkpoint
-from tokenizers import Tokenizer, models, pre_tokenizers
+from checkpoints import add_word_tokenizer, make_checkpoint
 
 torch.set_num_threads(1)
 
-SPECIAL = ["<pad>", "<s>", "</s>", "<unk>"]  # ids 0..3; eos = 2 as in tests/checkpoints.TINY
 PATTERN = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]  # a cycle: every token decides the next two
-
-
-def add_word_tokenizer(ckpt: Path) -> Path:
-    """Words w4..w95, one per id, so text prompts become known token ids."""
-    words = SPECIAL + [f"w{i}" for i in range(len(SPECIAL), 96)]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.add_special_tokens(SPECIAL)
-    tok.save(str(ckpt / "tokenizer.json"))
-    (ckpt / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>", "add_bos_token": True}))
-    return ckpt
 
 
 def write_repetitive_data(path: Path, n: int = 24, length: int = 40) -> Path:
