@@ -100,6 +100,8 @@ class Engine:
                 limit = check_pair(target.engine, ex.engine, allow_vocab_mismatch)
                 self.vocab_limit = limit if self.vocab_limit is None or limit is None else min(self.vocab_limit, limit)
                 p.vocab_limit = limit  # type: ignore[attr-defined]
+        # proposers that read the target's own outputs of a prefill call (Medusa: its heads on the last prompt row)
+        self._prefill_hooks = {name: p.prefilled for name, p in self.proposers.items() if hasattr(p, "prefilled")}
         if speculation.method != "none" and speculation.method not in self.proposers:
             raise EngineError(f"the default speculation method {speculation.method!r} has no proposer loaded (loaded: {', '.join(self.proposers) or 'none'}).")
         if self.proposers:
@@ -214,7 +216,6 @@ class Engine:
         t0 = time.perf_counter()
         # logits: [len(batch), 1, vocab] at each prompt's last token
         logits = self.target.forward(self.cache, [r.prompt_ids for r in batch], all_logits=False, first_slot=first)[:, 0, : self.vocab_limit]
-        heads = getattr(self.target, "medusa_logits", None)  # [len(batch), 1, heads, vocab] of a Medusa target, else None
         firsts = [next_token(logits[i], r.config.sampling, r.rng) for i, r in enumerate(batch)]
         t1 = time.perf_counter()
         self.stats.target_s += t1 - t0
@@ -229,11 +230,8 @@ class Engine:
             if joining:
                 t2 = time.perf_counter()
                 proposer.add(joining)
-                prefilled = getattr(proposer, "prefilled", None)  # a proposer that reads the target's outputs (Medusa)
-                if prefilled is not None:
-                    for r in joining:
-                        i = r.slot - first
-                        prefilled(r, TargetOutput(logits[i : i + 1], 0, [firsts[i]], None if heads is None else heads[i, :1]))
+                if name in self._prefill_hooks:  # a proposer that reads the target's prefill outputs (Medusa)
+                    self._prefill_hooks[name](joining, first)
                 dt = time.perf_counter() - t2
                 self.stats.draft_s += dt
                 for r in joining:
@@ -291,7 +289,6 @@ class Engine:
         feed = [[r.last_token, *d.tokens.tolist()] for r, d in zip(reqs, drafts)]
         t0 = time.perf_counter()
         logits = self.target.forward(self.cache, feed, all_logits=True)
-        heads = getattr(self.target, "medusa_logits", None)  # [n, max k + 1, heads, vocab] of a Medusa target, else None
         t1 = time.perf_counter()
         self.stats.target_s += t1 - t0
         if timing:
@@ -308,8 +305,7 @@ class Engine:
             emitted = d.tokens[:n].tolist() + [nxt]
             self.cache.rollback(r.slot, int(self.cache.lengths[r.slot]) - k + n)  # fed k + 1, keep the last token and n drafts
             if r.method != "none":
-                medusa = None if heads is None else heads[r.slot, : k + 1]
-                self.proposers[r.method].observe(r, d, TargetOutput(rows, n, emitted, medusa))
+                self.proposers[r.method].observe(r, d, TargetOutput(rows, n, emitted))
                 self.auto.record_round(r.method, k, n)
             r.metrics.record_round(k, n)
             r.metrics.target_s += (t1 - t0) / len(reqs)

@@ -45,8 +45,6 @@ class TargetOutput:
     logits: np.ndarray  # [k + 1, vocab] the rows of the fed tokens (last accepted token + drafts)
     num_accepted: int  # drafts kept
     emitted: list[int]  # the accepted drafts + the recovered or bonus token
-    # a Medusa target's head logits for the same rows [k + 1, heads, vocab] (row num_accepted: the last kept token's), or None
-    medusa_logits: np.ndarray | None = None
 
 
 class Proposer(Protocol):
@@ -67,6 +65,6 @@ class Proposer(Protocol):
     def observe(self, request: "Request", draft: Draft, target: TargetOutput) -> None:
         """The target verified ``draft``: ``target.num_accepted`` kept, ``target.emitted`` appended."""
 
-    # Optional: ``prefilled(request, target)``, called right after ``add`` with what the target computed on the
-    # request's last prompt row (TargetOutput with num_accepted 0 and emitted [first token]). A proposer that reads
-    # the target's outputs (Medusa: the heads on that row) defines it; the engine calls it only where it exists.
+    # Optional: ``prefilled(requests, first_slot)``, called right after ``add`` for requests the target has just
+    # prefilled in slots first_slot.. (row r.slot - first_slot of that call's outputs). A proposer that reads the
+    # target's own outputs (Medusa: its heads on the last prompt row) defines it; the engine calls it only where it exists.

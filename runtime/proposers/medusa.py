@@ -5,9 +5,10 @@ A ``--speculative_decoding_mode medusa`` target returns, beside its logits,
 last token a round keeps, the target's logits pick the next token t+1 (the
 bonus or recovered token the engine appends) and head i guesses t+2+i, so
 the next round's chain is ``[argmax head 0, ..., argmax head k-1]``, which
-follows the token just appended. The engine hands each request's head rows
-over after its prefill (``prefilled``) and after every verification
-(``observe``); proposing costs no model call. Verification is draft-target's
+follows the token just appended. The proposer reads the heads from the target
+executor's ``medusa_logits`` (the buffer of its latest call) right after the
+prefill (``prefilled``) and after every verification (``observe``): the engine
+makes no other target call in between. Proposing costs no model call. Verification is draft-target's
 token compare (the drafts carry no probabilities), so greedy output is exactly
 the target's own. Chains only: Medusa's trees (``--medusa_choices``) are not
 implemented (docs/medusa-eagle.md).
@@ -38,16 +39,18 @@ class MedusaProposer:
                 + "."
             )
         self.num_heads = int(heads)
-        self.vocab_limit: int | None = None
+        self.target = target
         self.next: dict[str, np.ndarray] = {}  # request id -> the chain after its last token, one draft per head
 
     def add(self, requests: Sequence[Request]) -> None:
         for r in requests:
             self.next[r.request_id] = np.zeros(0, np.int64)  # until prefilled() hands over the prompt's head rows
 
-    def prefilled(self, request: Request, target: TargetOutput) -> None:
-        """The target prefilled the request: target.medusa_logits [1, heads, vocab] is its last prompt row's."""
-        self._take(request.request_id, target.medusa_logits, 0)
+    def prefilled(self, requests: Sequence[Request], first_slot: int) -> None:
+        """The target just prefilled ``requests`` in slots first_slot..: each one's heads on its last prompt row."""
+        heads = self.target.medusa_logits  # [len(prefilled), 1, heads, vocab]
+        for r in requests:
+            self._take(r.request_id, heads[r.slot - first_slot, 0])
 
     def remove(self, request_id: str) -> None:
         self.next.pop(request_id, None)
@@ -60,10 +63,7 @@ class MedusaProposer:
 
     def observe(self, request: Request, draft: Draft, target: TargetOutput) -> None:
         # the row of the last kept token: its target logits gave the appended token, its heads the ones after it
-        self._take(request.request_id, target.medusa_logits, target.num_accepted)
+        self._take(request.request_id, self.target.medusa_logits[request.slot, target.num_accepted])  # [heads, vocab]
 
-    def _take(self, rid: str, heads: np.ndarray | None, row: int) -> None:
-        if heads is None:
-            self.next[rid] = np.zeros(0, np.int64)
-            return
-        self.next[rid] = heads[row, :, : self.vocab_limit].argmax(axis=-1).astype(np.int64)  # [heads]
+    def _take(self, rid: str, heads: np.ndarray) -> None:
+        self.next[rid] = heads.argmax(axis=-1).astype(np.int64)  # [heads]
