@@ -235,7 +235,7 @@ def build_engine(
 
     validate_checkpoint(ckpt, model, build, convention, allow_nonfinite=allow_nonfinite)
     medusa = None
-    if build.speculative_decoding_mode == "medusa" or medusa_dir is not None:
+    if build.speculative_decoding_mode == "medusa":  # check_medusa_flags: then --medusa_dir is given
         medusa = load_medusa_heads(medusa_dir, model, build)
         build = replace(build, medusa_num_heads=medusa.num_heads, medusa_num_layers=medusa.num_layers)
 
@@ -266,13 +266,13 @@ def build_engine(
         else:
             scales = calibrate_activation_scales(float_net, taps, cache_shape, model.num_layers, samples)
         del float_net  # not held while the quantized network is built
-    int_layers: list[str] = []
+    weight_only_built: dict = {}
     network = build_network(ckpt, model, build, on_layer=lambda i: report(f"layer {i}", i + 1, total), convention=convention, activation_scales=scales,
-                            awq_layers=awq_layers, weight_only_layers=int_layers, medusa=medusa)
+                            awq_layers=awq_layers, weight_only_built=weight_only_built, medusa=medusa)
     from ..plugins import get_lowering
 
-    act_order = any(node.name.endswith("/act_order") for node in network.graph.node)  # plugins/quantized_gemm.permute_input
-    build = replace(build, weight_only=weight_only_record(build, convention, int_layers, get_lowering(build.lowering).weight_only_op, act_order))
+    build = replace(build, weight_only=weight_only_record(build, convention, weight_only_built.get("layers", []), get_lowering(build.lowering).weight_only_op,
+                                                          weight_only_built.get("act_order", False)))
     num_parameters = _count_parameters(network)
 
     output_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -333,7 +333,6 @@ def load_medusa_heads(medusa_dir: str | Path | None, model: ModelConfig, build: 
     """The Medusa heads of a --speculative_decoding_mode medusa build, checked against the base and the build."""
     from ..train.layout import load_heads
 
-    check_medusa_flags(build, medusa_dir)
     if build.backend != "onnxruntime":
         raise BuildConfigError(f"--speculative_decoding_mode medusa runs on the onnxruntime backend only for now (this build uses {build.backend}).")
     heads = load_heads(medusa_dir)

@@ -71,7 +71,7 @@ def build_network(
     activation_scales: dict[str, float] | None = None,
     linear_inputs: dict[str, str] | None = None,
     awq_layers: dict | None = None,
-    weight_only_layers: list[str] | None = None,
+    weight_only_built: dict | None = None,
     medusa=None,
 ):
     """Return the ONNX ModelProto of ``cfg`` with weights from ``ckpt``.
@@ -81,7 +81,8 @@ def build_network(
     linear_inputs: filled with linear-layer name -> the graph value it reads (calibration taps).
     awq_layers: int4_awq's search by linear-layer name (builder/awq.py's AwqLayer: input scales s [in],
         and how to quantize s[:, None] * W, clipped per group).
-    weight_only_layers: filled with the names of the layers stored as int8/int4.
+    weight_only_built: filled with what was built as int8/int4: "layers" (their names), "act_order" (whether a
+        layer gathers its input channels, GPTQ g_idx).
     medusa: Medusa heads (train.layout.HeadCheckpoint) to add as the medusa_logits output, or None.
     """
     lowering_cls = get_lowering(build.lowering)
@@ -98,7 +99,8 @@ def build_network(
     cos, sin = cos_sin_tables(cfg, build.kv_capacity)
     shared = lowering.prelude(Shared(positions=positions, cos=gb.const("rope_cos", cos), sin=gb.const("rope_sin", sin)))
 
-    embed = gb.weight("model.embed_tokens.weight", ckpt.float32("model.embed_tokens.weight"))
+    embed_w = ckpt.float32("model.embed_tokens.weight")  # [vocab, hidden]; a tied head quantized below reuses it
+    embed = gb.weight("model.embed_tokens.weight", embed_w)
     x = gb.op("Gather", [embed, ids], "/model/embed_tokens")
     delta = None  # each layer's MLP output, added to the residual stream by the next norm
     for i in range(cfg.num_layers):
@@ -116,7 +118,7 @@ def build_network(
     tied = cfg.tie_word_embeddings or "lm_head.weight" not in ckpt
     if linears.scheme is not None and build.quantize_lm_head:
         # a quantized copy for the head only: the embedding (tied or not) stays in --dtype
-        head_t = ckpt.float32("model.embed_tokens.weight" if tied else "lm_head.weight").T  # [hidden, vocab]
+        head_t = (embed_w if tied else ckpt.float32("lm_head.weight")).T  # [hidden, vocab]
         gb.op("Identity", [linears.int_head("/lm_head/matmul", x, head_t, logits_index)], "/lm_head/logits", outputs=["logits"])
     else:
         if tied:
@@ -130,8 +132,8 @@ def build_network(
     gb.output("logits", TensorProto.FLOAT, ["batch", "num_logits", cfg.vocab_size])
     if linear_inputs is not None:
         linear_inputs.update(linears.inputs)
-    if weight_only_layers is not None:
-        weight_only_layers.extend(linears.int_layers)
+    if weight_only_built is not None:
+        weight_only_built.update(layers=linears.int_layers, act_order=linears.act_order)
     return gb.model(f"specdec_{cfg.architecture}", extra_opsets=lowering.extra_opsets)
 
 
@@ -179,6 +181,7 @@ class _Linears:
         self.scheme = WeightOnlyScheme.of(build)  # None unless int8_wo / int4_wo / int4_awq
         self.inputs: dict[str, str] = {}  # layer name -> the graph value it reads (calibration taps these)
         self.int_layers: list[str] = []  # layers stored as int8/int4
+        self.act_order = False  # whether some layer gathers its input channels (GPTQ g_idx)
         self.rows = "position_ids"  # [B, S]: the leading shape of every decoder linear's input
 
     def weights(self, name: str, modules: list[str]) -> LinearWeight:
@@ -219,6 +222,7 @@ class _Linears:
             if inverse is not None:  # o_proj / down_proj: no norm in front of them to fold into
                 x = gb.op("Mul", [x, gb.const(f"{name}/awq_inverse_scale", inverse)], f"{name}/awq_scale_input")
             self.int_layers.append(name)
+            self.act_order |= w.int_weight.perm is not None
             y = self.lowering.int_matmul(name, x, w.int_weight, self.rows)
         else:
             if w.is_fp8:
@@ -233,9 +237,8 @@ class _Linears:
 
     def int_head(self, name: str, x: str, w_t: np.ndarray, rows: str) -> str:
         """The LM head as int8/int4 (--quantize_lm_head): round to nearest, from a copy of the float weight [hidden, vocab]."""
-        scheme = self.scheme
         self.int_layers.append("lm_head")
-        return self.lowering.int_matmul(name, x, quantize_rtn(w_t, scheme.bits, scheme.group_size, scheme.symmetric), rows)
+        return self.lowering.int_matmul(name, x, self._quantize("lm_head", w_t), rows)  # never AWQ-scaled: round to nearest
 
     def _activation(self, name: str, x: str, w: LinearWeight) -> str:
         mode, gb = self.build.fp8_activations, self.gb

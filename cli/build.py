@@ -109,9 +109,9 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
     if max_draft_len is None:
         max_draft_len = 8 if speculative_decoding_mode == "draft_tokens_external" else 0
         if speculative_decoding_mode == "medusa" and medusa_dir is not None:
-            from ..train.layout import load_heads
+            from ..train.layout import medusa_num_heads
 
-            max_draft_len = load_heads(medusa_dir).num_heads
+            max_draft_len = medusa_num_heads(medusa_dir)
     quantization = _weight_only_alias(quantization, use_weight_only, weight_only_precision)
     build = BuildConfig(
         dtype=dtype, max_batch_size=max_batch_size, max_input_len=max_input_len, max_seq_len=max_seq_len,
