@@ -127,6 +127,7 @@ class CudaExecutor:
         CUDAExecutionProvider options (e.g. ``{"sdpa_kernel": "1"}``, ONNX Runtime's attention kernel choice)."""
         where = str(engine.path)
         self.engine, self.model, self.build = engine, engine.config.model, engine.config.build
+        self._name = str(engine.path)  # for plan_step's errors, made once rather than on every forward
         self.vocab_size, self.device_id, self.device = self.model.vocab_size, device, f"cuda:{device}"
         self.cuda_graphs = check_engine(engine, cuda_graphs)  # what the engine itself rules out, before touching a GPU
         ort = require_cuda_provider(f"{where} on a GPU")
@@ -233,7 +234,7 @@ class CudaExecutor:
     def forward(self, cache: KVCache, tokens: Sequence[Sequence[int]] | np.ndarray, all_logits: bool, advance: np.ndarray | None = None, first_slot: int = 0) -> np.ndarray:
         """Append ``tokens[i]`` to slot ``first_slot + i``; logits on the host, ``[n, width or 1, vocab]`` (reused per shape)."""
         self._own(cache)
-        plan = plan_step(cache, tokens, advance, first_slot, str(self.engine.path))
+        plan = plan_step(cache, tokens, advance, first_slot, self._name)
         ids, num_new, grow, lengths = plan.ids, plan.num_new, plan.grow, plan.lengths
         n, width = ids.shape
         if self._has_total and rows_one_by_one(lengths, width):

@@ -15,7 +15,7 @@ import numpy as np
 
 from .engine_format import EngineDir
 from .errors import EngineError, RequestError
-from .backend import pad_tokens, plan_step  # noqa: F401  (pad_tokens: re-exported for older imports)
+from .backend import plan_step
 from .kv_cache import KVCache
 
 
@@ -32,6 +32,7 @@ class OrtExecutor:
         import onnxruntime as ort
 
         self.engine = engine
+        self._name = str(engine.path)  # for plan_step's errors, made once rather than on every forward
         self.model = engine.config.model
         self.build = engine.config.build
         opts = ort.SessionOptions()
@@ -109,7 +110,7 @@ class OrtExecutor:
         Rows where ``advance`` is False ride along (a batch runs every row)
         and keep their length: what they wrote is stale at once.
         """
-        step = plan_step(cache, tokens, advance, first_slot, str(self.engine.path))
+        step = plan_step(cache, tokens, advance, first_slot, self._name)
         batch, width = step.ids.shape
         io = self._io(batch, width, width if all_logits else 1)
         io.ids[...] = step.ids

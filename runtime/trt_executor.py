@@ -112,6 +112,7 @@ class TrtExecutor:
         require_gpu(device, f"{where} (TensorRT engine)")
         self._trt, self._rt = trt, cudart_module()
         self.engine, self.model, self.build = engine, engine.config.model, engine.config.build
+        self._name = str(engine.path)  # for plan_step's errors, made once rather than on every forward
         self.vocab_size, self.device_index, self.device = self.model.vocab_size, device, f"cuda:{device}"
         self._set_device()
         check_gpu_arch(meta, cuda_device_info(device)[1], where)
@@ -215,7 +216,7 @@ class TrtExecutor:
         self, cache: KVCache, tokens: Sequence[Sequence[int]] | np.ndarray, all_logits: bool, advance: np.ndarray | None = None, first_slot: int = 0
     ) -> np.ndarray:
         """Same contract as OrtExecutor.forward: append tokens[i] to slot first_slot + i, return logits [n, R, V]."""
-        step = plan_step(cache, tokens, advance, first_slot, str(self.engine.path))
+        step = plan_step(cache, tokens, advance, first_slot, self._name)
         batch, width = step.ids.shape
         positions = step.lengths[:, None] + np.arange(width, dtype=np.int64)[None, :]
         index = np.broadcast_to(np.arange(width, dtype=np.int64), (batch, width)) if all_logits else (step.num_new - 1)[:, None]

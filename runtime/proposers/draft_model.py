@@ -94,18 +94,20 @@ class DraftModelProposer:
         any_sampled = any(sampled)
         # step 0 feeds each row's pending tokens (ragged); later steps one draft per row
         feed: list[list[int]] | np.ndarray = [self.pending[rid] if k > 0 else [self.pending[rid][-1]] for rid, k in zip(ids, lens)]
+        track_top = any_sampled or self.confidence_threshold > 0
         for j in range(steps):
             idle = lens <= j  # rows that already have their drafts ride along, then roll back
             logits = self.executor.forward(self.cache, feed, all_logits=False, advance=~idle, first_slot=lo)[:, 0, : self.vocab_limit]
             active = np.flatnonzero(~idle)
             drafts[:, j] = logits.argmax(axis=-1)
-            top = np.zeros(len(ids)) if any_sampled or self.confidence_threshold > 0 else None
-            for i in active if any_sampled else ():
-                if sampled[i]:
-                    q = processed_probs(logits[i : i + 1], reqs[i].config.sampling)[0]  # type: ignore[union-attr]
-                    drafts[i, j] = sample(q, reqs[i].rng)  # type: ignore[union-attr]
-                    probs[i].append(q)
-                    top[i] = q.max()  # type: ignore[index]
+            top = np.zeros(len(ids)) if track_top else None
+            if any_sampled:
+                for i in active:
+                    if sampled[i]:
+                        q = processed_probs(logits[i : i + 1], reqs[i].config.sampling)[0]  # type: ignore[union-attr]
+                        drafts[i, j] = sample(q, reqs[i].rng)  # type: ignore[union-attr]
+                        probs[i].append(q)
+                        top[i] = q.max()  # type: ignore[index]
             if top is not None and self.confidence_threshold > 0:
                 plain = [i for i in active if not sampled[i]]
                 if plain:
