@@ -81,10 +81,6 @@ def calibration_file(path: Path) -> Path:
     return path
 
 
-def perplexity(ex: OrtExecutor, ids: list[int], chunk: int) -> float:
-    return teacher_forced(ex, ids, chunk)[0]
-
-
 def teacher_forced(ex: OrtExecutor, ids: list[int], chunk: int) -> tuple[float, np.ndarray]:
     """Perplexity of ``ids`` and the engine's top-1 prediction at every position ([positions] int64)."""
     nll, count, top1 = 0.0, 0, []

@@ -56,6 +56,16 @@ def build_and_load(ckpt: Path, out: Path, build: BuildConfig | None = None) -> O
     return OrtExecutor(load_engine_dir(out), num_threads=1)
 
 
+def cli_build(ckpt: Path, out: Path, *flags):
+    """specdec-build through click's runner, with small limits (the weight-only, AWQ and checkpoint tests)."""
+    from click.testing import CliRunner
+
+    from specdec.cli.build import main as build_main
+
+    args = ("--model_dir", ckpt, "--output_dir", out, "--max_seq_len", 96, "--max_input_len", 48, *flags)
+    return CliRunner().invoke(build_main, [str(a) for a in args])
+
+
 def engine_greedy(ex, prompt: list[int], steps: int) -> list[int]:
     """Greedy decoding with an executor alone, one token per step: the reference of the parity tests."""
     cache = ex.new_cache(1)

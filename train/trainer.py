@@ -186,8 +186,7 @@ class Run:
             totals = [[a + c, b + n] for (a, b), (c, n) in zip(totals, hits)] if totals else [list(h) for h in hits]
         return [c / n if n else float("nan") for c, n in totals or []]
 
-    def export_config(self, provenance: dict) -> dict:
-        base_cfg = base_config_dict(self.cfg.model)
+    def export_config(self, base_cfg: dict, provenance: dict) -> dict:
         if self.cfg.mode == "medusa":
             return medusa_config(base_cfg, self.cfg.medusa_num_heads, self.cfg.medusa_num_layers, provenance)
         return eagle_config(base_cfg, self.eagle_cfg, self.aux_ids, provenance)
@@ -220,7 +219,7 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
     per_epoch = math.ceil(len(train_seqs) / cfg.batch_size)
     total = cfg.max_steps or cfg.num_epochs * per_epoch
     provenance = _provenance(cfg, model_dir, data_path, len(seqs), run)
-    config = run.export_config(provenance)
+    config = run.export_config(base_cfg, provenance)
     step, losses, elapsed_before = 0, [], 0.0
     if cfg.overwrite_output_dir and out.exists():
         shutil.rmtree(out)

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 from checkpoints import make_checkpoint
+from conftest import cli_build as conftest_cli_build
 
 from specdec.builder.awq import (RTN, AwqLayer, InputStats, awq_input_scales, awq_search, candidate_scale, clip_weight, output_error, search_clip,
                                  search_network_scales, search_scale, weight_mean)
@@ -245,12 +246,7 @@ def outlier_ckpt(tmp_path_factory):
 
 
 def cli_build(ckpt, out, *flags):
-    from click.testing import CliRunner
-
-    from specdec.cli.build import main as build_main
-
-    args = ("--checkpoint_dir", ckpt, "--output_dir", out, "--max_seq_len", 96, "--max_input_len", 48, "--dtype", "float32", *flags)
-    return CliRunner().invoke(build_main, [str(a) for a in args])
+    return conftest_cli_build(ckpt, out, "--dtype", "float32", *flags)
 
 
 def fake_quant_checkpoint(src, dst, layers: dict[str, AwqLayer], group: int):

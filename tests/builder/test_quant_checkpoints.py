@@ -21,6 +21,7 @@ from quant_layouts import (
     save_float_checkpoint,
     save_quantized_checkpoint,
 )
+from conftest import cli_build
 from safetensors.torch import save_file
 
 from specdec.builder.checkpoint import load_checkpoint
@@ -307,15 +308,6 @@ QUANTIZED = {  # name -> save_quantized_checkpoint arguments: the variants users
     # a group MatMulNBits' power-of-two blocks cannot hold: ort_cpu falls back to DequantizeLinear + MatMul
     "gptq-group-40": dict(method="gptq", bits=4, group_size=40, symmetric=True),
 }
-
-
-def cli_build(ckpt, out, *flags):
-    from click.testing import CliRunner
-
-    from specdec.cli.build import main as build_main
-
-    args = ("--model_dir", ckpt, "--output_dir", out, "--max_seq_len", 96, "--max_input_len", 48, *flags)
-    return CliRunner().invoke(build_main, [str(a) for a in args])
 
 
 @pytest.fixture(scope="module")

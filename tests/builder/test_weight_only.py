@@ -13,7 +13,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from checkpoints import is_linear, make_checkpoint
-from conftest import build_and_load, spec_build
+from conftest import build_and_load, cli_build, spec_build
 from onnx import TensorProto
 from safetensors.numpy import load_file, save_file
 
@@ -292,15 +292,6 @@ def test_plugins_import_nothing_from_builder():
             elif isinstance(node, ast.Import):
                 offenders += [f"{path.name}: import {a.name}" for a in node.names if a.name.startswith("specdec.builder")]
     assert offenders == []
-
-
-def cli_build(ckpt, out, *flags):
-    from click.testing import CliRunner
-
-    from specdec.cli.build import main as build_main
-
-    args = ("--model_dir", ckpt, "--output_dir", out, "--max_seq_len", 96, "--max_input_len", 48, *flags)
-    return CliRunner().invoke(build_main, [str(a) for a in args])
 
 
 @pytest.mark.parametrize("flags,bits,group", [
