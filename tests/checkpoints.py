@@ -66,15 +66,10 @@ def save_fp8_checkpoint(src: Path, dst: Path, convention: str = "modelopt", bloc
     Returns the dequantized weights (the independent torch reference).
     """
     import json
-    import shutil
 
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
-    dst.mkdir(parents=True)
-    for f in src.iterdir():
-        if f.name != "model.safetensors":
-            shutil.copy(f, dst / f.name)
-    tensors = load_file(src / "model.safetensors")
+    tensors = copy_without_weights(src, dst)
     out, reference = {}, {}
     for name, w in tensors.items():
         if not is_linear(name):
@@ -142,3 +137,16 @@ def add_word_tokenizer(ckpt: Path) -> Path:
     tok.save(str(ckpt / "tokenizer.json"))
     (ckpt / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>", "add_bos_token": True}))
     return ckpt
+
+
+def copy_without_weights(src: Path, dst: Path) -> dict:
+    """Copy checkpoint ``src`` to a new ``dst`` except model.safetensors; return its tensors (torch) to re-save."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.name != "model.safetensors":
+            shutil.copy(f, dst / f.name)
+    return load_file(src / "model.safetensors")

@@ -14,12 +14,12 @@ names each input row's group.
 from __future__ import annotations
 
 import json
-import shutil
 import zlib
 from pathlib import Path
 
 import numpy as np
 import torch
+from checkpoints import copy_without_weights
 
 AWQ_ORDER_MAP = [0, 2, 4, 6, 1, 3, 5, 7]  # AutoAWQ: nibble i of a word holds column order_map[i]
 
@@ -183,13 +183,9 @@ def save_quantized_checkpoint(
 ) -> dict[str, np.ndarray]:
     """Re-save the float checkpoint ``src`` as ``method`` publishes it (other tensors in float16,
     like published checkpoints). Returns name -> the [out, in] float32 weight each linear means."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
-    dst.mkdir(parents=True)
-    for f in src.iterdir():
-        if f.name != "model.safetensors":
-            shutil.copy(f, dst / f.name)
-    tensors = load_file(src / "model.safetensors")
+    tensors = copy_without_weights(src, dst)
     out, meant = {}, {}
     for name, w in tensors.items():
         parts = name.split(".")
@@ -224,13 +220,9 @@ def save_quantized_checkpoint(
 def save_float_checkpoint(quantized: Path, dst: Path, meant: dict[str, np.ndarray]) -> Path:
     """The float32 twin of a quantized checkpoint: the same float16 non-linear tensors (widened)
     and each linear as the [out, in] weight it means."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
-    dst.mkdir(parents=True)
-    for f in quantized.iterdir():
-        if f.name != "model.safetensors":
-            shutil.copy(f, dst / f.name)
-    tensors = {k: v.float() for k, v in load_file(quantized / "model.safetensors").items() if k.split(".")[-1] not in ("qweight", "qzeros", "scales", "g_idx", "weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx")}
+    tensors = {k: v.float() for k, v in copy_without_weights(quantized, dst).items() if k.split(".")[-1] not in ("qweight", "qzeros", "scales", "g_idx", "weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx")}
     tensors.update({k: torch.from_numpy(v) for k, v in meant.items()})
     save_file(tensors, dst / "model.safetensors")
     cfg = json.loads((dst / "config.json").read_text())
