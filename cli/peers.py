@@ -60,6 +60,20 @@ def _result(name: str, output_ids: list[list[int]], seconds: float, **extra: Any
             "output_ids": output_ids, "new_tokens": new_tokens, "seconds": seconds, **extra}
 
 
+def _drive(run: Any, prompts_ids: list[list[int]], max_new_tokens: int | list[int], *stat_keys: str) -> tuple[list[list[int]], float, list[float]]:
+    """The contract's loop: warm up on the first prompt, then ``run(ids, n) -> (output, seconds, stats)`` per prompt;
+    returns the outputs, the summed seconds and the summed ``stats[key]`` of each of ``stat_keys``."""
+    lengths = _lengths(max_new_tokens, len(prompts_ids))
+    run(prompts_ids[0], lengths[0])  # warm-up
+    outputs, seconds, sums = [], 0.0, [0.0] * len(stat_keys)
+    for ids, n in zip(prompts_ids, lengths):
+        out, dt, stats = run(ids, n)
+        outputs.append(out)
+        seconds += dt
+        sums = [total + float(stats.get(key, 0)) for total, key in zip(sums, stat_keys)]
+    return outputs, seconds, sums
+
+
 # --------------------------------------------------------------------------- HF transformers
 
 
@@ -115,14 +129,9 @@ def hf_generate(ckpt_dir: str, prompts_ids: list[list[int]], max_new_tokens: int
             t0 = time.perf_counter()
             out = model.generate(input_ids=x, attention_mask=mask, **kwargs, **length)
             dt = time.perf_counter() - t0
-        return out[0, len(ids):].tolist(), dt
+        return out[0, len(ids):].tolist(), dt, {}
 
-    run(prompts_ids[0], lengths[0])  # warm-up
-    outputs, seconds = [], 0.0
-    for ids, n in zip(prompts_ids, lengths):
-        out, dt = run(ids, n)
-        outputs.append(out)
-        seconds += dt
+    outputs, seconds, _ = _drive(run, prompts_ids, lengths)
     return _result(name, outputs, seconds)
 
 
@@ -294,15 +303,7 @@ def ortgenai_generate(model_dir: str, prompts_ids: list[list[int]], max_new_toke
             draft_dir=draft_dir, num_draft_tokens=num_draft_tokens, ngram=ngram,
             num_threads=num_threads))
     model = OrtGenaiModel(model_dir, draft_dir, num_draft_tokens, ngram, num_threads)
-    lengths = _lengths(max_new_tokens, len(prompts_ids))
-    model.run(prompts_ids[0], lengths[0])  # warm-up
-    outputs, seconds, accepted, evaluated = [], 0.0, 0.0, 0.0
-    for ids, n in zip(prompts_ids, lengths):
-        out, dt, stats = model.run(ids, n)
-        outputs.append(out)
-        seconds += dt
-        accepted += stats.get("draft_tokens_accepted", 0.0)
-        evaluated += stats.get("draft_tokens_evaluated", 0.0)
+    outputs, seconds, (accepted, evaluated) = _drive(model.run, prompts_ids, max_new_tokens, "draft_tokens_accepted", "draft_tokens_evaluated")
     extra: dict[str, Any] = {"ortgenai_version": model.og.__version__, "load_s": model.load_s}
     if model.spec_opts:  # draft tokens accepted / draft tokens the target examined
         extra["acceptance_rate"] = accepted / evaluated if evaluated else 0.0
@@ -515,15 +516,7 @@ def llamacpp_generate(server_bin: str, model: str, prompts_ids: list[list[int]],
     """Greedy decoding with llama.cpp's llama-server (see LlamaServer), in the contract above."""
     server = LlamaServer(server_bin, model, num_threads, draft, num_draft_tokens, spec_type, spec_args)
     try:
-        lengths = _lengths(max_new_tokens, len(prompts_ids))
-        server.run(prompts_ids[0], lengths[0])  # warm-up
-        outputs, seconds, drafted, accepted = [], 0.0, 0.0, 0.0
-        for ids, n in zip(prompts_ids, lengths):
-            out, dt, timings = server.run(ids, n)
-            outputs.append(out)
-            seconds += dt
-            drafted += float(timings.get("draft_n", 0))
-            accepted += float(timings.get("draft_n_accepted", 0))
+        outputs, seconds, (drafted, accepted) = _drive(server.run, prompts_ids, max_new_tokens, "draft_n", "draft_n_accepted")
     finally:
         server.close()
     extra: dict[str, Any] = {"load_s": server.load_s}
