@@ -22,6 +22,7 @@ import numpy as np
 
 from ..runtime.engine_format import BuildConfig, ModelConfig
 from ..runtime.errors import BuildConfigError, CheckpointError
+from ..runtime.kv_cache import kv_cache_bytes
 from .quantization import LinearWeight, read_linear
 
 FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")  # what Checkpoint.float32 widens exactly
@@ -48,11 +49,6 @@ _KV_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 # ---------------------------------------------------------------------------------------------- limits
-
-
-def kv_cache_bytes(model: ModelConfig, max_batch_size: int, kv_capacity: int, itemsize: int = 4) -> int:
-    """The engine's KV cache: keys and values of every layer, static capacity (Python ints: never overflows)."""
-    return 2 * model.num_layers * max_batch_size * kv_capacity * model.num_kv_heads * model.head_dim * itemsize
 
 
 def physical_memory_bytes() -> int | None:

@@ -109,7 +109,10 @@ def pack_matmul_nbits(w: IntWeightLike) -> NBitsWeight:
     zero = np.ascontiguousarray(w.zero[group_of_block].T)  # [N, k_blocks]
     if w.bits == 4:
         b = pack_nibbles(b).reshape(n, k_blocks, block // 2)
-        zero_points = np.concatenate([pack_nibbles(row) for row in zero]) if not _is_signed(w) else None
+        if _is_signed(w):
+            zero_points = None
+        else:  # each output column's zero points start on a byte: pad every row to an even count, pack all at once
+            zero_points = pack_nibbles(np.pad(zero, ((0, 0), (0, k_blocks % 2))))
     else:
         zero_points = zero.reshape(-1) if not _is_signed(w) else None
     scales = np.ascontiguousarray(w.scale[group_of_block].T, dtype=np.float32).reshape(-1)

@@ -14,6 +14,14 @@ import numpy as np
 from .errors import RequestError
 
 
+def kv_cache_bytes(model, max_batch_size: int, kv_capacity: int, itemsize: int = 4) -> int:
+    """Bytes of an engine's KV cache: keys and values of every layer at static capacity (Python ints: never overflows).
+
+    model: the engine's ModelConfig (num_layers, num_kv_heads, head_dim).
+    """
+    return 2 * model.num_layers * max_batch_size * kv_capacity * model.num_kv_heads * model.head_dim * itemsize
+
+
 class KVCache:
     """Host-side bookkeeping of a cache; the host (numpy) storage of the CPU executor."""
 

@@ -22,10 +22,10 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .engine_format import BuildConfig, EngineDir, ModelConfig
+from .engine_format import EngineDir
 from .errors import DeviceError, EngineError, RequestError
 from .backend import plan_step
-from .kv_cache import KVCache
+from .kv_cache import KVCache, kv_cache_bytes
 from .trt_host import MIN_TENSORRT, check_gpu_arch, cuda_call, cuda_device_info, cudart_module, import_runtime, require_gpu
 
 ENGINE_FILE = "rank0.engine"
@@ -52,11 +52,6 @@ def choose_profile(width: int, rows: int, gen_max: int, ctx_max: int) -> int:
     )
 
 
-def kv_cache_bytes(build: BuildConfig, model: ModelConfig, itemsize: int = 4) -> int:
-    """Device bytes of the K and V caches of every layer at max_batch_size rows."""
-    return 2 * model.num_layers * build.max_batch_size * model.num_kv_heads * build.kv_capacity * model.head_dim * itemsize
-
-
 def check_memory(engines: Sequence[EngineDir], devices: Sequence[int], free: Mapping[int, int] | None = None) -> None:
     """Refuse to start when the engines placed on one GPU do not fit its free memory.
 
@@ -68,7 +63,7 @@ def check_memory(engines: Sequence[EngineDir], devices: Sequence[int], free: Map
     need: dict[int, list[tuple[EngineDir, int, int]]] = {}
     for eng, dev in zip(engines, devices, strict=True):
         plan_file = eng.path / ENGINE_FILE
-        need.setdefault(dev, []).append((eng, kv_cache_bytes(eng.config.build, eng.config.model), plan_file.stat().st_size if plan_file.is_file() else 0))
+        need.setdefault(dev, []).append((eng, kv_cache_bytes(eng.config.model, eng.config.build.max_batch_size, eng.config.build.kv_capacity), plan_file.stat().st_size if plan_file.is_file() else 0))
     for dev, items in need.items():
         if free is not None:
             have = free[dev]

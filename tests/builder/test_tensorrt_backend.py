@@ -33,8 +33,8 @@ from specdec.runtime.trt_executor import (
     TrtExecutor,
     check_memory,
     choose_profile,
-    kv_cache_bytes,
 )
+from specdec.runtime.kv_cache import kv_cache_bytes
 
 HAS_TRT = importlib.util.find_spec("tensorrt") is not None
 MODEL = ModelConfig(
@@ -122,7 +122,7 @@ def test_choose_profile():
 
 
 def test_check_memory_reports_mib(onnx_engine):
-    kv = kv_cache_bytes(onnx_engine.config.build, onnx_engine.config.model)
+    kv = kv_cache_bytes(onnx_engine.config.model, onnx_engine.config.build.max_batch_size, onnx_engine.config.build.kv_capacity)
     assert kv == 2 * 2 * 4 * 2 * 101 * 16 * 4  # K+V x layers x batch x kv_heads x capacity x head_dim x fp32
     check_memory([onnx_engine], [0], free={0: kv})
     check_memory([onnx_engine, onnx_engine], [0, 1], free={0: kv, 1: kv})  # one engine per GPU fits

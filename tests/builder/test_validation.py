@@ -17,7 +17,8 @@ from specdec.builder import validation
 from specdec.builder.architectures import model_config_from_hf
 from specdec.builder.checkpoint import load_checkpoint
 from specdec.builder.quantization import detect_checkpoint_quantization
-from specdec.builder.validation import check_memory_limits, kv_cache_bytes, validate_checkpoint
+from specdec.builder.validation import check_memory_limits, validate_checkpoint
+from specdec.runtime.kv_cache import kv_cache_bytes
 from specdec.runtime.engine_format import BuildConfig
 from specdec.runtime.errors import BuildConfigError, CheckpointError
 
