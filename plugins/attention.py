@@ -39,6 +39,9 @@ class AttentionLowering:
     # Set for engines that verify drafts: a one-token step computes every row with the kernels a
     # (k + 1)-token verification step uses, so the two give the same bits (docs/precision.md).
     consistent_rows = False
+    # Set for engines that verify (or draft) a tree of tokens in one call: a tree_mask input says which of the
+    # call's tokens each one attends to (its ancestors and itself); the cache before the call is visible to all.
+    tree_attention = False
     kv_layout = "bnsh"  # cache layout: bnsh = [batch, kv_heads, capacity, head_dim]; bsh = [batch, capacity, kv_heads * head_dim]
     extra_opsets: dict[str, int] = {}
     extra_inputs: tuple[str, ...] = ()  # graph inputs beyond the engine ABI's (the runtime feeds them)
@@ -128,11 +131,14 @@ class PortableAttention(AttentionLowering):
         first = gb.op("Gather", [shared.positions, gb.const(f"{p}/idx0", np.array(0, np.int64))], f"{p}/write_index", axis=1)
         # Attention only spans the longest live row, not the whole capacity:
         # on a small model this decides whether a step costs the weights or the cache.
-        top = gb.op("ReduceMax", [shared.positions], f"{p}/max_pos", keepdims=0)
-        live = gb.op("Add", [top, one], f"{p}/live_len_scalar")
-        slots = gb.op("Range", [gb.const(f"{p}/zero_s", np.array(0, np.int64)), live, one], f"{p}/slots")
-        pos4 = gb.op("Unsqueeze", [shared.positions, gb.const(f"{p}/axes13", np.array([1, 3], np.int64))], f"{p}/pos4")
-        mask = gb.op("LessOrEqual", [slots, pos4], f"{p}/mask")  # [B,1,S,L]
+        if self.tree_attention:
+            live, slots, mask = self._tree_mask(p, shared.positions, first, one)
+        else:
+            top = gb.op("ReduceMax", [shared.positions], f"{p}/max_pos", keepdims=0)
+            live = gb.op("Add", [top, one], f"{p}/live_len_scalar")
+            slots = gb.op("Range", [gb.const(f"{p}/zero_s", np.array(0, np.int64)), live, one], f"{p}/slots")
+            pos4 = gb.op("Unsqueeze", [shared.positions, gb.const(f"{p}/axes13", np.array([1, 3], np.int64))], f"{p}/pos4")
+            mask = gb.op("LessOrEqual", [slots, pos4], f"{p}/mask")  # [B,1,S,L]
         live1 = gb.op("Unsqueeze", [live, zero], f"{p}/live_len")
         # the capacity axis, along which the cache is sliced to the live length
         self._zero, self._cache_axis = zero, gb.const(f"{p}/cache_axis", np.array([2 if self.kv_layout == "bnsh" else 1], np.int64))
@@ -140,6 +146,33 @@ class PortableAttention(AttentionLowering):
             mask = self._two_query_rows(p, shared.positions, mask, zero)
         shared.write_index, shared.mask, shared.live_len = first, mask, live1
         return shared
+
+    def _tree_mask(self, p: str, positions: str, first: str, one: str) -> tuple[str, str, str]:
+        """(live length [], slots [L], mask [B,1,S,L]) of a tree step: the call's S tokens are written to slots
+        first..first+S-1 of each row (first = position_ids[:, 0], the root's cache length), whatever their
+        positions (= first + depth). Token j sees slot s < first, and slot first + i where tree_mask[b, j, i].
+        A chain's tree_mask is lower-triangular: the same mask as the plain engine's. Standard ops only
+        (GatherElements places each row's [S, S] block at its own offset)."""
+        gb = self.gb
+        tree = gb.input("tree_mask", TensorProto.BOOL, ["batch", "num_tokens", "num_tokens"])
+        shape = gb.op("Shape", [positions], f"{p}/tree_step_shape")  # [2]: B, S
+        tokens = gb.op("Gather", [shape, one], f"{p}/tree_num_tokens")  # []
+        live = gb.op("Add", [gb.op("ReduceMax", [first], f"{p}/max_first", keepdims=0), tokens], f"{p}/live_len_scalar")
+        slots = gb.op("Range", [gb.const(f"{p}/zero_s", np.array(0, np.int64)), live, one], f"{p}/slots")  # [L]
+        rel = gb.op("Sub", [slots, gb.op("Unsqueeze", [first, gb.const(f"{p}/axis1", np.array([1], np.int64))], f"{p}/first_col")],
+                    f"{p}/slot_in_call")  # [B, L]: slot - first
+        before = gb.op("Less", [rel, gb.const(f"{p}/zero_i", np.array(0, np.int64))], f"{p}/before_call")  # [B, L]
+        last = gb.op("Sub", [tokens, one], f"{p}/last_token")
+        in_call = gb.op("And", [gb.op("Not", [before], f"{p}/not_before"), gb.op("LessOrEqual", [rel, last], f"{p}/within_call")], f"{p}/in_call")
+        idx = gb.op("Clip", [rel, gb.const(f"{p}/clip_lo", np.array(0, np.int64)), last], f"{p}/call_index")  # [B, L] in [0, S)
+        axis1 = gb.const(f"{p}/axis1b", np.array([1], np.int64))
+        full = gb.op("Concat", [shape, gb.op("Unsqueeze", [live, gb.const(f"{p}/axis0", np.array([0], np.int64))], f"{p}/live_1d")], f"{p}/bsl", axis=0)
+        idx3 = gb.op("Expand", [gb.op("Unsqueeze", [idx, axis1], f"{p}/call_index_3d"), full], f"{p}/call_index_bsl")  # [B, S, L]
+        picked = gb.op("GatherElements", [tree, idx3], f"{p}/tree_rows", axis=2)  # [B, S, L]: tree_mask[b, j, slot - first]
+        visible = gb.op("Or", [gb.op("Unsqueeze", [before, axis1], f"{p}/before_3d"),
+                               gb.op("And", [picked, gb.op("Unsqueeze", [in_call, axis1], f"{p}/in_call_3d")], f"{p}/tree_part")], f"{p}/visible")
+        mask = gb.op("Unsqueeze", [visible, axis1], f"{p}/mask")  # [B, 1, S, L]
+        return live, slots, mask
 
     def _two_query_rows(self, p: str, positions: str, mask: str, zero: str) -> str:
         """ONNX Runtime's Attention computes a lone query row with another kernel than two or more

@@ -36,6 +36,7 @@ from typing import Sequence
 import numpy as np
 
 from .acceptance import accept_rejection_sampling, accept_token_compare
+from .tree import accept_tree_greedy
 from .backend import Executor
 from .draft_len import PROBE_EVERY, AutoDraftLen
 from .engine_format import EngineDir
@@ -51,7 +52,7 @@ from .sampling import next_token
 class SpeculationConfig:
     """The engine's defaults for requests that do not choose (one source of truth)."""
 
-    method: str = "none"  # none | draft | ngram | medusa
+    method: str = "none"  # none | draft | ngram | medusa | eagle
     draft_len: int | str = 0  # drafts per round, or "auto"
 
 
@@ -60,7 +61,7 @@ def check_draft_len(target: EngineDir, draft_len: int | str, what: str = "draft_
     build = target.config.build
     if draft_len == 0:
         return
-    if build.speculative_decoding_mode not in ("draft_tokens_external", "medusa"):
+    if build.speculative_decoding_mode not in ("draft_tokens_external", "medusa", "eagle"):
         raise EngineError(
             f"the target engine {target.path} was built with --speculative_decoding_mode {build.speculative_decoding_mode}, "
             "so it cannot verify drafts (a draft or plain engine). If it is the draft, pass it as the draft engine (--draft_engine_dir) "
@@ -154,6 +155,11 @@ class Engine:
                 self._check_draft_len(draft_len, "draft_len")
             except EngineError as err:
                 raise RequestError(str(err)) from None
+        if method != "none" and getattr(self.proposers[method], "greedy_only", False) and not config.sampling.greedy:
+            raise RequestError(
+                f"the {method} proposer drafts a tree, and tree verification is greedy-only here (a distribution-preserving "
+                "tree sampler is not implemented): use temperature 0, or load the proposer without choices (a chain) to sample."
+            )
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.requests:
             raise RequestError(f"request id {rid!r} is already in use.")
@@ -287,8 +293,13 @@ class Engine:
                 reqs[i].metrics.draft_s += dt / len(idx)
         # feed [last token, d1..dk] per slot 0..n-1; logits: [n, max k + 1, vocab]
         feed = [[r.last_token, *d.tokens.tolist()] for r, d in zip(reqs, drafts)]
+        # a tree's parents in the call's order: the last token (row 0) is the root
+        trees = [None if d.parents is None else np.concatenate([[-1], d.parents + 1]) for d in drafts]
         t0 = time.perf_counter()
-        logits = self.target.forward(self.cache, feed, all_logits=True)
+        if any(t is not None for t in trees):
+            logits = self.target.forward(self.cache, feed, all_logits=True, parents=trees)
+        else:
+            logits = self.target.forward(self.cache, feed, all_logits=True)
         t1 = time.perf_counter()
         self.stats.target_s += t1 - t0
         if timing:
@@ -298,16 +309,24 @@ class Engine:
             k = len(d)  # a proposer may offer fewer than allowed (n-gram: no match)
             rows = logits[r.slot, : k + 1, : self.vocab_limit]
             sampling = r.config.sampling
-            if d.probs is not None:
-                n, nxt = accept_rejection_sampling(d.tokens, d.probs, rows, sampling, r.rng)
+            start = int(self.cache.lengths[r.slot]) - k - 1  # where the call's k + 1 tokens went
+            if d.parents is not None:  # a tree (greedy only: add_request refuses sampling)
+                path, nxt = accept_tree_greedy(d.tokens, d.parents, rows)
+                n, kept = len(path), [0] + [j + 1 for j in path]
+                emitted = d.tokens[path].tolist() + [nxt]
+                self.target.compact_slot(self.cache, r.slot, start, kept)  # the path's K/V into contiguous slots
+                depth = int(d.depths.max()) if k else 0
             else:
-                n, nxt = accept_token_compare(d.tokens, rows, sampling, r.rng)
-            emitted = d.tokens[:n].tolist() + [nxt]
-            self.cache.rollback(r.slot, int(self.cache.lengths[r.slot]) - k + n)  # fed k + 1, keep the last token and n drafts
+                if d.probs is not None:
+                    n, nxt = accept_rejection_sampling(d.tokens, d.probs, rows, sampling, r.rng)
+                else:
+                    n, nxt = accept_token_compare(d.tokens, rows, sampling, r.rng)
+                emitted, kept, depth = d.tokens[:n].tolist() + [nxt], list(range(n + 1)), k
+                self.cache.rollback(r.slot, start + 1 + n)  # keep the last token and n drafts
             if r.method != "none":
-                self.proposers[r.method].observe(r, d, TargetOutput(rows, n, emitted))
+                self.proposers[r.method].observe(r, d, TargetOutput(rows, n, emitted, kept))
                 self.auto.record_round(r.method, k, n)
-            r.metrics.record_round(k, n)
+            r.metrics.record_round(k, n, depth)
             r.metrics.target_s += (t1 - t0) / len(reqs)
             if self._append(r, emitted, new):
                 ended.append(r)

@@ -55,9 +55,16 @@ class BuildConfig:
     max_input_len: int = 512
     max_seq_len: int = 1024
     max_draft_len: int = 0
-    speculative_decoding_mode: str = "none"  # none | draft_tokens_external | medusa (verifies drafts too, and returns medusa_logits)
-    medusa_num_heads: int = 0  # medusa: the heads in the network (max_draft_len <= this)
+    # none | draft_tokens_external | medusa (verifies drafts too, and returns medusa_logits) | eagle (verifies drafts
+    # too, and returns eagle_hidden) | eagle_module (the EAGLE-3 drafter's own engine, in an eagle target's eagle/ folder)
+    speculative_decoding_mode: str = "none"
+    medusa_num_heads: int = 0  # medusa: the heads in the network
     medusa_num_layers: int = 0  # medusa: ResBlocks per head
+    eagle_num_layers: int = 0  # eagle / eagle_module: decoder layers of the EAGLE-3 module
+    eagle_aux_layer_ids: tuple[int, ...] = ()  # eagle: the target layers whose outputs the module fuses (fc)
+    # a tree_mask input [batch, num_tokens, num_tokens] bool: token j attends to the cache before the call and to
+    # the call's tokens i with tree_mask[j, i] (its ancestors and itself); position_ids = cache length + depth
+    tree_attention: bool = False
     backend: str = "onnxruntime"
     tp_size: int = 1
     lowering: str = "auto"  # plugins/: portable (standard ops, what TensorRT parses) | ort_cpu; auto = per backend
@@ -148,6 +155,11 @@ class EngineDir:
     def tokenizer_path(self) -> Path | None:
         p = self.path / "tokenizer.json"
         return p if p.is_file() else None
+
+
+def eagle_module_dir(engine: EngineDir) -> Path:
+    """The EAGLE-3 module's own engine directory inside a --speculative_decoding_mode eagle target's (builder/eagle.py)."""
+    return engine.path / "eagle"
 
 
 def load_engine_dir(path: str | Path, verify_hashes: bool = True) -> EngineDir:

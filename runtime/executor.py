@@ -54,17 +54,27 @@ class OrtExecutor:
         self._decode_width = max(2, self.build.max_draft_len + 1)  # widest decode step: its buffers stay
         self._steps = np.arange(max(self.build.max_input_len, self.build.kv_capacity), dtype=np.int64)
         self.vocab_size = self.model.vocab_size
-        # a --speculative_decoding_mode medusa engine: its medusa_logits output is bound as well, and after each
-        # forward() this is a view of the call's [n, rows, heads, vocab] (reused by the next call), else None
-        self.medusa_heads = self.build.medusa_num_heads if self.build.speculative_decoding_mode == "medusa" else 0
+        # Outputs beside the logits, bound when the engine has them; after each forward() a view of the call's
+        # buffer (reused by the next call), else None:
+        #   medusa_logits [n, rows, heads, vocab]  a --speculative_decoding_mode medusa target's heads
+        #   eagle_hidden  [n, width, hidden]      an eagle target's fused features of every fed token
+        #   hidden_out    [n, rows, hidden]       an EAGLE module's pre-norm output (its next step's hidden_states)
+        mode = self.build.speculative_decoding_mode
+        self.medusa_heads = self.build.medusa_num_heads if mode == "medusa" else 0
+        self.hidden_size = self.model.hidden_size
+        self._eagle_target, self._eagle_module = mode == "eagle", mode == "eagle_module"
+        self.tree_attention = bool(self.build.tree_attention)  # a tree_mask input: forward(parents=...) verifies trees
         self.medusa_logits: np.ndarray | None = None
+        self.eagle_hidden: np.ndarray | None = None
+        self.hidden_out: np.ndarray | None = None
         self._warm_up()
 
     def _warm_up(self) -> None:
         """ONNX Runtime plans memory on its first runs: do that at load, not in the first request's latency."""
         for width in (2, 1):
             cache = self.new_cache(1)
-            self.forward(cache, [[0] * width], all_logits=True)
+            hidden = np.zeros((1, width, self.hidden_size), np.float32) if self._eagle_module else None
+            self.forward(cache, [[0] * width], all_logits=True, hidden=hidden)
         self._cache_values = None
         self._ios.clear()
 
@@ -77,6 +87,11 @@ class OrtExecutor:
 
     def copy_slot(self, cache: KVCache, src: int, dst: int) -> None:
         cache.copy_host_slot(src, dst)
+
+    def compact_slot(self, cache: KVCache, slot: int, start: int, keep: Sequence[int]) -> None:
+        """After a tree step fed at ``start``: move the K/V of the call's tokens ``keep`` (ascending, keep[0] = 0)
+        to slots start, start + 1, ... and set the slot's length to start + len(keep)."""
+        cache.compact_host_slot(slot, start, keep)
 
     def _bind_cache(self, io: "_StepIO", cache: KVCache, first: int, rows: int) -> None:
         # Hold the cache itself, not its id(): a new cache may reuse a freed one's id,
@@ -99,7 +114,14 @@ class OrtExecutor:
 
     # -- compute ----------------------------------------------------------------
     def forward(
-        self, cache: KVCache, tokens: Sequence[Sequence[int]] | np.ndarray, all_logits: bool, advance: np.ndarray | None = None, first_slot: int = 0
+        self,
+        cache: KVCache,
+        tokens: Sequence[Sequence[int]] | np.ndarray,
+        all_logits: bool,
+        advance: np.ndarray | None = None,
+        first_slot: int = 0,
+        parents: Sequence[np.ndarray | None] | None = None,
+        hidden: np.ndarray | None = None,
     ) -> np.ndarray:
         """Append ``tokens[i]`` to slot ``first_slot + i`` of ``cache`` and return logits.
 
@@ -109,19 +131,53 @@ class OrtExecutor:
         row's last token. The view is reused by the next call: copy to keep.
         Rows where ``advance`` is False ride along (a batch runs every row)
         and keep their length: what they wrote is stale at once.
+        parents: per row, None (a chain) or the parent of each of its tokens ([len] int, parents[0] = -1, parents[j] < j):
+            a tree, each token attending to its ancestors only at position length + depth (tree_attention engines).
+            The row's K/V land in call order: compact_slot() keeps an accepted path.
+        hidden: [n, width, hidden] float32, an EAGLE module's hidden_states input (rows past a row's count: anything).
         """
         step = plan_step(cache, tokens, advance, first_slot, self._name)
         batch, width = step.ids.shape
         io = self._io(batch, width, width if all_logits else 1)
         io.ids[...] = step.ids
         np.add(step.lengths[:, None], self._steps[:width], out=io.positions)
+        if io.tree is not None:
+            self._fill_tree(io, step.lengths, parents)
+        elif parents is not None and any(p is not None for p in parents):
+            raise EngineError(f"{self._name} was built without tree attention: it verifies chains only (rebuild with --speculative_decoding_mode medusa or eagle).")
+        if io.hidden is not None:
+            if hidden is None or hidden.shape[:2] != (batch, width):
+                raise EngineError(f"{self._name} is an EAGLE module: each call needs hidden_states [{batch}, {width}, {self.hidden_size}].")
+            io.hidden[...] = hidden
         if not all_logits:
             np.subtract(step.num_new, 1, out=io.index[:, 0])
         self._bind_cache(io, cache, first_slot, batch)
         self.session.run_with_iobinding(io.binding)
         step.lengths += step.grow
-        self.medusa_logits = io.medusa
+        self.medusa_logits, self.eagle_hidden, self.hidden_out = io.medusa, io.eagle_hidden, io.hidden_out
         return io.logits
+
+    @staticmethod
+    def _fill_tree(io: "_StepIO", lengths: np.ndarray, parents: Sequence[np.ndarray | None] | None) -> None:
+        """The tree_mask and positions of a call: chains causal, trees ancestors-only at length + depth."""
+        trees = [] if parents is None else [(row, p) for row, p in enumerate(parents) if p is not None]
+        if io.tree_rows:  # rows a previous call made trees: causal again
+            io.tree[io.tree_rows] = io.causal
+            io.tree_rows = []
+        for row, par in trees:
+            n = len(par)
+            mask, depth = io.tree[row], np.zeros(n, np.int64)
+            mask[:n, :n] = False
+            for j in range(n):
+                p = int(par[j])
+                if j == 0 and p != -1 or j > 0 and not 0 <= p < j:
+                    raise RequestError(f"tree parents must have parents[0] = -1 and 0 <= parents[j] < j; got {list(map(int, par))}.")
+                if p >= 0:
+                    mask[j, :n] = mask[p, :n]
+                    depth[j] = depth[p] + 1
+                mask[j, j] = True
+            io.positions[row, :n] = lengths[row] + depth
+            io.tree_rows.append(row)
 
     def _io(self, batch: int, width: int, rows: int) -> "_StepIO":
         """Input/output buffers and an I/O binding for one call shape, bound once and then filled in
@@ -134,27 +190,39 @@ class OrtExecutor:
             if width > self._decode_width:  # prompt widths vary per request: keep only the latest one
                 for old in [k for k in self._ios if k[1] > self._decode_width]:
                     del self._ios[old]
-            io = self._ios[key] = _StepIO(batch, width, rows, self.vocab_size, self.medusa_heads)
+            io = self._ios[key] = _StepIO(batch, width, rows, self.vocab_size, self.medusa_heads, self.hidden_size, self.tree_attention,
+                                          self._eagle_target, self._eagle_module)
             ort, b = self._ort, self.session.io_binding()
             io.binding = b
             b.bind_ortvalue_input("input_ids", ort.OrtValue.ortvalue_from_numpy(io.ids))
             b.bind_ortvalue_input("position_ids", ort.OrtValue.ortvalue_from_numpy(io.positions))
             b.bind_ortvalue_input("logits_index", ort.OrtValue.ortvalue_from_numpy(io.index))
             b.bind_output("logits", "cpu", 0, np.float32, list(io.logits.shape), io.logits.ctypes.data)
-            if io.medusa is not None:
-                b.bind_output("medusa_logits", "cpu", 0, np.float32, list(io.medusa.shape), io.medusa.ctypes.data)
+            for name, arr in (("tree_mask", io.tree), ("hidden_states", io.hidden)):
+                if arr is not None:
+                    b.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr))
+            for name, arr in (("medusa_logits", io.medusa), ("eagle_hidden", io.eagle_hidden), ("hidden_out", io.hidden_out)):
+                if arr is not None:
+                    b.bind_output(name, "cpu", 0, np.float32, list(arr.shape), arr.ctypes.data)
         return io
 
 
 class _StepIO:
     """The buffers of one call shape (batch, tokens, logit rows)."""
 
-    def __init__(self, batch: int, width: int, rows: int, vocab: int, medusa_heads: int = 0):
+    def __init__(self, batch: int, width: int, rows: int, vocab: int, medusa_heads: int = 0, hidden: int = 0, tree: bool = False,
+                 eagle_target: bool = False, eagle_module: bool = False):
         self.ids = np.zeros((batch, width), np.int64)
         self.positions = np.zeros((batch, width), np.int64)
         # all rows' logits, or (filled per call) each row's last real token
         self.index = np.broadcast_to(np.arange(rows, dtype=np.int64), (batch, rows)).copy()
         self.logits = np.empty((batch, rows, vocab), np.float32)
         self.medusa = np.empty((batch, rows, medusa_heads, vocab), np.float32) if medusa_heads else None
+        self.causal = np.tril(np.ones((width, width), bool))
+        self.tree = np.broadcast_to(self.causal, (batch, width, width)).copy() if tree else None  # [batch, width, width]
+        self.tree_rows: list[int] = []  # rows the last call filled with a tree (reset to causal by the next)
+        self.eagle_hidden = np.empty((batch, width, hidden), np.float32) if eagle_target else None
+        self.hidden = np.zeros((batch, width, hidden), np.float32) if eagle_module else None
+        self.hidden_out = np.empty((batch, rows, hidden), np.float32) if eagle_module else None
         self.binding = None  # this shape's IOBinding (OrtExecutor._io)
         self.bound_cache: tuple | None = None  # the cache range bound to it

@@ -58,6 +58,22 @@ class KVCache:
                 buf[dst, :n] = buf[src, :n]
         self.lengths[dst] = n
 
+    def compact_host_slot(self, slot: int, start: int, keep) -> None:
+        """Move the K/V at slots start + keep[i] to start + i (keep ascending, keep[0] = 0: a tree's accepted path) and
+        set the slot's length to start + len(keep). Sources are never overwritten before they are read (keep[i] >= i)."""
+        keep = np.asarray(keep, np.int64)
+        n = len(keep)
+        if n == 0 or keep[0] != 0 or (np.diff(keep) <= 0).any() or start + int(keep[-1]) >= self.capacity:
+            raise ValueError(f"cannot compact slot {slot} at {start} with path {keep.tolist()}")
+        if (keep != np.arange(n)).any():
+            src = start + keep
+            for buf in (*self.keys, *self.values):
+                if self.layout == "bnsh":  # buf[slot] first: numpy puts a split advanced index's axis first
+                    buf[slot][:, start : start + n] = buf[slot][:, src]
+                else:
+                    buf[slot, start : start + n] = buf[slot, src]
+        self.lengths[slot] = start + n
+
     def check_room(self, num_new: np.ndarray, padded_len: int, first_slot: int = 0, what: str = "the engine") -> None:
         """Every row of the range must stay within max_seq_len, and padded writes within capacity."""
         lengths = self.lengths[first_slot : first_slot + len(num_new)]

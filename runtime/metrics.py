@@ -5,7 +5,8 @@ per-token acceptance     = accepted / (accepted + rejected): the probability tha
                            target reached is accepted (the alpha of the speedup bound;
                            accepted / drafted also counts drafts after a rejection, never reached)
 mean acceptance length   = 1 + accepted / rounds   (tokens per target call)
-per-position acceptance  = accepted_at[j] / drafted_at[j]
+per-position acceptance  = accepted_at[j] / drafted_at[j]; for a tree, position j is depth j + 1 (the fraction
+                           of rounds whose accepted path reached depth j + 1 among those whose tree did)
 output tokens/s          = generated tokens / total latency, time to first token included
 TTFT                     = first token - arrival (queue time included); queue time = admission - arrival
 TPOT                     = (finish - first token) / (output tokens - 1)
@@ -38,19 +39,23 @@ class Metrics:
     queue_s: list[float] = field(default_factory=list)  # per request
     tpot_s: list[float] = field(default_factory=list)  # per request with >= 2 output tokens
 
-    def record_round(self, drafted: int, accepted: int) -> None:
-        """One row's verification: ``drafted`` drafts scored, ``accepted`` kept."""
+    def record_round(self, drafted: int, accepted: int, depth: int | None = None) -> None:
+        """One row's verification: ``drafted`` drafts scored, ``accepted`` kept.
+
+        depth: for a tree, how deep it reached (a chain's depth is its length): the per-position
+        counts are per depth, so a tree's position j is "a path reached depth j + 1"."""
+        depth = drafted if depth is None else depth
         self.rounds += 1
         self.drafted += drafted
         self.accepted += accepted
         if drafted == 0:
             self.no_draft_rounds += 1
-        if accepted < drafted:
+        if accepted < depth:
             self.rejected += 1
-        while len(self.drafted_at) < drafted:
+        while len(self.drafted_at) < depth:
             self.drafted_at.append(0)
             self.accepted_at.append(0)
-        for j in range(drafted):
+        for j in range(depth):
             self.drafted_at[j] += 1
             if j < accepted:
                 self.accepted_at[j] += 1
@@ -131,5 +136,5 @@ class Metrics:
                 f"mean acceptance length {self.mean_acceptance_length:.2f}, rounds {self.rounds}"
                 + (f", no-draft rounds {self.no_draft_rounds}" if self.no_draft_rounds else "")
             )
-            lines.append(f"per-position acceptance: {per_pos}")
+            lines.append(f"per-position (tree depth) acceptance: {per_pos}")
         return "\n".join(lines)

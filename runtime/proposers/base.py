@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 class Draft:
     tokens: np.ndarray  # [k] draft token ids (k may be 0)
     probs: np.ndarray | None = None  # [k, vocab] the draft distributions q (rejection sampling), or None: deterministic drafts
-    parents: np.ndarray | None = None  # [k] parent index per draft; None = a chain
+    parents: np.ndarray | None = None  # [k] parent index per draft (-1: the last accepted token); None = a chain
+    depths: np.ndarray | None = None  # [k] a tree's depth per draft (1 = a child of the last accepted token)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -45,6 +46,8 @@ class TargetOutput:
     logits: np.ndarray  # [k + 1, vocab] the rows of the fed tokens (last accepted token + drafts)
     num_accepted: int  # drafts kept
     emitted: list[int]  # the accepted drafts + the recovered or bonus token
+    rows: list[int]  # the rows of the kept tokens in the call (0 = the last accepted token): 0..n for a chain,
+    #                  the accepted path for a tree; rows[-1] is the row whose logits gave the recovered/bonus token
 
 
 class Proposer(Protocol):

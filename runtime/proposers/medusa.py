@@ -1,17 +1,22 @@
-"""Medusa chain drafts: the target engine's own Medusa heads guess the tokens after the next one.
+"""Medusa drafts: the target engine's own Medusa heads guess the tokens after the next one.
 
 A ``--speculative_decoding_mode medusa`` target returns, beside its logits,
 ``medusa_logits`` [rows, heads, vocab] for the same rows. On the row of the
 last token a round keeps, the target's logits pick the next token t+1 (the
-bonus or recovered token the engine appends) and head i guesses t+2+i, so
-the next round's chain is ``[argmax head 0, ..., argmax head k-1]``, which
-follows the token just appended. The proposer reads the heads from the target
-executor's ``medusa_logits`` (the buffer of its latest call) right after the
-prefill (``prefilled``) and after every verification (``observe``): the engine
-makes no other target call in between. Proposing costs no model call. Verification is draft-target's
-token compare (the drafts carry no probabilities), so greedy output is exactly
-the target's own. Chains only: Medusa's trees (``--medusa_choices``) are not
-implemented (docs/medusa-eagle.md).
+bonus or recovered token the engine appends) and head i guesses t+2+i. The
+proposer reads the heads from the target executor's ``medusa_logits`` (the
+buffer of its latest call) right after the prefill (``prefilled``) and after
+every verification (``observe``): the engine makes no other target call in
+between. Proposing costs no model call.
+
+Chain (no choices): draft i is head i's pick. Greedy requests take its
+argmax and are verified by token compare; sampled requests draw draft i from
+head i's processed distribution and are verified by rejection sampling with
+it (runtime/acceptance.py), so the output is distributed as the target's.
+
+Tree (``choices``, TensorRT-LLM's ``--medusa_choices``): the node with path
+[i0, .., id] is head d's (i_d + 1)-th best token under its parent. The target
+verifies every node in one call (runtime/tree.py); greedy requests only.
 """
 
 from __future__ import annotations
@@ -22,14 +27,17 @@ import numpy as np
 
 from ..errors import EngineError
 from ..request import Request
+from ..sampling import processed_probs, sample
+from ..tree import DraftTree, parse_choices
 from .base import Draft, TargetOutput
 
 
 class MedusaProposer:
     name = "medusa"
 
-    def __init__(self, target):
-        """target: the executor of a --speculative_decoding_mode medusa engine (the Engine's target)."""
+    def __init__(self, target, choices: str | Sequence[Sequence[int]] | DraftTree | None = None):
+        """target: the executor of a --speculative_decoding_mode medusa engine (the Engine's target).
+        choices: a draft tree (TensorRT-LLM's --medusa_choices format), or None for chains."""
         heads = getattr(target, "medusa_heads", 0)
         if not heads:
             raise EngineError(
@@ -40,30 +48,74 @@ class MedusaProposer:
             )
         self.num_heads = int(heads)
         self.target = target
-        self.next: dict[str, np.ndarray] = {}  # request id -> the chain after its last token, one draft per head
+        self.tree = choices if isinstance(choices, DraftTree) else parse_choices(choices, "--medusa_choices")
+        if self.tree is not None:
+            check_tree(self.tree, target, "--medusa_choices", max_depth=self.num_heads, depth_what=f"the engine's {self.num_heads} Medusa heads")
+        self.greedy_only = self.tree is not None  # the engine refuses sampled requests for trees
+        self.heads: dict[str, np.ndarray] = {}  # request id -> [heads, vocab] the heads on its last kept row (a copy)
 
     def add(self, requests: Sequence[Request]) -> None:
         for r in requests:
-            self.next[r.request_id] = np.zeros(0, np.int64)  # until prefilled() hands over the prompt's head rows
+            self.heads[r.request_id] = np.zeros((0, 0), np.float32)  # until prefilled() hands over the prompt's head rows
 
     def prefilled(self, requests: Sequence[Request], first_slot: int) -> None:
         """The target just prefilled ``requests`` in slots first_slot..: each one's heads on its last prompt row."""
         heads = self.target.medusa_logits  # [len(prefilled), 1, heads, vocab]
         for r in requests:
-            self._take(r.request_id, heads[r.slot - first_slot, 0])
+            self.heads[r.request_id] = heads[r.slot - first_slot, 0].copy()
 
     def remove(self, request_id: str) -> None:
-        self.next.pop(request_id, None)
+        self.heads.pop(request_id, None)
 
     def room(self, request: Request) -> int:
-        return len(self.next[request.request_id])
+        if not len(self.heads[request.request_id]):
+            return 0
+        return len(self.tree) if self.tree is not None else self.num_heads
 
     def propose(self, requests: Sequence[Request], draft_lens: Sequence[int]) -> list[Draft]:
-        return [Draft(self.next[r.request_id][: int(k)].copy()) for r, k in zip(requests, draft_lens)]
+        return [self._draft(r, int(k)) for r, k in zip(requests, draft_lens)]
+
+    def _draft(self, r: Request, k: int) -> Draft:
+        heads = self.heads[r.request_id]  # [heads, vocab]
+        if self.tree is not None:
+            return tree_draft(self.tree, k, lambda depth, top: top_k(heads[depth - 1], top))
+        sampling = r.config.sampling
+        if sampling.greedy:
+            return Draft(heads[:k].argmax(axis=-1).astype(np.int64))
+        q = processed_probs(heads[:k], sampling)  # [k, vocab]: the same processing as the target's p
+        return Draft(np.array([sample(q[j], r.rng) for j in range(k)], np.int64), probs=q)
 
     def observe(self, request: Request, draft: Draft, target: TargetOutput) -> None:
         # the row of the last kept token: its target logits gave the appended token, its heads the ones after it
-        self._take(request.request_id, self.target.medusa_logits[request.slot, target.num_accepted])  # [heads, vocab]
+        self.heads[request.request_id] = self.target.medusa_logits[request.slot, target.rows[-1]].copy()  # [heads, vocab]
 
-    def _take(self, rid: str, heads: np.ndarray) -> None:
-        self.next[rid] = heads.argmax(axis=-1).astype(np.int64)  # [heads]
+
+def top_k(logits: np.ndarray, k: int) -> np.ndarray:
+    """The k best token ids of logits [vocab], best first (ties: the lower id, as argmax)."""
+    if k == 1:
+        return np.array([int(logits.argmax())], np.int64)
+    part = np.argpartition(-logits, k - 1)[:k]
+    return part[np.lexsort((part, -logits[part]))].astype(np.int64)
+
+
+def tree_draft(tree: DraftTree, k: int, candidates) -> Draft:
+    """The first k nodes of ``tree`` (a prefix of its order is a tree) filled from ``candidates(depth, top) -> [top]``,
+    the best tokens at that depth (Medusa: one list per depth, whatever the parent)."""
+    n = min(k, len(tree))
+    ranks, depths = tree.ranks[:n], tree.depths[:n]
+    per_depth = {d: candidates(d, tree.top_k(d)) for d in np.unique(depths).tolist()}
+    tokens = np.array([per_depth[int(d)][int(i)] for d, i in zip(depths, ranks)], np.int64)
+    return Draft(tokens, parents=tree.parents[:n].copy(), depths=depths.copy())
+
+
+def check_tree(tree: DraftTree, target, flag: str, max_depth: int | None = None, depth_what: str = "") -> None:
+    """A tree the target can verify: tree attention, at most max_draft_len nodes, not deeper than ``max_depth``."""
+    build = target.build
+    if not getattr(target, "tree_attention", False):
+        raise EngineError(f"{flag}: the target engine {target.engine.path} has no tree attention (it verifies chains only); "
+                          "rebuild it with --speculative_decoding_mode medusa or eagle.")
+    if len(tree) > build.max_draft_len:
+        raise EngineError(f"{flag} has {len(tree)} nodes, more than the target engine's max_draft_len={build.max_draft_len} "
+                          f"(the nodes it verifies per step, baked in at build time). Use a smaller tree or rebuild with --max_draft_len {len(tree)}.")
+    if max_depth is not None and tree.depth > max_depth:
+        raise EngineError(f"{flag} is {tree.depth} deep; {depth_what} draft at most {max_depth} tokens ahead.")

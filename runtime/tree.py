@@ -1,0 +1,108 @@
+"""Draft trees: TensorRT-LLM's ``--medusa_choices`` / ``--eagle_choices`` and greedy tree acceptance.
+
+A tree is a list of paths of top-k indices: ``[[0], [0, 0], [1], [0, 1]]``
+has two depth-1 nodes (the drafter's best and second-best guess for the
+next token) and, under the best one, its two best continuations. Every
+prefix of a path must be a path too (a node's parent is in the tree).
+
+Nodes are ordered by depth, then by their path (TensorRT-LLM sorts them the
+same way), so a node's parent always comes before it; ``parents[j]`` is the
+index of node j's parent, -1 for a child of the last accepted token (the
+root). The target verifies every node in one call (each attends to its
+ancestors only: runtime/executor.py's tree_mask) and the longest path whose
+every token equals the target's greedy choice is kept.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .errors import RequestError
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """A static tree of draft slots, in verification order."""
+
+    paths: tuple[tuple[int, ...], ...]  # node j's path of top-k indices from the root
+    parents: np.ndarray  # [nodes] parent node index, -1 = the root
+    depths: np.ndarray  # [nodes] 1 for the root's children
+    ranks: np.ndarray  # [nodes] its top-k index among its parent's candidates (the path's last entry)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    @property
+    def depth(self) -> int:
+        return int(self.depths.max()) if len(self.paths) else 0
+
+    def top_k(self, depth: int) -> int:
+        """How many candidates the tree takes at ``depth`` (1-based): 1 + its largest top-k index there."""
+        at = self.ranks[self.depths == depth]
+        return int(at.max()) + 1 if len(at) else 0
+
+    def children(self, node: int) -> np.ndarray:
+        """The nodes whose parent is ``node`` (-1: the root), in order."""
+        return np.flatnonzero(self.parents == node)
+
+    @staticmethod
+    def chain(length: int) -> "DraftTree":
+        """A chain of ``length`` best guesses: [[0], [0, 0], ...]."""
+        return DraftTree.from_paths([[0] * d for d in range(1, length + 1)])
+
+    @staticmethod
+    def from_paths(paths: Sequence[Sequence[int]], what: str = "the draft tree") -> "DraftTree":
+        clean: set[tuple[int, ...]] = set()
+        for p in paths:
+            if not isinstance(p, (list, tuple)) or not p or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in p):
+                raise RequestError(f"{what}: every path must be a non-empty list of top-k indices >= 0, found {p!r}.")
+            clean.add(tuple(p))
+        if len(clean) != len(paths):
+            raise RequestError(f"{what}: a path appears twice.")
+        missing = sorted({p[:-1] for p in clean if len(p) > 1} - clean)
+        if missing:
+            raise RequestError(f"{what}: the path {list(missing[0])} is missing, but {list(next(p for p in sorted(clean) if p[:-1] == missing[0]))} "
+                               "continues it (every prefix of a path must be in the tree).")
+        ordered = sorted(clean, key=lambda p: (len(p), p))
+        index = {p: j for j, p in enumerate(ordered)}
+        parents = np.array([index[p[:-1]] if len(p) > 1 else -1 for p in ordered], np.int64)
+        return DraftTree(tuple(ordered), parents, np.array([len(p) for p in ordered], np.int64), np.array([p[-1] for p in ordered], np.int64))
+
+
+def parse_choices(text: str | Sequence[Sequence[int]] | None, flag: str = "--medusa_choices") -> DraftTree | None:
+    """TensorRT-LLM's choices string (a JSON list of paths, e.g. "[[0], [0, 0], [1]]") -> a DraftTree; None -> None."""
+    if text is None:
+        return None
+    if isinstance(text, str):
+        try:
+            paths = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise RequestError(f"{flag} {text!r} is not a JSON list of paths ({err.msg}); expected e.g. \"[[0], [0, 0], [1], [0, 1]]\".") from None
+    else:
+        paths = [list(p) for p in text]
+    if not isinstance(paths, list) or not paths:
+        raise RequestError(f"{flag} must be a non-empty list of paths, e.g. \"[[0], [0, 0], [1], [0, 1]]\"; found {text!r}.")
+    return DraftTree.from_paths(paths, flag)
+
+
+def accept_tree_greedy(tokens: np.ndarray, parents: np.ndarray, logits: np.ndarray) -> tuple[list[int], int]:
+    """The longest path of drafts that greedy decoding would have produced.
+
+    tokens: [k] the nodes' tokens; parents: [k] (-1 = root); logits: [k + 1, vocab], row 0 the root's
+    (the last accepted token), row j + 1 node j's. Returns (accepted node indices, root first, and the
+    target's token after the last of them: the bonus token, or the correction at the first mismatch).
+    """
+    picks = logits.argmax(axis=-1)  # [k + 1]
+    path: list[int] = []
+    node = -1
+    while True:
+        want = int(picks[node + 1])
+        match = np.flatnonzero((parents == node) & (tokens == want))
+        if not len(match):
+            return path, want
+        node = int(match[0])
+        path.append(node)

@@ -1,0 +1,149 @@
+"""Tree verification: the tree_mask input, per-node positions, KV compaction, and the choices format.
+
+The engine-level property: after the target scores a tree in one call and the K/V of a
+non-contiguous accepted path are compacted, every later logit equals that of decoding the
+path token by token from scratch, at every depth, alone and in a ragged batch.
+"""
+
+import numpy as np
+import pytest
+from checkpoints import make_checkpoint
+from conftest import build_and_load, spec_build
+
+from specdec.runtime.errors import EngineError, RequestError
+from specdec.runtime.tree import DraftTree, accept_tree_greedy, parse_choices
+
+# A tree of 7 drafts under the root r (the last accepted token), in verification order:
+#   r -> a(0) -> c(2) -> f(5)
+#          \ -> d(3)
+#   r -> b(1) -> e(4) -> g(6)
+PARENTS = np.array([-1, -1, 0, 0, 1, 2, 4])
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [30, 31, 32]]
+
+
+@pytest.fixture(scope="module", params=["ort_cpu", "portable"])
+def tree_target(request, tmp_path_factory):
+    d = tmp_path_factory.mktemp(f"tree_{request.param}")
+    ckpt = make_checkpoint(d / "ckpt", num_hidden_layers=2, seed=0)
+    return build_and_load(ckpt, d / "engine", spec_build(8, tree_attention=True, lowering=request.param))
+
+
+def _rows(parents: np.ndarray) -> np.ndarray:
+    """Drafts' parents -> the call's parents (row 0 = the root)."""
+    return np.concatenate([[-1], parents + 1])
+
+
+def _scratch(ex, tokens: list[int]) -> np.ndarray:
+    """Logits of every position of ``tokens`` decoded in one plain (chain) call on a fresh cache: [len, vocab]."""
+    return ex.forward(ex.new_cache(1), [tokens], all_logits=True)[0].copy()
+
+
+def _paths(parents):
+    """Every root-to-node path (node indices), the empty path included."""
+    out = [[]]
+    for j in range(len(parents)):
+        p, path = j, []
+        while p != -1:
+            path.insert(0, p)
+            p = parents[p]
+        out.append(path)
+    return out
+
+
+def test_tree_rows_equal_each_nodes_own_context(tree_target):
+    """Each node's logits are those of its ancestors' tokens decoded as a sequence (the tree mask and positions = depth)."""
+    ex, prompt = tree_target, PROMPTS[0]
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(1, ex.vocab_size, len(PARENTS))
+    cache = ex.new_cache(1)
+    ex.forward(cache, [prompt[:-1]], all_logits=False)
+    logits = ex.forward(cache, [[prompt[-1], *tokens]], all_logits=True, parents=[_rows(PARENTS)])[0].copy()
+    for path in _paths(PARENTS):
+        want = _scratch(ex, prompt + tokens[path].tolist())[-1]
+        row = 0 if not path else path[-1] + 1
+        np.testing.assert_allclose(logits[row], want, atol=1e-5, err_msg=str(path))
+
+
+def test_compacted_path_continues_like_decoding_it_from_scratch(tree_target):
+    """Accept each path (every depth, contiguous or not), compact its K/V, then decode 3 more tokens."""
+    ex, prompt = tree_target, PROMPTS[0]
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(1, ex.vocab_size, len(PARENTS))
+    for path in _paths(PARENTS):
+        cache = ex.new_cache(1)
+        ex.forward(cache, [prompt[:-1]], all_logits=False)
+        start = int(cache.lengths[0])
+        ex.forward(cache, [[prompt[-1], *tokens]], all_logits=True, parents=[_rows(PARENTS)])
+        ex.compact_slot(cache, 0, start, [0] + [j + 1 for j in path])
+        assert cache.lengths[0] == len(prompt) + len(path)
+        seq = prompt + tokens[path].tolist()
+        for nxt in (3, 4, 5):
+            got = ex.forward(cache, [[nxt]], all_logits=True)[0, 0].copy()
+            seq.append(nxt)
+            np.testing.assert_allclose(got, _scratch(ex, seq)[-1], atol=1e-5, err_msg=str(path))
+
+
+def test_ragged_batch_with_different_paths(tree_target):
+    """Two rows of different lengths, one a tree and one a chain, accept different paths; both continue exactly."""
+    ex = tree_target
+    rng = np.random.default_rng(2)
+    tokens = rng.integers(1, ex.vocab_size, len(PARENTS))
+    chain = rng.integers(1, ex.vocab_size, 2)
+    cache = ex.new_cache(2)
+    ex.forward(cache, [p[:-1] for p in PROMPTS], all_logits=False)
+    starts = cache.lengths.copy()
+    ex.forward(cache, [[PROMPTS[0][-1], *tokens], [PROMPTS[1][-1], *chain]], all_logits=True, parents=[_rows(PARENTS), None])
+    path = [1, 4, 6]  # b, e, g: not contiguous in the call
+    ex.compact_slot(cache, 0, int(starts[0]), [0, 2, 5, 7])
+    cache.rollback(1, int(starts[1]) + 2)  # the chain keeps its first draft
+    seqs = [PROMPTS[0] + tokens[path].tolist(), PROMPTS[1] + chain[:1].tolist()]
+    for nxt in ([7, 8], [9, 10]):
+        got = ex.forward(cache, [[nxt[0]], [nxt[1]]], all_logits=True)[:, 0].copy()
+        for row in range(2):
+            seqs[row].append(nxt[row])
+            np.testing.assert_allclose(got[row], _scratch(ex, seqs[row])[-1], atol=1e-5)
+
+
+def test_a_chain_through_the_tree_input_is_the_plain_engines_chain(tree_target, tmp_path):
+    """Without parents a tree engine computes what a plain engine computes (a lower-triangular tree_mask), bit for bit."""
+    ex = tree_target
+    ckpt = make_checkpoint(tmp_path / "ckpt", num_hidden_layers=2, seed=0)
+    plain = build_and_load(ckpt, tmp_path / "plain", spec_build(8, lowering=ex.build.lowering))
+    for e in (ex, plain):
+        cache = e.new_cache(1)
+        e.forward(cache, [PROMPTS[0]], all_logits=False)
+        e.out = e.forward(cache, [[1, 2, 3, 4]], all_logits=True).copy()
+    np.testing.assert_array_equal(ex.out, plain.out)
+    with pytest.raises(EngineError, match="without tree attention"):
+        plain.forward(plain.new_cache(1), [[1, 2]], all_logits=True, parents=[np.array([-1, 0])])
+
+
+def test_choices_parse_in_tensorrt_llm_format():
+    tree = parse_choices("[[1], [0], [0, 0], [1, 0], [0, 1], [0, 0, 0]]")
+    assert tree.paths == ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0))
+    assert tree.parents.tolist() == [-1, -1, 0, 0, 1, 2]
+    assert tree.depths.tolist() == [1, 1, 2, 2, 2, 3] and tree.depth == 3
+    assert [tree.top_k(d) for d in (1, 2, 3)] == [2, 2, 1]
+    assert DraftTree.chain(3).parents.tolist() == [-1, 0, 1]
+    for bad, match in (("[[0], [0, 0, 0]]", "missing"), ("[[0], [0]]", "twice"), ("[0, 1]", "non-empty list"),
+                       ("[[0],", "not a JSON list"), ("[]", "non-empty list"), ("[[-1]]", "top-k indices")):
+        with pytest.raises(RequestError, match=match) as info:
+            parse_choices(bad)
+        assert "\n" not in str(info.value)
+
+
+def test_greedy_tree_acceptance_takes_the_longest_matching_path():
+    vocab = 10
+    tokens = np.array([4, 5, 6, 7, 8, 9, 3])  # a, b, c, d, e, f, g (PARENTS)
+
+    def logits(picks):
+        out = np.zeros((len(PARENTS) + 1, vocab))
+        out[np.arange(len(picks)), picks] = 1.0
+        return out
+
+    # root picks 5 (b), b picks 8 (e), e picks 3 (g), g picks 2 (bonus)
+    assert accept_tree_greedy(tokens, PARENTS, logits([5, 0, 8, 0, 0, 3, 0, 2])) == ([1, 4, 6], 2)
+    # root picks 4 (a), a picks 7 (d), d's row picks 1
+    assert accept_tree_greedy(tokens, PARENTS, logits([4, 7, 0, 0, 1, 0, 0, 0])) == ([0, 3], 1)
+    # root picks a token no child has: nothing accepted, that token is the correction
+    assert accept_tree_greedy(tokens, PARENTS, logits([2, 0, 0, 0, 0, 0, 0, 0])) == ([], 2)
