@@ -28,7 +28,8 @@ from .validation import check_memory_limits, validate_checkpoint
 from .weight_only import GROUP_SIZES, WEIGHT_ONLY_BITS, WeightOnlyScheme
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-MODES = ("none", "draft_tokens_external", "medusa")
+MODES = ("none", "draft_tokens_external", "medusa", "eagle")
+TREE_MODES = ("medusa", "eagle")  # engines that verify a tree of drafts: a tree_mask input (plugins/attention.py)
 QUANTIZATIONS = ("auto", "none", "fp8", *WEIGHT_ONLY_BITS)
 # int4_awq: also search each group's clipping of the scaled weight (builder/awq.py): on the demo pair
 # it takes held-out perplexity from 16.44 (scales only) to 16.41 (float32 16.23, RTN 16.51).
@@ -58,8 +59,8 @@ def validate_build_config(build: BuildConfig, model: ModelConfig) -> None:
         problems.append(f"speculative_decoding_mode={build.speculative_decoding_mode!r} is not one of {', '.join(MODES)}")
     elif build.speculative_decoding_mode == "draft_tokens_external" and build.max_draft_len < 1:
         problems.append("speculative_decoding_mode=draft_tokens_external needs max_draft_len >= 1")
-    elif build.speculative_decoding_mode == "medusa" and build.max_draft_len < 1:
-        problems.append("speculative_decoding_mode=medusa needs max_draft_len >= 1 (at most the number of Medusa heads)")
+    elif build.speculative_decoding_mode in TREE_MODES and build.max_draft_len < 1:
+        problems.append(f"speculative_decoding_mode={build.speculative_decoding_mode} needs max_draft_len >= 1 (the draft tree's nodes verified per step)")
     elif build.speculative_decoding_mode == "none" and build.max_draft_len != 0:
         problems.append(f"max_draft_len={build.max_draft_len} needs --speculative_decoding_mode draft_tokens_external")
     if build.max_draft_len < 0:
@@ -200,11 +201,14 @@ def build_engine(
     trt_exclude_lean_runtime: bool = False,
     allow_nonfinite: bool = False,
     medusa_dir: str | Path | None = None,
+    eagle_dir: str | Path | None = None,
 ) -> BuildResult:
     """Build one engine directory. ``progress(step, done, total)`` reports work.
 
     medusa_dir: Medusa heads in ModelOpt's layout (docs/medusa-eagle.md), built into the network as its
     medusa_logits output; needs speculative_decoding_mode "medusa".
+    eagle_dir: an EAGLE-3 module in ModelOpt's layout; needs speculative_decoding_mode "eagle". Its fc goes into
+    the network (the eagle_hidden output), the rest into its own engine in output_dir/eagle (builder/eagle.py).
     """
     t0 = time.perf_counter()
     output_dir = Path(output_dir)
@@ -212,6 +216,8 @@ def build_engine(
         raise BuildConfigError("--trt_exclude_lean_runtime only applies to version-compatible plans: add --trt_version_compatible.")
     prepare_output(output_dir, force)
     check_medusa_flags(build, medusa_dir)
+    check_eagle_flags(build, eagle_dir)
+    check_tree_backend(build)  # the explicit flags, before any work; again once auto is resolved
     ckpt = load_checkpoint(checkpoint_dir, allow_pickle=allow_pickle)
     model = model_config_from_hf(ckpt.hf_config, max_seq_len=build.max_seq_len)
     convention = detect_checkpoint_quantization(ckpt.hf_config, ckpt.path)
@@ -219,6 +225,8 @@ def build_engine(
     build = resolve_quantization(build, convention)
     build = replace(build, dtype=resolve_dtype(build.dtype, ckpt.hf_config), backend=resolve_backend(build.backend, say))
     build = resolve_lowering(build)
+    check_tree_backend(build)
+    build = replace(build, tree_attention=build.tree_attention or build.speculative_decoding_mode in TREE_MODES)
     validate_build_config(build, model)
     check_memory_limits(model, build)
     trt_options = [f for f, on in (("--trt_timing_cache", trt_timing_cache), ("--trt_version_compatible", trt_version_compatible),
@@ -238,11 +246,15 @@ def build_engine(
     if build.speculative_decoding_mode == "medusa":  # check_medusa_flags: then --medusa_dir is given
         medusa = load_medusa_heads(medusa_dir, model, build)
         build = replace(build, medusa_num_heads=medusa.num_heads, medusa_num_layers=medusa.num_layers)
+    eagle = None
+    if build.speculative_decoding_mode == "eagle":  # check_eagle_flags: then --eagle_dir is given
+        eagle = load_eagle_module(eagle_dir, model)
+        build = replace(build, eagle_num_layers=eagle.num_layers, eagle_aux_layer_ids=tuple(eagle.aux_layer_ids))
 
     from .backends import onnxruntime as backend
     from .network import build_network
 
-    total = model.num_layers + 3
+    total = model.num_layers + 3 + (eagle is not None)
     report = progress or (lambda *_: None)
     report("network", 0, total)
     scales = awq_layers = None
@@ -268,7 +280,7 @@ def build_engine(
         del float_net  # not held while the quantized network is built
     weight_only_built: dict = {}
     network = build_network(ckpt, model, build, on_layer=lambda i: report(f"layer {i}", i + 1, total), convention=convention, activation_scales=scales,
-                            awq_layers=awq_layers, weight_only_built=weight_only_built, medusa=medusa)
+                            awq_layers=awq_layers, weight_only_built=weight_only_built, medusa=medusa, eagle=eagle)
     from ..plugins import get_lowering
 
     build = replace(build, weight_only=weight_only_record(build, convention, weight_only_built.get("layers", []), get_lowering(build.lowering).weight_only_op,
@@ -283,6 +295,9 @@ def build_engine(
         for f in ckpt.tokenizer_files():
             shutil.copy2(f, tmp / f.name)
         versions = _versions()
+        if eagle is not None:  # inside tmp, so the target's hashes cover it and a failure leaves nothing
+            report("eagle module", model.num_layers + 1, total)
+            _write_eagle_module(tmp, ckpt, eagle, model, build, versions, checkpoint_dir)
         trt_meta = None
         if build.backend == "tensorrt":
             from ..runtime.trt_executor import ENGINE_FILE
@@ -329,6 +344,66 @@ def check_medusa_flags(build: BuildConfig, medusa_dir: str | Path | None) -> Non
         raise BuildConfigError("--speculative_decoding_mode medusa needs --medusa_dir DIR: the Medusa heads (ModelOpt layout, e.g. from specdec-train).")
 
 
+def check_eagle_flags(build: BuildConfig, eagle_dir: str | Path | None) -> None:
+    """--speculative_decoding_mode eagle and --eagle_dir come together (checked before any work)."""
+    if eagle_dir is not None and build.speculative_decoding_mode != "eagle":
+        raise BuildConfigError(f"--eagle_dir needs --speculative_decoding_mode eagle (this build uses {build.speculative_decoding_mode}).")
+    if eagle_dir is None and build.speculative_decoding_mode == "eagle":
+        raise BuildConfigError("--speculative_decoding_mode eagle needs --eagle_dir DIR: an EAGLE-3 module (ModelOpt layout, e.g. from specdec-train).")
+
+
+def check_tree_backend(build: BuildConfig) -> None:
+    """Medusa and EAGLE targets verify trees of drafts: a tree_mask input, built by the portable and ort_cpu lowerings only."""
+    mode = build.speculative_decoding_mode
+    if mode not in TREE_MODES:
+        return
+    if build.backend == "tensorrt":
+        raise BuildConfigError(f"--speculative_decoding_mode {mode} runs on the onnxruntime backend only for now (tree attention is not verified "
+                               "on TensorRT): use --backend onnxruntime.")
+    if build.lowering == "ort_cuda":
+        raise BuildConfigError(f"--speculative_decoding_mode {mode} needs tree attention, which lowering ort_cuda lacks: use --lowering ort_cpu or portable.")
+
+
+def load_eagle_module(eagle_dir: str | Path, model: ModelConfig):
+    """The EAGLE-3 module of a --speculative_decoding_mode eagle build, checked against the base."""
+    from ..train.layout import load_heads
+
+    heads = load_heads(eagle_dir)
+    where = f"--eagle_dir {eagle_dir}"
+    if heads.mode != "eagle":
+        raise BuildConfigError(f"{where} holds Medusa heads, not an EAGLE-3 module: use --speculative_decoding_mode medusa --medusa_dir {eagle_dir}.")
+    if heads.hidden_size != model.hidden_size or heads.vocab_size != model.vocab_size:
+        raise BuildConfigError(f"{where}: the module has hidden_size {heads.hidden_size} and vocab_size {heads.vocab_size}, "
+                               f"the base model {model.hidden_size} and {model.vocab_size}: a module trained on another base?")
+    if max(heads.aux_layer_ids) >= model.num_layers:
+        raise BuildConfigError(f"{where}: eagle_aux_hidden_state_layer_ids {heads.aux_layer_ids} name layers the {model.num_layers}-layer base model "
+                               "lacks: a module trained on another base?")
+    draft_vocab = heads.config.get("draft_vocab_size") or heads.vocab_size
+    if "d2t" in heads.tensors or draft_vocab < heads.vocab_size:
+        raise BuildConfigError(f"{where}: a reduced draft vocabulary (draft_vocab_size {draft_vocab} < vocab_size {heads.vocab_size}, d2t) "
+                               "is not supported yet; train the module over the full vocabulary.")
+    return heads
+
+
+def _write_eagle_module(target_dir: Path, ckpt, heads, model: ModelConfig, build: BuildConfig, versions: dict[str, str], checkpoint_dir) -> None:
+    """The EAGLE-3 module's engine in target_dir/eagle: its network, checked to load, and its own config.json."""
+    from .backends import onnxruntime as backend
+    from .eagle import MODULE_DIR, build_eagle_network, module_build_config, module_model_config
+
+    cfg, module_build = module_model_config(model, heads), module_build_config(build, heads)
+    out = target_dir / MODULE_DIR
+    out.mkdir()
+    network_file = backend.write_engine(build_eagle_network(ckpt, heads, cfg, module_build), out)
+    if _computes_in_float32(module_build):
+        backend.check_loads(out)
+    else:
+        _check_graph(out / network_file)
+    config = EngineConfig(model=cfg, build=module_build, files=hash_directory(out), versions=versions, network_file=network_file,
+                          extra={"checkpoint": str(Path(checkpoint_dir).resolve()), "eagle_dir": str(Path(heads.path).resolve()),
+                                 "eagle_config": heads.config})
+    (out / CONFIG_FILE).write_text(config.to_json())
+
+
 def load_medusa_heads(medusa_dir: str | Path | None, model: ModelConfig, build: BuildConfig):
     """The Medusa heads of a --speculative_decoding_mode medusa build, checked against the base and the build."""
     from ..train.layout import load_heads
@@ -338,13 +413,10 @@ def load_medusa_heads(medusa_dir: str | Path | None, model: ModelConfig, build: 
     heads = load_heads(medusa_dir)
     where = f"--medusa_dir {medusa_dir}"
     if heads.mode != "medusa":
-        raise BuildConfigError(f"{where} holds an EAGLE-3 module, not Medusa heads; EAGLE engines are not built yet (docs/medusa-eagle.md).")
+        raise BuildConfigError(f"{where} holds an EAGLE-3 module, not Medusa heads: use --speculative_decoding_mode eagle --eagle_dir {medusa_dir}.")
     if heads.hidden_size != model.hidden_size or heads.vocab_size != model.vocab_size:
         raise BuildConfigError(f"{where}: the heads have hidden_size {heads.hidden_size} and vocab_size {heads.vocab_size}, "
                                f"the base model {model.hidden_size} and {model.vocab_size}: heads trained on another base?")
-    if build.max_draft_len > heads.num_heads:
-        raise BuildConfigError(f"--max_draft_len {build.max_draft_len} exceeds the {heads.num_heads} Medusa heads in {medusa_dir} "
-                               f"(a chain drafts one token per head): use --max_draft_len <= {heads.num_heads}.")
     return heads
 
 

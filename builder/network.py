@@ -4,7 +4,8 @@ Inputs
   input_ids      [batch, num_tokens]  int64
   position_ids   [batch, num_tokens]  int64   position (= cache slot) of each token
   logits_index   [batch, num_logits]  int64   which of the num_tokens rows get logits
-  (a lowering may add inputs of its own: ort_cuda's host-side total_sequence_length, plugins/ort_cuda.py)
+  (a lowering may add inputs of its own: ort_cuda's host-side total_sequence_length, plugins/ort_cuda.py;
+   tree_mask [batch, num_tokens, num_tokens] bool in tree_attention engines, plugins/attention.py)
   past_key.i / past_value.i  the KV cache, float32 (ort_cuda: the compute dtype), in the lowering's layout (build.kv_layout):
                  bnsh [batch, kv_heads, kv_capacity, head_dim] or bsh [batch, kv_capacity, kv_heads * head_dim]
 Outputs
@@ -12,6 +13,9 @@ Outputs
   medusa_logits  [batch, num_logits, num_heads, vocab]  float32, only in --speculative_decoding_mode medusa engines:
                  Medusa head i on the same post-norm rows as lm_head (it guesses the token after the one those
                  logits pick, plus i); an executor that does not bind it does not compute it
+  eagle_hidden   [batch, num_tokens, hidden]  float32, only in --speculative_decoding_mode eagle engines: the EAGLE-3
+                 module's fc over the outputs of the decoder layers eagle_aux_layer_ids, for EVERY fed token
+                 (builder/eagle.py builds the module itself, into the engine's eagle/ folder)
   present_key.i / present_value.i  (bound to the past buffers: updated in place)
 
 The context phase sends a whole prompt per row and asks for the last row's
@@ -73,6 +77,7 @@ def build_network(
     awq_layers: dict | None = None,
     weight_only_built: dict | None = None,
     medusa=None,
+    eagle=None,
 ):
     """Return the ONNX ModelProto of ``cfg`` with weights from ``ckpt``.
 
@@ -84,6 +89,7 @@ def build_network(
     weight_only_built: filled with what was built as int8/int4: "layers" (their names), "act_order" (whether a
         layer gathers its input channels, GPTQ g_idx).
     medusa: Medusa heads (train.layout.HeadCheckpoint) to add as the medusa_logits output, or None.
+    eagle: an EAGLE-3 module (train.layout.HeadCheckpoint) whose fc to add as the eagle_hidden output, or None.
     """
     lowering_cls = get_lowering(build.lowering)
     gb = GraphBuilder(weight_dtype=build.dtype, compute_dtype=lowering_cls.compute_dtype(build))
@@ -91,6 +97,7 @@ def build_network(
     # A target's one-token steps must compute what its verification steps compute. The kernel splits this pads
     # away are ONNX Runtime's (docs/precision.md); TensorRT's (tactics chosen per shape) are not measured.
     lowering.consistent_rows = build.max_draft_len > 0 and build.backend == "onnxruntime"
+    lowering.tree_attention = build.tree_attention  # a tree_mask input (plugins/attention.py)
     linears = _Linears(gb, lowering, ckpt, build, convention, activation_scales or {}, awq_layers or {})
     ids = gb.input("input_ids", TensorProto.INT64, ["batch", "num_tokens"])
     positions = gb.input("position_ids", TensorProto.INT64, ["batch", "num_tokens"])
@@ -103,11 +110,16 @@ def build_network(
     embed = gb.weight("model.embed_tokens.weight", embed_w)
     x = gb.op("Gather", [embed, ids], "/model/embed_tokens")
     delta = None  # each layer's MLP output, added to the residual stream by the next norm
+    aux: dict[int, str] = {}  # eagle: decoder layer i's output [B, S, hidden] (the residual stream after it)
     for i in range(cfg.num_layers):
         x, delta = _decoder_layer(gb, lowering, linears, ckpt, cfg, i, x, delta, shared)
+        if eagle is not None and i in eagle.aux_layer_ids:
+            aux[i] = gb.op("Add", [x, delta], f"/model/layers.{i}/output")
         if on_layer:
             on_layer(i)
     x = gb.op("Add", [x, delta], "/model/residual")
+    if eagle is not None:
+        _eagle_hidden(gb, [aux[i] for i in eagle.aux_layer_ids], eagle, cfg)
 
     # Only the rows the caller asked for go through the final norm and lm_head.
     rows = gb.op("Unsqueeze", [logits_index, gb.const("/model/axis_last", np.array([-1], np.int64))], "/model/logits_rows")
@@ -157,6 +169,18 @@ def _medusa_heads(gb: GraphBuilder, lowering, x: str, heads, cfg: ModelConfig) -
     else:
         gb.op("Cast", [gb.op("Concat", per_head, "/medusa/concat", axis=2)], "/medusa/logits_float32", outputs=["medusa_logits"], to=TensorProto.FLOAT)
     gb.output("medusa_logits", TensorProto.FLOAT, ["batch", "num_logits", heads.num_heads, cfg.vocab_size])
+
+
+def _eagle_hidden(gb: GraphBuilder, outputs: list[str], eagle, cfg: ModelConfig) -> None:
+    """eagle_hidden [B, S, hidden] = fc(concat(outputs)), over every fed token (EAGLE reads the prompt's features too):
+    the EAGLE-3 module's input (train/eagle.py). fc stays in float (never weight-only quantized)."""
+    cat = gb.op("Concat", outputs, "/eagle/aux_concat", axis=-1) if len(outputs) > 1 else outputs[0]  # [B, S, num_aux * hidden]
+    fc = gb.weight("eagle.fc.weight", np.ascontiguousarray(eagle.tensors["fc.weight"].T))  # [num_aux * hidden, hidden]
+    if gb.compute_type == TensorProto.FLOAT:
+        gb.op("MatMul", [cat, fc], "/eagle/fc", outputs=["eagle_hidden"])
+    else:  # a half-precision lowering: the ABI's eagle_hidden stays float32
+        gb.op("Cast", [gb.op("MatMul", [cat, fc], "/eagle/fc")], "/eagle/hidden_float32", outputs=["eagle_hidden"], to=TensorProto.FLOAT)
+    gb.output("eagle_hidden", TensorProto.FLOAT, ["batch", "num_tokens", cfg.hidden_size])
 
 
 def _head_norm(gb: GraphBuilder, name: str, x: str, heads: int, head_dim: int, weight: np.ndarray, eps: float) -> str:
@@ -262,9 +286,8 @@ def _norm_weight(linear: _Linears, name: str, weight: np.ndarray) -> np.ndarray:
     return weight if inverse is None else weight * inverse
 
 
-def _decoder_layer(gb: GraphBuilder, lowering, linear: _Linears, ckpt: Checkpoint, cfg: ModelConfig, i: int, x: str, delta: str | None, shared: Shared) -> tuple[str, str]:
-    """One decoder layer: returns (residual stream, MLP output still to be added to it)."""
-    p = f"/model/layers.{i}"
+def _layer_names(ckpt: Checkpoint, i: int) -> tuple[Callable[[str], np.ndarray], Callable[..., list[str]]]:
+    """(w, mod) of layer i: w(key) reads a LAYER_WEIGHTS tensor, mod(*keys) names linear modules."""
 
     def w(key: str) -> np.ndarray:
         return ckpt.float32(f"model.layers.{i}.{LAYER_WEIGHTS[key]}")
@@ -272,11 +295,30 @@ def _decoder_layer(gb: GraphBuilder, lowering, linear: _Linears, ckpt: Checkpoin
     def mod(*keys: str) -> list[str]:
         return [f"model.layers.{i}.{LAYER_WEIGHTS[k]}" for k in keys]
 
-    nh, kvh, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    return w, mod
+
+
+def _decoder_layer(gb: GraphBuilder, lowering, linear: _Linears, ckpt: Checkpoint, cfg: ModelConfig, i: int, x: str, delta: str | None, shared: Shared,
+                   fused: bool | None = None) -> tuple[str, str]:
+    """One decoder layer: returns (residual stream, MLP output still to be added to it).
+
+    fused: whether the checkpoint stores q|k|v and gate|up as one module each (None: the architecture's rule)."""
+    p = f"/model/layers.{i}"
+    w, _ = _layer_names(ckpt, i)
+    if fused is None:
+        fused = ARCHITECTURES[cfg.architecture].fused_projections
     h, x = lowering.add_norm(f"{p}/input_layernorm", x, delta, gb.weight(f"{p}/input_layernorm.weight", _norm_weight(linear, f"{p}/attn/qkv_proj", w("input_layernorm"))))
+    o = _attention_block(gb, lowering, linear, ckpt, cfg, i, h, shared, fused)
+    return _mlp_block(gb, lowering, linear, ckpt, cfg, i, x, o, fused)
+
+
+def _attention_block(gb: GraphBuilder, lowering, linear: _Linears, ckpt: Checkpoint, cfg: ModelConfig, i: int, h: str, shared: Shared, fused: bool) -> str:
+    """o_proj(attention(q, k, v of the normed input h [B, S, in])) -> [B, S, hidden]; in = the q/k/v weights' input width."""
+    p = f"/model/layers.{i}"
+    w, mod = _layer_names(ckpt, i)
+    nh, kvh, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     # One fused q|k|v projection: a third of the MatMul calls.
     bias = np.concatenate([w("q_bias"), w("k_bias"), w("v_bias")]) if cfg.qkv_bias else None
-    fused = ARCHITECTURES[cfg.architecture].fused_projections
     qkv = linear(f"{p}/attn/qkv_proj", h, mod("qkv_proj") if fused else mod("q_proj", "k_proj", "v_proj"), bias, input_folded=True)
     if lowering.takes_packed_qkv() and not cfg.qk_norm:  # the attention op splits q|k|v itself: one kernel less
         attn = lowering.layer(f"{p}/attn", qkv, None, None, i, shared)
@@ -287,8 +329,13 @@ def _decoder_layer(gb: GraphBuilder, lowering, linear: _Linears, ckpt: Checkpoin
             q = _head_norm(gb, f"{p}/attn/q_norm", q, nh, hd, w("q_norm"), cfg.rms_norm_eps)
             k = _head_norm(gb, f"{p}/attn/k_norm", k, kvh, hd, w("k_norm"), cfg.rms_norm_eps)
         attn = lowering.layer(f"{p}/attn", q, k, v, i, shared)
-    o = linear(f"{p}/attn/o_proj", attn, mod("o_proj"))
+    return linear(f"{p}/attn/o_proj", attn, mod("o_proj"))
 
+
+def _mlp_block(gb: GraphBuilder, lowering, linear: _Linears, ckpt: Checkpoint, cfg: ModelConfig, i: int, x: str, o: str, fused: bool) -> tuple[str, str]:
+    """x + o, then the MLP on its post_attention_layernorm: returns (x + o, MLP output still to be added to it)."""
+    p = f"/model/layers.{i}"
+    w, mod = _layer_names(ckpt, i)
     h, x = lowering.add_norm(f"{p}/post_attention_layernorm", x, o, gb.weight(f"{p}/post_attention_layernorm.weight",
                                                                               _norm_weight(linear, f"{p}/mlp/gate_up_proj", w("post_attention_layernorm"))))
     gate_up = linear(f"{p}/mlp/gate_up_proj", h, mod("gate_up_proj") if fused else mod("gate_proj", "up_proj"), input_folded=True)

@@ -45,13 +45,18 @@ from .common import check_output_dir, clean_errors, human_bytes, option
 @option("max_input_len", type=int, default=None, help="Longest prompt in tokens [default: max_seq_len / 2].")
 @option("max_seq_len", type=int, default=None, help="Longest prompt + output in tokens; the KV cache capacity [default: min(max_position_embeddings, 4096)].")
 @option("max_draft_len", type=int, default=None,
-        help="Most draft tokens verified per step; baked into the engine. Needs --speculative_decoding_mode draft_tokens_external "
-             "[default: 8 with that mode, else 0].")
+        help="Most draft tokens verified per step; baked into the engine. Needs --speculative_decoding_mode draft_tokens_external, medusa or eagle; "
+             "for medusa and eagle it is the draft tree's node budget (a chain of k drafts is k nodes) [default: 8 with those modes, else 0].")
 @option("speculative_decoding_mode", type=click.Choice(MODES), default="none", show_default=True,
         help="draft_tokens_external: the target engine accepts 1..max_draft_len+1 tokens per sequence per step and returns logits for all of them (build TARGET engines this way). "
-             "medusa: the same, with the Medusa heads of --medusa_dir in the network (chain drafting, docs/medusa-eagle.md). none: one token per step (draft engines, plain decoding).")
+             "medusa: the same, with the Medusa heads of --medusa_dir in the network and tree attention (a tree_mask input; docs/medusa-eagle.md). "
+             "eagle: the same, with tree attention and the EAGLE-3 module of --eagle_dir: its fc in the network (the eagle_hidden output), "
+             "the module itself built as a second engine in OUTPUT_DIR/eagle. none: one token per step (draft engines, plain decoding).")
 @option("medusa_dir", type=click.Path(), default=None,
-        help="With --speculative_decoding_mode medusa: Medusa heads in ModelOpt's layout (specdec-train's output); --max_draft_len <= their number [default: all of them].")
+        help="With --speculative_decoding_mode medusa: Medusa heads in ModelOpt's layout (specdec-train's output).")
+@option("eagle_dir", type=click.Path(), default=None,
+        help="With --speculative_decoding_mode eagle: an EAGLE-3 module in ModelOpt's layout (specdec-train's output, or ModelOpt's export) "
+             "trained on this base model.")
 @option("quantization", "--qformat", type=click.Choice(QUANTIZATIONS), default="auto", show_default=True,
         help="fp8: linear-layer weights stored as float8 e4m3 with per-channel scales, or per-tile for block-scaled checkpoints (quantized at build time from a "
              "float checkpoint, or read from an FP8 checkpoint: ModelOpt, compressed-tensors, fine-grained fp8). The graph carries "
@@ -83,7 +88,7 @@ from .common import check_output_dir, clean_errors, human_bytes, option
 @option("allow_nonfinite", is_flag=True, help="Build even if a weight holds NaN or Inf (refused by default: such an engine emits garbage).")
 @option("force", is_flag=True, help="Replace a non-empty --output_dir.")
 @clean_errors
-def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_seq_len, max_draft_len, speculative_decoding_mode, medusa_dir,
+def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_seq_len, max_draft_len, speculative_decoding_mode, medusa_dir, eagle_dir,
          quantization, use_weight_only, weight_only_precision, group_size, asymmetric, quantize_lm_head, fp8_activations, calib_dataset, calib_size, backend, lowering, trt_timing_cache, trt_version_compatible, trt_exclude_lean_runtime, tp_size, allow_pickle, allow_nonfinite, force) -> None:
     """Build an engine directory from a Hugging Face checkpoint.
 
@@ -91,6 +96,9 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
     Target engine for draft-target or n-gram speculative decoding:
       specdec-build --checkpoint_dir ./llama --output_dir engines/target \\
           --speculative_decoding_mode draft_tokens_external --max_draft_len 8
+    EAGLE-3 target (the module's engine goes into engines/target/eagle):
+      specdec-build --checkpoint_dir ./llama --output_dir engines/target \\
+          --speculative_decoding_mode eagle --eagle_dir ./llama-eagle3
     Draft engine (or a plain engine):
       specdec-build --checkpoint_dir ./llama-small --output_dir engines/draft
     """
@@ -107,11 +115,7 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
     if max_input_len is None:
         max_input_len = max(1, max_seq_len // 2)
     if max_draft_len is None:
-        max_draft_len = 8 if speculative_decoding_mode == "draft_tokens_external" else 0
-        if speculative_decoding_mode == "medusa" and medusa_dir is not None:
-            from ..train.layout import medusa_num_heads
-
-            max_draft_len = medusa_num_heads(medusa_dir)
+        max_draft_len = 8 if speculative_decoding_mode in ("draft_tokens_external", "medusa", "eagle") else 0
     quantization = _weight_only_alias(quantization, use_weight_only, weight_only_precision)
     build = BuildConfig(
         dtype=dtype, max_batch_size=max_batch_size, max_input_len=max_input_len, max_seq_len=max_seq_len,
@@ -133,7 +137,7 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
         result = build_engine(checkpoint_dir, output_dir, build, force=force, allow_pickle=allow_pickle, progress=progress, say=tqdm.write,
                               calib_dataset=calib_dataset, calib_size=calib_size, trt_timing_cache=trt_timing_cache,
                               trt_version_compatible=trt_version_compatible, trt_exclude_lean_runtime=trt_exclude_lean_runtime,
-                              allow_nonfinite=allow_nonfinite, medusa_dir=medusa_dir)
+                              allow_nonfinite=allow_nonfinite, medusa_dir=medusa_dir, eagle_dir=eagle_dir)
     finally:
         for bar in bars:
             bar.close()

@@ -1,0 +1,159 @@
+"""The EAGLE-3 module as an engine of its own: the ``eagle/`` folder of a --speculative_decoding_mode eagle target.
+
+The target computes the module's input, ``eagle_hidden = fc(concat(outputs of layers eagle_aux_layer_ids))``
+(builder/network.py); this network is the rest of train/eagle.py's Eagle3Module, with ``hidden_states`` in place
+of ``fc(aux_hidden)``:
+
+Inputs
+  input_ids      [batch, num_tokens]          int64    token t+1 of each row (its embedding: the BASE's embed_tokens)
+  position_ids   [batch, num_tokens]          int64    position (= cache slot) of each row
+  logits_index   [batch, num_logits]          int64    which rows get logits and hidden_out
+  hidden_states  [batch, num_tokens, hidden]  float32  the target's eagle_hidden at t (or the previous step's hidden_out)
+  tree_mask      [batch, num_tokens, num_tokens] bool  (the lowering's prelude, plugins/attention.py)
+  past_key.i / past_value.i  the module's KV cache (i < eagle_num_layers), the target's conventions
+Outputs
+  logits         [batch, num_logits, vocab]   float32  lm_head(norm(h)): the guess for token t+2
+  hidden_out     [batch, num_logits, hidden]  float32  h before the final norm (EAGLE-3 feeds it back as hidden_states)
+  present_key.i / present_value.i
+
+Layer 0 attends over ``[input_layernorm(embedding), hidden_norm(h)]`` (2*hidden wide q/k/v) with h as its residual
+stream; layers 1.. are plain Llama layers. network.py's layer code builds them, reading the module's tensors under
+the base's names (``layers.i.*`` -> ``model.layers.i.*``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+from onnx import TensorProto
+
+from ..plugins import get_lowering
+from ..plugins.attention import Shared
+from ..runtime.engine_format import BuildConfig, ModelConfig
+from ..runtime.errors import CheckpointError
+from .checkpoint import Checkpoint
+from .graph import GraphBuilder
+from .network import _attention_block, _decoder_layer, _Linears, _mlp_block, _rms_norm
+from .rope import cos_sin_tables
+
+ARCHITECTURE = "Eagle3"  # the module engine's ModelConfig.architecture
+MODULE_DIR = "eagle"  # the module engine's folder inside the target's (runtime.engine_format.eagle_module_dir)
+
+
+class _ModuleWeights:
+    """An EAGLE-3 module's float32 tensors (train.layout.HeadCheckpoint) read through Checkpoint's interface,
+    ``layers.i.*`` as ``model.layers.i.*``, so network.py's layer code reads them as it reads a base model's."""
+
+    def __init__(self, heads):
+        self.path = heads.path
+        self._tensors = {("model." + n if n.startswith("layers.") else n): t for n, t in heads.tensors.items()}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._tensors
+
+    def _get(self, name: str) -> np.ndarray:
+        if name not in self._tensors:
+            raise CheckpointError(f"EAGLE module in {self.path} has no tensor {name.removeprefix('model.')!r}.")
+        return self._tensors[name]
+
+    def dtype_name(self, name: str) -> str:
+        self._get(name)
+        return "F32"  # load_heads read every float tensor as float32
+
+    def float32(self, name: str) -> np.ndarray:
+        return self._get(name)
+
+    raw = float32
+
+
+def module_model_config(base: ModelConfig, heads) -> ModelConfig:
+    """The module's widths (its config.json), the base's vocabulary and rope (eagle_llama_config copies the base's)."""
+    c = heads.config
+    num_heads = int(c["num_attention_heads"])
+    return replace(
+        base,
+        architecture=ARCHITECTURE,
+        intermediate_size=int(c["intermediate_size"]),
+        num_layers=heads.num_layers,
+        num_heads=num_heads,
+        num_kv_heads=int(c["num_key_value_heads"]),
+        head_dim=int(c.get("head_dim") or heads.hidden_size // num_heads),
+        rms_norm_eps=float(c.get("rms_norm_eps") or base.rms_norm_eps),
+        tie_word_embeddings=False,
+        qkv_bias=False,
+        qk_norm=False,
+    )
+
+
+def module_build_config(target: BuildConfig, heads) -> BuildConfig:
+    """The target's limits, lowering, dtype and backend; the module in float (never quantized: it is small and
+    decides acceptance), tree attention (it drafts a tree a level per call)."""
+    return replace(
+        target,
+        speculative_decoding_mode="eagle_module",
+        quantization="none",
+        fp8_activations="none",
+        group_size=None,
+        symmetric=True,
+        quantize_lm_head=False,
+        weight_only=None,
+        medusa_num_heads=0,
+        medusa_num_layers=0,
+        eagle_num_layers=heads.num_layers,
+        eagle_aux_layer_ids=(),
+        tree_attention=True,
+    )
+
+
+def build_eagle_network(base: Checkpoint, heads, cfg: ModelConfig, build: BuildConfig):
+    """The module engine's ONNX ModelProto (the ABI in this module's docstring).
+
+    base: the base checkpoint (its model.embed_tokens.weight: the module has no embedding of its own).
+    cfg / build: module_model_config / module_build_config.
+    """
+    lowering_cls = get_lowering(build.lowering)
+    gb = GraphBuilder(weight_dtype=build.dtype, compute_dtype=lowering_cls.compute_dtype(build))
+    lowering = lowering_cls(gb, cfg)
+    lowering.consistent_rows = build.max_draft_len > 0 and build.backend == "onnxruntime"  # as the target's (network.py)
+    lowering.tree_attention = build.tree_attention  # a tree_mask input (plugins/attention.py)
+    weights = _ModuleWeights(heads)
+    linears = _Linears(gb, lowering, weights, build, None, {}, {})
+    ids = gb.input("input_ids", TensorProto.INT64, ["batch", "num_tokens"])
+    positions = gb.input("position_ids", TensorProto.INT64, ["batch", "num_tokens"])
+    logits_index = gb.input("logits_index", TensorProto.INT64, ["batch", "num_logits"])
+    h = gb.input("hidden_states", TensorProto.FLOAT, ["batch", "num_tokens", cfg.hidden_size])
+    if gb.compute_type != TensorProto.FLOAT:
+        h = gb.op("Cast", [h], "/eagle/hidden_states_compute", to=gb.compute_type)
+
+    cos, sin = cos_sin_tables(cfg, build.kv_capacity)
+    shared = lowering.prelude(Shared(positions=positions, cos=gb.const("rope_cos", cos), sin=gb.const("rope_sin", sin)))
+    embed = gb.op("Gather", [gb.weight("model.embed_tokens.weight", base.float32("model.embed_tokens.weight")), ids], "/model/embed_tokens")  # [B, S, hidden]
+
+    # Layer 0: attention over [input_layernorm(embedding), hidden_norm(h)], h the residual stream.
+    p = "/model/layers.0"
+    e, _ = lowering.add_norm(f"{p}/input_layernorm", embed, None, gb.weight(f"{p}/input_layernorm.weight", weights.float32("model.layers.0.input_layernorm.weight")))
+    hn, _ = lowering.add_norm(f"{p}/hidden_norm", h, None, gb.weight(f"{p}/hidden_norm.weight", weights.float32("model.layers.0.hidden_norm.weight")))
+    both = gb.op("Concat", [e, hn], f"{p}/embed_hidden_concat", axis=-1)  # [B, S, 2 * hidden]
+    o = _attention_block(gb, lowering, linears, weights, cfg, 0, both, shared, fused=False)
+    x, delta = _mlp_block(gb, lowering, linears, weights, cfg, 0, h, o, fused=False)
+    for i in range(1, cfg.num_layers):
+        x, delta = _decoder_layer(gb, lowering, linears, weights, cfg, i, x, delta, shared, fused=False)
+    x = gb.op("Add", [x, delta], "/model/residual")  # [B, S, hidden]: h before the final norm
+
+    rows = gb.op("Unsqueeze", [logits_index, gb.const("/model/axis_last", np.array([-1], np.int64))], "/model/logits_rows")
+    x = gb.op("GatherND", [x, rows], "/model/gather_logit_rows", batch_dims=1)  # [B, L, hidden]
+    if gb.compute_type == TensorProto.FLOAT:
+        gb.op("Identity", [x], "/eagle/hidden_out", outputs=["hidden_out"])
+    else:  # a half-precision lowering: the ABI's outputs stay float32
+        gb.op("Cast", [x], "/eagle/hidden_out_float32", outputs=["hidden_out"], to=TensorProto.FLOAT)
+    gb.output("hidden_out", TensorProto.FLOAT, ["batch", "num_logits", cfg.hidden_size])
+
+    x = _rms_norm(gb, "/model/norm", x, weights.float32("norm.weight"), cfg.rms_norm_eps)
+    lm_head = gb.weight("lm_head.weight", weights.float32("lm_head.weight").T)  # [hidden, vocab]
+    if gb.compute_type == TensorProto.FLOAT:
+        gb.op("MatMul", [x, lm_head], "/lm_head/matmul", outputs=["logits"])
+    else:
+        gb.op("Cast", [gb.op("MatMul", [x, lm_head], "/lm_head/matmul")], "/lm_head/logits_float32", outputs=["logits"], to=TensorProto.FLOAT)
+    gb.output("logits", TensorProto.FLOAT, ["batch", "num_logits", cfg.vocab_size])
+    return gb.model(f"specdec_{ARCHITECTURE}", extra_opsets=lowering.extra_opsets)

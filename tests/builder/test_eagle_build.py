@@ -1,0 +1,169 @@
+"""EAGLE-3 builds: the target's eagle_hidden output and the module's own engine (OUT/eagle), against torch.
+
+Parity: run with onnxruntime directly (a fresh zero cache, positions 0.., a lower-triangular tree_mask: plain
+causal attention), eagle_hidden equals the module's fc over the base's decoder-layer outputs (train/base.py's
+run_base), and the module engine equals train/eagle.py's Eagle3Module on the same inputs, in both lowerings.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from checkpoints import load_hf, make_checkpoint
+from conftest import cli_build, spec_build
+
+from specdec.builder.build import build_engine
+from specdec.runtime.engine_format import eagle_module_dir, load_engine_dir
+from specdec.runtime.errors import BuildConfigError, SpecdecError
+from specdec.train.base import run_base
+from specdec.train.eagle import Eagle3Module, eagle_llama_config
+from specdec.train.export import eagle_config, medusa_config, save_heads
+from specdec.train.medusa import MedusaHeads
+
+AUX_IDS = [0, 2]  # two of the base's three layers: low and high
+EAGLE_LAYERS = 2  # layer 0 (the [embedding, hidden] one) and a plain Llama layer
+
+
+def write_module(base_ckpt, out, num_layers=EAGLE_LAYERS, aux_ids=AUX_IDS, seed=1) -> Eagle3Module:
+    """An EAGLE-3 module of random weights, in ModelOpt's layout (specdec-train's export)."""
+    base_cfg = json.loads((base_ckpt / "config.json").read_text())
+    hf = load_hf(base_ckpt)
+    cfg = eagle_llama_config(hf.config, num_layers)
+    torch.manual_seed(seed)
+    module = Eagle3Module(cfg, len(aux_ids), hf.lm_head.weight.detach()).eval()
+    with torch.no_grad():  # norms away from 1 and sharper projections: a wrong wiring shows
+        for name, p in module.named_parameters():
+            if name != "lm_head.weight":
+                p.copy_(1.0 + 0.3 * torch.randn_like(p) if p.dim() == 1 else torch.randn_like(p) * 2.0 / p.shape[1] ** 0.5)
+    save_heads(module, eagle_config(base_cfg, cfg, aux_ids, {"test": True}), out)
+    return module
+
+
+@pytest.fixture(scope="module")
+def eagle(tmp_path_factory):
+    d = tmp_path_factory.mktemp("eagle")
+    ckpt = make_checkpoint(d / "base", num_hidden_layers=3, seed=0)
+    module = write_module(ckpt, d / "module")
+    return {"dir": d, "ckpt": ckpt, "module": module, "hf": load_hf(ckpt)}
+
+
+def eagle_build(max_draft_len=4, **kw):
+    return spec_build(max_draft_len, speculative_decoding_mode="eagle", **kw)
+
+
+def run_onnx(engine_dir, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One call of an engine's network with onnxruntime, on a fresh zero cache (past/present as plain inputs/outputs)."""
+    import onnxruntime as ort
+
+    engine = load_engine_dir(engine_dir)
+    sess = ort.InferenceSession(str(engine.network_path), providers=["CPUExecutionProvider"])
+    batch, tokens = feeds["input_ids"].shape
+    feeds = {**feeds, "position_ids": np.broadcast_to(np.arange(tokens, dtype=np.int64), (batch, tokens)).copy(),
+             "logits_index": np.broadcast_to(np.arange(tokens, dtype=np.int64), (batch, tokens)).copy(),
+             "tree_mask": np.broadcast_to(np.tril(np.ones((tokens, tokens), bool)), (batch, tokens, tokens)).copy()}
+    dims = {"batch": batch, "kv_capacity": engine.config.build.kv_capacity}
+    for inp in sess.get_inputs():
+        if inp.name.startswith("past_"):
+            feeds[inp.name] = np.zeros([dims.get(s, s) for s in inp.shape], np.float32)
+    assert {i.name for i in sess.get_inputs()} == set(feeds)
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, feeds)))
+
+
+@pytest.mark.parametrize("lowering", ["portable", "ort_cpu"])
+def test_eagle_engines_match_torch(eagle, lowering, tmp_path):
+    out = tmp_path / "e"
+    build_engine(eagle["ckpt"], out, eagle_build(lowering=lowering), say=lambda _: None, eagle_dir=eagle["dir"] / "module")
+    target, module = load_engine_dir(out), load_engine_dir(eagle_module_dir(load_engine_dir(out)))
+    b = target.config.build
+    assert (b.speculative_decoding_mode, b.tree_attention, b.eagle_num_layers, list(b.eagle_aux_layer_ids)) == ("eagle", True, EAGLE_LAYERS, AUX_IDS)
+    m = module.config.build
+    assert (m.speculative_decoding_mode, m.tree_attention, m.eagle_num_layers, m.lowering, m.max_draft_len) == ("eagle_module", True, EAGLE_LAYERS, lowering, 4)
+    assert (module.config.model.architecture, module.config.model.num_layers, module.config.model.vocab_size) == ("Eagle3", EAGLE_LAYERS, 96)
+
+    ids = torch.randint(4, 96, (2, 11), generator=torch.Generator().manual_seed(3))
+    got = run_onnx(out, {"input_ids": ids.numpy()})
+    with torch.no_grad():
+        base = run_base(eagle["hf"], ids, torch.ones_like(ids), AUX_IDS)
+        fused = eagle["module"].fc(base.aux_hidden)  # [2, 11, hidden]
+        want_logits = eagle["hf"](ids).logits
+    assert got["eagle_hidden"].shape == (2, 11, 64)
+    np.testing.assert_allclose(got["eagle_hidden"], fused.numpy(), atol=1e-4)
+    np.testing.assert_allclose(got["logits"], want_logits.numpy(), atol=2e-4)
+
+    # the module: position p pairs the features at p with the embedding of token p+1
+    got = run_onnx(eagle_module_dir(target), {"input_ids": ids[:, 1:].numpy(), "hidden_states": fused[:, :-1].numpy()})
+    pre_norm = []
+    hook = eagle["module"].norm.register_forward_hook(lambda _m, inp, _out: pre_norm.append(inp[0]))
+    try:
+        with torch.no_grad():
+            want = eagle["module"](base.aux_hidden[:, :-1], eagle["hf"].model.embed_tokens(ids[:, 1:]))
+    finally:
+        hook.remove()
+    assert got["logits"].shape == (2, 10, 96) and got["hidden_out"].shape == (2, 10, 64)
+    np.testing.assert_allclose(got["logits"], want.numpy(), atol=2e-4)
+    np.testing.assert_allclose(got["hidden_out"], pre_norm[0].numpy(), atol=1e-4)
+
+
+def _medusa_dir(ckpt, out):
+    cfg = json.loads((ckpt / "config.json").read_text())
+    heads = MedusaHeads(cfg["hidden_size"], cfg["vocab_size"], 2, 1, load_hf(ckpt).lm_head.weight.detach())
+    save_heads(heads, medusa_config(cfg, 2, 1, {"test": True}), out)
+    return out
+
+
+@pytest.mark.parametrize(
+    "case, match",
+    [
+        ("no_mode", "--eagle_dir needs --speculative_decoding_mode eagle"),
+        ("no_dir", "needs --eagle_dir"),
+        ("medusa_dir", "holds Medusa heads"),
+        ("hidden", "hidden_size"),
+        ("aux_ids", "name layers the 3-layer base"),
+        ("tensorrt", "onnxruntime backend only"),
+        ("ort_cuda", "lowering ort_cuda"),
+        ("no_drafts", "needs max_draft_len >= 1"),
+    ],
+)
+def test_bad_eagle_builds_say_why(eagle, tmp_path, case, match):
+    d, ckpt = eagle["dir"], eagle["ckpt"]
+    module_dir, build = d / "module", eagle_build()
+    if case == "no_mode":
+        build = spec_build(4)
+    elif case == "no_dir":
+        module_dir = None
+    elif case == "medusa_dir":
+        module_dir = _medusa_dir(ckpt, tmp_path / "medusa")
+    elif case == "hidden":
+        other = make_checkpoint(tmp_path / "other", num_hidden_layers=3, hidden_size=32, intermediate_size=64)
+        module_dir = tmp_path / "other_module"
+        write_module(other, module_dir)
+    elif case == "aux_ids":
+        module_dir = tmp_path / "deep_module"
+        write_module(ckpt, module_dir, aux_ids=[0, 5])
+    elif case == "tensorrt":
+        build = eagle_build(backend="tensorrt")
+    elif case == "ort_cuda":
+        build = eagle_build(lowering="ort_cuda", dtype="float16")
+    elif case == "no_drafts":
+        build = eagle_build(0)
+    with pytest.raises(SpecdecError, match=match) as info:
+        build_engine(ckpt, tmp_path / "out", build, say=lambda _: None, eagle_dir=module_dir)
+    assert isinstance(info.value, BuildConfigError)
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_builds_an_eagle_engine(eagle, tmp_path):
+    out = tmp_path / "engine"
+    done = cli_build(eagle["ckpt"], out, "--speculative_decoding_mode", "eagle", "--eagle_dir", eagle["dir"] / "module", "--max_batch_size", 2)
+    assert done.exit_code == 0, done.output
+    target = load_engine_dir(out)
+    module = load_engine_dir(out / "eagle")
+    assert (target.config.build.speculative_decoding_mode, target.config.build.max_draft_len) == ("eagle", 8)  # the tree's default node budget
+    assert (module.config.build.speculative_decoding_mode, module.config.build.max_draft_len) == ("eagle_module", 8)
+    assert "eagle/model.onnx" in target.config.files  # the target's hashes cover the module too
+    bad = cli_build(eagle["ckpt"], tmp_path / "bad", "--eagle_dir", eagle["dir"] / "module")
+    assert bad.exit_code != 0 and "--eagle_dir needs --speculative_decoding_mode eagle" in bad.output
+    assert not (tmp_path / "bad").exists()
