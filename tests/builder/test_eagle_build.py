@@ -52,20 +52,22 @@ def eagle_build(max_draft_len=4, **kw):
     return spec_build(max_draft_len, speculative_decoding_mode="eagle", **kw)
 
 
-def run_onnx(engine_dir, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """One call of an engine's network with onnxruntime, on a fresh zero cache (past/present as plain inputs/outputs)."""
+def run_onnx(engine_dir, feeds: dict[str, np.ndarray], past: dict[str, np.ndarray] | None = None, start: int = 0) -> dict[str, np.ndarray]:
+    """One call of an engine's network with onnxruntime (past/present as plain inputs/outputs): the tokens at
+    positions start.., all rows' logits, a chain's (lower-triangular) tree_mask; past: the cache of an earlier
+    call's outputs (present_* by name), else a fresh zero cache."""
     import onnxruntime as ort
 
     engine = load_engine_dir(engine_dir)
     sess = ort.InferenceSession(str(engine.network_path), providers=["CPUExecutionProvider"])
     batch, tokens = feeds["input_ids"].shape
-    feeds = {**feeds, "position_ids": np.broadcast_to(np.arange(tokens, dtype=np.int64), (batch, tokens)).copy(),
+    feeds = {**feeds, "position_ids": np.broadcast_to(np.arange(start, start + tokens, dtype=np.int64), (batch, tokens)).copy(),
              "logits_index": np.broadcast_to(np.arange(tokens, dtype=np.int64), (batch, tokens)).copy(),
              "tree_mask": np.broadcast_to(np.tril(np.ones((tokens, tokens), bool)), (batch, tokens, tokens)).copy()}
     dims = {"batch": batch, "kv_capacity": engine.config.build.kv_capacity}
     for inp in sess.get_inputs():
         if inp.name.startswith("past_"):
-            feeds[inp.name] = np.zeros([dims.get(s, s) for s in inp.shape], np.float32)
+            feeds[inp.name] = past["present_" + inp.name[len("past_"):]] if past else np.zeros([dims.get(s, s) for s in inp.shape], np.float32)
     assert {i.name for i in sess.get_inputs()} == set(feeds)
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, sess.run(names, feeds)))
@@ -105,11 +107,31 @@ def test_eagle_engines_match_torch(eagle, lowering, tmp_path):
     np.testing.assert_allclose(got["logits"], want.numpy(), atol=2e-4)
     np.testing.assert_allclose(got["hidden_out"], pre_norm[0].numpy(), atol=1e-4)
 
+    # drafting a token at a time on the module's cache: the same rows as the whole sequence at once
+    first = run_onnx(eagle_module_dir(target), {"input_ids": ids[:, 1:9].numpy(), "hidden_states": fused[:, :8].numpy()})
+    step = run_onnx(eagle_module_dir(target), {"input_ids": ids[:, 9:10].numpy(), "hidden_states": fused[:, 8:9].numpy()}, past=first, start=8)
+    np.testing.assert_allclose(step["logits"][:, 0], want[:, 8].numpy(), atol=2e-4)
+    np.testing.assert_allclose(step["hidden_out"][:, 0], pre_norm[0][:, 8].numpy(), atol=1e-4)
+
 
 def _medusa_dir(ckpt, out):
     cfg = json.loads((ckpt / "config.json").read_text())
     heads = MedusaHeads(cfg["hidden_size"], cfg["vocab_size"], 2, 1, load_hf(ckpt).lm_head.weight.detach())
     save_heads(heads, medusa_config(cfg, 2, 1, {"test": True}), out)
+    return out
+
+
+def _reduced_vocab_module(src, out, draft_vocab: int):
+    """A copy of module ``src`` with a draft vocabulary of its first ``draft_vocab`` tokens (ModelOpt's d2t layout)."""
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir()
+    tensors = load_file(src / "model.safetensors")
+    tensors["lm_head.weight"] = tensors["lm_head.weight"][:draft_vocab].contiguous()
+    tensors["d2t"] = torch.zeros(draft_vocab, dtype=torch.int64)  # draft id + d2t[id] = target id
+    save_file(tensors, str(out / "model.safetensors"))
+    cfg = json.loads((src / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**cfg, "draft_vocab_size": draft_vocab}))
     return out
 
 
@@ -124,6 +146,7 @@ def _medusa_dir(ckpt, out):
         ("tensorrt", "onnxruntime backend only"),
         ("ort_cuda", "lowering ort_cuda"),
         ("no_drafts", "needs max_draft_len >= 1"),
+        ("draft_vocab", "reduced draft vocabulary"),
     ],
 )
 def test_bad_eagle_builds_say_why(eagle, tmp_path, case, match):
@@ -148,6 +171,8 @@ def test_bad_eagle_builds_say_why(eagle, tmp_path, case, match):
         build = eagle_build(lowering="ort_cuda", dtype="float16")
     elif case == "no_drafts":
         build = eagle_build(0)
+    elif case == "draft_vocab":
+        module_dir = _reduced_vocab_module(d / "module", tmp_path / "small_vocab", draft_vocab=32)
     with pytest.raises(SpecdecError, match=match) as info:
         build_engine(ckpt, tmp_path / "out", build, say=lambda _: None, eagle_dir=module_dir)
     assert isinstance(info.value, BuildConfigError)
