@@ -70,6 +70,12 @@ def read_inputs(texts: tuple[str, ...], input_file: str | None, tok: Tokenizer |
 @option("draft_engine_dir", type=click.Path(), help="Draft engine directory: enables draft-target speculative decoding.")
 @option("draft_target_model_config", type=str, help=f'Draft-target settings, TensorRT-LLM style: "{DTM_FORM}", e.g. "[4,[0],[0],False]". use_logits=True: rejection sampling on logits; False: token compare.')
 @option("ngram_config", "--prompt_lookup_config", type=str, help=f'NGram / prompt-lookup drafting without a draft model: "{NGRAM_FORM}", e.g. "[8,2,[0]]" (max_draft_len up to the target\'s).')
+@option("medusa_choices", type=str, default=None,
+        help='A --speculative_decoding_mode medusa target: the draft tree, TensorRT-LLM\'s format (paths of top-k indices), e.g. "[[0],[0,0],[1],[0,1],[2],[0,0,0]]"; '
+             "at most the engine's max_draft_len nodes, greedy only [default: a chain, one draft per head].")
+@option("eagle_choices", type=str, default=None,
+        help='A --speculative_decoding_mode eagle target: the draft tree, as --medusa_choices, e.g. "[[0],[1],[0,0],[0,1],[0,0,0]]"; greedy only '
+             "[default: a chain of --draft_len drafts, 4].")
 @click.option("--ngram_keep_all/--ngram_keep_newest", "ngram_keep_all", default=True, show_default=True, help="NGram: keep every earlier occurrence of a pattern, or only the newest.")
 @click.option("--ngram_use_oldest/--ngram_use_newest", "ngram_use_oldest", default=False, show_default=True,
               help="NGram: when a pattern occurred more than once, draft from the oldest occurrence (TensorRT-LLM's default) or the newest "
@@ -109,7 +115,7 @@ def read_inputs(texts: tuple[str, ...], input_file: str | None, tok: Tokenizer |
 @run_py_options
 @click.argument("more_input_text", nargs=-1, metavar="")
 @clean_errors
-def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, ngram_keep_all, ngram_use_oldest, ngram_min_match, draft_confidence_threshold, input_text, input_file,
+def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, medusa_choices, eagle_choices, ngram_keep_all, ngram_use_oldest, ngram_min_match, draft_confidence_threshold, input_text, input_file,
          tokenizer_dir, no_add_special_tokens, max_output_len, end_id, stop_words, temperature, top_k, top_p, random_seed, streaming,
          baseline, repeat, output_csv, output_npy, output_json, num_threads, draft_num_threads, draft_len, device, allow_vocab_mismatch, more_input_text, **run_py) -> None:
     """Run a target engine, optionally with speculative decoding.
@@ -120,6 +126,8 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
           --draft_target_model_config "[4,[0],[0],False]" --input_text "def fib(n):"
     NGram / prompt lookup:
       specdec-run --engine_dir engines/target --ngram_config "[8,2,[0]]" --input_file prompts.txt
+    Medusa / EAGLE (a target built with --speculative_decoding_mode medusa or eagle drafts with its own heads):
+      specdec-run --engine_dir engines/eagle --eagle_choices "[[0],[1],[0,0],[0,1],[0,0,0]]" --input_text "def fib(n):"
     Target only (the baseline):
       specdec-run --engine_dir engines/target --input_text "def fib(n):"
     """
@@ -148,11 +156,12 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
     gen = GenerationConfig(max_output_len=max_output_len, sampling=sampling, end_ids=ends)
     orch = load_orchestrator(target, draft_engine_dir, dtm, ngram, draft_len=parse_draft_len(draft_len), ngram_keep_all=ngram_keep_all,
                              ngram_use_oldest=ngram_use_oldest, num_threads=num_threads, draft_num_threads=draft_num_threads, device=device,
-                             draft_confidence_threshold=draft_confidence_threshold, ngram_min_match=ngram_min_match, allow_vocab_mismatch=allow_vocab_mismatch)
+                             draft_confidence_threshold=draft_confidence_threshold, ngram_min_match=ngram_min_match, allow_vocab_mismatch=allow_vocab_mismatch,
+                             medusa_choices=medusa_choices, eagle_choices=eagle_choices)
     if streaming and len(prompts) != 1:
         raise RequestError("--streaming prints one request as it is decoded: give exactly one prompt.")
 
-    method = "draft-target" if draft_engine_dir else "ngram" if ngram else "target-only"
+    method = method_label(orch.engine)
     base_orch = Orchestrator(orch.target) if baseline else None  # the same target session: no second copy of the engine
     for o in (base_orch, orch) if baseline else ():  # first calls pay one-time costs: keep them out of both timings
         o.generate([prompts[0][:8]], GenerationConfig(max_output_len=4, sampling=sampling))
@@ -198,6 +207,14 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
             report["baseline"]["repeats"] = {"target_only_tokens_per_s": [m.tokens_per_s for _, m in base_runs],
                                              "tokens_per_s": [m.tokens_per_s for _, m in spec_runs], "speedups": speedups}
     _write_outputs(outputs, report, output_csv, output_npy, output_json)
+
+
+def method_label(engine) -> str:
+    """How a run is named in tables: draft-target, ngram, medusa / eagle (chain or tree), or target-only."""
+    name = engine.speculation.method
+    if name in ("medusa", "eagle"):
+        return f"{name} {'tree' if engine.proposers[name].tree is not None else 'chain'}"
+    return {"draft": "draft-target", "none": "target-only"}.get(name, name)
 
 
 def parse_draft_len(value: str | None) -> int | str | None:

@@ -131,8 +131,9 @@ class OrtExecutor:
         row's last token. The view is reused by the next call: copy to keep.
         Rows where ``advance`` is False ride along (a batch runs every row)
         and keep their length: what they wrote is stale at once.
-        parents: per row, None (a chain) or the parent of each of its tokens ([len] int, parents[0] = -1, parents[j] < j):
-            a tree, each token attending to its ancestors only at position length + depth (tree_attention engines).
+        parents: per row, None (a chain) or the parent of each of its tokens ([len] int, -1 <= parents[j] < j; -1: it follows
+            the cache): a tree, each token attending to the cache and its ancestors only, at position length + depth (depth 0
+            for parent -1; tree_attention engines).
             The row's K/V land in call order: compact_slot() keeps an accepted path.
         hidden: [n, width, hidden] float32, an EAGLE module's hidden_states input (rows past a row's count: anything).
         """
@@ -170,8 +171,8 @@ class OrtExecutor:
             mask[:n, :n] = False
             for j in range(n):
                 p = int(par[j])
-                if j == 0 and p != -1 or j > 0 and not 0 <= p < j:
-                    raise RequestError(f"tree parents must have parents[0] = -1 and 0 <= parents[j] < j; got {list(map(int, par))}.")
+                if not -1 <= p < j:
+                    raise RequestError(f"tree parents must have -1 <= parents[j] < j (-1: a child of the cache's last token); got {list(map(int, par))}.")
                 if p >= 0:
                     mask[j, :n] = mask[p, :n]
                     depth[j] = depth[p] + 1

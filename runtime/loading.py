@@ -52,12 +52,19 @@ def load_engine(
     draft_confidence_threshold: float = 0.0,
     allow_vocab_mismatch: bool = False,
     target_executor: Executor | None = None,
+    medusa_choices: str | list | None = None,
+    eagle_choices: str | list | None = None,
 ) -> Engine:
-    """An engine with every proposer asked for loaded (a draft model, n-gram, or both).
+    """An engine with every proposer asked for loaded (a draft model, n-gram, or both), and the target's own
+    drafter when it has one (a medusa target's heads, an eagle target's EAGLE module in its eagle/ folder).
 
     ``method``: the default for requests that do not choose (default: draft if a draft
-    engine is given, else ngram if ``ngram`` is, else none). ``draft_len``: the default
-    drafts per round, an int or "auto" (default: the draft-target or n-gram config's).
+    engine is given, else ngram if ``ngram`` is, else medusa / eagle for such a target, else none).
+    ``draft_len``: the default drafts per round, an int or "auto" (default: the draft-target or
+    n-gram config's; Medusa: the tree's nodes, or a chain of every head; EAGLE: the tree's nodes,
+    or a chain of min(4, max_draft_len)).
+    ``medusa_choices`` / ``eagle_choices``: a draft tree in TensorRT-LLM's format (runtime/tree.py);
+    None: chains.
     ``device``: cpu | cuda | auto (docs/cli.md: device lists index devices of that kind).
 
     ``target_executor``: an executor already open on this target engine (say, an
@@ -87,11 +94,44 @@ def load_engine(
         proposers.append(DraftModelProposer(open_executor(draft, dwhere), dtm.use_logits, draft_confidence_threshold))
     if ngram is not None:
         proposers.append(NGramProposer(ngram.max_draft_len, ngram.max_matching_ngram_size, ngram_keep_all, ngram_use_oldest, ngram_min_match))
-    default = method or ("draft" if draft is not None else "ngram" if ngram is not None else "none")
+    target_ex = target_executor or open_executor(target, where)
+    own = _own_drafter(target, target_ex, where, medusa_choices, eagle_choices, draft_num_threads)
+    if own is not None:
+        proposers.append(own)
+    default = method or ("draft" if draft is not None else "ngram" if ngram is not None else own.name if own is not None else "none")
     if draft_len is None:
-        draft_len = dtm.draft_len if default == "draft" and dtm else ngram.max_draft_len if default == "ngram" and ngram else 0
+        draft_len = (dtm.draft_len if default == "draft" and dtm else ngram.max_draft_len if default == "ngram" and ngram else
+                     own_draft_len(own) if own is not None and default == own.name else 0)
     spec = SpeculationConfig(default, draft_len if default != "none" else 0)
-    return Engine(target_executor or open_executor(target, where), proposers, spec, allow_vocab_mismatch)
+    return Engine(target_ex, proposers, spec, allow_vocab_mismatch)
+
+
+def _own_drafter(target: EngineDir, target_ex: Executor, where: Placement, medusa_choices, eagle_choices, threads: int) -> Proposer | None:
+    """A medusa target's MedusaProposer, an eagle target's EagleProposer (its module opened beside it), else None."""
+    mode = target.config.build.speculative_decoding_mode
+    for flag, given, wanted in (("--medusa_choices", medusa_choices, "medusa"), ("--eagle_choices", eagle_choices, "eagle")):
+        if given is not None and mode != wanted:
+            raise RequestError(f"{flag} needs a target engine built with --speculative_decoding_mode {wanted}; {target.path} was built with {mode}.")
+    if mode == "medusa":
+        from .proposers.medusa import MedusaProposer
+
+        return MedusaProposer(target_ex, medusa_choices)
+    if mode == "eagle":
+        from .engine_format import eagle_module_dir
+        from .proposers.eagle import EagleProposer
+
+        module = load_engine_dir(eagle_module_dir(target))
+        return EagleProposer(target_ex, open_executor(module, Placement(where.kind, where.index, threads if where.kind == "cpu" else None)), eagle_choices)
+    return None
+
+
+def own_draft_len(proposer) -> int:
+    """The default drafts per round of a Medusa or EAGLE proposer: its tree's nodes, or a chain."""
+    if proposer.tree is not None:
+        return len(proposer.tree)
+    if proposer.name == "medusa":
+        return min(proposer.num_heads, proposer.target.build.max_draft_len)
+    return min(4, proposer.target.build.max_draft_len)
 
 
 def load_orchestrator(

@@ -150,3 +150,24 @@ def copy_without_weights(src: Path, dst: Path) -> dict:
         if f.name != "model.safetensors":
             shutil.copy(f, dst / f.name)
     return load_file(src / "model.safetensors")
+
+
+def write_eagle_module(base_ckpt: Path, out: Path, num_layers: int = 2, aux_ids: list[int] | None = None, seed: int = 1, scale: float = 2.0):
+    """An EAGLE-3 module of random weights for ``base_ckpt``, in ModelOpt's layout (specdec-train's export).
+
+    Norms away from 1 and sharp projections, so that a wrong wiring shows. Returns the torch Eagle3Module."""
+    from specdec.train.eagle import Eagle3Module, eagle_llama_config
+    from specdec.train.export import eagle_config, save_heads
+
+    base_cfg = json.loads((base_ckpt / "config.json").read_text())
+    aux_ids = [0, base_cfg["num_hidden_layers"] - 1] if aux_ids is None else aux_ids
+    hf = load_hf(base_ckpt)
+    cfg = eagle_llama_config(hf.config, num_layers)
+    torch.manual_seed(seed)
+    module = Eagle3Module(cfg, len(aux_ids), hf.lm_head.weight.detach()).eval()
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name != "lm_head.weight":
+                p.copy_(1.0 + 0.3 * torch.randn_like(p) if p.dim() == 1 else torch.randn_like(p) * scale / p.shape[1] ** 0.5)
+    save_heads(module, eagle_config(base_cfg, cfg, aux_ids, {"test": True}), out)
+    return module

@@ -1,0 +1,201 @@
+"""EAGLE-3 drafts: a one-layer module over the target's own features, with its own engine and KV cache.
+
+An eagle target (``--speculative_decoding_mode eagle``) returns ``eagle_hidden``
+[rows, hidden] for every token it is fed: fc(its low, middle and high layers'
+outputs). The module engine (the target's ``eagle/`` folder) reads, at
+position p, the pair (features of token p, token p + 1) and predicts token
+p + 2; its ``hidden_out`` (pre-norm) stands in for the features of a token the
+target has not seen yet, so it drafts several tokens ahead (EAGLE-3).
+
+Per request the module's cache holds the *real* pairs only (features the
+target computed). A round:
+
+    catch up   feed the pairs the last verification produced (the kept rows'
+               features with the tokens that follow them): one call for every
+               request, ragged; its last row predicts depth 1
+    draft      chain: k - 1 one-token calls, each feeding (its previous
+               hidden_out, its previous draft); tree: one call per level, the
+               whole tree so far re-fed with tree attention (a level's nodes
+               need their parents' hidden_out); then the cache goes back to the
+               real pairs
+
+Greedy chains and trees are exact (runtime/tree.py); sampled chains draw each
+draft from the module's processed distribution and pass it for rejection
+sampling; sampled trees are refused (``greedy_only``).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import EngineError
+from ..request import Request
+from ..sampling import processed_probs, sample
+from ..tree import DraftTree, parse_choices
+from .base import Draft, TargetOutput
+from .medusa import check_tree, top_k
+
+
+class EagleProposer:
+    name = "eagle"
+
+    def __init__(self, target, module, choices: str | Sequence[Sequence[int]] | DraftTree | None = None):
+        """target: an eagle target's executor (returns eagle_hidden); module: the executor of its eagle/ engine.
+        choices: a draft tree (TensorRT-LLM's --eagle_choices format), or None for chains."""
+        if target.build.speculative_decoding_mode != "eagle":
+            raise EngineError(f"EAGLE drafting needs a target engine built with --speculative_decoding_mode eagle --eagle_dir MODULE; "
+                              f"{target.engine.path} was built with --speculative_decoding_mode {target.build.speculative_decoding_mode}.")
+        if module.build.speculative_decoding_mode != "eagle_module":
+            raise EngineError(f"{module.engine.path} is not an EAGLE module engine (mode {module.build.speculative_decoding_mode}); "
+                              f"it is the eagle/ folder inside an eagle target engine.")
+        if module.model.hidden_size != target.model.hidden_size or module.vocab_size != target.vocab_size:
+            raise EngineError(f"the EAGLE module {module.engine.path} (hidden {module.model.hidden_size}, vocab {module.vocab_size}) does not belong to "
+                              f"the target {target.engine.path} (hidden {target.model.hidden_size}, vocab {target.vocab_size}).")
+        self.target, self.module = target, module
+        self.tree = choices if isinstance(choices, DraftTree) else parse_choices(choices, "--eagle_choices")
+        if self.tree is not None:
+            check_tree(self.tree, target, "--eagle_choices")
+            if len(self.tree) > module.build.max_draft_len:
+                raise EngineError(f"--eagle_choices has {len(self.tree)} nodes, more than the EAGLE module's max_draft_len={module.build.max_draft_len}.")
+        self.greedy_only = self.tree is not None
+        self.cache = module.new_cache(module.build.max_batch_size)
+        self.order: list[str] = []  # order[s]: the request in module slot s
+        self.slot_of: dict[str, int] = {}
+        # real pairs not yet fed: features [m, hidden] of tokens the target saw, and the token after each [m]
+        self.pending: dict[str, tuple[np.ndarray, list[int]]] = {}
+        self.next_logits: dict[str, np.ndarray] = {}  # [vocab]: the module's guess for depth 1 (after catch-up)
+        self.next_hidden: dict[str, np.ndarray] = {}  # [hidden]: its hidden_out on that row
+
+    # -- requests come and go -----------------------------------------------------------
+    def add(self, requests: Sequence[Request]) -> None:
+        for r in requests:
+            self.slot_of[r.request_id] = len(self.order)
+            self.order.append(r.request_id)
+            self.pending[r.request_id] = (np.zeros((0, self.module.model.hidden_size), np.float32), [])
+
+    def prefilled(self, requests: Sequence[Request], first_slot: int) -> None:
+        """The target just prefilled ``requests``: the prompt's features pair with the prompt shifted by one and the first token."""
+        feats = self.target.eagle_hidden  # [len(prefilled), width, hidden]
+        for r in requests:
+            n = len(r.prompt_ids)
+            self.pending[r.request_id] = (feats[r.slot - first_slot, :n].copy(), [*r.prompt_ids[1:], r.output_ids[0]])
+
+    def remove(self, request_id: str) -> None:
+        slot, last = self.slot_of.pop(request_id), len(self.order) - 1
+        if slot != last:
+            moved = self.order[last]
+            self.module.copy_slot(self.cache, last, slot)
+            self.order[slot], self.slot_of[moved] = moved, slot
+        self.order.pop()
+        self.cache.lengths[last] = 0
+        for d in (self.pending, self.next_logits, self.next_hidden):
+            d.pop(request_id, None)
+
+    def room(self, request: Request) -> int:
+        rid = request.request_id
+        fed = int(self.cache.lengths[self.slot_of[rid]]) + len(self.pending[rid][1])
+        limit = len(self.tree) if self.tree is not None else self.module.build.max_draft_len
+        return max(0, min(limit, self.cache.max_seq_len - fed))
+
+    def observe(self, request: Request, draft: Draft, target: TargetOutput) -> None:
+        """The kept rows' features pair with the tokens that follow them: the kept drafts, then the new token."""
+        feats, (old_h, old_t) = self.target.eagle_hidden[request.slot, target.rows], self.pending[request.request_id]
+        self.pending[request.request_id] = (np.concatenate([old_h, feats]), old_t + list(target.emitted))
+
+    # -- a round ------------------------------------------------------------------------
+    def propose(self, requests: Sequence[Request], draft_lens: Sequence[int]) -> list[Draft]:
+        want = {r.request_id: (i, int(k)) for i, (r, k) in enumerate(zip(requests, draft_lens)) if k > 0}
+        out = [Draft.empty() for _ in requests]
+        if not want:
+            return out
+        slots = sorted(self.slot_of[rid] for rid in want)
+        lo, hi = slots[0], slots[-1] + 1
+        self._catch_up(lo, hi, want)
+        real = self.cache.lengths[lo:hi].copy()
+        ids = self.order[lo:hi]
+        try:
+            if self.tree is not None:
+                self._draft_tree(lo, ids, want, out)
+            else:
+                self._draft_chain(lo, ids, want, requests, out)
+        finally:
+            self.cache.lengths[lo:hi] = real  # only real pairs stay between rounds
+        return out
+
+    def _call(self, lo: int, ids: list[str], tokens: list[list[int]], hidden: list[np.ndarray], advance: np.ndarray,
+              all_logits: bool, parents=None) -> np.ndarray:
+        """One module call on slots lo..: ragged rows of tokens with their hidden_states ([len, hidden] each)."""
+        width = max(map(len, tokens))
+        h = np.zeros((len(ids), width, self.module.model.hidden_size), np.float32)
+        for i, rows in enumerate(hidden):
+            h[i, : len(rows)] = rows
+        return self.module.forward(self.cache, tokens, all_logits=all_logits, advance=advance, first_slot=lo, hidden=h, parents=parents)
+
+    def _catch_up(self, lo: int, hi: int, want: dict) -> None:
+        ids = self.order[lo:hi]
+        todo = np.array([rid in want and len(self.pending[rid][1]) > 0 for rid in ids])
+        if not todo.any():
+            return
+        tokens = [self.pending[rid][1] if go else [0] for rid, go in zip(ids, todo)]
+        hidden = [self.pending[rid][0] if go else np.zeros((0, self.module.model.hidden_size), np.float32) for rid, go in zip(ids, todo)]
+        logits = self._call(lo, ids, tokens, hidden, todo, all_logits=False)  # [n, 1, vocab]: each row's last pair
+        for i in np.flatnonzero(todo):
+            rid = ids[i]
+            self.next_logits[rid], self.next_hidden[rid] = logits[i, 0].copy(), self.module.hidden_out[i, 0].copy()
+            self.pending[rid] = (self.pending[rid][0][:0], [])
+
+    def _draft_chain(self, lo: int, ids: list[str], want: dict, requests: Sequence[Request], out: list[Draft]) -> None:
+        lens = np.array([want[rid][1] if rid in want else 0 for rid in ids], np.int64)
+        reqs = [requests[want[rid][0]] if rid in want else None for rid in ids]
+        sampled = [r is not None and not r.config.sampling.greedy for r in reqs]
+        drafts = np.zeros((len(ids), int(lens.max())), np.int64)
+        probs: list[list[np.ndarray]] = [[] for _ in ids]
+        logits = np.stack([self.next_logits.get(rid, np.zeros(self.module.vocab_size, np.float32)) for rid in ids])  # [n, vocab]
+        hidden = np.stack([self.next_hidden.get(rid, np.zeros(self.module.model.hidden_size, np.float32)) for rid in ids])  # [n, hidden]
+        for j in range(int(lens.max())):
+            for i in np.flatnonzero(lens > j):
+                if sampled[i]:
+                    q = processed_probs(logits[i : i + 1], reqs[i].config.sampling)[0]
+                    drafts[i, j] = sample(q, reqs[i].rng)
+                    probs[i].append(q)
+                else:
+                    drafts[i, j] = int(logits[i].argmax())
+            if j + 1 == int(lens.max()):
+                break
+            go = lens > j + 1
+            logits = self._call(lo, ids, [[int(t)] for t in drafts[:, j]], [h[None] for h in hidden], go, all_logits=False)[:, 0].copy()
+            hidden = self.module.hidden_out[:, 0].copy()
+        for i, rid in enumerate(ids):
+            if rid in want:
+                k = int(lens[i])
+                out[want[rid][0]] = Draft(drafts[i, :k].copy(), np.stack(probs[i][:k]) if probs[i] else None)
+
+    def _draft_tree(self, lo: int, ids: list[str], want: dict, out: list[Draft]) -> None:
+        tree = self.tree
+        n, nodes = len(ids), len(tree)
+        tokens = np.zeros((n, nodes), np.int64)
+        feed_hidden = np.zeros((n, nodes, self.module.model.hidden_size), np.float32)  # each node's input: its parent's hidden_out
+        go = np.array([rid in want for rid in ids])
+        for i, rid in enumerate(ids):
+            if go[i]:
+                first = tree.depths == 1
+                tokens[i, first] = top_k(self.next_logits[rid], tree.top_k(1))[tree.ranks[first]]
+                feed_hidden[i, first] = self.next_hidden[rid]
+        for depth in range(1, tree.depth):
+            upto = int((tree.depths <= depth).sum())  # nodes are ordered by depth: re-feed the tree so far
+            parents = tree.parents[:upto]  # -1: a child of the last real pair (the cache's last row)
+            logits = self._call(lo, ids, [row[:upto].tolist() for row in tokens], [row[:upto] for row in feed_hidden], go, all_logits=True,
+                                parents=[parents] * n)
+            hidden_out = self.module.hidden_out
+            for child in np.flatnonzero(tree.depths == depth + 1):
+                p = int(tree.parents[child])
+                for i in np.flatnonzero(go):
+                    tokens[i, child] = top_k(logits[i, p], int(tree.ranks[child]) + 1)[-1]
+                    feed_hidden[i, child] = hidden_out[i, p]
+            self.cache.lengths[lo : lo + n] -= np.where(go, upto, 0)  # re-fed next level
+        for i, rid in enumerate(ids):
+            if rid in want:
+                k = min(want[rid][1], nodes)
+                out[want[rid][0]] = Draft(tokens[i, :k].copy(), parents=tree.parents[:k].copy(), depths=tree.depths[:k].copy())

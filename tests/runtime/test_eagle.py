@@ -1,0 +1,108 @@
+"""EAGLE-3 drafting through the request-level engine: chains and trees, greedy exactness, sampled chains.
+
+The module is its own engine with its own KV cache (the eagle target's eagle/ folder); the target returns the
+features the module reads (eagle_hidden). Greedy output must be the target's own, chain and tree, alone and in
+a ragged batch. The first draft of a round must be what the torch module predicts from the same features.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from checkpoints import load_hf, make_checkpoint, write_eagle_module
+from conftest import spec_build
+
+from specdec.builder.build import build_engine
+from specdec.runtime.engine import Engine, SpeculationConfig
+from specdec.runtime.engine_format import eagle_module_dir, load_engine_dir
+from specdec.runtime.errors import EngineError, SpecdecError
+from specdec.runtime.executor import OrtExecutor
+from specdec.runtime.proposers.eagle import EagleProposer
+from specdec.runtime.request import GenerationConfig
+from specdec.runtime.sampling import SamplingConfig
+from specdec.train.base import run_base
+
+PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30]]
+TREE = "[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]"
+
+
+@pytest.fixture(scope="module")
+def eagle(tmp_path_factory):
+    d = tmp_path_factory.mktemp("eagle_run")
+    ckpt = make_checkpoint(d / "base", num_hidden_layers=3, seed=0)
+    module = write_eagle_module(ckpt, d / "module", aux_ids=[0, 2])
+    build_engine(ckpt, d / "engine", spec_build(8, speculative_decoding_mode="eagle"), say=lambda _: None, eagle_dir=d / "module")
+    target = OrtExecutor(load_engine_dir(d / "engine"), num_threads=1)
+    mod = OrtExecutor(load_engine_dir(eagle_module_dir(target.engine)), num_threads=1)
+    return {"dir": d, "ckpt": ckpt, "module": module, "target": target, "mod": mod}
+
+
+def generate(target, module, prompts, method, draft_len, choices=None, sampling=SamplingConfig(), max_output_len=20):
+    proposers = [EagleProposer(target, module, choices)] if method == "eagle" else []
+    engine = Engine(target, proposers, SpeculationConfig(method, draft_len))
+    ids = [engine.add_request(p, GenerationConfig(max_output_len=max_output_len, sampling=sampling), seed_stream=i) for i, p in enumerate(prompts)]
+    done = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            if o.finished:
+                done[o.request_id] = o.output_ids
+    return [done[i] for i in ids], engine.stats
+
+
+@pytest.mark.parametrize("choices", [None, TREE])
+def test_greedy_eagle_is_exact(eagle, choices):
+    """Chain (draft_len 1..4) and tree: the target's greedy output, alone and in a ragged batch of 3."""
+    t, m = eagle["target"], eagle["mod"]
+    for prompts in ([PROMPTS[0]], PROMPTS):
+        want, _ = generate(t, m, prompts, "none", 0)
+        for k in ([1, 2, 4] if choices is None else [len(json.loads(TREE))]):
+            got, stats = generate(t, m, prompts, "eagle", k, choices)
+            assert got == want, (len(prompts), k, choices)
+            assert stats.drafted > 0
+
+
+def test_first_draft_is_the_torch_modules_guess(eagle):
+    """After the prefill, the module's depth-1 guess = Eagle3Module on (fc(aux features) of the prompt, the prompt
+    shifted by one + the first token): the proposer's pairing and the engines agree with training's."""
+    t, m, module = eagle["target"], eagle["mod"], eagle["module"]
+    prompt = PROMPTS[2]
+    proposer = EagleProposer(t, m)
+    engine = Engine(t, [proposer], SpeculationConfig("eagle", 1))
+    rid = engine.add_request(prompt, GenerationConfig(max_output_len=8))
+    engine.step()
+    req = engine.requests[rid]
+    first = req.output_ids[0]
+    (draft,) = proposer.propose([req], [1])
+    hf = load_hf(eagle["ckpt"])
+    seq = torch.tensor([prompt + [first]])
+    with torch.no_grad():
+        aux = run_base(hf, seq, torch.ones_like(seq), [0, 2]).aux_hidden
+        logits = module(aux[:, :-1], hf.get_input_embeddings()(seq[:, 1:]))  # [1, len(prompt), vocab]
+    np.testing.assert_allclose(proposer.next_logits[rid], logits[0, -1].numpy(), atol=2e-4)
+    assert int(draft.tokens[0]) == int(logits[0, -1].argmax())
+
+
+def test_sampled_eagle_chain_gives_probabilities(eagle):
+    t, m = eagle["target"], eagle["mod"]
+    proposer = EagleProposer(t, m)
+    engine = Engine(t, [proposer], SpeculationConfig("eagle", 3))
+    rid = engine.add_request(PROMPTS[1], GenerationConfig(max_output_len=6, sampling=SamplingConfig(temperature=0.9, top_k=5, random_seed=1)))
+    engine.step()
+    (draft,) = proposer.propose([engine.requests[rid]], [3])
+    assert draft.probs is not None and draft.probs.shape == (3, t.vocab_size)
+    assert all(draft.probs[j, int(x)] > 0 for j, x in enumerate(draft.tokens))
+    outs, stats = generate(t, m, PROMPTS, "eagle", 3, sampling=SamplingConfig(temperature=0.9, top_k=5, random_seed=1))
+    assert all(len(o) == 20 for o in outs) and stats.drafted > 0
+
+
+def test_eagle_refusals(eagle, tmp_path):
+    t, m = eagle["target"], eagle["mod"]
+    with pytest.raises(EngineError, match="not an EAGLE module"):
+        EagleProposer(t, t)
+    with pytest.raises(EngineError, match="needs a target engine built with --speculative_decoding_mode eagle"):
+        EagleProposer(m, m)
+    engine = Engine(t, [EagleProposer(t, m, TREE)], SpeculationConfig("eagle", 6))
+    with pytest.raises(SpecdecError, match="greedy-only"):
+        engine.add_request(PROMPTS[0], GenerationConfig(sampling=SamplingConfig(temperature=0.5)))
