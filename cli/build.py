@@ -154,6 +154,9 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
         f"  limits: batch {b.max_batch_size}, input {b.max_input_len}, seq {b.max_seq_len}, draft {b.max_draft_len} ({b.speculative_decoding_mode})\n"
         f"  size {human_bytes(result.engine_bytes)}, {len(result.config.files)} files, {result.seconds:.1f}s"
     )
+    if b.speculative_decoding_mode == "eagle":
+        click.echo(f"  EAGLE-3 module engine: {Path(result.output_dir) / 'eagle'}  [{b.eagle_num_layers} layer(s), fed by layers "
+                   f"{', '.join(map(str, b.eagle_aux_layer_ids))} through eagle_hidden]")
 
 
 def _weight_only_alias(quantization: str, use_weight_only: bool, precision: str | None) -> str:

@@ -184,6 +184,7 @@ def test_cli_builds_an_eagle_engine(eagle, tmp_path):
     out = tmp_path / "engine"
     done = cli_build(eagle["ckpt"], out, "--speculative_decoding_mode", "eagle", "--eagle_dir", eagle["dir"] / "module", "--max_batch_size", 2)
     assert done.exit_code == 0, done.output
+    assert f"EAGLE-3 module engine: {out / 'eagle'}" in done.output
     target = load_engine_dir(out)
     module = load_engine_dir(out / "eagle")
     assert (target.config.build.speculative_decoding_mode, target.config.build.max_draft_len) == ("eagle", 8)  # the tree's default node budget
