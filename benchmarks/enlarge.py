@@ -2,6 +2,7 @@
 
     python benchmarks/enlarge.py --preset target325m examples/demo-pair/target /tmp/big/target
     python benchmarks/enlarge.py --preset draft examples/demo-pair/draft /tmp/big/draft
+    python benchmarks/enlarge.py --heads /tmp/demo-heads/medusa --base /tmp/big/target /tmp/big/heads/medusa
     python benchmarks/enlarge.py --hidden_size 128 --intermediate_size 256 --num_heads 8 \\
         --num_kv_heads 4 --extra_layers 2 SRC DST
 
@@ -531,13 +532,177 @@ def _write(src: Path, dst: Path, ckpt, cfg: dict[str, Any], tensors: dict[str, n
     return nbytes
 
 
+# --------------------------------------------------------------------------- head checkpoints (Medusa, EAGLE-3)
+#
+# Heads trained on the small base, enlarged to run on its enlargement with the same function. Medusa heads read
+# the base's post-norm hidden state and EAGLE-3 the outputs of real base layers (the dead layers come after them,
+# so aux ids keep naming the same, real, layers): both inputs are the small model's, zero in dims h..H-1. The
+# tensors are read and written in float32 (load_heads' dtype); the builder never quantizes an EAGLE module, and
+# every padded head tensor keeps real weights in its corner, so no two share bytes: pad()'s signed zeros come for
+# free but are not what keeps them apart (nothing here is generated, so trap 2 does not arise).
+
+HEAD_EXTRA_FILES = ("training_log.json", "loss_curve.png")  # describe the same training, still true of the enlarged heads
+
+
+def enlarge_heads(heads_dir: str | Path, base_dir: str | Path, dst_dir: str | Path, *, force: bool = False, seed: int = 0) -> dict[str, Any]:
+    """Write Medusa heads or an EAGLE-3 module (ModelOpt layout) enlarged to run on ``base_dir``, an enlarge.py output.
+
+    The target widths are read from the enlarged base's config.json; its enlargement.json (when present) says which
+    layers are real. Returns {"dst", "mode", "config", "num_parameters"}.
+    """
+    from specdec.train.layout import CONFIG_FILE, WEIGHTS_FILE, load_heads
+
+    src, base, dst = Path(heads_dir), Path(base_dir), Path(dst_dir)
+    heads = load_heads(src)
+    base_cfg = load_checkpoint(base).hf_config
+    real_layers = _real_layers(base, base_cfg)
+    if heads.vocab_size != base_cfg["vocab_size"]:
+        raise EnlargeError(f"{src}: vocab_size {heads.vocab_size} differs from the base's {base_cfg['vocab_size']} ({base}): heads of another model?")
+    if heads.hidden_size > base_cfg["hidden_size"]:
+        raise EnlargeError(f"{src}: hidden_size {heads.hidden_size} exceeds the base's {base_cfg['hidden_size']}; pass the enlarged base.")
+    _prepare_output(dst, src, force)
+    if heads.mode == "medusa":
+        tensors, cfg = _enlarge_medusa(heads, base_cfg, seed)
+    else:
+        if max(heads.aux_layer_ids) >= real_layers:
+            raise EnlargeError(f"{src}: eagle_aux_hidden_state_layer_ids {heads.aux_layer_ids} name layers beyond the base's {real_layers} real ones.")
+        tensors, cfg = _enlarge_eagle(heads, base_cfg, seed)
+    cfg["specdec_enlarge"] = {"source_heads": str(src.resolve()), "base": str(base.resolve()), "seed": seed,
+                              "source_hidden_size": heads.hidden_size, "hidden_size": cfg["hidden_size"]}
+    n_params = int(sum(a.size for a in tensors.values()))
+    _write_heads(src, dst, tensors, cfg, heads.mode, base, force, CONFIG_FILE, WEIGHTS_FILE)
+    return {"dst": str(dst), "mode": heads.mode, "config": cfg, "num_parameters": n_params}
+
+
+def _real_layers(base: Path, base_cfg: dict[str, Any]) -> int:
+    """Layers of the enlarged base that compute something: the source's, per enlargement.json; all when it is absent."""
+    report = base / "enlargement.json"
+    if report.is_file():
+        r = json.loads(report.read_text())
+        return int(base_cfg["num_hidden_layers"]) - int(r.get("sizes", {}).get("extra_layers", 0))
+    return int(base_cfg["num_hidden_layers"])
+
+
+def _pad_named(tensors: dict[str, np.ndarray], name: str, shape: tuple[int, ...], seed: int, norm_scale: float | None = None) -> np.ndarray:
+    arr = tensors[name].astype(np.float32)
+    if norm_scale is not None:  # trap 1: a hidden-width RMSNorm weight times sqrt(h/H)
+        arr = arr * np.float32(norm_scale)
+    return pad(arr, shape, _rng(seed, "heads:" + name))
+
+
+def _enlarge_medusa(heads, base_cfg: dict[str, Any], seed: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """ResBlocks x + silu(W x + b): zero rows/bias give silu(0) = 0 in the new dims; each LM head gets zero columns."""
+    H, t = int(base_cfg["hidden_size"]), heads.tensors
+    out: dict[str, np.ndarray] = {}
+    for i in range(heads.num_heads):
+        for j in range(heads.num_layers):
+            p = f"medusa_heads.{i}.{j}.linear."
+            out[p + "weight"] = _pad_named(t, p + "weight", (H, H), seed)
+            out[p + "bias"] = _pad_named(t, p + "bias", (H,), seed)
+        name = f"medusa_heads.{i}.{heads.num_layers}.weight"
+        out[name] = _pad_named(t, name, (t[name].shape[0], H), seed)
+    # the heads' config is the base's plus the "medusa" block: take the enlarged base's, keep the heads' own blocks
+    cfg = {**base_cfg, **{k: v for k, v in heads.config.items() if k not in base_cfg or k in ("medusa", "specdec_train")}}
+    return out, cfg
+
+
+def _enlarge_eagle(heads, base_cfg: dict[str, Any], seed: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """fc, the decoder layers (layer 0's q/k/v read [embedding | fused hidden], each half padded on its own), norms
+    times sqrt(h/H), eps times h/H, lm_head zero columns. The module gets the enlarged base's widths and group, no
+    extra layers: it is not what the benchmark's bytes are about, and dead layers would only cost draft time."""
+    old = heads.config
+    sizes = dict(hidden_size=int(base_cfg["hidden_size"]), intermediate_size=int(base_cfg["intermediate_size"]),
+                 num_heads=int(base_cfg["num_attention_heads"]), num_kv_heads=int(base_cfg.get("num_key_value_heads") or base_cfg["num_attention_heads"]),
+                 extra_layers=0)
+    _check_sizes(old, sizes)  # the same group rule as a base layer: real q heads keep reading real kv heads
+    cfg = dict(old)
+    cfg["head_dim"] = int(old.get("head_dim") or old["hidden_size"] // old["num_attention_heads"])
+    if int(base_cfg.get("head_dim") or base_cfg["hidden_size"] // base_cfg["num_attention_heads"]) != cfg["head_dim"]:
+        raise EnlargeError(f"the base's head_dim differs from the EAGLE module's {cfg['head_dim']}: the enlargement keeps head_dim.")
+    cfg.update(hidden_size=sizes["hidden_size"], intermediate_size=sizes["intermediate_size"],
+               num_attention_heads=sizes["num_heads"], num_key_value_heads=sizes["num_kv_heads"])
+    h, H = int(old["hidden_size"]), sizes["hidden_size"]
+    # eps' = eps * h/H: the module's own eps (eagle_llama_config copies the base's), so this is the enlarged base's
+    cfg["rms_norm_eps"] = float(old.get("rms_norm_eps", 1e-6)) * h / H
+    before, after = _sizes(old), _sizes(cfg)
+    scale = math.sqrt(h / H)
+    t = heads.tensors
+    out: dict[str, np.ndarray] = {}
+    num_aux = len(heads.aux_layer_ids)
+    fc = signed_zeros((H, num_aux * H), np.dtype(np.float32), _rng(seed, "heads:fc.weight"))
+    for a in range(num_aux):  # aux layer a's output sits at a*h.. in the small input, a*H.. in the enlarged one
+        fc[:h, a * H : a * H + h] = t["fc.weight"][:, a * h : (a + 1) * h]
+    out["fc.weight"] = fc
+    out["layers.0.hidden_norm.weight"] = _pad_named(t, "layers.0.hidden_norm.weight", (H,), seed, scale)
+    for i in range(heads.num_layers):
+        p = f"layers.{i}."
+        for key in ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.o_proj.weight",
+                    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight", "self_attn.q_proj.weight",
+                    "self_attn.k_proj.weight", "self_attn.v_proj.weight"):
+            kinds = LAYER_TENSORS[key]
+            if t[p + key].shape != tuple(before[k] for k in kinds) and not (i == 0 and key.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight"))):
+                raise EnlargeError(f"{heads.path}: {p + key} has shape {list(t[p + key].shape)}, config.json implies {[before[k] for k in kinds]}.")
+            if i == 0 and key.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")):
+                # [out, 2h] = [embedding half | hidden half] -> [out', 2H], halves at columns 0.. and H..
+                w, rows = t[p + key], after[kinds[0]]
+                big = signed_zeros((rows, 2 * H), np.dtype(np.float32), _rng(seed, "heads:" + p + key))
+                big[: w.shape[0], :h] = w[:, :h]
+                big[: w.shape[0], H : H + h] = w[:, h:]
+                out[p + key] = big
+            else:
+                out[p + key] = _pad_named(t, p + key, tuple(after[k] for k in kinds), seed, scale if key.endswith("layernorm.weight") else None)
+    out["norm.weight"] = _pad_named(t, "norm.weight", (H,), seed, scale)
+    out["lm_head.weight"] = _pad_named(t, "lm_head.weight", (t["lm_head.weight"].shape[0], H), seed)
+    if "d2t" in t:
+        out["d2t"] = t["d2t"]  # a vocabulary map: no hidden width in it
+    return out, cfg
+
+
+def _write_heads(src: Path, dst: Path, tensors: dict[str, np.ndarray], cfg: dict[str, Any], mode: str, base: Path, force: bool,
+                 config_file: str, weights_file: str) -> None:
+    """Into a temporary directory beside ``dst``, then moved into place; the model card says what was done."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
+    try:
+        save_file(tensors, tmp / weights_file, metadata={"format": "pt"})
+        (tmp / config_file).write_text(json.dumps(cfg, indent=2) + "\n")
+        note = (f"> **Enlarged** by `benchmarks/enlarge.py --heads` from `{src.resolve()}` to run on `{base.resolve()}` "
+                f"(hidden {cfg['specdec_enlarge']['source_hidden_size']} -> {cfg['hidden_size']}, zero-padded, function-preserving: "
+                f"on the enlarged base these {mode} heads give the same logits as the originals on the small base, up to float rounding). "
+                "The training figures below are the original heads'.\n\n")
+        if (src / "README.md").is_file():
+            (tmp / "README.md").write_text(note + (src / "README.md").read_text())
+        for name in HEAD_EXTRA_FILES:
+            if (src / name).is_file():
+                shutil.copy2(src / name, tmp / name)
+        umask = os.umask(0)
+        os.umask(umask)
+        for p in tmp.iterdir():
+            p.chmod(0o666 & ~umask)
+        tmp.chmod(0o777 & ~umask)
+        old = None
+        if dst.exists():
+            _prepare_output(dst, src, force)
+            old = dst.with_name(f".{dst.name}.old-{tmp.name.rsplit('-', 1)[-1]}")
+            dst.rename(old)
+        tmp.rename(dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 # --------------------------------------------------------------------------- CLI
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="See the module docstring for the math and the presets.")
-    ap.add_argument("src", help="source Hugging Face checkpoint directory")
-    ap.add_argument("dst", help="output directory (written elsewhere first, then moved into place)")
+    ap.add_argument("paths", nargs="+", metavar="SRC DST | OUT",
+                    help="source Hugging Face checkpoint and output directory; with --heads, the output directory only "
+                         "(written elsewhere first, then moved into place)")
+    ap.add_argument("--heads", metavar="DIR", help="enlarge Medusa heads / an EAGLE-3 module (ModelOpt layout) instead, to match --base")
+    ap.add_argument("--base", metavar="DIR", help="with --heads: the enlarged base (an output of this script) whose widths the heads get")
     ap.add_argument("--preset", choices=sorted(PRESETS), help="sizes for the demo pair's target (target325m) or draft (draft)")
     for flag in ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "extra_layers"):
         ap.add_argument(f"--{flag}", f"--{flag.replace('_', '-')}", type=int, dest=flag, help="overrides the preset" if flag != "extra_layers" else "dead layers appended (overrides the preset)")
@@ -546,6 +711,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--force", action="store_true", help="replace a non-empty output directory")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
+    if args.heads or args.base:
+        return _main_heads(ap, args)
+    if len(args.paths) != 2:
+        ap.error("expected SRC DST (or --heads DIR --base DIR OUT)")
+    args.src, args.dst = args.paths
     try:
         sizes = dict(PRESETS.get(args.preset or "", {}))
         for key in ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "extra_layers"):
@@ -570,6 +740,25 @@ def main(argv: list[str] | None = None) -> int:
         f"hidden {c['hidden_size']}, heads {c['num_attention_heads']}/{c['num_key_value_heads']}, FFN {c['intermediate_size']}, "
         f"{c['num_hidden_layers']} layers, {r['bytes'] / 2**20:.0f} MiB, {r['seconds']:.1f} s"
     )
+    return 0
+
+
+def _main_heads(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if not (args.heads and args.base) or len(args.paths) != 1:
+        ap.error("head enlargement is --heads HEADS_DIR --base ENLARGED_BASE_DIR OUT_DIR")
+    if args.preset or any(getattr(args, k) is not None for k in ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "extra_layers", "dtype")):
+        ap.error("with --heads the sizes come from --base's config.json; drop --preset and the size/--dtype flags")
+    try:
+        r = enlarge_heads(args.heads, args.base, args.paths[0], force=args.force, seed=args.seed)
+    except SpecdecError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:
+        print(f"error: {err.strerror or err}" + (f" ({err.filename})" if err.filename else "") + ".", file=sys.stderr)
+        return 1
+    c = r["config"]
+    print(f"wrote {r['dst']}: {r['mode']} heads, hidden {c['specdec_enlarge']['source_hidden_size']} -> {c['hidden_size']}, "
+          f"{r['num_parameters'] / 1e6:.1f}M parameters")
     return 0
 
 

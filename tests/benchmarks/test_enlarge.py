@@ -251,3 +251,116 @@ def test_cli_force_replaces_and_writes_atomically(pair, tmp_path, capsys):
     assert code == 0, err
     assert not (out / "stale.txt").exists() and (out / "model.safetensors").is_file()
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temp or backup dirs left
+
+
+# --------------------------------------------------------------------------- heads: Medusa and EAGLE-3 on the enlarged base
+
+
+def write_medusa_heads(base: Path, out: Path, num_heads: int = 3, num_layers: int = 2, seed: int = 1):
+    """Random Medusa heads (ResBlocks not the identity, nonzero biases) for ``base``, in ModelOpt's layout."""
+    from specdec.train.export import medusa_config, save_heads
+    from specdec.train.medusa import MedusaHeads
+
+    cfg = json.loads((base / "config.json").read_text())
+    torch.manual_seed(seed)
+    heads = MedusaHeads(cfg["hidden_size"], cfg["vocab_size"], num_heads, num_layers).eval()
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.copy_(torch.randn_like(p) * (0.3 if p.dim() == 1 else 2.0 / p.shape[1] ** 0.5))
+    save_heads(heads, medusa_config(cfg, num_heads, num_layers, {"test": True}), out)
+    return heads
+
+
+def torch_tensors(heads_dir: Path) -> dict[str, torch.Tensor]:
+    from specdec.train.layout import load_heads
+
+    return {k: torch.from_numpy(v) for k, v in load_heads(heads_dir).tensors.items()}
+
+
+@pytest.fixture(scope="module")
+def heads_pair(pair, tmp_path_factory):
+    from checkpoints import write_eagle_module
+
+    small, big = pair
+    root = tmp_path_factory.mktemp("heads")
+    medusa = write_medusa_heads(small, root / "medusa")
+    eagle = write_eagle_module(small, root / "eagle", num_layers=2)  # aux ids [0, 1]: both real layers
+    for name in ("medusa", "eagle"):
+        (root / name / "README.md").write_text(f"# {name} heads\n")
+        assert enlarge.main(["--heads", str(root / name), "--base", str(big), str(root / f"big-{name}")]) == 0
+    return {"small": small, "big": big, "root": root, "medusa": medusa, "eagle": eagle}
+
+
+def test_enlarged_medusa_heads_give_the_same_logits(heads_pair):
+    from specdec.train.base import load_base, run_base
+    from specdec.train.layout import load_heads
+    from specdec.train.medusa import MedusaHeads
+
+    h = heads_pair
+    loaded = load_heads(h["root"] / "big-medusa")
+    assert (loaded.hidden_size, loaded.num_heads, loaded.num_layers) == (128, 3, 2)
+    cfg = loaded.config
+    base_cfg = json.loads((h["big"] / "config.json").read_text())
+    assert all(cfg[k] == base_cfg[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "num_hidden_layers"))
+    assert cfg["medusa"] == {"num_medusa_heads": 3, "num_medusa_layers": 2}
+    big_heads = MedusaHeads(128, 96, 3, 2).eval()
+    big_heads.load_state_dict(torch_tensors(h["root"] / "big-medusa"), strict=True)
+
+    ids = torch.randint(0, 96, (2, 20), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        want = h["medusa"](run_base(load_base(h["small"]), ids, mask).last_hidden).numpy()
+        got = big_heads(run_base(load_base(h["big"]), ids, mask).last_hidden).numpy()
+    assert np.abs(want).max() > 1.0
+    np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
+    assert "Enlarged" in (h["root"] / "big-medusa" / "README.md").read_text()
+
+
+def test_enlarged_eagle_module_gives_the_same_logits(heads_pair):
+    from specdec.train.base import load_base, run_base
+    from specdec.train.eagle import Eagle3Module, eagle_inputs, eagle_llama_config
+    from specdec.train.layout import load_heads
+
+    h = heads_pair
+    loaded = load_heads(h["root"] / "big-eagle", base_num_layers=4)
+    small_cfg = json.loads((h["root"] / "eagle" / "config.json").read_text())
+    assert loaded.aux_layer_ids == [0, 1] and loaded.num_layers == 2  # same real layers, no dead ones added
+    cfg = loaded.config
+    assert (cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["intermediate_size"], cfg["head_dim"]) == (128, 8, 4, 256, 16)
+    assert cfg["rms_norm_eps"] == pytest.approx(small_cfg["rms_norm_eps"] * 64 / 128)
+    assert cfg["rms_norm_eps"] == pytest.approx(json.loads((h["big"] / "config.json").read_text())["rms_norm_eps"])
+    t = loaded.tensors
+    # layer 0's q: the embedding half at columns 0..63, the hidden half at 128..191; fc: aux block a at a*128
+    q_small = h["eagle"].layers[0].self_attn.q_proj.weight.detach().numpy()
+    np.testing.assert_array_equal(t["layers.0.self_attn.q_proj.weight"][:64, 128:192], q_small[:, 64:])
+    fc_small = h["eagle"].fc.weight.detach().numpy()
+    np.testing.assert_array_equal(t["fc.weight"][:64, 128:192], fc_small[:, 64:])
+
+    big_base = load_base(h["big"])
+    module = Eagle3Module(eagle_llama_config(big_base.config, 2), 2, torch.from_numpy(t["lm_head.weight"])).eval()
+    assert module.config.rms_norm_eps == pytest.approx(cfg["rms_norm_eps"])
+    module.load_state_dict(torch_tensors(h["root"] / "big-eagle"), strict=True)
+
+    ids = torch.randint(0, 96, (2, 20), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones_like(ids)
+
+    def logits(base, m) -> np.ndarray:
+        with torch.no_grad():
+            aux = run_base(base, ids, mask, [0, 1]).aux_hidden
+            return m(*eagle_inputs(ids, aux, base.model.embed_tokens)).numpy()
+
+    want = logits(load_base(h["small"]), h["eagle"])
+    assert np.abs(want).max() > 1.0
+    np.testing.assert_allclose(logits(big_base, module), want, rtol=0, atol=ATOL)
+
+
+def test_heads_cli_errors_are_one_line(heads_pair, tmp_path, capsys):
+    h = heads_pair
+    code, err = run_cli(capsys, "--heads", str(h["root"] / "medusa"), "--base", str(h["small"]), str(tmp_path / "out"))
+    assert code == 0, err  # the same width: a plain copy is allowed
+    code, err = run_cli(capsys, "--heads", str(h["root"] / "big-medusa"), "--base", str(h["small"]), str(tmp_path / "out2"))
+    assert code == 1 and "exceeds the base's 64" in err and err.count("\n") == 1
+    code, err = run_cli(capsys, "--heads", str(h["root"] / "eagle"), "--base", str(h["big"]), str(h["root"] / "big-eagle"))
+    assert code == 1 and "pass --force" in err
+    with pytest.raises(SystemExit):
+        enlarge.main(["--heads", str(h["root"] / "eagle"), str(tmp_path / "out3")])  # no --base
