@@ -110,7 +110,12 @@ def prepare_dataset(num_requests, input_mean, input_stdev, output_mean, output_s
 @main.command("run", context_settings=CONTEXT)
 @option("engine_dir", required=True, type=click.Path(), help="Target engine directory.")
 @option("draft_engine_dir", type=click.Path(), help="Draft engine directory (for --method draft).")
-@option("method", multiple=True, help="none | draft | ngram; repeatable or a comma list [default: none, plus draft with a draft engine, plus ngram when the target verifies drafts].")
+@option("method", multiple=True, help="none | draft | ngram | medusa | eagle; repeatable or a comma list [default: none, plus draft with a draft engine, plus ngram "
+        "when the target verifies drafts, plus medusa / eagle when such a target is given].")
+@option("medusa_engine_dir", type=click.Path(), help="The same model built with --speculative_decoding_mode medusa (for --method medusa) [default: --engine_dir if it is one].")
+@option("eagle_engine_dir", type=click.Path(), help="The same model built with --speculative_decoding_mode eagle (for --method eagle) [default: --engine_dir if it is one].")
+@option("medusa_choices", type=str, default=None, help='Also measure this Medusa tree (TensorRT-LLM\'s format), e.g. "[[0],[1],[0,0],[0,1],[0,0,0]]".')
+@option("eagle_choices", type=str, default=None, help='Also measure this EAGLE tree (TensorRT-LLM\'s format), e.g. "[[0],[1],[0,0],[0,1],[0,0,0]]".')
 @option("draft_lens", type=str, default=None, help=f"Draft lengths to sweep, e.g. \"1,2,4,8\" [default: {DEFAULT_DRAFT_LENS}, up to the target's max_draft_len].")
 @option("ngram_size", "--max_matching_ngram_size", type=int, default=2, show_default=True, help="N-gram: tokens matched against the prompt and output so far.")
 @option("dataset", required=True, type=click.Path(), help="Dataset .jsonl from prepare-dataset (or {\"prompt\"} / {\"input_ids\"} lines).")
@@ -128,9 +133,9 @@ def prepare_dataset(num_requests, input_mean, input_stdev, output_mean, output_s
 @option("compare_peers", type=str, default="hf,ortgenai", show_default=True, help="Which peers --compare runs (comma list of hf, ortgenai).")
 @option("peers_work_dir", type=click.Path(), help="Where --compare writes the onnxruntime-genai exports [default: a temporary directory].")
 @clean_errors
-def run(engine_dir, draft_engine_dir, method, draft_lens, ngram_size, dataset, max_output_len, tokenizer_dir, batch_size, warmup, num_threads,
+def run(engine_dir, draft_engine_dir, method, medusa_engine_dir, eagle_engine_dir, medusa_choices, eagle_choices, draft_lens, ngram_size, dataset, max_output_len, tokenizer_dir, batch_size, warmup, num_threads,
         step_cost_reps, output_json, plot, compare, target_checkpoint, draft_checkpoint, compare_peers, peers_work_dir) -> None:
-    """Measure target-only, draft-target and n-gram decoding on a dataset, sweeping draft lengths.
+    """Measure target-only, draft-target, n-gram, Medusa and EAGLE decoding on a dataset, sweeping draft lengths.
 
     Every request generates exactly its output_len tokens (no EOS stop), greedy, one request per
     call (--batch_size 1). tokens/s = generated tokens / summed request latency, time to first
@@ -140,10 +145,15 @@ def run(engine_dir, draft_engine_dir, method, draft_lens, ngram_size, dataset, m
       specdec-bench run --engine_dir engines/target --draft_engine_dir engines/draft \\
           --dataset data.jsonl --method none,draft,ngram --draft_lens 1,2,4,8 \\
           --output_json bench.json --plot bench.png
+      specdec-bench run --engine_dir engines/target --medusa_engine_dir engines/medusa --eagle_engine_dir engines/eagle \
+          --dataset data.jsonl --method none,medusa,eagle --draft_lens 1,2,3 --eagle_choices "[[0],[1],[0,0],[0,1],[0,0,0]]"
     """
     target = load_engine_dir(engine_dir)
     max_draft = target.config.build.max_draft_len
-    methods = parse_methods(method) if method else (["none"] + (["draft"] if draft_engine_dir else []) + (["ngram"] if max_draft else []))
+    heads_dirs = {m: d for m, d in (("medusa", medusa_engine_dir), ("eagle", eagle_engine_dir)) if d}
+    if target.config.build.speculative_decoding_mode in ("medusa", "eagle"):
+        heads_dirs.setdefault(target.config.build.speculative_decoding_mode, target)
+    methods = parse_methods(method) if method else (["none"] + (["draft"] if draft_engine_dir else []) + (["ngram"] if max_draft else []) + list(heads_dirs))
     if draft_lens is None:
         # a target that cannot verify drafts keeps [1]: loading it for drafting then says how to rebuild it
         lens = [k for k in parse_draft_lens(DEFAULT_DRAFT_LENS) if k <= max_draft] or [max(max_draft, 1)]
@@ -164,7 +174,8 @@ def run(engine_dir, draft_engine_dir, method, draft_lens, ngram_size, dataset, m
 
     click.echo(f"{len(records)} requests, batch {batch_size}, methods {', '.join(methods)}, draft lengths {','.join(map(str, lens)) or '-'}", err=True)
     result = run_sweep(target, methods, draft, lens, ngram_size, records, num_threads, warmup, batch_size,
-                       step_cost_reps, say=lambda what: click.echo(f"  measuring {what}", err=True))
+                       step_cost_reps, say=lambda what: click.echo(f"  measuring {what}", err=True), heads_dirs=heads_dirs,
+                       choices={"medusa": medusa_choices, "eagle": eagle_choices})
     base_ids = result.pop("target_only_output_ids")
     click.echo(sweep_table(result))
     # our measurements are written before the peers run: a failing peer never costs them
@@ -221,9 +232,10 @@ def plot_sweep(result: dict[str, Any], path: str | Path) -> None:
     rows = result["rows"]
     fig = Figure(figsize=(10, 4), layout="constrained")
     ax_s, ax_a = fig.subplots(1, 2)
-    styles = {"draft": ("tab:blue", "o", "draft-target"), "ngram": ("tab:orange", "s", "n-gram")}
+    styles = {"draft": ("tab:blue", "o", "draft-target"), "ngram": ("tab:orange", "s", "n-gram"), "medusa": ("tab:green", "^", "Medusa chain"),
+              "eagle": ("tab:red", "D", "EAGLE chain")}  # trees are one row each: in the table, not on these lines
     for kind, (color, marker, name) in styles.items():
-        rs = sorted((r for r in rows if r["method"] == kind), key=lambda r: r["draft_len"])
+        rs = sorted((r for r in rows if r["method"] == kind and not r.get("tree")), key=lambda r: r["draft_len"])
         if not rs:
             continue
         ks = [r["draft_len"] for r in rs]

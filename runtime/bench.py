@@ -15,8 +15,10 @@ same format.
 
 ``run_sweep`` decodes every request at batch 1 (or in static batches of
 ``batch_size``), each generating exactly its ``output_len`` tokens (no EOS
-stop), for target-only and each drafting method and draft length, and reports
-per row:
+stop), for target-only and each drafting method and draft length (Medusa and
+EAGLE: chains of each length their target's own drafter takes, and the tree of
+``--medusa_choices`` / ``--eagle_choices`` when given, each on its own target
+engine of the same model), and reports per row:
 
     output tokens/s       generated tokens / summed request latency (time to first token included)
     speedup               tokens/s over target-only, measured in the same run
@@ -42,13 +44,13 @@ from .engine_format import EngineDir, load_engine_dir
 from .errors import RequestError
 from .backend import Executor, Placement, open_executor
 from .engine import check_draft_len
-from .loading import load_orchestrator
+from .loading import load_engine, load_orchestrator
 from .orchestrator import GenerationConfig, Orchestrator
 from .proposers.draft_model import DraftModelProposer
 from .proposers.ngram import NGramProposer
 from .request import METHODS as ENGINE_METHODS
 
-METHODS = tuple(m for m in ENGINE_METHODS if m != "medusa")  # the sweep's methods: the engine's, less Medusa (not in the bench yet)
+METHODS = ENGINE_METHODS  # none | draft | ngram | medusa | eagle
 
 Record = dict[str, Any]  # {"input_ids": list[int], "output_len": int}
 
@@ -333,15 +335,20 @@ def run_sweep(
     batch_size: int = 1,
     cost_reps: int = 100,
     say: Callable[[str], None] = lambda _: None,
+    heads_dirs: dict[str, str | Path | EngineDir] | None = None,
+    choices: dict[str, str | None] | None = None,
 ) -> dict[str, Any]:
     """Target-only first (every speedup is against it), then each method x draft length.
+
+    heads_dirs: the target engines of methods "medusa" and "eagle" (the same model built with
+    --speculative_decoding_mode medusa / eagle); choices: their draft trees (TensorRT-LLM's format), or None.
 
     Returns {"settings", "step_cost", "rows"}; rows carry the figures of the module docstring and
     ``identical_to_target_only`` (greedy drafting must reproduce target-only's tokens).
     """
     methods = parse_methods(method)
     if not methods:
-        raise RequestError("no --method given: choose from none, draft, ngram.")
+        raise RequestError(f"no --method given: choose from {', '.join(METHODS)}.")
     if "draft" in methods and draft_dir is None:
         raise RequestError("--method draft needs a draft engine: pass --draft_engine_dir.")
     if ("draft" in methods or "ngram" in methods) and not draft_lens:
@@ -350,12 +357,18 @@ def run_sweep(
         raise RequestError(f"--ngram_size={ngram_size} must be >= 1.")
     if not dataset:
         raise RequestError("the dataset has no requests.")
+    heads_dirs, choices = dict(heads_dirs or {}), dict(choices or {})
+    for m in ("medusa", "eagle"):
+        if m in methods and heads_dirs.get(m) is None:
+            raise RequestError(f"--method {m} needs a target engine built with --speculative_decoding_mode {m}: pass --{m}_engine_dir "
+                               f"(or give it as --engine_dir).")
+    heads = {m: (d if isinstance(d, EngineDir) else load_engine_dir(d)) for m, d in heads_dirs.items() if m in methods}
     # each engine is loaded (and hashed) once and passed on as an EngineDir
     target = target_dir if isinstance(target_dir, EngineDir) else load_engine_dir(target_dir)
     draft = None
     if "draft" in methods:
         draft = draft_dir if isinstance(draft_dir, EngineDir) else load_engine_dir(draft_dir)  # type: ignore[arg-type]
-    limits = [target.config.build] + ([draft.config.build] if draft else [])
+    limits = [target.config.build] + ([draft.config.build] if draft else []) + [e.config.build for e in heads.values()]
     check_fits(dataset, min(b.max_input_len for b in limits), min(b.max_seq_len for b in limits))
     if "ngram" in methods:
         check_draft_len(target, max(draft_lens), "ngram max_draft_len")
@@ -416,11 +429,26 @@ def run_sweep(
             say(f"ngram k={k} n={ngram_size}")
             orch = Orchestrator(target_ex, NGramProposer(k, ngram_size), draft_len=k)
             row("ngram", f"ngram k={k} n={ngram_size}", measure(orch), draft_len=k, ngram_size=ngram_size)
+    for m, engine_dir in heads.items():  # Medusa / EAGLE: the target's own drafter, on its own engine
+        own_target = target_ex if engine_dir.path == target.path else None
+        chain = load_engine(engine_dir, method=m, num_threads=threads, target_executor=own_target)
+        proposer = chain.proposers[m]
+        limit = proposer.num_heads if m == "medusa" else engine_dir.config.build.max_draft_len
+        for k in [k for k in draft_lens if k <= limit]:
+            say(f"{m} chain k={k}")
+            row(m, f"{m} chain k={k}", measure(Orchestrator(chain.target, proposer, draft_len=k)), draft_len=k, tree=None)
+        if choices.get(m):
+            tree = load_engine(engine_dir, method=m, num_threads=threads, target_executor=chain.target, **{f"{m}_choices": choices[m]})
+            nodes = len(tree.proposers[m].tree)
+            say(f"{m} tree ({nodes} nodes)")
+            row(m, f"{m} tree n={nodes}", measure(Orchestrator.from_engine(tree)), draft_len=nodes, tree=choices[m])
     if "none" not in methods:
         rows[0]["reference_only"] = True  # measured for the speedups, not asked for
     settings = {
         "engine_dir": str(target.path),
         "draft_engine_dir": str(draft.path) if draft else None,
+        **{f"{m}_engine_dir": str(e.path) for m, e in heads.items()},
+        **{f"{m}_choices": c for m, c in choices.items() if c and m in heads},
         "methods": methods,
         "draft_lens": list(draft_lens),
         "ngram_size": ngram_size,

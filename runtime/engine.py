@@ -155,11 +155,6 @@ class Engine:
                 self._check_draft_len(draft_len, "draft_len")
             except EngineError as err:
                 raise RequestError(str(err)) from None
-        if method != "none" and getattr(self.proposers[method], "greedy_only", False) and not config.sampling.greedy:
-            raise RequestError(
-                f"the {method} proposer drafts a tree, and tree verification is greedy-only here (a distribution-preserving "
-                "tree sampler is not implemented): use temperature 0, or load the proposer without choices (a chain) to sample."
-            )
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.requests:
             raise RequestError(f"request id {rid!r} is already in use.")
@@ -310,7 +305,7 @@ class Engine:
             rows = logits[r.slot, : k + 1, : self.vocab_limit]
             sampling = r.config.sampling
             start = int(self.cache.lengths[r.slot]) - k - 1  # where the call's k + 1 tokens went
-            if d.parents is not None:  # a tree (greedy only: add_request refuses sampling)
+            if d.parents is not None:  # a tree: greedy requests only (proposers draft chains for sampled ones)
                 path, nxt = accept_tree_greedy(d.tokens, d.parents, rows)
                 n, kept = len(path), [0] + [j + 1 for j in path]
                 emitted = d.tokens[path].tolist() + [nxt]

@@ -49,7 +49,7 @@ class Plan:
     prompt_ids: list[int]
     config: GenerationConfig
     stops: tuple[str, ...]
-    method: str  # resolved: none | draft | ngram
+    method: str  # resolved: none | draft | ngram | medusa | eagle
     num_draft_tokens: int | str  # resolved: k or "auto"
     stream: bool
     include_usage: bool
@@ -150,7 +150,7 @@ def speculation(req: Sampling, served: Served) -> tuple[str, int | str]:
     if method not in METHODS:
         raise ApiError(400, f"unknown speculative.method {method!r}; expected one of {', '.join(METHODS)}.", "speculative.method")
     if method not in served.methods:
-        hint = "--draft_engine_dir" if method == "draft" else "--ngram_config"
+        hint = {"draft": "--draft_engine_dir", "ngram": "--ngram_config"}.get(method, f"a target engine built with --speculative_decoding_mode {method}")
         raise ApiError(
             400,
             f"speculative.method {method!r} is not loaded on this server (loaded: {', '.join(served.methods)}); start specdec-serve with {hint} to serve it.",
@@ -159,7 +159,7 @@ def speculation(req: Sampling, served: Served) -> tuple[str, int | str]:
     k = spec.num_draft_tokens if spec and spec.num_draft_tokens is not None else None
     if method == "none":
         if k not in (None, 0):
-            raise ApiError(400, f"speculative.num_draft_tokens={k!r} needs a method that drafts (draft or ngram), not 'none'.", "speculative.num_draft_tokens")
+            raise ApiError(400, f"speculative.num_draft_tokens={k!r} needs a method that drafts (draft, ngram, medusa or eagle), not 'none'.", "speculative.num_draft_tokens")
         return method, 0
     if k is None:
         k = served.draft_lens.get(method, engine.speculation.draft_len if method == engine.speculation.method else AUTO)

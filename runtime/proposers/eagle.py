@@ -21,7 +21,9 @@ target computed). A round:
 
 Greedy chains and trees are exact (runtime/tree.py); sampled chains draw each
 draft from the module's processed distribution and pass it for rejection
-sampling; sampled trees are refused (``greedy_only``).
+sampling. With a tree, greedy requests draft the tree and sampled requests a
+chain as deep as the tree (a distribution-preserving tree sampler is not
+implemented, and greedy tree acceptance would be wrong for them).
 """
 
 from __future__ import annotations
@@ -59,7 +61,6 @@ class EagleProposer:
             check_tree(self.tree, target, "--eagle_choices")
             if len(self.tree) > module.build.max_draft_len:
                 raise EngineError(f"--eagle_choices has {len(self.tree)} nodes, more than the EAGLE module's max_draft_len={module.build.max_draft_len}.")
-        self.greedy_only = self.tree is not None
         self.cache = module.new_cache(module.build.max_batch_size)
         self.order: list[str] = []  # order[s]: the request in module slot s
         self.slot_of: dict[str, int] = {}
@@ -115,11 +116,18 @@ class EagleProposer:
         self._catch_up(lo, hi, want)
         real = self.cache.lengths[lo:hi].copy()
         ids = self.order[lo:hi]
+        trees, chains = want, {}
+        if self.tree is not None:  # sampled requests draft a chain as deep as the tree
+            chains = {rid: (i, min(k, self.tree.depth)) for rid, (i, k) in want.items() if not requests[i].config.sampling.greedy}
+            trees = {rid: v for rid, v in want.items() if rid not in chains}
+        else:
+            trees, chains = {}, want
         try:
-            if self.tree is not None:
-                self._draft_tree(lo, ids, want, out)
-            else:
-                self._draft_chain(lo, ids, want, requests, out)
+            if trees:
+                self._draft_tree(lo, ids, trees, out)
+                self.cache.lengths[lo:hi] = real
+            if chains:
+                self._draft_chain(lo, ids, chains, requests, out)
         finally:
             self.cache.lengths[lo:hi] = real  # only real pairs stay between rounds
         return out

@@ -16,7 +16,10 @@ it (runtime/acceptance.py), so the output is distributed as the target's.
 
 Tree (``choices``, TensorRT-LLM's ``--medusa_choices``): the node with path
 [i0, .., id] is head d's (i_d + 1)-th best token under its parent. The target
-verifies every node in one call (runtime/tree.py); greedy requests only.
+verifies every node in one call (runtime/tree.py). Trees serve greedy
+requests; a sampled request drafts the tree's deepest chain instead (verified
+by rejection sampling, as above): a distribution-preserving tree sampler is
+not implemented, and greedy tree acceptance on sampled requests would be wrong.
 """
 
 from __future__ import annotations
@@ -51,7 +54,6 @@ class MedusaProposer:
         self.tree = choices if isinstance(choices, DraftTree) else parse_choices(choices, "--medusa_choices")
         if self.tree is not None:
             check_tree(self.tree, target, "--medusa_choices", max_depth=self.num_heads, depth_what=f"the engine's {self.num_heads} Medusa heads")
-        self.greedy_only = self.tree is not None  # the engine refuses sampled requests for trees
         self.heads: dict[str, np.ndarray] = {}  # request id -> [heads, vocab] the heads on its last kept row (a copy)
 
     def add(self, requests: Sequence[Request]) -> None:
@@ -77,9 +79,11 @@ class MedusaProposer:
 
     def _draft(self, r: Request, k: int) -> Draft:
         heads = self.heads[r.request_id]  # [heads, vocab]
-        if self.tree is not None:
-            return tree_draft(self.tree, k, lambda depth, top: top_k(heads[depth - 1], top))
         sampling = r.config.sampling
+        if self.tree is not None:
+            if sampling.greedy:
+                return tree_draft(self.tree, k, lambda depth, top: top_k(heads[depth - 1], top))
+            k = min(k, self.tree.depth)  # a sampled request: the chain as deep as the tree
         if sampling.greedy:
             return Draft(heads[:k].argmax(axis=-1).astype(np.int64))
         q = processed_probs(heads[:k], sampling)  # [k, vocab]: the same processing as the target's p

@@ -103,6 +103,33 @@ def test_eagle_refusals(eagle, tmp_path):
         EagleProposer(t, t)
     with pytest.raises(EngineError, match="needs a target engine built with --speculative_decoding_mode eagle"):
         EagleProposer(m, m)
-    engine = Engine(t, [EagleProposer(t, m, TREE)], SpeculationConfig("eagle", 6))
-    with pytest.raises(SpecdecError, match="greedy-only"):
-        engine.add_request(PROMPTS[0], GenerationConfig(sampling=SamplingConfig(temperature=0.5)))
+
+
+
+def test_a_tree_drafts_chains_for_sampled_requests(eagle):
+    """Greedy requests draft the tree, sampled ones (in the same batch) a chain as deep as it, with probabilities."""
+    t, m = eagle["target"], eagle["mod"]
+    proposer = EagleProposer(t, m, TREE)
+    engine = Engine(t, [proposer], SpeculationConfig("eagle", 6))
+    greedy = engine.add_request(PROMPTS[0], GenerationConfig(max_output_len=10))
+    sampled = engine.add_request(PROMPTS[1], GenerationConfig(max_output_len=10, sampling=SamplingConfig(temperature=0.7, random_seed=2)))
+    engine.step()
+    tree, chain = proposer.propose([engine.requests[greedy], engine.requests[sampled]], [6, 6])
+    assert tree.parents is not None and len(tree) == 6 and tree.probs is None
+    assert chain.parents is None and len(chain) == 3 and chain.probs is not None
+    while engine.has_unfinished():
+        engine.step()
+
+
+def test_bench_sweep_measures_eagle_chains_and_a_tree(eagle, tmp_path):
+    """specdec-bench's sweep: EAGLE chain rows for each draft length and one tree row, each identical to target-only."""
+    from specdec.runtime.bench import run_sweep
+
+    data = [{"input_ids": p, "output_len": 12} for p in PROMPTS]
+    target = load_engine_dir(eagle["dir"] / "engine")
+    result = run_sweep(target, ["none", "eagle"], None, [1, 2], 2, data, threads=1, warmup=0, cost_reps=2,
+                       heads_dirs={"eagle": target}, choices={"eagle": TREE})
+    labels = [r["label"] for r in result["rows"]]
+    assert labels == ["target-only", "eagle chain k=1", "eagle chain k=2", "eagle tree n=6"]
+    assert all(r["identical_to_target_only"] for r in result["rows"])
+    assert result["rows"][-1]["tree"] == TREE and result["settings"]["eagle_choices"] == TREE

@@ -241,11 +241,18 @@ def test_tree_accepts_at_least_its_chain(engines):
     assert tree.mean_acceptance_length >= chain.mean_acceptance_length > 1.0
 
 
-def test_tree_refuses_sampling_and_bad_trees(engines):
-    target = engines["random"]
-    engine = Engine(target, [MedusaProposer(target, TREES[0])], SpeculationConfig("medusa", 5))
-    with pytest.raises(SpecdecError, match="greedy-only"):
-        engine.add_request(PROMPTS[0], GenerationConfig(sampling=SamplingConfig(temperature=0.8)))
+def test_a_tree_drafts_chains_for_sampled_requests_and_refuses_bad_trees(engines):
+    """Greedy tree acceptance is only right for greedy requests: a sampled one gets the tree's deepest chain, with
+    the heads' probabilities (rejection sampling)."""
+    target = engines["copy"]
+    proposer = MedusaProposer(target, TREES[0])
+    engine = Engine(target, [proposer], SpeculationConfig("medusa", 5))
+    greedy = engine.add_request(PROMPTS[0], GenerationConfig(max_output_len=8))
+    sampled = engine.add_request(PROMPTS[1], GenerationConfig(max_output_len=8, sampling=SamplingConfig(temperature=0.8)))
+    engine.step()
+    tree, chain = proposer.propose([engine.requests[greedy], engine.requests[sampled]], [5, 5])
+    assert tree.parents is not None and len(tree) == 5 and tree.probs is None
+    assert chain.parents is None and len(chain) == 2 and chain.probs is not None
     with pytest.raises(EngineError, match="deep"):
         MedusaProposer(target, "[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]")
     with pytest.raises(EngineError, match="more than the target engine's max_draft_len"):

@@ -1,0 +1,48 @@
+"""specdec-serve with an EAGLE target: its own drafter is served (chain or tree), greedy answers equal target-only's,
+sampled requests on a tree server are served (they draft a chain), and a method the server lacks is a 400."""
+
+import httpx
+import pytest
+from checkpoints import write_eagle_module
+from conftest import spec_build
+from servers import engines, running
+
+from specdec.builder.build import build_engine
+from specdec.serve import build_served
+
+TREE = "[[0],[1],[0,0],[0,1],[0,0,0]]"
+PROMPTS = ["def fib(n):", "Hello world", "abc abc abc abc"]
+
+
+@pytest.fixture(scope="module")
+def eagle_url(tmp_path_factory):
+    d = tmp_path_factory.mktemp("serve_eagle")
+    ckpt = engines()["target-ckpt"]
+    write_eagle_module(ckpt, d / "module")
+    build_engine(ckpt, d / "eagle", spec_build(6, speculative_decoding_mode="eagle", max_input_len=64, max_seq_len=160), say=lambda _: None,
+                 eagle_dir=d / "module")
+    served = build_served(d / "eagle", num_threads=1, draft_num_threads=1, eagle_choices=TREE)
+    assert served.methods == ["none", "eagle"] and served.engine.speculation.method == "eagle"
+    with running(served) as url:
+        yield url
+
+
+def complete(url, prompt, **kw):
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 16, **kw}, timeout=60)
+    return r.status_code, r.json()
+
+
+def test_greedy_eagle_tree_answers_equal_target_only(eagle_url):
+    for p in PROMPTS:
+        code, base = complete(eagle_url, p, temperature=0, speculative={"method": "none"})
+        assert code == 200
+        code, spec = complete(eagle_url, p, temperature=0)  # the server's default: eagle, its tree
+        assert code == 200 and spec["choices"][0]["text"] == base["choices"][0]["text"]
+
+
+def test_sampled_requests_are_served_and_missing_methods_refused(eagle_url):
+    code, out = complete(eagle_url, PROMPTS[0], temperature=0.8, seed=3)  # a chain with rejection sampling
+    assert code == 200 and out["usage"]["completion_tokens"] == 16
+    code, err = complete(eagle_url, PROMPTS[0], speculative={"method": "medusa"})
+    assert code == 400 and "speculative_decoding_mode medusa" in err["error"]["message"]
+    assert httpx.get(f"{eagle_url}/health", timeout=10).status_code == 200  # still serving
