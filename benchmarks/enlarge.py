@@ -85,6 +85,16 @@ Presets (sized for examples/demo-pair; any size flag overrides its value):
   a draft step costs about 5-10% of a target step (measured, see
   benchmarks/README.md), the range where draft-target pays on real pairs.
 
+Heads (``--heads DIR --base ENLARGED_BASE OUT``): Medusa heads and EAGLE-3
+modules trained on the small base, in ModelOpt's layout, padded the same way to
+run on its enlargement (widths read from the enlarged base's config.json).
+Medusa ResBlocks [h,h] -> [H,H] and their LM heads [V,h] -> [V,H] get zeros;
+EAGLE-3's fc puts aux block a at columns a*H.., layer 0's q/k/v put the
+embedding half at columns 0.. and the hidden half at H.., its hidden-width
+norms (hidden_norm included) get sqrt(h/H) and its eps h/H, as above. Aux
+layer ids stay (the dead layers come after the real ones); the module gets no
+extra layers. See ``enlarge_heads``.
+
 Needs numpy and ml_dtypes (bfloat16); not torch (safetensors is used when installed, else the format is written here).
 """
 
@@ -757,7 +767,7 @@ def _main_heads(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         print(f"error: {err.strerror or err}" + (f" ({err.filename})" if err.filename else "") + ".", file=sys.stderr)
         return 1
     c = r["config"]
-    print(f"wrote {r['dst']}: {r['mode']} heads, hidden {c['specdec_enlarge']['source_hidden_size']} -> {c['hidden_size']}, "
+    print(f"wrote {r['dst']}: {'Medusa heads' if r['mode'] == 'medusa' else 'EAGLE-3 module'}, hidden {c['specdec_enlarge']['source_hidden_size']} -> {c['hidden_size']}, "
           f"{r['num_parameters'] / 1e6:.1f}M parameters")
     return 0
 
