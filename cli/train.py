@@ -89,6 +89,9 @@ def prepare_data_cmd(quiet: bool, **kwargs) -> None:
 @option("eagle_num_layers", type=int, default=1, show_default=True, help="EAGLE: decoder layers of the draft module.")
 @option("eagle_aux_layer_ids", type=str, default=None,
         help="EAGLE: base decoder layers whose outputs are fused, e.g. 1,15,28 [default: ModelOpt's {1, L//2-1, L-4}, clamped to the base's layers].")
+@option("eagle_ttt_steps", type=int, default=3, show_default=True,
+        help="EAGLE: training-time-test steps (ModelOpt's eagle_ttt_steps): step j feeds the module its own outputs as drafting "
+             "depth j does, so depths 2.. are trained too; the report gives top-1 per depth. 1 = depth 1 only.")
 @option("eval_fraction", type=float, default=0.0, show_default=True, help="Hold out this share of the sequences to report top-1 accuracy on (0: report on the training data).")
 @option("eval_data", type=click.Path(), default=None, help="A separate .jsonl (from prepare-data) to report top-1 accuracy on, instead of --eval_fraction.")
 @option("max_time", type=float, default=None, help="Stop (and save) after the step that passes this many seconds of training.")

@@ -57,8 +57,10 @@ def model_card(cfg, provenance: dict, losses: list[float], accuracy: list[float]
     else:
         what = (f"an EAGLE-3 module of {cfg.eagle_num_layers} decoder layer(s) over the base's layers "
                 f"{provenance['eagle_aux_hidden_state_layer_ids']} and the next token's embedding; LM head = the base's, frozen")
-        acc_label = "top-1 agreement with the base's next-next token"
-        shape = f"--eagle_num_layers {cfg.eagle_num_layers}"
+        acc_label = f"top-1 agreement with the base, per drafting depth 1..{cfg.eagle_ttt_steps} (TTT step j = depth j)"
+        shape = f"--eagle_num_layers {cfg.eagle_num_layers} --eagle_ttt_steps {cfg.eagle_ttt_steps}"
+        what += (f"; trained with {cfg.eagle_ttt_steps} training-time-test step(s): step j feeds the module its own "
+                 f"step j-1 outputs as drafting depth j does, loss = mean over steps")
     tail = losses[-10:]
     split = "held-out split" if held_out else "training data (no --eval_fraction)"
     lines = [

@@ -47,6 +47,7 @@ class TrainConfig:
     medusa_num_layers: int = 1
     eagle_num_layers: int = 1
     eagle_aux_layer_ids: list[int] | None = None  # None: ModelOpt's default (low, middle, high)
+    eagle_ttt_steps: int = 3  # training-time test steps (ModelOpt's eagle_ttt_steps): step j trains drafting depth j; 1 = depth 1 only
     batch_size: int = 4
     training_seq_len: int = 512
     max_steps: int | None = None  # overrides num_epochs
@@ -69,6 +70,7 @@ class TrainConfig:
             positive["medusa_num_heads"] = self.medusa_num_heads
         else:
             positive["eagle_num_layers"] = self.eagle_num_layers
+            positive["eagle_ttt_steps"] = self.eagle_ttt_steps
         for name, value in positive.items():
             if value < 1:
                 raise TrainConfigError(f"--{name} {value} must be >= 1.")
@@ -100,7 +102,7 @@ class TrainResult:
     steps: int
     losses: list[float]
     final_loss: float
-    accuracy: list[float]  # top-1 per head (medusa) or [depth-1] (eagle), on the eval split
+    accuracy: list[float]  # top-1 per head (medusa) or per drafting depth 1..eagle_ttt_steps (eagle), on the eval split
     accuracy_before: list[float] | None
     seconds: float
     base: nn.Module = field(repr=False)
@@ -174,9 +176,13 @@ class Run:
         if self.cfg.mode == "medusa":
             return medusa_loss(self.heads, out.last_hidden, ids, loss_mask, HEADS_COEFFICIENT, DECAY_COEFFICIENT)
         aux, next_embeds = eagle_inputs(ids, out.aux_hidden, self.base.get_input_embeddings())
-        hidden = self.heads.hidden(aux, next_embeds, attn[:, :-1])  # [batch, seq-1, hidden]
-        loss, hits = eagle_loss(self.heads, hidden, out.last_hidden, self.base.get_output_embeddings(), loss_mask)
-        return loss, [hits]
+        steps = self.heads.ttt_hidden(aux, next_embeds, attn[:, :-1], self.cfg.eagle_ttt_steps)  # each [batch, seq-1, hidden]
+        losses, hits = [], []
+        for j, hidden in enumerate(steps, start=1):  # every step against the same base distributions
+            loss, h = eagle_loss(self.heads, hidden, out.last_hidden, self.base.get_output_embeddings(), loss_mask, step=j)
+            losses.append(loss)
+            hits.append(h)
+        return torch.stack(losses).mean(), hits
 
     @torch.no_grad()
     def accuracy(self, seqs: list[Sequence], batch_size: int) -> list[float]:
@@ -309,6 +315,7 @@ def _provenance(cfg: TrainConfig, model_dir: Path, data_path: Path, n_seqs: int,
         "data_bytes": data_path.stat().st_size,
         "data_sequences": n_seqs,
         "eagle_aux_hidden_state_layer_ids": run.aux_ids,
+        **({"eagle_ttt_steps": cfg.eagle_ttt_steps} if cfg.mode == "eagle" else {}),
     }
 
 
@@ -337,7 +344,7 @@ def _write_final(out: Path, run: Run, config: dict, cfg: TrainConfig, losses: li
         log = {"steps": steps, "losses": losses, "accuracy": accuracy, "accuracy_before": before, "held_out": held_out,
                "seconds": seconds, "config": asdict(cfg), "provenance": provenance}
         (tmp / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
-        what = "sum of 0.2 x 0.8^i x CE of head i" if cfg.mode == "medusa" else "KL(base || EAGLE)"
+        what = "sum of 0.2 x 0.8^i x CE of head i" if cfg.mode == "medusa" else f"KL(base || EAGLE), mean of {cfg.eagle_ttt_steps} TTT step(s)"
         plotted = loss_curve_png(losses, tmp / "loss_curve.png", f"{cfg.mode} training loss: {what}")
         (tmp / "README.md").write_text(model_card(cfg, provenance, losses, accuracy, before, seconds, steps, held_out, plotted))
         publish(tmp)

@@ -20,7 +20,8 @@ QUIET = dict(say=lambda _: None, progress_bar=False)
 
 def config(mode, base, data, out, **kw) -> TrainConfig:
     return TrainConfig(**({"mode": mode, "model": str(base), "data": str(data), "output_dir": str(out), "lr": 1e-2,
-                           "batch_size": 4, "max_steps": 40, "save_steps": 20, "medusa_num_heads": 2, "medusa_num_layers": 1} | kw))
+                           "batch_size": 4, "max_steps": 40, "save_steps": 20, "medusa_num_heads": 2, "medusa_num_layers": 1,
+                           "eagle_ttt_steps": 3} | kw))
 
 
 @pytest.fixture(scope="module", params=["medusa", "eagle"])
@@ -47,7 +48,8 @@ def test_loss_falls_by_a_real_margin(trained):
     assert result.steps == len(result.losses) == 40
     # the data is a 12-token cycle: two tokens ahead is fully determined, so the heads can learn it
     assert last < 0.5 * first, (mode, first, last)
-    # top-1 (medusa: the token 2 and 3 ahead; eagle: the base's own next-next choice) clearly up from the start
+    # top-1 (medusa: the token 2 and 3 ahead; eagle: the base's own choice at drafting depths 1, 2, 3) clearly up
+    assert len(result.accuracy) == (2 if mode == "medusa" else 3)
     assert all(a > b + 0.1 for a, b in zip(result.accuracy, result.accuracy_before)), (result.accuracy_before, result.accuracy)
 
 
@@ -142,3 +144,33 @@ def test_saved_files_are_readable_by_others(trained):
     _, result, _ = trained
     for f in [result.output_dir / "model.safetensors", result.output_dir / "checkpoint-40", result.output_dir / "checkpoint-40" / "optimizer.safetensors"]:
         assert f.stat().st_mode & 0o044 == 0o044, f
+
+
+def test_eagle_ttt_is_recorded_and_one_step_is_the_depth_1_training(trained, tiny_base, repetitive_data):
+    from specdec.train.base import load_base, run_base
+    from specdec.train.data import read_sequences
+    from specdec.train.eagle import eagle_inputs, eagle_loss
+    from specdec.train.trainer import Run, _collate
+
+    mode, result, _ = trained
+    if mode != "eagle":
+        return
+    cfg = json.loads((result.output_dir / "config.json").read_text())
+    log = json.loads((result.output_dir / "training_log.json").read_text())
+    assert cfg["specdec_train"]["eagle_ttt_steps"] == log["provenance"]["eagle_ttt_steps"] == log["config"]["eagle_ttt_steps"] == 3
+    assert "--eagle_ttt_steps 3" in (result.output_dir / "README.md").read_text()
+    # N=1: the loss and hits are exactly the depth-1 pass (module.hidden + eagle_loss), as before TTT existed
+    seqs = read_sequences(repetitive_data, None, 512, 96)[:4]
+    base = load_base(tiny_base)
+    run = Run(config("eagle", tiny_base, repetitive_data, "unused", eagle_ttt_steps=1), base)
+    run.heads.load_state_dict(result.heads.state_dict())
+    seqs[1].ids[-5:] = []  # a shorter sequence: padding in the batch
+    loss, hits = run.forward(seqs)
+    ids, attn, loss_mask = _collate(seqs)
+    out = run_base(base, ids, attn, run.aux_ids)
+    aux, nxt = eagle_inputs(ids, out.aux_hidden, base.get_input_embeddings())
+    expected, expected_hits = eagle_loss(run.heads, run.heads.hidden(aux, nxt, attn[:, :-1]), out.last_hidden,
+                                         base.get_output_embeddings(), loss_mask)
+    assert torch.equal(loss, expected) and hits == [expected_hits]
+    three_loss, three_hits = Run(config("eagle", tiny_base, repetitive_data, "unused"), base).forward(seqs)
+    assert len(three_hits) == 3 and three_hits[1][1] < three_hits[0][1]  # depth 2 has one row fewer per sequence

@@ -29,9 +29,12 @@ def test_run_and_prepare_data_through_the_cli(tmp_path, tiny_base, repetitive_da
     assert cfg["medusa"] == {"num_medusa_heads": 3, "num_medusa_layers": 2}
     assert {p.name for p in (tmp_path / "out").iterdir()} >= {"checkpoint-2", "checkpoint-3", "README.md", "loss_curve.png", "model.safetensors"}
     r = invoke("run", "--mode", "eagle", "--model", tiny_base, "--data", repetitive_data, "--output_dir", tmp_path / "e",
-               "--max_steps", 1, "--eagle_aux_layer_ids", "0,2,3", "-q", "--num_threads", 1)
+               "--max_steps", 1, "--eagle_aux_layer_ids", "0,2,3", "--eagle-ttt-steps", 2, "-q", "--num_threads", 1)
     assert r.exit_code == 0, r.output
-    assert json.loads((tmp_path / "e" / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 2, 3]
+    assert r.output.split("top-1 ")[1].split(";")[0].count(",") == 1  # top-1 at depths 1 and 2
+    cfg = json.loads((tmp_path / "e" / "config.json").read_text())
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 2, 3]
+    assert cfg["specdec_train"]["eagle_ttt_steps"] == 2
 
 
 def _empty(tmp_path):
@@ -45,6 +48,7 @@ def _empty(tmp_path):
     ("empty data", lambda t: ["--data", _empty(t)], "empty.jsonl is empty; nothing to train on"),
     ("unknown mode", lambda t: ["--mode", "lookahead"], "--mode 'lookahead' is not one of medusa, eagle"),
     ("no heads", lambda t: ["--medusa_num_heads", 0], "--medusa_num_heads 0 must be >= 1"),
+    ("no ttt steps", lambda t: ["--mode", "eagle", "--eagle_ttt_steps", 0], "--eagle_ttt_steps 0 must be >= 1"),
     ("aux layer out of range", lambda t: ["--mode", "eagle", "--eagle_aux_layer_ids", "1,9"], r"--eagle_aux_layer_ids \[1, 9\]: the base model has layers 0..3 only"),
     ("resume with nothing", lambda t: ["--resume", True], "holds no checkpoint-N folder to resume from"),
     ("not a model", lambda t: ["--model", t], "is not a Hugging Face model directory"),
