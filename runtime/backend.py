@@ -61,6 +61,11 @@ class Executor(Protocol):
         ``dst`` and set ``lengths[dst]``: the loop keeps running requests in slots
         ``0..n-1`` by moving the last one into a freed slot."""
 
+    # Engines built with tree attention (build.tree_attention: medusa / eagle targets, EAGLE modules) need more, which
+    # only the ONNX Runtime CPU executor (runtime/executor.py) has today: forward(..., parents=[per row: None or the
+    # parent of each token], hidden=[n, width, hidden] for an EAGLE module), compact_slot(cache, slot, start, keep)
+    # after a tree step, and the extra outputs medusa_logits / eagle_hidden / hidden_out as attributes.
+
 
 def pad_tokens(tokens: Sequence[Sequence[int]] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Ragged rows -> (ids [n, width] zero-padded, num_new [n]); every row needs a token."""
