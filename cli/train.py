@@ -42,8 +42,8 @@ def main() -> None:
     1. specdec-train prepare-data   the base model answers your prompts -> data.jsonl
     2. specdec-train run            Medusa heads or an EAGLE-3 module trained on data.jsonl
 
-    The result is saved in ModelOpt's export layout (docs/medusa-eagle.md). Building heads into
-    engines and verifying trees of drafts are not implemented yet.
+    The result is saved in ModelOpt's export layout (docs/medusa-eagle.md); build it with
+    specdec-build --speculative_decoding_mode medusa --medusa_dir OUT (or eagle --eagle_dir OUT).
     """
 
 
@@ -92,6 +92,8 @@ def prepare_data_cmd(quiet: bool, **kwargs) -> None:
 @option("eagle_ttt_steps", type=int, default=3, show_default=True,
         help="EAGLE: training-time-test steps (ModelOpt's eagle_ttt_steps): step j feeds the module its own outputs as drafting "
              "depth j does, so depths 2.. are trained too; the report gives top-1 per depth. 1 = depth 1 only.")
+@option("eagle_loss_decay_factor", type=float, default=0.9, show_default=True,
+        help="EAGLE: TTT step j's loss weighs this^(j-1) (ModelOpt's eagle_loss_decay_factor): depth 1 matters most, every later depth needs it.")
 @option("eval_fraction", type=float, default=0.0, show_default=True, help="Hold out this share of the sequences to report top-1 accuracy on (0: report on the training data).")
 @option("eval_data", type=click.Path(), default=None, help="A separate .jsonl (from prepare-data) to report top-1 accuracy on, instead of --eval_fraction.")
 @option("max_time", type=float, default=None, help="Stop (and save) after the step that passes this many seconds of training.")

@@ -48,6 +48,7 @@ class TrainConfig:
     eagle_num_layers: int = 1
     eagle_aux_layer_ids: list[int] | None = None  # None: ModelOpt's default (low, middle, high)
     eagle_ttt_steps: int = 3  # training-time test steps (ModelOpt's eagle_ttt_steps): step j trains drafting depth j; 1 = depth 1 only
+    eagle_loss_decay_factor: float = 0.9  # ModelOpt's: step j's loss weighs factor^(j-1) (depth 1 decides every later depth)
     batch_size: int = 4
     training_seq_len: int = 512
     max_steps: int | None = None  # overrides num_epochs
@@ -74,6 +75,8 @@ class TrainConfig:
         for name, value in positive.items():
             if value < 1:
                 raise TrainConfigError(f"--{name} {value} must be >= 1.")
+        if self.mode == "eagle" and not 0 < self.eagle_loss_decay_factor <= 1:
+            raise TrainConfigError(f"--eagle_loss_decay_factor {self.eagle_loss_decay_factor} must be in (0, 1] (1: every TTT step weighs the same).")
         if self.mode == "medusa" and self.medusa_num_layers < 0:
             raise TrainConfigError(f"--medusa_num_layers {self.medusa_num_layers} must be >= 0.")
         if self.training_seq_len < 3:
@@ -182,7 +185,8 @@ class Run:
             loss, h = eagle_loss(self.heads, hidden, out.last_hidden, self.base.get_output_embeddings(), loss_mask, step=j)
             losses.append(loss)
             hits.append(h)
-        return torch.stack(losses).mean(), hits
+        weights = torch.tensor([self.cfg.eagle_loss_decay_factor ** j for j in range(len(losses))])
+        return (torch.stack(losses) * weights).sum() / weights.sum(), hits  # a weighted mean: one step = today's loss
 
     @torch.no_grad()
     def accuracy(self, seqs: list[Sequence], batch_size: int) -> list[float]:
@@ -315,7 +319,7 @@ def _provenance(cfg: TrainConfig, model_dir: Path, data_path: Path, n_seqs: int,
         "data_bytes": data_path.stat().st_size,
         "data_sequences": n_seqs,
         "eagle_aux_hidden_state_layer_ids": run.aux_ids,
-        **({"eagle_ttt_steps": cfg.eagle_ttt_steps} if cfg.mode == "eagle" else {}),
+        **({"eagle_ttt_steps": cfg.eagle_ttt_steps, "eagle_loss_decay_factor": cfg.eagle_loss_decay_factor} if cfg.mode == "eagle" else {}),
     }
 
 
@@ -344,7 +348,7 @@ def _write_final(out: Path, run: Run, config: dict, cfg: TrainConfig, losses: li
         log = {"steps": steps, "losses": losses, "accuracy": accuracy, "accuracy_before": before, "held_out": held_out,
                "seconds": seconds, "config": asdict(cfg), "provenance": provenance}
         (tmp / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
-        what = "sum of 0.2 x 0.8^i x CE of head i" if cfg.mode == "medusa" else f"KL(base || EAGLE), mean of {cfg.eagle_ttt_steps} TTT step(s)"
+        what = "sum of 0.2 x 0.8^i x CE of head i" if cfg.mode == "medusa" else f"KL(base || EAGLE), mean of {cfg.eagle_ttt_steps} TTT step(s) weighted {cfg.eagle_loss_decay_factor}^(step - 1)"
         plotted = loss_curve_png(losses, tmp / "loss_curve.png", f"{cfg.mode} training loss: {what}")
         (tmp / "README.md").write_text(model_card(cfg, provenance, losses, accuracy, before, seconds, steps, held_out, plotted))
         publish(tmp)

@@ -49,6 +49,7 @@ def _empty(tmp_path):
     ("unknown mode", lambda t: ["--mode", "lookahead"], "--mode 'lookahead' is not one of medusa, eagle"),
     ("no heads", lambda t: ["--medusa_num_heads", 0], "--medusa_num_heads 0 must be >= 1"),
     ("no ttt steps", lambda t: ["--mode", "eagle", "--eagle_ttt_steps", 0], "--eagle_ttt_steps 0 must be >= 1"),
+    ("decay out of range", lambda t: ["--mode", "eagle", "--eagle_loss_decay_factor", 1.5], r"--eagle_loss_decay_factor 1.5 must be in \(0, 1\]"),
     ("aux layer out of range", lambda t: ["--mode", "eagle", "--eagle_aux_layer_ids", "1,9"], r"--eagle_aux_layer_ids \[1, 9\]: the base model has layers 0..3 only"),
     ("resume with nothing", lambda t: ["--resume", True], "holds no checkpoint-N folder to resume from"),
     ("not a model", lambda t: ["--model", t], "is not a Hugging Face model directory"),
