@@ -145,7 +145,7 @@ def run(engine_dir, draft_engine_dir, method, medusa_engine_dir, eagle_engine_di
       specdec-bench run --engine_dir engines/target --draft_engine_dir engines/draft \\
           --dataset data.jsonl --method none,draft,ngram --draft_lens 1,2,4,8 \\
           --output_json bench.json --plot bench.png
-      specdec-bench run --engine_dir engines/target --medusa_engine_dir engines/medusa --eagle_engine_dir engines/eagle \
+      specdec-bench run --engine_dir engines/target --medusa_engine_dir engines/medusa --eagle_engine_dir engines/eagle \\
           --dataset data.jsonl --method none,medusa,eagle --draft_lens 1,2,3 --eagle_choices "[[0],[1],[0,0],[0,1],[0,0,0]]"
     """
     target = load_engine_dir(engine_dir)

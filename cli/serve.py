@@ -22,7 +22,7 @@ from .run import parse_draft_len
 @option("eagle_choices", type=str, default=None,
         help='A --speculative_decoding_mode eagle target: its draft tree, as --medusa_choices [default: chains].')
 @option("speculative_method", type=click.Choice(["none", "draft", "ngram", "medusa", "eagle"]), default=None,
-        help="The default for requests that do not choose [default: draft if a draft engine is loaded, else ngram if --ngram_config, else none].")
+        help="The default for requests that do not choose [default: draft if a draft engine is loaded, else ngram if --ngram_config, else medusa / eagle for a target built with them, else none].")
 @option("draft_len", type=str, default=None, help="Default drafts per round of the default method: a number, or 'auto' [default: from the config string].")
 @option("ngram_min_match", type=int, default=1, show_default=True, help="NGram: shortest pattern to match.")
 @option("host", type=str, default="127.0.0.1", show_default=True, help="Address to bind. The default answers this machine only; 0.0.0.0 exposes the server to the network (set --api_key).")

@@ -94,6 +94,10 @@ def load_engine(
         proposers.append(DraftModelProposer(open_executor(draft, dwhere), dtm.use_logits, draft_confidence_threshold))
     if ngram is not None:
         proposers.append(NGramProposer(ngram.max_draft_len, ngram.max_matching_ngram_size, ngram_keep_all, ngram_use_oldest, ngram_min_match))
+    mode = target.config.build.speculative_decoding_mode
+    if mode in ("medusa", "eagle") and where.kind != "cpu":  # before anything is opened
+        raise RequestError(f"{target.path} is a {mode} target: its drafter runs on the CPU executor only for now (tree attention and the "
+                           f"{'medusa_logits' if mode == 'medusa' else 'eagle_hidden'} output are not bound on {where.kind}); use --device cpu.")
     target_ex = target_executor or open_executor(target, where)
     own = _own_drafter(target, target_ex, where, medusa_choices, eagle_choices, draft_num_threads)
     if own is not None:

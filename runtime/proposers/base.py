@@ -51,7 +51,7 @@ class TargetOutput:
 
 
 class Proposer(Protocol):
-    name: str  # the method it implements: draft | ngram | medusa
+    name: str  # the method it implements: draft | ngram | medusa | eagle
 
     def add(self, requests: Sequence["Request"]) -> None:
         """Start these requests: each has its prompt and the first token the target picked."""

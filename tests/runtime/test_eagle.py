@@ -133,3 +133,43 @@ def test_bench_sweep_measures_eagle_chains_and_a_tree(eagle, tmp_path):
     assert labels == ["target-only", "eagle chain k=1", "eagle chain k=2", "eagle tree n=6"]
     assert all(r["identical_to_target_only"] for r in result["rows"])
     assert result["rows"][-1]["tree"] == TREE and result["settings"]["eagle_choices"] == TREE
+
+
+def test_a_hand_written_modelopt_checkpoint_builds_and_runs(eagle, tmp_path):
+    """An EAGLE-3 draft directory written here by hand, as the official EAGLE-3 checkpoints and older ModelOpt exports
+    are (docs/medusa-eagle.md: ``midlayer.*`` names, the template config.json, bfloat16 weights), not by our exporter:
+    it builds, and greedy EAGLE output equals target-only."""
+    from safetensors.torch import save_file
+
+    base = json.loads((eagle["ckpt"] / "config.json").read_text())
+    h, v, heads, kv = base["hidden_size"], base["vocab_size"], base["num_attention_heads"], base["num_key_value_heads"]
+    hd, inter = h // heads, base["intermediate_size"]
+    g = torch.Generator().manual_seed(7)
+
+    def rnd(*shape):
+        return (torch.randn(*shape, generator=g) * (0.3 if len(shape) == 1 else 1.0 / shape[-1] ** 0.5) + (1.0 if len(shape) == 1 else 0.0)).to(torch.bfloat16)
+
+    tensors = {"fc.weight": rnd(h, 2 * h), "midlayer.hidden_norm.weight": rnd(h), "midlayer.input_layernorm.weight": rnd(h),
+               "midlayer.post_attention_layernorm.weight": rnd(h), "midlayer.self_attn.q_proj.weight": rnd(heads * hd, 2 * h),
+               "midlayer.self_attn.k_proj.weight": rnd(kv * hd, 2 * h), "midlayer.self_attn.v_proj.weight": rnd(kv * hd, 2 * h),
+               "midlayer.self_attn.o_proj.weight": rnd(h, heads * hd), "midlayer.mlp.gate_proj.weight": rnd(inter, h),
+               "midlayer.mlp.up_proj.weight": rnd(inter, h), "midlayer.mlp.down_proj.weight": rnd(h, inter), "norm.weight": rnd(h),
+               "lm_head.weight": rnd(v, h)}
+    d = tmp_path / "official"
+    d.mkdir()
+    save_file(tensors, str(d / "model.safetensors"))
+    (d / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": h, "intermediate_size": inter,
+        "num_attention_heads": heads, "num_key_value_heads": kv, "num_hidden_layers": 1, "vocab_size": v, "draft_vocab_size": v,
+        "rms_norm_eps": base.get("rms_norm_eps", 1e-6), "rope_theta": 10000.0, "max_position_embeddings": base["max_position_embeddings"],
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 2], "use_aux_hidden_state": True, "use_input_layernorm_in_first_layer": True,
+                         "use_last_layernorm": True, "use_mtp_layernorm": False, "next_layer_regular": True, "parallel_draft_step": 1,
+                         "parallel_draft_heads_num_layers": 1}}))
+    build_engine(eagle["ckpt"], tmp_path / "engine", spec_build(6, speculative_decoding_mode="eagle"), say=lambda _: None, eagle_dir=d)
+    t = OrtExecutor(load_engine_dir(tmp_path / "engine"), num_threads=1)
+    m = OrtExecutor(load_engine_dir(eagle_module_dir(t.engine)), num_threads=1)
+    assert (m.model.num_layers, list(t.build.eagle_aux_layer_ids)) == (1, [0, 2])
+    want, _ = generate(t, m, PROMPTS, "none", 0)
+    for k, choices in ((3, None), (6, TREE)):
+        got, stats = generate(t, m, PROMPTS, "eagle", k, choices)
+        assert got == want and stats.drafted > 0

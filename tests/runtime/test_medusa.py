@@ -296,3 +296,34 @@ def test_sampled_medusa_chain_keeps_the_target_distribution(engines):
     expected = table.sum(1, keepdims=True) * table.sum(0, keepdims=True) / table.sum()
     stat = float(((table - expected) ** 2 / expected).sum())
     assert len(keys) >= 4 and stat < _chi_square_critical(len(keys) - 1), (stat, len(keys))
+
+
+def test_a_modelopt_whole_model_export_builds_and_runs(medusa, tmp_path):
+    """ModelOpt saves the whole model: the base's tensors and the heads' (``medusa_heads.{i}.{j}.linear.*``,
+    ``medusa_heads.{i}.{layers}.weight``) in one file, the base's config.json plus a "medusa" block. Written here
+    by hand (not by our exporter), float16: it builds, and greedy Medusa chains and trees equal target-only."""
+    from safetensors.torch import load_file, save_file
+
+    d = tmp_path / "modelopt"
+    d.mkdir()
+    tensors = {k: t.to(torch.float16) for k, t in load_file(str(medusa["ckpt"] / "model.safetensors")).items()}
+    g = torch.Generator().manual_seed(3)
+    hidden, vocab = 64, 96
+    for i in range(2):
+        tensors[f"medusa_heads.{i}.0.linear.weight"] = (torch.randn(hidden, hidden, generator=g) * 0.2).to(torch.float16)
+        tensors[f"medusa_heads.{i}.0.linear.bias"] = (torch.randn(hidden, generator=g) * 0.1).to(torch.float16)
+        tensors[f"medusa_heads.{i}.1.weight"] = tensors.get("lm_head.weight", tensors["model.embed_tokens.weight"]).clone()
+    save_file(tensors, str(d / "model.safetensors"))
+    cfg = json.loads((medusa["ckpt"] / "config.json").read_text())
+    assert (cfg["hidden_size"], cfg["vocab_size"]) == (hidden, vocab)
+    (d / "config.json").write_text(json.dumps({**cfg, "medusa": {"num_medusa_heads": 2, "num_medusa_layers": 1}}))
+    _build_medusa(medusa["ckpt"], d, tmp_path / "e")
+    from specdec.runtime.engine_format import load_engine_dir
+    from specdec.runtime.executor import OrtExecutor
+
+    target = OrtExecutor(load_engine_dir(tmp_path / "e"), num_threads=1)
+    assert target.medusa_heads == 2
+    want, _ = _generate(target, PROMPTS, "none", 0)
+    for k, choices in ((2, None), (4, "[[0], [1], [0, 0], [1, 0]]")):
+        got, stats = _generate(target, PROMPTS, "medusa", k, choices=choices)
+        assert got == want and stats.drafted > 0
