@@ -522,24 +522,31 @@ def _write(src: Path, dst: Path, ckpt, cfg: dict[str, Any], tensors: dict[str, n
         for name in (*TOKENIZER_FILES, "added_tokens.json", "chat_template.jinja"):
             if (src / name).is_file():
                 shutil.copy2(src / name, tmp / name)
-        umask = os.umask(0)
-        os.umask(umask)
-        for p in tmp.iterdir():  # mkdtemp and safetensors create owner-only files; others read these
-            p.chmod(0o666 & ~umask)
-        tmp.chmod(0o777 & ~umask)
         nbytes = sum(p.stat().st_size for p in tmp.iterdir())
-        old = None
-        if dst.exists():
-            _prepare_output(dst, src, force)  # re-check: it may have filled up meanwhile
-            old = dst.with_name(f".{dst.name}.old-{tmp.name.rsplit('-', 1)[-1]}")
-            dst.rename(old)
-        tmp.rename(dst)
+        old = _publish(tmp, dst, src, force)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return nbytes
+
+
+def _publish(tmp: Path, dst: Path, src: Path, force: bool) -> Path | None:
+    """Make the finished ``tmp`` readable as the umask says and rename it to ``dst``; returns the old ``dst``, moved aside
+    (the caller deletes it), or None."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for p in tmp.iterdir():  # mkdtemp and safetensors create owner-only files; others read these
+        p.chmod(0o666 & ~umask)
+    tmp.chmod(0o777 & ~umask)
+    old = None
+    if dst.exists():
+        _prepare_output(dst, src, force)  # re-check: it may have filled up meanwhile
+        old = dst.with_name(f".{dst.name}.old-{tmp.name.rsplit('-', 1)[-1]}")
+        dst.rename(old)
+    tmp.rename(dst)
+    return old
 
 
 # --------------------------------------------------------------------------- head checkpoints (Medusa, EAGLE-3)
@@ -685,17 +692,7 @@ def _write_heads(src: Path, dst: Path, tensors: dict[str, np.ndarray], cfg: dict
         for name in HEAD_EXTRA_FILES:
             if (src / name).is_file():
                 shutil.copy2(src / name, tmp / name)
-        umask = os.umask(0)
-        os.umask(umask)
-        for p in tmp.iterdir():
-            p.chmod(0o666 & ~umask)
-        tmp.chmod(0o777 & ~umask)
-        old = None
-        if dst.exists():
-            _prepare_output(dst, src, force)
-            old = dst.with_name(f".{dst.name}.old-{tmp.name.rsplit('-', 1)[-1]}")
-            dst.rename(old)
-        tmp.rename(dst)
+        old = _publish(tmp, dst, src, force)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

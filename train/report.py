@@ -60,7 +60,7 @@ def model_card(cfg, provenance: dict, losses: list[float], accuracy: list[float]
         acc_label = f"top-1 agreement with the base, per drafting depth 1..{cfg.eagle_ttt_steps} (TTT step j = depth j)"
         shape = f"--eagle_num_layers {cfg.eagle_num_layers} --eagle_ttt_steps {cfg.eagle_ttt_steps}"
         what += (f"; trained with {cfg.eagle_ttt_steps} training-time-test step(s): step j feeds the module its own "
-                 f"step j-1 outputs as drafting depth j does, loss = mean over steps")
+                 f"step j-1 outputs as drafting depth j does, loss = the steps' mean weighted {cfg.eagle_loss_decay_factor}^(j-1)")
     tail = losses[-10:]
     split = "held-out split" if held_out else "training data (no --eval_fraction)"
     lines = [

@@ -10,15 +10,15 @@ import json
 import numpy as np
 import pytest
 import torch
-from checkpoints import load_hf, make_checkpoint
+from checkpoints import load_hf, make_checkpoint, write_eagle_module
 from conftest import cli_build, spec_build
 
 from specdec.builder.build import build_engine
 from specdec.runtime.engine_format import eagle_module_dir, load_engine_dir
 from specdec.runtime.errors import BuildConfigError, SpecdecError
 from specdec.train.base import run_base
-from specdec.train.eagle import Eagle3Module, eagle_llama_config
-from specdec.train.export import eagle_config, medusa_config, save_heads
+from specdec.train.eagle import Eagle3Module
+from specdec.train.export import medusa_config, save_heads
 from specdec.train.medusa import MedusaHeads
 
 AUX_IDS = [0, 2]  # two of the base's three layers: low and high
@@ -27,17 +27,7 @@ EAGLE_LAYERS = 2  # layer 0 (the [embedding, hidden] one) and a plain Llama laye
 
 def write_module(base_ckpt, out, num_layers=EAGLE_LAYERS, aux_ids=AUX_IDS, seed=1) -> Eagle3Module:
     """An EAGLE-3 module of random weights, in ModelOpt's layout (specdec-train's export)."""
-    base_cfg = json.loads((base_ckpt / "config.json").read_text())
-    hf = load_hf(base_ckpt)
-    cfg = eagle_llama_config(hf.config, num_layers)
-    torch.manual_seed(seed)
-    module = Eagle3Module(cfg, len(aux_ids), hf.lm_head.weight.detach()).eval()
-    with torch.no_grad():  # norms away from 1 and sharper projections: a wrong wiring shows
-        for name, p in module.named_parameters():
-            if name != "lm_head.weight":
-                p.copy_(1.0 + 0.3 * torch.randn_like(p) if p.dim() == 1 else torch.randn_like(p) * 2.0 / p.shape[1] ** 0.5)
-    save_heads(module, eagle_config(base_cfg, cfg, aux_ids, {"test": True}), out)
-    return module
+    return write_eagle_module(base_ckpt, out, num_layers, aux_ids, seed)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ a ragged batch. The first draft of a round must be what the torch module predict
 """
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +16,7 @@ from conftest import spec_build
 from specdec.builder.build import build_engine
 from specdec.runtime.engine import Engine, SpeculationConfig
 from specdec.runtime.engine_format import eagle_module_dir, load_engine_dir
-from specdec.runtime.errors import EngineError, SpecdecError
+from specdec.runtime.errors import EngineError
 from specdec.runtime.executor import OrtExecutor
 from specdec.runtime.proposers.eagle import EagleProposer
 from specdec.runtime.request import GenerationConfig
