@@ -74,7 +74,7 @@ def read_inputs(texts: tuple[str, ...], input_file: str | None, tok: Tokenizer |
         help='A --speculative_decoding_mode medusa target: the draft tree, TensorRT-LLM\'s format (paths of top-k indices), e.g. "[[0],[0,0],[1],[0,1],[2],[0,0,0]]"; '
              "at most the engine's max_draft_len nodes; greedy requests draft the tree, sampled ones its deepest chain [default: a chain, one draft per head].")
 @option("eagle_choices", type=str, default=None,
-        help='A --speculative_decoding_mode eagle target: the draft tree, as --medusa_choices, e.g. "[[0],[1],[0,0],[0,1],[0,0,0]]", as --medusa_choices '
+        help='A --speculative_decoding_mode eagle target: the draft tree, as --medusa_choices, e.g. "[[0],[1],[0,0],[0,1],[0,0,0]]" '
              "[default: a chain of --draft_len drafts, 4].")
 @click.option("--ngram_keep_all/--ngram_keep_newest", "ngram_keep_all", default=True, show_default=True, help="NGram: keep every earlier occurrence of a pattern, or only the newest.")
 @click.option("--ngram_use_oldest/--ngram_use_newest", "ngram_use_oldest", default=False, show_default=True,

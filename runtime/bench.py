@@ -49,6 +49,7 @@ from .orchestrator import GenerationConfig, Orchestrator
 from .proposers.draft_model import DraftModelProposer
 from .proposers.ngram import NGramProposer
 from .request import METHODS as ENGINE_METHODS
+from .tree import parse_choices
 
 METHODS = ENGINE_METHODS  # none | draft | ngram | medusa | eagle
 
@@ -363,6 +364,10 @@ def run_sweep(
             raise RequestError(f"--method {m} needs a target engine built with --speculative_decoding_mode {m}: pass --{m}_engine_dir "
                                f"(or give it as --engine_dir).")
     heads = {m: (d if isinstance(d, EngineDir) else load_engine_dir(d)) for m, d in heads_dirs.items() if m in methods}
+    for m, engine_dir in heads.items():  # a tree the engine cannot verify is refused before anything is measured
+        tree = parse_choices(choices.get(m), f"--{m}_choices")
+        if tree is not None and len(tree) > engine_dir.config.build.max_draft_len:
+            raise RequestError(f"--{m}_choices has {len(tree)} nodes, more than {engine_dir.path}'s max_draft_len={engine_dir.config.build.max_draft_len}.")
     # each engine is loaded (and hashed) once and passed on as an EngineDir
     target = target_dir if isinstance(target_dir, EngineDir) else load_engine_dir(target_dir)
     draft = None
@@ -433,7 +438,7 @@ def run_sweep(
         own_target = target_ex if engine_dir.path == target.path else None
         chain = load_engine(engine_dir, method=m, num_threads=threads, target_executor=own_target)
         proposer = chain.proposers[m]
-        limit = proposer.num_heads if m == "medusa" else engine_dir.config.build.max_draft_len
+        limit = min(proposer.num_heads, engine_dir.config.build.max_draft_len) if m == "medusa" else engine_dir.config.build.max_draft_len
         for k in [k for k in draft_lens if k <= limit]:
             say(f"{m} chain k={k}")
             row(m, f"{m} chain k={k}", measure(Orchestrator(chain.target, proposer, draft_len=k)), draft_len=k, tree=None)

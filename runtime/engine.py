@@ -258,6 +258,8 @@ class Engine:
             return 0
         if r.draft_len != AUTO:
             return min(int(r.draft_len), limit)
+        if getattr(proposer, "tree", None) is not None:  # auto's cost model is a chain's: a tree is drafted as given
+            return limit
         k = self.auto.choose(r.method, r.metrics.accepted, r.metrics.rejected, limit, len(self.running), r.auto_k)
         r.auto_k = k
         if k == 0:

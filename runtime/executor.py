@@ -161,7 +161,12 @@ class OrtExecutor:
     @staticmethod
     def _fill_tree(io: "_StepIO", lengths: np.ndarray, parents: Sequence[np.ndarray | None] | None) -> None:
         """The tree_mask and positions of a call: chains causal, trees ancestors-only at length + depth."""
-        trees = [] if parents is None else [(row, p) for row, p in enumerate(parents) if p is not None]
+        trees = [] if parents is None else [(row, np.asarray(p, np.int64)) for row, p in enumerate(parents) if p is not None]
+        width = io.tree.shape[1]
+        for row, par in trees:  # checked before any row is written: a refused call leaves the buffers as they were
+            if len(par) > width or (par < -1).any() or (par >= np.arange(len(par))).any():
+                raise RequestError(f"tree parents of row {row} must have -1 <= parents[j] < j (-1: a child of the cache's last token), "
+                                   f"one per token of the row; got {par.tolist()}.")
         if io.tree_rows:  # rows a previous call made trees: causal again
             io.tree[io.tree_rows] = io.causal
             io.tree_rows = []
@@ -171,8 +176,6 @@ class OrtExecutor:
             mask[:n, :n] = False
             for j in range(n):
                 p = int(par[j])
-                if not -1 <= p < j:
-                    raise RequestError(f"tree parents must have -1 <= parents[j] < j (-1: a child of the cache's last token); got {list(map(int, par))}.")
                 if p >= 0:
                     mask[j, :n] = mask[p, :n]
                     depth[j] = depth[p] + 1

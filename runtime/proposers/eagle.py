@@ -82,6 +82,10 @@ class EagleProposer:
         for r in requests:
             n = len(r.prompt_ids)
             self.pending[r.request_id] = (feats[r.slot - first_slot, :n].copy(), [*r.prompt_ids[1:], r.output_ids[0]])
+        # the prompts' pairs now, in a call of their own: the joining requests hold the last module slots, and a prompt
+        # fed beside running requests would make them ride along a prompt-wide step
+        slots = sorted(self.slot_of[r.request_id] for r in requests)
+        self._catch_up(slots[0], slots[-1] + 1, {r.request_id for r in requests})
 
     def remove(self, request_id: str) -> None:
         slot, last = self.slot_of.pop(request_id), len(self.order) - 1
@@ -141,10 +145,18 @@ class EagleProposer:
             h[i, : len(rows)] = rows
         return self.module.forward(self.cache, tokens, all_logits=all_logits, advance=advance, first_slot=lo, hidden=h, parents=parents)
 
-    def _catch_up(self, lo: int, hi: int, want: dict) -> None:
+    def _catch_up(self, lo: int, hi: int, want) -> None:
+        """Feed the pending real pairs of the requests ``want`` among slots lo..hi (one ragged call; one call per slot
+        when a row riding along would write past the cache's capacity)."""
         ids = self.order[lo:hi]
         todo = np.array([rid in want and len(self.pending[rid][1]) > 0 for rid in ids])
         if not todo.any():
+            return
+        width = max(len(self.pending[rid][1]) for rid, go in zip(ids, todo) if go)
+        if hi - lo > 1 and int(self.cache.lengths[lo:hi].max()) + width > self.cache.capacity:
+            for s in range(lo, hi):
+                if todo[s - lo]:
+                    self._catch_up(s, s + 1, want)
             return
         tokens = [self.pending[rid][1] if go else [0] for rid, go in zip(ids, todo)]
         hidden = [self.pending[rid][0] if go else np.zeros((0, self.module.model.hidden_size), np.float32) for rid, go in zip(ids, todo)]
@@ -191,10 +203,12 @@ class EagleProposer:
                 first = tree.depths == 1
                 tokens[i, first] = top_k(self.next_logits[rid], tree.top_k(1))[tree.ranks[first]]
                 feed_hidden[i, first] = self.next_hidden[rid]
-        for depth in range(1, tree.depth):
+        need = min(max(k for _, k in want.values()), nodes)  # the nodes any request takes: deeper levels are not drafted
+        riding = np.zeros(n, bool)  # no row advances: the module's cache keeps its real pairs, the tree is re-fed per level
+        for depth in range(1, int(tree.depths[:need].max())):
             upto = int((tree.depths <= depth).sum())  # nodes are ordered by depth: re-feed the tree so far
             parents = tree.parents[:upto]  # -1: a child of the last real pair (the cache's last row)
-            logits = self._call(lo, ids, [row[:upto].tolist() for row in tokens], [row[:upto] for row in feed_hidden], go, all_logits=True,
+            logits = self._call(lo, ids, [row[:upto].tolist() for row in tokens], [row[:upto] for row in feed_hidden], riding, all_logits=True,
                                 parents=[parents] * n)
             hidden_out = self.module.hidden_out
             for child in np.flatnonzero(tree.depths == depth + 1):
@@ -202,7 +216,6 @@ class EagleProposer:
                 for i in np.flatnonzero(go):
                     tokens[i, child] = top_k(logits[i, p], int(tree.ranks[child]) + 1)[-1]
                     feed_hidden[i, child] = hidden_out[i, p]
-            self.cache.lengths[lo : lo + n] -= np.where(go, upto, 0)  # re-fed next level
         for i, rid in enumerate(ids):
             if rid in want:
                 k = min(want[rid][1], nodes)

@@ -121,5 +121,7 @@ def check_tree(tree: DraftTree, target, flag: str, max_depth: int | None = None,
     if len(tree) > build.max_draft_len:
         raise EngineError(f"{flag} has {len(tree)} nodes, more than the target engine's max_draft_len={build.max_draft_len} "
                           f"(the nodes it verifies per step, baked in at build time). Use a smaller tree or rebuild with --max_draft_len {len(tree)}.")
+    if int(tree.ranks.max()) >= target.vocab_size:
+        raise EngineError(f"{flag} asks for the {int(tree.ranks.max()) + 1}-th best token, more than the vocabulary's {target.vocab_size}.")
     if max_depth is not None and tree.depth > max_depth:
         raise EngineError(f"{flag} is {tree.depth} deep; {depth_what} draft at most {max_depth} tokens ahead.")

@@ -172,3 +172,24 @@ def test_a_hand_written_modelopt_checkpoint_builds_and_runs(eagle, tmp_path):
     for k, choices in ((3, None), (6, TREE)):
         got, stats = generate(t, m, PROMPTS, "eagle", k, choices)
         assert got == want and stats.drafted > 0
+
+
+def test_trees_run_to_max_seq_len_and_late_joiners_catch_up(eagle):
+    """A wide tree drafted until the engine is full (its levels never grow the module's cache), and a long prompt
+    joining a request deep into its context (its pairs go in a call of their own): both exact, no capacity error."""
+    t, m = eagle["target"], eagle["mod"]
+    wide = "[[0],[1],[2],[3],[0,0],[1,0]]"
+    long_prompt = list(range(5, 50))  # 45 tokens
+    engine = Engine(t, [EagleProposer(t, m, wide)], SpeculationConfig("eagle", 6))
+    first = engine.add_request(PROMPTS[2], GenerationConfig(max_output_len=200))
+    outs = {}
+    while engine.requests[first].num_tokens < 70:
+        engine.step()
+    second = engine.add_request(long_prompt, GenerationConfig(max_output_len=200))
+    while engine.has_unfinished():
+        for o in engine.step():
+            if o.finished:
+                outs[o.request_id] = o
+    assert outs[first].finish_reason == outs[second].finish_reason == "max_seq_len"
+    want, _ = generate(t, m, [PROMPTS[2], long_prompt], "none", 0, max_output_len=200)
+    assert [outs[first].output_ids, outs[second].output_ids] == want

@@ -154,8 +154,8 @@ def test_request_errors(ex):
         engine.add_request(PROMPTS[0], GenerationConfig(draft_len=9))
     with pytest.raises(RequestError, match="is empty"):
         engine.add_request([], GenerationConfig())
-    with pytest.raises(RequestError, match="unknown speculation method 'eagle'"):
-        GenerationConfig(method="eagle")
+    with pytest.raises(RequestError, match="unknown speculation method 'lookahead'"):
+        GenerationConfig(method="lookahead")
     target_only = Engine(ex["target"])
     with pytest.raises(RequestError, match="'ngram' is not loaded"):
         target_only.add_request(PROMPTS[0], GenerationConfig(method="ngram"))

@@ -257,6 +257,8 @@ def test_a_tree_drafts_chains_for_sampled_requests_and_refuses_bad_trees(engines
         MedusaProposer(target, "[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]")
     with pytest.raises(EngineError, match="more than the target engine's max_draft_len"):
         MedusaProposer(target, [[i] for i in range(9)])
+    with pytest.raises(EngineError, match="vocabulary"):
+        MedusaProposer(target, [[0], [500]])
 
 
 def _chi_square_critical(df: int, z: float = 3.09) -> float:

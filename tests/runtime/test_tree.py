@@ -147,3 +147,13 @@ def test_greedy_tree_acceptance_takes_the_longest_matching_path():
     assert accept_tree_greedy(tokens, PARENTS, logits([4, 7, 0, 0, 1, 0, 0, 0])) == ([0, 3], 1)
     # root picks a token no child has: nothing accepted, that token is the correction
     assert accept_tree_greedy(tokens, PARENTS, logits([2, 0, 0, 0, 0, 0, 0, 0])) == ([], 2)
+
+
+def test_bad_parents_are_refused_before_the_mask_is_touched(tree_target):
+    """A refused tree leaves the call shape's reused tree_mask as it was: the next chain call is the plain one."""
+    ex = tree_target
+    with pytest.raises(RequestError, match="parents"):
+        ex.forward(ex.new_cache(1), [[1, 2, 3]], all_logits=True, parents=[np.array([-1, 2, 0])])
+    chain = ex.forward(ex.new_cache(1), [[1, 2, 3]], all_logits=True).copy()
+    explicit = ex.forward(ex.new_cache(1), [[1, 2, 3]], all_logits=True, parents=[np.array([-1, 0, 1])]).copy()
+    np.testing.assert_array_equal(chain, explicit)
