@@ -22,16 +22,15 @@ Example (a few minutes on 2 threads, after the quickstart built demo-engines/)::
 
     python examples/train_heads.py --output-dir demo-engines/heads --threads 2 --minutes 2
 
-Measured (shared 2-core CPU, 2 threads, --minutes 2; 373 s in all), held-out top-1 before -> after:
+Measured (shared 2-core CPU, 2 threads, --minutes 2; 373 s in all; before --eagle-ttt-steps existed), held-out top-1 before -> after:
 Medusa heads 0/1/2 (tokens t+2/t+3/t+4) 0.040/0.135/0.156 -> 0.566/0.473/0.416 in 174 steps;
 EAGLE-3 trained on depth 1 only (the target's t+2) 0.005 -> 0.576 in 155 steps.
 
 EAGLE-3 with training-time test (the shipped examples/demo-pair/heads/eagle: ``--modes eagle
---eagle-ttt-steps 3 --prompts 512 --minutes 3 --threads 1``, 210 s in all on a shared 2-core CPU),
-held-out top-1 at drafting depths 1/2/3 (tokens t+2/t+3/t+4) 0.000/0.003/0.002 -> 0.549/0.518/0.529
-in 220 steps. Built and run (specdec-run --draft_len 3 on the ``class Stack`` prompt, 160 tokens):
-per-depth acceptance 0.70/0.35/0.14, mean acceptance length 2.18; the same run's module trained on
-depth 1 only (385 steps, 0.670 held-out) gave 0.84/0.00/0.00 and 1.83: it had never seen its own
+--eagle-ttt-steps 3 --prompts 2048 --minutes 10 --threads 2``, 702 s in all on a shared 2-core CPU,
+loss steps weighted 0.9^(j-1)), held-out top-1 at drafting depths 1/2/3 (tokens t+2/t+3/t+4)
+0.001/0.004/0.000 -> 0.650/0.652/0.621 in 893 steps. A module trained on depth 1 only (385 steps,
+0.670 held-out at depth 1) accepted nothing past depth 1 when drafting: it had never seen its own
 outputs fed back, which is how drafting reaches depths 2 and 3.
 
 The heads land in OUTPUT_DIR/medusa and OUTPUT_DIR/eagle in ModelOpt's layout
