@@ -164,7 +164,8 @@ class PortableAttention(AttentionLowering):
         before = gb.op("Less", [rel, gb.const(f"{p}/zero_i", np.array(0, np.int64))], f"{p}/before_call")  # [B, L]
         last = gb.op("Sub", [tokens, one], f"{p}/last_token")
         in_call = gb.op("And", [gb.op("Not", [before], f"{p}/not_before"), gb.op("LessOrEqual", [rel, last], f"{p}/within_call")], f"{p}/in_call")
-        idx = gb.op("Clip", [rel, gb.const(f"{p}/clip_lo", np.array(0, np.int64)), last], f"{p}/call_index")  # [B, L] in [0, S)
+        # [B, L] clamped into [0, S): Max/Min rather than an integer Clip, which not every TensorRT version parses
+        idx = gb.op("Max", [gb.op("Min", [rel, last], f"{p}/call_index_hi"), gb.const(f"{p}/call_index_lo", np.array(0, np.int64))], f"{p}/call_index")
         axis1 = gb.const(f"{p}/axis1b", np.array([1], np.int64))
         full = gb.op("Concat", [shape, gb.op("Unsqueeze", [live, gb.const(f"{p}/axis0", np.array([0], np.int64))], f"{p}/live_1d")], f"{p}/bsl", axis=0)
         idx3 = gb.op("Expand", [gb.op("Unsqueeze", [idx, axis1], f"{p}/call_index_3d"), full], f"{p}/call_index_bsl")  # [B, S, L]
