@@ -101,6 +101,7 @@ Needs numpy and ml_dtypes (bfloat16); not torch (safetensors is used when instal
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -110,7 +111,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import ml_dtypes
 import numpy as np
@@ -513,23 +514,29 @@ def _progress(total: int, enabled: bool) -> Callable[[str], None]:
 
 def _write(src: Path, dst: Path, ckpt, cfg: dict[str, Any], tensors: dict[str, np.ndarray], report: dict[str, Any], force: bool) -> int:
     """Everything goes into a temporary directory beside ``dst`` and is moved into place when complete."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
-    try:
+    with _staged(dst, src, force) as tmp:
         save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         (tmp / "enlargement.json").write_text(json.dumps(report, indent=2) + "\n")
         for name in (*TOKENIZER_FILES, "added_tokens.json", "chat_template.jinja"):
             if (src / name).is_file():
                 shutil.copy2(src / name, tmp / name)
-        nbytes = sum(p.stat().st_size for p in tmp.iterdir())
+        return sum(p.stat().st_size for p in tmp.iterdir())
+
+
+@contextlib.contextmanager
+def _staged(dst: Path, src: Path, force: bool) -> Iterator[Path]:
+    """A temporary directory beside ``dst`` to write into; on success it replaces ``dst``, on any error it is removed."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
+    try:
+        yield tmp
         old = _publish(tmp, dst, src, force)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-    return nbytes
 
 
 def _publish(tmp: Path, dst: Path, src: Path, force: bool) -> Path | None:
@@ -678,9 +685,7 @@ def _enlarge_eagle(heads, base_cfg: dict[str, Any], seed: int) -> tuple[dict[str
 def _write_heads(src: Path, dst: Path, tensors: dict[str, np.ndarray], cfg: dict[str, Any], mode: str, base: Path, force: bool,
                  config_file: str, weights_file: str) -> None:
     """Into a temporary directory beside ``dst``, then moved into place; the model card says what was done."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
-    try:
+    with _staged(dst, src, force) as tmp:
         save_file(tensors, tmp / weights_file, metadata={"format": "pt"})
         (tmp / config_file).write_text(json.dumps(cfg, indent=2) + "\n")
         note = (f"> **Enlarged** by `benchmarks/enlarge.py --heads` from `{src.resolve()}` to run on `{base.resolve()}` "
@@ -692,12 +697,6 @@ def _write_heads(src: Path, dst: Path, tensors: dict[str, np.ndarray], cfg: dict
         for name in HEAD_EXTRA_FILES:
             if (src / name).is_file():
                 shutil.copy2(src / name, tmp / name)
-        old = _publish(tmp, dst, src, force)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- CLI

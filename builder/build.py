@@ -215,8 +215,7 @@ def build_engine(
     if trt_exclude_lean_runtime and not trt_version_compatible:
         raise BuildConfigError("--trt_exclude_lean_runtime only applies to version-compatible plans: add --trt_version_compatible.")
     prepare_output(output_dir, force)
-    check_medusa_flags(build, medusa_dir)
-    check_eagle_flags(build, eagle_dir)
+    check_head_flags(build, {"medusa": medusa_dir, "eagle": eagle_dir})
     check_tree_backend(build)  # the explicit flags, before any work; again once auto is resolved
     ckpt = load_checkpoint(checkpoint_dir, allow_pickle=allow_pickle)
     model = model_config_from_hf(ckpt.hf_config, max_seq_len=build.max_seq_len)
@@ -243,11 +242,11 @@ def build_engine(
 
     validate_checkpoint(ckpt, model, build, convention, allow_nonfinite=allow_nonfinite)
     medusa = None
-    if build.speculative_decoding_mode == "medusa":  # check_medusa_flags: then --medusa_dir is given
-        medusa = load_medusa_heads(medusa_dir, model, build)
+    if build.speculative_decoding_mode == "medusa":  # check_head_flags: then --medusa_dir is given
+        medusa = _load_heads_for("medusa", medusa_dir, model)
         build = replace(build, medusa_num_heads=medusa.num_heads, medusa_num_layers=medusa.num_layers)
     eagle = None
-    if build.speculative_decoding_mode == "eagle":  # check_eagle_flags: then --eagle_dir is given
+    if build.speculative_decoding_mode == "eagle":  # check_head_flags: then --eagle_dir is given
         eagle = load_eagle_module(eagle_dir, model)
         build = replace(build, eagle_num_layers=eagle.num_layers, eagle_aux_layer_ids=tuple(eagle.aux_layer_ids))
 
@@ -336,20 +335,23 @@ def build_engine(
     return BuildResult(output_dir, config, num_parameters, engine_bytes, time.perf_counter() - t0)
 
 
-def check_medusa_flags(build: BuildConfig, medusa_dir: str | Path | None) -> None:
-    """--speculative_decoding_mode medusa and --medusa_dir come together (checked before any work)."""
-    if medusa_dir is not None and build.speculative_decoding_mode != "medusa":
-        raise BuildConfigError(f"--medusa_dir needs --speculative_decoding_mode medusa (this build uses {build.speculative_decoding_mode}).")
-    if medusa_dir is None and build.speculative_decoding_mode == "medusa":
-        raise BuildConfigError("--speculative_decoding_mode medusa needs --medusa_dir DIR: the Medusa heads (ModelOpt layout, e.g. from specdec-train).")
+HEAD_FLAGS = {  # mode -> (its flag, what the directory holds)
+    "medusa": ("--medusa_dir", "the Medusa heads"),
+    "eagle": ("--eagle_dir", "an EAGLE-3 module"),
+}
 
 
-def check_eagle_flags(build: BuildConfig, eagle_dir: str | Path | None) -> None:
-    """--speculative_decoding_mode eagle and --eagle_dir come together (checked before any work)."""
-    if eagle_dir is not None and build.speculative_decoding_mode != "eagle":
-        raise BuildConfigError(f"--eagle_dir needs --speculative_decoding_mode eagle (this build uses {build.speculative_decoding_mode}).")
-    if eagle_dir is None and build.speculative_decoding_mode == "eagle":
-        raise BuildConfigError("--speculative_decoding_mode eagle needs --eagle_dir DIR: an EAGLE-3 module (ModelOpt layout, e.g. from specdec-train).")
+def check_head_flags(build: BuildConfig, head_dirs: dict[str, str | Path | None]) -> None:
+    """--speculative_decoding_mode medusa|eagle and its --medusa_dir|--eagle_dir come together (checked before any work).
+
+    head_dirs: mode -> the directory given for it (None: not given)."""
+    mode = build.speculative_decoding_mode
+    for wanted, (flag, what) in HEAD_FLAGS.items():
+        given = head_dirs.get(wanted)
+        if given is not None and mode != wanted:
+            raise BuildConfigError(f"{flag} needs --speculative_decoding_mode {wanted} (this build uses {mode}).")
+        if given is None and mode == wanted:
+            raise BuildConfigError(f"--speculative_decoding_mode {wanted} needs {flag} DIR: {what} (ModelOpt layout, e.g. from specdec-train).")
 
 
 def check_tree_backend(build: BuildConfig) -> None:
@@ -364,17 +366,25 @@ def check_tree_backend(build: BuildConfig) -> None:
         raise BuildConfigError(f"--speculative_decoding_mode {mode} needs tree attention, which lowering ort_cuda lacks: use --lowering ort_cpu or portable.")
 
 
-def load_eagle_module(eagle_dir: str | Path, model: ModelConfig):
-    """The EAGLE-3 module of a --speculative_decoding_mode eagle build, checked against the base."""
+def _load_heads_for(mode: str, head_dir: str | Path, model: ModelConfig):
+    """The head checkpoint of a medusa / eagle build: of that kind, and as wide as the base."""
     from ..train.layout import load_heads
 
-    heads = load_heads(eagle_dir)
-    where = f"--eagle_dir {eagle_dir}"
-    if heads.mode != "eagle":
-        raise BuildConfigError(f"{where} holds Medusa heads, not an EAGLE-3 module: use --speculative_decoding_mode medusa --medusa_dir {eagle_dir}.")
+    heads = load_heads(head_dir)
+    where, noun = f"{HEAD_FLAGS[mode][0]} {head_dir}", "the heads have" if mode == "medusa" else "the module has"
+    if heads.mode != mode:
+        held, other = ("Medusa heads, not an EAGLE-3 module", "medusa") if mode == "eagle" else ("an EAGLE-3 module, not Medusa heads", "eagle")
+        raise BuildConfigError(f"{where} holds {held}: use --speculative_decoding_mode {other} {HEAD_FLAGS[other][0]} {head_dir}.")
     if heads.hidden_size != model.hidden_size or heads.vocab_size != model.vocab_size:
-        raise BuildConfigError(f"{where}: the module has hidden_size {heads.hidden_size} and vocab_size {heads.vocab_size}, "
-                               f"the base model {model.hidden_size} and {model.vocab_size}: a module trained on another base?")
+        raise BuildConfigError(f"{where}: {noun} hidden_size {heads.hidden_size} and vocab_size {heads.vocab_size}, "
+                               f"the base model {model.hidden_size} and {model.vocab_size}: {'heads' if mode == 'medusa' else 'a module'} trained on another base?")
+    return heads
+
+
+def load_eagle_module(eagle_dir: str | Path, model: ModelConfig):
+    """The EAGLE-3 module of a --speculative_decoding_mode eagle build, checked against the base."""
+    heads = _load_heads_for("eagle", eagle_dir, model)
+    where = f"--eagle_dir {eagle_dir}"
     if max(heads.aux_layer_ids) >= model.num_layers:
         raise BuildConfigError(f"{where}: eagle_aux_hidden_state_layer_ids {heads.aux_layer_ids} name layers the {model.num_layers}-layer base model "
                                "lacks: a module trained on another base?")
@@ -402,22 +412,6 @@ def _write_eagle_module(target_dir: Path, ckpt, heads, model: ModelConfig, build
                           extra={"checkpoint": str(Path(checkpoint_dir).resolve()), "eagle_dir": str(Path(heads.path).resolve()),
                                  "eagle_config": heads.config})
     (out / CONFIG_FILE).write_text(config.to_json())
-
-
-def load_medusa_heads(medusa_dir: str | Path | None, model: ModelConfig, build: BuildConfig):
-    """The Medusa heads of a --speculative_decoding_mode medusa build, checked against the base and the build."""
-    from ..train.layout import load_heads
-
-    if build.backend != "onnxruntime":
-        raise BuildConfigError(f"--speculative_decoding_mode medusa runs on the onnxruntime backend only for now (this build uses {build.backend}).")
-    heads = load_heads(medusa_dir)
-    where = f"--medusa_dir {medusa_dir}"
-    if heads.mode != "medusa":
-        raise BuildConfigError(f"{where} holds an EAGLE-3 module, not Medusa heads: use --speculative_decoding_mode eagle --eagle_dir {medusa_dir}.")
-    if heads.hidden_size != model.hidden_size or heads.vocab_size != model.vocab_size:
-        raise BuildConfigError(f"{where}: the heads have hidden_size {heads.hidden_size} and vocab_size {heads.vocab_size}, "
-                               f"the base model {model.hidden_size} and {model.vocab_size}: heads trained on another base?")
-    return heads
 
 
 def _count_parameters(network) -> int:
