@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -40,13 +39,15 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from prompts import code_prompts  # noqa: E402
+from prompts import spread, workloads  # noqa: E402
 
 from specdec.runtime.config_strings import DraftTargetConfig, NGramConfig  # noqa: E402
 from specdec.runtime.engine_format import load_engine_dir  # noqa: E402
 from specdec.runtime.loading import load_engine  # noqa: E402
 from specdec.runtime.metrics import Metrics  # noqa: E402
 from specdec.runtime.orchestrator import GenerationConfig, Orchestrator  # noqa: E402
+from specdec.runtime.proposers.eagle import EagleProposer  # noqa: E402
+from specdec.runtime.proposers.medusa import MedusaProposer  # noqa: E402
 
 MEDUSA_TREE = "[[0],[1],[2],[0,0],[0,1],[1,0],[0,0,0],[0,0,1]]"
 EAGLE_TREE = "[[0],[1],[2],[0,0],[0,1],[1,0],[0,0,0],[0,0,1]]"
@@ -69,22 +70,21 @@ def methods(args: argparse.Namespace) -> list[Method]:
             out.append(Method(f"draft-target k={k}", Orchestrator.from_engine(e)))
     e = load_engine(args.target, ngram=NGramConfig(8, 3, [0]), num_threads=threads, target_executor=base.target)
     out.append(Method("n-gram k=8 n=3", Orchestrator.from_engine(e)))
+    # Medusa / EAGLE: each target (and EAGLE's module) opened once; chains and the tree share them
     if args.medusa:
         chain = load_engine(load_engine_dir(args.medusa), num_threads=threads)
         out.append(Method(f"Medusa chain k={chain.speculation.draft_len}", Orchestrator.from_engine(chain)))
         if args.medusa_choices:
-            tree = load_engine(chain.target.engine, num_threads=threads, target_executor=chain.target, medusa_choices=args.medusa_choices)
-            out.append(Method(f"Medusa tree n={tree.speculation.draft_len}", Orchestrator.from_engine(tree)))
+            tree = MedusaProposer(chain.target, args.medusa_choices)
+            out.append(Method(f"Medusa tree n={len(tree.tree)}", Orchestrator(chain.target, tree, draft_len=len(tree.tree))))
     if args.eagle:
-        eagle_dir = load_engine_dir(args.eagle)
-        first = None
+        first = load_engine(load_engine_dir(args.eagle), num_threads=threads)
+        module = first.proposers["eagle"].module
         for k in args.eagle_lens:
-            e = load_engine(eagle_dir, num_threads=threads, draft_len=k, target_executor=first.target if first else None)
-            first = first or e
-            out.append(Method(f"EAGLE chain k={k}", Orchestrator.from_engine(e)))
+            out.append(Method(f"EAGLE chain k={k}", Orchestrator(first.target, EagleProposer(first.target, module), draft_len=k)))
         if args.eagle_choices:
-            tree = load_engine(eagle_dir, num_threads=threads, target_executor=first.target if first else None, eagle_choices=args.eagle_choices)
-            out.append(Method(f"EAGLE tree n={tree.speculation.draft_len}", Orchestrator.from_engine(tree)))
+            tree = EagleProposer(first.target, module, args.eagle_choices)
+            out.append(Method(f"EAGLE tree n={len(tree.tree)}", Orchestrator(first.target, tree, draft_len=len(tree.tree))))
     return out
 
 
@@ -102,10 +102,6 @@ def run_round(ms: list[Method], prompts: list[list[int]], n_new: int, r: int) ->
             rec[m.name]["metrics"].merge(metrics)
     for m in ms:
         m.rounds.append(rec[m.name])
-
-
-def spread(xs: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
 
 def summarize(ms: list[Method], subsets: dict[str, list[int]], n_new: int) -> dict[str, dict[str, Any]]:
@@ -156,11 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output_json")
     args = p.parse_args(argv)
     target = load_engine_dir(args.target)
-    ordinary = code_prompts(target.path, args.num_prompts, args.prompt_tokens)
-    copy = code_prompts(target.path, args.num_prompts, args.prompt_tokens, copy_heavy=True)
-    prompts = ordinary + copy
-    idx = list(range(len(prompts)))
-    subsets = {"ordinary": idx[: len(ordinary)], "copy-heavy": idx[len(ordinary):], "all": idx}
+    prompts, subsets = workloads(target.path, args.num_prompts, args.prompt_tokens)
     ms = methods(args)
     print(f"{len(prompts)} prompts, {args.max_new_tokens} new tokens each, batch 1, greedy, {args.rounds} rounds, "
           f"{args.threads or 'default'} threads; load average {os.getloadavg()[0]:.2f}", flush=True)

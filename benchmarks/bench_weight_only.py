@@ -48,7 +48,6 @@ import json
 import os
 import platform
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -58,7 +57,7 @@ from typing import Any, Callable, Protocol
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from prompts import code_prompts  # noqa: E402
+from prompts import spread, workloads  # noqa: E402
 
 from specdec.cli import peers  # noqa: E402
 
@@ -383,10 +382,6 @@ def tokens_per_cpu_s(rnd: dict[str, Any], idx: list[int]) -> float:
     return sum(len(rnd["output_ids"][i]) for i in idx) / max(sum(rnd["cpu_s"][i] for i in idx), 1e-9)
 
 
-def spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def agreement(a: list[list[int]], b: list[list[int]]) -> float:
     same = sum(x == y for p, q in zip(a, b) for x, y in zip(p, q))
     return same / max(1, sum(len(p) for p in a))
@@ -475,11 +470,7 @@ def uptime() -> str:
 
 
 def make_prompts(lay: Layout, num_prompts: int, prompt_tokens: int) -> tuple[list[list[int]], dict[str, list[int]]]:
-    ordinary = code_prompts(lay.engine("target", "fp32"), num_prompts, prompt_tokens)
-    copy = code_prompts(lay.engine("target", "fp32"), num_prompts, prompt_tokens, copy_heavy=True)
-    prompts = ordinary + copy
-    idx = list(range(len(prompts)))
-    return prompts, {"ordinary": idx[: len(ordinary)], "copy-heavy": idx[len(ordinary):], "all": idx}
+    return workloads(lay.engine("target", "fp32"), num_prompts, prompt_tokens)
 
 
 def run(args: argparse.Namespace) -> int:

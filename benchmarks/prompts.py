@@ -8,6 +8,7 @@ answer is in the prompt, which is n-gram drafting's case.
 from __future__ import annotations
 
 import ast
+import statistics
 import sysconfig
 from pathlib import Path
 
@@ -54,3 +55,16 @@ def code_prompts(engine_dir: Path, n: int, tokens: int, copy_heavy: bool = False
             ids = tok.encode(fn)[:tokens]
         out.append(ids)
     return out
+
+
+def workloads(engine_dir: Path, n: int, tokens: int) -> tuple[list[list[int]], dict[str, list[int]]]:
+    """``n`` ordinary and ``n`` copy-heavy prompts, and the indices of each kind ("ordinary", "copy-heavy", "all")."""
+    ordinary = code_prompts(engine_dir, n, tokens)
+    copy = code_prompts(engine_dir, n, tokens, copy_heavy=True)
+    idx = list(range(len(ordinary) + len(copy)))
+    return ordinary + copy, {"ordinary": idx[: len(ordinary)], "copy-heavy": idx[len(ordinary):], "all": idx}
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Median and range of figures repeated over rounds."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}

@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from ..runtime import __version__
-from ..runtime.engine_format import CONFIG_FILE, BuildConfig, EngineConfig, ModelConfig, hash_directory
+from ..runtime.engine_format import CONFIG_FILE, EAGLE_MODULE_DIR, TREE_MODES, BuildConfig, EngineConfig, ModelConfig, hash_directory
 from ..runtime.errors import BuildConfigError
 from .architectures import checkpoint_dtype, model_config_from_hf
 from .backends import resolve_backend
@@ -29,7 +29,6 @@ from .weight_only import GROUP_SIZES, WEIGHT_ONLY_BITS, WeightOnlyScheme
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 MODES = ("none", "draft_tokens_external", "medusa", "eagle")
-TREE_MODES = ("medusa", "eagle")  # engines that verify a tree of drafts: a tree_mask input (plugins/attention.py)
 QUANTIZATIONS = ("auto", "none", "fp8", *WEIGHT_ONLY_BITS)
 # int4_awq: also search each group's clipping of the scaled weight (builder/awq.py): on the demo pair
 # it takes held-out perplexity from 16.44 (scales only) to 16.41 (float32 16.23, RTN 16.51).
@@ -398,10 +397,10 @@ def load_eagle_module(eagle_dir: str | Path, model: ModelConfig):
 def _write_eagle_module(target_dir: Path, ckpt, heads, model: ModelConfig, build: BuildConfig, versions: dict[str, str], checkpoint_dir) -> None:
     """The EAGLE-3 module's engine in target_dir/eagle: its network, checked to load, and its own config.json."""
     from .backends import onnxruntime as backend
-    from .eagle import MODULE_DIR, build_eagle_network, module_build_config, module_model_config
+    from .eagle import build_eagle_network, module_build_config, module_model_config
 
     cfg, module_build = module_model_config(model, heads), module_build_config(build, heads)
-    out = target_dir / MODULE_DIR
+    out = target_dir / EAGLE_MODULE_DIR
     out.mkdir()
     network_file = backend.write_engine(build_eagle_network(ckpt, heads, cfg, module_build), out)
     if _computes_in_float32(module_build):

@@ -34,11 +34,10 @@ from ..runtime.engine_format import BuildConfig, ModelConfig
 from ..runtime.errors import CheckpointError
 from .checkpoint import Checkpoint
 from .graph import GraphBuilder
-from .network import _attention_block, _decoder_layer, _Linears, _mlp_block, _rms_norm
+from .network import _attention_block, _decoder_layer, _Linears, _mlp_block, _rms_norm, float32_output
 from .rope import cos_sin_tables
 
 ARCHITECTURE = "Eagle3"  # the module engine's ModelConfig.architecture
-MODULE_DIR = "eagle"  # the module engine's folder inside the target's (runtime.engine_format.eagle_module_dir)
 
 
 class _ModuleWeights:
@@ -143,17 +142,9 @@ def build_eagle_network(base: Checkpoint, heads, cfg: ModelConfig, build: BuildC
 
     rows = gb.op("Unsqueeze", [logits_index, gb.const("/model/axis_last", np.array([-1], np.int64))], "/model/logits_rows")
     x = gb.op("GatherND", [x, rows], "/model/gather_logit_rows", batch_dims=1)  # [B, L, hidden]
-    if gb.compute_type == TensorProto.FLOAT:
-        gb.op("Identity", [x], "/eagle/hidden_out", outputs=["hidden_out"])
-    else:  # a half-precision lowering: the ABI's outputs stay float32
-        gb.op("Cast", [x], "/eagle/hidden_out_float32", outputs=["hidden_out"], to=TensorProto.FLOAT)
-    gb.output("hidden_out", TensorProto.FLOAT, ["batch", "num_logits", cfg.hidden_size])
+    float32_output(gb, "Identity", [x], "/eagle/hidden_out", "hidden_out", ["batch", "num_logits", cfg.hidden_size], cast_name="/eagle/hidden_out_float32")
 
     x = _rms_norm(gb, "/model/norm", x, weights.float32("norm.weight"), cfg.rms_norm_eps)
     lm_head = gb.weight("lm_head.weight", weights.float32("lm_head.weight").T)  # [hidden, vocab]
-    if gb.compute_type == TensorProto.FLOAT:
-        gb.op("MatMul", [x, lm_head], "/lm_head/matmul", outputs=["logits"])
-    else:
-        gb.op("Cast", [gb.op("MatMul", [x, lm_head], "/lm_head/matmul")], "/lm_head/logits_float32", outputs=["logits"], to=TensorProto.FLOAT)
-    gb.output("logits", TensorProto.FLOAT, ["batch", "num_logits", cfg.vocab_size])
+    float32_output(gb, "MatMul", [x, lm_head], "/lm_head/matmul", "logits", ["batch", "num_logits", cfg.vocab_size])
     return gb.model(f"specdec_{ARCHITECTURE}", extra_opsets=lowering.extra_opsets)

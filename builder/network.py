@@ -106,8 +106,7 @@ def build_network(
     cos, sin = cos_sin_tables(cfg, build.kv_capacity)
     shared = lowering.prelude(Shared(positions=positions, cos=gb.const("rope_cos", cos), sin=gb.const("rope_sin", sin)))
 
-    embed_w = ckpt.float32("model.embed_tokens.weight")  # [vocab, hidden]; a tied head quantized below reuses it
-    embed = gb.weight("model.embed_tokens.weight", embed_w)
+    embed = gb.weight("model.embed_tokens.weight", ckpt.float32("model.embed_tokens.weight"))  # [vocab, hidden]
     x = gb.op("Gather", [embed, ids], "/model/embed_tokens")
     delta = None  # each layer's MLP output, added to the residual stream by the next norm
     aux: dict[int, str] = {}  # eagle: decoder layer i's output [B, S, hidden] (the residual stream after it)
@@ -130,17 +129,14 @@ def build_network(
     tied = cfg.tie_word_embeddings or "lm_head.weight" not in ckpt
     if linears.scheme is not None and build.quantize_lm_head:
         # a quantized copy for the head only: the embedding (tied or not) stays in --dtype
-        head_t = (embed_w if tied else ckpt.float32("lm_head.weight")).T  # [hidden, vocab]
+        head_t = ckpt.float32("model.embed_tokens.weight" if tied else "lm_head.weight").T  # [hidden, vocab], read again: not held through the layers
         gb.op("Identity", [linears.int_head("/lm_head/matmul", x, head_t, logits_index)], "/lm_head/logits", outputs=["logits"])
     else:
         if tied:
             lm_head = gb.op("Transpose", [embed], "/lm_head/tied_weight_t", perm=[1, 0])
         else:
             lm_head = gb.weight("lm_head.weight", ckpt.float32("lm_head.weight").T)
-        if gb.compute_type == TensorProto.FLOAT:
-            gb.op("MatMul", [x, lm_head], "/lm_head/matmul", outputs=["logits"])
-        else:  # a half-precision lowering: the ABI's logits stay float32
-            gb.op("Cast", [gb.op("MatMul", [x, lm_head], "/lm_head/matmul")], "/lm_head/logits_float32", outputs=["logits"], to=TensorProto.FLOAT)
+        float32_output(gb, "MatMul", [x, lm_head], "/lm_head/matmul", "logits", None)
     gb.output("logits", TensorProto.FLOAT, ["batch", "num_logits", cfg.vocab_size])
     if linear_inputs is not None:
         linear_inputs.update(linears.inputs)
@@ -164,11 +160,8 @@ def _medusa_heads(gb: GraphBuilder, lowering, x: str, heads, cfg: ModelConfig) -
             h = gb.op("Add", [h, lowering.silu(f"{p}/{j}", y)], f"{p}/{j}/residual")
         w = gb.weight(f"medusa_heads.{i}.{layers}.weight", np.ascontiguousarray(t[f"medusa_heads.{i}.{layers}.weight"].T))
         per_head.append(gb.op("Unsqueeze", [gb.op("MatMul", [h, w], f"{p}/lm_head"), axis], f"{p}/logits"))
-    if gb.compute_type == TensorProto.FLOAT:
-        gb.op("Concat", per_head, "/medusa/concat", outputs=["medusa_logits"], axis=2)
-    else:
-        gb.op("Cast", [gb.op("Concat", per_head, "/medusa/concat", axis=2)], "/medusa/logits_float32", outputs=["medusa_logits"], to=TensorProto.FLOAT)
-    gb.output("medusa_logits", TensorProto.FLOAT, ["batch", "num_logits", heads.num_heads, cfg.vocab_size])
+    float32_output(gb, "Concat", per_head, "/medusa/concat", "medusa_logits", ["batch", "num_logits", heads.num_heads, cfg.vocab_size],
+                   cast_name="/medusa/logits_float32", axis=2)
 
 
 def _eagle_hidden(gb: GraphBuilder, outputs: list[str], eagle, cfg: ModelConfig) -> None:
@@ -176,11 +169,20 @@ def _eagle_hidden(gb: GraphBuilder, outputs: list[str], eagle, cfg: ModelConfig)
     the EAGLE-3 module's input (train/eagle.py). fc stays in float (never weight-only quantized)."""
     cat = gb.op("Concat", outputs, "/eagle/aux_concat", axis=-1) if len(outputs) > 1 else outputs[0]  # [B, S, num_aux * hidden]
     fc = gb.weight("eagle.fc.weight", np.ascontiguousarray(eagle.tensors["fc.weight"].T))  # [num_aux * hidden, hidden]
+    float32_output(gb, "MatMul", [cat, fc], "/eagle/fc", "eagle_hidden", ["batch", "num_tokens", cfg.hidden_size], cast_name="/eagle/hidden_float32")
+
+
+def float32_output(gb: GraphBuilder, op: str, inputs: list[str], name: str, output: str, dims: list | None,
+                   cast_name: str = "/lm_head/logits_float32", **attrs) -> None:
+    """``op`` writing the graph output ``output``, which the engine ABI keeps float32: a half-precision lowering
+    computes it in its dtype and casts (node ``cast_name``). dims: declare the output with these dims (None: the
+    caller does)."""
     if gb.compute_type == TensorProto.FLOAT:
-        gb.op("MatMul", [cat, fc], "/eagle/fc", outputs=["eagle_hidden"])
-    else:  # a half-precision lowering: the ABI's eagle_hidden stays float32
-        gb.op("Cast", [gb.op("MatMul", [cat, fc], "/eagle/fc")], "/eagle/hidden_float32", outputs=["eagle_hidden"], to=TensorProto.FLOAT)
-    gb.output("eagle_hidden", TensorProto.FLOAT, ["batch", "num_tokens", cfg.hidden_size])
+        gb.op(op, inputs, name, outputs=[output], **attrs)
+    else:
+        gb.op("Cast", [gb.op(op, inputs, name, **attrs)], cast_name, outputs=[output], to=TensorProto.FLOAT)
+    if dims is not None:
+        gb.output(output, TensorProto.FLOAT, dims)
 
 
 def _head_norm(gb: GraphBuilder, name: str, x: str, heads: int, head_dim: int, weight: np.ndarray, eps: float) -> str:

@@ -25,7 +25,7 @@ from ..runtime.bench import (
     special_token_ids,
     token_agreement,
 )
-from ..runtime.engine_format import load_engine_dir
+from ..runtime.engine_format import TREE_MODES, load_engine_dir
 from ..runtime.errors import RequestError
 from ..runtime.tokenizer import Tokenizer
 from .common import check_output_file, clean_errors, engine_tokenizer, fmt_or_dash, option, yes_no_dash
@@ -151,7 +151,7 @@ def run(engine_dir, draft_engine_dir, method, medusa_engine_dir, eagle_engine_di
     target = load_engine_dir(engine_dir)
     max_draft = target.config.build.max_draft_len
     heads_dirs = {m: d for m, d in (("medusa", medusa_engine_dir), ("eagle", eagle_engine_dir)) if d}
-    if target.config.build.speculative_decoding_mode in ("medusa", "eagle"):
+    if target.config.build.speculative_decoding_mode in TREE_MODES:
         heads_dirs.setdefault(target.config.build.speculative_decoding_mode, target)
     methods = parse_methods(method) if method else (["none"] + (["draft"] if draft_engine_dir else []) + (["ngram"] if max_draft else []) + list(heads_dirs))
     if draft_lens is None:

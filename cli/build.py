@@ -30,7 +30,7 @@ except ModuleNotFoundError as err:
     if (err.name or "").split(".")[0] not in BUILD_EXTRA:
         raise
     _require_build_extra(err.name.split(".")[0])
-from ..runtime.engine_format import BuildConfig
+from ..runtime.engine_format import EAGLE_MODULE_DIR, TREE_MODES, BuildConfig
 from ..runtime.errors import BuildConfigError, CheckpointError
 from .common import check_output_dir, clean_errors, human_bytes, option
 
@@ -115,7 +115,7 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
     if max_input_len is None:
         max_input_len = max(1, max_seq_len // 2)
     if max_draft_len is None:
-        max_draft_len = 8 if speculative_decoding_mode in ("draft_tokens_external", "medusa", "eagle") else 0
+        max_draft_len = 8 if speculative_decoding_mode in ("draft_tokens_external", *TREE_MODES) else 0
     quantization = _weight_only_alias(quantization, use_weight_only, weight_only_precision)
     build = BuildConfig(
         dtype=dtype, max_batch_size=max_batch_size, max_input_len=max_input_len, max_seq_len=max_seq_len,
@@ -155,7 +155,7 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
         f"  size {human_bytes(result.engine_bytes)}, {len(result.config.files)} files, {result.seconds:.1f}s"
     )
     if b.speculative_decoding_mode == "eagle":
-        click.echo(f"  EAGLE-3 module engine: {Path(result.output_dir) / 'eagle'}  [{b.eagle_num_layers} layer(s), fed by layers "
+        click.echo(f"  EAGLE-3 module engine: {Path(result.output_dir) / EAGLE_MODULE_DIR}  [{b.eagle_num_layers} layer(s), fed by layers "
                    f"{', '.join(map(str, b.eagle_aux_layer_ids))} through eagle_hidden]")
 
 

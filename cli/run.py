@@ -12,7 +12,7 @@ import click
 import numpy as np
 
 from ..runtime.config_strings import DTM_FORM, NGRAM_FORM, parse_draft_target_config, parse_ngram_config
-from ..runtime.engine_format import load_engine_dir
+from ..runtime.engine_format import TREE_MODES, load_engine_dir
 from ..runtime.errors import RequestError
 from ..runtime.loading import load_orchestrator
 from ..runtime.orchestrator import GenerationConfig, Orchestrator
@@ -212,7 +212,7 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
 def method_label(engine) -> str:
     """How a run is named in tables: draft-target, ngram, medusa / eagle (chain or tree), or target-only."""
     name = engine.speculation.method
-    if name in ("medusa", "eagle"):
+    if name in TREE_MODES:
         return f"{name} {'tree' if engine.proposers[name].tree is not None else 'chain'}"
     return {"draft": "draft-target", "none": "target-only"}.get(name, name)
 

@@ -45,6 +45,7 @@ class Executor(Protocol):
         all_logits: bool,
         advance: np.ndarray | None = None,
         first_slot: int = 0,
+        parents: Sequence[np.ndarray | None] | None = None,
     ) -> np.ndarray:
         """Append ``tokens[i]`` to slot ``first_slot + i`` and return logits on the host.
 
@@ -53,7 +54,8 @@ class Executor(Protocol):
         own count are padding), else ``[n, 1, vocab]`` for each row's last token.
         The array is reused by the next call: copy what must be kept. Rows where
         ``advance`` is False ride along and keep their length (what they wrote is
-        stale at once).
+        stale at once). ``parents``: per row, None or a tree's parent per token
+        (tree-attention engines only; the others refuse one: ``refuse_trees``).
         """
 
     def copy_slot(self, cache: KVCache, src: int, dst: int) -> None:
@@ -62,9 +64,16 @@ class Executor(Protocol):
         ``0..n-1`` by moving the last one into a freed slot."""
 
     # Engines built with tree attention (build.tree_attention: medusa / eagle targets, EAGLE modules) need more, which
-    # only the ONNX Runtime CPU executor (runtime/executor.py) has today: forward(..., parents=[per row: None or the
-    # parent of each token], hidden=[n, width, hidden] for an EAGLE module), compact_slot(cache, slot, start, keep)
-    # after a tree step, and the extra outputs medusa_logits / eagle_hidden / hidden_out as attributes.
+    # only the ONNX Runtime CPU executor (runtime/executor.py) has today: forward(..., parents=..., hidden=[n, width,
+    # hidden] for an EAGLE module), compact_slot(cache, slot, start, keep) after a tree step, and the extra outputs
+    # medusa_logits / eagle_hidden / hidden_out as attributes.
+
+
+def refuse_trees(parents, engine: str) -> None:
+    """An executor without tree attention verifies chains only: a forward() with a tree is an error, not a chain."""
+    if parents is not None and any(p is not None for p in parents):
+        raise EngineError(f"{engine} was built without tree attention, or runs on an executor without it: it verifies chains only "
+                          "(rebuild with --speculative_decoding_mode medusa or eagle, and run it on the CPU).")
 
 
 def pad_tokens(tokens: Sequence[Sequence[int]] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:

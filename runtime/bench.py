@@ -40,16 +40,18 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from .config_strings import DraftTargetConfig
-from .engine_format import EngineDir, load_engine_dir
+from .engine_format import TREE_MODES, EngineDir, load_engine_dir
 from .errors import RequestError
 from .backend import Executor, Placement, open_executor
 from .engine import check_draft_len
 from .loading import load_engine, load_orchestrator
 from .orchestrator import GenerationConfig, Orchestrator
 from .proposers.draft_model import DraftModelProposer
+from .proposers.eagle import EagleProposer
+from .proposers.medusa import MedusaProposer
 from .proposers.ngram import NGramProposer
 from .request import METHODS as ENGINE_METHODS
-from .tree import parse_choices
+from .tree import check_nodes, parse_choices
 
 METHODS = ENGINE_METHODS  # none | draft | ngram | medusa | eagle
 
@@ -359,15 +361,15 @@ def run_sweep(
     if not dataset:
         raise RequestError("the dataset has no requests.")
     heads_dirs, choices = dict(heads_dirs or {}), dict(choices or {})
-    for m in ("medusa", "eagle"):
+    for m in TREE_MODES:
         if m in methods and heads_dirs.get(m) is None:
             raise RequestError(f"--method {m} needs a target engine built with --speculative_decoding_mode {m}: pass --{m}_engine_dir "
                                f"(or give it as --engine_dir).")
     heads = {m: (d if isinstance(d, EngineDir) else load_engine_dir(d)) for m, d in heads_dirs.items() if m in methods}
-    for m, engine_dir in heads.items():  # a tree the engine cannot verify is refused before anything is measured
-        tree = parse_choices(choices.get(m), f"--{m}_choices")
-        if tree is not None and len(tree) > engine_dir.config.build.max_draft_len:
-            raise RequestError(f"--{m}_choices has {len(tree)} nodes, more than {engine_dir.path}'s max_draft_len={engine_dir.config.build.max_draft_len}.")
+    trees = {m: parse_choices(choices.get(m), f"--{m}_choices") for m in heads}
+    for m, tree in trees.items():  # a tree the engine cannot verify is refused before anything is measured
+        if tree is not None:
+            check_nodes(tree, heads[m].config.build.max_draft_len, f"--{m}_choices", heads[m].path)
     # each engine is loaded (and hashed) once and passed on as an EngineDir
     target = target_dir if isinstance(target_dir, EngineDir) else load_engine_dir(target_dir)
     draft = None
@@ -442,11 +444,11 @@ def run_sweep(
         for k in [k for k in draft_lens if k <= limit]:
             say(f"{m} chain k={k}")
             row(m, f"{m} chain k={k}", measure(Orchestrator(chain.target, proposer, draft_len=k)), draft_len=k, tree=None)
-        if choices.get(m):
-            tree = load_engine(engine_dir, method=m, num_threads=threads, target_executor=chain.target, **{f"{m}_choices": choices[m]})
-            nodes = len(tree.proposers[m].tree)
+        if trees[m] is not None:  # the same executors, a proposer with the tree
+            treed = MedusaProposer(chain.target, trees[m]) if m == "medusa" else EagleProposer(chain.target, proposer.module, trees[m])
+            nodes = len(trees[m])
             say(f"{m} tree ({nodes} nodes)")
-            row(m, f"{m} tree n={nodes}", measure(Orchestrator.from_engine(tree)), draft_len=nodes, tree=choices[m])
+            row(m, f"{m} tree n={nodes}", measure(Orchestrator(chain.target, treed, draft_len=nodes)), draft_len=nodes, tree=choices[m])
     if "none" not in methods:
         rows[0]["reference_only"] = True  # measured for the speedups, not asked for
     settings = {

@@ -28,7 +28,7 @@ import numpy as np
 
 from .engine_format import EngineDir
 from .errors import DeviceError, EngineError, RequestError
-from .backend import plan_step
+from .backend import plan_step, refuse_trees
 from .kv_cache import KVCache
 from .cuda_host import CUDA_PROVIDER, D2D, D2H, cudart, require_cuda_provider, require_gpu
 
@@ -231,8 +231,10 @@ class CudaExecutor:
         cache.lengths[dst] = n
 
     # -- compute -------------------------------------------------------------------
-    def forward(self, cache: KVCache, tokens: Sequence[Sequence[int]] | np.ndarray, all_logits: bool, advance: np.ndarray | None = None, first_slot: int = 0) -> np.ndarray:
+    def forward(self, cache: KVCache, tokens: Sequence[Sequence[int]] | np.ndarray, all_logits: bool, advance: np.ndarray | None = None, first_slot: int = 0,
+                parents=None) -> np.ndarray:
         """Append ``tokens[i]`` to slot ``first_slot + i``; logits on the host, ``[n, width or 1, vocab]`` (reused per shape)."""
+        refuse_trees(parents, self._name)
         self._own(cache)
         plan = plan_step(cache, tokens, advance, first_slot, self._name)
         ids, num_new, grow, lengths = plan.ids, plan.num_new, plan.grow, plan.lengths

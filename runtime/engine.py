@@ -39,7 +39,7 @@ from .acceptance import accept_rejection_sampling, accept_token_compare
 from .tree import accept_tree_greedy
 from .backend import Executor
 from .draft_len import PROBE_EVERY, AutoDraftLen
-from .engine_format import EngineDir
+from .engine_format import TREE_MODES, EngineDir
 from .errors import EngineError, RequestError
 from .metrics import Metrics
 from .pairing import check_pair
@@ -61,7 +61,7 @@ def check_draft_len(target: EngineDir, draft_len: int | str, what: str = "draft_
     build = target.config.build
     if draft_len == 0:
         return
-    if build.speculative_decoding_mode not in ("draft_tokens_external", "medusa", "eagle"):
+    if build.speculative_decoding_mode not in ("draft_tokens_external", *TREE_MODES):
         raise EngineError(
             f"the target engine {target.path} was built with --speculative_decoding_mode {build.speculative_decoding_mode}, "
             "so it cannot verify drafts (a draft or plain engine). If it is the draft, pass it as the draft engine (--draft_engine_dir) "
@@ -293,10 +293,7 @@ class Engine:
         # a tree's parents in the call's order: the last token (row 0) is the root
         trees = [None if d.parents is None else np.concatenate([[-1], d.parents + 1]) for d in drafts]
         t0 = time.perf_counter()
-        if any(t is not None for t in trees):
-            logits = self.target.forward(self.cache, feed, all_logits=True, parents=trees)
-        else:
-            logits = self.target.forward(self.cache, feed, all_logits=True)
+        logits = self.target.forward(self.cache, feed, all_logits=True, parents=trees if any(t is not None for t in trees) else None)
         t1 = time.perf_counter()
         self.stats.target_s += t1 - t0
         if timing:

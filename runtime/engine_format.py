@@ -19,6 +19,9 @@ from typing import Any
 from .errors import EngineError
 
 FORMAT_VERSION = 1
+# targets that draft with heads of their own and verify trees of drafts (a tree_mask input, plugins/attention.py)
+TREE_MODES = ("medusa", "eagle")
+EAGLE_MODULE_DIR = "eagle"  # an eagle target's folder for its EAGLE-3 module engine
 CONFIG_FILE = "config.json"
 
 
@@ -159,7 +162,7 @@ class EngineDir:
 
 def eagle_module_dir(engine: EngineDir) -> Path:
     """The EAGLE-3 module's own engine directory inside a --speculative_decoding_mode eagle target's (builder/eagle.py)."""
-    return engine.path / "eagle"
+    return engine.path / EAGLE_MODULE_DIR
 
 
 def load_engine_dir(path: str | Path, verify_hashes: bool = True) -> EngineDir:

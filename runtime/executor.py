@@ -15,7 +15,7 @@ import numpy as np
 
 from .engine_format import EngineDir
 from .errors import EngineError, RequestError
-from .backend import plan_step
+from .backend import plan_step, refuse_trees
 from .kv_cache import KVCache
 
 
@@ -144,8 +144,8 @@ class OrtExecutor:
         np.add(step.lengths[:, None], self._steps[:width], out=io.positions)
         if io.tree is not None:
             self._fill_tree(io, step.lengths, parents)
-        elif parents is not None and any(p is not None for p in parents):
-            raise EngineError(f"{self._name} was built without tree attention: it verifies chains only (rebuild with --speculative_decoding_mode medusa or eagle).")
+        else:
+            refuse_trees(parents, self._name)
         if io.hidden is not None:
             if hidden is None or hidden.shape[:2] != (batch, width):
                 raise EngineError(f"{self._name} is an EAGLE module: each call needs hidden_states [{batch}, {width}, {self.hidden_size}].")
@@ -222,7 +222,7 @@ class _StepIO:
         self.index = np.broadcast_to(np.arange(rows, dtype=np.int64), (batch, rows)).copy()
         self.logits = np.empty((batch, rows, vocab), np.float32)
         self.medusa = np.empty((batch, rows, medusa_heads, vocab), np.float32) if medusa_heads else None
-        self.causal = np.tril(np.ones((width, width), bool))
+        self.causal = np.tril(np.ones((width, width), bool)) if tree else None
         self.tree = np.broadcast_to(self.causal, (batch, width, width)).copy() if tree else None  # [batch, width, width]
         self.tree_rows: list[int] = []  # rows the last call filled with a tree (reset to causal by the next)
         self.eagle_hidden = np.empty((batch, width, hidden), np.float32) if eagle_target else None

@@ -14,7 +14,7 @@ from .backend import Executor, Placement, open_executor
 from .config_strings import DraftTargetConfig, NGramConfig
 from .devices import placement
 from .engine import Engine, SpeculationConfig
-from .engine_format import EngineDir, load_engine_dir
+from .engine_format import TREE_MODES, EngineDir, eagle_module_dir, load_engine_dir
 from .errors import RequestError
 from .orchestrator import Orchestrator
 from .proposers.base import Proposer
@@ -95,7 +95,7 @@ def load_engine(
     if ngram is not None:
         proposers.append(NGramProposer(ngram.max_draft_len, ngram.max_matching_ngram_size, ngram_keep_all, ngram_use_oldest, ngram_min_match))
     mode = target.config.build.speculative_decoding_mode
-    if mode in ("medusa", "eagle") and where.kind != "cpu":  # before anything is opened
+    if mode in TREE_MODES and where.kind != "cpu":  # before anything is opened
         raise RequestError(f"{target.path} is a {mode} target: its drafter runs on the CPU executor only for now (tree attention and the "
                            f"{'medusa_logits' if mode == 'medusa' else 'eagle_hidden'} output are not bound on {where.kind}); use --device cpu.")
     target_ex = target_executor or open_executor(target, where)
@@ -121,11 +121,10 @@ def _own_drafter(target: EngineDir, target_ex: Executor, where: Placement, medus
 
         return MedusaProposer(target_ex, medusa_choices)
     if mode == "eagle":
-        from .engine_format import eagle_module_dir
         from .proposers.eagle import EagleProposer
 
         module = load_engine_dir(eagle_module_dir(target))
-        return EagleProposer(target_ex, open_executor(module, Placement(where.kind, where.index, threads if where.kind == "cpu" else None)), eagle_choices)
+        return EagleProposer(target_ex, open_executor(module, Placement(where.kind, where.index, threads)), eagle_choices)
     return None
 
 

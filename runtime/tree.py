@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import RequestError
+from .errors import EngineError, RequestError
 
 
 @dataclass(frozen=True)
@@ -44,10 +44,6 @@ class DraftTree:
         """How many candidates the tree takes at ``depth`` (1-based): 1 + its largest top-k index there."""
         at = self.ranks[self.depths == depth]
         return int(at.max()) + 1 if len(at) else 0
-
-    def children(self, node: int) -> np.ndarray:
-        """The nodes whose parent is ``node`` (-1: the root), in order."""
-        return np.flatnonzero(self.parents == node)
 
     @staticmethod
     def chain(length: int) -> "DraftTree":
@@ -106,3 +102,43 @@ def accept_tree_greedy(tokens: np.ndarray, parents: np.ndarray, logits: np.ndarr
             return path, want
         node = int(match[0])
         path.append(node)
+
+
+def top_k(logits: np.ndarray, k: int) -> np.ndarray:
+    """The k best token ids of logits [vocab], best first (ties: the lower id, as argmax)."""
+    if k == 1:
+        return np.array([int(logits.argmax())], np.int64)
+    part = np.argpartition(-logits, k - 1)[:k]
+    return part[np.lexsort((part, -logits[part]))].astype(np.int64)
+
+
+def tree_draft(tree: DraftTree, k: int, candidates):
+    """The first k nodes of ``tree`` (a prefix of its order is a tree) as a Draft, filled from
+    ``candidates(depth, top) -> [top]``, the best tokens at that depth (Medusa: one list per depth, whatever the parent)."""
+    from .proposers.base import Draft
+
+    n = min(k, len(tree))
+    ranks, depths = tree.ranks[:n], tree.depths[:n]
+    per_depth = {d: candidates(d, tree.top_k(d)) for d in np.unique(depths).tolist()}
+    tokens = np.array([per_depth[int(d)][int(i)] for d, i in zip(depths, ranks)], np.int64)
+    return Draft(tokens, parents=tree.parents[:n].copy(), depths=depths.copy())
+
+
+def check_nodes(tree: DraftTree, max_draft_len: int, flag: str, engine) -> None:
+    """At most the engine's max_draft_len nodes: what it verifies per step (baked in at build time)."""
+    if len(tree) > max_draft_len:
+        raise EngineError(f"{flag} has {len(tree)} nodes, more than {engine}'s max_draft_len={max_draft_len} "
+                          f"(the nodes it verifies per step, baked in at build time). Use a smaller tree or rebuild with --max_draft_len {len(tree)}.")
+
+
+def check_tree(tree: DraftTree, target, flag: str, max_depth: int | None = None, depth_what: str = "") -> None:
+    """A tree the target executor can verify: tree attention, at most max_draft_len nodes, ranks within the
+    vocabulary, not deeper than ``max_depth``."""
+    if not getattr(target, "tree_attention", False):
+        raise EngineError(f"{flag}: the target engine {target.engine.path} has no tree attention (it verifies chains only); "
+                          "rebuild it with --speculative_decoding_mode medusa or eagle.")
+    check_nodes(tree, target.build.max_draft_len, flag, "the target engine")
+    if int(tree.ranks.max()) >= target.vocab_size:
+        raise EngineError(f"{flag} asks for the {int(tree.ranks.max()) + 1}-th best token, more than the vocabulary's {target.vocab_size}.")
+    if max_depth is not None and tree.depth > max_depth:
+        raise EngineError(f"{flag} is {tree.depth} deep; {depth_what} draft at most {max_depth} tokens ahead.")

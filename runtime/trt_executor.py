@@ -24,7 +24,7 @@ import numpy as np
 
 from .engine_format import EngineDir
 from .errors import DeviceError, EngineError, RequestError
-from .backend import plan_step
+from .backend import plan_step, refuse_trees
 from .kv_cache import KVCache, kv_cache_bytes
 from .trt_host import MIN_TENSORRT, check_gpu_arch, cuda_call, cuda_device_info, cudart_module, import_runtime, require_gpu
 
@@ -208,9 +208,11 @@ class TrtExecutor:
 
     # -- compute -------------------------------------------------------------------
     def forward(
-        self, cache: KVCache, tokens: Sequence[Sequence[int]] | np.ndarray, all_logits: bool, advance: np.ndarray | None = None, first_slot: int = 0
+        self, cache: KVCache, tokens: Sequence[Sequence[int]] | np.ndarray, all_logits: bool, advance: np.ndarray | None = None, first_slot: int = 0,
+        parents=None,
     ) -> np.ndarray:
         """Same contract as OrtExecutor.forward: append tokens[i] to slot first_slot + i, return logits [n, R, V]."""
+        refuse_trees(parents, self._name)
         step = plan_step(cache, tokens, advance, first_slot, self._name)
         batch, width = step.ids.shape
         positions = step.lengths[:, None] + np.arange(width, dtype=np.int64)[None, :]

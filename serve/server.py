@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..runtime.config_strings import DraftTargetConfig, NGramConfig
-from ..runtime.engine_format import load_engine_dir
+from ..runtime.engine_format import TREE_MODES, load_engine_dir
 from ..runtime.loading import load_engine, own_draft_len
 from ..runtime.tokenizer import Tokenizer
 from .chat import find_template, special_tokens
@@ -46,7 +46,7 @@ def build_served(
         draft_lens["draft"] = draft_target.draft_len if draft_target else min(4, max(max_draft, 1))
     if ngram is not None:
         draft_lens["ngram"] = min(ngram.max_draft_len, max_draft)
-    for name in ("medusa", "eagle"):  # the target's own drafter: its tree's nodes, or its chain
+    for name in TREE_MODES:  # the target's own drafter: its tree's nodes, or its chain
         if name in engine.proposers:
             draft_lens[name] = own_draft_len(engine.proposers[name])
     if engine.speculation.method != "none":

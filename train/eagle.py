@@ -140,7 +140,7 @@ def ttt_mask(attention_mask: torch.Tensor, step: int, dtype: torch.dtype) -> tor
     """[batch, seq] validity -> additive [batch, 1, seq, step*seq]: step ``step``'s row r over steps 1..step's rows.
 
     What drafting depth ``step`` sees (runtime/proposers/eagle.py): the real pairs up to r-step+1 (step-1 rows, causal)
-    and, for i = 2..step, the step-i row at r-step+i; padded keys masked. Step 1 is ``causal_mask``.
+    and, for i = 2..step, the step-i row at r-step+i; padded keys masked. Step 1 is the causal mask.
     """
     b, t = attention_mask.shape
     r = torch.arange(t).unsqueeze(1)  # query rows
@@ -148,13 +148,6 @@ def ttt_mask(attention_mask: torch.Tensor, step: int, dtype: torch.dtype) -> tor
     blocks = [p <= r - step + 1] + [p == r - step + i for i in range(2, step + 1)]  # each [seq, seq]
     allowed = torch.cat(blocks, dim=1).unsqueeze(0) & attention_mask.bool().repeat(1, step).unsqueeze(1)
     return torch.zeros(b, 1, t, step * t, dtype=dtype).masked_fill(~allowed.unsqueeze(1), torch.finfo(dtype).min)
-
-
-def causal_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[batch, seq] validity -> additive [batch, 1, seq, seq]: causal, padded keys masked."""
-    b, t = attention_mask.shape
-    allowed = torch.tril(torch.ones(t, t, dtype=torch.bool)).unsqueeze(0) & attention_mask.bool().unsqueeze(1)
-    return torch.zeros(b, 1, t, t, dtype=dtype).masked_fill(~allowed.unsqueeze(1), torch.finfo(dtype).min)
 
 
 def eagle_inputs(input_ids: torch.Tensor, aux_hidden: torch.Tensor, embed: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,8 +165,16 @@ def eagle_valid(loss_mask: torch.Tensor) -> torch.Tensor:
     return valid
 
 
+@torch.no_grad()
+def eagle_targets(base_hidden: torch.Tensor, base_lm_head: nn.Module, loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(valid [batch, seq-1], the base's log-probabilities [counted, vocab] on the valid rows, row-major): every TTT
+    step is distilled against these, so the base's LM head runs once per batch, not once per step."""
+    valid = eagle_valid(loss_mask)
+    return valid, F.log_softmax(base_lm_head(base_hidden[:, 1:][valid]).float(), dim=-1)
+
+
 def eagle_loss(module: Eagle3Module, hidden: torch.Tensor, base_hidden: torch.Tensor, base_lm_head: nn.Module,
-               loss_mask: torch.Tensor, step: int = 1) -> tuple[torch.Tensor, tuple[int, int]]:
+               loss_mask: torch.Tensor, step: int = 1, targets: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, tuple[int, int]]:
     """Self-logit distillation (ModelOpt's eagle_self_logit_distillation): cross-entropy against the base's own
     distribution, and (EAGLE's top-1 equals the base's, counted): what greedy verification accepts at depth 1.
 
@@ -183,13 +184,15 @@ def eagle_loss(module: Eagle3Module, hidden: torch.Tensor, base_hidden: torch.Te
     draft's distribution equals the base's, whatever the base's uncertainty. Both LM heads run on the counted
     positions only. ``step`` j (TTT, ``Eagle3Module.ttt_hidden``): rows r < j-1 have no chain and are not counted;
     the target is the same (row r predicts token r+2), so the hits are top-1 at drafting depth j.
+    ``targets``: ``eagle_targets(base_hidden, base_lm_head, loss_mask)``, computed once for all steps (None: here).
     """
-    valid = eagle_valid(loss_mask)
+    all_valid, all_logp = targets if targets is not None else eagle_targets(base_hidden, base_lm_head, loss_mask)
+    counted = all_valid.nonzero()[:, 1] >= step - 1  # [all counted]: the rows this step has a chain for
+    valid = all_valid.clone()
     valid[:, : step - 1] = False
     if not bool(valid.any()):
         return hidden.new_zeros(()) * hidden.sum(), (0, 0)
-    with torch.no_grad():
-        target_logp = F.log_softmax(base_lm_head(base_hidden[:, 1:][valid]).float(), dim=-1)  # [counted, vocab]
+    target_logp = all_logp[counted]  # [counted, vocab]: the same row-major order as hidden[valid]
     logits = module.lm_head(hidden[valid])  # [counted, vocab]
     kl = (target_logp.exp() * (target_logp - F.log_softmax(logits.float(), dim=-1))).sum(-1).mean()
     same = logits.detach().argmax(-1) == target_logp.argmax(-1)

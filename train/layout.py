@@ -252,13 +252,3 @@ def load_heads(path: str | Path, base_num_layers: int | None = None) -> HeadChec
         return ckpt
     raise CheckpointError(f"{d / CONFIG_FILE} describes neither Medusa heads (a \"medusa\" block) nor an EAGLE-3 module "
                           f"(architectures [\"{EAGLE3_ARCHITECTURE}\"] with an \"eagle_config\"); see docs/medusa-eagle.md.")
-
-
-def medusa_num_heads(path: str | Path) -> int:
-    """The number of heads a Medusa checkpoint's config.json declares, without reading its tensors
-    (specdec-build's default --max_draft_len; the build then loads and checks them all once)."""
-    d = Path(path)
-    block = _read_config(d).get("medusa") if d.is_dir() else None
-    if not isinstance(block, dict):  # not Medusa heads: load_heads says exactly what it is or what is wrong
-        return load_heads(d).num_heads
-    return _int_field(block, "num_medusa_heads", f"Medusa heads in {d}")

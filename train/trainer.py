@@ -23,7 +23,7 @@ from torch import nn
 
 from .base import base_config_dict, check_model_dir, decoder_layers, load_base, run_base, weights_sha256
 from .data import Sequence, check_data_file, read_sequences
-from .eagle import Eagle3Module, eagle_inputs, eagle_llama_config, eagle_loss
+from .eagle import Eagle3Module, eagle_inputs, eagle_llama_config, eagle_loss, eagle_targets
 from .errors import TrainConfigError
 from .export import eagle_config, medusa_config, save_heads
 from .layout import default_eagle_aux_layer_ids
@@ -180,9 +180,10 @@ class Run:
             return medusa_loss(self.heads, out.last_hidden, ids, loss_mask, HEADS_COEFFICIENT, DECAY_COEFFICIENT)
         aux, next_embeds = eagle_inputs(ids, out.aux_hidden, self.base.get_input_embeddings())
         steps = self.heads.ttt_hidden(aux, next_embeds, attn[:, :-1], self.cfg.eagle_ttt_steps)  # each [batch, seq-1, hidden]
+        targets = eagle_targets(out.last_hidden, self.base.get_output_embeddings(), loss_mask)
         losses, hits = [], []
         for j, hidden in enumerate(steps, start=1):  # every step against the same base distributions
-            loss, h = eagle_loss(self.heads, hidden, out.last_hidden, self.base.get_output_embeddings(), loss_mask, step=j)
+            loss, h = eagle_loss(self.heads, hidden, out.last_hidden, self.base.get_output_embeddings(), loss_mask, step=j, targets=targets)
             losses.append(loss)
             hits.append(h)
         weights = torch.tensor([self.cfg.eagle_loss_decay_factor ** j for j in range(len(losses))])

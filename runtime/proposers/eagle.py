@@ -35,9 +35,8 @@ import numpy as np
 from ..errors import EngineError
 from ..request import Request
 from ..sampling import processed_probs, sample
-from ..tree import DraftTree, parse_choices
+from ..tree import DraftTree, check_tree, parse_choices, top_k
 from .base import Draft, TargetOutput
-from .medusa import check_tree, top_k
 
 
 class EagleProposer:
@@ -120,30 +119,22 @@ class EagleProposer:
         self._catch_up(lo, hi, want)
         real = self.cache.lengths[lo:hi].copy()
         ids = self.order[lo:hi]
-        trees, chains = want, {}
+        trees, chains = {}, want
         if self.tree is not None:  # sampled requests draft a chain as deep as the tree
             chains = {rid: (i, min(k, self.tree.depth)) for rid, (i, k) in want.items() if not requests[i].config.sampling.greedy}
             trees = {rid: v for rid, v in want.items() if rid not in chains}
-        else:
-            trees, chains = {}, want
         try:
-            if trees:
+            if trees:  # its levels never advance the cache
                 self._draft_tree(lo, ids, trees, out)
-                self.cache.lengths[lo:hi] = real
             if chains:
                 self._draft_chain(lo, ids, chains, requests, out)
         finally:
             self.cache.lengths[lo:hi] = real  # only real pairs stay between rounds
         return out
 
-    def _call(self, lo: int, ids: list[str], tokens: list[list[int]], hidden: list[np.ndarray], advance: np.ndarray,
-              all_logits: bool, parents=None) -> np.ndarray:
-        """One module call on slots lo..: ragged rows of tokens with their hidden_states ([len, hidden] each)."""
-        width = max(map(len, tokens))
-        h = np.zeros((len(ids), width, self.module.model.hidden_size), np.float32)
-        for i, rows in enumerate(hidden):
-            h[i, : len(rows)] = rows
-        return self.module.forward(self.cache, tokens, all_logits=all_logits, advance=advance, first_slot=lo, hidden=h, parents=parents)
+    def _call(self, lo: int, tokens, hidden: np.ndarray, advance: np.ndarray, all_logits: bool, parents=None) -> np.ndarray:
+        """One module call on slots lo..: rows of tokens (ragged allowed) and their hidden_states [n, width, hidden]."""
+        return self.module.forward(self.cache, tokens, all_logits=all_logits, advance=advance, first_slot=lo, hidden=hidden, parents=parents)
 
     def _catch_up(self, lo: int, hi: int, want) -> None:
         """Feed the pending real pairs of the requests ``want`` among slots lo..hi (one ragged call; one call per slot
@@ -159,8 +150,11 @@ class EagleProposer:
                     self._catch_up(s, s + 1, want)
             return
         tokens = [self.pending[rid][1] if go else [0] for rid, go in zip(ids, todo)]
-        hidden = [self.pending[rid][0] if go else np.zeros((0, self.module.model.hidden_size), np.float32) for rid, go in zip(ids, todo)]
-        logits = self._call(lo, ids, tokens, hidden, todo, all_logits=False)  # [n, 1, vocab]: each row's last pair
+        hidden = np.zeros((len(ids), width, self.module.model.hidden_size), np.float32)  # [n, width, hidden], rows padded
+        for i in np.flatnonzero(todo):
+            feats = self.pending[ids[i]][0]
+            hidden[i, : len(feats)] = feats
+        logits = self._call(lo, tokens, hidden, todo, all_logits=False)  # [n, 1, vocab]: each row's last pair
         for i in np.flatnonzero(todo):
             rid = ids[i]
             self.next_logits[rid], self.next_hidden[rid] = logits[i, 0].copy(), self.module.hidden_out[i, 0].copy()
@@ -185,7 +179,7 @@ class EagleProposer:
             if j + 1 == int(lens.max()):
                 break
             go = lens > j + 1
-            logits = self._call(lo, ids, [[int(t)] for t in drafts[:, j]], [h[None] for h in hidden], go, all_logits=False)[:, 0].copy()
+            logits = self._call(lo, drafts[:, j : j + 1], hidden[:, None], go, all_logits=False)[:, 0].copy()
             hidden = self.module.hidden_out[:, 0].copy()
         for i, rid in enumerate(ids):
             if rid in want:
@@ -197,25 +191,24 @@ class EagleProposer:
         n, nodes = len(ids), len(tree)
         tokens = np.zeros((n, nodes), np.int64)
         feed_hidden = np.zeros((n, nodes, self.module.model.hidden_size), np.float32)  # each node's input: its parent's hidden_out
-        go = np.array([rid in want for rid in ids])
-        for i, rid in enumerate(ids):
-            if go[i]:
-                first = tree.depths == 1
-                tokens[i, first] = top_k(self.next_logits[rid], tree.top_k(1))[tree.ranks[first]]
-                feed_hidden[i, first] = self.next_hidden[rid]
+        go = np.flatnonzero([rid in want for rid in ids])
+        first = tree.depths == 1
+        for i in go:
+            tokens[i, first] = top_k(self.next_logits[ids[i]], tree.top_k(1))[tree.ranks[first]]
+            feed_hidden[i, first] = self.next_hidden[ids[i]]
         need = min(max(k for _, k in want.values()), nodes)  # the nodes any request takes: deeper levels are not drafted
         riding = np.zeros(n, bool)  # no row advances: the module's cache keeps its real pairs, the tree is re-fed per level
         for depth in range(1, int(tree.depths[:need].max())):
             upto = int((tree.depths <= depth).sum())  # nodes are ordered by depth: re-feed the tree so far
             parents = tree.parents[:upto]  # -1: a child of the last real pair (the cache's last row)
-            logits = self._call(lo, ids, [row[:upto].tolist() for row in tokens], [row[:upto] for row in feed_hidden], riding, all_logits=True,
-                                parents=[parents] * n)
+            logits = self._call(lo, tokens[:, :upto], feed_hidden[:, :upto], riding, all_logits=True, parents=[parents] * n)
             hidden_out = self.module.hidden_out
-            for child in np.flatnonzero(tree.depths == depth + 1):
-                p = int(tree.parents[child])
-                for i in np.flatnonzero(go):
-                    tokens[i, child] = top_k(logits[i, p], int(tree.ranks[child]) + 1)[-1]
-                    feed_hidden[i, child] = hidden_out[i, p]
+            children = np.flatnonzero(tree.depths == depth + 1)
+            for p in np.unique(tree.parents[children]).tolist():  # one top-k per parent, shared by its children
+                kids = children[tree.parents[children] == p]
+                for i in go:
+                    tokens[i, kids] = top_k(logits[i, p], int(tree.ranks[kids].max()) + 1)[tree.ranks[kids]]
+                    feed_hidden[i, kids] = hidden_out[i, p]
         for i, rid in enumerate(ids):
             if rid in want:
                 k = min(want[rid][1], nodes)

@@ -31,7 +31,7 @@ import numpy as np
 from ..errors import EngineError
 from ..request import Request
 from ..sampling import processed_probs, sample
-from ..tree import DraftTree, parse_choices
+from ..tree import DraftTree, check_tree, parse_choices, top_k, tree_draft
 from .base import Draft, TargetOutput
 
 
@@ -93,35 +93,3 @@ class MedusaProposer:
         # the row of the last kept token: its target logits gave the appended token, its heads the ones after it
         self.heads[request.request_id] = self.target.medusa_logits[request.slot, target.rows[-1]].copy()  # [heads, vocab]
 
-
-def top_k(logits: np.ndarray, k: int) -> np.ndarray:
-    """The k best token ids of logits [vocab], best first (ties: the lower id, as argmax)."""
-    if k == 1:
-        return np.array([int(logits.argmax())], np.int64)
-    part = np.argpartition(-logits, k - 1)[:k]
-    return part[np.lexsort((part, -logits[part]))].astype(np.int64)
-
-
-def tree_draft(tree: DraftTree, k: int, candidates) -> Draft:
-    """The first k nodes of ``tree`` (a prefix of its order is a tree) filled from ``candidates(depth, top) -> [top]``,
-    the best tokens at that depth (Medusa: one list per depth, whatever the parent)."""
-    n = min(k, len(tree))
-    ranks, depths = tree.ranks[:n], tree.depths[:n]
-    per_depth = {d: candidates(d, tree.top_k(d)) for d in np.unique(depths).tolist()}
-    tokens = np.array([per_depth[int(d)][int(i)] for d, i in zip(depths, ranks)], np.int64)
-    return Draft(tokens, parents=tree.parents[:n].copy(), depths=depths.copy())
-
-
-def check_tree(tree: DraftTree, target, flag: str, max_depth: int | None = None, depth_what: str = "") -> None:
-    """A tree the target can verify: tree attention, at most max_draft_len nodes, not deeper than ``max_depth``."""
-    build = target.build
-    if not getattr(target, "tree_attention", False):
-        raise EngineError(f"{flag}: the target engine {target.engine.path} has no tree attention (it verifies chains only); "
-                          "rebuild it with --speculative_decoding_mode medusa or eagle.")
-    if len(tree) > build.max_draft_len:
-        raise EngineError(f"{flag} has {len(tree)} nodes, more than the target engine's max_draft_len={build.max_draft_len} "
-                          f"(the nodes it verifies per step, baked in at build time). Use a smaller tree or rebuild with --max_draft_len {len(tree)}.")
-    if int(tree.ranks.max()) >= target.vocab_size:
-        raise EngineError(f"{flag} asks for the {int(tree.ranks.max()) + 1}-th best token, more than the vocabulary's {target.vocab_size}.")
-    if max_depth is not None and tree.depth > max_depth:
-        raise EngineError(f"{flag} is {tree.depth} deep; {depth_what} draft at most {max_depth} tokens ahead.")

@@ -96,7 +96,7 @@ def test_sampled_eagle_chain_gives_probabilities(eagle):
     assert all(len(o) == 20 for o in outs) and stats.drafted > 0
 
 
-def test_eagle_refusals(eagle, tmp_path):
+def test_eagle_refusals(eagle):
     t, m = eagle["target"], eagle["mod"]
     with pytest.raises(EngineError, match="not an EAGLE module"):
         EagleProposer(t, t)
@@ -116,11 +116,14 @@ def test_a_tree_drafts_chains_for_sampled_requests(eagle):
     tree, chain = proposer.propose([engine.requests[greedy], engine.requests[sampled]], [6, 6])
     assert tree.parents is not None and len(tree) == 6 and tree.probs is None
     assert chain.parents is None and len(chain) == 3 and chain.probs is not None
+    done = {}
     while engine.has_unfinished():
-        engine.step()
+        done.update((o.request_id, o.output_ids) for o in engine.step() if o.finished)
+    want, _ = generate(t, m, [PROMPTS[0]], "none", 0, max_output_len=10)
+    assert done[greedy] == want[0] and len(done[sampled]) == 10  # the greedy request stays exact beside a sampled one
 
 
-def test_bench_sweep_measures_eagle_chains_and_a_tree(eagle, tmp_path):
+def test_bench_sweep_measures_eagle_chains_and_a_tree(eagle):
     """specdec-bench's sweep: EAGLE chain rows for each draft length and one tree row, each identical to target-only."""
     from specdec.runtime.bench import run_sweep
 
