@@ -357,7 +357,11 @@ def test_enlarged_eagle_module_gives_the_same_logits(heads_pair):
 def test_heads_cli_errors_are_one_line(heads_pair, tmp_path, capsys):
     h = heads_pair
     code, err = run_cli(capsys, "--heads", str(h["root"] / "medusa"), "--base", str(h["small"]), str(tmp_path / "out"))
-    assert code == 0, err  # the same width: a plain copy is allowed
+    assert code == 0, err  # the same width: a plain copy is allowed, the same tensors
+    from specdec.train.layout import load_heads
+
+    src, copy = load_heads(h["root"] / "medusa"), load_heads(tmp_path / "out")
+    assert src.tensors.keys() == copy.tensors.keys() and all(np.array_equal(src.tensors[k], copy.tensors[k]) for k in src.tensors)
     code, err = run_cli(capsys, "--heads", str(h["root"] / "big-medusa"), "--base", str(h["small"]), str(tmp_path / "out2"))
     assert code == 1 and "exceeds the base's 64" in err and err.count("\n") == 1
     code, err = run_cli(capsys, "--heads", str(h["root"] / "eagle"), "--base", str(h["big"]), str(h["root"] / "big-eagle"))
