@@ -36,7 +36,7 @@ compare() {  # compare DIR TOKENS TAG: draft-target, then n-gram, then EAGLE, ea
     say specdec-run --engine_dir "$1/target" --ngram_config "[8,3,[0]]" --input_text "..." --max_output_len "$2" --baseline --repeat "$REPEAT"
     specdec-run --engine_dir "$1/target" --ngram_config "[8,3,[0]]" \
         --input_text "$PROMPT" --max_output_len "$2" --baseline --repeat "$REPEAT" --output_json "$OUT/$3-ngram.json"
-    say specdec-run --engine_dir "$1/eagle" --eagle_choices "$EAGLE_TREE" --input_text "..." --max_output_len "$2" --baseline --repeat "$REPEAT"
+    say specdec-run --engine_dir "$1/eagle" --eagle_choices "\"$EAGLE_TREE\"" --input_text "..." --max_output_len "$2" --baseline --repeat "$REPEAT"
     specdec-run --engine_dir "$1/eagle" --eagle_choices "$EAGLE_TREE" \
         --input_text "$PROMPT" --max_output_len "$2" --baseline --repeat "$REPEAT" --output_json "$OUT/$3-eagle.json"
 }
