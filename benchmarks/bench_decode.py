@@ -27,7 +27,7 @@ from prompts import code_prompts  # noqa: E402
 
 from specdec.builder.build import build_engine  # noqa: E402
 from specdec.runtime import Orchestrator, SamplingConfig, load_orchestrator  # noqa: E402
-from specdec.runtime.bench import analytic_bound, generate_each, step_cost  # noqa: E402
+from specdec.bench.sweep import analytic_bound, generate_each, step_cost  # noqa: E402
 from specdec.runtime.config_strings import DraftTargetConfig  # noqa: E402
 from specdec.runtime.engine_format import BuildConfig  # noqa: E402
 from specdec.runtime.proposers.draft_model import DraftModelProposer  # noqa: E402
@@ -40,7 +40,7 @@ def best_of(runs: list[dict]) -> dict:
 
 
 def ours(orch, prompts, max_new, warm: bool = True) -> dict:
-    """Batch 1, one request at a time, like the peers (runtime.bench.generate_each)."""
+    """Batch 1, one request at a time, like the peers (bench.sweep.generate_each)."""
     r = generate_each(orch, prompts, [max_new] * len(prompts), warmup=int(warm))
     return {**r, "tokens_per_s": r["output_tokens_per_s"], "seconds": r["total_s"]}
 
@@ -81,7 +81,7 @@ def main() -> None:
         print(f"  {name:<28} {r['tokens_per_s']:8.1f} tokens/s{extra}", flush=True)
 
     print(f"{len(prompts)} prompts of ~{args.prompt_tokens} tokens, {n_new} new tokens each, batch 1, threads={args.threads or 'default'}, best of {args.repeats} interleaved rounds")
-    # One target session (and one draft session) serves every method, as in runtime.bench.run_sweep.
+    # One target session (and one draft session) serves every method, as in bench.sweep.run_sweep.
     if args.draft:
         first = load_orchestrator(work / "target", work / "draft", DraftTargetConfig(max(draft_lens), [0], [0], False), num_threads=args.threads)
         target_ex, draft_ex = first.target, first.proposer.executor

@@ -40,9 +40,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from prompts import code_prompts  # noqa: E402
 
 from specdec.builder.build import build_engine  # noqa: E402
-from specdec.runtime.bench import analytic_bound, generate_each  # noqa: E402
-from specdec.runtime.cuda_executor import CudaExecutor  # noqa: E402
-from specdec.runtime.cuda_host import D2D, cudart  # noqa: E402
+from specdec.bench.sweep import analytic_bound, generate_each  # noqa: E402
+from specdec.runtime.backends.onnxruntime.cuda import CudaExecutor  # noqa: E402
+from specdec.runtime.backends.onnxruntime.cuda_host import D2D, cudart  # noqa: E402
 from specdec.runtime.engine_format import BuildConfig, load_engine_dir  # noqa: E402
 from specdec.runtime.orchestrator import Orchestrator  # noqa: E402
 from specdec.runtime.proposers.draft_model import DraftModelProposer  # noqa: E402

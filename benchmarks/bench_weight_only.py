@@ -59,7 +59,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from prompts import spread, workloads  # noqa: E402
 
-from specdec.cli import peers  # noqa: E402
+from specdec.bench import peers  # noqa: E402
 
 BITS = ("fp32", "int8", "int4")
 LLAMA_TYPE = {"fp32": "f32", "int8": "q8_0", "int4": "q4_0"}

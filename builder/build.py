@@ -298,7 +298,7 @@ def build_engine(
             _write_eagle_module(tmp, ckpt, eagle, model, build, versions, checkpoint_dir)
         trt_meta = None
         if build.backend == "tensorrt":
-            from ..runtime.trt_executor import ENGINE_FILE
+            from ..runtime.backends.tensorrt.executor import ENGINE_FILE
             from .backends.tensorrt import build_tensorrt_engine
 
             trt_meta = build_tensorrt_engine(tmp / network_file, tmp, build, model, Path(trt_timing_cache) if trt_timing_cache else None,

@@ -1,7 +1,7 @@
 """specdec-bench: prepare a dataset, then sweep target-only / draft-target / n-gram over draft lengths.
 
 The analogue of TensorRT-LLM's prepare_dataset.py + trtllm-bench. The logic
-lives in specdec.runtime.bench; this is the command-line face (plus the plot
+lives in specdec.bench (datasets.py, sweep.py); this is the command-line face (plus the plot
 and the peer comparison, which need matplotlib and torch/transformers).
 """
 
@@ -15,16 +15,8 @@ from typing import Any
 
 import click
 
-from ..runtime.bench import (
-    dumps_dataset,
-    parse_draft_lens,
-    parse_methods,
-    prepare_from_jsonl,
-    prepare_synthetic,
-    run_sweep,
-    special_token_ids,
-    token_agreement,
-)
+from ..bench.datasets import dumps_dataset, prepare_from_jsonl, prepare_synthetic, special_token_ids
+from ..bench.sweep import parse_draft_lens, parse_methods, run_sweep, token_agreement
 from ..runtime.engine_format import TREE_MODES, load_engine_dir
 from ..runtime.errors import RequestError
 from ..runtime.tokenizer import Tokenizer
@@ -283,7 +275,7 @@ def _check_compare(which: str, target: Any, draft: Any, target_ckpt: str | None,
         except ImportError:
             raise RequestError("--compare with the hf peer needs torch and transformers: pip install 'specdec[hf]' (CPU torch: torch==2.13.0).") from None
     if "ortgenai" in wanted:
-        from . import peers
+        from ..bench import peers
 
         why = peers.ortgenai_unavailable()
         if why:  # a missing peer is skipped with a note, as docs/bench-and-eval.md says, and recorded as skipped
@@ -294,7 +286,7 @@ def _check_compare(which: str, target: Any, draft: Any, target_ckpt: str | None,
 
 def _compare(result, records, base_ids, wanted, t_ckpt, d_ckpt, work_dir, threads, ngram_size, lens, methods) -> list[dict]:
     try:
-        from . import peers
+        from ..bench import peers
     except ImportError as err:  # pragma: no cover
         raise RequestError(f"--compare: {err}") from None
     prompts = [r["input_ids"] for r in records]

@@ -16,7 +16,8 @@ from typing import Any
 
 import click
 
-from ..runtime.bench import generate_each, jsonl_values, token_agreement
+from ..bench.datasets import jsonl_values
+from ..bench.sweep import generate_each, token_agreement
 from ..runtime.config_strings import DTM_FORM, NGRAM_FORM, parse_draft_target_config, parse_ngram_config
 from ..runtime.engine_format import load_engine_dir
 from ..runtime.errors import RequestError
@@ -153,7 +154,7 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
     runs: list[tuple[str, dict[str, Any]]] = []
     click.echo(f"{len(examples)} examples, up to {max_output_len} new tokens each, greedy", err=True)
     if test_hf:
-        from . import peers
+        from ..bench import peers
 
         click.echo("  decoding with HF transformers", err=True)
         r = peers.hf_generate(str(hf_dir), prompts, n_new, num_threads=num_threads, stop_ids=list(ends))

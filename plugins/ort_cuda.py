@@ -19,7 +19,7 @@ What it changes against the portable lowering, and why:
   ``total_sequence_length`` (int32 scalar in host memory, which GQA takes on
   the CPU by design). The runtime knows it without asking the device: the
   call's width for a first prompt (every row empty), else the KV capacity
-  (runtime/cuda_executor.py: ``attention_bound``). Each row's real bound is
+  (runtime/backends/onnxruntime/cuda.py: ``attention_bound``). Each row's real bound is
   ``seqlens_k``, computed on the device from position_ids.
 * The MLP's SiLU is one ``com.microsoft.QuickGelu`` (alpha 1) and, with fused
   rotary, GQA takes the packed q|k|v projection: fewer, not faster, kernels
@@ -40,7 +40,7 @@ from ..runtime.engine_format import BuildConfig
 from .attention import AttentionLowering, Shared
 from .ort_cpu import CONTRIB, OrtCpuAttention
 
-TOTAL_LEN_INPUT = "total_sequence_length"  # [] int32, host memory: see attention_bound in runtime/cuda_executor.py
+TOTAL_LEN_INPUT = "total_sequence_length"  # [] int32, host memory: see attention_bound in runtime/backends/onnxruntime/cuda.py
 
 
 class OrtCudaAttention(AttentionLowering):

@@ -8,7 +8,7 @@ They differ in what the backend runs fastest:
 * portable: standard ONNX ``DequantizeLinear`` (int4/uint4 or int8/uint8
   weight ``[in, out]``, ``block_size`` along the input axis) feeding
   ``MatMul``: the pattern TensorRT fuses into weight-only GEMMs. The
-  executor (runtime/executor.py, ``session.disable_quant_qdq``) has ONNX
+  executor (runtime/backends/onnxruntime/cpu.py, ``session.disable_quant_qdq``) has ONNX
   Runtime fold these constant DequantizeLinear into float32 at load: small
   on disk, float32 in memory and compute on a CPU.
 * ort_cpu: ``com.microsoft.MatMulNBits``: the weight stays packed in memory

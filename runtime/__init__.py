@@ -20,11 +20,20 @@ __version__ = "0.1.0"
 from .config_strings import DraftTargetConfig, NGramConfig, parse_draft_target_config, parse_ngram_config  # noqa: E402,F401
 from .engine_format import EngineDir, load_engine_dir  # noqa: E402,F401
 from .errors import SpecdecError  # noqa: E402,F401
-from .executor import OrtExecutor  # noqa: E402,F401
-from .backend import Executor, Placement, open_executor  # noqa: E402,F401
+from .backends import open_executor  # noqa: E402,F401
+from .backends.base import Executor, Placement  # noqa: E402,F401
 from .engine import Engine, SpeculationConfig  # noqa: E402,F401
 from .kv_cache import KVCache  # noqa: E402,F401
 from .loading import load_engine, load_orchestrator  # noqa: E402,F401
 from .metrics import Metrics  # noqa: E402,F401
 from .orchestrator import GenerationConfig, Orchestrator, RequestOutput  # noqa: E402,F401
 from .sampling import SamplingConfig  # noqa: E402,F401
+
+
+def __getattr__(name: str):
+    """``OrtExecutor`` on first use: importing the runtime loads no backend until something asks for one."""
+    if name == "OrtExecutor":
+        from .backends.onnxruntime.cpu import OrtExecutor
+
+        return OrtExecutor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,16 +9,15 @@ tensorrt engines), and the device ids of TensorRT-LLM's lists (``[0]``,
 
 from __future__ import annotations
 
-from .backend import DEVICE_KINDS, Placement, available_devices
+from .backends import available_devices, natural_kind
+from .backends.base import DEVICE_KINDS, Placement
 from .engine_format import EngineDir
 from .errors import DeviceError
-
-NATURAL_KIND = {"onnxruntime": "cpu", "tensorrt": "cuda"}
 
 
 def device_kind(engine: EngineDir, device: str = "auto") -> str:
     if device == "auto":
-        return NATURAL_KIND.get(engine.config.build.backend, "cpu")
+        return natural_kind(engine.config.build.backend)
     if device not in DEVICE_KINDS:
         raise DeviceError(f"unknown device {device!r}; expected auto, {' or '.join(DEVICE_KINDS)}.")
     return device

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .backend import Executor, Placement, open_executor
+from .backends import check_placement, open_executor
+from .backends.base import Executor, Placement
 from .config_strings import DraftTargetConfig, NGramConfig
 from .devices import placement
 from .engine import Engine, SpeculationConfig
@@ -21,16 +22,11 @@ from .proposers.base import Proposer
 from .proposers.draft_model import DraftModelProposer
 from .proposers.ngram import NGramProposer
 
-__all__ = ["gpu_placements", "load_engine", "load_orchestrator", "open_executor", "Placement"]
+__all__ = ["load_engine", "load_orchestrator", "open_executor", "Placement"]
 
 
 def _engine(d: str | Path | EngineDir) -> EngineDir:
     return d if isinstance(d, EngineDir) else load_engine_dir(d)
-
-
-def gpu_placements(placed: list[tuple[EngineDir, int]]) -> list[tuple[EngineDir, int]]:
-    """The (engine, device) pairs whose KV cache and plan take GPU memory up front: tensorrt engines."""
-    return [(e, d) for e, d in placed if e.config.build.backend == "tensorrt"]
 
 
 def load_engine(
@@ -85,12 +81,8 @@ def load_engine(
     proposers: list[Proposer] = []
     if draft is not None and dtm is not None:
         dwhere = placement(dtm.draft_devices, draft, "draft", draft_device or device, draft_num_threads)
-        if where.kind == dwhere.kind == "cuda":
-            on_gpu = gpu_placements([(target, where.index), (draft, dwhere.index)])
-            if on_gpu:
-                from .trt_executor import check_memory  # refuse, with the numbers, before allocating anything
-
-                check_memory([e for e, _ in on_gpu], [d for _, d in on_gpu])
+        if where.kind == dwhere.kind:  # two engines that may share a device: each backend refuses what cannot fit, before any opens
+            check_placement([(target, where), (draft, dwhere)])
         proposers.append(DraftModelProposer(open_executor(draft, dwhere), dtm.use_logits, draft_confidence_threshold))
     if ngram is not None:
         proposers.append(NGramProposer(ngram.max_draft_len, ngram.max_matching_ngram_size, ngram_keep_all, ngram_use_oldest, ngram_min_match))

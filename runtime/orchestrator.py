@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Sequence
 
-from .backend import Executor
+from .backends.base import Executor
 from .engine import Engine, SpeculationConfig
 from .errors import RequestError
 from .metrics import Metrics

@@ -9,7 +9,7 @@ Nodes are ordered by depth, then by their path (TensorRT-LLM sorts them the
 same way), so a node's parent always comes before it; ``parents[j]`` is the
 index of node j's parent, -1 for a child of the last accepted token (the
 root). The target verifies every node in one call (each attends to its
-ancestors only: runtime/executor.py's tree_mask) and the longest path whose
+ancestors only: runtime/backends/onnxruntime/cpu.py's tree_mask) and the longest path whose
 every token equals the target's greedy choice is kept.
 """
 

@@ -9,7 +9,7 @@ from checkpoints import make_checkpoint  # noqa: E402
 
 from specdec.builder.build import build_engine  # noqa: E402
 from specdec.runtime.engine_format import BuildConfig, load_engine_dir  # noqa: E402
-from specdec.runtime.executor import OrtExecutor  # noqa: E402
+from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor  # noqa: E402
 
 
 def gpu_skip_reason() -> str | None:
@@ -18,7 +18,7 @@ def gpu_skip_reason() -> str | None:
         import tensorrt  # noqa: F401  (the builder: tensorrt_lean/dispatch only run plans)
     except Exception as err:
         return f"needs an NVIDIA GPU and the full TensorRT (pip install -e '.[tensorrt]'); import tensorrt failed: {err}"
-    from specdec.runtime.trt_host import cuda_device_count
+    from specdec.runtime.backends.tensorrt.host import cuda_device_count
 
     if cuda_device_count() == 0:
         return "needs an NVIDIA GPU: TensorRT is installed but CUDA sees no GPU"
@@ -27,7 +27,7 @@ def gpu_skip_reason() -> str | None:
 
 def cuda_skip_reason() -> str | None:
     """Why the ``cuda`` tests (ONNX Runtime's CUDA provider) cannot run here, or None."""
-    from specdec.runtime.cuda_host import visible_cuda_gpus
+    from specdec.runtime.backends.onnxruntime.cuda_host import visible_cuda_gpus
     from specdec.runtime.errors import DeviceError
 
     try:

@@ -24,8 +24,8 @@ from typing import Callable
 
 from ...runtime.engine_format import BuildConfig, ModelConfig
 from ...runtime.errors import BuildConfigError, DeviceError
-from ...runtime.trt_executor import CONTEXT_PROFILE, ENGINE_FILE, GENERATION_PROFILE
-from ...runtime.trt_host import MIN_TENSORRT, cuda_call, cuda_device_info, cudart_module, visible_gpu_count
+from ...runtime.backends.tensorrt.executor import CONTEXT_PROFILE, ENGINE_FILE, GENERATION_PROFILE
+from ...runtime.backends.tensorrt.host import MIN_TENSORRT, cuda_call, cuda_device_info, cudart_module, visible_gpu_count
 
 INSTALL_HINT = 'pip install "specdec[tensorrt]" on a host with an NVIDIA GPU and its driver'
 Shape = tuple[int, ...]

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..backend import Executor
+from ..backends.base import Executor
 from ..request import Request
 from ..sampling import processed_probs, sample
 from .base import Draft, TargetOutput

@@ -19,11 +19,11 @@ from checkpoints import make_checkpoint
 from conftest import spec_build
 
 from specdec.builder.build import build_engine
-from specdec.runtime.cuda_executor import attention_bound, rows_one_by_one
+from specdec.runtime.backends.onnxruntime.cuda import attention_bound, rows_one_by_one
 from specdec.runtime.engine_format import load_engine_dir
 from specdec.runtime.errors import BuildConfigError
-from specdec.runtime.backend import pad_tokens
-from specdec.runtime.executor import OrtExecutor
+from specdec.runtime.backends.base import pad_tokens
+from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 
 CASES = {
     "llama (packed qkv, fused rotary)": ("LlamaForCausalLM", dict(tie_word_embeddings=True)),

@@ -26,8 +26,8 @@ from specdec.builder.backends.tensorrt import build_tensorrt_engine, generation_
 from specdec.builder.build import build_engine
 from specdec.runtime.engine_format import EngineDir, ModelConfig, load_engine_dir
 from specdec.runtime.errors import BuildConfigError, DeviceError, EngineError, RequestError
-from specdec.runtime.executor import OrtExecutor
-from specdec.runtime.trt_executor import (
+from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
+from specdec.runtime.backends.tensorrt.executor import (
     ENGINE_FILE,
     GENERATION_PROFILE,
     TrtExecutor,
@@ -228,7 +228,7 @@ def test_version_compatible_plan_runs_on_the_small_runtimes(tmp_path, runtime, e
     # In a child process that never imports the full tensorrt, as on a shipped host.
     script = (
         "import sys, numpy as np\n"
-        "from specdec.runtime.engine_format import load_engine_dir\nfrom specdec.runtime.trt_executor import TrtExecutor\n"
+        "from specdec.runtime.engine_format import load_engine_dir\nfrom specdec.runtime.backends.tensorrt.executor import TrtExecutor\n"
         f"ex = TrtExecutor(load_engine_dir({str(tmp_path / 'vc')!r}))\nassert ex._trt.__name__ == {runtime!r}, ex._trt.__name__\n"
         "assert 'tensorrt' not in sys.modules\nc = ex.new_cache(2)\n"
         "a = ex.forward(c, [[5, 6, 7, 8], [9, 10]], False).copy()\nb = ex.forward(c, [[11, 12, 13], [14]], True).copy()\n"

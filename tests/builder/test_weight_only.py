@@ -338,7 +338,7 @@ def test_checkpoint_dequantized_or_portable_equals_its_float_twin(gptq_act_order
     """--qformat none dequantizes the checkpoint; a portable int4 engine computes with the folded float32
     weights (act-order Gather included): both within float32 rounding of the float twin."""
     from specdec.runtime.engine_format import load_engine_dir
-    from specdec.runtime.executor import OrtExecutor
+    from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 
     ckpt, twin = gptq_act_order
     build_engine(ckpt, tmp_path / "e", spec_build(4 if "auto" in flags else 0, quantization=flags[1], lowering="portable", dtype="float32"),

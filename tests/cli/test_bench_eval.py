@@ -15,10 +15,11 @@ from conftest import spec_build
 from safetensors.torch import load_file, save_file
 
 from specdec.builder.build import build_engine
-from specdec.cli import peers
+from specdec.bench import peers
 from specdec.cli.bench import main as bench_main
 from specdec.cli.eval import main as eval_main
-from specdec.runtime.bench import prepare_from_jsonl, prepare_synthetic, token_agreement
+from specdec.bench.datasets import prepare_from_jsonl, prepare_synthetic
+from specdec.bench.sweep import token_agreement
 from specdec.runtime.errors import RequestError
 from specdec.runtime.tokenizer import Tokenizer as EngineTokenizer
 
@@ -253,7 +254,7 @@ def test_token_agreement():
 
 
 def test_peers_entry_runs_by_path_and_shim_reexports():
-    """The onnxruntime-genai venv has no specdec: cli/peers.py must run as a plain file."""
+    """The onnxruntime-genai venv has no specdec: bench/peers.py must run as a plain file."""
     path = Path(peers.__file__)
     proc = subprocess.run([sys.executable, "-I", str(path)], input='{"fn": "nope"}', capture_output=True, text=True, cwd="/")
     assert proc.returncode == 0, proc.stderr
@@ -267,7 +268,7 @@ def test_peers_entry_runs_by_path_and_shim_reexports():
 
 
 def test_runtime_bench_imports_no_heavy_modules():
-    code = ("import sys, specdec.runtime.bench, specdec.cli.bench, specdec.cli.eval, specdec.cli.peers; "
+    code = ("import sys, specdec.bench.sweep, specdec.bench.datasets, specdec.cli.bench, specdec.cli.eval, specdec.bench.peers; "
             "bad = [m for m in ('torch', 'transformers', 'matplotlib', 'specdec.builder', 'rouge_score') if m in sys.modules]; "
             "assert not bad, bad")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from specdec.builder.build import build_engine
-from specdec.cli import peers
+from specdec.bench import peers
 from specdec.cli.bench import main as bench_main
 from specdec.cli.build import main as build_main
 from specdec.cli.run import main as run_main

@@ -1,4 +1,4 @@
-"""The ONNX Runtime CUDA executor (runtime/cuda_executor.py).
+"""The ONNX Runtime CUDA executor (runtime/backends/onnxruntime/cuda.py).
 
 On every host: its refusals, each one clean line, and the pure rules it feeds
 the ort_cuda lowering with. Nothing here pretends a GPU exists: a test that
@@ -17,9 +17,9 @@ import pytest
 from conftest import engine_greedy, spec_build
 
 from specdec.builder.build import build_engine
-from specdec.runtime.backend import Placement, open_executor
-from specdec.runtime.cuda_executor import CudaExecutor, attention_bound, check_engine, rows_one_by_one
-from specdec.runtime.cuda_host import cuda_gpu_count, require_cuda_provider, require_gpu
+from specdec.runtime.backends import Placement, open_executor
+from specdec.runtime.backends.onnxruntime.cuda import CudaExecutor, attention_bound, check_engine, rows_one_by_one
+from specdec.runtime.backends.onnxruntime.cuda_host import cuda_gpu_count, require_cuda_provider, require_gpu
 from specdec.runtime.devices import placement
 from specdec.runtime.engine_format import load_engine_dir
 from specdec.runtime.errors import DeviceError, EngineError, RequestError
@@ -139,7 +139,7 @@ def generate(target, prompts, proposer=None, draft_len=0, max_output_len=48):
 @pytest.mark.cuda
 @pytest.mark.parametrize("name", ["target_fp32", "target_portable"])
 def test_demo_pair_greedy_on_the_gpu_equals_the_cpu_executor(demo, name):
-    from specdec.runtime.executor import OrtExecutor
+    from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 
     engines, prompts = demo
     cpu, gpu = OrtExecutor(engines[name], num_threads=2), CudaExecutor(engines[name], 0)
@@ -170,7 +170,7 @@ def test_speculative_equals_target_only_on_the_gpu(demo, batch):
 
 @pytest.mark.cuda
 def test_draft_on_cpu_target_on_gpu(demo):
-    from specdec.runtime.executor import OrtExecutor
+    from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
     from specdec.runtime.proposers.draft_model import DraftModelProposer
 
     engines, prompts = demo

@@ -17,7 +17,7 @@ from specdec.builder.build import build_engine
 from specdec.runtime.engine import Engine, SpeculationConfig
 from specdec.runtime.engine_format import eagle_module_dir, load_engine_dir
 from specdec.runtime.errors import EngineError
-from specdec.runtime.executor import OrtExecutor
+from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 from specdec.runtime.proposers.eagle import EagleProposer
 from specdec.runtime.request import GenerationConfig
 from specdec.runtime.sampling import SamplingConfig
@@ -125,7 +125,7 @@ def test_a_tree_drafts_chains_for_sampled_requests(eagle):
 
 def test_bench_sweep_measures_eagle_chains_and_a_tree(eagle):
     """specdec-bench's sweep: EAGLE chain rows for each draft length and one tree row, each identical to target-only."""
-    from specdec.runtime.bench import run_sweep
+    from specdec.bench.sweep import run_sweep
 
     data = [{"input_ids": p, "output_len": 12} for p in PROMPTS]
     target = load_engine_dir(eagle["dir"] / "engine")

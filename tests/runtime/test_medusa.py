@@ -60,7 +60,7 @@ def _build_medusa(ckpt, heads_dir, out, **kw):
 def engines(medusa):
     d = medusa["dir"]
     from specdec.runtime.engine_format import load_engine_dir
-    from specdec.runtime.executor import OrtExecutor
+    from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 
     out = {}
     for name, heads in (("random", "heads"), ("copy", "copy_heads")):
@@ -72,7 +72,7 @@ def engines(medusa):
 @pytest.mark.parametrize("lowering", ["ort_cpu", "portable"])
 def test_medusa_logits_match_the_heads(medusa, lowering, tmp_path):
     from specdec.runtime.engine_format import load_engine_dir
-    from specdec.runtime.executor import OrtExecutor
+    from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 
     _build_medusa(medusa["ckpt"], medusa["dir"] / "heads", tmp_path / "e", lowering=lowering)
     engine = load_engine_dir(tmp_path / "e")
@@ -321,7 +321,7 @@ def test_a_modelopt_whole_model_export_builds_and_runs(medusa, tmp_path):
     (d / "config.json").write_text(json.dumps({**cfg, "medusa": {"num_medusa_heads": 2, "num_medusa_layers": 1}}))
     _build_medusa(medusa["ckpt"], d, tmp_path / "e")
     from specdec.runtime.engine_format import load_engine_dir
-    from specdec.runtime.executor import OrtExecutor
+    from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 
     target = OrtExecutor(load_engine_dir(tmp_path / "e"), num_threads=1)
     assert target.medusa_heads == 2

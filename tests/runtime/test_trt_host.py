@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from specdec.runtime import trt_host
+from specdec.runtime.backends.tensorrt import host as trt_host
 from specdec.runtime.engine_format import CONFIG_FILE, hash_directory, load_engine_dir
 from specdec.runtime.errors import DeviceError, EngineError
-from specdec.runtime.trt_host import RUNTIME_MODULES, build_metadata, check_gpu_arch, cuda_device_count, import_runtime, version_problem
+from specdec.runtime.backends.tensorrt.host import RUNTIME_MODULES, build_metadata, check_gpu_arch, cuda_device_count, import_runtime, version_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALLED = [m for m in RUNTIME_MODULES if importlib.util.find_spec(m) is not None]
@@ -146,7 +146,7 @@ def test_executor_calls_exist_in_the_real_runtime_api(module):
     if module not in INSTALLED:
         pytest.skip(f"{module} is not installed (pip install -e '.[dev]' on Linux x86-64)")
     trt = importlib.import_module(module)
-    used = used_attributes(ROOT / "runtime" / "trt_executor.py", {
+    used = used_attributes(ROOT / "runtime" / "backends" / "tensorrt" / "executor.py", {
         "trt": "module", "self._trt": "module", "plan": "engine", "self._plan": "engine",
         "ctx": "context", "self._context": "context", "self._runtime": "runtime",
     })
@@ -162,7 +162,7 @@ def test_executor_calls_exist_in_the_real_runtime_api(module):
 def test_cuda_calls_exist_in_the_real_cuda_python():
     from cuda.bindings import runtime as cudart
 
-    files = [ROOT / "runtime" / "trt_executor.py", ROOT / "runtime" / "trt_host.py", ROOT / "builder" / "backends" / "tensorrt.py"]
+    files = [ROOT / "runtime" / "backends" / "tensorrt" / "executor.py", ROOT / "runtime" / "backends" / "tensorrt" / "host.py", ROOT / "builder" / "backends" / "tensorrt.py"]
     roots = {"rt": "cudart", "self._rt": "cudart", "cudart_module()": "cudart"}
     used = set().union(*(used_attributes(f, roots)["cudart"] for f in files))
     assert {("cudaMalloc",), ("cudaMemcpyAsync",), ("cudaMemGetInfo",), ("cudaGetDeviceProperties",)} <= used
@@ -203,17 +203,21 @@ def no_gpu_engine(tmp_path_factory):
 
 
 def test_only_tensorrt_engines_count_against_gpu_memory(no_gpu_engine):
-    from specdec.runtime.loading import gpu_placements
+    from specdec.runtime.backends import Placement, backend_for, placement_groups
 
     trt_engine = load_engine_dir(no_gpu_engine)
     ort_engine = load_engine_dir(no_gpu_engine.with_name("onnx"))
-    assert gpu_placements([(trt_engine, 1), (ort_engine, 0)]) == [(trt_engine, 1)]  # a CPU draft beside a GPU target
-    assert gpu_placements([(ort_engine, 0), (ort_engine, 0)]) == []
+    # a CPU draft beside a GPU target: the tensorrt backend is asked about its own engine only
+    groups = placement_groups([(trt_engine, Placement("cuda", 1)), (ort_engine, Placement("cpu", 0))])
+    assert groups[("tensorrt", "cuda")] == [(trt_engine, 1)]
+    # the onnxruntime backend measures no GPU memory up front, whatever it is given
+    for kind in ("cpu", "cuda"):
+        backend_for(ort_engine, kind).check_placement([ort_engine, ort_engine], [0, 0])
 
 
 def test_executor_refuses_a_host_without_gpu_before_tensorrt_runs(no_gpu_engine):
     # In a child process: TensorRT deserializing without a driver ends the process with SIGSEGV.
-    code = ("from specdec.runtime.engine_format import load_engine_dir\nfrom specdec.runtime.trt_executor import TrtExecutor\n"
+    code = ("from specdec.runtime.engine_format import load_engine_dir\nfrom specdec.runtime.backends.tensorrt.executor import TrtExecutor\n"
             f"TrtExecutor(load_engine_dir({str(no_gpu_engine)!r}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 1, out.stderr[-2000:]

@@ -26,15 +26,28 @@ from typing import Sequence
 
 import numpy as np
 
-from .engine_format import EngineDir
-from .errors import DeviceError, EngineError, RequestError
-from .backend import plan_step, refuse_trees
-from .kv_cache import KVCache
-from .cuda_host import CUDA_PROVIDER, D2D, D2H, cudart, require_cuda_provider, require_gpu
+from ...engine_format import EngineDir
+from ...errors import DeviceError, EngineError, RequestError
+from ...kv_cache import KVCache
+from ..base import Placement, plan_step, refuse_trees
+from .cuda_host import CUDA_PROVIDER, D2D, D2H, cudart, require_cuda_provider, require_gpu, visible_cuda_gpus
 
 # ONNX type strings of the cache -> (numpy dtype for sizes, ONNX TensorProto element type for binding)
 _CACHE_TYPES = {"tensor(float)": (np.float32, 1), "tensor(float16)": (np.float16, 10), "tensor(bfloat16)": (np.uint16, 16)}
 GRAPH_LOWERINGS = ("ort_cuda",)  # lowerings with no host read inside a step: CUDA graphs can replay them
+
+
+# -- the Backend protocol (runtime/backends/base.py) --------------------------------------
+def make_executor(engine: EngineDir, placement: Placement) -> "CudaExecutor":
+    return CudaExecutor(engine, device=placement.index)  # needs onnxruntime-gpu: only on GPU hosts
+
+
+def device_count() -> int:
+    return visible_cuda_gpus("an onnxruntime engine on --device cuda")
+
+
+def check_placement(engines: Sequence[EngineDir], devices: Sequence[int]) -> None:
+    """Nothing measured up front: ONNX Runtime's session reports what does not fit when the engine opens."""
 
 
 def attention_bound(lengths: np.ndarray, width: int, capacity: int) -> int:

@@ -13,18 +13,31 @@ from typing import Sequence
 
 import numpy as np
 
-from .engine_format import EngineDir
-from .errors import EngineError, RequestError
-from .backend import plan_step, refuse_trees
-from .kv_cache import KVCache
+from ...engine_format import EngineDir
+from ...errors import EngineError, RequestError
+from ...kv_cache import KVCache
+from ..base import Placement, plan_step, refuse_trees
 
 
 def _default_threads() -> int:
     return max(1, min(os.cpu_count() or 1, 8))
 
 
+# -- the Backend protocol (runtime/backends/base.py) --------------------------------------
+def make_executor(engine: EngineDir, placement: Placement) -> "OrtExecutor":
+    return OrtExecutor(engine, num_threads=placement.num_threads)
+
+
+def device_count() -> int:
+    return 1  # the CPU is one device
+
+
+def check_placement(engines: Sequence[EngineDir], devices: Sequence[int]) -> None:
+    """Nothing to refuse up front: the KV cache is host memory, allocated when an engine opens."""
+
+
 class OrtExecutor:
-    """The onnxruntime backend's executor on the CPU (implements runtime.backend.Executor)."""
+    """The onnxruntime backend's executor on the CPU (implements runtime.backends.base.Executor)."""
 
     device = "cpu"
 

@@ -11,7 +11,7 @@ KV-cache-update layer (what its ONNX parser makes of ``TensorScatter``)
 requires its output to share the cache input's memory, which the engine
 confirms through ``ICudaEngine.get_aliased_input_tensor``.
 
-Everything that touches TensorRT or ``cuda`` imports it lazily (runtime choice: trt_host.py), so this
+Everything that touches TensorRT or ``cuda`` imports it lazily (runtime choice: host.py), so this
 module imports (and its pure helpers are tested) on hosts without either.
 No torch: buffers are raw device pointers from cuda-python's cudart.
 """
@@ -22,16 +22,30 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .engine_format import EngineDir
-from .errors import DeviceError, EngineError, RequestError
-from .backend import plan_step, refuse_trees
-from .kv_cache import KVCache, kv_cache_bytes
-from .trt_host import MIN_TENSORRT, check_gpu_arch, cuda_call, cuda_device_info, cudart_module, import_runtime, require_gpu
+from ...engine_format import EngineDir
+from ...errors import DeviceError, EngineError, RequestError
+from ...kv_cache import KVCache, kv_cache_bytes
+from ..base import Placement, plan_step, refuse_trees
+from .host import MIN_TENSORRT, check_gpu_arch, cuda_call, cuda_device_info, cudart_module, import_runtime, require_gpu, visible_gpu_count
 
 ENGINE_FILE = "rank0.engine"
 CONTEXT_PROFILE, GENERATION_PROFILE = 0, 1
 _ALIGN = 256  # IExecutionContext: tensor / device memory addresses 256-byte aligned
 MIB = 1 << 20
+
+
+# -- the Backend protocol (runtime/backends/base.py) --------------------------------------
+def make_executor(engine: EngineDir, placement: Placement) -> "TrtExecutor":
+    return TrtExecutor(engine, device=placement.index)  # needs tensorrt + cuda-python: only on GPU hosts
+
+
+def device_count() -> int:
+    return visible_gpu_count("a tensorrt engine")
+
+
+def check_placement(engines: Sequence[EngineDir], devices: Sequence[int]) -> None:
+    """Each engine's KV cache and plan are allocated up front: refuse, with the numbers, what its GPU cannot hold."""
+    check_memory(engines, devices)
 
 
 # -- pure helpers (tested on CPU) ----------------------------------------------------

@@ -12,8 +12,8 @@ wall-clock time of the per-prompt generate calls (prefill + decode, model load e
 onnxruntime-genai lives in its own venv (default /work/venv-peers, override with the env var
 SPECDEC_PEERS_PYTHON). When `onnxruntime_genai` is not importable in the calling interpreter, the
 ortgenai_* functions transparently re-run themselves in that interpreter through this file's
-`__main__` entry: `python path/to/specdec/cli/peers.py < {"fn": "ortgenai_generate", "kwargs": {...}}`
-(or `python -m specdec.cli.peers`), which prints one line `PEERS_RESULT_JSON:<json>` on stdout.
+`__main__` entry: `python path/to/specdec/bench/peers.py < {"fn": "ortgenai_generate", "kwargs": {...}}`
+(or `python -m specdec.bench.peers`), which prints one line `PEERS_RESULT_JSON:<json>` on stdout.
 The peers venv does not have specdec installed, so this file is run by path and must import
 nothing from the package at module level: only the standard library here; torch, transformers
 and onnxruntime_genai are imported inside the functions that need them.

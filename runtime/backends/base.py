@@ -1,4 +1,4 @@
-"""The executor protocol and the registry that picks one for an engine.
+"""What every backend implements, and the checks every executor runs before a call.
 
 An executor runs one engine on one device. The loop above it (runtime/engine.py)
 never touches a KV tensor: it asks for a cache of ``num_slots`` rows, feeds
@@ -7,20 +7,22 @@ and moves lengths back to roll drafts back. Everything else (where the
 cache lives, how inputs reach the device, how outputs come back) is the
 executor's.
 
-Backends register a factory per (engine backend, device kind); the factory
-imports its runtime lazily, so this module imports on any host.
+A backend module (one per (engine backend, device kind), named in the registry
+of runtime/backends/__init__.py) implements ``Backend``: it opens executors,
+counts its devices and checks a placement before anything is allocated.
+This module imports no backend, so it loads on any host.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from .engine_format import BuildConfig, EngineDir, ModelConfig
-from .errors import DeviceError, EngineError, RequestError
-from .kv_cache import KVCache
+from ..engine_format import BuildConfig, EngineDir, ModelConfig
+from ..errors import EngineError, RequestError
+from ..kv_cache import KVCache
 
 DEVICE_KINDS = ("cpu", "cuda")
 
@@ -64,7 +66,7 @@ class Executor(Protocol):
         ``0..n-1`` by moving the last one into a freed slot."""
 
     # Engines built with tree attention (build.tree_attention: medusa / eagle targets, EAGLE modules) need more, which
-    # only the ONNX Runtime CPU executor (runtime/executor.py) has today: forward(..., parents=..., hidden=[n, width,
+    # only the ONNX Runtime CPU executor (runtime/backends/onnxruntime/cpu.py) has today: forward(..., parents=..., hidden=[n, width,
     # hidden] for an EAGLE module), compact_slot(cache, slot, start, keep) after a tree step, and the extra outputs
     # medusa_logits / eagle_hidden / hidden_out as attributes.
 
@@ -129,86 +131,15 @@ class Placement:
         return self.kind if self.kind == "cpu" else f"{self.kind}:{self.index}"
 
 
-ExecutorFactory = Callable[[EngineDir, Placement], Executor]
-DeviceCounter = Callable[[], int]
+@runtime_checkable
+class Backend(Protocol):
+    """A backend module: what the registry calls on it (each is a module-level function)."""
 
+    def make_executor(self, engine: EngineDir, placement: Placement) -> Executor:
+        """Open ``engine`` on ``placement`` (imports the backend's runtime only now)."""
 
-@dataclass(frozen=True)
-class _Entry:
-    factory: ExecutorFactory
-    count_devices: DeviceCounter
-    install_hint: str
+    def device_count(self) -> int:
+        """How many devices of this backend's kind the host has (0 with a reason is the backend's DeviceError)."""
 
-
-_REGISTRY: dict[tuple[str, str], _Entry] = {}
-
-
-def register_executor(backend: str, kind: str, factory: ExecutorFactory, count_devices: DeviceCounter, install_hint: str = "") -> None:
-    """Make ``factory`` the executor of ``backend`` engines on ``kind`` devices."""
-    if kind not in DEVICE_KINDS:
-        raise ValueError(f"unknown device kind {kind!r}; expected one of {DEVICE_KINDS}")
-    _REGISTRY[(backend, kind)] = _Entry(factory, count_devices, install_hint)
-
-
-def device_kinds(backend: str) -> list[str]:
-    """The device kinds that have an executor for ``backend`` engines."""
-    return [k for b, k in _REGISTRY if b == backend]
-
-
-def _entry(engine: EngineDir, kind: str) -> _Entry:
-    backend = engine.config.build.backend
-    entry = _REGISTRY.get((backend, kind))
-    if entry is None:
-        kinds = device_kinds(backend)
-        if not kinds:
-            raise EngineError(f"{engine.path} was built for backend {backend!r}, which has no executor in this version.")
-        raise DeviceError(f"a {backend} engine ({engine.path}) cannot run on device {kind!r}; it runs on: {', '.join(kinds)}.")
-    return entry
-
-
-def available_devices(engine: EngineDir, kind: str) -> list[int]:
-    """Indices of the ``kind`` devices this host has for ``engine``'s backend."""
-    return list(range(_entry(engine, kind).count_devices()))
-
-
-def open_executor(engine: EngineDir, placement: Placement = Placement()) -> Executor:
-    """The registered executor for the engine's backend on ``placement``."""
-    return _entry(engine, placement.kind).factory(engine, placement)
-
-
-# -- the built-in backends (each imports its runtime only when opened) -----------------
-def _ort_cpu(engine: EngineDir, placement: Placement) -> Executor:
-    from .executor import OrtExecutor
-
-    return OrtExecutor(engine, num_threads=placement.num_threads)
-
-
-def _trt_cuda(engine: EngineDir, placement: Placement) -> Executor:
-    from .trt_executor import TrtExecutor  # needs tensorrt + cuda-python: only on GPU hosts
-
-    return TrtExecutor(engine, device=placement.index)
-
-
-def _count_trt_gpus() -> int:
-    from .trt_host import visible_gpu_count
-
-    return visible_gpu_count("a tensorrt engine")
-
-
-register_executor("onnxruntime", "cpu", _ort_cpu, lambda: 1)
-register_executor("tensorrt", "cuda", _trt_cuda, _count_trt_gpus, "pip install 'specdec[tensorrt]'")
-
-
-def _ort_cuda(engine: EngineDir, placement: Placement) -> Executor:
-    from .cuda_executor import CudaExecutor  # needs onnxruntime-gpu: only on GPU hosts
-
-    return CudaExecutor(engine, device=placement.index)
-
-
-def _count_cuda_gpus() -> int:
-    from .cuda_host import visible_cuda_gpus
-
-    return visible_cuda_gpus("an onnxruntime engine on --device cuda")
-
-
-register_executor("onnxruntime", "cuda", _ort_cuda, _count_cuda_gpus, "pip install 'specdec[gpu]'")
+    def check_placement(self, engines: Sequence[EngineDir], devices: Sequence[int]) -> None:
+        """Refuse, before anything is allocated, engines that cannot share their devices (``engines[i]`` on ``devices[i]``)."""

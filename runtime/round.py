@@ -1,0 +1,189 @@
+"""One speculative round over the running requests, and the prefill that starts each one.
+
+A round, per request (gpt-fast's verbs):
+
+    propose   the request's proposer offers up to k drafts (k fixed, or chosen by draft_len=auto)
+    verify    the target scores [last token, d1..dk] in ONE call with every other request
+    accept    token compare, rejection sampling or a tree's longest path keeps n <= k drafts
+    append    d1..dn and the recovered (or bonus) token; the target rolls back to what was kept,
+              the proposer observes the outcome
+
+The round never picks who runs (runtime/scheduler.py does) and never frees a
+slot: it returns the requests that finished, and the engine lets them go.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .acceptance import accept_rejection_sampling, accept_token_compare
+from .backends.base import Executor
+from .draft_len import PROBE_EVERY, AutoDraftLen
+from .kv_cache import KVCache
+from .metrics import Metrics
+from .proposers.base import Draft, Proposer, TargetOutput
+from .request import AUTO, Request, RequestStatus
+from .sampling import next_token
+from .tree import accept_tree_greedy
+
+NewTokens = dict[str, list[int]]  # request id -> the tokens this step appended to it
+
+
+def append(r: Request, tokens: list[int], new: NewTokens, max_seq_len: int) -> bool:
+    """Append tokens one by one, stopping at the first stop condition. True if r finished."""
+    cfg, out = r.config, r.output_ids
+    added = new.setdefault(r.request_id, [])
+    reason = ""
+    for t in tokens:
+        out.append(t)
+        added.append(t)
+        if t in cfg.end_ids:
+            reason = "end_id"
+        elif any(len(s) <= len(out) and tuple(out[-len(s):]) == s for s in cfg.stop_words):
+            reason = "stop_words"
+        elif len(out) >= cfg.max_output_len:
+            reason = "length"
+        if reason:
+            break
+    if not reason and r.num_tokens >= max_seq_len:
+        reason = "max_seq_len"  # the engine holds no more: a clean stop, never an overflow
+    if reason:
+        r.status, r.finish_reason = RequestStatus.FINISHED, reason
+    return bool(reason)
+
+
+class SpeculativeRound:
+    """The target, its cache and the proposers, run one round at a time (engine totals in ``stats``)."""
+
+    def __init__(self, target: Executor, cache: KVCache, proposers: Mapping[str, Proposer], vocab_limit: int | None,
+                 auto: AutoDraftLen, stats: Metrics):
+        self.target, self.cache, self.proposers = target, cache, proposers
+        self.vocab_limit, self.auto, self.stats = vocab_limit, auto, stats
+        # proposers that read the target's own outputs of a prefill call (Medusa: its heads on the last prompt row)
+        self._prefill_hooks = {name: p.prefilled for name, p in proposers.items() if hasattr(p, "prefilled")}
+
+    # -- prefill: a newcomer's prompt and its first token --------------------------------
+    def prefill(self, batch: list[Request], first: int, new: NewTokens) -> list[Request]:
+        """Run the prompts of ``batch`` (in slots first, first + 1, ...), pick each first token, start the
+        proposers; the requests that finished on their first token."""
+        t0 = time.perf_counter()
+        # logits: [len(batch), 1, vocab] at each prompt's last token
+        logits = self.target.forward(self.cache, [r.prompt_ids for r in batch], all_logits=False, first_slot=first)[:, 0, : self.vocab_limit]
+        firsts = [next_token(logits[i], r.config.sampling, r.rng) for i, r in enumerate(batch)]
+        t1 = time.perf_counter()
+        self.stats.target_s += t1 - t0
+        ended = []
+        for r, tok in zip(batch, firsts):
+            r.times.first_token = t1
+            r.metrics.target_s += (t1 - t0) / len(batch)
+            if append(r, [tok], new, self.cache.max_seq_len):
+                ended.append(r)
+        for name, proposer in self.proposers.items():
+            joining = [r for r in batch if r.method == name and r not in ended]
+            if joining:
+                t2 = time.perf_counter()
+                proposer.add(joining)
+                if name in self._prefill_hooks:  # a proposer that reads the target's prefill outputs (Medusa)
+                    self._prefill_hooks[name](joining, first)
+                dt = time.perf_counter() - t2
+                self.stats.draft_s += dt
+                for r in joining:
+                    r.metrics.draft_s += dt / len(joining)
+        return ended
+
+    # -- a round ------------------------------------------------------------------------
+    def run(self, reqs: list[Request], new: NewTokens) -> list[Request]:
+        """One round for ``reqs`` (the running requests, request i in slot i); the requests that finished."""
+        lens = [self.draft_len(r, len(reqs)) for r in reqs]
+        timing = any(r.draft_len == AUTO for r in reqs)  # step costs feed draft_len=auto only
+        drafts = self.propose(reqs, lens, timing)
+        logits, share_s = self.verify(reqs, drafts, timing)
+        return [r for r, d in zip(reqs, drafts) if self.accept(r, d, logits, share_s, new)]
+
+    def draft_len(self, r: Request, running: int) -> int:
+        """How many drafts request r may take this round (``running``: requests in the batch, for auto)."""
+        if r.method == "none":
+            return 0
+        proposer = self.proposers[r.method]
+        limit = min(
+            self.target.build.max_draft_len,
+            r.config.max_output_len - len(r.output_ids) - 1,
+            self.cache.max_seq_len - int(self.cache.lengths[r.slot]) - 2,
+            proposer.room(r),
+        )
+        if limit <= 0:
+            return 0
+        if r.draft_len != AUTO:
+            return min(int(r.draft_len), limit)
+        if getattr(proposer, "tree", None) is not None:  # auto's cost model is a chain's: a tree is drafted as given
+            return limit
+        k = self.auto.choose(r.method, r.metrics.accepted, r.metrics.rejected, limit, running, r.auto_k)
+        r.auto_k = k
+        if k == 0:
+            r.idle_rounds += 1
+            if r.idle_rounds >= PROBE_EVERY:  # look again: the text may have changed
+                r.idle_rounds, k = 0, 1
+        else:
+            r.idle_rounds = 0
+        return k
+
+    def propose(self, reqs: list[Request], lens: list[int], timing: bool) -> list[Draft]:
+        """Each request's drafts (empty where it takes none), one ``propose`` call per proposer."""
+        drafts: list[Draft] = [Draft.empty()] * len(reqs)
+        for name, proposer in self.proposers.items():
+            idx = [i for i, r in enumerate(reqs) if r.method == name and lens[i] > 0]
+            if not idx:
+                continue
+            t0 = time.perf_counter()
+            got = proposer.propose([reqs[i] for i in idx], [lens[i] for i in idx])
+            dt = time.perf_counter() - t0
+            self.stats.draft_s += dt
+            if timing:
+                self.auto.record_draft(name, len(idx), max(len(d) for d in got), dt)
+            for i, d in zip(idx, got):
+                drafts[i] = d
+                reqs[i].metrics.draft_s += dt / len(idx)
+        return drafts
+
+    def verify(self, reqs: list[Request], drafts: Sequence[Draft], timing: bool) -> tuple[np.ndarray, float]:
+        """One target call on slots 0..n-1 fed [last token, d1..dk] per request: (logits [n, max k + 1, vocab], each
+        request's share of the call's seconds)."""
+        feed = [[r.last_token, *d.tokens.tolist()] for r, d in zip(reqs, drafts)]
+        # a tree's parents in the call's order: the last token (row 0) is the root
+        trees = [None if d.parents is None else np.concatenate([[-1], d.parents + 1]) for d in drafts]
+        t0 = time.perf_counter()
+        logits = self.target.forward(self.cache, feed, all_logits=True, parents=trees if any(t is not None for t in trees) else None)
+        t1 = time.perf_counter()
+        self.stats.target_s += t1 - t0
+        if timing:
+            self.auto.record_verify(len(reqs), logits.shape[1], t1 - t0)
+        return logits, (t1 - t0) / len(reqs)
+
+    def accept(self, r: Request, d: Draft, logits: np.ndarray, share_s: float, new: NewTokens) -> bool:
+        """Keep what the target agrees with, roll the rest back, append, tell the proposer. True if r finished."""
+        k = len(d)  # a proposer may offer fewer than allowed (n-gram: no match)
+        rows = logits[r.slot, : k + 1, : self.vocab_limit]
+        sampling = r.config.sampling
+        start = int(self.cache.lengths[r.slot]) - k - 1  # where the call's k + 1 tokens went
+        if d.parents is not None:  # a tree: greedy requests only (proposers draft chains for sampled ones)
+            path, nxt = accept_tree_greedy(d.tokens, d.parents, rows)
+            n, kept = len(path), [0] + [j + 1 for j in path]
+            emitted = d.tokens[path].tolist() + [nxt]
+            self.target.compact_slot(self.cache, r.slot, start, kept)  # the path's K/V into contiguous slots
+            depth = int(d.depths.max()) if k else 0
+        else:
+            if d.probs is not None:
+                n, nxt = accept_rejection_sampling(d.tokens, d.probs, rows, sampling, r.rng)
+            else:
+                n, nxt = accept_token_compare(d.tokens, rows, sampling, r.rng)
+            emitted, kept, depth = d.tokens[:n].tolist() + [nxt], list(range(n + 1)), k
+            self.cache.rollback(r.slot, start + 1 + n)  # keep the last token and n drafts
+        if r.method != "none":
+            self.proposers[r.method].observe(r, d, TargetOutput(rows, n, emitted, kept))
+            self.auto.record_round(r.method, k, n)
+        r.metrics.record_round(k, n, depth)
+        r.metrics.target_s += share_s
+        return append(r, emitted, new, self.cache.max_seq_len)

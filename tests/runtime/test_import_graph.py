@@ -1,0 +1,128 @@
+"""runtime/ as a newcomer reads it: its modules import each other without a cycle, and a backend's code
+loads only when an engine asks for that backend (docs/architecture.md, "Inside runtime/")."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNTIME = ROOT / "runtime"
+
+
+def module_name(path: Path) -> str:
+    """runtime/backends/base.py -> specdec.runtime.backends.base; a package's __init__.py is the package."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(["specdec", *parts])
+
+
+def runtime_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(RUNTIME.rglob("*.py"))}
+
+
+def imported_modules(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The runtime modules ``path`` imports, at any depth (a lazy import inside a function counts: it still ties
+    the two files together). ``from .x import name`` counts ``x.name`` when that is a module, else ``x``."""
+    this = module_name(path)
+    package = this if path.name == "__init__.py" else this.rsplit(".", 1)[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                found.add(sub if sub in modules else target)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {m for m in found if m in modules and m != this}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph`` as [a, b, ..., a], or None (depth-first search with colours)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    # the circle issue 22 removed: the registry imported the executors, which imported the registry back
+    graph = {"backend": {"executor", "engine_format"}, "executor": {"backend"}, "engine_format": set()}
+    assert find_cycle(graph) == ["backend", "executor", "backend"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_the_import_parser_resolves_relative_imports():
+    modules = runtime_modules()
+    got = imported_modules(RUNTIME / "backends" / "onnxruntime" / "cpu.py", modules)
+    assert {"specdec.runtime.backends.base", "specdec.runtime.kv_cache", "specdec.runtime.engine_format"} <= got
+
+
+def test_runtime_modules_import_each_other_without_a_cycle():
+    modules = runtime_modules()
+    graph = {name: imported_modules(path, modules) for name, path in modules.items()}
+    assert len(graph) > 30  # every runtime module was read
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
+
+
+def test_backends_import_no_loop_module_and_the_registry_no_backend():
+    modules = runtime_modules()
+    loop = {f"specdec.runtime.{m}" for m in ("engine", "round", "scheduler", "loading", "orchestrator", "proposers")}
+    for name, path in modules.items():
+        if name.startswith("specdec.runtime.backends"):
+            assert not imported_modules(path, modules) & loop, f"{name} imports the loop above it"
+    registry = imported_modules(RUNTIME / "backends" / "__init__.py", modules)
+    assert registry <= {"specdec.runtime.backends.base", "specdec.runtime.engine_format", "specdec.runtime.errors"}, registry
+
+
+def run_python(code: str) -> None:
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+BACKEND_MODULES = ("specdec.runtime.backends.onnxruntime", "specdec.runtime.backends.tensorrt", "onnxruntime", "tensorrt", "cuda")
+
+
+def test_importing_the_runtime_loads_no_backend():
+    run_python(
+        "import sys, specdec.runtime, specdec.runtime.loading, specdec.runtime.engine\n"
+        f"loaded = [m for m in sys.modules if m.startswith({BACKEND_MODULES!r})]\n"
+        "assert not loaded, loaded\n"
+        "from specdec.runtime import OrtExecutor  # the public name still works, and loads its backend now\n"
+        "assert 'specdec.runtime.backends.onnxruntime.cpu' in sys.modules\n"
+    )
+
+
+def test_a_cpu_engine_loads_only_its_own_backend(llama_engine):
+    run_python(
+        "import sys\n"
+        "from specdec.runtime import load_engine\n"
+        f"engine = load_engine({str(llama_engine)!r}, device='cpu')\n"
+        "assert type(engine.target).__module__ == 'specdec.runtime.backends.onnxruntime.cpu'\n"
+        "others = ('specdec.runtime.backends.onnxruntime.cuda', 'specdec.runtime.backends.tensorrt', 'tensorrt', 'cuda')\n"
+        "loaded = [m for m in sys.modules if m.startswith(others)]\n"
+        "assert not loaded, loaded\n"
+    )
