@@ -57,10 +57,10 @@ def step_cost(engine: str | Path | EngineDir | Executor, num_threads: int | None
 
     ``engine``: an engine directory, or an executor already open (then ``num_threads`` is unused).
     """
-    if hasattr(engine, "forward") and hasattr(engine, "new_cache"):
-        ex = engine
-    else:
+    if isinstance(engine, (str, Path, EngineDir)):
         ex = open_executor(engine if isinstance(engine, EngineDir) else load_engine_dir(engine), Placement(num_threads=num_threads))
+    else:
+        ex = engine
     build = ex.build
     context = max(1, min(context, build.max_input_len, build.max_seq_len - 2))
     cache = ex.new_cache(1)

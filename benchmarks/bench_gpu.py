@@ -182,10 +182,10 @@ def main() -> None:
     prompt, toks = list(range(10, 110)), [11, 12, 13, 14, 15][: kmax + 1]
     one = target.new_cache(1)
     target.forward(one, [prompt], all_logits=False)
-    wide = target.forward(one, [toks], all_logits=True)[0].copy()
+    wide = target.forward(one, [toks], all_logits=True).logits[0].copy()
     seq = target.new_cache(1)
     target.forward(seq, [prompt], all_logits=False)
-    narrow = np.stack([target.forward(seq, [[t]], all_logits=True)[0, 0].copy() for t in toks])
+    narrow = np.stack([target.forward(seq, [[t]], all_logits=True).logits[0, 0].copy() for t in toks])
     res["verify_vs_steps"] = {"max_abs_diff": float(np.abs(wide - narrow).max()), "argmax_equal": bool((wide.argmax(-1) == narrow.argmax(-1)).all())}
     print(f"{len(toks)} tokens in one call vs one by one: max |logit diff| {res['verify_vs_steps']['max_abs_diff']:.4f}, argmax equal: {res['verify_vs_steps']['argmax_equal']}")
     d1 = step_ms(draft, 1)

@@ -89,7 +89,7 @@ def teacher_forced(ex: OrtExecutor, ids: list[int], chunk: int) -> tuple[float, 
         if len(piece) < 2:
             break
         cache = ex.new_cache(1)
-        logits = ex.forward(cache, [piece[:-1]], all_logits=True)[0].astype(np.float64)
+        logits = ex.forward(cache, [piece[:-1]], all_logits=True).logits[0].astype(np.float64)
         top1.append(logits.argmax(axis=-1))
         logits -= logits.max(axis=-1, keepdims=True)
         logp = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))

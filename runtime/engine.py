@@ -78,7 +78,7 @@ class Engine:
         self.proposers: dict[str, Proposer] = {p.name: p for p in proposers}
         self.speculation = speculation
         build = target.build
-        executors = [target] + [p.executor for p in proposers if hasattr(p, "executor")]  # type: ignore[attr-defined]
+        executors = [target] + [p.executor for p in proposers if p.executor is not None]
         self.max_batch = min(e.build.max_batch_size for e in executors)
         self.max_input_len = min(e.build.max_input_len for e in executors)
         # which engine sets the input limit, for the error that names it (the draft's may be the smaller)
@@ -87,11 +87,10 @@ class Engine:
         # The vocabulary draft and target share (padded vocabularies compare over the common ids).
         self.vocab_limit: int | None = None
         for p in proposers:
-            ex = getattr(p, "executor", None)
-            if ex is not None:
-                limit = check_pair(target.engine, ex.engine, allow_vocab_mismatch)
+            if p.executor is not None:
+                limit = check_pair(target.engine, p.executor.engine, allow_vocab_mismatch)
                 self.vocab_limit = limit if self.vocab_limit is None or limit is None else min(self.vocab_limit, limit)
-                p.vocab_limit = limit  # type: ignore[attr-defined]
+                p.vocab_limit = limit
         if speculation.method != "none" and speculation.method not in self.proposers:
             raise EngineError(f"the default speculation method {speculation.method!r} has no proposer loaded (loaded: {', '.join(self.proposers) or 'none'}).")
         if self.proposers:

@@ -95,6 +95,29 @@ class BuildConfig:
 
 
 @dataclass(frozen=True)
+class ExtraTensor:
+    """A float32 input or output an engine has beyond the ABI's (ids, positions, logits_index, logits, KV, tree_mask)."""
+
+    name: str  # the network's name for it, and the StepOutput field (runtime/backends/base.py) an output fills
+    per_token: bool  # True: [batch, num_tokens, *tail] (one per fed token); False: [batch, num_logits, *tail] (per logits row)
+    tail: tuple[int, ...]
+
+    def shape(self, batch: int, num_tokens: int, num_logits: int) -> tuple[int, ...]:
+        return (batch, num_tokens if self.per_token else num_logits, *self.tail)
+
+
+def extra_io(model: ModelConfig, build: BuildConfig) -> tuple[tuple[ExtraTensor, ...], tuple[ExtraTensor, ...]]:
+    """The (inputs, outputs) an engine of this config has beyond the ABI's (docs/engine-format.md): the one place
+    that says which speculative_decoding_mode adds which tensors, so an executor binds what this returns."""
+    heads = ExtraTensor("medusa_logits", False, (build.medusa_num_heads, model.vocab_size))  # each head on the logits rows
+    features = ExtraTensor("eagle_hidden", True, (model.hidden_size,))  # fc(the aux layers' outputs) of every fed token
+    hidden_in = ExtraTensor("hidden_states", True, (model.hidden_size,))  # an EAGLE module's input: features or its hidden_out
+    hidden_out = ExtraTensor("hidden_out", False, (model.hidden_size,))  # an EAGLE module's pre-norm state on the logits rows
+    by_mode = {"medusa": ((), (heads,)), "eagle": ((), (features,)), "eagle_module": ((hidden_in,), (hidden_out,))}
+    return by_mode.get(build.speculative_decoding_mode, ((), ()))
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig
     build: BuildConfig

@@ -20,7 +20,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .acceptance import accept_rejection_sampling, accept_token_compare
-from .backends.base import Executor
+from .backends.base import Executor, StepOutput
 from .draft_len import PROBE_EVERY, AutoDraftLen
 from .kv_cache import KVCache
 from .metrics import Metrics
@@ -62,16 +62,14 @@ class SpeculativeRound:
                  auto: AutoDraftLen, stats: Metrics):
         self.target, self.cache, self.proposers = target, cache, proposers
         self.vocab_limit, self.auto, self.stats = vocab_limit, auto, stats
-        # proposers that read the target's own outputs of a prefill call (Medusa: its heads on the last prompt row)
-        self._prefill_hooks = {name: p.prefilled for name, p in proposers.items() if hasattr(p, "prefilled")}
 
     # -- prefill: a newcomer's prompt and its first token --------------------------------
     def prefill(self, batch: list[Request], first: int, new: NewTokens) -> list[Request]:
         """Run the prompts of ``batch`` (in slots first, first + 1, ...), pick each first token, start the
         proposers; the requests that finished on their first token."""
         t0 = time.perf_counter()
-        # logits: [len(batch), 1, vocab] at each prompt's last token
-        logits = self.target.forward(self.cache, [r.prompt_ids for r in batch], all_logits=False, first_slot=first)[:, 0, : self.vocab_limit]
+        step = self.target.forward(self.cache, [r.prompt_ids for r in batch], all_logits=False, first_slot=first)
+        logits = step.logits[:, 0, : self.vocab_limit]  # [len(batch), vocab] at each prompt's last token
         firsts = [next_token(logits[i], r.config.sampling, r.rng) for i, r in enumerate(batch)]
         t1 = time.perf_counter()
         self.stats.target_s += t1 - t0
@@ -86,8 +84,7 @@ class SpeculativeRound:
             if joining:
                 t2 = time.perf_counter()
                 proposer.add(joining)
-                if name in self._prefill_hooks:  # a proposer that reads the target's prefill outputs (Medusa)
-                    self._prefill_hooks[name](joining, first)
+                proposer.prefilled(joining, step, first)  # Medusa's heads, EAGLE's features of the prompt
                 dt = time.perf_counter() - t2
                 self.stats.draft_s += dt
                 for r in joining:
@@ -100,8 +97,8 @@ class SpeculativeRound:
         lens = [self.draft_len(r, len(reqs)) for r in reqs]
         timing = any(r.draft_len == AUTO for r in reqs)  # step costs feed draft_len=auto only
         drafts = self.propose(reqs, lens, timing)
-        logits, share_s = self.verify(reqs, drafts, timing)
-        return [r for r, d in zip(reqs, drafts) if self.accept(r, d, logits, share_s, new)]
+        step, share_s = self.verify(reqs, drafts, timing)
+        return [r for r, d in zip(reqs, drafts) if self.accept(r, d, step, share_s, new)]
 
     def draft_len(self, r: Request, running: int) -> int:
         """How many drafts request r may take this round (``running``: requests in the batch, for auto)."""
@@ -118,7 +115,7 @@ class SpeculativeRound:
             return 0
         if r.draft_len != AUTO:
             return min(int(r.draft_len), limit)
-        if getattr(proposer, "tree", None) is not None:  # auto's cost model is a chain's: a tree is drafted as given
+        if proposer.tree is not None:  # auto's cost model is a chain's: a tree is drafted as given
             return limit
         k = self.auto.choose(r.method, r.metrics.accepted, r.metrics.rejected, limit, running, r.auto_k)
         r.auto_k = k
@@ -148,24 +145,24 @@ class SpeculativeRound:
                 reqs[i].metrics.draft_s += dt / len(idx)
         return drafts
 
-    def verify(self, reqs: list[Request], drafts: Sequence[Draft], timing: bool) -> tuple[np.ndarray, float]:
-        """One target call on slots 0..n-1 fed [last token, d1..dk] per request: (logits [n, max k + 1, vocab], each
-        request's share of the call's seconds)."""
+    def verify(self, reqs: list[Request], drafts: Sequence[Draft], timing: bool) -> tuple[StepOutput, float]:
+        """One target call on slots 0..n-1 fed [last token, d1..dk] per request: (its outputs, logits [n, max k + 1, vocab],
+        each request's share of the call's seconds)."""
         feed = [[r.last_token, *d.tokens.tolist()] for r, d in zip(reqs, drafts)]
         # a tree's parents in the call's order: the last token (row 0) is the root
         trees = [None if d.parents is None else np.concatenate([[-1], d.parents + 1]) for d in drafts]
         t0 = time.perf_counter()
-        logits = self.target.forward(self.cache, feed, all_logits=True, parents=trees if any(t is not None for t in trees) else None)
+        step = self.target.forward(self.cache, feed, all_logits=True, parents=trees if any(t is not None for t in trees) else None)
         t1 = time.perf_counter()
         self.stats.target_s += t1 - t0
         if timing:
-            self.auto.record_verify(len(reqs), logits.shape[1], t1 - t0)
-        return logits, (t1 - t0) / len(reqs)
+            self.auto.record_verify(len(reqs), step.logits.shape[1], t1 - t0)
+        return step, (t1 - t0) / len(reqs)
 
-    def accept(self, r: Request, d: Draft, logits: np.ndarray, share_s: float, new: NewTokens) -> bool:
+    def accept(self, r: Request, d: Draft, step: StepOutput, share_s: float, new: NewTokens) -> bool:
         """Keep what the target agrees with, roll the rest back, append, tell the proposer. True if r finished."""
         k = len(d)  # a proposer may offer fewer than allowed (n-gram: no match)
-        rows = logits[r.slot, : k + 1, : self.vocab_limit]
+        rows = step.logits[r.slot, : k + 1, : self.vocab_limit]
         sampling = r.config.sampling
         start = int(self.cache.lengths[r.slot]) - k - 1  # where the call's k + 1 tokens went
         if d.parents is not None:  # a tree: greedy requests only (proposers draft chains for sampled ones)
@@ -182,7 +179,9 @@ class SpeculativeRound:
             emitted, kept, depth = d.tokens[:n].tolist() + [nxt], list(range(n + 1)), k
             self.cache.rollback(r.slot, start + 1 + n)  # keep the last token and n drafts
         if r.method != "none":
-            self.proposers[r.method].observe(r, d, TargetOutput(rows, n, emitted, kept))
+            heads, feats = step.medusa_logits, step.eagle_hidden  # the target's extra outputs on the request's fed rows
+            self.proposers[r.method].observe(r, d, TargetOutput(rows, n, emitted, kept, None if heads is None else heads[r.slot, : k + 1],
+                                                                 None if feats is None else feats[r.slot, : k + 1]))
             self.auto.record_round(r.method, k, n)
         r.metrics.record_round(k, n, depth)
         r.metrics.target_s += share_s

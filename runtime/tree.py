@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from .errors import EngineError, RequestError
+
+if TYPE_CHECKING:
+    from .backends.base import Executor
 
 
 @dataclass(frozen=True)
@@ -112,16 +115,15 @@ def top_k(logits: np.ndarray, k: int) -> np.ndarray:
     return part[np.lexsort((part, -logits[part]))].astype(np.int64)
 
 
-def tree_draft(tree: DraftTree, k: int, candidates):
-    """The first k nodes of ``tree`` (a prefix of its order is a tree) as a Draft, filled from
-    ``candidates(depth, top) -> [top]``, the best tokens at that depth (Medusa: one list per depth, whatever the parent)."""
-    from .proposers.base import Draft
-
+def tree_draft(tree: DraftTree, k: int, candidates) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The first k nodes of ``tree`` (a prefix of its order is a tree) as a Draft's (tokens, parents, depths), each
+    [min(k, nodes)], filled from ``candidates(depth, top) -> [top]``, the best tokens at that depth (Medusa: one list
+    per depth, whatever the parent)."""
     n = min(k, len(tree))
     ranks, depths = tree.ranks[:n], tree.depths[:n]
     per_depth = {d: candidates(d, tree.top_k(d)) for d in np.unique(depths).tolist()}
     tokens = np.array([per_depth[int(d)][int(i)] for d, i in zip(depths, ranks)], np.int64)
-    return Draft(tokens, parents=tree.parents[:n].copy(), depths=depths.copy())
+    return tokens, tree.parents[:n].copy(), depths.copy()
 
 
 def check_nodes(tree: DraftTree, max_draft_len: int, flag: str, engine) -> None:
@@ -131,10 +133,10 @@ def check_nodes(tree: DraftTree, max_draft_len: int, flag: str, engine) -> None:
                           f"(the nodes it verifies per step, baked in at build time). Use a smaller tree or rebuild with --max_draft_len {len(tree)}.")
 
 
-def check_tree(tree: DraftTree, target, flag: str, max_depth: int | None = None, depth_what: str = "") -> None:
+def check_tree(tree: DraftTree, target: "Executor", flag: str, max_depth: int | None = None, depth_what: str = "") -> None:
     """A tree the target executor can verify: tree attention, at most max_draft_len nodes, ranks within the
     vocabulary, not deeper than ``max_depth``."""
-    if not getattr(target, "tree_attention", False):
+    if not target.tree_attention:
         raise EngineError(f"{flag}: the target engine {target.engine.path} has no tree attention (it verifies chains only); "
                           "rebuild it with --speculative_decoding_mode medusa or eagle.")
     check_nodes(tree, target.build.max_draft_len, flag, "the target engine")

@@ -170,7 +170,7 @@ def speculation(req: Sampling, served: Served) -> tuple[str, int | str]:
             check_draft_len(engine.target.engine, k, "speculative.num_draft_tokens")
         except SpecdecError as err:
             raise ApiError(400, str(err), "speculative.num_draft_tokens") from None
-        cap = getattr(engine.proposers[method], "settings", (None,))[0] if method == "ngram" else None
+        cap = engine.proposers[method].max_draft_len  # a limit of the proposer's own config: only n-gram's (--ngram_config) has one
         if cap is not None and k > cap:
             raise ApiError(400, f"speculative.num_draft_tokens={k} is larger than the n-gram pool's max_draft_len={cap} (--ngram_config); use <= {cap}.", "speculative.num_draft_tokens")
     return method, k

@@ -69,10 +69,10 @@ def cli_build(ckpt: Path, out: Path, *flags):
 def engine_greedy(ex, prompt: list[int], steps: int) -> list[int]:
     """Greedy decoding with an executor alone, one token per step: the reference of the parity tests."""
     cache = ex.new_cache(1)
-    logits = ex.forward(cache, [prompt], all_logits=False)
+    logits = ex.forward(cache, [prompt], all_logits=False).logits
     out = [int(logits[0, -1].argmax())]
     for _ in range(steps - 1):
-        logits = ex.forward(cache, [[out[-1]]], all_logits=False)
+        logits = ex.forward(cache, [[out[-1]]], all_logits=False).logits
         out.append(int(logits[0, -1].argmax()))
     return out
 

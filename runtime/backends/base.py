@@ -27,15 +27,30 @@ from ..kv_cache import KVCache
 DEVICE_KINDS = ("cpu", "cuda")
 
 
+@dataclass(frozen=True)
+class StepOutput:
+    """What one ``forward()`` computed, on the host. The arrays are buffers of the call's cache, valid until the next
+    forward() on that cache (a call on another cache leaves them alone): copy what must be kept longer."""
+
+    logits: np.ndarray  # [n, rows, vocab]: rows = the call's widest row if all_logits, else 1 (each row's last token)
+    # the engine's extra outputs (engine_format.extra_io), None where the engine has none; field name = output name
+    medusa_logits: np.ndarray | None = None  # [n, rows, heads, vocab] a medusa target's heads on the logits rows
+    eagle_hidden: np.ndarray | None = None  # [n, width, hidden] an eagle target's fused features of every fed token
+    hidden_out: np.ndarray | None = None  # [n, rows, hidden] an EAGLE module's pre-norm output on the logits rows
+
+
 @runtime_checkable
 class Executor(Protocol):
-    """One engine on one device (the engine ABI: docs/engine-format.md)."""
+    """One engine on one device (the engine ABI: docs/engine-format.md). Every call the loop and the proposers make
+    is here; an executor that cannot do one (trees, an EAGLE module's hidden_states) refuses it with an EngineError."""
 
     engine: EngineDir
     model: ModelConfig
     build: BuildConfig
     vocab_size: int
     device: str  # where it runs, for messages: "cpu", "cuda:0"
+    tree_attention: bool  # forward(parents=...) verifies trees, and compact_slot keeps any accepted path
+    extra_outputs: frozenset[str]  # the StepOutput fields beside logits that forward() fills (engine_format.extra_io)
 
     def new_cache(self, num_slots: int) -> KVCache:
         """A KV cache of ``num_slots`` rows (<= build.max_batch_size), every length 0."""
@@ -48,16 +63,19 @@ class Executor(Protocol):
         advance: np.ndarray | None = None,
         first_slot: int = 0,
         parents: Sequence[np.ndarray | None] | None = None,
-    ) -> np.ndarray:
-        """Append ``tokens[i]`` to slot ``first_slot + i`` and return logits on the host.
+        hidden: np.ndarray | None = None,
+    ) -> StepOutput:
+        """Append ``tokens[i]`` to slot ``first_slot + i``; the logits (and the engine's extra outputs) on the host.
 
         tokens: one non-empty sequence per slot of the range (ragged allowed).
-        Returns ``[n, num_tokens, vocab]`` if ``all_logits`` (positions past a row's
+        ``logits`` is ``[n, num_tokens, vocab]`` if ``all_logits`` (positions past a row's
         own count are padding), else ``[n, 1, vocab]`` for each row's last token.
-        The array is reused by the next call: copy what must be kept. Rows where
+        The arrays are reused by the next call on ``cache``: copy what must be kept. Rows where
         ``advance`` is False ride along and keep their length (what they wrote is
         stale at once). ``parents``: per row, None or a tree's parent per token
-        (tree-attention engines only; the others refuse one: ``refuse_trees``).
+        (``tree_attention`` executors; the others refuse one: ``refuse_trees``).
+        ``hidden``: [n, num_tokens, hidden] float32, an EAGLE module's hidden_states input (required by such an
+        engine; the others refuse one: ``refuse_hidden``).
         """
 
     def copy_slot(self, cache: KVCache, src: int, dst: int) -> None:
@@ -65,10 +83,10 @@ class Executor(Protocol):
         ``dst`` and set ``lengths[dst]``: the loop keeps running requests in slots
         ``0..n-1`` by moving the last one into a freed slot."""
 
-    # Engines built with tree attention (build.tree_attention: medusa / eagle targets, EAGLE modules) need more, which
-    # only the ONNX Runtime CPU executor (runtime/backends/onnxruntime/cpu.py) has today: forward(..., parents=..., hidden=[n, width,
-    # hidden] for an EAGLE module), compact_slot(cache, slot, start, keep) after a tree step, and the extra outputs
-    # medusa_logits / eagle_hidden / hidden_out as attributes.
+    def compact_slot(self, cache: KVCache, slot: int, start: int, keep: Sequence[int]) -> None:
+        """After a verification fed at ``start``: keep the K/V of the call's tokens ``keep`` (ascending, keep[0] = 0)
+        in positions start, start + 1, ... and set the slot's length to start + len(keep). A chain's ``keep`` is
+        0..n (a rollback, which every executor does: ``compact_chain``); a tree's path needs ``tree_attention``."""
 
 
 def refuse_trees(parents, engine: str) -> None:
@@ -76,6 +94,19 @@ def refuse_trees(parents, engine: str) -> None:
     if parents is not None and any(p is not None for p in parents):
         raise EngineError(f"{engine} was built without tree attention, or runs on an executor without it: it verifies chains only "
                           "(rebuild with --speculative_decoding_mode medusa or eagle, and run it on the CPU).")
+
+
+def refuse_hidden(hidden: np.ndarray | None, engine: str) -> None:
+    """An executor that binds no hidden_states input (EAGLE modules run on the CPU executor) refuses one."""
+    if hidden is not None:
+        raise EngineError(f"{engine}: this executor takes no hidden_states input (an EAGLE module runs on the CPU executor only).")
+
+
+def compact_chain(cache: KVCache, slot: int, start: int, keep: Sequence[int], engine: str) -> None:
+    """compact_slot for an executor without tree attention: a chain's kept tokens already sit in place (a rollback)."""
+    if list(keep) != list(range(len(keep))):
+        raise EngineError(f"{engine} verifies chains only: it cannot keep the tree path {list(keep)} (run tree drafting on the CPU).")
+    cache.rollback(slot, start + len(keep))
 
 
 def pad_tokens(tokens: Sequence[Sequence[int]] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -16,12 +16,14 @@ a tree verifies several branches in one call (Medusa/EAGLE).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import TYPE_CHECKING, ClassVar, Protocol, Sequence
 
 import numpy as np
 
 if TYPE_CHECKING:
+    from ..backends.base import Executor, StepOutput
     from ..request import Request
+    from ..tree import DraftTree
 
 
 @dataclass
@@ -41,20 +43,39 @@ class Draft:
 
 @dataclass
 class TargetOutput:
-    """What the target computed for one request in a verification call."""
+    """What the target computed for one request in a verification call. The arrays are views of the call's
+    outputs (StepOutput), valid until the target's next call on the engine's cache: a proposer copies what it keeps."""
 
     logits: np.ndarray  # [k + 1, vocab] the rows of the fed tokens (last accepted token + drafts)
     num_accepted: int  # drafts kept
     emitted: list[int]  # the accepted drafts + the recovered or bonus token
     rows: list[int]  # the rows of the kept tokens in the call (0 = the last accepted token): 0..n for a chain,
     #                  the accepted path for a tree; rows[-1] is the row whose logits gave the recovered/bonus token
+    medusa_logits: np.ndarray | None = None  # [k + 1, heads, vocab] a medusa target's heads on the same rows
+    eagle_hidden: np.ndarray | None = None  # [k + 1, hidden] an eagle target's features of the fed tokens
 
 
 class Proposer(Protocol):
-    name: str  # the method it implements: draft | ngram | medusa | eagle
+    """A drafting method. Its optional parts are declared, never probed for: a proposer class subclasses this
+    protocol and overrides the defaults below that apply to it."""
+
+    name: ClassVar[str]  # the method it implements: draft | ngram | medusa | eagle
+    # a draft model's own engine, beside the target: the Engine pairs it with the target (vocabulary, limits) and
+    # sets vocab_limit; None for drafters that use the target's own outputs or the text (n-gram, Medusa, EAGLE)
+    executor: "Executor | None" = None
+    vocab_limit: int | None = None  # set by the Engine for a proposer with an executor: the ids both vocabularies share
+    tree: "DraftTree | None" = None  # a static draft tree it drafts for greedy requests (draft_len=auto leaves its size alone)
+    # the largest draft_len a request may ask of it, from its own config (n-gram: --ngram_config's max_draft_len; a
+    # server refuses more); None: only the target's limit (the rest is capped per round by room())
+    max_draft_len: int | None = None
 
     def add(self, requests: Sequence["Request"]) -> None:
         """Start these requests: each has its prompt and the first token the target picked."""
+
+    def prefilled(self, requests: Sequence["Request"], step: "StepOutput", first_slot: int) -> None:
+        """Right after ``add``: the target has just prefilled ``requests`` in slots first_slot.. (row
+        ``r.slot - first_slot`` of ``step``, the prefill call's outputs). A proposer that reads the target's own
+        outputs (Medusa: its heads on the last prompt row; EAGLE: the prompt's features) overrides this."""
 
     def remove(self, request_id: str) -> None:
         """The request finished or was aborted: free what it holds."""
@@ -67,7 +88,3 @@ class Proposer(Protocol):
 
     def observe(self, request: "Request", draft: Draft, target: TargetOutput) -> None:
         """The target verified ``draft``: ``target.num_accepted`` kept, ``target.emitted`` appended."""
-
-    # Optional: ``prefilled(requests, first_slot)``, called right after ``add`` for requests the target has just
-    # prefilled in slots first_slot.. (row r.slot - first_slot of that call's outputs). A proposer that reads the
-    # target's own outputs (Medusa: its heads on the last prompt row) defines it; the engine calls it only where it exists.

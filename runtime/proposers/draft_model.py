@@ -18,10 +18,10 @@ import numpy as np
 from ..backends.base import Executor
 from ..request import Request
 from ..sampling import processed_probs, sample
-from .base import Draft, TargetOutput
+from .base import Draft, Proposer, TargetOutput
 
 
-class DraftModelProposer:
+class DraftModelProposer(Proposer):
     name = "draft"
 
     def __init__(self, executor: Executor, use_logits: bool = False, confidence_threshold: float = 0.0):
@@ -33,7 +33,6 @@ class DraftModelProposer:
         # (Hugging Face's assistant_confidence_threshold): fewer wasted draft steps and a
         # narrower verification, which on CPU costs compute per token. 0 = fixed draft_len.
         self.confidence_threshold = confidence_threshold
-        self.vocab_limit: int | None = None  # set by the engine: the vocabulary draft and target share
         self.cache = executor.new_cache(executor.build.max_batch_size)
         self.order: list[str] = []  # order[s]: the request in slot s
         self.slot_of: dict[str, int] = {}
@@ -97,7 +96,7 @@ class DraftModelProposer:
         track_top = any_sampled or self.confidence_threshold > 0
         for j in range(steps):
             idle = lens <= j  # rows that already have their drafts ride along, then roll back
-            logits = self.executor.forward(self.cache, feed, all_logits=False, advance=~idle, first_slot=lo)[:, 0, : self.vocab_limit]
+            logits = self.executor.forward(self.cache, feed, all_logits=False, advance=~idle, first_slot=lo).logits[:, 0, : self.vocab_limit]
             active = np.flatnonzero(~idle)
             drafts[:, j] = logits.argmax(axis=-1)
             top = np.zeros(len(ids)) if track_top else None

@@ -32,22 +32,25 @@ from typing import Sequence
 
 import numpy as np
 
+from ..backends.base import Executor, StepOutput
 from ..errors import EngineError
 from ..request import Request
 from ..sampling import processed_probs, sample
 from ..tree import DraftTree, check_tree, parse_choices, top_k
-from .base import Draft, TargetOutput
+from .base import Draft, Proposer, TargetOutput
 
 
-class EagleProposer:
+class EagleProposer(Proposer):
     name = "eagle"
 
-    def __init__(self, target, module, choices: str | Sequence[Sequence[int]] | DraftTree | None = None):
+    def __init__(self, target: Executor, module: Executor, choices: str | Sequence[Sequence[int]] | DraftTree | None = None):
         """target: an eagle target's executor (returns eagle_hidden); module: the executor of its eagle/ engine.
         choices: a draft tree (TensorRT-LLM's --eagle_choices format), or None for chains."""
-        if target.build.speculative_decoding_mode != "eagle":
+        if target.build.speculative_decoding_mode != "eagle" or "eagle_hidden" not in target.extra_outputs:
+            mode = target.build.speculative_decoding_mode
             raise EngineError(f"EAGLE drafting needs a target engine built with --speculative_decoding_mode eagle --eagle_dir MODULE; "
-                              f"{target.engine.path} was built with --speculative_decoding_mode {target.build.speculative_decoding_mode}.")
+                              f"{target.engine.path} was built with --speculative_decoding_mode {mode}"
+                              + ("" if mode != "eagle" else f" and its {type(target).__name__} does not return eagle_hidden") + ".")
         if module.build.speculative_decoding_mode != "eagle_module":
             raise EngineError(f"{module.engine.path} is not an EAGLE module engine (mode {module.build.speculative_decoding_mode}); "
                               f"it is the eagle/ folder inside an eagle target engine.")
@@ -75,9 +78,9 @@ class EagleProposer:
             self.order.append(r.request_id)
             self.pending[r.request_id] = (np.zeros((0, self.module.model.hidden_size), np.float32), [])
 
-    def prefilled(self, requests: Sequence[Request], first_slot: int) -> None:
+    def prefilled(self, requests: Sequence[Request], step: StepOutput, first_slot: int) -> None:
         """The target just prefilled ``requests``: the prompt's features pair with the prompt shifted by one and the first token."""
-        feats = self.target.eagle_hidden  # [len(prefilled), width, hidden]
+        feats = step.eagle_hidden  # [len(prefilled), width, hidden]
         for r in requests:
             n = len(r.prompt_ids)
             self.pending[r.request_id] = (feats[r.slot - first_slot, :n].copy(), [*r.prompt_ids[1:], r.output_ids[0]])
@@ -105,7 +108,7 @@ class EagleProposer:
 
     def observe(self, request: Request, draft: Draft, target: TargetOutput) -> None:
         """The kept rows' features pair with the tokens that follow them: the kept drafts, then the new token."""
-        feats, (old_h, old_t) = self.target.eagle_hidden[request.slot, target.rows], self.pending[request.request_id]
+        feats, (old_h, old_t) = target.eagle_hidden[target.rows], self.pending[request.request_id]  # [len(rows), hidden]
         self.pending[request.request_id] = (np.concatenate([old_h, feats]), old_t + list(target.emitted))
 
     # -- a round ------------------------------------------------------------------------
@@ -132,8 +135,9 @@ class EagleProposer:
             self.cache.lengths[lo:hi] = real  # only real pairs stay between rounds
         return out
 
-    def _call(self, lo: int, tokens, hidden: np.ndarray, advance: np.ndarray, all_logits: bool, parents=None) -> np.ndarray:
-        """One module call on slots lo..: rows of tokens (ragged allowed) and their hidden_states [n, width, hidden]."""
+    def _call(self, lo: int, tokens, hidden: np.ndarray, advance: np.ndarray, all_logits: bool, parents=None) -> StepOutput:
+        """One module call on slots lo..: rows of tokens (ragged allowed) and their hidden_states [n, width, hidden];
+        its logits and hidden_out ([n, rows, hidden])."""
         return self.module.forward(self.cache, tokens, all_logits=all_logits, advance=advance, first_slot=lo, hidden=hidden, parents=parents)
 
     def _catch_up(self, lo: int, hi: int, want) -> None:
@@ -154,10 +158,10 @@ class EagleProposer:
         for i in np.flatnonzero(todo):
             feats = self.pending[ids[i]][0]
             hidden[i, : len(feats)] = feats
-        logits = self._call(lo, tokens, hidden, todo, all_logits=False)  # [n, 1, vocab]: each row's last pair
+        step = self._call(lo, tokens, hidden, todo, all_logits=False)  # logits [n, 1, vocab]: each row's last pair
         for i in np.flatnonzero(todo):
             rid = ids[i]
-            self.next_logits[rid], self.next_hidden[rid] = logits[i, 0].copy(), self.module.hidden_out[i, 0].copy()
+            self.next_logits[rid], self.next_hidden[rid] = step.logits[i, 0].copy(), step.hidden_out[i, 0].copy()
             self.pending[rid] = (self.pending[rid][0][:0], [])
 
     def _draft_chain(self, lo: int, ids: list[str], want: dict, requests: Sequence[Request], out: list[Draft]) -> None:
@@ -179,8 +183,8 @@ class EagleProposer:
             if j + 1 == int(lens.max()):
                 break
             go = lens > j + 1
-            logits = self._call(lo, drafts[:, j : j + 1], hidden[:, None], go, all_logits=False)[:, 0].copy()
-            hidden = self.module.hidden_out[:, 0].copy()
+            step = self._call(lo, drafts[:, j : j + 1], hidden[:, None], go, all_logits=False)
+            logits, hidden = step.logits[:, 0].copy(), step.hidden_out[:, 0].copy()  # [n, vocab], [n, hidden]
         for i, rid in enumerate(ids):
             if rid in want:
                 k = int(lens[i])
@@ -201,8 +205,8 @@ class EagleProposer:
         for depth in range(1, int(tree.depths[:need].max())):
             upto = int((tree.depths <= depth).sum())  # nodes are ordered by depth: re-feed the tree so far
             parents = tree.parents[:upto]  # -1: a child of the last real pair (the cache's last row)
-            logits = self._call(lo, tokens[:, :upto], feed_hidden[:, :upto], riding, all_logits=True, parents=[parents] * n)
-            hidden_out = self.module.hidden_out
+            step = self._call(lo, tokens[:, :upto], feed_hidden[:, :upto], riding, all_logits=True, parents=[parents] * n)
+            logits, hidden_out = step.logits, step.hidden_out  # [n, upto, vocab], [n, upto, hidden]
             children = np.flatnonzero(tree.depths == depth + 1)
             for p in np.unique(tree.parents[children]).tolist():  # one top-k per parent, shared by its children
                 kids = children[tree.parents[children] == p]

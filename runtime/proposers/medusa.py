@@ -4,10 +4,10 @@ A ``--speculative_decoding_mode medusa`` target returns, beside its logits,
 ``medusa_logits`` [rows, heads, vocab] for the same rows. On the row of the
 last token a round keeps, the target's logits pick the next token t+1 (the
 bonus or recovered token the engine appends) and head i guesses t+2+i. The
-proposer reads the heads from the target executor's ``medusa_logits`` (the
-buffer of its latest call) right after the prefill (``prefilled``) and after
-every verification (``observe``): the engine makes no other target call in
-between. Proposing costs no model call.
+proposer is handed the heads of the call itself: the prefill's outputs
+(``prefilled``) and each verification's rows (``TargetOutput.medusa_logits``
+in ``observe``), and keeps a copy of the row it needs. Proposing costs no
+model call.
 
 Chain (no choices): draft i is head i's pick. Greedy requests take its
 argmax and are verified by token compare; sampled requests draw draft i from
@@ -28,21 +28,22 @@ from typing import Sequence
 
 import numpy as np
 
+from ..backends.base import Executor, StepOutput
 from ..errors import EngineError
 from ..request import Request
 from ..sampling import processed_probs, sample
 from ..tree import DraftTree, check_tree, parse_choices, top_k, tree_draft
-from .base import Draft, TargetOutput
+from .base import Draft, Proposer, TargetOutput
 
 
-class MedusaProposer:
+class MedusaProposer(Proposer):
     name = "medusa"
 
-    def __init__(self, target, choices: str | Sequence[Sequence[int]] | DraftTree | None = None):
+    def __init__(self, target: Executor, choices: str | Sequence[Sequence[int]] | DraftTree | None = None):
         """target: the executor of a --speculative_decoding_mode medusa engine (the Engine's target).
         choices: a draft tree (TensorRT-LLM's --medusa_choices format), or None for chains."""
-        heads = getattr(target, "medusa_heads", 0)
-        if not heads:
+        heads = target.build.medusa_num_heads if target.build.speculative_decoding_mode == "medusa" else 0
+        if not heads or "medusa_logits" not in target.extra_outputs:
             raise EngineError(
                 f"Medusa drafting needs a target engine built with --speculative_decoding_mode medusa --medusa_dir HEADS; "
                 f"{target.engine.path} was built with --speculative_decoding_mode {target.build.speculative_decoding_mode}"
@@ -60,9 +61,9 @@ class MedusaProposer:
         for r in requests:
             self.heads[r.request_id] = np.zeros((0, 0), np.float32)  # until prefilled() hands over the prompt's head rows
 
-    def prefilled(self, requests: Sequence[Request], first_slot: int) -> None:
+    def prefilled(self, requests: Sequence[Request], step: StepOutput, first_slot: int) -> None:
         """The target just prefilled ``requests`` in slots first_slot..: each one's heads on its last prompt row."""
-        heads = self.target.medusa_logits  # [len(prefilled), 1, heads, vocab]
+        heads = step.medusa_logits  # [len(prefilled), 1, heads, vocab]
         for r in requests:
             self.heads[r.request_id] = heads[r.slot - first_slot, 0].copy()
 
@@ -82,7 +83,8 @@ class MedusaProposer:
         sampling = r.config.sampling
         if self.tree is not None:
             if sampling.greedy:
-                return tree_draft(self.tree, k, lambda depth, top: top_k(heads[depth - 1], top))
+                tokens, parents, depths = tree_draft(self.tree, k, lambda depth, top: top_k(heads[depth - 1], top))
+                return Draft(tokens, parents=parents, depths=depths)
             k = min(k, self.tree.depth)  # a sampled request: the chain as deep as the tree
         if sampling.greedy:
             return Draft(heads[:k].argmax(axis=-1).astype(np.int64))
@@ -91,5 +93,5 @@ class MedusaProposer:
 
     def observe(self, request: Request, draft: Draft, target: TargetOutput) -> None:
         # the row of the last kept token: its target logits gave the appended token, its heads the ones after it
-        self.heads[request.request_id] = self.target.medusa_logits[request.slot, target.rows[-1]].copy()  # [heads, vocab]
+        self.heads[request.request_id] = target.medusa_logits[target.rows[-1]].copy()  # [heads, vocab]
 

@@ -32,7 +32,7 @@ from typing import Sequence
 import numpy as np
 
 from ..request import Request
-from .base import Draft, TargetOutput
+from .base import Draft, Proposer, TargetOutput
 
 
 class NGramPool:
@@ -75,10 +75,11 @@ class NGramPool:
         return []
 
 
-class NGramProposer:
+class NGramProposer(Proposer):
     name = "ngram"
 
     def __init__(self, max_draft_len: int, max_matching_ngram_size: int, is_keep_all: bool = True, is_use_oldest: bool = False, min_matching_ngram_size: int = 1):
+        self.max_draft_len = max_draft_len  # a request asking for more is refused (Proposer.max_draft_len)
         self.settings = (max_draft_len, max_matching_ngram_size, is_keep_all, is_use_oldest, min_matching_ngram_size)
         self.pools: dict[str, NGramPool] = {}
 
@@ -91,7 +92,7 @@ class NGramProposer:
         del self.pools[request_id]
 
     def room(self, request: Request) -> int:
-        return self.settings[0]
+        return self.max_draft_len
 
     def propose(self, requests: Sequence[Request], draft_lens: Sequence[int]) -> list[Draft]:
         return [Draft(np.array(self.pools[r.request_id].draft(int(k)), np.int64)) for r, k in zip(requests, draft_lens)]

@@ -48,12 +48,12 @@ def hf_logits(path: Path, ids: torch.Tensor) -> np.ndarray:
 def greedy(ex, prompt: list[int], n: int) -> tuple[list[int], np.ndarray]:
     """Greedy tokens and their logits, one target step per token (forward's positional form)."""
     cache = ex.new_cache(1)
-    logits = ex.forward(cache, [prompt], False)[0, -1].copy()
+    logits = ex.forward(cache, [prompt], False).logits[0, -1].copy()
     tokens, rows = [], []
     for _ in range(n):
         rows.append(logits)
         tokens.append(int(logits.argmax()))
-        logits = ex.forward(cache, [[tokens[-1]]], True)[0, -1].copy()
+        logits = ex.forward(cache, [[tokens[-1]]], True).logits[0, -1].copy()
     return tokens, np.stack(rows)
 
 

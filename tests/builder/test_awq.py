@@ -314,7 +314,7 @@ def test_cli_int4_awq_builds_runs_and_computes_the_scaled_weights(outlier_ckpt, 
 
 
 def logits(ex, ids=(5, 17, 33, 2, 61, 8, 90, 41, 12, 7)) -> np.ndarray:
-    return ex.forward(ex.new_cache(1), [list(ids)], all_logits=True).copy()[0]
+    return ex.forward(ex.new_cache(1), [list(ids)], all_logits=True).logits.copy()[0]
 
 
 def test_cli_int4_awq_without_calibration_text_is_refused(outlier_ckpt, tmp_path):

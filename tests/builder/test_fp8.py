@@ -27,13 +27,13 @@ def base(tmp_path_factory):
 
 def engine_logits(ex, ids=IDS) -> np.ndarray:
     cache = ex.new_cache(1)
-    return ex.forward(cache, [ids[0].tolist()], all_logits=True).copy()[0]
+    return ex.forward(cache, [ids[0].tolist()], all_logits=True).logits.copy()[0]
 
 
 def engine_context_logits_all(ex, ids=IDS):
     cache = ex.new_cache(1)
     ex.forward(cache, [ids[0, :1].tolist()], all_logits=False)
-    return ex.forward(cache, [ids[0, 1:].tolist()], all_logits=True).copy()[0]
+    return ex.forward(cache, [ids[0, 1:].tolist()], all_logits=True).logits.copy()[0]
 
 
 @pytest.mark.parametrize("convention", ["modelopt", "compressed-tensors", "fp8"])

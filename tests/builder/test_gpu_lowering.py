@@ -91,7 +91,7 @@ def test_ort_cuda_float32_matches_portable(case, tmp_path):
         [[34], [35], [36]],
     ]
     for i, tokens in enumerate(steps):
-        want = ref.forward(cache, tokens, all_logits=True)
+        want = ref.forward(cache, tokens, all_logits=True).logits
         got = gpu_form.forward(tokens)
         for row, t in enumerate(tokens):
             np.testing.assert_allclose(got[row, : len(t)], want[row, : len(t)], atol=2e-5, rtol=0, err_msg=f"step {i}, row {row}")
@@ -99,7 +99,7 @@ def test_ort_cuda_float32_matches_portable(case, tmp_path):
     cache.rollback(0, cache.lengths[0] - 6)
     gpu_form.lengths[0] -= 6
     for tokens in ([[40, 41, 42], [43], [44]], [[45], [46], [47]]):
-        want = ref.forward(cache, tokens, all_logits=True)
+        want = ref.forward(cache, tokens, all_logits=True).logits
         got = gpu_form.forward(tokens)
         for row, t in enumerate(tokens):
             np.testing.assert_allclose(got[row, : len(t)], want[row, : len(t)], atol=2e-5, rtol=0)

@@ -19,13 +19,13 @@ def test_ragged_batch_equals_each_row_alone(ex):
     steps = [rng.integers(3, 96, n).tolist() for n in (3, 1, 5)]  # ragged generation step
 
     batch = ex.new_cache(3)
-    ctx = ex.forward(batch, prompts, all_logits=False).copy()
-    gen = ex.forward(batch, steps, all_logits=True).copy()
+    ctx = ex.forward(batch, prompts, all_logits=False).logits.copy()
+    gen = ex.forward(batch, steps, all_logits=True).logits.copy()
     for row in range(3):
         alone = ex.new_cache(1)
-        np.testing.assert_allclose(ex.forward(alone, [prompts[row]], all_logits=False)[0], ctx[row], atol=ATOL)
+        np.testing.assert_allclose(ex.forward(alone, [prompts[row]], all_logits=False).logits[0], ctx[row], atol=ATOL)
         n = len(steps[row])
-        np.testing.assert_allclose(ex.forward(alone, [steps[row]], all_logits=True)[0, :n], gen[row, :n], atol=ATOL)
+        np.testing.assert_allclose(ex.forward(alone, [steps[row]], all_logits=True).logits[0, :n], gen[row, :n], atol=ATOL)
 
 
 def test_rollback_leaves_no_trace(ex):
@@ -33,13 +33,13 @@ def test_rollback_leaves_no_trace(ex):
 
     clean = ex.new_cache(1)
     ex.forward(clean, [prompt + drafts[:1]], all_logits=False)
-    want = ex.forward(clean, [accepted_then], all_logits=True).copy()
+    want = ex.forward(clean, [accepted_then], all_logits=True).logits.copy()
 
     dirty = ex.new_cache(1)
     ex.forward(dirty, [prompt], all_logits=False)
     ex.forward(dirty, [drafts], all_logits=True)  # write K/V for 4 drafts
     dirty.rollback(0, len(prompt) + 1)  # keep 1 of them
-    got = ex.forward(dirty, [accepted_then], all_logits=True)
+    got = ex.forward(dirty, [accepted_then], all_logits=True).logits
     np.testing.assert_allclose(got, want, atol=ATOL)
 
 
@@ -50,11 +50,11 @@ def test_a_moved_slot_decodes_as_before(ex):
     ex.forward(batch, prompts, all_logits=False)
     ex.copy_slot(batch, 2, 1)
     assert batch.lengths[1] == len(prompts[2])
-    got = ex.forward(batch, [[20], [21]], all_logits=True).copy()
+    got = ex.forward(batch, [[20], [21]], all_logits=True).logits.copy()
     for row, prompt, nxt in ((0, prompts[0], 20), (1, prompts[2], 21)):
         alone = ex.new_cache(1)
         ex.forward(alone, [prompt], all_logits=False)
-        np.testing.assert_allclose(ex.forward(alone, [[nxt]], all_logits=True)[0], got[row], atol=ATOL)
+        np.testing.assert_allclose(ex.forward(alone, [[nxt]], all_logits=True).logits[0], got[row], atol=ATOL)
 
 
 def test_a_range_of_slots_runs_alone(ex):
@@ -66,11 +66,11 @@ def test_a_range_of_slots_runs_alone(ex):
     assert batch.lengths.tolist() == [3, 2, 4]
     for k, b in zip(batch.keys, before):
         np.testing.assert_array_equal(k[:2], b)
-    got = ex.forward(batch, [[20], [21], [22]], all_logits=True).copy()
+    got = ex.forward(batch, [[20], [21], [22]], all_logits=True).logits.copy()
     for row, prompt in enumerate(([3, 4, 5], [6, 7], [10, 11, 12, 13])):
         alone = ex.new_cache(1)
         ex.forward(alone, [prompt], all_logits=False)
-        np.testing.assert_allclose(ex.forward(alone, [[20 + row]], all_logits=True)[0], got[row], atol=ATOL)
+        np.testing.assert_allclose(ex.forward(alone, [[20 + row]], all_logits=True).logits[0], got[row], atol=ATOL)
 
 
 def test_a_new_cache_is_never_confused_with_a_freed_one(ex):

@@ -42,11 +42,11 @@ def check_parity(ckpt, tmp_path, atol=2e-4, lowering="auto"):
     with torch.no_grad():
         ref = hf(ids).logits[0].numpy()
     cache = ex.new_cache(1)
-    context = ex.forward(cache, [ids[0, :12].tolist()], all_logits=False)
+    context = ex.forward(cache, [ids[0, :12].tolist()], all_logits=False).logits
     np.testing.assert_allclose(context[0, 0], ref[11], atol=atol, rtol=0)
-    one = ex.forward(cache, [ids[0, 12:13].tolist()], all_logits=True)
+    one = ex.forward(cache, [ids[0, 12:13].tolist()], all_logits=True).logits
     np.testing.assert_allclose(one[0, 0], ref[12], atol=atol, rtol=0)
-    several = ex.forward(cache, [ids[0, 13:18].tolist()], all_logits=True)  # k+1 = 5 rows
+    several = ex.forward(cache, [ids[0, 13:18].tolist()], all_logits=True).logits  # k+1 = 5 rows
     np.testing.assert_allclose(several[0], ref[13:18], atol=atol, rtol=0)
 
     prompt = ids[0, :10]

@@ -38,7 +38,7 @@ def build(ckpt: Path, out: Path, **kw) -> None:
 
 
 def logits(ex, ids=IDS) -> np.ndarray:
-    return ex.forward(ex.new_cache(1), [ids], all_logits=True).copy()[0]
+    return ex.forward(ex.new_cache(1), [ids], all_logits=True).logits.copy()[0]
 
 
 def test_checkpoint_stores_the_fused_modules(phi3):

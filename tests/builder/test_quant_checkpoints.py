@@ -322,7 +322,7 @@ def engine_logits(engine_dir, ids=(5, 17, 33, 2, 61, 8, 90, 41, 12, 7)) -> np.nd
     from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 
     ex = OrtExecutor(load_engine_dir(engine_dir), num_threads=1)
-    return ex.forward(ex.new_cache(1), [list(ids)], all_logits=True).copy()[0]  # [tokens, vocab]
+    return ex.forward(ex.new_cache(1), [list(ids)], all_logits=True).logits.copy()[0]  # [tokens, vocab]
 
 
 @pytest.mark.parametrize("variant", list(QUANTIZED))

@@ -168,11 +168,11 @@ def test_trt_logits_match_onnxruntime(gpu_pair):
     steps = [rng.integers(3, 96, n).tolist() for n in (3, 1, 5)]
     tc, oc = trt.new_cache(3), ort.new_cache(3)
     for tokens, all_logits in ((prompts, False), (steps, True), ([[7], [8, 9], [10]], True)):
-        np.testing.assert_allclose(trt.forward(tc, tokens, all_logits).copy(), ort.forward(oc, tokens, all_logits), atol=1e-3, rtol=0)
+        np.testing.assert_allclose(trt.forward(tc, tokens, all_logits).logits.copy(), ort.forward(oc, tokens, all_logits).logits, atol=1e-3, rtol=0)
     for ex, cache in ((trt, tc), (ort, oc)):  # reject drafts, then slot 1's request leaves: slot 2 moves into it
         cache.rollback(0, int(cache.lengths[0]) - 2)
         ex.copy_slot(cache, 2, 1)
-    np.testing.assert_allclose(trt.forward(tc, [[30, 31], [32]], True).copy(), ort.forward(oc, [[30, 31], [32]], True), atol=1e-3, rtol=0)
+    np.testing.assert_allclose(trt.forward(tc, [[30, 31], [32]], True).logits.copy(), ort.forward(oc, [[30, 31], [32]], True).logits, atol=1e-3, rtol=0)
     np.testing.assert_array_equal(tc.lengths, oc.lengths)
 
 
@@ -231,7 +231,7 @@ def test_version_compatible_plan_runs_on_the_small_runtimes(tmp_path, runtime, e
         "from specdec.runtime.engine_format import load_engine_dir\nfrom specdec.runtime.backends.tensorrt.executor import TrtExecutor\n"
         f"ex = TrtExecutor(load_engine_dir({str(tmp_path / 'vc')!r}))\nassert ex._trt.__name__ == {runtime!r}, ex._trt.__name__\n"
         "assert 'tensorrt' not in sys.modules\nc = ex.new_cache(2)\n"
-        "a = ex.forward(c, [[5, 6, 7, 8], [9, 10]], False).copy()\nb = ex.forward(c, [[11, 12, 13], [14]], True).copy()\n"
+        "a = ex.forward(c, [[5, 6, 7, 8], [9, 10]], False).logits.copy()\nb = ex.forward(c, [[11, 12, 13], [14]], True).logits.copy()\n"
         f"np.save({str(tmp_path / 'a.npy')!r}, a)\nnp.save({str(tmp_path / 'b.npy')!r}, b)\n"
     )
     env = {**os.environ, "SPECDEC_TENSORRT_RUNTIME": runtime}
@@ -239,5 +239,5 @@ def test_version_compatible_plan_runs_on_the_small_runtimes(tmp_path, runtime, e
     assert out.returncode == 0, out.stderr[-3000:]
     ort = OrtExecutor(load_engine_dir(tmp_path / "onnx"), num_threads=1)
     oc = ort.new_cache(2)
-    np.testing.assert_allclose(np.load(tmp_path / "a.npy"), ort.forward(oc, [[5, 6, 7, 8], [9, 10]], False), atol=1e-3, rtol=0)
-    np.testing.assert_allclose(np.load(tmp_path / "b.npy"), ort.forward(oc, [[11, 12, 13], [14]], True), atol=1e-3, rtol=0)
+    np.testing.assert_allclose(np.load(tmp_path / "a.npy"), ort.forward(oc, [[5, 6, 7, 8], [9, 10]], False).logits, atol=1e-3, rtol=0)
+    np.testing.assert_allclose(np.load(tmp_path / "b.npy"), ort.forward(oc, [[11, 12, 13], [14]], True).logits, atol=1e-3, rtol=0)

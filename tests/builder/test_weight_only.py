@@ -192,7 +192,7 @@ def dequantized_checkpoint(src, dst, bits, group, sym, lm_head=False):
 
 def logits(ex, ids=IDS) -> np.ndarray:
     cache = ex.new_cache(1)
-    return ex.forward(cache, [ids], all_logits=True).copy()[0]
+    return ex.forward(cache, [ids], all_logits=True).logits.copy()[0]
 
 
 @pytest.mark.parametrize("lowering", ["ort_cpu", "portable"])

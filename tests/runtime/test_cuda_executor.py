@@ -189,10 +189,10 @@ def test_rollback_leaves_no_trace(demo):
     n = int(cache.lengths[0])
     ex.forward(cache, [[11, 12, 13, 14, 15]], all_logits=True)  # drafts that get rejected
     cache.rollback(0, n)
-    after_rollback = ex.forward(cache, [[21, 22]], all_logits=True).copy()
+    after_rollback = ex.forward(cache, [[21, 22]], all_logits=True).logits.copy()
     fresh = ex.new_cache(1)
     ex.forward(fresh, [prompts[1]], all_logits=False)
-    np.testing.assert_array_equal(ex.forward(fresh, [[21, 22]], all_logits=True), after_rollback)
+    np.testing.assert_array_equal(ex.forward(fresh, [[21, 22]], all_logits=True).logits, after_rollback)
 
 
 @pytest.mark.cuda
@@ -216,7 +216,7 @@ def test_graph_replay_after_the_cache_changed(demo):
                 cache.rollback(action[1], int(cache.lengths[action[1]]) - action[2])
             elif action:
                 ex.copy_slot(cache, action[1], action[2])
-            outs.append(ex.forward(cache, tokens, all_logits=False).copy())
+            outs.append(ex.forward(cache, tokens, all_logits=False).logits.copy())
         np.testing.assert_allclose(outs[0], outs[1], atol=1e-3, rtol=0, err_msg=f"step {step}")
         assert (outs[0].argmax(-1) == outs[1].argmax(-1)).all()
     assert caches[0].lengths.tolist() == caches[1].lengths.tolist()

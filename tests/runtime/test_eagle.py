@@ -83,6 +83,36 @@ def test_first_draft_is_the_torch_modules_guess(eagle):
     assert int(draft.tokens[0]) == int(logits[0, -1].argmax())
 
 
+def test_eagle_reads_its_own_target_call_when_the_target_runs_in_between(eagle):
+    """The features EAGLE pairs with tokens come with the target call they belong to (StepOutput at the prefill,
+    TargetOutput after each verification), never from whatever the target executor ran last. A draft model that is
+    the target's own executor (a cache of its own) prefills its request between the target's prefill and EAGLE's
+    reading of it: EAGLE's drafts (they depend on the features it read), the outputs and the counts are those of the
+    same engine with EAGLE reading first, chain and tree."""
+    from specdec.runtime.proposers.draft_model import DraftModelProposer
+
+    t, m = eagle["target"], eagle["mod"]
+    methods = ["eagle", "draft", "eagle"]
+    want, _ = generate(t, m, PROMPTS, "none", 0)
+    for choices, k in ((None, 3), (TREE, 6)):
+        runs = []
+        for eagle_first in (True, False):
+            eagle_p = EagleProposer(t, m, choices)
+            proposers = [eagle_p, DraftModelProposer(t)]
+            engine = Engine(t, proposers if eagle_first else proposers[::-1], SpeculationConfig("none", 0))
+            ids = [engine.add_request(p, GenerationConfig(max_output_len=20, method=meth, draft_len=k)) for p, meth in zip(PROMPTS, methods)]
+            engine.step()  # the prefill
+            mine = [engine.requests[i] for i, meth in zip(ids, methods) if meth == "eagle"]
+            drafts = [d.tokens.tolist() for d in eagle_p.propose(mine, [k] * len(mine))]
+            done = {}
+            while engine.has_unfinished():
+                done.update((o.request_id, (o.output_ids, o.metrics.drafted, o.metrics.accepted)) for o in engine.step() if o.finished)
+            runs.append((drafts, [done[i] for i in ids]))
+        assert [out for out, _, _ in runs[1][1]] == want, choices
+        assert runs[1] == runs[0], choices
+        assert all(len(d) == k for d in runs[1][0]), choices
+
+
 def test_sampled_eagle_chain_gives_probabilities(eagle):
     t, m = eagle["target"], eagle["mod"]
     proposer = EagleProposer(t, m)

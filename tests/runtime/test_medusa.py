@@ -80,8 +80,8 @@ def test_medusa_logits_match_the_heads(medusa, lowering, tmp_path):
     assert (engine.config.build.medusa_num_heads, engine.config.build.medusa_num_layers) == (NUM_HEADS, NUM_LAYERS)
     ex = OrtExecutor(engine, num_threads=1)
     prompt = PROMPTS[2]
-    logits = ex.forward(ex.new_cache(1), [prompt], all_logits=True).copy()
-    got = ex.medusa_logits.copy()  # [1, L, heads, vocab]
+    out = ex.forward(ex.new_cache(1), [prompt], all_logits=True)
+    logits, got = out.logits.copy(), out.medusa_logits.copy()  # [1, L, vocab], [1, L, heads, vocab]
     with torch.no_grad():
         out = medusa["hf"](torch.tensor([prompt]), output_hidden_states=True)
         hidden = out.hidden_states[-1]  # after the final norm: what lm_head and the heads read
@@ -90,8 +90,8 @@ def test_medusa_logits_match_the_heads(medusa, lowering, tmp_path):
     np.testing.assert_allclose(logits, out.logits.numpy(), atol=2e-4)
     np.testing.assert_allclose(got, want, atol=2e-4)
     # the context phase (last row only) returns that row's heads
-    ex.forward(ex.new_cache(1), [prompt], all_logits=False)
-    np.testing.assert_allclose(ex.medusa_logits[0, 0], want[0, -1], atol=2e-4)
+    out = ex.forward(ex.new_cache(1), [prompt], all_logits=False)
+    np.testing.assert_allclose(out.medusa_logits[0, 0], want[0, -1], atol=2e-4)
 
 
 def _generate(target, prompts, method, draft_len, max_output_len=24, choices=None, sampling=SamplingConfig(temperature=0.0)):
@@ -119,6 +119,44 @@ def test_greedy_medusa_is_exact(engines, heads):
             accepted += stats.accepted
     if heads == "copy":
         assert accepted > 0  # the acceptance path ran, not only rejections
+
+
+def _run_mixed(target, proposers, prompts, methods, k):
+    """Each prompt with its method; per request (output ids, drafted, accepted)."""
+    engine = Engine(target, proposers, SpeculationConfig("none", 0))
+    ids = [engine.add_request(p, GenerationConfig(max_output_len=24, method=m, draft_len=k)) for p, m in zip(prompts, methods)]
+    done = {}
+    while engine.has_unfinished():
+        done.update((o.request_id, (o.output_ids, o.metrics.drafted, o.metrics.accepted)) for o in engine.step() if o.finished)
+    return [done[i] for i in ids]
+
+
+def test_medusa_drafts_from_its_own_target_call_when_the_target_runs_in_between(engines):
+    """The heads Medusa drafts from come with the target call they belong to (StepOutput at the prefill, TargetOutput
+    after each verification), never from whatever the executor ran last. Here a draft model that is the target's
+    own executor (a cache of its own) prefills its request right after the target's prefill and before Medusa reads
+    it: every request's output and acceptance are those of the same engine with Medusa reading first."""
+    from specdec.runtime.proposers.draft_model import DraftModelProposer
+
+    target = engines["copy"]  # heads that draft well: acceptance says whether the right heads were read
+    methods = ["medusa", "draft", "medusa"]
+    first = _run_mixed(target, [MedusaProposer(target), DraftModelProposer(target)], PROMPTS, methods, NUM_HEADS)
+    between = _run_mixed(target, [DraftModelProposer(target), MedusaProposer(target)], PROMPTS, methods, NUM_HEADS)
+    want, _ = _generate(target, PROMPTS, "none", 0)
+    assert [out for out, _, _ in between] == want
+    assert between == first
+    assert sum(accepted for (_, _, accepted), m in zip(between, methods) if m == "medusa") > 0
+
+
+def test_a_calls_outputs_survive_a_call_on_another_cache(engines):
+    """A StepOutput's arrays belong to its cache: a call of the same shape on another cache leaves them as they were."""
+    ex = engines["random"]
+    out = ex.forward(ex.new_cache(1), [PROMPTS[0]], all_logits=True)
+    logits, heads = out.logits.copy(), out.medusa_logits.copy()
+    other = ex.forward(ex.new_cache(1), [PROMPTS[2][: len(PROMPTS[0])]], all_logits=True)  # same shape, other tokens
+    assert not np.allclose(other.medusa_logits, heads)
+    np.testing.assert_array_equal(out.logits, logits)
+    np.testing.assert_array_equal(out.medusa_logits, heads)
 
 
 def test_a_medusa_target_verifies_other_drafts(engines):
@@ -324,7 +362,7 @@ def test_a_modelopt_whole_model_export_builds_and_runs(medusa, tmp_path):
     from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 
     target = OrtExecutor(load_engine_dir(tmp_path / "e"), num_threads=1)
-    assert target.medusa_heads == 2
+    assert target.build.medusa_num_heads == 2 and target.extra_outputs == {"medusa_logits"}
     want, _ = _generate(target, PROMPTS, "none", 0)
     for k, choices in ((2, None), (4, "[[0], [1], [0, 0], [1, 0]]")):
         got, stats = _generate(target, PROMPTS, "medusa", k, choices=choices)

@@ -151,7 +151,7 @@ def test_end_to_end_sampling_distribution(tmp_path, method):
 
     def dist(ctx):
         c = target.new_cache(1)
-        p = np.exp(target.forward(c, [ctx], all_logits=False)[0, 0].astype(np.float64))
+        p = np.exp(target.forward(c, [ctx], all_logits=False).logits[0, 0].astype(np.float64))
         return p / p.sum()
 
     # exact P(t2, t3) = sum_t1 P(t1) P(t2 | t1) P(t3 | t1, t2): both come out of one draft-2 round

@@ -35,7 +35,7 @@ def _rows(parents: np.ndarray) -> np.ndarray:
 
 def _scratch(ex, tokens: list[int]) -> np.ndarray:
     """Logits of every position of ``tokens`` decoded in one plain (chain) call on a fresh cache: [len, vocab]."""
-    return ex.forward(ex.new_cache(1), [tokens], all_logits=True)[0].copy()
+    return ex.forward(ex.new_cache(1), [tokens], all_logits=True).logits[0].copy()
 
 
 def _paths(parents):
@@ -57,7 +57,7 @@ def test_tree_rows_equal_each_nodes_own_context(tree_target):
     tokens = rng.integers(1, ex.vocab_size, len(PARENTS))
     cache = ex.new_cache(1)
     ex.forward(cache, [prompt[:-1]], all_logits=False)
-    logits = ex.forward(cache, [[prompt[-1], *tokens]], all_logits=True, parents=[_rows(PARENTS)])[0].copy()
+    logits = ex.forward(cache, [[prompt[-1], *tokens]], all_logits=True, parents=[_rows(PARENTS)]).logits[0].copy()
     for path in _paths(PARENTS):
         want = _scratch(ex, prompt + tokens[path].tolist())[-1]
         row = 0 if not path else path[-1] + 1
@@ -78,7 +78,7 @@ def test_compacted_path_continues_like_decoding_it_from_scratch(tree_target):
         assert cache.lengths[0] == len(prompt) + len(path)
         seq = prompt + tokens[path].tolist()
         for nxt in (3, 4, 5):
-            got = ex.forward(cache, [[nxt]], all_logits=True)[0, 0].copy()
+            got = ex.forward(cache, [[nxt]], all_logits=True).logits[0, 0].copy()
             seq.append(nxt)
             np.testing.assert_allclose(got, _scratch(ex, seq)[-1], atol=1e-5, err_msg=str(path))
 
@@ -98,7 +98,7 @@ def test_ragged_batch_with_different_paths(tree_target):
     cache.rollback(1, int(starts[1]) + 2)  # the chain keeps its first draft
     seqs = [PROMPTS[0] + tokens[path].tolist(), PROMPTS[1] + chain[:1].tolist()]
     for nxt in ([7, 8], [9, 10]):
-        got = ex.forward(cache, [[nxt[0]], [nxt[1]]], all_logits=True)[:, 0].copy()
+        got = ex.forward(cache, [[nxt[0]], [nxt[1]]], all_logits=True).logits[:, 0].copy()
         for row in range(2):
             seqs[row].append(nxt[row])
             np.testing.assert_allclose(got[row], _scratch(ex, seqs[row])[-1], atol=1e-5)
@@ -112,7 +112,7 @@ def test_a_chain_through_the_tree_input_is_the_plain_engines_chain(tree_target, 
     for e in (ex, plain):
         cache = e.new_cache(1)
         e.forward(cache, [PROMPTS[0]], all_logits=False)
-        e.out = e.forward(cache, [[1, 2, 3, 4]], all_logits=True).copy()
+        e.out = e.forward(cache, [[1, 2, 3, 4]], all_logits=True).logits.copy()
     np.testing.assert_array_equal(ex.out, plain.out)
     with pytest.raises(EngineError, match="without tree attention"):
         plain.forward(plain.new_cache(1), [[1, 2]], all_logits=True, parents=[np.array([-1, 0])])
@@ -154,6 +154,6 @@ def test_bad_parents_are_refused_before_the_mask_is_touched(tree_target):
     ex = tree_target
     with pytest.raises(RequestError, match="parents"):
         ex.forward(ex.new_cache(1), [[1, 2, 3]], all_logits=True, parents=[np.array([-1, 2, 0])])
-    chain = ex.forward(ex.new_cache(1), [[1, 2, 3]], all_logits=True).copy()
-    explicit = ex.forward(ex.new_cache(1), [[1, 2, 3]], all_logits=True, parents=[np.array([-1, 0, 1])]).copy()
+    chain = ex.forward(ex.new_cache(1), [[1, 2, 3]], all_logits=True).logits.copy()
+    explicit = ex.forward(ex.new_cache(1), [[1, 2, 3]], all_logits=True, parents=[np.array([-1, 0, 1])]).logits.copy()
     np.testing.assert_array_equal(chain, explicit)

@@ -94,10 +94,10 @@ def test_verification_logits_equal_one_token_logits_bit_for_bit(engines, batch, 
     follow = [[30 + i + r for i in range(9)] for r in range(batch)]
     one_call = ex.new_cache(batch)
     ex.forward(one_call, prompts, all_logits=False)
-    together = ex.forward(one_call, follow, all_logits=True).copy()  # [batch, 9, vocab]
+    together = ex.forward(one_call, follow, all_logits=True).logits.copy()  # [batch, 9, vocab]
     stepwise = ex.new_cache(batch)
     ex.forward(stepwise, prompts, all_logits=False)
-    alone = np.concatenate([ex.forward(stepwise, [[f[i]] for f in follow], all_logits=True).copy() for i in range(9)], axis=1)
+    alone = np.concatenate([ex.forward(stepwise, [[f[i]] for f in follow], all_logits=True).logits.copy() for i in range(9)], axis=1)
     np.testing.assert_array_equal(together, alone)
 
 

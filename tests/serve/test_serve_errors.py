@@ -115,6 +115,20 @@ def test_a_method_the_server_did_not_load_and_a_model_without_chat_template():
         assert c.get("/health").status_code == 200
 
 
+def test_ngram_drafts_past_its_own_max_draft_len_are_refused():
+    """The n-gram proposer says its own limit (Proposer.max_draft_len, from --ngram_config), below the target's 4:
+    a request asking for more is a 400 naming it, one within it is served."""
+    from specdec.runtime.config_strings import NGramConfig
+
+    served = build_served(engines()["target"], ngram=NGramConfig(2, 2, [0]), num_threads=1)
+    with running(served) as url, httpx.Client(base_url=url, timeout=30) as c:
+        err = check_error(c.post("/v1/completions", json={**OK, "speculative": {"method": "ngram", "num_draft_tokens": 3}}), 400,
+                          "speculative.num_draft_tokens")
+        assert "n-gram pool's max_draft_len=2" in err["message"]
+        r = c.post("/v1/completions", json={**OK, "speculative": {"method": "ngram", "num_draft_tokens": 2}})
+        assert r.status_code == 200 and r.json()["speculative"]["num_draft_tokens"] == 2
+
+
 def test_api_key(tmp_path):
     with running(served_pair(), api_key="s3cret") as url, httpx.Client(base_url=url, timeout=30) as c:
         assert c.get("/health").status_code == 200  # probes need no key

@@ -2,21 +2,24 @@
 
 The ONNX Runtime executor binds the KV buffers once as both the cache input
 and the updated-cache output (TensorScatter then writes in place), and
-reuses preallocated logits buffers, so a decode step allocates nothing big
-and copies no cache.
+reuses preallocated output buffers (per cache and call shape), so a decode
+step allocates nothing big and copies no cache. The engine's extra inputs and
+outputs (Medusa heads, EAGLE features) are bound as its config declares them
+(engine_format.extra_io) and returned in the call's StepOutput.
 """
 
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Sequence
 
 import numpy as np
 
-from ...engine_format import EngineDir
+from ...engine_format import EngineDir, ExtraTensor, extra_io
 from ...errors import EngineError, RequestError
 from ...kv_cache import KVCache
-from ..base import Placement, plan_step, refuse_trees
+from ..base import Placement, StepOutput, plan_step, refuse_trees
 
 
 def _default_threads() -> int:
@@ -63,33 +66,25 @@ class OrtExecutor:
             raise EngineError(f"ONNX Runtime could not load {engine.network_path}: {err}") from err
         self._ort = ort
         self._cache_values: tuple[tuple, list] | None = None  # (cache key, its OrtValues): made once per slot range
-        self._ios: dict[tuple[int, int, int], _StepIO] = {}
+        # per cache, its call shapes' buffers: what a call returns is overwritten by the next call of that shape on that
+        # cache only (never by a call on another cache), and goes with the cache
+        self._ios: weakref.WeakKeyDictionary[KVCache, dict[tuple[int, int, int], _StepIO]] = weakref.WeakKeyDictionary()
         self._decode_width = max(2, self.build.max_draft_len + 1)  # widest decode step: its buffers stay
         self._steps = np.arange(max(self.build.max_input_len, self.build.kv_capacity), dtype=np.int64)
         self.vocab_size = self.model.vocab_size
-        # Outputs beside the logits, bound when the engine has them; after each forward() a view of the call's
-        # buffer (reused by the next call), else None:
-        #   medusa_logits [n, rows, heads, vocab]  a --speculative_decoding_mode medusa target's heads
-        #   eagle_hidden  [n, width, hidden]      an eagle target's fused features of every fed token
-        #   hidden_out    [n, rows, hidden]       an EAGLE module's pre-norm output (its next step's hidden_states)
-        mode = self.build.speculative_decoding_mode
-        self.medusa_heads = self.build.medusa_num_heads if mode == "medusa" else 0
-        self.hidden_size = self.model.hidden_size
-        self._eagle_target, self._eagle_module = mode == "eagle", mode == "eagle_module"
+        # the inputs and outputs the engine has beyond the ABI's (Medusa heads, EAGLE features), bound as it declares them
+        self._extra_in, self._extra_out = extra_io(self.model, self.build)
+        self.extra_outputs = frozenset(t.name for t in self._extra_out)
         self.tree_attention = bool(self.build.tree_attention)  # a tree_mask input: forward(parents=...) verifies trees
-        self.medusa_logits: np.ndarray | None = None
-        self.eagle_hidden: np.ndarray | None = None
-        self.hidden_out: np.ndarray | None = None
         self._warm_up()
 
     def _warm_up(self) -> None:
         """ONNX Runtime plans memory on its first runs: do that at load, not in the first request's latency."""
         for width in (2, 1):
             cache = self.new_cache(1)
-            hidden = np.zeros((1, width, self.hidden_size), np.float32) if self._eagle_module else None
+            hidden = np.zeros((1, width, self.model.hidden_size), np.float32) if self._extra_in else None
             self.forward(cache, [[0] * width], all_logits=True, hidden=hidden)
-        self._cache_values = None
-        self._ios.clear()
+        self._cache_values = None  # the warm-up caches' buffers go with them
 
     # -- cache ------------------------------------------------------------------
     def new_cache(self, num_slots: int) -> KVCache:
@@ -110,8 +105,7 @@ class OrtExecutor:
         # Hold the cache itself, not its id(): a new cache may reuse a freed one's id,
         # and the binding would then point ONNX Runtime at freed memory.
         key = (cache, cache.version, first, rows)
-        bound = io.bound_cache
-        if bound is not None and bound[0] is cache and bound[1:] == key[1:]:
+        if io.bound_cache == key[1:]:  # io belongs to this cache (OrtExecutor._io)
             return
         made = self._cache_values
         if made is None or made[0][0] is not cache or made[0][1:] != key[1:]:
@@ -123,7 +117,7 @@ class OrtExecutor:
             for kind, ov in (("key", made[1][i]), ("value", made[1][layers + i])):
                 io.binding.bind_ortvalue_input(f"past_{kind}.{i}", ov)
                 io.binding.bind_ortvalue_output(f"present_{kind}.{i}", ov)
-        io.bound_cache = key
+        io.bound_cache = key[1:]
 
     # -- compute ----------------------------------------------------------------
     def forward(
@@ -135,13 +129,13 @@ class OrtExecutor:
         first_slot: int = 0,
         parents: Sequence[np.ndarray | None] | None = None,
         hidden: np.ndarray | None = None,
-    ) -> np.ndarray:
-        """Append ``tokens[i]`` to slot ``first_slot + i`` of ``cache`` and return logits.
+    ) -> StepOutput:
+        """Append ``tokens[i]`` to slot ``first_slot + i`` of ``cache``; its logits and the engine's extra outputs.
 
         tokens: one sequence per slot of the range (ragged allowed, each non-empty).
-        Returns ``[n, num_tokens, vocab]`` if ``all_logits`` (rows past a
+        logits: ``[n, num_tokens, vocab]`` if ``all_logits`` (rows past a
         row's own count are padding), else ``[n, 1, vocab]`` for each
-        row's last token. The view is reused by the next call: copy to keep.
+        row's last token. The arrays are this cache's buffers for the call's shape, reused by its next call of that shape: copy to keep.
         Rows where ``advance`` is False ride along (a batch runs every row)
         and keep their length: what they wrote is stale at once.
         parents: per row, None (a chain) or the parent of each of its tokens ([len] int, -1 <= parents[j] < j; -1: it follows
@@ -152,7 +146,7 @@ class OrtExecutor:
         """
         step = plan_step(cache, tokens, advance, first_slot, self._name)
         batch, width = step.ids.shape
-        io = self._io(batch, width, width if all_logits else 1)
+        io = self._io(cache, batch, width, width if all_logits else 1)
         io.ids[...] = step.ids
         np.add(step.lengths[:, None], self._steps[:width], out=io.positions)
         if io.tree is not None:
@@ -161,15 +155,16 @@ class OrtExecutor:
             refuse_trees(parents, self._name)
         if io.hidden is not None:
             if hidden is None or hidden.shape[:2] != (batch, width):
-                raise EngineError(f"{self._name} is an EAGLE module: each call needs hidden_states [{batch}, {width}, {self.hidden_size}].")
+                raise EngineError(f"{self._name} is an EAGLE module: each call needs hidden_states [{batch}, {width}, {self.model.hidden_size}].")
             io.hidden[...] = hidden
+        elif hidden is not None:
+            raise EngineError(f"{self._name} takes no hidden_states input (only an EAGLE module engine does).")
         if not all_logits:
             np.subtract(step.num_new, 1, out=io.index[:, 0])
         self._bind_cache(io, cache, first_slot, batch)
         self.session.run_with_iobinding(io.binding)
         step.lengths += step.grow
-        self.medusa_logits, self.eagle_hidden, self.hidden_out = io.medusa, io.eagle_hidden, io.hidden_out
-        return io.logits
+        return io.output
 
     @staticmethod
     def _fill_tree(io: "_StepIO", lengths: np.ndarray, parents: Sequence[np.ndarray | None] | None) -> None:
@@ -196,50 +191,52 @@ class OrtExecutor:
             io.positions[row, :n] = lengths[row] + depth
             io.tree_rows.append(row)
 
-    def _io(self, batch: int, width: int, rows: int) -> "_StepIO":
-        """Input/output buffers and an I/O binding for one call shape, bound once and then filled in
+    def _io(self, cache: KVCache, batch: int, width: int, rows: int) -> "_StepIO":
+        """Input/output buffers and an I/O binding for one call shape on ``cache``, bound once and then filled in
         place: rebinding three inputs and the output every step cost ~100 us, a fifth of a step, and
         with one binding per shape a loop that alternates widths (draft_len=auto, n-gram misses) does
         not rebind either (alternating widths 1 and 3 cost 7-15% more per step with one binding)."""
         key = (batch, width, rows)
-        io = self._ios.get(key)
+        ios = self._ios.get(cache)
+        if ios is None:
+            ios = self._ios[cache] = {}
+        io = ios.get(key)
         if io is None:
             if width > self._decode_width:  # prompt widths vary per request: keep only the latest one
-                for old in [k for k in self._ios if k[1] > self._decode_width]:
-                    del self._ios[old]
-            io = self._ios[key] = _StepIO(batch, width, rows, self.vocab_size, self.medusa_heads, self.hidden_size, self.tree_attention,
-                                          self._eagle_target, self._eagle_module)
+                for old in [k for k in ios if k[1] > self._decode_width]:
+                    del ios[old]
+            io = ios[key] = _StepIO(batch, width, rows, self.vocab_size, self.tree_attention, self._extra_in, self._extra_out)
             ort, b = self._ort, self.session.io_binding()
             io.binding = b
             b.bind_ortvalue_input("input_ids", ort.OrtValue.ortvalue_from_numpy(io.ids))
             b.bind_ortvalue_input("position_ids", ort.OrtValue.ortvalue_from_numpy(io.positions))
             b.bind_ortvalue_input("logits_index", ort.OrtValue.ortvalue_from_numpy(io.index))
             b.bind_output("logits", "cpu", 0, np.float32, list(io.logits.shape), io.logits.ctypes.data)
-            for name, arr in (("tree_mask", io.tree), ("hidden_states", io.hidden)):
-                if arr is not None:
-                    b.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr))
-            for name, arr in (("medusa_logits", io.medusa), ("eagle_hidden", io.eagle_hidden), ("hidden_out", io.hidden_out)):
-                if arr is not None:
-                    b.bind_output(name, "cpu", 0, np.float32, list(arr.shape), arr.ctypes.data)
+            if io.tree is not None:
+                b.bind_ortvalue_input("tree_mask", ort.OrtValue.ortvalue_from_numpy(io.tree))
+            for name, arr in io.inputs.items():
+                b.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr))
+            for name, arr in io.outputs.items():
+                b.bind_output(name, "cpu", 0, np.float32, list(arr.shape), arr.ctypes.data)
         return io
 
 
 class _StepIO:
     """The buffers of one call shape (batch, tokens, logit rows)."""
 
-    def __init__(self, batch: int, width: int, rows: int, vocab: int, medusa_heads: int = 0, hidden: int = 0, tree: bool = False,
-                 eagle_target: bool = False, eagle_module: bool = False):
+    def __init__(self, batch: int, width: int, rows: int, vocab: int, tree: bool, extra_in: Sequence[ExtraTensor], extra_out: Sequence[ExtraTensor]):
         self.ids = np.zeros((batch, width), np.int64)
         self.positions = np.zeros((batch, width), np.int64)
         # all rows' logits, or (filled per call) each row's last real token
         self.index = np.broadcast_to(np.arange(rows, dtype=np.int64), (batch, rows)).copy()
         self.logits = np.empty((batch, rows, vocab), np.float32)
-        self.medusa = np.empty((batch, rows, medusa_heads, vocab), np.float32) if medusa_heads else None
         self.causal = np.tril(np.ones((width, width), bool)) if tree else None
         self.tree = np.broadcast_to(self.causal, (batch, width, width)).copy() if tree else None  # [batch, width, width]
         self.tree_rows: list[int] = []  # rows the last call filled with a tree (reset to causal by the next)
-        self.eagle_hidden = np.empty((batch, width, hidden), np.float32) if eagle_target else None
-        self.hidden = np.zeros((batch, width, hidden), np.float32) if eagle_module else None
-        self.hidden_out = np.empty((batch, rows, hidden), np.float32) if eagle_module else None
+        # the engine's extra inputs (zeroed: a row's padding is read) and outputs, by name
+        self.inputs = {t.name: np.zeros(t.shape(batch, width, rows), np.float32) for t in extra_in}
+        self.outputs = {t.name: np.empty(t.shape(batch, width, rows), np.float32) for t in extra_out}
+        self.hidden = self.inputs.get("hidden_states")  # [batch, width, hidden] forward(hidden=) fills it
+        self.output = StepOutput(self.logits, **self.outputs)  # what every call of this shape returns
         self.binding = None  # this shape's IOBinding (OrtExecutor._io)
-        self.bound_cache: tuple | None = None  # the cache range bound to it
+        self.bound_cache: tuple | None = None  # (version, first slot, rows): the range of its cache bound to it

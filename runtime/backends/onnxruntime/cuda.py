@@ -29,7 +29,7 @@ import numpy as np
 from ...engine_format import EngineDir
 from ...errors import DeviceError, EngineError, RequestError
 from ...kv_cache import KVCache
-from ..base import Placement, plan_step, refuse_trees
+from ..base import Placement, StepOutput, compact_chain, plan_step, refuse_hidden, refuse_trees
 from .cuda_host import CUDA_PROVIDER, D2D, D2H, cudart, require_cuda_provider, require_gpu, visible_cuda_gpus
 
 # ONNX type strings of the cache -> (numpy dtype for sizes, ONNX TensorProto element type for binding)
@@ -134,6 +134,9 @@ class _Shape:
 
 class CudaExecutor:
     """The onnxruntime backend's executor on one NVIDIA GPU (ONNX Runtime's CUDAExecutionProvider)."""
+
+    tree_attention = False  # no tree_mask bound: chains only
+    extra_outputs: frozenset[str] = frozenset()  # medusa_logits / eagle_hidden are not bound here
 
     def __init__(self, engine: EngineDir, device: int = 0, cuda_graphs: bool | None = None, warm_up: bool = True, provider_options: dict[str, str] | None = None):
         """cuda_graphs: None = whenever the lowering allows it (ort_cuda). provider_options: extra
@@ -243,11 +246,15 @@ class CudaExecutor:
             self._rt.synchronize()  # device-to-device copies may return early: done before the next run reads the slot
         cache.lengths[dst] = n
 
+    def compact_slot(self, cache: KVCache, slot: int, start: int, keep: Sequence[int]) -> None:
+        compact_chain(cache, slot, start, keep, self._name)
+
     # -- compute -------------------------------------------------------------------
     def forward(self, cache: KVCache, tokens: Sequence[Sequence[int]] | np.ndarray, all_logits: bool, advance: np.ndarray | None = None, first_slot: int = 0,
-                parents=None) -> np.ndarray:
+                parents=None, hidden: np.ndarray | None = None) -> StepOutput:
         """Append ``tokens[i]`` to slot ``first_slot + i``; logits on the host, ``[n, width or 1, vocab]`` (reused per shape)."""
         refuse_trees(parents, self._name)
+        refuse_hidden(hidden, self._name)
         self._own(cache)
         plan = plan_step(cache, tokens, advance, first_slot, self._name)
         ids, num_new, grow, lengths = plan.ids, plan.num_new, plan.grow, plan.lengths
@@ -258,7 +265,7 @@ class CudaExecutor:
             index = None if all_logits else num_new - 1
             logits = self._run(cache, first_slot, ids, lengths, index)
         cache.lengths[first_slot : first_slot + n] += grow
-        return logits
+        return StepOutput(logits)
 
     def _per_row(self, cache: KVCache, ids: np.ndarray, num_new: np.ndarray, all_logits: bool, first_slot: int) -> np.ndarray:
         """ONNX Runtime 1.31's GroupQueryAttention takes several new tokens with a past only at batch 1: one call per slot."""

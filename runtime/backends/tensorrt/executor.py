@@ -25,7 +25,7 @@ import numpy as np
 from ...engine_format import EngineDir
 from ...errors import DeviceError, EngineError, RequestError
 from ...kv_cache import KVCache, kv_cache_bytes
-from ..base import Placement, plan_step, refuse_trees
+from ..base import Placement, StepOutput, compact_chain, plan_step, refuse_hidden, refuse_trees
 from .host import MIN_TENSORRT, check_gpu_arch, cuda_call, cuda_device_info, cudart_module, import_runtime, require_gpu, visible_gpu_count
 
 ENGINE_FILE = "rank0.engine"
@@ -110,6 +110,9 @@ class DeviceKVCache(KVCache):
 # -- the executor --------------------------------------------------------------------
 class TrtExecutor:
     """The tensorrt backend's executor: one engine on one GPU."""
+
+    tree_attention = False  # TensorRT builds refuse tree attention: chains only
+    extra_outputs: frozenset[str] = frozenset()  # TensorRT builds refuse medusa / eagle modes
 
     def __init__(self, engine: EngineDir, device: int = 0, warm_up: bool = True):
         where = str(engine.path)
@@ -220,20 +223,24 @@ class TrtExecutor:
                 cuda_call(self._rt.cudaMemcpyAsync(base + dst * self._row_bytes + off, base + src * self._row_bytes + off, span, kind, self._stream), "cudaMemcpyAsync(KV slot)")
         cache.lengths[dst] = n
 
+    def compact_slot(self, cache: KVCache, slot: int, start: int, keep: Sequence[int]) -> None:
+        compact_chain(cache, slot, start, keep, self._name)
+
     # -- compute -------------------------------------------------------------------
     def forward(
         self, cache: KVCache, tokens: Sequence[Sequence[int]] | np.ndarray, all_logits: bool, advance: np.ndarray | None = None, first_slot: int = 0,
-        parents=None,
-    ) -> np.ndarray:
+        parents=None, hidden: np.ndarray | None = None,
+    ) -> StepOutput:
         """Same contract as OrtExecutor.forward: append tokens[i] to slot first_slot + i, return logits [n, R, V]."""
         refuse_trees(parents, self._name)
+        refuse_hidden(hidden, self._name)
         step = plan_step(cache, tokens, advance, first_slot, self._name)
         batch, width = step.ids.shape
         positions = step.lengths[:, None] + np.arange(width, dtype=np.int64)[None, :]
         index = np.broadcast_to(np.arange(width, dtype=np.int64), (batch, width)) if all_logits else (step.num_new - 1)[:, None]
         logits = self.run(cache, step.ids, positions, np.ascontiguousarray(index), first_slot)
         step.lengths += step.grow
-        return logits
+        return StepOutput(logits)
 
     def run(self, cache: KVCache, ids: np.ndarray, positions: np.ndarray, logits_index: np.ndarray, first_slot: int = 0) -> np.ndarray:
         """The raw ABI call: ids/positions [B,S], logits_index [B,R] -> logits [B,R,V] (host, reused per shape)."""

@@ -1,0 +1,102 @@
+"""Every registered executor implements the whole Executor protocol (runtime/backends/base.py): each method the loop
+and the proposers call, with the protocol's parameters, and each attribute. The CUDA and TensorRT executors cannot
+run here, so their classes are read, not opened; the CPU executor is also opened and checked at run time."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+import inspect
+import textwrap
+import typing
+
+import numpy as np
+import pytest
+
+from specdec.runtime.backends import _REGISTRY
+from specdec.runtime.backends.base import Backend, Executor, StepOutput, compact_chain
+from specdec.runtime.engine_format import BuildConfig, ModelConfig, extra_io
+from specdec.runtime.errors import EngineError
+from specdec.runtime.kv_cache import KVCache
+
+PROTOCOL_METHODS = sorted(n for n, v in vars(Executor).items() if inspect.isfunction(v) and not n.startswith("_"))
+PROTOCOL_ATTRIBUTES = sorted(typing.get_type_hints(Executor))
+
+
+def executor_class(module) -> type:
+    """The class a backend module's make_executor returns (its return annotation, resolved in the module)."""
+    return typing.get_type_hints(module.make_executor)["return"]
+
+
+def assigned_attributes(cls: type) -> set[str]:
+    """Attributes a class sets: in its body, or ``self.x = ...`` (also ``self.a, self.b = ...``) in its methods."""
+    names = {n for n in vars(cls) if not n.startswith("__")} | set(getattr(cls, "__annotations__", {}))
+    for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(cls)))):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        for t in targets:
+            for el in t.elts if isinstance(t, ast.Tuple) else [t]:
+                if isinstance(el, ast.Attribute) and isinstance(el.value, ast.Name) and el.value.id == "self":
+                    names.add(el.attr)
+    return names
+
+
+def parameters(fn) -> list[tuple[str, object, object]]:
+    """(name, kind, default) of each parameter: what a caller relies on (annotations aside)."""
+    return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+
+@pytest.mark.parametrize("key", sorted(_REGISTRY), ids="-".join)
+def test_every_registered_executor_implements_the_whole_protocol(key):
+    module = importlib.import_module(_REGISTRY[key])  # a backend's runtime is imported lazily: any host imports these
+    for name in ("make_executor", "device_count", "check_placement"):
+        assert parameters(getattr(module, name)) == parameters(getattr(Backend, name))[1:], (key, name)  # [1:]: self
+    cls = executor_class(module)
+    for name in PROTOCOL_METHODS:
+        assert callable(getattr(cls, name, None)), f"{cls.__name__} has no {name}()"
+        assert parameters(getattr(cls, name)) == parameters(getattr(Executor, name)), f"{cls.__name__}.{name} differs from the protocol"
+    missing = set(PROTOCOL_ATTRIBUTES) - assigned_attributes(cls)
+    assert not missing, f"{cls.__name__} never sets {sorted(missing)}"
+
+
+def test_the_protocol_has_every_call_the_loop_makes():
+    """compact_slot (after a tree step) and forward(hidden=) (an EAGLE module) are the protocol's, not one executor's."""
+    assert {"new_cache", "forward", "copy_slot", "compact_slot"} <= set(PROTOCOL_METHODS)
+    assert "hidden" in inspect.signature(Executor.forward).parameters and "parents" in inspect.signature(Executor.forward).parameters
+    assert {"tree_attention", "extra_outputs"} <= set(PROTOCOL_ATTRIBUTES)
+
+
+def test_the_cpu_executor_is_an_executor_at_run_time(llama_engine):
+    from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
+    from specdec.runtime.engine_format import load_engine_dir
+
+    ex = OrtExecutor(load_engine_dir(llama_engine), num_threads=1)
+    assert isinstance(ex, Executor)
+    out = ex.forward(ex.new_cache(1), [[3, 4, 5]], all_logits=True)
+    assert isinstance(out, StepOutput) and out.logits.shape == (1, 3, ex.vocab_size)
+    assert (out.medusa_logits, out.eagle_hidden, out.hidden_out) == (None, None, None) and ex.extra_outputs == frozenset()
+    with pytest.raises(EngineError, match="no hidden_states input"):  # a plain engine refuses an EAGLE module's input
+        ex.forward(ex.new_cache(1), [[3]], all_logits=False, hidden=np.zeros((1, 1, ex.model.hidden_size), np.float32))
+
+
+def test_every_declared_extra_output_is_a_step_output_field():
+    """engine_format.extra_io names the outputs an executor binds; each lands in the StepOutput field of that name."""
+    fields = {f.name for f in dataclasses.fields(StepOutput)} - {"logits"}
+    model = ModelConfig("LlamaForCausalLM", 96, 64, 128, 2, 4, 2, 16, 1e-5, 10000.0, None, 128, True, False, False)
+    named = set()
+    for mode in ("none", "draft_tokens_external", "medusa", "eagle", "eagle_module"):
+        inputs, outputs = extra_io(model, BuildConfig(speculative_decoding_mode=mode, medusa_num_heads=3))
+        named |= {t.name for t in outputs}
+        assert all(t.name == "hidden_states" for t in inputs), mode  # forward(hidden=) is the one extra input
+    assert named == fields
+
+
+def test_a_chain_executor_compacts_a_chain_and_refuses_a_tree_path():
+    """compact_slot on an executor without tree attention: a chain's kept tokens are a rollback; a tree path is refused."""
+    cache = KVCache(1, 2, 1, 16, 4, 12, storage=False)
+    cache.lengths[:] = [9, 4]
+    compact_chain(cache, 0, 5, [0, 1, 2], "engine X")  # fed 4 tokens at 5, kept the first 3
+    assert cache.lengths.tolist() == [8, 4]
+    with pytest.raises(EngineError, match="verifies chains only"):
+        compact_chain(cache, 1, 0, [0, 2], "engine X")
+    assert cache.lengths.tolist() == [8, 4]
