@@ -151,8 +151,8 @@ def resolve_lowering(build: BuildConfig) -> BuildConfig:
         name = "ort_cpu" if build.backend == "onnxruntime" else "portable"
     if name not in LOWERINGS:
         raise BuildConfigError(f"lowering {name!r} is not one of auto, {', '.join(LOWERINGS)}.")
-    if build.backend == "tensorrt" and name != "portable":
-        raise BuildConfigError(f"the tensorrt backend parses the portable lowering only, not {name!r}.")
+    if build.backend in ("tensorrt", "tensorrt_rtx") and name != "portable":
+        raise BuildConfigError(f"the {build.backend} backend parses the portable lowering only, not {name!r}.")
     return replace(build, lowering=name, kv_layout=LOWERINGS[name].kv_layout)
 
 
@@ -198,6 +198,7 @@ def build_engine(
     trt_timing_cache: str | Path | None = None,
     trt_version_compatible: bool = False,
     trt_exclude_lean_runtime: bool = False,
+    target_sm: str | None = None,
     allow_nonfinite: bool = False,
     medusa_dir: str | Path | None = None,
     eagle_dir: str | Path | None = None,
@@ -208,6 +209,7 @@ def build_engine(
     medusa_logits output; needs speculative_decoding_mode "medusa".
     eagle_dir: an EAGLE-3 module in ModelOpt's layout; needs speculative_decoding_mode "eagle". Its fc goes into
     the network (the eagle_hidden output), the rest into its own engine in output_dir/eagle (builder/eagle.py).
+    target_sm: with backend tensorrt_rtx, the RTX compute capabilities to build for ("sm89" or "sm86,sm89,sm120").
     """
     t0 = time.perf_counter()
     output_dir = Path(output_dir)
@@ -231,6 +233,7 @@ def build_engine(
                                    ("--trt_exclude_lean_runtime", trt_exclude_lean_runtime)) if on]
     if trt_options and build.backend != "tensorrt":
         raise BuildConfigError(f"{', '.join(trt_options)} only {'applies' if len(trt_options) == 1 else 'apply'} to --backend tensorrt (this build uses {build.backend}).")
+    rtx_targets = _rtx_targets(build, target_sm)
 
     if build.fp8_activations == "static" and calib_dataset is None and fp8 is None:
         raise BuildConfigError("--fp8_activations static needs calibration: pass --calib_dataset FILE (or use dynamic).")
@@ -296,8 +299,15 @@ def build_engine(
         if eagle is not None:  # inside tmp, so the target's hashes cover it and a failure leaves nothing
             report("eagle module", model.num_layers + 1, total)
             _write_eagle_module(tmp, ckpt, eagle, model, build, versions, checkpoint_dir)
-        trt_meta = None
-        if build.backend == "tensorrt":
+        trt_meta = rtx_meta = None
+        if build.backend == "tensorrt_rtx":
+            from .backends.tensorrt_rtx import build_rtx_engines
+
+            backend.check_loads(tmp)  # the portable network runs under ONNX Runtime before TensorRT-RTX compiles it
+            rtx_meta = build_rtx_engines(tmp / network_file, tmp, build, model, rtx_targets, say=say)
+            versions["tensorrt_rtx"] = rtx_meta["tensorrt_rtx_version"]
+            network_file = rtx_meta["targets"][rtx_targets[0]]["network_file"]  # one per target: the executor picks by the GPU
+        elif build.backend == "tensorrt":
             from ..runtime.backends.tensorrt.executor import ENGINE_FILE
             from .backends.tensorrt import build_tensorrt_engine
 
@@ -318,6 +328,7 @@ def build_engine(
             network_file=network_file,
             extra={
                 **({"tensorrt": trt_meta} if trt_meta else {}),
+                **({"tensorrt_rtx": rtx_meta} if rtx_meta else {}),
                 "checkpoint": str(Path(checkpoint_dir).resolve()),
                 "checkpoint_dtype": checkpoint_dtype(ckpt.hf_config),
                 "checkpoint_fp8": fp8.method if fp8 else None,
@@ -340,6 +351,19 @@ HEAD_FLAGS = {  # mode -> (its flag, what the directory holds)
 }
 
 
+def _rtx_targets(build: BuildConfig, target_sm: str | None) -> tuple[str, ...]:
+    """--target_sm: required by, and only for, --backend tensorrt_rtx; checked with the build before any work."""
+    if build.backend != "tensorrt_rtx":
+        if target_sm:
+            raise BuildConfigError(f"--target_sm only applies to --backend tensorrt_rtx (this build uses {build.backend}).")
+        return ()
+    from .backends.tensorrt_rtx import check_rtx_build, parse_target_sms
+
+    targets = parse_target_sms(target_sm)
+    check_rtx_build(build, targets)
+    return targets
+
+
 def check_head_flags(build: BuildConfig, head_dirs: dict[str, str | Path | None]) -> None:
     """--speculative_decoding_mode medusa|eagle and its --medusa_dir|--eagle_dir come together (checked before any work).
 
@@ -358,9 +382,9 @@ def check_tree_backend(build: BuildConfig) -> None:
     mode = build.speculative_decoding_mode
     if mode not in TREE_MODES:
         return
-    if build.backend == "tensorrt":
+    if build.backend in ("tensorrt", "tensorrt_rtx"):
         raise BuildConfigError(f"--speculative_decoding_mode {mode} runs on the onnxruntime backend only for now (tree attention is not verified "
-                               "on TensorRT): use --backend onnxruntime.")
+                               f"on {'TensorRT' if build.backend == 'tensorrt' else 'TensorRT for RTX'}): use --backend onnxruntime.")
     if build.lowering == "ort_cuda":
         raise BuildConfigError(f"--speculative_decoding_mode {mode} needs tree attention, which lowering ort_cuda lacks: use --lowering ort_cpu or portable.")
 

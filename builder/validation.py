@@ -61,7 +61,7 @@ def physical_memory_bytes() -> int | None:
 
 def memory_bound(build: BuildConfig) -> tuple[int, str]:
     """The most memory the engine's KV cache could ever get, and what that is, in words."""
-    if build.backend == "tensorrt" or build.lowering == "ort_cuda":
+    if build.backend in ("tensorrt", "tensorrt_rtx") or build.lowering == "ort_cuda":
         return LARGEST_ACCELERATOR_BYTES, f"the memory of the largest single GPU ({_human(LARGEST_ACCELERATOR_BYTES)})"
     host = physical_memory_bytes()
     if host is None:

@@ -76,7 +76,8 @@ from .common import check_output_dir, clean_errors, human_bytes, option
              "input_scale, or calibrated with --calib_dataset); dynamic = amax of each step's input.")
 @option("calib_dataset", type=click.Path(), help="UTF-8 text file to calibrate static FP8 activation scales on (needs the checkpoint's tokenizer.json).")
 @option("calib_size", type=int, default=64, show_default=True, help="Calibration samples (chunks of up to 256 tokens) taken from --calib_dataset.")
-@option("backend", type=click.Choice(BACKENDS), default="auto", show_default=True, help="onnxruntime runs everywhere (CPU); tensorrt compiles the same ONNX network into a TensorRT plan (NVIDIA GPU + TensorRT >= 10.15; untested in CI, see docs/tensorrt.md); auto picks onnxruntime and says whether TensorRT could be used.")
+@option("backend", type=click.Choice(BACKENDS), default="auto", show_default=True, help="onnxruntime runs everywhere (CPU); tensorrt compiles the same ONNX network into a TensorRT plan (NVIDIA GPU + TensorRT >= 10.15; untested in CI, see docs/tensorrt.md); tensorrt_rtx compiles it ahead of time with TensorRT for RTX for the GPUs of --target_sm, on any Linux host (no GPU needed; runs on RTX GPUs, not yet run: docs/tensorrt.md#tensorrt-for-rtx); auto picks onnxruntime and says whether TensorRT could be used.")
+@option("target_sm", default=None, help="With --backend tensorrt_rtx: the RTX GPUs to build for, comma-separated: sm86 (RTX 30xx), sm89 (RTX 40xx), sm120 (RTX 50xx), sm121 (GB10). One engine each.")
 @option("lowering", type=click.Choice(["auto", "portable", "ort_cpu", "ort_cuda"]), default="auto", show_default=True,
         help="How attention and the KV update become graph nodes (plugins/). auto = ort_cpu for onnxruntime, portable for tensorrt. "
              "ort_cuda: for --device cuda (ONNX Runtime's CUDA provider): computes in --dtype (bfloat16/float16), fused attention, CUDA graphs; see docs/gpu.md.")
@@ -89,7 +90,7 @@ from .common import check_output_dir, clean_errors, human_bytes, option
 @option("force", is_flag=True, help="Replace a non-empty --output_dir.")
 @clean_errors
 def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_seq_len, max_draft_len, speculative_decoding_mode, medusa_dir, eagle_dir,
-         quantization, use_weight_only, weight_only_precision, group_size, asymmetric, quantize_lm_head, fp8_activations, calib_dataset, calib_size, backend, lowering, trt_timing_cache, trt_version_compatible, trt_exclude_lean_runtime, tp_size, allow_pickle, allow_nonfinite, force) -> None:
+         quantization, use_weight_only, weight_only_precision, group_size, asymmetric, quantize_lm_head, fp8_activations, calib_dataset, calib_size, backend, target_sm, lowering, trt_timing_cache, trt_version_compatible, trt_exclude_lean_runtime, tp_size, allow_pickle, allow_nonfinite, force) -> None:
     """Build an engine directory from a Hugging Face checkpoint.
 
     \b
@@ -136,7 +137,7 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
     try:
         result = build_engine(checkpoint_dir, output_dir, build, force=force, allow_pickle=allow_pickle, progress=progress, say=tqdm.write,
                               calib_dataset=calib_dataset, calib_size=calib_size, trt_timing_cache=trt_timing_cache,
-                              trt_version_compatible=trt_version_compatible, trt_exclude_lean_runtime=trt_exclude_lean_runtime,
+                              trt_version_compatible=trt_version_compatible, trt_exclude_lean_runtime=trt_exclude_lean_runtime, target_sm=target_sm,
                               allow_nonfinite=allow_nonfinite, medusa_dir=medusa_dir, eagle_dir=eagle_dir)
     finally:
         for bar in bars:
@@ -154,6 +155,10 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
         f"  limits: batch {b.max_batch_size}, input {b.max_input_len}, seq {b.max_seq_len}, draft {b.max_draft_len} ({b.speculative_decoding_mode})\n"
         f"  size {human_bytes(result.engine_bytes)}, {len(result.config.files)} files, {result.seconds:.1f}s"
     )
+    rtx = result.config.extra.get("tensorrt_rtx")
+    if rtx:
+        click.echo(f"  TensorRT for RTX {rtx['tensorrt_rtx_version']} engines: "
+                   + ", ".join(f"{sm} ({t['network_file']})" for sm, t in rtx["targets"].items()) + "; run on an RTX GPU of that SM")
     if b.speculative_decoding_mode == "eagle":
         click.echo(f"  EAGLE-3 module engine: {Path(result.output_dir) / EAGLE_MODULE_DIR}  [{b.eagle_num_layers} layer(s), fed by layers "
                    f"{', '.join(map(str, b.eagle_aux_layer_ids))} through eagle_hidden]")

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 from ...runtime.errors import BuildConfigError
 
-BACKENDS = ("auto", "onnxruntime", "tensorrt")
+BACKENDS = ("auto", "onnxruntime", "tensorrt", "tensorrt_rtx")
 
 
 def resolve_backend(name: str, say=print) -> str:
     """``auto`` -> the best backend this machine can build for."""
     if name not in BACKENDS:
         raise BuildConfigError(f"--backend {name!r} is not one of {', '.join(BACKENDS)}.")
+    if name == "tensorrt_rtx":
+        from .tensorrt_rtx import tensorrt_rtx_available
+
+        ok, why = tensorrt_rtx_available()
+        if not ok:
+            raise BuildConfigError(f"--backend tensorrt_rtx cannot build on this host: {why}")
+        return name
     if name in ("tensorrt", "auto"):
         from .tensorrt import tensorrt_available
 

@@ -6,11 +6,8 @@ in-place KV-cache-update layer and ``Attention`` (opset 23) its attention
 layer. Precision is already in the graph (casts), so the network is strongly
 typed.
 
-Two optimization profiles, because TensorRT times its kernels at a profile's
-``opt`` shape and a single range from 1 to ``max_input_len`` tokens would tune
-either for long prefills or for the 1..k+1-token decode steps that make up
-nearly all of the calls. The context profile (0) spans whole prompts, the
-generation profile (1) the decode widths; the executor picks per call.
+The ONNX-side work (the static cache axis, parsing, the two optimization
+profiles) is shared with the TensorRT-for-RTX backend: ``trt_onnx``.
 
 Every ``tensorrt`` / ``cuda`` import is inside a function: importing this
 module (and the pure ``profile_shapes``) works on hosts without either.
@@ -24,11 +21,11 @@ from typing import Callable
 
 from ...runtime.engine_format import BuildConfig, ModelConfig
 from ...runtime.errors import BuildConfigError, DeviceError
-from ...runtime.backends.tensorrt.executor import CONTEXT_PROFILE, ENGINE_FILE, GENERATION_PROFILE
+from ...runtime.backends.tensorrt.executor import ENGINE_FILE
 from ...runtime.backends.tensorrt.host import MIN_TENSORRT, cuda_call, cuda_device_info, cudart_module, visible_gpu_count
+from .trt_onnx import add_profiles, collecting_logger, generation_width, parse_portable, profile_shapes, profiles_record, static_kv_onnx  # noqa: F401 (re-exported)
 
 INSTALL_HINT = 'pip install "specdec[tensorrt]" on a host with an NVIDIA GPU and its driver'
-Shape = tuple[int, ...]
 
 
 def tensorrt_available() -> tuple[bool, str]:
@@ -42,54 +39,6 @@ def tensorrt_available() -> tuple[bool, str]:
     except DeviceError as err:  # no cuda-python, or no GPU: the message says which
         return False, str(err)
     return True, ""
-
-
-def generation_width(build: BuildConfig) -> int:
-    """Most tokens per row in a generation call: the last token + max_draft_len drafts, and at
-    least 2, because the draft model's catch-up step feeds its pending 2 tokens at once."""
-    return max(2, build.max_draft_len + 1)
-
-
-def profile_shapes(build: BuildConfig, model: ModelConfig) -> list[dict[str, tuple[Shape, Shape, Shape]]]:
-    """(min, opt, max) shape of every network input, for profile 0 (context) and 1 (generation).
-
-    opt: a full batch in both (decoding keeps the batch full until rows
-    finish); half of max_input_len for prompts; exactly max_draft_len + 1
-    tokens for generation (the verify width of a target, 1 for a draft).
-    Batch sizes agree across inputs at opt, as TensorRT requires.
-    """
-    mb, ctx, gen = build.max_batch_size, build.max_input_len, generation_width(build)
-    kv = (model.num_kv_heads, build.kv_capacity, model.head_dim)  # capacity is static: KVCacheUpdate needs it
-    caches = [f"past_{k}.{i}" for i in range(model.num_layers) for k in ("key", "value")]
-
-    def profile(tokens: tuple[int, int], rows: tuple[int, int]) -> dict[str, tuple[Shape, Shape, Shape]]:
-        ids = ((1, 1), (mb, tokens[0]), (mb, tokens[1]))
-        shapes = {"input_ids": ids, "position_ids": ids, "logits_index": ((1, 1), (mb, rows[0]), (mb, rows[1]))}
-        shapes.update({c: ((1, *kv), (mb, *kv), (mb, *kv)) for c in caches})
-        return shapes
-
-    by_index = {
-        CONTEXT_PROFILE: profile((max(1, -(-ctx // 2)), ctx), (1, ctx)),  # prefill asks for the last row only
-        GENERATION_PROFILE: profile((build.max_draft_len + 1, gen), (build.max_draft_len + 1, gen)),
-    }
-    return [by_index[i] for i in sorted(by_index)]
-
-
-def static_kv_onnx(onnx_path: Path, capacity: int) -> bytes:
-    """The network with the cache's sequence axis fixed to ``capacity``.
-
-    TensorRT's KV-cache-update layer needs the cache to be a network input
-    with a static sequence dimension; the ONNX graph leaves it symbolic
-    (``kv_capacity``). Only the small graph proto is rewritten: weights stay
-    in ``model.onnx.data``, found through the path given to the parser.
-    """
-    import onnx
-
-    model = onnx.load(str(onnx_path), load_external_data=False)
-    for value in [*model.graph.input, *model.graph.output]:
-        if value.name.startswith(("past_key.", "past_value.", "present_key.", "present_value.")):
-            value.type.tensor_type.shape.dim[2].dim_value = capacity  # oneof: clears dim_param
-    return model.SerializeToString()
 
 
 def build_tensorrt_engine(
@@ -121,32 +70,14 @@ def build_tensorrt_engine(
         raise BuildConfigError("excluding the lean runtime only applies to --trt_version_compatible engines.")
     cuda_call(cudart_module().cudaSetDevice(device), f"cudaSetDevice({device})")
     gpu, sm = cuda_device_info(device)
-    logger = _collecting_logger(trt, say)
-    builder = trt.Builder(logger)
+    logger = collecting_logger(trt, say)
     flags = 0
     if major < 11 and hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
         # TensorRT 10: opt in. TensorRT 11: always strongly typed (the flag is deprecated and ignored).
         flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
-    network = builder.create_network(flags)
-    parser = trt.OnnxParser(network, logger)
-    # parse(model, path): documented for models with external weights, like parse_from_file, but
-    # takes the proto with the static cache axis.
-    if not parser.parse(static_kv_onnx(onnx_path, build.kv_capacity), str(onnx_path)):
-        errors = [parser.get_error(i) for i in range(parser.num_errors)]
-        lines = [f"  node {e.node_name() or e.node()} ({e.node_operator() or '?'}): {e.desc()}" for e in errors]
-        raise BuildConfigError(f"TensorRT {version}'s ONNX parser rejected {onnx_path}:\n" + "\n".join(lines or logger.errors or ["  (no parser error recorded)"]))
-
+    builder, network, parser = parse_portable(trt, logger, onnx_path, build.kv_capacity, flags)
     config = builder.create_builder_config()
-    profiles = profile_shapes(build, model)
-    inputs = {network.get_input(i).name for i in range(network.num_inputs)}
-    if inputs != set(profiles[0]):
-        raise BuildConfigError(f"the parsed network's inputs differ from the engine ABI: {sorted(inputs ^ set(profiles[0]))}.")
-    for shapes in profiles:
-        profile = builder.create_optimization_profile()
-        for name, (lo, opt, hi) in shapes.items():
-            profile.set_shape(name, lo, opt, hi)
-        if config.add_optimization_profile(profile) < 0:
-            raise BuildConfigError(f"TensorRT rejected optimization profile {shapes}.")
+    profiles = add_profiles(trt, builder, config, network, build, model)
     if not tf32 and hasattr(trt.BuilderFlag, "TF32"):
         config.clear_flag(trt.BuilderFlag.TF32)  # float32 graphs stay float32 (parity with ONNX Runtime)
     if version_compatible:
@@ -177,7 +108,7 @@ def build_tensorrt_engine(
         "strongly_typed": True,
         "tf32": tf32,
         "engine_file": ENGINE_FILE,
-        "profiles": [{n: [list(s) for s in mm] for n, mm in p.items() if not n.startswith("past_")} for p in profiles],
+        "profiles": profiles_record(profiles),
     }
 
 
@@ -195,21 +126,3 @@ def _attach_timing_cache(trt, config, path: Path | None, say: Callable[[str], No
         cache = config.create_timing_cache(b"")
         config.set_timing_cache(cache, False)
     return cache
-
-
-def _collecting_logger(trt, say: Callable[[str], None]):
-    """A trt.ILogger that shows warnings and keeps errors for the exception message."""
-
-    class Logger(trt.ILogger):
-        def __init__(self) -> None:
-            trt.ILogger.__init__(self)  # documented: subclasses must call the base __init__
-            self.errors: list[str] = []
-
-        def log(self, severity, msg: str) -> None:
-            if severity in (trt.ILogger.Severity.INTERNAL_ERROR, trt.ILogger.Severity.ERROR):
-                self.errors.append(f"  {msg}")
-                say(f"TensorRT error: {msg}")
-            elif severity == trt.ILogger.Severity.WARNING:
-                say(f"TensorRT warning: {msg}")
-
-    return Logger()
