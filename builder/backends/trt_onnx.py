@@ -81,18 +81,20 @@ def static_kv_proto(onnx_path: Path, capacity: int):
 
 
 def collecting_logger(trt, say: Callable[[str], None]):
-    """A trt.ILogger that shows warnings and keeps errors for the exception message."""
+    """A trt.ILogger that shows each distinct warning once and keeps errors for the exception message."""
 
     class Logger(trt.ILogger):
         def __init__(self) -> None:
             trt.ILogger.__init__(self)  # documented: subclasses must call the base __init__
             self.errors: list[str] = []
+            self.warned: set[str] = set()  # the builder repeats a warning per profile and per build
 
         def log(self, severity, msg: str) -> None:
             if severity in (trt.ILogger.Severity.INTERNAL_ERROR, trt.ILogger.Severity.ERROR):
                 self.errors.append(f"  {msg}")
                 say(f"TensorRT error: {msg}")
-            elif severity == trt.ILogger.Severity.WARNING:
+            elif severity == trt.ILogger.Severity.WARNING and msg not in self.warned:
+                self.warned.add(msg)
                 say(f"TensorRT warning: {msg}")
 
     return Logger()
