@@ -130,6 +130,7 @@ class _Shape:
         b.bind_output("logits", "cuda", dev, np.float32, [n, rows, ex.vocab_size], self.logits.data_ptr())
         self.run_options = ort.RunOptions()
         self.run_options.add_run_config_entry("gpu_graph_id", str(graph_id))  # -1: run without a graph
+        ex._configure_run(self.run_options, width, rows)
 
 
 class CudaExecutor:
@@ -177,6 +178,9 @@ class CudaExecutor:
             self._warm_up()
 
     # -- setup -------------------------------------------------------------------
+    def _configure_run(self, run_options, width: int, rows: int) -> None:
+        """Run options of one call shape beyond the graph id (the TensorRT-RTX executor picks a profile here)."""
+
     def _check_inputs(self, where: str) -> None:
         types = {i.name: i.type for i in self.session.get_inputs()}
         self._kv = [f"past_{k}.{i}" for i in range(self.model.num_layers) for k in ("key", "value")]

@@ -68,7 +68,8 @@ def _library_candidates(major: str) -> list[str]:
 class Cudart:
     """ctypes bindings of the CUDA runtime calls the executor needs; every failure is a DeviceError."""
 
-    def __init__(self) -> None:
+    def __init__(self, library: str | None = None) -> None:
+        """library: a libcudart to use (the TensorRT-RTX provider's own); default: the one onnxruntime-gpu uses."""
         major = _cuda_major()
         try:  # onnxruntime-gpu's own loader for pip-installed CUDA libraries (harmless if already loaded)
             import onnxruntime as ort
@@ -78,7 +79,7 @@ class Cudart:
         except Exception:
             pass
         errors = []
-        for name in _library_candidates(major):
+        for name in [library] if library else _library_candidates(major):
             try:
                 self._lib = ctypes.CDLL(name)
                 break
