@@ -15,8 +15,6 @@ from checkpoints import make_checkpoint
 from conftest import spec_build
 
 from specdec.builder.build import build_engine
-from specdec.runtime.backends import open_executor
-from specdec.runtime.backends.base import Placement
 from specdec.runtime.engine_format import load_engine_dir
 from specdec.runtime.errors import DeviceError, EngineError
 from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
@@ -89,8 +87,10 @@ def test_provider_of_another_release_is_refused(rtx_engines, tmp_path):
 @pytest.mark.skipif(isinstance(rtx_gpu(), tuple), reason="this host has an RTX GPU: the rtx tests run instead")
 def test_host_without_driver_or_gpu_is_refused_before_loading(rtx_engines):
     engine, cpu, _ = rtx_engines
+    from specdec.runtime.backends.rtx_executor import RtxExecutor
+
     with pytest.raises(DeviceError) as err:
-        open_executor(engine, Placement("cuda", 0))
+        RtxExecutor(engine)
     assert "\n" not in str(err.value) and ("driver" in str(err.value) or "TensorRT for RTX does not support" in str(err.value))
     with pytest.raises(EngineError, match="is a onnxruntime engine; the TensorRT-RTX executor runs tensorrt_rtx engines"):
         from specdec.runtime.backends.rtx_executor import RtxExecutor
