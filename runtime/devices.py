@@ -2,7 +2,7 @@
 
 The rule: ``--device`` picks the device kind (``cpu`` or ``cuda``; ``auto`` =
 the engine backend's natural one: cpu for onnxruntime engines, cuda for
-tensorrt engines), and the device ids of TensorRT-LLM's lists (``[0]``,
+tensorrt and tensorrt_rtx engines), and the device ids of TensorRT-LLM's lists (``[0]``,
 ``[1]``) are indices among the devices of that kind. The CPU is one device,
 ``0``.
 """

@@ -39,7 +39,8 @@ def cuda_skip_reason() -> str | None:
 
 def pytest_collection_modifyitems(config, items):
     for marker, why in (("gpu", gpu_skip_reason), ("cuda", cuda_skip_reason)):
-        marked = [item for item in items if marker in item.keywords]
+        # the marker itself, not item.keywords: a parameter id such as "cuda" is a keyword too, and would skip its test
+        marked = [item for item in items if item.get_closest_marker(marker) is not None]
         reason = why() if marked else None
         for item in marked if reason else []:
             item.add_marker(pytest.mark.skip(reason=reason))

@@ -5,6 +5,7 @@
       onnxruntime/cpu.py     OrtExecutor: ONNX Runtime on the CPU (numpy KV buffers)
       onnxruntime/cuda.py    CudaExecutor: ONNX Runtime's CUDA provider (device KV slabs, CUDA graphs); cuda_host.py
       tensorrt/executor.py   TrtExecutor: a TensorRT plan on one GPU; host.py picks the TensorRT runtime
+      tensorrt_rtx/executor.py  RtxExecutor: a TensorRT-for-RTX engine (EPContext model) on one RTX GPU; host.py checks driver, SM, provider
 
 The registry names each backend by module path and imports it only when an
 engine asks for it (``open_executor``, ``available_devices``,
@@ -28,9 +29,10 @@ _REGISTRY: dict[tuple[str, str], str] = {
     ("onnxruntime", "cpu"): f"{__name__}.onnxruntime.cpu",
     ("onnxruntime", "cuda"): f"{__name__}.onnxruntime.cuda",
     ("tensorrt", "cuda"): f"{__name__}.tensorrt.executor",
+    ("tensorrt_rtx", "cuda"): f"{__name__}.tensorrt_rtx.executor",
 }
 # the device kind an engine of this backend runs on with --device auto
-_NATURAL_KIND: dict[str, str] = {"onnxruntime": "cpu", "tensorrt": "cuda"}
+_NATURAL_KIND: dict[str, str] = {"onnxruntime": "cpu", "tensorrt": "cuda", "tensorrt_rtx": "cuda"}
 
 
 def register_backend(backend: str, kind: str, module: str, natural: bool = False) -> None:

@@ -103,7 +103,8 @@ def run_python(code: str) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-BACKEND_MODULES = ("specdec.runtime.backends.onnxruntime", "specdec.runtime.backends.tensorrt", "onnxruntime", "tensorrt", "cuda")
+BACKEND_MODULES = ("specdec.runtime.backends.onnxruntime", "specdec.runtime.backends.tensorrt", "specdec.runtime.backends.tensorrt_rtx",
+                   "onnxruntime", "tensorrt", "tensorrt_rtx", "onnxruntime_ep_nv_tensorrt_rtx", "cuda")
 
 
 def test_importing_the_runtime_loads_no_backend():
@@ -122,7 +123,7 @@ def test_a_cpu_engine_loads_only_its_own_backend(llama_engine):
         "from specdec.runtime import load_engine\n"
         f"engine = load_engine({str(llama_engine)!r}, device='cpu')\n"
         "assert type(engine.target).__module__ == 'specdec.runtime.backends.onnxruntime.cpu'\n"
-        "others = ('specdec.runtime.backends.onnxruntime.cuda', 'specdec.runtime.backends.tensorrt', 'tensorrt', 'cuda')\n"
+        "others = ('specdec.runtime.backends.onnxruntime.cuda', 'specdec.runtime.backends.tensorrt', 'tensorrt', 'cuda')  # tensorrt_rtx too\n"
         "loaded = [m for m in sys.modules if m.startswith(others)]\n"
         "assert not loaded, loaded\n"
     )

@@ -7,18 +7,23 @@ machine this project has had so far.
 """
 
 import importlib.util
-from pathlib import Path
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from checkpoints import make_checkpoint
+from click.testing import CliRunner
 from conftest import spec_build
 
 from specdec.builder.build import build_engine
+from specdec.cli.run import main as run_main
+from specdec.runtime.backends import backend_for, natural_kind
+from specdec.runtime.backends.base import Backend
+from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
+from specdec.runtime.backends.tensorrt_rtx.host import Driver, bundled_tensorrt_rtx, check_release, pick_target, rtx_supported
 from specdec.runtime.engine_format import load_engine_dir
 from specdec.runtime.errors import DeviceError, EngineError
-from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
-from specdec.runtime.backends.rtx_host import Driver, bundled_tensorrt_rtx, check_release, pick_target, rtx_supported
 
 HAS_RTX_BUILDER = importlib.util.find_spec("tensorrt_rtx") is not None
 QUIET = dict(say=lambda _: None)
@@ -31,7 +36,7 @@ def rtx_gpu() -> tuple[str, str] | str:
     if importlib.util.find_spec("onnxruntime_ep_nv_tensorrt_rtx") is None:
         return "needs ONNX Runtime's TensorRT-RTX execution provider: pip install -e '.[tensorrt-rtx]'"
     try:
-        name, sm = Driver("the rtx tests").describe(0)
+        name, sm = Driver("this test").describe(0)
     except DeviceError as err:
         return str(err)
     return (name, sm) if rtx_supported(sm) else f"GPU 0 ({name}) is {sm}, which TensorRT for RTX does not run"
@@ -84,18 +89,73 @@ def test_provider_of_another_release_is_refused(rtx_engines, tmp_path):
         check_release(engine, "1.6.0")
 
 
-@pytest.mark.skipif(isinstance(rtx_gpu(), tuple), reason="this host has an RTX GPU: the rtx tests run instead")
+no_rtx_gpu = pytest.mark.skipif(isinstance(rtx_gpu(), tuple), reason="this host has an RTX GPU: the rtx tests run instead")
+
+
+def refusal_of_this_host(message: str) -> bool:
+    """Whether ``message`` is the backend's refusal of a host without the driver, or of a GPU TensorRT for RTX does not run."""
+    return "needs an NVIDIA RTX GPU and its driver" in message or "which TensorRT for RTX does not support" in message
+
+
+@no_rtx_gpu
 def test_host_without_driver_or_gpu_is_refused_before_loading(rtx_engines):
     engine, cpu, _ = rtx_engines
-    from specdec.runtime.backends.rtx_executor import RtxExecutor
+    from specdec.runtime.backends.tensorrt_rtx.executor import RtxExecutor
 
     with pytest.raises(DeviceError) as err:
         RtxExecutor(engine)
-    assert "\n" not in str(err.value) and ("driver" in str(err.value) or "TensorRT for RTX does not support" in str(err.value))
+    assert "\n" not in str(err.value) and refusal_of_this_host(str(err.value)), err.value
     with pytest.raises(EngineError, match="is a onnxruntime engine; the TensorRT-RTX executor runs tensorrt_rtx engines"):
-        from specdec.runtime.backends.rtx_executor import RtxExecutor
-
         RtxExecutor(cpu)
+
+
+def test_the_registry_runs_tensorrt_rtx_engines_on_cuda_by_default(rtx_engines):
+    engine = rtx_engines[0]
+    assert natural_kind("tensorrt_rtx") == "cuda"
+    module = backend_for(engine, "cuda")
+    assert module.__name__ == "specdec.runtime.backends.tensorrt_rtx.executor" and isinstance(module, Backend)
+    with pytest.raises(DeviceError, match="a tensorrt_rtx engine .* cannot run on device 'cpu'; it runs on: cuda"):
+        backend_for(engine, "cpu")
+
+
+@no_rtx_gpu
+@pytest.mark.parametrize("device", ["auto", "cuda"])
+def test_specdec_run_refuses_this_host_in_one_line(rtx_engines, tmp_path, device):
+    """specdec-run on a tensorrt_rtx engine reaches its backend, which refuses the host before anything loads."""
+    (tmp_path / "prompts.csv").write_text("5,6,7\n")
+    r = CliRunner().invoke(run_main, ["--engine_dir", str(rtx_engines[0].path), "--input_file", str(tmp_path / "prompts.csv"), "--device", device])
+    assert r.exit_code == 1, r.output
+    errors = [line for line in r.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and refusal_of_this_host(errors[0]), r.output
+    assert "Traceback" not in r.output
+
+
+@no_rtx_gpu
+def test_the_refusal_loads_only_the_rtx_backend(rtx_engines, tmp_path):
+    """The real specdec-run in a process of its own: one line on stderr, and the backend module loaded without the
+    TensorRT-RTX builder, the execution provider or another backend's runtime."""
+    engine, prompts = rtx_engines[0], tmp_path / "prompts.csv"
+    prompts.write_text("5,6,7\n")
+    code = (
+        "import sys\n"
+        "from specdec.runtime import load_engine\n"
+        "from specdec.runtime.errors import DeviceError\n"
+        "try:\n"
+        f"    load_engine({str(engine.path)!r})\n"
+        "except DeviceError:\n"
+        "    pass\n"
+        "else:\n"
+        "    sys.exit('loaded on a host without an RTX GPU')\n"
+        "assert 'specdec.runtime.backends.tensorrt_rtx.executor' in sys.modules\n"
+        "loaded = [m for m in sys.modules if m.startswith(('specdec.builder', 'tensorrt', 'onnxruntime_ep_nv_tensorrt_rtx', 'torch', 'onnx.'))]\n"
+        "assert not loaded, loaded\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cli = subprocess.run([sys.executable, "-m", "specdec.cli.run", "--engine_dir", str(engine.path), "--input_file", str(prompts)],
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 1 and cli.stdout == "", cli.stdout + cli.stderr
+    assert len(cli.stderr.splitlines()) == 1 and refusal_of_this_host(cli.stderr), cli.stderr
 
 
 def test_the_onnxruntime_calls_exist():
@@ -113,7 +173,7 @@ def on_gpu(rtx_engines):
     gpu = rtx_engines[2]
     if not isinstance(gpu, tuple):
         pytest.skip(gpu)
-    from specdec.runtime.backends.rtx_executor import RtxExecutor
+    from specdec.runtime.backends.tensorrt_rtx.executor import RtxExecutor
 
     return RtxExecutor(rtx_engines[0]), OrtExecutor(rtx_engines[1], num_threads=1)
 

@@ -7,14 +7,14 @@ exist in the installed onnxruntime.
 The engine directory holds one EPContext model per target SM (built by
 ``specdec-build --backend tensorrt_rtx``); the one of this GPU's SM is loaded,
 so the provider deserializes the prebuilt engine instead of building one. The
-rest is the CUDA executor's (``cuda_executor.CudaExecutor``): one device buffer
+rest is the CUDA executor's (``onnxruntime/cuda.py: CudaExecutor``): one device buffer
 per (layer, K|V) bound as both ``past_*`` and ``present_*`` (TensorRT's in-place
 KV-cache update), per-step inputs in one device buffer, only the asked logit
 rows copied back. What differs: the session, the device copies through the
 provider's own CUDA runtime, and each call shape names the engine's optimization
 profile (``nv_profile_index``): generation when the call fits it, else context.
 
-Before anything is loaded (``rtx_host.check_rtx_host``) one line refuses a host
+Before anything is loaded (``host.check_rtx_host``) one line refuses a host
 without the NVIDIA driver, a GPU whose SM the engine was not built for (an
 H100 is sm90, which TensorRT for RTX does not run), and a provider bundling
 another TensorRT-RTX release than the one that built the engine.
@@ -22,17 +22,34 @@ another TensorRT-RTX release than the one that built the engine.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
-from .onnxruntime.cuda import CudaExecutor
-from .onnxruntime.cuda_host import Cudart
-from ..engine_format import EngineDir
-from ..errors import DeviceError, EngineError
-from .rtx_host import EP_NAME, check_rtx_host, preload_bundled_cudart
-from .tensorrt.executor import choose_profile
+from ...engine_format import EngineDir
+from ...errors import DeviceError, EngineError
+from ..base import Placement
+from ..onnxruntime.cuda import CudaExecutor
+from ..onnxruntime.cuda_host import Cudart
+from ..tensorrt.executor import choose_profile
+from .host import EP_NAME, check_rtx_host, preload_bundled_cudart, rtx_gpu_count
 
 PROFILE_RUN_KEY = "nv_profile_index"  # the provider's run option (tensorrt_rtx_provider_options.h)
 _registered: set[str] = set()  # provider libraries registered in this process (ONNX Runtime refuses a second time)
+
+
+# -- the Backend protocol (runtime/backends/base.py) --------------------------------------
+def make_executor(engine: EngineDir, placement: Placement) -> "RtxExecutor":
+    return RtxExecutor(engine, device=placement.index)  # needs an RTX GPU, its driver and the provider: refused in one line otherwise
+
+
+def device_count() -> int:
+    """GPUs the NVIDIA driver sees (asked through libcuda.so.1); a one-line DeviceError on a host without the driver."""
+    return rtx_gpu_count()
+
+
+def check_placement(engines: Sequence[EngineDir], devices: Sequence[int]) -> None:
+    """Nothing measured up front: as on the CUDA executor, ONNX Runtime's session reports what does not fit when it opens."""
 
 
 def check_engine(engine: EngineDir) -> None:
