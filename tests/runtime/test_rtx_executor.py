@@ -184,7 +184,7 @@ def test_rtx_logits_match_onnxruntime(on_gpu):
     prompts = [[3, 17, 5, 9, 2], [8, 1]]
     steps = [(prompts, False), ([[4, 6, 7], [2, 2, 9]], True), ([[11], [12]], True)]  # prefill, a verify step, a decode step
     for tokens, all_logits in steps:
-        got, want = (ex.forward(c, tokens, all_logits=all_logits) for ex, c in zip((rtx, cpu), caches))
+        got, want = (ex.forward(c, tokens, all_logits=all_logits).logits for ex, c in zip((rtx, cpu), caches))
         np.testing.assert_allclose(got, want, atol=1e-3)
     assert list(caches[0].lengths) == list(caches[1].lengths)
 
@@ -194,9 +194,9 @@ def test_rtx_greedy_tokens_equal_onnxruntime(on_gpu):
     outs = []
     for ex in on_gpu:
         cache, seq = ex.new_cache(1), [5, 9, 13]
-        logits = ex.forward(cache, [seq], all_logits=False)
+        logits = ex.forward(cache, [seq], all_logits=False).logits
         for _ in range(12):
             seq.append(int(np.argmax(logits[0, -1])))
-            logits = ex.forward(cache, [[seq[-1]]], all_logits=False)
+            logits = ex.forward(cache, [[seq[-1]]], all_logits=False).logits
         outs.append(seq)
     assert outs[0] == outs[1]
