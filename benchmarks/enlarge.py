@@ -14,7 +14,8 @@ every decode step reads the bytes of the big model and computes the small
 one's function.
 
 What grows, and why the function stays the same (h -> H hidden, nh -> NH query
-heads, kvh -> KVH kv heads, I -> I' FFN, L -> L + E layers; head_dim kept):
+heads, kvh -> KVH kv heads, I -> I' FFN, L -> L + E layers; head_dim and the GQA group kept unless a
+preset or --head_dim says otherwise, see benchmarks/head_layout.py for how heads move then):
 
 * Every new row/column is zero, and the real weights sit in the top-left
   corner of each padded tensor, so real heads keep indices 0..nh-1.
@@ -74,6 +75,17 @@ The script checks that no generated tensor shares its bytes with another and
 refuses to finish otherwise.
 
 Presets (sized for examples/demo-pair; any size flag overrides its value):
+
+* llama8b (target), llama3b (target) and llama1b (draft): the shapes of
+  Llama-3.1-8B (hidden 4096, 32 layers, 32/8 heads x 128, FFN 14336: 6.98B
+  parameters in its layers), Llama-3.2-3B (3072, 28, 24/8 x 128, 8192) and
+  Llama-3.2-1B (2048, 16, 32/8 x 64, 8192). head_dim and the GQA group grow
+  (benchmarks/head_layout.py): exact for the 8B and 3B targets' head_dim
+  (32 -> 128, queries x 2), one rounding of the draft's query weights (32 -> 64,
+  x sqrt 2). The vocabulary stays the demo's 4096 tokens, so the embedding and
+  LM head are 16 MB, not Llama's 1 GB each: a decode step reads 14.0 GB of
+  bfloat16 weights where Llama-3.1-8B reads 15.0 GB (the floor is computed from
+  the bytes actually read).
 
 * target325m: 256 -> 1024 hidden, 8/4 -> 32/16 heads, FFN 768 -> 3328,
   6 + 18 = 24 layers: about 325M parameters (the scale DESIGN.md's figures
@@ -135,8 +147,11 @@ except ImportError:  # a build-only install (pip install ".[build]", as the quic
             for arr in tensors.values():
                 f.write(np.ascontiguousarray(arr).tobytes())
 
-from specdec.builder.checkpoint import TOKENIZER_FILES, load_checkpoint
-from specdec.runtime.errors import SpecdecError
+sys.path.insert(0, str(Path(__file__).parent))
+from head_layout import HeadLayout, check_heads, head_layout, place, widen_rope  # noqa: E402
+
+from specdec.builder.checkpoint import TOKENIZER_FILES, load_checkpoint  # noqa: E402
+from specdec.runtime.errors import SpecdecError  # noqa: E402
 
 
 class EnlargeError(SpecdecError):
@@ -146,7 +161,12 @@ class EnlargeError(SpecdecError):
 PRESETS: dict[str, dict[str, int]] = {
     "target325m": dict(hidden_size=1024, intermediate_size=3328, num_heads=32, num_kv_heads=16, extra_layers=18),
     "draft": dict(hidden_size=512, intermediate_size=1536, num_heads=16, num_kv_heads=8, extra_layers=6),
+    # the shapes users bring (config.json of each model): the demo target 6 + 26 layers, the demo draft 2 + 14
+    "llama8b": dict(hidden_size=4096, intermediate_size=14336, num_heads=32, num_kv_heads=8, head_dim=128, extra_layers=26),  # Llama-3.1-8B
+    "llama3b": dict(hidden_size=3072, intermediate_size=8192, num_heads=24, num_kv_heads=8, head_dim=128, extra_layers=22),  # Llama-3.2-3B
+    "llama1b": dict(hidden_size=2048, intermediate_size=8192, num_heads=32, num_kv_heads=8, head_dim=64, extra_layers=14),  # Llama-3.2-1B
 }
+SIZE_FLAGS = ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim", "extra_layers")
 SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 _STORED = {"F32": DTYPES["float32"], "F16": DTYPES["float16"], "BF16": DTYPES["bfloat16"]}
@@ -316,8 +336,15 @@ def _check_source(cfg: dict[str, Any], src: Path) -> None:
         raise EnlargeError(f"{src}/config.json: layer_types has {sorted(set(layer_types))}; only all-'full_attention' models can be enlarged.")
 
 
-def _check_sizes(old: dict[str, Any], new: dict[str, int]) -> None:
-    nh, kvh = old["num_attention_heads"], old.get("num_key_value_heads") or old["num_attention_heads"]
+def _source_heads(cfg: dict[str, Any]) -> tuple[int, int, int]:
+    nh = int(cfg["num_attention_heads"])
+    return nh, int(cfg.get("num_key_value_heads") or nh), int(cfg.get("head_dim") or cfg["hidden_size"] // nh)
+
+
+def _check_sizes(old: dict[str, Any], new: dict[str, int]) -> HeadLayout:
+    """Refuse sizes that cannot hold the source; the head maps of those that can."""
+    nh, kvh, hd = _source_heads(old)
+    head_dim = new.get("head_dim") or hd
     problems = []
     for key, src_key, src in (
         ("hidden_size", "hidden_size", old["hidden_size"]),
@@ -329,13 +356,10 @@ def _check_sizes(old: dict[str, Any], new: dict[str, int]) -> None:
             problems.append(f"{key}={new[key]} is smaller than the source's {src_key}={src}")
     if new["extra_layers"] < 0:
         problems.append(f"extra_layers={new['extra_layers']} must be >= 0")
-    if new["num_kv_heads"] < 1 or new["num_heads"] % new["num_kv_heads"] or new["num_heads"] // new["num_kv_heads"] != nh // kvh:
-        problems.append(
-            f"num_heads/num_kv_heads={new['num_heads']}/{new['num_kv_heads']} must keep the source's group of {nh // kvh} "
-            f"query heads per kv head ({nh}/{kvh}), so real query heads keep reading real kv heads"
-        )
+    problems += check_heads(old, nh, kvh, hd, new["num_heads"], new["num_kv_heads"], head_dim)
     if problems:
         raise EnlargeError("cannot enlarge: " + "; ".join(problems) + ".")
+    return head_layout(nh, kvh, hd, new["num_heads"], new["num_kv_heads"], head_dim)
 
 
 def _prepare_output(dst: Path, src: Path, force: bool) -> None:
@@ -360,6 +384,7 @@ def enlarge_checkpoint(
     extra_layers: int,
     dtype: str | None = None,
     *,
+    head_dim: int | None = None,
     force: bool = False,
     seed: int = 0,
     progress: bool = True,
@@ -367,6 +392,7 @@ def enlarge_checkpoint(
     """Write a zero-padded, function-preserving enlargement of ``src_dir`` to ``dst_dir``.
 
     dtype: None keeps each tensor's stored dtype; else float32 / float16 / bfloat16.
+    head_dim: None keeps the source's; a wider one moves the real dims and rope_theta (benchmarks/head_layout.py).
     Returns {"dst", "config", "source_parameters", "num_parameters", "bytes", "seconds"}.
     """
     t0 = time.perf_counter()
@@ -378,10 +404,12 @@ def enlarge_checkpoint(
     old = ckpt.hf_config
     _check_source(old, src)
     sizes = dict(hidden_size=hidden_size, intermediate_size=intermediate_size, num_heads=num_heads, num_kv_heads=num_kv_heads, extra_layers=extra_layers)
-    _check_sizes(old, sizes)
+    if head_dim is not None:
+        sizes["head_dim"] = head_dim
+    heads = _check_sizes(old, sizes)
     _prepare_output(dst, src, force)
 
-    cfg = _enlarged_config(old, sizes, dtype)
+    cfg = _enlarged_config(old, sizes, dtype, heads)
     before, after = _sizes(old), _sizes(cfg)
     num_layers = int(old["num_hidden_layers"])
     ratio = before["hidden"] / after["hidden"]
@@ -398,12 +426,13 @@ def enlarge_checkpoint(
         shape = new_shape(name, kinds, arr)
         if name.endswith(HIDDEN_NORMS):
             arr = (arr.astype(np.float32) * np.float32(math.sqrt(ratio))).astype(arr.dtype)
-        return pad(arr, shape, _rng(seed, name))
+        return _place_heads(arr, shape, kinds, heads, query=".q_proj." in name, rng=_rng(seed, name))
 
     names = list(ckpt._tensors)  # the checkpoint's tensor names (Checkpoint has no public list)
     keys, global_names, copied = _classify(names, num_layers, tied, src)
     out: dict[str, np.ndarray] = {name: enlarge(name, GLOBAL_TENSORS[name]) for name in global_names}
-    out.update({name: _cast(_read(ckpt, name), out_dtype) for name in copied})
+    # RoPE's stored buffer is per head_dim: a wider head gets transformers' own, recomputed from the new theta
+    out.update({name: _cast(_read(ckpt, name), out_dtype) for name in copied if heads.identity})
 
     dtypes = {k: out_dtype or _STORED[ckpt.dtype_name(f"model.layers.0.{k}")] for k in keys}
     generated: set[str] = set()
@@ -431,6 +460,18 @@ def enlarge_checkpoint(
     nbytes = _write(src, dst, ckpt, cfg, out, report, force)
     return {"dst": str(dst), "config": cfg, "source_parameters": report["source_parameters"], "num_parameters": int(n_params),
             "bytes": nbytes, "seconds": time.perf_counter() - t0}
+
+
+def _place_heads(arr: np.ndarray, shape: tuple[int, ...], kinds: tuple[str, ...], heads: HeadLayout, query: bool,
+                 rng: np.random.Generator) -> np.ndarray:
+    """``arr`` in a ``shape`` tensor of signed zeros: q/kv axes through the head maps (query rows times sqrt(D/d)), every
+    other axis in its leading positions."""
+    if heads.identity:
+        return pad(arr, shape, rng)
+    if query and heads.q_scale != 1.0:
+        arr = (arr.astype(np.float32) * np.float32(heads.q_scale)).astype(arr.dtype)
+    maps = {"q": heads.q, "kv": heads.kv}
+    return place(arr, signed_zeros(shape, arr.dtype, rng), [maps.get(k) for k in kinds])
 
 
 def _classify(names: list[str], num_layers: int, tied: bool, src: Path) -> tuple[list[str], list[str], list[str]]:
@@ -466,10 +507,11 @@ def _classify(names: list[str], num_layers: int, tied: bool, src: Path) -> tuple
     return sorted(keys), global_names, copied
 
 
-def _enlarged_config(old: dict[str, Any], sizes: dict[str, int], dtype: str | None) -> dict[str, Any]:
-    cfg = dict(old)
+def _enlarged_config(old: dict[str, Any], sizes: dict[str, int], dtype: str | None, heads: HeadLayout) -> dict[str, Any]:
+    cfg = json.loads(json.dumps(old))  # deep: the rope dicts are rewritten
     h, nh = old["hidden_size"], old["num_attention_heads"]
-    cfg["head_dim"] = int(old.get("head_dim") or h // nh)
+    cfg["head_dim"] = int(sizes.get("head_dim") or old.get("head_dim") or h // nh)
+    widen_rope(cfg, heads.theta_power)
     cfg["hidden_size"] = sizes["hidden_size"]
     cfg["intermediate_size"] = sizes["intermediate_size"]
     cfg["num_attention_heads"] = sizes["num_heads"]
@@ -637,12 +679,11 @@ def _enlarge_eagle(heads, base_cfg: dict[str, Any], seed: int) -> tuple[dict[str
     old = heads.config
     sizes = dict(hidden_size=int(base_cfg["hidden_size"]), intermediate_size=int(base_cfg["intermediate_size"]),
                  num_heads=int(base_cfg["num_attention_heads"]), num_kv_heads=int(base_cfg.get("num_key_value_heads") or base_cfg["num_attention_heads"]),
-                 extra_layers=0)
-    _check_sizes(old, sizes)  # the same group rule as a base layer: real q heads keep reading real kv heads
-    cfg = dict(old)
-    cfg["head_dim"] = int(old.get("head_dim") or old["hidden_size"] // old["num_attention_heads"])
-    if int(base_cfg.get("head_dim") or base_cfg["hidden_size"] // base_cfg["num_attention_heads"]) != cfg["head_dim"]:
-        raise EnlargeError(f"the base's head_dim differs from the EAGLE module's {cfg['head_dim']}: the enlargement keeps head_dim.")
+                 extra_layers=0, head_dim=int(base_cfg.get("head_dim") or base_cfg["hidden_size"] // base_cfg["num_attention_heads"]))
+    layout = _check_sizes(old, sizes)  # the base layers' rules: real q heads keep reading real kv heads, rotary pairs stay pairs
+    cfg = json.loads(json.dumps(old))
+    cfg["head_dim"] = sizes["head_dim"]
+    widen_rope(cfg, layout.theta_power)  # the module attends with the base's rope (eagle_llama_config copies it)
     cfg.update(hidden_size=sizes["hidden_size"], intermediate_size=sizes["intermediate_size"],
                num_attention_heads=sizes["num_heads"], num_key_value_heads=sizes["num_kv_heads"])
     h, H = int(old["hidden_size"]), sizes["hidden_size"]
@@ -667,12 +708,15 @@ def _enlarge_eagle(heads, base_cfg: dict[str, Any], seed: int) -> tuple[dict[str
             if t[p + key].shape != tuple(before[k] for k in kinds) and not (i == 0 and key.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight"))):
                 raise EnlargeError(f"{heads.path}: {p + key} has shape {list(t[p + key].shape)}, config.json implies {[before[k] for k in kinds]}.")
             if i == 0 and key.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")):
-                # [out, 2h] = [embedding half | hidden half] -> [out', 2H], halves at columns 0.. and H..
-                w, rows = t[p + key], after[kinds[0]]
-                big = signed_zeros((rows, 2 * H), np.dtype(np.float32), _rng(seed, "heads:" + p + key))
-                big[: w.shape[0], :h] = w[:, :h]
-                big[: w.shape[0], H : H + h] = w[:, h:]
+                # [out, 2h] = [embedding half | hidden half] -> [out', 2H], halves at columns 0.. and H..; rows by the head maps
+                w = t[p + key].astype(np.float32) * np.float32(layout.q_scale if ".q_proj." in key else 1.0)
+                rows = layout.q if ".q_proj." in key else layout.kv
+                big = signed_zeros((after[kinds[0]], 2 * H), np.dtype(np.float32), _rng(seed, "heads:" + p + key))
+                place(w, big, [rows, np.concatenate([np.arange(h), H + np.arange(h)])])
                 out[p + key] = big
+            elif key.startswith("self_attn."):  # q/k/v rows and o_proj columns through the head maps
+                arr, shape = t[p + key].astype(np.float32), tuple(after[k] for k in kinds)
+                out[p + key] = _place_heads(arr, shape, kinds, layout, query=".q_proj." in key, rng=_rng(seed, "heads:" + p + key))
             else:
                 out[p + key] = _pad_named(t, p + key, tuple(after[k] for k in kinds), seed, scale if key.endswith("layernorm.weight") else None)
     out["norm.weight"] = _pad_named(t, "norm.weight", (H,), seed, scale)
@@ -709,8 +753,9 @@ def main(argv: list[str] | None = None) -> int:
                          "(written elsewhere first, then moved into place)")
     ap.add_argument("--heads", metavar="DIR", help="enlarge Medusa heads / an EAGLE-3 module (ModelOpt layout) instead, to match --base")
     ap.add_argument("--base", metavar="DIR", help="with --heads: the enlarged base (an output of this script) whose widths the heads get")
-    ap.add_argument("--preset", choices=sorted(PRESETS), help="sizes for the demo pair's target (target325m) or draft (draft)")
-    for flag in ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "extra_layers"):
+    ap.add_argument("--preset", choices=sorted(PRESETS), help="sizes: target325m / draft for the demo pair's target / draft at 325M / 27M; "
+                    "llama8b / llama3b (targets) and llama1b (draft) for the shapes of Llama-3.1-8B, -3.2-3B and -3.2-1B")
+    for flag in SIZE_FLAGS:
         ap.add_argument(f"--{flag}", f"--{flag.replace('_', '-')}", type=int, dest=flag, help="overrides the preset" if flag != "extra_layers" else "dead layers appended (overrides the preset)")
     ap.add_argument("--dtype", choices=sorted(DTYPES), help="store the output in this dtype [default: the source's]")
     ap.add_argument("--seed", type=int, default=0, help="seed of the +0.0/-0.0 sign patterns and the dead layers' weights")
@@ -724,10 +769,10 @@ def main(argv: list[str] | None = None) -> int:
     args.src, args.dst = args.paths
     try:
         sizes = dict(PRESETS.get(args.preset or "", {}))
-        for key in ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "extra_layers"):
+        for key in SIZE_FLAGS:
             if getattr(args, key) is not None:
                 sizes[key] = getattr(args, key)
-        missing = [k for k in ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "extra_layers") if k not in sizes]
+        missing = [k for k in SIZE_FLAGS if k not in sizes and k != "head_dim"]
         if missing:
             raise EnlargeError(f"no size for {', '.join('--' + m for m in missing)}: pass them, or a --preset ({', '.join(PRESETS)}).")
         r = enlarge_checkpoint(args.src, args.dst, **sizes, dtype=args.dtype, force=args.force, seed=args.seed, progress=not args.quiet)
@@ -743,7 +788,7 @@ def main(argv: list[str] | None = None) -> int:
     c = r["config"]
     print(
         f"wrote {r['dst']}: {r['num_parameters'] / 1e6:.1f}M parameters (source {r['source_parameters'] / 1e6:.1f}M), "
-        f"hidden {c['hidden_size']}, heads {c['num_attention_heads']}/{c['num_key_value_heads']}, FFN {c['intermediate_size']}, "
+        f"hidden {c['hidden_size']}, heads {c['num_attention_heads']}/{c['num_key_value_heads']} x {c['head_dim']}, FFN {c['intermediate_size']}, "
         f"{c['num_hidden_layers']} layers, {r['bytes'] / 2**20:.0f} MiB, {r['seconds']:.1f} s"
     )
     return 0
@@ -752,7 +797,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main_heads(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if not (args.heads and args.base) or len(args.paths) != 1:
         ap.error("head enlargement is --heads HEADS_DIR --base ENLARGED_BASE_DIR OUT_DIR")
-    if args.preset or any(getattr(args, k) is not None for k in ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "extra_layers", "dtype")):
+    if args.preset or any(getattr(args, k) is not None for k in (*SIZE_FLAGS, "dtype")):
         ap.error("with --heads the sizes come from --base's config.json; drop --preset and the size/--dtype flags")
     try:
         r = enlarge_heads(args.heads, args.base, args.paths[0], force=args.force, seed=args.seed)

@@ -39,7 +39,8 @@ def cuda_skip_reason() -> str | None:
 
 def pytest_collection_modifyitems(config, items):
     for marker, why in (("gpu", gpu_skip_reason), ("cuda", cuda_skip_reason)):
-        # the marker itself, not item.keywords: a parameter id such as "cuda" is a keyword too, and would skip its test
+        # the marker itself, not item.keywords: a parameter id such as "cuda" is a keyword too, and so is every parent
+        # directory's name (a checkout in a directory called gpu or cuda would skip the whole suite)
         marked = [item for item in items if item.get_closest_marker(marker) is not None]
         reason = why() if marked else None
         for item in marked if reason else []:

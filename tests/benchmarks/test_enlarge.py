@@ -178,12 +178,28 @@ def test_parameter_count(pair):
 def test_presets_give_the_documented_sizes():
     target = json.loads((ROOT / "examples/demo-pair/target/config.json").read_text())
     draft = json.loads((ROOT / "examples/demo-pair/draft/config.json").read_text())
-    big_t = enlarge._enlarged_config(target, enlarge.PRESETS["target325m"], None)
-    big_d = enlarge._enlarged_config(draft, enlarge.PRESETS["draft"], None)
+
+    def enlarged(cfg: dict, preset: str) -> dict:
+        sizes = enlarge.PRESETS[preset]
+        return enlarge._enlarged_config(cfg, sizes, None, enlarge._check_sizes(cfg, sizes))
+
+    big_t, big_d = enlarged(target, "target325m"), enlarged(draft, "draft")
     assert 320e6 < enlarge.count_parameters(big_t) < 330e6
     assert 0.05 < enlarge.count_parameters(big_d) / enlarge.count_parameters(big_t) < 0.10
     # x4 width: the norm scale sqrt(1/4) = 0.5 is exact in every float format
     assert big_t["hidden_size"] == 4 * target["hidden_size"] and big_d["hidden_size"] == 4 * draft["hidden_size"]
+    # Llama-3.1-8B / -3.2-1B shapes (their config.json fields), from the demo target / draft
+    shape = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size")
+    t8, d1 = enlarged(target, "llama8b"), enlarged(draft, "llama1b")
+    assert tuple(t8[k] for k in shape) == (4096, 32, 32, 8, 128, 14336)
+    assert tuple(d1[k] for k in shape) == (2048, 16, 32, 8, 64, 8192)
+    vocab = target["vocab_size"]
+    layers_8b = enlarge.count_parameters(t8) - vocab * 4096 - 4096  # tied embedding, final norm
+    assert layers_8b == 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096)  # 6.98B, as Llama-3.1-8B's layers
+    # rotary stays the same function: theta' = theta ** (D / d) (head_dim 32 -> 128, 32 -> 64)
+    assert t8["rope_parameters"]["rope_theta"] == pytest.approx(target["rope_parameters"]["rope_theta"] ** 4)
+    assert d1["rope_parameters"]["rope_theta"] == pytest.approx(draft["rope_parameters"]["rope_theta"] ** 2)
+    assert target["rope_parameters"]["rope_theta"] == 10000.0  # the source configs are not touched
 
 
 def test_qwen3_gqa_with_qk_norm_and_bias_is_preserved(tmp_path):
@@ -192,6 +208,44 @@ def test_qwen3_gqa_with_qk_norm_and_bias_is_preserved(tmp_path):
     enlarge.enlarge_checkpoint(small, tmp_path / "big", 256, 384, 12, 6, 1, progress=False)
     ids = torch.randint(0, 96, (1, 20), generator=torch.Generator().manual_seed(1))
     np.testing.assert_allclose(hf_logits(tmp_path / "big", ids), hf_logits(small, ids), rtol=0, atol=ATOL)
+
+
+@pytest.fixture(scope="module")
+def wide_heads(pair, tmp_path_factory) -> Path:
+    """The small Llama (4/2 heads x 16) as 8/2 heads x 64: head_dim x4, group 2 -> 4, as the llama8b preset does."""
+    small, _ = pair
+    out = tmp_path_factory.mktemp("wide") / "big"
+    enlarge.enlarge_checkpoint(small, out, 128, 256, 8, 2, 1, head_dim=64, progress=False)
+    return out
+
+
+def test_wider_heads_and_a_larger_group_keep_the_function(pair, wide_heads, tmp_path):
+    small, big = pair[0], wide_heads
+    cfg = json.loads((big / "config.json").read_text())
+    assert (cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]) == (8, 2, 64)
+    assert cfg["rope_parameters"]["rope_theta"] == pytest.approx(1e16)  # 1e4 ** (64 / 16)
+    t, s = load_file(big / "model.safetensors"), load_file(small / "model.safetensors")
+    # real query head 1 (reads kv head 0) sits at head 1; real head 2 (kv head 1) at head 4: 2 // 2 * 4 + 0
+    q, q_small = t["model.layers.0.self_attn.q_proj.weight"], s["model.layers.0.self_attn.q_proj.weight"]
+    np.testing.assert_array_equal(q[4 * 64 : 4 * 64 + 8, :64], 2 * q_small[2 * 16 : 2 * 16 + 8])  # first half of head 2's dims, x sqrt(64/16)
+    np.testing.assert_array_equal(q[4 * 64 + 32 : 4 * 64 + 40, :64], 2 * q_small[2 * 16 + 8 : 3 * 16])  # its second half at D/2
+    assert not q[2 * 64 : 4 * 64].any()  # heads 2 and 3 are padding
+    ids = torch.randint(0, 96, (2, 200), generator=torch.Generator().manual_seed(6))  # long: rotary at many positions
+    np.testing.assert_allclose(hf_logits(big, ids), hf_logits(small, ids), rtol=0, atol=ATOL)
+    build = spec_build(max_batch_size=1, max_input_len=120, max_seq_len=240)
+    ex_small, ex_big = build_and_load(small, tmp_path / "small", build), build_and_load(big, tmp_path / "big", build)
+    prompt = [int(x) for x in ids[0, :100]]
+    want, want_logits = greedy(ex_small, prompt, 24)
+    got, got_logits = greedy(ex_big, prompt, 24)
+    assert got == want
+    np.testing.assert_allclose(got_logits, want_logits, rtol=0, atol=ATOL)
+
+
+def test_head_dim_cannot_grow_under_qk_norm(tmp_path):
+    small = make_checkpoint(tmp_path / "small", "Qwen3ForCausalLM", head_dim=16)
+    with pytest.raises(enlarge.EnlargeError, match="Qwen3's q_norm/k_norm average over head_dim"):
+        enlarge.enlarge_checkpoint(small, tmp_path / "big", 128, 256, 8, 4, 0, head_dim=32, progress=False)
+    assert not (tmp_path / "big").exists()
 
 
 def test_bfloat16_stays_bfloat16_unless_asked(tmp_path):
@@ -220,8 +274,11 @@ def test_cli_errors_are_one_line(pair, tmp_path, capsys):
     code, err = run_cli(capsys, str(small), str(big), *sizes)
     assert code == 1 and "not empty; pass --force" in err and err.count("\n") == 1
 
-    code, err = run_cli(capsys, str(small), str(tmp_path / "out"), *sizes[:6], "--num_kv_heads", "2", "--extra_layers", "0")
-    assert code == 1 and "group of 2" in err and err.count("\n") == 1
+    code, err = run_cli(capsys, str(small), str(tmp_path / "out"), *sizes[:6], "--num_kv_heads", "8", "--extra_layers", "0")
+    assert code == 1 and "at least the source's group of 2" in err and err.count("\n") == 1
+
+    code, err = run_cli(capsys, str(small), str(tmp_path / "out"), *sizes, "--head_dim", "8")
+    assert code == 1 and "head_dim=8 is smaller than the source's head_dim=16" in err and err.count("\n") == 1
 
     code, err = run_cli(capsys, str(small), str(tmp_path / "out"), "--preset", "target325m", "--hidden_size", "32")
     assert code == 1 and "smaller than the source's hidden_size=64" in err
@@ -368,3 +425,27 @@ def test_heads_cli_errors_are_one_line(heads_pair, tmp_path, capsys):
     assert code == 1 and "pass --force" in err
     with pytest.raises(SystemExit):
         enlarge.main(["--heads", str(h["root"] / "eagle"), str(tmp_path / "out3")])  # no --base
+
+
+def test_eagle_module_on_wider_heads_gives_the_same_logits(heads_pair, wide_heads, tmp_path):
+    from specdec.train.base import load_base, run_base
+    from specdec.train.eagle import Eagle3Module, eagle_inputs, eagle_llama_config
+    from specdec.train.layout import load_heads
+
+    h = heads_pair
+    assert enlarge.main(["--heads", str(h["root"] / "eagle"), "--base", str(wide_heads), str(tmp_path / "wide-eagle"), "--quiet"]) == 0
+    loaded = load_heads(tmp_path / "wide-eagle", base_num_layers=3)
+    cfg = loaded.config
+    assert (cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]) == (8, 2, 64)
+    big_base = load_base(wide_heads)
+    module = Eagle3Module(eagle_llama_config(big_base.config, 2), 2, torch.from_numpy(loaded.tensors["lm_head.weight"])).eval()
+    module.load_state_dict(torch_tensors(tmp_path / "wide-eagle"), strict=True)
+    ids = torch.randint(0, 96, (2, 60), generator=torch.Generator().manual_seed(7))
+    mask = torch.ones_like(ids)
+
+    def logits(base, m) -> np.ndarray:
+        with torch.no_grad():
+            return m(*eagle_inputs(ids, run_base(base, ids, mask, [0, 1]).aux_hidden, base.model.embed_tokens)).numpy()
+
+    want = logits(load_base(h["small"]), h["eagle"])
+    np.testing.assert_allclose(logits(big_base, module), want, rtol=0, atol=ATOL)
