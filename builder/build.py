@@ -78,8 +78,6 @@ def validate_build_config(build: BuildConfig, model: ModelConfig) -> None:
         problems.append("lowering ort_cuda computes in the storage dtype and has no FP8 path: use --qformat none (or another lowering)")
     scheme = WeightOnlyScheme.of(build)
     if scheme is not None:
-        if build.lowering == "ort_cuda":
-            problems.append("lowering ort_cuda has no weight-only int8/int4 GEMM (no GPU to test one on): use --lowering ort_cpu or portable, or --qformat none")
         if build.backend == "tensorrt" and not scheme.symmetric:
             problems.append("the tensorrt backend takes symmetric weight-only weights (no zero points): drop --asymmetric")
         if build.backend == "tensorrt" and scheme.bits == 8 and scheme.group_size:
@@ -140,6 +138,25 @@ def weight_only_record(build: BuildConfig, convention, layers: list[str], op: st
         "num_layers_quantized": len(layers),
         "op": op,
     }
+
+
+def resolve_attention(build: BuildConfig) -> BuildConfig:
+    """ort_cuda's attention form (gqa | masked) and the KV layout of the form: after tree_attention is known."""
+    from ..plugins import lowering_for
+    from ..plugins.ort_cuda import CUDA_ATTENTION, resolve_cuda_attention
+
+    if build.cuda_attention not in CUDA_ATTENTION:
+        raise BuildConfigError(f"--cuda_attention {build.cuda_attention!r} is not one of {', '.join(CUDA_ATTENTION)}.")
+    if build.lowering != "ort_cuda":
+        if build.cuda_attention != "auto":
+            raise BuildConfigError(f"--cuda_attention {build.cuda_attention} applies to --lowering ort_cuda only (this build uses {build.lowering}).")
+        return build
+    kind = resolve_cuda_attention(build)
+    if kind == "gqa" and build.tree_attention:
+        raise BuildConfigError(f"--speculative_decoding_mode {build.speculative_decoding_mode} verifies trees, which GroupQueryAttention cannot mask: "
+                               "use --cuda_attention masked (or auto).")
+    build = replace(build, cuda_attention=kind)
+    return replace(build, kv_layout=lowering_for(build).kv_layout)
 
 
 def resolve_lowering(build: BuildConfig) -> BuildConfig:
@@ -227,6 +244,7 @@ def build_engine(
     build = resolve_lowering(build)
     check_tree_backend(build)
     build = replace(build, tree_attention=build.tree_attention or build.speculative_decoding_mode in TREE_MODES)
+    build = resolve_attention(build)
     validate_build_config(build, model)
     check_memory_limits(model, build)
     trt_options = [f for f, on in (("--trt_timing_cache", trt_timing_cache), ("--trt_version_compatible", trt_version_compatible),
@@ -282,9 +300,9 @@ def build_engine(
     weight_only_built: dict = {}
     network = build_network(ckpt, model, build, on_layer=lambda i: report(f"layer {i}", i + 1, total), convention=convention, activation_scales=scales,
                             awq_layers=awq_layers, weight_only_built=weight_only_built, medusa=medusa, eagle=eagle)
-    from ..plugins import get_lowering
+    from ..plugins import lowering_for
 
-    build = replace(build, weight_only=weight_only_record(build, convention, weight_only_built.get("layers", []), get_lowering(build.lowering).weight_only_op,
+    build = replace(build, weight_only=weight_only_record(build, convention, weight_only_built.get("layers", []), lowering_for(build).weight_only_op,
                                                           weight_only_built.get("act_order", False)))
     num_parameters = _count_parameters(network)
 
@@ -378,15 +396,16 @@ def check_head_flags(build: BuildConfig, head_dirs: dict[str, str | Path | None]
 
 
 def check_tree_backend(build: BuildConfig) -> None:
-    """Medusa and EAGLE targets verify trees of drafts: a tree_mask input, built by the portable and ort_cpu lowerings only."""
+    """Medusa and EAGLE targets verify trees of drafts: a tree_mask input, which every onnxruntime lowering builds (ort_cuda with
+    its masked attention)."""
     mode = build.speculative_decoding_mode
     if mode not in TREE_MODES:
         return
     if build.backend in ("tensorrt", "tensorrt_rtx"):
         raise BuildConfigError(f"--speculative_decoding_mode {mode} runs on the onnxruntime backend only for now (tree attention is not verified "
                                f"on {'TensorRT' if build.backend == 'tensorrt' else 'TensorRT for RTX'}): use --backend onnxruntime.")
-    if build.lowering == "ort_cuda":
-        raise BuildConfigError(f"--speculative_decoding_mode {mode} needs tree attention, which lowering ort_cuda lacks: use --lowering ort_cpu or portable.")
+    if build.lowering == "ort_cuda" and build.cuda_attention == "gqa":
+        raise BuildConfigError(f"--speculative_decoding_mode {mode} verifies trees, which GroupQueryAttention cannot mask: use --cuda_attention masked (or auto).")
 
 
 def _load_heads_for(mode: str, head_dir: str | Path, model: ModelConfig):

@@ -28,7 +28,7 @@ from dataclasses import replace
 import numpy as np
 from onnx import TensorProto
 
-from ..plugins import get_lowering
+from ..plugins import lowering_for
 from ..plugins.attention import Shared
 from ..runtime.engine_format import BuildConfig, ModelConfig
 from ..runtime.errors import CheckpointError
@@ -111,7 +111,7 @@ def build_eagle_network(base: Checkpoint, heads, cfg: ModelConfig, build: BuildC
     base: the base checkpoint (its model.embed_tokens.weight: the module has no embedding of its own).
     cfg / build: module_model_config / module_build_config.
     """
-    lowering_cls = get_lowering(build.lowering)
+    lowering_cls = lowering_for(build)
     gb = GraphBuilder(weight_dtype=build.dtype, compute_dtype=lowering_cls.compute_dtype(build))
     lowering = lowering_cls(gb, cfg)
     lowering.consistent_rows = build.max_draft_len > 0 and build.backend == "onnxruntime"  # as the target's (network.py)
@@ -126,7 +126,7 @@ def build_eagle_network(base: Checkpoint, heads, cfg: ModelConfig, build: BuildC
         h = gb.op("Cast", [h], "/eagle/hidden_states_compute", to=gb.compute_type)
 
     cos, sin = cos_sin_tables(cfg, build.kv_capacity)
-    shared = lowering.prelude(Shared(positions=positions, cos=gb.const("rope_cos", cos), sin=gb.const("rope_sin", sin)))
+    shared = lowering.prelude(Shared(positions=positions, cos=gb.const("rope_cos", cos), sin=gb.const("rope_sin", sin), capacity=build.kv_capacity))
     embed = gb.op("Gather", [gb.weight("model.embed_tokens.weight", base.float32("model.embed_tokens.weight")), ids], "/model/embed_tokens")  # [B, S, hidden]
 
     # Layer 0: attention over [input_layernorm(embedding), hidden_norm(h)], h the residual stream.

@@ -30,7 +30,7 @@ from typing import Callable
 import numpy as np
 from onnx import TensorProto
 
-from ..plugins import get_lowering
+from ..plugins import lowering_for
 from ..plugins.attention import Shared
 from ..runtime.engine_format import BuildConfig, ModelConfig
 from ..runtime.errors import BuildConfigError
@@ -91,7 +91,7 @@ def build_network(
     medusa: Medusa heads (train.layout.HeadCheckpoint) to add as the medusa_logits output, or None.
     eagle: an EAGLE-3 module (train.layout.HeadCheckpoint) whose fc to add as the eagle_hidden output, or None.
     """
-    lowering_cls = get_lowering(build.lowering)
+    lowering_cls = lowering_for(build)
     gb = GraphBuilder(weight_dtype=build.dtype, compute_dtype=lowering_cls.compute_dtype(build))
     lowering = lowering_cls(gb, cfg)
     # A target's one-token steps must compute what its verification steps compute. The kernel splits this pads
@@ -104,7 +104,7 @@ def build_network(
     logits_index = gb.input("logits_index", TensorProto.INT64, ["batch", "num_logits"])
 
     cos, sin = cos_sin_tables(cfg, build.kv_capacity)
-    shared = lowering.prelude(Shared(positions=positions, cos=gb.const("rope_cos", cos), sin=gb.const("rope_sin", sin)))
+    shared = lowering.prelude(Shared(positions=positions, cos=gb.const("rope_cos", cos), sin=gb.const("rope_sin", sin), capacity=build.kv_capacity))
 
     embed = gb.weight("model.embed_tokens.weight", ckpt.float32("model.embed_tokens.weight"))  # [vocab, hidden]
     x = gb.op("Gather", [embed, ids], "/model/embed_tokens")

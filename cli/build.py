@@ -81,6 +81,10 @@ from .common import check_output_dir, clean_errors, human_bytes, option
 @option("lowering", type=click.Choice(["auto", "portable", "ort_cpu", "ort_cuda"]), default="auto", show_default=True,
         help="How attention and the KV update become graph nodes (plugins/). auto = ort_cpu for onnxruntime, portable for tensorrt. "
              "ort_cuda: for --device cuda (ONNX Runtime's CUDA provider): computes in --dtype (bfloat16/float16), fused attention, CUDA graphs; see docs/gpu.md.")
+@option("cuda_attention", type=click.Choice(["auto", "gqa", "masked"]), default="auto", show_default=True,
+        help="With --lowering ort_cuda: gqa = GroupQueryAttention (fastest one-token decode; several tokens with a past only one row at a time, "
+             "no trees); masked = TensorScatter + Attention with a mask (a verification round is one call at any batch size; Medusa/EAGLE trees). "
+             "auto = masked for targets that verify drafts or trees, gqa otherwise. See docs/gpu.md.")
 @option("trt_timing_cache", type=click.Path(dir_okay=False), default=None, help="TensorRT timing cache file: read if present, updated after the build (tensorrt backend).")
 @option("trt_version_compatible", is_flag=True, help="Build a version-compatible TensorRT plan: it embeds its lean runtime, so hosts can run it with the small dispatch runtime (specdec[tensorrt-dispatch]) or a newer TensorRT of a supported major; may be slower. See docs/tensorrt.md.")
 @option("trt_exclude_lean_runtime", is_flag=True, help="With --trt_version_compatible: leave the lean runtime out of the plan (smaller); then only tensorrt-lean or tensorrt of exactly the build's version can run it.")
@@ -90,7 +94,7 @@ from .common import check_output_dir, clean_errors, human_bytes, option
 @option("force", is_flag=True, help="Replace a non-empty --output_dir.")
 @clean_errors
 def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_seq_len, max_draft_len, speculative_decoding_mode, medusa_dir, eagle_dir,
-         quantization, use_weight_only, weight_only_precision, group_size, asymmetric, quantize_lm_head, fp8_activations, calib_dataset, calib_size, backend, target_sm, lowering, trt_timing_cache, trt_version_compatible, trt_exclude_lean_runtime, tp_size, allow_pickle, allow_nonfinite, force) -> None:
+         quantization, use_weight_only, weight_only_precision, group_size, asymmetric, quantize_lm_head, fp8_activations, calib_dataset, calib_size, backend, target_sm, lowering, cuda_attention, trt_timing_cache, trt_version_compatible, trt_exclude_lean_runtime, tp_size, allow_pickle, allow_nonfinite, force) -> None:
     """Build an engine directory from a Hugging Face checkpoint.
 
     \b
@@ -121,7 +125,7 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
     build = BuildConfig(
         dtype=dtype, max_batch_size=max_batch_size, max_input_len=max_input_len, max_seq_len=max_seq_len,
         max_draft_len=max_draft_len, speculative_decoding_mode=speculative_decoding_mode, backend=backend, tp_size=tp_size,
-        quantization=quantization, fp8_activations=fp8_activations, lowering=lowering,
+        quantization=quantization, fp8_activations=fp8_activations, lowering=lowering, cuda_attention=cuda_attention,
         group_size=group_size, symmetric=not asymmetric, quantize_lm_head=quantize_lm_head,
     )
     bars: list[tqdm] = []  # made on the first report, after the inputs were validated

@@ -17,6 +17,11 @@ from .ort_cuda import OrtCudaAttention
 LOWERINGS: dict[str, type[AttentionLowering]] = {cls.name: cls for cls in (PortableAttention, OrtCpuAttention, OrtCudaAttention)}
 
 
+def lowering_for(build) -> type[AttentionLowering]:
+    """The lowering class that builds ``build``'s network (a lowering may have variants: ort_cuda's two attentions)."""
+    return get_lowering(build.lowering).variant(build)
+
+
 def get_lowering(name: str) -> type[AttentionLowering]:
     try:
         return LOWERINGS[name]

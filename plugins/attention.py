@@ -32,6 +32,7 @@ class Shared:
     write_index: str = ""  # [batch] int64: the first new slot of each row
     mask: str = ""  # [batch, 1, num_tokens, live_len] bool
     live_len: str = ""  # [1] int64: longest live row, bounds attention cost
+    capacity: int = 0  # the engine's kv_capacity (cache slots per row), for lowerings that index every slot
 
 
 class AttentionLowering:
@@ -50,6 +51,11 @@ class AttentionLowering:
     def compute_dtype(cls, build) -> str:
         """The dtype activations (and the KV cache) are computed in: float32 unless a lowering says otherwise."""
         return "float32"
+
+    @classmethod
+    def variant(cls, build) -> "type[AttentionLowering]":
+        """The class that builds ``build``'s network: this one, unless a lowering has several forms (ort_cuda)."""
+        return cls
 
     def __init__(self, gb: GraphOps, cfg: ModelConfig):
         self.gb, self.cfg = gb, cfg

@@ -157,20 +157,44 @@ class EvenRows:
                             f"{p}/tokens")  # [1]: S
         self.start = gb.const(f"{p}/start", np.array([0], np.int64))
         self.axis = gb.const(f"{p}/axis", np.array([1], np.int64))
+        self.odd = odd  # [1]: 1 when B * S is odd
+
+    def pad(self, gb: GraphOps, name: str, x: str, by_copy: bool) -> str:
+        """x [B, S, K] -> [B, S + odd, K]. by_copy: the extra token is a copy of each row's first (Concat + Slice: ONNX
+        Runtime's CUDA Pad has no bfloat16 kernel, and a CPU fallback would copy the activations to the host);
+        else a zero token (Pad). The extra row's result is sliced off, so its value never matters."""
+        if not by_copy:
+            return gb.op("Pad", [x, self.pads], f"{name}/even_rows")
+        extra = gb.op("Slice", [x, self.start, self.odd, self.axis], f"{name}/even_rows_extra")
+        return gb.op("Concat", [x, extra], f"{name}/even_rows", axis=1)
 
 
-def matmul_nbits(gb: GraphOps, name: str, x: str, w: IntWeightLike, rows: EvenRows | None, accuracy_level: int = NBITS_ACCURACY_LEVEL) -> str:
-    """x [B, S, K] @ deq(w) -> [B, S, N] with MatMulNBits; over an even number of rows unless ``rows`` is None."""
+def matmul_nbits(gb: GraphOps, name: str, x: str, w: IntWeightLike, rows: EvenRows | None, accuracy_level: int = NBITS_ACCURACY_LEVEL,
+                 scale_type: int = TensorProto.FLOAT) -> str:
+    """x [B, S, K] @ deq(w) -> [B, S, N] with MatMulNBits; over an even number of rows unless ``rows`` is None.
+
+    scale_type: the activations' type, which MatMulNBits' scales must share (float16/bfloat16 on a GPU: the scales are
+    rounded to it, so the engine's weights are (codes - zero) * scale in that precision)."""
     p = pack_matmul_nbits(w)
-    inputs = [gb.const(f"{name}.weight_packed", p.b), gb.const(f"{name}.weight_scales", p.scales)]
+    inputs = [gb.const(f"{name}.weight_packed", p.b), _scales(gb, f"{name}.weight_scales", p.scales, scale_type)]
     if p.zero_points is not None:
         inputs.append(gb.const(f"{name}.weight_zero_points", p.zero_points))
     attrs = dict(domain=CONTRIB, K=p.k, N=p.n, bits=p.bits, block_size=p.block_size, accuracy_level=accuracy_level)
     if rows is None:
         return gb.op("MatMulNBits", [x, *inputs], name, **attrs)
-    padded = gb.op("Pad", [x, rows.pads], f"{name}/even_rows")
+    padded = rows.pad(gb, name, x, by_copy=scale_type != TensorProto.FLOAT)
     y = gb.op("MatMulNBits", [padded, *inputs], f"{name}/matmul_nbits", **attrs)
     return gb.op("Slice", [y, rows.start, rows.tokens, rows.axis], name)
+
+
+def _scales(gb: GraphOps, name: str, scales: np.ndarray, elem_type: int) -> str:
+    """float32 scales in ``elem_type``: float32 as given; a half-precision lowering's (whose weights are stored in the
+    compute dtype, so gb.weight adds no cast) rounded to that dtype like every other weight."""
+    if elem_type == TensorProto.FLOAT:
+        return gb.const(name, scales.astype(np.float32))
+    if gb.compute_type != elem_type:
+        raise ValueError(f"{name}: scales of type {elem_type} need a lowering that computes in that type")
+    return gb.weight(name, scales)
 
 
 # -- standard ONNX: blocked DequantizeLinear + MatMul ------------------------------

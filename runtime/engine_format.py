@@ -72,6 +72,10 @@ class BuildConfig:
     tp_size: int = 1
     lowering: str = "auto"  # plugins/: portable (standard ops, what TensorRT parses) | ort_cpu; auto = per backend
     kv_layout: str = "bnsh"  # bnsh: [batch, kv_heads, capacity, head_dim]; bsh: [batch, capacity, kv_heads*head_dim]
+    # ort_cuda's attention: gqa (GroupQueryAttention: fast one-token decode, several tokens with a past only at batch 1,
+    # no trees) | masked (TensorScatter + Attention with a device mask: one call per round at any batch, trees);
+    # auto (at build time) = masked for engines that verify drafts or trees, gqa otherwise (plugins/ort_cuda.py)
+    cuda_attention: str = "auto"
     quantization: str = "auto"  # none | fp8 | int8_wo | int4_wo | int4_awq; auto (at build time) = what the checkpoint holds
     fp8_activations: str = "none"  # none | static | dynamic: how FP8 linear inputs are scaled
     # weight-only int8/int4 (docs/precision.md); the inputs of the build:

@@ -134,7 +134,7 @@ def _reduced_vocab_module(src, out, draft_vocab: int):
         ("hidden", "hidden_size"),
         ("aux_ids", "name layers the 3-layer base"),
         ("tensorrt", "onnxruntime backend only"),
-        ("ort_cuda", "lowering ort_cuda"),
+        ("ort_cuda_gqa", "GroupQueryAttention cannot mask"),
         ("no_drafts", "needs max_draft_len >= 1"),
         ("draft_vocab", "reduced draft vocabulary"),
     ],
@@ -157,8 +157,8 @@ def test_bad_eagle_builds_say_why(eagle, tmp_path, case, match):
         write_module(ckpt, module_dir, aux_ids=[0, 5])
     elif case == "tensorrt":
         build = eagle_build(backend="tensorrt")
-    elif case == "ort_cuda":
-        build = eagle_build(lowering="ort_cuda", dtype="float16")
+    elif case == "ort_cuda_gqa":  # ort_cuda builds EAGLE targets with its masked attention; GQA has no tree mask
+        build = eagle_build(lowering="ort_cuda", dtype="float16", cuda_attention="gqa")
     elif case == "no_drafts":
         build = eagle_build(0)
     elif case == "draft_vocab":

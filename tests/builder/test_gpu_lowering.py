@@ -1,13 +1,16 @@
-"""The ort_cuda lowering (plugins/ort_cuda.py), checked on a CPU against the portable lowering.
+"""The ort_cuda lowering (plugins/ort_cuda.py, plugins/ort_cuda_masked.py), checked on a CPU against the portable lowering.
 
-ONNX Runtime runs GroupQueryAttention, QuickGelu and
-SkipSimplifiedLayerNormalization on the CPU in float32, so a float32 build of
-the GPU lowering is fed here exactly as the CUDA executor feeds it (shared
-past/present buffers, ``total_sequence_length`` from ``attention_bound``, one
-call per row for several tokens with a past) and must give the portable
-lowering's logits. The half-precision builds, which only a GPU runs, are
-checked for what makes them GPU engines: compute dtype, cache dtype, float32
-logits and no host read of the positions.
+ONNX Runtime's CPU provider runs every op of a float32 ort_cuda build (GroupQueryAttention, TensorScatter,
+Attention with nonpad_kv_seqlen, RotaryEmbedding, MatMulNBits, QuickGelu, SkipSimplifiedLayerNormalization),
+so each form is fed here exactly as the CUDA executor feeds it and must give the portable lowering's logits:
+
+* gqa: shared past/present buffers, ``total_sequence_length`` from ``attention_bound``, one call per row for
+  several tokens with a past (CpuRunner below);
+* masked: the engine ABI's inputs only (no host-side input), so the CPU executor itself runs it, one call per
+  step at any batch, ragged rows and trees included.
+
+The half-precision builds, which only a GPU runs, are checked for what makes them GPU engines: compute dtype,
+cache dtype, float32 outputs, no host read of the positions and no op the CUDA provider lacks in that dtype.
 """
 
 from pathlib import Path
@@ -16,24 +19,31 @@ import numpy as np
 import onnx
 import pytest
 from checkpoints import make_checkpoint
-from conftest import spec_build
+from conftest import build_and_load, spec_build
 
 from specdec.builder.build import build_engine
+from specdec.runtime.backends.base import pad_tokens
 from specdec.runtime.backends.onnxruntime.cuda import attention_bound, rows_one_by_one
 from specdec.runtime.engine_format import load_engine_dir
 from specdec.runtime.errors import BuildConfigError
-from specdec.runtime.backends.base import pad_tokens
-from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 
 CASES = {
     "llama (packed qkv, fused rotary)": ("LlamaForCausalLM", dict(tie_word_embeddings=True)),
     "qwen3 (head_dim 24: RotaryEmbedding ops, qk norm)": ("Qwen3ForCausalLM", dict(head_dim=24, tie_word_embeddings=False)),
     "qwen2 (qkv bias)": ("Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
 }
+STEPS = [
+    [[5, 6, 7, 8, 9, 10, 11, 12], [13, 14, 15], [16, 17, 18, 19, 20]],  # first prompt: ragged
+    [[21], [22], [23]],  # one token per row at ragged lengths
+    [[24, 25, 26, 27, 28], [29, 30], [31, 32, 33]],  # drafts with a past, ragged
+    [[34], [35], [36]],
+]
+AFTER_ROLLBACK = ([[40, 41, 42], [43], [44]], [[45], [46], [47]])
+quiet = dict(say=lambda _: None)
 
 
 class CpuRunner:
-    """An ort_cuda engine on ONNX Runtime CPU, fed by the CUDA executor's rules (shared cache buffers, attention_bound)."""
+    """A gqa ort_cuda engine on ONNX Runtime CPU, fed by the CUDA executor's rules (shared cache buffers, attention_bound)."""
 
     def __init__(self, engine_dir: Path, slots: int):
         import onnxruntime as ort
@@ -58,6 +68,9 @@ class CpuRunner:
         self.lengths[:n] += num_new
         return out
 
+    def rollback(self, slot: int, to: int) -> None:
+        self.lengths[slot] = to
+
     def _run(self, first: int, ids: np.ndarray) -> np.ndarray:
         n, width = ids.shape
         lengths = self.lengths[first : first + n]
@@ -75,57 +88,107 @@ class CpuRunner:
         return b.copy_outputs_to_cpu()[0]
 
 
+class ExecutorRunner:
+    """A masked ort_cuda engine on the CPU executor: the ABI's inputs only, every step one call."""
+
+    def __init__(self, ex, slots: int):
+        self.ex, self.cache = ex, ex.new_cache(slots)
+
+    def forward(self, tokens: list[list[int]]) -> np.ndarray:
+        return self.ex.forward(self.cache, tokens, all_logits=True)
+
+    def rollback(self, slot: int, to: int) -> None:
+        self.cache.rollback(slot, to)
+
+
+def check_steps(ref, got) -> None:
+    """STEPS, a rollback of row 0 over its last 6 tokens (rejected drafts), AFTER_ROLLBACK: the same logits as ``ref``."""
+    cache = ref.new_cache(3)
+    for i, tokens in enumerate(STEPS):
+        want = ref.forward(cache, tokens, all_logits=True).copy()
+        out = got.forward(tokens)
+        for row, t in enumerate(tokens):
+            np.testing.assert_allclose(out[row, : len(t)], want[row, : len(t)], atol=2e-5, rtol=0, err_msg=f"step {i}, row {row}")
+    cache.rollback(0, cache.lengths[0] - 6)
+    got.rollback(0, int(cache.lengths[0]))
+    for tokens in AFTER_ROLLBACK:
+        want = ref.forward(cache, tokens, all_logits=True).copy()
+        out = got.forward(tokens)
+        for row, t in enumerate(tokens):
+            np.testing.assert_allclose(out[row, : len(t)], want[row, : len(t)], atol=2e-5, rtol=0)
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_ort_cuda_float32_matches_portable(case, tmp_path):
+def test_both_forms_in_float32_match_portable(case, tmp_path):
     arch, overrides = CASES[case]
     ckpt = make_checkpoint(tmp_path / "ckpt", arch, **overrides)
-    build_engine(ckpt, tmp_path / "portable", spec_build(lowering="portable"), say=lambda _: None)
-    build_engine(ckpt, tmp_path / "ort_cuda", spec_build(lowering="ort_cuda", dtype="float32"), say=lambda _: None)
-    ref = OrtExecutor(load_engine_dir(tmp_path / "portable"), num_threads=1)
-    gpu_form = CpuRunner(tmp_path / "ort_cuda", slots=3)
-    cache = ref.new_cache(3)
-    steps = [
-        [[5, 6, 7, 8, 9, 10, 11, 12], [13, 14, 15], [16, 17, 18, 19, 20]],  # first prompt: ragged, one batched GQA "prompt" call
-        [[21], [22], [23]],  # one token per row at ragged lengths
-        [[24, 25, 26, 27, 28], [29, 30], [31, 32, 33]],  # drafts with a past: one call per row on ONNX Runtime 1.31
-        [[34], [35], [36]],
-    ]
-    for i, tokens in enumerate(steps):
-        want = ref.forward(cache, tokens, all_logits=True).logits
-        got = gpu_form.forward(tokens)
-        for row, t in enumerate(tokens):
-            np.testing.assert_allclose(got[row, : len(t)], want[row, : len(t)], atol=2e-5, rtol=0, err_msg=f"step {i}, row {row}")
-    # roll row 0 back over its last 6 tokens (rejected drafts) and send others: no trace of the rejected ones
-    cache.rollback(0, cache.lengths[0] - 6)
-    gpu_form.lengths[0] -= 6
-    for tokens in ([[40, 41, 42], [43], [44]], [[45], [46], [47]]):
-        want = ref.forward(cache, tokens, all_logits=True).logits
-        got = gpu_form.forward(tokens)
-        for row, t in enumerate(tokens):
-            np.testing.assert_allclose(got[row, : len(t)], want[row, : len(t)], atol=2e-5, rtol=0)
+    ref = build_and_load(ckpt, tmp_path / "portable", spec_build(lowering="portable"))
+    build_engine(ckpt, tmp_path / "gqa", spec_build(lowering="ort_cuda", dtype="float32", cuda_attention="gqa"), **quiet)
+    check_steps(ref, CpuRunner(tmp_path / "gqa", slots=3))
+    masked = build_and_load(ckpt, tmp_path / "masked", spec_build(lowering="ort_cuda", dtype="float32"))
+    assert (masked.build.cuda_attention, masked.build.kv_layout) == ("masked", "bsh")  # auto: a target that verifies drafts
+    inputs = {i.name for i in masked.session.get_inputs()}
+    assert "total_sequence_length" not in inputs  # nothing on the host: every step of a shape is the same graph
+    check_steps(ref, ExecutorRunner(masked, slots=3))
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_half_precision_build_computes_in_its_dtype(dtype, llama_ckpt, tmp_path):
-    build_engine(llama_ckpt, tmp_path / "e", spec_build(lowering="ort_cuda", dtype=dtype), say=lambda _: None)
-    model = onnx.load(str(tmp_path / "e" / "model.onnx"), load_external_data=False)
-    half = {"bfloat16": onnx.TensorProto.BFLOAT16, "float16": onnx.TensorProto.FLOAT16}[dtype]
+def test_auto_picks_gqa_for_engines_that_never_verify(llama_ckpt, tmp_path):
+    build_engine(llama_ckpt, tmp_path / "draft", spec_build(0, lowering="ort_cuda", dtype="float32"), **quiet)
+    build = load_engine_dir(tmp_path / "draft").config.build
+    assert (build.cuda_attention, build.kv_layout) == ("gqa", "bnsh")
+    ex = build_and_load(llama_ckpt, tmp_path / "forced", spec_build(0, lowering="ort_cuda", dtype="float32", cuda_attention="masked"))
+    assert (ex.build.cuda_attention, ex.build.kv_layout) == ("masked", "bsh")
+    logits = ex.forward(ex.new_cache(2), [[5, 6, 7], [8, 9]], all_logits=True)  # a masked draft batches its catch-up too
+    assert np.isfinite(logits).all()
+
+
+def graph_of(path: Path) -> onnx.ModelProto:
+    return onnx.load(str(path / "model.onnx"), load_external_data=False)
+
+
+def half_precision_checks(model: onnx.ModelProto, half: int) -> list[str]:
+    """What makes a half-precision build a GPU engine; returns its op types."""
     inputs = {i.name: i.type.tensor_type for i in model.graph.input}
     outputs = {o.name: o.type.tensor_type for o in model.graph.output}
     assert inputs["past_key.0"].elem_type == half and outputs["present_value.0"].elem_type == half
-    assert outputs["logits"].elem_type == onnx.TensorProto.FLOAT  # the ABI's logits stay float32
-    total = inputs["total_sequence_length"]
-    assert total.elem_type == onnx.TensorProto.INT32 and len(total.shape.dim) == 0
+    assert all(o.elem_type == onnx.TensorProto.FLOAT for n, o in outputs.items() if not n.startswith("present_"))  # the ABI's float32 outputs
     ops = [n.op_type for n in model.graph.node]
     assert "ReduceMax" not in ops, "the live length must not be computed on the device (a host copy per step)"
-    assert ops.count("GroupQueryAttention") == 2 and "Attention" not in ops and "TensorScatter" not in ops
-    # weights are used as stored: the only float casts are the rope tables in and the logits out
+    assert "Pad" not in ops, "ONNX Runtime's CUDA Pad has no bfloat16 kernel: a CPU fallback would copy activations to the host"
+    # weights are used as stored: float casts only of the rope tables, mask constants, hidden_states in and the outputs
     casts = [n for n in model.graph.node if n.op_type == "Cast"]
     assert all(".weight" not in n.input[0] for n in casts), [n.input[0] for n in casts]
-    weights = [t for t in model.graph.initializer if t.name.endswith(".weight")]
+    weights = [t for t in model.graph.initializer if t.name.endswith((".weight", ".weight_scales"))]
     assert weights and all(t.data_type == half for t in weights)
+    return ops
 
 
-def test_ort_cuda_refuses_fp8(llama_ckpt, tmp_path):
-    with pytest.raises(BuildConfigError, match="ort_cuda .* no FP8 path"):
-        build_engine(llama_ckpt, tmp_path / "e", spec_build(lowering="ort_cuda", dtype="bfloat16", quantization="fp8"), say=lambda _: None)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_builds_compute_in_their_dtype(dtype, llama_ckpt, tmp_path):
+    half = {"bfloat16": onnx.TensorProto.BFLOAT16, "float16": onnx.TensorProto.FLOAT16}[dtype]
+    build_engine(llama_ckpt, tmp_path / "gqa", spec_build(0, lowering="ort_cuda", dtype=dtype), **quiet)
+    gqa = graph_of(tmp_path / "gqa")
+    ops = half_precision_checks(gqa, half)
+    total = {i.name: i.type.tensor_type for i in gqa.graph.input}["total_sequence_length"]
+    assert total.elem_type == onnx.TensorProto.INT32 and len(total.shape.dim) == 0
+    assert ops.count("GroupQueryAttention") == 2 and "Attention" not in ops and "TensorScatter" not in ops
+
+    build_engine(llama_ckpt, tmp_path / "masked", spec_build(lowering="ort_cuda", dtype=dtype, quantization="int4_wo"), **quiet)
+    masked = graph_of(tmp_path / "masked")
+    ops = half_precision_checks(masked, half)
+    assert ops.count("Attention") == 2 and ops.count("TensorScatter") == 4 and "GroupQueryAttention" not in ops
+    assert ops.count("SkipSimplifiedLayerNormalization") == 3 and ops.count("QuickGelu") == 2  # residual + norm fused, SiLU one kernel
+    assert ops.count("MatMulNBits") == 8  # qkv, o, gate|up, down per layer: weight-only int4 with half-precision activations
+    assert {i.name for i in masked.graph.input} == {"input_ids", "position_ids", "logits_index", *(f"past_{k}.{i}" for i in range(2) for k in ("key", "value"))}
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(lowering="ort_cuda", dtype="bfloat16", quantization="fp8"), "ort_cuda .* no FP8 path"),
+    (dict(lowering="ort_cpu", cuda_attention="masked"), "--cuda_attention masked applies to --lowering ort_cuda only"),
+    (dict(lowering="ort_cuda", tree_attention=True, cuda_attention="gqa"), "GroupQueryAttention cannot mask"),
+])
+def test_refusals_are_one_line(llama_ckpt, tmp_path, kw, message):
+    with pytest.raises(BuildConfigError, match=message) as err:
+        build_engine(llama_ckpt, tmp_path / "e", spec_build(**kw), **quiet)
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "e").exists()

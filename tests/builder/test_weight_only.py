@@ -195,10 +195,14 @@ def logits(ex, ids=IDS) -> np.ndarray:
     return ex.forward(cache, [ids], all_logits=True).logits.copy()[0]
 
 
-@pytest.mark.parametrize("lowering", ["ort_cpu", "portable"])
+@pytest.mark.parametrize("lowering", ["ort_cpu", "portable", "ort_cuda"])
 @pytest.mark.parametrize("bits,group,sym", [(4, 32, True), (4, 64, False), (8, 0, True)])
 def test_int_engine_matches_float_engine_of_dequantized_weights(base, tmp_path, lowering, bits, group, sym):
     """Tolerances, per lowering as the executor runs it:
+
+    ort_cuda (its float32 build, which the CPU runs): MatMulNBits without an accuracy level computes in the
+    activations' dtype, float32 here: equal up to float32 rounding, as portable. (Its bfloat16 build rounds the
+    scales to bfloat16 too: what it computes is checked against its own target-only output, on a GPU.)
 
     portable: the executor folds DequantizeLinear of constant weights into float32 once, at load
     (session.disable_quant_qdq, as for FP8), so the engine computes with exactly the dequantized weights:
@@ -214,7 +218,7 @@ def test_int_engine_matches_float_engine_of_dequantized_weights(base, tmp_path, 
                          spec_build(quantization="none", lowering=lowering, dtype="float32"))
     got, want = logits(ex), logits(ref)
     span = want.max() - want.min()
-    tolerance = 0.03 if lowering == "ort_cpu" else 1e-5
+    tolerance = 0.03 if lowering == "ort_cpu" else 1e-5  # ort_cuda: see the docstring
     assert np.abs(got - want).max() <= tolerance * span, np.abs(got - want).max() / span
     if bits == 4:
         # int4's rounding is far larger than the kernels' int8 activations: the engine is much closer to the
@@ -265,7 +269,6 @@ def test_int4_engine_is_smaller(base, tmp_path):
     (dict(quantization="fp8", group_size=64), "apply only to weight-only quantization"),
     (dict(quantization="none", quantize_lm_head=True), "apply only to weight-only quantization"),
     (dict(quantization="int8_wo", fp8_activations="dynamic"), "needs --quantization fp8"),
-    (dict(quantization="int4_wo", lowering="ort_cuda", dtype="float16"), "no weight-only int8/int4 GEMM"),
     (dict(quantization="int4_awq"), "--calib_dataset"),
 ])
 def test_invalid_combinations_are_refused(base, tmp_path, kw, message):
@@ -348,6 +351,31 @@ def test_checkpoint_dequantized_or_portable_equals_its_float_twin(gptq_act_order
     assert np.abs(got - want).max() <= 1e-5 * (want.max() - want.min())
     wo = json.loads((tmp_path / "e" / "config.json").read_text())["build"]["weight_only"]
     assert wo is None if flags[1] == "none" else (wo["source"], wo["act_order"]) == ("gptq", True)
+
+
+def test_checkpoint_on_the_gpu_lowering_equals_its_float_twin(gptq_act_order, tmp_path):
+    """A GPTQ act-order checkpoint built for ort_cuda (MatMulNBits, the act-order Gather), in float32 on the CPU."""
+    from specdec.runtime.engine_format import load_engine_dir
+    from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
+
+    ckpt, twin = gptq_act_order
+    build_engine(ckpt, tmp_path / "e", spec_build(4, lowering="ort_cuda", dtype="float32"), say=lambda _: None)
+    build_engine(twin, tmp_path / "t", spec_build(0, dtype="float32"), say=lambda _: None)
+    got, want = (logits(OrtExecutor(load_engine_dir(tmp_path / d), num_threads=1)) for d in ("e", "t"))
+    assert np.abs(got - want).max() <= 1e-5 * (want.max() - want.min())
+    wo = json.loads((tmp_path / "e" / "config.json").read_text())["build"]["weight_only"]
+    assert (wo["source"], wo["act_order"], wo["op"]) == ("gptq", True, "MatMulNBits(compute dtype activations)")
+
+
+def test_gpu_lowering_refuses_groups_matmul_nbits_cannot_hold(tmp_path):
+    """A group of 40 rows has no power-of-two block: ort_cpu dequantizes it at load, ort_cuda has no such path."""
+    from quant_layouts import save_quantized_checkpoint
+
+    src = make_checkpoint(tmp_path / "float", "LlamaForCausalLM", hidden_size=160, intermediate_size=320, vocab_size=96)
+    save_quantized_checkpoint(src, tmp_path / "g40", method="gptq", bits=4, group_size=40)
+    r = cli_build(tmp_path / "g40", tmp_path / "e", "--lowering", "ort_cuda", "--dtype", "bfloat16")
+    assert r.exit_code == 1 and "no power-of-two MatMulNBits block" in r.stderr and r.stderr.strip().count("\n") == 0, r.output
+    assert not (tmp_path / "e").exists()
 
 
 @pytest.mark.parametrize("flags,message", [

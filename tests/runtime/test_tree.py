@@ -21,11 +21,13 @@ PARENTS = np.array([-1, -1, 0, 0, 1, 2, 4])
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [30, 31, 32]]
 
 
-@pytest.fixture(scope="module", params=["ort_cpu", "portable"])
+# ort_cuda: its masked attention built in float32, which the CPU runs with the inputs the CUDA executor feeds it
+@pytest.fixture(scope="module", params=["ort_cpu", "portable", "ort_cuda"])
 def tree_target(request, tmp_path_factory):
     d = tmp_path_factory.mktemp(f"tree_{request.param}")
     ckpt = make_checkpoint(d / "ckpt", num_hidden_layers=2, seed=0)
-    return build_and_load(ckpt, d / "engine", spec_build(8, tree_attention=True, lowering=request.param))
+    dtype = {"ort_cuda": "float32"}.get(request.param, "auto")
+    return build_and_load(ckpt, d / "engine", spec_build(8, tree_attention=True, lowering=request.param, dtype=dtype))
 
 
 def _rows(parents: np.ndarray) -> np.ndarray:
