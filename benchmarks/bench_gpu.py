@@ -1,271 +1,292 @@
-"""specdec on an NVIDIA GPU (ONNX Runtime's CUDA provider): step costs against the HBM floor, decoding against the bound and Hugging Face.
+"""specdec on an NVIDIA GPU (ONNX Runtime's CUDA provider): step costs against the HBM floor, every method at
+batch 1/4/16 against its bound and against Hugging Face static-cache + torch.compile.
 
-    python benchmarks/enlarge.py --preset target325m examples/demo-pair/target /tmp/big/target
-    python benchmarks/enlarge.py --preset draft examples/demo-pair/draft /tmp/big/draft
-    python benchmarks/bench_gpu.py --target /tmp/big/target --draft /tmp/big/draft --json gpu.json
+    python benchmarks/enlarge.py --preset llama8b --dtype bfloat16 examples/demo-pair/target /tmp/g/target
+    python benchmarks/enlarge.py --preset llama1b --dtype bfloat16 examples/demo-pair/draft /tmp/g/draft
+    python benchmarks/enlarge.py --heads examples/demo-pair/heads/eagle --base /tmp/g/target /tmp/g/eagle
+    python benchmarks/bench_gpu.py --target /tmp/g/target --draft /tmp/g/draft --eagle /tmp/g/eagle --work /tmp/g/engines \\
+        --int4 --json /tmp/g/gpu.json --budget_s 540
 
-Batch 1, greedy. What it measures (docs/gpu.md has the figures):
+(benchmarks/gpu_session.sh runs exactly this on a GPU host in one go; docs/gpu.md has the figures.)
 
-1. HBM bandwidth: a 1 GiB device-to-device copy (read + write bytes / time).
-2. ms per target step at context ~200 for 1 .. k+1 new tokens: the ort_cuda
-   engine in bf16 with and without CUDA graphs, with ONNX Runtime's default
-   attention kernel (cuDNN SDPA) instead of the executor's, and the float32 ort_cpu
-   engine on the same GPU (no graphs: its attention bound is read back to the
-   host inside every step), each against its floor = weight bytes / bandwidth.
-3. Target-only, draft-target (k = --draft_lens) and n-gram tokens/s, each
-   speculative output checked equal to target-only, and the speedup against
-   the bound from the measured acceptance and step costs:
-   (1 + accepted / rounds) / ((drafted / rounds) * c + t(1 + drafted / rounds) / t(1)),
-   c = draft step / target step, t(w) = target step of w tokens; and Leviathan's
-   bound (verification as cheap as one step). "== TO": outputs identical to
-   target-only's, and the mean length of the identical prefix (half precision:
-   a k+1-token verification and a 1-token step round differently, see docs/gpu.md).
-   With --fp32 the same for float32 engines.
-4. Hugging Face generate on the same GPU (torch, sdpa attention), greedy and
-   assisted, in float32 and bfloat16: the peer.
+Engines are built into --work unless already there (a second run, or a second call on a warm host, resumes):
+the target in bfloat16 with the ort_cuda lowering (its masked attention: one call per verification round at
+any batch, trees), as an EAGLE target when --eagle is given (it also serves target-only, draft-target and
+n-gram); --int4 also an int4 weight-only target; --medusa a Medusa target; the draft with ort_cuda (GQA).
+Each build runs as its own specdec-build process: its wall time and peak memory are reported.
+
+Sections, each skipped (and said so in the JSON) once --budget_s is spent; the JSON is rewritten after each:
+
+1. HBM bandwidth (a 1 GiB device-to-device copy) and each engine's floor = weight bytes / bandwidth.
+2. ms per step for 1 and k+1 new tokens at batch 1/4/16, context ~200, CUDA graphs on; the draft's step;
+   kernels per step and GPU kernel time (CUPTI via torch.profiler) with and without CUDA graphs; whether
+   k+1 tokens in one call give the logits of k+1 one-token calls (the greedy exactness condition).
+3. Decoding, greedy, exactly --max_new_tokens per prompt, at each batch size: target-only, draft-target
+   (each --draft_lens and auto), n-gram, EAGLE tree and chain, Medusa tree: methods interleaved, --repeats
+   rounds, tokens/s median (min-max), speedup over target-only at that batch in the same round, the bound
+   from the measured acceptance and step costs
+       (1 + accepted / rounds) / (t_b(1 + drafted / rounds) / t_b(1) + draft_s_per_step / t_b(1)),
+   t_b(w) the target step of w tokens at batch b, draft_s_per_step the drafter's measured time per batch step,
+   and whether every output is target-only's (same engine, same batch) and batch 1's.
+4. Hugging Face on the same GPU, bfloat16: greedy with a static cache and torch.compile at each batch size,
+   assisted generation (k = 4) at batch 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
-from prompts import code_prompts  # noqa: E402
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from gpu_steps import hbm_bandwidth, kernel_profile, step_ms, weight_bytes  # noqa: E402
+from prompts import code_prompts, spread  # noqa: E402
 
-from specdec.builder.build import build_engine  # noqa: E402
-from specdec.bench.sweep import analytic_bound, generate_each  # noqa: E402
-from specdec.runtime.backends.onnxruntime.cuda import CudaExecutor  # noqa: E402
-from specdec.runtime.backends.onnxruntime.cuda_host import D2D, cudart  # noqa: E402
-from specdec.runtime.engine_format import BuildConfig, load_engine_dir  # noqa: E402
-from specdec.runtime.orchestrator import Orchestrator  # noqa: E402
-from specdec.runtime.proposers.draft_model import DraftModelProposer  # noqa: E402
-from specdec.runtime.proposers.ngram import NGramProposer  # noqa: E402
+TREE = "[[0],[1],[2],[0,0],[0,1],[1,0],[0,0,0],[0,0,1]]"  # 8 nodes, as benchmarks/bench_heads.py
+LIMITS = dict(max_input_len=256, max_seq_len=512)
 
 
-def hbm_bandwidth(device: int = 0, nbytes: int = 1 << 30, reps: int = 20) -> float:
-    """Bytes/s of a device-to-device copy, counting the read and the write."""
-    import onnxruntime as ort
+class Budget:
+    """Wall-clock budget: sections start only while time is left."""
 
-    a = ort.OrtValue.ortvalue_from_shape_and_type([nbytes], np.uint8, "cuda", device)
-    b = ort.OrtValue.ortvalue_from_shape_and_type([nbytes], np.uint8, "cuda", device)
-    rt = cudart()
-    rt.copy(b.data_ptr(), a.data_ptr(), nbytes, D2D)
-    rt.synchronize()
+    def __init__(self, seconds: float):
+        self.t0, self.seconds = time.perf_counter(), seconds
+
+    def left(self) -> float:
+        return self.seconds - (time.perf_counter() - self.t0)
+
+
+def build(name: str, ckpt: str, out: Path, flags: list[str], res: dict, budget: Budget) -> bool:
+    """specdec-build in a process of its own (its peak memory is its own); skipped if ``out`` holds an engine."""
+    rec = res.setdefault("builds", {})
+    if (out / "config.json").is_file():
+        rec.setdefault(name, {"reused": True})
+        return True
+    if budget.left() < 60:
+        rec[name] = {"skipped": "budget"}
+        return False
+    cmd = [sys.executable, "-m", "specdec.cli.build", "--model_dir", ckpt, "--output_dir", str(out), "--lowering", "ort_cuda", "--force",
+           "--max_input_len", str(LIMITS["max_input_len"]), "--max_seq_len", str(LIMITS["max_seq_len"]), *flags]
     t = time.perf_counter()
-    for _ in range(reps):
-        rt.copy(b.data_ptr(), a.data_ptr(), nbytes, D2D)
-    rt.synchronize()  # a device-to-device cudaMemcpy may return before the copy is done
-    return 2 * nbytes * reps / (time.perf_counter() - t)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out_text = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage: its peak RSS
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    ok = proc.returncode == 0
+    rec[name] = {"seconds": time.perf_counter() - t, "peak_rss_gib": usage.ru_maxrss / 2**20, "flags": flags, "ok": ok,
+                 "engine_gb": sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) / 1e9 if ok else None}
+    print(f"built {name} in {rec[name]['seconds']:.0f} s, peak RSS {rec[name]['peak_rss_gib']:.1f} GiB" if ok
+          else f"build of {name} failed:\n{out_text[-2000:]}", flush=True)
+    return ok
 
 
-def agreement(outputs: list[list[int]], reference: list[list[int]]) -> dict:
-    """How far speculative outputs follow target-only: identical outputs, and the mean identical prefix."""
-    prefix = [next((i for i, (a, b) in enumerate(zip(o, r)) if a != b), min(len(o), len(r))) for o, r in zip(outputs, reference)]
-    return {"identical_outputs": sum(o == r for o, r in zip(outputs, reference)), "outputs": len(reference), "mean_identical_prefix": float(np.mean(prefix))}
+def open_cuda(path: Path):
+    from specdec.runtime.backends import Placement, open_executor
+    from specdec.runtime.engine_format import load_engine_dir
+
+    return open_executor(load_engine_dir(path, verify_hashes=False), Placement("cuda", 0))
 
 
-def decode(orchs: dict, prompts: list[list[int]], n_new: int, repeats: int) -> dict:
-    """Each method over every prompt (batch 1), ``repeats`` interleaved rounds, the fastest kept; agreement with target-only."""
-    runs: dict[str, list[dict]] = {name: [] for name in orchs}
-    for _ in range(repeats):
-        for name, orch in orchs.items():
-            runs[name].append(generate_each(orch, prompts, [n_new] * len(prompts), warmup=int(not runs[name])))
-    ours = {name: min(r, key=lambda x: x["total_s"]) for name, r in runs.items()}
-    for r in ours.values():
-        r.update(agreement(r["output_ids"], ours["target-only"]["output_ids"]))
-    return ours
+def section(res: dict, name: str, budget: Budget, need_s: float, run: Callable[[], Any], out: Path | None) -> None:
+    if budget.left() < need_s:
+        res[name] = {"skipped": f"budget ({budget.left():.0f} s left, needs about {need_s:.0f})"}
+        print(f"-- {name}: skipped, budget", flush=True)
+    else:
+        t = time.perf_counter()
+        try:
+            res[name] = run()
+        except Exception as err:  # a section that fails on this host is reported, the others still run
+            res[name] = {"error": f"{type(err).__name__}: {err}"}
+            print(f"-- {name}: {type(err).__name__}: {err}", flush=True)
+        print(f"-- {name}: {time.perf_counter() - t:.0f} s", flush=True)
+    if out:
+        out.write_text(json.dumps(res, indent=2, default=_jsonable) + "\n")
 
 
-def weight_bytes(engine_dir: Path) -> int:
-    return sum(p.stat().st_size for p in engine_dir.glob("*.onnx.data"))
+def _jsonable(x: Any) -> Any:
+    return x.tolist() if isinstance(x, np.ndarray) else float(x) if isinstance(x, np.floating) else str(x)
 
 
-def step_ms(ex, width: int, context: int = 200, reps: int = 200) -> float:
-    """ms per target call of ``width`` new tokens at ``context`` (the same positions rewritten every call)."""
-    cache = ex.new_cache(1)
-    ex.forward(cache, [[5] * context], all_logits=False)
-    tokens, still = [[5] * width], np.zeros(1, bool)
-    for _ in range(20):
-        ex.forward(cache, tokens, all_logits=True, advance=still)
-    t = time.perf_counter()
-    for _ in range(reps):
-        ex.forward(cache, tokens, all_logits=True, advance=still)
-    return (time.perf_counter() - t) / reps * 1e3
+def steps_section(engines: dict, batches: list[int], widths: list[int], bw: float) -> dict:
+    out: dict = {}
+    for name, (ex, path) in engines.items():
+        floor = weight_bytes(path) / bw * 1e3
+        ws = [1] if name == "draft" else widths
+        table = {b: {w: step_ms(ex, b, w, reps=50) for w in ws} for b in batches}
+        out[name] = {"weight_gb": weight_bytes(path) / 1e9, "floor_ms": floor, "step_ms": table,
+                     "step_over_floor_batch1": table[batches[0]][1] / floor}
+        print(f"{name:<10} floor {floor:.3f} ms; " + "; ".join(f"b={b}: " + " ".join(f"w{w} {v:.3f}" for w, v in t.items()) for b, t in table.items()), flush=True)
+    return out
 
 
-def hf_gpu(target: str, prompts: list[list[int]], n_new: int, dtype: str, draft: str | None = None, k: int = 4) -> dict:
-    """Hugging Face generate on cuda:0, greedy (or assisted with ``draft``), exactly n_new tokens per prompt."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    dt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-    load = lambda p: AutoModelForCausalLM.from_pretrained(p, dtype=dt).to("cuda").eval()  # noqa: E731
-    model, kwargs = load(target), dict(do_sample=False, num_beams=1, max_new_tokens=n_new, min_new_tokens=n_new)
-    if draft:
-        assistant = load(draft)
-        gc = assistant.generation_config
-        gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = k, "constant", 0.0
-        kwargs["assistant_model"] = assistant
-    outs, total = [], 0.0
-    with torch.inference_mode():
-        for i, ids in enumerate([prompts[0]] + prompts):  # the first is a warm-up
-            x = torch.tensor([ids], device="cuda")
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            y = model.generate(input_ids=x, attention_mask=torch.ones_like(x), **kwargs)
-            torch.cuda.synchronize()
-            if i:
-                total += time.perf_counter() - t
-                outs.append(y[0, len(ids):].tolist())
-    tokens = sum(map(len, outs))
-    return {"output_ids": outs, "output_tokens": tokens, "total_s": total, "tokens_per_s": tokens / total}
+def profile_section(engines: dict, kmax: int) -> dict:
+    out: dict = {}
+    for name, (ex, path) in engines.items():
+        for w in ([1] if name == "draft" else [1, kmax + 1]):
+            out[f"{name} w={w} graphs"] = kernel_profile(ex, 1, w)
+        plain = _reopen(path, cuda_graphs=False)
+        out[f"{name} w=1 no graphs"] = kernel_profile(plain, 1, 1)
+        del plain
+    for k, v in out.items():
+        if v:
+            print(f"{k:<28} {v['kernels_per_step']:.0f} kernels/step, {v['kernel_ms_per_step']:.3f} ms of kernels", flush=True)
+    return out
 
 
-def interp(steps: dict[int, float], width: float) -> float:
-    ws = sorted(steps)
-    return float(np.interp(width, ws, [steps[w] for w in ws]))
+def _reopen(path: Path, **kw):
+    from specdec.runtime.backends.onnxruntime.cuda import CudaExecutor
+    from specdec.runtime.engine_format import load_engine_dir
+
+    return CudaExecutor(load_engine_dir(path, verify_hashes=False), 0, **kw)
+
+
+def verify_vs_steps(ex, kmax: int) -> dict:
+    """k+1 tokens in one call against k+1 one-token calls, batch 1 at context 100: greedy exactness needs equal argmax."""
+    prompt, toks = list(range(10, 110)), [11, 12, 13, 14, 15, 16, 17, 18, 19][: kmax + 1]
+    one = ex.new_cache(1)
+    ex.forward(one, [prompt], all_logits=False)
+    wide = ex.forward(one, [toks], all_logits=True)[0].copy()
+    seq = ex.new_cache(1)
+    ex.forward(seq, [prompt], all_logits=False)
+    narrow = np.stack([ex.forward(seq, [[t]], all_logits=True)[0, 0].copy() for t in toks])
+    return {"max_abs_diff": float(np.abs(wide - narrow).max()), "argmax_equal": bool((wide.argmax(-1) == narrow.argmax(-1)).all())}
+
+
+def decode_section(methods: dict, prompts: list[list[int]], batches: list[int], n_new: int, repeats: int, steps: dict, budget: Budget) -> dict:
+    from specdec.runtime.orchestrator import GenerationConfig
+
+    cfg = GenerationConfig(max_output_len=n_new)
+    out: dict = {}
+    for b in batches:
+        if budget.left() < 30:
+            out[str(b)] = {"skipped": "budget"}
+            continue
+        runs: dict[str, list[dict]] = {m: [] for m in methods}
+        for r in range(repeats + 1):  # round 0 warms every method up (CUDA graph capture) and is not kept
+            order = list(methods) if r % 2 else list(methods)[::-1]
+            for name in order:
+                runs[name].append(_run(methods[name], prompts, b, cfg))
+        out[str(b)] = _summarize({m: v[1:] for m, v in runs.items()}, steps, b, n_new)
+        _print_batch(b, out[str(b)])
+    return out
+
+
+def _run(orch, prompts: list[list[int]], b: int, cfg) -> dict:
+    t, ids, m = time.perf_counter(), [], {"drafted": 0, "accepted": 0, "rounds": 0, "draft_s": 0.0}
+    for lo in range(0, len(prompts), b):
+        outs, metrics = orch.generate(prompts[lo : lo + b], cfg)
+        ids += [o.output_ids for o in outs]
+        for k in m:
+            m[k] += getattr(metrics, k)
+    return {"s": time.perf_counter() - t, "ids": ids, **m}
+
+
+def _summarize(runs: dict[str, list[dict]], steps: dict, b: int, n_new: int) -> dict:
+    base = runs["target-only"]
+    t = steps.get("target", {}).get("step_ms", {}).get(b) or {}
+    out: dict = {}
+    for name, rs in runs.items():
+        tps = [len(r["ids"]) * n_new / r["s"] for r in rs]
+        row: dict = {"tokens_per_s": spread(tps), "speedup": spread([r2["s"] and b2["s"] / r2["s"] for r2, b2 in zip(rs, base)]),
+                     "identical_to_target_only": sum(a == c for a, c in zip(rs[-1]["ids"], base[-1]["ids"])), "outputs": len(base[-1]["ids"]),
+                     "output_ids": rs[-1]["ids"]}
+        last = rs[-1]
+        if last["rounds"] and last["drafted"] and t:
+            per = last["drafted"] / last["rounds"]
+            t1, tv = t[1], float(np.interp(1 + per, sorted(t), [t[w] for w in sorted(t)]))
+            steps_run = max(1.0, last["rounds"] / b)
+            row["bound"] = (1 + last["accepted"] / last["rounds"]) / (tv / t1 + last["draft_s"] * 1e3 / steps_run / t1)
+            row["of_bound"] = row["speedup"]["median"] / row["bound"]
+            row["mean_acceptance_length"] = 1 + last["accepted"] / last["rounds"]
+        out[name] = row
+    return out
+
+
+def _print_batch(b: int, rows: dict) -> None:
+    print(f"\nbatch {b}: {'method':<22}{'tokens/s':>22}{'speedup':>22}{'bound':>7}{'of bound':>9}{'acc len':>8}{'== TO':>7}")
+    for name, r in rows.items():
+        s, x = r["tokens_per_s"], r["speedup"]
+        extra = f"{r['bound']:>7.2f}{r['of_bound']:>9.2f}{r['mean_acceptance_length']:>8.2f}" if "bound" in r else f"{'':>24}"
+        print(f"         {name:<22}{s['median']:>10.1f} ({s['min']:.0f}-{s['max']:.0f}){x['median']:>10.2f}x ({x['min']:.2f}-{x['max']:.2f})"
+              f"{extra}{r['identical_to_target_only']:>4}/{r['outputs']}", flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", required=True, help="target HF checkpoint dir (the realistic-cost one: benchmarks/enlarge.py)")
-    ap.add_argument("--draft", required=True, help="draft HF checkpoint dir")
-    ap.add_argument("--work", default=None, help="where to build engines [default: a temp dir]")
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
-    ap.add_argument("--draft_lens", default="2,3,4")
+    ap.add_argument("--target", required=True, help="target HF checkpoint (benchmarks/enlarge.py --preset llama8b)")
+    ap.add_argument("--draft", required=True, help="draft HF checkpoint (--preset llama1b)")
+    ap.add_argument("--eagle", help="EAGLE-3 module enlarged to the target (enlarge.py --heads): the target is built as an EAGLE target")
+    ap.add_argument("--medusa", help="Medusa heads enlarged to the target: a Medusa target is built too")
+    ap.add_argument("--int4", action="store_true", help="also an int4 weight-only target (group 128): its steps and target-only")
+    ap.add_argument("--work", required=True, help="engine directory root (reused when a second run finds them)")
+    ap.add_argument("--batches", default="1,4,16")
+    ap.add_argument("--draft_lens", default="2,4")
     ap.add_argument("--ngram", default="4,3", help="max_draft_len,max_matching_ngram_size")
-    ap.add_argument("--num_prompts", type=int, default=8)
+    ap.add_argument("--num_prompts", type=int, default=16)
     ap.add_argument("--prompt_tokens", type=int, default=64)
-    ap.add_argument("--max_new_tokens", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=2, help="rounds over our methods; each keeps its fastest")
-    ap.add_argument("--peers", default="hf", help="'hf' or ''")
-    ap.add_argument("--fp32", action="store_true", help="also time the float32 ort_cpu engine on the GPU (builds a second target)")
+    ap.add_argument("--max_new_tokens", type=int, default=96)
+    ap.add_argument("--repeats", type=int, default=2, help="timed rounds per batch size (after a warm-up round)")
+    ap.add_argument("--sections", default="build,steps,profile,decode,hf", help="comma-separated subset to run")
+    ap.add_argument("--budget_s", type=float, default=1e9, help="start no section past this many seconds")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-
-    work = Path(args.work or tempfile.mkdtemp(prefix="specdec-gpu-"))
-    draft_lens = [int(x) for x in args.draft_lens.split(",") if x]
+    budget, work, out = Budget(args.budget_s), Path(args.work), Path(args.json) if args.json else None
+    batches, draft_lens = [int(x) for x in args.batches.split(",")], [int(x) for x in args.draft_lens.split(",") if x]
     ngram = [int(x) for x in args.ngram.split(",")] if args.ngram else None
     kmax = max(draft_lens + ([ngram[0]] if ngram else []))
-    limits = dict(max_batch_size=1, max_input_len=512, max_seq_len=1024)
-    quiet = lambda _: None  # noqa: E731
-    t0 = time.perf_counter()
-    build_engine(args.target, work / "target", BuildConfig(dtype=args.dtype, lowering="ort_cuda", max_draft_len=kmax, speculative_decoding_mode="draft_tokens_external", **limits), force=True, say=quiet)
-    build_engine(args.draft, work / "draft", BuildConfig(dtype=args.dtype, lowering="ort_cuda", **limits), force=True, say=quiet)
-    if args.fp32:
-        build_engine(args.target, work / "target_fp32", BuildConfig(dtype="float32", lowering="ort_cpu", max_draft_len=kmax, speculative_decoding_mode="draft_tokens_external", **limits), force=True, say=quiet)
-    print(f"engines built in {time.perf_counter() - t0:.0f}s", flush=True)
-    res: dict = {"args": vars(args)}
+    verify = max(kmax, len(json.loads(TREE))) if (args.eagle or args.medusa) else kmax
+    res: dict[str, Any] = {"args": vars(args), "limits": LIMITS}
+    sections = set(args.sections.split(","))
+    common = ["--dtype", "bfloat16", "--max_batch_size", str(max(batches)), "--max_draft_len", str(verify)]
+    plan = {"target": (args.target, common + (["--speculative_decoding_mode", "eagle", "--eagle_dir", args.eagle] if args.eagle
+                                              else ["--speculative_decoding_mode", "draft_tokens_external"])),
+            "draft": (args.draft, ["--dtype", "bfloat16", "--max_batch_size", str(max(batches))])}
+    if args.medusa:
+        plan["medusa"] = (args.target, common + ["--speculative_decoding_mode", "medusa", "--medusa_dir", args.medusa])
+    if args.int4:
+        plan["int4"] = (args.target, ["--dtype", "bfloat16", "--max_batch_size", str(max(batches)), "--max_draft_len", str(kmax),
+                                      "--speculative_decoding_mode", "draft_tokens_external", "--qformat", "int4_wo"])
+    built = {name: (work / name).joinpath("config.json").is_file() for name in plan}
+    if "build" in sections:
+        for name, (ckpt, flags) in plan.items():
+            built[name] = build(name, ckpt, work / name, flags, res, budget)
+        if out:
+            out.write_text(json.dumps(res, indent=2, default=_jsonable) + "\n")
+    engines = {name: (open_cuda(work / name), work / name) for name in plan if built[name]}
+    if "target" not in engines or "draft" not in engines:
+        raise SystemExit("the target and draft engines are needed: build them first (section build)")
 
     bw = hbm_bandwidth()
-    res["hbm_bytes_per_s"] = bw
-    target, draft = CudaExecutor(load_engine_dir(work / "target"), 0), CudaExecutor(load_engine_dir(work / "draft"), 0)
-    wb = weight_bytes(work / "target")
-    floor = wb / bw * 1e3
-    print(f"HBM {bw / 1e12:.2f} TB/s (1 GiB device-to-device copy); target {args.dtype} weights {wb / 1e9:.3f} GB -> floor {floor:.3f} ms/step", flush=True)
-    widths = sorted({1, 2, *[k + 1 for k in draft_lens], kmax + 1})
-    steps = {w: step_ms(target, w) for w in widths}
-    no_graphs = CudaExecutor(load_engine_dir(work / "target"), 0, cuda_graphs=False)
-    steps_plain = {w: step_ms(no_graphs, w, reps=100) for w in (1, kmax + 1)}
-    del no_graphs
-    flash = CudaExecutor(load_engine_dir(work / "target"), 0, provider_options={"sdpa_kernel": "0"})  # ONNX Runtime's default choice (cuDNN SDPA)
-    steps_flash = {w: step_ms(flash, w) for w in (1, kmax + 1)}
-    del flash
-    # half precision: do k+1 tokens in one call give the logits of k+1 one-token calls? (different kernels round differently)
-    prompt, toks = list(range(10, 110)), [11, 12, 13, 14, 15][: kmax + 1]
-    one = target.new_cache(1)
-    target.forward(one, [prompt], all_logits=False)
-    wide = target.forward(one, [toks], all_logits=True).logits[0].copy()
-    seq = target.new_cache(1)
-    target.forward(seq, [prompt], all_logits=False)
-    narrow = np.stack([target.forward(seq, [[t]], all_logits=True).logits[0, 0].copy() for t in toks])
-    res["verify_vs_steps"] = {"max_abs_diff": float(np.abs(wide - narrow).max()), "argmax_equal": bool((wide.argmax(-1) == narrow.argmax(-1)).all())}
-    print(f"{len(toks)} tokens in one call vs one by one: max |logit diff| {res['verify_vs_steps']['max_abs_diff']:.4f}, argmax equal: {res['verify_vs_steps']['argmax_equal']}")
-    d1 = step_ms(draft, 1)
-    c = d1 / steps[1]
-    res.update(weight_bytes=wb, floor_ms=floor, step_ms=steps, step_ms_no_graphs=steps_plain, step_ms_sdpa_default=steps_flash, draft_step_ms=d1, c=c)
-    print(f"\n{'target step':<34}" + "".join(f"{f'w={w}':>9}" for w in widths))
-    print(f"{'ort_cuda ' + args.dtype + ' + CUDA graphs (ms)':<34}" + "".join(f"{steps[w]:>9.3f}" for w in widths))
-    print(f"{'  / floor':<34}" + "".join(f"{steps[w] / floor:>8.2f}x" for w in widths))
-    print(f"{'ort_cuda, no graphs (ms)':<34}" + "".join(f"{steps_plain[w]:>9.3f}" if w in steps_plain else f"{'':>9}" for w in widths))
-    print(f"{'ort_cuda + graphs, cuDNN SDPA':<34}" + "".join(f"{steps_flash[w]:>9.3f}" if w in steps_flash else f"{'':>9}" for w in widths))
-    if args.fp32:
-        ex32 = CudaExecutor(load_engine_dir(work / "target_fp32"), 0)
-        wb32 = weight_bytes(work / "target_fp32")
-        s32 = {w: step_ms(ex32, w, reps=100) for w in (1, kmax + 1)}
-        del ex32
-        res.update(step_ms_fp32=s32, floor_ms_fp32=wb32 / bw * 1e3)
-        print(f"{'ort_cpu float32, no graphs (ms)':<34}" + "".join(f"{s32[w]:>9.3f}" if w in s32 else f"{'':>9}" for w in widths)
-              + f"   floor {wb32 / bw * 1e3:.3f} ms")
-    print(f"draft step {d1:.3f} ms, c = {c:.3f}", flush=True)
-
+    res["hbm_tb_per_s"] = bw / 1e12
+    print(f"HBM {bw / 1e12:.2f} TB/s (1 GiB device-to-device copy)", flush=True)
+    widths = sorted({1, *[k + 1 for k in draft_lens], kmax + 1, verify + 1})
+    step_engines = {k: v for k, v in engines.items() if k != "medusa"}
+    if "steps" in sections:
+        section(res, "steps", budget, 60, lambda: steps_section(step_engines, batches, widths, bw), out)
+        section(res, "verify_vs_steps", budget, 5, lambda: {n: verify_vs_steps(engines[n][0], kmax) for n in ("target", "int4") if n in engines}, out)
+    if "profile" in sections:
+        section(res, "profile", budget, 30, lambda: profile_section(step_engines, kmax), out)
     prompts = code_prompts(work / "target", args.num_prompts, args.prompt_tokens)
-    n_new = args.max_new_tokens
-    orchs = {"target-only": Orchestrator(target)}
-    for k in draft_lens:
-        orchs[f"draft-target k={k}"] = Orchestrator(target, DraftModelProposer(draft, use_logits=False), draft_len=k)
-    if ngram:
-        orchs[f"ngram k={ngram[0]} n={ngram[1]}"] = Orchestrator(target, NGramProposer(ngram[0], ngram[1]), draft_len=ngram[0])
-    ours = decode(orchs, prompts, n_new, args.repeats)
-    base = ours["target-only"]
-    print(f"\n{len(prompts)} prompts of ~{args.prompt_tokens} tokens, {n_new} new tokens each, batch 1, best of {args.repeats}")
-    print(f"{'method':<26}{'tokens/s':>10}{'speedup':>9}{'bound':>8}{'of bound':>10}{'Leviathan':>11}{'accept':>8}{'== TO':>7}{'prefix':>8}")
-    for name, r in ours.items():
-        r["speedup"] = r["output_tokens_per_s"] / base["output_tokens_per_s"]
-        line = f"{name:<26}{r['output_tokens_per_s']:>10.1f}{r['speedup']:>8.2f}x"
-        if r["rounds"] and r["drafted"]:
-            per_round = r["drafted"] / r["rounds"]
-            cost = per_round * (c if name.startswith("draft") else 0.0) + interp(steps, 1 + per_round) / steps[1]
-            r["bound"] = (1 + r["accepted"] / r["rounds"]) / cost
-            r["fraction_of_bound"] = r["speedup"] / r["bound"]
-            leviathan = ""
-            if name.startswith("draft") and r["per_token_acceptance"] is not None:
-                r["leviathan_bound"] = analytic_bound(r["per_token_acceptance"], int(name.split("k=")[1]), c)
-                leviathan = f"{r['leviathan_bound']:.2f}"
-            line += f"{r['bound']:>8.2f}{r['fraction_of_bound']:>10.2f}{leviathan:>11}{r['acceptance_rate']:>8.3f}"
-        else:
-            line += f"{'':>8}{'':>10}{'':>11}{'':>8}"
-        print(line + f"{r['identical_outputs']:>5}/{r['outputs']}{r['mean_identical_prefix']:>8.1f}", flush=True)
-    res["ours"] = {k: {kk: vv for kk, vv in v.items() if kk != "output_ids"} for k, v in ours.items()}
+    shortest = min(map(len, prompts))
+    prompts = [p[:shortest] for p in prompts]  # one length: a batch of Hugging Face's needs no padding
+    res["prompts"] = {"count": len(prompts), "tokens": shortest, "new_tokens": args.max_new_tokens}
+    if "decode" in sections:
+        from gpu_methods import decode_methods
 
-    if args.fp32:  # float32 compute on the GPU: is speculative output exactly target-only's there?
-        build_engine(args.draft, work / "draft_fp32", BuildConfig(dtype="float32", lowering="ort_cpu", **limits), force=True, say=quiet)
-        t32, d32 = CudaExecutor(load_engine_dir(work / "target_fp32"), 0), CudaExecutor(load_engine_dir(work / "draft_fp32"), 0)
-        k = draft_lens[0]
-        o32 = {"target-only": Orchestrator(t32), f"draft-target k={k}": Orchestrator(t32, DraftModelProposer(d32, use_logits=False), draft_len=k)}
-        if ngram:
-            o32[f"ngram k={ngram[0]} n={ngram[1]}"] = Orchestrator(t32, NGramProposer(ngram[0], ngram[1]), draft_len=ngram[0])
-        f32 = decode(o32, prompts, n_new, 1)
-        print("float32 engines on the GPU (ort_cpu lowering, no graphs):")
-        for name, r in f32.items():
-            print(f"  {name:<24}{r['output_tokens_per_s']:>10.1f} tokens/s  {r['identical_outputs']}/{r['outputs']} outputs identical to float32 target-only "
-                  f"(mean identical prefix {r['mean_identical_prefix']:.1f}); {agreement(r['output_ids'], base['output_ids'])['identical_outputs']} identical to {args.dtype} target-only")
-        res["float32"] = {k_: {kk: vv for kk, vv in v.items() if kk != "output_ids"} for k_, v in f32.items()}
-        del t32, d32
+        methods = decode_methods(engines, draft_lens, ngram, TREE)
+        section(res, "decode", budget, 60, lambda: decode_section(methods, prompts, batches, args.max_new_tokens, args.repeats, res.get("steps", {}), budget), out)
+    if "hf" in sections:
+        from gpu_methods import hf_section
 
-    if "hf" in args.peers:
-        hf = {}
-        k = 4 if 4 in draft_lens else draft_lens[-1]
-        for dtype in ("float32", "bfloat16"):
-            for name, kw in (("greedy", {}), (f"assisted k={k}", dict(draft=args.draft, k=k))):
-                r = hf_gpu(args.target, prompts, n_new, dtype, **kw)
-                same = float(np.mean([a == b for a, b in zip(r["output_ids"], base["output_ids"])]))
-                hf[f"hf {dtype} {name}"] = {**{kk: vv for kk, vv in r.items() if kk != "output_ids"}, "same_as_ours": same}
-                print(f"{'hf ' + dtype + ' ' + name:<26}{r['tokens_per_s']:>10.1f}   ({same:.0%} of outputs equal ours)", flush=True)
-        res["hf"] = hf
-        best_spec = max((v["output_tokens_per_s"], n) for n, v in ours.items() if n != "target-only")
-        for peer in (f"hf bfloat16 assisted k={k}", f"hf float32 assisted k={k}", "hf bfloat16 greedy"):
-            print(f"ours {best_spec[1]} / {peer}: {best_spec[0] / hf[peer]['tokens_per_s']:.2f}x")
-        print(f"ours draft-target k={k} / hf bfloat16 assisted k={k}: {ours[f'draft-target k={k}']['output_tokens_per_s'] / hf[f'hf bfloat16 assisted k={k}']['tokens_per_s']:.2f}x")
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=2, default=float) + "\n")
+        section(res, "hf", budget, 120, lambda: hf_section(args.target, args.draft, prompts, batches, args.max_new_tokens, res.get("decode", {})), out)
 
 
 if __name__ == "__main__":

@@ -114,7 +114,7 @@ def build_eagle_network(base: Checkpoint, heads, cfg: ModelConfig, build: BuildC
     lowering_cls = lowering_for(build)
     gb = GraphBuilder(weight_dtype=build.dtype, compute_dtype=lowering_cls.compute_dtype(build))
     lowering = lowering_cls(gb, cfg)
-    lowering.consistent_rows = build.max_draft_len > 0 and build.backend == "onnxruntime"  # as the target's (network.py)
+    lowering.consistent_rows = lowering_cls.pads_lone_rows(build)  # as the target's (network.py)
     lowering.tree_attention = build.tree_attention  # a tree_mask input (plugins/attention.py)
     weights = _ModuleWeights(heads)
     linears = _Linears(gb, lowering, weights, build, None, {}, {})

@@ -22,10 +22,31 @@ _STORAGE = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloa
 
 
 def float32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
-    """Round float32 to bfloat16 (nearest even) and return the uint16 bits."""
-    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    rounded = bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
-    return (rounded >> np.uint32(16)).astype(np.uint16)
+    """Round float32 to bfloat16 (nearest even) and return the uint16 bits, in C order.
+
+    ml_dtypes' cast: one pass in C, the same bits as the shift-and-round in numpy it replaced (7x slower,
+    a third of an 8B model's build)."""
+    import ml_dtypes  # the build extra
+
+    return c_order(np.asarray(x, dtype=np.float32).astype(ml_dtypes.bfloat16)).view(np.uint16)
+
+
+TRANSPOSE_TILE = 256  # elements per side: a tile of each array fits in the cache
+
+
+def c_order(a: np.ndarray) -> np.ndarray:
+    """``a`` as a C-contiguous array. A transposed 2-D view (every linear weight: checkpoints store [out, in], the graph
+    [in, out]) is copied tile by tile: numpy's own strided copy of a large transpose runs 2-3x slower."""
+    if a.flags.c_contiguous:
+        return a
+    if a.ndim != 2 or not a.flags.f_contiguous:
+        return np.ascontiguousarray(a)
+    out = np.empty(a.shape, a.dtype)
+    t = TRANSPOSE_TILE
+    for i in range(0, a.shape[0], t):
+        for j in range(0, a.shape[1], t):
+            out[i : i + t, j : j + t] = a[i : i + t, j : j + t]
+    return out
 
 
 class GraphBuilder:
@@ -61,12 +82,14 @@ class GraphBuilder:
         return name
 
     def weight(self, name: str, value: np.ndarray) -> str:
-        """A float32 weight stored in the engine dtype; returns a value in the compute dtype."""
-        value = np.ascontiguousarray(value, dtype=np.float32)
+        """A float32 weight stored in the engine dtype; returns a value in the compute dtype.
+
+        A transposed view is cast first and transposed in the (narrower) storage dtype."""
+        value = np.asarray(value, dtype=np.float32)
         if self.weight_dtype == "float32":
-            self.const(name, value)
+            self.const(name, c_order(value))
         elif self.weight_dtype == "float16":
-            self.const(name, value.astype(np.float16))
+            self.const(name, c_order(value.astype(np.float16)))
         else:
             bits = float32_to_bf16_bits(value)
             self.initializers.append(

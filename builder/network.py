@@ -96,7 +96,7 @@ def build_network(
     lowering = lowering_cls(gb, cfg)
     # A target's one-token steps must compute what its verification steps compute. The kernel splits this pads
     # away are ONNX Runtime's (docs/precision.md); TensorRT's (tactics chosen per shape) are not measured.
-    lowering.consistent_rows = build.max_draft_len > 0 and build.backend == "onnxruntime"
+    lowering.consistent_rows = lowering_cls.pads_lone_rows(build)
     lowering.tree_attention = build.tree_attention  # a tree_mask input (plugins/attention.py)
     linears = _Linears(gb, lowering, ckpt, build, convention, activation_scales or {}, awq_layers or {})
     ids = gb.input("input_ids", TensorProto.INT64, ["batch", "num_tokens"])

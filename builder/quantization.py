@@ -90,7 +90,9 @@ def concat_out(parts: list[LinearWeight]) -> LinearWeight:
     if any(p.is_int for p in parts):
         return LinearWeight(int_weight=_concat_int(parts), name="|".join(p.name for p in parts))
     if not any(p.is_fp8 for p in parts):
-        return LinearWeight(dense=np.concatenate([p.dense for p in parts], axis=1))
+        # the parts are [in, out] views of [out, in] tensors: join those along their rows (a plain copy) and view the
+        # result as [in, out] again; the one transpose happens when the weight is written (graph.c_order)
+        return LinearWeight(dense=np.concatenate([p.dense.T for p in parts], axis=0).T)
     if not all(p.is_fp8 for p in parts) or len({p.block_size for p in parts}) != 1:
         raise CheckpointError("projections of one layer mix FP8 layouts; expected the same quantization for q/k/v and gate/up.")
     scales = [p.input_scale for p in parts if p.input_scale is not None]

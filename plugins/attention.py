@@ -53,6 +53,13 @@ class AttentionLowering:
         return "float32"
 
     @classmethod
+    def pads_lone_rows(cls, build) -> bool:
+        """Whether the graph itself keeps a one-token step on a verification step's kernels (consistent_rows): for
+        engines that verify drafts on ONNX Runtime. A lowering whose executor feeds such steps two tokens instead
+        (BuildConfig.min_step_width) needs no padding nodes."""
+        return build.max_draft_len > 0 and build.backend == "onnxruntime" and build.min_step_width == 1
+
+    @classmethod
     def variant(cls, build) -> "type[AttentionLowering]":
         """The class that builds ``build``'s network: this one, unless a lowering has several forms (ort_cuda)."""
         return cls

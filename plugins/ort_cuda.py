@@ -48,7 +48,7 @@ from ..runtime.engine_format import BuildConfig
 from ..runtime.errors import BuildConfigError
 from .attention import AttentionLowering, Shared
 from .ort_cpu import OrtCpuAttention
-from .quantized_gemm import CONTRIB, EvenRows, IntWeightLike, matmul_nbits, nbits_holds, permute_input
+from .quantized_gemm import CONTRIB, IntWeightLike, matmul_nbits, nbits_holds, permute_input
 
 TOTAL_LEN_INPUT = "total_sequence_length"  # [] int32, host memory: see attention_bound in runtime/backends/onnxruntime/cuda.py
 CUDA_ATTENTION = ("auto", "gqa", "masked")
@@ -81,10 +81,6 @@ class OrtCudaBase(AttentionLowering):
 
         return OrtCudaMaskedAttention if resolve_cuda_attention(build) == "masked" else OrtCudaAttention
 
-    def __init__(self, gb, cfg):
-        super().__init__(gb, cfg)
-        self._even_rows: dict[str, EvenRows] = {}
-
     def silu(self, prefix: str, x: str) -> str:
         """QuickGelu with alpha 1 is x * sigmoid(x): one kernel instead of Sigmoid + Mul."""
         return self.gb.op("QuickGelu", [x], f"{prefix}/silu", domain=CONTRIB, alpha=1.0)
@@ -97,19 +93,14 @@ class OrtCudaBase(AttentionLowering):
 
     def int_matmul(self, name: str, x: str, w: IntWeightLike, rows: str) -> str:
         """MatMulNBits with activations, scales and output in the compute dtype (CUDA: float16 and, from compute
-        capability 8.0, bfloat16). In an engine that verifies drafts the rows are padded to an even count, as on the
-        CPU (plugins/quantized_gemm.py): a one-token step then never takes a kernel of its own (whether CUDA's GEMV /
-        GEMM choice needs it is measured on the GPU, docs/gpu.md)."""
+        capability 8.0, bfloat16). No padding nodes: CUDA's MatMulNBits computes one row with a kernel of its own
+        (TryMatMul4BitsM1), which the executors avoid by feeding engines that verify drafts at least two tokens per
+        row (BuildConfig.min_step_width)."""
         if not nbits_holds(w):
             raise BuildConfigError(f"{name}: a group of {w.group_size} input rows has no power-of-two MatMulNBits block, and ONNX Runtime's CUDA "
                              "DequantizeLinear has no bfloat16 output; use --lowering ort_cpu or portable for this checkpoint")
         x = permute_input(self.gb, name, x, w)
-        rows_pad = None
-        if self.consistent_rows:
-            if rows not in self._even_rows:
-                self._even_rows[rows] = EvenRows(self.gb, rows)
-            rows_pad = self._even_rows[rows]
-        return matmul_nbits(self.gb, name, x, w, rows_pad, accuracy_level=CUDA_NBITS_ACCURACY_LEVEL, scale_type=self.gb.compute_type)
+        return matmul_nbits(self.gb, name, x, w, None, accuracy_level=CUDA_NBITS_ACCURACY_LEVEL, scale_type=self.gb.compute_type)
 
 
 class OrtCudaAttention(OrtCudaBase):

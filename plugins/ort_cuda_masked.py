@@ -21,10 +21,10 @@ checks against), made fit for CUDA graphs and half precision:
   plugins/attention.py's portable tree mask, but as a boolean matrix product
   (call token i's slot is first + i) instead of GatherElements with a clamp
   whose bound would be a host value.
-* A one-token step gets a second query row (a copy of the first) in an engine
-  that verifies drafts, as the portable lowering does with Pad (CUDA's Pad has
-  no bfloat16 kernel, so Concat): a one-token step and a (k+1)-token
-  verification then run the same attention kernel and give the same bits.
+* No padding nodes for one-token steps: in an engine that verifies drafts the
+  executors feed every step at least two tokens per row (a second one rides
+  along, BuildConfig.min_step_width), so a one-token step and a (k+1)-token
+  verification run the same kernels and give the same bits.
 
 Rotary is ONNX ``RotaryEmbedding`` on 3-D q and k (``num_heads``), which the
 CUDA provider runs in float16/bfloat16.
@@ -71,9 +71,7 @@ class OrtCudaMaskedAttention(OrtCudaBase):
         zero, lowest = (gb.op("Cast", [gb.const(f"{p}/{n}", np.array(v, np.float32))], f"{p}/{n}_compute", to=t) if t != TensorProto.FLOAT
                         else gb.const(f"{p}/{n}", np.array(v, np.float32)) for n, v in (("mask_zero", 0.0), ("mask_lowest", _LOWEST[t])))
         bias = gb.op("Unsqueeze", [gb.op("Where", [visible, zero, lowest], f"{p}/mask_bias"), self._axis1], f"{p}/mask")  # [B, 1, S, L]
-        if self.consistent_rows:
-            bias = self._second_row(p, tokens, bias)
-        self._bias, self._tokens = bias, tokens
+        self._bias = bias
         self._cos, self._sin = (gb.op("Cast", [c], f"{p}/rope_{n}", to=t) if t != TensorProto.FLOAT else c for n, c in (("cos", shared.cos), ("sin", shared.sin)))
         shared.write_index = first
         return shared
@@ -90,15 +88,6 @@ class OrtCudaMaskedAttention(OrtCudaBase):
         in_tree = gb.op("Greater", [hits, gb.const(f"{p}/half", np.array(0.5, np.float32))], f"{p}/tree_part")
         return gb.op("Or", [gb.op("Unsqueeze", [before, self._axis1], f"{p}/before_rows"), in_tree], f"{p}/visible")
 
-    def _second_row(self, p: str, tokens: str, bias: str) -> str:
-        """The mask with one more query row (a copy of row 0) when the call has one token: [B, 1, max(S, 2), L]."""
-        gb = self.gb
-        lone = gb.op("Cast", [gb.op("Less", [tokens, gb.const(f"{p}/two_rows", np.array([2], np.int64))], f"{p}/lone_query")],
-                     f"{p}/lone_query_count", to=TensorProto.INT64)  # [1]: 1 for a one-token step, else 0 (host)
-        self._lone, self._axis2 = lone, gb.const(f"{p}/axis2", np.array([2], np.int64))
-        extra = gb.op("Slice", [bias, self._zero1, lone, self._axis2], f"{p}/mask_extra_row")
-        return gb.op("Concat", [bias, extra], f"{p}/mask_two_rows", axis=2)
-
     def layer(self, prefix: str, q: str, k: str, v: str, layer: int, shared: Shared) -> str:
         """q [B,S,nh*hd], k/v [B,S,kvh*hd] -> [B,S,nh*hd]."""
         gb, cfg = self.gb, self.cfg
@@ -112,8 +101,6 @@ class OrtCudaMaskedAttention(OrtCudaBase):
             gb.op("TensorScatter", [past, new, shared.write_index], f"{prefix}/{kind}_cache_update", outputs=[present], axis=-2)
             gb.output(present, gb.compute_type, shape)
             full.append(present)
-        if self.consistent_rows:  # a lone query row gets a partner (see _second_row)
-            q = gb.op("Concat", [q, gb.op("Slice", [q, self._zero1, self._lone, self._axis1], f"{prefix}/extra_query")], f"{prefix}/two_query_rows", axis=1)
         out = gb.op(
             "Attention",
             [q, full[0], full[1], self._bias, "", "", self._kv_len],
@@ -122,8 +109,6 @@ class OrtCudaMaskedAttention(OrtCudaBase):
             kv_num_heads=cfg.num_kv_heads,
             scale=float(cfg.head_dim) ** -0.5,
         )
-        if self.consistent_rows:
-            out = gb.op("Slice", [out, self._zero1, self._tokens, self._axis1], f"{prefix}/drop_query_pad")
         # ONNX shape inference gives 3-D grouped Attention the width of V (kv heads), not of Q: say what it is
         width = gb.const(f"{prefix}/o_shape", np.array([0, 0, cfg.num_heads * cfg.head_dim], np.int64))
         return gb.op("Reshape", [out, width], f"{prefix}/o_flat")

@@ -157,16 +157,6 @@ class EvenRows:
                             f"{p}/tokens")  # [1]: S
         self.start = gb.const(f"{p}/start", np.array([0], np.int64))
         self.axis = gb.const(f"{p}/axis", np.array([1], np.int64))
-        self.odd = odd  # [1]: 1 when B * S is odd
-
-    def pad(self, gb: GraphOps, name: str, x: str, by_copy: bool) -> str:
-        """x [B, S, K] -> [B, S + odd, K]. by_copy: the extra token is a copy of each row's first (Concat + Slice: ONNX
-        Runtime's CUDA Pad has no bfloat16 kernel, and a CPU fallback would copy the activations to the host);
-        else a zero token (Pad). The extra row's result is sliced off, so its value never matters."""
-        if not by_copy:
-            return gb.op("Pad", [x, self.pads], f"{name}/even_rows")
-        extra = gb.op("Slice", [x, self.start, self.odd, self.axis], f"{name}/even_rows_extra")
-        return gb.op("Concat", [x, extra], f"{name}/even_rows", axis=1)
 
 
 def matmul_nbits(gb: GraphOps, name: str, x: str, w: IntWeightLike, rows: EvenRows | None, accuracy_level: int = NBITS_ACCURACY_LEVEL,
@@ -182,7 +172,7 @@ def matmul_nbits(gb: GraphOps, name: str, x: str, w: IntWeightLike, rows: EvenRo
     attrs = dict(domain=CONTRIB, K=p.k, N=p.n, bits=p.bits, block_size=p.block_size, accuracy_level=accuracy_level)
     if rows is None:
         return gb.op("MatMulNBits", [x, *inputs], name, **attrs)
-    padded = rows.pad(gb, name, x, by_copy=scale_type != TensorProto.FLOAT)
+    padded = gb.op("Pad", [x, rows.pads], f"{name}/even_rows")
     y = gb.op("MatMulNBits", [padded, *inputs], f"{name}/matmul_nbits", **attrs)
     return gb.op("Slice", [y, rows.start, rows.tokens, rows.axis], name)
 

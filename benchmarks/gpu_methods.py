@@ -1,0 +1,77 @@
+"""The methods benchmarks/bench_gpu.py decodes with, and its Hugging Face section.
+
+Every method runs on the engines bench_gpu.py opened on the GPU (one executor per engine, shared): target-only,
+draft-target at each fixed k and auto, n-gram, on the target; EAGLE chain and tree when the target is an EAGLE
+target (its module opened on the same GPU); Medusa tree on the Medusa target; target-only on the int4 target.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def decode_methods(engines: dict, draft_lens: list[int], ngram: list[int] | None, tree: str) -> dict:
+    from specdec.runtime.orchestrator import Orchestrator
+    from specdec.runtime.proposers.draft_model import DraftModelProposer
+    from specdec.runtime.proposers.ngram import NGramProposer
+
+    target, draft = engines["target"][0], engines["draft"][0]
+    methods = {"target-only": Orchestrator(target)}
+    for k in draft_lens:
+        methods[f"draft-target k={k}"] = Orchestrator(target, DraftModelProposer(draft), draft_len=k)
+    methods["draft-target auto"] = Orchestrator(target, DraftModelProposer(draft), draft_len="auto")
+    if ngram:
+        methods[f"n-gram k={ngram[0]} n={ngram[1]}"] = Orchestrator(target, NGramProposer(ngram[0], ngram[1]), draft_len=ngram[0])
+    if target.build.speculative_decoding_mode == "eagle":
+        from specdec.runtime.backends import Placement, open_executor
+        from specdec.runtime.engine_format import eagle_module_dir, load_engine_dir
+        from specdec.runtime.proposers.eagle import EagleProposer
+
+        module = open_executor(load_engine_dir(eagle_module_dir(target.engine), verify_hashes=False), Placement("cuda", 0))
+        methods["EAGLE chain k=4"] = Orchestrator(target, EagleProposer(target, module), draft_len=4)
+        eagle_tree = EagleProposer(target, module, tree)
+        methods[f"EAGLE tree n={len(eagle_tree.tree)}"] = Orchestrator(target, eagle_tree, draft_len=len(eagle_tree.tree))
+    if "medusa" in engines:
+        from specdec.runtime.proposers.medusa import MedusaProposer
+
+        medusa = engines["medusa"][0]
+        proposer = MedusaProposer(medusa, tree)
+        methods[f"Medusa tree n={len(proposer.tree)}"] = Orchestrator(medusa, proposer, draft_len=len(proposer.tree))
+    if "int4" in engines:
+        methods["int4 target-only"] = Orchestrator(engines["int4"][0])
+        if draft_lens:
+            k = max(draft_lens)
+            methods[f"int4 draft-target k={k}"] = Orchestrator(engines["int4"][0], DraftModelProposer(draft), draft_len=k)
+    return methods
+
+
+def hf_section(target: str, draft: str, prompts: list[list[int]], batches: list[int], n_new: int, decode: dict) -> dict[str, Any]:
+    """Hugging Face greedy (static cache + torch.compile) at each batch size, assisted k=4 at batch 1; ours over theirs."""
+    from gpu_peers import hf_generate
+
+    out: dict[str, Any] = {}
+    model = None
+    for b in batches:
+        r = hf_generate(target, prompts, n_new, b, model=model)
+        model = r.pop("model")
+        out[f"greedy static+compile b={b}"] = _versus(r, decode.get(str(b), {}).get("target-only"))
+    del model
+    r = hf_generate(target, prompts, n_new, 1, draft=draft, k=4)
+    r.pop("model")
+    out["assisted k=4 b=1 (dynamic cache)"] = _versus(r, decode.get("1", {}).get("draft-target k=4"))
+    for name, row in out.items():
+        vs = f", ours {row['ours_over_peer']:.2f}x" if "ours_over_peer" in row else ""
+        print(f"hf {name:<34}{row['tokens_per_s']:>9.1f} tokens/s{vs}, {row['same_outputs']}/{row['outputs']} outputs equal ours", flush=True)
+    return out
+
+
+def _versus(peer: dict, ours: dict | None) -> dict[str, Any]:
+    row = {k: v for k, v in peer.items() if k != "output_ids"}
+    ids = ours.get("output_ids") if ours else None
+    row["outputs"] = len(peer["output_ids"])
+    row["same_outputs"] = sum(a == b for a, b in zip(peer["output_ids"], ids)) if ids else 0
+    if ours and "tokens_per_s" in ours:
+        row["ours_over_peer"] = float(np.asarray(ours["tokens_per_s"]["median"])) / peer["tokens_per_s"]
+    return row

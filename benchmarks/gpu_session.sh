@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# One GPU session's measurement, in one go (docs/gpu.md, "What remains to run on a GPU"): generate the
+# 8B-shaped pair from the demo pair, build its engines, measure. Resumable: what is already in $WORK
+# (checkpoints, engines) is reused, so a second call on a still-warm host carries on where the first stopped.
+#
+#   bash benchmarks/gpu_session.sh                      # PRESET=llama8b, results in $OUT (or ./gpu-results)
+#   PRESET=llama3b bash benchmarks/gpu_session.sh       # the fallback when the 8B build does not fit
+#
+# Environment: PRESET (llama8b | llama3b), WORK (default /tmp/specdec-gpu), OUT (default ./gpu-results),
+# BUDGET_S (seconds for the whole script, default 540: a 10-minute device call with room to copy results
+# back), INT4 (1: also an int4 target), MEDUSA (1: also a Medusa target: another bf16 copy of the weights on
+# disk), SECTIONS (bench_gpu.py's --sections), BATCHES (default 1,4,16).
+set -euo pipefail
+start=$(date +%s)
+PRESET=${PRESET:-llama8b}
+WORK=${WORK:-/tmp/specdec-gpu}
+OUT=${OUT:-$PWD/gpu-results}
+BUDGET_S=${BUDGET_S:-540}
+BATCHES=${BATCHES:-1,4,16}
+SECTIONS=${SECTIONS:-build,steps,profile,decode,hf}
+root=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$WORK" "$OUT"
+log="$OUT/gpu-session-$PRESET.log"
+exec > >(tee -a "$log") 2>&1
+echo "== $(date -u +%FT%TZ) preset $PRESET, work $WORK, budget $BUDGET_S s"
+python3 - <<'EOF'
+import onnxruntime as ort
+providers = ort.get_available_providers()
+print("onnxruntime", ort.__version__, providers)
+assert "CUDAExecutionProvider" in providers, "onnxruntime-gpu is not installed: see docs/gpu.md (Install) or ../shared/gpu/README.md"
+try:
+    import torch, transformers
+    print("torch", torch.__version__, "cuda", torch.cuda.is_available(), "transformers", transformers.__version__)
+except ImportError as err:
+    print("no torch/transformers here:", err, "(the Hugging Face section and kernel counts are skipped)")
+EOF
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+df -h "$WORK" | tail -1
+free -g | head -2
+
+draft_preset=llama1b
+timed() {  # timed LABEL CMD...: run CMD, print its wall time and peak memory (its own rusage; GNU time may be absent)
+    python3 - "$@" <<'EOF'
+import os, subprocess, sys, time
+label, cmd = sys.argv[1], sys.argv[2:]
+t = time.time()
+proc = subprocess.Popen(cmd)
+_, status, usage = os.wait4(proc.pid, 0)
+print(f"{label}: {time.time() - t:.0f} s, peak RSS {usage.ru_maxrss / 2**20:.1f} GiB, exit {os.waitstatus_to_exitcode(status)}", flush=True)
+sys.exit(os.waitstatus_to_exitcode(status))
+EOF
+}
+enlarge() {  # enlarge SRC DST ARGS...: skipped when DST already holds a checkpoint
+    local src=$1 dst=$2; shift 2
+    if [ -f "$dst/config.json" ]; then echo "reuse $dst"; return; fi
+    timed "enlarge $(basename "$dst")" python3 "$root/benchmarks/enlarge.py" --quiet "$@" "$src" "$dst"
+}
+demo="$root/examples/demo-pair"
+enlarge "$demo/target" "$WORK/target-$PRESET" --preset "$PRESET" --dtype bfloat16
+enlarge "$demo/draft" "$WORK/draft-$draft_preset" --preset "$draft_preset" --dtype bfloat16
+if [ ! -f "$WORK/eagle-$PRESET/config.json" ]; then
+    python3 "$root/benchmarks/enlarge.py" --heads "$demo/heads/eagle" --base "$WORK/target-$PRESET" "$WORK/eagle-$PRESET"
+fi
+extra=()
+if [ "${MEDUSA:-0}" = 1 ]; then
+    [ -f "$WORK/medusa-$PRESET/config.json" ] || python3 "$root/benchmarks/enlarge.py" --heads "$demo/heads/medusa" --base "$WORK/target-$PRESET" "$WORK/medusa-$PRESET"
+    extra+=(--medusa "$WORK/medusa-$PRESET")
+fi
+[ "${INT4:-1}" = 1 ] && extra+=(--int4)
+left=$(( BUDGET_S - ($(date +%s) - start) ))
+echo "== bench_gpu.py with $left s left"
+python3 "$root/benchmarks/bench_gpu.py" --target "$WORK/target-$PRESET" --draft "$WORK/draft-$draft_preset" --eagle "$WORK/eagle-$PRESET" \
+    "${extra[@]}" --work "$WORK/engines-$PRESET" --batches "$BATCHES" --sections "$SECTIONS" --budget_s "$left" --json "$OUT/gpu-$PRESET.json"
+echo "== done in $(( $(date +%s) - start )) s; $OUT/gpu-$PRESET.json"
+du -sh "$WORK"/* 2>/dev/null || true
