@@ -92,8 +92,9 @@ class BuildConfig:
         """Tokens per row the executors feed at least: 2 for ort_cuda engines that verify drafts, whose one-token steps
         get a second token that rides along (not kept), so that they run the kernels a verification step runs (ONNX
         Runtime's CUDA MatMulNBits has a kernel of its own for one row, its attention one for one query) and give the
-        same bits: greedy speculation stays exact. The other lowerings do that inside the graph (consistent_rows)."""
-        return 2 if self.lowering == "ort_cuda" and self.max_draft_len > 0 else 1
+        same bits: greedy speculation stays exact. The other lowerings do that inside the graph (consistent_rows); an
+        ort_cuda engine forced to GroupQueryAttention runs one-token steps as GQA's decode case (docs/gpu.md)."""
+        return 2 if self.lowering == "ort_cuda" and self.max_draft_len > 0 and self.cuda_attention == "masked" else 1
 
     @property
     def kv_capacity(self) -> int:

@@ -15,7 +15,7 @@ from .backends.base import Executor, Placement
 from .config_strings import DraftTargetConfig, NGramConfig
 from .devices import placement
 from .engine import Engine, SpeculationConfig
-from .engine_format import TREE_MODES, EngineDir, eagle_module_dir, load_engine_dir
+from .engine_format import EngineDir, eagle_module_dir, load_engine_dir
 from .errors import RequestError
 from .orchestrator import Orchestrator
 from .proposers.base import Proposer
@@ -86,10 +86,8 @@ def load_engine(
         proposers.append(DraftModelProposer(open_executor(draft, dwhere), dtm.use_logits, draft_confidence_threshold))
     if ngram is not None:
         proposers.append(NGramProposer(ngram.max_draft_len, ngram.max_matching_ngram_size, ngram_keep_all, ngram_use_oldest, ngram_min_match))
-    mode = target.config.build.speculative_decoding_mode
-    if mode in TREE_MODES and where.kind != "cpu":  # before anything is opened
-        raise RequestError(f"{target.path} is a {mode} target: its drafter runs on the CPU executor only for now (tree attention and the "
-                           f"{'medusa_logits' if mode == 'medusa' else 'eagle_hidden'} output are not bound on {where.kind}); use --device cpu.")
+    # a medusa / eagle target is an onnxruntime engine (the builder refuses others): both of its executors, CPU and CUDA,
+    # bind tree_mask, medusa_logits, eagle_hidden and (the EAGLE module's) hidden_states / hidden_out
     target_ex = target_executor or open_executor(target, where)
     own = _own_drafter(target, target_ex, where, medusa_choices, eagle_choices, draft_num_threads)
     if own is not None:

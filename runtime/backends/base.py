@@ -93,19 +93,19 @@ def refuse_trees(parents, engine: str) -> None:
     """An executor without tree attention verifies chains only: a forward() with a tree is an error, not a chain."""
     if parents is not None and any(p is not None for p in parents):
         raise EngineError(f"{engine} was built without tree attention, or runs on an executor without it: it verifies chains only "
-                          "(rebuild with --speculative_decoding_mode medusa or eagle, and run it on the CPU).")
+                          "(rebuild with --speculative_decoding_mode medusa or eagle, and run it with the onnxruntime backend: CPU or --device cuda).")
 
 
 def refuse_hidden(hidden: np.ndarray | None, engine: str) -> None:
-    """An executor that binds no hidden_states input (EAGLE modules run on the CPU executor) refuses one."""
+    """An executor that binds no hidden_states input (EAGLE modules run on the onnxruntime executors) refuses one."""
     if hidden is not None:
-        raise EngineError(f"{engine}: this executor takes no hidden_states input (an EAGLE module runs on the CPU executor only).")
+        raise EngineError(f"{engine}: this executor takes no hidden_states input (an EAGLE module runs on the onnxruntime backend, CPU or --device cuda).")
 
 
 def compact_chain(cache: KVCache, slot: int, start: int, keep: Sequence[int], engine: str) -> None:
     """compact_slot for an executor without tree attention: a chain's kept tokens already sit in place (a rollback)."""
     if list(keep) != list(range(len(keep))):
-        raise EngineError(f"{engine} verifies chains only: it cannot keep the tree path {list(keep)} (run tree drafting on the CPU).")
+        raise EngineError(f"{engine} verifies chains only: it cannot keep the tree path {list(keep)} (tree drafting runs on the onnxruntime backend, CPU or --device cuda).")
     cache.rollback(slot, start + len(keep))
 
 
@@ -133,21 +133,70 @@ def pad_tokens(tokens: Sequence[Sequence[int]] | np.ndarray) -> tuple[np.ndarray
 class StepPlan:
     """A checked forward call on slots ``first_slot .. first_slot + n - 1``."""
 
-    ids: np.ndarray  # [n, width] int64, rows zero-padded to the widest
+    ids: np.ndarray  # [n, width] int64, rows zero-padded to the widest (and to min_width)
     num_new: np.ndarray  # [n] real tokens per row
     grow: np.ndarray  # [n] how far each slot's length moves (0 for rows riding along)
     lengths: np.ndarray  # [n] a view of the range's lengths: add grow to it after the run
+    tokens: int  # the call's own width: logits of all tokens are [n, tokens, vocab] even where ids were widened
+
+    def trim(self, out: StepOutput) -> StepOutput:
+        """``out`` without the columns min_width added: every array whose axis 1 is the widened width (all logits
+        rows, and per-token outputs such as eagle_hidden) is cut to the call's own width. Views, no copy."""
+        width = self.ids.shape[1]
+        if width == self.tokens:
+            return out
+        cut = {name: a[:, : self.tokens] if a is not None and a.shape[1] == width else a
+               for name, a in ((f, getattr(out, f)) for f in ("logits", "medusa_logits", "eagle_hidden", "hidden_out"))}
+        return StepOutput(**cut)
+
+    def widened(self, per_token: np.ndarray) -> np.ndarray:
+        """An input of the call's own width ([n, tokens, ...], e.g. an EAGLE module's hidden_states) at ids' width."""
+        extra = self.ids.shape[1] - per_token.shape[1]
+        return per_token if extra <= 0 else np.concatenate([per_token] + [per_token[:, -1:]] * extra, axis=1)
 
 
-def plan_step(cache: KVCache, tokens: Sequence[Sequence[int]] | np.ndarray, advance: np.ndarray | None, first_slot: int, engine: str) -> StepPlan:
-    """What every executor checks before a call: the rows, the slot range, the room in each slot."""
+def plan_step(cache: KVCache, tokens: Sequence[Sequence[int]] | np.ndarray, advance: np.ndarray | None, first_slot: int, engine: str,
+              min_width: int = 1) -> StepPlan:
+    """What every executor checks before a call: the rows, the slot range, the room in each slot.
+
+    min_width: the engine's BuildConfig.min_step_width. A narrower call gets copies of each row's last token as extra
+    columns: they are written past the row's length (stale at once, as a riding row's) and their logits are dropped."""
     ids, num_new = pad_tokens(tokens)
     n, width = ids.shape
     if first_slot < 0 or first_slot + n > cache.num_slots:
         raise RequestError(f"slots {first_slot}..{first_slot + n - 1} are outside the cache's {cache.num_slots} slots.")
     grow = num_new if advance is None else np.where(advance, num_new, 0)
-    cache.check_room(grow, width, first_slot, engine)
-    return StepPlan(ids, num_new, grow, cache.lengths[first_slot : first_slot + n])
+    if width < min_width:
+        ids = np.concatenate([ids] + [ids[:, -1:]] * (min_width - width), axis=1)
+    cache.check_room(grow, ids.shape[1], first_slot, engine)
+    return StepPlan(ids, num_new, grow, cache.lengths[first_slot : first_slot + n], width)
+
+
+def fill_tree(tree: np.ndarray, causal: np.ndarray, tree_rows: list[int], positions: np.ndarray, lengths: np.ndarray,
+              parents: Sequence[np.ndarray | None] | None) -> None:
+    """A call's tree_mask [n, width, width] and positions [n, width], in place: chains causal, trees ancestors-only at
+    length + depth. tree_rows: the rows the previous call made trees (reset to causal first), updated."""
+    trees = [] if parents is None else [(row, np.asarray(p, np.int64)) for row, p in enumerate(parents) if p is not None]
+    width = tree.shape[1]
+    for row, par in trees:  # checked before any row is written: a refused call leaves the buffers as they were
+        if len(par) > width or (par < -1).any() or (par >= np.arange(len(par))).any():
+            raise RequestError(f"tree parents of row {row} must have -1 <= parents[j] < j (-1: a child of the cache's last token), "
+                               f"one per token of the row; got {par.tolist()}.")
+    if tree_rows:  # rows a previous call made trees: causal again
+        tree[tree_rows] = causal
+        tree_rows.clear()
+    for row, par in trees:
+        n = len(par)
+        mask, depth = tree[row], np.zeros(n, np.int64)
+        mask[:n, :n] = False
+        for j in range(n):
+            p = int(par[j])
+            if p >= 0:
+                mask[j, :n] = mask[p, :n]
+                depth[j] = depth[p] + 1
+            mask[j, j] = True
+        positions[row, :n] = lengths[row] + depth
+        tree_rows.append(row)
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,10 @@ def has_cuda_provider() -> bool:
 def cpu_engines(tmp_path_factory, llama_ckpt):
     d = tmp_path_factory.mktemp("cuda_ex")
     out = {}
-    for name, kw in {"ort_cpu": dict(lowering="ort_cpu"), "cuda_fp32": dict(lowering="ort_cuda", dtype="float32")}.items():
-        build_engine(llama_ckpt, d / name, spec_build(**kw), say=lambda _: None)
+    builds = {"ort_cpu": spec_build(lowering="ort_cpu"), "gqa_fp32": spec_build(0, lowering="ort_cuda", dtype="float32"),
+              "masked_fp32": spec_build(lowering="ort_cuda", dtype="float32")}
+    for name, build in builds.items():
+        build_engine(llama_ckpt, d / name, build, say=lambda _: None)
         out[name] = load_engine_dir(d / name)
     return out
 
@@ -69,10 +71,40 @@ def test_no_gpu_visible_is_one_line():
     one_line(err.value)
 
 
-def test_float32_ort_cuda_engine_is_refused_before_any_gpu_work(cpu_engines):
+def test_float32_gqa_engine_is_refused_before_any_gpu_work(cpu_engines):
     with pytest.raises(EngineError, match="float16/bfloat16 only. Rebuild it with --dtype bfloat16") as err:
-        CudaExecutor(cpu_engines["cuda_fp32"], 0)
+        CudaExecutor(cpu_engines["gqa_fp32"], 0)
     one_line(err.value)
+    assert check_engine(cpu_engines["masked_fp32"], None) is True  # the masked form's Attention runs float32 on CUDA too
+
+
+def test_engines_that_verify_get_two_tokens_per_row_at_least(cpu_engines):
+    """A masked ort_cuda engine that verifies drafts: a one-token step gets a second token that rides along (same kernels
+    as a verification), written past the row's length; the caller sees its own width, the length grows by its own tokens."""
+    from specdec.runtime.backends.base import plan_step
+    from specdec.runtime.kv_cache import KVCache
+
+    builds = {name: cpu_engines[name].config.build for name in ("ort_cpu", "gqa_fp32", "masked_fp32")}
+    assert {name: b.min_step_width for name, b in builds.items()} == {"ort_cpu": 1, "gqa_fp32": 1, "masked_fp32": 2}
+    cache = KVCache(1, 2, 1, 20, 4, 16, "bsh")
+    cache.lengths[:] = [3, 15]  # row 1: one token from max_seq_len, and the extra one still within the capacity
+    plan = plan_step(cache, [[7], [8]], None, 0, "e", min_width=2)
+    assert plan.ids.tolist() == [[7, 7], [8, 8]] and plan.tokens == 1 and plan.grow.tolist() == [1, 1]
+    from specdec.runtime.backends.base import StepOutput
+
+    full = StepOutput(np.zeros((2, 2, 3)), eagle_hidden=np.zeros((2, 2, 5)), hidden_out=np.zeros((2, 1, 5)))  # all logits rows / the last
+    trimmed = plan.trim(full)
+    assert trimmed.logits.shape == (2, 1, 3) and trimmed.eagle_hidden.shape == (2, 1, 5) and trimmed.hidden_out.shape == (2, 1, 5)
+    assert plan.widened(np.ones((2, 1, 5))).shape == (2, 2, 5)
+    wide = plan_step(cache, [[1, 2, 3], [4]], None, 0, "e", min_width=2)
+    assert wide.ids.shape == (2, 3) and wide.tokens == 3  # wide enough: untouched
+    from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
+
+    ex = OrtExecutor(cpu_engines["masked_fp32"], num_threads=1)
+    c = ex.new_cache(2)
+    ex.forward(c, [[5, 6, 7], [8]], all_logits=False)
+    out = ex.forward(c, [[9], [10]], all_logits=True).logits
+    assert out.shape == (2, 1, ex.vocab_size) and c.lengths.tolist() == [4, 2]
 
 
 def test_cuda_graphs_need_the_ort_cuda_lowering(cpu_engines):
@@ -115,7 +147,8 @@ def demo(tmp_path_factory):
     builds = {
         "target_fp32": ("target", dict(lowering="ort_cpu", dtype="float32")),
         "target_portable": ("target", dict(lowering="portable", dtype="float32")),
-        "target_bf16": ("target", dict(lowering="ort_cuda", dtype="bfloat16")),
+        "target_bf16": ("target", dict(lowering="ort_cuda", dtype="bfloat16")),  # masked attention (it verifies drafts)
+        "target_masked_fp32": ("target", dict(lowering="ort_cuda", dtype="float32")),
         "draft_bf16": ("draft", dict(lowering="ort_cuda", dtype="bfloat16", max_draft_len=0)),
         "draft_fp32": ("draft", dict(lowering="ort_cpu", dtype="float32", max_draft_len=0)),
     }
@@ -137,13 +170,13 @@ def generate(target, prompts, proposer=None, draft_len=0, max_output_len=48):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("name", ["target_fp32", "target_portable"])
+@pytest.mark.parametrize("name", ["target_fp32", "target_portable", "target_masked_fp32"])
 def test_demo_pair_greedy_on_the_gpu_equals_the_cpu_executor(demo, name):
     from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 
     engines, prompts = demo
     cpu, gpu = OrtExecutor(engines[name], num_threads=2), CudaExecutor(engines[name], 0)
-    assert gpu.device == "cuda:0" and not gpu.cuda_graphs
+    assert gpu.device == "cuda:0" and gpu.cuda_graphs == (name == "target_masked_fp32")
     for p in prompts:
         assert engine_greedy(gpu, p, 48) == engine_greedy(cpu, p, 48)
 

@@ -19,7 +19,7 @@ import numpy as np
 from ...engine_format import EngineDir, ExtraTensor, extra_io
 from ...errors import EngineError, RequestError
 from ...kv_cache import KVCache
-from ..base import Placement, StepOutput, plan_step, refuse_trees
+from ..base import Placement, StepOutput, fill_tree, plan_step, refuse_trees
 
 
 def _default_threads() -> int:
@@ -144,19 +144,19 @@ class OrtExecutor:
             The row's K/V land in call order: compact_slot() keeps an accepted path.
         hidden: [n, width, hidden] float32, an EAGLE module's hidden_states input (rows past a row's count: anything).
         """
-        step = plan_step(cache, tokens, advance, first_slot, self._name)
+        step = plan_step(cache, tokens, advance, first_slot, self._name, self.build.min_step_width)
         batch, width = step.ids.shape
         io = self._io(cache, batch, width, width if all_logits else 1)
         io.ids[...] = step.ids
         np.add(step.lengths[:, None], self._steps[:width], out=io.positions)
         if io.tree is not None:
-            self._fill_tree(io, step.lengths, parents)
+            fill_tree(io.tree, io.causal, io.tree_rows, io.positions, step.lengths, parents)
         else:
             refuse_trees(parents, self._name)
         if io.hidden is not None:
-            if hidden is None or hidden.shape[:2] != (batch, width):
-                raise EngineError(f"{self._name} is an EAGLE module: each call needs hidden_states [{batch}, {width}, {self.model.hidden_size}].")
-            io.hidden[...] = hidden
+            if hidden is None or hidden.shape[:2] != (batch, step.tokens):
+                raise EngineError(f"{self._name} is an EAGLE module: each call needs hidden_states [{batch}, {step.tokens}, {self.model.hidden_size}].")
+            io.hidden[...] = step.widened(hidden)
         elif hidden is not None:
             raise EngineError(f"{self._name} takes no hidden_states input (only an EAGLE module engine does).")
         if not all_logits:
@@ -164,32 +164,7 @@ class OrtExecutor:
         self._bind_cache(io, cache, first_slot, batch)
         self.session.run_with_iobinding(io.binding)
         step.lengths += step.grow
-        return io.output
-
-    @staticmethod
-    def _fill_tree(io: "_StepIO", lengths: np.ndarray, parents: Sequence[np.ndarray | None] | None) -> None:
-        """The tree_mask and positions of a call: chains causal, trees ancestors-only at length + depth."""
-        trees = [] if parents is None else [(row, np.asarray(p, np.int64)) for row, p in enumerate(parents) if p is not None]
-        width = io.tree.shape[1]
-        for row, par in trees:  # checked before any row is written: a refused call leaves the buffers as they were
-            if len(par) > width or (par < -1).any() or (par >= np.arange(len(par))).any():
-                raise RequestError(f"tree parents of row {row} must have -1 <= parents[j] < j (-1: a child of the cache's last token), "
-                                   f"one per token of the row; got {par.tolist()}.")
-        if io.tree_rows:  # rows a previous call made trees: causal again
-            io.tree[io.tree_rows] = io.causal
-            io.tree_rows = []
-        for row, par in trees:
-            n = len(par)
-            mask, depth = io.tree[row], np.zeros(n, np.int64)
-            mask[:n, :n] = False
-            for j in range(n):
-                p = int(par[j])
-                if p >= 0:
-                    mask[j, :n] = mask[p, :n]
-                    depth[j] = depth[p] + 1
-                mask[j, j] = True
-            io.positions[row, :n] = lengths[row] + depth
-            io.tree_rows.append(row)
+        return step.trim(io.output)
 
     def _io(self, cache: KVCache, batch: int, width: int, rows: int) -> "_StepIO":
         """Input/output buffers and an I/O binding for one call shape on ``cache``, bound once and then filled in
