@@ -173,8 +173,12 @@ def decode_section(methods: dict, prompts: list[list[int]], batches: list[int], 
         for r in range(repeats + 1):  # round 0 warms every method up (CUDA graph capture) and is not kept
             order = list(methods) if r % 2 else list(methods)[::-1]
             for name in order:
-                runs[name].append(_run(methods[name], prompts, b, cfg))
-        out[str(b)] = _summarize({m: v[1:] for m, v in runs.items()}, steps, b, n_new)
+                runs[name].append(_run(methods[name][0], prompts, b, cfg))
+        out[str(b)] = _summarize({m: v[1:] for m, v in runs.items()}, {m: ref for m, (_, ref) in methods.items()}, steps, b, n_new)
+        first = out.get(str(batches[0]), {})
+        for name, row in out[str(b)].items():  # the same engine at batch 1 (half precision: a GEMM's kernel can change with the batch)
+            ids = first.get(name, {}).get("output_ids")
+            row["identical_to_batch1"] = sum(a == c for a, c in zip(row["output_ids"], ids)) if ids else None
         _print_batch(b, out[str(b)])
     return out
 
@@ -189,15 +193,18 @@ def _run(orch, prompts: list[list[int]], b: int, cfg) -> dict:
     return {"s": time.perf_counter() - t, "ids": ids, **m}
 
 
-def _summarize(runs: dict[str, list[dict]], steps: dict, b: int, n_new: int) -> dict:
+def _summarize(runs: dict[str, list[dict]], refs: dict[str, str], steps: dict, b: int, n_new: int) -> dict:
+    """Per method: tokens/s and speedup over target-only (the bf16 target's: the figure users compare) as median
+    (min-max) over rounds, the bound, and its outputs against its own engine's target-only (``refs``)."""
     base = runs["target-only"]
     t = steps.get("target", {}).get("step_ms", {}).get(b) or {}
     out: dict = {}
     for name, rs in runs.items():
         tps = [len(r["ids"]) * n_new / r["s"] for r in rs]
+        ref = runs[refs[name]]
         row: dict = {"tokens_per_s": spread(tps), "speedup": spread([r2["s"] and b2["s"] / r2["s"] for r2, b2 in zip(rs, base)]),
-                     "identical_to_target_only": sum(a == c for a, c in zip(rs[-1]["ids"], base[-1]["ids"])), "outputs": len(base[-1]["ids"]),
-                     "output_ids": rs[-1]["ids"]}
+                     "reference": refs[name], "identical_to_target_only": sum(a == c for a, c in zip(rs[-1]["ids"], ref[-1]["ids"])),
+                     "outputs": len(ref[-1]["ids"]), "output_ids": rs[-1]["ids"]}
         last = rs[-1]
         if last["rounds"] and last["drafted"] and t:
             per = last["drafted"] / last["rounds"]
@@ -211,12 +218,12 @@ def _summarize(runs: dict[str, list[dict]], steps: dict, b: int, n_new: int) -> 
 
 
 def _print_batch(b: int, rows: dict) -> None:
-    print(f"\nbatch {b}: {'method':<22}{'tokens/s':>22}{'speedup':>22}{'bound':>7}{'of bound':>9}{'acc len':>8}{'== TO':>7}")
+    print(f"\nbatch {b}: {'method':<22}{'tokens/s':>22}{'speedup':>22}{'bound':>7}{'of bound':>9}{'acc len':>8}{'== TO':>7}{'== b1':>7}")
     for name, r in rows.items():
         s, x = r["tokens_per_s"], r["speedup"]
         extra = f"{r['bound']:>7.2f}{r['of_bound']:>9.2f}{r['mean_acceptance_length']:>8.2f}" if "bound" in r else f"{'':>24}"
         print(f"         {name:<22}{s['median']:>10.1f} ({s['min']:.0f}-{s['max']:.0f}){x['median']:>10.2f}x ({x['min']:.2f}-{x['max']:.2f})"
-              f"{extra}{r['identical_to_target_only']:>4}/{r['outputs']}", flush=True)
+              f"{extra}{r['identical_to_target_only']:>4}/{r['outputs']}{'' if r.get('identical_to_batch1') is None else r['identical_to_batch1']:>5}/{r['outputs']}", flush=True)
 
 
 def main() -> None:
@@ -227,6 +234,8 @@ def main() -> None:
     ap.add_argument("--medusa", help="Medusa heads enlarged to the target: a Medusa target is built too")
     ap.add_argument("--int4", action="store_true", help="also an int4 weight-only target (group 128): its steps and target-only")
     ap.add_argument("--work", required=True, help="engine directory root (reused when a second run finds them)")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+                    help="engine dtype (float32: a dry run of this script's code paths, slow and not what GPUs are measured in)")
     ap.add_argument("--batches", default="1,4,16")
     ap.add_argument("--draft_lens", default="2,4")
     ap.add_argument("--ngram", default="4,3", help="max_draft_len,max_matching_ngram_size")
@@ -245,14 +254,14 @@ def main() -> None:
     verify = max(kmax, len(json.loads(TREE))) if (args.eagle or args.medusa) else kmax
     res: dict[str, Any] = {"args": vars(args), "limits": LIMITS}
     sections = set(args.sections.split(","))
-    common = ["--dtype", "bfloat16", "--max_batch_size", str(max(batches)), "--max_draft_len", str(verify)]
+    common = ["--dtype", args.dtype, "--max_batch_size", str(max(batches)), "--max_draft_len", str(verify)]
     plan = {"target": (args.target, common + (["--speculative_decoding_mode", "eagle", "--eagle_dir", args.eagle] if args.eagle
                                               else ["--speculative_decoding_mode", "draft_tokens_external"])),
-            "draft": (args.draft, ["--dtype", "bfloat16", "--max_batch_size", str(max(batches))])}
+            "draft": (args.draft, ["--dtype", args.dtype, "--max_batch_size", str(max(batches))])}
     if args.medusa:
         plan["medusa"] = (args.target, common + ["--speculative_decoding_mode", "medusa", "--medusa_dir", args.medusa])
     if args.int4:
-        plan["int4"] = (args.target, ["--dtype", "bfloat16", "--max_batch_size", str(max(batches)), "--max_draft_len", str(kmax),
+        plan["int4"] = (args.target, ["--dtype", args.dtype, "--max_batch_size", str(max(batches)), "--max_draft_len", str(kmax),
                                       "--speculative_decoding_mode", "draft_tokens_external", "--qformat", "int4_wo"])
     built = {name: (work / name).joinpath("config.json").is_file() for name in plan}
     if "build" in sections:

@@ -12,18 +12,21 @@ from typing import Any
 import numpy as np
 
 
-def decode_methods(engines: dict, draft_lens: list[int], ngram: list[int] | None, tree: str) -> dict:
+def decode_methods(engines: dict, draft_lens: list[int], ngram: list[int] | None, tree: str) -> dict[str, tuple[Any, str]]:
+    """name -> (Orchestrator, the name of the target-only run on the same engine: the output it must reproduce)."""
     from specdec.runtime.orchestrator import Orchestrator
     from specdec.runtime.proposers.draft_model import DraftModelProposer
     from specdec.runtime.proposers.ngram import NGramProposer
 
     target, draft = engines["target"][0], engines["draft"][0]
-    methods = {"target-only": Orchestrator(target)}
+    base = "target-only"
+    methods = {base: Orchestrator(target)}
     for k in draft_lens:
         methods[f"draft-target k={k}"] = Orchestrator(target, DraftModelProposer(draft), draft_len=k)
     methods["draft-target auto"] = Orchestrator(target, DraftModelProposer(draft), draft_len="auto")
     if ngram:
         methods[f"n-gram k={ngram[0]} n={ngram[1]}"] = Orchestrator(target, NGramProposer(ngram[0], ngram[1]), draft_len=ngram[0])
+    refs = {name: base for name in methods}
     if target.build.speculative_decoding_mode == "eagle":
         from specdec.runtime.backends import Placement, open_executor
         from specdec.runtime.engine_format import eagle_module_dir, load_engine_dir
@@ -33,18 +36,23 @@ def decode_methods(engines: dict, draft_lens: list[int], ngram: list[int] | None
         methods["EAGLE chain k=4"] = Orchestrator(target, EagleProposer(target, module), draft_len=4)
         eagle_tree = EagleProposer(target, module, tree)
         methods[f"EAGLE tree n={len(eagle_tree.tree)}"] = Orchestrator(target, eagle_tree, draft_len=len(eagle_tree.tree))
+        refs.update({name: base for name in methods if name not in refs})
     if "medusa" in engines:
         from specdec.runtime.proposers.medusa import MedusaProposer
 
         medusa = engines["medusa"][0]
         proposer = MedusaProposer(medusa, tree)
+        methods["Medusa target-only"] = Orchestrator(medusa)  # its own engine: its own reference (and its cost of the heads)
         methods[f"Medusa tree n={len(proposer.tree)}"] = Orchestrator(medusa, proposer, draft_len=len(proposer.tree))
+        refs.update({"Medusa target-only": "Medusa target-only", f"Medusa tree n={len(proposer.tree)}": "Medusa target-only"})
     if "int4" in engines:
         methods["int4 target-only"] = Orchestrator(engines["int4"][0])
+        refs["int4 target-only"] = "int4 target-only"
         if draft_lens:
             k = max(draft_lens)
             methods[f"int4 draft-target k={k}"] = Orchestrator(engines["int4"][0], DraftModelProposer(draft), draft_len=k)
-    return methods
+            refs[f"int4 draft-target k={k}"] = "int4 target-only"
+    return {name: (orch, refs[name]) for name, orch in methods.items()}
 
 
 def hf_section(target: str, draft: str, prompts: list[list[int]], batches: list[int], n_new: int, decode: dict) -> dict[str, Any]:

@@ -15,6 +15,8 @@ from typing import Sequence
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
+from ..plugins.arrays import c_order
+
 OPSET = 24  # TensorScatter (24), Attention / RotaryEmbedding / RMSNormalization (23)
 IR_VERSION = 12  # the IR of opset 24; onnx 1.23 would write 14, newer than ONNX Runtime 1.31 reads
 
@@ -29,24 +31,6 @@ def float32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
     import ml_dtypes  # the build extra
 
     return c_order(np.asarray(x, dtype=np.float32).astype(ml_dtypes.bfloat16)).view(np.uint16)
-
-
-TRANSPOSE_TILE = 256  # elements per side: a tile of each array fits in the cache
-
-
-def c_order(a: np.ndarray) -> np.ndarray:
-    """``a`` as a C-contiguous array. A transposed 2-D view (every linear weight: checkpoints store [out, in], the graph
-    [in, out]) is copied tile by tile: numpy's own strided copy of a large transpose runs 2-3x slower."""
-    if a.flags.c_contiguous:
-        return a
-    if a.ndim != 2 or not a.flags.f_contiguous:
-        return np.ascontiguousarray(a)
-    out = np.empty(a.shape, a.dtype)
-    t = TRANSPOSE_TILE
-    for i in range(0, a.shape[0], t):
-        for j in range(0, a.shape[1], t):
-            out[i : i + t, j : j + t] = a[i : i + t, j : j + t]
-    return out
 
 
 class GraphBuilder:

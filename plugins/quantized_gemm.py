@@ -26,6 +26,7 @@ from typing import Protocol
 import numpy as np
 from onnx import TensorProto
 
+from .arrays import c_order
 from .graph_api import GraphOps
 
 CONTRIB = "com.microsoft"
@@ -105,7 +106,7 @@ def pack_matmul_nbits(w: IntWeightLike) -> NBitsWeight:
     group_of_block = np.minimum(np.arange(k_blocks) * block // w.group_size, w.scale.shape[0] - 1)
     codes = np.zeros((k_blocks * block, n), np.uint8)  # rows past K: never multiplied (A has K columns)
     codes[:k] = w.codes
-    b = np.ascontiguousarray(codes.T).reshape(n, k_blocks, block)
+    b = c_order(codes.T).reshape(n, k_blocks, block)
     zero = np.ascontiguousarray(w.zero[group_of_block].T)  # [N, k_blocks]
     if w.bits == 4:
         b = pack_nibbles(b).reshape(n, k_blocks, block // 2)
