@@ -762,6 +762,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--force", action="store_true", help="replace a non-empty output directory")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
+    from specdec.builder.memory import reuse_freed_memory
+
+    reuse_freed_memory()  # the enlargement's tensor-sized temporaries (signed zeros, random layers) reuse freed memory
     if args.heads or args.base:
         return _main_heads(ap, args)
     if len(args.paths) != 2:

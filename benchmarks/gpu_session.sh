@@ -8,8 +8,10 @@
 #
 # Environment: PRESET (llama8b | llama3b), WORK (default /tmp/specdec-gpu), OUT (default ./gpu-results),
 # BUDGET_S (seconds for the whole script, default 540: a 10-minute device call with room to copy results
-# back), INT4 (1: also an int4 target), MEDUSA (1: also a Medusa target: another bf16 copy of the weights on
-# disk), SECTIONS (bench_gpu.py's --sections), BATCHES (default 1,4,16).
+# back), INT4 (default 1: also an int4 target), MEDUSA (1: also a Medusa target: another bf16 copy of the
+# weights on disk), SECTIONS (bench_gpu.py's --sections), BATCHES (default 1,4,16), NUM_PROMPTS (16),
+# NEW_TOKENS (64), REPEATS (timed rounds after the warm-up round, 1). On the device, $OUT is the folder that
+# comes back: results land there.
 set -euo pipefail
 start=$(date +%s)
 PRESET=${PRESET:-llama8b}
@@ -70,6 +72,7 @@ fi
 left=$(( BUDGET_S - ($(date +%s) - start) ))
 echo "== bench_gpu.py with $left s left"
 python3 "$root/benchmarks/bench_gpu.py" --target "$WORK/target-$PRESET" --draft "$WORK/draft-$draft_preset" --eagle "$WORK/eagle-$PRESET" \
-    "${extra[@]}" --work "$WORK/engines-$PRESET" --batches "$BATCHES" --sections "$SECTIONS" --budget_s "$left" --json "$OUT/gpu-$PRESET.json"
+    "${extra[@]}" --work "$WORK/engines-$PRESET" --batches "$BATCHES" --sections "$SECTIONS" --budget_s "$left" --json "$OUT/gpu-$PRESET.json" \
+    --num_prompts "${NUM_PROMPTS:-16}" --max_new_tokens "${NEW_TOKENS:-64}" --repeats "${REPEATS:-1}"
 echo "== done in $(( $(date +%s) - start )) s; $OUT/gpu-$PRESET.json"
 du -sh "$WORK"/* 2>/dev/null || true

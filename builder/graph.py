@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
+import onnx
+from onnx import TensorProto, helper
 
 from ..plugins.arrays import c_order
 
@@ -42,7 +43,10 @@ class GraphBuilder:
         self.weight_dtype, self.compute_dtype = weight_dtype, compute_dtype
         self.compute_type = _STORAGE[compute_dtype]  # the TensorProto type activations are in
         self.nodes: list = []
-        self.initializers: list = []
+        # Initializers are written straight into the model that model() returns: a list of TensorProtos handed to
+        # make_graph / make_model would be copied twice more (an 8B model's 14 GB of weights, and its build's peak memory)
+        self._model = onnx.ModelProto()
+        self.initializers = self._model.graph.initializer
         self.inputs: list = []
         self.outputs: list = []
         self._names: set[str] = set()
@@ -57,12 +61,16 @@ class GraphBuilder:
 
     def const(self, name: str, value: np.ndarray) -> str:
         """An initializer stored as given (indices, shapes, float32 tables)."""
-        self.initializers.append(numpy_helper.from_array(np.asarray(value, order="C"), name))  # from_array copies; asarray keeps 0-d
-        return name
+        value = np.asarray(value)  # asarray keeps 0-d
+        return self.raw_const(name, helper.np_dtype_to_tensor_dtype(value.dtype), value.shape, c_order(value).tobytes())
 
     def raw_const(self, name: str, elem_type: int, dims: Sequence[int], raw: bytes) -> str:
-        """An initializer of a type numpy has no dtype for (int4/uint4: two values per byte, low nibble first)."""
-        self.initializers.append(helper.make_tensor(name, elem_type, list(dims), raw, raw=True))
+        """An initializer from its raw little-endian bytes (also of types numpy has no dtype for: int4/uint4, two values
+        per byte, low nibble first; bfloat16)."""
+        t = self.initializers.add()
+        t.name, t.data_type = name, elem_type
+        t.dims.extend(int(d) for d in dims)
+        t.raw_data = raw
         return name
 
     def weight(self, name: str, value: np.ndarray) -> str:
@@ -75,17 +83,14 @@ class GraphBuilder:
         elif self.weight_dtype == "float16":
             self.const(name, c_order(value.astype(np.float16)))
         else:
-            bits = float32_to_bf16_bits(value)
-            self.initializers.append(
-                helper.make_tensor(name, TensorProto.BFLOAT16, value.shape, bits.tobytes(), raw=True)
-            )
+            self.raw_const(name, TensorProto.BFLOAT16, value.shape, float32_to_bf16_bits(value).tobytes())
         if self.weight_dtype == self.compute_dtype:
             return name
         return self.op("Cast", [name], f"{name}/cast", to=self.compute_type)
 
     def fp8_weight(self, name: str, bits: np.ndarray, scale: np.ndarray, block_size: int = 0) -> str:
         """float8 e4m3 weight [in, out] + scales -> a float32 value via DequantizeLinear."""
-        self.initializers.append(helper.make_tensor(name, TensorProto.FLOAT8E4M3FN, bits.shape, np.ascontiguousarray(bits).tobytes(), raw=True))
+        self.raw_const(name, TensorProto.FLOAT8E4M3FN, bits.shape, np.ascontiguousarray(bits).tobytes())
         s = self.const(f"{name}_scale", scale.astype(np.float32))
         if block_size:
             return self.op("DequantizeLinear", [name, s], f"{name}/dequant", axis=0, block_size=block_size)
@@ -108,8 +113,13 @@ class GraphBuilder:
         return outs[0] if len(outs) == 1 else outs  # type: ignore[return-value]
 
     def model(self, graph_name: str, extra_opsets: dict[str, int] | None = None):
-        graph = helper.make_graph(self.nodes, graph_name, self.inputs, self.outputs, self.initializers)
-        opsets = [helper.make_opsetid("", OPSET)] + [helper.make_opsetid(d, v) for d, v in (extra_opsets or {}).items()]
-        model = helper.make_model(graph, opset_imports=opsets, producer_name="specdec")
+        """The ModelProto (what helper.make_graph / make_model would give, without copying the initializers)."""
+        model, graph = self._model, self._model.graph
+        graph.name = graph_name
+        graph.node.extend(self.nodes)
+        graph.input.extend(self.inputs)
+        graph.output.extend(self.outputs)
+        model.opset_import.extend([helper.make_opsetid("", OPSET)] + [helper.make_opsetid(d, v) for d, v in (extra_opsets or {}).items()])
+        model.producer_name = "specdec"
         model.ir_version = IR_VERSION
         return model

@@ -108,6 +108,9 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
       specdec-build --checkpoint_dir ./llama-small --output_dir engines/draft
     """
     _require_build_extra()  # the builder imports onnx only when it writes the network: check before any work
+    from ..builder.memory import reuse_freed_memory
+
+    reuse_freed_memory()  # a build's weight-sized temporaries reuse freed memory instead of faulting fresh pages in
     from ..builder.architectures import model_config_from_hf
     from ..builder.checkpoint import read_hf_config
 
