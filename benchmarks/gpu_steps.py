@@ -100,3 +100,15 @@ def _top(names: list[str], steps: int, n: int = 8) -> list[tuple[str, float]]:
     for name in names:
         counts[name] = counts.get(name, 0) + 1
     return [(k[:80], v / steps) for k, v in sorted(counts.items(), key=lambda kv: -kv[1])[:n]]
+
+
+def graph_nodes(engine_dir: Path) -> dict:
+    """ONNX nodes of the engine's graph as written (before ONNX Runtime's own fusions): per decoder layer (layer 0's,
+    by op type) and outside the layers: what the lowering asks of the runtime, beside what the profile counts."""
+    import onnx
+
+    model = onnx.load(str(Path(engine_dir) / "model.onnx"), load_external_data=False)
+    layer0 = [n.op_type for n in model.graph.node if n.name.startswith("/model/layers.0/")]
+    outside = [n for n in model.graph.node if not n.name.startswith("/model/layers.")]
+    return {"per_layer": len(layer0), "outside_layers": len(outside), "layer_ops": {op: layer0.count(op) for op in sorted(set(layer0))}}
+

@@ -80,18 +80,24 @@ class AttentionLowering:
             return ["batch", cfg.num_kv_heads, "kv_capacity", cfg.head_dim]
         return ["batch", "kv_capacity", cfg.num_kv_heads * cfg.head_dim]
 
-    def cached_attention(self, prefix: str, q: str, k: str, v: str, layer: int, shared: Shared) -> str:
-        """Write k/v into the layer's cache in place, then attend over its live slots."""
-        gb, cfg = self.gb, self.cfg
-        shape = self.cache_shape()
-        live = []
+    def write_cache(self, prefix: str, k: str, v: str, layer: int, shared: Shared, elem_type: int = TensorProto.FLOAT) -> list[str]:
+        """The layer's past_key/past_value inputs with k/v written at each row's write_index (TensorScatter, in place when
+        the runtime binds one buffer as past and present): [present_key, present_value], the whole caches."""
+        gb, shape, out = self.gb, self.cache_shape(), []
         for kind, new in (("key", k), ("value", v)):
-            past = gb.input(f"past_{kind}.{layer}", TensorProto.FLOAT, shape)
+            past = gb.input(f"past_{kind}.{layer}", elem_type, shape)
             present = f"present_{kind}.{layer}"
             # the capacity axis is -2 of either layout
             gb.op("TensorScatter", [past, new, shared.write_index], f"{prefix}/{kind}_cache_update", outputs=[present], axis=-2)
-            gb.output(present, TensorProto.FLOAT, shape)
-            live.append(gb.op("Slice", [present, self._zero, shared.live_len, self._cache_axis], f"{prefix}/{kind}_live"))
+            gb.output(present, elem_type, shape)
+            out.append(present)
+        return out
+
+    def cached_attention(self, prefix: str, q: str, k: str, v: str, layer: int, shared: Shared) -> str:
+        """Write k/v into the layer's cache in place, then attend over its live slots."""
+        gb, cfg = self.gb, self.cfg
+        live = [gb.op("Slice", [present, self._zero, shared.live_len, self._cache_axis], f"{prefix}/{kind}_live")
+                for kind, present in zip(("key", "value"), self.write_cache(prefix, k, v, layer, shared))]
         if self.consistent_rows:  # a lone query row takes another kernel: give it a zero partner
             q = gb.op("Pad", [q, self._query_pads], f"{prefix}/two_query_rows")
         out = gb.op(

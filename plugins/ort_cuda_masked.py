@@ -93,14 +93,7 @@ class OrtCudaMaskedAttention(OrtCudaBase):
         gb, cfg = self.gb, self.cfg
         q = gb.op("RotaryEmbedding", [q, self._cos, self._sin, shared.positions], f"{prefix}/q_rope", num_heads=cfg.num_heads)
         k = gb.op("RotaryEmbedding", [k, self._cos, self._sin, shared.positions], f"{prefix}/k_rope", num_heads=cfg.num_kv_heads)
-        shape = self.cache_shape()
-        full = []
-        for kind, new in (("key", k), ("value", v)):
-            past = gb.input(f"past_{kind}.{layer}", gb.compute_type, shape)
-            present = f"present_{kind}.{layer}"
-            gb.op("TensorScatter", [past, new, shared.write_index], f"{prefix}/{kind}_cache_update", outputs=[present], axis=-2)
-            gb.output(present, gb.compute_type, shape)
-            full.append(present)
+        full = self.write_cache(prefix, k, v, layer, shared, gb.compute_type)  # attention reads the whole caches: masked, bounded per row
         out = gb.op(
             "Attention",
             [q, full[0], full[1], self._bias, "", "", self._kv_len],
