@@ -158,10 +158,10 @@ def verify_vs_steps(ex, kmax: int) -> dict:
     prompt, toks = list(range(10, 110)), [11, 12, 13, 14, 15, 16, 17, 18, 19][: kmax + 1]
     one = ex.new_cache(1)
     ex.forward(one, [prompt], all_logits=False)
-    wide = ex.forward(one, [toks], all_logits=True)[0].copy()
+    wide = ex.forward(one, [toks], all_logits=True).logits[0].copy()
     seq = ex.new_cache(1)
     ex.forward(seq, [prompt], all_logits=False)
-    narrow = np.stack([ex.forward(seq, [[t]], all_logits=True)[0, 0].copy() for t in toks])
+    narrow = np.stack([ex.forward(seq, [[t]], all_logits=True).logits[0, 0].copy() for t in toks])
     return {"max_abs_diff": float(np.abs(wide - narrow).max()), "argmax_equal": bool((wide.argmax(-1) == narrow.argmax(-1)).all())}
 
 

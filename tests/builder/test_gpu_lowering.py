@@ -95,7 +95,7 @@ class ExecutorRunner:
         self.ex, self.cache = ex, ex.new_cache(slots)
 
     def forward(self, tokens: list[list[int]]) -> np.ndarray:
-        return self.ex.forward(self.cache, tokens, all_logits=True)
+        return self.ex.forward(self.cache, tokens, all_logits=True).logits
 
     def rollback(self, slot: int, to: int) -> None:
         self.cache.rollback(slot, to)
@@ -105,14 +105,14 @@ def check_steps(ref, got) -> None:
     """STEPS, a rollback of row 0 over its last 6 tokens (rejected drafts), AFTER_ROLLBACK: the same logits as ``ref``."""
     cache = ref.new_cache(3)
     for i, tokens in enumerate(STEPS):
-        want = ref.forward(cache, tokens, all_logits=True).copy()
+        want = ref.forward(cache, tokens, all_logits=True).logits.copy()
         out = got.forward(tokens)
         for row, t in enumerate(tokens):
             np.testing.assert_allclose(out[row, : len(t)], want[row, : len(t)], atol=2e-5, rtol=0, err_msg=f"step {i}, row {row}")
     cache.rollback(0, cache.lengths[0] - 6)
     got.rollback(0, int(cache.lengths[0]))
     for tokens in AFTER_ROLLBACK:
-        want = ref.forward(cache, tokens, all_logits=True).copy()
+        want = ref.forward(cache, tokens, all_logits=True).logits.copy()
         out = got.forward(tokens)
         for row, t in enumerate(tokens):
             np.testing.assert_allclose(out[row, : len(t)], want[row, : len(t)], atol=2e-5, rtol=0)
@@ -138,7 +138,7 @@ def test_auto_picks_gqa_for_engines_that_never_verify(llama_ckpt, tmp_path):
     assert (build.cuda_attention, build.kv_layout) == ("gqa", "bnsh")
     ex = build_and_load(llama_ckpt, tmp_path / "forced", spec_build(0, lowering="ort_cuda", dtype="float32", cuda_attention="masked"))
     assert (ex.build.cuda_attention, ex.build.kv_layout) == ("masked", "bsh")
-    logits = ex.forward(ex.new_cache(2), [[5, 6, 7], [8, 9]], all_logits=True)  # a masked draft batches its catch-up too
+    logits = ex.forward(ex.new_cache(2), [[5, 6, 7], [8, 9]], all_logits=True).logits  # a masked draft batches its catch-up too
     assert np.isfinite(logits).all()
 
 
