@@ -9,7 +9,8 @@ take, answered with a 400 that names where it is:
 * a lone UTF-16 surrogate (``"\\ud800"``): valid JSON, not Unicode text; a
   tokenizer, a chat template or a grammar compiler would fail on it;
 * nesting deeper than ``MAX_DEPTH``: no field of the API nests that deep,
-  and deep enough nesting exhausts a recursive parser.
+  and deep enough nesting exhausts a recursive parser;
+* ``NaN`` and ``Infinity``: Python's parser takes them, JSON (RFC 8259) does not.
 """
 
 from __future__ import annotations
@@ -80,12 +81,14 @@ class Guard:
 
 def check_json(body: bytes) -> tuple[str, str | None] | None:
     """(message, param) for a JSON body the server cannot take; None for anything else (malformed JSON is FastAPI's to report)."""
-    if not body or body.count(b"[") + body.count(b"{") < MAX_DEPTH and b"\\u" not in body.lower():
-        return None  # too shallow to nest deeply, and no escape that could be a surrogate: nothing to walk
+    if not body or body.count(b"[") + body.count(b"{") < MAX_DEPTH and b"\\u" not in body.lower() and b"NaN" not in body and b"Infinity" not in body:
+        return None  # too shallow to nest deeply, no escape that could be a surrogate, no non-finite number: nothing to walk
     try:
-        doc = json.loads(body)
+        doc = json.loads(body, parse_constant=_not_json)
     except RecursionError:
         return f"the request body nests deeper than {MAX_DEPTH} levels; no field of this API nests that deep.", None
+    except NonFinite as err:
+        return f"the request body is not valid JSON: {err} is not a JSON number (send a finite number).", None
     except ValueError:
         return None
     stack: list[tuple[Any, str, int]] = [(doc, "", 0)]
@@ -105,6 +108,14 @@ def check_json(body: bytes) -> tuple[str, str | None] | None:
         elif isinstance(value, list):
             stack.extend((v, f"{path}.{i}" if path else str(i), depth + 1) for i, v in enumerate(value))
     return None
+
+
+class NonFinite(ValueError):
+    pass
+
+
+def _not_json(constant: str) -> float:
+    raise NonFinite(constant)
 
 
 def _lone_surrogate(s: str) -> bool:
