@@ -106,7 +106,10 @@ class LogitsProcessor:
     def pick(self, row: np.ndarray, appended: Sequence[int], rng: np.random.Generator) -> tuple[int, np.ndarray | None]:
         """The token this request's settings pick at a position (a draft's or the target's), and the
         distribution it was drawn from ([vocab], None when greedy)."""
-        x = self.logits(row, appended)
+        return self.choose(self.logits(row, appended), rng)
+
+    def choose(self, x: np.ndarray, rng: np.random.Generator) -> tuple[int, np.ndarray | None]:
+        """``pick`` on logits this chain has processed already."""
         if self.cfg.greedy:
             return int(np.argmax(x)), None
         q = processed_probs(x[None], self.cfg)[0]

@@ -182,6 +182,9 @@ class EngineLoop:
         if self.draining:
             raise ApiError(503, "the server is shutting down; send the request to another replica.", headers={"Retry-After": "5"})
         samples = len(job.choices)
+        if self.max_queued is not None and samples > self.engine.max_batch + self.max_queued:
+            raise ApiError(400, f"this request asks for {samples} sequences (prompts x n or best_of); this server holds at most "
+                           f"{self.engine.max_batch + self.max_queued} at once (max_batch_size {self.engine.max_batch} + --max_queued_requests {self.max_queued}).", "n")
         with self._lock:
             if self.max_queued is not None:
                 free = self.engine.max_batch - self._running

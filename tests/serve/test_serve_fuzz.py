@@ -21,7 +21,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from schemathesis import GenerationMode
-from schemathesis.checks import content_type_conformance, not_a_server_error, response_schema_conformance, status_code_conformance
+from schemathesis.checks import content_type_conformance, response_schema_conformance, status_code_conformance
 from servers import running, served_pair
 
 CASES = int(os.environ.get("SPECDEC_FUZZ_CASES", "25"))  # per operation and mode
@@ -59,7 +59,9 @@ def test_every_operation_fuzzed_against_the_schema(server):
             @given(case=op.as_strategy(generation_mode=mode))
             def run(case):
                 response = case.call(base_url=server, timeout=60)
-                case.validate_response(response, checks=[not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance])
+                # documented statuses only (503 and 504 are: a full queue, a request past --request_timeout); never a 500
+                assert response.status_code != 500, response.text
+                case.validate_response(response, checks=[status_code_conformance, content_type_conformance, response_schema_conformance])
                 check_error_shape(response)
                 seen.setdefault(op.label, set()).add(response.status_code)
 
