@@ -134,4 +134,5 @@ class RequestOutput:
     finished: bool = False
     metrics: Metrics | None = None  # this request's (drafted, accepted, TTFT, ...)
     new_logprobs: list = field(default_factory=list)  # per token of new_token_ids, with logprobs on: (log-probability, top alternatives)
+    logprobs: list = field(default_factory=list)  # per token of output_ids, with logprobs on
     prompt_logprobs: list | None = None  # with prompt_logprobs on: one per prompt token (None for the first)
