@@ -145,11 +145,15 @@ class GrammarState:
     def allowed(self, appended: Sequence[int] = ()) -> np.ndarray:
         """bool [vocab]: the tokens the grammar allows after the committed tokens and ``appended``."""
         if not self._seek(appended):
-            raise RequestError("internal: a position past a token the grammar forbids was asked for its mask.")
-        self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-        mask = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.vocab_size].astype(bool)
-        if not mask.any():  # defensive: a matcher in an error state allows nothing; let the request end instead
-            mask[[t for t in self.end_ids if t < self.vocab_size]] = True
+            if not self.matcher.is_stopped():
+                raise RequestError("internal: a position past a token the grammar forbids was asked for its mask.")
+            mask = np.zeros(self.vocab_size, bool)  # past the grammar's end (a draft ran on): the request ends there anyway
+        else:
+            self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+            mask = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.vocab_size].astype(bool)
+        if not mask.any():  # complete, or (defensive) a matcher in an error state: only an end token
+            ends = [t for t in self.end_ids if t < self.vocab_size]
+            mask[ends if ends else slice(None)] = True  # no end token: anything, since the request ends here and is cut
         return mask
 
     def valid_prefix(self, tokens: Sequence[int]) -> int:
