@@ -50,6 +50,7 @@ def test_every_operation_fuzzed_against_the_schema(server):
     operations = [op.ok() for op in schema.get_all_operations()]
     assert {op.label for op in operations} >= {"POST /v1/completions", "POST /v1/chat/completions", "GET /health"}
     seen: dict[str, set[int]] = {}
+    counts: dict[str, int] = {}
     for op in operations:
         modes = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE) if op.method.upper() == "POST" else (GenerationMode.POSITIVE,)  # a GET has nothing to break
         for mode in modes:
@@ -64,8 +65,10 @@ def test_every_operation_fuzzed_against_the_schema(server):
                 case.validate_response(response, checks=[status_code_conformance, content_type_conformance, response_schema_conformance])
                 check_error_shape(response)
                 seen.setdefault(op.label, set()).add(response.status_code)
+                counts[op.label] = counts.get(op.label, 0) + 1
 
             run()
+    print(f"schemathesis: {sum(counts.values())} cases (seed {SEED}):", counts, {k: sorted(v) for k, v in seen.items()})
     # the fuzzer reached past validation into the engine, and was refused there too
     assert 200 in seen["POST /v1/completions"] and 422 in seen["POST /v1/completions"], seen
     with httpx.Client(base_url=server, timeout=60) as c:
