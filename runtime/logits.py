@@ -60,6 +60,8 @@ class LogitsProcessor:
         if len(self.bias_ids):
             inside = self.bias_ids < width
             x[self.bias_ids[inside]] += self.bias_values[inside]
+        # a tiny repetition penalty divides a logit past float64's range: the largest finite one instead, never inf - inf
+        np.minimum(x, np.finfo(np.float64).max, out=x)
         if self.grammar is not None:
             mask = self.grammar.allowed(appended)  # [grammar vocab]
             x[: min(width, len(mask))][~mask[:width]] = -np.inf
@@ -74,7 +76,8 @@ class LogitsProcessor:
             ids = np.fromiter(self.seen | counts.keys(), np.int64)
             ids = ids[ids < width]
             v = x[ids]
-            x[ids] = np.where(v > 0, v / cfg.repetition_penalty, v * cfg.repetition_penalty)
+            with np.errstate(over="ignore"):  # overflow to inf is clamped below
+                x[ids] = np.where(v > 0, v / cfg.repetition_penalty, v * cfg.repetition_penalty)
         if counts and (cfg.frequency_penalty or cfg.presence_penalty):
             ids = np.fromiter(counts.keys(), np.int64, len(counts))
             n = np.fromiter(counts.values(), np.float64, len(counts))
@@ -154,8 +157,13 @@ def as_rows(target: "Rows | np.ndarray", drafts: Sequence[int] = ()) -> Rows:
     return target if isinstance(target, Rows) else Rows(np.asarray(target), None, drafts)
 
 
+FLOOR = -9999.0  # OpenAI's log-probability for a token that cannot occur (JSON has no -inf)
+
+
 def logprobs(x: np.ndarray, token: int, top: int = 0) -> tuple[float, list[tuple[int, float]]]:
-    """x: [vocab] processed logits -> (the token's log-probability, the ``top`` most likely (id, log-probability))."""
+    """x: [vocab] processed logits -> (the token's log-probability, the ``top`` most likely (id, log-probability)).
+
+    Tokens the processing forbids (-inf: a grammar's mask) are never listed among the alternatives."""
     z = np.asarray(x, np.float64)
     finite = np.isfinite(z)
     m = z[finite].max() if finite.any() else 0.0
@@ -163,8 +171,10 @@ def logprobs(x: np.ndarray, token: int, top: int = 0) -> tuple[float, list[tuple
     lp = z - lse
     best: list[tuple[int, float]] = []
     if top > 0:
-        k = min(top, len(z))
-        idx = np.argpartition(-lp, k - 1)[:k]
-        idx = idx[np.lexsort((idx, -lp[idx]))]
-        best = [(int(i), float(lp[i])) for i in idx]
-    return float(lp[token]), best
+        k = min(top, int(finite.sum()))
+        if k > 0:
+            idx = np.argpartition(-np.where(finite, lp, -np.inf), k - 1)[:k]
+            idx = idx[np.lexsort((idx, -lp[idx]))]
+            best = [(int(i), float(lp[i])) for i in idx]
+    own = float(lp[token])
+    return (own if np.isfinite(own) else FLOOR), best

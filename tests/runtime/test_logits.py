@@ -213,3 +213,21 @@ def test_sampled_with_every_setting_keeps_the_target_distribution(ex):
     df = len(keys) - 1
     a = 2.0 / (9.0 * df)
     assert len(keys) >= 4 and stat < df * (1.0 - a + 3.09 * a**0.5) ** 3, (stat, len(keys))
+
+
+def test_logprobs_never_list_a_forbidden_token_and_stay_finite():
+    x = np.array([0.0, -np.inf, 1.0, -np.inf])
+    lp, top = logprobs(x, 2, top=4)
+    assert [t for t, _ in top] == [2, 0] and all(np.isfinite(v) for _, v in top)
+    assert logprobs(x, 1)[0] == -9999.0  # OpenAI's figure for a token that cannot occur: JSON has no -inf
+
+
+def test_a_subnormal_repetition_penalty_keeps_the_logits_finite():
+    """Found by the server's fuzzer: 5e-324 divided a positive logit into +inf, and the softmax into NaN."""
+    cfg = SamplingConfig(temperature=1.0, repetition_penalty=5e-324)
+    proc = LogitsProcessor(cfg, [0, 1])
+    x = proc.logits(np.array([2.0, 1.0, 0.5, -1.0]))
+    assert np.isfinite(x).all() and x[0] == x[1] == np.finfo(np.float64).max
+    p = processed_probs(x[None], cfg)[0]
+    np.testing.assert_allclose(p, [0.5, 0.5, 0.0, 0.0])
+    assert np.isfinite(logprobs(x, 0, top=2)[0])

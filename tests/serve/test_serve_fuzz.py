@@ -102,6 +102,9 @@ EDGES = [
     ("completions", {"prompt": "ok", "max_tokens": 3, "logit_bias": {"5": -100, "6": 100}, "presence_penalty": -2, "frequency_penalty": 2, "seed": 3}, 200),
     ("completions", {"prompt": "ok", "max_tokens": 3, "repetition_penalty": 5e-324, "seed": 3}, 200),
     ("completions", {"prompt": "ok", "max_tokens": 3, "speculative": {"method": "draft", "num_draft_tokens": 1024}}, 400),
+    # found by the fuzzer: a subnormal repetition penalty divides a logit into infinity, and NaN is not JSON
+    ("completions", {"prompt": "abcabc", "max_tokens": 4, "repetition_penalty": 5e-324, "logprobs": 5, "temperature": 0}, 200),
+    ("completions", {"prompt": "abcabc", "max_tokens": 4, "repetition_penalty": 5e-324, "logprobs": 5, "temperature": 1, "seed": 2}, 200),
     ("completions", b'{"prompt": "ok", "max_tokens": 3, "temperature": NaN}', 400),
     ("completions", b'{"prompt": "ok", "max_tokens": 3, "temperature": Infinity}', 400),
     ("completions", b'{"prompt": "ok", "max_tokens": 3, "temperature": 1e400}', 422),

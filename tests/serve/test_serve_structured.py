@@ -150,3 +150,12 @@ def test_tool_choice_auto_and_a_conversation_with_tool_results(client):
     ]
     r = client.chat.completions.create(model="demo", messages=messages, tools=TOOLS, tool_choice="none", max_tokens=8, temperature=0)
     assert r.choices[0].message.tool_calls is None and isinstance(r.choices[0].message.content, str)
+
+
+def test_logprobs_with_a_grammar_list_only_allowed_tokens(client):
+    """Found by the fuzzer's class: a grammar forbids most tokens (-inf), and -inf is not JSON."""
+    r = client.completions.create(model="demo", prompt="x =", max_tokens=4, temperature=0, logprobs=20,
+                                  extra_body={"structured_outputs": {"choice": [" True", " False"]}})
+    c = r.choices[0]
+    assert c.text in (" True", " False")
+    assert all(len(top) < 20 and all(v > -9999 for v in top.values()) for top in c.logprobs.top_logprobs)
