@@ -6,8 +6,6 @@ The same scores, and the same per-sample answers, with speculative.method none, 
 server whose default it is: the harness sends no extension field).
 """
 
-import os
-import shutil
 from pathlib import Path
 
 import pytest
