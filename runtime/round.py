@@ -33,6 +33,7 @@ from .logits import Rows, logprobs
 from .metrics import Metrics
 from .proposers.base import Draft, Proposer, TargetOutput
 from .request import AUTO, Request, RequestStatus
+from .sampling import next_token
 from .tree import accept_tree_greedy
 
 NewTokens = dict[str, list[int]]  # request id -> the tokens this step appended to it
@@ -112,12 +113,7 @@ class SpeculativeRound:
             r.prompt_logprobs = [None] + [logprobs(rows[t - 1, : self.vocab_limit], r.prompt_ids[t], top) for t in range(1, len(r.prompt_ids))]
         proc = r.processor
         x = proc.logits(last) if proc is not None else last
-        if proc is not None:
-            tok, _ = proc.choose(x, r.rng)
-        else:
-            from .sampling import next_token
-
-            tok = next_token(last, r.config.sampling, r.rng)
+        tok = proc.choose(x, r.rng)[0] if proc is not None else next_token(last, r.config.sampling, r.rng)
         if r.config.logprobs is not None:
             r.logprobs.append(logprobs(x, tok, r.config.logprobs))
         return tok
