@@ -57,7 +57,8 @@ def processed_probs(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
         out[np.arange(len(x)), x.argmax(axis=-1)] = 1.0
         return out
     # shifted before the division: a tiny temperature sends the others to -inf, never inf - inf
-    x = (x - x.max(axis=-1, keepdims=True)) / cfg.temperature
+    with np.errstate(over="ignore"):  # -> -inf: the token cannot be drawn
+        x = (x - x.max(axis=-1, keepdims=True)) / cfg.temperature
     if 0 < cfg.top_k < x.shape[-1]:
         kth = np.partition(x, -cfg.top_k, axis=-1)[:, -cfg.top_k][:, None]
         x = np.where(x < kth, -np.inf, x)
