@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 import click
 
@@ -32,7 +33,13 @@ from .run import parse_draft_len
 @option("tokenizer_dir", type=click.Path(), help="Tokenizer directory [default: the engine's own].")
 @option("chat_template", type=click.Path(exists=True, dir_okay=False), help="A jinja chat template file [default: chat_template from tokenizer_config.json].")
 @option("end_id", type=int, default=None, help="Token id that ends a request [default: the tokenizer's EOS]; -1: never stop on EOS.")
-@option("max_request_bytes", type=int, default=4 * 1024 * 1024, show_default=True, help="Largest request body accepted (larger: 413).")
+@option("max_request_bytes", type=click.IntRange(min=1), default=4 * 1024 * 1024, show_default=True, help="Largest request body accepted (larger: 413).")
+@option("max_queued_requests", type=click.IntRange(min=0), default=None,
+        help="Requests that may wait for a cache slot beyond the free ones; more get a 503 with Retry-After [default: no limit].")
+@option("request_timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+        help="Seconds a request may run; then it is stopped and answered with a 504 [default: no limit].")
+@option("shutdown_timeout", type=click.FloatRange(min=0), default=30.0, show_default=True,
+        help="On SIGTERM: seconds the running requests get to finish before they end with a 503.")
 @option("device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True, help="Where engines run (as specdec-run).")
 @option("num_threads", type=int, default=None, help="ONNX Runtime intra-op threads of the target engine [default: all cores, up to 8].")
 @option("draft_num_threads", type=int, default=1, show_default=True, help="Threads of the draft engine.")
@@ -40,7 +47,7 @@ from .run import parse_draft_len
 @option("log_level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info", show_default=True, help="Server log level (debug: every request logged).")
 @clean_errors
 def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, medusa_choices, eagle_choices, speculative_method, draft_len, ngram_min_match, host, port, api_key,
-         served_model_name, tokenizer_dir, chat_template, end_id, max_request_bytes, device, num_threads, draft_num_threads, allow_vocab_mismatch, log_level) -> None:
+         served_model_name, tokenizer_dir, chat_template, end_id, max_request_bytes, max_queued_requests, request_timeout, shutdown_timeout, device, num_threads, draft_num_threads, allow_vocab_mismatch, log_level) -> None:
     """Serve an engine over OpenAI's API: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, /version.
 
     \b
@@ -59,20 +66,31 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
     ngram = parse_ngram_config(ngram_config) if ngram_config else None
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         click.echo(f"warning: binding {host} without --api_key: anyone who can reach this port can use the server.", err=True)
-    served = build_served(engine_dir, draft_engine_dir, dtm, ngram, served_model_name=served_model_name, tokenizer_dir=tokenizer_dir,
-                          chat_template=chat_template, end_id=end_id, method=speculative_method, draft_len=parse_draft_len(draft_len),
-                          ngram_min_match=ngram_min_match, device=device, num_threads=num_threads, draft_num_threads=draft_num_threads,
-                          allow_vocab_mismatch=allow_vocab_mismatch, medusa_choices=medusa_choices, eagle_choices=eagle_choices)
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    app = create_app(served, api_key=api_key, max_request_bytes=max_request_bytes)
-    spec = served.engine.speculation
-    methods = ", ".join(served.methods)
+    loaded: dict = {}
+
+    def load():
+        served = build_served(engine_dir, draft_engine_dir, dtm, ngram, served_model_name=served_model_name, tokenizer_dir=tokenizer_dir,
+                              chat_template=chat_template, end_id=end_id, method=speculative_method, draft_len=parse_draft_len(draft_len),
+                              ngram_min_match=ngram_min_match, device=device, num_threads=num_threads, draft_num_threads=draft_num_threads,
+                              allow_vocab_mismatch=allow_vocab_mismatch, medusa_choices=medusa_choices, eagle_choices=eagle_choices)
+        loaded["served"] = served
+        return create_app(served, api_key=api_key, max_request_bytes=max_request_bytes, max_queued_requests=max_queued_requests,
+                          request_timeout=request_timeout, shutdown_timeout=shutdown_timeout)
+
+    def bound(url: str) -> None:
+        # said only if loading takes a while: a load that fails at once prints its one error line alone
+        note = threading.Timer(2.0, lambda: "served" in loaded or click.echo(f"loading {engine_dir}; GET {url}/health answers 503 \"loading\" until it is ready", err=True))
+        note.daemon = True
+        note.start()
 
     def ready(url: str) -> None:
-        click.echo(f"specdec-serve: model {served.model_name!r} (methods: {methods}; default {spec.method}"
+        served = loaded["served"]
+        spec = served.engine.speculation
+        click.echo(f"specdec-serve: model {served.model_name!r} (methods: {', '.join(served.methods)}; default {spec.method}"
                    f"{f', {spec.draft_len} drafts' if spec.method != 'none' else ''}) on {url}", err=True)
 
-    run_server(app, host, port, log_level=log_level, on_ready=ready)
+    run_server(load, host, port, log_level=log_level, on_ready=ready, on_bound=bound, shutdown_timeout=shutdown_timeout)
 
 
 if __name__ == "__main__":

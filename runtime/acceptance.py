@@ -3,16 +3,22 @@
 Both rules return ``(num_accepted, next_token)``: the first ``num_accepted``
 drafts are kept and ``next_token`` (the target's correction, or the bonus
 token when every draft survived) is appended after them.
+
+The target's rows come raw ([k + 1, vocab]) or as runtime/logits.py's
+``Rows``: each row then processed with its own history (the committed output
+and the drafts before it: penalties, logit bias, the grammar mask), and only
+when the rule reaches it.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .sampling import SamplingConfig, processed_probs, sample
+from .logits import Rows, as_rows
+from .sampling import SamplingConfig, sample
 
 
-def accept_token_compare(drafts: np.ndarray, target_logits: np.ndarray, cfg: SamplingConfig, rng: np.random.Generator) -> tuple[int, int]:
+def accept_token_compare(drafts: np.ndarray, target_logits: "np.ndarray | Rows", cfg: SamplingConfig, rng: np.random.Generator) -> tuple[int, int]:
     """Accept while the draft equals the token the target picks at that position.
 
     drafts: [k]; target_logits: [k + 1, vocab]. With sampling, the target's
@@ -22,44 +28,47 @@ def accept_token_compare(drafts: np.ndarray, target_logits: np.ndarray, cfg: Sam
     probability p(x), else sample from p without x").
     """
     k = len(drafts)
+    rows = as_rows(target_logits, drafts)
     if cfg.greedy:
-        picks = target_logits[: k + 1].argmax(axis=-1)
-        mismatch = np.flatnonzero(picks[:k] != drafts)
-        n = int(mismatch[0]) if len(mismatch) else k
-        return n, int(picks[n])
+        if rows.plain:  # one argmax over every row
+            picks = rows.raw[: k + 1].argmax(axis=-1)
+            mismatch = np.flatnonzero(picks[:k] != drafts)
+            n = int(mismatch[0]) if len(mismatch) else k
+            return n, int(picks[n])
+        for j in range(k + 1):
+            pick = int(np.argmax(rows.logits(j)))
+            if j == k or pick != drafts[j]:
+                return j, pick
+    # each row's distribution is computed only when the loop reaches it: past the first rejection
+    # none is needed, and one costs milliseconds at a 100k+ vocabulary with top-p
     for j in range(k):
-        t = sample(_probs(target_logits, j, cfg), rng)
+        t = sample(rows.probs(j, cfg), rng)
         if t != drafts[j]:
             return j, t
-    return k, sample(_probs(target_logits, k, cfg), rng)
-
-
-def _probs(logits: np.ndarray, j: int, cfg: SamplingConfig) -> np.ndarray:
-    """Row j's processed distribution, computed only when the loop reaches it: past the first
-    rejection none is needed, and one costs milliseconds at a 100k+ vocabulary with top-p."""
-    return processed_probs(logits[j : j + 1], cfg)[0]
+    return k, sample(rows.probs(k, cfg), rng)
 
 
 def accept_rejection_sampling(
-    drafts: np.ndarray, draft_probs: np.ndarray, target_logits: np.ndarray, cfg: SamplingConfig, rng: np.random.Generator
+    drafts: np.ndarray, draft_probs: np.ndarray, target_logits: "np.ndarray | Rows", cfg: SamplingConfig, rng: np.random.Generator
 ) -> tuple[int, int]:
     """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
 
     drafts: [k] sampled from draft_probs [k, vocab] (q, already processed with
-    ``cfg``); target_logits: [k + 1, vocab] -> p with the same processing.
+    ``cfg`` and the position's history); target_logits: [k + 1, vocab] -> p with the same processing.
     Accept x with probability min(1, p(x)/q(x)); at the first rejection draw
     from normalize(max(0, p - q)); if all survive, draw the bonus from p[k].
     """
     k = len(drafts)
+    rows = as_rows(target_logits, drafts)
     if cfg.greedy:
-        return accept_token_compare(drafts, target_logits, cfg, rng)
+        return accept_token_compare(drafts, rows, cfg, rng)
     for j in range(k):
         x = int(drafts[j])
-        p = _probs(target_logits, j, cfg)
+        p = rows.probs(j, cfg)
         px, qx = p[x], draft_probs[j, x]
         if qx > 0 and rng.random() < min(1.0, px / qx):
             continue
         residual = np.maximum(p - draft_probs[j], 0.0)
         total = residual.sum()
         return j, sample(residual / total if total > 0 else p, rng)
-    return k, sample(_probs(target_logits, k, cfg), rng)
+    return k, sample(rows.probs(k, cfg), rng)

@@ -34,6 +34,7 @@ from .errors import EngineError, RequestError
 from .metrics import Metrics
 from .pairing import check_pair
 from .proposers.base import Proposer
+from .logits import LogitsProcessor
 from .request import AUTO, GenerationConfig, Request, RequestOutput, RequestStatus
 from .round import SpeculativeRound
 from .scheduler import Scheduler
@@ -157,6 +158,7 @@ class Engine:
             raise RequestError(f"request id {rid!r} is already in use.")
         rng = np.random.default_rng([config.sampling.random_seed, seed_stream])
         req = Request(rid, ids, config, method, draft_len, rng)
+        req.processor = LogitsProcessor(config.sampling, ids, config.grammar.start() if config.grammar is not None else None)
         req.metrics.prompt_tokens = len(ids)
         self.requests[rid] = req
         self.scheduler.add(req)
@@ -230,6 +232,7 @@ class Engine:
 
     @staticmethod
     def _output(r: Request, tokens: list[int]) -> RequestOutput:
+        lps = r.logprobs[len(r.output_ids) - len(tokens) : len(r.output_ids)] if r.config.logprobs is not None else []
         return RequestOutput(
             input_ids=r.prompt_ids,
             output_ids=list(r.output_ids),
@@ -238,4 +241,7 @@ class Engine:
             new_token_ids=tokens,
             finished=r.finished,
             metrics=r.metrics,
+            new_logprobs=lps,
+            logprobs=r.logprobs[: len(r.output_ids)] if r.config.logprobs is not None else [],
+            prompt_logprobs=r.prompt_logprobs if len(r.output_ids) == len(tokens) else None,
         )

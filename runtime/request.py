@@ -14,12 +14,16 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .errors import RequestError
 from .metrics import Metrics
 from .sampling import SamplingConfig
+
+if TYPE_CHECKING:
+    from .logits import LogitsProcessor
 
 METHODS = ("none", "draft", "ngram", "medusa", "eagle")
 AUTO = "auto"
@@ -34,6 +38,11 @@ class GenerationConfig:
     # speculation; None = the engine's default
     method: str | None = None  # none | draft | ngram | medusa | eagle
     draft_len: int | str | None = None  # 0..max_draft_len, or "auto": chosen each round
+    # log-probabilities of the emitted tokens (the target's, after logits processing): None = off,
+    # k >= 0 = each token's own plus its k most likely alternatives
+    logprobs: int | None = None
+    prompt_logprobs: bool = False  # the raw model's log-probability of every prompt token after the first
+    grammar: Any = None  # runtime.grammar.Grammar (or anything with .start() -> a GrammarState): the output's constraint
 
     def __post_init__(self) -> None:
         if self.max_output_len < 1:
@@ -44,6 +53,8 @@ class GenerationConfig:
             raise RequestError(f"draft_len={self.draft_len!r} must be an integer >= 0 or 'auto'.")
         if isinstance(self.draft_len, int) and (isinstance(self.draft_len, bool) or self.draft_len < 0):
             raise RequestError(f"draft_len={self.draft_len} must be an integer >= 0 or 'auto'.")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise RequestError(f"logprobs={self.logprobs} must be None (off) or an integer >= 0 (alternatives per token).")
 
 
 class RequestStatus(enum.Enum):
@@ -87,12 +98,15 @@ class Request:
     rng: np.random.Generator  # this request's own: its output never depends on its batch
     output_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
-    finish_reason: str = ""  # end_id | stop_words | length | max_seq_len | abort
+    finish_reason: str = ""  # end_id | stop_words | grammar | length | max_seq_len | abort
     slot: int = -1  # the target cache row while RUNNING
     metrics: Metrics = field(default_factory=lambda: Metrics(requests=1))
     times: RequestTimes = field(default_factory=RequestTimes)
     idle_rounds: int = 0  # consecutive rounds with no drafts chosen by draft_len=auto
     auto_k: int | None = None  # the draft length draft_len=auto chose last round
+    processor: "LogitsProcessor | None" = None  # its logits processing chain (runtime/logits.py), made on add_request
+    logprobs: list = field(default_factory=list)  # per output token: (log-probability, [(id, log-probability)]), when asked
+    prompt_logprobs: list | None = None  # per prompt token (None for the first), when asked
 
     @property
     def last_token(self) -> int:
@@ -119,3 +133,6 @@ class RequestOutput:
     new_token_ids: list[int] = field(default_factory=list)  # produced by this step
     finished: bool = False
     metrics: Metrics | None = None  # this request's (drafted, accepted, TTFT, ...)
+    new_logprobs: list = field(default_factory=list)  # per token of new_token_ids, with logprobs on: (log-probability, top alternatives)
+    logprobs: list = field(default_factory=list)  # per token of output_ids, with logprobs on
+    prompt_logprobs: list | None = None  # with prompt_logprobs on: one per prompt token (None for the first)

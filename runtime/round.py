@@ -10,6 +10,12 @@ A round, per request (gpt-fast's verbs):
 
 The round never picks who runs (runtime/scheduler.py does) and never frees a
 slot: it returns the requests that finished, and the engine lets them go.
+
+Each request's logits processing chain (runtime/logits.py: penalties, logit
+bias, a grammar) is applied at every position the target samples or
+verifies, with that position's own history (the drafts before it included),
+and by the proposers to the drafts alike; a draft token the request's
+grammar forbids ends its draft there (``trim``).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from .acceptance import accept_rejection_sampling, accept_token_compare
 from .backends.base import Executor, StepOutput
 from .draft_len import PROBE_EVERY, AutoDraftLen
 from .kv_cache import KVCache
+from .logits import Rows, logprobs
 from .metrics import Metrics
 from .proposers.base import Draft, Proposer, TargetOutput
 from .request import AUTO, Request, RequestStatus
@@ -40,8 +47,12 @@ def append(r: Request, tokens: list[int], new: NewTokens, max_seq_len: int) -> b
     for t in tokens:
         out.append(t)
         added.append(t)
+        if r.processor is not None:
+            r.processor.commit([t])
         if t in cfg.end_ids:
             reason = "end_id"
+        elif r.processor is not None and r.processor.done:
+            reason = "grammar"  # the output is complete: its grammar takes no more tokens
         elif any(len(s) <= len(out) and tuple(out[-len(s):]) == s for s in cfg.stop_words):
             reason = "stop_words"
         elif len(out) >= cfg.max_output_len:
@@ -68,9 +79,12 @@ class SpeculativeRound:
         """Run the prompts of ``batch`` (in slots first, first + 1, ...), pick each first token, start the
         proposers; the requests that finished on their first token."""
         t0 = time.perf_counter()
-        step = self.target.forward(self.cache, [r.prompt_ids for r in batch], all_logits=False, first_slot=first)
-        logits = step.logits[:, 0, : self.vocab_limit]  # [len(batch), vocab] at each prompt's last token
-        firsts = [next_token(logits[i], r.config.sampling, r.rng) for i, r in enumerate(batch)]
+        echo = any(r.config.prompt_logprobs for r in batch)  # every row's logits, for the prompts' log-probabilities
+        step = self.target.forward(self.cache, [r.prompt_ids for r in batch], all_logits=echo, first_slot=first)
+        out = step.logits  # [len(batch), 1 or the longest prompt, vocab]
+        # logits: [len(batch), vocab] at each prompt's last token
+        logits = out[np.arange(len(batch)), [len(r.prompt_ids) - 1 if echo else 0 for r in batch], : self.vocab_limit]
+        firsts = [self._first_token(r, logits[i], out[i] if r.config.prompt_logprobs else None) for i, r in enumerate(batch)]
         t1 = time.perf_counter()
         self.stats.target_s += t1 - t0
         ended = []
@@ -90,6 +104,19 @@ class SpeculativeRound:
                 for r in joining:
                     r.metrics.draft_s += dt / len(joining)
         return ended
+
+    def _first_token(self, r: Request, last: np.ndarray, rows: np.ndarray | None) -> int:
+        """The token the prefill picks (last: [vocab] at the prompt's last token); with ``rows`` ([prompt len, vocab],
+        the prompt's every row), the prompt's log-probabilities too: row t - 1 predicts prompt token t."""
+        if rows is not None:
+            top = r.config.logprobs or 0
+            r.prompt_logprobs = [None] + [logprobs(rows[t - 1, : self.vocab_limit], r.prompt_ids[t], top) for t in range(1, len(r.prompt_ids))]
+        proc = r.processor
+        x = proc.logits(last) if proc is not None else last
+        tok = proc.choose(x, r.rng)[0] if proc is not None else next_token(last, r.config.sampling, r.rng)
+        if r.config.logprobs is not None:
+            r.logprobs.append(logprobs(x, tok, r.config.logprobs))
+        return tok
 
     # -- a round ------------------------------------------------------------------------
     def run(self, reqs: list[Request], new: NewTokens) -> list[Request]:
@@ -141,7 +168,7 @@ class SpeculativeRound:
             if timing:
                 self.auto.record_draft(name, len(idx), max(len(d) for d in got), dt)
             for i, d in zip(idx, got):
-                drafts[i] = d
+                drafts[i] = trim(reqs[i], d)
                 reqs[i].metrics.draft_s += dt / len(idx)
         return drafts
 
@@ -162,7 +189,8 @@ class SpeculativeRound:
     def accept(self, r: Request, d: Draft, step: StepOutput, share_s: float, new: NewTokens) -> bool:
         """Keep what the target agrees with, roll the rest back, append, tell the proposer. True if r finished."""
         k = len(d)  # a proposer may offer fewer than allowed (n-gram: no match)
-        rows = step.logits[r.slot, : k + 1, : self.vocab_limit]
+        raw = step.logits[r.slot, : k + 1, : self.vocab_limit]
+        rows = Rows(raw, r.processor, d.tokens)  # each row processed with its own history, when reached
         sampling = r.config.sampling
         start = int(self.cache.lengths[r.slot]) - k - 1  # where the call's k + 1 tokens went
         if d.parents is not None:  # a tree: greedy requests only (proposers draft chains for sampled ones)
@@ -178,11 +206,41 @@ class SpeculativeRound:
                 n, nxt = accept_token_compare(d.tokens, rows, sampling, r.rng)
             emitted, kept, depth = d.tokens[:n].tolist() + [nxt], list(range(n + 1)), k
             self.cache.rollback(r.slot, start + 1 + n)  # keep the last token and n drafts
+        if r.config.logprobs is not None:  # the emitted token j came from row kept[j], after emitted[:j]
+            r.logprobs += [logprobs(rows.logits(row, emitted[:j]), t, r.config.logprobs) for j, (row, t) in enumerate(zip(kept, emitted))]
         if r.method != "none":
             heads, feats = step.medusa_logits, step.eagle_hidden  # the target's extra outputs on the request's fed rows
-            self.proposers[r.method].observe(r, d, TargetOutput(rows, n, emitted, kept, None if heads is None else heads[r.slot, : k + 1],
+            self.proposers[r.method].observe(r, d, TargetOutput(raw, n, emitted, kept, None if heads is None else heads[r.slot, : k + 1],
                                                                  None if feats is None else feats[r.slot, : k + 1]))
             self.auto.record_round(r.method, k, n)
         r.metrics.record_round(k, n, depth)
         r.metrics.target_s += share_s
         return append(r, emitted, new, self.cache.max_seq_len)
+
+
+def trim(r: Request, d: Draft) -> Draft:
+    """A draft cut where the request's grammar forbids a token: a chain at its first forbidden token,
+    a tree to the nodes whose whole path it allows."""
+    proc = r.processor
+    if proc is None or proc.grammar is None or not len(d):
+        return d
+    if d.parents is None:
+        n = proc.valid_prefix(d.tokens)
+        return d if n == len(d) else Draft(d.tokens[:n], d.probs[:n] if d.probs is not None else None)
+    keep: list[int] = []
+    index: dict[int, int] = {-1: -1}  # old node -> new node, for the nodes kept
+    for j, parent in enumerate(d.parents.tolist()):
+        if parent not in index:
+            continue  # its parent was cut
+        path, a = [int(d.tokens[j])], parent
+        while a >= 0:
+            path.append(int(d.tokens[a]))
+            a = int(d.parents[a])
+        if proc.valid_prefix(path[::-1]) == len(path):
+            index[j] = len(keep)
+            keep.append(j)
+    if len(keep) == len(d):
+        return d
+    ks = np.array(keep, np.int64)
+    parents = np.array([index[int(p)] for p in d.parents[ks]], np.int64)
+    return Draft(d.tokens[ks], None, parents, d.depths[ks] if d.depths is not None else None)

@@ -2,7 +2,9 @@
 
 Draft and target probabilities are always computed by the same function with
 the same settings: rejection sampling is only exact when p and q are the
-*same* processed distributions (temperature, top-k and top-p applied to both).
+*same* processed distributions (temperature, top-k, min-p and top-p applied to
+both). The settings that read a request's history (penalties, logit bias, a
+grammar) are applied before these, by runtime/logits.py.
 """
 
 from __future__ import annotations
@@ -20,6 +22,12 @@ class SamplingConfig:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 (or 0, TensorRT-LLM's spelling) = off
     random_seed: int = 0
+    min_p: float = 0.0  # drop tokens less likely than min_p x the most likely one; 0 = off
+    # read the request's history: applied by runtime/logits.py before the settings above
+    presence_penalty: float = 0.0  # subtracted once from every token already in the output
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the output
+    repetition_penalty: float = 1.0  # tokens in the prompt or output: positive logits divided, negative multiplied; 1 = off
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -28,6 +36,13 @@ class SamplingConfig:
             raise RequestError(f"top_k={self.top_k} must be >= 0 (0 means off).")
         if not 0 <= self.top_p <= 1:
             raise RequestError(f"top_p={self.top_p} must be in [0, 1] (0 and 1 mean off).")
+        if not 0 <= self.min_p <= 1:
+            raise RequestError(f"min_p={self.min_p} must be in [0, 1] (0 means off).")
+        if not (self.repetition_penalty > 0 and np.isfinite(self.repetition_penalty)):
+            raise RequestError(f"repetition_penalty={self.repetition_penalty} must be a finite number > 0 (1 means off).")
+        values = [self.presence_penalty, self.frequency_penalty, *(b for _, b in self.logit_bias)]
+        if not np.isfinite(values).all():
+            raise RequestError("presence_penalty, frequency_penalty and logit_bias values must be finite numbers.")
 
     @property
     def greedy(self) -> bool:
@@ -35,19 +50,24 @@ class SamplingConfig:
 
 
 def processed_probs(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
-    """logits: [rows, vocab] -> probabilities [rows, vocab] (float64) after temperature, top-k, top-p."""
+    """logits: [rows, vocab] -> probabilities [rows, vocab] (float64) after temperature, top-k, min-p, top-p."""
     x = np.asarray(logits, dtype=np.float64)
     if cfg.greedy:
         out = np.zeros_like(x)
         out[np.arange(len(x)), x.argmax(axis=-1)] = 1.0
         return out
-    x = x / cfg.temperature
+    # shifted before the division: a tiny temperature sends the others to -inf, never inf - inf
+    with np.errstate(over="ignore"):  # -> -inf: the token cannot be drawn
+        x = (x - x.max(axis=-1, keepdims=True)) / cfg.temperature
     if 0 < cfg.top_k < x.shape[-1]:
         kth = np.partition(x, -cfg.top_k, axis=-1)[:, -cfg.top_k][:, None]
         x = np.where(x < kth, -np.inf, x)
     x = x - x.max(axis=-1, keepdims=True)
     p = np.exp(x)
     p /= p.sum(axis=-1, keepdims=True)
+    if cfg.min_p > 0.0:
+        p = np.where(p < cfg.min_p * p.max(axis=-1, keepdims=True), 0.0, p)
+        p /= p.sum(axis=-1, keepdims=True)
     if 0.0 < cfg.top_p < 1.0:
         order = np.argsort(-p, axis=-1, kind="stable")
         sorted_p = np.take_along_axis(p, order, axis=-1)

@@ -44,3 +44,18 @@ class Tokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
+
+    def to_json(self) -> str:
+        """The tokenizer as tokenizer.json text (what llguidance reads)."""
+        return self._tok.to_str()
+
+    def decode_token(self, token_id: int) -> str:
+        """One token's text as logprobs show it (special tokens included)."""
+        return self._tok.decode([int(token_id)], skip_special_tokens=False)
+
+    def special_token_id(self, text: str) -> int | None:
+        """The id of ``text`` if the tokenizer has it as one special (added) token, else None."""
+        for token_id, added in self._tok.get_added_tokens_decoder().items():
+            if added.content == text and added.special:
+                return int(token_id)
+        return None

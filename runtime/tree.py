@@ -88,18 +88,25 @@ def parse_choices(text: str | Sequence[Sequence[int]] | None, flag: str = "--med
     return DraftTree.from_paths(paths, flag)
 
 
-def accept_tree_greedy(tokens: np.ndarray, parents: np.ndarray, logits: np.ndarray) -> tuple[list[int], int]:
+def accept_tree_greedy(tokens: np.ndarray, parents: np.ndarray, logits) -> tuple[list[int], int]:
     """The longest path of drafts that greedy decoding would have produced.
 
-    tokens: [k] the nodes' tokens; parents: [k] (-1 = root); logits: [k + 1, vocab], row 0 the root's
-    (the last accepted token), row j + 1 node j's. Returns (accepted node indices, root first, and the
-    target's token after the last of them: the bonus token, or the correction at the first mismatch).
+    tokens: [k] the nodes' tokens; parents: [k] (-1 = root); logits: [k + 1, vocab] (or runtime/logits.py's Rows:
+    each node's row processed with its path as history), row 0 the root's (the last accepted token), row j + 1
+    node j's. Returns (accepted node indices, root first, and the target's token after the last of them: the
+    bonus token, or the correction at the first mismatch).
     """
-    picks = logits.argmax(axis=-1)  # [k + 1]
+    from .logits import as_rows
+
+    rows = as_rows(logits)
+    picks = rows.raw.argmax(axis=-1) if rows.plain else None  # [k + 1]
     path: list[int] = []
     node = -1
     while True:
-        want = int(picks[node + 1])
+        if picks is not None:
+            want = int(picks[node + 1])
+        else:
+            want = int(np.argmax(rows.logits(node + 1, [int(tokens[j]) for j in path])))
         match = np.flatnonzero((parents == node) & (tokens == want))
         if not len(match):
             return path, want

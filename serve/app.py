@@ -1,27 +1,27 @@
 """The ASGI app: OpenAI's routes over one engine loop.
 
-    GET  /health                 200 while the engine loop runs (never needs the API key)
+    GET  /health                 200 ready; 503 while loading (serve/server.py), draining (SIGTERM) or stopped; needs no API key
     GET  /version                versions and the engines' limits
     GET  /v1/models              the one served model
-    POST /v1/completions         prompt text or token ids; stream or not
-    POST /v1/chat/completions    messages through the checkpoint's chat template
+    POST /v1/completions         prompts as text or token ids; n, best_of, echo, logprobs; stream or not
+    POST /v1/chat/completions    messages through the checkpoint's chat template; tools; stream or not
     GET  /metrics                Prometheus (serve/metrics.py)
+    GET  /openapi.json           the request and response schemas (what schemathesis fuzzes)
 
 Requests are checked in the handler (serve/params.py), then handed to the
 engine loop (serve/loop.py) as a job; the handler waits on the job's events
-and writes the response, or one SSE chunk per round. A client that goes away
-has its request aborted: its slot is free for the next one.
+and writes the response, or one SSE chunk per round and choice. A client that
+goes away, or outlives --request_timeout, has its request aborted: its slots
+are free for the next one.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
-import json
 import logging
 import time
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -31,93 +31,158 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..runtime import __version__
 from . import responses
 from .errors import ApiError, error_body
+from .guard import Guard
 from .loop import EngineLoop, Event, Job, Result
 from .metrics import CONTENT_TYPE, ServerMetrics
-from .params import Served, chat_prompt, check_common, completion_prompt, plan
-from .protocol import ChatCompletionRequest, CompletionRequest
+from .params import Served, chat_plan, check_common, completion_plan
+from .protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse
+from .tools import ToolTextFilter
 
 log = logging.getLogger("specdec.serve")
 
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
-OPEN_PATHS = ("/health",)  # answered without the API key (load balancers probe it)
+DEFAULT_SHUTDOWN_TIMEOUT = 30.0
+_ERR = {"model": ErrorResponse}
+ERRORS = {400: _ERR, 401: _ERR, 404: _ERR, 413: _ERR, 422: _ERR, 500: _ERR, 503: _ERR}
+POST_ERRORS = {**ERRORS, 504: _ERR, 200: {"content": {"text/event-stream": {}}, "description": "JSON, or server-sent events with stream=true"}}
 
 
-def create_app(served: Served, api_key: str | None = None, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
+class ServerState:
+    """What the routes share: the loaded model, its engine loop, and where the server is in its life.
+
+    (While the engines load, before this app exists, serve/server.py's loading responder answers
+    /health with "loading".)
+    """
+
+    def __init__(self, served: Served, metrics: ServerMetrics, loop: EngineLoop) -> None:
+        self.served, self.metrics, self.loop = served, metrics, loop
+        self.status = "ready"  # ready | draining | stopped
+
+    def ready(self) -> tuple[Served, EngineLoop]:
+        return self.served, self.loop
+
+
+def create_app(
+    served: Served,
+    api_key: str | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    max_queued_requests: int | None = None,
+    request_timeout: float | None = None,
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
+) -> FastAPI:
+    """The app over a loaded model. ``max_queued_requests``: requests waiting for a slot beyond the free ones
+    before a 503 (None: no limit); ``request_timeout``: seconds before a request is stopped with a 504;
+    ``shutdown_timeout``: seconds the running requests get after SIGTERM (serve/server.py calls ``app.state.drain``)."""
     metrics = ServerMetrics(served.model_name)
-    loop = EngineLoop(served, metrics)
+    state = ServerState(served, metrics, EngineLoop(served, metrics, max_queued_requests))
     started = int(time.time())
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        loop.start()
+        state.loop.start()
         try:
             yield
         finally:
-            loop.stop()
+            state.status = "stopped"
+            state.loop.stop()
 
-    app = FastAPI(title="specdec-serve", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.loop, app.state.served, app.state.metrics = loop, served, metrics
+    app = FastAPI(title="specdec-serve", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
+    app.state.server = state
+    app.state.drain = lambda: _drain(state, shutdown_timeout)
     _error_handlers(app)
     app.add_middleware(Guard, api_key=api_key, max_request_bytes=max_request_bytes)
 
-    @app.get("/health")
+    @app.get("/health", responses={503: _ERR})
     async def health() -> Response:
-        if not loop.alive:
-            return JSONResponse(error_body(503, "the engine loop has stopped; restart the server."), status_code=503)
-        return JSONResponse({"status": "ok"})
+        """200 when ready; 503 while draining after SIGTERM, or after the engine loop stopped."""
+        if state.status == "ready" and not state.loop.alive:
+            state.status = "stopped"
+        if state.status == "ready":
+            return JSONResponse({"status": "ok"})
+        why = {"draining": "the server is shutting down (SIGTERM): finishing the requests it has.",
+               "stopped": "the engine loop has stopped; restart the server."}[state.status]
+        return JSONResponse({"status": state.status, **error_body(503, why)}, status_code=503)
 
-    @app.get("/version")
+    @app.get("/version", responses=ERRORS)
     async def version() -> dict:
-        build = served.engine.target.build
+        s, _ = state.ready()
+        build = s.engine.target.build
         return {
             "version": __version__,
-            "model": served.model_name,
+            "model": s.model_name,
             "backend": build.backend,
-            "speculative_methods": served.methods,
-            "default_speculation": {"method": served.engine.speculation.method, "num_draft_tokens": served.engine.speculation.draft_len},
-            "max_batch_size": served.engine.max_batch,
-            "max_input_len": served.engine.max_input_len,
+            "speculative_methods": s.methods,
+            "default_speculation": {"method": s.engine.speculation.method, "num_draft_tokens": s.engine.speculation.draft_len},
+            "max_batch_size": s.engine.max_batch,
+            "max_input_len": s.engine.max_input_len,
             "max_seq_len": build.max_seq_len,
             "max_draft_len": build.max_draft_len,
         }
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=ERRORS)
     async def models() -> dict:
-        card = {"id": served.model_name, "object": "model", "created": started, "owned_by": "specdec", "max_model_len": served.max_seq_len}
+        s, _ = state.ready()
+        card = {"id": s.model_name, "object": "model", "created": started, "owned_by": "specdec", "max_model_len": s.max_seq_len}
         return {"object": "list", "data": [card]}
 
-    @app.get("/metrics")
+    @app.get("/metrics", responses={**ERRORS, 200: {"content": {"text/plain": {}}}})
     async def prometheus() -> Response:
-        return Response(metrics.exposition(), media_type=CONTENT_TYPE)
+        state.ready()
+        return Response(state.metrics.exposition(), media_type=CONTENT_TYPE)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=POST_ERRORS)
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        check_common(body, served)
-        p = plan(body, completion_prompt(body, served), body.max_tokens, served, default_max_tokens=16)  # OpenAI's default
-        job = Job(p, served, asyncio.get_running_loop(), "cmpl")
+        s, loop = state.ready()
+        check_common(body, s)
+        job = Job(completion_plan(body, s), s, asyncio.get_running_loop(), "cmpl")
         loop.submit(job)
-        if p.stream:
-            chunk = lambda ev: responses.completion_chunk(job, served.model_name, ev)  # noqa: E731
-            return _stream(loop, job, None, chunk, "text_completion")
-        result = await _result(loop, job, request)
-        return JSONResponse(responses.completion(job, served.model_name, result)) if result else Response(status_code=499)
+        if job.plan.stream:
+            return _stream(loop, job, request_timeout, lambda ev: [responses.completion_chunk(job, s, ev)], "text_completion")
+        result = await _result(loop, job, request, request_timeout)
+        return JSONResponse(responses.completion(job, s, result)) if result else Response(status_code=499)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=POST_ERRORS)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        check_common(body, served)
-        if body.max_tokens is not None and body.max_completion_tokens is not None and body.max_tokens != body.max_completion_tokens:
-            raise ApiError(400, "max_tokens and max_completion_tokens differ; send one of them.", "max_completion_tokens")
-        name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-        p = plan(body, chat_prompt(body, served), body.max_completion_tokens or body.max_tokens, served, None, name)
-        job = Job(p, served, asyncio.get_running_loop(), "chatcmpl")
+        s, loop = state.ready()
+        check_common(body, s)
+        job = Job(chat_plan(body, s), s, asyncio.get_running_loop(), "chatcmpl")
         loop.submit(job)
-        if p.stream:
-            chunk = lambda ev: responses.chat_chunk(job, served.model_name, ev)  # noqa: E731
-            return _stream(loop, job, responses.chat_chunk(job, served.model_name, None), chunk, "chat.completion.chunk")
-        result = await _result(loop, job, request)
-        return JSONResponse(responses.chat_completion(job, served.model_name, result)) if result else Response(status_code=499)
+        if job.plan.stream:
+            return _stream(loop, job, request_timeout, _chat_chunks(job, s), "chat.completion.chunk")
+        result = await _result(loop, job, request, request_timeout)
+        return JSONResponse(responses.chat_completion(job, s, result)) if result else Response(status_code=499)
 
     return app
+
+
+def _drain(state: ServerState, grace_s: float) -> None:
+    """SIGTERM: /health says draining, new requests get a 503, the running ones get ``grace_s`` seconds."""
+    if state.status == "ready":
+        state.status = "draining"
+    state.loop.drain(grace_s)
+
+
+def _chat_chunks(job: Job, served: Served) -> Callable[[Event], list[dict[str, Any]]]:
+    """Each choice opens with a role chunk; tool-call text is held back and sent as tool_calls at the end."""
+    opened: set[int] = set()
+    filters: dict[int, ToolTextFilter] = {}
+
+    def chunks(ev: Event) -> list[dict[str, Any]]:
+        out = []
+        if ev.index not in opened:
+            opened.add(ev.index)
+            out.append(responses.chat_opening(job, served, ev.index))
+        text, calls = ev.text, None
+        if job.plan.tools is not None:
+            f = filters.setdefault(ev.index, ToolTextFilter(job.plan.tools))
+            text = f.feed(ev.text)
+            if ev.finish_reason is not None:
+                rest, calls = f.finish()
+                text += rest
+        out.append(responses.chat_chunk(job, served, ev, text, calls))
+        return out
+
+    return chunks
 
 
 # -- waiting on a job -------------------------------------------------------------------------
@@ -135,36 +200,53 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _result(loop: EngineLoop, job: Job, request: Request) -> Result | None:
-    """The job's result, or None if the client went away first (the request is then aborted)."""
+def _timed_out(timeout: float) -> ApiError:
+    return ApiError(504, f"the request did not finish within {timeout:g} s (--request_timeout) and was stopped; lower max_tokens or ask the operator for a longer timeout.",
+                    code="request_timeout")
+
+
+async def _result(loop: EngineLoop, job: Job, request: Request, timeout: float | None) -> Result | None:
+    """The job's result; None if the client went away first; a 504 past the timeout (either way, the request is aborted)."""
     work = asyncio.ensure_future(_collect(job))
     gone = asyncio.ensure_future(_disconnected(request))
+    done: set = set()
     try:
-        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({work, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:
         gone.cancel()
         if not work.done():
             work.cancel()
             loop.abort(job.id)
-    return work.result() if not work.cancelled() else None
+    if work in done:
+        return work.result()
+    if gone in done:
+        return None
+    raise _timed_out(timeout or 0.0)
 
 
-def _stream(loop: EngineLoop, job: Job, opening: dict | None, chunk: Callable[[Event], dict], obj: str) -> StreamingResponse:
-    """Server-sent events: one chunk per round, the last with finish_reason, the usage chunk, [DONE]."""
+def _stream(loop: EngineLoop, job: Job, timeout: float | None, chunks: Callable[[Event], list[dict]], obj: str) -> StreamingResponse:
+    """Server-sent events: chunks per round and choice, the last with finish_reason, the usage chunk, [DONE]."""
     model = loop.served.model_name
+    deadline = None if timeout is None else job.arrival + timeout
 
     async def events() -> AsyncIterator[str]:
         done = False
         try:
-            if opening is not None:
-                yield responses.sse(opening)
             while True:
-                ev = await job.events.get()
+                try:
+                    left = None if deadline is None else max(deadline - time.perf_counter(), 0.0)
+                    ev = await asyncio.wait_for(job.events.get(), left)
+                except asyncio.TimeoutError:
+                    done = True
+                    loop.abort(job.id)
+                    yield responses.sse(_timed_out(timeout).body())  # type: ignore[arg-type]
+                    break
                 if ev.error is not None:
                     done = True
                     yield responses.sse(ev.error.body())
                     break
-                yield responses.sse(chunk(ev))
+                for chunk in chunks(ev):
+                    yield responses.sse(chunk)
                 if ev.result is not None:
                     done = True
                     if job.plan.include_usage:
@@ -182,7 +264,7 @@ def _stream(loop: EngineLoop, job: Job, opening: dict | None, chunk: Callable[[E
 def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, err: ApiError) -> JSONResponse:
-        return JSONResponse(err.body(), status_code=err.status)
+        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, err: RequestValidationError) -> JSONResponse:
@@ -190,13 +272,18 @@ def _error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, err: StarletteHTTPException) -> JSONResponse:
-        message = {404: "no such route; see GET /v1/models, POST /v1/completions, POST /v1/chat/completions.", 405: "method not allowed on this route."}
-        return JSONResponse(error_body(err.status_code, message.get(err.status_code, str(err.detail))), status_code=err.status_code)
+        message = {404: "no such route; see GET /v1/models, POST /v1/completions, POST /v1/chat/completions.", 405: "method not allowed on this route.",
+                   400: "the request body could not be read as JSON."}
+        status = err.status_code if err.status_code in (400, 404, 405) else 400
+        return JSONResponse(error_body(status, message.get(err.status_code, str(err.detail))), status_code=status)
 
     @app.exception_handler(Exception)
     async def unexpected(_request: Request, err: Exception) -> JSONResponse:
         log.exception("unexpected error")
         return JSONResponse(error_body(500, f"internal error ({type(err).__name__}); see the server log."), status_code=500)
+
+
+UNION_PARTS = ("str", "int", "float", "bool", "none", "list", "dict")
 
 
 def _validation_response(errors: list[dict]) -> JSONResponse:
@@ -207,70 +294,9 @@ def _validation_response(errors: list[dict]) -> JSONResponse:
         return JSONResponse(error_body(400, f"the request body is not valid JSON: {ctx.get('error', first.get('msg'))}."), status_code=400)
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     if loc and loc[0] == "prompt":
-        return JSONResponse(error_body(422, "prompt must be a string, a list of token ids (integers), or a list holding one of those.", "prompt"), status_code=422)
-    # union members show up in the location as type names ("list[int]", "str"): drop them
-    loc = [p for p in loc if not any(c in p for c in "[]") and p not in ("str", "int", "float", "bool", "none")]
+        return JSONResponse(error_body(422, "prompt must be a string, a list of token ids (integers >= 0), or a list of those (at most 256, none empty).", "prompt"), status_code=422)
+    # union members show up in the location as type names ("list[int]", "str", "constrained-int"): drop them
+    loc = [p for p in loc if not any(c in p for c in "[]-") and p not in UNION_PARTS]
     param = ".".join(loc) or None
-    return JSONResponse(error_body(422, f"{param or 'body'}: {first.get('msg', 'invalid value')}.", param), status_code=422)
-
-
-class Guard:
-    """ASGI middleware in front of every route: the API key and the body size limit.
-
-    The key is compared in constant time (hmac.compare_digest) over the whole
-    ``Authorization`` header. The body is read here, up to the limit, before
-    any handler runs, so an oversize body is a 413 whatever its framing.
-    """
-
-    def __init__(self, app, api_key: str | None, max_request_bytes: int):
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode() if api_key else None
-        self.limit = max_request_bytes
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = dict(scope.get("headers") or [])
-        if self.expected is not None and scope.get("path") not in OPEN_PATHS:
-            given = headers.get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                why = "missing Authorization header" if not given else "invalid API key"
-                body = error_body(401, f"{why}: send 'Authorization: Bearer <key>' with the server's --api_key.", code="invalid_api_key")
-                return await _send_json(send, 401, body, [(b"www-authenticate", b"Bearer")])
-        declared = headers.get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            return await _send_json(send, 413, self._too_large(int(declared)))
-        if scope.get("method") not in ("POST", "PUT", "PATCH"):
-            return await self.app(scope, receive, send)
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.limit:
-                return await _send_json(send, 413, self._too_large(None))
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-            return await receive()  # after the body: the client's disconnect
-
-        return await self.app(scope, replay, send)
-
-    def _too_large(self, declared: int | None) -> dict:
-        size = f"{declared} bytes" if declared is not None else "more than that"
-        return error_body(413, f"the request body is {size}; this server takes at most {self.limit} bytes (--max_request_bytes).")
-
-
-async def _send_json(send, status: int, body: dict, headers: list[tuple[bytes, bytes]] = ()) -> None:
-    data = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()), *headers]})
-    await send({"type": "http.response.body", "body": data})
+    msg = " ".join(str(first.get("msg", "invalid value")).split())
+    return JSONResponse(error_body(422, f"{param or 'body'}: {msg}.", param), status_code=422)

@@ -19,13 +19,15 @@ TYPES = {
     422: "invalid_request_error",
     500: "server_error",
     503: "server_error",
+    504: "timeout_error",
 }
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers or {}  # Retry-After on a 503
 
     def body(self) -> dict[str, Any]:
         return error_body(self.status, self.message, self.param, self.code)

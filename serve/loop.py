@@ -4,12 +4,20 @@ The engine is not thread-safe, so exactly one thread touches it. HTTP
 handlers (asyncio) hand it jobs and aborts through a thread-safe queue; the
 loop adds newcomers between rounds (they join the running batch at the next
 step), runs a round, turns each request's new tokens into text, and sends
-the handler one event per round through the handler's own asyncio queue.
+the handler one event per round and choice through the handler's own
+asyncio queue.
 
-A job ends in this thread, in this order: its engine request finishes (or is
-aborted: a stop string matched, or the client went away), its figures go to
-the Prometheus counters, then its last event is sent. So a client that has
-its response sees its request counted in /metrics.
+A job is one HTTP request: one engine request per prompt and sample (``n``
+or ``best_of`` of them, several prompts on /v1/completions). The samples of
+a job are added together, so they share one batched prefill call; each keeps
+its own cache slot (the static-capacity cache has no shared prefix blocks).
+Sample j of a prompt draws with the request's seed and stream j, so a seeded
+request gives the same choices whatever else shares the batch.
+
+A choice ends in this thread, in this order: its engine request finishes (or
+is aborted: a stop string matched, or the client went away), its figures go
+to the Prometheus counters, then its last event is sent. So a client that
+has its response sees its request counted in /metrics.
 """
 
 from __future__ import annotations
@@ -21,7 +29,9 @@ import queue
 import threading
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..runtime.errors import SpecdecError
 from ..runtime.metrics import Metrics
@@ -32,33 +42,75 @@ from .text import TextStream
 
 log = logging.getLogger("specdec.serve")
 
-FINISH_REASONS = {"end_id": "stop", "stop_words": "stop", "stop": "stop", "length": "length", "max_seq_len": "length", "abort": "abort"}
+FINISH_REASONS = {"end_id": "stop", "stop_words": "stop", "stop": "stop", "grammar": "stop", "length": "length", "max_seq_len": "length", "abort": "abort"}
+
+TokenLogprob = tuple[float, list[tuple[int, float]]]  # the token's log-probability, the top alternatives
+
+
+@dataclass
+class ChoiceResult:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # stop | length | abort
+    prompt_ids: list[int]
+    logprobs: list[TokenLogprob] | None
+    prompt_logprobs: list[TokenLogprob | None] | None  # echo: one per prompt token (None for the first)
+    metrics: Metrics
 
 
 @dataclass
 class Result:
-    """What a finished job reports: its text and tokens as the client gets them, and its figures."""
+    """What a finished job reports: its choices as the client gets them, and its figures."""
 
-    text: str
-    token_ids: list[int]
-    finish_reason: str  # stop | length | abort
+    choices: list[ChoiceResult]
     prompt_tokens: int
-    metrics: Metrics
+    completion_tokens: int  # every sample's, best_of ones included (as OpenAI counts them)
+    metrics: Metrics  # the samples' merged
     timings: dict[str, float | None]
 
+    # one-choice views (the tests and single-choice callers)
     @property
-    def completion_tokens(self) -> int:
-        return len(self.token_ids)
+    def text(self) -> str:
+        return self.choices[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.choices[0].token_ids
+
+    @property
+    def finish_reason(self) -> str:
+        return self.choices[0].finish_reason
 
 
 @dataclass
 class Event:
-    """One round's share of a job: new text and tokens; the last one carries the result."""
+    """One round's share of one choice: new text and tokens; the job's last event carries the result."""
 
+    index: int = 0
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
     result: Result | None = None
     error: ApiError | None = None
+
+
+class Choice:
+    """One engine request of a job."""
+
+    def __init__(self, job: "Job", index: int, prompt: int, served: Served):
+        self.index, self.prompt = index, prompt
+        self.request_id = f"{job.id}-{index}"
+        ids = job.plan.prompts[prompt]
+        self.stream = TextStream(served.tokenizer, ids, job.plan.stops) if served.tokenizer else None
+        self.token_ids: list[int] = []
+        self.text: list[str] = []
+        self.logprobs: list[TokenLogprob] = []
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None
+        self.finish_reason: str | None = None
+        self.metrics: Metrics | None = None
+        self.first_token = 0.0
 
 
 class Job:
@@ -66,9 +118,7 @@ class Job:
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.plan = plan
-        self.stream = TextStream(served.tokenizer, plan.prompt_ids, plan.stops) if served.tokenizer else None
-        self.token_ids: list[int] = []  # sent to the client so far
-        self.text: list[str] = []
+        self.choices = [Choice(self, p * plan.samples + j, p, served) for p in range(len(plan.prompts)) for j in range(plan.samples)]
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self._aio = aio
         self.arrival = time.perf_counter()
@@ -83,12 +133,20 @@ class Job:
 
 
 class EngineLoop:
-    def __init__(self, served: Served, metrics: ServerMetrics):
+    def __init__(self, served: Served, metrics: ServerMetrics, max_queued: int | None = None):
         self.served, self.metrics = served, metrics
         self.engine = served.engine
+        self.max_queued = max_queued  # requests waiting for a slot beyond the free ones; None: no limit
         self.jobs: dict[str, Job] = {}  # touched by the loop thread only
+        self.owner: dict[str, tuple[Job, Choice]] = {}  # engine request id -> its job and choice
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="specdec-engine-loop", daemon=True)
+        self._lock = threading.Lock()
+        self._unadded = 0  # samples submitted, not yet given to the engine (under _lock)
+        self._waiting = 0  # the engine's waiting queue, as of the last step
+        self._running = 0
+        self._recent_e2e: deque[float] = deque(maxlen=32)
+        self.drain_deadline: float | None = None  # set by drain(): requests still running then are ended
 
     # -- the handlers' side (any thread) ---------------------------------------------------
     def start(self) -> None:
@@ -99,24 +157,60 @@ class EngineLoop:
             self._inbox.put(("stop", None))
             self._thread.join(timeout)
 
+    def drain(self, grace_s: float) -> None:
+        """Shutting down: no new requests; the running ones get ``grace_s`` seconds, then end with a 503."""
+        self.drain_deadline = time.monotonic() + grace_s
+        self._inbox.put(("wake", None))
+
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
 
+    @property
+    def draining(self) -> bool:
+        return self.drain_deadline is not None
+
+    def retry_after(self) -> int:
+        """Seconds a refused client should wait: the queue ahead of it at the recent pace."""
+        pace = sum(self._recent_e2e) / len(self._recent_e2e) if self._recent_e2e else 1.0
+        ahead = (self._unadded + self._waiting) / max(self.engine.max_batch, 1)
+        return max(1, min(600, round(pace * max(ahead, 1.0))))
+
     def submit(self, job: Job) -> None:
         if not self.alive:
             raise ApiError(503, "the engine loop is not running; restart the server.")
+        if self.draining:
+            raise ApiError(503, "the server is shutting down; send the request to another replica.", headers={"Retry-After": "5"})
+        samples = len(job.choices)
+        if self.max_queued is not None and samples > self.engine.max_batch + self.max_queued:
+            raise ApiError(400, f"this request asks for {samples} sequences (prompts x n or best_of); this server holds at most "
+                           f"{self.engine.max_batch + self.max_queued} at once (max_batch_size {self.engine.max_batch} + --max_queued_requests {self.max_queued}).", "n")
+        with self._lock:
+            if self.max_queued is not None:
+                free = self.engine.max_batch - self._running
+                queued = self._unadded + self._waiting + samples - max(free, 0)
+                if queued > self.max_queued:
+                    raise ApiError(
+                        503,
+                        f"the server is at capacity: {self._running} requests running, {self._unadded + self._waiting} waiting (--max_queued_requests "
+                        f"{self.max_queued}); retry after the Retry-After header's seconds.",
+                        code="server_overloaded",
+                        headers={"Retry-After": str(self.retry_after())},
+                    )
+            self._unadded += samples
         self._inbox.put(("add", job))
 
     def abort(self, job_id: str) -> None:
-        """The client went away: end the request and free its slot (a no-op once it has ended)."""
+        """The client went away (or timed out): end its requests and free their slots (a no-op once ended)."""
         self._inbox.put(("abort", job_id))
 
     # -- the loop thread ---------------------------------------------------------------------
     def _run(self) -> None:
         while True:
-            if not self._drain(block=not self.engine.has_unfinished()):
+            if not self._drain_inbox(block=not self.engine.has_unfinished()):
                 break
+            if self.drain_deadline is not None and time.monotonic() >= self.drain_deadline and self.jobs:
+                self._fail_all(ApiError(503, "the server is shutting down and this request did not finish in time (--shutdown_timeout)."), inbox=False)
             if not self.engine.has_unfinished():
                 continue
             try:
@@ -126,21 +220,23 @@ class EngineLoop:
                 self._fail_all(ApiError(500, "the engine failed while decoding this request; see the server log."), inbox=False)
                 continue
             for out in outputs:
-                job = self.jobs.get(out.request_id)
-                if job is None:
+                owned = self.owner.get(out.request_id)
+                if owned is None:
                     continue
+                job, choice = owned
                 try:
-                    self._on_output(job, out)
+                    self._on_output(job, choice, out)
                 except Exception:  # one request's failure (say, in its text) ends that request, not the loop
                     log.exception("processing the output of %s failed", job.id)
                     self._fail(job, ApiError(500, "the server failed while processing this request's output; see the server log."))
             self._gauges()
         self._fail_all(ApiError(503, "the server is shutting down."), inbox=True)
 
-    def _drain(self, block: bool) -> bool:
+    def _drain_inbox(self, block: bool) -> bool:
         """Take what the handlers sent; False when asked to stop."""
         try:
-            item = self._inbox.get() if block else self._inbox.get_nowait()
+            timeout = None if self.drain_deadline is None else max(self.drain_deadline - time.monotonic(), 0.0) + 0.01
+            item = self._inbox.get(timeout=timeout) if block else self._inbox.get_nowait()
         except queue.Empty:
             return True
         while True:
@@ -149,7 +245,7 @@ class EngineLoop:
                 return False
             if kind == "add":
                 self._add(arg)
-            else:
+            elif kind == "abort":
                 self._abort(arg)
             try:
                 item = self._inbox.get_nowait()
@@ -159,70 +255,125 @@ class EngineLoop:
         return True
 
     def _add(self, job: Job) -> None:
+        added: list[str] = []
+        with self._lock:
+            self._unadded -= len(job.choices)
         try:
-            self.engine.add_request(job.plan.prompt_ids, job.plan.config, request_id=job.id)
-        except SpecdecError as err:  # the handler checked already; a last line of defence
-            job.push(Event(error=ApiError(400, str(err))))
-            return
-        except Exception:
-            log.exception("adding %s failed", job.id)
-            job.push(Event(error=ApiError(500, "the server failed to start this request; see the server log.")))
+            for c in job.choices:
+                j = c.index % job.plan.samples
+                self.engine.add_request(job.plan.prompts[c.prompt], job.plan.config, request_id=c.request_id, seed_stream=j)
+                added.append(c.request_id)
+        except Exception as err:
+            for rid in added:
+                self.engine.abort(rid)
+            if isinstance(err, SpecdecError):  # the handler checked already; a last line of defence
+                job.push(Event(error=ApiError(400, str(err))))
+            else:
+                log.exception("adding %s failed", job.id)
+                job.push(Event(error=ApiError(500, "the server failed to start this request; see the server log.")))
             return
         job.added = time.perf_counter()
         self.jobs[job.id] = job
+        for c in job.choices:
+            self.owner[c.request_id] = (job, c)
 
     def _abort(self, job_id: str) -> None:
         job = self.jobs.get(job_id)
         if job is None:
             return
-        out = self.engine.abort(job_id)  # its final output, metrics included
-        self._finish(job, "abort", "", [], out.metrics if out is not None else Metrics(requests=1))
+        for c in job.choices:
+            if c.finish_reason is None:
+                out = self.engine.abort(c.request_id)  # its final output, metrics included
+                self._finish(job, c, "abort", "", [], [], out.metrics if out is not None else Metrics(requests=1))
 
-    def _on_output(self, job: Job, out) -> None:
+    def _on_output(self, job: Job, c: Choice, out) -> None:
         now = time.perf_counter()
-        if out.new_token_ids and not job.first_token:
-            job.first_token = now
+        if out.new_token_ids and not c.first_token:
+            c.first_token = now
+            job.first_token = job.first_token or now
+        if getattr(out, "prompt_logprobs", None) is not None and c.prompt_logprobs is None:
+            c.prompt_logprobs = list(out.prompt_logprobs)
         new = list(out.new_token_ids)
+        lps = list(getattr(out, "new_logprobs", None) or [])
         text, stopped = "", False
-        if job.stream is not None:
-            before = job.stream.num_tokens
-            text, stopped = job.stream.feed(new)
-            new = new[: job.stream.num_tokens - before]  # none past the one that completed a stop string
+        if c.stream is not None:
+            before = c.stream.num_tokens
+            text, stopped = c.stream.feed(new)
+            new = new[: c.stream.num_tokens - before]  # none past the one that completed a stop string
+            lps = lps[: len(new)]
         if stopped and not out.finished:
-            self.engine.abort(job.id)  # frees the slot now; its late "abort" output is ignored
+            self.engine.abort(c.request_id)  # frees the slot now; its late "abort" output is ignored
         if not (out.finished or stopped):
-            job.token_ids += new
-            job.text.append(text)
-            job.push(Event(text, new))
+            c.token_ids += new
+            c.logprobs += lps
+            c.text.append(text)
+            job.push(Event(c.index, text, new, lps))
             return
-        if job.stream is not None:
-            text += job.stream.finish()
+        if c.stream is not None:
+            text += c.stream.finish()
         reason = "stop" if stopped else FINISH_REASONS.get(out.finish_reason, "stop")
-        self._finish(job, reason, text, new, out.metrics)
+        self._finish(job, c, reason, text, new, lps, out.metrics)
 
-    def _finish(self, job: Job, reason: str, text: str, new: list[int], metrics: Metrics) -> None:
-        del self.jobs[job.id]
-        job.token_ids += new
-        job.text.append(text)
+    def _finish(self, job: Job, c: Choice, reason: str, text: str, new: list[int], lps: list[TokenLogprob], metrics: Metrics) -> None:
+        self.owner.pop(c.request_id, None)
+        c.token_ids += new
+        c.logprobs += lps
+        c.text.append(text)
+        c.finish_reason = reason
+        c.metrics = copy.deepcopy(metrics)
         end = time.perf_counter()
-        n = len(job.token_ids)
+        n = len(c.token_ids)
         engine_queue = metrics.queue_s[0] if metrics.queue_s else None
+        queue_s = (job.added - job.arrival) + engine_queue if engine_queue is not None else None
+        ttft = c.first_token - job.arrival if c.first_token else None
+        tpot = (end - c.first_token) / (n - 1) if c.first_token and n >= 2 else None
+        self.metrics.record(c.metrics, reason, len(job.plan.prompts[c.prompt]), n, end - job.arrival, ttft, tpot, queue_s)
+        if any(x.finish_reason is None for x in job.choices):
+            job.push(Event(c.index, text, new, lps, finish_reason=reason))
+            return
+        del self.jobs[job.id]
+        self._recent_e2e.append(end - job.arrival)
         timings = {
-            "queue_s": (job.added - job.arrival) + engine_queue if engine_queue is not None else None,
+            "queue_s": queue_s,
             "ttft_s": job.first_token - job.arrival if job.first_token else None,
-            "tpot_s": (end - job.first_token) / (n - 1) if job.first_token and n >= 2 else None,
+            "tpot_s": tpot,
             "e2e_s": end - job.arrival,
         }
-        m = copy.deepcopy(metrics)
-        result = Result("".join(job.text), list(job.token_ids), reason, len(job.plan.prompt_ids), m, timings)
-        self.metrics.record(m, reason, result.prompt_tokens, n, timings["e2e_s"], timings["ttft_s"], timings["tpot_s"], timings["queue_s"])
-        job.push(Event(text, new, result=result))
+        job.push(Event(c.index, text, new, lps, finish_reason=reason, result=self._result(job, timings)))
+
+    def _result(self, job: Job, timings: dict[str, Any]) -> Result:
+        plan = job.plan
+        merged = Metrics()
+        for c in job.choices:
+            merged.merge(c.metrics)  # type: ignore[arg-type]
+        picked: list[ChoiceResult] = []
+        for p in range(len(plan.prompts)):
+            samples = [c for c in job.choices if c.prompt == p]
+            if plan.samples > plan.n:  # best_of: the n with the highest log-probability per token
+                samples = sorted(samples, key=lambda c: -_mean_logprob(c))[: plan.n]
+            for j, c in enumerate(samples):
+                picked.append(ChoiceResult(
+                    index=p * plan.n + j,
+                    text="".join(c.text),
+                    token_ids=list(c.token_ids),
+                    finish_reason=c.finish_reason or "stop",
+                    prompt_ids=plan.prompts[p],
+                    logprobs=list(c.logprobs) if plan.logprobs is not None else None,
+                    prompt_logprobs=c.prompt_logprobs,
+                    metrics=c.metrics,  # type: ignore[arg-type]
+                ))
+        prompt_tokens = sum(len(ids) for ids in plan.prompts)
+        completion_tokens = sum(len(c.token_ids) for c in job.choices)
+        return Result(picked, prompt_tokens, completion_tokens, merged, timings)
 
     def _fail(self, job: Job, error: ApiError) -> None:
-        try:
-            self.engine.abort(job.id)
-        except Exception:  # the engine may be broken already; the job still gets its answer
-            log.exception("abort after a failure")
+        for c in job.choices:
+            self.owner.pop(c.request_id, None)
+            if c.finish_reason is None:
+                try:
+                    self.engine.abort(c.request_id)
+                except Exception:  # the engine may be broken already; the job still gets its answer
+                    log.exception("abort after a failure")
         self.jobs.pop(job.id, None)
         job.push(Event(error=error))
 
@@ -239,5 +390,12 @@ class EngineLoop:
         self._gauges()
 
     def _gauges(self) -> None:
-        self.metrics.running.set(len(self.engine.running))
-        self.metrics.waiting.set(len(self.engine.waiting))
+        running, waiting = len(self.engine.running), len(self.engine.waiting)
+        with self._lock:
+            self._running, self._waiting = running, waiting
+        self.metrics.running.set(running)
+        self.metrics.waiting.set(waiting + self._unadded)
+
+
+def _mean_logprob(c: Choice) -> float:
+    return sum(lp for lp, _ in c.logprobs) / len(c.logprobs) if c.logprobs else float("-inf")

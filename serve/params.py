@@ -1,4 +1,4 @@
-"""A request body -> a checked plan for the engine: prompt ids, GenerationConfig, stop strings.
+"""A request body -> a checked plan for the engine: prompts, GenerationConfig, stops, choices, grammar.
 
 Every check that needs the loaded engines lives here, and every refusal is an
 ``ApiError`` whose message says what was wrong and what the server can do.
@@ -6,19 +6,24 @@ Every check that needs the loaded engines lives here, and every refusal is an
 
 from __future__ import annotations
 
+import json
 import secrets
-from dataclasses import dataclass, field
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ..runtime.engine import Engine, check_draft_len
 from ..runtime.errors import SpecdecError
-from ..runtime.request import AUTO, METHODS, GenerationConfig
+from ..runtime.grammar import Grammar, GrammarCompiler, GrammarSpec
+from ..runtime.request import AUTO, GenerationConfig
 from ..runtime.sampling import SamplingConfig
 from ..runtime.tokenizer import Tokenizer
 from .chat import render_chat
 from .errors import ApiError
-from .protocol import UNSUPPORTED, ChatCompletionRequest, CompletionRequest, Sampling
+from .protocol import ChatCompletionRequest, CompletionRequest, Sampling
+from .tools import ToolPlan, plan_tools
 
-MAX_STOPS = 16
+MAX_CHOICES = 256  # engine requests one HTTP request may start (prompts x best_of)
 
 
 @dataclass
@@ -32,6 +37,8 @@ class Served:
     chat_template: str | None = None
     special_tokens: dict[str, str] = field(default_factory=dict)
     draft_lens: dict[str, int | str] = field(default_factory=dict)  # method -> default drafts per round
+    _grammars: GrammarCompiler | None = None
+    _compiled: OrderedDict = field(default_factory=OrderedDict)  # (kind, source) -> Grammar: agents resend the same schema
 
     @property
     def max_seq_len(self) -> int:
@@ -41,44 +48,71 @@ class Served:
     def methods(self) -> list[str]:
         return ["none", *self.engine.proposers]
 
+    def grammar(self, spec: GrammarSpec, param: str) -> Grammar:
+        """The compiled grammar for a spec (cached), or a 400 naming ``param``."""
+        if self.tokenizer is None:
+            raise ApiError(400, "structured outputs need the model's tokenizer and the engine has none: restart with --tokenizer_dir.", param)
+        key = (spec.kind, json.dumps(spec.source, sort_keys=True))
+        if key in self._compiled:
+            self._compiled.move_to_end(key)
+            return self._compiled[key]
+        try:
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(self.tokenizer.to_json(), self.engine.target.vocab_size, self.end_ids)
+            compiled = self._grammars.compile(spec)
+        except SpecdecError as err:
+            raise ApiError(400, str(err), param) from None
+        self._compiled[key] = compiled
+        if len(self._compiled) > 64:
+            self._compiled.popitem(last=False)
+        return compiled
+
 
 @dataclass
 class Plan:
-    """A checked request, ready for the engine loop."""
+    """A checked request, ready for the engine loop: ``samples`` engine requests per prompt."""
 
-    prompt_ids: list[int]
+    prompts: list[list[int]]
     config: GenerationConfig
     stops: tuple[str, ...]
     method: str  # resolved: none | draft | ngram | medusa | eagle
     num_draft_tokens: int | str  # resolved: k or "auto"
     stream: bool
     include_usage: bool
+    n: int = 1  # choices returned per prompt
+    samples: int = 1  # engine requests per prompt: best_of, or n
+    echo: bool = False
+    logprobs: int | None = None  # alternatives per token in the response; None: no logprobs
+    drop_output: bool = False  # max_tokens=0 with echo: the prompt only
+    tools: ToolPlan | None = None
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.prompts[0]
 
 
 def check_common(req: Sampling, served: Served) -> None:
     if req.model is not None and req.model != served.model_name:
         raise ApiError(404, f"the model {req.model!r} does not exist on this server; it serves {served.model_name!r} (GET /v1/models).", "model", "model_not_found")
-    if req.n != 1:
-        raise ApiError(400, f"n={req.n} is not supported: this server returns one choice per request (n=1); send {req.n} requests instead.", "n")
-    for name, (used, why) in UNSUPPORTED.items():
-        if name in type(req).model_fields and used(getattr(req, name)):
-            raise ApiError(400, why, name)
+    if req.stream_options is not None and not req.stream:
+        raise ApiError(400, "stream_options is only allowed with stream=true.", "stream_options")
 
 
-def completion_prompt(req: CompletionRequest, served: Served) -> list[int]:
+def completion_prompts(req: CompletionRequest, served: Served) -> list[list[int]]:
     prompt = req.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise ApiError(400, f"prompt holds {len(prompt)} prompts; this server takes one prompt per request (send several requests, they are batched).", "prompt")
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        if served.tokenizer is None:
-            raise ApiError(400, "text prompts need a tokenizer and the engine has none: send token ids, or restart with --tokenizer_dir.", "prompt")
-        return served.tokenizer.encode(prompt)
-    return list(prompt)
+    prompts = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) else [prompt]
+    out = []
+    for p in prompts:
+        if isinstance(p, str):
+            if served.tokenizer is None:
+                raise ApiError(400, "text prompts need a tokenizer and the engine has none: send token ids, or restart with --tokenizer_dir.", "prompt")
+            out.append(served.tokenizer.encode(p))
+        else:
+            out.append(list(p))
+    return out
 
 
-def chat_prompt(req: ChatCompletionRequest, served: Served) -> list[int]:
+def chat_prompt(req: ChatCompletionRequest, served: Served, tools: ToolPlan | None) -> list[int]:
     if served.tokenizer is None or served.chat_template is None:
         raise ApiError(
             400,
@@ -96,50 +130,130 @@ def chat_prompt(req: ChatCompletionRequest, served: Served) -> list[int]:
                 raise ApiError(400, f"messages[{i}] has a content part {why}; this server takes text parts only.", "messages")
             msg["content"] = "".join(p.text or "" for p in m.content)
         messages.append(msg)
-    text = render_chat(served.chat_template, messages, served.special_tokens)
+    extra: dict[str, Any] = {"tools": tools.definitions} if tools is not None and tools.definitions else {}
+    text = render_chat(served.chat_template, messages, served.special_tokens, **extra)
     return served.tokenizer.encode(text, add_special_tokens=False)
 
 
-def plan(req: Sampling, prompt_ids: list[int], max_tokens: int | None, served: Served, default_max_tokens: int | None, max_tokens_param: str = "max_tokens") -> Plan:
+def completion_plan(req: CompletionRequest, served: Served) -> Plan:
+    if req.suffix:
+        raise ApiError(400, "suffix (insertion) is not supported by this server.", "suffix")
+    n, best_of = req.n, req.best_of or req.n
+    if best_of < n:
+        raise ApiError(400, f"best_of={best_of} must be >= n={n}.", "best_of")
+    if best_of > n and req.stream:
+        raise ApiError(400, "best_of > n cannot be streamed: the best choices are known only at the end. Send stream=false.", "best_of")
+    if req.max_tokens == 0 and not req.echo:
+        raise ApiError(400, "max_tokens=0 is only allowed with echo=true (scoring the prompt); send max_tokens >= 1.", "max_tokens")
+    prompts = completion_prompts(req, served)
+    if len(prompts) * best_of > MAX_CHOICES:
+        raise ApiError(400, f"{len(prompts)} prompts x {'best_of' if req.best_of else 'n'}={best_of} is {len(prompts) * best_of} sequences; at most {MAX_CHOICES} per request.", "n")
+    drop = req.max_tokens == 0
+    p = plan(req, prompts, 1 if drop else req.max_tokens, served, default_max_tokens=16)  # OpenAI's default
+    logprobs = req.logprobs
+    want = logprobs if logprobs is not None else (0 if best_of > n else None)  # best_of ranks by log-probability
+    config = replace(p.config, logprobs=want, prompt_logprobs=req.echo and logprobs is not None)
+    return replace(p, config=config, n=n, samples=best_of, echo=req.echo, logprobs=logprobs, drop_output=drop)
+
+
+def chat_plan(req: ChatCompletionRequest, served: Served) -> Plan:
+    if req.max_tokens is not None and req.max_completion_tokens is not None and req.max_tokens != req.max_completion_tokens:
+        raise ApiError(400, "max_tokens and max_completion_tokens differ; send one of them.", "max_completion_tokens")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise ApiError(400, "top_logprobs needs logprobs=true.", "top_logprobs")
+    tools = plan_tools(req, served)
+    name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    p = plan(req, [chat_prompt(req, served, tools)], req.max_completion_tokens or req.max_tokens, served, None, name, tools=tools)
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    return replace(p, config=replace(p.config, logprobs=logprobs), n=req.n, samples=req.n, logprobs=logprobs, tools=tools)
+
+
+def plan(req: Sampling, prompts: list[list[int]], max_tokens: int | None, served: Served, default_max_tokens: int | None,
+         max_tokens_param: str = "max_tokens", tools: ToolPlan | None = None) -> Plan:
     engine = served.engine
-    try:
-        ids = engine.validate(prompt_ids)
-    except SpecdecError as err:
-        code = "context_length_exceeded" if len(prompt_ids) > engine.max_input_len else None
-        raise ApiError(400, str(err), "prompt" if isinstance(req, CompletionRequest) else "messages", code) from None
-    room = served.max_seq_len - len(ids)
+    where = "prompt" if isinstance(req, CompletionRequest) else "messages"
+    checked = []
+    for i, prompt_ids in enumerate(prompts):
+        what = "the prompt" if len(prompts) == 1 else f"prompt {i}"
+        try:
+            checked.append(engine.validate(prompt_ids, what))
+        except SpecdecError as err:
+            code = "context_length_exceeded" if len(prompt_ids) > engine.max_input_len else None
+            raise ApiError(400, str(err), where, code) from None
+    longest = max(len(ids) for ids in checked)
+    room = served.max_seq_len - longest
     if max_tokens is None:
         max_tokens = min(default_max_tokens, room) if default_max_tokens else room
     if max_tokens > room or room <= 0:
         raise ApiError(
             400,
             f"this model's maximum context length is {served.max_seq_len} tokens (the engine's max_seq_len), but you requested "
-            f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} for the completion). Reduce {max_tokens_param} or the prompt.",
+            f"{longest + max_tokens} tokens ({longest} in the prompt, {max_tokens} for the completion). Reduce {max_tokens_param} or the prompt.",
             max_tokens_param,
             "context_length_exceeded",
         )
     method, k = speculation(req, served)
     stops = stop_strings(req, served)
     seed = req.seed if req.seed is not None else secrets.randbits(63)
-    if seed < 0:
-        raise ApiError(400, f"seed={seed} must be >= 0.", "seed")
     sampling = SamplingConfig(
         temperature=1.0 if req.temperature is None else req.temperature,  # OpenAI's default
         top_k=max(req.top_k or 0, 0),
         top_p=1.0 if req.top_p is None else req.top_p,
-        random_seed=seed,
+        random_seed=seed % 2**64,  # OpenAI takes any 64-bit seed; numpy's take non-negative ones
+        min_p=req.min_p or 0.0,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        logit_bias=logit_bias(req, engine.target.vocab_size),
     )
+    grammar = None
+    spec, param = tools.grammar if tools is not None and tools.grammar is not None else grammar_spec(req)
+    if spec is not None:
+        grammar = served.grammar(spec, param)
     config = GenerationConfig(
         max_output_len=max_tokens,
         sampling=sampling,
-        end_ids=() if req.ignore_eos else served.end_ids,
+        end_ids=() if req.ignore_eos and grammar is None else served.end_ids,
         method=method,
         draft_len=k if method != "none" else 0,
+        grammar=grammar,
     )
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    if req.stream_options is not None and not req.stream:
-        raise ApiError(400, "stream_options is only allowed with stream=true.", "stream_options")
-    return Plan(ids, config, stops, method, k if method != "none" else 0, req.stream, include_usage)
+    return Plan(checked, config, stops, method, k if method != "none" else 0, req.stream, include_usage)
+
+
+def logit_bias(req: Sampling, vocab: int) -> tuple[tuple[int, float], ...]:
+    if not req.logit_bias:
+        return ()
+    out = []
+    for key, value in req.logit_bias.items():
+        t = int(key)
+        if t >= vocab:
+            raise ApiError(400, f"logit_bias has token id {t}, outside the vocabulary [0, {vocab}).", "logit_bias")
+        out.append((t, float(value)))
+    return tuple(out)
+
+
+def grammar_spec(req: Sampling) -> tuple[GrammarSpec | None, str]:
+    """response_format / structured_outputs -> what the output is constrained to (one of them at most)."""
+    fmt, so = req.response_format, req.structured_outputs
+    if fmt is not None and fmt.type != "text" and so is not None:
+        raise ApiError(400, "send either response_format or structured_outputs, not both.", "structured_outputs")
+    if so is not None:
+        if so.json_ is not None:
+            return GrammarSpec("json_schema", so.json_), "structured_outputs.json"
+        if so.regex is not None:
+            return GrammarSpec("regex", so.regex), "structured_outputs.regex"
+        if so.choice is not None:
+            return GrammarSpec("choice", so.choice), "structured_outputs.choice"
+        return GrammarSpec("lark", so.grammar), "structured_outputs.grammar"
+    if fmt is None or fmt.type == "text":
+        return None, ""
+    if fmt.type == "json_object":
+        return GrammarSpec("json_object"), "response_format"
+    if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+        raise ApiError(400, 'response_format type json_schema needs "json_schema": {"name": ..., "schema": {...}}.', "response_format.json_schema")
+    return GrammarSpec("json_schema", fmt.json_schema.schema_), "response_format.json_schema.schema"
 
 
 def speculation(req: Sampling, served: Served) -> tuple[str, int | str]:
@@ -147,8 +261,6 @@ def speculation(req: Sampling, served: Served) -> tuple[str, int | str]:
     spec = req.speculative
     engine = served.engine
     method = spec.method if spec and spec.method is not None else engine.speculation.method
-    if method not in METHODS:
-        raise ApiError(400, f"unknown speculative.method {method!r}; expected one of {', '.join(METHODS)}.", "speculative.method")
     if method not in served.methods:
         hint = {"draft": "--draft_engine_dir", "ngram": "--ngram_config"}.get(method, f"a target engine built with --speculative_decoding_mode {method}")
         raise ApiError(
@@ -163,8 +275,6 @@ def speculation(req: Sampling, served: Served) -> tuple[str, int | str]:
         return method, 0
     if k is None:
         k = served.draft_lens.get(method, engine.speculation.draft_len if method == engine.speculation.method else AUTO)
-    if isinstance(k, str) and k != AUTO or isinstance(k, int) and k < 0:
-        raise ApiError(400, f"speculative.num_draft_tokens={k!r} must be an integer >= 0 or 'auto'.", "speculative.num_draft_tokens")
     if k != AUTO:
         try:
             check_draft_len(engine.target.engine, k, "speculative.num_draft_tokens")
@@ -179,8 +289,6 @@ def speculation(req: Sampling, served: Served) -> tuple[str, int | str]:
 def stop_strings(req: Sampling, served: Served) -> tuple[str, ...]:
     stops = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     stops = tuple(s for s in stops if s)
-    if len(stops) > MAX_STOPS:
-        raise ApiError(400, f"stop holds {len(stops)} strings; at most {MAX_STOPS}.", "stop")
     if stops and served.tokenizer is None:
         raise ApiError(400, "stop strings are matched on text and the engine has no tokenizer: restart with --tokenizer_dir.", "stop")
     return stops

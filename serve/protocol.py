@@ -1,28 +1,46 @@
-"""The request bodies the server accepts: OpenAI's fields, plus two extensions.
+"""The request bodies the server accepts: OpenAI's fields, plus a few extensions.
 
-Types are checked strictly (a string where a number belongs is a 422, never
-coerced); value checks that need the loaded engines (model name, context
-length, speculation) are made by ``serve/params.py`` and answered with 400.
-Fields an OpenAI client may send that this server does not implement are
-refused by name when they are used (``UNSUPPORTED``), never silently ignored;
-unknown fields are ignored, as OpenAI-compatible servers do.
+The schema is strict enough to describe what is accepted (ranges, lengths,
+enums): it is the OpenAPI document at ``/openapi.json``, and schemathesis
+fuzzes the server against it (tests/serve/test_serve_fuzz.py). Types are
+checked strictly (a string where a number belongs is a 422, never coerced).
+Checks that need the loaded engines (model name, context length, token ids in
+the vocabulary, speculation, a grammar that compiles) are made by
+``serve/params.py`` and answered with 400. Unknown fields are ignored, as
+OpenAI-compatible servers do; ``suffix`` is refused by name when used.
 
 Extensions (ignored by clients that do not know them):
-    "speculative": {"method": "none" | "draft" | "ngram", "num_draft_tokens": k | "auto"}
+    "speculative": {"method": "none" | "draft" | "ngram" | "medusa" | "eagle", "num_draft_tokens": k | "auto"}
     "ignore_eos": true        decode max_tokens tokens whatever the model says (benchmarks)
-    "top_k": k                as vLLM and llama.cpp accept it
+    "top_k", "min_p", "repetition_penalty"     as vLLM accepts them
+    "structured_outputs": {"json": schema} | {"regex": "..."} | {"choice": [...]} | {"grammar": "lark"}   as vLLM's
 """
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 STRICT = ConfigDict(strict=True, extra="ignore")
+CLOSED = ConfigDict(strict=True, extra="forbid")  # a typo in an extension must not pass silently
 
-Prompt = Union[str, list[int], list[str], list[list[int]]]
-Stop = Union[str, list[str], None]
+INT64 = 2**63 - 1
+MAX_LOGPROBS = 20  # top alternatives per token (vLLM's default max_logprobs; OpenAI's chat takes 20 too)
+MAX_N = 128  # choices per prompt (OpenAI's limit)
+MAX_BEST_OF = 20
+MAX_PROMPTS = 256
+MAX_STOPS = 16
+MAX_TEXT = 1_000_000  # characters in one string field; the body limit (--max_request_bytes) binds first
+MAX_BIAS = 1024  # logit_bias entries
+
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1, max_length=1_000_000)]
+Text = Annotated[str, Field(max_length=MAX_TEXT)]
+Prompt = Union[Text, TokenIds, Annotated[list[Text], Field(min_length=1, max_length=MAX_PROMPTS)], Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)]]
+Stop = Union[Annotated[str, Field(max_length=1000)], Annotated[list[Annotated[str, Field(max_length=1000)]], Field(max_length=MAX_STOPS)], None]
+FunctionName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+JsonSchema = dict[str, Any]
 
 
 class StreamOptions(BaseModel):
@@ -33,76 +51,133 @@ class StreamOptions(BaseModel):
 class Speculative(BaseModel):
     """The per-request speculation extension. Unknown keys are refused: a typo must not pass silently."""
 
-    model_config = ConfigDict(strict=True, extra="forbid")
-    method: Union[str, None] = None  # none | draft | ngram; default: the server's
-    num_draft_tokens: Union[int, str, None] = None  # 0..max_draft_len, or "auto"; default: the server's
+    model_config = CLOSED
+    method: Union[Literal["none", "draft", "ngram", "medusa", "eagle"], None] = None  # default: the server's
+    num_draft_tokens: Union[Annotated[int, Field(ge=0, le=1024)], Literal["auto"], None] = None  # default: the server's
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = STRICT
+    name: Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")] = "response"
+    description: Union[Text, None] = None
+    schema_: Union[JsonSchema, None] = Field(None, alias="schema")
+    strict: Union[bool, None] = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = STRICT
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Union[JsonSchemaFormat, None] = None
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's extension: exactly one of these."""
+
+    model_config = CLOSED
+    json_: Union[JsonSchema, None] = Field(None, alias="json")
+    regex: Union[Annotated[str, Field(min_length=1, max_length=100_000)], None] = None
+    choice: Union[Annotated[list[Annotated[str, Field(max_length=10_000)]], Field(min_length=1, max_length=1024)], None] = None
+    grammar: Union[Annotated[str, Field(min_length=1, max_length=100_000)], None] = None
+
+    @model_validator(mode="after")
+    def _one(self) -> "StructuredOutputs":
+        given = [k for k in ("json_", "regex", "choice", "grammar") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of json, regex, choice, grammar")
+        return self
 
 
 class Sampling(BaseModel):
     """What completions and chat share."""
 
     model_config = STRICT
-    model: Union[str, None] = None
-    temperature: Union[float, None] = Field(None, ge=0.0, le=2.0)
-    top_p: Union[float, None] = Field(None, ge=0.0, le=1.0)
-    top_k: Union[int, None] = Field(None, ge=-1)  # -1 or 0: off
-    n: int = 1
+    model: Union[Annotated[str, Field(max_length=256)], None] = None
+    temperature: Union[Annotated[float, Field(ge=0.0, le=2.0)], None] = None
+    top_p: Union[Annotated[float, Field(ge=0.0, le=1.0)], None] = None
+    top_k: Union[Annotated[int, Field(ge=-1, le=2**31 - 1)], None] = None  # -1 or 0: off
+    min_p: Union[Annotated[float, Field(ge=0.0, le=1.0)], None] = None
+    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
     stream: bool = False
     stream_options: Union[StreamOptions, None] = None
     stop: Stop = None
-    seed: Union[int, None] = None
-    presence_penalty: Union[float, None] = 0.0
-    frequency_penalty: Union[float, None] = 0.0
-    logit_bias: Union[dict[str, Any], None] = None
-    user: Union[str, None] = None
+    seed: Union[Annotated[int, Field(ge=-(2**63), le=INT64)], None] = None
+    presence_penalty: Union[Annotated[float, Field(ge=-2.0, le=2.0)], None] = None
+    frequency_penalty: Union[Annotated[float, Field(ge=-2.0, le=2.0)], None] = None
+    repetition_penalty: Union[Annotated[float, Field(gt=0.0, le=2.0)], None] = None
+    logit_bias: Union[Annotated[dict[Annotated[str, Field(pattern=r"^[0-9]{1,10}$")], Annotated[float, Field(ge=-100.0, le=100.0)]], Field(max_length=MAX_BIAS)], None] = None
+    user: Union[Annotated[str, Field(max_length=1000)], None] = None
     ignore_eos: bool = False
     speculative: Union[Speculative, None] = None
+    response_format: Union[ResponseFormat, None] = None
+    structured_outputs: Union[StructuredOutputs, None] = None
 
 
 class CompletionRequest(Sampling):
     prompt: Prompt
-    max_tokens: Union[int, None] = Field(None, ge=1)
+    max_tokens: Union[Annotated[int, Field(ge=0, le=INT64)], None] = None  # 0: only with echo (score the prompt)
     echo: bool = False
-    logprobs: Union[int, None] = None
-    best_of: Union[int, None] = None
-    suffix: Union[str, None] = None
+    logprobs: Union[Annotated[int, Field(ge=0, le=MAX_LOGPROBS)], None] = None
+    best_of: Union[Annotated[int, Field(ge=1, le=MAX_BEST_OF)], None] = None
+    suffix: Union[Annotated[str, Field(max_length=MAX_TEXT)], None] = None
 
 
 class ContentPart(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
-    type: str
-    text: Union[str, None] = None
+    type: Annotated[str, Field(max_length=64)]
+    text: Union[Text, None] = None
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(strict=True, extra="allow")  # tool_calls, reasoning, ...: passed to the template as sent
-    role: str
-    content: Union[str, list[ContentPart], None] = None
-    name: Union[str, None] = None
+    model_config = ConfigDict(strict=True, extra="allow")  # tool_calls, tool_call_id, reasoning, ...: passed to the template as sent
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[Text, Annotated[list[ContentPart], Field(max_length=1024)], None] = None
+    name: Union[Annotated[str, Field(max_length=256)], None] = None
+
+
+class FunctionDefinition(BaseModel):
+    model_config = STRICT
+    name: FunctionName
+    description: Union[Text, None] = None
+    parameters: Union[JsonSchema, None] = None
+    strict: Union[bool, None] = None
+
+
+class Tool(BaseModel):
+    model_config = STRICT
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    model_config = STRICT
+    name: FunctionName
+
+
+class NamedToolChoice(BaseModel):
+    model_config = STRICT
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(Sampling):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: Union[int, None] = Field(None, ge=1)
-    max_completion_tokens: Union[int, None] = Field(None, ge=1)
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=10_000)]
+    max_tokens: Union[Annotated[int, Field(ge=1, le=INT64)], None] = None
+    max_completion_tokens: Union[Annotated[int, Field(ge=1, le=INT64)], None] = None
     logprobs: Union[bool, None] = False
-    top_logprobs: Union[int, None] = None
-    tools: Union[list[Any], None] = None
-    tool_choice: Union[str, dict[str, Any], None] = None
-    response_format: Union[dict[str, Any], None] = None
+    top_logprobs: Union[Annotated[int, Field(ge=0, le=MAX_LOGPROBS)], None] = None
+    tools: Union[Annotated[list[Tool], Field(max_length=128)], None] = None
+    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
+    parallel_tool_calls: Union[bool, None] = None
 
 
-# field -> (is it used?, why it is refused)
-UNSUPPORTED = {
-    "echo": (lambda v: bool(v), "echo is not supported: the response holds the completion only (prepend the prompt yourself)."),
-    "logprobs": (lambda v: v is not None and v is not False, "logprobs are not supported by this server."),
-    "top_logprobs": (lambda v: v is not None, "top_logprobs are not supported by this server."),
-    "best_of": (lambda v: v is not None and v != 1, "best_of is not supported: this server returns one choice per request (best_of=1)."),
-    "suffix": (lambda v: bool(v), "suffix (insertion) is not supported by this server."),
-    "presence_penalty": (lambda v: bool(v), "presence_penalty is not supported by this server (0 only)."),
-    "frequency_penalty": (lambda v: bool(v), "frequency_penalty is not supported by this server (0 only)."),
-    "logit_bias": (lambda v: bool(v), "logit_bias is not supported by this server."),
-    "tools": (lambda v: bool(v), "tools (function calling) are not supported by this server."),
-    "tool_choice": (lambda v: v not in (None, "none"), "tool_choice is not supported by this server."),
-    "response_format": (lambda v: bool(v) and v.get("type") != "text", "response_format other than text is not supported by this server."),
-}
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: Union[str, None] = None
+    code: Union[str, None] = None
+
+
+class ErrorResponse(BaseModel):
+    """Every refusal: OpenAI's shape."""
+
+    error: ErrorDetail

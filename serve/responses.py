@@ -4,14 +4,20 @@ Extensions, ignored by clients that do not know them:
     choices[i].token_ids   the tokens of this text (a chunk's: this round's)
     speculative            the request's method and draft length, and its acceptance figures
     timings                queue, time to first token, time per output token, end to end (seconds)
+
+Log-probabilities are the target's, after the request's logits processing
+(penalties, logit_bias, the grammar mask; before temperature and truncation):
+runtime/logits.py. Prompt tokens (``echo``) get the raw model's.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Sequence
 
-from .loop import Event, Job, Result
+from ..runtime.tokenizer import Tokenizer
+from .loop import ChoiceResult, Event, Job, Result, TokenLogprob
+from .params import Served
 
 
 def speculative(job: Job, result: Result) -> dict[str, Any]:
@@ -39,40 +45,110 @@ def _head(job: Job, model: str, obj: str) -> dict[str, Any]:
     return {"id": job.id, "object": obj, "created": job.created, "model": model}
 
 
-def completion(job: Job, model: str, r: Result) -> dict[str, Any]:
-    choice = {"index": 0, "text": r.text, "logprobs": None, "finish_reason": r.finish_reason, "token_ids": r.token_ids}
-    return {**_head(job, model, "text_completion"), "choices": [choice], "usage": usage(r), "speculative": speculative(job, r), "timings": r.timings}
+# -- log-probabilities ---------------------------------------------------------------------------
+def _piece(tok: Tokenizer | None, t: int) -> str:
+    return tok.decode_token(t) if tok is not None else f"<{t}>"
 
 
-def chat_completion(job: Job, model: str, r: Result) -> dict[str, Any]:
-    choice = {"index": 0, "message": {"role": "assistant", "content": r.text}, "logprobs": None, "finish_reason": r.finish_reason, "token_ids": r.token_ids}
-    return {**_head(job, model, "chat.completion"), "choices": [choice], "usage": usage(r), "speculative": speculative(job, r), "timings": r.timings}
+def completion_logprobs(served: Served, ids: Sequence[int], lps: Sequence[TokenLogprob | None], offset: int = 0) -> dict[str, Any]:
+    """OpenAI's legacy completions form: tokens, token_logprobs, top_logprobs, text_offset."""
+    tok = served.tokenizer
+    tokens = [_piece(tok, t) for t in ids]
+    offsets, at = [], offset
+    for s in tokens:
+        offsets.append(at)
+        at += len(s)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [lp[0] if lp is not None else None for lp in lps],
+        "top_logprobs": [{_piece(tok, a): v for a, v in lp[1]} if lp is not None else None for lp in lps],
+        "text_offset": offsets,
+    }
 
 
+def chat_logprobs(served: Served, ids: Sequence[int], lps: Sequence[TokenLogprob]) -> dict[str, Any]:
+    tok = served.tokenizer
+
+    def entry(t: int, lp: float) -> dict[str, Any]:
+        s = _piece(tok, t)
+        return {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8", "replace"))}
+
+    return {"content": [{**entry(t, lp), "top_logprobs": [entry(a, v) for a, v in top]} for t, (lp, top) in zip(ids, lps)]}
+
+
+# -- whole responses -----------------------------------------------------------------------------
+def completion(job: Job, served: Served, r: Result) -> dict[str, Any]:
+    choices = [_completion_choice(job, served, c) for c in r.choices]
+    return {**_head(job, served.model_name, "text_completion"), "choices": choices, "usage": usage(r), "speculative": speculative(job, r), "timings": r.timings}
+
+
+def _completion_choice(job: Job, served: Served, c: ChoiceResult) -> dict[str, Any]:
+    plan = job.plan
+    ids, text, lps = list(c.token_ids), c.text, c.logprobs
+    if plan.drop_output:  # max_tokens=0: the token the prefill picked is not part of the answer
+        ids, text, lps = [], "", []
+    logprobs = None
+    prompt_text = ""
+    if plan.echo:
+        prompt_text = served.tokenizer.decode(c.prompt_ids) if served.tokenizer is not None else ""
+    if plan.logprobs is not None:
+        if plan.echo:
+            prompt_lps = c.prompt_logprobs or [None] * len(c.prompt_ids)
+            logprobs = completion_logprobs(served, c.prompt_ids + ids, list(prompt_lps) + list(lps or []))
+        else:
+            logprobs = completion_logprobs(served, ids, lps or [])
+    return {"index": c.index, "text": prompt_text + text, "logprobs": logprobs, "finish_reason": c.finish_reason, "token_ids": ids}
+
+
+def chat_completion(job: Job, served: Served, r: Result) -> dict[str, Any]:
+    choices = []
+    for c in r.choices:
+        message: dict[str, Any] = {"role": "assistant", "content": c.text}
+        reason = c.finish_reason
+        if job.plan.tools is not None:
+            content, calls = job.plan.tools.parse(c.text)
+            if calls:
+                message = {"role": "assistant", "content": content, "tool_calls": calls}
+                reason = "tool_calls" if reason == "stop" else reason
+        logprobs = chat_logprobs(served, c.token_ids, c.logprobs) if job.plan.logprobs is not None and c.logprobs is not None else None
+        choices.append({"index": c.index, "message": message, "logprobs": logprobs, "finish_reason": reason, "token_ids": c.token_ids})
+    return {**_head(job, served.model_name, "chat.completion"), "choices": choices, "usage": usage(r), "speculative": speculative(job, r), "timings": r.timings}
+
+
+# -- streams -------------------------------------------------------------------------------------
 def sse(payload: dict[str, Any] | str) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-def completion_chunk(job: Job, model: str, ev: Event) -> dict[str, Any]:
-    r = ev.result
-    choice = {"index": 0, "text": ev.text, "logprobs": None, "finish_reason": r.finish_reason if r else None, "token_ids": ev.token_ids}
-    chunk = {**_head(job, model, "text_completion"), "choices": [choice]}
-    if r is not None:
-        chunk.update(speculative=speculative(job, r), timings=r.timings)
+def completion_chunk(job: Job, served: Served, ev: Event) -> dict[str, Any]:
+    logprobs = None
+    if job.plan.logprobs is not None:
+        logprobs = completion_logprobs(served, ev.token_ids, ev.logprobs)
+    choice = {"index": ev.index, "text": ev.text, "logprobs": logprobs, "finish_reason": ev.finish_reason, "token_ids": ev.token_ids}
+    chunk = {**_head(job, served.model_name, "text_completion"), "choices": [choice]}
+    if ev.result is not None:
+        chunk.update(speculative=speculative(job, ev.result), timings=ev.result.timings)
     return chunk
 
 
-def chat_chunk(job: Job, model: str, ev: Event | None) -> dict[str, Any]:
-    """ev None: the opening chunk that names the role."""
-    if ev is None:
-        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-        return {**_head(job, model, "chat.completion.chunk"), "choices": [choice]}
-    r = ev.result
-    delta = {"content": ev.text} if ev.text or r is None else {}
-    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": r.finish_reason if r else None, "token_ids": ev.token_ids}
-    chunk = {**_head(job, model, "chat.completion.chunk"), "choices": [choice]}
-    if r is not None:
-        chunk.update(speculative=speculative(job, r), timings=r.timings)
+def chat_opening(job: Job, served: Served, index: int) -> dict[str, Any]:
+    """The opening chunk of a choice: it names the role."""
+    choice = {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+    return {**_head(job, served.model_name, "chat.completion.chunk"), "choices": [choice]}
+
+
+def chat_chunk(job: Job, served: Served, ev: Event, text: str, tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One round's text of one choice (``text``: what may be shown now); the last one may carry tool calls."""
+    delta: dict[str, Any] = {"content": text} if text or (ev.finish_reason is None and not tool_calls) else {}
+    reason = ev.finish_reason
+    if tool_calls:
+        delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(tool_calls)]
+        reason = "tool_calls" if reason == "stop" else reason
+    logprobs = chat_logprobs(served, ev.token_ids, ev.logprobs) if job.plan.logprobs is not None else None
+    choice = {"index": ev.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason, "token_ids": ev.token_ids}
+    chunk = {**_head(job, served.model_name, "chat.completion.chunk"), "choices": [choice]}
+    if ev.result is not None:
+        chunk.update(speculative=speculative(job, ev.result), timings=ev.result.timings)
     return chunk
 
 

@@ -1,15 +1,26 @@
 """Load what a server serves, and run it: in the foreground (the CLI) or in a thread (tests, benchmarks).
 
 The socket is bound here rather than by uvicorn, so ``port=0`` (an ephemeral
-port) works and the real address is known before the first request.
+port) works and the real address is known before the first request. It is
+bound *before* the engines load: meanwhile a small responder answers every
+request on it with 503 ``{"status": "loading"}`` and Retry-After, so a load
+balancer or an orchestrator's readiness probe tells "loading" from "down";
+once the app exists, uvicorn takes over the same socket.
+
+SIGTERM (or Ctrl-C) drains: /health answers 503 "draining", new requests get
+a 503, and the running ones have ``--shutdown_timeout`` seconds to finish;
+those still running then end with a 503 error, and the process exits 0.
 """
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from ..runtime.config_strings import DraftTargetConfig, NGramConfig
 from ..runtime.engine_format import TREE_MODES, load_engine_dir
@@ -72,20 +83,85 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _uvicorn_server(app, log_level: str):
+def _uvicorn_server(app, log_level: str, shutdown_timeout: float = 30.0):
     import uvicorn
 
-    # uvicorn's own limits stay generous; the app's Guard answers oversize bodies with a 413
-    return uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5, access_log=log_level == "debug"))
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            drain = getattr(getattr(app, "state", None), "drain", None)
+            if drain is not None and not self.should_exit:
+                drain()  # the engine loop ends what is still running at the deadline, each with a 503
+            super().handle_exit(sig, frame)
+
+    # uvicorn waits for open connections a little past the app's own deadline, so each gets its answer first.
+    # Its own limits stay generous; the app's Guard answers oversize bodies with a 413.
+    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=int(shutdown_timeout) + 5, access_log=log_level == "debug")
+    return Server(config)
 
 
-def run_server(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info", on_ready=None) -> None:
-    """Serve until interrupted. ``on_ready(url)`` is called once the socket is bound."""
+class _Loading(BaseHTTPRequestHandler):
+    """Every request while the engines load: 503 {"status": "loading"} (no route needs the engines to say so)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def _loading(self) -> None:
+        body = json.dumps({"status": "loading", "error": {"message": "the model is loading; retry shortly.", "type": "server_error", "param": None, "code": None}}).encode()
+        self.send_response(503)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Retry-After", "2")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+        self.close_connection = True
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _loading
+
+    def log_message(self, *args) -> None:  # quiet: uvicorn logs requests once it serves
+        pass
+
+
+@contextmanager
+def answering_loading(sock: socket.socket) -> Iterator[None]:
+    """Answer on ``sock`` with 503 "loading" until the block ends; the socket stays bound and listening."""
+    httpd = ThreadingHTTPServer(sock.getsockname()[:2], _Loading, bind_and_activate=False)
+    httpd.socket.close()
+    httpd.socket = sock
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="specdec-loading", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        httpd.shutdown()
+        thread.join()
+
+
+def url_of(host: str, sock: socket.socket) -> str:
+    return f"http://{host if ':' not in host else f'[{host}]'}:{sock.getsockname()[1]}"
+
+
+def run_server(app_or_loader, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info", on_ready=None,
+               on_bound: Callable[[str], None] | None = None, shutdown_timeout: float = 30.0) -> None:
+    """Serve until SIGTERM or Ctrl-C (then drain). ``app_or_loader``: the app, or a function that loads and returns it
+    (the socket answers "loading" meanwhile; its errors propagate before anything is served).
+    ``on_bound(url)``: the socket is bound; ``on_ready(url)``: the app is serving."""
     sock = bind(host, port)
-    url = f"http://{host if ':' not in host else f'[{host}]'}:{sock.getsockname()[1]}"
-    if on_ready:
-        on_ready(url)
-    _uvicorn_server(app, log_level).run(sockets=[sock])
+    url = url_of(host, sock)
+    try:
+        if on_bound:
+            on_bound(url)
+        if callable(app_or_loader) and not hasattr(app_or_loader, "router"):
+            with answering_loading(sock):
+                app = app_or_loader()
+        else:
+            app = app_or_loader
+        server = _uvicorn_server(app, log_level, shutdown_timeout)
+        if on_ready:
+            on_ready(url)
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
 
 
 class ServerThread:
@@ -95,10 +171,10 @@ class ServerThread:
             httpx.get(f"{url}/health")
     """
 
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning", shutdown_timeout: float = 30.0):
         self.sock = bind(host, port)
-        self.url = f"http://{host}:{self.sock.getsockname()[1]}"
-        self.server = _uvicorn_server(app, log_level)
+        self.url = url_of(host, self.sock)
+        self.server = _uvicorn_server(app, log_level, shutdown_timeout)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, name="specdec-serve", daemon=True)
 
     def __enter__(self) -> str:

@@ -100,11 +100,12 @@ class DraftModelProposer(Proposer):
             active = np.flatnonzero(~idle)
             drafts[:, j] = logits.argmax(axis=-1)
             top = np.zeros(len(ids)) if track_top else None
-            if any_sampled:
-                for i in active:
+            for i in active:  # the request's own logits processing, with this position's history (its drafts so far)
+                r = reqs[i]
+                if sampled[i] or (r is not None and r.processor is not None and not r.processor.plain):
+                    t, q = r.processor.pick(logits[i], drafts[i, :j], r.rng) if r.processor is not None else _plain_pick(logits[i], r)  # type: ignore[union-attr]
+                    drafts[i, j] = t
                     if sampled[i]:
-                        q = processed_probs(logits[i : i + 1], reqs[i].config.sampling)[0]  # type: ignore[union-attr]
-                        drafts[i, j] = sample(q, reqs[i].rng)  # type: ignore[union-attr]
                         probs[i].append(q)
                         top[i] = q.max()  # type: ignore[index]
             if top is not None and self.confidence_threshold > 0:
@@ -130,6 +131,12 @@ class DraftModelProposer(Proposer):
         slot = self.slot_of[rid]
         self.cache.rollback(slot, int(self.cache.lengths[slot]) - (k - 1 - kept))  # drop the rejected fed drafts
         self.pending[rid] = target.emitted[kept:]
+
+
+def _plain_pick(logits: np.ndarray, r: Request) -> tuple[int, np.ndarray]:
+    """A request without a processing chain (built by hand): temperature, top-k/p, min-p only."""
+    q = processed_probs(logits[None], r.config.sampling)[0]
+    return sample(q, r.rng), q
 
 
 def _top_probability(logits: np.ndarray) -> np.ndarray:

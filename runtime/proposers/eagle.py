@@ -174,9 +174,15 @@ class EagleProposer(Proposer):
         hidden = np.stack([self.next_hidden.get(rid, np.zeros(self.module.model.hidden_size, np.float32)) for rid in ids])  # [n, hidden]
         for j in range(int(lens.max())):
             for i in np.flatnonzero(lens > j):
-                if sampled[i]:
-                    q = processed_probs(logits[i : i + 1], reqs[i].config.sampling)[0]
-                    drafts[i, j] = sample(q, reqs[i].rng)
+                r = reqs[i]
+                if r.processor is not None and (sampled[i] or not r.processor.plain):  # its chain, with its drafts so far as history
+                    t, q = r.processor.pick(logits[i], drafts[i, :j], r.rng)
+                    drafts[i, j] = t
+                    if sampled[i]:
+                        probs[i].append(q)
+                elif sampled[i]:
+                    q = processed_probs(logits[i : i + 1], r.config.sampling)[0]
+                    drafts[i, j] = sample(q, r.rng)
                     probs[i].append(q)
                 else:
                     drafts[i, j] = int(logits[i].argmax())

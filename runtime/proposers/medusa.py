@@ -63,9 +63,10 @@ class MedusaProposer(Proposer):
 
     def prefilled(self, requests: Sequence[Request], step: StepOutput, first_slot: int) -> None:
         """The target just prefilled ``requests`` in slots first_slot..: each one's heads on its last prompt row."""
-        heads = step.medusa_logits  # [len(prefilled), 1, heads, vocab]
+        heads = step.medusa_logits  # [len(prefilled), 1 (or every row: a prefill with all logits), heads, vocab]
         for r in requests:
-            self.heads[r.request_id] = heads[r.slot - first_slot, 0].copy()
+            row = len(r.prompt_ids) - 1 if heads.shape[1] > 1 else 0
+            self.heads[r.request_id] = heads[r.slot - first_slot, row].copy()
 
     def remove(self, request_id: str) -> None:
         self.heads.pop(request_id, None)
@@ -86,10 +87,21 @@ class MedusaProposer(Proposer):
                 tokens, parents, depths = tree_draft(self.tree, k, lambda depth, top: top_k(heads[depth - 1], top))
                 return Draft(tokens, parents=parents, depths=depths)
             k = min(k, self.tree.depth)  # a sampled request: the chain as deep as the tree
-        if sampling.greedy:
+        proc = r.processor
+        if sampling.greedy and (proc is None or proc.plain):
             return Draft(heads[:k].argmax(axis=-1).astype(np.int64))
-        q = processed_probs(heads[:k], sampling)  # [k, vocab]: the same processing as the target's p
-        return Draft(np.array([sample(q[j], r.rng) for j in range(k)], np.int64), probs=q)
+        # head j guesses position j: processed as the target's row there, with the drafts before it as history
+        tokens: list[int] = []
+        qs = []
+        for j in range(k):
+            if proc is not None:
+                t, q = proc.pick(heads[j], tokens, r.rng)
+            else:
+                q = processed_probs(heads[j : j + 1], sampling)[0]
+                t = sample(q, r.rng)
+            tokens.append(t)
+            qs.append(q)
+        return Draft(np.array(tokens, np.int64), probs=None if sampling.greedy else np.stack(qs))
 
     def observe(self, request: Request, draft: Draft, target: TargetOutput) -> None:
         # the row of the last kept token: its target logits gave the appended token, its heads the ones after it

@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -216,7 +216,7 @@ SERVER = "specdec-serve "  # a command that runs until stopped: started in the b
 
 
 def _start_server(text: str, cwd: Path) -> subprocess.Popen:
-    """Start a documented server and wait until its port answers (the URL it prints), up to a minute."""
+    """Start a documented server and wait until it is ready (GET /health answers 200: the port answers 503 "loading" before), up to a minute."""
     log = open(cwd / "server.log", "w")  # a file, not a pipe: a full pipe would stall the server
     proc = subprocess.Popen(["bash", "-c", "exec " + text], cwd=cwd, env=_env(), stdout=log, stderr=subprocess.STDOUT, text=True)
     log.close()
@@ -225,9 +225,10 @@ def _start_server(text: str, cwd: Path) -> subprocess.Popen:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return proc
-        except OSError:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:  # not listening yet, or 503 while the engines load (HTTPError is an OSError)
             time.sleep(0.5)
     _stop(proc)
     raise AssertionError(f"{text} did not start listening on port {port}:\n{(cwd / 'server.log').read_text()[-1500:]}")

@@ -367,3 +367,15 @@ def test_a_modelopt_whole_model_export_builds_and_runs(medusa, tmp_path):
     for k, choices in ((2, None), (4, "[[0], [1], [0, 0], [1, 0]]")):
         got, stats = _generate(target, PROMPTS, "medusa", k, choices=choices)
         assert got == want and stats.drafted > 0
+
+
+@pytest.mark.parametrize("choices", [None, "[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]"], ids=["chain", "tree"])
+def test_greedy_medusa_with_penalties_and_bias_equals_target_only(engines, choices):
+    """The logits processing chain on a Medusa target: each verified row (a tree node's too) processed with its own path."""
+    settings = SamplingConfig(temperature=0.0, repetition_penalty=1.5, frequency_penalty=0.5, presence_penalty=0.2, logit_bias=((7, 2.0),))
+    target = engines["copy"]
+    want, _ = _generate(target, PROMPTS, "none", 0, sampling=settings)
+    plain, _ = _generate(target, PROMPTS, "none", 0)
+    assert want != plain  # the settings change the output
+    got, stats = _generate(target, PROMPTS, "medusa", 6 if choices else NUM_HEADS, choices=choices, sampling=settings)
+    assert got == want and stats.drafted > 0

@@ -1,0 +1,128 @@
+"""Every sampling field through the official openai client, streaming and not, for every loaded method.
+
+Greedy answers must be identical whatever the method, and log-probabilities
+the same to float tolerance: speculation changes how fast, never what.
+"""
+
+import math
+
+import httpx
+import openai
+import pytest
+from servers import running, served_pair, sse_events
+
+METHODS = [{"method": "none"}, {"method": "draft"}, {"method": "ngram"}, {"method": "draft", "num_draft_tokens": "auto"}]
+IDS = ["none", "draft", "ngram", "auto"]
+PROMPT = "abc abc abc abc"
+PENALTIES = {"presence_penalty": 0.5, "frequency_penalty": 0.4, "repetition_penalty": 1.3, "logit_bias": {"70": 3.0, "69": -5.0}}
+
+
+@pytest.fixture(scope="module")
+def server():
+    with running(served_pair()) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def complete(client, spec, **kw):
+    return client.completions.create(model="target", prompt=PROMPT, max_tokens=16, temperature=0, extra_body={"speculative": spec, "ignore_eos": True, **kw.pop("extra", {})}, **kw)
+
+
+def test_logprobs_are_the_targets_for_every_method(client):
+    base = complete(client, METHODS[0], logprobs=3, extra=PENALTIES).choices[0]
+    lp = base.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 16
+    assert all(v <= 0 for v in lp.token_logprobs) and all(len(t) == 3 for t in lp.top_logprobs)
+    # greedy: the chosen token is the most likely one after processing
+    assert all(math.isclose(max(top.values()), v, abs_tol=1e-6) for top, v in zip(lp.top_logprobs, lp.token_logprobs))
+    for spec in METHODS[1:]:
+        c = complete(client, spec, logprobs=3, extra=PENALTIES).choices[0]
+        assert c.text == base.text
+        assert all(math.isclose(a, b, abs_tol=1e-4) for a, b in zip(c.logprobs.token_logprobs, lp.token_logprobs))
+        assert [sorted(t) for t in c.logprobs.top_logprobs] == [sorted(t) for t in lp.top_logprobs]
+
+
+@pytest.mark.parametrize("spec", METHODS, ids=IDS)
+def test_penalties_and_bias_keep_greedy_output_identical(client, spec):
+    want = complete(client, METHODS[0], extra=PENALTIES).choices[0].model_extra["token_ids"]
+    plain = complete(client, METHODS[0]).choices[0].model_extra["token_ids"]
+    assert want != plain  # the settings change the output
+    got = complete(client, spec, extra={**PENALTIES, "min_p": 0.1, "top_k": 5}).choices[0].model_extra["token_ids"]
+    assert got == want
+
+
+def test_echo_scores_the_prompt(client):
+    r = client.completions.create(model="target", prompt=PROMPT, max_tokens=0, echo=True, logprobs=1, temperature=0)
+    c = r.choices[0]
+    prompt_ids = r.usage.prompt_tokens
+    assert c.text == PROMPT and c.model_extra["token_ids"] == []
+    assert c.logprobs.token_logprobs[0] is None and len(c.logprobs.token_logprobs) == prompt_ids
+    assert all(v <= 0 for v in c.logprobs.token_logprobs[1:])
+    # with a completion: the prompt's scores, then the completion's, as one sequence
+    r2 = client.completions.create(model="target", prompt=PROMPT, max_tokens=4, echo=True, logprobs=1, temperature=0, extra_body={"ignore_eos": True})
+    c2 = r2.choices[0]
+    assert c2.text.startswith(PROMPT) and len(c2.logprobs.token_logprobs) == prompt_ids + 4
+    assert c2.logprobs.token_logprobs[0] is None
+    assert c2.logprobs.token_logprobs[1:prompt_ids] == pytest.approx(c.logprobs.token_logprobs[1:], abs=1e-5)
+    # echo scores equal whatever the method (the prompt's rows come from the prefill)
+    r3 = client.completions.create(model="target", prompt=PROMPT, max_tokens=4, echo=True, logprobs=1, temperature=0, extra_body={"speculative": {"method": "ngram"}, "ignore_eos": True})
+    assert r3.choices[0].text == c2.text
+    assert all(a is None and b is None or math.isclose(a, b, abs_tol=1e-4) for a, b in zip(r3.choices[0].logprobs.token_logprobs, c2.logprobs.token_logprobs))
+
+
+def test_several_prompts_n_and_seeds(client):
+    prompts = ["def fib(n):", "Hello", PROMPT]
+    alone = [client.completions.create(model="target", prompt=p, max_tokens=8, temperature=0).choices[0].text for p in prompts]
+    r = client.completions.create(model="target", prompt=prompts, max_tokens=8, temperature=0)
+    assert [c.index for c in r.choices] == [0, 1, 2] and [c.text for c in r.choices] == alone
+    assert r.usage.prompt_tokens == sum(len(p) + 1 for p in prompts)  # the character tokenizer adds BOS
+    # n sampled choices per prompt: index = prompt * n + j, each its own draw, the same again with the same seed
+    kw = dict(model="target", prompt=prompts[:2], max_tokens=8, temperature=1.0, n=3, seed=7)
+    a, b = client.completions.create(**kw), client.completions.create(**kw, extra_body={"speculative": {"method": "ngram"}})
+    assert [c.index for c in a.choices] == list(range(6)) and a.usage.completion_tokens == sum(len(c.model_extra["token_ids"]) for c in a.choices)
+    assert len({c.text for c in a.choices[:3]}) > 1
+    assert [c.text for c in client.completions.create(**kw).choices] == [c.text for c in a.choices]
+    assert len(b.choices) == 6
+
+
+def test_best_of_returns_the_most_likely(client):
+    r = client.completions.create(model="target", prompt=PROMPT, max_tokens=6, temperature=1.0, best_of=4, n=2, seed=3, logprobs=0, extra_body={"ignore_eos": True})
+    assert len(r.choices) == 2 and r.usage.completion_tokens == 4 * 6  # every sample's tokens count
+    means = [sum(c.logprobs.token_logprobs) / len(c.logprobs.token_logprobs) for c in r.choices]
+    assert means[0] >= means[1]
+    every = client.completions.create(model="target", prompt=PROMPT, max_tokens=6, temperature=1.0, n=4, seed=3, logprobs=0, extra_body={"ignore_eos": True})
+    best = sorted(every.choices, key=lambda c: -sum(c.logprobs.token_logprobs) / len(c.logprobs.token_logprobs))[:2]
+    assert [c.text for c in r.choices] == [c.text for c in best]
+
+
+def test_chat_logprobs_and_n_streamed(server, client):
+    msgs = [{"role": "user", "content": "hi"}]
+    whole = client.chat.completions.create(model="target", messages=msgs, max_tokens=8, temperature=0, logprobs=True, top_logprobs=2, n=2, extra_body={"ignore_eos": True})
+    assert [c.index for c in whole.choices] == [0, 1] and whole.choices[0].message.content == whole.choices[1].message.content
+    content = whole.choices[0].logprobs.content
+    assert len(content) == 8 and all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in content)
+    stream = client.chat.completions.create(model="target", messages=msgs, max_tokens=8, temperature=0, logprobs=True, top_logprobs=2, n=2, stream=True,
+                                            extra_body={"speculative": {"method": "draft"}, "ignore_eos": True})
+    texts, lps = {0: "", 1: ""}, {0: [], 1: []}
+    for chunk in stream:
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+            lps[c.index] += [e.logprob for e in (c.logprobs.content if c.logprobs else [])]
+    assert texts[0] == texts[1] == whole.choices[0].message.content
+    assert lps[0] == pytest.approx([e.logprob for e in content], abs=1e-4)
+
+
+def test_completion_stream_with_logprobs_and_several_prompts(server):
+    body = {"prompt": ["abc", "xyz"], "max_tokens": 6, "temperature": 0, "logprobs": 2, "stream": True, "speculative": {"method": "ngram"}, "ignore_eos": True}
+    with httpx.stream("POST", f"{server}/v1/completions", json=body, timeout=60) as r:
+        events = sse_events(r.iter_lines())
+    assert events[-1] == "[DONE]"
+    by = {0: [], 1: []}
+    for e in events[:-1]:
+        for c in e["choices"]:
+            by[c["index"]] += c["logprobs"]["token_logprobs"]
+    assert len(by[0]) == len(by[1]) == 6

@@ -1,0 +1,161 @@
+"""Structured outputs and tool calls on the demo pair (a real BPE tokenizer), through the openai client.
+
+The grammar masks the target's logits at every verified position and cuts the
+drafts where it forbids a token, for every method: the output always parses
+and validates, and greedy constrained output is identical to constrained
+target-only output.
+"""
+
+import json
+from pathlib import Path
+
+import jsonschema_rs
+import openai
+import pytest
+from servers import running
+
+from specdec.builder.build import build_engine
+from specdec.runtime.engine_format import BuildConfig
+from specdec.runtime.config_strings import DraftTargetConfig, NGramConfig
+from specdec.serve import build_served
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "examples" / "demo-pair"
+METHODS = ["none", "draft", "ngram"]
+# a Hermes-style template: tools as JSON in the prompt, tool results and calls as messages
+TEMPLATE = (
+    "{% if tools %}# tools: {{ tools | tojson }}\n{% endif %}"
+    "{% for m in messages %}# {{ m['role'] }}: {{ m['content'] or '' }}"
+    "{% if m['tool_calls'] is defined %}{{ m['tool_calls'] | tojson }}{% endif %}\n{% endfor %}"
+    "{% if add_generation_prompt %}# assistant:\n{% endif %}"
+)
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 150},
+                   "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3}},
+    "required": ["name", "age", "tags"],
+    "additionalProperties": False,
+}
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+           "required": ["city", "days"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "the forecast", "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                                                                           "required": ["a", "b"], "additionalProperties": False}}}]
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    d = tmp_path_factory.mktemp("demo")
+    quiet = dict(say=lambda _: None)
+    build_engine(DEMO / "target", d / "target", BuildConfig(dtype="float32", max_batch_size=4, max_input_len=512, max_seq_len=768, max_draft_len=4,
+                                                             speculative_decoding_mode="draft_tokens_external"), **quiet)
+    build_engine(DEMO / "draft", d / "draft", BuildConfig(dtype="float32", max_batch_size=4, max_input_len=512, max_seq_len=768), **quiet)
+    (d / "chat.jinja").write_text(TEMPLATE)
+    served = build_served(d / "target", d / "draft", DraftTargetConfig(3, [0], [0], False), NGramConfig(4, 2, [0]), num_threads=1,
+                          chat_template=d / "chat.jinja", served_model_name="demo")
+    with running(served) as url:
+        yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def chat(client, method, **kw):
+    return client.chat.completions.create(model="demo", messages=[{"role": "user", "content": kw.pop("say", "Describe a person as JSON.")}],
+                                          max_tokens=kw.pop("max_tokens", 96), temperature=kw.pop("temperature", 0), extra_body={"speculative": {"method": method}, **kw.pop("extra", {})}, **kw)
+
+
+def test_json_schema_greedy_is_valid_and_identical_for_every_method(client):
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    texts = []
+    for method in METHODS:
+        c = chat(client, method, response_format=fmt).choices[0]
+        assert c.finish_reason == "stop", c
+        jsonschema_rs.validate(PERSON, json.loads(c.message.content))
+        texts.append(c.message.content)
+    assert texts[1:] == texts[:-1]
+    # streamed: the same text
+    stream = chat(client, "draft", response_format=fmt, stream=True)
+    assert "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices) == texts[0]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_sampled_constrained_output_validates(client, method):
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    for seed in range(3):
+        c = chat(client, method, response_format=fmt, temperature=0.9, seed=seed, extra={"presence_penalty": 0.5}).choices[0]
+        assert c.finish_reason == "stop"
+        jsonschema_rs.validate(PERSON, json.loads(c.message.content))
+
+
+def test_regex_choice_and_json_object(client):
+    for method in METHODS:
+        r = client.completions.create(model="demo", prompt="def f(x):\n    return", max_tokens=20, temperature=0,
+                                      extra_body={"speculative": {"method": method}, "structured_outputs": {"regex": r" [0-9]{3}-[a-z]{2,4}"}})
+        import re
+
+        assert re.fullmatch(r" [0-9]{3}-[a-z]{2,4}", r.choices[0].text), r.choices[0].text
+        r = client.completions.create(model="demo", prompt="x =", max_tokens=10, temperature=0.7, seed=1,
+                                      extra_body={"speculative": {"method": method}, "structured_outputs": {"choice": [" True", " False", " None"]}})
+        assert r.choices[0].text in (" True", " False", " None")
+    c = chat(client, "draft", response_format={"type": "json_object"}, max_tokens=200).choices[0]
+    if c.finish_reason == "stop":
+        assert isinstance(json.loads(c.message.content), dict)
+    else:  # cut by max_tokens: a valid beginning of an object
+        assert c.message.content.startswith("{")
+
+
+def _args_valid(call):
+    tool = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}[call.function.name]
+    jsonschema_rs.validate(tool, json.loads(call.function.arguments))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_tool_calls_required_and_named(client, method):
+    r = chat(client, method, say="What is the weather in Paris?", tools=TOOLS, tool_choice="required", max_tokens=120)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.content is None and c.message.tool_calls
+    for call in c.message.tool_calls:
+        assert call.type == "function" and call.id.startswith("call_")
+        _args_valid(call)
+    r = chat(client, method, say="Add 2 and 3.", tools=TOOLS, tool_choice={"type": "function", "function": {"name": "add"}}, max_tokens=60)
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name == "add" and r.choices[0].finish_reason == "tool_calls"
+    _args_valid(call)
+
+
+def test_tool_calls_streamed_as_the_client_expects(client):
+    kw = dict(say="Add 2 and 3.", tools=TOOLS, tool_choice={"type": "function", "function": {"name": "add"}}, max_tokens=60)
+    whole = chat(client, "draft", **kw).choices[0].message.tool_calls[0]
+    calls: dict[int, dict] = {}
+    reason = None
+    for chunk in chat(client, "draft", stream=True, **kw):
+        for c in chunk.choices:
+            reason = c.finish_reason or reason
+            for tc in c.delta.tool_calls or []:
+                entry = calls.setdefault(tc.index, {"name": "", "arguments": ""})
+                entry["name"] += tc.function.name or ""
+                entry["arguments"] += tc.function.arguments or ""
+    assert reason == "tool_calls" and calls == {0: {"name": "add", "arguments": whole.function.arguments}}
+
+
+def test_tool_choice_auto_and_a_conversation_with_tool_results(client):
+    for method in METHODS:
+        r = chat(client, method, say="What is the weather in Paris?", tools=TOOLS, max_tokens=80)
+        c = r.choices[0]
+        for call in c.message.tool_calls or []:  # the model chooses; a call it makes is valid
+            _args_valid(call)
+        assert c.message.tool_calls or c.message.content is not None
+    messages = [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 1}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
+    r = client.chat.completions.create(model="demo", messages=messages, tools=TOOLS, tool_choice="none", max_tokens=8, temperature=0)
+    assert r.choices[0].message.tool_calls is None and isinstance(r.choices[0].message.content, str)
+
+
+def test_logprobs_with_a_grammar_list_only_allowed_tokens(client):
+    """Found by the fuzzer's class: a grammar forbids most tokens (-inf), and -inf is not JSON."""
+    r = client.completions.create(model="demo", prompt="x =", max_tokens=4, temperature=0, logprobs=20,
+                                  extra_body={"structured_outputs": {"choice": [" True", " False"]}})
+    c = r.choices[0]
+    assert c.text in (" True", " False")
+    assert all(len(top) < 20 and all(v > -9999 for v in top.values()) for top in c.logprobs.top_logprobs)
