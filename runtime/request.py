@@ -21,7 +21,7 @@ from .errors import RequestError
 from .metrics import Metrics
 from .sampling import SamplingConfig
 
-METHODS = ("none", "draft", "ngram", "medusa", "eagle")
+METHODS = ("none", "draft", "ngram", "medusa", "eagle", "suffix")
 AUTO = "auto"
 
 
@@ -32,7 +32,7 @@ class GenerationConfig:
     end_ids: tuple[int, ...] = ()  # stop after any of these (empty: never)
     stop_words: tuple[tuple[int, ...], ...] = ()  # token sequences that end a request
     # speculation; None = the engine's default
-    method: str | None = None  # none | draft | ngram | medusa | eagle
+    method: str | None = None  # none | draft | ngram | medusa | eagle | suffix
     draft_len: int | str | None = None  # 0..max_draft_len, or "auto": chosen each round
 
     def __post_init__(self) -> None:
