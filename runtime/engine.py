@@ -87,7 +87,7 @@ class Engine:
         # The vocabulary draft and target share (padded vocabularies compare over the common ids).
         self.vocab_limit: int | None = None
         for p in proposers:
-            if p.executor is not None:
+            if p.executor is not None and not getattr(p, "cross_tokenizer", False):  # another tokenizer: its adapter maps ids
                 limit = check_pair(target.engine, p.executor.engine, allow_vocab_mismatch)
                 self.vocab_limit = limit if self.vocab_limit is None or limit is None else min(self.vocab_limit, limit)
                 p.vocab_limit = limit
