@@ -20,9 +20,9 @@ token right is copying the right passage, and its later tokens survive more
 often), so the expected tokens use the method's measured acceptance at each
 position given the ones before it, scaled by how the request compares with
 the method: ``1 + sum_j prod_{i<=j} c_i`` (the geometric formula when every
-``c_i`` is ``a``). A request that has
-chosen k = 0 for ``PROBE_EVERY`` rounds drafts once more, so a change in the
-text (a copy-heavy stretch for n-gram) is noticed. A request keeps its k until
+``c_i`` is ``a``). Requests at k = 0 draft once more every ``PROBE_EVERY``
+rounds, so a change in the text (a copy-heavy stretch for n-gram) is noticed.
+A request keeps its k until
 another promises ``STICKY`` (5%) more: each new call width is a new shape for
 the backend, and estimates are noisy.
 
@@ -46,7 +46,7 @@ from __future__ import annotations
 
 
 PRIOR_WEIGHT = 8.0  # drafts' worth of the method-wide acceptance in a request's estimate
-PROBE_EVERY = 16  # rounds at k = 0 before a probe round
+PROBE_EVERY = 16  # one round in this many is a probe round for requests at k = 0
 STICKY = 0.05  # a new draft length must promise this much more speed than the current one
 FORGET = 0.05  # weight of a new timing: the fits follow the last ~20 calls
 PRIOR_SLOPE = 0.1  # cost of one more verified token, as a share of a 1-token call, before two widths were timed

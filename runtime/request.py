@@ -91,7 +91,6 @@ class Request:
     slot: int = -1  # the target cache row while RUNNING
     metrics: Metrics = field(default_factory=lambda: Metrics(requests=1))
     times: RequestTimes = field(default_factory=RequestTimes)
-    idle_rounds: int = 0  # consecutive rounds with no drafts chosen by draft_len=auto
     auto_k: int | None = None  # the draft length draft_len=auto chose last round
 
     @property

@@ -33,7 +33,7 @@ from ..errors import ConfigStringError
 from ..request import Request
 from ..suffix_cache import ResponseCache
 from ..suffix_index import SpecParams, SuffixDraft, TokenStore, best_draft
-from .base import Draft, TargetOutput
+from .base import Draft, Proposer, TargetOutput
 
 SUFFIX_FORM = ("[max_draft_len, max_tree_depth] or a JSON object with any of max_draft_len, max_tree_depth, max_spec_factor, "
                "max_spec_offset, min_token_prob, global_cache, max_cached_tokens, max_cached_responses, seed_file")
@@ -96,13 +96,15 @@ def parse_suffix_config(text: str, flag: str = "--suffix_config") -> SuffixConfi
     return cfg
 
 
-class SuffixProposer:
+class SuffixProposer(Proposer):
     name = "suffix"
+    scores_drafts = True  # each node carries its estimated acceptance: draft_len=auto trims the draft it returns
 
     def __init__(self, config: SuffixConfig = SuffixConfig(), trees: bool = False, cache: ResponseCache | None = None):
         """trees: the target verifies trees (tree attention); cache: a global cache to share (default: a new one
         when config.global_cache)."""
         self.config = config
+        self.max_draft_len = config.max_draft_len
         self.params = config.params
         self.trees = trees
         if cache is None and config.global_cache:
@@ -110,7 +112,6 @@ class SuffixProposer:
         self.cache = cache if config.global_cache else None
         self.stores: dict[str, TokenStore] = {}
         self.prompt_len: dict[str, int] = {}
-        self.last_draft: dict[str, SuffixDraft] = {}  # the latest draft of each request (its per-node probabilities)
 
     def add(self, requests: Sequence[Request]) -> None:
         for r in requests:
@@ -122,7 +123,6 @@ class SuffixProposer:
         """The request ended: its response joins the global cache."""
         store = self.stores.pop(request_id)
         start = 1 + self.prompt_len.pop(request_id)  # position 0 is the store's separator
-        self.last_draft.pop(request_id, None)
         if self.cache is not None and store.size > start:
             self.cache.add(store.tokens[start:])
 
@@ -148,16 +148,16 @@ class SuffixProposer:
             return Draft.empty()
         tree = self.trees and r.config.sampling.greedy
         found = self.best(r, min(k, self.config.max_draft_len), tree)
-        self.last_draft[r.request_id] = found
         tokens = np.array(found.tokens, np.int64)
+        scores = np.array(found.probs, np.float64)  # best first: a tree's nodes as taken, a path in order
         if not tree or not len(tokens):
-            return Draft(tokens)
+            return Draft(tokens, scores=scores)
         parents = np.array(found.parents, np.int64)
         depths = np.ones(len(parents), np.int64)
         for j, p in enumerate(found.parents):  # parents come first: one pass
             if p >= 0:
                 depths[j] = depths[p] + 1
-        return Draft(tokens, parents=parents, depths=depths)
+        return Draft(tokens, parents=parents, depths=depths, scores=scores)
 
     def observe(self, request: Request, draft: Draft, target: TargetOutput) -> None:
         self.stores[request.request_id].append(target.emitted)
