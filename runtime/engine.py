@@ -85,6 +85,7 @@ class Engine:
         short = min(executors, key=lambda e: e.build.max_input_len)
         self._input_limit_by = "the target engine" if short is target else f"the draft engine {short.engine.path} (the target's is {build.max_input_len})"
         # The vocabulary draft and target share (padded vocabularies compare over the common ids).
+        self.pairing = None  # how a draft model drafts for this target, when load_engine made it (runtime/pairing.py)
         self.vocab_limit: int | None = None
         for p in proposers:
             if p.executor is not None and not getattr(p, "cross_tokenizer", False):  # another tokenizer: its adapter maps ids
