@@ -189,3 +189,39 @@ def test_token_bytes_spell_split_characters():
     assert tb.bytes_of(tb.encode_bytes(data[:5])) == data[:3]  # a partial character at the end waits
     assert complete_prefix(data[:5]) == 3 and complete_prefix(data) == 7 and complete_prefix(b"ab\xe6") == 2
     assert tb.bytes_of([256, 65]) == b"A"  # a special token stands for no text
+
+
+def test_load_engine_chooses_cross_tokenizer_mode_and_says_so(pair):
+    from specdec.runtime import DraftTargetConfig, load_engine
+
+    target = pair["target"]
+    engine = load_engine(target.engine.path, pair["mirror"].engine.path, DraftTargetConfig(3, [0], [0], False), num_threads=1)
+    assert isinstance(engine.proposers["draft"], CrossTokenizerProposer)
+    assert engine.pairing.mode == "cross_tokenizer" and "260 tokens" in engine.pairing.note and "258 tokens" in engine.pairing.note
+    ps = prompts(target)
+    cfg = GenerationConfig(max_output_len=16)
+    assert run(engine, ps, cfg) == run(Engine(target), ps, cfg)
+    assert engine.stats.accepted > 0
+
+
+def test_pairing_refuses_only_what_cannot_work(pair, tmp_path):
+    import shutil
+
+    from specdec.runtime.engine_format import load_engine_dir
+    from specdec.runtime.errors import EngineError
+    from specdec.runtime.pairing import pair as choose
+
+    target, mirror = pair["target"].engine, pair["mirror"].engine
+    bare = tmp_path / "bare"  # the target without its tokenizer: 258 ids, where the draft's tokenizer uses 260
+    shutil.copytree(target.path, bare)
+    cfg = json.loads((bare / "config.json").read_text())
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (bare / name).unlink(missing_ok=True)
+        cfg["files"].pop(name, None)
+    (bare / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(EngineError) as err:
+        choose(load_engine_dir(bare), mirror)
+    assert "no tokenizer.json to draft through text" in str(err.value) and "\n" not in str(err.value)
+    assert choose(target, target).mode == "shared"  # the same tokenizer: ids as they are
+    with pytest.warns(UserWarning, match="different tokenizers"):
+        assert choose(target, mirror, allow_mismatch=True).mode == "shared"
