@@ -89,12 +89,15 @@ class ResponseCache:
         return self.store.tokens[self.starts[i] : self.starts[i] + self.lengths[i]].tolist()
 
     def speculate(self, context: Sequence[int], limit: int, params: SpecParams, tree: bool) -> SuffixDraft:
-        draft = best_draft(self.store, context, limit, params, tree)
-        if len(draft) and draft.ends is not None:  # the responses it drew from were useful: keep them longer
+        """The cache's best draft for the context (``touch`` it if it is used)."""
+        return best_draft(self.store, context, limit, params, tree)
+
+    def touch(self, draft: SuffixDraft) -> None:
+        """A draft from this cache was proposed: the responses it drew from stay longer."""
+        if len(draft) and draft.ends is not None:
             self.clock += 1
             for i in set(np.searchsorted(self.starts, draft.ends, side="right").tolist()):
                 self.used[i - 1] = self.clock
-        return draft
 
     def load(self, path: str | Path, encode: Callable[[str], list[int]] | None = None) -> int:
         """Add the responses of a JSON-lines file; returns how many. Bad input: one line saying where."""

@@ -140,6 +140,7 @@ class SuffixProposer(Proposer):
         if self.cache is not None and limit > draft.score:
             other = self.cache.speculate(context, limit, self.params, tree)
             if other.score > draft.score:
+                self.cache.touch(other)
                 draft = other
         return draft
 

@@ -146,6 +146,7 @@ def test_the_cache_holds_its_token_cap_and_evicts_least_recently_used():
     # drafting from response 0 makes it the most recently used
     d = cache.speculate([1000, 0, 0], 4, TREE, tree=False)
     assert d.tokens == [0, 0, 0]
+    cache.touch(d)
     cache.add([2000] + [9] * 19)  # over the cap: the least recently used leave until <= 90 tokens
     kept = [cache.response(i)[0] for i in range(len(cache))]
     assert cache.num_tokens <= 90 and kept == [1000, 1003, 1004, 2000]
