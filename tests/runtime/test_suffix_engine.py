@@ -116,3 +116,14 @@ def test_sampled_suffix_keeps_the_target_distribution(targets):
     expected = table.sum(1, keepdims=True) * table.sum(0, keepdims=True) / table.sum()
     stat = float(((table - expected) ** 2 / expected).sum())
     assert len(keys) >= 4 and stat < _chi_square_critical(len(keys) - 1), (stat, len(keys))
+
+
+def test_tree_attention_build_refusals(tmp_path):
+    from conftest import cli_build
+
+    ckpt = make_checkpoint(tmp_path / "ckpt", num_hidden_layers=1, seed=0)
+    r = cli_build(ckpt, tmp_path / "a", "--tree_attention")
+    assert r.exit_code == 1 and "--tree_attention needs --speculative_decoding_mode draft_tokens_external" in r.output
+    r = cli_build(ckpt, tmp_path / "b", "--tree_attention", "--speculative_decoding_mode", "draft_tokens_external", "--backend", "tensorrt")
+    assert r.exit_code == 1 and "--tree_attention runs on the onnxruntime backend only" in r.output
+    assert all(len(line) for line in r.output.strip().splitlines()) and r.output.strip().count("\n") == 0
