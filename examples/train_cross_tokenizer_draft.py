@@ -106,7 +106,7 @@ Losses per token are not comparable across tokenizers; per byte of text they are
 | **bits per byte** | **{d_bpb:.3f}** | {t_bpb:.3f} | {dd_bpb:.3f} |
 
 How often its drafts survive the demo target's verification, measured by specdec itself, is in
-docs/speculative-decoding.md ("A draft with another tokenizer") and benchmarks/bench_drafters.py.
+docs/suffix-decoding.md ("Measured") and benchmarks/bench_drafters.py.
 """
 
 
