@@ -144,6 +144,8 @@ def speed(args) -> None:
             cache = Path(tempfile.mkdtemp()) / "lookup.bin"
             lc_tokens, lc_secs = 0, 0.0
             for i, ids in enumerate(prompts):
+                if i % 10 == 9:
+                    print(f"  [{workload}] round {r + 1}: request {i + 1}/{len(prompts)}", flush=True)
                 order = names[:] if (i + r) % 2 == 0 else names[::-1]  # alternate the order: no method always runs first
                 outs = {}
                 for n in order:
@@ -164,8 +166,9 @@ def speed(args) -> None:
                 ratios[n].append(tps[n][-1] / tps["none"][-1])
             if args.llama_lookup:
                 lcpp.append(lc_tokens / lc_secs)
-            print(f"[{workload}] round {r + 1}/{args.rounds}: " + ", ".join(f"{n} {tps[n][-1]:.1f} tok/s" for n in names)
-                  + (f", llama-lookup {lcpp[-1]:.1f} tok/s" if lcpp else ""), flush=True)
+            print(f"[{workload}] round {r + 1}/{args.rounds}: " + ", ".join(
+                f"{n} {tps[n][-1]:.1f} tok/s" + (f" (x{ratios[n][-1]:.2f}, {tokens_per_call(stats[n][-len(prompts):]):.2f} tokens/call)" if n != "none" else "")
+                for n in names) + (f", llama-lookup {lcpp[-1]:.1f} tok/s" if lcpp else ""), flush=True)
         print(f"\n{workload}: {len(prompts)} requests in sequence, {args.tokens} tokens each, {args.rounds} rounds "
               f"(speed over target-only: median [min-max])")
         rows = {}
@@ -188,6 +191,12 @@ def speed(args) -> None:
         report[workload] = rows
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
+
+
+def tokens_per_call(stats: list[tuple[int, int, int]]) -> float:
+    """(rounds + accepted) / rounds over (drafted, accepted, rounds) records: tokens per target call after the prefill."""
+    rounds, accepted = sum(x[2] for x in stats), sum(x[1] for x in stats)
+    return (rounds + accepted) / rounds if rounds else 0.0
 
 
 def spread_str(v: list[float], fmt: str = ".1f") -> str:

@@ -166,7 +166,7 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
                              ngram_use_oldest=ngram_use_oldest, num_threads=num_threads, draft_num_threads=draft_num_threads, device=device,
                              draft_confidence_threshold=draft_confidence_threshold, ngram_min_match=ngram_min_match, allow_vocab_mismatch=allow_vocab_mismatch,
                              medusa_choices=medusa_choices, eagle_choices=eagle_choices, suffix=suffix)
-    if orch.engine.pairing is not None:
+    if orch.engine.pairing is not None and orch.engine.pairing.mode != "shared":  # the mode worth knowing about
         click.echo(f"pairing: {orch.engine.pairing.note}", err=True)
     if streaming and len(prompts) != 1:
         raise RequestError("--streaming prints one request as it is decoded: give exactly one prompt.")

@@ -69,7 +69,7 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
                           ngram_min_match=ngram_min_match, device=device, num_threads=num_threads, draft_num_threads=draft_num_threads,
                           allow_vocab_mismatch=allow_vocab_mismatch, medusa_choices=medusa_choices, eagle_choices=eagle_choices,
                           suffix=parse_suffix_config(suffix_config) if suffix_config else None)
-    if served.engine.pairing is not None:
+    if served.engine.pairing is not None and served.engine.pairing.mode != "shared":
         click.echo(f"specdec-serve: pairing: {served.engine.pairing.note}", err=True)
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     app = create_app(served, api_key=api_key, max_request_bytes=max_request_bytes)
