@@ -5,8 +5,10 @@ of ``k`` drafts yields ``(1 - a^(k+1)) / (1 - a)`` tokens on average
 (Leviathan et al. 2023) and costs ``k * t_draft + t_verify(k + 1)``. Both
 costs are measured as the engine runs, per batch size ``n`` (a round of 8
 requests verifying 5 tokens each is a different call from one request's):
-``t_verify(n, w)``, the target call of ``n`` rows of width ``w`` (not flat on
-a CPU, where verifying 9 tokens costs more than verifying 1), and
+``t_verify(n, w)``, the target call of ``n`` rows of width ``w`` and the
+per-row work after it (acceptance, rollback, the proposers' updates: on a
+small model that work is a real share of a round), not flat on a CPU, where
+verifying 9 tokens costs more than verifying 1, and
 ``t_draft(n)``, one draft step of the method over ``n`` rows. The policy
 picks the k in ``0..limit`` with the most tokens per second; k = 0 (no
 drafting) wins when drafts do not pay, so auto never loses to target-only

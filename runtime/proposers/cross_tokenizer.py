@@ -51,6 +51,7 @@ class _Text:
     ends: list[int] = field(default_factory=list)  # ends[j]: the byte where draft token j ends
     fed: list[int] = field(default_factory=list)  # what the inner proposer holds (cache + pending), in its ids
     joined: bool = False  # the inner proposer has the request (it needs two draft tokens to start)
+    synced: int = 0  # len(data) when ids were last re-encoded: the rounds without drafts only append bytes
 
 
 class CrossTokenizerProposer:
@@ -94,7 +95,10 @@ class CrossTokenizerProposer:
 
     def room(self, request: Request) -> int:
         t = self.texts[request.request_id]
-        return self.inner.room(self.shadows[request.request_id]) - EXTRA_DRAFTS if t.joined else 0
+        if not t.joined:
+            return 0
+        unsynced = len(t.data) - t.synced  # at most one draft token per byte still to feed
+        return max(self.inner.room(self.shadows[request.request_id]) - EXTRA_DRAFTS - unsynced, 0)
 
     # -- a round ------------------------------------------------------------------------
     def propose(self, requests: Sequence[Request], draft_lens: Sequence[int]) -> list[Draft]:
@@ -102,6 +106,8 @@ class CrossTokenizerProposer:
         asked = [(i, r, int(k)) for i, (r, k) in enumerate(zip(requests, draft_lens)) if k > 0 and self.texts[r.request_id].joined]
         if not asked:
             return out
+        for _, r, _ in asked:
+            self._sync(r.request_id)
         inner = self.inner.propose([self.shadows[r.request_id] for _, r, _ in asked], [k + EXTRA_DRAFTS for _, _, k in asked])
         for (i, r, k), d in zip(asked, inner):
             t = self.texts[r.request_id]
@@ -118,20 +124,26 @@ class CrossTokenizerProposer:
         return self.target_bytes.encode_bytes(proposed[len(held) :])
 
     def observe(self, request: Request, draft: Draft, target: TargetOutput) -> None:
+        """Append the accepted text; the draft catches up when it drafts next (a round at k = 0 costs a bytes append)."""
         t = self.texts[request.request_id]
         t.data += self.target_bytes.bytes_of(target.emitted)
-        self._reencode(t)
         if not t.joined:
+            self._reencode(t)
             if len(t.ids) >= 2:
                 self._join([request])
+
+    def _sync(self, request_id: str) -> None:
+        """Re-encode the text appended since the last sync; the inner proposer's cache keeps the prefix that agrees."""
+        t = self.texts[request_id]
+        if t.synced == len(t.data):
             return
-        # the inner proposer holds t.fed (its cache, then pending): its cache keeps the prefix that still agrees
+        self._reencode(t)
         agree = 0
         for a, b in zip(t.fed, t.ids):
             if a != b:
                 break
             agree += 1
-        self.inner.resync(request.request_id, t.ids, agree)
+        self.inner.resync(request_id, t.ids, agree)
         t.fed = list(t.ids)
 
     def _reencode(self, t: _Text) -> None:
@@ -147,3 +159,4 @@ class CrossTokenizerProposer:
             at += len(self.draft_bytes.table[i])
             ends.append(at)
         t.ids, t.ends = t.ids[:j] + tail, t.ends[:j] + ends
+        t.synced = len(t.data)
