@@ -105,25 +105,25 @@ def check_pair(target: EngineDir, draft: EngineDir, allow_mismatch: bool = False
 @dataclass(frozen=True)
 class Pairing:
     mode: str  # shared | cross_tokenizer
-    vocab_limit: int | None  # shared mode: the vocabulary draft and target share (None: the same size)
     note: str  # one line: the mode and why
 
 
 def pair(target: EngineDir, draft: EngineDir, allow_mismatch: bool = False) -> Pairing:
-    """How ``draft`` drafts for ``target`` (see the module's docstring); refuses a pair that cannot work."""
+    """How ``draft`` drafts for ``target`` (see the module's docstring); refuses, before anything is opened, ids
+    that one side's tokenizer uses beyond the other side's vocabulary when that side has no tokenizer to go through.
+    Shared mode's own checks (``check_pair``) run where the engine is built."""
     t_id, d_id = _identity(target), _identity(draft)
     if t_id is not None and d_id is not None and t_id != d_id and not allow_mismatch:
-        return Pairing("cross_tokenizer", None,
-                       f"the draft's tokenizer ({len(d_id[0])} tokens) is not the target's ({len(t_id[0])} tokens): drafting through text "
-                       "(cross-tokenizer mode; --allow_vocab_mismatch keeps the ids as they are).")
+        return Pairing("cross_tokenizer", f"the draft's tokenizer ({len(d_id[0])} tokens) is not the target's ({len(t_id[0])} tokens): "
+                                          "drafting through text (cross-tokenizer mode; --allow_vocab_mismatch keeps the ids as they are).")
     tv, dv = target.config.model.vocab_size, draft.config.model.vocab_size
-    if (t_id is None or d_id is None) and tv != dv and not allow_mismatch:
-        missing = target if t_id is None else draft
-        used = max((t_id or d_id)[0].values(), default=-1) + 1 if (t_id or d_id) is not None else max(tv, dv)
+    known = t_id if t_id is not None else d_id
+    if (t_id is None) != (d_id is None) and tv != dv and not allow_mismatch and known is not None:
+        used = max(known[0].values(), default=-1) + 1
         if used > min(tv, dv):
+            missing = target if t_id is None else draft
             raise EngineError(f"the draft engine {draft.path} ({dv} ids) and the target engine {target.path} ({tv} ids) have different "
                               f"vocabularies and {missing.path} has no tokenizer.json to draft through text; rebuild it from a checkpoint "
                               "with its tokenizer files, or pass --allow_vocab_mismatch if you know the ids agree.")
-    limit = check_pair(target, draft, allow_mismatch)
-    return Pairing("shared", limit, "the draft shares the target's token ids." if t_id is not None and d_id is not None else
-                   "the draft's ids are taken as the target's (an engine without tokenizer.json: not checked).")
+    return Pairing("shared", "the draft shares the target's token ids." if t_id is not None and d_id is not None else
+                   "the draft's ids are taken as the target's (an engine without tokenizer.json: checked by size only).")

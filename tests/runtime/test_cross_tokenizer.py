@@ -224,5 +224,4 @@ def test_pairing_refuses_only_what_cannot_work(pair, tmp_path):
         choose(load_engine_dir(bare), mirror)
     assert "no tokenizer.json to draft through text" in str(err.value) and "\n" not in str(err.value)
     assert choose(target, target).mode == "shared"  # the same tokenizer: ids as they are
-    with pytest.warns(UserWarning, match="different tokenizers"):
-        assert choose(target, mirror, allow_mismatch=True).mode == "shared"
+    assert choose(target, mirror, allow_mismatch=True).mode == "shared"  # ids as they are (the engine's check_pair warns)
