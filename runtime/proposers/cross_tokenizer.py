@@ -35,7 +35,7 @@ import numpy as np
 
 from ..request import Request
 from ..token_bytes import TokenBytes
-from .base import Draft, TargetOutput
+from .base import Draft, Proposer, TargetOutput
 from .draft_model import DraftModelProposer
 
 LOOKBEHIND = 4  # draft tokens re-encoded each round besides the new text
@@ -54,7 +54,7 @@ class _Text:
     synced: int = 0  # len(data) when ids were last re-encoded: the rounds without drafts only append bytes
 
 
-class CrossTokenizerProposer:
+class CrossTokenizerProposer(Proposer):
     name = "draft"
     cross_tokenizer = True  # the engine skips the shared-vocabulary pairing check for it
 
