@@ -9,6 +9,7 @@ import torch
 import transformers
 from checkpoints import make_checkpoint
 from conftest import build_and_load, spec_build
+from test_suffix_engine import run
 
 from specdec.runtime.engine import Engine, SpeculationConfig
 from specdec.runtime.proposers.cross_tokenizer import CrossTokenizerProposer
@@ -118,16 +119,6 @@ def _byte_level_after(order, specials):
 def adapter(target, draft):
     t_tok, d_tok = Tokenizer(target.engine.path), Tokenizer(draft.engine.path)
     return CrossTokenizerProposer(DraftModelProposer(draft), TokenBytes(t_tok), TokenBytes(d_tok), t_tok.eos_token_id, d_tok.eos_token_id)
-
-
-def run(engine, prompts, cfg):
-    ids = [engine.add_request(p, cfg) for p in prompts]
-    done = {}
-    while engine.has_unfinished():
-        for o in engine.step():
-            if o.finished:
-                done[o.request_id] = o.output_ids
-    return [done[i] for i in ids]
 
 
 def prompts(target):
