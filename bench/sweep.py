@@ -38,11 +38,12 @@ from ..runtime.proposers.draft_model import DraftModelProposer
 from ..runtime.proposers.eagle import EagleProposer
 from ..runtime.proposers.medusa import MedusaProposer
 from ..runtime.proposers.ngram import NGramProposer
+from ..runtime.proposers.suffix import SuffixConfig, SuffixProposer
 from ..runtime.request import METHODS as ENGINE_METHODS
 from ..runtime.tree import check_nodes, parse_choices
 from .datasets import Record, check_fits
 
-METHODS = ENGINE_METHODS  # none | draft | ngram | medusa | eagle
+METHODS = ENGINE_METHODS  # none | draft | ngram | medusa | eagle | suffix
 
 
 def analytic_bound(alpha: float, gamma: int, c: float) -> float:
@@ -188,7 +189,7 @@ def run_sweep(
         raise RequestError(f"no --method given: choose from {', '.join(METHODS)}.")
     if "draft" in methods and draft_dir is None:
         raise RequestError("--method draft needs a draft engine: pass --draft_engine_dir.")
-    if ("draft" in methods or "ngram" in methods) and not draft_lens:
+    if ("draft" in methods or "ngram" in methods or "suffix" in methods) and not draft_lens:
         raise RequestError("no draft lengths to sweep: pass --draft_lens, e.g. \"1,2,4,8\".")
     if "ngram" in methods and ngram_size < 1:
         raise RequestError(f"--ngram_size={ngram_size} must be >= 1.")
@@ -211,8 +212,8 @@ def run_sweep(
         draft = draft_dir if isinstance(draft_dir, EngineDir) else load_engine_dir(draft_dir)  # type: ignore[arg-type]
     limits = [target.config.build] + ([draft.config.build] if draft else []) + [e.config.build for e in heads.values()]
     check_fits(dataset, min(b.max_input_len for b in limits), min(b.max_seq_len for b in limits))
-    if "ngram" in methods:
-        check_draft_len(target, max(draft_lens), "ngram max_draft_len")
+    if "ngram" in methods or "suffix" in methods:
+        check_draft_len(target, max(draft_lens), "ngram max_draft_len" if "ngram" in methods else "suffix max_draft_len")
 
     # One target session (and one draft session) serves every configuration: load_orchestrator
     # checks the pair once, at the longest draft length, and its executors are reused.
@@ -270,6 +271,12 @@ def run_sweep(
             say(f"ngram k={k} n={ngram_size}")
             orch = Orchestrator(target_ex, NGramProposer(k, ngram_size), draft_len=k)
             row("ngram", f"ngram k={k} n={ngram_size}", measure(orch), draft_len=k, ngram_size=ngram_size)
+    if "suffix" in methods:  # a fresh global cache per draft length: each row starts from the same empty cache
+        on_trees = bool(target.config.build.tree_attention)
+        for k in draft_lens:
+            say(f"suffix k={k}")
+            orch = Orchestrator(target_ex, SuffixProposer(SuffixConfig(max_draft_len=k), trees=on_trees), draft_len=k)
+            row("suffix", f"suffix {'tree' if on_trees else 'chain'} k={k}", measure(orch), draft_len=k)
     for m, engine_dir in heads.items():  # Medusa / EAGLE: the target's own drafter, on its own engine
         own_target = target_ex if engine_dir.path == target.path else None
         chain = load_engine(engine_dir, method=m, num_threads=threads, target_executor=own_target)

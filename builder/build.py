@@ -396,16 +396,17 @@ def check_head_flags(build: BuildConfig, head_dirs: dict[str, str | Path | None]
 
 
 def check_tree_backend(build: BuildConfig) -> None:
-    """Medusa and EAGLE targets verify trees of drafts: a tree_mask input, which every onnxruntime lowering builds (ort_cuda with
-    its masked attention)."""
+    """Medusa and EAGLE targets (and --tree_attention ones) verify trees of drafts: a tree_mask input, which every onnxruntime
+    lowering builds (ort_cuda with its masked attention)."""
     mode = build.speculative_decoding_mode
-    if mode not in TREE_MODES:
+    if mode not in TREE_MODES and not build.tree_attention:
         return
+    what = f"--speculative_decoding_mode {mode}" if mode in TREE_MODES else "--tree_attention"
     if build.backend in ("tensorrt", "tensorrt_rtx"):
-        raise BuildConfigError(f"--speculative_decoding_mode {mode} runs on the onnxruntime backend only for now (tree attention is not verified "
+        raise BuildConfigError(f"{what} runs on the onnxruntime backend only for now (tree attention is not verified "
                                f"on {'TensorRT' if build.backend == 'tensorrt' else 'TensorRT for RTX'}): use --backend onnxruntime.")
     if build.lowering == "ort_cuda" and build.cuda_attention == "gqa":
-        raise BuildConfigError(f"--speculative_decoding_mode {mode} verifies trees, which GroupQueryAttention cannot mask: use --cuda_attention masked (or auto).")
+        raise BuildConfigError(f"{what} verifies trees, which GroupQueryAttention cannot mask: use --cuda_attention masked (or auto).")
 
 
 def _load_heads_for(mode: str, head_dir: str | Path, model: ModelConfig):

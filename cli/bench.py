@@ -102,7 +102,7 @@ def prepare_dataset(num_requests, input_mean, input_stdev, output_mean, output_s
 @main.command("run", context_settings=CONTEXT)
 @option("engine_dir", required=True, type=click.Path(), help="Target engine directory.")
 @option("draft_engine_dir", type=click.Path(), help="Draft engine directory (for --method draft).")
-@option("method", multiple=True, help="none | draft | ngram | medusa | eagle; repeatable or a comma list [default: none, plus draft with a draft engine, plus ngram "
+@option("method", multiple=True, help="none | draft | ngram | medusa | eagle | suffix; repeatable or a comma list [default: none, plus draft with a draft engine, plus ngram "
         "when the target verifies drafts, plus medusa / eagle when such a target is given].")
 @option("medusa_engine_dir", type=click.Path(), help="The same model built with --speculative_decoding_mode medusa (for --method medusa) [default: --engine_dir if it is one].")
 @option("eagle_engine_dir", type=click.Path(), help="The same model built with --speculative_decoding_mode eagle (for --method eagle) [default: --engine_dir if it is one].")

@@ -52,6 +52,9 @@ from .common import check_output_dir, clean_errors, human_bytes, option
              "medusa: the same, with the Medusa heads of --medusa_dir in the network and tree attention (a tree_mask input; docs/medusa-eagle.md). "
              "eagle: the same, with tree attention and the EAGLE-3 module of --eagle_dir: its fc in the network (the eagle_hidden output), "
              "the module itself built as a second engine in OUTPUT_DIR/eagle. none: one token per step (draft engines, plain decoding).")
+@option("tree_attention", is_flag=True,
+        help="With --speculative_decoding_mode draft_tokens_external: verify trees of drafts too (a tree_mask input), for suffix decoding's "
+             "frequency trees (docs/speculative-decoding.md); medusa and eagle targets always have it.")
 @option("medusa_dir", type=click.Path(), default=None,
         help="With --speculative_decoding_mode medusa: Medusa heads in ModelOpt's layout (specdec-train's output).")
 @option("eagle_dir", type=click.Path(), default=None,
@@ -93,7 +96,7 @@ from .common import check_output_dir, clean_errors, human_bytes, option
 @option("allow_nonfinite", is_flag=True, help="Build even if a weight holds NaN or Inf (refused by default: such an engine emits garbage).")
 @option("force", is_flag=True, help="Replace a non-empty --output_dir.")
 @clean_errors
-def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_seq_len, max_draft_len, speculative_decoding_mode, medusa_dir, eagle_dir,
+def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_seq_len, max_draft_len, speculative_decoding_mode, tree_attention, medusa_dir, eagle_dir,
          quantization, use_weight_only, weight_only_precision, group_size, asymmetric, quantize_lm_head, fp8_activations, calib_dataset, calib_size, backend, target_sm, lowering, cuda_attention, trt_timing_cache, trt_version_compatible, trt_exclude_lean_runtime, tp_size, allow_pickle, allow_nonfinite, force) -> None:
     """Build an engine directory from a Hugging Face checkpoint.
 
@@ -125,11 +128,13 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
     if max_draft_len is None:
         max_draft_len = 8 if speculative_decoding_mode in ("draft_tokens_external", *TREE_MODES) else 0
     quantization = _weight_only_alias(quantization, use_weight_only, weight_only_precision)
+    if tree_attention and speculative_decoding_mode != "draft_tokens_external" and speculative_decoding_mode not in TREE_MODES:
+        raise BuildConfigError(f"--tree_attention needs --speculative_decoding_mode draft_tokens_external (a target); got {speculative_decoding_mode}.")
     build = BuildConfig(
         dtype=dtype, max_batch_size=max_batch_size, max_input_len=max_input_len, max_seq_len=max_seq_len,
         max_draft_len=max_draft_len, speculative_decoding_mode=speculative_decoding_mode, backend=backend, tp_size=tp_size,
         quantization=quantization, fp8_activations=fp8_activations, lowering=lowering, cuda_attention=cuda_attention,
-        group_size=group_size, symmetric=not asymmetric, quantize_lm_head=quantize_lm_head,
+        group_size=group_size, symmetric=not asymmetric, quantize_lm_head=quantize_lm_head, tree_attention=tree_attention,
     )
     bars: list[tqdm] = []  # made on the first report, after the inputs were validated
 

@@ -12,6 +12,7 @@ import click
 import numpy as np
 
 from ..runtime.config_strings import DTM_FORM, NGRAM_FORM, parse_draft_target_config, parse_ngram_config
+from ..runtime.proposers.suffix import SUFFIX_EXAMPLE, SUFFIX_FORM, parse_suffix_config
 from ..runtime.engine_format import TREE_MODES, load_engine_dir
 from ..runtime.errors import RequestError
 from ..runtime.loading import load_orchestrator
@@ -70,6 +71,9 @@ def read_inputs(texts: tuple[str, ...], input_file: str | None, tok: Tokenizer |
 @option("draft_engine_dir", type=click.Path(), help="Draft engine directory: enables draft-target speculative decoding.")
 @option("draft_target_model_config", type=str, help=f'Draft-target settings, TensorRT-LLM style: "{DTM_FORM}", e.g. "[4,[0],[0],False]". use_logits=True: rejection sampling on logits; False: token compare.')
 @option("ngram_config", "--prompt_lookup_config", type=str, help=f'NGram / prompt-lookup drafting without a draft model: "{NGRAM_FORM}", e.g. "[8,2,[0]]" (max_draft_len up to the target\'s).')
+@option("suffix_config", type=str, default=None,
+        help=f"Suffix decoding (no draft model: drafts what followed the request's last tokens in its own text and in earlier responses): "
+             f"{SUFFIX_FORM}, e.g. '{SUFFIX_EXAMPLE}' (docs/speculative-decoding.md).")
 @option("medusa_choices", type=str, default=None,
         help='A --speculative_decoding_mode medusa target: the draft tree, TensorRT-LLM\'s format (paths of top-k indices), e.g. "[[0],[0,0],[1],[0,1],[2],[0,0,0]]"; '
              "at most the engine's max_draft_len nodes; greedy requests draft the tree, sampled ones its deepest chain [default: a chain, one draft per head].")
@@ -90,7 +94,8 @@ def read_inputs(texts: tuple[str, ...], input_file: str | None, tok: Tokenizer |
              "acceptance and step costs, 0 when drafting does not pay (docs/speculative-decoding.md).")
 @option("device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
         help="Where engines run; device ids in the config strings index devices of this kind. auto: cpu for onnxruntime engines, cuda for tensorrt engines.")
-@option("allow_vocab_mismatch", is_flag=True, help="Run a draft whose tokenizer differs from the target's, with a warning (default: refused).")
+@option("allow_vocab_mismatch", is_flag=True,
+        help="Take a draft's token ids as the target's although their tokenizers differ, with a warning (default: such a draft drafts through text).")
 @option("input_text", multiple=True, help="A prompt (repeatable, or several after one flag as run.py takes them; several run as one batch). '\\n' is read as a newline.")
 @option("input_file", type=click.Path(), help=".txt (one prompt per line), .csv (token ids per row) or .npy (token ids).")
 @option("tokenizer_dir", type=click.Path(), help="Tokenizer directory [default: the engine's own].")
@@ -115,7 +120,7 @@ def read_inputs(texts: tuple[str, ...], input_file: str | None, tok: Tokenizer |
 @run_py_options
 @click.argument("more_input_text", nargs=-1, metavar="")
 @clean_errors
-def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, medusa_choices, eagle_choices, ngram_keep_all, ngram_use_oldest, ngram_min_match, draft_confidence_threshold, input_text, input_file,
+def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, suffix_config, medusa_choices, eagle_choices, ngram_keep_all, ngram_use_oldest, ngram_min_match, draft_confidence_threshold, input_text, input_file,
          tokenizer_dir, no_add_special_tokens, max_output_len, end_id, stop_words, temperature, top_k, top_p, random_seed, streaming,
          baseline, repeat, output_csv, output_npy, output_json, num_threads, draft_num_threads, draft_len, device, allow_vocab_mismatch, more_input_text, **run_py) -> None:
     """Run a target engine, optionally with speculative decoding.
@@ -145,6 +150,9 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
         raise RequestError("--draft_target_model_config and --ngram_config are mutually exclusive: choose one drafting method.")
     if draft_engine_dir and ngram:
         raise RequestError("--draft_engine_dir is for draft-target decoding; n-gram drafting (--ngram_config) needs no draft engine.")
+    suffix = parse_suffix_config(suffix_config) if suffix_config else None
+    if suffix and (dtm or ngram or draft_engine_dir):
+        raise RequestError("--suffix_config is a drafting method of its own: give it without --draft_engine_dir, --draft_target_model_config or --ngram_config.")
     target = load_engine_dir(engine_dir)
     tok = engine_tokenizer(target, tokenizer_dir)
     prompts = read_inputs(input_text, input_file, tok, not no_add_special_tokens, target.config.model.pad_token_id)
@@ -157,7 +165,9 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
     orch = load_orchestrator(target, draft_engine_dir, dtm, ngram, draft_len=parse_draft_len(draft_len), ngram_keep_all=ngram_keep_all,
                              ngram_use_oldest=ngram_use_oldest, num_threads=num_threads, draft_num_threads=draft_num_threads, device=device,
                              draft_confidence_threshold=draft_confidence_threshold, ngram_min_match=ngram_min_match, allow_vocab_mismatch=allow_vocab_mismatch,
-                             medusa_choices=medusa_choices, eagle_choices=eagle_choices)
+                             medusa_choices=medusa_choices, eagle_choices=eagle_choices, suffix=suffix)
+    if orch.engine.pairing is not None and orch.engine.pairing.mode != "shared":  # the mode worth knowing about
+        click.echo(f"pairing: {orch.engine.pairing.note}", err=True)
     if streaming and len(prompts) != 1:
         raise RequestError("--streaming prints one request as it is decoded: give exactly one prompt.")
 
@@ -214,6 +224,8 @@ def method_label(engine) -> str:
     name = engine.speculation.method
     if name in TREE_MODES:
         return f"{name} {'tree' if engine.proposers[name].tree is not None else 'chain'}"
+    if name == "draft" and getattr(engine, "pairing", None) is not None and engine.pairing.mode == "cross_tokenizer":
+        return "draft-target (cross-tokenizer)"
     return {"draft": "draft-target", "none": "target-only"}.get(name, name)
 
 

@@ -9,6 +9,8 @@ import click
 
 from ..runtime.config_strings import DTM_FORM, NGRAM_FORM, parse_draft_target_config, parse_ngram_config
 from ..runtime.errors import RequestError
+from ..runtime.proposers.suffix import SUFFIX_EXAMPLE, SUFFIX_FORM, parse_suffix_config
+from ..runtime.request import METHODS
 from .common import clean_errors, option
 from .run import parse_draft_len
 
@@ -18,12 +20,15 @@ from .run import parse_draft_len
 @option("draft_engine_dir", type=click.Path(), help="Draft engine directory: serves draft-target speculative decoding.")
 @option("draft_target_model_config", type=str, help=f'Draft-target settings, TensorRT-LLM style: "{DTM_FORM}", e.g. "[4,[0],[0],False]".')
 @option("ngram_config", "--prompt_lookup_config", type=str, help=f'Also serve n-gram / prompt-lookup drafting: "{NGRAM_FORM}", e.g. "[8,3,[0]]". May be combined with a draft engine.')
+@option("suffix_config", type=str, default=None,
+        help=f"Also serve suffix decoding (its global cache of finished responses lives as long as the server): {SUFFIX_FORM}, e.g. '{SUFFIX_EXAMPLE}'.")
 @option("medusa_choices", type=str, default=None,
         help='A --speculative_decoding_mode medusa target: its draft tree (TensorRT-LLM\'s format), used for greedy requests; sampled ones draft a chain [default: chains].')
 @option("eagle_choices", type=str, default=None,
         help='A --speculative_decoding_mode eagle target: its draft tree, as --medusa_choices [default: chains].')
-@option("speculative_method", type=click.Choice(["none", "draft", "ngram", "medusa", "eagle"]), default=None,
-        help="The default for requests that do not choose [default: draft if a draft engine is loaded, else ngram if --ngram_config, else medusa / eagle for a target built with them, else none].")
+@option("speculative_method", type=click.Choice(list(METHODS)), default=None,
+        help="The default for requests that do not choose [default: draft if a draft engine is loaded, else ngram if --ngram_config, else suffix if --suffix_config, "
+             "else medusa / eagle for a target built with them, else none].")
 @option("draft_len", type=str, default=None, help="Default drafts per round of the default method: a number, or 'auto' [default: from the config string].")
 @option("ngram_min_match", type=int, default=1, show_default=True, help="NGram: shortest pattern to match.")
 @option("host", type=str, default="127.0.0.1", show_default=True, help="Address to bind. The default answers this machine only; 0.0.0.0 exposes the server to the network (set --api_key).")
@@ -43,10 +48,10 @@ from .run import parse_draft_len
 @option("device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True, help="Where engines run (as specdec-run).")
 @option("num_threads", type=int, default=None, help="ONNX Runtime intra-op threads of the target engine [default: all cores, up to 8].")
 @option("draft_num_threads", type=int, default=1, show_default=True, help="Threads of the draft engine.")
-@option("allow_vocab_mismatch", is_flag=True, help="Serve a draft whose tokenizer differs from the target's, with a warning.")
+@option("allow_vocab_mismatch", is_flag=True, help="Take a draft's token ids as the target's although their tokenizers differ (default: it drafts through text).")
 @option("log_level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info", show_default=True, help="Server log level (debug: every request logged).")
 @clean_errors
-def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, medusa_choices, eagle_choices, speculative_method, draft_len, ngram_min_match, host, port, api_key,
+def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, suffix_config, medusa_choices, eagle_choices, speculative_method, draft_len, ngram_min_match, host, port, api_key,
          served_model_name, tokenizer_dir, chat_template, end_id, max_request_bytes, max_queued_requests, request_timeout, shutdown_timeout, device, num_threads, draft_num_threads, allow_vocab_mismatch, log_level) -> None:
     """Serve an engine over OpenAI's API: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, /version.
 
@@ -64,6 +69,7 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
         raise RequestError(f"specdec-serve needs the serve extra: pip install 'specdec[serve]' ({err}).") from None
     dtm = parse_draft_target_config(draft_target_model_config) if draft_target_model_config else None
     ngram = parse_ngram_config(ngram_config) if ngram_config else None
+    suffix = parse_suffix_config(suffix_config) if suffix_config else None
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         click.echo(f"warning: binding {host} without --api_key: anyone who can reach this port can use the server.", err=True)
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
@@ -73,7 +79,10 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
         served = build_served(engine_dir, draft_engine_dir, dtm, ngram, served_model_name=served_model_name, tokenizer_dir=tokenizer_dir,
                               chat_template=chat_template, end_id=end_id, method=speculative_method, draft_len=parse_draft_len(draft_len),
                               ngram_min_match=ngram_min_match, device=device, num_threads=num_threads, draft_num_threads=draft_num_threads,
-                              allow_vocab_mismatch=allow_vocab_mismatch, medusa_choices=medusa_choices, eagle_choices=eagle_choices)
+                              allow_vocab_mismatch=allow_vocab_mismatch, medusa_choices=medusa_choices, eagle_choices=eagle_choices,
+                              suffix=suffix)
+        if served.engine.pairing is not None and served.engine.pairing.mode != "shared":
+            click.echo(f"specdec-serve: pairing: {served.engine.pairing.note}", err=True)
         loaded["served"] = served
         return create_app(served, api_key=api_key, max_request_bytes=max_request_bytes, max_queued_requests=max_queued_requests,
                           request_timeout=request_timeout, shutdown_timeout=shutdown_timeout)

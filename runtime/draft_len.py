@@ -5,8 +5,10 @@ of ``k`` drafts yields ``(1 - a^(k+1)) / (1 - a)`` tokens on average
 (Leviathan et al. 2023) and costs ``k * t_draft + t_verify(k + 1)``. Both
 costs are measured as the engine runs, per batch size ``n`` (a round of 8
 requests verifying 5 tokens each is a different call from one request's):
-``t_verify(n, w)``, the target call of ``n`` rows of width ``w`` (not flat on
-a CPU, where verifying 9 tokens costs more than verifying 1), and
+``t_verify(n, w)``, the target call of ``n`` rows of width ``w`` and the
+per-row work after it (acceptance, rollback, the proposers' updates: on a
+small model that work is a real share of a round), not flat on a CPU, where
+verifying 9 tokens costs more than verifying 1, and
 ``t_draft(n)``, one draft step of the method over ``n`` rows. The policy
 picks the k in ``0..limit`` with the most tokens per second; k = 0 (no
 drafting) wins when drafts do not pay, so auto never loses to target-only
@@ -20,18 +22,33 @@ token right is copying the right passage, and its later tokens survive more
 often), so the expected tokens use the method's measured acceptance at each
 position given the ones before it, scaled by how the request compares with
 the method: ``1 + sum_j prod_{i<=j} c_i`` (the geometric formula when every
-``c_i`` is ``a``). A request that has
-chosen k = 0 for ``PROBE_EVERY`` rounds drafts once more, so a change in the
-text (a copy-heavy stretch for n-gram) is noticed. A request keeps its k until
+``c_i`` is ``a``). Requests at k = 0 draft once more every ``PROBE_EVERY``
+rounds, so a change in the text (a copy-heavy stretch for n-gram) is noticed.
+A request keeps its k until
 another promises ``STICKY`` (5%) more: each new call width is a new shape for
 the backend, and estimates are noisy.
+
+Trees and scored drafts use the same costs with their own expected tokens:
+
+* a static tree (Medusa, EAGLE) is drafted whole or not at all
+  (``choose_tree``): its expected tokens are 1 + the accepted drafts per
+  round measured for the method, shrunk as above;
+* a draft that scores its own nodes (suffix decoding: each node's estimated
+  probability of being accepted, from the counts) keeps the best prefix of
+  its nodes (``choose_scored``): the expected tokens of k nodes are 1 + c *
+  (the sum of their scores), c the method's measured accepted / predicted
+  (the scores' calibration).
+
+Probes of requests at k = 0 fall on the same rounds (``probe_due``): a probe
+widens the whole batch's target call, so staggered probes would widen almost
+every call at high concurrency.
 """
 
 from __future__ import annotations
 
 
 PRIOR_WEIGHT = 8.0  # drafts' worth of the method-wide acceptance in a request's estimate
-PROBE_EVERY = 16  # rounds at k = 0 before a probe round
+PROBE_EVERY = 16  # one round in this many is a probe round for requests at k = 0
 STICKY = 0.05  # a new draft length must promise this much more speed than the current one
 FORGET = 0.05  # weight of a new timing: the fits follow the last ~20 calls
 PRIOR_SLOPE = 0.1  # cost of one more verified token, as a share of a 1-token call, before two widths were timed
@@ -78,6 +95,9 @@ class AutoDraftLen:
         # method -> [position] drafts accepted / reached there: the acceptance at a position given the ones before
         self.accepted_at: dict[str, list[int]] = {}
         self.reached_at: dict[str, list[int]] = {}
+        self.drafting_rounds: dict[str, int] = {}  # method -> rounds that drafted (a tree's mean accepted per round)
+        self.predicted: dict[str, float] = {}  # method -> the scores of scored drafts, summed (their calibration)
+        self.scored_accepted: dict[str, float] = {}
 
     # -- measurements -------------------------------------------------------------------
     def _first(self, key: tuple) -> bool:
@@ -100,15 +120,21 @@ class AutoDraftLen:
             old = self.draft_s.get((method, rows))
             self.draft_s[(method, rows)] = per if old is None else min((1 - FORGET) * old + FORGET * per, 3.0 * old)
 
+    def record_scored(self, method: str, predicted: float, accepted: int) -> None:
+        """A scored draft whose kept nodes summed to ``predicted`` expected drafts got ``accepted``."""
+        self.predicted[method] = self.predicted.get(method, 0.0) + predicted
+        self.scored_accepted[method] = self.scored_accepted.get(method, 0.0) + accepted
+
     def record_round(self, method: str, drafted: int, accepted: int) -> None:
         if drafted:
+            self.drafting_rounds[method] = self.drafting_rounds.get(method, 0) + 1
             self.accepted[method] = self.accepted.get(method, 0.0) + accepted
             self.reached[method] = self.reached.get(method, 0.0) + accepted + (accepted < drafted)
             acc = self.accepted_at.setdefault(method, [0] * self.max_draft_len)
             reach = self.reached_at.setdefault(method, [0] * self.max_draft_len)
-            for j in range(accepted):
+            for j in range(min(accepted, self.max_draft_len)):
                 acc[j] += 1
-            for j in range(min(accepted + 1, drafted)):
+            for j in range(min(accepted + 1, drafted, self.max_draft_len)):
                 reach[j] += 1
 
     # -- the estimate (plain Python: it runs per request per round, over at most 9 lengths) ---
@@ -174,3 +200,38 @@ class AutoDraftLen:
         if current is not None and current <= limit and speed[best] < speed[current] * (1.0 + STICKY):
             return current
         return best
+
+    # -- trees and scored drafts ------------------------------------------------------------
+    def choose_tree(self, method: str, nodes: int, accepted: int, rounds: int, rows: int = 1) -> int:
+        """``nodes`` (the whole tree) or 0: whichever gives more expected tokens per second at ``rows`` requests.
+
+        ``accepted`` / ``rounds``: the request's own accepted drafts and drafting rounds so far."""
+        if nodes <= 0:
+            return 0
+        method_mean = self.accepted.get(method, 0.0) / max(self.drafting_rounds.get(method, 0), 1) if method in self.drafting_rounds else 1.0
+        mean = (accepted + PRIOR_WEIGHT * method_mean) / (rounds + PRIOR_WEIGHT)
+        t_draft = self.draft_cost(method, rows, default=0.1 * self.verify_cost(rows, 1))
+        tree = (1.0 + mean) / (nodes * t_draft + self.verify_cost(rows, nodes + 1))
+        return nodes if tree > 1.0 / self.verify_cost(rows, 1) else 0
+
+    def calibration(self, method: str) -> float:
+        """Accepted drafts per expected draft of the method's scored drafts (1 until measured; a prior of 8 drafts)."""
+        return (self.scored_accepted.get(method, 0.0) + PRIOR_WEIGHT) / (self.predicted.get(method, 0.0) + PRIOR_WEIGHT)
+
+    def choose_scored(self, method: str, scores, rows: int = 1) -> int:
+        """How many of a draft's nodes to keep (a prefix: nodes come best first, parents before children), from each
+        node's estimated probability of being accepted; 0 when no prefix beats decoding one token."""
+        c = self.calibration(method)
+        t_draft = self.draft_cost(method, rows, default=0.0)
+        best, best_speed, expected = 0, 1.0 / self.verify_cost(rows, 1), 1.0
+        for k, score in enumerate(scores, 1):
+            expected += c * float(score)
+            speed = expected / (k * t_draft + self.verify_cost(rows, k + 1))
+            if speed > best_speed:
+                best, best_speed = k, speed
+        return best
+
+    @staticmethod
+    def probe_due(round_index: int) -> bool:
+        """Requests at k = 0 draft once more on the same rounds: one in PROBE_EVERY."""
+        return round_index % PROBE_EVERY == 0

@@ -86,9 +86,10 @@ class Engine:
         short = min(executors, key=lambda e: e.build.max_input_len)
         self._input_limit_by = "the target engine" if short is target else f"the draft engine {short.engine.path} (the target's is {build.max_input_len})"
         # The vocabulary draft and target share (padded vocabularies compare over the common ids).
+        self.pairing = None  # how a draft model drafts for this target, when load_engine made it (runtime/pairing.py)
         self.vocab_limit: int | None = None
         for p in proposers:
-            if p.executor is not None:
+            if p.executor is not None and not getattr(p, "cross_tokenizer", False):  # another tokenizer: its adapter maps ids
                 limit = check_pair(target.engine, p.executor.engine, allow_vocab_mismatch)
                 self.vocab_limit = limit if self.vocab_limit is None or limit is None else min(self.vocab_limit, limit)
                 p.vocab_limit = limit

@@ -18,11 +18,13 @@ from .engine import Engine, SpeculationConfig
 from .engine_format import EngineDir, eagle_module_dir, load_engine_dir
 from .errors import RequestError
 from .orchestrator import Orchestrator
+from .pairing import Pairing, pair
 from .proposers.base import Proposer
 from .proposers.draft_model import DraftModelProposer
 from .proposers.ngram import NGramProposer
+from .proposers.suffix import SuffixConfig, SuffixProposer
 
-__all__ = ["load_engine", "load_orchestrator", "open_executor", "Placement"]
+__all__ = ["load_engine", "load_orchestrator", "open_executor", "Pairing", "Placement"]
 
 
 def _engine(d: str | Path | EngineDir) -> EngineDir:
@@ -50,12 +52,18 @@ def load_engine(
     target_executor: Executor | None = None,
     medusa_choices: str | list | None = None,
     eagle_choices: str | list | None = None,
+    suffix: SuffixConfig | None = None,
 ) -> Engine:
-    """An engine with every proposer asked for loaded (a draft model, n-gram, or both), and the target's own
+    """An engine with every proposer asked for loaded (a draft model, n-gram, suffix decoding), and the target's own
     drafter when it has one (a medusa target's heads, an eagle target's EAGLE module in its eagle/ folder).
 
-    ``method``: the default for requests that do not choose (default: draft if a draft
-    engine is given, else ngram if ``ngram`` is, else medusa / eagle for such a target, else none).
+    A draft whose tokenizer is not the target's drafts through text (cross-tokenizer mode); the engine's
+    ``pairing`` says which mode was chosen and why (runtime/pairing.py).
+    ``suffix``: suffix decoding's settings (its global cache, seeded from ``suffix.seed_file``); it drafts
+    trees when the target has tree attention (--tree_attention, medusa, eagle), else chains.
+
+    ``method``: the default for requests that do not choose (default: draft if a draft engine is given,
+    else ngram if ``ngram`` is, else suffix if ``suffix`` is, else medusa / eagle for such a target, else none).
     ``draft_len``: the default drafts per round, an int or "auto" (default: the draft-target or
     n-gram config's; Medusa: the tree's nodes, or a chain of every head; EAGLE: the tree's nodes,
     or a chain of min(4, max_draft_len)).
@@ -79,25 +87,55 @@ def load_engine(
     target_ids = dtm.target_devices if dtm else ngram.devices if ngram else target_devices or [0]
     where = placement(target_ids, target, "target", device, num_threads)
     proposers: list[Proposer] = []
+    pairing = pair(target, draft, allow_vocab_mismatch) if draft is not None else None  # refuses what cannot work, before opening
     if draft is not None and dtm is not None:
         dwhere = placement(dtm.draft_devices, draft, "draft", draft_device or device, draft_num_threads)
         if where.kind == dwhere.kind:  # two engines that may share a device: each backend refuses what cannot fit, before any opens
             check_placement([(target, where), (draft, dwhere)])
-        proposers.append(DraftModelProposer(open_executor(draft, dwhere), dtm.use_logits, draft_confidence_threshold))
+        proposer = DraftModelProposer(open_executor(draft, dwhere), dtm.use_logits, draft_confidence_threshold)
+        proposers.append(_cross_tokenizer(target, draft, proposer) if pairing is not None and pairing.mode == "cross_tokenizer" else proposer)
     if ngram is not None:
         proposers.append(NGramProposer(ngram.max_draft_len, ngram.max_matching_ngram_size, ngram_keep_all, ngram_use_oldest, ngram_min_match))
+    if suffix is not None:
+        proposers.append(_suffix(target, suffix))
     # a medusa / eagle target is an onnxruntime engine (the builder refuses others): both of its executors, CPU and CUDA,
     # bind tree_mask, medusa_logits, eagle_hidden and (the EAGLE module's) hidden_states / hidden_out
     target_ex = target_executor or open_executor(target, where)
     own = _own_drafter(target, target_ex, where, medusa_choices, eagle_choices, draft_num_threads)
     if own is not None:
         proposers.append(own)
-    default = method or ("draft" if draft is not None else "ngram" if ngram is not None else own.name if own is not None else "none")
+    default = method or ("draft" if draft is not None else "ngram" if ngram is not None else "suffix" if suffix is not None else
+                         own.name if own is not None else "none")
     if draft_len is None:
         draft_len = (dtm.draft_len if default == "draft" and dtm else ngram.max_draft_len if default == "ngram" and ngram else
-                     own_draft_len(own) if own is not None and default == own.name else 0)
+                     suffix.max_draft_len if default == "suffix" and suffix else own_draft_len(own) if own is not None and default == own.name else 0)
     spec = SpeculationConfig(default, draft_len if default != "none" else 0)
-    return Engine(target_ex, proposers, spec, allow_vocab_mismatch)
+    engine = Engine(target_ex, proposers, spec, allow_vocab_mismatch)
+    engine.pairing = pairing
+    return engine
+
+
+def _cross_tokenizer(target: EngineDir, draft: EngineDir, inner: DraftModelProposer) -> Proposer:
+    """The draft model proposer wrapped to draft through text (both engines ship a tokenizer.json: pair() checked)."""
+    from .proposers.cross_tokenizer import CrossTokenizerProposer
+    from .token_bytes import TokenBytes
+    from .tokenizer import Tokenizer
+
+    t_tok, d_tok = Tokenizer(target.path), Tokenizer(draft.path)
+    return CrossTokenizerProposer(inner, TokenBytes(t_tok), TokenBytes(d_tok), t_tok.bos_token_id, d_tok.bos_token_id)
+
+
+def _suffix(target: EngineDir, config: SuffixConfig) -> SuffixProposer:
+    """Suffix decoding on this target: trees where it verifies them; the global cache seeded from the config's file."""
+    proposer = SuffixProposer(config, trees=bool(target.config.build.tree_attention))
+    if config.seed_file and proposer.cache is not None:
+        encode = None
+        if target.tokenizer_path is not None:
+            from .tokenizer import Tokenizer
+
+            encode = Tokenizer(target.path).encode
+        proposer.cache.load(config.seed_file, encode)
+    return proposer
 
 
 def _own_drafter(target: EngineDir, target_ex: Executor, where: Placement, medusa_choices, eagle_choices, threads: int) -> Proposer | None:

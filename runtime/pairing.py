@@ -1,7 +1,18 @@
 """Draft and target checked against each other, once, wherever a loop is built.
 
-A draft with another tokenizer does not fail: it runs at 0% acceptance. So
-the pair is refused unless its token ids provably mean the same thing:
+``pair`` chooses how a draft model drafts for a target, and says so:
+
+* ``shared``: the two tokenizers are the same (or one side has none and the
+  vocabularies agree in size): draft ids are target ids.
+* ``cross_tokenizer``: both sides ship a tokenizer and they differ: drafts go
+  through text (runtime/proposers/cross_tokenizer.py). ``allow_mismatch``
+  keeps shared ids instead, for users who know their ids agree.
+* refused: what cannot work: vocabularies that differ beyond padding where
+  one side has no tokenizer.json to draft through text.
+
+A draft whose ids mean something else than the target's would not fail: it
+would run at 0% acceptance. So in shared mode ``check_pair`` refuses a pair
+unless its token ids provably mean the same thing:
 
 * the tokenizers (when both engines ship one) agree on every token's id and
   on the special ids (bos/eos/pad/unk);
@@ -16,6 +27,7 @@ their ids agree.
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -88,3 +100,30 @@ def check_pair(target: EngineDir, draft: EngineDir, allow_mismatch: bool = False
             stacklevel=2,
         )
     return min(tv, dv) if tv != dv else None
+
+
+@dataclass(frozen=True)
+class Pairing:
+    mode: str  # shared | cross_tokenizer
+    note: str  # one line: the mode and why
+
+
+def pair(target: EngineDir, draft: EngineDir, allow_mismatch: bool = False) -> Pairing:
+    """How ``draft`` drafts for ``target`` (see the module's docstring); refuses, before anything is opened, ids
+    that one side's tokenizer uses beyond the other side's vocabulary when that side has no tokenizer to go through.
+    Shared mode's own checks (``check_pair``) run where the engine is built."""
+    t_id, d_id = _identity(target), _identity(draft)
+    if t_id is not None and d_id is not None and t_id != d_id and not allow_mismatch:
+        return Pairing("cross_tokenizer", f"the draft's tokenizer ({len(d_id[0])} tokens) is not the target's ({len(t_id[0])} tokens): "
+                                          "drafting through text (cross-tokenizer mode; --allow_vocab_mismatch keeps the ids as they are).")
+    tv, dv = target.config.model.vocab_size, draft.config.model.vocab_size
+    known = t_id if t_id is not None else d_id
+    if (t_id is None) != (d_id is None) and tv != dv and not allow_mismatch and known is not None:
+        used = max(known[0].values(), default=-1) + 1
+        if used > min(tv, dv):
+            missing = target if t_id is None else draft
+            raise EngineError(f"the draft engine {draft.path} ({dv} ids) and the target engine {target.path} ({tv} ids) have different "
+                              f"vocabularies and {missing.path} has no tokenizer.json to draft through text; rebuild it from a checkpoint "
+                              "with its tokenizer files, or pass --allow_vocab_mismatch if you know the ids agree.")
+    return Pairing("shared", "the draft shares the target's token ids." if t_id is not None and d_id is not None else
+                   "the draft's ids are taken as the target's (an engine without tokenizer.json: checked by size only).")

@@ -25,7 +25,7 @@ from .sampling import SamplingConfig
 if TYPE_CHECKING:
     from .logits import LogitsProcessor
 
-METHODS = ("none", "draft", "ngram", "medusa", "eagle")
+METHODS = ("none", "draft", "ngram", "medusa", "eagle", "suffix")
 AUTO = "auto"
 
 
@@ -36,7 +36,7 @@ class GenerationConfig:
     end_ids: tuple[int, ...] = ()  # stop after any of these (empty: never)
     stop_words: tuple[tuple[int, ...], ...] = ()  # token sequences that end a request
     # speculation; None = the engine's default
-    method: str | None = None  # none | draft | ngram | medusa | eagle
+    method: str | None = None  # none | draft | ngram | medusa | eagle | suffix
     draft_len: int | str | None = None  # 0..max_draft_len, or "auto": chosen each round
     # log-probabilities of the emitted tokens (the target's, after logits processing): None = off,
     # k >= 0 = each token's own plus its k most likely alternatives
@@ -102,7 +102,6 @@ class Request:
     slot: int = -1  # the target cache row while RUNNING
     metrics: Metrics = field(default_factory=lambda: Metrics(requests=1))
     times: RequestTimes = field(default_factory=RequestTimes)
-    idle_rounds: int = 0  # consecutive rounds with no drafts chosen by draft_len=auto
     auto_k: int | None = None  # the draft length draft_len=auto chose last round
     processor: "LogitsProcessor | None" = None  # its logits processing chain (runtime/logits.py), made on add_request
     logprobs: list = field(default_factory=list)  # per output token: (log-probability, [(id, log-probability)]), when asked

@@ -27,7 +27,7 @@ import numpy as np
 
 from .acceptance import accept_rejection_sampling, accept_token_compare
 from .backends.base import Executor, StepOutput
-from .draft_len import PROBE_EVERY, AutoDraftLen
+from .draft_len import AutoDraftLen
 from .kv_cache import KVCache
 from .logits import Rows, logprobs
 from .metrics import Metrics
@@ -73,6 +73,7 @@ class SpeculativeRound:
                  auto: AutoDraftLen, stats: Metrics):
         self.target, self.cache, self.proposers = target, cache, proposers
         self.vocab_limit, self.auto, self.stats = vocab_limit, auto, stats
+        self.rounds = 0  # rounds run: requests at k = 0 under draft_len=auto probe together (AutoDraftLen.probe_due)
 
     # -- prefill: a newcomer's prompt and its first token --------------------------------
     def prefill(self, batch: list[Request], first: int, new: NewTokens) -> list[Request]:
@@ -121,11 +122,18 @@ class SpeculativeRound:
     # -- a round ------------------------------------------------------------------------
     def run(self, reqs: list[Request], new: NewTokens) -> list[Request]:
         """One round for ``reqs`` (the running requests, request i in slot i); the requests that finished."""
+        self.rounds += 1
         lens = [self.draft_len(r, len(reqs)) for r in reqs]
         timing = any(r.draft_len == AUTO for r in reqs)  # step costs feed draft_len=auto only
         drafts = self.propose(reqs, lens, timing)
-        step, share_s = self.verify(reqs, drafts, timing)
-        return [r for r, d in zip(reqs, drafts) if self.accept(r, d, step, share_s, new)]
+        if timing:  # drafts that score their nodes: auto keeps the prefix that pays at this batch size
+            drafts = [self.auto_prefix(r, d, len(reqs)) if r.draft_len == AUTO and d.scores is not None else d for r, d in zip(reqs, drafts)]
+        t0 = time.perf_counter()
+        step, share_s = self.verify(reqs, drafts)
+        ended = [r for r, d in zip(reqs, drafts) if self.accept(r, d, step, share_s, new)]
+        if timing:  # the call and the per-row work after it (acceptance, rollback, the proposers' observe): what a width costs
+            self.auto.record_verify(len(reqs), step.logits.shape[1], time.perf_counter() - t0)
+        return ended
 
     def draft_len(self, r: Request, running: int) -> int:
         """How many drafts request r may take this round (``running``: requests in the batch, for auto)."""
@@ -142,17 +150,25 @@ class SpeculativeRound:
             return 0
         if r.draft_len != AUTO:
             return min(int(r.draft_len), limit)
-        if proposer.tree is not None:  # auto's cost model is a chain's: a tree is drafted as given
-            return limit
-        k = self.auto.choose(r.method, r.metrics.accepted, r.metrics.rejected, limit, running, r.auto_k)
-        r.auto_k = k
-        if k == 0:
-            r.idle_rounds += 1
-            if r.idle_rounds >= PROBE_EVERY:  # look again: the text may have changed
-                r.idle_rounds, k = 0, 1
+        if proposer.scores_drafts:  # proposes its best, then auto keeps a prefix (auto_prefix) ...
+            return 0 if r.auto_k == 0 and not self.auto.probe_due(self.rounds) else limit  # ... unless none paid last time
+        if proposer.tree is not None:  # a static tree (Medusa, EAGLE): whole, or nothing
+            drafting = r.metrics.rounds - r.metrics.no_draft_rounds
+            k = self.auto.choose_tree(r.method, limit, r.metrics.accepted, drafting, running)
         else:
-            r.idle_rounds = 0
+            k = self.auto.choose(r.method, r.metrics.accepted, r.metrics.rejected, limit, running, r.auto_k)
+            r.auto_k = k
+        if k == 0 and self.auto.probe_due(self.rounds):  # look again, all at once: the text may have changed
+            k = limit if proposer.tree is not None else 1
         return k
+
+    def auto_prefix(self, r: Request, d: Draft, running: int) -> Draft:
+        """The prefix of a scored draft that draft_len=auto expects to pay (or nothing, but in probe rounds)."""
+        k = self.auto.choose_scored(r.method, d.scores, running)
+        r.auto_k = k if len(d) else None  # 0: a draft that did not pay: skip proposing (its cost too) until a probe round
+        if k == 0 and len(d) and self.auto.probe_due(self.rounds):
+            k = 1
+        return d if k == len(d) else d.prefix(k)
 
     def propose(self, reqs: list[Request], lens: list[int], timing: bool) -> list[Draft]:
         """Each request's drafts (empty where it takes none), one ``propose`` call per proposer."""
@@ -172,7 +188,7 @@ class SpeculativeRound:
                 reqs[i].metrics.draft_s += dt / len(idx)
         return drafts
 
-    def verify(self, reqs: list[Request], drafts: Sequence[Draft], timing: bool) -> tuple[StepOutput, float]:
+    def verify(self, reqs: list[Request], drafts: Sequence[Draft]) -> tuple[StepOutput, float]:
         """One target call on slots 0..n-1 fed [last token, d1..dk] per request: (its outputs, logits [n, max k + 1, vocab],
         each request's share of the call's seconds)."""
         feed = [[r.last_token, *d.tokens.tolist()] for r, d in zip(reqs, drafts)]
@@ -182,8 +198,6 @@ class SpeculativeRound:
         step = self.target.forward(self.cache, feed, all_logits=True, parents=trees if any(t is not None for t in trees) else None)
         t1 = time.perf_counter()
         self.stats.target_s += t1 - t0
-        if timing:
-            self.auto.record_verify(len(reqs), step.logits.shape[1], t1 - t0)
         return step, (t1 - t0) / len(reqs)
 
     def accept(self, r: Request, d: Draft, step: StepOutput, share_s: float, new: NewTokens) -> bool:
@@ -213,6 +227,8 @@ class SpeculativeRound:
             self.proposers[r.method].observe(r, d, TargetOutput(raw, n, emitted, kept, None if heads is None else heads[r.slot, : k + 1],
                                                                  None if feats is None else feats[r.slot, : k + 1]))
             self.auto.record_round(r.method, k, n)
+            if d.scores is not None and k:
+                self.auto.record_scored(r.method, float(d.scores.sum()), n)
         r.metrics.record_round(k, n, depth)
         r.metrics.target_s += share_s
         return append(r, emitted, new, self.cache.max_seq_len)

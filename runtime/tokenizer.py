@@ -31,6 +31,10 @@ class Tokenizer:
     def eos_token_id(self) -> int | None:
         return self._special_id("eos_token")
 
+    @property
+    def bos_token_id(self) -> int | None:
+        return self._special_id("bos_token")
+
     def vocab(self) -> dict[str, int]:
         return self._tok.get_vocab(with_added_tokens=True)
 

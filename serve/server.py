@@ -57,6 +57,8 @@ def build_served(
         draft_lens["draft"] = draft_target.draft_len if draft_target else min(4, max(max_draft, 1))
     if ngram is not None:
         draft_lens["ngram"] = min(ngram.max_draft_len, max_draft)
+    if "suffix" in engine.proposers:
+        draft_lens["suffix"] = min(engine.proposers["suffix"].config.max_draft_len, max_draft)
     for name in TREE_MODES:  # the target's own drafter: its tree's nodes, or its chain
         if name in engine.proposers:
             draft_lens[name] = own_draft_len(engine.proposers[name])

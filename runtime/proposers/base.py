@@ -32,9 +32,16 @@ class Draft:
     probs: np.ndarray | None = None  # [k, vocab] the draft distributions q (rejection sampling), or None: deterministic drafts
     parents: np.ndarray | None = None  # [k] parent index per draft (-1: the last accepted token); None = a chain
     depths: np.ndarray | None = None  # [k] a tree's depth per draft (1 = a child of the last accepted token)
+    scores: np.ndarray | None = None  # [k] each draft's estimated chance of being accepted, best first (suffix decoding's
+    #                                   counts): draft_len=auto keeps the prefix that pays (runtime/draft_len.py)
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    def prefix(self, k: int) -> "Draft":
+        """The first k drafts: still a tree when parents come before children (scored drafts are ordered so)."""
+        cut = lambda a: None if a is None else a[:k]  # noqa: E731
+        return Draft(self.tokens[:k], cut(self.probs), cut(self.parents), cut(self.depths), cut(self.scores))
 
     @staticmethod
     def empty() -> "Draft":
@@ -68,6 +75,9 @@ class Proposer(Protocol):
     # the largest draft_len a request may ask of it, from its own config (n-gram: --ngram_config's max_draft_len; a
     # server refuses more); None: only the target's limit (the rest is capped per round by room())
     max_draft_len: int | None = None
+    # its drafts carry each node's estimated chance of being accepted (Draft.scores, best first): with draft_len=auto
+    # the round asks for its most and keeps the prefix that pays (suffix decoding)
+    scores_drafts: bool = False
 
     def add(self, requests: Sequence["Request"]) -> None:
         """Start these requests: each has its prompt and the first token the target picked."""

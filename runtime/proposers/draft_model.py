@@ -132,6 +132,15 @@ class DraftModelProposer(Proposer):
         self.cache.rollback(slot, int(self.cache.lengths[slot]) - (k - 1 - kept))  # drop the rejected fed drafts
         self.pending[rid] = target.emitted[kept:]
 
+    def resync(self, request_id: str, tokens: Sequence[int], agree: int) -> None:
+        """The request's tokens are now ``tokens`` (a draft with another tokenizer re-encodes its text each round,
+        runtime/proposers/cross_tokenizer.py): the cache keeps the first ``agree`` of them (at most what it holds,
+        and never the last: pending is fed before drafting), the rest become pending."""
+        slot = self.slot_of[request_id]
+        keep = max(min(agree, int(self.cache.lengths[slot]), len(tokens) - 1), 0)
+        self.cache.rollback(slot, keep)
+        self.pending[request_id] = list(tokens[keep:])
+
 
 def _plain_pick(logits: np.ndarray, r: Request) -> tuple[int, np.ndarray]:
     """A request without a processing chain (built by hand): temperature, top-k/p, min-p only."""

@@ -110,7 +110,7 @@ def test_run_cli_target_without_draft_mode(engines):
     assert "rebuild the target with --speculative_decoding_mode draft_tokens_external --max_draft_len 8." in r.output
 
 
-def test_run_cli_incompatible_tokenizers(engines, tmp_path):
+def test_run_cli_another_tokenizer_drafts_through_text(engines, tmp_path):
     import shutil
 
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -131,9 +131,24 @@ def test_run_cli_incompatible_tokenizers(engines, tmp_path):
         cfg["files"]["tokenizer.json"] = sha256_file(d / "tokenizer.json")
         (d / "config.json").write_text(json.dumps(cfg))
     r = invoke(run_main, "--engine_dir", tmp_path / "t", "--draft_engine_dir", tmp_path / "d",
-               "--draft_target_model_config", "[2,[0],[0],False]", "--input_text", "a b")
-    assert r.exit_code == 1
-    assert "different tokenizers" in r.output
+               "--draft_target_model_config", "[2,[0],[0],False]", "--input_text", "a b", "--max_output_len", 8, "--baseline")
+    assert r.exit_code == 0, r.output
+    assert "cross-tokenizer mode" in r.output and "outputs identical to target-only: yes" in r.output
+    # --allow_vocab_mismatch takes the ids as they are, with a warning
+    r = invoke(run_main, "--engine_dir", tmp_path / "t", "--draft_engine_dir", tmp_path / "d", "--allow_vocab_mismatch",
+               "--draft_target_model_config", "[2,[0],[0],False]", "--input_text", "a b", "--max_output_len", 8)
+    assert r.exit_code == 0 and "pairing:" not in r.output
+
+
+def test_run_cli_suffix_config(engines):
+    r = invoke(run_main, "--engine_dir", engines / "target", "--suffix_config", '{"max_draft_len": 4, "global_cache": false}',
+               "--input_file", engines / "prompts.csv", "--max_output_len", 12, "--baseline")
+    assert r.exit_code == 0, r.output
+    assert "--- suffix ---" in r.output and "outputs identical to target-only: yes" in r.output
+    r = invoke(run_main, "--engine_dir", engines / "target", "--suffix_config", "[4, 24, 7]", "--input_text", "x")
+    assert r.exit_code == 1 and r.output.count("\n") == 1 and "a list holds 1 or 2 numbers" in r.output
+    r = invoke(run_main, "--engine_dir", engines / "target", "--suffix_config", "[4]", "--ngram_config", "[4,2,[0]]", "--input_text", "x")
+    assert r.exit_code == 1 and "--suffix_config is a drafting method of its own" in r.output
 
 
 def test_run_cli_subprocess(engines):

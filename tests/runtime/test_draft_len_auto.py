@@ -1,0 +1,57 @@
+"""draft_len=auto for trees and scored drafts, under fixed costs at several batch sizes (deterministic, not timed)."""
+
+import pytest
+
+from specdec.runtime.draft_len import PROBE_EVERY, AutoDraftLen
+
+
+def costs(auto: AutoDraftLen, draft_s: float = 0.0) -> AutoDraftLen:
+    """A CPU-like target: at 1 row a call costs its weights (flat in width); at more rows each verified token
+    adds compute, and at 16 rows a second token per row costs as much as the first (compute-bound GEMMs)."""
+    slope = {1: 0.002, 2: 0.01, 4: 0.03, 8: 0.08, 16: 1.0}
+    auto.verify_cost = lambda rows, width: 1.0 + slope[rows] * (width - 1)
+    auto.draft_cost = lambda method, rows, default: draft_s
+    return auto
+
+
+@pytest.mark.parametrize("rows, want", [(1, 8), (2, 7), (4, 6), (8, 5), (16, 0)])
+def test_scored_drafts_keep_the_prefix_that_pays(rows, want):
+    # a suffix draft: 3 sure nodes, then fading frequencies. Expected tokens of k nodes: 1, 2, 3, 4, 4.5, 4.8,
+    # 5.05, 5.10, 5.12; over the cost 1 + slope * k the best k is 8 (flat), 7 (4.77/s), 6 (4.28/s), 5 (3.43/s),
+    # and at 16 rows no k beats one token per call (k = 1: 2 tokens for twice the cost)
+    scores = [1.0, 1.0, 1.0, 0.5, 0.3, 0.25, 0.05, 0.02]
+    auto = costs(AutoDraftLen(8, 16))
+    assert auto.choose_scored("suffix", scores, rows) == want
+
+
+def test_scored_drafts_follow_their_calibration():
+    auto = costs(AutoDraftLen(8, 16))
+    scores = [0.9, 0.8, 0.6, 0.4]
+    assert auto.choose_scored("suffix", scores, 8) == 4  # believed: 3.7 / 1.32 beats 1 / 1
+    for _ in range(100):  # the counts promised 2.7 accepted drafts a round and none came: the scores are not believed
+        auto.record_scored("suffix", 2.7, 0)
+    auto.record_scored("suffix", 0.0, 1)
+    assert auto.calibration("suffix") == pytest.approx(9 / 278)
+    assert auto.choose_scored("suffix", scores, 8) == 0  # 1.03 tokens for 1.08 the cost
+    assert auto.choose_scored("suffix", scores, 1) > 0  # at one row, verifying more tokens is nearly free
+
+
+@pytest.mark.parametrize("rows, want", [(1, 10), (2, 10), (4, 10), (8, 10), (16, 0)])
+def test_a_tree_is_drafted_whole_or_not_at_all(rows, want):
+    auto = costs(AutoDraftLen(10, 16))
+    for _ in range(40):  # 2 drafts accepted per round on average: 3 tokens for 1 + 10 * slope (11 at 16 rows)
+        auto.record_round("medusa", 10, 2)
+    assert auto.choose_tree("medusa", 10, accepted=0, rounds=0, rows=rows) == want
+    # a request whose own 200 rounds accepted nothing: 1.08 expected tokens, worth a tree only where it is nearly free
+    assert auto.choose_tree("medusa", 10, accepted=0, rounds=200, rows=1) == 10
+    assert auto.choose_tree("medusa", 10, accepted=0, rounds=200, rows=4) == 0
+
+
+def test_a_costly_draft_step_is_counted():
+    # each drafted token costs a target call: a coin-flip draft never pays; a free one does
+    assert costs(AutoDraftLen(8, 16), draft_s=1.0).choose_scored("suffix", [0.5, 0.5, 0.5], 1) == 0
+    assert costs(AutoDraftLen(8, 16), draft_s=0.0).choose_scored("suffix", [0.5, 0.5, 0.5], 1) == 3
+
+
+def test_probes_fall_on_the_same_rounds():
+    assert [r for r in range(3 * PROBE_EVERY) if AutoDraftLen.probe_due(r)] == [0, PROBE_EVERY, 2 * PROBE_EVERY]

@@ -1,0 +1,129 @@
+"""Suffix decoding in the engine: greedy output equals target-only (chains and trees, alone and in a ragged
+batch, with and without the global cache), and a sampled request keeps the target's distribution."""
+
+import numpy as np
+import pytest
+from checkpoints import make_checkpoint
+from conftest import build_and_load, spec_build
+from test_medusa import _chi_square_critical
+
+from specdec.runtime.engine import Engine, SpeculationConfig
+from specdec.runtime.proposers.suffix import SuffixConfig, SuffixProposer
+from specdec.runtime.request import GenerationConfig, Request
+from specdec.runtime.sampling import SamplingConfig
+
+MAX_DRAFT = 6
+PROMPTS = [[5, 6, 7, 8, 9, 10], [40, 41, 42, 40, 41, 42, 40], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30], [7, 8]]
+
+
+@pytest.fixture(scope="module")
+def targets(tmp_path_factory):
+    d = tmp_path_factory.mktemp("suffix")
+    ckpt = make_checkpoint(d / "target", num_hidden_layers=2, seed=0)
+    return {
+        "chain": build_and_load(ckpt, d / "chain", spec_build(MAX_DRAFT)),
+        "tree": build_and_load(ckpt, d / "tree", spec_build(MAX_DRAFT, tree_attention=True)),
+    }
+
+
+def run(engine, prompts, cfg):
+    ids = [engine.add_request(p, cfg) for p in prompts]
+    done = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            if o.finished:
+                done[o.request_id] = o.output_ids
+    return [done[i] for i in ids]
+
+
+@pytest.fixture(scope="module")
+def want(targets):
+    cfg = GenerationConfig(max_output_len=32)
+    return run(Engine(targets["chain"]), PROMPTS, cfg)
+
+
+@pytest.mark.parametrize("kind", ["chain", "tree"])
+@pytest.mark.parametrize("global_cache", [True, False])
+def test_greedy_suffix_is_exact(targets, want, kind, global_cache):
+    target = targets[kind]
+    drafted = accepted = 0
+    for draft_len in (2, MAX_DRAFT, "auto"):
+        proposer = SuffixProposer(SuffixConfig(max_draft_len=MAX_DRAFT, global_cache=global_cache), trees=kind == "tree")
+        engine = Engine(target, [proposer], SpeculationConfig("suffix", draft_len))
+        cfg = GenerationConfig(max_output_len=32)
+        for rep in range(2):  # the second pass drafts from the first pass's responses when the cache is on
+            assert run(engine, PROMPTS[:1], cfg) == want[:1], (kind, draft_len, rep)  # alone
+            assert run(engine, PROMPTS, cfg) == want, (kind, draft_len, rep)  # a ragged batch
+        drafted += engine.stats.drafted
+        accepted += engine.stats.accepted
+        if global_cache:
+            assert len(proposer.cache) == 10  # every finished response joined the cache
+    assert drafted > 0 and accepted > 0  # drafts were verified and some kept, not only rejected
+
+
+def test_the_global_cache_drafts_earlier_responses(targets, want):
+    """A request whose text repeats an earlier response gets most of it accepted: the global cache at work."""
+    proposer = SuffixProposer(SuffixConfig(max_draft_len=MAX_DRAFT), trees=True)
+    engine = Engine(targets["tree"], [proposer], SpeculationConfig("suffix", MAX_DRAFT))
+    cfg = GenerationConfig(max_output_len=32)
+    run(engine, PROMPTS[2:3], cfg)
+    before = engine.stats.accepted
+    assert run(engine, PROMPTS[2:3], cfg) == want[2:3]
+    again = engine.stats.accepted - before
+    assert again >= 20, again  # of 31 tokens after the first, most came from the cached response
+
+
+def test_trees_carry_their_structure():
+    # after [1, 2] came 3 twice and 4 once: greedy requests get a tree with both (3 first), sampled ones the best path
+    prompt = [1, 2, 3, 9, 1, 2, 4, 7, 1, 2, 3, 8, 1, 2]
+    greedy = Request("g", prompt, GenerationConfig(), "suffix", MAX_DRAFT, np.random.default_rng(0))
+    sampled = Request("s", prompt, GenerationConfig(sampling=SamplingConfig(temperature=1.0)), "suffix", MAX_DRAFT, np.random.default_rng(0))
+    proposer = SuffixProposer(SuffixConfig(max_draft_len=MAX_DRAFT, global_cache=False), trees=True)
+    proposer.add([greedy, sampled])
+    tree, chain = proposer.propose([greedy, sampled], [MAX_DRAFT, MAX_DRAFT])
+    assert (tree.tokens.tolist(), tree.parents.tolist(), tree.depths.tolist()) == ([3, 4], [-1, -1], [1, 1])
+    assert chain.tokens.tolist() == [3, 8] and chain.parents is None
+    # a target without tree attention gets the path for greedy requests too
+    plain = SuffixProposer(SuffixConfig(max_draft_len=MAX_DRAFT, global_cache=False), trees=False)
+    plain.add([greedy])
+    assert plain.propose([greedy], [MAX_DRAFT])[0].parents is None
+
+
+def test_sampled_suffix_keeps_the_target_distribution(targets):
+    """Sampled requests draft the most frequent path and are verified by token compare; the output tokens 1..2
+    over 1200 seeds are distributed as target-only sampling's (chi-square homogeneity test, p > 0.001)."""
+    target = targets["tree"]
+    sampling = dict(temperature=1.5, top_k=4)
+    prompt = PROMPTS[1]
+    counts = {}
+    for method in ("none", "suffix"):
+        proposers = [SuffixProposer(SuffixConfig(max_draft_len=MAX_DRAFT), trees=True)] if method == "suffix" else []
+        engine = Engine(target, proposers, SpeculationConfig(method, 3 if method == "suffix" else 0))
+        if method == "suffix":  # responses that continue the prompt as the target most often does: drafts to accept
+            greedy = run(engine, [prompt], GenerationConfig(max_output_len=3))[0]
+            for _ in range(3):
+                proposers[0].cache.add(greedy)
+        seen = []
+        for seed in range(1200):
+            engine.add_request(prompt, GenerationConfig(max_output_len=3, sampling=SamplingConfig(random_seed=seed, **sampling)), seed_stream=seed)
+        while engine.has_unfinished():
+            seen += [tuple(o.output_ids[1:3]) for o in engine.step() if o.finished]
+        counts[method] = seen
+        if method == "suffix":
+            assert engine.stats.accepted > 0 and engine.stats.drafted > engine.stats.accepted
+    keys = [k for k in sorted(set(counts["none"]) | set(counts["suffix"])) if counts["none"].count(k) + counts["suffix"].count(k) >= 10]
+    table = np.array([[counts[m].count(k) for k in keys] for m in ("none", "suffix")], float)
+    expected = table.sum(1, keepdims=True) * table.sum(0, keepdims=True) / table.sum()
+    stat = float(((table - expected) ** 2 / expected).sum())
+    assert len(keys) >= 4 and stat < _chi_square_critical(len(keys) - 1), (stat, len(keys))
+
+
+def test_tree_attention_build_refusals(tmp_path):
+    from conftest import cli_build
+
+    ckpt = make_checkpoint(tmp_path / "ckpt", num_hidden_layers=1, seed=0)
+    r = cli_build(ckpt, tmp_path / "a", "--tree_attention")
+    assert r.exit_code == 1 and "--tree_attention needs --speculative_decoding_mode draft_tokens_external" in r.output
+    r = cli_build(ckpt, tmp_path / "b", "--tree_attention", "--speculative_decoding_mode", "draft_tokens_external", "--backend", "tensorrt")
+    assert r.exit_code == 1 and "--tree_attention runs on the onnxruntime backend only" in r.output
+    assert all(len(line) for line in r.output.strip().splitlines()) and r.output.strip().count("\n") == 0
