@@ -98,10 +98,17 @@ def build_network(
     # away are ONNX Runtime's (docs/precision.md); TensorRT's (tactics chosen per shape) are not measured.
     lowering.consistent_rows = build.max_draft_len > 0 and build.backend == "onnxruntime"
     lowering.tree_attention = build.tree_attention  # a tree_mask input (plugins/attention.py)
+    lowering.probe_rows = build.max_batch_size * (build.max_draft_len + 1) + 1
     linears = _Linears(gb, lowering, ckpt, build, convention, activation_scales or {}, awq_layers or {})
     ids = gb.input("input_ids", TensorProto.INT64, ["batch", "num_tokens"])
     positions = gb.input("position_ids", TensorProto.INT64, ["batch", "num_tokens"])
     logits_index = gb.input("logits_index", TensorProto.INT64, ["batch", "num_logits"])
+    # Kernels that compute a lone row otherwise than rows in pairs: the step is padded to even rows once, here
+    # (a tree engine's tree_mask fixes its token count, so it pads around each GEMM instead)
+    step_padded = lowering.consistent_rows and not build.tree_attention and eagle is None  # (eagle_hidden: every fed token)
+    if step_padded:
+        (ids, positions), fed = lowering.pad_step(ids, positions), (ids, positions)
+        linears.rows = positions
 
     cos, sin = cos_sin_tables(cfg, build.kv_capacity)
     shared = lowering.prelude(Shared(positions=positions, cos=gb.const("rope_cos", cos), sin=gb.const("rope_sin", sin)))
@@ -138,6 +145,10 @@ def build_network(
             lm_head = gb.weight("lm_head.weight", ckpt.float32("lm_head.weight").T)
         float32_output(gb, "MatMul", [x, lm_head], "/lm_head/matmul", "logits", None)
     gb.output("logits", TensorProto.FLOAT, ["batch", "num_logits", cfg.vocab_size])
+    if step_padded and not lowering.step_padding_needed:  # no GEMM computes a lone row otherwise: no extra token
+        for padded, given in zip((ids, positions), fed):
+            if padded != given:
+                gb.bypass(padded, given)
     if linear_inputs is not None:
         linear_inputs.update(linears.inputs)
     if weight_only_built is not None:
