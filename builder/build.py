@@ -120,7 +120,7 @@ def resolve_quantization(build: BuildConfig, convention: Fp8Convention | IntConv
     return replace(build, quantization=q)
 
 
-def weight_only_record(build: BuildConfig, convention, layers: list[str], op: str, act_order: bool = False) -> dict | None:
+def weight_only_record(build: BuildConfig, convention, layers: list[str], op: str, act_order: bool = False, even_rows: bool = False) -> dict | None:
     """What config.json says about a weight-only engine: the scheme, which layers, where the integers came from."""
     scheme = WeightOnlyScheme.of(build)
     if scheme is None:
@@ -139,6 +139,9 @@ def weight_only_record(build: BuildConfig, convention, layers: list[str], op: st
         "layers": kinds,  # e.g. attn/qkv_proj, mlp/down_proj, lm_head
         "num_layers_quantized": len(layers),
         "op": op,
+        # a step's tokens padded to an even row count (one repeated token per sequence when batch x tokens is
+        # odd): this ONNX Runtime's GEMM kernels compute a lone row otherwise (measured at build, plugins/quantized_gemm.py)
+        "even_rows": even_rows,
     }
 
 
@@ -285,7 +288,7 @@ def build_engine(
     from ..plugins import get_lowering
 
     build = replace(build, weight_only=weight_only_record(build, convention, weight_only_built.get("layers", []), get_lowering(build.lowering).weight_only_op,
-                                                          weight_only_built.get("act_order", False)))
+                                                          weight_only_built.get("act_order", False), weight_only_built.get("even_rows", False)))
     num_parameters = _count_parameters(network)
 
     output_dir.parent.mkdir(parents=True, exist_ok=True)

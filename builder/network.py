@@ -86,7 +86,8 @@ def build_network(
     linear_inputs: filled with linear-layer name -> the graph value it reads (calibration taps).
     awq_layers: int4_awq's search by linear-layer name (builder/awq.py's AwqLayer: input scales s [in],
         and how to quantize s[:, None] * W, clipped per group).
-    weight_only_built: filled with what was built as int8/int4: "layers" (their names), "act_order" (whether a
+    weight_only_built: filled with what was built as int8/int4: "layers" (their names), "even_rows" (whether a step
+        is padded to an even number of rows for the GEMMs, pad_step), "act_order" (whether a
         layer gathers its input channels, GPTQ g_idx).
     medusa: Medusa heads (train.layout.HeadCheckpoint) to add as the medusa_logits output, or None.
     eagle: an EAGLE-3 module (train.layout.HeadCheckpoint) whose fc to add as the eagle_hidden output, or None.
@@ -152,7 +153,7 @@ def build_network(
     if linear_inputs is not None:
         linear_inputs.update(linears.inputs)
     if weight_only_built is not None:
-        weight_only_built.update(layers=linears.int_layers, act_order=linears.act_order)
+        weight_only_built.update(layers=linears.int_layers, act_order=linears.act_order, even_rows=step_padded and lowering.step_padding_needed)
     return gb.model(f"specdec_{cfg.architecture}", extra_opsets=lowering.extra_opsets)
 
 
