@@ -592,7 +592,7 @@ def run(args: argparse.Namespace) -> int:
         elif "llama.cpp" in families and args.llama_cpp:
             methods += llama_cli_methods(lay, args.llama_cpp, threads, bits_list, spec_bits, log_dir)
         if "ortgenai" in families:
-            methods += ortgenai_methods(lay, threads, bits_list, spec_bits)
+            methods += ortgenai_methods(lay, threads, [b for b in args.ortgenai_bits.split(",") if b], spec_bits)
         print(f"\n== {threads} thread(s): loading {len(methods)} methods (load average {uptime()})", flush=True)
         try:  # llama-server processes outlive an interrupted run unless closed here
             skipped = open_all(methods, prompts[0][:32])
@@ -655,8 +655,10 @@ def steps(args: argparse.Namespace) -> int:
     cpu: dict[tuple[str, int], list[float]] = {}
     wall: dict[tuple[str, int], list[float]] = {}
     for r in range(args.rounds + 1):  # round 0 warms every shape up
-        for name, ex, cache, ws in execs:
-            for w in ws:
+        for w in widths:  # engine by engine within each width: the engines compared share each stretch of load
+            for name, ex, cache, ws in execs[r % len(execs):] + execs[: r % len(execs)]:
+                if w not in ws:
+                    continue
                 c0, w0 = time.process_time(), time.perf_counter()
                 for _ in range(args.calls):
                     step(ex, cache, w)
@@ -712,6 +714,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="llama.cpp's command-line tools (llama-completion, llama-lookup, llama-speculative-simple) or llama-server")
     r.add_argument("--llama_ngram", default="simple,map-k", help=f"with --llama_tools server: its n-gram drafters ({', '.join(LLAMA_NGRAM)})")
     r.add_argument("--families", default="specdec,llama.cpp,ortgenai")
+    r.add_argument("--ortgenai_bits", default="int4", help="onnxruntime-genai precisions (fp32, int4)")
     r.add_argument("--output_json")
     r.add_argument("--keep_outputs", action="store_true", help="put every method's output ids in the JSON")
     args = ap.parse_args(argv)

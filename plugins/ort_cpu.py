@@ -20,8 +20,6 @@ from __future__ import annotations
 import numpy as np
 
 from .attention import PortableAttention, Shared
-from onnx import TensorProto
-
 from .quantized_gemm import (CONTRIB, NBITS_ACCURACY_LEVEL, EvenRows, IntWeightLike, dq_matmul, matmul_nbits, nbits_holds, nbits_rows_split,
                              pack_matmul_nbits, permute_input)
 
