@@ -75,6 +75,20 @@ def test_int8_target_with_quantized_head(engines, draft_len):
     assert tokens(spec) == tokens(base)
 
 
+@pytest.mark.parametrize("draft_len", [4, 8])
+def test_padded_steps_run_to_max_seq_len(engines, draft_len):
+    """A padded step writes one K/V slot past its tokens: up to the last position the engine allows, that slot
+    stays inside the cache (kv_capacity's slack) and the output stays the target's own."""
+    build = engines["target"].build
+    assert build.weight_only["even_rows"]
+    prompt = [[(7 * i) % 50 + 3 for i in range(build.max_input_len)]]
+    n = build.max_seq_len - build.max_input_len
+    base, _ = run(Orchestrator(engines["target"]), prompt, n)
+    spec, m = run(Orchestrator(engines["target"], DraftModelProposer(engines["draft4"]), draft_len), prompt, n)
+    assert tokens(spec) == tokens(base) and len(tokens(base)[0]) == n
+    assert m.drafted > 0
+
+
 def test_identity_draft_accepts_every_token(engines):
     """The int4 target drafting for itself: its one-token steps and the target's verification steps must
     compute the same logits, or some draft would be rejected."""
