@@ -23,7 +23,8 @@ onnxruntime-genai builder's fp32 and int4), target-only at every precision
 * llama.cpp, --llama_tools cli (the default; llama.cpp's own timers):
   `llama-completion` target-only, `llama-lookup` (its n-gram cache, 8
   drafts), `llama-speculative-simple` with the draft GGUF of the same type
-  (4 drafts) and with `--spec-type ngram-simple` (a 3-token key, 8 drafts);
+  (`--spec-type draft-simple`, 4 drafts) and with `--spec-type ngram-simple`
+  and `ngram-map-k` (a 3-token key, 8 drafts);
   --llama_tools server: `llama-server`, one slot: target-only, its
   draft-model speculation (`--spec-type draft-simple`, 4 drafts), its n-gram
   drafters (`ngram-simple` and `ngram-map-k`, a 3-token key and 8-token
@@ -350,11 +351,13 @@ def llama_cli_methods(lay: Layout, llama_cpp: Path, threads: int, bits_list: lis
         model = lay.gguf("target", bits)
         variants: dict[str, tuple[str, list[str]]] = {"target-only": ("llama-completion", [])}
         if bits in spec_bits:
-            variants["lookup"] = ("llama-lookup", ["--draft-max", "8"])
-            variants["draft k=4"] = ("llama-speculative-simple", ["-md", str(lay.gguf("draft", bits)), "--draft-max", "4", "--draft-min", "0",
-                                                                   "-td", "1", "-tbd", "1"])
-            variants["ngram-simple"] = ("llama-speculative-simple", ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3",
-                                                                      "--spec-ngram-simple-size-m", "8", "--draft-max", "8"])
+            variants["lookup"] = ("llama-lookup", ["--spec-draft-n-max", "8"])
+            variants["draft k=4"] = ("llama-speculative-simple", ["-md", str(lay.gguf("draft", bits)), "--spec-type", "draft-simple",
+                                                                   "--spec-draft-n-max", "4", "--spec-draft-n-min", "0", "-td", "1"])
+            for kind in ("ngram-simple", "ngram-map-k"):  # a 3-token key and 8-token drafts, as specdec's n-gram
+                flag = kind.replace("ngram-", "--spec-ngram-").replace("map-k", "map-k")
+                variants[kind] = ("llama-speculative-simple", ["--spec-type", kind, f"{flag}-size-n", "3", f"{flag}-size-m", "8",
+                                                                "--spec-draft-n-max", "8"])
         for mode, (tool, extra) in variants.items():
             log = log_dir / f"llama-{LLAMA_TYPE[bits]}-{mode.replace(' ', '').replace('=', '')}-t{threads}.log"
 

@@ -63,7 +63,8 @@ class LlamaCliRunner:
             raise RuntimeError(f"{self.binary.name} exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
         text, stats = self._parse(proc.stdout, proc.stderr, prompt)
         stats["wall_s"] = wall
-        return self.encode_text(text), stats["with_prefill_s"], stats
+        # the first n tokens: a speculative tool may accept drafts past n, and the text ends in the tool's newlines
+        return self.encode_text(text)[:n], stats["with_prefill_s"], stats
 
     def _parse(self, out: str, err: str, prompt: str) -> tuple[str, dict[str, Any]]:
         stats: dict[str, Any] = {}
@@ -82,6 +83,7 @@ class LlamaCliRunner:
             for key, pattern in _COUNTS.items():
                 m = pattern.search(err)
                 stats[key] = int(m.group(1)) if m else 0
+            stats.update(drafted=stats["n_drafted"], accepted=stats["n_accept"])
             # stdout: "\n\n", the prompt's pieces, the new tokens' pieces, "\n\n"
             body = out[2:] if out.startswith("\n\n") else out
             body = body[:-2] if body.endswith("\n\n") else body
