@@ -637,7 +637,7 @@ def steps(args: argparse.Namespace) -> int:
     import statistics
 
     from specdec.runtime.engine_format import load_engine_dir
-    from specdec.runtime.executor import OrtExecutor
+    from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 
     lay = Layout(Path(args.work))
     widths = [int(w) for w in args.widths.split(",")]
