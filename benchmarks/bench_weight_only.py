@@ -58,6 +58,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -596,6 +597,8 @@ def run(args: argparse.Namespace) -> int:
             methods += llama_cli_methods(lay, args.llama_cpp, threads, bits_list, spec_bits, log_dir)
         if "ortgenai" in families:
             methods += ortgenai_methods(lay, threads, [b for b in args.ortgenai_bits.split(",") if b], spec_bits)
+        if args.methods:  # a subset, by name
+            methods = [m for m in methods if re.search(args.methods, m.name)]
         print(f"\n== {threads} thread(s): loading {len(methods)} methods (load average {uptime()})", flush=True)
         try:  # llama-server processes outlive an interrupted run unless closed here
             skipped = open_all(methods, prompts[0][:32])
@@ -718,6 +721,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--llama_ngram", default="simple,map-k", help=f"with --llama_tools server: its n-gram drafters ({', '.join(LLAMA_NGRAM)})")
     r.add_argument("--families", default="specdec,llama.cpp,ortgenai")
     r.add_argument("--ortgenai_bits", default="int4", help="onnxruntime-genai precisions (fp32, int4)")
+    r.add_argument("--methods", help="only the methods whose name matches this regular expression")
     r.add_argument("--output_json")
     r.add_argument("--keep_outputs", action="store_true", help="put every method's output ids in the JSON")
     args = ap.parse_args(argv)
