@@ -356,7 +356,7 @@ def llama_cli_methods(lay: Layout, llama_cpp: Path, threads: int, bits_list: lis
             variants["draft k=4"] = ("llama-speculative-simple", ["-md", str(lay.gguf("draft", bits)), "--spec-type", "draft-simple",
                                                                    "--spec-draft-n-max", "4", "--spec-draft-n-min", "0", "-td", "1"])
             for kind in ("ngram-simple", "ngram-map-k"):  # a 3-token key and 8-token drafts, as specdec's n-gram
-                flag = kind.replace("ngram-", "--spec-ngram-").replace("map-k", "map-k")
+                flag = kind.replace("ngram-", "--spec-ngram-")
                 variants[kind] = ("llama-speculative-simple", ["--spec-type", kind, f"{flag}-size-n", "3", f"{flag}-size-m", "8",
                                                                 "--spec-draft-n-max", "8"])
         for mode, (tool, extra) in variants.items():
