@@ -1,4 +1,4 @@
-"""Weight-only engines on the realistic-cost pair, against llama.cpp and onnxruntime-genai (issue 13).
+"""Weight-only engines on the realistic-cost pair, against llama.cpp and onnxruntime-genai (issues 13, 26).
 
     # once: engines, GGUFs and onnxruntime-genai exports under --work (skips what exists)
     python benchmarks/bench_weight_only.py prepare --work /tmp/big --llama_cpp LLAMA_CPP_DIR \\
@@ -17,11 +17,18 @@ onnxruntime-genai builder's fp32 and int4), target-only at every precision
 (--bits) and the speculative modes at --spec_bits (default int8, int4):
 
 * specdec: target-only, draft-target k=4 and k=auto (a draft engine of the
-  same precision), n-gram (k=8, matching up to 3 tokens);
-* llama.cpp (`llama-server`, one slot): target-only, its draft-model
-  speculation (`--spec-type draft-simple`, draft GGUF of the same type, 4
-  drafts), its n-gram drafters (`ngram-simple` and `ngram-map-k`, a 3-token
-  key and 8-token drafts);
+  same precision), draft-target k=4 with the float32 draft, n-gram (k=8,
+  matching up to 3 tokens; and k=auto), EAGLE-3 chain k=3 (when
+  engine-eagle[-BITS] exists: benchmarks/README.md says how it is built);
+* llama.cpp, --llama_tools cli (the default; llama.cpp's own timers):
+  `llama-completion` target-only, `llama-lookup` (its n-gram cache, 8
+  drafts), `llama-speculative-simple` with the draft GGUF of the same type
+  (`--spec-type draft-simple`, 4 drafts) and with `--spec-type ngram-simple`
+  and `ngram-map-k` (a 3-token key, 8 drafts);
+  --llama_tools server: `llama-server`, one slot: target-only, its
+  draft-model speculation (`--spec-type draft-simple`, 4 drafts), its n-gram
+  drafters (`ngram-simple` and `ngram-map-k`, a 3-token key and 8-token
+  drafts);
 * onnxruntime-genai: target-only, its draft-model speculation (4 drafts),
   its n-gram decoding (ngram_size 3, 8 drafts).
 
@@ -29,10 +36,14 @@ Each method is loaded once per thread count (load time reported apart), warmed
 up, then every round runs prompt by prompt, every method in turn on each
 prompt (the order rotated each round), so the methods compared share each
 stretch of machine load. Per prompt, the wall time of prefill + decode is
-timed (for llama.cpp, of the HTTP request), and the CPU time of the process
-that did the work (specdec: this one; llama-server; the onnxruntime-genai
-worker): with one thread, tokens per CPU second is the work each method needs,
-whatever the other jobs on the machine do. Reported per method: tokens/s
+timed (for llama-server, of the HTTP request; for llama.cpp's tools, by their
+own timers: prompt eval + decode), and the CPU time of the process that did
+the work (specdec: this one; llama-server; the onnxruntime-genai worker; not
+for llama.cpp's tools, one process per prompt, whose CPU time would count the
+model load): with one thread, tokens per CPU second is the work each method
+needs, whatever the other jobs on the machine do. Decode-only tokens/s leaves
+the prefill out: specdec's (tokens - 1) / (seconds - time to first token),
+llama.cpp's tokens / its decode seconds. Reported per method: tokens/s
 median and min-max over rounds, and the ratio to specdec fp32 target-only in
 the same round (median, min-max): on a shared machine the ratio is the figure
 to read. Exactness: whether each method's output equals its own target-only
@@ -47,6 +58,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -138,6 +150,12 @@ def prepare_commands(lay: Layout, llama_cpp: Path | None, peers_python: str | No
         for role in ("target", "draft"):
             cmds.append((lay.engine(role, bits), [*build, "--checkpoint_dir", str(lay.ckpt(role)), "--output_dir", str(lay.engine(role, bits)), *wo,
                                                  *(spec if role == "target" else [])], {}))
+    # EAGLE-3 at int4: the demo pair's trained module, enlarged to the target's widths, in an int4 eagle target
+    heads = lay.work / "heads-eagle"
+    cmds.append((heads, [py, str(HERE / "enlarge.py"), "--heads", str(demo / "heads" / "eagle"), "--base", str(lay.ckpt("target")), str(heads), "--quiet"], {}))
+    cmds.append((lay.engine("eagle", "int4"), [*build, "--checkpoint_dir", str(lay.ckpt("target")), "--output_dir", str(lay.engine("eagle", "int4")),
+                                               "--use_weight_only", "--weight_only_precision", "int4", "--max_draft_len", "8",
+                                               "--speculative_decoding_mode", "eagle", "--eagle_dir", str(heads)], {}))
     if llama_cpp is not None:
         converter = [peers_python or py, str(llama_cpp / "convert_hf_to_gguf.py")]
         env = {"PYTHONPATH": str(llama_cpp / "gguf-py")}
@@ -190,7 +208,9 @@ class SpecdecRunner:
         t0 = time.perf_counter()
         outs, m = self.orch.generate([ids], GenerationConfig(max_output_len=n, end_ids=()))
         dt = time.perf_counter() - t0
-        return list(outs[0].output_ids), dt, {"drafted": m.drafted, "accepted": m.accepted}
+        out = list(outs[0].output_ids)
+        decode = {"decode_s": dt - m.ttft_s[0], "decode_tokens": len(out) - 1} if m.ttft_s else {}
+        return out, dt, {"drafted": m.drafted, "accepted": m.accepted, "draft_s": m.draft_s, "target_s": m.target_s, "rounds": m.rounds, **decode}
 
     def cpu_s(self) -> float:
         return time.process_time()  # this process: specdec runs in it
@@ -207,18 +227,28 @@ class SpecdecEngines:
         self.executors: dict[tuple[str, str], Any] = {}
         self.load_s: dict[str, float] = {}
 
-    def executor(self, role: str, bits: str) -> Any:
+    def executor(self, role: str, bits: str, target_bits: str | None = None) -> Any:
+        """role target | draft | eagle (the EAGLE target's executor and module, as a pair); a draft of ``bits``
+        placed beside the target of ``target_bits`` (default the same)."""
         from specdec.runtime import DraftTargetConfig, load_orchestrator
+        from specdec.runtime.loading import load_engine
 
+        tb = target_bits or bits
         key = (role, bits)
         if key not in self.executors:
             t0 = time.perf_counter()
-            target = self.lay.engine("target", bits)
+            target = self.lay.engine("target", tb)
             if role == "target":
                 ex = load_orchestrator(target, num_threads=self.threads).target
+            elif role == "eagle":  # the eagle target (its module in eagle/) and the module's executor
+                path = self.lay.engine("eagle", bits)
+                if not path.is_dir():
+                    raise FileNotFoundError(f"{path} is not built")
+                engine = load_engine(path, num_threads=self.threads)
+                ex = (engine.target, engine.proposers["eagle"].module)
             else:  # the draft's placement (one thread) is load_orchestrator's, as specdec-run does it
                 ex = load_orchestrator(target, self.lay.engine("draft", bits), DraftTargetConfig(4, [0], [0], False),
-                                       num_threads=self.threads, target_executor=self.executor("target", bits)).proposer.executor
+                                       num_threads=self.threads, target_executor=self.executor("target", tb)).proposer.executor
             self.load_s[f"{role} {bits}"] = time.perf_counter() - t0
             self.executors[key] = ex
         return self.executors[key]
@@ -226,17 +256,23 @@ class SpecdecEngines:
     def runner(self, bits: str, mode: str) -> SpecdecRunner:
         from specdec.runtime import Orchestrator
         from specdec.runtime.proposers.draft_model import DraftModelProposer
+        from specdec.runtime.proposers.eagle import EagleProposer
         from specdec.runtime.proposers.ngram import NGramProposer
 
+        k = mode.split()[-1].removeprefix("k=")
+        draft_len = k if k == "auto" else int(k) if k.isdigit() else 8
+        if mode.startswith("eagle"):
+            target, module = self.executor("eagle", bits)
+            return SpecdecRunner(Orchestrator(target, EagleProposer(target, module), draft_len=draft_len), self.load_s.get(f"eagle {bits}", 0.0))
         target = self.executor("target", bits)
+        draft_bits = "fp32" if mode.startswith("draft fp32") else bits
         if mode == "target-only":
             orch = Orchestrator(target)
         elif mode.startswith("draft"):
-            k = mode.split()[-1].removeprefix("k=")
-            orch = Orchestrator(target, DraftModelProposer(self.executor("draft", bits)), draft_len=k if k == "auto" else int(k))
+            orch = Orchestrator(target, DraftModelProposer(self.executor("draft", draft_bits, bits)), draft_len=draft_len)
         else:
-            orch = Orchestrator(target, NGramProposer(8, 3), draft_len=8)
-        loads = [self.load_s.get(f"target {bits}", 0.0)] + ([self.load_s.get(f"draft {bits}", 0.0)] if mode.startswith("draft") else [])
+            orch = Orchestrator(target, NGramProposer(8, 3), draft_len=draft_len)
+        loads = [self.load_s.get(f"target {bits}", 0.0)] + ([self.load_s.get(f"draft {draft_bits}", 0.0)] if mode.startswith("draft") else [])
         return SpecdecRunner(orch, sum(loads))
 
 
@@ -261,13 +297,17 @@ class PeerRunner:
 # --------------------------------------------------------------------------- the methods
 
 
-MODES = ("target-only", "draft k=4", "draft auto", "ngram")
+MODES = ("target-only", "draft k=4", "draft auto", "draft fp32 k=4", "ngram", "ngram auto", "eagle k=3")
 
 
 def specdec_methods(lay: Layout, engines: SpecdecEngines, bits_list: list[str], spec_bits: list[str]) -> list[Method]:
     out = []
     for bits in bits_list:
         for mode in MODES if bits in spec_bits else MODES[:1]:
+            if mode.startswith("eagle") and not lay.engine("eagle", bits).is_dir():
+                continue
+            if mode.startswith("draft fp32") and bits == "fp32":
+                continue
             out.append(Method(f"specdec {bits} {mode}", "specdec", bits, mode, lambda b=bits, m=mode: engines.runner(b, m)))
     return out
 
@@ -294,6 +334,37 @@ def llama_methods(lay: Layout, server: Path, threads: int, bits_list: list[str],
 
             def open_(kw: dict = kw, log: str = log, model: str = model) -> Runner:
                 return PeerRunner(peers.LlamaServer(str(server), model, threads, log_path=log, **kw), "draft_n", "draft_n_accepted")
+
+            out.append(Method(f"llama.cpp {LLAMA_TYPE[bits]} {mode}", "llama.cpp", bits, mode, open_))
+    return out
+
+
+def llama_cli_methods(lay: Layout, llama_cpp: Path, threads: int, bits_list: list[str], spec_bits: list[str], log_dir: Path) -> list[Method]:
+    """llama.cpp's tools (benchmarks/llama_cli.py): target-only by llama-completion, speculation by llama-lookup
+    and llama-speculative-simple."""
+    from llama_cli import LlamaCliRunner
+
+    from specdec.runtime.tokenizer import Tokenizer
+
+    tok = Tokenizer(lay.engine("target", "fp32"))
+    out = []
+    for bits in bits_list:
+        model = lay.gguf("target", bits)
+        variants: dict[str, tuple[str, list[str]]] = {"target-only": ("llama-completion", [])}
+        if bits in spec_bits:
+            variants["lookup"] = ("llama-lookup", ["--spec-draft-n-max", "8"])
+            variants["draft k=4"] = ("llama-speculative-simple", ["-md", str(lay.gguf("draft", bits)), "--spec-type", "draft-simple",
+                                                                   "--spec-draft-n-max", "4", "--spec-draft-n-min", "0", "-td", "1"])
+            for kind in ("ngram-simple", "ngram-map-k"):  # a 3-token key and 8-token drafts, as specdec's n-gram
+                flag = kind.replace("ngram-", "--spec-ngram-")
+                variants[kind] = ("llama-speculative-simple", ["--spec-type", kind, f"{flag}-size-n", "3", f"{flag}-size-m", "8",
+                                                                "--spec-draft-n-max", "8"])
+        for mode, (tool, extra) in variants.items():
+            log = log_dir / f"llama-{LLAMA_TYPE[bits]}-{mode.replace(' ', '').replace('=', '')}-t{threads}.log"
+
+            def open_(tool: str = tool, extra: list = extra, model: Path = model, log: Path = log) -> Runner:
+                return LlamaCliRunner(llama_bin(llama_cpp, tool), model, threads, extra, tok.decode,
+                                      lambda text: tok.encode(text, add_special_tokens=False), log)
 
             out.append(Method(f"llama.cpp {LLAMA_TYPE[bits]} {mode}", "llama.cpp", bits, mode, open_))
     return out
@@ -328,7 +399,8 @@ def rotated(methods: list[Method], round_index: int, rounds: int) -> list[Method
 def run_round(methods: list[Method], prompts: list[list[int]], n_new: int, round_index: int, rounds: int) -> None:
     """Prompt by prompt, every method in turn: the methods compared share each stretch of machine load."""
     live = [m for m in rotated(methods, round_index, rounds) if m.runner is not None]
-    rec = {m.name: {"output_ids": [], "seconds": [], "cpu_s": [], "drafted": 0.0, "accepted": 0.0} for m in live}
+    rec = {m.name: {"output_ids": [], "seconds": [], "cpu_s": [], "decode_s": [], "decode_tokens": [], "drafted": 0.0, "accepted": 0.0,
+                    "draft_s": 0.0, "target_s": 0.0, "rounds": 0} for m in live}
     for ids in prompts:
         for m in live:
             r = rec[m.name]
@@ -337,6 +409,10 @@ def run_round(methods: list[Method], prompts: list[list[int]], n_new: int, round
             r["cpu_s"].append(m.runner.cpu_s() - cpu0)
             r["output_ids"].append(out)
             r["seconds"].append(dt)
+            r["decode_s"].append(stats.get("decode_s"))
+            r["decode_tokens"].append(stats.get("decode_tokens"))
+            for key in ("draft_s", "target_s", "rounds"):
+                r[key] += stats.get(key) or 0
             r["drafted"] += float(stats.get("drafted") or 0)
             r["accepted"] += float(stats.get("accepted") or 0)
     for m in live:
@@ -378,6 +454,13 @@ def tokens_per_s(rnd: dict[str, Any], idx: list[int]) -> float:
     return sum(len(rnd["output_ids"][i]) for i in idx) / sum(rnd["seconds"][i] for i in idx)
 
 
+def decode_tokens_per_s(rnd: dict[str, Any], idx: list[int]) -> float | None:
+    """Tokens/s leaving the prefill out, where the method reports it."""
+    if any(rnd["decode_s"][i] is None for i in idx):
+        return None
+    return sum(rnd["decode_tokens"][i] for i in idx) / sum(rnd["decode_s"][i] for i in idx)
+
+
 def tokens_per_cpu_s(rnd: dict[str, Any], idx: list[int]) -> float:
     return sum(len(rnd["output_ids"][i]) for i in idx) / max(sum(rnd["cpu_s"][i] for i in idx), 1e-9)
 
@@ -399,11 +482,18 @@ def summarize(methods: list[Method], subsets: dict[str, list[int]]) -> dict[str,
             tps = [tokens_per_s(r, idx) for r in m.rounds]
             tpc = [tokens_per_cpu_s(r, idx) for r in m.rounds]
             row[w] = {"tokens_per_s": spread(tps), "tokens_per_cpu_s": spread(tpc)}
+            dec = [decode_tokens_per_s(r, idx) for r in m.rounds]
+            if all(d is not None for d in dec):
+                row[w]["decode_tokens_per_s"] = spread(dec)
             if base is not None and len(base.rounds) == len(m.rounds):
                 row[w]["vs_base"] = spread([t / tokens_per_s(b, idx) for t, b in zip(tps, base.rounds)])
                 row[w]["vs_base_cpu"] = spread([t / tokens_per_cpu_s(b, idx) for t, b in zip(tpc, base.rounds)])
         drafted = sum(r["drafted"] for r in m.rounds)
         row["acceptance"] = sum(r["accepted"] for r in m.rounds) / drafted if drafted else None
+        rounds, target_s = sum(r.get("rounds", 0) for r in m.rounds), sum(r.get("target_s", 0.0) for r in m.rounds)
+        # what drafting costs a round, as a share of the target's verification in it (specdec's own timers)
+        row["draft_per_round_ms"] = 1e3 * sum(r.get("draft_s", 0.0) for r in m.rounds) / rounds if rounds else None
+        row["target_per_round_ms"] = 1e3 * target_s / rounds if rounds else None
         outputs = m.rounds[0]["output_ids"]
         row["stable_across_rounds"] = all(r["output_ids"] == outputs for r in m.rounds)
         row["equals_own_target_only"] = None if own_to is None or own_to is m else all(
@@ -430,17 +520,22 @@ def goals(summary: dict[str, dict[str, Any]], methods: list[Method], subsets: di
                     pairs = list(zip(by_name[a].rounds, by_name[b].rounds))
                     ratios = spread([tokens_per_s(x, idx) / tokens_per_s(y, idx) for x, y in pairs])
                     cpu = spread([tokens_per_cpu_s(x, idx) / tokens_per_cpu_s(y, idx) for x, y in pairs])
+                    dec = [(decode_tokens_per_s(x, idx), decode_tokens_per_s(y, idx)) for x, y in pairs]
+                    decode = spread([d / e for d, e in dec]) if all(d and e for d, e in dec) else None
                     rows.append({"bits": bits, "workload": w, "goal": goal, "ours": a, "theirs": b, "ratio": ratios,
-                                 "ratio_cpu": cpu, "target": target, "met": ratios["median"] >= target})
+                                 "ratio_cpu": cpu, "ratio_decode": decode, "target": target, "met": ratios["median"] >= target,
+                                 "met_decode": None if decode is None else decode["median"] >= target})
     return rows
 
 
-def fmt(s: dict[str, float], digits: int = 1, suffix: str = "") -> str:
+def fmt(s: dict[str, float] | None, digits: int = 1, suffix: str = "") -> str:
+    if s is None or s["median"] != s["median"]:  # missing, or NaN (no CPU time measured)
+        return "-"
     return f"{s['median']:.{digits}f}{suffix} [{s['min']:.{digits}f}-{s['max']:.{digits}f}]"
 
 
 def print_table(summary: dict[str, dict[str, Any]], threads: int) -> None:
-    head = (f"{'method':<34}" + "".join(f"{w + ' tok/s':>24}" for w in WORKLOADS) + f"{'all vs specdec fp32 TO':>26}"
+    head = (f"{'method':<34}" + "".join(f"{w + ' tok/s':>24}" for w in WORKLOADS) + f"{'decode-only all':>24}" + f"{'all vs specdec fp32 TO':>26}"
             f"{'tok/CPU-s':>11}{'CPU vs fp32 TO':>22}{'accept':>8}{'==own TO':>9}{'agree fp32':>11}{'load s':>8}")
     print(f"\n--- {threads} thread(s): median [min-max] over rounds ---")
     print(head)
@@ -451,7 +546,7 @@ def print_table(summary: dict[str, dict[str, Any]], threads: int) -> None:
         agree = f"{r['agreement_with_specdec_fp32']:.0%}" if r["agreement_with_specdec_fp32"] is not None else "-"
         load = f"{r['load_s']:.1f}" if r["load_s"] is not None else "-"
         vs_cpu = fmt(r["all"]["vs_base_cpu"], 2, "x") if "vs_base_cpu" in r["all"] else "-"
-        print(f"{name:<34}" + "".join(f"{fmt(r[w]['tokens_per_s']):>24}" for w in WORKLOADS) + f"{vs:>26}"
+        print(f"{name:<34}" + "".join(f"{fmt(r[w]['tokens_per_s']):>24}" for w in WORKLOADS) + f"{fmt(r['all'].get('decode_tokens_per_s')):>24}" + f"{vs:>26}"
               f"{r['all']['tokens_per_cpu_s']['median']:>11.1f}{vs_cpu:>22}{acc:>8}{eq:>9}{agree:>11}{load:>8}")
 
 
@@ -459,7 +554,8 @@ def print_goals(rows: list[dict[str, Any]], threads: int) -> None:
     print(f"\n--- goals, {threads} thread(s): ours / theirs, per-round ratio median [min-max], wall time (CPU time) ---")
     for g in rows:
         print(f"{g['bits']:<5} {g['workload']:<11} {g['goal']:<40} {g['ours']:<28} / {g['theirs']:<30} {fmt(g['ratio'], 2, 'x'):>22}"
-              f"  {'met' if g['met'] else 'NOT met':<8} (CPU {fmt(g['ratio_cpu'], 2, 'x')})")
+              f"  {'met' if g['met'] else 'NOT met':<8} decode-only {fmt(g['ratio_decode'], 2, 'x')}"
+              f" {'-' if g['met_decode'] is None else 'met' if g['met_decode'] else 'NOT met'} (CPU {fmt(g['ratio_cpu'], 2, 'x')})")
 
 
 # --------------------------------------------------------------------------- run
@@ -494,11 +590,15 @@ def run(args: argparse.Namespace) -> int:
         methods: list[Method] = []
         if "specdec" in families:
             methods += specdec_methods(lay, engines, bits_list, spec_bits)
-        if "llama.cpp" in families and args.llama_cpp:
+        if "llama.cpp" in families and args.llama_cpp and args.llama_tools == "server":
             methods += llama_methods(lay, llama_bin(args.llama_cpp, "llama-server"), threads, bits_list, spec_bits,
                                      [g for g in args.llama_ngram.split(",") if g], log_dir)
+        elif "llama.cpp" in families and args.llama_cpp:
+            methods += llama_cli_methods(lay, args.llama_cpp, threads, bits_list, spec_bits, log_dir)
         if "ortgenai" in families:
-            methods += ortgenai_methods(lay, threads, bits_list, spec_bits)
+            methods += ortgenai_methods(lay, threads, [b for b in args.ortgenai_bits.split(",") if b], spec_bits)
+        if args.methods:  # a subset, by name
+            methods = [m for m in methods if re.search(args.methods, m.name)]
         print(f"\n== {threads} thread(s): loading {len(methods)} methods (load average {uptime()})", flush=True)
         try:  # llama-server processes outlive an interrupted run unless closed here
             skipped = open_all(methods, prompts[0][:32])
@@ -518,7 +618,7 @@ def run(args: argparse.Namespace) -> int:
         report["threads"][str(threads)] = {
             "summary": summary, "goals": goal_rows, "skipped": skipped, "load_average": t_load,
             "specdec_load_s": dict(engines.load_s),
-            "llama_commands": {m.name: " ".join(m.runner.handle.command) for m in methods if m.family == "llama.cpp" and m.runner},
+            "llama_commands": {m.name: " ".join(getattr(m.runner, "handle", m.runner).command) for m in methods if m.family == "llama.cpp" and m.runner},
             "rounds": {m.name: [{k: v for k, v in r.items() if k != "output_ids" or args.keep_outputs} for r in m.rounds] for m in methods},
         }
         close_all(methods)
@@ -533,6 +633,60 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def steps(args: argparse.Namespace) -> int:
+    """One forward call of each engine at each width, CPU and wall time, the engines and widths interleaved in
+    every round: what a verification step costs against a one-token step, per precision (and against extra
+    engines given with --engine, e.g. one built by an earlier specdec), and what a draft step costs."""
+    import statistics
+
+    from specdec.runtime.engine_format import load_engine_dir
+    from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
+
+    lay = Layout(Path(args.work))
+    widths = [int(w) for w in args.widths.split(",")]
+    named = [(f"target {b}", lay.engine("target", b), widths) for b in args.bits.split(",") if b]
+    named += [(f"draft {b}", lay.engine("draft", b), [1]) for b in args.draft_bits.split(",") if b]
+    named += [(Path(e).name, Path(e), widths) for e in args.engine]
+    execs = []
+    for name, path, ws in named:
+        ex = OrtExecutor(load_engine_dir(path, verify_hashes=False), num_threads=args.threads)
+        cache = ex.new_cache(1)
+        ex.forward(cache, [list(range(5, 5 + args.context))], all_logits=False)  # a context to attend over
+        execs.append((name, ex, cache, ws))
+
+    def step(ex: Any, cache: Any, width: int) -> None:
+        ex.forward(cache, [[7] * width], all_logits=True)
+        cache.lengths[0] -= width  # the same cache length every call
+
+    cpu: dict[tuple[str, int], list[float]] = {}
+    wall: dict[tuple[str, int], list[float]] = {}
+    for r in range(args.rounds + 1):  # round 0 warms every shape up
+        for w in widths:  # engine by engine within each width: the engines compared share each stretch of load
+            for name, ex, cache, ws in execs[r % len(execs):] + execs[: r % len(execs)]:
+                if w not in ws:
+                    continue
+                c0, w0 = time.process_time(), time.perf_counter()
+                for _ in range(args.calls):
+                    step(ex, cache, w)
+                if r:
+                    cpu.setdefault((name, w), []).append((time.process_time() - c0) / args.calls)
+                    wall.setdefault((name, w), []).append((time.perf_counter() - w0) / args.calls)
+    print(f"{args.threads} thread(s), context {args.context} tokens, median [min-max] of {args.rounds} rounds x {args.calls} calls; "
+          f"load average {uptime()}")
+    print(f"{'engine':<28}{'width':>6}{'CPU ms':>22}{'wall ms':>22}{'CPU / width 1':>16}")
+    report = {}
+    for name, _, _, ws in execs:
+        for w in ws:
+            c, wl = cpu[(name, w)], wall[(name, w)]
+            one = statistics.median(cpu[(name, ws[0])])
+            report[f"{name} width {w}"] = {"cpu_ms": spread([x * 1e3 for x in c]), "wall_ms": spread([x * 1e3 for x in wl])}
+            print(f"{name:<28}{w:>6}{fmt(spread([x * 1e3 for x in c])):>22}{fmt(spread([x * 1e3 for x in wl])):>22}"
+                  f"{statistics.median(c) / one:>15.2f}x")
+    if args.output_json:
+        Path(args.output_json).write_text(json.dumps({"threads": args.threads, "steps": report}, indent=1) + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SystemExit: the servers get closed on the way out
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
@@ -543,6 +697,17 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--work", default="/tmp/big", help="holds target/, draft/, engine-*/, gguf/, ortgenai/")
         p.add_argument("--llama_cpp", type=Path, help="a llama.cpp source tree with build/bin/llama-server (and llama-quantize)")
         p.add_argument("--peers_python", help="a Python with onnxruntime-genai (default: $SPECDEC_PEERS_PYTHON)")
+    st = sub.add_parser("steps", help="one forward call per engine and width: verification against one-token steps")
+    st.add_argument("--work", default="/tmp/big")
+    st.add_argument("--bits", default="fp32,int8,int4", help="target engines measured at every width")
+    st.add_argument("--draft_bits", default="fp32,int4", help="draft engines measured at width 1")
+    st.add_argument("--engine", action="append", default=[], help="another engine directory measured at every width (repeatable)")
+    st.add_argument("--widths", default="1,2,3,5,9")
+    st.add_argument("--threads", type=int, default=1)
+    st.add_argument("--context", type=int, default=64, help="tokens in the cache before the measured calls")
+    st.add_argument("--rounds", type=int, default=5)
+    st.add_argument("--calls", type=int, default=5)
+    st.add_argument("--output_json")
     r = sub.choices["run"]
     r.add_argument("--threads", default="2,1", help="comma list: each is one full measurement")
     r.add_argument("--rounds", type=int, default=3, help="interleaved rounds (>= 3 for a spread)")
@@ -551,12 +716,16 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--max_new_tokens", type=int, default=64)
     r.add_argument("--bits", default="fp32,int8,int4", help="precisions measured target-only")
     r.add_argument("--spec_bits", default="int8,int4", help="precisions also measured with every speculative mode")
-    r.add_argument("--llama_ngram", default="simple,map-k", help=f"llama.cpp n-gram drafters ({', '.join(LLAMA_NGRAM)})")
+    r.add_argument("--llama_tools", choices=("cli", "server"), default="cli",
+                   help="llama.cpp's command-line tools (llama-completion, llama-lookup, llama-speculative-simple) or llama-server")
+    r.add_argument("--llama_ngram", default="simple,map-k", help=f"with --llama_tools server: its n-gram drafters ({', '.join(LLAMA_NGRAM)})")
     r.add_argument("--families", default="specdec,llama.cpp,ortgenai")
+    r.add_argument("--ortgenai_bits", default="int4", help="onnxruntime-genai precisions (fp32, int4)")
+    r.add_argument("--methods", help="only the methods whose name matches this regular expression")
     r.add_argument("--output_json")
     r.add_argument("--keep_outputs", action="store_true", help="put every method's output ids in the JSON")
     args = ap.parse_args(argv)
-    return prepare(args) if args.fn == "prepare" else run(args)
+    return {"prepare": prepare, "run": run, "steps": steps}[args.fn](args)
 
 
 if __name__ == "__main__":

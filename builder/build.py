@@ -118,7 +118,7 @@ def resolve_quantization(build: BuildConfig, convention: Fp8Convention | IntConv
     return replace(build, quantization=q)
 
 
-def weight_only_record(build: BuildConfig, convention, layers: list[str], op: str, act_order: bool = False) -> dict | None:
+def weight_only_record(build: BuildConfig, convention, layers: list[str], op: str, act_order: bool = False, even_rows: bool = False) -> dict | None:
     """What config.json says about a weight-only engine: the scheme, which layers, where the integers came from."""
     scheme = WeightOnlyScheme.of(build)
     if scheme is None:
@@ -137,6 +137,9 @@ def weight_only_record(build: BuildConfig, convention, layers: list[str], op: st
         "layers": kinds,  # e.g. attn/qkv_proj, mlp/down_proj, lm_head
         "num_layers_quantized": len(layers),
         "op": op,
+        # a step's tokens padded to an even row count (one repeated token per sequence when batch x tokens is
+        # odd): this ONNX Runtime's GEMM kernels compute a lone row otherwise (measured at build, plugins/quantized_gemm.py)
+        "even_rows": even_rows,
     }
 
 
@@ -303,7 +306,7 @@ def build_engine(
     from ..plugins import lowering_for
 
     build = replace(build, weight_only=weight_only_record(build, convention, weight_only_built.get("layers", []), lowering_for(build).weight_only_op,
-                                                          weight_only_built.get("act_order", False)))
+                                                          weight_only_built.get("act_order", False), weight_only_built.get("even_rows", False)))
     num_parameters = _count_parameters(network)
 
     output_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -112,6 +112,23 @@ class GraphBuilder:
         self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=name, domain=domain or None, **attrs))
         return outs[0] if len(outs) == 1 else outs  # type: ignore[return-value]
 
+    def bypass(self, value: str, replacement: str) -> None:
+        """Drop the node that makes ``value``: its readers read ``replacement`` instead; nodes left with no reader
+        (and making no graph output) go too. For a rewrite decided after the nodes were made."""
+        for node in self.nodes:
+            for i, name in enumerate(node.input):
+                if name == value:
+                    node.input[i] = replacement
+        keep = {o.name for o in self.outputs}
+        while True:
+            read = keep | {name for node in self.nodes for name in node.input}
+            dead = [node for node in self.nodes if not any(o in read for o in node.output if o)]
+            if not dead:
+                return
+            for node in dead:
+                self.nodes.remove(node)
+                self._names.discard(node.name)
+
     def model(self, graph_name: str, extra_opsets: dict[str, int] | None = None):
         """The ModelProto (what helper.make_graph / make_model would give, without copying the initializers)."""
         model, graph = self._model, self._model.graph

@@ -86,7 +86,8 @@ def build_network(
     linear_inputs: filled with linear-layer name -> the graph value it reads (calibration taps).
     awq_layers: int4_awq's search by linear-layer name (builder/awq.py's AwqLayer: input scales s [in],
         and how to quantize s[:, None] * W, clipped per group).
-    weight_only_built: filled with what was built as int8/int4: "layers" (their names), "act_order" (whether a
+    weight_only_built: filled with what was built as int8/int4: "layers" (their names), "even_rows" (whether a step
+        is padded to an even number of rows for the GEMMs, pad_step), "act_order" (whether a
         layer gathers its input channels, GPTQ g_idx).
     medusa: Medusa heads (train.layout.HeadCheckpoint) to add as the medusa_logits output, or None.
     eagle: an EAGLE-3 module (train.layout.HeadCheckpoint) whose fc to add as the eagle_hidden output, or None.
@@ -98,10 +99,17 @@ def build_network(
     # away are ONNX Runtime's (docs/precision.md); TensorRT's (tactics chosen per shape) are not measured.
     lowering.consistent_rows = lowering_cls.pads_lone_rows(build)
     lowering.tree_attention = build.tree_attention  # a tree_mask input (plugins/attention.py)
+    lowering.probe_rows = build.max_batch_size * (build.max_draft_len + 1) + 1
     linears = _Linears(gb, lowering, ckpt, build, convention, activation_scales or {}, awq_layers or {})
     ids = gb.input("input_ids", TensorProto.INT64, ["batch", "num_tokens"])
     positions = gb.input("position_ids", TensorProto.INT64, ["batch", "num_tokens"])
     logits_index = gb.input("logits_index", TensorProto.INT64, ["batch", "num_logits"])
+    # Kernels that compute a lone row otherwise than rows in pairs: the step is padded to even rows once, here
+    # (a tree engine's tree_mask fixes its token count, so it pads around each GEMM instead)
+    step_padded = lowering.consistent_rows and not build.tree_attention and eagle is None  # (eagle_hidden: every fed token)
+    if step_padded:
+        (ids, positions), fed = lowering.pad_step(ids, positions), (ids, positions)
+        linears.rows = positions
 
     cos, sin = cos_sin_tables(cfg, build.kv_capacity)
     shared = lowering.prelude(Shared(positions=positions, cos=gb.const("rope_cos", cos), sin=gb.const("rope_sin", sin), capacity=build.kv_capacity))
@@ -138,10 +146,14 @@ def build_network(
             lm_head = gb.weight("lm_head.weight", ckpt.float32("lm_head.weight").T)
         float32_output(gb, "MatMul", [x, lm_head], "/lm_head/matmul", "logits", None)
     gb.output("logits", TensorProto.FLOAT, ["batch", "num_logits", cfg.vocab_size])
+    if step_padded and not lowering.step_padding_needed:  # no GEMM computes a lone row otherwise: no extra token
+        for padded, given in zip((ids, positions), fed):
+            if padded != given:
+                gb.bypass(padded, given)
     if linear_inputs is not None:
         linear_inputs.update(linears.inputs)
     if weight_only_built is not None:
-        weight_only_built.update(layers=linears.int_layers, act_order=linears.act_order)
+        weight_only_built.update(layers=linears.int_layers, act_order=linears.act_order, even_rows=step_padded and lowering.step_padding_needed)
     return gb.model(f"specdec_{cfg.architecture}", extra_opsets=lowering.extra_opsets)
 
 

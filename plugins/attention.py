@@ -40,6 +40,8 @@ class AttentionLowering:
     # Set for engines that verify drafts: a one-token step computes every row with the kernels a
     # (k + 1)-token verification step uses, so the two give the same bits (docs/precision.md).
     consistent_rows = False
+    probe_rows = 10  # with consistent_rows: the most rows a call verifies (max_batch_size * (max_draft_len + 1), + 1 padded)
+    step_padding_needed = False  # set while building when some GEMM needs pad_step's even rows
     # Set for engines that verify (or draft) a tree of tokens in one call: a tree_mask input says which of the
     # call's tokens each one attends to (its ancestors and itself); the cache before the call is visible to all.
     tree_attention = False
@@ -69,6 +71,11 @@ class AttentionLowering:
 
     def prelude(self, shared: Shared) -> Shared:
         raise NotImplementedError
+
+    def pad_step(self, ids: str, positions: str) -> tuple[str, str]:
+        """In an engine that verifies drafts (not a tree engine): ids, positions [B, S] as every layer reads them.
+        A lowering whose kernels need even row counts pads here, once per step; this one needs nothing."""
+        return ids, positions
 
     def layer(self, prefix: str, q: str, k: str, v: str, layer: int, shared: Shared) -> str:
         """q: [B,S,nh*hd], k/v: [B,S,kvh*hd] (after any q/k norm) -> [B,S,nh*hd]."""

@@ -20,7 +20,8 @@ from __future__ import annotations
 import numpy as np
 
 from .attention import PortableAttention, Shared
-from .quantized_gemm import CONTRIB, NBITS_ACCURACY_LEVEL, EvenRows, IntWeightLike, dq_matmul, matmul_nbits, nbits_holds, permute_input
+from .quantized_gemm import (CONTRIB, NBITS_ACCURACY_LEVEL, EvenRows, IntWeightLike, dq_matmul, matmul_nbits, nbits_holds, nbits_rows_split,
+                             pack_matmul_nbits, permute_input)
 
 
 class OrtCpuAttention(PortableAttention):
@@ -31,19 +32,40 @@ class OrtCpuAttention(PortableAttention):
 
     def __init__(self, gb, cfg):
         super().__init__(gb, cfg)
-        self._even_rows: dict[str, EvenRows] = {}  # per leading shape (the layers' tokens, the logit rows)
+        self._even_rows: dict[str, EvenRows] = {}  # per leading shape (the logit rows, the layers' tokens in a tree engine)
+        self.step_rows = ""  # the padded position_ids of pad_step: GEMMs on these rows are even already
+
+    def pad_step(self, ids: str, positions: str) -> tuple[str, str]:
+        """ids, positions [B, S] -> [B, S'] with S' = S + 1 when B * S is odd, else S: every decoder GEMM then
+        has an even row count, paid once per step (two Pad nodes) instead of a Pad and a Slice around each
+        GEMM. The extra token repeats each sequence's last token and position; it writes K/V one slot past
+        the call's tokens (a slot past the live length, which no token reads before it is written again, as
+        a rejected draft's) and gets no logits (logits_index names real tokens). ``step_padding_needed``
+        says afterwards whether some GEMM needed it; the builder drops the two Pads when none did."""
+        gb, p = self.gb, "/model/step_rows"
+        lead = gb.op("Shape", [ids], f"{p}/lead")  # [2]: batch, tokens
+        odd = gb.op("Mod", [gb.op("ReduceProd", [lead], f"{p}/count", keepdims=1), gb.const(f"{p}/two", np.array([2], np.int64))], f"{p}/odd")
+        pads = gb.op("Concat", [gb.const(f"{p}/zeros", np.zeros(3, np.int64)), odd], f"{p}/pads", axis=0)  # [4]: odd tokens after each sequence
+        self.step_rows = gb.op("Pad", [positions, pads], f"{p}/position_ids", mode="edge")
+        return gb.op("Pad", [ids, pads], f"{p}/input_ids", mode="edge"), self.step_rows
 
     def int_matmul(self, name: str, x: str, w: IntWeightLike, rows: str) -> str:
-        """MatMulNBits: the weight stays packed; in an engine that verifies drafts, activations padded to an
-        even row count so that every row takes the same kernel (plugins/quantized_gemm.py)."""
+        """MatMulNBits: the weight stays packed. In an engine that verifies drafts, where this ONNX Runtime computes
+        a lone row with another kernel than rows in pairs (nbits_rows_split, measured for this weight's shape),
+        the rows are made even: by pad_step's padded step (rows == step_rows), else around this GEMM
+        (plugins/quantized_gemm.py's EvenRows). Where it does not, no row is added."""
         x = permute_input(self.gb, name, x, w)
         if not nbits_holds(w):  # a group MatMulNBits' power-of-two blocks cannot hold: exact, float32 at load
             return dq_matmul(self.gb, name, x, w)
-        if not self.consistent_rows:
-            return matmul_nbits(self.gb, name, x, w, None)
+        packed = pack_matmul_nbits(w)
+        if not self.consistent_rows or not nbits_rows_split(packed.k, packed.n, packed.bits, packed.block_size, NBITS_ACCURACY_LEVEL, self.probe_rows):
+            return matmul_nbits(self.gb, name, x, packed, None)
+        if rows == self.step_rows:
+            self.step_padding_needed = True
+            return matmul_nbits(self.gb, name, x, packed, None)
         if rows not in self._even_rows:
             self._even_rows[rows] = EvenRows(self.gb, rows)
-        return matmul_nbits(self.gb, name, x, w, self._even_rows[rows])
+        return matmul_nbits(self.gb, name, x, packed, self._even_rows[rows])
 
     def layer(self, prefix: str, q: str, k: str, v: str, layer: int, shared: Shared) -> str:
         gb, cfg = self.gb, self.cfg

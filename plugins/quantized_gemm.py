@@ -12,14 +12,17 @@ They differ in what the backend runs fastest:
   Runtime fold these constant DequantizeLinear into float32 at load: small
   on disk, float32 in memory and compute on a CPU.
 * ort_cpu: ``com.microsoft.MatMulNBits``: the weight stays packed in memory
-  and each step reads its 4 or 8 bits per value. Its kernels compute one row
-  differently from a pair of rows (docs/precision.md), so the activations are
-  padded to an even number of rows: a one-token step then runs the very
-  kernel a verification step runs, and speculative decoding stays exact.
+  and each step reads its 4 or 8 bits per value. Some of its kernels compute
+  one row differently from a pair of rows (docs/precision.md); where the
+  installed ONNX Runtime does that for a weight's shape (``nbits_rows_split``
+  measures it at build time), the activations are padded to an even number of
+  rows: a one-token step then runs the very kernel a verification step runs,
+  and speculative decoding stays exact. Where it does not, nothing is padded.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -138,6 +141,49 @@ def unpack_matmul_nbits(p: NBitsWeight) -> tuple[np.ndarray, np.ndarray, np.ndar
     return codes.T[: p.k], scale, zero
 
 
+@functools.lru_cache(maxsize=None)
+def nbits_rows_split(k: int, n: int, bits: int, block_size: int, accuracy_level: int, max_rows: int) -> bool:
+    """Whether this machine's ONNX Runtime computes some row of a MatMulNBits call of 2..max_rows rows with
+    other bits than the same row alone (a lone row takes another kernel). Measured, not assumed: MLAS picks
+    kernels by bits, block size, accuracy level and instruction set, and a new release may change which.
+
+    Raises RuntimeError when even-row padding would not help either (a row of an even-row call differs from
+    the row in a two-row call): no padding makes such a kernel exact.
+    """
+    import onnxruntime as ort
+    from onnx import helper
+
+    rng = np.random.default_rng(0)
+    k_blocks = -(-k // block_size)
+    codes = rng.integers(0, 1 << bits, size=(n, k_blocks * block_size), dtype=np.uint8)
+    b = (pack_nibbles(codes) if bits == 4 else codes.reshape(-1)).reshape(n, k_blocks, block_size * bits // 8)
+    scales = rng.uniform(0.001, 0.02, n * k_blocks).astype(np.float32)
+    node = helper.make_node("MatMulNBits", ["x", "b", "scales"], ["y"], domain=CONTRIB, K=k, N=n, bits=bits,
+                            block_size=block_size, accuracy_level=accuracy_level)
+    graph = helper.make_graph([node], "rows_probe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])],
+                              [helper.make_tensor("b", TensorProto.UINT8, list(b.shape), b.tobytes(), raw=True),
+                               helper.make_tensor("scales", TensorProto.FLOAT, [scales.size], scales.tobytes(), raw=True)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(CONTRIB, 1)])
+    model.ir_version = 10
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((max_rows, k)).astype(np.float32)  # x: [rows, K]
+    alone = np.concatenate([sess.run(None, {"x": x[i : i + 1]})[0] for i in range(max_rows)])  # [rows, N]
+    paired = np.concatenate([sess.run(None, {"x": np.stack([x[i], np.zeros(k, np.float32)])})[0][:1] for i in range(max_rows)])
+    split = False
+    for m in range(2, max_rows + 1):
+        y = sess.run(None, {"x": x[:m]})[0]
+        split |= not np.array_equal(y, alone[:m])
+        if m % 2 == 0 and not np.array_equal(y, paired[:m]):
+            raise RuntimeError(f"ONNX Runtime {ort.__version__}'s MatMulNBits ({bits} bits, K={k}, N={n}, block {block_size}, "
+                               f"accuracy_level {accuracy_level}) computes rows of a {m}-row call unlike the same rows in pairs: "
+                               "verification could not reproduce one-token steps; build with another --group_size or --lowering portable.")
+    return split
+
+
 class EvenRows:
     """Values shared by the MatMulNBits calls whose activations have the leading shape of ``rows``
     ([B, S]): the padding that makes their row count B * S even, and the slice that undoes it.
@@ -160,13 +206,13 @@ class EvenRows:
         self.axis = gb.const(f"{p}/axis", np.array([1], np.int64))
 
 
-def matmul_nbits(gb: GraphOps, name: str, x: str, w: IntWeightLike, rows: EvenRows | None, accuracy_level: int = NBITS_ACCURACY_LEVEL,
-                 scale_type: int = TensorProto.FLOAT) -> str:
+def matmul_nbits(gb: GraphOps, name: str, x: str, w: IntWeightLike | NBitsWeight, rows: EvenRows | None,
+                 accuracy_level: int = NBITS_ACCURACY_LEVEL, scale_type: int = TensorProto.FLOAT) -> str:
     """x [B, S, K] @ deq(w) -> [B, S, N] with MatMulNBits; over an even number of rows unless ``rows`` is None.
 
     scale_type: the activations' type, which MatMulNBits' scales must share (float16/bfloat16 on a GPU: the scales are
     rounded to it, so the engine's weights are (codes - zero) * scale in that precision)."""
-    p = pack_matmul_nbits(w)
+    p = w if isinstance(w, NBitsWeight) else pack_matmul_nbits(w)
     inputs = [gb.const(f"{name}.weight_packed", p.b), _scales(gb, f"{name}.weight_scales", p.scales, scale_type)]
     if p.zero_points is not None:
         inputs.append(gb.const(f"{name}.weight_zero_points", p.zero_points))

@@ -83,8 +83,11 @@ class _CostLine:
 
 
 class AutoDraftLen:
-    def __init__(self, max_draft_len: int, max_batch: int = 1):
+    def __init__(self, max_draft_len: int, max_batch: int = 1, even_rows: bool = False):
         self.max_draft_len = max_draft_len
+        # an engine that pads a step to an even row count (weight_only["even_rows"]): an odd rows x width call
+        # computes one token more per row, so it costs what the next width costs, and is timed as that width
+        self.even_rows = even_rows
         self.verify = [_CostLine() for _ in range(max_batch + 1)]  # [rows]: a target call of that many rows
         self.draft_s: dict[tuple[str, int], float] = {}  # (method, rows) -> seconds per draft step (moving average)
         # The first call of a shape pays ONNX Runtime's one-time work for it (memory planning,
@@ -106,7 +109,12 @@ class AutoDraftLen:
         self._seen.add(key)
         return True
 
+    def computed_width(self, rows: int, width: int) -> int:
+        """The tokens per row a target call of ``rows`` x ``width`` computes."""
+        return width + 1 if self.even_rows and rows * width % 2 else width
+
     def record_verify(self, rows: int, width: int, seconds: float) -> None:
+        width = self.computed_width(rows, width)
         if self._first(("verify", rows, width)):
             return
         if rows < len(self.verify):
@@ -163,7 +171,7 @@ class AutoDraftLen:
 
     def verify_cost(self, rows: int, width: int) -> float:
         """Seconds of a target call of ``rows`` x ``width`` tokens, from the nearest batch size timed."""
-        line = self._line(rows)
+        line, width = self._line(rows), self.computed_width(rows, width)
         if line is None:
             return 1.0 + PRIOR_SLOPE * (width - 1)  # unitless until the first call is timed
         return line(width)

@@ -101,7 +101,7 @@ class Engine:
         self.cache = target.new_cache(self.max_batch)
         self.scheduler = Scheduler(target, self.cache, self.max_batch)
         self.requests: dict[str, Request] = {}
-        self.auto = AutoDraftLen(build.max_draft_len, self.max_batch)
+        self.auto = AutoDraftLen(build.max_draft_len, self.max_batch, even_rows=bool((build.weight_only or {}).get("even_rows")))
         self.stats = Metrics()  # engine totals: every request's counts, merged as it finishes
         self.round = SpeculativeRound(target, self.cache, self.proposers, self.vocab_limit, self.auto, self.stats)
         self._ids = itertools.count()

@@ -229,6 +229,26 @@ def test_auto_policy_picks_zero_when_drafts_do_not_pay():
     assert auto2.choose("ngram", accepted=60, rejected=40, limit=8, rows=3) == 0  # unmeasured batch size: the nearest one
 
 
+def test_auto_draft_len_prices_an_even_row_engine_by_the_rows_it_computes():
+    """An engine that pads a step to even rows (an int4 target, weight_only["even_rows"]) computes k + 2 tokens
+    for an even k at batch 1: k costs what k + 1 costs, so auto never picks an even k when k + 1 is allowed."""
+    from specdec.runtime.draft_len import AutoDraftLen
+
+    for even_rows in (True, False):
+        auto = AutoDraftLen(8, max_batch=1, even_rows=even_rows)
+        computed = (lambda w: w + w % 2) if even_rows else (lambda w: w)
+        for w in range(1, 10):
+            for _ in range(3):  # the first call of a shape is not timed
+                auto.record_verify(1, w, 0.010 + 0.004 * computed(w))  # int4 on one thread: 0.4 of a step per row
+        auto.record_draft("ngram", 1, 1, 0.0)
+        auto.record_draft("ngram", 1, 1, 0.0)
+        assert (auto.verify_cost(1, 5) == auto.verify_cost(1, 6)) == even_rows
+        chosen = {auto.choose("ngram", accepted=a, rejected=100 - a, limit=8) for a in range(40, 100, 5)}
+        if even_rows:
+            assert all(k % 2 == 1 or k in (0, 8) for k in chosen), chosen
+        assert len(chosen) > 1  # the acceptance moves the choice
+
+
 # -- draft and target checked against each other ------------------------------------------
 def _with_tokenizer(src, dst, words, special=None):
     from tokenizers import Tokenizer, models, pre_tokenizers

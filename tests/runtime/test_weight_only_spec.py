@@ -1,9 +1,10 @@
 """Invariant 2 with weight-only targets: greedy speculative decoding emits exactly the int4/int8 target's
 own greedy tokens (never compared with float32 here: the quantized target is the reference).
 
-MatMulNBits computes a lone row with another kernel than a pair of rows, and ONNX Runtime's Attention a
-lone query with another kernel than several; a target engine pads both so that a one-token step and a
-(k+1)-token verification step compute each row with the same kernels, bit for bit (docs/precision.md).
+MatMulNBits computes a lone row with another kernel than a pair of rows for some block sizes, and ONNX
+Runtime's Attention a lone query with another kernel than several; a target engine pads where the kernels
+split (and only there) so that a one-token step and a (k+1)-token verification step compute each row with
+the same kernels, bit for bit (docs/precision.md).
 """
 
 import numpy as np
@@ -30,6 +31,8 @@ def engines(tmp_path_factory):
     int4 = dict(quantization="int4_wo", group_size=128)
     return {
         "target": build_and_load(target, d / "t4", spec_build(MAX_DRAFT, **int4)),
+        # groups of 32: blocks whose lone rows MatMulNBits computes as it computes pairs (on the machines measured)
+        "target32": build_and_load(target, d / "t32", spec_build(MAX_DRAFT, quantization="int4_wo", group_size=32)),
         "target8": build_and_load(target, d / "t8", spec_build(MAX_DRAFT, quantization="int8_wo", quantize_lm_head=True)),
         "draft4": build_and_load(draft, d / "d4", spec_build(0, quantization="int4_wo", group_size=64, symmetric=False)),
         "draft_float": build_and_load(draft, d / "df", spec_build(0)),
@@ -72,6 +75,20 @@ def test_int8_target_with_quantized_head(engines, draft_len):
     assert tokens(spec) == tokens(base)
 
 
+@pytest.mark.parametrize("draft_len", [4, 8])
+def test_padded_steps_run_to_max_seq_len(engines, draft_len):
+    """A padded step writes one K/V slot past its tokens: up to the last position the engine allows, that slot
+    stays inside the cache (kv_capacity's slack) and the output stays the target's own."""
+    build = engines["target"].build
+    assert build.weight_only["even_rows"]
+    prompt = [[(7 * i) % 50 + 3 for i in range(build.max_input_len)]]
+    n = build.max_seq_len - build.max_input_len
+    base, _ = run(Orchestrator(engines["target"]), prompt, n)
+    spec, m = run(Orchestrator(engines["target"], DraftModelProposer(engines["draft4"]), draft_len), prompt, n)
+    assert tokens(spec) == tokens(base) and len(tokens(base)[0]) == n
+    assert m.drafted > 0
+
+
 def test_identity_draft_accepts_every_token(engines):
     """The int4 target drafting for itself: its one-token steps and the target's verification steps must
     compute the same logits, or some draft would be rejected."""
@@ -81,7 +98,7 @@ def test_identity_draft_accepts_every_token(engines):
 
 
 @pytest.mark.parametrize("batch", [1, 3])
-@pytest.mark.parametrize("target", ["target", "target8", "target_float"])
+@pytest.mark.parametrize("target", ["target", "target32", "target8", "target_float"])
 def test_verification_logits_equal_one_token_logits_bit_for_bit(engines, batch, target):
     """One call of 9 tokens per row against 9 one-token calls on the same cache: the same bits, row by row.
 
@@ -109,6 +126,46 @@ def test_a_draft_engine_is_left_unpadded(engines):
         model = onnx.load(str(engines[name].engine.network_path), load_external_data=False)
         ops = [n.op_type for n in model.graph.node]
         assert ("Pad" in ops) == padded, name
+
+
+def _rows_split(model, node) -> bool:
+    """Measured here, independently of the builder's probe: whether this MatMulNBits node (its own packed weights)
+    gives some row of a 2..10-row call other bits than the same row alone."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    inits = {t.name: t for t in model.graph.initializer}  # loaded with their external data
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    weights = [inits[name] for name in node.input[1:]]
+    one = helper.make_node("MatMulNBits", ["x", *node.input[1:]], ["y"], domain="com.microsoft", **attrs)
+    graph = helper.make_graph([one], "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["m", attrs["K"]])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["m", attrs["N"]])], weights)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    m.ir_version = 10
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(5).standard_normal((10, attrs["K"])).astype(np.float32)
+    alone = np.concatenate([sess.run(None, {"x": x[i : i + 1]})[0] for i in range(10)])
+    return any(not np.array_equal(sess.run(None, {"x": x[:m]})[0], alone[:m]) for m in range(2, 11))
+
+
+@pytest.mark.parametrize("name", ["target", "target32", "target8", "draft4"])
+def test_a_step_is_padded_only_where_the_kernels_split(engines, name):
+    """An engine that verifies drafts pads a step to even rows (one extra token, once per step) where some
+    MatMulNBits of its layers computes a lone row with another kernel, as measured here on its own weights;
+    where none does, a one-token step runs one row: nothing added that it does not need."""
+    import onnx
+
+    path = engines[name].engine.network_path
+    model = onnx.load(str(path), load_external_data=True)
+    nbits = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
+    layer_gemms = [n for n in nbits if n.name.startswith("/model/layers.")]
+    assert layer_gemms, name
+    needed = engines[name].build.max_draft_len > 0 and any(_rows_split(model, n) for n in layer_gemms)
+    names = {n.name for n in model.graph.node}
+    assert ("/model/step_rows/input_ids" in names) == needed, name
+    assert not any(n.op_type == "Pad" and n.name.startswith("/model/layers.") and "/attn/" not in n.name for n in model.graph.node), \
+        "a GEMM padded on its own: the step's padding covers the layers"
 
 
 @pytest.fixture(scope="module")
