@@ -616,7 +616,7 @@ def enlarge_heads(heads_dir: str | Path, base_dir: str | Path, dst_dir: str | Pa
     The target widths are read from the enlarged base's config.json; its enlargement.json (when present) says which
     layers are real. Returns {"dst", "mode", "config", "num_parameters"}.
     """
-    from specdec.train.layout import CONFIG_FILE, WEIGHTS_FILE, load_heads
+    from specdec.formats.heads import CONFIG_FILE, WEIGHTS_FILE, load_heads
 
     src, base, dst = Path(heads_dir), Path(base_dir), Path(dst_dir)
     heads = load_heads(src)

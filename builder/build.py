@@ -414,7 +414,7 @@ def check_tree_backend(build: BuildConfig) -> None:
 
 def _load_heads_for(mode: str, head_dir: str | Path, model: ModelConfig):
     """The head checkpoint of a medusa / eagle build: of that kind, and as wide as the base."""
-    from ..train.layout import load_heads
+    from ..formats.heads import load_heads
 
     heads = load_heads(head_dir)
     where, noun = f"{HEAD_FLAGS[mode][0]} {head_dir}", "the heads have" if mode == "medusa" else "the module has"

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..runtime.errors import CheckpointError
-from .safetensors_io import SafetensorsFile
+from ..formats.safetensors_io import SafetensorsFile
 
 TOKENIZER_FILES = (
     "tokenizer.json",

@@ -41,7 +41,7 @@ ARCHITECTURE = "Eagle3"  # the module engine's ModelConfig.architecture
 
 
 class _ModuleWeights:
-    """An EAGLE-3 module's float32 tensors (train.layout.HeadCheckpoint) read through Checkpoint's interface,
+    """An EAGLE-3 module's float32 tensors (formats.heads.HeadCheckpoint) read through Checkpoint's interface,
     ``layers.i.*`` as ``model.layers.i.*``, so network.py's layer code reads them as it reads a base model's."""
 
     def __init__(self, heads):

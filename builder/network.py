@@ -89,8 +89,8 @@ def build_network(
     weight_only_built: filled with what was built as int8/int4: "layers" (their names), "even_rows" (whether a step
         is padded to an even number of rows for the GEMMs, pad_step), "act_order" (whether a
         layer gathers its input channels, GPTQ g_idx).
-    medusa: Medusa heads (train.layout.HeadCheckpoint) to add as the medusa_logits output, or None.
-    eagle: an EAGLE-3 module (train.layout.HeadCheckpoint) whose fc to add as the eagle_hidden output, or None.
+    medusa: Medusa heads (formats.heads.HeadCheckpoint) to add as the medusa_logits output, or None.
+    eagle: an EAGLE-3 module (formats.heads.HeadCheckpoint) whose fc to add as the eagle_hidden output, or None.
     """
     lowering_cls = lowering_for(build)
     gb = GraphBuilder(weight_dtype=build.dtype, compute_dtype=lowering_cls.compute_dtype(build))

@@ -184,7 +184,7 @@ def _refuse_quantized_lm_head(root: Path, conv: IntConvention) -> None:
         if index.is_file():
             names = set(json.loads(index.read_text()).get("weight_map", {}))
         else:
-            from .safetensors_io import SafetensorsFile
+            from ..formats.safetensors_io import SafetensorsFile
 
             names = {n for f in root.glob("*.safetensors") for n in SafetensorsFile(f).keys()}
     except (OSError, ValueError, CheckpointError):

@@ -25,7 +25,7 @@ from specdec.runtime.engine_format import BuildConfig, load_engine_dir
 from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 from specdec.runtime.proposers.medusa import MedusaProposer
 from specdec.runtime.request import GenerationConfig
-from specdec.train.layout import load_heads
+from specdec.formats.heads import load_heads
 
 HERE = Path(__file__).resolve().parent
 

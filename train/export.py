@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from .layout import CONFIG_FILE, EAGLE3_ARCHITECTURE, EAGLE_CONFIG_DEFAULTS, WEIGHTS_FILE
+from ..formats.heads import CONFIG_FILE, EAGLE3_ARCHITECTURE, EAGLE_CONFIG_DEFAULTS, WEIGHTS_FILE
 
 
 def medusa_config(base_config: dict, num_heads: int, num_layers: int, provenance: dict) -> dict:

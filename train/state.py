@@ -21,7 +21,7 @@ from torch import nn
 
 from .errors import TrainConfigError
 from .export import save_heads
-from .layout import WEIGHTS_FILE
+from ..formats.heads import WEIGHTS_FILE
 
 OPTIMIZER_FILE = "optimizer.safetensors"
 STATE_FILE = "trainer_state.json"

@@ -26,7 +26,7 @@ from .data import Sequence, check_data_file, read_sequences
 from .eagle import Eagle3Module, eagle_inputs, eagle_llama_config, eagle_loss, eagle_targets
 from .errors import TrainConfigError
 from .export import eagle_config, medusa_config, save_heads
-from .layout import default_eagle_aux_layer_ids
+from ..formats.heads import default_eagle_aux_layer_ids
 from .medusa import DECAY_COEFFICIENT, HEADS_COEFFICIENT, MedusaHeads, medusa_loss
 from .state import latest_checkpoint, load_checkpoint, publish, save_checkpoint
 

@@ -329,7 +329,7 @@ def write_medusa_heads(base: Path, out: Path, num_heads: int = 3, num_layers: in
 
 
 def torch_tensors(heads_dir: Path) -> dict[str, torch.Tensor]:
-    from specdec.train.layout import load_heads
+    from specdec.formats.heads import load_heads
 
     return {k: torch.from_numpy(v) for k, v in load_heads(heads_dir).tensors.items()}
 
@@ -350,7 +350,7 @@ def heads_pair(pair, tmp_path_factory):
 
 def test_enlarged_medusa_heads_give_the_same_logits(heads_pair):
     from specdec.train.base import load_base, run_base
-    from specdec.train.layout import load_heads
+    from specdec.formats.heads import load_heads
     from specdec.train.medusa import MedusaHeads
 
     h = heads_pair
@@ -376,7 +376,7 @@ def test_enlarged_medusa_heads_give_the_same_logits(heads_pair):
 def test_enlarged_eagle_module_gives_the_same_logits(heads_pair):
     from specdec.train.base import load_base, run_base
     from specdec.train.eagle import Eagle3Module, eagle_inputs, eagle_llama_config
-    from specdec.train.layout import load_heads
+    from specdec.formats.heads import load_heads
 
     h = heads_pair
     loaded = load_heads(h["root"] / "big-eagle", base_num_layers=4)
@@ -415,7 +415,7 @@ def test_heads_cli_errors_are_one_line(heads_pair, tmp_path, capsys):
     h = heads_pair
     code, err = run_cli(capsys, "--heads", str(h["root"] / "medusa"), "--base", str(h["small"]), str(tmp_path / "out"))
     assert code == 0, err  # the same width: a plain copy is allowed, the same tensors
-    from specdec.train.layout import load_heads
+    from specdec.formats.heads import load_heads
 
     src, copy = load_heads(h["root"] / "medusa"), load_heads(tmp_path / "out")
     assert src.tensors.keys() == copy.tensors.keys() and all(np.array_equal(src.tensors[k], copy.tensors[k]) for k in src.tensors)

@@ -3,69 +3,17 @@ loads only when an engine asks for that backend (docs/architecture.md, "Inside r
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from import_graph import ROOT, find_cycle, imported_modules, package_modules
+
 RUNTIME = ROOT / "runtime"
 
 
-def module_name(path: Path) -> str:
-    """runtime/backends/base.py -> specdec.runtime.backends.base; a package's __init__.py is the package."""
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(["specdec", *parts])
-
-
 def runtime_modules() -> dict[str, Path]:
-    return {module_name(p): p for p in sorted(RUNTIME.rglob("*.py"))}
-
-
-def imported_modules(path: Path, modules: dict[str, Path]) -> set[str]:
-    """The runtime modules ``path`` imports, at any depth (a lazy import inside a function counts: it still ties
-    the two files together). ``from .x import name`` counts ``x.name`` when that is a module, else ``x``."""
-    this = module_name(path)
-    package = this if path.name == "__init__.py" else this.rsplit(".", 1)[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                target = f"{base}.{node.module}" if node.module else base
-            else:
-                target = node.module or ""
-            for alias in node.names:
-                sub = f"{target}.{alias.name}"
-                found.add(sub if sub in modules else target)
-        elif isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-    return {m for m in found if m in modules and m != this}
-
-
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One import cycle of ``graph`` as [a, b, ..., a], or None (depth-first search with colours)."""
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    path: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        path.append(node)
-        for nxt in sorted(graph[node]):
-            if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
-            if nxt not in state and (cycle := visit(nxt)):
-                return cycle
-        path.pop()
-        state[node] = 2
-        return None
-
-    for node in sorted(graph):
-        if node not in state and (cycle := visit(node)):
-            return cycle
-    return None
+    return package_modules("runtime")
 
 
 def test_the_cycle_finder_finds_a_cycle():

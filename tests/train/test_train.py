@@ -12,7 +12,7 @@ from train_fixtures import repetitive_data, tiny_base  # noqa: F401 (fixtures)
 
 from specdec.train import load_heads
 from specdec.train.base import weights_sha256
-from specdec.train.layout import EAGLE_CONFIG_DEFAULTS, eagle_tensor_names, medusa_tensor_names
+from specdec.formats.heads import EAGLE_CONFIG_DEFAULTS, eagle_tensor_names, medusa_tensor_names
 from specdec.train.trainer import TrainConfig, train
 
 QUIET = dict(say=lambda _: None, progress_bar=False)

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..builder.safetensors_io import SafetensorsFile
+from .safetensors_io import SafetensorsFile
 from ..runtime.errors import CheckpointError
 
 CONFIG_FILE = "config.json"
