@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence, cast
 
 import numpy as np
 
@@ -35,10 +35,9 @@ from ..runtime.errors import RequestError
 from ..runtime.loading import load_engine, load_orchestrator
 from ..runtime.orchestrator import GenerationConfig, Orchestrator
 from ..runtime.proposers.draft_model import DraftModelProposer
-from ..runtime.proposers.eagle import EagleProposer
-from ..runtime.proposers.medusa import MedusaProposer
 from ..runtime.proposers.ngram import NGramProposer
 from ..runtime.proposers.suffix import SuffixConfig, SuffixProposer
+from ..runtime.proposers.own import OwnDrafter
 from ..runtime.request import METHODS as ENGINE_METHODS
 from ..runtime.tree import check_nodes, parse_choices
 from .datasets import Record, check_fits
@@ -280,13 +279,12 @@ def run_sweep(
     for m, engine_dir in heads.items():  # Medusa / EAGLE: the target's own drafter, on its own engine
         own_target = target_ex if engine_dir.path == target.path else None
         chain = load_engine(engine_dir, method=m, num_threads=threads, target_executor=own_target)
-        proposer = chain.proposers[m]
-        limit = min(proposer.num_heads, engine_dir.config.build.max_draft_len) if m == "medusa" else engine_dir.config.build.max_draft_len
-        for k in [k for k in draft_lens if k <= limit]:
+        proposer = cast(OwnDrafter, chain.proposers[m])  # a target's own drafter (proposers/own.py)
+        for k in [k for k in draft_lens if k <= proposer.max_chain_len]:
             say(f"{m} chain k={k}")
             row(m, f"{m} chain k={k}", measure(Orchestrator(chain.target, proposer, draft_len=k)), draft_len=k, tree=None)
         if trees[m] is not None:  # the same executors, a proposer with the tree
-            treed = MedusaProposer(chain.target, trees[m]) if m == "medusa" else EagleProposer(chain.target, proposer.module, trees[m])
+            treed = proposer.with_tree(trees[m])
             nodes = len(trees[m])
             say(f"{m} tree ({nodes} nodes)")
             row(m, f"{m} tree n={nodes}", measure(Orchestrator(chain.target, treed, draft_len=nodes)), draft_len=nodes, tree=choices[m])

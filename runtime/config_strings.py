@@ -21,6 +21,7 @@ DTM_FORM = "[draft_len, [draft device ids], [target device ids], use_logits]"
 DTM_EXAMPLE = "[4,[0],[0],False]"
 NGRAM_FORM = "[max_draft_len, max_matching_ngram_size, [device ids]]"
 NGRAM_EXAMPLE = "[10,2,[0]]"
+DEFAULT_DRAFT_LEN = 4  # drafts per round of a draft model (and an EAGLE chain) when nothing chose: at most the target's max_draft_len
 
 
 def parse_value(text: str):
@@ -71,6 +72,12 @@ class DraftTargetConfig:
     draft_devices: list[int]
     target_devices: list[int]
     use_logits: bool
+
+    @classmethod
+    def default_for(cls, max_draft_len: int) -> "DraftTargetConfig":
+        """What a draft engine given without --draft_target_model_config gets: DEFAULT_DRAFT_LEN drafts (fewer when the
+        target verifies fewer; 1 for a target that verifies none, which the engine then refuses), device 0, argmax drafts."""
+        return cls(min(DEFAULT_DRAFT_LEN, max(max_draft_len, 1)), [0], [0], False)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from .backends.base import Executor, Placement
 from .config_strings import DraftTargetConfig, NGramConfig
 from .devices import placement
 from .engine import Engine, SpeculationConfig
-from .engine_format import EngineDir, eagle_module_dir, load_engine_dir
+from .engine_format import EngineDir, load_engine_dir
 from .errors import RequestError
 from .orchestrator import Orchestrator
 from .pairing import Pairing, pair
@@ -23,8 +23,9 @@ from .proposers.base import Proposer
 from .proposers.draft_model import DraftModelProposer
 from .proposers.ngram import NGramProposer
 from .proposers.suffix import SuffixConfig, SuffixProposer
+from .proposers.own import OwnDrafter, own_drafter
 
-__all__ = ["load_engine", "load_orchestrator", "open_executor", "Pairing", "Placement"]
+__all__ = ["load_engine", "load_orchestrator", "method_draft_lens", "open_executor", "Pairing", "Placement"]
 
 
 def _engine(d: str | Path | EngineDir) -> EngineDir:
@@ -65,8 +66,8 @@ def load_engine(
     ``method``: the default for requests that do not choose (default: draft if a draft engine is given,
     else ngram if ``ngram`` is, else suffix if ``suffix`` is, else medusa / eagle for such a target, else none).
     ``draft_len``: the default drafts per round, an int or "auto" (default: the draft-target or
-    n-gram config's; Medusa: the tree's nodes, or a chain of every head; EAGLE: the tree's nodes,
-    or a chain of min(4, max_draft_len)).
+    n-gram config's; Medusa and EAGLE: the proposer's ``default_draft_len``, its tree's nodes, or a chain
+    of every head (Medusa) or of min(4, max_draft_len) (EAGLE)).
     ``medusa_choices`` / ``eagle_choices``: a draft tree in TensorRT-LLM's format (runtime/tree.py);
     None: chains.
     ``device``: cpu | cuda | auto (docs/cli.md: device lists index devices of that kind).
@@ -83,7 +84,7 @@ def load_engine(
     if draft_target is not None and draft_dir is None:
         raise RequestError("--draft_target_model_config needs a draft engine: pass --draft_engine_dir.")
     draft = _engine(draft_dir) if draft_dir is not None else None
-    dtm = draft_target or (DraftTargetConfig(min(4, max(target.config.build.max_draft_len, 1)), [0], [0], False) if draft else None)
+    dtm = draft_target or (DraftTargetConfig.default_for(target.config.build.max_draft_len) if draft else None)
     target_ids = dtm.target_devices if dtm else ngram.devices if ngram else target_devices or [0]
     where = placement(target_ids, target, "target", device, num_threads)
     proposers: list[Proposer] = []
@@ -98,17 +99,22 @@ def load_engine(
         proposers.append(NGramProposer(ngram.max_draft_len, ngram.max_matching_ngram_size, ngram_keep_all, ngram_use_oldest, ngram_min_match))
     if suffix is not None:
         proposers.append(_suffix(target, suffix))
+    mode = target.config.build.speculative_decoding_mode
+    choices = {"medusa": medusa_choices, "eagle": eagle_choices}
+    own_cls = _own_drafter_class(target, choices)
     # a medusa / eagle target is an onnxruntime engine (the builder refuses others): both of its executors, CPU and CUDA,
     # bind tree_mask, medusa_logits, eagle_hidden and (the EAGLE module's) hidden_states / hidden_out
     target_ex = target_executor or open_executor(target, where)
-    own = _own_drafter(target, target_ex, where, medusa_choices, eagle_choices, draft_num_threads)
-    if own is not None:
+    own = None
+    if own_cls is not None:
+        beside = Placement(where.kind, where.index, draft_num_threads)
+        own = own_cls.for_target(target_ex, choices[mode], lambda engine: open_executor(engine, beside))
         proposers.append(own)
     default = method or ("draft" if draft is not None else "ngram" if ngram is not None else "suffix" if suffix is not None else
                          own.name if own is not None else "none")
     if draft_len is None:
         draft_len = (dtm.draft_len if default == "draft" and dtm else ngram.max_draft_len if default == "ngram" and ngram else
-                     suffix.max_draft_len if default == "suffix" and suffix else own_draft_len(own) if own is not None and default == own.name else 0)
+                     suffix.max_draft_len if default == "suffix" and suffix else own.default_draft_len if own is not None and default == own.name else 0)
     spec = SpeculationConfig(default, draft_len if default != "none" else 0)
     engine = Engine(target_ex, proposers, spec, allow_vocab_mismatch)
     engine.pairing = pairing
@@ -138,31 +144,39 @@ def _suffix(target: EngineDir, config: SuffixConfig) -> SuffixProposer:
     return proposer
 
 
-def _own_drafter(target: EngineDir, target_ex: Executor, where: Placement, medusa_choices, eagle_choices, threads: int) -> Proposer | None:
-    """A medusa target's MedusaProposer, an eagle target's EagleProposer (its module opened beside it), else None."""
+def _own_drafter_class(target: EngineDir, choices: dict[str, str | list | None]) -> type[OwnDrafter] | None:
+    """The class of the drafter the target carries (proposers/own.py), or None; a draft tree for another mode is refused.
+
+    choices: mode -> the draft tree given for that mode's drafter (None: not given)."""
     mode = target.config.build.speculative_decoding_mode
-    for flag, given, wanted in (("--medusa_choices", medusa_choices, "medusa"), ("--eagle_choices", eagle_choices, "eagle")):
+    for wanted, given in choices.items():
         if given is not None and mode != wanted:
-            raise RequestError(f"{flag} needs a target engine built with --speculative_decoding_mode {wanted}; {target.path} was built with {mode}.")
-    if mode == "medusa":
-        from .proposers.medusa import MedusaProposer
-
-        return MedusaProposer(target_ex, medusa_choices)
-    if mode == "eagle":
-        from .proposers.eagle import EagleProposer
-
-        module = load_engine_dir(eagle_module_dir(target))
-        return EagleProposer(target_ex, open_executor(module, Placement(where.kind, where.index, threads)), eagle_choices)
-    return None
+            raise RequestError(f"{own_drafter(wanted).choices_flag} needs a target engine built with --speculative_decoding_mode {wanted}; "
+                               f"{target.path} was built with {mode}.")
+    return own_drafter(mode)
 
 
-def own_draft_len(proposer) -> int:
-    """The default drafts per round of a Medusa or EAGLE proposer: its tree's nodes, or a chain."""
-    if proposer.tree is not None:
-        return len(proposer.tree)
-    if proposer.name == "medusa":
-        return min(proposer.num_heads, proposer.target.build.max_draft_len)
-    return min(4, proposer.target.build.max_draft_len)
+def method_draft_lens(engine: Engine, draft_target: DraftTargetConfig | None = None, ngram: NGramConfig | None = None) -> dict[str, int | str]:
+    """Each loaded method's drafts per round for a request that names the method but no length (specdec-serve's
+    ``speculative.method``): the default method's is the engine's ``draft_len`` (--draft_len, when given); a draft
+    model's is its config's (DraftTargetConfig.default_for without one); n-gram's and suffix decoding's their config's
+    max_draft_len, at most the target's; a target's own drafter's its tree's nodes or its default chain.
+
+    ``draft_target`` / ``ngram``: the configs ``load_engine`` was given."""
+    max_draft = engine.target.build.max_draft_len
+    lens: dict[str, int | str] = {}
+    if "draft" in engine.proposers:
+        lens["draft"] = (draft_target or DraftTargetConfig.default_for(max_draft)).draft_len
+    if ngram is not None:
+        lens["ngram"] = min(ngram.max_draft_len, max_draft)
+    if "suffix" in engine.proposers:
+        lens["suffix"] = min(engine.proposers["suffix"].config.max_draft_len, max_draft)
+    for name, proposer in engine.proposers.items():
+        if isinstance(proposer, OwnDrafter):
+            lens[name] = proposer.default_draft_len
+    if engine.speculation.method != "none":
+        lens[engine.speculation.method] = engine.speculation.draft_len
+    return lens
 
 
 def load_orchestrator(

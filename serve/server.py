@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..runtime.config_strings import DraftTargetConfig, NGramConfig
-from ..runtime.engine_format import TREE_MODES, load_engine_dir
-from ..runtime.loading import load_engine, own_draft_len
+from ..runtime.engine_format import load_engine_dir
+from ..runtime.loading import load_engine, method_draft_lens
 from ..runtime.tokenizer import Tokenizer
 from .chat import find_template, special_tokens
 from .params import Served
@@ -51,19 +51,6 @@ def build_served(
         end_ids: tuple[int, ...] = () if end_id < 0 else (end_id,)
     else:
         end_ids = (tok.eos_token_id,) if tok and tok.eos_token_id is not None else tuple(target.config.model.eos_token_id)
-    max_draft = target.config.build.max_draft_len
-    draft_lens: dict[str, int | str] = {}
-    if "draft" in engine.proposers:
-        draft_lens["draft"] = draft_target.draft_len if draft_target else min(4, max(max_draft, 1))
-    if ngram is not None:
-        draft_lens["ngram"] = min(ngram.max_draft_len, max_draft)
-    if "suffix" in engine.proposers:
-        draft_lens["suffix"] = min(engine.proposers["suffix"].config.max_draft_len, max_draft)
-    for name in TREE_MODES:  # the target's own drafter: its tree's nodes, or its chain
-        if name in engine.proposers:
-            draft_lens[name] = own_draft_len(engine.proposers[name])
-    if engine.speculation.method != "none":
-        draft_lens[engine.speculation.method] = engine.speculation.draft_len  # --draft_len, when given, is the default method's
     return Served(
         engine=engine,
         tokenizer=tok,
@@ -71,7 +58,7 @@ def build_served(
         end_ids=end_ids,
         chat_template=find_template(tok, chat_template),
         special_tokens=special_tokens(tok) if tok else {},
-        draft_lens=draft_lens,
+        draft_lens=method_draft_lens(engine, draft_target, ngram),
     )
 
 

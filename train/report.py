@@ -47,20 +47,10 @@ def _length(cfg) -> str:
     return ", ".join(parts)
 
 
-def model_card(cfg, provenance: dict, losses: list[float], accuracy: list[float], before: list[float] | None,
-               seconds: float, steps: int, held_out: bool, plotted: bool) -> str:
-    if cfg.mode == "medusa":
-        what = (f"{cfg.medusa_num_heads} Medusa heads of {cfg.medusa_num_layers} residual block(s) each; head i predicts "
-                f"token t+2+i from the base's last hidden state")
-        acc_label = "top-1 per head (head 0 = t+2)"
-        shape = f"--medusa_num_heads {cfg.medusa_num_heads} --medusa_num_layers {cfg.medusa_num_layers}"
-    else:
-        what = (f"an EAGLE-3 module of {cfg.eagle_num_layers} decoder layer(s) over the base's layers "
-                f"{provenance['eagle_aux_hidden_state_layer_ids']} and the next token's embedding; LM head = the base's, frozen")
-        acc_label = f"top-1 agreement with the base, per drafting depth 1..{cfg.eagle_ttt_steps} (TTT step j = depth j)"
-        shape = f"--eagle_num_layers {cfg.eagle_num_layers} --eagle_ttt_steps {cfg.eagle_ttt_steps}"
-        what += (f"; trained with {cfg.eagle_ttt_steps} training-time-test step(s): step j feeds the module its own "
-                 f"step j-1 outputs as drafting depth j does, loss = the steps' mean weighted {cfg.eagle_loss_decay_factor}^(j-1)")
+def model_card(cfg, described: tuple[str, str, str], provenance: dict, losses: list[float], accuracy: list[float],
+               before: list[float] | None, seconds: float, steps: int, held_out: bool, plotted: bool) -> str:
+    """described: the run's (what was trained, what the accuracy figures are, the flags that shaped it): runs.Run.card."""
+    what, acc_label, shape = described
     tail = losses[-10:]
     split = "held-out split" if held_out else "training data (no --eval_fraction)"
     lines = [

@@ -21,16 +21,13 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .base import base_config_dict, check_model_dir, decoder_layers, load_base, run_base, weights_sha256
+from .base import base_config_dict, check_model_dir, load_base, weights_sha256
 from .data import Sequence, check_data_file, read_sequences
-from .eagle import Eagle3Module, eagle_inputs, eagle_llama_config, eagle_loss, eagle_targets
 from .errors import TrainConfigError
-from .export import eagle_config, medusa_config, save_heads
-from ..formats.heads import default_eagle_aux_layer_ids
-from .medusa import DECAY_COEFFICIENT, HEADS_COEFFICIENT, MedusaHeads, medusa_loss
+from .export import save_heads
+from .runs import RUNS, Run
 from .state import latest_checkpoint, load_checkpoint, publish, save_checkpoint
 
-MODES = ("medusa", "eagle")
 SCHEDULERS = ("constant", "cosine")
 
 
@@ -64,21 +61,14 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Every flag check that needs no file: run before anything is read or written."""
-        if self.mode not in MODES:
-            raise TrainConfigError(f"--mode {self.mode!r} is not one of {', '.join(MODES)}.")
-        positive = {"num_epochs": self.num_epochs, "save_steps": self.save_steps, "batch_size": self.batch_size}
-        if self.mode == "medusa":
-            positive["medusa_num_heads"] = self.medusa_num_heads
-        else:
-            positive["eagle_num_layers"] = self.eagle_num_layers
-            positive["eagle_ttt_steps"] = self.eagle_ttt_steps
+        if self.mode not in RUNS:
+            raise TrainConfigError(f"--mode {self.mode!r} is not one of {', '.join(RUNS)}.")
+        run = RUNS[self.mode]
+        positive = {"num_epochs": self.num_epochs, "save_steps": self.save_steps, "batch_size": self.batch_size, **run.counts(self)}
         for name, value in positive.items():
             if value < 1:
                 raise TrainConfigError(f"--{name} {value} must be >= 1.")
-        if self.mode == "eagle" and not 0 < self.eagle_loss_decay_factor <= 1:
-            raise TrainConfigError(f"--eagle_loss_decay_factor {self.eagle_loss_decay_factor} must be in (0, 1] (1: every TTT step weighs the same).")
-        if self.mode == "medusa" and self.medusa_num_layers < 0:
-            raise TrainConfigError(f"--medusa_num_layers {self.medusa_num_layers} must be >= 0.")
+        run.check_config(self)
         if self.training_seq_len < 3:
             raise TrainConfigError(f"--training_seq_len {self.training_seq_len} must be >= 3 (a head predicts two tokens ahead).")
         if not (self.lr > 0 and math.isfinite(self.lr)):
@@ -124,18 +114,6 @@ def check_output_dir(cfg: TrainConfig) -> Path:
     return out
 
 
-def _collate(seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ids, attention mask and loss mask (real tokens after the prompt), each [batch, longest]."""
-    t = max(len(s.ids) for s in seqs)
-    ids = torch.zeros(len(seqs), t, dtype=torch.long)
-    attn = torch.zeros(len(seqs), t, dtype=torch.bool)
-    for r, s in enumerate(seqs):
-        ids[r, : len(s.ids)] = torch.tensor(s.ids)
-        attn[r, : len(s.ids)] = True
-    loss_mask = attn & (torch.arange(t).unsqueeze(0) >= torch.tensor([s.prompt_len for s in seqs]).unsqueeze(1))
-    return ids, attn, loss_mask
-
-
 def _batch_for_step(step: int, train: list[Sequence], batch_size: int, seed: int) -> list[Sequence]:
     per_epoch = math.ceil(len(train) / batch_size)
     epoch, k = divmod(step, per_epoch)
@@ -152,55 +130,9 @@ def _lr_at(cfg: TrainConfig, step: int, total: int) -> float:
     return cfg.lr
 
 
-class Run:
-    """The heads, their loss and their accuracy for one mode; the loop is mode-blind."""
-
-    def __init__(self, cfg: TrainConfig, base: nn.Module):
-        self.cfg, self.base = cfg, base
-        hidden, vocab = base.config.hidden_size, base.config.vocab_size
-        lm_head = base.get_output_embeddings().weight
-        torch.manual_seed(cfg.seed)
-        if cfg.mode == "medusa":
-            self.aux_ids = None
-            self.heads: nn.Module = MedusaHeads(hidden, vocab, cfg.medusa_num_heads, cfg.medusa_num_layers, lm_head)
-        else:
-            n_layers = len(decoder_layers(base))
-            self.aux_ids = sorted(set(cfg.eagle_aux_layer_ids)) if cfg.eagle_aux_layer_ids else default_eagle_aux_layer_ids(n_layers)
-            if max(self.aux_ids) >= n_layers:
-                raise TrainConfigError(f"--eagle_aux_layer_ids {self.aux_ids}: the base model has layers 0..{n_layers - 1} only.")
-            self.eagle_cfg = eagle_llama_config(base.config, cfg.eagle_num_layers)
-            self.heads = Eagle3Module(self.eagle_cfg, len(self.aux_ids), lm_head)
-        self.params = [(n, p) for n, p in self.heads.named_parameters() if p.requires_grad]
-
-    def forward(self, seqs: list[Sequence]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
-        """Loss of one batch, and (correct, counted) top-1 per head."""
-        ids, attn, loss_mask = _collate(seqs)
-        out = run_base(self.base, ids, attn, self.aux_ids)
-        if self.cfg.mode == "medusa":
-            return medusa_loss(self.heads, out.last_hidden, ids, loss_mask, HEADS_COEFFICIENT, DECAY_COEFFICIENT)
-        aux, next_embeds = eagle_inputs(ids, out.aux_hidden, self.base.get_input_embeddings())
-        steps = self.heads.ttt_hidden(aux, next_embeds, attn[:, :-1], self.cfg.eagle_ttt_steps)  # each [batch, seq-1, hidden]
-        targets = eagle_targets(out.last_hidden, self.base.get_output_embeddings(), loss_mask)
-        losses, hits = [], []
-        for j, hidden in enumerate(steps, start=1):  # every step against the same base distributions
-            loss, h = eagle_loss(self.heads, hidden, out.last_hidden, self.base.get_output_embeddings(), loss_mask, step=j, targets=targets)
-            losses.append(loss)
-            hits.append(h)
-        weights = torch.tensor([self.cfg.eagle_loss_decay_factor ** j for j in range(len(losses))])
-        return (torch.stack(losses) * weights).sum() / weights.sum(), hits  # a weighted mean: one step = today's loss
-
-    @torch.no_grad()
-    def accuracy(self, seqs: list[Sequence], batch_size: int) -> list[float]:
-        totals: list[list[int]] | None = None
-        for i in range(0, len(seqs), batch_size):
-            _, hits = self.forward(seqs[i : i + batch_size])
-            totals = [[a + c, b + n] for (a, b), (c, n) in zip(totals, hits)] if totals else [list(h) for h in hits]
-        return [c / n if n else float("nan") for c, n in totals or []]
-
-    def export_config(self, base_cfg: dict, provenance: dict) -> dict:
-        if self.cfg.mode == "medusa":
-            return medusa_config(base_cfg, self.cfg.medusa_num_heads, self.cfg.medusa_num_layers, provenance)
-        return eagle_config(base_cfg, self.eagle_cfg, self.aux_ids, provenance)
+def make_run(cfg: TrainConfig, base: nn.Module) -> Run:
+    """The heads of ``cfg.mode`` on ``base`` (runs.py): what the mode-blind loop below trains."""
+    return RUNS[cfg.mode](cfg, base)
 
 
 def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bool = True) -> TrainResult:
@@ -221,9 +153,9 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
         train_seqs, eval_seqs = seqs, read_sequences(eval_path, tokenizer, cfg.training_seq_len, base_cfg.get("vocab_size"))
     else:
         train_seqs, eval_seqs = _split(seqs, cfg.eval_fraction, cfg.seed)
-    _check_aux_ids(cfg, base_cfg.get("num_hidden_layers"))
+    RUNS[cfg.mode].check_base(cfg, base_cfg.get("num_hidden_layers"))
     base = load_base(model_dir)
-    run = Run(cfg, base)
+    run = make_run(cfg, base)
     names = {i: n for i, (n, _) in enumerate(run.params)}
     optimizer = torch.optim.AdamW([p for _, p in run.params], lr=cfg.lr, weight_decay=0.0)
 
@@ -287,11 +219,6 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
     return TrainResult(out, step, losses, final_loss, accuracy, before, seconds, base, run.heads)
 
 
-def _check_aux_ids(cfg: TrainConfig, n_layers: int | None) -> None:
-    if cfg.mode == "eagle" and cfg.eagle_aux_layer_ids and n_layers and max(cfg.eagle_aux_layer_ids) >= n_layers:
-        raise TrainConfigError(f"--eagle_aux_layer_ids {sorted(set(cfg.eagle_aux_layer_ids))}: the base model has layers 0..{n_layers - 1} only.")
-
-
 def _tokenizer(model_dir: Path):
     if not (model_dir / "tokenizer.json").is_file():
         return None
@@ -319,8 +246,7 @@ def _provenance(cfg: TrainConfig, model_dir: Path, data_path: Path, n_seqs: int,
         "data": str(data_path.resolve()),
         "data_bytes": data_path.stat().st_size,
         "data_sequences": n_seqs,
-        "eagle_aux_hidden_state_layer_ids": run.aux_ids,
-        **({"eagle_ttt_steps": cfg.eagle_ttt_steps, "eagle_loss_decay_factor": cfg.eagle_loss_decay_factor} if cfg.mode == "eagle" else {}),
+        **run.provenance(),
     }
 
 
@@ -349,9 +275,8 @@ def _write_final(out: Path, run: Run, config: dict, cfg: TrainConfig, losses: li
         log = {"steps": steps, "losses": losses, "accuracy": accuracy, "accuracy_before": before, "held_out": held_out,
                "seconds": seconds, "config": asdict(cfg), "provenance": provenance}
         (tmp / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
-        what = "sum of 0.2 x 0.8^i x CE of head i" if cfg.mode == "medusa" else f"KL(base || EAGLE), mean of {cfg.eagle_ttt_steps} TTT step(s) weighted {cfg.eagle_loss_decay_factor}^(step - 1)"
-        plotted = loss_curve_png(losses, tmp / "loss_curve.png", f"{cfg.mode} training loss: {what}")
-        (tmp / "README.md").write_text(model_card(cfg, provenance, losses, accuracy, before, seconds, steps, held_out, plotted))
+        plotted = loss_curve_png(losses, tmp / "loss_curve.png", f"{cfg.mode} training loss: {run.loss_description()}")
+        (tmp / "README.md").write_text(model_card(cfg, run.card(), provenance, losses, accuracy, before, seconds, steps, held_out, plotted))
         publish(tmp)
         for f in tmp.iterdir():
             os.replace(f, out / f.name)

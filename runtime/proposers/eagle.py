@@ -28,29 +28,34 @@ implemented, and greedy tree acceptance would be wrong for them).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from ..backends.base import Executor, StepOutput
+from ..config_strings import DEFAULT_DRAFT_LEN
+from ..engine_format import EngineDir, eagle_module_dir, load_engine_dir
 from ..errors import EngineError
 from ..request import Request
 from ..sampling import processed_probs, sample
 from ..tree import DraftTree, check_tree, parse_choices, top_k
-from .base import Draft, Proposer, TargetOutput
+from .base import Draft, TargetOutput
+from .own import OwnDrafter
 
 
-class EagleProposer(Proposer):
+class EagleProposer(OwnDrafter):
     name = "eagle"
+    choices_flag = "--eagle_choices"
+    target_output = "eagle_hidden"
 
     def __init__(self, target: Executor, module: Executor, choices: str | Sequence[Sequence[int]] | DraftTree | None = None):
         """target: an eagle target's executor (returns eagle_hidden); module: the executor of its eagle/ engine.
         choices: a draft tree (TensorRT-LLM's --eagle_choices format), or None for chains."""
-        if target.build.speculative_decoding_mode != "eagle" or "eagle_hidden" not in target.extra_outputs:
+        if target.build.speculative_decoding_mode != "eagle" or self.target_output not in target.extra_outputs:
             mode = target.build.speculative_decoding_mode
             raise EngineError(f"EAGLE drafting needs a target engine built with --speculative_decoding_mode eagle --eagle_dir MODULE; "
                               f"{target.engine.path} was built with --speculative_decoding_mode {mode}"
-                              + ("" if mode != "eagle" else f" and its {type(target).__name__} does not return eagle_hidden") + ".")
+                              + ("" if mode != "eagle" else f" and its {type(target).__name__} does not return {self.target_output}") + ".")
         if module.build.speculative_decoding_mode != "eagle_module":
             raise EngineError(f"{module.engine.path} is not an EAGLE module engine (mode {module.build.speculative_decoding_mode}); "
                               f"it is the eagle/ folder inside an eagle target engine.")
@@ -58,11 +63,11 @@ class EagleProposer(Proposer):
             raise EngineError(f"the EAGLE module {module.engine.path} (hidden {module.model.hidden_size}, vocab {module.vocab_size}) does not belong to "
                               f"the target {target.engine.path} (hidden {target.model.hidden_size}, vocab {target.vocab_size}).")
         self.target, self.module = target, module
-        self.tree = choices if isinstance(choices, DraftTree) else parse_choices(choices, "--eagle_choices")
+        self.tree = choices if isinstance(choices, DraftTree) else parse_choices(choices, self.choices_flag)
         if self.tree is not None:
-            check_tree(self.tree, target, "--eagle_choices")
+            check_tree(self.tree, target, self.choices_flag)
             if len(self.tree) > module.build.max_draft_len:
-                raise EngineError(f"--eagle_choices has {len(self.tree)} nodes, more than the EAGLE module's max_draft_len={module.build.max_draft_len}.")
+                raise EngineError(f"{self.choices_flag} has {len(self.tree)} nodes, more than the EAGLE module's max_draft_len={module.build.max_draft_len}.")
         self.cache = module.new_cache(module.build.max_batch_size)
         self.order: list[str] = []  # order[s]: the request in module slot s
         self.slot_of: dict[str, int] = {}
@@ -70,6 +75,22 @@ class EagleProposer(Proposer):
         self.pending: dict[str, tuple[np.ndarray, list[int]]] = {}
         self.next_logits: dict[str, np.ndarray] = {}  # [vocab]: the module's guess for depth 1 (after catch-up)
         self.next_hidden: dict[str, np.ndarray] = {}  # [hidden]: its hidden_out on that row
+
+    @classmethod
+    def for_target(cls, target: Executor, choices, open_beside: Callable[[EngineDir], Executor]) -> "EagleProposer":
+        """The module is the engine in the target's eagle/ folder, opened where the target runs."""
+        return cls(target, open_beside(load_engine_dir(eagle_module_dir(target.engine))), choices)
+
+    def with_tree(self, tree: DraftTree) -> "EagleProposer":
+        return EagleProposer(self.target, self.module, tree)
+
+    @property
+    def max_chain_len(self) -> int:
+        return self.target.build.max_draft_len
+
+    @property
+    def default_chain_len(self) -> int:
+        return min(DEFAULT_DRAFT_LEN, self.max_chain_len)  # a draft model's default chain length (config_strings)
 
     # -- requests come and go -----------------------------------------------------------
     def add(self, requests: Sequence[Request]) -> None:

@@ -24,38 +24,53 @@ not implemented, and greedy tree acceptance on sampled requests would be wrong.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from ..backends.base import Executor, StepOutput
+from ..engine_format import EngineDir
 from ..errors import EngineError
 from ..request import Request
 from ..sampling import processed_probs, sample
 from ..tree import DraftTree, check_tree, parse_choices, top_k, tree_draft
-from .base import Draft, Proposer, TargetOutput
+from .base import Draft, TargetOutput
+from .own import OwnDrafter
 
 
-class MedusaProposer(Proposer):
+class MedusaProposer(OwnDrafter):
     name = "medusa"
+    choices_flag = "--medusa_choices"
+    target_output = "medusa_logits"
 
     def __init__(self, target: Executor, choices: str | Sequence[Sequence[int]] | DraftTree | None = None):
         """target: the executor of a --speculative_decoding_mode medusa engine (the Engine's target).
         choices: a draft tree (TensorRT-LLM's --medusa_choices format), or None for chains."""
         heads = target.build.medusa_num_heads if target.build.speculative_decoding_mode == "medusa" else 0
-        if not heads or "medusa_logits" not in target.extra_outputs:
+        if not heads or self.target_output not in target.extra_outputs:
             raise EngineError(
                 f"Medusa drafting needs a target engine built with --speculative_decoding_mode medusa --medusa_dir HEADS; "
                 f"{target.engine.path} was built with --speculative_decoding_mode {target.build.speculative_decoding_mode}"
-                + ("" if target.build.speculative_decoding_mode != "medusa" else f" and its {type(target).__name__} does not return medusa_logits")
+                + ("" if target.build.speculative_decoding_mode != "medusa" else f" and its {type(target).__name__} does not return {self.target_output}")
                 + "."
             )
         self.num_heads = int(heads)
         self.target = target
-        self.tree = choices if isinstance(choices, DraftTree) else parse_choices(choices, "--medusa_choices")
+        self.tree = choices if isinstance(choices, DraftTree) else parse_choices(choices, self.choices_flag)
         if self.tree is not None:
-            check_tree(self.tree, target, "--medusa_choices", max_depth=self.num_heads, depth_what=f"the engine's {self.num_heads} Medusa heads")
+            check_tree(self.tree, target, self.choices_flag, max_depth=self.num_heads, depth_what=f"the engine's {self.num_heads} Medusa heads")
         self.heads: dict[str, np.ndarray] = {}  # request id -> [heads, vocab] the heads on its last kept row (a copy)
+
+    @classmethod
+    def for_target(cls, target: Executor, choices, open_beside: Callable[[EngineDir], Executor]) -> "MedusaProposer":
+        return cls(target, choices)  # the heads are part of the target's network: nothing to open beside it
+
+    def with_tree(self, tree: DraftTree) -> "MedusaProposer":
+        return MedusaProposer(self.target, tree)
+
+    @property
+    def max_chain_len(self) -> int:
+        return min(self.num_heads, self.target.build.max_draft_len)  # head i drafts depth i + 1
 
     def add(self, requests: Sequence[Request]) -> None:
         for r in requests:

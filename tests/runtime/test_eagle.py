@@ -21,6 +21,7 @@ from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 from specdec.runtime.proposers.eagle import EagleProposer
 from specdec.runtime.request import GenerationConfig
 from specdec.runtime.sampling import SamplingConfig
+from specdec.runtime.tree import parse_choices
 from specdec.train.base import run_base
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30]]
@@ -165,6 +166,23 @@ def test_bench_sweep_measures_eagle_chains_and_a_tree(eagle):
     assert labels == ["target-only", "eagle chain k=1", "eagle chain k=2", "eagle tree n=6"]
     assert all(r["identical_to_target_only"] for r in result["rows"])
     assert result["rows"][-1]["tree"] == TREE and result["settings"]["eagle_choices"] == TREE
+
+
+def test_load_engine_opens_the_module_beside_an_eagle_target(eagle):
+    """The loader takes the drafter from the mode table (proposers/own.py); the module opens from the target's eagle/
+    folder; a chain defaults to min(4, max_draft_len) drafts, a tree to its nodes; with_tree shares both executors."""
+    from specdec.runtime.loading import load_engine, method_draft_lens
+    from specdec.runtime.proposers.own import own_drafter
+
+    engine = load_engine(eagle["dir"] / "engine", num_threads=1)
+    proposer = engine.proposers["eagle"]
+    assert own_drafter("eagle") is EagleProposer and type(proposer) is EagleProposer
+    assert proposer.module.engine.path == eagle_module_dir(proposer.target.engine)
+    assert (proposer.max_chain_len, proposer.default_draft_len) == (8, 4)
+    assert engine.speculation == SpeculationConfig("eagle", 4) and method_draft_lens(engine) == {"eagle": 4}
+    treed = proposer.with_tree(parse_choices(TREE, "--eagle_choices"))
+    assert (treed.target, treed.module, treed.default_draft_len) == (proposer.target, proposer.module, 6)
+    assert load_engine(eagle["dir"] / "engine", num_threads=1, eagle_choices=TREE).speculation.draft_len == 6
 
 
 def test_a_hand_written_modelopt_checkpoint_builds_and_runs(eagle, tmp_path):

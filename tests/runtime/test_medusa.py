@@ -176,6 +176,25 @@ def test_a_medusa_target_verifies_other_drafts(engines):
     assert [done[i] for i in ids] == want
 
 
+def test_load_engine_takes_a_medusa_targets_drafter_from_the_mode_table(engines):
+    """A chain of every head (at most max_draft_len) by default, a tree's nodes with --medusa_choices; with_tree keeps the
+    target; the draft lengths a server offers per method come from the same place."""
+    from specdec.runtime.loading import load_engine, method_draft_lens
+    from specdec.runtime.proposers.own import own_drafter
+    from specdec.runtime.tree import parse_choices
+
+    path = engines["random"].engine.path
+    engine = load_engine(path, num_threads=1)
+    proposer = engine.proposers["medusa"]
+    assert own_drafter("medusa") is MedusaProposer and type(proposer) is MedusaProposer
+    assert (proposer.max_chain_len, proposer.default_draft_len) == (NUM_HEADS, NUM_HEADS)
+    assert engine.speculation == SpeculationConfig("medusa", NUM_HEADS) and method_draft_lens(engine) == {"medusa": NUM_HEADS}
+    treed = proposer.with_tree(parse_choices("[[0], [1], [0, 0]]", "--medusa_choices"))
+    assert (treed.target, treed.default_draft_len) == (proposer.target, 3)
+    assert load_engine(path, num_threads=1, medusa_choices="[[0], [1], [0, 0]]").speculation.draft_len == 3
+    assert own_drafter("draft_tokens_external") is None
+
+
 def test_medusa_proposer_needs_a_medusa_target(tmp_path, medusa):
     plain = build_and_load(medusa["ckpt"], tmp_path / "plain", spec_build(2))
     with pytest.raises(EngineError, match="speculative_decoding_mode medusa"):

@@ -150,7 +150,8 @@ def test_eagle_ttt_is_recorded_and_one_step_is_the_depth_1_training(trained, tin
     from specdec.train.base import load_base, run_base
     from specdec.train.data import read_sequences
     from specdec.train.eagle import eagle_inputs, eagle_loss
-    from specdec.train.trainer import Run, _collate
+    from specdec.train.runs import collate
+    from specdec.train.trainer import make_run
 
     mode, result, _ = trained
     if mode != "eagle":
@@ -162,15 +163,59 @@ def test_eagle_ttt_is_recorded_and_one_step_is_the_depth_1_training(trained, tin
     # N=1: the loss and hits are exactly the depth-1 pass (module.hidden + eagle_loss), as before TTT existed
     seqs = read_sequences(repetitive_data, None, 512, 96)[:4]
     base = load_base(tiny_base)
-    run = Run(config("eagle", tiny_base, repetitive_data, "unused", eagle_ttt_steps=1), base)
+    run = make_run(config("eagle", tiny_base, repetitive_data, "unused", eagle_ttt_steps=1), base)
     run.heads.load_state_dict(result.heads.state_dict())
     seqs[1].ids[-5:] = []  # a shorter sequence: padding in the batch
     loss, hits = run.forward(seqs)
-    ids, attn, loss_mask = _collate(seqs)
+    ids, attn, loss_mask = collate(seqs)
     out = run_base(base, ids, attn, run.aux_ids)
     aux, nxt = eagle_inputs(ids, out.aux_hidden, base.get_input_embeddings())
     expected, expected_hits = eagle_loss(run.heads, run.heads.hidden(aux, nxt, attn[:, :-1]), out.last_hidden,
                                          base.get_output_embeddings(), loss_mask)
     assert torch.equal(loss, expected) and hits == [expected_hits]
-    three_loss, three_hits = Run(config("eagle", tiny_base, repetitive_data, "unused"), base).forward(seqs)
+    three_loss, three_hits = make_run(config("eagle", tiny_base, repetitive_data, "unused"), base).forward(seqs)
     assert len(three_hits) == 3 and three_hits[1][1] < three_hits[0][1]  # depth 2 has one row fewer per sequence
+
+
+def test_the_loop_trains_whatever_mode_the_table_holds(tiny_base, repetitive_data, tmp_path, monkeypatch):
+    """trainer.py branches on no mode: a mode is a class in runs.RUNS. A toy one (a linear next-token head on the
+    base's last hidden state) is trained, checkpointed, exported and described by the same loop."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    from specdec.train.base import run_base
+    from specdec.train.runs import RUNS, Run, collate
+
+    class NextTokenRun(Run):
+        mode = "next_token"
+
+        @staticmethod
+        def counts(cfg):
+            return {}
+
+        def __init__(self, cfg, base):
+            super().__init__(cfg, base)
+            self.heads = nn.Linear(base.config.hidden_size, base.config.vocab_size, bias=False)
+
+        def forward(self, seqs):
+            ids, attn, loss_mask = collate(seqs)
+            hidden = run_base(self.base, ids, attn).last_hidden[:, :-1]  # [batch, seq - 1, hidden]
+            scored = loss_mask[:, 1:]
+            logits, wanted = self.heads(hidden)[scored], ids[:, 1:][scored]  # [n, vocab], [n]
+            return F.cross_entropy(logits, wanted), [(int((logits.argmax(-1) == wanted).sum()), len(wanted))]
+
+        def export_config(self, base_cfg, provenance):
+            return {"toy_head": True, "specdec_train": provenance}
+
+        def loss_description(self):
+            return "CE of the next token"
+
+        def card(self):
+            return "a linear next-token head", "top-1 of the next token", "(no flags)"
+
+    monkeypatch.setitem(RUNS, "next_token", NextTokenRun)
+    result = train(config("next_token", tiny_base, repetitive_data, tmp_path / "o", max_steps=6, save_steps=3), **QUIET)
+    assert result.steps == 6 and isinstance(result.heads, nn.Linear) and len(result.accuracy) == 1
+    saved = json.loads((tmp_path / "o" / "config.json").read_text())
+    assert saved["toy_head"] and saved["specdec_train"]["mode"] == "next_token"
+    assert (tmp_path / "o" / "checkpoint-6").is_dir() and "a linear next-token head" in (tmp_path / "o" / "README.md").read_text()

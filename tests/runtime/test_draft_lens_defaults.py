@@ -1,0 +1,31 @@
+"""The default drafts per round, defined once: a draft model without --draft_target_model_config, and each loaded
+method's default for a request that names the method but no length (what specdec-serve offers)."""
+
+from conftest import spec_pair
+
+from specdec.runtime.config_strings import DraftTargetConfig, NGramConfig
+from specdec.runtime.engine_format import TREE_MODES
+from specdec.runtime.loading import load_engine, method_draft_lens
+from specdec.runtime.proposers.own import OWN_DRAFTERS, own_drafter
+
+
+def test_a_draft_model_defaults_to_four_drafts_at_most_the_targets_limit():
+    assert [DraftTargetConfig.default_for(m).draft_len for m in (0, 1, 3, 4, 8)] == [1, 1, 3, 4, 4]
+    assert DraftTargetConfig.default_for(8) == DraftTargetConfig(4, [0], [0], False)
+
+
+def test_every_tree_mode_has_its_drafter_in_the_table():
+    assert set(OWN_DRAFTERS) == set(TREE_MODES)
+    assert all(own_drafter(mode).name == mode for mode in TREE_MODES)
+
+
+def test_each_loaded_method_gets_its_own_default(tmp_path):
+    pair = spec_pair(tmp_path, max_draft_len=3)
+    target, draft = pair["target"].engine, pair["draft"].engine
+    # the default method (draft) gets the engine's draft_len; n-gram its config's, capped at the target's limit
+    engine = load_engine(target, draft, ngram=NGramConfig(10, 2, [0]), method="draft", num_threads=1)
+    assert engine.speculation.draft_len == 3
+    assert method_draft_lens(engine, None, NGramConfig(10, 2, [0])) == {"draft": 3, "ngram": 3}
+    # --draft_len is the default method's only; the draft keeps its config's length when n-gram is the default
+    engine = load_engine(target, draft, DraftTargetConfig(2, [0], [0], False), NGramConfig(3, 2, [0]), method="ngram", draft_len="auto", num_threads=1)
+    assert method_draft_lens(engine, DraftTargetConfig(2, [0], [0], False), NGramConfig(3, 2, [0])) == {"draft": 2, "ngram": "auto"}

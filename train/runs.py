@@ -1,0 +1,192 @@
+"""What differs between training Medusa heads and an EAGLE-3 module, one class per mode.
+
+The loop in trainer.py is mode-blind: it asks ``RUNS[cfg.mode]`` to check the
+mode's flags and the base, then drives the run's ``forward`` (loss and top-1
+hits per head or depth) and asks it how to export, log and describe what it
+trained. Adding a mode is a class here and a line in ``RUNS``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+from torch import nn
+
+from ..formats.heads import default_eagle_aux_layer_ids
+from .base import decoder_layers, run_base
+from .data import Sequence
+from .eagle import Eagle3Module, eagle_inputs, eagle_llama_config, eagle_loss, eagle_targets
+from .errors import TrainConfigError
+from .export import eagle_config, medusa_config
+from .medusa import DECAY_COEFFICIENT, HEADS_COEFFICIENT, MedusaHeads, medusa_loss
+
+if TYPE_CHECKING:
+    from .trainer import TrainConfig
+
+
+def collate(seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ids, attention mask and loss mask (real tokens after the prompt), each [batch, longest]."""
+    t = max(len(s.ids) for s in seqs)
+    ids = torch.zeros(len(seqs), t, dtype=torch.long)
+    attn = torch.zeros(len(seqs), t, dtype=torch.bool)
+    for r, s in enumerate(seqs):
+        ids[r, : len(s.ids)] = torch.tensor(s.ids)
+        attn[r, : len(s.ids)] = True
+    loss_mask = attn & (torch.arange(t).unsqueeze(0) >= torch.tensor([s.prompt_len for s in seqs]).unsqueeze(1))
+    return ids, attn, loss_mask
+
+
+class Run:
+    """The heads of one mode on a frozen base: their loss, accuracy, export and description."""
+
+    mode: ClassVar[str]
+    aux_ids: list[int] | None = None  # the base layers whose outputs the heads read (None: the last hidden state)
+    heads: nn.Module
+
+    @staticmethod
+    def counts(cfg: "TrainConfig") -> dict[str, int]:
+        """This mode's flags that must be >= 1, by name."""
+        raise NotImplementedError
+
+    @staticmethod
+    def check_config(cfg: "TrainConfig") -> None:
+        """Refuse this mode's other flags that no file is needed to judge."""
+
+    @staticmethod
+    def check_base(cfg: "TrainConfig", num_layers: int | None) -> None:
+        """Refuse flags that do not fit the base's config.json (read before the base's weights load)."""
+
+    def __init__(self, cfg: "TrainConfig", base: nn.Module):
+        self.cfg, self.base = cfg, base
+
+    @property
+    def params(self) -> list[tuple[str, nn.Parameter]]:
+        return [(n, p) for n, p in self.heads.named_parameters() if p.requires_grad]
+
+    def forward(self, seqs: list[Sequence]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+        """Loss of one batch, and (correct, counted) top-1 per head or drafting depth."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def accuracy(self, seqs: list[Sequence], batch_size: int) -> list[float]:
+        totals: list[list[int]] | None = None
+        for i in range(0, len(seqs), batch_size):
+            _, hits = self.forward(seqs[i : i + batch_size])
+            totals = [[a + c, b + n] for (a, b), (c, n) in zip(totals, hits)] if totals else [list(h) for h in hits]
+        return [c / n if n else float("nan") for c, n in totals or []]
+
+    def export_config(self, base_cfg: dict, provenance: dict) -> dict:
+        """The config.json saved beside the heads (ModelOpt's layout)."""
+        raise NotImplementedError
+
+    def provenance(self) -> dict:
+        """This mode's entries in the run's provenance (config.json's specdec_train, training_log.json)."""
+        return {"eagle_aux_hidden_state_layer_ids": self.aux_ids}  # in every provenance: null for Medusa
+
+    def loss_description(self) -> str:
+        """The loss, in words, for the loss curve's title."""
+        raise NotImplementedError
+
+    def card(self) -> tuple[str, str, str]:
+        """For the model card: what was trained, what the accuracy figures are, and the flags that shaped it."""
+        raise NotImplementedError
+
+
+class MedusaRun(Run):
+    mode = "medusa"
+
+    @staticmethod
+    def counts(cfg: "TrainConfig") -> dict[str, int]:
+        return {"medusa_num_heads": cfg.medusa_num_heads}
+
+    @staticmethod
+    def check_config(cfg: "TrainConfig") -> None:
+        if cfg.medusa_num_layers < 0:
+            raise TrainConfigError(f"--medusa_num_layers {cfg.medusa_num_layers} must be >= 0.")
+
+    def __init__(self, cfg: "TrainConfig", base: nn.Module):
+        super().__init__(cfg, base)
+        torch.manual_seed(cfg.seed)
+        lm_head = base.get_output_embeddings().weight
+        self.heads = MedusaHeads(base.config.hidden_size, base.config.vocab_size, cfg.medusa_num_heads, cfg.medusa_num_layers, lm_head)
+
+    def forward(self, seqs: list[Sequence]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+        ids, attn, loss_mask = collate(seqs)
+        out = run_base(self.base, ids, attn, None)
+        return medusa_loss(self.heads, out.last_hidden, ids, loss_mask, HEADS_COEFFICIENT, DECAY_COEFFICIENT)
+
+    def export_config(self, base_cfg: dict, provenance: dict) -> dict:
+        return medusa_config(base_cfg, self.cfg.medusa_num_heads, self.cfg.medusa_num_layers, provenance)
+
+    def loss_description(self) -> str:
+        return "sum of 0.2 x 0.8^i x CE of head i"
+
+    def card(self) -> tuple[str, str, str]:
+        cfg = self.cfg
+        what = (f"{cfg.medusa_num_heads} Medusa heads of {cfg.medusa_num_layers} residual block(s) each; head i predicts "
+                f"token t+2+i from the base's last hidden state")
+        return what, "top-1 per head (head 0 = t+2)", f"--medusa_num_heads {cfg.medusa_num_heads} --medusa_num_layers {cfg.medusa_num_layers}"
+
+
+class EagleRun(Run):
+    mode = "eagle"
+
+    @staticmethod
+    def counts(cfg: "TrainConfig") -> dict[str, int]:
+        return {"eagle_num_layers": cfg.eagle_num_layers, "eagle_ttt_steps": cfg.eagle_ttt_steps}
+
+    @staticmethod
+    def check_config(cfg: "TrainConfig") -> None:
+        if not 0 < cfg.eagle_loss_decay_factor <= 1:
+            raise TrainConfigError(f"--eagle_loss_decay_factor {cfg.eagle_loss_decay_factor} must be in (0, 1] (1: every TTT step weighs the same).")
+
+    @staticmethod
+    def check_base(cfg: "TrainConfig", num_layers: int | None) -> None:
+        if cfg.eagle_aux_layer_ids and num_layers and max(cfg.eagle_aux_layer_ids) >= num_layers:
+            raise TrainConfigError(f"--eagle_aux_layer_ids {sorted(set(cfg.eagle_aux_layer_ids))}: the base model has layers 0..{num_layers - 1} only.")
+
+    def __init__(self, cfg: "TrainConfig", base: nn.Module):
+        super().__init__(cfg, base)
+        torch.manual_seed(cfg.seed)
+        n_layers = len(decoder_layers(base))
+        self.aux_ids = sorted(set(cfg.eagle_aux_layer_ids)) if cfg.eagle_aux_layer_ids else default_eagle_aux_layer_ids(n_layers)
+        if max(self.aux_ids) >= n_layers:
+            raise TrainConfigError(f"--eagle_aux_layer_ids {self.aux_ids}: the base model has layers 0..{n_layers - 1} only.")
+        self.eagle_cfg = eagle_llama_config(base.config, cfg.eagle_num_layers)
+        self.heads = Eagle3Module(self.eagle_cfg, len(self.aux_ids), base.get_output_embeddings().weight)
+
+    def forward(self, seqs: list[Sequence]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+        ids, attn, loss_mask = collate(seqs)
+        out = run_base(self.base, ids, attn, self.aux_ids)
+        aux, next_embeds = eagle_inputs(ids, out.aux_hidden, self.base.get_input_embeddings())
+        steps = self.heads.ttt_hidden(aux, next_embeds, attn[:, :-1], self.cfg.eagle_ttt_steps)  # each [batch, seq-1, hidden]
+        targets = eagle_targets(out.last_hidden, self.base.get_output_embeddings(), loss_mask)
+        losses, hits = [], []
+        for j, hidden in enumerate(steps, start=1):  # every step against the same base distributions
+            loss, h = eagle_loss(self.heads, hidden, out.last_hidden, self.base.get_output_embeddings(), loss_mask, step=j, targets=targets)
+            losses.append(loss)
+            hits.append(h)
+        weights = torch.tensor([self.cfg.eagle_loss_decay_factor ** j for j in range(len(losses))])
+        return (torch.stack(losses) * weights).sum() / weights.sum(), hits  # a weighted mean: one step = today's loss
+
+    def export_config(self, base_cfg: dict, provenance: dict) -> dict:
+        return eagle_config(base_cfg, self.eagle_cfg, self.aux_ids, provenance)
+
+    def provenance(self) -> dict:
+        return {**super().provenance(), "eagle_ttt_steps": self.cfg.eagle_ttt_steps, "eagle_loss_decay_factor": self.cfg.eagle_loss_decay_factor}
+
+    def loss_description(self) -> str:
+        return f"KL(base || EAGLE), mean of {self.cfg.eagle_ttt_steps} TTT step(s) weighted {self.cfg.eagle_loss_decay_factor}^(step - 1)"
+
+    def card(self) -> tuple[str, str, str]:
+        cfg = self.cfg
+        what = (f"an EAGLE-3 module of {cfg.eagle_num_layers} decoder layer(s) over the base's layers "
+                f"{self.aux_ids} and the next token's embedding; LM head = the base's, frozen"
+                f"; trained with {cfg.eagle_ttt_steps} training-time-test step(s): step j feeds the module its own "
+                f"step j-1 outputs as drafting depth j does, loss = the steps' mean weighted {cfg.eagle_loss_decay_factor}^(j-1)")
+        acc_label = f"top-1 agreement with the base, per drafting depth 1..{cfg.eagle_ttt_steps} (TTT step j = depth j)"
+        return what, acc_label, f"--eagle_num_layers {cfg.eagle_num_layers} --eagle_ttt_steps {cfg.eagle_ttt_steps}"
+
+
+RUNS: dict[str, type[Run]] = {run.mode: run for run in (MedusaRun, EagleRun)}
