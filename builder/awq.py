@@ -291,7 +291,7 @@ def search_network_scales(float_network, taps, cache_shape, num_layers, samples,
     """
     import onnxruntime as ort
 
-    from .backends.onnxruntime import write_engine
+    from .network_file import save_network
 
     weights = _weight_tensors(float_network, taps)
     in_features = {name: int(t.dims[0]) for name, t in weights.items()}
@@ -301,8 +301,8 @@ def search_network_scales(float_network, taps, cache_shape, num_layers, samples,
     opts.log_severity_level = 3
     results: dict[str, ScaleSearch] = {}
     with tempfile.TemporaryDirectory(prefix="specdec-awq-") as tmp:
-        # write_engine moves the weights out of the proto into tmp: read them back from there below.
-        sess = ort.InferenceSession(str(Path(tmp) / write_engine(float_network, Path(tmp))), opts, providers=["CPUExecutionProvider"])
+        # save_network moves the weights out of the proto into tmp: read them back from there below.
+        sess = ort.InferenceSession(str(Path(tmp) / save_network(float_network, Path(tmp))), opts, providers=["CPUExecutionProvider"])
         for group in _tap_groups(in_features, GRAM_BUDGET_BYTES):
             stats = _collect_stats(sess, {k: taps[k] for k in group}, in_features, cache_shape, num_layers, samples)
             for name in group:

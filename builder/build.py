@@ -21,7 +21,7 @@ from ..runtime import __version__
 from ..runtime.engine_format import CONFIG_FILE, EAGLE_MODULE_DIR, TREE_MODES, BuildConfig, EngineConfig, ModelConfig, hash_directory
 from ..runtime.errors import BuildConfigError
 from .architectures import checkpoint_dtype, model_config_from_hf
-from .backends import resolve_backend
+from .backends import AUTO, BACKENDS, backend_module, check_own_options, refuse_foreign_options, resolve_backend
 from .checkpoint import load_checkpoint
 from .quantization import Fp8Convention, IntConvention, detect_checkpoint_quantization
 from .validation import check_memory_limits, validate_checkpoint
@@ -44,6 +44,7 @@ class BuildResult:
     num_parameters: int
     engine_bytes: int
     seconds: float
+    backend_summary: str | None = None  # the backend's line for the report (Compiled.summary)
 
 
 def validate_build_config(build: BuildConfig, model: ModelConfig) -> None:
@@ -77,14 +78,11 @@ def validate_build_config(build: BuildConfig, model: ModelConfig) -> None:
     if build.lowering == "ort_cuda" and build.quantization == "fp8":
         problems.append("lowering ort_cuda computes in the storage dtype and has no FP8 path: use --qformat none (or another lowering)")
     scheme = WeightOnlyScheme.of(build)
-    if scheme is not None:
-        if build.backend == "tensorrt" and not scheme.symmetric:
-            problems.append("the tensorrt backend takes symmetric weight-only weights (no zero points): drop --asymmetric")
-        if build.backend == "tensorrt" and scheme.bits == 8 and scheme.group_size:
-            problems.append("the tensorrt backend takes int8 weights per channel only: use --group_size 0 (the int8 default)")
-    elif build.group_size is not None or not build.symmetric or build.quantize_lm_head:
+    if scheme is None and (build.group_size is not None or not build.symmetric or build.quantize_lm_head):
         given = [f for f, on in (("--group_size", build.group_size is not None), ("--asymmetric", not build.symmetric), ("--quantize_lm_head", build.quantize_lm_head)) if on]
         problems.append(f"{', '.join(given)} apply only to weight-only quantization (--qformat int8_wo, int4_wo or int4_awq), not to {build.quantization}")
+    if build.backend in BACKENDS[1:]:  # what the backend itself cannot build (its module says)
+        problems += backend_module(build.backend).refusals(build)
     if problems:
         raise BuildConfigError("invalid build configuration: " + "; ".join(problems) + ".")
 
@@ -166,13 +164,12 @@ def resolve_lowering(build: BuildConfig) -> BuildConfig:
     """auto -> the fastest lowering the backend runs; record the KV layout it implies."""
     from ..plugins import LOWERINGS
 
-    name = build.lowering
-    if name == "auto":
-        name = "ort_cpu" if build.backend == "onnxruntime" else "portable"
+    backend = backend_module(build.backend)
+    name = backend.DEFAULT_LOWERING if build.lowering == "auto" else build.lowering
     if name not in LOWERINGS:
         raise BuildConfigError(f"lowering {name!r} is not one of auto, {', '.join(LOWERINGS)}.")
-    if build.backend in ("tensorrt", "tensorrt_rtx") and name != "portable":
-        raise BuildConfigError(f"the {build.backend} backend parses the portable lowering only, not {name!r}.")
+    if name not in backend.LOWERINGS:
+        raise BuildConfigError(f"the {build.backend} backend parses the {' or '.join(backend.LOWERINGS)} lowering only, not {name!r}.")
     return replace(build, lowering=name, kv_layout=LOWERINGS[name].kv_layout)
 
 
@@ -233,8 +230,10 @@ def build_engine(
     """
     t0 = time.perf_counter()
     output_dir = Path(output_dir)
-    if trt_exclude_lean_runtime and not trt_version_compatible:
-        raise BuildConfigError("--trt_exclude_lean_runtime only applies to version-compatible plans: add --trt_version_compatible.")
+    # the backends' own options, each refused by the backend that takes it (backends/__init__.py)
+    options = {"trt_timing_cache": trt_timing_cache, "trt_version_compatible": trt_version_compatible,
+               "trt_exclude_lean_runtime": trt_exclude_lean_runtime, "target_sm": target_sm}
+    check_own_options(options)
     prepare_output(output_dir, force)
     check_head_flags(build, {"medusa": medusa_dir, "eagle": eagle_dir})
     check_tree_backend(build)  # the explicit flags, before any work; again once auto is resolved
@@ -250,11 +249,7 @@ def build_engine(
     build = resolve_attention(build)
     validate_build_config(build, model)
     check_memory_limits(model, build)
-    trt_options = [f for f, on in (("--trt_timing_cache", trt_timing_cache), ("--trt_version_compatible", trt_version_compatible),
-                                   ("--trt_exclude_lean_runtime", trt_exclude_lean_runtime)) if on]
-    if trt_options and build.backend != "tensorrt":
-        raise BuildConfigError(f"{', '.join(trt_options)} only {'applies' if len(trt_options) == 1 else 'apply'} to --backend tensorrt (this build uses {build.backend}).")
-    rtx_targets = _rtx_targets(build, target_sm)
+    refuse_foreign_options(build.backend, options)
 
     if build.fp8_activations == "static" and calib_dataset is None and fp8 is None:
         raise BuildConfigError("--fp8_activations static needs calibration: pass --calib_dataset FILE (or use dynamic).")
@@ -273,8 +268,8 @@ def build_engine(
         eagle = load_eagle_module(eagle_dir, model)
         build = replace(build, eagle_num_layers=eagle.num_layers, eagle_aux_layer_ids=tuple(eagle.aux_layer_ids))
 
-    from .backends import onnxruntime as backend
     from .network import build_network
+    from .network_file import save_network
 
     total = model.num_layers + 3 + (eagle is not None)
     report = progress or (lambda *_: None)
@@ -312,44 +307,24 @@ def build_engine(
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.building-", dir=output_dir.parent))
     try:
-        network_file = backend.write_engine(network, tmp)
+        network_file = save_network(network, tmp)
         report("write", model.num_layers + 1, total)
         for f in ckpt.tokenizer_files():
             shutil.copy2(f, tmp / f.name)
         versions = _versions()
         if eagle is not None:  # inside tmp, so the target's hashes cover it and a failure leaves nothing
             report("eagle module", model.num_layers + 1, total)
-            _write_eagle_module(tmp, ckpt, eagle, model, build, versions, checkpoint_dir)
-        trt_meta = rtx_meta = None
-        if build.backend == "tensorrt_rtx":
-            from .backends.tensorrt_rtx import build_rtx_engines
-
-            backend.check_loads(tmp)  # the portable network runs under ONNX Runtime before TensorRT-RTX compiles it
-            rtx_meta = build_rtx_engines(tmp / network_file, tmp, build, model, rtx_targets, say=say)
-            versions["tensorrt_rtx"] = rtx_meta["tensorrt_rtx_version"]
-            network_file = rtx_meta["targets"][rtx_targets[0]]["network_file"]  # one per target: the executor picks by the GPU
-        elif build.backend == "tensorrt":
-            from ..runtime.backends.tensorrt.executor import ENGINE_FILE
-            from .backends.tensorrt import build_tensorrt_engine
-
-            trt_meta = build_tensorrt_engine(tmp / network_file, tmp, build, model, Path(trt_timing_cache) if trt_timing_cache else None,
-                                             trt_version_compatible, exclude_lean_runtime=trt_exclude_lean_runtime, say=say)
-            versions["tensorrt"] = trt_meta["tensorrt_version"]
-            network_file = ENGINE_FILE  # the ONNX stays beside it: the graph the plan was built from
-        elif _computes_in_float32(build):
-            backend.check_loads(tmp)
-        else:  # half-precision compute (ort_cuda): ONNX Runtime on CPU has no kernels to load it with; check the graph itself
-            _check_graph(tmp / network_file)
+            _write_eagle_module(tmp, ckpt, eagle, model, build, versions, checkpoint_dir, say)
+        compiled = backend_module(build.backend).compile_engine(tmp, network_file, build, model, options, say)
         report("verify", model.num_layers + 2, total)
         config = EngineConfig(
             model=model,
             build=build,
             files=hash_directory(tmp),
-            versions=versions,
-            network_file=network_file,
+            versions={**versions, **compiled.versions},
+            network_file=compiled.network_file,
             extra={
-                **({"tensorrt": trt_meta} if trt_meta else {}),
-                **({"tensorrt_rtx": rtx_meta} if rtx_meta else {}),
+                **compiled.extra,
                 "checkpoint": str(Path(checkpoint_dir).resolve()),
                 "checkpoint_dtype": checkpoint_dtype(ckpt.hf_config),
                 "checkpoint_fp8": fp8.method if fp8 else None,
@@ -363,26 +338,13 @@ def build_engine(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     engine_bytes = sum(p.stat().st_size for p in output_dir.rglob("*") if p.is_file())
-    return BuildResult(output_dir, config, num_parameters, engine_bytes, time.perf_counter() - t0)
+    return BuildResult(output_dir, config, num_parameters, engine_bytes, time.perf_counter() - t0, compiled.summary)
 
 
 HEAD_FLAGS = {  # mode -> (its flag, what the directory holds)
     "medusa": ("--medusa_dir", "the Medusa heads"),
     "eagle": ("--eagle_dir", "an EAGLE-3 module"),
 }
-
-
-def _rtx_targets(build: BuildConfig, target_sm: str | None) -> tuple[str, ...]:
-    """--target_sm: required by, and only for, --backend tensorrt_rtx; checked with the build before any work."""
-    if build.backend != "tensorrt_rtx":
-        if target_sm:
-            raise BuildConfigError(f"--target_sm only applies to --backend tensorrt_rtx (this build uses {build.backend}).")
-        return ()
-    from .backends.tensorrt_rtx import check_rtx_build, parse_target_sms
-
-    targets = parse_target_sms(target_sm)
-    check_rtx_build(build, targets)
-    return targets
 
 
 def check_head_flags(build: BuildConfig, head_dirs: dict[str, str | Path | None]) -> None:
@@ -400,14 +362,15 @@ def check_head_flags(build: BuildConfig, head_dirs: dict[str, str | Path | None]
 
 def check_tree_backend(build: BuildConfig) -> None:
     """Medusa and EAGLE targets (and --tree_attention ones) verify trees of drafts: a tree_mask input, which every onnxruntime
-    lowering builds (ort_cuda with its masked attention)."""
+    lowering builds (ort_cuda with its masked attention), compiled by the backends that declare TREE_ATTENTION."""
     mode = build.speculative_decoding_mode
     if mode not in TREE_MODES and not build.tree_attention:
         return
     what = f"--speculative_decoding_mode {mode}" if mode in TREE_MODES else "--tree_attention"
-    if build.backend in ("tensorrt", "tensorrt_rtx"):
-        raise BuildConfigError(f"{what} runs on the onnxruntime backend only for now (tree attention is not verified "
-                               f"on {'TensorRT' if build.backend == 'tensorrt' else 'TensorRT for RTX'}): use --backend onnxruntime.")
+    backend = backend_module(build.backend) if build.backend in BACKENDS[1:] else None  # auto: checked again once resolved
+    if backend is not None and not backend.TREE_ATTENTION:
+        raise BuildConfigError(f"{what} runs on the {AUTO} backend only for now (tree attention is not verified "
+                               f"on {backend.TITLE}): use --backend {AUTO}.")
     if build.lowering == "ort_cuda" and build.cuda_attention == "gqa":
         raise BuildConfigError(f"{what} verifies trees, which GroupQueryAttention cannot mask: use --cuda_attention masked (or auto).")
 
@@ -441,21 +404,20 @@ def load_eagle_module(eagle_dir: str | Path, model: ModelConfig):
     return heads
 
 
-def _write_eagle_module(target_dir: Path, ckpt, heads, model: ModelConfig, build: BuildConfig, versions: dict[str, str], checkpoint_dir) -> None:
-    """The EAGLE-3 module's engine in target_dir/eagle: its network, checked to load, and its own config.json."""
-    from .backends import onnxruntime as backend
+def _write_eagle_module(target_dir: Path, ckpt, heads, model: ModelConfig, build: BuildConfig, versions: dict[str, str], checkpoint_dir,
+                        say: Callable[[str], None]) -> None:
+    """The EAGLE-3 module's engine in target_dir/eagle: its network, compiled (checked to load) by the target's backend, and its
+    own config.json."""
     from .eagle import build_eagle_network, module_build_config, module_model_config
+    from .network_file import save_network
 
     cfg, module_build = module_model_config(model, heads), module_build_config(build, heads)
     out = target_dir / EAGLE_MODULE_DIR
     out.mkdir()
-    network_file = backend.write_engine(build_eagle_network(ckpt, heads, cfg, module_build), out)
-    if _computes_in_float32(module_build):
-        backend.check_loads(out)
-    else:
-        _check_graph(out / network_file)
-    config = EngineConfig(model=cfg, build=module_build, files=hash_directory(out), versions=versions, network_file=network_file,
-                          extra={"checkpoint": str(Path(checkpoint_dir).resolve()), "eagle_dir": str(Path(heads.path).resolve()),
+    network_file = save_network(build_eagle_network(ckpt, heads, cfg, module_build), out)
+    compiled = backend_module(module_build.backend).compile_engine(out, network_file, module_build, cfg, {}, say)
+    config = EngineConfig(model=cfg, build=module_build, files=hash_directory(out), versions={**versions, **compiled.versions},
+                          network_file=compiled.network_file, extra={**compiled.extra,"checkpoint": str(Path(checkpoint_dir).resolve()), "eagle_dir": str(Path(heads.path).resolve()),
                                  "eagle_config": heads.config})
     (out / CONFIG_FILE).write_text(config.to_json())
 
@@ -468,21 +430,6 @@ def _count_parameters(network) -> int:
             attrs = {a.name: a.i for a in node.attribute}
             count += attrs["K"] * attrs["N"]
     return count
-
-
-def _computes_in_float32(build: BuildConfig) -> bool:
-    from ..plugins import get_lowering
-
-    return get_lowering(build.lowering).compute_dtype(build) == "float32"
-
-
-def _check_graph(path: Path) -> None:
-    import onnx
-
-    try:
-        onnx.checker.check_model(str(path), full_check=True)
-    except Exception as err:  # onnx raises several untyped errors
-        raise BuildConfigError(f"the built network {path.name} is not a valid ONNX model: {err}") from err
 
 
 def _move_into_place(tmp: Path, output_dir: Path) -> None:

@@ -37,7 +37,7 @@ def calibrate_activation_scales(model, taps: dict[str, str], cache_shape: tuple[
     """Run ``samples`` through the float network ``model``; amax/448 per linear layer input (``taps``: name -> value)."""
     import onnxruntime as ort
 
-    from .backends.onnxruntime import write_engine
+    from .network_file import save_network
 
     graph = model.graph
     for value in taps.values():
@@ -47,7 +47,7 @@ def calibrate_activation_scales(model, taps: dict[str, str], cache_shape: tuple[
     with tempfile.TemporaryDirectory(prefix="specdec-calib-") as tmp:
         # From files, weights external: one serialized proto is capped at 2 GiB (~500M float32 parameters);
         # the session runs inside the block, so the files outlive it everywhere.
-        sess = ort.InferenceSession(str(Path(tmp) / write_engine(model, Path(tmp))), opts, providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(str(Path(tmp) / save_network(model, Path(tmp))), opts, providers=["CPUExecutionProvider"])
         names = list(taps)
         amax = dict.fromkeys(names, 0.0)
         for feed in context_feeds(samples, cache_shape, num_layers):

@@ -39,7 +39,7 @@ _FLOAT_BITS = {
     FP8_DTYPE: (np.uint8, 0x7F, 0x7F),
 }
 
-# The ceiling for a KV cache that lives on a GPU (backend tensorrt, lowering ort_cuda): the engine runs on a
+# The ceiling for a KV cache that lives on a GPU (a backend whose DEVICE is not the CPU, lowering ort_cuda): the engine runs on a
 # GPU that need not be this machine's, and tp_size is 1, so one GPU holds the whole cache. No single
 # accelerator has more than this today (NVIDIA B300 / Rubin, AMD MI355X: 288 GB); raise it when one does.
 LARGEST_ACCELERATOR_BYTES = 288 * 2**30
@@ -61,7 +61,9 @@ def physical_memory_bytes() -> int | None:
 
 def memory_bound(build: BuildConfig) -> tuple[int, str]:
     """The most memory the engine's KV cache could ever get, and what that is, in words."""
-    if build.backend in ("tensorrt", "tensorrt_rtx") or build.lowering == "ort_cuda":
+    from .backends import backend_module
+
+    if backend_module(build.backend).DEVICE != "cpu" or build.lowering == "ort_cuda":
         return LARGEST_ACCELERATOR_BYTES, f"the memory of the largest single GPU ({_human(LARGEST_ACCELERATOR_BYTES)})"
     host = physical_memory_bytes()
     if host is None:

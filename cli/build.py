@@ -167,10 +167,8 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
         f"  limits: batch {b.max_batch_size}, input {b.max_input_len}, seq {b.max_seq_len}, draft {b.max_draft_len} ({b.speculative_decoding_mode})\n"
         f"  size {human_bytes(result.engine_bytes)}, {len(result.config.files)} files, {result.seconds:.1f}s"
     )
-    rtx = result.config.extra.get("tensorrt_rtx")
-    if rtx:
-        click.echo(f"  TensorRT for RTX {rtx['tensorrt_rtx_version']} engines: "
-                   + ", ".join(f"{sm} ({t['network_file']})" for sm, t in rtx["targets"].items()) + "; run on an RTX GPU of that SM")
+    if result.backend_summary:  # what the backend made beyond the network (builder/backends/: Compiled.summary)
+        click.echo(f"  {result.backend_summary}")
     if b.speculative_decoding_mode == "eagle":
         click.echo(f"  EAGLE-3 module engine: {Path(result.output_dir) / EAGLE_MODULE_DIR}  [{b.eagle_num_layers} layer(s), fed by layers "
                    f"{', '.join(map(str, b.eagle_aux_layer_ids))} through eagle_hidden]")

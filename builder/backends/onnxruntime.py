@@ -1,37 +1,74 @@
-"""The onnxruntime backend: the network as ``model.onnx`` + external weights."""
+"""The onnxruntime backend: the network ships as it was written, ``model.onnx`` + ``model.onnx.data``.
+
+Its engines run on ONNX Runtime: on the CPU (lowerings ``ort_cpu``, the default,
+and ``portable``) or on its CUDA provider (lowering ``ort_cuda``, docs/gpu.md).
+Compiling is checking: ONNX Runtime on the CPU opens the network once, so an
+engine that cannot be loaded fails at build time, not on the host.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Callable
 
-import onnx
-
+from ...runtime.engine_format import BuildConfig, ModelConfig
 from ...runtime.errors import BuildConfigError
+from .base import Compiled
 
-NETWORK_FILE = "model.onnx"
-WEIGHTS_FILE = "model.onnx.data"
-
-
-def write_engine(model: onnx.ModelProto, out_dir: Path) -> str:
-    """Serialize the network into ``out_dir``; return the network file's name."""
-    onnx.save_model(
-        model,
-        str(out_dir / NETWORK_FILE),
-        save_as_external_data=True,
-        all_tensors_to_one_file=True,
-        location=WEIGHTS_FILE,
-        size_threshold=1024,
-    )
-    return NETWORK_FILE
+TITLE = "ONNX Runtime"
+DEVICE = "cpu"  # ort_cuda's graphs run on the CUDA provider: the lowering says so (validation.memory_bound)
+DEFAULT_LOWERING = "ort_cpu"
+LOWERINGS = ("ort_cpu", "portable", "ort_cuda")
+TREE_ATTENTION = True
+OPTIONS: dict[str, str] = {}
+NOTICE = None
 
 
-def check_loads(out_dir: Path) -> None:
+def host_problem() -> str | None:
+    return None  # onnx and onnxruntime are the build extra's own dependencies
+
+
+def auto_note() -> str | None:
+    return None
+
+
+def check_options(options: dict[str, Any]) -> None:
+    pass
+
+
+def refusals(build: BuildConfig) -> list[str]:
+    return []
+
+
+def compile_engine(out_dir: Path, network_file: str, build: BuildConfig, model: ModelConfig, options: dict[str, Any],
+            say: Callable[[str], None]) -> Compiled:
+    """Open the network under ONNX Runtime on the CPU; a half-precision graph (ort_cuda), which the CPU provider has no
+    kernels for, gets the ONNX checker instead."""
+    from ...plugins import get_lowering
+
+    if get_lowering(build.lowering).compute_dtype(build) == "float32":
+        check_loads(out_dir / network_file)
+    else:
+        check_graph(out_dir / network_file)
+    return Compiled(network_file)
+
+
+def check_loads(path: Path) -> None:
     """Create one ONNX Runtime session: a build that cannot be loaded fails here, not on the host."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
-        ort.InferenceSession(str(out_dir / NETWORK_FILE), opts, providers=["CPUExecutionProvider"])
+        ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     except Exception as err:  # onnxruntime raises its own untyped errors
         raise BuildConfigError(f"ONNX Runtime {ort.__version__} cannot load the built network: {err}") from err
+
+
+def check_graph(path: Path) -> None:
+    import onnx
+
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except Exception as err:  # onnx raises several untyped errors
+        raise BuildConfigError(f"the built network {path.name} is not a valid ONNX model: {err}") from err

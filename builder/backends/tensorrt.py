@@ -17,14 +17,28 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from ...runtime.engine_format import BuildConfig, ModelConfig
 from ...runtime.errors import BuildConfigError, DeviceError
 from ...runtime.backends.tensorrt.executor import ENGINE_FILE
 from ...runtime.backends.tensorrt.host import MIN_TENSORRT, cuda_call, cuda_device_info, cudart_module, visible_gpu_count
+from ..weight_only import WeightOnlyScheme
+from .base import Compiled
 from .trt_onnx import add_profiles, collecting_logger, generation_width, parse_portable, profile_shapes, profiles_record, static_kv_onnx  # noqa: F401 (re-exported)
 
+TITLE = "TensorRT"
+DEVICE = "cuda"
+DEFAULT_LOWERING = "portable"
+LOWERINGS = ("portable",)  # TensorRT's ONNX parser maps the portable graph's standard ops; ort_* use ONNX Runtime's own ops
+TREE_ATTENTION = False  # the tree_mask input is not verified on TensorRT
+OPTIONS = {  # build_engine keyword -> specdec-build flag
+    "trt_timing_cache": "--trt_timing_cache",
+    "trt_version_compatible": "--trt_version_compatible",
+    "trt_exclude_lean_runtime": "--trt_exclude_lean_runtime",
+}
+NEVER_RUN = "the tensorrt backend has never built or run an engine on a GPU here (docs/tensorrt.md)"
+NOTICE = f"{NEVER_RUN}: this engine is untested; compare its outputs with an --backend onnxruntime build before relying on it."
 INSTALL_HINT = 'pip install "specdec[tensorrt]" on a host with an NVIDIA GPU and its driver'
 
 
@@ -39,6 +53,41 @@ def tensorrt_available() -> tuple[bool, str]:
     except DeviceError as err:  # no cuda-python, or no GPU: the message says which
         return False, str(err)
     return True, ""
+
+
+def host_problem() -> str | None:
+    ok, why = tensorrt_available()
+    return None if ok else f"{why} Besides, {NEVER_RUN}. Use --backend onnxruntime, which runs the same network on CPU."
+
+
+def auto_note() -> str | None:
+    ok, _ = tensorrt_available()
+    return "TensorRT can build here: pass --backend tensorrt to use it (never built or run on a GPU here)" if ok else "no TensorRT on this host"
+
+
+def check_options(options: dict[str, Any]) -> None:
+    if options.get("trt_exclude_lean_runtime") and not options.get("trt_version_compatible"):
+        raise BuildConfigError("--trt_exclude_lean_runtime only applies to version-compatible plans: add --trt_version_compatible.")
+
+
+def refusals(build: BuildConfig) -> list[str]:
+    """Weight-only forms this backend's DequantizeLinear path does not take."""
+    scheme = WeightOnlyScheme.of(build)
+    problems = []
+    if scheme is not None and not scheme.symmetric:
+        problems.append("the tensorrt backend takes symmetric weight-only weights (no zero points): drop --asymmetric")
+    if scheme is not None and scheme.bits == 8 and scheme.group_size:
+        problems.append("the tensorrt backend takes int8 weights per channel only: use --group_size 0 (the int8 default)")
+    return problems
+
+
+def compile_engine(out_dir: Path, network_file: str, build: BuildConfig, model: ModelConfig, options: dict[str, Any],
+                   say: Callable[[str], None]) -> Compiled:
+    """The plan beside the ONNX it was parsed from (the graph stays: what the plan was built from)."""
+    cache = options.get("trt_timing_cache")
+    meta = build_tensorrt_engine(out_dir / network_file, out_dir, build, model, Path(cache) if cache else None,
+                                 bool(options.get("trt_version_compatible")), exclude_lean_runtime=bool(options.get("trt_exclude_lean_runtime")), say=say)
+    return Compiled(ENGINE_FILE, {"tensorrt": meta["tensorrt_version"]}, {"tensorrt": meta})
 
 
 def build_tensorrt_engine(

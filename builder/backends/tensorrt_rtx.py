@@ -21,13 +21,21 @@ Every ``tensorrt_rtx`` / ``onnx`` import is inside a function.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from ...runtime.engine_format import BuildConfig, ModelConfig
 from ...runtime.errors import BuildConfigError
 from ..weight_only import WeightOnlyScheme
+from .base import Compiled
 from .trt_onnx import add_profiles, collecting_logger, parse_portable, profiles_record, static_kv_proto
 
+TITLE = "TensorRT for RTX"
+DEVICE = "cuda"
+DEFAULT_LOWERING = "portable"
+LOWERINGS = ("portable",)  # the same ONNX parser as TensorRT's: the portable graph's standard ops
+TREE_ATTENTION = False  # the tree_mask input is not verified on TensorRT for RTX
+OPTIONS = {"target_sm": "--target_sm"}  # build_engine keyword -> specdec-build flag
+NOTICE = None  # its build runs and is tested here; its engines say where they run (docs/tensorrt.md#tensorrt-for-rtx)
 INSTALL_HINT = "pip install 'specdec[build,tensorrt-rtx-build]' (any Linux x86-64 host; no GPU needed)"
 EP_NAME = "NvTensorRTRTXExecutionProvider"
 # The compute capabilities TensorRT for RTX and its execution provider build for (the provider's
@@ -51,6 +59,42 @@ def tensorrt_rtx_available() -> tuple[bool, str]:
     except Exception as err:  # ImportError, or OSError when libtensorrt_rtx is missing
         return False, f"the `tensorrt_rtx` Python module is not importable ({err}); {INSTALL_HINT}."
     return True, ""
+
+
+def host_problem() -> str | None:
+    ok, why = tensorrt_rtx_available()
+    return None if ok else why
+
+
+def auto_note() -> str | None:
+    return None  # auto picks onnxruntime; an RTX build is asked for by name, with the GPUs it targets
+
+
+def check_options(options: dict[str, Any]) -> None:
+    pass  # --target_sm is checked with the build (check_build): it needs the quantization
+
+
+def refusals(build: BuildConfig) -> list[str]:
+    return []  # said in its own sentences, with the targets (check_build)
+
+
+def check_build(build: BuildConfig, options: dict[str, Any]) -> None:
+    """--target_sm is required, and what TensorRT for RTX refuses for those targets is refused now."""
+    check_rtx_build(build, parse_target_sms(options.get("target_sm")))
+
+
+def compile_engine(out_dir: Path, network_file: str, build: BuildConfig, model: ModelConfig, options: dict[str, Any],
+                   say: Callable[[str], None]) -> Compiled:
+    """One engine + EPContext model per target SM; the first target's EPContext model is config.json's network_file (the
+    executor picks the one of its GPU). The portable network runs under ONNX Runtime before TensorRT for RTX compiles it."""
+    from .onnxruntime import check_loads
+
+    check_loads(out_dir / network_file)
+    targets = parse_target_sms(options.get("target_sm"))
+    meta = build_rtx_engines(out_dir / network_file, out_dir, build, model, targets, say=say)
+    summary = (f"TensorRT for RTX {meta['tensorrt_rtx_version']} engines: "
+               + ", ".join(f"{sm} ({t['network_file']})" for sm, t in meta["targets"].items()) + "; run on an RTX GPU of that SM")
+    return Compiled(meta["targets"][targets[0]]["network_file"], {"tensorrt_rtx": meta["tensorrt_rtx_version"]}, {"tensorrt_rtx": meta}, summary)
 
 
 def parse_target_sms(text: str | None) -> tuple[str, ...]:

@@ -1,0 +1,28 @@
+"""The network on disk: ``model.onnx`` + its weights in ``model.onnx.data``.
+
+Every backend starts from these two files (the onnxruntime backend ships
+them as they are, the tensorrt backend compiles them), and calibration and
+AWQ run the float network from them under ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+
+NETWORK_FILE = "model.onnx"
+WEIGHTS_FILE = "model.onnx.data"
+
+
+def save_network(model: onnx.ModelProto, out_dir: Path) -> str:
+    """Serialize the network into ``out_dir``, weights external (one proto is capped at 2 GiB); return the network file's name."""
+    onnx.save_model(
+        model,
+        str(out_dir / NETWORK_FILE),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=WEIGHTS_FILE,
+        size_threshold=1024,
+    )
+    return NETWORK_FILE
