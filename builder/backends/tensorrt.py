@@ -11,6 +11,12 @@ profiles) is shared with the TensorRT-for-RTX backend: ``trt_onnx``.
 
 Every ``tensorrt`` / ``cuda`` import is inside a function: importing this
 module (and the pure ``profile_shapes``) works on hosts without either.
+
+Status: written from TensorRT's documented Python API and checked on GPU-less
+hosts only (tests/builder/test_tensorrt_backend.py: the profiles, the static
+cache axis, the refusals, and the builder's API names against the TensorRT for
+RTX module where one is installed). This backend has never built or run an
+engine on a GPU here (docs/tensorrt.md); every build that uses it says so.
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ def tensorrt_available() -> tuple[bool, str]:
 
 def host_problem() -> str | None:
     ok, why = tensorrt_available()
-    return None if ok else f"{why} Besides, {NEVER_RUN}. Use --backend onnxruntime, which runs the same network on CPU."
+    return None if ok else f"{why} {NEVER_RUN[0].upper()}{NEVER_RUN[1:]}; use --backend onnxruntime, which runs the same network on CPU."
 
 
 def auto_note() -> str | None:

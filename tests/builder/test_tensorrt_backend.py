@@ -142,6 +142,67 @@ def test_tensorrt_unavailable_names_the_extra(onnx_engine, tmp_path):
         TrtExecutor(onnx_engine)
 
 
+def test_tensorrt_says_plainly_it_never_ran(monkeypatch):
+    """Its modules' docstrings, the refusal on a host without TensorRT, auto's note and the warning of a build that uses
+    it all say that this backend has never built or run an engine on a GPU here."""
+    import specdec.builder.backends.tensorrt as trt_builder
+    import specdec.runtime.backends.tensorrt as trt_runtime
+    from specdec.builder.backends import resolve_backend
+    from specdec.runtime.backends.tensorrt import executor, host
+
+    assert all("never" in m.__doc__.lower() for m in (trt_builder, trt_runtime, executor, host))
+    monkeypatch.setattr(trt_builder, "tensorrt_available", lambda: (False, "no tensorrt module."))
+    with pytest.raises(BuildConfigError, match=r"no tensorrt module\. The tensorrt backend has never built or run an engine on a GPU here"):
+        resolve_backend("tensorrt")
+    monkeypatch.setattr(trt_builder, "tensorrt_available", lambda: (True, ""))
+    said: list[str] = []
+    assert resolve_backend("tensorrt", said.append) == "tensorrt" and resolve_backend("auto", said.append) == "onnxruntime"
+    assert said[0].startswith("warning: the tensorrt backend has never built or run an engine on a GPU here") and "untested" in said[0]
+    assert said[1] == "backend: auto -> onnxruntime (TensorRT can build here: pass --backend tensorrt to use it (never built or run on a GPU here))"
+
+
+# TensorRT's builder API as builder/backends/tensorrt.py and trt_onnx.py (the parsing and profiles it shares with the
+# tensorrt_rtx backend) call it: source name -> API kind -> the module's class
+BUILDER_ROOTS = {"trt": "module", "builder": "Builder", "network": "INetworkDefinition", "network.get_input()": "ITensor",
+                 "parser": "OnnxParser", "e": "ParserError", "config": "IBuilderConfig", "profile": "IOptimizationProfile",
+                 "config.get_timing_cache()": "ITimingCache"}
+
+
+@pytest.mark.parametrize("module", ["tensorrt", "tensorrt_rtx"])
+def test_builder_calls_exist_in_a_real_tensorrt_builder_api(module):
+    """Every TensorRT name the tensorrt backend's build calls exists in a real TensorRT builder module.
+
+    The full ``tensorrt`` builder does not install on these GPU-less hosts (it is checked where it does). NVIDIA's
+    TensorRT for RTX builder, ``tensorrt_rtx``, installs anywhere (``pip install tensorrt-rtx-cu13``, which the
+    tensorrt_rtx backend's build extra brings): it is a TensorRT builder API of its own release line with the same
+    class, method and flag names. With 1.7.1 every name called here exists in it, none differs. trt_onnx.py's calls
+    also run for real in tests/builder/test_tensorrt_rtx.py's builds; tensorrt.py's own (the builder flags, the timing
+    cache, the version-compatible plugins) are checked by name only: that a call with these names builds a working
+    plan on a GPU is what the gpu tests below would show."""
+    from api_names import resolve, used_attributes
+
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed" + (" (it needs a GPU host)" if module == "tensorrt" else " (pip install tensorrt-rtx-cu13)"))
+    trt = importlib.import_module(module)
+    backends = Path(__file__).resolve().parents[2] / "builder" / "backends"
+    found = [used_attributes(backends / name, BUILDER_ROOTS) for name in ("tensorrt.py", "trt_onnx.py")]
+    used = {kind: found[0][kind] | found[1][kind] for kind in found[0]}
+    assert {("build_serialized_network",), ("create_network",)} <= used["Builder"] and ("parse",) in used["OnnxParser"]  # the walker sees the calls
+    assert ("BuilderFlag", "VERSION_COMPATIBLE") in used["module"] and ("serialize",) in used["ITimingCache"]
+    missing = []
+    for kind, chains in used.items():
+        cls = trt if kind == "module" else getattr(trt, kind)
+        for chain in chains:
+            call = next((i for i, name in enumerate(chain) if name.endswith("()")), None)
+            if call is not None:  # a call's result: checked under the root that names that call (BUILDER_ROOTS)
+                root = next(r for r, k in BUILDER_ROOTS.items() if k == kind)
+                assert f"{root}.{'.'.join(chain[: call + 1])}" in BUILDER_ROOTS, f"{root}.{'.'.join(chain)}: name its result's class"
+                continue
+            if not resolve(cls, chain):
+                missing.append(f"{kind}.{'.'.join(chain)}")
+    assert not missing, f"{module} {trt.__version__} lacks {sorted(missing)}"
+
+
 # -- GPU: real TensorRT engines ----------------------------------------------------------
 def make_trt_engine(ckpt: Path, out: Path, build) -> EngineDir:
     """The ONNX engine (for the ONNX Runtime reference) and the TensorRT engine, from one checkpoint."""

@@ -9,7 +9,6 @@ touches the plan. No test here runs a TensorRT engine: those are the ``gpu``
 tests in tests/builder/test_tensorrt_backend.py.
 """
 
-import ast
 import importlib
 import importlib.util
 import json
@@ -20,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from api_names import resolve, used_attributes
 
 from specdec.runtime.backends.tensorrt import host as trt_host
 from specdec.runtime.engine_format import CONFIG_FILE, hash_directory, load_engine_dir
@@ -110,34 +110,6 @@ def test_runtime_choice_with_the_real_modules():
     assert f"tensorrt_lean {lean}: the lean runtime runs only plans built by its own version" in text
     with pytest.raises(EngineError, match=f"tensorrt_dispatch {dispatch}: the dispatch runtime runs only version-compatible plans"):
         import_runtime(meta(dispatch), "e")
-
-
-def used_attributes(path: Path, roots: dict[str, str]) -> dict[str, set[tuple[str, ...]]]:
-    """Dotted attribute chains used in ``path`` on the names in ``roots`` (source text -> API kind)."""
-    found: dict[str, set[tuple[str, ...]]] = {kind: set() for kind in roots.values()}
-    for node in ast.walk(ast.parse(path.read_text())):
-        if not isinstance(node, ast.Attribute):
-            continue
-        chain, base = [], node
-        while isinstance(base, ast.Attribute):
-            chain.append(base.attr)
-            base = base.value
-        chain.reverse()
-        text = ast.unparse(base) if not isinstance(base, ast.Call) else ast.unparse(base.func) + "()"
-        head = text.split(".") + chain
-        for prefix, kind in roots.items():  # self._plan.x, plan.x, trt.x.y, rt.x ...
-            root = prefix.split(".")
-            if head[: len(root)] == root and len(head) > len(root):
-                found[kind].add(tuple(head[len(root):]))
-    return found
-
-
-def resolve(obj, chain: tuple[str, ...]) -> bool:
-    for name in chain:
-        if not hasattr(obj, name):
-            return False
-        obj = getattr(obj, name)
-    return True
 
 
 @pytest.mark.parametrize("module", [m for m in RUNTIME_MODULES if m in INSTALLED] or ["tensorrt_dispatch"])

@@ -1,5 +1,10 @@
 """Run one TensorRT engine (``rank0.engine``) on one GPU, same interface as OrtExecutor.
 
+Status: this executor has never run on a GPU. It was written from TensorRT's
+and cuda-python's documented APIs; on GPU-less hosts the tests check its
+calls against the real ``tensorrt_dispatch`` / ``tensorrt_lean`` modules and
+its refusal of a host without a GPU, nothing more (docs/tensorrt.md).
+
 The KV cache lives on the device, allocated once at ``max_batch_size`` rows
 of full capacity: one slab per (layer, K|V), each ``[max_batch, kv_heads,
 kv_capacity, head_dim]``. A call on slots ``s..s+B-1`` binds the slab at

@@ -20,6 +20,9 @@ crashes (SIGSEGV, seen with tensorrt_lean 11.4 on a host without a driver)
 where a check could have said "no GPU".
 
 Nothing here imports ``tensorrt`` or ``cuda`` at module level.
+
+Status: these rules are tested with the real runtime modules on GPU-less
+hosts; they have never loaded a plan on a GPU (docs/tensorrt.md).
 """
 
 from __future__ import annotations
