@@ -250,6 +250,7 @@ def build_engine(
     validate_build_config(build, model)
     check_memory_limits(model, build)
     refuse_foreign_options(build.backend, options)
+    backend_module(build.backend).check_build(build, {k: v for k, v in options.items() if v})
 
     if build.fp8_activations == "static" and calib_dataset is None and fp8 is None:
         raise BuildConfigError("--fp8_activations static needs calibration: pass --calib_dataset FILE (or use dynamic).")

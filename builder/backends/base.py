@@ -51,6 +51,10 @@ class BuildBackend(Protocol):
     def refusals(self, build: BuildConfig) -> list[str]:
         """What it cannot build of ``build`` (weight-only forms, ...), each a phrase of 'invalid build configuration: ...'."""
 
+    def check_build(self, build: BuildConfig, options: dict[str, Any]) -> None:
+        """Refuse, in a sentence of its own, what it cannot build of the resolved ``build`` with its ``options`` (those
+        given), before any work: a refusal that needs the options, or one the phrase form cannot say."""
+
     def compile_engine(self, out_dir: Path, network_file: str, build: BuildConfig, model: ModelConfig, options: dict[str, Any],
                 say: Callable[[str], None]) -> Compiled:
         """Check or compile the network ``out_dir / network_file`` into what its executor loads, in ``out_dir``."""

@@ -40,6 +40,10 @@ def refusals(build: BuildConfig) -> list[str]:
     return []
 
 
+def check_build(build: BuildConfig, options: dict[str, Any]) -> None:
+    pass
+
+
 def compile_engine(out_dir: Path, network_file: str, build: BuildConfig, model: ModelConfig, options: dict[str, Any],
             say: Callable[[str], None]) -> Compiled:
     """Open the network under ONNX Runtime on the CPU; a half-precision graph (ort_cuda), which the CPU provider has no

@@ -87,6 +87,10 @@ def refusals(build: BuildConfig) -> list[str]:
     return problems
 
 
+def check_build(build: BuildConfig, options: dict[str, Any]) -> None:
+    pass  # its refusals are phrases (refusals) and its options' checks (check_options)
+
+
 def compile_engine(out_dir: Path, network_file: str, build: BuildConfig, model: ModelConfig, options: dict[str, Any],
                    say: Callable[[str], None]) -> Compiled:
     """The plan beside the ONNX it was parsed from (the graph stays: what the plan was built from)."""

@@ -65,6 +65,10 @@ def toy_backend(monkeypatch):
     module = types.ModuleType("toy_backend")
     onnxruntime = backend_module("onnxruntime")
 
+    def check_build(build, options):
+        if build.quantization == "fp8":
+            raise BuildConfigError("the toy backend has no fp8 GEMM: build it with --qformat none.")
+
     def compile_engine(out_dir, network_file, build, model, options, say):
         onnxruntime.compile_engine(out_dir, network_file, build, model, options, say)  # the graph still loads
         return Compiled(network_file, {"toy": "0.1"}, {"toy": {"lowering": build.lowering}})
@@ -72,7 +76,8 @@ def toy_backend(monkeypatch):
     module.__dict__.update(
         TITLE="Toy", DEVICE="cpu", DEFAULT_LOWERING="portable", LOWERINGS=("portable",), TREE_ATTENTION=False, OPTIONS={}, NOTICE="toy is a test",
         host_problem=lambda: None, auto_note=lambda: "toy could build here", check_options=lambda options: None,
-        refusals=lambda build: [] if build.symmetric else ["the toy backend takes symmetric weights only"], compile_engine=compile_engine)
+        refusals=lambda build: [] if build.symmetric else ["the toy backend takes symmetric weights only"],
+        check_build=check_build, compile_engine=compile_engine)
     monkeypatch.setitem(sys.modules, "toy_backend", module)
     monkeypatch.setitem(registry._REGISTRY, "toy", "toy_backend")
     monkeypatch.setattr(registry, "BACKENDS", (*registry.BACKENDS, "toy"))
@@ -97,6 +102,8 @@ def test_a_new_backend_is_asked_what_it_refuses(toy_backend, llama_ckpt, tmp_pat
     weight_only = replace(spec_build(backend="toy"), quantization="int4_wo", symmetric=False)
     with pytest.raises(BuildConfigError, match=r"invalid build configuration: the toy backend takes symmetric weights only\."):
         build_engine(llama_ckpt, tmp_path / "c", weight_only, say=lambda _: None)
+    with pytest.raises(BuildConfigError, match=r"the toy backend has no fp8 GEMM"):
+        build_engine(llama_ckpt, tmp_path / "e", spec_build(backend="toy", quantization="fp8"), say=lambda _: None)
     with pytest.raises(BuildConfigError, match=r"--trt_version_compatible only applies to --backend tensorrt \(this build uses toy\)"):
         build_engine(llama_ckpt, tmp_path / "d", spec_build(backend="toy"), say=lambda _: None, trt_version_compatible=True)
     assert list(tmp_path.iterdir()) == []  # each refused before anything was written
