@@ -418,7 +418,8 @@ def _write_eagle_module(target_dir: Path, ckpt, heads, model: ModelConfig, build
     network_file = save_network(build_eagle_network(ckpt, heads, cfg, module_build), out)
     compiled = backend_module(module_build.backend).compile_engine(out, network_file, module_build, cfg, {}, say)
     config = EngineConfig(model=cfg, build=module_build, files=hash_directory(out), versions={**versions, **compiled.versions},
-                          network_file=compiled.network_file, extra={**compiled.extra,"checkpoint": str(Path(checkpoint_dir).resolve()), "eagle_dir": str(Path(heads.path).resolve()),
+                          network_file=compiled.network_file,
+                          extra={**compiled.extra, "checkpoint": str(Path(checkpoint_dir).resolve()), "eagle_dir": str(Path(heads.path).resolve()),
                                  "eagle_config": heads.config})
     (out / CONFIG_FILE).write_text(config.to_json())
 
