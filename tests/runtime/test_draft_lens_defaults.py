@@ -29,3 +29,11 @@ def test_each_loaded_method_gets_its_own_default(tmp_path):
     # --draft_len is the default method's only; the draft keeps its config's length when n-gram is the default
     engine = load_engine(target, draft, DraftTargetConfig(2, [0], [0], False), NGramConfig(3, 2, [0]), method="ngram", draft_len="auto", num_threads=1)
     assert method_draft_lens(engine, DraftTargetConfig(2, [0], [0], False), NGramConfig(3, 2, [0])) == {"draft": 2, "ngram": "auto"}
+
+
+def test_suffix_decoding_gets_its_configs_length_capped_at_the_targets(tmp_path):
+    from specdec.runtime.proposers.suffix import SuffixConfig
+
+    pair = spec_pair(tmp_path, max_draft_len=3)
+    engine = load_engine(pair["target"].engine, pair["draft"].engine, suffix=SuffixConfig(max_draft_len=8, global_cache=False), num_threads=1)
+    assert engine.speculation.method == "draft" and method_draft_lens(engine) == {"draft": 3, "suffix": 3}
