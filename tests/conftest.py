@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -10,6 +11,12 @@ from checkpoints import make_checkpoint  # noqa: E402
 from specdec.builder.build import build_engine  # noqa: E402
 from specdec.runtime.engine_format import BuildConfig, load_engine_dir  # noqa: E402
 from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def engine_stamp_cache(tmp_path_factory):
+    """Engine loads record verified file stamps (runtime/file_stamps.py) in this session's own cache, not ~/.cache."""
+    os.environ["SPECDEC_CACHE_DIR"] = str(tmp_path_factory.mktemp("stamp-cache"))
 
 
 def gpu_skip_reason() -> str | None:
