@@ -1,4 +1,5 @@
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -109,3 +110,18 @@ def llama_engine(tmp_path_factory, llama_ckpt) -> Path:
     out = tmp_path_factory.mktemp("engines") / "llama"
     build_engine(llama_ckpt, out, spec_build(), say=lambda _: None)
     return out
+
+
+@pytest.fixture(scope="session")
+def built_engine(tmp_path_factory, llama_ckpt):
+    """A small draft-verifying engine, built once: tests copy it before changing anything (``engine_copy``)."""
+    out = tmp_path_factory.mktemp("engine-format") / "engine"
+    build_engine(llama_ckpt, out, spec_build(2), say=lambda _: None)
+    return out
+
+
+@pytest.fixture
+def engine_copy(built_engine, tmp_path):
+    """A fresh copy of ``built_engine``: its own files, inodes and times."""
+    shutil.copytree(built_engine, tmp_path / "engine")
+    return tmp_path / "engine"

@@ -1,29 +1,13 @@
 """config.json read as typed fields: a value of the wrong type or range is one line naming the field (runtime/typed_json.py)."""
 
 import json
-import shutil
 
 import pytest
 from click.testing import CliRunner
-from conftest import spec_build
 
-from specdec.builder.build import build_engine
 from specdec.cli.run import main as run_main
 from specdec.runtime.engine_format import CONFIG_FILE, load_engine_dir
 from specdec.runtime.errors import EngineError
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory, llama_ckpt):
-    out = tmp_path_factory.mktemp("config") / "engine"
-    build_engine(llama_ckpt, out, spec_build(2), say=lambda _: None)
-    return out
-
-
-@pytest.fixture
-def engine(built, tmp_path):
-    shutil.copytree(built, tmp_path / "engine")
-    return tmp_path / "engine"
 
 
 @pytest.mark.parametrize(
@@ -44,30 +28,30 @@ def engine(built, tmp_path):
         ("model", "vocab_size", None, "model.vocab_size: expected an integer, got null"),
     ],
 )
-def test_a_config_field_of_the_wrong_type_or_range_is_one_line(engine, section, field, value, message):
-    cfg = json.loads((engine / CONFIG_FILE).read_text())
+def test_a_config_field_of_the_wrong_type_or_range_is_one_line(engine_copy, section, field, value, message):
+    cfg = json.loads((engine_copy / CONFIG_FILE).read_text())
     cfg[section][field] = value
-    (engine / CONFIG_FILE).write_text(json.dumps(cfg))
+    (engine_copy / CONFIG_FILE).write_text(json.dumps(cfg))
     with pytest.raises(EngineError) as err:
-        load_engine_dir(engine)
+        load_engine_dir(engine_copy)
     assert message in str(err.value) and "\n" not in str(err.value)
     assert str(err.value).startswith(f"{CONFIG_FILE} {section}.{field}")
 
 
-def test_typed_fields_come_back_as_their_types(engine):
-    cfg = json.loads((engine / CONFIG_FILE).read_text())
+def test_typed_fields_come_back_as_their_types(engine_copy):
+    cfg = json.loads((engine_copy / CONFIG_FILE).read_text())
     cfg["model"]["rope_theta"] = 10000  # JSON has no float/int distinction for whole numbers
     cfg["build"]["eagle_aux_layer_ids"] = [0, 1]
-    (engine / CONFIG_FILE).write_text(json.dumps(cfg))
-    loaded = load_engine_dir(engine).config
+    (engine_copy / CONFIG_FILE).write_text(json.dumps(cfg))
+    loaded = load_engine_dir(engine_copy).config
     assert loaded.model.rope_theta == 10000.0 and isinstance(loaded.model.rope_theta, float)
     assert loaded.build.eagle_aux_layer_ids == (0, 1)  # a tuple field, as the builder writes it
 
 
-def test_a_string_limit_is_a_one_line_cli_error(engine):
-    cfg = json.loads((engine / CONFIG_FILE).read_text())
+def test_a_string_limit_is_a_one_line_cli_error(engine_copy):
+    cfg = json.loads((engine_copy / CONFIG_FILE).read_text())
     cfg["build"]["max_batch_size"] = "8"
-    (engine / CONFIG_FILE).write_text(json.dumps(cfg))
-    r = CliRunner().invoke(run_main, ["--engine_dir", str(engine), "--input_text", "x"])
+    (engine_copy / CONFIG_FILE).write_text(json.dumps(cfg))
+    r = CliRunner().invoke(run_main, ["--engine_dir", str(engine_copy), "--input_text", "x"])
     assert r.exit_code == 1 and "Traceback" not in r.output
     assert r.output.startswith("error: config.json build.max_batch_size: expected an integer, got the string '8'")

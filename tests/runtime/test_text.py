@@ -84,16 +84,22 @@ def test_a_truncated_character_is_flushed_at_the_end(byte_tok):
     assert detok.flush() == "\ufffd"  # the request ended: what there is
 
 
-@pytest.mark.parametrize("sizes", [[1], [4], [2, 7]])
-def test_stop_string_cuts_the_output_and_is_never_sent(byte_tok, sizes):
-    ids = byte_tok.encode("alpha beta STOP gamma STOP", add_special_tokens=False)
-    stream = TextStream(byte_tok, [], stops=("STOP", "never"))
+def feed_until_stopped(stream: TextStream, ids: list[int], sizes: list[int]) -> tuple[list[str], bool]:
+    """Feed ``ids`` in rounds of ``sizes`` until a stop string ends the stream: (the deltas sent, whether it stopped)."""
     sent, stopped = [], False
     for r in rounds(ids, sizes):
         delta, stopped = stream.feed(r)
         sent.append(delta)
         if stopped:
             break
+    return sent, stopped
+
+
+@pytest.mark.parametrize("sizes", [[1], [4], [2, 7]])
+def test_stop_string_cuts_the_output_and_is_never_sent(byte_tok, sizes):
+    ids = byte_tok.encode("alpha beta STOP gamma STOP", add_special_tokens=False)
+    stream = TextStream(byte_tok, [], stops=("STOP", "never"))
+    sent, stopped = feed_until_stopped(stream, ids, sizes)
     assert stopped and "".join(sent) + stream.finish() == "alpha beta "
     assert all("S" not in d for d in sent)  # not even the stop string's first letter went out
     assert stream.num_tokens == len(byte_tok.encode("alpha beta STOP", add_special_tokens=False))  # usage stops at the token that completed it
@@ -120,12 +126,7 @@ def test_keep_stop_ends_after_the_stop_string(byte_tok, sizes):
     """specdec-run's mode (TensorRT-LLM's run.py keeps stop words): nothing is held back, the text ends after the stop."""
     ids = byte_tok.encode("alpha 東京 beta gamma 東京", add_special_tokens=False)
     stream = TextStream(byte_tok, [], stops=("京 b", "never"), keep_stop=True)
-    sent, stopped = [], False
-    for r in rounds(ids, sizes):
-        delta, stopped = stream.feed(r)
-        sent.append(delta)
-        if stopped:
-            break
+    sent, stopped = feed_until_stopped(stream, ids, sizes)
     assert stopped and "".join(sent) + stream.finish() == "alpha 東京 b" == stream.text
     assert stream.num_tokens == len(byte_tok.encode("alpha 東京 b", add_special_tokens=False))
 
