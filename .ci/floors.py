@@ -40,12 +40,13 @@ def main() -> None:
     for req in requirements(project, None, set()) + requirements(project, "dev", {"dev"}):
         m = re.fullmatch(r"([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?\s*(.*)", req)
         name, spec = m.group(1).lower().replace("_", "-"), m.group(2)
+        exact = re.search(r"==\s*([0-9][^,\s]*)", spec)
         floor = re.search(r">=\s*([0-9][^,\s]*)", spec)
-        if not floor:
-            sys.exit(f"{req!r} in pyproject.toml has no floor (>=): every dependency needs one")
-        pins[name] = floor.group(1)
+        if not (exact or floor):
+            sys.exit(f"{req!r} in pyproject.toml has no floor (>=) or pin (==): every dependency needs one")
+        pins[name] = exact.group(1) if exact else floor.group(1) + ".*"  # an exact pin is its own floor
     for name, version in sorted(pins.items()):
-        print(f"{name}=={version}.*")
+        print(f"{name}=={version}")
 
 
 if __name__ == "__main__":

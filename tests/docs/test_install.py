@@ -124,11 +124,12 @@ def test_floors_pin_every_direct_dependency_and_known_movers_have_ceilings():
     out = subprocess.run([sys.executable, str(ROOT / ".ci" / "floors.py")], capture_output=True, text=True, check=True).stdout
     pins = dict(line.split("==") for line in out.split())
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    direct = [r for r in project["dependencies"] + [r for e in ("build", "hf", "bench", "serve", "train") for r in project["optional-dependencies"][e]]]
+    extras = ("build", "hf", "bench", "serve", "train", "tensorrt-dispatch", "tensorrt-lean", "tensorrt-rtx-build")
+    direct = [r for r in project["dependencies"] + [r for e in extras for r in project["optional-dependencies"][e]]]
     for req in direct:
         name = re.match(r"[A-Za-z0-9_.\-]+", req).group(0).lower().replace("_", "-")
-        floor = re.search(r">=\s*([\d.]+)", req).group(1)
-        assert pins[name] == f"{floor}.*", (name, pins.get(name))
+        exact, floor = re.search(r"==\s*([\d.]+)", req), re.search(r">=\s*([\d.]+)", req)
+        assert pins[name] == (exact.group(1) if exact else f"{floor.group(1)}.*"), (name, pins.get(name))
     ceilings = {re.match(r"[\w\-]+", r).group(0): r for r in project["dependencies"] + project["optional-dependencies"]["hf"] + project["optional-dependencies"]["gpu"]}
     for name in ("onnxruntime", "tokenizers", "transformers", "onnxruntime-gpu"):  # APIs specdec calls that moved between releases
         assert "<" in ceilings[name], ceilings[name]
