@@ -16,8 +16,8 @@ default. A file changed less than ``RACY_NS`` before it was hashed is not
 recorded: file times tick coarsely (a jiffy; 2 s on FAT), so a second change
 in the same tick would leave the stamp as it was ("racy git").
 
-The cache lives in ``$SPECDEC_CACHE_DIR``, else ``$XDG_CACHE_HOME/specdec``,
-else ``~/.cache/specdec``: one small JSON file per directory of engine files.
+The cache lives in ``$SPECDEC_CACHE_DIR``, else ``$XDG_CACHE_HOME/specdec/verified``,
+else ``~/.cache/specdec/verified``: one small JSON file per directory of engine files.
 If it cannot be written, every load hashes every file.
 """
 
