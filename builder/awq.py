@@ -331,6 +331,8 @@ def _read_weight(tensor: onnx.TensorProto, base_dir: Path) -> np.ndarray:
         t = onnx.TensorProto()
         t.CopyFrom(tensor)
         load_external_data_for_tensor(t, str(base_dir))
+        t.data_location = onnx.TensorProto.DEFAULT  # the bytes are in raw_data now: onnx 1.19's to_array would reload them
+        del t.external_data[:]
         tensor = t
     return numpy_helper.to_array(tensor).astype(np.float32, copy=False)
 

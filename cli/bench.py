@@ -20,7 +20,7 @@ from ..bench.sweep import parse_draft_lens, parse_methods, run_sweep, token_agre
 from ..runtime.engine_format import TREE_MODES, load_engine_dir
 from ..runtime.errors import RequestError
 from ..runtime.tokenizer import Tokenizer
-from .common import check_output_file, clean_errors, engine_tokenizer, fmt_or_dash, option, yes_no_dash
+from .common import check_output_file, clean_errors, engine_tokenizer, fmt_or_dash, option, verify_engine_option, yes_no_dash
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 DEFAULT_DRAFT_LENS = "1,2,4,8"
@@ -124,9 +124,10 @@ def prepare_dataset(num_requests, input_mean, input_stdev, output_mean, output_s
 @option("draft_checkpoint", type=click.Path(), help="HF checkpoint of the draft for --compare [default: the one the draft engine was built from].")
 @option("compare_peers", type=str, default="hf,ortgenai", show_default=True, help="Which peers --compare runs (comma list of hf, ortgenai).")
 @option("peers_work_dir", type=click.Path(), help="Where --compare writes the onnxruntime-genai exports [default: a temporary directory].")
+@verify_engine_option
 @clean_errors
 def run(engine_dir, draft_engine_dir, method, medusa_engine_dir, eagle_engine_dir, medusa_choices, eagle_choices, draft_lens, ngram_size, dataset, max_output_len, tokenizer_dir, batch_size, warmup, num_threads,
-        step_cost_reps, output_json, plot, compare, target_checkpoint, draft_checkpoint, compare_peers, peers_work_dir) -> None:
+        step_cost_reps, output_json, plot, compare, target_checkpoint, draft_checkpoint, compare_peers, peers_work_dir, verify_engine) -> None:
     """Measure target-only, draft-target, n-gram, Medusa and EAGLE decoding on a dataset, sweeping draft lengths.
 
     Every request generates exactly its output_len tokens (no EOS stop), greedy, one request per
@@ -140,9 +141,9 @@ def run(engine_dir, draft_engine_dir, method, medusa_engine_dir, eagle_engine_di
       specdec-bench run --engine_dir engines/target --medusa_engine_dir engines/medusa --eagle_engine_dir engines/eagle \\
           --dataset data.jsonl --method none,medusa,eagle --draft_lens 1,2,3 --eagle_choices "[[0],[1],[0,0],[0,1],[0,0,0]]"
     """
-    target = load_engine_dir(engine_dir)
+    target = load_engine_dir(engine_dir, verify=verify_engine)
     max_draft = target.config.build.max_draft_len
-    heads_dirs = {m: d for m, d in (("medusa", medusa_engine_dir), ("eagle", eagle_engine_dir)) if d}
+    heads_dirs = {m: load_engine_dir(d, verify=verify_engine) for m, d in (("medusa", medusa_engine_dir), ("eagle", eagle_engine_dir)) if d}
     if target.config.build.speculative_decoding_mode in TREE_MODES:
         heads_dirs.setdefault(target.config.build.speculative_decoding_mode, target)
     methods = parse_methods(method) if method else (["none"] + (["draft"] if draft_engine_dir else []) + (["ngram"] if max_draft else []) + list(heads_dirs))
@@ -157,7 +158,7 @@ def run(engine_dir, draft_engine_dir, method, medusa_engine_dir, eagle_engine_di
         _import_matplotlib()  # fail before the measurements, not after
     if compare and batch_size != 1:
         raise RequestError("--compare runs the peers one request at a time: use --batch_size 1.")
-    draft = load_engine_dir(draft_engine_dir) if draft_engine_dir and "draft" in methods else None
+    draft = load_engine_dir(draft_engine_dir, verify=verify_engine) if draft_engine_dir and "draft" in methods else None
     peer_setup = _check_compare(compare_peers, target, draft, target_checkpoint, draft_checkpoint) if compare else None  # before measuring
     check_output_file(output_json, "--output_json")  # before measuring: results must not be lost to an unwritable path
     check_output_file(plot, "--plot")

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import click
 
-from ..runtime.engine_format import EngineDir
+from ..runtime.engine_format import VERIFY_MODES, EngineDir
 from ..runtime.errors import RequestError, SpecdecError
 from ..runtime.tokenizer import Tokenizer
 
@@ -27,6 +27,13 @@ def option(name: str, *more: str, **kwargs: Any) -> Callable:
         if "_" in extra:
             names.append(extra.replace("_", "-"))
     return click.option(*names, name, **kwargs)
+
+
+def verify_engine_option(fn: Callable) -> Callable:
+    """--verify_engine: how engine files are checked against config.json's sha256 (runtime/file_stamps.py)."""
+    return option("verify_engine", type=click.Choice(VERIFY_MODES), default="stamp", show_default=True,
+                  help="How engine files are checked against the sha256 in config.json: stamp hashes a file once, then again only when its "
+                       "size, times or inode change; full hashes every file on every load (docs/engine-format.md).")(fn)
 
 
 def clean_errors(fn: Callable) -> Callable:

@@ -22,7 +22,7 @@ from ..runtime.config_strings import DTM_FORM, NGRAM_FORM, parse_draft_target_co
 from ..runtime.engine_format import load_engine_dir
 from ..runtime.errors import RequestError
 from ..runtime.loading import load_orchestrator
-from .common import check_output_file, clean_errors, end_ids, engine_tokenizer, fmt_or_dash, option, yes_no_dash
+from .common import check_output_file, clean_errors, end_ids, engine_tokenizer, fmt_or_dash, option, verify_engine_option, yes_no_dash
 
 ROUGE_KEYS = ("rouge1", "rouge2", "rougeL")
 
@@ -93,9 +93,10 @@ def _hf_available() -> bool:
              "dataset meet (the demo pair scores about 10 on examples/eval: use 8 there).")
 @option("num_threads", type=int, default=None, help="ONNX Runtime intra-op threads (and torch threads for HF).")
 @option("output_json", type=click.Path(), help="Write scores, agreement and every example's outputs.")
+@verify_engine_option
 @clean_errors
 def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, dataset, num_examples, hf_model_dir, test_hf, test_trt_llm,
-         tokenizer_dir, max_input_len, max_output_len, end_id, check_accuracy, rouge_threshold, num_threads, output_json) -> None:
+         tokenizer_dir, max_input_len, max_output_len, end_id, check_accuracy, rouge_threshold, num_threads, output_json, verify_engine) -> None:
     """Score an engine's greedy outputs with ROUGE and against HF transformers.
 
     \b
@@ -115,8 +116,8 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
     examples = read_eval_set(dataset, num_examples)
     rouge_scores([""], [""])  # fail on a missing rouge-score before decoding anything
 
-    target = load_engine_dir(engine_dir)
-    draft = load_engine_dir(draft_engine_dir) if draft_engine_dir else None
+    target = load_engine_dir(engine_dir, verify=verify_engine)
+    draft = load_engine_dir(draft_engine_dir, verify=verify_engine) if draft_engine_dir else None
     engines = [target] + ([draft] if draft else [])
     tok = engine_tokenizer(target, tokenizer_dir)
     if tok is None:

@@ -19,7 +19,7 @@ from ..runtime.loading import load_orchestrator
 from ..runtime.orchestrator import GenerationConfig, Orchestrator
 from ..runtime.sampling import SamplingConfig
 from ..runtime.tokenizer import Tokenizer
-from .common import check_output_file, clean_errors, end_ids, engine_tokenizer, option
+from .common import check_output_file, clean_errors, end_ids, engine_tokenizer, option, verify_engine_option
 from .compat import check_run_py_options, run_py_options
 from .stops import decode_text, generate_with_stops
 
@@ -117,12 +117,13 @@ def read_inputs(texts: tuple[str, ...], input_file: str | None, tok: Tokenizer |
 @option("output_json", type=click.Path(), help="Write every request (input_ids, output_ids, text, finish_reason) and the metrics.")
 @option("num_threads", type=int, default=None, help="ONNX Runtime intra-op threads of the target engine [default: all cores, up to 8].")
 @option("draft_num_threads", type=int, default=1, show_default=True, help="Threads of the draft engine: a small draft gains nothing from more, and two sessions spinning threads on the same cores slow each other down.")
+@verify_engine_option
 @run_py_options
 @click.argument("more_input_text", nargs=-1, metavar="")
 @clean_errors
 def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, suffix_config, medusa_choices, eagle_choices, ngram_keep_all, ngram_use_oldest, ngram_min_match, draft_confidence_threshold, input_text, input_file,
          tokenizer_dir, no_add_special_tokens, max_output_len, end_id, stop_words, temperature, top_k, top_p, random_seed, streaming,
-         baseline, repeat, output_csv, output_npy, output_json, num_threads, draft_num_threads, draft_len, device, allow_vocab_mismatch, more_input_text, **run_py) -> None:
+         baseline, repeat, output_csv, output_npy, output_json, num_threads, draft_num_threads, draft_len, device, allow_vocab_mismatch, verify_engine, more_input_text, **run_py) -> None:
     """Run a target engine, optionally with speculative decoding.
 
     \b
@@ -153,7 +154,8 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
     suffix = parse_suffix_config(suffix_config) if suffix_config else None
     if suffix and (dtm or ngram or draft_engine_dir):
         raise RequestError("--suffix_config is a drafting method of its own: give it without --draft_engine_dir, --draft_target_model_config or --ngram_config.")
-    target = load_engine_dir(engine_dir)
+    target = load_engine_dir(engine_dir, verify=verify_engine)
+    draft = load_engine_dir(draft_engine_dir, verify=verify_engine) if draft_engine_dir else None
     tok = engine_tokenizer(target, tokenizer_dir)
     prompts = read_inputs(input_text, input_file, tok, not no_add_special_tokens, target.config.model.pad_token_id)
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, random_seed=random_seed)
@@ -162,7 +164,7 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
         raise RequestError("--stop_words needs a tokenizer: pass --tokenizer_dir.")
     stops = tuple(s.replace("\\n", "\n") for s in stop_words)  # matched on the output text (cli/stops.py)
     gen = GenerationConfig(max_output_len=max_output_len, sampling=sampling, end_ids=ends)
-    orch = load_orchestrator(target, draft_engine_dir, dtm, ngram, draft_len=parse_draft_len(draft_len), ngram_keep_all=ngram_keep_all,
+    orch = load_orchestrator(target, draft, dtm, ngram, draft_len=parse_draft_len(draft_len), ngram_keep_all=ngram_keep_all,
                              ngram_use_oldest=ngram_use_oldest, num_threads=num_threads, draft_num_threads=draft_num_threads, device=device,
                              draft_confidence_threshold=draft_confidence_threshold, ngram_min_match=ngram_min_match, allow_vocab_mismatch=allow_vocab_mismatch,
                              medusa_choices=medusa_choices, eagle_choices=eagle_choices, suffix=suffix)

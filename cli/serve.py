@@ -9,9 +9,10 @@ import click
 
 from ..runtime.config_strings import DTM_FORM, NGRAM_FORM, parse_draft_target_config, parse_ngram_config
 from ..runtime.errors import RequestError
+from ..runtime.engine_format import load_engine_dir
 from ..runtime.proposers.suffix import SUFFIX_EXAMPLE, SUFFIX_FORM, parse_suffix_config
 from ..runtime.request import METHODS
-from .common import clean_errors, option
+from .common import clean_errors, option, verify_engine_option
 from .run import parse_draft_len
 
 
@@ -50,9 +51,11 @@ from .run import parse_draft_len
 @option("draft_num_threads", type=int, default=1, show_default=True, help="Threads of the draft engine.")
 @option("allow_vocab_mismatch", is_flag=True, help="Take a draft's token ids as the target's although their tokenizers differ (default: it drafts through text).")
 @option("log_level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info", show_default=True, help="Server log level (debug: every request logged).")
+@verify_engine_option
 @clean_errors
 def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, suffix_config, medusa_choices, eagle_choices, speculative_method, draft_len, ngram_min_match, host, port, api_key,
-         served_model_name, tokenizer_dir, chat_template, end_id, max_request_bytes, max_queued_requests, request_timeout, shutdown_timeout, device, num_threads, draft_num_threads, allow_vocab_mismatch, log_level) -> None:
+         served_model_name, tokenizer_dir, chat_template, end_id, max_request_bytes, max_queued_requests, request_timeout, shutdown_timeout, device, num_threads, draft_num_threads, allow_vocab_mismatch, log_level,
+         verify_engine) -> None:
     """Serve an engine over OpenAI's API: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, /version.
 
     \b
@@ -76,7 +79,9 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
     loaded: dict = {}
 
     def load():
-        served = build_served(engine_dir, draft_engine_dir, dtm, ngram, served_model_name=served_model_name, tokenizer_dir=tokenizer_dir,
+        target = load_engine_dir(engine_dir, verify=verify_engine)
+        draft = load_engine_dir(draft_engine_dir, verify=verify_engine) if draft_engine_dir else None
+        served = build_served(target, draft, dtm, ngram, served_model_name=served_model_name, tokenizer_dir=tokenizer_dir,
                               chat_template=chat_template, end_id=end_id, method=speculative_method, draft_len=parse_draft_len(draft_len),
                               ngram_min_match=ngram_min_match, device=device, num_threads=num_threads, draft_num_threads=draft_num_threads,
                               allow_vocab_mismatch=allow_vocab_mismatch, medusa_choices=medusa_choices, eagle_choices=eagle_choices,

@@ -1,10 +1,11 @@
 """Stop strings matched on text, as TensorRT-LLM's run.py and the OpenAI API users expect.
 
 A stop string is not a token sequence: " list" and "list" encode differently, and
-a stop can end inside a token. So each request's decoded output is searched for
-the strings as tokens arrive; a request whose text holds one is ended, its
-output cut after the token that completed the string and its text cut at the
-string's end (the stop string is kept, as run.py keeps stop words).
+a stop can end inside a token. So each request's text is decoded as tokens
+arrive (runtime/text.py, incrementally: a short window per token, never the
+whole output) and searched for the strings; a request whose text holds one is
+ended, its output cut after the token that completed the string and its text
+cut at the string's end (the stop string is kept, as run.py keeps stop words).
 """
 
 from __future__ import annotations
@@ -13,15 +14,10 @@ from typing import Callable, Sequence
 
 from ..runtime.orchestrator import GenerationConfig, Orchestrator
 from ..runtime.request import RequestOutput
+from ..runtime.text import TextStream
 from ..runtime.tokenizer import Tokenizer
 
 OnText = Callable[[int, str], None]  # (prompt index, new text)
-
-
-def first_stop(text: str, stops: Sequence[str]) -> int | None:
-    """End offset of the earliest stop string in ``text``, or None."""
-    ends = [text.find(s) + len(s) for s in stops if s and s in text]
-    return min(ends) if ends else None
 
 
 def generate_with_stops(orch: Orchestrator, prompts: list[list[int]], gen: GenerationConfig, tok: Tokenizer | None,
@@ -29,30 +25,23 @@ def generate_with_stops(orch: Orchestrator, prompts: list[list[int]], gen: Gener
     """``orch.generate`` with text-level stop strings and text streaming; returns (outputs, metrics)."""
     if not stops and on_text is None:
         return orch.generate(prompts, gen)
-    ids: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
-    shown: dict[int, int] = {i: 0 for i in range(len(prompts))}
+    # the output is decoded on its own, as run.py and decode_text do (no prompt context: a first "▁word" loses its space)
+    streams = {i: TextStream(tok, [], stops, keep_stop=True) for i in range(len(prompts))} if tok else {}
     stopped: dict[int, int] = {}  # prompt index -> tokens kept
 
     def on_tokens(i: int, new: list[int]) -> bool:
         if i in stopped:
             return True
-        before = len(ids[i])
-        ids[i].extend(new)
-        end = first_stop(tok.decode(ids[i]), stops) if stops else None
-        if end is not None:
-            # the fewest tokens whose text holds the stop string
-            keep = next(n for n in range(before + 1, len(ids[i]) + 1) if first_stop(tok.decode(ids[i][:n]), stops) is not None)
-            stopped[i] = keep
-        if on_text is not None:
-            text = tok.decode(ids[i][: stopped.get(i, len(ids[i]))]) if tok else " ".join(map(str, new)) + " "
-            if tok:
-                cut = first_stop(text, stops) if stops else None
-                text = text[: cut] if cut is not None else text
-                on_text(i, text[shown[i]:])
-                shown[i] = len(text)
-            else:
-                on_text(i, text)
-        return i in stopped
+        if tok is None:  # no tokenizer (token ids in and out): stream the ids
+            if on_text is not None:
+                on_text(i, " ".join(map(str, new)) + " ")
+            return False
+        delta, done = streams[i].feed(new)
+        if on_text is not None and delta:
+            on_text(i, delta)
+        if done:
+            stopped[i] = streams[i].num_tokens
+        return done
 
     outputs, metrics = orch.generate(prompts, gen, on_tokens=on_tokens)
     for i, out in enumerate(outputs):
@@ -60,11 +49,13 @@ def generate_with_stops(orch: Orchestrator, prompts: list[list[int]], gen: Gener
             metrics.output_tokens -= len(out.output_ids) - stopped[i]  # tokens past the stop are not output
             out.output_ids = out.output_ids[: stopped[i]]
             out.finish_reason = "stop_words"
+        elif on_text is not None and i in streams:
+            on_text(i, streams[i].finish())  # an unfinished character at the end, if any
     return outputs, metrics
 
 
 def decode_text(tok: Tokenizer, out: RequestOutput, stops: Sequence[str]) -> str:
     """The output's text, cut at the end of its stop string when it stopped on one."""
-    text = tok.decode(out.output_ids)
-    end = first_stop(text, stops) if out.finish_reason == "stop_words" else None
-    return text[:end] if end is not None else text
+    stream = TextStream(tok, [], stops if out.finish_reason == "stop_words" else (), keep_stop=True)
+    text, _ = stream.feed(out.output_ids)
+    return text + stream.finish()

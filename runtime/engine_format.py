@@ -10,19 +10,23 @@ tokenizer files copied from the checkpoint. See docs/engine-format.md.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .errors import EngineError
+from .typed_json import SchemaError, from_json
+from .file_stamps import VERIFY_MODES, sha256_file, verify_files  # noqa: F401  (sha256_file: the builder's and tests' too)
 
 FORMAT_VERSION = 1
 # targets that draft with heads of their own and verify trees of drafts (a tree_mask input, plugins/attention.py)
 TREE_MODES = ("medusa", "eagle")
 EAGLE_MODULE_DIR = "eagle"  # an eagle target's folder for its EAGLE-3 module engine
 CONFIG_FILE = "config.json"
+# what build.speculative_decoding_mode may hold (eagle_module: the EAGLE-3 module's own engine, in an eagle target)
+SPECULATIVE_MODES = ("none", "draft_tokens_external", *TREE_MODES, "eagle_module")
+KV_LAYOUTS = ("bnsh", "bsh")
 
 
 @dataclass(frozen=True)
@@ -145,29 +149,32 @@ class EngineConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "EngineConfig":
+        """The config, every field's type and the values the runtime relies on checked: one line names the first bad field."""
         try:
-            return cls(
-                model=ModelConfig(**data["model"]),
-                build=BuildConfig(**data["build"]),
-                files=dict(data["files"]),
-                versions=dict(data["versions"]),
-                network_file=str(data["network_file"]),
-                format_version=int(data.get("format_version", 0)),
-                extra=dict(data.get("extra", {})),
-            )
-        except (KeyError, TypeError, ValueError) as err:
+            config = from_json(cls, data)
+            check_values(config)
+        except SchemaError as err:
             raise EngineError(
-                f"{CONFIG_FILE} does not follow the engine format (version {FORMAT_VERSION}): {err!r}. "
+                f"{CONFIG_FILE} {err}: it does not follow the engine format (version {FORMAT_VERSION}). "
                 "Rebuild the engine with this version of specdec-build."
-            ) from err
+            ) from None
+        return config
 
 
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
+def check_values(config: EngineConfig) -> None:
+    """The ranges and choices the runtime relies on (types are checked by from_json); SchemaError names the field."""
+    b, m = config.build, config.model
+    at_least = [(f"build.{n}", getattr(b, n), 1) for n in ("max_batch_size", "max_input_len", "max_seq_len", "tp_size")]
+    at_least += [("build.max_draft_len", b.max_draft_len, 0)]
+    at_least += [(f"model.{n}", getattr(m, n), 1) for n in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")]
+    for name, value, low in at_least:
+        if value < low:
+            raise SchemaError(f"{name}: expected an integer >= {low}, got {value}")
+    if b.max_input_len > b.max_seq_len:
+        raise SchemaError(f"build.max_input_len: {b.max_input_len} is more than build.max_seq_len, {b.max_seq_len}")
+    for name, value, choices in (("speculative_decoding_mode", b.speculative_decoding_mode, SPECULATIVE_MODES), ("kv_layout", b.kv_layout, KV_LAYOUTS)):
+        if value not in choices:
+            raise SchemaError(f"build.{name}: expected one of {', '.join(choices)}, got {value!r}")
 
 
 def hash_directory(root: Path, exclude: tuple[str, ...] = (CONFIG_FILE,)) -> dict[str, str]:
@@ -201,8 +208,12 @@ def eagle_module_dir(engine: EngineDir) -> Path:
     return engine.path / EAGLE_MODULE_DIR
 
 
-def load_engine_dir(path: str | Path, verify_hashes: bool = True) -> EngineDir:
-    """Open an engine directory, check its format version and file hashes."""
+def load_engine_dir(path: str | Path, verify: str = "stamp") -> EngineDir:
+    """Open an engine directory, check its format version, its config's fields and its files' hashes.
+
+    ``verify``: "stamp" (the default) hashes a file only when its stamp (size, times, inode) differs from
+    the one recorded at its last good hash (runtime/file_stamps.py); "full" hashes every file.
+    """
     root = Path(path)
     if not root.is_dir():
         raise EngineError(f"engine directory {root} does not exist. Build one with `specdec-build --output_dir {root} ...`.")
@@ -228,13 +239,5 @@ def load_engine_dir(path: str | Path, verify_hashes: bool = True) -> EngineDir:
     config = EngineConfig.from_dict(data)
     if config.network_file not in config.files:
         raise EngineError(f"{cfg_path} lists no hash for its network file {config.network_file!r}; rebuild the engine.")
-    for rel, expected in config.files.items():
-        f = root / rel
-        if not f.is_file():
-            raise EngineError(f"engine file {f} is missing (listed in {CONFIG_FILE}). Copy the whole engine directory, or rebuild it.")
-        if verify_hashes and sha256_file(f) != expected:
-            raise EngineError(
-                f"engine file {f} is corrupt: its sha256 does not match {CONFIG_FILE}. "
-                "Copy the engine directory again, or rebuild it."
-            )
+    verify_files(root, config.files, verify, CONFIG_FILE)
     return EngineDir(path=root, config=config)

@@ -21,6 +21,11 @@ class Tokenizer:
         cfg_file = d / "tokenizer_config.json"
         self.config = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
 
+    @property
+    def backend(self):
+        """The ``tokenizers.Tokenizer`` itself (for ``tokenizers.decoders.DecodeStream``, runtime/text.py)."""
+        return self._tok
+
     def _special_id(self, key: str) -> int | None:
         value = self.config.get(key)
         if isinstance(value, dict):

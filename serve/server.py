@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..runtime.config_strings import DraftTargetConfig, NGramConfig
-from ..runtime.engine_format import load_engine_dir
+from ..runtime.engine_format import EngineDir, load_engine_dir
 from ..runtime.loading import load_engine, method_draft_lens
 from ..runtime.tokenizer import Tokenizer
 from .chat import find_template, special_tokens
@@ -31,8 +31,8 @@ from .params import Served
 
 
 def build_served(
-    target_dir: str | Path,
-    draft_dir: str | Path | None = None,
+    target_dir: str | Path | EngineDir,
+    draft_dir: str | Path | EngineDir | None = None,
     draft_target: DraftTargetConfig | None = None,
     ngram: NGramConfig | None = None,
     *,
@@ -43,7 +43,7 @@ def build_served(
     **engine_kwargs: Any,
 ) -> Served:
     """Load the engines (load_engine's checks all apply) and the tokenizer and chat template."""
-    target = load_engine_dir(target_dir)
+    target = target_dir if isinstance(target_dir, EngineDir) else load_engine_dir(target_dir)
     engine = load_engine(target, draft_dir, draft_target, ngram, **engine_kwargs)
     tok_dir = tokenizer_dir or (target.path if target.tokenizer_path else None)
     tok = Tokenizer(tok_dir) if tok_dir else None
@@ -54,7 +54,7 @@ def build_served(
     return Served(
         engine=engine,
         tokenizer=tok,
-        model_name=served_model_name or Path(target_dir).resolve().name,
+        model_name=served_model_name or target.path.resolve().name,
         end_ids=end_ids,
         chat_template=find_template(tok, chat_template),
         special_tokens=special_tokens(tok) if tok else {},

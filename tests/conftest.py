@@ -1,3 +1,5 @@
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -10,6 +12,12 @@ from checkpoints import make_checkpoint  # noqa: E402
 from specdec.builder.build import build_engine  # noqa: E402
 from specdec.runtime.engine_format import BuildConfig, load_engine_dir  # noqa: E402
 from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def engine_stamp_cache(tmp_path_factory):
+    """Engine loads record verified file stamps (runtime/file_stamps.py) in this session's own cache, not ~/.cache."""
+    os.environ["SPECDEC_CACHE_DIR"] = str(tmp_path_factory.mktemp("stamp-cache"))
 
 
 def gpu_skip_reason() -> str | None:
@@ -102,3 +110,18 @@ def llama_engine(tmp_path_factory, llama_ckpt) -> Path:
     out = tmp_path_factory.mktemp("engines") / "llama"
     build_engine(llama_ckpt, out, spec_build(), say=lambda _: None)
     return out
+
+
+@pytest.fixture(scope="session")
+def built_engine(tmp_path_factory, llama_ckpt):
+    """A small draft-verifying engine, built once: tests copy it before changing anything (``engine_copy``)."""
+    out = tmp_path_factory.mktemp("engine-format") / "engine"
+    build_engine(llama_ckpt, out, spec_build(2), say=lambda _: None)
+    return out
+
+
+@pytest.fixture
+def engine_copy(built_engine, tmp_path):
+    """A fresh copy of ``built_engine``: its own files, inodes and times."""
+    shutil.copytree(built_engine, tmp_path / "engine")
+    return tmp_path / "engine"

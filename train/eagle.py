@@ -24,11 +24,22 @@ Module names are ModelOpt's EagleModule's, so ``state_dict()`` is the exported l
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import LlamaConfig
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+from transformers.models.llama.modeling_llama import LlamaAttention, LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+
+
+def _cache_keyword(forward) -> str:
+    """transformers renamed the layers' cache argument past_key_values -> cache (5.24 warns; 5.40 drops the old name)."""
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+ATTENTION_CACHE = _cache_keyword(LlamaAttention.forward)
+LAYER_CACHE = _cache_keyword(LlamaDecoderLayer.forward)
 
 
 def eagle_llama_config(base_config, num_layers: int) -> LlamaConfig:
@@ -111,11 +122,11 @@ class Eagle3Module(nn.Module):
         [batch, seq, hidden], mask [batch, 1, seq, keys] over the cache's rows then these -> pre-norm [batch, seq, hidden]."""
         first = self.layers[0]
         x = torch.cat([first.input_layernorm(next_embeds), first.hidden_norm(h)], dim=-1)
-        attn_out, _ = first.self_attn(hidden_states=x, position_embeddings=rope, attention_mask=mask, past_key_values=cache)
+        attn_out, _ = first.self_attn(hidden_states=x, position_embeddings=rope, attention_mask=mask, **{ATTENTION_CACHE: cache})
         h = h + attn_out
         h = h + first.mlp(first.post_attention_layernorm(h))
         for layer in self.layers[1:]:
-            h = layer(h, attention_mask=mask, position_embeddings=rope, past_key_values=cache)
+            h = layer(h, attention_mask=mask, position_embeddings=rope, **{LAYER_CACHE: cache})
         return h
 
 

@@ -2,6 +2,7 @@
 distribution for token t+2; written here as plain loops over positions on full logits."""
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -116,6 +117,17 @@ def test_ttt_steps_equal_incremental_drafting():
                 h2 = incremental(module, torch.cat([fused[b, : r - 1], h1[None]]), embeds[b, :r])[-1]
                 d3 = incremental(module, torch.cat([fused[b, : r - 1], h1[None], h2[None]]), embeds[b, : r + 1])
                 assert torch.allclose(logits[2][b, r], module.lm_head(module.norm(d3[-1])), atol=1e-5), (b, r)
+
+
+@torch.no_grad()
+def test_ttt_steps_pass_the_cache_by_the_installed_transformers_name():
+    """transformers 5.24 renamed the layers' past_key_values= to cache= and drops the old name in 5.40: no deprecated call."""
+    module, _ = tiny_eagle(layers=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        warnings.simplefilter("error", DeprecationWarning)
+        steps = module.ttt_hidden(torch.randn(B, T - 1, 2 * H), torch.randn(B, T - 1, H), steps=2)
+    assert len(steps) == 2
 
 
 def test_ttt_one_step_is_the_depth_1_pass_and_loss_counts_per_step():
