@@ -1,0 +1,132 @@
+"""Fuzzing the parsers of TensorRT-LLM's config strings and draft-tree choices (tests/fuzzing.py says how).
+
+Property: any string gives a correct value or one clean SpecdecError line; nothing else escapes
+(RecursionError, OverflowError, ...), whatever the nesting, the size of the numbers or the characters.
+"""
+
+from __future__ import annotations
+
+import pytest
+from fuzzing import any_text, assert_one_line, deeply_nested, dumps, edge_ints, fuzz_settings, json_values, no_hang
+from hypothesis import given
+from hypothesis import strategies as st
+
+from specdec.runtime.config_strings import (
+    DraftTargetConfig,
+    NGramConfig,
+    parse_draft_target_config,
+    parse_ngram_config,
+)
+from specdec.runtime.errors import ConfigStringError, RequestError
+from specdec.runtime.tree import DraftTree, parse_choices
+
+pytestmark = pytest.mark.fuzz
+
+# -- config strings ------------------------------------------------------------------------------
+
+
+def config_values() -> st.SearchStrategy:
+    """The config strings' own grammar (ints, bools, nested lists), with numbers at the edges."""
+    return st.recursive(st.one_of(edge_ints(), st.booleans()), lambda inner: st.lists(inner, max_size=5), max_leaves=10)
+
+
+@st.composite
+def written(draw, value) -> str:
+    """``value`` written as a user might: any spacing, either spelling of the booleans."""
+    space = st.sampled_from(["", " ", "  ", "\t", "\n"])
+    if isinstance(value, bool):
+        return draw(st.sampled_from(["True", "true"] if value else ["False", "false"]))
+    if isinstance(value, int):
+        return str(value)
+    return "[" + ",".join(draw(space) + draw(written(v)) + draw(space) for v in value) + "]"
+
+
+config_texts = st.one_of(
+    any_text(200),
+    config_values().flatmap(written),
+    deeply_nested(),
+    st.sampled_from(["[4,[0],[0],False]", "[10,2,[0]]", "[4,[0],[0],False", "[4,[0],[0],False]]", "[٣,[0],[0],False]", "[4,[0],[0],None]",
+                     "[1" + "0" * 5000 + ",[0],[0],False]", "[-9223372036854775809,[0],[0],False]", "[4,[0],[0],False] x"]),
+)
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@fuzz_settings(300)
+@given(config_texts)
+def test_config_strings_give_a_config_or_one_clean_line(text):
+    with no_hang():
+        for parse in (parse_draft_target_config, parse_ngram_config):
+            try:
+                cfg = parse(text)
+            except ConfigStringError as err:
+                assert_one_line(err)
+                assert "expected [" in str(err)  # the form, with an example
+                continue
+            if isinstance(cfg, DraftTargetConfig):
+                assert _int(cfg.draft_len) and cfg.draft_len >= 1 and isinstance(cfg.use_logits, bool)
+                assert all(_int(d) and -(2**63) <= d < 2**63 for d in cfg.draft_devices + cfg.target_devices)
+            else:
+                assert isinstance(cfg, NGramConfig) and cfg.max_draft_len >= 1 and cfg.max_matching_ngram_size >= 1
+                assert all(_int(d) for d in cfg.devices)
+
+
+@fuzz_settings(100)
+@given(st.integers(1, 2**63 - 1), st.lists(st.integers(0, 2**63 - 1), max_size=3), st.lists(st.integers(0, 2**63 - 1), max_size=3), st.booleans(),
+       st.data())
+def test_every_well_formed_config_string_parses_to_what_it_says(draft_len, draft_devices, target_devices, use_logits, data):
+    text = data.draw(written([draft_len, draft_devices, target_devices, use_logits]))
+    assert parse_draft_target_config(text) == DraftTargetConfig(draft_len, draft_devices, target_devices, use_logits)
+    text = data.draw(written([draft_len, draft_len, target_devices]))
+    assert parse_ngram_config(text) == NGramConfig(draft_len, draft_len, target_devices)
+
+
+@pytest.mark.parametrize("text", ["[" * 5000 + "]" * 5000, "[1" + "0" * 5000 + ",[0],[0],False]", "[4,[0],[99999999999999999999],False]"])
+def test_config_strings_past_the_limits_are_refused_in_one_line(text):
+    # regressions: 5000 brackets raised RecursionError; 5001 digits a ValueError about sys.set_int_max_str_digits
+    # inside a 5000-character message; a device id past 64 bits was accepted, to overflow a C long downstream
+    with pytest.raises(ConfigStringError) as info:
+        parse_draft_target_config(text)
+    assert_one_line(info.value, limit=400)
+
+
+# -- draft-tree choices ---------------------------------------------------------------------------
+
+paths = st.lists(st.lists(edge_ints(), max_size=4), max_size=8)
+choices_texts = st.one_of(
+    any_text(120),
+    json_values().map(dumps),
+    paths.map(dumps),
+    deeply_nested(),
+    st.sampled_from(["[[0],[0,0],[1]]", f"[[{2**70}]]", f"[[0],[0,{2**63}]]", "[[NaN]]", "[[1e400]]", '"\\ud800"', "[[0]]" * 3, "[[true]]"]),
+)
+
+
+@fuzz_settings(300)
+@given(choices_texts)
+def test_tree_choices_give_a_tree_or_one_clean_line(text):
+    with no_hang():
+        try:
+            tree = parse_choices(text, "--eagle_choices")
+        except RequestError as err:
+            assert_one_line(err)
+            assert str(err).startswith("--eagle_choices")
+            return
+    assert isinstance(tree, DraftTree) and len(tree) >= 1
+    as_paths = set(tree.paths)
+    for j, path in enumerate(tree.paths):  # every node's parent is in the tree, before it, and is its path's prefix
+        parent = int(tree.parents[j])
+        assert (parent == -1) == (len(path) == 1)
+        assert parent < j and (parent == -1 or tree.paths[parent] == path[:-1])
+        assert path[:-1] in as_paths or len(path) == 1
+        assert tree.depths[j] == len(path) and tree.ranks[j] == path[-1]
+
+
+@pytest.mark.parametrize("text", [f"[[{2**70}]]", f"[[0],[0,{2**63}]]", "[" * 5000 + "]" * 5000])
+def test_tree_choices_past_the_limits_are_refused_in_one_line(text):
+    # regressions: indices past 64 bits raised OverflowError (numpy), deep nesting RecursionError
+    with pytest.raises(RequestError) as info:
+        parse_choices(text)
+    assert_one_line(info.value, limit=400)
