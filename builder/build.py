@@ -64,6 +64,8 @@ def validate_build_config(build: BuildConfig, model: ModelConfig) -> None:
         problems.append(f"max_draft_len={build.max_draft_len} needs --speculative_decoding_mode draft_tokens_external (or medusa / eagle, with their heads)")
     if build.max_draft_len < 0:
         problems.append(f"max_draft_len={build.max_draft_len} must be >= 0")
+    elif build.max_draft_len >= build.max_seq_len:  # a step verifies max_draft_len + 1 tokens of one sequence
+        problems.append(f"max_draft_len={build.max_draft_len} must be smaller than max_seq_len={build.max_seq_len} (a step verifies the drafts and the last token in one sequence)")
     if build.tp_size != 1:
         problems.append(f"tp_size={build.tp_size}: tensor parallelism is not supported yet (use 1)")
     if build.dtype not in DTYPES[1:]:
@@ -256,6 +258,8 @@ def build_engine(
         raise BuildConfigError(f"{', '.join(trt_options)} only {'applies' if len(trt_options) == 1 else 'apply'} to --backend tensorrt (this build uses {build.backend}).")
     rtx_targets = _rtx_targets(build, target_sm)
 
+    if calib_size < 1:
+        raise BuildConfigError(f"--calib_size {calib_size} must be >= 1 (calibration samples).")
     if build.fp8_activations == "static" and calib_dataset is None and fp8 is None:
         raise BuildConfigError("--fp8_activations static needs calibration: pass --calib_dataset FILE (or use dynamic).")
     if build.quantization == "int4_awq" and calib_dataset is None:

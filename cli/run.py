@@ -23,6 +23,8 @@ from .common import check_output_file, clean_errors, end_ids, engine_tokenizer, 
 from .compat import check_run_py_options, run_py_options
 from .stops import decode_text, generate_with_stops
 
+MAX_REPEAT = 100  # interleaved timings: the median of 100 pairs is as steady as a busy machine allows; more only takes longer
+
 
 def read_inputs(texts: tuple[str, ...], input_file: str | None, tok: Tokenizer | None, add_special: bool, pad_id: int | None) -> list[list[int]]:
     """Prompts from --input_text and/or --input_file (.txt text, .csv / .npy token ids)."""
@@ -140,8 +142,8 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
     if more_input_text and not input_text:
         raise RequestError(f"unexpected argument {more_input_text[0]!r}: prompts go after --input_text (several may follow one flag).")
     input_text = input_text + more_input_text  # run.py's form: --input_text "a" "b"
-    if repeat < 1 or (repeat > 1 and not baseline):
-        raise RequestError(f"--repeat {repeat}: expected a number >= 1, used with --baseline (it repeats the timed comparison).")
+    if not 1 <= repeat <= MAX_REPEAT or (repeat > 1 and not baseline):
+        raise RequestError(f"--repeat {repeat}: expected a number from 1 to {MAX_REPEAT}, used with --baseline (it repeats the timed comparison).")
     for path, flag in ((output_csv, "--output_csv"), (output_npy, "--output_npy"), (output_json, "--output_json")):
         check_output_file(path, flag)  # before decoding: an unwritable output must not cost the results
     dtm = parse_draft_target_config(draft_target_model_config) if draft_target_model_config else None

@@ -37,7 +37,9 @@ class Hang(BaseException):
 
 
 @contextmanager
-def no_hang(seconds: float = HANG_SECONDS) -> Iterator[None]:
+def no_hang(seconds: float = HANG_SECONDS, what: object = "") -> Iterator[None]:
+    """Fail (AssertionError, naming ``what``: Hypothesis then shrinks and reports the example) if the body runs
+    past ``seconds``."""
     def fire(_signum, _frame):
         raise Hang(f"no answer within {seconds} s")
 
@@ -45,6 +47,8 @@ def no_hang(seconds: float = HANG_SECONDS) -> Iterator[None]:
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         yield
+    except Hang as hang:
+        raise AssertionError(f"{hang}: {what}") from None
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
@@ -153,6 +157,13 @@ def assert_clean(result, *outputs) -> None:
 
     Clean: exit 1 with exactly one ``error:`` line on stderr (other lines only ``warning:``/``note:``), or
     click's usage error (exit 2, ending in one ``Error:`` line); never an exception other than SystemExit."""
+    from hypothesis import event
+    from hypothesis.errors import InvalidArgument
+
+    try:  # --hypothesis-show-statistics then says how many examples ran through and how many were refused
+        event(f"exit status {result.exit_code}")
+    except InvalidArgument:  # not inside a Hypothesis test
+        pass
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         import traceback
 
