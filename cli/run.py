@@ -15,6 +15,8 @@ from ..runtime.config_strings import DTM_FORM, NGRAM_FORM, parse_draft_target_co
 from ..runtime.proposers.suffix import SUFFIX_EXAMPLE, SUFFIX_FORM, parse_suffix_config
 from ..runtime.engine_format import TREE_MODES, load_engine_dir
 from ..runtime.errors import RequestError
+from ..runtime.guards import SILENT_DRAFT_ROUNDS, silent_draft_message
+from ..runtime.request import AUTO
 from ..runtime.loading import load_orchestrator
 from ..runtime.orchestrator import GenerationConfig, Orchestrator
 from ..runtime.sampling import SamplingConfig
@@ -202,6 +204,10 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
             click.echo(f"[{i}] input: {shown}")
             click.echo(f"[{i}] output ({len(out.output_ids)} tokens, {out.finish_reason}): {out.text if tok else out.output_ids}")
     click.echo(f"--- {method} ---\n{metrics.summary()}")
+    silent = [i for i, out in enumerate(outputs) if out.metrics and out.metrics.silent_drafts]
+    if silent:  # said once for the run, not once per request
+        which = f"request {silent[0]}" if len(silent) == 1 else f"{len(silent)} of {len(outputs)} requests"
+        click.echo(f"warning: {which}: {silent_draft_message(orch.engine.speculation.method, SILENT_DRAFT_ROUNDS, orch.engine.speculation.draft_len == AUTO)}", err=True)
     report = {"method": method, "metrics": metrics.to_dict()}
     if baseline:
         base_runs = [r for name, r in runs if name == "target-only"]
@@ -219,6 +225,10 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
             report["baseline"]["repeats"] = {"target_only_tokens_per_s": [m.tokens_per_s for _, m in base_runs],
                                              "tokens_per_s": [m.tokens_per_s for _, m in spec_runs], "speedups": speedups}
     _write_outputs(outputs, report, output_csv, output_npy, output_json)
+    failed = [(i, out.error) for i, out in enumerate(outputs) if out.finish_reason == "error"]
+    if failed:  # the others' results are printed and written (finish_reason "error" marks these); the exit status says it failed
+        more = f" ({len(failed) - 1} more request(s) stopped the same way)" if len(failed) > 1 else ""
+        raise RequestError(f"request {failed[0][0]} stopped: {failed[0][1]}{more}")
 
 
 def method_label(engine) -> str:
@@ -284,7 +294,8 @@ def _write_outputs(outputs, report: dict, output_csv, output_npy, output_json) -
             arr[i, : len(o.output_ids)] = o.output_ids
         np.save(output_npy, arr)
     if output_json:
-        requests = [dict(input_ids=o.input_ids, output_ids=o.output_ids, text=o.text, finish_reason=o.finish_reason) for o in outputs]
+        requests = [dict(input_ids=o.input_ids, output_ids=o.output_ids, text=o.text, finish_reason=o.finish_reason, **({"error": o.error} if o.error else {}))
+                    for o in outputs]
         Path(output_json).write_text(json.dumps({"requests": requests, **report}, indent=2) + "\n")
 
 
