@@ -133,15 +133,40 @@ def _awq_convention(qc: dict[str, Any]) -> IntConvention:
     return IntConvention("awq", bits, group_size, symmetric=False, layout="gemm")
 
 
+def config_groups(qc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """compressed-tensors' config_groups: name -> group, each a JSON object whose "weights" is one too (or absent)."""
+    groups = qc.get("config_groups") or {}
+    bad = None if isinstance(groups, dict) else "config_groups"
+    for name, group in groups.items() if bad is None else ():
+        if not isinstance(group, dict):
+            bad = f"config_groups.{name}"
+        elif group.get("weights") is not None and not isinstance(group["weights"], dict):
+            bad = f"config_groups.{name}.weights"
+    if bad:
+        from ..runtime.config_strings import shown_value
+
+        raise CheckpointError(f"config.json's quantization_config.{bad} is {shown_value(value_at(qc, bad), 40)}; expected a JSON object "
+                              "(compressed-tensors' layout).")
+    return groups
+
+
+def value_at(qc: dict[str, Any], dotted: str) -> Any:
+    """qc's value at a dotted path of keys (for the error above)."""
+    value: Any = qc
+    for key in dotted.split("."):
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
 def _is_pack_quantized(qc: dict[str, Any]) -> bool:
-    groups = (qc.get("config_groups") or {}).values()
+    groups = config_groups(qc).values()
     return qc.get("format") == "pack-quantized" or any(g.get("format") == "pack-quantized" for g in groups)
 
 
 def _compressed_convention(qc: dict[str, Any]) -> IntConvention:
     # compressed-tensors QuantizationConfig / QuantizationArgs field names.
     schemes = {}
-    for name, group in (qc.get("config_groups") or {}).items():
+    for name, group in config_groups(qc).items():
         if group.get("input_activations") or group.get("output_activations"):
             raise CheckpointError(f"compressed-tensors group {name!r} quantizes activations too; only weight-only (W4A16 / W8A16) pack-quantized checkpoints are supported.")
         fmt = group.get("format") or qc.get("format")
@@ -152,8 +177,8 @@ def _compressed_convention(qc: dict[str, Any]) -> IntConvention:
     if len(schemes) != 1:
         raise CheckpointError(f"compressed-tensors checkpoint has {len(schemes)} different weight schemes; expected exactly one (mixed precision is not supported).")
     sparsity = qc.get("sparsity_config") or {}
-    if sparsity.get("format") not in (None, "dense"):
-        raise CheckpointError(f"compressed-tensors sparsity format {sparsity.get('format')!r} is not supported; expected dense.")
+    if not isinstance(sparsity, dict) or sparsity.get("format") not in (None, "dense"):
+        raise CheckpointError(f"compressed-tensors sparsity format {value_at(qc, 'sparsity_config.format')!r} is not supported; expected dense.")
     if qc.get("transform_config"):
         raise CheckpointError("compressed-tensors checkpoint with transform_config (rotations) is not supported.")
     (w,) = schemes.values()

@@ -180,13 +180,30 @@ def validate_checkpoint(ckpt, model: ModelConfig, build: BuildConfig, convention
         _count_nonfinite(want.name, stored, code, nonfinite)
     for want in linear:
         _check_linear(ckpt, want, convention, nonfinite)
+    _report_nonfinite(nonfinite, ckpt.path, "An engine built from them emits garbage", allow_nonfinite)
+
+
+def validate_head_weights(heads, allow_nonfinite: bool = False) -> None:
+    """Finiteness of every float tensor of Medusa heads or an EAGLE module (train.layout.load_heads read them as float32):
+    the builder reads them all, into the target's network (Medusa, EAGLE's fc) or the module's engine."""
+    nonfinite: list[str] = []
+    for name in sorted(heads.tensors):
+        values = heads.tensors[name]
+        if values.dtype.kind == "f":  # d2t is an integer map
+            _count_nonfinite(name, values, "F32", nonfinite)
+    what = "Medusa heads" if heads.mode == "medusa" else "an EAGLE module"
+    _report_nonfinite(nonfinite, heads.path, f"The target would verify garbage drafts from {what} built from them, and accept none", allow_nonfinite)
+
+
+def _report_nonfinite(nonfinite: list[str], where, consequence: str, allow_nonfinite: bool) -> None:
+    """Refuse (or, with --allow_nonfinite, warn about) the non-finite tensors found in ``where``, three named."""
     if not nonfinite:
         return
     shown = "; ".join(nonfinite[:3]) + (f"; and {len(nonfinite) - 3} more tensors" if len(nonfinite) > 3 else "")
     if not allow_nonfinite:
-        raise CheckpointError(f"non-finite weights in {ckpt.path}: {shown}. An engine built from them emits garbage; "
+        raise CheckpointError(f"non-finite weights in {where}: {shown}. {consequence}; "
                               "re-export the checkpoint, or pass --allow_nonfinite to build anyway.")
-    warnings.warn(f"building with non-finite weights (--allow_nonfinite): {shown}.", stacklevel=2)
+    warnings.warn(f"building with non-finite weights (--allow_nonfinite): {shown}.", stacklevel=3)
 
 
 def _dense_tensor(ckpt, want: Expected) -> tuple[np.ndarray, str]:
