@@ -50,8 +50,8 @@ def read_inputs(texts: tuple[str, ...], input_file: str | None, tok: Tokenizer |
         elif path.suffix == ".npy":
             try:
                 arr = np.load(path, allow_pickle=False)
-            except ValueError as err:
-                raise RequestError(f"--input_file {path} is not a plain numpy array: {err}") from None
+            except (ValueError, EOFError) as err:  # not a .npy, pickled, or cut short (np.load's EOFError: click would say "Aborted!")
+                raise RequestError(f"--input_file {path} is not a plain numpy array: {str(err)[:120] or 'the file ends early'}") from None
             if arr.ndim not in (1, 2) or not np.issubdtype(arr.dtype, np.integer):
                 raise RequestError(f"--input_file {path}: expected a 1-D or 2-D integer array of token ids, got {arr.ndim}-D {arr.dtype}.")
             for row in np.atleast_2d(arr).astype(np.int64).tolist():

@@ -153,3 +153,46 @@ def test_a_prompt_that_is_not_unicode_is_one_clean_line(engines, tmp_path):
     r = run("--engine_dir", engines / "target", "--input_text", "w5 \udcff w6", "--output_json", tmp_path / "o.json")
     assert_clean(r, tmp_path / "o.json")
     assert r.exit_code == 1 and "is not valid Unicode: a lone surrogate '\\udcff' at character 3" in r.stderr
+
+
+@st.composite
+def input_files(draw) -> tuple[str, bytes]:
+    """(suffix, content) of an --input_file: text of any characters, CSV rows at the edges, .npy arrays of any dtype and
+    shape, and .npy files cut short or of random bytes."""
+    import io
+
+    import numpy as np
+
+    suffix = draw(st.sampled_from([".txt", ".csv", ".npy"]))
+    if suffix == ".txt":
+        return suffix, draw(any_text(80)).encode("utf-8", "surrogatepass")
+    if suffix == ".csv":
+        rows = draw(st.lists(st.lists(st.one_of(number_text(), st.integers(0, 95).map(str)), max_size=5), min_size=1, max_size=3))
+        return suffix, "\n".join(",".join(r) for r in rows).encode("utf-8", "surrogatepass")
+    if draw(st.booleans()):
+        return suffix, draw(st.binary(max_size=200))
+    dtype = draw(st.sampled_from(["int64", "int32", "uint64", "int8", "float32", "bool", "complex64"]))
+    shape = draw(st.lists(st.integers(0, 4), max_size=3))
+    values = draw(st.lists(st.integers(-(2**63), 2**63 - 1), min_size=int(np.prod(shape)), max_size=int(np.prod(shape))))
+    buf = io.BytesIO()
+    np.save(buf, np.array(values, dtype=np.int64).reshape(shape).astype(dtype))
+    data = buf.getvalue()
+    return suffix, data[: draw(st.integers(0, len(data)))] if draw(st.booleans()) else data
+
+
+@fuzz_settings(80)
+@given(input_files())
+def test_input_files_run_or_fail_in_one_line(engines, tmp_path_factory, file):
+    suffix, content = file
+    d = tmp_path_factory.mktemp("f")
+    (d / f"prompts{suffix}").write_bytes(content)
+    r = run("--engine_dir", engines / "target", "--input_file", d / f"prompts{suffix}", "--max_output_len", 4, "--num_threads", 1,
+            "--output_json", d / "out.json")
+    assert_clean(r, d / "out.json")
+
+
+def test_an_empty_npy_input_file_is_one_clean_line(engines, tmp_path):
+    (tmp_path / "p.npy").write_bytes(b"")  # regression: np.load's EOFError, which click turns into "Aborted!"
+    r = run("--engine_dir", engines / "target", "--input_file", tmp_path / "p.npy", "--output_json", tmp_path / "o.json")
+    assert_clean(r, tmp_path / "o.json")
+    assert r.exit_code == 1 and "is not a plain numpy array" in r.stderr

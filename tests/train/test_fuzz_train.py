@@ -142,3 +142,40 @@ def test_train_numbers_at_the_edges_regressions(tmp_path, tiny_base, repetitive_
         r = CliRunner().invoke(train_main, [str(a) for a in args])
     assert_clean(r, tmp_path / "out")
     assert r.exit_code == 1 and message in r.stderr, r.output
+
+
+# -- specdec-train prepare-data: numeric options -------------------------------------------------------
+
+PREPARE = {
+    "max_token": usual(st.integers(1, 6)), "max_prompt_tokens": usual(st.integers(1, 8)), "temperature": usual(st.floats(0, 2)),
+    "top_k": usual(st.integers(0, 5)), "top_p": usual(st.floats(0, 1)), "seed": usual(st.integers(0, 2**32)), "limit": usual(st.integers(1, 3)),
+    "num_threads": usual(st.just(1)),
+}
+
+
+@pytest.fixture(scope="module")
+def base_engine(tiny_base, tmp_path_factory):
+    from conftest import spec_build
+
+    from specdec.builder.build import build_engine
+
+    out = tmp_path_factory.mktemp("prep") / "engine"
+    build_engine(tiny_base, out, spec_build(0), say=lambda _: None)
+    return out
+
+
+@fuzz_settings(40)
+@given(st.permutations(sorted(PREPARE)), st.integers(1, 3), st.data())
+def test_prepare_data_options(tmp_path_factory, tiny_base, base_engine, names, count, data):
+    d = tmp_path_factory.mktemp("pd")
+    (d / "p.txt").write_text("w5 w6\nw7 w8 w9\n")
+    flags = {"max_token": "4", "num_threads": "1"} | {name: data.draw(PREPARE[name], label=name) for name in names[:count]}
+    args = ["prepare-data", "--model_dir", tiny_base, "--engine_dir", base_engine, "--data_path", d / "p.txt", "--output_path", d / "o.jsonl", "-q"]
+    for name, value in flags.items():
+        args += [f"--{name}", value]
+    with no_hang(what=args):
+        r = CliRunner().invoke(train_main, [str(a) for a in args])
+    assert_clean(r, d / "o.jsonl")
+    if r.exit_code == 0:
+        records = [json.loads(line) for line in (d / "o.jsonl").read_text().splitlines()]
+        assert records and all(len(rec["input_ids"]) - rec["prompt_len"] <= int(flags["max_token"]) for rec in records)
