@@ -141,6 +141,8 @@ def mutated(valid: dict, max_mutations: int = 3) -> st.SearchStrategy[dict]:
                 parent[path[-1]]
             except (KeyError, IndexError, TypeError):
                 continue  # an earlier edit removed or replaced that path
+            if not isinstance(parent, (dict, list)):
+                continue  # replaced by a string, which indexes too
             if draw(st.booleans()) and isinstance(parent, dict):
                 del parent[path[-1]]
             else:

@@ -16,6 +16,7 @@ from checkpoints import make_checkpoint, save_fp8_checkpoint, write_eagle_module
 from click.testing import CliRunner
 from fuzzing import assert_clean, fuzz_settings, mutated, no_hang
 from hypothesis import given
+from hypothesis import strategies as st
 from quant_layouts import save_quantized_checkpoint
 from safetensors.numpy import load_file, save_file
 
@@ -69,43 +70,34 @@ def valid(ckpts):
     return {path.name: config_of(path) for path in ckpts.iterdir()}
 
 
-# One strategy per file, drawn inside the test (the valid configs come from a fixture).
-def test_config_json_mutations(ckpts, valid, tmp_path_factory):
-    @fuzz_settings(60)
-    @given(mutated(valid["base"]))
-    def run(config):
-        d = tmp_path_factory.mktemp("c")
-        out = d / "engine"
-        check_build(build("--checkpoint_dir", with_config(ckpts / "base", d / "ckpt", config), "--output_dir", out, *LIMITS), out)
-
-    run()
+# The valid configs come from a fixture: each test draws its mutation from st.data().
+@fuzz_settings(60)
+@given(st.data())
+def test_config_json_mutations(ckpts, valid, tmp_path_factory, data):
+    config = data.draw(mutated(valid["base"]), label="config.json")
+    d = tmp_path_factory.mktemp("c")
+    check_build(build("--checkpoint_dir", with_config(ckpts / "base", d / "ckpt", config), "--output_dir", d / "engine", *LIMITS), d / "engine")
 
 
 @pytest.mark.parametrize("kind", ["gptq", "awq", "fp8", "fp8-block", "modelopt"])
-def test_quantization_config_mutations(ckpts, valid, tmp_path_factory, kind):
+@fuzz_settings(25)
+@given(data=st.data())
+def test_quantization_config_mutations(ckpts, valid, tmp_path_factory, kind, data):
     config = valid[kind]
-
-    @fuzz_settings(25)
-    @given(mutated({"quantization_config": config["quantization_config"]}))
-    def run(part):
-        d = tmp_path_factory.mktemp("q")
-        out = d / "engine"
-        check_build(build("--checkpoint_dir", with_config(ckpts / kind, d / "ckpt", {**config, **part}), "--output_dir", out, *LIMITS), out)
-
-    run()
+    part = data.draw(mutated({"quantization_config": config["quantization_config"]}), label="quantization_config")
+    d = tmp_path_factory.mktemp("q")
+    check_build(build("--checkpoint_dir", with_config(ckpts / kind, d / "ckpt", {**config, **part}), "--output_dir", d / "engine", *LIMITS), d / "engine")
 
 
 @pytest.mark.parametrize("mode", ["medusa", "eagle"])
-def test_head_config_mutations(ckpts, valid, tmp_path_factory, mode):
-    @fuzz_settings(50)
-    @given(mutated(valid[mode]))
-    def run(config):
-        d = tmp_path_factory.mktemp("h")
-        out = d / "engine"
-        heads = with_config(ckpts / mode, d / "heads", config)
-        check_build(build("--checkpoint_dir", ckpts / "base", "--output_dir", out, *LIMITS, "--speculative_decoding_mode", mode, f"--{mode}_dir", heads), out)
-
-    run()
+@fuzz_settings(50)
+@given(data=st.data())
+def test_head_config_mutations(ckpts, valid, tmp_path_factory, mode, data):
+    config = data.draw(mutated(valid[mode]), label=f"{mode} config.json")
+    d = tmp_path_factory.mktemp("h")
+    heads = with_config(ckpts / mode, d / "heads", config)
+    out = d / "engine"
+    check_build(build("--checkpoint_dir", ckpts / "base", "--output_dir", out, *LIMITS, "--speculative_decoding_mode", mode, f"--{mode}_dir", heads), out)
 
 
 def edited(valid: dict, *path_and_value) -> dict:
