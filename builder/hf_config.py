@@ -55,26 +55,14 @@ class ConfigFields:
     def number(self, key: str, default: Any = _MISSING, minimum: float = 0.0, above: bool = False) -> float:
         """A finite number >= minimum (> minimum with ``above``)."""
         value = self._get(key, default)
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if ok:
-            try:
-                value = float(value)
-            except OverflowError:  # a 400-digit integer
-                ok = False
-        if not ok or not math.isfinite(value) or value < minimum or (above and value == minimum):
+        if not _finite(value) or float(value) < minimum or (above and float(value) == minimum):
             raise self._fail(key, f"a finite number {'>' if above else '>='} {minimum:g}")
-        return value
+        return float(value)
 
     def boolean(self, key: str, default: bool = False) -> bool:
         value = self._get(key, default)
         if not isinstance(value, bool):
             raise self._fail(key, "true or false")
-        return value
-
-    def string(self, key: str, default: Any = _MISSING) -> str:
-        value = self._get(key, default)
-        if not isinstance(value, str):
-            raise self._fail(key, "a string")
         return value
 
     def section(self, key: str) -> "ConfigFields | None":
@@ -95,6 +83,39 @@ class ConfigFields:
 
     def number_list(self, key: str) -> list[float]:
         value = self._get(key, _MISSING)
-        if not isinstance(value, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)) for v in value):
+        if not isinstance(value, list) or not all(_finite(v) for v in value):
             raise self._fail(key, "a list of finite numbers")
         return [float(v) for v in value]
+
+
+def _finite(value: Any) -> bool:
+    """A JSON number that is finite as a float (a 400-digit integer is not: float() overflows)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def config_groups(qc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """compressed-tensors' config_groups: name -> group, each a JSON object whose "weights" is one too (or absent)."""
+    groups = qc.get("config_groups") or {}
+    bad = None if isinstance(groups, dict) else "config_groups"
+    for name, group in groups.items() if bad is None else ():
+        if not isinstance(group, dict):
+            bad = f"config_groups.{name}"
+        elif group.get("weights") is not None and not isinstance(group["weights"], dict):
+            bad = f"config_groups.{name}.weights"
+    if bad:
+        raise CheckpointError(f"config.json's quantization_config.{bad} is {shown_value(value_at(qc, bad), 40)}; expected a JSON object "
+                              "(compressed-tensors' layout).")
+    return groups
+
+
+def value_at(qc: dict[str, Any], dotted: str) -> Any:
+    """qc's value at a dotted path of keys (for the error above)."""
+    value: Any = qc
+    for key in dotted.split("."):
+        value = value.get(key) if isinstance(value, dict) else None
+    return value

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..runtime.errors import CheckpointError
+from .hf_config import config_groups, value_at
 from .weight_only import BITS, IntWeight
 
 # AutoAWQ WQLinear_GEMM.from_linear packs output column order_map[j] into nibble j
@@ -131,31 +132,6 @@ def _awq_convention(qc: dict[str, Any]) -> IntConvention:
         raise CheckpointError("AWQ checkpoint with zero_point: false is not supported; AutoAWQ's GEMM layout stores zero points (expected zero_point: true).")
     group_size = _group_size(qc.get("group_size", qc.get("q_group_size", 128)), "AWQ")
     return IntConvention("awq", bits, group_size, symmetric=False, layout="gemm")
-
-
-def config_groups(qc: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """compressed-tensors' config_groups: name -> group, each a JSON object whose "weights" is one too (or absent)."""
-    groups = qc.get("config_groups") or {}
-    bad = None if isinstance(groups, dict) else "config_groups"
-    for name, group in groups.items() if bad is None else ():
-        if not isinstance(group, dict):
-            bad = f"config_groups.{name}"
-        elif group.get("weights") is not None and not isinstance(group["weights"], dict):
-            bad = f"config_groups.{name}.weights"
-    if bad:
-        from ..runtime.config_strings import shown_value
-
-        raise CheckpointError(f"config.json's quantization_config.{bad} is {shown_value(value_at(qc, bad), 40)}; expected a JSON object "
-                              "(compressed-tensors' layout).")
-    return groups
-
-
-def value_at(qc: dict[str, Any], dotted: str) -> Any:
-    """qc's value at a dotted path of keys (for the error above)."""
-    value: Any = qc
-    for key in dotted.split("."):
-        value = value.get(key) if isinstance(value, dict) else None
-    return value
 
 
 def _is_pack_quantized(qc: dict[str, Any]) -> bool:

@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from ..runtime.errors import CheckpointError
-from .quant_checkpoints import IntConvention, config_groups, detect_int_convention, read_int_weight
+from .hf_config import config_groups
+from .quant_checkpoints import IntConvention, detect_int_convention, read_int_weight
 from .weight_only import IntWeight
 
 FP8_MAX = 448.0  # largest finite float8 e4m3fn

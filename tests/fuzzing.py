@@ -83,6 +83,17 @@ def number_text() -> st.SearchStrategy[str]:
                                                                                     "٣", "4.", ".5", "-0", "+3", "1e-400"]))
 
 
+def mostly(values: st.SearchStrategy) -> st.SearchStrategy[str]:
+    """A flag's value as typed: mostly one it takes (so a command goes on to meet its other flags), sometimes a
+    number at the edges."""
+    return st.one_of(*[values.map(str)] * 4, number_text())
+
+
+def argv(flags: dict[str, object]) -> list[str]:
+    """{"max_seq_len": 64} -> ["--max_seq_len", "64"]."""
+    return [x for name, value in flags.items() for x in (f"--{name}", str(value))]
+
+
 def json_scalars() -> st.SearchStrategy[Any]:
     return st.one_of(st.none(), st.booleans(), edge_ints(), edge_floats(), any_text(12))
 

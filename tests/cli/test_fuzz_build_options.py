@@ -11,7 +11,7 @@ import json
 import pytest
 from checkpoints import make_checkpoint
 from click.testing import CliRunner
-from fuzzing import assert_clean, fuzz_settings, no_hang, number_text
+from fuzzing import argv, assert_clean, fuzz_settings, mostly, no_hang
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -30,18 +30,15 @@ def build(*args):
         return CliRunner().invoke(build_main, [str(a) for a in args])
 
 
-def usual(values: st.SearchStrategy) -> st.SearchStrategy[str]:
-    return st.one_of(*[values.map(str)] * 4, number_text())
-
 
 NUMERIC = {
-    "max_batch_size": usual(st.integers(1, 8)),
-    "max_input_len": usual(st.integers(1, 64)),
-    "max_seq_len": usual(st.integers(2, 256)),
-    "max_draft_len": usual(st.integers(0, 8)),
-    "group_size": usual(st.sampled_from([0, 32, 64, 128])),
-    "tp_size": usual(st.just(1)),
-    "calib_size": usual(st.integers(1, 4)),
+    "max_batch_size": mostly(st.integers(1, 8)),
+    "max_input_len": mostly(st.integers(1, 64)),
+    "max_seq_len": mostly(st.integers(2, 256)),
+    "max_draft_len": mostly(st.integers(0, 8)),
+    "group_size": mostly(st.sampled_from([0, 32, 64, 128])),
+    "tp_size": mostly(st.just(1)),
+    "calib_size": mostly(st.integers(1, 4)),
 }
 
 
@@ -62,8 +59,7 @@ def test_numeric_build_options_build_what_was_asked_or_fail_in_one_line(ckpt, tm
     flags, more = options
     out = tmp_path_factory.mktemp("b") / "engine"
     args = ["--checkpoint_dir", ckpt, "--output_dir", out, *more]
-    for name, value in flags.items():
-        args += [f"--{name}", value]
+    args += argv(flags)
     r = build(*args)
     assert_clean(r, out)
     if r.exit_code != 0:

@@ -14,7 +14,7 @@ import pytest
 from checkpoints import add_word_tokenizer, make_checkpoint
 from click.testing import CliRunner
 from conftest import spec_build
-from fuzzing import any_text, assert_clean, fuzz_settings, no_hang, number_text
+from fuzzing import any_text, argv, assert_clean, fuzz_settings, mostly, no_hang, number_text
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -47,24 +47,20 @@ def greedy_reference(engines, max_output_len: int) -> list[int]:
     return json.loads((engines / "greedy.json").read_text())["requests"][0]["output_ids"]
 
 
-def usual(values: st.SearchStrategy) -> st.SearchStrategy[str]:
-    """Mostly a value the flag takes (so the run goes on to meet the others), sometimes a number at the edges."""
-    return st.one_of(*[values.map(str)] * 5, number_text())
-
 
 NUMERIC = {
-    "max_output_len": usual(st.integers(1, 40)),
-    "end_id": usual(st.integers(-2, 100)),
-    "temperature": usual(st.one_of(st.floats(0, 2), st.sampled_from([0.0, 5e-324, 1e-300, 9.99e-6, 1e-5, 1e-4]))),
-    "top_k": usual(st.integers(0, 100)),
-    "top_p": usual(st.floats(0, 1)),
-    "random_seed": usual(st.integers(0, 2**64)),
-    "repeat": usual(st.integers(1, 3)),
-    "num_threads": usual(st.integers(1, 2)),
-    "draft_num_threads": usual(st.integers(1, 2)),
-    "ngram_min_match": usual(st.integers(1, 4)),
-    "draft_confidence_threshold": usual(st.floats(0, 1)),
-    "draft_len": st.one_of(usual(st.integers(0, 4)), st.just("auto")),
+    "max_output_len": mostly(st.integers(1, 40)),
+    "end_id": mostly(st.integers(-2, 100)),
+    "temperature": mostly(st.one_of(st.floats(0, 2), st.sampled_from([0.0, 5e-324, 1e-300, 9.99e-6, 1e-5, 1e-4]))),
+    "top_k": mostly(st.integers(0, 100)),
+    "top_p": mostly(st.floats(0, 1)),
+    "random_seed": mostly(st.integers(0, 2**64)),
+    "repeat": mostly(st.integers(1, 3)),
+    "num_threads": mostly(st.integers(1, 2)),
+    "draft_num_threads": mostly(st.integers(1, 2)),
+    "ngram_min_match": mostly(st.integers(1, 4)),
+    "draft_confidence_threshold": mostly(st.floats(0, 1)),
+    "draft_len": st.one_of(mostly(st.integers(0, 4)), st.just("auto")),
 }
 
 
@@ -81,7 +77,7 @@ def run_options(draw) -> tuple[str, dict[str, str], list[str]]:
     method = draw(st.sampled_from(["none", "draft", "ngram"]))
     flags = {name: draw(NUMERIC[name]) for name in draw(st.permutations(sorted(NUMERIC)))[: draw(st.integers(1, 3))]}
     more: list[str] = []
-    number, device = usual(st.integers(1, 4)), usual(st.just(0))
+    number, device = mostly(st.integers(1, 4)), mostly(st.just(0))
     if method == "draft":
         more += ["--draft_target_model_config", f"[{draw(number)},[{draw(device)}],[{draw(device)}],{draw(st.sampled_from(['True', 'False']))}]"]
     elif method == "ngram":
@@ -102,8 +98,7 @@ def test_numeric_options_run_correctly_or_fail_in_one_line(engines, tmp_path_fac
     if method == "draft":
         args += ["--draft_engine_dir", engines / "draft"]
     flags = {"num_threads": "1", "max_output_len": "24", **flags}  # one thread unless fuzzed: the machine is shared
-    for name, value in flags.items():
-        args += [f"--{name}", value]
+    args += argv(flags)
     r = run(*args)
     assert_clean(r, out)
     if r.exit_code != 0:

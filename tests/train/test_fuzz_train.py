@@ -8,7 +8,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from fuzzing import any_text, assert_clean, assert_one_line, dumps, fuzz_settings, json_values, mutated, no_hang, number_text
+from fuzzing import any_text, argv, assert_clean, assert_one_line, dumps, fuzz_settings, json_values, mostly, mutated, no_hang, number_text
 from hypothesis import given
 from hypothesis import strategies as st
 from train_fixtures import repetitive_data, tiny_base  # noqa: F401 (fixtures)
@@ -101,17 +101,14 @@ def test_a_file_that_is_not_utf8_names_its_line(tmp_path):
 
 # -- specdec-train run: numeric options ------------------------------------------------------------
 
-def usual(values: st.SearchStrategy) -> st.SearchStrategy[str]:
-    return st.one_of(*[values.map(str)] * 4, number_text())
-
 
 NUMERIC = {
-    "num_epochs": usual(st.integers(1, 2)), "max_steps": usual(st.integers(1, 2)), "lr": usual(st.floats(1e-5, 1e-2)),
-    "warmup_steps": usual(st.integers(0, 2)), "batch_size": usual(st.integers(1, 8)), "training_seq_len": usual(st.integers(3, 40)),
-    "save_steps": usual(st.integers(1, 3)), "medusa_num_heads": usual(st.integers(1, 3)), "medusa_num_layers": usual(st.integers(0, 2)),
-    "eagle_num_layers": usual(st.integers(1, 2)), "eagle_ttt_steps": usual(st.integers(1, 3)), "eagle_loss_decay_factor": usual(st.floats(0.1, 1)),
-    "eval_fraction": usual(st.floats(0, 0.5)), "max_time": usual(st.floats(0.5, 5)), "seed": usual(st.integers(0, 2**32)),
-    "num_threads": usual(st.just(1)), "eagle_aux_layer_ids": st.one_of(st.just("0,1"), st.just("1,2,3"), any_text(8), number_text()),
+    "num_epochs": mostly(st.integers(1, 2)), "max_steps": mostly(st.integers(1, 2)), "lr": mostly(st.floats(1e-5, 1e-2)),
+    "warmup_steps": mostly(st.integers(0, 2)), "batch_size": mostly(st.integers(1, 8)), "training_seq_len": mostly(st.integers(3, 40)),
+    "save_steps": mostly(st.integers(1, 3)), "medusa_num_heads": mostly(st.integers(1, 3)), "medusa_num_layers": mostly(st.integers(0, 2)),
+    "eagle_num_layers": mostly(st.integers(1, 2)), "eagle_ttt_steps": mostly(st.integers(1, 3)), "eagle_loss_decay_factor": mostly(st.floats(0.1, 1)),
+    "eval_fraction": mostly(st.floats(0, 0.5)), "max_time": mostly(st.floats(0.5, 5)), "seed": mostly(st.integers(0, 2**32)),
+    "num_threads": mostly(st.just(1)), "eagle_aux_layer_ids": st.one_of(st.just("0,1"), st.just("1,2,3"), any_text(8), number_text()),
 }
 
 
@@ -123,8 +120,7 @@ def test_numeric_train_options_train_or_fail_in_one_line(tmp_path_factory, tiny_
     flags |= {name: data.draw(NUMERIC[name], label=name) for name in fuzzed}
     out = tmp_path_factory.mktemp("t") / "heads"
     args = ["run", "--mode", mode, "--model", tiny_base, "--data", repetitive_data, "--output_dir", out, "-q"]
-    for name, value in flags.items():
-        args += [f"--{name}", value]
+    args += argv(flags)
     with no_hang(what=args):
         r = CliRunner().invoke(train_main, [str(a) for a in args])
     assert_clean(r, out)
@@ -147,9 +143,9 @@ def test_train_numbers_at_the_edges_regressions(tmp_path, tiny_base, repetitive_
 # -- specdec-train prepare-data: numeric options -------------------------------------------------------
 
 PREPARE = {
-    "max_token": usual(st.integers(1, 6)), "max_prompt_tokens": usual(st.integers(1, 8)), "temperature": usual(st.floats(0, 2)),
-    "top_k": usual(st.integers(0, 5)), "top_p": usual(st.floats(0, 1)), "seed": usual(st.integers(0, 2**32)), "limit": usual(st.integers(1, 3)),
-    "num_threads": usual(st.just(1)),
+    "max_token": mostly(st.integers(1, 6)), "max_prompt_tokens": mostly(st.integers(1, 8)), "temperature": mostly(st.floats(0, 2)),
+    "top_k": mostly(st.integers(0, 5)), "top_p": mostly(st.floats(0, 1)), "seed": mostly(st.integers(0, 2**32)), "limit": mostly(st.integers(1, 3)),
+    "num_threads": mostly(st.just(1)),
 }
 
 
@@ -171,8 +167,7 @@ def test_prepare_data_options(tmp_path_factory, tiny_base, base_engine, names, c
     (d / "p.txt").write_text("w5 w6\nw7 w8 w9\n")
     flags = {"max_token": "4", "num_threads": "1"} | {name: data.draw(PREPARE[name], label=name) for name in names[:count]}
     args = ["prepare-data", "--model_dir", tiny_base, "--engine_dir", base_engine, "--data_path", d / "p.txt", "--output_path", d / "o.jsonl", "-q"]
-    for name, value in flags.items():
-        args += [f"--{name}", value]
+    args += argv(flags)
     with no_hang(what=args):
         r = CliRunner().invoke(train_main, [str(a) for a in args])
     assert_clean(r, d / "o.jsonl")
