@@ -98,9 +98,12 @@ def json_scalars() -> st.SearchStrategy[Any]:
     return st.one_of(st.none(), st.booleans(), edge_ints(), edge_floats(), any_text(12))
 
 
+def _containers(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.one_of(st.lists(inner, max_size=4), st.dictionaries(any_text(8), inner, max_size=4))
+
+
 def json_values(max_leaves: int = 12) -> st.SearchStrategy[Any]:
-    return st.recursive(json_scalars(), lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(any_text(8), inner, max_size=4)),
-                        max_leaves=max_leaves)
+    return st.recursive(json_scalars(), _containers, max_leaves=max_leaves)
 
 
 def deeply_nested(open_: str = "[", close: str = "]") -> st.SearchStrategy[str]:
@@ -132,35 +135,32 @@ def _paths(value: Any, prefix: tuple = ()) -> list[tuple]:
     return out
 
 
-def mutated(valid: dict, max_mutations: int = 3) -> st.SearchStrategy[dict]:
-    """Copies of a valid config with 1..max_mutations edits at any depth: a field deleted, set to null, to a
+# What a mutation puts in a field's place: null, a value of any type, an empty or deeply nested container.
+REPLACEMENTS = st.one_of(st.just(None), json_scalars(), json_values(6), st.just([]), st.just({}), st.sampled_from([[[[[0]]]], {"a": {"b": {}}}]))
+
+
+@st.composite
+def mutated(draw, valid: dict, max_mutations: int = 3) -> dict:
+    """A copy of a valid config with 1..max_mutations edits at any depth: a field deleted, set to null, to a
     value of another type, to a number at the edges, or buried in deep nesting."""
     paths = _paths(valid)
-
-    def replacement() -> st.SearchStrategy[Any]:
-        return st.one_of(st.just(None), json_scalars(), json_values(6), st.just([]), st.just({}), st.sampled_from([[[[[0]]]], {"a": {"b": {}}}]))
-
-    @st.composite
-    def strategy(draw) -> dict:
-        config = json.loads(json.dumps(valid))
-        for _ in range(draw(st.integers(1, max_mutations))):
-            path = draw(st.sampled_from(paths))
-            parent = config
-            try:
-                for key in path[:-1]:
-                    parent = parent[key]
-                parent[path[-1]]
-            except (KeyError, IndexError, TypeError):
-                continue  # an earlier edit removed or replaced that path
-            if not isinstance(parent, (dict, list)):
-                continue  # replaced by a string, which indexes too
-            if draw(st.booleans()) and isinstance(parent, dict):
-                del parent[path[-1]]
-            else:
-                parent[path[-1]] = draw(replacement())
-        return config
-
-    return strategy()
+    config = json.loads(json.dumps(valid))
+    for _ in range(draw(st.integers(1, max_mutations))):
+        path = draw(st.sampled_from(paths))
+        parent = config
+        try:
+            for key in path[:-1]:
+                parent = parent[key]
+            parent[path[-1]]
+        except (KeyError, IndexError, TypeError):
+            continue  # an earlier edit removed or replaced that path
+        if not isinstance(parent, (dict, list)):
+            continue  # replaced by a string, which indexes too
+        if draw(st.booleans()) and isinstance(parent, dict):
+            del parent[path[-1]]
+        else:
+            parent[path[-1]] = draw(REPLACEMENTS)
+    return config
 
 
 # ------------------------------------------------------------------------------------------- the property

@@ -25,9 +25,13 @@ pytestmark = pytest.mark.fuzz
 # -- config strings ------------------------------------------------------------------------------
 
 
+def _lists(inner: st.SearchStrategy) -> st.SearchStrategy:
+    return st.lists(inner, max_size=5)
+
+
 def config_values() -> st.SearchStrategy:
     """The config strings' own grammar (ints, bools, nested lists), with numbers at the edges."""
-    return st.recursive(st.one_of(edge_ints(), st.booleans()), lambda inner: st.lists(inner, max_size=5), max_leaves=10)
+    return st.recursive(st.one_of(edge_ints(), st.booleans()), _lists, max_leaves=10)
 
 
 @st.composite
