@@ -61,11 +61,11 @@ def prepare_synthetic(
 ) -> list[Record]:
     """Random-token requests with normally distributed lengths (TensorRT-LLM's token-norm-dist)."""
     if not 1 <= num_requests <= MAX_REQUESTS:
-        raise RequestError(f"--num_requests={num_requests} must be from 1 to {MAX_REQUESTS}.")
+        raise RequestError(f"--num_requests={num_requests} must be " + (">= 1." if num_requests < 1 else f"at most {MAX_REQUESTS}."))
     _check_dist("input", input_mean, input_stdev)
     _check_dist("output", output_mean, output_stdev)
     if not 1 <= vocab_size <= MAX_VOCAB:
-        raise RequestError(f"--vocab_size={vocab_size} must be from 1 to {MAX_VOCAB}.")
+        raise RequestError(f"--vocab_size={vocab_size} must be " + (">= 1." if vocab_size < 1 else f"at most {MAX_VOCAB}."))
     _check_seed(seed)
     allowed = np.setdiff1d(np.arange(vocab_size, dtype=np.int64), np.asarray(sorted(set(special_ids)), dtype=np.int64))
     if len(allowed) == 0:
