@@ -22,7 +22,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 
 from ..runtime.errors import RequestError
-from ..runtime.tokenizer import check_unicode
+from ..runtime.jsonl import json_lines
 
 Record = dict[str, Any]  # {"input_ids": list[int], "output_len": int}
 # What one dataset may ask for: past these it would not fit in memory (2**26 prompt tokens are 512 MiB as
@@ -89,23 +89,8 @@ def _ids(value: Any, where: str) -> list[int]:
 
 
 def jsonl_values(path: Path) -> Iterator[tuple[str, Any]]:
-    """(``path:line``, parsed value) of each non-blank line; a line that is not JSON is a RequestError."""
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        lineno = data.count(b"\n", 0, err.start) + 1
-        raise RequestError(f"{path}:{lineno} is not UTF-8 text (byte {data[err.start]:#04x}); save the file as UTF-8.") from None
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise RequestError(f"{path}:{lineno} is not JSON: {err.msg}.") from None
-        except RecursionError:
-            raise RequestError(f"{path}:{lineno} nests JSON too deeply; expected one flat object per line.") from None
-        yield f"{path}:{lineno}", value
+    """(``path:line``, parsed value) of each non-blank line; a file or line we cannot read is a RequestError."""
+    return json_lines(path)
 
 
 def prepare_from_jsonl(
@@ -138,7 +123,6 @@ def prepare_from_jsonl(
         elif isinstance(item.get("prompt"), str):
             if tokenizer is None:
                 raise RequestError(f"{where} has a text prompt but there is no tokenizer: pass --tokenizer_dir, or give input_ids.")
-            check_unicode(item["prompt"], f"{where}: the prompt")
             ids = tokenizer.encode(item["prompt"], add_special_tokens=add_special_tokens)
             if not ids:
                 raise RequestError(f"{where}: the prompt encodes to no tokens.")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from ..runtime.jsonl import json_lines
 from .errors import TrainConfigError
 
 PROMPT_FIELDS = ("prompt", "text", "input")
@@ -52,36 +53,11 @@ def _lines(path: Path) -> list[str]:
 
 
 def _jsonl(path: Path) -> Iterator[tuple[int, dict]]:
-    for n, line in enumerate(_lines(path), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except RecursionError:
-            raise TrainConfigError(f"{path} line {n} nests JSON too deeply; expected one flat record per line.") from None
-        except ValueError as err:
-            raise TrainConfigError(f"{path} line {n} is not valid JSON ({err.__class__.__name__}: {str(err)[:80]}).") from None
+    for where, obj in json_lines(path, TrainConfigError, line=" line "):
+        n = int(where.rsplit(" ", 1)[1])
         if not isinstance(obj, dict):
             raise TrainConfigError(f"{path} line {n} holds {type(obj).__name__}; expected a JSON object per line.")
-        try:
-            _check_text(obj)
-        except UnicodeEncodeError as err:
-            raise TrainConfigError(f"{path} line {n} holds text that is not valid Unicode: a lone surrogate {err.object[err.start]!r} "
-                                   "(a \\ud800-style escape); no tokenizer can read it.") from None
         yield n, obj
-
-
-def _check_text(value) -> None:
-    """Raise UnicodeEncodeError if any string in a JSON value (keys too) holds a lone surrogate."""
-    stack = [value]
-    while stack:  # not recursive: json.loads nests as deep as its own recursion allows
-        v = stack.pop()
-        if isinstance(v, str):
-            v.encode("utf-8")
-        elif isinstance(v, dict):
-            stack += [*v.keys(), *v.values()]
-        elif isinstance(v, list):
-            stack += v
 
 
 def _turns(obj: dict) -> list[tuple[str, str]]:

@@ -6,8 +6,11 @@ Property: any string gives a correct value or one clean SpecdecError line; nothi
 
 from __future__ import annotations
 
+import math
+import re
+
 import pytest
-from fuzzing import any_text, assert_one_line, deeply_nested, dumps, edge_ints, fuzz_settings, json_values, no_hang
+from fuzzing import any_text, assert_one_line, deeply_nested, dumps, edge_ints, fuzz_settings, json_values, mutated, no_hang
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -18,6 +21,8 @@ from specdec.runtime.config_strings import (
     parse_ngram_config,
 )
 from specdec.runtime.errors import ConfigStringError, RequestError
+from specdec.runtime.proposers.suffix import parse_suffix_config
+from specdec.runtime.suffix_cache import ResponseCache
 from specdec.runtime.tree import DraftTree, parse_choices
 
 pytestmark = pytest.mark.fuzz
@@ -133,4 +138,72 @@ def test_tree_choices_past_the_limits_are_refused_in_one_line(text):
     # regressions: indices past 64 bits raised OverflowError (numpy), deep nesting RecursionError
     with pytest.raises(RequestError) as info:
         parse_choices(text)
+    assert_one_line(info.value, limit=400)
+
+
+# -- --suffix_config ---------------------------------------------------------------------------------
+
+SUFFIX_VALID = {"max_draft_len": 8, "max_tree_depth": 24, "max_spec_factor": 1.0, "max_spec_offset": 0.0, "min_token_prob": 0.1,
+                "global_cache": True, "max_cached_tokens": 1000, "max_cached_responses": 10}
+suffix_texts = st.one_of(any_text(80), json_values().map(dumps), deeply_nested(), deeply_nested("{\"a\":", "}"),
+                         mutated(SUFFIX_VALID).map(dumps), st.lists(edge_ints(), max_size=3).map(dumps),
+                         st.sampled_from(["[8, 24]", "[8]", f"[{10**400}, 24]", '{"max_spec_factor": NaN}', '{"max_spec_offset": Infinity}']))
+
+
+@fuzz_settings(300)
+@given(suffix_texts)
+def test_suffix_config_gives_a_config_or_one_clean_line(text):
+    with no_hang(what=text):
+        try:
+            cfg = parse_suffix_config(text)
+        except ConfigStringError as err:
+            assert_one_line(err)
+            return
+    assert cfg.max_draft_len >= 1 and cfg.max_tree_depth >= 2 and 0 <= cfg.min_token_prob <= 1
+    assert math.isfinite(cfg.max_spec_factor) and cfg.max_spec_factor >= 0 and math.isfinite(cfg.max_spec_offset)  # an offset may be negative
+
+
+# -- the suffix cache's seed file (JSON lines) -----------------------------------------------------------
+
+seed_lines = st.one_of(mutated({"token_ids": [5, 6, 7]}).map(dumps), mutated({"text": "w5 w6"}).map(dumps), json_values().map(dumps), any_text(40),
+                       st.sampled_from(["[" * 100_000 + "]" * 100_000, '{"text": "\\ud800"}', f'{{"token_ids": [{2**70}]}}']))
+
+
+@fuzz_settings(150)
+@given(st.lists(seed_lines, min_size=1, max_size=3), st.booleans())
+def test_suffix_seed_lines_load_or_fail_in_one_line(tmp_path_factory, lines, with_tokenizer):
+    path = tmp_path_factory.mktemp("seed") / "seed.jsonl"
+    path.write_bytes("\n".join(lines).encode("utf-8", "surrogatepass"))
+    cache = ResponseCache()
+    with no_hang(what=lines):
+        try:
+            added = cache.load(path, (lambda text: [5] * (len(text) % 7 + 1)) if with_tokenizer else None)
+        except RequestError as err:
+            assert_one_line(err)
+            assert cache.num_tokens == 0  # every line checked before any is added
+            return
+    assert 0 <= added <= len(lines) and cache.num_tokens == sum(cache.lengths)
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"[" * 100_000 + b"]" * 100_000, "seed.jsonl:1 nests JSON too deeply"),  # regression: RecursionError
+    (b'{"text": "w5 \xff"}', "seed.jsonl:1 is not UTF-8 text (byte 0xff)"),  # regression: UnicodeDecodeError
+    (b'{"token_ids": [1180591620717411303424]}', "seed.jsonl:1 is neither"),  # past int64: numpy's OverflowError
+])
+def test_suffix_seed_file_regressions(tmp_path, content, message):
+    (tmp_path / "seed.jsonl").write_bytes(content + b"\n")
+    with pytest.raises(RequestError, match=re.escape(message)) as info:
+        ResponseCache().load(tmp_path / "seed.jsonl")
+    assert_one_line(info.value)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),  # RecursionError
+    (f"[{10**400}, 24]", "max_draft_len must be an integer"),  # float(10**400): OverflowError
+    ('{"max_spec_factor": NaN}', "max_spec_factor must be a finite number"),  # was accepted
+    ("[" * 200 + "]" * 200, "max_draft_len must be an integer"),  # the 400 brackets, twice, in one 1000-character message
+])
+def test_suffix_config_regressions(text, message):
+    with pytest.raises(ConfigStringError, match=re.escape(message)) as info:
+        parse_suffix_config(text)
     assert_one_line(info.value, limit=400)
