@@ -22,13 +22,24 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 
 from ..runtime.errors import RequestError
+from ..runtime.jsonl import json_lines
 
 Record = dict[str, Any]  # {"input_ids": list[int], "output_len": int}
+# What one dataset may ask for: past these it would not fit in memory (2**26 prompt tokens are 512 MiB as
+# int64 and more as JSON), and no tokenizer has 2**24 ids. A benchmark needs far less.
+MAX_REQUESTS = 2**20
+MAX_PROMPT_TOKENS = 2**26
+MAX_VOCAB = 2**24
 
 
 def norm_dist_lengths(mean: float, stdev: float, n: int, rng: np.random.Generator) -> list[int]:
     """TensorRT-LLM's get_norm_dist_lengths: normal draws, rounded up, at least 1."""
     return [max(1, math.ceil(x)) for x in rng.normal(loc=mean, scale=stdev, size=n).tolist()]
+
+
+def _check_seed(seed: int) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise RequestError(f"--random_seed={seed} must be an integer >= 0.")
 
 
 def _check_dist(name: str, mean: float | None, stdev: float) -> None:
@@ -49,18 +60,22 @@ def prepare_synthetic(
     special_ids: Iterable[int] = (),
 ) -> list[Record]:
     """Random-token requests with normally distributed lengths (TensorRT-LLM's token-norm-dist)."""
-    if num_requests < 1:
-        raise RequestError(f"--num_requests={num_requests} must be >= 1.")
+    if not 1 <= num_requests <= MAX_REQUESTS:
+        raise RequestError(f"--num_requests={num_requests} must be " + (">= 1." if num_requests < 1 else f"at most {MAX_REQUESTS}."))
     _check_dist("input", input_mean, input_stdev)
     _check_dist("output", output_mean, output_stdev)
-    if vocab_size < 1:
-        raise RequestError(f"--vocab_size={vocab_size} must be >= 1.")
+    if not 1 <= vocab_size <= MAX_VOCAB:
+        raise RequestError(f"--vocab_size={vocab_size} must be " + (">= 1." if vocab_size < 1 else f"at most {MAX_VOCAB}."))
+    _check_seed(seed)
     allowed = np.setdiff1d(np.arange(vocab_size, dtype=np.int64), np.asarray(sorted(set(special_ids)), dtype=np.int64))
     if len(allowed) == 0:
         raise RequestError(f"every id of the vocabulary [0, {vocab_size}) is a special id: no token left to draw prompts from.")
     rng = np.random.default_rng(seed)
     in_lens = norm_dist_lengths(input_mean, input_stdev, num_requests, rng)
     out_lens = norm_dist_lengths(output_mean, output_stdev, num_requests, rng)
+    if sum(in_lens) > MAX_PROMPT_TOKENS:
+        raise RequestError(f"--num_requests {num_requests} prompts of --input_mean {input_mean:g} tokens make {sum(in_lens):.3g} prompt tokens, "
+                           f"more than one dataset holds ({MAX_PROMPT_TOKENS}); ask for fewer or shorter prompts.")
     return [
         {"input_ids": allowed[rng.integers(0, len(allowed), size=n_in)].tolist(), "output_len": n_out}
         for n_in, n_out in zip(in_lens, out_lens)
@@ -74,15 +89,8 @@ def _ids(value: Any, where: str) -> list[int]:
 
 
 def jsonl_values(path: Path) -> Iterator[tuple[str, Any]]:
-    """(``path:line``, parsed value) of each non-blank line; a line that is not JSON is a RequestError."""
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise RequestError(f"{path}:{lineno} is not JSON: {err.msg}.") from None
-        yield f"{path}:{lineno}", value
+    """(``path:line``, parsed value) of each non-blank line; a file or line we cannot read is a RequestError."""
+    return json_lines(path)
 
 
 def prepare_from_jsonl(
@@ -104,6 +112,7 @@ def prepare_from_jsonl(
         raise RequestError(f"dataset {path} does not exist.")
     if output_mean is not None:
         _check_dist("output", output_mean, output_stdev)
+    _check_seed(seed)
     rng = np.random.default_rng(seed)
     records: list[Record] = []
     for where, item in jsonl_values(path):

@@ -52,6 +52,9 @@ def analytic_bound(alpha: float, gamma: int, c: float) -> float:
     return (1 - alpha ** (gamma + 1)) / ((1 - alpha) * (gamma * c + 1))
 
 
+MAX_COST_REPS = 10_000  # timed one-token steps per engine: the median is steady long before this
+
+
 def step_cost(engine: str | Path | EngineDir | Executor, num_threads: int | None = None, context: int = 200, reps: int = 100) -> float:
     """Seconds per one-token generation step at ``context`` tokens (as benchmarks/bench_decode.step_cost).
 
@@ -194,6 +197,12 @@ def run_sweep(
         raise RequestError(f"--ngram_size={ngram_size} must be >= 1.")
     if not dataset:
         raise RequestError("the dataset has no requests.")
+    if batch_size < 1:  # before anything is measured (generate_each checks it against the engines)
+        raise RequestError(f"--batch_size={batch_size} must be >= 1.")
+    if warmup < 0:
+        raise RequestError(f"--warmup={warmup} must be >= 0 (batches decoded before measuring).")
+    if not 1 <= cost_reps <= MAX_COST_REPS:
+        raise RequestError(f"--step_cost_reps={cost_reps} must be from 1 to {MAX_COST_REPS} (timed steps per engine).")
     heads_dirs, choices = dict(heads_dirs or {}), dict(choices or {})
     for m in TREE_MODES:
         if m in methods and heads_dirs.get(m) is None:

@@ -24,7 +24,7 @@ from .architectures import checkpoint_dtype, model_config_from_hf
 from .backends import AUTO, BACKENDS, backend_module, check_own_options, refuse_foreign_options, resolve_backend
 from .checkpoint import load_checkpoint
 from .quantization import Fp8Convention, IntConvention, detect_checkpoint_quantization
-from .validation import check_memory_limits, validate_checkpoint
+from .validation import check_memory_limits, validate_checkpoint, validate_head_weights
 from .weight_only import GROUP_SIZES, WEIGHT_ONLY_BITS, WeightOnlyScheme
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -65,6 +65,8 @@ def validate_build_config(build: BuildConfig, model: ModelConfig) -> None:
         problems.append(f"max_draft_len={build.max_draft_len} needs --speculative_decoding_mode draft_tokens_external (or medusa / eagle, with their heads)")
     if build.max_draft_len < 0:
         problems.append(f"max_draft_len={build.max_draft_len} must be >= 0")
+    elif build.max_draft_len >= build.max_seq_len:  # a step verifies max_draft_len + 1 tokens of one sequence
+        problems.append(f"max_draft_len={build.max_draft_len} must be smaller than max_seq_len={build.max_seq_len} (a step verifies the drafts and the last token in one sequence)")
     if build.tp_size != 1:
         problems.append(f"tp_size={build.tp_size}: tensor parallelism is not supported yet (use 1)")
     if build.dtype not in DTYPES[1:]:
@@ -252,6 +254,8 @@ def build_engine(
     refuse_foreign_options(build.backend, options)
     backend_module(build.backend).check_build(build, {k: v for k, v in options.items() if v})
 
+    if calib_size < 1:
+        raise BuildConfigError(f"--calib_size {calib_size} must be >= 1 (calibration samples).")
     if build.fp8_activations == "static" and calib_dataset is None and fp8 is None:
         raise BuildConfigError("--fp8_activations static needs calibration: pass --calib_dataset FILE (or use dynamic).")
     if build.quantization == "int4_awq" and calib_dataset is None:
@@ -262,11 +266,11 @@ def build_engine(
     validate_checkpoint(ckpt, model, build, convention, allow_nonfinite=allow_nonfinite)
     medusa = None
     if build.speculative_decoding_mode == "medusa":  # check_head_flags: then --medusa_dir is given
-        medusa = _load_heads_for("medusa", medusa_dir, model)
+        medusa = _load_heads_for("medusa", medusa_dir, model, allow_nonfinite)
         build = replace(build, medusa_num_heads=medusa.num_heads, medusa_num_layers=medusa.num_layers)
     eagle = None
     if build.speculative_decoding_mode == "eagle":  # check_head_flags: then --eagle_dir is given
-        eagle = load_eagle_module(eagle_dir, model)
+        eagle = load_eagle_module(eagle_dir, model, allow_nonfinite)
         build = replace(build, eagle_num_layers=eagle.num_layers, eagle_aux_layer_ids=tuple(eagle.aux_layer_ids))
 
     from .network import build_network
@@ -376,8 +380,8 @@ def check_tree_backend(build: BuildConfig) -> None:
         raise BuildConfigError(f"{what} verifies trees, which GroupQueryAttention cannot mask: use --cuda_attention masked (or auto).")
 
 
-def _load_heads_for(mode: str, head_dir: str | Path, model: ModelConfig):
-    """The head checkpoint of a medusa / eagle build: of that kind, and as wide as the base."""
+def _load_heads_for(mode: str, head_dir: str | Path, model: ModelConfig, allow_nonfinite: bool = False):
+    """The head checkpoint of a medusa / eagle build: of that kind, as wide as the base, and finite."""
     from ..formats.heads import load_heads
 
     heads = load_heads(head_dir)
@@ -388,12 +392,13 @@ def _load_heads_for(mode: str, head_dir: str | Path, model: ModelConfig):
     if heads.hidden_size != model.hidden_size or heads.vocab_size != model.vocab_size:
         raise BuildConfigError(f"{where}: {noun} hidden_size {heads.hidden_size} and vocab_size {heads.vocab_size}, "
                                f"the base model {model.hidden_size} and {model.vocab_size}: {'heads' if mode == 'medusa' else 'a module'} trained on another base?")
+    validate_head_weights(heads, allow_nonfinite)
     return heads
 
 
-def load_eagle_module(eagle_dir: str | Path, model: ModelConfig):
+def load_eagle_module(eagle_dir: str | Path, model: ModelConfig, allow_nonfinite: bool = False):
     """The EAGLE-3 module of a --speculative_decoding_mode eagle build, checked against the base."""
-    heads = _load_heads_for("eagle", eagle_dir, model)
+    heads = _load_heads_for("eagle", eagle_dir, model, allow_nonfinite)
     where = f"--eagle_dir {eagle_dir}"
     if max(heads.aux_layer_ids) >= model.num_layers:
         raise BuildConfigError(f"{where}: eagle_aux_hidden_state_layer_ids {heads.aux_layer_ids} name layers the {model.num_layers}-layer base model "

@@ -78,9 +78,11 @@ def read_hf_config(path: str | Path) -> dict[str, Any]:
             "as written by `model.save_pretrained(dir)`."
         )
     try:
-        hf_config = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{cfg_file} is not valid JSON: {err}") from err
+        hf_config = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeDecodeError; nesting past json's recursion
+        raise CheckpointError(f"{cfg_file} is not valid JSON: {str(err)[:120] or 'nested too deeply'}") from None
+    if not isinstance(hf_config, dict):
+        raise CheckpointError(f"{cfg_file} holds {type(hf_config).__name__}; expected a JSON object (a Hugging Face config).")
     return hf_config
 
 

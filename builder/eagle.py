@@ -77,7 +77,7 @@ def module_model_config(base: ModelConfig, heads) -> ModelConfig:
         num_layers=heads.num_layers,
         num_heads=num_heads,
         num_kv_heads=int(c["num_key_value_heads"]),
-        head_dim=int(c.get("head_dim") or heads.hidden_size // num_heads),
+        head_dim=int(c.get("head_dim") or heads.hidden_size // num_heads),  # load_heads checked them
         rms_norm_eps=float(c.get("rms_norm_eps") or base.rms_norm_eps),
         tie_word_embeddings=False,
         qkv_bias=False,

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..runtime.errors import CheckpointError
+from ..formats.hf_config import config_groups, value_at
 from .weight_only import BITS, IntWeight
 
 # AutoAWQ WQLinear_GEMM.from_linear packs output column order_map[j] into nibble j
@@ -134,14 +135,14 @@ def _awq_convention(qc: dict[str, Any]) -> IntConvention:
 
 
 def _is_pack_quantized(qc: dict[str, Any]) -> bool:
-    groups = (qc.get("config_groups") or {}).values()
+    groups = config_groups(qc).values()
     return qc.get("format") == "pack-quantized" or any(g.get("format") == "pack-quantized" for g in groups)
 
 
 def _compressed_convention(qc: dict[str, Any]) -> IntConvention:
     # compressed-tensors QuantizationConfig / QuantizationArgs field names.
     schemes = {}
-    for name, group in (qc.get("config_groups") or {}).items():
+    for name, group in config_groups(qc).items():
         if group.get("input_activations") or group.get("output_activations"):
             raise CheckpointError(f"compressed-tensors group {name!r} quantizes activations too; only weight-only (W4A16 / W8A16) pack-quantized checkpoints are supported.")
         fmt = group.get("format") or qc.get("format")
@@ -152,8 +153,8 @@ def _compressed_convention(qc: dict[str, Any]) -> IntConvention:
     if len(schemes) != 1:
         raise CheckpointError(f"compressed-tensors checkpoint has {len(schemes)} different weight schemes; expected exactly one (mixed precision is not supported).")
     sparsity = qc.get("sparsity_config") or {}
-    if sparsity.get("format") not in (None, "dense"):
-        raise CheckpointError(f"compressed-tensors sparsity format {sparsity.get('format')!r} is not supported; expected dense.")
+    if not isinstance(sparsity, dict) or sparsity.get("format") not in (None, "dense"):
+        raise CheckpointError(f"compressed-tensors sparsity format {value_at(qc, 'sparsity_config.format')!r} is not supported; expected dense.")
     if qc.get("transform_config"):
         raise CheckpointError("compressed-tensors checkpoint with transform_config (rotations) is not supported.")
     (w,) = schemes.values()

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..runtime.errors import CheckpointError
+from ..formats.hf_config import config_groups
 from .quant_checkpoints import IntConvention, detect_int_convention, read_int_weight
 from .weight_only import IntWeight
 
@@ -157,16 +158,20 @@ def detect_fp8(hf_config: dict[str, Any], checkpoint_dir) -> Fp8Convention | Non
     if method == "compressed-tensors":
         if qc.get("format") not in ("float-quantized", "naive-quantized", None):
             raise CheckpointError(f"compressed-tensors format {qc.get('format')!r} is not supported; expected float-quantized (FP8).")
-        for group in (qc.get("config_groups") or {}).values():
+        for group in config_groups(qc).values():
             w = group.get("weights") or {}
             if w.get("type") != "float" or w.get("num_bits") != 8:
                 raise CheckpointError(f"compressed-tensors weights {w} are not FP8 (type float, 8 bits): not supported.")
         return Fp8Convention("compressed-tensors")
     if method == "fp8":
         block = qc.get("weight_block_size") or [128, 128]
-        if len(set(block)) != 1:
+        if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and not isinstance(b, bool) and 0 < b < 2**31 for b in block)):
+            from ..runtime.config_strings import shown_value
+
+            raise CheckpointError(f"quantization_config.weight_block_size {shown_value(block, 40)}; expected [n, n], n a positive integer.")
+        if block[0] != block[1]:
             raise CheckpointError(f"weight_block_size {block} is not square; expected [n, n].")
-        return Fp8Convention("fp8", int(block[0]))
+        return Fp8Convention("fp8", block[0])
     raise CheckpointError(f"quantization_config quant_method {method!r} is not supported (supported: modelopt, compressed-tensors, fp8).")
 
 
@@ -177,6 +182,11 @@ def detect_checkpoint_quantization(hf_config: dict[str, Any], checkpoint_dir) ->
     (builder/quant_checkpoints.py); everything else goes to ``detect_fp8``, which
     refuses the quant_methods it does not know.
     """
+    qc = hf_config.get("quantization_config")
+    if qc is not None and not isinstance(qc, dict):
+        from ..runtime.config_strings import shown_value
+
+        raise CheckpointError(f"config.json field 'quantization_config' is {shown_value(qc, 40)}; expected a JSON object (or none, for float weights).")
     return detect_int_convention(hf_config, checkpoint_dir) or detect_fp8(hf_config, checkpoint_dir)
 
 

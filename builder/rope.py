@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from ..runtime.engine_format import ModelConfig
+from ..runtime.errors import CheckpointError
 
 
 def inverse_frequencies(cfg: ModelConfig) -> np.ndarray:
@@ -44,12 +45,20 @@ def _llama3(inv_freq: np.ndarray, s: dict) -> np.ndarray:
 
 
 def cos_sin_tables(cfg: ModelConfig, num_positions: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin: [num_positions, head_dim // 2] float32."""
-    inv_freq = inverse_frequencies(cfg)
-    freqs = np.arange(num_positions, dtype=np.float32)[:, None] * inv_freq[None, :]
-    cos, sin = np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
-    scaling = cfg.rope_scaling or {}
-    if scaling.get("rope_type") == "longrope" and scaling["attention_factor"] != 1.0:  # transformers scales cos and sin
-        scale = scaling["attention_factor"]
-        cos, sin = (cos * np.float32(scale)).astype(np.float32), (sin * np.float32(scale)).astype(np.float32)
+    """cos, sin: [num_positions, head_dim // 2] float32. Refused if not finite: config.json's numbers can make them
+    overflow (rope_theta 5e-324, llama3's high_freq_factor equal to its low_freq_factor), and an engine built on
+    NaN rotations emits garbage."""
+    with np.errstate(all="ignore"):  # checked below, once, in one line
+        inv_freq = inverse_frequencies(cfg)
+        freqs = np.arange(num_positions, dtype=np.float32)[:, None] * inv_freq[None, :]
+        cos, sin = np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
+        scaling = cfg.rope_scaling or {}
+        if scaling.get("rope_type") == "longrope" and scaling["attention_factor"] != 1.0:  # transformers scales cos and sin
+            scale = scaling["attention_factor"]
+            cos, sin = (cos * np.float32(scale)).astype(np.float32), (sin * np.float32(scale)).astype(np.float32)
+    if not (np.isfinite(cos).all() and np.isfinite(sin).all()):
+        from ..runtime.config_strings import shown_value
+
+        raise CheckpointError(f"config.json's rope_theta={cfg.rope_theta:g} with rope_scaling {shown_value(cfg.rope_scaling, 120)} gives rotary "
+                              "tables that are not finite (NaN or Inf); the model could not run. Fix those fields.")
     return cos, sin

@@ -13,7 +13,7 @@ network reads them: their unpacking is most of this check's cost.
 
 from __future__ import annotations
 
-import os
+import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +22,7 @@ import numpy as np
 
 from ..runtime.engine_format import BuildConfig, ModelConfig
 from ..runtime.errors import BuildConfigError, CheckpointError
+from ..runtime.devices import physical_memory_bytes
 from ..runtime.kv_cache import kv_cache_bytes
 from .quantization import LinearWeight, read_linear
 
@@ -49,14 +50,6 @@ _KV_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 # ---------------------------------------------------------------------------------------------- limits
-
-
-def physical_memory_bytes() -> int | None:
-    """This machine's physical memory, or None where the OS does not say."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):  # no sysconf (Windows) or no such name
-        return None
 
 
 def memory_bound(build: BuildConfig) -> tuple[int, str]:
@@ -90,8 +83,8 @@ def check_memory_limits(model: ModelConfig, build: BuildConfig) -> None:
         fits.append(f"--max_batch_size {batch_fit} at --max_seq_len {build.max_seq_len}")
     advice = f"What fits: {', or '.join(fits)}." if fits else "Lower --max_seq_len and --max_batch_size."
     raise BuildConfigError(
-        f"max_seq_len={build.max_seq_len} with max_batch_size={build.max_batch_size} needs a KV cache of {_human(need)} "
-        f"(2 x {model.num_layers} layers x {build.max_batch_size} sequences x {build.kv_capacity} slots x "
+        f"max_seq_len={_big(build.max_seq_len)} with max_batch_size={_big(build.max_batch_size)} needs a KV cache of {_human(need)} "
+        f"(2 x {model.num_layers} layers x {_big(build.max_batch_size)} sequences x {_big(build.kv_capacity)} slots x "
         f"{model.num_kv_heads} KV heads x {model.head_dim} head_dim x {itemsize} bytes), more than {what}: "
         f"the engine could never allocate it. {advice}"
     )
@@ -104,9 +97,18 @@ def _kv_itemsize(build: BuildConfig) -> int:
     return _KV_ITEMSIZE.get(lowering.compute_dtype(build), 4) if lowering else 4
 
 
+def _big(n: int) -> str:
+    """An integer for a message: as it is up to 15 digits, else in e-notation (a float would overflow past 1e308)."""
+    if n < 10**15:
+        return str(n)
+    exponent = int((n.bit_length() - 1) * math.log10(2))  # floor(log10(n)), or one less
+    exponent += 10 ** (exponent + 1) <= n
+    return f"{n:.1e}" if exponent < 300 else f"about 1e{exponent}"
+
+
 def _human(n: int) -> str:
     if n >= 1024**7:  # past EiB: an absurd limit, say how absurd without a 40-digit number
-        return f"{n:.1e} bytes"
+        return f"{_big(n)} bytes"
     value = float(n)
     for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
         if value < 1024 or unit == "EiB":
@@ -182,13 +184,30 @@ def validate_checkpoint(ckpt, model: ModelConfig, build: BuildConfig, convention
         _count_nonfinite(want.name, stored, code, nonfinite)
     for want in linear:
         _check_linear(ckpt, want, convention, nonfinite)
+    _report_nonfinite(nonfinite, ckpt.path, "An engine built from them emits garbage", allow_nonfinite)
+
+
+def validate_head_weights(heads, allow_nonfinite: bool = False) -> None:
+    """Finiteness of every float tensor of Medusa heads or an EAGLE module (train.layout.load_heads read them as float32):
+    the builder reads them all, into the target's network (Medusa, EAGLE's fc) or the module's engine."""
+    nonfinite: list[str] = []
+    for name in sorted(heads.tensors):
+        values = heads.tensors[name]
+        if values.dtype.kind == "f":  # d2t is an integer map
+            _count_nonfinite(name, values, "F32", nonfinite)
+    what = "Medusa heads" if heads.mode == "medusa" else "an EAGLE module"
+    _report_nonfinite(nonfinite, heads.path, f"The target would verify garbage drafts from {what} built from them, and accept none", allow_nonfinite)
+
+
+def _report_nonfinite(nonfinite: list[str], where, consequence: str, allow_nonfinite: bool) -> None:
+    """Refuse (or, with --allow_nonfinite, warn about) the non-finite tensors found in ``where``, three named."""
     if not nonfinite:
         return
     shown = "; ".join(nonfinite[:3]) + (f"; and {len(nonfinite) - 3} more tensors" if len(nonfinite) > 3 else "")
     if not allow_nonfinite:
-        raise CheckpointError(f"non-finite weights in {ckpt.path}: {shown}. An engine built from them emits garbage; "
+        raise CheckpointError(f"non-finite weights in {where}: {shown}. {consequence}; "
                               "re-export the checkpoint, or pass --allow_nonfinite to build anyway.")
-    warnings.warn(f"building with non-finite weights (--allow_nonfinite): {shown}.", stacklevel=2)
+    warnings.warn(f"building with non-finite weights (--allow_nonfinite): {shown}.", stacklevel=3)
 
 
 def _dense_tensor(ckpt, want: Expected) -> tuple[np.ndarray, str]:

@@ -15,6 +15,8 @@ from ..runtime.config_strings import DTM_FORM, NGRAM_FORM, parse_draft_target_co
 from ..runtime.proposers.suffix import SUFFIX_EXAMPLE, SUFFIX_FORM, parse_suffix_config
 from ..runtime.engine_format import TREE_MODES, load_engine_dir
 from ..runtime.errors import RequestError
+from ..runtime.guards import SILENT_DRAFT_ROUNDS, silent_draft_message
+from ..runtime.request import AUTO
 from ..runtime.loading import load_orchestrator
 from ..runtime.orchestrator import GenerationConfig, Orchestrator
 from ..runtime.sampling import SamplingConfig
@@ -22,6 +24,8 @@ from ..runtime.tokenizer import Tokenizer
 from .common import check_output_file, clean_errors, end_ids, engine_tokenizer, option, verify_engine_option
 from .compat import check_run_py_options, run_py_options
 from .stops import decode_text, generate_with_stops
+
+MAX_REPEAT = 100  # interleaved timings: the median of 100 pairs is as steady as a busy machine allows; more only takes longer
 
 
 def read_inputs(texts: tuple[str, ...], input_file: str | None, tok: Tokenizer | None, add_special: bool, pad_id: int | None) -> list[list[int]]:
@@ -46,8 +50,8 @@ def read_inputs(texts: tuple[str, ...], input_file: str | None, tok: Tokenizer |
         elif path.suffix == ".npy":
             try:
                 arr = np.load(path, allow_pickle=False)
-            except ValueError as err:
-                raise RequestError(f"--input_file {path} is not a plain numpy array: {err}") from None
+            except (ValueError, EOFError) as err:  # not a .npy, pickled, or cut short (np.load's EOFError: click would say "Aborted!")
+                raise RequestError(f"--input_file {path} is not a plain numpy array: {str(err)[:120] or 'the file ends early'}") from None
             if arr.ndim not in (1, 2) or not np.issubdtype(arr.dtype, np.integer):
                 raise RequestError(f"--input_file {path}: expected a 1-D or 2-D integer array of token ids, got {arr.ndim}-D {arr.dtype}.")
             for row in np.atleast_2d(arr).astype(np.int64).tolist():
@@ -141,8 +145,8 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
     if more_input_text and not input_text:
         raise RequestError(f"unexpected argument {more_input_text[0]!r}: prompts go after --input_text (several may follow one flag).")
     input_text = input_text + more_input_text  # run.py's form: --input_text "a" "b"
-    if repeat < 1 or (repeat > 1 and not baseline):
-        raise RequestError(f"--repeat {repeat}: expected a number >= 1, used with --baseline (it repeats the timed comparison).")
+    if not 1 <= repeat <= MAX_REPEAT or (repeat > 1 and not baseline):
+        raise RequestError(f"--repeat {repeat}: expected a number from 1 to {MAX_REPEAT}, used with --baseline (it repeats the timed comparison).")
     for path, flag in ((output_csv, "--output_csv"), (output_npy, "--output_npy"), (output_json, "--output_json")):
         check_output_file(path, flag)  # before decoding: an unwritable output must not cost the results
     dtm = parse_draft_target_config(draft_target_model_config) if draft_target_model_config else None
@@ -202,6 +206,10 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
             click.echo(f"[{i}] input: {shown}")
             click.echo(f"[{i}] output ({len(out.output_ids)} tokens, {out.finish_reason}): {out.text if tok else out.output_ids}")
     click.echo(f"--- {method} ---\n{metrics.summary()}")
+    silent = [i for i, out in enumerate(outputs) if out.metrics and out.metrics.silent_drafts]
+    if silent:  # said once for the run, not once per request
+        which = f"request {silent[0]}" if len(silent) == 1 else f"{len(silent)} of {len(outputs)} requests"
+        click.echo(f"warning: {which}: {silent_draft_message(orch.engine.speculation.method, SILENT_DRAFT_ROUNDS, orch.engine.speculation.draft_len == AUTO)}", err=True)
     report = {"method": method, "metrics": metrics.to_dict()}
     if baseline:
         base_runs = [r for name, r in runs if name == "target-only"]
@@ -219,6 +227,10 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
             report["baseline"]["repeats"] = {"target_only_tokens_per_s": [m.tokens_per_s for _, m in base_runs],
                                              "tokens_per_s": [m.tokens_per_s for _, m in spec_runs], "speedups": speedups}
     _write_outputs(outputs, report, output_csv, output_npy, output_json)
+    failed = [(i, out.error) for i, out in enumerate(outputs) if out.finish_reason == "error"]
+    if failed:  # the others' results are printed and written (finish_reason "error" marks these); the exit status says it failed
+        more = f" ({len(failed) - 1} more request(s) stopped the same way)" if len(failed) > 1 else ""
+        raise RequestError(f"request {failed[0][0]} stopped: {failed[0][1]}{more}")
 
 
 def method_label(engine) -> str:
@@ -284,7 +296,8 @@ def _write_outputs(outputs, report: dict, output_csv, output_npy, output_json) -
             arr[i, : len(o.output_ids)] = o.output_ids
         np.save(output_npy, arr)
     if output_json:
-        requests = [dict(input_ids=o.input_ids, output_ids=o.output_ids, text=o.text, finish_reason=o.finish_reason) for o in outputs]
+        requests = [dict(input_ids=o.input_ids, output_ids=o.output_ids, text=o.text, finish_reason=o.finish_reason, **({"error": o.error} if o.error else {}))
+                    for o in outputs]
         Path(output_json).write_text(json.dumps({"requests": requests, **report}, indent=2) + "\n")
 
 

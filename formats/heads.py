@@ -38,8 +38,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .safetensors_io import SafetensorsFile
+from ..runtime.config_strings import shown_value
 from ..runtime.errors import CheckpointError
+from .hf_config import INT32_MAX, ConfigFields
+from .safetensors_io import SafetensorsFile
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -160,8 +162,9 @@ def _read_tensors(d: Path, keep) -> dict[str, np.ndarray]:
 
 def _int_field(cfg: dict, key: str, where: str) -> int:
     value = cfg.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise CheckpointError(f"{where}: {key} must be a positive integer, found {value!r}.")
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= INT32_MAX:
+        too_big = f" (more than {INT32_MAX})" if isinstance(value, int) and value > INT32_MAX else ""
+        raise CheckpointError(f"{where}: {key} must be a positive integer, found {shown_value(value, 40)}{too_big}.")
     return value
 
 
@@ -185,8 +188,8 @@ def _load_medusa(d: Path, cfg: dict) -> HeadCheckpoint:
         raise CheckpointError(f"{where}: config.json's \"medusa\" must be an object with num_medusa_heads and num_medusa_layers.")
     heads = _int_field(block, "num_medusa_heads", where)
     layers = block.get("num_medusa_layers")
-    if not isinstance(layers, int) or isinstance(layers, bool) or layers < 0:
-        raise CheckpointError(f"{where}: num_medusa_layers must be an integer >= 0, found {layers!r}.")
+    if not isinstance(layers, int) or isinstance(layers, bool) or not 0 <= layers <= INT32_MAX:
+        raise CheckpointError(f"{where}: num_medusa_layers must be an integer >= 0, found {shown_value(layers, 40)}.")
     hidden, vocab = _int_field(cfg, "hidden_size", where), _int_field(cfg, "vocab_size", where)
     tensors = _read_tensors(d, lambda n: n.startswith(MEDUSA_PREFIX))
     expected = {}
@@ -208,8 +211,10 @@ def _load_eagle(d: Path, cfg: dict) -> HeadCheckpoint:
     hidden, vocab = _int_field(cfg, "hidden_size", where), _int_field(cfg, "vocab_size", where)
     heads, kv_heads = _int_field(cfg, "num_attention_heads", where), _int_field(cfg, "num_key_value_heads", where)
     inter = _int_field(cfg, "intermediate_size", where)
-    head_dim = cfg.get("head_dim") or hidden // heads
-    draft_vocab = cfg.get("draft_vocab_size") or vocab
+    fields = ConfigFields(cfg, f"{d / CONFIG_FILE}")
+    head_dim = fields.int("head_dim", hidden // heads)
+    draft_vocab = fields.int("draft_vocab_size", vocab)
+    fields.number("rms_norm_eps", 1e-6)  # read by the module's engine (builder/eagle.py)
     if not eagle.get("use_aux_hidden_state", False):
         raise CheckpointError(f"{where}: eagle_config.use_aux_hidden_state is false (EAGLE-1); only EAGLE-3 modules are supported.")
     aux = eagle.get("eagle_aux_hidden_state_layer_ids")
@@ -245,7 +250,8 @@ def load_heads(path: str | Path, base_num_layers: int | None = None) -> HeadChec
     cfg = _read_config(d)
     if "medusa" in cfg:
         return _load_medusa(d, cfg)
-    if EAGLE3_ARCHITECTURE in (cfg.get("architectures") or []) or "eagle_config" in cfg:
+    archs = cfg.get("architectures")
+    if (isinstance(archs, list) and EAGLE3_ARCHITECTURE in archs) or "eagle_config" in cfg:
         ckpt = _load_eagle(d, cfg)
         if base_num_layers is not None and max(ckpt.aux_layer_ids) >= base_num_layers:
             raise CheckpointError(f"EAGLE module in {d}: aux layer ids {ckpt.aux_layer_ids} name layers the {base_num_layers}-layer base model lacks.")

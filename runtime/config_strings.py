@@ -3,7 +3,9 @@
     --draft_target_model_config "[draft_len, [draft devices], [target devices], use_logits]"   e.g. "[4,[0],[1],False]"
     --ngram_config              "[max_draft_len, max_matching_ngram_size, [devices]]"          e.g. "[10,2,[0]]"
 
-The grammar is tiny: value := int | bool | '[' value (',' value)* ']'.
+The grammar is tiny: value := int | bool | '[' value (',' value)* ']'. Integers are ASCII digits that fit
+in 64 bits, and lists nest at most MAX_DEPTH deep: the forms need 2, and an input past either limit is
+refused before it can reach a C long or Python's recursion limit.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 
 from .errors import ConfigStringError
 
-_TOKEN = re.compile(r"\s*(?:(\[)|(\])|(,)|(-?\d+)|(True|False|true|false))")
+_TOKEN = re.compile(r"\s*(?:(\[)|(\])|(,)|(-?[0-9]+)|(True|False|true|false))")
 _CLOSE = re.compile(r"\s*\]")
 _NEXT = re.compile(r"\s*([,\]])")
 
@@ -22,33 +24,40 @@ DTM_EXAMPLE = "[4,[0],[0],False]"
 NGRAM_FORM = "[max_draft_len, max_matching_ngram_size, [device ids]]"
 NGRAM_EXAMPLE = "[10,2,[0]]"
 DEFAULT_DRAFT_LEN = 4  # drafts per round of a draft model (and an EAGLE chain) when nothing chose: at most the target's max_draft_len
+MAX_DEPTH = 4
+INT64 = 2**63
+SHOWN_CHARS = 80  # of a malformed string, in its error message: one line of readable length
 
 
 def parse_value(text: str):
-    pos, value = _parse(text, 0)
+    pos, value = _parse(text, 0, 0)
     if text[pos:].strip():
-        raise ValueError(f"unexpected {text[pos:].strip()!r} after the value")
+        raise ValueError(f"unexpected {shown(text[pos:].strip(), 20)} after the value")
     return value
 
 
-def _parse(text: str, pos: int):
+def _parse(text: str, pos: int, depth: int):
     m = _TOKEN.match(text, pos)
     if not m:
-        raise ValueError(f"unexpected {text[pos:].strip()[:10]!r}" if text[pos:].strip() else "unexpected end")
+        raise ValueError(f"unexpected {shown(text[pos:].strip(), 10)}" if text[pos:].strip() else "unexpected end")
     open_, close, comma, number, boolean = m.groups()
     pos = m.end()
     if number is not None:
+        if len(number.lstrip("-")) > 19 or not -INT64 <= int(number) < INT64:
+            raise ValueError(f"{shown(number, 20)} does not fit in 64 bits")
         return pos, int(number)
     if boolean is not None:
         return pos, boolean.lower() == "true"
     if open_ is None:
         raise ValueError(f"unexpected {(close or comma)!r}")
+    if depth == MAX_DEPTH:
+        raise ValueError(f"lists nested more than {MAX_DEPTH} deep")
     items = []
     m = _CLOSE.match(text, pos)
     if m:
         return m.end(), items
     while True:
-        pos, item = _parse(text, pos)
+        pos, item = _parse(text, pos, depth + 1)
         items.append(item)
         m = _NEXT.match(text, pos)
         if not m:
@@ -87,8 +96,19 @@ class NGramConfig:
     devices: list[int]
 
 
+def shown(text: str, limit: int = SHOWN_CHARS) -> str:
+    """``text`` quoted for a one-line message: repr escapes newlines and lone surrogates; a long one is cut."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} characters)"
+
+
+def shown_value(value: object, limit: int = SHOWN_CHARS) -> str:
+    """repr(value) for a one-line message, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
 def _fail(flag: str, text: str, why: str, form: str, example: str) -> ConfigStringError:
-    return ConfigStringError(f"{flag} {text!r} is malformed ({why}); expected {form}, e.g. {flag} \"{example}\".")
+    return ConfigStringError(f"{flag} {shown(text)} is malformed ({why}); expected {form}, e.g. {flag} \"{example}\".")
 
 
 def parse_draft_target_config(text: str, flag: str = "--draft_target_model_config") -> DraftTargetConfig:

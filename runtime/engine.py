@@ -234,6 +234,7 @@ class Engine:
     @staticmethod
     def _output(r: Request, tokens: list[int]) -> RequestOutput:
         lps = r.logprobs[len(r.output_ids) - len(tokens) : len(r.output_ids)] if r.config.logprobs is not None else []
+        warning, r.warning = r.warning, ""  # said once
         return RequestOutput(
             input_ids=r.prompt_ids,
             output_ids=list(r.output_ids),
@@ -245,4 +246,6 @@ class Engine:
             new_logprobs=lps,
             logprobs=r.logprobs[: len(r.output_ids)] if r.config.logprobs is not None else [],
             prompt_logprobs=r.prompt_logprobs if len(r.output_ids) == len(tokens) else None,
+            error=r.error,
+            warning=warning,
         )

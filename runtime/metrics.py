@@ -30,6 +30,7 @@ class Metrics:
     accepted: int = 0
     no_draft_rounds: int = 0  # rounds where a row got no drafts (e.g. no n-gram match)
     rejected: int = 0  # rounds that ended on a rejected draft
+    silent_drafts: int = 0  # requests whose drafts the target rejected SILENT_DRAFT_ROUNDS rounds in a row (runtime/guards.py)
     drafted_at: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)
     total_s: float = 0.0
@@ -65,7 +66,7 @@ class Metrics:
 
         Not the engine times (draft_s, target_s): requests share each call, so a sum of their
         shares is the caller's to keep (the engine counts every call once)."""
-        for name in ("requests", "prompt_tokens", "output_tokens", "rounds", "drafted", "accepted", "no_draft_rounds", "rejected"):
+        for name in ("requests", "prompt_tokens", "output_tokens", "rounds", "drafted", "accepted", "no_draft_rounds", "rejected", "silent_drafts"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for mine, theirs in ((self.drafted_at, other.drafted_at), (self.accepted_at, other.accepted_at)):
             mine.extend([0] * (len(theirs) - len(mine)))

@@ -98,7 +98,9 @@ class Request:
     rng: np.random.Generator  # this request's own: its output never depends on its batch
     output_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
-    finish_reason: str = ""  # end_id | stop_words | grammar | length | max_seq_len | abort
+    finish_reason: str = ""  # end_id | stop_words | grammar | length | max_seq_len | abort | error
+    error: str = ""  # why it stopped, with finish_reason "error" (runtime/guards.py)
+    warning: str = ""  # said once, in the next step's output (runtime/guards.py: drafts that never land)
     slot: int = -1  # the target cache row while RUNNING
     metrics: Metrics = field(default_factory=lambda: Metrics(requests=1))
     times: RequestTimes = field(default_factory=RequestTimes)
@@ -106,6 +108,8 @@ class Request:
     processor: "LogitsProcessor | None" = None  # its logits processing chain (runtime/logits.py), made on add_request
     logprobs: list = field(default_factory=list)  # per output token: (log-probability, [(id, log-probability)]), when asked
     prompt_logprobs: list | None = None  # per prompt token (None for the first), when asked
+    rejected_rounds: int = 0  # consecutive drafting rounds in which the target accepted no draft
+    drafting_stopped: bool = False  # draft_len=auto gave up on drafts that never land (runtime/guards.py)
 
     @property
     def last_token(self) -> int:
@@ -135,3 +139,5 @@ class RequestOutput:
     new_logprobs: list = field(default_factory=list)  # per token of new_token_ids, with logprobs on: (log-probability, top alternatives)
     logprobs: list = field(default_factory=list)  # per token of output_ids, with logprobs on
     prompt_logprobs: list | None = None  # with prompt_logprobs on: one per prompt token (None for the first)
+    error: str = ""  # with finish_reason "error": why the request stopped (non-finite logits)
+    warning: str = ""  # said in the one step it arose: its drafts were rejected SILENT_DRAFT_ROUNDS rounds in a row

@@ -28,6 +28,7 @@ import numpy as np
 from .acceptance import accept_rejection_sampling, accept_token_compare
 from .backends.base import Executor, StepOutput
 from .draft_len import AutoDraftLen
+from .guards import SILENT_DRAFT_ROUNDS, finite, first_nonfinite, nonfinite_message, silent_draft_message
 from .kv_cache import KVCache
 from .logits import Rows, logprobs
 from .metrics import Metrics
@@ -66,6 +67,24 @@ def append(r: Request, tokens: list[int], new: NewTokens, max_seq_len: int) -> b
     return bool(reason)
 
 
+def fail(r: Request, error: str) -> bool:
+    """Stop r with finish_reason "error", emitting nothing more. True (it finished)."""
+    r.status, r.finish_reason, r.error = RequestStatus.FINISHED, "error", error
+    return True
+
+
+def watch_drafts(r: Request, drafted: int, accepted: int) -> None:
+    """Count drafting rounds with nothing accepted; say so once after SILENT_DRAFT_ROUNDS in a row (runtime/guards.py),
+    and with draft_len=auto stop drafting for r."""
+    if not drafted:
+        return
+    r.rejected_rounds = 0 if accepted else r.rejected_rounds + 1
+    if r.rejected_rounds >= SILENT_DRAFT_ROUNDS and not r.metrics.silent_drafts:
+        r.drafting_stopped = r.draft_len == AUTO
+        r.metrics.silent_drafts = 1
+        r.warning = silent_draft_message(r.method, SILENT_DRAFT_ROUNDS, r.drafting_stopped)
+
+
 class SpeculativeRound:
     """The target, its cache and the proposers, run one round at a time (engine totals in ``stats``)."""
 
@@ -85,13 +104,18 @@ class SpeculativeRound:
         out = step.logits  # [len(batch), 1 or the longest prompt, vocab]
         # logits: [len(batch), vocab] at each prompt's last token
         logits = out[np.arange(len(batch)), [len(r.prompt_ids) - 1 if echo else 0 for r in batch], : self.vocab_limit]
-        firsts = [self._first_token(r, logits[i], out[i] if r.config.prompt_logprobs else None) for i, r in enumerate(batch)]
+        firsts = [self._first_token(r, logits[i], out[i] if r.config.prompt_logprobs else None) if finite(logits[i]) else None
+                  for i, r in enumerate(batch)]
         t1 = time.perf_counter()
         self.stats.target_s += t1 - t0
         ended = []
         for r, tok in zip(batch, firsts):
-            r.times.first_token = t1
             r.metrics.target_s += (t1 - t0) / len(batch)
+            if tok is None:  # no token from logits that are not numbers
+                fail(r, nonfinite_message(0))
+                ended.append(r)
+                continue
+            r.times.first_token = t1
             if append(r, [tok], new, self.cache.max_seq_len):
                 ended.append(r)
         for name, proposer in self.proposers.items():
@@ -137,7 +161,7 @@ class SpeculativeRound:
 
     def draft_len(self, r: Request, running: int) -> int:
         """How many drafts request r may take this round (``running``: requests in the batch, for auto)."""
-        if r.method == "none":
+        if r.method == "none" or r.drafting_stopped:
             return 0
         proposer = self.proposers[r.method]
         limit = min(
@@ -211,7 +235,6 @@ class SpeculativeRound:
             path, nxt = accept_tree_greedy(d.tokens, d.parents, rows)
             n, kept = len(path), [0] + [j + 1 for j in path]
             emitted = d.tokens[path].tolist() + [nxt]
-            self.target.compact_slot(self.cache, r.slot, start, kept)  # the path's K/V into contiguous slots
             depth = int(d.depths.max()) if k else 0
         else:
             if d.probs is not None:
@@ -219,6 +242,13 @@ class SpeculativeRound:
             else:
                 n, nxt = accept_token_compare(d.tokens, rows, sampling, r.rng)
             emitted, kept, depth = d.tokens[:n].tolist() + [nxt], list(range(n + 1)), k
+        r.metrics.target_s += share_s
+        bad = first_nonfinite(raw[: n + 1] if d.parents is None else raw[kept])  # the raw rows read: emitted[i] comes from the i-th
+        if bad is not None:  # keep the tokens of the finite rows before it, pick none from it (runtime/guards.py)
+            return append(r, emitted[:bad], new, self.cache.max_seq_len) or fail(r, nonfinite_message(len(r.output_ids)))
+        if d.parents is not None:
+            self.target.compact_slot(self.cache, r.slot, start, kept)  # the path's K/V into contiguous slots
+        else:
             self.cache.rollback(r.slot, start + 1 + n)  # keep the last token and n drafts
         if r.config.logprobs is not None:  # the emitted token j came from row kept[j], after emitted[:j]
             r.logprobs += [logprobs(rows.logits(row, emitted[:j]), t, r.config.logprobs) for j, (row, t) in enumerate(zip(kept, emitted))]
@@ -230,7 +260,7 @@ class SpeculativeRound:
             if d.scores is not None and k:
                 self.auto.record_scored(r.method, float(d.scores.sum()), n)
         r.metrics.record_round(k, n, depth)
-        r.metrics.target_s += share_s
+        watch_drafts(r, k, n)
         return append(r, emitted, new, self.cache.max_seq_len)
 
 

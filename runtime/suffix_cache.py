@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .errors import RequestError
+from .jsonl import json_lines
 from .suffix_index import SpecParams, SuffixDraft, TokenStore, best_draft
 
 LOW_WATER = 0.9  # evict down to this share of the caps
@@ -105,23 +106,17 @@ class ResponseCache:
         if not p.is_file():
             raise RequestError(f"the suffix cache seed file {p} does not exist; expected JSON lines of {{\"token_ids\": [..]}} or {{\"text\": \"..\"}}.")
         rows: list[list[int]] = []
-        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise RequestError(f"{p}:{n} is not JSON ({err.msg}); expected {{\"token_ids\": [..]}} or {{\"text\": \"..\"}} per line.") from None
+        for where, item in json_lines(p):  # not UTF-8, not JSON, too deep, a lone surrogate: one line each
             text = item if isinstance(item, str) else item.get("text") if isinstance(item, dict) else None
             ids = item.get("token_ids") if isinstance(item, dict) else None
-            if isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+            if isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in ids):  # the store holds int32
                 rows.append(ids)
             elif isinstance(text, str) and encode is not None:
                 rows.append(encode(text))
             elif isinstance(text, str):
-                raise RequestError(f"{p}:{n} holds text, but this engine has no tokenizer to encode it; give {{\"token_ids\": [..]}} instead.")
+                raise RequestError(f"{where} holds text, but this engine has no tokenizer to encode it; give {{\"token_ids\": [..]}} instead.")
             else:
-                raise RequestError(f"{p}:{n} is neither {{\"token_ids\": [non-negative ints]}} nor {{\"text\": \"..\"}}.")
+                raise RequestError(f"{where} is neither {{\"token_ids\": [ids from 0 to 2**31 - 1]}} nor {{\"text\": \"..\"}}.")
         for ids in rows:  # every line checked before any is added
             self.add(ids)
         return len(rows)

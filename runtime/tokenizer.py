@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .config_strings import shown
 from .errors import RequestError
 
 
@@ -44,6 +45,7 @@ class Tokenizer:
         return self._tok.get_vocab(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        check_unicode(text)
         ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
         bos = self._special_id("bos_token")
         # tokenizer_config.json's add_bos_token is how many HF tokenizers add BOS
@@ -68,3 +70,14 @@ class Tokenizer:
             if added.content == text and added.special:
                 return int(token_id)
         return None
+
+
+def check_unicode(text: str, what: str = "text") -> None:
+    """Refuse a string that is not a sequence of Unicode scalars: a lone surrogate, which is what undecodable
+    bytes on a command line or a "\\ud800" escape in JSON become. The tokenizers library cannot take one
+    (it raised TypeError), and no tokenizer could say what it means."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise RequestError(f"{what} {shown(text, 40)} is not valid Unicode: a lone surrogate {text[err.start]!r} at character {err.start} "
+                           "(bytes that are not UTF-8, or a \\ud800-style escape in JSON); give UTF-8 text.") from None

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from .config_strings import INT64, shown, shown_value
 from .errors import EngineError, RequestError
 
 if TYPE_CHECKING:
@@ -57,14 +58,14 @@ class DraftTree:
     def from_paths(paths: Sequence[Sequence[int]], what: str = "the draft tree") -> "DraftTree":
         clean: set[tuple[int, ...]] = set()
         for p in paths:
-            if not isinstance(p, (list, tuple)) or not p or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in p):
-                raise RequestError(f"{what}: every path must be a non-empty list of top-k indices >= 0, found {p!r}.")
+            if not isinstance(p, (list, tuple)) or not p or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < INT64 for i in p):
+                raise RequestError(f"{what}: every path must be a non-empty list of top-k indices >= 0, found {shown_value(p)}.")
             clean.add(tuple(p))
         if len(clean) != len(paths):
             raise RequestError(f"{what}: a path appears twice.")
         missing = sorted({p[:-1] for p in clean if len(p) > 1} - clean)
         if missing:
-            raise RequestError(f"{what}: the path {list(missing[0])} is missing, but {list(next(p for p in sorted(clean) if p[:-1] == missing[0]))} "
+            raise RequestError(f"{what}: the path {shown_value(list(missing[0]))} is missing, but {shown_value(list(next(p for p in sorted(clean) if p[:-1] == missing[0])))} "
                                "continues it (every prefix of a path must be in the tree).")
         ordered = sorted(clean, key=lambda p: (len(p), p))
         index = {p: j for j, p in enumerate(ordered)}
@@ -80,11 +81,13 @@ def parse_choices(text: str | Sequence[Sequence[int]] | None, flag: str = "--med
         try:
             paths = json.loads(text)
         except json.JSONDecodeError as err:
-            raise RequestError(f"{flag} {text!r} is not a JSON list of paths ({err.msg}); expected e.g. \"[[0], [0, 0], [1], [0, 1]]\".") from None
+            raise RequestError(f"{flag} {shown(text)} is not a JSON list of paths ({err.msg}); expected e.g. \"[[0], [0, 0], [1], [0, 1]]\".") from None
+        except RecursionError:  # json nests by recursion: a path is a list of numbers, never that deep
+            raise RequestError(f"{flag} {shown(text)} nests lists too deeply; expected a list of paths, e.g. \"[[0], [0, 0], [1], [0, 1]]\".") from None
     else:
         paths = [list(p) for p in text]
     if not isinstance(paths, list) or not paths:
-        raise RequestError(f"{flag} must be a non-empty list of paths, e.g. \"[[0], [0, 0], [1], [0, 1]]\"; found {text!r}.")
+        raise RequestError(f"{flag} must be a non-empty list of paths, e.g. \"[[0], [0, 0], [1], [0, 1]]\"; found {shown_value(text)}.")
     return DraftTree.from_paths(paths, flag)
 
 

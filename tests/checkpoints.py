@@ -171,3 +171,15 @@ def write_eagle_module(base_ckpt: Path, out: Path, num_layers: int = 2, aux_ids:
                 p.copy_(1.0 + 0.3 * torch.randn_like(p) if p.dim() == 1 else torch.randn_like(p) * scale / p.shape[1] ** 0.5)
     save_heads(module, eagle_config(base_cfg, cfg, aux_ids, {"test": True}), out)
     return module
+
+
+def write_medusa_heads(base_ckpt: Path, out: Path, num_heads: int = 2, num_layers: int = 1, seed: int = 1):
+    """Medusa heads for ``base_ckpt`` in ModelOpt's layout (specdec-train's export), as a fresh run initialises them."""
+    from specdec.train.export import medusa_config, save_heads
+    from specdec.train.medusa import MedusaHeads
+
+    base_cfg = json.loads((base_ckpt / "config.json").read_text())
+    torch.manual_seed(seed)
+    heads = MedusaHeads(base_cfg["hidden_size"], base_cfg["vocab_size"], num_heads, num_layers, load_hf(base_ckpt).lm_head.weight.detach())
+    save_heads(heads, medusa_config(base_cfg, num_heads, num_layers, {"test": True}), out)
+    return heads

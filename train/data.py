@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from ..runtime.jsonl import json_lines
 from .errors import TrainConfigError
 
 PROMPT_FIELDS = ("prompt", "text", "input")
@@ -41,18 +42,22 @@ def check_data_file(path: str | Path, flag: str = "--data_path") -> Path:
     return p
 
 
+def _lines(path: Path) -> list[str]:
+    """The file's lines; a file that is not UTF-8 is one clean error naming the line, not a UnicodeDecodeError."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise TrainConfigError(f"{path} line {line} is not UTF-8 text (byte {data[err.start]:#04x}); save the file as UTF-8.") from None
+
+
 def _jsonl(path: Path) -> Iterator[tuple[int, dict]]:
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError as err:
-                raise TrainConfigError(f"{path} line {n} is not valid JSON ({err.__class__.__name__}: {err}).") from None
-            if not isinstance(obj, dict):
-                raise TrainConfigError(f"{path} line {n} holds {type(obj).__name__}; expected a JSON object per line.")
-            yield n, obj
+    for where, obj in json_lines(path, TrainConfigError, line=" line "):
+        n = int(where.rsplit(" ", 1)[1])
+        if not isinstance(obj, dict):
+            raise TrainConfigError(f"{path} line {n} holds {type(obj).__name__}; expected a JSON object per line.")
+        yield n, obj
 
 
 def _turns(obj: dict) -> list[tuple[str, str]]:
@@ -80,7 +85,7 @@ def read_prompts(path: str | Path, flag: str = "--data_path") -> list[str]:
     """Every prompt in a .txt or .jsonl file; a file without any is an error."""
     p = check_data_file(path, flag)
     if p.suffix == ".txt":
-        prompts = [line.rstrip("\n") for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+        prompts = [line for line in _lines(p) if line.strip()]
     else:
         prompts = []
         for n, obj in _jsonl(p):
@@ -117,9 +122,12 @@ def read_sequences(path: str | Path, tokenizer=None, max_len: int = 512, vocab_s
         lines += 1
         if "input_ids" in obj:
             ids = obj["input_ids"]
-            if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+            if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 2**63 for i in ids):
                 raise TrainConfigError(f"{p} line {n}: input_ids must be a list of token ids (integers >= 0).")
-            prompt_len = obj.get("prompt_len", 0)
+            prompt_len = obj.get("prompt_len")
+            prompt_len = 0 if prompt_len is None else prompt_len  # absent or null: the whole sequence is trained on
+            if not isinstance(prompt_len, int) or isinstance(prompt_len, bool) or prompt_len < 0:
+                raise TrainConfigError(f"{p} line {n}: prompt_len must be an integer >= 0 (the prompt's tokens), found {str(prompt_len)[:40]!r}.")
         else:
             if tokenizer is None:
                 raise TrainConfigError(f"{p} line {n} has no input_ids and the model has no tokenizer.json to tokenize its text with.")

@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..runtime.devices import check_num_threads
+from ..runtime.errors import DeviceError, RequestError
+from ..runtime.sampling import SamplingConfig
 from .data import read_prompts, record
 from .errors import TrainConfigError
 
@@ -40,6 +43,10 @@ class PrepareConfig:
     num_threads: int | None = None
     batch: int = 16  # prompts handed to the engine at once (it schedules them on its own slots)
 
+    def sampling(self, index: int) -> SamplingConfig:
+        """Prompt ``index``'s sampling settings (its seed: seed + index)."""
+        return SamplingConfig(self.temperature, self.top_k, self.top_p, self.seed + index)
+
     def validate(self) -> None:
         if not self.model_dir and not self.engine_dir:
             raise TrainConfigError("give --model_dir (generate with transformers) or --engine_dir (generate with a specdec engine).")
@@ -47,10 +54,16 @@ class PrepareConfig:
             raise TrainConfigError(f"--max_token {self.max_token} must be >= 1.")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
             raise TrainConfigError(f"--max_prompt_tokens {self.max_prompt_tokens} must be >= 1.")
-        if self.temperature < 0:
-            raise TrainConfigError(f"--temperature {self.temperature} must be >= 0 (0 = greedy).")
+        try:  # the runtime's own checks: finite, in range, and the same greedy threshold
+            self.sampling(0)
+        except RequestError as err:
+            raise TrainConfigError(f"--{err}") from None
         if self.limit is not None and self.limit < 1:
             raise TrainConfigError(f"--limit {self.limit} must be >= 1.")
+        try:
+            check_num_threads(self.num_threads)
+        except DeviceError as err:
+            raise TrainConfigError(str(err)) from None
         out = Path(self.output_path)
         if out.is_dir():
             raise TrainConfigError(f"--output_path {out} is a directory: give a .jsonl file name.")
@@ -69,7 +82,6 @@ class _Generator:
 class EngineGenerator(_Generator):
     def __init__(self, cfg: PrepareConfig):
         from ..runtime import GenerationConfig, load_orchestrator
-        from ..runtime.sampling import SamplingConfig
         from ..runtime.tokenizer import Tokenizer
 
         self.tokenizer = Tokenizer(_tokenizer_dir(cfg.model_dir or cfg.engine_dir))
@@ -77,8 +89,7 @@ class EngineGenerator(_Generator):
         engine = self.orch.engine
         self.prompt_limit = engine.max_input_len
         ends = (self.tokenizer.eos_token_id,) if self.tokenizer.eos_token_id is not None else tuple(engine.target.engine.config.model.eos_token_id)
-        self._config = lambda i: GenerationConfig(max_output_len=cfg.max_token, end_ids=ends,
-                                                  sampling=SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed + i))
+        self._config = lambda i: GenerationConfig(max_output_len=cfg.max_token, end_ids=ends, sampling=cfg.sampling(i))
 
     def answer(self, prompts: list[list[int]], first_index: int) -> list[list[int]]:
         outputs, _ = self.orch.generate(prompts, self._config(first_index))
@@ -103,7 +114,7 @@ class TransformersGenerator(_Generator):
 
     def answer(self, prompts: list[list[int]], first_index: int) -> list[list[int]]:
         torch, cfg, out = self.torch, self.cfg, []
-        sample = cfg.temperature > 0
+        sample = not cfg.sampling(0).greedy
         for k, ids in enumerate(prompts):  # one at a time: no padding to get wrong, and tiny models are fast anyway
             torch.manual_seed(cfg.seed + first_index + k)
             kwargs = dict(do_sample=True, temperature=cfg.temperature, top_k=cfg.top_k or None, top_p=cfg.top_p) if sample else dict(do_sample=False)
@@ -154,7 +165,7 @@ def prepare_data(cfg: PrepareConfig, say: Callable[[str], None] = print, progres
             bar.close()
         if os.path.exists(tmp):
             os.unlink(tmp)
-    say(f"wrote {len(prompts)} answers ({tokens} tokens, {'sampled at temperature ' + str(cfg.temperature) if cfg.temperature > 0 else 'greedy'}) to {out}")
+    say(f"wrote {len(prompts)} answers ({tokens} tokens, {'greedy' if cfg.sampling(0).greedy else 'sampled at temperature ' + str(cfg.temperature)}) to {out}")
     return len(prompts)
 
 

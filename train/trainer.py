@@ -21,6 +21,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ..runtime.devices import check_num_threads, physical_memory_bytes
+from ..runtime.errors import DeviceError
 from .base import base_config_dict, check_model_dir, load_base, weights_sha256
 from .data import Sequence, check_data_file, read_sequences
 from .errors import TrainConfigError
@@ -83,8 +85,12 @@ class TrainConfig:
             raise TrainConfigError(f"--eval_fraction {self.eval_fraction} must be in [0, 1).")
         if self.eagle_aux_layer_ids is not None and (not self.eagle_aux_layer_ids or min(self.eagle_aux_layer_ids) < 0):
             raise TrainConfigError(f"--eagle_aux_layer_ids {self.eagle_aux_layer_ids} must be non-empty layer indices >= 0.")
-        if self.max_time is not None and self.max_time <= 0:
+        if self.max_time is not None and not self.max_time > 0:  # NaN too
             raise TrainConfigError(f"--max_time {self.max_time} must be > 0 seconds.")
+        try:
+            check_num_threads(self.num_threads)
+        except DeviceError as err:
+            raise TrainConfigError(str(err)) from None
         if self.resume and self.overwrite_output_dir:
             raise TrainConfigError("--resume continues the run in --output_dir and --overwrite_output_dir deletes it: choose one.")
 
@@ -154,6 +160,7 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
     else:
         train_seqs, eval_seqs = _split(seqs, cfg.eval_fraction, cfg.seed)
     RUNS[cfg.mode].check_base(cfg, base_cfg.get("num_hidden_layers"))
+    _check_memory(cfg, base_cfg)
     base = load_base(model_dir)
     run = make_run(cfg, base)
     names = {i: n for i, (n, _) in enumerate(run.params)}
@@ -217,6 +224,31 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
     if last_saved:
         say(f"checkpoint {last_saved}")
     return TrainResult(out, step, losses, final_loss, accuracy, before, seconds, base, run.heads)
+
+
+TRAINING_BYTES_PER_PARAMETER = 16  # float32 weight, its gradient and AdamW's two moments
+
+
+def trainable_parameters(cfg: TrainConfig, base_cfg: dict) -> int:
+    """About how many parameters the heads (or the EAGLE module) of ``cfg`` have on this base (layout.py's shapes)."""
+    hidden, vocab, inter = (int(base_cfg.get(k) or 0) for k in ("hidden_size", "vocab_size", "intermediate_size"))
+    if cfg.mode == "medusa":
+        return cfg.medusa_num_heads * (cfg.medusa_num_layers * (hidden * hidden + hidden) + vocab * hidden)
+    aux = len(set(cfg.eagle_aux_layer_ids)) if cfg.eagle_aux_layer_ids else 3
+    layer = 4 * hidden * hidden + 3 * hidden * inter  # q/k/v/o at most hidden wide, gate/up/down
+    return aux * hidden * hidden + cfg.eagle_num_layers * layer + 3 * hidden * hidden + vocab * hidden  # fc, layers (layer 0's q/k/v twice as wide), lm_head
+
+
+def _check_memory(cfg: TrainConfig, base_cfg: dict) -> None:
+    """Refuse heads that could never be trained in this machine's memory (--medusa_num_heads 2147483647), before the
+    base model loads: such a run would swap and stall, or be killed, rather than fail."""
+    need = trainable_parameters(cfg, base_cfg) * TRAINING_BYTES_PER_PARAMETER
+    have = physical_memory_bytes()
+    if have is not None and need > have:
+        what = f"--medusa_num_heads {cfg.medusa_num_heads} --medusa_num_layers {cfg.medusa_num_layers}" if cfg.mode == "medusa" else \
+            f"--eagle_num_layers {cfg.eagle_num_layers}"
+        raise TrainConfigError(f"{what}: training them needs about {need / 2**30:.1f} GiB ({TRAINING_BYTES_PER_PARAMETER} bytes per trainable "
+                               f"parameter: weight, gradient, AdamW moments), more than this machine's {have / 2**30:.1f} GiB. Use fewer heads or layers.")
 
 
 def _tokenizer(model_dir: Path):

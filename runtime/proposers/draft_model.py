@@ -16,6 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from ..backends.base import Executor
+from ..errors import RequestError
 from ..request import Request
 from ..sampling import processed_probs, sample
 from .base import Draft, Proposer, TargetOutput
@@ -25,6 +26,8 @@ class DraftModelProposer(Proposer):
     name = "draft"
 
     def __init__(self, executor: Executor, use_logits: bool = False, confidence_threshold: float = 0.0):
+        if not 0.0 <= confidence_threshold <= 1.0:  # a probability (NaN fails too)
+            raise RequestError(f"--draft_confidence_threshold {confidence_threshold}: expected a probability in [0, 1] (0 = always draft_len tokens).")
         self.executor = executor
         # With use_logits (and a sampled request) drafts are sampled from q and q is kept for
         # rejection sampling; otherwise the draft proposes its most likely token.

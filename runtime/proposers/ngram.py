@@ -31,6 +31,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..errors import RequestError
 from ..request import Request
 from .base import Draft, Proposer, TargetOutput
 
@@ -79,6 +80,8 @@ class NGramProposer(Proposer):
     name = "ngram"
 
     def __init__(self, max_draft_len: int, max_matching_ngram_size: int, is_keep_all: bool = True, is_use_oldest: bool = False, min_matching_ngram_size: int = 1):
+        if isinstance(min_matching_ngram_size, bool) or not isinstance(min_matching_ngram_size, int) or min_matching_ngram_size < 1:
+            raise RequestError(f"--ngram_min_match {min_matching_ngram_size}: expected a pattern length >= 1 (up to max_matching_ngram_size).")
         self.max_draft_len = max_draft_len  # a request asking for more is refused (Proposer.max_draft_len)
         self.settings = (max_draft_len, max_matching_ngram_size, is_keep_all, is_use_oldest, min_matching_ngram_size)
         self.pools: dict[str, NGramPool] = {}

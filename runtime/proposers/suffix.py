@@ -24,11 +24,13 @@ distributed as the target's.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, fields
 from typing import Sequence
 
 import numpy as np
 
+from ..config_strings import INT64, shown, shown_value
 from ..errors import ConfigStringError
 from ..request import Request
 from ..suffix_cache import ResponseCache
@@ -61,12 +63,14 @@ def parse_suffix_config(text: str, flag: str = "--suffix_config") -> SuffixConfi
     """``[max_draft_len, max_tree_depth]`` (the --ngram_config style) or a JSON object of SuffixConfig's fields."""
 
     def fail(why: str) -> ConfigStringError:
-        return ConfigStringError(f"{flag} {text!r} is malformed ({why}); expected {SUFFIX_FORM}, e.g. {flag} '{SUFFIX_EXAMPLE}'.")
+        return ConfigStringError(f"{flag} {shown(text)} is malformed ({why}); expected {SUFFIX_FORM}, e.g. {flag} '{SUFFIX_EXAMPLE}'.")
 
     try:
         value = json.loads(text)
     except json.JSONDecodeError as err:
         raise fail(err.msg) from None
+    except RecursionError:  # json nests by recursion; the form nests one level
+        raise fail("nested too deeply") from None
     names = [f.name for f in fields(SuffixConfig)]
     if isinstance(value, list):
         if not 1 <= len(value) <= 2:
@@ -80,10 +84,11 @@ def parse_suffix_config(text: str, flag: str = "--suffix_config") -> SuffixConfi
     kinds = {"global_cache": bool, "seed_file": str, "max_spec_factor": float, "max_spec_offset": float, "min_token_prob": float}
     for key, v in value.items():
         want = kinds.get(key, int)
-        ok = isinstance(v, bool) if want is bool else isinstance(v, str) if want is str else \
-            isinstance(v, (int, float)) and not isinstance(v, bool) and (want is float or float(v).is_integer())
+        number = isinstance(v, (int, float)) and not isinstance(v, bool) and -INT64 <= v < INT64 and math.isfinite(v)  # and fits a C long
+        ok = isinstance(v, bool) if want is bool else isinstance(v, str) if want is str else number and (want is float or float(v).is_integer())
         if not ok:
-            raise fail(f"{key} must be {'true or false' if want is bool else 'a path' if want is str else 'a number' if want is float else 'an integer'}, found {v!r}")
+            what = 'true or false' if want is bool else 'a path' if want is str else 'a finite number' if want is float else 'an integer'
+            raise fail(f"{key} must be {what}, found {shown_value(v, 40)}")
         if want is int:
             value[key] = int(v)
     cfg = SuffixConfig(**value)

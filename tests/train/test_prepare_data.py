@@ -81,7 +81,7 @@ def test_bad_prompt_files(tmp_path, tiny_base):
         prepare_data(PrepareConfig(str(empty), str(tmp_path / "o.jsonl"), model_dir=str(tiny_base)), **QUIET)
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"prompt": "w5"}\n{"prompt": \n')
-    with pytest.raises(TrainConfigError, match="line 2 is not valid JSON"):
+    with pytest.raises(TrainConfigError, match="line 2 is not JSON"):
         prepare_data(PrepareConfig(str(broken), str(tmp_path / "o.jsonl"), model_dir=str(tiny_base)), **QUIET)
     assert not (tmp_path / "o.jsonl").exists()
 

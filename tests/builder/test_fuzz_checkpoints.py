@@ -1,0 +1,166 @@
+"""Fuzzing what specdec-build reads besides its flags: config.json, its quantization_config, and the config.json of
+Medusa heads and EAGLE modules, as mutations of valid ones (a field deleted, null, of another type, a number at the
+edges, deep nesting), and non-finite values in every tensor it reads (tests/fuzzing.py: the budget and the property).
+
+Each example builds in-process: an engine, or one clean error line and nothing on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from checkpoints import make_checkpoint, save_fp8_checkpoint, write_eagle_module, write_medusa_heads
+from click.testing import CliRunner
+from fuzzing import assert_clean, fuzz_settings, mutated, no_hang
+from hypothesis import given
+from hypothesis import strategies as st
+from quant_layouts import save_quantized_checkpoint
+from safetensors.numpy import load_file, save_file
+
+from specdec.cli.build import main as build_main
+
+pytestmark = pytest.mark.fuzz
+LIMITS = ("--max_seq_len", "64", "--max_batch_size", "2")
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    d = tmp_path_factory.mktemp("fuzz-ckpt")
+    base = make_checkpoint(d / "base", num_hidden_layers=2, intermediate_size=64)
+    save_quantized_checkpoint(base, d / "gptq", "gptq", bits=4, group_size=32)
+    save_quantized_checkpoint(base, d / "awq", "awq", bits=4, group_size=32)
+    save_fp8_checkpoint(base, d / "fp8", "compressed-tensors")
+    save_fp8_checkpoint(base, d / "fp8-block", "fp8", block=32)
+    save_fp8_checkpoint(base, d / "modelopt", "modelopt")
+    write_medusa_heads(base, d / "medusa")
+    write_eagle_module(base, d / "eagle", num_layers=1)
+    return d
+
+
+def with_config(src, dst, config: dict):
+    """A copy of checkpoint (or head) directory ``src`` whose config.json is ``config``; the weights are linked, not copied."""
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.name != "config.json":
+            (dst / f.name).symlink_to(f)
+    (dst / "config.json").write_text(json.dumps(config, allow_nan=True))
+    return dst
+
+
+def build(*args):
+    with no_hang(what=args):
+        return CliRunner().invoke(build_main, [str(a) for a in args])
+
+
+def config_of(path) -> dict:
+    return json.loads((path / "config.json").read_text())
+
+
+def check_build(result, out) -> None:
+    assert_clean(result, out)
+    if result.exit_code == 0:
+        assert (out / "config.json").is_file()
+
+
+@pytest.fixture(scope="module")
+def valid(ckpts):
+    return {path.name: config_of(path) for path in ckpts.iterdir()}
+
+
+# The valid configs come from a fixture: each test draws its mutation from st.data().
+@fuzz_settings(60)
+@given(st.data())
+def test_config_json_mutations(ckpts, valid, tmp_path_factory, data):
+    config = data.draw(mutated(valid["base"]), label="config.json")
+    d = tmp_path_factory.mktemp("c")
+    check_build(build("--checkpoint_dir", with_config(ckpts / "base", d / "ckpt", config), "--output_dir", d / "engine", *LIMITS), d / "engine")
+
+
+@pytest.mark.parametrize("kind", ["gptq", "awq", "fp8", "fp8-block", "modelopt"])
+@fuzz_settings(25)
+@given(data=st.data())
+def test_quantization_config_mutations(ckpts, valid, tmp_path_factory, kind, data):
+    config = valid[kind]
+    part = data.draw(mutated({"quantization_config": config["quantization_config"]}), label="quantization_config")
+    d = tmp_path_factory.mktemp("q")
+    check_build(build("--checkpoint_dir", with_config(ckpts / kind, d / "ckpt", {**config, **part}), "--output_dir", d / "engine", *LIMITS), d / "engine")
+
+
+@pytest.mark.parametrize("mode", ["medusa", "eagle"])
+@fuzz_settings(50)
+@given(data=st.data())
+def test_head_config_mutations(ckpts, valid, tmp_path_factory, mode, data):
+    config = data.draw(mutated(valid[mode]), label=f"{mode} config.json")
+    d = tmp_path_factory.mktemp("h")
+    heads = with_config(ckpts / mode, d / "heads", config)
+    out = d / "engine"
+    check_build(build("--checkpoint_dir", ckpts / "base", "--output_dir", out, *LIMITS, "--speculative_decoding_mode", mode, f"--{mode}_dir", heads), out)
+
+
+def edited(valid: dict, *path_and_value) -> dict:
+    """A deep copy of ``valid`` with the value at ``path`` (keys) replaced; ``value`` = DELETE removes it."""
+    config = json.loads(json.dumps(valid))
+    *path, value = path_and_value
+    parent = config
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = value
+    return config
+
+
+# Each was a traceback (or, for rope_theta, a silent engine of NaN rotations) before config.json was read field by field.
+@pytest.mark.parametrize(("kind", "edit", "message"), [
+    ("base", ("hidden_size", None), "config.json lacks the field 'hidden_size'"),  # int(None): TypeError
+    ("base", ("architectures", 100), "architecture 100 (config.json field 'architectures') is not supported"),  # 100[0]: TypeError
+    ("base", ("rms_norm_eps", "1T"), "config.json field 'rms_norm_eps' is '1T'; expected a finite number >= 0"),  # ValueError
+    ("base", ("rms_norm_eps", -1.0), "config.json field 'rms_norm_eps' is -1.0"),  # ONNX Runtime's SkipLayerNorm refused it at load
+    ("base", ("eos_token_id", [[0]]), "config.json field 'eos_token_id' is [[0]]"),  # int([0]): TypeError
+    ("base", ("rope_parameters", "rope_theta", 5e-324), "gives rotary tables that are not finite"),  # built, and decoded NaN
+    ("gptq", ("quantization_config", 2147483647), "config.json field 'quantization_config' is 2147483647; expected a JSON object"),
+    ("fp8", ("quantization_config", "config_groups", "group_0", None), "quantization_config.config_groups.group_0 is None; expected a JSON object"),
+    ("fp8-block", ("quantization_config", "weight_block_size", [[32], 32]), "weight_block_size [[32], 32]; expected [n, n]"),  # set([[32]])
+])
+def test_malformed_configs_are_one_clean_line(ckpts, valid, tmp_path, kind, edit, message):
+    out = tmp_path / "engine"
+    r = build("--checkpoint_dir", with_config(ckpts / kind, tmp_path / "ckpt", edited(valid[kind], *edit)), "--output_dir", out, *LIMITS)
+    assert_clean(r, out)
+    assert r.exit_code == 1 and message in r.stderr, r.output
+
+
+def test_a_config_json_that_is_not_an_object(ckpts, tmp_path):
+    ckpt = with_config(ckpts / "base", tmp_path / "ckpt", {})
+    (ckpt / "config.json").write_text("[1, 2]")  # regression: [1, 2].get raised AttributeError
+    r = build("--checkpoint_dir", ckpt, "--output_dir", tmp_path / "engine", *LIMITS)
+    assert_clean(r, tmp_path / "engine")
+    assert r.exit_code == 1 and "holds list; expected a JSON object" in r.stderr
+
+
+def test_an_eagle_config_naming_no_list_of_architectures(ckpts, valid, tmp_path):
+    heads = with_config(ckpts / "eagle", tmp_path / "heads", edited(valid["eagle"], "architectures", 265))  # 265 in ...: TypeError
+    r = build("--checkpoint_dir", ckpts / "base", "--output_dir", tmp_path / "engine", *LIMITS, "--speculative_decoding_mode", "eagle", "--eagle_dir", heads)
+    assert_clean(r, tmp_path / "engine")
+    assert r.exit_code == 0, r.output  # its eagle_config says what it is
+
+
+# -- non-finite weights in the heads and the EAGLE module ------------------------------------------------
+
+
+@pytest.mark.parametrize(("mode", "tensor"), [("medusa", "medusa_heads.1.0.linear.weight"), ("eagle", "layers.0.self_attn.k_proj.weight"),
+                                              ("eagle", "fc.weight")])
+def test_nonfinite_head_weights_are_refused_or_built_with_one_warning(ckpts, tmp_path, mode, tensor):
+    heads = tmp_path / "heads"
+    shutil.copytree(ckpts / mode, heads)
+    tensors = load_file(heads / "model.safetensors")
+    tensors[tensor] = tensors[tensor].copy()
+    tensors[tensor][0, :3] = [np.nan, np.inf, np.nan]
+    save_file(tensors, heads / "model.safetensors", metadata={"format": "pt"})
+    args = ("--checkpoint_dir", ckpts / "base", *LIMITS, "--speculative_decoding_mode", mode, f"--{mode}_dir", heads)
+    refused = build(*args, "--output_dir", tmp_path / "refused")
+    assert_clean(refused, tmp_path / "refused")  # regression: built, and its drafts were garbage the target never accepted
+    assert refused.exit_code == 1 and f"non-finite weights in {heads}: {tensor} holds 2 NaN and 1 Inf." in refused.stderr, refused.output
+    built = build(*args, "--output_dir", tmp_path / "built", "--allow_nonfinite")
+    assert built.exit_code == 0, built.output
+    assert built.stderr.splitlines() == [f"warning: building with non-finite weights (--allow_nonfinite): {tensor} holds 2 NaN and 1 Inf."]
