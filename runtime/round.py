@@ -272,7 +272,7 @@ def trim(r: Request, d: Draft) -> Draft:
         return d
     if d.parents is None:
         n = proc.valid_prefix(d.tokens)
-        return d if n == len(d) else Draft(d.tokens[:n], d.probs[:n] if d.probs is not None else None)
+        return d if n == len(d) else d.prefix(n)
     keep: list[int] = []
     index: dict[int, int] = {-1: -1}  # old node -> new node, for the nodes kept
     for j, parent in enumerate(d.parents.tolist()):
@@ -289,4 +289,5 @@ def trim(r: Request, d: Draft) -> Draft:
         return d
     ks = np.array(keep, np.int64)
     parents = np.array([index[int(p)] for p in d.parents[ks]], np.int64)
-    return Draft(d.tokens[ks], None, parents, d.depths[ks] if d.depths is not None else None)
+    # the kept nodes keep their order (parents first) and their scores (suffix decoding's, for draft_len=auto)
+    return Draft(d.tokens[ks], None, parents, d.depths[ks] if d.depths is not None else None, d.scores[ks] if d.scores is not None else None)

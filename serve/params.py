@@ -75,7 +75,7 @@ class Plan:
     prompts: list[list[int]]
     config: GenerationConfig
     stops: tuple[str, ...]
-    method: str  # resolved: none | draft | ngram | medusa | eagle
+    method: str  # resolved: none | draft | ngram | suffix | medusa | eagle
     num_draft_tokens: int | str  # resolved: k or "auto"
     stream: bool
     include_usage: bool
@@ -262,7 +262,8 @@ def speculation(req: Sampling, served: Served) -> tuple[str, int | str]:
     engine = served.engine
     method = spec.method if spec and spec.method is not None else engine.speculation.method
     if method not in served.methods:
-        hint = {"draft": "--draft_engine_dir", "ngram": "--ngram_config"}.get(method, f"a target engine built with --speculative_decoding_mode {method}")
+        hint = {"draft": "--draft_engine_dir", "ngram": "--ngram_config", "suffix": "--suffix_config"}.get(
+            method, f"a target engine built with --speculative_decoding_mode {method}")
         raise ApiError(
             400,
             f"speculative.method {method!r} is not loaded on this server (loaded: {', '.join(served.methods)}); start specdec-serve with {hint} to serve it.",
@@ -271,7 +272,7 @@ def speculation(req: Sampling, served: Served) -> tuple[str, int | str]:
     k = spec.num_draft_tokens if spec and spec.num_draft_tokens is not None else None
     if method == "none":
         if k not in (None, 0):
-            raise ApiError(400, f"speculative.num_draft_tokens={k!r} needs a method that drafts (draft, ngram, medusa or eagle), not 'none'.", "speculative.num_draft_tokens")
+            raise ApiError(400, f"speculative.num_draft_tokens={k!r} needs a method that drafts (draft, ngram, suffix, medusa or eagle), not 'none'.", "speculative.num_draft_tokens")
         return method, 0
     if k is None:
         k = served.draft_lens.get(method, engine.speculation.draft_len if method == engine.speculation.method else AUTO)
@@ -280,9 +281,11 @@ def speculation(req: Sampling, served: Served) -> tuple[str, int | str]:
             check_draft_len(engine.target.engine, k, "speculative.num_draft_tokens")
         except SpecdecError as err:
             raise ApiError(400, str(err), "speculative.num_draft_tokens") from None
-        cap = engine.proposers[method].max_draft_len  # a limit of the proposer's own config: only n-gram's (--ngram_config) has one
+        cap = engine.proposers[method].max_draft_len  # a limit of the proposer's own config: n-gram's and suffix's have one
         if cap is not None and k > cap:
-            raise ApiError(400, f"speculative.num_draft_tokens={k} is larger than the n-gram pool's max_draft_len={cap} (--ngram_config); use <= {cap}.", "speculative.num_draft_tokens")
+            source = {"ngram": "the n-gram pool's max_draft_len", "suffix": "suffix decoding's max_draft_len"}.get(method, f"{method}'s max_draft_len")
+            flag = {"ngram": "--ngram_config", "suffix": "--suffix_config"}.get(method, "its config")
+            raise ApiError(400, f"speculative.num_draft_tokens={k} is larger than {source}={cap} ({flag}); use <= {cap}.", "speculative.num_draft_tokens")
     return method, k
 
 

@@ -10,7 +10,7 @@ the vocabulary, speculation, a grammar that compiles) are made by
 OpenAI-compatible servers do; ``suffix`` is refused by name when used.
 
 Extensions (ignored by clients that do not know them):
-    "speculative": {"method": "none" | "draft" | "ngram" | "medusa" | "eagle", "num_draft_tokens": k | "auto"}
+    "speculative": {"method": "none" | "draft" | "ngram" | "suffix" | "medusa" | "eagle", "num_draft_tokens": k | "auto"}
     "ignore_eos": true        decode max_tokens tokens whatever the model says (benchmarks)
     "top_k", "min_p", "repetition_penalty"     as vLLM accepts them
     "structured_outputs": {"json": schema} | {"regex": "..."} | {"choice": [...]} | {"grammar": "lark"}   as vLLM's
@@ -52,7 +52,7 @@ class Speculative(BaseModel):
     """The per-request speculation extension. Unknown keys are refused: a typo must not pass silently."""
 
     model_config = CLOSED
-    method: Union[Literal["none", "draft", "ngram", "medusa", "eagle"], None] = None  # default: the server's
+    method: Union[Literal["none", "draft", "ngram", "suffix", "medusa", "eagle"], None] = None  # default: the server's
     num_draft_tokens: Union[Annotated[int, Field(ge=0, le=1024)], Literal["auto"], None] = None  # default: the server's
 
 

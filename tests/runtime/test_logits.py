@@ -13,7 +13,7 @@ is distributed as target-only's (chi-square).
 import numpy as np
 import pytest
 from checkpoints import make_checkpoint, write_eagle_module
-from conftest import spec_build, spec_pair
+from conftest import build_and_load, spec_build, spec_pair
 
 from specdec.builder.build import build_engine
 from specdec.runtime.acceptance import accept_rejection_sampling, accept_token_compare
@@ -21,6 +21,7 @@ from specdec.runtime.engine import Engine, SpeculationConfig
 from specdec.runtime.logits import LogitsProcessor, Rows, logprobs
 from specdec.runtime.proposers.draft_model import DraftModelProposer
 from specdec.runtime.proposers.ngram import NGramProposer
+from specdec.runtime.proposers.suffix import SuffixConfig, SuffixProposer
 from specdec.runtime.request import GenerationConfig
 from specdec.runtime.sampling import SamplingConfig, processed_probs, sample
 
@@ -146,6 +147,7 @@ def ex(tmp_path_factory):
     ckpt = make_checkpoint(d / "target", num_hidden_layers=2, seed=0)  # the pair's target checkpoint, again
     write_eagle_module(ckpt, d / "module")
     build_engine(ckpt, d / "ee", spec_build(6, speculative_decoding_mode="eagle"), say=lambda _: None, eagle_dir=d / "module")
+    pair["tree"] = build_and_load(ckpt, d / "tt", spec_build(MAX_DRAFT, tree_attention=True))  # verifies suffix decoding's trees
     return pair
 
 
@@ -154,6 +156,10 @@ def engine_for(ex, method: str, tree=None) -> Engine:
         from specdec.runtime.loading import load_engine
 
         return load_engine(ex["dirs"] / "ee", num_threads=1, eagle_choices=tree)
+    if method in ("suffix", "suffix-tree"):  # chains, or frequency trees on a target with tree attention
+        tree = method == "suffix-tree"
+        return Engine(ex["tree" if tree else "target"], [SuffixProposer(SuffixConfig(max_draft_len=MAX_DRAFT), trees=tree)],
+                      SpeculationConfig("suffix", MAX_DRAFT))
     proposers = {"draft": [DraftModelProposer(ex["draft"], use_logits=True)], "identity": [DraftModelProposer(ex["identity"], use_logits=True)],
                  "ngram": [NGramProposer(MAX_DRAFT, 2)], "none": []}[method]
     name = "draft" if method == "identity" else method
@@ -171,7 +177,7 @@ def run(engine: Engine, prompts, cfg: GenerationConfig, method: str | None = Non
     return [done[i] for i in ids]
 
 
-METHODS = ["draft", "identity", "ngram", "eagle", "eagle-tree"]
+METHODS = ["draft", "identity", "ngram", "suffix", "suffix-tree", "eagle", "eagle-tree"]
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -183,10 +189,13 @@ def test_greedy_with_penalties_and_bias_equals_target_only(ex, method):
                 GenerationConfig(max_output_len=20, method="none", draft_len=0))
     assert [o.output_ids for o in plain] != [o.output_ids for o in want]  # the settings do change the output
     engine = engine_for(ex, method, "[[0],[1],[0,0],[0,1],[0,0,0]]" if method == "eagle-tree" else None)
-    got = run(engine, PROMPTS, cfg)
-    assert [o.output_ids for o in got] == [o.output_ids for o in want]
+    # suffix decoding: the second pass drafts from the first pass's responses (its global cache), so its drafts
+    # run on (the penalties leave the prompts little to repeat) and the acceptance path runs with the processing
+    for _ in range(2 if method.startswith("suffix") else 1):
+        got = run(engine, PROMPTS, cfg)
+        assert [o.output_ids for o in got] == [o.output_ids for o in want]
     assert engine.stats.drafted > 0
-    if method == "identity":
+    if method in ("identity", "suffix", "suffix-tree"):
         assert engine.stats.accepted > 0  # the acceptance path ran, not only rejections
     for g, w in zip(got, want):  # the target's log-probabilities after processing, as target-only's
         assert len(g.logprobs) == len(w.logprobs) == len(w.output_ids)
@@ -195,19 +204,22 @@ def test_greedy_with_penalties_and_bias_equals_target_only(ex, method):
             assert [t for t, _ in ta] == [t for t, _ in tb] and np.allclose([v for _, v in ta], [v for _, v in tb], atol=1e-4)
 
 
-def test_sampled_with_every_setting_keeps_the_target_distribution(ex):
+@pytest.mark.parametrize("method", ["draft", "suffix"])
+def test_sampled_with_every_setting_keeps_the_target_distribution(ex, method):
     """The first two output tokens over 1000 seeds, target-only against the draft model (its drafts sampled from
-    its processed q, accepted or rejected by rejection sampling against the processed p): chi-square homogeneity, p > 0.001."""
+    its processed q, accepted or rejected by rejection sampling against the processed p) and against suffix decoding
+    (deterministic drafts from the earlier requests' responses, token compare against the processed p): chi-square
+    homogeneity, p > 0.001."""
     sampling = SamplingConfig(temperature=1.3, top_k=6, min_p=0.02, repetition_penalty=1.5, frequency_penalty=0.8, logit_bias=((8, 1.0),))
     counts = {}
-    for method in ("none", "draft"):
-        engine = engine_for(ex, method)
+    for m in ("none", method):
+        engine = engine_for(ex, m)
         outs = run(engine, [PROMPTS[2]] * 1000, GenerationConfig(max_output_len=3, sampling=sampling), seeds=list(range(1000)))
-        counts[method] = [tuple(o.output_ids[1:3]) for o in outs]
-        if method == "draft":
+        counts[m] = [tuple(o.output_ids[1:3]) for o in outs]
+        if m != "none":
             assert engine.stats.accepted > 0 and engine.stats.rejected > 0
-    keys = [k for k in sorted(set(counts["none"]) | set(counts["draft"])) if counts["none"].count(k) + counts["draft"].count(k) >= 10]
-    table = np.array([[counts[m].count(k) for k in keys] for m in ("none", "draft")], float)
+    keys = [k for k in sorted(set(counts["none"]) | set(counts[method])) if counts["none"].count(k) + counts[method].count(k) >= 10]
+    table = np.array([[counts[m].count(k) for k in keys] for m in ("none", method)], float)
     expected = table.sum(1, keepdims=True) * table.sum(0, keepdims=True) / table.sum()
     stat = float(((table - expected) ** 2 / expected).sum())
     df = len(keys) - 1

@@ -22,6 +22,7 @@ from conftest import spec_build  # noqa: E402
 
 from specdec.builder.build import build_engine  # noqa: E402
 from specdec.runtime.config_strings import DraftTargetConfig, NGramConfig  # noqa: E402
+from specdec.runtime.proposers.suffix import SuffixConfig  # noqa: E402
 from specdec.serve import build_served, create_app  # noqa: E402
 from specdec.serve.server import ServerThread  # noqa: E402
 
@@ -73,9 +74,10 @@ def engines() -> dict[str, Path]:
 
 
 def served_pair(**kw):
-    """Target + draft model + n-gram, draft-target the default (3 drafts per round)."""
+    """Target + draft model + n-gram + suffix decoding, draft-target the default (3 drafts per round)."""
     e = engines()
-    return build_served(e["target"], e["draft"], DraftTargetConfig(3, [0], [0], False), NGramConfig(MAX_DRAFT, 2, [0]), num_threads=1, **kw)
+    return build_served(e["target"], e["draft"], DraftTargetConfig(3, [0], [0], False), NGramConfig(MAX_DRAFT, 2, [0]), num_threads=1,
+                        suffix=SuffixConfig(max_draft_len=MAX_DRAFT), **kw)
 
 
 @contextmanager

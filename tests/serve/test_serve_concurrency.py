@@ -12,7 +12,8 @@ from servers import engines, metric, running, scrape, served_pair, sse_events
 
 from specdec.runtime import GenerationConfig, load_orchestrator
 
-SPECS = [{"method": "none"}, {"method": "draft"}, {"method": "draft", "num_draft_tokens": 1}, {"method": "ngram"}, {"method": "ngram", "num_draft_tokens": "auto"}]
+SPECS = [{"method": "none"}, {"method": "draft"}, {"method": "draft", "num_draft_tokens": 1}, {"method": "ngram"}, {"method": "ngram", "num_draft_tokens": "auto"},
+         {"method": "suffix"}, {"method": "suffix", "num_draft_tokens": "auto"}]
 
 
 def _ask(url, body, results, i):

@@ -134,6 +134,8 @@ def test_a_method_the_server_did_not_load_and_a_model_without_chat_template():
     with running(plain) as url, httpx.Client(base_url=url, timeout=30) as c:
         err = check_error(c.post("/v1/completions", json={**OK, "speculative": {"method": "ngram"}}), 400, "speculative.method")
         assert "not loaded on this server (loaded: none)" in err["message"] and "--ngram_config" in err["message"]
+        err = check_error(c.post("/v1/completions", json={**OK, "speculative": {"method": "suffix"}}), 400, "speculative.method")
+        assert "not loaded on this server (loaded: none)" in err["message"] and "--suffix_config" in err["message"]
         err = check_error(c.post("/v1/chat/completions", json=CHAT), 400, "messages")
         assert "no chat template" in err["message"]
         assert c.get("/health").status_code == 200
@@ -151,6 +153,18 @@ def test_ngram_drafts_past_its_own_max_draft_len_are_refused():
         assert "n-gram pool's max_draft_len=2" in err["message"]
         r = c.post("/v1/completions", json={**OK, "speculative": {"method": "ngram", "num_draft_tokens": 2}})
         assert r.status_code == 200 and r.json()["speculative"]["num_draft_tokens"] == 2
+
+
+def test_suffix_drafts_past_its_own_max_draft_len_are_refused():
+    from specdec.runtime.proposers.suffix import SuffixConfig
+
+    served = build_served(engines()["target"], suffix=SuffixConfig(max_draft_len=2), num_threads=1)
+    with running(served) as url, httpx.Client(base_url=url, timeout=30) as c:
+        err = check_error(c.post("/v1/completions", json={**OK, "speculative": {"method": "suffix", "num_draft_tokens": 3}}), 400,
+                          "speculative.num_draft_tokens")
+        assert "suffix decoding's max_draft_len=2 (--suffix_config)" in err["message"]
+        r = c.post("/v1/completions", json={**OK, "speculative": {"method": "suffix", "num_draft_tokens": "auto"}})
+        assert r.status_code == 200 and r.json()["speculative"]["method"] == "suffix"
 
 
 def test_api_key(tmp_path):

@@ -11,8 +11,9 @@ import openai
 import pytest
 from servers import running, served_pair, sse_events
 
-METHODS = [{"method": "none"}, {"method": "draft"}, {"method": "ngram"}, {"method": "draft", "num_draft_tokens": "auto"}]
-IDS = ["none", "draft", "ngram", "auto"]
+METHODS = [{"method": "none"}, {"method": "draft"}, {"method": "ngram"}, {"method": "draft", "num_draft_tokens": "auto"}, {"method": "suffix"},
+           {"method": "suffix", "num_draft_tokens": "auto"}]
+IDS = ["none", "draft", "ngram", "auto", "suffix", "suffix-auto"]
 PROMPT = "abc abc abc abc"
 PENALTIES = {"presence_penalty": 0.5, "frequency_penalty": 0.4, "repetition_penalty": 1.3, "logit_bias": {"70": 3.0, "69": -5.0}}
 

@@ -17,7 +17,8 @@ from specdec.cli.run import main as run_main
 from specdec.runtime import GenerationConfig, load_orchestrator
 
 PROMPTS = ["def fib(n):", "Hello world", "abc abc abc abc", "x = [1, 2, 3]"]
-SPECS = [{"method": "none"}, {"method": "draft"}, {"method": "draft", "num_draft_tokens": 2}, {"method": "ngram"}, {"method": "draft", "num_draft_tokens": "auto"}]
+SPECS = [{"method": "none"}, {"method": "draft"}, {"method": "draft", "num_draft_tokens": 2}, {"method": "ngram"}, {"method": "draft", "num_draft_tokens": "auto"},
+         {"method": "suffix"}, {"method": "suffix", "num_draft_tokens": "auto"}]
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +47,7 @@ def reference(tmp_path_factory):
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s['method']}-{s.get('num_draft_tokens', 'default')}")
 def test_greedy_completions_equal_specdec_run(client, reference, spec):
+    drafted = 0
     for prompt, ref in zip(PROMPTS, reference):
         r = client.completions.create(model="target", prompt=prompt, max_tokens=24, temperature=0, extra_body={"speculative": spec})
         choice = r.choices[0]
@@ -59,6 +61,8 @@ def test_greedy_completions_equal_specdec_run(client, reference, spec):
         if spec.get("num_draft_tokens") == 2:
             assert len(sp["drafted_per_position"]) <= 2  # its own draft length, not the server's 3
         assert sp["accepted"] == sum(sp["accepted_per_position"]) and sp["drafted"] == sum(sp["drafted_per_position"])
+        drafted += sp["drafted"]
+    assert (drafted > 0) == (spec["method"] != "none")  # every method drafted somewhere (suffix: "abc abc abc abc")
 
 
 def test_token_id_prompts(client, server):
@@ -151,5 +155,5 @@ def test_models_version_health(client, server):
     models = client.models.list()
     assert [m.id for m in models.data] == ["target"]
     v = httpx.get(f"{url}/version").json()
-    assert v["speculative_methods"] == ["none", "draft", "ngram"] and v["max_draft_len"] == MAX_DRAFT and v["max_batch_size"] == 4
+    assert v["speculative_methods"] == ["none", "draft", "ngram", "suffix"] and v["max_draft_len"] == MAX_DRAFT and v["max_batch_size"] == 4
     assert httpx.get(f"{url}/health").json() == {"status": "ok"}

@@ -17,11 +17,12 @@ from servers import running
 from specdec.builder.build import build_engine
 from specdec.runtime.engine_format import BuildConfig
 from specdec.runtime.config_strings import DraftTargetConfig, NGramConfig
+from specdec.runtime.proposers.suffix import SuffixConfig
 from specdec.serve import build_served
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "demo-pair"
-METHODS = ["none", "draft", "ngram"]
+METHODS = ["none", "draft", "ngram", "suffix"]
 # a Hermes-style template: tools as JSON in the prompt, tool results and calls as messages
 TEMPLATE = (
     "{% if tools %}# tools: {{ tools | tojson }}\n{% endif %}"
@@ -52,9 +53,22 @@ def client(tmp_path_factory):
     build_engine(DEMO / "draft", d / "draft", BuildConfig(dtype="float32", max_batch_size=4, max_input_len=512, max_seq_len=768), **quiet)
     (d / "chat.jinja").write_text(TEMPLATE)
     served = build_served(d / "target", d / "draft", DraftTargetConfig(3, [0], [0], False), NGramConfig(4, 2, [0]), num_threads=1,
-                          chat_template=d / "chat.jinja", served_model_name="demo")
+                          chat_template=d / "chat.jinja", served_model_name="demo", suffix=SuffixConfig(max_draft_len=4))
     with running(served) as url:
         yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def tree_url(tmp_path_factory):
+    """The demo target built with tree attention, serving suffix decoding's frequency trees (greedy requests)."""
+    d = tmp_path_factory.mktemp("demo-tree")
+    build_engine(DEMO / "target", d / "target", BuildConfig(dtype="float32", max_batch_size=4, max_input_len=512, max_seq_len=768, max_draft_len=6,
+                                                             speculative_decoding_mode="draft_tokens_external", tree_attention=True), say=lambda _: None)
+    (d / "chat.jinja").write_text(TEMPLATE)
+    served = build_served(d / "target", num_threads=1, suffix=SuffixConfig(max_draft_len=6), served_model_name="demo", chat_template=d / "chat.jinja")
+    assert served.methods == ["none", "suffix"] and served.engine.proposers["suffix"].trees
+    with running(served) as url:
+        yield url
 
 
 def chat(client, method, **kw):
@@ -83,6 +97,30 @@ def test_sampled_constrained_output_validates(client, method):
         c = chat(client, method, response_format=fmt, temperature=0.9, seed=seed, extra={"presence_penalty": 0.5}).choices[0]
         assert c.finish_reason == "stop"
         jsonschema_rs.validate(PERSON, json.loads(c.message.content))
+
+
+def test_suffix_trees_are_cut_to_what_the_grammar_allows(tree_url):
+    """Greedy constrained output from suffix decoding's trees equals constrained target-only output. The second time
+    a request is sent, its first answer (in the global cache) is drafted as a tree: the grammar cuts its forbidden
+    branches, the allowed path is accepted."""
+    import httpx
+
+    body = {"model": "demo", "prompt": "def f(x):\n    return", "max_tokens": 24, "temperature": 0,
+            "structured_outputs": {"regex": r" [0-9]{3}-[a-z]{2,4}|\{\"a\": [0-9]+\}"}}
+    want = httpx.post(f"{tree_url}/v1/completions", json={**body, "speculative": {"method": "none"}}, timeout=120).json()
+    for rep in range(2):
+        got = httpx.post(f"{tree_url}/v1/completions", json={**body, "speculative": {"method": "suffix"}}, timeout=120).json()
+        assert got["choices"][0]["text"] == want["choices"][0]["text"]
+    assert got["speculative"]["accepted"] > 0
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    chat_body = {"model": "demo", "messages": [{"role": "user", "content": "Describe a person as JSON."}], "max_tokens": 96, "temperature": 0,
+                 "response_format": fmt, "presence_penalty": 0.3, "logit_bias": {"90": 2.0}}
+    want = httpx.post(f"{tree_url}/v1/chat/completions", json={**chat_body, "speculative": {"method": "none"}}, timeout=120).json()
+    jsonschema_rs.validate(PERSON, json.loads(want["choices"][0]["message"]["content"]))
+    for rep in range(2):
+        got = httpx.post(f"{tree_url}/v1/chat/completions", json={**chat_body, "speculative": {"method": "suffix"}}, timeout=120).json()
+        assert got["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"]
+    assert got["speculative"]["accepted"] > 0 and max(got["speculative"]["drafted_per_position"]) > 0
 
 
 def test_regex_choice_and_json_object(client):
