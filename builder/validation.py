@@ -188,7 +188,7 @@ def validate_checkpoint(ckpt, model: ModelConfig, build: BuildConfig, convention
 
 
 def validate_head_weights(heads, allow_nonfinite: bool = False) -> None:
-    """Finiteness of every float tensor of Medusa heads or an EAGLE module (train.layout.load_heads read them as float32):
+    """Finiteness of every float tensor of Medusa heads or an EAGLE module (formats.heads.load_heads read them as float32):
     the builder reads them all, into the target's network (Medusa, EAGLE's fc) or the module's engine."""
     nonfinite: list[str] = []
     for name in sorted(heads.tensors):

@@ -430,7 +430,7 @@ def test_heads_cli_errors_are_one_line(heads_pair, tmp_path, capsys):
 def test_eagle_module_on_wider_heads_gives_the_same_logits(heads_pair, wide_heads, tmp_path):
     from specdec.train.base import load_base, run_base
     from specdec.train.eagle import Eagle3Module, eagle_inputs, eagle_llama_config
-    from specdec.train.layout import load_heads
+    from specdec.formats.heads import load_heads
 
     h = heads_pair
     assert enlarge.main(["--heads", str(h["root"] / "eagle"), "--base", str(wide_heads), str(tmp_path / "wide-eagle"), "--quiet"]) == 0
