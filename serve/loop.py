@@ -288,6 +288,8 @@ class EngineLoop:
 
     def _on_output(self, job: Job, c: Choice, out) -> None:
         now = time.perf_counter()
+        if out.warning:  # the runtime says it once per request (runtime/guards.py: drafts that never land); so does the log
+            log.warning("request %s (speculative method %s, %s draft tokens): %s", c.request_id, job.plan.method, job.plan.num_draft_tokens, out.warning)
         if out.new_token_ids and not c.first_token:
             c.first_token = now
             job.first_token = job.first_token or now

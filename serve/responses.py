@@ -34,6 +34,7 @@ def speculative(job: Job, result: Result) -> dict[str, Any]:
         "per_position_acceptance": m.per_position_acceptance,
         "accepted_per_position": list(m.accepted_at),
         "drafted_per_position": list(m.drafted_at),
+        "silent_drafts": m.silent_drafts,  # choices whose drafts never landed (runtime/guards.py); the server logs each once
     }
 
 
