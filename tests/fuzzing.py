@@ -11,6 +11,7 @@ A helper module, not a conftest.py (tests/conftest.py is imported by name; a sec
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -159,7 +160,9 @@ def mutated(draw, valid: dict, max_mutations: int = 3) -> dict:
         if draw(st.booleans()) and isinstance(parent, dict):
             del parent[path[-1]]
         else:
-            parent[path[-1]] = draw(REPLACEMENTS)
+            # a copy: the strategies' constants ([[[[0]]]], {}) must not be edited in place by a later edit (they would change for
+            # every later example, or hold themselves: a circular value)
+            parent[path[-1]] = copy.deepcopy(draw(REPLACEMENTS))
     return config
 
 
