@@ -21,7 +21,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ..runtime.errors import RequestError
+from ..runtime.errors import RequestError, big_int
 from ..runtime.jsonl import json_lines
 
 Record = dict[str, Any]  # {"input_ids": list[int], "output_len": int}
@@ -74,12 +74,17 @@ def prepare_synthetic(
     in_lens = norm_dist_lengths(input_mean, input_stdev, num_requests, rng)
     out_lens = norm_dist_lengths(output_mean, output_stdev, num_requests, rng)
     if sum(in_lens) > MAX_PROMPT_TOKENS:
-        raise RequestError(f"--num_requests {num_requests} prompts of --input_mean {input_mean:g} tokens make {sum(in_lens):.3g} prompt tokens, "
+        raise RequestError(f"--num_requests {num_requests} prompts of --input_mean {input_mean:g} tokens make {_count(sum(in_lens))} prompt tokens, "
                            f"more than one dataset holds ({MAX_PROMPT_TOKENS}); ask for fewer or shorter prompts.")
     return [
         {"input_ids": allowed[rng.integers(0, len(allowed), size=n_in)].tolist(), "output_len": n_out}
         for n_in, n_out in zip(in_lens, out_lens)
     ]
+
+
+def _count(n: int) -> str:
+    """1e+12 as before; past float's range (a --input_mean of 1e308) without the float that would overflow."""
+    return f"{n:.3g}" if n < 10**300 else big_int(n)
 
 
 def _ids(value: Any, where: str) -> list[int]:

@@ -13,7 +13,6 @@ network reads them: their unpacking is most of this check's cost.
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..runtime.engine_format import BuildConfig, ModelConfig
-from ..runtime.errors import BuildConfigError, CheckpointError
+from ..runtime.errors import BuildConfigError, CheckpointError, big_int
 from ..runtime.devices import physical_memory_bytes
 from ..runtime.kv_cache import kv_cache_bytes
 from .quantization import LinearWeight, read_linear
@@ -83,8 +82,8 @@ def check_memory_limits(model: ModelConfig, build: BuildConfig) -> None:
         fits.append(f"--max_batch_size {batch_fit} at --max_seq_len {build.max_seq_len}")
     advice = f"What fits: {', or '.join(fits)}." if fits else "Lower --max_seq_len and --max_batch_size."
     raise BuildConfigError(
-        f"max_seq_len={_big(build.max_seq_len)} with max_batch_size={_big(build.max_batch_size)} needs a KV cache of {_human(need)} "
-        f"(2 x {model.num_layers} layers x {_big(build.max_batch_size)} sequences x {_big(build.kv_capacity)} slots x "
+        f"max_seq_len={big_int(build.max_seq_len)} with max_batch_size={big_int(build.max_batch_size)} needs a KV cache of {_human(need)} "
+        f"(2 x {model.num_layers} layers x {big_int(build.max_batch_size)} sequences x {big_int(build.kv_capacity)} slots x "
         f"{model.num_kv_heads} KV heads x {model.head_dim} head_dim x {itemsize} bytes), more than {what}: "
         f"the engine could never allocate it. {advice}"
     )
@@ -97,18 +96,9 @@ def _kv_itemsize(build: BuildConfig) -> int:
     return _KV_ITEMSIZE.get(lowering.compute_dtype(build), 4) if lowering else 4
 
 
-def _big(n: int) -> str:
-    """An integer for a message: as it is up to 15 digits, else in e-notation (a float would overflow past 1e308)."""
-    if n < 10**15:
-        return str(n)
-    exponent = int((n.bit_length() - 1) * math.log10(2))  # floor(log10(n)), or one less
-    exponent += 10 ** (exponent + 1) <= n
-    return f"{n:.1e}" if exponent < 300 else f"about 1e{exponent}"
-
-
 def _human(n: int) -> str:
     if n >= 1024**7:  # past EiB: an absurd limit, say how absurd without a 40-digit number
-        return f"{_big(n)} bytes"
+        return f"{big_int(n)} bytes"
     value = float(n)
     for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
         if value < 1024 or unit == "EiB":

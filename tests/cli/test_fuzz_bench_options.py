@@ -103,6 +103,8 @@ def test_run_options(engines, tmp_path_factory, names, count, data):
 @pytest.mark.parametrize(("args", "message"), [
     (["--vocab_size", str(2**40)], "--vocab_size=1099511627776 must be at most 16777216"),  # np.arange(2**40): MemoryError
     (["--input_mean", "1e12"], "make 1e+12 prompt tokens, more than one dataset holds"),  # 8 TiB of token ids: MemoryError
+    # a prompt total past float's range: formatting it for the message was an OverflowError (found by the 10x run)
+    (["--input_mean", "1e308", "--input_stdev", "0", "--num_requests", "1000"], "make about 1e311 prompt tokens, more than one dataset holds"),
     (["--random_seed", "-1"], "--random_seed=-1 must be an integer >= 0"),  # numpy's ValueError
 ])
 def test_prepare_dataset_regressions(tmp_path, args, message):
