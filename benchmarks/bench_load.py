@@ -105,8 +105,11 @@ def guidellm_run(guidellm: str, url: str, dataset: Path, method: str, rate: floa
 def summarize(report: Path) -> dict:
     """Per-run figures from guidellm's per-request records (its JSON output: benchmarks[0].requests)."""
     try:
-        requests = json.loads(report.read_text())["benchmarks"][0]["requests"]
+        bench = json.loads(report.read_text())["benchmarks"][0]
+        requests = bench["requests"]
         ok, failed = requests["successful"], len(requests["errored"]) + len(requests["incomplete"])
+        # guidellm 0.8.1 can stop with a request still in flight and leave it out of every list: counted as sent
+        sent = max(bench.get("scheduler_state", {}).get("created_requests", 0), len(ok) + failed)
     except (KeyError, IndexError, TypeError, json.JSONDecodeError) as e:
         raise SystemExit(f"{report}: not a guidellm 0.8 JSON report (no benchmarks[0].requests.successful/errored/incomplete: {e!r})") from None
     ttft = [r["time_to_first_token_ms"] for r in ok if r["time_to_first_token_ms"] is not None]
@@ -119,7 +122,7 @@ def summarize(report: Path) -> dict:
         return float(np.percentile(xs, q)) if xs else math.nan
 
     return {
-        "completed": len(ok), "failed": failed, "output_tokens": tokens, "duration_s": end - start,
+        "sent": sent, "completed": len(ok), "failed": failed, "output_tokens": tokens, "duration_s": end - start,
         "output_throughput": tokens / (end - start) if end > start else 0.0,
         "ttft_p50_ms": pct(ttft, 50), "ttft_p90_ms": pct(ttft, 90),
         "tpot_p50_ms": pct(tpot, 50), "tpot_p90_ms": pct(tpot, 90),
@@ -153,7 +156,7 @@ def sweep(args, url: str, server_pid: int | None, dataset: Path, work: Path) -> 
                 rows.append(row)
                 with open(work / "runs.jsonl", "a") as f:  # kept as it goes: an interrupted sweep still has its runs
                     f.write(json.dumps(row) + "\n")
-                print(f"repeat {repeat} rate {rate:g} {label:<11}: {row['completed']} done ({row['failed']} failed) in "
+                print(f"repeat {repeat} rate {rate:g} {label:<11}: {row['completed']}/{row['sent']} done ({row['failed']} failed) in "
                       f"{row['duration_s']:.0f}s, {row['output_throughput']:.2f} tok/s, TTFT p50 {row['ttft_p50_ms']:.0f} ms, "
                       f"TPOT p50 {row['tpot_p50_ms']:.0f} ms, acc.len {row['mean_acceptance_length']:.2f}, "
                       f"k {row['drafted_per_round']:.2f}, load {row['loadavg']:.1f}", flush=True)
@@ -173,7 +176,8 @@ def aggregate(rows: list[dict]) -> list[dict]:
         for m, runs in by.items():
             if not runs:  # an interrupted sweep's runs.jsonl
                 continue
-            agg = {"rate": rate, "method": m, "repeats": len(runs), "failed": sum(r["failed"] for r in runs.values())}
+            agg = {"rate": rate, "method": m, "repeats": len(runs), "failed": sum(r["failed"] for r in runs.values()),
+                   "completed": sum(r["completed"] for r in runs.values()), "sent": sum(r.get("sent", r["completed"] + r["failed"]) for r in runs.values())}
             for f in (*FIGURES, "mean_acceptance_length", "drafted_per_round", "loadavg"):
                 xs = [r[f] for r in runs.values()]
                 agg[f] = {"median": float(np.median(xs)), "min": float(np.min(xs)), "max": float(np.max(xs))}
@@ -193,10 +197,10 @@ def fmt(x: dict, digits: int = 0) -> str:
 
 
 def table(agg: list[dict]) -> str:
-    lines = ["| rate (req/s) | method | output tok/s | TTFT p50 ms | TPOT p50 ms | tok per server CPU-s | acc. len | drafts/round | load avg |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| rate (req/s) | method | done | output tok/s | TTFT p50 ms | TPOT p50 ms | tok per server CPU-s | acc. len | drafts/round | load avg |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for a in agg:
-        lines.append(f"| {a['rate']:g} | {a['method']} | {fmt(a['output_throughput'], 2)} | {fmt(a['ttft_p50_ms'])} | "
+        lines.append(f"| {a['rate']:g} | {a['method']} | {a['completed']}/{a['sent']} | {fmt(a['output_throughput'], 2)} | {fmt(a['ttft_p50_ms'])} | "
                      f"{fmt(a['tpot_p50_ms'])} | {fmt(a['tokens_per_server_cpu_s'], 2)} | {a['mean_acceptance_length']['median']:.2f} | "
                      f"{a['drafted_per_round']['median']:.2f} | {a['loadavg']['median']:.1f} |")
     lines += ["", "| rate (req/s) | method / target-only: throughput | TTFT p50 | TPOT p50 | tok per server CPU-s |", "|---|---|---|---|---|"]

@@ -34,6 +34,7 @@ def test_a_guidellm_report_gives_the_runs_figures():
     # every request counted, and as many tokens as guidellm counted (the server's usage chunks)
     assert figures["completed"] == theirs["request_totals"]["successful"] == len(records) > 0
     assert figures["failed"] == theirs["request_totals"]["errored"] + theirs["request_totals"]["incomplete"]
+    assert figures["sent"] == raw["scheduler_state"]["created_requests"] == raw["config"]["constraints"]["max_requests"]["args"]["count"]
     assert figures["output_tokens"] == theirs["output_token_count"]["successful"]["total_sum"]
     # throughput over first request sent -> last response done, which is guidellm's own benchmark duration here
     assert figures["duration_s"] == pytest.approx(raw["duration"], rel=1e-9)
@@ -54,6 +55,16 @@ def test_a_guidellm_report_gives_the_runs_figures():
         assert json.loads(r["request_args"])["body"]["speculative"] == bench_load.METHODS["auto"]
 
 
+def test_a_request_guidellm_left_out_counts_as_sent_not_done(tmp_path):
+    # guidellm 0.8.1 once stopped with the last of 15 requests in flight and listed 14 (rate 0.3, target-only)
+    raw = json.loads(REPORT.read_text())
+    raw["benchmarks"][0]["requests"]["successful"].pop()
+    short = tmp_path / "short.json"
+    short.write_text(json.dumps(raw))
+    figures = bench_load.summarize(short)
+    assert (figures["completed"], figures["failed"], figures["sent"]) == (9, 0, 10)
+
+
 def test_a_report_of_another_layout_is_one_clear_line(tmp_path):
     bad = tmp_path / "other.json"
     bad.write_text(json.dumps({"benchmarks": [{"metrics": {}}]}))
@@ -63,7 +74,7 @@ def test_a_report_of_another_layout_is_one_clear_line(tmp_path):
 
 def run(label: str, rate: float, repeat: int, throughput: float, tpot: float) -> dict:
     """One run's row as sweep() writes it (the figures aggregate() reads)."""
-    return {"method": label, "rate": rate, "repeat": repeat, "failed": 0, "output_throughput": throughput,
+    return {"method": label, "rate": rate, "repeat": repeat, "sent": 10, "completed": 10, "failed": 0, "output_throughput": throughput,
             "ttft_p50_ms": 100.0 * (repeat + 1), "tpot_p50_ms": tpot, "tokens_per_server_cpu_s": throughput / 2,
             "mean_acceptance_length": 1.0 if label == "target-only" else 2.0,
             "drafted_per_round": 0.0 if label == "target-only" else 3.0, "loadavg": 2.0}
@@ -122,7 +133,7 @@ def test_report_redraws_an_earlier_sweep(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), "--report", str(runs), "--plot", str(plot), "--output_json", str(out)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "| 1 | auto | 7.20 [7.00-7.50] |" in proc.stdout and "| 1 | auto: 0.69 [0.68-0.70] |" in proc.stdout
+    assert "| 1 | auto | 30/30 | 7.20 [7.00-7.50] |" in proc.stdout and "| 1 | auto: 0.69 [0.68-0.70] |" in proc.stdout
     assert "rate 1: throughput" in proc.stdout and "NOT met" in proc.stdout
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads(out.read_text())["runs"] == sweep_rows()
