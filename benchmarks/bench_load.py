@@ -306,28 +306,31 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                  "(pip install guidellm==0.8.1 torch==2.13.0) and pass --guidellm /path/to/venv/bin/guidellm")
 
 
-def read_runs(path: Path) -> list[dict]:
-    """The runs of an earlier sweep: its --output_json, or the runs.jsonl it kept as it went."""
+def read_runs(path: Path) -> tuple[list[dict], dict]:
+    """The runs of an earlier sweep and its arguments: its --output_json, or the runs.jsonl it kept as it went."""
     try:
         if path.suffix == ".jsonl":
-            return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        return json.loads(path.read_text())["runs"]
+            return [json.loads(line) for line in path.read_text().splitlines() if line.strip()], {}
+        saved = json.loads(path.read_text())
+        return saved["runs"], saved.get("args", {})
     except (OSError, KeyError, TypeError, json.JSONDecodeError) as e:
         raise SystemExit(f"--report {path}: expected a bench_load.py --output_json file or a runs.jsonl ({e!r})") from None
 
 
-def report(args: argparse.Namespace, rows: list[dict], note: str) -> None:
+def report(args: argparse.Namespace, rows: list[dict], note: str, sweep_args: dict | None = None) -> None:
     agg = aggregate(rows)
     print(table(agg))
     print("\n".join(goals(agg, args.low_rates)))
     if note:
         print(note)
     if args.plot:
-        plot(agg, args.plot, f"specdec-serve under guidellm: target-only vs draft-target auto ({args.max_tokens} tokens per request, "
-                             f"{args.repeats} repeats, median and min-max)")
+        max_tokens = (sweep_args or {}).get("max_tokens", args.max_tokens)
+        plot(agg, args.plot, f"specdec-serve under guidellm: target-only vs draft-target auto ({max_tokens} tokens per request, "
+                             f"{len({r['repeat'] for r in rows})} repeats, median and min-max)")
     if args.output_json:
         tmp = args.output_json.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "runs": rows, "summary": agg}, indent=1) + "\n")
+        swept = sweep_args or {k: str(v) for k, v in vars(args).items()}  # a --report keeps the sweep's own arguments
+        tmp.write_text(json.dumps({"args": swept, "runs": rows, "summary": agg}, indent=1) + "\n")
         tmp.replace(args.output_json)
 
 
@@ -354,7 +357,8 @@ def main() -> None:
     args = ap.parse_args()
     check_args(ap, args)
     if args.report:
-        report(args, read_runs(args.report), "")
+        rows, sweep_args = read_runs(args.report)
+        report(args, rows, "", sweep_args)
         return
     work = Path(tempfile.mkdtemp(prefix="bench-load-"))
     prompts = work / "prompts.jsonl"

@@ -137,6 +137,12 @@ def test_report_redraws_an_earlier_sweep(tmp_path):
     assert "rate 1: throughput" in proc.stdout and "NOT met" in proc.stdout
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads(out.read_text())["runs"] == sweep_rows()
+    # a report of a saved sweep keeps that sweep's arguments, not its own
+    again = tmp_path / "again.json"
+    subprocess.run([sys.executable, str(SCRIPT), "--report", str(out), "--max_tokens", "7", "--output_json", str(again)],
+                   capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(again.read_text())["args"] == json.loads(out.read_text())["args"]
+    assert json.loads(out.read_text())["args"]["max_tokens"] == "32"
 
 
 @pytest.mark.parametrize("argv, message", [
