@@ -97,9 +97,15 @@ def guidellm_run(guidellm: str, url: str, dataset: Path, method: str, rate: floa
     # One worker process: the default spawns up to 10, each importing torch, on a machine whose
     # cores the server needs. One asyncio worker keeps up with these rates.
     env = {**os.environ, "GUIDELLM__MAX_WORKER_PROCESSES": "1", "GUIDELLM__LOGGING__LOG_FILE": str(out.with_suffix(".log"))}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=out.parent)
-    if proc.returncode != 0 or not out.exists():
-        raise SystemExit(f"guidellm failed ({proc.returncode}): {(proc.stderr or proc.stdout)[-2000:]}")
+    for attempt in (1, 2):
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=out.parent)
+        if proc.returncode == 0 and out.exists():
+            return
+        # guidellm 0.8.1 once failed a 2-request run after its requests ("Cannot compile GenerativeMetrics: No
+        # measurement start or end times available"): one retry, the same seed, so the run is the same run
+        last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
+        print(f"guidellm failed ({proc.returncode}, attempt {attempt} of 2): {last[0]}", file=sys.stderr, flush=True)
+    raise SystemExit(f"guidellm failed twice ({proc.returncode}): {(proc.stderr or proc.stdout)[-2000:]}")
 
 
 def summarize(report: Path) -> dict:
