@@ -42,6 +42,13 @@ Trees and scored drafts use the same costs with their own expected tokens:
 Probes of requests at k = 0 fall on the same rounds (``probe_due``): a probe
 widens the whole batch's target call, so staggered probes would widen almost
 every call at high concurrency.
+
+The batch's call is as wide as its widest row (the executor pads ragged rows),
+so once the drafts are known the round caps them at the width that pays for
+the whole batch (``batch_width``): one request with a long suffix match among
+15 with none would otherwise make every row pay for a 9-token call while one
+row gains from it. Each request's choice above assumes every row drafts as it
+does; the cap is what makes that assumption harmless when they do not.
 """
 
 from __future__ import annotations
@@ -216,10 +223,8 @@ class AutoDraftLen:
         ``accepted`` / ``rounds``: the request's own accepted drafts and drafting rounds so far."""
         if nodes <= 0:
             return 0
-        method_mean = self.accepted.get(method, 0.0) / max(self.drafting_rounds.get(method, 0), 1) if method in self.drafting_rounds else 1.0
-        mean = (accepted + PRIOR_WEIGHT * method_mean) / (rounds + PRIOR_WEIGHT)
         t_draft = self.draft_cost(method, rows, default=0.1 * self.verify_cost(rows, 1))
-        tree = (1.0 + mean) / (nodes * t_draft + self.verify_cost(rows, nodes + 1))
+        tree = self.tree_tokens(method, accepted, rounds) / (nodes * t_draft + self.verify_cost(rows, nodes + 1))
         return nodes if tree > 1.0 / self.verify_cost(rows, 1) else 0
 
     def calibration(self, method: str) -> float:
@@ -237,6 +242,27 @@ class AutoDraftLen:
             speed = expected / (k * t_draft + self.verify_cost(rows, k + 1))
             if speed > best_speed:
                 best, best_speed = k, speed
+        return best
+
+    def tree_tokens(self, method: str, accepted: int, rounds: int) -> float:
+        """A static tree's expected tokens per round for a request with ``accepted`` drafts over ``rounds``
+        drafting rounds, shrunk towards the method's mean (as choose_tree)."""
+        method_mean = self.accepted.get(method, 0.0) / max(self.drafting_rounds.get(method, 0), 1) if method in self.drafting_rounds else 1.0
+        return 1.0 + (accepted + PRIOR_WEIGHT * method_mean) / (rounds + PRIOR_WEIGHT)
+
+    def batch_width(self, curves: list[list[float]], rows: int, floor: int = 1) -> int:
+        """The width of the round's target call (1 + the most drafts any row keeps) with the most expected tokens
+        per second for the whole batch. ``curves[i][k]``: row i's expected tokens when it keeps at most k of its
+        drafts (k = 0..its draft's length); ``floor``: a width the call has anyway (rows whose draft length is
+        fixed). Every row pays for the widest row (ragged rows are padded), so the width that pays is a batch
+        decision: sum over rows of tokens at that width / the call's cost."""
+        top = max([len(c) for c in curves] + [floor])
+        best, best_speed = floor, -1.0
+        for width in range(floor, top + 1):
+            tokens = sum(c[min(width - 1, len(c) - 1)] for c in curves)
+            speed = tokens / self.verify_cost(rows, width)
+            if speed > best_speed:
+                best, best_speed = width, speed
         return best
 
     @staticmethod

@@ -152,6 +152,8 @@ class SpeculativeRound:
         drafts = self.propose(reqs, lens, timing)
         if timing:  # drafts that score their nodes: auto keeps the prefix that pays at this batch size
             drafts = [self.auto_prefix(r, d, len(reqs)) if r.draft_len == AUTO and d.scores is not None else d for r, d in zip(reqs, drafts)]
+            if len(reqs) > 1 and not self.auto.probe_due(self.rounds):  # probes keep their width: they are how estimates update
+                drafts = self.batch_cap(reqs, drafts)
         t0 = time.perf_counter()
         step, share_s = self.verify(reqs, drafts)
         ended = [r for r, d in zip(reqs, drafts) if self.accept(r, d, step, share_s, new)]
@@ -193,6 +195,31 @@ class SpeculativeRound:
         if k == 0 and len(d) and self.auto.probe_due(self.rounds):
             k = 1
         return d if k == len(d) else d.prefix(k)
+
+    def batch_cap(self, reqs: list[Request], drafts: list[Draft]) -> list[Draft]:
+        """The auto requests' drafts cut to the call width that pays for the whole batch (AutoDraftLen.batch_width):
+        the call is as wide as its widest row, for every row."""
+        auto = [i for i, r in enumerate(reqs) if r.draft_len == AUTO and len(drafts[i])]
+        if not auto:
+            return drafts
+        floor = 1 + max((len(d) for r, d in zip(reqs, drafts) if r.draft_len != AUTO), default=0)
+        width = self.auto.batch_width([self.expected_curve(reqs[i], drafts[i]) for i in auto], len(reqs), floor)
+        out = list(drafts)
+        for i in auto:
+            d = drafts[i]
+            if len(d) >= width:  # a static tree is whole or nothing; chains and scored drafts keep a prefix
+                out[i] = Draft.empty() if d.parents is not None and d.scores is None else d.prefix(width - 1)
+        return out
+
+    def expected_curve(self, r: Request, d: Draft) -> list[float]:
+        """[k] request r's expected tokens this round if it keeps at most k of its drafts ``d`` (k = 0..len(d))."""
+        if d.scores is not None:  # suffix: 1 + the calibrated sum of the kept nodes' scores
+            return [1.0, *(1.0 + self.auto.calibration(r.method) * np.cumsum(d.scores)).tolist()]
+        if d.parents is not None:  # a static tree: nothing unless whole
+            drafting = r.metrics.rounds - r.metrics.no_draft_rounds
+            return [1.0] * len(d) + [self.auto.tree_tokens(r.method, r.metrics.accepted, drafting)]
+        a = self.auto.acceptance(r.method, r.metrics.accepted, r.metrics.rejected)
+        return self.auto.expected_tokens(r.method, a, len(d))
 
     def propose(self, reqs: list[Request], lens: list[int], timing: bool) -> list[Draft]:
         """Each request's drafts (empty where it takes none), one ``propose`` call per proposer."""

@@ -55,3 +55,29 @@ def test_a_costly_draft_step_is_counted():
 
 def test_probes_fall_on_the_same_rounds():
     assert [r for r in range(3 * PROBE_EVERY) if AutoDraftLen.probe_due(r)] == [0, PROBE_EVERY, 2 * PROBE_EVERY]
+
+
+def test_the_batch_pays_for_its_widest_row():
+    # one row with a long, likely draft among rows with none: the call is as wide as that row for every row
+    auto = costs(AutoDraftLen(8, 16))
+    scores = [1.0, 1.0, 1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4]
+    strong = [1.0, 2.0, 3.0, 3.9, 4.7, 5.4, 6.0, 6.5, 6.9]  # expected tokens keeping k = 0..8 of those drafts
+    assert auto.batch_width([strong], 1) == 9  # alone at 1 row (nearly flat): all 8
+    # 4 rows (slope 0.03): 3 + 6.9 tokens for 1.24 of a call beats 4 for 1
+    assert auto.batch_width([strong, [1.0], [1.0], [1.0]], 4) == 9
+    # 8 rows (slope 0.08): the row on its own would keep all 8 (6.9 / 1.64 beats 6.5 / 1.56), as if every row
+    # drafted as it does; for the batch, 7 + 4.7 tokens for 1.32 (width 5) beat 7 + 6.9 for 1.64 (width 9)
+    assert auto.choose_scored("suffix", scores[:8], 8) == 8
+    assert auto.batch_width([strong] + [[1.0]] * 7, 8) == 5
+    assert auto.batch_width([strong] * 8, 8) == 9  # every row as strong: all 8 pay
+    # 16 rows (a token per row costs a call): 15 + 2 tokens for twice the cost lose to 16 for 1
+    assert auto.batch_width([strong] + [[1.0]] * 15, 16) == 1
+    assert auto.batch_width([strong] * 16, 16) == 1  # 2 tokens for twice the cost ties: the narrower call
+
+
+def test_a_fixed_width_row_makes_narrower_drafts_free():
+    # a row with a fixed draft_len of 4 widens the call to 5 anyway: auto rows keep up to 4 drafts for nothing more
+    auto = costs(AutoDraftLen(8, 16))
+    strong = [1.0, 2.0, 3.0, 3.9, 4.7, 5.4, 6.0, 6.5, 6.9]
+    assert auto.batch_width([strong] + [[1.0]] * 14, 16, floor=5) == 5
+    assert auto.batch_width([[1.0, 1.1]] * 15, 16, floor=5) == 5  # never below the floor

@@ -127,3 +127,26 @@ def test_tree_attention_build_refusals(tmp_path):
     r = cli_build(ckpt, tmp_path / "b", "--tree_attention", "--speculative_decoding_mode", "draft_tokens_external", "--backend", "tensorrt")
     assert r.exit_code == 1 and "--tree_attention runs on the onnxruntime backend only" in r.output
     assert all(len(line) for line in r.output.strip().splitlines()) and r.output.strip().count("\n") == 0
+
+
+def test_auto_caps_the_batch_width_and_stays_exact(targets, want):
+    """draft_len=auto under fixed costs where each verified token past the first costs half a call at more than one
+    row: one request that repeats a cached response would draft deep for the whole batch; the round cuts the batch's
+    drafts to the width that pays (SpeculativeRound.batch_cap), and the output is still target-only's."""
+    proposer = SuffixProposer(SuffixConfig(max_draft_len=MAX_DRAFT), trees=True)
+    engine = Engine(targets["tree"], [proposer], SpeculationConfig("suffix", "auto"))
+    engine.auto.verify_cost = lambda rows, width: 1.0 + (0.0 if rows == 1 else 0.5) * (width - 1)
+    engine.auto.draft_cost = lambda method, rows, default: 0.0
+    cuts = []
+    real = engine.round.batch_cap
+
+    def watched(reqs, drafts):  # the real cap; record how wide the call was before and after it
+        out = real(reqs, drafts)
+        cuts.append((max(len(d) for d in drafts), max(len(d) for d in out)))
+        return out
+
+    engine.round.batch_cap = watched
+    cfg = GenerationConfig(max_output_len=32)
+    assert run(engine, PROMPTS[2:3], cfg) == want[2:3]  # its response joins the global cache
+    assert run(engine, PROMPTS, cfg) == want  # request 2 repeats it; the others have little to draft
+    assert any(after < before for before, after in cuts), cuts
