@@ -24,9 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,8 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from prompts import spread, workloads  # noqa: E402
 
 from specdec.runtime import DraftTargetConfig, GenerationConfig, NGramConfig, load_engine  # noqa: E402
+from specdec.runtime.draft_len import AutoDraftLen  # noqa: E402
 from specdec.runtime.engine import Engine, SpeculationConfig  # noqa: E402
 from specdec.runtime.proposers.suffix import SuffixConfig, SuffixProposer  # noqa: E402
+from specdec.runtime.suffix_cache import ResponseCache  # noqa: E402
 from specdec.runtime.tokenizer import Tokenizer  # noqa: E402
 
 # -- the agentic workload ---------------------------------------------------------------------
@@ -67,32 +67,40 @@ def agentic_prompts(n: int, seed: int = 0) -> list[str]:
 
 
 # -- the methods --------------------------------------------------------------------------------
-def make_methods(args, names: list[str]) -> dict[str, Engine]:
-    """One engine per method, all on one target executor (the same session: no second copy of the weights)."""
-    base = load_engine(args.target, num_threads=args.threads)
-    tex = base.target
+def make_methods(args, names: list[str], tex=None, eagle_tex=None) -> dict[str, Engine]:
+    """One engine per method, all on one target executor (the same session: no second copy of the weights);
+    EAGLE on the eagle target's (``eagle_tex``, else its own session).
+    Method names: "none", a drafter ("ngram", "suffix", "suffix-local", "draft", "cross-draft", "eagle"), then
+    " auto" (draft_len=auto) or " K" (a fixed draft length K) or nothing (the method's default)."""
+    base = load_engine(args.target, num_threads=args.threads) if tex is None else None
+    tex = base.target if tex is None else tex
     trees = bool(getattr(tex, "tree_attention", False))
     out: dict[str, Engine] = {}
     for name in names:
-        k = args.k if not name.endswith("auto") else "auto"
-        kind = name.split()[0]
+        kind, _, mode = name.partition(" ")
+        fixed = int(mode) if mode.isdigit() else None
+        k = "auto" if mode.startswith("auto") else fixed
         if kind == "none":
-            out[name] = base
+            out[name] = base if base is not None else Engine(tex, [], SpeculationConfig("none", 0))
         elif kind == "ngram":
-            out[name] = load_engine(args.target, ngram=NGramConfig(args.ngram_k, 3, [0]), target_executor=tex, draft_len=k if k == "auto" else args.ngram_k)
+            out[name] = load_engine(args.target, ngram=NGramConfig(fixed or args.ngram_k, 3, [0]), target_executor=tex, draft_len=k or args.ngram_k)
         elif kind in ("suffix", "suffix-local"):
-            cfg = SuffixConfig(max_draft_len=args.suffix_k, global_cache=kind == "suffix")
-            out[name] = Engine(tex, [SuffixProposer(cfg, trees=trees)], SpeculationConfig("suffix", k if k == "auto" else args.suffix_k))
+            cfg = SuffixConfig(max_draft_len=fixed or args.suffix_k, global_cache=kind == "suffix")
+            out[name] = Engine(tex, [SuffixProposer(cfg, trees=trees)], SpeculationConfig("suffix", k or cfg.max_draft_len))
         elif kind == "draft" and args.draft:
-            out[name] = load_engine(args.target, args.draft, DraftTargetConfig(args.k, [0], [0], False), target_executor=tex, draft_len=k)
+            out[name] = load_engine(args.target, args.draft, DraftTargetConfig(fixed or args.k, [0], [0], False), target_executor=tex, draft_len=k or args.k)
         elif kind == "cross-draft" and args.cross_draft:
-            out[name] = load_engine(args.target, args.cross_draft, DraftTargetConfig(args.k, [0], [0], False), target_executor=tex, draft_len=k)
+            out[name] = load_engine(args.target, args.cross_draft, DraftTargetConfig(fixed or args.k, [0], [0], False), target_executor=tex,
+                                    draft_len=k or args.k)
         elif kind == "eagle" and args.eagle_target:
-            out[name] = load_engine(args.eagle_target, num_threads=args.threads, draft_len=k if k == "auto" else None)
+            out[name] = load_engine(args.eagle_target, num_threads=args.threads, target_executor=eagle_tex, draft_len=k)
+        if mode == "auto-nocap":  # draft_len=auto without the batch's width cap (SpeculativeRound.batch_cap): the comparison
+            out[name].round.batch_cap = lambda reqs, drafts: drafts
     return out
 
 
-def one(engine: Engine, ids: list[int], cfg: GenerationConfig) -> tuple[list[int], float, object]:
+def one(engine: Engine, ids: list[int], cfg: GenerationConfig) -> tuple[list[int], float, float, object]:
+    """One request alone: (output ids, seconds with prefill, seconds to the first token, metrics)."""
     t = time.perf_counter()
     rid = engine.add_request(ids, cfg)
     out = None
@@ -100,28 +108,60 @@ def one(engine: Engine, ids: list[int], cfg: GenerationConfig) -> tuple[list[int
         for o in engine.step():
             if o.request_id == rid and o.finished:
                 out = o
-    return out.output_ids, time.perf_counter() - t, out.metrics
+    return out.output_ids, time.perf_counter() - t, out.metrics.ttft_s[0], out.metrics
 
 
-def lookup(args, text: str, n: int, cache: Path, gguf: str) -> tuple[int, float, float]:
-    """llama.cpp's llama-lookup on one prompt with its dynamic n-gram cache file: (tokens, decode seconds, acceptance)."""
-    cmd = [args.llama_lookup, "-m", gguf, "-p", text, "-n", str(n), "--temp", "0", "--spec-draft-n-max", str(args.ngram_k), "-lcd", str(cache),
-           "-t", str(args.threads or 2), "-c", "2048"]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    log = p.stdout + p.stderr
-    m = re.search(r"decoded\s+(\d+)\s+tokens in\s+([\d.]+)\s+seconds", log)
-    if p.returncode != 0 or not m:
-        raise SystemExit(f"llama-lookup failed ({p.returncode}): {log[-400:]}")
-    acc = re.search(r"accept\s*=\s*([\d.]+)%", log)
-    return int(m.group(1)), float(m.group(2)), float(acc.group(1)) / 100 if acc else float("nan")
+def llama_runners(args, tok: Tokenizer, cache: Path) -> dict[str, object]:
+    """llama.cpp's lookup (its dynamic n-gram cache file ``cache`` kept across the round's requests) and its
+    target-only llama-completion, at the same thread count as ours (benchmarks/llama_cli.py times them by
+    llama.cpp's own timers: with prefill, and decode only)."""
+    from llama_cli import LlamaCliRunner
+
+    class TimingsOnly(LlamaCliRunner):  # llama.cpp's text may not echo the prompt byte for byte: only its timings are needed
+        def _parse(self, out: str, err: str, prompt: str):
+            return super()._parse(out, err, prompt if prompt in out else "")
+
+    bin_dir = Path(args.llama_lookup).parent
+    enc = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+    lookup = TimingsOnly(bin_dir / "llama-lookup", Path(args.gguf), args.threads, ["--spec-draft-n-max", str(args.ngram_k), "-lcd", str(cache)],
+                            tok.decode, enc)
+    completion = TimingsOnly(bin_dir / "llama-completion", Path(args.gguf), args.threads, [], tok.decode, enc)
+    return {"llama-lookup": lookup, "llama-target-only": completion}
+
+
+def oracle(prompts: list[list[int]], outputs: list[list[int]], depth: int = 23) -> dict[str, float]:
+    """The share of output tokens suffix decoding could draft at best: token i of a response is predictable from a
+    place (the earlier responses: the global cache; the request's own prompt + output before it) when, for the
+    longest suffix of the text before it (at most ``depth`` tokens) that occurs there with a continuation, the
+    token is one of those continuations. A plain scan: a measurement, not the runtime's index."""
+
+    def continuations(hays: list[list[int]], ctx: list[int]) -> set[int]:
+        best: set[int] = set()
+        for m in range(1, min(depth, len(ctx)) + 1):
+            suffix, found = ctx[-m:], set()
+            for h in hays:
+                found.update(h[j + m] for j in range(len(h) - m) if h[j : j + m] == suffix)
+            if not found:
+                break
+            best = found
+        return best
+
+    total = from_global = from_own = either = 0
+    for n, (prompt, out) in enumerate(zip(prompts, outputs)):
+        for i, token in enumerate(out):
+            ctx = prompt + out[:i]
+            g, o = token in continuations(outputs[:n], ctx), token in continuations([ctx], ctx)
+            total, from_global, from_own, either = total + 1, from_global + g, from_own + o, either + (g or o)
+    return {"global": from_global / total, "own": from_own / total, "either": either / total}
 
 
 def speed(args) -> None:
     tok = Tokenizer(args.target)
-    names = ["none", "ngram", "suffix-local", "suffix"] + (["draft"] if args.draft else []) + (["cross-draft"] if args.cross_draft else []) + \
-        (["eagle"] if args.eagle_target else [])
+    names = ["none", "ngram", "suffix-local", "suffix", "suffix auto"] + (["draft"] if args.draft else []) + \
+        (["cross-draft"] if args.cross_draft else []) + (["eagle"] if args.eagle_target else [])
     if args.methods:  # a subset (target-only is always measured: every speedup is against it)
         names = ["none"] + [n for n in names[1:] if n in args.methods.split(",")]
+    peers = ["llama-target-only", "llama-lookup"] if args.llama_lookup else []
     cfg = GenerationConfig(max_output_len=args.tokens)
     report = {}
     for workload in args.workload.split(","):
@@ -131,63 +171,77 @@ def speed(args) -> None:
         else:
             prompts, _ = workloads(Path(args.target), args.demo_prompts, args.prompt_tokens)
             texts = [tok.decode(p) for p in prompts]
-        ratios: dict[str, list[float]] = {n: [] for n in names[1:]}
-        tps: dict[str, list[float]] = {n: [] for n in names}
-        stats: dict[str, list[tuple[int, int, int]]] = {n: [] for n in names}
+        every = names + peers
+        ratios: dict[str, list[float]] = {n: [] for n in every[1:]}  # with prefill, over target-only's
+        decode_ratios: dict[str, list[float]] = {n: [] for n in every[1:]}
+        tps: dict[str, list[float]] = {n: [] for n in every}
+        dtps: dict[str, list[float]] = {n: [] for n in every}
+        stats: dict[str, list[tuple[int, int, int]]] = {n: [] for n in every}
         same = {n: True for n in names[1:]}
-        lcpp: list[float] = []
         for r in range(args.rounds):
-            engines = make_methods(args, names)  # fresh drafter state each round: the suffix cache starts empty
-            secs = {n: 0.0 for n in names}
-            toks = {n: 0 for n in names}
+            engines: dict[str, object] = make_methods(args, names)  # fresh drafter state each round: the suffix cache starts empty
+            if peers:  # llama.cpp's dynamic n-gram cache starts empty each round too
+                engines.update(llama_runners(args, tok, Path(tempfile.mkdtemp()) / "lookup.bin"))
+            secs = {n: 0.0 for n in every}
+            first = {n: 0.0 for n in every}  # prefill (+ the first token): ours the time to first token, llama.cpp's its prompt eval
+            toks = {n: 0 for n in every}
             want: list[list[int]] = []
-            cache = Path(tempfile.mkdtemp()) / "lookup.bin"
-            lc_tokens, lc_secs = 0, 0.0
             for i, ids in enumerate(prompts):
                 if i % 10 == 9:
                     print(f"  [{workload}] round {r + 1}: request {i + 1}/{len(prompts)}", flush=True)
-                order = names[:] if (i + r) % 2 == 0 else names[::-1]  # alternate the order: no method always runs first
+                order = every[:] if (i + r) % 2 == 0 else every[::-1]  # alternate the order: no method always runs first
                 outs = {}
                 for n in order:
-                    out, dt, m = one(engines[n], ids, cfg)
+                    if n in peers:
+                        out, dt, st = engines[n].run(ids, args.tokens)
+                        outs[n], secs[n], first[n], toks[n] = out, secs[n] + dt, first[n] + dt - st["decode_s"], toks[n] + args.tokens
+                        stats[n].append((st.get("drafted", 0), st.get("accepted", 0), 0))
+                        continue
+                    out, dt, ttft, m = one(engines[n], ids, cfg)
                     outs[n] = out
                     secs[n] += dt
+                    first[n] += ttft
                     toks[n] += len(out)
                     stats[n].append((m.drafted, m.accepted, m.rounds))
                 want.append(outs["none"])
                 for n in names[1:]:
                     same[n] &= outs[n] == outs["none"]
-                if args.llama_lookup:
-                    t, s, _ = lookup(args, texts[i], args.tokens, cache, args.gguf)
-                    lc_tokens, lc_secs = lc_tokens + t, lc_secs + s
-            for n in names:
+            for n in every:
                 tps[n].append(toks[n] / secs[n])
-            for n in names[1:]:
-                ratios[n].append(tps[n][-1] / tps["none"][-1])
-            if args.llama_lookup:
-                lcpp.append(lc_tokens / lc_secs)
+                dtps[n].append((toks[n] - len(prompts)) / (secs[n] - first[n]))  # the tokens after the first
+            for n in every[1:]:
+                base = "llama-target-only" if n == "llama-lookup" else "none"
+                ratios[n].append(tps[n][-1] / tps[base][-1])
+                decode_ratios[n].append(dtps[n][-1] / dtps[base][-1])
+            if r == 0 and args.oracle:
+                o = oracle(prompts, want)
+                print(f"[{workload}] oracle: of the target's output tokens, {o['global']:.0%} are predictable from earlier responses, "
+                      f"{o['own']:.0%} from the request's own text, {o['either']:.0%} from either (oracle())", flush=True)
+                report.setdefault("oracle", {})[workload] = o
             print(f"[{workload}] round {r + 1}/{args.rounds}: " + ", ".join(
-                f"{n} {tps[n][-1]:.1f} tok/s" + (f" (x{ratios[n][-1]:.2f}, {tokens_per_call(stats[n][-len(prompts):]):.2f} tokens/call)" if n != "none" else "")
-                for n in names) + (f", llama-lookup {lcpp[-1]:.1f} tok/s" if lcpp else ""), flush=True)
-        print(f"\n{workload}: {len(prompts)} requests in sequence, {args.tokens} tokens each, {args.rounds} rounds "
-              f"(speed over target-only: median [min-max])")
+                f"{n} {tps[n][-1]:.2f} / {dtps[n][-1]:.2f} tok/s" + (f" (x{ratios[n][-1]:.2f} / x{decode_ratios[n][-1]:.2f})" if n != "none" else "")
+                for n in every) + "  [with prefill / decode only]", flush=True)
+        print(f"\n{workload}: {len(prompts)} requests in sequence, {args.tokens} tokens each, {args.rounds} rounds, {args.threads} threads "
+              f"(median [min-max] over rounds; speed over target-only, llama-lookup's over llama.cpp's target-only)")
         rows = {}
-        for n in names:
+        for n in every:
             drafted, accepted, rounds = (sum(x[j] for x in stats[n]) for j in range(3))
-            sp = spread(ratios[n]) if n != "none" else None
-            rows[n] = {"tok_s": spread(tps[n]), "speedup": sp, "acceptance": accepted / drafted if drafted else None,
+            rows[n] = {"tok_s": spread(tps[n]), "decode_tok_s": spread(dtps[n]), "speedup": spread(ratios[n]) if n in ratios else None,
+                       "decode_speedup": spread(decode_ratios[n]) if n in ratios else None,
+                       "acceptance": accepted / drafted if drafted else None,
                        "tokens_per_call": (rounds + accepted) / rounds if rounds else None, "exact": same.get(n, True)}
-            print(f"  {n:<14} {spread_str(tps[n])} tok/s" + (f"   x{spread_str(ratios[n], '.2f')}" if n != "none" else " " * 22)
-                  + (f"   accepted {accepted / drafted:.0%} of {drafted}" if drafted else "") + f"   tokens/call {rows[n]['tokens_per_call']:.2f}"
-                  + ("" if same.get(n, True) else "   OUTPUT DIFFERS"))
-        if lcpp:
-            rows["llama-lookup"] = {"tok_s": spread(lcpp)}
-            print(f"  {'llama-lookup':<14} {spread_str(lcpp)} tok/s (its own decode timing; n-gram cache kept across the round's requests)")
-            if "suffix" in tps:
-                print(f"  suffix / llama-lookup = {statistics.median(tps['suffix']) / statistics.median(lcpp):.2f}")
-        if "suffix" in ratios and "ngram" in ratios:
-            goal = statistics.median(ratios["suffix"]) / statistics.median(ratios["ngram"])
-            print(f"  suffix (global) speedup / n-gram speedup = {goal:.2f}")
+            print(f"  {n:<17} with prefill {spread_str(tps[n], '.2f')} tok/s" + (f" x{spread_str(ratios[n], '.2f')}" if n in ratios else "")
+                  + f" | decode only {spread_str(dtps[n], '.2f')} tok/s" + (f" x{spread_str(decode_ratios[n], '.2f')}" if n in ratios else "")
+                  + (f" | accepted {accepted / drafted:.0%} of {drafted}" if drafted else "")
+                  + (f" | tokens/call {rows[n]['tokens_per_call']:.2f}" if rounds else "") + ("" if same.get(n, True) else "   OUTPUT DIFFERS"))
+        for n in ("suffix-local", "suffix"):
+            if n in ratios and "ngram" in ratios:
+                print(f"  {n} speedup / n-gram speedup: with prefill {statistics.median(ratios[n]) / statistics.median(ratios['ngram']):.2f}, "
+                      f"decode only {statistics.median(decode_ratios[n]) / statistics.median(decode_ratios['ngram']):.2f}")
+        if "suffix" in tps and peers:
+            print(f"  suffix / llama-lookup tokens/s (per-round ratios, median [min-max]): with prefill "
+                  f"{spread_str([a / b for a, b in zip(tps['suffix'], tps['llama-lookup'])], '.2f')}, decode only "
+                  f"{spread_str([a / b for a, b in zip(dtps['suffix'], dtps['llama-lookup'])], '.2f')}")
         report[workload] = rows
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
@@ -205,30 +259,90 @@ def spread_str(v: list[float], fmt: str = ".1f") -> str:
 
 
 # -- draft_len=auto per concurrency -----------------------------------------------------------
+def auto_cells(args) -> list[tuple[str, int, int]]:
+    """(method, streams, requests) cells: auto for every method at every stream count; at 1 stream also each
+    fixed k of ``--fixed_ks`` (auto's other goal: the best fixed k within the spread there)."""
+    streams = [int(s) for s in args.streams.split(",")]
+    names = ["none", "ngram auto", "suffix auto"] + (["draft auto"] if args.draft else []) + \
+        (["cross-draft auto"] if args.cross_draft else []) + (["eagle-none", "eagle auto"] if args.eagle_target else [])
+    if args.methods:
+        names = [n for n in names if n == "none" or n.split()[0] in args.methods.split(",")]
+    fixed = [f"{n.split()[0]} {k}" for n in names if n.endswith(" auto") for k in args.fixed_ks.split(",") if k] if 1 in streams else []
+    nocap = [f"{n}-nocap" for n in names if n.endswith(" auto") and n.split()[0] in args.nocap.split(",")]
+    cells = []
+    for s in streams:
+        requests = max(args.requests_per_stream * s, args.min_requests)  # at least --min_requests: 1 stream is noisy
+        cells += [(n, s, requests) for n in names + (fixed if s == 1 else nocap)]
+    return cells
+
+
+def fresh_drafter_state(engine: Engine) -> None:
+    """A repeat starts from nothing: draft_len=auto's costs and acceptance, suffix decoding's global cache. The
+    sessions stay (a server's are loaded once; each call shape's first run is ONNX Runtime's one-time planning)."""
+    engine.auto = engine.round.auto = AutoDraftLen(engine.auto.max_draft_len, len(engine.auto.verify) - 1, engine.auto.even_rows)
+    for proposer in engine.proposers.values():
+        if isinstance(proposer, SuffixProposer) and proposer.cache is not None:
+            proposer.cache = ResponseCache(proposer.config.max_cached_tokens, proposer.config.max_cached_responses)
+
+
 def auto(args) -> None:
+    """Target-only vs draft_len=auto per concurrency: closed-loop streams of agentic requests, every method of a
+    stream count run one after the other (order alternating), the whole sweep repeated ``--rounds`` times after a
+    warm-up pass, each repeat with fresh drafter state (fresh_drafter_state) on the same sessions."""
     from bench_engine import drive
 
     tok = Tokenizer(args.target)
     prompts = [tok.encode(t) for t in agentic_prompts(16, seed=args.seed)]
-    names = ["none", "ngram auto", "suffix auto"] + (["draft auto"] if args.draft else []) + (["cross-draft auto"] if args.cross_draft else [])
     cfg = GenerationConfig(max_output_len=args.tokens)
+    cells = auto_cells(args)
+    names = list(dict.fromkeys(n for n, _, _ in cells))
+    base = load_engine(args.target, num_threads=args.threads)
+    engines = make_methods(args, [n for n in names if n != "none" and not n.startswith("eagle")], base.target)
+    engines["none"] = base
+    if args.eagle_target:
+        eagle_base = load_engine(args.eagle_target, num_threads=args.threads, method="none", draft_len=0)
+        engines["eagle-none"] = eagle_base
+        engines.update(make_methods(args, [n for n in names if n.startswith("eagle ")], base.target, eagle_base.target))
     res: dict[tuple[str, int], list[float]] = {}
-    for r in range(args.rounds):
-        engines = make_methods(args, names)
-        for streams in [int(s) for s in args.streams.split(",")]:
-            for n in names:
-                tps, _ = drive(engines[n], prompts, cfg, streams, args.requests_per_stream, 0.0)
-                res.setdefault((n, streams), []).append(tps)
-        print(f"round {r + 1}/{args.rounds} done", flush=True)
-    print(f"\ndraft_len=auto vs target-only, {args.requests_per_stream} agentic requests per stream, {args.tokens} tokens each "
-          f"(output tokens/s, median [min-max] of {args.rounds} rounds; ratio = median of per-round ratios)")
-    for streams in [int(s) for s in args.streams.split(",")]:
-        base = res[("none", streams)]
-        line = f"  {streams:>2} streams: target-only {spread_str(base)}"
-        for n in names[1:]:
-            ratio = [a / b for a, b in zip(res[(n, streams)], base)]
-            line += f" | {n} x{spread_str(ratio, '.2f')}"
+    drafted: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for r in range(-1, args.rounds):  # round -1: a warm-up (every call shape planned once by ONNX Runtime), not counted
+        for eng in engines.values():
+            fresh_drafter_state(eng)
+        by_streams: dict[int, list[tuple[str, int]]] = {}
+        for n, s, q in cells:
+            by_streams.setdefault(s, []).append((n, s if r < 0 else q))
+        for i, (s, group) in enumerate(by_streams.items()):
+            for n, q in (group if (i + r) % 2 == 0 else group[::-1]):  # alternate the order: no method always runs first
+                eng = engines[n]
+                before = (eng.stats.drafted, eng.stats.accepted, eng.stats.rounds)
+                tps, _ = drive(eng, prompts, cfg, s, max(q // s, 1), 0.0)
+                if r < 0:
+                    continue
+                res.setdefault((n, s), []).append(tps)
+                d, a, rr = (x - y for x, y in zip((eng.stats.drafted, eng.stats.accepted, eng.stats.rounds), before))
+                drafted.setdefault((n, s), []).append((d / rr, a / rr) if rr else (0.0, 0.0))
+            if r >= 0:
+                print(f"round {r + 1}/{args.rounds}, {s} streams: " + ", ".join(f"{n} {res[(n, s)][-1]:.1f}" for n, _ in group), flush=True)
+        print(f"round {r + 1} done" if r >= 0 else "warm-up done", flush=True)
+    streams = list(dict.fromkeys(s for _, s, _ in cells))
+    print(f"\ndraft_len=auto vs target-only, agentic requests, {args.tokens} tokens each, {args.threads} threads "
+          f"(output tokens/s: median [min-max] of {args.rounds} rounds; ratios: median [min-max] of per-round ratios; "
+          f"drafts and accepted drafts per row-round: medians)")
+    report = {}
+    for s in streams:
+        ref = res[("none", s)]
+        line = f"  {s:>2} streams ({max(args.requests_per_stream * s, args.min_requests)} requests): target-only {spread_str(ref)} tok/s"
+        for n in [n for n, s2, _ in cells if s2 == s and n != "none"]:
+            base_n = "eagle-none" if n.startswith("eagle ") else "none"
+            ratio = [a / b for a, b in zip(res[(n, s)], res[(base_n, s)])]
+            report[f"{n}@{s}"] = {"tok_s": spread(res[(n, s)]), "ratio": spread(ratio), "vs": base_n, "drafts_accepted_per_row_round": drafted[(n, s)]}
+            d = drafted[(n, s)]
+            k = f"  drafts/row-round {statistics.median(x[0] for x in d):.2f}, accepted {statistics.median(x[1] for x in d):.2f}"
+            line += f"\n      {n:<16} x{spread_str(ratio, '.2f')}{k}" + (" vs eagle target-only" if base_n != "none" else "")
+        report[f"none@{s}"] = {"tok_s": spread(ref)}
         print(line)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
 
 
 # -- the draft's own cost -----------------------------------------------------------------------
@@ -279,7 +393,7 @@ def main() -> None:
     ap.add_argument("--cross_draft", help="draft engine with another tokenizer")
     ap.add_argument("--eagle_target", help="an eagle target engine of the same model (its own EAGLE module)")
     ap.add_argument("--workload", default="agentic,demo")
-    ap.add_argument("--methods", help="a subset of ngram,suffix-local,suffix,draft,cross-draft,eagle (target-only always runs)")
+    ap.add_argument("--methods", help="a subset of ngram,suffix-local,suffix,suffix auto,draft,cross-draft,eagle (target-only always runs)")
     ap.add_argument("--requests", type=int, default=50, help="agentic requests in sequence")
     ap.add_argument("--demo_prompts", type=int, default=4, help="demo prompts of each kind (ordinary, copy-heavy)")
     ap.add_argument("--prompt_tokens", type=int, default=64)
@@ -288,12 +402,16 @@ def main() -> None:
     ap.add_argument("--ngram_k", type=int, default=8)
     ap.add_argument("--suffix_k", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=2, help="ours and llama.cpp's alike")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--streams", default="1,2,4,8,16")
     ap.add_argument("--requests_per_stream", type=int, default=2)
-    ap.add_argument("--llama_lookup", help="llama.cpp's llama-lookup binary (a peer with its n-gram cache)")
+    ap.add_argument("--min_requests", type=int, default=6, help="auto: at least this many requests per stream count")
+    ap.add_argument("--fixed_ks", default="2,4,8", help="auto: fixed draft lengths also run at 1 stream (empty: none)")
+    ap.add_argument("--nocap", default="", help="auto: methods also run without the batch's width cap at 2+ streams (e.g. ngram,suffix)")
+    ap.add_argument("--llama_lookup", help="llama.cpp's llama-lookup binary (a peer with its n-gram cache; llama-completion beside it is its target-only)")
     ap.add_argument("--gguf", help="the target as GGUF for llama-lookup, at the same bits as --target")
+    ap.add_argument("--oracle", action="store_true", help="print the share of output tokens suffix decoding could draft at best (round 1)")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
     if args.llama_lookup and not args.gguf:
