@@ -84,9 +84,12 @@ def make_methods(args, names: list[str], tex=None, eagle_tex=None) -> dict[str, 
             out[name] = base if base is not None else Engine(tex, [], SpeculationConfig("none", 0))
         elif kind == "ngram":
             out[name] = load_engine(args.target, ngram=NGramConfig(fixed or args.ngram_k, 3, [0]), target_executor=tex, draft_len=k or args.ngram_k)
-        elif kind in ("suffix", "suffix-local"):
-            cfg = SuffixConfig(max_draft_len=fixed or args.suffix_k, global_cache=kind == "suffix")
-            out[name] = Engine(tex, [SuffixProposer(cfg, trees=trees)], SpeculationConfig("suffix", k or cfg.max_draft_len))
+        elif kind.startswith("suffix"):  # suffix[-local][-chain][-p<min_token_prob>][-f<max_spec_factor>][-d<max_tree_depth>]
+            parts = kind.split("-")[1:]
+            opts = {"p": ("min_token_prob", float), "f": ("max_spec_factor", float), "d": ("max_tree_depth", int)}
+            extra = {opts[x[0]][0]: opts[x[0]][1](x[1:]) for x in parts if x[:1] in opts and x[1:2].isdigit()}
+            cfg = SuffixConfig(max_draft_len=fixed or args.suffix_k, global_cache="local" not in parts, **extra)
+            out[name] = Engine(tex, [SuffixProposer(cfg, trees=trees and "chain" not in parts)], SpeculationConfig("suffix", k or cfg.max_draft_len))
         elif kind == "draft" and args.draft:
             out[name] = load_engine(args.target, args.draft, DraftTargetConfig(fixed or args.k, [0], [0], False), target_executor=tex, draft_len=k or args.k)
         elif kind == "cross-draft" and args.cross_draft:
@@ -159,8 +162,8 @@ def speed(args) -> None:
     tok = Tokenizer(args.target)
     names = ["none", "ngram", "suffix-local", "suffix", "suffix auto"] + (["draft"] if args.draft else []) + \
         (["cross-draft"] if args.cross_draft else []) + (["eagle"] if args.eagle_target else [])
-    if args.methods:  # a subset (target-only is always measured: every speedup is against it)
-        names = ["none"] + [n for n in names[1:] if n in args.methods.split(",")]
+    if args.methods:  # any of make_methods' names (target-only is always measured: every speedup is against it)
+        names = ["none"] + [n for n in args.methods.split(",") if n != "none"]
     peers = ["llama-target-only", "llama-lookup"] if args.llama_lookup else []
     cfg = GenerationConfig(max_output_len=args.tokens)
     report = {}
@@ -234,10 +237,10 @@ def speed(args) -> None:
                   + f" | decode only {spread_str(dtps[n], '.2f')} tok/s" + (f" x{spread_str(decode_ratios[n], '.2f')}" if n in ratios else "")
                   + (f" | accepted {accepted / drafted:.0%} of {drafted}" if drafted else "")
                   + (f" | tokens/call {rows[n]['tokens_per_call']:.2f}" if rounds else "") + ("" if same.get(n, True) else "   OUTPUT DIFFERS"))
-        for n in ("suffix-local", "suffix"):
-            if n in ratios and "ngram" in ratios:
-                print(f"  {n} speedup / n-gram speedup: with prefill {statistics.median(ratios[n]) / statistics.median(ratios['ngram']):.2f}, "
-                      f"decode only {statistics.median(decode_ratios[n]) / statistics.median(decode_ratios['ngram']):.2f}")
+        for ref in [m for m in ("ngram", "ngram auto") if m in ratios]:  # the goal's ratio: suffix's speedup over n-gram's
+            for n in [m for m in ratios if m.startswith("suffix")]:
+                print(f"  {n} speedup / {ref} speedup: with prefill {statistics.median(ratios[n]) / statistics.median(ratios[ref]):.2f}, "
+                      f"decode only {statistics.median(decode_ratios[n]) / statistics.median(decode_ratios[ref]):.2f}")
         if "suffix" in tps and peers:
             print(f"  suffix / llama-lookup tokens/s (per-round ratios, median [min-max]): with prefill "
                   f"{spread_str([a / b for a, b in zip(tps['suffix'], tps['llama-lookup'])], '.2f')}, decode only "
@@ -393,7 +396,10 @@ def main() -> None:
     ap.add_argument("--cross_draft", help="draft engine with another tokenizer")
     ap.add_argument("--eagle_target", help="an eagle target engine of the same model (its own EAGLE module)")
     ap.add_argument("--workload", default="agentic,demo")
-    ap.add_argument("--methods", help="a subset of ngram,suffix-local,suffix,suffix auto,draft,cross-draft,eagle (target-only always runs)")
+    ap.add_argument("--methods", help="speed: methods to run (target-only always runs): ngram, suffix, draft, cross-draft, eagle, each "
+                    "optionally followed by ' auto' or ' K' (a fixed k); suffix variants: suffix-local (no global cache), -chain "
+                    "(its best path, not the tree), -p0.3 (min_token_prob), -f2 (max_spec_factor), -d12 (max_tree_depth), e.g. "
+                    "'suffix-chain-p0.3 auto'. auto: a subset of ngram,suffix,draft,cross-draft,eagle")
     ap.add_argument("--requests", type=int, default=50, help="agentic requests in sequence")
     ap.add_argument("--demo_prompts", type=int, default=4, help="demo prompts of each kind (ordinary, copy-heavy)")
     ap.add_argument("--prompt_tokens", type=int, default=64)
