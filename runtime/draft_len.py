@@ -59,6 +59,7 @@ PROBE_EVERY = 16  # one round in this many is a probe round for requests at k = 
 STICKY = 0.05  # a new draft length must promise this much more speed than the current one
 FORGET = 0.05  # weight of a new timing: the fits follow the last ~20 calls
 PRIOR_SLOPE = 0.1  # cost of one more verified token, as a share of a 1-token call, before two widths were timed
+SKIP_SHARE = 0.02  # a scored draft whose proposal costs less than this share of a target step is proposed every round
 
 
 class _CostLine:
@@ -230,6 +231,12 @@ class AutoDraftLen:
     def calibration(self, method: str) -> float:
         """Accepted drafts per expected draft of the method's scored drafts (1 until measured; a prior of 8 drafts)."""
         return (self.scored_accepted.get(method, 0.0) + PRIOR_WEIGHT) / (self.predicted.get(method, 0.0) + PRIOR_WEIGHT)
+
+    def worth_skipping(self, method: str, rows: int, limit: int) -> bool:
+        """Whether a request whose last scored draft did not pay should stop proposing until a probe round: only
+        when proposing costs something. Suffix decoding's proposal is ~0.05% of a target step, and its drafts change
+        from one token to the next (a match starts where the text reaches a repeated part), so it looks every round."""
+        return self.draft_cost(method, rows, default=0.0) * limit > SKIP_SHARE * self.verify_cost(rows, 1)
 
     def choose_scored(self, method: str, scores, rows: int = 1) -> int:
         """How many of a draft's nodes to keep (a prefix: nodes come best first, parents before children), from each

@@ -176,8 +176,10 @@ class SpeculativeRound:
             return 0
         if r.draft_len != AUTO:
             return min(int(r.draft_len), limit)
-        if proposer.scores_drafts:  # proposes its best, then auto keeps a prefix (auto_prefix) ...
-            return 0 if r.auto_k == 0 and not self.auto.probe_due(self.rounds) else limit  # ... unless none paid last time
+        if proposer.scores_drafts:  # proposes its best, then auto keeps a prefix (auto_prefix) ... unless none paid last
+            # time and proposing costs enough to be worth saving (AutoDraftLen.worth_skipping): then only in probe rounds
+            skip = r.auto_k == 0 and not self.auto.probe_due(self.rounds) and self.auto.worth_skipping(r.method, running, limit)
+            return 0 if skip else limit
         if proposer.tree is not None:  # a static tree (Medusa, EAGLE): whole, or nothing
             drafting = r.metrics.rounds - r.metrics.no_draft_rounds
             k = self.auto.choose_tree(r.method, limit, r.metrics.accepted, drafting, running)
@@ -191,7 +193,7 @@ class SpeculativeRound:
     def auto_prefix(self, r: Request, d: Draft, running: int) -> Draft:
         """The prefix of a scored draft that draft_len=auto expects to pay (or nothing, but in probe rounds)."""
         k = self.auto.choose_scored(r.method, d.scores, running)
-        r.auto_k = k if len(d) else None  # 0: a draft that did not pay: skip proposing (its cost too) until a probe round
+        r.auto_k = k if len(d) else None  # 0: a draft that did not pay: skip proposing until a probe round, if that saves much
         if k == 0 and len(d) and self.auto.probe_due(self.rounds):
             k = 1
         return d if k == len(d) else d.prefix(k)

@@ -53,6 +53,13 @@ def test_a_costly_draft_step_is_counted():
     assert costs(AutoDraftLen(8, 16), draft_s=0.0).choose_scored("suffix", [0.5, 0.5, 0.5], 1) == 3
 
 
+def test_a_free_proposal_is_not_skipped():
+    # a request whose scored draft did not pay stops proposing until a probe round only if proposing costs something
+    assert not costs(AutoDraftLen(8, 16), draft_s=0.0).worth_skipping("suffix", 1, 8)
+    assert not costs(AutoDraftLen(8, 16), draft_s=0.001).worth_skipping("suffix", 16, 8)  # 0.8% of a step
+    assert costs(AutoDraftLen(8, 16), draft_s=0.01).worth_skipping("suffix", 1, 8)  # 8% of a step
+
+
 def test_probes_fall_on_the_same_rounds():
     assert [r for r in range(3 * PROBE_EVERY) if AutoDraftLen.probe_due(r)] == [0, PROBE_EVERY, 2 * PROBE_EVERY]
 

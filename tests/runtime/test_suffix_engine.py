@@ -150,3 +150,25 @@ def test_auto_caps_the_batch_width_and_stays_exact(targets, want):
     assert run(engine, PROMPTS[2:3], cfg) == want[2:3]  # its response joins the global cache
     assert run(engine, PROMPTS, cfg) == want  # request 2 repeats it; the others have little to draft
     assert any(after < before for before, after in cuts), cuts
+
+
+@pytest.mark.parametrize("draft_s, every_round", [(0.0, True), (1.0, False)])
+def test_auto_keeps_proposing_when_proposing_is_free(targets, want, draft_s, every_round):
+    """draft_len=auto, a verification where a 2nd token costs as much as the 1st: a request's weak draft does not pay.
+    It looks again next round when proposing costs nothing (a match may start at the next token), and waits for
+    a probe round when each proposal costs a target step."""
+    proposer = SuffixProposer(SuffixConfig(max_draft_len=MAX_DRAFT, global_cache=False), trees=True)
+    engine = Engine(targets["tree"], [proposer], SpeculationConfig("suffix", "auto"))
+    engine.auto.verify_cost = lambda rows, width: float(width)
+    engine.auto.draft_cost = lambda method, rows, default: draft_s
+    calls = []
+    real = proposer.propose
+
+    def counted(requests, draft_lens):
+        calls.append(len(requests))
+        return real(requests, draft_lens)
+
+    proposer.propose = counted
+    assert run(engine, PROMPTS[1:2], GenerationConfig(max_output_len=32)) == want[1:2]
+    rounds = engine.stats.rounds  # the last round has no room for a draft (max_output_len)
+    assert (len(calls) == rounds - 1) if every_round else (len(calls) < rounds / 2), (len(calls), rounds)
