@@ -8,7 +8,10 @@ requests verifying 5 tokens each is a different call from one request's):
 ``t_verify(n, w)``, the target call of ``n`` rows of width ``w`` and the
 per-row work after it (acceptance, rollback, the proposers' updates: on a
 small model that work is a real share of a round), not flat on a CPU, where
-verifying 9 tokens costs more than verifying 1, and
+verifying 9 tokens costs more than verifying 1 (a batch size timed at one
+width only takes its slope per width from every call's cost per computed
+token, times ``n``: at 16 rows a CPU is compute-bound and a second token per
+row costs most of a step), and
 ``t_draft(n)``, one draft step of the method over ``n`` rows. The policy
 picks the k in ``0..limit`` with the most tokens per second; k = 0 (no
 drafting) wins when drafts do not pay, so auto never loses to target-only
@@ -80,14 +83,22 @@ class _CostLine:
     def measured(self) -> bool:
         return self.s[0] > 0
 
-    def __call__(self, width: int) -> float:
+    @property
+    def slope(self) -> float | None:
+        """Seconds per unit of width, or None until two widths were timed."""
         n, sw, sww, st, swt = self.s
         mean_w, mean_t = sw / n, st / n
         var = sww / n - mean_w * mean_w
-        if var < 0.1:  # one width seen: the prior slope
-            return mean_t * (1.0 + PRIOR_SLOPE * (width - mean_w))
-        slope = max((swt / n - mean_w * mean_t) / var, 0.0)
-        return max(mean_t + slope * (width - mean_w), 1e-9)
+        return None if var < 0.1 else max((swt / n - mean_w * mean_t) / var, 0.0)
+
+    def __call__(self, width: int, slope: float | None = None) -> float:
+        """Seconds at ``width``; ``slope``: the one to use when this line has seen one width (else PRIOR_SLOPE)."""
+        n, sw, _, st, _ = self.s
+        mean_w, mean_t = sw / n, st / n
+        own = self.slope
+        if own is None:  # one width seen: the slope given, else the prior one
+            own = slope if slope is not None else PRIOR_SLOPE * mean_t
+        return max(mean_t + own * (width - mean_w), 1e-9)
 
 
 class AutoDraftLen:
@@ -97,6 +108,10 @@ class AutoDraftLen:
         # computes one token more per row, so it costs what the next width costs, and is timed as that width
         self.even_rows = even_rows
         self.verify = [_CostLine() for _ in range(max_batch + 1)]  # [rows]: a target call of that many rows
+        # every call by the tokens it computes (rows x width): a batch size timed at one width only (at 16 streams
+        # auto rarely drafts) takes its slope from here, rows x seconds per token. The fixed prior (10% of a call per
+        # token) is a 1-row figure; at 16 rows on a CPU a second token per row costs ~60% more, not 10%.
+        self.per_token = _CostLine()
         self.draft_s: dict[tuple[str, int], float] = {}  # (method, rows) -> seconds per draft step (moving average)
         # The first call of a shape pays ONNX Runtime's one-time work for it (memory planning,
         # kernel choice): 10x a step on the enlarged model. It is not a step's cost, so it is not timed.
@@ -127,6 +142,7 @@ class AutoDraftLen:
             return
         if rows < len(self.verify):
             self.verify[rows].add(width, seconds)
+        self.per_token.add(rows * width, seconds)
 
     def record_draft(self, method: str, rows: int, steps: int, seconds: float) -> None:
         if self._first(("draft", method, rows, steps)):
@@ -182,7 +198,8 @@ class AutoDraftLen:
         line, width = self._line(rows), self.computed_width(rows, width)
         if line is None:
             return 1.0 + PRIOR_SLOPE * (width - 1)  # unitless until the first call is timed
-        return line(width)
+        per_token = self.per_token.slope
+        return line(width, None if per_token is None else rows * per_token)
 
     def _line(self, rows: int) -> _CostLine | None:
         if rows < len(self.verify) and self.verify[rows].measured:

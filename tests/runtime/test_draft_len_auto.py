@@ -60,6 +60,23 @@ def test_a_free_proposal_is_not_skipped():
     assert costs(AutoDraftLen(8, 16), draft_s=0.01).worth_skipping("suffix", 1, 8)  # 8% of a step
 
 
+def test_a_batch_size_timed_at_one_width_prices_more_by_its_tokens():
+    # a compute-bound CPU: a call costs 16 ms + 4 ms per computed token (rows x width). 1 row was timed at every
+    # width, 4 rows at widths 1 and 2, 16 rows only at width 1 (auto rarely drafts there): a 2-wide call of 16 rows
+    # is priced 16 tokens more (+64 ms, 80%), not the fixed prior's 10%, and a coin-flip n-gram draft does not pay
+    auto = AutoDraftLen(8, 16)
+    for _ in range(3):
+        for rows, widths in ((1, range(1, 10)), (4, (1, 2)), (16, (1,))):
+            for w in widths:
+                auto.record_verify(rows, w, 0.016 + 0.004 * rows * w)
+    assert auto.verify_cost(16, 1) == pytest.approx(0.080)
+    assert auto.verify_cost(16, 2) == pytest.approx(0.144)
+    assert auto.verify_cost(1, 3) == pytest.approx(0.028)  # a batch size with its own slope keeps it
+    auto.record_round("ngram", 8, 4)
+    assert auto.choose("ngram", accepted=50, rejected=50, limit=8, rows=16) == 0
+    assert auto.choose("ngram", accepted=50, rejected=50, limit=8, rows=1) > 0
+
+
 def test_probes_fall_on_the_same_rounds():
     assert [r for r in range(3 * PROBE_EVERY) if AutoDraftLen.probe_due(r)] == [0, PROBE_EVERY, 2 * PROBE_EVERY]
 
