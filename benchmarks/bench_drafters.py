@@ -3,7 +3,10 @@
     # the 325M realistic-cost pair (benchmarks/enlarge.py), targets built with --tree_attention
     python benchmarks/bench_drafters.py speed --target T --draft D --cross_draft X --workload agentic,demo --rounds 3
     python benchmarks/bench_drafters.py speed ... --llama_lookup BIN --gguf T.gguf      # llama.cpp's n-gram cache as a peer
-    python benchmarks/bench_drafters.py auto --target T --draft D --streams 1,2,4,8,16   # auto vs target-only per concurrency
+    python benchmarks/bench_drafters.py auto --target T --draft D --eagle_target E --tokens 32 --min_requests 4 \
+        --requests_per_stream 1 --fixed_ks 4,8 --nocap ngram,suffix,draft,eagle      # auto vs target-only per concurrency
+    python benchmarks/bench_drafters.py speed --target T --workload agentic --requests 24 --tokens 16 --oracle \
+        --methods "ngram,ngram auto,suffix,suffix auto,suffix-chain,suffix-p0.3,suffix 4"   # suffix's levers
     python benchmarks/bench_drafters.py micro --target T                                # suffix draft cost vs a target step at 2k
 
 Workloads:
