@@ -12,6 +12,7 @@ import pytest
 import torch
 from checkpoints import load_hf, make_checkpoint, write_eagle_module
 from conftest import spec_build
+from engine_runs import run_until_done
 
 from specdec.builder.build import build_engine
 from specdec.runtime.engine import Engine, SpeculationConfig
@@ -43,12 +44,8 @@ def generate(target, module, prompts, method, draft_len, choices=None, sampling=
     proposers = [EagleProposer(target, module, choices)] if method == "eagle" else []
     engine = Engine(target, proposers, SpeculationConfig(method, draft_len))
     ids = [engine.add_request(p, GenerationConfig(max_output_len=max_output_len, sampling=sampling), seed_stream=i) for i, p in enumerate(prompts)]
-    done = {}
-    while engine.has_unfinished():
-        for o in engine.step():
-            if o.finished:
-                done[o.request_id] = o.output_ids
-    return [done[i] for i in ids], engine.stats
+    done = run_until_done(engine)
+    return [done[i].output_ids for i in ids], engine.stats
 
 
 @pytest.mark.parametrize("choices", [None, TREE])
@@ -105,10 +102,8 @@ def test_eagle_reads_its_own_target_call_when_the_target_runs_in_between(eagle):
             engine.step()  # the prefill
             mine = [engine.requests[i] for i, meth in zip(ids, methods) if meth == "eagle"]
             drafts = [d.tokens.tolist() for d in eagle_p.propose(mine, [k] * len(mine))]
-            done = {}
-            while engine.has_unfinished():
-                done.update((o.request_id, (o.output_ids, o.metrics.drafted, o.metrics.accepted)) for o in engine.step() if o.finished)
-            runs.append((drafts, [done[i] for i in ids]))
+            done = run_until_done(engine)
+            runs.append((drafts, [(done[i].output_ids, done[i].metrics.drafted, done[i].metrics.accepted) for i in ids]))
         assert [out for out, _, _ in runs[1][1]] == want, choices
         assert runs[1] == runs[0], choices
         assert all(len(d) == k for d in runs[1][0]), choices
@@ -147,11 +142,9 @@ def test_a_tree_drafts_chains_for_sampled_requests(eagle):
     tree, chain = proposer.propose([engine.requests[greedy], engine.requests[sampled]], [6, 6])
     assert tree.parents is not None and len(tree) == 6 and tree.probs is None
     assert chain.parents is None and len(chain) == 3 and chain.probs is not None
-    done = {}
-    while engine.has_unfinished():
-        done.update((o.request_id, o.output_ids) for o in engine.step() if o.finished)
+    done = run_until_done(engine)
     want, _ = generate(t, m, [PROMPTS[0]], "none", 0, max_output_len=10)
-    assert done[greedy] == want[0] and len(done[sampled]) == 10  # the greedy request stays exact beside a sampled one
+    assert done[greedy].output_ids == want[0] and len(done[sampled].output_ids) == 10  # the greedy request stays exact beside a sampled one
 
 
 def test_bench_sweep_measures_eagle_chains_and_a_tree(eagle):
@@ -233,14 +226,10 @@ def test_trees_run_to_max_seq_len_and_late_joiners_catch_up(eagle):
     long_prompt = list(range(5, 50))  # 45 tokens
     engine = Engine(t, [EagleProposer(t, m, wide)], SpeculationConfig("eagle", 6))
     first = engine.add_request(PROMPTS[2], GenerationConfig(max_output_len=200))
-    outs = {}
     while engine.requests[first].num_tokens < 70:
         engine.step()
     second = engine.add_request(long_prompt, GenerationConfig(max_output_len=200))
-    while engine.has_unfinished():
-        for o in engine.step():
-            if o.finished:
-                outs[o.request_id] = o
+    outs = run_until_done(engine)
     assert outs[first].finish_reason == outs[second].finish_reason == "max_seq_len"
     want, _ = generate(t, m, [PROMPTS[2], long_prompt], "none", 0, max_output_len=200)
     assert [outs[first].output_ids, outs[second].output_ids] == want

@@ -13,6 +13,7 @@ import json
 import pytest
 from checkpoints import make_checkpoint, write_eagle_module
 from conftest import build_and_load, spec_build
+from engine_runs import run_until_done
 from test_medusa import write_heads
 
 from specdec.builder.build import build_engine
@@ -33,12 +34,8 @@ GPU_FORM = dict(lowering="ort_cuda", dtype="float32")  # cuda_attention auto: ma
 def generate(target, proposers, method, draft_len, prompts, max_output_len=20):
     engine = Engine(target, proposers, SpeculationConfig(method, draft_len))
     ids = [engine.add_request(p, GenerationConfig(max_output_len=max_output_len)) for p in prompts]
-    done = {}
-    while engine.has_unfinished():
-        for o in engine.step():
-            if o.finished:
-                done[o.request_id] = o.output_ids
-    return [done[i] for i in ids], engine.stats
+    done = run_until_done(engine)
+    return [done[i].output_ids for i in ids], engine.stats
 
 
 def check_exact(target, make_proposers, method, lengths) -> int:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from checkpoints import make_checkpoint, write_eagle_module
 from conftest import build_and_load, spec_build, spec_pair
+from engine_runs import run_until_done
 
 from specdec.builder.build import build_engine
 from specdec.runtime.acceptance import accept_rejection_sampling, accept_token_compare
@@ -169,11 +170,7 @@ def engine_for(ex, method: str, tree=None) -> Engine:
 def run(engine: Engine, prompts, cfg: GenerationConfig, method: str | None = None, seeds=None):
     ids = [engine.add_request(p, cfg if seeds is None else GenerationConfig(**{**cfg.__dict__, "sampling": SamplingConfig(**{**cfg.sampling.__dict__, "random_seed": s})}),
                               seed_stream=i) for i, (p, s) in enumerate(zip(prompts, seeds or [0] * len(prompts)))]
-    done = {}
-    while engine.has_unfinished():
-        for o in engine.step():
-            if o.finished:
-                done[o.request_id] = o
+    done = run_until_done(engine)
     return [done[i] for i in ids]
 
 

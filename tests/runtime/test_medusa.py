@@ -14,6 +14,7 @@ import pytest
 import torch
 from checkpoints import load_hf, make_checkpoint
 from conftest import build_and_load, spec_build
+from engine_runs import run_until_done
 
 from specdec.builder.build import build_engine
 from specdec.runtime.engine import Engine, SpeculationConfig
@@ -99,11 +100,7 @@ def _generate(target, prompts, method, draft_len, max_output_len=24, choices=Non
     engine = Engine(target, proposers, SpeculationConfig(method, draft_len))
     cfg = GenerationConfig(max_output_len=max_output_len, sampling=sampling)
     ids = [engine.add_request(p, cfg) for p in prompts]
-    done = {}
-    while engine.has_unfinished():
-        for o in engine.step():
-            if o.finished:
-                done[o.request_id] = o
+    done = run_until_done(engine)
     return [done[i].output_ids for i in ids], engine.stats
 
 
@@ -125,10 +122,8 @@ def _run_mixed(target, proposers, prompts, methods, k):
     """Each prompt with its method; per request (output ids, drafted, accepted)."""
     engine = Engine(target, proposers, SpeculationConfig("none", 0))
     ids = [engine.add_request(p, GenerationConfig(max_output_len=24, method=m, draft_len=k)) for p, m in zip(prompts, methods)]
-    done = {}
-    while engine.has_unfinished():
-        done.update((o.request_id, (o.output_ids, o.metrics.drafted, o.metrics.accepted)) for o in engine.step() if o.finished)
-    return [done[i] for i in ids]
+    done = run_until_done(engine)
+    return [(done[i].output_ids, done[i].metrics.drafted, done[i].metrics.accepted) for i in ids]
 
 
 def test_medusa_drafts_from_its_own_target_call_when_the_target_runs_in_between(engines):
@@ -168,12 +163,8 @@ def test_a_medusa_target_verifies_other_drafts(engines):
     engine = Engine(target, [NGramProposer(NUM_HEADS, 2), MedusaProposer(target)], SpeculationConfig("ngram", 2))
     cfg = GenerationConfig(max_output_len=24)
     ids = [engine.add_request(p, cfg if i != 1 else GenerationConfig(max_output_len=24, method="medusa", draft_len=3)) for i, p in enumerate(PROMPTS)]
-    done = {}
-    while engine.has_unfinished():
-        for o in engine.step():
-            if o.finished:
-                done[o.request_id] = o.output_ids
-    assert [done[i] for i in ids] == want
+    done = run_until_done(engine)
+    assert [done[i].output_ids for i in ids] == want
 
 
 def test_load_engine_takes_a_medusa_targets_drafter_from_the_mode_table(engines):

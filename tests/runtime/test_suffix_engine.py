@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from checkpoints import make_checkpoint
 from conftest import build_and_load, spec_build
+from engine_runs import run_until_done
 from test_medusa import _chi_square_critical
 
 from specdec.runtime.engine import Engine, SpeculationConfig
@@ -28,12 +29,8 @@ def targets(tmp_path_factory):
 
 def run(engine, prompts, cfg):
     ids = [engine.add_request(p, cfg) for p in prompts]
-    done = {}
-    while engine.has_unfinished():
-        for o in engine.step():
-            if o.finished:
-                done[o.request_id] = o.output_ids
-    return [done[i] for i in ids]
+    done = run_until_done(engine)
+    return [done[i].output_ids for i in ids]
 
 
 @pytest.fixture(scope="module")
