@@ -154,11 +154,7 @@ def resolve_attention(build: BuildConfig) -> BuildConfig:
         if build.cuda_attention != "auto":
             raise BuildConfigError(f"--cuda_attention {build.cuda_attention} applies to --lowering ort_cuda only (this build uses {build.lowering}).")
         return build
-    kind = resolve_cuda_attention(build)
-    if kind == "gqa" and build.tree_attention:
-        raise BuildConfigError(f"--speculative_decoding_mode {build.speculative_decoding_mode} verifies trees, which GroupQueryAttention cannot mask: "
-                               "use --cuda_attention masked (or auto).")
-    build = replace(build, cuda_attention=kind)
+    build = replace(build, cuda_attention=resolve_cuda_attention(build))  # gqa with trees: refused by check_tree_backend
     return replace(build, kv_layout=lowering_for(build).kv_layout)
 
 

@@ -1,6 +1,6 @@
 """Token ids -> the text a user sees, incrementally: detokenization and stop strings.
 
-One implementation for specdec-run (cli/stops.py) and specdec-serve (serve/text.py):
+One implementation for specdec-run (cli/stops.py) and specdec-serve (serve/loop.py):
 
     stream = TextStream(tokenizer, prompt_ids, stops=("\\n\\n",))
     delta, stopped = stream.feed(new_token_ids)   # per round: text safe to show now

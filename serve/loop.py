@@ -35,10 +35,10 @@ from typing import Any
 
 from ..runtime.errors import SpecdecError
 from ..runtime.metrics import Metrics
+from ..runtime.text import TextStream
 from .errors import ApiError
 from .metrics import ServerMetrics
 from .params import Plan, Served
-from .text import TextStream
 
 log = logging.getLogger("specdec.serve")
 
@@ -68,19 +68,6 @@ class Result:
     completion_tokens: int  # every sample's, best_of ones included (as OpenAI counts them)
     metrics: Metrics  # the samples' merged
     timings: dict[str, float | None]
-
-    # one-choice views (the tests and single-choice callers)
-    @property
-    def text(self) -> str:
-        return self.choices[0].text
-
-    @property
-    def token_ids(self) -> list[int]:
-        return self.choices[0].token_ids
-
-    @property
-    def finish_reason(self) -> str:
-        return self.choices[0].finish_reason
 
 
 @dataclass

@@ -86,10 +86,6 @@ class Plan:
     drop_output: bool = False  # max_tokens=0 with echo: the prompt only
     tools: ToolPlan | None = None
 
-    @property
-    def prompt_ids(self) -> list[int]:
-        return self.prompts[0]
-
 
 def check_common(req: Sampling, served: Served) -> None:
     if req.model is not None and req.model != served.model_name:

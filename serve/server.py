@@ -27,6 +27,7 @@ from ..runtime.engine_format import EngineDir, load_engine_dir
 from ..runtime.loading import load_engine, method_draft_lens
 from ..runtime.tokenizer import Tokenizer
 from .chat import find_template, special_tokens
+from .errors import error_body
 from .params import Served
 
 
@@ -88,13 +89,16 @@ def _uvicorn_server(app, log_level: str, shutdown_timeout: float = 30.0):
     return Server(config)
 
 
+LOADING_BODY = json.dumps({"status": "loading", **error_body(503, "the model is loading; retry shortly.")}).encode()
+
+
 class _Loading(BaseHTTPRequestHandler):
     """Every request while the engines load: 503 {"status": "loading"} (no route needs the engines to say so)."""
 
     protocol_version = "HTTP/1.1"
 
     def _loading(self) -> None:
-        body = json.dumps({"status": "loading", "error": {"message": "the model is loading; retry shortly.", "type": "server_error", "param": None, "code": None}}).encode()
+        body = LOADING_BODY
         self.send_response(503)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..runtime.grammar import GrammarSpec
@@ -37,10 +37,8 @@ CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.S)
 class ToolPlan:
     definitions: list[dict[str, Any]]  # as the chat template takes them
     mode: str  # none | auto | required | named
-    names: tuple[str, ...] = ()
     grammar: tuple[GrammarSpec, str] | None = None  # (spec, the request field it comes from)
     named: str | None = None
-    ids: list[str] = field(default_factory=list)
 
     def parse(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
         """The output -> (content, tool_calls as OpenAI's response writes them)."""
@@ -98,26 +96,26 @@ def plan_tools(req: "ChatCompletionRequest", served: "Served") -> ToolPlan | Non
         raise ApiError(400, "tools has two functions with the same name.", "tools")
     names = tuple(funcs)
     if choice == "none":
-        return ToolPlan(definitions, "none", names)
+        return ToolPlan(definitions, "none")
     if choice is None or choice == "auto":
         if req.response_format is not None and req.response_format.type != "text" or req.structured_outputs is not None:
-            return ToolPlan(definitions, "none", names)  # the structured output decides the output
+            return ToolPlan(definitions, "none")  # the structured output decides the output
         if "tools" not in (served.chat_template or ""):
             raise ApiError(400, "tool_choice 'auto' needs a chat template that renders tools (this one never reads `tools`): "
                            "send tool_choice 'required' or a named function, or restart with --chat_template FILE.", "tool_choice")
         call = {"anyOf": [_call_schema(n, s) for n, s in funcs.items()]}
         lark = _lazy_calls(call, special=served.tokenizer is not None and served.tokenizer.special_token_id(OPEN) is not None)
-        return ToolPlan(definitions, "auto", names, (GrammarSpec("lark", lark), "tools"))
+        return ToolPlan(definitions, "auto", (GrammarSpec("lark", lark), "tools"))
     if choice == "required":
         one = {"anyOf": [_call_schema(n, s) for n, s in funcs.items()]}
         array = {"type": "array", "items": one, "minItems": 1}
         if req.parallel_tool_calls is False:
             array["maxItems"] = 1
-        return ToolPlan(definitions, "required", names, (GrammarSpec("json_schema", array), "tools"))
+        return ToolPlan(definitions, "required", (GrammarSpec("json_schema", array), "tools"))
     name = choice.function.name
     if name not in funcs:
         raise ApiError(400, f"tool_choice names the function {name!r}, which is not in tools ({', '.join(names)}).", "tool_choice")
-    return ToolPlan(definitions, "named", names, (GrammarSpec("json_schema", funcs[name]), f"tools[{names.index(name)}].function.parameters"), named=name)
+    return ToolPlan(definitions, "named", (GrammarSpec("json_schema", funcs[name]), f"tools[{names.index(name)}].function.parameters"), named=name)
 
 
 def _call_schema(name: str, parameters: dict) -> dict:

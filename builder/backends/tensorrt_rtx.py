@@ -154,7 +154,6 @@ def build_rtx_engines(
     ok, why = tensorrt_rtx_available()
     if not ok:
         raise BuildConfigError(f"--backend tensorrt_rtx cannot build on this host: {why}")
-    check_rtx_build(build, targets)
     import tensorrt_rtx as trt
 
     logger = collecting_logger(trt, say)
@@ -162,6 +161,7 @@ def build_rtx_engines(
     decomposed = mark_attention_decomposable(trt, network)
     built: dict[str, dict[str, str]] = {}
     profiles = []
+    io_graph = static_kv_proto(onnx_path, build.kv_capacity)  # the ABI's inputs and outputs, for every EPContext model
     for sm in targets:
         config = builder.create_builder_config()
         config.num_compute_capabilities = 1
@@ -171,7 +171,7 @@ def build_rtx_engines(
         if plan is None:
             raise BuildConfigError(f"TensorRT for RTX {trt.__version__} failed to build {onnx_path} for {sm}:\n" + "\n".join(logger.errors or ["(see the TensorRT log above)"]))
         (out_dir / engine_file(sm)).write_bytes(memoryview(plan))
-        write_ep_context(out_dir / context_file(sm), onnx_path, build.kv_capacity, engine_file(sm), sm, trt.__version__)
+        write_ep_context(out_dir / context_file(sm), io_graph, onnx_path.name, engine_file(sm), sm, trt.__version__)
         built[sm] = {"network_file": context_file(sm), "engine_file": engine_file(sm)}
     del parser  # the network's weights were the parser's: kept until every engine was built
     return {
@@ -184,17 +184,17 @@ def build_rtx_engines(
     }
 
 
-def write_ep_context(path: Path, onnx_path: Path, capacity: int, engine_name: str, sm: str, version: str) -> None:
+def write_ep_context(path: Path, network, onnx_name: str, engine_name: str, sm: str, version: str) -> None:
     """The EPContext model of one engine: the engine ABI's inputs and outputs around one EPContext node.
 
     embed_mode 0: the engine stays in its own file beside this one (the provider refuses an absolute
     path or one leaving the directory), so engines of any size work and the same file can be read by
-    TensorRT-RTX's own runtime.
+    TensorRT-RTX's own runtime. ``network``: the portable network's weightless ModelProto with the cache at its
+    static capacity (static_kv_proto), whose inputs and outputs the EPContext model keeps.
     """
     import onnx
     from onnx import helper
 
-    network = static_kv_proto(onnx_path, capacity)
     node = helper.make_node(
         "EPContext",
         [i.name for i in network.graph.input],
@@ -207,7 +207,7 @@ def write_ep_context(path: Path, onnx_path: Path, capacity: int, engine_name: st
         source=EP_NAME,
         ep_sdk_version=version,
         hardware_architecture=sm,
-        onnx_model_filename=onnx_path.name,
+        onnx_model_filename=onnx_name,
         partition_name=f"tensorrt_rtx_{sm}",
     )
     graph = helper.make_graph([node], f"{network.graph.name}_{sm}", list(network.graph.input), list(network.graph.output))
