@@ -280,7 +280,9 @@ class SpeculativeRound:
         else:
             self.cache.rollback(r.slot, start + 1 + n)  # keep the last token and n drafts
         if r.config.logprobs is not None:  # the emitted token j came from row kept[j], after emitted[:j]
-            r.logprobs += [logprobs(rows.logits(row, emitted[:j]), t, r.config.logprobs) for j, (row, t) in enumerate(zip(kept, emitted))]
+            # a chain's rows are Rows' own (drafts[:j] == emitted[:j]): processed once, during acceptance; a tree's need the path
+            r.logprobs += [logprobs(rows.logits(row, None if d.parents is None else emitted[:j]), t, r.config.logprobs)
+                           for j, (row, t) in enumerate(zip(kept, emitted))]
         if r.method != "none":
             heads, feats = step.medusa_logits, step.eagle_hidden  # the target's extra outputs on the request's fed rows
             self.proposers[r.method].observe(r, d, TargetOutput(raw, n, emitted, kept, None if heads is None else heads[r.slot, : k + 1],

@@ -42,6 +42,7 @@ class ResponseCache:
         self.num_tokens = 0
         self.clock = 0
         self.evicted = 0  # responses evicted so far
+        self._starts_array: np.ndarray | None = None  # self.starts as an array, made again after a change
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -60,12 +61,13 @@ class ResponseCache:
         if self.num_tokens > self.max_tokens or len(self) > self.max_responses:
             self._evict()
 
-    def _append(self, tokens: np.ndarray, used: int) -> None:
+    def _append(self, tokens: np.ndarray, used: int, index: bool = True) -> None:
+        self._starts_array = None
         self.starts.append(self.store.size)
         self.lengths.append(len(tokens))
         self.used.append(used)
         self.num_tokens += len(tokens)
-        self.store.append(tokens, end=True)
+        self.store.append(tokens, end=True, index=index)
 
     def _evict(self) -> None:
         """Drop least recently used responses until under LOW_WATER of both caps, then rebuild."""
@@ -81,9 +83,10 @@ class ResponseCache:
         old = self.store.tokens
         rows = [(old[self.starts[i] : self.starts[i] + self.lengths[i]].copy(), self.used[i]) for i in kept]
         self.store, self.starts, self.lengths, self.used, self.num_tokens = TokenStore(), [], [], [], 0
+        self._starts_array = None
         for tokens, used in rows:
-            self._append(tokens, used)
-        self.store.reindex()
+            self._append(tokens, used, index=False)
+        self.store.reindex()  # once for the whole rebuild
 
     def response(self, i: int) -> list[int]:
         """The i-th cached response (store order: oldest surviving first)."""
@@ -97,7 +100,9 @@ class ResponseCache:
         """A draft from this cache was proposed: the responses it drew from stay longer."""
         if len(draft) and draft.ends is not None:
             self.clock += 1
-            for i in set(np.searchsorted(self.starts, draft.ends, side="right").tolist()):
+            if self._starts_array is None:  # searchsorted on the list would convert it on every draft
+                self._starts_array = np.asarray(self.starts)
+            for i in set(np.searchsorted(self._starts_array, draft.ends, side="right").tolist()):
                 self.used[i - 1] = self.clock
 
     def load(self, path: str | Path, encode: Callable[[str], list[int]] | None = None) -> int:

@@ -89,8 +89,9 @@ class TokenStore:
     def nbytes(self) -> int:
         return self._buf.nbytes + self._keys.nbytes + self._pos.nbytes
 
-    def append(self, tokens: Sequence[int], end: bool = False) -> None:
-        """Add tokens to the last sequence; ``end`` closes it (the next append starts a new one)."""
+    def append(self, tokens: Sequence[int], end: bool = False, index: bool = True) -> None:
+        """Add tokens to the last sequence; ``end`` closes it (the next append starts a new one). ``index=False``:
+        no re-sort however long the unindexed tail grows (a caller appending many sequences reindexes once after)."""
         add = np.asarray(tokens, np.int32)
         need = self.size + len(add) + 1
         if need >= len(self._buf):
@@ -102,7 +103,7 @@ class TokenStore:
         if end:
             self._buf[self.size] = SEPARATOR
             self.size += 1
-        if self.size - self._indexed > max(self.SCAN_LIMIT, self._indexed // 4):
+        if index and self.size - self._indexed > max(self.SCAN_LIMIT, self._indexed // 4):
             self.reindex()
 
     def reindex(self) -> None:

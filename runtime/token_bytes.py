@@ -62,11 +62,10 @@ class TokenBytes:
 
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
-        raw = tokenizer._tok
-        spec = json.loads(raw.to_str())
+        spec = json.loads(tokenizer.to_json())
         decoder = json.dumps(spec.get("decoder") or {})
         special = {t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
-        vocab = raw.get_vocab(with_added_tokens=True)
+        vocab = tokenizer.vocab()
         size = max(vocab.values(), default=-1) + 1
         self.table: list[bytes] = [b""] * size
         if '"ByteLevel"' in decoder:

@@ -94,6 +94,8 @@ class DraftModelProposer(Proposer):
         probs: list[list[np.ndarray]] = [[] for _ in ids]
         sampled = [r is not None and self.use_logits and not r.config.sampling.greedy for r in reqs]
         any_sampled = any(sampled)
+        # rows whose pick is not the argmax: sampled, or with their own logits processing (penalties, bias, grammar)
+        picked = [i for i, r in enumerate(reqs) if sampled[i] or (r is not None and r.processor is not None and not r.processor.plain)]
         # step 0 feeds each row's pending tokens (ragged); later steps one draft per row
         feed: list[list[int]] | np.ndarray = [self.pending[rid] if k > 0 else [self.pending[rid][-1]] for rid, k in zip(ids, lens)]
         track_top = any_sampled or self.confidence_threshold > 0
@@ -103,14 +105,15 @@ class DraftModelProposer(Proposer):
             active = np.flatnonzero(~idle)
             drafts[:, j] = logits.argmax(axis=-1)
             top = np.zeros(len(ids)) if track_top else None
-            for i in active:  # the request's own logits processing, with this position's history (its drafts so far)
+            for i in picked:  # the request's own logits processing, with this position's history (its drafts so far)
+                if idle[i]:
+                    continue
                 r = reqs[i]
-                if sampled[i] or (r is not None and r.processor is not None and not r.processor.plain):
-                    t, q = r.processor.pick(logits[i], drafts[i, :j], r.rng) if r.processor is not None else _plain_pick(logits[i], r)  # type: ignore[union-attr]
-                    drafts[i, j] = t
-                    if sampled[i]:
-                        probs[i].append(q)
-                        top[i] = q.max()  # type: ignore[index]
+                t, q = r.processor.pick(logits[i], drafts[i, :j], r.rng) if r.processor is not None else _plain_pick(logits[i], r)  # type: ignore[union-attr]
+                drafts[i, j] = t
+                if sampled[i]:
+                    probs[i].append(q)
+                    top[i] = q.max()  # type: ignore[index]
             if top is not None and self.confidence_threshold > 0:
                 plain = [i for i in active if not sampled[i]]
                 if plain:
