@@ -29,7 +29,13 @@ the method: ``1 + sum_j prod_{i<=j} c_i`` (the geometric formula when every
 rounds, so a change in the text (a copy-heavy stretch for n-gram) is noticed.
 A request keeps its k until
 another promises ``STICKY`` (5%) more: each new call width is a new shape for
-the backend, and estimates are noisy.
+the backend, and estimates are noisy. Drafting at all (k > 0, a tree, a wider
+batch call) must promise ``DRAFT_MARGIN`` (10%) more than not drafting: the
+best of several noisy estimates is biased upwards (the winner's curse), and a
+drafting round pays costs the estimate leaves out (a new call shape, a
+draft's catch-up, desynchronised rows). Measured at 8 streams on the 325M
+pair on a CPU, k = 1 came out 1-5% ahead of k = 0 by the estimate, and
+drafting at those break-even points cost 6-19% of target-only's throughput.
 
 Trees and scored drafts use the same costs with their own expected tokens:
 
@@ -42,9 +48,21 @@ Trees and scored drafts use the same costs with their own expected tokens:
   (the sum of their scores), c the method's measured accepted / predicted
   (the scores' calibration).
 
+A draft model that has not been fed a request's text yet (its prompt, held
+back until the request first drafts; tokens emitted while it did not draft)
+must catch up before it drafts: ``catch_up_s``, measured per method as
+seconds per fed token, is paid once and spread over the tokens the request
+has left (at most ``HORIZON``). At a full batch that is what keeps auto from
+prefilling every prompt on the draft for a k = 1 that gains 5%; a probe is
+skipped for a request whose catch-up would be a prefill (more than
+``PROBE_BACKLOG`` tokens).
+
 Probes of requests at k = 0 fall on the same rounds (``probe_due``): a probe
 widens the whole batch's target call, so staggered probes would widen almost
-every call at high concurrency.
+every call at high concurrency. For the same reason they come once in
+``PROBE_EVERY`` rounds per row of the batch: at 8 rows on a CPU a probe round
+cost about 0.75 of a step (a 2-wide call is 1.45x a 1-wide one, and the draft
+catches up 16 tokens per row), 5% of the time at one probe in 16 rounds.
 
 The batch's call is as wide as its widest row (the executor pads ragged rows),
 so once the drafts are known the round caps them at the width that pays for
@@ -60,8 +78,11 @@ from __future__ import annotations
 PRIOR_WEIGHT = 8.0  # drafts' worth of the method-wide acceptance in a request's estimate
 PROBE_EVERY = 16  # one round in this many is a probe round for requests at k = 0
 STICKY = 0.05  # a new draft length must promise this much more speed than the current one
+DRAFT_MARGIN = 0.10  # drafting must promise this much more speed than decoding one token per call
 FORGET = 0.05  # weight of a new timing: the fits follow the last ~20 calls
 PRIOR_SLOPE = 0.1  # cost of one more verified token, as a share of a 1-token call, before two widths were timed
+HORIZON = 128  # tokens over which a catch-up is spread at most (a request's max_tokens may be far above its length)
+PROBE_BACKLOG = 2 * 16  # a probe that would feed the draft more than this (a prompt it never saw) is skipped
 SKIP_SHARE = 0.02  # a scored draft whose proposal costs less than this share of a target step is proposed every round
 
 
@@ -113,6 +134,7 @@ class AutoDraftLen:
         # token) is a 1-row figure; at 16 rows on a CPU a second token per row costs ~60% more, not 10%.
         self.per_token = _CostLine()
         self.draft_s: dict[tuple[str, int], float] = {}  # (method, rows) -> seconds per draft step (moving average)
+        self.catch_up_s: dict[str, _CostLine] = {}  # method -> seconds of a catch-up call by the tokens it feeds
         # The first call of a shape pays ONNX Runtime's one-time work for it (memory planning,
         # kernel choice): 10x a step on the enlarged model. It is not a step's cost, so it is not timed.
         self._seen: set[tuple] = set()
@@ -151,6 +173,11 @@ class AutoDraftLen:
             per = seconds / steps
             old = self.draft_s.get((method, rows))
             self.draft_s[(method, rows)] = per if old is None else min((1 - FORGET) * old + FORGET * per, 3.0 * old)
+
+    def record_catch_up(self, method: str, tokens: int, seconds: float) -> None:
+        if self._first(("catch_up", method)):  # the first call of a long feed pays ONNX Runtime's setup for it
+            return
+        self.catch_up_s.setdefault(method, _CostLine()).add(tokens, seconds)
 
     def record_scored(self, method: str, predicted: float, accepted: int) -> None:
         """A scored draft whose kept nodes summed to ``predicted`` expected drafts got ``accepted``."""
@@ -214,12 +241,25 @@ class AutoDraftLen:
             return default
         return self.draft_s[(method, min(sizes, key=lambda n: abs(n - rows)))]
 
-    def choose(self, method: str, accepted: int, rejected: int, limit: int, rows: int = 1, current: int | None = None) -> int:
+    def catch_up_cost(self, method: str, tokens: int, rows: int = 1) -> float:
+        """Seconds for the method's draft to be fed ``tokens`` it has not seen (unmeasured: an eighth of a draft step
+        per token, about what a prompt's prefill costs per token on a CPU)."""
+        if tokens <= 0:
+            return 0.0
+        line = self.catch_up_s.get(method)
+        if line is not None and line.measured:
+            return line(tokens, slope=line.s[3] / max(line.s[1], 1e-9))  # one size seen: proportional to the tokens
+        return tokens * self.draft_cost(method, rows, default=0.1 * self.verify_cost(rows, 1)) / 8
+
+    def choose(self, method: str, accepted: int, rejected: int, limit: int, rows: int = 1, current: int | None = None,
+               catch_up_s: float = 0.0, left: int = HORIZON) -> int:
         """The k in 0..limit with the most expected tokens per second, in a round of ``rows`` requests.
 
         ``current``: the request's k of the last round, kept unless another k is expected to be
         ``STICKY`` faster: every new call width costs ONNX Runtime a new shape (buffers, a rebinding,
         its memory plan), so chasing a 1% difference from noisy estimates loses more than it gains.
+        ``catch_up_s``: what drafting at all first costs this request (its draft's backlog), spread over the
+        ``left`` tokens it may still make (at most HORIZON); paid by every row, as the costs above assume.
         """
         limit = min(limit, self.max_draft_len)
         if limit <= 0:
@@ -228,7 +268,9 @@ class AutoDraftLen:
         verify = [self.verify_cost(rows, w) for w in range(1, limit + 2)]  # [k]: a call of k + 1 tokens
         t_draft = self.draft_cost(method, rows, default=0.1 * verify[0])  # unmeasured: a tenth of a target step
         tokens = self.expected_tokens(method, a, limit)
-        speed = [tokens[k] / (k * t_draft + verify[k]) for k in range(limit + 1)]
+        spread = rows * catch_up_s / max(min(left, HORIZON), 1)  # per token the round makes
+        speed = [tokens[k] / (k * t_draft + verify[k] + (spread * tokens[k] if k else 0.0)) for k in range(limit + 1)]
+        speed[0] *= 1.0 + DRAFT_MARGIN
         best = max(range(limit + 1), key=speed.__getitem__)
         if current is not None and current <= limit and speed[best] < speed[current] * (1.0 + STICKY):
             return current
@@ -243,7 +285,7 @@ class AutoDraftLen:
             return 0
         t_draft = self.draft_cost(method, rows, default=0.1 * self.verify_cost(rows, 1))
         tree = self.tree_tokens(method, accepted, rounds) / (nodes * t_draft + self.verify_cost(rows, nodes + 1))
-        return nodes if tree > 1.0 / self.verify_cost(rows, 1) else 0
+        return nodes if tree > (1.0 + DRAFT_MARGIN) / self.verify_cost(rows, 1) else 0
 
     def calibration(self, method: str) -> float:
         """Accepted drafts per expected draft of the method's scored drafts (1 until measured; a prior of 8 drafts)."""
@@ -260,7 +302,7 @@ class AutoDraftLen:
         node's estimated probability of being accepted; 0 when no prefix beats decoding one token."""
         c = self.calibration(method)
         t_draft = self.draft_cost(method, rows, default=0.0)
-        best, best_speed, expected = 0, 1.0 / self.verify_cost(rows, 1), 1.0
+        best, best_speed, expected = 0, (1.0 + DRAFT_MARGIN) / self.verify_cost(rows, 1), 1.0
         for k, score in enumerate(scores, 1):
             expected += c * float(score)
             speed = expected / (k * t_draft + self.verify_cost(rows, k + 1))
@@ -284,12 +326,12 @@ class AutoDraftLen:
         best, best_speed = floor, -1.0
         for width in range(floor, top + 1):
             tokens = sum(c[min(width - 1, len(c) - 1)] for c in curves)
-            speed = tokens / self.verify_cost(rows, width)
+            speed = tokens / self.verify_cost(rows, width) * (1.0 + DRAFT_MARGIN if width == 1 else 1.0)
             if speed > best_speed:
                 best, best_speed = width, speed
         return best
 
     @staticmethod
-    def probe_due(round_index: int) -> bool:
-        """Requests at k = 0 draft once more on the same rounds: one in PROBE_EVERY."""
-        return round_index % PROBE_EVERY == 0
+    def probe_due(round_index: int, rows: int = 1) -> bool:
+        """Requests at k = 0 draft once more on the same rounds: one in PROBE_EVERY per row of the batch."""
+        return round_index % (PROBE_EVERY * max(rows, 1)) == 0

@@ -27,7 +27,7 @@ import numpy as np
 
 from .acceptance import accept_rejection_sampling, accept_token_compare
 from .backends.base import Executor, StepOutput
-from .draft_len import AutoDraftLen
+from .draft_len import PROBE_BACKLOG, AutoDraftLen
 from .guards import SILENT_DRAFT_ROUNDS, finite, first_nonfinite, nonfinite_message, silent_draft_message
 from .kv_cache import KVCache
 from .logits import Rows, logprobs
@@ -152,7 +152,7 @@ class SpeculativeRound:
         drafts = self.propose(reqs, lens, timing)
         if timing:  # drafts that score their nodes: auto keeps the prefix that pays at this batch size
             drafts = [self.auto_prefix(r, d, len(reqs)) if r.draft_len == AUTO and d.scores is not None else d for r, d in zip(reqs, drafts)]
-            if len(reqs) > 1 and not self.auto.probe_due(self.rounds):  # probes keep their width: they are how estimates update
+            if len(reqs) > 1 and not self.auto.probe_due(self.rounds, len(reqs)):  # probes keep their width: they are how estimates update
                 drafts = self.batch_cap(reqs, drafts)
         t0 = time.perf_counter()
         step, share_s = self.verify(reqs, drafts)
@@ -178,23 +178,26 @@ class SpeculativeRound:
             return min(int(r.draft_len), limit)
         if proposer.scores_drafts:  # proposes its best, then auto keeps a prefix (auto_prefix) ... unless none paid last
             # time and proposing costs enough to be worth saving (AutoDraftLen.worth_skipping): then only in probe rounds
-            skip = r.auto_k == 0 and not self.auto.probe_due(self.rounds) and self.auto.worth_skipping(r.method, running, limit)
+            skip = r.auto_k == 0 and not self.auto.probe_due(self.rounds, running) and self.auto.worth_skipping(r.method, running, limit)
             return 0 if skip else limit
         if proposer.tree is not None:  # a static tree (Medusa, EAGLE): whole, or nothing
             drafting = r.metrics.rounds - r.metrics.no_draft_rounds
             k = self.auto.choose_tree(r.method, limit, r.metrics.accepted, drafting, running)
         else:
-            k = self.auto.choose(r.method, r.metrics.accepted, r.metrics.rejected, limit, running, r.auto_k)
+            backlog = proposer.backlog(r)  # a draft model that has not seen the prompt yet: drafting first costs a prefill
+            catch_up_s = self.auto.catch_up_cost(r.method, backlog, running)
+            left = r.config.max_output_len - len(r.output_ids)
+            k = self.auto.choose(r.method, r.metrics.accepted, r.metrics.rejected, limit, running, r.auto_k, catch_up_s, left)
             r.auto_k = k
-        if k == 0 and self.auto.probe_due(self.rounds):  # look again, all at once: the text may have changed
-            k = limit if proposer.tree is not None else 1
+        if k == 0 and self.auto.probe_due(self.rounds, running) and proposer.backlog(r) <= PROBE_BACKLOG:
+            k = limit if proposer.tree is not None else 1  # look again, all at once: the text may have changed
         return k
 
     def auto_prefix(self, r: Request, d: Draft, running: int) -> Draft:
         """The prefix of a scored draft that draft_len=auto expects to pay (or nothing, but in probe rounds)."""
         k = self.auto.choose_scored(r.method, d.scores, running)
         r.auto_k = k if len(d) else None  # 0: a draft that did not pay: skip proposing until a probe round, if that saves much
-        if k == 0 and len(d) and self.auto.probe_due(self.rounds):
+        if k == 0 and len(d) and self.auto.probe_due(self.rounds, running):
             k = 1
         return d if k == len(d) else d.prefix(k)
 
@@ -205,7 +208,10 @@ class SpeculativeRound:
         if not auto:
             return drafts
         floor = 1 + max((len(d) for r, d in zip(reqs, drafts) if r.draft_len != AUTO), default=0)
-        width = self.auto.batch_width([self.expected_curve(reqs[i], drafts[i]) for i in auto], len(reqs), floor)
+        # every row counts: one without drafts makes its token at any width, and pays for the widest row all the same
+        drafting = set(auto)
+        curves = [self.expected_curve(r, drafts[i]) if i in drafting else [1.0] for i, r in enumerate(reqs)]
+        width = self.auto.batch_width(curves, len(reqs), floor)
         out = list(drafts)
         for i in auto:
             d = drafts[i]
@@ -231,14 +237,18 @@ class SpeculativeRound:
             if not idx:
                 continue
             t0 = time.perf_counter()
+            fed = proposer.catch_up([reqs[i] for i in idx])  # timed apart: a prefill is not a draft step
+            t1 = time.perf_counter()
             got = proposer.propose([reqs[i] for i in idx], [lens[i] for i in idx])
-            dt = time.perf_counter() - t0
-            self.stats.draft_s += dt
+            t2 = time.perf_counter()
+            self.stats.draft_s += t2 - t0
             if timing:
-                self.auto.record_draft(name, len(idx), max(len(d) for d in got), dt)
+                if fed:
+                    self.auto.record_catch_up(name, fed, t1 - t0)
+                self.auto.record_draft(name, len(idx), max(len(d) for d in got), t2 - t1)
             for i, d in zip(idx, got):
                 drafts[i] = trim(reqs[i], d)
-                reqs[i].metrics.draft_s += dt / len(idx)
+                reqs[i].metrics.draft_s += (t2 - t0) / len(idx)
         return drafts
 
     def verify(self, reqs: list[Request], drafts: Sequence[Draft]) -> tuple[StepOutput, float]:

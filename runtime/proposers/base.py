@@ -90,6 +90,16 @@ class Proposer(Protocol):
     def remove(self, request_id: str) -> None:
         """The request finished or was aborted: free what it holds."""
 
+    def backlog(self, request: "Request") -> int:
+        """Tokens of the request its own model has not been fed yet (a draft model's prompt, held back until the
+        request first drafts under draft_len=auto; the tokens emitted while it did not draft): what ``catch_up``
+        would feed. 0 for a proposer without a model of its own."""
+        return 0
+
+    def catch_up(self, requests: Sequence["Request"]) -> int:
+        """Feed these requests' backlogs now (the round times it apart from drafting); the tokens fed."""
+        return 0
+
     def room(self, request: "Request") -> int:
         """The most drafts this request can take this round (the proposer's own limits)."""
 

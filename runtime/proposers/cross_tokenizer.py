@@ -100,6 +100,16 @@ class CrossTokenizerProposer(Proposer):
         unsynced = len(t.data) - t.synced  # at most one draft token per byte still to feed
         return max(self.inner.room(self.shadows[request.request_id]) - EXTRA_DRAFTS - unsynced, 0)
 
+    def backlog(self, request: Request) -> int:
+        t = self.texts[request.request_id]
+        return self.inner.backlog(self.shadows[request.request_id]) if t.joined else 0
+
+    def catch_up(self, requests: Sequence[Request]) -> int:
+        joined = [r for r in requests if self.texts[r.request_id].joined]
+        for r in joined:
+            self._sync(r.request_id)
+        return self.inner.catch_up([self.shadows[r.request_id] for r in joined])
+
     # -- a round ------------------------------------------------------------------------
     def propose(self, requests: Sequence[Request], draft_lens: Sequence[int]) -> list[Draft]:
         out = [Draft.empty() for _ in requests]

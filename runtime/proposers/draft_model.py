@@ -7,6 +7,15 @@ the draft has not yet seen (the last accepted token; after a round where
 every draft was accepted, the last draft too: the draft produced it but
 never fed it; after rounds without drafting, every token emitted since).
 They are fed first in the next round that drafts.
+
+A request with ``draft_len="auto"`` joins with its whole prompt pending: the
+draft model pays for the prompt only if the request ever drafts. At a full
+batch on a CPU, auto often decides that drafting does not pay (a wider target
+call costs most of a step there), and a prefill of every prompt on the draft
+was then 8% of the wall time for nothing. A pending backlog longer than one
+round's tokens is fed in a call of its own (``catch_up``), so it does not
+widen the first draft step of every row beside it; auto weighs that cost
+before a request first drafts (runtime/draft_len.py).
 """
 
 from __future__ import annotations
@@ -17,9 +26,11 @@ import numpy as np
 
 from ..backends.base import Executor
 from ..errors import RequestError
-from ..request import Request
+from ..request import AUTO, Request
 from ..sampling import processed_probs, sample
 from .base import Draft, Proposer, TargetOutput
+
+CATCH_UP_AFTER = 9  # pending tokens beyond one round's worth (k + 1 at k = 8) are fed in a call of their own
 
 
 class DraftModelProposer(Proposer):
@@ -44,12 +55,16 @@ class DraftModelProposer(Proposer):
     # -- requests come and go -----------------------------------------------------------
     def add(self, requests: Sequence[Request]) -> None:
         first = len(self.order)
+        eager = [r for r in requests if r.draft_len != AUTO]  # auto requests pay for their prompt when they first draft
         for r in requests:
             self.slot_of[r.request_id] = len(self.order)
             self.order.append(r.request_id)
-            self.pending[r.request_id] = list(r.output_ids)
-        if requests:
+            self.pending[r.request_id] = list(r.output_ids) if r.draft_len != AUTO else [*r.prompt_ids, *r.output_ids]
+        if len(eager) == len(requests) and requests:  # one call for the batch (the usual case: one draft_len per engine)
             self.executor.forward(self.cache, [r.prompt_ids for r in requests], all_logits=False, first_slot=first)
+        else:
+            for r in eager:
+                self.executor.forward(self.cache, [r.prompt_ids], all_logits=False, first_slot=self.slot_of[r.request_id])
 
     def remove(self, request_id: str) -> None:
         slot, last = self.slot_of.pop(request_id), len(self.order) - 1
@@ -65,12 +80,37 @@ class DraftModelProposer(Proposer):
         fed = int(self.cache.lengths[self.slot_of[request.request_id]]) + len(self.pending[request.request_id])
         return max(self.cache.max_seq_len - fed + 1, 0)  # k drafts feed pending + (k - 1) drafts
 
+    def backlog(self, request: Request) -> int:
+        pending = len(self.pending[request.request_id])
+        return pending - 1 if pending > CATCH_UP_AFTER else 0
+
+    def catch_up(self, requests: Sequence[Request]) -> int:
+        """Feed each request's backlog but its last token (the next draft step feeds that one): one call per run
+        of adjacent slots, so no request rides along with a long feed it does not need."""
+        slots = sorted(self.slot_of[r.request_id] for r in requests if self.backlog(r))
+        runs: list[list[int]] = []
+        for s in slots:
+            if runs and runs[-1][-1] == s - 1:
+                runs[-1].append(s)
+            else:
+                runs.append([s])
+        fed = 0
+        for run in runs:
+            feeds = [self.pending[self.order[s]][:-1] for s in run]
+            self.executor.forward(self.cache, feeds, all_logits=False, first_slot=run[0])
+            for s in run:
+                rid = self.order[s]
+                fed += len(self.pending[rid]) - 1
+                self.pending[rid] = self.pending[rid][-1:]
+        return fed
+
     # -- a round ------------------------------------------------------------------------
     def propose(self, requests: Sequence[Request], draft_lens: Sequence[int]) -> list[Draft]:
         out = [Draft.empty() for _ in requests]
         want = {r.request_id: (i, int(k)) for i, (r, k) in enumerate(zip(requests, draft_lens)) if k > 0}
         if not want:
             return out
+        self.catch_up([r for r, k in zip(requests, draft_lens) if k > 0])  # a no-op when the round already did
         slots = sorted(self.slot_of[rid] for rid in want)
         lo, hi = slots[0], slots[-1] + 1
         # Slots in the range that do not draft ride along and write stale K/V past their length;

@@ -197,11 +197,16 @@ def test_auto_draft_len_is_exact_and_follows_acceptance(ex, solo):
     assert out[0].output_ids == base[0].output_ids
     assert m.per_token_acceptance > 0.8 and len(m.drafted_at) == MAX_DRAFT
     # a draft step as costly as a target step (the identity draft) never pays for itself:
-    # auto drafts only in its probe rounds (one in PROBE_EVERY), while a fixed k drafts every round
-    orch = with_costs(Orchestrator(ex["target"], DraftModelProposer(ex["identity"]), "auto"), lambda w: 1.0 + 0.05 * w, 1.0)
-    out, m_auto = orch.generate(prompts, cfg)
-    assert [o.output_ids for o in out] == [solo[i] for i in range(4)]
-    assert 0 < m_auto.drafted <= m_auto.rounds / PROBE_EVERY + len(prompts)
+    # auto drafts only in its probe rounds (one in PROBE_EVERY at one row; per row of a batch), while a fixed k drafts
+    # every round
+    drafted = []
+    for batch in (prompts[:1], prompts):
+        orch = with_costs(Orchestrator(ex["target"], DraftModelProposer(ex["identity"]), "auto"), lambda w: 1.0 + 0.05 * w, 1.0)
+        out, m_auto = orch.generate(batch, cfg)
+        assert [o.output_ids for o in out] == [solo[i] for i in range(len(batch))]
+        assert m_auto.drafted <= m_auto.rounds / (PROBE_EVERY * len(batch)) + len(batch)
+        drafted.append(m_auto.drafted)
+    assert drafted[0] > 0  # 23 rounds at one row: a probe at round 16
 
 
 def test_auto_policy_picks_zero_when_drafts_do_not_pay():
@@ -365,3 +370,69 @@ def test_auto_keeps_its_draft_length_unless_another_is_clearly_faster():
     # a neighbour of the best is within a few percent: kept, so the call width does not churn
     assert auto.choose("ngram", accepted=60, rejected=40, limit=8, current=best + 1) == best + 1
     assert auto.choose("ngram", accepted=60, rejected=40, limit=8, current=0) == best  # k = 0 is far slower: left
+
+
+def test_an_auto_request_prefills_the_draft_only_when_it_first_drafts(ex, solo, monkeypatch):
+    """draft_len=auto: the draft model joins a request with its prompt pending (no draft call at admission); the
+    first round that drafts feeds that backlog in a call of its own, and the output is still target-only's.
+    A fixed draft_len prefills the draft at admission, as before."""
+    calls = []
+    real = ex["draft"].forward
+    monkeypatch.setattr(ex["draft"], "forward", lambda cache, feed, *a, **kw: (calls.append([len(f) for f in feed]), real(cache, feed, *a, **kw))[1])
+    lazy = DraftModelProposer(ex["draft"])
+    engine = Engine(ex["target"], [lazy], SpeculationConfig("draft", "auto"))
+    engine.auto.verify_cost = lambda rows, width: 1.0 + 0.01 * width  # drafting pays: the request drafts at once
+    engine.auto.draft_cost = lambda method, rows, default: 0.0
+    rid = engine.add_request(PROMPTS[2], GenerationConfig(max_output_len=24))
+    engine.step()  # the target's prefill and first token
+    assert calls == [] and lazy.backlog(engine.requests[rid]) == len(PROMPTS[2])
+    out = drain(engine)
+    assert out[rid].output_ids == solo[2]
+    assert calls[0] == [len(PROMPTS[2])]  # the catch-up: the prompt and the first token, but the last one
+    assert out[rid].metrics.drafted > 0
+    calls.clear()
+    fixed = DraftModelProposer(ex["draft"])
+    engine = Engine(ex["target"], [fixed], SpeculationConfig("draft", 3))
+    rid = engine.add_request(PROMPTS[2], GenerationConfig(max_output_len=24))
+    engine.step()
+    assert calls == [[len(PROMPTS[2])]] and fixed.backlog(engine.requests[rid]) == 0
+    assert drain(engine)[rid].output_ids == solo[2]
+
+
+def test_catch_up_feeds_each_run_of_adjacent_slots_once(ex, monkeypatch):
+    from specdec.runtime.request import AUTO, Request
+
+    p = DraftModelProposer(ex["draft"])
+    reqs = [Request(f"r{i}", list(range(20 + i, 40 + i)), GenerationConfig(max_output_len=8), "draft", AUTO,
+                    np.random.default_rng(0), output_ids=[3]) for i in range(4)]
+    reqs[1].draft_len = 2  # a fixed draft length: prefilled at admission, no backlog
+    p.add(reqs)
+    assert [p.backlog(r) for r in reqs] == [20, 0, 20, 20]
+    seen = []
+    real = ex["draft"].forward
+    monkeypatch.setattr(ex["draft"], "forward", lambda cache, feed, *a, **kw: (seen.append((kw.get("first_slot"), [len(f) for f in feed])), real(cache, feed, *a, **kw))[1])
+    assert p.catch_up(reqs) == 60
+    assert seen == [(0, [20]), (2, [20, 20])]  # slot 1 has nothing to feed: two runs, no row rides along
+    assert [p.backlog(r) for r in reqs] == [0, 0, 0, 0] and p.catch_up(reqs) == 0
+    assert [int(p.cache.lengths[s]) for s in range(4)] == [20, 20, 20, 20]
+
+
+def test_auto_weighs_the_catch_up_before_a_request_first_drafts():
+    from specdec.runtime.draft_len import AutoDraftLen
+
+    auto = AutoDraftLen(8, max_batch=8)
+    auto.verify_cost = lambda rows, width: 1.0 + (0.02 if rows == 1 else 0.3) * (width - 1)
+    auto.draft_cost = lambda method, rows, default: 0.05
+    auto.record_round("draft", 4, 3)
+    # a good draft at one row pays for its prompt's prefill (a step's worth) many times over
+    assert auto.choose("draft", 30, 10, 8, rows=1, catch_up_s=1.0, left=32) > 0
+    # at 8 rows k = 2 gains 25% without a catch-up (2.35 tokens for 1.7 of a call); when every row first pays a step
+    # for a prefill spread over 32 tokens, the round costs 2.29 and no k gains the 10% drafting must promise
+    assert auto.choose("draft", 30, 10, 8, rows=8, catch_up_s=0.0, left=32) == 2
+    assert auto.choose("draft", 30, 10, 8, rows=8, catch_up_s=1.0, left=32) == 0
+    assert auto.choose("draft", 30, 10, 8, rows=8, catch_up_s=1.0, left=10_000) == 2  # spread over HORIZON tokens
+    # measured: seconds per fed token from the catch-up calls (the first, ONNX Runtime's set-up for the shape, is not)
+    auto.record_catch_up("draft", 100, 9.0)
+    auto.record_catch_up("draft", 100, 0.2)
+    assert auto.catch_up_cost("draft", 50) == pytest.approx(0.1)
+    assert auto.catch_up_cost("draft", 0) == 0.0

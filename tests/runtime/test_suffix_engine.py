@@ -127,12 +127,12 @@ def test_tree_attention_build_refusals(tmp_path):
 
 
 def test_auto_caps_the_batch_width_and_stays_exact(targets, want):
-    """draft_len=auto under fixed costs where each verified token past the first costs half a call at more than one
-    row: one request that repeats a cached response would draft deep for the whole batch; the round cuts the batch's
+    """draft_len=auto under fixed costs where each verified token past the first costs a quarter of a call at more
+    than one row: one request that repeats a cached response would draft deep for the whole batch; the round cuts the batch's
     drafts to the width that pays (SpeculativeRound.batch_cap), and the output is still target-only's."""
     proposer = SuffixProposer(SuffixConfig(max_draft_len=MAX_DRAFT), trees=True)
     engine = Engine(targets["tree"], [proposer], SpeculationConfig("suffix", "auto"))
-    engine.auto.verify_cost = lambda rows, width: 1.0 + (0.0 if rows == 1 else 0.5) * (width - 1)
+    engine.auto.verify_cost = lambda rows, width: 1.0 + (0.0 if rows == 1 else 0.25) * (width - 1)
     engine.auto.draft_cost = lambda method, rows, default: 0.0
     cuts = []
     real = engine.round.batch_cap
