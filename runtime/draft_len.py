@@ -277,14 +277,18 @@ class AutoDraftLen:
         return best
 
     # -- trees and scored drafts ------------------------------------------------------------
-    def choose_tree(self, method: str, nodes: int, accepted: int, rounds: int, rows: int = 1) -> int:
+    def choose_tree(self, method: str, nodes: int, accepted: int, rounds: int, rows: int = 1, catch_up_s: float = 0.0,
+                    left: int = HORIZON) -> int:
         """``nodes`` (the whole tree) or 0: whichever gives more expected tokens per second at ``rows`` requests.
 
-        ``accepted`` / ``rounds``: the request's own accepted drafts and drafting rounds so far."""
+        ``accepted`` / ``rounds``: the request's own accepted drafts and drafting rounds so far; ``catch_up_s``,
+        ``left``: as for ``choose``."""
         if nodes <= 0:
             return 0
         t_draft = self.draft_cost(method, rows, default=0.1 * self.verify_cost(rows, 1))
-        tree = self.tree_tokens(method, accepted, rounds) / (nodes * t_draft + self.verify_cost(rows, nodes + 1))
+        tokens = self.tree_tokens(method, accepted, rounds)
+        spread = rows * catch_up_s / max(min(left, HORIZON), 1)
+        tree = tokens / (nodes * t_draft + self.verify_cost(rows, nodes + 1) + spread * tokens)
         return nodes if tree > (1.0 + DRAFT_MARGIN) / self.verify_cost(rows, 1) else 0
 
     def calibration(self, method: str) -> float:

@@ -180,13 +180,13 @@ class SpeculativeRound:
             # time and proposing costs enough to be worth saving (AutoDraftLen.worth_skipping): then only in probe rounds
             skip = r.auto_k == 0 and not self.auto.probe_due(self.rounds, running) and self.auto.worth_skipping(r.method, running, limit)
             return 0 if skip else limit
+        # a draft model or EAGLE module that has not read the prompt yet: drafting first costs a prefill
+        catch_up_s = self.auto.catch_up_cost(r.method, proposer.backlog(r), running)
+        left = r.config.max_output_len - len(r.output_ids)
         if proposer.tree is not None:  # a static tree (Medusa, EAGLE): whole, or nothing
             drafting = r.metrics.rounds - r.metrics.no_draft_rounds
-            k = self.auto.choose_tree(r.method, limit, r.metrics.accepted, drafting, running)
+            k = self.auto.choose_tree(r.method, limit, r.metrics.accepted, drafting, running, catch_up_s, left)
         else:
-            backlog = proposer.backlog(r)  # a draft model that has not seen the prompt yet: drafting first costs a prefill
-            catch_up_s = self.auto.catch_up_cost(r.method, backlog, running)
-            left = r.config.max_output_len - len(r.output_ids)
             k = self.auto.choose(r.method, r.metrics.accepted, r.metrics.rejected, limit, running, r.auto_k, catch_up_s, left)
             r.auto_k = k
         if k == 0 and self.auto.probe_due(self.rounds, running) and proposer.backlog(r) <= PROBE_BACKLOG:

@@ -19,6 +19,13 @@ target computed). A round:
                need their parents' hidden_out); then the cache goes back to the
                real pairs
 
+A request with ``draft_len="auto"`` keeps its prompt's pairs pending until it
+first drafts (``backlog`` / ``catch_up``, as a draft model does): at a full
+batch auto rarely drafts, and the module's prefill of every prompt was 7% of
+the wall time at 4 streams on the 325M int4 pair for requests that then did
+not draft. Pending features are kept as a list of per-round arrays, joined
+once when fed.
+
 Greedy chains and trees are exact (runtime/tree.py); sampled chains draw each
 draft from the module's processed distribution and pass it for rejection
 sampling. With a tree, greedy requests draft the tree and sampled requests a
@@ -36,11 +43,13 @@ from ..backends.base import Executor, StepOutput
 from ..config_strings import DEFAULT_DRAFT_LEN
 from ..engine_format import EngineDir, eagle_module_dir, load_engine_dir
 from ..errors import EngineError
-from ..request import Request
+from ..request import AUTO, Request
 from ..sampling import processed_probs, sample
 from ..tree import DraftTree, check_tree, parse_choices, top_k
 from .base import Draft, TargetOutput
 from .own import OwnDrafter
+
+CATCH_UP_AFTER = 9  # pending pairs beyond one round's worth are fed in a call of their own (catch_up)
 
 
 class EagleProposer(OwnDrafter):
@@ -71,8 +80,9 @@ class EagleProposer(OwnDrafter):
         self.cache = module.new_cache(module.build.max_batch_size)
         self.order: list[str] = []  # order[s]: the request in module slot s
         self.slot_of: dict[str, int] = {}
-        # real pairs not yet fed: features [m, hidden] of tokens the target saw, and the token after each [m]
-        self.pending: dict[str, tuple[np.ndarray, list[int]]] = {}
+        # real pairs not yet fed: features of tokens the target saw ([rows, hidden] arrays, m rows in all), and the
+        # token after each [m]
+        self.pending: dict[str, tuple[list[np.ndarray], list[int]]] = {}
         self.next_logits: dict[str, np.ndarray] = {}  # [vocab]: the module's guess for depth 1 (after catch-up)
         self.next_hidden: dict[str, np.ndarray] = {}  # [hidden]: its hidden_out on that row
 
@@ -97,18 +107,18 @@ class EagleProposer(OwnDrafter):
         for r in requests:
             self.slot_of[r.request_id] = len(self.order)
             self.order.append(r.request_id)
-            self.pending[r.request_id] = (np.zeros((0, self.module.model.hidden_size), np.float32), [])
+            self.pending[r.request_id] = ([], [])
 
     def prefilled(self, requests: Sequence[Request], step: StepOutput, first_slot: int) -> None:
         """The target just prefilled ``requests``: the prompt's features pair with the prompt shifted by one and the first token."""
         feats = step.eagle_hidden  # [len(prefilled), width, hidden]
         for r in requests:
             n = len(r.prompt_ids)
-            self.pending[r.request_id] = (feats[r.slot - first_slot, :n].copy(), [*r.prompt_ids[1:], r.output_ids[0]])
-        # the prompts' pairs now, in a call of their own: the joining requests hold the last module slots, and a prompt
-        # fed beside running requests would make them ride along a prompt-wide step
-        slots = sorted(self.slot_of[r.request_id] for r in requests)
-        self._catch_up(slots[0], slots[-1] + 1, {r.request_id for r in requests})
+            self.pending[r.request_id] = ([feats[r.slot - first_slot, :n].copy()], [*r.prompt_ids[1:], r.output_ids[0]])
+        # a fixed draft_len: the prompts' pairs now, in a call of their own (the joining requests hold the last module
+        # slots, and a prompt fed beside running requests would make them ride along a prompt-wide step); auto: when
+        # the request first drafts
+        self.catch_up([r for r in requests if r.draft_len != AUTO])
 
     def remove(self, request_id: str) -> None:
         slot, last = self.slot_of.pop(request_id), len(self.order) - 1
@@ -130,7 +140,26 @@ class EagleProposer(OwnDrafter):
     def observe(self, request: Request, draft: Draft, target: TargetOutput) -> None:
         """The kept rows' features pair with the tokens that follow them: the kept drafts, then the new token."""
         feats, (old_h, old_t) = target.eagle_hidden[target.rows], self.pending[request.request_id]  # [len(rows), hidden]
-        self.pending[request.request_id] = (np.concatenate([old_h, feats]), old_t + list(target.emitted))
+        old_h.append(np.array(feats, np.float32))  # a copy: the step's outputs may live in a buffer the next call reuses
+        old_t.extend(target.emitted)
+
+    def backlog(self, request: Request) -> int:
+        pending = len(self.pending[request.request_id][1])
+        return pending if pending > CATCH_UP_AFTER else 0
+
+    def catch_up(self, requests: Sequence[Request]) -> int:
+        """Feed the long backlogs (a prompt, the tokens of rounds without drafts): one call per run of adjacent slots."""
+        slots = sorted(self.slot_of[r.request_id] for r in requests if self.backlog(r))
+        runs: list[list[int]] = []
+        for s in slots:
+            if runs and runs[-1][-1] == s - 1:
+                runs[-1].append(s)
+            else:
+                runs.append([s])
+        fed = sum(len(self.pending[self.order[s]][1]) for s in slots)
+        for run in runs:
+            self._catch_up(run[0], run[-1] + 1, {self.order[s] for s in run})
+        return fed
 
     # -- a round ------------------------------------------------------------------------
     def propose(self, requests: Sequence[Request], draft_lens: Sequence[int]) -> list[Draft]:
@@ -178,12 +207,12 @@ class EagleProposer(OwnDrafter):
         hidden = np.zeros((len(ids), width, self.module.model.hidden_size), np.float32)  # [n, width, hidden], rows padded
         for i in np.flatnonzero(todo):
             feats = self.pending[ids[i]][0]
-            hidden[i, : len(feats)] = feats
+            hidden[i, : len(self.pending[ids[i]][1])] = feats[0] if len(feats) == 1 else np.concatenate(feats)
         step = self._call(lo, tokens, hidden, todo, all_logits=False)  # logits [n, 1, vocab]: each row's last pair
         for i in np.flatnonzero(todo):
             rid = ids[i]
             self.next_logits[rid], self.next_hidden[rid] = step.logits[i, 0].copy(), step.hidden_out[i, 0].copy()
-            self.pending[rid] = (self.pending[rid][0][:0], [])
+            self.pending[rid] = ([], [])
 
     def _draft_chain(self, lo: int, ids: list[str], want: dict, requests: Sequence[Request], out: list[Draft]) -> None:
         lens = np.array([want[rid][1] if rid in want else 0 for rid in ids], np.int64)

@@ -233,3 +233,26 @@ def test_trees_run_to_max_seq_len_and_late_joiners_catch_up(eagle):
     assert outs[first].finish_reason == outs[second].finish_reason == "max_seq_len"
     want, _ = generate(t, m, [PROMPTS[2], long_prompt], "none", 0, max_output_len=200)
     assert [outs[first].output_ids, outs[second].output_ids] == want
+
+
+@pytest.mark.parametrize("choices", [None, TREE])
+def test_an_auto_request_feeds_the_module_when_it_first_drafts(eagle, choices):
+    """draft_len=auto: the module reads a request's prompt pairs when the request first drafts (its backlog, in a
+    call of its own), not at admission; a fixed draft_len feeds them at admission. Both exact, alone and batched."""
+    t, m = eagle["target"], eagle["mod"]
+    long_prompt = list(range(5, 25))  # 20 pairs: more than one round's worth, so a backlog
+    for prompts in ([long_prompt], [long_prompt, *PROMPTS]):
+        want, _ = generate(t, m, prompts, "none", 0)
+        for draft_len in ("auto", 3 if choices is None else len(json.loads(TREE))):
+            proposer = EagleProposer(t, m, choices)
+            engine = Engine(t, [proposer], SpeculationConfig("eagle", draft_len))
+            engine.auto.verify_cost = lambda rows, width: 1.0 + 0.01 * width  # drafting pays: auto drafts at once
+            engine.auto.draft_cost = lambda method, rows, default: 0.0
+            ids = [engine.add_request(p, GenerationConfig(max_output_len=20)) for p in prompts]
+            engine.step()  # the target's prefill: the module joins
+            first = engine.requests[ids[0]]
+            assert proposer.backlog(first) == (len(long_prompt) if draft_len == "auto" else 0), draft_len
+            assert (int(proposer.cache.lengths[proposer.slot_of[ids[0]]]) == 0) == (draft_len == "auto")
+            done = run_until_done(engine)
+            assert [done[i].output_ids for i in ids] == want, (len(prompts), draft_len, choices)
+            assert engine.stats.drafted > 0

@@ -436,3 +436,16 @@ def test_auto_weighs_the_catch_up_before_a_request_first_drafts():
     auto.record_catch_up("draft", 100, 0.2)
     assert auto.catch_up_cost("draft", 50) == pytest.approx(0.1)
     assert auto.catch_up_cost("draft", 0) == 0.0
+
+
+def test_a_probe_does_not_prefill_the_draft(ex):
+    """A request at k = 0 whose draft never read its prompt is not probed: the probe would cost the prompt's
+    prefill on the draft (more than PROBE_BACKLOG tokens), for one draft token. A short prompt is probed."""
+    from specdec.runtime.draft_len import PROBE_BACKLOG
+
+    drafted = {}
+    for n in (6, PROBE_BACKLOG + 8):
+        orch = with_costs(Orchestrator(ex["target"], DraftModelProposer(ex["identity"]), "auto"), lambda w: 1.0 + 0.05 * w, 1.0)
+        _, m = orch.generate([list(range(40, 40 + n))], GenerationConfig(max_output_len=3 * PROBE_EVERY))
+        drafted[n] = m.drafted
+    assert drafted[6] >= 2 and drafted[PROBE_BACKLOG + 8] == 0, drafted
