@@ -54,15 +54,16 @@ must catch up before it drafts: ``catch_up_s``, measured per method as
 seconds per fed token, is paid once and spread over the tokens the request
 has left (at most ``HORIZON``). At a full batch that is what keeps auto from
 prefilling every prompt on the draft for a k = 1 that gains 5%; a probe is
-skipped for a request whose catch-up would be a prefill (more than
-``PROBE_BACKLOG`` tokens).
+skipped for a request that has never drafted and whose catch-up would be a
+prefill (more than ``PROBE_BACKLOG`` tokens).
 
 Probes of requests at k = 0 fall on the same rounds (``probe_due``): a probe
 widens the whole batch's target call, so staggered probes would widen almost
 every call at high concurrency. For the same reason they come once in
 ``PROBE_EVERY`` rounds per row of the batch: at 8 rows on a CPU a probe round
-cost about 0.75 of a step (a 2-wide call is 1.45x a 1-wide one, and the draft
-catches up 16 tokens per row), 5% of the time at one probe in 16 rounds.
+cost about 0.75 of a step (a 2-wide call is 1.45x a 1-wide one, and a draft
+model catches up every token since its request last drafted), 5% of the time
+at one probe in 16 rounds.
 
 The batch's call is as wide as its widest row (the executor pads ragged rows),
 so once the drafts are known the round caps them at the width that pays for
@@ -82,7 +83,7 @@ DRAFT_MARGIN = 0.10  # drafting must promise this much more speed than decoding 
 FORGET = 0.05  # weight of a new timing: the fits follow the last ~20 calls
 PRIOR_SLOPE = 0.1  # cost of one more verified token, as a share of a 1-token call, before two widths were timed
 HORIZON = 128  # tokens over which a catch-up is spread at most (a request's max_tokens may be far above its length)
-PROBE_BACKLOG = 2 * 16  # a probe that would feed the draft more than this (a prompt it never saw) is skipped
+PROBE_BACKLOG = 2 * 16  # a request that never drafted is not probed if that would feed its draft more than this
 SKIP_SHARE = 0.02  # a scored draft whose proposal costs less than this share of a target step is proposed every round
 
 

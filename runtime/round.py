@@ -189,8 +189,11 @@ class SpeculativeRound:
         else:
             k = self.auto.choose(r.method, r.metrics.accepted, r.metrics.rejected, limit, running, r.auto_k, catch_up_s, left)
             r.auto_k = k
-        if k == 0 and self.auto.probe_due(self.rounds, running) and proposer.backlog(r) <= PROBE_BACKLOG:
-            k = limit if proposer.tree is not None else 1  # look again, all at once: the text may have changed
+        # look again, all at once: the text may have changed. Not a request whose draft never read its prompt, unless
+        # the prompt is short: that probe would be a prefill on the draft, for one token
+        drafted_before = r.metrics.rounds > r.metrics.no_draft_rounds
+        if k == 0 and self.auto.probe_due(self.rounds, running) and (drafted_before or proposer.backlog(r) <= PROBE_BACKLOG):
+            k = limit if proposer.tree is not None else 1
         return k
 
     def auto_prefix(self, r: Request, d: Draft, running: int) -> Draft:

@@ -51,6 +51,7 @@ class DraftModelProposer(Proposer):
         self.order: list[str] = []  # order[s]: the request in slot s
         self.slot_of: dict[str, int] = {}
         self.pending: dict[str, list[int]] = {}
+        self.proposed: dict[str, int] = {}  # drafts made (and all but the last fed) this round, until observe
 
     # -- requests come and go -----------------------------------------------------------
     def add(self, requests: Sequence[Request]) -> None:
@@ -75,6 +76,7 @@ class DraftModelProposer(Proposer):
         self.order.pop()
         self.cache.lengths[last] = 0
         del self.pending[request_id]
+        self.proposed.pop(request_id, None)
 
     def room(self, request: Request) -> int:
         fed = int(self.cache.lengths[self.slot_of[request.request_id]]) + len(self.pending[request.request_id])
@@ -86,7 +88,9 @@ class DraftModelProposer(Proposer):
 
     def catch_up(self, requests: Sequence[Request]) -> int:
         """Feed each request's backlog but its last token (the next draft step feeds that one): one call per run
-        of adjacent slots, so no request rides along with a long feed it does not need."""
+        of adjacent slots, so no request rides along with a long feed it does not need; one call per slot where a
+        padded row would write past the cache's capacity, and pieces no longer than the engine's max_input_len (a
+        backlog is the prompt plus every token emitted while the request did not draft)."""
         slots = sorted(self.slot_of[r.request_id] for r in requests if self.backlog(r))
         runs: list[list[int]] = []
         for s in slots:
@@ -94,14 +98,19 @@ class DraftModelProposer(Proposer):
                 runs[-1].append(s)
             else:
                 runs.append([s])
+        piece = max(int(self.executor.build.max_input_len), 1)
         fed = 0
         for run in runs:
-            feeds = [self.pending[self.order[s]][:-1] for s in run]
-            self.executor.forward(self.cache, feeds, all_logits=False, first_slot=run[0])
-            for s in run:
-                rid = self.order[s]
-                fed += len(self.pending[rid]) - 1
-                self.pending[rid] = self.pending[rid][-1:]
+            width = max(len(self.pending[self.order[s]]) - 1 for s in run)
+            alone = len(run) > 1 and (width > piece or int(self.cache.lengths[run[0] : run[-1] + 1].max()) + width > self.cache.capacity)
+            for group in ([[s] for s in run] if alone else [run]):
+                while any(len(self.pending[self.order[s]]) > 1 for s in group):
+                    feeds = [self.pending[self.order[s]][:-1][:piece] for s in group]
+                    self.executor.forward(self.cache, feeds, all_logits=False, first_slot=group[0])
+                    for s, f in zip(group, feeds):
+                        rid = self.order[s]
+                        fed += len(f)
+                        self.pending[rid] = self.pending[rid][len(f) :]
         return fed
 
     # -- a round ------------------------------------------------------------------------
@@ -165,10 +174,13 @@ class DraftModelProposer(Proposer):
         for i, rid in enumerate(ids):
             if rid in want:
                 k = int(lens[i])
+                self.proposed[rid] = k
                 out[want[rid][0]] = Draft(drafts[i, :k].copy(), np.stack(probs[i][:k]) if probs[i] else None)
 
     def observe(self, request: Request, draft: Draft, target: TargetOutput) -> None:
-        rid, k = request.request_id, len(draft)
+        # the drafts this proposer made and fed, not len(draft): the round may have cut them since (draft_len=auto's
+        # batch-width cap), and the cache holds what was fed
+        rid, k = request.request_id, self.proposed.pop(request.request_id, 0)
         if k == 0:  # the draft was not fed this round
             self.pending[rid] = self.pending[rid] + target.emitted
             return
@@ -183,6 +195,7 @@ class DraftModelProposer(Proposer):
         runtime/proposers/cross_tokenizer.py): the cache keeps the first ``agree`` of them (at most what it holds,
         and never the last: pending is fed before drafting), the rest become pending."""
         slot = self.slot_of[request_id]
+        self.proposed.pop(request_id, None)  # the cross-tokenizer adapter tracks what was fed itself
         keep = max(min(agree, int(self.cache.lengths[slot]), len(tokens) - 1), 0)
         self.cache.rollback(slot, keep)
         self.pending[request_id] = list(tokens[keep:])

@@ -115,9 +115,9 @@ class EagleProposer(OwnDrafter):
         for r in requests:
             n = len(r.prompt_ids)
             self.pending[r.request_id] = ([feats[r.slot - first_slot, :n].copy()], [*r.prompt_ids[1:], r.output_ids[0]])
-        # a fixed draft_len: the prompts' pairs now, in a call of their own (the joining requests hold the last module
-        # slots, and a prompt fed beside running requests would make them ride along a prompt-wide step); auto: when
-        # the request first drafts
+        # a fixed draft_len: a prompt longer than one round's pairs now, in a call of its own (the joining requests hold
+        # the last module slots, and a prompt fed beside running requests would make them ride along a prompt-wide
+        # step; a short one goes with the next draft); auto: when the request first drafts
         self.catch_up([r for r in requests if r.draft_len != AUTO])
 
     def remove(self, request_id: str) -> None:

@@ -449,3 +449,41 @@ def test_a_probe_does_not_prefill_the_draft(ex):
         _, m = orch.generate([list(range(40, 40 + n))], GenerationConfig(max_output_len=3 * PROBE_EVERY))
         drafted[n] = m.drafted
     assert drafted[6] >= 2 and drafted[PROBE_BACKLOG + 8] == 0, drafted
+
+
+def test_catch_up_cuts_a_backlog_to_the_engines_input_limit(ex, monkeypatch):
+    """A backlog is the prompt and every token emitted while the request did not draft: it can be longer than the
+    engine's max_input_len. It is fed in pieces, one slot at a time (no row pads out to another's long feed)."""
+    from specdec.runtime.request import AUTO, Request
+
+    p = DraftModelProposer(ex["draft"])
+    limit = ex["draft"].build.max_input_len  # 48
+    cfg = GenerationConfig(max_output_len=8)
+    reqs = [Request("long", [(5 + i) % 90 for i in range(limit)], cfg, "draft", AUTO, np.random.default_rng(0), output_ids=list(range(30, 42))),
+            Request("short", list(range(20, 40)), cfg, "draft", AUTO, np.random.default_rng(0), output_ids=[3])]
+    p.add(reqs)
+    seen = []
+    real = ex["draft"].forward
+    monkeypatch.setattr(ex["draft"], "forward", lambda cache, feed, *a, **kw: (seen.append((kw.get("first_slot"), [len(f) for f in feed])), real(cache, feed, *a, **kw))[1])
+    assert p.catch_up(reqs) == limit + 11 + 20
+    assert seen == [(0, [limit]), (0, [11]), (1, [20])]
+    assert [int(p.cache.lengths[s]) for s in range(2)] == [limit + 11, 20] and p.pending["long"] == [41]
+
+
+def test_a_draft_cut_after_drafting_leaves_the_draft_cache_as_fed(ex):
+    """draft_len=auto's batch-width cap may cut a chain after the draft model fed it: the draft's cache must drop
+    what it fed beyond the kept drafts (not what the cut draft says), and feed nothing twice."""
+    from specdec.runtime.proposers.base import Draft, TargetOutput
+    from specdec.runtime.request import Request
+
+    p = DraftModelProposer(ex["draft"])
+    r = Request("r", [5, 6, 7, 8, 9, 10], GenerationConfig(max_output_len=16), "draft", 3, np.random.default_rng(0), output_ids=[11])
+    p.add([r])
+    assert int(p.cache.lengths[0]) == 6 and p.pending["r"] == [11]
+    d = p.propose([r], [3])[0]  # fed 11 and the first two drafts: the cache holds 9
+    assert len(d) == 3 and int(p.cache.lengths[0]) == 9
+    p.observe(r, Draft.empty(), TargetOutput(None, 0, [12], [0]))  # the round cut all three; the target emitted 12
+    assert int(p.cache.lengths[0]) == 7 and p.pending["r"] == [12]  # prompt + 11 fed, 12 pending
+    d = p.propose([r], [3])[0]
+    p.observe(r, d.prefix(1), TargetOutput(None, 1, [int(d.tokens[0]), 40], [0, 1]))  # cut to one draft, accepted
+    assert int(p.cache.lengths[0]) == 9 and p.pending["r"] == [40]  # + 12 and the kept draft
