@@ -272,7 +272,9 @@ def auto_cells(args) -> list[tuple[str, int, int]]:
     names = ["none", "ngram auto", "suffix auto"] + (["draft auto"] if args.draft else []) + \
         (["cross-draft auto"] if args.cross_draft else []) + (["eagle-none", "eagle auto"] if args.eagle_target else [])
     if args.methods:
-        names = [n for n in names if n == "none" or n.split()[0] in args.methods.split(",")]
+        chosen = args.methods.split(",")
+        # eagle-none (the EAGLE target decoding alone) is what EAGLE's ratios are over: it comes with eagle
+        names = [n for n in names if n == "none" or n.split()[0] in chosen or (n == "eagle-none" and "eagle" in chosen)]
     fixed = [f"{n.split()[0]} {k}" for n in names if n.endswith(" auto") for k in args.fixed_ks.split(",") if k] if 1 in streams else []
     nocap = [f"{n}-nocap" for n in names if n.endswith(" auto") and n.split()[0] in args.nocap.split(",")]
     cells = []
