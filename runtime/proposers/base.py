@@ -108,3 +108,15 @@ class Proposer(Protocol):
 
     def observe(self, request: "Request", draft: Draft, target: TargetOutput) -> None:
         """The target verified ``draft``: ``target.num_accepted`` kept, ``target.emitted`` appended."""
+
+
+def adjacent_runs(slots: Sequence[int]) -> list[list[int]]:
+    """Sorted cache slots grouped into runs of adjacent ones ([0, 1, 3] -> [[0, 1], [3]]): one ragged call per run
+    feeds only the slots that need it, with no other row riding along."""
+    runs: list[list[int]] = []
+    for s in slots:
+        if runs and runs[-1][-1] == s - 1:
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    return runs

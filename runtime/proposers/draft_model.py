@@ -28,7 +28,7 @@ from ..backends.base import Executor
 from ..errors import RequestError
 from ..request import AUTO, Request
 from ..sampling import processed_probs, sample
-from .base import Draft, Proposer, TargetOutput
+from .base import Draft, Proposer, TargetOutput, adjacent_runs
 
 CATCH_UP_AFTER = 9  # pending tokens beyond one round's worth (k + 1 at k = 8) are fed in a call of their own
 
@@ -92,12 +92,7 @@ class DraftModelProposer(Proposer):
         padded row would write past the cache's capacity, and pieces no longer than the engine's max_input_len (a
         backlog is the prompt plus every token emitted while the request did not draft)."""
         slots = sorted(self.slot_of[r.request_id] for r in requests if self.backlog(r))
-        runs: list[list[int]] = []
-        for s in slots:
-            if runs and runs[-1][-1] == s - 1:
-                runs[-1].append(s)
-            else:
-                runs.append([s])
+        runs = adjacent_runs(slots)
         piece = max(int(self.executor.build.max_input_len), 1)
         fed = 0
         for run in runs:

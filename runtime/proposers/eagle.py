@@ -46,7 +46,7 @@ from ..errors import EngineError
 from ..request import AUTO, Request
 from ..sampling import processed_probs, sample
 from ..tree import DraftTree, check_tree, parse_choices, top_k
-from .base import Draft, TargetOutput
+from .base import Draft, TargetOutput, adjacent_runs
 from .own import OwnDrafter
 
 CATCH_UP_AFTER = 9  # pending pairs beyond one round's worth are fed in a call of their own (catch_up)
@@ -150,12 +150,7 @@ class EagleProposer(OwnDrafter):
     def catch_up(self, requests: Sequence[Request]) -> int:
         """Feed the long backlogs (a prompt, the tokens of rounds without drafts): one call per run of adjacent slots."""
         slots = sorted(self.slot_of[r.request_id] for r in requests if self.backlog(r))
-        runs: list[list[int]] = []
-        for s in slots:
-            if runs and runs[-1][-1] == s - 1:
-                runs[-1].append(s)
-            else:
-                runs.append([s])
+        runs = adjacent_runs(slots)
         fed = sum(len(self.pending[self.order[s]][1]) for s in slots)
         for run in runs:
             self._catch_up(run[0], run[-1] + 1, {self.order[s] for s in run})
