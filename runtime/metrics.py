@@ -40,6 +40,11 @@ class Metrics:
     queue_s: list[float] = field(default_factory=list)  # per request
     tpot_s: list[float] = field(default_factory=list)  # per request with >= 2 output tokens
 
+    @property
+    def drafting_rounds(self) -> int:
+        """Rounds that had drafts (vLLM's num_drafts)."""
+        return self.rounds - self.no_draft_rounds
+
     def record_round(self, drafted: int, accepted: int, depth: int | None = None) -> None:
         """One row's verification: ``drafted`` drafts scored, ``accepted`` kept.
 

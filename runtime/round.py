@@ -181,18 +181,17 @@ class SpeculativeRound:
             skip = r.auto_k == 0 and not self.auto.probe_due(self.rounds, running) and self.auto.worth_skipping(r.method, running, limit)
             return 0 if skip else limit
         # a draft model or EAGLE module that has not read the prompt yet: drafting first costs a prefill
-        catch_up_s = self.auto.catch_up_cost(r.method, proposer.backlog(r), running)
+        backlog = proposer.backlog(r)
+        catch_up_s = self.auto.catch_up_cost(r.method, backlog, running)
         left = r.config.max_output_len - len(r.output_ids)
         if proposer.tree is not None:  # a static tree (Medusa, EAGLE): whole, or nothing
-            drafting = r.metrics.rounds - r.metrics.no_draft_rounds
-            k = self.auto.choose_tree(r.method, limit, r.metrics.accepted, drafting, running, catch_up_s, left)
+            k = self.auto.choose_tree(r.method, limit, r.metrics.accepted, r.metrics.drafting_rounds, running, catch_up_s, left)
         else:
             k = self.auto.choose(r.method, r.metrics.accepted, r.metrics.rejected, limit, running, r.auto_k, catch_up_s, left)
             r.auto_k = k
         # look again, all at once: the text may have changed. Not a request whose draft never read its prompt, unless
         # the prompt is short: that probe would be a prefill on the draft, for one token
-        drafted_before = r.metrics.rounds > r.metrics.no_draft_rounds
-        if k == 0 and self.auto.probe_due(self.rounds, running) and (drafted_before or proposer.backlog(r) <= PROBE_BACKLOG):
+        if k == 0 and self.auto.probe_due(self.rounds, running) and (r.metrics.drafting_rounds or backlog <= PROBE_BACKLOG):
             k = limit if proposer.tree is not None else 1
         return k
 
@@ -212,8 +211,9 @@ class SpeculativeRound:
             return drafts
         floor = 1 + max((len(d) for r, d in zip(reqs, drafts) if r.draft_len != AUTO), default=0)
         # every row counts: one without drafts makes its token at any width, and pays for the widest row all the same
-        drafting = set(auto)
-        curves = [self.expected_curve(r, drafts[i]) if i in drafting else [1.0] for i, r in enumerate(reqs)]
+        curves = [[1.0]] * len(reqs)
+        for i in auto:
+            curves[i] = self.expected_curve(reqs[i], drafts[i])
         width = self.auto.batch_width(curves, len(reqs), floor)
         out = list(drafts)
         for i in auto:
@@ -227,8 +227,7 @@ class SpeculativeRound:
         if d.scores is not None:  # suffix: 1 + the calibrated sum of the kept nodes' scores
             return [1.0, *(1.0 + self.auto.calibration(r.method) * np.cumsum(d.scores)).tolist()]
         if d.parents is not None:  # a static tree: nothing unless whole
-            drafting = r.metrics.rounds - r.metrics.no_draft_rounds
-            return [1.0] * len(d) + [self.auto.tree_tokens(r.method, r.metrics.accepted, drafting)]
+            return [1.0] * len(d) + [self.auto.tree_tokens(r.method, r.metrics.accepted, r.metrics.drafting_rounds)]
         a = self.auto.acceptance(r.method, r.metrics.accepted, r.metrics.rejected)
         return self.auto.expected_tokens(r.method, a, len(d))
 

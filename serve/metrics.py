@@ -73,7 +73,7 @@ class ServerMetrics:
     def record(self, m: Metrics, finish_reason: str, prompt_tokens: int, output_tokens: int,
                e2e_s: float, ttft_s: float | None, tpot_s: float | None, queue_s: float | None) -> None:
         """One request ended: add its own figures (the ones its response reports)."""
-        self.num_drafts.inc(m.rounds - m.no_draft_rounds)
+        self.num_drafts.inc(m.drafting_rounds)
         self.num_draft_tokens.inc(m.drafted)
         self.num_accepted_tokens.inc(m.accepted)
         for pos, n in enumerate(m.accepted_at):

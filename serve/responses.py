@@ -26,7 +26,7 @@ def speculative(job: Job, result: Result) -> dict[str, Any]:
         "method": job.plan.method,
         "num_draft_tokens": job.plan.num_draft_tokens,
         "rounds": m.rounds,  # target verification calls after the prompt's
-        "num_drafts": m.rounds - m.no_draft_rounds,  # rounds that had drafts (vLLM's num_drafts)
+        "num_drafts": m.drafting_rounds,  # rounds that had drafts (vLLM's num_drafts)
         "drafted": m.drafted,
         "accepted": m.accepted,
         "acceptance_rate": m.acceptance_rate,

@@ -55,17 +55,16 @@ class DraftModelProposer(Proposer):
 
     # -- requests come and go -----------------------------------------------------------
     def add(self, requests: Sequence[Request]) -> None:
-        first = len(self.order)
-        eager = [r for r in requests if r.draft_len != AUTO]  # auto requests pay for their prompt when they first draft
+        prompts: dict[int, list[int]] = {}  # slot -> prompt, of the requests prefilled now (a fixed draft_len)
         for r in requests:
-            self.slot_of[r.request_id] = len(self.order)
+            slot = self.slot_of[r.request_id] = len(self.order)
             self.order.append(r.request_id)
-            self.pending[r.request_id] = list(r.output_ids) if r.draft_len != AUTO else [*r.prompt_ids, *r.output_ids]
-        if len(eager) == len(requests) and requests:  # one call for the batch (the usual case: one draft_len per engine)
-            self.executor.forward(self.cache, [r.prompt_ids for r in requests], all_logits=False, first_slot=first)
-        else:
-            for r in eager:
-                self.executor.forward(self.cache, [r.prompt_ids], all_logits=False, first_slot=self.slot_of[r.request_id])
+            if r.draft_len == AUTO:  # pays for its prompt when it first drafts (catch_up)
+                self.pending[r.request_id] = [*r.prompt_ids, *r.output_ids]
+            else:
+                self.pending[r.request_id], prompts[slot] = list(r.output_ids), r.prompt_ids
+        for run in adjacent_runs(sorted(prompts)):  # one call for the batch when every request has a fixed draft_len
+            self.executor.forward(self.cache, [prompts[s] for s in run], all_logits=False, first_slot=run[0])
 
     def remove(self, request_id: str) -> None:
         slot, last = self.slot_of.pop(request_id), len(self.order) - 1
@@ -114,7 +113,9 @@ class DraftModelProposer(Proposer):
         want = {r.request_id: (i, int(k)) for i, (r, k) in enumerate(zip(requests, draft_lens)) if k > 0}
         if not want:
             return out
-        self.catch_up([r for r, k in zip(requests, draft_lens) if k > 0])  # a no-op when the round already did
+        # a no-op after the round's own catch_up (timed apart there); here for callers that propose directly, since
+        # step 0 below feeds each row's whole pending list and a backlog may exceed the engine's max_input_len
+        self.catch_up([r for r, k in zip(requests, draft_lens) if k > 0])
         slots = sorted(self.slot_of[rid] for rid in want)
         lo, hi = slots[0], slots[-1] + 1
         # Slots in the range that do not draft ride along and write stale K/V past their length;
