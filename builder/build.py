@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from ..runtime import __version__
-from ..runtime.engine_format import CONFIG_FILE, EAGLE_MODULE_DIR, TREE_MODES, BuildConfig, EngineConfig, ModelConfig, hash_directory
+from ..runtime.engine_format import CONFIG_FILE, CPU_KERNELS, EAGLE_MODULE_DIR, TREE_MODES, BuildConfig, EngineConfig, ModelConfig, hash_directory
 from ..runtime.errors import BuildConfigError
 from .architectures import checkpoint_dtype, model_config_from_hf
 from .backends import AUTO, BACKENDS, backend_module, check_own_options, refuse_foreign_options, resolve_backend
@@ -83,10 +83,29 @@ def validate_build_config(build: BuildConfig, model: ModelConfig) -> None:
     if scheme is None and (build.group_size is not None or not build.symmetric or build.quantize_lm_head):
         given = [f for f, on in (("--group_size", build.group_size is not None), ("--asymmetric", not build.symmetric), ("--quantize_lm_head", build.quantize_lm_head)) if on]
         problems.append(f"{', '.join(given)} apply only to weight-only quantization (--qformat int8_wo, int4_wo or int4_awq), not to {build.quantization}")
+    problems += cpu_kernels_problems(build, scheme)
     if build.backend in BACKENDS[1:]:  # what the backend itself cannot build (its module says)
         problems += backend_module(build.backend).refusals(build)
     if problems:
         raise BuildConfigError("invalid build configuration: " + "; ".join(problems) + ".")
+
+
+def cpu_kernels_problems(build: BuildConfig, scheme: WeightOnlyScheme | None) -> list[str]:
+    """--cpu_kernels specdec: specdec's int4 GEMM op (plugins/cpu_kernels.py), a CPU op of the ort_cpu lowering."""
+    if build.cpu_kernels not in CPU_KERNELS:
+        return [f"cpu_kernels={build.cpu_kernels!r} is not one of {', '.join(CPU_KERNELS)}"]
+    if build.cpu_kernels == "ort":
+        return []
+    problems = []
+    if scheme is None or scheme.bits != 4:
+        problems.append(f"--cpu_kernels specdec computes int4 weights: use it with --qformat int4_wo or int4_awq, or an int4 GPTQ/AWQ checkpoint (this build is {build.quantization})")
+    if build.backend != "onnxruntime" or build.lowering != "ort_cpu":
+        problems.append(f"--cpu_kernels specdec is an op of the ort_cpu lowering on the onnxruntime backend (this build: {build.backend}, {build.lowering})")
+    from ..plugins.cpu_kernels import compiler
+
+    if not problems and compiler() is None:
+        problems.append("--cpu_kernels specdec compiles a C library and found no C compiler (cc, gcc, clang or $CC): install one, or build with --cpu_kernels ort")
+    return problems
 
 
 def resolve_quantization(build: BuildConfig, convention: Fp8Convention | IntConvention | None) -> BuildConfig:
@@ -301,7 +320,10 @@ def build_engine(
                             awq_layers=awq_layers, weight_only_built=weight_only_built, medusa=medusa, eagle=eagle)
     from ..plugins import lowering_for
 
-    build = replace(build, weight_only=weight_only_record(build, convention, weight_only_built.get("layers", []), lowering_for(build).weight_only_op,
+    op = lowering_for(build).weight_only_op
+    if weight_only_built.get("q4gemm_layers"):  # --cpu_kernels specdec: Q4Gemm where it takes the weight, MatMulNBits elsewhere
+        op = f"Q4Gemm (ai.specdec.cpu) for {weight_only_built['q4gemm_layers']} of {len(weight_only_built.get('layers', []))} layers, else {op}"
+    build = replace(build, weight_only=weight_only_record(build, convention, weight_only_built.get("layers", []), op,
                                                           weight_only_built.get("act_order", False), weight_only_built.get("even_rows", False)))
     num_parameters = _count_parameters(network)
 

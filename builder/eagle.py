@@ -97,6 +97,7 @@ def module_build_config(target: BuildConfig, heads) -> BuildConfig:
         symmetric=True,
         quantize_lm_head=False,
         weight_only=None,
+        cpu_kernels="ort",  # a float module: no int4 op, no kernel library in eagle/
         medusa_num_heads=0,
         medusa_num_layers=0,
         eagle_num_layers=heads.num_layers,

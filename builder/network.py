@@ -100,6 +100,7 @@ def build_network(
     lowering.consistent_rows = lowering_cls.pads_lone_rows(build)
     lowering.tree_attention = build.tree_attention  # a tree_mask input (plugins/attention.py)
     lowering.probe_rows = build.max_batch_size * (build.max_draft_len + 1) + 1
+    lowering.cpu_kernels = build.cpu_kernels
     linears = _Linears(gb, lowering, ckpt, build, convention, activation_scales or {}, awq_layers or {})
     ids = gb.input("input_ids", TensorProto.INT64, ["batch", "num_tokens"])
     positions = gb.input("position_ids", TensorProto.INT64, ["batch", "num_tokens"])
@@ -153,8 +154,14 @@ def build_network(
     if linear_inputs is not None:
         linear_inputs.update(linears.inputs)
     if weight_only_built is not None:
-        weight_only_built.update(layers=linears.int_layers, act_order=linears.act_order, even_rows=step_padded and lowering.step_padding_needed)
-    return gb.model(f"specdec_{cfg.architecture}", extra_opsets=lowering.extra_opsets)
+        weight_only_built.update(layers=linears.int_layers, act_order=linears.act_order, even_rows=step_padded and lowering.step_padding_needed,
+                                 q4gemm_layers=getattr(lowering, "q4gemm_layers", 0))
+    opsets = dict(lowering.extra_opsets)
+    if getattr(lowering, "q4gemm_layers", 0):
+        from ..plugins.cpu_kernels import DOMAIN
+
+        opsets[DOMAIN] = 1
+    return gb.model(f"specdec_{cfg.architecture}", extra_opsets=opsets)
 
 
 def _medusa_heads(gb: GraphBuilder, lowering, x: str, heads, cfg: ModelConfig) -> None:

@@ -84,6 +84,10 @@ from .common import check_output_dir, clean_errors, human_bytes, option
 @option("lowering", type=click.Choice(["auto", "portable", "ort_cpu", "ort_cuda"]), default="auto", show_default=True,
         help="How attention and the KV update become graph nodes (plugins/). auto = ort_cpu for onnxruntime, portable for tensorrt. "
              "ort_cuda: for --device cuda (ONNX Runtime's CUDA provider): computes in --dtype (bfloat16/float16), fused attention, CUDA graphs; see docs/gpu.md.")
+@option("cpu_kernels", type=click.Choice(["ort", "specdec"]), default="ort", show_default=True,
+        help="int4 engines on the CPU: ort = ONNX Runtime's MatMulNBits; specdec = specdec's own int4 GEMM op, compiled here with the "
+             "system C compiler into the engine directory (AVX-512 VNNI; a portable C kernel elsewhere): a verification step costs "
+             "little more than a one-token step and needs no row padding (docs/precision.md#specdecs-int4-kernel).")
 @option("cuda_attention", type=click.Choice(["auto", "gqa", "masked"]), default="auto", show_default=True,
         help="With --lowering ort_cuda: gqa = GroupQueryAttention (fastest one-token decode; several tokens with a past only one row at a time, "
              "no trees); masked = TensorScatter + Attention with a mask (a verification round is one call at any batch size; Medusa/EAGLE trees). "
@@ -97,7 +101,7 @@ from .common import check_output_dir, clean_errors, human_bytes, option
 @option("force", is_flag=True, help="Replace a non-empty --output_dir.")
 @clean_errors
 def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_seq_len, max_draft_len, speculative_decoding_mode, tree_attention, medusa_dir, eagle_dir,
-         quantization, use_weight_only, weight_only_precision, group_size, asymmetric, quantize_lm_head, fp8_activations, calib_dataset, calib_size, backend, target_sm, lowering, cuda_attention, trt_timing_cache, trt_version_compatible, trt_exclude_lean_runtime, tp_size, allow_pickle, allow_nonfinite, force) -> None:
+         quantization, use_weight_only, weight_only_precision, group_size, asymmetric, quantize_lm_head, fp8_activations, calib_dataset, calib_size, backend, target_sm, lowering, cpu_kernels, cuda_attention, trt_timing_cache, trt_version_compatible, trt_exclude_lean_runtime, tp_size, allow_pickle, allow_nonfinite, force) -> None:
     """Build an engine directory from a Hugging Face checkpoint.
 
     \b
@@ -133,7 +137,7 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
     build = BuildConfig(
         dtype=dtype, max_batch_size=max_batch_size, max_input_len=max_input_len, max_seq_len=max_seq_len,
         max_draft_len=max_draft_len, speculative_decoding_mode=speculative_decoding_mode, backend=backend, tp_size=tp_size,
-        quantization=quantization, fp8_activations=fp8_activations, lowering=lowering, cuda_attention=cuda_attention,
+        quantization=quantization, fp8_activations=fp8_activations, lowering=lowering, cpu_kernels=cpu_kernels, cuda_attention=cuda_attention,
         group_size=group_size, symmetric=not asymmetric, quantize_lm_head=quantize_lm_head, tree_attention=tree_attention,
     )
     bars: list[tqdm] = []  # made on the first report, after the inputs were validated

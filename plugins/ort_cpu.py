@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from .attention import PortableAttention, Shared
+from .cpu_kernels import q4_gemm, q4_holds
 from .quantized_gemm import (CONTRIB, NBITS_ACCURACY_LEVEL, EvenRows, IntWeightLike, dq_matmul, matmul_nbits, nbits_holds, nbits_rows_split,
                              pack_matmul_nbits, permute_input)
 
@@ -34,6 +35,8 @@ class OrtCpuAttention(PortableAttention):
         super().__init__(gb, cfg)
         self._even_rows: dict[str, EvenRows] = {}  # per leading shape (the logit rows, the layers' tokens in a tree engine)
         self.step_rows = ""  # the padded position_ids of pad_step: GEMMs on these rows are even already
+        self.cpu_kernels = "ort"  # specdec: int4 weights on Q4Gemm (plugins/cpu_kernels.py)
+        self.q4gemm_layers = 0
 
     def pad_step(self, ids: str, positions: str) -> tuple[str, str]:
         """ids, positions [B, S] -> [B, S'] with S' = S + 1 when B * S is odd, else S: every decoder GEMM then
@@ -55,6 +58,9 @@ class OrtCpuAttention(PortableAttention):
         the rows are made even: by pad_step's padded step (rows == step_rows), else around this GEMM
         (plugins/quantized_gemm.py's EvenRows). Where it does not, no row is added."""
         x = permute_input(self.gb, name, x, w)
+        if self.cpu_kernels == "specdec" and q4_holds(w):  # a row's bits never depend on the call's rows: no padding
+            self.q4gemm_layers += 1
+            return q4_gemm(self.gb, name, x, w)
         if not nbits_holds(w):  # a group MatMulNBits' power-of-two blocks cannot hold: exact, float32 at load
             return dq_matmul(self.gb, name, x, w)
         packed = pack_matmul_nbits(w)

@@ -53,6 +53,9 @@ class ModelConfig:
     pad_token_id: int | None = None
 
 
+CPU_KERNELS = ("ort", "specdec")
+CPU_KERNELS_LIBRARY = "specdec_cpu_kernels.so"  # an engine built with cpu_kernels=specdec: its Q4Gemm op's library
+
 @dataclass(frozen=True)
 class BuildConfig:
     """The limits baked into an engine at build time."""
@@ -90,6 +93,9 @@ class BuildConfig:
     # layers (linear names, lm_head included when quantized), source (rtn | awq | gptq | awq-checkpoint |
     # compressed-tensors), op (what the lowering computes with); None for float/FP8 engines
     weight_only: dict[str, Any] | None = None
+    # ort (ONNX Runtime's own kernels) | specdec: int4 weights on specdec's Q4Gemm op (plugins/cpu_kernels.py), whose
+    # library, CPU_KERNELS_LIBRARY, the engine directory carries and the runtime registers with its session
+    cpu_kernels: str = "ort"
 
     @property
     def min_step_width(self) -> int:
@@ -172,7 +178,8 @@ def check_values(config: EngineConfig) -> None:
             raise SchemaError(f"{name}: expected an integer >= {low}, got {value}")
     if b.max_input_len > b.max_seq_len:
         raise SchemaError(f"build.max_input_len: {b.max_input_len} is more than build.max_seq_len, {b.max_seq_len}")
-    for name, value, choices in (("speculative_decoding_mode", b.speculative_decoding_mode, SPECULATIVE_MODES), ("kv_layout", b.kv_layout, KV_LAYOUTS)):
+    for name, value, choices in (("speculative_decoding_mode", b.speculative_decoding_mode, SPECULATIVE_MODES), ("kv_layout", b.kv_layout, KV_LAYOUTS),
+                                 ("cpu_kernels", b.cpu_kernels, CPU_KERNELS)):
         if value not in choices:
             raise SchemaError(f"build.{name}: expected one of {', '.join(choices)}, got {value!r}")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from ...runtime.engine_format import BuildConfig, ModelConfig
+from ...runtime.engine_format import CPU_KERNELS_LIBRARY, BuildConfig, ModelConfig
 from ...runtime.errors import BuildConfigError
 from .base import Compiled
 
@@ -50,19 +50,27 @@ def compile_engine(out_dir: Path, network_file: str, build: BuildConfig, model: 
     kernels for, gets the ONNX checker instead."""
     from ...plugins import get_lowering
 
+    if build.cpu_kernels == "specdec":  # the op's library, beside the network (plugins/cpu_kernels.py)
+        from ...plugins.cpu_kernels import build_library, runs_vnni
+
+        library = build_library(out_dir / CPU_KERNELS_LIBRARY)
+        say("compiled specdec's int4 CPU kernel (" + ("AVX-512 VNNI" if runs_vnni(library) else
+            "portable C: this CPU has no AVX-512 VNNI, so it is slow here; it runs its fast kernel on a CPU that has") + ")")
     if get_lowering(build.lowering).compute_dtype(build) == "float32":
-        check_loads(out_dir / network_file)
+        check_loads(out_dir / network_file, out_dir / CPU_KERNELS_LIBRARY if build.cpu_kernels == "specdec" else None)
     else:
         check_graph(out_dir / network_file)
     return Compiled(network_file)
 
 
-def check_loads(path: Path) -> None:
+def check_loads(path: Path, kernels: Path | None = None) -> None:
     """Create one ONNX Runtime session: a build that cannot be loaded fails here, not on the host."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if kernels is not None:
+        opts.register_custom_ops_library(str(kernels))
     try:
         ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     except Exception as err:  # onnxruntime raises its own untyped errors

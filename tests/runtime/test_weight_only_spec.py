@@ -12,6 +12,7 @@ import pytest
 from checkpoints import make_checkpoint
 from conftest import build_and_load, spec_build
 
+from specdec.plugins.cpu_kernels import compiler
 from specdec.runtime.orchestrator import GenerationConfig, Orchestrator
 from specdec.runtime.proposers.draft_model import DraftModelProposer
 from specdec.runtime.proposers.ngram import NGramProposer
@@ -38,7 +39,17 @@ def engines(tmp_path_factory):
         "draft_float": build_and_load(draft, d / "df", spec_build(0)),
         "identity": build_and_load(target, d / "i4", spec_build(0, **int4)),  # the int4 target itself, built as a draft
         "target_float": build_and_load(target, d / "tf", spec_build(MAX_DRAFT)),
+        # specdec's own int4 op (plugins/cpu_kernels.py): rows never split, so nothing is padded
+        **({"target_q4": build_and_load(target, d / "tq", spec_build(MAX_DRAFT, **int4, cpu_kernels="specdec")),
+            "target_q4_asym": build_and_load(target, d / "tqa", spec_build(MAX_DRAFT, quantization="int4_wo", group_size=32, symmetric=False,
+                                                                            cpu_kernels="specdec")),
+            "draft_q4": build_and_load(draft, d / "dq", spec_build(0, quantization="int4_wo", group_size=64, cpu_kernels="specdec"))}
+           if compiler() else {}),
     }
+
+
+needs_cc = pytest.mark.skipif(compiler() is None, reason="--cpu_kernels specdec needs a C compiler")
+Q4 = [pytest.param("target_q4", marks=needs_cc), pytest.param("target_q4_asym", marks=needs_cc)]
 
 
 def run(orch, prompts, max_output_len=40):
@@ -52,18 +63,20 @@ def tokens(outputs):
 @pytest.mark.parametrize("draft_len", range(1, MAX_DRAFT + 1))
 @pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["batch1", "ragged-batch3"])
 @pytest.mark.parametrize("draft", ["draft4", "draft_float"])
-def test_draft_target_equals_int4_target_greedy(engines, draft_len, prompts, draft):
-    base, _ = run(Orchestrator(engines["target"]), prompts)
-    spec, m = run(Orchestrator(engines["target"], DraftModelProposer(engines[draft]), draft_len), prompts)
+@pytest.mark.parametrize("target", ["target", *Q4])
+def test_draft_target_equals_int4_target_greedy(engines, draft_len, prompts, draft, target):
+    base, _ = run(Orchestrator(engines[target]), prompts)
+    spec, m = run(Orchestrator(engines[target], DraftModelProposer(engines[draft]), draft_len), prompts)
     assert tokens(spec) == tokens(base)
     assert m.drafted > 0
 
 
 @pytest.mark.parametrize("draft_len", [1, 3, 5, 8])
 @pytest.mark.parametrize("prompts", [REPETITIVE[:1], REPETITIVE], ids=["batch1", "ragged-batch3"])
-def test_ngram_equals_int4_target_greedy(engines, draft_len, prompts):
-    base, _ = run(Orchestrator(engines["target"]), prompts, 48)
-    spec, m = run(Orchestrator(engines["target"], NGramProposer(draft_len, 2), draft_len), prompts, 48)
+@pytest.mark.parametrize("target", ["target", *Q4])
+def test_ngram_equals_int4_target_greedy(engines, draft_len, prompts, target):
+    base, _ = run(Orchestrator(engines[target]), prompts, 48)
+    spec, m = run(Orchestrator(engines[target], NGramProposer(draft_len, 2), draft_len), prompts, 48)
     assert tokens(spec) == tokens(base)
     assert m.accepted > 0
 
@@ -98,7 +111,7 @@ def test_identity_draft_accepts_every_token(engines):
 
 
 @pytest.mark.parametrize("batch", [1, 3])
-@pytest.mark.parametrize("target", ["target", "target32", "target8", "target_float"])
+@pytest.mark.parametrize("target", ["target", "target32", "target8", "target_float", *Q4])
 def test_verification_logits_equal_one_token_logits_bit_for_bit(engines, batch, target):
     """One call of 9 tokens per row against 9 one-token calls on the same cache: the same bits, row by row.
 
@@ -126,6 +139,45 @@ def test_a_draft_engine_is_left_unpadded(engines):
         model = onnx.load(str(engines[name].engine.network_path), load_external_data=False)
         ops = [n.op_type for n in model.graph.node]
         assert ("Pad" in ops) == padded, name
+
+
+@needs_cc
+@pytest.mark.parametrize("name", ["target_q4", "target_q4_asym", "draft_q4"])
+def test_a_q4gemm_engine_pads_nothing(engines, name):
+    """--cpu_kernels specdec: every int4 layer on Q4Gemm, whose rows never split, so no Pad, no MatMulNBits, and the
+    int4 draft drafting with the same op; the library travels in the engine directory (its files' hashes cover it)."""
+    import onnx
+
+    ex = engines[name]
+    model = onnx.load(str(ex.engine.network_path), load_external_data=False)
+    ops = [n.op_type for n in model.graph.node if n.name.startswith("/model/layers.")]
+    assert ops.count("Q4Gemm") == 4 * ex.engine.config.model.num_layers  # q|k|v, o, gate|up, down
+    assert "MatMulNBits" not in ops and "Pad" not in [n.op_type for n in model.graph.node if "attn" not in n.name]  # (Attention's own query padding stays)
+    assert ex.build.weight_only["even_rows"] is False and ex.build.weight_only["op"].startswith("Q4Gemm")
+    assert (ex.engine.path / "specdec_cpu_kernels.so").is_file() and "specdec_cpu_kernels.so" in ex.engine.config.files
+
+
+@needs_cc
+def test_a_q4gemm_library_that_does_not_load_is_one_clear_error(engines, tmp_path):
+    """A library changed after the build fails the engine's hash check; one that does not load here (another CPU
+    architecture, say: its hashes intact) is refused with the way out, not an ONNX Runtime traceback."""
+    import json
+    import shutil
+
+    from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
+    from specdec.runtime.engine_format import hash_directory, load_engine_dir
+    from specdec.runtime.errors import EngineError
+
+    copy = tmp_path / "engine"
+    shutil.copytree(engines["draft_q4"].engine.path, copy)
+    (copy / "specdec_cpu_kernels.so").write_bytes(b"not a library for this machine")
+    with pytest.raises(EngineError, match="specdec_cpu_kernels.so"):
+        load_engine_dir(copy, verify="full")
+    config = json.loads((copy / "config.json").read_text())
+    config["files"] = {k: v for k, v in hash_directory(copy).items() if k != "config.json"}
+    (copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(EngineError, match="built with --cpu_kernels specdec.*rebuild the engine"):
+        OrtExecutor(load_engine_dir(copy, verify="full"), num_threads=1)
 
 
 def _rows_split(model, node) -> bool:

@@ -1,0 +1,158 @@
+/* See q4_kernels.h. Compiled by plugins/cpu_kernels.py with -O3 -ffp-contract=off (no fused multiply-adds but
+ * the explicit ones, so that both kernels round alike). */
+#include "q4_kernels.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+void q4_quantize_rows(const float* x, int M, int K, int group, int8_t* qa, float* sa, int32_t* asum) {
+  const int G = K / group;
+  for (int r = 0; r < M; r++) {
+    for (int g = 0; g < G; g++) {
+      const float* xs = x + (size_t)r * K + (size_t)g * group;
+      float amax = 0.f;
+      for (int i = 0; i < group; i++) {
+        const float a = fabsf(xs[i]);
+        amax = a > amax ? a : amax;
+      }
+      const float inv = amax > 0.f ? 127.f / amax : 0.f;
+      int8_t* q = qa + (size_t)r * K + (size_t)g * group;
+      int32_t sum = 0;
+      for (int i = 0; i < group; i++) {
+        const int v = (int)nearbyintf(xs[i] * inv); /* round half to even: the default rounding mode */
+        q[i] = (int8_t)v;
+        sum += v;
+      }
+      sa[(size_t)r * G + g] = amax / 127.f;
+      asum[(size_t)r * G + g] = sum;
+    }
+  }
+}
+
+/* -- portable kernel: the reference, and the fallback on CPUs without AVX-512 VNNI --------------------------- */
+
+static void gemm_portable(const q4_problem* p, int t_begin, int t_end) {
+  const int G = p->K / p->group, P = p->group / 8;
+  for (int t = t_begin; t < t_end; t++) {
+    for (int r = 0; r < p->M; r++) {
+      for (int c = 0; c < 16; c++) {
+        float acc = 0.f;
+        for (int g = 0; g < G; g++) {
+          int32_t dot = 0;
+          const uint8_t* wb = p->w + (((size_t)t * G + g) * P) * 64;
+          const int8_t* a = p->qa + (size_t)r * p->K + (size_t)g * p->group;
+          for (int q = 0; q < P; q++)
+            for (int j = 0; j < 4; j++) {
+              const uint8_t b = wb[q * 64 + c * 4 + j];
+              dot += (int32_t)(b & 0x0F) * a[q * 8 + j] + (int32_t)(b >> 4) * a[q * 8 + 4 + j];
+            }
+          const size_t s = ((size_t)t * G + g) * 16 + c;
+          dot -= p->zw[s] * p->asum[(size_t)r * G + g];
+          const float scale = p->sw[s] * p->sa[(size_t)r * G + g];
+          acc = fmaf((float)dot, scale, acc);
+        }
+        p->y[(size_t)r * p->N + (size_t)t * 16 + c] = acc;
+      }
+    }
+  }
+}
+
+/* -- AVX-512 VNNI: R rows x CT tiles of 16 columns per pass ---------------------------------------------------- */
+#if defined(__x86_64__)
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
+
+VNNI __attribute__((always_inline)) static inline void tile_vnni(const q4_problem* p, const int R, const int CT, int r0, int t) {
+  const int G = p->K / p->group, P = p->group / 8;
+  const size_t tile_bytes = (size_t)G * P * 64, tile_scales = (size_t)G * 16;
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  __m512 acc[4][4];
+  for (int r = 0; r < R; r++)
+    for (int c = 0; c < CT; c++) acc[r][c] = _mm512_setzero_ps();
+  for (int g = 0; g < G; g++) {
+    __m512i dot[4][4];
+    for (int r = 0; r < R; r++)
+      for (int c = 0; c < CT; c++) dot[r][c] = _mm512_setzero_si512();
+    for (int q = 0; q < P; q++) {
+      __m512i lo[4], hi[4];
+      for (int c = 0; c < CT; c++) {
+        const __m512i b = _mm512_loadu_si512(p->w + (size_t)(t + c) * tile_bytes + ((size_t)g * P + q) * 64);
+        lo[c] = _mm512_and_si512(b, low);
+        hi[c] = _mm512_and_si512(_mm512_srli_epi16(b, 4), low);
+      }
+      for (int r = 0; r < R; r++) {
+        const int8_t* a = p->qa + (size_t)(r0 + r) * p->K + (size_t)g * p->group + q * 8;
+        int32_t a0, a1;
+        memcpy(&a0, a, 4);
+        memcpy(&a1, a + 4, 4);
+        const __m512i x0 = _mm512_set1_epi32(a0), x1 = _mm512_set1_epi32(a1);
+        for (int c = 0; c < CT; c++) {
+          dot[r][c] = _mm512_dpbusd_epi32(dot[r][c], lo[c], x0);
+          dot[r][c] = _mm512_dpbusd_epi32(dot[r][c], hi[c], x1);
+        }
+      }
+    }
+    for (int r = 0; r < R; r++) {
+      const __m512i as = _mm512_set1_epi32(p->asum[(size_t)(r0 + r) * G + g]);
+      const __m512 ss = _mm512_set1_ps(p->sa[(size_t)(r0 + r) * G + g]);
+      for (int c = 0; c < CT; c++) {
+        const size_t s = (size_t)(t + c) * tile_scales + (size_t)g * 16;
+        const __m512i d = _mm512_sub_epi32(dot[r][c], _mm512_mullo_epi32(_mm512_loadu_si512(p->zw + s), as));
+        acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(_mm512_loadu_ps(p->sw + s), ss), acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < R; r++)
+    for (int c = 0; c < CT; c++) _mm512_storeu_ps(p->y + (size_t)(r0 + r) * p->N + (size_t)(t + c) * 16, acc[r][c]);
+}
+
+#define TILE_FN(R, CT) \
+  VNNI static void tile_##R##x##CT(const q4_problem* p, int r0, int t) { tile_vnni(p, R, CT, r0, t); }
+TILE_FN(1, 4) TILE_FN(2, 4) TILE_FN(1, 2) TILE_FN(2, 2) TILE_FN(3, 2) TILE_FN(4, 2) TILE_FN(1, 1) TILE_FN(2, 1) TILE_FN(3, 1) TILE_FN(4, 1)
+typedef void (*tile_fn)(const q4_problem*, int, int);
+static const tile_fn tiles_by_width[5][5] = {
+    /* [column tiles][rows] */
+    {0}, {0, tile_1x1, tile_2x1, tile_3x1, tile_4x1}, {0, tile_1x2, tile_2x2, tile_3x2, tile_4x2}, {0}, {0, tile_1x4, tile_2x4, 0, 0}};
+
+static void gemm_vnni(const q4_problem* p, int t_begin, int t_end) {
+  /* 4-tile column blocks outer, 4-row blocks inner: a block's weights (64 columns) stay in cache for every
+     row block after the first */
+  for (int t = t_begin; t < t_end; t += 4) {
+    const int tiles = t_end - t < 4 ? t_end - t : 4;
+    for (int r0 = 0; r0 < p->M; r0 += 4) {
+      const int R = p->M - r0 < 4 ? p->M - r0 : 4;
+      int width = R <= 2 ? 4 : 2;
+      for (int tt = t; tt < t + tiles;) {
+        while (tt + width > t + tiles) width /= 2;
+        tiles_by_width[width][R](p, r0, tt);
+        tt += width;
+      }
+    }
+  }
+}
+
+int q4_has_vnni(void) {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
+}
+#else
+int q4_has_vnni(void) { return 0; }
+#endif
+
+void q4_gemm_tiles(const q4_problem* p, int t_begin, int t_end) {
+#if defined(__x86_64__)
+  static int vnni = -1; /* set once; a race writes the same value */
+  if (vnni < 0) {
+    const char* force = getenv("SPECDEC_Q4_PORTABLE"); /* tests: the portable kernel on a VNNI machine */
+    vnni = q4_has_vnni() && !(force && force[0] == '1');
+  }
+  if (vnni) {
+    gemm_vnni(p, t_begin, t_end);
+    return;
+  }
+#endif
+  gemm_portable(p, t_begin, t_end);
+}

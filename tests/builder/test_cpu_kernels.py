@@ -1,0 +1,116 @@
+"""specdec's int4 CPU op, ai.specdec.cpu::Q4Gemm (plugins/cpu_kernels.py, plugins/kernels/): its layout, its arithmetic,
+and the property the engines rely on: a row's bits never depend on how many rows share its call."""
+
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from specdec.plugins import cpu_kernels as ck
+
+pytestmark = pytest.mark.skipif(ck.compiler() is None, reason="needs a C compiler")
+
+
+def int4_weight(k: int, n: int, group: int, symmetric: bool, seed: int = 0) -> SimpleNamespace:
+    rng = np.random.default_rng(seed)
+    groups = k // group
+    zero = np.full((groups, n), 8, np.uint8) if symmetric else rng.integers(0, 16, (groups, n)).astype(np.uint8)
+    return SimpleNamespace(bits=4, group_size=group, perm=None, codes=rng.integers(0, 16, (k, n), dtype=np.uint8),
+                           scale=(rng.random((groups, n), dtype=np.float32) * 0.05 + 0.001).astype(np.float32), zero=zero)
+
+
+def session(w, threads: int = 1) -> ort.InferenceSession:
+    p = ck.pack_q4(w)
+    node = helper.make_node("Q4Gemm", ["x", "w", "s", "z"], ["y"], domain=ck.DOMAIN, K=p.k, N=p.n, group_size=p.group)
+    inits = [helper.make_tensor(name, t, a.shape, a.tobytes(), raw=True)
+             for name, t, a in (("w", TensorProto.UINT8, p.w), ("s", TensorProto.FLOAT, p.scales), ("z", TensorProto.INT32, p.zeros))]
+    graph = helper.make_graph([node], "q4", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(ck.DOMAIN, 1)])
+    model.ir_version = 10
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.register_custom_ops_library(str(ck.cached_library()))
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def reference(x: np.ndarray, w) -> np.ndarray:
+    """The op's arithmetic in float64: int8 activations per row and group (amax / 127, round half to even), exact
+    integer dot products, each group's term scaled by the two scales."""
+    k, n = w.codes.shape
+    group = k // w.scale.shape[0]
+    xg = x.reshape(-1, k // group, group).astype(np.float32)
+    amax = np.abs(xg).max(-1, keepdims=True)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    q = np.rint(xg * inv).astype(np.int64)  # [M, G, group]
+    codes = w.codes.astype(np.int64).reshape(k // group, group, n) - w.zero.astype(np.int64)[:, None, :]
+    dots = np.einsum("mgk,gkn->mgn", q, codes)
+    return (dots * (amax / 127).astype(np.float64) * w.scale.astype(np.float64)[None]).sum(1)
+
+
+@pytest.mark.parametrize("k,n,group", [(64, 16, 8), (256, 96, 64), (384, 48, 128), (128, 32, 128), (96, 80, 32)])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_pack_round_trips(k, n, group, symmetric):
+    w = int4_weight(k, n, group, symmetric)
+    codes, scale, zero = ck.unpack_q4(ck.pack_q4(w))
+    np.testing.assert_array_equal(codes, w.codes)
+    np.testing.assert_array_equal(scale, w.scale)
+    np.testing.assert_array_equal(zero, w.zero)
+
+
+@pytest.mark.parametrize("k,n,group", [(256, 96, 64), (384, 48, 128), (96, 80, 32), (1024, 64, 1024)])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_q4gemm_computes_the_quantized_product(k, n, group, symmetric):
+    w = int4_weight(k, n, group, symmetric)
+    x = np.random.default_rng(1).standard_normal((2, 5, k)).astype(np.float32)
+    y = session(w).run(None, {"x": x})[0]
+    assert y.shape == (2, 5, n)
+    ref = reference(x, w).reshape(2, 5, n)
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    deq = (w.codes.astype(np.float64) - np.repeat(w.zero, k // w.scale.shape[0], 0)) * np.repeat(w.scale, k // w.scale.shape[0], 0)
+    assert np.abs(y - x @ deq).max() < 0.02 * np.abs(x @ deq).max()  # int8 activations: close to the float product
+
+
+def test_rows_are_the_same_bits_whatever_the_call():
+    """Every row of an M-row call (M = 1..37, threads 1 and 2) equals that row computed alone, bit for bit."""
+    w = int4_weight(512, 208, 128, False, seed=3)
+    x = np.random.default_rng(4).standard_normal((37, 512)).astype(np.float32)
+    one = session(w, 1)
+    alone = np.concatenate([one.run(None, {"x": x[i : i + 1]})[0] for i in range(37)])
+    for threads in (1, 2):
+        sess = session(w, threads)
+        for m in (*range(1, 13), 17, 36, 37):
+            np.testing.assert_array_equal(sess.run(None, {"x": x[:m]})[0], alone[:m], err_msg=f"{m} rows, {threads} threads")
+
+
+def test_the_portable_kernel_computes_the_same_bits(tmp_path):
+    """SPECDEC_Q4_PORTABLE=1 runs the portable C kernel (what a CPU without AVX-512 VNNI runs): the same bits."""
+    w = int4_weight(256, 96, 64, False, seed=5)
+    x = np.random.default_rng(6).standard_normal((7, 256)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    fast = session(w).run(None, {"x": x})[0]
+    script = (f"import numpy as np, sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_cpu_kernels as t; "
+              f"w = t.int4_weight(256, 96, 64, False, seed=5); x = np.load({str(tmp_path / 'x.npy')!r}); "
+              f"np.save({str(tmp_path / 'y.npy')!r}, t.session(w).run(None, {{'x': x}})[0])")
+    subprocess.run([sys.executable, "-c", script], check=True, env={**os.environ, "SPECDEC_Q4_PORTABLE": "1"})
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), fast)
+
+
+def test_q4_holds_only_what_the_op_takes():
+    assert ck.q4_holds(int4_weight(256, 96, 64, True))
+    assert not ck.q4_holds(int4_weight(256, 88, 64, True))  # columns not a multiple of 16
+    assert not ck.q4_holds(SimpleNamespace(**{**vars(int4_weight(256, 96, 64, True)), "bits": 8}))
+    odd = int4_weight(252, 96, 36, True)  # groups of 36 rows: not a multiple of 8
+    assert not ck.q4_holds(odd)
+
+
+def test_no_compiler_is_one_clear_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    with pytest.raises(ck.KernelBuildError, match="no C compiler"):
+        ck.build_library(tmp_path / ck.LIBRARY)
+    assert not list(tmp_path.iterdir())  # nothing half-written
