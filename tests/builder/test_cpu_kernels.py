@@ -63,7 +63,7 @@ def test_pack_round_trips(k, n, group, symmetric):
     np.testing.assert_array_equal(zero, w.zero)
 
 
-@pytest.mark.parametrize("k,n,group", [(256, 96, 64), (384, 48, 128), (96, 80, 32), (1024, 64, 1024)])
+@pytest.mark.parametrize("k,n,group", [(256, 96, 64), (384, 48, 128), (96, 80, 32), (1024, 64, 1024), (240, 32, 24), (64, 16, 8)])
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_q4gemm_computes_the_quantized_product(k, n, group, symmetric):
     w = int4_weight(k, n, group, symmetric)
@@ -88,14 +88,15 @@ def test_rows_are_the_same_bits_whatever_the_call():
             np.testing.assert_array_equal(sess.run(None, {"x": x[:m]})[0], alone[:m], err_msg=f"{m} rows, {threads} threads")
 
 
-def test_the_portable_kernel_computes_the_same_bits(tmp_path):
-    """SPECDEC_Q4_PORTABLE=1 runs the portable C kernel (what a CPU without AVX-512 VNNI runs): the same bits."""
-    w = int4_weight(256, 96, 64, False, seed=5)
-    x = np.random.default_rng(6).standard_normal((7, 256)).astype(np.float32)
+@pytest.mark.parametrize("k,group", [(256, 64), (240, 24)])  # (groups that are not a multiple of 16: the masked tails)
+def test_the_portable_kernel_computes_the_same_bits(tmp_path, k, group):
+    """SPECDEC_Q4_PORTABLE=1 runs the portable C kernels (what a CPU without AVX-512 VNNI runs): the same bits."""
+    w = int4_weight(k, 96, group, False, seed=5)
+    x = np.random.default_rng(6).standard_normal((7, k)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     fast = session(w).run(None, {"x": x})[0]
     script = (f"import numpy as np, sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_cpu_kernels as t; "
-              f"w = t.int4_weight(256, 96, 64, False, seed=5); x = np.load({str(tmp_path / 'x.npy')!r}); "
+              f"w = t.int4_weight({k}, 96, {group}, False, seed=5); x = np.load({str(tmp_path / 'x.npy')!r}); "
               f"np.save({str(tmp_path / 'y.npy')!r}, t.session(w).run(None, {{'x': x}})[0])")
     subprocess.run([sys.executable, "-c", script], check=True, env={**os.environ, "SPECDEC_Q4_PORTABLE": "1"})
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), fast)
