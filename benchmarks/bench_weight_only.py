@@ -73,8 +73,11 @@ from prompts import spread, workloads  # noqa: E402
 
 from specdec.bench import peers  # noqa: E402
 
-BITS = ("fp32", "int8", "int4")
-LLAMA_TYPE = {"fp32": "f32", "int8": "q8_0", "int4": "q4_0"}
+BITS = ("fp32", "int8", "int4", "q4gemm")
+# q4gemm: the int4 engines built with --cpu_kernels specdec (specdec's own int4 op, plugins/cpu_kernels.py); the
+# peers have no such variant, so it is compared with their 4-bit engines
+PEER_BITS = {"q4gemm": "int4"}
+LLAMA_TYPE = {"fp32": "f32", "int8": "q8_0", "int4": "q4_0", "q4gemm": "q4_0"}
 ORTGENAI_PRECISION = {"fp32": "fp32", "int4": "int4"}  # its builder's int8 is not a weight-only CPU path
 BASE = "specdec fp32 target-only"
 WORKLOADS = ("ordinary", "copy-heavy", "all")
@@ -145,7 +148,8 @@ def prepare_commands(lay: Layout, llama_cpp: Path | None, peers_python: str | No
         cmds.append((lay.ckpt(role), [py, str(HERE / "enlarge.py"), "--preset", preset, str(demo / role), str(lay.ckpt(role)), "--quiet"], {}))
     build = [str(Path(py).with_name("specdec-build")), "--dtype", "float32", "--max_batch_size", "1", "--max_input_len", "512", "--max_seq_len", "1024"]
     for bits in BITS:
-        wo = [] if bits == "fp32" else ["--use_weight_only", "--weight_only_precision", bits]
+        wo = [] if bits == "fp32" else ["--use_weight_only", "--weight_only_precision", PEER_BITS.get(bits, bits)]
+        wo += ["--cpu_kernels", "specdec"] if bits == "q4gemm" else []
         spec = ["--max_draft_len", "8", "--speculative_decoding_mode", "draft_tokens_external"]
         for role in ("target", "draft"):
             cmds.append((lay.engine(role, bits), [*build, "--checkpoint_dir", str(lay.ckpt(role)), "--output_dir", str(lay.engine(role, bits)), *wo,
@@ -153,9 +157,11 @@ def prepare_commands(lay: Layout, llama_cpp: Path | None, peers_python: str | No
     # EAGLE-3 at int4: the demo pair's trained module, enlarged to the target's widths, in an int4 eagle target
     heads = lay.work / "heads-eagle"
     cmds.append((heads, [py, str(HERE / "enlarge.py"), "--heads", str(demo / "heads" / "eagle"), "--base", str(lay.ckpt("target")), str(heads), "--quiet"], {}))
-    cmds.append((lay.engine("eagle", "int4"), [*build, "--checkpoint_dir", str(lay.ckpt("target")), "--output_dir", str(lay.engine("eagle", "int4")),
-                                               "--use_weight_only", "--weight_only_precision", "int4", "--max_draft_len", "8",
-                                               "--speculative_decoding_mode", "eagle", "--eagle_dir", str(heads)], {}))
+    for bits in ("int4", "q4gemm"):
+        cmds.append((lay.engine("eagle", bits), [*build, "--checkpoint_dir", str(lay.ckpt("target")), "--output_dir", str(lay.engine("eagle", bits)),
+                                                 "--use_weight_only", "--weight_only_precision", "int4", "--max_draft_len", "8",
+                                                 "--speculative_decoding_mode", "eagle", "--eagle_dir", str(heads),
+                                                 *(["--cpu_kernels", "specdec"] if bits == "q4gemm" else [])], {}))
     if llama_cpp is not None:
         converter = [peers_python or py, str(llama_cpp / "convert_hf_to_gguf.py")]
         env = {"PYTHONPATH": str(llama_cpp / "gguf-py")}
@@ -323,7 +329,7 @@ LLAMA_NGRAM = {
 def llama_methods(lay: Layout, server: Path, threads: int, bits_list: list[str], spec_bits: list[str], ngrams: list[str],
                   log_dir: Path) -> list[Method]:
     out = []
-    for bits in bits_list:
+    for bits in [b for b in bits_list if b not in PEER_BITS]:
         model = str(lay.gguf("target", bits))
         variants: dict[str, dict[str, Any]] = {"target-only": {}}
         if bits in spec_bits:
@@ -348,7 +354,7 @@ def llama_cli_methods(lay: Layout, llama_cpp: Path, threads: int, bits_list: lis
 
     tok = Tokenizer(lay.engine("target", "fp32"))
     out = []
-    for bits in bits_list:
+    for bits in [b for b in bits_list if b not in PEER_BITS]:
         model = lay.gguf("target", bits)
         variants: dict[str, tuple[str, list[str]]] = {"target-only": ("llama-completion", [])}
         if bits in spec_bits:
@@ -511,7 +517,8 @@ def goals(summary: dict[str, dict[str, Any]], methods: list[Method], subsets: di
         ours_to, theirs_to = f"specdec {bits} target-only", f"llama.cpp {LLAMA_TYPE[bits]} target-only"
         for w, idx in subsets.items():
             def best(family: str) -> str | None:
-                names = [n for n, r in summary.items() if r["family"] == family and r["bits"] == bits and r["mode"] != "target-only"]
+                of = bits if family == "specdec" else PEER_BITS.get(bits, bits)
+                names = [n for n, r in summary.items() if r["family"] == family and r["bits"] == of and r["mode"] != "target-only"]
                 return max(names, key=lambda n: summary[n][w]["tokens_per_s"]["median"], default=None)
 
             for goal, a, b, target in (("target-only >= llama.cpp", ours_to, theirs_to, 1.0),
