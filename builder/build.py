@@ -104,7 +104,8 @@ def cpu_kernels_problems(build: BuildConfig, scheme: WeightOnlyScheme | None) ->
     from ..plugins.cpu_kernels import compiler
 
     if not problems and compiler() is None:
-        problems.append("--cpu_kernels specdec compiles a C library and found no C compiler (cc, gcc, clang or $CC): install one, or build with --cpu_kernels ort")
+        problems.append("--cpu_kernels specdec compiles a C library and found no C compiler (cc, gcc, clang or $CC): install one, or build with --cpu_kernels ort "
+                        "(hosts that run the engine need one too)")
     return problems
 
 
@@ -323,8 +324,13 @@ def build_engine(
     op = lowering_for(build).weight_only_op
     if weight_only_built.get("q4gemm_layers"):  # --cpu_kernels specdec: Q4Gemm where it takes the weight, MatMulNBits elsewhere
         op = f"Q4Gemm (ai.specdec.cpu) for {weight_only_built['q4gemm_layers']} of {len(weight_only_built.get('layers', []))} layers, else {op}"
-    build = replace(build, weight_only=weight_only_record(build, convention, weight_only_built.get("layers", []), op,
-                                                          weight_only_built.get("act_order", False), weight_only_built.get("even_rows", False)))
+    record = weight_only_record(build, convention, weight_only_built.get("layers", []), op,
+                                weight_only_built.get("act_order", False), weight_only_built.get("even_rows", False))
+    if record is not None and build.cpu_kernels == "specdec":
+        from ..plugins.cpu_kernels import LAYOUT
+
+        record["kernel_layout"] = LAYOUT  # the runtime refuses an engine of a layout its Q4Gemm does not read
+    build = replace(build, weight_only=record)
     num_parameters = _count_parameters(network)
 
     output_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -8,10 +8,13 @@ AVX-512 VNNI integer dot products, as llama.cpp's tinyBLAS tiles do for Q4_0), a
 instructions whatever the call's row count: no padding, and the verification logits equal the one-token logits
 bit for bit.
 
-An engine built with ``--cpu_kernels specdec`` carries the op's shared library (compiled here, at build, with the
-system C compiler) beside model.onnx; the runtime registers it with the session. ONNX Runtime's Python wheel has
-no C headers, so the op declares the few pieces of ONNX Runtime's stable C ABI it uses itself (ort_q4gemm.c says
-how). Without AVX-512 VNNI the library runs a portable C kernel that computes the same bits, slowly.
+An engine built with ``--cpu_kernels specdec`` records the op's weight layout (LAYOUT); the op's shared library is
+compiled from the *installed* specdec's sources with the system C compiler, once per user and source version, into
+a cache folder (``$SPECDEC_CACHE_DIR``, else ``$XDG_CACHE_HOME/specdec`` or ``~/.cache/specdec``), and registered
+with the session. An engine directory never carries native code: loading an engine runs no code that came with it.
+ONNX Runtime's Python wheel has no C headers, so the op declares the few pieces of ONNX Runtime's stable C ABI it
+uses itself (ort_q4gemm.c says how). Without AVX-512 VNNI the library runs a portable C kernel that computes the
+same bits, slowly.
 """
 
 from __future__ import annotations
@@ -29,11 +32,14 @@ import numpy as np
 from .graph_api import GraphOps
 
 DOMAIN = "ai.specdec.cpu"
-LIBRARY = "specdec_cpu_kernels.so"  # the file name in an engine directory
+LIBRARY = "specdec_cpu_kernels.so"
+LAYOUT = 1  # Q4Gemm's weight layout and arithmetic (q4_kernels.h); an engine of another layout is refused
 SOURCES = ("ort_q4gemm.c", "q4_kernels.c")
 HEADERS = ("q4_kernels.h",)
 KERNEL_DIR = Path(__file__).parent / "kernels"
-CFLAGS = ("-O3", "-ffp-contract=off", "-fPIC", "-shared", "-fvisibility=hidden", "-std=c11", "-D_GNU_SOURCE")
+# -ffp-contract=off -fno-fast-math: no fused or reordered float operations but the explicit ones, so that the
+# AVX-512 and the portable kernels round alike
+CFLAGS = ("-O3", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-fvisibility=hidden", "-std=c11", "-D_GNU_SOURCE")
 TILE = 16  # output columns per tile
 
 
@@ -54,18 +60,18 @@ class Q4Weight:
 
 
 def q4_holds(w) -> bool:
-    """Whether Q4Gemm takes ``w`` (an IntWeightLike): 4 bits, groups of a multiple of 8 rows spanning K evenly, and a
-    multiple of 16 output columns. Others stay on MatMulNBits."""
+    """Whether Q4Gemm takes ``w`` (an IntWeightLike): 4 bits, equal groups of a multiple of 8 rows (no shorter last
+    group), and a multiple of 16 output columns. Others stay on MatMulNBits."""
     k, n = w.codes.shape
-    groups = w.scale.shape[0]
-    return w.bits == 4 and k % groups == 0 and (k // groups) % 8 == 0 and n % TILE == 0
+    g = w.group_size
+    return w.bits == 4 and g > 0 and g % 8 == 0 and k % g == 0 and w.scale.shape[0] == k // g and n % TILE == 0
 
 
 def pack_q4(w) -> Q4Weight:
     """codes [K, N] (0..15), scale / zero [G, N] -> Q4Gemm's tiles."""
     k, n = w.codes.shape
-    g = w.scale.shape[0]
-    group = k // g
+    group = w.group_size
+    g = k // group
     c = np.asarray(w.codes, np.uint8).reshape(g, group // 8, 2, 4, n // TILE, TILE)  # group, quad pair, half, j, tile, column
     c = c.transpose(4, 0, 1, 2, 5, 3)  # tile, group, quad pair, half, column, j
     packed = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).reshape(n // TILE, g, group // 8, 64)
@@ -90,7 +96,7 @@ def q4_gemm(gb: GraphOps, name: str, x: str, w) -> str:
 
 
 def source_digest() -> str:
-    """What the library is built from: the sources and the flags (recorded in config.json)."""
+    """What the library is built from: the sources and the flags (its cache folder's name)."""
     h = hashlib.sha256(" ".join(CFLAGS).encode())
     for f in (*SOURCES, *HEADERS):
         h.update((KERNEL_DIR / f).read_bytes())
@@ -105,11 +111,13 @@ def compiler() -> str | None:
 
 
 def build_library(dest: Path) -> Path:
-    """Compile the kernel library to ``dest`` (written beside it first, then moved into place)."""
+    """Compile the kernel library to ``dest`` (written beside it first, then moved into place: a concurrent build or
+    reader never sees half a file)."""
     cc = compiler()
     if cc is None:
-        raise KernelBuildError("--cpu_kernels specdec compiles a C library and found no C compiler (cc, gcc, clang or $CC): "
-                               "install one (Debian: apt install gcc) or build with --cpu_kernels ort")
+        raise KernelBuildError("specdec's int4 CPU kernel (--cpu_kernels specdec) is compiled on first use and no C compiler "
+                               "was found (cc, gcc, clang or $CC): install one (Debian: apt install gcc), or use an engine "
+                               "built with --cpu_kernels ort")
     dest = Path(dest)
     fd, tmp = tempfile.mkstemp(prefix=".specdec_kernels.", suffix=".so", dir=dest.parent)
     os.close(fd)
@@ -117,7 +125,7 @@ def build_library(dest: Path) -> Path:
     try:
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
-            raise KernelBuildError(f"compiling the CPU kernel library failed ({' '.join(cmd)}):\n{done.stderr.strip()[-2000:]}")
+            raise KernelBuildError(f"compiling specdec's int4 CPU kernel failed ({' '.join(cmd)}):\n{done.stderr.strip()[-2000:]}")
         os.replace(tmp, dest)
     finally:
         if os.path.exists(tmp):
@@ -125,16 +133,23 @@ def build_library(dest: Path) -> Path:
     return dest
 
 
-_CACHE: dict[str, Path] = {}
+def cache_dir() -> Path:
+    base = os.environ.get("SPECDEC_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "specdec")
+    return Path(base) / "kernels"
 
 
-def cached_library() -> Path:
-    """The library compiled once per process into a temporary folder (tests and the build's own checks)."""
-    digest = source_digest()
-    if digest not in _CACHE:
-        folder = Path(tempfile.mkdtemp(prefix="specdec_kernels_"))
-        _CACHE[digest] = build_library(folder / LIBRARY)
-    return _CACHE[digest]
+def kernel_library(layout: int = LAYOUT) -> Path:
+    """The installed sources' library, compiled on first use into this user's cache (a private folder: what is loaded
+    from it is what this specdec compiled); refuses an engine whose Q4Gemm layout is not this specdec's."""
+    if layout != LAYOUT:
+        raise KernelBuildError(f"the engine's int4 CPU kernel layout is {layout}, this specdec's is {LAYOUT}: rebuild the engine with "
+                               "this specdec's specdec-build")
+    folder = cache_dir() / source_digest()
+    lib = folder / LIBRARY
+    if lib.is_file():
+        return lib
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return build_library(lib)
 
 
 def runs_vnni(library: Path) -> bool:

@@ -55,7 +55,11 @@ seconds per fed token, is paid once and spread over the tokens the request
 has left (at most ``HORIZON``). At a full batch that is what keeps auto from
 prefilling every prompt on the draft for a k = 1 that gains 5%; a probe is
 skipped for a request that has never drafted and whose catch-up would be a
-prefill (more than ``PROBE_BACKLOG`` tokens).
+prefill (more than ``PROBE_BACKLOG`` tokens), unless the method itself has
+drafted in fewer than ``EXPLORE_ROUNDS`` rounds: with no acceptance measured,
+every choice compares drafting against a prior, and without those first
+probes a draft model behind long prompts would never draft at all (measured:
+`auto` at target-only speed where k = 4 was 1.5x faster).
 
 Probes of requests at k = 0 fall on the same rounds (``probe_due``): a probe
 widens the whole batch's target call, so staggered probes would widen almost
@@ -83,7 +87,8 @@ DRAFT_MARGIN = 0.10  # drafting must promise this much more speed than decoding 
 FORGET = 0.05  # weight of a new timing: the fits follow the last ~20 calls
 PRIOR_SLOPE = 0.1  # cost of one more verified token, as a share of a 1-token call, before two widths were timed
 HORIZON = 128  # tokens over which a catch-up is spread at most (a request's max_tokens may be far above its length)
-PROBE_BACKLOG = 2 * 16  # a request that never drafted is not probed if that would feed its draft more than this
+PROBE_BACKLOG = 2 * 16  # a request that never drafted is not probed if that would feed its draft more than this ...
+EXPLORE_ROUNDS = 8  # ... unless its method has drafted in fewer rounds than this: auto has nothing else to learn from
 SKIP_SHARE = 0.02  # a scored draft whose proposal costs less than this share of a target step is proposed every round
 
 

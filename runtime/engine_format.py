@@ -54,7 +54,6 @@ class ModelConfig:
 
 
 CPU_KERNELS = ("ort", "specdec")
-CPU_KERNELS_LIBRARY = "specdec_cpu_kernels.so"  # an engine built with cpu_kernels=specdec: its Q4Gemm op's library
 
 @dataclass(frozen=True)
 class BuildConfig:
@@ -94,7 +93,7 @@ class BuildConfig:
     # compressed-tensors), op (what the lowering computes with); None for float/FP8 engines
     weight_only: dict[str, Any] | None = None
     # ort (ONNX Runtime's own kernels) | specdec: int4 weights on specdec's Q4Gemm op (plugins/cpu_kernels.py), whose
-    # library, CPU_KERNELS_LIBRARY, the engine directory carries and the runtime registers with its session
+    # library the runtime compiles from the installed sources (weight_only["kernel_layout"] says which layout)
     cpu_kernels: str = "ort"
 
     @property

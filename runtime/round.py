@@ -27,7 +27,7 @@ import numpy as np
 
 from .acceptance import accept_rejection_sampling, accept_token_compare
 from .backends.base import Executor, StepOutput
-from .draft_len import PROBE_BACKLOG, AutoDraftLen
+from .draft_len import EXPLORE_ROUNDS, PROBE_BACKLOG, AutoDraftLen
 from .guards import SILENT_DRAFT_ROUNDS, finite, first_nonfinite, nonfinite_message, silent_draft_message
 from .kv_cache import KVCache
 from .logits import Rows, logprobs
@@ -190,8 +190,10 @@ class SpeculativeRound:
             k = self.auto.choose(r.method, r.metrics.accepted, r.metrics.rejected, limit, running, r.auto_k, catch_up_s, left)
             r.auto_k = k
         # look again, all at once: the text may have changed. Not a request whose draft never read its prompt, unless
-        # the prompt is short: that probe would be a prefill on the draft, for one token
-        if k == 0 and self.auto.probe_due(self.rounds, running) and (r.metrics.drafting_rounds or backlog <= PROBE_BACKLOG):
+        # the prompt is short (that probe would be a prefill on the draft, for one token) or the method has hardly
+        # drafted yet (its acceptance is still the prior: without probes it would stay that)
+        exploring = self.auto.drafting_rounds.get(r.method, 0) < EXPLORE_ROUNDS
+        if k == 0 and self.auto.probe_due(self.rounds, running) and (r.metrics.drafting_rounds or backlog <= PROBE_BACKLOG or exploring):
             k = limit if proposer.tree is not None else 1
         return k
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from ...runtime.engine_format import CPU_KERNELS_LIBRARY, BuildConfig, ModelConfig
+from ...runtime.engine_format import BuildConfig, ModelConfig
 from ...runtime.errors import BuildConfigError
 from .base import Compiled
 
@@ -50,14 +50,18 @@ def compile_engine(out_dir: Path, network_file: str, build: BuildConfig, model: 
     kernels for, gets the ONNX checker instead."""
     from ...plugins import get_lowering
 
-    if build.cpu_kernels == "specdec":  # the op's library, beside the network (plugins/cpu_kernels.py)
-        from ...plugins.cpu_kernels import build_library, runs_vnni
+    library = None
+    if build.cpu_kernels == "specdec":  # the op's library: compiled into this user's cache, never into the engine
+        from ...plugins.cpu_kernels import KernelBuildError, kernel_library, runs_vnni
 
-        library = build_library(out_dir / CPU_KERNELS_LIBRARY)
+        try:
+            library = kernel_library()
+        except KernelBuildError as err:
+            raise BuildConfigError(str(err)) from None
         say("compiled specdec's int4 CPU kernel (" + ("AVX-512 VNNI" if runs_vnni(library) else
             "portable C: this CPU has no AVX-512 VNNI, so it is slow here; it runs its fast kernel on a CPU that has") + ")")
     if get_lowering(build.lowering).compute_dtype(build) == "float32":
-        check_loads(out_dir / network_file, out_dir / CPU_KERNELS_LIBRARY if build.cpu_kernels == "specdec" else None)
+        check_loads(out_dir / network_file, library)
     else:
         check_graph(out_dir / network_file)
     return Compiled(network_file)

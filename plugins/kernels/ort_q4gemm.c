@@ -112,7 +112,7 @@ static OrtStatus* create_kernel(const OrtCustomOp* op, const OrtApi* a, const Or
   if ((st = CALL(KernelInfoGetAttribute_int64_t, KernelInfoGetAttribute_int64, info, "K", &k.K))) return st;
   if ((st = CALL(KernelInfoGetAttribute_int64_t, KernelInfoGetAttribute_int64, info, "N", &k.N))) return st;
   if ((st = CALL(KernelInfoGetAttribute_int64_t, KernelInfoGetAttribute_int64, info, "group_size", &k.group))) return st;
-  if (k.K <= 0 || k.N <= 0 || k.group <= 0 || k.group % 8 || k.K % k.group || k.N % 16)
+  if (k.K <= 0 || k.N <= 0 || k.group <= 0 || k.K > INT_MAX / 16 || k.N > INT_MAX / 16 || k.group % 8 || k.K % k.group || k.N % 16)
     return fail(ERR_INVALID_ARGUMENT, "Q4Gemm: needs K a multiple of group_size, group_size of 8, N of 16");
   Q4Kernel* kernel = malloc(sizeof *kernel);
   if (!kernel) return fail(ERR_FAIL, "Q4Gemm: out of memory");
@@ -134,20 +134,29 @@ static void run_block(void* data, size_t i) {
   q4_gemm_tiles(task->problem, begin, end);
 }
 
+/* input i's data and dims (at most 8) */
 static OrtStatus* input_data(OrtKernelContext* ctx, size_t i, const void** data, int64_t* dims, size_t* ndims) {
   const OrtValue* v;
   OrtStatus* st;
   if ((st = CALL(KernelContext_GetInput_t, KernelContext_GetInput, ctx, i, &v))) return st;
-  if (dims) {
-    OrtTensorTypeAndShapeInfo* info;
-    if ((st = CALL(GetTensorTypeAndShape_t, GetTensorTypeAndShape, v, &info))) return st;
-    st = CALL(GetDimensionsCount_t, GetDimensionsCount, info, ndims);
-    if (!st && (*ndims < 1 || *ndims > 8)) st = fail(ERR_INVALID_ARGUMENT, "Q4Gemm: x must have 1 to 8 dimensions");
-    if (!st) st = CALL(GetDimensions_t, GetDimensions, info, dims, *ndims);
-    CALL(ReleaseTensorTypeAndShapeInfo_t, ReleaseTensorTypeAndShapeInfo, info);
-    if (st) return st;
-  }
+  OrtTensorTypeAndShapeInfo* info;
+  if ((st = CALL(GetTensorTypeAndShape_t, GetTensorTypeAndShape, v, &info))) return st;
+  st = CALL(GetDimensionsCount_t, GetDimensionsCount, info, ndims);
+  if (!st && (*ndims < 1 || *ndims > 8)) st = fail(ERR_INVALID_ARGUMENT, "Q4Gemm: inputs must have 1 to 8 dimensions");
+  if (!st) st = CALL(GetDimensions_t, GetDimensions, info, dims, *ndims);
+  CALL(ReleaseTensorTypeAndShapeInfo_t, ReleaseTensorTypeAndShapeInfo, info);
+  if (st) return st;
   return CALL(GetTensorMutableData_t, GetTensorMutableData, (OrtValue*)v, (void**)data);
+}
+
+/* input i's data, refused unless it holds exactly `count` elements */
+static OrtStatus* input_sized(OrtKernelContext* ctx, size_t i, const void** data, int64_t count) {
+  int64_t dims[8], n = 1;
+  size_t ndims;
+  OrtStatus* st = input_data(ctx, i, data, dims, &ndims);
+  if (st) return st;
+  for (size_t d = 0; d < ndims; d++) n *= dims[d];
+  return n == count ? NULL : fail(ERR_INVALID_ARGUMENT, "Q4Gemm: a weight, scale or zero-point input does not match K, N and group_size");
 }
 
 static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
@@ -158,7 +167,8 @@ static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
   OrtStatus* st;
   if ((st = input_data(ctx, 0, &x, dims, &ndims))) return st;
   if (dims[ndims - 1] != k->K) return fail(ERR_INVALID_ARGUMENT, "Q4Gemm: x's last dimension is not K");
-  if ((st = input_data(ctx, 1, &w, NULL, NULL)) || (st = input_data(ctx, 2, &sw, NULL, NULL)) || (st = input_data(ctx, 3, &zw, NULL, NULL)))
+  const int64_t scales = k->N * (k->K / k->group);
+  if ((st = input_sized(ctx, 1, &w, k->N * k->K / 2)) || (st = input_sized(ctx, 2, &sw, scales)) || (st = input_sized(ctx, 3, &zw, scales)))
     return st;
   int64_t M = 1;
   for (size_t d = 0; d + 1 < ndims; d++) M *= dims[d];
@@ -221,10 +231,14 @@ static OrtCustomOp q4gemm_op = {
 
 __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base) {
   api = base->GetApi(API_VERSION);
-  if (!api) return NULL; /* an ONNX Runtime older than 1.17: nothing registered, and the session says the op is unknown */
+  if (!api) { /* an ONNX Runtime older than 1.17: say so with the oldest table, whose first slot is CreateStatus */
+    api = base->GetApi(1);
+    return api ? fail(ERR_FAIL, "specdec's CPU kernels need ONNX Runtime 1.17 or newer") : NULL;
+  }
   OrtCustomOpDomain* domain;
   OrtStatus* st;
   if ((st = CALL(CreateCustomOpDomain_t, CreateCustomOpDomain, "ai.specdec.cpu", &domain))) return st;
+  /* the domain must outlive every session that uses it: it is not released (as ONNX Runtime's own examples do) */
   if ((st = CALL(CustomOpDomain_Add_t, CustomOpDomain_Add, domain, &q4gemm_op))) return st;
   return CALL(AddCustomOpDomain_t, AddCustomOpDomain, options, domain);
 }

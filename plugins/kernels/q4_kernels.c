@@ -2,6 +2,7 @@
  * the explicit ones, so that both kernels round alike). */
 #include "q4_kernels.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,11 +16,14 @@ static void quantize_portable(const float* x, int M, int K, int group, int8_t* q
     for (int g = 0; g < G; g++) {
       const float* xs = x + (size_t)r * K + (size_t)g * group;
       float amax = 0.f;
+      int finite = 1;
       for (int i = 0; i < group; i++) {
         const float a = fabsf(xs[i]);
+        finite &= a <= FLT_MAX; /* false for inf and NaN */
         amax = a > amax ? a : amax;
       }
-      const float inv = amax > 0.f ? 127.f / amax : 0.f;
+      float inv = 127.f / amax;
+      if (!finite || !(inv <= FLT_MAX)) inv = 0.f; /* all zeros, or a group too small to scale: codes 0 */
       int8_t* q = qa + (size_t)r * K + (size_t)g * group;
       int32_t sum = 0;
       for (int i = 0; i < group; i++) {
@@ -27,7 +31,7 @@ static void quantize_portable(const float* x, int M, int K, int group, int8_t* q
         q[i] = (int8_t)v;
         sum += v;
       }
-      sa[(size_t)r * G + g] = amax / 127.f;
+      sa[(size_t)r * G + g] = finite ? amax / 127.f : NAN; /* a non-finite input makes its row's outputs NaN */
       asum[(size_t)r * G + g] = sum;
     }
   }
@@ -68,7 +72,7 @@ static void gemm_portable(const q4_problem* p, int t_begin, int t_end) {
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
 
 VNNI __attribute__((always_inline)) static inline void tile_vnni(const q4_problem* p, const int R, const int CT, int r0, int t) {
-  const int G = p->K / p->group, P = p->group / 8;
+  const int G = p->K / p->group, P = p->group / 8, tiles = p->N / 16;
   const size_t tile_bytes = (size_t)G * P * 64, tile_scales = (size_t)G * 16;
   const __m512i low = _mm512_set1_epi8(0x0F);
   __m512 acc[4][4];
@@ -84,7 +88,7 @@ VNNI __attribute__((always_inline)) static inline void tile_vnni(const q4_proble
         const uint8_t* src = p->w + (size_t)(t + c) * tile_bytes + ((size_t)g * P + q) * 64;
         /* the same line of the next 4-tile block, into L2: it streams in while this block's row passes compute
            (measured: one-row calls 10-15% faster, 5-row calls 1.4x a one-row call instead of 1.8x) */
-        _mm_prefetch((const char*)src + 4 * tile_bytes, _MM_HINT_T1);
+        if (t + c + 4 < tiles) _mm_prefetch((const char*)src + 4 * tile_bytes, _MM_HINT_T1);
         const __m512i b = _mm512_loadu_si512(src);
         lo[c] = _mm512_and_si512(b, low);
         hi[c] = _mm512_and_si512(_mm512_srli_epi16(b, 4), low);
@@ -148,12 +152,18 @@ VNNI static void quantize_vnni(const float* x, int M, int K, int group, int8_t* 
     for (int g = 0; g < G; g++) {
       const float* xs = x + (size_t)r * K + (size_t)g * group;
       __m512 vmax = _mm512_setzero_ps();
+      __mmask16 bad = 0;
       for (int i = 0; i < group; i += 16) {
         const __mmask16 m = group - i >= 16 ? 0xFFFF : (__mmask16)((1u << (group - i)) - 1);
-        vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_maskz_loadu_ps(m, xs + i)));
+        const __m512 a = _mm512_abs_ps(_mm512_maskz_loadu_ps(m, xs + i));
+        bad |= _mm512_cmp_ps_mask(a, _mm512_set1_ps(FLT_MAX), _CMP_NLE_UQ); /* inf and NaN */
+        vmax = _mm512_max_ps(vmax, a);
       }
-      const float amax = _mm512_reduce_max_ps(vmax);
-      const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+      const int finite = bad == 0;
+      const float amax = _mm512_reduce_max_ps(vmax); /* exact, whatever the order, when no lane is NaN */
+      float inv_s = 127.f / amax;
+      if (!finite || !(inv_s <= FLT_MAX)) inv_s = 0.f;
+      const __m512 inv = _mm512_set1_ps(inv_s);
       int8_t* q = qa + (size_t)r * K + (size_t)g * group;
       __m512i vsum = _mm512_setzero_si512();
       for (int i = 0; i < group; i += 16) {
@@ -162,7 +172,7 @@ VNNI static void quantize_vnni(const float* x, int M, int K, int group, int8_t* 
         _mm512_mask_cvtsepi32_storeu_epi8(q + i, m, v);
         vsum = _mm512_add_epi32(vsum, _mm512_maskz_mov_epi32(m, v));
       }
-      sa[(size_t)r * G + g] = amax / 127.f;
+      sa[(size_t)r * G + g] = finite ? amax / 127.f : NAN;
       asum[(size_t)r * G + g] = _mm512_reduce_add_epi32(vsum);
     }
   }
@@ -177,12 +187,14 @@ int q4_has_vnni(void) { return 0; }
 #endif
 
 static int use_vnni(void) {
-  static int vnni = -1; /* set once; a race writes the same value */
-  if (vnni < 0) {
+  static int vnni = -1; /* decided once; threads racing to decide store the same value */
+  int v = __atomic_load_n(&vnni, __ATOMIC_RELAXED);
+  if (v < 0) {
     const char* force = getenv("SPECDEC_Q4_PORTABLE"); /* tests: the portable kernels on a VNNI machine */
-    vnni = q4_has_vnni() && !(force && force[0] == '1');
+    v = q4_has_vnni() && !(force && force[0] == '1');
+    __atomic_store_n(&vnni, v, __ATOMIC_RELAXED);
   }
-  return vnni;
+  return v;
 }
 
 void q4_quantize_rows(const float* x, int M, int K, int group, int8_t* qa, float* sa, int32_t* asum) {

@@ -35,7 +35,7 @@ def session(w, threads: int = 1) -> ort.InferenceSession:
     model.ir_version = 10
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
-    so.register_custom_ops_library(str(ck.cached_library()))
+    so.register_custom_ops_library(str(ck.kernel_library()))
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
@@ -106,8 +106,26 @@ def test_q4_holds_only_what_the_op_takes():
     assert ck.q4_holds(int4_weight(256, 96, 64, True))
     assert not ck.q4_holds(int4_weight(256, 88, 64, True))  # columns not a multiple of 16
     assert not ck.q4_holds(SimpleNamespace(**{**vars(int4_weight(256, 96, 64, True)), "bits": 8}))
-    odd = int4_weight(252, 96, 36, True)  # groups of 36 rows: not a multiple of 8
-    assert not ck.q4_holds(odd)
+    assert not ck.q4_holds(int4_weight(252, 96, 36, True))  # groups of 36 rows: not a multiple of 8
+    # groups of 256 over 1920 rows: 8 groups, the last one 128 rows short. 1920 / 8 = 240 would pack every group as
+    # 240 rows, the wrong rows under each scale: refused
+    ragged = int4_weight(2048, 32, 256, True)
+    ragged.codes, ragged.group_size = ragged.codes[:1920], 256
+    assert not ck.q4_holds(ragged)
+
+
+def test_nonfinite_activations_give_nan_rows_alike_in_both_kernels(tmp_path):
+    """An inf or NaN in a row makes that row's outputs NaN (it is not rounded into finite codes), and a group too small
+    to scale (amax below ~4e-37) contributes nothing; the other rows are untouched. The portable kernels agree."""
+    w = int4_weight(256, 32, 64, False, seed=7)
+    x = np.random.default_rng(8).standard_normal((4, 256)).astype(np.float32)
+    x[1, 5], x[2, 70], x[3, 64:128] = np.inf, np.nan, 1e-38
+    y = session(w).run(None, {"x": x})[0]
+    assert np.isnan(y[1]).all() and np.isnan(y[2]).all() and np.isfinite(y[[0, 3]]).all()
+    x3 = x[3].copy()
+    x3[64:128] = 0
+    np.testing.assert_array_equal(y[3], session(w).run(None, {"x": x3[None]})[0][0])
+    np.testing.assert_array_equal(y[0], session(w).run(None, {"x": x[:1]})[0][0])
 
 
 def test_no_compiler_is_one_clear_line(tmp_path, monkeypatch):
@@ -115,3 +133,52 @@ def test_no_compiler_is_one_clear_line(tmp_path, monkeypatch):
     with pytest.raises(ck.KernelBuildError, match="no C compiler"):
         ck.build_library(tmp_path / ck.LIBRARY)
     assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+def test_the_library_is_compiled_once_into_a_private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
+    lib = ck.kernel_library()
+    assert lib.parent == tmp_path / "kernels" / ck.source_digest() and (lib.parent.stat().st_mode & 0o077) == 0
+    mtime = lib.stat().st_mtime_ns
+    assert ck.kernel_library() == lib and lib.stat().st_mtime_ns == mtime  # reused, not rebuilt
+    with pytest.raises(ck.KernelBuildError, match="layout is 0, this specdec's is 1: rebuild"):
+        ck.kernel_library(0)
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    from checkpoints import make_checkpoint
+
+    return make_checkpoint(tmp_path_factory.mktemp("q4ck") / "ckpt", num_hidden_layers=1, hidden_size=64, intermediate_size=128)
+
+
+@pytest.mark.parametrize("flags,expected", [
+    ((), "--cpu_kernels specdec computes int4 weights"),  # a float engine
+    (("--qformat", "int8_wo"), "--cpu_kernels specdec computes int4 weights"),
+    (("--qformat", "int4_wo", "--lowering", "portable"), "an op of the ort_cpu lowering"),
+])
+def test_cpu_kernels_specdec_is_refused_where_it_does_not_apply(tiny_checkpoint, tmp_path, flags, expected):
+    from conftest import cli_build
+
+    r = cli_build(tiny_checkpoint, tmp_path / "e", "--cpu_kernels", "specdec", *flags)
+    assert r.exit_code != 0 and expected in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "e").exists()
+
+
+def test_cpu_kernels_specdec_without_a_compiler_is_refused_before_any_work(tiny_checkpoint, tmp_path, monkeypatch):
+    from conftest import cli_build
+
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))  # nothing compiled yet
+    r = cli_build(tiny_checkpoint, tmp_path / "e", "--cpu_kernels", "specdec", "--qformat", "int4_wo")
+    assert r.exit_code != 0 and "found no C compiler" in r.output and "--cpu_kernels ort" in r.output
+    assert not (tmp_path / "e").exists()
+
+
+def test_the_build_says_which_kernel_it_compiled(tiny_checkpoint, tmp_path):
+    from conftest import cli_build
+
+    r = cli_build(tiny_checkpoint, tmp_path / "e", "--cpu_kernels", "specdec", "--qformat", "int4_wo", "--group_size", "32")
+    assert r.exit_code == 0, r.output
+    kind = "AVX-512 VNNI" if ck.runs_vnni(ck.kernel_library()) else "portable C"
+    assert f"compiled specdec's int4 CPU kernel ({kind}" in r.output

@@ -438,17 +438,23 @@ def test_auto_weighs_the_catch_up_before_a_request_first_drafts():
     assert auto.catch_up_cost("draft", 0) == 0.0
 
 
-def test_a_probe_does_not_prefill_the_draft(ex):
-    """A request at k = 0 whose draft never read its prompt is not probed: the probe would cost the prompt's
-    prefill on the draft (more than PROBE_BACKLOG tokens), for one draft token. A short prompt is probed."""
-    from specdec.runtime.draft_len import PROBE_BACKLOG
+@pytest.mark.parametrize("method_rounds", [0, "explored"])
+def test_a_probe_does_not_prefill_the_draft(ex, method_rounds):
+    """A request at k = 0 whose draft never read its prompt is not probed once its method has been explored: the
+    probe would cost the prompt's prefill on the draft (more than PROBE_BACKLOG tokens), for one draft token. A short
+    prompt is probed. While the method has drafted in fewer than EXPLORE_ROUNDS rounds, a long prompt is probed too:
+    otherwise a draft model behind long prompts never drafts, and auto never learns whether it pays."""
+    from specdec.runtime.draft_len import EXPLORE_ROUNDS, PROBE_BACKLOG
 
     drafted = {}
     for n in (6, PROBE_BACKLOG + 8):
         orch = with_costs(Orchestrator(ex["target"], DraftModelProposer(ex["identity"]), "auto"), lambda w: 1.0 + 0.05 * w, 1.0)
+        if method_rounds == "explored":
+            orch.engine.auto.drafting_rounds["draft"] = EXPLORE_ROUNDS
         _, m = orch.generate([list(range(40, 40 + n))], GenerationConfig(max_output_len=3 * PROBE_EVERY))
         drafted[n] = m.drafted
-    assert drafted[6] >= 2 and drafted[PROBE_BACKLOG + 8] == 0, drafted
+    assert drafted[6] >= 2, drafted
+    assert (drafted[PROBE_BACKLOG + 8] == 0) == (method_rounds == "explored"), drafted
 
 
 def test_catch_up_cuts_a_backlog_to_the_engines_input_limit(ex, monkeypatch):

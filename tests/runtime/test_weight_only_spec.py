@@ -145,7 +145,7 @@ def test_a_draft_engine_is_left_unpadded(engines):
 @pytest.mark.parametrize("name", ["target_q4", "target_q4_asym", "draft_q4"])
 def test_a_q4gemm_engine_pads_nothing(engines, name):
     """--cpu_kernels specdec: every int4 layer on Q4Gemm, whose rows never split, so no Pad, no MatMulNBits, and the
-    int4 draft drafting with the same op; the library travels in the engine directory (its files' hashes cover it)."""
+    int4 draft drafting with the same op; the engine directory carries no native code (the runtime compiles it)."""
     import onnx
 
     ex = engines[name]
@@ -154,30 +154,32 @@ def test_a_q4gemm_engine_pads_nothing(engines, name):
     assert ops.count("Q4Gemm") == 4 * ex.engine.config.model.num_layers  # q|k|v, o, gate|up, down
     assert "MatMulNBits" not in ops and "Pad" not in [n.op_type for n in model.graph.node if "attn" not in n.name]  # (Attention's own query padding stays)
     assert ex.build.weight_only["even_rows"] is False and ex.build.weight_only["op"].startswith("Q4Gemm")
-    assert (ex.engine.path / "specdec_cpu_kernels.so").is_file() and "specdec_cpu_kernels.so" in ex.engine.config.files
+    assert ex.build.weight_only["kernel_layout"] == 1 and not [f for f in ex.engine.config.files if f.endswith(".so")]
 
 
 @needs_cc
-def test_a_q4gemm_library_that_does_not_load_is_one_clear_error(engines, tmp_path):
-    """A library changed after the build fails the engine's hash check; one that does not load here (another CPU
-    architecture, say: its hashes intact) is refused with the way out, not an ONNX Runtime traceback."""
+def test_a_q4gemm_engine_on_a_host_that_cannot_compile_its_kernel_is_one_clear_error(engines, tmp_path, monkeypatch):
+    """The runtime compiles the kernel on first use; without a C compiler (and nothing compiled yet) it says what to do,
+    and an engine of another kernel layout is refused, not misread."""
     import json
     import shutil
 
     from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
-    from specdec.runtime.engine_format import hash_directory, load_engine_dir
+    from specdec.runtime.engine_format import load_engine_dir
     from specdec.runtime.errors import EngineError
 
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    with pytest.raises(EngineError, match="built with --cpu_kernels specdec.*no C compiler"):
+        OrtExecutor(load_engine_dir(engines["draft_q4"].engine.path), num_threads=1)
+    monkeypatch.delenv("CC")
     copy = tmp_path / "engine"
     shutil.copytree(engines["draft_q4"].engine.path, copy)
-    (copy / "specdec_cpu_kernels.so").write_bytes(b"not a library for this machine")
-    with pytest.raises(EngineError, match="specdec_cpu_kernels.so"):
-        load_engine_dir(copy, verify="full")
     config = json.loads((copy / "config.json").read_text())
-    config["files"] = {k: v for k, v in hash_directory(copy).items() if k != "config.json"}
+    config["build"]["weight_only"]["kernel_layout"] = 99
     (copy / "config.json").write_text(json.dumps(config))
-    with pytest.raises(EngineError, match="built with --cpu_kernels specdec.*rebuild the engine"):
-        OrtExecutor(load_engine_dir(copy, verify="full"), num_threads=1)
+    with pytest.raises(EngineError, match="layout is 99.*rebuild the engine"):
+        OrtExecutor(load_engine_dir(copy), num_threads=1)
 
 
 def _rows_split(model, node) -> bool:

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ...engine_format import CPU_KERNELS_LIBRARY, EngineDir, ExtraTensor, extra_io
+from ...engine_format import EngineDir, ExtraTensor, extra_io
 from ...errors import EngineError, RequestError
 from ...kv_cache import KVCache
 from ..base import Placement, StepOutput, fill_tree, plan_step, refuse_trees
@@ -60,13 +60,17 @@ class OrtExecutor:
         # Fold DequantizeLinear of constant FP8 weights into float32 once, at load: the CPU
         # has no FP8 GEMM, and dequantizing every step would cost more than the MatMul.
         opts.add_session_config_entry("session.disable_quant_qdq", "1")
-        if self.build.cpu_kernels == "specdec":  # the engine's int4 GEMM op (plugins/cpu_kernels.py), shipped beside its network
-            library = engine.path / CPU_KERNELS_LIBRARY
+        if self.build.cpu_kernels == "specdec":  # int4 layers on specdec's Q4Gemm op (plugins/cpu_kernels.py)
+            from ....plugins.cpu_kernels import KernelBuildError, kernel_library
+
             try:
+                library = kernel_library((self.build.weight_only or {}).get("kernel_layout", 0))
                 opts.register_custom_ops_library(str(library))
+            except KernelBuildError as err:
+                raise EngineError(f"{engine.path} was built with --cpu_kernels specdec: {err}") from None
             except Exception as err:  # onnxruntime's own errors are untyped
-                raise EngineError(f"{engine.path} was built with --cpu_kernels specdec and its kernel library {library.name} "
-                                  f"does not load here ({err}); rebuild the engine on this kind of machine, or with --cpu_kernels ort") from err
+                raise EngineError(f"{engine.path} was built with --cpu_kernels specdec and specdec's int4 CPU kernel library does not "
+                                  f"load here ({err}); rebuild the engine with --cpu_kernels ort") from err
         try:
             self.session = ort.InferenceSession(str(engine.network_path), opts, providers=["CPUExecutionProvider"])
         except Exception as err:  # onnxruntime's own errors are untyped
