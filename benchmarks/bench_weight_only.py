@@ -12,9 +12,11 @@ ignored) for every method. Prompts: benchmarks/prompts.py, half ordinary (the
 start of a function) and half copy-heavy (a function, then a request to repeat
 it: n-gram drafting's case), reported apart and together.
 
-Methods, per precision (fp32, int8, int4; llama.cpp's f32, Q8_0, Q4_0; the
-onnxruntime-genai builder's fp32 and int4), target-only at every precision
-(--bits) and the speculative modes at --spec_bits (default int8, int4):
+Methods, per precision (fp32, int8, int4, and q4gemm: int4 engines built with
+--cpu_kernels specdec, specdec's own int4 op, compared with the peers' 4-bit
+engines; llama.cpp's f32, Q8_0, Q4_0; the onnxruntime-genai builder's fp32 and
+int4), target-only at every precision (--bits) and the speculative modes at
+--spec_bits (default int8, int4):
 
 * specdec: target-only, draft-target k=4 and k=auto (a draft engine of the
   same precision), draft-target k=4 with the float32 draft, n-gram (k=8,

@@ -101,7 +101,7 @@ def cpu_kernels_problems(build: BuildConfig, scheme: WeightOnlyScheme | None) ->
         problems.append(f"--cpu_kernels specdec computes int4 weights: use it with --qformat int4_wo or int4_awq, or an int4 GPTQ/AWQ checkpoint (this build is {build.quantization})")
     if build.backend != "onnxruntime" or build.lowering != "ort_cpu":
         problems.append(f"--cpu_kernels specdec is an op of the ort_cpu lowering on the onnxruntime backend (this build: {build.backend}, {build.lowering})")
-    from ..plugins.cpu_kernels import compiler
+    from ..runtime.cpu_kernels import compiler
 
     if not problems and compiler() is None:
         problems.append("--cpu_kernels specdec compiles a C library and found no C compiler (cc, gcc, clang or $CC): install one, or build with --cpu_kernels ort "
@@ -327,7 +327,7 @@ def build_engine(
     record = weight_only_record(build, convention, weight_only_built.get("layers", []), op,
                                 weight_only_built.get("act_order", False), weight_only_built.get("even_rows", False))
     if record is not None and build.cpu_kernels == "specdec":
-        from ..plugins.cpu_kernels import LAYOUT
+        from ..runtime.cpu_kernels import LAYOUT
 
         record["kernel_layout"] = LAYOUT  # the runtime refuses an engine of a layout its Q4Gemm does not read
     build = replace(build, weight_only=record)

@@ -1,4 +1,4 @@
-"""specdec's own CPU kernel for int4 weights: the ai.specdec.cpu::Q4Gemm op (plugins/kernels/).
+"""specdec's own CPU kernel for int4 weights: the ai.specdec.cpu::Q4Gemm op (runtime/kernels/).
 
 ONNX Runtime's MatMulNBits reads and unpacks the 4-bit weights once for every *pair* of rows, so a 5-token
 verification costs about 2x a one-token step on an int4 target, and it computes a lone row with other kernels
@@ -8,48 +8,27 @@ AVX-512 VNNI integer dot products, as llama.cpp's tinyBLAS tiles do for Q4_0), a
 instructions whatever the call's row count: no padding, and the verification logits equal the one-token logits
 bit for bit.
 
-An engine built with ``--cpu_kernels specdec`` records the op's weight layout (LAYOUT); the op's shared library is
-compiled from the *installed* specdec's sources with the system C compiler, once per user and source version, into
-a cache folder (``$SPECDEC_CACHE_DIR``, else ``$XDG_CACHE_HOME/specdec`` or ``~/.cache/specdec``), and registered
-with the session. An engine directory never carries native code: loading an engine runs no code that came with it.
-ONNX Runtime's Python wheel has no C headers, so the op declares the few pieces of ONNX Runtime's stable C ABI it
-uses itself (ort_q4gemm.c says how). Without AVX-512 VNNI the library runs a portable C kernel that computes the
-same bits, slowly.
+This module is the graph side: which weights the op takes, its weight layout, the node. The C sources and their
+compiling and loading are the runtime's (runtime/kernels/, runtime/cpu_kernels.py): an engine records the layout
+(LAYOUT), never native code, and every host compiles the installed sources.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
+from ..runtime.cpu_kernels import LAYOUT  # noqa: F401  (the layout this packing writes; recorded in engines)
 from .graph_api import GraphOps
 
 DOMAIN = "ai.specdec.cpu"
-LIBRARY = "specdec_cpu_kernels.so"
-LAYOUT = 1  # Q4Gemm's weight layout and arithmetic (q4_kernels.h); an engine of another layout is refused
-SOURCES = ("ort_q4gemm.c", "q4_kernels.c")
-HEADERS = ("q4_kernels.h",)
-KERNEL_DIR = Path(__file__).parent / "kernels"
-# -ffp-contract=off -fno-fast-math: no fused or reordered float operations but the explicit ones, so that the
-# AVX-512 and the portable kernels round alike
-CFLAGS = ("-O3", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-fvisibility=hidden", "-std=c11", "-D_GNU_SOURCE")
 TILE = 16  # output columns per tile
-
-
-class KernelBuildError(RuntimeError):
-    """The kernel library could not be compiled (no C compiler, or it failed)."""
 
 
 @dataclass
 class Q4Weight:
-    """An int4 weight in Q4Gemm's layout (plugins/kernels/q4_kernels.h)."""
+    """An int4 weight in Q4Gemm's layout (runtime/kernels/q4_kernels.h)."""
 
     w: np.ndarray  # [N / 16, G, group / 8, 64] uint8
     scales: np.ndarray  # [N / 16, G, 16] float32
@@ -93,67 +72,3 @@ def q4_gemm(gb: GraphOps, name: str, x: str, w) -> str:
     p = pack_q4(w)
     inputs = [gb.const(f"{name}.weight_q4", p.w), gb.const(f"{name}.weight_scales", p.scales), gb.const(f"{name}.weight_zeros", p.zeros)]
     return gb.op("Q4Gemm", [x, *inputs], name, domain=DOMAIN, K=p.k, N=p.n, group_size=p.group)
-
-
-def source_digest() -> str:
-    """What the library is built from: the sources and the flags (its cache folder's name)."""
-    h = hashlib.sha256(" ".join(CFLAGS).encode())
-    for f in (*SOURCES, *HEADERS):
-        h.update((KERNEL_DIR / f).read_bytes())
-    return h.hexdigest()[:16]
-
-
-def compiler() -> str | None:
-    """$CC if it names a program, else cc, gcc or clang on PATH."""
-    if os.environ.get("CC"):
-        return shutil.which(os.environ["CC"])
-    return shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-
-
-def build_library(dest: Path) -> Path:
-    """Compile the kernel library to ``dest`` (written beside it first, then moved into place: a concurrent build or
-    reader never sees half a file)."""
-    cc = compiler()
-    if cc is None:
-        raise KernelBuildError("specdec's int4 CPU kernel (--cpu_kernels specdec) is compiled on first use and no C compiler "
-                               "was found (cc, gcc, clang or $CC): install one (Debian: apt install gcc), or use an engine "
-                               "built with --cpu_kernels ort")
-    dest = Path(dest)
-    fd, tmp = tempfile.mkstemp(prefix=".specdec_kernels.", suffix=".so", dir=dest.parent)
-    os.close(fd)
-    cmd = [cc, *CFLAGS, "-o", tmp, *(str(KERNEL_DIR / s) for s in SOURCES), "-lm"]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise KernelBuildError(f"compiling specdec's int4 CPU kernel failed ({' '.join(cmd)}):\n{done.stderr.strip()[-2000:]}")
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return dest
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("SPECDEC_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "specdec")
-    return Path(base) / "kernels"
-
-
-def kernel_library(layout: int = LAYOUT) -> Path:
-    """The installed sources' library, compiled on first use into this user's cache (a private folder: what is loaded
-    from it is what this specdec compiled); refuses an engine whose Q4Gemm layout is not this specdec's."""
-    if layout != LAYOUT:
-        raise KernelBuildError(f"the engine's int4 CPU kernel layout is {layout}, this specdec's is {LAYOUT}: rebuild the engine with "
-                               "this specdec's specdec-build")
-    folder = cache_dir() / source_digest()
-    lib = folder / LIBRARY
-    if lib.is_file():
-        return lib
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return build_library(lib)
-
-
-def runs_vnni(library: Path) -> bool:
-    """Whether the library runs its AVX-512 VNNI kernel on this machine (else the portable one)."""
-    import ctypes
-
-    return bool(ctypes.CDLL(str(library)).specdec_q4_kernel_is_vnni())

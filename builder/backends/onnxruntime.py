@@ -52,7 +52,7 @@ def compile_engine(out_dir: Path, network_file: str, build: BuildConfig, model: 
 
     library = None
     if build.cpu_kernels == "specdec":  # the op's library: compiled into this user's cache, never into the engine
-        from ...plugins.cpu_kernels import KernelBuildError, kernel_library, runs_vnni
+        from ...runtime.cpu_kernels import KernelBuildError, kernel_library, runs_vnni
 
         try:
             library = kernel_library()

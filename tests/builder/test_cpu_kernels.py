@@ -1,4 +1,4 @@
-"""specdec's int4 CPU op, ai.specdec.cpu::Q4Gemm (plugins/cpu_kernels.py, plugins/kernels/): its layout, its arithmetic,
+"""specdec's int4 CPU op, ai.specdec.cpu::Q4Gemm (plugins/cpu_kernels.py, runtime/cpu_kernels.py, runtime/kernels/): its layout, its arithmetic,
 and the property the engines rely on: a row's bits never depend on how many rows share its call."""
 
 import os
@@ -12,8 +12,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from specdec.plugins import cpu_kernels as ck
+from specdec.runtime import cpu_kernels as rk
 
-pytestmark = pytest.mark.skipif(ck.compiler() is None, reason="needs a C compiler")
+pytestmark = pytest.mark.skipif(rk.compiler() is None, reason="needs a C compiler")
 
 
 def int4_weight(k: int, n: int, group: int, symmetric: bool, seed: int = 0) -> SimpleNamespace:
@@ -35,7 +36,7 @@ def session(w, threads: int = 1) -> ort.InferenceSession:
     model.ir_version = 10
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
-    so.register_custom_ops_library(str(ck.kernel_library()))
+    so.register_custom_ops_library(str(rk.kernel_library()))
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
@@ -130,19 +131,19 @@ def test_nonfinite_activations_give_nan_rows_alike_in_both_kernels(tmp_path):
 
 def test_no_compiler_is_one_clear_line(tmp_path, monkeypatch):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    with pytest.raises(ck.KernelBuildError, match="no C compiler"):
-        ck.build_library(tmp_path / ck.LIBRARY)
+    with pytest.raises(rk.KernelBuildError, match="no C compiler"):
+        rk.build_library(tmp_path / rk.LIBRARY)
     assert not list(tmp_path.iterdir())  # nothing half-written
 
 
 def test_the_library_is_compiled_once_into_a_private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
-    lib = ck.kernel_library()
-    assert lib.parent == tmp_path / "kernels" / ck.source_digest() and (lib.parent.stat().st_mode & 0o077) == 0
+    lib = rk.kernel_library()
+    assert lib.parent == tmp_path / "kernels" / rk.source_digest() and (lib.parent.stat().st_mode & 0o077) == 0
     mtime = lib.stat().st_mtime_ns
-    assert ck.kernel_library() == lib and lib.stat().st_mtime_ns == mtime  # reused, not rebuilt
-    with pytest.raises(ck.KernelBuildError, match="layout is 0, this specdec's is 1: rebuild"):
-        ck.kernel_library(0)
+    assert rk.kernel_library() == lib and lib.stat().st_mtime_ns == mtime  # reused, not rebuilt
+    with pytest.raises(rk.KernelBuildError, match="layout is 0, this specdec's is 1: rebuild"):
+        rk.kernel_library(0)
 
 
 @pytest.fixture(scope="module")
@@ -180,5 +181,5 @@ def test_the_build_says_which_kernel_it_compiled(tiny_checkpoint, tmp_path):
 
     r = cli_build(tiny_checkpoint, tmp_path / "e", "--cpu_kernels", "specdec", "--qformat", "int4_wo", "--group_size", "32")
     assert r.exit_code == 0, r.output
-    kind = "AVX-512 VNNI" if ck.runs_vnni(ck.kernel_library()) else "portable C"
+    kind = "AVX-512 VNNI" if rk.runs_vnni(rk.kernel_library()) else "portable C"
     assert f"compiled specdec's int4 CPU kernel ({kind}" in r.output

@@ -12,7 +12,7 @@ import pytest
 from checkpoints import make_checkpoint
 from conftest import build_and_load, spec_build
 
-from specdec.plugins.cpu_kernels import compiler
+from specdec.runtime.cpu_kernels import compiler
 from specdec.runtime.orchestrator import GenerationConfig, Orchestrator
 from specdec.runtime.proposers.draft_model import DraftModelProposer
 from specdec.runtime.proposers.ngram import NGramProposer

@@ -243,5 +243,5 @@ __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(OrtSessionOp
   return CALL(AddCustomOpDomain_t, AddCustomOpDomain, options, domain);
 }
 
-/* for plugins/cpu_kernels.py's report: which kernel this machine runs */
+/* for runtime/cpu_kernels.py's report: which kernel this machine runs */
 __attribute__((visibility("default"))) int specdec_q4_kernel_is_vnni(void) { return q4_has_vnni(); }
