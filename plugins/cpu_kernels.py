@@ -42,14 +42,20 @@ def q4_holds(w) -> bool:
     """Whether Q4Gemm takes ``w`` (an IntWeightLike): 4 bits, equal groups of a multiple of 8 rows (no shorter last
     group), and a multiple of 16 output columns. Others stay on MatMulNBits."""
     k, n = w.codes.shape
-    g = w.group_size
-    return w.bits == 4 and g > 0 and g % 8 == 0 and k % g == 0 and w.scale.shape[0] == k // g and n % TILE == 0
+    g = _group(w)
+    return w.bits == 4 and g > 0 and g % 8 == 0 and w.scale.shape[0] * g == k and n % TILE == 0
+
+
+def _group(w) -> int:
+    """Rows per scale as Q4Gemm reads them: one group spans K whatever its nominal size (128 over 64 rows, per
+    channel); several must all be group_size long (the last one of ceil(K / group_size) may be short: refused)."""
+    return w.codes.shape[0] if w.scale.shape[0] == 1 else w.group_size
 
 
 def pack_q4(w) -> Q4Weight:
     """codes [K, N] (0..15), scale / zero [G, N] -> Q4Gemm's tiles."""
     k, n = w.codes.shape
-    group = w.group_size
+    group = _group(w)
     g = k // group
     c = np.asarray(w.codes, np.uint8).reshape(g, group // 8, 2, 4, n // TILE, TILE)  # group, quad pair, half, j, tile, column
     c = c.transpose(4, 0, 1, 2, 5, 3)  # tile, group, quad pair, half, column, j
