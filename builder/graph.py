@@ -124,10 +124,14 @@ class GraphBuilder:
             read = keep | {name for node in self.nodes for name in node.input}
             dead = [node for node in self.nodes if not any(o in read for o in node.output if o)]
             if not dead:
-                return
+                break
             for node in dead:
                 self.nodes.remove(node)
                 self._names.discard(node.name)
+        # and the constants only they read (ONNX Runtime warns of every unused initializer at load)
+        unread = [i for i, t in enumerate(self.initializers) if t.name not in read]
+        for i in reversed(unread):
+            del self.initializers[i]
 
     def model(self, graph_name: str, extra_opsets: dict[str, int] | None = None):
         """The ModelProto (what helper.make_graph / make_model would give, without copying the initializers)."""
