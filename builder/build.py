@@ -454,10 +454,10 @@ def _write_eagle_module(target_dir: Path, ckpt, heads, model: ModelConfig, build
 
 
 def _count_parameters(network) -> int:
-    """Weights and biases, integer ones counted by their [in, out] (MatMulNBits packs them in blocks)."""
+    """Weights and biases, integer ones counted by their [in, out] (MatMulNBits and Q4Gemm pack them in blocks)."""
     count = sum(int(np.prod(t.dims)) for t in network.graph.initializer if t.name.endswith((".weight", ".bias")))
     for node in network.graph.node:
-        if node.op_type == "MatMulNBits":
+        if node.op_type in ("MatMulNBits", "Q4Gemm"):
             attrs = {a.name: a.i for a in node.attribute}
             count += attrs["K"] * attrs["N"]
     return count
