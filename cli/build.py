@@ -86,7 +86,7 @@ from .common import check_output_dir, clean_errors, human_bytes, option
              "ort_cuda: for --device cuda (ONNX Runtime's CUDA provider): computes in --dtype (bfloat16/float16), fused attention, CUDA graphs; see docs/gpu.md.")
 @option("cpu_kernels", type=click.Choice(["ort", "specdec"]), default="ort", show_default=True,
         help="int4 engines on the CPU: ort = ONNX Runtime's MatMulNBits; specdec = specdec's own int4 GEMM op, compiled with the "
-             "system C compiler on first use, here and on the hosts that run the engine (AVX-512 VNNI; a portable C kernel elsewhere): a verification step costs "
+             "system C compiler on first use, here and on the hosts that run the engine (AVX-512 VNNI; AVX2 or portable C elsewhere): a verification step costs "
              "little more than a one-token step and needs no row padding (docs/precision.md#specdecs-int4-kernel-q4gemm).")
 @option("cuda_attention", type=click.Choice(["auto", "gqa", "masked"]), default="auto", show_default=True,
         help="With --lowering ort_cuda: gqa = GroupQueryAttention (fastest one-token decode; several tokens with a past only one row at a time, "

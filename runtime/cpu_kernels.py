@@ -6,7 +6,7 @@ version, into a private cache folder (``$SPECDEC_CACHE_DIR/kernels``, else ``$XD
 ``~/.cache/specdec/kernels``), and registered with the ONNX Runtime session (backends/onnxruntime/cpu.py). Loading an
 engine directory runs no code that came with it. ONNX Runtime's Python wheel has no C headers, so the op declares the
 few pieces of ONNX Runtime's stable C ABI it uses itself (kernels/ort_q4gemm.c says how). Without AVX-512 VNNI the
-library runs a portable C kernel that computes the same bits, slowly. The graph side (the weight layout, the node) is
+library runs an AVX2 kernel, and without AVX2 a portable C one, that compute the same bits, more slowly. The graph side (the weight layout, the node) is
 plugins/cpu_kernels.py.
 """
 
@@ -90,8 +90,10 @@ def kernel_library(layout: int = LAYOUT) -> Path:
     return build_library(lib)
 
 
-def runs_vnni(library: Path) -> bool:
-    """Whether the library runs its AVX-512 VNNI kernel on this machine (else the portable one)."""
+def kernel_name(library: Path) -> str:
+    """Which kernel the library runs on this machine: "AVX-512 VNNI", "AVX2" or "portable C"."""
     import ctypes
 
-    return bool(ctypes.CDLL(str(library)).specdec_q4_kernel_is_vnni())
+    fn = ctypes.CDLL(str(library)).specdec_q4_kernel_name
+    fn.restype = ctypes.c_char_p
+    return fn().decode()

@@ -52,14 +52,15 @@ def compile_engine(out_dir: Path, network_file: str, build: BuildConfig, model: 
 
     library = None
     if build.cpu_kernels == "specdec":  # the op's library: compiled into this user's cache, never into the engine
-        from ...runtime.cpu_kernels import KernelBuildError, kernel_library, runs_vnni
+        from ...runtime.cpu_kernels import KernelBuildError, kernel_library, kernel_name
 
         try:
             library = kernel_library()
         except KernelBuildError as err:
             raise BuildConfigError(str(err)) from None
-        say("compiled specdec's int4 CPU kernel (" + ("AVX-512 VNNI" if runs_vnni(library) else
-            "portable C: this CPU has no AVX-512 VNNI, so it is slow here; it runs its fast kernel on a CPU that has") + ")")
+        name = kernel_name(library)
+        say(f"compiled specdec's int4 CPU kernel ({name}" + ("" if name == "AVX-512 VNNI" else
+            ": this CPU has no AVX-512 VNNI, so it is slower here; a CPU that has runs the fast kernel, with the same bits") + ")")
     if get_lowering(build.lowering).compute_dtype(build) == "float32":
         check_loads(out_dir / network_file, library)
     else:

@@ -244,4 +244,4 @@ __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(OrtSessionOp
 }
 
 /* for runtime/cpu_kernels.py's report: which kernel this machine runs */
-__attribute__((visibility("default"))) int specdec_q4_kernel_is_vnni(void) { return q4_has_vnni(); }
+__attribute__((visibility("default"))) const char* specdec_q4_kernel_name(void) { return q4_kernel_name(); }

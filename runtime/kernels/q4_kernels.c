@@ -39,7 +39,6 @@ static void quantize_portable(const float* x, int M, int K, int group, int8_t* q
 
 /* -- portable kernel: the reference, and the fallback on CPUs without AVX-512 VNNI --------------------------- */
 
-static int use_vnni(void);
 
 static void gemm_portable(const q4_problem* p, int t_begin, int t_end) {
   const int G = p->K / p->group, P = p->group / 8;
@@ -178,28 +177,99 @@ VNNI static void quantize_vnni(const float* x, int M, int K, int group, int8_t* 
   }
 }
 
-int q4_has_vnni(void) {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
+/* -- AVX2 (+FMA): CPUs without AVX-512 VNNI ---------------------------------------------------------------------
+   maddubs multiplies the unsigned codes by the int8 activations and adds adjacent pairs into int16 (at most
+   2 x 15 x 128 each: no saturation), the low and high halves' pairs are added (at most 7680), and madd with ones
+   sums pairs again into int32: the same exact integer per column and group as vpdpbusd, so the same bits.
+   R rows (1 or 2) x one tile of 16 columns (two 8-column halves) per pass: AVX2 has 16 registers. */
+#define AVX2 __attribute__((target("avx2,fma")))
+
+AVX2 __attribute__((always_inline)) static inline void tile_avx2(const q4_problem* p, const int R, int r0, int t) {
+  const int G = p->K / p->group, P = p->group / 8;
+  const size_t tile_bytes = (size_t)G * P * 64, tile_scales = (size_t)G * 16;
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256 acc[2][2];
+  for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int g = 0; g < G; g++) {
+    __m256i dot[2][2];
+    for (int r = 0; r < R; r++) dot[r][0] = dot[r][1] = _mm256_setzero_si256();
+    for (int q = 0; q < P; q++) {
+      const uint8_t* src = p->w + (size_t)t * tile_bytes + ((size_t)g * P + q) * 64;
+      __m256i lo[2], hi[2];
+      for (int h = 0; h < 2; h++) {
+        const __m256i b = _mm256_loadu_si256((const __m256i*)(src + 32 * h));
+        lo[h] = _mm256_and_si256(b, low);
+        hi[h] = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
+      }
+      for (int r = 0; r < R; r++) {
+        const int8_t* a = p->qa + (size_t)(r0 + r) * p->K + (size_t)g * p->group + q * 8;
+        int32_t a0, a1;
+        memcpy(&a0, a, 4);
+        memcpy(&a1, a + 4, 4);
+        const __m256i x0 = _mm256_set1_epi32(a0), x1 = _mm256_set1_epi32(a1);
+        for (int h = 0; h < 2; h++) {
+          const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], x0), _mm256_maddubs_epi16(hi[h], x1));
+          dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_madd_epi16(pairs, ones));
+        }
+      }
+    }
+    for (int r = 0; r < R; r++) {
+      const __m256i as = _mm256_set1_epi32(p->asum[(size_t)(r0 + r) * G + g]);
+      const __m256 ss = _mm256_set1_ps(p->sa[(size_t)(r0 + r) * G + g]);
+      for (int h = 0; h < 2; h++) {
+        const size_t s = (size_t)t * tile_scales + (size_t)g * 16 + 8 * h;
+        const __m256i d = _mm256_sub_epi32(dot[r][h], _mm256_mullo_epi32(_mm256_loadu_si256((const __m256i*)(p->zw + s)), as));
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(_mm256_loadu_ps(p->sw + s), ss), acc[r][h]);
+      }
+    }
+  }
+  for (int r = 0; r < R; r++)
+    for (int h = 0; h < 2; h++) _mm256_storeu_ps(p->y + (size_t)(r0 + r) * p->N + (size_t)t * 16 + 8 * h, acc[r][h]);
 }
-#else
-int q4_has_vnni(void) { return 0; }
+
+AVX2 static void tile_avx2_1(const q4_problem* p, int r0, int t) { tile_avx2(p, 1, r0, t); }
+AVX2 static void tile_avx2_2(const q4_problem* p, int r0, int t) { tile_avx2(p, 2, r0, t); }
+
+static void gemm_avx2(const q4_problem* p, int t_begin, int t_end) {
+  for (int t = t_begin; t < t_end; t++)
+    for (int r0 = 0; r0 < p->M; r0 += 2) (p->M - r0 >= 2 ? tile_avx2_2 : tile_avx2_1)(p, r0, t);
+}
+
+static int cpu_has(int vnni) {
+  __builtin_cpu_init();
+  if (vnni) return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
 #endif
 
-static int use_vnni(void) {
-  static int vnni = -1; /* decided once; threads racing to decide store the same value */
-  int v = __atomic_load_n(&vnni, __ATOMIC_RELAXED);
-  if (v < 0) {
-    const char* force = getenv("SPECDEC_Q4_PORTABLE"); /* tests: the portable kernels on a VNNI machine */
-    v = q4_has_vnni() && !(force && force[0] == '1');
-    __atomic_store_n(&vnni, v, __ATOMIC_RELAXED);
+enum { KERNEL_PORTABLE = 0, KERNEL_AVX2 = 1, KERNEL_VNNI = 2 };
+
+/* the fastest kernel this CPU runs; $SPECDEC_Q4_KERNEL = portable | avx2 | vnni picks a slower one (tests: every
+   kernel on one machine; a faster one than the CPU has is not taken) */
+static int kernel(void) {
+  static int chosen = -1; /* decided once; threads racing to decide store the same value */
+  int k = __atomic_load_n(&chosen, __ATOMIC_RELAXED);
+  if (k < 0) {
+    k = KERNEL_PORTABLE;
+#if defined(__x86_64__)
+    k = cpu_has(1) ? KERNEL_VNNI : cpu_has(0) ? KERNEL_AVX2 : KERNEL_PORTABLE;
+#endif
+    const char* want = getenv("SPECDEC_Q4_KERNEL");
+    if (want && strcmp(want, "portable") == 0) k = KERNEL_PORTABLE;
+    if (want && strcmp(want, "avx2") == 0 && k > KERNEL_AVX2) k = KERNEL_AVX2;
+    __atomic_store_n(&chosen, k, __ATOMIC_RELAXED);
   }
-  return v;
+  return k;
+}
+
+const char* q4_kernel_name(void) {
+  static const char* names[] = {"portable C", "AVX2", "AVX-512 VNNI"};
+  return names[kernel()];
 }
 
 void q4_quantize_rows(const float* x, int M, int K, int group, int8_t* qa, float* sa, int32_t* asum) {
 #if defined(__x86_64__)
-  if (use_vnni()) {
+  if (kernel() == KERNEL_VNNI) {
     quantize_vnni(x, M, K, group, qa, sa, asum);
     return;
   }
@@ -209,8 +279,12 @@ void q4_quantize_rows(const float* x, int M, int K, int group, int8_t* qa, float
 
 void q4_gemm_tiles(const q4_problem* p, int t_begin, int t_end) {
 #if defined(__x86_64__)
-  if (use_vnni()) {
+  if (kernel() == KERNEL_VNNI) {
     gemm_vnni(p, t_begin, t_end);
+    return;
+  }
+  if (kernel() == KERNEL_AVX2) {
+    gemm_avx2(p, t_begin, t_end);
     return;
   }
 #endif

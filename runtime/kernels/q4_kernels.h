@@ -30,4 +30,5 @@ typedef struct {
 void q4_quantize_rows(const float* x, int M, int K, int group, int8_t* qa, float* sa, int32_t* asum);
 /* columns [16 * t_begin, 16 * t_end) of every row */
 void q4_gemm_tiles(const q4_problem* p, int t_begin, int t_end);
-int q4_has_vnni(void);
+/* which kernel runs here: "AVX-512 VNNI", "AVX2" or "portable C" */
+const char* q4_kernel_name(void);

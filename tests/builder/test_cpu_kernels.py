@@ -89,17 +89,23 @@ def test_rows_are_the_same_bits_whatever_the_call():
             np.testing.assert_array_equal(sess.run(None, {"x": x[:m]})[0], alone[:m], err_msg=f"{m} rows, {threads} threads")
 
 
+@pytest.mark.parametrize("kernel", ["avx2", "portable"])
 @pytest.mark.parametrize("k,group", [(256, 64), (240, 24)])  # (groups that are not a multiple of 16: the masked tails)
-def test_the_portable_kernel_computes_the_same_bits(tmp_path, k, group):
-    """SPECDEC_Q4_PORTABLE=1 runs the portable C kernels (what a CPU without AVX-512 VNNI runs): the same bits."""
+def test_every_kernel_computes_the_same_bits(tmp_path, k, group, kernel):
+    """SPECDEC_Q4_KERNEL=avx2 | portable runs the kernels a CPU without AVX-512 VNNI (or AVX2) runs: the same bits,
+    every row count from 1 to 7."""
     w = int4_weight(k, 96, group, False, seed=5)
     x = np.random.default_rng(6).standard_normal((7, k)).astype(np.float32)
+    x[3, 5], x[5, 70], x[6, :group] = np.inf, np.nan, 1e-38  # non-finite rows and a group too small to scale, alike
     np.save(tmp_path / "x.npy", x)
-    fast = session(w).run(None, {"x": x})[0]
+    fast = np.concatenate([session(w).run(None, {"x": x[:m]})[0] for m in range(1, 8)])
     script = (f"import numpy as np, sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_cpu_kernels as t; "
               f"w = t.int4_weight({k}, 96, {group}, False, seed=5); x = np.load({str(tmp_path / 'x.npy')!r}); "
-              f"np.save({str(tmp_path / 'y.npy')!r}, t.session(w).run(None, {{'x': x}})[0])")
-    subprocess.run([sys.executable, "-c", script], check=True, env={**os.environ, "SPECDEC_Q4_PORTABLE": "1"})
+              f"s = t.session(w); np.save({str(tmp_path / 'y.npy')!r}, np.concatenate([s.run(None, {{'x': x[:m]}})[0] for m in range(1, 8)]))")
+    subprocess.run([sys.executable, "-c", script], check=True, env={**os.environ, "SPECDEC_Q4_KERNEL": kernel})
+    name = subprocess.run([sys.executable, "-c", "from specdec.runtime import cpu_kernels as rk; print(rk.kernel_name(rk.kernel_library()))"],
+                          check=True, capture_output=True, text=True, env={**os.environ, "SPECDEC_Q4_KERNEL": kernel}).stdout.strip()
+    assert name == {"avx2": "AVX2", "portable": "portable C"}[kernel] or (kernel == "avx2" and name == "portable C")  # (no AVX2 here)
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), fast)
 
 
@@ -115,9 +121,9 @@ def test_q4_holds_only_what_the_op_takes():
     assert not ck.q4_holds(ragged)
 
 
-def test_nonfinite_activations_give_nan_rows_alike_in_both_kernels(tmp_path):
+def test_nonfinite_activations_give_nan_rows(tmp_path):
     """An inf or NaN in a row makes that row's outputs NaN (it is not rounded into finite codes), and a group too small
-    to scale (amax below ~4e-37) contributes nothing; the other rows are untouched. The portable kernels agree."""
+    to scale (amax below ~4e-37) contributes nothing; the other rows are untouched."""
     w = int4_weight(256, 32, 64, False, seed=7)
     x = np.random.default_rng(8).standard_normal((4, 256)).astype(np.float32)
     x[1, 5], x[2, 70], x[3, 64:128] = np.inf, np.nan, 1e-38
@@ -184,5 +190,4 @@ def test_the_build_says_which_kernel_it_compiled(tiny_checkpoint, tmp_path):
     same = cli_build(tiny_checkpoint, tmp_path / "m", "--qformat", "int4_wo", "--group_size", "32")  # MatMulNBits
     params = lambda out: out.split("LlamaForCausalLM, ")[1].split(" params")[0]
     assert params(r.output) == params(same.output)  # the packed weights counted by their [in, out] in both
-    kind = "AVX-512 VNNI" if rk.runs_vnni(rk.kernel_library()) else "portable C"
-    assert f"compiled specdec's int4 CPU kernel ({kind}" in r.output
+    assert f"compiled specdec's int4 CPU kernel ({rk.kernel_name(rk.kernel_library())}" in r.output
