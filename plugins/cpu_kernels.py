@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..runtime.cpu_kernels import LAYOUT  # noqa: F401  (the layout this packing writes; recorded in engines)
 from .graph_api import GraphOps
 
+# The packing below is layout runtime/cpu_kernels.LAYOUT (engines record it): change both together.
 DOMAIN = "ai.specdec.cpu"
 TILE = 16  # output columns per tile
 
