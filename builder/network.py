@@ -155,9 +155,9 @@ def build_network(
         linear_inputs.update(linears.inputs)
     if weight_only_built is not None:
         weight_only_built.update(layers=linears.int_layers, act_order=linears.act_order, even_rows=step_padded and lowering.step_padding_needed,
-                                 q4gemm_layers=getattr(lowering, "q4gemm_layers", 0))
+                                 q4gemm_layers=lowering.q4gemm_layers)
     opsets = dict(lowering.extra_opsets)
-    if getattr(lowering, "q4gemm_layers", 0):
+    if lowering.q4gemm_layers:
         from ..plugins.cpu_kernels import DOMAIN
 
         opsets[DOMAIN] = 1

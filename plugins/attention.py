@@ -45,6 +45,8 @@ class AttentionLowering:
     # Set for engines that verify (or draft) a tree of tokens in one call: a tree_mask input says which of the
     # call's tokens each one attends to (its ancestors and itself); the cache before the call is visible to all.
     tree_attention = False
+    cpu_kernels = "ort"  # specdec: int4 weights on Q4Gemm where the lowering has it (ort_cpu; plugins/cpu_kernels.py)
+    q4gemm_layers = 0  # set while building: the layers written as Q4Gemm
     kv_layout = "bnsh"  # cache layout: bnsh = [batch, kv_heads, capacity, head_dim]; bsh = [batch, capacity, kv_heads * head_dim]
     extra_opsets: dict[str, int] = {}
     extra_inputs: tuple[str, ...] = ()  # graph inputs beyond the engine ABI's (the runtime feeds them)

@@ -35,8 +35,6 @@ class OrtCpuAttention(PortableAttention):
         super().__init__(gb, cfg)
         self._even_rows: dict[str, EvenRows] = {}  # per leading shape (the logit rows, the layers' tokens in a tree engine)
         self.step_rows = ""  # the padded position_ids of pad_step: GEMMs on these rows are even already
-        self.cpu_kernels = "ort"  # specdec: int4 weights on Q4Gemm (plugins/cpu_kernels.py)
-        self.q4gemm_layers = 0
 
     def pad_step(self, ids: str, positions: str) -> tuple[str, str]:
         """ids, positions [B, S] -> [B, S'] with S' = S + 1 when B * S is odd, else S: every decoder GEMM then

@@ -55,6 +55,7 @@ class ModelConfig:
 
 CPU_KERNELS = ("ort", "specdec")
 
+
 @dataclass(frozen=True)
 class BuildConfig:
     """The limits baked into an engine at build time."""
