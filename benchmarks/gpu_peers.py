@@ -42,10 +42,10 @@ def hf_generate(target: str, prompts: list[list[int]], n_new: int, batch: int, d
         gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = k, "constant", 0.0
         kwargs["assistant_model"] = assistant
     elif compiled:
+        # generate compiles the forward itself for a static cache (mode "reduce-overhead": CUDA graphs) and marks
+        # each step for the graph trees; wrapping model.forward in torch.compile by hand breaks that
+        # ("accessing tensor output of CUDAGraphs that has been overwritten", transformers 5.17).
         kwargs["cache_implementation"] = "static"
-        if not getattr(model, "_specdec_compiled", False):
-            model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
-            model._specdec_compiled = True
     batches = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
     outs: list[list[int]] = []
     total = 0.0
