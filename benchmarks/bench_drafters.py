@@ -87,9 +87,10 @@ def make_methods(args, names: list[str], tex=None, eagle_tex=None) -> dict[str, 
             out[name] = base if base is not None else Engine(tex, [], SpeculationConfig("none", 0))
         elif kind == "ngram":
             out[name] = load_engine(args.target, ngram=NGramConfig(fixed or args.ngram_k, 3, [0]), target_executor=tex, draft_len=k or args.ngram_k)
-        elif kind.startswith("suffix"):  # suffix[-local][-chain][-p<min_token_prob>][-f<max_spec_factor>][-d<max_tree_depth>]
+        elif kind.startswith("suffix"):  # suffix[-local][-chain][-p<min_token_prob>][-f<max_spec_factor>][-d<max_tree_depth>][-t<cached_prompt_tokens>][-o<max_spec_offset>]
             parts = kind.split("-")[1:]
-            opts = {"p": ("min_token_prob", float), "f": ("max_spec_factor", float), "d": ("max_tree_depth", int)}
+            opts = {"p": ("min_token_prob", float), "f": ("max_spec_factor", float), "d": ("max_tree_depth", int), "t": ("cached_prompt_tokens", int),
+                    "o": ("max_spec_offset", float)}
             extra = {opts[x[0]][0]: opts[x[0]][1](x[1:]) for x in parts if x[:1] in opts and x[1:2].isdigit()}
             cfg = SuffixConfig(max_draft_len=fixed or args.suffix_k, global_cache="local" not in parts, **extra)
             out[name] = Engine(tex, [SuffixProposer(cfg, trees=trees and "chain" not in parts)], SpeculationConfig("suffix", k or cfg.max_draft_len))
@@ -135,9 +136,10 @@ def llama_runners(args, tok: Tokenizer, cache: Path) -> dict[str, object]:
     return {"llama-lookup": lookup, "llama-target-only": completion}
 
 
-def oracle(prompts: list[list[int]], outputs: list[list[int]], depth: int = 23) -> dict[str, float]:
-    """The share of output tokens suffix decoding could draft at best: token i of a response is predictable from a
-    place (the earlier responses: the global cache; the request's own prompt + output before it) when, for the
+def predictable(prompts: list[list[int]], outputs: list[list[int]], depth: int = 23, tail: int = 16) -> list[list[tuple[bool, bool]]]:
+    """Per output token, (from earlier responses, from the request's own text): whether suffix decoding could draft it
+    at best. Token i of a response is predictable from a place (the earlier responses, each behind its prompt's last
+    ``tail`` tokens as the global cache holds them; the request's own prompt + output before it) when, for the
     longest suffix of the text before it (at most ``depth`` tokens) that occurs there with a continuation, the
     token is one of those continuations. A plain scan: a measurement, not the runtime's index."""
 
@@ -152,13 +154,50 @@ def oracle(prompts: list[list[int]], outputs: list[list[int]], depth: int = 23) 
             best = found
         return best
 
-    total = from_global = from_own = either = 0
-    for n, (prompt, out) in enumerate(zip(prompts, outputs)):
-        for i, token in enumerate(out):
-            ctx = prompt + out[:i]
-            g, o = token in continuations(outputs[:n], ctx), token in continuations([ctx], ctx)
-            total, from_global, from_own, either = total + 1, from_global + g, from_own + o, either + (g or o)
-    return {"global": from_global / total, "own": from_own / total, "either": either / total}
+    cached = [p[len(p) - min(tail, len(p)) :] + o for p, o in zip(prompts, outputs)]
+    return [[(token in continuations(cached[:n], prompt + out[:i]), token in continuations([prompt + out[:i]], prompt + out[:i]))
+             for i, token in enumerate(out)] for n, (prompt, out) in enumerate(zip(prompts, outputs))]
+
+
+def oracle(flags: list[list[tuple[bool, bool]]]) -> dict[str, float]:
+    """The shares of output tokens predictable from earlier responses, the request's own text, either."""
+    every = [f for row in flags for f in row]
+    return {"global": sum(g for g, _ in every) / len(every), "own": sum(o for _, o in every) / len(every),
+            "either": sum(g or o for g, o in every) / len(every)}
+
+
+def perfect_drafter(flags: list[list[tuple[bool, bool]]], costs: dict[int, float], k: int, own_only: bool) -> dict[str, float]:
+    """A drafter that knows the answer: each round it drafts exactly the next predictable tokens (at most ``k``, all
+    accepted, never a wrong node), so a round ends only at a token no place predicts. Its tokens per target call
+    and its decode speedup over target-only when a call of w tokens costs ``costs[w]`` one-token steps: the bound
+    suffix decoding (own_only False) or an n-gram drafter of the request's own text (True) can reach here."""
+    calls = cost = tokens = 0.0
+    for row in flags:
+        i = 0
+        while i < len(row):
+            j = 0
+            while j < k and i + j < len(row) and (row[i + j][1] if own_only else any(row[i + j])):
+                j += 1
+            step = min(j + 1, len(row) - i)
+            calls, cost, tokens, i = calls + 1, cost + costs[min(j + 1, max(costs))], tokens + step, i + step
+    return {"tokens_per_call": tokens / calls, "decode_speedup": tokens / cost}
+
+
+def step_costs(tex, widths: range = range(1, 10), context: int = 100, repeats: int = 7) -> dict[int, float]:
+    """A call of w tokens over a one-token step on this target (median of interleaved repeats, ``context`` tokens
+    cached): what a verification costs here."""
+    times: dict[int, list[float]] = {w: [] for w in widths}
+    cache = tex.new_cache(1)
+    prompt = [(5 + i) % tex.vocab_size for i in range(context)]
+    tex.forward(cache, [prompt], all_logits=False)
+    for r in range(repeats):
+        for w in widths if r % 2 == 0 else reversed(widths):
+            t = time.perf_counter()
+            tex.forward(cache, [[(10 + j) % tex.vocab_size for j in range(w)]], all_logits=True)
+            times[w].append(time.perf_counter() - t)
+            cache.rollback(0, context)
+    one = statistics.median(times[1])
+    return {w: statistics.median(v) / one for w, v in times.items()}
 
 
 def speed(args) -> None:
@@ -220,9 +259,18 @@ def speed(args) -> None:
                 ratios[n].append(tps[n][-1] / tps[base][-1])
                 decode_ratios[n].append(dtps[n][-1] / dtps[base][-1])
             if r == 0 and args.oracle:
-                o = oracle(prompts, want)
+                flags = predictable(prompts, want, tail=SuffixConfig().cached_prompt_tokens)
+                o = oracle(flags)
                 print(f"[{workload}] oracle: of the target's output tokens, {o['global']:.0%} are predictable from earlier responses, "
-                      f"{o['own']:.0%} from the request's own text, {o['either']:.0%} from either (oracle())", flush=True)
+                      f"{o['own']:.0%} from the request's own text, {o['either']:.0%} from either (predictable())", flush=True)
+                costs = step_costs(engines["none"].target)
+                o["step_costs"] = costs
+                for k in (4, args.suffix_k):
+                    o[f"perfect_k{k}"] = best, own = perfect_drafter(flags, costs, k, False), perfect_drafter(flags, costs, k, True)
+                    print(f"[{workload}] a perfect drafter of at most {k} tokens (perfect_drafter(); a call of {k + 1} tokens costs "
+                          f"{costs[min(k + 1, max(costs))]:.2f} one-token steps here): {best['tokens_per_call']:.2f} tokens per call, "
+                          f"decode speedup x{best['decode_speedup']:.2f}; from the request's own text only (n-gram's bound): "
+                          f"{own['tokens_per_call']:.2f}, x{own['decode_speedup']:.2f}", flush=True)
                 report.setdefault("oracle", {})[workload] = o
             print(f"[{workload}] round {r + 1}/{args.rounds}: " + ", ".join(
                 f"{n} {tps[n][-1]:.2f} / {dtps[n][-1]:.2f} tok/s" + (f" (x{ratios[n][-1]:.2f} / x{decode_ratios[n][-1]:.2f})" if n != "none" else "")
@@ -422,7 +470,7 @@ def main() -> None:
     ap.add_argument("--nocap", default="", help="auto: methods also run without the batch's width cap at 2+ streams (e.g. ngram,suffix)")
     ap.add_argument("--llama_lookup", help="llama.cpp's llama-lookup binary (a peer with its n-gram cache; llama-completion beside it is its target-only)")
     ap.add_argument("--gguf", help="the target as GGUF for llama-lookup, at the same bits as --target")
-    ap.add_argument("--oracle", action="store_true", help="print the share of output tokens suffix decoding could draft at best (round 1)")
+    ap.add_argument("--oracle", action="store_true", help="print the share of output tokens suffix decoding could draft at best, and the speedup a perfect drafter would reach under this target's measured call costs (round 1)")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
     if args.llama_lookup and not args.gguf:

@@ -5,7 +5,12 @@ Two places to look, as ArcticInference does:
 * the request's own tokens (prompt + output so far): a ``TokenStore`` per request;
 * the global cache of finished responses (``ResponseCache``, one per engine,
   LRU-bounded; ``global_cache=False`` turns it off, ``seed_file`` fills it
-  from earlier responses at start).
+  from earlier responses at start). Each response goes in behind the last
+  ``cached_prompt_tokens`` tokens of its prompt: ArcticInference caches the
+  response alone, so a new response's first tokens, before it has repeated
+  enough of an earlier one to match, are never drafted; with the prompt's
+  end in front, a prompt that ends as an earlier one did drafts that
+  response from its first token.
 
 Each round, each store proposes its best frequency-scored draft for the
 request's last tokens (runtime/suffix_index.py: the budget grows with the
@@ -38,7 +43,7 @@ from ..suffix_index import SpecParams, SuffixDraft, TokenStore, best_draft
 from .base import Draft, Proposer, TargetOutput
 
 SUFFIX_FORM = ("[max_draft_len, max_tree_depth] or a JSON object with any of max_draft_len, max_tree_depth, max_spec_factor, "
-               "max_spec_offset, min_token_prob, global_cache, max_cached_tokens, max_cached_responses, seed_file")
+               "max_spec_offset, min_token_prob, global_cache, max_cached_tokens, max_cached_responses, cached_prompt_tokens, seed_file")
 SUFFIX_EXAMPLE = '{"max_draft_len": 8, "min_token_prob": 0.1, "global_cache": true}'
 
 
@@ -52,6 +57,10 @@ class SuffixConfig:
     global_cache: bool = True  # also draft from finished responses
     max_cached_tokens: int = 1_000_000  # the global cache's caps (least recently used leave first)
     max_cached_responses: int = 10_000
+    # the last this many prompt tokens join the global cache in front of each response: a new prompt that ends
+    # as an earlier one did then drafts that response from its first token (responses alone match only once
+    # the new response has repeated a few of their tokens)
+    cached_prompt_tokens: int = 16
     seed_file: str | None = None  # JSON lines of earlier responses to start the global cache with
 
     @property
@@ -96,6 +105,8 @@ def parse_suffix_config(text: str, flag: str = "--suffix_config") -> SuffixConfi
         raise fail("max_draft_len must be >= 1 and max_tree_depth >= 2")
     if not 0.0 <= cfg.min_token_prob <= 1.0 or cfg.max_spec_factor < 0:
         raise fail("min_token_prob must be in [0, 1] and max_spec_factor >= 0")
+    if cfg.cached_prompt_tokens < 0:
+        raise fail("cached_prompt_tokens must be >= 0 (0: responses alone)")
     if cfg.max_cached_tokens < 1 or cfg.max_cached_responses < 1:
         raise fail("max_cached_tokens and max_cached_responses must be >= 1 (turn the cache off with global_cache: false)")
     return cfg
@@ -125,11 +136,11 @@ class SuffixProposer(Proposer):
             self.prompt_len[r.request_id] = len(r.prompt_ids)
 
     def remove(self, request_id: str) -> None:
-        """The request ended: its response joins the global cache."""
+        """The request ended: its response joins the global cache, behind its prompt's last tokens."""
         store = self.stores.pop(request_id)
         start = 1 + self.prompt_len.pop(request_id)  # position 0 is the store's separator
         if self.cache is not None and store.size > start:
-            self.cache.add(store.tokens[start:])
+            self.cache.add(store.tokens[max(1, start - self.config.cached_prompt_tokens) :])
 
     def room(self, request: Request) -> int:
         return self.config.max_draft_len

@@ -221,6 +221,7 @@ def test_suffix_config_strings():
     ('{"global_cache": 1}', "true or false"),
     ('{"tree_depth": 3}', "unknown key 'tree_depth'"),
     ('{"min_token_prob": 2}', "min_token_prob must be in"),
+    ('{"cached_prompt_tokens": -1}', "cached_prompt_tokens must be >= 0"),
     ('"fast"', "neither a list nor an object"),
 ])
 def test_suffix_config_refusals(text, why):

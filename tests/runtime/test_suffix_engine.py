@@ -70,6 +70,24 @@ def test_the_global_cache_drafts_earlier_responses(targets, want):
     assert again >= 20, again  # of 31 tokens after the first, most came from the cached response
 
 
+@pytest.mark.parametrize("tail", [0, 3, 16])
+def test_a_prompt_that_ends_as_an_earlier_one_drafts_its_response_from_the_first_token(tail):
+    """Responses join the global cache behind their prompt's last ``cached_prompt_tokens`` tokens (no more than
+    the prompt has): a new prompt with the same ending drafts the earlier response before it has any output; with
+    0 the cache holds the response alone and the new request has nothing to match."""
+    prompt = [30, 31, 32, 33, 34, 35]
+    first = Request("a", prompt, GenerationConfig(), "suffix", MAX_DRAFT, np.random.default_rng(0))
+    proposer = SuffixProposer(SuffixConfig(max_draft_len=MAX_DRAFT, cached_prompt_tokens=tail), trees=True)
+    proposer.add([first])
+    proposer.stores["a"].append([60, 61, 62, 63])  # its response, as observe() appends it
+    proposer.remove("a")
+    assert proposer.cache.response(0) == prompt[len(prompt) - min(tail, len(prompt)) :] + [60, 61, 62, 63]
+    second = Request("b", [90, 91, 33, 34, 35], GenerationConfig(), "suffix", MAX_DRAFT, np.random.default_rng(0))
+    proposer.add([second])
+    drafted = proposer.propose([second], [MAX_DRAFT])[0].tokens.tolist()
+    assert drafted == ([] if tail == 0 else [60, 61, 62])  # the 3-token match (33, 34, 35) earns 3 nodes
+
+
 def test_trees_carry_their_structure():
     # after [1, 2] came 3 twice and 4 once: greedy requests get a tree with both (3 first), sampled ones the best path
     prompt = [1, 2, 3, 9, 1, 2, 4, 7, 1, 2, 3, 8, 1, 2]

@@ -1,0 +1,47 @@
+"""benchmarks/bench_drafters.py's oracle: which output tokens any suffix drafter could draft, and the speedup a
+drafter that drafts exactly those would reach (the bound docs/suffix-decoding.md holds suffix decoding to)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # bench_drafters imports prompts.py from beside it
+_spec = importlib.util.spec_from_file_location("bench_drafters", ROOT / "benchmarks" / "bench_drafters.py")
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+
+def test_predictable_tokens_come_from_earlier_responses_their_prompt_tails_or_the_own_text():
+    prompts = [[1, 2, 3], [9, 2, 3], [4, 4]]
+    outputs = [[7, 8, 7, 8], [7, 8, 5], [4, 6]]
+    flags = bench.predictable(prompts, outputs, tail=2)
+    # request 0: nothing earlier; its second 8 followed a 7 before in its own text (its second 7 had no 8-then-7 to follow)
+    assert flags[0] == [(False, False), (False, False), (False, False), (False, True)]
+    # request 1 ends its prompt with "2 3" as request 0 did: request 0's response follows from the first token
+    assert flags[1][:2] == [(True, False), (True, False)]
+    assert flags[1][2] == (False, False)  # after "7 8" request 0 went on with 7, not 5
+    # with the responses alone (tail 0) the first token has nothing to match
+    assert bench.predictable(prompts, outputs, tail=0)[1][0] == (False, False)
+    # request 2: 4 followed 4 in its own prompt, not 6
+    assert flags[2] == [(False, True), (False, False)]
+    shares = bench.oracle(flags)
+    assert shares["either"] == pytest.approx(4 / 9) and shares["own"] == pytest.approx(2 / 9) and shares["global"] == pytest.approx(2 / 9)
+
+
+def test_a_perfect_drafter_drafts_each_predictable_run_in_one_call():
+    yes, no = (True, False), (False, False)
+    flags = [[no, yes, yes, yes, no], [yes, yes]]
+    costs = {1: 1.0, 2: 1.1, 3: 1.2, 4: 1.3}
+    # row 0: call 1 gives token 0 (nothing drafted), call 2 drafts the three predictable tokens and gets the fourth:
+    # 5 tokens in 2 calls; row 1: both tokens drafted, the call covers them: 2 tokens in 1 call
+    got = bench.perfect_drafter(flags, costs, k=8, own_only=False)
+    assert got["tokens_per_call"] == pytest.approx(7 / 3)
+    assert got["decode_speedup"] == pytest.approx(7 / (1.0 + 1.3 + 1.2))
+    # at most k drafts a call; a drafter of the own text only sees none of these (they are predictable elsewhere)
+    assert bench.perfect_drafter(flags, costs, k=1, own_only=False)["tokens_per_call"] == pytest.approx(7 / 4)  # 1 + 2 + 2, then 2
+    assert bench.perfect_drafter(flags, costs, k=8, own_only=True) == {"tokens_per_call": 1.0, "decode_speedup": 1.0}
