@@ -92,7 +92,7 @@ def open_cuda(path: Path):
     from specdec.runtime.backends import Placement, open_executor
     from specdec.runtime.engine_format import load_engine_dir
 
-    return open_executor(load_engine_dir(path, verify="stamp"), Placement("cuda", 0))
+    return open_executor(load_engine_dir(path), Placement("cuda", 0))
 
 
 def section(res: dict, name: str, budget: Budget, need_s: float, run: Callable[[], Any], out: Path | None) -> None:
@@ -150,7 +150,7 @@ def _reopen(path: Path, **kw):
     from specdec.runtime.backends.onnxruntime.cuda import CudaExecutor
     from specdec.runtime.engine_format import load_engine_dir
 
-    return CudaExecutor(load_engine_dir(path, verify="stamp"), 0, **kw)
+    return CudaExecutor(load_engine_dir(path), 0, **kw)
 
 
 def verify_vs_steps(ex, kmax: int) -> dict:

@@ -32,7 +32,7 @@ def decode_methods(engines: dict, draft_lens: list[int], ngram: list[int] | None
         from specdec.runtime.engine_format import eagle_module_dir, load_engine_dir
         from specdec.runtime.proposers.eagle import EagleProposer
 
-        module = open_executor(load_engine_dir(eagle_module_dir(target.engine), verify="stamp"), Placement("cuda", 0))
+        module = open_executor(load_engine_dir(eagle_module_dir(target.engine)), Placement("cuda", 0))
         methods["EAGLE chain k=4"] = Orchestrator(target, EagleProposer(target, module), draft_len=4)
         eagle_tree = EagleProposer(target, module, tree)
         methods[f"EAGLE tree n={len(eagle_tree.tree)}"] = Orchestrator(target, eagle_tree, draft_len=len(eagle_tree.tree))
