@@ -8,6 +8,7 @@
     python benchmarks/bench_drafters.py speed --target T --workload agentic --requests 24 --tokens 16 --oracle \
         --methods "ngram,ngram auto,suffix,suffix auto,suffix-chain,suffix-p0.3,suffix 4"   # suffix's levers
     python benchmarks/bench_drafters.py micro --target T                                # suffix draft cost vs a target step at 2k
+    python benchmarks/bench_drafters.py serve --target T --tokens 32 --rounds 2          # the agentic requests through specdec-serve
 
 Workloads:
 
@@ -441,9 +442,70 @@ def micro(args) -> None:
           f"drafting costs {d / s:.2%} of it")
 
 
+# -- the agentic workload through specdec-serve ------------------------------------------------
+def serve(args) -> None:
+    """The agentic requests in sequence through ``specdec-serve``, as an agent's client sends them: one server per
+    round (its suffix cache starts empty), every method chosen per request with the ``speculative`` field and run
+    on each request in turn (order alternating), greedy with ``ignore_eos``. Client-side seconds per method, the
+    server's tokens per call, and whether each method's tokens equal target-only's."""
+    import urllib.request
+
+    from bench_serving import start_server
+
+    methods = ["none"] + [m for m in (args.methods or "ngram,suffix").split(",") if m != "none"]
+    texts = agentic_prompts(args.requests, seed=args.seed)
+    tps: dict[str, list[float]] = {m: [] for m in methods}
+    calls: dict[str, list[float]] = {m: [] for m in methods}
+    same = {m: True for m in methods}
+    for r in range(args.rounds):
+        server = argparse.Namespace(target=args.target, draft=None, draft_len=0, ngram_config=f"[{args.ngram_k},3,[0]]",
+                                    suffix_config=json.dumps({"max_draft_len": args.suffix_k}), num_threads=args.threads)
+        proc, url = start_server(server)
+        try:
+            secs, toks, rounds, accepted = ({m: 0.0 for m in methods} for _ in range(4))
+            for m in methods:  # uncounted: each call shape's first run is ONNX Runtime's one-time planning
+                body = {"prompt": "def warm_up(x):\n", "max_tokens": args.tokens, "temperature": 0, "ignore_eos": True, "speculative": {"method": m}}
+                req = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+                urllib.request.urlopen(req, timeout=600).read()
+            for i, text in enumerate(texts):
+                outs = {}
+                for m in methods if (i + r) % 2 == 0 else methods[::-1]:
+                    body = {"prompt": text, "max_tokens": args.tokens, "temperature": 0, "ignore_eos": True, "speculative": {"method": m}}
+                    req = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+                    t = time.perf_counter()
+                    with urllib.request.urlopen(req, timeout=600) as resp:
+                        reply = json.load(resp)
+                    secs[m] += time.perf_counter() - t
+                    outs[m] = reply["choices"][0]["token_ids"]
+                    toks[m] += len(outs[m])
+                    spec = reply.get("speculative") or {}
+                    rounds[m] += spec.get("rounds", len(outs[m]))
+                    accepted[m] += spec.get("accepted", 0)
+                for m in methods:
+                    same[m] &= outs[m] == outs["none"]
+        finally:
+            proc.terminate()
+            proc.wait(30)
+        for m in methods:
+            tps[m].append(toks[m] / secs[m])
+            calls[m].append((rounds[m] + accepted[m]) / rounds[m] if rounds[m] else 1.0)
+        print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{m} {tps[m][-1]:.1f} tok/s" for m in methods), flush=True)
+    print(f"\nagentic through specdec-serve: {args.requests} requests in sequence, {args.tokens} tokens each, {args.rounds} rounds "
+          f"(a fresh server each), {args.threads} threads; client-side tok/s, median [min-max] over rounds")
+    base = tps["none"]
+    report = {}
+    for m in methods:
+        ratio = [a / b for a, b in zip(tps[m], base)]
+        report[m] = {"tok_s": spread(tps[m]), "speedup": spread(ratio), "tokens_per_call": statistics.median(calls[m]), "exact": same[m]}
+        print(f"  {m:<8} {spread_str(tps[m])} tok/s" + (f"  x{spread_str(ratio, '.2f')}" if m != "none" else "") +
+              f"  tokens/call {statistics.median(calls[m]):.2f}  output identical to target-only: {'yes' if same[m] else 'NO'}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"serve": report}, indent=1) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("cmd", choices=["speed", "auto", "micro"])
+    ap.add_argument("cmd", choices=["speed", "auto", "micro", "serve"])
     ap.add_argument("--target", required=True, help="target engine (built with --tree_attention for suffix trees)")
     ap.add_argument("--draft", help="draft engine sharing the target's tokenizer")
     ap.add_argument("--cross_draft", help="draft engine with another tokenizer")
@@ -475,7 +537,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.llama_lookup and not args.gguf:
         raise SystemExit("--llama_lookup needs --gguf (the same target in GGUF, at the same bits).")
-    {"speed": speed, "auto": auto, "micro": micro}[args.cmd](args)
+    {"speed": speed, "auto": auto, "micro": micro, "serve": serve}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -176,6 +176,8 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
         cmd += ["--draft_engine_dir", args.draft, "--draft_target_model_config", f"[{args.draft_len},[0],[0],False]"]
     if args.ngram_config:
         cmd += ["--ngram_config", args.ngram_config]
+    if getattr(args, "suffix_config", None):
+        cmd += ["--suffix_config", args.suffix_config]
     if args.num_threads:
         cmd += ["--num_threads", str(args.num_threads)]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
