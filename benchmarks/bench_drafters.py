@@ -174,13 +174,12 @@ def perfect_drafter(flags: list[list[tuple[bool, bool]]], costs: dict[int, float
     suffix decoding (own_only False) or an n-gram drafter of the request's own text (True) can reach here."""
     calls = cost = tokens = 0.0
     for row in flags:
-        i = 0
+        i = 1  # token 0 comes with the prefill; decoding starts at token 1, as the decode-only figures count
         while i < len(row):
-            j = 0
-            while j < k and i + j < len(row) and (row[i + j][1] if own_only else any(row[i + j])):
+            j = 0  # drafts: the predictable tokens ahead, and the call's own token after them
+            while j < k and i + j + 1 < len(row) and (row[i + j][1] if own_only else any(row[i + j])):
                 j += 1
-            step = min(j + 1, len(row) - i)
-            calls, cost, tokens, i = calls + 1, cost + costs[min(j + 1, max(costs))], tokens + step, i + step
+            calls, cost, tokens, i = calls + 1, cost + costs[min(j + 1, max(costs))], tokens + j + 1, i + j + 1
     return {"tokens_per_call": tokens / calls, "decode_speedup": tokens / cost}
 
 
@@ -445,9 +444,11 @@ def micro(args) -> None:
 # -- the agentic workload through specdec-serve ------------------------------------------------
 def serve(args) -> None:
     """The agentic requests in sequence through ``specdec-serve``, as an agent's client sends them: one server per
-    round (its suffix cache starts empty), every method chosen per request with the ``speculative`` field and run
+    round (its suffix cache holds only the warm-up's response), every method chosen per request with the ``speculative`` field and run
     on each request in turn (order alternating), greedy with ``ignore_eos``. Client-side seconds per method, the
     server's tokens per call, and whether each method's tokens equal target-only's."""
+    import subprocess
+    import threading
     import urllib.request
 
     from bench_serving import start_server
@@ -461,6 +462,7 @@ def serve(args) -> None:
         server = argparse.Namespace(target=args.target, draft=None, draft_len=0, ngram_config=f"[{args.ngram_k},3,[0]]",
                                     suffix_config=json.dumps({"max_draft_len": args.suffix_k}), num_threads=args.threads)
         proc, url = start_server(server)
+        threading.Thread(target=proc.stderr.read, daemon=True).start()  # drained, so a chatty server never blocks on it
         try:
             secs, toks, rounds, accepted = ({m: 0.0 for m in methods} for _ in range(4))
             for m in methods:  # uncounted: each call shape's first run is ONNX Runtime's one-time planning
@@ -485,7 +487,10 @@ def serve(args) -> None:
                     same[m] &= outs[m] == outs["none"]
         finally:
             proc.terminate()
-            proc.wait(30)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
         for m in methods:
             tps[m].append(toks[m] / secs[m])
             calls[m].append((rounds[m] + accepted[m]) / rounds[m] if rounds[m] else 1.0)

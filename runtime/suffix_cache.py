@@ -89,7 +89,8 @@ class ResponseCache:
         self.store.reindex()  # once for the whole rebuild
 
     def response(self, i: int) -> list[int]:
-        """The i-th cached response (store order: oldest surviving first)."""
+        """The i-th cached sequence (store order: oldest surviving first): a response, behind its prompt's last
+        tokens when the proposer caches them (SuffixConfig.cached_prompt_tokens)."""
         return self.store.tokens[self.starts[i] : self.starts[i] + self.lengths[i]].tolist()
 
     def speculate(self, context: Sequence[int], limit: int, params: SpecParams, tree: bool) -> SuffixDraft:

@@ -37,11 +37,12 @@ def test_a_perfect_drafter_drafts_each_predictable_run_in_one_call():
     yes, no = (True, False), (False, False)
     flags = [[no, yes, yes, yes, no], [yes, yes]]
     costs = {1: 1.0, 2: 1.1, 3: 1.2, 4: 1.3}
-    # row 0: call 1 gives token 0 (nothing drafted), call 2 drafts the three predictable tokens and gets the fourth:
-    # 5 tokens in 2 calls; row 1: both tokens drafted, the call covers them: 2 tokens in 1 call
+    # token 0 of each row comes with the prefill. Row 0: one call drafts tokens 1-3 and computes token 4 (a call of
+    # 4 tokens); row 1: token 1 is the last, computed by a call of its own with nothing left to draft
     got = bench.perfect_drafter(flags, costs, k=8, own_only=False)
-    assert got["tokens_per_call"] == pytest.approx(7 / 3)
-    assert got["decode_speedup"] == pytest.approx(7 / (1.0 + 1.3 + 1.2))
-    # at most k drafts a call; a drafter of the own text only sees none of these (they are predictable elsewhere)
-    assert bench.perfect_drafter(flags, costs, k=1, own_only=False)["tokens_per_call"] == pytest.approx(7 / 4)  # 1 + 2 + 2, then 2
+    assert got["tokens_per_call"] == pytest.approx(5 / 2)
+    assert got["decode_speedup"] == pytest.approx(5 / (1.3 + 1.0))
+    # at most k drafts a call: row 0 takes two calls of 2 tokens
+    assert bench.perfect_drafter(flags, costs, k=1, own_only=False)["tokens_per_call"] == pytest.approx(5 / 3)
+    # a drafter of the own text only sees none of these (they are predictable from elsewhere)
     assert bench.perfect_drafter(flags, costs, k=8, own_only=True) == {"tokens_per_call": 1.0, "decode_speedup": 1.0}
