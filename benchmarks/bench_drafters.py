@@ -465,18 +465,19 @@ def serve(args) -> None:
         threading.Thread(target=proc.stderr.read, daemon=True).start()  # drained, so a chatty server never blocks on it
         try:
             secs, toks, rounds, accepted = ({m: 0.0 for m in methods} for _ in range(4))
-            for m in methods:  # uncounted: each call shape's first run is ONNX Runtime's one-time planning
-                body = {"prompt": "def warm_up(x):\n", "max_tokens": args.tokens, "temperature": 0, "ignore_eos": True, "speculative": {"method": m}}
+            def complete(prompt: str, method: str) -> dict:
+                body = {"prompt": prompt, "max_tokens": args.tokens, "temperature": 0, "ignore_eos": True, "speculative": {"method": method}}
                 req = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
-                urllib.request.urlopen(req, timeout=600).read()
+                with urllib.request.urlopen(req, timeout=600) as resp:
+                    return json.load(resp)
+
+            for m in methods:  # uncounted: each call shape's first run is ONNX Runtime's one-time planning
+                complete("def warm_up(x):\n", m)
             for i, text in enumerate(texts):
                 outs = {}
                 for m in methods if (i + r) % 2 == 0 else methods[::-1]:
-                    body = {"prompt": text, "max_tokens": args.tokens, "temperature": 0, "ignore_eos": True, "speculative": {"method": m}}
-                    req = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
                     t = time.perf_counter()
-                    with urllib.request.urlopen(req, timeout=600) as resp:
-                        reply = json.load(resp)
+                    reply = complete(text, m)
                     secs[m] += time.perf_counter() - t
                     outs[m] = reply["choices"][0]["token_ids"]
                     toks[m] += len(outs[m])
