@@ -5,6 +5,7 @@
 #
 #   bash benchmarks/gpu_session.sh                      # PRESET=llama8b, results in $OUT (or ./gpu-results)
 #   PRESET=llama3b bash benchmarks/gpu_session.sh       # the fallback when the 8B build does not fit
+#   BENCH=drafters bash benchmarks/gpu_session.sh       # suffix decoding vs n-gram vs EAGLE (bench_drafters.py speed)
 #
 # Environment: PRESET (llama8b | llama3b), WORK (default /tmp/specdec-gpu), OUT (default ./gpu-results),
 # BUDGET_S (seconds for the whole script, default 540: a 10-minute device call with room to copy results
@@ -12,6 +13,10 @@
 # weights on disk), SECTIONS (bench_gpu.py's --sections), BATCHES (default 1,4,16), NUM_PROMPTS (16),
 # NEW_TOKENS (64), REPEATS (timed rounds after the warm-up round, 1). On the device, $OUT is the folder that
 # comes back: results land there.
+# BENCH=drafters: only the EAGLE target is built (batch 1, --max_draft_len 8: it verifies suffix and n-gram
+# trees and chains too), then bench_drafters.py speed on the GPU: the agentic and demo workloads, target-only,
+# n-gram, suffix decoding and EAGLE interleaved, ROUNDS rounds (3), REQUESTS agentic requests (50), TOKENS each (32).
+# BUILD_ONLY=1 stops after the build (a first device call; the second, on the still-warm host, reuses it).
 set -euo pipefail
 start=$(date +%s)
 PRESET=${PRESET:-llama8b}
@@ -59,9 +64,22 @@ enlarge() {  # enlarge SRC DST ARGS...: skipped when DST already holds a checkpo
 }
 demo="$root/examples/demo-pair"
 enlarge "$demo/target" "$WORK/target-$PRESET" --preset "$PRESET" --dtype bfloat16
-enlarge "$demo/draft" "$WORK/draft-$draft_preset" --preset "$draft_preset" --dtype bfloat16
+[ "${BENCH:-gpu}" = drafters ] || enlarge "$demo/draft" "$WORK/draft-$draft_preset" --preset "$draft_preset" --dtype bfloat16
 if [ ! -f "$WORK/eagle-$PRESET/config.json" ]; then
     python3 "$root/benchmarks/enlarge.py" --heads "$demo/heads/eagle" --base "$WORK/target-$PRESET" "$WORK/eagle-$PRESET"
+fi
+if [ "${BENCH:-gpu}" = drafters ]; then
+    engine="$WORK/engines-$PRESET/eagle-tree"
+    [ -f "$engine/config.json" ] || timed "build $(basename "$engine")" python3 -m specdec.cli.build --model_dir "$WORK/target-$PRESET" \
+        --output_dir "$engine" --lowering ort_cuda --dtype bfloat16 --max_batch_size 1 --max_input_len 256 --max_seq_len 512 \
+        --max_draft_len 8 --speculative_decoding_mode eagle --eagle_dir "$WORK/eagle-$PRESET" --force
+    [ "${BUILD_ONLY:-0}" = 1 ] && { echo "== built in $(( $(date +%s) - start )) s (BUILD_ONLY)"; exit 0; }
+    echo "== bench_drafters.py speed with $(( BUDGET_S - ($(date +%s) - start) )) s left"
+    python3 "$root/benchmarks/bench_drafters.py" speed --device cuda --target "$engine" --eagle_target "$engine" --workload agentic,demo \
+        --requests "${REQUESTS:-50}" --tokens "${TOKENS:-32}" --rounds "${ROUNDS:-3}" --oracle --json "$OUT/drafters-$PRESET.json" \
+        --methods "ngram,ngram auto,suffix-t0,suffix,suffix auto,eagle"
+    echo "== done in $(( $(date +%s) - start )) s; $OUT/drafters-$PRESET.json"
+    exit 0
 fi
 extra=()
 if [ "${MEDUSA:-0}" = 1 ]; then

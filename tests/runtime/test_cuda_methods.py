@@ -4,7 +4,7 @@ The demo pair and its Medusa heads and EAGLE module, built with the ort_cuda low
 attention for every engine that verifies; the draft with GroupQueryAttention), and an int4 weight-only target.
 Half precision computes differently from float32, so exactness is against the same engine's own target-only
 decoding (docs/gpu.md): every speculative output must equal it, at batch 1, 4 and 16, for draft-target, n-gram,
-Medusa (chain and tree) and EAGLE (chain and tree). Also: a one-token step and a verification give the same
+suffix decoding (tree and chain), Medusa (chain and tree) and EAGLE (chain and tree). Also: a one-token step and a verification give the same
 logits (the condition for that exactness), CUDA-graph replay after a tree step and its compaction matches a run
 without graphs, and the GQA draft's split calls (token columns / rows) match one call on the CPU form.
 
@@ -92,6 +92,16 @@ def test_every_method_equals_target_only(gpu, batch):
         got, metrics = generate(t, prompts, make(), k)
         assert got == want, f"{name}, batch {batch}"
         assert metrics.drafted > 0, name
+    # suffix decoding's trees (shapes vary per round: each its own CUDA graph), a second pass drafting from the first's
+    # answers through the global cache
+    from specdec.runtime.proposers.suffix import SuffixConfig, SuffixProposer
+
+    for trees in (True, False):
+        proposer = SuffixProposer(SuffixConfig(), trees=trees)
+        for rerun in range(2):
+            got, metrics = generate(target, prompts, proposer, SuffixConfig().max_draft_len)
+            assert got == want, f"suffix {'tree' if trees else 'chain'} pass {rerun + 1}, batch {batch}"
+            assert metrics.drafted > 0
     medusa_want, _ = generate(medusa, prompts)
     for choices, k in ((None, 3), (TREE, len(json.loads(TREE)))):
         got, _ = generate(medusa, prompts, MedusaProposer(medusa, choices), k)

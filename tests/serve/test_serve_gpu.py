@@ -2,7 +2,7 @@
 
 The demo pair built for the GPU (ort_cuda, bfloat16; the target an EAGLE target, so it also serves draft-target and
 n-gram) behind the OpenAI-compatible server on --device cuda: 16 clients at once, mixed methods (target-only,
-draft-target, n-gram, EAGLE), streamed and not, 4 slots, so requests queue and join the running batch. Every
+draft-target, n-gram, EAGLE, suffix decoding), streamed and not, 4 slots, so requests queue and join the running batch. Every
 response must equal the same request decoded alone, target-only, on the same GPU engines.
 """
 
@@ -18,10 +18,12 @@ from specdec.builder.build import build_engine
 from specdec.runtime import GenerationConfig
 from specdec.runtime.config_strings import DraftTargetConfig, NGramConfig
 from specdec.runtime.orchestrator import Orchestrator
+from specdec.runtime.proposers.suffix import SuffixConfig
 from specdec.serve import build_served
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-pair"
-SPECS = [{"method": "none"}, {"method": "draft"}, {"method": "ngram"}, {"method": "eagle"}, {"method": "draft", "num_draft_tokens": "auto"}]
+SPECS = [{"method": "none"}, {"method": "draft"}, {"method": "ngram"}, {"method": "eagle"}, {"method": "draft", "num_draft_tokens": "auto"},
+         {"method": "suffix"}]
 
 
 @pytest.mark.cuda
@@ -33,7 +35,7 @@ def test_sixteen_concurrent_clients_on_the_gpu_get_their_solo_output(tmp_path):
                  eagle_dir=DEMO / "heads" / "eagle", say=lambda _: None)
     build_engine(DEMO / "draft", tmp_path / "draft", spec_build(0, **limits), say=lambda _: None)
     pair = (tmp_path / "target", tmp_path / "draft", DraftTargetConfig(3, [0], [0], False), NGramConfig(4, 2, [0]))
-    served = build_served(*pair, device="cuda")
+    served = build_served(*pair, device="cuda", suffix=SuffixConfig())
     tok = Tokenizer(DEMO / "target")
     text = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
     ids = tok.encode(text * 3)
