@@ -9,6 +9,8 @@
         --methods "ngram,ngram auto,suffix,suffix auto,suffix-chain,suffix-p0.3,suffix 4"   # suffix's levers
     python benchmarks/bench_drafters.py micro --target T                                # suffix draft cost vs a target step at 2k
     python benchmarks/bench_drafters.py serve --target T --tokens 32 --rounds 2          # the agentic requests through specdec-serve
+    python benchmarks/bench_drafters.py speed --device cuda --target E --eagle_target E --oracle   # on a GPU, E an ort_cuda EAGLE
+                                                   # target (BENCH=drafters bash benchmarks/gpu_session.sh builds and runs it)
 
 Workloads:
 
@@ -187,6 +189,20 @@ def perfect_drafter(flags: list[list[tuple[bool, bool]]], costs: dict[int, float
     return {"tokens_per_call": tokens / calls, "decode_speedup": tokens / cost}
 
 
+def first_difference(tex, prompt: list[int], want: list[int], got: list[int]) -> dict | None:
+    """Where ``got`` leaves target-only's ``want``, and the target's logits there (one prefill of the prompt and the
+    agreed tokens): whether the two tokens were a near-tie, which half-precision engines may order either way
+    when a verification computes the same logits in another shape than a one-token step (docs/gpu.md, Exactness)."""
+    at = next((j for j, (a, b) in enumerate(zip(want, got)) if a != b), None)
+    if at is None:
+        return None if len(want) == len(got) else {"at": min(len(want), len(got)), "length_only": True}
+    cache = tex.new_cache(1)
+    logits = np.asarray(tex.forward(cache, [prompt + want[:at]], all_logits=False).logits[0, -1], dtype=np.float32)  # [vocab]
+    top = np.sort(logits)[::-1]
+    return {"at": at, "want": want[at], "got": got[at], "want_logit": float(logits[want[at]]), "got_logit": float(logits[got[at]]),
+            "top_gap": float(top[0] - top[1])}
+
+
 def step_costs(tex, widths: range = range(1, 10), context: int = 100, repeats: int = 7) -> dict[int, float]:
     """A call of w tokens over a one-token step on this target (median of interleaved repeats, ``context`` tokens
     cached): what a verification costs here."""
@@ -234,6 +250,7 @@ def speed(args) -> None:
         dtps: dict[str, list[float]] = {n: [] for n in every}
         stats: dict[str, list[tuple[int, int, int]]] = {n: [] for n in every}
         same = {n: True for n in names[1:]}
+        differences: dict[str, dict[int, dict]] = {n: {} for n in names[1:]}  # method -> request -> first_difference()
         for r in range(args.rounds):
             for n in names:
                 fresh_drafter_state(engines[n])
@@ -263,6 +280,8 @@ def speed(args) -> None:
                 want.append(outs["none"])
                 for n in names[1:]:
                     same[n] &= outs[n] == outs["none"]
+                    if outs[n] != outs["none"] and i not in differences[n]:
+                        differences[n][i] = first_difference(engines["none"].target, ids, outs["none"], outs[n])
             for n in every:
                 tps[n].append(toks[n] / secs[n])
                 dtps[n].append((toks[n] - len(prompts)) / (secs[n] - first[n]))  # the tokens after the first
@@ -295,11 +314,16 @@ def speed(args) -> None:
             rows[n] = {"tok_s": spread(tps[n]), "decode_tok_s": spread(dtps[n]), "speedup": spread(ratios[n]) if n in ratios else None,
                        "decode_speedup": spread(decode_ratios[n]) if n in ratios else None,
                        "acceptance": accepted / drafted if drafted else None,
-                       "tokens_per_call": (rounds + accepted) / rounds if rounds else None, "exact": same.get(n, True)}
+                       "tokens_per_call": (rounds + accepted) / rounds if rounds else None, "exact": same.get(n, True),
+                       "differences": differences.get(n) or None}
             print(f"  {n:<17} with prefill {spread_str(tps[n], '.2f')} tok/s" + (f" x{spread_str(ratios[n], '.2f')}" if n in ratios else "")
                   + f" | decode only {spread_str(dtps[n], '.2f')} tok/s" + (f" x{spread_str(decode_ratios[n], '.2f')}" if n in ratios else "")
                   + (f" | accepted {accepted / drafted:.0%} of {drafted}" if drafted else "")
                   + (f" | tokens/call {rows[n]['tokens_per_call']:.2f}" if rounds else "") + ("" if same.get(n, True) else "   OUTPUT DIFFERS"))
+            for i, d in (differences.get(n) or {}).items():  # a near-tie is half precision's; a clear gap is a bug
+                print(f"    request {i}: differs from token {d['at']}" + ("" if d.get("length_only") else
+                      f": target-only {d['want']} (logit {d['want_logit']:.5g}), {n} {d['got']} (logit {d['got_logit']:.5g}); "
+                      f"top-2 gap {d['top_gap']:.3g} in a prefill of the agreed tokens"))
         for ref in [m for m in ("ngram", "ngram auto") if m in ratios]:  # the goal's ratio: suffix's speedup over n-gram's
             for n in [m for m in ratios if m.startswith("suffix")]:
                 print(f"  {n} speedup / {ref} speedup: with prefill {statistics.median(ratios[n]) / statistics.median(ratios[ref]):.2f}, "

@@ -46,3 +46,26 @@ def test_a_perfect_drafter_drafts_each_predictable_run_in_one_call():
     assert bench.perfect_drafter(flags, costs, k=1, own_only=False)["tokens_per_call"] == pytest.approx(5 / 3)
     # a drafter of the own text only sees none of these (they are predictable from elsewhere)
     assert bench.perfect_drafter(flags, costs, k=8, own_only=True) == {"tokens_per_call": 1.0, "decode_speedup": 1.0}
+
+
+def test_first_difference_names_the_token_and_the_targets_logits_there(tmp_path):
+    """bench_drafters explains an output that leaves target-only's: where, and whether the target's two tokens were
+    a near-tie there (what a half-precision verification may order either way) or clearly apart (a bug)."""
+    import numpy as np
+    from conftest import spec_build
+
+    from specdec.builder.build import build_engine
+    from specdec.runtime import load_engine
+
+    build_engine(ROOT / "examples" / "demo-pair" / "target", tmp_path / "t", spec_build(4), say=lambda _: None)
+    tex = load_engine(tmp_path / "t").target
+    prompt, want = [5, 6, 7, 8], [9, 10, 11, 12]
+    assert bench.first_difference(tex, prompt, want, list(want)) is None
+    assert bench.first_difference(tex, prompt, want, want[:3]) == {"at": 3, "length_only": True}
+    got = want[:2] + [3, 4]
+    d = bench.first_difference(tex, prompt, want, got)
+    logits = tex.forward(tex.new_cache(1), [prompt + want[:2]], all_logits=False).logits[0, -1]
+    assert (d["at"], d["want"], d["got"]) == (2, 11, 3)
+    assert d["want_logit"] == pytest.approx(float(logits[11]), abs=1e-5) and d["got_logit"] == pytest.approx(float(logits[3]), abs=1e-5)
+    top2 = np.sort(logits)[-2:]
+    assert d["top_gap"] == pytest.approx(float(top2[1] - top2[0]), abs=1e-5)
