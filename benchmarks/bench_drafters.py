@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -42,7 +43,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from prompts import spread, workloads  # noqa: E402
 
 from specdec.runtime import DraftTargetConfig, GenerationConfig, NGramConfig, load_engine  # noqa: E402
+from specdec.runtime.backends import Executor, open_executor  # noqa: E402
+from specdec.runtime.devices import placement  # noqa: E402
 from specdec.runtime.draft_len import AutoDraftLen  # noqa: E402
+from specdec.runtime.engine_format import load_engine_dir  # noqa: E402
 from specdec.runtime.engine import Engine, SpeculationConfig  # noqa: E402
 from specdec.runtime.proposers.suffix import SuffixConfig, SuffixProposer  # noqa: E402
 from specdec.runtime.suffix_cache import ResponseCache  # noqa: E402
@@ -73,14 +77,13 @@ def agentic_prompts(n: int, seed: int = 0) -> list[str]:
 
 
 # -- the methods --------------------------------------------------------------------------------
-def make_methods(args, names: list[str], tex=None, eagle_tex=None) -> dict[str, Engine]:
-    """One engine per method, all on one target executor (the same session: no second copy of the weights);
-    EAGLE on the eagle target's (``eagle_tex``, else its own session).
+def make_methods(args, names: list[str], tex: Executor, eagle_tex: Executor | None = None) -> dict[str, Engine]:
+    """One engine per method, all on one target executor ``tex`` (the same session: no second copy of the weights);
+    EAGLE on the eagle target's (``eagle_tex``; the same ``tex`` when --eagle_target is --target, else its own session).
     Method names: "none", a drafter ("ngram", "suffix", "suffix-local", "draft", "cross-draft", "eagle"), then
-    " auto" (draft_len=auto) or " K" (a fixed draft length K) or nothing (the method's default)."""
-    dev = getattr(args, "device", "auto")  # the EAGLE module opens where this says, beside its target
-    base = load_engine(args.target, num_threads=args.threads, device=dev) if tex is None else None
-    tex = base.target if tex is None else tex
+    " auto" (draft_len=auto) or " K" (a fixed draft length K) or nothing (the method's default).
+    Draft, cross-draft and EAGLE-module sessions open on ``--device`` (the EAGLE module beside its target)."""
+    dev = getattr(args, "device", "auto")
     trees = bool(getattr(tex, "tree_attention", False))
     out: dict[str, Engine] = {}
     for name in names:
@@ -88,7 +91,7 @@ def make_methods(args, names: list[str], tex=None, eagle_tex=None) -> dict[str, 
         fixed = int(mode) if mode.isdigit() else None
         k = "auto" if mode.startswith("auto") else fixed
         if kind == "none":
-            out[name] = base if base is not None else Engine(tex, [], SpeculationConfig("none", 0))
+            out[name] = Engine(tex, [], SpeculationConfig("none", 0))
         elif kind == "ngram":
             out[name] = load_engine(args.target, ngram=NGramConfig(fixed or args.ngram_k, 3, [0]), target_executor=tex, draft_len=k or args.ngram_k,
                                     device=dev)
@@ -111,6 +114,18 @@ def make_methods(args, names: list[str], tex=None, eagle_tex=None) -> dict[str, 
         if mode == "auto-nocap":  # draft_len=auto without the batch's width cap (SpeculativeRound.batch_cap): the comparison
             out[name].round.batch_cap = lambda reqs, drafts: drafts
     return out
+
+
+def open_target(args) -> Executor:
+    """The target's session alone (no drafter of its own: an EAGLE target's module opens with the "eagle" method)."""
+    engine = load_engine_dir(args.target)
+    return open_executor(engine, placement([0], engine, "target", args.device, args.threads))
+
+
+def where(args) -> str:
+    """Where the target runs, for the summary lines: its CPU threads, or the GPU."""
+    kind = placement([0], load_engine_dir(args.target), "target", args.device).kind
+    return f"{args.threads} threads" if kind == "cpu" else f"on {kind}"
 
 
 def one(engine: Engine, ids: list[int], cfg: GenerationConfig) -> tuple[list[int], float, float, object]:
@@ -189,18 +204,19 @@ def perfect_drafter(flags: list[list[tuple[bool, bool]]], costs: dict[int, float
     return {"tokens_per_call": tokens / calls, "decode_speedup": tokens / cost}
 
 
-def first_difference(tex, prompt: list[int], want: list[int], got: list[int]) -> dict | None:
-    """Where ``got`` leaves target-only's ``want``, and the target's logits there (one prefill of the prompt and the
-    agreed tokens): whether the two tokens were a near-tie, which half-precision engines may order either way
-    when a verification computes the same logits in another shape than a one-token step (docs/gpu.md, Exactness)."""
+def first_difference(tex: Executor, prompt: list[int], want: list[int], got: list[int]) -> dict[str, Any] | None:
+    """Where ``got`` leaves target-only's ``want``, and the target's logits there, recomputed by one prefill of the
+    prompt and the agreed tokens (a third call shape): the two tokens' logits, their gap relative to the largest
+    logit, and the rank of ``got``. A gap of a few bfloat16 ulps with ``got`` second is a near-tie, which a
+    half-precision verification may order the other way (docs/gpu.md, Exactness); a wide gap or a low rank is a bug."""
     at = next((j for j, (a, b) in enumerate(zip(want, got)) if a != b), None)
     if at is None:
         return None if len(want) == len(got) else {"at": min(len(want), len(got)), "length_only": True}
     cache = tex.new_cache(1)
     logits = np.asarray(tex.forward(cache, [prompt + want[:at]], all_logits=False).logits[0, -1], dtype=np.float32)  # [vocab]
-    top = np.sort(logits)[::-1]
-    return {"at": at, "want": want[at], "got": got[at], "want_logit": float(logits[want[at]]), "got_logit": float(logits[got[at]]),
-            "top_gap": float(top[0] - top[1])}
+    w, g = float(logits[want[at]]), float(logits[got[at]])
+    return {"at": at, "want": want[at], "got": got[at], "want_logit": w, "got_logit": g,
+            "relative_gap": (w - g) / float(np.abs(logits).max()), "got_rank": int((logits > g).sum()) + 1}
 
 
 def step_costs(tex, widths: range = range(1, 10), context: int = 100, repeats: int = 7) -> dict[int, float]:
@@ -231,7 +247,7 @@ def speed(args) -> None:
     report = {}
     # one target session for every method and round (on a GPU, each call shape's CUDA graph is captured once);
     # each round starts the drafters afresh (fresh_drafter_state: the suffix cache and auto's costs start empty)
-    tex = load_engine(args.target, num_threads=args.threads, device=args.device).target
+    tex = open_target(args)
     engines: dict[str, object] = make_methods(args, names, tex=tex)
     warm = tok.encode("def warm_up(x):\n")
     for engine in engines.values():  # each method's first call shapes: ONNX Runtime's planning (and graph capture) untimed
@@ -251,6 +267,7 @@ def speed(args) -> None:
         stats: dict[str, list[tuple[int, int, int]]] = {n: [] for n in every}
         same = {n: True for n in names[1:]}
         differences: dict[str, dict[int, dict]] = {n: {} for n in names[1:]}  # method -> request -> first_difference()
+        differing = {n: [0] * args.rounds for n in names[1:]}  # method -> requests whose output differs, per round
         for r in range(args.rounds):
             for n in names:
                 fresh_drafter_state(engines[n])
@@ -280,8 +297,10 @@ def speed(args) -> None:
                 want.append(outs["none"])
                 for n in names[1:]:
                     same[n] &= outs[n] == outs["none"]
-                    if outs[n] != outs["none"] and i not in differences[n]:
-                        differences[n][i] = first_difference(engines["none"].target, ids, outs["none"], outs[n])
+                    if outs[n] != outs["none"]:
+                        differing[n][r] += 1
+                        if i not in differences[n]:
+                            differences[n][i] = {**first_difference(tex, ids, outs["none"], outs[n]), "round": r + 1}
             for n in every:
                 tps[n].append(toks[n] / secs[n])
                 dtps[n].append((toks[n] - len(prompts)) / (secs[n] - first[n]))  # the tokens after the first
@@ -294,7 +313,7 @@ def speed(args) -> None:
                 o = oracle(flags)
                 print(f"[{workload}] oracle: of the target's output tokens, {o['global']:.0%} are predictable from earlier responses, "
                       f"{o['own']:.0%} from the request's own text, {o['either']:.0%} from either (predictable())", flush=True)
-                costs = step_costs(engines["none"].target)
+                costs = step_costs(tex)
                 o["step_costs"] = costs
                 for k in (4, args.suffix_k):
                     o[f"perfect_k{k}"] = best, own = perfect_drafter(flags, costs, k, False), perfect_drafter(flags, costs, k, True)
@@ -306,7 +325,7 @@ def speed(args) -> None:
             print(f"[{workload}] round {r + 1}/{args.rounds}: " + ", ".join(
                 f"{n} {tps[n][-1]:.2f} / {dtps[n][-1]:.2f} tok/s" + (f" (x{ratios[n][-1]:.2f} / x{decode_ratios[n][-1]:.2f})" if n != "none" else "")
                 for n in every) + "  [with prefill / decode only]", flush=True)
-        print(f"\n{workload}: {len(prompts)} requests in sequence, {args.tokens} tokens each, {args.rounds} rounds, {args.threads} threads "
+        print(f"\n{workload}: {len(prompts)} requests in sequence, {args.tokens} tokens each, {args.rounds} rounds, {where(args)} "
               f"(median [min-max] over rounds; speed over target-only, llama-lookup's over llama.cpp's target-only)")
         rows = {}
         for n in every:
@@ -315,15 +334,15 @@ def speed(args) -> None:
                        "decode_speedup": spread(decode_ratios[n]) if n in ratios else None,
                        "acceptance": accepted / drafted if drafted else None,
                        "tokens_per_call": (rounds + accepted) / rounds if rounds else None, "exact": same.get(n, True),
-                       "differences": differences.get(n) or None}
+                       "differences": differences.get(n) or None, "differing_per_round": differing.get(n)}
             print(f"  {n:<17} with prefill {spread_str(tps[n], '.2f')} tok/s" + (f" x{spread_str(ratios[n], '.2f')}" if n in ratios else "")
                   + f" | decode only {spread_str(dtps[n], '.2f')} tok/s" + (f" x{spread_str(decode_ratios[n], '.2f')}" if n in ratios else "")
                   + (f" | accepted {accepted / drafted:.0%} of {drafted}" if drafted else "")
-                  + (f" | tokens/call {rows[n]['tokens_per_call']:.2f}" if rounds else "") + ("" if same.get(n, True) else "   OUTPUT DIFFERS"))
+                  + (f" | tokens/call {rows[n]['tokens_per_call']:.2f}" if rounds else "") + ("" if same.get(n, True) else f"   OUTPUT DIFFERS on {differing[n]} requests per round"))
             for i, d in (differences.get(n) or {}).items():  # a near-tie is half precision's; a clear gap is a bug
-                print(f"    request {i}: differs from token {d['at']}" + ("" if d.get("length_only") else
-                      f": target-only {d['want']} (logit {d['want_logit']:.5g}), {n} {d['got']} (logit {d['got_logit']:.5g}); "
-                      f"top-2 gap {d['top_gap']:.3g} in a prefill of the agreed tokens"))
+                print(f"    request {i}: differs from token {d['at']} (first seen in round {d['round']})" + ("" if d.get("length_only") else
+                      f": target-only {d['want']} (logit {d['want_logit']:.5g}), {n} {d['got']} (logit {d['got_logit']:.5g}, "
+                      f"rank {d['got_rank']}); gap {d['relative_gap']:.2e} of the largest logit, in a prefill of the agreed tokens"))
         for ref in [m for m in ("ngram", "ngram auto") if m in ratios]:  # the goal's ratio: suffix's speedup over n-gram's
             for n in [m for m in ratios if m.startswith("suffix")]:
                 print(f"  {n} speedup / {ref} speedup: with prefill {statistics.median(ratios[n]) / statistics.median(ratios[ref]):.2f}, "
@@ -388,11 +407,11 @@ def auto(args) -> None:
     cfg = GenerationConfig(max_output_len=args.tokens)
     cells = auto_cells(args)
     names = list(dict.fromkeys(n for n, _, _ in cells))
-    base = load_engine(args.target, num_threads=args.threads)
+    base = load_engine(args.target, num_threads=args.threads, device=args.device, method="none", draft_len=0)
     engines = make_methods(args, [n for n in names if n != "none" and not n.startswith("eagle")], base.target)
     engines["none"] = base
     if args.eagle_target:
-        eagle_base = load_engine(args.eagle_target, num_threads=args.threads, method="none", draft_len=0)
+        eagle_base = load_engine(args.eagle_target, num_threads=args.threads, device=args.device, method="none", draft_len=0)
         engines["eagle-none"] = eagle_base
         engines.update(make_methods(args, [n for n in names if n.startswith("eagle ")], base.target, eagle_base.target))
     res: dict[tuple[str, int], list[float]] = {}
@@ -417,7 +436,7 @@ def auto(args) -> None:
                 print(f"round {r + 1}/{args.rounds}, {s} streams: " + ", ".join(f"{n} {res[(n, s)][-1]:.1f}" for n, _ in group), flush=True)
         print(f"round {r + 1} done" if r >= 0 else "warm-up done", flush=True)
     streams = list(dict.fromkeys(s for _, s, _ in cells))
-    print(f"\ndraft_len=auto vs target-only, agentic requests, {args.tokens} tokens each, {args.threads} threads "
+    print(f"\ndraft_len=auto vs target-only, agentic requests, {args.tokens} tokens each, {where(args)} "
           f"(output tokens/s: median [min-max] of {args.rounds} rounds; ratios: median [min-max] of per-round ratios; "
           f"drafts and accepted drafts per row-round: medians)")
     report = {}
@@ -566,7 +585,7 @@ def main() -> None:
     ap.add_argument("--suffix_k", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2, help="ours and llama.cpp's alike")
-    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="speed: where the target runs (cuda: an engine built with --lowering ort_cuda)")
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="speed, auto: where the target, draft and EAGLE module run (cuda: engines built with --lowering ort_cuda)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--streams", default="1,2,4,8,16")
     ap.add_argument("--requests_per_stream", type=int, default=2)

@@ -16,6 +16,7 @@
 # BENCH=drafters: only the EAGLE target is built (batch 1, --max_draft_len 8: it verifies suffix and n-gram
 # trees and chains too), then bench_drafters.py speed on the GPU: the agentic and demo workloads, target-only,
 # n-gram, suffix decoding and EAGLE interleaved, ROUNDS rounds (3), REQUESTS agentic requests (50), TOKENS each (32).
+# MAX_DRAFT_LEN (8) the engine's, METHODS bench_drafters' --methods.
 # BUILD_ONLY=1 stops after the build (a first device call; the second, on the still-warm host, reuses it).
 set -euo pipefail
 start=$(date +%s)
@@ -69,15 +70,15 @@ if [ ! -f "$WORK/eagle-$PRESET/config.json" ]; then
     python3 "$root/benchmarks/enlarge.py" --heads "$demo/heads/eagle" --base "$WORK/target-$PRESET" "$WORK/eagle-$PRESET"
 fi
 if [ "${BENCH:-gpu}" = drafters ]; then
-    engine="$WORK/engines-$PRESET/eagle-tree"
+    engine="$WORK/engines-$PRESET/eagle-tree-k${MAX_DRAFT_LEN:-8}"
     [ -f "$engine/config.json" ] || timed "build $(basename "$engine")" python3 -m specdec.cli.build --model_dir "$WORK/target-$PRESET" \
         --output_dir "$engine" --lowering ort_cuda --dtype bfloat16 --max_batch_size 1 --max_input_len 256 --max_seq_len 512 \
-        --max_draft_len 8 --speculative_decoding_mode eagle --eagle_dir "$WORK/eagle-$PRESET" --force
+        --max_draft_len "${MAX_DRAFT_LEN:-8}" --speculative_decoding_mode eagle --eagle_dir "$WORK/eagle-$PRESET" --force
     [ "${BUILD_ONLY:-0}" = 1 ] && { echo "== built in $(( $(date +%s) - start )) s (BUILD_ONLY)"; exit 0; }
     echo "== bench_drafters.py speed with $(( BUDGET_S - ($(date +%s) - start) )) s left"
     python3 "$root/benchmarks/bench_drafters.py" speed --device cuda --target "$engine" --eagle_target "$engine" --workload agentic,demo \
         --requests "${REQUESTS:-50}" --tokens "${TOKENS:-32}" --rounds "${ROUNDS:-3}" --oracle --json "$OUT/drafters-$PRESET.json" \
-        --methods "ngram,ngram auto,suffix-t0,suffix,suffix auto,eagle"
+        --methods "${METHODS:-ngram,ngram auto,suffix-t0,suffix,suffix auto,eagle}"
     echo "== done in $(( $(date +%s) - start )) s; $OUT/drafters-$PRESET.json"
     exit 0
 fi

@@ -49,23 +49,24 @@ def test_a_perfect_drafter_drafts_each_predictable_run_in_one_call():
 
 
 def test_first_difference_names_the_token_and_the_targets_logits_there(tmp_path):
-    """bench_drafters explains an output that leaves target-only's: where, and whether the target's two tokens were
-    a near-tie there (what a half-precision verification may order either way) or clearly apart (a bug)."""
+    """bench_drafters explains an output that leaves target-only's: where, both tokens' logits there, their gap and
+    the rank of the other token (a near-tie is what a half-precision verification may order either way; a bug is not)."""
     import numpy as np
     from conftest import spec_build
 
     from specdec.builder.build import build_engine
-    from specdec.runtime import load_engine
+    from specdec.runtime import GenerationConfig, load_engine
 
     build_engine(ROOT / "examples" / "demo-pair" / "target", tmp_path / "t", spec_build(4), say=lambda _: None)
-    tex = load_engine(tmp_path / "t").target
-    prompt, want = [5, 6, 7, 8], [9, 10, 11, 12]
+    engine = load_engine(tmp_path / "t", method="none", draft_len=0)
+    tex, prompt = engine.target, [5, 6, 7, 8]
+    want, *_ = bench.one(engine, prompt, GenerationConfig(max_output_len=6))  # target-only's greedy output
     assert bench.first_difference(tex, prompt, want, list(want)) is None
     assert bench.first_difference(tex, prompt, want, want[:3]) == {"at": 3, "length_only": True}
-    got = want[:2] + [3, 4]
-    d = bench.first_difference(tex, prompt, want, got)
     logits = tex.forward(tex.new_cache(1), [prompt + want[:2]], all_logits=False).logits[0, -1]
-    assert (d["at"], d["want"], d["got"]) == (2, 11, 3)
-    assert d["want_logit"] == pytest.approx(float(logits[11]), abs=1e-5) and d["got_logit"] == pytest.approx(float(logits[3]), abs=1e-5)
-    top2 = np.sort(logits)[-2:]
-    assert d["top_gap"] == pytest.approx(float(top2[1] - top2[0]), abs=1e-5)
+    third = int(np.argsort(logits)[-3])  # the third most likely token after the agreed two
+    d = bench.first_difference(tex, prompt, want, want[:2] + [third] + want[3:])
+    # the recomputed logits are those that chose want[2] (greedy): an off-by-one would compare the wrong position
+    assert (d["at"], d["want"], d["got"], d["got_rank"]) == (2, want[2], third, 3)
+    assert d["want_logit"] == pytest.approx(float(logits.max()), abs=1e-5) and d["got_logit"] == pytest.approx(float(logits[third]), abs=1e-5)
+    assert d["relative_gap"] == pytest.approx(float((logits.max() - logits[third]) / np.abs(logits).max()), abs=1e-6)

@@ -101,7 +101,7 @@ def test_every_method_equals_target_only(gpu, batch):
         for rerun in range(2):
             got, metrics = generate(target, prompts, proposer, SuffixConfig().max_draft_len)
             assert got == want, f"suffix {'tree' if trees else 'chain'} pass {rerun + 1}, batch {batch}"
-            assert metrics.drafted > 0
+            assert metrics.drafted > 0, f"suffix {'tree' if trees else 'chain'} pass {rerun + 1} drafted nothing"
     medusa_want, _ = generate(medusa, prompts)
     for choices, k in ((None, 3), (TREE, len(json.loads(TREE)))):
         got, _ = generate(medusa, prompts, MedusaProposer(medusa, choices), k)
