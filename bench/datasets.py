@@ -21,8 +21,8 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ..runtime.errors import RequestError, big_int
-from ..runtime.jsonl import json_lines
+from ..formats.errors import RequestError, big_int
+from ..formats.jsonl import json_lines
 
 Record = dict[str, Any]  # {"input_ids": list[int], "output_len": int}
 # What one dataset may ask for: past these it would not fit in memory (2**26 prompt tokens are 512 MiB as

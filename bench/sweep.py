@@ -28,10 +28,10 @@ import numpy as np
 
 from ..runtime.backends import open_executor
 from ..runtime.backends.base import Executor, Placement
-from ..runtime.config_strings import DraftTargetConfig
+from ..formats.config_strings import DraftTargetConfig
 from ..runtime.engine import check_draft_len
-from ..runtime.engine_format import TREE_MODES, EngineDir, load_engine_dir
-from ..runtime.errors import RequestError
+from ..formats.engine_format import TREE_MODES, EngineDir, load_engine_dir
+from ..formats.errors import RequestError
 from ..runtime.loading import load_engine, load_orchestrator
 from ..runtime.orchestrator import GenerationConfig, Orchestrator
 from ..runtime.proposers.draft_model import DraftModelProposer

@@ -90,7 +90,7 @@ def build(name: str, ckpt: str, out: Path, flags: list[str], res: dict, budget: 
 
 def open_cuda(path: Path):
     from specdec.runtime.backends import Placement, open_executor
-    from specdec.runtime.engine_format import load_engine_dir
+    from specdec.formats.engine_format import load_engine_dir
 
     return open_executor(load_engine_dir(path), Placement("cuda", 0))
 
@@ -148,7 +148,7 @@ def profile_section(engines: dict, kmax: int) -> dict:
 
 def _reopen(path: Path, **kw):
     from specdec.runtime.backends.onnxruntime.cuda import CudaExecutor
-    from specdec.runtime.engine_format import load_engine_dir
+    from specdec.formats.engine_format import load_engine_dir
 
     return CudaExecutor(load_engine_dir(path), 0, **kw)
 

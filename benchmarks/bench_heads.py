@@ -41,8 +41,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from prompts import spread, workloads  # noqa: E402
 
-from specdec.runtime.config_strings import DraftTargetConfig, NGramConfig  # noqa: E402
-from specdec.runtime.engine_format import load_engine_dir  # noqa: E402
+from specdec.formats.config_strings import DraftTargetConfig, NGramConfig  # noqa: E402
+from specdec.formats.engine_format import load_engine_dir  # noqa: E402
 from specdec.runtime.loading import load_engine  # noqa: E402
 from specdec.runtime.metrics import Metrics  # noqa: E402
 from specdec.runtime.orchestrator import GenerationConfig, Orchestrator  # noqa: E402

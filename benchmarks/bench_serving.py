@@ -92,7 +92,7 @@ def write_dataset(path: Path, tokenizer_dir: Path, n: int, tokens: int) -> None:
     sys.path.insert(0, str(HERE))
     from prompts import _functions
 
-    from specdec.runtime.tokenizer import Tokenizer
+    from specdec.formats.tokenizer import Tokenizer
 
     tok = Tokenizer(tokenizer_dir)
     with open(path, "w") as f:

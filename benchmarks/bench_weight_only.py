@@ -352,7 +352,7 @@ def llama_cli_methods(lay: Layout, llama_cpp: Path, threads: int, bits_list: lis
     and llama-speculative-simple."""
     from llama_cli import LlamaCliRunner
 
-    from specdec.runtime.tokenizer import Tokenizer
+    from specdec.formats.tokenizer import Tokenizer
 
     tok = Tokenizer(lay.engine("target", "fp32"))
     out = []
@@ -648,7 +648,7 @@ def steps(args: argparse.Namespace) -> int:
     engines given with --engine, e.g. one built by an earlier specdec), and what a draft step costs."""
     import statistics
 
-    from specdec.runtime.engine_format import load_engine_dir
+    from specdec.formats.engine_format import load_engine_dir
     from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 
     lay = Layout(Path(args.work))

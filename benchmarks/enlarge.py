@@ -151,7 +151,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from head_layout import HeadLayout, check_heads, head_layout, place, widen_rope  # noqa: E402
 
 from specdec.builder.checkpoint import TOKENIZER_FILES, load_checkpoint  # noqa: E402
-from specdec.runtime.errors import SpecdecError  # noqa: E402
+from specdec.formats.errors import SpecdecError  # noqa: E402
 
 
 class EnlargeError(SpecdecError):

@@ -12,7 +12,7 @@ import statistics
 import sysconfig
 from pathlib import Path
 
-from specdec.runtime.tokenizer import Tokenizer
+from specdec.formats.tokenizer import Tokenizer
 
 # Files outside the demo pair's training data would be best; these modules are
 # common and stable across Python versions.

@@ -10,9 +10,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..runtime.config_strings import shown_value
-from ..runtime.engine_format import ModelConfig
-from ..runtime.errors import CheckpointError
+from ..formats.config_strings import shown_value
+from ..formats.engine_format import ModelConfig
+from ..formats.errors import CheckpointError
 from ..formats.hf_config import INT32_MAX, ConfigFields
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")

@@ -17,9 +17,9 @@ from typing import Callable
 
 import numpy as np
 
-from ..runtime import __version__
-from ..runtime.engine_format import CONFIG_FILE, CPU_KERNELS, EAGLE_MODULE_DIR, TREE_MODES, BuildConfig, EngineConfig, ModelConfig, hash_directory
-from ..runtime.errors import BuildConfigError
+from ..formats import __version__
+from ..formats.engine_format import CONFIG_FILE, CPU_KERNELS, EAGLE_MODULE_DIR, TREE_MODES, BuildConfig, EngineConfig, ModelConfig, hash_directory
+from ..formats.errors import BuildConfigError
 from .architectures import checkpoint_dtype, model_config_from_hf
 from .backends import AUTO, BACKENDS, backend_module, check_own_options, refuse_foreign_options, resolve_backend
 from .checkpoint import load_checkpoint
@@ -101,7 +101,7 @@ def cpu_kernels_problems(build: BuildConfig, scheme: WeightOnlyScheme | None) ->
         problems.append(f"--cpu_kernels specdec computes int4 weights: use it with --qformat int4_wo or int4_awq, or an int4 GPTQ/AWQ checkpoint (this build is {build.quantization})")
     if build.lowering != "ort_cpu":  # (a lowering only the onnxruntime backend takes)
         problems.append(f"--cpu_kernels specdec is an op of the ort_cpu lowering on the onnxruntime backend (this build: {build.backend}, {build.lowering})")
-    from ..runtime.cpu_kernels import compiler
+    from ..hardware.cpu_kernels import compiler
 
     if not problems and compiler() is None:
         problems.append("--cpu_kernels specdec compiles a C library and found no C compiler (cc, gcc, clang or $CC): install one, or build with --cpu_kernels ort "
@@ -304,9 +304,9 @@ def build_engine(
         taps: dict[str, str] = {}
         float_build = replace(build, quantization="none", fp8_activations="none", dtype="float32", group_size=None, symmetric=True, quantize_lm_head=False)
         float_net = build_network(ckpt, model, float_build, convention=convention, linear_inputs=taps)
-        from ..runtime.kv_cache import KVCache
+        from ..formats.kv_layout import kv_cache_shape
 
-        cache_shape = KVCache(1, 1, model.num_kv_heads, build.kv_capacity, model.head_dim, build.max_seq_len, build.kv_layout).keys[0].shape
+        cache_shape = kv_cache_shape(build.kv_layout, 1, model.num_kv_heads, build.kv_capacity, model.head_dim)
         if build.quantization == "int4_awq":
             from .awq import awq_search
 
@@ -327,7 +327,7 @@ def build_engine(
     record = weight_only_record(build, convention, weight_only_built.get("layers", []), op,
                                 weight_only_built.get("act_order", False), weight_only_built.get("even_rows", False))
     if record is not None and build.cpu_kernels == "specdec":
-        from ..runtime.cpu_kernels import LAYOUT
+        from ..hardware.cpu_kernels import LAYOUT
 
         record["kernel_layout"] = LAYOUT  # the runtime refuses an engine of a layout its Q4Gemm does not read
     build = replace(build, weight_only=record)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from onnx import TensorProto, helper
 
-from ..runtime.errors import BuildConfigError
+from ..formats.errors import BuildConfigError
 from .quantization import FP8_MAX
 
 

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..runtime.errors import CheckpointError
+from ..formats.errors import CheckpointError
 from ..formats.safetensors_io import SafetensorsFile
 
 TOKENIZER_FILES = (

@@ -30,8 +30,8 @@ from onnx import TensorProto
 
 from ..plugins import lowering_for
 from ..plugins.attention import Shared
-from ..runtime.engine_format import BuildConfig, ModelConfig
-from ..runtime.errors import CheckpointError
+from ..formats.engine_format import BuildConfig, ModelConfig
+from ..formats.errors import CheckpointError
 from .checkpoint import Checkpoint
 from .graph import GraphBuilder
 from .network import _attention_block, _decoder_layer, _Linears, _mlp_block, _rms_norm, float32_output

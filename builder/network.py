@@ -32,8 +32,8 @@ from onnx import TensorProto
 
 from ..plugins import lowering_for
 from ..plugins.attention import Shared
-from ..runtime.engine_format import BuildConfig, ModelConfig
-from ..runtime.errors import BuildConfigError
+from ..formats.engine_format import BuildConfig, ModelConfig
+from ..formats.errors import BuildConfigError
 from .architectures import ARCHITECTURES
 from .checkpoint import Checkpoint
 from .graph import GraphBuilder

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime.errors import CheckpointError
+from ..formats.errors import CheckpointError
 from ..formats.hf_config import config_groups, value_at
 from .weight_only import BITS, IntWeight
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime.errors import CheckpointError
+from ..formats.errors import CheckpointError
 from ..formats.hf_config import config_groups
 from .quant_checkpoints import IntConvention, detect_int_convention, read_int_weight
 from .weight_only import IntWeight
@@ -166,7 +166,7 @@ def detect_fp8(hf_config: dict[str, Any], checkpoint_dir) -> Fp8Convention | Non
     if method == "fp8":
         block = qc.get("weight_block_size") or [128, 128]
         if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and not isinstance(b, bool) and 0 < b < 2**31 for b in block)):
-            from ..runtime.config_strings import shown_value
+            from ..formats.config_strings import shown_value
 
             raise CheckpointError(f"quantization_config.weight_block_size {shown_value(block, 40)}; expected [n, n], n a positive integer.")
         if block[0] != block[1]:
@@ -184,7 +184,7 @@ def detect_checkpoint_quantization(hf_config: dict[str, Any], checkpoint_dir) ->
     """
     qc = hf_config.get("quantization_config")
     if qc is not None and not isinstance(qc, dict):
-        from ..runtime.config_strings import shown_value
+        from ..formats.config_strings import shown_value
 
         raise CheckpointError(f"config.json field 'quantization_config' is {shown_value(qc, 40)}; expected a JSON object (or none, for float weights).")
     return detect_int_convention(hf_config, checkpoint_dir) or detect_fp8(hf_config, checkpoint_dir)

@@ -10,8 +10,8 @@ import math
 
 import numpy as np
 
-from ..runtime.engine_format import ModelConfig
-from ..runtime.errors import CheckpointError
+from ..formats.engine_format import ModelConfig
+from ..formats.errors import CheckpointError
 
 
 def inverse_frequencies(cfg: ModelConfig) -> np.ndarray:
@@ -57,7 +57,7 @@ def cos_sin_tables(cfg: ModelConfig, num_positions: int) -> tuple[np.ndarray, np
             scale = scaling["attention_factor"]
             cos, sin = (cos * np.float32(scale)).astype(np.float32), (sin * np.float32(scale)).astype(np.float32)
     if not (np.isfinite(cos).all() and np.isfinite(sin).all()):
-        from ..runtime.config_strings import shown_value
+        from ..formats.config_strings import shown_value
 
         raise CheckpointError(f"config.json's rope_theta={cfg.rope_theta:g} with rope_scaling {shown_value(cfg.rope_scaling, 120)} gives rotary "
                               "tables that are not finite (NaN or Inf); the model could not run. Fix those fields.")

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..runtime.engine_format import BuildConfig, ModelConfig
-from ..runtime.errors import BuildConfigError, CheckpointError, big_int
-from ..runtime.devices import physical_memory_bytes
-from ..runtime.kv_cache import kv_cache_bytes
+from ..formats.engine_format import BuildConfig, ModelConfig
+from ..formats.errors import BuildConfigError, CheckpointError, big_int
+from ..hardware.cpu import physical_memory_bytes
+from ..formats.kv_layout import kv_cache_bytes
 from .quantization import LinearWeight, read_linear
 
 FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")  # what Checkpoint.float32 widens exactly

@@ -17,9 +17,9 @@ import click
 
 from ..bench.datasets import dumps_dataset, prepare_from_jsonl, prepare_synthetic, special_token_ids
 from ..bench.sweep import parse_draft_lens, parse_methods, run_sweep, token_agreement
-from ..runtime.engine_format import TREE_MODES, load_engine_dir
-from ..runtime.errors import RequestError
-from ..runtime.tokenizer import Tokenizer
+from ..formats.engine_format import TREE_MODES, load_engine_dir
+from ..formats.errors import RequestError
+from ..formats.tokenizer import Tokenizer
 from .common import check_output_file, clean_errors, engine_tokenizer, fmt_or_dash, option, verify_engine_option, yes_no_dash
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}

@@ -30,8 +30,8 @@ except ModuleNotFoundError as err:
     if (err.name or "").split(".")[0] not in BUILD_EXTRA:
         raise
     _require_build_extra(err.name.split(".")[0])
-from ..runtime.engine_format import EAGLE_MODULE_DIR, TREE_MODES, BuildConfig
-from ..runtime.errors import BuildConfigError, CheckpointError
+from ..formats.engine_format import EAGLE_MODULE_DIR, TREE_MODES, BuildConfig
+from ..formats.errors import BuildConfigError, CheckpointError
 from .common import check_output_dir, clean_errors, human_bytes, option
 
 

@@ -11,9 +11,9 @@ from typing import Any, Callable
 
 import click
 
-from ..runtime.engine_format import VERIFY_MODES, EngineDir
-from ..runtime.errors import RequestError, SpecdecError
-from ..runtime.tokenizer import Tokenizer
+from ..formats.engine_format import VERIFY_MODES, EngineDir
+from ..formats.errors import RequestError, SpecdecError
+from ..formats.tokenizer import Tokenizer
 
 
 def option(name: str, *more: str, **kwargs: Any) -> Callable:
@@ -30,7 +30,7 @@ def option(name: str, *more: str, **kwargs: Any) -> Callable:
 
 
 def verify_engine_option(fn: Callable) -> Callable:
-    """--verify_engine: how engine files are checked against config.json's sha256 (runtime/file_stamps.py)."""
+    """--verify_engine: how engine files are checked against config.json's sha256 (formats/file_stamps.py)."""
     return option("verify_engine", type=click.Choice(VERIFY_MODES), default="stamp", show_default=True,
                   help="How engine files are checked against the sha256 in config.json: stamp hashes a file once, then again only when its "
                        "size, times or inode change; full hashes every file on every load (docs/engine-format.md).")(fn)

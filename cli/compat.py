@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import click
 
-from ..runtime.errors import RequestError
+from ..formats.errors import RequestError
 
 STATIC_CACHE = "the KV cache is static here (max_batch_size x max_seq_len, fixed at build time)"
 

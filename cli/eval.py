@@ -18,9 +18,9 @@ import click
 
 from ..bench.datasets import jsonl_values
 from ..bench.sweep import generate_each, token_agreement
-from ..runtime.config_strings import DTM_FORM, NGRAM_FORM, parse_draft_target_config, parse_ngram_config
-from ..runtime.engine_format import load_engine_dir
-from ..runtime.errors import RequestError
+from ..formats.config_strings import DTM_FORM, NGRAM_FORM, parse_draft_target_config, parse_ngram_config
+from ..formats.engine_format import load_engine_dir
+from ..formats.errors import RequestError
 from ..runtime.loading import load_orchestrator
 from .common import check_output_file, clean_errors, end_ids, engine_tokenizer, fmt_or_dash, option, verify_engine_option, yes_no_dash
 

@@ -11,16 +11,16 @@ from pathlib import Path
 import click
 import numpy as np
 
-from ..runtime.config_strings import DTM_FORM, NGRAM_FORM, parse_draft_target_config, parse_ngram_config
+from ..formats.config_strings import DTM_FORM, NGRAM_FORM, parse_draft_target_config, parse_ngram_config
 from ..runtime.proposers.suffix import SUFFIX_EXAMPLE, SUFFIX_FORM, parse_suffix_config
-from ..runtime.engine_format import TREE_MODES, load_engine_dir
-from ..runtime.errors import RequestError
+from ..formats.engine_format import TREE_MODES, load_engine_dir
+from ..formats.errors import RequestError
 from ..runtime.guards import SILENT_DRAFT_ROUNDS, silent_draft_message
 from ..runtime.request import AUTO
 from ..runtime.loading import load_orchestrator
 from ..runtime.orchestrator import GenerationConfig, Orchestrator
 from ..runtime.sampling import SamplingConfig
-from ..runtime.tokenizer import Tokenizer
+from ..formats.tokenizer import Tokenizer
 from .common import check_output_file, clean_errors, end_ids, engine_tokenizer, option, verify_engine_option
 from .compat import check_run_py_options, run_py_options
 from .stops import decode_text, generate_with_stops

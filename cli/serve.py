@@ -7,9 +7,9 @@ import threading
 
 import click
 
-from ..runtime.config_strings import DTM_FORM, NGRAM_FORM, parse_draft_target_config, parse_ngram_config
-from ..runtime.errors import RequestError
-from ..runtime.engine_format import load_engine_dir
+from ..formats.config_strings import DTM_FORM, NGRAM_FORM, parse_draft_target_config, parse_ngram_config
+from ..formats.errors import RequestError
+from ..formats.engine_format import load_engine_dir
 from ..runtime.proposers.suffix import SUFFIX_EXAMPLE, SUFFIX_FORM, parse_suffix_config
 from ..runtime.request import METHODS
 from .common import clean_errors, option, verify_engine_option

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 from ..runtime.orchestrator import GenerationConfig, Orchestrator
 from ..runtime.request import RequestOutput
 from ..runtime.text import TextStream
-from ..runtime.tokenizer import Tokenizer
+from ..formats.tokenizer import Tokenizer
 
 OnText = Callable[[int, str], None]  # (prompt index, new text)
 

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from .common import clean_errors, option
+
+if TYPE_CHECKING:
+    from ..train.prepare import PrepareConfig
 
 TRAIN_EXTRA = ("torch", "transformers", "safetensors", "tqdm")  # pyproject.toml's [train] extra (matplotlib is optional)
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -68,7 +72,31 @@ def prepare_data_cmd(quiet: bool, **kwargs) -> None:
     _require_train_extra()
     from ..train.prepare import PrepareConfig, prepare_data
 
-    prepare_data(PrepareConfig(**kwargs), say=click.echo, progress_bar=not quiet)
+    cfg = PrepareConfig(**kwargs)
+    prepare_data(cfg, say=click.echo, progress_bar=not quiet, generator=EngineGenerator if cfg.engine_dir else None)
+
+
+class EngineGenerator:
+    """specdec-train prepare-data's generator on a specdec engine (train/prepare.py's Generator): the runtime answers
+    the prompts. It lives here, where the CLI puts the runtime and the trainer together, since train/ imports nothing
+    of runtime/."""
+
+    def __init__(self, cfg: PrepareConfig):
+        from ..formats.tokenizer import Tokenizer
+        from ..runtime import GenerationConfig, load_orchestrator
+        from ..train.prepare import tokenizer_dir
+
+        self.tokenizer = Tokenizer(tokenizer_dir(cfg.model_dir or cfg.engine_dir))
+        self.orch = load_orchestrator(cfg.engine_dir, num_threads=cfg.num_threads)
+        engine = self.orch.engine
+        self.prompt_limit = engine.max_input_len
+        eos = self.tokenizer.eos_token_id
+        ends = (eos,) if eos is not None else tuple(engine.target.engine.config.model.eos_token_id)
+        self._config = lambda i: GenerationConfig(max_output_len=cfg.max_token, end_ids=ends, sampling=cfg.sampling(i))
+
+    def answer(self, prompts: list[list[int]], first_index: int) -> list[list[int]]:
+        outputs, _ = self.orch.generate(prompts, self._config(first_index))
+        return [o.output_ids for o in outputs]
 
 
 @main.command("run", context_settings=CONTEXT)

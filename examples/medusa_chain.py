@@ -21,7 +21,7 @@ from pathlib import Path
 
 from specdec.builder.build import build_engine
 from specdec.runtime.engine import Engine, SpeculationConfig
-from specdec.runtime.engine_format import BuildConfig, load_engine_dir
+from specdec.formats.engine_format import BuildConfig, load_engine_dir
 from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 from specdec.runtime.proposers.medusa import MedusaProposer
 from specdec.runtime.request import GenerationConfig

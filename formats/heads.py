@@ -38,8 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..runtime.config_strings import shown_value
-from ..runtime.errors import CheckpointError
+from .config_strings import shown_value
+from .errors import CheckpointError
 from .hf_config import INT32_MAX, ConfigFields
 from .safetensors_io import SafetensorsFile
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..runtime.config_strings import shown_value
-from ..runtime.errors import CheckpointError
+from .config_strings import shown_value
+from .errors import CheckpointError
 
 INT32_MAX = 2**31 - 1  # a model dimension or a token id past this is not a model: and numpy / ONNX take C ints
 _MISSING = object()

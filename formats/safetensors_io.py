@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..runtime.errors import CheckpointError
+from .errors import CheckpointError
 
 _NUMPY_DTYPES = {
     "F64": np.float64,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import TensorProto
 
-from ..runtime.engine_format import ModelConfig
+from ..formats.engine_format import ModelConfig
 from .graph_api import GraphOps
 from .quantized_gemm import IntWeightLike, dq_matmul, permute_input
 

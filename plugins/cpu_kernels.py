@@ -1,4 +1,4 @@
-"""specdec's own CPU kernel for int4 weights: the ai.specdec.cpu::Q4Gemm op (runtime/kernels/).
+"""specdec's own CPU kernel for int4 weights: the ai.specdec.cpu::Q4Gemm op (hardware/kernels/).
 
 ONNX Runtime's MatMulNBits reads and unpacks the 4-bit weights once for every *pair* of rows, so a 5-token
 verification costs about 2x a one-token step on an int4 target, and it computes a lone row with other kernels
@@ -9,7 +9,7 @@ instructions whatever the call's row count: no padding, and the verification log
 bit for bit.
 
 This module is the graph side: which weights the op takes, its weight layout, the node. The C sources and their
-compiling and loading are the runtime's (runtime/kernels/, runtime/cpu_kernels.py): an engine records the layout
+compiling and loading are the runtime's (hardware/kernels/, hardware/cpu_kernels.py): an engine records the layout
 (LAYOUT), never native code, and every host compiles the installed sources.
 """
 
@@ -21,14 +21,14 @@ import numpy as np
 
 from .graph_api import GraphOps
 
-# The packing below is layout runtime/cpu_kernels.LAYOUT (engines record it): change both together.
+# The packing below is layout hardware/cpu_kernels.LAYOUT (engines record it): change both together.
 DOMAIN = "ai.specdec.cpu"
 TILE = 16  # output columns per tile
 
 
 @dataclass
 class Q4Weight:
-    """An int4 weight in Q4Gemm's layout (runtime/kernels/q4_kernels.h)."""
+    """An int4 weight in Q4Gemm's layout (hardware/kernels/q4_kernels.h)."""
 
     w: np.ndarray  # [N / 16, G, group / 8, 64] uint8
     scales: np.ndarray  # [N / 16, G, 16] float32

@@ -44,8 +44,8 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from ..runtime.engine_format import BuildConfig
-from ..runtime.errors import BuildConfigError
+from ..formats.engine_format import BuildConfig
+from ..formats.errors import BuildConfigError
 from .attention import AttentionLowering, Shared
 from .ort_cpu import OrtCpuAttention
 from .quantized_gemm import CONTRIB, IntWeightLike, matmul_nbits, nbits_holds, permute_input

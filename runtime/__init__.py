@@ -13,27 +13,67 @@ only runs engines needs neither torch nor transformers.
     rid = engine.add_request([1, 2, 3], GenerationConfig(max_output_len=64))
     while engine.has_unfinished():
         for out in engine.step(): ...
+
+The names below load on first use (PEP 562): importing ``specdec.runtime``, or one of its modules, loads
+nothing else of it, so reading an engine's config or a Hugging Face config costs no runtime import.
 """
 
-__version__ = "0.1.0"
+from __future__ import annotations
 
-from .config_strings import DraftTargetConfig, NGramConfig, parse_draft_target_config, parse_ngram_config  # noqa: E402,F401
-from .engine_format import EngineDir, load_engine_dir  # noqa: E402,F401
-from .errors import SpecdecError  # noqa: E402,F401
-from .backends import open_executor  # noqa: E402,F401
-from .backends.base import Executor, Placement  # noqa: E402,F401
-from .engine import Engine, SpeculationConfig  # noqa: E402,F401
-from .kv_cache import KVCache  # noqa: E402,F401
-from .loading import load_engine, load_orchestrator  # noqa: E402,F401
-from .metrics import Metrics  # noqa: E402,F401
-from .orchestrator import GenerationConfig, Orchestrator, RequestOutput  # noqa: E402,F401
-from .sampling import SamplingConfig  # noqa: E402,F401
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ..formats import __version__  # noqa: F401  (the version users read as specdec.runtime.__version__)
+
+# public name -> the module that defines it (relative to specdec)
+_PUBLIC = {
+    "DraftTargetConfig": "formats.config_strings",
+    "NGramConfig": "formats.config_strings",
+    "parse_draft_target_config": "formats.config_strings",
+    "parse_ngram_config": "formats.config_strings",
+    "EngineDir": "formats.engine_format",
+    "load_engine_dir": "formats.engine_format",
+    "SpecdecError": "formats.errors",
+    "open_executor": "runtime.backends",
+    "Executor": "runtime.backends.base",
+    "Placement": "runtime.backends.base",
+    "Engine": "runtime.engine",
+    "SpeculationConfig": "runtime.engine",
+    "KVCache": "runtime.kv_cache",
+    "load_engine": "runtime.loading",
+    "load_orchestrator": "runtime.loading",
+    "Metrics": "runtime.metrics",
+    "GenerationConfig": "runtime.orchestrator",
+    "Orchestrator": "runtime.orchestrator",
+    "RequestOutput": "runtime.orchestrator",
+    "SamplingConfig": "runtime.sampling",
+    "OrtExecutor": "runtime.backends.onnxruntime.cpu",
+}
+__all__ = ["__version__", *_PUBLIC]
+
+if TYPE_CHECKING:  # what type checkers and editors see; at run time each name loads on first use
+    from ..formats.config_strings import DraftTargetConfig, NGramConfig, parse_draft_target_config, parse_ngram_config
+    from ..formats.engine_format import EngineDir, load_engine_dir
+    from ..formats.errors import SpecdecError
+    from .backends import open_executor
+    from .backends.base import Executor, Placement
+    from .backends.onnxruntime.cpu import OrtExecutor
+    from .engine import Engine, SpeculationConfig
+    from .kv_cache import KVCache
+    from .loading import load_engine, load_orchestrator
+    from .metrics import Metrics
+    from .orchestrator import GenerationConfig, Orchestrator, RequestOutput
+    from .sampling import SamplingConfig
 
 
-def __getattr__(name: str):
-    """``OrtExecutor`` on first use: importing the runtime loads no backend until something asks for one."""
-    if name == "OrtExecutor":
-        from .backends.onnxruntime.cpu import OrtExecutor
+def __getattr__(name: str) -> Any:
+    where = _PUBLIC.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"specdec.{where}"), name)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
 
-        return OrtExecutor
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))

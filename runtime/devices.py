@@ -9,12 +9,11 @@ tensorrt and tensorrt_rtx engines), and the device ids of TensorRT-LLM's lists (
 
 from __future__ import annotations
 
-import os
-
 from .backends import available_devices, natural_kind
 from .backends.base import DEVICE_KINDS, Placement
-from .engine_format import EngineDir
-from .errors import DeviceError
+from ..formats.engine_format import EngineDir
+from ..formats.errors import DeviceError
+from ..hardware.cpu import check_num_threads
 
 
 def device_kind(engine: EngineDir, device: str = "auto") -> str:
@@ -41,30 +40,3 @@ def placement(devices: list[int], engine: EngineDir, role: str, device: str = "a
             where = "the CPU is device 0" if kind == "cpu" else f"this host has {len(have)} {kind} device(s): {have}"
             raise DeviceError(f"{role} device {d} does not exist ({where}).")
     return Placement(kind, devices[0], num_threads)
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask where the OS has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def check_num_threads(num_threads: int | None, flag: str = "--num_threads") -> None:
-    """None (the default) or 1 .. the usable CPUs: more ONNX Runtime threads than CPUs spin waiting on each other
-    (300 threads on 2 CPUs decoded 35x slower), and a C int cannot hold an absurd count at all."""
-    if num_threads is None:
-        return
-    cpus = usable_cpus()
-    if isinstance(num_threads, bool) or not isinstance(num_threads, int) or not 1 <= num_threads <= cpus:
-        raise DeviceError(f"{flag} {num_threads}: expected a number of threads from 1 to {cpus}, the CPUs this process may use "
-                          "(more threads than CPUs only wait on each other).")
-
-
-def physical_memory_bytes() -> int | None:
-    """This machine's physical memory, or None where the OS does not say."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):  # no sysconf (Windows) or no such name
-        return None

@@ -29,8 +29,8 @@ import numpy as np
 
 from .backends.base import Executor
 from .draft_len import AutoDraftLen
-from .engine_format import TREE_MODES, EngineDir
-from .errors import EngineError, RequestError
+from ..formats.engine_format import TREE_MODES, EngineDir
+from ..formats.errors import EngineError, RequestError
 from .metrics import Metrics
 from .pairing import check_pair
 from .proposers.base import Proposer

@@ -30,7 +30,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .errors import RequestError
+from ..formats.errors import RequestError
 
 KINDS = ("json_object", "json_schema", "regex", "lark", "choice")
 # Whitespace between JSON tokens: none, as OpenAI's outputs have. A flexible one lets a model that has lost

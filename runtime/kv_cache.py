@@ -11,15 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import RequestError
-
-
-def kv_cache_bytes(model, max_batch_size: int, kv_capacity: int, itemsize: int = 4) -> int:
-    """Bytes of an engine's KV cache: keys and values of every layer at static capacity (Python ints: never overflows).
-
-    model: the engine's ModelConfig (num_layers, num_kv_heads, head_dim).
-    """
-    return 2 * model.num_layers * max_batch_size * kv_capacity * model.num_kv_heads * model.head_dim * itemsize
+from ..formats.errors import RequestError
+from ..formats.kv_layout import kv_cache_shape
 
 
 class KVCache:
@@ -27,9 +20,7 @@ class KVCache:
 
     def __init__(self, num_layers: int, num_slots: int, kv_heads: int, capacity: int, head_dim: int, max_seq_len: int, layout: str = "bnsh", storage: bool = True):
         # keys[i], values[i]: [num_slots, kv_heads, capacity, head_dim] (bnsh) or [num_slots, capacity, kv_heads * head_dim] (bsh), float32
-        if layout not in ("bnsh", "bsh"):
-            raise RequestError(f"unknown KV cache layout {layout!r} (engine config build.kv_layout); expected bnsh or bsh.")
-        shape = (num_slots, kv_heads, capacity, head_dim) if layout == "bnsh" else (num_slots, capacity, kv_heads * head_dim)
+        shape = kv_cache_shape(layout, num_slots, kv_heads, capacity, head_dim)
         self.layout = layout
         self.keys = [np.zeros(shape, np.float32) for _ in range(num_layers)] if storage else []
         self.values = [np.zeros(shape, np.float32) for _ in range(num_layers)] if storage else []

@@ -12,11 +12,11 @@ from pathlib import Path
 
 from .backends import check_placement, open_executor
 from .backends.base import Executor, Placement
-from .config_strings import DraftTargetConfig, NGramConfig
+from ..formats.config_strings import DraftTargetConfig, NGramConfig
 from .devices import placement
 from .engine import Engine, SpeculationConfig
-from .engine_format import EngineDir, load_engine_dir
-from .errors import RequestError
+from ..formats.engine_format import EngineDir, load_engine_dir
+from ..formats.errors import RequestError
 from .orchestrator import Orchestrator
 from .pairing import Pairing, pair
 from .proposers.base import Proposer
@@ -125,7 +125,7 @@ def _cross_tokenizer(target: EngineDir, draft: EngineDir, inner: DraftModelPropo
     """The draft model proposer wrapped to draft through text (both engines ship a tokenizer.json: pair() checked)."""
     from .proposers.cross_tokenizer import CrossTokenizerProposer
     from .token_bytes import TokenBytes
-    from .tokenizer import Tokenizer
+    from ..formats.tokenizer import Tokenizer
 
     t_tok, d_tok = Tokenizer(target.path), Tokenizer(draft.path)
     return CrossTokenizerProposer(inner, TokenBytes(t_tok), TokenBytes(d_tok), t_tok.bos_token_id, d_tok.bos_token_id)
@@ -137,7 +137,7 @@ def _suffix(target: EngineDir, config: SuffixConfig) -> SuffixProposer:
     if config.seed_file and proposer.cache is not None:
         encode = None
         if target.tokenizer_path is not None:
-            from .tokenizer import Tokenizer
+            from ..formats.tokenizer import Tokenizer
 
             encode = Tokenizer(target.path).encode
         proposer.cache.load(config.seed_file, encode)

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 from .backends.base import Executor
 from .engine import Engine, SpeculationConfig
-from .errors import RequestError
+from ..formats.errors import RequestError
 from .metrics import Metrics
 from .proposers.base import Proposer
 from .request import GenerationConfig, RequestOutput

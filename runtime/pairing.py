@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from .engine_format import EngineDir
-from .errors import EngineError
+from ..formats.engine_format import EngineDir
+from ..formats.errors import EngineError
 
 SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token")
 
@@ -44,7 +44,7 @@ class PairWarning(UserWarning):
 @lru_cache(maxsize=16)
 def _tokenizer_identity(path: Path, digest: str) -> tuple[dict[str, int], dict[str, int | None]]:
     """(vocabulary with added tokens, special ids) of a tokenizer.json (cached by its sha256)."""
-    from .tokenizer import Tokenizer
+    from ..formats.tokenizer import Tokenizer
 
     tok = Tokenizer(path.parent)
     return tok.vocab(), {k: tok._special_id(k) for k in SPECIAL_KEYS}

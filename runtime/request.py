@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import RequestError
+from ..formats.errors import RequestError
 from .metrics import Metrics
 from .sampling import SamplingConfig
 

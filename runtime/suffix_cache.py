@@ -22,8 +22,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .errors import RequestError
-from .jsonl import json_lines
+from ..formats.errors import RequestError
+from ..formats.jsonl import json_lines
 from .suffix_index import SpecParams, SuffixDraft, TokenStore, best_draft
 
 LOW_WATER = 0.9  # evict down to this share of the caps

@@ -27,7 +27,7 @@ from typing import Sequence
 
 from tokenizers.decoders import DecodeStream
 
-from .tokenizer import Tokenizer
+from ..formats.tokenizer import Tokenizer
 
 PROMPT_CONTEXT = 5  # prompt tokens decoded before the first new one (word-boundary spaces depend on them)
 # tokenizers raises a plain Exception with this text when a decoder rewrites text it already gave out

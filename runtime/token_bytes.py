@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 
-from .tokenizer import Tokenizer
+from ..formats.tokenizer import Tokenizer
 
 
 @lru_cache(maxsize=1)

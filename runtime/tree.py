@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from .config_strings import INT64, shown, shown_value
-from .errors import EngineError, RequestError
+from ..formats.config_strings import INT64, shown, shown_value
+from ..formats.errors import EngineError, RequestError
 
 if TYPE_CHECKING:
     from .backends.base import Executor

@@ -28,7 +28,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..runtime import __version__
+from ..formats import __version__
 from . import responses
 from .errors import ApiError, error_body
 from .guard import Guard

@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ..runtime.tokenizer import Tokenizer
+from ..formats.tokenizer import Tokenizer
 from .errors import ApiError
 
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")

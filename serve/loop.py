@@ -33,7 +33,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..runtime.errors import SpecdecError
+from ..formats.errors import SpecdecError
 from ..runtime.metrics import Metrics
 from ..runtime.text import TextStream
 from .errors import ApiError

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..runtime.engine import Engine, check_draft_len
-from ..runtime.errors import SpecdecError
+from ..formats.errors import SpecdecError
 from ..runtime.grammar import Grammar, GrammarCompiler, GrammarSpec
 from ..runtime.request import AUTO, GenerationConfig
 from ..runtime.sampling import SamplingConfig
-from ..runtime.tokenizer import Tokenizer
+from ..formats.tokenizer import Tokenizer
 from .chat import render_chat
 from .errors import ApiError
 from .protocol import ChatCompletionRequest, CompletionRequest, Sampling

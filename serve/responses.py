@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-from ..runtime.tokenizer import Tokenizer
+from ..formats.tokenizer import Tokenizer
 from .loop import ChoiceResult, Event, Job, Result, TokenLogprob
 from .params import Served
 

@@ -22,10 +22,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ..runtime.config_strings import DraftTargetConfig, NGramConfig
-from ..runtime.engine_format import EngineDir, load_engine_dir
+from ..formats.config_strings import DraftTargetConfig, NGramConfig
+from ..formats.engine_format import EngineDir, load_engine_dir
 from ..runtime.loading import load_engine, method_draft_lens
-from ..runtime.tokenizer import Tokenizer
+from ..formats.tokenizer import Tokenizer
 from .chat import find_template, special_tokens
 from .errors import error_body
 from .params import Served

@@ -10,13 +10,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from checkpoints import make_checkpoint  # noqa: E402
 
 from specdec.builder.build import build_engine  # noqa: E402
-from specdec.runtime.engine_format import BuildConfig, load_engine_dir  # noqa: E402
+from specdec.formats.engine_format import BuildConfig, load_engine_dir  # noqa: E402
 from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)
 def engine_stamp_cache(tmp_path_factory):
-    """Engine loads record verified file stamps (runtime/file_stamps.py) in this session's own cache, not ~/.cache."""
+    """Engine loads record verified file stamps (formats/file_stamps.py) in this session's own cache, not ~/.cache."""
     os.environ["SPECDEC_CACHE_DIR"] = str(tmp_path_factory.mktemp("stamp-cache"))
 
 
@@ -26,7 +26,7 @@ def gpu_skip_reason() -> str | None:
         import tensorrt  # noqa: F401  (the builder: tensorrt_lean/dispatch only run plans)
     except Exception as err:
         return f"needs an NVIDIA GPU and the full TensorRT (pip install -e '.[tensorrt]'); import tensorrt failed: {err}"
-    from specdec.runtime.backends.tensorrt.host import cuda_device_count
+    from specdec.hardware.tensorrt import cuda_device_count
 
     if cuda_device_count() == 0:
         return "needs an NVIDIA GPU: TensorRT is installed but CUDA sees no GPU"
@@ -36,7 +36,7 @@ def gpu_skip_reason() -> str | None:
 def cuda_skip_reason() -> str | None:
     """Why the ``cuda`` tests (ONNX Runtime's CUDA provider) cannot run here, or None."""
     from specdec.runtime.backends.onnxruntime.cuda_host import visible_cuda_gpus
-    from specdec.runtime.errors import DeviceError
+    from specdec.formats.errors import DeviceError
 
     try:
         visible_cuda_gpus("this test (marked cuda)")

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..runtime.errors import CheckpointError
+from ..formats.errors import CheckpointError
 from .errors import TrainConfigError
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from ..runtime.jsonl import json_lines
+from ..formats.jsonl import json_lines
 from .errors import TrainConfigError
 
 PROMPT_FIELDS = ("prompt", "text", "input")

@@ -1,6 +1,6 @@
 """Training's own error: flags or data that cannot be trained on. The CLI prints it as one line."""
 
-from ..runtime.errors import SpecdecError
+from ..formats.errors import SpecdecError
 
 
 class TrainConfigError(SpecdecError):

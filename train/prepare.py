@@ -8,7 +8,7 @@ very tokens verification will compare against. --temperature > 0 samples instead
 (more varied data; the right choice when the heads will serve sampled requests).
 
 Two generators: our own engine (``--engine_dir``: ONNX Runtime, fast, needs a
-built target) or transformers on the checkpoint (``--model_dir``).
+built target; cli/train.py's EngineGenerator) or transformers on the checkpoint (``--model_dir``).
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
-from ..runtime.devices import check_num_threads
-from ..runtime.errors import DeviceError, RequestError
-from ..runtime.sampling import SamplingConfig
+from ..hardware.cpu import check_num_threads
+from ..formats.errors import DeviceError, RequestError
+from ..formats.tokenizer import Tokenizer
+from ..formats.sampling_params import SamplingConfig
 from .data import read_prompts, record
 from .errors import TrainConfigError
 
@@ -69,44 +70,27 @@ class PrepareConfig:
             raise TrainConfigError(f"--output_path {out} is a directory: give a .jsonl file name.")
 
 
-class _Generator:
-    """prompt ids -> answer ids, for a batch of prompts."""
+class Generator(Protocol):
+    """prompt ids -> answer ids, for a batch of prompts: transformers on the checkpoint (TransformersGenerator, here) or
+    a specdec engine (cli/train.py's EngineGenerator: running an engine is the runtime's, which train/ does not import)."""
 
-    tokenizer = None
-    prompt_limit = 512
-
-    def answer(self, prompts: list[list[int]], first_index: int) -> list[list[int]]:
-        raise NotImplementedError
-
-
-class EngineGenerator(_Generator):
-    def __init__(self, cfg: PrepareConfig):
-        from ..runtime import GenerationConfig, load_orchestrator
-        from ..runtime.tokenizer import Tokenizer
-
-        self.tokenizer = Tokenizer(_tokenizer_dir(cfg.model_dir or cfg.engine_dir))
-        self.orch = load_orchestrator(cfg.engine_dir, num_threads=cfg.num_threads)
-        engine = self.orch.engine
-        self.prompt_limit = engine.max_input_len
-        ends = (self.tokenizer.eos_token_id,) if self.tokenizer.eos_token_id is not None else tuple(engine.target.engine.config.model.eos_token_id)
-        self._config = lambda i: GenerationConfig(max_output_len=cfg.max_token, end_ids=ends, sampling=cfg.sampling(i))
+    tokenizer: Tokenizer
+    prompt_limit: int  # the longest prompt it takes, in tokens
 
     def answer(self, prompts: list[list[int]], first_index: int) -> list[list[int]]:
-        outputs, _ = self.orch.generate(prompts, self._config(first_index))
-        return [o.output_ids for o in outputs]
+        """One answer per prompt; prompt ``i`` of the batch is the dataset's prompt ``first_index + i``."""
 
 
-class TransformersGenerator(_Generator):
+class TransformersGenerator:
     def __init__(self, cfg: PrepareConfig):
         import torch
 
-        from ..runtime.tokenizer import Tokenizer
         from .base import load_base
 
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
         self.torch, self.cfg = torch, cfg
-        self.tokenizer = Tokenizer(_tokenizer_dir(cfg.model_dir))
+        self.tokenizer = Tokenizer(tokenizer_dir(cfg.model_dir))
         self.model = load_base(cfg.model_dir)
         self.prompt_limit = max(1, self.model.config.max_position_embeddings - cfg.max_token)
         eos = self.tokenizer.eos_token_id
@@ -125,17 +109,24 @@ class TransformersGenerator(_Generator):
         return out
 
 
-def _tokenizer_dir(d: str) -> str:
+def tokenizer_dir(d: str) -> str:
     if not (Path(d) / "tokenizer.json").is_file():
         raise TrainConfigError(f"{d} has no tokenizer.json: prepare-data turns text prompts into tokens with it.")
     return d
 
 
-def prepare_data(cfg: PrepareConfig, say: Callable[[str], None] = print, progress_bar: bool = True) -> int:
-    """Write one record per prompt to ``cfg.output_path`` (whole, or not at all); returns how many."""
+def prepare_data(cfg: PrepareConfig, say: Callable[[str], None] = print, progress_bar: bool = True,
+                 generator: Callable[[PrepareConfig], Generator] | None = None) -> int:
+    """Write one record per prompt to ``cfg.output_path`` (whole, or not at all); returns how many.
+
+    ``generator``: makes the generator for ``cfg``; None: transformers on ``cfg.model_dir``. An ``engine_dir``
+    needs one that runs the engine (specdec-train's CLI passes cli/train.py's EngineGenerator)."""
     cfg.validate()
+    if generator is None and cfg.engine_dir:
+        raise TrainConfigError("generating with --engine_dir runs a specdec engine: use specdec-train prepare-data, or pass "
+                               "generator=specdec.cli.train.EngineGenerator.")
     prompts = read_prompts(cfg.data_path)[: cfg.limit]
-    gen: _Generator = EngineGenerator(cfg) if cfg.engine_dir else TransformersGenerator(cfg)
+    gen = (generator or TransformersGenerator)(cfg)
     tok = gen.tokenizer
     limit = min(cfg.max_prompt_tokens or gen.prompt_limit, gen.prompt_limit)
     encoded = [tok.encode(p) for p in prompts]

@@ -21,8 +21,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..runtime.devices import check_num_threads, physical_memory_bytes
-from ..runtime.errors import DeviceError
+from ..hardware.cpu import check_num_threads, physical_memory_bytes
+from ..formats.errors import DeviceError
 from .base import base_config_dict, check_model_dir, load_base, weights_sha256
 from .data import Sequence, check_data_file, read_sequences
 from .errors import TrainConfigError
@@ -254,7 +254,7 @@ def _check_memory(cfg: TrainConfig, base_cfg: dict) -> None:
 def _tokenizer(model_dir: Path):
     if not (model_dir / "tokenizer.json").is_file():
         return None
-    from ..runtime.tokenizer import Tokenizer
+    from ..formats.tokenizer import Tokenizer
 
     return Tokenizer(model_dir)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, cast
 
-from ...runtime.errors import BuildConfigError
+from ...formats.errors import BuildConfigError
 from .base import BuildBackend, Compiled
 
 _REGISTRY: dict[str, str] = {

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from ...runtime.engine_format import BuildConfig, ModelConfig
+from ...formats.engine_format import BuildConfig, ModelConfig
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from ...runtime.engine_format import BuildConfig, ModelConfig
-from ...runtime.errors import BuildConfigError
+from ...formats.engine_format import BuildConfig, ModelConfig
+from ...formats.errors import BuildConfigError
 from .base import Compiled
 
 TITLE = "ONNX Runtime"
@@ -52,7 +52,7 @@ def compile_engine(out_dir: Path, network_file: str, build: BuildConfig, model: 
 
     library = None
     if build.cpu_kernels == "specdec":  # the op's library: compiled into this user's cache, never into the engine
-        from ...runtime.cpu_kernels import KernelBuildError, kernel_library, kernel_name
+        from ...hardware.cpu_kernels import KernelBuildError, kernel_library, kernel_name
 
         try:
             library = kernel_library()

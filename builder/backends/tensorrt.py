@@ -25,10 +25,10 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from ...runtime.engine_format import BuildConfig, ModelConfig
-from ...runtime.errors import BuildConfigError, DeviceError
-from ...runtime.backends.tensorrt.executor import ENGINE_FILE
-from ...runtime.backends.tensorrt.host import MIN_TENSORRT, cuda_call, cuda_device_info, cudart_module, visible_gpu_count
+from ...formats.engine_format import BuildConfig, ModelConfig
+from ...formats.errors import BuildConfigError, DeviceError
+from ...formats.tensorrt_plan import ENGINE_FILE
+from ...hardware.tensorrt import MIN_TENSORRT, cuda_call, cuda_device_info, cudart_module, visible_gpu_count
 from ..weight_only import WeightOnlyScheme
 from .base import Compiled
 from .trt_onnx import add_profiles, collecting_logger, generation_width, parse_portable, profile_shapes, profiles_record, static_kv_onnx  # noqa: F401 (re-exported)

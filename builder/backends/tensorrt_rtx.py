@@ -23,8 +23,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from ...runtime.engine_format import BuildConfig, ModelConfig
-from ...runtime.errors import BuildConfigError
+from ...formats.engine_format import BuildConfig, ModelConfig
+from ...formats.errors import BuildConfigError
 from ..weight_only import WeightOnlyScheme
 from .base import Compiled
 from .trt_onnx import add_profiles, collecting_logger, parse_portable, profiles_record, static_kv_proto

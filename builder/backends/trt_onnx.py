@@ -16,9 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from ...runtime.engine_format import BuildConfig, ModelConfig
-from ...runtime.errors import BuildConfigError
-from ...runtime.backends.tensorrt.executor import CONTEXT_PROFILE, GENERATION_PROFILE
+from ...formats.engine_format import BuildConfig, ModelConfig
+from ...formats.errors import BuildConfigError
+from ...formats.tensorrt_plan import CONTEXT_PROFILE, GENERATION_PROFILE
 
 Shape = tuple[int, ...]
 CACHE_PREFIXES = ("past_key.", "past_value.", "present_key.", "present_value.")

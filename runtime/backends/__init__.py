@@ -20,8 +20,8 @@ from __future__ import annotations
 import importlib
 from typing import Sequence, cast
 
-from ..engine_format import EngineDir
-from ..errors import DeviceError, EngineError
+from ...formats.engine_format import EngineDir
+from ...formats.errors import DeviceError, EngineError
 from .base import DEVICE_KINDS, Backend, Executor, Placement
 
 # (engine backend, device kind) -> the module that runs it

@@ -20,8 +20,8 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from ..engine_format import BuildConfig, EngineDir, ModelConfig
-from ..errors import EngineError, RequestError
+from ...formats.engine_format import BuildConfig, EngineDir, ModelConfig
+from ...formats.errors import EngineError, RequestError
 from ..kv_cache import KVCache
 
 DEVICE_KINDS = ("cpu", "cuda")

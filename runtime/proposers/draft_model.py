@@ -25,7 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from ..backends.base import Executor
-from ..errors import RequestError
+from ...formats.errors import RequestError
 from ..request import AUTO, Request
 from ..sampling import processed_probs, sample
 from .base import Draft, Proposer, TargetOutput, adjacent_runs

@@ -40,9 +40,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..backends.base import Executor, StepOutput
-from ..config_strings import DEFAULT_DRAFT_LEN
-from ..engine_format import EngineDir, eagle_module_dir, load_engine_dir
-from ..errors import EngineError
+from ...formats.config_strings import DEFAULT_DRAFT_LEN
+from ...formats.engine_format import EngineDir, eagle_module_dir, load_engine_dir
+from ...formats.errors import EngineError
 from ..request import AUTO, Request
 from ..sampling import processed_probs, sample
 from ..tree import DraftTree, check_tree, parse_choices, top_k

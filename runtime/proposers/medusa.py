@@ -29,8 +29,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..backends.base import Executor, StepOutput
-from ..engine_format import EngineDir
-from ..errors import EngineError
+from ...formats.engine_format import EngineDir
+from ...formats.errors import EngineError
 from ..request import Request
 from ..sampling import processed_probs, sample
 from ..tree import DraftTree, check_tree, parse_choices, top_k, tree_draft

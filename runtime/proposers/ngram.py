@@ -31,7 +31,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import RequestError
+from ...formats.errors import RequestError
 from ..request import Request
 from .base import Draft, Proposer, TargetOutput
 

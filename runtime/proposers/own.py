@@ -16,7 +16,7 @@ from .base import Proposer
 
 if TYPE_CHECKING:
     from ..backends.base import Executor
-    from ..engine_format import EngineDir
+    from ...formats.engine_format import EngineDir
     from ..tree import DraftTree
 
 # a target's speculative_decoding_mode -> the class of the drafter it carries, imported when such a target loads

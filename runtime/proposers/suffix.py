@@ -35,8 +35,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..config_strings import INT64, shown, shown_value
-from ..errors import ConfigStringError
+from ...formats.config_strings import INT64, shown, shown_value
+from ...formats.errors import ConfigStringError
 from ..request import Request
 from ..suffix_cache import ResponseCache
 from ..suffix_index import SpecParams, SuffixDraft, TokenStore, best_draft

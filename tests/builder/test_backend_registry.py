@@ -18,7 +18,7 @@ import specdec.builder.backends as registry
 from specdec.builder.backends import BACKENDS, backend_module
 from specdec.builder.backends.base import BuildBackend, Compiled
 from specdec.builder.build import build_engine
-from specdec.runtime.errors import BuildConfigError
+from specdec.formats.errors import BuildConfigError
 
 BUILDER = Path(__file__).resolve().parents[2] / "builder"
 NAME_FREE = ("build.py", "validation.py", "awq.py", "calibration.py", "network_file.py")

@@ -1,4 +1,4 @@
-"""specdec's int4 CPU op, ai.specdec.cpu::Q4Gemm (plugins/cpu_kernels.py, runtime/cpu_kernels.py, runtime/kernels/): its layout, its arithmetic,
+"""specdec's int4 CPU op, ai.specdec.cpu::Q4Gemm (plugins/cpu_kernels.py, hardware/cpu_kernels.py, hardware/kernels/): its layout, its arithmetic,
 and the property the engines rely on: a row's bits never depend on how many rows share its call."""
 
 import os
@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from specdec.plugins import cpu_kernels as ck
-from specdec.runtime import cpu_kernels as rk
+from specdec.hardware import cpu_kernels as rk
 
 pytestmark = pytest.mark.skipif(rk.compiler() is None, reason="needs a C compiler")
 
@@ -103,7 +103,7 @@ def test_every_kernel_computes_the_same_bits(tmp_path, k, group, kernel):
               f"w = t.int4_weight({k}, 96, {group}, False, seed=5); x = np.load({str(tmp_path / 'x.npy')!r}); "
               f"s = t.session(w); np.save({str(tmp_path / 'y.npy')!r}, np.concatenate([s.run(None, {{'x': x[:m]}})[0] for m in range(1, 8)]))")
     subprocess.run([sys.executable, "-c", script], check=True, env={**os.environ, "SPECDEC_Q4_KERNEL": kernel})
-    name = subprocess.run([sys.executable, "-c", "from specdec.runtime import cpu_kernels as rk; print(rk.kernel_name(rk.kernel_library()))"],
+    name = subprocess.run([sys.executable, "-c", "from specdec.hardware import cpu_kernels as rk; print(rk.kernel_name(rk.kernel_library()))"],
                           check=True, capture_output=True, text=True, env={**os.environ, "SPECDEC_Q4_KERNEL": kernel}).stdout.strip()
     assert name == {"avx2": "AVX2", "portable": "portable C"}[kernel] or (kernel == "avx2" and name == "portable C")  # (no AVX2 here)
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), fast)

@@ -14,8 +14,8 @@ from checkpoints import load_hf, make_checkpoint, write_eagle_module
 from conftest import cli_build, spec_build
 
 from specdec.builder.build import build_engine
-from specdec.runtime.engine_format import eagle_module_dir, load_engine_dir
-from specdec.runtime.errors import BuildConfigError, SpecdecError
+from specdec.formats.engine_format import eagle_module_dir, load_engine_dir
+from specdec.formats.errors import BuildConfigError, SpecdecError
 from specdec.train.base import run_base
 from specdec.train.eagle import Eagle3Module
 from specdec.train.export import medusa_config, save_heads

@@ -8,8 +8,8 @@ from checkpoints import make_checkpoint
 from conftest import spec_build
 
 from specdec.builder.build import build_engine
-from specdec.runtime.engine_format import BuildConfig, load_engine_dir
-from specdec.runtime.errors import BuildConfigError, CheckpointError, EngineError
+from specdec.formats.engine_format import BuildConfig, load_engine_dir
+from specdec.formats.errors import BuildConfigError, CheckpointError, EngineError
 
 
 def leftovers(parent, name):

@@ -14,7 +14,7 @@ from checkpoints import hf_with_weights, make_checkpoint, save_fp8_checkpoint
 from conftest import build_and_load, spec_build
 
 from specdec.builder.build import build_engine
-from specdec.runtime.errors import CheckpointError
+from specdec.formats.errors import CheckpointError
 
 ARCH = dict(hidden_size=64, intermediate_size=128, vocab_size=96)
 IDS = torch.tensor([[5, 17, 33, 2, 61, 8, 90, 41, 12, 7]])

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from specdec.builder.build import build_engine
-from specdec.runtime.engine_format import BuildConfig
+from specdec.formats.engine_format import BuildConfig
 from specdec.runtime.loading import load_orchestrator
 from specdec.runtime.orchestrator import GenerationConfig
-from specdec.runtime.tokenizer import Tokenizer
+from specdec.formats.tokenizer import Tokenizer
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-pair" / "target"
 AGREEMENT_THRESHOLD = 0.6

@@ -17,7 +17,7 @@ from conftest import build_and_load, spec_build
 from test_weight_only import dequantized_checkpoint
 
 from specdec.builder.build import build_engine
-from specdec.runtime.errors import CheckpointError
+from specdec.formats.errors import CheckpointError
 from specdec.runtime.orchestrator import GenerationConfig, Orchestrator
 from specdec.runtime.proposers.draft_model import DraftModelProposer
 from specdec.runtime.proposers.ngram import NGramProposer

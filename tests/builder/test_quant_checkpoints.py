@@ -27,7 +27,7 @@ from safetensors.torch import save_file
 from specdec.builder.checkpoint import load_checkpoint
 from specdec.builder.quant_checkpoints import IntConvention
 from specdec.builder.quantization import LinearWeight, concat_out, detect_checkpoint_quantization, read_linear
-from specdec.runtime.errors import CheckpointError
+from specdec.formats.errors import CheckpointError
 
 N_IN, N_OUT = 256, 64
 
@@ -318,7 +318,7 @@ def float_model(tmp_path_factory):
 
 
 def engine_logits(engine_dir, ids=(5, 17, 33, 2, 61, 8, 90, 41, 12, 7)) -> np.ndarray:
-    from specdec.runtime.engine_format import load_engine_dir
+    from specdec.formats.engine_format import load_engine_dir
     from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 
     ex = OrtExecutor(load_engine_dir(engine_dir), num_threads=1)

@@ -24,17 +24,12 @@ from conftest import spec_build
 
 from specdec.builder.backends.tensorrt import build_tensorrt_engine, generation_width, profile_shapes, static_kv_onnx, tensorrt_available
 from specdec.builder.build import build_engine
-from specdec.runtime.engine_format import EngineDir, ModelConfig, load_engine_dir
-from specdec.runtime.errors import BuildConfigError, DeviceError, EngineError, RequestError
+from specdec.formats.engine_format import EngineDir, ModelConfig, load_engine_dir
+from specdec.formats.errors import BuildConfigError, DeviceError, EngineError, RequestError
 from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
-from specdec.runtime.backends.tensorrt.executor import (
-    ENGINE_FILE,
-    GENERATION_PROFILE,
-    TrtExecutor,
-    check_memory,
-    choose_profile,
-)
-from specdec.runtime.kv_cache import kv_cache_bytes
+from specdec.formats.tensorrt_plan import ENGINE_FILE, GENERATION_PROFILE
+from specdec.runtime.backends.tensorrt.executor import TrtExecutor, check_memory, choose_profile
+from specdec.formats.kv_layout import kv_cache_bytes
 
 HAS_TRT = importlib.util.find_spec("tensorrt") is not None
 MODEL = ModelConfig(
@@ -148,7 +143,8 @@ def test_tensorrt_says_plainly_it_never_ran(monkeypatch):
     import specdec.builder.backends.tensorrt as trt_builder
     import specdec.runtime.backends.tensorrt as trt_runtime
     from specdec.builder.backends import resolve_backend
-    from specdec.runtime.backends.tensorrt import executor, host
+    from specdec.hardware import tensorrt as host
+    from specdec.runtime.backends.tensorrt import executor
 
     assert all("never" in m.__doc__.lower() for m in (trt_builder, trt_runtime, executor, host))
     monkeypatch.setattr(trt_builder, "tensorrt_available", lambda: (False, "no tensorrt module."))
@@ -289,7 +285,7 @@ def test_version_compatible_plan_runs_on_the_small_runtimes(tmp_path, runtime, e
     # In a child process that never imports the full tensorrt, as on a shipped host.
     script = (
         "import sys, numpy as np\n"
-        "from specdec.runtime.engine_format import load_engine_dir\nfrom specdec.runtime.backends.tensorrt.executor import TrtExecutor\n"
+        "from specdec.formats.engine_format import load_engine_dir\nfrom specdec.runtime.backends.tensorrt.executor import TrtExecutor\n"
         f"ex = TrtExecutor(load_engine_dir({str(tmp_path / 'vc')!r}))\nassert ex._trt.__name__ == {runtime!r}, ex._trt.__name__\n"
         "assert 'tensorrt' not in sys.modules\nc = ex.new_cache(2)\n"
         "a = ex.forward(c, [[5, 6, 7, 8], [9, 10]], False).logits.copy()\nb = ex.forward(c, [[11, 12, 13], [14]], True).logits.copy()\n"

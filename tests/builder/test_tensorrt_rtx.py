@@ -18,8 +18,8 @@ from conftest import spec_build
 
 from specdec.builder.backends.trt_onnx import profile_shapes, profiles_record, static_kv_proto
 from specdec.builder.build import build_engine
-from specdec.runtime.engine_format import load_engine_dir
-from specdec.runtime.errors import BuildConfigError, EngineError
+from specdec.formats.engine_format import load_engine_dir
+from specdec.formats.errors import BuildConfigError, EngineError
 
 HAS_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
 needs_rtx = pytest.mark.skipif(not HAS_RTX, reason="needs TensorRT for RTX: pip install -e '.[build,tensorrt-rtx-build]' (Linux x86-64, no GPU needed)")

@@ -5,7 +5,7 @@ import shutil
 from conftest import spec_build
 
 from specdec.builder.build import build_engine
-from specdec.runtime.engine_format import load_engine_dir
+from specdec.formats.engine_format import load_engine_dir
 
 
 def test_a_separate_chat_template_travels_with_the_engine(tmp_path, llama_ckpt):

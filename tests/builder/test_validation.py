@@ -18,9 +18,9 @@ from specdec.builder.architectures import model_config_from_hf
 from specdec.builder.checkpoint import load_checkpoint
 from specdec.builder.quantization import detect_checkpoint_quantization
 from specdec.builder.validation import check_memory_limits, validate_checkpoint
-from specdec.runtime.kv_cache import kv_cache_bytes
-from specdec.runtime.engine_format import BuildConfig
-from specdec.runtime.errors import BuildConfigError, CheckpointError
+from specdec.formats.kv_layout import kv_cache_bytes
+from specdec.formats.engine_format import BuildConfig
+from specdec.formats.errors import BuildConfigError, CheckpointError
 
 Q_PROJ = "model.layers.0.self_attn.q_proj.weight"
 CPU_BUILD = BuildConfig(max_seq_len=64, max_input_len=32, lowering="ort_cpu", backend="onnxruntime")

@@ -30,7 +30,7 @@ from specdec.plugins.quantized_gemm import (
     permute_input,
     unpack_matmul_nbits,
 )
-from specdec.runtime.errors import BuildConfigError
+from specdec.formats.errors import BuildConfigError
 
 LAYOUTS = [(bits, group, sym) for bits in (8, 4) for group in (32, 64, 128, 0) for sym in (True, False)]
 IDS = [5, 17, 33, 2, 61, 8, 90, 41, 12, 7]
@@ -340,7 +340,7 @@ def gptq_act_order(tmp_path_factory):
 def test_checkpoint_dequantized_or_portable_equals_its_float_twin(gptq_act_order, tmp_path, flags):
     """--qformat none dequantizes the checkpoint; a portable int4 engine computes with the folded float32
     weights (act-order Gather included): both within float32 rounding of the float twin."""
-    from specdec.runtime.engine_format import load_engine_dir
+    from specdec.formats.engine_format import load_engine_dir
     from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 
     ckpt, twin = gptq_act_order
@@ -355,7 +355,7 @@ def test_checkpoint_dequantized_or_portable_equals_its_float_twin(gptq_act_order
 
 def test_checkpoint_on_the_gpu_lowering_equals_its_float_twin(gptq_act_order, tmp_path):
     """A GPTQ act-order checkpoint built for ort_cuda (MatMulNBits, the act-order Gather), in float32 on the CPU."""
-    from specdec.runtime.engine_format import load_engine_dir
+    from specdec.formats.engine_format import load_engine_dir
     from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 
     ckpt, twin = gptq_act_order

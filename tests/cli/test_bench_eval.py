@@ -20,8 +20,8 @@ from specdec.cli.bench import main as bench_main
 from specdec.cli.eval import main as eval_main
 from specdec.bench.datasets import prepare_from_jsonl, prepare_synthetic
 from specdec.bench.sweep import token_agreement
-from specdec.runtime.errors import RequestError
-from specdec.runtime.tokenizer import Tokenizer as EngineTokenizer
+from specdec.formats.errors import RequestError
+from specdec.formats.tokenizer import Tokenizer as EngineTokenizer
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -126,7 +126,7 @@ def test_run_cli_another_tokenizer_drafts_through_text(engines, tmp_path):
     # the copied tokenizer changed the engine's files: re-hash via a fresh config is not allowed, so skip hash checks
     for d in (tmp_path / "t", tmp_path / "d"):
         cfg = json.loads((d / "config.json").read_text())
-        from specdec.runtime.engine_format import sha256_file
+        from specdec.formats.engine_format import sha256_file
 
         cfg["files"]["tokenizer.json"] = sha256_file(d / "tokenizer.json")
         (d / "config.json").write_text(json.dumps(cfg))

@@ -15,7 +15,7 @@ from specdec.bench import peers
 from specdec.cli.bench import main as bench_main
 from specdec.cli.build import main as build_main
 from specdec.cli.run import main as run_main
-from specdec.runtime.engine_format import BuildConfig
+from specdec.formats.engine_format import BuildConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "demo-pair"

@@ -21,7 +21,7 @@ from specdec.builder.build import build_engine
 from specdec.cli.run import main as run_main
 from specdec.cli.stops import generate_with_stops
 from specdec.runtime import GenerationConfig, load_orchestrator
-from specdec.runtime.tokenizer import Tokenizer
+from specdec.formats.tokenizer import Tokenizer
 
 CYCLE = "é東🙂 a"  # 2 + 3 + 4 + 1 + 1 bytes, each one token
 SPECIAL = ["<pad>", "<s>", "</s>", "<unk>"]

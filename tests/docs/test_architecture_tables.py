@@ -17,7 +17,7 @@ import specdec.runtime.backends as runtime_backends
 from specdec.builder.build import MODES
 from specdec.plugins import LOWERINGS
 from specdec.plugins.attention import AttentionLowering
-from specdec.runtime.engine_format import TREE_MODES, BuildConfig, ModelConfig, extra_io
+from specdec.formats.engine_format import TREE_MODES, BuildConfig, ModelConfig, extra_io
 from specdec.runtime.proposers.own import own_drafter
 from specdec.runtime.request import METHODS
 

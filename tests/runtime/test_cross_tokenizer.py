@@ -17,7 +17,7 @@ from specdec.runtime.proposers.draft_model import DraftModelProposer
 from specdec.runtime.request import GenerationConfig
 from specdec.runtime.sampling import SamplingConfig
 from specdec.runtime.token_bytes import TokenBytes, _byte_level_alphabet, complete_prefix
-from specdec.runtime.tokenizer import Tokenizer
+from specdec.formats.tokenizer import Tokenizer
 
 MAX_DRAFT = 4
 TEXTS = ["hé 日本 😀 ab", "def f(x):\n    return x", "😀😀", "naïve"]
@@ -199,8 +199,8 @@ def test_load_engine_chooses_cross_tokenizer_mode_and_says_so(pair):
 def test_pairing_refuses_only_what_cannot_work(pair, tmp_path):
     import shutil
 
-    from specdec.runtime.engine_format import load_engine_dir
-    from specdec.runtime.errors import EngineError
+    from specdec.formats.engine_format import load_engine_dir
+    from specdec.formats.errors import EngineError
     from specdec.runtime.pairing import pair as choose
 
     target, mirror = pair["target"].engine, pair["mirror"].engine

@@ -21,8 +21,8 @@ from specdec.runtime.backends import Placement, open_executor
 from specdec.runtime.backends.onnxruntime.cuda import CudaExecutor, attention_bound, check_engine, rows_one_by_one
 from specdec.runtime.backends.onnxruntime.cuda_host import cuda_gpu_count, require_cuda_provider, require_gpu
 from specdec.runtime.devices import placement
-from specdec.runtime.engine_format import load_engine_dir
-from specdec.runtime.errors import DeviceError, EngineError, RequestError
+from specdec.formats.engine_format import load_engine_dir
+from specdec.formats.errors import DeviceError, EngineError, RequestError
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-pair"
 
@@ -141,7 +141,7 @@ PROMPT_TEXTS = [
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     """The demo pair, built for the GPU (ort_cuda bf16) and for the CPU (ort_cpu fp32)."""
-    from specdec.runtime.tokenizer import Tokenizer
+    from specdec.formats.tokenizer import Tokenizer
 
     d = tmp_path_factory.mktemp("demo_gpu")
     builds = {

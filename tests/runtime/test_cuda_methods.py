@@ -19,7 +19,7 @@ import pytest
 from conftest import spec_build
 
 from specdec.builder.build import build_engine
-from specdec.runtime.engine_format import eagle_module_dir, load_engine_dir
+from specdec.formats.engine_format import eagle_module_dir, load_engine_dir
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-pair"
 TREE = "[[0],[1],[2],[0,0],[0,1],[1,0],[0,0,0],[0,0,1]]"
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.cuda
 @pytest.fixture(scope="module")
 def gpu(tmp_path_factory):
     from specdec.runtime.backends.onnxruntime.cuda import CudaExecutor
-    from specdec.runtime.tokenizer import Tokenizer
+    from specdec.formats.tokenizer import Tokenizer
 
     d = tmp_path_factory.mktemp("cuda_methods")
     limits = dict(max_batch_size=16, max_input_len=128, max_seq_len=256, dtype="bfloat16", lowering="ort_cuda")

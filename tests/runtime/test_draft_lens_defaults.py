@@ -3,8 +3,8 @@ method's default for a request that names the method but no length (what specdec
 
 from conftest import spec_pair
 
-from specdec.runtime.config_strings import DraftTargetConfig, NGramConfig
-from specdec.runtime.engine_format import TREE_MODES
+from specdec.formats.config_strings import DraftTargetConfig, NGramConfig
+from specdec.formats.engine_format import TREE_MODES
 from specdec.runtime.loading import load_engine, method_draft_lens
 from specdec.runtime.proposers.own import OWN_DRAFTERS, own_drafter
 

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from specdec.runtime.draft_len import PROBE_EVERY
 from specdec.runtime.engine import Engine, SpeculationConfig
-from specdec.runtime.engine_format import load_engine_dir, sha256_file
-from specdec.runtime.errors import EngineError, RequestError
+from specdec.formats.engine_format import load_engine_dir, sha256_file
+from specdec.formats.errors import EngineError, RequestError
 from specdec.runtime.orchestrator import Orchestrator
 from specdec.runtime.pairing import PairWarning, check_pair
 from specdec.runtime.proposers.draft_model import DraftModelProposer

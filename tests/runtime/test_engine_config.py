@@ -1,4 +1,4 @@
-"""config.json read as typed fields: a value of the wrong type or range is one line naming the field (runtime/typed_json.py)."""
+"""config.json read as typed fields: a value of the wrong type or range is one line naming the field (formats/typed_json.py)."""
 
 import json
 
@@ -6,8 +6,8 @@ import pytest
 from click.testing import CliRunner
 
 from specdec.cli.run import main as run_main
-from specdec.runtime.engine_format import CONFIG_FILE, load_engine_dir
-from specdec.runtime.errors import EngineError
+from specdec.formats.engine_format import CONFIG_FILE, load_engine_dir
+from specdec.formats.errors import EngineError
 
 
 @pytest.mark.parametrize(

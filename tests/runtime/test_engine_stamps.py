@@ -1,4 +1,4 @@
-"""Loading an engine directory: its files hashed once per stamp (runtime/file_stamps.py), or every load with verify="full".
+"""Loading an engine directory: its files hashed once per stamp (formats/file_stamps.py), or every load with verify="full".
 
 Hash work is counted by wrapping the real sha256_file, never timed.
 """
@@ -10,9 +10,9 @@ import pytest
 from click.testing import CliRunner
 
 from specdec.cli.run import main as run_main
-from specdec.runtime import file_stamps
-from specdec.runtime.engine_format import CONFIG_FILE, load_engine_dir
-from specdec.runtime.errors import EngineError
+from specdec.formats import file_stamps
+from specdec.formats.engine_format import CONFIG_FILE, load_engine_dir
+from specdec.formats.errors import EngineError
 
 
 @pytest.fixture

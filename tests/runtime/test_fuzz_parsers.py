@@ -14,13 +14,8 @@ from fuzzing import any_text, assert_one_line, deeply_nested, dumps, edge_ints, 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specdec.runtime.config_strings import (
-    DraftTargetConfig,
-    NGramConfig,
-    parse_draft_target_config,
-    parse_ngram_config,
-)
-from specdec.runtime.errors import ConfigStringError, RequestError
+from specdec.formats.config_strings import DraftTargetConfig, NGramConfig, parse_draft_target_config, parse_ngram_config
+from specdec.formats.errors import ConfigStringError, RequestError
 from specdec.runtime.proposers.suffix import parse_suffix_config
 from specdec.runtime.suffix_cache import ResponseCache
 from specdec.runtime.tree import DraftTree, parse_choices

@@ -18,7 +18,7 @@ from test_medusa import write_heads
 
 from specdec.builder.build import build_engine
 from specdec.runtime.engine import Engine, SpeculationConfig
-from specdec.runtime.engine_format import eagle_module_dir, load_engine_dir
+from specdec.formats.engine_format import eagle_module_dir, load_engine_dir
 from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 from specdec.runtime.proposers.draft_model import DraftModelProposer
 from specdec.runtime.proposers.eagle import EagleProposer

@@ -24,9 +24,9 @@ def test_the_cycle_finder_finds_a_cycle():
 
 
 def test_the_import_parser_resolves_relative_imports():
-    modules = runtime_modules()
+    modules = package_modules("runtime", "formats")
     got = imported_modules(RUNTIME / "backends" / "onnxruntime" / "cpu.py", modules)
-    assert {"specdec.runtime.backends.base", "specdec.runtime.kv_cache", "specdec.runtime.engine_format"} <= got
+    assert {"specdec.runtime.backends.base", "specdec.runtime.kv_cache", "specdec.formats.engine_format"} <= got
 
 
 def test_runtime_modules_import_each_other_without_a_cycle():
@@ -42,8 +42,8 @@ def test_backends_import_no_loop_module_and_the_registry_no_backend():
     for name, path in modules.items():
         if name.startswith("specdec.runtime.backends"):
             assert not imported_modules(path, modules) & loop, f"{name} imports the loop above it"
-    registry = imported_modules(RUNTIME / "backends" / "__init__.py", modules)
-    assert registry <= {"specdec.runtime.backends.base", "specdec.runtime.engine_format", "specdec.runtime.errors"}, registry
+    registry = imported_modules(RUNTIME / "backends" / "__init__.py", package_modules("runtime", "formats", "hardware"))
+    assert registry <= {"specdec.runtime.backends.base", "specdec.formats.engine_format", "specdec.formats.errors"}, registry
 
 
 def run_python(code: str) -> None:
@@ -51,7 +51,7 @@ def run_python(code: str) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-BACKEND_MODULES = ("specdec.runtime.backends.onnxruntime", "specdec.runtime.backends.tensorrt", "specdec.runtime.backends.tensorrt_rtx",
+BACKEND_MODULES = ("specdec.runtime.backends.onnxruntime", "specdec.runtime.backends.tensorrt", "specdec.runtime.backends.tensorrt_rtx", "specdec.hardware.tensorrt",
                    "onnxruntime", "tensorrt", "tensorrt_rtx", "onnxruntime_ep_nv_tensorrt_rtx", "cuda")
 
 

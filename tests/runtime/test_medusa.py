@@ -18,7 +18,7 @@ from engine_runs import run_until_done
 
 from specdec.builder.build import build_engine
 from specdec.runtime.engine import Engine, SpeculationConfig
-from specdec.runtime.errors import CheckpointError, EngineError, SpecdecError
+from specdec.formats.errors import CheckpointError, EngineError, SpecdecError
 from specdec.runtime.proposers.medusa import MedusaProposer
 from specdec.runtime.request import GenerationConfig
 from specdec.runtime.sampling import SamplingConfig
@@ -60,7 +60,7 @@ def _build_medusa(ckpt, heads_dir, out, **kw):
 @pytest.fixture(scope="module")
 def engines(medusa):
     d = medusa["dir"]
-    from specdec.runtime.engine_format import load_engine_dir
+    from specdec.formats.engine_format import load_engine_dir
     from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 
     out = {}
@@ -72,7 +72,7 @@ def engines(medusa):
 
 @pytest.mark.parametrize("lowering", ["ort_cpu", "portable"])
 def test_medusa_logits_match_the_heads(medusa, lowering, tmp_path):
-    from specdec.runtime.engine_format import load_engine_dir
+    from specdec.formats.engine_format import load_engine_dir
     from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 
     _build_medusa(medusa["ckpt"], medusa["dir"] / "heads", tmp_path / "e", lowering=lowering)
@@ -368,7 +368,7 @@ def test_a_modelopt_whole_model_export_builds_and_runs(medusa, tmp_path):
     assert (cfg["hidden_size"], cfg["vocab_size"]) == (hidden, vocab)
     (d / "config.json").write_text(json.dumps({**cfg, "medusa": {"num_medusa_heads": 2, "num_medusa_layers": 1}}))
     _build_medusa(medusa["ckpt"], d, tmp_path / "e")
-    from specdec.runtime.engine_format import load_engine_dir
+    from specdec.formats.engine_format import load_engine_dir
     from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 
     target = OrtExecutor(load_engine_dir(tmp_path / "e"), num_threads=1)

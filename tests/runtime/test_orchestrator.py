@@ -9,7 +9,7 @@ import pytest
 from checkpoints import make_checkpoint
 from conftest import build_and_load, spec_build, spec_pair
 
-from specdec.runtime.config_strings import DraftTargetConfig, NGramConfig
+from specdec.formats.config_strings import DraftTargetConfig, NGramConfig
 from specdec.runtime.loading import load_orchestrator
 from specdec.runtime.orchestrator import GenerationConfig, Orchestrator
 from specdec.runtime.proposers.draft_model import DraftModelProposer

@@ -22,8 +22,8 @@ from specdec.runtime.backends import backend_for, natural_kind
 from specdec.runtime.backends.base import Backend
 from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 from specdec.runtime.backends.tensorrt_rtx.host import Driver, bundled_tensorrt_rtx, check_release, pick_target, rtx_supported
-from specdec.runtime.engine_format import load_engine_dir
-from specdec.runtime.errors import DeviceError, EngineError
+from specdec.formats.engine_format import load_engine_dir
+from specdec.formats.errors import DeviceError, EngineError
 
 HAS_RTX_BUILDER = importlib.util.find_spec("tensorrt_rtx") is not None
 QUIET = dict(say=lambda _: None)
@@ -139,7 +139,7 @@ def test_the_refusal_loads_only_the_rtx_backend(rtx_engines, tmp_path):
     code = (
         "import sys\n"
         "from specdec.runtime import load_engine\n"
-        "from specdec.runtime.errors import DeviceError\n"
+        "from specdec.formats.errors import DeviceError\n"
         "try:\n"
         f"    load_engine({str(engine.path)!r})\n"
         "except DeviceError:\n"

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from specdec.runtime.errors import ConfigStringError, RequestError
+from specdec.formats.errors import ConfigStringError, RequestError
 from specdec.runtime.proposers.suffix import SuffixConfig, parse_suffix_config
 from specdec.runtime.suffix_cache import ResponseCache
 from specdec.runtime.suffix_index import SpecParams, TokenStore, best_draft

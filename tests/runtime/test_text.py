@@ -10,7 +10,7 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
-from specdec.runtime.tokenizer import Tokenizer
+from specdec.formats.tokenizer import Tokenizer
 from specdec.runtime.text import IncrementalDetokenizer, TextStream
 
 TEXT = "naïve café — 東京 🙂 done"

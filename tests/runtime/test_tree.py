@@ -10,7 +10,7 @@ import pytest
 from checkpoints import make_checkpoint
 from conftest import build_and_load, spec_build
 
-from specdec.runtime.errors import EngineError, RequestError
+from specdec.formats.errors import EngineError, RequestError
 from specdec.runtime.tree import DraftTree, accept_tree_greedy, parse_choices
 
 # A tree of 7 drafts under the root r (the last accepted token), in verification order:

@@ -12,7 +12,7 @@ from specdec.runtime.logits import LogitsProcessor
 from specdec.runtime.proposers.base import Draft
 from specdec.runtime.round import trim
 from specdec.runtime.sampling import SamplingConfig
-from specdec.runtime.tokenizer import Tokenizer
+from specdec.formats.tokenizer import Tokenizer
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-pair" / "target"
 

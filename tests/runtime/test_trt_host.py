@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from api_names import resolve, used_attributes
 
-from specdec.runtime.backends.tensorrt import host as trt_host
-from specdec.runtime.engine_format import CONFIG_FILE, hash_directory, load_engine_dir
-from specdec.runtime.errors import DeviceError, EngineError
-from specdec.runtime.backends.tensorrt.host import RUNTIME_MODULES, build_metadata, check_gpu_arch, cuda_device_count, import_runtime, version_problem
+from specdec.hardware import tensorrt as trt_host
+from specdec.formats.engine_format import CONFIG_FILE, hash_directory, load_engine_dir
+from specdec.formats.errors import DeviceError, EngineError
+from specdec.hardware.tensorrt import RUNTIME_MODULES, build_metadata, check_gpu_arch, cuda_device_count, import_runtime, version_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALLED = [m for m in RUNTIME_MODULES if importlib.util.find_spec(m) is not None]
@@ -134,7 +134,7 @@ def test_executor_calls_exist_in_the_real_runtime_api(module):
 def test_cuda_calls_exist_in_the_real_cuda_python():
     from cuda.bindings import runtime as cudart
 
-    files = [ROOT / "runtime" / "backends" / "tensorrt" / "executor.py", ROOT / "runtime" / "backends" / "tensorrt" / "host.py", ROOT / "builder" / "backends" / "tensorrt.py"]
+    files = [ROOT / "runtime" / "backends" / "tensorrt" / "executor.py", ROOT / "hardware" / "tensorrt.py", ROOT / "builder" / "backends" / "tensorrt.py"]
     roots = {"rt": "cudart", "self._rt": "cudart", "cudart_module()": "cudart"}
     used = set().union(*(used_attributes(f, roots)["cudart"] for f in files))
     assert {("cudaMalloc",), ("cudaMemcpyAsync",), ("cudaMemGetInfo",), ("cudaGetDeviceProperties",)} <= used
@@ -189,11 +189,11 @@ def test_only_tensorrt_engines_count_against_gpu_memory(no_gpu_engine):
 
 def test_executor_refuses_a_host_without_gpu_before_tensorrt_runs(no_gpu_engine):
     # In a child process: TensorRT deserializing without a driver ends the process with SIGSEGV.
-    code = ("from specdec.runtime.engine_format import load_engine_dir\nfrom specdec.runtime.backends.tensorrt.executor import TrtExecutor\n"
+    code = ("from specdec.formats.engine_format import load_engine_dir\nfrom specdec.runtime.backends.tensorrt.executor import TrtExecutor\n"
             f"TrtExecutor(load_engine_dir({str(no_gpu_engine)!r}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 1, out.stderr[-2000:]
-    assert "specdec.runtime.errors.DeviceError" in out.stderr
+    assert "specdec.formats.errors.DeviceError" in out.stderr
     assert "(TensorRT engine) needs an NVIDIA GPU, but CUDA sees none (cudaGetDeviceCount)" in out.stderr
 
 

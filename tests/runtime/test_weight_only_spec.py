@@ -12,7 +12,7 @@ import pytest
 from checkpoints import make_checkpoint
 from conftest import build_and_load, spec_build
 
-from specdec.runtime.cpu_kernels import compiler
+from specdec.hardware.cpu_kernels import compiler
 from specdec.runtime.orchestrator import GenerationConfig, Orchestrator
 from specdec.runtime.proposers.draft_model import DraftModelProposer
 from specdec.runtime.proposers.ngram import NGramProposer
@@ -165,8 +165,8 @@ def test_a_q4gemm_engine_on_a_host_that_cannot_compile_its_kernel_is_one_clear_e
     import shutil
 
     from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
-    from specdec.runtime.engine_format import load_engine_dir
-    from specdec.runtime.errors import EngineError
+    from specdec.formats.engine_format import load_engine_dir
+    from specdec.formats.errors import EngineError
 
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))

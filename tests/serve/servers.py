@@ -21,7 +21,7 @@ from checkpoints import make_checkpoint  # noqa: E402
 from conftest import spec_build  # noqa: E402
 
 from specdec.builder.build import build_engine  # noqa: E402
-from specdec.runtime.config_strings import DraftTargetConfig, NGramConfig  # noqa: E402
+from specdec.formats.config_strings import DraftTargetConfig, NGramConfig  # noqa: E402
 from specdec.runtime.proposers.suffix import SuffixConfig  # noqa: E402
 from specdec.serve import build_served, create_app  # noqa: E402
 from specdec.serve.server import ServerThread  # noqa: E402

@@ -144,7 +144,7 @@ def test_a_method_the_server_did_not_load_and_a_model_without_chat_template():
 def test_ngram_drafts_past_its_own_max_draft_len_are_refused():
     """The n-gram proposer says its own limit (Proposer.max_draft_len, from --ngram_config), below the target's 4:
     a request asking for more is a 400 naming it, one within it is served."""
-    from specdec.runtime.config_strings import NGramConfig
+    from specdec.formats.config_strings import NGramConfig
 
     served = build_served(engines()["target"], ngram=NGramConfig(2, 2, [0]), num_threads=1)
     with running(served) as url, httpx.Client(base_url=url, timeout=30) as c:

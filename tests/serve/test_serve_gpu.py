@@ -16,7 +16,7 @@ from test_serve_concurrency import _ask
 
 from specdec.builder.build import build_engine
 from specdec.runtime import GenerationConfig
-from specdec.runtime.config_strings import DraftTargetConfig, NGramConfig
+from specdec.formats.config_strings import DraftTargetConfig, NGramConfig
 from specdec.runtime.orchestrator import Orchestrator
 from specdec.runtime.proposers.suffix import SuffixConfig
 from specdec.serve import build_served
@@ -28,7 +28,7 @@ SPECS = [{"method": "none"}, {"method": "draft"}, {"method": "ngram"}, {"method"
 
 @pytest.mark.cuda
 def test_sixteen_concurrent_clients_on_the_gpu_get_their_solo_output(tmp_path):
-    from specdec.runtime.tokenizer import Tokenizer
+    from specdec.formats.tokenizer import Tokenizer
 
     limits = dict(max_batch_size=4, max_input_len=128, max_seq_len=256, dtype="bfloat16", lowering="ort_cuda")
     build_engine(DEMO / "target", tmp_path / "target", spec_build(8, speculative_decoding_mode="eagle", **limits),

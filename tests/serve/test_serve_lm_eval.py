@@ -12,8 +12,8 @@ import pytest
 from servers import running
 
 from specdec.builder.build import build_engine
-from specdec.runtime.config_strings import DraftTargetConfig, NGramConfig
-from specdec.runtime.engine_format import BuildConfig
+from specdec.formats.config_strings import DraftTargetConfig, NGramConfig
+from specdec.formats.engine_format import BuildConfig
 from specdec.serve import build_served
 
 lm_eval = pytest.importorskip("lm_eval", reason="needs lm-evaluation-harness: pip install 'specdec[lmeval]' (in dev)")

@@ -17,7 +17,7 @@ from safetensors.numpy import load_file, save_file
 from servers import char_tokenizer, metric, running, scrape, sse_events
 
 from specdec.builder.build import build_engine
-from specdec.runtime.config_strings import DraftTargetConfig
+from specdec.formats.config_strings import DraftTargetConfig
 from specdec.runtime.guards import SILENT_DRAFT_ROUNDS
 from specdec.serve import build_served
 

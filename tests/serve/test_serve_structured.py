@@ -15,8 +15,8 @@ import pytest
 from servers import running
 
 from specdec.builder.build import build_engine
-from specdec.runtime.engine_format import BuildConfig
-from specdec.runtime.config_strings import DraftTargetConfig, NGramConfig
+from specdec.formats.engine_format import BuildConfig
+from specdec.formats.config_strings import DraftTargetConfig, NGramConfig
 from specdec.runtime.proposers.suffix import SuffixConfig
 from specdec.serve import build_served
 

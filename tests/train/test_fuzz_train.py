@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from train_fixtures import repetitive_data, tiny_base  # noqa: F401 (fixtures)
 
 from specdec.cli.train import main as train_main
-from specdec.runtime.tokenizer import Tokenizer
+from specdec.formats.tokenizer import Tokenizer
 from specdec.train.data import Sequence, read_prompts, read_sequences
 from specdec.train.errors import TrainConfigError
 

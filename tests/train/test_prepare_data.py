@@ -9,8 +9,9 @@ from conftest import spec_build
 from train_fixtures import tiny_base  # noqa: F401 (fixture)
 
 from specdec.builder.build import build_engine
-from specdec.runtime.tokenizer import Tokenizer
+from specdec.formats.tokenizer import Tokenizer
 from specdec.train.errors import TrainConfigError
+from specdec.cli.train import EngineGenerator
 from specdec.train.prepare import PrepareConfig, prepare_data
 
 PROMPTS = ["w5 w6 w7", "w20 w21 w22 w23", "w40"]
@@ -59,7 +60,8 @@ def test_engine_path_gives_the_same_tokens(tmp_path, tiny_base, prompts_txt):
     build_engine(tiny_base, engine, spec_build(0, max_batch_size=2, max_input_len=16, max_seq_len=32), say=lambda _: None)
     via_hf, via_engine = tmp_path / "hf.jsonl", tmp_path / "engine.jsonl"
     prepare_data(PrepareConfig(str(prompts_txt), str(via_hf), model_dir=str(tiny_base), max_token=6), **QUIET)
-    prepare_data(PrepareConfig(str(prompts_txt), str(via_engine), engine_dir=str(engine), max_token=6, num_threads=1, batch=2), **QUIET)
+    prepare_data(PrepareConfig(str(prompts_txt), str(via_engine), engine_dir=str(engine), max_token=6, num_threads=1, batch=2), **QUIET,
+                 generator=EngineGenerator)
     assert read_jsonl(via_engine) == read_jsonl(via_hf)
 
 

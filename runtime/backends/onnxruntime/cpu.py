@@ -16,8 +16,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ...engine_format import EngineDir, ExtraTensor, extra_io
-from ...errors import EngineError, RequestError
+from ....formats.engine_format import EngineDir, ExtraTensor, extra_io
+from ....formats.errors import EngineError, RequestError
 from ...kv_cache import KVCache
 from ..base import Placement, StepOutput, fill_tree, plan_step, refuse_trees
 
@@ -61,7 +61,7 @@ class OrtExecutor:
         # has no FP8 GEMM, and dequantizing every step would cost more than the MatMul.
         opts.add_session_config_entry("session.disable_quant_qdq", "1")
         if self.build.cpu_kernels == "specdec":  # int4 layers on specdec's Q4Gemm op (plugins/cpu_kernels.py)
-            from ...cpu_kernels import KernelBuildError, kernel_library
+            from ....hardware.cpu_kernels import KernelBuildError, kernel_library
 
             try:
                 library = kernel_library((self.build.weight_only or {}).get("kernel_layout", 0))

@@ -35,11 +35,11 @@ from typing import Sequence
 
 import numpy as np
 
-from ...engine_format import EngineDir
-from ...errors import DeviceError, EngineError, RequestError
+from ....formats.engine_format import EngineDir
+from ....formats.errors import DeviceError, EngineError, RequestError
 from ...kv_cache import KVCache
 from ..base import Placement, StepOutput, fill_tree, plan_step, refuse_hidden, refuse_trees
-from ...engine_format import extra_io
+from ....formats.engine_format import extra_io
 from .cuda_host import CUDA_PROVIDER, cudart, require_cuda_provider, require_gpu, visible_cuda_gpus
 from .cuda_io import CudaKVCache, StepIO
 

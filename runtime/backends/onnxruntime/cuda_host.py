@@ -21,7 +21,7 @@ import sys
 from functools import lru_cache
 from typing import Any
 
-from ...errors import DeviceError
+from ....formats.errors import DeviceError
 
 # The CPU and GPU wheels install the same `onnxruntime` module and specdec depends on the CPU one:
 # the GPU wheel must be written last.

@@ -27,14 +27,14 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ...engine_format import EngineDir
-from ...errors import DeviceError, EngineError, RequestError
-from ...kv_cache import KVCache, kv_cache_bytes
+from ....formats.engine_format import EngineDir
+from ....formats.errors import DeviceError, EngineError, RequestError
+from ...kv_cache import KVCache
+from ....formats.kv_layout import kv_cache_bytes
+from ....formats.tensorrt_plan import CONTEXT_PROFILE, ENGINE_FILE, GENERATION_PROFILE
 from ..base import Placement, StepOutput, compact_chain, plan_step, refuse_hidden, refuse_trees
-from .host import MIN_TENSORRT, check_gpu_arch, cuda_call, cuda_device_info, cudart_module, import_runtime, require_gpu, visible_gpu_count
+from ....hardware.tensorrt import MIN_TENSORRT, check_gpu_arch, cuda_call, cuda_device_info, cudart_module, import_runtime, require_gpu, visible_gpu_count
 
-ENGINE_FILE = "rank0.engine"
-CONTEXT_PROFILE, GENERATION_PROFILE = 0, 1
 _ALIGN = 256  # IExecutionContext: tensor / device memory addresses 256-byte aligned
 MIB = 1 << 20
 

@@ -26,8 +26,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ...engine_format import EngineDir
-from ...errors import DeviceError, EngineError
+from ....formats.engine_format import EngineDir
+from ....formats.errors import DeviceError, EngineError
 from ..base import Placement
 from ..onnxruntime.cuda import CudaExecutor
 from ..onnxruntime.cuda_host import Cudart

@@ -18,8 +18,8 @@ import re
 from pathlib import Path
 from types import ModuleType
 
-from ...engine_format import EngineDir
-from ...errors import DeviceError
+from ....formats.engine_format import EngineDir
+from ....formats.errors import DeviceError
 
 EP_NAME = "NvTensorRTRTXExecutionProvider"
 EP_PACKAGE = "onnxruntime_ep_nv_tensorrt_rtx"

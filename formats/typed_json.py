@@ -1,6 +1,6 @@
 """Dataclasses from JSON objects, every field checked against its type hint.
 
-config.json is read into frozen dataclasses (runtime/engine_format.py). A
+config.json is read into frozen dataclasses (formats/engine_format.py). A
 dataclass takes whatever it is given, so without this a string
 ``"max_batch_size": "8"`` would load and fail later, deep in a step. pydantic
 would do this, but the host that runs engines installs four packages and this

@@ -1,4 +1,4 @@
-"""Compiling and loading specdec's int4 CPU kernel (runtime/kernels/: the ai.specdec.cpu::Q4Gemm op's C sources).
+"""Compiling and loading specdec's int4 CPU kernel (hardware/kernels/: the ai.specdec.cpu::Q4Gemm op's C sources).
 
 An engine built with ``--cpu_kernels specdec`` records the op's weight layout (LAYOUT), never native code: the
 library is compiled from the *installed* specdec's sources with the system C compiler, once per user and source

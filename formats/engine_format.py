@@ -219,7 +219,7 @@ def load_engine_dir(path: str | Path, verify: str = "stamp") -> EngineDir:
     """Open an engine directory, check its format version, its config's fields and its files' hashes.
 
     ``verify``: "stamp" (the default) hashes a file only when its stamp (size, times, inode) differs from
-    the one recorded at its last good hash (runtime/file_stamps.py); "full" hashes every file.
+    the one recorded at its last good hash (formats/file_stamps.py); "full" hashes every file.
     """
     root = Path(path)
     if not root.is_dir():

@@ -243,5 +243,5 @@ __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(OrtSessionOp
   return CALL(AddCustomOpDomain_t, AddCustomOpDomain, options, domain);
 }
 
-/* for runtime/cpu_kernels.py's report: which kernel this machine runs */
+/* for hardware/cpu_kernels.py's report: which kernel this machine runs */
 __attribute__((visibility("default"))) const char* specdec_q4_kernel_name(void) { return q4_kernel_name(); }

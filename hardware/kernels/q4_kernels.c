@@ -1,4 +1,4 @@
-/* See q4_kernels.h. Compiled by runtime/cpu_kernels.py with -O3 -ffp-contract=off -fno-fast-math (no fused multiply-adds but
+/* See q4_kernels.h. Compiled by hardware/cpu_kernels.py with -O3 -ffp-contract=off -fno-fast-math (no fused multiply-adds but
  * the explicit ones, so that both kernels round alike). */
 #include "q4_kernels.h"
 

@@ -32,7 +32,7 @@ import os
 from types import ModuleType
 from typing import Any, Mapping
 
-from ...errors import DeviceError, EngineError
+from ..formats.errors import DeviceError, EngineError
 
 # Preference order: the full runtime runs the most plans; dispatch beats lean
 # because it follows the plan's embedded runtime across versions.
