@@ -103,7 +103,7 @@ def load_engine(
     choices = {"medusa": medusa_choices, "eagle": eagle_choices}
     own_cls = _own_drafter_class(target, choices)
     # a medusa / eagle target is an onnxruntime engine (the builder refuses others): both of its executors, CPU and CUDA,
-    # bind tree_mask, medusa_logits, eagle_hidden and (the EAGLE module's) hidden_states / hidden_out
+    # bind tree_mask and the extra inputs and outputs their configs declare (engine_format.extra_io)
     target_ex = target_executor or open_executor(target, where)
     own = None
     if own_cls is not None:

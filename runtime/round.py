@@ -26,7 +26,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .acceptance import accept_rejection_sampling, accept_token_compare
-from .backends.base import Executor, StepOutput
+from .backends.base import NO_EXTRAS, Executor, StepOutput
 from .draft_len import EXPLORE_ROUNDS, PROBE_BACKLOG, AutoDraftLen
 from .guards import SILENT_DRAFT_ROUNDS, finite, first_nonfinite, nonfinite_message, silent_draft_message
 from .kv_cache import KVCache
@@ -298,9 +298,10 @@ class SpeculativeRound:
             r.logprobs += [logprobs(rows.logits(row, None if d.parents is None else emitted[:j]), t, r.config.logprobs)
                            for j, (row, t) in enumerate(zip(kept, emitted))]
         if r.method != "none":
-            heads, feats = step.medusa_logits, step.eagle_hidden  # the target's extra outputs on the request's fed rows
-            self.proposers[r.method].observe(r, d, TargetOutput(raw, n, emitted, kept, None if heads is None else heads[r.slot, : k + 1],
-                                                                 None if feats is None else feats[r.slot, : k + 1]))
+            proposer = self.proposers[r.method]
+            # the target's extra outputs it asked for, on the request's fed rows
+            extras = {name: step.extras[name][r.slot, : k + 1] for name in proposer.target_outputs} if proposer.target_outputs else NO_EXTRAS
+            proposer.observe(r, d, TargetOutput(raw, n, emitted, kept, extras))
             self.auto.record_round(r.method, k, n)
             if d.scores is not None and k:
                 self.auto.record_scored(r.method, float(d.scores.sum()), n)

@@ -15,16 +15,18 @@ This module imports no backend, so it loads on any host.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from ...formats.engine_format import BuildConfig, EngineDir, ModelConfig
+from ...formats.engine_format import BuildConfig, EngineDir, ExtraTensor, ModelConfig
 from ...formats.errors import EngineError, RequestError
 from ..kv_cache import KVCache
 
 DEVICE_KINDS = ("cpu", "cuda")
+NO_EXTRAS: Mapping[str, np.ndarray] = MappingProxyType({})  # an engine without extra inputs or outputs (shared, read-only)
 
 
 @dataclass(frozen=True)
@@ -33,16 +35,16 @@ class StepOutput:
     forward() on that cache (a call on another cache leaves them alone): copy what must be kept longer."""
 
     logits: np.ndarray  # [n, rows, vocab]: rows = the call's widest row if all_logits, else 1 (each row's last token)
-    # the engine's extra outputs (engine_format.extra_io), None where the engine has none; field name = output name
-    medusa_logits: np.ndarray | None = None  # [n, rows, heads, vocab] a medusa target's heads on the logits rows
-    eagle_hidden: np.ndarray | None = None  # [n, width, hidden] an eagle target's fused features of every fed token
-    hidden_out: np.ndarray | None = None  # [n, rows, hidden] an EAGLE module's pre-norm output on the logits rows
+    # the engine's extra outputs by name, as its config declares them (engine_format.extra_io: ExtraTensor): a per_token
+    # one is [n, width, *tail] (every fed token), the others [n, rows, *tail] (the logits rows). The executor binds them
+    # once per call shape; which a proposer reads is its own business (Proposer.target_outputs).
+    extras: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
 @runtime_checkable
 class Executor(Protocol):
     """One engine on one device (the engine ABI: docs/engine-format.md). Every call the loop and the proposers make
-    is here; an executor that cannot do one (trees, an EAGLE module's hidden_states) refuses it with an EngineError."""
+    is here; an executor that cannot do one (trees, extra inputs) refuses it with an EngineError."""
 
     engine: EngineDir
     model: ModelConfig
@@ -50,7 +52,8 @@ class Executor(Protocol):
     vocab_size: int
     device: str  # where it runs, for messages: "cpu", "cuda:0"
     tree_attention: bool  # forward(parents=...) verifies trees, and compact_slot keeps any accepted path
-    extra_outputs: frozenset[str]  # the StepOutput fields beside logits that forward() fills (engine_format.extra_io)
+    extra_outputs: frozenset[str]  # the names forward() returns in StepOutput.extras (engine_format.extra_io)
+    extra_inputs: frozenset[str]  # the names forward(extra_inputs=) needs on every call (engine_format.extra_io)
 
     def new_cache(self, num_slots: int) -> KVCache:
         """A KV cache of ``num_slots`` rows (<= build.max_batch_size), every length 0."""
@@ -63,7 +66,7 @@ class Executor(Protocol):
         advance: np.ndarray | None = None,
         first_slot: int = 0,
         parents: Sequence[np.ndarray | None] | None = None,
-        hidden: np.ndarray | None = None,
+        extra_inputs: Mapping[str, np.ndarray] | None = None,
     ) -> StepOutput:
         """Append ``tokens[i]`` to slot ``first_slot + i``; the logits (and the engine's extra outputs) on the host.
 
@@ -74,8 +77,9 @@ class Executor(Protocol):
         ``advance`` is False ride along and keep their length (what they wrote is
         stale at once). ``parents``: per row, None or a tree's parent per token
         (``tree_attention`` executors; the others refuse one: ``refuse_trees``).
-        ``hidden``: [n, num_tokens, hidden] float32, an EAGLE module's hidden_states input (required by such an
-        engine; the others refuse one: ``refuse_hidden``).
+        ``extra_inputs``: name -> [n, num_tokens, *tail] float32, one array per name of ``extra_inputs`` (required
+        by an engine that declares them, e.g. an EAGLE module's hidden_states; executors that bind none refuse any:
+        ``refuse_extra_inputs``).
         """
 
     def copy_slot(self, cache: KVCache, src: int, dst: int) -> None:
@@ -96,10 +100,24 @@ def refuse_trees(parents, engine: str) -> None:
                           "(rebuild with --speculative_decoding_mode medusa or eagle, and run it with the onnxruntime backend: CPU or --device cuda).")
 
 
-def refuse_hidden(hidden: np.ndarray | None, engine: str) -> None:
-    """An executor that binds no hidden_states input (EAGLE modules run on the onnxruntime executors) refuses one."""
-    if hidden is not None:
-        raise EngineError(f"{engine}: this executor takes no hidden_states input (an EAGLE module runs on the onnxruntime backend, CPU or --device cuda).")
+def refuse_extra_inputs(given: Mapping[str, np.ndarray] | None, engine: str) -> None:
+    """An executor that binds no extra inputs (engines that declare some run on the onnxruntime executors) refuses any."""
+    if given:
+        raise EngineError(f"{engine}: this executor takes no extra inputs (given: {', '.join(given)}); engines with extra inputs run on the "
+                          "onnxruntime backend, CPU or --device cuda.")
+
+
+def check_extra_inputs(given: Mapping[str, np.ndarray] | None, declared: Sequence[ExtraTensor], rows: int, tokens: int, engine: str) -> None:
+    """A forward()'s extra inputs against the engine's: every declared one, [rows, tokens, *tail], and nothing else."""
+    given = given or NO_EXTRAS
+    for t in declared:
+        arr = given.get(t.name)
+        if arr is None or arr.shape != (rows, tokens, *t.tail):
+            raise EngineError(f"{engine} takes an extra input {t.name} [{', '.join(map(str, (rows, tokens, *t.tail)))}] on every call"
+                              + ("" if arr is None else f", given {list(arr.shape)}") + ".")
+    if len(given) != len(declared):
+        unknown = sorted(set(given) - {t.name for t in declared})
+        raise EngineError(f"{engine} takes no {', '.join(unknown)} input" + (f" (its extra inputs: {', '.join(t.name for t in declared)})." if declared else "."))
 
 
 def compact_chain(cache: KVCache, slot: int, start: int, keep: Sequence[int], engine: str) -> None:
@@ -139,15 +157,17 @@ class StepPlan:
     lengths: np.ndarray  # [n] a view of the range's lengths: add grow to it after the run
     tokens: int  # the call's own width: logits of all tokens are [n, tokens, vocab] even where ids were widened
 
-    def trim(self, out: StepOutput) -> StepOutput:
-        """``out`` without the columns min_width added: every array whose axis 1 is the widened width (all logits
-        rows, and per-token outputs such as eagle_hidden) is cut to the call's own width. Views, no copy."""
+    def trim(self, out: StepOutput, per_token: frozenset[str] = frozenset()) -> StepOutput:
+        """``out`` without the columns min_width added, cut to the call's own width on axis 1: the extra outputs named
+        in ``per_token`` (ExtraTensor.per_token: one row per fed token) always, the logits and the other extra outputs
+        (one per logits row) when every row's logits were asked for. Views, no copy."""
         width = self.ids.shape[1]
         if width == self.tokens:
             return out
-        cut = {name: a[:, : self.tokens] if a is not None and a.shape[1] == width else a
-               for name, a in ((f, getattr(out, f)) for f in ("logits", "medusa_logits", "eagle_hidden", "hidden_out"))}
-        return StepOutput(**cut)
+        every_row = out.logits.shape[1] == width  # all_logits: the logits rows are the widened tokens too
+        tokens = self.tokens
+        logits = out.logits[:, :tokens] if every_row else out.logits
+        return StepOutput(logits, {name: a[:, :tokens] if every_row or name in per_token else a for name, a in out.extras.items()})
 
     def widened(self, per_token: np.ndarray) -> np.ndarray:
         """An input of the call's own width ([n, tokens, ...], e.g. an EAGLE module's hidden_states) at ids' width."""

@@ -15,8 +15,8 @@ a tree verifies several branches in one call (Medusa/EAGLE).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Protocol, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -58,8 +58,8 @@ class TargetOutput:
     emitted: list[int]  # the accepted drafts + the recovered or bonus token
     rows: list[int]  # the rows of the kept tokens in the call (0 = the last accepted token): 0..n for a chain,
     #                  the accepted path for a tree; rows[-1] is the row whose logits gave the recovered/bonus token
-    medusa_logits: np.ndarray | None = None  # [k + 1, heads, vocab] a medusa target's heads on the same rows
-    eagle_hidden: np.ndarray | None = None  # [k + 1, hidden] an eagle target's features of the fed tokens
+    # the target's extra outputs this proposer reads (Proposer.target_outputs), on the same rows: name -> [k + 1, *tail]
+    extras: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
 class Proposer(Protocol):
@@ -78,6 +78,10 @@ class Proposer(Protocol):
     # its drafts carry each node's estimated chance of being accepted (Draft.scores, best first): with draft_len=auto
     # the round asks for its most and keeps the prefix that pays (suffix decoding)
     scores_drafts: bool = False
+    # the target's extra outputs it drafts from, by name (engine_format.extra_io: a medusa target's medusa_logits, an
+    # eagle target's eagle_hidden): ``prefilled`` reads them in the prefill's StepOutput.extras, and ``observe`` gets
+    # them on the request's fed rows in TargetOutput.extras. Its registration checks the target has them.
+    target_outputs: ClassVar[tuple[str, ...]] = ()
 
     def add(self, requests: Sequence["Request"]) -> None:
         """Start these requests: each has its prompt and the first token the target picked."""

@@ -50,21 +50,25 @@ from .base import Draft, TargetOutput, adjacent_runs
 from .own import OwnDrafter
 
 CATCH_UP_AFTER = 9  # pending pairs beyond one round's worth are fed in a call of their own (catch_up)
+# the engines' extra tensors (engine_format.extra_io), by name
+FEATURES = "eagle_hidden"  # the target's output: [rows, hidden] fc(its aux layers' outputs) of every fed token
+HIDDEN_IN = "hidden_states"  # the module's input: [n, width, hidden] the features (or its own hidden_out) of each fed token
+HIDDEN_OUT = "hidden_out"  # the module's output: [n, rows, hidden] its pre-norm state on the logits rows
 
 
 class EagleProposer(OwnDrafter):
     name = "eagle"
     choices_flag = "--eagle_choices"
-    target_output = "eagle_hidden"
+    target_outputs = (FEATURES,)
 
     def __init__(self, target: Executor, module: Executor, choices: str | Sequence[Sequence[int]] | DraftTree | None = None):
         """target: an eagle target's executor (returns eagle_hidden); module: the executor of its eagle/ engine.
         choices: a draft tree (TensorRT-LLM's --eagle_choices format), or None for chains."""
-        if target.build.speculative_decoding_mode != "eagle" or self.target_output not in target.extra_outputs:
+        if target.build.speculative_decoding_mode != "eagle" or FEATURES not in target.extra_outputs:
             mode = target.build.speculative_decoding_mode
             raise EngineError(f"EAGLE drafting needs a target engine built with --speculative_decoding_mode eagle --eagle_dir MODULE; "
                               f"{target.engine.path} was built with --speculative_decoding_mode {mode}"
-                              + ("" if mode != "eagle" else f" and its {type(target).__name__} does not return {self.target_output}") + ".")
+                              + ("" if mode != "eagle" else f" and its {type(target).__name__} does not return {FEATURES}") + ".")
         if module.build.speculative_decoding_mode != "eagle_module":
             raise EngineError(f"{module.engine.path} is not an EAGLE module engine (mode {module.build.speculative_decoding_mode}); "
                               f"it is the eagle/ folder inside an eagle target engine.")
@@ -111,7 +115,7 @@ class EagleProposer(OwnDrafter):
 
     def prefilled(self, requests: Sequence[Request], step: StepOutput, first_slot: int) -> None:
         """The target just prefilled ``requests``: the prompt's features pair with the prompt shifted by one and the first token."""
-        feats = step.eagle_hidden  # [len(prefilled), width, hidden]
+        feats = step.extras[FEATURES]  # [len(prefilled), width, hidden]
         for r in requests:
             n = len(r.prompt_ids)
             self.pending[r.request_id] = ([feats[r.slot - first_slot, :n].copy()], [*r.prompt_ids[1:], r.output_ids[0]])
@@ -139,7 +143,7 @@ class EagleProposer(OwnDrafter):
 
     def observe(self, request: Request, draft: Draft, target: TargetOutput) -> None:
         """The kept rows' features pair with the tokens that follow them: the kept drafts, then the new token."""
-        feats, (old_h, old_t) = target.eagle_hidden[target.rows], self.pending[request.request_id]  # [len(rows), hidden]
+        feats, (old_h, old_t) = target.extras[FEATURES][target.rows], self.pending[request.request_id]  # [len(rows), hidden]
         old_h.append(np.array(feats, np.float32))  # a copy: the step's outputs may live in a buffer the next call reuses
         old_t.extend(target.emitted)
 
@@ -183,7 +187,8 @@ class EagleProposer(OwnDrafter):
     def _call(self, lo: int, tokens, hidden: np.ndarray, advance: np.ndarray, all_logits: bool, parents=None) -> StepOutput:
         """One module call on slots lo..: rows of tokens (ragged allowed) and their hidden_states [n, width, hidden];
         its logits and hidden_out ([n, rows, hidden])."""
-        return self.module.forward(self.cache, tokens, all_logits=all_logits, advance=advance, first_slot=lo, hidden=hidden, parents=parents)
+        return self.module.forward(self.cache, tokens, all_logits=all_logits, advance=advance, first_slot=lo, parents=parents,
+                                   extra_inputs={HIDDEN_IN: hidden})
 
     def _catch_up(self, lo: int, hi: int, want) -> None:
         """Feed the pending real pairs of the requests ``want`` among slots lo..hi (one ragged call; one call per slot
@@ -206,7 +211,7 @@ class EagleProposer(OwnDrafter):
         step = self._call(lo, tokens, hidden, todo, all_logits=False)  # logits [n, 1, vocab]: each row's last pair
         for i in np.flatnonzero(todo):
             rid = ids[i]
-            self.next_logits[rid], self.next_hidden[rid] = step.logits[i, 0].copy(), step.hidden_out[i, 0].copy()
+            self.next_logits[rid], self.next_hidden[rid] = step.logits[i, 0].copy(), step.extras[HIDDEN_OUT][i, 0].copy()
             self.pending[rid] = ([], [])
 
     def _draft_chain(self, lo: int, ids: list[str], want: dict, requests: Sequence[Request], out: list[Draft]) -> None:
@@ -235,7 +240,7 @@ class EagleProposer(OwnDrafter):
                 break
             go = lens > j + 1
             step = self._call(lo, drafts[:, j : j + 1], hidden[:, None], go, all_logits=False)
-            logits, hidden = step.logits[:, 0].copy(), step.hidden_out[:, 0].copy()  # [n, vocab], [n, hidden]
+            logits, hidden = step.logits[:, 0].copy(), step.extras[HIDDEN_OUT][:, 0].copy()  # [n, vocab], [n, hidden]
         for i, rid in enumerate(ids):
             if rid in want:
                 k = int(lens[i])
@@ -257,7 +262,7 @@ class EagleProposer(OwnDrafter):
             upto = int((tree.depths <= depth).sum())  # nodes are ordered by depth: re-feed the tree so far
             parents = tree.parents[:upto]  # -1: a child of the last real pair (the cache's last row)
             step = self._call(lo, tokens[:, :upto], feed_hidden[:, :upto], riding, all_logits=True, parents=[parents] * n)
-            logits, hidden_out = step.logits, step.hidden_out  # [n, upto, vocab], [n, upto, hidden]
+            logits, hidden_out = step.logits, step.extras[HIDDEN_OUT]  # [n, upto, vocab], [n, upto, hidden]
             children = np.flatnonzero(tree.depths == depth + 1)
             for p in np.unique(tree.parents[children]).tolist():  # one top-k per parent, shared by its children
                 kids = children[tree.parents[children] == p]

@@ -5,8 +5,8 @@ A ``--speculative_decoding_mode medusa`` target returns, beside its logits,
 last token a round keeps, the target's logits pick the next token t+1 (the
 bonus or recovered token the engine appends) and head i guesses t+2+i. The
 proposer is handed the heads of the call itself: the prefill's outputs
-(``prefilled``) and each verification's rows (``TargetOutput.medusa_logits``
-in ``observe``), and keeps a copy of the row it needs. Proposing costs no
+(``prefilled``) and each verification's rows (``TargetOutput.extras`` in
+``observe``), and keeps a copy of the row it needs. Proposing costs no
 model call.
 
 Chain (no choices): draft i is head i's pick. Greedy requests take its
@@ -37,21 +37,23 @@ from ..tree import DraftTree, check_tree, parse_choices, top_k, tree_draft
 from .base import Draft, TargetOutput
 from .own import OwnDrafter
 
+HEADS = "medusa_logits"  # the target's extra output: [rows, heads, vocab] each head on the logits rows (engine_format.extra_io)
+
 
 class MedusaProposer(OwnDrafter):
     name = "medusa"
     choices_flag = "--medusa_choices"
-    target_output = "medusa_logits"
+    target_outputs = (HEADS,)
 
     def __init__(self, target: Executor, choices: str | Sequence[Sequence[int]] | DraftTree | None = None):
         """target: the executor of a --speculative_decoding_mode medusa engine (the Engine's target).
         choices: a draft tree (TensorRT-LLM's --medusa_choices format), or None for chains."""
         heads = target.build.medusa_num_heads if target.build.speculative_decoding_mode == "medusa" else 0
-        if not heads or self.target_output not in target.extra_outputs:
+        if not heads or HEADS not in target.extra_outputs:
             raise EngineError(
                 f"Medusa drafting needs a target engine built with --speculative_decoding_mode medusa --medusa_dir HEADS; "
                 f"{target.engine.path} was built with --speculative_decoding_mode {target.build.speculative_decoding_mode}"
-                + ("" if target.build.speculative_decoding_mode != "medusa" else f" and its {type(target).__name__} does not return {self.target_output}")
+                + ("" if target.build.speculative_decoding_mode != "medusa" else f" and its {type(target).__name__} does not return {HEADS}")
                 + "."
             )
         self.num_heads = int(heads)
@@ -78,7 +80,7 @@ class MedusaProposer(OwnDrafter):
 
     def prefilled(self, requests: Sequence[Request], step: StepOutput, first_slot: int) -> None:
         """The target just prefilled ``requests`` in slots first_slot..: each one's heads on its last prompt row."""
-        heads = step.medusa_logits  # [len(prefilled), 1 (or every row: a prefill with all logits), heads, vocab]
+        heads = step.extras[HEADS]  # [len(prefilled), 1 (or every row: a prefill with all logits), heads, vocab]
         for r in requests:
             row = len(r.prompt_ids) - 1 if heads.shape[1] > 1 else 0
             self.heads[r.request_id] = heads[r.slot - first_slot, row].copy()
@@ -120,5 +122,5 @@ class MedusaProposer(OwnDrafter):
 
     def observe(self, request: Request, draft: Draft, target: TargetOutput) -> None:
         # the row of the last kept token: its target logits gave the appended token, its heads the ones after it
-        self.heads[request.request_id] = target.medusa_logits[target.rows[-1]].copy()  # [heads, vocab]
+        self.heads[request.request_id] = target.extras[HEADS][target.rows[-1]].copy()  # [heads, vocab]
 

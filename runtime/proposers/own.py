@@ -30,7 +30,6 @@ class OwnDrafter(Proposer):
     """A proposer a target engine carries (Medusa, EAGLE): its chains and trees are drafted from the target's own outputs."""
 
     choices_flag: ClassVar[str]  # the flag of its draft tree, e.g. --medusa_choices
-    target_output: ClassVar[str]  # the target output it drafts from (engine_format.extra_io), e.g. medusa_logits
     target: "Executor"
 
     @classmethod

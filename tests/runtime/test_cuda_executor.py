@@ -92,9 +92,9 @@ def test_engines_that_verify_get_two_tokens_per_row_at_least(cpu_engines):
     assert plan.ids.tolist() == [[7, 7], [8, 8]] and plan.tokens == 1 and plan.grow.tolist() == [1, 1]
     from specdec.runtime.backends.base import StepOutput
 
-    full = StepOutput(np.zeros((2, 2, 3)), eagle_hidden=np.zeros((2, 2, 5)), hidden_out=np.zeros((2, 1, 5)))  # all logits rows / the last
-    trimmed = plan.trim(full)
-    assert trimmed.logits.shape == (2, 1, 3) and trimmed.eagle_hidden.shape == (2, 1, 5) and trimmed.hidden_out.shape == (2, 1, 5)
+    full = StepOutput(np.zeros((2, 2, 3)), {"eagle_hidden": np.zeros((2, 2, 5)), "hidden_out": np.zeros((2, 1, 5))})  # all logits rows / the last
+    trimmed = plan.trim(full, per_token=frozenset({"eagle_hidden"}))
+    assert trimmed.logits.shape == (2, 1, 3) and trimmed.extras["eagle_hidden"].shape == (2, 1, 5) and trimmed.extras["hidden_out"].shape == (2, 1, 5)
     assert plan.widened(np.ones((2, 1, 5))).shape == (2, 2, 5)
     wide = plan_step(cache, [[1, 2, 3], [4]], None, 0, "e", min_width=2)
     assert wide.ids.shape == (2, 3) and wide.tokens == 3  # wide enough: untouched

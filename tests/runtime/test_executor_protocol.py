@@ -5,7 +5,6 @@ run here, so their classes are read, not opened; the CPU executor is also opened
 from __future__ import annotations
 
 import ast
-import dataclasses
 import importlib
 import inspect
 import textwrap
@@ -60,10 +59,11 @@ def test_every_registered_executor_implements_the_whole_protocol(key):
 
 
 def test_the_protocol_has_every_call_the_loop_makes():
-    """compact_slot (after a tree step) and forward(hidden=) (an EAGLE module) are the protocol's, not one executor's."""
+    """compact_slot (after a tree step) and forward(extra_inputs=) (an EAGLE module's hidden_states) are the protocol's,
+    not one executor's."""
     assert {"new_cache", "forward", "copy_slot", "compact_slot"} <= set(PROTOCOL_METHODS)
-    assert "hidden" in inspect.signature(Executor.forward).parameters and "parents" in inspect.signature(Executor.forward).parameters
-    assert {"tree_attention", "extra_outputs"} <= set(PROTOCOL_ATTRIBUTES)
+    assert "extra_inputs" in inspect.signature(Executor.forward).parameters and "parents" in inspect.signature(Executor.forward).parameters
+    assert {"tree_attention", "extra_outputs", "extra_inputs"} <= set(PROTOCOL_ATTRIBUTES)
 
 
 def test_the_cpu_executor_is_an_executor_at_run_time(llama_engine):
@@ -74,21 +74,27 @@ def test_the_cpu_executor_is_an_executor_at_run_time(llama_engine):
     assert isinstance(ex, Executor)
     out = ex.forward(ex.new_cache(1), [[3, 4, 5]], all_logits=True)
     assert isinstance(out, StepOutput) and out.logits.shape == (1, 3, ex.vocab_size)
-    assert (out.medusa_logits, out.eagle_hidden, out.hidden_out) == (None, None, None) and ex.extra_outputs == frozenset()
+    assert dict(out.extras) == {} and ex.extra_outputs == frozenset() and ex.extra_inputs == frozenset()
     with pytest.raises(EngineError, match="no hidden_states input"):  # a plain engine refuses an EAGLE module's input
-        ex.forward(ex.new_cache(1), [[3]], all_logits=False, hidden=np.zeros((1, 1, ex.model.hidden_size), np.float32))
+        ex.forward(ex.new_cache(1), [[3]], all_logits=False, extra_inputs={"hidden_states": np.zeros((1, 1, ex.model.hidden_size), np.float32)})
 
 
-def test_every_declared_extra_output_is_a_step_output_field():
-    """engine_format.extra_io names the outputs an executor binds; each lands in the StepOutput field of that name."""
-    fields = {f.name for f in dataclasses.fields(StepOutput)} - {"logits"}
+def test_every_extra_output_a_proposer_asks_for_is_declared_by_its_targets_mode():
+    """engine_format.extra_io names what an executor binds and returns in StepOutput.extras; a target's own drafter asks
+    for the target's outputs by those names (Proposer.target_outputs), and the EAGLE module's input and output are the
+    ones declared for its mode. The other modes have none."""
+    from specdec.runtime.proposers import eagle
+    from specdec.runtime.proposers.own import OWN_DRAFTERS, own_drafter
+
     model = ModelConfig("LlamaForCausalLM", 96, 64, 128, 2, 4, 2, 16, 1e-5, 10000.0, None, 128, True, False, False)
-    named = set()
-    for mode in ("none", "draft_tokens_external", "medusa", "eagle", "eagle_module"):
+    for mode in OWN_DRAFTERS:
         inputs, outputs = extra_io(model, BuildConfig(speculative_decoding_mode=mode, medusa_num_heads=3))
-        named |= {t.name for t in outputs}
-        assert all(t.name == "hidden_states" for t in inputs), mode  # forward(hidden=) is the one extra input
-    assert named == fields
+        assert inputs == () and set(own_drafter(mode).target_outputs) == {t.name for t in outputs}, mode
+    inputs, outputs = extra_io(model, BuildConfig(speculative_decoding_mode="eagle_module"))
+    assert ([t.name for t in inputs], [t.name for t in outputs]) == ([eagle.HIDDEN_IN], [eagle.HIDDEN_OUT])
+    assert [t.per_token for t in inputs + outputs] == [True, False]  # hidden_states: every fed token; hidden_out: the logits rows
+    for mode in ("none", "draft_tokens_external"):
+        assert extra_io(model, BuildConfig(speculative_decoding_mode=mode)) == ((), ())
 
 
 def test_a_chain_executor_compacts_a_chain_and_refuses_a_tree_path():

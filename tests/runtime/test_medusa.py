@@ -82,7 +82,7 @@ def test_medusa_logits_match_the_heads(medusa, lowering, tmp_path):
     ex = OrtExecutor(engine, num_threads=1)
     prompt = PROMPTS[2]
     out = ex.forward(ex.new_cache(1), [prompt], all_logits=True)
-    logits, got = out.logits.copy(), out.medusa_logits.copy()  # [1, L, vocab], [1, L, heads, vocab]
+    logits, got = out.logits.copy(), out.extras["medusa_logits"].copy()  # [1, L, vocab], [1, L, heads, vocab]
     with torch.no_grad():
         out = medusa["hf"](torch.tensor([prompt]), output_hidden_states=True)
         hidden = out.hidden_states[-1]  # after the final norm: what lm_head and the heads read
@@ -92,7 +92,7 @@ def test_medusa_logits_match_the_heads(medusa, lowering, tmp_path):
     np.testing.assert_allclose(got, want, atol=2e-4)
     # the context phase (last row only) returns that row's heads
     out = ex.forward(ex.new_cache(1), [prompt], all_logits=False)
-    np.testing.assert_allclose(out.medusa_logits[0, 0], want[0, -1], atol=2e-4)
+    np.testing.assert_allclose(out.extras["medusa_logits"][0, 0], want[0, -1], atol=2e-4)
 
 
 def _generate(target, prompts, method, draft_len, max_output_len=24, choices=None, sampling=SamplingConfig(temperature=0.0)):
@@ -147,11 +147,11 @@ def test_a_calls_outputs_survive_a_call_on_another_cache(engines):
     """A StepOutput's arrays belong to its cache: a call of the same shape on another cache leaves them as they were."""
     ex = engines["random"]
     out = ex.forward(ex.new_cache(1), [PROMPTS[0]], all_logits=True)
-    logits, heads = out.logits.copy(), out.medusa_logits.copy()
+    logits, heads = out.logits.copy(), out.extras["medusa_logits"].copy()
     other = ex.forward(ex.new_cache(1), [PROMPTS[2][: len(PROMPTS[0])]], all_logits=True)  # same shape, other tokens
-    assert not np.allclose(other.medusa_logits, heads)
+    assert not np.allclose(other.extras["medusa_logits"], heads)
     np.testing.assert_array_equal(out.logits, logits)
-    np.testing.assert_array_equal(out.medusa_logits, heads)
+    np.testing.assert_array_equal(out.extras["medusa_logits"], heads)
 
 
 def test_a_medusa_target_verifies_other_drafts(engines):

@@ -4,22 +4,22 @@ The ONNX Runtime executor binds the KV buffers once as both the cache input
 and the updated-cache output (TensorScatter then writes in place), and
 reuses preallocated output buffers (per cache and call shape), so a decode
 step allocates nothing big and copies no cache. The engine's extra inputs and
-outputs (Medusa heads, EAGLE features) are bound as its config declares them
-(engine_format.extra_io) and returned in the call's StepOutput.
+outputs are bound by name as its config declares them (engine_format.extra_io),
+taken from forward(extra_inputs=) and returned in the call's StepOutput.extras.
 """
 
 from __future__ import annotations
 
 import os
 import weakref
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from ....formats.engine_format import EngineDir, ExtraTensor, extra_io
 from ....formats.errors import EngineError, RequestError
 from ...kv_cache import KVCache
-from ..base import Placement, StepOutput, fill_tree, plan_step, refuse_trees
+from ..base import Placement, StepOutput, check_extra_inputs, fill_tree, plan_step, refuse_trees
 
 
 def _default_threads() -> int:
@@ -83,9 +83,11 @@ class OrtExecutor:
         self._decode_width = max(2, self.build.max_draft_len + 1)  # widest decode step: its buffers stay
         self._steps = np.arange(max(self.build.max_input_len, self.build.kv_capacity), dtype=np.int64)
         self.vocab_size = self.model.vocab_size
-        # the inputs and outputs the engine has beyond the ABI's (Medusa heads, EAGLE features), bound as it declares them
+        # the inputs and outputs the engine has beyond the ABI's, bound by name as its config declares them
         self._extra_in, self._extra_out = extra_io(self.model, self.build)
+        self.extra_inputs = frozenset(t.name for t in self._extra_in)
         self.extra_outputs = frozenset(t.name for t in self._extra_out)
+        self._per_token = frozenset(t.name for t in self._extra_out if t.per_token)  # cut by StepPlan.trim
         self.tree_attention = bool(self.build.tree_attention)  # a tree_mask input: forward(parents=...) verifies trees
         self._warm_up()
 
@@ -93,8 +95,8 @@ class OrtExecutor:
         """ONNX Runtime plans memory on its first runs: do that at load, not in the first request's latency."""
         for width in (2, 1):
             cache = self.new_cache(1)
-            hidden = np.zeros((1, width, self.model.hidden_size), np.float32) if self._extra_in else None
-            self.forward(cache, [[0] * width], all_logits=True, hidden=hidden)
+            inputs = {t.name: np.zeros((1, width, *t.tail), np.float32) for t in self._extra_in}
+            self.forward(cache, [[0] * width], all_logits=True, extra_inputs=inputs)
         self._cache_values = None  # the warm-up caches' buffers go with them
 
     # -- cache ------------------------------------------------------------------
@@ -139,7 +141,7 @@ class OrtExecutor:
         advance: np.ndarray | None = None,
         first_slot: int = 0,
         parents: Sequence[np.ndarray | None] | None = None,
-        hidden: np.ndarray | None = None,
+        extra_inputs: Mapping[str, np.ndarray] | None = None,
     ) -> StepOutput:
         """Append ``tokens[i]`` to slot ``first_slot + i`` of ``cache``; its logits and the engine's extra outputs.
 
@@ -153,7 +155,7 @@ class OrtExecutor:
             the cache): a tree, each token attending to the cache and its ancestors only, at position length + depth (depth 0
             for parent -1; tree_attention engines).
             The row's K/V land in call order: compact_slot() keeps an accepted path.
-        hidden: [n, width, hidden] float32, an EAGLE module's hidden_states input (rows past a row's count: anything).
+        extra_inputs: name -> [n, width, *tail] float32, each of the engine's extra inputs (rows past a row's count: anything).
         """
         step = plan_step(cache, tokens, advance, first_slot, self._name, self.build.min_step_width)
         batch, width = step.ids.shape
@@ -164,18 +166,16 @@ class OrtExecutor:
             fill_tree(io.tree, io.causal, io.tree_rows, io.positions, step.lengths, parents)
         else:
             refuse_trees(parents, self._name)
-        if io.hidden is not None:
-            if hidden is None or hidden.shape[:2] != (batch, step.tokens):
-                raise EngineError(f"{self._name} is an EAGLE module: each call needs hidden_states [{batch}, {step.tokens}, {self.model.hidden_size}].")
-            io.hidden[...] = step.widened(hidden)
-        elif hidden is not None:
-            raise EngineError(f"{self._name} takes no hidden_states input (only an EAGLE module engine does).")
+        if extra_inputs or self._extra_in:
+            check_extra_inputs(extra_inputs, self._extra_in, batch, step.tokens, self._name)
+            for name, buffer in io.inputs.items():
+                buffer[...] = step.widened(extra_inputs[name])
         if not all_logits:
             np.subtract(step.num_new, 1, out=io.index[:, 0])
         self._bind_cache(io, cache, first_slot, batch)
         self.session.run_with_iobinding(io.binding)
         step.lengths += step.grow
-        return step.trim(io.output)
+        return step.trim(io.output, self._per_token)
 
     def _io(self, cache: KVCache, batch: int, width: int, rows: int) -> "_StepIO":
         """Input/output buffers and an I/O binding for one call shape on ``cache``, bound once and then filled in
@@ -220,9 +220,8 @@ class _StepIO:
         self.tree = np.broadcast_to(self.causal, (batch, width, width)).copy() if tree else None  # [batch, width, width]
         self.tree_rows: list[int] = []  # rows the last call filled with a tree (reset to causal by the next)
         # the engine's extra inputs (zeroed: a row's padding is read) and outputs, by name
-        self.inputs = {t.name: np.zeros(t.shape(batch, width, rows), np.float32) for t in extra_in}
+        self.inputs = {t.name: np.zeros(t.shape(batch, width, rows), np.float32) for t in extra_in}  # forward(extra_inputs=) fills them
         self.outputs = {t.name: np.empty(t.shape(batch, width, rows), np.float32) for t in extra_out}
-        self.hidden = self.inputs.get("hidden_states")  # [batch, width, hidden] forward(hidden=) fills it
-        self.output = StepOutput(self.logits, **self.outputs)  # what every call of this shape returns
+        self.output = StepOutput(self.logits, self.outputs)  # what every call of this shape returns
         self.binding = None  # this shape's IOBinding (OrtExecutor._io)
         self.bound_cache: tuple | None = None  # (version, first slot, rows): the range of its cache bound to it

@@ -12,13 +12,13 @@ inputs and decodes garbage without an error. Here:
   the cache input and the updated-cache output, so the network updates it in
   place.
 * **Per-step inputs pushed every step** into fixed device buffers, one copy
-  (ids, positions, logit rows, a tree engine's tree_mask, an EAGLE module's
-  hidden_states share one buffer), and the outputs (logits and a Medusa or
-  EAGLE engine's extra outputs) come back in one copy (cuda_io.StepIO).
+  (ids, positions, logit rows, a tree engine's tree_mask and the engine's
+  extra inputs share one buffer), and the outputs (logits and the engine's
+  extra outputs, engine_format.extra_io) come back in one copy (cuda_io.StepIO).
 * **One I/O binding per call shape** (first slot, rows, tokens, logit rows),
   bound once. With the ``ort_cuda`` lowering (no host read inside the graph)
   decode and verification shapes are replayed as **CUDA graphs**, one per shape.
-* Trees (Medusa/EAGLE targets, EAGLE modules: ort_cuda's masked attention):
+* Trees (engines built with tree attention: ort_cuda's masked attention):
   ``forward(parents=...)`` fills the tree mask and depth positions as the CPU
   executor does (base.fill_tree); ``compact_slot`` moves an accepted path's K/V
   with one 2-D copy per moved token across all layers.
@@ -31,14 +31,14 @@ inputs and decodes garbage without an error. Here:
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from ....formats.engine_format import EngineDir
 from ....formats.errors import DeviceError, EngineError, RequestError
 from ...kv_cache import KVCache
-from ..base import Placement, StepOutput, fill_tree, plan_step, refuse_hidden, refuse_trees
+from ..base import Placement, StepOutput, check_extra_inputs, fill_tree, plan_step, refuse_extra_inputs, refuse_trees
 from ....formats.engine_format import extra_io
 from .cuda_host import CUDA_PROVIDER, cudart, require_cuda_provider, require_gpu, visible_cuda_gpus
 from .cuda_io import CudaKVCache, StepIO
@@ -161,8 +161,9 @@ class CudaExecutor:
         self.slot_bytes = int(np.prod(self.slot_shape)) * self.cache_itemsize
         # the inputs and outputs the engine has beyond the ABI's (engine_format.extra_io), bound in each StepIO
         self.extra_in, self.extra_out = extra_io(m, b)
+        self.extra_inputs = frozenset(t.name for t in self.extra_in)
         self.extra_outputs = frozenset(t.name for t in self.extra_out)
-        self.eagle_module = b.speculative_decoding_mode == "eagle_module"
+        self._per_token = frozenset(t.name for t in self.extra_out if t.per_token)  # cut by StepPlan.trim
         self.tree_attention = bool(b.tree_attention)
 
     def _check_inputs(self, where: str) -> None:
@@ -185,8 +186,8 @@ class CudaExecutor:
         try:
             cache = self.new_cache(1)
             for width, all_logits in ((min(3, self.build.max_input_len), False), (1, True)):
-                hidden = np.zeros((1, width, self.model.hidden_size), np.float32) if self.eagle_module else None
-                self.forward(cache, [[0] * width], all_logits=all_logits, hidden=hidden)
+                inputs = {t.name: np.zeros((1, width, *t.tail), np.float32) for t in self.extra_in}
+                self.forward(cache, [[0] * width], all_logits=all_logits, extra_inputs=inputs)
         finally:
             self.cuda_graphs = graphs
 
@@ -235,30 +236,30 @@ class CudaExecutor:
 
     # -- compute -------------------------------------------------------------------
     def forward(self, cache: KVCache, tokens: Sequence[Sequence[int]] | np.ndarray, all_logits: bool, advance: np.ndarray | None = None, first_slot: int = 0,
-                parents=None, hidden: np.ndarray | None = None) -> StepOutput:
+                parents=None, extra_inputs: Mapping[str, np.ndarray] | None = None) -> StepOutput:
         """Append ``tokens[i]`` to slot ``first_slot + i``; the logits and the engine's extra outputs on the host
         (buffers of the call's shape on ``cache``, reused by its next call).
 
-        parents / hidden: as the CPU executor's (runtime/backends/onnxruntime/cpu.py): a tree per row for tree_attention
-        engines, an EAGLE module's hidden_states [n, width, hidden]."""
+        parents / extra_inputs: as the CPU executor's (runtime/backends/onnxruntime/cpu.py): a tree per row for
+        tree_attention engines, the engine's extra inputs by name ([n, width, *tail] each)."""
         cache = self._own(cache)
         if not self.tree_attention:
             refuse_trees(parents, self._name)
         plan = plan_step(cache, tokens, advance, first_slot, self._name, self.build.min_step_width)
         ids, num_new, grow, lengths = plan.ids, plan.num_new, plan.grow, plan.lengths
         n, width = ids.shape
-        if self.eagle_module:
-            if hidden is None or hidden.shape[:2] != (n, plan.tokens):
-                raise EngineError(f"{self._name} is an EAGLE module: each call needs hidden_states [{n}, {plan.tokens}, {self.model.hidden_size}].")
-            hidden = plan.widened(np.asarray(hidden, np.float32))
+        inputs = None
+        if self.extra_in:
+            check_extra_inputs(extra_inputs, self.extra_in, n, plan.tokens, self._name)
+            inputs = {name: plan.widened(np.asarray(a, np.float32)) for name, a in extra_inputs.items()}
         else:
-            refuse_hidden(hidden, self._name)
+            refuse_extra_inputs(extra_inputs, self._name)
         if self.has_total and rows_one_by_one(lengths, width):  # GQA engines: plain ones, no extra outputs
             out = StepOutput(self._split(cache, ids, num_new, all_logits, first_slot))
         else:
-            out = self._run(cache, first_slot, ids, lengths, None if all_logits else num_new - 1, parents, hidden)
+            out = self._run(cache, first_slot, ids, lengths, None if all_logits else num_new - 1, parents, inputs)
         cache.lengths[first_slot : first_slot + n] += grow
-        return plan.trim(out)
+        return plan.trim(out, self._per_token)
 
     def _split(self, cache: CudaKVCache, ids: np.ndarray, num_new: np.ndarray, all_logits: bool, first_slot: int) -> np.ndarray:
         """A GQA engine's call of several tokens with a past at batch > 1, as calls GQA takes: one per token column when
@@ -285,7 +286,7 @@ class CudaExecutor:
         return out
 
     def _run(self, cache: CudaKVCache, first: int, ids: np.ndarray, lengths: np.ndarray, last: np.ndarray | None, parents=None,
-             hidden: np.ndarray | None = None) -> StepOutput:
+             inputs: Mapping[str, np.ndarray] | None = None) -> StepOutput:
         """ids [n, width] for slots first..first+n-1 at ``lengths``; logits of every token, or of token ``last[i]`` of row i."""
         n, width = ids.shape
         rows = width if last is None else 1
@@ -307,8 +308,8 @@ class CudaExecutor:
         np.add(lengths[:, None], self._steps[:width], out=io.positions)
         if io.tree is not None:
             fill_tree(io.tree, io.causal, io.tree_rows, io.positions, lengths, parents)
-        if io.hidden is not None:
-            io.hidden[...] = hidden
+        for name, buffer in io.inputs.items():  # the engine's extra inputs, at the call's width
+            buffer[...] = inputs[name]
         if last is not None:
             io.index[:, 0] = last
         io.total[...] = total

@@ -4,10 +4,10 @@
   ``[2 * layers, slots, *slot shape]`` (past_key.0, past_value.0, past_key.1, ...), so that moving a token's K/V
   in every layer (a slot copy, a tree's accepted path) is one 2-D copy rather than one per layer.
 * ``StepIO``: everything bound for one call shape (first slot, rows, tokens, logit rows). Its inputs (ids,
-  positions, logit rows, a tree engine's tree_mask, an EAGLE module's hidden_states) share one host staging
+  positions, logit rows, a tree engine's tree_mask, the engine's extra inputs) share one host staging
   buffer and one device buffer, each bound at its offset with its own type: a step costs **one** host-to-device
-  copy. Its outputs (logits, medusa_logits, eagle_hidden, hidden_out) share one device buffer: **one**
-  device-to-host copy. The binding is made once; with CUDA graphs the shape is captured once and replayed.
+  copy. Its outputs (logits and the engine's extra outputs, engine_format.extra_io) share one device buffer:
+  **one** device-to-host copy. The binding is made once; with CUDA graphs the shape is captured once and replayed.
 """
 
 from __future__ import annotations
@@ -76,9 +76,9 @@ def _sections(specs: list[tuple[str, tuple[int, ...], type]]) -> tuple[dict[str,
 
 
 class StepIO:
-    """One call shape's buffers and I/O binding. Host views: ids, positions, index, tree, hidden (inputs, written by the
-    executor before each run) and ``output``, a StepOutput of the logits and the engine's extra outputs (valid after
-    ``run``, until the next run of this shape)."""
+    """One call shape's buffers and I/O binding. Host views: ids, positions, index, tree, inputs (the engine's extra
+    inputs by name), written by the executor before each run, and ``output``, a StepOutput of the logits and the
+    engine's extra outputs (valid after ``run``, until the next run of this shape)."""
 
     def __init__(self, ex: "CudaExecutor", cache: CudaKVCache, first: int, n: int, width: int, rows: int, graph_id: int):
         ort, dev = ex._ort, ex.device_id
@@ -101,8 +101,8 @@ class StepIO:
         if self.tree is not None:
             self.tree[:] = self.causal
         self.tree_rows: list[int] = []  # rows the last call made trees (base.fill_tree resets them)
-        self.hidden = view(self.host_in, in_sec, "hidden_states") if "hidden_states" in in_sec else None
-        self.output = StepOutput(**{name: view(self.host_out, out_sec, name) for name in out_sec})
+        self.inputs = {t.name: view(self.host_in, in_sec, t.name) for t in ex.extra_in}  # [n, width, *tail] each
+        self.output = StepOutput(view(self.host_out, out_sec, "logits"), {t.name: view(self.host_out, out_sec, t.name) for t in ex.extra_out})
         self.total = np.zeros((), np.int32)  # a GQA engine's host-side attention bound (cuda.attention_bound)
         b = self.binding = ex.session.io_binding()
         for name, (off, shape, dtype) in in_sec.items():

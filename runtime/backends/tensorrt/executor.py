@@ -32,7 +32,7 @@ from ....formats.errors import DeviceError, EngineError, RequestError
 from ...kv_cache import KVCache
 from ....formats.kv_layout import kv_cache_bytes
 from ....formats.tensorrt_plan import CONTEXT_PROFILE, ENGINE_FILE, GENERATION_PROFILE
-from ..base import Placement, StepOutput, compact_chain, plan_step, refuse_hidden, refuse_trees
+from ..base import Placement, StepOutput, compact_chain, plan_step, refuse_extra_inputs, refuse_trees
 from ....hardware.tensorrt import MIN_TENSORRT, check_gpu_arch, cuda_call, cuda_device_info, cudart_module, import_runtime, require_gpu, visible_gpu_count
 
 _ALIGN = 256  # IExecutionContext: tensor / device memory addresses 256-byte aligned
@@ -117,7 +117,8 @@ class TrtExecutor:
     """The tensorrt backend's executor: one engine on one GPU."""
 
     tree_attention = False  # TensorRT builds refuse tree attention: chains only
-    extra_outputs: frozenset[str] = frozenset()  # TensorRT builds refuse medusa / eagle modes
+    extra_outputs: frozenset[str] = frozenset()  # TensorRT builds refuse the modes with extra inputs or outputs
+    extra_inputs: frozenset[str] = frozenset()
 
     def __init__(self, engine: EngineDir, device: int = 0, warm_up: bool = True):
         where = str(engine.path)
@@ -234,11 +235,11 @@ class TrtExecutor:
     # -- compute -------------------------------------------------------------------
     def forward(
         self, cache: KVCache, tokens: Sequence[Sequence[int]] | np.ndarray, all_logits: bool, advance: np.ndarray | None = None, first_slot: int = 0,
-        parents=None, hidden: np.ndarray | None = None,
+        parents=None, extra_inputs: Mapping[str, np.ndarray] | None = None,
     ) -> StepOutput:
         """Same contract as OrtExecutor.forward: append tokens[i] to slot first_slot + i, return logits [n, R, V]."""
         refuse_trees(parents, self._name)
-        refuse_hidden(hidden, self._name)
+        refuse_extra_inputs(extra_inputs, self._name)
         step = plan_step(cache, tokens, advance, first_slot, self._name)
         batch, width = step.ids.shape
         positions = step.lengths[:, None] + np.arange(width, dtype=np.int64)[None, :]

@@ -81,7 +81,8 @@ class RtxExecutor(CudaExecutor):
     """A tensorrt_rtx engine on one RTX GPU (ONNX Runtime's NvTensorRTRTXExecutionProvider)."""
 
     tree_attention = False  # tensorrt_rtx builds refuse tree modes: chains only (compact_slot and forward are the CUDA executor's)
-    extra_outputs: frozenset[str] = frozenset()  # and so no medusa_logits / eagle_hidden
+    extra_outputs: frozenset[str] = frozenset()  # and so no extra inputs or outputs
+    extra_inputs: frozenset[str] = frozenset()
 
     def __init__(self, engine: EngineDir, device: int = 0, warm_up: bool = True):
         where = str(engine.path)
