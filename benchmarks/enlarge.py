@@ -96,6 +96,12 @@ Presets (sized for examples/demo-pair; any size flag overrides its value):
   and x4 depth as the target, so the pair keeps its proportions in shape, and
   a draft step costs about 5-10% of a target step (measured, see
   benchmarks/README.md), the range where draft-target pays on real pairs.
+* target1b5: the demo target at Llama-3.2-1B's widths (2048 hidden, 32/8
+  heads x 64, FFN 8192) and 6 + 19 = 25 layers: 1.54B parameters, about
+  0.9 GB as an int4 engine, 28 times a 32 MiB last-level cache: a one-token
+  step streams its weights from memory on any CPU, as a user's model does.
+  Store it with --dtype bfloat16 (3 GB; float32 would be 6 GB). Its
+  query weights take the one rounding of llama1b's (x sqrt 2).
 
 Heads (``--heads DIR --base ENLARGED_BASE OUT``): Medusa heads and EAGLE-3
 modules trained on the small base, in ModelOpt's layout, padded the same way to
@@ -161,6 +167,9 @@ class EnlargeError(SpecdecError):
 PRESETS: dict[str, dict[str, int]] = {
     "target325m": dict(hidden_size=1024, intermediate_size=3328, num_heads=32, num_kv_heads=16, extra_layers=18),
     "draft": dict(hidden_size=512, intermediate_size=1536, num_heads=16, num_kv_heads=8, extra_layers=6),
+    # a target whose int4 weights (about 0.9 GB) outgrow a server CPU's last-level cache many times over, built within
+    # 24 GiB (--dtype bfloat16): Llama-3.2-1B's widths, 25 layers, 1.5B parameters
+    "target1b5": dict(hidden_size=2048, intermediate_size=8192, num_heads=32, num_kv_heads=8, head_dim=64, extra_layers=19),
     # the shapes users bring (config.json of each model): the demo target 6 + 26 layers, the demo draft 2 + 14
     "llama8b": dict(hidden_size=4096, intermediate_size=14336, num_heads=32, num_kv_heads=8, head_dim=128, extra_layers=26),  # Llama-3.1-8B
     "llama3b": dict(hidden_size=3072, intermediate_size=8192, num_heads=24, num_kv_heads=8, head_dim=128, extra_layers=22),  # Llama-3.2-3B
@@ -754,7 +763,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heads", metavar="DIR", help="enlarge Medusa heads / an EAGLE-3 module (ModelOpt layout) instead, to match --base")
     ap.add_argument("--base", metavar="DIR", help="with --heads: the enlarged base (an output of this script) whose widths the heads get")
     ap.add_argument("--preset", choices=sorted(PRESETS), help="sizes: target325m / draft for the demo pair's target / draft at 325M / 27M; "
-                    "llama8b / llama3b (targets) and llama1b (draft) for the shapes of Llama-3.1-8B, -3.2-3B and -3.2-1B")
+                    "llama8b / llama3b (targets) and llama1b (draft) for the shapes of Llama-3.1-8B, -3.2-3B and -3.2-1B; "
+                    "target1b5: a 1.5B target bigger than any CPU cache")
     for flag in SIZE_FLAGS:
         ap.add_argument(f"--{flag}", f"--{flag.replace('_', '-')}", type=int, dest=flag, help="overrides the preset" if flag != "extra_layers" else "dead layers appended (overrides the preset)")
     ap.add_argument("--dtype", choices=sorted(DTYPES), help="store the output in this dtype [default: the source's]")

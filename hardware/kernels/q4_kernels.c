@@ -66,41 +66,48 @@ static void gemm_portable(const q4_problem* p, int t_begin, int t_end) {
   }
 }
 
-/* -- AVX-512 VNNI: R rows x CT tiles of 16 columns per pass ---------------------------------------------------- */
+/* -- AVX-512 VNNI: R rows x CT tiles of 16 columns per pass ----------------------------------------------------
+   Each 64-byte weight block is loaded and unpacked once for all R rows of a pass: the low nibbles with one AND
+   (codes 0..15), the high ones with another AND left in place (16 x code: their sums are 16 x the true sums,
+   exactly, and are shifted back once per group), so a block costs 2 ANDs + 2R vpdpbusd. A group's partial sums
+   then go into the output row in group order (y = fma(float(dot), sw * sa, y)): the same float operations in
+   the same order whatever R and CT, so every row's bits are the same in any call.
+   A call's rows go through in passes of up to 8 (a verification of up to 7 drafts is one pass: its weights are
+   read and unpacked once); 1-2 rows take 4 column tiles a pass with the low/high split above, 3-4 rows 4 tiles and
+   5-8 rows 2, with the high nibbles shifted down (one accumulator per row and tile: AVX-512's 32 registers). The
+   next tiles' blocks are prefetched into L2 while a pass computes: the weight stream keeps going. */
 #if defined(__x86_64__)
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
 
-VNNI __attribute__((always_inline)) static inline void tile_vnni(const q4_problem* p, const int R, const int CT, int r0, int t) {
+VNNI __attribute__((always_inline)) static inline void tile_vnni(const q4_problem* p, const int R, const int CT, const int SPLIT, int r0, int t) {
   const int G = p->K / p->group, P = p->group / 8, tiles = p->N / 16;
   const size_t tile_bytes = (size_t)G * P * 64, tile_scales = (size_t)G * 16;
-  const __m512i low = _mm512_set1_epi8(0x0F);
-  __m512 acc[4][4];
-  for (int r = 0; r < R; r++)
-    for (int c = 0; c < CT; c++) acc[r][c] = _mm512_setzero_ps();
+  const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8((char)0xF0);
+  const uint8_t* w0 = p->w + (size_t)t * tile_bytes;
   for (int g = 0; g < G; g++) {
-    __m512i dot[4][4];
+    __m512i dlo[8][4], dhi[8][4]; /* integer sums per row and tile; dhi: the high nibbles' (x 16), SPLIT only */
     for (int r = 0; r < R; r++)
-      for (int c = 0; c < CT; c++) dot[r][c] = _mm512_setzero_si512();
+      for (int c = 0; c < CT; c++) dlo[r][c] = dhi[r][c] = _mm512_setzero_si512();
+    const int8_t* a = p->qa + (size_t)r0 * p->K + (size_t)g * p->group;
+    const uint8_t* wg = w0 + (size_t)g * P * 64;
     for (int q = 0; q < P; q++) {
       __m512i lo[4], hi[4];
       for (int c = 0; c < CT; c++) {
-        const uint8_t* src = p->w + (size_t)(t + c) * tile_bytes + ((size_t)g * P + q) * 64;
-        /* the same line of the next 4-tile block, into L2: it streams in while this block's row passes compute
-           (measured: one-row calls 10-15% faster, 5-row calls 1.4x a one-row call instead of 1.8x) */
-        if (t + c + 4 < tiles) _mm_prefetch((const char*)src + 4 * tile_bytes, _MM_HINT_T1);
+        const uint8_t* src = wg + (size_t)c * tile_bytes + (size_t)q * 64;
+        if (t + c + CT < tiles) _mm_prefetch((const char*)src + CT * tile_bytes, _MM_HINT_T1);
         const __m512i b = _mm512_loadu_si512(src);
         lo[c] = _mm512_and_si512(b, low);
-        hi[c] = _mm512_and_si512(_mm512_srli_epi16(b, 4), low);
+        hi[c] = SPLIT ? _mm512_and_si512(b, high) : _mm512_and_si512(_mm512_srli_epi16(b, 4), low);
       }
       for (int r = 0; r < R; r++) {
-        const int8_t* a = p->qa + (size_t)(r0 + r) * p->K + (size_t)g * p->group + q * 8;
         int32_t a0, a1;
-        memcpy(&a0, a, 4);
-        memcpy(&a1, a + 4, 4);
+        memcpy(&a0, a + (size_t)r * p->K + q * 8, 4);
+        memcpy(&a1, a + (size_t)r * p->K + q * 8 + 4, 4);
         const __m512i x0 = _mm512_set1_epi32(a0), x1 = _mm512_set1_epi32(a1);
         for (int c = 0; c < CT; c++) {
-          dot[r][c] = _mm512_dpbusd_epi32(dot[r][c], lo[c], x0);
-          dot[r][c] = _mm512_dpbusd_epi32(dot[r][c], hi[c], x1);
+          dlo[r][c] = _mm512_dpbusd_epi32(dlo[r][c], lo[c], x0);
+          if (SPLIT) dhi[r][c] = _mm512_dpbusd_epi32(dhi[r][c], hi[c], x1);
+          else dlo[r][c] = _mm512_dpbusd_epi32(dlo[r][c], hi[c], x1);
         }
       }
     }
@@ -109,35 +116,37 @@ VNNI __attribute__((always_inline)) static inline void tile_vnni(const q4_proble
       const __m512 ss = _mm512_set1_ps(p->sa[(size_t)(r0 + r) * G + g]);
       for (int c = 0; c < CT; c++) {
         const size_t s = (size_t)(t + c) * tile_scales + (size_t)g * 16;
-        const __m512i d = _mm512_sub_epi32(dot[r][c], _mm512_mullo_epi32(_mm512_loadu_si512(p->zw + s), as));
-        acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(_mm512_loadu_ps(p->sw + s), ss), acc[r][c]);
+        float* y = p->y + (size_t)(r0 + r) * p->N + (size_t)(t + c) * 16;
+        const __m512i dot = SPLIT ? _mm512_add_epi32(dlo[r][c], _mm512_srai_epi32(dhi[r][c], 4)) : dlo[r][c];
+        const __m512i d = _mm512_sub_epi32(dot, _mm512_mullo_epi32(_mm512_loadu_si512(p->zw + s), as));
+        const __m512 acc = g ? _mm512_loadu_ps(y) : _mm512_setzero_ps();
+        _mm512_storeu_ps(y, _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(_mm512_loadu_ps(p->sw + s), ss), acc));
       }
     }
   }
-  for (int r = 0; r < R; r++)
-    for (int c = 0; c < CT; c++) _mm512_storeu_ps(p->y + (size_t)(r0 + r) * p->N + (size_t)(t + c) * 16, acc[r][c]);
 }
 
-#define TILE_FN(R, CT) \
-  VNNI static void tile_##R##x##CT(const q4_problem* p, int r0, int t) { tile_vnni(p, R, CT, r0, t); }
-TILE_FN(1, 4) TILE_FN(2, 4) TILE_FN(1, 2) TILE_FN(2, 2) TILE_FN(3, 2) TILE_FN(4, 2) TILE_FN(1, 1) TILE_FN(2, 1) TILE_FN(3, 1) TILE_FN(4, 1)
+#define TILE_FN(R, CT, S) \
+  VNNI static void tile_##R##x##CT(const q4_problem* p, int r0, int t) { tile_vnni(p, R, CT, S, r0, t); }
+TILE_FN(1, 4, 1) TILE_FN(2, 4, 1) TILE_FN(3, 4, 0) TILE_FN(4, 4, 0) TILE_FN(5, 2, 0) TILE_FN(6, 2, 0) TILE_FN(7, 2, 0) TILE_FN(8, 2, 0)
+TILE_FN(1, 2, 1) TILE_FN(2, 2, 1) TILE_FN(3, 2, 0) TILE_FN(4, 2, 0)
+TILE_FN(1, 1, 1) TILE_FN(2, 1, 1) TILE_FN(3, 1, 0) TILE_FN(4, 1, 0) TILE_FN(5, 1, 0) TILE_FN(6, 1, 0) TILE_FN(7, 1, 0) TILE_FN(8, 1, 0)
 typedef void (*tile_fn)(const q4_problem*, int, int);
-static const tile_fn tiles_by_width[5][5] = {
-    /* [column tiles][rows] */
-    {0}, {0, tile_1x1, tile_2x1, tile_3x1, tile_4x1}, {0, tile_1x2, tile_2x2, tile_3x2, tile_4x2}, {0}, {0, tile_1x4, tile_2x4, 0, 0}};
+/* [rows][4, 2, 1 column tiles] */
+static const tile_fn tiles_by_rows[9][3] = {{0},
+    {tile_1x4, tile_1x2, tile_1x1}, {tile_2x4, tile_2x2, tile_2x1}, {tile_3x4, tile_3x2, tile_3x1}, {tile_4x4, tile_4x2, tile_4x1},
+    {0, tile_5x2, tile_5x1}, {0, tile_6x2, tile_6x1}, {0, tile_7x2, tile_7x1}, {0, tile_8x2, tile_8x1}};
 
 static void gemm_vnni(const q4_problem* p, int t_begin, int t_end) {
-  /* 4-tile column blocks outer, 4-row blocks inner: a block's weights (64 columns) stay in cache for every
-     row block after the first */
   for (int t = t_begin; t < t_end; t += 4) {
     const int tiles = t_end - t < 4 ? t_end - t : 4;
-    for (int r0 = 0; r0 < p->M; r0 += 4) {
-      const int R = p->M - r0 < 4 ? p->M - r0 : 4;
-      int width = R <= 2 ? 4 : 2;
+    for (int r0 = 0; r0 < p->M; r0 += 8) {
+      const int R = p->M - r0 < 8 ? p->M - r0 : 8;
+      int i = R <= 4 ? 0 : 1;
       for (int tt = t; tt < t + tiles;) {
-        while (tt + width > t + tiles) width /= 2;
-        tiles_by_width[width][R](p, r0, tt);
-        tt += width;
+        while (tt + (4 >> i) > t + tiles) i++;
+        tiles_by_rows[R][i](p, r0, tt);
+        tt += 4 >> i;
       }
     }
   }

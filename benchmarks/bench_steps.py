@@ -1,0 +1,214 @@
+"""One engine call at a time against the machine's memory floor: where a decode step's time goes (issue 41).
+
+    python benchmarks/bench_steps.py --engine /tmp/i41/big/engine-target-q4gemm --engine /tmp/i41/big/engine-target-int4 \\
+        --widths 1,5 --threads 1,2 --rounds 7 --output_json steps.json
+    python benchmarks/bench_steps.py --engine ENGINE --profile --widths 1,5 --threads 1   # ONNX Runtime's per-op profile
+
+For each engine, thread count and width (tokens per call: 1 is a decode step, k + 1 a verification of k drafts), the
+median [min-max] wall and CPU time of one call at a fixed context, every engine and width interleaved within each
+round, so the figures compared share each stretch of machine load. Each is set against the floor of the machine it
+ran on: the bytes of weights a step reads (``host.step_bytes``: every initializer but the gathered embedding) over
+the read bandwidth measured in the same run (``host.read_bandwidth``, the thread count's best pass), printed as the
+achieved bandwidth and its share of the measured one. ``--kernels`` repeats the measurement with
+``SPECDEC_Q4_KERNEL`` set (``avx2``, ``portable``: the slower Q4Gemm kernels of CPUs without AVX-512 VNNI), each in a
+subprocess of its own (the kernel is chosen once per process).
+
+``--profile`` runs ONNX Runtime's profiler over the timed calls of one width (the prefill and warm-up calls are left
+out) and prints the kernel time per op type, its share, the node count and the time per node, and what is left
+between the nodes (the executor's own overhead: thread-pool wake-ups, allocation, I/O binding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import host  # noqa: E402
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def open_executor(path: Path, threads: int, profile_prefix: str | None = None) -> Any:
+    from specdec.formats.engine_format import load_engine_dir
+    from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
+
+    ex = OrtExecutor(load_engine_dir(path), num_threads=threads)
+    if profile_prefix is not None:  # the same session options, profiling on (a fresh session: ORT starts profiling at creation)
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads, so.inter_op_num_threads, so.log_severity_level = threads, 1, 3
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.add_session_config_entry("session.disable_quant_qdq", "1")
+        so.enable_profiling, so.profile_file_prefix = True, profile_prefix
+        if ex.build.cpu_kernels == "specdec":
+            from specdec.hardware.cpu_kernels import kernel_library
+
+            so.register_custom_ops_library(str(kernel_library()))
+        ex.session = ort.InferenceSession(str(ex.engine.network_path), so, providers=["CPUExecutionProvider"])
+        ex._ios.clear()
+        ex._cache_values = None
+    return ex
+
+
+def with_context(ex: Any, context: int) -> Any:
+    cache = ex.new_cache(1)
+    ex.forward(cache, [list(range(5, 5 + context))], all_logits=False)
+    return cache
+
+
+def call(ex: Any, cache: Any, width: int) -> None:
+    ex.forward(cache, [[7] * width], all_logits=True)
+    cache.lengths[0] -= width  # every call at the same cache length
+
+
+def measure(engines: list[Path], threads: int, widths: list[int], context: int, rounds: int, calls: int) -> dict[str, Any]:
+    """{engine: {width: {"wall_ms", "cpu_ms"}}}, engines and widths interleaved in every round (round 0 warms up)."""
+    opened = [(str(p), open_executor(p, threads)) for p in engines]
+    caches = {name: with_context(ex, context) for name, ex in opened}
+    wall: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
+    cpu: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
+    for r in range(rounds + 1):
+        for w in widths:
+            for name, ex in opened[r % len(opened):] + opened[: r % len(opened)]:
+                c0, w0 = time.process_time(), time.perf_counter()
+                for _ in range(calls):
+                    call(ex, caches[name], w)
+                if r:
+                    wall[(name, w)].append((time.perf_counter() - w0) / calls * 1e3)
+                    cpu[(name, w)].append((time.process_time() - c0) / calls * 1e3)
+    return {name: {w: {"wall_ms": spread(wall[(name, w)]), "cpu_ms": spread(cpu[(name, w)])} for w in widths} for name, _ in opened}
+
+
+def profile(path: Path, threads: int, width: int, context: int, calls: int) -> dict[str, Any]:
+    """ONNX Runtime's profile of ``calls`` timed calls of ``width`` tokens: kernel time per op type and the gap."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ex = open_executor(path, threads, profile_prefix=str(Path(tmp) / "p"))
+        cache = with_context(ex, context)
+        for _ in range(3):
+            call(ex, cache, width)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            call(ex, cache, width)
+        wall_ms = (time.perf_counter() - t0) / calls * 1e3
+        events = json.loads(Path(ex.session.end_profiling()).read_text())
+    runs = [e for e in events if e.get("name") == "model_run"][-calls:]
+    first = runs[0]["ts"]
+    nodes = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= first]
+    by_op: dict[str, float] = collections.defaultdict(float)
+    count: collections.Counter = collections.Counter()
+    for e in nodes:
+        by_op[e["args"]["op_name"]] += e["dur"] / calls / 1e3
+        count[e["args"]["op_name"]] += 1
+    run_ms = sum(e["dur"] for e in runs) / calls / 1e3
+    kernel_ms = sum(by_op.values())
+    ops = {op: {"ms": ms, "share": ms / run_ms, "nodes": count[op] // calls, "us_per_node": ms * 1e3 / (count[op] / calls)}
+           for op, ms in sorted(by_op.items(), key=lambda kv: -kv[1])}
+    return {"width": width, "threads": threads, "wall_ms": wall_ms, "model_run_ms": run_ms, "kernel_ms": kernel_ms,
+            "between_nodes_ms": run_ms - kernel_ms, "nodes_per_call": len(nodes) // calls, "ops": ops}
+
+
+def floors(engines: list[Path], bandwidth: dict[str, Any]) -> dict[str, Any]:
+    by = bandwidth["by_threads"]
+    return {str(p): {"step_bytes": host.step_bytes(p), "floor_ms": {str(n): host.step_bytes(p) / (v["best_gb_s"] * 1e9) * 1e3 for n, v in by.items()}}
+            for p in engines}
+
+
+def fmt(s: dict[str, float], digits: int = 2) -> str:
+    return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}-{s['max']:.{digits}f}]"
+
+
+def achieved(step_bytes: int, ms: float) -> float:
+    return step_bytes / (ms * 1e-3) / 1e9
+
+
+def print_steps(results: dict[str, Any], fl: dict[str, Any], bandwidth: dict[str, Any], threads: int, widths: list[int], label: str) -> None:
+    """Wall time against the wall-clock read bandwidth, and CPU time (per thread) against the CPU-time one: on a quiet
+    machine the two agree; on a shared one the CPU-time pair is the steadier (a descheduled thread stretches neither)."""
+    bw = bandwidth["by_threads"].get(threads) or bandwidth["by_threads"].get(str(threads))
+    print(f"\n{label}, {threads} thread(s); read bandwidth {bw['best_gb_s']:.1f} GB/s by wall time, {bw['cpu_best_gb_s']:.1f} by CPU time "
+          f"(best passes; medians {bw['median_gb_s']:.1f}, {bw['cpu_median_gb_s']:.1f})")
+    print(f"{'engine':<36}{'width':>6}{'wall ms':>22}{'CPU ms':>22}{'floor ms':>9}{'GB/s wall':>10}{'of read':>8}{'GB/s CPU':>10}{'of read':>8}"
+          f"{'/ width 1':>10}{'CPU / w1':>9}")
+    for name, per_width in results.items():
+        f = fl[name]
+        one, one_cpu = per_width[widths[0]]["wall_ms"]["median"], per_width[widths[0]]["cpu_ms"]["median"]
+        for w in widths:
+            m, c = per_width[w]["wall_ms"], per_width[w]["cpu_ms"]
+            by_wall = achieved(f["step_bytes"], m["min"])  # the least-disturbed call: what the step can do
+            by_cpu = achieved(f["step_bytes"], c["min"] / threads)
+            print(f"{Path(name).name:<36}{w:>6}{fmt(m):>22}{fmt(c):>22}{f['floor_ms'][str(threads)]:>9.2f}{by_wall:>10.1f}{by_wall / bw['best_gb_s']:>8.0%}"
+                  f"{by_cpu:>10.1f}{by_cpu / bw['cpu_best_gb_s']:>8.0%}{m['median'] / one:>9.2f}x{c['median'] / one_cpu:>8.2f}x")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engine", action="append", required=True, type=Path, help="an engine directory (repeatable)")
+    ap.add_argument("--widths", default="1,5", help="tokens per call; the first is the one the ratios divide by")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--context", type=int, default=64, help="tokens in the cache before the measured calls")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--calls", type=int, default=3)
+    ap.add_argument("--kernels", default="", help="also with SPECDEC_Q4_KERNEL=each of these (comma list: avx2, portable)")
+    ap.add_argument("--profile", action="store_true", help="ONNX Runtime's per-op profile instead of the timings")
+    ap.add_argument("--output_json")
+    ap.add_argument("--_inner", action="store_true", help=argparse.SUPPRESS)  # a --kernels subprocess: timings only, as JSON
+    args = ap.parse_args(argv)
+    widths = [int(w) for w in args.widths.split(",")]
+    threads = [int(t) for t in args.threads.split(",")]
+    if args._inner:
+        print(json.dumps({t: measure(args.engine, t, widths, args.context, args.rounds, args.calls) for t in threads}))
+        return 0
+    rec = host.host_record(bandwidth=False)
+    rec["read_bandwidth"] = host.read_bandwidth(sorted({1, *threads}))
+    print(host.describe(rec) + f"; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    report: dict[str, Any] = {"host": rec, "args": {k: [str(e) for e in v] if k == "engine" else v for k, v in vars(args).items()}}
+    if args.profile:
+        report["profiles"] = []
+        for path in args.engine:
+            for t in threads:
+                for w in widths:
+                    p = profile(path, t, w, args.context, args.calls * args.rounds)
+                    report["profiles"].append({"engine": str(path), **p})
+                    print(f"\n{path.name}, {t} thread(s), width {w}: {p['wall_ms']:.2f} ms a call, model_run {p['model_run_ms']:.2f} ms, "
+                          f"kernels {p['kernel_ms']:.2f} ms, between nodes {p['between_nodes_ms']:.2f} ms, {p['nodes_per_call']} nodes")
+                    for op, v in p["ops"].items():
+                        print(f"  {op:<36}{v['ms']:9.3f} ms {v['share']:6.1%} {v['nodes']:5d} nodes {v['us_per_node']:9.1f} us a node")
+    else:
+        fl = floors(args.engine, rec["read_bandwidth"])
+        report["floors"], report["steps"] = fl, {}
+        for kernel in ["", *[k for k in args.kernels.split(",") if k]]:
+            label = f"SPECDEC_Q4_KERNEL={kernel}" if kernel else "default kernels"
+            if kernel:
+                inner = [sys.executable, __file__, *sum([["--engine", str(e)] for e in args.engine], []), "--widths", args.widths,
+                         "--threads", args.threads, "--context", str(args.context), "--rounds", str(args.rounds), "--calls", str(args.calls), "--_inner"]
+                out = subprocess.run(inner, capture_output=True, text=True, check=True, env={**os.environ, "SPECDEC_Q4_KERNEL": kernel})
+                by_threads = {int(t): {e: {int(w): v for w, v in r.items()} for e, r in res.items()} for t, res in json.loads(out.stdout.splitlines()[-1]).items()}
+            else:
+                by_threads = {t: measure(args.engine, t, widths, args.context, args.rounds, args.calls) for t in threads}
+            report["steps"][kernel or "default"] = by_threads
+            for t in threads:
+                print_steps(by_threads[t], fl, rec["read_bandwidth"], t, widths, label)
+    report["load_average_end"] = list(os.getloadavg())
+    if args.output_json:
+        Path(args.output_json).write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {args.output_json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
