@@ -73,6 +73,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from prompts import spread, workloads  # noqa: E402
 
+import host  # noqa: E402
+
 from specdec.bench import peers  # noqa: E402
 
 BITS = ("fp32", "int8", "int4", "q4gemm")
@@ -141,15 +143,19 @@ def llama_bin(llama_cpp: Path, tool: str) -> Path:
 # --------------------------------------------------------------------------- prepare
 
 
-def prepare_commands(lay: Layout, llama_cpp: Path | None, peers_python: str | None) -> list[tuple[Path, list[str], dict[str, str]]]:
-    """(output it makes, command, extra env) for everything the run needs, in order."""
+def prepare_commands(lay: Layout, llama_cpp: Path | None, peers_python: str | None, target_preset: str = "target325m",
+                     bits_list: tuple[str, ...] = BITS, gguf_source: str = "f32") -> list[tuple[Path, list[str], dict[str, str]]]:
+    """(output it makes, command, extra env) for everything the run needs, in order. ``target_preset``: enlarge.py's
+    (target1b5 for the pair bigger than any CPU cache, stored in bfloat16); ``gguf_source``: the type the converter
+    writes and llama-quantize reads (bf16 for a bfloat16 checkpoint: exact, half the disk of f32)."""
     py = sys.executable
     cmds: list[tuple[Path, list[str], dict[str, str]]] = []
     demo = HERE.parent / "examples" / "demo-pair"
-    for role, preset in (("target", "target325m"), ("draft", "draft")):
-        cmds.append((lay.ckpt(role), [py, str(HERE / "enlarge.py"), "--preset", preset, str(demo / role), str(lay.ckpt(role)), "--quiet"], {}))
+    for role, preset in (("target", target_preset), ("draft", "draft")):
+        dtype = ["--dtype", "bfloat16"] if preset == "target1b5" else []  # 3 GB, not 6: within a shared 24 GiB machine
+        cmds.append((lay.ckpt(role), [py, str(HERE / "enlarge.py"), "--preset", preset, *dtype, str(demo / role), str(lay.ckpt(role)), "--quiet"], {}))
     build = [str(Path(py).with_name("specdec-build")), "--dtype", "float32", "--max_batch_size", "1", "--max_input_len", "512", "--max_seq_len", "1024"]
-    for bits in BITS:
+    for bits in bits_list:
         wo = [] if bits == "fp32" else ["--use_weight_only", "--weight_only_precision", PEER_BITS.get(bits, bits)]
         wo += ["--cpu_kernels", "specdec"] if bits == "q4gemm" else []
         spec = ["--max_draft_len", "8", "--speculative_decoding_mode", "draft_tokens_external"]
@@ -159,7 +165,7 @@ def prepare_commands(lay: Layout, llama_cpp: Path | None, peers_python: str | No
     # EAGLE-3 at int4: the demo pair's trained module, enlarged to the target's widths, in an int4 eagle target
     heads = lay.work / "heads-eagle"
     cmds.append((heads, [py, str(HERE / "enlarge.py"), "--heads", str(demo / "heads" / "eagle"), "--base", str(lay.ckpt("target")), str(heads), "--quiet"], {}))
-    for bits in ("int4", "q4gemm"):
+    for bits in [b for b in ("int4", "q4gemm") if b in bits_list]:
         cmds.append((lay.engine("eagle", bits), [*build, "--checkpoint_dir", str(lay.ckpt("target")), "--output_dir", str(lay.engine("eagle", bits)),
                                                  "--use_weight_only", "--weight_only_precision", "int4", "--max_draft_len", "8",
                                                  "--speculative_decoding_mode", "eagle", "--eagle_dir", str(heads),
@@ -168,9 +174,9 @@ def prepare_commands(lay: Layout, llama_cpp: Path | None, peers_python: str | No
         converter = [peers_python or py, str(llama_cpp / "convert_hf_to_gguf.py")]
         env = {"PYTHONPATH": str(llama_cpp / "gguf-py")}
         for role in ("target", "draft"):
-            f32 = lay.gguf(role, "fp32")
-            cmds.append((f32, [*converter, str(lay.ckpt(role)), "--outtype", "f32", "--outfile", str(f32)], env))
-            for bits in ("int8", "int4"):
+            f32 = lay.work / "gguf" / f"{role}-{gguf_source}.gguf" if role == "target" else lay.gguf(role, "fp32")
+            cmds.append((f32, [*converter, str(lay.ckpt(role)), "--outtype", gguf_source if role == "target" else "f32", "--outfile", str(f32)], env))
+            for bits in [b for b in ("int8", "int4") if b in bits_list or (b == "int4" and "q4gemm" in bits_list)]:
                 cmds.append((lay.gguf(role, bits), [str(llama_bin(llama_cpp, "llama-quantize")), str(f32), str(lay.gguf(role, bits)), LLAMA_TYPE[bits].upper(), "2"], {}))
     if peers_python is not None:
         for role in ("target", "draft"):
@@ -186,7 +192,8 @@ def prepare(args: argparse.Namespace) -> int:
     lay = Layout(Path(args.work))
     (lay.work / "gguf").mkdir(parents=True, exist_ok=True)
     (lay.work / "logs").mkdir(parents=True, exist_ok=True)
-    for out, cmd, env in prepare_commands(lay, args.llama_cpp, args.peers_python):
+    for out, cmd, env in prepare_commands(lay, args.llama_cpp, args.peers_python, args.target_preset, tuple(args.prepare_bits.split(",")),
+                                          args.gguf_source):
         shown = " ".join(f"{k}={v}" for k, v in env.items()) + (" " if env else "") + " ".join(cmd)
         if out.exists():
             print(f"have {out}")
@@ -524,7 +531,7 @@ def goals(summary: dict[str, dict[str, Any]], methods: list[Method], subsets: di
                 return max(names, key=lambda n: summary[n][w]["tokens_per_s"]["median"], default=None)
 
             for goal, a, b, target in (("target-only >= llama.cpp", ours_to, theirs_to, 1.0),
-                                       ("fastest speculative >= 1.3x llama.cpp's", best("specdec"), best("llama.cpp"), 1.3)):
+                                       ("fastest speculative >= 1.5x llama.cpp's", best("specdec"), best("llama.cpp"), 1.5)):
                 if a in by_name and b in by_name:
                     pairs = list(zip(by_name[a].rounds, by_name[b].rounds))
                     ratios = spread([tokens_per_s(x, idx) / tokens_per_s(y, idx) for x, y in pairs])
@@ -559,6 +566,28 @@ def print_table(summary: dict[str, dict[str, Any]], threads: int) -> None:
               f"{r['all']['tokens_per_cpu_s']['median']:>11.1f}{vs_cpu:>22}{acc:>8}{eq:>9}{agree:>11}{load:>8}")
 
 
+def step_bandwidth(summary: dict[str, dict[str, Any]], lay: Layout, threads: int, bandwidth: dict[str, Any]) -> None:
+    """Each target-only decode against the memory floor: bytes a step reads x its best decode-only tokens/s, and that
+    as a share of the measured read bandwidth (host.read_bandwidth, this thread count's best pass). specdec's bytes:
+    host.step_bytes (every weight but the gathered embedding); llama.cpp's: its GGUF's size (the embedding table
+    included: an upper bound on what it reads)."""
+    bw = bandwidth["by_threads"].get(threads) or bandwidth["by_threads"].get(str(threads))
+    for row in summary.values():
+        dec = row["all"].get("decode_tokens_per_s")
+        if row["mode"] != "target-only" or dec is None or bw is None:
+            continue
+        path = lay.engine("target", row["bits"]) if row["family"] == "specdec" else lay.gguf("target", row["bits"]) if row["family"] == "llama.cpp" else None
+        if path is None or not path.exists():
+            continue
+        nbytes = host.step_bytes(path) if path.is_dir() else path.stat().st_size
+        row["step_bytes"] = nbytes
+        row["decode_gb_s"] = {k: nbytes * v / 1e9 for k, v in dec.items()}
+        row["decode_of_read"] = {k: v / bw["best_gb_s"] for k, v in row["decode_gb_s"].items()}
+        print(f"  {row['family']} {row['bits']} target-only decode: {nbytes / 1e6:.0f} MB a step, {row['decode_gb_s']['median']:.1f} GB/s "
+              f"[{row['decode_gb_s']['min']:.1f}-{row['decode_gb_s']['max']:.1f}], {row['decode_of_read']['median']:.0%} of the "
+              f"{bw['best_gb_s']:.1f} GB/s read bandwidth")
+
+
 def print_goals(rows: list[dict[str, Any]], threads: int) -> None:
     print(f"\n--- goals, {threads} thread(s): ours / theirs, per-round ratio median [min-max], wall time (CPU time) ---")
     for g in rows:
@@ -589,7 +618,7 @@ def run(args: argparse.Namespace) -> int:
     log_dir = lay.work / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "fn"},
-                              "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+                              "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "host": host.host_record(),
                               "prompt_tokens": [len(p) for p in prompts], "subsets": subsets, "load_start": uptime(), "threads": {}}
     print(f"{len(prompts)} prompts ({len(subsets['ordinary'])} ordinary, {len(subsets['copy-heavy'])} copy-heavy; "
           f"{min(map(len, prompts))}-{max(map(len, prompts))} tokens), {args.max_new_tokens} new tokens each, batch 1, greedy; "
@@ -622,6 +651,7 @@ def run(args: argparse.Namespace) -> int:
         summary = summarize(methods, subsets)
         goal_rows = goals(summary, methods, subsets)
         print_table(summary, threads)
+        step_bandwidth(summary, lay, threads, report["host"]["read_bandwidth"])
         print_goals(goal_rows, threads)
         print(f"load average: {t_load['start']} at the first round, {t_load['end']} after the last")
         report["threads"][str(threads)] = {
@@ -706,6 +736,11 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--work", default="/tmp/big", help="holds target/, draft/, engine-*/, gguf/, ortgenai/")
         p.add_argument("--llama_cpp", type=Path, help="a llama.cpp source tree with build/bin/llama-server (and llama-quantize)")
         p.add_argument("--peers_python", help="a Python with onnxruntime-genai (default: $SPECDEC_PEERS_PYTHON)")
+    pr = sub.choices["prepare"]
+    pr.add_argument("--target_preset", default="target325m", choices=("target325m", "target1b5"),
+                    help="the enlarged target: 325M, or 1.5B (int4 0.9 GB: bigger than any CPU's last-level cache)")
+    pr.add_argument("--prepare_bits", default=",".join(BITS), help="the specdec engines (and GGUF types) to make")
+    pr.add_argument("--gguf_source", default="f32", choices=("f32", "bf16"), help="the target GGUF llama-quantize reads (bf16: a bfloat16 checkpoint)")
     st = sub.add_parser("steps", help="one forward call per engine and width: verification against one-token steps")
     st.add_argument("--work", default="/tmp/big")
     st.add_argument("--bits", default="fp32,int8,int4", help="target engines measured at every width")

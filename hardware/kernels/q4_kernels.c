@@ -190,22 +190,22 @@ VNNI static void quantize_vnni(const float* x, int M, int K, int group, int8_t* 
    maddubs multiplies the unsigned codes by the int8 activations and adds adjacent pairs into int16 (at most
    2 x 15 x 128 each: no saturation), the low and high halves' pairs are added (at most 7680), and madd with ones
    sums pairs again into int32: the same exact integer per column and group as vpdpbusd, so the same bits.
-   R rows (1 or 2) x one tile of 16 columns (two 8-column halves) per pass: AVX2 has 16 registers. */
+   A pass takes R rows x H halves of a tile (8 columns each): 1-2 rows both halves, 3-6 rows one half (AVX2 has 16
+   registers), so a verification of up to 5 drafts unpacks each weight block once per half. */
 #define AVX2 __attribute__((target("avx2,fma")))
 
-AVX2 __attribute__((always_inline)) static inline void tile_avx2(const q4_problem* p, const int R, int r0, int t) {
+AVX2 __attribute__((always_inline)) static inline void tile_avx2(const q4_problem* p, const int R, const int H, int h0, int r0, int t) {
   const int G = p->K / p->group, P = p->group / 8;
   const size_t tile_bytes = (size_t)G * P * 64, tile_scales = (size_t)G * 16;
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  __m256 acc[2][2];
-  for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (int g = 0; g < G; g++) {
-    __m256i dot[2][2];
-    for (int r = 0; r < R; r++) dot[r][0] = dot[r][1] = _mm256_setzero_si256();
+    __m256i dot[6][2];
+    for (int r = 0; r < R; r++)
+      for (int h = 0; h < H; h++) dot[r][h] = _mm256_setzero_si256();
     for (int q = 0; q < P; q++) {
-      const uint8_t* src = p->w + (size_t)t * tile_bytes + ((size_t)g * P + q) * 64;
+      const uint8_t* src = p->w + (size_t)t * tile_bytes + ((size_t)g * P + q) * 64 + 32 * h0;
       __m256i lo[2], hi[2];
-      for (int h = 0; h < 2; h++) {
+      for (int h = 0; h < H; h++) {
         const __m256i b = _mm256_loadu_si256((const __m256i*)(src + 32 * h));
         lo[h] = _mm256_and_si256(b, low);
         hi[h] = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
@@ -216,7 +216,7 @@ AVX2 __attribute__((always_inline)) static inline void tile_avx2(const q4_proble
         memcpy(&a0, a, 4);
         memcpy(&a1, a + 4, 4);
         const __m256i x0 = _mm256_set1_epi32(a0), x1 = _mm256_set1_epi32(a1);
-        for (int h = 0; h < 2; h++) {
+        for (int h = 0; h < H; h++) {
           const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], x0), _mm256_maddubs_epi16(hi[h], x1));
           dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_madd_epi16(pairs, ones));
         }
@@ -225,23 +225,30 @@ AVX2 __attribute__((always_inline)) static inline void tile_avx2(const q4_proble
     for (int r = 0; r < R; r++) {
       const __m256i as = _mm256_set1_epi32(p->asum[(size_t)(r0 + r) * G + g]);
       const __m256 ss = _mm256_set1_ps(p->sa[(size_t)(r0 + r) * G + g]);
-      for (int h = 0; h < 2; h++) {
-        const size_t s = (size_t)t * tile_scales + (size_t)g * 16 + 8 * h;
+      for (int h = 0; h < H; h++) {
+        const size_t s = (size_t)t * tile_scales + (size_t)g * 16 + 8 * (h0 + h);
+        float* y = p->y + (size_t)(r0 + r) * p->N + (size_t)t * 16 + 8 * (h0 + h);
         const __m256i d = _mm256_sub_epi32(dot[r][h], _mm256_mullo_epi32(_mm256_loadu_si256((const __m256i*)(p->zw + s)), as));
-        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(_mm256_loadu_ps(p->sw + s), ss), acc[r][h]);
+        const __m256 acc = g ? _mm256_loadu_ps(y) : _mm256_setzero_ps();
+        _mm256_storeu_ps(y, _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(_mm256_loadu_ps(p->sw + s), ss), acc));
       }
     }
   }
-  for (int r = 0; r < R; r++)
-    for (int h = 0; h < 2; h++) _mm256_storeu_ps(p->y + (size_t)(r0 + r) * p->N + (size_t)t * 16 + 8 * h, acc[r][h]);
 }
 
-AVX2 static void tile_avx2_1(const q4_problem* p, int r0, int t) { tile_avx2(p, 1, r0, t); }
-AVX2 static void tile_avx2_2(const q4_problem* p, int r0, int t) { tile_avx2(p, 2, r0, t); }
+#define AVX2_FN(R, H) \
+  AVX2 static void tile_avx2_##R##x##H(const q4_problem* p, int h0, int r0, int t) { tile_avx2(p, R, H, h0, r0, t); }
+AVX2_FN(1, 2) AVX2_FN(2, 2) AVX2_FN(3, 1) AVX2_FN(4, 1) AVX2_FN(5, 1) AVX2_FN(6, 1)
+static void (*const avx2_by_rows[7])(const q4_problem*, int, int, int) = {0, tile_avx2_1x2, tile_avx2_2x2, tile_avx2_3x1, tile_avx2_4x1,
+                                                                          tile_avx2_5x1, tile_avx2_6x1};
 
 static void gemm_avx2(const q4_problem* p, int t_begin, int t_end) {
   for (int t = t_begin; t < t_end; t++)
-    for (int r0 = 0; r0 < p->M; r0 += 2) (p->M - r0 >= 2 ? tile_avx2_2 : tile_avx2_1)(p, r0, t);
+    for (int r0 = 0; r0 < p->M; r0 += 6) {
+      const int R = p->M - r0 < 6 ? p->M - r0 : 6;
+      if (R <= 2) avx2_by_rows[R](p, 0, r0, t);
+      else for (int h = 0; h < 2; h++) avx2_by_rows[R](p, h, r0, t);
+    }
 }
 
 static int cpu_has(int vnni) {
