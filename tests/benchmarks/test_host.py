@@ -1,0 +1,49 @@
+"""benchmarks/host.py: the machine record every CPU figure carries, and the bytes a step reads (its floor)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+_spec = importlib.util.spec_from_file_location("host", ROOT / "benchmarks" / "host.py")
+host = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(host)
+
+
+def test_the_record_names_the_cpu_its_caches_and_isa():
+    rec = host.host_record(bandwidth=False)
+    assert rec["cpu_model"] and rec["cores"] >= 1
+    assert rec["caches"] and all(c["bytes"] > 0 and c["level"] in (1, 2, 3, 4) for c in rec["caches"])
+    assert set(rec["isa"]) <= set(host.ISA_FLAGS)
+    assert len(rec["load_average"]) == 3
+    assert rec["cpu_model"] in host.describe(rec)
+
+
+def test_read_bandwidth_measures_every_thread_count():
+    bw = host.read_bandwidth(threads=[1, 2], passes=3, buffer_bytes=16 << 20)
+    assert bw["buffer_bytes"] == 16 << 20 and set(bw["by_threads"]) <= {1, 2} and 1 in bw["by_threads"]
+    for v in bw["by_threads"].values():  # anything from a slow laptop to an HBM part, and the best pass is the best
+        assert 0.1 < v["best_gb_s"] < 10_000 and v["median_gb_s"] <= v["best_gb_s"] + 1e-9
+        assert 0.1 < v["cpu_best_gb_s"] < 10_000
+
+
+def test_step_bytes_counts_every_weight_but_the_gathered_embedding(tmp_path):
+    from checkpoints import make_checkpoint
+    from conftest import cli_build
+
+    ckpt = make_checkpoint(tmp_path / "ckpt", num_hidden_layers=1, hidden_size=64, intermediate_size=128, tie_word_embeddings=False)
+    r = cli_build(ckpt, tmp_path / "e")
+    assert r.exit_code == 0, r.output
+    model = onnx.load(str(tmp_path / "e" / "model.onnx"))
+    gathered = {n.input[0] for n in model.graph.node if n.op_type == "Gather"}
+    sizes = {i.name: numpy_helper.to_array(i).nbytes for i in model.graph.initializer}
+    embedding = [name for name in gathered if name in sizes and sizes[name] >= 64 * 100]  # [vocab, hidden]
+    assert len(embedding) == 1
+    assert host.step_bytes(tmp_path / "e") == pytest.approx(sum(sizes.values()) - sizes[embedding[0]], abs=0)
+    assert host.step_bytes(tmp_path / "e") < (tmp_path / "e" / "model.onnx.data").stat().st_size
