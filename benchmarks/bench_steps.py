@@ -41,23 +41,26 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def open_executor(path: Path, threads: int, profile_prefix: str | None = None) -> Any:
+def open_executor(path: Path, threads: int, profile_prefix: str | None = None, library: Path | None = None) -> Any:
+    """The engine's executor; with ``profile_prefix`` or ``library`` its session is made again, profiling on or with
+    another build of the Q4Gemm library (an earlier specdec's: the same engine, another kernel, in the same run)."""
     from specdec.formats.engine_format import load_engine_dir
     from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 
     ex = OrtExecutor(load_engine_dir(path), num_threads=threads)
-    if profile_prefix is not None:  # the same session options, profiling on (a fresh session: ORT starts profiling at creation)
+    if profile_prefix is not None or library is not None:  # the executor's session options (ORT profiles from creation on)
         import onnxruntime as ort
 
         so = ort.SessionOptions()
         so.intra_op_num_threads, so.inter_op_num_threads, so.log_severity_level = threads, 1, 3
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.add_session_config_entry("session.disable_quant_qdq", "1")
-        so.enable_profiling, so.profile_file_prefix = True, profile_prefix
+        if profile_prefix is not None:
+            so.enable_profiling, so.profile_file_prefix = True, profile_prefix
         if ex.build.cpu_kernels == "specdec":
             from specdec.hardware.cpu_kernels import kernel_library
 
-            so.register_custom_ops_library(str(kernel_library()))
+            so.register_custom_ops_library(str(library or kernel_library()))
         ex.session = ort.InferenceSession(str(ex.engine.network_path), so, providers=["CPUExecutionProvider"])
         ex._ios.clear()
         ex._cache_values = None
@@ -75,9 +78,13 @@ def call(ex: Any, cache: Any, width: int) -> None:
     cache.lengths[0] -= width  # every call at the same cache length
 
 
-def measure(engines: list[Path], threads: int, widths: list[int], context: int, rounds: int, calls: int) -> dict[str, Any]:
-    """{engine: {width: {"wall_ms", "cpu_ms"}}}, engines and widths interleaved in every round (round 0 warms up)."""
+def measure(engines: list[Path], threads: int, widths: list[int], context: int, rounds: int, calls: int,
+            libraries: dict[str, Path] | None = None) -> dict[str, Any]:
+    """{engine: {width: {"wall_ms", "cpu_ms"}}}, engines and widths interleaved in every round (round 0 warms up);
+    each Q4Gemm engine also as "ENGINE [LABEL]" with each of ``libraries``."""
     opened = [(str(p), open_executor(p, threads)) for p in engines]
+    for label, lib in (libraries or {}).items():
+        opened += [(f"{p} [{label}]", open_executor(p, threads, library=lib)) for p, ex in list(zip(engines, [e for _, e in opened])) if ex.build.cpu_kernels == "specdec"]
     caches = {name: with_context(ex, context) for name, ex in opened}
     wall: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
     cpu: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
@@ -121,10 +128,10 @@ def profile(path: Path, threads: int, width: int, context: int, calls: int) -> d
             "between_nodes_ms": run_ms - kernel_ms, "nodes_per_call": len(nodes) // calls, "ops": ops}
 
 
-def floors(engines: list[Path], bandwidth: dict[str, Any]) -> dict[str, Any]:
+def floors(engines: list[Path], bandwidth: dict[str, Any], labels: list[str] = ()) -> dict[str, Any]:
     by = bandwidth["by_threads"]
-    return {str(p): {"step_bytes": host.step_bytes(p), "floor_ms": {str(n): host.step_bytes(p) / (v["best_gb_s"] * 1e9) * 1e3 for n, v in by.items()}}
-            for p in engines}
+    return {name: {"step_bytes": host.step_bytes(p), "floor_ms": {str(n): host.step_bytes(p) / (v["best_gb_s"] * 1e9) * 1e3 for n, v in by.items()}}
+            for p in engines for name in (str(p), *(f"{p} [{label}]" for label in labels))}
 
 
 def fmt(s: dict[str, float], digits: int = 2) -> str:
@@ -150,7 +157,7 @@ def print_steps(results: dict[str, Any], fl: dict[str, Any], bandwidth: dict[str
             m, c = per_width[w]["wall_ms"], per_width[w]["cpu_ms"]
             by_wall = achieved(f["step_bytes"], m["min"])  # the least-disturbed call: what the step can do
             by_cpu = achieved(f["step_bytes"], c["min"] / threads)
-            print(f"{Path(name).name:<36}{w:>6}{fmt(m):>22}{fmt(c):>22}{f['floor_ms'][str(threads)]:>9.2f}{by_wall:>10.1f}{by_wall / bw['best_gb_s']:>8.0%}"
+            print(f"{Path(name.split(' [')[0]).name + (' [' + name.split(' [')[1] if ' [' in name else ''):<36}{w:>6}{fmt(m):>22}{fmt(c):>22}{f['floor_ms'][str(threads)]:>9.2f}{by_wall:>10.1f}{by_wall / bw['best_gb_s']:>8.0%}"
                   f"{by_cpu:>10.1f}{by_cpu / bw['cpu_best_gb_s']:>8.0%}{m['median'] / one:>9.2f}x{c['median'] / one_cpu:>8.2f}x")
 
 
@@ -165,13 +172,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--kernels", default="", help="also with SPECDEC_Q4_KERNEL=each of these (comma list: avx2, portable)")
     ap.add_argument("--profile", action="store_true", help="ONNX Runtime's per-op profile instead of the timings")
+    ap.add_argument("--q4_library", action="append", default=[], metavar="LABEL=PATH",
+                    help="also run each Q4Gemm engine with this build of specdec_cpu_kernels.so (e.g. an earlier specdec's), interleaved")
     ap.add_argument("--output_json")
     ap.add_argument("--_inner", action="store_true", help=argparse.SUPPRESS)  # a --kernels subprocess: timings only, as JSON
     args = ap.parse_args(argv)
     widths = [int(w) for w in args.widths.split(",")]
     threads = [int(t) for t in args.threads.split(",")]
+    libraries = {label: Path(path) for label, _, path in (x.partition("=") for x in args.q4_library)}
     if args._inner:
-        print(json.dumps({t: measure(args.engine, t, widths, args.context, args.rounds, args.calls) for t in threads}))
+        print(json.dumps({t: measure(args.engine, t, widths, args.context, args.rounds, args.calls, libraries) for t in threads}))
         return 0
     rec = host.host_record(bandwidth=False)
     rec["read_bandwidth"] = host.read_bandwidth(sorted({1, *threads}))
@@ -189,17 +199,18 @@ def main(argv: list[str] | None = None) -> int:
                     for op, v in p["ops"].items():
                         print(f"  {op:<36}{v['ms']:9.3f} ms {v['share']:6.1%} {v['nodes']:5d} nodes {v['us_per_node']:9.1f} us a node")
     else:
-        fl = floors(args.engine, rec["read_bandwidth"])
+        fl = floors(args.engine, rec["read_bandwidth"], list(libraries))
         report["floors"], report["steps"] = fl, {}
         for kernel in ["", *[k for k in args.kernels.split(",") if k]]:
             label = f"SPECDEC_Q4_KERNEL={kernel}" if kernel else "default kernels"
             if kernel:
                 inner = [sys.executable, __file__, *sum([["--engine", str(e)] for e in args.engine], []), "--widths", args.widths,
-                         "--threads", args.threads, "--context", str(args.context), "--rounds", str(args.rounds), "--calls", str(args.calls), "--_inner"]
+                         "--threads", args.threads, "--context", str(args.context), "--rounds", str(args.rounds), "--calls", str(args.calls), "--_inner",
+                         *sum([["--q4_library", x] for x in args.q4_library], [])]
                 out = subprocess.run(inner, capture_output=True, text=True, check=True, env={**os.environ, "SPECDEC_Q4_KERNEL": kernel})
                 by_threads = {int(t): {e: {int(w): v for w, v in r.items()} for e, r in res.items()} for t, res in json.loads(out.stdout.splitlines()[-1]).items()}
             else:
-                by_threads = {t: measure(args.engine, t, widths, args.context, args.rounds, args.calls) for t in threads}
+                by_threads = {t: measure(args.engine, t, widths, args.context, args.rounds, args.calls, libraries) for t in threads}
             report["steps"][kernel or "default"] = by_threads
             for t in threads:
                 print_steps(by_threads[t], fl, rec["read_bandwidth"], t, widths, label)
