@@ -14,6 +14,8 @@ import click
 from ..formats.engine_format import VERIFY_MODES, EngineDir
 from ..formats.errors import RequestError, SpecdecError
 from ..formats.tokenizer import Tokenizer
+from ..runtime.methods import method_names
+from ..runtime.proposers.method import Flag, Method, get_method
 
 
 def option(name: str, *more: str, **kwargs: Any) -> Callable:
@@ -27,6 +29,36 @@ def option(name: str, *more: str, **kwargs: Any) -> Callable:
         if "_" in extra:
             names.append(extra.replace("_", "-"))
     return click.option(*names, name, **kwargs)
+
+
+def drafting_methods() -> list[Method]:
+    """The registered drafting methods (runtime/methods.py), each module imported."""
+    return [get_method(name) for name in method_names()[1:]]
+
+
+def method_options(fn: Callable) -> Callable:
+    """Every registered method's flags (Method.flags), as options of a command: specdec-run and specdec-serve."""
+    for flag in [f for m in drafting_methods() for f in m.flags][::-1]:  # click lists options in decorator order, last applied first
+        fn = _click_option(flag)(fn)
+    return fn
+
+
+def _click_option(flag: Flag) -> Callable:
+    if flag.type is bool:
+        on, off = f"--{flag.name}", f"--{flag.off}"
+        dashed = f"{on.replace('_', '-')}/{off.replace('_', '-')}"
+        return click.option(f"{on}/{off}", dashed, flag.name, default=flag.default, show_default=True, help=flag.help)
+    kind = click.Path() if flag.path else flag.type
+    return option(flag.name, *(f"--{a}" for a in flag.aliases), type=kind, default=flag.default, show_default=flag.default is not None,
+                  help=flag.help)
+
+
+def method_configs(values: dict[str, Any]) -> list[tuple[Method, Any]]:
+    """Pops every method's flags from a command's ``values``; the config of each method they asked for (registry order).
+    A config's engine directories stay paths: load_engine opens them (with the command's --verify_engine)."""
+    flags = {f.name: values.pop(f.name) for m in drafting_methods() for f in m.flags if f.name in values}
+    configs = [(m, m.from_flags(flags)) for m in drafting_methods()]
+    return [(m, c) for m, c in configs if c is not None]
 
 
 def verify_engine_option(fn: Callable) -> Callable:

@@ -11,17 +11,16 @@ from pathlib import Path
 import click
 import numpy as np
 
-from ..formats.config_strings import DTM_FORM, NGRAM_FORM, parse_draft_target_config, parse_ngram_config
-from ..runtime.proposers.suffix import SUFFIX_EXAMPLE, SUFFIX_FORM, parse_suffix_config
-from ..formats.engine_format import TREE_MODES, load_engine_dir
+from ..formats.engine_format import load_engine_dir
 from ..formats.errors import RequestError
+from ..runtime.engine import Engine
 from ..runtime.guards import SILENT_DRAFT_ROUNDS, silent_draft_message
 from ..runtime.request import AUTO
 from ..runtime.loading import load_orchestrator
 from ..runtime.orchestrator import GenerationConfig, Orchestrator
 from ..runtime.sampling import SamplingConfig
 from ..formats.tokenizer import Tokenizer
-from .common import check_output_file, clean_errors, end_ids, engine_tokenizer, option, verify_engine_option
+from .common import check_output_file, clean_errors, end_ids, engine_tokenizer, method_configs, method_options, option, verify_engine_option
 from .compat import check_run_py_options, run_py_options
 from .stops import decode_text, generate_with_stops
 
@@ -72,27 +71,7 @@ def read_inputs(texts: tuple[str, ...], input_file: str | None, tok: Tokenizer |
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @option("engine_dir", required=True, type=click.Path(), help="Target engine directory (from specdec-build).")
-@option("draft_engine_dir", type=click.Path(), help="Draft engine directory: enables draft-target speculative decoding.")
-@option("draft_target_model_config", type=str, help=f'Draft-target settings, TensorRT-LLM style: "{DTM_FORM}", e.g. "[4,[0],[0],False]". use_logits=True: rejection sampling on logits; False: token compare.')
-@option("ngram_config", "--prompt_lookup_config", type=str, help=f'NGram / prompt-lookup drafting without a draft model: "{NGRAM_FORM}", e.g. "[8,2,[0]]" (max_draft_len up to the target\'s).')
-@option("suffix_config", type=str, default=None,
-        help=f"Suffix decoding (no draft model: drafts what followed the request's last tokens in its own text and in earlier responses): "
-             f"{SUFFIX_FORM}, e.g. '{SUFFIX_EXAMPLE}' (docs/speculative-decoding.md).")
-@option("medusa_choices", type=str, default=None,
-        help='A --speculative_decoding_mode medusa target: the draft tree, TensorRT-LLM\'s format (paths of top-k indices), e.g. "[[0],[0,0],[1],[0,1],[2],[0,0,0]]"; '
-             "at most the engine's max_draft_len nodes; greedy requests draft the tree, sampled ones its deepest chain [default: a chain, one draft per head].")
-@option("eagle_choices", type=str, default=None,
-        help='A --speculative_decoding_mode eagle target: the draft tree, as --medusa_choices, e.g. "[[0],[1],[0,0],[0,1],[0,0,0]]" '
-             "[default: a chain of --draft_len drafts, 4].")
-@click.option("--ngram_keep_all/--ngram_keep_newest", "ngram_keep_all", default=True, show_default=True, help="NGram: keep every earlier occurrence of a pattern, or only the newest.")
-@click.option("--ngram_use_oldest/--ngram_use_newest", "ngram_use_oldest", default=False, show_default=True,
-              help="NGram: when a pattern occurred more than once, draft from the oldest occurrence (TensorRT-LLM's default) or the newest "
-                   "(ours: the local context being copied; 1.35x vs 1.11x on copy-heavy prompts with the demo pair).")
-@option("ngram_min_match", type=int, default=1, show_default=True,
-        help="NGram: shortest pattern to match; TensorRT-LLM falls back down to 1 token, and 1-token matches draft badly (2-3 was faster on the demo pair).")
-@option("draft_confidence_threshold", type=float, default=0.0, show_default=True,
-        help="Draft-target: a row stops drafting after a token the draft gave less than this probability (like Hugging Face's "
-             "assistant_confidence_threshold); 0 = always draft_len tokens, as TensorRT-LLM does. Output is unchanged either way.")
+@method_options
 @option("draft_len", type=str, default=None,
         help="Drafts per round: a number (overrides the config string's), or 'auto': chosen each round from the measured "
              "acceptance and step costs, 0 when drafting does not pay (docs/speculative-decoding.md).")
@@ -125,9 +104,9 @@ def read_inputs(texts: tuple[str, ...], input_file: str | None, tok: Tokenizer |
 @run_py_options
 @click.argument("more_input_text", nargs=-1, metavar="")
 @clean_errors
-def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, suffix_config, medusa_choices, eagle_choices, ngram_keep_all, ngram_use_oldest, ngram_min_match, draft_confidence_threshold, input_text, input_file,
-         tokenizer_dir, no_add_special_tokens, max_output_len, end_id, stop_words, temperature, top_k, top_p, random_seed, streaming,
-         baseline, repeat, output_csv, output_npy, output_json, num_threads, draft_num_threads, draft_len, device, allow_vocab_mismatch, verify_engine, more_input_text, **run_py) -> None:
+def main(engine_dir, input_text, input_file, tokenizer_dir, no_add_special_tokens, max_output_len, end_id, stop_words, temperature, top_k, top_p,
+         random_seed, streaming, baseline, repeat, output_csv, output_npy, output_json, num_threads, draft_num_threads, draft_len, device,
+         allow_vocab_mismatch, verify_engine, more_input_text, **flags) -> None:
     """Run a target engine, optionally with speculative decoding.
 
     \b
@@ -141,7 +120,8 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
     Target only (the baseline):
       specdec-run --engine_dir engines/target --input_text "def fib(n):"
     """
-    check_run_py_options(run_py)
+    drafters = method_configs(flags)  # each drafting method's flags (runtime/methods.py) -> its config
+    check_run_py_options(flags)
     if more_input_text and not input_text:
         raise RequestError(f"unexpected argument {more_input_text[0]!r}: prompts go after --input_text (several may follow one flag).")
     input_text = input_text + more_input_text  # run.py's form: --input_text "a" "b"
@@ -149,17 +129,11 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
         raise RequestError(f"--repeat {repeat}: expected a number from 1 to {MAX_REPEAT}, used with --baseline (it repeats the timed comparison).")
     for path, flag in ((output_csv, "--output_csv"), (output_npy, "--output_npy"), (output_json, "--output_json")):
         check_output_file(path, flag)  # before decoding: an unwritable output must not cost the results
-    dtm = parse_draft_target_config(draft_target_model_config) if draft_target_model_config else None
-    ngram = parse_ngram_config(ngram_config) if ngram_config else None
-    if dtm and ngram:
-        raise RequestError("--draft_target_model_config and --ngram_config are mutually exclusive: choose one drafting method.")
-    if draft_engine_dir and ngram:
-        raise RequestError("--draft_engine_dir is for draft-target decoding; n-gram drafting (--ngram_config) needs no draft engine.")
-    suffix = parse_suffix_config(suffix_config) if suffix_config else None
-    if suffix and (dtm or ngram or draft_engine_dir):
-        raise RequestError("--suffix_config is a drafting method of its own: give it without --draft_engine_dir, --draft_target_model_config or --ngram_config.")
+    own = [m for m, _ in drafters if m.target_mode is None]  # a target's own drafter comes with it, beside any other
+    if len(own) > 1:
+        raise RequestError(f"{' and '.join(m.flag for m in own)} are mutually exclusive: {own[-1].flag} is a drafting method of its own, "
+                           "and specdec-run decodes with one (specdec-serve serves several).")
     target = load_engine_dir(engine_dir, verify=verify_engine)
-    draft = load_engine_dir(draft_engine_dir, verify=verify_engine) if draft_engine_dir else None
     tok = engine_tokenizer(target, tokenizer_dir)
     prompts = read_inputs(input_text, input_file, tok, not no_add_special_tokens, target.config.model.pad_token_id)
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, random_seed=random_seed)
@@ -168,10 +142,8 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
         raise RequestError("--stop_words needs a tokenizer: pass --tokenizer_dir.")
     stops = tuple(s.replace("\\n", "\n") for s in stop_words)  # matched on the output text (cli/stops.py)
     gen = GenerationConfig(max_output_len=max_output_len, sampling=sampling, end_ids=ends)
-    orch = load_orchestrator(target, draft, dtm, ngram, draft_len=parse_draft_len(draft_len), ngram_keep_all=ngram_keep_all,
-                             ngram_use_oldest=ngram_use_oldest, num_threads=num_threads, draft_num_threads=draft_num_threads, device=device,
-                             draft_confidence_threshold=draft_confidence_threshold, ngram_min_match=ngram_min_match, allow_vocab_mismatch=allow_vocab_mismatch,
-                             medusa_choices=medusa_choices, eagle_choices=eagle_choices, suffix=suffix)
+    orch = load_orchestrator(target, drafters=[config for _, config in drafters], draft_len=parse_draft_len(draft_len), num_threads=num_threads,
+                             draft_num_threads=draft_num_threads, device=device, allow_vocab_mismatch=allow_vocab_mismatch, verify=verify_engine)
     if orch.engine.pairing is not None and orch.engine.pairing.mode != "shared":  # the mode worth knowing about
         click.echo(f"pairing: {orch.engine.pairing.note}", err=True)
     if streaming and len(prompts) != 1:
@@ -233,14 +205,11 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
         raise RequestError(f"request {failed[0][0]} stopped: {failed[0][1]}{more}")
 
 
-def method_label(engine) -> str:
-    """How a run is named in tables: draft-target, ngram, medusa / eagle (chain or tree), or target-only."""
-    name = engine.speculation.method
-    if name in TREE_MODES:
-        return f"{name} {'tree' if engine.proposers[name].tree is not None else 'chain'}"
-    if name == "draft" and getattr(engine, "pairing", None) is not None and engine.pairing.mode == "cross_tokenizer":
-        return "draft-target (cross-tokenizer)"
-    return {"draft": "draft-target", "none": "target-only"}.get(name, name)
+def method_label(engine: Engine) -> str:
+    """How a run is named in tables: its default method's proposer's label (draft-target, ngram, medusa / eagle chain or
+    tree, ...), or target-only."""
+    proposer = engine.proposers.get(engine.speculation.method)
+    return proposer.label if proposer is not None else "target-only"
 
 
 def parse_draft_len(value: str | None) -> int | str | None:

@@ -7,31 +7,20 @@ import threading
 
 import click
 
-from ..formats.config_strings import DTM_FORM, NGRAM_FORM, parse_draft_target_config, parse_ngram_config
 from ..formats.errors import RequestError
 from ..formats.engine_format import load_engine_dir
-from ..runtime.proposers.suffix import SUFFIX_EXAMPLE, SUFFIX_FORM, parse_suffix_config
-from ..runtime.request import METHODS
-from .common import clean_errors, option, verify_engine_option
+from ..runtime.methods import method_names
+from .common import clean_errors, method_configs, method_options, option, verify_engine_option
 from .run import parse_draft_len
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @option("engine_dir", required=True, type=click.Path(), help="Target engine directory (from specdec-build).")
-@option("draft_engine_dir", type=click.Path(), help="Draft engine directory: serves draft-target speculative decoding.")
-@option("draft_target_model_config", type=str, help=f'Draft-target settings, TensorRT-LLM style: "{DTM_FORM}", e.g. "[4,[0],[0],False]".')
-@option("ngram_config", "--prompt_lookup_config", type=str, help=f'Also serve n-gram / prompt-lookup drafting: "{NGRAM_FORM}", e.g. "[8,3,[0]]". May be combined with a draft engine.')
-@option("suffix_config", type=str, default=None,
-        help=f"Also serve suffix decoding (its global cache of finished responses lives as long as the server): {SUFFIX_FORM}, e.g. '{SUFFIX_EXAMPLE}'.")
-@option("medusa_choices", type=str, default=None,
-        help='A --speculative_decoding_mode medusa target: its draft tree (TensorRT-LLM\'s format), used for greedy requests; sampled ones draft a chain [default: chains].')
-@option("eagle_choices", type=str, default=None,
-        help='A --speculative_decoding_mode eagle target: its draft tree, as --medusa_choices [default: chains].')
-@option("speculative_method", type=click.Choice(list(METHODS)), default=None,
+@method_options
+@option("speculative_method", type=click.Choice(list(method_names())), default=None,
         help="The default for requests that do not choose [default: draft if a draft engine is loaded, else ngram if --ngram_config, else suffix if --suffix_config, "
              "else medusa / eagle for a target built with them, else none].")
 @option("draft_len", type=str, default=None, help="Default drafts per round of the default method: a number, or 'auto' [default: from the config string].")
-@option("ngram_min_match", type=int, default=1, show_default=True, help="NGram: shortest pattern to match.")
 @option("host", type=str, default="127.0.0.1", show_default=True, help="Address to bind. The default answers this machine only; 0.0.0.0 exposes the server to the network (set --api_key).")
 @option("port", type=int, default=8000, show_default=True, help="Port to bind (0: any free port; the real one is printed).")
 @option("api_key", type=str, default=None, envvar="SPECDEC_API_KEY", help="Require 'Authorization: Bearer KEY' on every route but /health [env: SPECDEC_API_KEY].")
@@ -53,9 +42,9 @@ from .run import parse_draft_len
 @option("log_level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info", show_default=True, help="Server log level (debug: every request logged).")
 @verify_engine_option
 @clean_errors
-def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, suffix_config, medusa_choices, eagle_choices, speculative_method, draft_len, ngram_min_match, host, port, api_key,
-         served_model_name, tokenizer_dir, chat_template, end_id, max_request_bytes, max_queued_requests, request_timeout, shutdown_timeout, device, num_threads, draft_num_threads, allow_vocab_mismatch, log_level,
-         verify_engine) -> None:
+def main(engine_dir, speculative_method, draft_len, host, port, api_key, served_model_name, tokenizer_dir, chat_template, end_id, max_request_bytes,
+         max_queued_requests, request_timeout, shutdown_timeout, device, num_threads, draft_num_threads, allow_vocab_mismatch, log_level,
+         verify_engine, **flags) -> None:
     """Serve an engine over OpenAI's API: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, /version.
 
     \b
@@ -70,9 +59,7 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
         from ..serve import build_served, create_app, run_server
     except ImportError as err:
         raise RequestError(f"specdec-serve needs the serve extra: pip install 'specdec[serve]' ({err}).") from None
-    dtm = parse_draft_target_config(draft_target_model_config) if draft_target_model_config else None
-    ngram = parse_ngram_config(ngram_config) if ngram_config else None
-    suffix = parse_suffix_config(suffix_config) if suffix_config else None
+    drafters = [config for _, config in method_configs(flags)]  # each drafting method's flags (runtime/methods.py) -> its config
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         click.echo(f"warning: binding {host} without --api_key: anyone who can reach this port can use the server.", err=True)
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
@@ -80,12 +67,10 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
 
     def load():
         target = load_engine_dir(engine_dir, verify=verify_engine)
-        draft = load_engine_dir(draft_engine_dir, verify=verify_engine) if draft_engine_dir else None
-        served = build_served(target, draft, dtm, ngram, served_model_name=served_model_name, tokenizer_dir=tokenizer_dir,
+        served = build_served(target, drafters=drafters, served_model_name=served_model_name, tokenizer_dir=tokenizer_dir,
                               chat_template=chat_template, end_id=end_id, method=speculative_method, draft_len=parse_draft_len(draft_len),
-                              ngram_min_match=ngram_min_match, device=device, num_threads=num_threads, draft_num_threads=draft_num_threads,
-                              allow_vocab_mismatch=allow_vocab_mismatch, medusa_choices=medusa_choices, eagle_choices=eagle_choices,
-                              suffix=suffix)
+                              device=device, num_threads=num_threads, draft_num_threads=draft_num_threads,
+                              allow_vocab_mismatch=allow_vocab_mismatch, verify=verify_engine)
         if served.engine.pairing is not None and served.engine.pairing.mode != "shared":
             click.echo(f"specdec-serve: pairing: {served.engine.pairing.note}", err=True)
         loaded["served"] = served
@@ -102,7 +87,7 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
         served = loaded["served"]
         spec = served.engine.speculation
         click.echo(f"specdec-serve: model {served.model_name!r} (methods: {', '.join(served.methods)}; default {spec.method}"
-                   f"{f', {spec.draft_len} drafts' if spec.method != 'none' else ''}) on {url}", err=True)
+                   f"{f', {spec.draft_len} drafts' if spec.drafts else ''}) on {url}", err=True)
 
     run_server(load, host, port, log_level=log_level, on_ready=ready, on_bound=bound, shutdown_timeout=shutdown_timeout)
 

@@ -91,9 +91,15 @@ class DraftTargetConfig:
 
 @dataclass(frozen=True)
 class NGramConfig:
+    """N-gram / prompt-lookup drafting (TensorRT-LLM's NGramDecodingConfig): the config string's three fields, and the
+    pool's settings that have flags of their own (--ngram_keep_all, --ngram_use_oldest, --ngram_min_match)."""
+
     max_draft_len: int
     max_matching_ngram_size: int
     devices: list[int]
+    is_keep_all: bool = True  # keep every earlier occurrence of a pattern, or only the newest
+    is_use_oldest: bool = False  # draft from a pattern's oldest occurrence (TensorRT-LLM's default) or its newest
+    min_matching_ngram_size: int = 1  # the shortest pattern matched
 
 
 def shown(text: str, limit: int = SHOWN_CHARS) -> str:

@@ -31,8 +31,9 @@ from .backends.base import Executor
 from .draft_len import AutoDraftLen
 from ..formats.engine_format import TREE_MODES, EngineDir
 from ..formats.errors import EngineError, RequestError
+from .methods import TARGET_ONLY
 from .metrics import Metrics
-from .pairing import check_pair
+from .pairing import Pairing, check_pair
 from .proposers.base import Proposer
 from .logits import LogitsProcessor
 from .request import AUTO, GenerationConfig, Request, RequestOutput, RequestStatus
@@ -44,8 +45,13 @@ from .scheduler import Scheduler
 class SpeculationConfig:
     """The engine's defaults for requests that do not choose (one source of truth)."""
 
-    method: str = "none"  # none | draft | ngram | medusa | eagle
+    method: str = TARGET_ONLY  # a registered method (runtime/methods.py), or none
     draft_len: int | str = 0  # drafts per round, or "auto"
+
+    @property
+    def drafts(self) -> bool:
+        """Requests that do not choose draft (the default method is not TARGET_ONLY)."""
+        return self.method != TARGET_ONLY
 
 
 def check_draft_len(target: EngineDir, draft_len: int | str, what: str = "draft_len") -> None:
@@ -86,18 +92,16 @@ class Engine:
         short = min(executors, key=lambda e: e.build.max_input_len)
         self._input_limit_by = "the target engine" if short is target else f"the draft engine {short.engine.path} (the target's is {build.max_input_len})"
         # The vocabulary draft and target share (padded vocabularies compare over the common ids).
-        self.pairing = None  # how a draft model drafts for this target, when load_engine made it (runtime/pairing.py)
         self.vocab_limit: int | None = None
         for p in proposers:
-            if p.executor is not None and not getattr(p, "cross_tokenizer", False):  # another tokenizer: its adapter maps ids
+            if p.executor is not None and not p.own_vocabulary:  # another tokenizer: its adapter maps ids
                 limit = check_pair(target.engine, p.executor.engine, allow_vocab_mismatch)
                 self.vocab_limit = limit if self.vocab_limit is None or limit is None else min(self.vocab_limit, limit)
                 p.vocab_limit = limit
-        if speculation.method != "none" and speculation.method not in self.proposers:
+        if speculation.drafts and speculation.method not in self.proposers:
             raise EngineError(f"the default speculation method {speculation.method!r} has no proposer loaded (loaded: {', '.join(self.proposers) or 'none'}).")
-        if self.proposers:
-            what = "ngram max_draft_len" if speculation.method == "ngram" else "draft_len"
-            self._check_draft_len(speculation.draft_len if speculation.method != "none" else 0, what)
+        if speculation.drafts:
+            self._check_draft_len(speculation.draft_len, self.proposers[speculation.method].draft_len_name)
         self.cache = target.new_cache(self.max_batch)
         self.scheduler = Scheduler(target, self.cache, self.max_batch)
         self.requests: dict[str, Request] = {}
@@ -107,6 +111,11 @@ class Engine:
         self._ids = itertools.count()
         self._aborted: list[Request] = []
         np.random.default_rng(0)  # numpy.random loads lazily (~30 ms): pay it here, not in the first request
+
+    @property
+    def pairing(self) -> Pairing | None:
+        """How the draft model drafts for this target, when its method paired them (runtime/pairing.py): shared ids or text."""
+        return next((p.pairing for p in self.proposers.values() if p.pairing is not None), None)
 
     @property
     def running(self) -> list[Request]:
@@ -144,10 +153,11 @@ class Engine:
         """
         ids = self.validate(prompt_ids)
         method = config.method or self.speculation.method
-        if method != "none" and method not in self.proposers:
-            raise RequestError(f"speculation method {method!r} is not loaded in this engine (loaded: {', '.join(['none', *self.proposers])}).")
+        proposer = self.proposers.get(method)  # None: the request decodes target-only
+        if proposer is None and method != TARGET_ONLY:
+            raise RequestError(f"speculation method {method!r} is not loaded in this engine (loaded: {', '.join([TARGET_ONLY, *self.proposers])}).")
         draft_len = config.draft_len if config.draft_len is not None else self.speculation.draft_len
-        if method == "none":
+        if proposer is None:
             draft_len = 0
         else:
             try:
@@ -216,8 +226,9 @@ class Engine:
 
     def _leave(self, r: Request, joined: bool = True) -> None:
         self.scheduler.release(r)
-        if joined and r.method != "none":
-            self.proposers[r.method].remove(r.request_id)
+        proposer = self.proposers.get(r.method)  # None: it decoded target-only
+        if joined and proposer is not None:
+            proposer.remove(r.request_id)
 
     def _close(self, r: Request) -> None:
         t = r.times

@@ -19,13 +19,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..formats.errors import RequestError
+from .methods import method_names
 from .metrics import Metrics
 from .sampling import SamplingConfig
 
 if TYPE_CHECKING:
     from .logits import LogitsProcessor
 
-METHODS = ("none", "draft", "ngram", "medusa", "eagle", "suffix")
+METHODS = method_names()  # the methods registered at import (runtime/methods.py: method_names() sees later ones too)
 AUTO = "auto"
 
 
@@ -36,7 +37,7 @@ class GenerationConfig:
     end_ids: tuple[int, ...] = ()  # stop after any of these (empty: never)
     stop_words: tuple[tuple[int, ...], ...] = ()  # token sequences that end a request
     # speculation; None = the engine's default
-    method: str | None = None  # none | draft | ngram | medusa | eagle | suffix
+    method: str | None = None  # a registered method (runtime/methods.py: draft | ngram | medusa | eagle | suffix), or none
     draft_len: int | str | None = None  # 0..max_draft_len, or "auto": chosen each round
     # log-probabilities of the emitted tokens (the target's, after logits processing): None = off,
     # k >= 0 = each token's own plus its k most likely alternatives
@@ -47,8 +48,8 @@ class GenerationConfig:
     def __post_init__(self) -> None:
         if self.max_output_len < 1:
             raise RequestError(f"max_output_len={self.max_output_len} must be >= 1.")
-        if self.method is not None and self.method not in METHODS:
-            raise RequestError(f"unknown speculation method {self.method!r}; expected one of {', '.join(METHODS)}.")
+        if self.method is not None and self.method not in method_names():
+            raise RequestError(f"unknown speculation method {self.method!r}; expected one of {', '.join(method_names())}.")
         if isinstance(self.draft_len, str) and self.draft_len != AUTO:
             raise RequestError(f"draft_len={self.draft_len!r} must be an integer >= 0 or 'auto'.")
         if isinstance(self.draft_len, int) and (isinstance(self.draft_len, bool) or self.draft_len < 0):
@@ -93,7 +94,7 @@ class Request:
     request_id: str
     prompt_ids: list[int]
     config: GenerationConfig
-    method: str  # resolved: none | draft | ngram
+    method: str  # resolved: a loaded method, or none (runtime/methods.py: TARGET_ONLY)
     draft_len: int | str  # resolved: a fixed length or "auto"
     rng: np.random.Generator  # this request's own: its output never depends on its batch
     output_ids: list[int] = field(default_factory=list)

@@ -163,9 +163,9 @@ class SpeculativeRound:
 
     def draft_len(self, r: Request, running: int) -> int:
         """How many drafts request r may take this round (``running``: requests in the batch, for auto)."""
-        if r.method == "none" or r.drafting_stopped:
+        proposer = self.proposers.get(r.method)  # None: the request decodes target-only
+        if proposer is None or r.drafting_stopped:
             return 0
-        proposer = self.proposers[r.method]
         limit = min(
             self.target.build.max_draft_len,
             r.config.max_output_len - len(r.output_ids) - 1,
@@ -297,8 +297,8 @@ class SpeculativeRound:
             # a chain's rows are Rows' own (drafts[:j] == emitted[:j]): processed once, during acceptance; a tree's need the path
             r.logprobs += [logprobs(rows.logits(row, None if d.parents is None else emitted[:j]), t, r.config.logprobs)
                            for j, (row, t) in enumerate(zip(kept, emitted))]
-        if r.method != "none":
-            proposer = self.proposers[r.method]
+        proposer = self.proposers.get(r.method)  # None: the request decodes target-only
+        if proposer is not None:
             # the target's extra outputs it asked for, on the request's fed rows
             extras = {name: step.extras[name][r.slot, : k + 1] for name in proposer.target_outputs} if proposer.target_outputs else NO_EXTRAS
             proposer.observe(r, d, TargetOutput(raw, n, emitted, kept, extras))

@@ -15,6 +15,8 @@ from typing import Any
 from ..runtime.engine import Engine, check_draft_len
 from ..formats.errors import SpecdecError
 from ..runtime.grammar import Grammar, GrammarCompiler, GrammarSpec
+from ..runtime.methods import TARGET_ONLY, method_names
+from ..runtime.proposers.method import get_method
 from ..runtime.request import AUTO, GenerationConfig
 from ..runtime.sampling import SamplingConfig
 from ..formats.tokenizer import Tokenizer
@@ -46,7 +48,7 @@ class Served:
 
     @property
     def methods(self) -> list[str]:
-        return ["none", *self.engine.proposers]
+        return [TARGET_ONLY, *self.engine.proposers]
 
     def grammar(self, spec: GrammarSpec, param: str) -> Grammar:
         """The compiled grammar for a spec (cached), or a 400 naming ``param``."""
@@ -75,7 +77,7 @@ class Plan:
     prompts: list[list[int]]
     config: GenerationConfig
     stops: tuple[str, ...]
-    method: str  # resolved: none | draft | ngram | suffix | medusa | eagle
+    method: str  # resolved: a loaded method (runtime/methods.py), or none
     num_draft_tokens: int | str  # resolved: k or "auto"
     stream: bool
     include_usage: bool
@@ -211,11 +213,11 @@ def plan(req: Sampling, prompts: list[list[int]], max_tokens: int | None, served
         sampling=sampling,
         end_ids=() if req.ignore_eos and grammar is None else served.end_ids,
         method=method,
-        draft_len=k if method != "none" else 0,
+        draft_len=k,  # 0 for TARGET_ONLY (speculation)
         grammar=grammar,
     )
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    return Plan(checked, config, stops, method, k if method != "none" else 0, req.stream, include_usage)
+    return Plan(checked, config, stops, method, k, req.stream, include_usage)
 
 
 def logit_bias(req: Sampling, vocab: int) -> tuple[tuple[int, float], ...]:
@@ -258,17 +260,18 @@ def speculation(req: Sampling, served: Served) -> tuple[str, int | str]:
     engine = served.engine
     method = spec.method if spec and spec.method is not None else engine.speculation.method
     if method not in served.methods:
-        hint = {"draft": "--draft_engine_dir", "ngram": "--ngram_config", "suffix": "--suffix_config"}.get(
-            method, f"a target engine built with --speculative_decoding_mode {method}")
         raise ApiError(
             400,
-            f"speculative.method {method!r} is not loaded on this server (loaded: {', '.join(served.methods)}); start specdec-serve with {hint} to serve it.",
+            f"speculative.method {method!r} is not loaded on this server (loaded: {', '.join(served.methods)}); start specdec-serve with "
+            f"{get_method(method).loaded_by} to serve it.",
             "speculative.method",
         )
     k = spec.num_draft_tokens if spec and spec.num_draft_tokens is not None else None
-    if method == "none":
+    if method == TARGET_ONLY:
         if k not in (None, 0):
-            raise ApiError(400, f"speculative.num_draft_tokens={k!r} needs a method that drafts (draft, ngram, suffix, medusa or eagle), not 'none'.", "speculative.num_draft_tokens")
+            drafting = method_names()[1:]
+            raise ApiError(400, f"speculative.num_draft_tokens={k!r} needs a method that drafts ({', '.join(drafting[:-1])} or {drafting[-1]}), "
+                           f"not {TARGET_ONLY!r}.", "speculative.num_draft_tokens")
         return method, 0
     if k is None:
         k = served.draft_lens.get(method, engine.speculation.draft_len if method == engine.speculation.method else AUTO)
@@ -279,9 +282,9 @@ def speculation(req: Sampling, served: Served) -> tuple[str, int | str]:
             raise ApiError(400, str(err), "speculative.num_draft_tokens") from None
         cap = engine.proposers[method].max_draft_len  # a limit of the proposer's own config: n-gram's and suffix's have one
         if cap is not None and k > cap:
-            source = {"ngram": "the n-gram pool's max_draft_len", "suffix": "suffix decoding's max_draft_len"}.get(method, f"{method}'s max_draft_len")
-            flag = {"ngram": "--ngram_config", "suffix": "--suffix_config"}.get(method, "its config")
-            raise ApiError(400, f"speculative.num_draft_tokens={k} is larger than {source}={cap} ({flag}); use <= {cap}.", "speculative.num_draft_tokens")
+            m = get_method(method)
+            source = m.limit_name or f"{method}'s max_draft_len"
+            raise ApiError(400, f"speculative.num_draft_tokens={k} is larger than {source}={cap} ({m.flag}); use <= {cap}.", "speculative.num_draft_tokens")
     return method, k
 
 

@@ -22,6 +22,10 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ..runtime.methods import method_names
+
+METHODS = method_names()  # what speculative.method may name: none and the methods registered when the server starts
+
 STRICT = ConfigDict(strict=True, extra="ignore")
 CLOSED = ConfigDict(strict=True, extra="forbid")  # a typo in an extension must not pass silently
 
@@ -52,7 +56,7 @@ class Speculative(BaseModel):
     """The per-request speculation extension. Unknown keys are refused: a typo must not pass silently."""
 
     model_config = CLOSED
-    method: Union[Literal["none", "draft", "ngram", "suffix", "medusa", "eagle"], None] = None  # default: the server's
+    method: Union[Literal[METHODS], None] = None  # a method runtime/methods.py registers; default: the server's
     num_draft_tokens: Union[Annotated[int, Field(ge=0, le=1024)], Literal["auto"], None] = None  # default: the server's
 
 

@@ -59,7 +59,7 @@ def build_served(
         end_ids=end_ids,
         chat_template=find_template(tok, chat_template),
         special_tokens=special_tokens(tok) if tok else {},
-        draft_lens=method_draft_lens(engine, draft_target, ngram),
+        draft_lens=method_draft_lens(engine),
     )
 
 

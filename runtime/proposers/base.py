@@ -20,8 +20,11 @@ from typing import TYPE_CHECKING, ClassVar, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from ...formats.config_strings import DEFAULT_DRAFT_LEN
+
 if TYPE_CHECKING:
     from ..backends.base import Executor, StepOutput
+    from ..pairing import Pairing
     from ..request import Request
     from ..tree import DraftTree
 
@@ -66,7 +69,7 @@ class Proposer(Protocol):
     """A drafting method. Its optional parts are declared, never probed for: a proposer class subclasses this
     protocol and overrides the defaults below that apply to it."""
 
-    name: ClassVar[str]  # the method it implements: draft | ngram | medusa | eagle
+    name: ClassVar[str]  # the method it implements (runtime/methods.py): draft | ngram | medusa | eagle | suffix
     # a draft model's own engine, beside the target: the Engine pairs it with the target (vocabulary, limits) and
     # sets vocab_limit; None for drafters that use the target's own outputs or the text (n-gram, Medusa, EAGLE)
     executor: "Executor | None" = None
@@ -82,6 +85,19 @@ class Proposer(Protocol):
     # eagle target's eagle_hidden): ``prefilled`` reads them in the prefill's StepOutput.extras, and ``observe`` gets
     # them on the request's fed rows in TargetOutput.extras. Its registration checks the target has them.
     target_outputs: ClassVar[tuple[str, ...]] = ()
+    # drafts per round when nothing chose: its config's (a draft-target config's draft_len, n-gram's and suffix
+    # decoding's max_draft_len, a Medusa or EAGLE tree's nodes), else DEFAULT_DRAFT_LEN
+    default_draft_len: int = DEFAULT_DRAFT_LEN
+    draft_len_name: ClassVar[str] = "draft_len"  # how an error names its default draft length (n-gram: its config's)
+    # its executor's token ids are not the target's (a draft with another tokenizer drafts through text): the Engine
+    # does not check the two vocabularies against each other
+    own_vocabulary: ClassVar[bool] = False
+    pairing: "Pairing | None" = None  # how its draft model was paired with the target, when its method checked (runtime/pairing.py)
+
+    @property
+    def label(self) -> str:
+        """What it drafts with, as specdec-run's tables name it."""
+        return self.name
 
     def add(self, requests: Sequence["Request"]) -> None:
         """Start these requests: each has its prompt and the first token the target picked."""

@@ -56,13 +56,15 @@ class _Text:
 
 class CrossTokenizerProposer(Proposer):
     name = "draft"
-    cross_tokenizer = True  # the engine skips the shared-vocabulary pairing check for it
+    label = "draft-target (cross-tokenizer)"
+    own_vocabulary = True  # its draft's ids are the draft's: the engine skips the shared-vocabulary check
 
     def __init__(self, inner: DraftModelProposer, target_bytes: TokenBytes, draft_bytes: TokenBytes,
                  target_bos: int | None = None, draft_bos: int | None = None):
         inner.use_logits = False  # q is over the draft's vocabulary: drafts are its argmax, verified by token compare
         self.inner = inner
         self.executor = inner.executor
+        self.default_draft_len, self.pairing = inner.default_draft_len, inner.pairing
         self.target_bytes, self.draft_bytes = target_bytes, draft_bytes
         self.target_bos, self.draft_bos = target_bos, draft_bos
         self.texts: dict[str, _Text] = {}

@@ -25,7 +25,9 @@ from typing import Sequence
 import numpy as np
 
 from ..backends.base import Executor
+from ...formats.config_strings import DEFAULT_DRAFT_LEN
 from ...formats.errors import RequestError
+from ..pairing import Pairing
 from ..request import AUTO, Request
 from ..sampling import processed_probs, sample
 from .base import Draft, Proposer, TargetOutput, adjacent_runs
@@ -35,11 +37,15 @@ CATCH_UP_AFTER = 9  # pending tokens beyond one round's worth (k + 1 at k = 8) a
 
 class DraftModelProposer(Proposer):
     name = "draft"
+    label = "draft-target"
 
-    def __init__(self, executor: Executor, use_logits: bool = False, confidence_threshold: float = 0.0):
+    def __init__(self, executor: Executor, use_logits: bool = False, confidence_threshold: float = 0.0, draft_len: int = DEFAULT_DRAFT_LEN,
+                 pairing: Pairing | None = None):
+        """draft_len: its default drafts per round (a draft-target config's); pairing: how it was checked against the target."""
         if not 0.0 <= confidence_threshold <= 1.0:  # a probability (NaN fails too)
             raise RequestError(f"--draft_confidence_threshold {confidence_threshold}: expected a probability in [0, 1] (0 = always draft_len tokens).")
         self.executor = executor
+        self.default_draft_len, self.pairing = draft_len, pairing
         # With use_logits (and a sampled request) drafts are sampled from q and q is kept for
         # rejection sampling; otherwise the draft proposes its most likely token.
         self.use_logits = use_logits

@@ -35,6 +35,7 @@ implemented, and greedy tree acceptance would be wrong for them).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -47,7 +48,7 @@ from ..request import AUTO, Request
 from ..sampling import processed_probs, sample
 from ..tree import DraftTree, check_tree, parse_choices, top_k
 from .base import Draft, TargetOutput, adjacent_runs
-from .own import OwnDrafter
+from .own import DraftTreeConfig, OwnDrafter, own_drafter_method
 
 CATCH_UP_AFTER = 9  # pending pairs beyond one round's worth are fed in a call of their own (catch_up)
 # the engines' extra tensors (engine_format.extra_io), by name
@@ -273,3 +274,15 @@ class EagleProposer(OwnDrafter):
             if rid in want:
                 k = min(want[rid][1], nodes)
                 out[want[rid][0]] = Draft(tokens[i, :k].copy(), parents=tree.parents[:k].copy(), depths=tree.depths[:k].copy())
+
+
+# -- the method's registration (runtime/methods.py: an eagle target carries it) -----------------------------------
+@dataclass(frozen=True)
+class EagleConfig(DraftTreeConfig):
+    """EAGLE-3 drafting with the module in a --speculative_decoding_mode eagle target's eagle/ folder: a draft tree, or chains."""
+
+
+METHOD = own_drafter_method(
+    EagleProposer, EagleConfig,
+    'A --speculative_decoding_mode eagle target: the draft tree, as --medusa_choices, e.g. "[[0],[1],[0,0],[0,1],[0,0,0]]" '
+    "[default: a chain of --draft_len drafts, 4].")

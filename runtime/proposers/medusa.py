@@ -24,6 +24,7 @@ not implemented, and greedy tree acceptance on sampled requests would be wrong.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -35,7 +36,7 @@ from ..request import Request
 from ..sampling import processed_probs, sample
 from ..tree import DraftTree, check_tree, parse_choices, top_k, tree_draft
 from .base import Draft, TargetOutput
-from .own import OwnDrafter
+from .own import DraftTreeConfig, OwnDrafter, own_drafter_method
 
 HEADS = "medusa_logits"  # the target's extra output: [rows, heads, vocab] each head on the logits rows (engine_format.extra_io)
 
@@ -124,3 +125,16 @@ class MedusaProposer(OwnDrafter):
         # the row of the last kept token: its target logits gave the appended token, its heads the ones after it
         self.heads[request.request_id] = target.extras[HEADS][target.rows[-1]].copy()  # [heads, vocab]
 
+
+
+# -- the method's registration (runtime/methods.py: a medusa target carries it) -----------------------------------
+@dataclass(frozen=True)
+class MedusaConfig(DraftTreeConfig):
+    """Medusa drafting with a --speculative_decoding_mode medusa target's own heads: a draft tree (``choices``), or chains."""
+
+
+METHOD = own_drafter_method(
+    MedusaProposer, MedusaConfig,
+    'A --speculative_decoding_mode medusa target: the draft tree, TensorRT-LLM\'s format (paths of top-k indices), e.g. '
+    '"[[0],[0,0],[1],[0,1],[2],[0,0,0]]"; at most the engine\'s max_draft_len nodes; greedy requests draft the tree, sampled ones '
+    "its deepest chain [default: a chain, one draft per head].")

@@ -3,27 +3,34 @@
 A medusa target has its Medusa heads in the network; an eagle target has its
 EAGLE-3 module as a second engine in its ``eagle/`` folder. What the loader,
 the server and the bench need to know of such a drafter is declared once, on
-its class (``OwnDrafter``), and the mode -> class table is below: nothing
-above it branches on "medusa" or "eagle".
+its class (``OwnDrafter``), and which mode carries which method is its
+registration's (runtime/methods.py: target_mode): nothing above it branches on
+"medusa" or "eagle".
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Callable, ClassVar, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
+from ..methods import carried_by, own_drafters
 from .base import Proposer
+from .method import Flag, Method, get_method
 
 if TYPE_CHECKING:
     from ..backends.base import Executor
     from ...formats.engine_format import EngineDir
     from ..tree import DraftTree
 
-# a target's speculative_decoding_mode -> the class of the drafter it carries, imported when such a target loads
-OWN_DRAFTERS: dict[str, str] = {
-    "medusa": f"{__package__}.medusa.MedusaProposer",
-    "eagle": f"{__package__}.eagle.EagleProposer",
-}
+# a target's speculative_decoding_mode -> the method of the drafter it carries (runtime/methods.py: target_mode), at import
+OWN_DRAFTERS: dict[str, str] = own_drafters()
+
+
+@dataclass(frozen=True)
+class DraftTreeConfig:
+    """A target's own drafter's config: a draft tree, or chains."""
+
+    choices: "str | Sequence[Sequence[int]] | None" = None  # TensorRT-LLM's --medusa_choices format; None: chains
 
 
 class OwnDrafter(Proposer):
@@ -58,11 +65,24 @@ class OwnDrafter(Proposer):
         """Drafts per round when nothing chose: its tree's nodes, or its default chain."""
         return len(self.tree) if self.tree is not None else self.default_chain_len
 
+    @property
+    def label(self) -> str:
+        return f"{self.name} {'tree' if self.tree is not None else 'chain'}"
+
+
+def own_drafter_method(cls: type[OwnDrafter], config: type[DraftTreeConfig], choices_help: str) -> Method:
+    """The registration of a drafter a target carries: opened on the target's executor (and, for what it needs of its
+    own, beside it), with its tree flag (``cls.choices_flag``) as its one command-line flag."""
+    key = cls.choices_flag.removeprefix("--")
+
+    def from_flags(values: Any) -> DraftTreeConfig | None:
+        return config(values[key]) if values.get(key) is not None else None
+
+    return Method(name=cls.name, config=config, proposer=cls, flag=cls.choices_flag, flags=(Flag(key, choices_help),), from_flags=from_flags,
+                  open=lambda c, context: cls.for_target(context.open_target(), c.choices, context.open_beside), default_config=config)
+
 
 def own_drafter(mode: str) -> type[OwnDrafter] | None:
     """The drafter class a target built with ``mode`` carries, or None (its drafts come from elsewhere, or none)."""
-    path = OWN_DRAFTERS.get(mode)
-    if path is None:
-        return None
-    module, name = path.rsplit(".", 1)
-    return getattr(importlib.import_module(module), name)
+    name = carried_by(mode)
+    return None if name is None else get_method(name).proposer

@@ -41,6 +41,7 @@ from ..request import Request
 from ..suffix_cache import ResponseCache
 from ..suffix_index import SpecParams, SuffixDraft, TokenStore, best_draft
 from .base import Draft, Proposer, TargetOutput
+from .method import Flag, Method, OpenContext
 
 SUFFIX_FORM = ("[max_draft_len, max_tree_depth] or a JSON object with any of max_draft_len, max_tree_depth, max_spec_factor, "
                "max_spec_offset, min_token_prob, global_cache, max_cached_tokens, max_cached_responses, cached_prompt_tokens, seed_file")
@@ -121,6 +122,7 @@ class SuffixProposer(Proposer):
         when config.global_cache)."""
         self.config = config
         self.max_draft_len = config.max_draft_len
+        self.default_draft_len = config.max_draft_len
         self.params = config.params
         self.trees = trees
         if cache is None and config.global_cache:
@@ -178,3 +180,32 @@ class SuffixProposer(Proposer):
 
     def observe(self, request: Request, draft: Draft, target: TargetOutput) -> None:
         self.stores[request.request_id].append(target.emitted)
+
+
+# -- the method's registration (runtime/methods.py) -------------------------------------------------------------
+def open_suffix(config: SuffixConfig, context: OpenContext) -> SuffixProposer:
+    """Suffix decoding on this target: trees where it verifies them; the global cache seeded from the config's file."""
+    target = context.target
+    proposer = SuffixProposer(config, trees=bool(target.config.build.tree_attention))
+    if config.seed_file and proposer.cache is not None:
+        encode = None
+        if target.tokenizer_path is not None:
+            from ...formats.tokenizer import Tokenizer
+
+            encode = Tokenizer(target.path).encode
+        proposer.cache.load(config.seed_file, encode)
+    return proposer
+
+
+METHOD = Method(
+    name="suffix",
+    config=SuffixConfig,
+    open=open_suffix,
+    proposer=SuffixProposer,
+    flag="--suffix_config",
+    flags=(Flag("suffix_config", "Suffix decoding (no draft model: drafts what followed the request's last tokens in its own text and in "
+                f"earlier responses; its global cache lives as long as the engine): {SUFFIX_FORM}, e.g. '{SUFFIX_EXAMPLE}' "
+                "(docs/speculative-decoding.md)."),),
+    from_flags=lambda values: parse_suffix_config(values["suffix_config"]) if values.get("suffix_config") else None,
+    limit_name="suffix decoding's max_draft_len",
+)
