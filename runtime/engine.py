@@ -29,6 +29,7 @@ import numpy as np
 
 from .backends.base import Executor
 from .draft_len import AutoDraftLen
+from .draft_policy import AutoDraftPolicy
 from ..formats.engine_format import TREE_MODES, EngineDir
 from ..formats.errors import EngineError, RequestError
 from .methods import TARGET_ONLY
@@ -105,9 +106,10 @@ class Engine:
         self.cache = target.new_cache(self.max_batch)
         self.scheduler = Scheduler(target, self.cache, self.max_batch)
         self.requests: dict[str, Request] = {}
+        # draft_len="auto"'s cost model (measured step costs, per-method acceptance), behind the round's one policy seam
         self.auto = AutoDraftLen(build.max_draft_len, self.max_batch, even_rows=bool((build.weight_only or {}).get("even_rows")))
         self.stats = Metrics()  # engine totals: every request's counts, merged as it finishes
-        self.round = SpeculativeRound(target, self.cache, self.proposers, self.vocab_limit, self.auto, self.stats)
+        self.round = SpeculativeRound(target, self.cache, self.proposers, self.vocab_limit, AutoDraftPolicy(self.auto), self.stats)
         self._ids = itertools.count()
         self._aborted: list[Request] = []
         np.random.default_rng(0)  # numpy.random loads lazily (~30 ms): pay it here, not in the first request

@@ -2,7 +2,8 @@
 
 A round, per request (gpt-fast's verbs):
 
-    propose   the request's proposer offers up to k drafts (k fixed, or chosen by draft_len=auto)
+    propose   the request's proposer offers up to k drafts (k: the DraftPolicy's, runtime/draft_policy.py:
+              the request's own, or what draft_len=auto's cost model expects to pay)
     verify    the target scores [last token, d1..dk] in ONE call with every other request
     accept    token compare, rejection sampling or a tree's longest path keeps n <= k drafts
     append    d1..dn and the recovered (or bonus) token; the target rolls back to what was kept,
@@ -27,7 +28,7 @@ import numpy as np
 
 from .acceptance import accept_rejection_sampling, accept_token_compare
 from .backends.base import NO_EXTRAS, Executor, StepOutput
-from .draft_len import EXPLORE_ROUNDS, PROBE_BACKLOG, AutoDraftLen
+from .draft_policy import DraftPolicy
 from .guards import SILENT_DRAFT_ROUNDS, finite, first_nonfinite, nonfinite_message, silent_draft_message
 from .kv_cache import KVCache
 from .logits import Rows, logprobs
@@ -89,9 +90,9 @@ class SpeculativeRound:
     """The target, its cache and the proposers, run one round at a time (engine totals in ``stats``)."""
 
     def __init__(self, target: Executor, cache: KVCache, proposers: Mapping[str, Proposer], vocab_limit: int | None,
-                 auto: AutoDraftLen, stats: Metrics):
+                 policy: DraftPolicy, stats: Metrics):
         self.target, self.cache, self.proposers = target, cache, proposers
-        self.vocab_limit, self.auto, self.stats = vocab_limit, auto, stats
+        self.vocab_limit, self.policy, self.stats = vocab_limit, policy, stats  # policy: how many drafts (draft_policy.py)
         self.rounds = 0  # rounds run: requests at k = 0 under draft_len=auto probe together (AutoDraftLen.probe_due)
 
     # -- prefill: a newcomer's prompt and its first token --------------------------------
@@ -147,22 +148,19 @@ class SpeculativeRound:
     def run(self, reqs: list[Request], new: NewTokens) -> list[Request]:
         """One round for ``reqs`` (the running requests, request i in slot i); the requests that finished."""
         self.rounds += 1
+        self.policy.begin(reqs, self.rounds)
         lens = [self.draft_len(r, len(reqs)) for r in reqs]
-        timing = any(r.draft_len == AUTO for r in reqs)  # step costs feed draft_len=auto only
-        drafts = self.propose(reqs, lens, timing)
-        if timing:  # drafts that score their nodes: auto keeps the prefix that pays at this batch size
-            drafts = [self.auto_prefix(r, d, len(reqs)) if r.draft_len == AUTO and d.scores is not None else d for r, d in zip(reqs, drafts)]
-            if len(reqs) > 1 and not self.auto.probe_due(self.rounds, len(reqs)):  # probes keep their width: they are how estimates update
-                drafts = self.batch_cap(reqs, drafts)
+        drafts = self.batch_cap(reqs, self.propose(reqs, lens))
         t0 = time.perf_counter()
         step, share_s = self.verify(reqs, drafts)
         ended = [r for r, d in zip(reqs, drafts) if self.accept(r, d, step, share_s, new)]
-        if timing:  # the call and the per-row work after it (acceptance, rollback, the proposers' observe): what a width costs
-            self.auto.record_verify(len(reqs), step.logits.shape[1], time.perf_counter() - t0)
+        # the call and the per-row work after it (acceptance, rollback, the proposers' observe): what a width costs
+        self.policy.verified(len(reqs), step.logits.shape[1], time.perf_counter() - t0)
         return ended
 
     def draft_len(self, r: Request, running: int) -> int:
-        """How many drafts request r may take this round (``running``: requests in the batch, for auto)."""
+        """How many drafts request r may take this round (``running``: requests in the batch): the policy's choice,
+        within what the target, the request's length, its cache slot and its proposer leave room for."""
         proposer = self.proposers.get(r.method)  # None: the request decodes target-only
         if proposer is None or r.drafting_stopped:
             return 0
@@ -172,68 +170,14 @@ class SpeculativeRound:
             self.cache.max_seq_len - int(self.cache.lengths[r.slot]) - 2,
             proposer.room(r),
         )
-        if limit <= 0:
-            return 0
-        if r.draft_len != AUTO:
-            return min(int(r.draft_len), limit)
-        if proposer.scores_drafts:  # proposes its best, then auto keeps a prefix (auto_prefix) ... unless none paid last
-            # time and proposing costs enough to be worth saving (AutoDraftLen.worth_skipping): then only in probe rounds
-            skip = r.auto_k == 0 and not self.auto.probe_due(self.rounds, running) and self.auto.worth_skipping(r.method, running, limit)
-            return 0 if skip else limit
-        # a draft model or EAGLE module that has not read the prompt yet: drafting first costs a prefill
-        backlog = proposer.backlog(r)
-        catch_up_s = self.auto.catch_up_cost(r.method, backlog, running)
-        left = r.config.max_output_len - len(r.output_ids)
-        if proposer.tree is not None:  # a static tree (Medusa, EAGLE): whole, or nothing
-            k = self.auto.choose_tree(r.method, limit, r.metrics.accepted, r.metrics.drafting_rounds, running, catch_up_s, left)
-        else:
-            k = self.auto.choose(r.method, r.metrics.accepted, r.metrics.rejected, limit, running, r.auto_k, catch_up_s, left)
-            r.auto_k = k
-        # look again, all at once: the text may have changed. Not a request whose draft never read its prompt, unless
-        # the prompt is short (that probe would be a prefill on the draft, for one token) or the method has hardly
-        # drafted yet (its acceptance is still the prior: without probes it would stay that)
-        exploring = self.auto.drafting_rounds.get(r.method, 0) < EXPLORE_ROUNDS
-        if k == 0 and self.auto.probe_due(self.rounds, running) and (r.metrics.drafting_rounds or backlog <= PROBE_BACKLOG or exploring):
-            k = limit if proposer.tree is not None else 1
-        return k
-
-    def auto_prefix(self, r: Request, d: Draft, running: int) -> Draft:
-        """The prefix of a scored draft that draft_len=auto expects to pay (or nothing, but in probe rounds)."""
-        k = self.auto.choose_scored(r.method, d.scores, running)
-        r.auto_k = k if len(d) else None  # 0: a draft that did not pay: skip proposing until a probe round, if that saves much
-        if k == 0 and len(d) and self.auto.probe_due(self.rounds, running):
-            k = 1
-        return d if k == len(d) else d.prefix(k)
+        return self.policy.draft_len(r, proposer, limit, running) if limit > 0 else 0
 
     def batch_cap(self, reqs: list[Request], drafts: list[Draft]) -> list[Draft]:
-        """The auto requests' drafts cut to the call width that pays for the whole batch (AutoDraftLen.batch_width):
-        the call is as wide as its widest row, for every row."""
-        auto = [i for i, r in enumerate(reqs) if r.draft_len == AUTO and len(drafts[i])]
-        if not auto:
-            return drafts
-        floor = 1 + max((len(d) for r, d in zip(reqs, drafts) if r.draft_len != AUTO), default=0)
-        # every row counts: one without drafts makes its token at any width, and pays for the widest row all the same
-        curves = [[1.0]] * len(reqs)
-        for i in auto:
-            curves[i] = self.expected_curve(reqs[i], drafts[i])
-        width = self.auto.batch_width(curves, len(reqs), floor)
-        out = list(drafts)
-        for i in auto:
-            d = drafts[i]
-            if len(d) >= width:  # a static tree is whole or nothing; chains and scored drafts keep a prefix
-                out[i] = Draft.empty() if d.parents is not None and d.scores is None else d.prefix(width - 1)
-        return out
+        """The drafts the round verifies, as the policy keeps them: one call verifies them all and is as wide as its
+        widest row (draft_len=auto: a scored draft's prefix that pays, then the width that pays for the whole batch)."""
+        return self.policy.fit(reqs, drafts)
 
-    def expected_curve(self, r: Request, d: Draft) -> list[float]:
-        """[k] request r's expected tokens this round if it keeps at most k of its drafts ``d`` (k = 0..len(d))."""
-        if d.scores is not None:  # suffix: 1 + the calibrated sum of the kept nodes' scores
-            return [1.0, *(1.0 + self.auto.calibration(r.method) * np.cumsum(d.scores)).tolist()]
-        if d.parents is not None:  # a static tree: nothing unless whole
-            return [1.0] * len(d) + [self.auto.tree_tokens(r.method, r.metrics.accepted, r.metrics.drafting_rounds)]
-        a = self.auto.acceptance(r.method, r.metrics.accepted, r.metrics.rejected)
-        return self.auto.expected_tokens(r.method, a, len(d))
-
-    def propose(self, reqs: list[Request], lens: list[int], timing: bool) -> list[Draft]:
+    def propose(self, reqs: list[Request], lens: list[int]) -> list[Draft]:
         """Each request's drafts (empty where it takes none), one ``propose`` call per proposer."""
         drafts: list[Draft] = [Draft.empty()] * len(reqs)
         for name, proposer in self.proposers.items():
@@ -246,10 +190,7 @@ class SpeculativeRound:
             got = proposer.propose([reqs[i] for i in idx], [lens[i] for i in idx])
             t2 = time.perf_counter()
             self.stats.draft_s += t2 - t0
-            if timing:
-                if fed:
-                    self.auto.record_catch_up(name, fed, t1 - t0)
-                self.auto.record_draft(name, len(idx), max(len(d) for d in got), t2 - t1)
+            self.policy.proposed(name, len(idx), max(len(d) for d in got), t2 - t1, fed, t1 - t0)
             for i, d in zip(idx, got):
                 drafts[i] = trim(reqs[i], d)
                 reqs[i].metrics.draft_s += (t2 - t0) / len(idx)
@@ -302,9 +243,7 @@ class SpeculativeRound:
             # the target's extra outputs it asked for, on the request's fed rows
             extras = {name: step.extras[name][r.slot, : k + 1] for name in proposer.target_outputs} if proposer.target_outputs else NO_EXTRAS
             proposer.observe(r, d, TargetOutput(raw, n, emitted, kept, extras))
-            self.auto.record_round(r.method, k, n)
-            if d.scores is not None and k:
-                self.auto.record_scored(r.method, float(d.scores.sum()), n)
+            self.policy.observed(r, d, n)
         r.metrics.record_round(k, n, depth)
         watch_drafts(r, k, n)
         return append(r, emitted, new, self.cache.max_seq_len)

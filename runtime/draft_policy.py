@@ -1,0 +1,175 @@
+"""How many drafts each request takes per round: the one seam between the round and the cost model.
+
+The round (runtime/round.py) calls its policy at named points, and nowhere else:
+
+    begin(reqs, round_index)                 a round starts for these requests
+    draft_len(r, proposer, limit, running)   how many drafts r takes, at most ``limit`` (the round's bound)
+    fit(reqs, drafts)                        the drafts the round verifies (a policy may cut them)
+    proposed(method, rows, steps, seconds, fed, catch_up_seconds)
+                                             a proposer's call: its draft steps and its catch-up, timed
+    verified(rows, width, seconds)           the target's call and the per-row work after it, timed
+    observed(r, draft, accepted)             what the target kept of r's draft
+
+``FixedDraftPolicy``: each request drafts its own draft_len; nothing measured,
+nothing cut. ``AutoDraftPolicy`` (the Engine's): the same for those, and for
+``draft_len="auto"`` requests the length the cost model (runtime/draft_len.py:
+``AutoDraftLen``, measured step costs and per-request acceptance) expects to
+pay, every request's outcome teaching it the methods' acceptance.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from .draft_len import EXPLORE_ROUNDS, PROBE_BACKLOG, AutoDraftLen
+from .proposers.base import Draft, Proposer
+from .request import AUTO, Request
+
+
+class DraftPolicy(Protocol):
+    def begin(self, reqs: Sequence[Request], round_index: int) -> None:
+        """A round starts for ``reqs`` (the running requests); ``round_index`` counts rounds from 1."""
+
+    def draft_len(self, r: Request, proposer: Proposer, limit: int, running: int) -> int:
+        """How many drafts ``r`` takes this round, from 0 to ``limit`` (> 0: the target's max_draft_len, the request's
+        and its cache's room, the proposer's own); ``running``: the requests in the batch."""
+
+    def fit(self, reqs: Sequence[Request], drafts: list[Draft]) -> list[Draft]:
+        """The drafts to verify, request i's in drafts[i]: all of them, or prefixes (a static tree: whole or nothing)."""
+
+    def proposed(self, method: str, rows: int, steps: int, seconds: float, fed: int, catch_up_seconds: float) -> None:
+        """One proposer's call for ``rows`` requests: ``steps`` drafts deep in ``seconds``, after feeding ``fed`` tokens
+        its model had not seen in ``catch_up_seconds``."""
+
+    def verified(self, rows: int, width: int, seconds: float) -> None:
+        """The target's call of ``rows`` x ``width`` tokens and the per-row work after it took ``seconds``."""
+
+    def observed(self, r: Request, draft: Draft, accepted: int) -> None:
+        """The target kept ``accepted`` of ``r``'s ``draft``."""
+
+
+class FixedDraftPolicy:
+    """Each request takes its own draft_len (at most the round's limit): nothing is measured or cut."""
+
+    def begin(self, reqs: Sequence[Request], round_index: int) -> None:
+        pass
+
+    def draft_len(self, r: Request, proposer: Proposer, limit: int, running: int) -> int:
+        return min(int(r.draft_len), limit)
+
+    def fit(self, reqs: Sequence[Request], drafts: list[Draft]) -> list[Draft]:
+        return drafts
+
+    def proposed(self, method: str, rows: int, steps: int, seconds: float, fed: int, catch_up_seconds: float) -> None:
+        pass
+
+    def verified(self, rows: int, width: int, seconds: float) -> None:
+        pass
+
+    def observed(self, r: Request, draft: Draft, accepted: int) -> None:
+        pass
+
+
+class AutoDraftPolicy(FixedDraftPolicy):
+    """draft_len="auto" requests draft what ``cost`` (AutoDraftLen) expects to pay; the others take their own length.
+    Costs are measured in the rounds that have an auto request; every request's outcome counts for its method."""
+
+    def __init__(self, cost: AutoDraftLen):
+        self.cost = cost
+        self.round_index = 0
+        self.timed = False  # this round has an auto request: its costs are measured
+
+    def begin(self, reqs: Sequence[Request], round_index: int) -> None:
+        self.round_index = round_index
+        self.timed = any(r.draft_len == AUTO for r in reqs)  # step costs feed draft_len=auto only
+
+    def draft_len(self, r: Request, proposer: Proposer, limit: int, running: int) -> int:
+        if r.draft_len != AUTO:
+            return super().draft_len(r, proposer, limit, running)
+        cost, rounds = self.cost, self.round_index
+        if proposer.scores_drafts:  # proposes its best, then ``fit`` keeps a prefix ... unless none paid last time and
+            # proposing costs enough to be worth saving (AutoDraftLen.worth_skipping): then only in probe rounds
+            skip = r.auto_k == 0 and not cost.probe_due(rounds, running) and cost.worth_skipping(r.method, running, limit)
+            return 0 if skip else limit
+        # a draft model or EAGLE module that has not read the prompt yet: drafting first costs a prefill
+        backlog = proposer.backlog(r)
+        catch_up_s = cost.catch_up_cost(r.method, backlog, running)
+        left = r.config.max_output_len - len(r.output_ids)
+        if proposer.tree is not None:  # a static tree (Medusa, EAGLE): whole, or nothing
+            k = cost.choose_tree(r.method, limit, r.metrics.accepted, r.metrics.drafting_rounds, running, catch_up_s, left)
+        else:
+            k = cost.choose(r.method, r.metrics.accepted, r.metrics.rejected, limit, running, r.auto_k, catch_up_s, left)
+            r.auto_k = k
+        # look again, all at once: the text may have changed. Not a request whose draft never read its prompt, unless
+        # the prompt is short (that probe would be a prefill on the draft, for one token) or the method has hardly
+        # drafted yet (its acceptance is still the prior: without probes it would stay that)
+        exploring = cost.drafting_rounds.get(r.method, 0) < EXPLORE_ROUNDS
+        if k == 0 and cost.probe_due(rounds, running) and (r.metrics.drafting_rounds or backlog <= PROBE_BACKLOG or exploring):
+            k = limit if proposer.tree is not None else 1
+        return k
+
+    def fit(self, reqs: Sequence[Request], drafts: list[Draft]) -> list[Draft]:
+        """Scored drafts cut to the prefix that pays at this batch size, then every auto request's draft to the width that
+        pays for the whole batch (probe rounds keep their width: they are how estimates update)."""
+        if not self.timed:
+            return drafts
+        running = len(reqs)
+        drafts = [self.prefix(r, d, running) if r.draft_len == AUTO and d.scores is not None else d for r, d in zip(reqs, drafts)]
+        if running > 1 and not self.cost.probe_due(self.round_index, running):
+            drafts = self.batch_cap(reqs, drafts)
+        return drafts
+
+    def prefix(self, r: Request, d: Draft, running: int) -> Draft:
+        """The prefix of a scored draft that draft_len=auto expects to pay (or nothing, but in probe rounds)."""
+        k = self.cost.choose_scored(r.method, d.scores, running)
+        r.auto_k = k if len(d) else None  # 0: a draft that did not pay: skip proposing until a probe round, if that saves much
+        if k == 0 and len(d) and self.cost.probe_due(self.round_index, running):
+            k = 1
+        return d if k == len(d) else d.prefix(k)
+
+    def batch_cap(self, reqs: Sequence[Request], drafts: list[Draft]) -> list[Draft]:
+        """The auto requests' drafts cut to the call width that pays for the whole batch (AutoDraftLen.batch_width):
+        the call is as wide as its widest row, for every row."""
+        auto = [i for i, r in enumerate(reqs) if r.draft_len == AUTO and len(drafts[i])]
+        if not auto:
+            return drafts
+        floor = 1 + max((len(d) for r, d in zip(reqs, drafts) if r.draft_len != AUTO), default=0)
+        # every row counts: one without drafts makes its token at any width, and pays for the widest row all the same
+        curves = [[1.0]] * len(reqs)
+        for i in auto:
+            curves[i] = self.expected_curve(reqs[i], drafts[i])
+        width = self.cost.batch_width(curves, len(reqs), floor)
+        out = list(drafts)
+        for i in auto:
+            d = drafts[i]
+            if len(d) >= width:  # a static tree is whole or nothing; chains and scored drafts keep a prefix
+                out[i] = Draft.empty() if d.parents is not None and d.scores is None else d.prefix(width - 1)
+        return out
+
+    def expected_curve(self, r: Request, d: Draft) -> list[float]:
+        """[k] request r's expected tokens this round if it keeps at most k of its drafts ``d`` (k = 0..len(d))."""
+        cost = self.cost
+        if d.scores is not None:  # suffix: 1 + the calibrated sum of the kept nodes' scores
+            return [1.0, *(1.0 + cost.calibration(r.method) * np.cumsum(d.scores)).tolist()]
+        if d.parents is not None:  # a static tree: nothing unless whole
+            return [1.0] * len(d) + [cost.tree_tokens(r.method, r.metrics.accepted, r.metrics.drafting_rounds)]
+        a = cost.acceptance(r.method, r.metrics.accepted, r.metrics.rejected)
+        return cost.expected_tokens(r.method, a, len(d))
+
+    def proposed(self, method: str, rows: int, steps: int, seconds: float, fed: int, catch_up_seconds: float) -> None:
+        if self.timed:
+            if fed:
+                self.cost.record_catch_up(method, fed, catch_up_seconds)
+            self.cost.record_draft(method, rows, steps, seconds)
+
+    def verified(self, rows: int, width: int, seconds: float) -> None:
+        if self.timed:
+            self.cost.record_verify(rows, width, seconds)
+
+    def observed(self, r: Request, draft: Draft, accepted: int) -> None:
+        k = len(draft)
+        self.cost.record_round(r.method, k, accepted)
+        if draft.scores is not None and k:
+            self.cost.record_scored(r.method, float(draft.scores.sum()), accepted)
