@@ -24,7 +24,7 @@ target-only output for every setting, and greedy output identical to it.
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import numpy as np
 
@@ -160,7 +160,15 @@ def as_rows(target: "Rows | np.ndarray", drafts: Sequence[int] = ()) -> Rows:
 FLOOR = -9999.0  # OpenAI's log-probability for a token that cannot occur (JSON has no -inf)
 
 
-def logprobs(x: np.ndarray, token: int, top: int = 0) -> tuple[float, list[tuple[int, float]]]:
+class TokenLogprob(NamedTuple):
+    """One token's log-probability (after the request's logits processing) and its most likely alternatives: what a
+    request with logprobs on records per token (Request.logprobs, RequestOutput.new_logprobs), and a server returns."""
+
+    logprob: float
+    top: list[tuple[int, float]]  # (id, log-probability), most likely first: the request's ``logprobs`` of them
+
+
+def logprobs(x: np.ndarray, token: int, top: int = 0) -> TokenLogprob:
     """x: [vocab] processed logits -> (the token's log-probability, the ``top`` most likely (id, log-probability)).
 
     Tokens the processing forbids (-inf: a grammar's mask) are never listed among the alternatives."""
@@ -177,4 +185,4 @@ def logprobs(x: np.ndarray, token: int, top: int = 0) -> tuple[float, list[tuple
             idx = idx[np.lexsort((idx, -lp[idx]))]
             best = [(int(i), float(lp[i])) for i in idx]
     own = float(lp[token])
-    return (own if np.isfinite(own) else FLOOR), best
+    return TokenLogprob(own if np.isfinite(own) else FLOOR, best)

@@ -24,7 +24,7 @@ from .metrics import Metrics
 from .sampling import SamplingConfig
 
 if TYPE_CHECKING:
-    from .logits import LogitsProcessor
+    from .logits import LogitsProcessor, TokenLogprob
 
 METHODS = method_names()  # the methods registered at import (runtime/methods.py: method_names() sees later ones too)
 AUTO = "auto"
@@ -107,8 +107,8 @@ class Request:
     times: RequestTimes = field(default_factory=RequestTimes)
     auto_k: int | None = None  # the draft length draft_len=auto chose last round
     processor: "LogitsProcessor | None" = None  # its logits processing chain (runtime/logits.py), made on add_request
-    logprobs: list = field(default_factory=list)  # per output token: (log-probability, [(id, log-probability)]), when asked
-    prompt_logprobs: list | None = None  # per prompt token (None for the first), when asked
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # per output token, when asked
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # per prompt token (None for the first), when asked
     rejected_rounds: int = 0  # consecutive drafting rounds in which the target accepted no draft
     drafting_stopped: bool = False  # draft_len=auto gave up on drafts that never land (runtime/guards.py)
 
@@ -137,8 +137,8 @@ class RequestOutput:
     new_token_ids: list[int] = field(default_factory=list)  # produced by this step
     finished: bool = False
     metrics: Metrics | None = None  # this request's (drafted, accepted, TTFT, ...)
-    new_logprobs: list = field(default_factory=list)  # per token of new_token_ids, with logprobs on: (log-probability, top alternatives)
-    logprobs: list = field(default_factory=list)  # per token of output_ids, with logprobs on
-    prompt_logprobs: list | None = None  # with prompt_logprobs on: one per prompt token (None for the first)
+    new_logprobs: list[TokenLogprob] = field(default_factory=list)  # per token of new_token_ids, with logprobs on
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # per token of output_ids, with logprobs on
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # with prompt_logprobs on: one per prompt token (None for the first)
     error: str = ""  # with finish_reason "error": why the request stopped (non-finite logits)
     warning: str = ""  # said in the one step it arose: its drafts were rejected SILENT_DRAFT_ROUNDS rounds in a row

@@ -34,7 +34,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..formats.errors import SpecdecError
+from ..runtime.logits import TokenLogprob
 from ..runtime.metrics import Metrics
+from ..runtime.request import RequestOutput
 from ..runtime.text import TextStream
 from .errors import ApiError
 from .metrics import ServerMetrics
@@ -44,7 +46,6 @@ log = logging.getLogger("specdec.serve")
 
 FINISH_REASONS = {"end_id": "stop", "stop_words": "stop", "stop": "stop", "grammar": "stop", "length": "length", "max_seq_len": "length", "abort": "abort"}
 
-TokenLogprob = tuple[float, list[tuple[int, float]]]  # the token's log-probability, the top alternatives
 
 
 @dataclass
@@ -273,17 +274,17 @@ class EngineLoop:
                 out = self.engine.abort(c.request_id)  # its final output, metrics included
                 self._finish(job, c, "abort", "", [], [], out.metrics if out is not None else Metrics(requests=1))
 
-    def _on_output(self, job: Job, c: Choice, out) -> None:
+    def _on_output(self, job: Job, c: Choice, out: RequestOutput) -> None:
         now = time.perf_counter()
         if out.warning:  # the runtime says it once per request (runtime/guards.py: drafts that never land); so does the log
             log.warning("request %s (speculative method %s, %s draft tokens): %s", c.request_id, job.plan.method, job.plan.num_draft_tokens, out.warning)
         if out.new_token_ids and not c.first_token:
             c.first_token = now
             job.first_token = job.first_token or now
-        if getattr(out, "prompt_logprobs", None) is not None and c.prompt_logprobs is None:
+        if out.prompt_logprobs is not None and c.prompt_logprobs is None:
             c.prompt_logprobs = list(out.prompt_logprobs)
         new = list(out.new_token_ids)
-        lps = list(getattr(out, "new_logprobs", None) or [])
+        lps = list(out.new_logprobs)
         text, stopped = "", False
         if c.stream is not None:
             before = c.stream.num_tokens
