@@ -1,15 +1,17 @@
-"""specdec-build's engine: checkpoint -> network -> engine directory.
+"""specdec-build's engine: checkpoint -> network -> engine directory, as a pipeline of named steps.
 
-The engine is written into a temporary directory beside the output and moved
-into place only when complete, so a failed or interrupted build leaves nothing.
+    check_before_work   what the flags alone refuse (output directory, options, head flags, tree attention)
+    load_checkpoint     config.json + safetensors; the model config and the checkpoint's quantization
+    resolve_build       every auto decided: quantization, dtype, backend, lowering, tree attention, attention form
+    check_resolved      what the resolved build refuses (limits, memory, the backend's refusals, calibration)
+    load_build_heads    Medusa heads / an EAGLE-3 module, checked against the base (builder/heads.py)
+    make_network        calibration when needed, the network, the weight-only record
+    write_engine_dir    files, compile, hashes, config.json: written beside the output and moved into place only when
+                        complete, so a failed or interrupted build leaves nothing (builder/engine_dir.py)
 """
 
 from __future__ import annotations
 
-import os
-import platform
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,14 +19,15 @@ from typing import Callable
 
 import numpy as np
 
-from ..formats import __version__
-from ..formats.engine_format import CONFIG_FILE, CPU_KERNELS, EAGLE_MODULE_DIR, TREE_MODES, BuildConfig, EngineConfig, ModelConfig, hash_directory
+from ..formats.engine_format import CPU_KERNELS, TREE_MODES, BuildConfig, EngineConfig, ModelConfig
 from ..formats.errors import BuildConfigError
 from .architectures import checkpoint_dtype, model_config_from_hf
 from .backends import AUTO, BACKENDS, backend_module, check_own_options, refuse_foreign_options, resolve_backend
 from .checkpoint import load_checkpoint
+from .engine_dir import prepare_output, write_engine_dir
+from .heads import HEAD_FLAGS, Heads, check_head_flags, check_heads
 from .quantization import Fp8Convention, IntConvention, detect_checkpoint_quantization
-from .validation import check_memory_limits, validate_checkpoint, validate_head_weights
+from .validation import check_memory_limits, validate_checkpoint
 from .weight_only import GROUP_SIZES, WEIGHT_ONLY_BITS, WeightOnlyScheme
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -200,26 +203,6 @@ def resolve_dtype(requested: str, hf_config: dict) -> str:
     return found if found in DTYPES else "float32"
 
 
-def prepare_output(output_dir: Path, force: bool) -> None:
-    if output_dir.exists() and not output_dir.is_dir():
-        raise BuildConfigError(f"--output_dir {output_dir} exists and is not a directory.")
-    if output_dir.is_dir() and any(output_dir.iterdir()) and not force:
-        raise BuildConfigError(f"--output_dir {output_dir} exists and is not empty; pass --force to replace it.")
-
-
-def _versions() -> dict[str, str]:
-    import onnx
-
-    versions = {"specdec": __version__, "onnx": onnx.__version__, "numpy": np.__version__, "python": platform.python_version()}
-    try:
-        import onnxruntime
-
-        versions["onnxruntime"] = onnxruntime.__version__
-    except ImportError:
-        pass
-    return versions
-
-
 def build_engine(
     checkpoint_dir: str | Path,
     output_dir: str | Path,
@@ -251,25 +234,52 @@ def build_engine(
     # the backends' own options, each refused by the backend that takes it (backends/__init__.py)
     options = {"trt_timing_cache": trt_timing_cache, "trt_version_compatible": trt_version_compatible,
                "trt_exclude_lean_runtime": trt_exclude_lean_runtime, "target_sm": target_sm}
-    check_own_options(options)
-    prepare_output(output_dir, force)
-    check_head_flags(build, {"medusa": medusa_dir, "eagle": eagle_dir})
-    check_tree_backend(build)  # the explicit flags, before any work; again once auto is resolved
+    head_dirs = {"medusa": medusa_dir, "eagle": eagle_dir}
+    check_before_work(build, output_dir, force, options, head_dirs)
     ckpt = load_checkpoint(checkpoint_dir, allow_pickle=allow_pickle)
     model = model_config_from_hf(ckpt.hf_config, max_seq_len=build.max_seq_len)
     convention = detect_checkpoint_quantization(ckpt.hf_config, ckpt.path)
     fp8 = convention if isinstance(convention, Fp8Convention) else None
-    build = resolve_quantization(build, convention)
-    build = replace(build, dtype=resolve_dtype(build.dtype, ckpt.hf_config), backend=resolve_backend(build.backend, say))
-    build = resolve_lowering(build)
+    build = resolve_build(build, ckpt.hf_config, convention, say)
+    check_resolved(build, model, fp8, options, calib_dataset, calib_size, say)
+    validate_checkpoint(ckpt, model, build, convention, allow_nonfinite=allow_nonfinite)
+    heads = load_build_heads(build, model, head_dirs, allow_nonfinite)
+    build = heads.recorded(build)
+    total = model.num_layers + 3 + (heads.eagle is not None)
+    report = progress or (lambda *_: None)
+    network, build = make_network(ckpt, model, build, convention, heads, calib_dataset, calib_size, report, total)
+    written = write_engine_dir(output_dir, checkpoint_dir, ckpt, network, model, build, heads.eagle, fp8, options, report, total, say)
+    return BuildResult(output_dir, written.config, _count_parameters(network), written.engine_bytes, time.perf_counter() - t0, written.backend_summary)
+
+
+def check_before_work(build: BuildConfig, output_dir: Path, force: bool, options: dict, head_dirs: dict[str, str | Path | None]) -> None:
+    """What the flags alone can refuse, before the checkpoint is read: the backends' own options, the output directory,
+    a head directory without its mode (or the other way round), tree attention on a backend without it."""
+    check_own_options(options)
+    prepare_output(output_dir, force)
+    check_head_flags(build, head_dirs)
     check_tree_backend(build)
+
+
+def resolve_build(build: BuildConfig, hf_config: dict, convention: Fp8Convention | IntConvention | None, say: Callable[[str], None]) -> BuildConfig:
+    """Every ``auto`` of the build decided, each step reading the ones before it: the quantization (what the checkpoint
+    holds), the dtype and the backend, the lowering the backend runs (and its KV layout), tree attention (medusa and
+    eagle targets verify trees), ort_cuda's attention form."""
+    build = resolve_quantization(build, convention)
+    build = replace(build, dtype=resolve_dtype(build.dtype, hf_config), backend=resolve_backend(build.backend, say))
+    build = resolve_lowering(build)
     build = replace(build, tree_attention=build.tree_attention or build.speculative_decoding_mode in TREE_MODES)
-    build = resolve_attention(build)
+    return resolve_attention(build)
+
+
+def check_resolved(build: BuildConfig, model: ModelConfig, fp8: Fp8Convention | None, options: dict, calib_dataset, calib_size: int,
+                   say: Callable[[str], None]) -> None:
+    """What the resolved build can refuse, before any network is built: the limits and choices, the memory, the backend's
+    own refusals and options, the calibration the quantization needs."""
     validate_build_config(build, model)
     check_memory_limits(model, build)
     refuse_foreign_options(build.backend, options)
     backend_module(build.backend).check_build(build, {k: v for k, v in options.items() if v})
-
     if calib_size < 1:
         raise BuildConfigError(f"--calib_size {calib_size} must be >= 1 (calibration samples).")
     if build.fp8_activations == "static" and calib_dataset is None and fp8 is None:
@@ -279,46 +289,31 @@ def build_engine(
     if build.max_seq_len > model.max_position_embeddings:
         say(f"warning: max_seq_len={build.max_seq_len} exceeds the model's max_position_embeddings={model.max_position_embeddings}")
 
-    validate_checkpoint(ckpt, model, build, convention, allow_nonfinite=allow_nonfinite)
-    medusa = None
-    if build.speculative_decoding_mode == "medusa":  # check_head_flags: then --medusa_dir is given
-        medusa = _load_heads_for("medusa", medusa_dir, model, allow_nonfinite)
-        build = replace(build, medusa_num_heads=medusa.num_heads, medusa_num_layers=medusa.num_layers)
-    eagle = None
-    if build.speculative_decoding_mode == "eagle":  # check_head_flags: then --eagle_dir is given
-        eagle = load_eagle_module(eagle_dir, model, allow_nonfinite)
-        build = replace(build, eagle_num_layers=eagle.num_layers, eagle_aux_layer_ids=tuple(eagle.aux_layer_ids))
 
+def load_build_heads(build: BuildConfig, model: ModelConfig, head_dirs: dict[str, str | Path | None], allow_nonfinite: bool = False) -> Heads:
+    """The head checkpoint the build's mode takes (check_head_flags made sure its directory was given), checked against
+    the base (builder/heads.py); none for the other modes."""
+    mode = build.speculative_decoding_mode
+    if mode not in HEAD_FLAGS:
+        return Heads()
+    from ..formats.heads import load_heads
+
+    heads = check_heads(mode, load_heads(head_dirs[mode]), head_dirs[mode], model, allow_nonfinite)
+    return Heads(medusa=heads) if mode == "medusa" else Heads(eagle=heads)
+
+
+def make_network(ckpt, model: ModelConfig, build: BuildConfig, convention, heads: Heads, calib_dataset, calib_size: int,
+                 report: Callable[[str, int, int], None], total: int):
+    """The network (calibrated first when the quantization needs it), and ``build`` with its weight-only record."""
     from .network import build_network
-    from .network_file import save_network
 
-    total = model.num_layers + 3 + (eagle is not None)
-    report = progress or (lambda *_: None)
     report("network", 0, total)
     scales = awq_layers = None
     if (build.fp8_activations == "static" and calib_dataset is not None) or build.quantization == "int4_awq":
-        from .calibration import calibrate_activation_scales, calibration_samples
-
-        report("calibrate", 0, total)
-        samples = calibration_samples(Path(calib_dataset), ckpt.path, calib_size, min(256, build.max_input_len))
-        taps: dict[str, str] = {}
-        float_build = replace(build, quantization="none", fp8_activations="none", dtype="float32", group_size=None, symmetric=True, quantize_lm_head=False)
-        float_net = build_network(ckpt, model, float_build, convention=convention, linear_inputs=taps)
-        from ..formats.kv_layout import kv_cache_shape
-
-        cache_shape = kv_cache_shape(build.kv_layout, 1, model.num_kv_heads, build.kv_capacity, model.head_dim)
-        if build.quantization == "int4_awq":
-            from .awq import awq_search
-
-            scheme = WeightOnlyScheme.of(build)
-            awq_layers = awq_search(float_net, taps, cache_shape, model.num_layers, samples, scheme.bits, scheme.group_size, scheme.symmetric,
-                                    clip=AWQ_CLIP)
-        else:
-            scales = calibrate_activation_scales(float_net, taps, cache_shape, model.num_layers, samples)
-        del float_net  # not held while the quantized network is built
+        scales, awq_layers = calibrate(ckpt, model, build, convention, Path(calib_dataset), calib_size, report, total)
     weight_only_built: dict = {}
     network = build_network(ckpt, model, build, on_layer=lambda i: report(f"layer {i}", i + 1, total), convention=convention, activation_scales=scales,
-                            awq_layers=awq_layers, weight_only_built=weight_only_built, medusa=medusa, eagle=eagle)
+                            awq_layers=awq_layers, weight_only_built=weight_only_built, medusa=heads.medusa, eagle=heads.eagle)
     from ..plugins import lowering_for
 
     op = lowering_for(build).weight_only_op
@@ -330,63 +325,29 @@ def build_engine(
         from ..hardware.cpu_kernels import LAYOUT
 
         record["kernel_layout"] = LAYOUT  # the runtime refuses an engine of a layout its Q4Gemm does not read
-    build = replace(build, weight_only=record)
-    num_parameters = _count_parameters(network)
-
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.building-", dir=output_dir.parent))
-    try:
-        network_file = save_network(network, tmp)
-        report("write", model.num_layers + 1, total)
-        for f in ckpt.tokenizer_files():
-            shutil.copy2(f, tmp / f.name)
-        versions = _versions()
-        if eagle is not None:  # inside tmp, so the target's hashes cover it and a failure leaves nothing
-            report("eagle module", model.num_layers + 1, total)
-            _write_eagle_module(tmp, ckpt, eagle, model, build, versions, checkpoint_dir, say)
-        compiled = backend_module(build.backend).compile_engine(tmp, network_file, build, model, options, say)
-        report("verify", model.num_layers + 2, total)
-        config = EngineConfig(
-            model=model,
-            build=build,
-            files=hash_directory(tmp),
-            versions={**versions, **compiled.versions},
-            network_file=compiled.network_file,
-            extra={
-                **compiled.extra,
-                "checkpoint": str(Path(checkpoint_dir).resolve()),
-                "checkpoint_dtype": checkpoint_dtype(ckpt.hf_config),
-                "checkpoint_fp8": fp8.method if fp8 else None,
-                "hf_config": ckpt.hf_config,
-            },
-        )
-        (tmp / CONFIG_FILE).write_text(config.to_json())
-        _move_into_place(tmp, output_dir)
-        report("done", total, total)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    engine_bytes = sum(p.stat().st_size for p in output_dir.rglob("*") if p.is_file())
-    return BuildResult(output_dir, config, num_parameters, engine_bytes, time.perf_counter() - t0, compiled.summary)
+    return network, replace(build, weight_only=record)
 
 
-HEAD_FLAGS = {  # mode -> (its flag, what the directory holds)
-    "medusa": ("--medusa_dir", "the Medusa heads"),
-    "eagle": ("--eagle_dir", "an EAGLE-3 module"),
-}
+def calibrate(ckpt, model: ModelConfig, build: BuildConfig, convention, calib_dataset: Path, calib_size: int,
+              report: Callable[[str, int, int], None], total: int):
+    """(static FP8 activation scales, AWQ's per-layer scales): the one the build needs, from a float32 network of the
+    same lowering with every linear layer's input exposed, run over the calibration samples."""
+    from ..formats.kv_layout import kv_cache_shape
+    from .calibration import calibrate_activation_scales, calibration_samples
+    from .network import build_network
 
+    report("calibrate", 0, total)
+    samples = calibration_samples(calib_dataset, ckpt.path, calib_size, min(256, build.max_input_len))
+    taps: dict[str, str] = {}
+    float_build = replace(build, quantization="none", fp8_activations="none", dtype="float32", group_size=None, symmetric=True, quantize_lm_head=False)
+    float_net = build_network(ckpt, model, float_build, convention=convention, linear_inputs=taps)
+    cache_shape = kv_cache_shape(build.kv_layout, 1, model.num_kv_heads, build.kv_capacity, model.head_dim)
+    if build.quantization == "int4_awq":
+        from .awq import awq_search
 
-def check_head_flags(build: BuildConfig, head_dirs: dict[str, str | Path | None]) -> None:
-    """--speculative_decoding_mode medusa|eagle and its --medusa_dir|--eagle_dir come together (checked before any work).
-
-    head_dirs: mode -> the directory given for it (None: not given)."""
-    mode = build.speculative_decoding_mode
-    for wanted, (flag, what) in HEAD_FLAGS.items():
-        given = head_dirs.get(wanted)
-        if given is not None and mode != wanted:
-            raise BuildConfigError(f"{flag} needs --speculative_decoding_mode {wanted} (this build uses {mode}).")
-        if given is None and mode == wanted:
-            raise BuildConfigError(f"--speculative_decoding_mode {wanted} needs {flag} DIR: {what} (ModelOpt layout, e.g. from specdec-train).")
+        scheme = WeightOnlyScheme.of(build)
+        return None, awq_search(float_net, taps, cache_shape, model.num_layers, samples, scheme.bits, scheme.group_size, scheme.symmetric, clip=AWQ_CLIP)
+    return calibrate_activation_scales(float_net, taps, cache_shape, model.num_layers, samples), None
 
 
 def check_tree_backend(build: BuildConfig) -> None:
@@ -396,61 +357,13 @@ def check_tree_backend(build: BuildConfig) -> None:
     if mode not in TREE_MODES and not build.tree_attention:
         return
     what = f"--speculative_decoding_mode {mode}" if mode in TREE_MODES else "--tree_attention"
-    backend = backend_module(build.backend) if build.backend in BACKENDS[1:] else None  # auto: checked again once resolved
+    name = AUTO if build.backend == "auto" else build.backend  # auto always resolves to AUTO (resolve_backend): one check covers it
+    backend = backend_module(name) if name in BACKENDS[1:] else None  # an unknown name: resolve_backend refuses it
     if backend is not None and not backend.TREE_ATTENTION:
         raise BuildConfigError(f"{what} runs on the {AUTO} backend only for now (tree attention is not verified "
                                f"on {backend.TITLE}): use --backend {AUTO}.")
     if build.lowering == "ort_cuda" and build.cuda_attention == "gqa":
         raise BuildConfigError(f"{what} verifies trees, which GroupQueryAttention cannot mask: use --cuda_attention masked (or auto).")
-
-
-def _load_heads_for(mode: str, head_dir: str | Path, model: ModelConfig, allow_nonfinite: bool = False):
-    """The head checkpoint of a medusa / eagle build: of that kind, as wide as the base, and finite."""
-    from ..formats.heads import load_heads
-
-    heads = load_heads(head_dir)
-    where, noun = f"{HEAD_FLAGS[mode][0]} {head_dir}", "the heads have" if mode == "medusa" else "the module has"
-    if heads.mode != mode:
-        held, other = ("Medusa heads, not an EAGLE-3 module", "medusa") if mode == "eagle" else ("an EAGLE-3 module, not Medusa heads", "eagle")
-        raise BuildConfigError(f"{where} holds {held}: use --speculative_decoding_mode {other} {HEAD_FLAGS[other][0]} {head_dir}.")
-    if heads.hidden_size != model.hidden_size or heads.vocab_size != model.vocab_size:
-        raise BuildConfigError(f"{where}: {noun} hidden_size {heads.hidden_size} and vocab_size {heads.vocab_size}, "
-                               f"the base model {model.hidden_size} and {model.vocab_size}: {'heads' if mode == 'medusa' else 'a module'} trained on another base?")
-    validate_head_weights(heads, allow_nonfinite)
-    return heads
-
-
-def load_eagle_module(eagle_dir: str | Path, model: ModelConfig, allow_nonfinite: bool = False):
-    """The EAGLE-3 module of a --speculative_decoding_mode eagle build, checked against the base."""
-    heads = _load_heads_for("eagle", eagle_dir, model, allow_nonfinite)
-    where = f"--eagle_dir {eagle_dir}"
-    if max(heads.aux_layer_ids) >= model.num_layers:
-        raise BuildConfigError(f"{where}: eagle_aux_hidden_state_layer_ids {heads.aux_layer_ids} name layers the {model.num_layers}-layer base model "
-                               "lacks: a module trained on another base?")
-    draft_vocab = heads.config.get("draft_vocab_size") or heads.vocab_size
-    if "d2t" in heads.tensors or draft_vocab < heads.vocab_size:
-        raise BuildConfigError(f"{where}: a reduced draft vocabulary (draft_vocab_size {draft_vocab} < vocab_size {heads.vocab_size}, d2t) "
-                               "is not supported yet; train the module over the full vocabulary.")
-    return heads
-
-
-def _write_eagle_module(target_dir: Path, ckpt, heads, model: ModelConfig, build: BuildConfig, versions: dict[str, str], checkpoint_dir,
-                        say: Callable[[str], None]) -> None:
-    """The EAGLE-3 module's engine in target_dir/eagle: its network, compiled (checked to load) by the target's backend, and its
-    own config.json."""
-    from .eagle import build_eagle_network, module_build_config, module_model_config
-    from .network_file import save_network
-
-    cfg, module_build = module_model_config(model, heads), module_build_config(build, heads)
-    out = target_dir / EAGLE_MODULE_DIR
-    out.mkdir()
-    network_file = save_network(build_eagle_network(ckpt, heads, cfg, module_build), out)
-    compiled = backend_module(module_build.backend).compile_engine(out, network_file, module_build, cfg, {}, say)
-    config = EngineConfig(model=cfg, build=module_build, files=hash_directory(out), versions={**versions, **compiled.versions},
-                          network_file=compiled.network_file,
-                          extra={**compiled.extra, "checkpoint": str(Path(checkpoint_dir).resolve()), "eagle_dir": str(Path(heads.path).resolve()),
-                                 "eagle_config": heads.config})
-    (out / CONFIG_FILE).write_text(config.to_json())
 
 
 def _count_parameters(network) -> int:
@@ -461,17 +374,3 @@ def _count_parameters(network) -> int:
             attrs = {a.name: a.i for a in node.attribute}
             count += attrs["K"] * attrs["N"]
     return count
-
-
-def _move_into_place(tmp: Path, output_dir: Path) -> None:
-    # mkdtemp made the directory private (0700): engines are shipped to and read by other users
-    os.chmod(tmp, 0o755)
-    for f in tmp.rglob("*"):
-        os.chmod(f, 0o755 if f.is_dir() else 0o644)
-    if output_dir.exists():
-        trash = output_dir.with_name(f".{output_dir.name}.old-{os.getpid()}")
-        os.replace(output_dir, trash)
-        os.replace(tmp, output_dir)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        os.replace(tmp, output_dir)

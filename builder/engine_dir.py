@@ -1,0 +1,107 @@
+"""Writing an engine directory: into a temporary folder beside the output, moved into place only when complete.
+
+A failed or interrupted build leaves nothing; every file is hashed into config.json (formats/engine_format.py).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ..formats import __version__
+from ..formats.engine_format import CONFIG_FILE, BuildConfig, EngineConfig, ModelConfig, hash_directory
+from ..formats.errors import BuildConfigError
+from .architectures import checkpoint_dtype
+from .backends import backend_module
+from .heads import write_eagle_module
+
+
+@dataclass(frozen=True)
+class Written:
+    config: EngineConfig
+    engine_bytes: int
+    backend_summary: str | None  # the backend's line for the report (Compiled.summary)
+
+
+def prepare_output(output_dir: Path, force: bool) -> None:
+    if output_dir.exists() and not output_dir.is_dir():
+        raise BuildConfigError(f"--output_dir {output_dir} exists and is not a directory.")
+    if output_dir.is_dir() and any(output_dir.iterdir()) and not force:
+        raise BuildConfigError(f"--output_dir {output_dir} exists and is not empty; pass --force to replace it.")
+
+
+def _versions() -> dict[str, str]:
+    import onnx
+
+    versions = {"specdec": __version__, "onnx": onnx.__version__, "numpy": np.__version__, "python": platform.python_version()}
+    try:
+        import onnxruntime
+
+        versions["onnxruntime"] = onnxruntime.__version__
+    except ImportError:
+        pass
+    return versions
+
+
+def write_engine_dir(output_dir: Path, checkpoint_dir: str | Path, ckpt, network, model: ModelConfig, build: BuildConfig, eagle, fp8,
+                     options: dict[str, Any], report: Callable[[str, int, int], None], total: int, say: Callable[[str], None]) -> Written:
+    """The network, the tokenizer files and an EAGLE module written, compiled by the build's backend, hashed into
+    config.json, and moved into ``output_dir``."""
+    from .network_file import save_network
+
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.building-", dir=output_dir.parent))
+    try:
+        network_file = save_network(network, tmp)
+        report("write", model.num_layers + 1, total)
+        for f in ckpt.tokenizer_files():
+            shutil.copy2(f, tmp / f.name)
+        versions = _versions()
+        if eagle is not None:  # inside tmp, so the target's hashes cover it and a failure leaves nothing
+            report("eagle module", model.num_layers + 1, total)
+            write_eagle_module(tmp, ckpt, eagle, model, build, versions, checkpoint_dir, say)
+        compiled = backend_module(build.backend).compile_engine(tmp, network_file, build, model, options, say)
+        report("verify", model.num_layers + 2, total)
+        config = EngineConfig(
+            model=model,
+            build=build,
+            files=hash_directory(tmp),
+            versions={**versions, **compiled.versions},
+            network_file=compiled.network_file,
+            extra={
+                **compiled.extra,
+                "checkpoint": str(Path(checkpoint_dir).resolve()),
+                "checkpoint_dtype": checkpoint_dtype(ckpt.hf_config),
+                "checkpoint_fp8": fp8.method if fp8 else None,
+                "hf_config": ckpt.hf_config,
+            },
+        )
+        (tmp / CONFIG_FILE).write_text(config.to_json())
+        _move_into_place(tmp, output_dir)
+        report("done", total, total)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    engine_bytes = sum(p.stat().st_size for p in output_dir.rglob("*") if p.is_file())
+    return Written(config, engine_bytes, compiled.summary)
+
+
+def _move_into_place(tmp: Path, output_dir: Path) -> None:
+    # mkdtemp made the directory private (0700): engines are shipped to and read by other users
+    os.chmod(tmp, 0o755)
+    for f in tmp.rglob("*"):
+        os.chmod(f, 0o755 if f.is_dir() else 0o644)
+    if output_dir.exists():
+        trash = output_dir.with_name(f".{output_dir.name}.old-{os.getpid()}")
+        os.replace(output_dir, trash)
+        os.replace(tmp, output_dir)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(tmp, output_dir)
