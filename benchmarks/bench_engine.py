@@ -86,8 +86,8 @@ def package_of(ref: str) -> Path:
     pkg = root / "pkg" / "specdec"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
-    for sub in ("builder", "runtime", "cli", "plugins"):
-        (pkg / sub).symlink_to(tree / sub)
+    for sub in sorted(p for p in tree.iterdir() if (p / "__init__.py").is_file()):  # every subpackage (formats/, hardware/ too)
+        (pkg / sub.name).symlink_to(sub)
     return root / "pkg"
 
 
