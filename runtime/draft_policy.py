@@ -87,7 +87,7 @@ class AutoDraftPolicy(FixedDraftPolicy):
 
     def draft_len(self, r: Request, proposer: Proposer, limit: int, running: int) -> int:
         if r.draft_len != AUTO:
-            return super().draft_len(r, proposer, limit, running)
+            return min(int(r.draft_len), limit)  # FixedDraftPolicy's, inline: this runs per request per round
         cost, rounds = self.cost, self.round_index
         if proposer.scores_drafts:  # proposes its best, then ``fit`` keeps a prefix ... unless none paid last time and
             # proposing costs enough to be worth saving (AutoDraftLen.worth_skipping): then only in probe rounds

@@ -190,7 +190,7 @@ class SpeculativeRound:
             got = proposer.propose([reqs[i] for i in idx], [lens[i] for i in idx])
             t2 = time.perf_counter()
             self.stats.draft_s += t2 - t0
-            self.policy.proposed(name, len(idx), max(len(d) for d in got), t2 - t1, fed, t1 - t0)
+            self.policy.proposed(name, len(idx), max(map(len, got)), t2 - t1, fed, t1 - t0)
             for i, d in zip(idx, got):
                 drafts[i] = trim(reqs[i], d)
                 reqs[i].metrics.draft_s += (t2 - t0) / len(idx)
