@@ -44,10 +44,8 @@ def method_options(fn: Callable) -> Callable:
 
 
 def _click_option(flag: Flag) -> Callable:
-    if flag.type is bool:
-        on, off = f"--{flag.name}", f"--{flag.off}"
-        dashed = f"{on.replace('_', '-')}/{off.replace('_', '-')}"
-        return click.option(f"{on}/{off}", dashed, flag.name, default=flag.default, show_default=True, help=flag.help)
+    if flag.type is bool:  # an on/off pair, as TensorRT-LLM's users know them: no dashed spelling (docs/cli.md)
+        return click.option(f"--{flag.name}/--{flag.off}", flag.name, default=flag.default, show_default=True, help=flag.help)
     kind = click.Path() if flag.path else flag.type
     return option(flag.name, *(f"--{a}" for a in flag.aliases), type=kind, default=flag.default, show_default=flag.default is not None,
                   help=flag.help)
