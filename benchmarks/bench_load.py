@@ -22,6 +22,10 @@ median TTFT and median TPOT against the rate, error bars = the repeats' spread).
 fixed draft lengths (``draft-4``) beside ``auto``; ``--report`` redraws an earlier sweep's JSON
 (or the runs.jsonl a sweep keeps as it goes) without running anything.
 
+``bench_load.py workloads ...`` runs the closed-loop workloads of load_workloads.py instead: a multi-turn
+agentic and a shared-system-prompt chat workload at 1 to 64 streams, with and without prefix caching,
+target-only and auto, llama.cpp's server beside them.
+
     python benchmarks/bench_load.py --target /tmp/load-pair/engine-target --draft /tmp/load-pair/engine-draft \\
         --guidellm /tmp/venv-guidellm/bin/guidellm --rates 0.1,0.3,1 --num_prompts 10,15,20 \\
         --max_tokens 32 --repeats 3 --plot /tmp/load-pair/load.png --output_json /tmp/load-pair/load.json
@@ -341,6 +345,11 @@ def report(args: argparse.Namespace, rows: list[dict], note: str, sweep_args: di
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["workloads"]:  # closed-loop streams: prefix caching and auto at 1-64 streams (load_workloads.py)
+        from load_workloads import main as workloads
+
+        workloads(sys.argv[2:])
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", help="target engine dir (a server is started with it)")
     ap.add_argument("--draft", help="draft engine dir (needed for auto)")

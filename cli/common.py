@@ -66,6 +66,18 @@ def verify_engine_option(fn: Callable) -> Callable:
                        "size, times or inode change; full hashes every file on every load (docs/engine-format.md).")(fn)
 
 
+def prefix_caching_options(fn: Callable) -> Callable:
+    """--enable_prefix_caching/--no_enable_prefix_caching (vLLM's flag, dashed too) and --prefix_cache_slots."""
+    fn = option("prefix_cache_slots", type=click.IntRange(min=1), default=None,
+                help="Finished requests' sequences the prefix cache keeps (least recently used leave first); each costs one KV cache row "
+                     "of the engine's full capacity [default: the target's max_batch_size].")(fn)
+    return click.option("--enable_prefix_caching/--no_enable_prefix_caching", "--enable-prefix-caching/--no-enable-prefix-caching",
+                        "enable_prefix_caching", default=None,
+                        help="Prefix caching: a request copies the K/V of the longest prefix of its prompt that an earlier or running request "
+                             "computed, and prefills the rest; exact (the same output as without it) [default: on, where the executor can "
+                             "hold it].")(fn)
+
+
 def clean_errors(fn: Callable) -> Callable:
     """Our own errors become one line on stderr and exit status 1, not a traceback."""
 

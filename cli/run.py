@@ -18,9 +18,11 @@ from ..runtime.guards import SILENT_DRAFT_ROUNDS, silent_draft_message
 from ..runtime.request import AUTO
 from ..runtime.loading import load_orchestrator
 from ..runtime.orchestrator import GenerationConfig, Orchestrator
+from ..runtime.prefix_cache import PrefixCacheConfig
 from ..runtime.sampling import SamplingConfig
 from ..formats.tokenizer import Tokenizer
-from .common import check_output_file, clean_errors, end_ids, engine_tokenizer, method_configs, method_options, option, verify_engine_option
+from .common import (check_output_file, clean_errors, end_ids, engine_tokenizer, method_configs, method_options, option, prefix_caching_options,
+                     verify_engine_option)
 from .compat import check_run_py_options, run_py_options
 from .stops import decode_text, generate_with_stops
 
@@ -100,13 +102,14 @@ def read_inputs(texts: tuple[str, ...], input_file: str | None, tok: Tokenizer |
 @option("output_json", type=click.Path(), help="Write every request (input_ids, output_ids, text, finish_reason) and the metrics.")
 @option("num_threads", type=int, default=None, help="ONNX Runtime intra-op threads of the target engine [default: all cores, up to 8].")
 @option("draft_num_threads", type=int, default=1, show_default=True, help="Threads of the draft engine: a small draft gains nothing from more, and two sessions spinning threads on the same cores slow each other down.")
+@prefix_caching_options
 @verify_engine_option
 @run_py_options
 @click.argument("more_input_text", nargs=-1, metavar="")
 @clean_errors
 def main(engine_dir, input_text, input_file, tokenizer_dir, no_add_special_tokens, max_output_len, end_id, stop_words, temperature, top_k, top_p,
          random_seed, streaming, baseline, repeat, output_csv, output_npy, output_json, num_threads, draft_num_threads, draft_len, device,
-         allow_vocab_mismatch, verify_engine, more_input_text, **flags) -> None:
+         allow_vocab_mismatch, prefix_cache_slots, enable_prefix_caching, verify_engine, more_input_text, **flags) -> None:
     """Run a target engine, optionally with speculative decoding.
 
     \b
@@ -143,7 +146,10 @@ def main(engine_dir, input_text, input_file, tokenizer_dir, no_add_special_token
     stops = tuple(s.replace("\\n", "\n") for s in stop_words)  # matched on the output text (cli/stops.py)
     gen = GenerationConfig(max_output_len=max_output_len, sampling=sampling, end_ids=ends)
     orch = load_orchestrator(target, drafters=[config for _, config in drafters], draft_len=parse_draft_len(draft_len), num_threads=num_threads,
-                             draft_num_threads=draft_num_threads, device=device, allow_vocab_mismatch=allow_vocab_mismatch, verify=verify_engine)
+                             draft_num_threads=draft_num_threads, device=device, allow_vocab_mismatch=allow_vocab_mismatch, verify=verify_engine,
+                             prefix_caching=PrefixCacheConfig(enable_prefix_caching, prefix_cache_slots))
+    if orch.engine.prefix_caching_off:
+        click.echo(f"note: {orch.engine.prefix_caching_off}", err=True)
     if orch.engine.pairing is not None and orch.engine.pairing.mode != "shared":  # the mode worth knowing about
         click.echo(f"pairing: {orch.engine.pairing.note}", err=True)
     if streaming and len(prompts) != 1:

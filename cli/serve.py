@@ -10,7 +10,8 @@ import click
 from ..formats.errors import RequestError
 from ..formats.engine_format import load_engine_dir
 from ..runtime.methods import method_names
-from .common import clean_errors, method_configs, method_options, option, verify_engine_option
+from ..runtime.prefix_cache import PrefixCacheConfig
+from .common import clean_errors, method_configs, method_options, option, prefix_caching_options, verify_engine_option
 from .run import parse_draft_len
 
 
@@ -40,11 +41,12 @@ from .run import parse_draft_len
 @option("draft_num_threads", type=int, default=1, show_default=True, help="Threads of the draft engine.")
 @option("allow_vocab_mismatch", is_flag=True, help="Take a draft's token ids as the target's although their tokenizers differ (default: it drafts through text).")
 @option("log_level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info", show_default=True, help="Server log level (debug: every request logged).")
+@prefix_caching_options
 @verify_engine_option
 @clean_errors
 def main(engine_dir, speculative_method, draft_len, host, port, api_key, served_model_name, tokenizer_dir, chat_template, end_id, max_request_bytes,
          max_queued_requests, request_timeout, shutdown_timeout, device, num_threads, draft_num_threads, allow_vocab_mismatch, log_level,
-         verify_engine, **flags) -> None:
+         prefix_cache_slots, enable_prefix_caching, verify_engine, **flags) -> None:
     """Serve an engine over OpenAI's API: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, /version.
 
     \b
@@ -70,7 +72,10 @@ def main(engine_dir, speculative_method, draft_len, host, port, api_key, served_
         served = build_served(target, drafters=drafters, served_model_name=served_model_name, tokenizer_dir=tokenizer_dir,
                               chat_template=chat_template, end_id=end_id, method=speculative_method, draft_len=parse_draft_len(draft_len),
                               device=device, num_threads=num_threads, draft_num_threads=draft_num_threads,
-                              allow_vocab_mismatch=allow_vocab_mismatch, verify=verify_engine)
+                              allow_vocab_mismatch=allow_vocab_mismatch, verify=verify_engine,
+                              prefix_caching=PrefixCacheConfig(enable_prefix_caching, prefix_cache_slots))
+        if served.engine.prefix_caching_off:
+            click.echo(f"specdec-serve: {served.engine.prefix_caching_off}", err=True)
         if served.engine.pairing is not None and served.engine.pairing.mode != "shared":
             click.echo(f"specdec-serve: pairing: {served.engine.pairing.note}", err=True)
         loaded["served"] = served

@@ -107,6 +107,17 @@ class BuildConfig:
         return 2 if self.lowering == "ort_cuda" and self.max_draft_len > 0 and self.cuda_attention == "masked" else 1
 
     @property
+    def rows_consistent(self) -> bool:
+        """Whether a token's K/V and logits are the same bits whatever call computes them (a whole prompt, a prompt's
+        suffix after cached rows, a decoding step): engines that verify drafts on ONNX Runtime run a one-token step on a
+        verification step's kernels (consistent_rows in the graph, or min_step_width), and their rows depend neither on
+        the batch nor on the live length (docs/precision.md). ort_cuda's GroupQueryAttention form runs a one-token step
+        as its own decode case, and TensorRT's kernels per shape were never measured: not these."""
+        if self.max_draft_len <= 0 or self.backend != "onnxruntime":
+            return False
+        return not (self.lowering == "ort_cuda" and self.cuda_attention != "masked")
+
+    @property
     def kv_capacity(self) -> int:
         """Cache slots per sequence.
 

@@ -43,6 +43,7 @@ _PUBLIC = {
     "load_engine": "runtime.loading",
     "load_orchestrator": "runtime.loading",
     "Metrics": "runtime.metrics",
+    "PrefixCacheConfig": "runtime.prefix_cache",
     "GenerationConfig": "runtime.orchestrator",
     "Orchestrator": "runtime.orchestrator",
     "RequestOutput": "runtime.orchestrator",
@@ -62,6 +63,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time each name l
     from .kv_cache import KVCache
     from .loading import load_engine, load_orchestrator
     from .metrics import Metrics
+    from .prefix_cache import PrefixCacheConfig
     from .orchestrator import GenerationConfig, Orchestrator, RequestOutput
     from .sampling import SamplingConfig
 

@@ -61,6 +61,14 @@ every choice compares drafting against a prior, and without those first
 probes a draft model behind long prompts would never draft at all (measured:
 `auto` at target-only speed where k = 4 was 1.5x faster).
 
+No request drafts in a round where even a perfect drafter would not pay at this batch size (``pays_at``: k + 1
+tokens for a call of width k + 1 and k draft steps, against one token per call, with DRAFT_MARGIN): there the
+probes, the exploring rounds and the draft model's catch-ups that let auto notice a change could not find a
+draft that pays, and would only cost. Outside probe rounds a chain drafter's requests are not priced one by one either when
+no draft length would pay even at the batch's best acceptance (runtime/round.py: who_may_draft), so a full batch
+where nothing pays costs one check per round, not a choice per request; what deciding costs per round is
+measured (``Metrics.decide_s``, the server's ``spec_decode_decision_seconds``).
+
 Probes of requests at k = 0 fall on the same rounds (``probe_due``): a probe
 widens the whole batch's target call, so staggered probes would widen almost
 every call at high concurrency. For the same reason they come once in
@@ -89,6 +97,7 @@ PRIOR_SLOPE = 0.1  # cost of one more verified token, as a share of a 1-token ca
 HORIZON = 128  # tokens over which a catch-up is spread at most (a request's max_tokens may be far above its length)
 PROBE_BACKLOG = 2 * 16  # a request that never drafted is not probed if that would feed its draft more than this ...
 EXPLORE_ROUNDS = 8  # ... unless its method has drafted in fewer rounds than this: auto has nothing else to learn from
+PERFECT = 1.0  # pays_at's default acceptance: every draft accepted
 SKIP_SHARE = 0.02  # a scored draft whose proposal costs less than this share of a target step is proposed every round
 
 
@@ -144,6 +153,7 @@ class AutoDraftLen:
         # The first call of a shape pays ONNX Runtime's one-time work for it (memory planning,
         # kernel choice): 10x a step on the enlarged model. It is not a step's cost, so it is not timed.
         self._seen: set[tuple] = set()
+        self._memo: dict[tuple[int, int], float] = {}  # (rows, width) -> verify_cost, until the next timing
         self.accepted: dict[str, float] = {}  # method -> drafts accepted (every request)
         self.reached: dict[str, float] = {}  # method -> drafts the target reached (accepted + first rejections)
         # method -> [position] drafts accepted / reached there: the acceptance at a position given the ones before
@@ -171,6 +181,7 @@ class AutoDraftLen:
         if rows < len(self.verify):
             self.verify[rows].add(width, seconds)
         self.per_token.add(rows * width, seconds)
+        self._memo.clear()
 
     def record_draft(self, method: str, rows: int, steps: int, seconds: float) -> None:
         if self._first(("draft", method, rows, steps)):
@@ -227,7 +238,15 @@ class AutoDraftLen:
         return out
 
     def verify_cost(self, rows: int, width: int) -> float:
-        """Seconds of a target call of ``rows`` x ``width`` tokens, from the nearest batch size timed."""
+        """Seconds of a target call of ``rows`` x ``width`` tokens, from the nearest batch size timed (remembered until
+        the next timing: every request of a round asks for the same few)."""
+        key = (rows, width)
+        cost = self._memo.get(key)
+        if cost is None:
+            cost = self._memo[key] = self._verify_cost(rows, width)
+        return cost
+
+    def _verify_cost(self, rows: int, width: int) -> float:
         line, width = self._line(rows), self.computed_width(rows, width)
         if line is None:
             return 1.0 + PRIOR_SLOPE * (width - 1)  # unitless until the first call is timed
@@ -281,6 +300,17 @@ class AutoDraftLen:
         if current is not None and current <= limit and speed[best] < speed[current] * (1.0 + STICKY):
             return current
         return best
+
+    def pays_at(self, method: str, rows: int, acceptance: float = PERFECT) -> bool:
+        """Whether any draft length could pay in a round of ``rows`` requests at this per-token ``acceptance`` (default:
+        a perfect drafter's): its expected tokens at k = 1..max_draft_len per second against one token per call, with
+        DRAFT_MARGIN, as ``choose`` weighs them. False for a perfect drafter: no request of the method drafts this round,
+        probes and exploring included, since no acceptance a probe could find would pay. True until costs are measured
+        (the prior slope is cheap)."""
+        base = (1.0 + DRAFT_MARGIN) / self.verify_cost(rows, 1)
+        t_draft = self.draft_cost(method, rows, default=0.0)
+        tokens = self.expected_tokens(method, acceptance, self.max_draft_len) if acceptance < PERFECT else list(range(1, self.max_draft_len + 2))
+        return any(tokens[k] / (k * t_draft + self.verify_cost(rows, k + 1)) > base for k in range(1, self.max_draft_len + 1))
 
     # -- trees and scored drafts ------------------------------------------------------------
     def choose_tree(self, method: str, nodes: int, accepted: int, rounds: int, rows: int = 1, catch_up_s: float = 0.0,

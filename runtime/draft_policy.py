@@ -80,14 +80,39 @@ class AutoDraftPolicy(FixedDraftPolicy):
         self.cost = cost
         self.round_index = 0
         self.timed = False  # this round has an auto request: its costs are measured
+        self.paying: dict[str, bool] = {}
+        self.best: dict[str, float] = {}
 
     def begin(self, reqs: Sequence[Request], round_index: int) -> None:
         self.round_index = round_index
         self.timed = any(r.draft_len == AUTO for r in reqs)  # step costs feed draft_len=auto only
+        self.paying: dict[str, bool] = {}  # method -> whether any of its requests may draft this round (may_draft)
+        self.best: dict[str, float] = {}  # method -> the best acceptance among its auto requests in the batch
+        for r in reqs:
+            if r.draft_len == AUTO:
+                a = self.cost.acceptance(r.method, r.metrics.accepted, r.metrics.rejected)
+                self.best[r.method] = max(self.best.get(r.method, 0.0), a)
+
+    def may_draft(self, method: str, proposer: Proposer, running: int) -> bool:
+        """Whether any request of ``method`` may draft this round, decided once per round and method: no, where not even a
+        perfect drafter would pay at this batch size (AutoDraftLen.pays_at; probes included); no, outside probe rounds,
+        where a chain drafter (a draft model, n-gram, an EAGLE chain) would not pay even at the batch's best acceptance,
+        so that a full batch where nothing pays costs one check, not a choice per request."""
+        paying = self.paying.get(method)
+        if paying is None:
+            cost = self.cost
+            chain = proposer.tree is None and not proposer.scores_drafts
+            paying = cost.pays_at(method, running) and (cost.probe_due(self.round_index, running) or not chain
+                                                          or cost.pays_at(method, running, self.best.get(method, 0.0)))
+            self.paying[method] = paying
+        return paying
 
     def draft_len(self, r: Request, proposer: Proposer, limit: int, running: int) -> int:
         if r.draft_len != AUTO:
             return min(int(r.draft_len), limit)  # FixedDraftPolicy's, inline: this runs per request per round
+        if not self.may_draft(r.method, proposer, running):
+            r.auto_k = 0
+            return 0
         cost, rounds = self.cost, self.round_index
         if proposer.scores_drafts:  # proposes its best, then ``fit`` keeps a prefix ... unless none paid last time and
             # proposing costs enough to be worth saving (AutoDraftLen.worth_skipping): then only in probe rounds

@@ -35,6 +35,7 @@ from ..formats.errors import EngineError, RequestError
 from .methods import TARGET_ONLY
 from .metrics import Metrics
 from .pairing import Pairing, check_pair
+from .prefix_cache import PrefixCacheConfig, open_prefix_cache
 from .proposers.base import Proposer
 from .logits import LogitsProcessor
 from .request import AUTO, GenerationConfig, Request, RequestOutput, RequestStatus
@@ -81,7 +82,10 @@ class Engine:
         proposers: Sequence[Proposer] = (),
         speculation: SpeculationConfig = SpeculationConfig(),
         allow_vocab_mismatch: bool = False,
+        prefix_caching: PrefixCacheConfig = PrefixCacheConfig(),
     ):
+        """``prefix_caching``: keep finished and running requests' K/V and let newcomers copy their longest cached prefix
+        (runtime/prefix_cache.py); on by default where the executor can (``prefix_caching_off`` says why not)."""
         self.target = target
         self.proposers: dict[str, Proposer] = {p.name: p for p in proposers}
         self.speculation = speculation
@@ -105,11 +109,12 @@ class Engine:
             self._check_draft_len(speculation.draft_len, self.proposers[speculation.method].draft_len_name)
         self.cache = target.new_cache(self.max_batch)
         self.scheduler = Scheduler(target, self.cache, self.max_batch)
+        self.prefix, self.prefix_caching_off = open_prefix_cache(target, self.cache, prefix_caching)
         self.requests: dict[str, Request] = {}
         # draft_len="auto"'s cost model (measured step costs, per-method acceptance), behind the round's one policy seam
         self.auto = AutoDraftLen(build.max_draft_len, self.max_batch, even_rows=bool((build.weight_only or {}).get("even_rows")))
         self.stats = Metrics()  # engine totals: every request's counts, merged as it finishes
-        self.round = SpeculativeRound(target, self.cache, self.proposers, self.vocab_limit, AutoDraftPolicy(self.auto), self.stats)
+        self.round = SpeculativeRound(target, self.cache, self.proposers, self.vocab_limit, AutoDraftPolicy(self.auto), self.stats, self.prefix)
         self._ids = itertools.count()
         self._aborted: list[Request] = []
         np.random.default_rng(0)  # numpy.random loads lazily (~30 ms): pay it here, not in the first request
@@ -195,6 +200,13 @@ class Engine:
         self._aborted.append(req)
         return self._output(req, [])
 
+    def reset_prefix_cache(self) -> bool:
+        """Empty the prefix cache's pool (a benchmark's cold start, vLLM's /reset_prefix_cache); False when it is off."""
+        if self.prefix is None:
+            return False
+        self.prefix.reset()
+        return True
+
     def has_unfinished(self) -> bool:
         return bool(self.running or self.waiting or self._aborted)
 
@@ -210,7 +222,11 @@ class Engine:
             ended += self._let_go(self.round.run(self.running, new))
         batch = self.scheduler.admit()
         if batch:
-            ended += self._let_go(self.round.prefill(batch, batch[0].slot, new), joined=False)
+            calls = [batch] if self.prefix is None else self.prefix.plan(batch)  # leaders, then who copies their rows
+            if len(calls) > 1:
+                self.scheduler.place([r for call in calls for r in call])
+            first_tokens = [r for call in calls for r in self.round.prefill(call, call[0].slot, new)]
+            ended += self._let_go(first_tokens, joined=False)
         outs = [self._output(self.requests[rid], tokens) for rid, tokens in new.items()]
         outs += [self._output(r, []) for r in ended if r.request_id not in new]
         for r in ended:
@@ -227,6 +243,8 @@ class Engine:
         return ended
 
     def _leave(self, r: Request, joined: bool = True) -> None:
+        if self.prefix is not None:
+            self.prefix.release(r)  # its rows into the prefix pool, before its slot is reused
         self.scheduler.release(r)
         proposer = self.proposers.get(r.method)  # None: it decoded target-only
         if joined and proposer is not None:

@@ -49,6 +49,18 @@ class KVCache:
                 buf[dst, :n] = buf[src, :n]
         self.lengths[dst] = n
 
+    def copy_host_prefix(self, src: "KVCache", src_slot: int, dst_slot: int, length: int) -> None:
+        """Copy positions 0..length-1 of ``src``'s slot ``src_slot`` into this cache's slot ``dst_slot`` and set its
+        length (numpy storage; ``src`` may be this cache or a prefix pool of the same engine)."""
+        if not 0 <= length <= min(int(src.lengths[src_slot]), self.capacity) or src.layout != self.layout:
+            raise ValueError(f"cannot copy {length} positions of slot {src_slot} (it holds {int(src.lengths[src_slot])})")
+        for mine, theirs in zip((*self.keys, *self.values), (*src.keys, *src.values)):
+            if self.layout == "bnsh":
+                mine[dst_slot, :, :length] = theirs[src_slot, :, :length]
+            else:
+                mine[dst_slot, :length] = theirs[src_slot, :length]
+        self.lengths[dst_slot] = length
+
     def compact_host_slot(self, slot: int, start: int, keep) -> None:
         """Move the K/V at slots start + keep[i] to start + i (keep ascending, keep[0] = 0: a tree's accepted path) and
         set the slot's length to start + len(keep). Sources are never overwritten before they are read (keep[i] >= i)."""

@@ -22,6 +22,7 @@ from ..formats.errors import RequestError
 from .methods import TARGET_ONLY, carried_by, method_names
 from .orchestrator import Orchestrator
 from .pairing import Pairing
+from .prefix_cache import PrefixCacheConfig
 from .proposers.method import Method, OpenContext, get_method, method_of
 
 __all__ = ["load_engine", "load_orchestrator", "method_draft_lens", "open_executor", "open_engine", "Pairing", "Placement"]
@@ -51,6 +52,7 @@ def load_engine(
     medusa_choices: str | list | None = None,
     eagle_choices: str | list | None = None,
     suffix: Any = None,
+    prefix_caching: PrefixCacheConfig = PrefixCacheConfig(),
 ) -> Engine:
     """An engine with a drafter for each method asked for, and the target's own drafter when it has one (a medusa
     target's heads, an eagle target's EAGLE module in its eagle/ folder).
@@ -72,6 +74,9 @@ def load_engine(
     every head (Medusa) or of min(4, max_draft_len) (EAGLE)).
     ``device``: cpu | cuda | auto (docs/cli.md: device lists index devices of that kind); ``draft_device``: the draft
     model's, when it differs; ``target_devices``: the target's device ids when no config string names them.
+
+    ``prefix_caching``: newcomers copy the longest cached prefix of their prompt (runtime/prefix_cache.py): on by
+    default where the target's executor can hold a prefix pool; ``PrefixCacheConfig(enabled=False)`` turns it off.
 
     ``target_executor``: an executor already open on this target engine (say, an
     earlier engine's ``.target``), reused instead of opening a second session.
@@ -98,7 +103,8 @@ def load_engine(
             configs.append(get_method(name).config(choices))
     return open_engine(target_dir, configs, method=method, draft_len=draft_len, num_threads=num_threads, target_devices=target_devices,
                        device=device, draft_device=draft_device, draft_num_threads=draft_num_threads,
-                       allow_vocab_mismatch=allow_vocab_mismatch, target_executor=target_executor, verify=verify)
+                       allow_vocab_mismatch=allow_vocab_mismatch, target_executor=target_executor, verify=verify,
+                       prefix_caching=prefix_caching)
 
 
 def open_engine(
@@ -115,6 +121,7 @@ def open_engine(
     allow_vocab_mismatch: bool = False,
     target_executor: Executor | None = None,
     verify: str = "stamp",
+    prefix_caching: PrefixCacheConfig = PrefixCacheConfig(),
 ) -> Engine:
     """The target and the drafter of each config in ``drafters`` (and the one the target carries): ``load_engine``
     without its older arguments. Each backend refuses what cannot fit before anything opens."""
@@ -147,7 +154,8 @@ def open_engine(
     default = method or (proposers[0].name if proposers else TARGET_ONLY)
     if draft_len is None:
         draft_len = next((p.default_draft_len for p in proposers if p.name == default), 0)
-    return Engine(target_ex, proposers, SpeculationConfig(default, draft_len if default != TARGET_ONLY else 0), allow_vocab_mismatch)
+    return Engine(target_ex, proposers, SpeculationConfig(default, draft_len if default != TARGET_ONLY else 0), allow_vocab_mismatch,
+                  prefix_caching)
 
 
 def _methods(target: EngineDir, drafters: Sequence[Any]) -> list[tuple[Method, Any]]:

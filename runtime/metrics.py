@@ -10,6 +10,8 @@ per-position acceptance  = accepted_at[j] / drafted_at[j]; for a tree, position 
 output tokens/s          = generated tokens / total latency, time to first token included
 TTFT                     = first token - arrival (queue time included); queue time = admission - arrival
 TPOT                     = (finish - first token) / (output tokens - 1)
+cached tokens            = prompt tokens whose K/V came from the prefix cache (OpenAI's
+                           usage.prompt_tokens_details.cached_tokens); prefix hit rate = cached / prompt tokens
 
 One ``Metrics`` per request (in each step's outputs) and one per engine
 (the sum of its requests: ``merge``).
@@ -24,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 class Metrics:
     requests: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens copied from the prefix cache, not prefilled (runtime/prefix_cache.py)
     output_tokens: int = 0
     rounds: int = 0  # row-rounds: one row verified once by the target (after the context phase)
     drafted: int = 0
@@ -36,6 +39,7 @@ class Metrics:
     total_s: float = 0.0
     draft_s: float = 0.0
     target_s: float = 0.0
+    decide_s: float = 0.0  # draft_len=auto's decisions (and the batch's draft cap): its share of each round's
     ttft_s: list[float] = field(default_factory=list)  # per request
     queue_s: list[float] = field(default_factory=list)  # per request
     tpot_s: list[float] = field(default_factory=list)  # per request with >= 2 output tokens
@@ -71,7 +75,7 @@ class Metrics:
 
         Not the engine times (draft_s, target_s): requests share each call, so a sum of their
         shares is the caller's to keep (the engine counts every call once)."""
-        for name in ("requests", "prompt_tokens", "output_tokens", "rounds", "drafted", "accepted", "no_draft_rounds", "rejected", "silent_drafts"):
+        for name in ("requests", "prompt_tokens", "cached_tokens", "output_tokens", "rounds", "drafted", "accepted", "no_draft_rounds", "rejected", "silent_drafts"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for mine, theirs in ((self.drafted_at, other.drafted_at), (self.accepted_at, other.accepted_at)):
             mine.extend([0] * (len(theirs) - len(mine)))
@@ -80,6 +84,10 @@ class Metrics:
         self.ttft_s += other.ttft_s
         self.queue_s += other.queue_s
         self.tpot_s += other.tpot_s
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
     @property
     def acceptance_rate(self) -> float:
@@ -112,12 +120,13 @@ class Metrics:
 
     @property
     def other_s(self) -> float:
-        """Time in neither engine: acceptance, bookkeeping, Python."""
-        return max(self.total_s - self.draft_s - self.target_s, 0.0)
+        """Time in neither engine nor auto's decisions: acceptance, bookkeeping, Python."""
+        return max(self.total_s - self.draft_s - self.target_s - self.decide_s, 0.0)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d.update(
+            prefix_hit_rate=self.prefix_hit_rate,
             acceptance_rate=self.acceptance_rate,
             per_token_acceptance=self.per_token_acceptance,
             mean_acceptance_length=self.mean_acceptance_length,
@@ -135,6 +144,8 @@ class Metrics:
             f"(incl. time to first token {self.mean_ttft_s * 1e3:.1f} ms)",
             f"time: total {self.total_s:.3f}s = target {self.target_s:.3f}s + draft {self.draft_s:.3f}s + other {self.other_s:.3f}s",
         ]
+        if self.cached_tokens:
+            lines.append(f"prefix cache: {self.cached_tokens} of {self.prompt_tokens} prompt tokens copied, not prefilled (hit rate {self.prefix_hit_rate:.2f})")
         if self.drafted:
             per_pos = " ".join(f"{a:.2f}" for a in self.per_position_acceptance)
             lines.append(

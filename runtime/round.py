@@ -33,6 +33,7 @@ from .guards import SILENT_DRAFT_ROUNDS, finite, first_nonfinite, nonfinite_mess
 from .kv_cache import KVCache
 from .logits import Rows, logprobs
 from .metrics import Metrics
+from .prefix_cache import PrefixCache
 from .proposers.base import Draft, Proposer, TargetOutput
 from .request import AUTO, Request, RequestStatus
 from .sampling import next_token
@@ -90,10 +91,12 @@ class SpeculativeRound:
     """The target, its cache and the proposers, run one round at a time (engine totals in ``stats``)."""
 
     def __init__(self, target: Executor, cache: KVCache, proposers: Mapping[str, Proposer], vocab_limit: int | None,
-                 policy: DraftPolicy, stats: Metrics):
+                 policy: DraftPolicy, stats: Metrics, prefix: PrefixCache | None = None):
         self.target, self.cache, self.proposers = target, cache, proposers
         self.vocab_limit, self.policy, self.stats = vocab_limit, policy, stats  # policy: how many drafts (draft_policy.py)
+        self.prefix = prefix  # the prefix cache: a newcomer's cached rows are copied, not prefilled
         self.rounds = 0  # rounds run: requests at k = 0 under draft_len=auto probe together (AutoDraftLen.probe_due)
+        self.paying: dict[str, bool] = {}  # this round: method -> whether any draft could pay at its batch size
 
     # -- prefill: a newcomer's prompt and its first token --------------------------------
     def prefill(self, batch: list[Request], first: int, new: NewTokens) -> list[Request]:
@@ -101,12 +104,17 @@ class SpeculativeRound:
         proposers; the requests that finished on their first token."""
         t0 = time.perf_counter()
         echo = any(r.config.prompt_logprobs for r in batch)  # every row's logits, for the prompts' log-probabilities
-        step = self.target.forward(self.cache, [r.prompt_ids for r in batch], all_logits=echo, first_slot=first)
-        out = step.logits  # [len(batch), 1 or the longest prompt, vocab]
+        if self.prefix is not None:
+            self.prefix.copy_in(batch)  # cached rows: the prompt is fed from metrics.cached_tokens on
+        feeds = [r.prompt_ids[r.metrics.cached_tokens :] for r in batch]
+        step = self.target.forward(self.cache, feeds, all_logits=echo, first_slot=first)
+        out = step.logits  # [len(batch), 1 or the longest feed, vocab]
         # logits: [len(batch), vocab] at each prompt's last token
-        logits = out[np.arange(len(batch)), [len(r.prompt_ids) - 1 if echo else 0 for r in batch], : self.vocab_limit]
+        logits = out[np.arange(len(batch)), [len(f) - 1 if echo else 0 for f in feeds], : self.vocab_limit]
         firsts = [self._first_token(r, logits[i], out[i] if r.config.prompt_logprobs else None) if finite(logits[i]) else None
                   for i, r in enumerate(batch)]
+        if self.prefix is not None:  # the proposers see the prefill a cold server would have run (per-token outputs whole)
+            step = self.prefix.prefilled(batch, step, first)
         t1 = time.perf_counter()
         self.stats.target_s += t1 - t0
         ended = []
@@ -148,15 +156,41 @@ class SpeculativeRound:
     def run(self, reqs: list[Request], new: NewTokens) -> list[Request]:
         """One round for ``reqs`` (the running requests, request i in slot i); the requests that finished."""
         self.rounds += 1
+        t_decide = time.perf_counter()  # deciding: the policy's begin, each request's length and the batch's fit
         self.policy.begin(reqs, self.rounds)
         lens = [self.draft_len(r, len(reqs)) for r in reqs]
-        drafts = self.batch_cap(reqs, self.propose(reqs, lens))
+        decide_s = time.perf_counter() - t_decide
+        drafts = self.propose(reqs, lens)
+        t_decide = time.perf_counter()
+        drafts = self.batch_cap(reqs, drafts)
+        decide_s += time.perf_counter() - t_decide
+        self.stats.decide_s += decide_s
+        for r in reqs:
+            r.metrics.decide_s += decide_s / len(reqs)
         t0 = time.perf_counter()
         step, share_s = self.verify(reqs, drafts)
         ended = [r for r, d in zip(reqs, drafts) if self.accept(r, d, step, share_s, new)]
         # the call and the per-row work after it (acceptance, rollback, the proposers' observe): what a width costs
         self.policy.verified(len(reqs), step.logits.shape[1], time.perf_counter() - t0)
         return ended
+
+    def who_may_draft(self, reqs: list[Request]) -> dict[str, bool]:
+        """Per method of the round's auto requests, whether any of them may draft (AutoDraftLen.pays_at), decided once:
+        no, where not even a perfect drafter would pay at this batch size (probes included); no, outside probe rounds,
+        where a chain drafter (a draft model, n-gram, an EAGLE chain) would not pay even at the batch's best acceptance,
+        so that a full batch where nothing pays costs one check, not a choice per request."""
+        rows, best = len(reqs), {}
+        for r in reqs:
+            if r.draft_len == AUTO and r.method != "none":
+                a = self.auto.acceptance(r.method, r.metrics.accepted, r.metrics.rejected)
+                best[r.method] = max(best.get(r.method, 0.0), a)
+        probe = self.auto.probe_due(self.rounds, rows)
+        paying = {}
+        for method, a in best.items():
+            proposer = self.proposers[method]
+            chain = proposer.tree is None and not proposer.scores_drafts
+            paying[method] = self.auto.pays_at(method, rows) and (probe or not chain or self.auto.pays_at(method, rows, a))
+        return paying
 
     def draft_len(self, r: Request, running: int) -> int:
         """How many drafts request r may take this round (``running``: requests in the batch): the policy's choice,
@@ -238,6 +272,8 @@ class SpeculativeRound:
             # a chain's rows are Rows' own (drafts[:j] == emitted[:j]): processed once, during acceptance; a tree's need the path
             r.logprobs += [logprobs(rows.logits(row, None if d.parents is None else emitted[:j]), t, r.config.logprobs)
                            for j, (row, t) in enumerate(zip(kept, emitted))]
+        if self.prefix is not None:
+            self.prefix.observe(r, step, kept)  # the kept rows' per-token outputs, for the pool
         proposer = self.proposers.get(r.method)  # None: the request decodes target-only
         if proposer is not None:
             # the target's extra outputs it asked for, on the request's fed rows

@@ -45,6 +45,14 @@ class Scheduler:
         self.running += batch
         return batch
 
+    def place(self, batch: list[Request]) -> None:
+        """Give the newcomers ``admit`` just returned their slots again, in this order (the prefix cache prefills the
+        requests that copy another newcomer's rows after it: runtime/prefix_cache.py). Nothing is in them yet."""
+        first = len(self.running) - len(batch)
+        for i, r in enumerate(batch):
+            r.slot = first + i
+        self.running[first:] = batch
+
     def release(self, req: Request) -> None:
         """Give ``req``'s slot back: the last running request moves into it."""
         slot, last = req.slot, len(self.running) - 1

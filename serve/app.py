@@ -130,6 +130,12 @@ def create_app(
         state.ready()
         return Response(state.metrics.exposition(), media_type=CONTENT_TYPE)
 
+    @app.post("/reset_prefix_cache", responses=ERRORS)
+    async def reset_prefix_cache() -> dict:
+        """vLLM's route: forget the finished sequences the prefix cache holds (a cold start for a benchmark)."""
+        _, loop = state.ready()
+        return {"reset": await asyncio.wrap_future(loop.reset_prefix_cache())}
+
     @app.post("/v1/completions", responses=POST_ERRORS)
     async def completions(body: CompletionRequest, request: Request) -> Response:
         s, loop = state.ready()

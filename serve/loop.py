@@ -9,8 +9,9 @@ asyncio queue.
 
 A job is one HTTP request: one engine request per prompt and sample (``n``
 or ``best_of`` of them, several prompts on /v1/completions). The samples of
-a job are added together, so they share one batched prefill call; each keeps
-its own cache slot (the static-capacity cache has no shared prefix blocks).
+a job are added together: with prefix caching on (the default), the first
+sample of a prompt prefills it and the others copy its rows
+(runtime/prefix_cache.py); each keeps its own cache slot.
 Sample j of a prompt draws with the request's seed and stream j, so a seeded
 request gives the same choices whatever else shares the batch.
 
@@ -23,6 +24,7 @@ has its response sees its request counted in /metrics.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import logging
 import queue
@@ -67,6 +69,7 @@ class Result:
     choices: list[ChoiceResult]
     prompt_tokens: int
     completion_tokens: int  # every sample's, best_of ones included (as OpenAI counts them)
+    cached_tokens: int  # per prompt, the prompt tokens its first sample copied from the prefix cache (the others copy its rows)
     metrics: Metrics  # the samples' merged
     timings: dict[str, float | None]
 
@@ -188,6 +191,15 @@ class EngineLoop:
             self._unadded += samples
         self._inbox.put(("add", job))
 
+    def reset_prefix_cache(self) -> "concurrent.futures.Future[bool]":
+        """Empty the prefix cache's pool, between two steps (the loop thread owns the engine); the future says whether
+        the server has a prefix cache."""
+        done: concurrent.futures.Future[bool] = concurrent.futures.Future()
+        if not self.alive:
+            raise ApiError(503, "the engine loop is not running; restart the server.")
+        self._inbox.put(("reset", done))
+        return done
+
     def abort(self, job_id: str) -> None:
         """The client went away (or timed out): end its requests and free their slots (a no-op once ended)."""
         self._inbox.put(("abort", job_id))
@@ -235,6 +247,8 @@ class EngineLoop:
                 self._add(arg)
             elif kind == "abort":
                 self._abort(arg)
+            elif kind == "reset":
+                arg.set_result(self.engine.reset_prefix_cache())
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
@@ -354,7 +368,8 @@ class EngineLoop:
                 ))
         prompt_tokens = sum(len(ids) for ids in plan.prompts)
         completion_tokens = sum(len(c.token_ids) for c in job.choices)
-        return Result(picked, prompt_tokens, completion_tokens, merged, timings)
+        cached = sum(min(c.metrics.cached_tokens for c in job.choices if c.prompt == p) for p in range(len(plan.prompts)))  # type: ignore[union-attr]
+        return Result(picked, prompt_tokens, completion_tokens, cached, merged, timings)
 
     def _fail(self, job: Job, error: ApiError) -> None:
         for c in job.choices:

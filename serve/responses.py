@@ -2,6 +2,7 @@
 
 Extensions, ignored by clients that do not know them:
     choices[i].token_ids   the tokens of this text (a chunk's: this round's)
+    usage.prompt_tokens_details.cached_tokens   OpenAI's field: prompt tokens copied from the prefix cache
     speculative            the request's method and draft length, and its acceptance figures
     timings                queue, time to first token, time per output token, end to end (seconds)
 
@@ -38,8 +39,9 @@ def speculative(job: Job, result: Result) -> dict[str, Any]:
     }
 
 
-def usage(result: Result) -> dict[str, int]:
-    return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens, "total_tokens": result.prompt_tokens + result.completion_tokens}
+def usage(result: Result) -> dict[str, Any]:
+    return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens, "total_tokens": result.prompt_tokens + result.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": result.cached_tokens}}
 
 
 def _head(job: Job, model: str, obj: str) -> dict[str, Any]:

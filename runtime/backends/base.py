@@ -92,6 +92,15 @@ class Executor(Protocol):
         in positions start, start + 1, ... and set the slot's length to start + len(keep). A chain's ``keep`` is
         0..n (a rollback, which every executor does: ``compact_chain``); a tree's path needs ``tree_attention``."""
 
+    def new_prefix_pool(self, num_slots: int) -> KVCache:
+        """A second cache of ``num_slots`` slots (any number) that holds cached prefixes (runtime/prefix_cache.py): it
+        is only copied from and into (``copy_prefix``), never run. An executor that cannot hold a second cache refuses
+        with an EngineError (``refuse_prefix_pool``), and prefix caching is off on it."""
+
+    def copy_prefix(self, src: KVCache, src_slot: int, dst: KVCache, dst_slot: int, length: int) -> None:
+        """Copy the K/V of positions 0..length-1 of ``src``'s slot ``src_slot`` into ``dst``'s slot ``dst_slot`` and set
+        its length: ``src`` and ``dst`` are this executor's caches or prefix pools (the same one, or two of them)."""
+
 
 def refuse_trees(parents, engine: str) -> None:
     """An executor without tree attention verifies chains only: a forward() with a tree is an error, not a chain."""
@@ -118,6 +127,12 @@ def check_extra_inputs(given: Mapping[str, np.ndarray] | None, declared: Sequenc
     if len(given) != len(declared):
         unknown = sorted(set(given) - {t.name for t in declared})
         raise EngineError(f"{engine} takes no {', '.join(unknown)} input" + (f" (its extra inputs: {', '.join(t.name for t in declared)})." if declared else "."))
+
+
+def refuse_prefix_pool(engine: str, why: str) -> None:
+    """An executor that cannot hold cached prefixes beside its cache: prefix caching is off on it."""
+    raise EngineError(f"prefix caching is not available for {engine}: {why}. Run without it (--no-enable-prefix-caching), "
+                      "or on the onnxruntime backend (CPU or --device cuda).")
 
 
 def compact_chain(cache: KVCache, slot: int, start: int, keep: Sequence[int], engine: str) -> None:

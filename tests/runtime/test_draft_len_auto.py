@@ -113,3 +113,29 @@ def test_a_fixed_width_row_makes_narrower_drafts_free():
     strong = [1.0, 2.0, 3.0, 3.9, 4.7, 5.4, 6.0, 6.5, 6.9]
     assert auto.batch_width([strong] + [[1.0]] * 14, 16, floor=5) == 5
     assert auto.batch_width([[1.0, 1.1]] * 15, 16, floor=5) == 5  # never below the floor
+
+
+def test_nothing_drafts_where_no_draft_length_pays_at_the_batch_size():
+    """pays_at: the expected tokens at k = 1..max_draft_len against one token per call. With a draft step at 60% of a
+    target step and a wider call costing 50% more per token (a compute-bound CPU at 64 rows), even a perfect drafter
+    does not pay; at one row (5% per token) it does. Free drafts pay at 64 rows for a perfect drafter, not at an
+    acceptance of 0.6."""
+    auto = AutoDraftLen(8, 64)
+    slope = {1: 0.05, 64: 0.5}
+    auto.verify_cost = lambda rows, width: 1.0 + slope[rows] * (width - 1)
+    auto.draft_cost = lambda method, rows, default: 0.6
+    assert auto.pays_at("draft", 1) and not auto.pays_at("draft", 64)
+    auto.draft_cost = lambda method, rows, default: 0.0
+    assert auto.pays_at("ngram", 64) and not auto.pays_at("ngram", 64, 0.6)
+
+
+def test_pays_at_reads_measured_costs_and_is_optimistic_before():
+    """Unmeasured: the prior slope (10% per token) pays. Width-1 calls at 1 and 32 rows give the per-token slope
+    (compute-bound: 32 rows cost 32x one row's compute), and then a draft at 10% of a 32-row step does not pay."""
+    auto = AutoDraftLen(8, 64)
+    assert auto.pays_at("draft", 32)
+    for _ in range(3):  # the first call of each shape is not timed
+        auto.record_verify(1, 1, 0.06)
+        auto.record_verify(32, 1, 32 * 0.013 + 0.02)
+        auto.record_draft("draft", 32, 1, 0.044)
+    assert not auto.pays_at("draft", 32)

@@ -196,9 +196,8 @@ def test_auto_draft_len_is_exact_and_follows_acceptance(ex, solo):
     base, _ = Orchestrator(ex["target"]).generate(rep, GenerationConfig(max_output_len=40))
     assert out[0].output_ids == base[0].output_ids
     assert m.per_token_acceptance > 0.8 and len(m.drafted_at) == MAX_DRAFT
-    # a draft step as costly as a target step (the identity draft) never pays for itself:
-    # auto drafts only in its probe rounds (one in PROBE_EVERY at one row; per row of a batch), while a fixed k drafts
-    # every round
+    # a draft step as costly as a target step (the identity draft) never pays for itself, even if every draft were
+    # accepted (AutoDraftLen.pays_at): auto does not draft at all, not even in its probe rounds
     drafted = []
     for batch in (prompts[:1], prompts):
         orch = with_costs(Orchestrator(ex["target"], DraftModelProposer(ex["identity"]), "auto"), lambda w: 1.0 + 0.05 * w, 1.0)
@@ -206,7 +205,7 @@ def test_auto_draft_len_is_exact_and_follows_acceptance(ex, solo):
         assert [o.output_ids for o in out] == [solo[i] for i in range(len(batch))]
         assert m_auto.drafted <= m_auto.rounds / (PROBE_EVERY * len(batch)) + len(batch)
         drafted.append(m_auto.drafted)
-    assert drafted[0] > 0  # 23 rounds at one row: a probe at round 16
+    assert drafted == [0, 0]
 
 
 def test_auto_policy_picks_zero_when_drafts_do_not_pay():
@@ -448,7 +447,9 @@ def test_a_probe_does_not_prefill_the_draft(ex, method_rounds):
 
     drafted = {}
     for n in (6, PROBE_BACKLOG + 8):
-        orch = with_costs(Orchestrator(ex["target"], DraftModelProposer(ex["identity"]), "auto"), lambda w: 1.0 + 0.05 * w, 1.0)
+        # a draft step at 45% of a target step: a perfect drafter would pay (2 tokens for 1.55 steps), the prior
+        # acceptance (0.5) would not: k = 0, with probes
+        orch = with_costs(Orchestrator(ex["target"], DraftModelProposer(ex["identity"]), "auto"), lambda w: 1.0 + 0.05 * w, 0.45)
         if method_rounds == "explored":
             orch.engine.auto.drafting_rounds["draft"] = EXPLORE_ROUNDS
         _, m = orch.generate([list(range(40, 40 + n))], GenerationConfig(max_output_len=3 * PROBE_EVERY))
@@ -493,3 +494,15 @@ def test_a_draft_cut_after_drafting_leaves_the_draft_cache_as_fed(ex):
     d = p.propose([r], [3])[0]
     p.observe(r, d.prefix(1), TargetOutput(None, 1, [int(d.tokens[0]), 40], [0, 1]))  # cut to one draft, accepted
     assert int(p.cache.lengths[0]) == 9 and p.pending["r"] == [40]  # + 12 and the kept draft
+
+
+def test_a_batch_where_no_chain_pays_costs_one_check_not_a_choice_per_request(ex, solo):
+    """who_may_draft: a draft step at 45% of a target step, the method's prior acceptance (0.5): a perfect drafter would
+    pay, this one would not, at any request's acceptance. Outside probe rounds no request is priced one by one."""
+    orch = with_costs(Orchestrator(ex["target"], DraftModelProposer(ex["draft"]), "auto"), lambda w: 1.0 + 0.05 * w, 0.45)
+    calls = []
+    real = orch.engine.auto.choose
+    orch.engine.auto.choose = lambda *a, **k: calls.append(a) or real(*a, **k)
+    out, m = orch.generate(PROMPTS[:4], GenerationConfig(max_output_len=24))  # 23 rounds of 4 rows: no probe round (64)
+    assert [o.output_ids for o in out] == [solo[i] for i in range(4)]
+    assert calls == [] and m.drafted == 0

@@ -128,7 +128,11 @@ def test_a_draft_that_never_lands_is_reported_once(pair):
 
 def test_draft_len_auto_stops_drafting_once_it_is_reported(pair):
     d = pair["dir"]
-    out, warned = drive(load_engine(d / "target", d / "draft-rolled", draft_len="auto", num_threads=1), PROMPTS[0], 880)
+    engine = load_engine(d / "target", d / "draft-rolled", draft_len="auto", num_threads=1)
+    # costs at which a perfect drafter would pay (else auto never drafts at all: AutoDraftLen.pays_at), fixed, not timed
+    engine.auto.verify_cost = lambda rows, width: 1.0 + 0.05 * width
+    engine.auto.draft_cost = lambda method, rows, default: 0.1
+    out, warned = drive(engine, PROMPTS[0], 880)
     # auto soon drafts 0 and probes every PROBE_EVERY rounds: the evidence is the drafting rounds, however spread out
     assert len(warned) == 1 and warned[0][2].endswith("draft_len=auto stopped drafting for it.")
     tokens, drafted, _ = warned[0]

@@ -169,12 +169,12 @@ def test_auto_caps_the_batch_width_and_stays_exact(targets, want):
 
 @pytest.mark.parametrize("draft_s, every_round", [(0.0, True), (1.0, False)])
 def test_auto_keeps_proposing_when_proposing_is_free(targets, want, draft_s, every_round):
-    """draft_len=auto, a verification where a 2nd token costs as much as the 1st: a request's weak draft does not pay.
-    It looks again next round when proposing costs nothing (a match may start at the next token), and waits for
-    a probe round when each proposal costs a target step."""
+    """draft_len=auto, a verification where each more token costs half a step: a request's weak draft does not pay.
+    It looks again next round when proposing costs nothing (a match may start at the next token); when each
+    proposal costs a target step not even a perfect draft would pay (AutoDraftLen.pays_at), so it never proposes."""
     proposer = SuffixProposer(SuffixConfig(max_draft_len=MAX_DRAFT, global_cache=False), trees=True)
     engine = Engine(targets["tree"], [proposer], SpeculationConfig("suffix", "auto"))
-    engine.auto.verify_cost = lambda rows, width: float(width)
+    engine.auto.verify_cost = lambda rows, width: 1.0 + 0.5 * (width - 1)
     engine.auto.draft_cost = lambda method, rows, default: draft_s
     calls = []
     real = proposer.propose
@@ -185,5 +185,5 @@ def test_auto_keeps_proposing_when_proposing_is_free(targets, want, draft_s, eve
 
     proposer.propose = counted
     assert run(engine, PROMPTS[1:2], GenerationConfig(max_output_len=32)) == want[1:2]
-    rounds = engine.stats.rounds  # the last round has no room for a draft (max_output_len)
-    assert (len(calls) == rounds - 1) if every_round else (len(calls) < rounds / 2), (len(calls), rounds)
+    rounds = engine.stats.rounds  # the last round may have no room for a draft (max_output_len)
+    assert (len(calls) >= rounds - 1) if every_round else (len(calls) == 0), (len(calls), rounds)

@@ -52,7 +52,8 @@ def test_every_operation_fuzzed_against_the_schema(server):
     seen: dict[str, set[int]] = {}
     counts: dict[str, int] = {}
     for op in operations:
-        modes = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE) if op.method.upper() == "POST" else (GenerationMode.POSITIVE,)  # a GET has nothing to break
+        # a GET (and a POST without a body: /reset_prefix_cache) has nothing to break
+        modes = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE) if op.method.upper() == "POST" and len(op.body) else (GenerationMode.POSITIVE,)
         for mode in modes:
 
             @seed(SEED)

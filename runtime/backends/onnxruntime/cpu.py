@@ -109,6 +109,14 @@ class OrtExecutor:
     def copy_slot(self, cache: KVCache, src: int, dst: int) -> None:
         cache.copy_host_slot(src, dst)
 
+    def new_prefix_pool(self, num_slots: int) -> KVCache:
+        """Host storage for cached prefixes (numpy zeros: pages are committed only as entries fill them)."""
+        m = self.model
+        return KVCache(m.num_layers, num_slots, m.num_kv_heads, self.build.kv_capacity, m.head_dim, self.build.max_seq_len, self.build.kv_layout)
+
+    def copy_prefix(self, src: KVCache, src_slot: int, dst: KVCache, dst_slot: int, length: int) -> None:
+        dst.copy_host_prefix(src, src_slot, dst_slot, length)
+
     def compact_slot(self, cache: KVCache, slot: int, start: int, keep: Sequence[int]) -> None:
         """After a tree step fed at ``start``: move the K/V of the call's tokens ``keep`` (ascending, keep[0] = 0)
         to slots start, start + 1, ... and set the slot's length to start + len(keep)."""

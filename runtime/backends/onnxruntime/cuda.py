@@ -213,6 +213,22 @@ class CudaExecutor:
             self._rt.synchronize()  # device-to-device copies may return early: done before the next run reads the slot
         cache.lengths[dst] = n
 
+    def new_prefix_pool(self, num_slots: int) -> CudaKVCache:
+        """Device storage for cached prefixes: a cache of its own (any number of slots), allocated and zeroed now."""
+        return CudaKVCache(self, num_slots)
+
+    def copy_prefix(self, src: KVCache, src_slot: int, dst: KVCache, dst_slot: int, length: int) -> None:
+        """Copy positions 0..length-1 of ``src``'s slot into ``dst``'s slot on the device (two caches or pools of this
+        executor, or one) and set its length."""
+        src, dst = self._own(src), self._own(dst)
+        if not 0 <= length <= min(int(src.lengths[src_slot]), dst.capacity):
+            raise ValueError(f"cannot copy {length} positions of slot {src_slot} (it holds {int(src.lengths[src_slot])})")
+        if length and (src is not dst or src_slot != dst_slot):
+            self._rt.set_device(self.device_id)
+            dst.move_positions(src_slot, dst_slot, 0, 0, length, source=src)
+            self._rt.synchronize()  # device-to-device copies may return early: done before the next run reads the slot
+        dst.lengths[dst_slot] = length
+
     def compact_slot(self, cache: KVCache, slot: int, start: int, keep: Sequence[int]) -> None:
         """After a tree step fed at ``start``: move the K/V of the call's tokens ``keep`` (ascending, keep[0] = 0) to
         positions start, start + 1, ... and set the slot's length to start + len(keep). Runs of consecutive kept tokens

@@ -50,19 +50,20 @@ class CudaKVCache(KVCache):
         """Device address of (layer, K|V) part ``part`` (2 * layer + 0|1) at slot ``slot``."""
         return self.slab.data_ptr() + part * self.layer_bytes + slot * self.slot_bytes
 
-    def move_positions(self, slot_src: int, slot_dst: int, src: int, dst: int, count: int) -> None:
-        """Copy positions src..src+count-1 of slot_src to dst.. of slot_dst, in every layer's K and V (not synchronized)."""
-        ex = self.owner
+    def move_positions(self, slot_src: int, slot_dst: int, src: int, dst: int, count: int, source: "CudaKVCache | None" = None) -> None:
+        """Copy positions src..src+count-1 of slot_src to dst.. of slot_dst, in every layer's K and V (not synchronized).
+        ``source``: the cache slot_src belongs to (another cache of the same executor: a prefix pool), default this one."""
+        ex, source = self.owner, source or self
         m, hd, item = ex.model, ex.model.head_dim, ex.cache_itemsize
         parts = 2 * m.num_layers
         if self.layout == "bsh":  # a position is one row of kv_heads * head_dim: one 2-D copy across all parts
             row = m.num_kv_heads * hd * item
-            ex._rt.copy_2d(self.ptr(0, slot_dst) + dst * row, self.layer_bytes, self.ptr(0, slot_src) + src * row, self.layer_bytes,
+            ex._rt.copy_2d(self.ptr(0, slot_dst) + dst * row, self.layer_bytes, source.ptr(0, slot_src) + src * row, source.layer_bytes,
                           count * row, parts)
             return
         pitch = self.capacity * hd * item  # bnsh: per part, one 2-D copy over the kv heads
         for part in range(parts):
-            ex._rt.copy_2d(self.ptr(part, slot_dst) + dst * hd * item, pitch, self.ptr(part, slot_src) + src * hd * item, pitch,
+            ex._rt.copy_2d(self.ptr(part, slot_dst) + dst * hd * item, pitch, source.ptr(part, slot_src) + src * hd * item, pitch,
                           count * hd * item, m.num_kv_heads)
 
 

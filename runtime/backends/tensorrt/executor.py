@@ -32,7 +32,7 @@ from ....formats.errors import DeviceError, EngineError, RequestError
 from ...kv_cache import KVCache
 from ....formats.kv_layout import kv_cache_bytes
 from ....formats.tensorrt_plan import CONTEXT_PROFILE, ENGINE_FILE, GENERATION_PROFILE
-from ..base import Placement, StepOutput, compact_chain, plan_step, refuse_extra_inputs, refuse_trees
+from ..base import Placement, StepOutput, compact_chain, plan_step, refuse_extra_inputs, refuse_prefix_pool, refuse_trees
 from ....hardware.tensorrt import MIN_TENSORRT, check_gpu_arch, cuda_call, cuda_device_info, cudart_module, import_runtime, require_gpu, visible_gpu_count
 
 _ALIGN = 256  # IExecutionContext: tensor / device memory addresses 256-byte aligned
@@ -231,6 +231,13 @@ class TrtExecutor:
 
     def compact_slot(self, cache: KVCache, slot: int, start: int, keep: Sequence[int]) -> None:
         compact_chain(cache, slot, start, keep, self._name)
+
+    def new_prefix_pool(self, num_slots: int) -> KVCache:
+        refuse_prefix_pool(self._name, "the tensorrt executor holds one device KV buffer of max_batch_size rows, and a second cache "
+                                       "would supersede it (new_cache)")
+
+    def copy_prefix(self, src: KVCache, src_slot: int, dst: KVCache, dst_slot: int, length: int) -> None:
+        refuse_prefix_pool(self._name, "the tensorrt executor holds no prefix pool")
 
     # -- compute -------------------------------------------------------------------
     def forward(
