@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import peers  # noqa: E402
 from prompts import code_prompts  # noqa: E402
 
+from specdec.bench.plots import Bar, beside, write_bars  # noqa: E402
 from specdec.builder.build import build_engine  # noqa: E402
 from specdec.runtime import Orchestrator, SamplingConfig, load_orchestrator  # noqa: E402
 from specdec.bench.sweep import analytic_bound, generate_each, step_cost  # noqa: E402
@@ -96,9 +97,10 @@ def main() -> None:
     if ngram:
         orchs[f"specdec ngram k={ngram[0]} n={ngram[1]}"] = Orchestrator(target_ex, NGramProposer(ngram[0], ngram[1]), draft_len=ngram[0])
     runs: dict[str, list[dict]] = {name: [] for name in orchs}
-    for _ in range(args.repeats):
+    for r in range(args.repeats):
         for name, orch in orchs.items():
             runs[name].append(ours(orch, prompts, n_new, warm=not runs[name]))
+        print(f"round {r + 1}/{args.repeats}: " + ", ".join(f"{n} {v[-1]['tokens_per_s']:.0f}" for n, v in runs.items()) + " tokens/s", flush=True)
     for name in orchs:
         record(name, best_of(runs[name]))
     base_ids = results["specdec target-only"]["output_ids"]
@@ -106,6 +108,8 @@ def main() -> None:
         r["greedy_equal_to_target_only"] = r["output_ids"] == base_ids
 
     wanted = [p for p in args.peers.split(",") if p]
+    if wanted:
+        print(f"peers: {', '.join(wanted)} (each on the same prompts)", flush=True)
     if "hf" in wanted:
         record("hf target-only", best_of([peers.hf_generate(args.target, prompts, n_new, num_threads=args.threads) for _ in range(max(1, args.repeats // 2))]))
         if args.draft:
@@ -153,6 +157,9 @@ def main() -> None:
     if args.json:
         slim = {k: {kk: vv for kk, vv in v.items() if kk != "output_ids"} for k, v in results.items()}
         Path(args.json).write_text(json.dumps({"args": vars(args), "c": c, "results": slim}, indent=2) + "\n")
+        bars = [Bar(name, r["tokens_per_s"] / base) for name, r in results.items()]
+        if path := write_bars(beside(args.json), f"tokens/s over specdec target-only, batch 1, best of {args.repeats} rounds", {"decode": bars}):
+            print(f"wrote {path}")
 
 
 if __name__ == "__main__":

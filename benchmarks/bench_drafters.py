@@ -42,6 +42,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from prompts import spread, workloads  # noqa: E402
 
+from specdec.bench.plots import Bar, beside, spread_bar, write_bars  # noqa: E402
 from specdec.runtime import DraftTargetConfig, GenerationConfig, NGramConfig, load_engine  # noqa: E402
 from specdec.runtime.backends import Executor, open_executor  # noqa: E402
 from specdec.runtime.devices import placement  # noqa: E402
@@ -354,6 +355,14 @@ def speed(args) -> None:
         report[workload] = rows
         if args.json:  # after each workload: a run cut short (a device call's time limit) keeps what it measured
             Path(args.json).write_text(json.dumps(report, indent=1))
+            chart(args, f"speed over target-only (llama-lookup: over llama.cpp's), {args.tokens} tokens a request, {where(args)}",
+                  {w: [spread_bar(n, r["speedup"]) for n, r in rs.items() if r.get("speedup")] for w, rs in report.items() if w != "oracle"})
+
+
+def chart(args, title: str, panels: dict[str, list[Bar]]) -> None:
+    """The chart of the run beside its --json (bench/plots.py)."""
+    if path := write_bars(beside(args.json), title, panels):
+        print(f"wrote {path}", flush=True)
 
 
 def tokens_per_call(stats: list[tuple[int, int, int]]) -> float:
@@ -454,6 +463,9 @@ def auto(args) -> None:
         print(line)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
+        chart(args, f"draft_len=auto over target-only per concurrency, {args.tokens} tokens a request, {where(args)}",
+              {f"{s} streams": [spread_bar(k.split("@")[0], v["ratio"]) for k, v in report.items() if k.endswith(f"@{s}") and "ratio" in v]
+               for s in streams})
 
 
 # -- the draft's own cost -----------------------------------------------------------------------
@@ -562,6 +574,8 @@ def serve(args) -> None:
               f"  tokens/call {statistics.median(calls[m]):.2f}  output identical to target-only: {'yes' if same[m] else 'NO'}")
     if args.json:
         Path(args.json).write_text(json.dumps({"serve": report}, indent=1) + "\n")
+        chart(args, f"through specdec-serve: client tok/s over target-only, {args.tokens} tokens a request",
+              {"agentic": [spread_bar(m, r["speedup"]) for m, r in report.items() if m != "none"]})
 
 
 def main() -> None:

@@ -71,6 +71,18 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.3f} [{min(values):.3f}-{max(values):.3f}]"
 
 
+def write_json(args, figures: dict[str, dict[str, list[float]]], title: str, xlabel: str) -> None:
+    """--json: every round's figure per panel and method, and the chart beside it (bench/plots.py)."""
+    if not args.json:
+        return
+    from specdec.bench.plots import Bar, beside, write_bars
+
+    Path(args.json).write_text(json.dumps({"args": vars(args), "rounds": figures}, indent=1) + "\n")
+    panels = {panel: [Bar(m, statistics.median(v), min(v), max(v)) for m, v in rows.items()] for panel, rows in figures.items()}
+    if path := write_bars(beside(args.json), title, panels, xlabel):
+        print(f"wrote {args.json} and {path}")
+
+
 def prompts_for(target: Path, n: int, tokens: int, copy_heavy: bool) -> list[list[int]]:
     from prompts import code_prompts
 
@@ -149,6 +161,7 @@ def _interleave(args, new: "Worker", old: "Worker") -> None:
     print("  done, not the waiting for a core a busy machine adds):")
     for name, v in ratios.items():
         print(f"  {name:<36} wall {spread(v)}   CPU {spread(cpu_ratios[name])}   outputs identical: {'yes' if same[name] else 'NO'}")
+    write_json(args, {"per wall second": ratios, "per CPU second": cpu_ratios}, f"this tree / {args.base_ref}, batch 1", f"tokens/s over {args.base_ref}'s")
 
 
 # -- concurrency ----------------------------------------------------------------------------
@@ -180,6 +193,8 @@ def concurrency(args) -> None:
         tps = [a for a, _ in v]
         ttft = [b * 1e3 for _, b in v]
         print(f"{name:<22}{streams:>8}  {spread(tps):>26}  {spread(ttft):>26}")
+    write_json(args, {f"{s} streams": {name: [a / b for (a, _), (b, _) in zip(results[(name, s)], results[("target-only", s)])] for name in engines}
+                      for s in streams_list}, "output tokens/s over target-only per concurrency", "speed over target-only")
 
 
 def drive(engine, prompts, cfg, streams: int, per_stream: int, stagger: float) -> tuple[float, float]:
@@ -235,12 +250,15 @@ def auto(args) -> None:
                 o = load_orchestrator(args.target, ngram=NGramConfig(max(lens), 3, [0]), num_threads=args.threads, target_executor=tex, draft_len=k)
             methods[f"{kind} k={k}"] = {"orch": o, "kind": kind}
     cfg = GenerationConfig(max_output_len=args.tokens)
+    figures: dict[str, dict[str, list[float]]] = {}
     for name, prompts in workloads.items():
         speed: dict[str, list[float]] = {m: [] for m in methods}
+        figures[name] = speed
         for r in range(args.rounds):
             t_base = timed(base, prompts, cfg)
             for m, spec in methods.items():
                 speed[m].append(timed(spec["orch"], prompts, cfg) / t_base)
+            print(f"{name}: round {r + 1}/{args.rounds} done", flush=True)
         print(f"\n{name} prompts: speedup over target-only (median [min-max] of {args.rounds} interleaved rounds)")
         for kind in ("draft", "ngram"):
             rows = {m: v for m, v in speed.items() if methods[m]["kind"] == kind}
@@ -252,6 +270,7 @@ def auto(args) -> None:
                 print(f"  {m:<16} {spread(v)}{mark}")
             a = statistics.median(rows[f"{kind} k=auto"]) / statistics.median(rows[best])
             print(f"  auto / best fixed = {a:.3f}")
+    write_json(args, figures, "draft_len=auto against every fixed draft length, batch 1", "speed over target-only")
 
 
 def timed(orch, prompts, cfg) -> float:
@@ -279,6 +298,7 @@ def main() -> None:
         p.add_argument("--tokens", type=int, default=96, help="output tokens per request")
         p.add_argument("--k", type=int, default=3, help="draft-target draft length")
         p.add_argument("--ngram_k", type=int, default=8, help="n-gram draft length")
+        p.add_argument("--json", help="write every round's figures here, and their chart beside it (.png)")
     sub.choices["regression"].add_argument("--base_ref", default="eb86230", help="the commit to compare against")
     sub.choices["concurrency"].add_argument("--streams", default="1,2,4,8")
     sub.choices["concurrency"].add_argument("--requests_per_stream", type=int, default=3)

@@ -100,6 +100,7 @@ def section(res: dict, name: str, budget: Budget, need_s: float, run: Callable[[
         res[name] = {"skipped": f"budget ({budget.left():.0f} s left, needs about {need_s:.0f})"}
         print(f"-- {name}: skipped, budget", flush=True)
     else:
+        print(f"-- {name}: starting ({budget.left():.0f} s of budget left)", flush=True)
         t = time.perf_counter()
         try:
             res[name] = run()
@@ -179,6 +180,7 @@ def decode_section(methods: dict, prompts: list[list[int]], batches: list[int], 
             order = list(methods) if r % 2 else list(methods)[::-1]
             for name in order:
                 runs[name].append(_run(methods[name][0], prompts, b, cfg))
+            print(f"   batch {b}: {'warm-up round' if r == 0 else f'round {r}/{repeats}'} done", flush=True)
         out[str(b)] = _summarize({m: v[1:] for m, v in runs.items()}, {m: ref for m, (_, ref) in methods.items()}, steps, b, n_new)
         first = out.get(str(batches[0]), {})
         for name, row in out[str(b)].items():  # the same engine at batch 1 (half precision: a GEMM's kernel can change with the batch)
@@ -297,6 +299,12 @@ def main() -> None:
 
         methods = decode_methods(engines, draft_lens, ngram, TREE)
         section(res, "decode", budget, 60, lambda: decode_section(methods, prompts, batches, args.max_new_tokens, args.repeats, res.get("steps", {}), budget), out)
+        if out and isinstance(res.get("decode"), dict):
+            from specdec.bench.plots import beside, spread_bar, write_bars
+
+            panels = {f"batch {b}": [spread_bar(m, r["speedup"]) for m, r in rows.items()] for b, rows in res["decode"].items() if "skipped" not in rows}
+            if path := write_bars(beside(out), f"speed over target-only at the same batch, {args.max_new_tokens} new tokens, {args.dtype}", panels):
+                print(f"wrote {path}", flush=True)
     if "hf" in sections:
         from gpu_methods import hf_section
 

@@ -41,6 +41,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from prompts import spread, workloads  # noqa: E402
 
+from specdec.bench.plots import beside, spread_bar, write_bars  # noqa: E402
 from specdec.formats.config_strings import DraftTargetConfig, NGramConfig  # noqa: E402
 from specdec.formats.engine_format import load_engine_dir  # noqa: E402
 from specdec.runtime.loading import load_engine  # noqa: E402
@@ -166,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.output_json:
         Path(args.output_json).write_text(json.dumps({"args": vars(args), "summary": summary, "prompt_tokens": [len(p) for p in prompts]}, indent=1) + "\n")
         print(f"wrote {args.output_json}")
+        panels = {sub: [spread_bar(name, row[sub]["speedup"]) for name, row in summary.items()] for sub in subsets}
+        if path := write_bars(beside(args.output_json), f"speed over target-only, batch 1, {args.max_new_tokens} new tokens, {args.rounds} rounds", panels):
+            print(f"wrote {path}")
     return 0
 
 

@@ -151,6 +151,7 @@ def sweep(args, url: str, server_pid: int | None, dataset: Path, work: Path) -> 
             for label in order:
                 report = work / f"r{repeat}-{rate}-{label}.json"
                 before, cpu0, load0 = read_counters(url), cpu_seconds(server_pid), os.getloadavg()[0]
+                print(f"repeat {repeat} rate {rate:g} {label:<11}: guidellm sends {count} requests", flush=True)
                 guidellm_run(args.guidellm, url, dataset, label, rate, count, args.seed + repeat, report)
                 after, cpu1, load1 = read_counters(url), cpu_seconds(server_pid), os.getloadavg()[0]
                 d = {k: after[k] - before[k] for k in COUNTERS}
@@ -333,9 +334,10 @@ def report(args: argparse.Namespace, rows: list[dict], note: str, sweep_args: di
     print("\n".join(goals(agg, args.low_rates)))
     if note:
         print(note)
-    if args.plot:
+    plot_path = args.plot or (args.output_json.with_suffix(".png") if args.output_json else None)  # the chart goes beside the JSON
+    if plot_path:
         max_tokens = (sweep_args or {}).get("max_tokens", args.max_tokens)
-        plot(agg, args.plot, f"specdec-serve under guidellm: target-only vs draft-target auto ({max_tokens} tokens per request, "
+        plot(agg, plot_path, f"specdec-serve under guidellm: target-only vs draft-target auto ({max_tokens} tokens per request, "
                              f"{len({r['repeat'] for r in rows})} repeats, median and min-max)")
     if args.output_json:
         tmp = args.output_json.with_suffix(".tmp")
@@ -366,7 +368,7 @@ def main() -> None:
     ap.add_argument("--methods", default="target-only,auto", help="comma-separated: target-only, auto, draft-K (a fixed K)")
     ap.add_argument("--low_rates", type=int, default=1, help="how many of the lowest rates the TPOT goal applies to")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--plot", type=Path, help="PNG of throughput, TTFT and TPOT against the rate")
+    ap.add_argument("--plot", type=Path, help="PNG of throughput, TTFT and TPOT against the rate [default: beside --output_json]")
     ap.add_argument("--output_json", type=Path)
     ap.add_argument("--report", type=Path, help="no sweep: the table, goals and plot of an earlier sweep's --output_json (or runs.jsonl)")
     args = ap.parse_args()

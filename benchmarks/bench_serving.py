@@ -240,6 +240,7 @@ def main() -> None:
         for rate in [float(r) for r in args.rates.split(",")]:
             gaps = arrival_gaps(len(prompts), rate, args.seed)  # the same arrivals for every method
             for method in args.methods.split(","):
+                print(f"method {method:<6} rate {rate:>5}: sending {len(prompts)} requests", flush=True)
                 run = asyncio.run(run_rate(url, prompts, gaps, method, args.max_tokens, args.model))
                 run.rate = rate
                 s = run.summary()
@@ -253,6 +254,20 @@ def main() -> None:
     print(table(rows))
     if args.output_json:
         args.output_json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": rows}, indent=2) + "\n")
+        chart(rows, args.output_json)
+
+
+def chart(rows: list[dict], json_path: Path) -> None:
+    """Each method's output throughput and median TPOT over the first method's (target-only) at the same rate."""
+    from specdec.bench.plots import Bar, beside, write_bars
+
+    base = {r["rate"]: r for r in rows if r["method"] == rows[0]["method"]}
+    def label(r: dict) -> str:
+        return f"{r['method']} @ {r['rate']:g}/s"
+    panels = {"output tokens/s over " + rows[0]["method"]: [Bar(label(r), r["output_throughput"] / base[r["rate"]]["output_throughput"]) for r in rows],
+              "median TPOT over " + rows[0]["method"]: [Bar(label(r), r["tpot_p50_ms"] / base[r["rate"]]["tpot_p50_ms"]) for r in rows]}
+    if path := write_bars(beside(json_path), "specdec-serve under Poisson arrivals, one run per method and rate", panels, xlabel="ratio"):
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

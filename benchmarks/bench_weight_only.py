@@ -76,6 +76,7 @@ from prompts import spread, workloads  # noqa: E402
 import host  # noqa: E402
 
 from specdec.bench import peers  # noqa: E402
+from specdec.bench.plots import Bar, beside, spread_bar, write_bars  # noqa: E402
 
 BITS = ("fp32", "int8", "int4", "q4gemm")
 # q4gemm: the int4 engines built with --cpu_kernels specdec (specdec's own int4 op, plugins/cpu_kernels.py); the
@@ -669,7 +670,15 @@ def run(args: argparse.Namespace) -> int:
     if args.output_json:
         Path(args.output_json).write_text(json.dumps(report, indent=1) + "\n")
         print(f"wrote {args.output_json}")
+        panels = {f"{t} thread(s)": [spread_bar(name, r["all"]["tokens_per_s"]) for name, r in rep["summary"].items()]
+                  for t, rep in report["threads"].items()}
+        chart(args.output_json, f"tokens/s with prefill, all prompts, batch 1, {args.max_new_tokens} new tokens", panels, "tokens/s", None)
     return 0
+
+
+def chart(json_path: str, title: str, panels: dict, xlabel: str, reference: float | None) -> None:
+    if path := write_bars(beside(json_path), title, panels, xlabel, reference):
+        print(f"wrote {path}")
 
 
 def steps(args: argparse.Namespace) -> int:
@@ -700,6 +709,7 @@ def steps(args: argparse.Namespace) -> int:
     cpu: dict[tuple[str, int], list[float]] = {}
     wall: dict[tuple[str, int], list[float]] = {}
     for r in range(args.rounds + 1):  # round 0 warms every shape up
+        print("warm-up round" if r == 0 else f"round {r}/{args.rounds}", flush=True)
         for w in widths:  # engine by engine within each width: the engines compared share each stretch of load
             for name, ex, cache, ws in execs[r % len(execs):] + execs[: r % len(execs)]:
                 if w not in ws:
@@ -723,6 +733,9 @@ def steps(args: argparse.Namespace) -> int:
                   f"{statistics.median(c) / one:>15.2f}x")
     if args.output_json:
         Path(args.output_json).write_text(json.dumps({"threads": args.threads, "steps": report}, indent=1) + "\n")
+        panels = {name: [Bar(f"{w} tokens", statistics.median(wall[(name, w)]) / statistics.median(wall[(name, ws[0])])) for w in ws]
+                  for name, _, _, ws in execs if len(ws) > 1}
+        chart(args.output_json, f"wall time of a step over a one-token step, {args.threads} thread(s)", panels, "step cost / one-token step", 1.0)
     return 0
 
 

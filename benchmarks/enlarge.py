@@ -466,6 +466,8 @@ def enlarge_checkpoint(
         "source_parameters": sum(_read(ckpt, n).size for n in names if not (tied and n == "lm_head.weight")),
         "num_parameters": int(n_params),
     }
+    if progress:  # the write of a large checkpoint takes a while of its own
+        print(f"enlarge: writing {dst} ({sum(a.nbytes for a in out.values()) / 2**30:.1f} GiB)", file=sys.stderr, flush=True)
     nbytes = _write(src, dst, ckpt, cfg, out, report, force)
     return {"dst": str(dst), "config": cfg, "source_parameters": report["source_parameters"], "num_parameters": int(n_params),
             "bytes": nbytes, "seconds": time.perf_counter() - t0}
@@ -548,8 +550,18 @@ def _check_distinct(tensors: dict[str, np.ndarray], generated: set[str]) -> None
 
 
 def _progress(total: int, enabled: bool) -> Callable[[str], None]:
+    """A bar on a terminal; elsewhere (a log, a pipe) a plain line at each quarter of the layers, no '\\r' frames."""
     if not enabled:
         return lambda _: None
+    if not sys.stderr.isatty():
+        done = [0]
+
+        def line(text: str) -> None:
+            done[0] += 1
+            if done[0] * 4 // total > (done[0] - 1) * 4 // total or done[0] == total:
+                print(f"enlarge: {done[0]}/{total} layers ({text})", file=sys.stderr, flush=True)
+
+        return line
     from tqdm import tqdm
 
     bar = tqdm(total=total, unit="layer", file=sys.stderr)

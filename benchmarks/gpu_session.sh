@@ -47,7 +47,9 @@ df -h "$WORK" | tail -1
 free -g | head -2
 
 draft_preset=llama1b
+step() { echo "== [$(( $(date +%s) - start )) s] $*"; }  # where the session is, in the log as it goes
 timed() {  # timed LABEL CMD...: run CMD, print its wall time and peak memory (its own rusage; GNU time may be absent)
+    step "$1 ..."
     python3 - "$@" <<'EOF'
 import os, subprocess, sys, time
 label, cmd = sys.argv[1], sys.argv[2:]
@@ -61,12 +63,13 @@ EOF
 enlarge() {  # enlarge SRC DST ARGS...: skipped when DST already holds a checkpoint
     local src=$1 dst=$2; shift 2
     if [ -f "$dst/config.json" ]; then echo "reuse $dst"; return; fi
-    timed "enlarge $(basename "$dst")" python3 "$root/benchmarks/enlarge.py" --quiet "$@" "$src" "$dst"
+    timed "enlarge $(basename "$dst")" python3 "$root/benchmarks/enlarge.py" "$@" "$src" "$dst"  # a line per quarter of the layers
 }
 demo="$root/examples/demo-pair"
 enlarge "$demo/target" "$WORK/target-$PRESET" --preset "$PRESET" --dtype bfloat16
 [ "${BENCH:-gpu}" = drafters ] || enlarge "$demo/draft" "$WORK/draft-$draft_preset" --preset "$draft_preset" --dtype bfloat16
 if [ ! -f "$WORK/eagle-$PRESET/config.json" ]; then
+    step "enlarge the EAGLE module"
     python3 "$root/benchmarks/enlarge.py" --heads "$demo/heads/eagle" --base "$WORK/target-$PRESET" "$WORK/eagle-$PRESET"
 fi
 if [ "${BENCH:-gpu}" = drafters ]; then
@@ -75,7 +78,7 @@ if [ "${BENCH:-gpu}" = drafters ]; then
         --output_dir "$engine" --lowering ort_cuda --dtype bfloat16 --max_batch_size 1 --max_input_len 256 --max_seq_len 512 \
         --max_draft_len "${MAX_DRAFT_LEN:-8}" --speculative_decoding_mode eagle --eagle_dir "$WORK/eagle-$PRESET" --force
     [ "${BUILD_ONLY:-0}" = 1 ] && { echo "== built in $(( $(date +%s) - start )) s (BUILD_ONLY)"; exit 0; }
-    echo "== bench_drafters.py speed with $(( BUDGET_S - ($(date +%s) - start) )) s left"
+    step "bench_drafters.py speed with $(( BUDGET_S - ($(date +%s) - start) )) s left"
     python3 "$root/benchmarks/bench_drafters.py" speed --device cuda --target "$engine" --eagle_target "$engine" --workload agentic,demo \
         --requests "${REQUESTS:-50}" --tokens "${TOKENS:-32}" --rounds "${ROUNDS:-3}" --oracle --json "$OUT/drafters-$PRESET.json" \
         --methods "${METHODS:-ngram,ngram auto,suffix-t0,suffix,suffix auto,eagle}"
@@ -84,12 +87,15 @@ if [ "${BENCH:-gpu}" = drafters ]; then
 fi
 extra=()
 if [ "${MEDUSA:-0}" = 1 ]; then
-    [ -f "$WORK/medusa-$PRESET/config.json" ] || python3 "$root/benchmarks/enlarge.py" --heads "$demo/heads/medusa" --base "$WORK/target-$PRESET" "$WORK/medusa-$PRESET"
+    if [ ! -f "$WORK/medusa-$PRESET/config.json" ]; then
+        step "enlarge the Medusa heads"
+        python3 "$root/benchmarks/enlarge.py" --heads "$demo/heads/medusa" --base "$WORK/target-$PRESET" "$WORK/medusa-$PRESET"
+    fi
     extra+=(--medusa "$WORK/medusa-$PRESET")
 fi
 [ "${INT4:-1}" = 1 ] && extra+=(--int4)
 left=$(( BUDGET_S - ($(date +%s) - start) ))
-echo "== bench_gpu.py with $left s left"
+step "bench_gpu.py with $left s left"
 python3 "$root/benchmarks/bench_gpu.py" --target "$WORK/target-$PRESET" --draft "$WORK/draft-$draft_preset" --eagle "$WORK/eagle-$PRESET" \
     "${extra[@]}" --work "$WORK/engines-$PRESET" --batches "$BATCHES" --sections "$SECTIONS" --budget_s "$left" --json "$OUT/gpu-$PRESET.json" \
     --num_prompts "${NUM_PROMPTS:-16}" --max_new_tokens "${NEW_TOKENS:-64}" --repeats "${REPEATS:-1}"

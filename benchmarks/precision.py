@@ -122,6 +122,7 @@ def main() -> None:
     for name, variant in VARIANTS.items():
         if args.only and name != "float32" and not any(k in name for k in args.only):
             continue
+        print(f"  {name}: building and measuring", flush=True)
         settings = {k: v for k, v in variant.items() if k != "draft"}
         draft_settings = variant.get("draft", settings)
         tdir = work / f"t-{len(rows)}"
@@ -163,6 +164,12 @@ def main() -> None:
         print(line + (f" {r['draft_acceptance_rate']:.3f} |" if args.draft else ""))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+        from specdec.bench.plots import Bar, beside, write_bars
+
+        panels = {"top-1 agreement with float32 (teacher-forced)": [Bar(n, r["top1_agreement_vs_float32"]) for n, r in rows.items()],
+                  "held-out perplexity over float32's": [Bar(n, r["heldout_ppl"] / base["heldout_ppl"]) for n, r in rows.items()]}
+        if path := write_bars(beside(args.json), "precision against float32, same checkpoint", panels, xlabel="ratio"):
+            print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -141,11 +142,14 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
         group_size=group_size, symmetric=not asymmetric, quantize_lm_head=quantize_lm_head, tree_attention=tree_attention,
     )
     bars: list[tqdm] = []  # made on the first report, after the inputs were validated
+    log_lines = _LogProgress(f"building {output_dir}")
 
     def progress(step: str, done: int, total: int) -> None:
+        if not sys.stderr.isatty():  # a log or a pipe: plain lines for a long build, no '\r' frames
+            log_lines(step, done, total)
+            return
         if not bars:
-            # disable=None: no bar when stderr is not a terminal (a log gets no '\r' frames)
-            bars.append(tqdm(total=total, desc=f"building {output_dir}", unit="step", leave=False, dynamic_ncols=True, disable=None))
+            bars.append(tqdm(total=total, desc=f"building {output_dir}", unit="step", leave=False, dynamic_ncols=True))
         bars[0].set_postfix_str(step)
         bars[0].n = done
         bars[0].refresh()
@@ -201,3 +205,19 @@ def _refuse_engine_dir(checkpoint_dir: str, hf_config: dict) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+class _LogProgress:
+    """Progress where stderr is not a terminal: one plain line every ``every`` seconds, the first after ``after``,
+    so a build of seconds prints nothing more and a build of minutes says where it is in a log."""
+
+    def __init__(self, what: str, after: float = 5.0, every: float = 15.0):
+        self.what, self.after, self.every = what, after, every
+        self.start = time.monotonic()
+        self.next = self.start + after
+
+    def __call__(self, step: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now >= self.next:
+            self.next = now + self.every
+            click.echo(f"{self.what}: {step} ({done}/{total} steps, {now - self.start:.0f} s)", err=True)

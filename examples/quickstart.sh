@@ -52,13 +52,13 @@ printf '\n\033[1m== 2. The same pair, zero-padded to a 131M-parameter target and
 # once per target step: more than a CPU's last-level cache, so a step costs its weight bytes, as a real model's does.
 say python benchmarks/enlarge.py --hidden_size 768 --intermediate_size 2304 --num_heads 24 --num_kv_heads 12 --extra_layers 12 --dtype float32 --force examples/demo-pair/target "$OUT/enlarged-ckpt/target"
 python benchmarks/enlarge.py --hidden_size 768 --intermediate_size 2304 --num_heads 24 --num_kv_heads 12 --extra_layers 12 \
-    --dtype float32 --quiet --force examples/demo-pair/target "$OUT/enlarged-ckpt/target"
+    --dtype float32 --force examples/demo-pair/target "$OUT/enlarged-ckpt/target"
 say python benchmarks/enlarge.py --hidden_size 256 --intermediate_size 768 --num_heads 8 --num_kv_heads 4 --extra_layers 2 --dtype float32 --force examples/demo-pair/draft "$OUT/enlarged-ckpt/draft"
 python benchmarks/enlarge.py --hidden_size 256 --intermediate_size 768 --num_heads 8 --num_kv_heads 4 --extra_layers 2 \
-    --dtype float32 --quiet --force examples/demo-pair/draft "$OUT/enlarged-ckpt/draft"
+    --dtype float32 --force examples/demo-pair/draft "$OUT/enlarged-ckpt/draft"
 # The EAGLE module grows with its target (the same zero padding; benchmarks/enlarge.py --heads).
 say python benchmarks/enlarge.py --heads examples/demo-pair/heads/eagle --base "$OUT/enlarged-ckpt/target" "$OUT/enlarged-ckpt/eagle"
-python benchmarks/enlarge.py --heads examples/demo-pair/heads/eagle --base "$OUT/enlarged-ckpt/target" --quiet --force "$OUT/enlarged-ckpt/eagle"
+python benchmarks/enlarge.py --heads examples/demo-pair/heads/eagle --base "$OUT/enlarged-ckpt/target" --force "$OUT/enlarged-ckpt/eagle"
 build "$OUT/enlarged-ckpt/target" "$OUT/enlarged-ckpt/draft" "$OUT/enlarged"
 build_eagle "$OUT/enlarged-ckpt/target" "$OUT/enlarged-ckpt/eagle" "$OUT/enlarged"
 compare "$OUT/enlarged" 64 enlarged
