@@ -209,7 +209,7 @@ def first_difference(tex: Executor, prompt: list[int], want: list[int], got: lis
     """Where ``got`` leaves target-only's ``want``, and the target's logits there, recomputed by one prefill of the
     prompt and the agreed tokens (a third call shape): the two tokens' logits, their gap relative to the largest
     logit, and the rank of ``got``. A gap of a few bfloat16 ulps with ``got`` second is a near-tie, which a
-    half-precision verification may order the other way (docs/gpu.md, Exactness); a wide gap or a low rank is a bug."""
+    half-precision verification may order the other way (docs/gpu.md#exactness); a wide gap or a low rank is a bug."""
     at = next((j for j, (a, b) in enumerate(zip(want, got)) if a != b), None)
     if at is None:
         return None if len(want) == len(got) else {"at": min(len(want), len(got)), "length_only": True}

@@ -7,7 +7,7 @@ batch 1/4/16 against its bound and against Hugging Face static-cache + torch.com
     python benchmarks/bench_gpu.py --target /tmp/g/target --draft /tmp/g/draft --eagle /tmp/g/eagle --work /tmp/g/engines \\
         --int4 --json /tmp/g/gpu.json --budget_s 540
 
-(benchmarks/gpu_session.sh runs exactly this on a GPU host in one go; docs/gpu.md has the figures.)
+(benchmarks/gpu_session.sh runs exactly this on a GPU host in one go; docs/benchmarks.md has the figures.)
 
 Engines are built into --work unless already there (a second run, or a second call on a warm host, resumes):
 the target in bfloat16 with the ort_cuda lowering (its masked attention: one call per verification round at

@@ -1,7 +1,7 @@
 """A request-rate sweep of specdec-serve driven by guidellm: target-only against draft-target ``auto``.
 
 guidellm (the vLLM project's load tester; it needs torch and transformers, so it goes in a venv of
-its own, torch from the CPU index first: docs/serving.md "Load sweep with guidellm" prints the
+its own, torch from the CPU index first: docs/benchmarks.md#serving-under-load prints the
 commands) sends the requests: Poisson arrivals at each ``--rates`` value, streaming completions,
 ``ignore_eos`` so every request makes exactly ``--max_tokens`` tokens. This script starts ``specdec-serve`` (target + draft engine, or ``--url``
 for a running one), writes guidellm's dataset, and runs one ``guidellm run`` per (repeat, rate,
@@ -314,7 +314,7 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         ap.error(f"--dataset {args.dataset}: no such file")
     if not shutil.which(args.guidellm):
         ap.error(f"guidellm not found at {args.guidellm!r}: install guidellm==0.8.1 in a venv of its own (torch's CPU build first, "
-                 "docs/serving.md 'Load sweep with guidellm') and pass --guidellm /path/to/venv/bin/guidellm")
+                 "docs/benchmarks.md#serving-under-load) and pass --guidellm /path/to/venv/bin/guidellm")
 
 
 def read_runs(path: Path) -> tuple[list[dict], dict]:

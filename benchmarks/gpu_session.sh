@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU session's measurement, in one go (docs/gpu.md, "What remains to run on a GPU"): generate the
+# One GPU session's measurement, in one go (docs/gpu.md#the-8b-shaped-pair; figures: docs/benchmarks.md): generate the
 # 8B-shaped pair from the demo pair, build its engines, measure. Resumable: what is already in $WORK
 # (checkpoints, engines) is reused, so a second call on a still-warm host carries on where the first stopped.
 #
@@ -35,7 +35,7 @@ python3 - <<'EOF'
 import onnxruntime as ort
 providers = ort.get_available_providers()
 print("onnxruntime", ort.__version__, providers)
-assert "CUDAExecutionProvider" in providers, "onnxruntime-gpu is not installed: see docs/gpu.md (Install) or ../shared/gpu/README.md"
+assert "CUDAExecutionProvider" in providers, "onnxruntime-gpu is not installed: see docs/gpu.md#install"
 try:
     import torch, transformers
     print("torch", torch.__version__, "cuda", torch.cuda.is_available(), "transformers", transformers.__version__)

@@ -223,7 +223,7 @@ def build_engine(
 ) -> BuildResult:
     """Build one engine directory. ``progress(step, done, total)`` reports work.
 
-    medusa_dir: Medusa heads in ModelOpt's layout (docs/medusa-eagle.md), built into the network as its
+    medusa_dir: Medusa heads in ModelOpt's layout (docs/train-heads.md), built into the network as its
     medusa_logits output; needs speculative_decoding_mode "medusa".
     eagle_dir: an EAGLE-3 module in ModelOpt's layout; needs speculative_decoding_mode "eagle". Its fc goes into
     the network (the eagle_hidden output), the rest into its own engine in output_dir/eagle (builder/eagle.py).

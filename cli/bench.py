@@ -279,7 +279,7 @@ def _check_compare(which: str, target: Any, draft: Any, target_ckpt: str | None,
         from ..bench import peers
 
         why = peers.ortgenai_unavailable()
-        if why:  # a missing peer is skipped with a note, as docs/bench-and-eval.md says, and recorded as skipped
+        if why:  # a missing peer is skipped with a note, as docs/bench.md says, and recorded as skipped
             click.echo(f"note: onnxruntime-genai skipped: {why}.", err=True)
             wanted = [p for p in wanted if p != "ortgenai"] + [f"ortgenai-skipped:{why}"]
     return wanted, t_ckpt, d_ckpt

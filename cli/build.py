@@ -55,7 +55,7 @@ from .common import check_output_dir, clean_errors, human_bytes, option
              "the module itself built as a second engine in OUTPUT_DIR/eagle. none: one token per step (draft engines, plain decoding).")
 @option("tree_attention", is_flag=True,
         help="With --speculative_decoding_mode draft_tokens_external: verify trees of drafts too (a tree_mask input), for suffix decoding's "
-             "frequency trees (docs/speculative-decoding.md); medusa and eagle targets always have it.")
+             "frequency trees (docs/suffix-decoding.md); medusa and eagle targets always have it.")
 @option("medusa_dir", type=click.Path(), default=None,
         help="With --speculative_decoding_mode medusa: Medusa heads in ModelOpt's layout (specdec-train's output).")
 @option("eagle_dir", type=click.Path(), default=None,

@@ -44,7 +44,7 @@ def method_options(fn: Callable) -> Callable:
 
 
 def _click_option(flag: Flag) -> Callable:
-    if flag.type is bool:  # an on/off pair, as TensorRT-LLM's users know them: no dashed spelling (docs/cli.md)
+    if flag.type is bool:  # an on/off pair, as TensorRT-LLM's users know them: no dashed spelling (docs/cli-run.md)
         return click.option(f"--{flag.name}/--{flag.off}", flag.name, default=flag.default, show_default=True, help=flag.help)
     kind = click.Path() if flag.path else flag.type
     return option(flag.name, *(f"--{a}" for a in flag.aliases), type=kind, default=flag.default, show_default=flag.default is not None,

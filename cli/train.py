@@ -46,7 +46,7 @@ def main() -> None:
     1. specdec-train prepare-data   the base model answers your prompts -> data.jsonl
     2. specdec-train run            Medusa heads or an EAGLE-3 module trained on data.jsonl
 
-    The result is saved in ModelOpt's export layout (docs/medusa-eagle.md); build it with
+    The result is saved in ModelOpt's export layout (docs/train-heads.md); build it with
     specdec-build --speculative_decoding_mode medusa --medusa_dir OUT (or eagle --eagle_dir OUT).
     """
 

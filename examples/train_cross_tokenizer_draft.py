@@ -80,7 +80,7 @@ has 4096), trained on the same training files, with `<|pad|>` = {pad_id} and
 `<|endoftext|>` = {eot_id} (the target has them the other way round). Token ids mean
 different things on the two sides, so specdec drafts with it through text: draft tokens are
 decoded to bytes and re-encoded with the target's tokenizer, and the accepted text is
-re-encoded for the draft (docs/speculative-decoding.md, "A draft with another tokenizer").
+re-encoded for the draft (docs/suffix-decoding.md#a-draft-with-another-tokenizer).
 
 ```bash
 specdec-build --model_dir examples/demo-pair/draft-bpe3k --output_dir /tmp/draft-bpe3k
@@ -106,7 +106,7 @@ Losses per token are not comparable across tokenizers; per byte of text they are
 | **bits per byte** | **{d_bpb:.3f}** | {t_bpb:.3f} | {dd_bpb:.3f} |
 
 How often its drafts survive the demo target's verification, measured by specdec itself, is in
-docs/suffix-decoding.md ("Measured") and benchmarks/bench_drafters.py.
+docs/benchmarks.md#the-demo-pair-and-a-draft-with-another-tokenizer and benchmarks/bench_drafters.py.
 """
 
 

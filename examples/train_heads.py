@@ -34,7 +34,7 @@ loss steps weighted 0.9^(j-1)), held-out top-1 at drafting depths 1/2/3 (tokens 
 outputs fed back, which is how drafting reaches depths 2 and 3.
 
 The heads land in OUTPUT_DIR/medusa and OUTPUT_DIR/eagle in ModelOpt's layout
-(docs/medusa-eagle.md), each with its model card and loss curve. The Medusa heads
+(docs/train-heads.md), each with its model card and loss curve. The Medusa heads
 build into a target engine (specdec-build --speculative_decoding_mode medusa --medusa_dir
 OUTPUT_DIR/medusa), the EAGLE module into an eagle target (--speculative_decoding_mode eagle
 --eagle_dir OUTPUT_DIR/eagle); specdec-run drafts with either.

@@ -26,7 +26,7 @@ EAGLE-3 loader (``midlayer.`` read as ``layers.0.``; aux layer ids from
 ``eagle_config``). Nothing was copied from any of them.
 
 This module needs numpy only (no torch): the builder reads heads with it.
-docs/medusa-eagle.md documents the same layout for people.
+docs/train-heads.md documents the same layout for people.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ class HeadCheckpoint:
 def _read_config(d: Path) -> dict:
     f = d / CONFIG_FILE
     if not f.is_file():
-        raise CheckpointError(f"{d} has no {CONFIG_FILE}: not a Medusa/EAGLE head checkpoint (see docs/medusa-eagle.md).")
+        raise CheckpointError(f"{d} has no {CONFIG_FILE}: not a Medusa/EAGLE head checkpoint (see docs/train-heads.md).")
     try:
         cfg = json.loads(f.read_text())
     except (OSError, ValueError) as err:
@@ -257,4 +257,4 @@ def load_heads(path: str | Path, base_num_layers: int | None = None) -> HeadChec
             raise CheckpointError(f"EAGLE module in {d}: aux layer ids {ckpt.aux_layer_ids} name layers the {base_num_layers}-layer base model lacks.")
         return ckpt
     raise CheckpointError(f"{d / CONFIG_FILE} describes neither Medusa heads (a \"medusa\" block) nor an EAGLE-3 module "
-                          f"(architectures [\"{EAGLE3_ARCHITECTURE}\"] with an \"eagle_config\"); see docs/medusa-eagle.md.")
+                          f"(architectures [\"{EAGLE3_ARCHITECTURE}\"] with an \"eagle_config\"); see docs/train-heads.md.")

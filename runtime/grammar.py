@@ -8,7 +8,7 @@
     state.commit(tokens)        # tokens appended to the output
     state.done                  # the grammar is complete and takes no more tokens
 
-Why llguidance (docs/serving.md#structured-outputs has the measurements): it
+Why llguidance (docs/serving-api.md#structured-outputs; its cost: docs/benchmarks.md): it
 needs no torch (xgrammar needs torch, transformers and triton), it takes
 context-free grammars as well as JSON Schema and regular expressions
 (outlines-core takes the last two only), it computes a mask lazily per step

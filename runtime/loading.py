@@ -72,7 +72,7 @@ def load_engine(
     ``draft_len``: the default drafts per round, an int or "auto" (default: the default method's proposer's
     ``default_draft_len``: the draft-target or n-gram config's; Medusa and EAGLE: their tree's nodes, or a chain of
     every head (Medusa) or of min(4, max_draft_len) (EAGLE)).
-    ``device``: cpu | cuda | auto (docs/cli.md: device lists index devices of that kind); ``draft_device``: the draft
+    ``device``: cpu | cuda | auto (docs/gpu.md#the-device-rule: device lists index devices of that kind); ``draft_device``: the draft
     model's, when it differs; ``target_devices``: the target's device ids when no config string names them.
 
     ``prefix_caching``: newcomers copy the longest cached prefix of their prompt (runtime/prefix_cache.py): on by

@@ -57,7 +57,7 @@ def model_card(cfg, described: tuple[str, str, str], provenance: dict, losses: l
         f"# {cfg.mode} heads (specdec-train)",
         "",
         f"{what}. Trained with the base model frozen. Layout: NVIDIA ModelOpt's export format "
-        "(docs/medusa-eagle.md); read it with `specdec.train.load_heads`.",
+        "(docs/train-heads.md); read it with `specdec.train.load_heads`.",
         "",
         "| | |",
         "|---|---|",

@@ -205,7 +205,7 @@ METHOD = Method(
     flag="--suffix_config",
     flags=(Flag("suffix_config", "Suffix decoding (no draft model: drafts what followed the request's last tokens in its own text and in "
                 f"earlier responses; its global cache lives as long as the engine): {SUFFIX_FORM}, e.g. '{SUFFIX_EXAMPLE}' "
-                "(docs/speculative-decoding.md)."),),
+                "(docs/suffix-decoding.md)."),),
     from_flags=lambda values: parse_suffix_config(values["suffix_config"]) if values.get("suffix_config") else None,
     limit_name="suffix decoding's max_draft_len",
 )

@@ -1,5 +1,5 @@
 """benchmarks/bench_drafters.py's oracle: which output tokens any suffix drafter could draft, and the speedup a
-drafter that drafts exactly those would reach (the bound docs/suffix-decoding.md holds suffix decoding to)."""
+drafter that drafts exactly those would reach (the bound docs/benchmarks.md holds suffix decoding to)."""
 
 from __future__ import annotations
 

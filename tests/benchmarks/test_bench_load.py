@@ -1,6 +1,6 @@
 """benchmarks/bench_load.py's pure parts: guidellm's report read back, repeats paired, the goals judged, bad arguments.
 
-The sweep itself (a server, guidellm 0.8.1 in a venv of its own, half an hour) is not run here: docs/serving.md
+The sweep itself (a server, guidellm 0.8.1 in a venv of its own, half an hour) is not run here: docs/benchmarks.md
 prints its command and figures. data/guidellm-0.8.1-auto.json is one real guidellm report of that sweep (rate
 0.1 req/s, 10 streamed completions of 32 tokens with draft-target `auto` on the 325M pair), trimmed: each
 request record keeps its timings, token counts and request body; guidellm's own aggregates keep four metrics,

@@ -1,4 +1,4 @@
-"""docs/architecture.md's tables say what the registries hold: the backends per device kind (runtime) and per build
+"""docs/architecture.md's and docs/backends.md's tables say what the registries hold: the backends per device kind (runtime) and per build
 (builder), the lowerings, the drafting methods and the speculative decoding modes. A row added to a registry and
 not to the page, or the other way round, fails here; so does a module, class, layout or default the page misnames."""
 
@@ -21,7 +21,12 @@ from specdec.formats.engine_format import TREE_MODES, BuildConfig, ModelConfig, 
 from specdec.runtime.proposers.own import own_drafter
 from specdec.runtime.request import METHODS
 
-PAGE = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+PAGES = [DOCS / "architecture.md", DOCS / "backends.md"]  # the design page and its backends-and-lowerings page
+
+
+def page_text() -> str:
+    return "\n\n".join(p.read_text() for p in PAGES)
 CODE = re.compile(r"`([^`]+)`")
 
 
@@ -46,8 +51,8 @@ def tables(text: str) -> list[list[list[str]]]:
 
 def table(header: list[str], text: str | None = None) -> list[dict[str, str]]:
     """The one table whose header row is ``header`` (exactly), as header -> cell per row."""
-    matches = [t for t in tables(text if text is not None else PAGE.read_text()) if t[0] == header]
-    assert len(matches) == 1, f"{len(matches)} tables with the header {header} in {PAGE.name}"
+    matches = [t for t in tables(text if text is not None else page_text()) if t[0] == header]
+    assert len(matches) == 1, f"{len(matches)} tables with the header {header} in {', '.join(p.name for p in PAGES)}"
     return [dict(zip(header, row)) for row in matches[0][1:]]
 
 
@@ -92,7 +97,7 @@ def test_builder_backends_table_is_the_registry():
 
 def lowering_columns() -> dict[str, dict[str, str]]:
     """The lowering table, column by column: lowering name -> {row label -> cell}."""
-    matches = [t for t in tables(PAGE.read_text()) if t[0][0] == "" and "(`plugins/attention.py`)" in t[0][1]]
+    matches = [t for t in tables(page_text()) if t[0][0] == "" and "(`plugins/attention.py`)" in t[0][1]]
     assert len(matches) == 1, "the lowering table (a column per lowering) is missing"
     header, *rows = matches[0]
     columns = {}

@@ -5,12 +5,14 @@ heredocs included) and ```console blocks (the lines starting "$ "; the lines
 after one, up to the next, are what it printed: an "error:" line there means
 the command is documented to fail, and a following `echo $?` gives its exit
 status; `$ cat FILE` of a file the page never writes creates it from what the page
-shows). ```python blocks of the README run too; elsewhere a ```python block
-is saved under the name a following `$ python name.py` runs. Each file runs in order, in
-one scratch directory that links the repository's examples/ and benchmarks/
-and holds demo-engines/ built as the quickstart builds them (the quickstart
-itself runs in test_quickstart). Absolute /tmp/docs-* paths are the docs'
-own: they run as printed.
+shows). A ```python block runs as it is, unless the console block after it runs
+it as `$ python name.py`: then it is saved under that name first. The pages run
+in the order a reader meets them: the README, the specdec-build page (it builds
+the tiny pair the reference pages use), then the site's nav (mkdocs.yml), in one
+scratch directory that links the repository's examples/ and benchmarks/ and
+holds demo-engines/ built as the quickstart builds them (the quickstart itself
+runs in test_quickstart). Absolute /tmp/docs-* paths are the docs' own: they run
+as printed.
 
 Kept out, each with its reason: a block right after an HTML comment
 "<!-- docs-test: skip (reason) -->", and the commands in SKIP below (files
@@ -36,10 +38,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-DOCS = ["README.md", "docs/cli.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md") if p.name != "cli.md")]
+SETUP_PAGE = "docs/cli-build.md"  # builds the tiny pair (/tmp/docs-ckpt, /tmp/docs-engine, ...) the reference pages use
+
+
+def _nav(items) -> list[str]:
+    out: list[str] = []
+    for item in items:
+        value = next(iter(item.values())) if isinstance(item, dict) else item
+        out += _nav(value) if isinstance(value, list) else [f"docs/{value}"]
+    return out
+
+
+DOCS = ["README.md", SETUP_PAGE, *[p for p in _nav(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]) if p != SETUP_PAGE]]
 
 # (file, command prefix) -> why it is not run here
 SKIP = {
@@ -49,7 +63,7 @@ SKIP = {
     ("docs/coming-from-tensorrt-llm.md", "python3 examples/"): "TensorRT-LLM's own commands, shown for the mapping",
     ("docs/coming-from-tensorrt-llm.md", "trtllm-"): "TensorRT-LLM's own commands, shown for the mapping",
     ("docs/coming-from-tensorrt-llm.md", "python benchmarks/cpp/"): "TensorRT-LLM's own commands, shown for the mapping",
-    ("docs/serving.md", "python benchmarks/bench_serving.py --target"): "a load test of several minutes (its figures are the page's)",
+    ("docs/serving-operations.md", "python benchmarks/bench_serving.py --target"): "a load test of several minutes (its figures are on the benchmarks page)",
 }
 # file -> (line, why): commands from that line on are not run
 SKIP_FROM: dict[str, tuple[int, str]] = {}  # doc -> (first line left out, why)
@@ -89,12 +103,14 @@ def extract(path: Path) -> list[Command]:
                 out += _bash(body, start + 1)
             elif lang == "console":
                 out += _console(body, start + 1)
-            elif lang == "python" and path.name == "README.md":
-                out.append(Command(start + 1, "\n".join(body), 0, "python"))
-            elif lang == "python":  # a snippet the page runs as `python name.py` in the console block that follows
+            elif lang == "python":  # run as it is, or saved for a `python name.py` that follows (below)
                 out.append(Command(start + 1, "\n".join(body), 0, "snippet"))
         skip_next = False
         i = end + 1
+    for n, cmd in enumerate(out):  # a snippet no `$ python name.py` runs next is run as it is
+        after = out[n + 1] if n + 1 < len(out) else None
+        if cmd.lang == "snippet" and not (after and re.match(r"python3? \w+\.py\b", after.text)):
+            cmd.lang = "python"
     return out
 
 

@@ -124,7 +124,7 @@ def test_floors_pin_every_direct_dependency_and_known_movers_have_ceilings():
     out = subprocess.run([sys.executable, str(ROOT / ".ci" / "floors.py")], capture_output=True, text=True, check=True).stdout
     pins = dict(line.split("==") for line in out.split())
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    extras = ("build", "hf", "bench", "serve", "train", "lmeval", "tensorrt-dispatch", "tensorrt-lean", "tensorrt-rtx-build", "dev")
+    extras = ("build", "hf", "bench", "serve", "train", "lmeval", "docs", "tensorrt-dispatch", "tensorrt-lean", "tensorrt-rtx-build", "dev")
     direct = [r for r in project["dependencies"] + [r for e in extras for r in project["optional-dependencies"][e]] if not r.startswith("specdec[")]
     for req in direct:
         name = re.match(r"[A-Za-z0-9_.\-]+", req).group(0).lower().replace("_", "-")

@@ -180,7 +180,7 @@ def test_load_engine_opens_the_module_beside_an_eagle_target(eagle):
 
 def test_a_hand_written_modelopt_checkpoint_builds_and_runs(eagle, tmp_path):
     """An EAGLE-3 draft directory written here by hand, as the official EAGLE-3 checkpoints and older ModelOpt exports
-    are (docs/medusa-eagle.md: ``midlayer.*`` names, the template config.json, bfloat16 weights), not by our exporter:
+    are (docs/train-heads.md: ``midlayer.*`` names, the template config.json, bfloat16 weights), not by our exporter:
     it builds, and greedy EAGLE output equals target-only."""
     from safetensors.torch import save_file
 

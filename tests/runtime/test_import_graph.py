@@ -1,5 +1,5 @@
 """runtime/ as a newcomer reads it: its modules import each other without a cycle, and a backend's code
-loads only when an engine asks for that backend (docs/architecture.md, "Inside runtime/")."""
+loads only when an engine asks for that backend (docs/architecture.md#import-rules)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ request gets alone. The text and number edges (lone surrogates, subnormal and
 huge numbers, 64-bit overflow) have their own cases below, as the fuzzer may
 not draw them.
 
-The release check runs the same test longer (docs/serving.md#fuzzing):
+The release check runs the same test longer (docs/serving-operations.md#fuzzing-the-server):
     SPECDEC_FUZZ_CASES=2000 pytest tests/serve/test_serve_fuzz.py     # 2000 per operation and mode: 24,000 cases
 """
 
