@@ -36,6 +36,22 @@ from ..formats.errors import BuildConfigError, CheckpointError
 from .common import check_output_dir, clean_errors, human_bytes, option
 
 
+class _LogProgress:
+    """Progress where stderr is not a terminal: one plain line every ``every`` seconds, the first after ``after``,
+    so a build of seconds prints nothing more and a build of minutes says where it is in a log."""
+
+    def __init__(self, what: str, after: float = 5.0, every: float = 15.0):
+        self.what, self.after, self.every = what, after, every
+        self.start = time.monotonic()
+        self.next = self.start + after
+
+    def __call__(self, step: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now >= self.next:
+            self.next = now + self.every
+            click.echo(f"{self.what}: {step} ({done}/{total} steps, {now - self.start:.0f} s)", err=True)
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @option("checkpoint_dir", "--model_dir", required=True, type=click.Path(), help="Hugging Face model directory: config.json + *.safetensors (+ tokenizer files).")
 @option("output_dir", required=True, type=click.Path(), help="Where to write the engine directory (refused if it exists and is not empty, unless --force).")
@@ -205,19 +221,3 @@ def _refuse_engine_dir(checkpoint_dir: str, hf_config: dict) -> None:
 
 if __name__ == "__main__":
     main()
-
-
-class _LogProgress:
-    """Progress where stderr is not a terminal: one plain line every ``every`` seconds, the first after ``after``,
-    so a build of seconds prints nothing more and a build of minutes says where it is in a log."""
-
-    def __init__(self, what: str, after: float = 5.0, every: float = 15.0):
-        self.what, self.after, self.every = what, after, every
-        self.start = time.monotonic()
-        self.next = self.start + after
-
-    def __call__(self, step: str, done: int, total: int) -> None:
-        now = time.monotonic()
-        if now >= self.next:
-            self.next = now + self.every
-            click.echo(f"{self.what}: {step} ({done}/{total} steps, {now - self.start:.0f} s)", err=True)

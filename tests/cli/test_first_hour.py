@@ -189,7 +189,8 @@ def test_readme_names_the_runtime_dependencies():
     assert names == ["numpy", "onnxruntime", "tokenizers", "click"]
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert "Running an engine needs only numpy, onnxruntime, tokenizers and click" in readme
-    assert "tokenizers pulls huggingface_hub" in readme
+    install = " ".join((ROOT / "docs" / "install.md").read_text().split())  # the README's install link: what pip brings with them
+    assert "tokenizers pulls huggingface_hub" in install and "(docs/install.md)" in readme
 
 
 # 6. the repeated, interleaved comparison
