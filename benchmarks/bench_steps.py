@@ -218,7 +218,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.output_json:
         Path(args.output_json).write_text(json.dumps(report, indent=1) + "\n")
         print(f"wrote {args.output_json}")
+        if report.get("steps"):
+            chart(report["steps"], args.output_json)
     return 0
+
+
+def chart(steps: dict[str, Any], json_path: str) -> None:
+    """A step of w tokens over a one-token step (CPU time), per engine, one panel per kernel and thread count."""
+    from specdec.bench.plots import Bar, beside, write_bars
+
+    panels = {f"{kernel}, {t} thread(s)": [Bar(f"{Path(name.split(' [')[0]).name}{' [' + name.split(' [')[1] if ' [' in name else ''} w={w}", v[w]["cpu_ms"]["median"] / v[min(v)]["cpu_ms"]["median"])
+                                            for name, v in by_engine.items() for w in v]
+              for kernel, by_threads in steps.items() for t, by_engine in by_threads.items()}
+    if path := write_bars(beside(json_path), "CPU time of a step over a one-token step", panels, "step / one-token step"):
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":
