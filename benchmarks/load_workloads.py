@@ -397,3 +397,15 @@ def main(argv: list[str]) -> None:
     print(f"sweep: {(time.time() - started) / 60:.1f} min; runs in {work / 'runs.jsonl'}")
     if args.output_json:
         args.output_json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "runs": rows, "summary": agg}) + "\n")
+        chart(agg, args.output_json)
+
+
+def chart(agg: dict, json_path: Path) -> None:
+    """Each configuration's median TTFT, one panel per concurrency, beside the JSON (bench/plots.py)."""
+    from specdec.bench.plots import beside, spread_bar, write_bars
+
+    panels: dict[str, list] = {}
+    for fig in agg["figures"]:
+        panels.setdefault(f"{fig['concurrency']} streams", []).append(spread_bar(fig["config"], fig["ttft_p50_ms"]))
+    if path := write_bars(beside(json_path), "median TTFT per configuration (lower is better)", panels, "TTFT p50 (ms)", None):
+        print(f"wrote {path}")
