@@ -278,5 +278,6 @@ class Engine:
             logprobs=r.logprobs[: len(r.output_ids)] if r.config.logprobs is not None else [],
             prompt_logprobs=r.prompt_logprobs if len(r.output_ids) == len(tokens) else None,
             error=r.error,
+            error_cause=r.error_cause,
             warning=warning,
         )

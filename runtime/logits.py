@@ -100,6 +100,10 @@ class LogitsProcessor:
         if self.grammar is not None:
             self.grammar.commit(tokens)
 
+    def failed(self, output: Sequence[int]) -> str | None:
+        """Why the output cannot go on after exactly ``output`` (its grammar's llguidance gave up there), or None."""
+        return self.grammar.failed(output) if self.grammar is not None else None
+
     @property
     def done(self) -> bool:
         """The request's grammar is complete: it must end here."""

@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 
 METHODS = method_names()  # the methods registered at import (runtime/methods.py: method_names() sees later ones too)
 AUTO = "auto"
+# What ends a request with finish_reason "error": the target's logits held NaN or Inf (runtime/guards.py), or llguidance
+# gave up on the request's grammar on the output's path (runtime/grammar.py). The server reports them apart.
+ERROR_CAUSES = ("nonfinite_logits", "grammar")
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,8 @@ class Request:
     output_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str = ""  # end_id | stop_words | grammar | length | max_seq_len | abort | error
-    error: str = ""  # why it stopped, with finish_reason "error" (runtime/guards.py)
+    error: str = ""  # why it stopped, with finish_reason "error" (runtime/guards.py, runtime/grammar.py)
+    error_cause: str = ""  # with finish_reason "error": one of ERROR_CAUSES
     warning: str = ""  # said once, in the next step's output (runtime/guards.py: drafts that never land)
     slot: int = -1  # the target cache row while RUNNING
     metrics: Metrics = field(default_factory=lambda: Metrics(requests=1))
@@ -140,5 +144,6 @@ class RequestOutput:
     new_logprobs: list[TokenLogprob] = field(default_factory=list)  # per token of new_token_ids, with logprobs on
     logprobs: list[TokenLogprob] = field(default_factory=list)  # per token of output_ids, with logprobs on
     prompt_logprobs: list[TokenLogprob | None] | None = None  # with prompt_logprobs on: one per prompt token (None for the first)
-    error: str = ""  # with finish_reason "error": why the request stopped (non-finite logits)
+    error: str = ""  # with finish_reason "error": why the request stopped (non-finite logits, a grammar llguidance gave up on)
+    error_cause: str = ""  # with finish_reason "error": one of ERROR_CAUSES
     warning: str = ""  # said in the one step it arose: its drafts were rejected SILENT_DRAFT_ROUNDS rounds in a row

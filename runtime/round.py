@@ -44,10 +44,12 @@ NewTokens = dict[str, list[int]]  # request id -> the tokens this step appended 
 
 def append(r: Request, tokens: list[int], new: NewTokens, max_seq_len: int) -> bool:
     """Append tokens one by one, stopping at the first stop condition. True if r finished."""
-    cfg, out = r.config, r.output_ids
+    cfg, out, proc = r.config, r.output_ids, r.processor
     added = new.setdefault(r.request_id, [])
     reason = ""
     for t in tokens:
+        if proc is not None and (why := proc.failed(out)):  # t came from a mask llguidance could not compute
+            return fail(r, why, "grammar")
         out.append(t)
         added.append(t)
         if r.processor is not None:
@@ -62,6 +64,8 @@ def append(r: Request, tokens: list[int], new: NewTokens, max_seq_len: int) -> b
             reason = "length"
         if reason:
             break
+    if not reason and proc is not None and (why := proc.failed(out)):  # no next mask: the grammar cannot go on after out
+        return fail(r, why, "grammar")
     if not reason and r.num_tokens >= max_seq_len:
         reason = "max_seq_len"  # the engine holds no more: a clean stop, never an overflow
     if reason:
@@ -69,9 +73,10 @@ def append(r: Request, tokens: list[int], new: NewTokens, max_seq_len: int) -> b
     return bool(reason)
 
 
-def fail(r: Request, error: str) -> bool:
-    """Stop r with finish_reason "error", emitting nothing more. True (it finished)."""
-    r.status, r.finish_reason, r.error = RequestStatus.FINISHED, "error", error
+def fail(r: Request, error: str, cause: str) -> bool:
+    """Stop r with finish_reason "error", emitting nothing more. True (it finished).
+    cause: what failed, for whoever reports it: nonfinite_logits | grammar (runtime/request.py: ERROR_CAUSES)."""
+    r.status, r.finish_reason, r.error, r.error_cause = RequestStatus.FINISHED, "error", error, cause
     return True
 
 
@@ -121,7 +126,7 @@ class SpeculativeRound:
         for r, tok in zip(batch, firsts):
             r.metrics.target_s += (t1 - t0) / len(batch)
             if tok is None:  # no token from logits that are not numbers
-                fail(r, nonfinite_message(0))
+                fail(r, nonfinite_message(0), "nonfinite_logits")
                 ended.append(r)
                 continue
             r.times.first_token = t1
@@ -263,7 +268,7 @@ class SpeculativeRound:
         r.metrics.target_s += share_s
         bad = first_nonfinite(raw[: n + 1] if d.parents is None else raw[kept])  # the raw rows read: emitted[i] comes from the i-th
         if bad is not None:  # keep the tokens of the finite rows before it, pick none from it (runtime/guards.py)
-            return append(r, emitted[:bad], new, self.cache.max_seq_len) or fail(r, nonfinite_message(len(r.output_ids)))
+            return append(r, emitted[:bad], new, self.cache.max_seq_len) or fail(r, nonfinite_message(len(r.output_ids)), "nonfinite_logits")
         if d.parents is not None:
             self.target.compact_slot(self.cache, r.slot, start, kept)  # the path's K/V into contiguous slots
         else:

@@ -46,7 +46,10 @@ from .params import Plan, Served
 
 log = logging.getLogger("specdec.serve")
 
-FINISH_REASONS = {"end_id": "stop", "stop_words": "stop", "stop": "stop", "grammar": "stop", "length": "length", "max_seq_len": "length", "abort": "abort"}
+FINISH_REASONS = {"end_id": "stop", "stop_words": "stop", "stop": "stop", "grammar": "stop", "length": "length", "max_seq_len": "length", "abort": "abort",
+                  "error": "error"}
+# A choice that ends with finish_reason "error" carries an OpenAI-shaped error object saying why (serve/responses.py)
+ERROR_TYPES = {"grammar": ("invalid_request_error", "grammar_failed"), "nonfinite_logits": ("server_error", "nonfinite_logits")}
 
 
 
@@ -55,11 +58,12 @@ class ChoiceResult:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str  # stop | length | abort
+    finish_reason: str  # stop | length | abort | error
     prompt_ids: list[int]
     logprobs: list[TokenLogprob] | None
     prompt_logprobs: list[TokenLogprob | None] | None  # echo: one per prompt token (None for the first)
     metrics: Metrics
+    error: dict[str, Any] | None = None  # with finish_reason "error": {"message", "type", "param", "code"}
 
 
 @dataclass
@@ -84,7 +88,8 @@ class Event:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     result: Result | None = None
-    error: ApiError | None = None
+    error: ApiError | None = None  # the whole job failed (the stream's error event; the handler's error response)
+    choice_error: dict[str, Any] | None = None  # this choice ended with finish_reason "error": why
 
 
 class Choice:
@@ -100,6 +105,7 @@ class Choice:
         self.logprobs: list[TokenLogprob] = []
         self.prompt_logprobs: list[TokenLogprob | None] | None = None
         self.finish_reason: str | None = None
+        self.error: dict[str, Any] | None = None  # with finish_reason "error"
         self.metrics: Metrics | None = None
         self.first_token = 0.0
 
@@ -316,7 +322,17 @@ class EngineLoop:
         if c.stream is not None:
             text += c.stream.finish()
         reason = "stop" if stopped else FINISH_REASONS.get(out.finish_reason, "stop")
+        if reason == "error":
+            c.error = self._choice_error(job, c, out)
         self._finish(job, c, reason, text, new, lps, out.metrics)
+
+    def _choice_error(self, job: Job, c: Choice, out) -> dict[str, Any]:
+        """What a choice that ended with the runtime's finish reason "error" tells its client, its log line and its counter."""
+        cause = getattr(out, "error_cause", "") or "nonfinite_logits"
+        kind, code = ERROR_TYPES.get(cause, ("server_error", cause))
+        log.warning("request %s ended with an error after %d output tokens: %s", c.request_id, len(c.token_ids) + len(out.new_token_ids), out.error)
+        self.metrics.request_error(code)
+        return {"message": out.error or "the request failed", "type": kind, "param": job.plan.grammar_param if cause == "grammar" else None, "code": code}
 
     def _finish(self, job: Job, c: Choice, reason: str, text: str, new: list[int], lps: list[TokenLogprob], metrics: Metrics) -> None:
         self.owner.pop(c.request_id, None)
@@ -333,7 +349,7 @@ class EngineLoop:
         tpot = (end - c.first_token) / (n - 1) if c.first_token and n >= 2 else None
         self.metrics.record(c.metrics, reason, len(job.plan.prompts[c.prompt]), n, end - job.arrival, ttft, tpot, queue_s)
         if any(x.finish_reason is None for x in job.choices):
-            job.push(Event(c.index, text, new, lps, finish_reason=reason))
+            job.push(Event(c.index, text, new, lps, finish_reason=reason, choice_error=c.error))
             return
         del self.jobs[job.id]
         self._recent_e2e.append(end - job.arrival)
@@ -343,7 +359,7 @@ class EngineLoop:
             "tpot_s": tpot,
             "e2e_s": end - job.arrival,
         }
-        job.push(Event(c.index, text, new, lps, finish_reason=reason, result=self._result(job, timings)))
+        job.push(Event(c.index, text, new, lps, finish_reason=reason, result=self._result(job, timings), choice_error=c.error))
 
     def _result(self, job: Job, timings: dict[str, Any]) -> Result:
         plan = job.plan
@@ -365,6 +381,7 @@ class EngineLoop:
                     logprobs=list(c.logprobs) if plan.logprobs is not None else None,
                     prompt_logprobs=c.prompt_logprobs,
                     metrics=c.metrics,  # type: ignore[arg-type]
+                    error=c.error,
                 ))
         prompt_tokens = sum(len(ids) for ids in plan.prompts)
         completion_tokens = sum(len(c.token_ids) for c in job.choices)

@@ -11,7 +11,8 @@
 | specdec:request_compute_seconds_total | (ours) | each request's share of the target calls, draft steps and decisions of its rounds (decision share = the one above / this) |
 | specdec:prompt_tokens_total / generation_tokens_total | same | tokens in prompts / tokens generated |
 | specdec:prefix_cache_queries_total / prefix_cache_hits_total | vllm:prefix_cache_queries / prefix_cache_hits | prompt tokens looked up in the prefix cache / found there (copied, not prefilled); hit rate = hits / queries |
-| specdec:request_success_total{finished_reason} | same | requests ended: stop, length, abort |
+| specdec:request_success_total{finished_reason} | same | requests ended: stop, length, abort, error |
+| specdec:request_errors_total{code} | (ours) | requests ended with finish_reason error, by cause: nonfinite_logits, grammar_failed |
 | specdec:e2e_request_latency_seconds | same | arrival at the server -> last token |
 | specdec:time_to_first_token_seconds | same | arrival at the server -> first token |
 | specdec:request_time_per_output_token_seconds | same | (last token - first token) / (output tokens - 1), per request |
@@ -65,6 +66,7 @@ class ServerMetrics:
         self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens of ended requests, looked up in the prefix cache.").labels(**label)
         self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache (copied, not prefilled).").labels(**label)
         self._success = counter("request_success", "Requests ended, by finish reason.", ("finished_reason",))
+        self._errors = counter("request_errors", "Requests ended with finish_reason error, by cause (nonfinite_logits, grammar_failed).", ("code",))
         self.model_label = model_name
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
@@ -100,6 +102,10 @@ class ServerMetrics:
             self.tpot.observe(tpot_s)
         if queue_s is not None:
             self.queue.observe(queue_s)
+
+    def request_error(self, code: str) -> None:
+        """A request ended with finish_reason "error" (its request_success_total{finished_reason="error"} comes with its record)."""
+        self._errors.labels(model_name=self.model_label, code=code).inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

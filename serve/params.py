@@ -87,6 +87,7 @@ class Plan:
     logprobs: int | None = None  # alternatives per token in the response; None: no logprobs
     drop_output: bool = False  # max_tokens=0 with echo: the prompt only
     tools: ToolPlan | None = None
+    grammar_param: str | None = None  # the request field the output's grammar came from (named by a grammar's error)
 
 
 def check_common(req: Sampling, served: Served) -> None:
@@ -217,7 +218,7 @@ def plan(req: Sampling, prompts: list[list[int]], max_tokens: int | None, served
         grammar=grammar,
     )
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    return Plan(checked, config, stops, method, k, req.stream, include_usage)
+    return Plan(checked, config, stops, method, k, req.stream, include_usage, grammar_param=param if grammar is not None else None)
 
 
 def logit_bias(req: Sampling, vocab: int) -> tuple[tuple[int, float], ...]:

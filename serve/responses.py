@@ -100,7 +100,14 @@ def _completion_choice(job: Job, served: Served, c: ChoiceResult) -> dict[str, A
             logprobs = completion_logprobs(served, c.prompt_ids + ids, list(prompt_lps) + list(lps or []))
         else:
             logprobs = completion_logprobs(served, ids, lps or [])
-    return {"index": c.index, "text": prompt_text + text, "logprobs": logprobs, "finish_reason": c.finish_reason, "token_ids": ids}
+    return _with_error({"index": c.index, "text": prompt_text + text, "logprobs": logprobs, "finish_reason": c.finish_reason, "token_ids": ids}, c.error)
+
+
+def _with_error(choice: dict[str, Any], error: dict[str, Any] | None) -> dict[str, Any]:
+    """A choice that ended with finish_reason "error" says why, in OpenAI's error shape (an extension field)."""
+    if error is not None:
+        choice["error"] = error
+    return choice
 
 
 def chat_completion(job: Job, served: Served, r: Result) -> dict[str, Any]:
@@ -114,7 +121,7 @@ def chat_completion(job: Job, served: Served, r: Result) -> dict[str, Any]:
                 message = {"role": "assistant", "content": content, "tool_calls": calls}
                 reason = "tool_calls" if reason == "stop" else reason
         logprobs = chat_logprobs(served, c.token_ids, c.logprobs) if job.plan.logprobs is not None and c.logprobs is not None else None
-        choices.append({"index": c.index, "message": message, "logprobs": logprobs, "finish_reason": reason, "token_ids": c.token_ids})
+        choices.append(_with_error({"index": c.index, "message": message, "logprobs": logprobs, "finish_reason": reason, "token_ids": c.token_ids}, c.error))
     return {**_head(job, served.model_name, "chat.completion"), "choices": choices, "usage": usage(r), "speculative": speculative(job, r), "timings": r.timings}
 
 
@@ -127,7 +134,7 @@ def completion_chunk(job: Job, served: Served, ev: Event) -> dict[str, Any]:
     logprobs = None
     if job.plan.logprobs is not None:
         logprobs = completion_logprobs(served, ev.token_ids, ev.logprobs)
-    choice = {"index": ev.index, "text": ev.text, "logprobs": logprobs, "finish_reason": ev.finish_reason, "token_ids": ev.token_ids}
+    choice = _with_error({"index": ev.index, "text": ev.text, "logprobs": logprobs, "finish_reason": ev.finish_reason, "token_ids": ev.token_ids}, ev.choice_error)
     chunk = {**_head(job, served.model_name, "text_completion"), "choices": [choice]}
     if ev.result is not None:
         chunk.update(speculative=speculative(job, ev.result), timings=ev.result.timings)
@@ -148,7 +155,7 @@ def chat_chunk(job: Job, served: Served, ev: Event, text: str, tool_calls: list[
         delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(tool_calls)]
         reason = "tool_calls" if reason == "stop" else reason
     logprobs = chat_logprobs(served, ev.token_ids, ev.logprobs) if job.plan.logprobs is not None else None
-    choice = {"index": ev.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason, "token_ids": ev.token_ids}
+    choice = _with_error({"index": ev.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason, "token_ids": ev.token_ids}, ev.choice_error)
     chunk = {**_head(job, served.model_name, "chat.completion.chunk"), "choices": [choice]}
     if ev.result is not None:
         chunk.update(speculative=speculative(job, ev.result), timings=ev.result.timings)

@@ -197,3 +197,65 @@ def test_logprobs_with_a_grammar_list_only_allowed_tokens(client):
     c = r.choices[0]
     assert c.text in (" True", " False")
     assert all(len(top) < 20 and all(v > -9999 for v in top.values()) for top in c.logprobs.top_logprobs)
+
+
+# -- constraints that no string satisfies -----------------------------------------------------------
+# A $ref cycle with no way out: every instance holds another ({"x": {"x": ...}}), so none is finite.
+ENDLESS = {"type": "object", "properties": {"x": {"$ref": "#"}}, "required": ["x"], "additionalProperties": False}
+NO_STRING = [
+    # (what, route, body, the field the 400 names)
+    ("a regex that matches nothing", "completions", {"prompt": "x", "structured_outputs": {"regex": "[^\\s\\S]"}}, "structured_outputs.regex"),
+    ("a $ref cycle with no finite instance", "completions", {"prompt": "x", "structured_outputs": {"json": ENDLESS}}, "structured_outputs.json"),
+    ("the same as a response_format", "chat/completions",
+     {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", "json_schema": {"name": "e", "schema": ENDLESS}}},
+     "response_format.json_schema.schema"),
+    ("a Lark grammar that derives no string", "completions", {"prompt": "x", "structured_outputs": {"grammar": 'start: a\na: "x" a'}}, "structured_outputs.grammar"),
+    ("a named tool whose parameters never end", "chat/completions",
+     {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": ENDLESS}}],
+      "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tools[0].function.parameters"),
+    ("the only tool, required", "chat/completions",
+     {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": ENDLESS}}],
+      "tool_choice": "required"}, "tools"),
+    ("a schema llguidance finds unsatisfiable", "completions", {"prompt": "x", "structured_outputs": {"json": {"type": "integer", "minimum": 5, "maximum": 3}}},
+     "structured_outputs.json"),
+]
+
+
+@pytest.mark.parametrize("what,route,body,param", NO_STRING, ids=[c[0] for c in NO_STRING])
+def test_a_constraint_no_string_satisfies_is_a_400_naming_it(client, what, route, body, param):
+    import httpx
+
+    r = httpx.post(f"{client.base_url}{route}", json={"model": "demo", "max_tokens": 16, "temperature": 0, **body}, timeout=120)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["type"] == "invalid_request_error", err
+    assert "\n" not in err["message"] and len(err["message"]) < 600, err["message"]
+
+
+# One branch is an integer; the other a $ref cycle: llguidance cannot tell up front, and gives up on the output's path
+# once the model takes the endless branch (a logit_bias on "{" makes it).
+BRANCHES = {"$defs": {"e": {**ENDLESS, "properties": {"x": {"$ref": "#/$defs/e"}}}}, "anyOf": [{"type": "integer"}, {"$ref": "#/$defs/e"}]}
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_llguidance_giving_up_on_the_outputs_path_is_an_error_finish(client, method):
+    import httpx
+
+    url = f"{client.base_url}completions"
+    body = {"model": "demo", "prompt": "x = ", "max_tokens": 24, "temperature": 0, "speculative": {"method": method},
+            "structured_outputs": {"json": BRANCHES}}
+    plain = httpx.post(url, json=body, timeout=120).json()["choices"][0]
+    assert plain["finish_reason"] in ("stop", "length") and "error" not in plain  # the integer branch: served as ever
+    r = httpx.post(url, json={**body, "logit_bias": {"92": 100}}, timeout=120)  # 92: "{"
+    assert r.status_code == 200, r.text
+    c = r.json()["choices"][0]
+    assert c["finish_reason"] == "error" and c["text"].startswith("{"), c
+    assert c["error"]["code"] == "grammar_failed" and c["error"]["param"] == "structured_outputs.json" and "llguidance gave up" in c["error"]["message"]
+    alone = httpx.post(url, json={**body, "logit_bias": {"92": 100}, "speculative": {"method": "none"}}, timeout=120).json()["choices"][0]
+    assert c["token_ids"] == alone["token_ids"]  # drafts change nothing: it ends where target-only decoding ends
+    events = []
+    with httpx.stream("POST", url, json={**body, "logit_bias": {"92": 100}, "stream": True}, timeout=120) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    assert "".join(e["choices"][0]["text"] for e in events) == c["text"]
+    assert events[-1]["choices"][0]["finish_reason"] == "error" and events[-1]["choices"][0]["error"] == c["error"]
+    assert httpx.post(url, json=body, timeout=120).json()["choices"][0] == plain  # and the server serves on
