@@ -143,7 +143,7 @@ def create_app(
         job = Job(completion_plan(body, s), s, asyncio.get_running_loop(), "cmpl")
         loop.submit(job)
         if job.plan.stream:
-            return _stream(loop, job, request_timeout, lambda ev: [responses.completion_chunk(job, s, ev)], "text_completion")
+            return _stream(loop, job, request_timeout, responses.completion_chunks(job, s), "text_completion")
         result = await _result(loop, job, request, request_timeout)
         return JSONResponse(responses.completion(job, s, result)) if result else Response(status_code=499)
 

@@ -90,6 +90,7 @@ class Event:
     result: Result | None = None
     error: ApiError | None = None  # the whole job failed (the stream's error event; the handler's error response)
     choice_error: dict[str, Any] | None = None  # this choice ended with finish_reason "error": why
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # echo with logprobs: the choice's prompt's (its first chunk sends them)
 
 
 class Choice:
@@ -303,6 +304,13 @@ class EngineLoop:
             job.first_token = job.first_token or now
         if out.prompt_logprobs is not None and c.prompt_logprobs is None:
             c.prompt_logprobs = list(out.prompt_logprobs)
+        if job.plan.drop_output:  # max_tokens=0 with echo: the prompt's scores only; the token its prefill picked is no answer
+            if not out.finished:  # (max_output_len=1 ends it at its first token)
+                self.engine.abort(c.request_id)
+            if out.finish_reason == "error":
+                c.error = self._choice_error(job, c, out)
+            self._finish(job, c, "error" if c.error else "length", "", [], [], out.metrics)
+            return
         new = list(out.new_token_ids)
         lps = list(out.new_logprobs)
         text, stopped = "", False
@@ -317,7 +325,7 @@ class EngineLoop:
             c.token_ids += new
             c.logprobs += lps
             c.text.append(text)
-            job.push(Event(c.index, text, new, lps))
+            job.push(Event(c.index, text, new, lps, prompt_logprobs=c.prompt_logprobs))
             return
         if c.stream is not None:
             text += c.stream.finish()
@@ -349,7 +357,7 @@ class EngineLoop:
         tpot = (end - c.first_token) / (n - 1) if c.first_token and n >= 2 else None
         self.metrics.record(c.metrics, reason, len(job.plan.prompts[c.prompt]), n, end - job.arrival, ttft, tpot, queue_s)
         if any(x.finish_reason is None for x in job.choices):
-            job.push(Event(c.index, text, new, lps, finish_reason=reason, choice_error=c.error))
+            job.push(Event(c.index, text, new, lps, finish_reason=reason, choice_error=c.error, prompt_logprobs=c.prompt_logprobs))
             return
         del self.jobs[job.id]
         self._recent_e2e.append(end - job.arrival)
@@ -359,7 +367,8 @@ class EngineLoop:
             "tpot_s": tpot,
             "e2e_s": end - job.arrival,
         }
-        job.push(Event(c.index, text, new, lps, finish_reason=reason, result=self._result(job, timings), choice_error=c.error))
+        job.push(Event(c.index, text, new, lps, finish_reason=reason, result=self._result(job, timings), choice_error=c.error,
+                       prompt_logprobs=c.prompt_logprobs))
 
     def _result(self, job: Job, timings: dict[str, Any]) -> Result:
         plan = job.plan

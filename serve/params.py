@@ -85,7 +85,8 @@ class Plan:
     samples: int = 1  # engine requests per prompt: best_of, or n
     echo: bool = False
     logprobs: int | None = None  # alternatives per token in the response; None: no logprobs
-    drop_output: bool = False  # max_tokens=0 with echo: the prompt only
+    drop_output: bool = False  # max_tokens=0 with echo: the prompt only (no completion token, none counted)
+    prompt_texts: list[str | None] = field(default_factory=list)  # per prompt: the text as sent (echo returns it), None for token ids
     tools: ToolPlan | None = None
     grammar_param: str | None = None  # the request field the output's grammar came from (named by a grammar's error)
 
@@ -152,7 +153,14 @@ def completion_plan(req: CompletionRequest, served: Served) -> Plan:
     logprobs = req.logprobs
     want = logprobs if logprobs is not None else (0 if best_of > n else None)  # best_of ranks by log-probability
     config = replace(p.config, logprobs=want, prompt_logprobs=req.echo and logprobs is not None)
-    return replace(p, config=config, n=n, samples=best_of, echo=req.echo, logprobs=logprobs, drop_output=drop)
+    texts = _prompt_texts(req.prompt) if req.echo else []
+    return replace(p, config=config, n=n, samples=best_of, echo=req.echo, logprobs=logprobs, drop_output=drop, prompt_texts=texts)
+
+
+def _prompt_texts(prompt: Any) -> list[str | None]:
+    """Each prompt as sent, for echo: OpenAI and vLLM echo a text prompt as it came, not as its tokens decode."""
+    prompts = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) else [prompt]
+    return [p if isinstance(p, str) else None for p in prompts]
 
 
 def chat_plan(req: ChatCompletionRequest, served: Served) -> Plan:

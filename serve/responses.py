@@ -14,7 +14,7 @@ runtime/logits.py. Prompt tokens (``echo``) get the raw model's.
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..formats.tokenizer import Tokenizer
 from .loop import ChoiceResult, Event, Job, Result, TokenLogprob
@@ -88,19 +88,24 @@ def completion(job: Job, served: Served, r: Result) -> dict[str, Any]:
 def _completion_choice(job: Job, served: Served, c: ChoiceResult) -> dict[str, Any]:
     plan = job.plan
     ids, text, lps = list(c.token_ids), c.text, c.logprobs
-    if plan.drop_output:  # max_tokens=0: the token the prefill picked is not part of the answer
-        ids, text, lps = [], "", []
     logprobs = None
-    prompt_text = ""
-    if plan.echo:
-        prompt_text = served.tokenizer.decode(c.prompt_ids) if served.tokenizer is not None else ""
     if plan.logprobs is not None:
         if plan.echo:
             prompt_lps = c.prompt_logprobs or [None] * len(c.prompt_ids)
             logprobs = completion_logprobs(served, c.prompt_ids + ids, list(prompt_lps) + list(lps or []))
         else:
             logprobs = completion_logprobs(served, ids, lps or [])
-    return _with_error({"index": c.index, "text": prompt_text + text, "logprobs": logprobs, "finish_reason": c.finish_reason, "token_ids": ids}, c.error)
+    text = echoed_prompt(job, served, c.index) + text if plan.echo else text
+    return _with_error({"index": c.index, "text": text, "logprobs": logprobs, "finish_reason": c.finish_reason, "token_ids": ids}, c.error)
+
+
+def echoed_prompt(job: Job, served: Served, index: int) -> str:
+    """The prompt of choice ``index`` as echo returns it: the text as sent, or token ids decoded."""
+    p = index // job.plan.n
+    text = job.plan.prompt_texts[p] if p < len(job.plan.prompt_texts) else None
+    if text is None:
+        text = served.tokenizer.decode(job.plan.prompts[p]) if served.tokenizer is not None else ""
+    return text
 
 
 def _with_error(choice: dict[str, Any], error: dict[str, Any] | None) -> dict[str, Any]:
@@ -130,15 +135,36 @@ def sse(payload: dict[str, Any] | str) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-def completion_chunk(job: Job, served: Served, ev: Event) -> dict[str, Any]:
-    logprobs = None
-    if job.plan.logprobs is not None:
-        logprobs = completion_logprobs(served, ev.token_ids, ev.logprobs)
-    choice = _with_error({"index": ev.index, "text": ev.text, "logprobs": logprobs, "finish_reason": ev.finish_reason, "token_ids": ev.token_ids}, ev.choice_error)
-    chunk = {**_head(job, served.model_name, "text_completion"), "choices": [choice]}
-    if ev.result is not None:
-        chunk.update(speculative=speculative(job, ev.result), timings=ev.result.timings)
-    return chunk
+def completion_chunks(job: Job, served: Served) -> Callable[[Event], list[dict[str, Any]]]:
+    """A completion stream's chunks. With echo, a choice's first chunk opens with its prompt (and the prompt's
+    log-probabilities), as the non-streamed answer does: the chunks joined equal it, text, logprobs and offsets."""
+    echoed: set[int] = set()
+    offsets: dict[int, int] = {}  # per choice: where the next chunk's logprobs text_offset starts
+
+    def chunks(ev: Event) -> list[dict[str, Any]]:
+        plan = job.plan
+        text, ids, lps = ev.text, ev.token_ids, list(ev.logprobs)
+        head_text, head_ids, head_lps = "", [], []
+        if plan.echo and ev.index not in echoed:
+            echoed.add(ev.index)
+            head_text = echoed_prompt(job, served, ev.index)
+            if plan.logprobs is not None:
+                p = ev.index // plan.n
+                head_ids = plan.prompts[p]
+                head_lps = list(ev.prompt_logprobs or [None] * len(head_ids))
+        logprobs = None
+        if plan.logprobs is not None:
+            at = offsets.get(ev.index, 0)
+            logprobs = completion_logprobs(served, head_ids + ids, head_lps + lps, at)
+            offsets[ev.index] = at + sum(len(t) for t in logprobs["tokens"])
+        choice = _with_error({"index": ev.index, "text": head_text + text, "logprobs": logprobs, "finish_reason": ev.finish_reason, "token_ids": ids},
+                             ev.choice_error)
+        chunk = {**_head(job, served.model_name, "text_completion"), "choices": [choice]}
+        if ev.result is not None:
+            chunk.update(speculative=speculative(job, ev.result), timings=ev.result.timings)
+        return [chunk]
+
+    return chunks
 
 
 def chat_opening(job: Job, served: Served, index: int) -> dict[str, Any]:

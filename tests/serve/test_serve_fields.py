@@ -127,3 +127,52 @@ def test_completion_stream_with_logprobs_and_several_prompts(server):
         for c in e["choices"]:
             by[c["index"]] += c["logprobs"]["token_logprobs"]
     assert len(by[0]) == len(by[1]) == 6
+
+
+def _streamed(server, body):
+    """A completion stream joined per choice: text, token ids, logprobs (tokens, token_logprobs, text_offset), finish, usage."""
+    with httpx.stream("POST", f"{server}/v1/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}}, timeout=60) as r:
+        events = sse_events(r.iter_lines())
+    assert events[-1] == "[DONE]"
+    joined: dict[int, dict] = {}
+    for e in events[:-2]:
+        for c in e["choices"]:
+            j = joined.setdefault(c["index"], {"index": c["index"], "text": "", "token_ids": [], "finish_reason": None, "logprobs": None})
+            j["text"] += c["text"]
+            j["token_ids"] += c["token_ids"]
+            j["finish_reason"] = c["finish_reason"] or j["finish_reason"]
+            if c["logprobs"] is not None:
+                lp = j["logprobs"] = j["logprobs"] or {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+                for k in lp:
+                    lp[k] += c["logprobs"][k]
+    return [joined[i] for i in sorted(joined)], events[-2]["usage"]
+
+
+ECHO = [  # (prompt, max_tokens, n, logprobs)
+    (PROMPT, 0, 1, None), (PROMPT, 0, 2, 1), ([PROMPT, "def f"], 0, 1, 2), (PROMPT, 5, 1, None), (PROMPT, 5, 2, 1), ([[1, 70, 71, 72], [1, 80, 81]], 3, 2, 0),
+]
+
+
+@pytest.mark.parametrize("prompt,max_tokens,n,logprobs", ECHO)
+def test_echo_streamed_and_not_agree_and_usage_counts_what_was_returned(server, prompt, max_tokens, n, logprobs):
+    """OpenAI's legacy completions and vLLM: echo puts the prompt before the completion, in the first chunk when streamed;
+    max_tokens=0 returns the prompt alone with finish_reason "length" and no completion token counted."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "n": n, "echo": True, "temperature": 0, "ignore_eos": True}
+    if logprobs is not None:
+        body["logprobs"] = logprobs
+    whole = httpx.post(f"{server}/v1/completions", json=body, timeout=60).json()
+    streamed, usage = _streamed(server, body)
+    keys = ("index", "text", "token_ids", "finish_reason", "logprobs")
+    assert [{k: c[k] for k in keys} for c in whole["choices"]] == streamed  # the same computation: equal to the bit
+    assert usage == whole["usage"]
+    prompts = prompt if isinstance(prompt, list) and isinstance(prompt[0], (str, list)) else [prompt]
+    for c in whole["choices"]:
+        sent = prompts[c["index"] // n]
+        if isinstance(sent, str):
+            assert c["text"].startswith(sent)  # the prompt as sent, then the completion
+        assert len(c["token_ids"]) == max_tokens and (c["finish_reason"] == "length")
+        if logprobs is not None:  # the prompt's tokens (the character tokenizer adds BOS to text), then the completion's
+            prompt_len = len(sent) + 1 if isinstance(sent, str) else len(sent)
+            assert len(c["logprobs"]["tokens"]) == len(c["logprobs"]["token_logprobs"]) == prompt_len + max_tokens
+            assert c["logprobs"]["token_logprobs"][0] is None
+    assert whole["usage"]["completion_tokens"] == sum(len(c["token_ids"]) for c in whole["choices"]) == max_tokens * n * len(prompts)
