@@ -9,6 +9,9 @@ from .config_strings import shown
 from .errors import RequestError
 
 
+LONG_TEXT = 1 << 16  # characters past which encoding runs without the GIL (encode_batch costs a thread hand-off)
+
+
 class Tokenizer:
     def __init__(self, directory: str | Path):
         from tokenizers import Tokenizer as HFTokenizer
@@ -46,7 +49,10 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         check_unicode(text)
-        ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        if len(text) > LONG_TEXT:  # encode_batch lets go of the GIL: a prompt of megabytes (seconds) holds up no other thread
+            ids = self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        else:
+            ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
         bos = self._special_id("bos_token")
         # tokenizer_config.json's add_bos_token is how many HF tokenizers add BOS
         if add_special_tokens and self.config.get("add_bos_token") and bos is not None and (not ids or ids[0] != bos):

@@ -43,7 +43,7 @@ log = logging.getLogger("specdec.serve")
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 _ERR = {"model": ErrorResponse}
-ERRORS = {400: _ERR, 401: _ERR, 404: _ERR, 413: _ERR, 422: _ERR, 500: _ERR, 503: _ERR}
+ERRORS = {400: _ERR, 401: _ERR, 404: _ERR, 413: _ERR, 500: _ERR, 503: _ERR}
 POST_ERRORS = {**ERRORS, 504: _ERR, 200: {"content": {"text/event-stream": {}}, "description": "JSON, or server-sent events with stream=true"}}
 
 
@@ -90,6 +90,7 @@ def create_app(
     app.state.server = state
     app.state.drain = lambda: _drain(state, shutdown_timeout)
     _error_handlers(app)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     app.add_middleware(Guard, api_key=api_key, max_request_bytes=max_request_bytes)
 
     @app.get("/health", responses={503: _ERR})
@@ -140,7 +141,8 @@ def create_app(
     async def completions(body: CompletionRequest, request: Request) -> Response:
         s, loop = state.ready()
         check_common(body, s)
-        job = Job(completion_plan(body, s), s, asyncio.get_running_loop(), "cmpl")
+        # tokenizing a prompt of megabytes takes seconds (without the GIL): off the event loop, which serves the others meanwhile
+        job = Job(await asyncio.to_thread(completion_plan, body, s), s, asyncio.get_running_loop(), "cmpl")
         loop.submit(job)
         if job.plan.stream:
             return _stream(loop, job, request_timeout, responses.completion_chunks(job, s), "text_completion")
@@ -151,7 +153,7 @@ def create_app(
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         s, loop = state.ready()
         check_common(body, s)
-        job = Job(chat_plan(body, s), s, asyncio.get_running_loop(), "chatcmpl")
+        job = Job(await asyncio.to_thread(chat_plan, body, s), s, asyncio.get_running_loop(), "chatcmpl")
         loop.submit(job)
         if job.plan.stream:
             return _stream(loop, job, request_timeout, _chat_chunks(job, s), "chat.completion.chunk")
@@ -159,6 +161,21 @@ def create_app(
         return JSONResponse(responses.chat_completion(job, s, result)) if result else Response(status_code=499)
 
     return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema, less the 422 it documents on every route with a body: invalid bodies are a 400 here."""
+    if app.openapi_schema is None:
+        from fastapi.openapi.utils import get_openapi
+
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        for path in schema.get("paths", {}).values():
+            for operation in path.values():
+                operation.get("responses", {}).pop("422", None)
+        for name in ("HTTPValidationError", "ValidationError"):
+            schema.get("components", {}).get("schemas", {}).pop(name, None)
+        app.openapi_schema = schema
+    return app.openapi_schema
 
 
 def _drain(state: ServerState, grace_s: float) -> None:
@@ -293,16 +310,17 @@ UNION_PARTS = ("str", "int", "float", "bool", "none", "list", "dict")
 
 
 def _validation_response(errors: list[dict]) -> JSONResponse:
-    """Malformed JSON is a 400; JSON of the wrong shape or types is a 422, naming the field."""
+    """Malformed JSON, and JSON of the wrong shape or types, is a 400 naming the field, as OpenAI and vLLM answer it
+    (the openai client raises BadRequestError; FastAPI's own 422 would be its UnprocessableEntityError)."""
     first = errors[0] if errors else {"type": "", "loc": (), "msg": "invalid request"}
     if first.get("type") == "json_invalid":
         ctx = first.get("ctx") or {}
         return JSONResponse(error_body(400, f"the request body is not valid JSON: {ctx.get('error', first.get('msg'))}."), status_code=400)
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     if loc and loc[0] == "prompt":
-        return JSONResponse(error_body(422, "prompt must be a string, a list of token ids (integers >= 0), or a list of those (at most 256, none empty).", "prompt"), status_code=422)
+        return JSONResponse(error_body(400, "prompt must be a string, a list of token ids (integers >= 0), or a list of those (at most 256, none empty).", "prompt"), status_code=400)
     # union members show up in the location as type names ("list[int]", "str", "constrained-int"): drop them
     loc = [p for p in loc if not any(c in p for c in "[]-") and p not in UNION_PARTS]
     param = ".".join(loc) or None
     msg = " ".join(str(first.get("msg", "invalid value")).split())
-    return JSONResponse(error_body(422, f"{param or 'body'}: {msg}.", param), status_code=422)
+    return JSONResponse(error_body(400, f"{param or 'body'}: {msg}.", param), status_code=400)

@@ -16,7 +16,6 @@ TYPES = {
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
-    422: "invalid_request_error",
     500: "server_error",
     503: "server_error",
     504: "timeout_error",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -41,6 +42,7 @@ class Served:
     draft_lens: dict[str, int | str] = field(default_factory=dict)  # method -> default drafts per round
     _grammars: GrammarCompiler | None = None
     _compiled: OrderedDict = field(default_factory=OrderedDict)  # (kind, source) -> Grammar: agents resend the same schema
+    _lock: threading.Lock = field(default_factory=threading.Lock)  # requests are planned in worker threads (serve/app.py)
 
     @property
     def max_seq_len(self) -> int:
@@ -55,19 +57,20 @@ class Served:
         if self.tokenizer is None:
             raise ApiError(400, "structured outputs need the model's tokenizer and the engine has none: restart with --tokenizer_dir.", param)
         key = (spec.kind, json.dumps(spec.source, sort_keys=True))
-        if key in self._compiled:
-            self._compiled.move_to_end(key)
-            return self._compiled[key]
-        try:
-            if self._grammars is None:
-                self._grammars = GrammarCompiler(self.tokenizer.to_json(), self.engine.target.vocab_size, self.end_ids)
-            compiled = self._grammars.compile(spec)
-        except SpecdecError as err:
-            raise ApiError(400, str(err), param) from None
-        self._compiled[key] = compiled
-        if len(self._compiled) > 64:
-            self._compiled.popitem(last=False)
-        return compiled
+        with self._lock:
+            if key in self._compiled:
+                self._compiled.move_to_end(key)
+                return self._compiled[key]
+            try:
+                if self._grammars is None:
+                    self._grammars = GrammarCompiler(self.tokenizer.to_json(), self.engine.target.vocab_size, self.end_ids)
+                compiled = self._grammars.compile(spec)
+            except SpecdecError as err:
+                raise ApiError(400, str(err), param) from None
+            self._compiled[key] = compiled
+            if len(self._compiled) > 64:
+                self._compiled.popitem(last=False)
+            return compiled
 
 
 @dataclass

@@ -3,7 +3,7 @@
 The schema is strict enough to describe what is accepted (ranges, lengths,
 enums): it is the OpenAPI document at ``/openapi.json``, and schemathesis
 fuzzes the server against it (tests/serve/test_serve_fuzz.py). Types are
-checked strictly (a string where a number belongs is a 422, never coerced).
+checked strictly (a string where a number belongs is a 400, never coerced).
 Checks that need the loaded engines (model name, context length, token ids in
 the vocabulary, speculation, a grammar that compiles) are made by
 ``serve/params.py`` and answered with 400. Unknown fields are ignored, as
@@ -35,13 +35,17 @@ MAX_N = 128  # choices per prompt (OpenAI's limit)
 MAX_BEST_OF = 20
 MAX_PROMPTS = 256
 MAX_STOPS = 16
-MAX_TEXT = 1_000_000  # characters in one string field; the body limit (--max_request_bytes) binds first
+MAX_TEXT = 1_000_000  # characters in a string field that is not tokenized as a prompt (a description, a stop string's list ...)
 MAX_BIAS = 1024  # logit_bias entries
 
 TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
-TokenIds = Annotated[list[TokenId], Field(min_length=1, max_length=1_000_000)]
+# A prompt's length has no limit of its own: the body limit (--max_request_bytes) bounds it, and the engine's
+# max_input_len refuses it in tokens (serve/params.py), which is what a client needs to hear
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+PromptText = str
 Text = Annotated[str, Field(max_length=MAX_TEXT)]
-Prompt = Union[Text, TokenIds, Annotated[list[Text], Field(min_length=1, max_length=MAX_PROMPTS)], Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)]]
+Prompt = Union[PromptText, TokenIds, Annotated[list[PromptText], Field(min_length=1, max_length=MAX_PROMPTS)],
+               Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)]]
 Stop = Union[Annotated[str, Field(max_length=1000)], Annotated[list[Annotated[str, Field(max_length=1000)]], Field(max_length=MAX_STOPS)], None]
 FunctionName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
 JsonSchema = dict[str, Any]
@@ -128,13 +132,13 @@ class CompletionRequest(Sampling):
 class ContentPart(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
     type: Annotated[str, Field(max_length=64)]
-    text: Union[Text, None] = None
+    text: Union[PromptText, None] = None
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")  # tool_calls, tool_call_id, reasoning, ...: passed to the template as sent
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Union[Text, Annotated[list[ContentPart], Field(max_length=1024)], None] = None
+    content: Union[PromptText, Annotated[list[ContentPart], Field(max_length=1024)], None] = None
     name: Union[Annotated[str, Field(max_length=256)], None] = None
 
 

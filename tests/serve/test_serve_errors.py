@@ -28,62 +28,62 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "tempe
 # (name, route, body (dict, or raw bytes), status, param in the error or None)
 BATTERY = [
     ("malformed JSON", "completions", b'{"prompt": "x", "max_tokens": ', 400, None),
-    ("not an object", "completions", b"[1, 2, 3]", 422, None),
-    ("missing prompt", "completions", {"max_tokens": 4}, 422, "prompt"),
-    ("prompt of floats", "completions", {**OK, "prompt": [1.5, 2.5]}, 422, "prompt"),
-    ("temperature as a string", "completions", {**OK, "temperature": "hot"}, 422, "temperature"),
-    ("max_tokens as a string", "completions", {**OK, "max_tokens": "10"}, 422, "max_tokens"),
-    ("stream as a string", "completions", {**OK, "stream": "yes"}, 422, "stream"),
-    ("temperature out of range", "completions", {**OK, "temperature": 5}, 422, "temperature"),
+    ("not an object", "completions", b"[1, 2, 3]", 400, None),
+    ("missing prompt", "completions", {"max_tokens": 4}, 400, "prompt"),
+    ("prompt of floats", "completions", {**OK, "prompt": [1.5, 2.5]}, 400, "prompt"),
+    ("temperature as a string", "completions", {**OK, "temperature": "hot"}, 400, "temperature"),
+    ("max_tokens as a string", "completions", {**OK, "max_tokens": "10"}, 400, "max_tokens"),
+    ("stream as a string", "completions", {**OK, "stream": "yes"}, 400, "stream"),
+    ("temperature out of range", "completions", {**OK, "temperature": 5}, 400, "temperature"),
     ("max_tokens 0 without echo", "completions", {**OK, "max_tokens": 0}, 400, "max_tokens"),
-    ("max_tokens negative", "completions", {**OK, "max_tokens": -1}, 422, "max_tokens"),
+    ("max_tokens negative", "completions", {**OK, "max_tokens": -1}, 400, "max_tokens"),
     ("unknown model", "completions", {**OK, "model": "gpt-9"}, 404, "model"),
-    ("n over 128", "completions", {**OK, "n": 129}, 422, "n"),
+    ("n over 128", "completions", {**OK, "n": 129}, 400, "n"),
     ("best_of below n", "completions", {**OK, "n": 3, "best_of": 2}, 400, "best_of"),
     ("best_of streamed", "completions", {**OK, "best_of": 2, "stream": True}, 400, "best_of"),
     ("too many sequences", "completions", {**OK, "prompt": ["a"] * 20, "n": 20}, 400, "n"),
-    ("logprobs over 20", "completions", {**OK, "logprobs": 21}, 422, "logprobs"),
+    ("logprobs over 20", "completions", {**OK, "logprobs": 21}, 400, "logprobs"),
     ("suffix", "completions", {**OK, "suffix": "x"}, 400, "suffix"),
-    ("presence_penalty out of range", "completions", {**OK, "presence_penalty": 2.5}, 422, "presence_penalty"),
-    ("repetition_penalty 0", "completions", {**OK, "repetition_penalty": 0}, 422, "repetition_penalty"),
-    ("logit_bias key not a token id", "completions", {**OK, "logit_bias": {"abc": 1}}, 422, "logit_bias.abc"),
-    ("logit_bias out of range", "completions", {**OK, "logit_bias": {"5": 101}}, 422, "logit_bias.5"),
+    ("presence_penalty out of range", "completions", {**OK, "presence_penalty": 2.5}, 400, "presence_penalty"),
+    ("repetition_penalty 0", "completions", {**OK, "repetition_penalty": 0}, 400, "repetition_penalty"),
+    ("logit_bias key not a token id", "completions", {**OK, "logit_bias": {"abc": 1}}, 400, "logit_bias.abc"),
+    ("logit_bias out of range", "completions", {**OK, "logit_bias": {"5": 101}}, 400, "logit_bias.5"),
     ("logit_bias outside the vocabulary", "completions", {**OK, "logit_bias": {"100000": 1}}, 400, "logit_bias"),
-    ("empty token list", "completions", {**OK, "prompt": []}, 422, "prompt"),
-    ("an empty prompt among several", "completions", {**OK, "prompt": [[5, 6], []]}, 422, "prompt"),
+    ("empty token list", "completions", {**OK, "prompt": []}, 400, "prompt"),
+    ("an empty prompt among several", "completions", {**OK, "prompt": [[5, 6], []]}, 400, "prompt"),
     ("lone surrogate in the prompt", "completions", b'{"prompt": "ab\\ud800c", "max_tokens": 2}', 400, "prompt"),
     ("lone surrogate in a stop string", "completions", b'{"prompt": "ab", "stop": ["\\udfff"]}', 400, "stop.0"),
     ("lone surrogate in a message", "chat/completions", b'{"messages": [{"role": "user", "content": "\\ud83d"}]}', 400, "messages.0.content"),
     ("nesting too deep", "completions", b'{"prompt": "a", "response_format": ' + b"[" * 100 + b"]" * 100 + b"}", 400, None),
     ("nesting past the parser", "completions", b"[" * 30000 + b"]" * 30000, 400, None),
     ("invalid UTF-8", "completions", b'{"prompt": "\xff\xfe"}', 400, None),
-    ("response_format of an unknown type", "completions", {**OK, "response_format": {"type": "yaml"}}, 422, "response_format.type"),
+    ("response_format of an unknown type", "completions", {**OK, "response_format": {"type": "yaml"}}, 400, "response_format.type"),
     ("json_schema without a schema", "completions", {**OK, "response_format": {"type": "json_schema"}}, 400, "response_format.json_schema"),
     ("a schema llguidance refuses", "completions", {**OK, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}}, 400, "response_format.json_schema.schema"),
     ("an invalid regex", "completions", {**OK, "structured_outputs": {"regex": "[a-"}}, 400, "structured_outputs.regex"),
-    ("two structured outputs", "completions", {**OK, "structured_outputs": {"regex": "a", "choice": ["b"]}}, 422, "structured_outputs"),
+    ("two structured outputs", "completions", {**OK, "structured_outputs": {"regex": "a", "choice": ["b"]}}, 400, "structured_outputs"),
     ("token ids outside the vocabulary", "completions", {**OK, "prompt": [5, 500]}, 400, "prompt"),
     ("prompt longer than max_input_len", "completions", {**OK, "prompt": "x" * 70}, 400, "prompt"),
     ("max_tokens beyond max_seq_len", "completions", {**OK, "max_tokens": 200}, 400, "max_tokens"),
-    ("seed beyond 64 bits", "completions", {**OK, "seed": 2**64}, 422, "seed"),
+    ("seed beyond 64 bits", "completions", {**OK, "seed": 2**64}, 400, "seed"),
     ("stream_options without stream", "completions", {**OK, "stream_options": {"include_usage": True}}, 400, "stream_options"),
     ("speculative method not loaded", "completions", {**OK, "speculative": {"method": "medusa"}}, 400, "speculative.method"),
-    ("unknown speculative method", "completions", {**OK, "speculative": {"method": "lookahead"}}, 422, "speculative.method"),
+    ("unknown speculative method", "completions", {**OK, "speculative": {"method": "lookahead"}}, 400, "speculative.method"),
     ("num_draft_tokens over max_draft_len", "completions", {**OK, "speculative": {"method": "draft", "num_draft_tokens": 9}}, 400, "speculative.num_draft_tokens"),
-    ("num_draft_tokens not a number", "completions", {**OK, "speculative": {"num_draft_tokens": "many"}}, 422, "speculative.num_draft_tokens"),
+    ("num_draft_tokens not a number", "completions", {**OK, "speculative": {"num_draft_tokens": "many"}}, 400, "speculative.num_draft_tokens"),
     ("drafts with method none", "completions", {**OK, "speculative": {"method": "none", "num_draft_tokens": 2}}, 400, "speculative.num_draft_tokens"),
-    ("speculative typo", "completions", {**OK, "speculative": {"num_draft_token": 2}}, 422, "speculative.num_draft_token"),
-    ("speculative not an object", "completions", {**OK, "speculative": "draft"}, 422, "speculative"),
-    ("messages missing", "chat/completions", {"max_tokens": 4}, 422, "messages"),
-    ("messages empty", "chat/completions", {**CHAT, "messages": []}, 422, "messages"),
-    ("message without role", "chat/completions", {**CHAT, "messages": [{"content": "hi"}]}, 422, "messages.0.role"),
+    ("speculative typo", "completions", {**OK, "speculative": {"num_draft_token": 2}}, 400, "speculative.num_draft_token"),
+    ("speculative not an object", "completions", {**OK, "speculative": "draft"}, 400, "speculative"),
+    ("messages missing", "chat/completions", {"max_tokens": 4}, 400, "messages"),
+    ("messages empty", "chat/completions", {**CHAT, "messages": []}, 400, "messages"),
+    ("message without role", "chat/completions", {**CHAT, "messages": [{"content": "hi"}]}, 400, "messages.0.role"),
     ("role the template refuses", "chat/completions", {**CHAT, "messages": [{"role": "tool", "content": "hi"}]}, 400, "messages"),
-    ("role no one knows", "chat/completions", {**CHAT, "messages": [{"role": "robot", "content": "hi"}]}, 422, "messages.0.role"),
+    ("role no one knows", "chat/completions", {**CHAT, "messages": [{"role": "robot", "content": "hi"}]}, 400, "messages.0.role"),
     ("image content", "chat/completions", {**CHAT, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "messages"),
     ("tools auto, a template without tools", "chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tool_choice"),
     ("tool_choice names no tool", "chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}, 400, "tool_choice"),
     ("tool_choice without tools", "chat/completions", {**CHAT, "tool_choice": "required"}, 400, "tool_choice"),
-    ("a function name with spaces", "chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f g"}}]}, 422, "tools.0.function.name"),
+    ("a function name with spaces", "chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f g"}}]}, 400, "tools.0.function.name"),
     ("top_logprobs without logprobs", "chat/completions", {**CHAT, "top_logprobs": 2}, 400, "top_logprobs"),
     ("chat max_tokens beyond max_seq_len", "chat/completions", {"messages": CHAT["messages"], "max_completion_tokens": 1000}, 400, "max_completion_tokens"),
     ("max_tokens and max_completion_tokens differ", "chat/completions", {**CHAT, "max_completion_tokens": 5}, 400, "max_completion_tokens"),
@@ -127,6 +127,32 @@ def test_clear_messages(server):
         assert err["code"] == "model_not_found" and "'target'" in err["message"]
         err = check_error(c.post("/v1/chat/completions", json={**CHAT, "messages": [{"role": "tool", "content": "x"}]}), 400)
         assert "roles must be system, user or assistant" in err["message"]
+
+
+def test_invalid_bodies_are_400s_the_openai_client_raises_as_bad_requests(server):
+    """OpenAI and vLLM answer a body that fails validation with 400: the openai client raises BadRequestError (a 422
+    would be its UnprocessableEntityError), and /openapi.json documents no 422."""
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.completions.create(model="target", prompt="x", temperature="hot")  # type: ignore[arg-type]
+    with pytest.raises(openai.BadRequestError, match="messages.0.role"):
+        client.chat.completions.create(model="target", messages=[{"role": "robot", "content": "hi"}])  # type: ignore[list-item]
+    schema = httpx.get(f"{server}/openapi.json").json()
+    assert all("422" not in op["responses"] for path in schema["paths"].values() for op in path.values())
+
+
+def test_a_prompt_of_megabytes_is_refused_by_its_length_in_tokens():
+    """A one-word prompt of 3 MB (under the default 4 MiB body limit): the refusal says how many tokens it is against
+    max_input_len, not that it is not a prompt; the chat route and a token-id prompt too. The server serves on."""
+    with running(served_pair()) as url, httpx.Client(base_url=url, timeout=60) as c:
+        word = "a" * 3_000_000
+        err = check_error(c.post("/v1/completions", json={**OK, "prompt": word}), 400, "prompt")
+        assert "3000001 tokens, more than max_input_len=64" in err["message"] and err["code"] == "context_length_exceeded"
+        err = check_error(c.post("/v1/chat/completions", json={**CHAT, "messages": [{"role": "user", "content": word}]}), 400, "messages")
+        assert "tokens, more than max_input_len=64" in err["message"]
+        err = check_error(c.post("/v1/completions", json={**OK, "prompt": [5] * 1_500_000}), 400, "prompt")
+        assert "1500000 tokens, more than max_input_len=64" in err["message"]
+        assert c.post("/v1/completions", json=OK).json()["usage"]["completion_tokens"] == 4
 
 
 def test_a_method_the_server_did_not_load_and_a_model_without_chat_template():

@@ -71,7 +71,7 @@ def test_every_operation_fuzzed_against_the_schema(server):
             run()
     print(f"schemathesis: {sum(counts.values())} cases (seed {SEED}):", counts, {k: sorted(v) for k, v in seen.items()})
     # the fuzzer reached past validation into the engine, and was refused there too
-    assert 200 in seen["POST /v1/completions"] and 422 in seen["POST /v1/completions"], seen
+    assert 200 in seen["POST /v1/completions"] and 400 in seen["POST /v1/completions"], seen
     with httpx.Client(base_url=server, timeout=60) as c:
         assert c.get("/health").json() == {"status": "ok"}
         after = c.post("/v1/completions", json=GOOD).json()["choices"][0]["token_ids"]
@@ -94,11 +94,11 @@ EDGES = [
     ("completions", {"prompt": "ok", "max_tokens": 3, "temperature": 1.0, "top_k": 2**31 - 1, "seed": 1}, 200),
     ("completions", {"prompt": "ok", "max_tokens": 3, "seed": -(2**63)}, 200),
     ("completions", {"prompt": "ok", "max_tokens": 3, "seed": 2**63 - 1}, 200),
-    ("completions", {"prompt": "ok", "max_tokens": 3, "seed": 2**63}, 422),
+    ("completions", {"prompt": "ok", "max_tokens": 3, "seed": 2**63}, 400),
     ("completions", {"prompt": "ok", "max_tokens": 2**63 - 1}, 400),
-    ("completions", {"prompt": "ok", "max_tokens": 2**64}, 422),
+    ("completions", {"prompt": "ok", "max_tokens": 2**64}, 400),
     ("completions", {"prompt": [2**31 - 1], "max_tokens": 2}, 400),
-    ("completions", {"prompt": [2**40], "max_tokens": 2}, 422),
+    ("completions", {"prompt": [2**40], "max_tokens": 2}, 400),
     ("completions", {"prompt": "ok", "max_tokens": 3, "logit_bias": {"9999999999": 1}}, 400),
     ("completions", {"prompt": "ok", "max_tokens": 3, "logit_bias": {"5": -100, "6": 100}, "presence_penalty": -2, "frequency_penalty": 2, "seed": 3}, 200),
     ("completions", {"prompt": "ok", "max_tokens": 3, "repetition_penalty": 5e-324, "seed": 3}, 200),
@@ -108,7 +108,7 @@ EDGES = [
     ("completions", {"prompt": "abcabc", "max_tokens": 4, "repetition_penalty": 5e-324, "logprobs": 5, "temperature": 1, "seed": 2}, 200),
     ("completions", b'{"prompt": "ok", "max_tokens": 3, "temperature": NaN}', 400),
     ("completions", b'{"prompt": "ok", "max_tokens": 3, "temperature": Infinity}', 400),
-    ("completions", b'{"prompt": "ok", "max_tokens": 3, "temperature": 1e400}', 422),
+    ("completions", b'{"prompt": "ok", "max_tokens": 3, "temperature": 1e400}', 400),
 ]
 
 
