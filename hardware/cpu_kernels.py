@@ -8,18 +8,28 @@ engine directory runs no code that came with it. ONNX Runtime's Python wheel has
 few pieces of ONNX Runtime's stable C ABI it uses itself (kernels/ort_q4gemm.c says how). Without AVX-512 VNNI the
 library runs an AVX2 kernel, and without AVX2 a portable C one, that compute the same bits, more slowly. The graph side (the weight layout, the node) is
 plugins/cpu_kernels.py.
+
+The cache holds what this specdec compiled, and is checked before anything is loaded from it: each library is
+written beside a manifest (its size, its sha256, the source digest) with the symbols it must export checked first,
+both moved into place whole. A library that is not what its manifest says (cut short by a full disk or a killed
+copy: loading it would be a SIGBUS; another library put in its place; no manifest: an older specdec's) is compiled
+again, or refused in one line where that fails. Nothing is loaded from a file whose bytes were not checked.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 LIBRARY = "specdec_cpu_kernels.so"
+MANIFEST = "specdec_cpu_kernels.json"  # beside the library: {"size", "sha256", "source_digest", "symbols"}
+SYMBOLS = ("RegisterCustomOps", "specdec_q4_kernel_name")  # what the library must export (ONNX Runtime's entry; ours)
 LAYOUT = 1  # Q4Gemm's weight layout and arithmetic (kernels/q4_kernels.h); an engine of another layout is refused
 SOURCES = ("ort_q4gemm.c", "q4_kernels.c")
 HEADERS = ("q4_kernels.h",)
@@ -49,8 +59,9 @@ def compiler() -> str | None:
 
 
 def build_library(dest: Path) -> Path:
-    """Compile the kernel library to ``dest`` (written beside it first, then moved into place: a concurrent build or
-    reader never sees half a file)."""
+    """Compile the kernel library to ``dest``, check that it exports SYMBOLS, and write its manifest: each written
+    beside its place first, then moved there whole (a concurrent build or reader never sees half a file), the
+    library before the manifest that vouches for it."""
     cc = compiler()
     if cc is None:
         raise KernelBuildError("specdec's int4 CPU kernel (--cpu_kernels specdec) is compiled on first use and no C compiler "
@@ -63,12 +74,66 @@ def build_library(dest: Path) -> Path:
     try:
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
-            raise KernelBuildError(f"compiling specdec's int4 CPU kernel failed ({' '.join(cmd)}):\n{done.stderr.strip()[-2000:]}")
+            raise KernelBuildError(f"compiling specdec's int4 CPU kernel failed ({' '.join(cmd)}): {' '.join(done.stderr.split())[-2000:]}")
+        missing = _missing_symbols(Path(tmp))
+        if missing:
+            what = missing if isinstance(missing, str) else f"it lacks the symbols {', '.join(missing)}"
+            raise KernelBuildError(f"{cc} compiled specdec's int4 CPU kernel, but {what}: use gcc or clang ($CC), or an engine built with "
+                                   "--cpu_kernels ort")
+        data = Path(tmp).read_bytes()
+        manifest = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "source_digest": source_digest(), "symbols": list(SYMBOLS)}
         os.replace(tmp, dest)
+        _write_atomically(dest.parent / MANIFEST, json.dumps(manifest))
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return dest
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _missing_symbols(library: Path) -> list[str] | str:
+    """SYMBOLS the library does not export, or why it does not load at all. Loaded in a child process: a library that
+    is not ours never enters this one (where the dynamic loader would keep it for its path, even once replaced)."""
+    probe = "import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); print(' '.join(n for n in sys.argv[2:] if not hasattr(lib, n)))"
+    try:
+        done = subprocess.run([sys.executable, "-c", probe, str(library), *SYMBOLS], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"it could not be checked ({err})"
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        return f"it does not load ({last[-300:]})"
+    return done.stdout.split()
+
+
+def check_cached(library: Path) -> str | None:
+    """Why the cached ``library`` is not what this specdec compiled (read, never loaded), or None."""
+    manifest_path = library.parent / MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        size, digest = int(manifest["size"]), str(manifest["sha256"])
+        vouched = manifest["source_digest"] == source_digest() and list(manifest["symbols"]) == list(SYMBOLS)
+    except FileNotFoundError:
+        return "it has no manifest (an older specdec's, or a build that was cut short)"
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"its manifest {manifest_path.name} is not one specdec wrote"
+    if not vouched:
+        return "its manifest is another source's"
+    data = library.read_bytes()
+    if len(data) != size:
+        return f"it is {len(data)} bytes, and {size} were compiled (a write cut short?)"
+    if hashlib.sha256(data).hexdigest() != digest:
+        return "its bytes are not the ones compiled (another file in its place?)"
+    return None
 
 
 def cache_dir() -> Path:
@@ -78,20 +143,38 @@ def cache_dir() -> Path:
 
 def kernel_library(layout: int = LAYOUT) -> Path:
     """The installed sources' library, compiled on first use into this user's cache (a private folder: what is loaded
-    from it is what this specdec compiled); refuses an engine whose Q4Gemm layout is not this specdec's."""
+    from it is what this specdec compiled, checked against its manifest first; a library that fails the check is
+    compiled again); refuses an engine whose Q4Gemm layout is not this specdec's."""
     if layout != LAYOUT:
         raise KernelBuildError(f"the engine's int4 CPU kernel layout is {layout}, this specdec's is {LAYOUT}: rebuild the engine with "
                                "this specdec's specdec-build")
     folder = cache_dir() / source_digest()
     lib = folder / LIBRARY
     if lib.is_file():
-        return lib
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return build_library(lib)
+        why = check_cached(lib)
+        if why is None:
+            missing = _missing_symbols(lib)
+            if not missing:
+                return lib
+            why = missing if isinstance(missing, str) else f"it does not export {', '.join(missing)}"
+        try:
+            return build_library(lib)
+        except KernelBuildError as err:
+            raise KernelBuildError(f"the cached int4 CPU kernel {lib} is not what specdec compiled ({why}), and compiling it again failed: {err}") from None
+        except OSError as err:
+            raise KernelBuildError(f"the cached int4 CPU kernel {lib} is not what specdec compiled ({why}), and it cannot be replaced "
+                                   f"({err.strerror}): remove {folder}, or set SPECDEC_CACHE_DIR to a folder of your own") from None
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return build_library(lib)
+    except OSError as err:
+        raise KernelBuildError(f"cannot write specdec's int4 CPU kernel into {folder} ({err.strerror}): set SPECDEC_CACHE_DIR to a writable "
+                               "folder of your own") from None
 
 
 def kernel_name(library: Path) -> str:
-    """Which kernel the library runs on this machine: "AVX-512 VNNI", "AVX2" or "portable C"."""
+    """Which kernel the library runs on this machine: "AVX-512 VNNI", "AVX2" or "portable C" (``library``: one
+    kernel_library returned, checked)."""
     import ctypes
 
     fn = ctypes.CDLL(str(library)).specdec_q4_kernel_name

@@ -191,3 +191,101 @@ def test_the_build_says_which_kernel_it_compiled(tiny_checkpoint, tmp_path):
     params = lambda out: out.split("LlamaForCausalLM, ")[1].split(" params")[0]
     assert params(r.output) == params(same.output)  # the packed weights counted by their [in, out] in both
     assert f"compiled specdec's int4 CPU kernel ({rk.kernel_name(rk.kernel_library())}" in r.output
+
+
+# -- the cache: checked before anything is loaded from it ---------------------------------------------------------------
+PROBE = "from specdec.runtime import cpu_kernels as rk; lib = rk.kernel_library(); print(rk.kernel_name(lib))"
+
+
+def probe(cache, **env):
+    """kernel_library() and a call into the library, in a child process: a SIGBUS there must not take the tests down."""
+    return subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env={**os.environ, "SPECDEC_CACHE_DIR": str(cache), **env})
+
+
+def cached(cache):
+    return cache / "kernels" / rk.source_digest() / rk.LIBRARY
+
+
+def foreign_library(tmp_path):
+    """A valid shared library of someone else's: no RegisterCustomOps, no specdec_q4_kernel_name."""
+    (tmp_path / "other.c").write_text("int other_symbol(void) { return 7; }\n")
+    subprocess.run([rk.compiler(), "-shared", "-fPIC", "-o", str(tmp_path / "other.so"), str(tmp_path / "other.c")], check=True)
+    return (tmp_path / "other.so").read_bytes()
+
+
+@pytest.mark.parametrize("damage", ["cut short", "another library", "another library, its manifest forged", "no manifest", "a manifest of junk"])
+def test_a_cache_entry_that_is_not_what_was_compiled_is_compiled_again(tmp_path, damage):
+    cache = tmp_path / "cache"
+    first = probe(cache)
+    assert first.returncode == 0, first.stderr
+    lib, manifest = cached(cache), cached(cache).parent / rk.MANIFEST
+    good = lib.read_bytes()
+    if damage == "cut short":  # a copy or a disk that ran out mid-write: loading it was a SIGBUS
+        lib.write_bytes(good[: len(good) // 3])
+    elif damage.startswith("another library"):
+        lib.write_bytes(foreign_library(tmp_path))
+        if "forged" in damage:
+            import hashlib
+            import json
+
+            data = lib.read_bytes()
+            manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}))
+    elif damage == "no manifest":
+        manifest.unlink()
+    else:
+        manifest.write_text("{not json")
+    again = probe(cache)
+    assert again.returncode == 0 and again.stdout == first.stdout, again.stderr
+    assert lib.read_bytes() == good and rk.check_cached(lib) is None
+    assert sorted(p.name for p in lib.parent.iterdir()) == sorted([rk.LIBRARY, rk.MANIFEST])  # no temporary left
+
+
+def test_a_bad_cache_entry_that_cannot_be_compiled_again_is_one_line(tmp_path):
+    cache = tmp_path / "cache"
+    assert probe(cache).returncode == 0
+    lib = cached(cache)
+    lib.write_bytes(lib.read_bytes()[:1000])
+    r = probe(cache, CC=str(tmp_path / "no-such-cc"))
+    assert r.returncode == 1 and r.stderr.count("\n") >= 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("specdec.runtime.cpu_kernels.KernelBuildError: the cached int4 CPU kernel") and "1000 bytes" in last and "no C compiler" in last
+
+
+@pytest.mark.parametrize("tool", ["specdec-build", "specdec-run"])
+def test_the_clis_meet_a_cut_short_cache_entry_with_a_rebuild_or_one_line(tiny_checkpoint, tmp_path, monkeypatch, tool):
+    """specdec-build and specdec-run in a child process each (a SIGBUS would be its exit status): they compile the kernel
+    again, or, with no compiler, refuse in one line and leave no engine or temporary behind."""
+    from conftest import cli_build
+
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
+    engine = tmp_path / "engine"
+    assert cli_build(tiny_checkpoint, engine, "--cpu_kernels", "specdec", "--qformat", "int4_wo", "--group_size", "32").exit_code == 0
+    lib = cached(tmp_path / "cache")
+    cut = lib.read_bytes()[:4096]
+    if tool == "specdec-build":
+        cmd = ["specdec-build", "--model_dir", str(tiny_checkpoint), "--output_dir", str(tmp_path / "again"), "--max_seq_len", "96", "--max_input_len", "48",
+               "--cpu_kernels", "specdec", "--qformat", "int4_wo", "--group_size", "32"]
+        outputs = [tmp_path / "again"]
+    else:
+        cmd = ["specdec-run", "--engine_dir", str(engine), "--input_file", str(tmp_path / "p.csv"), "--max_output_len", "3"]
+        (tmp_path / "p.csv").write_text("1,5,6,7\n")
+        outputs = []
+    bin_dir = os.path.dirname(sys.executable)
+    for cc in (None, str(tmp_path / "no-such-cc")):
+        lib.write_bytes(cut)
+        env = {**os.environ, "SPECDEC_CACHE_DIR": str(tmp_path / "cache"), **({"CC": cc} if cc else {})}
+        r = subprocess.run([os.path.join(bin_dir, cmd[0]), *cmd[1:]], capture_output=True, text=True, env=env)
+        assert r.returncode in (0, 1) and "Traceback" not in r.stderr, (r.returncode, r.stderr)
+        if cc is None:
+            assert r.returncode == 0, r.stderr
+            assert rk.check_cached(lib) is None
+            for out in outputs:
+                import shutil
+
+                shutil.rmtree(out)
+        else:
+            errors = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+            assert r.returncode == 1 and len(errors) == 1 and "no C compiler" in errors[0], r.stderr
+            assert tool == "specdec-build" or "not what specdec compiled" in errors[0]  # (the build asks for a compiler before any work)
+        for out in outputs:
+            assert not out.exists() and not list(out.parent.glob(f".{out.name}*"))
