@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..formats import __version__
-from ..formats.engine_format import CONFIG_FILE, BuildConfig, EngineConfig, ModelConfig, hash_directory
+from ..formats.engine_format import CONFIG_FILE, BuildConfig, EngineConfig, ModelConfig, hash_directory, write_build_stamp
 from ..formats.errors import BuildConfigError
 from .architectures import checkpoint_dtype
 from .backends import backend_module
@@ -68,6 +68,7 @@ def write_engine_dir(output_dir: Path, checkpoint_dir: str | Path, ckpt, network
             report("eagle module", model.num_layers + 1, total)
             write_eagle_module(tmp, ckpt, eagle, model, build, versions, checkpoint_dir, say)
         compiled = backend_module(build.backend).compile_engine(tmp, network_file, build, model, options, say)
+        write_build_stamp(tmp, model, build)  # what config.json must still say at load (formats/engine_format.py)
         report("verify", model.num_layers + 2, total)
         config = EngineConfig(
             model=model,

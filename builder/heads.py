@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from ..formats.engine_format import CONFIG_FILE, EAGLE_MODULE_DIR, BuildConfig, EngineConfig, ModelConfig, hash_directory
+from ..formats.engine_format import CONFIG_FILE, EAGLE_MODULE_DIR, BuildConfig, EngineConfig, ModelConfig, hash_directory, write_build_stamp
 from ..formats.errors import BuildConfigError
 from .backends import backend_module
 from .validation import validate_head_weights
@@ -92,6 +92,7 @@ def write_eagle_module(target_dir: Path, ckpt, heads, model: ModelConfig, build:
     out.mkdir()
     network_file = save_network(build_eagle_network(ckpt, heads, cfg, module_build), out)
     compiled = backend_module(module_build.backend).compile_engine(out, network_file, module_build, cfg, {}, say)
+    write_build_stamp(out, cfg, module_build)
     config = EngineConfig(model=cfg, build=module_build, files=hash_directory(out), versions={**versions, **compiled.versions},
                           network_file=compiled.network_file,
                           extra={**compiled.extra, "checkpoint": str(Path(checkpoint_dir).resolve()), "eagle_dir": str(Path(heads.path).resolve()),

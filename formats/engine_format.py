@@ -24,6 +24,10 @@ FORMAT_VERSION = 1
 TREE_MODES = ("medusa", "eagle")
 EAGLE_MODULE_DIR = "eagle"  # an eagle target's folder for its EAGLE-3 module engine
 CONFIG_FILE = "config.json"
+# The model and build sections as the network was built for them, written by the builder and hashed with the other
+# files (config.json itself is not): a config.json edited after the build (vocabulary, layers, KV layout, limits)
+# is refused at load, naming the field and both values, before it can fail mid-decode.
+STAMP_FILE = "build_stamp.json"
 # what build.speculative_decoding_mode may hold (eagle_module: the EAGLE-3 module's own engine, in an eagle target)
 SPECULATIVE_MODES = ("none", "draft_tokens_external", *TREE_MODES, "eagle_module")
 KV_LAYOUTS = ("bnsh", "bsh")
@@ -195,6 +199,55 @@ def check_values(config: EngineConfig) -> None:
             raise SchemaError(f"build.{name}: expected one of {', '.join(choices)}, got {value!r}")
 
 
+def write_build_stamp(directory: Path, model: ModelConfig, build: BuildConfig) -> None:
+    """What the builder built the network for (STAMP_FILE), before the directory's files are hashed."""
+    (directory / STAMP_FILE).write_text(json.dumps({"model": asdict(model), "build": asdict(build)}, indent=1, sort_keys=True) + "\n")
+
+
+def check_build_stamp(root: Path, config: EngineConfig) -> None:
+    """config.json's model and build sections against STAMP_FILE (its hash already checked): one line naming the first
+    field that differs, with both values. Engines built before stamps have none: their networks' inputs and outputs
+    are checked by the executor (runtime/backends/onnxruntime/network_io.py)."""
+    if STAMP_FILE not in config.files:
+        return
+    try:
+        stamp = json.loads((root / STAMP_FILE).read_text())
+    except (OSError, ValueError) as err:
+        raise EngineError(f"{root / STAMP_FILE} cannot be read ({err}); the engine is corrupt, rebuild it.") from None
+    for section in ("model", "build"):
+        built = stamp.get(section) if isinstance(stamp, dict) else None
+        now = json.loads(json.dumps(asdict(getattr(config, section))))  # tuples as JSON lists, as the stamp holds them
+        if not isinstance(built, dict):
+            raise EngineError(f"{root / STAMP_FILE} has no {section} section; the engine is corrupt, rebuild it.")
+        differs = _first_difference(now, built, section)
+        if differs is not None:
+            field, said, was = differs
+            raise EngineError(
+                f"{root / CONFIG_FILE} says {field}={_shown(said)}, but the engine was built with {_shown(was)} "
+                f"({STAMP_FILE}, covered by its sha256): config.json was edited after the build. Restore it, or rebuild the engine "
+                "with specdec-build.")
+
+
+_ABSENT = object()
+
+
+def _first_difference(now: Any, built: Any, path: str) -> tuple[str, Any, Any] | None:
+    """The first (dotted field, config.json's value, the stamp's value) where two JSON values differ, or None."""
+    if isinstance(now, dict) and isinstance(built, dict):
+        for key in sorted(set(now) | set(built)):
+            found = _first_difference(now.get(key, _ABSENT), built.get(key, _ABSENT), f"{path}.{key}")
+            if found is not None:
+                return found
+        return None
+    same = now is not _ABSENT and built is not _ABSENT and now == built and isinstance(now, bool) == isinstance(built, bool)  # (True == 1)
+    return None if same else (path, None if now is _ABSENT else now, None if built is _ABSENT else built)
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def hash_directory(root: Path, exclude: tuple[str, ...] = (CONFIG_FILE,)) -> dict[str, str]:
     """sha256 of every regular file below ``root`` except ``exclude``."""
     return {
@@ -258,4 +311,5 @@ def load_engine_dir(path: str | Path, verify: str = "stamp") -> EngineDir:
     if config.network_file not in config.files:
         raise EngineError(f"{cfg_path} lists no hash for its network file {config.network_file!r}; rebuild the engine.")
     verify_files(root, config.files, verify, CONFIG_FILE)
+    check_build_stamp(root, config)
     return EngineDir(path=root, config=config)

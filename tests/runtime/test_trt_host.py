@@ -22,7 +22,7 @@ import pytest
 from api_names import resolve, used_attributes
 
 from specdec.hardware import tensorrt as trt_host
-from specdec.formats.engine_format import CONFIG_FILE, hash_directory, load_engine_dir
+from specdec.formats.engine_format import CONFIG_FILE, STAMP_FILE, hash_directory, load_engine_dir
 from specdec.formats.errors import DeviceError, EngineError
 from specdec.hardware.tensorrt import RUNTIME_MODULES, build_metadata, check_gpu_arch, cuda_device_count, import_runtime, version_problem
 
@@ -152,6 +152,7 @@ def placeholder_plan_engine(onnx_engine: Path, out: Path, version: str) -> Path:
     data["build"] = {**data["build"], "backend": "tensorrt"}
     data["network_file"] = "rank0.engine"
     data["extra"]["tensorrt"] = meta(version, compatible=True)
+    (out / STAMP_FILE).write_text(json.dumps({"model": data["model"], "build": data["build"]}))  # as such a build stamps it
     data["files"] = hash_directory(out)
     (out / CONFIG_FILE).write_text(json.dumps(data))
     return out

@@ -165,7 +165,7 @@ def test_a_q4gemm_engine_on_a_host_that_cannot_compile_its_kernel_is_one_clear_e
     import shutil
 
     from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
-    from specdec.formats.engine_format import load_engine_dir
+    from specdec.formats.engine_format import load_engine_dir, sha256_file
     from specdec.formats.errors import EngineError
 
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
@@ -177,6 +177,11 @@ def test_a_q4gemm_engine_on_a_host_that_cannot_compile_its_kernel_is_one_clear_e
     shutil.copytree(engines["draft_q4"].engine.path, copy)
     config = json.loads((copy / "config.json").read_text())
     config["build"]["weight_only"]["kernel_layout"] = 99
+    # an engine another specdec built with layout 99: its stamp says so too (an edit of config.json alone is refused first)
+    stamp = json.loads((copy / "build_stamp.json").read_text())
+    stamp["build"]["weight_only"]["kernel_layout"] = 99
+    (copy / "build_stamp.json").write_text(json.dumps(stamp))
+    config["files"]["build_stamp.json"] = sha256_file(copy / "build_stamp.json")
     (copy / "config.json").write_text(json.dumps(config))
     with pytest.raises(EngineError, match="layout is 99.*rebuild the engine"):
         OrtExecutor(load_engine_dir(copy), num_threads=1)

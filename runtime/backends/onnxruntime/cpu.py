@@ -20,6 +20,7 @@ from ....formats.engine_format import EngineDir, ExtraTensor, extra_io
 from ....formats.errors import EngineError, RequestError
 from ...kv_cache import KVCache
 from ..base import Placement, StepOutput, check_extra_inputs, fill_tree, plan_step, refuse_trees
+from .network_io import check_network_io
 
 
 def _default_threads() -> int:
@@ -75,6 +76,7 @@ class OrtExecutor:
             self.session = ort.InferenceSession(str(engine.network_path), opts, providers=["CPUExecutionProvider"])
         except Exception as err:  # onnxruntime's own errors are untyped
             raise EngineError(f"ONNX Runtime could not load {engine.network_path}: {err}") from err
+        check_network_io(engine, self.session.get_inputs(), self.session.get_outputs())
         self._ort = ort
         self._cache_values: tuple[tuple, list] | None = None  # (cache key, its OrtValues): made once per slot range
         # per cache, its call shapes' buffers: what a call returns is overwritten by the next call of that shape on that

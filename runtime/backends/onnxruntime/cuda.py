@@ -40,6 +40,7 @@ from ....formats.errors import DeviceError, EngineError, RequestError
 from ...kv_cache import KVCache
 from ..base import Placement, StepOutput, check_extra_inputs, fill_tree, plan_step, refuse_extra_inputs, refuse_trees
 from ....formats.engine_format import extra_io
+from .network_io import check_network_io
 from .cuda_host import CUDA_PROVIDER, cudart, require_cuda_provider, require_gpu, visible_cuda_gpus
 from .cuda_io import CudaKVCache, StepIO
 
@@ -141,6 +142,7 @@ class CudaExecutor:
             raise EngineError(f"ONNX Runtime could not load {engine.network_path} on GPU {device}: {err}") from err
         if self.session.get_providers()[0] != CUDA_PROVIDER:
             raise DeviceError(f"ONNX Runtime fell back to {self.session.get_providers()[0]} for {where}: the CUDA provider did not load (see ONNX Runtime's log; CUDA/cuDNN libraries missing?).")
+        check_network_io(engine, self.session.get_inputs(), self.session.get_outputs())
         self._check_inputs(where)
         self._allocate()
         b = self.build
