@@ -26,6 +26,7 @@ from .backends import AUTO, BACKENDS, backend_module, check_own_options, refuse_
 from .checkpoint import load_checkpoint
 from .engine_dir import prepare_output, write_engine_dir
 from .heads import HEAD_FLAGS, Heads, check_head_flags, check_heads
+from .lm_head import resolve_lm_head
 from .quantization import Fp8Convention, IntConvention, detect_checkpoint_quantization
 from .validation import check_memory_limits, validate_checkpoint
 from .weight_only import GROUP_SIZES, WEIGHT_ONLY_BITS, WeightOnlyScheme
@@ -242,6 +243,7 @@ def build_engine(
     fp8 = convention if isinstance(convention, Fp8Convention) else None
     build = resolve_build(build, ckpt.hf_config, convention, say)
     check_resolved(build, model, fp8, options, calib_dataset, calib_size, say)
+    model = resolve_lm_head(model, ckpt, say)  # what decodes, as transformers reads the checkpoint
     validate_checkpoint(ckpt, model, build, convention, allow_nonfinite=allow_nonfinite)
     heads = load_build_heads(build, model, head_dirs, allow_nonfinite)
     build = heads.recorded(build)

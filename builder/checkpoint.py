@@ -51,6 +51,15 @@ class Checkpoint:
         """Stored bits (float8 as uint8, bfloat16 as uint16)."""
         return self._reader(name).raw(name)
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The stored shape, read from the file's header (no tensor data)."""
+        return self._reader(name).shape(name)
+
+    def stored(self, name: str) -> np.ndarray:
+        """The stored bits where the file maps them (safetensors: no copy), else the values as float32."""
+        reader = self._reader(name)
+        return reader.raw(name) if hasattr(reader, "raw") else reader.float32(name)
+
     def float32(self, name: str) -> np.ndarray:
         return self._reader(name).float32(name)
 
@@ -140,6 +149,9 @@ class _PickledReader:
 
     def float32(self, key: str) -> np.ndarray:
         return self.state[key].float().numpy()
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self.state[key].shape)
 
 
 def _index_pickled(bins: list[Path]) -> dict[str, Any]:

@@ -135,7 +135,7 @@ def build_network(
     x = _rms_norm(gb, "/model/norm", x, ckpt.float32("model.norm.weight"), cfg.rms_norm_eps)
     if medusa is not None:
         _medusa_heads(gb, lowering, x, medusa, cfg)
-    tied = cfg.tie_word_embeddings or "lm_head.weight" not in ckpt
+    tied = cfg.tie_word_embeddings  # what decodes, as transformers reads the checkpoint (builder/lm_head.py)
     if linears.scheme is not None and build.quantize_lm_head:
         # a quantized copy for the head only: the embedding (tied or not) stays in --dtype
         head_t = ckpt.float32("model.embed_tokens.weight" if tied else "lm_head.weight").T  # [hidden, vocab], read again: not held through the layers

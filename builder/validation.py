@@ -165,8 +165,8 @@ def expected_tensors(model: ModelConfig, has_lm_head: bool) -> tuple[list[Expect
 
 def validate_checkpoint(ckpt, model: ModelConfig, build: BuildConfig, convention, allow_nonfinite: bool = False) -> None:
     """Shapes, dtypes and finiteness of every tensor the network reads, before it is built."""
-    # the network ties the head to the embedding when the config says so or the checkpoint has no head
-    has_lm_head = not model.tie_word_embeddings and "lm_head.weight" in ckpt
+    # the network decodes with the embedding where model.tie_word_embeddings (resolved as transformers reads it: lm_head.py)
+    has_lm_head = not model.tie_word_embeddings
     dense, linear = expected_tensors(model, has_lm_head)
     nonfinite: list[str] = []  # "name holds 1 NaN": dense tensors first, then linear layers
     for want in dense:

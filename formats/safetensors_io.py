@@ -68,6 +68,9 @@ class SafetensorsFile:
     def dtype_name(self, name: str) -> str:
         return self.entries[name]["dtype"]
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.entries[name]["shape"])
+
     def raw(self, name: str) -> np.ndarray:
         """The tensor with its stored bits: BF16 as uint16, F8 as uint8."""
         e = self.entries[name]
