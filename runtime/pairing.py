@@ -17,7 +17,9 @@ unless its token ids provably mean the same thing:
 * the tokenizers (when both engines ship one) agree on every token's id and
   on the special ids (bos/eos/pad/unk);
 * the vocabulary sizes differ only by padding: the smaller one still holds
-  every id the tokenizer can produce;
+  every id the tokenizer can produce; where neither engine holds a tokenizer
+  to show it, sizes that differ are said (a PairWarning naming both) before
+  the first round;
 * the draft's limits are reported when they would cap speculation.
 
 ``allow_mismatch=True`` turns a refusal into a warning, for users who know
@@ -82,6 +84,14 @@ def check_pair(target: EngineDir, draft: EngineDir, allow_mismatch: bool = False
         elif t_special != d_special:
             diff = {k: (d_special[k], t_special[k]) for k in SPECIAL_KEYS if d_special[k] != t_special[k]}
             _refuse(f"{where} have the same vocabulary but different special token ids (draft, target): {diff}.", allow_mismatch)
+    if tv != dv and t_id is None and d_id is None and not allow_mismatch:
+        warnings.warn(
+            f"{where} have vocabularies of {dv} and {tv} ids, and neither holds a tokenizer.json to show that their ids mean the same: "
+            "if they do not, the target rejects every draft (the output stays the target's, at no gain). Rebuild them from checkpoints "
+            "with their tokenizer files, or pass --allow_vocab_mismatch if you know the ids agree.",
+            PairWarning,
+            stacklevel=2,
+        )
     if tv != dv:
         used = max(t_id[0].values(), default=-1) + 1 if t_id is not None else None
         if used is not None and used > min(tv, dv):

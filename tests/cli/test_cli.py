@@ -201,3 +201,22 @@ def test_run_cli_streaming_prints_tokens_as_accepted(engines, tmp_path):
     assert [int(t) for t in first_line.split()] == want
     many = invoke(run_main, *args[:4], "--input_file", engines / "prompts.csv", "--streaming")
     assert many.exit_code == 1 and "exactly one prompt" in many.output
+
+
+def test_run_cli_says_before_the_first_round_that_untokenized_vocabularies_differ(engines, tmp_path):
+    """A draft and a target without tokenizer.json whose vocabularies differ in size: nothing can show that their ids
+    mean the same. specdec-run says so, naming both sizes, before its first round (it used to run at 0% acceptance
+    without a word); --allow_vocab_mismatch silences it."""
+    from checkpoints import make_checkpoint
+
+    other = make_checkpoint(tmp_path / "other", num_hidden_layers=1, hidden_size=32, intermediate_size=64, vocab_size=80)
+    build_engine(other, tmp_path / "draft80", spec_build(0), say=lambda _: None)
+    args = ("--engine_dir", engines / "target", "--draft_engine_dir", tmp_path / "draft80", "--draft_target_model_config", "[3,[0],[0],False]",
+            "--input_file", engines / "prompts.csv", "--max_output_len", 8)
+    r = invoke(run_main, *args)
+    assert r.exit_code == 0, r.output
+    warned = [line for line in r.stderr.splitlines() if line.startswith("warning:") and "vocabularies of 80 and 96 ids" in line]
+    assert len(warned) == 1 and "neither holds a tokenizer.json" in warned[0], r.stderr
+    assert r.output.index(warned[0]) < r.output.index("drafted")  # before any round's figures
+    quiet = invoke(run_main, *args, "--allow_vocab_mismatch")
+    assert quiet.exit_code == 0 and "vocabularies of" not in quiet.output
