@@ -101,7 +101,9 @@ class GrammarCompiler:
                 return M.grammar_from_lark(spec.source)
             return self._llg.grammar_from("choice", json.dumps(list(spec.source)))
         except (ValueError, TypeError) as err:
-            raise RequestError(f"the {spec.kind} is not valid: {err}") from None
+            raise RequestError(f"the {spec.kind} is not valid: {one_line(str(err))}") from None
+        except RecursionError:  # a schema nested past Python's recursion limit (the server refuses bodies past 64 levels first)
+            raise RequestError(f"the {spec.kind} is nested too deeply to read.") from None
 
     def compile(self, spec: GrammarSpec) -> "Grammar":
         source = self.source(spec)
@@ -204,8 +206,11 @@ class GrammarState:
                 break
             same += 1
         if same < len(self.tail):
-            self.matcher.rollback(len(self.tail) - same)
-            del self.tail[same:]
+            if self.matcher.rollback(len(self.tail) - same) and not self.matcher.is_error():
+                del self.tail[same:]
+            else:  # llguidance can fail to roll back past a state it gave up on inside (found by the fuzzer): start again
+                self._restart()
+                same = 0
         for i in range(same, len(appended)):
             t = appended[i]
             if self.matcher.validate_tokens([t]) != 1:

@@ -67,3 +67,24 @@ def test_an_output_that_takes_the_path_fails_there(compiler):
     # llguidance gave up taking the second token: the round ends the request after it, with finish_reason "error"
     assert state.failed(path) is not None and state.committed == path[:1]
     assert not state.done  # never "complete": a matcher that gave up is no finished grammar
+
+
+def test_a_draft_verified_then_committed_survives_llguidance_failing_to_roll_back(compiler):
+    """Found by the fuzzer (tests/runtime/test_fuzz_grammar.py): once a mask was computed after "{" (a draft being
+    verified), llguidance could not roll back past it ("rollback: parser error"), and committing that same "{" then
+    raised "internal: the output token ... is not allowed": a 500 in the server. The state starts again instead."""
+    c, tok = compiler
+    state = c.compile(GrammarSpec("json_schema", BRANCHES)).start()
+    brace = ids(tok, "{")[0]
+    state.allowed([brace])  # row 1 of a verification: the mask after the draft "{"
+    state.commit([brace])  # the target accepted it
+    assert state.committed == [brace] and state.failure is None and state.allowed().any()
+
+
+def test_a_schema_nested_past_pythons_recursion_is_one_line(compiler):
+    deep: dict = {"type": "string"}
+    for _ in range(5000):
+        deep = {"type": "array", "items": deep}
+    with pytest.raises(RequestError) as err:
+        compiler[0].compile(GrammarSpec("json_schema", deep))
+    assert "\n" not in str(err.value) and ("recursion limit" in str(err.value) or "nested too deeply" in str(err.value))
