@@ -73,6 +73,38 @@ def engines() -> dict[str, Path]:
     return {"root": root, "target": root / "target", "draft": root / "draft", "one-slot": root / "one-slot", "target-ckpt": target}
 
 
+DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-pair"
+# A Hermes-style template: tools as JSON in the prompt, tool results and calls as messages (the demo pair has none)
+DEMO_TEMPLATE = (
+    "{% if tools %}# tools: {{ tools | tojson }}\n{% endif %}"
+    "{% for m in messages %}# {{ m['role'] }}: {{ m['content'] or '' }}"
+    "{% if m['tool_calls'] is defined %}{{ m['tool_calls'] | tojson }}{% endif %}\n{% endfor %}"
+    "{% if add_generation_prompt %}# assistant:\n{% endif %}"
+)
+
+
+@functools.cache
+def demo_engines() -> dict[str, Path]:
+    """The demo pair (a real BPE tokenizer, which llguidance reads: structured outputs and tools), built once per process."""
+    from specdec.runtime.engine_format import BuildConfig
+
+    root = Path(tempfile.mkdtemp(prefix="specdec-serve-demo-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    quiet = dict(say=lambda _: None)
+    build_engine(DEMO / "target", root / "target", BuildConfig(dtype="float32", max_batch_size=4, max_input_len=512, max_seq_len=768, max_draft_len=4,
+                                                                speculative_decoding_mode="draft_tokens_external"), **quiet)
+    build_engine(DEMO / "draft", root / "draft", BuildConfig(dtype="float32", max_batch_size=4, max_input_len=512, max_seq_len=768), **quiet)
+    (root / "chat.jinja").write_text(DEMO_TEMPLATE)
+    return {"root": root, "target": root / "target", "draft": root / "draft", "chat_template": root / "chat.jinja"}
+
+
+def served_demo(**kw):
+    """The demo pair served as "demo": draft-target (3 drafts) by default, n-gram and suffix decoding loaded, a chat template."""
+    e = demo_engines()
+    return build_served(e["target"], e["draft"], DraftTargetConfig(3, [0], [0], False), NGramConfig(4, 2, [0]), num_threads=1,
+                        chat_template=e["chat_template"], served_model_name="demo", suffix=SuffixConfig(max_draft_len=4), **kw)
+
+
 def served_pair(**kw):
     """Target + draft model + n-gram + suffix decoding, draft-target the default (3 drafts per round)."""
     e = engines()

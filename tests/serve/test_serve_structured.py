@@ -7,29 +7,19 @@ target-only output.
 """
 
 import json
-from pathlib import Path
 
 import jsonschema_rs
 import openai
 import pytest
-from servers import running
+from servers import DEMO, DEMO_TEMPLATE, running, served_demo
 
 from specdec.builder.build import build_engine
 from specdec.formats.engine_format import BuildConfig
-from specdec.formats.config_strings import DraftTargetConfig, NGramConfig
 from specdec.runtime.proposers.suffix import SuffixConfig
 from specdec.serve import build_served
 
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "examples" / "demo-pair"
 METHODS = ["none", "draft", "ngram", "suffix"]
-# a Hermes-style template: tools as JSON in the prompt, tool results and calls as messages
-TEMPLATE = (
-    "{% if tools %}# tools: {{ tools | tojson }}\n{% endif %}"
-    "{% for m in messages %}# {{ m['role'] }}: {{ m['content'] or '' }}"
-    "{% if m['tool_calls'] is defined %}{{ m['tool_calls'] | tojson }}{% endif %}\n{% endfor %}"
-    "{% if add_generation_prompt %}# assistant:\n{% endif %}"
-)
+TEMPLATE = DEMO_TEMPLATE
 PERSON = {
     "type": "object",
     "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 150},
@@ -45,16 +35,8 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory):
-    d = tmp_path_factory.mktemp("demo")
-    quiet = dict(say=lambda _: None)
-    build_engine(DEMO / "target", d / "target", BuildConfig(dtype="float32", max_batch_size=4, max_input_len=512, max_seq_len=768, max_draft_len=4,
-                                                             speculative_decoding_mode="draft_tokens_external"), **quiet)
-    build_engine(DEMO / "draft", d / "draft", BuildConfig(dtype="float32", max_batch_size=4, max_input_len=512, max_seq_len=768), **quiet)
-    (d / "chat.jinja").write_text(TEMPLATE)
-    served = build_served(d / "target", d / "draft", DraftTargetConfig(3, [0], [0], False), NGramConfig(4, 2, [0]), num_threads=1,
-                          chat_template=d / "chat.jinja", served_model_name="demo", suffix=SuffixConfig(max_draft_len=4))
-    with running(served) as url:
+def client():
+    with running(served_demo()) as url:
         yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
