@@ -116,8 +116,10 @@ class SpeculativeRound:
         out = step.logits  # [len(batch), 1 or the longest feed, vocab]
         # logits: [len(batch), vocab] at each prompt's last token
         logits = out[np.arange(len(batch)), [len(f) - 1 if echo else 0 for f in feeds], : self.vocab_limit]
-        firsts = [self._first_token(r, logits[i], out[i] if r.config.prompt_logprobs else None) if finite(logits[i]) else None
-                  for i, r in enumerate(batch)]
+        for i, r in enumerate(batch):
+            if r.config.prompt_logprobs:  # scored whether or not a token can be picked after them
+                r.prompt_logprobs = self._prompt_logprobs(r, out[i])
+        firsts = [self._first_token(r, logits[i]) if finite(logits[i]) else None for i, r in enumerate(batch)]
         if self.prefix is not None:  # the proposers see the prefill a cold server would have run (per-token outputs whole)
             step = self.prefix.prefilled(batch, step, first)
         t1 = time.perf_counter()
@@ -144,12 +146,15 @@ class SpeculativeRound:
                     r.metrics.draft_s += dt / len(joining)
         return ended
 
-    def _first_token(self, r: Request, last: np.ndarray, rows: np.ndarray | None) -> int:
-        """The token the prefill picks (last: [vocab] at the prompt's last token); with ``rows`` ([prompt len, vocab],
-        the prompt's every row), the prompt's log-probabilities too: row t - 1 predicts prompt token t."""
-        if rows is not None:
-            top = r.config.logprobs or 0
-            r.prompt_logprobs = [None] + [logprobs(rows[t - 1, : self.vocab_limit], r.prompt_ids[t], top) for t in range(1, len(r.prompt_ids))]
+    def _prompt_logprobs(self, r: Request, rows: np.ndarray) -> list:
+        """rows: [prompt len, vocab], the prompt's every row: row t - 1 scores prompt token t. None for the first token,
+        and for a token after a row that holds NaN or Inf (no distribution to score it by)."""
+        top = r.config.logprobs or 0
+        return [None] + [logprobs(rows[t - 1, : self.vocab_limit], r.prompt_ids[t], top) if finite(rows[t - 1, : self.vocab_limit]) else None
+                         for t in range(1, len(r.prompt_ids))]
+
+    def _first_token(self, r: Request, last: np.ndarray) -> int:
+        """The token the prefill picks (last: [vocab] at the prompt's last token)."""
         proc = r.processor
         x = proc.logits(last) if proc is not None else last
         tok = proc.choose(x, r.rng)[0] if proc is not None else next_token(last, r.config.sampling, r.rng)

@@ -73,3 +73,19 @@ def test_streamed_the_last_chunk_carries_the_error(url):
     last = events[-2]["choices"][0]
     assert last["finish_reason"] == "error" and last["error"]["code"] == "nonfinite_logits"
     assert all(e["choices"][0]["finish_reason"] is None for e in events[:-2])
+
+
+@pytest.mark.parametrize("max_tokens", [0, 3])
+def test_echoed_scores_of_nonfinite_rows_are_json(url, max_tokens):
+    """The prompt's rows from the poisoned token on are NaN (and, in the same call, those before it: masked attention
+    multiplies the NaN values by zero weights, runtime/guards.py): the tokens they score get no score (null, as the
+    first token), never NaN, which is not JSON; the choice ends with its error, max_tokens 0 too."""
+    r = post(url, prompt=[1, 40, POISON, 42], echo=True, logprobs=3, max_tokens=max_tokens)
+    assert r.status_code == 200, r.text
+    c = r.json()["choices"][0]
+    assert c["finish_reason"] == "error" and c["error"]["code"] == "nonfinite_logits" and c["token_ids"] == []
+    import json
+
+    json.dumps(r.json(), allow_nan=False)
+    scores = c["logprobs"]["token_logprobs"]
+    assert scores[0] is None and scores[3] is None and all(v is None or v <= 0 for v in scores), scores  # row 2 (after the poison) is NaN
