@@ -120,12 +120,15 @@ def check_cached(library: Path) -> str | None:
     manifest_path = library.parent / MANIFEST
     try:
         manifest = json.loads(manifest_path.read_text())
-        size, digest = int(manifest["size"]), str(manifest["sha256"])
-        vouched = manifest["source_digest"] == source_digest() and list(manifest["symbols"]) == list(SYMBOLS)
     except FileNotFoundError:
         return "it has no manifest (an older specdec's, or a build that was cut short)"
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, RecursionError):
+        manifest = None
+    # read as typed fields, never converted: {"size": Infinity} is JSON too (found by the fuzzer: int() overflowed)
+    size, digest = (manifest.get("size"), manifest.get("sha256")) if isinstance(manifest, dict) else (None, None)
+    if type(size) is not int or not isinstance(digest, str):
         return f"its manifest {manifest_path.name} is not one specdec wrote"
+    vouched = manifest.get("source_digest") == source_digest() and manifest.get("symbols") == list(SYMBOLS)
     if not vouched:
         return "its manifest is another source's"
     data = library.read_bytes()
