@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..formats.errors import RequestError
+from ..formats.errors import EngineError, RequestError
 from ..formats.kv_layout import kv_cache_shape
 
 
@@ -22,8 +22,12 @@ class KVCache:
         # keys[i], values[i]: [num_slots, kv_heads, capacity, head_dim] (bnsh) or [num_slots, capacity, kv_heads * head_dim] (bsh), float32
         shape = kv_cache_shape(layout, num_slots, kv_heads, capacity, head_dim)
         self.layout = layout
-        self.keys = [np.zeros(shape, np.float32) for _ in range(num_layers)] if storage else []
-        self.values = [np.zeros(shape, np.float32) for _ in range(num_layers)] if storage else []
+        try:
+            self.keys = [np.zeros(shape, np.float32) for _ in range(num_layers)] if storage else []
+            self.values = [np.zeros(shape, np.float32) for _ in range(num_layers)] if storage else []
+        except (MemoryError, ValueError):  # ValueError: a shape past what numpy can index at all
+            raise EngineError(f"a KV cache of {num_layers} layers x {list(shape)} float32 cannot be allocated here: lower max_seq_len or "
+                              "max_batch_size (rebuild the engine).") from None
         self.lengths = np.zeros(num_slots, np.int64)
         self.capacity = capacity
         self.max_seq_len = max_seq_len

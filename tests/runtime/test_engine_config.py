@@ -119,3 +119,16 @@ def test_an_unedited_engine_without_a_stamp_still_loads(engine_copy):
 
     edit(engine_copy, "build", "max_seq_len", 96, unstamp=True)  # the value it has: an older engine, as built
     OrtExecutor(load_engine_dir(engine_copy), num_threads=1)
+
+
+@pytest.mark.parametrize("field,value", [("max_seq_len", 2**31 - 1), ("max_batch_size", 2**31 - 1), ("max_seq_len", 10**30)])
+def test_limits_this_machine_cannot_hold_are_refused_before_anything_is_allocated(engine_copy, field, value):
+    """Found by the fuzzer (tests/runtime/test_fuzz_engine_config.py), on an engine without a stamp: an edited limit
+    allocated tens of GiB (a 16 GiB position table, a lazily zeroed 256 GiB cache) before anything failed, or failed
+    with a MemoryError traceback. The executor checks the KV cache against the physical memory first."""
+    from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
+
+    edit(engine_copy, "build", field, value, unstamp=True)
+    with pytest.raises(EngineError, match="more than this machine's physical memory") as err:
+        OrtExecutor(load_engine_dir(engine_copy), num_threads=1)
+    assert "\n" not in str(err.value)

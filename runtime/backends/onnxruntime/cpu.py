@@ -18,6 +18,8 @@ import numpy as np
 
 from ....formats.engine_format import EngineDir, ExtraTensor, extra_io
 from ....formats.errors import EngineError, RequestError
+from ....formats.kv_layout import kv_cache_bytes
+from ....hardware.cpu import physical_memory_bytes
 from ...kv_cache import KVCache
 from ..base import Placement, StepOutput, check_extra_inputs, fill_tree, plan_step, refuse_trees
 from .network_io import check_network_io
@@ -38,6 +40,17 @@ def device_count() -> int:
 
 def check_placement(engines: Sequence[EngineDir], devices: Sequence[int]) -> None:
     """Nothing to refuse up front: the KV cache is host memory, allocated when an engine opens."""
+
+
+def check_host_memory(engine: EngineDir) -> None:
+    """The engine's KV cache (max_batch_size slots, float32) must fit this machine's physical memory: the builder refuses
+    limits that do not (builder/validation.py), and an engine built on a bigger machine, or a config.json edited
+    after the build, is refused here in one line, before anything is allocated."""
+    m, b = engine.config.model, engine.config.build
+    need, host = kv_cache_bytes(m, b.max_batch_size, b.kv_capacity), physical_memory_bytes()
+    if host is not None and need > host:
+        raise EngineError(f"{engine.path}: max_seq_len={b.max_seq_len} with max_batch_size={b.max_batch_size} needs a KV cache of {need / 2**30:.1f} GiB, "
+                          f"more than this machine's physical memory ({host / 2**30:.1f} GiB): run it on a bigger host, or rebuild it with lower limits.")
 
 
 class OrtExecutor:
@@ -82,6 +95,7 @@ class OrtExecutor:
         # per cache, its call shapes' buffers: what a call returns is overwritten by the next call of that shape on that
         # cache only (never by a call on another cache), and goes with the cache
         self._ios: weakref.WeakKeyDictionary[KVCache, dict[tuple[int, int, int], _StepIO]] = weakref.WeakKeyDictionary()
+        check_host_memory(engine)
         self._decode_width = max(2, self.build.max_draft_len + 1)  # widest decode step: its buffers stay
         self._steps = np.arange(max(self.build.max_input_len, self.build.kv_capacity), dtype=np.int64)
         self.vocab_size = self.model.vocab_size
