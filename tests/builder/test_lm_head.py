@@ -11,7 +11,9 @@ import torch
 import transformers
 from checkpoints import make_checkpoint
 from conftest import build_and_load, cli_build
-from fuzzing import assert_clean
+from fuzzing import assert_clean, fuzz_settings
+from hypothesis import event, given
+from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 HEAD, EMBED = "lm_head.weight", "model.embed_tokens.weight"
@@ -87,3 +89,51 @@ def test_where_transformers_refuses_or_invents_a_head_the_build_refuses(untied, 
     r = cli_build(ckpt, tmp_path / "engine")
     assert_clean(r, tmp_path / "engine")
     assert r.exit_code == 1 and says in r.stderr, r.stderr
+
+
+# -- fuzzed against transformers as the oracle ---------------------------------------------------------------------------
+HEADS = ["keep", "drop", "embedding", "rows", "cols", "transposed", "flat", "scaled", "bf16"]
+
+
+def vary(src, dst, tie, head):
+    """``variant`` and more heads: transposed, 1-D, the embedding scaled (other values of one shape), stored as bfloat16."""
+    if head not in ("transposed", "flat", "scaled", "bf16"):
+        _, t = variant(src, dst, bool(tie), head)
+    else:
+        shutil.copytree(src, dst)
+        t = load_file(dst / "model.safetensors")
+        t[HEAD] = {"transposed": lambda: t[HEAD].T.contiguous(), "flat": lambda: t[HEAD].flatten().clone(),
+                   "scaled": lambda: t[EMBED] * 1.5, "bf16": lambda: t[HEAD].to(torch.bfloat16)}[head]()
+        save_file(t, dst / "model.safetensors", metadata={"format": "pt"})
+    cfg = json.loads((dst / "config.json").read_text())
+    if tie is None:
+        cfg.pop("tie_word_embeddings", None)
+    else:
+        cfg["tie_word_embeddings"] = tie
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst, t
+
+
+@pytest.mark.fuzz
+@fuzz_settings(6)
+@given(tie=st.sampled_from([True, False, None]), head=st.sampled_from(HEADS))
+def test_the_build_reads_the_head_as_transformers_does(untied, tmp_path_factory, tie, head):
+    """Where transformers decodes with a matrix the checkpoint holds, the engine's logits are its logits; where it refuses
+    the checkpoint or decodes with a head it invented, the build refuses in one line."""
+    d = tmp_path_factory.mktemp("head")
+    ckpt, stored = vary(untied, d / "ckpt", tie, head)
+    try:
+        model, want = hf_logits(ckpt, IDS)
+        meant = any(w.shape == model.lm_head.weight.shape and torch.equal(model.lm_head.weight, w.float()) for w in stored.values())
+    except RuntimeError:
+        model, meant = None, False
+    event(f"transformers {'decodes a stored matrix' if meant else 'refuses or invents'}")
+    r = cli_build(ckpt, d / "engine")
+    if not meant:
+        assert_clean(r, d / "engine")
+        assert r.exit_code == 1, r.output
+        return
+    assert r.exit_code == 0, r.output
+    ex = build_and_load(ckpt, d / "engine2")
+    got = ex.forward(ex.new_cache(1), [IDS], all_logits=True).logits[0]
+    np.testing.assert_allclose(got, want, atol=2e-4, rtol=0)
