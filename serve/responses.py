@@ -1,7 +1,8 @@
 """Response bodies and stream chunks, shaped as OpenAI's (plus the extension fields).
 
 Extensions, ignored by clients that do not know them:
-    choices[i].token_ids   the tokens of this text (a chunk's: this round's)
+    choices[i].token_ids   the tokens of this text (a chunk's: this round's), never the echoed prompt's
+    choices[i].error       with finish_reason "error" only: why, in OpenAI's error shape (code nonfinite_logits | grammar_failed)
     usage.prompt_tokens_details.cached_tokens   OpenAI's field: prompt tokens copied from the prefix cache
     speculative            the request's method and draft length, and its acceptance figures
     timings                queue, time to first token, time per output token, end to end (seconds)
