@@ -34,3 +34,13 @@ class ApiError(Exception):
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": TYPES.get(status, "invalid_request_error"), "param": param, "code": code}}
+
+
+# The runtime's causes of finish_reason "error" (runtime/request.py: ERROR_CAUSES) -> the choice's error type and code
+CHOICE_ERRORS = {"grammar": ("invalid_request_error", "grammar_failed"), "nonfinite_logits": ("server_error", "nonfinite_logits")}
+
+
+def choice_error(cause: str, message: str, grammar_param: str | None) -> dict[str, Any]:
+    """The error object of a choice that ended with finish_reason "error" (an extension beside it, OpenAI's shape)."""
+    kind, code = CHOICE_ERRORS.get(cause, ("server_error", cause))
+    return {"message": message or "the request failed", "type": kind, "param": grammar_param if cause == "grammar" else None, "code": code}

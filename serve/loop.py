@@ -40,7 +40,7 @@ from ..runtime.logits import TokenLogprob
 from ..runtime.metrics import Metrics
 from ..runtime.request import RequestOutput
 from ..runtime.text import TextStream
-from .errors import ApiError
+from .errors import ApiError, choice_error
 from .metrics import ServerMetrics
 from .params import Plan, Served
 
@@ -48,8 +48,6 @@ log = logging.getLogger("specdec.serve")
 
 FINISH_REASONS = {"end_id": "stop", "stop_words": "stop", "stop": "stop", "grammar": "stop", "length": "length", "max_seq_len": "length", "abort": "abort",
                   "error": "error"}
-# A choice that ends with finish_reason "error" carries an OpenAI-shaped error object saying why (serve/responses.py)
-ERROR_TYPES = {"grammar": ("invalid_request_error", "grammar_failed"), "nonfinite_logits": ("server_error", "nonfinite_logits")}
 
 
 
@@ -336,11 +334,10 @@ class EngineLoop:
 
     def _choice_error(self, job: Job, c: Choice, out) -> dict[str, Any]:
         """What a choice that ended with the runtime's finish reason "error" tells its client, its log line and its counter."""
-        cause = getattr(out, "error_cause", "") or "nonfinite_logits"
-        kind, code = ERROR_TYPES.get(cause, ("server_error", cause))
+        error = choice_error(getattr(out, "error_cause", "") or "nonfinite_logits", out.error, job.plan.grammar_param)
         log.warning("request %s ended with an error after %d output tokens: %s", c.request_id, len(c.token_ids) + len(out.new_token_ids), out.error)
-        self.metrics.request_error(code)
-        return {"message": out.error or "the request failed", "type": kind, "param": job.plan.grammar_param if cause == "grammar" else None, "code": code}
+        self.metrics.request_error(error["code"])
+        return error
 
     def _finish(self, job: Job, c: Choice, reason: str, text: str, new: list[int], lps: list[TokenLogprob], metrics: Metrics) -> None:
         self.owner.pop(c.request_id, None)
