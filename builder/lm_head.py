@@ -22,8 +22,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..runtime.engine_format import ModelConfig
-from ..runtime.errors import CheckpointError
+from ..formats.engine_format import ModelConfig
+from ..formats.errors import CheckpointError
 
 HEAD, EMBED = "lm_head.weight", "model.embed_tokens.weight"
 ROWS_PER_CHUNK = 4096  # rows compared at a time: a 128k x 4096 head is never held twice

@@ -194,7 +194,7 @@ def test_the_build_says_which_kernel_it_compiled(tiny_checkpoint, tmp_path):
 
 
 # -- the cache: checked before anything is loaded from it ---------------------------------------------------------------
-PROBE = "from specdec.runtime import cpu_kernels as rk; lib = rk.kernel_library(); print(rk.kernel_name(lib))"
+PROBE = "from specdec.hardware import cpu_kernels as rk; lib = rk.kernel_library(); print(rk.kernel_name(lib))"
 
 
 def probe(cache, **env):
@@ -248,7 +248,7 @@ def test_a_bad_cache_entry_that_cannot_be_compiled_again_is_one_line(tmp_path):
     r = probe(cache, CC=str(tmp_path / "no-such-cc"))
     assert r.returncode == 1 and r.stderr.count("\n") >= 1
     last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("specdec.runtime.cpu_kernels.KernelBuildError: the cached int4 CPU kernel") and "1000 bytes" in last and "no C compiler" in last
+    assert last.startswith("specdec.hardware.cpu_kernels.KernelBuildError: the cached int4 CPU kernel") and "1000 bytes" in last and "no C compiler" in last
 
 
 @pytest.mark.parametrize("tool", ["specdec-build", "specdec-run"])

@@ -39,7 +39,7 @@ def test_a_config_field_of_the_wrong_type_or_range_is_one_line(engine_copy, sect
 
 
 def test_typed_fields_come_back_as_their_types(engine_copy):
-    from specdec.runtime.engine_format import EngineConfig
+    from specdec.formats.engine_format import EngineConfig
 
     cfg = json.loads((engine_copy / CONFIG_FILE).read_text())
     cfg["model"]["rope_theta"] = 10000  # JSON has no float/int distinction for whole numbers
@@ -70,7 +70,7 @@ EDITS = [  # (section, field, new value, what the refusal names)
 
 
 def edit(engine, section, field, value, unstamp=False):
-    from specdec.runtime.engine_format import STAMP_FILE
+    from specdec.formats.engine_format import STAMP_FILE
 
     cfg = json.loads((engine / CONFIG_FILE).read_text())
     cfg[section][field] = value

@@ -16,8 +16,8 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from specdec.runtime import GenerationConfig, load_orchestrator
-from specdec.runtime.engine_format import CONFIG_FILE, STAMP_FILE
-from specdec.runtime.errors import SpecdecError
+from specdec.formats.engine_format import CONFIG_FILE, STAMP_FILE
+from specdec.formats.errors import SpecdecError
 
 pytestmark = pytest.mark.fuzz
 PROMPTS = [[1, 5, 6, 7], [1, 9, 10]]

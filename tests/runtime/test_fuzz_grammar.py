@@ -18,9 +18,9 @@ from fuzzing import assert_one_line, fuzz_settings, no_hang
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from specdec.runtime.errors import RequestError
+from specdec.formats.errors import RequestError
 from specdec.runtime.grammar import GrammarCompiler, GrammarSpec
-from specdec.runtime.tokenizer import Tokenizer
+from specdec.formats.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.fuzz
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-pair" / "target"

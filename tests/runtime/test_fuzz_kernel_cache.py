@@ -1,4 +1,4 @@
-"""Fuzzing the int4 kernel's cache (runtime/cpu_kernels.py): what a cache folder may hold after a full disk, a killed
+"""Fuzzing the int4 kernel's cache (hardware/cpu_kernels.py): what a cache folder may hold after a full disk, a killed
 copy, another program or a user's hand.
 
 Property: a manifest of any content is read into "this is what was compiled" or one reason why not, never an
@@ -18,10 +18,10 @@ from fuzzing import dumps, fuzz_settings, json_scalars, mutated
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from specdec.runtime import cpu_kernels as rk
+from specdec.hardware import cpu_kernels as rk
 
 pytestmark = [pytest.mark.fuzz, pytest.mark.skipif(rk.compiler() is None, reason="needs a C compiler")]
-PROBE = "from specdec.runtime import cpu_kernels as rk; lib = rk.kernel_library(); print(rk.kernel_name(lib))"
+PROBE = "from specdec.hardware import cpu_kernels as rk; lib = rk.kernel_library(); print(rk.kernel_name(lib))"
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def test_a_damaged_library_is_compiled_again_or_refused_in_one_line(cache, data)
     done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env)
     if no_cc:  # nothing to compile with: one line that says what is wrong with the cached file
         last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
-        assert done.returncode == 1 and last.startswith("specdec.runtime.cpu_kernels.KernelBuildError: the cached int4 CPU kernel"), done.stderr
+        assert done.returncode == 1 and last.startswith("specdec.hardware.cpu_kernels.KernelBuildError: the cached int4 CPU kernel"), done.stderr
         lib.write_bytes(cache["bytes"])
     else:
         assert done.returncode == 0 and done.stdout == cache["name"], (done.returncode, done.stderr)

@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 from specdec.builder.build import build_engine
 from specdec.cli.run import main as run_main
 from specdec.runtime import GenerationConfig, load_orchestrator
-from specdec.runtime.config_strings import DraftTargetConfig
-from specdec.runtime.engine_format import CONFIG_FILE, sha256_file
+from specdec.formats.config_strings import DraftTargetConfig
+from specdec.formats.engine_format import CONFIG_FILE, sha256_file
 
 pytestmark = pytest.mark.fuzz
 PROMPTS = [[1, 40, 41, 42, 43], [1, 70, 71, 72, 73, 74]]

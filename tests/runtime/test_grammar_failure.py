@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from specdec.runtime.errors import RequestError
+from specdec.formats.errors import RequestError
 from specdec.runtime.grammar import GrammarCompiler, GrammarSpec
-from specdec.runtime.tokenizer import Tokenizer
+from specdec.formats.tokenizer import Tokenizer
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-pair" / "target"
 ENDLESS = {"type": "object", "properties": {"x": {"$ref": "#/$defs/e"}}, "required": ["x"], "additionalProperties": False}

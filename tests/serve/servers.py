@@ -86,7 +86,7 @@ DEMO_TEMPLATE = (
 @functools.cache
 def demo_engines() -> dict[str, Path]:
     """The demo pair (a real BPE tokenizer, which llguidance reads: structured outputs and tools), built once per process."""
-    from specdec.runtime.engine_format import BuildConfig
+    from specdec.formats.engine_format import BuildConfig
 
     root = Path(tempfile.mkdtemp(prefix="specdec-serve-demo-"))
     atexit.register(shutil.rmtree, root, ignore_errors=True)

@@ -19,7 +19,7 @@ from safetensors.numpy import load_file, save_file
 from servers import metric, running, scrape, sse_events
 
 from specdec.builder.build import build_engine
-from specdec.runtime.engine_format import BuildConfig
+from specdec.formats.engine_format import BuildConfig
 from specdec.serve import build_served
 
 POISON = 50  # the token whose embedding is NaN

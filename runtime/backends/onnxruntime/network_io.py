@@ -1,7 +1,7 @@
 """config.json against the network's own inputs and outputs, at load (both ONNX Runtime executors).
 
 An engine's config.json is not covered by its hashes (it holds them); an engine built by this specdec also holds
-build_stamp.json, which is (runtime/engine_format.py: check_build_stamp). For every engine, the graph itself says
+build_stamp.json, which is (formats/engine_format.py: check_build_stamp). For every engine, the graph itself says
 what config.json must agree with: one past_key.i input per layer, the KV cache's layout and static dimensions,
 the logits' width, a tree_mask input for tree attention, the extra inputs and outputs of its speculative mode.
 A config.json that disagrees is refused in one line naming the field and both values, before a request can fail
