@@ -202,6 +202,14 @@ def probe(cache, **env):
     return subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env={**os.environ, "SPECDEC_CACHE_DIR": str(cache), **env})
 
 
+def damage_in_place(lib, data: bytes) -> None:
+    """Put ``data`` where the cached library is, as a new file: this process may have the old one mapped (an in-process
+    build loaded it), and truncating a mapped file is a SIGBUS for whoever touches its pages next (pytest, at exit)."""
+    tmp = lib.with_name(lib.name + ".damaged")
+    tmp.write_bytes(data)
+    os.replace(tmp, lib)
+
+
 def cached(cache):
     return cache / "kernels" / rk.source_digest() / rk.LIBRARY
 
@@ -221,9 +229,9 @@ def test_a_cache_entry_that_is_not_what_was_compiled_is_compiled_again(tmp_path,
     lib, manifest = cached(cache), cached(cache).parent / rk.MANIFEST
     good = lib.read_bytes()
     if damage == "cut short":  # a copy or a disk that ran out mid-write: loading it was a SIGBUS
-        lib.write_bytes(good[: len(good) // 3])
+        damage_in_place(lib, good[: len(good) // 3])
     elif damage.startswith("another library"):
-        lib.write_bytes(foreign_library(tmp_path))
+        damage_in_place(lib, foreign_library(tmp_path))
         if "forged" in damage:
             import hashlib
             import json
@@ -244,7 +252,7 @@ def test_a_bad_cache_entry_that_cannot_be_compiled_again_is_one_line(tmp_path):
     cache = tmp_path / "cache"
     assert probe(cache).returncode == 0
     lib = cached(cache)
-    lib.write_bytes(lib.read_bytes()[:1000])
+    damage_in_place(lib, lib.read_bytes()[:1000])
     r = probe(cache, CC=str(tmp_path / "no-such-cc"))
     assert r.returncode == 1 and r.stderr.count("\n") >= 1
     last = r.stderr.strip().splitlines()[-1]
@@ -272,7 +280,7 @@ def test_the_clis_meet_a_cut_short_cache_entry_with_a_rebuild_or_one_line(tiny_c
         outputs = []
     bin_dir = os.path.dirname(sys.executable)
     for cc in (None, str(tmp_path / "no-such-cc")):
-        lib.write_bytes(cut)
+        damage_in_place(lib, cut)
         env = {**os.environ, "SPECDEC_CACHE_DIR": str(tmp_path / "cache"), **({"CC": cc} if cc else {})}
         r = subprocess.run([os.path.join(bin_dir, cmd[0]), *cmd[1:]], capture_output=True, text=True, env=env)
         assert r.returncode in (0, 1) and "Traceback" not in r.stderr, (r.returncode, r.stderr)

@@ -51,6 +51,14 @@ def test_any_manifest_is_read_or_is_one_reason(cache, data):
         assert m["size"] == len(cache["bytes"]) and m["sha256"] == json.loads(cache["manifest"])["sha256"]
 
 
+def damage_in_place(lib, data: bytes) -> None:
+    """``data`` where the cached library is, as a new file (tests/builder/test_cpu_kernels.py says why: never truncate a
+    library some process may have mapped)."""
+    tmp = lib.with_name(lib.name + ".damaged")
+    tmp.write_bytes(data)
+    os.replace(tmp, lib)
+
+
 @st.composite
 def damage(draw, good: bytes) -> bytes:
     kind = draw(st.sampled_from(["cut", "flip", "zeros", "junk", "empty"]))
@@ -71,14 +79,14 @@ def damage(draw, good: bytes) -> bytes:
 @given(st.data())
 def test_a_damaged_library_is_compiled_again_or_refused_in_one_line(cache, data):
     lib = cache["lib"]
-    lib.write_bytes(data.draw(damage(cache["bytes"])))
+    damage_in_place(lib, data.draw(damage(cache["bytes"])))
     no_cc = data.draw(st.booleans())
     env = {**os.environ, "SPECDEC_CACHE_DIR": str(cache["root"]), **({"CC": "/nonexistent/cc"} if no_cc else {})}
     done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env)
     if no_cc:  # nothing to compile with: one line that says what is wrong with the cached file
         last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
         assert done.returncode == 1 and last.startswith("specdec.hardware.cpu_kernels.KernelBuildError: the cached int4 CPU kernel"), done.stderr
-        lib.write_bytes(cache["bytes"])
+        damage_in_place(lib, cache["bytes"])
     else:
         assert done.returncode == 0 and done.stdout == cache["name"], (done.returncode, done.stderr)
         assert lib.read_bytes() == cache["bytes"]  # compiled again, bit for bit

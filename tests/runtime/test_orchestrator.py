@@ -12,6 +12,7 @@ from conftest import build_and_load, spec_build, spec_pair
 from specdec.formats.config_strings import DraftTargetConfig, NGramConfig
 from specdec.runtime.loading import load_orchestrator
 from specdec.runtime.orchestrator import GenerationConfig, Orchestrator
+from specdec.runtime.pairing import PairWarning
 from specdec.runtime.proposers.draft_model import DraftModelProposer
 from specdec.runtime.proposers.ngram import NGramProposer
 from specdec.runtime.sampling import SamplingConfig
@@ -123,11 +124,13 @@ def test_same_seed_same_output_with_sampling(engines):
 
 
 def test_padded_vocabularies_share_the_tokenizer_range(tmp_path):
-    """A draft whose vocabulary is padded differently (96 vs 128) still works, comparing over the shared ids."""
+    """A draft whose vocabulary is padded differently (96 vs 128) still works, comparing over the shared ids; with no
+    tokenizer to show that the ids agree, the pairing says so (naming both sizes) before the first round."""
     t = build_and_load(make_checkpoint(tmp_path / "t", vocab_size=128, seed=3), tmp_path / "te", spec_build(4))
     d_ckpt = make_checkpoint(tmp_path / "d", vocab_size=96, seed=3)
     build_and_load(d_ckpt, tmp_path / "de", spec_build(0))
-    orch = load_orchestrator(t.engine.path, tmp_path / "de", DraftTargetConfig(3, [0], [0], False))
+    with pytest.warns(PairWarning, match="vocabularies of 96 and 128 ids, and neither holds a tokenizer.json"):
+        orch = load_orchestrator(t.engine.path, tmp_path / "de", DraftTargetConfig(3, [0], [0], False))
     assert orch.vocab_limit == 96
     out, m = run(orch, PROMPTS)
     assert all(max(o.output_ids) < 96 for o in out) and m.drafted > 0
