@@ -332,9 +332,9 @@ class EngineLoop:
             c.error = self._choice_error(job, c, out)
         self._finish(job, c, reason, text, new, lps, out.metrics)
 
-    def _choice_error(self, job: Job, c: Choice, out) -> dict[str, Any]:
+    def _choice_error(self, job: Job, c: Choice, out: RequestOutput) -> dict[str, Any]:
         """What a choice that ended with the runtime's finish reason "error" tells its client, its log line and its counter."""
-        error = choice_error(getattr(out, "error_cause", "") or "nonfinite_logits", out.error, job.plan.grammar_param)
+        error = choice_error(out.error_cause or "nonfinite_logits", out.error, job.plan.grammar_param)
         log.warning("request %s ended with an error after %d output tokens: %s", c.request_id, len(c.token_ids) + len(out.new_token_ids), out.error)
         self.metrics.request_error(error["code"])
         return error
