@@ -14,7 +14,9 @@ class LazyKernel:
     def __getitem__(self, grid: Any):
         if self._jitted is None:
             import triton
+            import triton.language
 
+            self.fn.__globals__["tl"] = triton.language  # the kernel module's ``tl``, which its source names
             self._jitted = triton.jit(self.fn, do_not_specialize=list(self.do_not_specialize))
         return self._jitted[grid]
 

@@ -19,10 +19,7 @@ import torch
 
 from ._triton import kernel, next_power_of_2
 
-try:
-    import triton.language as tl
-except ImportError:  # the references run without Triton
-    tl = None
+tl = None  # triton.language, bound when a kernel of this module first launches (_triton.LazyKernel): the references need no Triton
 
 BLOCK_M, BLOCK_N = 16, 32  # query rows (token x head of a KV group) and key positions per step: fixed for every call
 

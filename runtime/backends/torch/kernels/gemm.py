@@ -20,10 +20,7 @@ import torch
 
 from ._triton import kernel
 
-try:
-    import triton.language as tl
-except ImportError:  # the references run without Triton
-    tl = None
+tl = None  # triton.language, bound when a kernel of this module first launches (_triton.LazyKernel): the references need no Triton
 
 BLOCK_M, BLOCK_N, BLOCK_K = 16, 32, 64  # fixed for every call (the module docstring says why)
 

@@ -12,10 +12,7 @@ import torch
 
 from ._triton import kernel, next_power_of_2
 
-try:
-    import triton.language as tl
-except ImportError:  # the references run without Triton
-    tl = None
+tl = None  # triton.language, bound when a kernel of this module first launches (_triton.LazyKernel): the references need no Triton
 
 
 # -- reference -----------------------------------------------------------------------------
@@ -39,54 +36,51 @@ def rope_append_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torc
 # -- kernel --------------------------------------------------------------------------------
 @kernel()
 def _rope_append_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, cos_ptr, sin_ptr, pos_ptr, ck_ptr, cv_ptr, slot_ptr, start_ptr,
-                        S, HD, q_tok, q_head, k_tok, k_head, v_tok, v_head, cache_slot, cache_head, cache_pos,
-                        NH: tl.constexpr, KVH: tl.constexpr, HALF: tl.constexpr):
-    t = tl.program_id(0)  # the call's token: row b = t // S, column j = t % S
-    h = tl.program_id(1)  # 0..NH-1: a q head; NH..NH+KVH-1: a k head; then a v head
+                        S, HD, q_row, q_tok, q_head, k_row, k_tok, k_head, v_row, v_tok, v_head, cache_slot, cache_head, cache_pos,
+                        NH: tl.constexpr, KVH: tl.constexpr, NH_PAD: tl.constexpr, KVH_PAD: tl.constexpr, HALF: tl.constexpr):
+    t = tl.program_id(0)  # the call's token: row b = t // S, column j = t % S; one program does every head of it
     b = t // S
     j = t % S
-    d = tl.arange(0, HALF)
-    keep = d < HD // 2
+    d = tl.arange(0, HALF)[None, :]  # [1, HALF]: a position in each half of head_dim
+    d_ok = d < HD // 2
     pos = tl.load(pos_ptr + t)
+    c = tl.load(cos_ptr + pos * (HD // 2) + d, mask=d_ok, other=0.0)
+    s = tl.load(sin_ptr + pos * (HD // 2) + d, mask=d_ok, other=0.0)
     slot = tl.load(slot_ptr + b)
     at = tl.load(start_ptr + b) + j
-    if h < NH + KVH:
-        if h < NH:
-            src = q_ptr + t * q_tok + h * q_head
-        else:
-            src = k_ptr + t * k_tok + (h - NH) * k_head
-        x1 = tl.load(src + d, mask=keep, other=0.0)
-        x2 = tl.load(src + HD // 2 + d, mask=keep, other=0.0)
-        c = tl.load(cos_ptr + pos * (HD // 2) + d, mask=keep, other=0.0)
-        s = tl.load(sin_ptr + pos * (HD // 2) + d, mask=keep, other=0.0)
-        y1 = (x1.to(tl.float32) * c - x2.to(tl.float32) * s).to(x1.dtype)
-        y2 = (x2.to(tl.float32) * c + x1.to(tl.float32) * s).to(x1.dtype)
-        if h < NH:
-            dst = q_out_ptr + (t * NH + h) * HD
-        else:
-            dst = ck_ptr + slot * cache_slot + (h - NH) * cache_head + at * cache_pos
-        tl.store(dst + d, y1, mask=keep)
-        tl.store(dst + HD // 2 + d, y2, mask=keep)
-    else:
-        src = v_ptr + t * v_tok + (h - NH - KVH) * v_head
-        dst = cv_ptr + slot * cache_slot + (h - NH - KVH) * cache_head + at * cache_pos
-        tl.store(dst + d, tl.load(src + d, mask=keep, other=0.0), mask=keep)
-        tl.store(dst + HD // 2 + d, tl.load(src + HD // 2 + d, mask=keep, other=0.0), mask=keep)
+    # q: rotated into q_out [B * S, NH, HD]
+    h = tl.arange(0, NH_PAD)[:, None]
+    keep = (h < NH) & d_ok
+    src = q_ptr + b * q_row + j * q_tok + h * q_head + d
+    x1 = tl.load(src, mask=keep, other=0.0)
+    x2 = tl.load(src + HD // 2, mask=keep, other=0.0)
+    dst = q_out_ptr + (t * NH + h) * HD + d
+    tl.store(dst, (x1.to(tl.float32) * c - x2.to(tl.float32) * s).to(x1.dtype), mask=keep)
+    tl.store(dst + HD // 2, (x2.to(tl.float32) * c + x1.to(tl.float32) * s).to(x1.dtype), mask=keep)
+    # k: rotated into the cache; v: copied into it
+    h = tl.arange(0, KVH_PAD)[:, None]
+    keep = (h < KVH) & d_ok
+    src = k_ptr + b * k_row + j * k_tok + h * k_head + d
+    x1 = tl.load(src, mask=keep, other=0.0)
+    x2 = tl.load(src + HD // 2, mask=keep, other=0.0)
+    dst = slot * cache_slot + h * cache_head + at * cache_pos + d
+    tl.store(ck_ptr + dst, (x1.to(tl.float32) * c - x2.to(tl.float32) * s).to(x1.dtype), mask=keep)
+    tl.store(ck_ptr + dst + HD // 2, (x2.to(tl.float32) * c + x1.to(tl.float32) * s).to(x1.dtype), mask=keep)
+    src = v_ptr + b * v_row + j * v_tok + h * v_head + d
+    tl.store(cv_ptr + dst, tl.load(src, mask=keep, other=0.0), mask=keep)
+    tl.store(cv_ptr + dst + HD // 2, tl.load(src + HD // 2, mask=keep, other=0.0), mask=keep)
 
 
 def rope_append(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                 cache_k: torch.Tensor, cache_v: torch.Tensor, slots: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
-    """rope_append_ref as one kernel: a program per (token, head) of q, k and v. q, k, v may be strided views (of the
-    joined q|k|v projection): each needs unit stride along head_dim; the cache is contiguous."""
+    """rope_append_ref as one kernel: a program per call token, over every q, k and v head of it. q, k, v may be strided
+    views (of the joined q|k|v projection): each needs unit stride along head_dim; the cache is contiguous."""
     B, S, NH, HD = q.shape
     KVH = k.shape[2]
-    for x in (q, k, v):
-        assert x.stride(0) == S * x.stride(1) and x.stride(3) == 1, "q, k, v must be [B, S, heads, hd] views of [B * S, ...] rows"
-    assert positions.is_contiguous() and cache_k.is_contiguous() and cache_v.is_contiguous()
+    assert all(x.stride(3) == 1 for x in (q, k, v)) and positions.is_contiguous() and cache_k.is_contiguous() and cache_v.is_contiguous()
     q_out = torch.empty((B, S, NH, HD), dtype=q.dtype, device=q.device)
-    # token strides: a [B, S, ...] view of a [B * S, ...] tensor steps S rows per b, so stride(1) is the per-token stride
-    _rope_append_kernel[(B * S, NH + 2 * KVH)](
+    _rope_append_kernel[(B * S,)](
         q, k, v, q_out, cos, sin, positions, cache_k, cache_v, slots, start,
-        S, HD, q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
-        cache_k.stride(0), cache_k.stride(1), cache_k.stride(2), NH=NH, KVH=KVH, HALF=next_power_of_2(HD // 2))
+        S, HD, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], cache_k.stride(0), cache_k.stride(1), cache_k.stride(2),
+        NH=NH, KVH=KVH, NH_PAD=next_power_of_2(NH), KVH_PAD=next_power_of_2(KVH), HALF=next_power_of_2(HD // 2))
     return q_out

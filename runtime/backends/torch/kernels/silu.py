@@ -6,10 +6,7 @@ import torch
 
 from ._triton import kernel
 
-try:
-    import triton.language as tl
-except ImportError:  # the references run without Triton
-    tl = None
+tl = None  # triton.language, bound when a kernel of this module first launches (_triton.LazyKernel): the references need no Triton
 
 BLOCK = 1024
 

@@ -1,0 +1,162 @@
+"""TorchExecutor: one torch engine on one device (the Executor protocol of runtime/backends/base.py).
+
+torch is imported when an engine opens (host.require_torch), never at import: the registry imports this module to
+read its class on any host. The forward is model.py's, over ops.py's kernels (Triton on a GPU, their torch references
+on a CPU); a call's inputs are made on the host as the other executors make them (base.plan_step, base.fill_tree)
+and sent in one go. On a GPU, decode and verification shapes run as CUDA graphs (graphs.py), one per (batch bucket,
+width, logit rows, tree or chain) and cache, captured at their first call; prompts run eagerly.
+
+Outputs come back to the host as float32 numpy arrays (the protocol's StepOutput), valid until the next call of that
+shape on that cache: on a GPU they are views of pinned buffers that the next call of the shape overwrites.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import numpy as np
+
+from ....formats.engine_format import EngineDir, extra_io
+from ....formats.errors import EngineError, RequestError
+from ...kv_cache import KVCache
+from ..base import StepOutput, fill_tree, plan_step, refuse_hidden
+from .host import check_engine, cuda_device, require_torch, torch_dtype
+
+KERNELS = ("triton", "torch")  # SPECDEC_TORCH_KERNELS: the ops a GPU runs (torch: the references, for comparing); a CPU runs torch
+DENSE = ("stable", "cublas")  # SPECDEC_TORCH_DENSE: dense layers on the fixed-tile kernel, or on torch's matmul (ops.TritonOps)
+
+
+class TorchExecutor:
+    """The torch backend's executor on the CPU (float32, references) or one NVIDIA GPU (Triton kernels, CUDA graphs)."""
+
+    def __init__(self, engine: EngineDir, device: str = "cpu", cuda_graphs: bool | None = None, kernels: str | None = None,
+                 dense: str | None = None, warm_up: bool = True):
+        """device: "cpu" or "cuda:N". cuda_graphs: None = on a GPU with the Triton kernels. kernels / dense: as KERNELS / DENSE
+        (default: the environment's SPECDEC_TORCH_KERNELS / SPECDEC_TORCH_DENSE, else triton on a GPU and stable)."""
+        torch = self._torch = require_torch(f"{engine.path} (a torch engine)")
+        kind = "cpu" if device == "cpu" else "cuda"
+        check_engine(engine, kind)
+        self.engine, self.model, self.build = engine, engine.config.model, engine.config.build
+        self._name, self.vocab_size = str(engine.path), self.model.vocab_size
+        self.torch_device = torch.device("cpu") if kind == "cpu" else cuda_device(torch, int(device.partition(":")[2] or 0), engine)
+        self.device = str(self.torch_device)
+        self.kernels = kernels or os.environ.get("SPECDEC_TORCH_KERNELS") or ("triton" if kind == "cuda" else "torch")
+        self.dense = dense or os.environ.get("SPECDEC_TORCH_DENSE") or "stable"
+        self._check_choices(kind)
+        self.cuda_graphs = (kind == "cuda" and self.kernels == "triton") if cuda_graphs is None else cuda_graphs
+        if self.cuda_graphs and not (kind == "cuda" and self.kernels == "triton"):
+            raise EngineError(f"{engine.path}: CUDA graphs need a GPU and the Triton kernels (their attention reads each row's length on the "
+                              "device; the torch references read it on the host).")
+        from .model import Forward
+        from .ops import ReferenceOps, TritonOps
+        from .weights import load_weights
+
+        self.dtype = torch_dtype(torch, self.build.dtype)
+        with torch.inference_mode():
+            weights = load_weights(engine, self.torch_device)
+        self.net = Forward(weights, self.model, self.build, TritonOps(self.dense) if self.kernels == "triton" else ReferenceOps())
+        self.extra_in, self.extra_out = extra_io(self.model, self.build)
+        self.extra_outputs = frozenset(t.name for t in self.extra_out)
+        self.eagle_module = self.build.speculative_decoding_mode == "eagle_module"
+        self.tree_attention = True  # the attention kernel takes a tree mask for any engine, and compact_slot keeps any path
+        self._steps = np.arange(max(self.build.max_input_len, self.build.kv_capacity), dtype=np.int64)
+        self._graph_width = max(2, self.build.max_draft_len + 1)  # widest decode / verification call: wider ones (prompts) run eagerly
+        self.graph_pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None  # every graph's intermediates: replays never overlap
+        if warm_up:
+            self._warm_up()
+
+    def _check_choices(self, kind: str) -> None:
+        if self.kernels not in KERNELS or self.dense not in DENSE:
+            raise EngineError(f"SPECDEC_TORCH_KERNELS={self.kernels!r} / SPECDEC_TORCH_DENSE={self.dense!r}: expected one of {KERNELS} / {DENSE}.")
+        if self.kernels == "triton":
+            from .kernels._triton import triton_problem
+
+            problem = triton_problem()
+            if problem:
+                raise EngineError(f"{self.engine.path}: the torch backend's kernels need Triton: {problem}.")
+            if kind == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+                raise EngineError(f"{self.engine.path}: Triton kernels on a CPU run only under its interpreter (TRITON_INTERPRET=1, for tests); "
+                                  "leave SPECDEC_TORCH_KERNELS unset on a CPU.")
+
+    def _warm_up(self) -> None:
+        """Kernel compilation happens at the first launches: pay it at load, without graphs (a throw-away cache's would never replay)."""
+        graphs, self.cuda_graphs = self.cuda_graphs, False
+        try:
+            cache = self.new_cache(1)
+            for width in (min(3, self.build.max_input_len), 1):
+                hidden = np.zeros((1, width, self.model.hidden_size), np.float32) if self.eagle_module else None
+                self.forward(cache, [[0] * width], all_logits=width == 1, hidden=hidden)
+        finally:
+            self.cuda_graphs = graphs
+
+    # -- cache -------------------------------------------------------------------------
+    def new_cache(self, num_slots: int) -> KVCache:
+        """A cache of ``num_slots`` rows on this executor's device (cache.py), every length 0."""
+        from .cache import TorchKVCache
+
+        if num_slots > self.build.max_batch_size:
+            raise RequestError(f"{num_slots} cache slots exceed {self.engine.path}'s max_batch_size={self.build.max_batch_size}.")
+        m, b = self.model, self.build
+        return TorchKVCache(self, num_slots, m.num_layers, m.num_kv_heads, b.kv_capacity, m.head_dim, b.max_seq_len, self.dtype, self.torch_device)
+
+    def _own(self, cache: KVCache):
+        if getattr(cache, "owner", None) is not self:
+            raise RequestError(f"this KV cache was not made by the torch executor of {self.engine.path}: use its new_cache().")
+        return cache
+
+    def copy_slot(self, cache: KVCache, src: int, dst: int) -> None:
+        """Slot ``src``'s live K/V to slot ``dst`` (one copy over every layer, queued on the device) and its length."""
+        with self._torch.inference_mode():
+            self._own(cache).copy_slot(src, dst)
+
+    def compact_slot(self, cache: KVCache, slot: int, start: int, keep: Sequence[int]) -> None:
+        """After a step fed at ``start``: the K/V of the call's tokens ``keep`` (ascending, keep[0] = 0) to positions start,
+        start + 1, ... and the slot's length start + len(keep): a chain's rollback, or a tree's accepted path."""
+        with self._torch.inference_mode():
+            self._own(cache).compact(slot, start, keep)
+
+    # -- compute -----------------------------------------------------------------------
+    def forward(self, cache: KVCache, tokens: Sequence[Sequence[int]] | np.ndarray, all_logits: bool, advance: np.ndarray | None = None,
+                first_slot: int = 0, parents: Sequence[np.ndarray | None] | None = None, hidden: np.ndarray | None = None) -> StepOutput:
+        """Append ``tokens[i]`` to slot ``first_slot + i``; the logits and the engine's extra outputs on the host (as the
+        onnxruntime executors': ragged rows, rows riding along where ``advance`` is False, a tree per row in ``parents``,
+        an EAGLE module's ``hidden`` [n, width, hidden] float32)."""
+        cache = self._own(cache)
+        plan = plan_step(cache, tokens, advance, first_slot, self._name)
+        n, width = plan.ids.shape
+        positions = plan.lengths[:, None] + self._steps[:width]  # [n, width]
+        tree = None
+        if parents is not None and any(p is not None for p in parents):
+            causal = np.tril(np.ones((width, width), bool))
+            tree = np.broadcast_to(causal, (n, width, width)).copy()
+            fill_tree(tree, causal, [], positions, plan.lengths, parents)  # depth positions, ancestor masks
+        if self.eagle_module:
+            if hidden is None or hidden.shape[:2] != (n, plan.tokens):
+                raise EngineError(f"{self._name} is an EAGLE module: each call needs hidden_states [{n}, {plan.tokens}, {self.model.hidden_size}].")
+            hidden = plan.widened(np.asarray(hidden, np.float32))
+        else:
+            refuse_hidden(hidden, self._name)
+        index = np.broadcast_to(self._steps[:width], (n, width)) if all_logits else (plan.num_new - 1)[:, None]
+        arrays = self._run(cache, first_slot, plan.ids, positions, plan.lengths.copy(), np.ascontiguousarray(index), tree, hidden)
+        plan.lengths += plan.grow
+        return plan.trim(StepOutput(**arrays))  # extra outputs by name: engine_format.extra_io's names are StepOutput's fields
+
+    def _run(self, cache, first: int, ids: np.ndarray, positions: np.ndarray, start: np.ndarray, index: np.ndarray, tree: np.ndarray | None,
+             hidden: np.ndarray | None) -> dict[str, np.ndarray]:
+        """One step on slots first .. first + n - 1 (arrays as forward() made them): its float32 outputs on the host."""
+        n, width = ids.shape
+        if self.cuda_graphs and width <= self._graph_width:
+            from .graphs import step_graph
+
+            return step_graph(self, cache, n, width, index.shape[1], tree is not None).run(ids, positions, start, first, index, tree, hidden)
+        torch, dev = self._torch, self.torch_device
+        from .model import StepInputs
+
+        as_dev = lambda a: torch.from_numpy(np.array(a)).to(dev)  # noqa: E731  (a copy: the tensor never aliases a caller's array)
+        step = StepInputs(ids=as_dev(ids), positions=as_dev(positions), start=as_dev(start), slots=as_dev(first + np.arange(n)),
+                          logits_index=as_dev(index), tree=None if tree is None else as_dev(tree),
+                          hidden=None if hidden is None else as_dev(hidden).to(self.dtype), live=int(start.max()) + width)
+        with torch.inference_mode():
+            out = self.net(step, cache.kv)
+            return {name: t.cpu().numpy() for name, t in out.items()}  # (on a GPU: one synchronising copy per output)
