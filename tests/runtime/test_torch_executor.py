@@ -94,6 +94,7 @@ def test_the_torch_engines_are_torch_engines(pair):
     assert (b.backend, b.lowering, b.kv_layout, b.dtype) == ("torch", "torch", "bnsh", "float32")
     assert t.extra_outputs == {"eagle_hidden"} and pair["ex"]["medusa"]["torch"].extra_outputs == {"medusa_logits"}
     assert pair["ex"]["module"]["torch"].extra_outputs == {"hidden_out"} and t.tree_attention
+    assert pair["ex"]["module"]["torch"].extra_inputs == {"hidden_states"} and t.extra_inputs == frozenset()
     assert pair["ex"]["int4"]["torch"].build.weight_only["bits"] == 4
     names = {p.name for p in (pair["dir"] / "torch" / "eagle").iterdir()}
     assert {"config.json", "model.safetensors", "layer.0.safetensors", "layer.2.safetensors", "eagle"} <= names and "model.onnx" not in names
@@ -105,7 +106,7 @@ def run_calls(ex, calls):
     for kind, kw in calls:
         if kind == "forward":
             out = ex.forward(cache, **kw)
-            outs.append({f: np.array(getattr(out, f)) for f in ("logits", "medusa_logits", "eagle_hidden", "hidden_out") if getattr(out, f) is not None})
+            outs.append({"logits": np.array(out.logits), **{name: np.array(a) for name, a in out.extras.items()}})
         elif kind == "copy":
             ex.copy_slot(cache, *kw)
         else:
@@ -143,9 +144,10 @@ def test_an_eagle_module_call_gives_the_onnxruntime_modules_outputs(pair):
     for backend in BACKENDS:
         m = pair["ex"]["module"][backend]
         cache = m.new_cache(2)
-        first = m.forward(cache, [[3, 4, 5, 6], [7, 8]], all_logits=False, hidden=h)  # a ragged catch-up
-        tree = m.forward(cache, [[9, 10, 11], [12, 13, 14]], all_logits=True, hidden=h[:, :3], parents=[np.array([-1, -1, 0]), None])
-        outs[backend] = [np.array(x) for x in (first.logits, first.hidden_out, tree.logits, tree.hidden_out)]
+        first = m.forward(cache, [[3, 4, 5, 6], [7, 8]], all_logits=False, extra_inputs={"hidden_states": h})  # a ragged catch-up
+        tree = m.forward(cache, [[9, 10, 11], [12, 13, 14]], all_logits=True, extra_inputs={"hidden_states": h[:, :3]},
+                         parents=[np.array([-1, -1, 0]), None])
+        outs[backend] = [np.array(x) for x in (first.logits, first.extras["hidden_out"], tree.logits, tree.extras["hidden_out"])]
     for i, (a, b) in enumerate(zip(*outs.values())):
         close(a, b, f"module output {i}")
 
@@ -235,8 +237,8 @@ def test_refusals_say_why_in_one_line(pair, tmp_path, monkeypatch):
     with pytest.raises(RequestError, match="not made by the torch executor"):
         t.forward(pair["ex"]["draft"]["onnxruntime"].new_cache(1), [[1]], all_logits=False)
     with pytest.raises(EngineError, match="takes no hidden_states input"):
-        t.forward(t.new_cache(1), [[1]], all_logits=False, hidden=np.zeros((1, 1, t.model.hidden_size), np.float32))
-    with pytest.raises(EngineError, match="is an EAGLE module: each call needs hidden_states"):
+        t.forward(t.new_cache(1), [[1]], all_logits=False, extra_inputs={"hidden_states": np.zeros((1, 1, t.model.hidden_size), np.float32)})
+    with pytest.raises(EngineError, match=r"takes an extra input hidden_states \[1, 1, 64\] on every call"):
         pair["ex"]["module"]["torch"].forward(pair["ex"]["module"]["torch"].new_cache(1), [[1]], all_logits=False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(EngineError, match="Triton kernels on a CPU run only under its interpreter"):

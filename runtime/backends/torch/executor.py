@@ -13,14 +13,14 @@ shape on that cache: on a GPU they are views of pinned buffers that the next cal
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from ....formats.engine_format import EngineDir, extra_io
 from ....formats.errors import EngineError, RequestError
 from ...kv_cache import KVCache
-from ..base import StepOutput, fill_tree, plan_step, refuse_hidden
+from ..base import StepOutput, check_extra_inputs, fill_tree, plan_step
 from .host import check_engine, cuda_device, require_torch, torch_dtype
 
 KERNELS = ("triton", "torch")  # SPECDEC_TORCH_KERNELS: the ops a GPU runs (torch: the references, for comparing); a CPU runs torch
@@ -56,9 +56,12 @@ class TorchExecutor:
         with torch.inference_mode():
             weights = load_weights(engine, self.torch_device)
         self.net = Forward(weights, self.model, self.build, TritonOps(self.dense) if self.kernels == "triton" else ReferenceOps())
+        # the engine's inputs and outputs beyond the ABI's, by name (engine_format.extra_io); model.py computes the outputs
+        # named there and reads the inputs: the only place a name means something (StepInputs.extra, Forward._outputs)
         self.extra_in, self.extra_out = extra_io(self.model, self.build)
+        self.extra_inputs = frozenset(t.name for t in self.extra_in)
         self.extra_outputs = frozenset(t.name for t in self.extra_out)
-        self.eagle_module = self.build.speculative_decoding_mode == "eagle_module"
+        self._per_token = frozenset(t.name for t in self.extra_out if t.per_token)  # cut by StepPlan.trim
         self.tree_attention = True  # the attention kernel takes a tree mask for any engine, and compact_slot keeps any path
         self._steps = np.arange(max(self.build.max_input_len, self.build.kv_capacity), dtype=np.int64)
         self._graph_width = max(2, self.build.max_draft_len + 1)  # widest decode / verification call: wider ones (prompts) run eagerly
@@ -85,8 +88,8 @@ class TorchExecutor:
         try:
             cache = self.new_cache(1)
             for width in (min(3, self.build.max_input_len), 1):
-                hidden = np.zeros((1, width, self.model.hidden_size), np.float32) if self.eagle_module else None
-                self.forward(cache, [[0] * width], all_logits=width == 1, hidden=hidden)
+                inputs = {t.name: np.zeros((1, width, *t.tail), np.float32) for t in self.extra_in}
+                self.forward(cache, [[0] * width], all_logits=width == 1, extra_inputs=inputs)
         finally:
             self.cuda_graphs = graphs
 
@@ -118,10 +121,11 @@ class TorchExecutor:
 
     # -- compute -----------------------------------------------------------------------
     def forward(self, cache: KVCache, tokens: Sequence[Sequence[int]] | np.ndarray, all_logits: bool, advance: np.ndarray | None = None,
-                first_slot: int = 0, parents: Sequence[np.ndarray | None] | None = None, hidden: np.ndarray | None = None) -> StepOutput:
+                first_slot: int = 0, parents: Sequence[np.ndarray | None] | None = None,
+                extra_inputs: Mapping[str, np.ndarray] | None = None) -> StepOutput:
         """Append ``tokens[i]`` to slot ``first_slot + i``; the logits and the engine's extra outputs on the host (as the
         onnxruntime executors': ragged rows, rows riding along where ``advance`` is False, a tree per row in ``parents``,
-        an EAGLE module's ``hidden`` [n, width, hidden] float32)."""
+        each of the engine's extra inputs [n, width, *tail] float32 in ``extra_inputs``)."""
         cache = self._own(cache)
         plan = plan_step(cache, tokens, advance, first_slot, self._name)
         n, width = plan.ids.shape
@@ -131,32 +135,30 @@ class TorchExecutor:
             causal = np.tril(np.ones((width, width), bool))
             tree = np.broadcast_to(causal, (n, width, width)).copy()
             fill_tree(tree, causal, [], positions, plan.lengths, parents)  # depth positions, ancestor masks
-        if self.eagle_module:
-            if hidden is None or hidden.shape[:2] != (n, plan.tokens):
-                raise EngineError(f"{self._name} is an EAGLE module: each call needs hidden_states [{n}, {plan.tokens}, {self.model.hidden_size}].")
-            hidden = plan.widened(np.asarray(hidden, np.float32))
-        else:
-            refuse_hidden(hidden, self._name)
+        if extra_inputs or self.extra_in:
+            check_extra_inputs(extra_inputs, self.extra_in, n, plan.tokens, self._name)
+            extra_inputs = {t.name: plan.widened(np.asarray(extra_inputs[t.name], np.float32)) for t in self.extra_in}
         index = np.broadcast_to(self._steps[:width], (n, width)) if all_logits else (plan.num_new - 1)[:, None]
-        arrays = self._run(cache, first_slot, plan.ids, positions, plan.lengths.copy(), np.ascontiguousarray(index), tree, hidden)
+        arrays = self._run(cache, first_slot, plan.ids, positions, plan.lengths.copy(), np.ascontiguousarray(index), tree, extra_inputs or {})
         plan.lengths += plan.grow
-        return plan.trim(StepOutput(**arrays))  # extra outputs by name: engine_format.extra_io's names are StepOutput's fields
+        logits = arrays.pop("logits")
+        return plan.trim(StepOutput(logits, arrays), self._per_token)
 
     def _run(self, cache, first: int, ids: np.ndarray, positions: np.ndarray, start: np.ndarray, index: np.ndarray, tree: np.ndarray | None,
-             hidden: np.ndarray | None) -> dict[str, np.ndarray]:
-        """One step on slots first .. first + n - 1 (arrays as forward() made them): its float32 outputs on the host."""
+             extra: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One step on slots first .. first + n - 1 (arrays as forward() made them): its float32 outputs on the host, by name."""
         n, width = ids.shape
         if self.cuda_graphs and width <= self._graph_width:
             from .graphs import step_graph
 
-            return step_graph(self, cache, n, width, index.shape[1], tree is not None).run(ids, positions, start, first, index, tree, hidden)
+            return step_graph(self, cache, n, width, index.shape[1], tree is not None).run(ids, positions, start, first, index, tree, extra)
         torch, dev = self._torch, self.torch_device
         from .model import StepInputs
 
         as_dev = lambda a: torch.from_numpy(np.array(a)).to(dev)  # noqa: E731  (a copy: the tensor never aliases a caller's array)
         step = StepInputs(ids=as_dev(ids), positions=as_dev(positions), start=as_dev(start), slots=as_dev(first + np.arange(n)),
                           logits_index=as_dev(index), tree=None if tree is None else as_dev(tree),
-                          hidden=None if hidden is None else as_dev(hidden).to(self.dtype), live=int(start.max()) + width)
+                          extra={name: as_dev(a).to(self.dtype) for name, a in extra.items()}, live=int(start.max()) + width)
         with torch.inference_mode():
             out = self.net(step, cache.kv)
             return {name: t.cpu().numpy() for name, t in out.items()}  # (on a GPU: one synchronising copy per output)

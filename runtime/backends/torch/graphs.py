@@ -46,15 +46,16 @@ class StepGraph:
         self.host_views = {name: self.host_ints[a:b].view(shape).numpy() for (name, shape), a, b in zip(ints, offsets, offsets[1:])}
         dev_views = {name: self.dev_ints[a:b].view(shape) for (name, shape), a, b in zip(ints, offsets, offsets[1:])}
         self.host_tree = torch.empty((rows, width, width), dtype=torch.bool, pin_memory=True) if tree else None
-        self.host_hidden = torch.empty((rows, width, ex.model.hidden_size), dtype=torch.float32, pin_memory=True) if ex.eagle_module else None
+        # the engine's extra inputs (an EAGLE module's hidden_states), by name: float32 on the host, the compute dtype on the device
+        self.host_extra = {t.name: torch.empty((rows, width, *t.tail), dtype=torch.float32, pin_memory=True) for t in ex.extra_in}
         self.step = StepInputs(**dev_views, tree=None if self.host_tree is None else torch.empty_like(self.host_tree, device=dev),
-                               hidden=None if self.host_hidden is None else torch.empty(self.host_hidden.shape, dtype=ex.dtype, device=dev))
+                               extra={name: torch.empty(h.shape, dtype=ex.dtype, device=dev) for name, h in self.host_extra.items()})
         self.causal = np.tril(np.ones((width, width), bool))
         self.graph: torch.cuda.CUDAGraph | None = None
         self.outputs: dict[str, torch.Tensor] = {}  # the graph's static outputs (device)
         self.host_out: dict[str, torch.Tensor] = {}  # their pinned host copies: what a call returns views of
 
-    def _fill(self, ids, positions, start, first: int, index, tree, hidden) -> None:
+    def _fill(self, ids, positions, start, first: int, index, tree, extra: dict[str, np.ndarray]) -> None:
         n, v = ids.shape[0], self.host_views
         v["ids"][:n], v["positions"][:n], v["start"][:n], v["logits_index"][:n] = ids, positions, start, index
         v["slots"][:n] = first + np.arange(n)
@@ -66,14 +67,14 @@ class StepGraph:
             t = self.host_tree.numpy()
             t[:n], t[n:] = tree, self.causal
             self.step.tree.copy_(self.host_tree, non_blocking=True)
-        if self.host_hidden is not None:
-            h = self.host_hidden.numpy()
-            h[:n], h[n:] = hidden, 0.0
-            self.step.hidden.copy_(self.host_hidden, non_blocking=True)
+        for name, host in self.host_extra.items():
+            h = host.numpy()
+            h[:n], h[n:] = extra[name], 0.0
+            self.step.extra[name].copy_(host, non_blocking=True)
 
-    def run(self, ids, positions, start, first: int, index, tree, hidden) -> dict[str, np.ndarray]:
+    def run(self, ids, positions, start, first: int, index, tree, extra: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         n = ids.shape[0]
-        self._fill(ids, positions, start, first, index, tree, hidden)
+        self._fill(ids, positions, start, first, index, tree, extra)
         with torch.inference_mode():
             if self.graph is None:
                 outputs = self._capture()

@@ -15,7 +15,7 @@ an EAGLE-3 target's fc over its aux layers' outputs for every fed token; an EAGL
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -34,7 +34,7 @@ class StepInputs:
     slots: torch.Tensor  # [B] int64: the cache row each batch row reads and writes
     logits_index: torch.Tensor  # [B, L] int64: the tokens whose logits (and per-row extras) come back
     tree: torch.Tensor | None = None  # [B, S, S] bool: token j sees call token j' where tree[b, j, j'] (None: causal)
-    hidden: torch.Tensor | None = None  # [B, S, hidden] an EAGLE module's hidden_states, in the compute dtype
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)  # the engine's extra inputs [B, S, *tail], compute dtype: hidden_states
     live: int | None = None  # a host bound >= max(start) + S, for ops that read it (ReferenceOps); None inside CUDA graphs
 
 
@@ -57,7 +57,7 @@ class Forward:
         aux = []  # an EAGLE-3 target's aux layers' outputs, [T, hidden] each
         for i, layer in enumerate(w.layers):
             if self.eagle_module and i == 0:  # attention over [norm(embedding), hidden_norm(h)]; h is the residual stream
-                h_in = step.hidden.reshape(B * S, -1)
+                h_in = step.extra["hidden_states"].reshape(B * S, -1)
                 a_in = torch.cat([ops.rmsnorm(x, layer.input_norm, m.rms_norm_eps), ops.rmsnorm(h_in, layer.hidden_norm, m.rms_norm_eps)], dim=-1)
                 x = h_in
             else:
@@ -83,6 +83,7 @@ class Forward:
         return ops.linear(out.reshape(B * S, -1), layer.o)
 
     def _outputs(self, x: torch.Tensor, aux: list[torch.Tensor], step: StepInputs, B: int, S: int) -> dict[str, torch.Tensor]:
+        """"logits" and the engine's extra outputs under engine_format.extra_io's names, float32."""
         w, m, ops = self.w, self.m, self.ops
         out: dict[str, torch.Tensor] = {}
         if w.eagle_fc is not None:  # fc(concat(aux layers' outputs)) of every fed token: the EAGLE-3 module's input
