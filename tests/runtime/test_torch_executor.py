@@ -263,3 +263,22 @@ def test_a_torch_engine_on_a_host_without_torch_is_refused_in_one_line(pair):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "needs torch, which is not installed" in out.stdout and len(out.stdout.strip().splitlines()) == 1
+
+
+def test_auto_starts_from_step_costs_measured_on_the_executor(pair):
+    """Engine.measure_step_costs times every (batch size, width) on the engine's own cache before any request and gives
+    draft_len=auto those lines; the cache is empty again, and auto's output is still target-only's."""
+    t, draft = pair["ex"]["eagle"]["torch"], pair["ex"]["draft"]["torch"]
+    engine = Engine(t, [DraftModelProposer(draft)], SpeculationConfig("draft", "auto"))
+    costs = engine.measure_step_costs()
+    assert sorted({rows for rows, _ in costs}) == [1, 2, 4] and sorted({w for _, w in costs}) == list(range(1, 10))
+    assert engine.cache.lengths.tolist() == [0, 0, 0, 0]
+    assert all(engine.auto.verify[rows].measured for rows in (1, 2, 4)) and not engine.auto.verify[3].measured
+    one_row = [costs[(1, w)] for w in range(1, 10)]
+    assert min(one_row) * 0.5 <= engine.auto.verify_cost(1, 5) <= max(one_row) * 2  # priced from the measured line, in seconds
+    ids = [engine.add_request(p, GenerationConfig(max_output_len=20)) for p in PROMPTS]
+    done = run_until_done(engine)
+    assert [done[i].output_ids for i in ids] == generate(t, [], "none", 0, PROMPTS)[0]
+    with pytest.raises(RequestError, match="before adding requests"):
+        engine.add_request(PROMPTS[0], GenerationConfig(max_output_len=2))
+        engine.measure_step_costs()
