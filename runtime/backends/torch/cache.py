@@ -25,8 +25,8 @@ class TorchKVCache(KVCache):
         self.owner = owner  # the executor that made it: only its forward() may use it
         self.kv = torch.zeros((num_layers, 2, num_slots + 1, kv_heads, capacity, head_dim), dtype=dtype, device=device)
         self.scratch = num_slots
-        self.graphs: dict[tuple, object] = {}  # (bucket rows, width, logit rows) -> graphs.StepGraph on this cache
-        self.host: dict[tuple, dict[str, torch.Tensor]] = {}  # eager call shape -> its pinned output buffers (CUDA)
+        self.graphs: dict[tuple, object] = {}  # (bucket rows, width, logit rows, tree) -> graphs.StepGraph on this cache
+        self.host_outputs = None  # graphs.GraphOutputs: pinned host buffers the graphs' outputs come back into
 
     def copy_slot(self, src: int, dst: int) -> None:
         n = int(self.lengths[src])

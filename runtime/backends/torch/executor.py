@@ -12,6 +12,7 @@ shape on that cache: on a GPU they are views of pinned buffers that the next cal
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Mapping, Sequence
 
@@ -64,8 +65,9 @@ class TorchExecutor:
         self._per_token = frozenset(t.name for t in self.extra_out if t.per_token)  # cut by StepPlan.trim
         self.tree_attention = True  # the attention kernel takes a tree mask for any engine, and compact_slot keeps any path
         self._steps = np.arange(max(self.build.max_input_len, self.build.kv_capacity), dtype=np.int64)
-        self._graph_width = max(2, self.build.max_draft_len + 1)  # widest decode / verification call: wider ones (prompts) run eagerly
+        self.graph_width = max(2, self.build.max_draft_len + 1)  # widest decode / verification call: wider ones (prompts) run eagerly
         self.graph_pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None  # every graph's intermediates: replays never overlap
+        self.graph_outputs = None  # graphs.GraphOutputs: the device buffers every graph leaves its outputs in
         if warm_up:
             self._warm_up()
 
@@ -148,17 +150,18 @@ class TorchExecutor:
              extra: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One step on slots first .. first + n - 1 (arrays as forward() made them): its float32 outputs on the host, by name."""
         n, width = ids.shape
-        if self.cuda_graphs and width <= self._graph_width:
+        torch, dev = self._torch, self.torch_device
+        if self.cuda_graphs and width <= self.graph_width:
             from .graphs import step_graph
 
-            return step_graph(self, cache, n, width, index.shape[1], tree is not None).run(ids, positions, start, first, index, tree, extra)
-        torch, dev = self._torch, self.torch_device
+            with torch.cuda.device(dev):  # Triton launches on the current device
+                return step_graph(self, cache, n, width, index.shape[1], tree is not None).run(ids, positions, start, first, index, tree, extra)
         from .model import StepInputs
 
         as_dev = lambda a: torch.from_numpy(np.array(a)).to(dev)  # noqa: E731  (a copy: the tensor never aliases a caller's array)
         step = StepInputs(ids=as_dev(ids), positions=as_dev(positions), start=as_dev(start), slots=as_dev(first + np.arange(n)),
                           logits_index=as_dev(index), tree=None if tree is None else as_dev(tree),
                           extra={name: as_dev(a).to(self.dtype) for name, a in extra.items()}, live=int(start.max()) + width)
-        with torch.inference_mode():
+        with torch.inference_mode(), (torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()):
             out = self.net(step, cache.kv)
             return {name: t.cpu().numpy() for name, t in out.items()}  # (on a GPU: one synchronising copy per output)

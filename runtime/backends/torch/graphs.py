@@ -8,8 +8,13 @@ rollback, copy_slot or compact_slot: those change lengths and cache contents, ne
 
 Batch buckets: every size up to 8, then multiples of 8 (and the engine's max_batch_size). A call of n rows replays
 the smallest bucket >= n; rows n .. bucket - 1 are padding that read and write the cache's scratch slot, and their
-outputs are dropped. A graph captures the cache's address, so graphs belong to a cache (cache.graphs); every graph
-of an executor draws its intermediates from one memory pool (their replays never overlap).
+outputs are dropped. A graph captures the cache's address, so graphs belong to a cache (cache.graphs).
+
+Memory: replays never overlap, so every graph of an executor draws its intermediates from one pool, and copies its
+outputs into one device buffer per output (GraphOutputs: the widest call's logits, 295 MB at 64 rows x 9 tokens x a
+128K vocabulary) instead of keeping its own; each cache has one pinned host buffer per output, which a call returns
+views of (valid until the next call on that cache, as the protocol says). Per-graph outputs would hold the logits of
+every captured shape: several GB at that size.
 """
 
 from __future__ import annotations
@@ -24,8 +29,26 @@ def batch_buckets(max_batch: int) -> list[int]:
     return sorted({*range(1, min(8, max_batch) + 1), *range(8, max_batch + 1, 8), max_batch})
 
 
+class GraphOutputs:
+    """Flat float32 buffers, one per output name, as large as the widest graph's output: device (per executor) or pinned
+    host (per cache). ``view(name, shape)`` is the first elements of the buffer as ``shape``."""
+
+    def __init__(self, ex, device: torch.device | None):
+        rows, width = max(batch_buckets(ex.build.max_batch_size)), ex.graph_width
+        sizes = {"logits": rows * width * ex.vocab_size, **{t.name: rows * width * int(np.prod(t.tail)) for t in ex.extra_out}}
+        pin = device is None
+        self.flat = {name: torch.empty(size, dtype=torch.float32, device=device or "cpu", pin_memory=pin) for name, size in sizes.items()}
+
+    def view(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        return self.flat[name][: int(np.prod(shape))].view(shape)
+
+
 def step_graph(ex, cache, n: int, width: int, logit_rows: int, tree: bool) -> "StepGraph":
     """The cache's graph for this call shape, made (not yet captured) at its first call."""
+    if ex.graph_outputs is None:
+        ex.graph_outputs = GraphOutputs(ex, ex.torch_device)
+    if cache.host_outputs is None:
+        cache.host_outputs = GraphOutputs(ex, None)
     rows = next(b for b in batch_buckets(ex.build.max_batch_size) if b >= n)
     key = (rows, width, logit_rows, tree)
     graph = cache.graphs.get(key)
@@ -52,8 +75,11 @@ class StepGraph:
                                extra={name: torch.empty(h.shape, dtype=ex.dtype, device=dev) for name, h in self.host_extra.items()})
         self.causal = np.tril(np.ones((width, width), bool))
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.outputs: dict[str, torch.Tensor] = {}  # the graph's static outputs (device)
-        self.host_out: dict[str, torch.Tensor] = {}  # their pinned host copies: what a call returns views of
+        # where the graph leaves its outputs (views of the executor's shared buffers) and where they come back (the cache's)
+        per_token = {t.name for t in ex.extra_out if t.per_token}
+        shapes = {"logits": (rows, logit_rows, ex.vocab_size), **{t.name: (rows, width if t.name in per_token else logit_rows, *t.tail) for t in ex.extra_out}}
+        self.outputs = {name: ex.graph_outputs.view(name, shape) for name, shape in shapes.items()}
+        self.host_out = {name: cache.host_outputs.view(name, shape) for name, shape in shapes.items()}
 
     def _fill(self, ids, positions, start, first: int, index, tree, extra: dict[str, np.ndarray]) -> None:
         n, v = ids.shape[0], self.host_views
@@ -77,28 +103,30 @@ class StepGraph:
         self._fill(ids, positions, start, first, index, tree, extra)
         with torch.inference_mode():
             if self.graph is None:
-                outputs = self._capture()
+                self._capture()
             else:
                 self.graph.replay()
-                outputs = self.outputs
-            if not self.host_out:
-                self.host_out = {name: torch.empty(t.shape, dtype=torch.float32, pin_memory=True) for name, t in outputs.items()}
-            for name, t in outputs.items():
+            for name, t in self.outputs.items():
                 self.host_out[name].copy_(t, non_blocking=True)
         torch.cuda.current_stream(self.ex.torch_device).synchronize()
         return {name: t.numpy()[:n] for name, t in self.host_out.items()}
 
-    def _capture(self) -> dict[str, torch.Tensor]:
+    def _forward(self) -> None:
+        """The step, its outputs copied into the shared buffers (what the graph records)."""
+        result = self.ex.net(self.step, self.cache.kv)
+        for name, t in self.outputs.items():
+            t.copy_(result[name])
+
+    def _capture(self) -> None:
         """The shape's first call: run it eagerly on a side stream (Triton compiles, cuBLAS sets up: what capture cannot do),
         then capture the same forward for the calls after it. The eager run's outputs are this call's."""
-        ex, main = self.ex, torch.cuda.current_stream(self.ex.torch_device)
+        main = torch.cuda.current_stream(self.ex.torch_device)
         side = torch.cuda.Stream(self.ex.torch_device)
         side.wait_stream(main)
         with torch.cuda.stream(side):
-            eager = ex.net(self.step, self.cache.kv)
+            self._forward()
         main.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=ex.graph_pool):
-            self.outputs = ex.net(self.step, self.cache.kv)
+        with torch.cuda.graph(graph, pool=self.ex.graph_pool):  # records, does not run: the cache keeps the eager run's writes
+            self._forward()
         self.graph = graph
-        return eager
