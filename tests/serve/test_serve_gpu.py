@@ -37,15 +37,27 @@ def test_sixteen_concurrent_clients_on_the_torch_backend_get_their_solo_output(t
     sixteen_clients(tmp_path, backend="torch")
 
 
-def sixteen_clients(tmp_path, **backend):
+def test_sixteen_concurrent_clients_on_the_torch_backend_on_the_cpu_get_their_solo_output(tmp_path):
+    """The same on the CPU (float32, the kernels' torch references): what CI checks of the torch backend behind the server."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        sixteen_clients(tmp_path, device="cpu", backend="torch", dtype="float32")
+    finally:
+        torch.set_num_threads(threads)
+
+
+def sixteen_clients(tmp_path, device="cuda", dtype="bfloat16", **backend):
     from specdec.formats.tokenizer import Tokenizer
 
-    limits = dict(max_batch_size=4, max_input_len=128, max_seq_len=256, dtype="bfloat16", **backend)
+    limits = dict(max_batch_size=4, max_input_len=128, max_seq_len=256, dtype=dtype, **backend)
     build_engine(DEMO / "target", tmp_path / "target", spec_build(8, speculative_decoding_mode="eagle", **limits),
                  eagle_dir=DEMO / "heads" / "eagle", say=lambda _: None)
     build_engine(DEMO / "draft", tmp_path / "draft", spec_build(0, **limits), say=lambda _: None)
     pair = (tmp_path / "target", tmp_path / "draft", DraftTargetConfig(3, [0], [0], False), NGramConfig(4, 2, [0]))
-    served = build_served(*pair, device="cuda", suffix=SuffixConfig())
+    served = build_served(*pair, device=device, suffix=SuffixConfig())
     tok = Tokenizer(DEMO / "target")
     text = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
     ids = tok.encode(text * 3)
