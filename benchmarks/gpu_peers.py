@@ -49,6 +49,10 @@ def hf_generate(target: str, prompts: list[list[int]], n_new: int, batch: int, d
     batches = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
     outs: list[list[int]] = []
     total = 0.0
+    if compiled and not draft:
+        # forget the graphs compiled for another batch size: a recompilation for a new shape makes torch.compile mark the
+        # batch axis dynamic, and the dynamic graph is slower (the batch-1 figure of the first run was such a recompilation)
+        torch._dynamo.reset()
     with torch.inference_mode():
         for i, rows in enumerate([batches[0], batches[0]] + batches):  # two warm-ups: compilation, then CUDA graph capture
             x = torch.tensor(rows, device="cuda")
