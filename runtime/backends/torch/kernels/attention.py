@@ -50,7 +50,7 @@ def attention_ref(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
 
 
 # -- kernel --------------------------------------------------------------------------------
-@kernel()
+@kernel(do_not_specialize=["S"])  # one compiled kernel for one-token and (k+1)-token calls: the same code for a query row
 def _attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, slot_ptr, start_ptr, tree_ptr, S, scale, cache_slot, cache_head, cache_pos,
                       NH: tl.constexpr, KVH: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr, TREE: tl.constexpr,
                       IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
