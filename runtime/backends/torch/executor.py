@@ -33,8 +33,9 @@ class TorchExecutor:
 
     def __init__(self, engine: EngineDir, device: str = "cpu", cuda_graphs: bool | None = None, kernels: str | None = None,
                  dense: str | None = None, warm_up: bool = True):
-        """device: "cpu" or "cuda:N". cuda_graphs: None = on a GPU with the Triton kernels. kernels / dense: as KERNELS / DENSE
-        (default: the environment's SPECDEC_TORCH_KERNELS / SPECDEC_TORCH_DENSE, else triton on a GPU and stable)."""
+        """device: "cpu" or "cuda:N". cuda_graphs: None = on a GPU with the Triton kernels, unless SPECDEC_TORCH_GRAPHS=0.
+        kernels / dense: as KERNELS / DENSE (default: the environment's SPECDEC_TORCH_KERNELS / SPECDEC_TORCH_DENSE, else
+        triton on a GPU, and stable)."""
         torch = self._torch = require_torch(f"{engine.path} (a torch engine)")
         kind = "cpu" if device == "cpu" else "cuda"
         check_engine(engine, kind)
@@ -45,6 +46,8 @@ class TorchExecutor:
         self.kernels = kernels or os.environ.get("SPECDEC_TORCH_KERNELS") or ("triton" if kind == "cuda" else "torch")
         self.dense = dense or os.environ.get("SPECDEC_TORCH_DENSE") or "stable"
         self._check_choices(kind)
+        if cuda_graphs is None and os.environ.get("SPECDEC_TORCH_GRAPHS") == "0":  # the switch for a run without graphs
+            cuda_graphs = False
         self.cuda_graphs = (kind == "cuda" and self.kernels == "triton") if cuda_graphs is None else cuda_graphs
         if self.cuda_graphs and not (kind == "cuda" and self.kernels == "triton"):
             raise EngineError(f"{engine.path}: CUDA graphs need a GPU and the Triton kernels (their attention reads each row's length on the "
