@@ -6,12 +6,13 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+from checkpoints import make_checkpoint  # noqa: E402  (imports torch, which does not import Triton)
+
 # Triton kernels (runtime/backends/torch/kernels/) run under Triton's interpreter on a host without a GPU; Triton reads
 # this when it is first imported, so it is set before any test module imports it (tests/runtime/test_torch_kernels.py)
-if not Path("/dev/nvidia0").exists():
+if not sys.modules["torch"].cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from checkpoints import make_checkpoint  # noqa: E402
 
 from specdec.builder.build import build_engine  # noqa: E402
 from specdec.formats.engine_format import BuildConfig, load_engine_dir  # noqa: E402

@@ -13,7 +13,6 @@ import os
 import numpy as np
 import pytest
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is imported (conftest.py sets it first on a host without a GPU)
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton", reason="the Triton interpreter runs the kernels on a CPU (pip install triton)")
 
@@ -88,6 +87,21 @@ def test_rotation_is_transformers_rotate_half():
     torch.testing.assert_close(rotary.rotate_ref(x, freqs.cos(), freqs.sin(), pos), want.transpose(1, 2), rtol=1e-5, atol=1e-5)
 
 
+def positions_of(start, S, tree=None):
+    """Each call token's position: start + j in a chain, start + its depth in a tree (base.fill_tree)."""
+    depth = torch.arange(S, device=start.device)[None].expand(len(start), S) if tree is None else tree.sum(-1) - 1
+    return start[:, None] + depth
+
+
+def a_tree(parents, S, rows):
+    tree = torch.zeros(rows, S, S, dtype=torch.bool, device=DEVICE)
+    for j, p in enumerate(parents):
+        if p >= 0:
+            tree[:, j] = tree[:, p]
+        tree[:, j, j] = True
+    return tree
+
+
 @pytest.mark.parametrize("case", ["decode", "chain", "tree", "prefill"])
 def test_attention(case):
     NH, KVH, HD = 4, 2, 16
@@ -97,21 +111,17 @@ def test_attention(case):
     elif case == "chain":
         S, start, tree = 5, tensor([5, 1, 40]), None
     elif case == "prefill":
-        S, start, tree = 40, tensor([0, 0, 3]), None  # several key blocks and query programs
+        S, start, tree = 40, tensor([0, 0, 3]), None  # several key blocks
     else:
         S, start = 6, tensor([5, 2, 33])
-        parents = [-1, 0, 0, 1, 2, 3]
-        tree = torch.zeros(3, S, S, dtype=torch.bool, device=DEVICE)
-        for j, p in enumerate(parents):
-            if p >= 0:
-                tree[:, j] = tree[:, p]
-            tree[:, j, j] = True
+        tree = a_tree([-1, 0, 0, 1, 2, 3], S, 3)
         tree[1] = torch.tril(torch.ones(S, S, dtype=torch.bool, device=DEVICE))  # a chain among trees
     slots = tensor([3, 0, 1])
     q = rand(3, S, NH, HD, seed=11)
     live = int(start.max()) + S
     want = attention.attention_ref(q, ck, cv, slots, start, tree, HD ** -0.5, live)
-    got = attention.attention(q, ck, cv, slots, start, tree, HD ** -0.5)
+    path = None if tree is None else attention.tree_path(tree)
+    got = attention.attention(q, ck, cv, slots, start, positions_of(start, S, tree).contiguous(), path, HD ** -0.5)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -121,9 +131,29 @@ def test_a_verified_token_gets_the_bits_of_a_one_token_step():
     ck, cv = cache(num_slots=2, capacity=80)
     q = rand(1, 5, NH, HD, seed=12)
     slots, start = tensor([1]), tensor([30])
-    wide = attention.attention(q, ck, cv, slots, start, None, HD ** -0.5)
+    wide = attention.attention(q, ck, cv, slots, start, positions_of(start, 5).contiguous(), None, HD ** -0.5)
     for j in range(5):
-        one = attention.attention(q[:, j : j + 1].contiguous(), ck, cv, slots, start + j, None, HD ** -0.5)
+        one = attention.attention(q[:, j : j + 1].contiguous(), ck, cv, slots, start + j, (start + j)[:, None].contiguous(), None, HD ** -0.5)
+        assert torch.equal(one[0, 0], wide[0, j]), j
+
+
+def test_a_tree_node_gets_the_bits_of_a_one_token_step_on_its_path():
+    """A tree call of 6 nodes at position 29 (their K/V in call order), and each node fed alone after its path was kept in
+    contiguous positions (what compaction leaves): the same attention output, bit for bit."""
+    NH, HD, S, start = 4, 16, 6, 29
+    parents = [-1, 0, 0, 1, 2, 3]
+    ck, cv = cache(num_slots=1, capacity=80)
+    q = rand(1, S, NH, HD, seed=13)
+    tree = a_tree(parents, S, 1)
+    starts = tensor([start])
+    wide = attention.attention(q, ck, cv, tensor([0]), starts, positions_of(starts, S, tree).contiguous(), attention.tree_path(tree), HD ** -0.5)
+    for j in range(S):
+        path = [i for i in range(S) if tree[0, j, i]]  # its ancestors by depth, then itself
+        kept_k, kept_v = ck.clone(), cv.clone()
+        kept_k[0, :, start : start + len(path)] = ck[0, :, [start + i for i in path]]
+        kept_v[0, :, start : start + len(path)] = cv[0, :, [start + i for i in path]]
+        at = tensor([start + len(path) - 1])
+        one = attention.attention(q[:, j : j + 1].contiguous(), kept_k, kept_v, tensor([0]), at, at[:, None].contiguous(), None, HD ** -0.5)
         assert torch.equal(one[0, 0], wide[0, j]), j
 
 

@@ -28,6 +28,11 @@ KERNELS = ("triton", "torch")  # SPECDEC_TORCH_KERNELS: the ops a GPU runs (torc
 DENSE = ("stable", "cublas")  # SPECDEC_TORCH_DENSE: dense layers on the fixed-tile kernel, or on torch's matmul (ops.TritonOps)
 
 
+def tree_path(tree: np.ndarray) -> np.ndarray:
+    """A call's tree mask [n, width, width] -> the attention kernel's paths (kernels/attention.py: tree_path), on the host."""
+    return np.argsort(~tree, axis=-1, kind="stable").astype(np.int32)
+
+
 class TorchExecutor:
     """The torch backend's executor on the CPU (float32, references) or one NVIDIA GPU (Triton kernels, CUDA graphs)."""
 
@@ -163,7 +168,7 @@ class TorchExecutor:
 
         as_dev = lambda a: torch.from_numpy(np.array(a)).to(dev)  # noqa: E731  (a copy: the tensor never aliases a caller's array)
         step = StepInputs(ids=as_dev(ids), positions=as_dev(positions), start=as_dev(start), slots=as_dev(first + np.arange(n)),
-                          logits_index=as_dev(index), tree=None if tree is None else as_dev(tree),
+                          logits_index=as_dev(index), tree=None if tree is None else as_dev(tree), path=None if tree is None else as_dev(tree_path(tree)),
                           extra={name: as_dev(a).to(self.dtype) for name, a in extra.items()}, live=int(start.max()) + width)
         with torch.inference_mode(), (torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()):
             out = self.net(step, cache.kv)

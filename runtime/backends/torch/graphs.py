@@ -19,10 +19,17 @@ every captured shape: several GB at that size.
 
 from __future__ import annotations
 
+import gc
+import warnings
+
 import numpy as np
 import torch
 
+from .executor import tree_path
 from .model import StepInputs
+
+
+WARMUPS = 1  # eager runs of a shape before its capture (lazy setup, Triton's compilation and module loads, must not happen inside one)
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -60,7 +67,9 @@ def step_graph(ex, cache, n: int, width: int, logit_rows: int, tree: bool) -> "S
 class StepGraph:
     def __init__(self, ex, cache, rows: int, width: int, logit_rows: int, tree: bool):
         dev = ex.torch_device
-        self.ex, self.cache, self.rows, self.width = ex, cache, rows, width
+        # the cache's tensor and scratch slot, not the cache: no cycle (cache.graphs holds this), so a dropped cache and its
+        # graphs go at once, never in a garbage collection that could fall inside another graph's capture
+        self.ex, self.kv, self.scratch, self.rows, self.width = ex, cache.kv, cache.scratch, rows, width
         ints = [("ids", (rows, width)), ("positions", (rows, width)), ("start", (rows,)), ("slots", (rows,)), ("logits_index", (rows, logit_rows))]
         sizes = [int(np.prod(shape)) for _, shape in ints]
         self.host_ints = torch.empty(sum(sizes), dtype=torch.int64, pin_memory=True)  # every integer input, one copy
@@ -69,9 +78,11 @@ class StepGraph:
         self.host_views = {name: self.host_ints[a:b].view(shape).numpy() for (name, shape), a, b in zip(ints, offsets, offsets[1:])}
         dev_views = {name: self.dev_ints[a:b].view(shape) for (name, shape), a, b in zip(ints, offsets, offsets[1:])}
         self.host_tree = torch.empty((rows, width, width), dtype=torch.bool, pin_memory=True) if tree else None
+        self.host_path = torch.empty((rows, width, width), dtype=torch.int32, pin_memory=True) if tree else None
         # the engine's extra inputs (an EAGLE module's hidden_states), by name: float32 on the host, the compute dtype on the device
         self.host_extra = {t.name: torch.empty((rows, width, *t.tail), dtype=torch.float32, pin_memory=True) for t in ex.extra_in}
         self.step = StepInputs(**dev_views, tree=None if self.host_tree is None else torch.empty_like(self.host_tree, device=dev),
+                               path=None if self.host_path is None else torch.empty_like(self.host_path, device=dev),
                                extra={name: torch.empty(h.shape, dtype=ex.dtype, device=dev) for name, h in self.host_extra.items()})
         self.causal = np.tril(np.ones((width, width), bool))
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -86,13 +97,15 @@ class StepGraph:
         v["ids"][:n], v["positions"][:n], v["start"][:n], v["logits_index"][:n] = ids, positions, start, index
         v["slots"][:n] = first + np.arange(n)
         # padding rows: the scratch slot, from position 0 (what they compute is dropped)
-        v["ids"][n:], v["positions"][n:], v["start"][n:], v["slots"][n:] = 0, np.arange(self.width), 0, self.cache.scratch
+        v["ids"][n:], v["positions"][n:], v["start"][n:], v["slots"][n:] = 0, np.arange(self.width), 0, self.scratch
         v["logits_index"][n:] = v["logits_index"][:1]
         self.dev_ints.copy_(self.host_ints, non_blocking=True)  # the integer inputs are views of dev_ints: one copy fills them all
         if self.host_tree is not None:
             t = self.host_tree.numpy()
             t[:n], t[n:] = tree, self.causal
+            self.host_path.numpy()[...] = tree_path(t)
             self.step.tree.copy_(self.host_tree, non_blocking=True)
+            self.step.path.copy_(self.host_path, non_blocking=True)
         for name, host in self.host_extra.items():
             h = host.numpy()
             h[:n], h[n:] = extra[name], 0.0
@@ -113,20 +126,36 @@ class StepGraph:
 
     def _forward(self) -> None:
         """The step, its outputs copied into the shared buffers (what the graph records)."""
-        result = self.ex.net(self.step, self.cache.kv)
+        result = self.ex.net(self.step, self.kv)
         for name, t in self.outputs.items():
             t.copy_(result[name])
 
     def _capture(self) -> None:
-        """The shape's first call: run it eagerly on a side stream (Triton compiles, cuBLAS sets up: what capture cannot do),
-        then capture the same forward for the calls after it. The eager run's outputs are this call's."""
+        """The shape's first call: run it eagerly on a side stream, WARMUPS times (Triton compiles and loads its kernels,
+        cuBLAS sets up: what a capture cannot do; the same inputs write the same K/V each time), then capture the same
+        forward for the calls after it. The eager run's outputs are this call's. A capture that fails leaves this call's
+        outputs as they are and turns the executor's graphs off, saying so once: correctness never depends on a graph."""
         main = torch.cuda.current_stream(self.ex.torch_device)
         side = torch.cuda.Stream(self.ex.torch_device)
         side.wait_stream(main)
         with torch.cuda.stream(side):
-            self._forward()
+            for _ in range(WARMUPS):
+                self._forward()
         main.wait_stream(side)
+        torch.cuda.synchronize(self.ex.torch_device)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.ex.graph_pool):  # records, does not run: the cache keeps the eager run's writes
-            self._forward()
+        gc.disable()  # no garbage collection inside the capture: freeing another cache's graph there invalidates the capture
+        try:
+            with torch.cuda.graph(graph, pool=self.ex.graph_pool):  # records, does not run: the cache keeps the eager run's writes
+                self._forward()
+        except RuntimeError as err:  # a CUDA error inside the capture: this executor runs without graphs from now on
+            self.ex.cuda_graphs = False
+            warnings.warn(f"{self.ex.engine.path}: capturing a CUDA graph of {self.rows} rows x {self.width} tokens failed ({err}); "
+                          "the executor runs without CUDA graphs from now on (SPECDEC_TORCH_GRAPHS=0 skips them).", RuntimeWarning, stacklevel=2)
+            with torch.cuda.stream(side):
+                self._forward()  # this call's outputs again (the failed capture left the shared buffers undefined)
+            main.wait_stream(side)
+            return
+        finally:
+            gc.enable()
         self.graph = graph

@@ -34,6 +34,7 @@ class StepInputs:
     slots: torch.Tensor  # [B] int64: the cache row each batch row reads and writes
     logits_index: torch.Tensor  # [B, L] int64: the tokens whose logits (and per-row extras) come back
     tree: torch.Tensor | None = None  # [B, S, S] bool: token j sees call token j' where tree[b, j, j'] (None: causal)
+    path: torch.Tensor | None = None  # [B, S, S] int32, with a tree: row j's ancestors' call indices by depth (kernels/attention.py)
     extra: dict[str, torch.Tensor] = field(default_factory=dict)  # the engine's extra inputs [B, S, *tail], compute dtype: hidden_states
     live: int | None = None  # a host bound >= max(start) + S, for ops that read it (ReferenceOps); None inside CUDA graphs
 
@@ -79,7 +80,7 @@ class Forward:
             k = ops.rmsnorm(k.reshape(-1, m.head_dim), layer.k_norm, m.rms_norm_eps)
         q, k, v = (t.reshape(B, S, -1, m.head_dim) for t in (q, k, v))
         q = ops.rope_append(q, k, v, self.w.rope_cos, self.w.rope_sin, step.positions, kv[0], kv[1], step.slots, step.start)
-        out = ops.attention(q, kv[0], kv[1], step.slots, step.start, step.tree, self.scale, step.live)  # [B, S, heads, head_dim]
+        out = ops.attention(q, kv[0], kv[1], step, self.scale)  # [B, S, heads, head_dim]
         return ops.linear(out.reshape(B * S, -1), layer.o)
 
     def _outputs(self, x: torch.Tensor, aux: list[torch.Tensor], step: StepInputs, B: int, S: int) -> dict[str, torch.Tensor]:

@@ -28,8 +28,9 @@ class ReferenceOps:
     def rope_append(self, q, k, v, cos, sin, positions, cache_k, cache_v, slots, start) -> torch.Tensor:
         return rotary.rope_append_ref(q, k, v, cos, sin, positions, cache_k, cache_v, slots, start)
 
-    def attention(self, q, cache_k, cache_v, slots, start, tree, scale: float, live: int | None) -> torch.Tensor:
-        return attention.attention_ref(q, cache_k, cache_v, slots, start, tree, scale, live)
+    def attention(self, q, cache_k, cache_v, step, scale: float) -> torch.Tensor:
+        """q [B, S, heads, head_dim] over a layer's cache for the call ``step`` (model.StepInputs: slots, start, the tree)."""
+        return attention.attention_ref(q, cache_k, cache_v, step.slots, step.start, step.tree, scale, step.live)
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return silu.silu_mul_ref(gate_up)
@@ -70,8 +71,8 @@ class TritonOps(ReferenceOps):
     def rope_append(self, q, k, v, cos, sin, positions, cache_k, cache_v, slots, start):
         return rotary.rope_append(q, k, v, cos, sin, positions, cache_k, cache_v, slots, start)
 
-    def attention(self, q, cache_k, cache_v, slots, start, tree, scale, live):
-        return attention.attention(q, cache_k, cache_v, slots, start, tree, scale)
+    def attention(self, q, cache_k, cache_v, step, scale):
+        return attention.attention(q, cache_k, cache_v, step.slots, step.start, step.positions, step.path, scale)
 
     def silu_mul(self, gate_up):
         return silu.silu_mul(gate_up)
