@@ -28,11 +28,6 @@ KERNELS = ("triton", "torch")  # SPECDEC_TORCH_KERNELS: the ops a GPU runs (torc
 DENSE = ("stable", "cublas")  # SPECDEC_TORCH_DENSE: dense layers on the fixed-tile kernel, or on torch's matmul (ops.TritonOps)
 
 
-def tree_path(tree: np.ndarray) -> np.ndarray:
-    """A call's tree mask [n, width, width] -> the attention kernel's paths (kernels/attention.py: tree_path), on the host."""
-    return np.argsort(~tree, axis=-1, kind="stable").astype(np.int32)
-
-
 class TorchExecutor:
     """The torch backend's executor on the CPU (float32, references) or one NVIDIA GPU (Triton kernels, CUDA graphs)."""
 
@@ -164,7 +159,7 @@ class TorchExecutor:
 
             with torch.cuda.device(dev):  # Triton launches on the current device
                 return step_graph(self, cache, n, width, index.shape[1], tree is not None).run(ids, positions, start, first, index, tree, extra)
-        from .model import StepInputs
+        from .model import StepInputs, tree_path
 
         as_dev = lambda a: torch.from_numpy(np.array(a)).to(dev)  # noqa: E731  (a copy: the tensor never aliases a caller's array)
         step = StepInputs(ids=as_dev(ids), positions=as_dev(positions), start=as_dev(start), slots=as_dev(first + np.arange(n)),

@@ -25,8 +25,7 @@ import warnings
 import numpy as np
 import torch
 
-from .executor import tree_path
-from .model import StepInputs
+from .model import StepInputs, tree_path
 
 
 WARMUPS = 1  # eager runs of a shape before its capture (lazy setup, Triton's compilation and module loads, must not happen inside one)

@@ -17,11 +17,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ....formats.engine_format import BuildConfig, ModelConfig
 from .ops import ReferenceOps
 from .weights import Weights
+
+
+def tree_path(tree: np.ndarray) -> np.ndarray:
+    """A call's tree mask [n, width, width] -> StepInputs.path on the host (kernels/attention.py: tree_path)."""
+    return np.argsort(~tree, axis=-1, kind="stable").astype(np.int32)
 
 
 @dataclass
