@@ -282,3 +282,42 @@ def test_auto_starts_from_step_costs_measured_on_the_executor(pair):
     with pytest.raises(RequestError, match="before adding requests"):
         engine.add_request(PROMPTS[0], GenerationConfig(max_output_len=2))
         engine.measure_step_costs()
+
+
+def test_prefix_caching_on_the_torch_executor_gives_the_cold_output(pair):
+    """new_prefix_pool and copy_prefix (runtime/prefix_cache.py): later prompts sharing a 32-token system prompt hit the
+    earlier ones' rows and decode what they decode cold, for target-only, draft-target, EAGLE and Medusa."""
+    from specdec.runtime.prefix_cache import PrefixCacheConfig
+
+    ex = {name: pair["ex"][name]["torch"] for name in ("eagle", "medusa", "draft", "module")}
+    rng = np.random.default_rng(3)
+    system = rng.integers(4, 96, 32).tolist()
+    plan = [[system + [5, 6, 7]], [system + rng.integers(4, 96, n).tolist() for n in (3, 9, 2)]]
+    t = ex["eagle"]
+    pool = t.new_prefix_pool(3)
+    cache = t.new_cache(2)
+    t.forward(cache, [system[:30], system[:20]], all_logits=False)
+    t.copy_prefix(cache, 0, pool, 2, 25)
+    t.copy_prefix(pool, 2, cache, 1, 12)
+    assert pool.lengths[2] == 25 and cache.lengths[1] == 12
+    assert torch_equal(pool.kv[:, :, 2, :, :25], cache.kv[:, :, 0, :, :25]) and torch_equal(cache.kv[:, :, 1, :, :12], cache.kv[:, :, 0, :, :12])
+    cases = {"none": (t, []), "draft": (t, [DraftModelProposer(ex["draft"])]), "eagle": (t, [EagleProposer(t, ex["module"])]),
+             "medusa": (ex["medusa"], [MedusaProposer(ex["medusa"])])}
+    for method, (target, proposers) in cases.items():
+        outs = {}
+        for on in (True, False):
+            engine = Engine(target, proposers, SpeculationConfig(method, 3 if method != "none" else 0), prefix_caching=PrefixCacheConfig(enabled=on))
+            got = []
+            for batch in plan:
+                ids = [engine.add_request(p, GenerationConfig(max_output_len=16)) for p in batch]
+                done = run_until_done(engine)
+                got.append([done[i] for i in ids])
+            outs[on] = got
+        assert [[o.output_ids for o in b] for b in outs[True]] == [[o.output_ids for o in b] for b in outs[False]], method
+        assert all(o.metrics.cached_tokens >= len(system) for o in outs[True][1]), method
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))

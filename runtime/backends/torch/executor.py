@@ -108,6 +108,25 @@ class TorchExecutor:
         m, b = self.model, self.build
         return TorchKVCache(self, num_slots, m.num_layers, m.num_kv_heads, b.kv_capacity, m.head_dim, b.max_seq_len, self.dtype, self.torch_device)
 
+    def new_prefix_pool(self, num_slots: int) -> KVCache:
+        """A cache of its own (any number of slots) that holds cached prefixes (runtime/prefix_cache.py): only copied from
+        and into, never run, so it has no graphs."""
+        from .cache import TorchKVCache
+
+        m, b = self.model, self.build
+        return TorchKVCache(self, num_slots, m.num_layers, m.num_kv_heads, b.kv_capacity, m.head_dim, b.max_seq_len, self.dtype, self.torch_device)
+
+    def copy_prefix(self, src: KVCache, src_slot: int, dst: KVCache, dst_slot: int, length: int) -> None:
+        """Positions 0..length-1 of ``src``'s slot into ``dst``'s slot (caches or prefix pools of this executor; one copy
+        over every layer, queued on the device) and ``dst``'s length."""
+        src, dst = self._own(src), self._own(dst)
+        if not 0 <= length <= min(int(src.lengths[src_slot]), dst.capacity):
+            raise ValueError(f"cannot copy {length} positions of slot {src_slot} (it holds {int(src.lengths[src_slot])})")
+        if length and (src is not dst or src_slot != dst_slot):
+            with self._torch.inference_mode():
+                dst.kv[:, :, dst_slot, :, :length] = src.kv[:, :, src_slot, :, :length]
+        dst.lengths[dst_slot] = length
+
     def _own(self, cache: KVCache):
         if getattr(cache, "owner", None) is not self:
             raise RequestError(f"this KV cache was not made by the torch executor of {self.engine.path}: use its new_cache().")
