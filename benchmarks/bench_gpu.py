@@ -64,8 +64,9 @@ class Budget:
         return self.seconds - (time.perf_counter() - self.t0)
 
 
-def build(name: str, ckpt: str, out: Path, flags: list[str], res: dict, budget: Budget) -> bool:
-    """specdec-build in a process of its own (its peak memory is its own); skipped if ``out`` holds an engine."""
+def build(name: str, ckpt: str, out: Path, flags: list[str], res: dict, budget: Budget, backend: tuple[str, ...] = ("--lowering", "ort_cuda")) -> bool:
+    """specdec-build in a process of its own (its peak memory is its own); skipped if ``out`` holds an engine.
+    backend: the flags that say which engine (ort_cuda's lowering, or --backend torch)."""
     rec = res.setdefault("builds", {})
     if (out / "config.json").is_file():
         rec.setdefault(name, {"reused": True})
@@ -73,7 +74,7 @@ def build(name: str, ckpt: str, out: Path, flags: list[str], res: dict, budget: 
     if budget.left() < 60:
         rec[name] = {"skipped": "budget"}
         return False
-    cmd = [sys.executable, "-m", "specdec.cli.build", "--model_dir", ckpt, "--output_dir", str(out), "--lowering", "ort_cuda", "--force",
+    cmd = [sys.executable, "-m", "specdec.cli.build", "--model_dir", ckpt, "--output_dir", str(out), *backend, "--force",
            "--max_input_len", str(LIMITS["max_input_len"]), "--max_seq_len", str(LIMITS["max_seq_len"]), *flags]
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -12,8 +12,12 @@ from typing import Any
 import numpy as np
 
 
-def decode_methods(engines: dict, draft_lens: list[int], ngram: list[int] | None, tree: str) -> dict[str, tuple[Any, str]]:
-    """name -> (Orchestrator, the name of the target-only run on the same engine: the output it must reproduce)."""
+def decode_methods(engines: dict, draft_lens: list[int], ngram: list[int] | None, tree: str, kind: str = "cuda",
+                   more: bool = False) -> dict[str, tuple[Any, str]]:
+    """name -> (Orchestrator, the name of the target-only run on the same engine: the output it must reproduce).
+
+    kind: where the EAGLE module opens (the target's device kind). more: also n-gram auto, suffix decoding (its trees
+    where the target verifies them) and EAGLE auto: every method and auto (benchmarks/bench_torch.py)."""
     from specdec.runtime.orchestrator import Orchestrator
     from specdec.runtime.proposers.draft_model import DraftModelProposer
     from specdec.runtime.proposers.ngram import NGramProposer
@@ -26,16 +30,26 @@ def decode_methods(engines: dict, draft_lens: list[int], ngram: list[int] | None
     methods["draft-target auto"] = Orchestrator(target, DraftModelProposer(draft), draft_len="auto")
     if ngram:
         methods[f"n-gram k={ngram[0]} n={ngram[1]}"] = Orchestrator(target, NGramProposer(ngram[0], ngram[1]), draft_len=ngram[0])
+        if more:
+            methods["n-gram auto"] = Orchestrator(target, NGramProposer(ngram[0], ngram[1]), draft_len="auto")
+    if more:
+        from specdec.runtime.proposers.suffix import SuffixConfig, SuffixProposer
+
+        suffix = SuffixConfig(max_draft_len=min(SuffixConfig().max_draft_len, target.build.max_draft_len))
+        methods["suffix"] = Orchestrator(target, SuffixProposer(suffix, trees=target.tree_attention), draft_len=suffix.max_draft_len)
+        methods["suffix auto"] = Orchestrator(target, SuffixProposer(suffix, trees=target.tree_attention), draft_len="auto")
     refs = {name: base for name in methods}
     if target.build.speculative_decoding_mode == "eagle":
         from specdec.runtime.backends import Placement, open_executor
         from specdec.formats.engine_format import eagle_module_dir, load_engine_dir
         from specdec.runtime.proposers.eagle import EagleProposer
 
-        module = open_executor(load_engine_dir(eagle_module_dir(target.engine)), Placement("cuda", 0))
+        module = open_executor(load_engine_dir(eagle_module_dir(target.engine)), Placement(kind, 0))
         methods["EAGLE chain k=4"] = Orchestrator(target, EagleProposer(target, module), draft_len=4)
         eagle_tree = EagleProposer(target, module, tree)
         methods[f"EAGLE tree n={len(eagle_tree.tree)}"] = Orchestrator(target, eagle_tree, draft_len=len(eagle_tree.tree))
+        if more:
+            methods["EAGLE tree auto"] = Orchestrator(target, EagleProposer(target, module, tree), draft_len="auto")
         refs.update({name: base for name in methods if name not in refs})
     if "medusa" in engines:
         from specdec.runtime.proposers.medusa import MedusaProposer
@@ -55,18 +69,19 @@ def decode_methods(engines: dict, draft_lens: list[int], ngram: list[int] | None
     return {name: (orch, refs[name]) for name, orch in methods.items()}
 
 
-def hf_section(target: str, draft: str, prompts: list[list[int]], batches: list[int], n_new: int, decode: dict) -> dict[str, Any]:
-    """Hugging Face greedy (static cache + torch.compile) at each batch size, assisted k=4 at batch 1; ours over theirs."""
+def hf_section(target: str, draft: str, prompts: list[list[int]], batches: list[int], n_new: int, decode: dict, count=None) -> dict[str, Any]:
+    """Hugging Face greedy (static cache + torch.compile) at each batch size, assisted k=4 at batch 1; ours over theirs.
+    count(b): how many of ``prompts`` batch size b decodes (default: all), as ours did at b (their outputs are compared)."""
     from gpu_peers import hf_generate
 
     out: dict[str, Any] = {}
     model = None
     for b in batches:
-        r = hf_generate(target, prompts, n_new, b, model=model)
+        r = hf_generate(target, prompts[: count(b)] if count else prompts, n_new, b, model=model)
         model = r.pop("model")
         out[f"greedy static+compile b={b}"] = _versus(r, decode.get(str(b), {}).get("target-only"))
     del model
-    r = hf_generate(target, prompts, n_new, 1, draft=draft, k=4)
+    r = hf_generate(target, prompts[: count(1)] if count else prompts, n_new, 1, draft=draft, k=4)
     r.pop("model")
     out["assisted k=4 b=1 (dynamic cache)"] = _versus(r, decode.get("1", {}).get("draft-target k=4"))
     for name, row in out.items():

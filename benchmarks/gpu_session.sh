@@ -18,6 +18,12 @@
 # n-gram, suffix decoding and EAGLE interleaved, ROUNDS rounds (3), REQUESTS agentic requests (50), TOKENS each (32).
 # MAX_DRAFT_LEN (8) the engine's, METHODS bench_drafters' --methods.
 # BUILD_ONLY=1 stops after the build (a first device call; the second, on the still-warm host, reuses it).
+# BENCH=torch: the torch backend (issue 37; needs torch with CUDA and Triton, not onnxruntime-gpu): first its GPU tests on
+# the demo pair (tests/runtime/test_torch_cuda.py, the kernels compiled, the server; TESTS=0 skips them, TEST_S caps them at
+# 240 s), then the pair enlarged, built with --backend torch (target as an EAGLE target, draft, int4) and measured by
+# benchmarks/bench_torch.py: read-bandwidth floor, steps at BATCHES (default here 1,4,16,64), kernels per step, every
+# method and auto, Hugging Face at HF_BATCHES (default 1,16: each batch size compiles for about a minute). ORT=1 adds the
+# ort_cuda engines beside (onnxruntime-gpu must be installed: ../shared/gpu/README.md). REPEATS (2), NEW_TOKENS (64).
 set -euo pipefail
 start=$(date +%s)
 PRESET=${PRESET:-llama8b}
@@ -30,7 +36,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$WORK" "$OUT"
 log="$OUT/gpu-session-$PRESET.log"
 exec > >(tee -a "$log") 2>&1
-echo "== $(date -u +%FT%TZ) preset $PRESET, work $WORK, budget $BUDGET_S s"
+echo "== $(date -u +%FT%TZ) preset $PRESET, work $WORK, budget $BUDGET_S s, bench ${BENCH:-gpu}"
+if [ "${BENCH:-gpu}" = torch ]; then
+    exec bash "$root/benchmarks/gpu_session_torch.sh"
+fi
 python3 - <<'EOF'
 import onnxruntime as ort
 providers = ort.get_available_providers()

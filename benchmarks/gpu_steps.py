@@ -1,7 +1,8 @@
 """What one step of an engine costs on a GPU: ms against the HBM floor, and kernels launched (benchmarks/bench_gpu.py).
 
-* ``hbm_bandwidth``: a 1 GiB device-to-device copy, read + write bytes / time.
-* ``weight_bytes``: the engine's external weights (model.onnx.data): what a decode step reads at least.
+* ``hbm_bandwidth``: a 1 GiB device-to-device copy, read + write bytes / time (ONNX Runtime's CUDA runtime).
+* ``read_bandwidth``: a reduction over a few GiB (torch): read bytes / time, what a decode step's weights cost to read.
+* ``weight_bytes``: the engine's weights (model.onnx.data, or a torch engine's safetensors): what a decode step reads at least.
 * ``step_ms``: ms per forward of ``width`` new tokens on each of ``batch`` rows at ``context``; the same
   positions are rewritten every call (advance=False), so the context stays put.
 * ``kernel_profile``: CUDA kernels per step and their summed GPU time, counted by CUPTI through
@@ -36,8 +37,28 @@ def hbm_bandwidth(device: int = 0, nbytes: int = 1 << 30, reps: int = 20) -> flo
     return 2 * nbytes * reps / (time.perf_counter() - t)
 
 
+def read_bandwidth(device: str = "cuda", nbytes: int = 4 << 30, reps: int = 10) -> float:
+    """Bytes/s a kernel reads: the best of ``reps`` sums over ``nbytes`` of float32 (the write is one number). A decode step
+    reads its weights and writes little, so this, not a copy, is its floor."""
+    import torch
+
+    x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
+    x.sum()
+    sync()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        x.sum()
+        sync()
+        best = min(best, time.perf_counter() - t)
+    del x
+    return nbytes / best
+
+
 def weight_bytes(engine_dir: Path) -> int:
-    return sum(p.stat().st_size for p in Path(engine_dir).glob("*.onnx.data"))
+    """The engine's weight files (its own folder, not an EAGLE module's eagle/): ONNX external data or torch safetensors."""
+    return sum(p.stat().st_size for pattern in ("*.onnx.data", "*.safetensors") for p in Path(engine_dir).glob(pattern))
 
 
 def _filled(ex, batch: int, context: int):
@@ -48,10 +69,11 @@ def _filled(ex, batch: int, context: int):
 
 
 def _step_args(ex, batch: int, width: int) -> dict:
-    kw: dict = {}
-    if ex.build.speculative_decoding_mode == "eagle_module":
-        kw["hidden"] = np.zeros((batch, width, ex.model.hidden_size), np.float32)
-    return kw
+    """The engine's extra inputs (an EAGLE module's hidden_states), zeros."""
+    from specdec.formats.engine_format import extra_io
+
+    inputs, _ = extra_io(ex.model, ex.build)
+    return {"extra_inputs": {t.name: np.zeros((batch, width, *t.tail), np.float32) for t in inputs}} if inputs else {}
 
 
 def step_ms(ex, batch: int, width: int, context: int = 200, reps: int = 100) -> float:
@@ -73,18 +95,16 @@ def kernel_profile(ex, batch: int, width: int, context: int = 200, steps: int = 
         from torch.profiler import ProfilerActivity, profile
     except ImportError:
         return None
-    from specdec.runtime.backends.onnxruntime.cuda_host import cudart
 
     cache = _filled(ex, batch, context)
     tokens, still, kw = [[5] * width] * batch, np.zeros(batch, bool), _step_args(ex, batch, width)
     for _ in range(5):
         ex.forward(cache, tokens, all_logits=True, advance=still, **kw)
-    cudart().synchronize()
+    torch.cuda.synchronize()  # the device: ONNX Runtime's stream and torch's alike
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             ex.forward(cache, tokens, all_logits=True, advance=still, **kw)
-        cudart().synchronize()
-    del torch
+        torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type.name == "CUDA" and not e.name.lower().startswith(("memcpy", "memset"))]
     copies = [e for e in prof.events() if e.device_type.name == "CUDA" and e.name.lower().startswith("memcpy")]
     return {

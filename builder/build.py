@@ -188,11 +188,14 @@ def resolve_lowering(build: BuildConfig) -> BuildConfig:
 
     backend = backend_module(build.backend)
     name = backend.DEFAULT_LOWERING if build.lowering == "auto" else build.lowering
-    if name not in LOWERINGS:
+    owners = [b for b in BACKENDS[1:] if name in backend_module(b).LOWERINGS]  # a lowering no graph has is its backend's own (torch)
+    if name not in LOWERINGS and not owners:
         raise BuildConfigError(f"lowering {name!r} is not one of auto, {', '.join(LOWERINGS)}.")
     if name not in backend.LOWERINGS:
-        raise BuildConfigError(f"the {build.backend} backend parses the {' or '.join(backend.LOWERINGS)} lowering only, not {name!r}.")
-    return replace(build, lowering=name, kv_layout=LOWERINGS[name].kv_layout)
+        whose = f" ({name} is the {owners[0]} backend's: --backend {owners[0]})" if name not in LOWERINGS else ""
+        raise BuildConfigError(f"the {build.backend} backend parses the {' or '.join(backend.LOWERINGS)} lowering only, not {name!r}{whose}.")
+    # an ONNX lowering's cache layout is the lowering's; a backend that writes no ONNX (torch) declares its own
+    return replace(build, lowering=name, kv_layout=LOWERINGS[name].kv_layout if backend.NETWORK == "onnx" else backend.KV_LAYOUT)
 
 
 def resolve_dtype(requested: str, hf_config: dict) -> str:
@@ -251,7 +254,7 @@ def build_engine(
     report = progress or (lambda *_: None)
     network, build = make_network(ckpt, model, build, convention, heads, calib_dataset, calib_size, report, total)
     written = write_engine_dir(output_dir, checkpoint_dir, ckpt, network, model, build, heads.eagle, fp8, options, report, total, say)
-    return BuildResult(output_dir, written.config, _count_parameters(network), written.engine_bytes, time.perf_counter() - t0, written.backend_summary)
+    return BuildResult(output_dir, written.config, network.num_parameters, written.engine_bytes, time.perf_counter() - t0, written.backend_summary)
 
 
 def check_before_work(build: BuildConfig, output_dir: Path, force: bool, options: dict, head_dirs: dict[str, str | Path | None]) -> None:
@@ -306,13 +309,19 @@ def load_build_heads(build: BuildConfig, model: ModelConfig, head_dirs: dict[str
 
 def make_network(ckpt, model: ModelConfig, build: BuildConfig, convention, heads: Heads, calib_dataset, calib_size: int,
                  report: Callable[[str, int, int], None], total: int):
-    """The network (calibrated first when the quantization needs it), and ``build`` with its weight-only record."""
+    """The network (calibrated first when the quantization needs it), and ``build`` with its weight-only record: the ONNX
+    graph of the build's lowering, or the torch backend's tensors (builder/network_writers.py: written into the engine's
+    folder, which records their weight-only layers then)."""
     from .network import build_network
+    from .network_writers import OnnxNetwork, TorchNetwork
 
     report("network", 0, total)
     scales = awq_layers = None
+    onnx = backend_module(build.backend).NETWORK == "onnx"
     if (build.fp8_activations == "static" and calib_dataset is not None) or build.quantization == "int4_awq":
-        scales, awq_layers = calibrate(ckpt, model, build, convention, Path(calib_dataset), calib_size, report, total)
+        scales, awq_layers = calibrate(ckpt, model, build, convention, Path(calib_dataset), calib_size, report, total, onnx)
+    if not onnx:
+        return TorchNetwork(ckpt, model, build, convention, awq_layers, heads.medusa, heads.eagle, lambda i: report(f"layer {i}", i + 1, total)), build
     weight_only_built: dict = {}
     network = build_network(ckpt, model, build, on_layer=lambda i: report(f"layer {i}", i + 1, total), convention=convention, activation_scales=scales,
                             awq_layers=awq_layers, weight_only_built=weight_only_built, medusa=heads.medusa, eagle=heads.eagle)
@@ -327,13 +336,14 @@ def make_network(ckpt, model: ModelConfig, build: BuildConfig, convention, heads
         from ..hardware.cpu_kernels import LAYOUT
 
         record["kernel_layout"] = LAYOUT  # the runtime refuses an engine of a layout its Q4Gemm does not read
-    return network, replace(build, weight_only=record)
+    return OnnxNetwork(network, _count_parameters(network)), replace(build, weight_only=record)
 
 
 def calibrate(ckpt, model: ModelConfig, build: BuildConfig, convention, calib_dataset: Path, calib_size: int,
-              report: Callable[[str, int, int], None], total: int):
+              report: Callable[[str, int, int], None], total: int, onnx: bool = True):
     """(static FP8 activation scales, AWQ's per-layer scales): the one the build needs, from a float32 network of the
-    same lowering with every linear layer's input exposed, run over the calibration samples."""
+    same lowering with every linear layer's input exposed, run over the calibration samples under ONNX Runtime on this
+    CPU; ``onnx`` False (a backend that writes no graph: torch): a float32 ort_cpu network of the same checkpoint."""
     from ..formats.kv_layout import kv_cache_shape
     from .calibration import calibrate_activation_scales, calibration_samples
     from .network import build_network
@@ -342,8 +352,10 @@ def calibrate(ckpt, model: ModelConfig, build: BuildConfig, convention, calib_da
     samples = calibration_samples(calib_dataset, ckpt.path, calib_size, min(256, build.max_input_len))
     taps: dict[str, str] = {}
     float_build = replace(build, quantization="none", fp8_activations="none", dtype="float32", group_size=None, symmetric=True, quantize_lm_head=False)
+    if not onnx:
+        float_build = replace(float_build, backend=AUTO, lowering="ort_cpu", kv_layout="bsh", cuda_attention="auto")
     float_net = build_network(ckpt, model, float_build, convention=convention, linear_inputs=taps)
-    cache_shape = kv_cache_shape(build.kv_layout, 1, model.num_kv_heads, build.kv_capacity, model.head_dim)
+    cache_shape = kv_cache_shape(float_build.kv_layout, 1, model.num_kv_heads, build.kv_capacity, model.head_dim)
     if build.quantization == "int4_awq":
         from .awq import awq_search
 

@@ -40,7 +40,7 @@ from .rope import cos_sin_tables
 ARCHITECTURE = "Eagle3"  # the module engine's ModelConfig.architecture
 
 
-class _ModuleWeights:
+class ModuleWeights:
     """An EAGLE-3 module's float32 tensors (formats.heads.HeadCheckpoint) read through Checkpoint's interface,
     ``layers.i.*`` as ``model.layers.i.*``, so network.py's layer code reads them as it reads a base model's."""
 
@@ -117,7 +117,7 @@ def build_eagle_network(base: Checkpoint, heads, cfg: ModelConfig, build: BuildC
     lowering = lowering_cls(gb, cfg)
     lowering.consistent_rows = lowering_cls.pads_lone_rows(build)  # as the target's (network.py)
     lowering.tree_attention = build.tree_attention  # a tree_mask input (plugins/attention.py)
-    weights = _ModuleWeights(heads)
+    weights = ModuleWeights(heads)
     linears = _Linears(gb, lowering, weights, build, None, {}, {})
     ids = gb.input("input_ids", TensorProto.INT64, ["batch", "num_tokens"])
     positions = gb.input("position_ids", TensorProto.INT64, ["batch", "num_tokens"])

@@ -52,14 +52,12 @@ def _versions() -> dict[str, str]:
 
 def write_engine_dir(output_dir: Path, checkpoint_dir: str | Path, ckpt, network, model: ModelConfig, build: BuildConfig, eagle, fp8,
                      options: dict[str, Any], report: Callable[[str, int, int], None], total: int, say: Callable[[str], None]) -> Written:
-    """The network, the tokenizer files and an EAGLE module written, compiled by the build's backend, hashed into
-    config.json, and moved into ``output_dir``."""
-    from .network_file import save_network
-
+    """The network (builder/network_writers.py: an ONNX graph, or the torch backend's tensors), the tokenizer files and an
+    EAGLE module written, compiled by the build's backend, hashed into config.json, and moved into ``output_dir``."""
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.building-", dir=output_dir.parent))
     try:
-        network_file = save_network(network, tmp)
+        network_file, build = network.save(tmp, build)
         report("write", model.num_layers + 1, total)
         for f in ckpt.tokenizer_files():
             shutil.copy2(f, tmp / f.name)

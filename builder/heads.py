@@ -90,7 +90,12 @@ def write_eagle_module(target_dir: Path, ckpt, heads, model: ModelConfig, build:
     cfg, module_build = module_model_config(model, heads), module_build_config(build, heads)
     out = target_dir / EAGLE_MODULE_DIR
     out.mkdir()
-    network_file = save_network(build_eagle_network(ckpt, heads, cfg, module_build), out)
+    if backend_module(module_build.backend).NETWORK == "onnx":
+        network_file = save_network(build_eagle_network(ckpt, heads, cfg, module_build), out)
+    else:  # the torch backend's tensors (builder/torch_network.py)
+        from .torch_network import write_torch_eagle_module
+
+        network_file = write_torch_eagle_module(out, ckpt, heads, cfg, module_build).network_file
     compiled = backend_module(module_build.backend).compile_engine(out, network_file, module_build, cfg, {}, say)
     write_build_stamp(out, cfg, module_build)
     config = EngineConfig(model=cfg, build=module_build, files=hash_directory(out), versions={**versions, **compiled.versions},

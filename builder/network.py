@@ -37,29 +37,10 @@ from ..formats.errors import BuildConfigError
 from .architectures import ARCHITECTURES
 from .checkpoint import Checkpoint
 from .graph import GraphBuilder
-from .quantization import FP8_MAX, Fp8Convention, IntConvention, LinearWeight, concat_out, quantize_fp8_per_channel, read_linear
+from .linear_weights import LinearWeights, layer_names
+from .quantization import FP8_MAX, Fp8Convention, IntConvention, LinearWeight
 from .rope import cos_sin_tables
-from .weight_only import IntWeight, WeightOnlyScheme, quantize_rtn
 
-# Hugging Face name -> our name, per layer. A table, not a regex.
-LAYER_WEIGHTS = {
-    "input_layernorm": "input_layernorm.weight",
-    "post_attention_layernorm": "post_attention_layernorm.weight",
-    "q_proj": "self_attn.q_proj",
-    "k_proj": "self_attn.k_proj",
-    "v_proj": "self_attn.v_proj",
-    "o_proj": "self_attn.o_proj",
-    "q_bias": "self_attn.q_proj.bias",
-    "k_bias": "self_attn.k_proj.bias",
-    "v_bias": "self_attn.v_proj.bias",
-    "q_norm": "self_attn.q_norm.weight",
-    "k_norm": "self_attn.k_norm.weight",
-    "gate_proj": "mlp.gate_proj",
-    "up_proj": "mlp.up_proj",
-    "down_proj": "mlp.down_proj",
-    "qkv_proj": "self_attn.qkv_proj",  # Phi-3: q|k|v in one module, in the order the network splits them
-    "gate_up_proj": "mlp.gate_up_proj",  # Phi-3: gate|up in one module (transformers chunks gate first)
-}  # linear layers name the module: the weight (and any FP8 scales) hang off it
 
 
 def _shape(gb: GraphBuilder, name: str, dims: list[int]) -> str:
@@ -216,44 +197,17 @@ def _rms_norm(gb: GraphBuilder, name: str, x: str, weight: np.ndarray, eps: floa
     return gb.op("RMSNormalization", [x, w], name, axis=-1, epsilon=eps)
 
 
-class _Linears:
+class _Linears(LinearWeights):
     """Linear layers, dense, FP8 or weight-only int8/int4, with the precision written into the graph."""
 
     def __init__(self, gb: GraphBuilder, lowering, ckpt: Checkpoint, build: BuildConfig, convention: Fp8Convention | IntConvention | None,
                  act_scales: dict[str, float], awq_layers: dict):
-        self.gb, self.lowering, self.ckpt, self.build, self.convention = gb, lowering, ckpt, build, convention
-        self.act_scales, self.awq_layers = act_scales, awq_layers
-        self.scheme = WeightOnlyScheme.of(build)  # None unless int8_wo / int4_wo / int4_awq
+        super().__init__(ckpt, build, convention, awq_layers)
+        self.gb, self.lowering, self.act_scales = gb, lowering, act_scales
         self.inputs: dict[str, str] = {}  # layer name -> the graph value it reads (calibration taps these)
         self.int_layers: list[str] = []  # layers stored as int8/int4
         self.act_order = False  # whether some layer gathers its input channels (GPTQ g_idx)
         self.rows = "position_ids"  # [B, S]: the leading shape of every decoder linear's input
-
-    def weights(self, name: str, modules: list[str]) -> LinearWeight:
-        w = concat_out([read_linear(self.ckpt, m, self.convention) for m in modules])
-        q = self.build.quantization
-        if q == "fp8" and not w.is_fp8:
-            w = quantize_fp8_per_channel(w.dense)
-        elif q == "none" and (w.is_fp8 or w.is_int):
-            w = LinearWeight(dense=w.dequantized())
-        elif self.scheme is not None and w.dense is not None and not isinstance(self.convention, IntConvention):
-            # a float checkpoint: round to nearest, after AWQ's scaling of the input channels when it has one;
-            # a layer an integer checkpoint left in float stays float
-            w = LinearWeight(int_weight=self._quantize(name, w.dense))
-        return w
-
-    def _quantize(self, name: str, w_t: np.ndarray) -> IntWeight:
-        awq, scheme = self.awq_layers.get(name), self.scheme
-        if awq is None:
-            return quantize_rtn(w_t, scheme.bits, scheme.group_size, scheme.symmetric)
-        # Q(s W) (clipped per group), source "awq": the layer computes (x / s) @ deq(q), its 1/s folded into
-        # the norm before it, or multiplied in
-        return awq.quantize(w_t, scheme.bits, scheme.group_size, scheme.symmetric)
-
-    def awq_inverse(self, name: str) -> np.ndarray | None:
-        """1 / s of an AWQ-scaled layer (to fold into the norm that feeds it), or None."""
-        awq = self.awq_layers.get(name)
-        return None if awq is None else (1.0 / np.asarray(awq.scale, np.float64)).astype(np.float32)
 
     def __call__(self, name: str, x: str, modules: list[str], bias: np.ndarray | None = None, input_folded: bool = False) -> str:
         """x @ W (+ bias) for the projections ``modules`` fused along the output axis.
@@ -283,7 +237,7 @@ class _Linears:
     def int_head(self, name: str, x: str, w_t: np.ndarray, rows: str) -> str:
         """The LM head as int8/int4 (--quantize_lm_head): round to nearest, from a copy of the float weight [hidden, vocab]."""
         self.int_layers.append("lm_head")
-        return self.lowering.int_matmul(name, x, self._quantize("lm_head", w_t), rows)  # never AWQ-scaled: round to nearest
+        return self.lowering.int_matmul(name, x, self.quantize("lm_head", w_t), rows)  # never AWQ-scaled: round to nearest
 
     def _activation(self, name: str, x: str, w: LinearWeight) -> str:
         mode, gb = self.build.fp8_activations, self.gb
@@ -301,34 +255,16 @@ class _Linears:
         return gb.fp8_activation(f"{name}/input", x, scale)
 
 
-def _norm_weight(linear: _Linears, name: str, weight: np.ndarray) -> np.ndarray:
-    """An RMSNorm's weight, times AWQ's 1/s of the one linear layer it feeds (exact up to a float rounding)."""
-    inverse = linear.awq_inverse(name)
-    return weight if inverse is None else weight * inverse
-
-
-def _layer_names(ckpt: Checkpoint, i: int) -> tuple[Callable[[str], np.ndarray], Callable[..., list[str]]]:
-    """(w, mod) of layer i: w(key) reads a LAYER_WEIGHTS tensor, mod(*keys) names linear modules."""
-
-    def w(key: str) -> np.ndarray:
-        return ckpt.float32(f"model.layers.{i}.{LAYER_WEIGHTS[key]}")
-
-    def mod(*keys: str) -> list[str]:
-        return [f"model.layers.{i}.{LAYER_WEIGHTS[k]}" for k in keys]
-
-    return w, mod
-
-
 def _decoder_layer(gb: GraphBuilder, lowering, linear: _Linears, ckpt: Checkpoint, cfg: ModelConfig, i: int, x: str, delta: str | None, shared: Shared,
                    fused: bool | None = None) -> tuple[str, str]:
     """One decoder layer: returns (residual stream, MLP output still to be added to it).
 
     fused: whether the checkpoint stores q|k|v and gate|up as one module each (None: the architecture's rule)."""
     p = f"/model/layers.{i}"
-    w, _ = _layer_names(ckpt, i)
+    w, _ = layer_names(ckpt, i)
     if fused is None:
         fused = ARCHITECTURES[cfg.architecture].fused_projections
-    h, x = lowering.add_norm(f"{p}/input_layernorm", x, delta, gb.weight(f"{p}/input_layernorm.weight", _norm_weight(linear, f"{p}/attn/qkv_proj", w("input_layernorm"))))
+    h, x = lowering.add_norm(f"{p}/input_layernorm", x, delta, gb.weight(f"{p}/input_layernorm.weight", linear.norm_weight(f"{p}/attn/qkv_proj", w("input_layernorm"))))
     o = _attention_block(gb, lowering, linear, ckpt, cfg, i, h, shared, fused)
     return _mlp_block(gb, lowering, linear, ckpt, cfg, i, x, o, fused)
 
@@ -336,7 +272,7 @@ def _decoder_layer(gb: GraphBuilder, lowering, linear: _Linears, ckpt: Checkpoin
 def _attention_block(gb: GraphBuilder, lowering, linear: _Linears, ckpt: Checkpoint, cfg: ModelConfig, i: int, h: str, shared: Shared, fused: bool) -> str:
     """o_proj(attention(q, k, v of the normed input h [B, S, in])) -> [B, S, hidden]; in = the q/k/v weights' input width."""
     p = f"/model/layers.{i}"
-    w, mod = _layer_names(ckpt, i)
+    w, mod = layer_names(ckpt, i)
     nh, kvh, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     # One fused q|k|v projection: a third of the MatMul calls.
     bias = np.concatenate([w("q_bias"), w("k_bias"), w("v_bias")]) if cfg.qkv_bias else None
@@ -356,9 +292,9 @@ def _attention_block(gb: GraphBuilder, lowering, linear: _Linears, ckpt: Checkpo
 def _mlp_block(gb: GraphBuilder, lowering, linear: _Linears, ckpt: Checkpoint, cfg: ModelConfig, i: int, x: str, o: str, fused: bool) -> tuple[str, str]:
     """x + o, then the MLP on its post_attention_layernorm: returns (x + o, MLP output still to be added to it)."""
     p = f"/model/layers.{i}"
-    w, mod = _layer_names(ckpt, i)
+    w, mod = layer_names(ckpt, i)
     h, x = lowering.add_norm(f"{p}/post_attention_layernorm", x, o, gb.weight(f"{p}/post_attention_layernorm.weight",
-                                                                              _norm_weight(linear, f"{p}/mlp/gate_up_proj", w("post_attention_layernorm"))))
+                                                                              linear.norm_weight(f"{p}/mlp/gate_up_proj", w("post_attention_layernorm"))))
     gate_up = linear(f"{p}/mlp/gate_up_proj", h, mod("gate_up_proj") if fused else mod("gate_proj", "up_proj"), input_folded=True)
     gate, up = gb.op("Split", [gate_up, _shape(gb, f"{p}/mlp/split", [cfg.intermediate_size] * 2)], f"{p}/mlp/split_op", num_outputs=2, axis=-1)
     silu = lowering.silu(f"{p}/mlp", gate)

@@ -122,7 +122,7 @@ class Expected:
 def expected_tensors(model: ModelConfig, has_lm_head: bool) -> tuple[list[Expected], list[Expected]]:
     """(dense tensors, linear layers) that the network reads, in the order it reads them."""
     from .architectures import ARCHITECTURES
-    from .network import LAYER_WEIGHTS  # network imports onnx, the build extra: only when a build runs
+    from .linear_weights import LAYER_WEIGHTS
 
     fused = ARCHITECTURES[model.architecture].fused_projections
 

@@ -96,10 +96,11 @@ class _LogProgress:
              "input_scale, or calibrated with --calib_dataset); dynamic = amax of each step's input.")
 @option("calib_dataset", type=click.Path(), help="UTF-8 text file to calibrate static FP8 activation scales on (needs the checkpoint's tokenizer.json).")
 @option("calib_size", type=int, default=64, show_default=True, help="Calibration samples (chunks of up to 256 tokens) taken from --calib_dataset.")
-@option("backend", type=click.Choice(BACKENDS), default="auto", show_default=True, help="onnxruntime runs everywhere (CPU); tensorrt compiles the same ONNX network into a TensorRT plan (NVIDIA GPU + TensorRT >= 10.15; untested in CI, see docs/tensorrt.md); tensorrt_rtx compiles it ahead of time with TensorRT for RTX for the GPUs of --target_sm, on any Linux host (no GPU needed; runs on RTX GPUs, not yet run: docs/tensorrt.md#tensorrt-for-rtx); auto picks onnxruntime and says whether TensorRT could be used.")
+@option("backend", type=click.Choice(BACKENDS), default="auto", show_default=True, help="onnxruntime runs everywhere (CPU); tensorrt compiles the same ONNX network into a TensorRT plan (NVIDIA GPU + TensorRT >= 10.15; untested in CI, see docs/tensorrt.md); tensorrt_rtx compiles it ahead of time with TensorRT for RTX for the GPUs of --target_sm, on any Linux host (no GPU needed; runs on RTX GPUs, not yet run: docs/tensorrt.md#tensorrt-for-rtx); torch writes the weights in the layout specdec's own torch forward reads (Triton kernels and CUDA graphs on an NVIDIA GPU, float32 on a CPU; building needs no torch: docs/gpu.md); auto picks onnxruntime and says whether TensorRT could be used.")
 @option("target_sm", default=None, help="With --backend tensorrt_rtx: the RTX GPUs to build for, comma-separated: sm86 (RTX 30xx), sm89 (RTX 40xx), sm120 (RTX 50xx), sm121 (GB10). One engine each.")
-@option("lowering", type=click.Choice(["auto", "portable", "ort_cpu", "ort_cuda"]), default="auto", show_default=True,
-        help="How attention and the KV update become graph nodes (plugins/). auto = ort_cpu for onnxruntime, portable for tensorrt. "
+@option("lowering", type=click.Choice(["auto", "portable", "ort_cpu", "ort_cuda", "torch"]), default="auto", show_default=True,
+        help="How attention and the KV update become graph nodes (plugins/). auto = ort_cpu for onnxruntime, portable for tensorrt, torch for torch "
+             "(no graph: the torch backend's own forward). "
              "ort_cuda: for --device cuda (ONNX Runtime's CUDA provider): computes in --dtype (bfloat16/float16), fused attention, CUDA graphs; see docs/gpu.md.")
 @option("cpu_kernels", type=click.Choice(["ort", "specdec"]), default="ort", show_default=True,
         help="int4 engines on the CPU: ort = ONNX Runtime's MatMulNBits; specdec = specdec's own int4 GEMM op, compiled with the "

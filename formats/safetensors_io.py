@@ -91,3 +91,34 @@ class SafetensorsFile:
         if code.startswith("F8"):
             raise CheckpointError(f"tensor {name!r} is {code}; FP8 checkpoints need the quantization path.")
         return arr.astype(np.float32)
+
+
+# numpy dtype name -> the safetensors dtype code it is written as (bfloat16: ml_dtypes' type, found by name so that
+# this module needs numpy only; float8 goes through the FP8 quantization path, never here)
+_WRITE_CODES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64", "int32": "I32",
+                "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
+
+
+def write_safetensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
+    """Write ``tensors`` as one safetensors file (little-endian, C order), tensor by tensor: nothing is joined in memory.
+
+    Written here rather than with the safetensors package because the reader above is ours too (the two must
+    agree on every code) and numpy has no bfloat16 of its own: a bfloat16 array is ml_dtypes' type, found by name."""
+    header: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
+    offset = 0
+    for name, arr in tensors.items():
+        code = _WRITE_CODES.get(arr.dtype.name)
+        if code is None:
+            raise ValueError(f"tensor {name!r} has dtype {arr.dtype}, which write_safetensors does not write.")
+        header[name] = {"dtype": code, "shape": list(arr.shape), "data_offsets": [offset, offset + arr.nbytes]}
+        offset += arr.nbytes
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned, as the safetensors package writes it
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for arr in tensors.values():
+            data = np.ascontiguousarray(arr)
+            if data.dtype.byteorder == ">":
+                data = data.byteswap().view(data.dtype.newbyteorder("<"))
+            f.write(memoryview(data.reshape(-1).view(np.uint8)))

@@ -183,6 +183,16 @@ class AutoDraftLen:
         self.per_token.add(rows * width, seconds)
         self._memo.clear()
 
+    def seed_verify(self, costs: dict[tuple[int, int], float]) -> None:
+        """Target calls timed before the first round ((rows, width) -> seconds, runtime/step_costs.py), counted as if
+        recorded: every batch size timed starts from its own costs, not the prior; the rounds' timings take over."""
+        for (rows, width), seconds in sorted(costs.items()):
+            width = self.computed_width(rows, width)
+            self._seen.add(("verify", rows, width))  # not a first call any more: the rounds' first timing of it counts
+            if rows < len(self.verify):
+                self.verify[rows].add(width, seconds)
+            self.per_token.add(rows * width, seconds)
+
     def record_draft(self, method: str, rows: int, steps: int, seconds: float) -> None:
         if self._first(("draft", method, rows, steps)):
             return

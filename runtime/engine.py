@@ -119,6 +119,20 @@ class Engine:
         self._aborted: list[Request] = []
         np.random.default_rng(0)  # numpy.random loads lazily (~30 ms): pay it here, not in the first request
 
+    def measure_step_costs(self, batches: Sequence[int] | None = None, widths: Sequence[int] | None = None) -> dict[tuple[int, int], float]:
+        """Time the target's calls of each (batch size, width) on this engine's cache before any request (runtime/step_costs.py)
+        and give draft_len=auto those costs: it prices its first rounds from them instead of a prior. Default: the batch sizes
+        of step_costs.batch_sizes, widths 1 .. max_draft_len + 1. Returns the costs, seconds by (rows, width)."""
+        from .step_costs import batch_sizes, measure_verify_costs
+
+        if self.has_unfinished():
+            raise RequestError("measure_step_costs runs on the engine's own cache: call it before adding requests.")
+        batches = batch_sizes(self.max_batch) if batches is None else batches
+        widths = range(1, self.target.build.max_draft_len + 2) if widths is None else widths
+        costs = measure_verify_costs(self.target, self.cache, batches, widths)
+        self.auto.seed_verify(costs)
+        return costs
+
     @property
     def pairing(self) -> Pairing | None:
         """How the draft model drafts for this target, when its method paired them (runtime/pairing.py): shared ids or text."""

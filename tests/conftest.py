@@ -7,7 +7,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from checkpoints import make_checkpoint  # noqa: E402
+from checkpoints import make_checkpoint  # noqa: E402  (imports torch, which does not import Triton)
+
+# Triton kernels (runtime/backends/torch/kernels/) run under Triton's interpreter on a host without a GPU; Triton reads
+# this when it is first imported, so it is set before any test module imports it (tests/runtime/test_torch_kernels.py)
+if not sys.modules["torch"].cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from specdec.builder.build import build_engine  # noqa: E402
 from specdec.formats.engine_format import BuildConfig, load_engine_dir  # noqa: E402
@@ -45,11 +50,30 @@ def cuda_skip_reason() -> str | None:
     return None
 
 
+def torch_cuda_skip_reason() -> str | None:
+    """Why the ``cuda(backend="torch")`` tests (the torch backend on a GPU, Triton kernels) cannot run here, or None."""
+    try:
+        import torch
+    except ImportError as err:
+        return f"needs torch with CUDA: {err}"
+    if not torch.cuda.is_available():
+        return f"needs an NVIDIA GPU: torch {torch.__version__} sees no CUDA device"
+    try:
+        import triton  # noqa: F401  (torch's CUDA wheels bring it)
+    except ImportError as err:
+        return f"needs Triton (it comes with torch's CUDA wheels): {err}"
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
-    for marker, why in (("gpu", gpu_skip_reason), ("cuda", cuda_skip_reason)):
+    # ``cuda`` tests run ONNX Runtime's CUDA provider, unless marked cuda(backend="torch"): the torch backend, which needs
+    # torch with CUDA and Triton, not onnxruntime-gpu
+    torch_backend = lambda item: item.get_closest_marker("cuda").kwargs.get("backend") == "torch"  # noqa: E731
+    for marker, why, which in (("gpu", gpu_skip_reason, lambda item: True), ("cuda", cuda_skip_reason, lambda item: not torch_backend(item)),
+                               ("cuda", torch_cuda_skip_reason, torch_backend)):
         # the marker itself, not item.keywords: a parameter id such as "cuda" is a keyword too, and so is every parent
         # directory's name (a checkout in a directory called gpu or cuda would skip the whole suite)
-        marked = [item for item in items if item.get_closest_marker(marker) is not None]
+        marked = [item for item in items if item.get_closest_marker(marker) is not None and which(item)]
         reason = why() if marked else None
         for item in marked if reason else []:
             item.add_marker(pytest.mark.skip(reason=reason))

@@ -6,6 +6,7 @@
       tensorrt.py      compiles the same ONNX into a TensorRT plan (rank0.engine)
       tensorrt_rtx.py  compiles it with TensorRT for RTX, one engine + EPContext model per --target_sm (no GPU needed)
       trt_onnx.py      the ONNX-side work both TensorRT backends share (static cache axis, parsing, profiles)
+      torch.py         no graph: the tensors in the layout the torch executor reads (builder/torch_network.py writes them)
 
 The registry names each backend by module path and imports it only when a
 build asks for it (or asks every backend a question: what ``auto`` could pick,
@@ -26,6 +27,7 @@ _REGISTRY: dict[str, str] = {
     "onnxruntime": f"{__name__}.onnxruntime",
     "tensorrt": f"{__name__}.tensorrt",
     "tensorrt_rtx": f"{__name__}.tensorrt_rtx",
+    "torch": f"{__name__}.torch",
 }
 AUTO = "onnxruntime"  # what --backend auto picks: the backend this project verifies (docs/tensorrt.md says why)
 BACKENDS = ("auto", *_REGISTRY)

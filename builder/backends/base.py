@@ -34,6 +34,10 @@ class BuildBackend(Protocol):
     DEFAULT_LOWERING: str  # what --lowering auto means for it
     LOWERINGS: tuple[str, ...]  # the lowerings (plugins/) whose graphs it compiles
     TREE_ATTENTION: bool  # builds targets that verify draft trees (--speculative_decoding_mode medusa | eagle)
+    # what it compiles: "onnx" (the network of a lowering, plugins/, written by builder/network.py) or "torch" (no graph: the
+    # checkpoint's tensors in the layout the torch executor reads, written by builder/torch_network.py)
+    NETWORK: str
+    KV_LAYOUT: str | None  # a backend that writes no ONNX: its engines' build.kv_layout (ONNX backends: None, the lowering's)
     # build_engine's keyword options that only this backend takes -> their specdec-build flags
     OPTIONS: dict[str, str]
     # said whenever a build uses it, or None: what has not been verified (e.g. never run on a GPU here)

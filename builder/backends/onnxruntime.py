@@ -20,6 +20,8 @@ DEVICE = "cpu"  # ort_cuda's graphs run on the CUDA provider: the lowering says 
 DEFAULT_LOWERING = "ort_cpu"
 LOWERINGS = ("ort_cpu", "portable", "ort_cuda")
 TREE_ATTENTION = True
+NETWORK = "onnx"
+KV_LAYOUT = None  # the lowering's
 OPTIONS: dict[str, str] = {}
 NOTICE = None
 

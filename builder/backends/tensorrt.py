@@ -38,6 +38,8 @@ DEVICE = "cuda"
 DEFAULT_LOWERING = "portable"
 LOWERINGS = ("portable",)  # TensorRT's ONNX parser maps the portable graph's standard ops; ort_* use ONNX Runtime's own ops
 TREE_ATTENTION = False  # the tree_mask input is not verified on TensorRT
+NETWORK = "onnx"
+KV_LAYOUT = None  # the lowering's
 OPTIONS = {  # build_engine keyword -> specdec-build flag
     "trt_timing_cache": "--trt_timing_cache",
     "trt_version_compatible": "--trt_version_compatible",

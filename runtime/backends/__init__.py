@@ -6,6 +6,7 @@
       onnxruntime/cuda.py    CudaExecutor: ONNX Runtime's CUDA provider (device KV slabs, CUDA graphs); cuda_host.py
       tensorrt/executor.py   TrtExecutor: a TensorRT plan on one GPU; host.py picks the TensorRT runtime
       tensorrt_rtx/executor.py  RtxExecutor: a TensorRT-for-RTX engine (EPContext model) on one RTX GPU; host.py checks driver, SM, provider
+      torch/cpu.py, cuda.py  TorchExecutor (torch/executor.py): specdec's forward in torch; Triton kernels and CUDA graphs on a GPU
 
 The registry names each backend by module path and imports it only when an
 engine asks for it (``open_executor``, ``available_devices``,
@@ -30,9 +31,11 @@ _REGISTRY: dict[tuple[str, str], str] = {
     ("onnxruntime", "cuda"): f"{__name__}.onnxruntime.cuda",
     ("tensorrt", "cuda"): f"{__name__}.tensorrt.executor",
     ("tensorrt_rtx", "cuda"): f"{__name__}.tensorrt_rtx.executor",
+    ("torch", "cpu"): f"{__name__}.torch.cpu",
+    ("torch", "cuda"): f"{__name__}.torch.cuda",
 }
 # the device kind an engine of this backend runs on with --device auto
-_NATURAL_KIND: dict[str, str] = {"onnxruntime": "cpu", "tensorrt": "cuda", "tensorrt_rtx": "cuda"}
+_NATURAL_KIND: dict[str, str] = {"onnxruntime": "cpu", "tensorrt": "cuda", "tensorrt_rtx": "cuda", "torch": "cuda"}
 
 
 def register_backend(backend: str, kind: str, module: str, natural: bool = False) -> None:

@@ -21,7 +21,7 @@ from specdec.builder.build import build_engine
 from specdec.formats.errors import BuildConfigError
 
 BUILDER = Path(__file__).resolve().parents[2] / "builder"
-NAME_FREE = ("build.py", "validation.py", "awq.py", "calibration.py", "network_file.py")
+NAME_FREE = ("build.py", "validation.py", "awq.py", "calibration.py", "network_file.py", "network_writers.py", "engine_dir.py", "heads.py")
 
 
 def backend_names_used(path: Path) -> list[str]:
@@ -74,7 +74,7 @@ def toy_backend(monkeypatch):
         return Compiled(network_file, {"toy": "0.1"}, {"toy": {"lowering": build.lowering}})
 
     module.__dict__.update(
-        TITLE="Toy", DEVICE="cpu", DEFAULT_LOWERING="portable", LOWERINGS=("portable",), TREE_ATTENTION=False, OPTIONS={}, NOTICE="toy is a test",
+        TITLE="Toy", DEVICE="cpu", DEFAULT_LOWERING="portable", LOWERINGS=("portable",), TREE_ATTENTION=False, NETWORK="onnx", KV_LAYOUT=None, OPTIONS={}, NOTICE="toy is a test",
         host_problem=lambda: None, auto_note=lambda: "toy could build here", check_options=lambda options: None,
         refusals=lambda build: [] if build.symmetric else ["the toy backend takes symmetric weights only"],
         check_build=check_build, compile_engine=compile_engine)

@@ -52,7 +52,7 @@ def run_python(code: str) -> None:
 
 
 BACKEND_MODULES = ("specdec.runtime.backends.onnxruntime", "specdec.runtime.backends.tensorrt", "specdec.runtime.backends.tensorrt_rtx", "specdec.hardware.tensorrt",
-                   "onnxruntime", "tensorrt", "tensorrt_rtx", "onnxruntime_ep_nv_tensorrt_rtx", "cuda")
+                   "specdec.runtime.backends.torch", "onnxruntime", "tensorrt", "tensorrt_rtx", "onnxruntime_ep_nv_tensorrt_rtx", "cuda", "torch", "triton")
 
 
 def test_importing_the_runtime_loads_no_backend():
@@ -71,7 +71,26 @@ def test_a_cpu_engine_loads_only_its_own_backend(llama_engine):
         "from specdec.runtime import load_engine\n"
         f"engine = load_engine({str(llama_engine)!r}, device='cpu')\n"
         "assert type(engine.target).__module__ == 'specdec.runtime.backends.onnxruntime.cpu'\n"
-        "others = ('specdec.runtime.backends.onnxruntime.cuda', 'specdec.runtime.backends.tensorrt', 'tensorrt', 'cuda')  # tensorrt_rtx too\n"
+        "others = ('specdec.runtime.backends.onnxruntime.cuda', 'specdec.runtime.backends.tensorrt', 'specdec.runtime.backends.torch', 'tensorrt', 'cuda',\n"
+        "          'torch', 'triton')  # tensorrt_rtx too; no torch on an onnxruntime host\n"
+        "loaded = [m for m in sys.modules if m.startswith(others)]\n"
+        "assert not loaded, loaded\n"
+    )
+
+
+def test_a_torch_engine_on_the_cpu_loads_neither_onnxruntime_nor_triton(llama_ckpt, tmp_path):
+    """The torch backend's CPU path is torch and the kernels' references: no onnxruntime, no Triton (bound at a kernel's first launch)."""
+    from conftest import spec_build
+
+    from specdec.builder.build import build_engine
+
+    build_engine(llama_ckpt, tmp_path / "torch", spec_build(2, backend="torch"), say=lambda _: None)
+    run_python(
+        "import sys\n"
+        "from specdec.runtime import load_engine\n"
+        f"engine = load_engine({str(tmp_path / 'torch')!r}, device='cpu')\n"
+        "assert type(engine.target).__module__ == 'specdec.runtime.backends.torch.executor'\n"
+        "others = ('specdec.runtime.backends.onnxruntime', 'specdec.runtime.backends.tensorrt', 'onnxruntime', 'triton', 'tensorrt')\n"
         "loaded = [m for m in sys.modules if m.startswith(others)]\n"
         "assert not loaded, loaded\n"
     )

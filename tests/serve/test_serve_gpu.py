@@ -1,9 +1,10 @@
-"""specdec-serve on the GPU (marked cuda: a host with an NVIDIA GPU and onnxruntime-gpu; skipped elsewhere).
+"""specdec-serve on the GPU (marked cuda: a host with an NVIDIA GPU and onnxruntime-gpu, or for the torch backend
+torch with CUDA and Triton; skipped elsewhere).
 
-The demo pair built for the GPU (ort_cuda, bfloat16; the target an EAGLE target, so it also serves draft-target and
-n-gram) behind the OpenAI-compatible server on --device cuda: 16 clients at once, mixed methods (target-only,
-draft-target, n-gram, EAGLE, suffix decoding), streamed and not, 4 slots, so requests queue and join the running batch. Every
-response must equal the same request decoded alone, target-only, on the same GPU engines.
+The demo pair built for the GPU (ort_cuda, or --backend torch; bfloat16; the target an EAGLE target, so it also serves
+draft-target and n-gram) behind the OpenAI-compatible server on --device cuda: 16 clients at once, mixed methods
+(target-only, draft-target, n-gram, EAGLE, suffix decoding), streamed and not, 4 slots, so requests queue and join the
+running batch. Every response must equal the same request decoded alone, target-only, on the same GPU engines.
 """
 
 import threading
@@ -28,14 +29,35 @@ SPECS = [{"method": "none"}, {"method": "draft"}, {"method": "ngram"}, {"method"
 
 @pytest.mark.cuda
 def test_sixteen_concurrent_clients_on_the_gpu_get_their_solo_output(tmp_path):
+    sixteen_clients(tmp_path, lowering="ort_cuda")
+
+
+@pytest.mark.cuda(backend="torch")
+def test_sixteen_concurrent_clients_on_the_torch_backend_get_their_solo_output(tmp_path):
+    sixteen_clients(tmp_path, backend="torch")
+
+
+def test_sixteen_concurrent_clients_on_the_torch_backend_on_the_cpu_get_their_solo_output(tmp_path):
+    """The same on the CPU (float32, the kernels' torch references): what CI checks of the torch backend behind the server."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        sixteen_clients(tmp_path, device="cpu", backend="torch", dtype="float32")
+    finally:
+        torch.set_num_threads(threads)
+
+
+def sixteen_clients(tmp_path, device="cuda", dtype="bfloat16", **backend):
     from specdec.formats.tokenizer import Tokenizer
 
-    limits = dict(max_batch_size=4, max_input_len=128, max_seq_len=256, dtype="bfloat16", lowering="ort_cuda")
+    limits = dict(max_batch_size=4, max_input_len=128, max_seq_len=256, dtype=dtype, **backend)
     build_engine(DEMO / "target", tmp_path / "target", spec_build(8, speculative_decoding_mode="eagle", **limits),
                  eagle_dir=DEMO / "heads" / "eagle", say=lambda _: None)
     build_engine(DEMO / "draft", tmp_path / "draft", spec_build(0, **limits), say=lambda _: None)
     pair = (tmp_path / "target", tmp_path / "draft", DraftTargetConfig(3, [0], [0], False), NGramConfig(4, 2, [0]))
-    served = build_served(*pair, device="cuda", suffix=SuffixConfig())
+    served = build_served(*pair, device=device, suffix=SuffixConfig())
     tok = Tokenizer(DEMO / "target")
     text = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
     ids = tok.encode(text * 3)

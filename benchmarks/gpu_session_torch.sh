@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# gpu_session.sh BENCH=torch (it execs this, with its environment): the torch backend's GPU tests, then its benchmark on
+# the enlarged pair, in one device call within BUDGET_S. Resumable: what $WORK holds (checkpoints, engines) is reused.
+# Stages and their expected cost on an H100/H200 (8B-shaped pair; the build figures are from the ORT path's run):
+#   tests on the demo pair  60-150 s   (TESTS=0 skips; capped at TEST_S)
+#   enlarge 8B + 1B + EAGLE ~115 s     (reused when there)
+#   torch builds            ~60-100 s each for the 8B bf16 and int4 targets (numpy, single-threaded), 10 s the draft
+#   bench_torch.py          the rest of the budget: sections are skipped (and said so) once it is spent
+# DRY=1 runs the same stages on a CPU with the demo pair as it is (no enlargement), float32, batches 1 and 2, few tokens:
+# a check of this script and bench_torch.py before a device is spent on them.
+set -euo pipefail
+start=$(date +%s)
+root=$(cd "$(dirname "$0")/.." && pwd)
+PRESET=${PRESET:-llama8b}
+WORK=${WORK:-/tmp/specdec-gpu}
+OUT=${OUT:-$PWD/gpu-results}
+BUDGET_S=${BUDGET_S:-540}
+BATCHES=${BATCHES_TORCH:-1,4,16,64}
+left() { echo $(( BUDGET_S - ($(date +%s) - start) )); }
+# specdec importable without installing anything: the checkout is the package (setup.py maps its folders to specdec.*)
+if ! python3 -c "import specdec.runtime.backends.torch" 2>/dev/null; then
+    mkdir -p /tmp/specdec-site && ln -sfn "$root" /tmp/specdec-site/specdec
+    export PYTHONPATH=/tmp/specdec-site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONUNBUFFERED=1
+python3 - <<'PY'
+import torch, triton, transformers, numpy
+print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available(), "triton", triton.__version__,
+      "transformers", transformers.__version__, "numpy", numpy.__version__)
+if torch.cuda.is_available():
+    print("gpu", torch.cuda.get_device_name(0), f"{torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB",
+          "sm", "%d%d" % torch.cuda.get_device_capability(0))
+for name in ("onnx", "ml_dtypes", "click", "tqdm", "pytest", "onnxruntime"):
+    try:
+        module = __import__(name)
+        print(name, getattr(module, "__version__", "?"))
+    except ImportError as err:
+        print("no", name, f"({err})")
+PY
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+df -h "$WORK" | tail -1
+if [ "${TESTS:-1}" = 1 ]; then
+    echo "== GPU tests of the torch backend ($(left) s left)"
+    (cd "$root" && timeout "${TEST_S:-240}" python3 -m pytest -q -x -p no:cacheprovider -rs \
+        tests/runtime/test_torch_cuda.py tests/runtime/test_torch_kernels.py "tests/serve/test_serve_gpu.py::test_sixteen_concurrent_clients_on_the_torch_backend_get_their_solo_output" \
+        2>&1 | tee "$OUT/torch-pytest-cuda.log" | tail -40) || echo "== tests failed or timed out: $OUT/torch-pytest-cuda.log"
+fi
+if [ "${DRY:-0}" = 1 ]; then
+    demo="$root/examples/demo-pair"
+    echo "== dry run on the CPU: the demo pair, float32 ($(left) s left)"
+    python3 "$root/benchmarks/bench_torch.py" --target "$demo/target" --draft "$demo/draft" --eagle "$demo/heads/eagle" --int4 \
+        --work "$WORK/torch-dry" --device cpu --dtype float32 --batches 1,2 --min_prompts 2 --prompt_tokens 24 --max_new_tokens 8 \
+        --repeats 1 --budget_s "$(left)" --json "$OUT/torch-dry.json"
+    echo "== dry run done in $(( $(date +%s) - start )) s"
+    exit 0
+fi
+draft_preset=llama1b
+enlarge() {  # enlarge SRC DST ARGS...: skipped when DST already holds a checkpoint
+    local src=$1 dst=$2; shift 2
+    if [ -f "$dst/config.json" ]; then echo "reuse $dst"; return; fi
+    t=$(date +%s); python3 "$root/benchmarks/enlarge.py" --quiet "$@" "$src" "$dst"; echo "enlarged $(basename "$dst") in $(( $(date +%s) - t )) s"
+}
+demo="$root/examples/demo-pair"
+enlarge "$demo/target" "$WORK/target-$PRESET" --preset "$PRESET" --dtype bfloat16
+enlarge "$demo/draft" "$WORK/draft-$draft_preset" --preset "$draft_preset" --dtype bfloat16
+[ -f "$WORK/eagle-$PRESET/config.json" ] || python3 "$root/benchmarks/enlarge.py" --heads "$demo/heads/eagle" --base "$WORK/target-$PRESET" "$WORK/eagle-$PRESET"
+extra=()
+[ "${INT4:-1}" = 1 ] && extra+=(--int4)
+[ "${ORT:-0}" = 1 ] && extra+=(--ort)
+echo "== bench_torch.py with $(left) s left"
+python3 "$root/benchmarks/bench_torch.py" --target "$WORK/target-$PRESET" --draft "$WORK/draft-$draft_preset" --eagle "$WORK/eagle-$PRESET" \
+    "${extra[@]}" --work "$WORK/torch-$PRESET" --batches "$BATCHES" --hf_batches "${HF_BATCHES:-1,16}" --budget_s "$(left)" \
+    --json "$OUT/torch-$PRESET.json" --max_new_tokens "${NEW_TOKENS:-64}" --repeats "${REPEATS:-2}" ${SECTIONS:+--sections "$SECTIONS"}
+echo "== done in $(( $(date +%s) - start )) s; $OUT/torch-$PRESET.json"
+du -sh "$WORK"/* 2>/dev/null || true

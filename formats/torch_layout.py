@@ -1,0 +1,53 @@
+"""The torch backend's engine files: which tensors, named how, in which layout.
+
+builder/torch_network.py writes them and runtime/backends/torch/weights.py reads them, through the names here, so
+the two cannot drift apart. An engine of ``build.backend == "torch"`` holds, beside config.json and the tokenizer:
+
+    model.safetensors    (config.json's network_file) what is not a decoder layer:
+                           embed [vocab, hidden]; norm [hidden]; lm_head: a LINEAR (absent: tied to embed);
+                           rope_cos / rope_sin [kv_capacity, head_dim / 2] float32 (the tables the ONNX engines hold);
+                           medusa.{i}.{j} (a LINEAR with bias: head i's ResBlock j) and medusa.{i}.lm_head [vocab, hidden];
+                           eagle_fc.weight [hidden, num_aux * hidden] (an EAGLE-3 target: fc over its aux layers' outputs)
+    layer.{i}.safetensors  decoder layer i: input_norm, post_norm [hidden]; q_norm, k_norm [head_dim] (qk_norm models);
+                           hidden_norm [hidden] (an EAGLE-3 module's layer 0); the LINEARs qkv (q|k|v joined along the
+                           outputs, bias beside it where the model has one), o, gate_up (gate|up joined), down
+
+A LINEAR ``x`` is either dense, ``x.weight`` [out, in] in the engine's dtype (torch's F.linear layout), or weight-only
+integer (config.json's build.weight_only says the bits and group size):
+
+    x.qweight  uint8, int8: codes [in, out]; int4: [ceil(in / 2), out], two codes per byte along the input axis: row r
+               holds input rows 2r (low nibble) and 2r + 1 (high nibble); an odd last row's high nibble is 0
+    x.scales   float32 [groups, out], groups = ceil(in / group_size)
+    x.zeros    uint8 [groups, out]: w[i, o] = (code[i, o] - zeros[i // group_size, o]) * scales[i // group_size, o]
+    x.perm     int64 [in], GPTQ act-order only: the layer computes x[..., perm] @ w
+    x.input_scale  [in], build-time AWQ only (o_proj, down_proj): the layer computes (x * input_scale) @ w
+
+and may have ``x.bias`` [out]. Everything but scales, rope tables and integer codes is stored in the engine's dtype.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+LAYOUT_VERSION = 1  # recorded in config.json's extra["torch"]; the runtime refuses another
+MODEL_FILE = "model.safetensors"
+LINEARS = ("qkv", "o", "gate_up", "down")  # a decoder layer's linear layers, in the order a layer runs them
+
+
+def layer_file(index: int) -> str:
+    return f"layer.{index}.safetensors"
+
+
+def pack_int4(codes: np.ndarray) -> np.ndarray:
+    """codes [in, out] uint8 in 0..15 -> [ceil(in / 2), out] uint8: row r = codes[2r] | codes[2r + 1] << 4."""
+    rows = codes.shape[0]
+    if rows % 2:
+        codes = np.concatenate([codes, np.zeros((1, codes.shape[1]), np.uint8)])
+    return (codes[0::2] | (codes[1::2] << 4)).astype(np.uint8)
+
+
+def unpack_int4(packed: np.ndarray, rows: int) -> np.ndarray:
+    """pack_int4's inverse: [ceil(rows / 2), out] -> codes [rows, out]."""
+    out = np.empty((packed.shape[0] * 2, packed.shape[1]), np.uint8)
+    out[0::2], out[1::2] = packed & 0x0F, packed >> 4
+    return out[:rows]

@@ -1,0 +1,60 @@
+"""RMSNorm, and the residual add fused with the next RMSNorm.
+
+A decoder layer adds each block's output to the residual stream and normalises the sum for the next block: one
+pass reads both, writes the sum (the new residual) and the normalised row. Statistics in float32; the sum is
+rounded to the activation dtype before it is normalised (what the residual stream holds is what the norm reads).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._triton import kernel, next_power_of_2
+
+tl = None  # triton.language, bound when a kernel of this module first launches (_triton.LazyKernel): the references need no Triton
+
+
+# -- references ----------------------------------------------------------------------------
+def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [T, H] -> x / rms(x) * weight, computed in float32, returned in x's dtype."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+
+
+def add_rmsnorm_ref(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rmsnorm(x + delta), x + delta); x, delta [T, H]; the sum in x's dtype. delta None: (rmsnorm(x), x)."""
+    s = x if delta is None else (x.float() + delta.float()).to(x.dtype)
+    return rmsnorm_ref(s, weight, eps), s
+
+
+# -- kernel --------------------------------------------------------------------------------
+@kernel()
+def _add_rmsnorm_kernel(x_ptr, delta_ptr, w_ptr, out_ptr, sum_ptr, H, x_stride, delta_stride, out_stride, sum_stride, eps,
+                        HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    keep = cols < H
+    x = tl.load(x_ptr + row * x_stride + cols, mask=keep, other=0.0)
+    if HAS_DELTA:
+        d = tl.load(delta_ptr + row * delta_stride + cols, mask=keep, other=0.0)
+        x = (x.to(tl.float32) + d.to(tl.float32)).to(x.dtype)
+        tl.store(sum_ptr + row * sum_stride + cols, x, mask=keep)
+    xf = x.to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / H + eps)
+    w = tl.load(w_ptr + cols, mask=keep, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * out_stride + cols, (xf * inv * w).to(x.dtype), mask=keep)
+
+
+def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """add_rmsnorm_ref as one kernel: a program per row. x, delta [T, H] with unit stride along H."""
+    T, H = x.shape
+    out = torch.empty_like(x)
+    summed = torch.empty_like(x) if delta is not None else x
+    d = delta if delta is not None else x
+    _add_rmsnorm_kernel[(T,)](x, d, weight, out, summed, H, x.stride(0), d.stride(0), out.stride(0), summed.stride(0), eps,
+                              HAS_DELTA=delta is not None, BLOCK=next_power_of_2(H))
+    return out, summed
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return add_rmsnorm(x, None, weight, eps)[0]

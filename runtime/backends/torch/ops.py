@@ -1,0 +1,85 @@
+"""The forward's operations, two ways: ReferenceOps (the kernels' torch references: the CPU path) and TritonOps
+(specdec's Triton kernels: the GPU path). model.py calls one of them and never asks which.
+
+Shapes: T = batch x tokens rows of hidden states; q [B, S, heads, head_dim]; the cache of a layer [slots, kv_heads,
+capacity, head_dim] (K and V alike).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .kernels import attention, gemm, norm, rotary, silu
+from .weights import Linear
+
+
+class ReferenceOps:
+    """Plain torch: every op as its kernel's reference defines it. ``attention`` needs a host bound on the positions it reads
+    (``live``), which is why this path never runs inside a CUDA graph."""
+
+    needs_live = True  # attention reads the cache up to a host-side length (model.py passes it)
+
+    def add_rmsnorm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        return norm.add_rmsnorm_ref(x, delta, weight, eps)
+
+    def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return norm.rmsnorm_ref(x, weight, eps)
+
+    def rope_append(self, q, k, v, cos, sin, positions, cache_k, cache_v, slots, start) -> torch.Tensor:
+        return rotary.rope_append_ref(q, k, v, cos, sin, positions, cache_k, cache_v, slots, start)
+
+    def attention(self, q, cache_k, cache_v, step, scale: float) -> torch.Tensor:
+        """q [B, S, heads, head_dim] over a layer's cache for the call ``step`` (model.StepInputs: slots, start, the tree)."""
+        return attention.attention_ref(q, cache_k, cache_v, step.slots, step.start, step.tree, scale, step.live)
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return silu.silu_mul_ref(gate_up)
+
+    def matmul(self, x: torch.Tensor, lin: Linear, out_dtype: torch.dtype | None) -> torch.Tensor:
+        if lin.weight is not None:
+            return gemm.linear_ref(x, lin.weight, out_dtype)
+        return gemm.int_linear_ref(x, lin.qweight, lin.scales, lin.zeros, lin.bits, lin.group_size, out_dtype)
+
+    def linear(self, x: torch.Tensor, lin: Linear, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """x [T, in] -> [T, out]: an act-order layer gathers its inputs, a build-time AWQ one scales them, a bias adds on."""
+        if lin.perm is not None:
+            x = x.index_select(-1, lin.perm)
+        if lin.input_scale is not None:
+            x = x * lin.input_scale
+        y = self.matmul(x.contiguous() if x.stride(-1) != 1 else x, lin, out_dtype)
+        return y if lin.bias is None else y + lin.bias.to(y.dtype)
+
+
+class TritonOps(ReferenceOps):
+    """specdec's kernels. ``dense``: "stable" runs dense layers on the fixed-tile kernel too (a row's bits never depend on
+    the call's row count: exact speculation); "cublas" runs them with torch's matmul (cuBLAS picks its kernel per shape).
+    Weight-only layers always take the fixed-tile kernel."""
+
+    needs_live = False
+
+    def __init__(self, dense: str = "stable"):
+        if dense not in ("stable", "cublas"):
+            raise ValueError(f"dense GEMM {dense!r}: expected stable or cublas")
+        self.dense = dense
+
+    def add_rmsnorm(self, x, delta, weight, eps):
+        return norm.add_rmsnorm(x, delta, weight, eps)
+
+    def rmsnorm(self, x, weight, eps):
+        return norm.rmsnorm(x, weight, eps)
+
+    def rope_append(self, q, k, v, cos, sin, positions, cache_k, cache_v, slots, start):
+        return rotary.rope_append(q, k, v, cos, sin, positions, cache_k, cache_v, slots, start)
+
+    def attention(self, q, cache_k, cache_v, step, scale):
+        return attention.attention(q, cache_k, cache_v, step.slots, step.start, step.positions, step.path, scale)
+
+    def silu_mul(self, gate_up):
+        return silu.silu_mul(gate_up)
+
+    def matmul(self, x, lin, out_dtype):
+        if lin.weight is None:
+            return gemm.int_linear(x, lin.qweight, lin.scales, lin.zeros, lin.bits, lin.group_size, out_dtype)
+        if self.dense == "cublas":
+            return gemm.linear_ref(x, lin.weight, out_dtype)
+        return gemm.linear(x, lin.weight, out_dtype)

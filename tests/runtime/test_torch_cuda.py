@@ -1,0 +1,189 @@
+"""The torch backend on a GPU (marked cuda(backend="torch"): a host with an NVIDIA GPU, torch with CUDA and Triton;
+skipped elsewhere). The demo pair and its Medusa heads and EAGLE module built with --backend torch in bfloat16, and
+an int4 weight-only target.
+
+Exactness is against the same engine's own target-only decoding: every speculative output must equal it at batch
+1, 4, 16 and 64, for draft-target, n-gram, suffix decoding (tree and chain), Medusa and EAGLE (chain and tree), int4
+included. What makes that hold: a verification step gives the bits of one-token steps (tested directly), because
+every kernel computes a row the same way whatever the call's rows (kernels/gemm.py, kernels/attention.py). CUDA
+graphs replayed after rollback, copy_slot and compact_slot give the logits of a run without graphs, bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import spec_build
+
+from specdec.builder.build import build_engine
+from specdec.formats.engine_format import eagle_module_dir, load_engine_dir
+
+DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-pair"
+TREE = "[[0],[1],[2],[0,0],[0,1],[1,0],[0,0,0],[0,0,1]]"
+TEXTS = [
+    "def fibonacci(n):\n    ",
+    "import os\n\ndef list_files(path):\n    result = []\n    for name in os.listdir(path):\n",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
+    "def read_lines(filename):\n    with open(filename) as f:\n",
+]
+BATCHES = [1, 4, 16, 64]
+pytestmark = pytest.mark.cuda(backend="torch")
+
+
+def executor(path, **kw):
+    from specdec.runtime.backends.torch.executor import TorchExecutor
+
+    return TorchExecutor(load_engine_dir(path), "cuda:0", **kw)
+
+
+@pytest.fixture(scope="module")
+def gpu(tmp_path_factory):
+    from specdec.formats.tokenizer import Tokenizer
+
+    d = tmp_path_factory.mktemp("torch_cuda")
+    limits = dict(max_batch_size=64, max_input_len=128, max_seq_len=256, dtype="bfloat16", backend="torch")
+    quiet = dict(say=lambda _: None)
+    build_engine(DEMO / "target", d / "eagle", spec_build(8, speculative_decoding_mode="eagle", **limits), eagle_dir=DEMO / "heads" / "eagle", **quiet)
+    build_engine(DEMO / "target", d / "medusa", spec_build(8, speculative_decoding_mode="medusa", **limits), medusa_dir=DEMO / "heads" / "medusa", **quiet)
+    build_engine(DEMO / "target", d / "int4", spec_build(4, quantization="int4_wo", **limits), **quiet)
+    build_engine(DEMO / "draft", d / "draft", spec_build(0, **limits), **quiet)
+    ex = {name: executor(d / name) for name in ("eagle", "medusa", "int4", "draft")}
+    ex["module"] = executor(eagle_module_dir(ex["eagle"].engine))
+    tok = Tokenizer(DEMO / "target")
+    # 64 prompts of 6..30 tokens; every fourth repeats itself (n-gram's case)
+    prompts = [tok.encode(TEXTS[i % 4])[: 6 + (i * 7) % 25] for i in range(64)]
+    prompts = [p * 2 if i % 4 == 3 else p for i, p in enumerate(prompts)]
+    return {"ex": ex, "prompts": prompts, "dir": d}
+
+
+def generate(target, prompts, proposer=None, draft_len=0, max_output_len=32):
+    from specdec.runtime.orchestrator import Orchestrator
+    from specdec.runtime.request import GenerationConfig
+
+    outs, metrics = Orchestrator(target, proposer, draft_len).generate(prompts, GenerationConfig(max_output_len=max_output_len))
+    return [o.output_ids for o in outs], metrics
+
+
+def test_the_engines_run_the_gpu_path(gpu):
+    for name, ex in gpu["ex"].items():
+        assert (ex.device, ex.kernels, ex.dense, ex.cuda_graphs) == ("cuda:0", "triton", "stable", True), name
+        assert ex.build.dtype == "bfloat16"
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+def test_every_method_equals_target_only(gpu, batch):
+    from specdec.runtime.proposers.draft_model import DraftModelProposer
+    from specdec.runtime.proposers.eagle import EagleProposer
+    from specdec.runtime.proposers.medusa import MedusaProposer
+    from specdec.runtime.proposers.ngram import NGramProposer
+    from specdec.runtime.proposers.suffix import SuffixConfig, SuffixProposer
+
+    ex, prompts = gpu["ex"], gpu["prompts"][:batch]
+    target, medusa, draft, module = ex["eagle"], ex["medusa"], ex["draft"], ex["module"]
+    want, _ = generate(target, prompts)
+    cases = {
+        "draft-target k=4": (lambda: DraftModelProposer(draft), 4),
+        "draft-target k=2": (lambda: DraftModelProposer(draft), 2),
+        "draft-target auto": (lambda: DraftModelProposer(draft), "auto"),
+        "n-gram": (lambda: NGramProposer(4, 3), 4),
+        "EAGLE chain": (lambda: EagleProposer(target, module), 4),
+        "EAGLE tree": (lambda: EagleProposer(target, module, TREE), len(json.loads(TREE))),
+        "EAGLE auto": (lambda: EagleProposer(target, module, TREE), "auto"),
+    }
+    for name, (make, k) in cases.items():
+        got, metrics = generate(target, prompts, make(), k)
+        assert got == want, f"{name}, batch {batch}"
+        assert metrics.drafted > 0 or k == "auto", name
+    for trees in (True, False):  # suffix decoding's trees (each round its own shape), then a pass drafting from the first's answers
+        proposer = SuffixProposer(SuffixConfig(), trees=trees)
+        for rerun in range(2):
+            got, metrics = generate(target, prompts, proposer, SuffixConfig().max_draft_len)
+            assert got == want, f"suffix {'tree' if trees else 'chain'} pass {rerun + 1}, batch {batch}"
+    medusa_want, _ = generate(medusa, prompts)
+    for choices, k in ((None, 3), (TREE, len(json.loads(TREE)))):
+        got, _ = generate(medusa, prompts, MedusaProposer(medusa, choices), k)
+        assert got == medusa_want, f"Medusa {'tree' if choices else 'chain'}, batch {batch}"
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+def test_int4_speculation_equals_its_own_target_only(gpu, batch):
+    from specdec.runtime.proposers.draft_model import DraftModelProposer
+    from specdec.runtime.proposers.ngram import NGramProposer
+
+    ex, prompts = gpu["ex"], gpu["prompts"][:batch]
+    want, _ = generate(ex["int4"], prompts)
+    for make, k in ((lambda: DraftModelProposer(ex["draft"]), 4), (lambda: NGramProposer(4, 3), 4), (lambda: DraftModelProposer(ex["draft"]), "auto")):
+        got, metrics = generate(ex["int4"], prompts, make(), k)
+        assert got == want, (k, batch)
+
+
+@pytest.mark.parametrize("name", ["eagle", "int4"])
+def test_a_verification_step_gives_the_one_token_steps_logits(gpu, name):
+    """k+1 tokens in one call and k+1 one-token calls: the same logits, bit for bit, at batch 1, 4 and 64."""
+    ex, prompts = gpu["ex"][name], gpu["prompts"]
+    for batch in (1, 4, 64):
+        toks = [[11 + r % 7, 12, 13, 14, 15] for r in range(batch)]
+        one, seq = ex.new_cache(batch), ex.new_cache(batch)
+        ex.forward(one, prompts[:batch], all_logits=False)
+        ex.forward(seq, prompts[:batch], all_logits=False)
+        wide = ex.forward(one, toks, all_logits=True).logits.copy()
+        narrow = np.stack([ex.forward(seq, [[t[j]] for t in toks], all_logits=True).logits[:, 0].copy() for j in range(5)], axis=1)
+        np.testing.assert_array_equal(wide, narrow, err_msg=f"{name} batch {batch}")
+
+
+def test_graph_replay_after_rollback_copy_and_compaction(gpu):
+    """The same calls with and without CUDA graphs (trees, compaction, copy_slot, a rollback, a padded bucket: 5 rows replay
+    the 5-row graph, 9 rows the 16-row one): the same logits, bit for bit."""
+    path = gpu["dir"] / "eagle"
+    graphs, plain = executor(path, cuda_graphs=True), executor(path, cuda_graphs=False)
+    prompts = gpu["prompts"][:9]
+    parents = np.array([-1, 0, 0, 1, 2, 3])  # root, two children, a grandchild under each, one more level
+    outs, captured = [], []
+    for ex in (graphs, plain):
+        got = []
+        for rows in (5, 9):
+            cache = ex.new_cache(rows)
+            captured.append(cache.graphs)
+            ex.forward(cache, prompts[:rows], all_logits=False)
+            for step in range(4):
+                start = cache.lengths.copy()
+                got.append(ex.forward(cache, [[20 + step + j for j in range(6)]] * rows, all_logits=True, parents=[parents] * rows).logits.copy())
+                for row in range(rows):
+                    ex.compact_slot(cache, row, int(start[row]), [0, 2, 4] if row % 2 else [0, 1, 3, 5])  # non-contiguous paths
+                got.append(ex.forward(cache, [[7 + r] for r in range(rows)], all_logits=True).logits.copy())
+                got.append(ex.forward(cache, [[8, 9, 10]] * rows, all_logits=True).logits.copy())
+                cache.rollback(0, int(cache.lengths[0]) - 2)  # drafts rejected
+                if step == 1:
+                    ex.copy_slot(cache, rows - 1, 0)
+        outs.append(got)
+    assert all(captured[:2]) and not any(captured[2:])  # graphs captured on the first executor's caches only
+    assert {key[0] for key in captured[1]} == {16}  # 9 rows replayed the 16-row bucket
+    for i, (a, b) in enumerate(zip(*outs)):
+        np.testing.assert_array_equal(a, b, err_msg=f"call {i}")
+
+
+def test_a_float32_engine_on_the_gpu_decodes_what_the_cpu_decodes(gpu, tmp_path):
+    from specdec.runtime.backends.torch.executor import TorchExecutor
+
+    build_engine(DEMO / "target", tmp_path / "f32", spec_build(4, max_batch_size=4, max_input_len=128, max_seq_len=256, backend="torch",
+                                                               dtype="float32"), say=lambda _: None)
+    prompts = gpu["prompts"][:4]
+    on_gpu, _ = generate(executor(tmp_path / "f32"), prompts)
+    on_cpu, _ = generate(TorchExecutor(load_engine_dir(tmp_path / "f32"), "cpu"), prompts)
+    assert on_gpu == on_cpu
+
+
+def test_the_cublas_dense_path_computes_the_same_model(gpu):
+    """SPECDEC_TORCH_DENSE=cublas (dense layers on torch's matmul, for comparing speed): the stable kernel's logits within
+    bfloat16 rounding."""
+    path, prompts = gpu["dir"] / "eagle", gpu["prompts"][:4]
+    outs = []
+    for ex in (executor(path, dense="cublas"), gpu["ex"]["eagle"]):
+        cache = ex.new_cache(4)
+        outs.append(ex.forward(cache, prompts, all_logits=False).logits.copy())
+    scale = np.abs(outs[1]).max()
+    assert np.abs(outs[0] - outs[1]).max() < 0.05 * scale
+    assert (outs[0].argmax(-1) == outs[1].argmax(-1)).mean() >= 0.75

@@ -1,0 +1,204 @@
+"""Each Triton kernel of the torch executor against its torch reference, under the Triton interpreter on a CPU.
+
+TRITON_INTERPRET=1 runs a kernel's Python source program by program with numpy: the same indexing, masks and
+reduction order as on a GPU, at small shapes. Triton reads the variable when it is first imported: conftest.py sets
+it on a host without a GPU (on a GPU host these tests run the compiled kernels). The weight-only GEMM's
+rows are checked to be bit-identical whatever the call's row count: what keeps speculation on an int4 target exact.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton", reason="the Triton interpreter runs the kernels on a CPU (pip install triton)")
+
+from specdec.formats.torch_layout import pack_int4  # noqa: E402
+from specdec.runtime.backends.torch.kernels import attention, gemm, norm, rotary, silu  # noqa: E402
+
+# the interpreter runs kernels on CPU tensors; a GPU host runs the same tests through the compiled kernels
+DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available() else "cuda"
+
+
+def rand(*shape, seed=0, dtype=torch.float32):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype).to(DEVICE)
+
+
+def tensor(values, dtype=None):
+    return torch.tensor(values, dtype=dtype, device=DEVICE)
+
+
+@pytest.mark.parametrize("with_delta", [False, True])
+@pytest.mark.parametrize("H", [64, 48])
+def test_add_rmsnorm(with_delta, H):
+    x, w = rand(5, H), rand(H, seed=1)
+    delta = rand(5, H, seed=2) if with_delta else None
+    want_norm, want_sum = norm.add_rmsnorm_ref(x, delta, w, 1e-6)
+    got_norm, got_sum = norm.add_rmsnorm(x, delta, w, 1e-6)
+    torch.testing.assert_close(got_sum, want_sum, rtol=0, atol=0)
+    torch.testing.assert_close(got_norm, want_norm, rtol=1e-5, atol=1e-5)
+
+
+def test_add_rmsnorm_reads_a_strided_view():
+    both = rand(4, 2, 32)
+    x = both[:, 0]  # rows 64 apart
+    torch.testing.assert_close(norm.rmsnorm(x, rand(32, seed=3), 1e-5), norm.rmsnorm_ref(x, rand(32, seed=3), 1e-5), rtol=1e-5, atol=1e-5)
+
+
+def test_silu_mul():
+    gu = rand(3, 2 * 40)
+    torch.testing.assert_close(silu.silu_mul(gu), silu.silu_mul_ref(gu), rtol=1e-5, atol=1e-6)
+
+
+def cache(num_slots=3, kv_heads=2, capacity=24, head_dim=16, seed=5):
+    return rand(num_slots, kv_heads, capacity, head_dim, seed=seed), rand(num_slots, kv_heads, capacity, head_dim, seed=seed + 1)
+
+
+def test_rope_append_writes_the_cache_and_rotates_q():
+    B, S, NH, KVH, HD = 2, 3, 4, 2, 16
+    qkv = rand(B * S, (NH + 2 * KVH) * HD)  # the joined projection: q, k, v are strided views of it
+    q, k, v = (t.view(B, S, -1, HD) for t in qkv.split([NH * HD, KVH * HD, KVH * HD], dim=-1))
+    cos, sin = rand(24, HD // 2, seed=7), rand(24, HD // 2, seed=8)
+    positions = tensor([[4, 5, 6], [9, 10, 10]])  # row 1: a tree (two tokens at depth 1)
+    slots, start = tensor([2, 0]), tensor([4, 9])
+    want_k, want_v = cache()
+    got_k, got_v = want_k.clone(), want_v.clone()
+    want_q = rotary.rope_append_ref(q, k, v, cos, sin, positions, want_k, want_v, slots, start)
+    got_q = rotary.rope_append(q, k, v, cos, sin, positions, got_k, got_v, slots, start)
+    torch.testing.assert_close(got_q, want_q, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got_k, want_k, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got_v, want_v, rtol=0, atol=0)
+    untouched = cache()[0]
+    assert torch.equal(got_k[1], untouched[1]) and torch.equal(got_k[2, :, :4], untouched[2, :, :4])  # only the written positions moved
+
+
+def test_rotation_is_transformers_rotate_half():
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    HD, pos = 16, torch.tensor([[3, 7]])
+    inv = 1.0 / (10000 ** (torch.arange(0, HD, 2).float() / HD))
+    freqs = torch.arange(12).float()[:, None] * inv[None]
+    x = rand(1, 2, 2, HD).cpu()  # [B, S, heads, hd]
+    emb = torch.cat([freqs[pos], freqs[pos]], dim=-1)  # [1, S, hd]
+    want, _ = apply_rotary_pos_emb(x.transpose(1, 2), x.transpose(1, 2), emb.cos(), emb.sin())
+    torch.testing.assert_close(rotary.rotate_ref(x, freqs.cos(), freqs.sin(), pos), want.transpose(1, 2), rtol=1e-5, atol=1e-5)
+
+
+def positions_of(start, S, tree=None):
+    """Each call token's position: start + j in a chain, start + its depth in a tree (base.fill_tree)."""
+    depth = torch.arange(S, device=start.device)[None].expand(len(start), S) if tree is None else tree.sum(-1) - 1
+    return start[:, None] + depth
+
+
+def a_tree(parents, S, rows):
+    tree = torch.zeros(rows, S, S, dtype=torch.bool, device=DEVICE)
+    for j, p in enumerate(parents):
+        if p >= 0:
+            tree[:, j] = tree[:, p]
+        tree[:, j, j] = True
+    return tree
+
+
+@pytest.mark.parametrize("case", ["decode", "chain", "tree", "prefill"])
+def test_attention(case):
+    NH, KVH, HD = 4, 2, 16
+    ck, cv = cache(num_slots=4, capacity=80)
+    if case == "decode":
+        S, start, tree = 1, tensor([5, 0, 37]), None
+    elif case == "chain":
+        S, start, tree = 5, tensor([5, 1, 40]), None
+    elif case == "prefill":
+        S, start, tree = 40, tensor([0, 0, 3]), None  # several key blocks
+    else:
+        S, start = 6, tensor([5, 2, 33])
+        tree = a_tree([-1, 0, 0, 1, 2, 3], S, 3)
+        tree[1] = torch.tril(torch.ones(S, S, dtype=torch.bool, device=DEVICE))  # a chain among trees
+    slots = tensor([3, 0, 1])
+    q = rand(3, S, NH, HD, seed=11)
+    live = int(start.max()) + S
+    want = attention.attention_ref(q, ck, cv, slots, start, tree, HD ** -0.5, live)
+    path = None if tree is None else attention.tree_path(tree)
+    got = attention.attention(q, ck, cv, slots, start, positions_of(start, S, tree).contiguous(), path, HD ** -0.5)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_verified_token_gets_the_bits_of_a_one_token_step():
+    """Token j of a 5-token chain and the same token fed alone after j cached ones: the same attention output, bit for bit."""
+    NH, HD = 4, 16
+    ck, cv = cache(num_slots=2, capacity=80)
+    q = rand(1, 5, NH, HD, seed=12)
+    slots, start = tensor([1]), tensor([30])
+    wide = attention.attention(q, ck, cv, slots, start, positions_of(start, 5).contiguous(), None, HD ** -0.5)
+    for j in range(5):
+        one = attention.attention(q[:, j : j + 1].contiguous(), ck, cv, slots, start + j, (start + j)[:, None].contiguous(), None, HD ** -0.5)
+        assert torch.equal(one[0, 0], wide[0, j]), j
+
+
+def test_a_tree_node_gets_the_bits_of_a_one_token_step_on_its_path():
+    """A tree call of 6 nodes at position 29 (their K/V in call order), and each node fed alone after its path was kept in
+    contiguous positions (what compaction leaves): the same attention output, bit for bit."""
+    NH, HD, S, start = 4, 16, 6, 29
+    parents = [-1, 0, 0, 1, 2, 3]
+    ck, cv = cache(num_slots=1, capacity=80)
+    q = rand(1, S, NH, HD, seed=13)
+    tree = a_tree(parents, S, 1)
+    starts = tensor([start])
+    wide = attention.attention(q, ck, cv, tensor([0]), starts, positions_of(starts, S, tree).contiguous(), attention.tree_path(tree), HD ** -0.5)
+    for j in range(S):
+        path = [i for i in range(S) if tree[0, j, i]]  # its ancestors by depth, then itself
+        kept_k, kept_v = ck.clone(), cv.clone()
+        kept_k[0, :, start : start + len(path)] = ck[0, :, [start + i for i in path]]
+        kept_v[0, :, start : start + len(path)] = cv[0, :, [start + i for i in path]]
+        at = tensor([start + len(path) - 1])
+        one = attention.attention(q[:, j : j + 1].contiguous(), kept_k, kept_v, tensor([0]), at, at[:, None].contiguous(), None, HD ** -0.5)
+        assert torch.equal(one[0, 0], wide[0, j]), j
+
+
+def int_weight(K, N, bits, group, seed=0):
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(0, 2**bits, size=(K, N), dtype=np.uint8)
+    groups = -(-K // group)
+    scales = rng.uniform(0.01, 0.1, size=(groups, N)).astype(np.float32)
+    zeros = rng.integers(0, 2**bits, size=(groups, N), dtype=np.uint8)
+    packed = pack_int4(codes) if bits == 4 else codes
+    return (*(torch.from_numpy(a).to(DEVICE) for a in (packed, scales, zeros)), codes)
+
+
+@pytest.mark.parametrize("bits, K, group", [(4, 96, 32), (4, 75, 75), (8, 70, 64)])  # 75: an odd K, per-channel
+def test_int_linear(bits, K, group):
+    q, s, z, codes = int_weight(K, 40, bits, group)
+    ref = gemm.dequantize_ref(q, s, z, bits, group, K, torch.float32)
+    want_w = (codes.astype(np.float32) - np.repeat(z.cpu().numpy(), group, 0)[:K]) * np.repeat(s.cpu().numpy(), group, 0)[:K]
+    np.testing.assert_allclose(ref.cpu().numpy(), want_w, rtol=1e-6)  # the reference dequantizes as formats/torch_layout.py says
+    x = rand(7, K, seed=3)
+    torch.testing.assert_close(gemm.int_linear(x, q, s, z, bits, group), gemm.int_linear_ref(x, q, s, z, bits, group), rtol=1e-5, atol=1e-5)
+
+
+def test_dense_linear_and_a_float32_output():
+    x, w = rand(9, 70), rand(33, 70, seed=1)
+    torch.testing.assert_close(gemm.linear(x, w), gemm.linear_ref(x, w), rtol=1e-5, atol=1e-5)
+    assert gemm.linear(x.half(), w.half(), out_dtype=torch.float32).dtype == torch.float32
+
+
+HALF = pytest.mark.skipif(DEVICE == "cpu", reason="bfloat16 kernels run on a GPU (the interpreter computes with numpy, which has no bfloat16)")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=HALF)], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("bits", [4, 8, 0])  # 0: the dense kernel
+def test_a_rows_result_does_not_depend_on_the_calls_row_count(bits, dtype):
+    """Rows 0..M-1 of calls of M = 1, 2, 5, 17 and 33 rows (1 to 3 row tiles): each row bit-identical to the 1-row call of it."""
+    K, N = 128, 48
+    x = rand(33, K, seed=21, dtype=dtype)
+    if bits:
+        q, s, z, _ = int_weight(K, N, bits, 32)
+        run = lambda rows: gemm.int_linear(rows, q, s, z, bits, 32)  # noqa: E731
+    else:
+        w = rand(N, K, seed=22, dtype=dtype)
+        run = lambda rows: gemm.linear(rows, w)  # noqa: E731
+    alone = torch.cat([run(x[i : i + 1]) for i in range(33)])
+    for M in (2, 5, 17, 33):
+        assert torch.equal(run(x[:M]), alone[:M]), M
+        assert torch.equal(run(x[33 - M :]), alone[33 - M :]), M  # the same rows at other positions in the tile
