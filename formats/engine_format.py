@@ -214,11 +214,17 @@ def check_build_stamp(root: Path, config: EngineConfig) -> None:
         stamp = json.loads((root / STAMP_FILE).read_text())
     except (OSError, ValueError) as err:
         raise EngineError(f"{root / STAMP_FILE} cannot be read ({err}); the engine is corrupt, rebuild it.") from None
-    for section in ("model", "build"):
+    for section, section_type in (("model", ModelConfig), ("build", BuildConfig)):
         built = stamp.get(section) if isinstance(stamp, dict) else None
-        now = json.loads(json.dumps(asdict(getattr(config, section))))  # tuples as JSON lists, as the stamp holds them
         if not isinstance(built, dict):
             raise EngineError(f"{root / STAMP_FILE} has no {section} section; the engine is corrupt, rebuild it.")
+        # The stamp is read as config.json is (a field added since the build takes its default in both), then both
+        # are compared as JSON (tuples as lists).
+        try:
+            built = _as_json(from_json(section_type, built, section))
+        except SchemaError as err:
+            raise EngineError(f"{root / STAMP_FILE}: {err}; the engine is corrupt, rebuild it.") from None
+        now = _as_json(getattr(config, section))
         differs = _first_difference(now, built, section)
         if differs is not None:
             field, said, was = differs
@@ -229,6 +235,10 @@ def check_build_stamp(root: Path, config: EngineConfig) -> None:
 
 
 _ABSENT = object()
+
+
+def _as_json(section: ModelConfig | BuildConfig) -> Any:
+    return json.loads(json.dumps(asdict(section)))
 
 
 def _first_difference(now: Any, built: Any, path: str) -> tuple[str, Any, Any] | None:

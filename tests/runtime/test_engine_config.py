@@ -90,6 +90,24 @@ def test_an_edited_config_is_refused_at_load_naming_the_field_and_both_values(en
     assert r.exit_code == 1 and "Traceback" not in r.output and says in r.stderr.splitlines()[-1]
 
 
+def test_an_engine_stamped_before_a_field_existed_still_loads(engine_copy):
+    """A field added to the format since the build is absent from config.json and from the stamp alike: both read it
+    as its default, so they agree (found in review: the stamp was compared as raw JSON and refused every such engine)."""
+    from specdec.formats.engine_format import STAMP_FILE, sha256_file
+
+    cfg = json.loads((engine_copy / CONFIG_FILE).read_text())
+    stamp = json.loads((engine_copy / STAMP_FILE).read_text())
+    for held in (cfg, stamp):
+        del held["build"]["cpu_kernels"]
+    (engine_copy / STAMP_FILE).write_text(json.dumps(stamp))
+    cfg["files"][STAMP_FILE] = sha256_file(engine_copy / STAMP_FILE)
+    (engine_copy / CONFIG_FILE).write_text(json.dumps(cfg))
+    assert load_engine_dir(engine_copy).config.build.cpu_kernels == "ort"
+    edit(engine_copy, "build", "cpu_kernels", "specdec")  # an edit is still caught against the default the stamp implies
+    with pytest.raises(EngineError, match='build.cpu_kernels="specdec", but the engine was built with "ort"'):
+        load_engine_dir(engine_copy)
+
+
 NETWORK_EDITS = [  # what the network's own inputs and outputs show, for an engine without a stamp
     ("model", "vocab_size", 1000, "model.vocab_size=1000, but the network has 96 logits per token"),
     ("model", "num_layers", 3, "model.num_layers=3, but the network has 2 (its past_key.i inputs)"),
