@@ -8,7 +8,8 @@ rows of a round) are checked, and at the first row that is not finite the reques
 rejection are not read. But a draft token whose embedding is NaN puts NaN into its call's keys and values, and
 masked attention does not hold it back (a zero weight times NaN is NaN): the rows before it turn NaN too. So
 with speculation a request can stop earlier than target-only decoding would, never later, and every token it
-emitted is one target-only decoding emits (greedy). Other requests of the batch are other rows: untouched.
+emitted is one target-only decoding emits (greedy). Other requests of the batch are other rows: untouched, and the
+slot of a request that ended so is zeroed before another request uses it (Executor.clear_slot).
 
 Drafts that never land. A draft whose token ids mean something else to the target (another tokenizer, a
 model trained on another vocabulary, when no tokenizer file can prove it) still decodes correctly, the target

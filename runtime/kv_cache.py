@@ -53,6 +53,12 @@ class KVCache:
                 buf[dst, :n] = buf[src, :n]
         self.lengths[dst] = n
 
+    def clear_host_slot(self, slot: int) -> None:
+        """Zero every position of ``slot`` (numpy storage) and set its length to 0."""
+        for buf in (*self.keys, *self.values):
+            buf[slot] = 0
+        self.lengths[slot] = 0
+
     def copy_host_prefix(self, src: "KVCache", src_slot: int, dst_slot: int, length: int) -> None:
         """Copy positions 0..length-1 of ``src``'s slot ``src_slot`` into this cache's slot ``dst_slot`` and set its
         length (numpy storage; ``src`` may be this cache or a prefix pool of the same engine)."""

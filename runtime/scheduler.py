@@ -56,6 +56,8 @@ class Scheduler:
     def release(self, req: Request) -> None:
         """Give ``req``'s slot back: the last running request moves into it."""
         slot, last = req.slot, len(self.running) - 1
+        if req.error_cause == "nonfinite_logits":  # its K/V may hold NaN/Inf, which masking does not hold back
+            self.target.clear_slot(self.cache, slot)
         if slot != last:
             moved = self.running[last]
             self.target.copy_slot(self.cache, last, slot)

@@ -87,6 +87,11 @@ class Executor(Protocol):
         ``dst`` and set ``lengths[dst]``: the loop keeps running requests in slots
         ``0..n-1`` by moving the last one into a freed slot."""
 
+    def clear_slot(self, cache: KVCache, slot: int) -> None:
+        """Zero slot ``slot``'s K/V at every position and set its length to 0. Positions past a slot's length are
+        masked, but a masked NaN still poisons attention (a zero weight times NaN is NaN): the loop clears the slot
+        of a request that ended on non-finite logits before another request uses it (runtime/scheduler.py)."""
+
     def compact_slot(self, cache: KVCache, slot: int, start: int, keep: Sequence[int]) -> None:
         """After a verification fed at ``start``: keep the K/V of the call's tokens ``keep`` (ascending, keep[0] = 0)
         in positions start, start + 1, ... and set the slot's length to start + len(keep). A chain's ``keep`` is

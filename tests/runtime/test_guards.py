@@ -86,6 +86,26 @@ def test_nonfinite_logits_stop_that_request_with_an_error_and_no_token(pair, met
     assert metrics.requests == 3
 
 
+def test_a_slot_that_held_nan_is_clean_for_the_next_request(pair):
+    """A request that ended on NaN leaves NaN keys and values in its slot. Masked positions past a slot's length are
+    still read when a longer neighbour sets the call's length, and a zero weight times NaN is NaN: the next request in
+    that slot must not inherit them (found in review: it ended on "error" where a fresh engine gives its output)."""
+    d = pair["dir"]
+    engine = load_engine(d / "target-nan", num_threads=1)
+    runner, poisoned, late = PROMPTS[1], PROMPTS[1] + [pair["poison"]], [1, 40]  # late: shorter than poisoned's NaN rows
+    engine.add_request(runner, GenerationConfig(max_output_len=OUT, end_ids=()), request_id="runner")
+    engine.add_request(poisoned, GenerationConfig(max_output_len=OUT, end_ids=()), request_id="poisoned")
+    done = {o.request_id: o for o in engine.step() if o.finished}
+    assert done["poisoned"].finish_reason == "error"  # NaN from its prompt on: its slot's rows 0..6 hold NaN
+    for _ in range(4):  # the runner grows past the poisoned request's rows, so calls with both read them
+        engine.step()
+    engine.add_request(late, GenerationConfig(max_output_len=8, end_ids=()), request_id="late")
+    while engine.has_unfinished():
+        done.update({o.request_id: o for o in engine.step() if o.finished})
+    assert done["late"].finish_reason == "length" and done["late"].output_ids == greedy(d / "target", [late], 8)[0]
+    assert done["runner"].finish_reason == "length" and done["runner"].output_ids == pair["clean"][1]
+
+
 def test_specdec_run_prints_what_it_can_and_fails_in_one_line(pair, tmp_path):
     d = pair["dir"]
     (tmp_path / "p.csv").write_text("\n".join(",".join(map(str, p)) for p in PROMPTS) + "\n")

@@ -321,3 +321,19 @@ def torch_equal(a, b) -> bool:
     import torch
 
     return bool(torch.equal(a, b))
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+def test_clear_slot_zeroes_one_slot_and_its_length(pair, backend):
+    """clear_slot (after a request ended on non-finite logits, runtime/scheduler.py): that slot's K/V all zero, its
+    length 0; the neighbour's rows untouched."""
+    t = pair["ex"]["draft"][backend]
+    cache = t.new_cache(2)
+    t.forward(cache, [[5, 6, 7, 8], [9, 10, 11]], all_logits=False)
+    slabs = (lambda: [cache.kv.cpu().numpy()[:, :, s] for s in (0, 1)]) if backend == "torch" else \
+        (lambda: [np.stack([b[s] for b in (*cache.keys, *cache.values)]) for s in (0, 1)])
+    before = slabs()
+    assert np.abs(before[0]).sum() > 0
+    t.clear_slot(cache, 0)
+    after = slabs()
+    assert cache.lengths.tolist() == [0, 3] and not after[0].any() and np.array_equal(after[1], before[1])

@@ -125,6 +125,9 @@ class OrtExecutor:
     def copy_slot(self, cache: KVCache, src: int, dst: int) -> None:
         cache.copy_host_slot(src, dst)
 
+    def clear_slot(self, cache: KVCache, slot: int) -> None:
+        cache.clear_host_slot(slot)
+
     def new_prefix_pool(self, num_slots: int) -> KVCache:
         """Host storage for cached prefixes (numpy zeros: pages are committed only as entries fill them)."""
         m = self.model

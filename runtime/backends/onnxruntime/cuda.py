@@ -215,6 +215,15 @@ class CudaExecutor:
             self._rt.synchronize()  # device-to-device copies may return early: done before the next run reads the slot
         cache.lengths[dst] = n
 
+    def clear_slot(self, cache: KVCache, slot: int) -> None:
+        """Zero slot ``slot``'s K/V on the device (a slot is one span of each (layer, K|V) part) and its length."""
+        cache = self._own(cache)
+        self._rt.set_device(self.device_id)
+        for part in range(2 * self.model.num_layers):
+            self._rt.memset(cache.ptr(part, slot), cache.slot_bytes)
+        self._rt.synchronize()  # cudaMemset may return early; ONNX Runtime's stream does not wait for the legacy one
+        cache.lengths[slot] = 0
+
     def new_prefix_pool(self, num_slots: int) -> CudaKVCache:
         """Device storage for cached prefixes: a cache of its own (any number of slots), allocated and zeroed now."""
         return CudaKVCache(self, num_slots)

@@ -229,6 +229,13 @@ class TrtExecutor:
                 cuda_call(self._rt.cudaMemcpyAsync(base + dst * self._row_bytes + off, base + src * self._row_bytes + off, span, kind, self._stream), "cudaMemcpyAsync(KV slot)")
         cache.lengths[dst] = n
 
+    def clear_slot(self, cache: KVCache, slot: int) -> None:
+        self._own(cache)
+        self._set_device()
+        for base in self._slab.values():  # a slot is one row of each K/V tensor; same stream as execute, so ordered
+            cuda_call(self._rt.cudaMemsetAsync(base + slot * self._row_bytes, 0, self._row_bytes, self._stream), "cudaMemsetAsync(KV slot)")
+        cache.lengths[slot] = 0
+
     def compact_slot(self, cache: KVCache, slot: int, start: int, keep: Sequence[int]) -> None:
         compact_chain(cache, slot, start, keep, self._name)
 

@@ -34,6 +34,10 @@ class TorchKVCache(KVCache):
             self.kv[:, :, dst, :, :n] = self.kv[:, :, src, :, :n]
         self.lengths[dst] = n
 
+    def clear_slot(self, slot: int) -> None:
+        self.kv[:, :, slot] = 0
+        self.lengths[slot] = 0
+
     def compact(self, slot: int, start: int, keep: Sequence[int]) -> None:
         """Positions start + keep[i] -> start + i (keep ascending, keep[0] = 0); the slot's length becomes start + len(keep)."""
         keep = np.asarray(keep, np.int64)

@@ -137,6 +137,10 @@ class TorchExecutor:
         with self._torch.inference_mode():
             self._own(cache).copy_slot(src, dst)
 
+    def clear_slot(self, cache: KVCache, slot: int) -> None:
+        with self._torch.inference_mode():
+            self._own(cache).clear_slot(slot)
+
     def compact_slot(self, cache: KVCache, slot: int, start: int, keep: Sequence[int]) -> None:
         """After a step fed at ``start``: the K/V of the call's tokens ``keep`` (ascending, keep[0] = 0) to positions start,
         start + 1, ... and the slot's length start + len(keep): a chain's rollback, or a tree's accepted path."""
