@@ -187,3 +187,22 @@ def test_the_cublas_dense_path_computes_the_same_model(gpu):
     scale = np.abs(outs[1]).max()
     assert np.abs(outs[0] - outs[1]).max() < 0.05 * scale
     assert (outs[0].argmax(-1) == outs[1].argmax(-1)).mean() >= 0.75
+
+
+def test_kernels_address_calls_past_two_to_the_31_elements():
+    """A long prefill's rows times a layer's width pass 2**31 (Llama-3-8B's gate|up, 28672 wide, at 75k tokens): the
+    kernels' offsets are int64, so the last rows are computed and stored where they belong (4.3 GB of bfloat16 here)."""
+    import torch
+
+    from specdec.runtime.backends.torch.kernels.gemm import linear, linear_ref
+    from specdec.runtime.backends.torch.kernels.silu import silu_mul, silu_mul_ref
+
+    rows, width = 75_000, 28_672  # rows * width = 2.15e9 > 2**31
+    gen = torch.Generator("cuda").manual_seed(0)
+    gate_up = torch.randn(rows, width, device="cuda", dtype=torch.bfloat16, generator=gen)
+    tail = slice(rows - 3, rows)
+    torch.testing.assert_close(silu_mul(gate_up)[tail], silu_mul_ref(gate_up[tail]))  # a wrapped offset reads another row
+    del gate_up
+    x = torch.randn(rows, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+    weight = torch.randn(width, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+    assert torch.equal(linear(x, weight)[tail], linear(x[tail], weight))  # a row's bits do not depend on the call's rows

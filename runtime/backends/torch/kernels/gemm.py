@@ -51,7 +51,7 @@ def int_linear_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
 @kernel(do_not_specialize=["M"])
 def _dense_kernel(x_ptr, w_ptr, y_ptr, M, N, K, x_stride, w_stride, y_stride,
                   IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # int64: m * stride passes 2**31 in a long prefill
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -68,7 +68,7 @@ def _dense_kernel(x_ptr, w_ptr, y_ptr, M, N, K, x_stride, w_stride, y_stride,
 @kernel(do_not_specialize=["M"])
 def _int_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, GROUP, x_stride, y_stride,
                 BITS: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # int64: m * stride passes 2**31 in a long prefill
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = m[:, None] < M
     n_ok = n[None, :] < N

@@ -31,7 +31,7 @@ def add_rmsnorm_ref(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.T
 @kernel()
 def _add_rmsnorm_kernel(x_ptr, delta_ptr, w_ptr, out_ptr, sum_ptr, H, x_stride, delta_stride, out_stride, sum_stride, eps,
                         HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # row * stride passes 2**31 in a long prefill
     cols = tl.arange(0, BLOCK)
     keep = cols < H
     x = tl.load(x_ptr + row * x_stride + cols, mask=keep, other=0.0)
