@@ -337,3 +337,21 @@ def test_clear_slot_zeroes_one_slot_and_its_length(pair, backend):
     t.clear_slot(cache, 0)
     after = slabs()
     assert cache.lengths.tolist() == [0, 3] and not after[0].any() and np.array_equal(after[1], before[1])
+
+
+def test_a_cache_that_cannot_be_allocated_is_one_line_and_the_prefix_cache_steps_aside(pair):
+    """Found in review: the torch executor's allocation failures escaped as torch's own exception. A cache is refused in
+    one EngineError with its size; a prefix pool that does not fit turns prefix caching off (said once) unless it was
+    asked for."""
+    from specdec.formats.errors import EngineError
+    from specdec.runtime.prefix_cache import PrefixCacheConfig, open_prefix_cache
+
+    t = pair["ex"]["draft"]["torch"]
+    with pytest.raises(EngineError, match=r"cannot be allocated on cpu: lower max_seq_len") as err:
+        t.new_prefix_pool(10**9)
+    assert "\n" not in str(err.value)
+    cache = t.new_cache(1)
+    pool, why = open_prefix_cache(t, cache, PrefixCacheConfig(slots=10**9))
+    assert pool is None and "cannot be allocated" in why
+    with pytest.raises(EngineError):
+        open_prefix_cache(t, cache, PrefixCacheConfig(enabled=True, slots=10**9))

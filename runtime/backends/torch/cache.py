@@ -15,6 +15,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ....formats.errors import EngineError
 from ...kv_cache import KVCache
 
 
@@ -23,7 +24,13 @@ class TorchKVCache(KVCache):
                  dtype: torch.dtype, device: torch.device):
         super().__init__(num_layers, num_slots, kv_heads, capacity, head_dim, max_seq_len, "bnsh", storage=False)
         self.owner = owner  # the executor that made it: only its forward() may use it
-        self.kv = torch.zeros((num_layers, 2, num_slots + 1, kv_heads, capacity, head_dim), dtype=dtype, device=device)
+        shape = (num_layers, 2, num_slots + 1, kv_heads, capacity, head_dim)
+        try:
+            self.kv = torch.zeros(shape, dtype=dtype, device=device)
+        except (torch.OutOfMemoryError, RuntimeError) as err:  # RuntimeError: a host that cannot allocate it
+            gib = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size() / 2**30
+            raise EngineError(f"a KV cache of {list(shape)} {str(dtype).removeprefix('torch.')} ({gib:.1f} GiB) cannot be allocated on {device}: "
+                              f"lower max_seq_len or max_batch_size (rebuild the engine), or free memory ({str(err).splitlines()[0][:120]}).") from None
         self.scratch = num_slots
         self.graphs: dict[tuple, object] = {}  # (bucket rows, width, logit rows, tree) -> graphs.StepGraph on this cache
         self.host_outputs = None  # graphs.GraphOutputs: pinned host buffers the graphs' outputs come back into
