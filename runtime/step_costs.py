@@ -16,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..formats.errors import RequestError
 from .backends.base import Executor
 from .kv_cache import KVCache
 
@@ -36,6 +37,9 @@ def measure_verify_costs(executor: Executor, cache: KVCache, batches: Sequence[i
 
     extra_inputs(rows, width) -> the call's extra inputs, for an engine that takes some (an EAGLE module)."""
     context = min(CONTEXT, executor.build.max_input_len, cache.max_seq_len - max(widths) - 1)
+    if context < 1:
+        raise RequestError(f"cannot time calls of {max(widths)} tokens on {executor.engine.path}: its max_seq_len={cache.max_seq_len} leaves "
+                           "no room for a context before them (lower the widths).")
     costs: dict[tuple[int, int], float] = {}
     kw = (lambda rows, width: {"extra_inputs": extra_inputs(rows, width)}) if extra_inputs else (lambda rows, width: {})
     for rows in batches:

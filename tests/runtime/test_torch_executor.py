@@ -282,6 +282,9 @@ def test_auto_starts_from_step_costs_measured_on_the_executor(pair):
     with pytest.raises(RequestError, match="before adding requests"):
         engine.add_request(PROMPTS[0], GenerationConfig(max_output_len=2))
         engine.measure_step_costs()
+    fresh = Engine(t, [], SpeculationConfig("none", 0))
+    with pytest.raises(RequestError, match="leaves no room for a context"):  # a width the engine's length cannot hold
+        fresh.measure_step_costs(widths=[t.build.max_seq_len])
 
 
 def test_prefix_caching_on_the_torch_executor_gives_the_cold_output(pair):

@@ -6,8 +6,8 @@ on a CPU); a call's inputs are made on the host as the other executors make them
 and sent in one go. On a GPU, decode and verification shapes run as CUDA graphs (graphs.py), one per (batch bucket,
 width, logit rows, tree or chain) and cache, captured at their first call; prompts run eagerly.
 
-Outputs come back to the host as float32 numpy arrays (the protocol's StepOutput), valid until the next call of that
-shape on that cache: on a GPU they are views of pinned buffers that the next call of the shape overwrites.
+Outputs come back to the host as float32 numpy arrays (the protocol's StepOutput), valid until the next call on that
+cache (the protocol's rule): on a GPU they are views of one pinned buffer per cache that every graph's call overwrites.
 """
 
 from __future__ import annotations
