@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -21,23 +21,24 @@ engine of the same model), and reports per row:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence, cast
+from typing import Any, cast
 
 import numpy as np
 
-from ..runtime.backends import open_executor
-from ..runtime.backends.base import Executor, Placement
 from ..formats.config_strings import DraftTargetConfig
-from ..runtime.engine import check_draft_len
 from ..formats.engine_format import TREE_MODES, EngineDir, load_engine_dir
 from ..formats.errors import RequestError
+from ..runtime.backends import open_executor
+from ..runtime.backends.base import Executor, Placement
+from ..runtime.engine import check_draft_len
 from ..runtime.loading import load_engine, load_orchestrator
 from ..runtime.orchestrator import GenerationConfig, Orchestrator
 from ..runtime.proposers.draft_model import DraftModelProposer
 from ..runtime.proposers.ngram import NGramProposer
-from ..runtime.proposers.suffix import SuffixConfig, SuffixProposer
 from ..runtime.proposers.own import OwnDrafter
+from ..runtime.proposers.suffix import SuffixConfig, SuffixProposer
 from ..runtime.request import METHODS as ENGINE_METHODS
 from ..runtime.tree import check_nodes, parse_choices
 from .datasets import Record, check_fits

@@ -24,13 +24,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 import peers  # noqa: E402
 from prompts import code_prompts  # noqa: E402
-
 from specdec.bench.plots import Bar, beside, write_bars  # noqa: E402
-from specdec.builder.build import build_engine  # noqa: E402
-from specdec.runtime import Orchestrator, SamplingConfig, load_orchestrator  # noqa: E402
 from specdec.bench.sweep import analytic_bound, generate_each, step_cost  # noqa: E402
+from specdec.builder.build import build_engine  # noqa: E402
 from specdec.formats.config_strings import DraftTargetConfig  # noqa: E402
 from specdec.formats.engine_format import BuildConfig  # noqa: E402
+from specdec.runtime import Orchestrator, load_orchestrator  # noqa: E402
 from specdec.runtime.proposers.draft_model import DraftModelProposer  # noqa: E402
 from specdec.runtime.proposers.ngram import NGramProposer  # noqa: E402
 

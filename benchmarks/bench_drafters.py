@@ -41,17 +41,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from prompts import spread, workloads  # noqa: E402
-
 from specdec.bench.plots import Bar, beside, spread_bar, write_bars  # noqa: E402
+from specdec.formats.engine_format import load_engine_dir  # noqa: E402
+from specdec.formats.tokenizer import Tokenizer  # noqa: E402
 from specdec.runtime import DraftTargetConfig, GenerationConfig, NGramConfig, load_engine  # noqa: E402
 from specdec.runtime.backends import Executor, open_executor  # noqa: E402
 from specdec.runtime.devices import placement  # noqa: E402
 from specdec.runtime.draft_len import AutoDraftLen  # noqa: E402
-from specdec.formats.engine_format import load_engine_dir  # noqa: E402
 from specdec.runtime.engine import Engine, SpeculationConfig  # noqa: E402
 from specdec.runtime.proposers.suffix import SuffixConfig, SuffixProposer  # noqa: E402
 from specdec.runtime.suffix_cache import ResponseCache  # noqa: E402
-from specdec.formats.tokenizer import Tokenizer  # noqa: E402
 
 # -- the agentic workload ---------------------------------------------------------------------
 VERBS = ["get", "set", "load", "save", "parse", "check", "update", "delete", "create", "find", "reset", "merge"]

@@ -140,7 +140,7 @@ def _regression(args, base_pkg: Path) -> None:
         old.close()
 
 
-def _interleave(args, new: "Worker", old: "Worker") -> None:
+def _interleave(args, new: Worker, old: Worker) -> None:
     prompts = prompts_for(Path(args.target), args.prompts, args.prompt_tokens, copy_heavy=False)
     copy = prompts_for(Path(args.target), args.prompts, args.prompt_tokens, copy_heavy=True)
     methods = [("target-only", dict(method="none", prompts=prompts)), (f"draft-target k={args.k}", dict(method="draft", k=args.k, prompts=prompts)),

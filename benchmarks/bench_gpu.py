@@ -40,8 +40,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -90,8 +91,8 @@ def build(name: str, ckpt: str, out: Path, flags: list[str], res: dict, budget: 
 
 
 def open_cuda(path: Path):
-    from specdec.runtime.backends import Placement, open_executor
     from specdec.formats.engine_format import load_engine_dir
+    from specdec.runtime.backends import Placement, open_executor
 
     return open_executor(load_engine_dir(path), Placement("cuda", 0))
 
@@ -149,8 +150,8 @@ def profile_section(engines: dict, kmax: int) -> dict:
 
 
 def _reopen(path: Path, **kw):
-    from specdec.runtime.backends.onnxruntime.cuda import CudaExecutor
     from specdec.formats.engine_format import load_engine_dir
+    from specdec.runtime.backends.onnxruntime.cuda import CudaExecutor
 
     return CudaExecutor(load_engine_dir(path), 0, **kw)
 

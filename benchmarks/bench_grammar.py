@@ -17,14 +17,13 @@ import argparse
 import time
 
 import numpy as np
-
 from specdec.formats.engine_format import load_engine_dir
+from specdec.formats.tokenizer import Tokenizer
 from specdec.runtime.grammar import GrammarCompiler, GrammarSpec
 from specdec.runtime.loading import load_engine
 from specdec.runtime.logits import LogitsProcessor
 from specdec.runtime.request import GenerationConfig
 from specdec.runtime.sampling import SamplingConfig
-from specdec.formats.tokenizer import Tokenizer
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16}, "age": {"type": "integer", "minimum": 0, "maximum": 150},
                                            "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3}},

@@ -65,16 +65,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from prompts import spread, workloads  # noqa: E402
-
 import host  # noqa: E402
-
+from prompts import spread, workloads  # noqa: E402
 from specdec.bench import peers  # noqa: E402
 from specdec.bench.plots import Bar, beside, spread_bar, write_bars  # noqa: E402
 
@@ -359,7 +358,6 @@ def llama_cli_methods(lay: Layout, llama_cpp: Path, threads: int, bits_list: lis
     """llama.cpp's tools (benchmarks/llama_cli.py): target-only by llama-completion, speculation by llama-lookup
     and llama-speculative-simple."""
     from llama_cli import LlamaCliRunner
-
     from specdec.formats.tokenizer import Tokenizer
 
     tok = Tokenizer(lay.engine("target", "fp32"))

@@ -128,8 +128,9 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -155,7 +156,6 @@ except ImportError:  # a build-only install (pip install ".[build]", as the quic
 
 sys.path.insert(0, str(Path(__file__).parent))
 from head_layout import HeadLayout, check_heads, head_layout, place, widen_rope  # noqa: E402
-
 from specdec.builder.checkpoint import TOKENIZER_FILES, load_checkpoint  # noqa: E402
 from specdec.formats.errors import SpecdecError  # noqa: E402
 

@@ -40,8 +40,8 @@ def decode_methods(engines: dict, draft_lens: list[int], ngram: list[int] | None
         methods["suffix auto"] = Orchestrator(target, SuffixProposer(suffix, trees=target.tree_attention), draft_len="auto")
     refs = {name: base for name in methods}
     if target.build.speculative_decoding_mode == "eagle":
-        from specdec.runtime.backends import Placement, open_executor
         from specdec.formats.engine_format import eagle_module_dir, load_engine_dir
+        from specdec.runtime.backends import Placement, open_executor
         from specdec.runtime.proposers.eagle import EagleProposer
 
         module = open_executor(load_engine_dir(eagle_module_dir(target.engine)), Placement(kind, 0))

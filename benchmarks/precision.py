@@ -30,13 +30,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from prompts import HELDOUT, SOURCES, code_prompts  # noqa: E402
-
 from specdec.builder.build import build_engine  # noqa: E402
-from specdec.runtime import GenerationConfig, load_engine_dir, load_orchestrator  # noqa: E402
 from specdec.formats.config_strings import DraftTargetConfig  # noqa: E402
 from specdec.formats.engine_format import BuildConfig  # noqa: E402
-from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor  # noqa: E402
 from specdec.formats.tokenizer import Tokenizer  # noqa: E402
+from specdec.runtime import GenerationConfig, load_engine_dir, load_orchestrator  # noqa: E402
+from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor  # noqa: E402
 
 INT4 = dict(dtype="float16", quantization="int4_wo", group_size=128)  # embeddings stay in float16, what the checkpoint holds
 VARIANTS = {  # name -> build settings; "draft": the draft's, when not the target's

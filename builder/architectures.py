@@ -7,8 +7,9 @@ reads a normalised ``ModelConfig``; everything family-specific is decided here.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ..formats.config_strings import shown_value
 from ..formats.engine_format import ModelConfig

@@ -7,9 +7,10 @@ Pickled ``.bin`` weights are never loaded unless the caller opts in
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 

@@ -28,10 +28,10 @@ from dataclasses import replace
 import numpy as np
 from onnx import TensorProto
 
-from ..plugins import lowering_for
-from ..plugins.attention import Shared
 from ..formats.engine_format import BuildConfig, ModelConfig
 from ..formats.errors import CheckpointError
+from ..plugins import lowering_for
+from ..plugins.attention import Shared
 from .checkpoint import Checkpoint
 from .graph import GraphBuilder
 from .network import _attention_block, _decoder_layer, _Linears, _mlp_block, _rms_norm, float32_output

@@ -10,7 +10,7 @@ the storage dtype itself for a lowering that computes in half precision.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import onnx

@@ -8,9 +8,10 @@ checkpoints are in ModelOpt's layout (formats/heads.py), checked against the bas
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..formats.engine_format import CONFIG_FILE, EAGLE_MODULE_DIR, BuildConfig, EngineConfig, ModelConfig, hash_directory, write_build_stamp
 from ..formats.errors import BuildConfigError

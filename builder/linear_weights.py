@@ -7,7 +7,7 @@ of either kind holds the same numbers.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

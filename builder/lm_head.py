@@ -17,8 +17,8 @@ compares each case with the installed transformers).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable
 
 import numpy as np
 

@@ -25,22 +25,21 @@ asks for all of them (verifying k drafts needs k + 1 rows of logits).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from onnx import TensorProto
 
-from ..plugins import lowering_for
-from ..plugins.attention import Shared
 from ..formats.engine_format import BuildConfig, ModelConfig
 from ..formats.errors import BuildConfigError
+from ..plugins import lowering_for
+from ..plugins.attention import Shared
 from .architectures import ARCHITECTURES
 from .checkpoint import Checkpoint
 from .graph import GraphBuilder
 from .linear_weights import LinearWeights, layer_names
 from .quantization import FP8_MAX, Fp8Convention, IntConvention, LinearWeight
 from .rope import cos_sin_tables
-
 
 
 def _shape(gb: GraphBuilder, name: str, dims: list[int]) -> str:

@@ -9,9 +9,10 @@ network records its weight-only layers as it writes them); ``num_parameters`` is
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..formats.engine_format import BuildConfig, ModelConfig
 

@@ -26,9 +26,8 @@ Within an int32 word, value j always sits at bits [j * bits, (j + 1) * bits).
 
 from __future__ import annotations
 
-import sys
-
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any

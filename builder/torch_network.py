@@ -9,9 +9,9 @@ decoder layer per file, so at most one layer is held in memory.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 

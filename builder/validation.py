@@ -21,8 +21,8 @@ import numpy as np
 
 from ..formats.engine_format import BuildConfig, ModelConfig
 from ..formats.errors import BuildConfigError, CheckpointError, big_int
-from ..hardware.cpu import physical_memory_bytes
 from ..formats.kv_layout import kv_cache_bytes
+from ..hardware.cpu import physical_memory_bytes
 from .quantization import LinearWeight, read_linear
 
 FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")  # what Checkpoint.float32 widens exactly

@@ -33,7 +33,7 @@ class WeightOnlyScheme:
     symmetric: bool
 
     @classmethod
-    def of(cls, build) -> "WeightOnlyScheme | None":
+    def of(cls, build) -> WeightOnlyScheme | None:
         """None unless ``build.quantization`` is a weight-only one (its group size already resolved)."""
         bits = WEIGHT_ONLY_BITS.get(build.quantization)
         if bits is None:

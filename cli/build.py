@@ -9,6 +9,10 @@ from pathlib import Path
 
 import click
 
+from ..formats.engine_format import EAGLE_MODULE_DIR, TREE_MODES, BuildConfig
+from ..formats.errors import BuildConfigError, CheckpointError
+from .common import check_output_dir, clean_errors, human_bytes, option
+
 BUILD_EXTRA = ("onnx", "ml_dtypes", "tqdm")  # pyproject.toml's [build] extra
 
 
@@ -25,15 +29,12 @@ def _require_build_extra(missing: str | None = None) -> None:
 try:
     from tqdm import tqdm
 
-    from ..builder.build import DTYPES, FP8_ACTIVATIONS, MODES, QUANTIZATIONS, build_engine
     from ..builder.backends import BACKENDS
+    from ..builder.build import DTYPES, FP8_ACTIVATIONS, MODES, QUANTIZATIONS, build_engine
 except ModuleNotFoundError as err:
     if (err.name or "").split(".")[0] not in BUILD_EXTRA:
         raise
     _require_build_extra(err.name.split(".")[0])
-from ..formats.engine_format import EAGLE_MODULE_DIR, TREE_MODES, BuildConfig
-from ..formats.errors import BuildConfigError, CheckpointError
-from .common import check_output_dir, clean_errors, human_bytes, option
 
 
 class _LogProgress:

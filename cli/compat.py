@@ -9,7 +9,8 @@ words, since speculative decoding decodes one sequence per request.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 

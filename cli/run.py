@@ -13,16 +13,25 @@ import numpy as np
 
 from ..formats.engine_format import load_engine_dir
 from ..formats.errors import RequestError
+from ..formats.tokenizer import Tokenizer
 from ..runtime.engine import Engine
 from ..runtime.guards import SILENT_DRAFT_ROUNDS, silent_draft_message
-from ..runtime.request import AUTO
 from ..runtime.loading import load_orchestrator
 from ..runtime.orchestrator import GenerationConfig, Orchestrator
 from ..runtime.prefix_cache import PrefixCacheConfig
+from ..runtime.request import AUTO
 from ..runtime.sampling import SamplingConfig
-from ..formats.tokenizer import Tokenizer
-from .common import (check_output_file, clean_errors, end_ids, engine_tokenizer, method_configs, method_options, option, prefix_caching_options,
-                     verify_engine_option)
+from .common import (
+    check_output_file,
+    clean_errors,
+    end_ids,
+    engine_tokenizer,
+    method_configs,
+    method_options,
+    option,
+    prefix_caching_options,
+    verify_engine_option,
+)
 from .compat import check_run_py_options, run_py_options
 from .stops import decode_text, generate_with_stops
 

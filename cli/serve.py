@@ -7,8 +7,8 @@ import threading
 
 import click
 
-from ..formats.errors import RequestError
 from ..formats.engine_format import load_engine_dir
+from ..formats.errors import RequestError
 from ..runtime.methods import method_names
 from ..runtime.prefix_cache import PrefixCacheConfig
 from .common import clean_errors, method_configs, method_options, option, prefix_caching_options, verify_engine_option

@@ -10,12 +10,12 @@ cut at the string's end (the stop string is kept, as run.py keeps stop words).
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
+from ..formats.tokenizer import Tokenizer
 from ..runtime.orchestrator import GenerationConfig, Orchestrator
 from ..runtime.request import RequestOutput
 from ..runtime.text import TextStream
-from ..formats.tokenizer import Tokenizer
 
 OnText = Callable[[int, str], None]  # (prompt index, new text)
 

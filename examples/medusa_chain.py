@@ -20,12 +20,12 @@ import time
 from pathlib import Path
 
 from specdec.builder.build import build_engine
-from specdec.runtime.engine import Engine, SpeculationConfig
 from specdec.formats.engine_format import BuildConfig, load_engine_dir
+from specdec.formats.heads import load_heads
 from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
+from specdec.runtime.engine import Engine, SpeculationConfig
 from specdec.runtime.proposers.medusa import MedusaProposer
 from specdec.runtime.request import GenerationConfig
-from specdec.formats.heads import load_heads
 
 HERE = Path(__file__).resolve().parent
 

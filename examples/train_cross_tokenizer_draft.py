@@ -29,11 +29,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import train_demo_pair as demo  # noqa: E402  (the demo pair's recipe, reused as is)
-
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+import train_demo_pair as demo  # noqa: E402  (the demo pair's recipe, reused as is)
 
 
 def train_tokenizer(texts, vocab_size: int):

@@ -83,7 +83,7 @@ class DraftTargetConfig:
     use_logits: bool
 
     @classmethod
-    def default_for(cls, max_draft_len: int) -> "DraftTargetConfig":
+    def default_for(cls, max_draft_len: int) -> DraftTargetConfig:
         """What a draft engine given without --draft_target_model_config gets: DEFAULT_DRAFT_LEN drafts (fewer when the
         target verifies fewer; 1 for a target that verifies none, which the engine then refuses), device 0, argmax drafts."""
         return cls(min(DEFAULT_DRAFT_LEN, max(max_draft_len, 1)), [0], [0], False)

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import EngineError
-from .typed_json import SchemaError, from_json
 from .file_stamps import VERIFY_MODES, sha256_file, verify_files  # noqa: F401  (sha256_file: the builder's and tests' too)
+from .typed_json import SchemaError, from_json
 
 FORMAT_VERSION = 1
 # targets that draft with heads of their own and verify trees of drafts (a tree_mask input, plugins/attention.py)
@@ -169,7 +169,7 @@ class EngineConfig:
         return json.dumps(asdict(self), indent=2, sort_keys=False) + "\n"
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "EngineConfig":
+    def from_dict(cls, data: dict[str, Any]) -> EngineConfig:
         """The config, every field's type and the values the runtime relies on checked: one line names the first bad field."""
         try:
             config = from_json(cls, data)

@@ -65,7 +65,7 @@ class ConfigFields:
             raise self._fail(key, "true or false")
         return value
 
-    def section(self, key: str) -> "ConfigFields | None":
+    def section(self, key: str) -> ConfigFields | None:
         """A nested object (rope_scaling, quantization_config), or None when absent or null."""
         if key not in self:
             return None

@@ -9,8 +9,9 @@ TypeError from the tokenizers library.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from .errors import RequestError, SpecdecError
 

@@ -8,7 +8,6 @@ from pathlib import Path
 from .config_strings import shown
 from .errors import RequestError
 
-
 LONG_TEXT = 1 << 16  # characters past which encoding runs without the GIL (encode_batch costs a thread hand-off)
 
 

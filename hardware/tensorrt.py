@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Mapping
 from types import ModuleType
-from typing import Any, Mapping
+from typing import Any
 
 from ..formats.errors import DeviceError, EngineError
 

@@ -64,7 +64,7 @@ class AttentionLowering:
         return build.max_draft_len > 0 and build.backend == "onnxruntime" and build.min_step_width == 1
 
     @classmethod
-    def variant(cls, build) -> "type[AttentionLowering]":
+    def variant(cls, build) -> type[AttentionLowering]:
         """The class that builds ``build``'s network: this one, unless a lowering has several forms (ort_cuda)."""
         return cls
 

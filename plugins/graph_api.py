@@ -7,7 +7,8 @@ and the dependency runs one way: builder -> plugins.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 

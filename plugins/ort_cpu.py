@@ -21,8 +21,18 @@ import numpy as np
 
 from .attention import PortableAttention, Shared
 from .cpu_kernels import q4_gemm, q4_holds
-from .quantized_gemm import (CONTRIB, NBITS_ACCURACY_LEVEL, EvenRows, IntWeightLike, dq_matmul, matmul_nbits, nbits_holds, nbits_rows_split,
-                             pack_matmul_nbits, permute_input)
+from .quantized_gemm import (
+    CONTRIB,
+    NBITS_ACCURACY_LEVEL,
+    EvenRows,
+    IntWeightLike,
+    dq_matmul,
+    matmul_nbits,
+    nbits_holds,
+    nbits_rows_split,
+    pack_matmul_nbits,
+    permute_input,
+)
 
 
 class OrtCpuAttention(PortableAttention):

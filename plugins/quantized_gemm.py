@@ -141,7 +141,7 @@ def unpack_matmul_nbits(p: NBitsWeight) -> tuple[np.ndarray, np.ndarray, np.ndar
     return codes.T[: p.k], scale, zero
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def nbits_rows_split(k: int, n: int, bits: int, block_size: int, accuracy_level: int, max_rows: int) -> bool:
     """Whether this machine's ONNX Runtime computes some row of a MatMulNBits call of 2..max_rows rows with
     other bits than the same row alone (a lone row takes another kernel). Measured, not assumed: MLAS picks

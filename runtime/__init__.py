@@ -52,20 +52,25 @@ _PUBLIC = {
 }
 __all__ = ["__version__", *_PUBLIC]
 
-if TYPE_CHECKING:  # what type checkers and editors see; at run time each name loads on first use
-    from ..formats.config_strings import DraftTargetConfig, NGramConfig, parse_draft_target_config, parse_ngram_config
-    from ..formats.engine_format import EngineDir, load_engine_dir
-    from ..formats.errors import SpecdecError
-    from .backends import open_executor
-    from .backends.base import Executor, Placement
-    from .backends.onnxruntime.cpu import OrtExecutor
-    from .engine import Engine, SpeculationConfig
-    from .kv_cache import KVCache
-    from .loading import load_engine, load_orchestrator
-    from .metrics import Metrics
-    from .prefix_cache import PrefixCacheConfig
-    from .orchestrator import GenerationConfig, Orchestrator, RequestOutput
-    from .sampling import SamplingConfig
+if TYPE_CHECKING:  # what type checkers and editors see (re-exported: `X as X`); at run time each name loads on first use
+    from ..formats.config_strings import (
+        DraftTargetConfig as DraftTargetConfig,
+        NGramConfig as NGramConfig,
+        parse_draft_target_config as parse_draft_target_config,
+        parse_ngram_config as parse_ngram_config,
+    )
+    from ..formats.engine_format import EngineDir as EngineDir, load_engine_dir as load_engine_dir
+    from ..formats.errors import SpecdecError as SpecdecError
+    from .backends import open_executor as open_executor
+    from .backends.base import Executor as Executor, Placement as Placement
+    from .backends.onnxruntime.cpu import OrtExecutor as OrtExecutor
+    from .engine import Engine as Engine, SpeculationConfig as SpeculationConfig
+    from .kv_cache import KVCache as KVCache
+    from .loading import load_engine as load_engine, load_orchestrator as load_orchestrator
+    from .metrics import Metrics as Metrics
+    from .orchestrator import GenerationConfig as GenerationConfig, Orchestrator as Orchestrator, RequestOutput as RequestOutput
+    from .prefix_cache import PrefixCacheConfig as PrefixCacheConfig
+    from .sampling import SamplingConfig as SamplingConfig
 
 
 def __getattr__(name: str) -> Any:

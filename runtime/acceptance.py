@@ -18,7 +18,7 @@ from .logits import Rows, as_rows
 from .sampling import SamplingConfig, sample
 
 
-def accept_token_compare(drafts: np.ndarray, target_logits: "np.ndarray | Rows", cfg: SamplingConfig, rng: np.random.Generator) -> tuple[int, int]:
+def accept_token_compare(drafts: np.ndarray, target_logits: np.ndarray | Rows, cfg: SamplingConfig, rng: np.random.Generator) -> tuple[int, int]:
     """Accept while the draft equals the token the target picks at that position.
 
     drafts: [k]; target_logits: [k + 1, vocab]. With sampling, the target's
@@ -49,7 +49,7 @@ def accept_token_compare(drafts: np.ndarray, target_logits: "np.ndarray | Rows",
 
 
 def accept_rejection_sampling(
-    drafts: np.ndarray, draft_probs: np.ndarray, target_logits: "np.ndarray | Rows", cfg: SamplingConfig, rng: np.random.Generator
+    drafts: np.ndarray, draft_probs: np.ndarray, target_logits: np.ndarray | Rows, cfg: SamplingConfig, rng: np.random.Generator
 ) -> tuple[int, int]:
     """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
 

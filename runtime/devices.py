@@ -9,11 +9,11 @@ tensorrt and tensorrt_rtx engines), and the device ids of TensorRT-LLM's lists (
 
 from __future__ import annotations
 
-from .backends import available_devices, natural_kind
-from .backends.base import DEVICE_KINDS, Placement
 from ..formats.engine_format import EngineDir
 from ..formats.errors import DeviceError
 from ..hardware.cpu import check_num_threads
+from .backends import available_devices, natural_kind
+from .backends.base import DEVICE_KINDS, Placement
 
 
 def device_kind(engine: EngineDir, device: str = "auto") -> str:

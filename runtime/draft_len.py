@@ -87,7 +87,6 @@ does; the cap is what makes that assumption harmless when they do not.
 
 from __future__ import annotations
 
-
 PRIOR_WEIGHT = 8.0  # drafts' worth of the method-wide acceptance in a request's estimate
 PROBE_EVERY = 16  # one round in this many is a probe round for requests at k = 0
 STICKY = 0.05  # a new draft length must promise this much more speed than the current one

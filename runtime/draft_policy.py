@@ -19,7 +19,8 @@ pay, every request's outcome teaching it the methods' acceptance.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 

@@ -22,22 +22,22 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
+from ..formats.engine_format import TREE_MODES, EngineDir
+from ..formats.errors import EngineError, RequestError
 from .backends.base import Executor
 from .draft_len import AutoDraftLen
 from .draft_policy import AutoDraftPolicy
-from ..formats.engine_format import TREE_MODES, EngineDir
-from ..formats.errors import EngineError, RequestError
+from .logits import LogitsProcessor
 from .methods import TARGET_ONLY
 from .metrics import Metrics
 from .pairing import Pairing, check_pair
 from .prefix_cache import PrefixCacheConfig, open_prefix_cache
 from .proposers.base import Proposer
-from .logits import LogitsProcessor
 from .request import AUTO, GenerationConfig, Request, RequestOutput, RequestStatus
 from .round import SpeculativeRound
 from .scheduler import Scheduler

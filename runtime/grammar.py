@@ -35,8 +35,9 @@ afterwards; a draft token the grammar forbids ends the draft there.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -105,7 +106,7 @@ class GrammarCompiler:
         except RecursionError:  # a schema nested past Python's recursion limit (the server refuses bodies past 64 levels first)
             raise RequestError(f"the {spec.kind} is nested too deeply to read.") from None
 
-    def compile(self, spec: GrammarSpec) -> "Grammar":
+    def compile(self, spec: GrammarSpec) -> Grammar:
         source = self.source(spec)
         is_error, messages = self._llg.LLMatcher.validate_grammar_with_warnings(source, self.tokenizer)
         if is_error:
@@ -114,7 +115,7 @@ class GrammarCompiler:
         self._probe(grammar)
         return grammar
 
-    def _probe(self, grammar: "Grammar") -> None:
+    def _probe(self, grammar: Grammar) -> None:
         """Refuse what every request of ``grammar`` would fail on: no token can begin an output, or llguidance gives up
         on the tokens every output must begin with (its forced tokens: a $ref cycle or an always-recursive rule makes
         them endless). Costs a mask and up to PROBE_FORCED consumes, once per grammar (the server caches grammars)."""
@@ -146,7 +147,7 @@ class Grammar:
             raise RequestError(f"the {self.spec.kind} is not valid: {one_line(matcher.get_error())}")
         return matcher
 
-    def start(self) -> "GrammarState":
+    def start(self) -> GrammarState:
         return GrammarState(self)
 
 

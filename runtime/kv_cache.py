@@ -59,7 +59,7 @@ class KVCache:
             buf[slot] = 0
         self.lengths[slot] = 0
 
-    def copy_host_prefix(self, src: "KVCache", src_slot: int, dst_slot: int, length: int) -> None:
+    def copy_host_prefix(self, src: KVCache, src_slot: int, dst_slot: int, length: int) -> None:
         """Copy positions 0..length-1 of ``src``'s slot ``src_slot`` into this cache's slot ``dst_slot`` and set its
         length (numpy storage; ``src`` may be this cache or a prefix pool of the same engine)."""
         if not 0 <= length <= min(int(src.lengths[src_slot]), self.capacity) or src.layout != self.layout:

@@ -8,17 +8,18 @@ no path (CLI, bench, eval, a user's own loop) can skip them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from .backends import check_placement, open_executor
-from .backends.base import Executor, Placement
 from ..formats.config_strings import DraftTargetConfig, NGramConfig
-from .devices import placement
-from .engine import Engine, SpeculationConfig
 from ..formats.engine_format import EngineDir, load_engine_dir
 from ..formats.errors import RequestError
+from .backends import check_placement, open_executor
+from .backends.base import Executor, Placement
+from .devices import placement
+from .engine import Engine, SpeculationConfig
 from .methods import TARGET_ONLY, carried_by, method_names
 from .orchestrator import Orchestrator
 from .pairing import Pairing

@@ -24,7 +24,8 @@ target-only output for every setting, and greedy output identical to it.
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 class LogitsProcessor:
     """One request's chain and the history it reads."""
 
-    def __init__(self, cfg: SamplingConfig, prompt_ids: Sequence[int] = (), grammar: "GrammarState | None" = None):
+    def __init__(self, cfg: SamplingConfig, prompt_ids: Sequence[int] = (), grammar: GrammarState | None = None):
         self.cfg = cfg
         self.grammar = grammar
         self.counts: Counter[int] = Counter()  # output tokens (frequency, presence)
@@ -157,7 +158,7 @@ class Rows:
         return processed_probs(self.logits(j)[None], cfg)[0]
 
 
-def as_rows(target: "Rows | np.ndarray", drafts: Sequence[int] = ()) -> Rows:
+def as_rows(target: Rows | np.ndarray, drafts: Sequence[int] = ()) -> Rows:
     return target if isinstance(target, Rows) else Rows(np.asarray(target), None, drafts)
 
 

@@ -70,7 +70,7 @@ class Metrics:
             if j < accepted:
                 self.accepted_at[j] += 1
 
-    def merge(self, other: "Metrics") -> None:
+    def merge(self, other: Metrics) -> None:
         """Add ``other``'s counts and per-request figures to these (an engine's total).
 
         Not the engine times (draft_s, target_s): requests share each call, so a sum of their

@@ -11,11 +11,11 @@ per prompt (in order) and the summed ``Metrics``. More prompts than
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
+from ..formats.errors import RequestError
 from .backends.base import Executor
 from .engine import Engine, SpeculationConfig
-from ..formats.errors import RequestError
 from .metrics import Metrics
 from .proposers.base import Proposer
 from .request import GenerationConfig, RequestOutput
@@ -36,7 +36,7 @@ class Orchestrator:
         self.proposer = proposer
 
     @classmethod
-    def from_engine(cls, engine: Engine) -> "Orchestrator":
+    def from_engine(cls, engine: Engine) -> Orchestrator:
         orch = cls.__new__(cls)
         orch.engine, orch.proposer = engine, next(iter(engine.proposers.values()), None)
         return orch

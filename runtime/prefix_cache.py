@@ -25,14 +25,14 @@ logits), and draft models prefill their own prompt as they would cold (runtime/p
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
-from .backends.base import Executor, StepOutput
 from ..formats.engine_format import extra_io
 from ..formats.errors import EngineError, RequestError
+from .backends.base import Executor, StepOutput
 from .kv_cache import KVCache
 from .prefix_index import PrefixIndex
 from .request import Request

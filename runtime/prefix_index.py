@@ -19,7 +19,7 @@ per finished one, never per round.
 
 from __future__ import annotations
 
-from typing import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 MAX_CANDIDATES = 64  # holders of one node compared token by token at most (most recently used first)
 
@@ -27,7 +27,7 @@ MAX_CANDIDATES = 64  # holders of one node compared token by token at most (most
 class _Node:
     __slots__ = ("children", "holders", "parent", "edge")
 
-    def __init__(self, parent: "_Node | None" = None, edge: tuple[int, ...] = ()):
+    def __init__(self, parent: _Node | None = None, edge: tuple[int, ...] = ()):
         self.children: dict[tuple[int, ...], _Node] = {}
         self.holders: dict[Hashable, None] = {}  # an ordered set: least recently used first
         self.parent, self.edge = parent, edge

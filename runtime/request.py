@@ -110,7 +110,7 @@ class Request:
     metrics: Metrics = field(default_factory=lambda: Metrics(requests=1))
     times: RequestTimes = field(default_factory=RequestTimes)
     auto_k: int | None = None  # the draft length draft_len=auto chose last round
-    processor: "LogitsProcessor | None" = None  # its logits processing chain (runtime/logits.py), made on add_request
+    processor: LogitsProcessor | None = None  # its logits processing chain (runtime/logits.py), made on add_request
     logprobs: list[TokenLogprob] = field(default_factory=list)  # per output token, when asked
     prompt_logprobs: list[TokenLogprob | None] | None = None  # per prompt token (None for the first), when asked
     rejected_rounds: int = 0  # consecutive drafting rounds in which the target accepted no draft

@@ -22,7 +22,7 @@ grammar forbids ends its draft there (``trim``).
 from __future__ import annotations
 
 import time
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 

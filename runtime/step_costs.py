@@ -12,7 +12,7 @@ graphs of those shapes, so they are captured at load rather than in a request's 
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -16,9 +16,8 @@ tokenizer), or a bare JSON string of text.
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 

@@ -36,8 +36,8 @@ both measurements). The drafts are the same: the counts are the same counts.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 

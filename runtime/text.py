@@ -23,7 +23,7 @@ no part of a stop string is ever shown.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from tokenizers.decoders import DecodeStream
 

@@ -16,8 +16,9 @@ every token equals the target's greedy choice is kept.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -50,12 +51,12 @@ class DraftTree:
         return int(at.max()) + 1 if len(at) else 0
 
     @staticmethod
-    def chain(length: int) -> "DraftTree":
+    def chain(length: int) -> DraftTree:
         """A chain of ``length`` best guesses: [[0], [0, 0], ...]."""
         return DraftTree.from_paths([[0] * d for d in range(1, length + 1)])
 
     @staticmethod
-    def from_paths(paths: Sequence[Sequence[int]], what: str = "the draft tree") -> "DraftTree":
+    def from_paths(paths: Sequence[Sequence[int]], what: str = "the draft tree") -> DraftTree:
         clean: set[tuple[int, ...]] = set()
         for p in paths:
             if not isinstance(p, (list, tuple)) or not p or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < INT64 for i in p):
@@ -143,7 +144,7 @@ def check_nodes(tree: DraftTree, max_draft_len: int, flag: str, engine) -> None:
                           f"(the nodes it verifies per step, baked in at build time). Use a smaller tree or rebuild with --max_draft_len {len(tree)}.")
 
 
-def check_tree(tree: DraftTree, target: "Executor", flag: str, max_depth: int | None = None, depth_what: str = "") -> None:
+def check_tree(tree: DraftTree, target: Executor, flag: str, max_depth: int | None = None, depth_what: str = "") -> None:
     """A tree the target executor can verify: tree attention, at most max_draft_len nodes, ranks within the
     vocabulary, not deeper than ``max_depth``."""
     if not target.tree_attention:

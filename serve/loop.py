@@ -94,7 +94,7 @@ class Event:
 class Choice:
     """One engine request of a job."""
 
-    def __init__(self, job: "Job", index: int, prompt: int, served: Served):
+    def __init__(self, job: Job, index: int, prompt: int, served: Served):
         self.index, self.prompt = index, prompt
         self.request_id = f"{job.id}-{index}"
         ids = job.plan.prompts[prompt]
@@ -196,7 +196,7 @@ class EngineLoop:
             self._unadded += samples
         self._inbox.put(("add", job))
 
-    def reset_prefix_cache(self) -> "concurrent.futures.Future[bool]":
+    def reset_prefix_cache(self) -> concurrent.futures.Future[bool]:
         """Empty the prefix cache's pool, between two steps (the loop thread owns the engine); the future says whether
         the server has a prefix cache."""
         done: concurrent.futures.Future[bool] = concurrent.futures.Future()

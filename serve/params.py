@@ -13,14 +13,14 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..runtime.engine import Engine, check_draft_len
 from ..formats.errors import SpecdecError
+from ..formats.tokenizer import Tokenizer
+from ..runtime.engine import Engine, check_draft_len
 from ..runtime.grammar import Grammar, GrammarCompiler, GrammarSpec
 from ..runtime.methods import TARGET_ONLY, method_names
 from ..runtime.proposers.method import get_method
 from ..runtime.request import AUTO, GenerationConfig
 from ..runtime.sampling import SamplingConfig
-from ..formats.tokenizer import Tokenizer
 from .chat import render_chat
 from .errors import ApiError
 from .protocol import ChatCompletionRequest, CompletionRequest, Sampling

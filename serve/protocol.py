@@ -18,7 +18,7 @@ Extensions (ignored by clients that do not know them):
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -44,9 +44,9 @@ TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 PromptText = str
 Text = Annotated[str, Field(max_length=MAX_TEXT)]
-Prompt = Union[PromptText, TokenIds, Annotated[list[PromptText], Field(min_length=1, max_length=MAX_PROMPTS)],
-               Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)]]
-Stop = Union[Annotated[str, Field(max_length=1000)], Annotated[list[Annotated[str, Field(max_length=1000)]], Field(max_length=MAX_STOPS)], None]
+Prompt = (PromptText | TokenIds | Annotated[list[PromptText], Field(min_length=1, max_length=MAX_PROMPTS)]
+          | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)])
+Stop = Annotated[str, Field(max_length=1000)] | Annotated[list[Annotated[str, Field(max_length=1000)]], Field(max_length=MAX_STOPS)] | None
 FunctionName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
 JsonSchema = dict[str, Any]
 
@@ -60,35 +60,35 @@ class Speculative(BaseModel):
     """The per-request speculation extension. Unknown keys are refused: a typo must not pass silently."""
 
     model_config = CLOSED
-    method: Union[Literal[METHODS], None] = None  # a method runtime/methods.py registers; default: the server's
-    num_draft_tokens: Union[Annotated[int, Field(ge=0, le=1024)], Literal["auto"], None] = None  # default: the server's
+    method: Literal[METHODS] | None = None  # a method runtime/methods.py registers; default: the server's
+    num_draft_tokens: Annotated[int, Field(ge=0, le=1024)] | Literal["auto"] | None = None  # default: the server's
 
 
 class JsonSchemaFormat(BaseModel):
     model_config = STRICT
     name: Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")] = "response"
-    description: Union[Text, None] = None
-    schema_: Union[JsonSchema, None] = Field(None, alias="schema")
-    strict: Union[bool, None] = None
+    description: Text | None = None
+    schema_: JsonSchema | None = Field(None, alias="schema")
+    strict: bool | None = None
 
 
 class ResponseFormat(BaseModel):
     model_config = STRICT
     type: Literal["text", "json_object", "json_schema"]
-    json_schema: Union[JsonSchemaFormat, None] = None
+    json_schema: JsonSchemaFormat | None = None
 
 
 class StructuredOutputs(BaseModel):
     """vLLM's extension: exactly one of these."""
 
     model_config = CLOSED
-    json_: Union[JsonSchema, None] = Field(None, alias="json")
-    regex: Union[Annotated[str, Field(min_length=1, max_length=100_000)], None] = None
-    choice: Union[Annotated[list[Annotated[str, Field(max_length=10_000)]], Field(min_length=1, max_length=1024)], None] = None
-    grammar: Union[Annotated[str, Field(min_length=1, max_length=100_000)], None] = None
+    json_: JsonSchema | None = Field(None, alias="json")
+    regex: Annotated[str, Field(min_length=1, max_length=100000)] | None = None
+    choice: Annotated[list[Annotated[str, Field(max_length=10000)]], Field(min_length=1, max_length=1024)] | None = None
+    grammar: Annotated[str, Field(min_length=1, max_length=100000)] | None = None
 
     @model_validator(mode="after")
-    def _one(self) -> "StructuredOutputs":
+    def _one(self) -> StructuredOutputs:
         given = [k for k in ("json_", "regex", "choice", "grammar") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError("give exactly one of json, regex, choice, grammar")
@@ -99,55 +99,55 @@ class Sampling(BaseModel):
     """What completions and chat share."""
 
     model_config = STRICT
-    model: Union[Annotated[str, Field(max_length=256)], None] = None
-    temperature: Union[Annotated[float, Field(ge=0.0, le=2.0)], None] = None
-    top_p: Union[Annotated[float, Field(ge=0.0, le=1.0)], None] = None
-    top_k: Union[Annotated[int, Field(ge=-1, le=2**31 - 1)], None] = None  # -1 or 0: off
-    min_p: Union[Annotated[float, Field(ge=0.0, le=1.0)], None] = None
+    model: Annotated[str, Field(max_length=256)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Field(ge=-1, le=2 ** 31 - 1)] | None = None  # -1 or 0: off
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
     stream: bool = False
-    stream_options: Union[StreamOptions, None] = None
+    stream_options: StreamOptions | None = None
     stop: Stop = None
-    seed: Union[Annotated[int, Field(ge=-(2**63), le=INT64)], None] = None
-    presence_penalty: Union[Annotated[float, Field(ge=-2.0, le=2.0)], None] = None
-    frequency_penalty: Union[Annotated[float, Field(ge=-2.0, le=2.0)], None] = None
-    repetition_penalty: Union[Annotated[float, Field(gt=0.0, le=2.0)], None] = None
-    logit_bias: Union[Annotated[dict[Annotated[str, Field(pattern=r"^[0-9]{1,10}$")], Annotated[float, Field(ge=-100.0, le=100.0)]], Field(max_length=MAX_BIAS)], None] = None
-    user: Union[Annotated[str, Field(max_length=1000)], None] = None
+    seed: Annotated[int, Field(ge=-2 ** 63, le=INT64)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=2.0)] | None = None
+    logit_bias: Annotated[dict[Annotated[str, Field(pattern=r"^[0-9]{1,10}$")], Annotated[float, Field(ge=-100.0, le=100.0)]], Field(max_length=MAX_BIAS)] | None = None
+    user: Annotated[str, Field(max_length=1000)] | None = None
     ignore_eos: bool = False
-    speculative: Union[Speculative, None] = None
-    response_format: Union[ResponseFormat, None] = None
-    structured_outputs: Union[StructuredOutputs, None] = None
+    speculative: Speculative | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
 
 
 class CompletionRequest(Sampling):
     prompt: Prompt
-    max_tokens: Union[Annotated[int, Field(ge=0, le=INT64)], None] = None  # 0: only with echo (score the prompt)
+    max_tokens: Annotated[int, Field(ge=0, le=INT64)] | None = None  # 0: only with echo (score the prompt)
     echo: bool = False
-    logprobs: Union[Annotated[int, Field(ge=0, le=MAX_LOGPROBS)], None] = None
-    best_of: Union[Annotated[int, Field(ge=1, le=MAX_BEST_OF)], None] = None
-    suffix: Union[Annotated[str, Field(max_length=MAX_TEXT)], None] = None
+    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    best_of: Annotated[int, Field(ge=1, le=MAX_BEST_OF)] | None = None
+    suffix: Annotated[str, Field(max_length=MAX_TEXT)] | None = None
 
 
 class ContentPart(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
     type: Annotated[str, Field(max_length=64)]
-    text: Union[PromptText, None] = None
+    text: PromptText | None = None
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")  # tool_calls, tool_call_id, reasoning, ...: passed to the template as sent
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Union[PromptText, Annotated[list[ContentPart], Field(max_length=1024)], None] = None
-    name: Union[Annotated[str, Field(max_length=256)], None] = None
+    content: PromptText | Annotated[list[ContentPart], Field(max_length=1024)] | None = None
+    name: Annotated[str, Field(max_length=256)] | None = None
 
 
 class FunctionDefinition(BaseModel):
     model_config = STRICT
     name: FunctionName
-    description: Union[Text, None] = None
-    parameters: Union[JsonSchema, None] = None
-    strict: Union[bool, None] = None
+    description: Text | None = None
+    parameters: JsonSchema | None = None
+    strict: bool | None = None
 
 
 class Tool(BaseModel):
@@ -169,20 +169,20 @@ class NamedToolChoice(BaseModel):
 
 class ChatCompletionRequest(Sampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=10_000)]
-    max_tokens: Union[Annotated[int, Field(ge=1, le=INT64)], None] = None
-    max_completion_tokens: Union[Annotated[int, Field(ge=1, le=INT64)], None] = None
-    logprobs: Union[bool, None] = False
-    top_logprobs: Union[Annotated[int, Field(ge=0, le=MAX_LOGPROBS)], None] = None
-    tools: Union[Annotated[list[Tool], Field(max_length=128)], None] = None
-    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
-    parallel_tool_calls: Union[bool, None] = None
+    max_tokens: Annotated[int, Field(ge=1, le=INT64)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1, le=INT64)] | None = None
+    logprobs: bool | None = False
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class ErrorDetail(BaseModel):
     message: str
     type: str
-    param: Union[str, None] = None
-    code: Union[str, None] = None
+    param: str | None = None
+    code: str | None = None
 
 
 class ErrorResponse(BaseModel):

@@ -15,7 +15,8 @@ runtime/logits.py. Prompt tokens (``echo``) get the raw model's.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..formats.tokenizer import Tokenizer
 from .loop import ChoiceResult, Event, Job, Result, TokenLogprob

@@ -17,15 +17,16 @@ from __future__ import annotations
 import json
 import socket
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from ..formats.config_strings import DraftTargetConfig, NGramConfig
 from ..formats.engine_format import EngineDir, load_engine_dir
-from ..runtime.loading import load_engine, method_draft_lens
 from ..formats.tokenizer import Tokenizer
+from ..runtime.loading import load_engine, method_draft_lens
 from .chat import find_template, special_tokens
 from .errors import error_body
 from .params import Served

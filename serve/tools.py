@@ -81,7 +81,7 @@ def _parameters(schema: dict | None) -> dict:
     return schema if schema else {"type": "object"}
 
 
-def plan_tools(req: "ChatCompletionRequest", served: "Served") -> ToolPlan | None:
+def plan_tools(req: ChatCompletionRequest, served: Served) -> ToolPlan | None:
     choice = req.tool_choice
     if not req.tools:
         if choice not in (None, "none"):

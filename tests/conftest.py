@@ -40,8 +40,8 @@ def gpu_skip_reason() -> str | None:
 
 def cuda_skip_reason() -> str | None:
     """Why the ``cuda`` tests (ONNX Runtime's CUDA provider) cannot run here, or None."""
-    from specdec.runtime.backends.onnxruntime.cuda_host import visible_cuda_gpus
     from specdec.formats.errors import DeviceError
+    from specdec.runtime.backends.onnxruntime.cuda_host import visible_cuda_gpus
 
     try:
         visible_cuda_gpus("this test (marked cuda)")
@@ -93,7 +93,6 @@ def build_and_load(ckpt: Path, out: Path, build: BuildConfig | None = None) -> O
 def cli_build(ckpt: Path, out: Path, *flags):
     """specdec-build through click's runner, with small limits (the weight-only, AWQ and checkpoint tests)."""
     from click.testing import CliRunner
-
     from specdec.cli.build import main as build_main
 
     args = ("--model_dir", ckpt, "--output_dir", out, "--max_seq_len", 96, "--max_input_len", 48, *flags)

@@ -16,11 +16,11 @@ import json
 import os
 import re
 import signal
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
-from hypothesis import HealthCheck, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, settings, strategies as st
 
 FUZZ_SCALE = int(os.environ.get("SPECDEC_FUZZ_SCALE", "1"))
 HANG_SECONDS = 120  # far past any answer these inputs need; only a hang gets near it

@@ -13,10 +13,9 @@ and writes one object per prompt (ModelOpt's conversation format plus the token 
 
 from __future__ import annotations
 
-import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from ..formats.jsonl import json_lines
 from .errors import TrainConfigError

@@ -117,7 +117,7 @@ class Eagle3Module(nn.Module):
         return out
 
     def step(self, h: torch.Tensor, next_embeds: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor,
-             cache: "_StepCache | None" = None) -> torch.Tensor:
+             cache: _StepCache | None = None) -> torch.Tensor:
         """One pass of the decoder: h [batch, seq, hidden] (fused features or a previous step's output), next_embeds
         [batch, seq, hidden], mask [batch, 1, seq, keys] over the cache's rows then these -> pre-norm [batch, seq, hidden]."""
         first = self.layers[0]

@@ -16,14 +16,15 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
-from ..hardware.cpu import check_num_threads
 from ..formats.errors import DeviceError, RequestError
-from ..formats.tokenizer import Tokenizer
 from ..formats.sampling_params import SamplingConfig
+from ..formats.tokenizer import Tokenizer
+from ..hardware.cpu import check_num_threads
 from .data import read_prompts, record
 from .errors import TrainConfigError
 

@@ -45,19 +45,19 @@ class Run:
     heads: nn.Module
 
     @staticmethod
-    def counts(cfg: "TrainConfig") -> dict[str, int]:
+    def counts(cfg: TrainConfig) -> dict[str, int]:
         """This mode's flags that must be >= 1, by name."""
         raise NotImplementedError
 
     @staticmethod
-    def check_config(cfg: "TrainConfig") -> None:
+    def check_config(cfg: TrainConfig) -> None:
         """Refuse this mode's other flags that no file is needed to judge."""
 
     @staticmethod
-    def check_base(cfg: "TrainConfig", num_layers: int | None) -> None:
+    def check_base(cfg: TrainConfig, num_layers: int | None) -> None:
         """Refuse flags that do not fit the base's config.json (read before the base's weights load)."""
 
-    def __init__(self, cfg: "TrainConfig", base: nn.Module):
+    def __init__(self, cfg: TrainConfig, base: nn.Module):
         self.cfg, self.base = cfg, base
 
     @property
@@ -97,15 +97,15 @@ class MedusaRun(Run):
     mode = "medusa"
 
     @staticmethod
-    def counts(cfg: "TrainConfig") -> dict[str, int]:
+    def counts(cfg: TrainConfig) -> dict[str, int]:
         return {"medusa_num_heads": cfg.medusa_num_heads}
 
     @staticmethod
-    def check_config(cfg: "TrainConfig") -> None:
+    def check_config(cfg: TrainConfig) -> None:
         if cfg.medusa_num_layers < 0:
             raise TrainConfigError(f"--medusa_num_layers {cfg.medusa_num_layers} must be >= 0.")
 
-    def __init__(self, cfg: "TrainConfig", base: nn.Module):
+    def __init__(self, cfg: TrainConfig, base: nn.Module):
         super().__init__(cfg, base)
         torch.manual_seed(cfg.seed)
         lm_head = base.get_output_embeddings().weight
@@ -133,20 +133,20 @@ class EagleRun(Run):
     mode = "eagle"
 
     @staticmethod
-    def counts(cfg: "TrainConfig") -> dict[str, int]:
+    def counts(cfg: TrainConfig) -> dict[str, int]:
         return {"eagle_num_layers": cfg.eagle_num_layers, "eagle_ttt_steps": cfg.eagle_ttt_steps}
 
     @staticmethod
-    def check_config(cfg: "TrainConfig") -> None:
+    def check_config(cfg: TrainConfig) -> None:
         if not 0 < cfg.eagle_loss_decay_factor <= 1:
             raise TrainConfigError(f"--eagle_loss_decay_factor {cfg.eagle_loss_decay_factor} must be in (0, 1] (1: every TTT step weighs the same).")
 
     @staticmethod
-    def check_base(cfg: "TrainConfig", num_layers: int | None) -> None:
+    def check_base(cfg: TrainConfig, num_layers: int | None) -> None:
         if cfg.eagle_aux_layer_ids and num_layers and max(cfg.eagle_aux_layer_ids) >= num_layers:
             raise TrainConfigError(f"--eagle_aux_layer_ids {sorted(set(cfg.eagle_aux_layer_ids))}: the base model has layers 0..{num_layers - 1} only.")
 
-    def __init__(self, cfg: "TrainConfig", base: nn.Module):
+    def __init__(self, cfg: TrainConfig, base: nn.Module):
         super().__init__(cfg, base)
         torch.manual_seed(cfg.seed)
         n_layers = len(decoder_layers(base))

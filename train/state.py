@@ -19,9 +19,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from ..formats.heads import WEIGHTS_FILE
 from .errors import TrainConfigError
 from .export import save_heads
-from ..formats.heads import WEIGHTS_FILE
 
 OPTIMIZER_FILE = "optimizer.safetensors"
 STATE_FILE = "trainer_state.json"

@@ -14,15 +14,15 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import nn
 
-from ..hardware.cpu import check_num_threads, physical_memory_bytes
 from ..formats.errors import DeviceError
+from ..hardware.cpu import check_num_threads, physical_memory_bytes
 from .base import base_config_dict, check_model_dir, load_base, weights_sha256
 from .data import Sequence, check_data_file, read_sequences
 from .errors import TrainConfigError

@@ -18,7 +18,8 @@ a line here (and its executor in runtime/backends/).
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, cast
+from collections.abc import Callable
+from typing import Any, cast
 
 from ...formats.errors import BuildConfigError
 from .base import BuildBackend, Compiled

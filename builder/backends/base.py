@@ -8,9 +8,10 @@ hands it the written network to compile.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from ...formats.engine_format import BuildConfig, ModelConfig
 

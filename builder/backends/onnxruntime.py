@@ -8,8 +8,9 @@ engine that cannot be loaded fails at build time, not on the host.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ...formats.engine_format import BuildConfig, ModelConfig
 from ...formats.errors import BuildConfigError

@@ -22,8 +22,9 @@ engine on a GPU here (docs/tensorrt.md); every build that uses it says so.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ...formats.engine_format import BuildConfig, ModelConfig
 from ...formats.errors import BuildConfigError, DeviceError

@@ -20,8 +20,9 @@ Every ``tensorrt_rtx`` / ``onnx`` import is inside a function.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ...formats.engine_format import BuildConfig, ModelConfig
 from ...formats.errors import BuildConfigError

@@ -9,8 +9,9 @@ that every file the executor opens is there.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ...formats.engine_format import BuildConfig, ModelConfig
 from ...formats.errors import BuildConfigError

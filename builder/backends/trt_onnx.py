@@ -13,8 +13,8 @@ generation profile (1) the decode widths; the executor picks per call.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ...formats.engine_format import BuildConfig, ModelConfig
 from ...formats.errors import BuildConfigError

@@ -19,7 +19,8 @@ implements ``base.Backend``: ``make_executor``, ``device_count``,
 from __future__ import annotations
 
 import importlib
-from typing import Sequence, cast
+from collections.abc import Sequence
+from typing import cast
 
 from ...formats.engine_format import EngineDir
 from ...formats.errors import DeviceError, EngineError

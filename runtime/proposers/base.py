@@ -15,8 +15,9 @@ a tree verifies several branches in one call (Medusa/EAGLE).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import numpy as np
 
@@ -41,13 +42,13 @@ class Draft:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def prefix(self, k: int) -> "Draft":
+    def prefix(self, k: int) -> Draft:
         """The first k drafts: still a tree when parents come before children (scored drafts are ordered so)."""
         cut = lambda a: None if a is None else a[:k]  # noqa: E731
         return Draft(self.tokens[:k], cut(self.probs), cut(self.parents), cut(self.depths), cut(self.scores))
 
     @staticmethod
-    def empty() -> "Draft":
+    def empty() -> Draft:
         return Draft(np.zeros(0, np.int64))
 
 
@@ -72,9 +73,9 @@ class Proposer(Protocol):
     name: ClassVar[str]  # the method it implements (runtime/methods.py): draft | ngram | medusa | eagle | suffix
     # a draft model's own engine, beside the target: the Engine pairs it with the target (vocabulary, limits) and
     # sets vocab_limit; None for drafters that use the target's own outputs or the text (n-gram, Medusa, EAGLE)
-    executor: "Executor | None" = None
+    executor: Executor | None = None
     vocab_limit: int | None = None  # set by the Engine for a proposer with an executor: the ids both vocabularies share
-    tree: "DraftTree | None" = None  # a static draft tree it drafts for greedy requests (draft_len=auto leaves its size alone)
+    tree: DraftTree | None = None  # a static draft tree it drafts for greedy requests (draft_len=auto leaves its size alone)
     # the largest draft_len a request may ask of it, from its own config (n-gram: --ngram_config's max_draft_len; a
     # server refuses more); None: only the target's limit (the rest is capped per round by room())
     max_draft_len: int | None = None
@@ -92,17 +93,17 @@ class Proposer(Protocol):
     # its executor's token ids are not the target's (a draft with another tokenizer drafts through text): the Engine
     # does not check the two vocabularies against each other
     own_vocabulary: ClassVar[bool] = False
-    pairing: "Pairing | None" = None  # how its draft model was paired with the target, when its method checked (runtime/pairing.py)
+    pairing: Pairing | None = None  # how its draft model was paired with the target, when its method checked (runtime/pairing.py)
 
     @property
     def label(self) -> str:
         """What it drafts with, as specdec-run's tables name it."""
         return self.name
 
-    def add(self, requests: Sequence["Request"]) -> None:
+    def add(self, requests: Sequence[Request]) -> None:
         """Start these requests: each has its prompt and the first token the target picked."""
 
-    def prefilled(self, requests: Sequence["Request"], step: "StepOutput", first_slot: int) -> None:
+    def prefilled(self, requests: Sequence[Request], step: StepOutput, first_slot: int) -> None:
         """Right after ``add``: the target has just prefilled ``requests`` in slots first_slot.. (row
         ``r.slot - first_slot`` of ``step``, the prefill call's outputs). A proposer that reads the target's own
         outputs (Medusa: its heads on the last prompt row; EAGLE: the prompt's features) overrides this."""
@@ -110,23 +111,23 @@ class Proposer(Protocol):
     def remove(self, request_id: str) -> None:
         """The request finished or was aborted: free what it holds."""
 
-    def backlog(self, request: "Request") -> int:
+    def backlog(self, request: Request) -> int:
         """Tokens of the request its own model has not been fed yet (a draft model's prompt, held back until the
         request first drafts under draft_len=auto; the tokens emitted while it did not draft): what ``catch_up``
         would feed. 0 for a proposer without a model of its own."""
         return 0
 
-    def catch_up(self, requests: Sequence["Request"]) -> int:
+    def catch_up(self, requests: Sequence[Request]) -> int:
         """Feed these requests' backlogs now (the round times it apart from drafting); the tokens fed."""
         return 0
 
-    def room(self, request: "Request") -> int:
+    def room(self, request: Request) -> int:
         """The most drafts this request can take this round (the proposer's own limits)."""
 
-    def propose(self, requests: Sequence["Request"], draft_lens: Sequence[int]) -> list[Draft]:
+    def propose(self, requests: Sequence[Request], draft_lens: Sequence[int]) -> list[Draft]:
         """Up to ``draft_lens[i]`` drafts following each request's last token."""
 
-    def observe(self, request: "Request", draft: Draft, target: TargetOutput) -> None:
+    def observe(self, request: Request, draft: Draft, target: TargetOutput) -> None:
         """The target verified ``draft``: ``target.num_accepted`` kept, ``target.emitted`` appended."""
 
 

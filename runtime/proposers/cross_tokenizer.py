@@ -28,8 +28,8 @@ Cost: two short encodes per request per round (tens of microseconds with
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 

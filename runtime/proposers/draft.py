@@ -10,9 +10,10 @@ a ``CrossTokenizerProposer`` (cross_tokenizer.py) for another tokenizer.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ...formats.config_strings import DTM_FORM, DraftTargetConfig, parse_draft_target_config
 from ...formats.engine_format import EngineDir

@@ -20,13 +20,13 @@ before a request first drafts (runtime/draft_len.py).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from ..backends.base import Executor
 from ...formats.config_strings import DEFAULT_DRAFT_LEN
 from ...formats.errors import RequestError
+from ..backends.base import Executor
 from ..pairing import Pairing
 from ..request import AUTO, Request
 from ..sampling import processed_probs, sample

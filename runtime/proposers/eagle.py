@@ -35,15 +35,15 @@ implemented, and greedy tree acceptance would be wrong for them).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 
-from ..backends.base import Executor, StepOutput
 from ...formats.config_strings import DEFAULT_DRAFT_LEN
 from ...formats.engine_format import EngineDir, eagle_module_dir, load_engine_dir
 from ...formats.errors import EngineError
+from ..backends.base import Executor, StepOutput
 from ..request import AUTO, Request
 from ..sampling import processed_probs, sample
 from ..tree import DraftTree, check_tree, parse_choices, top_k
@@ -92,11 +92,11 @@ class EagleProposer(OwnDrafter):
         self.next_hidden: dict[str, np.ndarray] = {}  # [hidden]: its hidden_out on that row
 
     @classmethod
-    def for_target(cls, target: Executor, choices, open_beside: Callable[[EngineDir], Executor]) -> "EagleProposer":
+    def for_target(cls, target: Executor, choices, open_beside: Callable[[EngineDir], Executor]) -> EagleProposer:
         """The module is the engine in the target's eagle/ folder, opened where the target runs."""
         return cls(target, open_beside(load_engine_dir(eagle_module_dir(target.engine))), choices)
 
-    def with_tree(self, tree: DraftTree) -> "EagleProposer":
+    def with_tree(self, tree: DraftTree) -> EagleProposer:
         return EagleProposer(self.target, self.module, tree)
 
     @property

@@ -24,14 +24,14 @@ not implemented, and greedy tree acceptance on sampled requests would be wrong.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 
-from ..backends.base import Executor, StepOutput
 from ...formats.engine_format import EngineDir
 from ...formats.errors import EngineError
+from ..backends.base import Executor, StepOutput
 from ..request import Request
 from ..sampling import processed_probs, sample
 from ..tree import DraftTree, check_tree, parse_choices, top_k, tree_draft
@@ -65,10 +65,10 @@ class MedusaProposer(OwnDrafter):
         self.heads: dict[str, np.ndarray] = {}  # request id -> [heads, vocab] the heads on its last kept row (a copy)
 
     @classmethod
-    def for_target(cls, target: Executor, choices, open_beside: Callable[[EngineDir], Executor]) -> "MedusaProposer":
+    def for_target(cls, target: Executor, choices, open_beside: Callable[[EngineDir], Executor]) -> MedusaProposer:
         return cls(target, choices)  # the heads are part of the target's network: nothing to open beside it
 
-    def with_tree(self, tree: DraftTree) -> "MedusaProposer":
+    def with_tree(self, tree: DraftTree) -> MedusaProposer:
         return MedusaProposer(self.target, tree)
 
     @property

@@ -22,14 +22,15 @@ drafters of the configs it is given, and the one a target carries
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from ..methods import registered
 
 if TYPE_CHECKING:
-    from ..backends.base import Executor, Placement
     from ...formats.engine_format import EngineDir
+    from ..backends.base import Executor, Placement
     from .base import Proposer
 
 
@@ -50,13 +51,13 @@ class Flag:
 class OpenContext:
     """Where a drafter opens: the target engine, where it runs, and how to open engines beside it (runtime/loading.py)."""
 
-    target: "EngineDir"
-    placement: "Placement"  # the target's
+    target: EngineDir
+    placement: Placement  # the target's
     allow_vocab_mismatch: bool
-    open_target: Callable[[], "Executor"]  # the target's executor (opened once): a drafter that reads the target's outputs
-    open_own: Callable[["EngineDir", list[int]], "Executor"]  # an engine of the drafter's own, on these device ids (checked to fit beside the target first)
-    open_beside: Callable[["EngineDir"], "Executor"]  # an engine the target carries (an EAGLE module), on the target's device
-    load: Callable[[Any], "EngineDir"]  # a path (or an EngineDir) -> the verified EngineDir (the loader's verify mode)
+    open_target: Callable[[], Executor]  # the target's executor (opened once): a drafter that reads the target's outputs
+    open_own: Callable[[EngineDir, list[int]], Executor]  # an engine of the drafter's own, on these device ids (checked to fit beside the target first)
+    open_beside: Callable[[EngineDir], Executor]  # an engine the target carries (an EAGLE module), on the target's device
+    load: Callable[[Any], EngineDir]  # a path (or an EngineDir) -> the verified EngineDir (the loader's verify mode)
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class Method:
 
     name: str
     config: type  # its typed config; load_engine(drafters=[config, ...]) opens the drafter of each
-    open: Callable[[Any, OpenContext], "Proposer"]  # (config, context) -> its proposer
+    open: Callable[[Any, OpenContext], Proposer]  # (config, context) -> its proposer
     proposer: type  # the class of the proposer it opens (docs and the mode table name it)
     flag: str  # the flag that asks for it, in messages: --draft_engine_dir, --ngram_config, --medusa_choices
     flags: tuple[Flag, ...] = ()

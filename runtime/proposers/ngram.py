@@ -27,8 +27,9 @@ pair 2 or 3 gave 1.4-1.6x where 1 gave 1.3x. Default 1, TensorRT-LLM's algorithm
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -10,16 +10,17 @@ registration's (runtime/methods.py: target_mode): nothing above it branches on
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..methods import carried_by, own_drafters
 from .base import Proposer
 from .method import Flag, Method, get_method
 
 if TYPE_CHECKING:
-    from ..backends.base import Executor
     from ...formats.engine_format import EngineDir
+    from ..backends.base import Executor
     from ..tree import DraftTree
 
 # a target's speculative_decoding_mode -> the method of the drafter it carries (runtime/methods.py: target_mode), at import
@@ -30,23 +31,23 @@ OWN_DRAFTERS: dict[str, str] = own_drafters()
 class DraftTreeConfig:
     """A target's own drafter's config: a draft tree, or chains."""
 
-    choices: "str | Sequence[Sequence[int]] | None" = None  # TensorRT-LLM's --medusa_choices format; None: chains
+    choices: str | Sequence[Sequence[int]] | None = None  # TensorRT-LLM's --medusa_choices format; None: chains
 
 
 class OwnDrafter(Proposer):
     """A proposer a target engine carries (Medusa, EAGLE): its chains and trees are drafted from the target's own outputs."""
 
     choices_flag: ClassVar[str]  # the flag of its draft tree, e.g. --medusa_choices
-    target: "Executor"
+    target: Executor
 
     @classmethod
-    def for_target(cls, target: "Executor", choices: "str | Sequence[Sequence[int]] | None",
-                   open_beside: Callable[["EngineDir"], "Executor"]) -> "OwnDrafter":
+    def for_target(cls, target: Executor, choices: str | Sequence[Sequence[int]] | None,
+                   open_beside: Callable[[EngineDir], Executor]) -> OwnDrafter:
         """The drafter of the target ``target`` runs. ``open_beside`` opens an engine the drafter needs of its own (EAGLE's
         module) where the target runs; ``choices``: a draft tree, or None for chains."""
         raise NotImplementedError
 
-    def with_tree(self, tree: "DraftTree") -> "OwnDrafter":
+    def with_tree(self, tree: DraftTree) -> OwnDrafter:
         """The same drafter on the same executors, drafting ``tree`` for greedy requests."""
         raise NotImplementedError
 

@@ -18,7 +18,6 @@ import torch
 from checkpoints import is_linear, load_hf, make_checkpoint
 from conftest import build_and_load, spec_build
 from safetensors.numpy import load_file, save_file
-
 from specdec.builder.weight_only import quantize_rtn
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -349,8 +348,8 @@ def heads_pair(pair, tmp_path_factory):
 
 
 def test_enlarged_medusa_heads_give_the_same_logits(heads_pair):
-    from specdec.train.base import load_base, run_base
     from specdec.formats.heads import load_heads
+    from specdec.train.base import load_base, run_base
     from specdec.train.medusa import MedusaHeads
 
     h = heads_pair
@@ -374,9 +373,9 @@ def test_enlarged_medusa_heads_give_the_same_logits(heads_pair):
 
 
 def test_enlarged_eagle_module_gives_the_same_logits(heads_pair):
+    from specdec.formats.heads import load_heads
     from specdec.train.base import load_base, run_base
     from specdec.train.eagle import Eagle3Module, eagle_inputs, eagle_llama_config
-    from specdec.formats.heads import load_heads
 
     h = heads_pair
     loaded = load_heads(h["root"] / "big-eagle", base_num_layers=4)
@@ -428,9 +427,9 @@ def test_heads_cli_errors_are_one_line(heads_pair, tmp_path, capsys):
 
 
 def test_eagle_module_on_wider_heads_gives_the_same_logits(heads_pair, wide_heads, tmp_path):
+    from specdec.formats.heads import load_heads
     from specdec.train.base import load_base, run_base
     from specdec.train.eagle import Eagle3Module, eagle_inputs, eagle_llama_config
-    from specdec.formats.heads import load_heads
 
     h = heads_pair
     assert enlarge.main(["--heads", str(h["root"] / "eagle"), "--base", str(wide_heads), str(tmp_path / "wide-eagle"), "--quiet"]) == 0

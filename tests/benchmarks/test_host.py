@@ -4,7 +4,6 @@ import importlib.util
 import sys
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
 from onnx import numpy_helper

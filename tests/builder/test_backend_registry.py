@@ -12,9 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import spec_build
-
 import specdec.builder.backends as registry
+from conftest import spec_build
 from specdec.builder.backends import BACKENDS, backend_module
 from specdec.builder.backends.base import BuildBackend, Compiled
 from specdec.builder.build import build_engine

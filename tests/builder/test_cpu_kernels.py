@@ -10,9 +10,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
-
-from specdec.plugins import cpu_kernels as ck
 from specdec.hardware import cpu_kernels as rk
+from specdec.plugins import cpu_kernels as ck
 
 pytestmark = pytest.mark.skipif(rk.compiler() is None, reason="needs a C compiler")
 

@@ -10,12 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from specdec.builder.build import build_engine
 from specdec.formats.engine_format import BuildConfig
+from specdec.formats.tokenizer import Tokenizer
 from specdec.runtime.loading import load_orchestrator
 from specdec.runtime.orchestrator import GenerationConfig
-from specdec.formats.tokenizer import Tokenizer
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-pair" / "target"
 AGREEMENT_THRESHOLD = 0.6

@@ -15,11 +15,9 @@ import pytest
 from checkpoints import make_checkpoint, save_fp8_checkpoint, write_eagle_module, write_medusa_heads
 from click.testing import CliRunner
 from fuzzing import assert_clean, fuzz_settings, mutated, no_hang
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 from quant_layouts import save_quantized_checkpoint
 from safetensors.numpy import load_file, save_file
-
 from specdec.cli.build import main as build_main
 
 pytestmark = pytest.mark.fuzz

@@ -20,12 +20,11 @@ import onnx
 import pytest
 from checkpoints import make_checkpoint
 from conftest import build_and_load, spec_build
-
 from specdec.builder.build import build_engine
-from specdec.runtime.backends.base import pad_tokens
-from specdec.runtime.backends.onnxruntime.cuda import attention_bound, rows_one_by_one
 from specdec.formats.engine_format import load_engine_dir
 from specdec.formats.errors import BuildConfigError
+from specdec.runtime.backends.base import pad_tokens
+from specdec.runtime.backends.onnxruntime.cuda import attention_bound, rows_one_by_one
 
 CASES = {
     "llama (packed qkv, fused rotary)": ("LlamaForCausalLM", dict(tie_word_embeddings=True)),

@@ -12,8 +12,7 @@ import transformers
 from checkpoints import make_checkpoint
 from conftest import build_and_load, cli_build
 from fuzzing import assert_clean, fuzz_settings
-from hypothesis import event, given
-from hypothesis import strategies as st
+from hypothesis import event, given, strategies as st
 from safetensors.torch import load_file, save_file
 
 HEAD, EMBED = "lm_head.weight", "model.embed_tokens.weight"

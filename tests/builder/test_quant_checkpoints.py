@@ -11,6 +11,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import cli_build
 from quant_layouts import (
     pack_awq,
     pack_compressed,
@@ -21,9 +22,7 @@ from quant_layouts import (
     save_float_checkpoint,
     save_quantized_checkpoint,
 )
-from conftest import cli_build
 from safetensors.torch import save_file
-
 from specdec.builder.checkpoint import load_checkpoint
 from specdec.builder.quant_checkpoints import IntConvention
 from specdec.builder.quantization import LinearWeight, concat_out, detect_checkpoint_quantization, read_linear
@@ -356,7 +355,6 @@ def test_published_checkpoint_builds_and_decodes(tmp_path, float_model, variant)
     # decodes through specdec-run, target-only and with n-gram drafts verified by the quantized target,
     # token for token the same (tests/runtime/test_weight_only_spec.py holds the lowering to it bit for bit).
     from click.testing import CliRunner
-
     from specdec.cli.run import main as run_main
 
     (tmp_path / "prompts.csv").write_text("5,6,7,8,5,6,7\n9,10,11\n")

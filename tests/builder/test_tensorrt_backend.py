@@ -21,15 +21,14 @@ import onnx
 import pytest
 from checkpoints import make_checkpoint
 from conftest import spec_build
-
 from specdec.builder.backends.tensorrt import build_tensorrt_engine, generation_width, profile_shapes, static_kv_onnx, tensorrt_available
 from specdec.builder.build import build_engine
 from specdec.formats.engine_format import EngineDir, ModelConfig, load_engine_dir
 from specdec.formats.errors import BuildConfigError, DeviceError, EngineError, RequestError
-from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
-from specdec.formats.tensorrt_plan import ENGINE_FILE, GENERATION_PROFILE
-from specdec.runtime.backends.tensorrt.executor import TrtExecutor, check_memory, choose_profile
 from specdec.formats.kv_layout import kv_cache_bytes
+from specdec.formats.tensorrt_plan import ENGINE_FILE, GENERATION_PROFILE
+from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
+from specdec.runtime.backends.tensorrt.executor import TrtExecutor, check_memory, choose_profile
 
 HAS_TRT = importlib.util.find_spec("tensorrt") is not None
 MODEL = ModelConfig(
@@ -252,7 +251,6 @@ def test_trt_check_memory_on_the_gpu(gpu_pair):
 def test_trt_draft_target_greedy_equals_target_only(gpu_pair, draft_len):
     from specdec.runtime.orchestrator import GenerationConfig, Orchestrator
     from specdec.runtime.proposers.draft_model import DraftModelProposer
-    from specdec.runtime.sampling import SamplingConfig
 
     prompts = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30]]
     cfg = GenerationConfig(max_output_len=32)

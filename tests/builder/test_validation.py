@@ -4,23 +4,22 @@ before any graph is built, with a message that names the tensor (or limit) and w
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pytest
 import torch
 from checkpoints import make_checkpoint, save_fp8_checkpoint
 from quant_layouts import save_quantized_checkpoint
-
 from specdec.builder import validation
 from specdec.builder.architectures import model_config_from_hf
 from specdec.builder.checkpoint import load_checkpoint
 from specdec.builder.quantization import detect_checkpoint_quantization
 from specdec.builder.validation import check_memory_limits, validate_checkpoint
-from specdec.formats.kv_layout import kv_cache_bytes
 from specdec.formats.engine_format import BuildConfig
 from specdec.formats.errors import BuildConfigError, CheckpointError
+from specdec.formats.kv_layout import kv_cache_bytes
 
 Q_PROJ = "model.layers.0.self_attn.q_proj.weight"
 CPU_BUILD = BuildConfig(max_seq_len=64, max_input_len=32, lowering="ort_cpu", backend="onnxruntime")

@@ -16,10 +16,10 @@ from checkpoints import is_linear, make_checkpoint
 from conftest import build_and_load, cli_build, spec_build
 from onnx import TensorProto
 from safetensors.numpy import load_file, save_file
-
 from specdec.builder.build import build_engine
 from specdec.builder.graph import GraphBuilder
 from specdec.builder.weight_only import IntWeight, quantize_rtn
+from specdec.formats.errors import BuildConfigError
 from specdec.plugins.quantized_gemm import (
     EvenRows,
     dq_codes,
@@ -30,7 +30,6 @@ from specdec.plugins.quantized_gemm import (
     permute_input,
     unpack_matmul_nbits,
 )
-from specdec.formats.errors import BuildConfigError
 
 LAYOUTS = [(bits, group, sym) for bits in (8, 4) for group in (32, 64, 128, 0) for sym in (True, False)]
 IDS = [5, 17, 33, 2, 61, 8, 90, 41, 12, 7]

@@ -13,13 +13,12 @@ from checkpoints import add_word_tokenizer, make_checkpoint
 from click.testing import CliRunner
 from conftest import spec_build
 from safetensors.torch import load_file, save_file
-
-from specdec.builder.build import build_engine
 from specdec.bench import peers
-from specdec.cli.bench import main as bench_main
-from specdec.cli.eval import main as eval_main
 from specdec.bench.datasets import prepare_from_jsonl, prepare_synthetic
 from specdec.bench.sweep import token_agreement
+from specdec.builder.build import build_engine
+from specdec.cli.bench import main as bench_main
+from specdec.cli.eval import main as eval_main
 from specdec.formats.errors import RequestError
 from specdec.formats.tokenizer import Tokenizer as EngineTokenizer
 

@@ -4,14 +4,13 @@ import json
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from click.testing import CliRunner
-
-from specdec.builder.build import build_engine
 from specdec.bench import peers
+from specdec.builder.build import build_engine
 from specdec.cli.bench import main as bench_main
 from specdec.cli.build import main as build_main
 from specdec.cli.run import main as run_main

@@ -12,16 +12,15 @@ import json
 
 import pytest
 import torch
+from checkpoints import make_checkpoint
 from click.testing import CliRunner
 from conftest import spec_build
 from safetensors.torch import load_file, save_file
-
-from checkpoints import make_checkpoint
 from specdec.builder.build import build_engine
 from specdec.cli.run import main as run_main
 from specdec.cli.stops import generate_with_stops
-from specdec.runtime import GenerationConfig, load_orchestrator
 from specdec.formats.tokenizer import Tokenizer
+from specdec.runtime import GenerationConfig, load_orchestrator
 
 CYCLE = "é東🙂 a"  # 2 + 3 + 4 + 1 + 1 bytes, each one token
 SPECIAL = ["<pad>", "<s>", "</s>", "<unk>"]
@@ -35,8 +34,7 @@ def byte_chars(text: str) -> list[str]:
 
 
 def write_byte_tokenizer(ckpt, chars: list[str]) -> dict[str, int]:
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
 
     vocab = {c: i for i, c in enumerate(SPECIAL + chars)}
     tok = HFTokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))

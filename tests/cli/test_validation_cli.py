@@ -3,12 +3,11 @@ limits as a user meets it: exit status 1, one "error:" line on stderr, no traceb
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-
-import shutil
-from typing import Callable
 
 import numpy as np
 import pytest
@@ -16,7 +15,6 @@ from checkpoints import make_checkpoint
 from click.testing import CliRunner, Result
 from quant_layouts import save_quantized_checkpoint
 from safetensors.numpy import load_file, save_file
-
 from specdec.cli.build import main as build_main
 
 Q_PROJ = "model.layers.0.self_attn.q_proj.weight"

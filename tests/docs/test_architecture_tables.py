@@ -10,14 +10,13 @@ import re
 from pathlib import Path
 
 import pytest
-
 import specdec.builder.backends as builder_backends
 import specdec.plugins as plugins
 import specdec.runtime.backends as runtime_backends
 from specdec.builder.build import MODES
+from specdec.formats.engine_format import TREE_MODES, BuildConfig, ModelConfig, extra_io
 from specdec.plugins import LOWERINGS
 from specdec.plugins.attention import AttentionLowering
-from specdec.formats.engine_format import TREE_MODES, BuildConfig, ModelConfig, extra_io
 from specdec.runtime.proposers.own import own_drafter
 from specdec.runtime.request import METHODS
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import re
 import shlex
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"

@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
-
-from specdec.formats.heads import default_eagle_aux_layer_ids, eagle_tensor_names, load_heads, medusa_tensor_names
 from specdec.formats.errors import CheckpointError
+from specdec.formats.heads import default_eagle_aux_layer_ids, eagle_tensor_names, load_heads, medusa_tensor_names
 
 H, V, I, HEADS, KV, HEAD_DIM = 32, 50, 64, 4, 2, 8
 

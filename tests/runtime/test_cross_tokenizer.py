@@ -9,15 +9,14 @@ import torch
 import transformers
 from checkpoints import make_checkpoint
 from conftest import build_and_load, spec_build
-from test_suffix_engine import run
-
+from specdec.formats.tokenizer import Tokenizer
 from specdec.runtime.engine import Engine, SpeculationConfig
 from specdec.runtime.proposers.cross_tokenizer import CrossTokenizerProposer
 from specdec.runtime.proposers.draft_model import DraftModelProposer
 from specdec.runtime.request import GenerationConfig
 from specdec.runtime.sampling import SamplingConfig
 from specdec.runtime.token_bytes import TokenBytes, _byte_level_alphabet, complete_prefix
-from specdec.formats.tokenizer import Tokenizer
+from test_suffix_engine import run
 
 MAX_DRAFT = 4
 TEXTS = ["hé 日本 😀 ab", "def f(x):\n    return x", "😀😀", "naïve"]
@@ -27,8 +26,7 @@ SPELLED = [c for c, _ in sorted(_byte_level_alphabet().items(), key=lambda cb: c
 
 def _byte_level(specials: list[str], order: list[int]):
     """A byte-level BPE tokenizer: the special tokens first, then the 256 bytes in ``order`` (a permutation)."""
-    from tokenizers import Tokenizer as HF
-    from tokenizers import decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as HF, decoders, models, pre_tokenizers
 
     spelled = SPELLED
     vocab = {s: i for i, s in enumerate(specials)}
@@ -89,8 +87,7 @@ def pair(tmp_path_factory):
 
 
 def _trained_bpe(size):
-    from tokenizers import Tokenizer as HF
-    from tokenizers import decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer as HF, decoders, models, pre_tokenizers, trainers
 
     tok = HF(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -103,8 +100,7 @@ def _trained_bpe(size):
 
 def _byte_level_after(order, specials):
     """The target's layout: the 256 bytes first (id = byte), then the special tokens."""
-    from tokenizers import Tokenizer as HF
-    from tokenizers import decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as HF, decoders, models, pre_tokenizers
 
     vocab = {SPELLED[b]: i for i, b in enumerate(order)}
     for s in specials:

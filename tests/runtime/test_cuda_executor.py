@@ -15,14 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import engine_greedy, spec_build
-
 from specdec.builder.build import build_engine
+from specdec.formats.engine_format import load_engine_dir
+from specdec.formats.errors import DeviceError, EngineError, RequestError
 from specdec.runtime.backends import Placement, open_executor
 from specdec.runtime.backends.onnxruntime.cuda import CudaExecutor, attention_bound, check_engine, rows_one_by_one
 from specdec.runtime.backends.onnxruntime.cuda_host import cuda_gpu_count, require_cuda_provider, require_gpu
 from specdec.runtime.devices import placement
-from specdec.formats.engine_format import load_engine_dir
-from specdec.formats.errors import DeviceError, EngineError, RequestError
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-pair"
 

@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import spec_build
-
 from specdec.builder.build import build_engine
 from specdec.formats.engine_format import eagle_module_dir, load_engine_dir
 
@@ -34,8 +33,8 @@ pytestmark = pytest.mark.cuda
 
 @pytest.fixture(scope="module")
 def gpu(tmp_path_factory):
-    from specdec.runtime.backends.onnxruntime.cuda import CudaExecutor
     from specdec.formats.tokenizer import Tokenizer
+    from specdec.runtime.backends.onnxruntime.cuda import CudaExecutor
 
     d = tmp_path_factory.mktemp("cuda_methods")
     limits = dict(max_batch_size=16, max_input_len=128, max_seq_len=256, dtype="bfloat16", lowering="ort_cuda")

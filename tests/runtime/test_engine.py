@@ -15,13 +15,11 @@ import numpy as np
 import pytest
 from checkpoints import make_checkpoint
 from conftest import build_and_load, spec_build, spec_pair
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from specdec.runtime.draft_len import PROBE_EVERY
-from specdec.runtime.engine import Engine, SpeculationConfig
+from hypothesis import HealthCheck, given, settings, strategies as st
 from specdec.formats.engine_format import load_engine_dir, sha256_file
 from specdec.formats.errors import EngineError, RequestError
+from specdec.runtime.draft_len import PROBE_EVERY
+from specdec.runtime.engine import Engine, SpeculationConfig
 from specdec.runtime.orchestrator import Orchestrator
 from specdec.runtime.pairing import PairWarning, check_pair
 from specdec.runtime.proposers.draft_model import DraftModelProposer

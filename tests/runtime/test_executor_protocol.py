@@ -12,11 +12,10 @@ import typing
 
 import numpy as np
 import pytest
-
-from specdec.runtime.backends import _REGISTRY
-from specdec.runtime.backends.base import Backend, Executor, StepOutput, compact_chain
 from specdec.formats.engine_format import BuildConfig, ModelConfig, extra_io
 from specdec.formats.errors import EngineError
+from specdec.runtime.backends import _REGISTRY
+from specdec.runtime.backends.base import Backend, Executor, StepOutput, compact_chain
 from specdec.runtime.kv_cache import KVCache
 
 PROTOCOL_METHODS = sorted(n for n, v in vars(Executor).items() if inspect.isfunction(v) and not n.startswith("_"))
@@ -67,8 +66,8 @@ def test_the_protocol_has_every_call_the_loop_makes():
 
 
 def test_the_cpu_executor_is_an_executor_at_run_time(llama_engine):
-    from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
     from specdec.formats.engine_format import load_engine_dir
+    from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 
     ex = OrtExecutor(load_engine_dir(llama_engine), num_threads=1)
     assert isinstance(ex, Executor)

@@ -15,12 +15,10 @@ import numpy as np
 import pytest
 from constraint_strategies import BRANCHES, choices, json_schemas, lark_grammars, regexes
 from fuzzing import assert_one_line, fuzz_settings, no_hang
-from hypothesis import event, given
-from hypothesis import strategies as st
-
+from hypothesis import event, given, strategies as st
 from specdec.formats.errors import RequestError
-from specdec.runtime.grammar import GrammarCompiler, GrammarSpec
 from specdec.formats.tokenizer import Tokenizer
+from specdec.runtime.grammar import GrammarCompiler, GrammarSpec
 
 pytestmark = pytest.mark.fuzz
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-pair" / "target"

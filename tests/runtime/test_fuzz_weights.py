@@ -21,14 +21,12 @@ from checkpoints import make_checkpoint
 from click.testing import CliRunner
 from conftest import spec_build
 from fuzzing import assert_clean, fuzz_settings, no_hang
-from hypothesis import event, given
-from hypothesis import strategies as st
-
+from hypothesis import event, given, strategies as st
 from specdec.builder.build import build_engine
 from specdec.cli.run import main as run_main
-from specdec.runtime import GenerationConfig, load_orchestrator
 from specdec.formats.config_strings import DraftTargetConfig
 from specdec.formats.engine_format import CONFIG_FILE, sha256_file
+from specdec.runtime import GenerationConfig, load_orchestrator
 
 pytestmark = pytest.mark.fuzz
 PROMPTS = [[1, 40, 41, 42, 43], [1, 70, 71, 72, 73, 74]]

@@ -8,10 +8,9 @@ cycle with no finite instance: llguidance finds no error up front, and gives up 
 from pathlib import Path
 
 import pytest
-
 from specdec.formats.errors import RequestError
-from specdec.runtime.grammar import GrammarCompiler, GrammarSpec
 from specdec.formats.tokenizer import Tokenizer
+from specdec.runtime.grammar import GrammarCompiler, GrammarSpec
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-pair" / "target"
 ENDLESS = {"type": "object", "properties": {"x": {"$ref": "#/$defs/e"}}, "required": ["x"], "additionalProperties": False}

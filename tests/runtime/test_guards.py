@@ -17,12 +17,11 @@ import pytest
 from checkpoints import add_word_tokenizer, make_checkpoint
 from click.testing import CliRunner
 from safetensors.numpy import load_file, save_file
-
 from specdec.builder.build import build_engine
 from specdec.cli.run import main as run_main
-from specdec.runtime import GenerationConfig, load_engine, load_orchestrator
 from specdec.formats.config_strings import DraftTargetConfig
 from specdec.formats.engine_format import BuildConfig
+from specdec.runtime import GenerationConfig, load_engine, load_orchestrator
 from specdec.runtime.guards import SILENT_DRAFT_ROUNDS
 
 PROMPTS = [[1, 40, 41, 42, 43], [1, 70, 71, 72, 73, 74]]

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from conftest import build_and_load, spec_build, spec_pair
 from engine_runs import run_until_done
-
 from specdec.formats.errors import EngineError, RequestError
 from specdec.runtime.engine import Engine, SpeculationConfig
 from specdec.runtime.prefix_cache import MIN_FRESH, PrefixCacheConfig, open_prefix_cache

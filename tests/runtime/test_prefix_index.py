@@ -3,7 +3,6 @@
 import random
 
 import pytest
-
 from specdec.runtime.prefix_index import PrefixIndex
 
 

@@ -15,15 +15,14 @@ import pytest
 from checkpoints import make_checkpoint
 from click.testing import CliRunner
 from conftest import spec_build
-
 from specdec.builder.build import build_engine
 from specdec.cli.run import main as run_main
+from specdec.formats.engine_format import load_engine_dir
+from specdec.formats.errors import DeviceError, EngineError
 from specdec.runtime.backends import backend_for, natural_kind
 from specdec.runtime.backends.base import Backend
 from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 from specdec.runtime.backends.tensorrt_rtx.host import Driver, bundled_tensorrt_rtx, check_release, pick_target, rtx_supported
-from specdec.formats.engine_format import load_engine_dir
-from specdec.formats.errors import DeviceError, EngineError
 
 HAS_RTX_BUILDER = importlib.util.find_spec("tensorrt_rtx") is not None
 QUIET = dict(say=lambda _: None)

@@ -6,13 +6,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-
+from specdec.formats.tokenizer import Tokenizer
 from specdec.runtime.grammar import GrammarCompiler, GrammarSpec
 from specdec.runtime.logits import LogitsProcessor
 from specdec.runtime.proposers.base import Draft
 from specdec.runtime.round import trim
 from specdec.runtime.sampling import SamplingConfig
-from specdec.formats.tokenizer import Tokenizer
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-pair" / "target"
 

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from checkpoints import make_checkpoint
 from conftest import build_and_load, spec_build
-
 from specdec.hardware.cpu_kernels import compiler
 from specdec.runtime.orchestrator import GenerationConfig, Orchestrator
 from specdec.runtime.proposers.draft_model import DraftModelProposer
@@ -164,9 +163,9 @@ def test_a_q4gemm_engine_on_a_host_that_cannot_compile_its_kernel_is_one_clear_e
     import json
     import shutil
 
-    from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
     from specdec.formats.engine_format import load_engine_dir, sha256_file
     from specdec.formats.errors import EngineError
+    from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))

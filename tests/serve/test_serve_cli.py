@@ -9,7 +9,6 @@ import time
 import httpx
 from click.testing import CliRunner
 from servers import engines
-
 from specdec.cli.serve import main
 
 

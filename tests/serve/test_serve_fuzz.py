@@ -24,11 +24,10 @@ import os
 import httpx
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, Phase, given, seed, settings
+from constraint_strategies import json_schemas, structured_outputs, tools_bodies
+from hypothesis import HealthCheck, Phase, given, seed, settings, strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import content_type_conformance, response_schema_conformance, status_code_conformance
-from constraint_strategies import json_schemas, structured_outputs, tools_bodies
-from hypothesis import strategies as st
 from servers import running, served_demo, served_pair
 
 CASES = int(os.environ.get("SPECDEC_FUZZ_CASES", "25"))  # per operation and mode

@@ -11,8 +11,7 @@ from __future__ import annotations
 import httpx
 import pytest
 from fuzzing import any_text, edge_ints, fuzz_settings
-from hypothesis import event, given
-from hypothesis import strategies as st
+from hypothesis import event, given, strategies as st
 from servers import running, served_pair, sse_events
 
 pytestmark = pytest.mark.fuzz

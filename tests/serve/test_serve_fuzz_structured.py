@@ -18,8 +18,7 @@ import jsonschema_rs
 import pytest
 from constraint_strategies import json_schemas, structured_outputs, tools_bodies
 from fuzzing import fuzz_settings, no_hang
-from hypothesis import event, given
-from hypothesis import strategies as st
+from hypothesis import event, given, strategies as st
 from servers import running, served_demo
 
 pytestmark = pytest.mark.fuzz

@@ -6,9 +6,8 @@ import sys
 
 import pytest
 from click.testing import CliRunner
-from train_fixtures import repetitive_data, tiny_base  # noqa: F401 (fixtures)
-
 from specdec.cli.train import main
+from train_fixtures import repetitive_data, tiny_base  # noqa: F401 (fixtures)
 
 
 def invoke(*args):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -30,7 +30,7 @@ def _default_threads() -> int:
 
 
 # -- the Backend protocol (runtime/backends/base.py) --------------------------------------
-def make_executor(engine: EngineDir, placement: Placement) -> "OrtExecutor":
+def make_executor(engine: EngineDir, placement: Placement) -> OrtExecutor:
     return OrtExecutor(engine, num_threads=placement.num_threads)
 
 
@@ -141,7 +141,7 @@ class OrtExecutor:
         to slots start, start + 1, ... and set the slot's length to start + len(keep)."""
         cache.compact_host_slot(slot, start, keep)
 
-    def _bind_cache(self, io: "_StepIO", cache: KVCache, first: int, rows: int) -> None:
+    def _bind_cache(self, io: _StepIO, cache: KVCache, first: int, rows: int) -> None:
         # Hold the cache itself, not its id(): a new cache may reuse a freed one's id,
         # and the binding would then point ONNX Runtime at freed memory.
         key = (cache, cache.version, first, rows)
@@ -204,7 +204,7 @@ class OrtExecutor:
         step.lengths += step.grow
         return step.trim(io.output, self._per_token)
 
-    def _io(self, cache: KVCache, batch: int, width: int, rows: int) -> "_StepIO":
+    def _io(self, cache: KVCache, batch: int, width: int, rows: int) -> _StepIO:
         """Input/output buffers and an I/O binding for one call shape on ``cache``, bound once and then filled in
         place: rebinding three inputs and the output every step cost ~100 us, a fifth of a step, and
         with one binding per shape a loop that alternates widths (draft_len=auto, n-gram misses) does

@@ -31,18 +31,17 @@ inputs and decodes garbage without an error. Here:
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ....formats.engine_format import EngineDir
+from ....formats.engine_format import EngineDir, extra_io
 from ....formats.errors import DeviceError, EngineError, RequestError
 from ...kv_cache import KVCache
 from ..base import Placement, StepOutput, check_extra_inputs, fill_tree, plan_step, refuse_extra_inputs, refuse_trees
-from ....formats.engine_format import extra_io
-from .network_io import check_network_io
 from .cuda_host import CUDA_PROVIDER, cudart, require_cuda_provider, require_gpu, visible_cuda_gpus
 from .cuda_io import CudaKVCache, StepIO
+from .network_io import check_network_io
 
 # ONNX type strings of the cache -> (numpy dtype for sizes, ONNX TensorProto element type for binding)
 _CACHE_TYPES = {"tensor(float)": (np.float32, 1), "tensor(float16)": (np.float16, 10), "tensor(bfloat16)": (np.uint16, 16)}
@@ -50,7 +49,7 @@ GRAPH_LOWERINGS = ("ort_cuda",)  # lowerings with no host read inside a step: CU
 
 
 # -- the Backend protocol (runtime/backends/base.py) --------------------------------------
-def make_executor(engine: EngineDir, placement: Placement) -> "CudaExecutor":
+def make_executor(engine: EngineDir, placement: Placement) -> CudaExecutor:
     return CudaExecutor(engine, device=placement.index)  # needs onnxruntime-gpu: only on GPU hosts
 
 

@@ -32,7 +32,7 @@ class CudaKVCache(KVCache):
     shapes: the call shapes bound to this cache (each a StepIO, maybe a CUDA graph).
     """
 
-    def __init__(self, owner: "CudaExecutor", num_slots: int):
+    def __init__(self, owner: CudaExecutor, num_slots: int):
         m, b = owner.model, owner.build
         super().__init__(m.num_layers, num_slots, m.num_kv_heads, b.kv_capacity, m.head_dim, b.max_seq_len, b.kv_layout, storage=False)
         self.owner = owner
@@ -50,7 +50,7 @@ class CudaKVCache(KVCache):
         """Device address of (layer, K|V) part ``part`` (2 * layer + 0|1) at slot ``slot``."""
         return self.slab.data_ptr() + part * self.layer_bytes + slot * self.slot_bytes
 
-    def move_positions(self, slot_src: int, slot_dst: int, src: int, dst: int, count: int, source: "CudaKVCache | None" = None) -> None:
+    def move_positions(self, slot_src: int, slot_dst: int, src: int, dst: int, count: int, source: CudaKVCache | None = None) -> None:
         """Copy positions src..src+count-1 of slot_src to dst.. of slot_dst, in every layer's K and V (not synchronized).
         ``source``: the cache slot_src belongs to (another cache of the same executor: a prefix pool), default this one."""
         ex, source = self.owner, source or self
@@ -81,7 +81,7 @@ class StepIO:
     inputs by name), written by the executor before each run, and ``output``, a StepOutput of the logits and the
     engine's extra outputs (valid after ``run``, until the next run of this shape)."""
 
-    def __init__(self, ex: "CudaExecutor", cache: CudaKVCache, first: int, n: int, width: int, rows: int, graph_id: int):
+    def __init__(self, ex: CudaExecutor, cache: CudaKVCache, first: int, n: int, width: int, rows: int, graph_id: int):
         ort, dev = ex._ort, ex.device_id
         ins = [("input_ids", (n, width), np.int64), ("position_ids", (n, width), np.int64), ("logits_index", (n, rows), np.int64)]
         if ex.tree_attention:
@@ -120,7 +120,7 @@ class StepIO:
         self.run_options.add_run_config_entry("gpu_graph_id", str(graph_id))  # -1: run without a graph
         ex._configure_run(self.run_options, width, rows)
 
-    def run(self, ex: "CudaExecutor") -> None:
+    def run(self, ex: CudaExecutor) -> None:
         """Inputs to the device (one copy), the network, outputs back (one copy)."""
         ex._rt.set_device(ex.device_id)
         self.dev_in.update_inplace(self.host_in)

@@ -10,7 +10,8 @@ mid-decode with an ONNX Runtime error.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ....formats.engine_format import CONFIG_FILE, EngineDir, extra_io
 from ....formats.errors import EngineError

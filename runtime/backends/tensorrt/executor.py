@@ -23,24 +23,33 @@ No torch: buffers are raw device pointers from cuda-python's cudart.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from ....formats.engine_format import EngineDir
 from ....formats.errors import DeviceError, EngineError, RequestError
-from ...kv_cache import KVCache
 from ....formats.kv_layout import kv_cache_bytes
 from ....formats.tensorrt_plan import CONTEXT_PROFILE, ENGINE_FILE, GENERATION_PROFILE
+from ....hardware.tensorrt import (
+    MIN_TENSORRT,
+    check_gpu_arch,
+    cuda_call,
+    cuda_device_info,
+    cudart_module,
+    import_runtime,
+    require_gpu,
+    visible_gpu_count,
+)
+from ...kv_cache import KVCache
 from ..base import Placement, StepOutput, compact_chain, plan_step, refuse_extra_inputs, refuse_prefix_pool, refuse_trees
-from ....hardware.tensorrt import MIN_TENSORRT, check_gpu_arch, cuda_call, cuda_device_info, cudart_module, import_runtime, require_gpu, visible_gpu_count
 
 _ALIGN = 256  # IExecutionContext: tensor / device memory addresses 256-byte aligned
 MIB = 1 << 20
 
 
 # -- the Backend protocol (runtime/backends/base.py) --------------------------------------
-def make_executor(engine: EngineDir, placement: Placement) -> "TrtExecutor":
+def make_executor(engine: EngineDir, placement: Placement) -> TrtExecutor:
     return TrtExecutor(engine, device=placement.index)  # needs tensorrt + cuda-python: only on GPU hosts
 
 
@@ -105,7 +114,7 @@ def check_memory(engines: Sequence[EngineDir], devices: Sequence[int], free: Map
 class DeviceKVCache(KVCache):
     """KVCache semantics (lengths, rollback, check_room) over the executor's device slabs."""
 
-    def __init__(self, owner: "TrtExecutor", num_slots: int, generation: int):
+    def __init__(self, owner: TrtExecutor, num_slots: int, generation: int):
         m, build = owner.model, owner.build
         # the tensors live on the device (owner._slab): no host storage
         super().__init__(m.num_layers, num_slots, m.num_kv_heads, build.kv_capacity, m.head_dim, build.max_seq_len, build.kv_layout, storage=False)

@@ -22,7 +22,7 @@ another TensorRT-RTX release than the one that built the engine.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -39,7 +39,7 @@ _registered: set[str] = set()  # provider libraries registered in this process (
 
 
 # -- the Backend protocol (runtime/backends/base.py) --------------------------------------
-def make_executor(engine: EngineDir, placement: Placement) -> "RtxExecutor":
+def make_executor(engine: EngineDir, placement: Placement) -> RtxExecutor:
     return RtxExecutor(engine, device=placement.index)  # needs an RTX GPU, its driver and the provider: refused in one line otherwise
 
 

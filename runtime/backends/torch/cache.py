@@ -10,7 +10,7 @@ after it, reads the moved positions; nothing waits on the host.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 

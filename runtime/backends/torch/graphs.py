@@ -27,7 +27,6 @@ import torch
 
 from .model import StepInputs, tree_path
 
-
 WARMUPS = 1  # eager runs of a shape before its capture (lazy setup, Triton's compilation and module loads, must not happen inside one)
 
 
@@ -49,7 +48,7 @@ class GraphOutputs:
         return self.flat[name][: int(np.prod(shape))].view(shape)
 
 
-def step_graph(ex, cache, n: int, width: int, logit_rows: int, tree: bool) -> "StepGraph":
+def step_graph(ex, cache, n: int, width: int, logit_rows: int, tree: bool) -> StepGraph:
     """The cache's graph for this call shape, made (not yet captured) at its first call."""
     if ex.graph_outputs is None:
         ex.graph_outputs = GraphOutputs(ex, ex.torch_device)
