@@ -103,7 +103,7 @@ def main() -> None:
     for name in orchs:
         record(name, best_of(runs[name]))
     base_ids = results["specdec target-only"]["output_ids"]
-    for name, r in results.items():
+    for r in results.values():
         r["greedy_equal_to_target_only"] = r["output_ids"] == base_ids
 
     wanted = [p for p in args.peers.split(",") if p]

@@ -531,7 +531,7 @@ def serve(args) -> None:
         threading.Thread(target=proc.stderr.read, daemon=True).start()  # drained, so a chatty server never blocks on it
         try:
             secs, toks, rounds, accepted = ({m: 0.0 for m in methods} for _ in range(4))
-            def complete(prompt: str, method: str) -> dict:
+            def complete(prompt: str, method: str, url: str = url) -> dict:
                 body = {"prompt": prompt, "max_tokens": args.tokens, "temperature": 0, "ignore_eos": True, "speculative": {"method": method}}
                 req = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
                 with urllib.request.urlopen(req, timeout=600) as resp:

@@ -108,7 +108,7 @@ def timed_steps(engines: dict, batches: list[int], widths: list[int], repeats: i
 def steps_section(engines: dict, batches: list[int], widths: list[int], read_bw: float, repeats: int) -> dict:
     timed = timed_steps(engines, batches, widths, repeats)
     out: dict = {}
-    for name, (ex, path) in engines.items():
+    for name, (_ex, path) in engines.items():
         floor = weight_bytes(path) / read_bw * 1e3
         table = timed[name]
         out[name] = {"weight_gb": weight_bytes(path) / 1e9, "floor_ms": floor, "step_ms": table,

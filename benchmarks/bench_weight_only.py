@@ -524,7 +524,7 @@ def goals(summary: dict[str, dict[str, Any]], methods: list[Method], subsets: di
     for bits in BITS:
         ours_to, theirs_to = f"specdec {bits} target-only", f"llama.cpp {LLAMA_TYPE[bits]} target-only"
         for w, idx in subsets.items():
-            def best(family: str) -> str | None:
+            def best(family: str, bits: str = bits, w: str = w) -> str | None:
                 of = bits if family == "specdec" else PEER_BITS.get(bits, bits)
                 names = [n for n, r in summary.items() if r["family"] == family and r["bits"] == of and r["mode"] != "target-only"]
                 return max(names, key=lambda n: summary[n][w]["tokens_per_s"]["median"], default=None)

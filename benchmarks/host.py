@@ -42,7 +42,9 @@ def caches() -> list[dict[str, Any]]:
     """Each cache of CPU 0: level, type, size in bytes and the CPUs that share it (Linux sysfs)."""
     out = []
     for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
-        read = lambda name: (index / name).read_text().strip()  # noqa: E731
+        def read(name: str, index: Path = index) -> str:
+            return (index / name).read_text().strip()
+
         try:
             size = read("size")
             mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1], 1)

@@ -234,7 +234,7 @@ def configs(args) -> list[tuple[str, str, str, dict]]:
 def sweep(args, urls: dict[str, str], tok, work: Path) -> list[dict]:
     rows = []
     cfgs = configs(args)
-    for label, server, kind, spec in cfgs:  # warm-up, not recorded: first calls of each shape, auto's cost lines
+    for _label, server, kind, spec in cfgs:  # warm-up, not recorded: first calls of each shape, auto's cost lines
         asyncio.run(run_streams(urls[server], kind, make_streams("code", tok, 2, 10_000, args), 4, spec))
     for repeat in range(args.repeats):
         for n in args.concurrency:

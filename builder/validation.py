@@ -132,7 +132,7 @@ def expected_tensors(model: ModelConfig, has_lm_head: bool) -> tuple[list[Expect
     dense = [Expected("model.embed_tokens.weight", (model.vocab_size, hidden), "[vocab_size, hidden_size]")]
     linear = []
     for i in range(model.num_layers):
-        def name(key: str) -> str:
+        def name(key: str, i: int = i) -> str:
             return f"model.layers.{i}.{LAYER_WEIGHTS[key]}"
 
         dense += [Expected(name(k), (hidden,), "[hidden_size]") for k in ("input_layernorm", "post_attention_layernorm")]

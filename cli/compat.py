@@ -49,7 +49,7 @@ def run_py_options(fn: Callable) -> Callable:
 def check_run_py_options(kwargs: dict[str, Any]) -> None:
     """Pops the run.py-only options from ``kwargs``: a note per ignored flag given, an error for beams."""
     beams = kwargs.pop("num_beams", 1)
-    for name, (kind, why) in IGNORED.items():
+    for name, (_kind, why) in IGNORED.items():
         value = kwargs.pop(name, None)
         if value not in (None, False):
             click.echo(f"note: --{name} is ignored: {why}.", err=True)

@@ -60,7 +60,9 @@ def pack_q4(w) -> Q4Weight:
     c = np.asarray(w.codes, np.uint8).reshape(g, group // 8, 2, 4, n // TILE, TILE)  # group, quad pair, half, j, tile, column
     c = c.transpose(4, 0, 1, 2, 5, 3)  # tile, group, quad pair, half, column, j
     packed = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).reshape(n // TILE, g, group // 8, 64)
-    per_tile = lambda a, dtype: np.ascontiguousarray(np.asarray(a, dtype).reshape(g, n // TILE, TILE).transpose(1, 0, 2))
+    def per_tile(a, dtype) -> np.ndarray:  # [G, N] -> [N // TILE, G, TILE]
+        return np.ascontiguousarray(np.asarray(a, dtype).reshape(g, n // TILE, TILE).transpose(1, 0, 2))
+
     return Q4Weight(w=np.ascontiguousarray(packed), scales=per_tile(w.scale, np.float32), zeros=per_tile(w.zero, np.int32), k=k, n=n, group=group)
 
 
@@ -69,7 +71,9 @@ def unpack_q4(p: Q4Weight) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     t, g = p.w.shape[:2]
     halves = np.stack([p.w & 0x0F, p.w >> 4], axis=3).reshape(t, g, p.group // 8, 2, TILE, 4)
     codes = halves.transpose(1, 2, 3, 5, 0, 4).reshape(p.k, p.n)
-    flat = lambda a: a.transpose(1, 0, 2).reshape(g, p.n)
+    def flat(a: np.ndarray) -> np.ndarray:  # [N // TILE, G, TILE] -> [G, N]
+        return a.transpose(1, 0, 2).reshape(g, p.n)
+
     return codes, flat(p.scales), flat(p.zeros)
 
 

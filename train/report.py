@@ -17,7 +17,7 @@ def loss_curve_png(losses: list[float], path: Path, title: str) -> bool:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ModuleNotFoundError:
-        warnings.warn("matplotlib is not installed (pip install 'specdec[train]'): no loss_curve.png written.")
+        warnings.warn("matplotlib is not installed (pip install 'specdec[train]'): no loss_curve.png written.", stacklevel=1)
         return False
     window = max(1, len(losses) // 50)
     smooth = [sum(losses[max(0, i - window + 1) : i + 1]) / len(losses[max(0, i - window + 1) : i + 1]) for i in range(len(losses))]

@@ -187,7 +187,9 @@ def test_the_build_says_which_kernel_it_compiled(tiny_checkpoint, tmp_path):
     r = cli_build(tiny_checkpoint, tmp_path / "e", "--cpu_kernels", "specdec", "--qformat", "int4_wo", "--group_size", "32")
     assert r.exit_code == 0, r.output
     same = cli_build(tiny_checkpoint, tmp_path / "m", "--qformat", "int4_wo", "--group_size", "32")  # MatMulNBits
-    params = lambda out: out.split("LlamaForCausalLM, ")[1].split(" params")[0]
+    def params(out: str) -> str:
+        return out.split("LlamaForCausalLM, ")[1].split(" params")[0]
+
     assert params(r.output) == params(same.output)  # the packed weights counted by their [in, out] in both
     assert f"compiled specdec's int4 CPU kernel ({rk.kernel_name(rk.kernel_library())}" in r.output
 

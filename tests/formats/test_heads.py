@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 from specdec.formats.errors import CheckpointError
 from specdec.formats.heads import default_eagle_aux_layer_ids, eagle_tensor_names, load_heads, medusa_tensor_names
 
-H, V, I, HEADS, KV, HEAD_DIM = 32, 50, 64, 4, 2, 8
+H, V, INTER, HEADS, KV, HEAD_DIM = 32, 50, 64, 4, 2, 8
 
 
 def write(d, config: dict, tensors: dict, file="model.safetensors"):
@@ -42,13 +42,13 @@ def eagle_by_hand(layers=1, aux=3, prefix_layer0="layers.0.") -> dict:
         t |= {p + "input_layernorm.weight": r(H), p + "post_attention_layernorm.weight": r(H),
               p + "self_attn.q_proj.weight": r(HEADS * HEAD_DIM, w), p + "self_attn.k_proj.weight": r(KV * HEAD_DIM, w),
               p + "self_attn.v_proj.weight": r(KV * HEAD_DIM, w), p + "self_attn.o_proj.weight": r(H, HEADS * HEAD_DIM),
-              p + "mlp.gate_proj.weight": r(I, H), p + "mlp.up_proj.weight": r(I, H), p + "mlp.down_proj.weight": r(H, I)}
+              p + "mlp.gate_proj.weight": r(INTER, H), p + "mlp.up_proj.weight": r(INTER, H), p + "mlp.down_proj.weight": r(H, INTER)}
     t[prefix_layer0 + "hidden_norm.weight"] = r(H)
     return t
 
 
 def eagle_config(layers=1, aux=(1, 15, 28)) -> dict:
-    return {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": H, "intermediate_size": I,
+    return {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": H, "intermediate_size": INTER,
             "num_attention_heads": HEADS, "num_key_value_heads": KV, "head_dim": HEAD_DIM, "num_hidden_layers": layers,
             "vocab_size": V, "draft_vocab_size": V, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(aux), "use_aux_hidden_state": True,

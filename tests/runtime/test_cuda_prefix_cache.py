@@ -75,7 +75,9 @@ def test_copy_prefix_moves_exactly_the_rows_asked_for(gpu):
         ex.copy_prefix(cache, 0, pool, 2, 25)
         ex.copy_prefix(pool, 2, cache, 1, 12)
         assert pool.lengths[2] == 25 and cache.lengths[1] == 12
-        host = lambda c: np.asarray(ort.OrtValue.numpy(c.slab)).reshape(2 * ex.model.num_layers, c.num_slots, *ex.slot_shape)  # noqa: E731
+        def host(c, ex=ex):
+            return np.asarray(ort.OrtValue.numpy(c.slab)).reshape(2 * ex.model.num_layers, c.num_slots, *ex.slot_shape)
+
         c, p = host(cache), host(pool)
         rows = (lambda a, n: a[..., :n, :]) if ex.build.kv_layout == "bnsh" else (lambda a, n: a[:, :n])  # noqa: E731
         for part in range(2 * ex.model.num_layers):

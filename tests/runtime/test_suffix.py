@@ -102,7 +102,7 @@ def _reference(seq, limit, params, tree):
         toks, parents, probs = [], [], []
         heap, order = [], 0
 
-        def push(path, prob, parent):
+        def push(path, prob, parent, m=m, heap=heap):
             nonlocal order
             total = count(path)
             kids = sorted({seq[s + len(path)] for s in range(n - len(path)) if seq[s : s + len(path)] == path and s + m < n})

@@ -104,7 +104,7 @@ def a_tree(parents, S, rows):
 
 @pytest.mark.parametrize("case", ["decode", "chain", "tree", "prefill"])
 def test_attention(case):
-    NH, KVH, HD = 4, 2, 16
+    NH, HD = 4, 16
     ck, cv = cache(num_slots=4, capacity=80)
     if case == "decode":
         S, start, tree = 1, tensor([5, 0, 37]), None

@@ -101,7 +101,7 @@ def check_error(r: httpx.Response, status: int, param=None) -> dict:
 
 def test_the_bad_request_battery_then_the_server_still_serves(server):
     with httpx.Client(base_url=server, timeout=30) as c:
-        for name, route, body, status, param in BATTERY:
+        for _name, route, body, status, param in BATTERY:
             kw = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) else {"json": body}
             check_error(c.post(f"/v1/{route}", **kw), status, param)
         check_error(c.get("/v1/nothing-here"), 404)

@@ -57,24 +57,27 @@ def test_every_operation_fuzzed_against_the_schema(server):
     assert {op.label for op in operations} >= {"POST /v1/completions", "POST /v1/chat/completions", "GET /health"}
     seen: dict[str, set[int]] = {}
     counts: dict[str, int] = {}
+
+    def fuzz(op, mode) -> None:  # one operation in one mode (a function of its own: run() closes over op, not the loop's)
+        @seed(SEED)
+        @settings(max_examples=CASES, deadline=None, database=None, suppress_health_check=list(HealthCheck), phases=[Phase.generate], print_blob=True)
+        @given(case=op.as_strategy(generation_mode=mode))
+        def run(case):
+            response = case.call(base_url=server, timeout=60)
+            # documented statuses only (503 and 504 are: a full queue, a request past --request_timeout); never a 500
+            assert response.status_code != 500, response.text
+            case.validate_response(response, checks=[status_code_conformance, content_type_conformance, response_schema_conformance])
+            check_error_shape(response)
+            seen.setdefault(op.label, set()).add(response.status_code)
+            counts[op.label] = counts.get(op.label, 0) + 1
+
+        run()
+
     for op in operations:
         # a GET (and a POST without a body: /reset_prefix_cache) has nothing to break
         modes = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE) if op.method.upper() == "POST" and len(op.body) else (GenerationMode.POSITIVE,)
         for mode in modes:
-
-            @seed(SEED)
-            @settings(max_examples=CASES, deadline=None, database=None, suppress_health_check=list(HealthCheck), phases=[Phase.generate], print_blob=True)
-            @given(case=op.as_strategy(generation_mode=mode))
-            def run(case):
-                response = case.call(base_url=server, timeout=60)
-                # documented statuses only (503 and 504 are: a full queue, a request past --request_timeout); never a 500
-                assert response.status_code != 500, response.text
-                case.validate_response(response, checks=[status_code_conformance, content_type_conformance, response_schema_conformance])
-                check_error_shape(response)
-                seen.setdefault(op.label, set()).add(response.status_code)
-                counts[op.label] = counts.get(op.label, 0) + 1
-
-            run()
+            fuzz(op, mode)
     print(f"schemathesis: {sum(counts.values())} cases (seed {SEED}):", counts, {k: sorted(v) for k, v in seen.items()})
     # the fuzzer reached past validation into the engine, and was refused there too
     assert 200 in seen["POST /v1/completions"] and 400 in seen["POST /v1/completions"], seen
@@ -111,7 +114,8 @@ def test_structured_output_and_tool_bodies_fuzzed_against_the_schema(demo_server
                                                json_schemas().map(lambda s: {"response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": s}}})),
     }
     seen: dict[str, set[int]] = {}
-    for label, extra in fields.items():
+
+    def fuzz(label: str, extra) -> None:  # one route (a function of its own: run() closes over label, not the loop's)
         op = posts[label]
 
         @seed(SEED)
@@ -125,6 +129,9 @@ def test_structured_output_and_tool_bodies_fuzzed_against_the_schema(demo_server
             seen.setdefault(label, set()).add(response.status_code)
 
         run()
+
+    for label, extra in fields.items():
+        fuzz(label, extra)
     print("schemathesis with constraints:", {k: sorted(v) for k, v in seen.items()})
     # constraints were refused on both routes, and served (most of schemathesis' completion bodies break some other field)
     assert all(400 in v for v in seen.values()) and any(200 in v for v in seen.values()), seen

@@ -89,7 +89,7 @@ def test_suffix_trees_are_cut_to_what_the_grammar_allows(tree_url):
     body = {"model": "demo", "prompt": "def f(x):\n    return", "max_tokens": 24, "temperature": 0,
             "structured_outputs": {"regex": r" [0-9]{3}-[a-z]{2,4}|\{\"a\": [0-9]+\}"}}
     want = httpx.post(f"{tree_url}/v1/completions", json={**body, "speculative": {"method": "none"}}, timeout=120).json()
-    for rep in range(2):
+    for _ in range(2):
         got = httpx.post(f"{tree_url}/v1/completions", json={**body, "speculative": {"method": "suffix"}}, timeout=120).json()
         assert got["choices"][0]["text"] == want["choices"][0]["text"]
     assert got["speculative"]["accepted"] > 0
@@ -98,7 +98,7 @@ def test_suffix_trees_are_cut_to_what_the_grammar_allows(tree_url):
                  "response_format": fmt, "presence_penalty": 0.3, "logit_bias": {"90": 2.0}}
     want = httpx.post(f"{tree_url}/v1/chat/completions", json={**chat_body, "speculative": {"method": "none"}}, timeout=120).json()
     jsonschema_rs.validate(PERSON, json.loads(want["choices"][0]["message"]["content"]))
-    for rep in range(2):
+    for _ in range(2):
         got = httpx.post(f"{tree_url}/v1/chat/completions", json={**chat_body, "speculative": {"method": "suffix"}}, timeout=120).json()
         assert got["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"]
     assert got["speculative"]["accepted"] > 0 and max(got["speculative"]["drafted_per_position"]) > 0

@@ -18,12 +18,12 @@ def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @kernel()
-def _silu_mul_kernel(gu_ptr, out_ptr, I, gu_stride, out_stride, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, inter, gu_stride, out_stride, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)  # row * stride passes 2**31 in a long prefill
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    keep = cols < I
+    keep = cols < inter
     g = tl.load(gu_ptr + row * gu_stride + cols, mask=keep, other=0.0).to(tl.float32)
-    u = tl.load(gu_ptr + row * gu_stride + I + cols, mask=keep, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + row * gu_stride + inter + cols, mask=keep, other=0.0).to(tl.float32)
     y = g / (1.0 + tl.exp(-g)) * u
     tl.store(out_ptr + row * out_stride + cols, y.to(out_ptr.dtype.element_ty), mask=keep)
 
