@@ -70,7 +70,8 @@ def main() -> None:
     build_engine(args.target, work / "target", BuildConfig(dtype="float32", max_batch_size=1, max_input_len=1024, max_seq_len=2048,
                  max_draft_len=max_draft, speculative_decoding_mode="draft_tokens_external"), force=True, say=quiet)
     if args.draft:
-        build_engine(args.draft, work / "draft", BuildConfig(dtype="float32", max_batch_size=1, max_input_len=1024, max_seq_len=2048), force=True, say=quiet)
+        build_engine(args.draft, work / "draft", BuildConfig(dtype="float32", max_batch_size=1, max_input_len=1024, max_seq_len=2048), force=True,
+                     say=quiet)
     prompts = code_prompts(work / "target", args.num_prompts, args.prompt_tokens, copy_heavy=args.copy_heavy)
     n_new = args.max_new_tokens
     results: dict[str, dict] = {}
@@ -80,7 +81,8 @@ def main() -> None:
         extra = f"  acceptance {r['acceptance_rate']:.3f}" if r.get("acceptance_rate") is not None else ""
         print(f"  {name:<28} {r['tokens_per_s']:8.1f} tokens/s{extra}", flush=True)
 
-    print(f"{len(prompts)} prompts of ~{args.prompt_tokens} tokens, {n_new} new tokens each, batch 1, threads={args.threads or 'default'}, best of {args.repeats} interleaved rounds")
+    print(f"{len(prompts)} prompts of ~{args.prompt_tokens} tokens, {n_new} new tokens each, batch 1, threads={args.threads or 'default'}, best of "
+          f"{args.repeats} interleaved rounds")
     # One target session (and one draft session) serves every method, as in bench.sweep.run_sweep.
     if args.draft:
         first = load_orchestrator(work / "target", work / "draft", DraftTargetConfig(max(draft_lens), [0], [0], False), num_threads=args.threads)
@@ -110,22 +112,31 @@ def main() -> None:
     if wanted:
         print(f"peers: {', '.join(wanted)} (each on the same prompts)", flush=True)
     if "hf" in wanted:
-        record("hf target-only", best_of([peers.hf_generate(args.target, prompts, n_new, num_threads=args.threads) for _ in range(max(1, args.repeats // 2))]))
+        record("hf target-only",
+               best_of([peers.hf_generate(args.target, prompts, n_new, num_threads=args.threads) for _ in range(max(1, args.repeats // 2))]))
         if args.draft:
             k = 4 if 4 in draft_lens else draft_lens[0]
-            record(f"hf assisted k={k}", peers.hf_generate(args.target, prompts, n_new, assistant_dir=args.draft, num_assistant_tokens=k, num_threads=args.threads))
+            record(f"hf assisted k={k}",
+                   peers.hf_generate(args.target, prompts, n_new, assistant_dir=args.draft, num_assistant_tokens=k, num_threads=args.threads))
         if ngram:
-            record(f"hf prompt-lookup k={ngram[0]}", peers.hf_generate(args.target, prompts, n_new, prompt_lookup_num_tokens=ngram[0], max_matching_ngram_size=ngram[1], num_threads=args.threads))
+            record(f"hf prompt-lookup k={ngram[0]}",
+                   peers.hf_generate(args.target, prompts, n_new, prompt_lookup_num_tokens=ngram[0], max_matching_ngram_size=ngram[1],
+                                     num_threads=args.threads))
     if "ortgenai" in wanted:
         try:
             t_dir = peers.ortgenai_build(args.target, str(work / "og-target"))
-            record("ortgenai target-only", best_of([peers.ortgenai_generate(t_dir, prompts, n_new, num_threads=args.threads) for _ in range(args.repeats)]))
+            record("ortgenai target-only",
+                   best_of([peers.ortgenai_generate(t_dir, prompts, n_new, num_threads=args.threads) for _ in range(args.repeats)]))
             if args.draft:
                 d_dir = peers.ortgenai_build(args.draft, str(work / "og-draft"))
                 for k in draft_lens:  # same draft length as ours, each
-                    record(f"ortgenai draft k={k}", best_of([peers.ortgenai_generate(t_dir, prompts, n_new, draft_dir=d_dir, num_draft_tokens=k, num_threads=args.threads) for _ in range(args.repeats)]))
+                    record(f"ortgenai draft k={k}",
+                           best_of([peers.ortgenai_generate(t_dir, prompts, n_new, draft_dir=d_dir, num_draft_tokens=k,
+                                                            num_threads=args.threads) for _ in range(args.repeats)]))
             if ngram:
-                record(f"ortgenai ngram k={ngram[0]}", best_of([peers.ortgenai_generate(t_dir, prompts, n_new, ngram=ngram[1] + 1, num_draft_tokens=ngram[0], num_threads=args.threads) for _ in range(args.repeats)]))
+                record(f"ortgenai ngram k={ngram[0]}",
+                       best_of([peers.ortgenai_generate(t_dir, prompts, n_new, ngram=ngram[1] + 1, num_draft_tokens=ngram[0],
+                                                        num_threads=args.threads) for _ in range(args.repeats)]))
         except (RuntimeError, NotImplementedError, FileNotFoundError) as err:
             print(f"  onnxruntime-genai skipped: {err}")
 
@@ -147,9 +158,11 @@ def main() -> None:
     if c is not None:
         print(f"\ndraft/target step cost c = {c:.3f}; bound = (1 - a^(k+1)) / ((1 - a)(k c + 1)) with a = measured acceptance")
     pairs = [("specdec target-only", "ortgenai target-only"), ("specdec target-only", "hf target-only")]
-    pairs += [(f"specdec draft-target k={k}", f"ortgenai draft k={k}") for k in draft_lens] + [(f"specdec draft-target k={k}", f"hf assisted k={k}") for k in draft_lens]
+    pairs += [(f"specdec draft-target k={k}", f"ortgenai draft k={k}") for k in draft_lens] + [(f"specdec draft-target k={k}",
+                                                                                                f"hf assisted k={k}") for k in draft_lens]
     if ngram:
-        pairs += [(f"specdec ngram k={ngram[0]} n={ngram[1]}", f"ortgenai ngram k={ngram[0]}"), (f"specdec ngram k={ngram[0]} n={ngram[1]}", f"hf prompt-lookup k={ngram[0]}")]
+        pairs += [(f"specdec ngram k={ngram[0]} n={ngram[1]}", f"ortgenai ngram k={ngram[0]}"),
+                  (f"specdec ngram k={ngram[0]} n={ngram[1]}", f"hf prompt-lookup k={ngram[0]}")]
     for ours_name, peer_prefix in pairs:
         if ours_name in results and peer_prefix in results:
             print(f"{ours_name} / {peer_prefix}: {results[ours_name]['tokens_per_s'] / results[peer_prefix]['tokens_per_s']:.2f}x")

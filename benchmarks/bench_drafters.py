@@ -103,7 +103,8 @@ def make_methods(args, names: list[str], tex: Executor, eagle_tex: Executor | No
             cfg = SuffixConfig(max_draft_len=fixed or args.suffix_k, global_cache="local" not in parts, **extra)
             out[name] = Engine(tex, [SuffixProposer(cfg, trees=trees and "chain" not in parts)], SpeculationConfig("suffix", k or cfg.max_draft_len))
         elif kind == "draft" and args.draft:
-            out[name] = load_engine(args.target, args.draft, DraftTargetConfig(fixed or args.k, [0], [0], False), target_executor=tex, draft_len=k or args.k,
+            out[name] = load_engine(args.target, args.draft, DraftTargetConfig(fixed or args.k, [0], [0], False), target_executor=tex,
+                                    draft_len=k or args.k,
                                     device=dev)
         elif kind == "cross-draft" and args.cross_draft:
             out[name] = load_engine(args.target, args.cross_draft, DraftTargetConfig(fixed or args.k, [0], [0], False), target_executor=tex,
@@ -454,7 +455,8 @@ def auto(args) -> None:
         for n in [n for n, s2, _ in cells if s2 == s and n != "none"]:
             base_n = "eagle-none" if n.startswith("eagle ") else "none"
             ratio = [a / b for a, b in zip(res[(n, s)], res[(base_n, s)])]
-            report[f"{n}@{s}"] = {"tok_s": spread(res[(n, s)]), "ratio": spread(ratio), "vs": base_n, "drafts_accepted_per_row_round": drafted[(n, s)]}
+            report[f"{n}@{s}"] = {"tok_s": spread(res[(n, s)]), "ratio": spread(ratio), "vs": base_n,
+                                  "drafts_accepted_per_row_round": drafted[(n, s)]}
             d = drafted[(n, s)]
             k = f"  drafts/row-round {statistics.median(x[0] for x in d):.2f}, accepted {statistics.median(x[1] for x in d):.2f}"
             line += f"\n      {n:<16} x{spread_str(ratio, '.2f')}{k}" + (" vs eagle target-only" if base_n != "none" else "")
@@ -598,16 +600,20 @@ def main() -> None:
     ap.add_argument("--suffix_k", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2, help="ours and llama.cpp's alike")
-    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="speed, auto: where the target, draft and EAGLE module run (cuda: engines built with --lowering ort_cuda)")
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                    help="speed, auto: where the target, draft and EAGLE module run (cuda: engines built with --lowering ort_cuda)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--streams", default="1,2,4,8,16")
     ap.add_argument("--requests_per_stream", type=int, default=2)
     ap.add_argument("--min_requests", type=int, default=6, help="auto: at least this many requests per stream count")
     ap.add_argument("--fixed_ks", default="2,4,8", help="auto: fixed draft lengths also run at 1 stream (empty: none)")
     ap.add_argument("--nocap", default="", help="auto: methods also run without the batch's width cap at 2+ streams (e.g. ngram,suffix)")
-    ap.add_argument("--llama_lookup", help="llama.cpp's llama-lookup binary (a peer with its n-gram cache; llama-completion beside it is its target-only)")
+    ap.add_argument("--llama_lookup",
+                    help="llama.cpp's llama-lookup binary (a peer with its n-gram cache; llama-completion beside it is its target-only)")
     ap.add_argument("--gguf", help="the target as GGUF for llama-lookup, at the same bits as --target")
-    ap.add_argument("--oracle", action="store_true", help="print the share of output tokens suffix decoding could draft at best, and the speedup a perfect drafter would reach under this target's measured call costs (round 1)")
+    ap.add_argument("--oracle", action="store_true",
+                    help="print the share of output tokens suffix decoding could draft at best, and the speedup a perfect drafter would reach under "
+                         "this target's measured call costs (round 1)")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
     if args.llama_lookup and not args.gguf:

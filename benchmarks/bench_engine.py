@@ -108,7 +108,8 @@ class Worker:
         env = dict(os.environ)
         if pythonpath is not None:
             env["PYTHONPATH"] = str(pythonpath)
-        self.p = subprocess.Popen([sys.executable, "-c", WORKER, target, draft, str(threads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd="/")
+        self.p = subprocess.Popen([sys.executable, "-c", WORKER, target, draft, str(threads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True, env=env, cwd="/")
         assert json.loads(self.p.stdout.readline())["ready"]
 
     def run(self, **cmd) -> dict:
@@ -161,7 +162,8 @@ def _interleave(args, new: Worker, old: Worker) -> None:
     print("  done, not the waiting for a core a busy machine adds):")
     for name, v in ratios.items():
         print(f"  {name:<36} wall {spread(v)}   CPU {spread(cpu_ratios[name])}   outputs identical: {'yes' if same[name] else 'NO'}")
-    write_json(args, {"per wall second": ratios, "per CPU second": cpu_ratios}, f"this tree / {args.base_ref}, batch 1", f"tokens/s over {args.base_ref}'s")
+    write_json(args, {"per wall second": ratios, "per CPU second": cpu_ratios}, f"this tree / {args.base_ref}, batch 1",
+               f"tokens/s over {args.base_ref}'s")
 
 
 # -- concurrency ----------------------------------------------------------------------------
@@ -172,12 +174,16 @@ def concurrency(args) -> None:
     engines = {"target-only": load_engine(args.target, num_threads=args.threads)}
     tex = engines["target-only"].target
     if args.draft:
-        engines[f"draft-target k={args.k}"] = load_engine(args.target, args.draft, DraftTargetConfig(args.k, [0], [0], False), num_threads=args.threads, target_executor=tex)
-    engines[f"ngram k={args.ngram_k} n=3"] = load_engine(args.target, ngram=NGramConfig(args.ngram_k, 3, [0]), num_threads=args.threads, target_executor=tex)
+        engines[f"draft-target k={args.k}"] = load_engine(args.target, args.draft, DraftTargetConfig(args.k, [0], [0], False),
+                                                          num_threads=args.threads, target_executor=tex)
+    engines[f"ngram k={args.ngram_k} n=3"] = load_engine(args.target, ngram=NGramConfig(args.ngram_k, 3, [0]), num_threads=args.threads,
+                                                         target_executor=tex)
     if args.auto:  # draft_len=auto beside each fixed k
         if args.draft:
-            engines["draft-target auto"] = load_engine(args.target, args.draft, DraftTargetConfig(args.ngram_k, [0], [0], False), num_threads=args.threads, target_executor=tex, draft_len="auto")
-        engines["ngram auto n=3"] = load_engine(args.target, ngram=NGramConfig(args.ngram_k, 3, [0]), num_threads=args.threads, target_executor=tex, draft_len="auto")
+            engines["draft-target auto"] = load_engine(args.target, args.draft, DraftTargetConfig(args.ngram_k, [0], [0], False),
+                                                       num_threads=args.threads, target_executor=tex, draft_len="auto")
+        engines["ngram auto n=3"] = load_engine(args.target, ngram=NGramConfig(args.ngram_k, 3, [0]), num_threads=args.threads, target_executor=tex,
+                                                draft_len="auto")
     streams_list = [int(s) for s in args.streams.split(",")]
     cfg = GenerationConfig(max_output_len=args.tokens)
     results: dict[tuple[str, int], list[tuple[float, float]]] = {}
@@ -245,7 +251,8 @@ def auto(args) -> None:
     for kind in (["draft"] if args.draft else []) + ["ngram"]:
         for k in lens + ["auto"]:
             if kind == "draft":
-                o = load_orchestrator(args.target, args.draft, DraftTargetConfig(max(lens), [0], [0], False), num_threads=args.threads, target_executor=tex, draft_len=k)
+                o = load_orchestrator(args.target, args.draft, DraftTargetConfig(max(lens), [0], [0], False), num_threads=args.threads,
+                                      target_executor=tex, draft_len=k)
             else:
                 o = load_orchestrator(args.target, ngram=NGramConfig(max(lens), 3, [0]), num_threads=args.threads, target_executor=tex, draft_len=k)
             methods[f"{kind} k={k}"] = {"orch": o, "kind": kind}

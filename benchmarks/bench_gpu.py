@@ -65,7 +65,8 @@ class Budget:
         return self.seconds - (time.perf_counter() - self.t0)
 
 
-def build(name: str, ckpt: str, out: Path, flags: list[str], res: dict, budget: Budget, backend: tuple[str, ...] = ("--lowering", "ort_cuda")) -> bool:
+def build(name: str, ckpt: str, out: Path, flags: list[str], res: dict, budget: Budget,
+          backend: tuple[str, ...] = ("--lowering", "ort_cuda")) -> bool:
     """specdec-build in a process of its own (its peak memory is its own); skipped if ``out`` holds an engine.
     backend: the flags that say which engine (ort_cuda's lowering, or --backend torch)."""
     rec = res.setdefault("builds", {})
@@ -126,7 +127,8 @@ def steps_section(engines: dict, batches: list[int], widths: list[int], bw: floa
         table = {b: {w: step_ms(ex, b, w, reps=50) for w in ws} for b in batches}
         out[name] = {"weight_gb": weight_bytes(path) / 1e9, "floor_ms": floor, "step_ms": table,
                      "step_over_floor_batch1": table[batches[0]][1] / floor}
-        print(f"{name:<10} floor {floor:.3f} ms; " + "; ".join(f"b={b}: " + " ".join(f"w{w} {v:.3f}" for w, v in t.items()) for b, t in table.items()), flush=True)
+        print(f"{name:<10} floor {floor:.3f} ms; " + "; ".join(f"b={b}: " + " ".join(f"w{w} {v:.3f}" for w, v in t.items()) for b,
+                                                               t in table.items()), flush=True)
     return out
 
 
@@ -300,17 +302,20 @@ def main() -> None:
         from gpu_methods import decode_methods
 
         methods = decode_methods(engines, draft_lens, ngram, TREE)
-        section(res, "decode", budget, 60, lambda: decode_section(methods, prompts, batches, args.max_new_tokens, args.repeats, res.get("steps", {}), budget), out)
+        section(res, "decode", budget, 60,
+                lambda: decode_section(methods, prompts, batches, args.max_new_tokens, args.repeats, res.get("steps", {}), budget), out)
         if out and isinstance(res.get("decode"), dict):
             from specdec.bench.plots import beside, spread_bar, write_bars
 
-            panels = {f"batch {b}": [spread_bar(m, r["speedup"]) for m, r in rows.items()] for b, rows in res["decode"].items() if "skipped" not in rows}
+            panels = {f"batch {b}": [spread_bar(m, r["speedup"]) for m, r in rows.items()] for b,
+                      rows in res["decode"].items() if "skipped" not in rows}
             if path := write_bars(beside(out), f"speed over target-only at the same batch, {args.max_new_tokens} new tokens, {args.dtype}", panels):
                 print(f"wrote {path}", flush=True)
     if "hf" in sections:
         from gpu_methods import hf_section
 
-        section(res, "hf", budget, 120, lambda: hf_section(args.target, args.draft, prompts, batches, args.max_new_tokens, res.get("decode", {})), out)
+        section(res, "hf", budget, 120, lambda: hf_section(args.target, args.draft, prompts, batches, args.max_new_tokens, res.get("decode", {})),
+                out)
 
 
 if __name__ == "__main__":

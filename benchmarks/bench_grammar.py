@@ -28,7 +28,8 @@ from specdec.runtime.sampling import SamplingConfig
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16}, "age": {"type": "integer", "minimum": 0, "maximum": 150},
                                            "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3}},
           "required": ["name", "age", "tags"], "additionalProperties": False}
-SPECS = {"json_schema": GrammarSpec("json_schema", PERSON), "regex": GrammarSpec("regex", r"[a-z]{1,12}(, [a-z]{1,12}){0,6}\."), "json_object": GrammarSpec("json_object")}
+SPECS = {"json_schema": GrammarSpec("json_schema", PERSON), "regex": GrammarSpec("regex", r"[a-z]{1,12}(, [a-z]{1,12}){0,6}\."),
+         "json_object": GrammarSpec("json_object")}
 
 
 def pct(xs: list[float]) -> str:

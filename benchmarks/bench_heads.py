@@ -164,10 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(ms, subsets, args.max_new_tokens)
     print_table(summary, subsets)
     if args.output_json:
-        Path(args.output_json).write_text(json.dumps({"args": vars(args), "summary": summary, "prompt_tokens": [len(p) for p in prompts]}, indent=1) + "\n")
+        Path(args.output_json).write_text(json.dumps({"args": vars(args), "summary": summary, "prompt_tokens": [len(p) for p in prompts]},
+                                                     indent=1) + "\n")
         print(f"wrote {args.output_json}")
         panels = {sub: [spread_bar(name, row[sub]["speedup"]) for name, row in summary.items()] for sub in subsets}
-        if path := write_bars(beside(args.output_json), f"speed over target-only, batch 1, {args.max_new_tokens} new tokens, {args.rounds} rounds", panels):
+        if path := write_bars(beside(args.output_json), f"speed over target-only, batch 1, {args.max_new_tokens} new tokens, {args.rounds} rounds",
+                              panels):
             print(f"wrote {path}")
     return 0
 

@@ -188,7 +188,8 @@ def aggregate(rows: list[dict]) -> list[dict]:
             if not runs:  # an interrupted sweep's runs.jsonl
                 continue
             agg = {"rate": rate, "method": m, "repeats": len(runs), "failed": sum(r["failed"] for r in runs.values()),
-                   "completed": sum(r["completed"] for r in runs.values()), "sent": sum(r.get("sent", r["completed"] + r["failed"]) for r in runs.values())}
+                   "completed": sum(r["completed"] for r in runs.values()),
+                   "sent": sum(r.get("sent", r["completed"] + r["failed"]) for r in runs.values())}
             for f in (*FIGURES, "mean_acceptance_length", "drafted_per_round", "loadavg"):
                 xs = [r[f] for r in runs.values()]
                 agg[f] = {"median": float(np.median(xs)), "min": float(np.min(xs)), "max": float(np.max(xs))}
@@ -282,7 +283,8 @@ def parse_list(text: str, kind: type, flag: str) -> list:
     try:
         values = [kind(x) for x in text.split(",")]
     except ValueError:
-        raise SystemExit(f"{flag} {text!r}: expected comma-separated positive {kind.__name__}s, e.g. {flag} {'0.1,0.3,1' if kind is float else '10,15,20'}") from None
+        raise SystemExit(f"{flag} {text!r}: expected comma-separated positive {kind.__name__}s, e.g. {flag} "
+                         f"{'0.1,0.3,1' if kind is float else '10,15,20'}") from None
     if not values or any(not (v > 0 and math.isfinite(v)) for v in values):
         raise SystemExit(f"{flag} {text!r}: every value must be a positive finite number")
     return values

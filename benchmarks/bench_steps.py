@@ -84,7 +84,8 @@ def measure(engines: list[Path], threads: int, widths: list[int], context: int, 
     each Q4Gemm engine also as "ENGINE [LABEL]" with each of ``libraries``."""
     opened = [(str(p), open_executor(p, threads)) for p in engines]
     for label, lib in (libraries or {}).items():
-        opened += [(f"{p} [{label}]", open_executor(p, threads, library=lib)) for p, ex in list(zip(engines, [e for _, e in opened])) if ex.build.cpu_kernels == "specdec"]
+        opened += [(f"{p} [{label}]", open_executor(p, threads, library=lib)) for p,
+                   ex in list(zip(engines, [e for _, e in opened])) if ex.build.cpu_kernels == "specdec"]
     caches = {name: with_context(ex, context) for name, ex in opened}
     wall: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
     cpu: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
@@ -205,10 +206,12 @@ def main(argv: list[str] | None = None) -> int:
             label = f"SPECDEC_Q4_KERNEL={kernel}" if kernel else "default kernels"
             if kernel:
                 inner = [sys.executable, __file__, *sum([["--engine", str(e)] for e in args.engine], []), "--widths", args.widths,
-                         "--threads", args.threads, "--context", str(args.context), "--rounds", str(args.rounds), "--calls", str(args.calls), "--_inner",
+                         "--threads", args.threads, "--context", str(args.context), "--rounds", str(args.rounds), "--calls", str(args.calls),
+                         "--_inner",
                          *sum([["--q4_library", x] for x in args.q4_library], [])]
                 out = subprocess.run(inner, capture_output=True, text=True, check=True, env={**os.environ, "SPECDEC_Q4_KERNEL": kernel})
-                by_threads = {int(t): {e: {int(w): v for w, v in r.items()} for e, r in res.items()} for t, res in json.loads(out.stdout.splitlines()[-1]).items()}
+                by_threads = {int(t): {e: {int(w): v for w, v in r.items()} for e, r in res.items()} for t,
+                              res in json.loads(out.stdout.splitlines()[-1]).items()}
             else:
                 by_threads = {t: measure(args.engine, t, widths, args.context, args.rounds, args.calls, libraries) for t in threads}
             report["steps"][kernel or "default"] = by_threads
@@ -227,7 +230,8 @@ def chart(steps: dict[str, Any], json_path: str) -> None:
     """A step of w tokens over a one-token step (CPU time), per engine, one panel per kernel and thread count."""
     from specdec.bench.plots import Bar, beside, write_bars
 
-    panels = {f"{kernel}, {t} thread(s)": [Bar(f"{Path(name.split(' [')[0]).name}{' [' + name.split(' [')[1] if ' [' in name else ''} w={w}", v[w]["cpu_ms"]["median"] / v[min(v)]["cpu_ms"]["median"])
+    panels = {f"{kernel}, {t} thread(s)": [Bar(f"{Path(name.split(' [')[0]).name}{' [' + name.split(' [')[1] if ' [' in name else ''} w={w}",
+                                               v[w]["cpu_ms"]["median"] / v[min(v)]["cpu_ms"]["median"])
                                             for name, v in by_engine.items() for w in v]
               for kernel, by_threads in steps.items() for t, by_engine in by_threads.items()}
     if path := write_bars(beside(json_path), "CPU time of a step over a one-token step", panels, "step / one-token step"):

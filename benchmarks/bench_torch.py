@@ -72,7 +72,8 @@ def plan_builds(args, kmax: int, verify: int) -> dict[str, tuple[str, list[str],
     if args.int4:
         plan["int4"] = (args.target, batch + spec + ["--qformat", "int4_wo"], TORCH)
     if args.medusa:
-        plan["medusa"] = (args.target, batch + ["--speculative_decoding_mode", "medusa", "--medusa_dir", args.medusa, "--max_draft_len", str(verify)], TORCH)
+        plan["medusa"] = (args.target, batch + ["--speculative_decoding_mode", "medusa", "--medusa_dir", args.medusa, "--max_draft_len", str(verify)],
+                          TORCH)
     if args.ort:
         plan["ort"] = (args.target, batch + spec, ("--lowering", "ort_cuda"))
         if args.int4:
@@ -133,7 +134,8 @@ def profile_section(engines: dict, kmax: int) -> dict:
                 out[f"{name} w={w}"] = {"error": f"{type(err).__name__}: {err}"}
     for k, v in out.items():
         if v and "kernels_per_step" in v:
-            print(f"{k:<16} {v['kernels_per_step']:.0f} kernels/step, {v['kernel_ms_per_step']:.3f} ms of kernels; top {v['top_kernels'][:3]}", flush=True)
+            print(f"{k:<16} {v['kernels_per_step']:.0f} kernels/step, {v['kernel_ms_per_step']:.3f} ms of kernels; top {v['top_kernels'][:3]}",
+                  flush=True)
     return out
 
 
@@ -283,9 +285,11 @@ def main() -> None:
         section(res, "profile", budget, 30, lambda: profile_section(step_engines, kmax), out)
     hf_batches = [int(x) for x in (args.hf_batches or args.batches).split(",")]
     pool = prompt_pool(work / "target", max(args.batch_list + hf_batches + [args.min_prompts]), args.prompt_tokens)
-    res["prompts"] = {"count": len(pool), "tokens": len(pool[0]), "new_tokens": args.max_new_tokens, "per_batch": {b: max(b, args.min_prompts) for b in args.batch_list}}
+    res["prompts"] = {"count": len(pool), "tokens": len(pool[0]), "new_tokens": args.max_new_tokens,
+                      "per_batch": {b: max(b, args.min_prompts) for b in args.batch_list}}
     if "decode" in sections:
-        section(res, "decode", budget, 60, lambda: decode_section(engines, args.batch_list, args, args.device, res.get("steps", {}), pool, budget), out)
+        section(res, "decode", budget, 60, lambda: decode_section(engines, args.batch_list, args, args.device, res.get("steps", {}), pool, budget),
+                out)
     if "hf" in sections and args.device == "cuda":
         from gpu_methods import hf_section
 

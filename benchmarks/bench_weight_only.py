@@ -153,8 +153,10 @@ def prepare_commands(lay: Layout, llama_cpp: Path | None, peers_python: str | No
     demo = HERE.parent / "examples" / "demo-pair"
     for role, preset in (("target", target_preset), ("draft", "draft")):
         dtype = ["--dtype", "bfloat16"] if preset == "target1b5" else []  # 3 GB, not 6: within a shared 24 GiB machine
-        cmds.append((lay.ckpt(role), [py, str(HERE / "enlarge.py"), "--preset", preset, *dtype, str(demo / role), str(lay.ckpt(role)), "--quiet"], {}))
-    build = [str(Path(py).with_name("specdec-build")), "--dtype", "float32", "--max_batch_size", "1", "--max_input_len", "512", "--max_seq_len", "1024"]
+        cmds.append((lay.ckpt(role), [py, str(HERE / "enlarge.py"), "--preset", preset, *dtype, str(demo / role), str(lay.ckpt(role)), "--quiet"],
+                     {}))
+    build = [str(Path(py).with_name("specdec-build")), "--dtype", "float32", "--max_batch_size", "1", "--max_input_len", "512", "--max_seq_len",
+             "1024"]
     for bits in bits_list:
         wo = [] if bits == "fp32" else ["--use_weight_only", "--weight_only_precision", PEER_BITS.get(bits, bits)]
         wo += ["--cpu_kernels", "specdec"] if bits == "q4gemm" else []
@@ -164,7 +166,8 @@ def prepare_commands(lay: Layout, llama_cpp: Path | None, peers_python: str | No
                                                  *(spec if role == "target" else [])], {}))
     # EAGLE-3 at int4: the demo pair's trained module, enlarged to the target's widths, in an int4 eagle target
     heads = lay.work / "heads-eagle"
-    cmds.append((heads, [py, str(HERE / "enlarge.py"), "--heads", str(demo / "heads" / "eagle"), "--base", str(lay.ckpt("target")), str(heads), "--quiet"], {}))
+    cmds.append((heads, [py, str(HERE / "enlarge.py"), "--heads", str(demo / "heads" / "eagle"), "--base", str(lay.ckpt("target")), str(heads),
+                         "--quiet"], {}))
     for bits in [b for b in ("int4", "q4gemm") if b in bits_list]:
         cmds.append((lay.engine("eagle", bits), [*build, "--checkpoint_dir", str(lay.ckpt("target")), "--output_dir", str(lay.engine("eagle", bits)),
                                                  "--use_weight_only", "--weight_only_precision", "int4", "--max_draft_len", "8",
@@ -177,7 +180,8 @@ def prepare_commands(lay: Layout, llama_cpp: Path | None, peers_python: str | No
             f32 = lay.work / "gguf" / f"{role}-{gguf_source}.gguf" if role == "target" else lay.gguf(role, "fp32")
             cmds.append((f32, [*converter, str(lay.ckpt(role)), "--outtype", gguf_source if role == "target" else "f32", "--outfile", str(f32)], env))
             for bits in [b for b in ("int8", "int4") if b in bits_list or (b == "int4" and "q4gemm" in bits_list)]:
-                cmds.append((lay.gguf(role, bits), [str(llama_bin(llama_cpp, "llama-quantize")), str(f32), str(lay.gguf(role, bits)), LLAMA_TYPE[bits].upper(), "2"], {}))
+                cmds.append((lay.gguf(role, bits),
+                             [str(llama_bin(llama_cpp, "llama-quantize")), str(f32), str(lay.gguf(role, bits)), LLAMA_TYPE[bits].upper(), "2"], {}))
     if peers_python is not None:
         for role in ("target", "draft"):
             for bits in ORTGENAI_PRECISION:
@@ -656,7 +660,8 @@ def run(args: argparse.Namespace) -> int:
         report["threads"][str(threads)] = {
             "summary": summary, "goals": goal_rows, "skipped": skipped, "load_average": t_load,
             "specdec_load_s": dict(engines.load_s),
-            "llama_commands": {m.name: " ".join(getattr(m.runner, "handle", m.runner).command) for m in methods if m.family == "llama.cpp" and m.runner},
+            "llama_commands": {m.name: " ".join(getattr(m.runner, "handle",
+                                                        m.runner).command) for m in methods if m.family == "llama.cpp" and m.runner},
             "rounds": {m.name: [{k: v for k, v in r.items() if k != "output_ids" or args.keep_outputs} for r in m.rounds] for m in methods},
         }
         close_all(methods)
@@ -751,7 +756,8 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--target_preset", default="target325m", choices=("target325m", "target1b5"),
                     help="the enlarged target: 325M, or 1.5B (int4 0.9 GB: bigger than any CPU's last-level cache)")
     pr.add_argument("--prepare_bits", default=",".join(BITS), help="the specdec engines (and GGUF types) to make")
-    pr.add_argument("--gguf_source", default="f32", choices=("f32", "bf16"), help="the target GGUF llama-quantize reads (bf16: a bfloat16 checkpoint)")
+    pr.add_argument("--gguf_source", default="f32", choices=("f32", "bf16"),
+                    help="the target GGUF llama-quantize reads (bf16: a bfloat16 checkpoint)")
     st = sub.add_parser("steps", help="one forward call per engine and width: verification against one-token steps")
     st.add_argument("--work", default="/tmp/big")
     st.add_argument("--bits", default="fp32,int8,int4", help="target engines measured at every width")

@@ -412,7 +412,8 @@ def enlarge_checkpoint(
     ckpt = load_checkpoint(src)
     old = ckpt.hf_config
     _check_source(old, src)
-    sizes = dict(hidden_size=hidden_size, intermediate_size=intermediate_size, num_heads=num_heads, num_kv_heads=num_kv_heads, extra_layers=extra_layers)
+    sizes = dict(hidden_size=hidden_size, intermediate_size=intermediate_size, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                 extra_layers=extra_layers)
     if head_dim is not None:
         sizes["head_dim"] = head_dim
     heads = _check_sizes(old, sizes)
@@ -699,7 +700,8 @@ def _enlarge_eagle(heads, base_cfg: dict[str, Any], seed: int) -> tuple[dict[str
     extra layers: it is not what the benchmark's bytes are about, and dead layers would only cost draft time."""
     old = heads.config
     sizes = dict(hidden_size=int(base_cfg["hidden_size"]), intermediate_size=int(base_cfg["intermediate_size"]),
-                 num_heads=int(base_cfg["num_attention_heads"]), num_kv_heads=int(base_cfg.get("num_key_value_heads") or base_cfg["num_attention_heads"]),
+                 num_heads=int(base_cfg["num_attention_heads"]),
+                 num_kv_heads=int(base_cfg.get("num_key_value_heads") or base_cfg["num_attention_heads"]),
                  extra_layers=0, head_dim=int(base_cfg.get("head_dim") or base_cfg["hidden_size"] // base_cfg["num_attention_heads"]))
     layout = _check_sizes(old, sizes)  # the base layers' rules: real q heads keep reading real kv heads, rotary pairs stay pairs
     cfg = json.loads(json.dumps(old))
@@ -726,7 +728,8 @@ def _enlarge_eagle(heads, base_cfg: dict[str, Any], seed: int) -> tuple[dict[str
                     "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight", "self_attn.q_proj.weight",
                     "self_attn.k_proj.weight", "self_attn.v_proj.weight"):
             kinds = LAYER_TENSORS[key]
-            if t[p + key].shape != tuple(before[k] for k in kinds) and not (i == 0 and key.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight"))):
+            if t[p + key].shape != tuple(before[k] for k in kinds) and not (i == 0 and key.endswith(("q_proj.weight", "k_proj.weight",
+                                                                                                     "v_proj.weight"))):
                 raise EnlargeError(f"{heads.path}: {p + key} has shape {list(t[p + key].shape)}, config.json implies {[before[k] for k in kinds]}.")
             if i == 0 and key.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")):
                 # [out, 2h] = [embedding half | hidden half] -> [out', 2H], halves at columns 0.. and H..; rows by the head maps
@@ -778,7 +781,8 @@ def main(argv: list[str] | None = None) -> int:
                     "llama8b / llama3b (targets) and llama1b (draft) for the shapes of Llama-3.1-8B, -3.2-3B and -3.2-1B; "
                     "target1b5: a 1.5B target bigger than any CPU cache")
     for flag in SIZE_FLAGS:
-        ap.add_argument(f"--{flag}", f"--{flag.replace('_', '-')}", type=int, dest=flag, help="overrides the preset" if flag != "extra_layers" else "dead layers appended (overrides the preset)")
+        ap.add_argument(f"--{flag}", f"--{flag.replace('_', '-')}", type=int, dest=flag,
+                        help="overrides the preset" if flag != "extra_layers" else "dead layers appended (overrides the preset)")
     ap.add_argument("--dtype", choices=sorted(DTYPES), help="store the output in this dtype [default: the source's]")
     ap.add_argument("--seed", type=int, default=0, help="seed of the +0.0/-0.0 sign patterns and the dead layers' weights")
     ap.add_argument("--force", action="store_true", help="replace a non-empty output directory")
@@ -833,7 +837,8 @@ def _main_heads(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         print(f"error: {err.strerror or err}" + (f" ({err.filename})" if err.filename else "") + ".", file=sys.stderr)
         return 1
     c = r["config"]
-    print(f"wrote {r['dst']}: {'Medusa heads' if r['mode'] == 'medusa' else 'EAGLE-3 module'}, hidden {c['specdec_enlarge']['source_hidden_size']} -> {c['hidden_size']}, "
+    print(f"wrote {r['dst']}: {'Medusa heads' if r['mode'] == 'medusa' else 'EAGLE-3 module'}, hidden {c['specdec_enlarge']['source_hidden_size']} "
+          f"-> {c['hidden_size']}, "
           f"{r['num_parameters'] / 1e6:.1f}M parameters")
     return 0
 

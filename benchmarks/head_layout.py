@@ -72,7 +72,8 @@ def check_heads(old: dict[str, Any], nh: int, kvh: int, d: int, NH: int, KVH: in
         scaling = old.get("rope_parameters") or old.get("rope_scaling") or {}
         kind = scaling.get("rope_type") or scaling.get("type")
         if kind not in ROPE_TYPES_THAT_SCALE:
-            problems.append(f"head_dim {d} -> {D}: rope type {kind!r} has per-dimension factors; only {', '.join(map(str, ROPE_TYPES_THAT_SCALE[1:]))} can be widened")
+            problems.append(f"head_dim {d} -> {D}: rope type {kind!r} has per-dimension factors; only "
+                            f"{', '.join(map(str, ROPE_TYPES_THAT_SCALE[1:]))} can be widened")
         if float(scaling.get("partial_rotary_factor", old.get("partial_rotary_factor", 1.0)) or 1.0) != 1.0:
             problems.append(f"head_dim {d} -> {D}: partial rotary embeddings cannot be widened")
         if old.get("architectures", [None])[0] == "Qwen3ForCausalLM":

@@ -209,7 +209,8 @@ def threading_drain(proc: subprocess.Popen) -> None:
     threading.Thread(target=drain, daemon=True).start()
 
 
-COUNTERS = ("spec_decode_decision_seconds_total", "request_compute_seconds_total", "spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total")
+COUNTERS = ("spec_decode_decision_seconds_total", "request_compute_seconds_total", "spec_decode_num_drafts_total",
+            "spec_decode_num_draft_tokens_total")
 
 
 def decision_counters(url: str) -> tuple[float, ...]:
@@ -258,7 +259,8 @@ def sweep(args, urls: dict[str, str], tok, work: Path) -> list[dict]:
                     f.write(json.dumps(row) + "\n")
                 print(f"repeat {repeat} streams {n:>2} {label:<20}: {row['requests']} requests in {wall:.0f}s, {row['throughput']:.2f} tok/s, "
                       f"TTFT p50 {row['ttft_p50_ms']:.0f} p90 {row['ttft_p90_ms']:.0f} ms, TPOT p50 {row['tpot_p50_ms']:.0f} ms, "
-                      f"hit rate {row['hit_rate']:.2f}, drafted {row['drafted_tokens']:.0f} tokens in {row['drafting_rounds']:.0f} rounds, deciding {100 * row['decision_share']:.2f}% of compute, load {row['loadavg']:.1f}", flush=True)
+                      f"hit rate {row['hit_rate']:.2f}, drafted {row['drafted_tokens']:.0f} tokens in {row['drafting_rounds']:.0f} rounds, deciding "
+                      f"{100 * row['decision_share']:.2f}% of compute, load {row['loadavg']:.1f}", flush=True)
     return rows
 
 
@@ -290,7 +292,8 @@ def aggregate(rows: list[dict], reference: str) -> dict:
         for name, a, b in pairs:
             both = [i for i in repeats if (n, a, i) in get and (n, b, i) in get]
             if both:
-                out["ratios"].append({"concurrency": n, "pair": name, **{f: spread([get[(n, a, i)][f] / get[(n, b, i)][f] for i in both]) for f in FIGURES}})
+                out["ratios"].append({"concurrency": n, "pair": name,
+                                      **{f: spread([get[(n, a, i)][f] / get[(n, b, i)][f] for i in both]) for f in FIGURES}})
     return out
 
 
@@ -304,10 +307,12 @@ def report(agg: dict) -> str:
     for f in agg["figures"]:
         share = f["decision_share"]["max"] * 100
         lines.append(f"| {f['concurrency']} | {f['config']} | {fmt(f['throughput'], 2)} | {fmt(f['ttft_p50_ms'])} | {fmt(f['ttft_p90_ms'])} | "
-                     f"{fmt(f['tpot_p50_ms'])} | {f['hit_rate']['median']:.2f} | {'' if math.isnan(share) else f'{share:.2f}'} | {f['loadavg']['median']:.1f} |")
+                     f"{fmt(f['tpot_p50_ms'])} | {f['hit_rate']['median']:.2f} | {'' if math.isnan(share) else f'{share:.2f}'} | "
+                     f"{f['loadavg']['median']:.1f} |")
     lines += ["", "| streams | pair | throughput | TTFT p50 | TTFT p90 | TPOT p50 |", "|---|---|---|---|---|---|"]
     for r in agg["ratios"]:
-        lines.append(f"| {r['concurrency']} | {r['pair']} | {fmt(r['throughput'], 2)} | {fmt(r['ttft_p50_ms'], 2)} | {fmt(r['ttft_p90_ms'], 2)} | {fmt(r['tpot_p50_ms'], 2)} |")
+        lines.append(f"| {r['concurrency']} | {r['pair']} | {fmt(r['throughput'], 2)} | {fmt(r['ttft_p50_ms'], 2)} | {fmt(r['ttft_p90_ms'], 2)} | "
+                     f"{fmt(r['tpot_p50_ms'], 2)} |")
     same = [x for x in agg["identical"]]
     lines.append(f"\noutputs identical to the reference run: {sum(x['identical'] for x in same)} of {len(same)} runs"
                  + "".join(f"; NOT {x['config']} at {x['concurrency']} streams, repeat {x['repeat']}" for x in same if not x["identical"]))
@@ -327,7 +332,8 @@ def goals(agg: dict, workload: str) -> list[str]:
     for m in ("target-only", "auto"):
         r = ratios.get((top, f"{m}: cache / nocache"))
         if r:
-            lines.append(f"{top} streams, {m}: throughput cache / nocache {fmt(r['throughput'], 2)} -> {'met' if r['throughput']['median'] >= 1 else 'NOT met'}")
+            lines.append(f"{top} streams, {m}: throughput cache / nocache {fmt(r['throughput'], 2)} -> "
+                         f"{'met' if r['throughput']['median'] >= 1 else 'NOT met'}")
     for n in conc:
         for s in ("cache", "nocache"):
             r = ratios.get((n, f"{s}: auto / target-only"))

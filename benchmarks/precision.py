@@ -126,7 +126,8 @@ def main() -> None:
         draft_settings = variant.get("draft", settings)
         tdir = work / f"t-{len(rows)}"
         t_build = time.perf_counter()
-        build_engine(args.target, tdir, BuildConfig(**limits, max_draft_len=4, speculative_decoding_mode="draft_tokens_external", **settings), say=quiet,
+        build_engine(args.target, tdir, BuildConfig(**limits, max_draft_len=4, speculative_decoding_mode="draft_tokens_external", **settings),
+                     say=quiet,
                      **calibration(settings, calib))
         t_build = time.perf_counter() - t_build
         engine = load_engine_dir(tdir)
@@ -143,7 +144,8 @@ def main() -> None:
         if ref_outputs is None:
             ref_outputs, ref_top1 = outs, top1
         agree = np.mean([np.mean(np.array(a) == np.array(b)) for a, b in zip(outs, ref_outputs)])
-        row = {"engine_bytes": (tdir / "model.onnx.data").stat().st_size, "tokens_per_s": tps, "heldout_ppl": ppl, "greedy_agreement_vs_float32": float(agree),
+        row = {"engine_bytes": (tdir / "model.onnx.data").stat().st_size, "tokens_per_s": tps, "heldout_ppl": ppl,
+               "greedy_agreement_vs_float32": float(agree),
                "top1_agreement_vs_float32": float(np.mean(top1 == ref_top1)), "target_build_s": t_build}
         if args.draft:
             ddir = work / f"d-{len(rows)}"
@@ -154,7 +156,8 @@ def main() -> None:
         rows[name] = row
         print(f"  {name}: {json.dumps({k: round(v, 4) for k, v in row.items()})}", flush=True)
     base = rows["float32"]
-    print("\n| engine | weights file | size vs float32 | tokens/s (CPU) | held-out ppl | greedy agreement vs float32 | top-1 agreement vs float32 (teacher-forced) |"
+    print("\n| engine | weights file | size vs float32 | tokens/s (CPU) | held-out ppl | greedy agreement vs float32 | top-1 agreement vs float32 "
+          "(teacher-forced) |"
           + (" draft acceptance |" if args.draft else ""))
     print("|---|---|---|---|---|---|---|" + ("---|" if args.draft else ""))
     for name, r in rows.items():

@@ -71,7 +71,8 @@ def _rope(cfg: ConfigFields, max_seq_len: int | None = None) -> tuple[float, dic
     # transformers 5 copies partial_rotary_factor into rope_parameters (Phi-4-mini: 0.75): refuse it there too
     partial = scaling.pop("partial_rotary_factor", None)
     if partial not in (None, 1, 1.0):
-        raise CheckpointError(f"partial_rotary_factor {shown_value(partial, 40)} is not supported (field rope_parameters.partial_rotary_factor); expected 1.0.")
+        raise CheckpointError(f"partial_rotary_factor {shown_value(partial, 40)} is not supported (field rope_parameters.partial_rotary_factor); "
+                              "expected 1.0.")
     if rope_type in ("su", "yarn") and cfg.cfg.get("architectures") == ["Phi3ForCausalLM"]:
         rope_type = "longrope"  # transformers reads Phi-3's older spellings as longrope
     if rope_type not in SUPPORTED_ROPE_TYPES:

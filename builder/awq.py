@@ -248,7 +248,8 @@ class AwqLayer:
         return q
 
 
-def awq_search(float_network, taps, cache_shape, num_layers, samples, bits, group_size, symmetric, clip: bool = True, say=None) -> dict[str, AwqLayer]:
+def awq_search(float_network, taps, cache_shape, num_layers, samples, bits, group_size, symmetric, clip: bool = True,
+               say=None) -> dict[str, AwqLayer]:
     """awq_input_scales plus, with ``clip``, the per-group clipping of the scaled weights."""
     layers = {}
 
@@ -281,10 +282,12 @@ def awq_input_scales(
     are added to its graph and its weights move to a temporary file.
     ``say``, if given, gets one line per layer (the chosen candidate, its calibration loss vs RTN's).
     """
-    return {name: r.scale for name, r in search_network_scales(float_network, taps, cache_shape, num_layers, samples, bits, group_size, symmetric, say).items()}
+    return {name: r.scale for name,
+            r in search_network_scales(float_network, taps, cache_shape, num_layers, samples, bits, group_size, symmetric, say).items()}
 
 
-def search_network_scales(float_network, taps, cache_shape, num_layers, samples, bits, group_size, symmetric, say=None, on_layer=None) -> dict[str, ScaleSearch]:
+def search_network_scales(float_network, taps, cache_shape, num_layers, samples, bits, group_size, symmetric, say=None,
+                          on_layer=None) -> dict[str, ScaleSearch]:
     """awq_input_scales, keeping each layer's search (alpha, losses) for reports and tests.
 
     on_layer(name, w_t, stats, search), if given, runs while the layer's weight and statistics are at hand.
@@ -351,7 +354,8 @@ def _tap_groups(in_features: dict[str, int], budget_bytes: int) -> list[list[str
     return groups
 
 
-def _collect_stats(sess, taps: dict[str, str], in_features: dict[str, int], cache_shape, num_layers: int, samples: list[list[int]]) -> dict[str, InputStats]:
+def _collect_stats(sess, taps: dict[str, str], in_features: dict[str, int], cache_shape, num_layers: int,
+                   samples: list[list[int]]) -> dict[str, InputStats]:
     names = list(taps)
     stats = {k: InputStats.empty(in_features[k]) for k in names}
     for feed in context_feeds(samples, cache_shape, num_layers):

@@ -64,13 +64,16 @@ def validate_build_config(build: BuildConfig, model: ModelConfig) -> None:
     elif build.speculative_decoding_mode == "draft_tokens_external" and build.max_draft_len < 1:
         problems.append("speculative_decoding_mode=draft_tokens_external needs max_draft_len >= 1")
     elif build.speculative_decoding_mode in TREE_MODES and build.max_draft_len < 1:
-        problems.append(f"speculative_decoding_mode={build.speculative_decoding_mode} needs max_draft_len >= 1 (the draft tree's nodes verified per step)")
+        problems.append(f"speculative_decoding_mode={build.speculative_decoding_mode} needs max_draft_len >= 1 (the draft tree's nodes verified per "
+                        "step)")
     elif build.speculative_decoding_mode == "none" and build.max_draft_len != 0:
-        problems.append(f"max_draft_len={build.max_draft_len} needs --speculative_decoding_mode draft_tokens_external (or medusa / eagle, with their heads)")
+        problems.append(f"max_draft_len={build.max_draft_len} needs --speculative_decoding_mode draft_tokens_external (or medusa / eagle, with their "
+                        "heads)")
     if build.max_draft_len < 0:
         problems.append(f"max_draft_len={build.max_draft_len} must be >= 0")
     elif build.max_draft_len >= build.max_seq_len:  # a step verifies max_draft_len + 1 tokens of one sequence
-        problems.append(f"max_draft_len={build.max_draft_len} must be smaller than max_seq_len={build.max_seq_len} (a step verifies the drafts and the last token in one sequence)")
+        problems.append(f"max_draft_len={build.max_draft_len} must be smaller than max_seq_len={build.max_seq_len} (a step verifies the drafts and "
+                        "the last token in one sequence)")
     if build.tp_size != 1:
         problems.append(f"tp_size={build.tp_size}: tensor parallelism is not supported yet (use 1)")
     if build.dtype not in DTYPES[1:]:
@@ -85,8 +88,10 @@ def validate_build_config(build: BuildConfig, model: ModelConfig) -> None:
         problems.append("lowering ort_cuda computes in the storage dtype and has no FP8 path: use --qformat none (or another lowering)")
     scheme = WeightOnlyScheme.of(build)
     if scheme is None and (build.group_size is not None or not build.symmetric or build.quantize_lm_head):
-        given = [f for f, on in (("--group_size", build.group_size is not None), ("--asymmetric", not build.symmetric), ("--quantize_lm_head", build.quantize_lm_head)) if on]
-        problems.append(f"{', '.join(given)} apply only to weight-only quantization (--qformat int8_wo, int4_wo or int4_awq), not to {build.quantization}")
+        given = [f for f, on in (("--group_size", build.group_size is not None), ("--asymmetric", not build.symmetric),
+                                 ("--quantize_lm_head", build.quantize_lm_head)) if on]
+        problems.append(f"{', '.join(given)} apply only to weight-only quantization (--qformat int8_wo, int4_wo or int4_awq), not to "
+                        f"{build.quantization}")
     problems += cpu_kernels_problems(build, scheme)
     if build.backend in BACKENDS[1:]:  # what the backend itself cannot build (its module says)
         problems += backend_module(build.backend).refusals(build)
@@ -102,13 +107,16 @@ def cpu_kernels_problems(build: BuildConfig, scheme: WeightOnlyScheme | None) ->
         return []
     problems = []
     if scheme is None or scheme.bits != 4:
-        problems.append(f"--cpu_kernels specdec computes int4 weights: use it with --qformat int4_wo or int4_awq, or an int4 GPTQ/AWQ checkpoint (this build is {build.quantization})")
+        problems.append("--cpu_kernels specdec computes int4 weights: use it with --qformat int4_wo or int4_awq, or an int4 GPTQ/AWQ checkpoint "
+                        f"(this build is {build.quantization})")
     if build.lowering != "ort_cpu":  # (a lowering only the onnxruntime backend takes)
-        problems.append(f"--cpu_kernels specdec is an op of the ort_cpu lowering on the onnxruntime backend (this build: {build.backend}, {build.lowering})")
+        problems.append(f"--cpu_kernels specdec is an op of the ort_cpu lowering on the onnxruntime backend (this build: {build.backend}, "
+                        f"{build.lowering})")
     from ..hardware.cpu_kernels import compiler
 
     if not problems and compiler() is None:
-        problems.append("--cpu_kernels specdec compiles a C library and found no C compiler (cc, gcc, clang or $CC): install one, or build with --cpu_kernels ort "
+        problems.append("--cpu_kernels specdec compiles a C library and found no C compiler (cc, gcc, clang or $CC): install one, or build with "
+                        "--cpu_kernels ort "
                         "(hosts that run the engine need one too)")
     return problems
 
@@ -122,7 +130,8 @@ def resolve_quantization(build: BuildConfig, convention: Fp8Convention | IntConv
         if q == "auto":
             q = held
         if q not in ("none", held):
-            raise BuildConfigError(f"--qformat {q}: {where}; build them as they are (--qformat auto or {held}), or dequantize them with --qformat none.")
+            raise BuildConfigError(f"--qformat {q}: {where}; build them as they are (--qformat auto or {held}), or dequantize them with --qformat "
+                                   "none.")
         if q == held:
             if build.group_size is not None and build.group_size != convention.group_size:
                 raise BuildConfigError(f"--group_size {build.group_size}: {where}, which is kept as is; leave --group_size out.")
@@ -134,7 +143,8 @@ def resolve_quantization(build: BuildConfig, convention: Fp8Convention | IntConv
         q = "fp8" if convention is not None else "none"
     if q in WEIGHT_ONLY_BITS:
         if convention is not None:
-            raise BuildConfigError(f"--qformat {q}: the checkpoint holds FP8 weights; build it as fp8 (--qformat auto) or dequantize it with --qformat none.")
+            raise BuildConfigError(f"--qformat {q}: the checkpoint holds FP8 weights; build it as fp8 (--qformat auto) or dequantize it with "
+                                   "--qformat none.")
         if build.group_size is not None and build.group_size not in GROUP_SIZES:
             raise BuildConfigError(f"--group_size {build.group_size} is not one of {', '.join(map(str, GROUP_SIZES))} (0 = per output channel).")
         scheme = WeightOnlyScheme.of(replace(build, quantization=q))
@@ -290,7 +300,8 @@ def check_resolved(build: BuildConfig, model: ModelConfig, fp8: Fp8Convention | 
     if build.fp8_activations == "static" and calib_dataset is None and fp8 is None:
         raise BuildConfigError("--fp8_activations static needs calibration: pass --calib_dataset FILE (or use dynamic).")
     if build.quantization == "int4_awq" and calib_dataset is None:
-        raise BuildConfigError("--qformat int4_awq searches its scales on calibration text: pass --calib_dataset FILE (or use int4_wo, plain round-to-nearest).")
+        raise BuildConfigError("--qformat int4_awq searches its scales on calibration text: pass --calib_dataset FILE (or use int4_wo, plain "
+                               "round-to-nearest).")
     if build.max_seq_len > model.max_position_embeddings:
         say(f"warning: max_seq_len={build.max_seq_len} exceeds the model's max_position_embeddings={model.max_position_embeddings}")
 
@@ -321,9 +332,11 @@ def make_network(ckpt, model: ModelConfig, build: BuildConfig, convention, heads
     if (build.fp8_activations == "static" and calib_dataset is not None) or build.quantization == "int4_awq":
         scales, awq_layers = calibrate(ckpt, model, build, convention, Path(calib_dataset), calib_size, report, total, onnx)
     if not onnx:
-        return TorchNetwork(ckpt, model, build, convention, awq_layers, heads.medusa, heads.eagle, lambda i: report(f"layer {i}", i + 1, total)), build
+        return TorchNetwork(ckpt, model, build, convention, awq_layers, heads.medusa, heads.eagle,
+                            lambda i: report(f"layer {i}", i + 1, total)), build
     weight_only_built: dict = {}
-    network = build_network(ckpt, model, build, on_layer=lambda i: report(f"layer {i}", i + 1, total), convention=convention, activation_scales=scales,
+    network = build_network(ckpt, model, build, on_layer=lambda i: report(f"layer {i}", i + 1, total), convention=convention,
+                            activation_scales=scales,
                             awq_layers=awq_layers, weight_only_built=weight_only_built, medusa=heads.medusa, eagle=heads.eagle)
     from ..plugins import lowering_for
 
@@ -351,7 +364,8 @@ def calibrate(ckpt, model: ModelConfig, build: BuildConfig, convention, calib_da
     report("calibrate", 0, total)
     samples = calibration_samples(calib_dataset, ckpt.path, calib_size, min(256, build.max_input_len))
     taps: dict[str, str] = {}
-    float_build = replace(build, quantization="none", fp8_activations="none", dtype="float32", group_size=None, symmetric=True, quantize_lm_head=False)
+    float_build = replace(build, quantization="none", fp8_activations="none", dtype="float32", group_size=None, symmetric=True,
+                          quantize_lm_head=False)
     if not onnx:
         float_build = replace(float_build, backend=AUTO, lowering="ort_cpu", kv_layout="bsh", cuda_attention="auto")
     float_net = build_network(ckpt, model, float_build, convention=convention, linear_inputs=taps)
@@ -360,7 +374,8 @@ def calibrate(ckpt, model: ModelConfig, build: BuildConfig, convention, calib_da
         from .awq import awq_search
 
         scheme = WeightOnlyScheme.of(build)
-        return None, awq_search(float_net, taps, cache_shape, model.num_layers, samples, scheme.bits, scheme.group_size, scheme.symmetric, clip=AWQ_CLIP)
+        return None, awq_search(float_net, taps, cache_shape, model.num_layers, samples, scheme.bits, scheme.group_size, scheme.symmetric,
+                                clip=AWQ_CLIP)
     return calibrate_activation_scales(float_net, taps, cache_shape, model.num_layers, samples), None
 
 

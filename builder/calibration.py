@@ -33,7 +33,8 @@ def calibration_samples(text_file: Path, tokenizer_dir: Path, num_samples: int, 
     return samples
 
 
-def calibrate_activation_scales(model, taps: dict[str, str], cache_shape: tuple[int, ...], num_layers: int, samples: list[list[int]]) -> dict[str, float]:
+def calibrate_activation_scales(model, taps: dict[str, str], cache_shape: tuple[int, ...], num_layers: int,
+                                samples: list[list[int]]) -> dict[str, float]:
     """Run ``samples`` through the float network ``model``; amax/448 per linear layer input (``taps``: name -> value)."""
     import onnxruntime as ort
 

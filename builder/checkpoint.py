@@ -130,7 +130,8 @@ def _index_tensors(root: Path, allow_pickle: bool) -> dict[str, Any]:
             raise CheckpointError(
                 f"{root} holds only pickled PyTorch weights ({bins[0].name}); specdec does not unpickle files by default "
                 "because unpickling can run arbitrary code. Convert once with "
-                "`python -c \"from transformers import AutoModelForCausalLM as M; M.from_pretrained('DIR').save_pretrained('DIR', safe_serialization=True)\"`, "
+                "`python -c \"from transformers import AutoModelForCausalLM as M; M.from_pretrained('DIR').save_pretrained('DIR', "
+                "safe_serialization=True)\"`, "
                 "or pass --allow_pickle if you trust the file."
             )
         return _index_pickled(bins)

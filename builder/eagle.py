@@ -132,7 +132,8 @@ def build_eagle_network(base: Checkpoint, heads, cfg: ModelConfig, build: BuildC
 
     # Layer 0: attention over [input_layernorm(embedding), hidden_norm(h)], h the residual stream.
     p = "/model/layers.0"
-    e, _ = lowering.add_norm(f"{p}/input_layernorm", embed, None, gb.weight(f"{p}/input_layernorm.weight", weights.float32("model.layers.0.input_layernorm.weight")))
+    e, _ = lowering.add_norm(f"{p}/input_layernorm", embed, None,
+                             gb.weight(f"{p}/input_layernorm.weight", weights.float32("model.layers.0.input_layernorm.weight")))
     hn, _ = lowering.add_norm(f"{p}/hidden_norm", h, None, gb.weight(f"{p}/hidden_norm.weight", weights.float32("model.layers.0.hidden_norm.weight")))
     both = gb.op("Concat", [e, hn], f"{p}/embed_hidden_concat", axis=-1)  # [B, S, 2 * hidden]
     o = _attention_block(gb, lowering, linears, weights, cfg, 0, both, shared, fused=False)
@@ -143,7 +144,8 @@ def build_eagle_network(base: Checkpoint, heads, cfg: ModelConfig, build: BuildC
 
     rows = gb.op("Unsqueeze", [logits_index, gb.const("/model/axis_last", np.array([-1], np.int64))], "/model/logits_rows")
     x = gb.op("GatherND", [x, rows], "/model/gather_logit_rows", batch_dims=1)  # [B, L, hidden]
-    float32_output(gb, "Identity", [x], "/eagle/hidden_out", "hidden_out", ["batch", "num_logits", cfg.hidden_size], cast_name="/eagle/hidden_out_float32")
+    float32_output(gb, "Identity", [x], "/eagle/hidden_out", "hidden_out", ["batch", "num_logits", cfg.hidden_size],
+                   cast_name="/eagle/hidden_out_float32")
 
     x = _rms_norm(gb, "/model/norm", x, weights.float32("norm.weight"), cfg.rms_norm_eps)
     lm_head = gb.weight("lm_head.weight", weights.float32("lm_head.weight").T)  # [hidden, vocab]

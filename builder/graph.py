@@ -104,7 +104,8 @@ class GraphBuilder:
         return self.op("DequantizeLinear", [q, scale, zero.name], f"{name}/dequant")
 
     # -- nodes ----------------------------------------------------------------
-    def op(self, op_type: str, inputs: Sequence[str], name: str, num_outputs: int = 1, outputs: Sequence[str] | None = None, domain: str = "", **attrs) -> str:
+    def op(self, op_type: str, inputs: Sequence[str], name: str, num_outputs: int = 1, outputs: Sequence[str] | None = None, domain: str = "",
+           **attrs) -> str:
         if name in self._names:
             raise ValueError(f"duplicate node name {name}")
         self._names.add(name)

@@ -63,7 +63,8 @@ def check_heads(mode: str, heads, head_dir: str | Path, model: ModelConfig, allo
         raise BuildConfigError(f"{where} holds {held}: use --speculative_decoding_mode {other} {HEAD_FLAGS[other][0]} {head_dir}.")
     if heads.hidden_size != model.hidden_size or heads.vocab_size != model.vocab_size:
         raise BuildConfigError(f"{where}: {noun} hidden_size {heads.hidden_size} and vocab_size {heads.vocab_size}, "
-                               f"the base model {model.hidden_size} and {model.vocab_size}: {'heads' if mode == 'medusa' else 'a module'} trained on another base?")
+                               f"the base model {model.hidden_size} and {model.vocab_size}: {'heads' if mode == 'medusa' else 'a module'} trained on "
+                               "another base?")
     validate_head_weights(heads, allow_nonfinite)
     if mode == "eagle":
         check_eagle_module(heads, head_dir, model)

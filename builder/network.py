@@ -154,7 +154,8 @@ def _medusa_heads(gb: GraphBuilder, lowering, x: str, heads, cfg: ModelConfig) -
         p, h = f"/medusa/heads.{i}", x
         for j in range(layers):
             w = gb.weight(f"medusa_heads.{i}.{j}.linear.weight", np.ascontiguousarray(t[f"medusa_heads.{i}.{j}.linear.weight"].T))
-            y = gb.op("Add", [gb.op("MatMul", [h, w], f"{p}/{j}/linear"), gb.weight(f"medusa_heads.{i}.{j}.linear.bias", t[f"medusa_heads.{i}.{j}.linear.bias"])],
+            y = gb.op("Add", [gb.op("MatMul", [h, w], f"{p}/{j}/linear"),
+                              gb.weight(f"medusa_heads.{i}.{j}.linear.bias", t[f"medusa_heads.{i}.{j}.linear.bias"])],
                       f"{p}/{j}/linear_bias")
             h = gb.op("Add", [h, lowering.silu(f"{p}/{j}", y)], f"{p}/{j}/residual")
         w = gb.weight(f"medusa_heads.{i}.{layers}.weight", np.ascontiguousarray(t[f"medusa_heads.{i}.{layers}.weight"].T))
@@ -245,7 +246,8 @@ class _Linears(LinearWeights):
         if mode == "static":
             scale = self.act_scales.get(name, w.input_scale)
             if scale is None:
-                raise BuildConfigError(f"--fp8_activations static: no input scale for {name} (the checkpoint has no input_scale); calibrate with --calib_dataset FILE or use --fp8_activations dynamic.")
+                raise BuildConfigError(f"--fp8_activations static: no input scale for {name} (the checkpoint has no input_scale); calibrate with "
+                                       "--calib_dataset FILE or use --fp8_activations dynamic.")
             return gb.fp8_activation(f"{name}/input", x, gb.const(f"{name}/input_scale", np.array(scale, np.float32)))
         # dynamic: per-tensor amax of this step's input
         amax = gb.op("ReduceMax", [gb.op("Abs", [x], f"{name}/input_abs")], f"{name}/input_amax", keepdims=0)
@@ -254,7 +256,8 @@ class _Linears(LinearWeights):
         return gb.fp8_activation(f"{name}/input", x, scale)
 
 
-def _decoder_layer(gb: GraphBuilder, lowering, linear: _Linears, ckpt: Checkpoint, cfg: ModelConfig, i: int, x: str, delta: str | None, shared: Shared,
+def _decoder_layer(gb: GraphBuilder, lowering, linear: _Linears, ckpt: Checkpoint, cfg: ModelConfig, i: int, x: str, delta: str | None,
+                   shared: Shared,
                    fused: bool | None = None) -> tuple[str, str]:
     """One decoder layer: returns (residual stream, MLP output still to be added to it).
 
@@ -263,12 +266,14 @@ def _decoder_layer(gb: GraphBuilder, lowering, linear: _Linears, ckpt: Checkpoin
     w, _ = layer_names(ckpt, i)
     if fused is None:
         fused = ARCHITECTURES[cfg.architecture].fused_projections
-    h, x = lowering.add_norm(f"{p}/input_layernorm", x, delta, gb.weight(f"{p}/input_layernorm.weight", linear.norm_weight(f"{p}/attn/qkv_proj", w("input_layernorm"))))
+    h, x = lowering.add_norm(f"{p}/input_layernorm", x, delta,
+                             gb.weight(f"{p}/input_layernorm.weight", linear.norm_weight(f"{p}/attn/qkv_proj", w("input_layernorm"))))
     o = _attention_block(gb, lowering, linear, ckpt, cfg, i, h, shared, fused)
     return _mlp_block(gb, lowering, linear, ckpt, cfg, i, x, o, fused)
 
 
-def _attention_block(gb: GraphBuilder, lowering, linear: _Linears, ckpt: Checkpoint, cfg: ModelConfig, i: int, h: str, shared: Shared, fused: bool) -> str:
+def _attention_block(gb: GraphBuilder, lowering, linear: _Linears, ckpt: Checkpoint, cfg: ModelConfig, i: int, h: str, shared: Shared,
+                     fused: bool) -> str:
     """o_proj(attention(q, k, v of the normed input h [B, S, in])) -> [B, S, hidden]; in = the q/k/v weights' input width."""
     p = f"/model/layers.{i}"
     w, mod = layer_names(ckpt, i)
@@ -288,12 +293,14 @@ def _attention_block(gb: GraphBuilder, lowering, linear: _Linears, ckpt: Checkpo
     return linear(f"{p}/attn/o_proj", attn, mod("o_proj"))
 
 
-def _mlp_block(gb: GraphBuilder, lowering, linear: _Linears, ckpt: Checkpoint, cfg: ModelConfig, i: int, x: str, o: str, fused: bool) -> tuple[str, str]:
+def _mlp_block(gb: GraphBuilder, lowering, linear: _Linears, ckpt: Checkpoint, cfg: ModelConfig, i: int, x: str, o: str,
+               fused: bool) -> tuple[str, str]:
     """x + o, then the MLP on its post_attention_layernorm: returns (x + o, MLP output still to be added to it)."""
     p = f"/model/layers.{i}"
     w, mod = layer_names(ckpt, i)
     h, x = lowering.add_norm(f"{p}/post_attention_layernorm", x, o, gb.weight(f"{p}/post_attention_layernorm.weight",
-                                                                              linear.norm_weight(f"{p}/mlp/gate_up_proj", w("post_attention_layernorm"))))
+                                                                              linear.norm_weight(f"{p}/mlp/gate_up_proj",
+                                                                                                 w("post_attention_layernorm"))))
     gate_up = linear(f"{p}/mlp/gate_up_proj", h, mod("gate_up_proj") if fused else mod("gate_proj", "up_proj"), input_folded=True)
     gate, up = gb.op("Split", [gate_up, _shape(gb, f"{p}/mlp/split", [cfg.intermediate_size] * 2)], f"{p}/mlp/split_op", num_outputs=2, axis=-1)
     silu = lowering.silu(f"{p}/mlp", gate)

@@ -109,7 +109,8 @@ def _gptq_convention(qc: dict[str, Any]) -> IntConvention:
     if qc.get("pack_dtype", "int32") != "int32":
         raise CheckpointError(f"GPTQ pack_dtype {qc.get('pack_dtype')!r} is not supported; expected int32.")
     if qc.get("dynamic"):
-        raise CheckpointError("GPTQ per-module overrides (quantization_config.dynamic) are not supported; expected one bits/group_size for every layer.")
+        raise CheckpointError("GPTQ per-module overrides (quantization_config.dynamic) are not supported; expected one bits/group_size for every "
+                              "layer.")
     if qc.get("lm_head"):
         raise CheckpointError("GPTQ checkpoint with a quantized lm_head (lm_head: true) is not supported; expected lm_head in float.")
     return IntConvention(
@@ -123,12 +124,14 @@ def _awq_convention(qc: dict[str, Any]) -> IntConvention:
     bits = _bits(qc.get("bits", qc.get("w_bit")), "AWQ", allowed=(4,))  # AutoAWQ GEMM packs 4-bit only
     version = str(qc.get("version", "gemm")).lower()
     if version != "gemm":
-        raise CheckpointError(f"AWQ version {version!r} is not supported; expected 'gemm' (GEMV, GEMV_fast, Marlin and ExLlama layouts pack differently).")
+        raise CheckpointError(f"AWQ version {version!r} is not supported; expected 'gemm' (GEMV, GEMV_fast, Marlin and ExLlama layouts pack "
+                              "differently).")
     backend = str(qc.get("backend", "autoawq")).lower()
     if backend != "autoawq":
         raise CheckpointError(f"AWQ backend {backend!r} is not supported; expected AutoAWQ's GEMM layout (backend 'autoawq').")
     if not qc.get("zero_point", True):
-        raise CheckpointError("AWQ checkpoint with zero_point: false is not supported; AutoAWQ's GEMM layout stores zero points (expected zero_point: true).")
+        raise CheckpointError("AWQ checkpoint with zero_point: false is not supported; AutoAWQ's GEMM layout stores zero points (expected "
+                              "zero_point: true).")
     group_size = _group_size(qc.get("group_size", qc.get("q_group_size", 128)), "AWQ")
     return IntConvention("awq", bits, group_size, symmetric=False, layout="gemm")
 
@@ -143,14 +146,18 @@ def _compressed_convention(qc: dict[str, Any]) -> IntConvention:
     schemes = {}
     for name, group in config_groups(qc).items():
         if group.get("input_activations") or group.get("output_activations"):
-            raise CheckpointError(f"compressed-tensors group {name!r} quantizes activations too; only weight-only (W4A16 / W8A16) pack-quantized checkpoints are supported.")
+            raise CheckpointError(f"compressed-tensors group {name!r} quantizes activations too; only weight-only (W4A16 / W8A16) pack-quantized "
+                                  "checkpoints are supported.")
         fmt = group.get("format") or qc.get("format")
         if fmt != "pack-quantized":
-            raise CheckpointError(f"compressed-tensors group {name!r} has format {fmt!r}; mixed formats are not supported (expected pack-quantized throughout).")
+            raise CheckpointError(f"compressed-tensors group {name!r} has format {fmt!r}; mixed formats are not supported (expected pack-quantized "
+                                  "throughout).")
         w = group.get("weights") or {}
-        schemes[json.dumps({k: w.get(k) for k in ("num_bits", "type", "symmetric", "strategy", "group_size", "actorder", "dynamic")}, sort_keys=True)] = w
+        schemes[json.dumps({k: w.get(k) for k in ("num_bits", "type", "symmetric", "strategy", "group_size", "actorder", "dynamic")},
+                           sort_keys=True)] = w
     if len(schemes) != 1:
-        raise CheckpointError(f"compressed-tensors checkpoint has {len(schemes)} different weight schemes; expected exactly one (mixed precision is not supported).")
+        raise CheckpointError(f"compressed-tensors checkpoint has {len(schemes)} different weight schemes; expected exactly one (mixed precision is "
+                              "not supported).")
     sparsity = qc.get("sparsity_config") or {}
     if not isinstance(sparsity, dict) or sparsity.get("format") not in (None, "dense"):
         raise CheckpointError(f"compressed-tensors sparsity format {value_at(qc, 'sparsity_config.format')!r} is not supported; expected dense.")
@@ -190,7 +197,8 @@ def _refuse_quantized_lm_head(root: Path, conv: IntConvention) -> None:
     except (OSError, ValueError, CheckpointError):
         return  # load_checkpoint reports unreadable files itself
     if packed in names:
-        raise CheckpointError(f"{conv.method} checkpoint quantizes lm_head ({packed}); a quantized lm_head is not supported, expected lm_head.weight in float.")
+        raise CheckpointError(f"{conv.method} checkpoint quantizes lm_head ({packed}); a quantized lm_head is not supported, expected lm_head.weight "
+                              "in float.")
 
 
 # ---------------------------------------------------------------------------
@@ -300,18 +308,21 @@ def _act_order(name: str, g_idx: np.ndarray, codes: np.ndarray, g: int, groups: 
     if g_idx.min() < 0 or g_idx.max() >= groups:
         raise CheckpointError(f"{name} holds group indices outside 0..{groups - 1}.")
     if not allowed:
-        raise CheckpointError(f"{name} permutes the groups but the config does not declare act-order (desc_act / actorder: group); the checkpoint contradicts itself.")
+        raise CheckpointError(f"{name} permutes the groups but the config does not declare act-order (desc_act / actorder: group); the checkpoint "
+                              "contradicts itself.")
     perm = np.argsort(g_idx, kind="stable")
     if not np.array_equal(g_idx[perm], contiguous):
         counts = np.bincount(g_idx, minlength=groups)
-        raise CheckpointError(f"{name} puts {counts.min()}..{counts.max()} input channels in a group; act-order is read only when every group holds group_size={g} channels.")
+        raise CheckpointError(f"{name} puts {counts.min()}..{counts.max()} input channels in a group; act-order is read only when every group holds "
+                              f"group_size={g} channels.")
     return np.ascontiguousarray(codes[perm]), perm
 
 
 def _check_symmetric(name: str, zero: np.ndarray, conv: IntConvention) -> None:
     mid = 2 ** (conv.bits - 1)
     if conv.symmetric and not np.all(zero == mid):
-        raise CheckpointError(f"{name}: the config says symmetric but the zero points are not all {mid}; expected sym/zero_point to match the tensors.")
+        raise CheckpointError(f"{name}: the config says symmetric but the zero points are not all {mid}; expected sym/zero_point to match the "
+                              "tensors.")
 
 
 def _read_gptq(ckpt, name: str, conv: IntConvention) -> IntWeight:

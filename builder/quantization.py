@@ -110,7 +110,8 @@ def _concat_int(parts: list[LinearWeight]) -> IntWeight:
     means the same for all: same bits, group size, symmetry and act-order permutation."""
     names = ", ".join(p.name or "?" for p in parts)
     if not all(p.is_int for p in parts):
-        raise CheckpointError(f"layers {names} mix integer-quantized and float weights; expected the same quantization for the projections fused into one MatMul.")
+        raise CheckpointError(f"layers {names} mix integer-quantized and float weights; expected the same quantization for the projections fused "
+                              "into one MatMul.")
     ws = [p.int_weight for p in parts]
     first = ws[0]
     for w in ws[1:]:
@@ -122,7 +123,8 @@ def _concat_int(parts: list[LinearWeight]) -> IntWeight:
             )
         same_perm = (w.perm is None and first.perm is None) or (w.perm is not None and first.perm is not None and np.array_equal(w.perm, first.perm))
         if not same_perm:
-            raise CheckpointError(f"layers {names} have different act-order permutations (g_idx); expected one input order for the projections fused into one MatMul.")
+            raise CheckpointError(f"layers {names} have different act-order permutations (g_idx); expected one input order for the projections fused "
+                                  "into one MatMul.")
     return IntWeight(
         codes=np.concatenate([w.codes for w in ws], axis=1),
         scale=np.concatenate([w.scale for w in ws], axis=1),
@@ -186,7 +188,8 @@ def detect_checkpoint_quantization(hf_config: dict[str, Any], checkpoint_dir) ->
     if qc is not None and not isinstance(qc, dict):
         from ..formats.config_strings import shown_value
 
-        raise CheckpointError(f"config.json field 'quantization_config' is {shown_value(qc, 40)}; expected a JSON object (or none, for float weights).")
+        raise CheckpointError(f"config.json field 'quantization_config' is {shown_value(qc, 40)}; expected a JSON object (or none, for float "
+                              "weights).")
     return detect_int_convention(hf_config, checkpoint_dir) or detect_fp8(hf_config, checkpoint_dir)
 
 
@@ -199,7 +202,8 @@ def read_linear(ckpt, name: str, conv: Fp8Convention | IntConvention | None) -> 
             return LinearWeight(int_weight=int_weight, name=name)
         conv = None  # this module was left in float (modules_to_not_convert / ignore)
     elif f"{name}.qweight" in ckpt or f"{name}.weight_packed" in ckpt:
-        raise CheckpointError(f"{name} is stored as packed integers but config.json has no quantization_config saying how (expected quant_method gptq, awq or compressed-tensors).")
+        raise CheckpointError(f"{name} is stored as packed integers but config.json has no quantization_config saying how (expected quant_method "
+                              "gptq, awq or compressed-tensors).")
     wname = f"{name}.weight"
     code = ckpt.dtype_name(wname)  # a missing tensor is a CheckpointError naming it
     if code == "F8_E5M2":

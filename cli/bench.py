@@ -48,9 +48,11 @@ def main() -> None:
 @option("output_mean", type=float, help="Mean output length in tokens; with --jsonl, the length of lines that have none.")
 @option("output_stdev", type=float, default=0.0, show_default=True, help="Standard deviation of the output length.")
 @option("random_seed", type=int, default=0, show_default=True, help="Same seed, same file.")
-@option("tokenizer_dir", "--tokenizer", type=click.Path(), help="Tokenizer (a directory with tokenizer.json, e.g. an engine dir): vocabulary and special ids to avoid; needed for --jsonl prompts.")
+@option("tokenizer_dir", "--tokenizer", type=click.Path(),
+        help="Tokenizer (a directory with tokenizer.json, e.g. an engine dir): vocabulary and special ids to avoid; needed for --jsonl prompts.")
 @option("vocab_size", type=int, help="Draw token ids from [0, vocab_size) instead of a tokenizer's vocabulary.")
-@option("jsonl", type=click.Path(), help='Instead of random tokens: a .jsonl of {"prompt": str} or {"input_ids": [...]} lines, optional "output_len".')
+@option("jsonl", type=click.Path(),
+        help='Instead of random tokens: a .jsonl of {"prompt": str} or {"input_ids": [...]} lines, optional "output_len".')
 @option("output", "-o", type=click.Path(), default="-", show_default=True, help="Dataset file to write (.jsonl); '-' for stdout.")
 @clean_errors
 def prepare_dataset(num_requests, input_mean, input_stdev, output_mean, output_stdev, random_seed, tokenizer_dir, vocab_size, jsonl, output) -> None:
@@ -102,31 +104,40 @@ def prepare_dataset(num_requests, input_mean, input_stdev, output_mean, output_s
 @main.command("run", context_settings=CONTEXT)
 @option("engine_dir", required=True, type=click.Path(), help="Target engine directory.")
 @option("draft_engine_dir", type=click.Path(), help="Draft engine directory (for --method draft).")
-@option("method", multiple=True, help="none | draft | ngram | medusa | eagle | suffix; repeatable or a comma list [default: none, plus draft with a draft engine, plus ngram "
+@option("method", multiple=True,
+        help="none | draft | ngram | medusa | eagle | suffix; repeatable or a comma list [default: none, plus draft with a draft engine, plus ngram "
         "when the target verifies drafts, plus medusa / eagle when such a target is given].")
-@option("medusa_engine_dir", type=click.Path(), help="The same model built with --speculative_decoding_mode medusa (for --method medusa) [default: --engine_dir if it is one].")
-@option("eagle_engine_dir", type=click.Path(), help="The same model built with --speculative_decoding_mode eagle (for --method eagle) [default: --engine_dir if it is one].")
-@option("medusa_choices", type=str, default=None, help='Also measure this Medusa tree (TensorRT-LLM\'s format), e.g. "[[0],[1],[0,0],[0,1],[0,0,0]]".')
+@option("medusa_engine_dir", type=click.Path(),
+        help="The same model built with --speculative_decoding_mode medusa (for --method medusa) [default: --engine_dir if it is one].")
+@option("eagle_engine_dir", type=click.Path(),
+        help="The same model built with --speculative_decoding_mode eagle (for --method eagle) [default: --engine_dir if it is one].")
+@option("medusa_choices", type=str, default=None,
+        help='Also measure this Medusa tree (TensorRT-LLM\'s format), e.g. "[[0],[1],[0,0],[0,1],[0,0,0]]".')
 @option("eagle_choices", type=str, default=None, help='Also measure this EAGLE tree (TensorRT-LLM\'s format), e.g. "[[0],[1],[0,0],[0,1],[0,0,0]]".')
-@option("draft_lens", type=str, default=None, help=f"Draft lengths to sweep, e.g. \"1,2,4,8\" [default: {DEFAULT_DRAFT_LENS}, up to the target's max_draft_len].")
-@option("ngram_size", "--max_matching_ngram_size", type=int, default=2, show_default=True, help="N-gram: tokens matched against the prompt and output so far.")
+@option("draft_lens", type=str, default=None,
+        help=f"Draft lengths to sweep, e.g. \"1,2,4,8\" [default: {DEFAULT_DRAFT_LENS}, up to the target's max_draft_len].")
+@option("ngram_size", "--max_matching_ngram_size", type=int, default=2, show_default=True,
+        help="N-gram: tokens matched against the prompt and output so far.")
 @option("dataset", required=True, type=click.Path(), help="Dataset .jsonl from prepare-dataset (or {\"prompt\"} / {\"input_ids\"} lines).")
 @option("max_output_len", type=int, default=None, help="Output length of dataset lines that have no output_len.")
 @option("tokenizer_dir", type=click.Path(), help="Tokenizer for text prompts in the dataset [default: the engine's].")
-@option("batch_size", type=int, default=1, show_default=True, help="Requests per generate call (static batching; a batch runs to its longest output_len).")
+@option("batch_size", type=int, default=1, show_default=True,
+        help="Requests per generate call (static batching; a batch runs to its longest output_len).")
 @option("warmup", type=int, default=1, show_default=True, help="Batches decoded before measuring, per configuration.")
 @option("num_threads", type=int, default=None, help="ONNX Runtime intra-op threads (and torch threads for --compare) [default: all cores, up to 8].")
 @option("step_cost_reps", type=int, default=100, show_default=True, help="One-token steps timed per engine to measure c = draft/target step cost.")
 @option("output_json", type=click.Path(), help="Write settings, step costs and every row (and peer results).")
 @option("plot", type=click.Path(), help="Draw speedup and acceptance rate vs draft length, with the analytic bound, to this .png (needs matplotlib).")
-@option("compare", is_flag=True, help="Also run the peers (HF transformers generate, onnxruntime-genai) on the same checkpoints and inputs, and print ratios.")
+@option("compare", is_flag=True,
+        help="Also run the peers (HF transformers generate, onnxruntime-genai) on the same checkpoints and inputs, and print ratios.")
 @option("target_checkpoint", type=click.Path(), help="HF checkpoint of the target for --compare [default: the one the engine was built from].")
 @option("draft_checkpoint", type=click.Path(), help="HF checkpoint of the draft for --compare [default: the one the draft engine was built from].")
 @option("compare_peers", type=str, default="hf,ortgenai", show_default=True, help="Which peers --compare runs (comma list of hf, ortgenai).")
 @option("peers_work_dir", type=click.Path(), help="Where --compare writes the onnxruntime-genai exports [default: a temporary directory].")
 @verify_engine_option
 @clean_errors
-def run(engine_dir, draft_engine_dir, method, medusa_engine_dir, eagle_engine_dir, medusa_choices, eagle_choices, draft_lens, ngram_size, dataset, max_output_len, tokenizer_dir, batch_size, warmup, num_threads,
+def run(engine_dir, draft_engine_dir, method, medusa_engine_dir, eagle_engine_dir, medusa_choices, eagle_choices, draft_lens, ngram_size, dataset,
+        max_output_len, tokenizer_dir, batch_size, warmup, num_threads,
         step_cost_reps, output_json, plot, compare, target_checkpoint, draft_checkpoint, compare_peers, peers_work_dir, verify_engine) -> None:
     """Measure target-only, draft-target, n-gram, Medusa and EAGLE decoding on a dataset, sweeping draft lengths.
 
@@ -165,7 +176,8 @@ def run(engine_dir, draft_engine_dir, method, medusa_engine_dir, eagle_engine_di
     tok = engine_tokenizer(target, tokenizer_dir)
     records = prepare_from_jsonl(dataset, tok, max_output_len)
 
-    click.echo(f"{len(records)} requests, batch {batch_size}, methods {', '.join(methods)}, draft lengths {','.join(map(str, lens)) or '-'}", err=True)
+    click.echo(f"{len(records)} requests, batch {batch_size}, methods {', '.join(methods)}, draft lengths {','.join(map(str, lens)) or '-'}",
+               err=True)
     result = run_sweep(target, methods, draft, lens, ngram_size, records, num_threads, warmup, batch_size,
                        step_cost_reps, say=lambda what: click.echo(f"  measuring {what}", err=True), heads_dirs=heads_dirs,
                        choices={"medusa": medusa_choices, "eagle": eagle_choices})
@@ -234,7 +246,8 @@ def plot_sweep(result: dict[str, Any], path: str | Path) -> None:
         ks = [r["draft_len"] for r in rs]
         ax_s.plot(ks, [r["speedup"] for r in rs], color=color, marker=marker, label=f"{name} (measured)")
         if kind == "draft":
-            ax_s.plot(ks, [r["analytic_bound"] for r in rs], color=color, linestyle="--", label=f"{name} analytic bound (c={result['step_cost']['c']:.2f})")
+            ax_s.plot(ks, [r["analytic_bound"] for r in rs], color=color, linestyle="--",
+                      label=f"{name} analytic bound (c={result['step_cost']['c']:.2f})")
         ax_a.plot(ks, [r["acceptance_rate"] or 0.0 for r in rs], color=color, marker=marker, label=name)
     ax_s.axhline(1.0, color="gray", linestyle=":", label="target-only")
     ax_s.set(xlabel="draft length", ylabel="speedup over target-only", title="Speedup (output tokens/s, TTFT included)")
@@ -299,11 +312,13 @@ def _compare(result, records, base_ids, wanted, t_ckpt, d_ckpt, work_dir, thread
         if d_ckpt:
             for k in lens:
                 pairs.append((f"draft-target k={k}", f"hf assisted k={k}",
-                              lambda k=k: peers.hf_generate(t_ckpt, prompts, n_new, assistant_dir=d_ckpt, num_assistant_tokens=k, num_threads=threads)))
+                              lambda k=k: peers.hf_generate(t_ckpt, prompts, n_new, assistant_dir=d_ckpt, num_assistant_tokens=k,
+                                                            num_threads=threads)))
         if "ngram" in methods:
             for k in lens:
                 pairs.append((f"ngram k={k} n={ngram_size}", f"hf prompt-lookup k={k} n={ngram_size}",
-                              lambda k=k: peers.hf_generate(t_ckpt, prompts, n_new, prompt_lookup_num_tokens=k, max_matching_ngram_size=ngram_size, num_threads=threads)))
+                              lambda k=k: peers.hf_generate(t_ckpt, prompts, n_new, prompt_lookup_num_tokens=k, max_matching_ngram_size=ngram_size,
+                                                            num_threads=threads)))
     og_skip: str | None = None
     out: list[dict] = []
     for w in wanted:
@@ -318,16 +333,19 @@ def _compare(result, records, base_ids, wanted, t_ckpt, d_ckpt, work_dir, thread
                 og[name] = peers.ortgenai_build(ckpt, str(work / f"ortgenai-{name}"))
             return og[name]
 
-        pairs.append(("target-only", "ortgenai target-only", lambda: peers.ortgenai_generate(og_dir("target", t_ckpt), prompts, n_new, num_threads=threads)))
+        pairs.append(("target-only", "ortgenai target-only",
+                      lambda: peers.ortgenai_generate(og_dir("target", t_ckpt), prompts, n_new, num_threads=threads)))
         if d_ckpt:
             for k in lens:
                 pairs.append((f"draft-target k={k}", f"ortgenai draft k={k}",
-                              lambda k=k: peers.ortgenai_generate(og_dir("target", t_ckpt), prompts, n_new, draft_dir=og_dir("draft", d_ckpt), num_draft_tokens=k, num_threads=threads)))
+                              lambda k=k: peers.ortgenai_generate(og_dir("target", t_ckpt), prompts, n_new, draft_dir=og_dir("draft", d_ckpt),
+                                                                  num_draft_tokens=k, num_threads=threads)))
         if "ngram" in methods:
             # onnxruntime-genai's ngram_size counts the drafted-from token too: our n matched tokens = its n + 1
             for k in lens:
                 pairs.append((f"ngram k={k} n={ngram_size}", f"ortgenai ngram k={k} n={ngram_size}",
-                              lambda k=k: peers.ortgenai_generate(og_dir("target", t_ckpt), prompts, n_new, ngram=ngram_size + 1, num_draft_tokens=k, num_threads=threads)))
+                              lambda k=k: peers.ortgenai_generate(og_dir("target", t_ckpt), prompts, n_new, ngram=ngram_size + 1, num_draft_tokens=k,
+                                                                  num_threads=threads)))
     for label, peer, thunk in pairs:
         if peer.startswith("ortgenai") and og_skip:
             continue

@@ -54,19 +54,23 @@ class _LogProgress:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@option("checkpoint_dir", "--model_dir", required=True, type=click.Path(), help="Hugging Face model directory: config.json + *.safetensors (+ tokenizer files).")
-@option("output_dir", required=True, type=click.Path(), help="Where to write the engine directory (refused if it exists and is not empty, unless --force).")
+@option("checkpoint_dir", "--model_dir", required=True, type=click.Path(),
+        help="Hugging Face model directory: config.json + *.safetensors (+ tokenizer files).")
+@option("output_dir", required=True, type=click.Path(),
+        help="Where to write the engine directory (refused if it exists and is not empty, unless --force).")
 @option("dtype", type=click.Choice(DTYPES), default="auto", show_default=True,
         help="Weight storage dtype of the engine; auto = the checkpoint's. The onnxruntime backend computes in float32 "
              "whatever the storage (ONNX Runtime on CPU has no float16/bfloat16 MatMul), so float16/bfloat16 halve the engine size, not the compute.")
 @option("max_batch_size", type=int, default=8, show_default=True, help="Most sequences per call.")
 @option("max_input_len", type=int, default=None, help="Longest prompt in tokens [default: max_seq_len / 2].")
-@option("max_seq_len", type=int, default=None, help="Longest prompt + output in tokens; the KV cache capacity [default: min(max_position_embeddings, 4096)].")
+@option("max_seq_len", type=int, default=None,
+        help="Longest prompt + output in tokens; the KV cache capacity [default: min(max_position_embeddings, 4096)].")
 @option("max_draft_len", type=int, default=None,
         help="Most draft tokens verified per step; baked into the engine. Needs --speculative_decoding_mode draft_tokens_external, medusa or eagle; "
              "for medusa and eagle it is the draft tree's node budget (a chain of k drafts is k nodes) [default: 8 with those modes, else 0].")
 @option("speculative_decoding_mode", type=click.Choice(MODES), default="none", show_default=True,
-        help="draft_tokens_external: the target engine accepts 1..max_draft_len+1 tokens per sequence per step and returns logits for all of them (build TARGET engines this way). "
+        help="draft_tokens_external: the target engine accepts 1..max_draft_len+1 tokens per sequence per step and returns logits for all of them "
+             "(build TARGET engines this way). "
              "medusa: the same, with the Medusa heads of --medusa_dir in the network and tree attention (a tree_mask input; docs/medusa-eagle.md). "
              "eagle: the same, with tree attention and the EAGLE-3 module of --eagle_dir: its fc in the network (the eagle_hidden output), "
              "the module itself built as a second engine in OUTPUT_DIR/eagle. none: one token per step (draft engines, plain decoding).")
@@ -79,7 +83,8 @@ class _LogProgress:
         help="With --speculative_decoding_mode eagle: an EAGLE-3 module in ModelOpt's layout (specdec-train's output, or ModelOpt's export) "
              "trained on this base model.")
 @option("quantization", "--qformat", type=click.Choice(QUANTIZATIONS), default="auto", show_default=True,
-        help="fp8: linear-layer weights stored as float8 e4m3 with per-channel scales, or per-tile for block-scaled checkpoints (quantized at build time from a "
+        help="fp8: linear-layer weights stored as float8 e4m3 with per-channel scales, or per-tile for block-scaled checkpoints (quantized at build "
+             "time from a "
              "float checkpoint, or read from an FP8 checkpoint: ModelOpt, compressed-tensors, fine-grained fp8). The graph carries "
              "DequantizeLinear, so TensorRT can run FP8 GEMMs; ONNX Runtime on CPU dequantizes once at load and computes in float32. "
              "int8_wo / int4_wo: weight-only integers (W8A16 / W4A16), round-to-nearest at build time, or read as they are from a GPTQ / AWQ / "
@@ -91,36 +96,56 @@ class _LogProgress:
         help="Weight-only: input rows sharing one scale: 32, 64, 128, or 0 = one per output channel [default: 128 for int4, 0 for int8].")
 @option("asymmetric", is_flag=True, help="Weight-only: a zero point per group as well as a scale (default: symmetric, zero at mid-range).")
 @option("quantize_lm_head", is_flag=True,
-        help="Weight-only: quantize the LM head too (off by default: it decides acceptance). Embeddings stay in --dtype; tied embeddings keep their float copy.")
+        help="Weight-only: quantize the LM head too (off by default: it decides acceptance). Embeddings stay in --dtype; tied embeddings keep their "
+             "float copy.")
 @option("fp8_activations", type=click.Choice(FP8_ACTIVATIONS), default="none", show_default=True,
         help="With fp8: how linear-layer inputs are scaled. none = weight-only; static = fixed scales (the checkpoint's "
              "input_scale, or calibrated with --calib_dataset); dynamic = amax of each step's input.")
-@option("calib_dataset", type=click.Path(), help="UTF-8 text file to calibrate static FP8 activation scales on (needs the checkpoint's tokenizer.json).")
+@option("calib_dataset", type=click.Path(),
+        help="UTF-8 text file to calibrate static FP8 activation scales on (needs the checkpoint's tokenizer.json).")
 @option("calib_size", type=int, default=64, show_default=True, help="Calibration samples (chunks of up to 256 tokens) taken from --calib_dataset.")
-@option("backend", type=click.Choice(BACKENDS), default="auto", show_default=True, help="onnxruntime runs everywhere (CPU); tensorrt compiles the same ONNX network into a TensorRT plan (NVIDIA GPU + TensorRT >= 10.15; untested in CI, see docs/tensorrt.md); tensorrt_rtx compiles it ahead of time with TensorRT for RTX for the GPUs of --target_sm, on any Linux host (no GPU needed; runs on RTX GPUs, not yet run: docs/tensorrt.md#tensorrt-for-rtx); torch writes the weights in the layout specdec's own torch forward reads (Triton kernels and CUDA graphs on an NVIDIA GPU, float32 on a CPU; building needs no torch: docs/gpu.md); auto picks onnxruntime and says whether TensorRT could be used.")
-@option("target_sm", default=None, help="With --backend tensorrt_rtx: the RTX GPUs to build for, comma-separated: sm86 (RTX 30xx), sm89 (RTX 40xx), sm120 (RTX 50xx), sm121 (GB10). One engine each.")
+@option("backend", type=click.Choice(BACKENDS), default="auto", show_default=True,
+        help="onnxruntime runs everywhere (CPU); tensorrt compiles the same ONNX network into a TensorRT plan (NVIDIA GPU + TensorRT >= 10.15; "
+             "untested in CI, see docs/tensorrt.md); tensorrt_rtx compiles it ahead of time with TensorRT for RTX for the GPUs of --target_sm, on "
+             "any Linux host (no GPU needed; runs on RTX GPUs, not yet run: docs/tensorrt.md#tensorrt-for-rtx); torch writes the weights in the "
+             "layout specdec's own torch forward reads (Triton kernels and CUDA graphs on an NVIDIA GPU, float32 on a CPU; building needs no torch: "
+             "docs/gpu.md); auto picks onnxruntime and says whether TensorRT could be used.")
+@option("target_sm", default=None,
+        help="With --backend tensorrt_rtx: the RTX GPUs to build for, comma-separated: sm86 (RTX 30xx), sm89 (RTX 40xx), sm120 (RTX 50xx), sm121 "
+             "(GB10). One engine each.")
 @option("lowering", type=click.Choice(["auto", "portable", "ort_cpu", "ort_cuda", "torch"]), default="auto", show_default=True,
         help="How attention and the KV update become graph nodes (plugins/). auto = ort_cpu for onnxruntime, portable for tensorrt, torch for torch "
              "(no graph: the torch backend's own forward). "
-             "ort_cuda: for --device cuda (ONNX Runtime's CUDA provider): computes in --dtype (bfloat16/float16), fused attention, CUDA graphs; see docs/gpu.md.")
+             "ort_cuda: for --device cuda (ONNX Runtime's CUDA provider): computes in --dtype (bfloat16/float16), fused attention, CUDA graphs; see "
+             "docs/gpu.md.")
 @option("cpu_kernels", type=click.Choice(["ort", "specdec"]), default="ort", show_default=True,
         help="int4 engines on the CPU: ort = ONNX Runtime's MatMulNBits; specdec = specdec's own int4 GEMM op, compiled with the "
-             "system C compiler on first use, here and on the hosts that run the engine (AVX-512 VNNI; AVX2 or portable C elsewhere): a verification step costs "
+             "system C compiler on first use, here and on the hosts that run the engine (AVX-512 VNNI; AVX2 or portable C elsewhere): a verification "
+             "step costs "
              "little more than a one-token step and needs no row padding (docs/precision.md#specdecs-int4-kernel-q4gemm).")
 @option("cuda_attention", type=click.Choice(["auto", "gqa", "masked"]), default="auto", show_default=True,
         help="With --lowering ort_cuda: gqa = GroupQueryAttention (fastest one-token decode; several tokens with a past only one row at a time, "
              "no trees); masked = TensorScatter + Attention with a mask (a verification round is one call at any batch size; Medusa/EAGLE trees). "
              "auto = masked for targets that verify drafts or trees, gqa otherwise. See docs/gpu.md.")
-@option("trt_timing_cache", type=click.Path(dir_okay=False), default=None, help="TensorRT timing cache file: read if present, updated after the build (tensorrt backend).")
-@option("trt_version_compatible", is_flag=True, help="Build a version-compatible TensorRT plan: it embeds its lean runtime, so hosts can run it with the small dispatch runtime (specdec[tensorrt-dispatch]) or a newer TensorRT of a supported major; may be slower. See docs/tensorrt.md.")
-@option("trt_exclude_lean_runtime", is_flag=True, help="With --trt_version_compatible: leave the lean runtime out of the plan (smaller); then only tensorrt-lean or tensorrt of exactly the build's version can run it.")
+@option("trt_timing_cache", type=click.Path(dir_okay=False), default=None,
+        help="TensorRT timing cache file: read if present, updated after the build (tensorrt backend).")
+@option("trt_version_compatible", is_flag=True,
+        help="Build a version-compatible TensorRT plan: it embeds its lean runtime, so hosts can run it with the small dispatch runtime "
+             "(specdec[tensorrt-dispatch]) or a newer TensorRT of a supported major; may be slower. See docs/tensorrt.md.")
+@option("trt_exclude_lean_runtime", is_flag=True,
+        help="With --trt_version_compatible: leave the lean runtime out of the plan (smaller); then only tensorrt-lean or tensorrt of exactly the "
+             "build's version can run it.")
 @option("tp_size", type=int, default=1, show_default=True, help="Tensor-parallel ranks (only 1 is supported).")
-@option("allow_pickle", is_flag=True, help="Allow loading pickled pytorch_model*.bin weights (unpickling can run arbitrary code: only for checkpoints you trust).")
+@option("allow_pickle", is_flag=True,
+        help="Allow loading pickled pytorch_model*.bin weights (unpickling can run arbitrary code: only for checkpoints you trust).")
 @option("allow_nonfinite", is_flag=True, help="Build even if a weight holds NaN or Inf (refused by default: such an engine emits garbage).")
 @option("force", is_flag=True, help="Replace a non-empty --output_dir.")
 @clean_errors
-def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_seq_len, max_draft_len, speculative_decoding_mode, tree_attention, medusa_dir, eagle_dir,
-         quantization, use_weight_only, weight_only_precision, group_size, asymmetric, quantize_lm_head, fp8_activations, calib_dataset, calib_size, backend, target_sm, lowering, cpu_kernels, cuda_attention, trt_timing_cache, trt_version_compatible, trt_exclude_lean_runtime, tp_size, allow_pickle, allow_nonfinite, force) -> None:
+def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_seq_len, max_draft_len, speculative_decoding_mode, tree_attention,
+         medusa_dir, eagle_dir,
+         quantization, use_weight_only, weight_only_precision, group_size, asymmetric, quantize_lm_head, fp8_activations, calib_dataset, calib_size,
+         backend, target_sm, lowering, cpu_kernels, cuda_attention, trt_timing_cache, trt_version_compatible, trt_exclude_lean_runtime, tp_size,
+         allow_pickle, allow_nonfinite, force) -> None:
     """Build an engine directory from a Hugging Face checkpoint.
 
     \b
@@ -152,7 +177,8 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
         max_draft_len = 8 if speculative_decoding_mode in ("draft_tokens_external", *TREE_MODES) else 0
     quantization = _weight_only_alias(quantization, use_weight_only, weight_only_precision)
     if tree_attention and speculative_decoding_mode != "draft_tokens_external" and speculative_decoding_mode not in TREE_MODES:
-        raise BuildConfigError(f"--tree_attention needs --speculative_decoding_mode draft_tokens_external (a target); got {speculative_decoding_mode}.")
+        raise BuildConfigError("--tree_attention needs --speculative_decoding_mode draft_tokens_external (a target); got "
+                               f"{speculative_decoding_mode}.")
     build = BuildConfig(
         dtype=dtype, max_batch_size=max_batch_size, max_input_len=max_input_len, max_seq_len=max_seq_len,
         max_draft_len=max_draft_len, speculative_decoding_mode=speculative_decoding_mode, backend=backend, tp_size=tp_size,
@@ -208,7 +234,8 @@ def _weight_only_alias(quantization: str, use_weight_only: bool, precision: str 
         return quantization
     wanted = f"{precision or 'int8'}_wo"  # TensorRT-LLM's default precision is int8
     if quantization not in ("auto", wanted):
-        raise BuildConfigError(f"--use_weight_only --weight_only_precision {precision or 'int8'} means --qformat {wanted}, not {quantization}; pass one of the two.")
+        raise BuildConfigError(f"--use_weight_only --weight_only_precision {precision or 'int8'} means --qformat {wanted}, not {quantization}; pass "
+                               "one of the two.")
     return wanted
 
 

@@ -84,7 +84,8 @@ def _hf_available() -> bool:
 @option("test_trt_llm", is_flag=True, hidden=True, help="Accepted for TensorRT-LLM's summarize.py habits: the engine is always evaluated.")
 @option("tokenizer_dir", type=click.Path(), help="Tokenizer [default: the engine's]; HF decodes the same token ids.")
 @option("max_input_len", "--max_input_length", type=int, default=None, help="Keep the last N prompt tokens [default: the engines' max_input_len].")
-@option("max_output_len", "--output_len", type=int, default=64, show_default=True, help="Most new tokens per example (fewer where max_seq_len is reached).")
+@option("max_output_len", "--output_len", type=int, default=64, show_default=True,
+        help="Most new tokens per example (fewer where max_seq_len is reached).")
 @option("end_id", type=int, default=None, help="Token that ends an output [default: the tokenizer's EOS]; -1: never stop early.")
 @option("check_accuracy", is_flag=True, help="Exit non-zero when an engine run's ROUGE-1 is below --rouge_threshold.")
 @option("rouge_threshold", "--tensorrt_llm_rouge1_threshold", type=float, default=14.0, show_default=True,
@@ -209,7 +210,8 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
             if r["name"] == "hf":
                 continue
             verdict = "passed" if r["rouge1"] >= threshold else "FAILED"
-            click.echo(f"accuracy check {verdict}: {r['name']} ROUGE-1 {r['rouge1'] * 100:.2f} {'>=' if r['rouge1'] >= threshold else '<'} threshold {threshold * 100:.2f}")
+            click.echo(f"accuracy check {verdict}: {r['name']} ROUGE-1 {r['rouge1'] * 100:.2f} {'>=' if r['rouge1'] >= threshold else '<'} threshold "
+                       f"{threshold * 100:.2f}")
         if failed:
             sys.exit(1)
 
@@ -226,7 +228,8 @@ def eval_table(rows: list[dict[str, Any]]) -> str:
             f"{r['name']:<22}{r['rouge1'] * 100:>9.2f}{r['rouge2'] * 100:>9.2f}{r['rougeL'] * 100:>9.2f}"
             f"{tokens:>13}{seqs:>11}{yes_no_dash(same):>12}{fmt_or_dash(r['acceptance_rate'], '.3f'):>12}"
         )
-    lines.append("ROUGE: F-measure x100 against the references; tokens = HF: position-wise token agreement with HF greedy; seqs = HF: identical outputs")
+    lines.append("ROUGE: F-measure x100 against the references; tokens = HF: position-wise token agreement with HF greedy; seqs = HF: identical "
+                 "outputs")
     return "\n".join(lines)
 
 

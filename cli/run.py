@@ -87,16 +87,19 @@ def read_inputs(texts: tuple[str, ...], input_file: str | None, tok: Tokenizer |
         help="Drafts per round: a number (overrides the config string's), or 'auto': chosen each round from the measured "
              "acceptance and step costs, 0 when drafting does not pay (docs/speculative-decoding.md).")
 @option("device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-        help="Where engines run; device ids in the config strings index devices of this kind. auto: cpu for onnxruntime engines, cuda for tensorrt engines.")
+        help="Where engines run; device ids in the config strings index devices of this kind. auto: cpu for onnxruntime engines, cuda for tensorrt "
+             "engines.")
 @option("allow_vocab_mismatch", is_flag=True,
         help="Take a draft's token ids as the target's although their tokenizers differ, with a warning (default: such a draft drafts through text).")
-@option("input_text", multiple=True, help="A prompt (repeatable, or several after one flag as run.py takes them; several run as one batch). '\\n' is read as a newline.")
+@option("input_text", multiple=True,
+        help="A prompt (repeatable, or several after one flag as run.py takes them; several run as one batch). '\\n' is read as a newline.")
 @option("input_file", type=click.Path(), help=".txt (one prompt per line), .csv (token ids per row) or .npy (token ids).")
 @option("tokenizer_dir", type=click.Path(), help="Tokenizer directory [default: the engine's own].")
 @option("no_add_special_tokens", is_flag=True, help="Do not add BOS/special tokens when encoding prompts.")
 @option("max_output_len", type=int, default=128, show_default=True, help="Most new tokens per request.")
 @option("end_id", type=int, default=None, help="Token id that ends a request [default: the tokenizer's EOS]; -1: never stop on EOS.")
-@option("stop_words", multiple=True, help="A string that ends a request when the output text contains it (matched on text, not tokens; kept in the output; repeatable).")
+@option("stop_words", multiple=True,
+        help="A string that ends a request when the output text contains it (matched on text, not tokens; kept in the output; repeatable).")
 @option("temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
 @option("top_k", type=int, default=0, show_default=True, help="0 = off.")
 @option("top_p", type=float, default=1.0, show_default=True, help="1.0 = off.")
@@ -110,7 +113,9 @@ def read_inputs(texts: tuple[str, ...], input_file: str | None, tok: Tokenizer |
 @option("output_npy", type=click.Path(), help="Write output token ids as a [requests, max_len] array padded with -1.")
 @option("output_json", type=click.Path(), help="Write every request (input_ids, output_ids, text, finish_reason) and the metrics.")
 @option("num_threads", type=int, default=None, help="ONNX Runtime intra-op threads of the target engine [default: all cores, up to 8].")
-@option("draft_num_threads", type=int, default=1, show_default=True, help="Threads of the draft engine: a small draft gains nothing from more, and two sessions spinning threads on the same cores slow each other down.")
+@option("draft_num_threads", type=int, default=1, show_default=True,
+        help="Threads of the draft engine: a small draft gains nothing from more, and two sessions spinning threads on the same cores slow each "
+             "other down.")
 @prefix_caching_options
 @verify_engine_option
 @run_py_options
@@ -280,7 +285,8 @@ def _write_outputs(outputs, report: dict, output_csv, output_npy, output_json) -
             arr[i, : len(o.output_ids)] = o.output_ids
         np.save(output_npy, arr)
     if output_json:
-        requests = [dict(input_ids=o.input_ids, output_ids=o.output_ids, text=o.text, finish_reason=o.finish_reason, **({"error": o.error} if o.error else {}))
+        requests = [dict(input_ids=o.input_ids, output_ids=o.output_ids, text=o.text, finish_reason=o.finish_reason,
+                         **({"error": o.error} if o.error else {}))
                     for o in outputs]
         Path(output_json).write_text(json.dumps({"requests": requests, **report}, indent=2) + "\n")
 

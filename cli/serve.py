@@ -19,17 +19,23 @@ from .run import parse_draft_len
 @option("engine_dir", required=True, type=click.Path(), help="Target engine directory (from specdec-build).")
 @method_options
 @option("speculative_method", type=click.Choice(list(method_names())), default=None,
-        help="The default for requests that do not choose [default: draft if a draft engine is loaded, else ngram if --ngram_config, else suffix if --suffix_config, "
+        help="The default for requests that do not choose [default: draft if a draft engine is loaded, else ngram if --ngram_config, else suffix if "
+             "--suffix_config, "
              "else medusa / eagle for a target built with them, else none].")
-@option("draft_len", type=str, default=None, help="Default drafts per round of the default method: a number, or 'auto' [default: from the config string].")
-@option("host", type=str, default="127.0.0.1", show_default=True, help="Address to bind. The default answers this machine only; 0.0.0.0 exposes the server to the network (set --api_key).")
+@option("draft_len", type=str, default=None,
+        help="Default drafts per round of the default method: a number, or 'auto' [default: from the config string].")
+@option("host", type=str, default="127.0.0.1", show_default=True,
+        help="Address to bind. The default answers this machine only; 0.0.0.0 exposes the server to the network (set --api_key).")
 @option("port", type=int, default=8000, show_default=True, help="Port to bind (0: any free port; the real one is printed).")
-@option("api_key", type=str, default=None, envvar="SPECDEC_API_KEY", help="Require 'Authorization: Bearer KEY' on every route but /health [env: SPECDEC_API_KEY].")
+@option("api_key", type=str, default=None, envvar="SPECDEC_API_KEY",
+        help="Require 'Authorization: Bearer KEY' on every route but /health [env: SPECDEC_API_KEY].")
 @option("served_model_name", type=str, default=None, help="The model name clients send [default: the engine directory's name].")
 @option("tokenizer_dir", type=click.Path(), help="Tokenizer directory [default: the engine's own].")
-@option("chat_template", type=click.Path(exists=True, dir_okay=False), help="A jinja chat template file [default: chat_template from tokenizer_config.json].")
+@option("chat_template", type=click.Path(exists=True, dir_okay=False),
+        help="A jinja chat template file [default: chat_template from tokenizer_config.json].")
 @option("end_id", type=int, default=None, help="Token id that ends a request [default: the tokenizer's EOS]; -1: never stop on EOS.")
-@option("max_request_bytes", type=click.IntRange(min=1), default=4 * 1024 * 1024, show_default=True, help="Largest request body accepted (larger: 413).")
+@option("max_request_bytes", type=click.IntRange(min=1), default=4 * 1024 * 1024, show_default=True,
+        help="Largest request body accepted (larger: 413).")
 @option("max_queued_requests", type=click.IntRange(min=0), default=None,
         help="Requests that may wait for a cache slot beyond the free ones; more get a 503 with Retry-After [default: no limit].")
 @option("request_timeout", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -39,8 +45,10 @@ from .run import parse_draft_len
 @option("device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True, help="Where engines run (as specdec-run).")
 @option("num_threads", type=int, default=None, help="ONNX Runtime intra-op threads of the target engine [default: all cores, up to 8].")
 @option("draft_num_threads", type=int, default=1, show_default=True, help="Threads of the draft engine.")
-@option("allow_vocab_mismatch", is_flag=True, help="Take a draft's token ids as the target's although their tokenizers differ (default: it drafts through text).")
-@option("log_level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info", show_default=True, help="Server log level (debug: every request logged).")
+@option("allow_vocab_mismatch", is_flag=True,
+        help="Take a draft's token ids as the target's although their tokenizers differ (default: it drafts through text).")
+@option("log_level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info", show_default=True,
+        help="Server log level (debug: every request logged).")
 @prefix_caching_options
 @verify_engine_option
 @clean_errors
@@ -84,7 +92,8 @@ def main(engine_dir, speculative_method, draft_len, host, port, api_key, served_
 
     def bound(url: str) -> None:
         # said only if loading takes a while: a load that fails at once prints its one error line alone
-        note = threading.Timer(2.0, lambda: "served" in loaded or click.echo(f"loading {engine_dir}; GET {url}/health answers 503 \"loading\" until it is ready", err=True))
+        note = threading.Timer(2.0, lambda: "served" in loaded or click.echo(f"loading {engine_dir}; GET {url}/health answers 503 \"loading\" until "
+                                                                             "it is ready", err=True))
         note.daemon = True
         note.start()
 

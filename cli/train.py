@@ -52,12 +52,16 @@ def main() -> None:
 
 
 @main.command("prepare-data", context_settings=CONTEXT)
-@option("data_path", required=True, type=click.Path(), help="Prompts: a .txt (one per line) or a .jsonl (\"prompt\"/\"text\" or a user turn in \"conversations\").")
-@option("output_path", required=True, type=click.Path(), help="The .jsonl to write: one conversation with the base's answer and its token ids per prompt.")
-@option("model_dir", type=click.Path(), help="The base model (HF checkpoint with tokenizer.json); generates with transformers unless --engine_dir is given.")
+@option("data_path", required=True, type=click.Path(),
+        help="Prompts: a .txt (one per line) or a .jsonl (\"prompt\"/\"text\" or a user turn in \"conversations\").")
+@option("output_path", required=True, type=click.Path(),
+        help="The .jsonl to write: one conversation with the base's answer and its token ids per prompt.")
+@option("model_dir", type=click.Path(),
+        help="The base model (HF checkpoint with tokenizer.json); generates with transformers unless --engine_dir is given.")
 @option("engine_dir", type=click.Path(), help="A specdec engine of the base model: generates with ONNX Runtime (much faster than transformers).")
 @option("max_token", type=int, default=512, show_default=True, help="Most new tokens per answer.")
-@option("max_prompt_tokens", type=int, default=None, help="Cut prompts to this many tokens [default: the engine's max_input_len; with transformers 512 or what fits].")
+@option("max_prompt_tokens", type=int, default=None,
+        help="Cut prompts to this many tokens [default: the engine's max_input_len; with transformers 512 or what fits].")
 @option("temperature", type=float, default=0.0, show_default=True,
         help="0 = greedy (the tokens greedy verification compares drafts against); > 0 samples, for heads that will serve sampled requests.")
 @option("top_k", type=int, default=0, show_default=True, help="With --temperature > 0: keep the k most likely tokens (0 = off).")
@@ -102,7 +106,8 @@ class EngineGenerator:
 @main.command("run", context_settings=CONTEXT)
 @option("mode", required=True, type=str, help="medusa or eagle (EAGLE-3).")
 @option("model", "--model_dir", required=True, type=click.Path(), help="The base model (HF checkpoint, safetensors). It stays frozen.")
-@option("data", "--data_path", required=True, type=click.Path(), help="The .jsonl prepare-data wrote (or conversations to tokenize with the model's tokenizer.json).")
+@option("data", "--data_path", required=True, type=click.Path(),
+        help="The .jsonl prepare-data wrote (or conversations to tokenize with the model's tokenizer.json).")
 @option("output_dir", required=True, type=click.Path(), help="Where the heads, checkpoints, loss curve and model card go.")
 @option("num_epochs", type=int, default=1, show_default=True, help="Passes over the data (ignored with --max_steps).")
 @option("max_steps", type=int, default=None, help="Train exactly this many steps.")
@@ -122,8 +127,10 @@ class EngineGenerator:
              "depth j does, so depths 2.. are trained too; the report gives top-1 per depth. 1 = depth 1 only.")
 @option("eagle_loss_decay_factor", type=float, default=0.9, show_default=True,
         help="EAGLE: TTT step j's loss weighs this^(j-1) (ModelOpt's eagle_loss_decay_factor): depth 1 matters most, every later depth needs it.")
-@option("eval_fraction", type=float, default=0.0, show_default=True, help="Hold out this share of the sequences to report top-1 accuracy on (0: report on the training data).")
-@option("eval_data", type=click.Path(), default=None, help="A separate .jsonl (from prepare-data) to report top-1 accuracy on, instead of --eval_fraction.")
+@option("eval_fraction", type=float, default=0.0, show_default=True,
+        help="Hold out this share of the sequences to report top-1 accuracy on (0: report on the training data).")
+@option("eval_data", type=click.Path(), default=None,
+        help="A separate .jsonl (from prepare-data) to report top-1 accuracy on, instead of --eval_fraction.")
 @option("max_time", type=float, default=None, help="Stop (and save) after the step that passes this many seconds of training.")
 @option("seed", type=int, default=0, show_default=True, help="Initialisation and data order.")
 @option("resume", is_flag=True, help="Continue from the latest checkpoint-N in --output_dir (heads, optimizer, step).")

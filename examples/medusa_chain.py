@@ -43,7 +43,8 @@ def main() -> None:
 
     heads = args.heads_dir / "medusa"
     num_heads = load_heads(heads).num_heads
-    build = BuildConfig(max_batch_size=1, max_input_len=256, max_seq_len=512, max_draft_len=num_heads, speculative_decoding_mode="medusa", dtype="float32")
+    build = BuildConfig(max_batch_size=1, max_input_len=256, max_seq_len=512, max_draft_len=num_heads, speculative_decoding_mode="medusa",
+                        dtype="float32")
     build_engine(args.target, args.engine_dir, build, force=True, say=lambda _: None, medusa_dir=heads)
     target = OrtExecutor(load_engine_dir(args.engine_dir), num_threads=args.threads)
     records = [json.loads(line) for line in (args.heads_dir / "data" / "eval_prompts.answers.jsonl").open()][: args.prompts]

@@ -193,7 +193,8 @@ def check_values(config: EngineConfig) -> None:
             raise SchemaError(f"{name}: expected an integer >= {low}, got {value}")
     if b.max_input_len > b.max_seq_len:
         raise SchemaError(f"build.max_input_len: {b.max_input_len} is more than build.max_seq_len, {b.max_seq_len}")
-    for name, value, choices in (("speculative_decoding_mode", b.speculative_decoding_mode, SPECULATIVE_MODES), ("kv_layout", b.kv_layout, KV_LAYOUTS),
+    for name, value, choices in (("speculative_decoding_mode", b.speculative_decoding_mode, SPECULATIVE_MODES),
+                                 ("kv_layout", b.kv_layout, KV_LAYOUTS),
                                  ("cpu_kernels", b.cpu_kernels, CPU_KERNELS)):
         if value not in choices:
             raise SchemaError(f"build.{name}: expected one of {', '.join(choices)}, got {value!r}")

@@ -230,7 +230,8 @@ def _load_eagle(d: Path, cfg: dict) -> HeadCheckpoint:
         expected |= {p + "input_layernorm.weight": (hidden,), p + "post_attention_layernorm.weight": (hidden,),
                      p + "self_attn.q_proj.weight": (heads * head_dim, width), p + "self_attn.k_proj.weight": (kv_heads * head_dim, width),
                      p + "self_attn.v_proj.weight": (kv_heads * head_dim, width), p + "self_attn.o_proj.weight": (hidden, heads * head_dim),
-                     p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden), p + "mlp.down_proj.weight": (hidden, inter)}
+                     p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden),
+                     p + "mlp.down_proj.weight": (hidden, inter)}
     expected |= {"norm.weight": (hidden,), "lm_head.weight": (draft_vocab, hidden)}
     if draft_vocab < vocab:
         expected["d2t"] = (draft_vocab,)

@@ -89,7 +89,8 @@ def visible_gpu_count(what: str) -> int:
     count = cuda_device_count()
     if count == 0:
         cudart_module()  # a missing cuda-python says so itself
-        raise DeviceError(f"{what} needs an NVIDIA GPU, but CUDA sees none (cudaGetDeviceCount): install the NVIDIA driver and check CUDA_VISIBLE_DEVICES.")
+        raise DeviceError(f"{what} needs an NVIDIA GPU, but CUDA sees none (cudaGetDeviceCount): install the NVIDIA driver and check "
+                          "CUDA_VISIBLE_DEVICES.")
     return count
 
 
@@ -145,7 +146,8 @@ def version_problem(meta: Mapping[str, Any], module: str, host: str) -> str | No
 def check_gpu_arch(meta: Mapping[str, Any], host_sm: str, where: str) -> None:
     built, sm = build_metadata(meta, where)
     if sm != host_sm:
-        raise EngineError(f"{where} was built with TensorRT {built} for {sm}, but this GPU is {host_sm}: rebuild on this host (a TensorRT plan is specific to the GPU architecture it was built on).")
+        raise EngineError(f"{where} was built with TensorRT {built} for {sm}, but this GPU is {host_sm}: rebuild on this host (a TensorRT plan is "
+                          "specific to the GPU architecture it was built on).")
 
 
 def install_advice(meta: Mapping[str, Any]) -> str:
@@ -176,7 +178,8 @@ def import_runtime(meta: Mapping[str, Any], where: str) -> ModuleType:
             module = importlib.import_module(name)
         except Exception as err:  # ImportError, or OSError when its libnvinfer is missing
             if forced:
-                raise EngineError(f"{RUNTIME_ENV}={forced} but `import {forced}` failed ({err}); install {forced.replace('_', '-')}, or unset {RUNTIME_ENV}.") from err
+                raise EngineError(f"{RUNTIME_ENV}={forced} but `import {forced}` failed ({err}); install {forced.replace('_', '-')}, or unset "
+                                  f"{RUNTIME_ENV}.") from err
             continue
         problem = version_problem(meta, name, module.__version__)
         if problem is None:
@@ -184,5 +187,7 @@ def import_runtime(meta: Mapping[str, Any], where: str) -> ModuleType:
         tried.append(f"{name} {module.__version__}: {problem}")
     head = f"{where} is a TensorRT {built} plan for {sm}"
     if not tried:
-        raise EngineError(f"{head}, but no TensorRT runtime is importable here (tried {', '.join(RUNTIME_MODULES)}). Install {install_advice(meta)} on a GPU host.")
-    raise EngineError(f"{head}, and no installed TensorRT runtime can run it ({'; '.join(tried)}). Install {install_advice(meta)}, or rebuild on this host.")
+        raise EngineError(f"{head}, but no TensorRT runtime is importable here (tried {', '.join(RUNTIME_MODULES)}). Install {install_advice(meta)} "
+                          "on a GPU host.")
+    raise EngineError(f"{head}, and no installed TensorRT runtime can run it ({'; '.join(tried)}). Install {install_advice(meta)}, or rebuild on "
+                      "this host.")

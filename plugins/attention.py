@@ -193,9 +193,11 @@ class PortableAttention(AttentionLowering):
         last = gb.op("Sub", [tokens, one], f"{p}/last_token")
         in_call = gb.op("And", [gb.op("Not", [before], f"{p}/not_before"), gb.op("LessOrEqual", [rel, last], f"{p}/within_call")], f"{p}/in_call")
         # [B, L] clamped into [0, S): Max/Min rather than an integer Clip, which not every TensorRT version parses
-        idx = gb.op("Max", [gb.op("Min", [rel, last], f"{p}/call_index_hi"), gb.const(f"{p}/call_index_lo", np.array(0, np.int64))], f"{p}/call_index")
+        idx = gb.op("Max", [gb.op("Min", [rel, last], f"{p}/call_index_hi"), gb.const(f"{p}/call_index_lo", np.array(0, np.int64))],
+                    f"{p}/call_index")
         axis1 = gb.const(f"{p}/axis1b", np.array([1], np.int64))
-        full = gb.op("Concat", [shape, gb.op("Unsqueeze", [live, gb.const(f"{p}/axis0", np.array([0], np.int64))], f"{p}/live_1d")], f"{p}/bsl", axis=0)
+        full = gb.op("Concat", [shape, gb.op("Unsqueeze", [live, gb.const(f"{p}/axis0", np.array([0], np.int64))], f"{p}/live_1d")], f"{p}/bsl",
+                     axis=0)
         idx3 = gb.op("Expand", [gb.op("Unsqueeze", [idx, axis1], f"{p}/call_index_3d"), full], f"{p}/call_index_bsl")  # [B, S, L]
         picked = gb.op("GatherElements", [tree, idx3], f"{p}/tree_rows", axis=2)  # [B, S, L]: tree_mask[b, j, slot - first]
         visible = gb.op("Or", [gb.op("Unsqueeze", [before, axis1], f"{p}/before_3d"),
@@ -228,7 +230,9 @@ class PortableAttention(AttentionLowering):
         perm = [0, 2, 1, 3]
         heads = {"q": cfg.num_heads, "k": cfg.num_kv_heads, "v": cfg.num_kv_heads}
         q, k, v = (
-            gb.op("Transpose", [gb.op("Reshape", [x, gb.const(f"{prefix}/{n}_shape", np.array([0, 0, heads[n], cfg.head_dim], np.int64))], f"{prefix}/{n}_heads")], f"{prefix}/{n}_bnsh", perm=perm)
+            gb.op("Transpose",
+                  [gb.op("Reshape", [x, gb.const(f"{prefix}/{n}_shape", np.array([0, 0, heads[n], cfg.head_dim], np.int64))], f"{prefix}/{n}_heads")],
+                  f"{prefix}/{n}_bnsh", perm=perm)
             for n, x in (("q", q), ("k", k), ("v", v))
         )
         q = gb.op("RotaryEmbedding", [q, shared.cos, shared.sin, shared.positions], f"{prefix}/q_rope")

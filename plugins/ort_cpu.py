@@ -72,7 +72,8 @@ class OrtCpuAttention(PortableAttention):
         if not nbits_holds(w):  # a group MatMulNBits' power-of-two blocks cannot hold: exact, float32 at load
             return dq_matmul(self.gb, name, x, w)
         packed = pack_matmul_nbits(w)
-        if not self.consistent_rows or not nbits_rows_split(packed.k, packed.n, packed.bits, packed.block_size, NBITS_ACCURACY_LEVEL, self.probe_rows):
+        if not self.consistent_rows or not nbits_rows_split(packed.k, packed.n, packed.bits, packed.block_size, NBITS_ACCURACY_LEVEL,
+                                                            self.probe_rows):
             return matmul_nbits(self.gb, name, x, packed, None)
         if rows == self.step_rows:
             self.step_padding_needed = True

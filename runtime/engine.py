@@ -104,7 +104,8 @@ class Engine:
                 self.vocab_limit = limit if self.vocab_limit is None or limit is None else min(self.vocab_limit, limit)
                 p.vocab_limit = limit
         if speculation.drafts and speculation.method not in self.proposers:
-            raise EngineError(f"the default speculation method {speculation.method!r} has no proposer loaded (loaded: {', '.join(self.proposers) or 'none'}).")
+            raise EngineError(f"the default speculation method {speculation.method!r} has no proposer loaded (loaded: "
+                              f"{', '.join(self.proposers) or 'none'}).")
         if speculation.drafts:
             self._check_draft_len(speculation.draft_len, self.proposers[speculation.method].draft_len_name)
         self.cache = target.new_cache(self.max_batch)
@@ -166,7 +167,8 @@ class Engine:
         return ids
 
     # -- the request API --------------------------------------------------------------------
-    def add_request(self, prompt_ids: Sequence[int], config: GenerationConfig = GenerationConfig(), request_id: str | None = None, seed_stream: int = 0) -> str:
+    def add_request(self, prompt_ids: Sequence[int], config: GenerationConfig = GenerationConfig(), request_id: str | None = None,
+                    seed_stream: int = 0) -> str:
         """Queue a request; it joins the running batch at the next step with a free slot.
 
         ``seed_stream``: with the sampling seed, keys this request's RNG (generate() passes

@@ -18,7 +18,8 @@ from ..formats.kv_layout import kv_cache_shape
 class KVCache:
     """Host-side bookkeeping of a cache; the host (numpy) storage of the CPU executor."""
 
-    def __init__(self, num_layers: int, num_slots: int, kv_heads: int, capacity: int, head_dim: int, max_seq_len: int, layout: str = "bnsh", storage: bool = True):
+    def __init__(self, num_layers: int, num_slots: int, kv_heads: int, capacity: int, head_dim: int, max_seq_len: int, layout: str = "bnsh",
+                 storage: bool = True):
         # keys[i], values[i]: [num_slots, kv_heads, capacity, head_dim] (bnsh) or [num_slots, capacity, kv_heads * head_dim] (bsh), float32
         shape = kv_cache_shape(layout, num_slots, kv_heads, capacity, head_dim)
         self.layout = layout

@@ -75,7 +75,8 @@ class Metrics:
 
         Not the engine times (draft_s, target_s): requests share each call, so a sum of their
         shares is the caller's to keep (the engine counts every call once)."""
-        for name in ("requests", "prompt_tokens", "cached_tokens", "output_tokens", "rounds", "drafted", "accepted", "no_draft_rounds", "rejected", "silent_drafts"):
+        for name in ("requests", "prompt_tokens", "cached_tokens", "output_tokens", "rounds", "drafted", "accepted", "no_draft_rounds", "rejected",
+                     "silent_drafts"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for mine, theirs in ((self.drafted_at, other.drafted_at), (self.accepted_at, other.accepted_at)):
             mine.extend([0] * (len(theirs) - len(mine)))
@@ -145,7 +146,8 @@ class Metrics:
             f"time: total {self.total_s:.3f}s = target {self.target_s:.3f}s + draft {self.draft_s:.3f}s + other {self.other_s:.3f}s",
         ]
         if self.cached_tokens:
-            lines.append(f"prefix cache: {self.cached_tokens} of {self.prompt_tokens} prompt tokens copied, not prefilled (hit rate {self.prefix_hit_rate:.2f})")
+            lines.append(f"prefix cache: {self.cached_tokens} of {self.prompt_tokens} prompt tokens copied, not prefilled (hit rate "
+                         f"{self.prefix_hit_rate:.2f})")
         if self.drafted:
             per_pos = " ".join(f"{a:.2f}" for a in self.per_position_acceptance)
             lines.append(

@@ -61,7 +61,8 @@ class Orchestrator:
     def max_input_len(self) -> int:
         return self.engine.max_input_len
 
-    def generate(self, prompts: Sequence[Sequence[int]], config: GenerationConfig, on_tokens: TokenCallback | None = None) -> tuple[list[RequestOutput], Metrics]:
+    def generate(self, prompts: Sequence[Sequence[int]], config: GenerationConfig,
+                 on_tokens: TokenCallback | None = None) -> tuple[list[RequestOutput], Metrics]:
         """Decode every prompt: add all, step until done."""
         engine = self.engine
         if not prompts:

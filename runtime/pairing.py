@@ -101,7 +101,8 @@ def check_pair(target: EngineDir, draft: EngineDir, allow_mismatch: bool = False
                 allow_mismatch,
             )
     tb, db = target.config.build, draft.config.build
-    short = [f"{name} {getattr(db, name)} < {getattr(tb, name)}" for name in ("max_seq_len", "max_input_len", "max_batch_size") if getattr(db, name) < getattr(tb, name)]
+    short = [f"{name} {getattr(db, name)} < {getattr(tb, name)}" for name in ("max_seq_len", "max_input_len",
+                                                                              "max_batch_size") if getattr(db, name) < getattr(tb, name)]
     if short:
         warnings.warn(
             f"the draft engine {draft.path} has smaller limits than the target ({', '.join(short)}): requests are capped "

@@ -109,7 +109,8 @@ class ResponseCache:
         """Add the responses of a JSON-lines file; returns how many. Bad input: one line saying where."""
         p = Path(path)
         if not p.is_file():
-            raise RequestError(f"the suffix cache seed file {p} does not exist; expected JSON lines of {{\"token_ids\": [..]}} or {{\"text\": \"..\"}}.")
+            raise RequestError(f"the suffix cache seed file {p} does not exist; expected JSON lines of {{\"token_ids\": [..]}} or {{\"text\": "
+                               f"\"..\"}}.")
         rows: list[list[int]] = []
         for where, item in json_lines(p):  # not UTF-8, not JSON, too deep, a lone surrogate: one line each
             text = item if isinstance(item, str) else item.get("text") if isinstance(item, dict) else None

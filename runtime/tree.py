@@ -66,7 +66,8 @@ class DraftTree:
             raise RequestError(f"{what}: a path appears twice.")
         missing = sorted({p[:-1] for p in clean if len(p) > 1} - clean)
         if missing:
-            raise RequestError(f"{what}: the path {shown_value(list(missing[0]))} is missing, but {shown_value(list(next(p for p in sorted(clean) if p[:-1] == missing[0])))} "
+            raise RequestError(f"{what}: the path {shown_value(list(missing[0]))} is missing, but "
+                               f"{shown_value(list(next(p for p in sorted(clean) if p[:-1] == missing[0])))} "
                                "continues it (every prefix of a path must be in the tree).")
         ordered = sorted(clean, key=lambda p: (len(p), p))
         index = {p: j for j, p in enumerate(ordered)}

@@ -225,7 +225,8 @@ async def _disconnected(request: Request) -> None:
 
 
 def _timed_out(timeout: float) -> ApiError:
-    return ApiError(504, f"the request did not finish within {timeout:g} s (--request_timeout) and was stopped; lower max_tokens or ask the operator for a longer timeout.",
+    return ApiError(504, f"the request did not finish within {timeout:g} s (--request_timeout) and was stopped; lower max_tokens or ask the operator "
+                         "for a longer timeout.",
                     code="request_timeout")
 
 
@@ -296,7 +297,8 @@ def _error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, err: StarletteHTTPException) -> JSONResponse:
-        message = {404: "no such route; see GET /v1/models, POST /v1/completions, POST /v1/chat/completions.", 405: "method not allowed on this route.",
+        message = {404: "no such route; see GET /v1/models, POST /v1/completions, POST /v1/chat/completions.",
+                   405: "method not allowed on this route.",
                    400: "the request body could not be read as JSON."}
         status = err.status_code if err.status_code in (400, 404, 405) else 400
         return JSONResponse(error_body(status, message.get(err.status_code, str(err.detail))), status_code=status)
@@ -319,7 +321,8 @@ def _validation_response(errors: list[dict]) -> JSONResponse:
         return JSONResponse(error_body(400, f"the request body is not valid JSON: {ctx.get('error', first.get('msg'))}."), status_code=400)
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     if loc and loc[0] == "prompt":
-        return JSONResponse(error_body(400, "prompt must be a string, a list of token ids (integers >= 0), or a list of those (at most 256, none empty).", "prompt"), status_code=400)
+        return JSONResponse(error_body(400, "prompt must be a string, a list of token ids (integers >= 0), or a list of those (at most 256, none "
+                                            "empty).", "prompt"), status_code=400)
     # union members show up in the location as type names ("list[int]", "str", "constrained-int"): drop them
     loc = [p for p in loc if not any(c in p for c in "[]-") and p not in UNION_PARTS]
     param = ".".join(loc) or None

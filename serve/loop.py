@@ -46,7 +46,8 @@ from .params import Plan, Served
 
 log = logging.getLogger("specdec.serve")
 
-FINISH_REASONS = {"end_id": "stop", "stop_words": "stop", "stop": "stop", "grammar": "stop", "length": "length", "max_seq_len": "length", "abort": "abort",
+FINISH_REASONS = {"end_id": "stop", "stop_words": "stop", "stop": "stop", "grammar": "stop", "length": "length", "max_seq_len": "length",
+                  "abort": "abort",
                   "error": "error"}
 
 
@@ -180,7 +181,8 @@ class EngineLoop:
         samples = len(job.choices)
         if self.max_queued is not None and samples > self.engine.max_batch + self.max_queued:
             raise ApiError(400, f"this request asks for {samples} sequences (prompts x n or best_of); this server holds at most "
-                           f"{self.engine.max_batch + self.max_queued} at once (max_batch_size {self.engine.max_batch} + --max_queued_requests {self.max_queued}).", "n")
+                           f"{self.engine.max_batch + self.max_queued} at once (max_batch_size {self.engine.max_batch} + --max_queued_requests "
+                           f"{self.max_queued}).", "n")
         with self._lock:
             if self.max_queued is not None:
                 free = self.engine.max_batch - self._running
@@ -188,7 +190,8 @@ class EngineLoop:
                 if queued > self.max_queued:
                     raise ApiError(
                         503,
-                        f"the server is at capacity: {self._running} requests running, {self._unadded + self._waiting} waiting (--max_queued_requests "
+                        f"the server is at capacity: {self._running} requests running, {self._unadded + self._waiting} waiting "
+                        "(--max_queued_requests "
                         f"{self.max_queued}); retry after the Retry-After header's seconds.",
                         code="server_overloaded",
                         headers={"Retry-After": str(self.retry_after())},
@@ -215,7 +218,8 @@ class EngineLoop:
             if not self._drain_inbox(block=not self.engine.has_unfinished()):
                 break
             if self.drain_deadline is not None and time.monotonic() >= self.drain_deadline and self.jobs:
-                self._fail_all(ApiError(503, "the server is shutting down and this request did not finish in time (--shutdown_timeout)."), inbox=False)
+                self._fail_all(ApiError(503, "the server is shutting down and this request did not finish in time (--shutdown_timeout)."),
+                               inbox=False)
             if not self.engine.has_unfinished():
                 continue
             try:
@@ -296,7 +300,8 @@ class EngineLoop:
     def _on_output(self, job: Job, c: Choice, out: RequestOutput) -> None:
         now = time.perf_counter()
         if out.warning:  # the runtime says it once per request (runtime/guards.py: drafts that never land); so does the log
-            log.warning("request %s (speculative method %s, %s draft tokens): %s", c.request_id, job.plan.method, job.plan.num_draft_tokens, out.warning)
+            log.warning("request %s (speculative method %s, %s draft tokens): %s", c.request_id, job.plan.method, job.plan.num_draft_tokens,
+                        out.warning)
         if out.new_token_ids and not c.first_token:
             c.first_token = now
             job.first_token = job.first_token or now

@@ -96,7 +96,8 @@ class Plan:
 
 def check_common(req: Sampling, served: Served) -> None:
     if req.model is not None and req.model != served.model_name:
-        raise ApiError(404, f"the model {req.model!r} does not exist on this server; it serves {served.model_name!r} (GET /v1/models).", "model", "model_not_found")
+        raise ApiError(404, f"the model {req.model!r} does not exist on this server; it serves {served.model_name!r} (GET /v1/models).", "model",
+                       "model_not_found")
     if req.stream_options is not None and not req.stream:
         raise ApiError(400, "stream_options is only allowed with stream=true.", "stream_options")
 
@@ -108,7 +109,8 @@ def completion_prompts(req: CompletionRequest, served: Served) -> list[list[int]
     for p in prompts:
         if isinstance(p, str):
             if served.tokenizer is None:
-                raise ApiError(400, "text prompts need a tokenizer and the engine has none: send token ids, or restart with --tokenizer_dir.", "prompt")
+                raise ApiError(400, "text prompts need a tokenizer and the engine has none: send token ids, or restart with --tokenizer_dir.",
+                               "prompt")
             out.append(served.tokenizer.encode(p))
         else:
             out.append(list(p))
@@ -150,7 +152,8 @@ def completion_plan(req: CompletionRequest, served: Served) -> Plan:
         raise ApiError(400, "max_tokens=0 is only allowed with echo=true (scoring the prompt); send max_tokens >= 1.", "max_tokens")
     prompts = completion_prompts(req, served)
     if len(prompts) * best_of > MAX_CHOICES:
-        raise ApiError(400, f"{len(prompts)} prompts x {'best_of' if req.best_of else 'n'}={best_of} is {len(prompts) * best_of} sequences; at most {MAX_CHOICES} per request.", "n")
+        raise ApiError(400, f"{len(prompts)} prompts x {'best_of' if req.best_of else 'n'}={best_of} is {len(prompts) * best_of} sequences; at most "
+                            f"{MAX_CHOICES} per request.", "n")
     drop = req.max_tokens == 0
     p = plan(req, prompts, 1 if drop else req.max_tokens, served, default_max_tokens=16)  # OpenAI's default
     logprobs = req.logprobs
@@ -296,7 +299,8 @@ def speculation(req: Sampling, served: Served) -> tuple[str, int | str]:
         if cap is not None and k > cap:
             m = get_method(method)
             source = m.limit_name or f"{method}'s max_draft_len"
-            raise ApiError(400, f"speculative.num_draft_tokens={k} is larger than {source}={cap} ({m.flag}); use <= {cap}.", "speculative.num_draft_tokens")
+            raise ApiError(400, f"speculative.num_draft_tokens={k} is larger than {source}={cap} ({m.flag}); use <= {cap}.",
+                           "speculative.num_draft_tokens")
     return method, k
 
 

@@ -112,7 +112,8 @@ class Sampling(BaseModel):
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0, le=2.0)] | None = None
-    logit_bias: Annotated[dict[Annotated[str, Field(pattern=r"^[0-9]{1,10}$")], Annotated[float, Field(ge=-100.0, le=100.0)]], Field(max_length=MAX_BIAS)] | None = None
+    logit_bias: Annotated[dict[Annotated[str, Field(pattern=r"^[0-9]{1,10}$")], Annotated[float, Field(ge=-100.0, le=100.0)]],
+                          Field(max_length=MAX_BIAS)] | None = None
     user: Annotated[str, Field(max_length=1000)] | None = None
     ignore_eos: bool = False
     speculative: Speculative | None = None

@@ -42,7 +42,8 @@ def speculative(job: Job, result: Result) -> dict[str, Any]:
 
 
 def usage(result: Result) -> dict[str, Any]:
-    return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens, "total_tokens": result.prompt_tokens + result.completion_tokens,
+    return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
+            "total_tokens": result.prompt_tokens + result.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": result.cached_tokens}}
 
 
@@ -84,7 +85,8 @@ def chat_logprobs(served: Served, ids: Sequence[int], lps: Sequence[TokenLogprob
 # -- whole responses -----------------------------------------------------------------------------
 def completion(job: Job, served: Served, r: Result) -> dict[str, Any]:
     choices = [_completion_choice(job, served, c) for c in r.choices]
-    return {**_head(job, served.model_name, "text_completion"), "choices": choices, "usage": usage(r), "speculative": speculative(job, r), "timings": r.timings}
+    return {**_head(job, served.model_name, "text_completion"), "choices": choices, "usage": usage(r), "speculative": speculative(job, r),
+            "timings": r.timings}
 
 
 def _completion_choice(job: Job, served: Served, c: ChoiceResult) -> dict[str, Any]:
@@ -128,8 +130,10 @@ def chat_completion(job: Job, served: Served, r: Result) -> dict[str, Any]:
                 message = {"role": "assistant", "content": content, "tool_calls": calls}
                 reason = "tool_calls" if reason == "stop" else reason
         logprobs = chat_logprobs(served, c.token_ids, c.logprobs) if job.plan.logprobs is not None and c.logprobs is not None else None
-        choices.append(_with_error({"index": c.index, "message": message, "logprobs": logprobs, "finish_reason": reason, "token_ids": c.token_ids}, c.error))
-    return {**_head(job, served.model_name, "chat.completion"), "choices": choices, "usage": usage(r), "speculative": speculative(job, r), "timings": r.timings}
+        choices.append(_with_error({"index": c.index, "message": message, "logprobs": logprobs, "finish_reason": reason, "token_ids": c.token_ids},
+                                   c.error))
+    return {**_head(job, served.model_name, "chat.completion"), "choices": choices, "usage": usage(r), "speculative": speculative(job, r),
+            "timings": r.timings}
 
 
 # -- streams -------------------------------------------------------------------------------------
@@ -183,7 +187,8 @@ def chat_chunk(job: Job, served: Served, ev: Event, text: str, tool_calls: list[
         delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(tool_calls)]
         reason = "tool_calls" if reason == "stop" else reason
     logprobs = chat_logprobs(served, ev.token_ids, ev.logprobs) if job.plan.logprobs is not None else None
-    choice = _with_error({"index": ev.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason, "token_ids": ev.token_ids}, ev.choice_error)
+    choice = _with_error({"index": ev.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason, "token_ids": ev.token_ids},
+                         ev.choice_error)
     chunk = {**_head(job, served.model_name, "chat.completion.chunk"), "choices": [choice]}
     if ev.result is not None:
         chunk.update(speculative=speculative(job, ev.result), timings=ev.result.timings)

@@ -89,7 +89,8 @@ def plan_tools(req: ChatCompletionRequest, served: Served) -> ToolPlan | None:
         return None
     if req.response_format is not None and req.response_format.type != "text" or req.structured_outputs is not None:
         if choice not in (None, "none"):
-            raise ApiError(400, "tools and a structured output (response_format / structured_outputs) cannot both constrain the output; send one.", "tools")
+            raise ApiError(400, "tools and a structured output (response_format / structured_outputs) cannot both constrain the output; send one.",
+                           "tools")
     definitions = [t.model_dump(exclude_none=True) for t in req.tools]
     funcs = {t.function.name: _parameters(t.function.parameters) for t in req.tools}
     if len(funcs) != len(req.tools):
@@ -119,7 +120,8 @@ def plan_tools(req: ChatCompletionRequest, served: Served) -> ToolPlan | None:
 
 
 def _call_schema(name: str, parameters: dict) -> dict:
-    return {"type": "object", "properties": {"name": {"const": name}, "arguments": parameters}, "required": ["name", "arguments"], "additionalProperties": False}
+    return {"type": "object", "properties": {"name": {"const": name}, "arguments": parameters}, "required": ["name", "arguments"],
+            "additionalProperties": False}
 
 
 def _lazy_calls(call_schema: dict, special: bool) -> str:

@@ -135,7 +135,8 @@ def add_word_tokenizer(ckpt: Path) -> Path:
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.add_special_tokens(SPECIAL)
     tok.save(str(ckpt / "tokenizer.json"))
-    (ckpt / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>", "add_bos_token": True}))
+    (ckpt / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>",
+                                                            "add_bos_token": True}))
     return ckpt
 
 

@@ -45,9 +45,11 @@ def _nested_schema(inner: st.SearchStrategy) -> st.SearchStrategy[dict]:
     props = st.dictionaries(st.sampled_from(NAMES), inner, max_size=3)
     return st.one_of(
         st.fixed_dictionaries({"type": st.just("object"), "properties": props},
-                              optional={"required": st.lists(st.sampled_from(NAMES), max_size=3), "additionalProperties": st.one_of(st.booleans(), inner),
+                              optional={"required": st.lists(st.sampled_from(NAMES), max_size=3),
+                                        "additionalProperties": st.one_of(st.booleans(), inner),
                                         "minProperties": _bound(), "maxProperties": _bound()}),
-        st.fixed_dictionaries({"type": st.just("array"), "items": inner}, optional={"minItems": _bound(), "maxItems": _bound(), "uniqueItems": st.booleans()}),
+        st.fixed_dictionaries({"type": st.just("array"), "items": inner},
+                              optional={"minItems": _bound(), "maxItems": _bound(), "uniqueItems": st.booleans()}),
         st.fixed_dictionaries({"anyOf": st.lists(inner, max_size=3)}),
         st.fixed_dictionaries({"allOf": st.lists(inner, max_size=3)}),
         st.fixed_dictionaries({"oneOf": st.lists(inner, max_size=3)}),

@@ -141,7 +141,8 @@ def quantization_config(method: str, bits: int, group_size: int, symmetric: bool
             "damp_percent": 0.01, "static_groups": False, "true_sequential": True,
         }
     if method == "awq":  # AutoAWQ / transformers AwqConfig
-        return {"quant_method": "awq", "bits": bits, "group_size": group_size or -1, "zero_point": True, "version": "gemm", "modules_to_not_convert": None}
+        return {"quant_method": "awq", "bits": bits, "group_size": group_size or -1, "zero_point": True, "version": "gemm",
+                "modules_to_not_convert": None}
     if method == "compressed-tensors":  # llm-compressor W4A16 / W8A16
         weights = {
             "num_bits": bits, "type": "int", "symmetric": symmetric, "strategy": "group" if group_size else "channel",
@@ -198,7 +199,9 @@ def save_quantized_checkpoint(
         g = group_size or n_in
         g_idx = np.arange(n_in) // g
         if act_order:  # one shuffle per layer input, as GPTQ's q/k/v (and gate/up) share theirs
-            layer_input = ".".join(parts[:4]) + (".attn_in" if parts[-2] in ("q_proj", "k_proj", "v_proj") else ".mlp_in" if parts[-2] in ("gate_proj", "up_proj") else "." + parts[-2])
+            layer_input = ".".join(parts[:4]) + (".attn_in" if parts[-2] in ("q_proj", "k_proj",
+                                                                             "v_proj") else ".mlp_in" if parts[-2] in ("gate_proj",
+                                                                                                                       "up_proj") else "." + parts[-2])
             g_idx = g_idx[np.random.default_rng(zlib.crc32(layer_input.encode())).permutation(n_in)]
         codes, zeros, scales = _rtn_codes(w_t, bits, g, symmetric, g_idx)
         meant[name] = reference(codes, zeros, scales, g_idx).T.copy()
@@ -222,7 +225,10 @@ def save_float_checkpoint(quantized: Path, dst: Path, meant: dict[str, np.ndarra
     and each linear as the [out, in] weight it means."""
     from safetensors.torch import save_file
 
-    tensors = {k: v.float() for k, v in copy_without_weights(quantized, dst).items() if k.split(".")[-1] not in ("qweight", "qzeros", "scales", "g_idx", "weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx")}
+    tensors = {k: v.float() for k,
+               v in copy_without_weights(quantized, dst).items() if k.split(".")[-1] not in ("qweight", "qzeros", "scales", "g_idx", "weight_packed",
+                                                                                             "weight_scale", "weight_zero_point", "weight_shape",
+                                                                                             "weight_g_idx")}
     tensors.update({k: torch.from_numpy(v) for k, v in meant.items()})
     save_file(tensors, dst / "model.safetensors")
     cfg = json.loads((dst / "config.json").read_text())

@@ -90,7 +90,8 @@ def read_prompts(path: str | Path, flag: str = "--data_path") -> list[str]:
         for n, obj in _jsonl(p):
             prompt = _prompt_of(obj)
             if prompt is None:
-                raise TrainConfigError(f"{p} line {n} has no prompt: expected a \"prompt\"/\"text\"/\"input\" string or a user turn in \"conversations\".")
+                raise TrainConfigError(f"{p} line {n} has no prompt: expected a \"prompt\"/\"text\"/\"input\" string or a user turn in "
+                                       "\"conversations\".")
             if prompt.strip():
                 prompts.append(prompt)
     if not prompts:
@@ -140,7 +141,8 @@ def read_sequences(path: str | Path, tokenizer=None, max_len: int = 512, vocab_s
             ids = prompt_ids + tokenizer.encode(answer, add_special_tokens=not prompt_ids)
             prompt_len = len(prompt_ids)
         if vocab_size is not None and ids and max(ids) >= vocab_size:
-            raise TrainConfigError(f"{p} line {n}: token id {max(ids)} is outside the model's vocabulary ({vocab_size}); was this data made for another model?")
+            raise TrainConfigError(f"{p} line {n}: token id {max(ids)} is outside the model's vocabulary ({vocab_size}); was this data made for "
+                                   "another model?")
         ids = ids[:max_len]
         if len(ids) > max(2, int(prompt_len)):
             out.append(Sequence(ids, int(prompt_len)))

@@ -185,7 +185,8 @@ def eagle_targets(base_hidden: torch.Tensor, base_lm_head: nn.Module, loss_mask:
 
 
 def eagle_loss(module: Eagle3Module, hidden: torch.Tensor, base_hidden: torch.Tensor, base_lm_head: nn.Module,
-               loss_mask: torch.Tensor, step: int = 1, targets: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, tuple[int, int]]:
+               loss_mask: torch.Tensor, step: int = 1, targets: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor,
+                                                                                                                          tuple[int, int]]:
     """Self-logit distillation (ModelOpt's eagle_self_logit_distillation): cross-entropy against the base's own
     distribution, and (EAGLE's top-1 equals the base's, counted): what greedy verification accepts at depth 1.
 

@@ -157,7 +157,8 @@ def prepare_data(cfg: PrepareConfig, say: Callable[[str], None] = print, progres
             bar.close()
         if os.path.exists(tmp):
             os.unlink(tmp)
-    say(f"wrote {len(prompts)} answers ({tokens} tokens, {'greedy' if cfg.sampling(0).greedy else 'sampled at temperature ' + str(cfg.temperature)}) to {out}")
+    say(f"wrote {len(prompts)} answers ({tokens} tokens, {'greedy' if cfg.sampling(0).greedy else 'sampled at temperature ' + str(cfg.temperature)}) "
+        f"to {out}")
     return len(prompts)
 
 

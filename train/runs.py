@@ -144,7 +144,8 @@ class EagleRun(Run):
     @staticmethod
     def check_base(cfg: TrainConfig, num_layers: int | None) -> None:
         if cfg.eagle_aux_layer_ids and num_layers and max(cfg.eagle_aux_layer_ids) >= num_layers:
-            raise TrainConfigError(f"--eagle_aux_layer_ids {sorted(set(cfg.eagle_aux_layer_ids))}: the base model has layers 0..{num_layers - 1} only.")
+            raise TrainConfigError(f"--eagle_aux_layer_ids {sorted(set(cfg.eagle_aux_layer_ids))}: the base model has layers 0..{num_layers - 1} "
+                                   "only.")
 
     def __init__(self, cfg: TrainConfig, base: nn.Module):
         super().__init__(cfg, base)

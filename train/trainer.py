@@ -116,7 +116,8 @@ def check_output_dir(cfg: TrainConfig) -> Path:
     if cfg.resume and latest_checkpoint(out) is None:
         raise TrainConfigError(f"--resume: {out} holds no checkpoint-N folder to resume from.")
     if busy and not cfg.resume and not cfg.overwrite_output_dir:
-        raise TrainConfigError(f"--output_dir {out} exists and is not empty; pass --resume to continue its run or --overwrite_output_dir to start over.")
+        raise TrainConfigError(f"--output_dir {out} exists and is not empty; pass --resume to continue its run or --overwrite_output_dir to start "
+                               "over.")
     return out
 
 
@@ -248,7 +249,8 @@ def _check_memory(cfg: TrainConfig, base_cfg: dict) -> None:
         what = f"--medusa_num_heads {cfg.medusa_num_heads} --medusa_num_layers {cfg.medusa_num_layers}" if cfg.mode == "medusa" else \
             f"--eagle_num_layers {cfg.eagle_num_layers}"
         raise TrainConfigError(f"{what}: training them needs about {need / 2**30:.1f} GiB ({TRAINING_BYTES_PER_PARAMETER} bytes per trainable "
-                               f"parameter: weight, gradient, AdamW moments), more than this machine's {have / 2**30:.1f} GiB. Use fewer heads or layers.")
+                               f"parameter: weight, gradient, AdamW moments), more than this machine's {have / 2**30:.1f} GiB. Use fewer heads or "
+                               "layers.")
 
 
 def _tokenizer(model_dir: Path):

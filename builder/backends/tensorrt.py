@@ -99,7 +99,8 @@ def compile_engine(out_dir: Path, network_file: str, build: BuildConfig, model: 
     """The plan beside the ONNX it was parsed from (the graph stays: what the plan was built from)."""
     cache = options.get("trt_timing_cache")
     meta = build_tensorrt_engine(out_dir / network_file, out_dir, build, model, Path(cache) if cache else None,
-                                 bool(options.get("trt_version_compatible")), exclude_lean_runtime=bool(options.get("trt_exclude_lean_runtime")), say=say)
+                                 bool(options.get("trt_version_compatible")), exclude_lean_runtime=bool(options.get("trt_exclude_lean_runtime")),
+                                 say=say)
     return Compiled(ENGINE_FILE, {"tensorrt": meta["tensorrt_version"]}, {"tensorrt": meta})
 
 

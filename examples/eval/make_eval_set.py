@@ -73,8 +73,10 @@ def functions_of(path: Path, max_lines: int) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("files", nargs="*", help=f"source files, relative to --stdlib_dir or absolute [default: {HELDOUT_LIST.name} if it exists, else a fixed list]")
-    ap.add_argument("--stdlib_dir", default=sysconfig.get_paths()["stdlib"], help="where relative paths are looked up [default: this Python's stdlib]")
+    ap.add_argument("files", nargs="*",
+                    help=f"source files, relative to --stdlib_dir or absolute [default: {HELDOUT_LIST.name} if it exists, else a fixed list]")
+    ap.add_argument("--stdlib_dir", default=sysconfig.get_paths()["stdlib"],
+                    help="where relative paths are looked up [default: this Python's stdlib]")
     ap.add_argument("--num_examples", type=int, default=32)
     ap.add_argument("--max_lines", type=int, default=40, help="skip functions longer than this")
     ap.add_argument("-o", "--output", default=str(DEFAULT_OUTPUT))

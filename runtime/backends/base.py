@@ -144,7 +144,8 @@ def refuse_prefix_pool(engine: str, why: str) -> None:
 def compact_chain(cache: KVCache, slot: int, start: int, keep: Sequence[int], engine: str) -> None:
     """compact_slot for an executor without tree attention: a chain's kept tokens already sit in place (a rollback)."""
     if list(keep) != list(range(len(keep))):
-        raise EngineError(f"{engine} verifies chains only: it cannot keep the tree path {list(keep)} (tree drafting runs on the onnxruntime backend, CPU or --device cuda).")
+        raise EngineError(f"{engine} verifies chains only: it cannot keep the tree path {list(keep)} (tree drafting runs on the onnxruntime backend, "
+                          "CPU or --device cuda).")
     cache.rollback(slot, start + len(keep))
 
 

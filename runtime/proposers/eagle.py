@@ -74,14 +74,16 @@ class EagleProposer(OwnDrafter):
             raise EngineError(f"{module.engine.path} is not an EAGLE module engine (mode {module.build.speculative_decoding_mode}); "
                               f"it is the eagle/ folder inside an eagle target engine.")
         if module.model.hidden_size != target.model.hidden_size or module.vocab_size != target.vocab_size:
-            raise EngineError(f"the EAGLE module {module.engine.path} (hidden {module.model.hidden_size}, vocab {module.vocab_size}) does not belong to "
+            raise EngineError(f"the EAGLE module {module.engine.path} (hidden {module.model.hidden_size}, vocab {module.vocab_size}) does not belong "
+                              "to "
                               f"the target {target.engine.path} (hidden {target.model.hidden_size}, vocab {target.vocab_size}).")
         self.target, self.module = target, module
         self.tree = choices if isinstance(choices, DraftTree) else parse_choices(choices, self.choices_flag)
         if self.tree is not None:
             check_tree(self.tree, target, self.choices_flag)
             if len(self.tree) > module.build.max_draft_len:
-                raise EngineError(f"{self.choices_flag} has {len(self.tree)} nodes, more than the EAGLE module's max_draft_len={module.build.max_draft_len}.")
+                raise EngineError(f"{self.choices_flag} has {len(self.tree)} nodes, more than the EAGLE module's "
+                                  f"max_draft_len={module.build.max_draft_len}.")
         self.cache = module.new_cache(module.build.max_batch_size)
         self.order: list[str] = []  # order[s]: the request in module slot s
         self.slot_of: dict[str, int] = {}

@@ -43,7 +43,8 @@ from .method import Flag, Method, OpenContext
 class NGramPool:
     """The pool of one sequence, updated incrementally."""
 
-    def __init__(self, max_draft_len: int, max_matching_ngram_size: int, is_keep_all: bool = True, is_use_oldest: bool = False, min_matching_ngram_size: int = 1):
+    def __init__(self, max_draft_len: int, max_matching_ngram_size: int, is_keep_all: bool = True, is_use_oldest: bool = False,
+                 min_matching_ngram_size: int = 1):
         self.max_draft_len = max_draft_len
         self.max_ngram = max_matching_ngram_size
         self.min_ngram = max(1, min(min_matching_ngram_size, max_matching_ngram_size))
@@ -84,7 +85,8 @@ class NGramProposer(Proposer):
     name = "ngram"
     draft_len_name = "ngram max_draft_len"  # its default draft length is its config's limit
 
-    def __init__(self, max_draft_len: int, max_matching_ngram_size: int, is_keep_all: bool = True, is_use_oldest: bool = False, min_matching_ngram_size: int = 1):
+    def __init__(self, max_draft_len: int, max_matching_ngram_size: int, is_keep_all: bool = True, is_use_oldest: bool = False,
+                 min_matching_ngram_size: int = 1):
         if isinstance(min_matching_ngram_size, bool) or not isinstance(min_matching_ngram_size, int) or min_matching_ngram_size < 1:
             raise RequestError(f"--ngram_min_match {min_matching_ngram_size}: expected a pattern length >= 1 (up to max_matching_ngram_size).")
         self.max_draft_len = max_draft_len  # a request asking for more is refused (Proposer.max_draft_len)

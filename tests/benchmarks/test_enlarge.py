@@ -357,7 +357,8 @@ def test_enlarged_medusa_heads_give_the_same_logits(heads_pair):
     assert (loaded.hidden_size, loaded.num_heads, loaded.num_layers) == (128, 3, 2)
     cfg = loaded.config
     base_cfg = json.loads((h["big"] / "config.json").read_text())
-    assert all(cfg[k] == base_cfg[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "num_hidden_layers"))
+    assert all(cfg[k] == base_cfg[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
+                                               "num_hidden_layers"))
     assert cfg["medusa"] == {"num_medusa_heads": 3, "num_medusa_layers": 2}
     big_heads = MedusaHeads(128, 96, 3, 2).eval()
     big_heads.load_state_dict(torch_tensors(h["root"] / "big-medusa"), strict=True)
@@ -382,7 +383,8 @@ def test_enlarged_eagle_module_gives_the_same_logits(heads_pair):
     small_cfg = json.loads((h["root"] / "eagle" / "config.json").read_text())
     assert loaded.aux_layer_ids == [0, 1] and loaded.num_layers == 2  # same real layers, no dead ones added
     cfg = loaded.config
-    assert (cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["intermediate_size"], cfg["head_dim"]) == (128, 8, 4, 256, 16)
+    assert (cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["intermediate_size"], cfg["head_dim"]) == (128, 8, 4, 256,
+                                                                                                                                       16)
     assert cfg["rms_norm_eps"] == pytest.approx(small_cfg["rms_norm_eps"] * 64 / 128)
     assert cfg["rms_norm_eps"] == pytest.approx(json.loads((h["big"] / "config.json").read_text())["rms_norm_eps"])
     t = loaded.tensors

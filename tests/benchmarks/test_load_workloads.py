@@ -34,7 +34,8 @@ def test_the_saved_sweep_gives_the_benchmark_pages_figures():
 def test_a_run_that_differs_is_named():
     base = {"concurrency": 2, "repeat": 0, "loadavg": 1.0, "hit_rate": 0.0, "decision_share": 0.0,
             **{f: 1.0 for f in lw.FIGURES}, "outputs": {"0.0": [5, 6], "1.0": [7, 8]}}
-    rows = [{**base, "config": "nocache/target-only"}, {**base, "config": "cache/target-only", "throughput": 2.0, "outputs": {"0.0": [5, 6], "1.0": [7, 9]}}]
+    rows = [{**base, "config": "nocache/target-only"},
+            {**base, "config": "cache/target-only", "throughput": 2.0, "outputs": {"0.0": [5, 6], "1.0": [7, 9]}}]
     agg = lw.aggregate(rows, "nocache/target-only")
     assert agg["identical"] == [{"concurrency": 2, "config": "cache/target-only", "repeat": 0, "identical": False}]
     (r,) = [x for x in agg["ratios"] if x["pair"] == "target-only: cache / nocache"]

@@ -119,11 +119,13 @@ def test_clipping_cuts_output_error_on_heavy_tailed_weights(symmetric):
     assert ratio.shape == (N_IN // 128, N_OUT) and ratio.dtype == np.float32
     assert 0.5 < ratio.min() and ratio.max() == 1.0 and (ratio < 1).mean() > 0.2
     scaled, clipped = AwqLayer(found.scale, None), AwqLayer(found.scale, ratio)
-    mse = {k: float(np.mean((x @ w - (x / a.scale) @ a.quantize(w, 4, 128, symmetric).dequantized()) ** 2)) for k, a in (("s", scaled), ("c", clipped))}
+    mse = {k: float(np.mean((x @ w - (x / a.scale) @ a.quantize(w, 4, 128, symmetric).dequantized()) ** 2)) for k,
+           a in (("s", scaled), ("c", clipped))}
     assert mse["c"] < 0.95 * mse["s"], mse  # measured 0.79x (symmetric), 0.83x (asymmetric), on top of what the scales bought
     q = clipped.quantize(w, 4, 128, symmetric)
     assert q.source == "awq"
-    np.testing.assert_array_equal(scaled.quantize(w, 4, 128, symmetric).dequantized(), quantize_rtn(found.scale[:, None] * w, 4, 128, symmetric).dequantized())
+    np.testing.assert_array_equal(scaled.quantize(w, 4, 128, symmetric).dequantized(),
+                                  quantize_rtn(found.scale[:, None] * w, 4, 128, symmetric).dequantized())
 
 
 def test_clipping_keeps_a_group_it_cannot_improve():
@@ -177,7 +179,8 @@ def test_network_search_reads_every_layer_input(ckpt):
     name = "/model/layers.0/attn/qkv_proj"
     r = results[name]
     w_mean = weight_mean(weights[name], 32)
-    want = [output_error(weights[name], candidate_scale(np.abs(h).mean(0), a, w_mean if duo else None), gram, 4, 32, True) for a, duo in (RTN, r.choice)]
+    want = [output_error(weights[name], candidate_scale(np.abs(h).mean(0), a, w_mean if duo else None), gram, 4, 32, True) for a,
+            duo in (RTN, r.choice)]
     np.testing.assert_allclose([r.losses[RTN], r.loss], want, rtol=1e-3)
 
 

@@ -73,7 +73,8 @@ def toy_backend(monkeypatch):
         return Compiled(network_file, {"toy": "0.1"}, {"toy": {"lowering": build.lowering}})
 
     module.__dict__.update(
-        TITLE="Toy", DEVICE="cpu", DEFAULT_LOWERING="portable", LOWERINGS=("portable",), TREE_ATTENTION=False, NETWORK="onnx", KV_LAYOUT=None, OPTIONS={}, NOTICE="toy is a test",
+        TITLE="Toy", DEVICE="cpu", DEFAULT_LOWERING="portable", LOWERINGS=("portable",), TREE_ATTENTION=False, NETWORK="onnx", KV_LAYOUT=None,
+        OPTIONS={}, NOTICE="toy is a test",
         host_problem=lambda: None, auto_note=lambda: "toy could build here", check_options=lambda options: None,
         refusals=lambda build: [] if build.symmetric else ["the toy backend takes symmetric weights only"],
         check_build=check_build, compile_engine=compile_engine)
@@ -97,7 +98,8 @@ def test_a_new_backend_is_asked_what_it_refuses(toy_backend, llama_ckpt, tmp_pat
     with pytest.raises(BuildConfigError, match=r"the toy backend parses the portable lowering only, not 'ort_cpu'"):
         build_engine(llama_ckpt, tmp_path / "a", spec_build(backend="toy", lowering="ort_cpu"), say=lambda _: None)
     with pytest.raises(BuildConfigError, match=r"tree attention is not verified on Toy\): use --backend onnxruntime"):
-        build_engine(llama_ckpt, tmp_path / "b", spec_build(8, backend="toy", speculative_decoding_mode="medusa"), say=lambda _: None, medusa_dir=tmp_path)
+        build_engine(llama_ckpt, tmp_path / "b", spec_build(8, backend="toy", speculative_decoding_mode="medusa"), say=lambda _: None,
+                     medusa_dir=tmp_path)
     weight_only = replace(spec_build(backend="toy"), quantization="int4_wo", symmetric=False)
     with pytest.raises(BuildConfigError, match=r"invalid build configuration: the toy backend takes symmetric weights only\."):
         build_engine(llama_ckpt, tmp_path / "c", weight_only, say=lambda _: None)

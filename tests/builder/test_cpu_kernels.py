@@ -272,7 +272,8 @@ def test_the_clis_meet_a_cut_short_cache_entry_with_a_rebuild_or_one_line(tiny_c
     lib = cached(tmp_path / "cache")
     cut = lib.read_bytes()[:4096]
     if tool == "specdec-build":
-        cmd = ["specdec-build", "--model_dir", str(tiny_checkpoint), "--output_dir", str(tmp_path / "again"), "--max_seq_len", "96", "--max_input_len", "48",
+        cmd = ["specdec-build", "--model_dir", str(tiny_checkpoint), "--output_dir", str(tmp_path / "again"), "--max_seq_len", "96",
+               "--max_input_len", "48",
                "--cpu_kernels", "specdec", "--qformat", "int4_wo", "--group_size", "32"]
         outputs = [tmp_path / "again"]
     else:

@@ -70,7 +70,8 @@ def test_eagle_engines_match_torch(eagle, lowering, tmp_path):
     b = target.config.build
     assert (b.speculative_decoding_mode, b.tree_attention, b.eagle_num_layers, list(b.eagle_aux_layer_ids)) == ("eagle", True, EAGLE_LAYERS, AUX_IDS)
     m = module.config.build
-    assert (m.speculative_decoding_mode, m.tree_attention, m.eagle_num_layers, m.lowering, m.max_draft_len) == ("eagle_module", True, EAGLE_LAYERS, lowering, 4)
+    assert (m.speculative_decoding_mode, m.tree_attention, m.eagle_num_layers, m.lowering, m.max_draft_len) == ("eagle_module", True, EAGLE_LAYERS,
+                                                                                                                lowering, 4)
     assert (module.config.model.architecture, module.config.model.num_layers, module.config.model.vocab_size) == ("Eagle3", EAGLE_LAYERS, 96)
 
     ids = torch.randint(4, 96, (2, 11), generator=torch.Generator().manual_seed(3))

@@ -99,7 +99,8 @@ def test_non_empty_output_dir_needs_force(tmp_path, llama_ckpt):
     "cfg,message",
     [
         (BuildConfig(max_input_len=96, max_seq_len=96), "max_input_len=96 must be smaller than max_seq_len=96"),
-        (BuildConfig(max_input_len=8, max_seq_len=32, speculative_decoding_mode="draft_tokens_external", max_draft_len=0), "needs max_draft_len >= 1"),
+        (BuildConfig(max_input_len=8, max_seq_len=32, speculative_decoding_mode="draft_tokens_external", max_draft_len=0),
+         "needs max_draft_len >= 1"),
         (BuildConfig(max_input_len=8, max_seq_len=32, max_draft_len=4), "needs --speculative_decoding_mode draft_tokens_external"),
         (BuildConfig(max_input_len=8, max_seq_len=32, tp_size=2), "tp_size=2"),
     ],

@@ -30,7 +30,8 @@ PROMPTS = [
 def test_fp8_greedy_agreement_on_the_demo_model(tmp_path):
     outputs = {}
     for name, q in (("float32", "none"), ("fp8", "fp8")):
-        build_engine(DEMO, tmp_path / name, BuildConfig(dtype="float32", quantization=q, max_batch_size=4, max_input_len=64, max_seq_len=160), say=lambda _: None)
+        build_engine(DEMO, tmp_path / name, BuildConfig(dtype="float32", quantization=q, max_batch_size=4, max_input_len=64, max_seq_len=160),
+                     say=lambda _: None)
         tok = Tokenizer(tmp_path / name)
         orch = load_orchestrator(tmp_path / name, num_threads=1)
         outs, _ = orch.generate([tok.encode(p) for p in PROMPTS], GenerationConfig(max_output_len=64))

@@ -84,7 +84,8 @@ def test_quantization_config_mutations(ckpts, valid, tmp_path_factory, kind, dat
     config = valid[kind]
     part = data.draw(mutated({"quantization_config": config["quantization_config"]}), label="quantization_config")
     d = tmp_path_factory.mktemp("q")
-    check_build(build("--checkpoint_dir", with_config(ckpts / kind, d / "ckpt", {**config, **part}), "--output_dir", d / "engine", *LIMITS), d / "engine")
+    check_build(build("--checkpoint_dir", with_config(ckpts / kind, d / "ckpt", {**config, **part}), "--output_dir", d / "engine", *LIMITS),
+                d / "engine")
 
 
 @pytest.mark.parametrize("mode", ["medusa", "eagle"])
@@ -95,7 +96,8 @@ def test_head_config_mutations(ckpts, valid, tmp_path_factory, mode, data):
     d = tmp_path_factory.mktemp("h")
     heads = with_config(ckpts / mode, d / "heads", config)
     out = d / "engine"
-    check_build(build("--checkpoint_dir", ckpts / "base", "--output_dir", out, *LIMITS, "--speculative_decoding_mode", mode, f"--{mode}_dir", heads), out)
+    check_build(build("--checkpoint_dir", ckpts / "base", "--output_dir", out, *LIMITS, "--speculative_decoding_mode", mode, f"--{mode}_dir", heads),
+                out)
 
 
 def edited(valid: dict, *path_and_value) -> dict:
@@ -138,7 +140,8 @@ def test_a_config_json_that_is_not_an_object(ckpts, tmp_path):
 
 def test_an_eagle_config_naming_no_list_of_architectures(ckpts, valid, tmp_path):
     heads = with_config(ckpts / "eagle", tmp_path / "heads", edited(valid["eagle"], "architectures", 265))  # 265 in ...: TypeError
-    r = build("--checkpoint_dir", ckpts / "base", "--output_dir", tmp_path / "engine", *LIMITS, "--speculative_decoding_mode", "eagle", "--eagle_dir", heads)
+    r = build("--checkpoint_dir", ckpts / "base", "--output_dir", tmp_path / "engine", *LIMITS, "--speculative_decoding_mode", "eagle", "--eagle_dir",
+              heads)
     assert_clean(r, tmp_path / "engine")
     assert r.exit_code == 0, r.output  # its eagle_config says what it is
 

@@ -178,7 +178,8 @@ def test_half_precision_builds_compute_in_their_dtype(dtype, llama_ckpt, tmp_pat
     assert ops.count("Attention") == 2 and ops.count("TensorScatter") == 4 and "GroupQueryAttention" not in ops
     assert ops.count("SkipSimplifiedLayerNormalization") == 3 and ops.count("QuickGelu") == 2  # residual + norm fused, SiLU one kernel
     assert ops.count("MatMulNBits") == 8  # qkv, o, gate|up, down per layer: weight-only int4 with half-precision activations
-    assert {i.name for i in masked.graph.input} == {"input_ids", "position_ids", "logits_index", *(f"past_{k}.{i}" for i in range(2) for k in ("key", "value"))}
+    assert {i.name for i in masked.graph.input} == {"input_ids", "position_ids", "logits_index",
+                                                    *(f"past_{k}.{i}" for i in range(2) for k in ("key", "value"))}
 
 
 @pytest.mark.parametrize("kw,message", [

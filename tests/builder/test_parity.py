@@ -17,7 +17,8 @@ CASES = {
     "llama-gqa-tied": ("LlamaForCausalLM", dict(tie_word_embeddings=True)),
     "llama-rope-llama3": (
         "LlamaForCausalLM",
-        dict(rope_theta=50000.0, rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=16)),
+        dict(rope_theta=50000.0,
+             rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=16)),
     ),
     "llama-rope-linear": ("LlamaForCausalLM", dict(rope_scaling=dict(rope_type="linear", factor=2.0))),
     "mistral": ("MistralForCausalLM", dict(sliding_window=None)),

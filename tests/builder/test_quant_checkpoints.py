@@ -66,7 +66,8 @@ def test_gptq_round_trip(tmp_path, bits, group_size, symmetric, act_order, v1):
     rng = np.random.default_rng(bits * 1000 + group_size + 7 * symmetric + 3 * act_order + v1)
     # v1 stores zero - 1: a zero of 0 cannot be written (tested separately below)
     codes, zeros, scales, g_idx = random_layer(rng, N_IN, N_OUT, bits, group_size, symmetric, act_order, zero_min=1 if v1 else 0)
-    ckpt, conv = write(tmp_path, prefixed("layer", pack_gptq(codes, zeros, scales, g_idx, bits, v1=v1)), quantization_config("gptq", bits, group_size, symmetric, act_order, v1))
+    ckpt, conv = write(tmp_path, prefixed("layer", pack_gptq(codes, zeros, scales, g_idx, bits, v1=v1)),
+                       quantization_config("gptq", bits, group_size, symmetric, act_order, v1))
     assert conv == IntConvention("gptq", bits, group_size, symmetric, act_order, "gptq" if v1 else "gptq_v2")
     lw = read_linear(ckpt, "layer", conv)
     assert_exact(lw, codes, zeros, scales, g_idx, bits, "gptq")
@@ -263,9 +264,13 @@ def test_compressed_tensors_corrupt_tensors(tmp_path):
         ({"quant_method": "awq", "bits": 8, "group_size": 128, "version": "gemm"}, "AWQ checkpoint with bits=8 is not supported; expected one of 4"),
         ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemv"}, "AWQ version 'gemv' is not supported; expected 'gemm'"),
         ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": False}, "zero_point: false is not supported"),
-        (quantization_config("compressed-tensors", 4, 128) | {"config_groups": {"g": {"weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}, "input_activations": {"num_bits": 8}}}}, "quantizes activations too"),
+        (quantization_config("compressed-tensors", 4,
+                             128) | {"config_groups": {"g": {"weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128},
+                                                             "input_activations": {"num_bits": 8}}}}, "quantizes activations too"),
         (quantization_config("compressed-tensors", 2, 128), "compressed-tensors checkpoint with bits=2 is not supported"),
-        (quantization_config("compressed-tensors", 4, 128) | {"config_groups": {"g": {"weights": {"num_bits": 4, "type": "int", "strategy": "block"}}}}, "strategy 'block' is not supported"),
+        (quantization_config("compressed-tensors", 4,
+                             128) | {"config_groups": {"g": {"weights": {"num_bits": 4, "type": "int", "strategy": "block"}}}},
+         "strategy 'block' is not supported"),
     ],
 )
 def test_unsupported_conventions_are_refused(tmp_path, qc, message):

@@ -120,7 +120,9 @@ def test_check_memory_reports_mib(onnx_engine):
     assert kv == 2 * 2 * 4 * 2 * 101 * 16 * 4  # K+V x layers x batch x kv_heads x capacity x head_dim x fp32
     check_memory([onnx_engine], [0], free={0: kv})
     check_memory([onnx_engine, onnx_engine], [0, 1], free={0: kv, 1: kv})  # one engine per GPU fits
-    with pytest.raises(DeviceError, match=r"GPU 1 has 0.2 MiB free but the engines placed on it need 0.4 MiB .*KV cache 0.2 MiB \(max_batch_size=4 x kv_capacity=101\) \+ plan 0.0 MiB"):
+    with pytest.raises(DeviceError,
+                       match=r"GPU 1 has 0.2 MiB free but the engines placed on it need 0.4 MiB .*KV cache 0.2 MiB \(max_batch_size=4 x "
+                             r"kv_capacity=101\) \+ plan 0.0 MiB"):
         check_memory([onnx_engine, onnx_engine], [1, 1], free={1: kv})
 
 
@@ -228,7 +230,8 @@ def test_trt_logits_match_onnxruntime(gpu_pair):
     for ex, cache in ((trt, tc), (ort, oc)):  # reject drafts, then slot 1's request leaves: slot 2 moves into it
         cache.rollback(0, int(cache.lengths[0]) - 2)
         ex.copy_slot(cache, 2, 1)
-    np.testing.assert_allclose(trt.forward(tc, [[30, 31], [32]], True).logits.copy(), ort.forward(oc, [[30, 31], [32]], True).logits, atol=1e-3, rtol=0)
+    np.testing.assert_allclose(trt.forward(tc, [[30, 31], [32]], True).logits.copy(), ort.forward(oc, [[30, 31], [32]], True).logits, atol=1e-3,
+                               rtol=0)
     np.testing.assert_array_equal(tc.lengths, oc.lengths)
 
 

@@ -21,7 +21,8 @@ from specdec.formats.engine_format import load_engine_dir
 from specdec.formats.errors import BuildConfigError, EngineError
 
 HAS_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
-needs_rtx = pytest.mark.skipif(not HAS_RTX, reason="needs TensorRT for RTX: pip install -e '.[build,tensorrt-rtx-build]' (Linux x86-64, no GPU needed)")
+needs_rtx = pytest.mark.skipif(not HAS_RTX,
+                               reason="needs TensorRT for RTX: pip install -e '.[build,tensorrt-rtx-build]' (Linux x86-64, no GPU needed)")
 ROOT = Path(__file__).resolve().parents[2]
 QUIET = dict(say=lambda _: None)
 

@@ -66,7 +66,8 @@ def test_the_files_hold_the_layout_and_the_checkpoints_numbers(tmp_path):
     build_engine(ckpt, tmp_path / "bf16", spec_build(0, backend="torch", dtype="bfloat16"), **QUIET)
     cfg = json.loads((tmp_path / "bf16" / "config.json").read_text())
     assert (cfg["network_file"], cfg["build"]["lowering"], cfg["build"]["kv_layout"]) == (MODEL_FILE, "torch", "bnsh")
-    assert cfg["extra"]["torch"] == {"layout_version": 1} and set(cfg["files"]) >= {MODEL_FILE, layer_file(0), layer_file(1), "config.json"} - {"config.json"}
+    assert cfg["extra"]["torch"] == {"layout_version": 1} and set(cfg["files"]) >= {MODEL_FILE, layer_file(0), layer_file(1),
+                                                                                    "config.json"} - {"config.json"}
     layer = SafetensorsFile(tmp_path / "bf16" / layer_file(1))
     assert layer.dtype_name("qkv.weight") == "BF16" and SafetensorsFile(tmp_path / "bf16" / MODEL_FILE).dtype_name("rope_cos") == "F32"
     hf = load_hf(ckpt).model.layers[1]

@@ -102,7 +102,8 @@ def test_qwen3_q_norm_of_wrong_size(tmp_path):
     def wrong(t):
         t["model.layers.1.self_attn.q_norm.weight"] = np.ones(16, np.float32)
 
-    with pytest.raises(CheckpointError, match=r"layers.1.self_attn.q_norm.weight in model.safetensors has shape \[16\]; config.json implies \[32\] = \[head_dim\]"):
+    with pytest.raises(CheckpointError,
+                       match=r"layers.1.self_attn.q_norm.weight in model.safetensors has shape \[16\]; config.json implies \[32\] = \[head_dim\]"):
         validate(corrupt(src, tmp_path / "bad", wrong))
 
 
@@ -112,7 +113,8 @@ def test_qwen2_bias_of_wrong_size(tmp_path):
     def wrong(t):
         t["model.layers.0.self_attn.k_proj.bias"] = np.zeros(64, np.float32)
 
-    with pytest.raises(CheckpointError, match=r"k_proj.bias in model.safetensors has shape \[64\]; config.json implies \[32\] = \[num_key_value_heads\*head_dim\]"):
+    with pytest.raises(CheckpointError,
+                       match=r"k_proj.bias in model.safetensors has shape \[64\]; config.json implies \[32\] = \[num_key_value_heads\*head_dim\]"):
         validate(corrupt(src, tmp_path / "bad", wrong))
 
 
@@ -206,7 +208,8 @@ def test_kv_cache_bytes_is_what_the_runtime_allocates(llama):
 def test_absurd_limits_get_the_memory_they_need(llama, limits):
     model = model_config_from_hf(load_checkpoint(llama).hf_config)
     build = BuildConfig(**{"max_seq_len": 64, "max_input_len": 32, "lowering": "ort_cpu", **limits})
-    with pytest.raises(BuildConfigError, match=r"needs a KV cache of [0-9.e+]+ (bytes|[KMGTPE]iB) \(2 x 2 layers x .*the engine could never allocate it"):
+    with pytest.raises(BuildConfigError,
+                       match=r"needs a KV cache of [0-9.e+]+ (bytes|[KMGTPE]iB) \(2 x 2 layers x .*the engine could never allocate it"):
         check_memory_limits(model, build)
 
 

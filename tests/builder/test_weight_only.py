@@ -233,7 +233,8 @@ def test_int_engine_matches_float_engine_of_dequantized_weights(base, tmp_path, 
 
 def test_lowerings_agree(base, tmp_path):
     """ort_cpu (MatMulNBits, int8 activations) against portable (float32 after the folded DequantizeLinear): the 3% above."""
-    engines = {lw: build_and_load(base, tmp_path / lw, spec_build(quantization="int4_wo", group_size=64, lowering=lw)) for lw in ("ort_cpu", "portable")}
+    engines = {lw: build_and_load(base, tmp_path / lw,
+                                  spec_build(quantization="int4_wo", group_size=64, lowering=lw)) for lw in ("ort_cpu", "portable")}
     a, b = logits(engines["ort_cpu"]), logits(engines["portable"])
     assert np.abs(a - b).max() <= 0.03 * (b.max() - b.min())
 

@@ -169,7 +169,8 @@ def test_bench_run_batch_and_errors(work, dataset, tmp_path):
         (["--dataset", long, "--method", "none"], "needs 3 input + 200 output = 203 tokens, more than the engines' max_seq_len=96"),
         (["--dataset", dataset, "--method", "draft"], "--method draft needs a draft engine"),
         (["--dataset", dataset, "--method", "beam"], "--method 'beam' is not one of none, draft, ngram"),
-        (["--dataset", dataset, "--method", "ngram", "--draft_lens", "8"], "ngram max_draft_len=8 is larger than the target engine's max_draft_len=4"),
+        (["--dataset", dataset, "--method", "ngram", "--draft_lens", "8"],
+         "ngram max_draft_len=8 is larger than the target engine's max_draft_len=4"),
         (["--dataset", dataset, "--batch_size", 3], "batch_size=3 exceeds the engines' max_batch_size=2"),
     ]:
         r = invoke(bench_main, "run", "--engine_dir", work / "target", "--num_threads", 1, *args)

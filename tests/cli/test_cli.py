@@ -83,7 +83,8 @@ def test_run_cli_draft_target_writes_outputs(engines, tmp_path):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--draft_target_model_config", "[4,[0],[0]]"], "malformed (wrong shape); expected [draft_len, [draft device ids], [target device ids], use_logits], e.g."),
+        (["--draft_target_model_config", "[4,[0],[0]]"],
+         "malformed (wrong shape); expected [draft_len, [draft device ids], [target device ids], use_logits], e.g."),
         (["--draft_target_model_config", "__import__('os')"], "is malformed"),
         (["--draft_target_model_config", "[9,[0],[0],False]"], "draft_len=9 is larger than the target engine's max_draft_len=4"),
         (["--draft_target_model_config", "[2,[0],[1],False]"], "target device 1 does not exist"),

@@ -31,7 +31,8 @@ def demo(tmp_path_factory):
     """The demo pair as the quickstart builds it (smaller limits: faster to build), plus a draft with small limits."""
     d = tmp_path_factory.mktemp("demo")
     limits = dict(max_batch_size=4, max_input_len=128, max_seq_len=256)
-    build_engine(DEMO / "target", d / "target", BuildConfig(**limits, max_draft_len=8, speculative_decoding_mode="draft_tokens_external"), say=lambda _: None)
+    build_engine(DEMO / "target", d / "target", BuildConfig(**limits, max_draft_len=8, speculative_decoding_mode="draft_tokens_external"),
+                 say=lambda _: None)
     build_engine(DEMO / "draft", d / "draft", BuildConfig(**limits), say=lambda _: None)
     build_engine(DEMO / "draft", d / "small-draft", BuildConfig(max_batch_size=4, max_input_len=8, max_seq_len=256), say=lambda _: None)
     return d
@@ -110,7 +111,8 @@ def test_build_without_the_build_extra_is_one_line(tmp_path):
 
 
 def test_draft_limits_warn_once_and_errors_name_the_draft(demo):
-    r = invoke(run_main, "--engine_dir", demo / "target", "--draft_engine_dir", demo / "small-draft", "--input_text", PROMPT * 3, "--max_output_len", 4)
+    r = invoke(run_main, "--engine_dir", demo / "target", "--draft_engine_dir", demo / "small-draft", "--input_text", PROMPT * 3, "--max_output_len",
+               4)
     assert r.exit_code == 1
     warnings = [line for line in r.output.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "max_input_len 8 < 128" in warnings[0], r.output
@@ -124,7 +126,8 @@ def test_draft_limits_warn_once_and_errors_name_the_draft(demo):
 def test_run_py_command_lines_paste(demo, tmp_path):
     out = tmp_path / "out.json"
     r = invoke(run_main, "--engine_dir", demo / "target", "--input_text", PROMPT, "import os", "--max_output_len", 4,
-               "--use_py_session", "--kv_cache_free_gpu_memory_fraction", 0.4, "--kv_cache_enable_block_reuse", "--num_beams", 1, "--output_json", out)
+               "--use_py_session", "--kv_cache_free_gpu_memory_fraction", 0.4, "--kv_cache_enable_block_reuse", "--num_beams", 1, "--output_json",
+               out)
     assert r.exit_code == 0, r.output
     assert len(json.loads(out.read_text())["requests"]) == 2  # both prompts after one --input_text
     assert "note: --use_py_session is ignored" in r.output and "note: --kv_cache_free_gpu_memory_fraction is ignored" in r.output
@@ -161,7 +164,8 @@ def test_an_engine_dir_as_checkpoint_says_so(demo, tmp_path):
 
 def test_stop_words_match_text(demo, tmp_path):
     out = tmp_path / "out.json"
-    r = invoke(run_main, "--engine_dir", demo / "target", "--input_text", 'def f(x):\n    """Return a', "--max_output_len", 48, "--end_id", -1, "--output_json", out)
+    r = invoke(run_main, "--engine_dir", demo / "target", "--input_text", 'def f(x):\n    """Return a', "--max_output_len", 48, "--end_id", -1,
+               "--output_json", out)
     full = json.loads(out.read_text())["requests"][0]["text"]
     word = next(w for w in re.findall(r"[a-z]{4,}", full[4:]))  # a word inside the output, preceded by a space or not
     r = invoke(run_main, "--engine_dir", demo / "target", "--input_text", 'def f(x):\n    """Return a', "--max_output_len", 48, "--end_id", -1,

@@ -119,7 +119,8 @@ def test_prepare_dataset_regressions(tmp_path, args, message):
 ])
 def test_dataset_regressions(engines, tmp_path, content, message):
     (tmp_path / "in.jsonl").write_bytes(content)
-    r = bench("prepare-dataset", "--jsonl", tmp_path / "in.jsonl", "--tokenizer_dir", engines / "target", "--output_mean", 4, "--output", tmp_path / "o.jsonl")
+    r = bench("prepare-dataset", "--jsonl", tmp_path / "in.jsonl", "--tokenizer_dir", engines / "target", "--output_mean", 4, "--output",
+              tmp_path / "o.jsonl")
     assert_clean(r, tmp_path / "o.jsonl")
     assert r.exit_code == 1 and message in r.stderr, r.output
 

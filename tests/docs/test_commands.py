@@ -63,7 +63,8 @@ SKIP = {
     ("docs/coming-from-tensorrt-llm.md", "python3 examples/"): "TensorRT-LLM's own commands, shown for the mapping",
     ("docs/coming-from-tensorrt-llm.md", "trtllm-"): "TensorRT-LLM's own commands, shown for the mapping",
     ("docs/coming-from-tensorrt-llm.md", "python benchmarks/cpp/"): "TensorRT-LLM's own commands, shown for the mapping",
-    ("docs/serving-operations.md", "python benchmarks/bench_serving.py --target"): "a load test of several minutes (its figures are on the benchmarks page)",
+    ("docs/serving-operations.md",
+     "python benchmarks/bench_serving.py --target"): "a load test of several minutes (its figures are on the benchmarks page)",
 }
 # file -> (line, why): commands from that line on are not run
 SKIP_FROM: dict[str, tuple[int, str]] = {}  # doc -> (first line left out, why)
@@ -222,7 +223,8 @@ def test_extract_reads_bash_console_and_heredocs(tmp_path):
         "<!-- docs-test: skip (an example) -->\n```bash\nnot run\n```\n"
     )
     cmds = extract(md)
-    assert [c.text for c in cmds] == ["specdec-run --engine_dir e \\\n    --max_output_len 64", "python - <<'EOF'\nprint(1)\nEOF", "specdec-run --bad", "ls"]
+    assert [c.text for c in cmds] == ["specdec-run --engine_dir e \\\n    --max_output_len 64", "python - <<'EOF'\nprint(1)\nEOF",
+                                      "specdec-run --bad", "ls"]
     assert [c.expect for c in cmds] == [0, 0, 2, 0]
     if not UNCAPPED:
         assert capped(cmds[0].text).endswith("--max_output_len 16")

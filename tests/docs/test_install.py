@@ -20,7 +20,8 @@ CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 PAGES = ["README.md", "benchmarks/README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
 # pages whose installs are for a GPU host, where torch's CUDA build is the one to have
 GPU_PAGES = {"docs/gpu.md", "docs/tensorrt.md"}
-PIP_OPTIONS_WITH_VALUE = {"--index-url", "-i", "--extra-index-url", "-c", "--constraint", "-r", "--requirement", "--target", "-t", "-f", "--find-links"}
+PIP_OPTIONS_WITH_VALUE = {"--index-url", "-i", "--extra-index-url", "-c", "--constraint", "-r", "--requirement", "--target", "-t", "-f",
+                          "--find-links"}
 
 
 def extras_with_torch() -> set[str]:
@@ -131,6 +132,7 @@ def test_floors_pin_every_direct_dependency_and_known_movers_have_ceilings():
         name = re.match(r"[A-Za-z0-9_.\-]+", req).group(0).lower().replace("_", "-")
         exact, floor = re.search(r"==\s*([\d.]+)", req), re.search(r">=\s*([\d.]+)", req)
         assert pins[name] == (exact.group(1) if exact else f"{floor.group(1)}.*"), (name, pins.get(name))
-    ceilings = {re.match(r"[\w\-]+", r).group(0): r for r in project["dependencies"] + project["optional-dependencies"]["hf"] + project["optional-dependencies"]["gpu"]}
+    ceilings = {re.match(r"[\w\-]+",
+                         r).group(0): r for r in project["dependencies"] + project["optional-dependencies"]["hf"] + project["optional-dependencies"]["gpu"]}
     for name in ("onnxruntime", "tokenizers", "transformers", "onnxruntime-gpu"):  # APIs specdec calls that moved between releases
         assert "<" in ceilings[name], ceilings[name]

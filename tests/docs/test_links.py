@@ -98,7 +98,8 @@ def test_every_link_resolves(page):
 
 def source_references() -> list[tuple[str, str]]:
     """(file, 'docs/PAGE.md#anchor') for every docs reference in the package's sources, scripts and examples."""
-    tracked = subprocess.run(["git", "ls-files", "*.py", "*.sh", "*.toml", "*.c", "*.yml"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    tracked = subprocess.run(["git", "ls-files", "*.py", "*.sh", "*.toml", "*.c", "*.yml"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
     refs = []
     for f in tracked:
         if f.startswith("tests/docs/"):

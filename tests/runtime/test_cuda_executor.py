@@ -193,7 +193,8 @@ def test_speculative_equals_target_only_on_the_gpu(demo, batch):
     assert target.cuda_graphs
     want, _ = generate(target, prompts)
     draft = CudaExecutor(engines["draft_bf16"], 0)
-    for make, k in ((lambda: DraftModelProposer(draft, use_logits=False), 4), (lambda: NGramProposer(4, 2), 4), (lambda: DraftModelProposer(draft, use_logits=False), 2)):
+    for make, k in ((lambda: DraftModelProposer(draft, use_logits=False), 4), (lambda: NGramProposer(4, 2), 4),
+                    (lambda: DraftModelProposer(draft, use_logits=False), 2)):
         proposer = make()
         got, metrics = generate(target, prompts, proposer, k)
         assert got == want, f"{proposer.name} k={k}"

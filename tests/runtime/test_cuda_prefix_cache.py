@@ -30,8 +30,10 @@ def gpu(request, tmp_path_factory):
     limits = dict(max_batch_size=8, max_input_len=128, max_seq_len=256, dtype=request.param, lowering="ort_cuda", cuda_attention="masked")
     quiet = dict(say=lambda _: None)
     build_engine(DEMO / "target", d / "target", spec_build(4, **limits), **quiet)
-    build_engine(DEMO / "target", d / "eagle", spec_build(8, speculative_decoding_mode="eagle", **limits), eagle_dir=DEMO / "heads" / "eagle", **quiet)
-    build_engine(DEMO / "target", d / "medusa", spec_build(8, speculative_decoding_mode="medusa", **limits), medusa_dir=DEMO / "heads" / "medusa", **quiet)
+    build_engine(DEMO / "target", d / "eagle", spec_build(8, speculative_decoding_mode="eagle", **limits), eagle_dir=DEMO / "heads" / "eagle",
+                 **quiet)
+    build_engine(DEMO / "target", d / "medusa", spec_build(8, speculative_decoding_mode="medusa", **limits), medusa_dir=DEMO / "heads" / "medusa",
+                 **quiet)
     build_engine(DEMO / "draft", d / "draft", spec_build(0, **{**limits, "cuda_attention": "auto"}), **quiet)
     ex = {name: CudaExecutor(load_engine_dir(d / name), 0) for name in ("target", "eagle", "medusa", "draft")}
     ex["module"] = CudaExecutor(load_engine_dir(eagle_module_dir(ex["eagle"].engine)), 0)

@@ -26,7 +26,8 @@ def test_each_loaded_method_gets_its_own_default(tmp_path):
     assert engine.speculation.draft_len == 3
     assert method_draft_lens(engine, None, NGramConfig(10, 2, [0])) == {"draft": 3, "ngram": 3}
     # --draft_len is the default method's only; the draft keeps its config's length when n-gram is the default
-    engine = load_engine(target, draft, DraftTargetConfig(2, [0], [0], False), NGramConfig(3, 2, [0]), method="ngram", draft_len="auto", num_threads=1)
+    engine = load_engine(target, draft, DraftTargetConfig(2, [0], [0], False), NGramConfig(3, 2, [0]), method="ngram", draft_len="auto",
+                         num_threads=1)
     assert method_draft_lens(engine, DraftTargetConfig(2, [0], [0], False), NGramConfig(3, 2, [0])) == {"draft": 2, "ngram": "auto"}
 
 

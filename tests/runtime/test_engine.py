@@ -312,7 +312,8 @@ print("HEAVY", heavy)
 
 # -- random interleavings ---------------------------------------------------------------------
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(st.lists(st.tuples(st.sampled_from(["add", "step", "step", "abort"]), st.integers(0, len(PROMPTS) - 1), st.sampled_from(["none", "draft", "ngram"])), min_size=1, max_size=30))
+@given(st.lists(st.tuples(st.sampled_from(["add", "step", "step", "abort"]), st.integers(0, len(PROMPTS) - 1),
+                          st.sampled_from(["none", "draft", "ngram"])), min_size=1, max_size=30))
 def test_random_add_step_abort_sequences(ex, solo, ops):
     engine = make_engine(ex, "draft")
     cfg = {m: GenerationConfig(max_output_len=24, method=m) for m in ("none", "draft", "ngram")}
@@ -407,7 +408,8 @@ def test_catch_up_feeds_each_run_of_adjacent_slots_once(ex, monkeypatch):
     assert [p.backlog(r) for r in reqs] == [20, 0, 20, 20]
     seen = []
     real = ex["draft"].forward
-    monkeypatch.setattr(ex["draft"], "forward", lambda cache, feed, *a, **kw: (seen.append((kw.get("first_slot"), [len(f) for f in feed])), real(cache, feed, *a, **kw))[1])
+    monkeypatch.setattr(ex["draft"], "forward", lambda cache, feed, *a,
+                        **kw: (seen.append((kw.get("first_slot"), [len(f) for f in feed])), real(cache, feed, *a, **kw))[1])
     assert p.catch_up(reqs) == 60
     assert seen == [(0, [20]), (2, [20, 20])]  # slot 1 has nothing to feed: two runs, no row rides along
     assert [p.backlog(r) for r in reqs] == [0, 0, 0, 0] and p.catch_up(reqs) == 0
@@ -469,7 +471,8 @@ def test_catch_up_cuts_a_backlog_to_the_engines_input_limit(ex, monkeypatch):
     p.add(reqs)
     seen = []
     real = ex["draft"].forward
-    monkeypatch.setattr(ex["draft"], "forward", lambda cache, feed, *a, **kw: (seen.append((kw.get("first_slot"), [len(f) for f in feed])), real(cache, feed, *a, **kw))[1])
+    monkeypatch.setattr(ex["draft"], "forward", lambda cache, feed, *a,
+                        **kw: (seen.append((kw.get("first_slot"), [len(f) for f in feed])), real(cache, feed, *a, **kw))[1])
     assert p.catch_up(reqs) == limit + 11 + 20
     assert seen == [(0, [limit]), (0, [11]), (1, [20])]
     assert [int(p.cache.lengths[s]) for s in range(2)] == [limit + 11, 20] and p.pending["long"] == [41]

@@ -36,7 +36,8 @@ def cache(tmp_path_factory):
 def test_any_manifest_is_read_or_is_one_reason(cache, data):
     lib, good = cache["lib"], json.loads(cache["manifest"])
     fields = st.fixed_dictionaries({k: st.one_of(st.just(v), json_scalars()) for k, v in good.items()})  # each field of any type
-    text = data.draw(st.one_of(mutated(good).map(dumps), fields.map(dumps), st.text(max_size=40), st.binary(max_size=40).map(lambda b: b.decode("latin-1"))))
+    text = data.draw(st.one_of(mutated(good).map(dumps), fields.map(dumps), st.text(max_size=40),
+                               st.binary(max_size=40).map(lambda b: b.decode("latin-1"))))
     (lib.parent / rk.MANIFEST).write_text(text)
     try:
         why = rk.check_cached(lib)
@@ -91,7 +92,8 @@ def test_a_damaged_library_is_compiled_again_or_refused_in_one_line(cache, data)
     assert sorted(p.name for p in lib.parent.iterdir()) == sorted([rk.LIBRARY, rk.MANIFEST])
 
 
-@pytest.mark.parametrize("text", ['{"size": Infinity, "sha256": "a"}', '{"size": 1e999}', '{"size": NaN, "sha256": "a"}', '{"size": true, "sha256": "a"}',
+@pytest.mark.parametrize("text", ['{"size": Infinity, "sha256": "a"}', '{"size": 1e999}', '{"size": NaN, "sha256": "a"}',
+                                  '{"size": true, "sha256": "a"}',
                                   '[1]', '"x"', "[" * 100000])
 def test_manifests_the_fuzzer_found(cache, text):
     """Found by the fuzzer: {"size": Infinity} (valid JSON to Python) made int() raise OverflowError out of the check."""

@@ -81,7 +81,8 @@ def test_draft_target_and_ngram_are_exact(pair):
 def test_medusa_chain_and_tree_are_exact(pair):
     d = pair["dir"]
     write_heads(pair["ckpt"], d / "heads", copy_lm_head=True)  # heads that draft repeats of the next token: some accepted
-    build_engine(pair["ckpt"], d / "medusa", spec_build(8, speculative_decoding_mode="medusa", **GPU_FORM), say=lambda _: None, medusa_dir=d / "heads")
+    build_engine(pair["ckpt"], d / "medusa", spec_build(8, speculative_decoding_mode="medusa", **GPU_FORM), say=lambda _: None,
+                 medusa_dir=d / "heads")
     target = OrtExecutor(load_engine_dir(d / "medusa"), num_threads=1)
     assert (target.build.cuda_attention, target.tree_attention) == ("masked", True)
     check_exact(target, lambda: [MedusaProposer(target)], "medusa", [1, 3])
@@ -91,7 +92,8 @@ def test_medusa_chain_and_tree_are_exact(pair):
 def test_eagle_chain_and_tree_are_exact(pair, tmp_path):
     base = make_checkpoint(tmp_path / "base", num_hidden_layers=3, seed=0)
     write_eagle_module(base, tmp_path / "module", aux_ids=[0, 2])
-    build_engine(base, tmp_path / "eagle", spec_build(8, speculative_decoding_mode="eagle", **GPU_FORM), say=lambda _: None, eagle_dir=tmp_path / "module")
+    build_engine(base, tmp_path / "eagle", spec_build(8, speculative_decoding_mode="eagle", **GPU_FORM), say=lambda _: None,
+                 eagle_dir=tmp_path / "module")
     target = OrtExecutor(load_engine_dir(tmp_path / "eagle"), num_threads=1)
     module = OrtExecutor(load_engine_dir(eagle_module_dir(target.engine)), num_threads=1)
     assert module.build.cuda_attention == "masked" and module.build.kv_layout == "bsh"  # the module's own cache, the target's form

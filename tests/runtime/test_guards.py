@@ -167,10 +167,13 @@ def test_a_working_draft_is_never_reported(pair):
 
 def test_specdec_run_warns_once_for_the_run(pair):
     d = pair["dir"]
-    r = CliRunner().invoke(run_main, [str(a) for a in ("--engine_dir", d / "target", "--draft_engine_dir", d / "draft-rolled", "--draft_target_model_config",
-                                                      "[2,[0],[0],False]", "--input_text", "w40 w41 w42 w43", "--input_text", "w70 w71 w72", "--end_id", -1,
+    r = CliRunner().invoke(run_main, [str(a) for a in ("--engine_dir", d / "target", "--draft_engine_dir", d / "draft-rolled",
+                                                       "--draft_target_model_config",
+                                                      "[2,[0],[0],False]", "--input_text", "w40 w41 w42 w43", "--input_text", "w70 w71 w72",
+                                                       "--end_id", -1,
                                                       "--max_output_len", 64, "--num_threads", 1)])
     assert r.exit_code == 0, r.output
-    assert r.stderr.splitlines() == [f"warning: 2 of 2 requests: the target rejected every draft-model draft of the last {SILENT_DRAFT_ROUNDS} drafting "
+    assert r.stderr.splitlines() == [f"warning: 2 of 2 requests: the target rejected every draft-model draft of the last {SILENT_DRAFT_ROUNDS} "
+                                     "drafting "
                                      "rounds: the draft's token ids may mean something else to the target (another tokenizer or vocabulary), "
                                      "or it was trained for another model."]

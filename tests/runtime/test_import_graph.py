@@ -51,8 +51,10 @@ def run_python(code: str) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-BACKEND_MODULES = ("specdec.runtime.backends.onnxruntime", "specdec.runtime.backends.tensorrt", "specdec.runtime.backends.tensorrt_rtx", "specdec.hardware.tensorrt",
-                   "specdec.runtime.backends.torch", "onnxruntime", "tensorrt", "tensorrt_rtx", "onnxruntime_ep_nv_tensorrt_rtx", "cuda", "torch", "triton")
+BACKEND_MODULES = ("specdec.runtime.backends.onnxruntime", "specdec.runtime.backends.tensorrt", "specdec.runtime.backends.tensorrt_rtx",
+                   "specdec.hardware.tensorrt",
+                   "specdec.runtime.backends.torch", "onnxruntime", "tensorrt", "tensorrt_rtx", "onnxruntime_ep_nv_tensorrt_rtx", "cuda", "torch",
+                   "triton")
 
 
 def test_importing_the_runtime_loads_no_backend():
@@ -71,7 +73,8 @@ def test_a_cpu_engine_loads_only_its_own_backend(llama_engine):
         "from specdec.runtime import load_engine\n"
         f"engine = load_engine({str(llama_engine)!r}, device='cpu')\n"
         "assert type(engine.target).__module__ == 'specdec.runtime.backends.onnxruntime.cpu'\n"
-        "others = ('specdec.runtime.backends.onnxruntime.cuda', 'specdec.runtime.backends.tensorrt', 'specdec.runtime.backends.torch', 'tensorrt', 'cuda',\n"
+        "others = ('specdec.runtime.backends.onnxruntime.cuda', 'specdec.runtime.backends.tensorrt', 'specdec.runtime.backends.torch', 'tensorrt', "
+        "'cuda',\n"
         "          'torch', 'triton')  # tensorrt_rtx too; no torch on an onnxruntime host\n"
         "loaded = [m for m in sys.modules if m.startswith(others)]\n"
         "assert not loaded, loaded\n"

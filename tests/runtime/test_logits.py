@@ -131,7 +131,8 @@ def test_the_chain_step_by_step():
     # 2: the drafted history (repetition, then 1.0 + 0.5); 3: biased; 4: untouched
     np.testing.assert_allclose(x, [0.5, 0.5 - 2.0, 0.5 - 1.5, 11.0, -1.0])
     lp, top = logprobs(x, 3, top=2)
-    assert top[0][0] == 3 and np.isclose(lp, top[0][1]) and np.isclose(np.exp(lp), 1 / (1 + np.exp(-10.5) + np.exp(-12) + np.exp(-12.5) + np.exp(-10.5 - 1.5)))
+    assert top[0][0] == 3 and np.isclose(lp, top[0][1]) and np.isclose(np.exp(lp),
+                                                                       1 / (1 + np.exp(-10.5) + np.exp(-12) + np.exp(-12.5) + np.exp(-10.5 - 1.5)))
 
 
 # -- real engines ----------------------------------------------------------------------------------
@@ -167,7 +168,9 @@ def engine_for(ex, method: str, tree=None) -> Engine:
 
 
 def run(engine: Engine, prompts, cfg: GenerationConfig, method: str | None = None, seeds=None):
-    ids = [engine.add_request(p, cfg if seeds is None else GenerationConfig(**{**cfg.__dict__, "sampling": SamplingConfig(**{**cfg.sampling.__dict__, "random_seed": s})}),
+    ids = [engine.add_request(p, cfg if seeds is None else GenerationConfig(**{**cfg.__dict__,
+                                                                               "sampling": SamplingConfig(**{**cfg.sampling.__dict__,
+                                                                                                             "random_seed": s})}),
                               seed_stream=i) for i, (p, s) in enumerate(zip(prompts, seeds or [0] * len(prompts)))]
     done = run_until_done(engine)
     return [done[i] for i in ids]

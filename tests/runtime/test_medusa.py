@@ -212,7 +212,8 @@ def test_bad_medusa_builds_say_why(medusa, tmp_path, case, match):
     elif case == "missing_dir":
         heads_dir = tmp_path / "nowhere"
     elif case in ("hidden", "vocab"):
-        other = make_checkpoint(tmp_path / "other", num_hidden_layers=1, **({"hidden_size": 32, "intermediate_size": 64} if case == "hidden" else {"vocab_size": 80}))
+        other = make_checkpoint(tmp_path / "other", num_hidden_layers=1,
+                                **({"hidden_size": 32, "intermediate_size": 64} if case == "hidden" else {"vocab_size": 80}))
         heads_dir = tmp_path / "other_heads"
         write_heads(other, heads_dir)
     elif case == "wrong_mode":
@@ -232,7 +233,8 @@ def test_cli_builds_a_medusa_engine(medusa, tmp_path):
     assert done.returncode == 0, done.stderr
     build = json.loads((out / "config.json").read_text())["build"]
     # the default draft length is the tree's node budget, 8, not the number of heads (a tree verifies more nodes than heads)
-    assert (build["speculative_decoding_mode"], build["max_draft_len"], build["medusa_num_heads"], build["tree_attention"]) == ("medusa", 8, NUM_HEADS, True)
+    assert (build["speculative_decoding_mode"], build["max_draft_len"], build["medusa_num_heads"], build["tree_attention"]) == ("medusa", 8,
+                                                                                                                                NUM_HEADS, True)
     bad = subprocess.run([sys.executable, "-c", code, *args[:4], "--speculative_decoding_mode", "medusa", "--max_seq_len", "96", "--force"],
                          capture_output=True, text=True)
     assert bad.returncode != 0 and "needs --medusa_dir" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
@@ -334,7 +336,8 @@ def test_sampled_medusa_chain_keeps_the_target_distribution(engines):
         engine = Engine(target, proposers, SpeculationConfig(method, 2 if method == "medusa" else 0))
         seen = []
         for seed in range(1200):
-            engine.add_request(PROMPTS[1], GenerationConfig(max_output_len=3, sampling=SamplingConfig(random_seed=seed, **sampling)), seed_stream=seed)
+            engine.add_request(PROMPTS[1], GenerationConfig(max_output_len=3, sampling=SamplingConfig(random_seed=seed, **sampling)),
+                               seed_stream=seed)
         while engine.has_unfinished():
             seen += [tuple(o.output_ids[1:3]) for o in engine.step() if o.finished]
         counts[method] = seen

@@ -59,7 +59,8 @@ def run(eng, prompts, sampling=SamplingConfig(), n_out=10):
     return [done[i] for i in ids]
 
 
-CASES = [("eagle", 3, None, SamplingConfig()), ("eagle", 6, TREE, SamplingConfig()), ("eagle", 3, None, SAMPLED), ("eagle", AUTO, None, SamplingConfig()),
+CASES = [("eagle", 3, None, SamplingConfig()), ("eagle", 6, TREE, SamplingConfig()), ("eagle", 3, None, SAMPLED),
+         ("eagle", AUTO, None, SamplingConfig()),
          ("medusa", 3, None, SamplingConfig()), ("medusa", 6, TREE, SamplingConfig()), ("medusa", 3, None, SAMPLED)]
 
 

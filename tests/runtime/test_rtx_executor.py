@@ -73,7 +73,8 @@ def test_a_supported_gpu_of_another_sm_is_told_to_rebuild(rtx_engines):
     assert pick_target(engine, "an RTX GPU", sm)["engine_file"] == f"model.{sm}.engine"
 
 
-@pytest.mark.parametrize("sm, ok", [("sm86", True), ("sm89", True), ("sm120", True), ("sm121", True), ("sm80", False), ("sm90", False), ("sm100", False)])
+@pytest.mark.parametrize("sm, ok", [("sm86", True), ("sm89", True), ("sm120", True), ("sm121", True), ("sm80", False), ("sm90", False),
+                                    ("sm100", False)])
 def test_supported_compute_capabilities(sm, ok):
     assert rtx_supported(sm) is ok
 

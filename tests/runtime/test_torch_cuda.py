@@ -45,8 +45,10 @@ def gpu(tmp_path_factory):
     d = tmp_path_factory.mktemp("torch_cuda")
     limits = dict(max_batch_size=64, max_input_len=128, max_seq_len=256, dtype="bfloat16", backend="torch")
     quiet = dict(say=lambda _: None)
-    build_engine(DEMO / "target", d / "eagle", spec_build(8, speculative_decoding_mode="eagle", **limits), eagle_dir=DEMO / "heads" / "eagle", **quiet)
-    build_engine(DEMO / "target", d / "medusa", spec_build(8, speculative_decoding_mode="medusa", **limits), medusa_dir=DEMO / "heads" / "medusa", **quiet)
+    build_engine(DEMO / "target", d / "eagle", spec_build(8, speculative_decoding_mode="eagle", **limits), eagle_dir=DEMO / "heads" / "eagle",
+                 **quiet)
+    build_engine(DEMO / "target", d / "medusa", spec_build(8, speculative_decoding_mode="medusa", **limits), medusa_dir=DEMO / "heads" / "medusa",
+                 **quiet)
     build_engine(DEMO / "target", d / "int4", spec_build(4, quantization="int4_wo", **limits), **quiet)
     build_engine(DEMO / "draft", d / "draft", spec_build(0, **limits), **quiet)
     ex = {name: executor(d / name) for name in ("eagle", "medusa", "int4", "draft")}
@@ -114,7 +116,8 @@ def test_int4_speculation_equals_its_own_target_only(gpu, batch):
 
     ex, prompts = gpu["ex"], gpu["prompts"][:batch]
     want, _ = generate(ex["int4"], prompts)
-    for make, k in ((lambda: DraftModelProposer(ex["draft"]), 4), (lambda: NGramProposer(4, 3), 4), (lambda: DraftModelProposer(ex["draft"]), "auto")):
+    for make, k in ((lambda: DraftModelProposer(ex["draft"]), 4), (lambda: NGramProposer(4, 3), 4),
+                    (lambda: DraftModelProposer(ex["draft"]), "auto")):
         got, metrics = generate(ex["int4"], prompts, make(), k)
         assert got == want, (k, batch)
 

@@ -55,7 +55,8 @@ def meta(version="10.15.1.29", compatible=False, excluded=False, sm="sm_90") -> 
         (meta(), "tensorrt_dispatch", "10.15.1.29", "only version-compatible"),
         (meta(compatible=True), "tensorrt_dispatch", "10.15.1.29", None),
         (meta(compatible=True), "tensorrt_dispatch", "10.16.0.72", None),
-        (meta(compatible=True), "tensorrt_dispatch", "11.4.0.106", "across TensorRT majors (10 -> 11) a version-compatible plan runs only on the full tensorrt"),
+        (meta(compatible=True), "tensorrt_dispatch", "11.4.0.106",
+         "across TensorRT majors (10 -> 11) a version-compatible plan runs only on the full tensorrt"),
         (meta(compatible=True), "tensorrt_dispatch", "10.14.1.48", "same or a newer"),
         (meta(compatible=True, excluded=True), "tensorrt_dispatch", "10.15.1.29", "tensorrt-lean==10.15.1.29"),
         # lean: version-compatible plans of exactly its version, with or without the embedded runtime
@@ -133,7 +134,8 @@ def test_executor_calls_exist_in_the_real_runtime_api(module):
 def test_cuda_calls_exist_in_the_real_cuda_python():
     from cuda.bindings import runtime as cudart
 
-    files = [ROOT / "runtime" / "backends" / "tensorrt" / "executor.py", ROOT / "hardware" / "tensorrt.py", ROOT / "builder" / "backends" / "tensorrt.py"]
+    files = [ROOT / "runtime" / "backends" / "tensorrt" / "executor.py", ROOT / "hardware" / "tensorrt.py",
+             ROOT / "builder" / "backends" / "tensorrt.py"]
     roots = {"rt": "cudart", "self._rt": "cudart", "cudart_module()": "cudart"}
     used = set().union(*(used_attributes(f, roots)["cudart"] for f in files))
     assert {("cudaMalloc",), ("cudaMemcpyAsync",), ("cudaMemGetInfo",), ("cudaGetDeviceProperties",)} <= used
@@ -216,7 +218,9 @@ def test_no_gpu_means_zero_devices_and_a_device_error():
 
 def test_forcing_a_runtime_module(monkeypatch):
     monkeypatch.setenv("SPECDEC_TENSORRT_RUNTIME", "tensorrt_fast")
-    with pytest.raises(EngineError, match=r"SPECDEC_TENSORRT_RUNTIME='tensorrt_fast' is not a TensorRT runtime module; use one of tensorrt, tensorrt_dispatch, tensorrt_lean"):
+    with pytest.raises(EngineError,
+                       match=r"SPECDEC_TENSORRT_RUNTIME='tensorrt_fast' is not a TensorRT runtime module; use one of tensorrt, tensorrt_dispatch, "
+                             r"tensorrt_lean"):
         import_runtime(meta(), "e")
     if "tensorrt" not in INSTALLED:
         monkeypatch.setenv("SPECDEC_TENSORRT_RUNTIME", "tensorrt")

@@ -11,7 +11,8 @@ import httpx
 from servers import engines, metric, running, scrape, served_pair, sse_events
 from specdec.runtime import GenerationConfig, load_orchestrator
 
-SPECS = [{"method": "none"}, {"method": "draft"}, {"method": "draft", "num_draft_tokens": 1}, {"method": "ngram"}, {"method": "ngram", "num_draft_tokens": "auto"},
+SPECS = [{"method": "none"}, {"method": "draft"}, {"method": "draft", "num_draft_tokens": 1}, {"method": "ngram"},
+         {"method": "ngram", "num_draft_tokens": "auto"},
          {"method": "suffix"}, {"method": "suffix", "num_draft_tokens": "auto"}]
 
 
@@ -25,7 +26,8 @@ def _ask(url, body, results, i):
         assert events[-1] == "[DONE]"
         chunks = [e for e in events[:-1] if e["choices"]]
         results[i] = {
-            "choices": [{"token_ids": [t for e in chunks for t in e["choices"][0]["token_ids"]], "finish_reason": chunks[-1]["choices"][0]["finish_reason"]}],
+            "choices": [{"token_ids": [t for e in chunks for t in e["choices"][0]["token_ids"]],
+                         "finish_reason": chunks[-1]["choices"][0]["finish_reason"]}],
             "usage": events[-2]["usage"],
         }
 

@@ -58,15 +58,18 @@ def test_nonfinite_logits_end_the_choice_with_an_error_the_client_sees(url, capl
     assert "not finite" in bad["error"]["message"] and "\n" not in bad["error"]["message"]
     assert r.json()["usage"]["completion_tokens"] == len(solo["token_ids"])
     after = scrape(url)
-    assert metric(after, "specdec:request_success_total", finished_reason="error") == metric(before, "specdec:request_success_total", finished_reason="error") + 1
-    assert metric(after, "specdec:request_errors_total", code="nonfinite_logits") == metric(before, "specdec:request_errors_total", code="nonfinite_logits") + 1
+    assert metric(after, "specdec:request_success_total", finished_reason="error") == metric(before, "specdec:request_success_total",
+                                                                                             finished_reason="error") + 1
+    assert metric(after, "specdec:request_errors_total", code="nonfinite_logits") == metric(before, "specdec:request_errors_total",
+                                                                                            code="nonfinite_logits") + 1
     assert sum("not finite" in rec.getMessage() for rec in caplog.records) == 1
     assert httpx.get(f"{url}/health").json() == {"status": "ok"}
     assert post(url, prompt=CLEAN).json()["choices"][0] == solo  # the server serves on, with the same output
 
 
 def test_streamed_the_last_chunk_carries_the_error(url):
-    with httpx.stream("POST", f"{url}/v1/completions", json={"prompt": [1, POISON], "max_tokens": 6, "temperature": 0, "stream": True}, timeout=60) as r:
+    with httpx.stream("POST", f"{url}/v1/completions", json={"prompt": [1, POISON], "max_tokens": 6, "temperature": 0, "stream": True},
+                      timeout=60) as r:
         events = sse_events(r.iter_lines())
     assert events[-1] == "[DONE]"
     last = events[-2]["choices"][0]

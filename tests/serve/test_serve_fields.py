@@ -30,7 +30,8 @@ def client(server):
 
 
 def complete(client, spec, **kw):
-    return client.completions.create(model="target", prompt=PROMPT, max_tokens=16, temperature=0, extra_body={"speculative": spec, "ignore_eos": True, **kw.pop("extra", {})}, **kw)
+    return client.completions.create(model="target", prompt=PROMPT, max_tokens=16, temperature=0,
+                                     extra_body={"speculative": spec, "ignore_eos": True, **kw.pop("extra", {})}, **kw)
 
 
 def test_logprobs_are_the_targets_for_every_method(client):
@@ -70,9 +71,11 @@ def test_echo_scores_the_prompt(client):
     assert c2.logprobs.token_logprobs[0] is None
     assert c2.logprobs.token_logprobs[1:prompt_ids] == pytest.approx(c.logprobs.token_logprobs[1:], abs=1e-5)
     # echo scores equal whatever the method (the prompt's rows come from the prefill)
-    r3 = client.completions.create(model="target", prompt=PROMPT, max_tokens=4, echo=True, logprobs=1, temperature=0, extra_body={"speculative": {"method": "ngram"}, "ignore_eos": True})
+    r3 = client.completions.create(model="target", prompt=PROMPT, max_tokens=4, echo=True, logprobs=1, temperature=0,
+                                   extra_body={"speculative": {"method": "ngram"}, "ignore_eos": True})
     assert r3.choices[0].text == c2.text
-    assert all(a is None and b is None or math.isclose(a, b, abs_tol=1e-4) for a, b in zip(r3.choices[0].logprobs.token_logprobs, c2.logprobs.token_logprobs))
+    assert all(a is None and b is None or math.isclose(a, b, abs_tol=1e-4) for a,
+               b in zip(r3.choices[0].logprobs.token_logprobs, c2.logprobs.token_logprobs))
 
 
 def test_several_prompts_n_and_seeds(client):
@@ -91,22 +94,26 @@ def test_several_prompts_n_and_seeds(client):
 
 
 def test_best_of_returns_the_most_likely(client):
-    r = client.completions.create(model="target", prompt=PROMPT, max_tokens=6, temperature=1.0, best_of=4, n=2, seed=3, logprobs=0, extra_body={"ignore_eos": True})
+    r = client.completions.create(model="target", prompt=PROMPT, max_tokens=6, temperature=1.0, best_of=4, n=2, seed=3, logprobs=0,
+                                  extra_body={"ignore_eos": True})
     assert len(r.choices) == 2 and r.usage.completion_tokens == 4 * 6  # every sample's tokens count
     means = [sum(c.logprobs.token_logprobs) / len(c.logprobs.token_logprobs) for c in r.choices]
     assert means[0] >= means[1]
-    every = client.completions.create(model="target", prompt=PROMPT, max_tokens=6, temperature=1.0, n=4, seed=3, logprobs=0, extra_body={"ignore_eos": True})
+    every = client.completions.create(model="target", prompt=PROMPT, max_tokens=6, temperature=1.0, n=4, seed=3, logprobs=0,
+                                      extra_body={"ignore_eos": True})
     best = sorted(every.choices, key=lambda c: -sum(c.logprobs.token_logprobs) / len(c.logprobs.token_logprobs))[:2]
     assert [c.text for c in r.choices] == [c.text for c in best]
 
 
 def test_chat_logprobs_and_n_streamed(server, client):
     msgs = [{"role": "user", "content": "hi"}]
-    whole = client.chat.completions.create(model="target", messages=msgs, max_tokens=8, temperature=0, logprobs=True, top_logprobs=2, n=2, extra_body={"ignore_eos": True})
+    whole = client.chat.completions.create(model="target", messages=msgs, max_tokens=8, temperature=0, logprobs=True, top_logprobs=2, n=2,
+                                           extra_body={"ignore_eos": True})
     assert [c.index for c in whole.choices] == [0, 1] and whole.choices[0].message.content == whole.choices[1].message.content
     content = whole.choices[0].logprobs.content
     assert len(content) == 8 and all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in content)
-    stream = client.chat.completions.create(model="target", messages=msgs, max_tokens=8, temperature=0, logprobs=True, top_logprobs=2, n=2, stream=True,
+    stream = client.chat.completions.create(model="target", messages=msgs, max_tokens=8, temperature=0, logprobs=True, top_logprobs=2, n=2,
+                                            stream=True,
                                             extra_body={"speculative": {"method": "draft"}, "ignore_eos": True})
     texts, lps = {0: "", 1: ""}, {0: [], 1: []}
     for chunk in stream:
@@ -118,7 +125,8 @@ def test_chat_logprobs_and_n_streamed(server, client):
 
 
 def test_completion_stream_with_logprobs_and_several_prompts(server):
-    body = {"prompt": ["abc", "xyz"], "max_tokens": 6, "temperature": 0, "logprobs": 2, "stream": True, "speculative": {"method": "ngram"}, "ignore_eos": True}
+    body = {"prompt": ["abc", "xyz"], "max_tokens": 6, "temperature": 0, "logprobs": 2, "stream": True, "speculative": {"method": "ngram"},
+            "ignore_eos": True}
     with httpx.stream("POST", f"{server}/v1/completions", json=body, timeout=60) as r:
         events = sse_events(r.iter_lines())
     assert events[-1] == "[DONE]"
@@ -149,7 +157,8 @@ def _streamed(server, body):
 
 
 ECHO = [  # (prompt, max_tokens, n, logprobs)
-    (PROMPT, 0, 1, None), (PROMPT, 0, 2, 1), ([PROMPT, "def f"], 0, 1, 2), (PROMPT, 5, 1, None), (PROMPT, 5, 2, 1), ([[1, 70, 71, 72], [1, 80, 81]], 3, 2, 0),
+    (PROMPT, 0, 1, None), (PROMPT, 0, 2, 1), ([PROMPT, "def f"], 0, 1, 2), (PROMPT, 5, 1, None), (PROMPT, 5, 2, 1),
+        ([[1, 70, 71, 72], [1, 80, 81]], 3, 2, 0),
 ]
 
 

@@ -109,9 +109,11 @@ def test_structured_output_and_tool_bodies_fuzzed_against_the_schema(demo_server
     posts = {op.label: op for op in (o.ok() for o in schema.get_all_operations()) if op.method.upper() == "POST"}
     fields = {
         "POST /v1/completions": st.one_of(structured_outputs().map(lambda so: {"structured_outputs": so}),
-                                          json_schemas().map(lambda s: {"response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": s}}})),
+                                          json_schemas().map(lambda s: {"response_format": {"type": "json_schema",
+                                                                                            "json_schema": {"name": "r", "schema": s}}})),
         "POST /v1/chat/completions": st.one_of(tools_bodies(), structured_outputs().map(lambda so: {"structured_outputs": so}),
-                                               json_schemas().map(lambda s: {"response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": s}}})),
+                                               json_schemas().map(lambda s: {"response_format": {"type": "json_schema",
+                                                                                                 "json_schema": {"name": "r", "schema": s}}})),
     }
     seen: dict[str, set[int]] = {}
 
@@ -161,7 +163,8 @@ EDGES = [
     ("completions", {"prompt": [2**31 - 1], "max_tokens": 2}, 400),
     ("completions", {"prompt": [2**40], "max_tokens": 2}, 400),
     ("completions", {"prompt": "ok", "max_tokens": 3, "logit_bias": {"9999999999": 1}}, 400),
-    ("completions", {"prompt": "ok", "max_tokens": 3, "logit_bias": {"5": -100, "6": 100}, "presence_penalty": -2, "frequency_penalty": 2, "seed": 3}, 200),
+    ("completions", {"prompt": "ok", "max_tokens": 3, "logit_bias": {"5": -100, "6": 100}, "presence_penalty": -2, "frequency_penalty": 2, "seed": 3},
+     200),
     ("completions", {"prompt": "ok", "max_tokens": 3, "repetition_penalty": 5e-324, "seed": 3}, 200),
     ("completions", {"prompt": "ok", "max_tokens": 3, "speculative": {"method": "draft", "num_draft_tokens": 1024}}, 400),
     # found by the fuzzer: a subnormal repetition penalty divides a logit into infinity, and NaN is not JSON

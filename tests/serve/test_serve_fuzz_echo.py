@@ -44,14 +44,16 @@ def joined(events: list) -> tuple[list[dict], dict | None]:
     return [by[i] for i in sorted(by)], usage
 
 
-prompt_texts = st.one_of(st.sampled_from(["abc abc", "def f(x):", "x", " "]), st.text(st.characters(min_codepoint=32, max_codepoint=126), min_size=1, max_size=12),
+prompt_texts = st.one_of(st.sampled_from(["abc abc", "def f(x):", "x", " "]),
+                         st.text(st.characters(min_codepoint=32, max_codepoint=126), min_size=1, max_size=12),
                          any_text(12))  # text at the edges: controls, non-ASCII (outside this tokenizer), lone surrogates
 prompts = st.one_of(prompt_texts, st.lists(st.integers(4, 99), min_size=1, max_size=6), st.lists(prompt_texts, min_size=1, max_size=3),
                     st.lists(st.lists(st.integers(4, 99), min_size=1, max_size=5), min_size=1, max_size=3))
 
 
 @fuzz_settings(20)
-@given(prompt=prompts, max_tokens=st.one_of(*[st.sampled_from([0, 1, 2, 5, 9])] * 3, edge_ints()), n=st.integers(1, 3), echo=st.booleans(), logprobs=st.sampled_from([None, 0, 2]),
+@given(prompt=prompts, max_tokens=st.one_of(*[st.sampled_from([0, 1, 2, 5, 9])] * 3, edge_ints()), n=st.integers(1, 3), echo=st.booleans(),
+       logprobs=st.sampled_from([None, 0, 2]),
        stop=st.sampled_from([None, "a", ["b", "\n"]]), method=st.sampled_from(["none", "draft", "ngram"]))
 def test_streamed_and_not_agree_and_usage_counts_what_was_returned(url, prompt, max_tokens, n, echo, logprobs, stop, method):
     body = {"prompt": prompt, "max_tokens": max_tokens, "n": n, "echo": echo, "temperature": 0, "speculative": {"method": method}}

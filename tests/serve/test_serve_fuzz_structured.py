@@ -23,7 +23,8 @@ from servers import running, served_demo
 
 pytestmark = pytest.mark.fuzz
 GOOD = {"model": "demo", "prompt": "def fib(n):", "max_tokens": 12, "temperature": 0}
-FIELDS = {"json": "structured_outputs.json", "regex": "structured_outputs.regex", "choice": "structured_outputs.choice", "grammar": "structured_outputs.grammar"}
+FIELDS = {"json": "structured_outputs.json", "regex": "structured_outputs.regex", "choice": "structured_outputs.choice",
+          "grammar": "structured_outputs.grammar"}
 
 
 @pytest.fixture(scope="module")

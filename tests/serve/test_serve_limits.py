@@ -40,7 +40,8 @@ def test_a_full_queue_answers_503_with_retry_after(one_slot):
         first = threading.Thread(target=_first_chunk, args=(url, {**LONG_BODY, "max_tokens": 1500}, started, holder))
         first.start()
         assert started.wait(30)
-        queued = threading.Thread(target=lambda: holder.update(queued=httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=60)))
+        queued = threading.Thread(target=lambda: holder.update(queued=httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 2},
+                                                                                 timeout=60)))
         queued.start()
         for _ in range(200):  # the second waits for the slot
             if 'specdec:num_requests_waiting{model_name="one-slot"} 1.0' in httpx.get(f"{url}/metrics").text:
@@ -92,7 +93,8 @@ def test_health_says_loading_until_the_app_serves(one_slot):
 
 
 def _start_cli(*flags) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "specdec.cli.serve", "--engine_dir", str(engines()["one-slot"]), "--port", "0", "--num_threads", "1", "--log_level", "warning", *flags]
+    cmd = [sys.executable, "-m", "specdec.cli.serve", "--engine_dir", str(engines()["one-slot"]), "--port", "0", "--num_threads", "1", "--log_level",
+           "warning", *flags]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     deadline, line = time.time() + 60, ""
     while time.time() < deadline and "specdec-serve:" not in line:

@@ -26,8 +26,10 @@ def demo(tmp_path_factory):
     d = tmp_path_factory.mktemp("lm_eval")
     quiet = dict(say=lambda _: None)
     build_engine(ROOT / "examples/demo-pair/target", d / "target", BuildConfig(dtype="float32", max_batch_size=4, max_input_len=256, max_seq_len=512,
-                                                                               max_draft_len=4, speculative_decoding_mode="draft_tokens_external"), **quiet)
-    build_engine(ROOT / "examples/demo-pair/draft", d / "draft", BuildConfig(dtype="float32", max_batch_size=4, max_input_len=256, max_seq_len=512), **quiet)
+                                                                               max_draft_len=4, speculative_decoding_mode="draft_tokens_external"),
+                 **quiet)
+    build_engine(ROOT / "examples/demo-pair/draft", d / "draft", BuildConfig(dtype="float32", max_batch_size=4, max_input_len=256, max_seq_len=512),
+                 **quiet)
     tasks = d / "tasks"
     tasks.mkdir()
     for f in TASKS.iterdir():  # the data paths made absolute: the test runs from any directory

@@ -16,7 +16,8 @@ from specdec.cli.run import main as run_main
 from specdec.runtime import GenerationConfig, load_orchestrator
 
 PROMPTS = ["def fib(n):", "Hello world", "abc abc abc abc", "x = [1, 2, 3]"]
-SPECS = [{"method": "none"}, {"method": "draft"}, {"method": "draft", "num_draft_tokens": 2}, {"method": "ngram"}, {"method": "draft", "num_draft_tokens": "auto"},
+SPECS = [{"method": "none"}, {"method": "draft"}, {"method": "draft", "num_draft_tokens": 2}, {"method": "ngram"},
+         {"method": "draft", "num_draft_tokens": "auto"},
          {"method": "suffix"}, {"method": "suffix", "num_draft_tokens": "auto"}]
 
 
@@ -95,7 +96,8 @@ def test_streaming_sends_one_chunk_per_round_and_the_same_text(server):
 
 def test_openai_client_streams_with_usage(client):
     full = client.completions.create(model="target", prompt="x = [1, 2, 3]", max_tokens=16, temperature=0)
-    stream = client.completions.create(model="target", prompt="x = [1, 2, 3]", max_tokens=16, temperature=0, stream=True, stream_options={"include_usage": True})
+    stream = client.completions.create(model="target", prompt="x = [1, 2, 3]", max_tokens=16, temperature=0, stream=True,
+                                       stream_options={"include_usage": True})
     chunks = list(stream)
     assert "".join(c.choices[0].text for c in chunks if c.choices) == full.choices[0].text
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == full.usage.completion_tokens

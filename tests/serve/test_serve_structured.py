@@ -29,7 +29,8 @@ PERSON = {
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
            "required": ["city", "days"], "additionalProperties": False}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "the forecast", "parameters": WEATHER}},
-         {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+         {"type": "function",
+          "function": {"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
                                                                            "required": ["a", "b"], "additionalProperties": False}}}]
 
 
@@ -44,7 +45,8 @@ def tree_url(tmp_path_factory):
     """The demo target built with tree attention, serving suffix decoding's frequency trees (greedy requests)."""
     d = tmp_path_factory.mktemp("demo-tree")
     build_engine(DEMO / "target", d / "target", BuildConfig(dtype="float32", max_batch_size=4, max_input_len=512, max_seq_len=768, max_draft_len=6,
-                                                             speculative_decoding_mode="draft_tokens_external", tree_attention=True), say=lambda _: None)
+                                                             speculative_decoding_mode="draft_tokens_external", tree_attention=True),
+                 say=lambda _: None)
     (d / "chat.jinja").write_text(TEMPLATE)
     served = build_served(d / "target", num_threads=1, suffix=SuffixConfig(max_draft_len=6), served_model_name="demo", chat_template=d / "chat.jinja")
     assert served.methods == ["none", "suffix"] and served.engine.proposers["suffix"].trees
@@ -54,7 +56,8 @@ def tree_url(tmp_path_factory):
 
 def chat(client, method, **kw):
     return client.chat.completions.create(model="demo", messages=[{"role": "user", "content": kw.pop("say", "Describe a person as JSON.")}],
-                                          max_tokens=kw.pop("max_tokens", 96), temperature=kw.pop("temperature", 0), extra_body={"speculative": {"method": method}, **kw.pop("extra", {})}, **kw)
+                                          max_tokens=kw.pop("max_tokens", 96), temperature=kw.pop("temperature", 0),
+                                          extra_body={"speculative": {"method": method}, **kw.pop("extra", {})}, **kw)
 
 
 def test_json_schema_greedy_is_valid_and_identical_for_every_method(client):
@@ -164,7 +167,8 @@ def test_tool_choice_auto_and_a_conversation_with_tool_results(client):
         assert c.message.tool_calls or c.message.content is not None
     messages = [
         {"role": "user", "content": "What is the weather in Paris?"},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 1}'}}]},
+        {"role": "assistant", "content": None,
+         "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 1}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
     ]
     r = client.chat.completions.create(model="demo", messages=messages, tools=TOOLS, tool_choice="none", max_tokens=8, temperature=0)
@@ -190,14 +194,16 @@ NO_STRING = [
     ("the same as a response_format", "chat/completions",
      {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", "json_schema": {"name": "e", "schema": ENDLESS}}},
      "response_format.json_schema.schema"),
-    ("a Lark grammar that derives no string", "completions", {"prompt": "x", "structured_outputs": {"grammar": 'start: a\na: "x" a'}}, "structured_outputs.grammar"),
+    ("a Lark grammar that derives no string", "completions", {"prompt": "x", "structured_outputs": {"grammar": 'start: a\na: "x" a'}},
+     "structured_outputs.grammar"),
     ("a named tool whose parameters never end", "chat/completions",
      {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": ENDLESS}}],
       "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tools[0].function.parameters"),
     ("the only tool, required", "chat/completions",
      {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": ENDLESS}}],
       "tool_choice": "required"}, "tools"),
-    ("a schema llguidance finds unsatisfiable", "completions", {"prompt": "x", "structured_outputs": {"json": {"type": "integer", "minimum": 5, "maximum": 3}}},
+    ("a schema llguidance finds unsatisfiable", "completions",
+     {"prompt": "x", "structured_outputs": {"json": {"type": "integer", "minimum": 5, "maximum": 3}}},
      "structured_outputs.json"),
 ]
 

@@ -90,7 +90,8 @@ def test_bad_prompt_files(tmp_path, tiny_base):
 def test_long_prompts_are_cut_and_the_record_says_so(tmp_path, tiny_base, prompts_txt):
     out = tmp_path / "cut.jsonl"
     said = []
-    prepare_data(PrepareConfig(str(prompts_txt), str(out), model_dir=str(tiny_base), max_token=2, max_prompt_tokens=3), say=said.append, progress_bar=False)
+    prepare_data(PrepareConfig(str(prompts_txt), str(out), model_dir=str(tiny_base), max_token=2, max_prompt_tokens=3), say=said.append,
+                 progress_bar=False)
     records = read_jsonl(out)
     assert [r["prompt_len"] for r in records] == [3, 3, 2]  # <s> w5 w6 | <s> w20 w21 | <s> w40
     assert records[1]["conversations"][0]["content"] == "w20 w21" and records[2]["conversations"][0]["content"] == "w40"

@@ -118,7 +118,8 @@ def test_resume_refuses_other_heads(tmp_path, tiny_base, repetitive_data):
 def test_max_time_stops_and_saves_and_eval_data_is_reported_on(tmp_path, tiny_base, repetitive_data):
     held = tmp_path / "held.jsonl"
     held.write_text(json.dumps({"input_ids": [9, 10, 11, 12, 13, 14, 15, 16, 5, 6], "prompt_len": 0}) + "\n")
-    r = train(config("medusa", tiny_base, repetitive_data, tmp_path / "t", max_steps=1000, save_steps=500, max_time=1e-6, eval_data=str(held)), **QUIET)
+    r = train(config("medusa", tiny_base, repetitive_data, tmp_path / "t", max_steps=1000, save_steps=500, max_time=1e-6, eval_data=str(held)),
+              **QUIET)
     assert r.steps == 1 and (tmp_path / "t" / "checkpoint-1").is_dir()  # the step that passed the budget was saved
     log = json.loads((tmp_path / "t" / "training_log.json").read_text())
     assert log["held_out"] is True
@@ -141,7 +142,8 @@ def test_an_epoch_visits_every_sequence_once(tmp_path, tiny_base, repetitive_dat
 def test_saved_files_are_readable_by_others(trained):
     # heads are shipped and shared: no 0600 files or 0700 folders from mkdtemp/safetensors
     _, result, _ = trained
-    for f in [result.output_dir / "model.safetensors", result.output_dir / "checkpoint-40", result.output_dir / "checkpoint-40" / "optimizer.safetensors"]:
+    for f in [result.output_dir / "model.safetensors", result.output_dir / "checkpoint-40",
+              result.output_dir / "checkpoint-40" / "optimizer.safetensors"]:
         assert f.stat().st_mode & 0o044 == 0o044, f
 
 

@@ -49,7 +49,8 @@ def _empty(tmp_path):
     ("no heads", lambda t: ["--medusa_num_heads", 0], "--medusa_num_heads 0 must be >= 1"),
     ("no ttt steps", lambda t: ["--mode", "eagle", "--eagle_ttt_steps", 0], "--eagle_ttt_steps 0 must be >= 1"),
     ("decay out of range", lambda t: ["--mode", "eagle", "--eagle_loss_decay_factor", 1.5], r"--eagle_loss_decay_factor 1.5 must be in \(0, 1\]"),
-    ("aux layer out of range", lambda t: ["--mode", "eagle", "--eagle_aux_layer_ids", "1,9"], r"--eagle_aux_layer_ids \[1, 9\]: the base model has layers 0..3 only"),
+    ("aux layer out of range", lambda t: ["--mode", "eagle", "--eagle_aux_layer_ids", "1,9"],
+     r"--eagle_aux_layer_ids \[1, 9\]: the base model has layers 0..3 only"),
     ("resume with nothing", lambda t: ["--resume", True], "holds no checkpoint-N folder to resume from"),
     ("not a model", lambda t: ["--model", t], "is not a Hugging Face model directory"),
 ])
@@ -85,7 +86,8 @@ def test_subprocess_error_has_no_traceback(tmp_path):
 
 def test_data_without_answer_tokens_is_refused(tmp_path, tiny_base):
     prompts_only = tmp_path / "prompts_only.jsonl"
-    prompts_only.write_text(json.dumps({"input_ids": [5, 6, 7, 8], "prompt_len": 4}) + "\n" + json.dumps({"input_ids": [5, 6], "prompt_len": 0}) + "\n")
+    prompts_only.write_text(json.dumps({"input_ids": [5, 6, 7, 8], "prompt_len": 4}) + "\n" + json.dumps({"input_ids": [5, 6],
+                                                                                                          "prompt_len": 0}) + "\n")
     r = invoke("run", "--mode", "medusa", "--model", tiny_base, "--data", prompts_only, "--output_dir", tmp_path / "out")
     assert r.exit_code == 1 and "has no sequence with a token to learn (of 2 lines" in r.output, r.output
     assert not (tmp_path / "out").exists()

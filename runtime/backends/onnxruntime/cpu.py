@@ -49,8 +49,10 @@ def check_host_memory(engine: EngineDir) -> None:
     m, b = engine.config.model, engine.config.build
     need, host = kv_cache_bytes(m, b.max_batch_size, b.kv_capacity), physical_memory_bytes()
     if host is not None and need > host:
-        raise EngineError(f"{engine.path}: max_seq_len={b.max_seq_len} with max_batch_size={b.max_batch_size} needs a KV cache of {need / 2**30:.1f} GiB, "
-                          f"more than this machine's physical memory ({host / 2**30:.1f} GiB): run it on a bigger host, or rebuild it with lower limits.")
+        raise EngineError(f"{engine.path}: max_seq_len={b.max_seq_len} with max_batch_size={b.max_batch_size} needs a KV cache of {need / 2**30:.1f} "
+                          "GiB, "
+                          f"more than this machine's physical memory ({host / 2**30:.1f} GiB): run it on a bigger host, or rebuild it with lower "
+                          "limits.")
 
 
 class OrtExecutor:

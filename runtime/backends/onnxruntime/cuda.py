@@ -140,7 +140,8 @@ class CudaExecutor:
         except Exception as err:  # onnxruntime's own errors are untyped
             raise EngineError(f"ONNX Runtime could not load {engine.network_path} on GPU {device}: {err}") from err
         if self.session.get_providers()[0] != CUDA_PROVIDER:
-            raise DeviceError(f"ONNX Runtime fell back to {self.session.get_providers()[0]} for {where}: the CUDA provider did not load (see ONNX Runtime's log; CUDA/cuDNN libraries missing?).")
+            raise DeviceError(f"ONNX Runtime fell back to {self.session.get_providers()[0]} for {where}: the CUDA provider did not load (see ONNX "
+                              "Runtime's log; CUDA/cuDNN libraries missing?).")
         check_network_io(engine, self.session.get_inputs(), self.session.get_outputs())
         self._check_inputs(where)
         self._allocate()
@@ -261,7 +262,8 @@ class CudaExecutor:
         cache.lengths[slot] = start + len(keep)
 
     # -- compute -------------------------------------------------------------------
-    def forward(self, cache: KVCache, tokens: Sequence[Sequence[int]] | np.ndarray, all_logits: bool, advance: np.ndarray | None = None, first_slot: int = 0,
+    def forward(self, cache: KVCache, tokens: Sequence[Sequence[int]] | np.ndarray, all_logits: bool, advance: np.ndarray | None = None,
+                first_slot: int = 0,
                 parents=None, extra_inputs: Mapping[str, np.ndarray] | None = None) -> StepOutput:
         """Append ``tokens[i]`` to slot ``first_slot + i``; the logits and the engine's extra outputs on the host
         (buffers of the call's shape on ``cache``, reused by its next call).

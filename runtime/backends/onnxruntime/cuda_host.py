@@ -144,7 +144,8 @@ def visible_cuda_gpus(what: str) -> int:
     require_cuda_provider(what)
     count = cuda_gpu_count()
     if count == 0:
-        raise DeviceError(f"{what} needs an NVIDIA GPU, but CUDA sees none (cudaGetDeviceCount): install the NVIDIA driver and check CUDA_VISIBLE_DEVICES.")
+        raise DeviceError(f"{what} needs an NVIDIA GPU, but CUDA sees none (cudaGetDeviceCount): install the NVIDIA driver and check "
+                          "CUDA_VISIBLE_DEVICES.")
     return count
 
 
@@ -152,6 +153,8 @@ def require_gpu(device: int, what: str) -> None:
     """``device`` must be one of the GPUs CUDA sees; a one-line DeviceError otherwise."""
     count = cuda_gpu_count()
     if count == 0:
-        raise DeviceError(f"{what} asks for GPU {device}, but CUDA sees no GPU (cudaGetDeviceCount): install the NVIDIA driver and check CUDA_VISIBLE_DEVICES.")
+        raise DeviceError(f"{what} asks for GPU {device}, but CUDA sees no GPU (cudaGetDeviceCount): install the NVIDIA driver and check "
+                          "CUDA_VISIBLE_DEVICES.")
     if not 0 <= device < count:
-        raise DeviceError(f"{what} asks for GPU {device}, but this host has {count} GPU(s): use an index from 0 to {count - 1} (CUDA_VISIBLE_DEVICES renumbers them).")
+        raise DeviceError(f"{what} asks for GPU {device}, but this host has {count} GPU(s): use an index from 0 to {count - 1} (CUDA_VISIBLE_DEVICES "
+                          "renumbers them).")

@@ -42,7 +42,8 @@ def check_network_io(engine: EngineDir, inputs: Sequence[Any], outputs: Sequence
     if isinstance(width, int) and width != m.vocab_size:
         refuse("model.vocab_size", m.vocab_size, f"{width} logits per token", "its logits output")
     if ("tree_mask" in ins) != b.tree_attention:
-        refuse("build.tree_attention", str(b.tree_attention).lower(), "a tree_mask input" if "tree_mask" in ins else "no tree_mask input", "its inputs")
+        refuse("build.tree_attention", str(b.tree_attention).lower(), "a tree_mask input" if "tree_mask" in ins else "no tree_mask input",
+               "its inputs")
     extra_in, extra_out = extra_io(m, b)
     for tensors, present, kind in ((extra_in, ins, "input"), (extra_out, outs, "output")):
         for t in tensors:

@@ -91,7 +91,8 @@ def check_memory(engines: Sequence[EngineDir], devices: Sequence[int], free: Map
     need: dict[int, list[tuple[EngineDir, int, int]]] = {}
     for eng, dev in zip(engines, devices, strict=True):
         plan_file = eng.path / ENGINE_FILE
-        need.setdefault(dev, []).append((eng, kv_cache_bytes(eng.config.model, eng.config.build.max_batch_size, eng.config.build.kv_capacity), plan_file.stat().st_size if plan_file.is_file() else 0))
+        need.setdefault(dev, []).append((eng, kv_cache_bytes(eng.config.model, eng.config.build.max_batch_size, eng.config.build.kv_capacity),
+                                         plan_file.stat().st_size if plan_file.is_file() else 0))
     for dev, items in need.items():
         if free is not None:
             have = free[dev]
@@ -149,7 +150,8 @@ class TrtExecutor:
             self._runtime.engine_host_code_allowed = True  # the plan embeds its lean runtime (host code) and is trusted
         self._plan = self._runtime.deserialize_cuda_engine((engine.path / ENGINE_FILE).read_bytes())
         if self._plan is None:
-            raise EngineError(f"TensorRT {trt.__version__} could not deserialize {engine.path / ENGINE_FILE} (see its log above); rebuild the engine on this host.")
+            raise EngineError(f"TensorRT {trt.__version__} could not deserialize {engine.path / ENGINE_FILE} (see its log above); rebuild the engine "
+                              "on this host.")
         self._context = self._plan.create_execution_context()
         if self._context is None:
             raise EngineError(f"TensorRT could not create an execution context for {engine.path} (out of GPU memory?).")
@@ -172,15 +174,18 @@ class TrtExecutor:
         if names != want:
             raise EngineError(f"{self.engine.path}: the plan's I/O {sorted(names ^ want)} differs from the engine ABI; rebuild it with this specdec.")
         if plan.num_optimization_profiles != 2:
-            raise EngineError(f"{self.engine.path}: expected 2 optimization profiles (context, generation), found {plan.num_optimization_profiles}; rebuild it.")
+            raise EngineError(f"{self.engine.path}: expected 2 optimization profiles (context, generation), found {plan.num_optimization_profiles}; "
+                              "rebuild it.")
         for past in self._kv:
             present = past.replace("past_", "present_")
             if not hasattr(plan, "get_aliased_input_tensor") or plan.get_aliased_input_tensor(present) != past:
                 raise EngineError(
                     f"{self.engine.path}: TensorRT {trt.__version__} does not update {past} in place ({present} is not aliased to it); "
-                    f"rebuild with TensorRT >= {'.'.join(map(str, MIN_TENSORRT))}, whose ONNX parser maps TensorScatter onto its KV-cache-update layer."
+                    f"rebuild with TensorRT >= {'.'.join(map(str, MIN_TENSORRT))}, whose ONNX parser maps TensorScatter onto its KV-cache-update "
+                    "layer."
                 )
-        self._dtype = {n: np.dtype(trt.nptype(plan.get_tensor_dtype(n))) for n in ("input_ids", "position_ids", "logits_index", "logits", self._kv[0])}
+        self._dtype = {n: np.dtype(trt.nptype(plan.get_tensor_dtype(n))) for n in ("input_ids", "position_ids", "logits_index", "logits",
+                                                                                   self._kv[0])}
         self._on_host = {n for n in ("input_ids", "position_ids", "logits_index") if plan.get_tensor_location(n) == trt.TensorLocation.HOST}
         self._ctx_max = int(plan.get_tensor_profile_shape("input_ids", CONTEXT_PROFILE)[2][1])
         self._gen_max = int(plan.get_tensor_profile_shape("input_ids", GENERATION_PROFILE)[2][1])
@@ -235,7 +240,8 @@ class TrtExecutor:
         for base in self._slab.values():  # distinct rows never overlap; same stream as execute, so ordered
             for h in range(m.num_kv_heads if span else 0):
                 off = h * head_bytes
-                cuda_call(self._rt.cudaMemcpyAsync(base + dst * self._row_bytes + off, base + src * self._row_bytes + off, span, kind, self._stream), "cudaMemcpyAsync(KV slot)")
+                cuda_call(self._rt.cudaMemcpyAsync(base + dst * self._row_bytes + off, base + src * self._row_bytes + off, span, kind, self._stream),
+                          "cudaMemcpyAsync(KV slot)")
         cache.lengths[dst] = n
 
     def clear_slot(self, cache: KVCache, slot: int) -> None:
@@ -315,7 +321,8 @@ class TrtExecutor:
             raise EngineError(f"TensorRT infers logits of shape {tuple(ctx.get_tensor_shape('logits'))}, expected {out.shape}.")
         if not ctx.execute_async_v3(int(stream)):
             raise EngineError(f"TensorRT execution failed for {self.engine.path} (batch {batch}, {width} tokens); see the TensorRT log.")
-        cuda_call(rt.cudaMemcpyAsync(out.ctypes.data, self._logits_ptr, out.nbytes, rt.cudaMemcpyKind.cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync(logits)")
+        cuda_call(rt.cudaMemcpyAsync(out.ctypes.data, self._logits_ptr, out.nbytes, rt.cudaMemcpyKind.cudaMemcpyDeviceToHost, stream),
+                  "cudaMemcpyAsync(logits)")
         cuda_call(rt.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
         return out
 

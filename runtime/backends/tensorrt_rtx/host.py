@@ -46,7 +46,8 @@ class Driver:
 
     def _call(self, code: int, name: str, what: str) -> None:
         if code != 0:
-            raise DeviceError(f"{what}: the NVIDIA driver answered {name} with CUDA error {code}: is a GPU visible (nvidia-smi, CUDA_VISIBLE_DEVICES)?")
+            raise DeviceError(f"{what}: the NVIDIA driver answered {name} with CUDA error {code}: is a GPU visible (nvidia-smi, "
+                              "CUDA_VISIBLE_DEVICES)?")
 
     def count(self) -> int:
         n = ctypes.c_int(0)

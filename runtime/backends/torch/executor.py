@@ -186,7 +186,8 @@ class TorchExecutor:
 
         as_dev = lambda a: torch.from_numpy(np.array(a)).to(dev)  # noqa: E731  (a copy: the tensor never aliases a caller's array)
         step = StepInputs(ids=as_dev(ids), positions=as_dev(positions), start=as_dev(start), slots=as_dev(first + np.arange(n)),
-                          logits_index=as_dev(index), tree=None if tree is None else as_dev(tree), path=None if tree is None else as_dev(tree_path(tree)),
+                          logits_index=as_dev(index), tree=None if tree is None else as_dev(tree),
+                          path=None if tree is None else as_dev(tree_path(tree)),
                           extra={name: as_dev(a).to(self.dtype) for name, a in extra.items()}, live=int(start.max()) + width)
         with torch.inference_mode(), (torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()):
             out = self.net(step, cache.kv)

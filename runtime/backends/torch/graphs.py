@@ -86,7 +86,8 @@ class StepGraph:
         self.graph: torch.cuda.CUDAGraph | None = None
         # where the graph leaves its outputs (views of the executor's shared buffers) and where they come back (the cache's)
         per_token = {t.name for t in ex.extra_out if t.per_token}
-        shapes = {"logits": (rows, logit_rows, ex.vocab_size), **{t.name: (rows, width if t.name in per_token else logit_rows, *t.tail) for t in ex.extra_out}}
+        shapes = {"logits": (rows, logit_rows, ex.vocab_size),
+                  **{t.name: (rows, width if t.name in per_token else logit_rows, *t.tail) for t in ex.extra_out}}
         self.outputs = {name: ex.graph_outputs.view(name, shape) for name, shape in shapes.items()}
         self.host_out = {name: cache.host_outputs.view(name, shape) for name, shape in shapes.items()}
 

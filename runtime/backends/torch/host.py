@@ -30,7 +30,8 @@ def check_engine(engine: EngineDir, kind: str) -> None:
         raise EngineError(f"{where} is a {build.backend} engine; the torch executor runs engines built with --backend torch.")
     version = (engine.config.extra.get("torch") or {}).get("layout_version")
     if version != LAYOUT_VERSION:
-        raise EngineError(f"{where} holds torch engine layout {version}, this specdec reads layout {LAYOUT_VERSION}: rebuild it with this specdec-build.")
+        raise EngineError(f"{where} holds torch engine layout {version}, this specdec reads layout {LAYOUT_VERSION}: rebuild it with this "
+                          "specdec-build.")
     if build.dtype not in DTYPES:
         raise EngineError(f"{where} has dtype {build.dtype!r}; the torch executor runs {', '.join(DTYPES)}.")
     if kind == "cpu" and build.dtype != "float32":

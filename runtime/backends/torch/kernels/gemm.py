@@ -26,7 +26,8 @@ BLOCK_M, BLOCK_N, BLOCK_K = 16, 32, 64  # fixed for every call (the module docst
 
 
 # -- references ----------------------------------------------------------------------------
-def dequantize_ref(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int, group: int, K: int, dtype: torch.dtype) -> torch.Tensor:
+def dequantize_ref(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int, group: int, K: int,
+                   dtype: torch.dtype) -> torch.Tensor:
     """[K, N] in ``dtype``: (code - zero) * scale per (group of input rows, column), in float32, then rounded."""
     if bits == 4:
         codes = torch.stack([qweight & 0x0F, qweight >> 4], dim=1).reshape(-1, qweight.shape[1])[:K]  # rows 2r, 2r + 1
