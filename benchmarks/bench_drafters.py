@@ -95,7 +95,8 @@ def make_methods(args, names: list[str], tex: Executor, eagle_tex: Executor | No
         elif kind == "ngram":
             out[name] = load_engine(args.target, ngram=NGramConfig(fixed or args.ngram_k, 3, [0]), target_executor=tex, draft_len=k or args.ngram_k,
                                     device=dev)
-        elif kind.startswith("suffix"):  # suffix[-local][-chain][-p<min_token_prob>][-f<max_spec_factor>][-d<max_tree_depth>][-t<cached_prompt_tokens>][-o<max_spec_offset>]
+        # suffix[-local][-chain][-p<min_token_prob>][-f<max_spec_factor>][-d<max_tree_depth>][-t<cached_prompt_tokens>][-o<max_spec_offset>]
+        elif kind.startswith("suffix"):
             parts = kind.split("-")[1:]
             opts = {"p": ("min_token_prob", float), "f": ("max_spec_factor", float), "d": ("max_tree_depth", int), "t": ("cached_prompt_tokens", int),
                     "o": ("max_spec_offset", float)}
@@ -339,7 +340,8 @@ def speed(args) -> None:
             print(f"  {n:<17} with prefill {spread_str(tps[n], '.2f')} tok/s" + (f" x{spread_str(ratios[n], '.2f')}" if n in ratios else "")
                   + f" | decode only {spread_str(dtps[n], '.2f')} tok/s" + (f" x{spread_str(decode_ratios[n], '.2f')}" if n in ratios else "")
                   + (f" | accepted {accepted / drafted:.0%} of {drafted}" if drafted else "")
-                  + (f" | tokens/call {rows[n]['tokens_per_call']:.2f}" if rounds else "") + ("" if same.get(n, True) else f"   OUTPUT DIFFERS on {differing[n]} requests per round"))
+                  + (f" | tokens/call {rows[n]['tokens_per_call']:.2f}" if rounds else "")
+                  + ("" if same.get(n, True) else f"   OUTPUT DIFFERS on {differing[n]} requests per round"))
             for i, d in (differences.get(n) or {}).items():  # a near-tie is half precision's; a clear gap is a bug
                 print(f"    request {i}: differs from token {d['at']} (first seen in round {d['round']})" + ("" if d.get("length_only") else
                       f": target-only {d['want']} (logit {d['want_logit']:.5g}), {n} {d['got']} (logit {d['got_logit']:.5g}, "

@@ -234,7 +234,8 @@ def _print_batch(b: int, rows: dict) -> None:
         s, x = r["tokens_per_s"], r["speedup"]
         extra = f"{r['bound']:>7.2f}{r['of_bound']:>9.2f}{r['mean_acceptance_length']:>8.2f}" if "bound" in r else f"{'':>24}"
         print(f"         {name:<22}{s['median']:>10.1f} ({s['min']:.0f}-{s['max']:.0f}){x['median']:>10.2f}x ({x['min']:.2f}-{x['max']:.2f})"
-              f"{extra}{r['identical_to_target_only']:>4}/{r['outputs']}{'' if r.get('identical_to_batch1') is None else r['identical_to_batch1']:>5}/{r['outputs']}", flush=True)
+              f"{extra}{r['identical_to_target_only']:>4}/{r['outputs']}"
+              f"{'' if r.get('identical_to_batch1') is None else r['identical_to_batch1']:>5}/{r['outputs']}", flush=True)
 
 
 def main() -> None:

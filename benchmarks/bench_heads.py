@@ -125,7 +125,8 @@ def print_table(summary: dict[str, dict[str, Any]], subsets: dict[str, list[int]
     def cell(s: dict[str, float], suffix: str = "") -> str:
         return f"{s['median']:.2f}{suffix} ({s['min']:.2f}-{s['max']:.2f})"
 
-    head = f"{'method':<22}{'tokens/s (all)':>22}" + "".join(f"{'speedup ' + sub:>26}" for sub in subsets) + f"{'acc. len':>10}  per-depth acceptance   same"
+    speedups = "".join(f"{'speedup ' + sub:>26}" for sub in subsets)
+    head = f"{'method':<22}{'tokens/s (all)':>22}" + speedups + f"{'acc. len':>10}  per-depth acceptance   same"
     print(head)
     for name, row in summary.items():
         acc = row["mean_acceptance_length"]

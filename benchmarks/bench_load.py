@@ -209,7 +209,8 @@ def fmt(x: dict, digits: int = 0) -> str:
 
 
 def table(agg: list[dict]) -> str:
-    lines = ["| rate (req/s) | method | done | output tok/s | TTFT p50 ms | TPOT p50 ms | tok per server CPU-s | acc. len | drafts/round | load avg |",
+    lines = ["| rate (req/s) | method | done | output tok/s | TTFT p50 ms | TPOT p50 ms | tok per server CPU-s | acc. len | drafts/round "
+             "| load avg |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for a in agg:
         lines.append(f"| {a['rate']:g} | {a['method']} | {a['completed']}/{a['sent']} | {fmt(a['output_throughput'], 2)} | {fmt(a['ttft_p50_ms'])} | "

@@ -194,7 +194,8 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
 
 
 def table(rows: list[dict]) -> str:
-    head = f"{'method':<7}{'rate':>6}{'done':>6}{'req/s':>7}{'tok/s':>8}{'TTFT p50':>10}{'p90':>8}{'p99':>8}{'TPOT p50':>10}{'p90':>8}{'p99':>8}{'acc.len':>9}"
+    head = (f"{'method':<7}{'rate':>6}{'done':>6}{'req/s':>7}{'tok/s':>8}{'TTFT p50':>10}{'p90':>8}{'p99':>8}"
+            f"{'TPOT p50':>10}{'p90':>8}{'p99':>8}{'acc.len':>9}")
     lines = [head, "-" * len(head)]
     for r in rows:
         rate = "inf" if math.isinf(r["rate"]) else f"{r['rate']:.2g}"
@@ -245,7 +246,8 @@ def main() -> None:
                 s = run.summary()
                 rows.append(s)
                 errors = [r.error for r in run.records if not r.ok]
-                print(f"method {method:<6} rate {rate:>5}: {s['completed']} done in {s['duration_s']:.1f}s" + (f", {len(errors)} failed: {errors[0]}" if errors else ""), flush=True)
+                failed = f", {len(errors)} failed: {errors[0]}" if errors else ""
+                print(f"method {method:<6} rate {rate:>5}: {s['completed']} done in {s['duration_s']:.1f}s" + failed, flush=True)
     finally:
         if proc is not None:
             proc.terminate()
@@ -263,7 +265,8 @@ def chart(rows: list[dict], json_path: Path) -> None:
     base = {r["rate"]: r for r in rows if r["method"] == rows[0]["method"]}
     def label(r: dict) -> str:
         return f"{r['method']} @ {r['rate']:g}/s"
-    panels = {"output tokens/s over " + rows[0]["method"]: [Bar(label(r), r["output_throughput"] / base[r["rate"]]["output_throughput"]) for r in rows],
+    panels = {"output tokens/s over " + rows[0]["method"]:
+              [Bar(label(r), r["output_throughput"] / base[r["rate"]]["output_throughput"]) for r in rows],
               "median TPOT over " + rows[0]["method"]: [Bar(label(r), r["tpot_p50_ms"] / base[r["rate"]]["tpot_p50_ms"]) for r in rows]}
     if path := write_bars(beside(json_path), "specdec-serve under Poisson arrivals, one run per method and rate", panels, xlabel="ratio"):
         print(f"wrote {path}")

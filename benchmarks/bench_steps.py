@@ -158,7 +158,8 @@ def print_steps(results: dict[str, Any], fl: dict[str, Any], bandwidth: dict[str
             m, c = per_width[w]["wall_ms"], per_width[w]["cpu_ms"]
             by_wall = achieved(f["step_bytes"], m["min"])  # the least-disturbed call: what the step can do
             by_cpu = achieved(f["step_bytes"], c["min"] / threads)
-            print(f"{Path(name.split(' [')[0]).name + (' [' + name.split(' [')[1] if ' [' in name else ''):<36}{w:>6}{fmt(m):>22}{fmt(c):>22}{f['floor_ms'][str(threads)]:>9.2f}{by_wall:>10.1f}{by_wall / bw['best_gb_s']:>8.0%}"
+            print(f"{Path(name.split(' [')[0]).name + (' [' + name.split(' [')[1] if ' [' in name else ''):<36}{w:>6}{fmt(m):>22}{fmt(c):>22}"
+                  f"{f['floor_ms'][str(threads)]:>9.2f}{by_wall:>10.1f}{by_wall / bw['best_gb_s']:>8.0%}"
                   f"{by_cpu:>10.1f}{by_cpu / bw['cpu_best_gb_s']:>8.0%}{m['median'] / one:>9.2f}x{c['median'] / one_cpu:>8.2f}x")
 
 

@@ -565,7 +565,8 @@ def print_table(summary: dict[str, dict[str, Any]], threads: int) -> None:
         agree = f"{r['agreement_with_specdec_fp32']:.0%}" if r["agreement_with_specdec_fp32"] is not None else "-"
         load = f"{r['load_s']:.1f}" if r["load_s"] is not None else "-"
         vs_cpu = fmt(r["all"]["vs_base_cpu"], 2, "x") if "vs_base_cpu" in r["all"] else "-"
-        print(f"{name:<34}" + "".join(f"{fmt(r[w]['tokens_per_s']):>24}" for w in WORKLOADS) + f"{fmt(r['all'].get('decode_tokens_per_s')):>24}" + f"{vs:>26}"
+        print(f"{name:<34}" + "".join(f"{fmt(r[w]['tokens_per_s']):>24}" for w in WORKLOADS) + f"{fmt(r['all'].get('decode_tokens_per_s')):>24}"
+              + f"{vs:>26}"
               f"{r['all']['tokens_per_cpu_s']['median']:>11.1f}{vs_cpu:>22}{acc:>8}{eq:>9}{agree:>11}{load:>8}")
 
 
@@ -579,7 +580,8 @@ def step_bandwidth(summary: dict[str, dict[str, Any]], lay: Layout, threads: int
         dec = row["all"].get("decode_tokens_per_s")
         if row["mode"] != "target-only" or dec is None or bw is None:
             continue
-        path = lay.engine("target", row["bits"]) if row["family"] == "specdec" else lay.gguf("target", row["bits"]) if row["family"] == "llama.cpp" else None
+        path = (lay.engine("target", row["bits"]) if row["family"] == "specdec"
+                else lay.gguf("target", row["bits"]) if row["family"] == "llama.cpp" else None)
         if path is None or not path.exists():
             continue
         nbytes = host.step_bytes(path) if path.is_dir() else path.stat().st_size

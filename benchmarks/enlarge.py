@@ -653,7 +653,8 @@ def enlarge_heads(heads_dir: str | Path, base_dir: str | Path, dst_dir: str | Pa
         tensors, cfg = _enlarge_medusa(heads, base_cfg, seed)
     else:
         if max(heads.aux_layer_ids) >= real_layers:
-            raise EnlargeError(f"{src}: eagle_aux_hidden_state_layer_ids {heads.aux_layer_ids} name layers beyond the base's {real_layers} real ones.")
+            raise EnlargeError(f"{src}: eagle_aux_hidden_state_layer_ids {heads.aux_layer_ids} name layers beyond the base's {real_layers} real "
+                               "ones.")
         tensors, cfg = _enlarge_eagle(heads, base_cfg, seed)
     cfg["specdec_enlarge"] = {"source_heads": str(src.resolve()), "base": str(base.resolve()), "seed": seed,
                               "source_hidden_size": heads.hidden_size, "hidden_size": cfg["hidden_size"]}

@@ -316,7 +316,8 @@ def search_network_scales(float_network, taps, cache_shape, num_layers, samples,
                     on_layer(name, w_t, layer_stats, results[name])
                 if say:
                     r = results[name]
-                    say(f"awq {name}: alpha={r.alpha:.2f}{' / w_mean' if r.choice[1] else ''}, calibration output error {r.relative_loss:.3f} x RTN's")
+                    say(f"awq {name}: alpha={r.alpha:.2f}{' / w_mean' if r.choice[1] else ''}, calibration output error {r.relative_loss:.3f} x "
+                        "RTN's")
     return results
 
 

@@ -128,7 +128,8 @@ def build_eagle_network(base: Checkpoint, heads, cfg: ModelConfig, build: BuildC
 
     cos, sin = cos_sin_tables(cfg, build.kv_capacity)
     shared = lowering.prelude(Shared(positions=positions, cos=gb.const("rope_cos", cos), sin=gb.const("rope_sin", sin), capacity=build.kv_capacity))
-    embed = gb.op("Gather", [gb.weight("model.embed_tokens.weight", base.float32("model.embed_tokens.weight")), ids], "/model/embed_tokens")  # [B, S, hidden]
+    # embed: [B, S, hidden]
+    embed = gb.op("Gather", [gb.weight("model.embed_tokens.weight", base.float32("model.embed_tokens.weight")), ids], "/model/embed_tokens")
 
     # Layer 0: attention over [input_layernorm(embedding), hidden_norm(h)], h the residual stream.
     p = "/model/layers.0"

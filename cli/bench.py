@@ -157,7 +157,8 @@ def run(engine_dir, draft_engine_dir, method, medusa_engine_dir, eagle_engine_di
     heads_dirs = {m: load_engine_dir(d, verify=verify_engine) for m, d in (("medusa", medusa_engine_dir), ("eagle", eagle_engine_dir)) if d}
     if target.config.build.speculative_decoding_mode in TREE_MODES:
         heads_dirs.setdefault(target.config.build.speculative_decoding_mode, target)
-    methods = parse_methods(method) if method else (["none"] + (["draft"] if draft_engine_dir else []) + (["ngram"] if max_draft else []) + list(heads_dirs))
+    methods = parse_methods(method) if method else (["none"] + (["draft"] if draft_engine_dir else []) + (["ngram"] if max_draft else [])
+                                                    + list(heads_dirs))
     if draft_lens is None:
         # a target that cannot verify drafts keeps [1]: loading it for drafting then says how to rebuild it
         lens = [k for k in parse_draft_lens(DEFAULT_DRAFT_LENS) if k <= max_draft] or [max(max_draft, 1)]
@@ -199,7 +200,8 @@ def run(engine_dir, draft_engine_dir, method, medusa_engine_dir, eagle_engine_di
 
 
 def sweep_table(result: dict[str, Any]) -> str:
-    head = f"{'method':<20}{'tokens/s':>10}{'speedup':>9}{'acceptance':>12}{'mean acc.len':>13}{'bound':>7}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'same as TO':>11}"
+    head = (f"{'method':<20}{'tokens/s':>10}{'speedup':>9}{'acceptance':>12}{'mean acc.len':>13}{'bound':>7}"
+            f"{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'same as TO':>11}")
     lines = [head]
     for r in result["rows"]:
         lines.append(
@@ -287,7 +289,8 @@ def _check_compare(which: str, target: Any, draft: Any, target_ckpt: str | None,
             import torch  # noqa: F401
             import transformers  # noqa: F401
         except ImportError:
-            raise RequestError("--compare with the hf peer needs torch and transformers: pip install 'specdec[hf]' (CPU torch: torch==2.13.0).") from None
+            raise RequestError("--compare with the hf peer needs torch and transformers: pip install 'specdec[hf]' (CPU torch: "
+                               "torch==2.13.0).") from None
     if "ortgenai" in wanted:
         from ..bench import peers
 

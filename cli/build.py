@@ -211,10 +211,12 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
     int_note = ""
     if wo:
         group = f"group {wo['group_size']}" if wo["group_size"] else "per channel"
-        int_note = f", int{wo['bits']} weights ({group}, {'symmetric' if wo['symmetric'] else 'asymmetric'}, {wo['source']}{', lm_head' if 'lm_head' in wo['layers'] else ''})"
+        int_note = (f", int{wo['bits']} weights ({group}, {'symmetric' if wo['symmetric'] else 'asymmetric'}, "
+                    f"{wo['source']}{', lm_head' if 'lm_head' in wo['layers'] else ''})")
     click.echo(
         f"built {result.output_dir}  [{model.architecture}, {result.num_parameters / 1e6:.2f}M params, {b.dtype}"
-        f"{', fp8 weights' if b.quantization == 'fp8' else ''}{int_note}{f' + fp8 {b.fp8_activations} activations' if b.fp8_activations != 'none' else ''}, "
+        f"{', fp8 weights' if b.quantization == 'fp8' else ''}{int_note}"
+        f"{f' + fp8 {b.fp8_activations} activations' if b.fp8_activations != 'none' else ''}, "
         f"backend {b.backend}]\n"
         f"  limits: batch {b.max_batch_size}, input {b.max_input_len}, seq {b.max_seq_len}, draft {b.max_draft_len} ({b.speculative_decoding_mode})\n"
         f"  size {human_bytes(result.engine_bytes)}, {len(result.config.files)} files, {result.seconds:.1f}s"

@@ -201,7 +201,8 @@ def main(engine_dir, input_text, input_file, tokenizer_dir, no_add_special_token
     silent = [i for i, out in enumerate(outputs) if out.metrics and out.metrics.silent_drafts]
     if silent:  # said once for the run, not once per request
         which = f"request {silent[0]}" if len(silent) == 1 else f"{len(silent)} of {len(outputs)} requests"
-        click.echo(f"warning: {which}: {silent_draft_message(orch.engine.speculation.method, SILENT_DRAFT_ROUNDS, orch.engine.speculation.draft_len == AUTO)}", err=True)
+        speculation = orch.engine.speculation
+        click.echo(f"warning: {which}: {silent_draft_message(speculation.method, SILENT_DRAFT_ROUNDS, speculation.draft_len == AUTO)}", err=True)
     report = {"method": method, "metrics": metrics.to_dict()}
     if baseline:
         base_runs = [r for name, r in runs if name == "target-only"]

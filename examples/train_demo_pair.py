@@ -520,6 +520,11 @@ def dir_size(p: Path) -> int:
 
 def write_card(out_dir: Path, info: dict) -> None:
     t, d, ev, sim = info["target"], info["draft"], info["pair_eval"], info["specdec_sim"]
+    tc, dc = t["config"], d["config"]  # the card's long rows
+
+    def heads(cfg: dict) -> str:
+        return f"{cfg['num_attention_heads']} / {cfg['num_key_value_heads']}"
+
     gam = info["gammas"]
     alpha = info["args"]["distill_alpha"]
     sim_note = (
@@ -572,9 +577,9 @@ them in float16, which is slow on CPU, so pass `dtype=torch.float32` there.
 | layers | {t['config']['num_hidden_layers']} | {d['config']['num_hidden_layers']} |
 | hidden size | {t['config']['hidden_size']} | {d['config']['hidden_size']} |
 | intermediate size | {t['config']['intermediate_size']} | {d['config']['intermediate_size']} |
-| attention heads / KV heads (GQA) | {t['config']['num_attention_heads']} / {t['config']['num_key_value_heads']} | {d['config']['num_attention_heads']} / {d['config']['num_key_value_heads']} |
+| attention heads / KV heads (GQA) | {heads(tc)} | {heads(dc)} |
 | head dim | {t['config']['head_dim']} | {d['config']['head_dim']} |
-| max positions (RoPE θ = {t['config']['rope_parameters']['rope_theta']:g}) | {t['config']['max_position_embeddings']} | {d['config']['max_position_embeddings']} |
+| max positions (RoPE θ = {tc['rope_parameters']['rope_theta']:g}) | {tc['max_position_embeddings']} | {dc['max_position_embeddings']} |
 | tied input/output embeddings | yes | yes |
 | parameters | {t['n_params']/1e6:.2f} M | {d['n_params']/1e6:.2f} M |
 | stored dtype | float16 (safetensors) | float16 (safetensors) |

@@ -310,7 +310,8 @@ def load_engine_dir(path: str | Path, verify: str = "stamp") -> EngineDir:
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise EngineError(f"{cfg_path} is not valid JSON ({err}); the engine is corrupt, rebuild it.") from err
     if not isinstance(data, dict) or "build" not in data or "model" not in data:
-        hint = " It looks like a Hugging Face checkpoint: build an engine from it with specdec-build." if isinstance(data, dict) and "architectures" in data else ""
+        looks_hf = isinstance(data, dict) and "architectures" in data
+        hint = " It looks like a Hugging Face checkpoint: build an engine from it with specdec-build." if looks_hf else ""
         raise EngineError(f"{cfg_path} is not a specdec engine config (no 'model'/'build' sections).{hint}")
     fmt = data.get("format_version")
     if fmt != FORMAT_VERSION:

@@ -255,7 +255,8 @@ def load_heads(path: str | Path, base_num_layers: int | None = None) -> HeadChec
     if (isinstance(archs, list) and EAGLE3_ARCHITECTURE in archs) or "eagle_config" in cfg:
         ckpt = _load_eagle(d, cfg)
         if base_num_layers is not None and max(ckpt.aux_layer_ids) >= base_num_layers:
-            raise CheckpointError(f"EAGLE module in {d}: aux layer ids {ckpt.aux_layer_ids} name layers the {base_num_layers}-layer base model lacks.")
+            raise CheckpointError(f"EAGLE module in {d}: aux layer ids {ckpt.aux_layer_ids} name layers the {base_num_layers}-layer base model "
+                                  "lacks.")
         return ckpt
     raise CheckpointError(f"{d / CONFIG_FILE} describes neither Medusa heads (a \"medusa\" block) nor an EAGLE-3 module "
                           f"(architectures [\"{EAGLE3_ARCHITECTURE}\"] with an \"eagle_config\"); see docs/train-heads.md.")

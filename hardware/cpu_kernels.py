@@ -6,8 +6,8 @@ version, into a private cache folder (``$SPECDEC_CACHE_DIR/kernels``, else ``$XD
 ``~/.cache/specdec/kernels``), and registered with the ONNX Runtime session (backends/onnxruntime/cpu.py). Loading an
 engine directory runs no code that came with it. ONNX Runtime's Python wheel has no C headers, so the op declares the
 few pieces of ONNX Runtime's stable C ABI it uses itself (kernels/ort_q4gemm.c says how). Without AVX-512 VNNI the
-library runs an AVX2 kernel, and without AVX2 a portable C one, that compute the same bits, more slowly. The graph side (the weight layout, the node) is
-plugins/cpu_kernels.py.
+library runs an AVX2 kernel, and without AVX2 a portable C one, that compute the same bits, more slowly. The graph
+side (the weight layout, the node) is plugins/cpu_kernels.py.
 
 The cache holds what this specdec compiled, and is checked before anything is loaded from it: each library is
 written beside a manifest (its size, its sha256, the source digest) with the symbols it must export checked first,
@@ -163,7 +163,8 @@ def kernel_library(layout: int = LAYOUT) -> Path:
         try:
             return build_library(lib)
         except KernelBuildError as err:
-            raise KernelBuildError(f"the cached int4 CPU kernel {lib} is not what specdec compiled ({why}), and compiling it again failed: {err}") from None
+            raise KernelBuildError(f"the cached int4 CPU kernel {lib} is not what specdec compiled ({why}), and compiling it again failed: "
+                                   f"{err}") from None
         except OSError as err:
             raise KernelBuildError(f"the cached int4 CPU kernel {lib} is not what specdec compiled ({why}), and it cannot be replaced "
                                    f"({err.strerror}): remove {folder}, or set SPECDEC_CACHE_DIR to a folder of your own") from None

@@ -131,7 +131,8 @@ def version_problem(meta: Mapping[str, Any], module: str, host: str) -> str | No
             return "the dispatch runtime runs only version-compatible plans (build with --trt_version_compatible)"
         return f"the plan is specific to TensorRT {built} (rebuild on this host, or build with --trt_version_compatible)"
     if excluded:
-        return f"the plan was built without its lean runtime (EXCLUDE_LEAN_RUNTIME), so only TensorRT {built} itself or tensorrt-lean=={built} can run it"
+        return (f"the plan was built without its lean runtime (EXCLUDE_LEAN_RUNTIME), so only TensorRT {built} itself "
+                f"or tensorrt-lean=={built} can run it")
     b, h = version_tuple(built), version_tuple(host)
     if h < b:
         return "a version-compatible plan runs only on the same or a newer TensorRT"

@@ -85,7 +85,8 @@ class OrtCudaMaskedAttention(OrtCudaBase):
         at = gb.op("Equal", [gb.op("Unsqueeze", [call_slots, gb.const(f"{p}/axis_last2", np.array([-1], np.int64))], f"{p}/call_slot_col"), slots],
                    f"{p}/call_token_slot")  # [B, S, L]: call token i sits at slot s
         f32 = TensorProto.FLOAT
-        hits = gb.op("MatMul", [gb.op("Cast", [tree], f"{p}/tree_f", to=f32), gb.op("Cast", [at], f"{p}/slot_f", to=f32)], f"{p}/tree_slots")  # [B, S, L]
+        hits = gb.op("MatMul", [gb.op("Cast", [tree], f"{p}/tree_f", to=f32), gb.op("Cast", [at], f"{p}/slot_f", to=f32)],
+                     f"{p}/tree_slots")  # [B, S, L]
         in_tree = gb.op("Greater", [hits, gb.const(f"{p}/half", np.array(0.5, np.float32))], f"{p}/tree_part")
         return gb.op("Or", [gb.op("Unsqueeze", [before, self._axis1], f"{p}/before_rows"), in_tree], f"{p}/visible")
 

@@ -95,7 +95,8 @@ class Engine:
         self.max_input_len = min(e.build.max_input_len for e in executors)
         # which engine sets the input limit, for the error that names it (the draft's may be the smaller)
         short = min(executors, key=lambda e: e.build.max_input_len)
-        self._input_limit_by = "the target engine" if short is target else f"the draft engine {short.engine.path} (the target's is {build.max_input_len})"
+        self._input_limit_by = ("the target engine" if short is target
+                                else f"the draft engine {short.engine.path} (the target's is {build.max_input_len})")
         # The vocabulary draft and target share (padded vocabularies compare over the common ids).
         self.vocab_limit: int | None = None
         for p in proposers:

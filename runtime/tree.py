@@ -83,9 +83,11 @@ def parse_choices(text: str | Sequence[Sequence[int]] | None, flag: str = "--med
         try:
             paths = json.loads(text)
         except json.JSONDecodeError as err:
-            raise RequestError(f"{flag} {shown(text)} is not a JSON list of paths ({err.msg}); expected e.g. \"[[0], [0, 0], [1], [0, 1]]\".") from None
+            raise RequestError(f"{flag} {shown(text)} is not a JSON list of paths ({err.msg}); "
+                               "expected e.g. \"[[0], [0, 0], [1], [0, 1]]\".") from None
         except RecursionError:  # json nests by recursion: a path is a list of numbers, never that deep
-            raise RequestError(f"{flag} {shown(text)} nests lists too deeply; expected a list of paths, e.g. \"[[0], [0, 0], [1], [0, 1]]\".") from None
+            raise RequestError(f"{flag} {shown(text)} nests lists too deeply; "
+                               "expected a list of paths, e.g. \"[[0], [0, 0], [1], [0, 1]]\".") from None
     else:
         paths = [list(p) for p in text]
     if not isinstance(paths, list) or not paths:
@@ -142,7 +144,8 @@ def check_nodes(tree: DraftTree, max_draft_len: int, flag: str, engine) -> None:
     """At most the engine's max_draft_len nodes: what it verifies per step (baked in at build time)."""
     if len(tree) > max_draft_len:
         raise EngineError(f"{flag} has {len(tree)} nodes, more than {engine}'s max_draft_len={max_draft_len} "
-                          f"(the nodes it verifies per step, baked in at build time). Use a smaller tree or rebuild with --max_draft_len {len(tree)}.")
+                          "(the nodes it verifies per step, baked in at build time). Use a smaller tree or rebuild with --max_draft_len "
+                          f"{len(tree)}.")
 
 
 def check_tree(tree: DraftTree, target: Executor, flag: str, max_depth: int | None = None, depth_what: str = "") -> None:

@@ -95,15 +95,18 @@ def check_json(body: bytes) -> tuple[str, str | None] | None:
     while stack:
         value, path, depth = stack.pop()
         if depth > MAX_DEPTH:
-            return f"the request body nests deeper than {MAX_DEPTH} levels (at {path or 'the top'}); no field of this API nests that deep.", path.split(".")[0] or None
+            return (f"the request body nests deeper than {MAX_DEPTH} levels (at {path or 'the top'}); no field of this API nests that deep.",
+                    path.split(".")[0] or None)
         if isinstance(value, str):
             if _lone_surrogate(value):
-                return f"{path or 'the body'} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), which is not Unicode text; send valid UTF-8 text.", path or None
+                return (f"{path or 'the body'} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), which is not Unicode text; "
+                        "send valid UTF-8 text.", path or None)
         elif isinstance(value, dict):
             for k, v in value.items():
                 key_path = f"{path}.{k}" if path else str(k)
                 if _lone_surrogate(k):
-                    return f"a key in {path or 'the body'} holds a lone UTF-16 surrogate, which is not Unicode text; send valid UTF-8 text.", path or None
+                    return (f"a key in {path or 'the body'} holds a lone UTF-16 surrogate, which is not Unicode text; send valid UTF-8 text.",
+                            path or None)
                 stack.append((v, key_path, depth + 1))
         elif isinstance(value, list):
             stack.extend((v, f"{path}.{i}" if path else str(i), depth + 1) for i, v in enumerate(value))

@@ -26,7 +26,7 @@ rounds (tokens per target call: rounds without drafts count too).
 Counters move when a request ends, by that request's own figures, before its
 response is sent: a client that read a response and then /metrics sees it
 counted.
-"""
+"""  # noqa: E501 (the docstring's Markdown table: a row cannot wrap)
 
 from __future__ import annotations
 

@@ -199,9 +199,9 @@ def save_quantized_checkpoint(
         g = group_size or n_in
         g_idx = np.arange(n_in) // g
         if act_order:  # one shuffle per layer input, as GPTQ's q/k/v (and gate/up) share theirs
-            layer_input = ".".join(parts[:4]) + (".attn_in" if parts[-2] in ("q_proj", "k_proj",
-                                                                             "v_proj") else ".mlp_in" if parts[-2] in ("gate_proj",
-                                                                                                                       "up_proj") else "." + parts[-2])
+            shared = (".attn_in" if parts[-2] in ("q_proj", "k_proj", "v_proj")
+                      else ".mlp_in" if parts[-2] in ("gate_proj", "up_proj") else "." + parts[-2])
+            layer_input = ".".join(parts[:4]) + shared
             g_idx = g_idx[np.random.default_rng(zlib.crc32(layer_input.encode())).permutation(n_in)]
         codes, zeros, scales = _rtn_codes(w_t, bits, g, symmetric, g_idx)
         meant[name] = reference(codes, zeros, scales, g_idx).T.copy()

@@ -147,6 +147,7 @@ def read_sequences(path: str | Path, tokenizer=None, max_len: int = 512, vocab_s
         if len(ids) > max(2, int(prompt_len)):
             out.append(Sequence(ids, int(prompt_len)))
     if not out:
-        why = "is empty" if lines == 0 else f"has no sequence with a token to learn (of {lines} lines: each needs 3 tokens or more, and answer tokens after its prompt_len)"
+        why = ("is empty" if lines == 0
+               else f"has no sequence with a token to learn (of {lines} lines: each needs 3 tokens or more, and answer tokens after its prompt_len)")
         raise TrainConfigError(f"--data {p} {why}; nothing to train on.")
     return out

@@ -237,7 +237,8 @@ def trainable_parameters(cfg: TrainConfig, base_cfg: dict) -> int:
         return cfg.medusa_num_heads * (cfg.medusa_num_layers * (hidden * hidden + hidden) + vocab * hidden)
     aux = len(set(cfg.eagle_aux_layer_ids)) if cfg.eagle_aux_layer_ids else 3
     layer = 4 * hidden * hidden + 3 * hidden * inter  # q/k/v/o at most hidden wide, gate/up/down
-    return aux * hidden * hidden + cfg.eagle_num_layers * layer + 3 * hidden * hidden + vocab * hidden  # fc, layers (layer 0's q/k/v twice as wide), lm_head
+    # fc, layers (layer 0's q/k/v twice as wide), lm_head
+    return aux * hidden * hidden + cfg.eagle_num_layers * layer + 3 * hidden * hidden + vocab * hidden
 
 
 def _check_memory(cfg: TrainConfig, base_cfg: dict) -> None:

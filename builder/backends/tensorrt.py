@@ -153,7 +153,8 @@ def build_tensorrt_engine(
 
     plan = builder.build_serialized_network(network, config)
     if plan is None:
-        raise BuildConfigError(f"TensorRT {version} failed to build {onnx_path} on {gpu} ({sm}):\n" + "\n".join(logger.errors or ["(see the TensorRT log above)"]))
+        raise BuildConfigError(f"TensorRT {version} failed to build {onnx_path} on {gpu} "
+                               f"({sm}):\n" + "\n".join(logger.errors or ["(see the TensorRT log above)"]))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / ENGINE_FILE).write_bytes(memoryview(plan))
     if timing_cache is not None and cache is not None:

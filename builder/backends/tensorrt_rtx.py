@@ -172,7 +172,8 @@ def build_rtx_engines(
         profiles = add_profiles(trt, builder, config, network, build, model)
         plan = builder.build_serialized_network(network, config)
         if plan is None:
-            raise BuildConfigError(f"TensorRT for RTX {trt.__version__} failed to build {onnx_path} for {sm}:\n" + "\n".join(logger.errors or ["(see the TensorRT log above)"]))
+            raise BuildConfigError(f"TensorRT for RTX {trt.__version__} failed to build {onnx_path} for "
+                                   f"{sm}:\n" + "\n".join(logger.errors or ["(see the TensorRT log above)"]))
         (out_dir / engine_file(sm)).write_bytes(memoryview(plan))
         write_ep_context(out_dir / context_file(sm), io_graph, onnx_path.name, engine_file(sm), sm, trt.__version__)
         built[sm] = {"network_file": context_file(sm), "engine_file": engine_file(sm)}

@@ -114,7 +114,8 @@ def parse_portable(trt, logger, onnx_path: Path, capacity: int, flags: int = 0, 
     if not parser.parse(static_kv_onnx(onnx_path, capacity), str(onnx_path)):
         errors = [parser.get_error(i) for i in range(parser.num_errors)]
         lines = [f"  node {e.node_name() or e.node()} ({e.node_operator() or '?'}): {e.desc()}" for e in errors]
-        raise BuildConfigError(f"{product} {trt.__version__}'s ONNX parser rejected {onnx_path}:\n" + "\n".join(lines or logger.errors or ["  (no parser error recorded)"]))
+        raise BuildConfigError(f"{product} {trt.__version__}'s ONNX parser rejected "
+                               f"{onnx_path}:\n" + "\n".join(lines or logger.errors or ["  (no parser error recorded)"]))
     return builder, network, parser
 
 

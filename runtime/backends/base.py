@@ -112,7 +112,8 @@ def refuse_trees(parents, engine: str) -> None:
     """An executor without tree attention verifies chains only: a forward() with a tree is an error, not a chain."""
     if parents is not None and any(p is not None for p in parents):
         raise EngineError(f"{engine} was built without tree attention, or runs on an executor without it: it verifies chains only "
-                          "(rebuild with --speculative_decoding_mode medusa or eagle, and run it with the onnxruntime backend: CPU or --device cuda).")
+                          "(rebuild with --speculative_decoding_mode medusa or eagle, and run it with the onnxruntime backend: CPU or --device "
+                          "cuda).")
 
 
 def refuse_extra_inputs(given: Mapping[str, np.ndarray] | None, engine: str) -> None:
@@ -132,7 +133,8 @@ def check_extra_inputs(given: Mapping[str, np.ndarray] | None, declared: Sequenc
                               + ("" if arr is None else f", given {list(arr.shape)}") + ".")
     if len(given) != len(declared):
         unknown = sorted(set(given) - {t.name for t in declared})
-        raise EngineError(f"{engine} takes no {', '.join(unknown)} input" + (f" (its extra inputs: {', '.join(t.name for t in declared)})." if declared else "."))
+        known = f" (its extra inputs: {', '.join(t.name for t in declared)})." if declared else "."
+        raise EngineError(f"{engine} takes no {', '.join(unknown)} input" + known)
 
 
 def refuse_prefix_pool(engine: str, why: str) -> None:

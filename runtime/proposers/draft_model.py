@@ -43,7 +43,8 @@ class DraftModelProposer(Proposer):
                  pairing: Pairing | None = None):
         """draft_len: its default drafts per round (a draft-target config's); pairing: how it was checked against the target."""
         if not 0.0 <= confidence_threshold <= 1.0:  # a probability (NaN fails too)
-            raise RequestError(f"--draft_confidence_threshold {confidence_threshold}: expected a probability in [0, 1] (0 = always draft_len tokens).")
+            raise RequestError(f"--draft_confidence_threshold {confidence_threshold}: expected a probability in [0, 1] (0 = always draft_len "
+                               "tokens).")
         self.executor = executor
         self.default_draft_len, self.pairing = draft_len, pairing
         # With use_logits (and a sampled request) drafts are sampled from q and q is kept for

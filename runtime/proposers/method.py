@@ -55,7 +55,8 @@ class OpenContext:
     placement: Placement  # the target's
     allow_vocab_mismatch: bool
     open_target: Callable[[], Executor]  # the target's executor (opened once): a drafter that reads the target's outputs
-    open_own: Callable[[EngineDir, list[int]], Executor]  # an engine of the drafter's own, on these device ids (checked to fit beside the target first)
+    # an engine of the drafter's own, on these device ids (checked to fit beside the target first)
+    open_own: Callable[[EngineDir, list[int]], Executor]
     open_beside: Callable[[EngineDir], Executor]  # an engine the target carries (an EAGLE module), on the target's device
     load: Callable[[Any], EngineDir]  # a path (or an EngineDir) -> the verified EngineDir (the loader's verify mode)
 

@@ -290,7 +290,8 @@ def test_plugins_import_nothing_from_builder():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
                 module = ("." * node.level) + (node.module or "")
-                if module.startswith("..builder") or module.startswith("specdec.builder") or (node.level == 2 and any(a.name == "builder" for a in node.names)):
+                if (module.startswith("..builder") or module.startswith("specdec.builder")
+                        or (node.level == 2 and any(a.name == "builder" for a in node.names))):
                     offenders.append(f"{path.name}: from {module} import ...")
             elif isinstance(node, ast.Import):
                 offenders += [f"{path.name}: import {a.name}" for a in node.names if a.name.startswith("specdec.builder")]

@@ -159,7 +159,8 @@ def test_a_draft_engine_as_target_says_so(demo):
 def test_an_engine_dir_as_checkpoint_says_so(demo, tmp_path):
     r = invoke(build_main, "--checkpoint_dir", demo / "draft", "--output_dir", tmp_path / "e")
     assert r.exit_code == 1 and "architecture None" not in r.output
-    assert f"is an engine directory (made by specdec-build), not a Hugging Face checkpoint. It was built from {DEMO / 'draft'}; pass that." in r.output
+    assert (f"is an engine directory (made by specdec-build), not a Hugging Face checkpoint. It was built from {DEMO / 'draft'}; "
+            "pass that.") in r.output
 
 
 def test_stop_words_match_text(demo, tmp_path):

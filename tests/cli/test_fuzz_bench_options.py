@@ -115,7 +115,8 @@ def test_prepare_dataset_regressions(tmp_path, args, message):
 @pytest.mark.parametrize(("content", "message"), [
     (b'{"input_ids": [5, 6], "output_len": 3}\n' + b"[" * 100_000 + b"]" * 100_000 + b"\n", "in.jsonl:2 nests JSON too deeply"),  # RecursionError
     (b'{"input_ids": [5, 6], "output_len": 3}\n{"prompt": "w5 \xff"}\n', "in.jsonl:2 is not UTF-8 text (byte 0xff)"),  # UnicodeDecodeError
-    (b'{"prompt": "w5 \\udcff w6"}\n', "in.jsonl:1 holds text that is not valid Unicode: a lone surrogate '\\udcff'"),  # the tokenizers library's TypeError
+    # the tokenizers library's TypeError
+    (b'{"prompt": "w5 \\udcff w6"}\n', "in.jsonl:1 holds text that is not valid Unicode: a lone surrogate '\\udcff'"),
 ])
 def test_dataset_regressions(engines, tmp_path, content, message):
     (tmp_path / "in.jsonl").write_bytes(content)

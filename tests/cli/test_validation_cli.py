@@ -133,5 +133,6 @@ def test_refusal_in_a_real_process(tmp_path, llama):
     out = tmp_path / "e"
     r = subprocess.run([sys.executable, "-m", "specdec.cli.build", "--checkpoint_dir", str(bad), "--output_dir", str(out), "--max_seq_len", "64"],
                        capture_output=True, text=True, timeout=300)
-    assert r.returncode == 1 and r.stderr.startswith(f"error: {Q_PROJ} in model.safetensors has shape [64, 128]") and len(r.stderr.splitlines()) == 1, r.stderr
+    assert r.returncode == 1 and r.stderr.startswith(f"error: {Q_PROJ} in model.safetensors has shape [64, 128]"), r.stderr
+    assert len(r.stderr.splitlines()) == 1, r.stderr
     assert not out.exists() and not list(tmp_path.glob(".e*"))

@@ -72,7 +72,8 @@ def documented(command: str, page: str, heading: str) -> list[tuple[set[str], li
 
 
 def test_the_table_reader_takes_flags_aliases_and_values():
-    text = "## Flags\n\n| flag | aliases | value | default | meaning |\n|---|---|---|---|---|\n| `--dtype` | `--d` | `auto`, `float32` | | x |\n| `-h` | `--help` | | | |\n"
+    text = ("## Flags\n\n| flag | aliases | value | default | meaning |\n|---|---|---|---|---|\n"
+            "| `--dtype` | `--d` | `auto`, `float32` | | x |\n| `-h` | `--help` | | | |\n")
     assert tables(text)[0][1][:3] == ["`--dtype`", "`--d`", "`auto`, `float32`"]
 
 
@@ -88,4 +89,5 @@ def test_every_flag_is_documented(command, cmd, page, heading):
     for flags, values in rows:
         for p in options:
             if set(p.opts) & flags and isinstance(p.type, click.Choice) and values:
-                assert values[: len(p.type.choices)] == list(p.type.choices), f"{command} {p.opts[0]}: choices {list(p.type.choices)}, page says {values}"
+                assert values[: len(p.type.choices)] == list(p.type.choices), \
+                    f"{command} {p.opts[0]}: choices {list(p.type.choices)}, page says {values}"

@@ -132,7 +132,7 @@ def test_floors_pin_every_direct_dependency_and_known_movers_have_ceilings():
         name = re.match(r"[A-Za-z0-9_.\-]+", req).group(0).lower().replace("_", "-")
         exact, floor = re.search(r"==\s*([\d.]+)", req), re.search(r">=\s*([\d.]+)", req)
         assert pins[name] == (exact.group(1) if exact else f"{floor.group(1)}.*"), (name, pins.get(name))
-    ceilings = {re.match(r"[\w\-]+",
-                         r).group(0): r for r in project["dependencies"] + project["optional-dependencies"]["hf"] + project["optional-dependencies"]["gpu"]}
+    optional = project["optional-dependencies"]
+    ceilings = {re.match(r"[\w\-]+", r).group(0): r for r in project["dependencies"] + optional["hf"] + optional["gpu"]}
     for name in ("onnxruntime", "tokenizers", "transformers", "onnxruntime-gpu"):  # APIs specdec calls that moved between releases
         assert "<" in ceilings[name], ceilings[name]

@@ -189,7 +189,8 @@ def test_a_hand_written_modelopt_checkpoint_builds_and_runs(eagle, tmp_path):
     g = torch.Generator().manual_seed(7)
 
     def rnd(*shape):
-        return (torch.randn(*shape, generator=g) * (0.3 if len(shape) == 1 else 1.0 / shape[-1] ** 0.5) + (1.0 if len(shape) == 1 else 0.0)).to(torch.bfloat16)
+        return (torch.randn(*shape, generator=g) * (0.3 if len(shape) == 1 else 1.0 / shape[-1] ** 0.5)
+                + (1.0 if len(shape) == 1 else 0.0)).to(torch.bfloat16)
 
     tensors = {"fc.weight": rnd(h, 2 * h), "midlayer.hidden_norm.weight": rnd(h), "midlayer.input_layernorm.weight": rnd(h),
                "midlayer.post_attention_layernorm.weight": rnd(h), "midlayer.self_attn.q_proj.weight": rnd(heads * hd, 2 * h),

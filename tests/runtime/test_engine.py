@@ -299,7 +299,8 @@ import sys
 from specdec.runtime import load_orchestrator, GenerationConfig, NGramConfig
 from specdec.runtime import DraftTargetConfig
 for orch in (load_orchestrator({str(ex['target'].engine.path)!r}, ngram=NGramConfig(3, 2, [0])),
-             load_orchestrator({str(ex['target'].engine.path)!r}, {str(ex['draft'].engine.path)!r}, DraftTargetConfig(3, [0], [0], False), draft_len="auto")):
+             load_orchestrator({str(ex['target'].engine.path)!r}, {str(ex['draft'].engine.path)!r}, DraftTargetConfig(3, [0], [0], False),
+                               draft_len="auto")):
     out, m = orch.generate([[5, 6, 7, 5, 6, 7]], GenerationConfig(max_output_len=8))
     assert len(out[0].output_ids) == 8
 heavy = [m for m in ("torch", "transformers", "onnx", "specdec.builder", "specdec.plugins") if m in sys.modules]

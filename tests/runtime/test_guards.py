@@ -79,7 +79,10 @@ def test_nonfinite_logits_stop_that_request_with_an_error_and_no_token(pair, met
     # other rows of its call through masked attention (runtime/guards.py). Every token it kept is target-only greedy's.
     assert first.finish_reason == "error" and "logits are not finite (NaN or Inf) at output position" in first.error
     at = pair["at"] + 1
-    assert first.output_ids == pair["clean"][0][:at] if method == "none" else first.output_ids == pair["clean"][0][: len(first.output_ids)] and len(first.output_ids) <= at
+    if method == "none":
+        assert first.output_ids == pair["clean"][0][:at]
+    else:
+        assert first.output_ids == pair["clean"][0][: len(first.output_ids)] and len(first.output_ids) <= at
     assert second.finish_reason == "length" and second.output_ids == pair["clean"][1] and not second.error  # its neighbour is untouched
     assert third.finish_reason == "error" and third.output_ids == [] and "at output position 0" in third.error
     assert metrics.requests == 3

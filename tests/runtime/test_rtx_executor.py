@@ -61,7 +61,8 @@ def test_h100_is_refused_in_one_line(rtx_engines):
     with pytest.raises(DeviceError) as err:
         pick_target(engine, "NVIDIA H100 80GB HBM3", "sm90")
     built = ", ".join(engine.config.extra["tensorrt_rtx"]["targets"])
-    assert str(err.value) == f"{engine.path}: engine built for {built}; this GPU (NVIDIA H100 80GB HBM3) is sm90, which TensorRT for RTX does not support."
+    assert str(err.value) == (f"{engine.path}: engine built for {built}; this GPU (NVIDIA H100 80GB HBM3) is sm90, "
+                              "which TensorRT for RTX does not support.")
 
 
 def test_a_supported_gpu_of_another_sm_is_told_to_rebuild(rtx_engines):

@@ -151,7 +151,8 @@ def test_a_q4gemm_engine_pads_nothing(engines, name):
     model = onnx.load(str(ex.engine.network_path), load_external_data=False)
     ops = [n.op_type for n in model.graph.node if n.name.startswith("/model/layers.")]
     assert ops.count("Q4Gemm") == 4 * ex.engine.config.model.num_layers  # q|k|v, o, gate|up, down
-    assert "MatMulNBits" not in ops and "Pad" not in [n.op_type for n in model.graph.node if "attn" not in n.name]  # (Attention's own query padding stays)
+    # (Attention's own query padding stays)
+    assert "MatMulNBits" not in ops and "Pad" not in [n.op_type for n in model.graph.node if "attn" not in n.name]
     assert ex.build.weight_only["even_rows"] is False and ex.build.weight_only["op"].startswith("Q4Gemm")
     assert ex.build.weight_only["kernel_layout"] == 1 and not [f for f in ex.engine.config.files if f.endswith(".so")]
 

@@ -237,7 +237,8 @@ def test_llguidance_giving_up_on_the_outputs_path_is_an_error_finish(client, met
     assert r.status_code == 200, r.text
     c = r.json()["choices"][0]
     assert c["finish_reason"] == "error" and c["text"].startswith("{"), c
-    assert c["error"]["code"] == "grammar_failed" and c["error"]["param"] == "structured_outputs.json" and "llguidance gave up" in c["error"]["message"]
+    assert c["error"]["code"] == "grammar_failed" and c["error"]["param"] == "structured_outputs.json"
+    assert "llguidance gave up" in c["error"]["message"]
     alone = httpx.post(url, json={**body, "logit_bias": {"92": 100}, "speculative": {"method": "none"}}, timeout=120).json()["choices"][0]
     assert c["token_ids"] == alone["token_ids"]  # drafts change nothing: it ends where target-only decoding ends
     events = []

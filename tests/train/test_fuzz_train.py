@@ -127,7 +127,8 @@ def test_numeric_train_options_train_or_fail_in_one_line(tmp_path_factory, tiny_
 
 
 @pytest.mark.parametrize(("flags", "message"), [
-    (["--medusa_num_heads", str(2**31 - 1)], "--medusa_num_heads 2147483647 --medusa_num_layers 1: training them needs about"),  # allocated until killed
+    # allocated until killed
+    (["--medusa_num_heads", str(2**31 - 1)], "--medusa_num_heads 2147483647 --medusa_num_layers 1: training them needs about"),
     (["--max_time", "nan"], "--max_time nan must be > 0 seconds"),  # was accepted: a time budget that never ends
 ])
 def test_train_numbers_at_the_edges_regressions(tmp_path, tiny_base, repetitive_data, flags, message):

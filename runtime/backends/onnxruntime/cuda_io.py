@@ -94,7 +94,10 @@ class StepIO:
         self.host_in, self.host_out = np.zeros(in_bytes, np.uint8), np.zeros(out_bytes, np.uint8)
         self.dev_in = ort.OrtValue.ortvalue_from_shape_and_type([in_bytes], np.uint8, "cuda", dev)
         self.dev_out = ort.OrtValue.ortvalue_from_shape_and_type([out_bytes], np.uint8, "cuda", dev)
-        view = lambda buf, sec, name: buf[sec[name][0] : sec[name][0] + int(np.prod(sec[name][1])) * np.dtype(sec[name][2]).itemsize].view(sec[name][2]).reshape(sec[name][1])  # noqa: E731
+        def view(buf, sec, name):  # sec[name]: (byte offset, shape, dtype) of one array in the buffer
+            start, shape, dtype = sec[name]
+            return buf[start : start + int(np.prod(shape)) * np.dtype(dtype).itemsize].view(dtype).reshape(shape)
+
         self.ids, self.positions, self.index = (view(self.host_in, in_sec, k) for k in ("input_ids", "position_ids", "logits_index"))
         self.index[:] = np.arange(rows)
         self.tree = view(self.host_in, in_sec, "tree_mask") if "tree_mask" in in_sec else None  # [n, width, width]
