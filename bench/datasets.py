@@ -79,7 +79,7 @@ def prepare_synthetic(
                            f"more than one dataset holds ({MAX_PROMPT_TOKENS}); ask for fewer or shorter prompts.")
     return [
         {"input_ids": allowed[rng.integers(0, len(allowed), size=n_in)].tolist(), "output_len": n_out}
-        for n_in, n_out in zip(in_lens, out_lens)
+        for n_in, n_out in zip(in_lens, out_lens, strict=True)
     ]
 
 

@@ -66,11 +66,11 @@ def _drive(run: Any, prompts_ids: list[list[int]], max_new_tokens: int | list[in
     lengths = _lengths(max_new_tokens, len(prompts_ids))
     run(prompts_ids[0], lengths[0])  # warm-up
     outputs, seconds, sums = [], 0.0, [0.0] * len(stat_keys)
-    for ids, n in zip(prompts_ids, lengths):
+    for ids, n in zip(prompts_ids, lengths, strict=True):
         out, dt, stats = run(ids, n)
         outputs.append(out)
         seconds += dt
-        sums = [total + float(stats.get(key, 0)) for total, key in zip(sums, stat_keys)]
+        sums = [total + float(stats.get(key, 0)) for total, key in zip(sums, stat_keys, strict=True)]
     return outputs, seconds, sums
 
 

@@ -50,14 +50,14 @@ def write_bars(path: str | Path, title: str, panels: Mapping[str, Sequence[Bar]]
     tallest = max(len(bars) for bars in panels.values())
     fig = Figure(figsize=(6.5 * len(panels), 1.2 + 0.38 * tallest), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
-    for ax, (name, bars) in zip(axes, panels.items()):
+    for ax, (name, bars) in zip(axes, panels.items(), strict=True):
         ys = range(len(bars))[::-1]  # the first bar on top, as in the printed table
         values = [b.value for b in bars]
         lo = [b.value - b.low if b.low is not None else 0.0 for b in bars]
         hi = [b.high - b.value if b.high is not None else 0.0 for b in bars]
         ax.barh(list(ys), values, xerr=[lo, hi], color="tab:blue", alpha=0.8, capsize=3)
         ax.set_yticks(list(ys), [b.label for b in bars], fontsize=8)
-        for y, b in zip(ys, bars):  # the median, right of its error bar
+        for y, b in zip(ys, bars, strict=True):  # the median, right of its error bar
             ax.annotate(f"{b.value:.2f}", (b.high if b.high is not None else b.value, y), xytext=(4, -3), textcoords="offset points", fontsize=7)
         if reference is not None:
             ax.axvline(reference, color="gray", linestyle=":")

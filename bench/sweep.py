@@ -110,7 +110,7 @@ def generate_each(
     total_s = drafted = accepted = rounds = rejected = 0
     for rows in chunks:
         outs, m = orch.generate([prompts[r] for r in rows], config(rows))
-        for r, o in zip(rows, outs):
+        for r, o in zip(rows, outs, strict=True):
             outputs[r] = o.output_ids
             latencies[r] = m.total_s
         ttfts += m.ttft_s
@@ -328,8 +328,8 @@ def token_agreement(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> d
     if len(a) != len(b):
         raise ValueError(f"{len(a)} outputs against {len(b)}")
     same = total = 0
-    for x, y in zip(a, b):
-        same += sum(1 for i, j in zip(x, y) if i == j)
+    for x, y in zip(a, b, strict=True):
+        same += sum(1 for i, j in zip(x, y, strict=False) if i == j)
         total += max(len(x), len(y))
-    seqs = sum(1 for x, y in zip(a, b) if list(x) == list(y))
+    seqs = sum(1 for x, y in zip(a, b, strict=True) if list(x) == list(y))
     return {"tokens": same / total if total else 1.0, "sequences": seqs / len(a) if a else 1.0}

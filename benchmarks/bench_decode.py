@@ -152,14 +152,14 @@ def main() -> None:
             b = f"{r['analytic_bound']:.2f}"
         eq = "" if "greedy_equal_to_target_only" not in r else ("yes" if r["greedy_equal_to_target_only"] else "NO")
         if name.startswith(("hf", "ortgenai")):
-            same = np.mean([a == b_ for a, b_ in zip(r["output_ids"], base_ids)])
+            same = np.mean([a == b_ for a, b_ in zip(r["output_ids"], base_ids, strict=False)])
             eq = f"{same:.0%} same"
         print(f"{name:<30}{r['tokens_per_s']:>10.1f}{r['tokens_per_s'] / base:>11.2f}x{(f'{acc:.3f}' if acc is not None else '-'):>12}{b:>8}{eq:>12}")
     if c is not None:
         print(f"\ndraft/target step cost c = {c:.3f}; bound = (1 - a^(k+1)) / ((1 - a)(k c + 1)) with a = measured acceptance")
     pairs = [("specdec target-only", "ortgenai target-only"), ("specdec target-only", "hf target-only")]
-    pairs += [(f"specdec draft-target k={k}", f"ortgenai draft k={k}") for k in draft_lens] + [(f"specdec draft-target k={k}",
-                                                                                                f"hf assisted k={k}") for k in draft_lens]
+    pairs += [(f"specdec draft-target k={k}", f"ortgenai draft k={k}") for k in draft_lens]
+    pairs += [(f"specdec draft-target k={k}", f"hf assisted k={k}") for k in draft_lens]
     if ngram:
         pairs += [(f"specdec ngram k={ngram[0]} n={ngram[1]}", f"ortgenai ngram k={ngram[0]}"),
                   (f"specdec ngram k={ngram[0]} n={ngram[1]}", f"hf prompt-lookup k={ngram[0]}")]

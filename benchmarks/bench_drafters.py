@@ -178,9 +178,9 @@ def predictable(prompts: list[list[int]], outputs: list[list[int]], depth: int =
             best = found
         return best
 
-    cached = [p[len(p) - min(tail, len(p)) :] + o for p, o in zip(prompts, outputs)]
+    cached = [p[len(p) - min(tail, len(p)) :] + o for p, o in zip(prompts, outputs, strict=True)]
     return [[(token in continuations(cached[:n], prompt + out[:i]), token in continuations([prompt + out[:i]], prompt + out[:i]))
-             for i, token in enumerate(out)] for n, (prompt, out) in enumerate(zip(prompts, outputs))]
+             for i, token in enumerate(out)] for n, (prompt, out) in enumerate(zip(prompts, outputs, strict=True))]
 
 
 def oracle(flags: list[list[tuple[bool, bool]]]) -> dict[str, float]:
@@ -211,7 +211,7 @@ def first_difference(tex: Executor, prompt: list[int], want: list[int], got: lis
     prompt and the agreed tokens (a third call shape): the two tokens' logits, their gap relative to the largest
     logit, and the rank of ``got``. A gap of a few bfloat16 ulps with ``got`` second is a near-tie, which a
     half-precision verification may order the other way (docs/gpu.md#exactness); a wide gap or a low rank is a bug."""
-    at = next((j for j, (a, b) in enumerate(zip(want, got)) if a != b), None)
+    at = next((j for j, (a, b) in enumerate(zip(want, got, strict=False)) if a != b), None)
     if at is None:
         return None if len(want) == len(got) else {"at": min(len(want), len(got)), "length_only": True}
     cache = tex.new_cache(1)
@@ -352,8 +352,8 @@ def speed(args) -> None:
                       f"decode only {statistics.median(decode_ratios[n]) / statistics.median(decode_ratios[ref]):.2f}")
         if "suffix" in tps and peers:
             print(f"  suffix / llama-lookup tokens/s (per-round ratios, median [min-max]): with prefill "
-                  f"{spread_str([a / b for a, b in zip(tps['suffix'], tps['llama-lookup'])], '.2f')}, decode only "
-                  f"{spread_str([a / b for a, b in zip(dtps['suffix'], dtps['llama-lookup'])], '.2f')}")
+                  f"{spread_str([a / b for a, b in zip(tps['suffix'], tps['llama-lookup'], strict=False)], '.2f')}, decode only "
+                  f"{spread_str([a / b for a, b in zip(dtps['suffix'], dtps['llama-lookup'], strict=False)], '.2f')}")
         report[workload] = rows
         if args.json:  # after each workload: a run cut short (a device call's time limit) keeps what it measured
             Path(args.json).write_text(json.dumps(report, indent=1))
@@ -441,7 +441,7 @@ def auto(args) -> None:
                 if r < 0:
                     continue
                 res.setdefault((n, s), []).append(tps)
-                d, a, rr = (x - y for x, y in zip((eng.stats.drafted, eng.stats.accepted, eng.stats.rounds), before))
+                d, a, rr = (x - y for x, y in zip((eng.stats.drafted, eng.stats.accepted, eng.stats.rounds), before, strict=True))
                 drafted.setdefault((n, s), []).append((d / rr, a / rr) if rr else (0.0, 0.0))
             if r >= 0:
                 print(f"round {r + 1}/{args.rounds}, {s} streams: " + ", ".join(f"{n} {res[(n, s)][-1]:.1f}" for n, _ in group), flush=True)
@@ -456,7 +456,7 @@ def auto(args) -> None:
         line = f"  {s:>2} streams ({max(args.requests_per_stream * s, args.min_requests)} requests): target-only {spread_str(ref)} tok/s"
         for n in [n for n, s2, _ in cells if s2 == s and n != "none"]:
             base_n = "eagle-none" if n.startswith("eagle ") else "none"
-            ratio = [a / b for a, b in zip(res[(n, s)], res[(base_n, s)])]
+            ratio = [a / b for a, b in zip(res[(n, s)], res[(base_n, s)], strict=False)]
             report[f"{n}@{s}"] = {"tok_s": spread(res[(n, s)]), "ratio": spread(ratio), "vs": base_n,
                                   "drafts_accepted_per_row_round": drafted[(n, s)]}
             d = drafted[(n, s)]
@@ -571,7 +571,7 @@ def serve(args) -> None:
     base = tps["none"]
     report = {}
     for m in methods:
-        ratio = [a / b for a, b in zip(tps[m], base)]
+        ratio = [a / b for a, b in zip(tps[m], base, strict=False)]
         report[m] = {"tok_s": spread(tps[m]), "speedup": spread(ratio), "tokens_per_call": statistics.median(calls[m]), "exact": same[m]}
         print(f"  {m:<8} {spread_str(tps[m])} tok/s" + (f"  x{spread_str(ratio, '.2f')}" if m != "none" else "") +
               f"  tokens/call {statistics.median(calls[m]):.2f}  output identical to target-only: {'yes' if same[m] else 'NO'}")

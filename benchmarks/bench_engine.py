@@ -199,7 +199,8 @@ def concurrency(args) -> None:
         tps = [a for a, _ in v]
         ttft = [b * 1e3 for _, b in v]
         print(f"{name:<22}{streams:>8}  {spread(tps):>26}  {spread(ttft):>26}")
-    write_json(args, {f"{s} streams": {name: [a / b for (a, _), (b, _) in zip(results[(name, s)], results[("target-only", s)])] for name in engines}
+    write_json(args, {f"{s} streams": {name: [a / b for (a, _), (b, _) in zip(results[(name, s)], results[("target-only", s)], strict=False)]
+                                       for name in engines}
                       for s in streams_list}, "output tokens/s over target-only per concurrency", "speed over target-only")
 
 

@@ -127,8 +127,8 @@ def steps_section(engines: dict, batches: list[int], widths: list[int], bw: floa
         table = {b: {w: step_ms(ex, b, w, reps=50) for w in ws} for b in batches}
         out[name] = {"weight_gb": weight_bytes(path) / 1e9, "floor_ms": floor, "step_ms": table,
                      "step_over_floor_batch1": table[batches[0]][1] / floor}
-        print(f"{name:<10} floor {floor:.3f} ms; " + "; ".join(f"b={b}: " + " ".join(f"w{w} {v:.3f}" for w, v in t.items()) for b,
-                                                               t in table.items()), flush=True)
+        widths = "; ".join(f"b={b}: " + " ".join(f"w{w} {v:.3f}" for w, v in t.items()) for b, t in table.items())
+        print(f"{name:<10} floor {floor:.3f} ms; " + widths, flush=True)
     return out
 
 
@@ -189,7 +189,7 @@ def decode_section(methods: dict, prompts: list[list[int]], batches: list[int], 
         first = out.get(str(batches[0]), {})
         for name, row in out[str(b)].items():  # the same engine at batch 1 (half precision: a GEMM's kernel can change with the batch)
             ids = first.get(name, {}).get("output_ids")
-            row["identical_to_batch1"] = sum(a == c for a, c in zip(row["output_ids"], ids)) if ids else None
+            row["identical_to_batch1"] = sum(a == c for a, c in zip(row["output_ids"], ids, strict=False)) if ids else None
         _print_batch(b, out[str(b)])
     return out
 
@@ -213,8 +213,8 @@ def _summarize(runs: dict[str, list[dict]], refs: dict[str, str], steps: dict, b
     for name, rs in runs.items():
         tps = [len(r["ids"]) * n_new / r["s"] for r in rs]
         ref = runs[refs[name]]
-        row: dict = {"tokens_per_s": spread(tps), "speedup": spread([r2["s"] and b2["s"] / r2["s"] for r2, b2 in zip(rs, base)]),
-                     "reference": refs[name], "identical_to_target_only": sum(a == c for a, c in zip(rs[-1]["ids"], ref[-1]["ids"])),
+        row: dict = {"tokens_per_s": spread(tps), "speedup": spread([r2["s"] and b2["s"] / r2["s"] for r2, b2 in zip(rs, base, strict=False)]),
+                     "reference": refs[name], "identical_to_target_only": sum(a == c for a, c in zip(rs[-1]["ids"], ref[-1]["ids"], strict=False)),
                      "outputs": len(ref[-1]["ids"]), "output_ids": rs[-1]["ids"]}
         last = rs[-1]
         if last["rounds"] and last["drafted"] and t:
@@ -308,8 +308,8 @@ def main() -> None:
         if out and isinstance(res.get("decode"), dict):
             from specdec.bench.plots import beside, spread_bar, write_bars
 
-            panels = {f"batch {b}": [spread_bar(m, r["speedup"]) for m, r in rows.items()] for b,
-                      rows in res["decode"].items() if "skipped" not in rows}
+            panels = {f"batch {b}": [spread_bar(m, r["speedup"]) for m, r in rows.items()] for b, rows in res["decode"].items()
+                      if "skipped" not in rows}
             if path := write_bars(beside(out), f"speed over target-only at the same batch, {args.max_new_tokens} new tokens, {args.dtype}", panels):
                 print(f"wrote {path}", flush=True)
     if "hf" in sections:

@@ -90,7 +90,7 @@ def main() -> None:
                 with_g.commit([t_id])
                 without.commit([t_id])
             del rid
-        cost = [m - p for m, p in zip(masked, plain)]
+        cost = [m - p for m, p in zip(masked, plain, strict=False)]
         print(f"{name + ' mask':32s} {pct(cost)}   (compile {compile_ms:.1f} ms, {n_tokens} tokens)")
     print("mask: llguidance's mask for the position, unpacked and applied to the logits (the chain with the grammar minus without it)")
 

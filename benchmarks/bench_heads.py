@@ -112,11 +112,11 @@ def summarize(ms: list[Method], subsets: dict[str, list[int]], n_new: int) -> di
         for sub, idx in subsets.items():
             tps = [n_new * len(idx) / sum(r["s"][i] for i in idx) for r in m.rounds]
             base_tps = [n_new * len(idx) / sum(r["s"][i] for i in idx) for r in base.rounds]
-            row[sub] = {"tokens_per_s": spread(tps), "speedup": spread([a / b for a, b in zip(tps, base_tps)])}
+            row[sub] = {"tokens_per_s": spread(tps), "speedup": spread([a / b for a, b in zip(tps, base_tps, strict=False)])}
         metrics = m.rounds[-1]["metrics"]
         row["mean_acceptance_length"] = metrics.mean_acceptance_length if metrics.drafted else None
         row["per_depth_acceptance"] = metrics.per_position_acceptance
-        row["identical"] = all(r["output_ids"] == b["output_ids"] for r, b in zip(m.rounds, base.rounds))
+        row["identical"] = all(r["output_ids"] == b["output_ids"] for r, b in zip(m.rounds, base.rounds, strict=False))
         out[m.name] = row
     return out
 

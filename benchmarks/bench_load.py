@@ -146,7 +146,7 @@ def sweep(args, url: str, server_pid: int | None, dataset: Path, work: Path) -> 
     for label in args.methods:  # warm-up: each path's first calls (allocations, auto's cost lines), not recorded
         guidellm_run(args.guidellm, url, dataset, label, 4.0, 2, 0, work / f"warmup-{label}.json")
     for repeat in range(args.repeats):
-        for rate, count in zip(rates, counts):
+        for rate, count in zip(rates, counts, strict=False):
             order = args.methods if repeat % 2 == 0 else args.methods[::-1]
             for label in order:
                 report = work / f"r{repeat}-{rate}-{label}.json"
@@ -258,8 +258,8 @@ def plot(agg: list[dict], path: Path, title: str) -> None:
 
     panels = [("output_throughput", "output tokens/s"), ("ttft_p50_ms", "median TTFT (ms)"), ("tpot_p50_ms", "median TPOT (ms)")]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    for ax, (f, ylabel) in zip(axes, panels):
-        for m, style in zip(dict.fromkeys(a["method"] for a in agg), ("o-", "s--", "^:", "d-.")):
+    for ax, (f, ylabel) in zip(axes, panels, strict=True):
+        for m, style in zip(dict.fromkeys(a["method"] for a in agg), ("o-", "s--", "^:", "d-."), strict=False):
             pts = sorted((a for a in agg if a["method"] == m), key=lambda a: a["rate"])
             x = [a["rate"] for a in pts]
             y = np.array([a[f]["median"] for a in pts])

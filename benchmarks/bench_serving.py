@@ -147,7 +147,7 @@ async def run_rate(url: str, prompts: list[str], gaps: list[float], method: str,
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
         tasks = []
         start = time.perf_counter()
-        for prompt, gap in zip(prompts, gaps):
+        for prompt, gap in zip(prompts, gaps, strict=False):
             await asyncio.sleep(gap)
             body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
                     "stream_options": {"include_usage": True}, "speculative": {"method": method}}

@@ -84,8 +84,8 @@ def measure(engines: list[Path], threads: int, widths: list[int], context: int, 
     each Q4Gemm engine also as "ENGINE [LABEL]" with each of ``libraries``."""
     opened = [(str(p), open_executor(p, threads)) for p in engines]
     for label, lib in (libraries or {}).items():
-        opened += [(f"{p} [{label}]", open_executor(p, threads, library=lib)) for p,
-                   ex in list(zip(engines, [e for _, e in opened])) if ex.build.cpu_kernels == "specdec"]
+        opened += [(f"{p} [{label}]", open_executor(p, threads, library=lib))
+                   for p, ex in list(zip(engines, [e for _, e in opened], strict=False)) if ex.build.cpu_kernels == "specdec"]
     caches = {name: with_context(ex, context) for name, ex in opened}
     wall: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
     cpu: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
@@ -211,8 +211,8 @@ def main(argv: list[str] | None = None) -> int:
                          "--_inner",
                          *sum([["--q4_library", x] for x in args.q4_library], [])]
                 out = subprocess.run(inner, capture_output=True, text=True, check=True, env={**os.environ, "SPECDEC_Q4_KERNEL": kernel})
-                by_threads = {int(t): {e: {int(w): v for w, v in r.items()} for e, r in res.items()} for t,
-                              res in json.loads(out.stdout.splitlines()[-1]).items()}
+                by_threads = {int(t): {e: {int(w): v for w, v in r.items()} for e, r in res.items()}
+                              for t, res in json.loads(out.stdout.splitlines()[-1]).items()}
             else:
                 by_threads = {t: measure(args.engine, t, widths, args.context, args.rounds, args.calls, libraries) for t in threads}
             report["steps"][kernel or "default"] = by_threads

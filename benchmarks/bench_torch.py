@@ -191,7 +191,7 @@ def decode_section(engines: dict, batches: list[int], args, kind: str, steps: di
         first = out.get(str(batches[0]), {})
         for name, row in rows.items():  # the same engine at batch 1, on the prompts both ran
             ids = first.get(name, {}).get("output_ids") if isinstance(first, dict) else None
-            row["identical_to_batch1"] = sum(a == c for a, c in zip(row["output_ids"], ids)) if ids else None
+            row["identical_to_batch1"] = sum(a == c for a, c in zip(row["output_ids"], ids, strict=False)) if ids else None
         _print_batch(b, rows)
     return out
 

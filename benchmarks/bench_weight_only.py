@@ -484,7 +484,7 @@ def tokens_per_cpu_s(rnd: dict[str, Any], idx: list[int]) -> float:
 
 
 def agreement(a: list[list[int]], b: list[list[int]]) -> float:
-    same = sum(x == y for p, q in zip(a, b) for x, y in zip(p, q))
+    same = sum(x == y for p, q in zip(a, b, strict=False) for x, y in zip(p, q, strict=False))
     return same / max(1, sum(len(p) for p in a))
 
 
@@ -504,8 +504,8 @@ def summarize(methods: list[Method], subsets: dict[str, list[int]]) -> dict[str,
             if all(d is not None for d in dec):
                 row[w]["decode_tokens_per_s"] = spread(dec)
             if base is not None and len(base.rounds) == len(m.rounds):
-                row[w]["vs_base"] = spread([t / tokens_per_s(b, idx) for t, b in zip(tps, base.rounds)])
-                row[w]["vs_base_cpu"] = spread([t / tokens_per_cpu_s(b, idx) for t, b in zip(tpc, base.rounds)])
+                row[w]["vs_base"] = spread([t / tokens_per_s(b, idx) for t, b in zip(tps, base.rounds, strict=True)])
+                row[w]["vs_base_cpu"] = spread([t / tokens_per_cpu_s(b, idx) for t, b in zip(tpc, base.rounds, strict=True)])
         drafted = sum(r["drafted"] for r in m.rounds)
         row["acceptance"] = sum(r["accepted"] for r in m.rounds) / drafted if drafted else None
         rounds, target_s = sum(r.get("rounds", 0) for r in m.rounds), sum(r.get("target_s", 0.0) for r in m.rounds)
@@ -515,7 +515,7 @@ def summarize(methods: list[Method], subsets: dict[str, list[int]]) -> dict[str,
         outputs = m.rounds[0]["output_ids"]
         row["stable_across_rounds"] = all(r["output_ids"] == outputs for r in m.rounds)
         row["equals_own_target_only"] = None if own_to is None or own_to is m else all(
-            r["output_ids"] == t["output_ids"] for r, t in zip(m.rounds, own_to.rounds))
+            r["output_ids"] == t["output_ids"] for r, t in zip(m.rounds, own_to.rounds, strict=False))
         row["agreement_with_specdec_fp32"] = agreement(outputs, base.rounds[0]["output_ids"]) if base else None
         out[m.name] = row
     return out
@@ -536,7 +536,7 @@ def goals(summary: dict[str, dict[str, Any]], methods: list[Method], subsets: di
             for goal, a, b, target in (("target-only >= llama.cpp", ours_to, theirs_to, 1.0),
                                        ("fastest speculative >= 1.5x llama.cpp's", best("specdec"), best("llama.cpp"), 1.5)):
                 if a in by_name and b in by_name:
-                    pairs = list(zip(by_name[a].rounds, by_name[b].rounds))
+                    pairs = list(zip(by_name[a].rounds, by_name[b].rounds, strict=False))
                     ratios = spread([tokens_per_s(x, idx) / tokens_per_s(y, idx) for x, y in pairs])
                     cpu = spread([tokens_per_cpu_s(x, idx) / tokens_per_cpu_s(y, idx) for x, y in pairs])
                     dec = [(decode_tokens_per_s(x, idx), decode_tokens_per_s(y, idx)) for x, y in pairs]
@@ -662,8 +662,8 @@ def run(args: argparse.Namespace) -> int:
         report["threads"][str(threads)] = {
             "summary": summary, "goals": goal_rows, "skipped": skipped, "load_average": t_load,
             "specdec_load_s": dict(engines.load_s),
-            "llama_commands": {m.name: " ".join(getattr(m.runner, "handle",
-                                                        m.runner).command) for m in methods if m.family == "llama.cpp" and m.runner},
+            "llama_commands": {m.name: " ".join(getattr(m.runner, "handle", m.runner).command)
+                               for m in methods if m.family == "llama.cpp" and m.runner},
             "rounds": {m.name: [{k: v for k, v in r.items() if k != "output_ids" or args.keep_outputs} for r in m.rounds] for m in methods},
         }
         close_all(methods)

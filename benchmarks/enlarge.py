@@ -729,10 +729,10 @@ def _enlarge_eagle(heads, base_cfg: dict[str, Any], seed: int) -> tuple[dict[str
                     "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight", "self_attn.q_proj.weight",
                     "self_attn.k_proj.weight", "self_attn.v_proj.weight"):
             kinds = LAYER_TENSORS[key]
-            if t[p + key].shape != tuple(before[k] for k in kinds) and not (i == 0 and key.endswith(("q_proj.weight", "k_proj.weight",
-                                                                                                     "v_proj.weight"))):
+            doubled = i == 0 and key.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight"))  # layer 0 reads [embedding | hidden]
+            if t[p + key].shape != tuple(before[k] for k in kinds) and not doubled:
                 raise EnlargeError(f"{heads.path}: {p + key} has shape {list(t[p + key].shape)}, config.json implies {[before[k] for k in kinds]}.")
-            if i == 0 and key.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")):
+            if doubled:
                 # [out, 2h] = [embedding half | hidden half] -> [out', 2H], halves at columns 0.. and H..; rows by the head maps
                 w = t[p + key].astype(np.float32) * np.float32(layout.q_scale if ".q_proj." in key else 1.0)
                 rows = layout.q if ".q_proj." in key else layout.kv

@@ -94,7 +94,7 @@ def _versus(peer: dict, ours: dict | None) -> dict[str, Any]:
     row = {k: v for k, v in peer.items() if k != "output_ids"}
     ids = ours.get("output_ids") if ours else None
     row["outputs"] = len(peer["output_ids"])
-    row["same_outputs"] = sum(a == b for a, b in zip(peer["output_ids"], ids)) if ids else 0
+    row["same_outputs"] = sum(a == b for a, b in zip(peer["output_ids"], ids, strict=False)) if ids else 0
     if ours and "tokens_per_s" in ours:
         row["ours_over_peer"] = float(np.asarray(ours["tokens_per_s"]["median"])) / peer["tokens_per_s"]
     return row

@@ -96,6 +96,6 @@ def widen_rope(cfg: dict[str, Any], power: float) -> None:
 
 def place(real: np.ndarray, out: np.ndarray, index: list[np.ndarray | None]) -> np.ndarray:
     """Write ``real`` into ``out`` at the given per-axis indices (None: the leading positions)."""
-    axes = [np.arange(n) if idx is None else idx for n, idx in zip(real.shape, index)]
+    axes = [np.arange(n) if idx is None else idx for n, idx in zip(real.shape, index, strict=True)]
     out[np.ix_(*axes)] = real
     return out

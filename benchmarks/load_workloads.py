@@ -249,7 +249,7 @@ def sweep(args, urls: dict[str, str], tok, work: Path) -> list[dict]:
                 records = asyncio.run(run_streams(urls[server], kind, streams, args.max_tokens, spec))
                 wall = time.perf_counter() - t0
                 after = decision_counters(urls[server]) if kind == "specdec" else (0.0,) * len(COUNTERS)
-                decide, compute, drafts, draft_tokens = (a - b for a, b in zip(after, before))
+                decide, compute, drafts, draft_tokens = (a - b for a, b in zip(after, before, strict=True))
                 row = {"config": label, "concurrency": n, "repeat": repeat, **summarize(records, wall),
                        "loadavg": (load0 + os.getloadavg()[0]) / 2, "decision_share": decide / compute if compute > 0 else math.nan,
                        "drafted_tokens": draft_tokens, "drafting_rounds": drafts,

@@ -143,7 +143,7 @@ def main() -> None:
         tps = sum(map(len, outs)) / (time.perf_counter() - t)
         if ref_outputs is None:
             ref_outputs, ref_top1 = outs, top1
-        agree = np.mean([np.mean(np.array(a) == np.array(b)) for a, b in zip(outs, ref_outputs)])
+        agree = np.mean([np.mean(np.array(a) == np.array(b)) for a, b in zip(outs, ref_outputs, strict=True)])
         row = {"engine_bytes": (tdir / "model.onnx.data").stat().st_size, "tokens_per_s": tps, "heldout_ppl": ppl,
                "greedy_agreement_vs_float32": float(agree),
                "top1_agreement_vs_float32": float(np.mean(top1 == ref_top1)), "target_build_s": t_build}

@@ -282,8 +282,8 @@ def awq_input_scales(
     are added to its graph and its weights move to a temporary file.
     ``say``, if given, gets one line per layer (the chosen candidate, its calibration loss vs RTN's).
     """
-    return {name: r.scale for name,
-            r in search_network_scales(float_network, taps, cache_shape, num_layers, samples, bits, group_size, symmetric, say).items()}
+    found = search_network_scales(float_network, taps, cache_shape, num_layers, samples, bits, group_size, symmetric, say)
+    return {name: r.scale for name, r in found.items()}
 
 
 def search_network_scales(float_network, taps, cache_shape, num_layers, samples, bits, group_size, symmetric, say=None,
@@ -360,6 +360,6 @@ def _collect_stats(sess, taps: dict[str, str], in_features: dict[str, int], cach
     names = list(taps)
     stats = {k: InputStats.empty(in_features[k]) for k in names}
     for feed in context_feeds(samples, cache_shape, num_layers):
-        for k, x in zip(names, sess.run([taps[k] for k in names], feed)):  # x: [1, n, in]
+        for k, x in zip(names, sess.run([taps[k] for k in names], feed), strict=True):  # x: [1, n, in]
             stats[k].add(x)
     return stats

@@ -53,7 +53,7 @@ def calibrate_activation_scales(model, taps: dict[str, str], cache_shape: tuple[
         amax = dict.fromkeys(names, 0.0)
         for feed in context_feeds(samples, cache_shape, num_layers):
             outs = sess.run([taps[k] for k in names], feed)
-            for k, v in zip(names, outs):
+            for k, v in zip(names, outs, strict=True):
                 amax[k] = max(amax[k], float(np.abs(v).max()))
     return {k: max(v, 1e-12) / FP8_MAX for k, v in amax.items()}
 

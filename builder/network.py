@@ -128,7 +128,7 @@ def build_network(
         float32_output(gb, "MatMul", [x, lm_head], "/lm_head/matmul", "logits", None)
     gb.output("logits", TensorProto.FLOAT, ["batch", "num_logits", cfg.vocab_size])
     if step_padded and not lowering.step_padding_needed:  # no GEMM computes a lone row otherwise: no extra token
-        for padded, given in zip((ids, positions), fed):
+        for padded, given in zip((ids, positions), fed, strict=True):
             if padded != given:
                 gb.bypass(padded, given)
     if linear_inputs is not None:

@@ -51,7 +51,7 @@ def rouge_scores(predictions: list[str], references: list[str]) -> dict[str, flo
         raise RequestError("specdec-eval needs the rouge-score package: pip install 'specdec[bench]' (or pip install rouge-score).") from None
     scorer = rouge_scorer.RougeScorer(list(ROUGE_KEYS), use_stemmer=False)
     totals = dict.fromkeys(ROUGE_KEYS, 0.0)
-    for pred, ref in zip(predictions, references):
+    for pred, ref in zip(predictions, references, strict=True):
         s = scorer.score(ref, pred)  # (target, prediction)
         for k in ROUGE_KEYS:
             totals[k] += s[k].fmeasure

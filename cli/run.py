@@ -208,12 +208,12 @@ def main(engine_dir, input_text, input_file, tokenizer_dir, no_add_special_token
         base_runs = [r for name, r in runs if name == "target-only"]
         spec_runs = [r for name, r in runs if name == method]
         base_out, base_metrics = base_runs[-1]
-        same = all(a.output_ids == b.output_ids for r in spec_runs for a, b in zip(r[0], base_out))
+        same = all(a.output_ids == b.output_ids for r in spec_runs for a, b in zip(r[0], base_out, strict=True))
         click.echo(summary_table([("target-only", base_metrics), (method, metrics)]) if repeat == 1 else
                    repeat_table(method, [m for _, m in base_runs], [m for _, m in spec_runs]))
         note = "" if sampling.greedy else " (sampling: not expected to be identical)"
         click.echo(f"outputs identical to target-only: {'yes' if same else 'no'}{note}")
-        speedups = [s.tokens_per_s / b.tokens_per_s for (_, b), (_, s) in zip(base_runs, spec_runs) if b.tokens_per_s]
+        speedups = [s.tokens_per_s / b.tokens_per_s for (_, b), (_, s) in zip(base_runs, spec_runs, strict=True) if b.tokens_per_s]
         report["baseline"] = {"metrics": base_metrics.to_dict(), "speedup": statistics.median(speedups) if speedups else 0.0,
                               "identical_outputs": same}
         if repeat > 1:
@@ -262,7 +262,7 @@ def repeat_table(method: str, base: list, spec: list) -> str:
         return f"{format(min(xs), fmt)}-{format(max(xs), fmt)}"
 
     b_tps, s_tps = [m.tokens_per_s for m in base], [m.tokens_per_s for m in spec]
-    ups = [s / b for b, s in zip(b_tps, s_tps) if b]
+    ups = [s / b for b, s in zip(b_tps, s_tps, strict=True) if b]
     last = spec[-1]
     lines = [f"{'method':<14}{'tokens/s (median, min-max)':>30}{'speedup (median, min-max)':>29}{'acceptance':>12}{'mean acc. len':>15}",
              f"{'target-only':<14}{statistics.median(b_tps):>14.1f} {spread(b_tps, '.1f'):>15}{'1.00x':>29}{'-':>12}{'-':>15}",

@@ -238,7 +238,7 @@ def check_roundtrip(hf_tok, texts) -> int:
         ids = hf_tok(t, add_special_tokens=False)["input_ids"]
         back = hf_tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         if back != t:
-            i = next((k for k, (a, b) in enumerate(zip(t, back)) if a != b), min(len(t), len(back)))
+            i = next((k for k, (a, b) in enumerate(zip(t, back, strict=False)) if a != b), min(len(t), len(back)))
             raise SystemExit(f"tokenizer round-trip failed near char {i}: {t[i-20:i+20]!r} vs {back[i-20:i+20]!r}")
     return len(texts)
 

@@ -106,7 +106,7 @@ class AttentionLowering:
         """Write k/v into the layer's cache in place, then attend over its live slots."""
         gb, cfg = self.gb, self.cfg
         live = [gb.op("Slice", [present, self._zero, shared.live_len, self._cache_axis], f"{prefix}/{kind}_live")
-                for kind, present in zip(("key", "value"), self.write_cache(prefix, k, v, layer, shared))]
+                for kind, present in zip(("key", "value"), self.write_cache(prefix, k, v, layer, shared), strict=True)]
         if self.consistent_rows:  # a lone query row takes another kernel: give it a zero partner
             q = gb.op("Pad", [q, self._query_pads], f"{prefix}/two_query_rows")
         out = gb.op(

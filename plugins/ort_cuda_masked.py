@@ -72,8 +72,8 @@ class OrtCudaMaskedAttention(OrtCudaBase):
                         else gb.const(f"{p}/{n}", np.array(v, np.float32)) for n, v in (("mask_zero", 0.0), ("mask_lowest", _LOWEST[t])))
         bias = gb.op("Unsqueeze", [gb.op("Where", [visible, zero, lowest], f"{p}/mask_bias"), self._axis1], f"{p}/mask")  # [B, 1, S, L]
         self._bias = bias
-        self._cos, self._sin = (gb.op("Cast", [c], f"{p}/rope_{n}", to=t) if t != TensorProto.FLOAT else c for n,
-                                c in (("cos", shared.cos), ("sin", shared.sin)))
+        self._cos, self._sin = (gb.op("Cast", [c], f"{p}/rope_{n}", to=t) if t != TensorProto.FLOAT else c
+                                for n, c in (("cos", shared.cos), ("sin", shared.sin)))
         shared.write_index = first
         return shared
 

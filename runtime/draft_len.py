@@ -112,7 +112,7 @@ class _CostLine:
         if self.s[0] > 0:
             seconds = min(seconds, 3.0 * self(width))  # one stall (another process, a page fault) is not a cost
         keep = 1.0 - FORGET
-        self.s = [keep * a + b for a, b in zip(self.s, (1.0, width, width * width, seconds, width * seconds))]
+        self.s = [keep * a + b for a, b in zip(self.s, (1.0, width, width * width, seconds, width * seconds), strict=True)]
 
     @property
     def measured(self) -> bool:

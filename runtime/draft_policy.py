@@ -142,7 +142,7 @@ class AutoDraftPolicy(FixedDraftPolicy):
         if not self.timed:
             return drafts
         running = len(reqs)
-        drafts = [self.prefix(r, d, running) if r.draft_len == AUTO and d.scores is not None else d for r, d in zip(reqs, drafts)]
+        drafts = [self.prefix(r, d, running) if r.draft_len == AUTO and d.scores is not None else d for r, d in zip(reqs, drafts, strict=True)]
         if running > 1 and not self.cost.probe_due(self.round_index, running):
             drafts = self.batch_cap(reqs, drafts)
         return drafts
@@ -161,7 +161,7 @@ class AutoDraftPolicy(FixedDraftPolicy):
         auto = [i for i, r in enumerate(reqs) if r.draft_len == AUTO and len(drafts[i])]
         if not auto:
             return drafts
-        floor = 1 + max((len(d) for r, d in zip(reqs, drafts) if r.draft_len != AUTO), default=0)
+        floor = 1 + max((len(d) for r, d in zip(reqs, drafts, strict=True) if r.draft_len != AUTO), default=0)
         # every row counts: one without drafts makes its token at any width, and pays for the widest row all the same
         curves = [[1.0]] * len(reqs)
         for i in auto:

@@ -202,7 +202,7 @@ class GrammarState:
         """Put the matcher at committed + appended; False if the grammar forbids that sequence, or llguidance gives up on it."""
         appended = [int(t) for t in appended]
         same = 0
-        for a, b in zip(self.tail, appended):
+        for a, b in zip(self.tail, appended, strict=False):
             if a != b:
                 break
             same += 1

@@ -65,7 +65,7 @@ class KVCache:
         length (numpy storage; ``src`` may be this cache or a prefix pool of the same engine)."""
         if not 0 <= length <= min(int(src.lengths[src_slot]), self.capacity) or src.layout != self.layout:
             raise ValueError(f"cannot copy {length} positions of slot {src_slot} (it holds {int(src.lengths[src_slot])})")
-        for mine, theirs in zip((*self.keys, *self.values), (*src.keys, *src.values)):
+        for mine, theirs in zip((*self.keys, *self.values), (*src.keys, *src.values), strict=True):
             if self.layout == "bnsh":
                 mine[dst_slot, :, :length] = theirs[src_slot, :, :length]
             else:

@@ -105,7 +105,7 @@ class Metrics:
 
     @property
     def per_position_acceptance(self) -> list[float]:
-        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at, strict=True)]
 
     @property
     def tokens_per_s(self) -> float:

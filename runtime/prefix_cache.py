@@ -137,7 +137,7 @@ class PrefixCache:
         if not wave:
             return []
         reused = [self.plans[r.request_id][1] for r in wave]
-        width = max(len(r.prompt_ids) - n for r, n in zip(wave, reused))
+        width = max(len(r.prompt_ids) - n for r, n in zip(wave, reused, strict=True))
         return [wave] if max(reused) + width <= self.cache.capacity else [[r] for r in wave]
 
     def copy_in(self, batch: Sequence[Request]) -> None:

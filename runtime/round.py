@@ -125,7 +125,7 @@ class SpeculativeRound:
         t1 = time.perf_counter()
         self.stats.target_s += t1 - t0
         ended = []
-        for r, tok in zip(batch, firsts):
+        for r, tok in zip(batch, firsts, strict=True):
             r.metrics.target_s += (t1 - t0) / len(batch)
             if tok is None:  # no token from logits that are not numbers
                 fail(r, nonfinite_message(0), "nonfinite_logits")
@@ -179,7 +179,7 @@ class SpeculativeRound:
             r.metrics.decide_s += decide_s / len(reqs)
         t0 = time.perf_counter()
         step, share_s = self.verify(reqs, drafts)
-        ended = [r for r, d in zip(reqs, drafts) if self.accept(r, d, step, share_s, new)]
+        ended = [r for r, d in zip(reqs, drafts, strict=True) if self.accept(r, d, step, share_s, new)]
         # the call and the per-row work after it (acceptance, rollback, the proposers' observe): what a width costs
         self.policy.verified(len(reqs), step.logits.shape[1], time.perf_counter() - t0)
         return ended
@@ -235,7 +235,7 @@ class SpeculativeRound:
             t2 = time.perf_counter()
             self.stats.draft_s += t2 - t0
             self.policy.proposed(name, len(idx), max(map(len, got)), t2 - t1, fed, t1 - t0)
-            for i, d in zip(idx, got):
+            for i, d in zip(idx, got, strict=True):
                 drafts[i] = trim(reqs[i], d)
                 reqs[i].metrics.draft_s += (t2 - t0) / len(idx)
         return drafts
@@ -243,7 +243,7 @@ class SpeculativeRound:
     def verify(self, reqs: list[Request], drafts: Sequence[Draft]) -> tuple[StepOutput, float]:
         """One target call on slots 0..n-1 fed [last token, d1..dk] per request: (its outputs, logits [n, max k + 1, vocab],
         each request's share of the call's seconds)."""
-        feed = [[r.last_token, *d.tokens.tolist()] for r, d in zip(reqs, drafts)]
+        feed = [[r.last_token, *d.tokens.tolist()] for r, d in zip(reqs, drafts, strict=True)]
         # a tree's parents in the call's order: the last token (row 0) is the root
         trees = [None if d.parents is None else np.concatenate([[-1], d.parents + 1]) for d in drafts]
         t0 = time.perf_counter()
@@ -281,7 +281,7 @@ class SpeculativeRound:
         if r.config.logprobs is not None:  # the emitted token j came from row kept[j], after emitted[:j]
             # a chain's rows are Rows' own (drafts[:j] == emitted[:j]): processed once, during acceptance; a tree's need the path
             r.logprobs += [logprobs(rows.logits(row, None if d.parents is None else emitted[:j]), t, r.config.logprobs)
-                           for j, (row, t) in enumerate(zip(kept, emitted))]
+                           for j, (row, t) in enumerate(zip(kept, emitted, strict=True))]
         if self.prefix is not None:
             self.prefix.observe(r, step, kept)  # the kept rows' per-token outputs, for the pool
         proposer = self.proposers.get(r.method)  # None: the request decodes target-only

@@ -182,7 +182,7 @@ class TokenStore:
             nxt = buf[np.minimum(at + depth, self.size)]  # past the end reads a separator
             toks, counts = np.unique(nxt, return_counts=True)
             total = len(at)
-            ranked = sorted(zip(counts.tolist(), toks.tolist()), key=lambda c: (-c[0], c[1]))
+            ranked = sorted(zip(counts.tolist(), toks.tolist(), strict=True), key=lambda c: (-c[0], c[1]))
             for count, tok in ranked:
                 p = prob * count / total
                 if tok == SEPARATOR or p < min_token_prob:

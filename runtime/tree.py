@@ -136,7 +136,7 @@ def tree_draft(tree: DraftTree, k: int, candidates) -> tuple[np.ndarray, np.ndar
     n = min(k, len(tree))
     ranks, depths = tree.ranks[:n], tree.depths[:n]
     per_depth = {d: candidates(d, tree.top_k(d)) for d in np.unique(depths).tolist()}
-    tokens = np.array([per_depth[int(d)][int(i)] for d, i in zip(depths, ranks)], np.int64)
+    tokens = np.array([per_depth[int(d)][int(i)] for d, i in zip(depths, ranks, strict=True)], np.int64)
     return tokens, tree.parents[:n].copy(), depths.copy()
 
 

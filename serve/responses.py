@@ -79,7 +79,7 @@ def chat_logprobs(served: Served, ids: Sequence[int], lps: Sequence[TokenLogprob
         s = _piece(tok, t)
         return {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8", "replace"))}
 
-    return {"content": [{**entry(t, lp), "top_logprobs": [entry(a, v) for a, v in top]} for t, (lp, top) in zip(ids, lps)]}
+    return {"content": [{**entry(t, lp), "top_logprobs": [entry(a, v) for a, v in top]} for t, (lp, top) in zip(ids, lps, strict=False)]}
 
 
 # -- whole responses -----------------------------------------------------------------------------

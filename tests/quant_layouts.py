@@ -225,10 +225,8 @@ def save_float_checkpoint(quantized: Path, dst: Path, meant: dict[str, np.ndarra
     and each linear as the [out, in] weight it means."""
     from safetensors.torch import save_file
 
-    tensors = {k: v.float() for k,
-               v in copy_without_weights(quantized, dst).items() if k.split(".")[-1] not in ("qweight", "qzeros", "scales", "g_idx", "weight_packed",
-                                                                                             "weight_scale", "weight_zero_point", "weight_shape",
-                                                                                             "weight_g_idx")}
+    packed = ("qweight", "qzeros", "scales", "g_idx", "weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx")
+    tensors = {k: v.float() for k, v in copy_without_weights(quantized, dst).items() if k.split(".")[-1] not in packed}
     tensors.update({k: torch.from_numpy(v) for k, v in meant.items()})
     save_file(tensors, dst / "model.safetensors")
     cfg = json.loads((dst / "config.json").read_text())

@@ -73,7 +73,7 @@ class Run:
         totals: list[list[int]] | None = None
         for i in range(0, len(seqs), batch_size):
             _, hits = self.forward(seqs[i : i + batch_size])
-            totals = [[a + c, b + n] for (a, b), (c, n) in zip(totals, hits)] if totals else [list(h) for h in hits]
+            totals = [[a + c, b + n] for (a, b), (c, n) in zip(totals, hits, strict=True)] if totals else [list(h) for h in hits]
         return [c / n if n else float("nan") for c, n in totals or []]
 
     def export_config(self, base_cfg: dict, provenance: dict) -> dict:

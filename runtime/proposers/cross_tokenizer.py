@@ -115,13 +115,13 @@ class CrossTokenizerProposer(Proposer):
     # -- a round ------------------------------------------------------------------------
     def propose(self, requests: Sequence[Request], draft_lens: Sequence[int]) -> list[Draft]:
         out = [Draft.empty() for _ in requests]
-        asked = [(i, r, int(k)) for i, (r, k) in enumerate(zip(requests, draft_lens)) if k > 0 and self.texts[r.request_id].joined]
+        asked = [(i, r, int(k)) for i, (r, k) in enumerate(zip(requests, draft_lens, strict=True)) if k > 0 and self.texts[r.request_id].joined]
         if not asked:
             return out
         for _, r, _ in asked:
             self._sync(r.request_id)
         inner = self.inner.propose([self.shadows[r.request_id] for _, r, _ in asked], [k + EXTRA_DRAFTS for _, _, k in asked])
-        for (i, r, k), d in zip(asked, inner):
+        for (i, r, k), d in zip(asked, inner, strict=True):
             t = self.texts[r.request_id]
             t.fed += d.tokens[:-1].tolist()  # the inner fed every draft but its last
             out[i] = Draft(np.array(self._to_target(t, d.tokens.tolist())[:k], np.int64))
@@ -151,7 +151,7 @@ class CrossTokenizerProposer(Proposer):
             return
         self._reencode(t)
         agree = 0
-        for a, b in zip(t.fed, t.ids):
+        for a, b in zip(t.fed, t.ids, strict=False):
             if a != b:
                 break
             agree += 1

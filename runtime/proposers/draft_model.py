@@ -108,7 +108,7 @@ class DraftModelProposer(Proposer):
                 while any(len(self.pending[self.order[s]]) > 1 for s in group):
                     feeds = [self.pending[self.order[s]][:-1][:piece] for s in group]
                     self.executor.forward(self.cache, feeds, all_logits=False, first_slot=group[0])
-                    for s, f in zip(group, feeds):
+                    for s, f in zip(group, feeds, strict=True):
                         rid = self.order[s]
                         fed += len(f)
                         self.pending[rid] = self.pending[rid][len(f) :]
@@ -117,12 +117,12 @@ class DraftModelProposer(Proposer):
     # -- a round ------------------------------------------------------------------------
     def propose(self, requests: Sequence[Request], draft_lens: Sequence[int]) -> list[Draft]:
         out = [Draft.empty() for _ in requests]
-        want = {r.request_id: (i, int(k)) for i, (r, k) in enumerate(zip(requests, draft_lens)) if k > 0}
+        want = {r.request_id: (i, int(k)) for i, (r, k) in enumerate(zip(requests, draft_lens, strict=True)) if k > 0}
         if not want:
             return out
         # a no-op after the round's own catch_up (timed apart there); here for callers that propose directly, since
         # step 0 below feeds each row's whole pending list and a backlog may exceed the engine's max_input_len
-        self.catch_up([r for r, k in zip(requests, draft_lens) if k > 0])
+        self.catch_up([r for r, k in zip(requests, draft_lens, strict=True) if k > 0])
         slots = sorted(self.slot_of[rid] for rid in want)
         lo, hi = slots[0], slots[-1] + 1
         # Slots in the range that do not draft ride along and write stale K/V past their length;
@@ -149,7 +149,7 @@ class DraftModelProposer(Proposer):
         # rows whose pick is not the argmax: sampled, or with their own logits processing (penalties, bias, grammar)
         picked = [i for i, r in enumerate(reqs) if sampled[i] or (r is not None and r.processor is not None and not r.processor.plain)]
         # step 0 feeds each row's pending tokens (ragged); later steps one draft per row
-        feed: list[list[int]] | np.ndarray = [self.pending[rid] if k > 0 else [self.pending[rid][-1]] for rid, k in zip(ids, lens)]
+        feed: list[list[int]] | np.ndarray = [self.pending[rid] if k > 0 else [self.pending[rid][-1]] for rid, k in zip(ids, lens, strict=True)]
         track_top = any_sampled or self.confidence_threshold > 0
         for j in range(steps):
             idle = lens <= j  # rows that already have their drafts ride along, then roll back

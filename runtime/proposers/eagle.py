@@ -165,7 +165,7 @@ class EagleProposer(OwnDrafter):
 
     # -- a round ------------------------------------------------------------------------
     def propose(self, requests: Sequence[Request], draft_lens: Sequence[int]) -> list[Draft]:
-        want = {r.request_id: (i, int(k)) for i, (r, k) in enumerate(zip(requests, draft_lens)) if k > 0}
+        want = {r.request_id: (i, int(k)) for i, (r, k) in enumerate(zip(requests, draft_lens, strict=True)) if k > 0}
         out = [Draft.empty() for _ in requests]
         if not want:
             return out
@@ -200,13 +200,13 @@ class EagleProposer(OwnDrafter):
         todo = np.array([rid in want and len(self.pending[rid][1]) > 0 for rid in ids])
         if not todo.any():
             return
-        width = max(len(self.pending[rid][1]) for rid, go in zip(ids, todo) if go)
+        width = max(len(self.pending[rid][1]) for rid, go in zip(ids, todo, strict=True) if go)
         if hi - lo > 1 and int(self.cache.lengths[lo:hi].max()) + width > self.cache.capacity:
             for s in range(lo, hi):
                 if todo[s - lo]:
                     self._catch_up(s, s + 1, want)
             return
-        tokens = [self.pending[rid][1] if go else [0] for rid, go in zip(ids, todo)]
+        tokens = [self.pending[rid][1] if go else [0] for rid, go in zip(ids, todo, strict=True)]
         hidden = np.zeros((len(ids), width, self.module.model.hidden_size), np.float32)  # [n, width, hidden], rows padded
         for i in np.flatnonzero(todo):
             feats = self.pending[ids[i]][0]

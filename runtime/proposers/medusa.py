@@ -95,7 +95,7 @@ class MedusaProposer(OwnDrafter):
         return len(self.tree) if self.tree is not None else self.num_heads
 
     def propose(self, requests: Sequence[Request], draft_lens: Sequence[int]) -> list[Draft]:
-        return [self._draft(r, int(k)) for r, k in zip(requests, draft_lens)]
+        return [self._draft(r, int(k)) for r, k in zip(requests, draft_lens, strict=True)]
 
     def _draft(self, r: Request, k: int) -> Draft:
         heads = self.heads[r.request_id]  # [heads, vocab]

@@ -106,7 +106,7 @@ class NGramProposer(Proposer):
         return self.max_draft_len
 
     def propose(self, requests: Sequence[Request], draft_lens: Sequence[int]) -> list[Draft]:
-        return [Draft(np.array(self.pools[r.request_id].draft(int(k)), np.int64)) for r, k in zip(requests, draft_lens)]
+        return [Draft(np.array(self.pools[r.request_id].draft(int(k)), np.int64)) for r, k in zip(requests, draft_lens, strict=True)]
 
     def observe(self, request: Request, draft: Draft, target: TargetOutput) -> None:
         self.pools[request.request_id].extend(target.emitted)

@@ -85,7 +85,7 @@ def parse_suffix_config(text: str, flag: str = "--suffix_config") -> SuffixConfi
     if isinstance(value, list):
         if not 1 <= len(value) <= 2:
             raise fail(f"a list holds 1 or 2 numbers, found {len(value)}")
-        value = dict(zip(names, value))
+        value = dict(zip(names, value, strict=False))
     if not isinstance(value, dict):
         raise fail("neither a list nor an object")
     unknown = sorted(set(value) - set(names))
@@ -148,7 +148,7 @@ class SuffixProposer(Proposer):
         return self.config.max_draft_len
 
     def propose(self, requests: Sequence[Request], draft_lens: Sequence[int]) -> list[Draft]:
-        return [self._draft(r, int(k)) for r, k in zip(requests, draft_lens)]
+        return [self._draft(r, int(k)) for r, k in zip(requests, draft_lens, strict=True)]
 
     def best(self, request: Request, limit: int, tree: bool) -> SuffixDraft:
         """The better of the request's own draft and the global cache's (the request's own on a tie)."""

@@ -119,8 +119,8 @@ def test_clipping_cuts_output_error_on_heavy_tailed_weights(symmetric):
     assert ratio.shape == (N_IN // 128, N_OUT) and ratio.dtype == np.float32
     assert 0.5 < ratio.min() and ratio.max() == 1.0 and (ratio < 1).mean() > 0.2
     scaled, clipped = AwqLayer(found.scale, None), AwqLayer(found.scale, ratio)
-    mse = {k: float(np.mean((x @ w - (x / a.scale) @ a.quantize(w, 4, 128, symmetric).dequantized()) ** 2)) for k,
-           a in (("s", scaled), ("c", clipped))}
+    mse = {k: float(np.mean((x @ w - (x / a.scale) @ a.quantize(w, 4, 128, symmetric).dequantized()) ** 2))
+           for k, a in (("s", scaled), ("c", clipped))}
     assert mse["c"] < 0.95 * mse["s"], mse  # measured 0.79x (symmetric), 0.83x (asymmetric), on top of what the scales bought
     q = clipped.quantize(w, 4, 128, symmetric)
     assert q.source == "awq"
@@ -179,8 +179,8 @@ def test_network_search_reads_every_layer_input(ckpt):
     name = "/model/layers.0/attn/qkv_proj"
     r = results[name]
     w_mean = weight_mean(weights[name], 32)
-    want = [output_error(weights[name], candidate_scale(np.abs(h).mean(0), a, w_mean if duo else None), gram, 4, 32, True) for a,
-            duo in (RTN, r.choice)]
+    want = [output_error(weights[name], candidate_scale(np.abs(h).mean(0), a, w_mean if duo else None), gram, 4, 32, True)
+            for a, duo in (RTN, r.choice)]
     np.testing.assert_allclose([r.losses[RTN], r.loss], want, rtol=1e-3)
 
 
@@ -277,7 +277,7 @@ def fake_quant_checkpoint(src, dst, layers: dict[str, AwqLayer], group: int):
         keys = [f"model.layers.{layer}.{m}.weight" for m in modules[kind]]
         w_t = np.concatenate([tensors[k].T for k in keys], axis=1)  # [in, out] fused, as the engine (and its clipping) sees it
         deq = awq.quantize(w_t, 4, group, True).dequantized() / awq.scale[:, None]
-        for k, part in zip(keys, np.split(deq, np.cumsum([tensors[k].shape[0] for k in keys])[:-1], axis=1)):
+        for k, part in zip(keys, np.split(deq, np.cumsum([tensors[k].shape[0] for k in keys])[:-1], axis=1), strict=True):
             tensors[k] = np.ascontiguousarray(part.T)
     save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
     return dst

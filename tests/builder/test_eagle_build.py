@@ -59,7 +59,7 @@ def run_onnx(engine_dir, feeds: dict[str, np.ndarray], past: dict[str, np.ndarra
             feeds[inp.name] = past["present_" + inp.name[len("past_"):]] if past else np.zeros([dims.get(s, s) for s in inp.shape], np.float32)
     assert {i.name for i in sess.get_inputs()} == set(feeds)
     names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(names, feeds)))
+    return dict(zip(names, sess.run(names, feeds), strict=True))
 
 
 @pytest.mark.parametrize("lowering", ["portable", "ort_cpu"])

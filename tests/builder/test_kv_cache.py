@@ -64,7 +64,7 @@ def test_a_range_of_slots_runs_alone(ex):
     before = [k[:2].copy() for k in batch.keys]
     ex.forward(batch, [[10, 11, 12, 13]], all_logits=False, first_slot=2)
     assert batch.lengths.tolist() == [3, 2, 4]
-    for k, b in zip(batch.keys, before):
+    for k, b in zip(batch.keys, before, strict=True):
         np.testing.assert_array_equal(k[:2], b)
     got = ex.forward(batch, [[20], [21], [22]], all_logits=True).logits.copy()
     for row, prompt in enumerate(([3, 4, 5], [6, 7], [10, 11, 12, 13])):

@@ -62,7 +62,7 @@ def test_profile_shapes_draft_engine_takes_two_tokens():
 def test_profile_shapes_are_ordered_and_consistent(kw):
     for p in profile_shapes(spec_build(**kw), MODEL):
         for lo, opt, hi in p.values():
-            assert all(1 <= a <= b <= c for a, b, c in zip(lo, opt, hi))
+            assert all(1 <= a <= b <= c for a, b, c in zip(lo, opt, hi, strict=True))
         assert len({opt[0] for _, opt, _ in p.values()}) == 1  # one batch size at opt across inputs
 
 

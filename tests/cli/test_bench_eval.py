@@ -201,7 +201,7 @@ def eval_set(work):
     ids = [tok.encode(p) for p in prompts]
     out = peers.hf_generate(str(work / "ckpt-target"), ids, 12, stop_ids=[2], num_threads=1)["output_ids"]
     path = work / "eval.jsonl"
-    path.write_text("".join(json.dumps({"prompt": p, "reference": tok.decode(o)}) + "\n" for p, o in zip(prompts, out)))
+    path.write_text("".join(json.dumps({"prompt": p, "reference": tok.decode(o)}) + "\n" for p, o in zip(prompts, out, strict=True)))
     return path
 
 

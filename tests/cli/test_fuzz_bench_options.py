@@ -106,7 +106,7 @@ def test_run_options(engines, tmp_path_factory, names, count, data):
     (["--random_seed", "-1"], "--random_seed=-1 must be an integer >= 0"),  # numpy's ValueError
 ])
 def test_prepare_dataset_regressions(tmp_path, args, message):
-    flags = {"--num_requests": "1", "--input_mean": "8", "--output_mean": "8", "--vocab_size": "96"} | dict(zip(args[::2], args[1::2]))
+    flags = {"--num_requests": "1", "--input_mean": "8", "--output_mean": "8", "--vocab_size": "96"} | dict(zip(args[::2], args[1::2], strict=True))
     r = bench("prepare-dataset", "--output", tmp_path / "d.jsonl", *[x for kv in flags.items() for x in kv])
     assert_clean(r, tmp_path / "d.jsonl")
     assert r.exit_code == 1 and message in r.stderr, r.output

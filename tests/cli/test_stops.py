@@ -54,7 +54,7 @@ def cycle_engine(tmp_path_factory):
     ascii_chars = [c for c in byte_chars("".join(chr(c) for c in range(33, 127))) if c not in cycle]
     vocab = write_byte_tokenizer(ckpt, cycle + ascii_chars[: 96 - len(SPECIAL) - len(cycle)])
     ids = [vocab[c] for c in cycle]
-    successor = {a: b for a, b in zip(ids, ids[1:] + ids[:1])}
+    successor = {a: b for a, b in zip(ids, ids[1:] + ids[:1], strict=True)}
     weights = load_file(ckpt / "model.safetensors")
     torch.manual_seed(1)
     embed = torch.randn(96, 64)

@@ -52,7 +52,7 @@ def table(header: list[str], text: str | None = None) -> list[dict[str, str]]:
     """The one table whose header row is ``header`` (exactly), as header -> cell per row."""
     matches = [t for t in tables(text if text is not None else page_text()) if t[0] == header]
     assert len(matches) == 1, f"{len(matches)} tables with the header {header} in {', '.join(p.name for p in PAGES)}"
-    return [dict(zip(header, row)) for row in matches[0][1:]]
+    return [dict(zip(header, row, strict=True)) for row in matches[0][1:]]
 
 
 def codes(cell: str) -> list[str]:

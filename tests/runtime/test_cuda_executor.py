@@ -244,7 +244,7 @@ def test_graph_replay_after_the_cache_changed(demo):
         ([[20], [21], [22]], None),
     ]):
         outs = []
-        for ex, cache in zip((graphs, plain), caches):
+        for ex, cache in zip((graphs, plain), caches, strict=True):
             if action and action[0] == "rollback":
                 cache.rollback(action[1], int(cache.lengths[action[1]]) - action[2])
             elif action:

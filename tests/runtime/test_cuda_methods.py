@@ -157,7 +157,7 @@ def test_graph_replay_after_a_tree_step_and_its_compaction(gpu):
             if step == 1:
                 ex.copy_slot(cache, 2, 0)
         outs.append(got)
-    for i, (a, b) in enumerate(zip(*outs)):
+    for i, (a, b) in enumerate(zip(*outs, strict=True)):
         np.testing.assert_array_equal(a, b, err_msg=f"call {i}")
 
 
@@ -172,7 +172,7 @@ def test_gqa_draft_split_calls_match_one_batched_call(gpu, tmp_path):
     prompts = gpu["prompts"][:4]
     caches = [ex.new_cache(4) for ex in (gqa, masked)]
     for tokens in (prompts, [[5, 6], [7, 8], [9], [10, 11]], [[1, 2, 3, 4, 5], [6], [7, 8], [9, 10, 11]], [[12], [13], [14], [15]]):
-        a, b = (ex.forward(c, tokens, all_logits=True).logits.copy() for ex, c in zip((gqa, masked), caches))
+        a, b = (ex.forward(c, tokens, all_logits=True).logits.copy() for ex, c in zip((gqa, masked), caches, strict=True))
         for row, t in enumerate(tokens):
             assert (a[row, : len(t)].argmax(-1) == b[row, : len(t)].argmax(-1)).all()
             want = b[row, : len(t)]  # [tokens, vocab]

@@ -94,7 +94,7 @@ def test_a_hit_gives_the_cold_output_alone_in_a_batch_and_as_samples(gpu, method
     plan = [[PROMPTS[0]], PROMPTS[1:], [PROMPTS[0][:-1] + [77]] * 3]  # alone, then a batch of 7 that hits, then 3 samples
     for sampling in (None, SamplingConfig(temperature=0.8, top_k=40, random_seed=2)):
         warm, cold = run(gpu, method, True, plan, sampling), run(gpu, method, False, plan, sampling)
-        for w_batch, c_batch in zip(warm, cold):
-            for w, c in zip(w_batch, c_batch):
+        for w_batch, c_batch in zip(warm, cold, strict=True):
+            for w, c in zip(w_batch, c_batch, strict=True):
                 assert w.output_ids == c.output_ids and w.logprobs == c.logprobs
         assert all(o.metrics.cached_tokens >= len(SYSTEM) for o in warm[1])

@@ -97,9 +97,10 @@ def test_eagle_reads_its_own_target_call_when_the_target_runs_in_between(eagle):
             eagle_p = EagleProposer(t, m, choices)
             proposers = [eagle_p, DraftModelProposer(t)]
             engine = Engine(t, proposers if eagle_first else proposers[::-1], SpeculationConfig("none", 0))
-            ids = [engine.add_request(p, GenerationConfig(max_output_len=20, method=meth, draft_len=k)) for p, meth in zip(PROMPTS, methods)]
+            ids = [engine.add_request(p, GenerationConfig(max_output_len=20, method=meth, draft_len=k))
+                   for p, meth in zip(PROMPTS, methods, strict=True)]
             engine.step()  # the prefill
-            mine = [engine.requests[i] for i, meth in zip(ids, methods) if meth == "eagle"]
+            mine = [engine.requests[i] for i, meth in zip(ids, methods, strict=True) if meth == "eagle"]
             drafts = [d.tokens.tolist() for d in eagle_p.propose(mine, [k] * len(mine))]
             done = run_until_done(engine)
             runs.append((drafts, [(done[i].output_ids, done[i].metrics.drafted, done[i].metrics.accepted) for i in ids]))

@@ -91,7 +91,7 @@ def test_weights_that_break_arithmetic_stop_requests_honestly(engines, tmp_path_
     with no_hang(120, edits):
         alone, _ = load_orchestrator(target, num_threads=1).generate(PROMPTS, config)
         spec, _ = load_orchestrator(target, engines["dir"] / "draft", DraftTargetConfig(3, [0], [0], False), num_threads=1).generate(PROMPTS, config)
-    for a, s in zip(alone, spec):
+    for a, s in zip(alone, spec, strict=True):
         for out in (a, s):
             assert out.finish_reason in ("length", "max_seq_len", "error"), out.finish_reason
             assert (out.finish_reason == "error") == bool(out.error)

@@ -171,7 +171,7 @@ def run(engine: Engine, prompts, cfg: GenerationConfig, method: str | None = Non
     ids = [engine.add_request(p, cfg if seeds is None else GenerationConfig(**{**cfg.__dict__,
                                                                                "sampling": SamplingConfig(**{**cfg.sampling.__dict__,
                                                                                                              "random_seed": s})}),
-                              seed_stream=i) for i, (p, s) in enumerate(zip(prompts, seeds or [0] * len(prompts)))]
+                              seed_stream=i) for i, (p, s) in enumerate(zip(prompts, seeds or [0] * len(prompts), strict=True))]
     done = run_until_done(engine)
     return [done[i] for i in ids]
 
@@ -196,9 +196,9 @@ def test_greedy_with_penalties_and_bias_equals_target_only(ex, method):
     assert engine.stats.drafted > 0
     if method in ("identity", "suffix", "suffix-tree"):
         assert engine.stats.accepted > 0  # the acceptance path ran, not only rejections
-    for g, w in zip(got, want):  # the target's log-probabilities after processing, as target-only's
+    for g, w in zip(got, want, strict=True):  # the target's log-probabilities after processing, as target-only's
         assert len(g.logprobs) == len(w.logprobs) == len(w.output_ids)
-        for (a, ta), (b, tb) in zip(g.logprobs, w.logprobs):
+        for (a, ta), (b, tb) in zip(g.logprobs, w.logprobs, strict=True):
             assert abs(a - b) < 1e-4
             assert [t for t, _ in ta] == [t for t, _ in tb] and np.allclose([v for _, v in ta], [v for _, v in tb], atol=1e-4)
 

@@ -120,7 +120,7 @@ def test_greedy_medusa_is_exact(engines, heads):
 def _run_mixed(target, proposers, prompts, methods, k):
     """Each prompt with its method; per request (output ids, drafted, accepted)."""
     engine = Engine(target, proposers, SpeculationConfig("none", 0))
-    ids = [engine.add_request(p, GenerationConfig(max_output_len=24, method=m, draft_len=k)) for p, m in zip(prompts, methods)]
+    ids = [engine.add_request(p, GenerationConfig(max_output_len=24, method=m, draft_len=k)) for p, m in zip(prompts, methods, strict=True)]
     done = run_until_done(engine)
     return [(done[i].output_ids, done[i].metrics.drafted, done[i].metrics.accepted) for i in ids]
 
@@ -139,7 +139,7 @@ def test_medusa_drafts_from_its_own_target_call_when_the_target_runs_in_between(
     want, _ = _generate(target, PROMPTS, "none", 0)
     assert [out for out, _, _ in between] == want
     assert between == first
-    assert sum(accepted for (_, _, accepted), m in zip(between, methods) if m == "medusa") > 0
+    assert sum(accepted for (_, _, accepted), m in zip(between, methods, strict=True) if m == "medusa") > 0
 
 
 def test_a_calls_outputs_survive_a_call_on_another_cache(engines):
@@ -248,7 +248,7 @@ def test_chain_is_the_heads_on_the_last_kept_row(engines, medusa):
     class Recording(MedusaProposer):
         def propose(self, requests, draft_lens):
             got = super().propose(requests, draft_lens)
-            seen.extend((r.prompt_ids + r.output_ids, d.tokens.tolist()) for r, d in zip(requests, got))
+            seen.extend((r.prompt_ids + r.output_ids, d.tokens.tolist()) for r, d in zip(requests, got, strict=True))
             return got
 
     engine = Engine(target, [Recording(target)], SpeculationConfig("medusa", NUM_HEADS))

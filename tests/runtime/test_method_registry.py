@@ -58,7 +58,7 @@ class RepeatProposer(Proposer):
 
     def propose(self, requests, draft_lens):
         out = []
-        for r, k in zip(requests, draft_lens):
+        for r, k in zip(requests, draft_lens, strict=True):
             seq, p = self.seqs[r.request_id], self.config.period
             out.append(Draft(np.array([seq[len(seq) - p + (j % p)] for j in range(int(k))] if len(seq) >= p else [], np.int64)))
         return out

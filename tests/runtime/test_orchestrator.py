@@ -61,7 +61,7 @@ def test_identity_draft_accepts_everything(engines):
 def test_row_output_is_the_same_alone_or_in_a_batch(engines):
     orch = Orchestrator(engines["target"], DraftModelProposer(engines["draft"]), 3)
     together, _ = run(orch, PROMPTS)
-    for prompt, out in zip(PROMPTS, together):
+    for prompt, out in zip(PROMPTS, together, strict=True):
         alone, _ = run(orch, [prompt])
         assert alone[0].output_ids == out.output_ids
 

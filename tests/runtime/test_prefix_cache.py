@@ -109,7 +109,7 @@ def test_a_hit_in_a_busy_batch_gives_the_output_it_gives_alone_on_a_cold_engine(
     run(warm, [A])
     outs = run(warm, [OTHERS[0], B, *OTHERS[1:]])  # B copies SYSTEM's rows while three others prefill beside it
     assert [o.metrics.cached_tokens for o in outs] == [0, len(SYSTEM), 0, 0]
-    for prompt, got in zip([OTHERS[0], B, *OTHERS[1:]], outs):
+    for prompt, got in zip([OTHERS[0], B, *OTHERS[1:]], outs, strict=True):
         (want,) = run(engine(t, proposers(pair, "draft"), "draft", 3, on=False), [prompt])
         same(got, want)
 
@@ -135,7 +135,7 @@ def test_samples_of_one_prompt_share_its_rows(pair, method, k):
     t = pair["target"]
     got = run(engine(t, proposers(pair, method), method, k), [A] * 3, SAMPLED)
     want = run(engine(t, proposers(pair, method), method, k, on=False), [A] * 3, SAMPLED)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         same(g, w)
     assert [o.metrics.cached_tokens for o in got] == [0] + [len(A) - MIN_FRESH] * 2
     assert len({tuple(o.output_ids) for o in got}) > 1  # the samples did differ
@@ -189,7 +189,7 @@ def test_a_long_hit_beside_a_long_prompt_is_prefilled_in_calls_that_fit(pair):
     prompts = [long_system + [6, 7, 8], rng.integers(3, 96, 45).tolist()]
     outs = run(warm, prompts, n_out=4)
     assert outs[0].metrics.cached_tokens == common(long_system + [5] + held.output_ids, prompts[0]) >= len(long_system)
-    for prompt, got in zip(prompts, outs):
+    for prompt, got in zip(prompts, outs, strict=True):
         (want,) = run(engine(t, on=False), [prompt], n_out=4)
         same(got, want)
 
@@ -214,7 +214,7 @@ def test_copy_prefix_copies_the_rows_between_a_cache_and_a_pool(pair):
     t.copy_prefix(cache, 0, pool, 2, 10)
     t.copy_prefix(pool, 2, cache, 1, 7)
     assert pool.lengths[2] == 10 and cache.lengths[1] == 7
-    for a, b in zip(cache.keys + cache.values, pool.keys + pool.values):
+    for a, b in zip(cache.keys + cache.values, pool.keys + pool.values, strict=True):
         np.testing.assert_array_equal(a[1][:7] if a.ndim == 3 else a[1][:, :7], a[0][:7] if a.ndim == 3 else a[0][:, :7])
         np.testing.assert_array_equal(b[2][:10] if b.ndim == 3 else b[2][:, :10], a[0][:10] if a.ndim == 3 else a[0][:, :10])
     with pytest.raises(ValueError):

@@ -71,7 +71,7 @@ def test_a_hit_gives_the_cold_output(targets, method, k, choices, sampling):
     got = run(warm, [OTHER, B], sampling)  # B copies SYSTEM's rows beside a newcomer that prefills everything
     want = run(engine(targets, method, k, choices, on=False), [OTHER, B], sampling)
     assert [o.metrics.cached_tokens for o in got] == [0, len(SYSTEM)]
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert g.output_ids == w.output_ids and g.logprobs == w.logprobs
 
 
@@ -88,7 +88,7 @@ def test_a_conversations_turns_and_samples_of_one_prompt(targets, method):
         assert got.metrics.cached_tokens == (0 if turn == 0 else len(prompt) - 4)
         prompt = prompt + got.output_ids + [7, 8, 9]
     got, want = run(warm, [B] * 3, SAMPLED), run(cold, [B] * 3, SAMPLED)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert g.output_ids == w.output_ids and g.logprobs == w.logprobs
 
 

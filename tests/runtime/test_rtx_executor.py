@@ -185,7 +185,7 @@ def test_rtx_logits_match_onnxruntime(on_gpu):
     prompts = [[3, 17, 5, 9, 2], [8, 1]]
     steps = [(prompts, False), ([[4, 6, 7], [2, 2, 9]], True), ([[11], [12]], True)]  # prefill, a verify step, a decode step
     for tokens, all_logits in steps:
-        got, want = (ex.forward(c, tokens, all_logits=all_logits).logits for ex, c in zip((rtx, cpu), caches))
+        got, want = (ex.forward(c, tokens, all_logits=all_logits).logits for ex, c in zip((rtx, cpu), caches, strict=True))
         np.testing.assert_allclose(got, want, atol=1e-3)
     assert list(caches[0].lengths) == list(caches[1].lengths)
 

@@ -81,7 +81,7 @@ def test_index_and_scan_agree():
     indexed.append(seq[:50])  # half indexed, half scanned
     scanned.append(seq[:50])
     ctx = (seq + seq[:50])[-23:]
-    for (a, b) in zip(scanned.matches(ctx, 23), indexed.matches(ctx, 23)):
+    for (a, b) in zip(scanned.matches(ctx, 23), indexed.matches(ctx, 23), strict=True):
         assert a[:2] == b[:2] and sorted(a[2].tolist()) == sorted(b[2].tolist())
 
 

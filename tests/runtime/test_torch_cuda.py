@@ -163,7 +163,7 @@ def test_graph_replay_after_rollback_copy_and_compaction(gpu):
         outs.append(got)
     assert all(captured[:2]) and not any(captured[2:])  # graphs captured on the first executor's caches only
     assert {key[0] for key in captured[1]} == {16}  # 9 rows replayed the 16-row bucket
-    for i, (a, b) in enumerate(zip(*outs)):
+    for i, (a, b) in enumerate(zip(*outs, strict=True)):
         np.testing.assert_array_equal(a, b, err_msg=f"call {i}")
 
 

@@ -131,7 +131,7 @@ def test_every_call_gives_the_onnxruntime_engines_outputs(pair, name):
     torch_out, torch_len = run_calls(pair["ex"][name]["torch"], CALLS if name != "int4" else [c for c in CALLS if "parents" not in c[1]])
     ort_out, ort_len = run_calls(pair["ex"][name]["onnxruntime"], CALLS if name != "int4" else [c for c in CALLS if "parents" not in c[1]])
     assert torch_len.tolist() == ort_len.tolist()
-    for i, (a, b) in enumerate(zip(torch_out, ort_out)):
+    for i, (a, b) in enumerate(zip(torch_out, ort_out, strict=True)):
         assert a.keys() == b.keys()
         for field in a:
             close(a[field], b[field], f"{name} call {i} {field}")
@@ -147,7 +147,7 @@ def test_an_eagle_module_call_gives_the_onnxruntime_modules_outputs(pair):
         tree = m.forward(cache, [[9, 10, 11], [12, 13, 14]], all_logits=True, extra_inputs={"hidden_states": h[:, :3]},
                          parents=[np.array([-1, -1, 0]), None])
         outs[backend] = [np.array(x) for x in (first.logits, first.extras["hidden_out"], tree.logits, tree.extras["hidden_out"])]
-    for i, (a, b) in enumerate(zip(*outs.values())):
+    for i, (a, b) in enumerate(zip(*outs.values(), strict=True)):
         close(a, b, f"module output {i}")
 
 
@@ -214,7 +214,7 @@ def test_the_triton_kernels_give_the_references_outputs(pair):
         got, got_len = run_calls(triton_ex, calls)
         want, want_len = run_calls(pair["ex"][name]["torch"], calls)
         assert got_len.tolist() == want_len.tolist()
-        for i, (a, b) in enumerate(zip(got, want)):
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
             for field in a:
                 close(a[field], b[field], f"{name} call {i} {field}")
 

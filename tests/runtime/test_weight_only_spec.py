@@ -119,7 +119,7 @@ def test_verification_logits_equal_one_token_logits_bit_for_bit(engines, batch, 
     kernel than two or more. A target engine pads both (plugins/quantized_gemm.py, plugins/attention.py).
     """
     ex = engines[target]
-    prompts = [p[:n] for p, n in zip(PROMPTS, (3, 2, 7))][:batch]  # ragged: rows at different cache lengths
+    prompts = [p[:n] for p, n in zip(PROMPTS, (3, 2, 7), strict=True)][:batch]  # ragged: rows at different cache lengths
     follow = [[30 + i + r for i in range(9)] for r in range(batch)]
     one_call = ex.new_cache(batch)
     ex.forward(one_call, prompts, all_logits=False)

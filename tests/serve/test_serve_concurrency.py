@@ -39,13 +39,14 @@ def test_sixteen_concurrent_clients_each_get_their_solo_output():
     prompts[3] = [10, 11, 12] * 8
     lengths = [4 + (i * 11) % 57 for i in range(16)]
     solo = load_orchestrator(engines()["target"])
-    want = [solo.generate([p], GenerationConfig(max_output_len=n, end_ids=served.end_ids))[0][0].output_ids for p, n in zip(prompts, lengths)]
+    want = [solo.generate([p], GenerationConfig(max_output_len=n, end_ids=served.end_ids))[0][0].output_ids
+            for p, n in zip(prompts, lengths, strict=True)]
     results: list = [None] * 16
     with running(served) as url:
         bodies = [
             {"prompt": p, "max_tokens": n, "temperature": 0, "speculative": SPECS[i % len(SPECS)], "stream": i % 3 == 0,
              **({"stream_options": {"include_usage": True}} if i % 3 == 0 else {})}
-            for i, (p, n) in enumerate(zip(prompts, lengths))
+            for i, (p, n) in enumerate(zip(prompts, lengths, strict=True))
         ]
         threads = [threading.Thread(target=_ask, args=(url, b, results, i)) for i, b in enumerate(bodies)]
         for t in threads:
@@ -56,7 +57,7 @@ def test_sixteen_concurrent_clients_each_get_their_solo_output():
         samples = scrape(url)
     got = [r["choices"][0]["token_ids"] for r in results]
     assert got == want
-    assert all(r["usage"]["completion_tokens"] == len(w) for r, w in zip(results, want))
+    assert all(r["usage"]["completion_tokens"] == len(w) for r, w in zip(results, want, strict=True))
     ended = sum(v for (name, _), v in samples.items() if name == "specdec:request_success_total")
     assert ended == 16 and metric(samples, "specdec:num_requests_running") == 0 and metric(samples, "specdec:num_requests_waiting") == 0
     assert metric(samples, "specdec:request_queue_time_seconds_count") == 16

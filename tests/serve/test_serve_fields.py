@@ -40,11 +40,11 @@ def test_logprobs_are_the_targets_for_every_method(client):
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 16
     assert all(v <= 0 for v in lp.token_logprobs) and all(len(t) == 3 for t in lp.top_logprobs)
     # greedy: the chosen token is the most likely one after processing
-    assert all(math.isclose(max(top.values()), v, abs_tol=1e-6) for top, v in zip(lp.top_logprobs, lp.token_logprobs))
+    assert all(math.isclose(max(top.values()), v, abs_tol=1e-6) for top, v in zip(lp.top_logprobs, lp.token_logprobs, strict=True))
     for spec in METHODS[1:]:
         c = complete(client, spec, logprobs=3, extra=PENALTIES).choices[0]
         assert c.text == base.text
-        assert all(math.isclose(a, b, abs_tol=1e-4) for a, b in zip(c.logprobs.token_logprobs, lp.token_logprobs))
+        assert all(math.isclose(a, b, abs_tol=1e-4) for a, b in zip(c.logprobs.token_logprobs, lp.token_logprobs, strict=True))
         assert [sorted(t) for t in c.logprobs.top_logprobs] == [sorted(t) for t in lp.top_logprobs]
 
 
@@ -74,8 +74,8 @@ def test_echo_scores_the_prompt(client):
     r3 = client.completions.create(model="target", prompt=PROMPT, max_tokens=4, echo=True, logprobs=1, temperature=0,
                                    extra_body={"speculative": {"method": "ngram"}, "ignore_eos": True})
     assert r3.choices[0].text == c2.text
-    assert all(a is None and b is None or math.isclose(a, b, abs_tol=1e-4) for a,
-               b in zip(r3.choices[0].logprobs.token_logprobs, c2.logprobs.token_logprobs))
+    assert all(a is None and b is None or math.isclose(a, b, abs_tol=1e-4)
+               for a, b in zip(r3.choices[0].logprobs.token_logprobs, c2.logprobs.token_logprobs, strict=True))
 
 
 def test_several_prompts_n_and_seeds(client):

@@ -65,11 +65,12 @@ def sixteen_clients(tmp_path, device="cuda", dtype="bfloat16", **backend):
     # alone, target-only, on the server's own engines: greedy speculation of every method must give exactly this
     solo = Orchestrator.from_engine(served.engine)
     want = [solo.generate([p], GenerationConfig(max_output_len=n, end_ids=served.end_ids, method="none"))[0][0].output_ids
-            for p, n in zip(prompts, lengths)]
+            for p, n in zip(prompts, lengths, strict=True)]
     results: list = [None] * 16
     with running(served) as url:
         bodies = [{"prompt": p, "max_tokens": n, "temperature": 0, "speculative": SPECS[i % len(SPECS)], "stream": i % 3 == 0,
-                   **({"stream_options": {"include_usage": True}} if i % 3 == 0 else {})} for i, (p, n) in enumerate(zip(prompts, lengths))]
+                   **({"stream_options": {"include_usage": True}} if i % 3 == 0 else {})}
+                  for i, (p, n) in enumerate(zip(prompts, lengths, strict=True))]
         threads = [threading.Thread(target=_ask, args=(url, b, results, i)) for i, b in enumerate(bodies)]
         for t in threads:
             t.start()

@@ -48,7 +48,7 @@ def reference(tmp_path_factory):
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s['method']}-{s.get('num_draft_tokens', 'default')}")
 def test_greedy_completions_equal_specdec_run(client, reference, spec):
     drafted = 0
-    for prompt, ref in zip(PROMPTS, reference):
+    for prompt, ref in zip(PROMPTS, reference, strict=True):
         r = client.completions.create(model="target", prompt=prompt, max_tokens=24, temperature=0, extra_body={"speculative": spec})
         choice = r.choices[0]
         assert choice.text == ref["text"] and choice.model_extra["token_ids"] == ref["output_ids"]

@@ -45,7 +45,7 @@ def test_transformers_path_writes_the_bases_greedy_answers(tmp_path, tiny_base, 
     assert prepare_data(PrepareConfig(str(prompts_txt), str(out), model_dir=str(tiny_base), max_token=6), **QUIET) == 3
     records = read_jsonl(out)
     tok, model = Tokenizer(tiny_base), load_hf(tiny_base)
-    for i, (rec, prompt) in enumerate(zip(records, PROMPTS)):
+    for i, (rec, prompt) in enumerate(zip(records, PROMPTS, strict=True)):
         prompt_ids = tok.encode(prompt)
         answer = hf_greedy(model, prompt_ids, 6)
         assert rec["conversation_id"] == i and rec["prompt_len"] == len(prompt_ids)

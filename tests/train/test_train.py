@@ -49,7 +49,7 @@ def test_loss_falls_by_a_real_margin(trained):
     assert last < 0.5 * first, (mode, first, last)
     # top-1 (medusa: the token 2 and 3 ahead; eagle: the base's own choice at drafting depths 1, 2, 3) clearly up
     assert len(result.accuracy) == (2 if mode == "medusa" else 3)
-    assert all(a > b + 0.1 for a, b in zip(result.accuracy, result.accuracy_before)), (result.accuracy_before, result.accuracy)
+    assert all(a > b + 0.1 for a, b in zip(result.accuracy, result.accuracy_before, strict=True)), (result.accuracy_before, result.accuracy)
 
 
 def test_saved_heads_follow_the_documented_layout(trained, tiny_base):
@@ -124,7 +124,7 @@ def test_max_time_stops_and_saves_and_eval_data_is_reported_on(tmp_path, tiny_ba
     log = json.loads((tmp_path / "t" / "training_log.json").read_text())
     assert log["held_out"] is True
     # 10 tokens: head 0 is counted at 8 positions, head 1 at 7; the accuracies are fractions of those
-    assert [round(a * n) / n for a, n in zip(r.accuracy, (8, 7))] == r.accuracy
+    assert [round(a * n) / n for a, n in zip(r.accuracy, (8, 7), strict=True)] == r.accuracy
 
 
 def test_an_epoch_visits_every_sequence_once(tmp_path, tiny_base, repetitive_data):

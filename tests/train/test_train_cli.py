@@ -57,7 +57,7 @@ def _empty(tmp_path):
 def test_bad_inputs_are_one_line_errors(tmp_path, tiny_base, repetitive_data, case, extra, message):
     args = {"--mode": "medusa", "--model": tiny_base, "--data": repetitive_data, "--output_dir": tmp_path / "out", "--max_steps": 2}
     more = extra(tmp_path)
-    args |= dict(zip(more[::2], more[1::2]))
+    args |= dict(zip(more[::2], more[1::2], strict=True))
     r = invoke("run", *[x for flag, value in args.items() for x in ([flag] if value is True else [flag, value])])
     assert r.exit_code == 1, (case, r.output)
     lines = r.output.strip().splitlines()

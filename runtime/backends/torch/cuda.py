@@ -33,7 +33,7 @@ def check_placement(engines: Sequence[EngineDir], devices: Sequence[int]) -> Non
     if not torch.cuda.is_available():
         return  # opening says why, in its own line
     need: dict[int, int] = {}
-    for engine, device in zip(engines, devices):
+    for engine, device in zip(engines, devices, strict=True):
         need[device] = need.get(device, 0) + engine_bytes(engine)
     for device, total in need.items():
         if device < torch.cuda.device_count():

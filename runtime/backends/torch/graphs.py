@@ -73,8 +73,8 @@ class StepGraph:
         self.host_ints = torch.empty(sum(sizes), dtype=torch.int64, pin_memory=True)  # every integer input, one copy
         self.dev_ints = torch.empty(sum(sizes), dtype=torch.int64, device=dev)
         offsets = np.cumsum([0, *sizes])
-        self.host_views = {name: self.host_ints[a:b].view(shape).numpy() for (name, shape), a, b in zip(ints, offsets, offsets[1:])}
-        dev_views = {name: self.dev_ints[a:b].view(shape) for (name, shape), a, b in zip(ints, offsets, offsets[1:])}
+        self.host_views = {name: self.host_ints[a:b].view(shape).numpy() for (name, shape), a, b in zip(ints, offsets, offsets[1:], strict=False)}
+        dev_views = {name: self.dev_ints[a:b].view(shape) for (name, shape), a, b in zip(ints, offsets, offsets[1:], strict=False)}
         self.host_tree = torch.empty((rows, width, width), dtype=torch.bool, pin_memory=True) if tree else None
         self.host_path = torch.empty((rows, width, width), dtype=torch.int32, pin_memory=True) if tree else None
         # the engine's extra inputs (an EAGLE module's hidden_states), by name: float32 on the host, the compute dtype on the device
