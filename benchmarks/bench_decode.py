@@ -24,6 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 import peers  # noqa: E402
 from prompts import code_prompts  # noqa: E402
+
 from specdec.bench.plots import Bar, beside, write_bars  # noqa: E402
 from specdec.bench.sweep import analytic_bound, generate_each, step_cost  # noqa: E402
 from specdec.builder.build import build_engine  # noqa: E402

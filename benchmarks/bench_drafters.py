@@ -41,6 +41,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from prompts import spread, workloads  # noqa: E402
+
 from specdec.bench.plots import Bar, beside, spread_bar, write_bars  # noqa: E402
 from specdec.formats.engine_format import load_engine_dir  # noqa: E402
 from specdec.formats.tokenizer import Tokenizer  # noqa: E402

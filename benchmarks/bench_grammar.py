@@ -17,6 +17,7 @@ import argparse
 import time
 
 import numpy as np
+
 from specdec.formats.engine_format import load_engine_dir
 from specdec.formats.tokenizer import Tokenizer
 from specdec.runtime.grammar import GrammarCompiler, GrammarSpec

@@ -40,6 +40,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from prompts import spread, workloads  # noqa: E402
+
 from specdec.bench.plots import beside, spread_bar, write_bars  # noqa: E402
 from specdec.formats.config_strings import DraftTargetConfig, NGramConfig  # noqa: E402
 from specdec.formats.engine_format import load_engine_dir  # noqa: E402

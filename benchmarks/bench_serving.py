@@ -91,6 +91,7 @@ def write_dataset(path: Path, tokenizer_dir: Path, n: int, tokens: int) -> None:
     """Prompts from the Python standard library's functions (benchmarks/prompts.py), as JSON lines."""
     sys.path.insert(0, str(HERE))
     from prompts import _functions
+
     from specdec.formats.tokenizer import Tokenizer
 
     tok = Tokenizer(tokenizer_dir)

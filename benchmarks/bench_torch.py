@@ -142,6 +142,7 @@ def profile_section(engines: dict, kmax: int) -> dict:
 def decode_batch(engines: dict, b: int, prompts: list[list[int]], args, kind: str, steps: dict) -> dict:
     """One batch size: fresh orchestrators (their caches are this batch's), a warm-up round, then timed rounds, interleaved."""
     from gpu_methods import decode_methods
+
     from specdec.runtime.orchestrator import GenerationConfig, Orchestrator
 
     ngram = [int(x) for x in args.ngram.split(",")] if args.ngram else None

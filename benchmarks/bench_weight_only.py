@@ -74,6 +74,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import host  # noqa: E402
 from prompts import spread, workloads  # noqa: E402
+
 from specdec.bench import peers  # noqa: E402
 from specdec.bench.plots import Bar, beside, spread_bar, write_bars  # noqa: E402
 
@@ -362,6 +363,7 @@ def llama_cli_methods(lay: Layout, llama_cpp: Path, threads: int, bits_list: lis
     """llama.cpp's tools (benchmarks/llama_cli.py): target-only by llama-completion, speculation by llama-lookup
     and llama-speculative-simple."""
     from llama_cli import LlamaCliRunner
+
     from specdec.formats.tokenizer import Tokenizer
 
     tok = Tokenizer(lay.engine("target", "fp32"))

@@ -156,6 +156,7 @@ except ImportError:  # a build-only install (pip install ".[build]", as the quic
 
 sys.path.insert(0, str(Path(__file__).parent))
 from head_layout import HeadLayout, check_heads, head_layout, place, widen_rope  # noqa: E402
+
 from specdec.builder.checkpoint import TOKENIZER_FILES, load_checkpoint  # noqa: E402
 from specdec.formats.errors import SpecdecError  # noqa: E402
 

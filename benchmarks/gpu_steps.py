@@ -22,6 +22,7 @@ import numpy as np
 def hbm_bandwidth(device: int = 0, nbytes: int = 1 << 30, reps: int = 20) -> float:
     """Bytes/s of a device-to-device copy, counting the read and the write."""
     import onnxruntime as ort
+
     from specdec.runtime.backends.onnxruntime.cuda_host import D2D, cudart
 
     a = ort.OrtValue.ortvalue_from_shape_and_type([nbytes], np.uint8, "cuda", device)

@@ -30,6 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from prompts import HELDOUT, SOURCES, code_prompts  # noqa: E402
+
 from specdec.builder.build import build_engine  # noqa: E402
 from specdec.formats.config_strings import DraftTargetConfig  # noqa: E402
 from specdec.formats.engine_format import BuildConfig  # noqa: E402

@@ -53,9 +53,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from train_demo_pair import collect_corpus  # noqa: E402  (the demo corpus and its held-out split)
+
 from specdec.train.prepare import PrepareConfig, prepare_data  # noqa: E402
 from specdec.train.trainer import TrainConfig, train  # noqa: E402
-from train_demo_pair import collect_corpus  # noqa: E402  (the demo corpus and its held-out split)
 
 HELDOUT_MOD = 50  # train_demo_pair.py's default split
 

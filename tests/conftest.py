@@ -93,6 +93,7 @@ def build_and_load(ckpt: Path, out: Path, build: BuildConfig | None = None) -> O
 def cli_build(ckpt: Path, out: Path, *flags):
     """specdec-build through click's runner, with small limits (the weight-only, AWQ and checkpoint tests)."""
     from click.testing import CliRunner
+
     from specdec.cli.build import main as build_main
 
     args = ("--model_dir", ckpt, "--output_dir", out, "--max_seq_len", 96, "--max_input_len", 48, *flags)

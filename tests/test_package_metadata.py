@@ -3,9 +3,9 @@ and that the TensorRT backend has never run on a GPU (a notice its build module 
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
-import tomllib
 from specdec.builder.backends import backend_module
 from specdec.runtime.request import METHODS
 

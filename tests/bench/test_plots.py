@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from specdec.bench.plots import Bar, beside, spread_bar, write_bars
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -53,6 +53,7 @@ def test_first_difference_names_the_token_and_the_targets_logits_there(tmp_path)
     the rank of the other token (a near-tie is what a half-precision verification may order either way; a bug is not)."""
     import numpy as np
     from conftest import spec_build
+
     from specdec.builder.build import build_engine
     from specdec.runtime import GenerationConfig, load_engine
 

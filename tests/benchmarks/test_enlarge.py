@@ -18,6 +18,7 @@ import torch
 from checkpoints import is_linear, load_hf, make_checkpoint
 from conftest import build_and_load, spec_build
 from safetensors.numpy import load_file, save_file
+
 from specdec.builder.weight_only import quantize_rtn
 
 ROOT = Path(__file__).resolve().parents[2]

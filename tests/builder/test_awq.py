@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from checkpoints import make_checkpoint
 from conftest import cli_build as conftest_cli_build
+
 from specdec.builder.awq import (
     RTN,
     AwqLayer,
@@ -146,6 +147,7 @@ def float_network_with_taps(ckpt):
     from dataclasses import replace
 
     from conftest import spec_build
+
     from specdec.builder.architectures import model_config_from_hf
     from specdec.builder.build import resolve_lowering
     from specdec.builder.checkpoint import load_checkpoint
@@ -293,6 +295,7 @@ def test_cli_int4_awq_builds_runs_and_computes_the_scaled_weights(outlier_ckpt, 
     import json
 
     from conftest import OrtExecutor, build_and_load, load_engine_dir, spec_build
+
     from specdec.builder.calibration import calibration_samples
 
     ckpt, calib = outlier_ckpt

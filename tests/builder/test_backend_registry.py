@@ -12,8 +12,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import specdec.builder.backends as registry
 from conftest import spec_build
+
+import specdec.builder.backends as registry
 from specdec.builder.backends import BACKENDS, backend_module
 from specdec.builder.backends.base import BuildBackend, Compiled
 from specdec.builder.build import build_engine

@@ -10,6 +10,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
+
 from specdec.hardware import cpu_kernels as rk
 from specdec.plugins import cpu_kernels as ck
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 from checkpoints import load_hf, make_checkpoint, write_eagle_module
 from conftest import cli_build, spec_build
+
 from specdec.builder.build import build_engine
 from specdec.formats.engine_format import eagle_module_dir, load_engine_dir
 from specdec.formats.errors import BuildConfigError, SpecdecError

@@ -6,6 +6,7 @@ import shutil
 import pytest
 from checkpoints import make_checkpoint
 from conftest import spec_build
+
 from specdec.builder.build import build_engine
 from specdec.formats.engine_format import BuildConfig, load_engine_dir
 from specdec.formats.errors import BuildConfigError, CheckpointError, EngineError

@@ -12,6 +12,7 @@ import pytest
 import torch
 from checkpoints import hf_with_weights, make_checkpoint, save_fp8_checkpoint
 from conftest import build_and_load, spec_build
+
 from specdec.builder.build import build_engine
 from specdec.formats.errors import CheckpointError
 

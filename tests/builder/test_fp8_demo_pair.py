@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from specdec.builder.build import build_engine
 from specdec.formats.engine_format import BuildConfig
 from specdec.formats.tokenizer import Tokenizer

@@ -18,6 +18,7 @@ from fuzzing import assert_clean, fuzz_settings, mutated, no_hang
 from hypothesis import given, strategies as st
 from quant_layouts import save_quantized_checkpoint
 from safetensors.numpy import load_file, save_file
+
 from specdec.cli.build import main as build_main
 
 pytestmark = pytest.mark.fuzz

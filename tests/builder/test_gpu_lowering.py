@@ -20,6 +20,7 @@ import onnx
 import pytest
 from checkpoints import make_checkpoint
 from conftest import build_and_load, spec_build
+
 from specdec.builder.build import build_engine
 from specdec.formats.engine_format import load_engine_dir
 from specdec.formats.errors import BuildConfigError

@@ -14,12 +14,13 @@ import pytest
 import torch
 from checkpoints import load_hf, make_checkpoint
 from conftest import build_and_load, spec_build
+from test_weight_only import dequantized_checkpoint
+
 from specdec.builder.build import build_engine
 from specdec.formats.errors import CheckpointError
 from specdec.runtime.orchestrator import GenerationConfig, Orchestrator
 from specdec.runtime.proposers.draft_model import DraftModelProposer
 from specdec.runtime.proposers.ngram import NGramProposer
-from test_weight_only import dequantized_checkpoint
 
 MAX_DRAFT = 6
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [40, 41, 42, 43, 40, 41, 42, 43, 40, 41]]

@@ -23,6 +23,7 @@ from quant_layouts import (
     save_quantized_checkpoint,
 )
 from safetensors.torch import save_file
+
 from specdec.builder.checkpoint import load_checkpoint
 from specdec.builder.quant_checkpoints import IntConvention
 from specdec.builder.quantization import LinearWeight, concat_out, detect_checkpoint_quantization, read_linear
@@ -360,6 +361,7 @@ def test_published_checkpoint_builds_and_decodes(tmp_path, float_model, variant)
     # decodes through specdec-run, target-only and with n-gram drafts verified by the quantized target,
     # token for token the same (tests/runtime/test_weight_only_spec.py holds the lowering to it bit for bit).
     from click.testing import CliRunner
+
     from specdec.cli.run import main as run_main
 
     (tmp_path / "prompts.csv").write_text("5,6,7,8,5,6,7\n9,10,11\n")

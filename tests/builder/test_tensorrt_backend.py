@@ -21,6 +21,7 @@ import onnx
 import pytest
 from checkpoints import make_checkpoint
 from conftest import spec_build
+
 from specdec.builder.backends.tensorrt import build_tensorrt_engine, generation_width, profile_shapes, static_kv_onnx, tensorrt_available
 from specdec.builder.build import build_engine
 from specdec.formats.engine_format import EngineDir, ModelConfig, load_engine_dir

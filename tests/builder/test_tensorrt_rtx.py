@@ -15,6 +15,7 @@ import onnx
 import pytest
 from checkpoints import make_checkpoint
 from conftest import spec_build
+
 from specdec.builder.backends.trt_onnx import profile_shapes, profiles_record, static_kv_proto
 from specdec.builder.build import build_engine
 from specdec.formats.engine_format import load_engine_dir
@@ -129,6 +130,7 @@ def test_missing_tensorrt_rtx_names_the_extra(ckpt, tmp_path, monkeypatch):
 def test_demo_pair_builds_with_the_cli(tmp_path):
     """What CI builds every run: the demo pair's target and draft for an RTX 40xx, through specdec-build as a user types it."""
     from click.testing import CliRunner
+
     from specdec.cli.build import main
 
     demo = ROOT / "examples" / "demo-pair"

@@ -3,6 +3,7 @@
 import shutil
 
 from conftest import spec_build
+
 from specdec.builder.build import build_engine
 from specdec.formats.engine_format import load_engine_dir
 

@@ -14,6 +14,10 @@ import pytest
 import torch
 from checkpoints import load_hf, make_checkpoint
 from conftest import cli_build, spec_build
+from test_awq import outlier_ckpt  # noqa: F401  (a module fixture: a checkpoint with outlier channels and calibration text)
+from test_parity import CASES
+from test_weight_only import ARCH, gptq_act_order  # noqa: F401  (a module fixture)
+
 from specdec.builder.build import build_engine
 from specdec.formats.engine_format import load_engine_dir
 from specdec.formats.errors import BuildConfigError
@@ -21,9 +25,6 @@ from specdec.formats.safetensors_io import SafetensorsFile
 from specdec.formats.torch_layout import MODEL_FILE, layer_file, pack_int4, unpack_int4
 from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 from specdec.runtime.backends.torch.executor import TorchExecutor
-from test_awq import outlier_ckpt  # noqa: F401  (a module fixture: a checkpoint with outlier channels and calibration text)
-from test_parity import CASES
-from test_weight_only import ARCH, gptq_act_order  # noqa: F401  (a module fixture)
 
 QUIET = dict(say=lambda _: None)
 

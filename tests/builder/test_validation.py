@@ -12,6 +12,7 @@ import pytest
 import torch
 from checkpoints import make_checkpoint, save_fp8_checkpoint
 from quant_layouts import save_quantized_checkpoint
+
 from specdec.builder import validation
 from specdec.builder.architectures import model_config_from_hf
 from specdec.builder.checkpoint import load_checkpoint

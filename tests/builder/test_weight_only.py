@@ -16,6 +16,7 @@ from checkpoints import is_linear, make_checkpoint
 from conftest import build_and_load, cli_build, spec_build
 from onnx import TensorProto
 from safetensors.numpy import load_file, save_file
+
 from specdec.builder.build import build_engine
 from specdec.builder.graph import GraphBuilder
 from specdec.builder.weight_only import IntWeight, quantize_rtn

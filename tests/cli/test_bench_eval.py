@@ -13,6 +13,7 @@ from checkpoints import add_word_tokenizer, make_checkpoint
 from click.testing import CliRunner
 from conftest import spec_build
 from safetensors.torch import load_file, save_file
+
 from specdec.bench import peers
 from specdec.bench.datasets import prepare_from_jsonl, prepare_synthetic
 from specdec.bench.sweep import token_agreement

@@ -7,6 +7,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 from conftest import spec_build
+
 from specdec.builder.build import build_engine
 from specdec.cli.build import main as build_main
 from specdec.cli.run import main as run_main

@@ -4,11 +4,12 @@ import json
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 from click.testing import CliRunner
+
 from specdec.bench import peers
 from specdec.builder.build import build_engine
 from specdec.cli.bench import main as bench_main

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from conftest import spec_build
 from fuzzing import any_text, argv, assert_clean, dumps, fuzz_settings, json_values, mostly, mutated, no_hang, number_text
 from hypothesis import given, strategies as st
+
 from specdec.builder.build import build_engine
 from specdec.cli.bench import main as bench_main
 

@@ -13,6 +13,7 @@ from checkpoints import make_checkpoint
 from click.testing import CliRunner
 from fuzzing import argv, assert_clean, fuzz_settings, mostly, no_hang
 from hypothesis import given, strategies as st
+
 from specdec.cli.build import main as build_main
 
 pytestmark = pytest.mark.fuzz

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from conftest import spec_build
 from fuzzing import any_text, argv, assert_clean, fuzz_settings, mostly, no_hang, number_text
 from hypothesis import given, strategies as st
+
 from specdec.builder.build import build_engine
 from specdec.cli.run import main as run_main
 from specdec.runtime.sampling import GREEDY_TEMPERATURE

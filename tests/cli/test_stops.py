@@ -16,6 +16,7 @@ from checkpoints import make_checkpoint
 from click.testing import CliRunner
 from conftest import spec_build
 from safetensors.torch import load_file, save_file
+
 from specdec.builder.build import build_engine
 from specdec.cli.run import main as run_main
 from specdec.cli.stops import generate_with_stops

@@ -15,6 +15,7 @@ from checkpoints import make_checkpoint
 from click.testing import CliRunner, Result
 from quant_layouts import save_quantized_checkpoint
 from safetensors.numpy import load_file, save_file
+
 from specdec.cli.build import main as build_main
 
 Q_PROJ = "model.layers.0.self_attn.q_proj.weight"

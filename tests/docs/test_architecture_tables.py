@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 import specdec.builder.backends as builder_backends
 import specdec.plugins as plugins
 import specdec.runtime.backends as runtime_backends

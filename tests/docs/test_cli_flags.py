@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 import pytest
+
 from specdec.cli.bench import main as bench_main
 from specdec.cli.build import main as build_main
 from specdec.cli.eval import main as eval_main

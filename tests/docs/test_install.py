@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import re
 import shlex
-from pathlib import Path
-
 import tomllib
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"

@@ -6,10 +6,10 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 SETUP = ["python3 -m venv .venv && source .venv/bin/activate", 'pip install ".[build]"']

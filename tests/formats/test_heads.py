@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
+
 from specdec.formats.errors import CheckpointError
 from specdec.formats.heads import default_eagle_aux_layer_ids, eagle_tensor_names, load_heads, medusa_tensor_names
 

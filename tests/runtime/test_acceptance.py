@@ -9,6 +9,7 @@ exceeds; a test of the test shows it.
 
 import numpy as np
 import pytest
+
 from specdec.runtime.acceptance import accept_rejection_sampling, accept_token_compare
 from specdec.runtime.sampling import SamplingConfig, processed_probs, sample
 

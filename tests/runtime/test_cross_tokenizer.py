@@ -9,6 +9,8 @@ import torch
 import transformers
 from checkpoints import make_checkpoint
 from conftest import build_and_load, spec_build
+from test_suffix_engine import run
+
 from specdec.formats.tokenizer import Tokenizer
 from specdec.runtime.engine import Engine, SpeculationConfig
 from specdec.runtime.proposers.cross_tokenizer import CrossTokenizerProposer
@@ -16,7 +18,6 @@ from specdec.runtime.proposers.draft_model import DraftModelProposer
 from specdec.runtime.request import GenerationConfig
 from specdec.runtime.sampling import SamplingConfig
 from specdec.runtime.token_bytes import TokenBytes, _byte_level_alphabet, complete_prefix
-from test_suffix_engine import run
 
 MAX_DRAFT = 4
 TEXTS = ["hé 日本 😀 ab", "def f(x):\n    return x", "😀😀", "naïve"]

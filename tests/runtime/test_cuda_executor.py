@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import engine_greedy, spec_build
+
 from specdec.builder.build import build_engine
 from specdec.formats.engine_format import load_engine_dir
 from specdec.formats.errors import DeviceError, EngineError, RequestError

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import spec_build
+
 from specdec.builder.build import build_engine
 from specdec.formats.engine_format import eagle_module_dir, load_engine_dir
 
@@ -42,6 +43,7 @@ def gpu(request, tmp_path_factory):
 
 def run(ex, method, on, prompts, sampling=None, n_out=24):
     from engine_runs import run_until_done
+
     from specdec.runtime.engine import Engine, SpeculationConfig
     from specdec.runtime.prefix_cache import PrefixCacheConfig
     from specdec.runtime.proposers.draft_model import DraftModelProposer

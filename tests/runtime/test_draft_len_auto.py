@@ -1,6 +1,7 @@
 """draft_len=auto for trees and scored drafts, under fixed costs at several batch sizes (deterministic, not timed)."""
 
 import pytest
+
 from specdec.runtime.draft_len import PROBE_EVERY, AutoDraftLen
 
 

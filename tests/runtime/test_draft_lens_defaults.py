@@ -2,6 +2,7 @@
 method's default for a request that names the method but no length (what specdec-serve offers)."""
 
 from conftest import spec_pair
+
 from specdec.formats.config_strings import DraftTargetConfig, NGramConfig
 from specdec.formats.engine_format import TREE_MODES
 from specdec.runtime.loading import load_engine, method_draft_lens

@@ -13,6 +13,7 @@ import torch
 from checkpoints import load_hf, make_checkpoint, write_eagle_module
 from conftest import spec_build
 from engine_runs import run_until_done
+
 from specdec.builder.build import build_engine
 from specdec.formats.engine_format import eagle_module_dir, load_engine_dir
 from specdec.formats.errors import EngineError

@@ -16,6 +16,7 @@ import pytest
 from checkpoints import make_checkpoint
 from conftest import build_and_load, spec_build, spec_pair
 from hypothesis import HealthCheck, given, settings, strategies as st
+
 from specdec.formats.engine_format import load_engine_dir, sha256_file
 from specdec.formats.errors import EngineError, RequestError
 from specdec.runtime.draft_len import PROBE_EVERY

@@ -4,6 +4,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
+
 from specdec.cli.run import main as run_main
 from specdec.formats.engine_format import CONFIG_FILE, load_engine_dir
 from specdec.formats.errors import EngineError

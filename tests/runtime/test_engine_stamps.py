@@ -8,6 +8,7 @@ import os
 
 import pytest
 from click.testing import CliRunner
+
 from specdec.cli.run import main as run_main
 from specdec.formats import file_stamps
 from specdec.formats.engine_format import CONFIG_FILE, load_engine_dir

@@ -12,6 +12,7 @@ import typing
 
 import numpy as np
 import pytest
+
 from specdec.formats.engine_format import BuildConfig, ModelConfig, extra_io
 from specdec.formats.errors import EngineError
 from specdec.runtime.backends import _REGISTRY

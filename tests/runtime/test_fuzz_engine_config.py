@@ -13,6 +13,7 @@ import shutil
 import pytest
 from fuzzing import assert_one_line, dumps, edge_ints, fuzz_settings, mutated, no_hang
 from hypothesis import event, given, strategies as st
+
 from specdec.formats.engine_format import CONFIG_FILE, STAMP_FILE
 from specdec.formats.errors import SpecdecError
 from specdec.runtime import GenerationConfig, load_orchestrator

@@ -16,6 +16,7 @@ import pytest
 from constraint_strategies import BRANCHES, choices, json_schemas, lark_grammars, regexes
 from fuzzing import assert_one_line, fuzz_settings, no_hang
 from hypothesis import event, given, strategies as st
+
 from specdec.formats.errors import RequestError
 from specdec.formats.tokenizer import Tokenizer
 from specdec.runtime.grammar import GrammarCompiler, GrammarSpec

@@ -16,6 +16,7 @@ import sys
 import pytest
 from fuzzing import dumps, fuzz_settings, json_scalars, mutated
 from hypothesis import event, given, strategies as st
+
 from specdec.hardware import cpu_kernels as rk
 
 pytestmark = [pytest.mark.fuzz, pytest.mark.skipif(rk.compiler() is None, reason="needs a C compiler")]

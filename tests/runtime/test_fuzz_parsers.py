@@ -12,6 +12,7 @@ import re
 import pytest
 from fuzzing import any_text, assert_one_line, deeply_nested, dumps, edge_ints, fuzz_settings, json_values, mutated, no_hang
 from hypothesis import given, strategies as st
+
 from specdec.formats.config_strings import DraftTargetConfig, NGramConfig, parse_draft_target_config, parse_ngram_config
 from specdec.formats.errors import ConfigStringError, RequestError
 from specdec.runtime.proposers.suffix import parse_suffix_config

@@ -22,6 +22,7 @@ from click.testing import CliRunner
 from conftest import spec_build
 from fuzzing import assert_clean, fuzz_settings, no_hang
 from hypothesis import event, given, strategies as st
+
 from specdec.builder.build import build_engine
 from specdec.cli.run import main as run_main
 from specdec.formats.config_strings import DraftTargetConfig

@@ -14,6 +14,8 @@ import pytest
 from checkpoints import make_checkpoint, write_eagle_module
 from conftest import build_and_load, spec_build
 from engine_runs import run_until_done
+from test_medusa import write_heads
+
 from specdec.builder.build import build_engine
 from specdec.formats.engine_format import eagle_module_dir, load_engine_dir
 from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
@@ -23,7 +25,6 @@ from specdec.runtime.proposers.eagle import EagleProposer
 from specdec.runtime.proposers.medusa import MedusaProposer
 from specdec.runtime.proposers.ngram import NGramProposer
 from specdec.runtime.request import GenerationConfig
-from test_medusa import write_heads
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 5, 6, 7], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30]]
 TREE = "[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]"

@@ -8,6 +8,7 @@ cycle with no finite instance: llguidance finds no error up front, and gives up 
 from pathlib import Path
 
 import pytest
+
 from specdec.formats.errors import RequestError
 from specdec.formats.tokenizer import Tokenizer
 from specdec.runtime.grammar import GrammarCompiler, GrammarSpec

@@ -17,6 +17,7 @@ import pytest
 from checkpoints import add_word_tokenizer, make_checkpoint
 from click.testing import CliRunner
 from safetensors.numpy import load_file, save_file
+
 from specdec.builder.build import build_engine
 from specdec.cli.run import main as run_main
 from specdec.formats.config_strings import DraftTargetConfig

@@ -84,6 +84,7 @@ def test_a_cpu_engine_loads_only_its_own_backend(llama_engine):
 def test_a_torch_engine_on_the_cpu_loads_neither_onnxruntime_nor_triton(llama_ckpt, tmp_path):
     """The torch backend's CPU path is torch and the kernels' references: no onnxruntime, no Triton (bound at a kernel's first launch)."""
     from conftest import spec_build
+
     from specdec.builder.build import build_engine
 
     build_engine(llama_ckpt, tmp_path / "torch", spec_build(2, backend="torch"), say=lambda _: None)

@@ -15,6 +15,7 @@ import pytest
 from checkpoints import make_checkpoint, write_eagle_module
 from conftest import build_and_load, spec_build, spec_pair
 from engine_runs import run_until_done
+
 from specdec.builder.build import build_engine
 from specdec.runtime.acceptance import accept_rejection_sampling, accept_token_compare
 from specdec.runtime.engine import Engine, SpeculationConfig

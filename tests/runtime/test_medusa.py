@@ -15,6 +15,7 @@ import torch
 from checkpoints import load_hf, make_checkpoint
 from conftest import build_and_load, spec_build
 from engine_runs import run_until_done
+
 from specdec.builder.build import build_engine
 from specdec.formats.errors import CheckpointError, EngineError, SpecdecError
 from specdec.runtime.engine import Engine, SpeculationConfig

@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import spec_pair
 from engine_runs import run_until_done
+
 from specdec.cli.common import method_configs, method_options
 from specdec.formats.config_strings import NGramConfig
 from specdec.formats.errors import RequestError

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from checkpoints import make_checkpoint
 from conftest import build_and_load, spec_build, spec_pair
+
 from specdec.formats.config_strings import DraftTargetConfig, NGramConfig
 from specdec.runtime.loading import load_orchestrator
 from specdec.runtime.orchestrator import GenerationConfig, Orchestrator

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from conftest import build_and_load, spec_build, spec_pair
 from engine_runs import run_until_done
+
 from specdec.formats.errors import EngineError, RequestError
 from specdec.runtime.engine import Engine, SpeculationConfig
 from specdec.runtime.prefix_cache import MIN_FRESH, PrefixCacheConfig, open_prefix_cache
@@ -229,6 +230,7 @@ def test_bad_settings_are_refused():
 def test_two_threads_give_the_bits_of_one_call(tmp_path):
     """The hit's rows were computed by another call than a cold prefill's: with two threads splitting the work too."""
     from checkpoints import make_checkpoint
+
     from specdec.formats.engine_format import load_engine_dir
     from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 

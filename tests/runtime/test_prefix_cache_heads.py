@@ -12,6 +12,8 @@ import pytest
 from checkpoints import make_checkpoint, write_eagle_module
 from conftest import spec_build
 from engine_runs import run_until_done
+from test_medusa import write_heads
+
 from specdec.builder.build import build_engine
 from specdec.formats.engine_format import eagle_module_dir, load_engine_dir
 from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
@@ -21,7 +23,6 @@ from specdec.runtime.proposers.eagle import EagleProposer
 from specdec.runtime.proposers.medusa import MedusaProposer
 from specdec.runtime.request import AUTO, GenerationConfig
 from specdec.runtime.sampling import SamplingConfig
-from test_medusa import write_heads
 
 TREE = "[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]"
 rng = np.random.default_rng(1)

@@ -3,6 +3,7 @@
 import random
 
 import pytest
+
 from specdec.runtime.prefix_index import PrefixIndex
 
 

@@ -15,6 +15,7 @@ import pytest
 from checkpoints import make_checkpoint
 from click.testing import CliRunner
 from conftest import spec_build
+
 from specdec.builder.build import build_engine
 from specdec.cli.run import main as run_main
 from specdec.formats.engine_format import load_engine_dir

@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+
 from specdec.formats.errors import ConfigStringError, RequestError
 from specdec.runtime.proposers.suffix import SuffixConfig, parse_suffix_config
 from specdec.runtime.suffix_cache import ResponseCache

@@ -6,11 +6,12 @@ import pytest
 from checkpoints import make_checkpoint
 from conftest import build_and_load, spec_build
 from engine_runs import run_until_done
+from test_medusa import _chi_square_critical
+
 from specdec.runtime.engine import Engine, SpeculationConfig
 from specdec.runtime.proposers.suffix import SuffixConfig, SuffixProposer
 from specdec.runtime.request import GenerationConfig, Request
 from specdec.runtime.sampling import SamplingConfig
-from test_medusa import _chi_square_critical
 
 MAX_DRAFT = 6
 PROMPTS = [[5, 6, 7, 8, 9, 10], [40, 41, 42, 40, 41, 42, 40], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30], [7, 8]]

@@ -7,9 +7,10 @@ makes multi-byte characters span several tokens.
 """
 
 import pytest
+from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
+
 from specdec.formats.tokenizer import Tokenizer
 from specdec.runtime.text import IncrementalDetokenizer, TextStream
-from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
 
 TEXT = "naïve café — 東京 🙂 done"
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from checkpoints import make_checkpoint
 from conftest import build_and_load, spec_build
+
 from specdec.formats.errors import EngineError, RequestError
 from specdec.runtime.tree import DraftTree, accept_tree_greedy, parse_choices
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+
 from specdec.formats.tokenizer import Tokenizer
 from specdec.runtime.grammar import GrammarCompiler, GrammarSpec
 from specdec.runtime.logits import LogitsProcessor

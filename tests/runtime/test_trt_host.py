@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from api_names import resolve, used_attributes
+
 from specdec.formats.engine_format import CONFIG_FILE, STAMP_FILE, hash_directory, load_engine_dir
 from specdec.formats.errors import DeviceError, EngineError
 from specdec.hardware import tensorrt as trt_host
@@ -167,6 +168,7 @@ def no_gpu_engine(tmp_path_factory):
         pytest.skip("this host has a GPU: the gpu tests cover it")
     from checkpoints import make_checkpoint
     from conftest import spec_build
+
     from specdec.builder.build import build_engine
 
     d = tmp_path_factory.mktemp("nogpu")

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from checkpoints import make_checkpoint
 from conftest import build_and_load, spec_build
+
 from specdec.hardware.cpu_kernels import compiler
 from specdec.runtime.orchestrator import GenerationConfig, Orchestrator
 from specdec.runtime.proposers.draft_model import DraftModelProposer

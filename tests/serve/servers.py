@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from checkpoints import make_checkpoint  # noqa: E402
 from conftest import spec_build  # noqa: E402
+
 from specdec.builder.build import build_engine  # noqa: E402
 from specdec.formats.config_strings import DraftTargetConfig, NGramConfig  # noqa: E402
 from specdec.runtime.proposers.suffix import SuffixConfig  # noqa: E402

@@ -9,6 +9,7 @@ import time
 import httpx
 from click.testing import CliRunner
 from servers import engines
+
 from specdec.cli.serve import main
 
 

@@ -9,6 +9,7 @@ import threading
 
 import httpx
 from servers import engines, metric, running, scrape, served_pair, sse_events
+
 from specdec.runtime import GenerationConfig, load_orchestrator
 
 SPECS = [{"method": "none"}, {"method": "draft"}, {"method": "draft", "num_draft_tokens": 1}, {"method": "ngram"},

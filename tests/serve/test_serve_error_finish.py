@@ -17,6 +17,7 @@ import pytest
 from checkpoints import add_word_tokenizer, make_checkpoint
 from safetensors.numpy import load_file, save_file
 from servers import metric, running, scrape, sse_events
+
 from specdec.builder.build import build_engine
 from specdec.formats.engine_format import BuildConfig
 from specdec.serve import build_served

@@ -11,6 +11,7 @@ import httpx
 import openai
 import pytest
 from servers import LONG, engines, metric, running, scrape, served_pair, sse_events
+
 from specdec.serve import build_served
 
 LIMIT = 64 * 1024  # the test server's --max_request_bytes

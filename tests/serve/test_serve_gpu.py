@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 from conftest import spec_build
 from servers import running
+from test_serve_concurrency import _ask
+
 from specdec.builder.build import build_engine
 from specdec.formats.config_strings import DraftTargetConfig, NGramConfig
 from specdec.runtime import GenerationConfig
 from specdec.runtime.orchestrator import Orchestrator
 from specdec.runtime.proposers.suffix import SuffixConfig
 from specdec.serve import build_served
-from test_serve_concurrency import _ask
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-pair"
 SPECS = [{"method": "none"}, {"method": "draft"}, {"method": "ngram"}, {"method": "eagle"}, {"method": "draft", "num_draft_tokens": "auto"},

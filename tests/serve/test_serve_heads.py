@@ -6,6 +6,7 @@ import pytest
 from checkpoints import write_eagle_module
 from conftest import spec_build
 from servers import engines, running
+
 from specdec.builder.build import build_engine
 from specdec.serve import build_served
 

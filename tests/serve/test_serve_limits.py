@@ -13,6 +13,7 @@ import time
 import httpx
 import pytest
 from servers import engines, running, sse_events
+
 from specdec.serve import build_served
 from specdec.serve.server import ServerThread, answering_loading, bind, url_of
 
@@ -130,6 +131,7 @@ def test_sigterm_drains(grace, finishes):
 
 def test_loading_failure_is_one_line(tmp_path):
     from click.testing import CliRunner
+
     from specdec.cli.serve import main
 
     bad = tmp_path / "not-an-engine"

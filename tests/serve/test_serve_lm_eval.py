@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from servers import running
+
 from specdec.builder.build import build_engine
 from specdec.formats.config_strings import DraftTargetConfig, NGramConfig
 from specdec.formats.engine_format import BuildConfig

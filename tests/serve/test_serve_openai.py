@@ -12,6 +12,7 @@ import openai
 import pytest
 from click.testing import CliRunner
 from servers import MAX_DRAFT, engines, running, served_pair, sse_events
+
 from specdec.cli.run import main as run_main
 from specdec.runtime import GenerationConfig, load_orchestrator
 

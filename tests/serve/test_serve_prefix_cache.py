@@ -4,6 +4,7 @@ samples sharing their prompt, and answers equal to a server that runs without it
 import httpx
 import pytest
 from servers import metric, running, scrape, served_pair
+
 from specdec.runtime.prefix_cache import MIN_FRESH, PrefixCacheConfig
 
 SYSTEM = list(range(10, 50))  # 40 token ids: a shared system prompt

@@ -15,6 +15,7 @@ from checkpoints import make_checkpoint
 from conftest import spec_build
 from safetensors.numpy import load_file, save_file
 from servers import char_tokenizer, metric, running, scrape, sse_events
+
 from specdec.builder.build import build_engine
 from specdec.formats.config_strings import DraftTargetConfig
 from specdec.runtime.guards import SILENT_DRAFT_ROUNDS

@@ -12,6 +12,7 @@ import jsonschema_rs
 import openai
 import pytest
 from servers import DEMO, DEMO_TEMPLATE, running, served_demo
+
 from specdec.builder.build import build_engine
 from specdec.formats.engine_format import BuildConfig
 from specdec.runtime.proposers.suffix import SuffixConfig

@@ -10,11 +10,12 @@ import pytest
 from click.testing import CliRunner
 from fuzzing import any_text, argv, assert_clean, assert_one_line, dumps, fuzz_settings, json_values, mostly, mutated, no_hang, number_text
 from hypothesis import given, strategies as st
+from train_fixtures import repetitive_data, tiny_base  # noqa: F401 (fixtures)
+
 from specdec.cli.train import main as train_main
 from specdec.formats.tokenizer import Tokenizer
 from specdec.train.data import Sequence, read_prompts, read_sequences
 from specdec.train.errors import TrainConfigError
-from train_fixtures import repetitive_data, tiny_base  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.fuzz
 
@@ -151,6 +152,7 @@ PREPARE = {
 @pytest.fixture(scope="module")
 def base_engine(tiny_base, tmp_path_factory):
     from conftest import spec_build
+
     from specdec.builder.build import build_engine
 
     out = tmp_path_factory.mktemp("prep") / "engine"

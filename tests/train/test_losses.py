@@ -6,9 +6,10 @@ import warnings
 
 import torch
 import torch.nn.functional as F
+from transformers import LlamaConfig
+
 from specdec.train.eagle import Eagle3Module, eagle_llama_config, eagle_loss
 from specdec.train.medusa import MedusaHeads, medusa_loss
-from transformers import LlamaConfig
 
 torch.set_num_threads(1)
 B, T, H, V = 2, 9, 16, 23

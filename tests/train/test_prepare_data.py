@@ -6,12 +6,13 @@ import pytest
 import torch
 from checkpoints import load_hf
 from conftest import spec_build
+from train_fixtures import tiny_base  # noqa: F401 (fixture)
+
 from specdec.builder.build import build_engine
 from specdec.cli.train import EngineGenerator
 from specdec.formats.tokenizer import Tokenizer
 from specdec.train.errors import TrainConfigError
 from specdec.train.prepare import PrepareConfig, prepare_data
-from train_fixtures import tiny_base  # noqa: F401 (fixture)
 
 PROMPTS = ["w5 w6 w7", "w20 w21 w22 w23", "w40"]
 QUIET = dict(say=lambda _: None, progress_bar=False)

@@ -8,11 +8,12 @@ import pytest
 import torch
 from checkpoints import load_hf
 from safetensors.torch import load_file
+from train_fixtures import repetitive_data, tiny_base  # noqa: F401 (fixtures)
+
 from specdec.formats.heads import EAGLE_CONFIG_DEFAULTS, eagle_tensor_names, medusa_tensor_names
 from specdec.train import load_heads
 from specdec.train.base import weights_sha256
 from specdec.train.trainer import TrainConfig, train
-from train_fixtures import repetitive_data, tiny_base  # noqa: F401 (fixtures)
 
 QUIET = dict(say=lambda _: None, progress_bar=False)
 
@@ -182,9 +183,10 @@ def test_the_loop_trains_whatever_mode_the_table_holds(tiny_base, repetitive_dat
     """trainer.py branches on no mode: a mode is a class in runs.RUNS. A toy one (a linear next-token head on the
     base's last hidden state) is trained, checkpointed, exported and described by the same loop."""
     import torch.nn.functional as F
+    from torch import nn
+
     from specdec.train.base import run_base
     from specdec.train.runs import RUNS, Run, collate
-    from torch import nn
 
     class NextTokenRun(Run):
         mode = "next_token"

@@ -6,8 +6,9 @@ import sys
 
 import pytest
 from click.testing import CliRunner
-from specdec.cli.train import main
 from train_fixtures import repetitive_data, tiny_base  # noqa: F401 (fixtures)
+
+from specdec.cli.train import main
 
 
 def invoke(*args):
