@@ -197,7 +197,7 @@ def test_kernels_address_calls_past_two_to_the_31_elements():
     kernels' offsets are int64, so the last rows are computed and stored where they belong (4.3 GB of bfloat16 here)."""
     import torch
 
-    from specdec.runtime.backends.torch.kernels.gemm import linear, linear_ref
+    from specdec.runtime.backends.torch.kernels.gemm import linear
     from specdec.runtime.backends.torch.kernels.silu import silu_mul, silu_mul_ref
 
     rows, width = 75_000, 28_672  # rows * width = 2.15e9 > 2**31

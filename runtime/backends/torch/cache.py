@@ -30,7 +30,8 @@ class TorchKVCache(KVCache):
         except (torch.OutOfMemoryError, RuntimeError) as err:  # RuntimeError: a host that cannot allocate it
             gib = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size() / 2**30
             raise EngineError(f"a KV cache of {list(shape)} {str(dtype).removeprefix('torch.')} ({gib:.1f} GiB) cannot be allocated on {device}: "
-                              f"lower max_seq_len or max_batch_size (rebuild the engine), or free memory ({str(err).splitlines()[0][:120]}).") from None
+                              "lower max_seq_len or max_batch_size (rebuild the engine), "
+                              f"or free memory ({str(err).splitlines()[0][:120]}).") from None
         self.scratch = num_slots
         self.graphs: dict[tuple, object] = {}  # (bucket rows, width, logit rows, tree) -> graphs.StepGraph on this cache
         self.host_outputs = None  # graphs.GraphOutputs: pinned host buffers the graphs' outputs come back into

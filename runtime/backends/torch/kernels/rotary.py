@@ -38,7 +38,8 @@ def rope_append_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torc
 def _rope_append_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, cos_ptr, sin_ptr, pos_ptr, ck_ptr, cv_ptr, slot_ptr, start_ptr,
                         S, HD, q_row, q_tok, q_head, k_row, k_tok, k_head, v_row, v_tok, v_head, cache_slot, cache_head, cache_pos,
                         NH: tl.constexpr, KVH: tl.constexpr, NH_PAD: tl.constexpr, KVH_PAD: tl.constexpr, HALF: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)  # int64: offsets of a long prefill pass 2**31. The call's token: row b = t // S, column j = t % S; one program does every head of it
+    # int64: offsets of a long prefill pass 2**31. The call's token: row b = t // S, column j = t % S; one program does every head of it
+    t = tl.program_id(0).to(tl.int64)
     b = t // S
     j = t % S
     d = tl.arange(0, HALF)[None, :]  # [1, HALF]: a position in each half of head_dim
