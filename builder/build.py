@@ -100,15 +100,15 @@ def validate_build_config(build: BuildConfig, model: ModelConfig) -> None:
 
 
 def cpu_kernels_problems(build: BuildConfig, scheme: WeightOnlyScheme | None) -> list[str]:
-    """--cpu_kernels specdec: specdec's int4 GEMM op (plugins/cpu_kernels.py), a CPU op of the ort_cpu lowering."""
+    """--cpu_kernels specdec: specdec's int4 / int8 GEMM ops (plugins/cpu_kernels.py), CPU ops of the ort_cpu lowering."""
     if build.cpu_kernels not in CPU_KERNELS:
         return [f"cpu_kernels={build.cpu_kernels!r} is not one of {', '.join(CPU_KERNELS)}"]
     if build.cpu_kernels == "ort":
         return []
     problems = []
-    if scheme is None or scheme.bits != 4:
-        problems.append("--cpu_kernels specdec computes int4 weights: use it with --qformat int4_wo or int4_awq, or an int4 GPTQ/AWQ checkpoint "
-                        f"(this build is {build.quantization})")
+    if scheme is None:
+        problems.append("--cpu_kernels specdec computes int4 and int8 weights: use it with --qformat int4_wo, int4_awq or int8_wo, or a GPTQ/AWQ "
+                        f"checkpoint (this build is {build.quantization})")
     if build.lowering != "ort_cpu":  # (a lowering only the onnxruntime backend takes)
         problems.append(f"--cpu_kernels specdec is an op of the ort_cpu lowering on the onnxruntime backend (this build: {build.backend}, "
                         f"{build.lowering})")
@@ -341,8 +341,9 @@ def make_network(ckpt, model: ModelConfig, build: BuildConfig, convention, heads
     from ..plugins import lowering_for
 
     op = lowering_for(build).weight_only_op
-    if weight_only_built.get("q4gemm_layers"):  # --cpu_kernels specdec: Q4Gemm where it takes the weight, MatMulNBits elsewhere
-        op = f"Q4Gemm (ai.specdec.cpu) for {weight_only_built['q4gemm_layers']} of {len(weight_only_built.get('layers', []))} layers, else {op}"
+    if weight_only_built.get("q4gemm_layers"):  # --cpu_kernels specdec: Q4Gemm / Q8Gemm where they take the weight, MatMulNBits elsewhere
+        kernel_op = "/".join(sorted(weight_only_built["kernel_ops"]))
+        op = f"{kernel_op} (ai.specdec.cpu) for {weight_only_built['q4gemm_layers']} of {len(weight_only_built.get('layers', []))} layers, else {op}"
     record = weight_only_record(build, convention, weight_only_built.get("layers", []), op,
                                 weight_only_built.get("act_order", False), weight_only_built.get("even_rows", False))
     if record is not None and build.cpu_kernels == "specdec":

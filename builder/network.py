@@ -40,6 +40,7 @@ from .graph import GraphBuilder
 from .linear_weights import LinearWeights, layer_names
 from .quantization import FP8_MAX, Fp8Convention, IntConvention, LinearWeight
 from .rope import cos_sin_tables
+from .weight_only import IntWeight
 
 
 def _shape(gb: GraphBuilder, name: str, dims: list[int]) -> str:
@@ -135,7 +136,7 @@ def build_network(
         linear_inputs.update(linears.inputs)
     if weight_only_built is not None:
         weight_only_built.update(layers=linears.int_layers, act_order=linears.act_order, even_rows=step_padded and lowering.step_padding_needed,
-                                 q4gemm_layers=lowering.q4gemm_layers)
+                                 q4gemm_layers=lowering.q4gemm_layers, kernel_ops=lowering.kernel_ops)
     opsets = dict(lowering.extra_opsets)
     if lowering.q4gemm_layers:
         from ..plugins.cpu_kernels import DOMAIN
@@ -209,20 +210,18 @@ class _Linears(LinearWeights):
         self.act_order = False  # whether some layer gathers its input channels (GPTQ g_idx)
         self.rows = "position_ids"  # [B, S]: the leading shape of every decoder linear's input
 
-    def __call__(self, name: str, x: str, modules: list[str], bias: np.ndarray | None = None, input_folded: bool = False) -> str:
+    def __call__(self, name: str, x: str, modules: list[str], bias: np.ndarray | None = None, input_folded: bool = False,
+                 w: LinearWeight | None = None) -> str:
         """x @ W (+ bias) for the projections ``modules`` fused along the output axis.
 
         input_folded: AWQ's 1/s is already in x (folded into the RMSNorm weight before it).
+        w: the weight, when the caller has read it already.
         """
-        gb, w = self.gb, self.weights(name, modules)
+        gb, w = self.gb, w or self.weights(name, modules)
         self.inputs[name] = x
         if w.is_int:
-            inverse = self.awq_inverse(name) if w.int_weight.source == "awq" and not input_folded else None
-            if inverse is not None:  # o_proj / down_proj: no norm in front of them to fold into
-                x = gb.op("Mul", [x, gb.const(f"{name}/awq_inverse_scale", inverse)], f"{name}/awq_scale_input")
-            self.int_layers.append(name)
-            self.act_order |= w.int_weight.perm is not None
-            y = self.lowering.int_matmul(name, x, w.int_weight, self.rows)
+            y = self.lowering.int_matmul(name, self._int_input(name, x, w.int_weight, input_folded), w.int_weight, self.rows)
+            self._record_int(name, w.int_weight)
         else:
             if w.is_fp8:
                 weight = gb.fp8_weight(f"{name}.weight", w.fp8_bits, w.scale, w.block_size)
@@ -233,6 +232,52 @@ class _Linears(LinearWeights):
         if bias is not None:
             y = gb.op("Add", [y, gb.weight(f"{name}.bias", bias)], f"{name}/bias")
         return y
+
+    def _int_input(self, name: str, x: str, w: IntWeight, input_folded: bool) -> str:
+        """x as an int8/int4 layer reads it: AWQ's 1/s multiplied in where no norm folded it (o_proj / down_proj)."""
+        inverse = self.awq_inverse(name) if w.source == "awq" and not input_folded else None
+        if inverse is None:
+            return x
+        return self.gb.op("Mul", [x, self.gb.const(f"{name}/awq_inverse_scale", inverse)], f"{name}/awq_scale_input")
+
+    def _record_int(self, name: str, w: IntWeight) -> None:
+        self.int_layers.append(name)
+        self.act_order |= w.perm is not None
+
+    def parts(self, name: str, x: str, modules: list[str], sizes: list[int], bias: np.ndarray | None = None,
+              input_folded: bool = False) -> list[str]:
+        """The fused projection of ``modules`` split along its output axis into widths ``sizes``: one node with an
+        output per part where the lowering has one (an int weight on Q4Gemm / Q8Gemm), else the GEMM and a Split."""
+        w = self.weights(name, modules)
+        if w.is_int and bias is None:
+            folded = self._int_input(name, x, w.int_weight, input_folded)
+            outs = self.lowering.int_matmul_parts(name, folded, w.int_weight, self.rows, sizes)
+            y = outs or self(name, folded, modules, None, True, w=w)
+            self.inputs[name] = x
+            if outs is not None:
+                self._record_int(name, w.int_weight)
+                return outs
+        else:
+            y = self(name, x, modules, bias, input_folded, w=w)
+        return list(self.gb.op("Split", [y, _shape(self.gb, f"{name}_split", sizes)], f"{name}_split_op", num_outputs=len(sizes), axis=-1))
+
+    def gated(self, name: str, x: str, modules: list[str], width: int, silu: Callable[[str], str], input_folded: bool = False) -> str:
+        """silu(gate) * up of the gate|up projection (``width`` each): in the GEMM itself where the lowering can
+        (Q4Gemm / Q8Gemm swiglu), else the GEMM's two parts, ``silu`` and a Mul."""
+        w = self.weights(name, modules)
+        if w.is_int:
+            folded = self._int_input(name, x, w.int_weight, input_folded)
+            y = self.lowering.int_swiglu(name, folded, w.int_weight, self.rows)
+            self.inputs[name] = x
+            if y is not None:
+                self._record_int(name, w.int_weight)
+                return y
+            y = self(name, folded, modules, None, True, w=w)
+            self.inputs[name] = x
+        else:
+            y = self(name, x, modules, None, input_folded, w=w)
+        gate, up = self.gb.op("Split", [y, _shape(self.gb, f"{name}_split", [width] * 2)], f"{name}_split_op", num_outputs=2, axis=-1)
+        return self.gb.op("Mul", [silu(gate), up], f"{name}/gated")
 
     def int_head(self, name: str, x: str, w_t: np.ndarray, rows: str) -> str:
         """The LM head as int8/int4 (--quantize_lm_head): round to nearest, from a copy of the float weight [hidden, vocab]."""
@@ -280,12 +325,12 @@ def _attention_block(gb: GraphBuilder, lowering, linear: _Linears, ckpt: Checkpo
     nh, kvh, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     # One fused q|k|v projection: a third of the MatMul calls.
     bias = np.concatenate([w("q_bias"), w("k_bias"), w("v_bias")]) if cfg.qkv_bias else None
-    qkv = linear(f"{p}/attn/qkv_proj", h, mod("qkv_proj") if fused else mod("q_proj", "k_proj", "v_proj"), bias, input_folded=True)
+    modules = mod("qkv_proj") if fused else mod("q_proj", "k_proj", "v_proj")
     if lowering.takes_packed_qkv() and not cfg.qk_norm:  # the attention op splits q|k|v itself: one kernel less
+        qkv = linear(f"{p}/attn/qkv_proj", h, modules, bias, input_folded=True)
         attn = lowering.layer(f"{p}/attn", qkv, None, None, i, shared)
     else:
-        split = _shape(gb, f"{p}/attn/qkv_split", [nh * hd, kvh * hd, kvh * hd])
-        q, k, v = gb.op("Split", [qkv, split], f"{p}/attn/qkv_split_op", num_outputs=3, axis=-1)
+        q, k, v = linear.parts(f"{p}/attn/qkv_proj", h, modules, [nh * hd, kvh * hd, kvh * hd], bias, input_folded=True)
         if cfg.qk_norm:  # Qwen3: RMSNorm over each head
             q = _head_norm(gb, f"{p}/attn/q_norm", q, nh, hd, w("q_norm"), cfg.rms_norm_eps)
             k = _head_norm(gb, f"{p}/attn/k_norm", k, kvh, hd, w("k_norm"), cfg.rms_norm_eps)
@@ -301,8 +346,6 @@ def _mlp_block(gb: GraphBuilder, lowering, linear: _Linears, ckpt: Checkpoint, c
     h, x = lowering.add_norm(f"{p}/post_attention_layernorm", x, o, gb.weight(f"{p}/post_attention_layernorm.weight",
                                                                               linear.norm_weight(f"{p}/mlp/gate_up_proj",
                                                                                                  w("post_attention_layernorm"))))
-    gate_up = linear(f"{p}/mlp/gate_up_proj", h, mod("gate_up_proj") if fused else mod("gate_proj", "up_proj"), input_folded=True)
-    gate, up = gb.op("Split", [gate_up, _shape(gb, f"{p}/mlp/split", [cfg.intermediate_size] * 2)], f"{p}/mlp/split_op", num_outputs=2, axis=-1)
-    silu = lowering.silu(f"{p}/mlp", gate)
-    down = linear(f"{p}/mlp/down_proj", gb.op("Mul", [silu, up], f"{p}/mlp/gated"), mod("down_proj"))
-    return x, down
+    gated = linear.gated(f"{p}/mlp/gate_up_proj", h, mod("gate_up_proj") if fused else mod("gate_proj", "up_proj"), cfg.intermediate_size,
+                         lambda gate: lowering.silu(f"{p}/mlp", gate), input_folded=True)
+    return x, linear(f"{p}/mlp/down_proj", gated, mod("down_proj"))

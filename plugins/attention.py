@@ -45,8 +45,9 @@ class AttentionLowering:
     # Set for engines that verify (or draft) a tree of tokens in one call: a tree_mask input says which of the
     # call's tokens each one attends to (its ancestors and itself); the cache before the call is visible to all.
     tree_attention = False
-    cpu_kernels = "ort"  # specdec: int4 weights on Q4Gemm where the lowering has it (ort_cpu; plugins/cpu_kernels.py)
-    q4gemm_layers = 0  # set while building: the layers written as Q4Gemm
+    cpu_kernels = "ort"  # specdec: int4 / int8 weights on Q4Gemm / Q8Gemm where the lowering has them (ort_cpu; plugins/cpu_kernels.py)
+    q4gemm_layers = 0  # set while building: the layers written as Q4Gemm / Q8Gemm
+    kernel_ops: frozenset[str] = frozenset()  # set while building: which of the two
     kv_layout = "bnsh"  # cache layout: bnsh = [batch, kv_heads, capacity, head_dim]; bsh = [batch, capacity, kv_heads * head_dim]
     extra_opsets: dict[str, int] = {}
     extra_inputs: tuple[str, ...] = ()  # graph inputs beyond the engine ABI's (the runtime feeds them)
@@ -120,6 +121,15 @@ class AttentionLowering:
         if self.consistent_rows:
             out = gb.op("Slice", [out, self._zero, self._num_tokens, self._query_axis], f"{prefix}/drop_query_pad")
         return out
+
+    def int_matmul_parts(self, name: str, x: str, w: IntWeightLike, rows: str, splits: list[int]) -> list[str] | None:
+        """x @ deq(w) as its parts along the output axis (widths ``splits``), each its own output of one node; None
+        where this lowering has no such node for ``w`` (the caller splits int_matmul's output)."""
+        return None
+
+    def int_swiglu(self, name: str, x: str, w: IntWeightLike, rows: str) -> str | None:
+        """silu(gate) * up of the gate|up projection x @ deq(w) in one node; None where this lowering has none for ``w``."""
+        return None
 
     def takes_packed_qkv(self) -> bool:
         """Whether ``layer`` takes the fused q|k|v projection as ``q`` (k and v None) instead of three parts."""

@@ -1,14 +1,15 @@
-"""specdec's own CPU kernel for int4 weights: the ai.specdec.cpu::Q4Gemm op (hardware/kernels/).
+"""specdec's own CPU kernels for int4 and int8 weights: the ai.specdec.cpu::Q4Gemm and Q8Gemm ops (hardware/kernels/).
 
 ONNX Runtime's MatMulNBits reads and unpacks the 4-bit weights once for every *pair* of rows, so a 5-token
 verification costs about 2x a one-token step on an int4 target, and it computes a lone row with other kernels
 than rows in pairs, which costs an engine that verifies drafts an even-row padding on every one-token step
-(docs/precision.md). Q4Gemm unpacks each weight block once for up to 4 rows (a tile of 4 rows x 32-64 columns,
-AVX-512 VNNI integer dot products, as llama.cpp's tinyBLAS tiles do for Q4_0), and every row takes the same
-instructions whatever the call's row count: no padding, and the verification logits equal the one-token logits
-bit for bit.
+(docs/precision.md). Q4Gemm reads and unpacks each weight block once for up to 8 rows (AVX-512 VNNI integer dot
+products, as llama.cpp's tinyBLAS tiles do for Q4_0), and every row takes the same instructions whatever the call's
+row count: no padding, and the verification logits equal the one-token logits bit for bit. Q8Gemm is the same for
+int8 codes. One node computes a fused projection's parts as separate outputs (q, k, v; no Split after it), or the
+MLP's silu(gate) * up straight from the gate|up weight (swiglu).
 
-This module is the graph side: which weights the op takes, its weight layout, the node. The C sources and their
+This module is the graph side: which weights the ops take, their weight layouts, the nodes. The C sources and their
 compiling and loading are the runtime's (hardware/kernels/, hardware/cpu_kernels.py): an engine records the layout
 (LAYOUT), never native code, and every host compiles the installed sources.
 """
@@ -28,57 +29,90 @@ TILE = 16  # output columns per tile
 
 @dataclass
 class Q4Weight:
-    """An int4 weight in Q4Gemm's layout (hardware/kernels/q4_kernels.h)."""
+    """An int4 or int8 weight in Q4Gemm's / Q8Gemm's layout (hardware/kernels/q4_kernels.h)."""
 
-    w: np.ndarray  # [N / 16, G, group / 8, 64] uint8
+    w: np.ndarray  # [N / 16, G, group / 8, 64] uint8 (int4: two codes a byte) or [N / 16, G, group / 4, 64] (int8)
     scales: np.ndarray  # [N / 16, G, 16] float32
-    zeros: np.ndarray  # [N / 16, G, 16] int32
+    zeros: np.ndarray  # [N / 16, G, 16] int32, or [1]: one zero point every column and group shares (symmetric)
     k: int
     n: int
     group: int
+    bits: int = 4
+
+    @property
+    def op(self) -> str:
+        return "Q4Gemm" if self.bits == 4 else "Q8Gemm"
+
+
+MAX_Q8_GROUP = 65536  # Q8Gemm's int32 sums hold a group of at most this many rows (65536 x 255 x 127 < 2^31)
 
 
 def q4_holds(w) -> bool:
-    """Whether Q4Gemm takes ``w`` (an IntWeightLike): 4 bits, equal groups of a multiple of 8 rows (no shorter last
-    group), and a multiple of 16 output columns. Others stay on MatMulNBits."""
+    """Whether Q4Gemm or Q8Gemm takes ``w`` (an IntWeightLike): 4 or 8 bits, equal groups of a multiple of 8 (int4) or
+    4 (int8) rows (no shorter last group), and a multiple of 16 output columns. Others stay on MatMulNBits."""
     k, n = w.codes.shape
     g = _group(w)
-    return w.bits == 4 and g > 0 and g % 8 == 0 and w.scale.shape[0] * g == k and n % TILE == 0
+    per_block = {4: 8, 8: 4}.get(w.bits)
+    return (per_block is not None and g > 0 and g % per_block == 0 and w.scale.shape[0] * g == k and n % TILE == 0
+            and (w.bits == 4 or g <= MAX_Q8_GROUP))
 
 
 def _group(w) -> int:
-    """Rows per scale as Q4Gemm reads them: one group spans K whatever its nominal size (128 over 64 rows, per
+    """Rows per scale as the kernels read them: one group spans K whatever its nominal size (128 over 64 rows, per
     channel); several must all be group_size long (the last one of ceil(K / group_size) may be short: refused)."""
     return w.codes.shape[0] if w.scale.shape[0] == 1 else w.group_size
 
 
 def pack_q4(w) -> Q4Weight:
-    """codes [K, N] (0..15), scale / zero [G, N] -> Q4Gemm's tiles."""
+    """codes [K, N] (0..15 or 0..255), scale / zero [G, N] -> the kernels' tiles; zero points all equal (symmetric
+    weights) are stored once."""
     k, n = w.codes.shape
     group = _group(w)
     g = k // group
-    c = np.asarray(w.codes, np.uint8).reshape(g, group // 8, 2, 4, n // TILE, TILE)  # group, quad pair, half, j, tile, column
-    c = c.transpose(4, 0, 1, 2, 5, 3)  # tile, group, quad pair, half, column, j
-    packed = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).reshape(n // TILE, g, group // 8, 64)
+    if w.bits == 4:
+        c = np.asarray(w.codes, np.uint8).reshape(g, group // 8, 2, 4, n // TILE, TILE)  # group, quad pair, half, j, tile, column
+        c = c.transpose(4, 0, 1, 2, 5, 3)  # tile, group, quad pair, half, column, j
+        packed = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).reshape(n // TILE, g, group // 8, 64)
+    else:
+        c = np.asarray(w.codes, np.uint8).reshape(g, group // 4, 4, n // TILE, TILE)  # group, quad, j, tile, column
+        packed = c.transpose(3, 0, 1, 4, 2).reshape(n // TILE, g, group // 4, 64)  # tile, group, quad, column, j
+
     def per_tile(a, dtype) -> np.ndarray:  # [G, N] -> [N // TILE, G, TILE]
         return np.ascontiguousarray(np.asarray(a, dtype).reshape(g, n // TILE, TILE).transpose(1, 0, 2))
 
-    return Q4Weight(w=np.ascontiguousarray(packed), scales=per_tile(w.scale, np.float32), zeros=per_tile(w.zero, np.int32), k=k, n=n, group=group)
+    zero = np.asarray(w.zero)
+    zeros = np.array([zero.flat[0]], np.int32) if np.all(zero == zero.flat[0]) else per_tile(zero, np.int32)
+    return Q4Weight(w=np.ascontiguousarray(packed), scales=per_tile(w.scale, np.float32), zeros=zeros, k=k, n=n, group=group, bits=w.bits)
 
 
 def unpack_q4(p: Q4Weight) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """-> (codes [K, N], scale [G, N], zero [G, N]): the inverse of pack_q4, for tests."""
     t, g = p.w.shape[:2]
-    halves = np.stack([p.w & 0x0F, p.w >> 4], axis=3).reshape(t, g, p.group // 8, 2, TILE, 4)
-    codes = halves.transpose(1, 2, 3, 5, 0, 4).reshape(p.k, p.n)
+    if p.bits == 4:
+        halves = np.stack([p.w & 0x0F, p.w >> 4], axis=3).reshape(t, g, p.group // 8, 2, TILE, 4)
+        codes = halves.transpose(1, 2, 3, 5, 0, 4).reshape(p.k, p.n)
+    else:
+        codes = p.w.reshape(t, g, p.group // 4, TILE, 4).transpose(1, 2, 4, 0, 3).reshape(p.k, p.n)
+
     def flat(a: np.ndarray) -> np.ndarray:  # [N // TILE, G, TILE] -> [G, N]
         return a.transpose(1, 0, 2).reshape(g, p.n)
 
-    return codes, flat(p.scales), flat(p.zeros)
+    zero = np.full((g, p.n), p.zeros[0], np.int32) if p.zeros.size == 1 else flat(p.zeros)
+    return codes, flat(p.scales), zero
 
 
-def q4_gemm(gb: GraphOps, name: str, x: str, w) -> str:
-    """x [..., K] @ deq(w) -> [..., N] with Q4Gemm."""
+def q4_gemm(gb: GraphOps, name: str, x: str, w, splits: list[int] | None = None, swiglu: bool = False) -> str | list[str]:
+    """x [..., K] @ deq(w) -> [..., N] with Q4Gemm (int4) or Q8Gemm (int8).
+
+    splits: the output's parts along N (each a multiple of 16): one output each, returned as a list (no Split node).
+    swiglu: w is gate|up (N = 2 x the MLP's width); the one output [..., N / 2] is silu(gate) * up."""
     p = pack_q4(w)
-    inputs = [gb.const(f"{name}.weight_q4", p.w), gb.const(f"{name}.weight_scales", p.scales), gb.const(f"{name}.weight_zeros", p.zeros)]
-    return gb.op("Q4Gemm", [x, *inputs], name, domain=DOMAIN, K=p.k, N=p.n, group_size=p.group)
+    inputs = [x, gb.const(f"{name}.weight_q{p.bits}", p.w), gb.const(f"{name}.weight_scales", p.scales), gb.const(f"{name}.weight_zeros", p.zeros)]
+    attrs = dict(domain=DOMAIN, K=p.k, N=p.n, group_size=p.group)
+    if swiglu:
+        return gb.op(p.op, inputs, f"{name}/swiglu", swiglu=1, **attrs)
+    if splits is None:
+        return gb.op(p.op, inputs, name, **attrs)
+    inputs.append(gb.const(f"{name}/splits", np.asarray(splits, np.int64)))
+    out = gb.op(p.op, inputs, name, outputs=[f"{name}/out{i}" for i in range(len(splits))], **attrs)
+    return out if isinstance(out, list) else [out]

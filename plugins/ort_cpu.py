@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from .attention import PortableAttention, Shared
-from .cpu_kernels import q4_gemm, q4_holds
+from .cpu_kernels import TILE, q4_gemm, q4_holds
 from .quantized_gemm import (
     CONTRIB,
     NBITS_ACCURACY_LEVEL,
@@ -66,9 +66,8 @@ class OrtCpuAttention(PortableAttention):
         the rows are made even: by pad_step's padded step (rows == step_rows), else around this GEMM
         (plugins/quantized_gemm.py's EvenRows). Where it does not, no row is added."""
         x = permute_input(self.gb, name, x, w)
-        if self.cpu_kernels == "specdec" and q4_holds(w):  # a row's bits never depend on the call's rows: no padding
-            self.q4gemm_layers += 1
-            return q4_gemm(self.gb, name, x, w)
+        if self._kernel_holds(w):  # a row's bits never depend on the call's rows: no padding
+            return self._q_gemm(name, x, w)
         if not nbits_holds(w):  # a group MatMulNBits' power-of-two blocks cannot hold: exact, float32 at load
             return dq_matmul(self.gb, name, x, w)
         packed = pack_matmul_nbits(w)
@@ -81,6 +80,28 @@ class OrtCpuAttention(PortableAttention):
         if rows not in self._even_rows:
             self._even_rows[rows] = EvenRows(self.gb, rows)
         return matmul_nbits(self.gb, name, x, packed, self._even_rows[rows])
+
+    def _kernel_holds(self, w: IntWeightLike) -> bool:
+        return self.cpu_kernels == "specdec" and q4_holds(w)
+
+    def _q_gemm(self, name: str, x: str, w: IntWeightLike, **parts):
+        """Q4Gemm / Q8Gemm (plugins/cpu_kernels.py), counted for the engine's record."""
+        self.q4gemm_layers += 1
+        self.kernel_ops = self.kernel_ops | {"Q4Gemm" if w.bits == 4 else "Q8Gemm"}
+        return q4_gemm(self.gb, name, x, w, **parts)
+
+    def int_matmul_parts(self, name: str, x: str, w: IntWeightLike, rows: str, splits: list[int]) -> list[str] | None:
+        """One Q4Gemm / Q8Gemm node with an output per part (no Split node after a fused q|k|v), where the kernels
+        take the weight and every part is a whole number of 16-column tiles."""
+        if not self._kernel_holds(w) or any(n % TILE for n in splits):
+            return None
+        return self._q_gemm(name, permute_input(self.gb, name, x, w), w, splits=splits)
+
+    def int_swiglu(self, name: str, x: str, w: IntWeightLike, rows: str) -> str | None:
+        """silu(gate) * up in the gate|up GEMM itself (Q4Gemm / Q8Gemm swiglu=1: no Split, Sigmoid or Mul nodes)."""
+        if not self._kernel_holds(w) or w.codes.shape[1] % (2 * TILE):
+            return None
+        return self._q_gemm(name, permute_input(self.gb, name, x, w), w, swiglu=True)
 
     def layer(self, prefix: str, q: str, k: str, v: str, layer: int, shared: Shared) -> str:
         gb, cfg = self.gb, self.cfg

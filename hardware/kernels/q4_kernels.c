@@ -1,5 +1,6 @@
-/* See q4_kernels.h. Compiled by hardware/cpu_kernels.py with -O3 -ffp-contract=off -fno-fast-math (no fused multiply-adds but
- * the explicit ones, so that both kernels round alike). */
+/* int4 weights (see q4_kernels.h), the activations' quantization and the choice of kernel. Compiled by
+ * hardware/cpu_kernels.py with -O3 -ffp-contract=off -fno-fast-math (no fused multiply-adds but the explicit ones,
+ * so that every kernel rounds alike). */
 #include "q4_kernels.h"
 
 #include <float.h>
@@ -40,7 +41,7 @@ static void quantize_portable(const float* x, int M, int K, int group, int8_t* q
 /* -- portable kernel: the reference, and the fallback on CPUs without AVX-512 VNNI --------------------------- */
 
 
-static void gemm_portable(const q4_problem* p, int t_begin, int t_end) {
+static void gemm_portable(const q_problem* p, int t_begin, int t_end) {
   const int G = p->K / p->group, P = p->group / 8;
   for (int t = t_begin; t < t_end; t++) {
     for (int r = 0; r < p->M; r++) {
@@ -56,7 +57,7 @@ static void gemm_portable(const q4_problem* p, int t_begin, int t_end) {
               dot += (int32_t)(b & 0x0F) * a[q * 8 + j] + (int32_t)(b >> 4) * a[q * 8 + 4 + j];
             }
           const size_t s = ((size_t)t * G + g) * 16 + c;
-          dot -= p->zw[s] * p->asum[(size_t)r * G + g];
+          dot -= p->zw[p->zw_shared ? 0 : s] * p->asum[(size_t)r * G + g];
           const float scale = p->sw[s] * p->sa[(size_t)r * G + g];
           acc = fmaf((float)dot, scale, acc);
         }
@@ -79,7 +80,7 @@ static void gemm_portable(const q4_problem* p, int t_begin, int t_end) {
 #if defined(__x86_64__)
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
 
-VNNI __attribute__((always_inline)) static inline void tile_vnni(const q4_problem* p, const int R, const int CT, const int SPLIT, int r0, int t) {
+VNNI __attribute__((always_inline)) static inline void tile_vnni(const q_problem* p, const int R, const int CT, const int SPLIT, int r0, int t) {
   const int G = p->K / p->group, P = p->group / 8, tiles = p->N / 16;
   const size_t tile_bytes = (size_t)G * P * 64, tile_scales = (size_t)G * 16;
   const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8((char)0xF0);
@@ -118,7 +119,8 @@ VNNI __attribute__((always_inline)) static inline void tile_vnni(const q4_proble
         const size_t s = (size_t)(t + c) * tile_scales + (size_t)g * 16;
         float* y = p->y + (size_t)(r0 + r) * p->N + (size_t)(t + c) * 16;
         const __m512i dot = SPLIT ? _mm512_add_epi32(dlo[r][c], _mm512_srai_epi32(dhi[r][c], 4)) : dlo[r][c];
-        const __m512i d = _mm512_sub_epi32(dot, _mm512_mullo_epi32(_mm512_loadu_si512(p->zw + s), as));
+        const __m512i z = p->zw_shared ? _mm512_set1_epi32(p->zw[0]) : _mm512_loadu_si512(p->zw + s);
+        const __m512i d = _mm512_sub_epi32(dot, _mm512_mullo_epi32(z, as));
         const __m512 acc = g ? _mm512_loadu_ps(y) : _mm512_setzero_ps();
         _mm512_storeu_ps(y, _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(_mm512_loadu_ps(p->sw + s), ss), acc));
       }
@@ -127,17 +129,17 @@ VNNI __attribute__((always_inline)) static inline void tile_vnni(const q4_proble
 }
 
 #define TILE_FN(R, CT, S) \
-  VNNI static void tile_##R##x##CT(const q4_problem* p, int r0, int t) { tile_vnni(p, R, CT, S, r0, t); }
+  VNNI static void tile_##R##x##CT(const q_problem* p, int r0, int t) { tile_vnni(p, R, CT, S, r0, t); }
 TILE_FN(1, 4, 1) TILE_FN(2, 4, 1) TILE_FN(3, 4, 0) TILE_FN(4, 4, 0) TILE_FN(5, 2, 0) TILE_FN(6, 2, 0) TILE_FN(7, 2, 0) TILE_FN(8, 2, 0)
 TILE_FN(1, 2, 1) TILE_FN(2, 2, 1) TILE_FN(3, 2, 0) TILE_FN(4, 2, 0)
 TILE_FN(1, 1, 1) TILE_FN(2, 1, 1) TILE_FN(3, 1, 0) TILE_FN(4, 1, 0) TILE_FN(5, 1, 0) TILE_FN(6, 1, 0) TILE_FN(7, 1, 0) TILE_FN(8, 1, 0)
-typedef void (*tile_fn)(const q4_problem*, int, int);
+typedef void (*tile_fn)(const q_problem*, int, int);
 /* [rows][4, 2, 1 column tiles] */
 static const tile_fn tiles_by_rows[9][3] = {{0},
     {tile_1x4, tile_1x2, tile_1x1}, {tile_2x4, tile_2x2, tile_2x1}, {tile_3x4, tile_3x2, tile_3x1}, {tile_4x4, tile_4x2, tile_4x1},
     {0, tile_5x2, tile_5x1}, {0, tile_6x2, tile_6x1}, {0, tile_7x2, tile_7x1}, {0, tile_8x2, tile_8x1}};
 
-static void gemm_vnni(const q4_problem* p, int t_begin, int t_end) {
+static void gemm_vnni(const q_problem* p, int t_begin, int t_end) {
   for (int t = t_begin; t < t_end; t += 4) {
     const int tiles = t_end - t < 4 ? t_end - t : 4;
     for (int r0 = 0; r0 < p->M; r0 += 8) {
@@ -194,7 +196,7 @@ VNNI static void quantize_vnni(const float* x, int M, int K, int group, int8_t* 
    registers), so a verification of up to 5 drafts unpacks each weight block once per half. */
 #define AVX2 __attribute__((target("avx2,fma")))
 
-AVX2 __attribute__((always_inline)) static inline void tile_avx2(const q4_problem* p, const int R, const int H, int h0, int r0, int t) {
+AVX2 __attribute__((always_inline)) static inline void tile_avx2(const q_problem* p, const int R, const int H, int h0, int r0, int t) {
   const int G = p->K / p->group, P = p->group / 8;
   const size_t tile_bytes = (size_t)G * P * 64, tile_scales = (size_t)G * 16;
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
@@ -228,7 +230,8 @@ AVX2 __attribute__((always_inline)) static inline void tile_avx2(const q4_proble
       for (int h = 0; h < H; h++) {
         const size_t s = (size_t)t * tile_scales + (size_t)g * 16 + 8 * (h0 + h);
         float* y = p->y + (size_t)(r0 + r) * p->N + (size_t)t * 16 + 8 * (h0 + h);
-        const __m256i d = _mm256_sub_epi32(dot[r][h], _mm256_mullo_epi32(_mm256_loadu_si256((const __m256i*)(p->zw + s)), as));
+        const __m256i z = p->zw_shared ? _mm256_set1_epi32(p->zw[0]) : _mm256_loadu_si256((const __m256i*)(p->zw + s));
+        const __m256i d = _mm256_sub_epi32(dot[r][h], _mm256_mullo_epi32(z, as));
         const __m256 acc = g ? _mm256_loadu_ps(y) : _mm256_setzero_ps();
         _mm256_storeu_ps(y, _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(_mm256_loadu_ps(p->sw + s), ss), acc));
       }
@@ -237,12 +240,12 @@ AVX2 __attribute__((always_inline)) static inline void tile_avx2(const q4_proble
 }
 
 #define AVX2_FN(R, H) \
-  AVX2 static void tile_avx2_##R##x##H(const q4_problem* p, int h0, int r0, int t) { tile_avx2(p, R, H, h0, r0, t); }
+  AVX2 static void tile_avx2_##R##x##H(const q_problem* p, int h0, int r0, int t) { tile_avx2(p, R, H, h0, r0, t); }
 AVX2_FN(1, 2) AVX2_FN(2, 2) AVX2_FN(3, 1) AVX2_FN(4, 1) AVX2_FN(5, 1) AVX2_FN(6, 1)
-static void (*const avx2_by_rows[7])(const q4_problem*, int, int, int) = {0, tile_avx2_1x2, tile_avx2_2x2, tile_avx2_3x1, tile_avx2_4x1,
+static void (*const avx2_by_rows[7])(const q_problem*, int, int, int) = {0, tile_avx2_1x2, tile_avx2_2x2, tile_avx2_3x1, tile_avx2_4x1,
                                                                           tile_avx2_5x1, tile_avx2_6x1};
 
-static void gemm_avx2(const q4_problem* p, int t_begin, int t_end) {
+static void gemm_avx2(const q_problem* p, int t_begin, int t_end) {
   for (int t = t_begin; t < t_end; t++)
     for (int r0 = 0; r0 < p->M; r0 += 6) {
       const int R = p->M - r0 < 6 ? p->M - r0 : 6;
@@ -258,11 +261,9 @@ static int cpu_has(int vnni) {
 }
 #endif
 
-enum { KERNEL_PORTABLE = 0, KERNEL_AVX2 = 1, KERNEL_VNNI = 2 };
-
 /* the fastest kernel this CPU runs; $SPECDEC_Q4_KERNEL = portable | avx2 | vnni picks a slower one (tests: every
    kernel on one machine; a faster one than the CPU has is not taken) */
-static int kernel(void) {
+int q_kernel(void) {
   static int chosen = -1; /* decided once; threads racing to decide store the same value */
   int k = __atomic_load_n(&chosen, __ATOMIC_RELAXED);
   if (k < 0) {
@@ -280,12 +281,12 @@ static int kernel(void) {
 
 const char* q4_kernel_name(void) {
   static const char* names[] = {"portable C", "AVX2", "AVX-512 VNNI"};
-  return names[kernel()];
+  return names[q_kernel()];
 }
 
 void q4_quantize_rows(const float* x, int M, int K, int group, int8_t* qa, float* sa, int32_t* asum) {
 #if defined(__x86_64__)
-  if (kernel() == KERNEL_VNNI) {
+  if (q_kernel() == KERNEL_VNNI) {
     quantize_vnni(x, M, K, group, qa, sa, asum);
     return;
   }
@@ -293,13 +294,13 @@ void q4_quantize_rows(const float* x, int M, int K, int group, int8_t* qa, float
   quantize_portable(x, M, K, group, qa, sa, asum);
 }
 
-void q4_gemm_tiles(const q4_problem* p, int t_begin, int t_end) {
+void q4_gemm_tiles(const q_problem* p, int t_begin, int t_end) {
 #if defined(__x86_64__)
-  if (kernel() == KERNEL_VNNI) {
+  if (q_kernel() == KERNEL_VNNI) {
     gemm_vnni(p, t_begin, t_end);
     return;
   }
-  if (kernel() == KERNEL_AVX2) {
+  if (q_kernel() == KERNEL_AVX2) {
     gemm_avx2(p, t_begin, t_end);
     return;
   }

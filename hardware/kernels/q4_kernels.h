@@ -1,4 +1,4 @@
-/* int4 x int8 GEMM for specdec's CPU engines: the kernels behind the ai.specdec.cpu Q4Gemm op.
+/* int4 and int8 x int8 GEMMs for specdec's CPU engines: the kernels behind the ai.specdec.cpu Q4Gemm and Q8Gemm ops.
  *
  * y[m, n] = sum over groups g of  sa[m, g] * sw[n, g] * (sum over k in g of (w[k, n] - z[n, g]) * qa[m, k])
  *
@@ -6,11 +6,14 @@
  * and only the per-group float terms round. Every row takes the same instructions in the same order whatever
  * the row count, its position in the call and the thread that runs its columns: a row's bits never depend on
  * the call's shape. That is what lets a one-token step and a (k + 1)-token verification give identical logits
- * without padding (docs/precision.md). The AVX-512 VNNI kernel and the portable one compute the same bits.
+ * without padding (docs/precision.md). The AVX-512 VNNI, AVX2 and portable kernels compute the same bits.
  *
- * Weight layout: [N / 16 column tiles][G groups][group / 8 quads-pairs][64 bytes]; byte (c * 4 + j) of a
- * 64-byte block holds, for column c of the tile, k = 8p + j in its low nibble and k = 8p + 4 + j in its high
- * one. Scales sw and zero points z: [N / 16][G][16] (float32, int32).
+ * Weight layout (LAYOUT 2 in hardware/cpu_kernels.py), per 16-column tile and group, 64-byte blocks:
+ *   int4: [N / 16][G][group / 8][64]: byte (c * 4 + j) of block p holds, for column c of the tile, k = 8p + j in
+ *         its low nibble and k = 8p + 4 + j in its high one;
+ *   int8: [N / 16][G][group / 4][64]: byte (c * 4 + j) of block q holds column c's code for k = 4q + j.
+ * Scales sw: [N / 16][G][16] float32. Zero points zw: [N / 16][G][16] int32, or one int32 that every column and
+ * group shares (symmetric weights: 8 or 128), which the engine then does not store per column.
  */
 #pragma once
 #include <stddef.h>
@@ -24,11 +27,19 @@ typedef struct {
   const uint8_t* w;
   const float* sw;
   const int32_t* zw;
+  int zw_shared;       /* zw is one value for every column and group */
   float* y;            /* [M, N] */
-} q4_problem;
+} q_problem;
 
-void q4_quantize_rows(const float* x, int M, int K, int group, int8_t* qa, float* sa, int32_t* asum);
-/* columns [16 * t_begin, 16 * t_end) of every row */
-void q4_gemm_tiles(const q4_problem* p, int t_begin, int t_end);
+enum { KERNEL_PORTABLE = 0, KERNEL_AVX2 = 1, KERNEL_VNNI = 2 };
+/* the kernel this CPU runs (or the slower one $SPECDEC_Q4_KERNEL names) */
+int q_kernel(void);
 /* which kernel runs here: "AVX-512 VNNI", "AVX2" or "portable C" */
 const char* q4_kernel_name(void);
+
+void q4_quantize_rows(const float* x, int M, int K, int group, int8_t* qa, float* sa, int32_t* asum);
+/* columns [16 * t_begin, 16 * t_end) of every row: int4 weights (q4_kernels.c), int8 weights (q8_kernels.c) */
+void q4_gemm_tiles(const q_problem* p, int t_begin, int t_end);
+void q8_gemm_tiles(const q_problem* p, int t_begin, int t_end);
+/* y[m, c] = silu(gate[m, c]) * up[m, c] for columns [c_begin, c_end) of M rows of width ld (swiglu.c) */
+void swiglu_rows(const float* gate, const float* up, float* y, int M, int ld, int c_begin, int c_end);

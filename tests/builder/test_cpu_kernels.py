@@ -1,5 +1,6 @@
-"""specdec's int4 CPU op, ai.specdec.cpu::Q4Gemm (plugins/cpu_kernels.py, hardware/cpu_kernels.py, hardware/kernels/): its layout, its arithmetic,
-and the property the engines rely on: a row's bits never depend on how many rows share its call."""
+"""specdec's int4 and int8 CPU ops, ai.specdec.cpu::Q4Gemm and Q8Gemm (plugins/cpu_kernels.py, hardware/cpu_kernels.py, hardware/kernels/):
+their layouts, their arithmetic, a node's several outputs and its SwiGLU, and the property the engines rely on: a row's bits never
+depend on how many rows share its call, nor on which kernel (AVX-512 VNNI, AVX2, portable C) computes it."""
 
 import os
 import subprocess
@@ -17,21 +18,32 @@ from specdec.plugins import cpu_kernels as ck
 pytestmark = pytest.mark.skipif(rk.compiler() is None, reason="needs a C compiler")
 
 
-def int4_weight(k: int, n: int, group: int, symmetric: bool, seed: int = 0) -> SimpleNamespace:
+def int_weight(k: int, n: int, group: int, symmetric: bool, seed: int = 0, bits: int = 4) -> SimpleNamespace:
     rng = np.random.default_rng(seed)
-    groups = k // group
-    zero = np.full((groups, n), 8, np.uint8) if symmetric else rng.integers(0, 16, (groups, n)).astype(np.uint8)
-    return SimpleNamespace(bits=4, group_size=group, perm=None, codes=rng.integers(0, 16, (k, n), dtype=np.uint8),
+    groups, levels = k // group, 1 << bits
+    zero = np.full((groups, n), levels // 2, np.uint8) if symmetric else rng.integers(0, levels, (groups, n)).astype(np.uint8)
+    codes = rng.integers(1 if symmetric and bits == 8 else 0, levels, (k, n), dtype=np.uint8)  # (int8 symmetric: -127..127 around 128)
+    return SimpleNamespace(bits=bits, group_size=group, perm=None, codes=codes,
                            scale=(rng.random((groups, n), dtype=np.float32) * 0.05 + 0.001).astype(np.float32), zero=zero)
 
 
-def session(w, threads: int = 1) -> ort.InferenceSession:
+def int4_weight(k: int, n: int, group: int, symmetric: bool, seed: int = 0) -> SimpleNamespace:
+    return int_weight(k, n, group, symmetric, seed, 4)
+
+
+def session(w, threads: int = 1, splits: list[int] | None = None, swiglu: bool = False) -> ort.InferenceSession:
+    """One Q4Gemm / Q8Gemm node over ``w``, as plugins/cpu_kernels.py writes it: outputs y0, y1, ... (one per split)."""
     p = ck.pack_q4(w)
-    node = helper.make_node("Q4Gemm", ["x", "w", "s", "z"], ["y"], domain=ck.DOMAIN, K=p.k, N=p.n, group_size=p.group)
     inits = [helper.make_tensor(name, t, a.shape, a.tobytes(), raw=True)
              for name, t, a in (("w", TensorProto.UINT8, p.w), ("s", TensorProto.FLOAT, p.scales), ("z", TensorProto.INT32, p.zeros))]
-    graph = helper.make_graph([node], "q4", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    inputs, outputs = ["x", "w", "s", "z"], ["y0"]
+    if splits is not None:
+        inits.append(helper.make_tensor("splits", TensorProto.INT64, [len(splits)], splits))
+        inputs, outputs = [*inputs, "splits"], [f"y{i}" for i in range(len(splits))]
+    extra = dict(swiglu=1) if swiglu else {}
+    node = helper.make_node(p.op, inputs, outputs, domain=ck.DOMAIN, K=p.k, N=p.n, group_size=p.group, **extra)
+    graph = helper.make_graph([node], "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(ck.DOMAIN, 1)])
     model.ir_version = 10
     so = ort.SessionOptions()
@@ -56,9 +68,12 @@ def reference(x: np.ndarray, w) -> np.ndarray:
 
 @pytest.mark.parametrize("k,n,group", [(64, 16, 8), (256, 96, 64), (384, 48, 128), (128, 32, 128), (96, 80, 32)])
 @pytest.mark.parametrize("symmetric", [True, False])
-def test_pack_round_trips(k, n, group, symmetric):
-    w = int4_weight(k, n, group, symmetric)
-    codes, scale, zero = ck.unpack_q4(ck.pack_q4(w))
+@pytest.mark.parametrize("bits", [4, 8])
+def test_pack_round_trips(k, n, group, symmetric, bits):
+    w = int_weight(k, n, group, symmetric, bits=bits)
+    packed = ck.pack_q4(w)
+    assert packed.zeros.shape == ((1,) if symmetric else (n // 16, k // group, 16))  # symmetric: one shared zero point
+    codes, scale, zero = ck.unpack_q4(packed)
     np.testing.assert_array_equal(codes, w.codes)
     np.testing.assert_array_equal(scale, w.scale)
     np.testing.assert_array_equal(zero, w.zero)
@@ -66,8 +81,9 @@ def test_pack_round_trips(k, n, group, symmetric):
 
 @pytest.mark.parametrize("k,n,group", [(256, 96, 64), (384, 48, 128), (96, 80, 32), (1024, 64, 1024), (240, 32, 24), (64, 16, 8)])
 @pytest.mark.parametrize("symmetric", [True, False])
-def test_q4gemm_computes_the_quantized_product(k, n, group, symmetric):
-    w = int4_weight(k, n, group, symmetric)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_the_ops_compute_the_quantized_product(k, n, group, symmetric, bits):
+    w = int_weight(k, n, group, symmetric, bits=bits)
     x = np.random.default_rng(1).standard_normal((2, 5, k)).astype(np.float32)
     y = session(w).run(None, {"x": x})[0]
     assert y.shape == (2, 5, n)
@@ -77,31 +93,81 @@ def test_q4gemm_computes_the_quantized_product(k, n, group, symmetric):
     assert np.abs(y - x @ deq).max() < 0.02 * np.abs(x @ deq).max()  # int8 activations: close to the float product
 
 
+def test_a_shared_zero_point_gives_the_bits_of_per_column_ones():
+    """A symmetric weight's one stored zero point computes what the same zero point stored per column computes."""
+    w = int4_weight(256, 64, 64, True, seed=9)
+    x = np.random.default_rng(2).standard_normal((5, 256)).astype(np.float32)
+    shared = session(w).run(None, {"x": x})[0]
+    w.zero[0, 0] = 7  # one column of one group otherwise: per-column zero points again
+    per_column = session(w).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(np.delete(per_column, 0, axis=1), np.delete(shared, 0, axis=1))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_outputs_are_the_columns_of_the_one_output_call(bits):
+    """splits: each output is its columns of the whole product, bit for bit (one call, no Split)."""
+    w = int_weight(256, 160, 64, False, seed=11, bits=bits)
+    x = np.random.default_rng(3).standard_normal((2, 3, 256)).astype(np.float32)
+    whole = session(w).run(None, {"x": x})[0]
+    parts = session(w, 2, splits=[96, 32, 32]).run(None, {"x": x})
+    assert [p.shape for p in parts] == [(2, 3, 96), (2, 3, 32), (2, 3, 32)]
+    np.testing.assert_array_equal(np.concatenate(parts, axis=-1), whole)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_swiglu_is_silu_of_the_gate_times_up(bits):
+    """swiglu=1: the one output is silu(gate) * up of the gate|up product, its exp within float rounding of numpy's."""
+    w = int_weight(256, 192, 64, True, seed=12, bits=bits)
+    x = np.random.default_rng(4).standard_normal((7, 256)).astype(np.float32) * 4
+    gate_up = session(w).run(None, {"x": x})[0].astype(np.float64)
+    y = session(w, swiglu=True).run(None, {"x": x})[0]
+    gate, up = gate_up[:, :96], gate_up[:, 96:]
+    want = gate / (1 + np.exp(-gate)) * up
+    assert y.shape == (7, 96)
+    np.testing.assert_allclose(y, want, rtol=2e-6, atol=1e-6 * np.abs(want).max())
+    # the clamp of exp's input: a very negative gate gives (nearly) 0, a very positive one gives gate * up
+    g = np.tile(np.array([-200.0, -90.0, 0.0, 90.0, 200.0, 50.0], np.float32), 16)  # [96]
+    eye = SimpleNamespace(bits=8, group_size=96, perm=None, codes=(np.eye(192) * 127 + 128).astype(np.uint8), zero=np.full((2, 192), 128, np.uint8),
+                          scale=np.full((2, 192), 1 / 127, np.float32))  # an identity: gate|up is the input, up to its int8 rounding
+    out = session(eye, swiglu=True).run(None, {"x": np.concatenate([g, np.ones(96, np.float32)])[None]})[0][0, :6]
+    assert np.abs(out[:2]).max() < 1e-30 and out[2] == 0
+    np.testing.assert_allclose(out[3:5], [90, 200], rtol=1e-2)
+
+
+def outputs_by_rows(bits: int, k: int, group: int, mode: str, x: np.ndarray) -> np.ndarray:
+    """Every output of an m-row call, m = 1..len(x), concatenated: plain, split in three, or swiglu."""
+    w = int_weight(k, 96, group, mode != "plain", seed=5, bits=bits)
+    sess = session(w, 2, splits=[48, 32, 16] if mode == "split" else None, swiglu=mode == "swiglu")
+    return np.concatenate([np.concatenate(sess.run(None, {"x": x[:m]}), axis=-1) for m in range(1, len(x) + 1)])
+
+
 def test_rows_are_the_same_bits_whatever_the_call():
-    """Every row of an M-row call (M = 1..37, threads 1 and 2) equals that row computed alone, bit for bit."""
-    w = int4_weight(512, 208, 128, False, seed=3)
+    """Every row of an M-row call (M = 1..37, threads 1 and 2) equals that row computed alone, bit for bit: int4 and
+    int8, one output, several, and swiglu."""
     x = np.random.default_rng(4).standard_normal((37, 512)).astype(np.float32)
-    one = session(w, 1)
-    alone = np.concatenate([one.run(None, {"x": x[i : i + 1]})[0] for i in range(37)])
-    for threads in (1, 2):
-        sess = session(w, threads)
-        for m in (*range(1, 13), 17, 36, 37):
-            np.testing.assert_array_equal(sess.run(None, {"x": x[:m]})[0], alone[:m], err_msg=f"{m} rows, {threads} threads")
+    cases = [(int4_weight(512, 208, 128, False, seed=3), {}), (int_weight(512, 208, 512, True, seed=3, bits=8), {}),
+             (int4_weight(512, 208, 128, True, seed=3), dict(splits=[144, 32, 32])), (int_weight(512, 64, 128, False, seed=3, bits=8), dict(swiglu=True))]
+    for w, kind in cases:
+        one = session(w, 1, **kind)
+        alone = np.concatenate([np.concatenate(one.run(None, {"x": x[i : i + 1]}), -1) for i in range(37)])
+        for threads in (1, 2):
+            sess = session(w, threads, **kind)
+            for m in (*range(1, 13), 17, 36, 37):
+                np.testing.assert_array_equal(np.concatenate(sess.run(None, {"x": x[:m]}), -1), alone[:m], err_msg=f"{w.bits} bits {kind}: {m} rows, {threads} threads")
 
 
 @pytest.mark.parametrize("kernel", ["avx2", "portable"])
-@pytest.mark.parametrize("k,group", [(256, 64), (240, 24)])  # (groups that are not a multiple of 16: the masked tails)
-def test_every_kernel_computes_the_same_bits(tmp_path, k, group, kernel):
+@pytest.mark.parametrize("bits,k,group,mode", [(4, 256, 64, "plain"), (4, 240, 24, "split"), (8, 256, 64, "plain"), (8, 240, 240, "split"),
+                                               (4, 256, 128, "swiglu"), (8, 240, 24, "swiglu")])  # (groups not a multiple of 16: the masked tails)
+def test_every_kernel_computes_the_same_bits(tmp_path, bits, k, group, mode, kernel):
     """SPECDEC_Q4_KERNEL=avx2 | portable runs the kernels a CPU without AVX-512 VNNI (or AVX2) runs: the same bits,
-    every row count from 1 to 7."""
-    w = int4_weight(k, 96, group, False, seed=5)
-    x = np.random.default_rng(6).standard_normal((7, k)).astype(np.float32)
+    every row count from 1 to 9 (int4 and int8 weights, several outputs, swiglu's exp)."""
+    x = np.random.default_rng(6).standard_normal((9, k)).astype(np.float32) * 3
     x[3, 5], x[5, 70], x[6, :group] = np.inf, np.nan, 1e-38  # non-finite rows and a group too small to scale, alike
     np.save(tmp_path / "x.npy", x)
-    fast = np.concatenate([session(w).run(None, {"x": x[:m]})[0] for m in range(1, 8)])
+    fast = outputs_by_rows(bits, k, group, mode, x)
     script = (f"import numpy as np, sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_cpu_kernels as t; "
-              f"w = t.int4_weight({k}, 96, {group}, False, seed=5); x = np.load({str(tmp_path / 'x.npy')!r}); "
-              f"s = t.session(w); np.save({str(tmp_path / 'y.npy')!r}, np.concatenate([s.run(None, {{'x': x[:m]}})[0] for m in range(1, 8)]))")
+              f"np.save({str(tmp_path / 'y.npy')!r}, t.outputs_by_rows({bits}, {k}, {group}, {mode!r}, np.load({str(tmp_path / 'x.npy')!r})))")
     subprocess.run([sys.executable, "-c", script], check=True, env={**os.environ, "SPECDEC_Q4_KERNEL": kernel})
     name = subprocess.run([sys.executable, "-c", "from specdec.hardware import cpu_kernels as rk; print(rk.kernel_name(rk.kernel_library()))"],
                           check=True, capture_output=True, text=True, env={**os.environ, "SPECDEC_Q4_KERNEL": kernel}).stdout.strip()
@@ -109,10 +175,19 @@ def test_every_kernel_computes_the_same_bits(tmp_path, k, group, kernel):
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), fast)
 
 
+def test_bad_splits_are_one_clear_error():
+    w = int4_weight(64, 64, 64, True)
+    x = np.zeros((1, 64), np.float32)
+    for splits, message in (([32, 16], "do not sum to N"), ([40, 24], "multiple of 16")):
+        with pytest.raises(Exception, match=message):
+            session(w, splits=splits).run(None, {"x": x})
+
+
 def test_q4_holds_only_what_the_op_takes():
     assert ck.q4_holds(int4_weight(256, 96, 64, True))
     assert not ck.q4_holds(int4_weight(256, 88, 64, True))  # columns not a multiple of 16
-    assert not ck.q4_holds(SimpleNamespace(**{**vars(int4_weight(256, 96, 64, True)), "bits": 8}))
+    assert ck.q4_holds(int_weight(256, 96, 64, True, bits=8)) and ck.q4_holds(int_weight(252, 96, 36, True, bits=8))  # int8: groups of 4 rows
+    assert not ck.q4_holds(SimpleNamespace(**{**vars(int4_weight(256, 96, 64, True)), "bits": 2}))
     assert not ck.q4_holds(int4_weight(252, 96, 36, True))  # groups of 36 rows: not a multiple of 8
     # groups of 256 over 1920 rows: 8 groups, the last one 128 rows short. 1920 / 8 = 240 would pack every group as
     # 240 rows, the wrong rows under each scale: refused
@@ -148,7 +223,7 @@ def test_the_library_is_compiled_once_into_a_private_cache(tmp_path, monkeypatch
     assert lib.parent == tmp_path / "kernels" / rk.source_digest() and (lib.parent.stat().st_mode & 0o077) == 0
     mtime = lib.stat().st_mtime_ns
     assert rk.kernel_library() == lib and lib.stat().st_mtime_ns == mtime  # reused, not rebuilt
-    with pytest.raises(rk.KernelBuildError, match="layout is 0, this specdec's is 1: rebuild"):
+    with pytest.raises(rk.KernelBuildError, match="layout is 0, this specdec's is 2: rebuild"):
         rk.kernel_library(0)
 
 
@@ -160,8 +235,8 @@ def tiny_checkpoint(tmp_path_factory):
 
 
 @pytest.mark.parametrize("flags,expected", [
-    ((), "--cpu_kernels specdec computes int4 weights"),  # a float engine
-    (("--qformat", "int8_wo"), "--cpu_kernels specdec computes int4 weights"),
+    ((), "--cpu_kernels specdec computes int4 and int8 weights"),  # a float engine
+    (("--qformat", "fp8"), "--cpu_kernels specdec computes int4 and int8 weights"),
     (("--qformat", "int4_wo", "--lowering", "portable"), "an op of the ort_cpu lowering"),
 ])
 def test_cpu_kernels_specdec_is_refused_where_it_does_not_apply(tiny_checkpoint, tmp_path, flags, expected):

@@ -43,13 +43,16 @@ def engines(tmp_path_factory):
         **({"target_q4": build_and_load(target, d / "tq", spec_build(MAX_DRAFT, **int4, cpu_kernels="specdec")),
             "target_q4_asym": build_and_load(target, d / "tqa", spec_build(MAX_DRAFT, quantization="int4_wo", group_size=32, symmetric=False,
                                                                             cpu_kernels="specdec")),
-            "draft_q4": build_and_load(draft, d / "dq", spec_build(0, quantization="int4_wo", group_size=64, cpu_kernels="specdec"))}
+            "draft_q4": build_and_load(draft, d / "dq", spec_build(0, quantization="int4_wo", group_size=64, cpu_kernels="specdec")),
+            # int8 on the same kernel family (Q8Gemm), per channel, its LM head too; and an int4 LM head on Q4Gemm
+            "target_q8": build_and_load(target, d / "tq8", spec_build(MAX_DRAFT, quantization="int8_wo", quantize_lm_head=True, cpu_kernels="specdec")),
+            "target_q4_head": build_and_load(target, d / "tqh", spec_build(MAX_DRAFT, **int4, quantize_lm_head=True, cpu_kernels="specdec"))}
            if compiler() else {}),
     }
 
 
 needs_cc = pytest.mark.skipif(compiler() is None, reason="--cpu_kernels specdec needs a C compiler")
-Q4 = [pytest.param("target_q4", marks=needs_cc), pytest.param("target_q4_asym", marks=needs_cc)]
+Q4 = [pytest.param(name, marks=needs_cc) for name in ("target_q4", "target_q4_asym", "target_q8", "target_q4_head")]
 
 
 def run(orch, prompts, max_output_len=40):
@@ -142,20 +145,27 @@ def test_a_draft_engine_is_left_unpadded(engines):
 
 
 @needs_cc
-@pytest.mark.parametrize("name", ["target_q4", "target_q4_asym", "draft_q4"])
+@pytest.mark.parametrize("name", ["target_q4", "target_q4_asym", "draft_q4", "target_q8", "target_q4_head"])
 def test_a_q4gemm_engine_pads_nothing(engines, name):
-    """--cpu_kernels specdec: every int4 layer on Q4Gemm, whose rows never split, so no Pad, no MatMulNBits, and the
-    int4 draft drafting with the same op; the engine directory carries no native code (the runtime compiles it)."""
+    """--cpu_kernels specdec: every int4 (int8) layer on Q4Gemm (Q8Gemm), whose rows never split, so no Pad, no
+    MatMulNBits, and the int4 draft drafting with the same op; q|k|v is one node with three outputs and the MLP's
+    silu(gate) * up is computed in the gate|up node (no Split, Sigmoid or Mul); the engine directory carries no native
+    code (the runtime compiles it)."""
     import onnx
 
     ex = engines[name]
+    op = "Q8Gemm" if name == "target_q8" else "Q4Gemm"
     model = onnx.load(str(ex.engine.network_path), load_external_data=False)
-    ops = [n.op_type for n in model.graph.node if n.name.startswith("/model/layers.")]
-    assert ops.count("Q4Gemm") == 4 * ex.engine.config.model.num_layers  # q|k|v, o, gate|up, down
-    # (Attention's own query padding stays)
-    assert "MatMulNBits" not in ops and "Pad" not in [n.op_type for n in model.graph.node if "attn" not in n.name]
-    assert ex.build.weight_only["even_rows"] is False and ex.build.weight_only["op"].startswith("Q4Gemm")
-    assert ex.build.weight_only["kernel_layout"] == 1 and not [f for f in ex.engine.config.files if f.endswith(".so")]
+    layers = [n for n in model.graph.node if n.name.startswith("/model/layers.")]
+    ops = [n.op_type for n in layers]
+    assert ops.count(op) == 4 * ex.engine.config.model.num_layers  # q|k|v, o, gate|up, down
+    assert [len(n.output) for n in layers if n.name.endswith("qkv_proj")] == [3] * ex.engine.config.model.num_layers
+    assert not {"Split", "Sigmoid", "QuickGelu", "MatMulNBits"} & set(ops)
+    assert "Pad" not in [n.op_type for n in model.graph.node if "attn" not in n.name]  # (Attention's own query padding stays)
+    head = [n.op_type for n in model.graph.node if n.name.startswith("/lm_head/")]
+    assert (op in head) == ex.build.quantize_lm_head
+    assert ex.build.weight_only["even_rows"] is False and ex.build.weight_only["op"].startswith(op)
+    assert ex.build.weight_only["kernel_layout"] == 2 and not [f for f in ex.engine.config.files if f.endswith(".so")]
 
 
 @needs_cc
@@ -177,14 +187,14 @@ def test_a_q4gemm_engine_on_a_host_that_cannot_compile_its_kernel_is_one_clear_e
     copy = tmp_path / "engine"
     shutil.copytree(engines["draft_q4"].engine.path, copy)
     config = json.loads((copy / "config.json").read_text())
-    config["build"]["weight_only"]["kernel_layout"] = 99
-    # an engine another specdec built with layout 99: its stamp says so too (an edit of config.json alone is refused first)
+    config["build"]["weight_only"]["kernel_layout"] = 1  # an engine of the layout before this one (per-column zero points always)
+    # an engine an earlier specdec built with layout 1: its stamp says so too (an edit of config.json alone is refused first)
     stamp = json.loads((copy / "build_stamp.json").read_text())
-    stamp["build"]["weight_only"]["kernel_layout"] = 99
+    stamp["build"]["weight_only"]["kernel_layout"] = 1
     (copy / "build_stamp.json").write_text(json.dumps(stamp))
     config["files"]["build_stamp.json"] = sha256_file(copy / "build_stamp.json")
     (copy / "config.json").write_text(json.dumps(config))
-    with pytest.raises(EngineError, match="layout is 99.*rebuild the engine"):
+    with pytest.raises(EngineError, match="layout is 1, this specdec's is 2: rebuild the engine"):
         OrtExecutor(load_engine_dir(copy), num_threads=1)
 
 
