@@ -397,10 +397,10 @@ def check_tree_backend(build: BuildConfig) -> None:
 
 
 def _count_parameters(network) -> int:
-    """Weights and biases, integer ones counted by their [in, out] (MatMulNBits and Q4Gemm pack them in blocks)."""
+    """Weights and biases, integer ones counted by their [in, out] (MatMulNBits, Q4Gemm and Q8Gemm pack them in blocks)."""
     count = sum(int(np.prod(t.dims)) for t in network.graph.initializer if t.name.endswith((".weight", ".bias")))
     for node in network.graph.node:
-        if node.op_type in ("MatMulNBits", "Q4Gemm"):
+        if node.op_type in ("MatMulNBits", "Q4Gemm", "Q8Gemm"):
             attrs = {a.name: a.i for a in node.attribute}
             count += attrs["K"] * attrs["N"]
     return count

@@ -97,7 +97,7 @@ class BuildConfig:
     # layers (linear names, lm_head included when quantized), source (rtn | awq | gptq | awq-checkpoint |
     # compressed-tensors), op (what the lowering computes with); None for float/FP8 engines
     weight_only: dict[str, Any] | None = None
-    # ort (ONNX Runtime's own kernels) | specdec: int4 weights on specdec's Q4Gemm op (plugins/cpu_kernels.py), whose
+    # ort (ONNX Runtime's own kernels) | specdec: int4 / int8 weights on specdec's Q4Gemm / Q8Gemm ops (plugins/cpu_kernels.py), whose
     # library the runtime compiles from the installed sources (weight_only["kernel_layout"] says which layout)
     cpu_kernels: str = "ort"
 

@@ -1,4 +1,4 @@
-"""Compiling and loading specdec's int4 CPU kernel (hardware/kernels/: the ai.specdec.cpu::Q4Gemm op's C sources).
+"""Compiling and loading specdec's int4/int8 CPU kernels (hardware/kernels/: the ai.specdec.cpu::Q4Gemm and Q8Gemm ops' C sources).
 
 An engine built with ``--cpu_kernels specdec`` records the op's weight layout (LAYOUT), never native code: the
 library is compiled from the *installed* specdec's sources with the system C compiler, once per user and source
@@ -64,7 +64,7 @@ def build_library(dest: Path) -> Path:
     library before the manifest that vouches for it."""
     cc = compiler()
     if cc is None:
-        raise KernelBuildError("specdec's int4 CPU kernel (--cpu_kernels specdec) is compiled on first use and no C compiler "
+        raise KernelBuildError("specdec's int4/int8 CPU kernels (--cpu_kernels specdec) are compiled on first use and no C compiler "
                                "was found (cc, gcc, clang or $CC): install one (Debian: apt install gcc), or use an engine "
                                "built with --cpu_kernels ort")
     dest = Path(dest)
@@ -74,11 +74,11 @@ def build_library(dest: Path) -> Path:
     try:
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
-            raise KernelBuildError(f"compiling specdec's int4 CPU kernel failed ({' '.join(cmd)}): {' '.join(done.stderr.split())[-2000:]}")
+            raise KernelBuildError(f"compiling specdec's int4/int8 CPU kernels failed ({' '.join(cmd)}): {' '.join(done.stderr.split())[-2000:]}")
         missing = _missing_symbols(Path(tmp))
         if missing:
             what = missing if isinstance(missing, str) else f"it lacks the symbols {', '.join(missing)}"
-            raise KernelBuildError(f"{cc} compiled specdec's int4 CPU kernel, but {what}: use gcc or clang ($CC), or an engine built with "
+            raise KernelBuildError(f"{cc} compiled specdec's int4/int8 CPU kernels, but {what}: use gcc or clang ($CC), or an engine built with "
                                    "--cpu_kernels ort")
         data = Path(tmp).read_bytes()
         manifest = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "source_digest": source_digest(), "symbols": list(SYMBOLS)}
@@ -149,7 +149,7 @@ def kernel_library(layout: int = LAYOUT) -> Path:
     from it is what this specdec compiled, checked against its manifest first; a library that fails the check is
     compiled again); refuses an engine whose Q4Gemm layout is not this specdec's."""
     if layout != LAYOUT:
-        raise KernelBuildError(f"the engine's int4 CPU kernel layout is {layout}, this specdec's is {LAYOUT}: rebuild the engine with "
+        raise KernelBuildError(f"the engine's int4/int8 CPU kernel layout is {layout}, this specdec's is {LAYOUT}: rebuild the engine with "
                                "this specdec's specdec-build")
     folder = cache_dir() / source_digest()
     lib = folder / LIBRARY

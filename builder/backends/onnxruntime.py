@@ -62,7 +62,7 @@ def compile_engine(out_dir: Path, network_file: str, build: BuildConfig, model: 
         except KernelBuildError as err:
             raise BuildConfigError(str(err)) from None
         name = kernel_name(library)
-        say(f"compiled specdec's int4 CPU kernel ({name}" + ("" if name == "AVX-512 VNNI" else
+        say(f"compiled specdec's int4/int8 CPU kernels ({name}" + ("" if name == "AVX-512 VNNI" else
             ": this CPU has no AVX-512 VNNI, so it is slower here; a CPU that has runs the fast kernel, with the same bits") + ")")
     if get_lowering(build.lowering).compute_dtype(build) == "float32":
         check_loads(out_dir / network_file, library)

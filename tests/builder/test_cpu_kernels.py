@@ -257,17 +257,19 @@ def test_cpu_kernels_specdec_without_a_compiler_is_refused_before_any_work(tiny_
     assert not (tmp_path / "e").exists()
 
 
-def test_the_build_says_which_kernel_it_compiled(tiny_checkpoint, tmp_path):
+@pytest.mark.parametrize("qformat", ["int4_wo", "int8_wo"])
+def test_the_build_says_which_kernel_it_compiled(tiny_checkpoint, tmp_path, qformat):
     from conftest import cli_build
 
-    r = cli_build(tiny_checkpoint, tmp_path / "e", "--cpu_kernels", "specdec", "--qformat", "int4_wo", "--group_size", "32")
+    r = cli_build(tiny_checkpoint, tmp_path / "e", "--cpu_kernels", "specdec", "--qformat", qformat, "--group_size", "32")
     assert r.exit_code == 0, r.output
-    same = cli_build(tiny_checkpoint, tmp_path / "m", "--qformat", "int4_wo", "--group_size", "32")  # MatMulNBits
+    same = cli_build(tiny_checkpoint, tmp_path / "m", "--qformat", qformat, "--group_size", "32")  # MatMulNBits
+
     def params(out: str) -> str:
         return out.split("LlamaForCausalLM, ")[1].split(" params")[0]
 
     assert params(r.output) == params(same.output)  # the packed weights counted by their [in, out] in both
-    assert f"compiled specdec's int4 CPU kernel ({rk.kernel_name(rk.kernel_library())}" in r.output
+    assert f"compiled specdec's int4/int8 CPU kernels ({rk.kernel_name(rk.kernel_library())}" in r.output
 
 
 # -- the cache: checked before anything is loaded from it ---------------------------------------------------------------
