@@ -41,12 +41,25 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def open_executor(path: Path, threads: int, profile_prefix: str | None = None, library: Path | None = None) -> Any:
+def open_executor(path: Path, threads: int, profile_prefix: str | None = None, library: Path | None = None, earlier: bool = False) -> Any:
     """The engine's executor; with ``profile_prefix`` or ``library`` its session is made again, profiling on or with
-    another build of the Q4Gemm library (an earlier specdec's: the same engine, another kernel, in the same run)."""
+    another build of the Q4Gemm library (an earlier specdec's: the same engine, another kernel, in the same run).
+    earlier: an engine an earlier specdec built, of a kernel layout this one refuses, run with ``library`` (that
+    specdec's build): opened through a copy of its config that names this layout (its files linked, not copied)."""
     from specdec.formats.engine_format import load_engine_dir
     from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 
+    if earlier:
+        from specdec.hardware.cpu_kernels import LAYOUT
+
+        relabelled = Path(tempfile.mkdtemp(prefix="earlier_engine_"))
+        for f in Path(path).iterdir():
+            if f.name != "config.json":
+                (relabelled / f.name).symlink_to(f.resolve())
+        config = json.loads((Path(path) / "config.json").read_text())
+        config["build"]["weight_only"]["kernel_layout"] = LAYOUT  # this library reads it too (its op takes per-column zeros)
+        (relabelled / "config.json").write_text(json.dumps(config))
+        path = relabelled
     ex = OrtExecutor(load_engine_dir(path), num_threads=threads)
     if profile_prefix is not None or library is not None:  # the executor's session options (ORT profiles from creation on)
         import onnxruntime as ort
@@ -79,13 +92,16 @@ def call(ex: Any, cache: Any, width: int) -> None:
 
 
 def measure(engines: list[Path], threads: int, widths: list[int], context: int, rounds: int, calls: int,
-            libraries: dict[str, Path] | None = None) -> dict[str, Any]:
+            libraries: dict[str, Path] | None = None, earlier: dict[str, tuple[Path, Path]] | None = None) -> dict[str, Any]:
     """{engine: {width: {"wall_ms", "cpu_ms"}}}, engines and widths interleaved in every round (round 0 warms up);
-    each Q4Gemm engine also as "ENGINE [LABEL]" with each of ``libraries``."""
+    each Q4Gemm engine also as "ENGINE [LABEL]" with each of ``libraries``; each of ``earlier`` (label: an earlier
+    specdec's engine and its library) as "ENGINE [LABEL]"."""
     opened = [(str(p), open_executor(p, threads)) for p in engines]
     for label, lib in (libraries or {}).items():
         opened += [(f"{p} [{label}]", open_executor(p, threads, library=lib))
                    for p, ex in list(zip(engines, [e for _, e in opened], strict=False)) if ex.build.cpu_kernels == "specdec"]
+    opened += [(f"{engine} [{label}]", open_executor(engine, threads, library=lib, earlier=True))
+               for label, (engine, lib) in (earlier or {}).items()]
     caches = {name: with_context(ex, context) for name, ex in opened}
     wall: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
     cpu: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
@@ -129,10 +145,12 @@ def profile(path: Path, threads: int, width: int, context: int, calls: int) -> d
             "between_nodes_ms": run_ms - kernel_ms, "nodes_per_call": len(nodes) // calls, "ops": ops}
 
 
-def floors(engines: list[Path], bandwidth: dict[str, Any], labels: list[str] = ()) -> dict[str, Any]:
+def floors(engines: list[Path], bandwidth: dict[str, Any], labels: list[str] = (), earlier: dict[str, tuple[Path, Path]] | None = None) -> dict[str, Any]:
     by = bandwidth["by_threads"]
+    named = [(name, p) for p in engines for name in (str(p), *(f"{p} [{label}]" for label in labels))]
+    named += [(f"{p} [{label}]", p) for label, (p, _) in (earlier or {}).items()]
     return {name: {"step_bytes": host.step_bytes(p), "floor_ms": {str(n): host.step_bytes(p) / (v["best_gb_s"] * 1e9) * 1e3 for n, v in by.items()}}
-            for p in engines for name in (str(p), *(f"{p} [{label}]" for label in labels))}
+            for name, p in named}
 
 
 def fmt(s: dict[str, float], digits: int = 2) -> str:
@@ -176,14 +194,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true", help="ONNX Runtime's per-op profile instead of the timings")
     ap.add_argument("--q4_library", action="append", default=[], metavar="LABEL=PATH",
                     help="also run each Q4Gemm engine with this build of specdec_cpu_kernels.so (e.g. an earlier specdec's), interleaved")
+    ap.add_argument("--earlier", action="append", default=[], metavar="LABEL=ENGINE:LIBRARY",
+                    help="also an engine an earlier specdec built (a kernel layout this one refuses), with that specdec's specdec_cpu_kernels.so, interleaved")
     ap.add_argument("--output_json")
     ap.add_argument("--_inner", action="store_true", help=argparse.SUPPRESS)  # a --kernels subprocess: timings only, as JSON
     args = ap.parse_args(argv)
     widths = [int(w) for w in args.widths.split(",")]
     threads = [int(t) for t in args.threads.split(",")]
     libraries = {label: Path(path) for label, _, path in (x.partition("=") for x in args.q4_library)}
+    earlier = {label: (Path(rest.split(":")[0]), Path(rest.split(":")[1])) for label, _, rest in (x.partition("=") for x in args.earlier)}
     if args._inner:
-        print(json.dumps({t: measure(args.engine, t, widths, args.context, args.rounds, args.calls, libraries) for t in threads}))
+        print(json.dumps({t: measure(args.engine, t, widths, args.context, args.rounds, args.calls, libraries, earlier) for t in threads}))
         return 0
     rec = host.host_record(bandwidth=False)
     rec["read_bandwidth"] = host.read_bandwidth(sorted({1, *threads}))
@@ -201,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
                     for op, v in p["ops"].items():
                         print(f"  {op:<36}{v['ms']:9.3f} ms {v['share']:6.1%} {v['nodes']:5d} nodes {v['us_per_node']:9.1f} us a node")
     else:
-        fl = floors(args.engine, rec["read_bandwidth"], list(libraries))
+        fl = floors(args.engine, rec["read_bandwidth"], list(libraries), earlier)
         report["floors"], report["steps"] = fl, {}
         for kernel in ["", *[k for k in args.kernels.split(",") if k]]:
             label = f"SPECDEC_Q4_KERNEL={kernel}" if kernel else "default kernels"
@@ -209,12 +230,12 @@ def main(argv: list[str] | None = None) -> int:
                 inner = [sys.executable, __file__, *sum([["--engine", str(e)] for e in args.engine], []), "--widths", args.widths,
                          "--threads", args.threads, "--context", str(args.context), "--rounds", str(args.rounds), "--calls", str(args.calls),
                          "--_inner",
-                         *sum([["--q4_library", x] for x in args.q4_library], [])]
+                         *sum([["--q4_library", x] for x in args.q4_library], []), *sum([["--earlier", x] for x in args.earlier], [])]
                 out = subprocess.run(inner, capture_output=True, text=True, check=True, env={**os.environ, "SPECDEC_Q4_KERNEL": kernel})
                 by_threads = {int(t): {e: {int(w): v for w, v in r.items()} for e, r in res.items()}
                               for t, res in json.loads(out.stdout.splitlines()[-1]).items()}
             else:
-                by_threads = {t: measure(args.engine, t, widths, args.context, args.rounds, args.calls, libraries) for t in threads}
+                by_threads = {t: measure(args.engine, t, widths, args.context, args.rounds, args.calls, libraries, earlier) for t in threads}
             report["steps"][kernel or "default"] = by_threads
             for t in threads:
                 print_steps(by_threads[t], fl, rec["read_bandwidth"], t, widths, label)
