@@ -30,11 +30,13 @@ def accept_token_compare(drafts: np.ndarray, target_logits: np.ndarray | Rows, c
     k = len(drafts)
     rows = as_rows(target_logits, drafts)
     if cfg.greedy:
-        if rows.plain:  # one argmax over every row
-            picks = rows.raw[: k + 1].argmax(axis=-1)
-            mismatch = np.flatnonzero(picks[:k] != drafts)
-            n = int(mismatch[0]) if len(mismatch) else k
-            return n, int(picks[n])
+        if rows.plain:  # one argmax over every row, compared as Python ints (k is a few)
+            picks = rows.raw[: k + 1].argmax(axis=-1).tolist()
+            if k:
+                for n, (pick, draft) in enumerate(zip(picks, drafts.tolist() if isinstance(drafts, np.ndarray) else drafts)):
+                    if pick != draft:
+                        return n, pick
+            return k, picks[k]
         for j in range(k + 1):
             pick = int(np.argmax(rows.logits(j)))
             if j == k or pick != drafts[j]:

@@ -29,12 +29,15 @@ SILENT_DRAFT_ROUNDS = 48  # consecutive drafting rounds with no draft accepted: 
 
 
 def finite(rows: np.ndarray) -> bool:
-    """All of rows [..., vocab] finite. min and max propagate NaN: two reductions, no boolean copy of the rows."""
-    return bool(np.isfinite(rows.min()) and np.isfinite(rows.max())) if rows.size else True
+    """All of rows [..., vocab] finite: one reduction, no boolean copy of the rows. A sum is NaN or Inf when some value
+    is; it could also overflow with every value finite (logits near 1e34), which the exact check below then clears."""
+    if not rows.size or np.isfinite(np.add.reduce(rows, axis=None)):  # (the ufunc itself: ndarray.sum adds a Python call)
+        return True
+    return bool(np.isfinite(rows).all())
 
 
 def first_nonfinite(rows: np.ndarray) -> int | None:
-    """The first of rows [n, vocab] holding a NaN or Inf, or None (the common case costs two reductions)."""
+    """The first of rows [n, vocab] holding a NaN or Inf, or None (the common case costs one reduction)."""
     if finite(rows):
         return None
     return int(np.flatnonzero(~np.isfinite(rows).all(axis=-1))[0])

@@ -90,13 +90,12 @@ class KVCache:
 
     def check_room(self, num_new: np.ndarray, padded_len: int, first_slot: int = 0, what: str = "the engine") -> None:
         """Every row of the range must stay within max_seq_len, and padded writes within capacity."""
-        lengths = self.lengths[first_slot : first_slot + len(num_new)]
-        after = lengths + num_new
-        if (after > self.max_seq_len).any():
-            row = int(np.argmax(after > self.max_seq_len))
-            raise RequestError(
-                f"slot {first_slot + row} would hold {int(after[row])} tokens, more than {what}'s max_seq_len={self.max_seq_len}. "
-                "Shorten the request or rebuild the engine with a larger --max_seq_len."
-            )
-        if len(lengths) and int((lengths + padded_len).max()) > self.capacity:
+        lengths = self.lengths[first_slot : first_slot + len(num_new)].tolist()  # a few rows, checked every step: Python ints
+        for row, (length, grow) in enumerate(zip(lengths, num_new.tolist())):
+            if length + grow > self.max_seq_len:
+                raise RequestError(
+                    f"slot {first_slot + row} would hold {length + grow} tokens, more than {what}'s max_seq_len={self.max_seq_len}. "
+                    "Shorten the request or rebuild the engine with a larger --max_seq_len."
+                )
+        if lengths and max(lengths) + padded_len > self.capacity:
             raise RequestError(f"a step of {padded_len} tokens would write past {what}'s KV capacity {self.capacity}.")

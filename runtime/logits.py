@@ -134,8 +134,14 @@ class Rows:
     def __init__(self, logits: np.ndarray, processor: LogitsProcessor | None = None, drafts: Sequence[int] = ()):
         self.raw = logits
         self.processor = processor
-        self.drafts = [int(t) for t in drafts]
+        self._drafts = drafts  # as ints when a row is processed (plain rows never read them)
         self._done: dict[int, np.ndarray] = {}
+
+    @property
+    def drafts(self) -> list[int]:
+        if not isinstance(self._drafts, list):
+            self._drafts = [int(t) for t in self._drafts]
+        return self._drafts
 
     @property
     def plain(self) -> bool:

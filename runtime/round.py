@@ -243,11 +243,13 @@ class SpeculativeRound:
     def verify(self, reqs: list[Request], drafts: Sequence[Draft]) -> tuple[StepOutput, float]:
         """One target call on slots 0..n-1 fed [last token, d1..dk] per request: (its outputs, logits [n, max k + 1, vocab],
         each request's share of the call's seconds)."""
-        feed = [[r.last_token, *d.tokens.tolist()] for r, d in zip(reqs, drafts, strict=True)]
+        feed = [[r.last_token, *d.tokens.tolist()] if len(d.tokens) else [r.last_token] for r, d in zip(reqs, drafts, strict=True)]
         # a tree's parents in the call's order: the last token (row 0) is the root
-        trees = [None if d.parents is None else np.concatenate([[-1], d.parents + 1]) for d in drafts]
+        trees = None
+        if any(d.parents is not None for d in drafts):
+            trees = [None if d.parents is None else np.concatenate([[-1], d.parents + 1]) for d in drafts]
         t0 = time.perf_counter()
-        step = self.target.forward(self.cache, feed, all_logits=True, parents=trees if any(t is not None for t in trees) else None)
+        step = self.target.forward(self.cache, feed, all_logits=True, parents=trees)
         t1 = time.perf_counter()
         self.stats.target_s += t1 - t0
         return step, (t1 - t0) / len(reqs)

@@ -160,15 +160,16 @@ def pad_tokens(tokens: Sequence[Sequence[int]] | np.ndarray) -> tuple[np.ndarray
     batch = len(tokens)
     if batch < 1:
         raise RequestError("a step needs at least one row of tokens.")
-    num_new = np.fromiter(map(len, tokens), np.int64, batch)
-    if (num_new == num_new[0]).all() and num_new[0] > 0:  # not ragged: one conversion
-        return np.array(tokens, np.int64).reshape(batch, int(num_new[0])), num_new
-    if (num_new < 1).any():
+    lens = [len(t) for t in tokens]  # a few rows: Python ints cost less than numpy calls, every step
+    width = max(lens)
+    if min(lens) == width > 0:  # not ragged: one conversion
+        return np.array(tokens, np.int64).reshape(batch, width), np.array(lens, np.int64)
+    if min(lens) < 1:
         raise RequestError("every row needs at least one token per step.")
-    ids = np.zeros((batch, int(num_new.max())), np.int64)
+    ids = np.zeros((batch, width), np.int64)
     for row, t in enumerate(tokens):
         ids[row, : len(t)] = t
-    return ids, num_new
+    return ids, np.array(lens, np.int64)
 
 
 @dataclass
@@ -207,7 +208,7 @@ def plan_step(cache: KVCache, tokens: Sequence[Sequence[int]] | np.ndarray, adva
     columns: they are written past the row's length (stale at once, as a riding row's) and their logits are dropped."""
     ids, num_new = pad_tokens(tokens)
     n, width = ids.shape
-    if first_slot < 0 or first_slot + n > cache.num_slots:
+    if first_slot < 0 or first_slot + n > len(cache.lengths):
         raise RequestError(f"slots {first_slot}..{first_slot + n - 1} are outside the cache's {cache.num_slots} slots.")
     grow = num_new if advance is None else np.where(advance, num_new, 0)
     if width < min_width:

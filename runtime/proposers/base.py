@@ -49,7 +49,12 @@ class Draft:
 
     @staticmethod
     def empty() -> Draft:
-        return Draft(np.zeros(0, np.int64))
+        """No drafts (one shared instance: a round asks for it per request, and nothing writes into a draft)."""
+        return _EMPTY
+
+
+_EMPTY = Draft(np.zeros(0, np.int64))
+_EMPTY.tokens.flags.writeable = False
 
 
 @dataclass

@@ -151,14 +151,16 @@ class DraftModelProposer(Proposer):
         # step 0 feeds each row's pending tokens (ragged); later steps one draft per row
         feed: list[list[int]] | np.ndarray = [self.pending[rid] if k > 0 else [self.pending[rid][-1]] for rid, k in zip(ids, lens, strict=True)]
         track_top = any_sampled or self.confidence_threshold > 0
+        every_row_drafts = int(lens.min())  # steps in which no row rides along (lens changes only when track_top)
         for j in range(steps):
-            idle = lens <= j  # rows that already have their drafts ride along, then roll back
-            logits = self.executor.forward(self.cache, feed, all_logits=False, advance=~idle, first_slot=lo).logits[:, 0, : self.vocab_limit]
-            active = np.flatnonzero(~idle)
+            # rows that already have their drafts ride along, then roll back (none while every row still drafts)
+            idle = lens <= j if track_top or j >= every_row_drafts else None
+            advance = None if idle is None else ~idle
+            logits = self.executor.forward(self.cache, feed, all_logits=False, advance=advance, first_slot=lo).logits[:, 0, : self.vocab_limit]
             drafts[:, j] = logits.argmax(axis=-1)
             top = np.zeros(len(ids)) if track_top else None
             for i in picked:  # the request's own logits processing, with this position's history (its drafts so far)
-                if idle[i]:
+                if idle is not None and idle[i]:
                     continue
                 r = reqs[i]
                 t, q = r.processor.pick(logits[i], drafts[i, :j], r.rng) if r.processor is not None else _plain_pick(logits[i], r)  # type: ignore[union-attr]
@@ -167,6 +169,7 @@ class DraftModelProposer(Proposer):
                     probs[i].append(q)
                     top[i] = q.max()  # type: ignore[index]
             if top is not None and self.confidence_threshold > 0:
+                active = np.flatnonzero(advance)  # (idle is set: track_top)
                 plain = [i for i in active if not sampled[i]]
                 if plain:
                     top[plain] = _top_probability(logits[plain])

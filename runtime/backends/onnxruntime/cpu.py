@@ -10,9 +10,10 @@ taken from forward(extra_inputs=) and returned in the call's StepOutput.extras.
 
 from __future__ import annotations
 
+import functools
 import os
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -65,6 +66,7 @@ class OrtExecutor:
 
         self.engine = engine
         self._name = str(engine.path)  # for plan_step's errors, made once rather than on every forward
+        self._min_width = engine.config.build.min_step_width  # (a property: read once)
         self.model = engine.config.model
         self.build = engine.config.build
         opts = ort.SessionOptions()
@@ -85,7 +87,7 @@ class OrtExecutor:
             except KernelBuildError as err:
                 raise EngineError(f"{engine.path} was built with --cpu_kernels specdec: {err}") from None
             except Exception as err:  # onnxruntime's own errors are untyped
-                raise EngineError(f"{engine.path} was built with --cpu_kernels specdec and specdec's int4 CPU kernel library does not "
+                raise EngineError(f"{engine.path} was built with --cpu_kernels specdec and specdec's int4/int8 CPU kernel library does not "
                                   f"load here ({err}); rebuild the engine with --cpu_kernels ort") from err
         try:
             self.session = ort.InferenceSession(str(engine.network_path), opts, providers=["CPUExecutionProvider"])
@@ -97,6 +99,7 @@ class OrtExecutor:
         # per cache, its call shapes' buffers: what a call returns is overwritten by the next call of that shape on that
         # cache only (never by a call on another cache), and goes with the cache
         self._ios: weakref.WeakKeyDictionary[KVCache, dict[tuple[int, int, int], _StepIO]] = weakref.WeakKeyDictionary()
+        self._last_ios: tuple[weakref.ref, dict] = (lambda: None, {})  # (the last cache, its buffers): most calls are on it
         check_host_memory(engine)
         self._decode_width = max(2, self.build.max_draft_len + 1)  # widest decode step: its buffers stay
         self._steps = np.arange(max(self.build.max_input_len, self.build.kv_capacity), dtype=np.int64)
@@ -108,6 +111,14 @@ class OrtExecutor:
         self._per_token = frozenset(t.name for t in self._extra_out if t.per_token)  # cut by StepPlan.trim
         self.tree_attention = bool(self.build.tree_attention)  # a tree_mask input: forward(parents=...) verifies trees
         self._warm_up()
+
+    def use_session(self, session) -> None:
+        """Run on another ONNX Runtime session of the same engine (a benchmark's: its profiler on, another kernel
+        library): every call shape binds again on it."""
+        self.session = session
+        self._ios = weakref.WeakKeyDictionary()
+        self._last_ios = (lambda: None, {})
+        self._cache_values = None
 
     def _warm_up(self) -> None:
         """ONNX Runtime plans memory on its first runs: do that at load, not in the first request's latency."""
@@ -186,14 +197,14 @@ class OrtExecutor:
             The row's K/V land in call order: compact_slot() keeps an accepted path.
         extra_inputs: name -> [n, width, *tail] float32, each of the engine's extra inputs (rows past a row's count: anything).
         """
-        step = plan_step(cache, tokens, advance, first_slot, self._name, self.build.min_step_width)
+        step = plan_step(cache, tokens, advance, first_slot, self._name, self._min_width)
         batch, width = step.ids.shape
         io = self._io(cache, batch, width, width if all_logits else 1)
         io.ids[...] = step.ids
-        np.add(step.lengths[:, None], self._steps[:width], out=io.positions)
+        np.add(step.lengths[:, None], io.steps, out=io.positions)
         if io.tree is not None:
             fill_tree(io.tree, io.causal, io.tree_rows, io.positions, step.lengths, parents)
-        else:
+        elif parents is not None:
             refuse_trees(parents, self._name)
         if extra_inputs or self._extra_in:
             check_extra_inputs(extra_inputs, self._extra_in, batch, step.tokens, self._name)
@@ -202,7 +213,7 @@ class OrtExecutor:
         if not all_logits:
             np.subtract(step.num_new, 1, out=io.index[:, 0])
         self._bind_cache(io, cache, first_slot, batch)
-        self.session.run_with_iobinding(io.binding)
+        io.run()
         step.lengths += step.grow
         return step.trim(io.output, self._per_token)
 
@@ -212,15 +223,19 @@ class OrtExecutor:
         with one binding per shape a loop that alternates widths (draft_len=auto, n-gram misses) does
         not rebind either (alternating widths 1 and 3 cost 7-15% more per step with one binding)."""
         key = (batch, width, rows)
-        ios = self._ios.get(cache)
-        if ios is None:
-            ios = self._ios[cache] = {}
+        last_cache, ios = self._last_ios  # the cache of the previous call (a weak reference): no WeakKeyDictionary lookup
+        if last_cache() is not cache:
+            ios = self._ios.get(cache)
+            if ios is None:
+                ios = self._ios[cache] = {}
+            self._last_ios = (weakref.ref(cache), ios)
         io = ios.get(key)
         if io is None:
             if width > self._decode_width:  # prompt widths vary per request: keep only the latest one
                 for old in [k for k in ios if k[1] > self._decode_width]:
                     del ios[old]
             io = ios[key] = _StepIO(batch, width, rows, self.vocab_size, self.tree_attention, self._extra_in, self._extra_out)
+            io.steps = self._steps[:width]  # [width] 0, 1, ...: a row's positions past its length
             ort, b = self._ort, self.session.io_binding()
             io.binding = b
             b.bind_ortvalue_input("input_ids", ort.OrtValue.ortvalue_from_numpy(io.ids))
@@ -233,7 +248,18 @@ class OrtExecutor:
                 b.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr))
             for name, arr in io.outputs.items():
                 b.bind_output(name, "cpu", 0, np.float32, list(arr.shape), arr.ctypes.data)
+            io.run = direct_run(self.session, b)
         return io
+
+
+def direct_run(session, binding) -> Callable[[], None]:
+    """session.run_with_iobinding(binding) as one call: the C++ session's own, without the Python wrapper's WebGPU
+    graph-capture checks (a CPU session never captures; three Python calls and a lookup a step) where this
+    onnxruntime exposes it, else the wrapper."""
+    native_session, native_binding = getattr(session, "_sess", None), getattr(binding, "_iobinding", None)
+    if native_session is None or native_binding is None or not hasattr(native_session, "run_with_iobinding"):
+        return functools.partial(session.run_with_iobinding, binding)
+    return functools.partial(native_session.run_with_iobinding, native_binding, None)
 
 
 class _StepIO:
@@ -253,4 +279,6 @@ class _StepIO:
         self.outputs = {t.name: np.empty(t.shape(batch, width, rows), np.float32) for t in extra_out}
         self.output = StepOutput(self.logits, self.outputs)  # what every call of this shape returns
         self.binding = None  # this shape's IOBinding (OrtExecutor._io)
+        self.run: Callable[[], None] = lambda: None  # runs the session on this binding (direct_run)
+        self.steps = np.arange(width, dtype=np.int64)
         self.bound_cache: tuple | None = None  # (version, first slot, rows): the range of its cache bound to it
