@@ -227,7 +227,9 @@ class OrtGenaiModel:
     """
 
     def __init__(self, model_dir: str, draft_dir: str | None = None, num_draft_tokens: int = 4,
-                 ngram: int | None = None, num_threads: int | None = None) -> None:
+                 ngram: int | None = None, num_threads: int | None = None, profile_prefix: str | None = None) -> None:
+        """profile_prefix: ONNX Runtime's profiler on for the target's session (and the draft's, PREFIX_draft); the JSON
+        files are written when the model is closed."""
         import onnxruntime_genai as og
 
         if draft_dir is not None and ngram is not None:
@@ -250,9 +252,13 @@ class OrtGenaiModel:
             path = _make_speculative_dir(model_dir, draft_dir, num_draft_tokens, wrap) \
                 if draft_dir is not None else model_dir
             config = og.Config(path)
-            if num_threads is not None:
-                sess = {"session_options": {"intra_op_num_threads": num_threads}}
-                blocks = {"decoder": sess, **({"draft": sess} if draft_dir else {})}
+            if num_threads is not None or profile_prefix is not None:
+                def options(suffix: str) -> dict[str, Any]:
+                    opts: dict[str, Any] = {} if num_threads is None else {"intra_op_num_threads": num_threads}
+                    if profile_prefix is not None:
+                        opts["enable_profiling"] = profile_prefix + suffix
+                    return {"session_options": opts}
+                blocks = {"decoder": options(""), **({"draft": options("_draft")} if draft_dir else {})}
                 config.overlay(json.dumps({"model": blocks}))
             self.model = og.Model(config)  # sessions are created here; the wrapper dir may go after
         self.load_s = time.perf_counter() - t0
@@ -266,7 +272,7 @@ class OrtGenaiModel:
 
         og = self.og
         total = len(ids) + n
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         params = og.GeneratorParams(self.model)
         # min_length == max_length masks EOS so exactly max_new_tokens are produced.
         params.set_search_options(do_sample=False, max_length=total, min_length=total, num_beams=1)
@@ -276,10 +282,11 @@ class OrtGenaiModel:
         gen.append_tokens(np.asarray([ids], dtype=np.int32))  # prefill
         while not gen.is_done():
             gen.generate_next_token()
-        dt = time.perf_counter() - t0
+        dt, cpu_s = time.perf_counter() - t0, time.process_time() - c0
         seq = gen.get_sequence(0)
         raw = dict(gen.get_speculative_stats()) if self.spec_opts else {}
         stats = {k: float(v) for k, v in raw.items() if isinstance(v, (int, float))}  # drops the histogram lists
+        stats["cpu_s"] = cpu_s  # this process's CPU seconds (prefill + decode)
         return [int(t) for t in seq[len(ids):]], dt, stats
 
     def close(self) -> None:
@@ -318,7 +325,7 @@ class OrtGenaiWorker:
     """
 
     def __init__(self, model_dir: str, draft_dir: str | None = None, num_draft_tokens: int = 4,
-                 ngram: int | None = None, num_threads: int | None = None) -> None:
+                 ngram: int | None = None, num_threads: int | None = None, profile_prefix: str | None = None) -> None:
         why = ortgenai_unavailable()
         if why:
             raise NotImplementedError(why)
@@ -328,7 +335,7 @@ class OrtGenaiWorker:
         try:
             answer = self._ask({"op": "load", "kwargs": dict(model_dir=model_dir, draft_dir=draft_dir,
                                                              num_draft_tokens=num_draft_tokens, ngram=ngram,
-                                                             num_threads=num_threads)})
+                                                             num_threads=num_threads, profile_prefix=profile_prefix)})
         except BaseException:
             self.close()
             raise
@@ -376,6 +383,8 @@ def _serve() -> None:
             payload = {"error": str(e), "error_type": type(e).__name__}
         sys.stdout.write(_RESULT_TAG + json.dumps(payload) + "\n")
         sys.stdout.flush()
+    if model is not None:
+        model.close()  # its sessions end here: a profiler writes its file
 
 
 # --------------------------------------------------------------------------- llama.cpp

@@ -130,6 +130,13 @@ class Layout:
     def engine(self, role: str, bits: str) -> Path:
         return self.work / (f"engine-{role}" if bits == "fp32" else f"engine-{role}-{bits}")
 
+    def tokenizer_dir(self) -> Path:
+        """A target engine whose tokenizer files encode the prompts: the fp32 one, or any that was prepared."""
+        for bits in BITS:
+            if (self.engine("target", bits) / "config.json").is_file():
+                return self.engine("target", bits)
+        raise FileNotFoundError(f"no target engine under {self.work}: run `prepare` first")
+
     def gguf(self, role: str, bits: str) -> Path:
         return self.work / "gguf" / f"{role}-{LLAMA_TYPE[bits]}.gguf"
 
@@ -366,7 +373,7 @@ def llama_cli_methods(lay: Layout, llama_cpp: Path, threads: int, bits_list: lis
 
     from specdec.formats.tokenizer import Tokenizer
 
-    tok = Tokenizer(lay.engine("target", "fp32"))
+    tok = Tokenizer(lay.tokenizer_dir())
     out = []
     for bits in [b for b in bits_list if b not in PEER_BITS]:
         model = lay.gguf("target", bits)
@@ -611,7 +618,7 @@ def uptime() -> str:
 
 
 def make_prompts(lay: Layout, num_prompts: int, prompt_tokens: int) -> tuple[list[list[int]], dict[str, list[int]]]:
-    return workloads(lay.engine("target", "fp32"), num_prompts, prompt_tokens)
+    return workloads(lay.tokenizer_dir(), num_prompts, prompt_tokens)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,201 @@
+"""The engine loop's own cost per target call, against onnxruntime-genai's C++ loop on the same small pair (issue 41).
+
+    python benchmarks/bench_loop.py --target examples/demo-pair/target --draft examples/demo-pair/draft --work /tmp/loop \\
+        --threads 1 --rounds 5 --num_prompts 4 --prompt_tokens 128 --max_new_tokens 128 --output_json loop.json
+
+On the 6.7M-parameter demo pair a step is mostly overhead: what a runtime does around its model calls (scheduling,
+proposing, acceptance, logits processing, bookkeeping) is a large share of a round, and a small draft model's steps
+and every GPU round pay the same. Both runtimes run their ONNX Runtime sessions with ORT's profiler on, and a
+generation's loop cost is its wall time less the time its sessions spent in their runs (the profiler's ``model_run``
+events, clustered into generations by the gaps between them), per target call: the same instrument on both sides,
+whatever each runtime's graph costs (the profiler's own cost is inside ``model_run``: a few microseconds a node). On a
+busy machine both parts stretch with the waiting for a core: the loop's figure is also given scaled by the round's
+CPU time over its wall time. Read the loop figures on a quiet machine. Methods: target-only, draft-target k=4 (the float32 draft), n-gram k=8 over a
+3-token match (onnxruntime-genai's ``ngram_size`` 4 matches the same 3 tokens). Every method runs every prompt in
+every round, the order rotated; figures: median [min-max] over rounds. ``--calls`` adds specdec's Python function
+calls per target call (cProfile, one more pass: a count does not depend on the machine's load).
+
+specdec's figures are its own: one target session per method (so the profiles do not mix), the draft on the same
+thread count. onnxruntime-genai runs in its own process (benchmarks/README.md says how its venv is made).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import glob
+import json
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+import host  # noqa: E402
+import peers  # noqa: E402
+from bench_steps import open_executor  # noqa: E402
+from prompts import code_prompts, spread  # noqa: E402
+
+from specdec.builder.build import build_engine  # noqa: E402
+from specdec.formats.engine_format import BuildConfig  # noqa: E402
+from specdec.runtime import Orchestrator  # noqa: E402
+from specdec.runtime.orchestrator import GenerationConfig  # noqa: E402
+from specdec.runtime.proposers.draft_model import DraftModelProposer  # noqa: E402
+from specdec.runtime.proposers.ngram import NGramProposer  # noqa: E402
+
+METHODS = ("target-only", "draft k=4", "ngram k=8")
+
+
+def prepare(target: str, draft: str, work: Path) -> dict[str, Path]:
+    """specdec's float32 engines and onnxruntime-genai's fp32 exports of the pair, made once under ``work``."""
+    paths = {"target": work / "target", "draft": work / "draft", "og-target": work / "og-target", "og-draft": work / "og-draft"}
+    quiet = lambda _: None  # noqa: E731
+    if not (paths["target"] / "config.json").is_file():
+        build_engine(target, paths["target"], BuildConfig(dtype="float32", max_batch_size=1, max_input_len=1024, max_seq_len=2048, max_draft_len=8,
+                                                          speculative_decoding_mode="draft_tokens_external"), force=True, say=quiet)
+    if not (paths["draft"] / "config.json").is_file():
+        build_engine(draft, paths["draft"], BuildConfig(dtype="float32", max_batch_size=1, max_input_len=1024, max_seq_len=2048), force=True, say=quiet)
+    for ckpt, key in ((target, "og-target"), (draft, "og-draft")):
+        if not (paths[key] / "genai_config.json").is_file():
+            peers.ortgenai_build(ckpt, str(paths[key]))
+    return paths
+
+
+class Specdec:
+    """One specdec method on sessions of its own, profiled: run(ids, n) -> (output ids, wall s, CPU s)."""
+
+    def __init__(self, method: str, paths: dict[str, Path], threads: int, tmp: Path):
+        self.target = open_executor(paths["target"], threads, profile_prefix=str(tmp / f"sd-{method.split()[0]}"))
+        self.draft = open_executor(paths["draft"], threads, profile_prefix=str(tmp / "sd-draft")) if method.startswith("draft") else None
+        proposer, k = {"target-only": (None, 0), "draft k=4": (DraftModelProposer(self.draft) if self.draft else None, 4),
+                       "ngram k=8": (NGramProposer(8, 3), 8)}[method]
+        self.orch = Orchestrator(self.target, proposer, k)
+
+    def run(self, ids: list[int], n: int) -> tuple[list[int], float, float]:
+        w0, c0 = time.perf_counter(), time.process_time()
+        outs, _ = self.orch.generate([ids], GenerationConfig(max_output_len=n, end_ids=()))
+        return outs[0].output_ids, time.perf_counter() - w0, time.process_time() - c0
+
+    def profiles(self) -> list[list[dict[str, Any]]]:
+        """[target events, draft events]: each session's profile (its profiler stops here)."""
+        return [json.loads(Path(ex.session.end_profiling()).read_text()) for ex in (self.target, self.draft) if ex is not None]
+
+
+class OrtGenai:
+    """One onnxruntime-genai method in its worker process, profiled."""
+
+    def __init__(self, method: str, paths: dict[str, Path], threads: int, tmp: Path):
+        self.prefix = str(tmp / f"og-{method.split()[0]}")
+        kw: dict[str, Any] = {"draft k=4": dict(draft_dir=str(paths["og-draft"]), num_draft_tokens=4),
+                              "ngram k=8": dict(ngram=4, num_draft_tokens=8)}.get(method, {})
+        self.worker = peers.OrtGenaiWorker(str(paths["og-target"]), num_threads=threads, profile_prefix=self.prefix, **kw)
+
+    def run(self, ids: list[int], n: int) -> tuple[list[int], float, float]:
+        out, seconds, stats = self.worker.run(ids, n)
+        return out, seconds, stats["cpu_s"]
+
+    def profiles(self) -> list[list[dict[str, Any]]]:
+        self.worker.close()  # its sessions end: the profiler writes its files
+        files = [sorted(glob.glob(f"{self.prefix}_2*.json")), sorted(glob.glob(f"{self.prefix}_draft_2*.json"))]
+        return [json.loads(Path(f[-1]).read_text()) for f in files if f]
+
+
+def generations(events: list[dict[str, Any]], count: int) -> list[tuple[int, float]]:
+    """A session's ``model_run`` events split into its ``count`` generations at the count - 1 widest gaps between runs
+    (other methods ran in between): per generation, (runs, seconds in them)."""
+    runs = sorted((e["ts"], e["dur"]) for e in events if e.get("name") == "model_run")
+    if len(runs) < count:
+        raise RuntimeError(f"a session ran {len(runs)} times for {count} generations: cannot split its profile")
+    gaps = sorted(range(1, len(runs)), key=lambda i: runs[i][0] - (runs[i - 1][0] + runs[i - 1][1]))[len(runs) - count:]
+    cuts = [0, *sorted(gaps), len(runs)]
+    return [(b - a, sum(d for _, d in runs[a:b]) / 1e6) for a, b in zip(cuts, cuts[1:])]
+
+
+def python_calls(runner: Specdec, prompts: list[list[int]], n: int) -> float:
+    """specdec's Python function calls per target call (its rounds and each prompt's prefill) over one pass of the prompts."""
+    target_calls = 0
+    prof = cProfile.Profile()
+    for ids in prompts:
+        prof.enable()
+        _, m = runner.orch.generate([ids], GenerationConfig(max_output_len=n, end_ids=()))
+        prof.disable()
+        target_calls += m.rounds + 1
+    return pstats.Stats(prof).total_calls / target_calls
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", required=True, help="the target's HF checkpoint directory")
+    ap.add_argument("--draft", required=True, help="the draft's HF checkpoint directory")
+    ap.add_argument("--work", required=True, help="engines and exports (made once)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--num_prompts", type=int, default=4)
+    ap.add_argument("--prompt_tokens", type=int, default=128)
+    ap.add_argument("--max_new_tokens", type=int, default=128)
+    ap.add_argument("--runtimes", default="specdec,ortgenai")
+    ap.add_argument("--calls", action="store_true", help="also count specdec's Python calls per target call (cProfile)")
+    ap.add_argument("--output_json", default=None)
+    args = ap.parse_args()
+
+    work = Path(args.work)
+    paths = prepare(args.target, args.draft, work)
+    prompts = code_prompts(paths["target"], args.num_prompts, args.prompt_tokens)
+    n = args.max_new_tokens
+    record = {"host": host.host_record(bandwidth=False), "args": vars(args)}
+    kinds = {"specdec": Specdec, "ortgenai": OrtGenai}
+    with tempfile.TemporaryDirectory(prefix="bench_loop_") as tmp:
+        runners = {(rt, m): kinds[rt](m, paths, args.threads, Path(tmp)) for rt in args.runtimes.split(",") for m in METHODS}
+        names = list(runners)
+        timed: dict[tuple[str, str], list[tuple[int, float, float]]] = {k: [] for k in names}  # per generation: round, wall, CPU
+        outputs: dict[tuple[str, str], list[list[int]]] = {k: [] for k in names}
+        for k in names:  # warm-up: one generation each (it is generation 0 of its profile)
+            runners[k].run(prompts[0], n)
+        for r in range(args.rounds):
+            for i, ids in enumerate(prompts):
+                for k in names[(r + i) % len(names):] + names[: (r + i) % len(names)]:
+                    out, wall, cpu = runners[k].run(ids, n)
+                    timed[k].append((r, wall, cpu))
+                    if r == 0:
+                        outputs[k].append(out)
+        results: dict[str, Any] = {}
+        profiles = {k: runners[k].profiles() for k in names}  # the profilers stop: the --calls pass is not in them
+        calls = {m: python_calls(runners[("specdec", m)], prompts, n) for m in METHODS} if args.calls and "specdec" in args.runtimes else {}
+        for k in names:
+            sessions = [generations(ev, 1 + len(timed[k])) for ev in profiles[k]]
+            per_round: dict[int, list[float]] = {}
+            for g, (r, wall, cpu) in enumerate(timed[k], start=1):
+                target_runs = sessions[0][g][0]
+                model_s = sum(s[g][1] for s in sessions)
+                acc = per_round.setdefault(r, [0.0, 0.0, 0.0, 0.0])
+                acc[0] += wall - model_s
+                acc[1] += target_runs
+                acc[2] += wall
+                acc[3] += cpu
+            tokens = n * len(prompts)
+            results[" ".join(k)] = {
+                "loop_us_per_target_call": spread([a[0] / a[1] * 1e6 for a in per_round.values()]),
+                # the same, scaled by the round's CPU / wall: on a busy machine the wall time of both parts stretches
+                "loop_cpu_us_per_target_call": spread([a[0] * (a[3] / a[2]) / a[1] * 1e6 for a in per_round.values()]),
+                "target_calls_per_round": spread([a[1] for a in per_round.values()]),
+                "tokens_per_s": spread([tokens / a[2] for a in per_round.values()]),
+                "tokens_per_cpu_s": spread([tokens / a[3] for a in per_round.values()]),
+                **({"python_calls_per_target_call": calls[k[1]]} if k[0] == "specdec" and calls else {}),
+                "same_as_target_only": outputs[k] == outputs[(k[0], "target-only")],
+            }
+    record["load_average_end"] = list(host.os.getloadavg())
+    record["results"] = results
+    print(f"{host.describe(record['host'])}; {args.threads} thread(s); load average {record['host']['load_average'][0]:.2f} -> {record['load_average_end'][0]:.2f}")
+    fmt = lambda s, f="{:.1f}": f"{f.format(s['median'])} [{f.format(s['min'])}-{f.format(s['max'])}]"  # noqa: E731
+    print(f"{'runtime / method':<26}{'loop us / target call':>26}{'(x CPU / wall)':>26}{'target calls':>14}{'tokens/s':>22}{'tokens/CPU-s':>22}  py calls  == TO")
+    for name, v in results.items():
+        print(f"{name:<26}{fmt(v['loop_us_per_target_call']):>26}{fmt(v['loop_cpu_us_per_target_call']):>26}{v['target_calls_per_round']['median']:>14.0f}{fmt(v['tokens_per_s']):>22}"
+              f"{fmt(v['tokens_per_cpu_s']):>22}  {v.get('python_calls_per_target_call', float('nan')):8.1f}  {v['same_as_target_only']}")
+    if args.output_json:
+        Path(args.output_json).write_text(json.dumps(record, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
