@@ -272,7 +272,7 @@ class OrtGenaiModel:
 
         og = self.og
         total = len(ids) + n
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0, start_ns = time.perf_counter(), time.process_time(), time.time_ns()
         params = og.GeneratorParams(self.model)
         # min_length == max_length masks EOS so exactly max_new_tokens are produced.
         params.set_search_options(do_sample=False, max_length=total, min_length=total, num_beams=1)
@@ -287,6 +287,7 @@ class OrtGenaiModel:
         raw = dict(gen.get_speculative_stats()) if self.spec_opts else {}
         stats = {k: float(v) for k, v in raw.items() if isinstance(v, (int, float))}  # drops the histogram lists
         stats["cpu_s"] = cpu_s  # this process's CPU seconds (prefill + decode)
+        stats["start_ns"], stats["end_ns"] = start_ns, time.time_ns()  # when it ran (the wall clock: a profile's events placed in time)
         return [int(t) for t in seq[len(ids):]], dt, stats
 
     def close(self) -> None:

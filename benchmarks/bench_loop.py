@@ -7,7 +7,7 @@ On the 6.7M-parameter demo pair a step is mostly overhead: what a runtime does a
 proposing, acceptance, logits processing, bookkeeping) is a large share of a round, and a small draft model's steps
 and every GPU round pay the same. Both runtimes run their ONNX Runtime sessions with ORT's profiler on, and a
 generation's loop cost is its wall time less the time its sessions spent in their runs (the profiler's ``model_run``
-events, clustered into generations by the gaps between them), per target call: the same instrument on both sides,
+events, placed in time), per target call: the same instrument on both sides,
 whatever each runtime's graph costs (the profiler's own cost is inside ``model_run``: a few microseconds a node). On a
 busy machine both parts stretch with the waiting for a core: the loop's figure is also given scaled by the round's
 CPU time over its wall time. Read the loop figures on a quiet machine. Methods: target-only, draft-target k=4 (the float32 draft), n-gram k=8 over a
@@ -64,7 +64,7 @@ def prepare(target: str, draft: str, work: Path) -> dict[str, Path]:
 
 
 class Specdec:
-    """One specdec method on sessions of its own, profiled: run(ids, n) -> (output ids, wall s, CPU s)."""
+    """One specdec method on sessions of its own, profiled: run(ids, n) -> (output ids, wall s, CPU s, start ns, end ns)."""
 
     def __init__(self, method: str, paths: dict[str, Path], threads: int, tmp: Path):
         self.target = open_executor(paths["target"], threads, profile_prefix=str(tmp / f"sd-{method.split()[0]}"))
@@ -73,14 +73,21 @@ class Specdec:
                        "ngram k=8": (NGramProposer(8, 3), 8)}[method]
         self.orch = Orchestrator(self.target, proposer, k)
 
-    def run(self, ids: list[int], n: int) -> tuple[list[int], float, float]:
-        w0, c0 = time.perf_counter(), time.process_time()
+    def run(self, ids: list[int], n: int) -> tuple[list[int], float, float, int, int]:
+        t0, w0, c0 = time.time_ns(), time.perf_counter(), time.process_time()
         outs, _ = self.orch.generate([ids], GenerationConfig(max_output_len=n, end_ids=()))
-        return outs[0].output_ids, time.perf_counter() - w0, time.process_time() - c0
+        return outs[0].output_ids, time.perf_counter() - w0, time.process_time() - c0, t0, time.time_ns()
 
-    def profiles(self) -> list[list[dict[str, Any]]]:
-        """[target events, draft events]: each session's profile (its profiler stops here)."""
-        return [json.loads(Path(ex.session.end_profiling()).read_text()) for ex in (self.target, self.draft) if ex is not None]
+    def profiles(self, intervals: list[tuple[int, int]]) -> list[list[tuple[int, float]]]:
+        """Per session (target, draft), per generation: (runs, seconds in them). The profiler's events are placed in
+        time by its start (the wall clock's nanoseconds, as time.time_ns)."""
+        out = []
+        for ex in (self.target, self.draft):
+            if ex is not None:
+                start = ex.session.get_profiling_start_time_ns()
+                events = json.loads(Path(ex.session.end_profiling()).read_text())
+                out.append(attribute(events, start, intervals))
+        return out
 
 
 class OrtGenai:
@@ -92,25 +99,38 @@ class OrtGenai:
                               "ngram k=8": dict(ngram=4, num_draft_tokens=8)}.get(method, {})
         self.worker = peers.OrtGenaiWorker(str(paths["og-target"]), num_threads=threads, profile_prefix=self.prefix, **kw)
 
-    def run(self, ids: list[int], n: int) -> tuple[list[int], float, float]:
+    def run(self, ids: list[int], n: int) -> tuple[list[int], float, float, int, int]:
         out, seconds, stats = self.worker.run(ids, n)
-        return out, seconds, stats["cpu_s"]
+        return out, seconds, stats["cpu_s"], int(stats["start_ns"]), int(stats["end_ns"])
 
-    def profiles(self) -> list[list[dict[str, Any]]]:
+    def profiles(self, intervals: list[tuple[int, int]]) -> list[list[tuple[int, float]]]:
+        """As Specdec.profiles. The files do not say when each profiler started: each session's first run is placed at
+        the start of the first generation (its prefill begins within a millisecond of it)."""
         self.worker.close()  # its sessions end: the profiler writes its files
-        files = [sorted(glob.glob(f"{self.prefix}_2*.json")), sorted(glob.glob(f"{self.prefix}_draft_2*.json"))]
-        return [json.loads(Path(f[-1]).read_text()) for f in files if f]
+        out = []
+        for pattern in (f"{self.prefix}_2*.json", f"{self.prefix}_draft_2*.json"):
+            files = sorted(glob.glob(pattern))
+            if files:
+                events = json.loads(Path(files[-1]).read_text())
+                first = min(e["ts"] for e in events if e.get("name") == "model_run")
+                out.append(attribute(events, intervals[0][0] - first * 1000, intervals))
+        return out
 
 
-def generations(events: list[dict[str, Any]], count: int) -> list[tuple[int, float]]:
-    """A session's ``model_run`` events split into its ``count`` generations at the count - 1 widest gaps between runs
-    (other methods ran in between): per generation, (runs, seconds in them)."""
-    runs = sorted((e["ts"], e["dur"]) for e in events if e.get("name") == "model_run")
-    if len(runs) < count:
-        raise RuntimeError(f"a session ran {len(runs)} times for {count} generations: cannot split its profile")
-    gaps = sorted(range(1, len(runs)), key=lambda i: runs[i][0] - (runs[i - 1][0] + runs[i - 1][1]))[len(runs) - count:]
-    cuts = [0, *sorted(gaps), len(runs)]
-    return [(b - a, sum(d for _, d in runs[a:b]) / 1e6) for a, b in zip(cuts, cuts[1:])]
+def attribute(events: list[dict[str, Any]], start_ns: int, intervals: list[tuple[int, int]], slack_ns: int = 2_000_000) -> list[tuple[int, float]]:
+    """A session's ``model_run`` events (``ts`` in microseconds after ``start_ns``) per generation interval
+    [start, end] (time.time_ns): (runs, seconds in them)."""
+    per = [[0, 0.0] for _ in intervals]
+    for e in events:
+        if e.get("name") != "model_run":
+            continue
+        t = start_ns + e["ts"] * 1000
+        for i, (a, b) in enumerate(intervals):
+            if a - slack_ns <= t <= b + slack_ns:
+                per[i][0] += 1
+                per[i][1] += e["dur"] / 1e6
+                break
+    return [(n, s) for n, s in per]
 
 
 def python_calls(runner: Specdec, prompts: list[list[int]], n: int) -> float:
@@ -144,27 +164,33 @@ def main() -> None:
     paths = prepare(args.target, args.draft, work)
     prompts = code_prompts(paths["target"], args.num_prompts, args.prompt_tokens)
     n = args.max_new_tokens
-    record = {"host": host.host_record(bandwidth=False), "args": vars(args)}
+    import specdec
+
+    # which specdec ran (PYTHONPATH=<an older tree> measures the loop before a change with this same script)
+    record = {"host": host.host_record(bandwidth=False), "args": vars(args), "specdec": str(Path(specdec.__path__[0]).resolve())}
     kinds = {"specdec": Specdec, "ortgenai": OrtGenai}
     with tempfile.TemporaryDirectory(prefix="bench_loop_") as tmp:
         runners = {(rt, m): kinds[rt](m, paths, args.threads, Path(tmp)) for rt in args.runtimes.split(",") for m in METHODS}
         names = list(runners)
         timed: dict[tuple[str, str], list[tuple[int, float, float]]] = {k: [] for k in names}  # per generation: round, wall, CPU
+        intervals: dict[tuple[str, str], list[tuple[int, int]]] = {k: [] for k in names}  # per generation: start, end (ns)
         outputs: dict[tuple[str, str], list[list[int]]] = {k: [] for k in names}
-        for k in names:  # warm-up: one generation each (it is generation 0 of its profile)
-            runners[k].run(prompts[0], n)
+        for k in names:  # warm-up: one generation each (its profile's first)
+            *_, a, b = runners[k].run(prompts[0], n)
+            intervals[k].append((a, b))
         for r in range(args.rounds):
             for i, ids in enumerate(prompts):
                 for k in names[(r + i) % len(names):] + names[: (r + i) % len(names)]:
-                    out, wall, cpu = runners[k].run(ids, n)
+                    out, wall, cpu, a, b = runners[k].run(ids, n)
                     timed[k].append((r, wall, cpu))
+                    intervals[k].append((a, b))
                     if r == 0:
                         outputs[k].append(out)
         results: dict[str, Any] = {}
-        profiles = {k: runners[k].profiles() for k in names}  # the profilers stop: the --calls pass is not in them
+        profiles = {k: runners[k].profiles(intervals[k]) for k in names}  # the profilers stop: the --calls pass is not in them
         calls = {m: python_calls(runners[("specdec", m)], prompts, n) for m in METHODS} if args.calls and "specdec" in args.runtimes else {}
         for k in names:
-            sessions = [generations(ev, 1 + len(timed[k])) for ev in profiles[k]]
+            sessions = profiles[k]
             per_round: dict[int, list[float]] = {}
             for g, (r, wall, cpu) in enumerate(timed[k], start=1):
                 target_runs = sessions[0][g][0]

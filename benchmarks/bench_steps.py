@@ -74,9 +74,12 @@ def open_executor(path: Path, threads: int, profile_prefix: str | None = None, l
             from specdec.hardware.cpu_kernels import kernel_library
 
             so.register_custom_ops_library(str(library or kernel_library()))
-        ex.session = ort.InferenceSession(str(ex.engine.network_path), so, providers=["CPUExecutionProvider"])
-        ex._ios.clear()
-        ex._cache_values = None
+        session = ort.InferenceSession(str(ex.engine.network_path), so, providers=["CPUExecutionProvider"])
+        if hasattr(ex, "use_session"):
+            ex.use_session(session)
+        else:  # an earlier specdec's executor (bench_loop.py run on an older tree): its call buffers bind again
+            ex.session, ex._cache_values = session, None
+            ex._ios.clear()
     return ex
 
 
