@@ -8,12 +8,16 @@ Each run prefills the prompt and makes exactly ``n`` tokens greedily (``--temp 0
 The tools take text, so the prompt goes in as the text of its token ids (the benchmark's tokenizer and the
 GGUF's agree on these prompts: benchmarks/README.md); the output is the text they print after the prompt.
 Figures are llama.cpp's own: with prefill = (prompt eval + decode) seconds, decode only = tokens / decode
-seconds. The process's load time is outside both, as specdec's engine load is.
+seconds. The process's load time is outside both, as specdec's engine load is. CPU time: llama.cpp's timers are
+wall clock; each is scaled by the process's CPU seconds over its wall seconds (getrusage of the child), the share of
+a core it got on a shared machine (exact at one thread, when the process never waits for a core; an estimate
+otherwise, since the load, prefill and decode phases may wait differently).
 """
 
 from __future__ import annotations
 
 import re
+import resource
 import subprocess
 import tempfile
 import time
@@ -51,9 +55,9 @@ class LlamaCliRunner:
                             "--temp", "0", "--top-k", "1", "-t", str(self.threads), "-tb", str(self.threads), "-c", "1024",
                             "--no-display-prompt" if self.binary.name == "llama-completion" else "", *self.extra]
             self.command = [a for a in self.command if a]
-            t0 = time.perf_counter()
+            t0, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
             proc = subprocess.run(self.command, capture_output=True, text=True, errors="replace", timeout=600, stdin=subprocess.DEVNULL)
-            wall = time.perf_counter() - t0
+            wall, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
         finally:
             Path(f.name).unlink()
         if self.log_path is not None:
@@ -63,6 +67,11 @@ class LlamaCliRunner:
             raise RuntimeError(f"{self.binary.name} exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
         text, stats = self._parse(proc.stdout, proc.stderr, prompt)
         stats["wall_s"] = wall
+        stats["process_cpu_s"] = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)  # load + prefill + decode
+        share = min(float(self.threads), stats["process_cpu_s"] / wall) if wall > 0 else 1.0  # cores busy per wall second
+        stats["cpu_share"] = share
+        self._cpu += stats["with_prefill_s"] * share
+        stats["decode_cpu_s"] = stats["decode_s"] * share
         # the first n tokens: a speculative tool may accept drafts past n, and the text ends in the tool's newlines
         return self.encode_text(text)[:n], stats["with_prefill_s"], stats
 
@@ -94,7 +103,8 @@ class LlamaCliRunner:
         return text, stats
 
     def cpu_s(self) -> float:
-        return float("nan")  # a process per prompt: its CPU time would count the model load
+        """CPU seconds of prefill + decode so far: llama.cpp's timers x the process's CPU share (the module's docstring)."""
+        return self._cpu
 
     def close(self) -> None:
         pass
