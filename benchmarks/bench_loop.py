@@ -56,7 +56,8 @@ def prepare(target: str, draft: str, work: Path) -> dict[str, Path]:
         build_engine(target, paths["target"], BuildConfig(dtype="float32", max_batch_size=1, max_input_len=1024, max_seq_len=2048, max_draft_len=8,
                                                           speculative_decoding_mode="draft_tokens_external"), force=True, say=quiet)
     if not (paths["draft"] / "config.json").is_file():
-        build_engine(draft, paths["draft"], BuildConfig(dtype="float32", max_batch_size=1, max_input_len=1024, max_seq_len=2048), force=True, say=quiet)
+        build_engine(draft, paths["draft"], BuildConfig(dtype="float32", max_batch_size=1, max_input_len=1024, max_seq_len=2048),
+                     force=True, say=quiet)
     for ckpt, key in ((target, "og-target"), (draft, "og-draft")):
         if not (paths[key] / "genai_config.json").is_file():
             peers.ortgenai_build(ckpt, str(paths[key]))
@@ -213,9 +214,11 @@ def main() -> None:
             }
     record["load_average_end"] = list(host.os.getloadavg())
     record["results"] = results
-    print(f"{host.describe(record['host'])}; {args.threads} thread(s); load average {record['host']['load_average'][0]:.2f} -> {record['load_average_end'][0]:.2f}")
+    print(f"{host.describe(record['host'])}; {args.threads} thread(s); "
+          f"load average {record['host']['load_average'][0]:.2f} -> {record['load_average_end'][0]:.2f}")
     fmt = lambda s, f="{:.1f}": f"{f.format(s['median'])} [{f.format(s['min'])}-{f.format(s['max'])}]"  # noqa: E731
-    print(f"{'runtime / method':<26}{'loop us / target call':>26}{'(x CPU / wall)':>26}{'target calls':>14}{'tokens/s':>22}{'tokens/CPU-s':>22}  py calls  == TO")
+    print(f"{'runtime / method':<26}{'loop us / target call':>26}{'(x CPU / wall)':>26}{'target calls':>14}{'tokens/s':>22}"
+          f"{'tokens/CPU-s':>22}  py calls  == TO")
     for name, v in results.items():
         print(f"{name:<26}{fmt(v['loop_us_per_target_call']):>26}{fmt(v['loop_cpu_us_per_target_call']):>26}{v['target_calls_per_round']['median']:>14.0f}{fmt(v['tokens_per_s']):>22}"
               f"{fmt(v['tokens_per_cpu_s']):>22}  {v.get('python_calls_per_target_call', float('nan')):8.1f}  {v['same_as_target_only']}")
