@@ -51,7 +51,10 @@ METHODS = ("target-only", "draft k=4", "ngram k=8")
 def prepare(target: str, draft: str, work: Path) -> dict[str, Path]:
     """specdec's float32 engines and onnxruntime-genai's fp32 exports of the pair, made once under ``work``."""
     paths = {"target": work / "target", "draft": work / "draft", "og-target": work / "og-target", "og-draft": work / "og-draft"}
-    quiet = lambda _: None  # noqa: E731
+
+    def quiet(_: str) -> None:
+        pass
+
     if not (paths["target"] / "config.json").is_file():
         build_engine(target, paths["target"], BuildConfig(dtype="float32", max_batch_size=1, max_input_len=1024, max_seq_len=2048, max_draft_len=8,
                                                           speculative_decoding_mode="draft_tokens_external"), force=True, say=quiet)
@@ -216,7 +219,9 @@ def main() -> None:
     record["results"] = results
     print(f"{host.describe(record['host'])}; {args.threads} thread(s); "
           f"load average {record['host']['load_average'][0]:.2f} -> {record['load_average_end'][0]:.2f}")
-    fmt = lambda s, f="{:.1f}": f"{f.format(s['median'])} [{f.format(s['min'])}-{f.format(s['max'])}]"  # noqa: E731
+    def fmt(s: dict[str, float], f: str = "{:.1f}") -> str:
+        return f"{f.format(s['median'])} [{f.format(s['min'])}-{f.format(s['max'])}]"
+
     print(f"{'runtime / method':<26}{'loop us / target call':>26}{'(x CPU / wall)':>26}{'target calls':>14}{'tokens/s':>22}"
           f"{'tokens/CPU-s':>22}  py calls  == TO")
     for name, v in results.items():
