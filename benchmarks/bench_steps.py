@@ -148,7 +148,8 @@ def profile(path: Path, threads: int, width: int, context: int, calls: int) -> d
             "between_nodes_ms": run_ms - kernel_ms, "nodes_per_call": len(nodes) // calls, "ops": ops}
 
 
-def floors(engines: list[Path], bandwidth: dict[str, Any], labels: list[str] = (), earlier: dict[str, tuple[Path, Path]] | None = None) -> dict[str, Any]:
+def floors(engines: list[Path], bandwidth: dict[str, Any], labels: list[str] = (),
+           earlier: dict[str, tuple[Path, Path]] | None = None) -> dict[str, Any]:
     by = bandwidth["by_threads"]
     named = [(name, p) for p in engines for name in (str(p), *(f"{p} [{label}]" for label in labels))]
     named += [(f"{p} [{label}]", p) for label, (p, _) in (earlier or {}).items()]
@@ -198,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--q4_library", action="append", default=[], metavar="LABEL=PATH",
                     help="also run each Q4Gemm engine with this build of specdec_cpu_kernels.so (e.g. an earlier specdec's), interleaved")
     ap.add_argument("--earlier", action="append", default=[], metavar="LABEL=ENGINE:LIBRARY",
-                    help="also an engine an earlier specdec built (a kernel layout this one refuses), with that specdec's specdec_cpu_kernels.so, interleaved")
+                    help="also an engine an earlier specdec built (a kernel layout this one refuses), with that specdec's "
+                         "specdec_cpu_kernels.so, interleaved")
     ap.add_argument("--output_json")
     ap.add_argument("--_inner", action="store_true", help=argparse.SUPPRESS)  # a --kernels subprocess: timings only, as JSON
     args = ap.parse_args(argv)

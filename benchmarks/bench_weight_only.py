@@ -427,7 +427,8 @@ def rotated(methods: list[Method], round_index: int, rounds: int) -> list[Method
 def run_round(methods: list[Method], prompts: list[list[int]], n_new: int, round_index: int, rounds: int) -> None:
     """Prompt by prompt, every method in turn: the methods compared share each stretch of machine load."""
     live = [m for m in rotated(methods, round_index, rounds) if m.runner is not None]
-    rec = {m.name: {"output_ids": [], "seconds": [], "cpu_s": [], "decode_s": [], "decode_cpu_s": [], "decode_tokens": [], "drafted": 0.0, "accepted": 0.0,
+    rec = {m.name: {"output_ids": [], "seconds": [], "cpu_s": [], "decode_s": [], "decode_cpu_s": [], "decode_tokens": [],
+                    "drafted": 0.0, "accepted": 0.0,
                     "draft_s": 0.0, "target_s": 0.0, "rounds": 0} for m in live}
     for ids in prompts:
         for m in live:
@@ -567,7 +568,8 @@ def goals(summary: dict[str, dict[str, Any]], methods: list[Method], subsets: di
                     dec_cpu = [(decode_tokens_per_cpu_s(x, idx), decode_tokens_per_cpu_s(y, idx)) for x, y in pairs]
                     decode_cpu = spread([d / e for d, e in dec_cpu]) if all(d and e for d, e in dec_cpu) else None
                     rows.append({"bits": bits, "workload": w, "goal": goal, "ours": a, "theirs": b, "ratio": ratios,
-                                 "ratio_cpu": cpu, "ratio_decode": decode, "ratio_decode_cpu": decode_cpu, "target": target, "met": ratios["median"] >= target,
+                                 "ratio_cpu": cpu, "ratio_decode": decode, "ratio_decode_cpu": decode_cpu, "target": target,
+                                 "met": ratios["median"] >= target,
                                  "met_decode": None if decode is None else decode["median"] >= target,
                                  "met_cpu": cpu["median"] >= target,
                                  "met_decode_cpu": None if decode_cpu is None else decode_cpu["median"] >= target})

@@ -33,7 +33,8 @@ def accept_token_compare(drafts: np.ndarray, target_logits: np.ndarray | Rows, c
         if rows.plain:  # one argmax over every row, compared as Python ints (k is a few)
             picks = rows.raw[: k + 1].argmax(axis=-1).tolist()
             if k:
-                for n, (pick, draft) in enumerate(zip(picks, drafts.tolist() if isinstance(drafts, np.ndarray) else drafts)):
+                listed = drafts.tolist() if isinstance(drafts, np.ndarray) else drafts
+                for n, (pick, draft) in enumerate(zip(picks, listed, strict=False)):  # k + 1 picks, k drafts
                     if pick != draft:
                         return n, pick
             return k, picks[k]

@@ -91,7 +91,7 @@ class KVCache:
     def check_room(self, num_new: np.ndarray, padded_len: int, first_slot: int = 0, what: str = "the engine") -> None:
         """Every row of the range must stay within max_seq_len, and padded writes within capacity."""
         lengths = self.lengths[first_slot : first_slot + len(num_new)].tolist()  # a few rows, checked every step: Python ints
-        for row, (length, grow) in enumerate(zip(lengths, num_new.tolist())):
+        for row, (length, grow) in enumerate(zip(lengths, num_new.tolist(), strict=True)):
             if length + grow > self.max_seq_len:
                 raise RequestError(
                     f"slot {first_slot + row} would hold {length + grow} tokens, more than {what}'s max_seq_len={self.max_seq_len}. "

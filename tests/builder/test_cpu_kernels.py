@@ -146,14 +146,16 @@ def test_rows_are_the_same_bits_whatever_the_call():
     int8, one output, several, and swiglu."""
     x = np.random.default_rng(4).standard_normal((37, 512)).astype(np.float32)
     cases = [(int4_weight(512, 208, 128, False, seed=3), {}), (int_weight(512, 208, 512, True, seed=3, bits=8), {}),
-             (int4_weight(512, 208, 128, True, seed=3), dict(splits=[144, 32, 32])), (int_weight(512, 64, 128, False, seed=3, bits=8), dict(swiglu=True))]
+             (int4_weight(512, 208, 128, True, seed=3), dict(splits=[144, 32, 32])),
+             (int_weight(512, 64, 128, False, seed=3, bits=8), dict(swiglu=True))]
     for w, kind in cases:
         one = session(w, 1, **kind)
         alone = np.concatenate([np.concatenate(one.run(None, {"x": x[i : i + 1]}), -1) for i in range(37)])
         for threads in (1, 2):
             sess = session(w, threads, **kind)
             for m in (*range(1, 13), 17, 36, 37):
-                np.testing.assert_array_equal(np.concatenate(sess.run(None, {"x": x[:m]}), -1), alone[:m], err_msg=f"{w.bits} bits {kind}: {m} rows, {threads} threads")
+                np.testing.assert_array_equal(np.concatenate(sess.run(None, {"x": x[:m]}), -1), alone[:m],
+                                              err_msg=f"{w.bits} bits {kind}: {m} rows, {threads} threads")
 
 
 @pytest.mark.parametrize("kernel", ["avx2", "portable"])

@@ -45,7 +45,8 @@ def engines(tmp_path_factory):
                                                                             cpu_kernels="specdec")),
             "draft_q4": build_and_load(draft, d / "dq", spec_build(0, quantization="int4_wo", group_size=64, cpu_kernels="specdec")),
             # int8 on the same kernel family (Q8Gemm), per channel, its LM head too; and an int4 LM head on Q4Gemm
-            "target_q8": build_and_load(target, d / "tq8", spec_build(MAX_DRAFT, quantization="int8_wo", quantize_lm_head=True, cpu_kernels="specdec")),
+            "target_q8": build_and_load(target, d / "tq8",
+                                        spec_build(MAX_DRAFT, quantization="int8_wo", quantize_lm_head=True, cpu_kernels="specdec")),
             "target_q4_head": build_and_load(target, d / "tqh", spec_build(MAX_DRAFT, **int4, quantize_lm_head=True, cpu_kernels="specdec"))}
            if compiler() else {}),
     }
