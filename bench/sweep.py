@@ -43,7 +43,7 @@ from ..runtime.request import METHODS as ENGINE_METHODS
 from ..runtime.tree import check_nodes, parse_choices
 from .datasets import Record, check_fits
 
-METHODS = ENGINE_METHODS  # none | draft | ngram | medusa | eagle | suffix
+METHODS = ENGINE_METHODS  # none | draft | ngram | medusa | eagle | peagle | suffix
 
 
 def analytic_bound(alpha: float, gamma: int, c: float) -> float:

@@ -1,29 +1,34 @@
-"""Medusa and EAGLE against draft-target and n-gram, side by side, interleaved (issue 16).
+"""Medusa, EAGLE-3 and P-EAGLE against draft-target and n-gram, side by side, interleaved (issues 16 and 43).
 
     python benchmarks/bench_heads.py --target /tmp/big/engine-target --draft /tmp/big/engine-draft \\
-        --medusa /tmp/big/engine-medusa --eagle /tmp/big/engine-eagle --rounds 3 --output_json heads.json
+        --medusa /tmp/big/engine-medusa --eagle /tmp/big/engine-eagle --peagle /tmp/big/engine-peagle \\
+        --batches 1,4,16 --rounds 3 --output_json heads.json
+    python benchmarks/bench_heads.py draft-cost --eagle /tmp/big/engine-eagle --peagle /tmp/big/engine-peagle --lens 1,2,3,4,5,6,7,8
 
-Batch 1, greedy, the same token ids and the same number of new tokens (EOS
-ignored) for every method; prompts from benchmarks/prompts.py (the start of a
-held-out standard-library function, and copy-heavy ones: a function, then a
-request to repeat it), reported apart and together.
+Greedy, the same token ids and the same number of new tokens (EOS ignored) for every method; prompts from
+benchmarks/prompts.py (the start of a held-out standard-library function, and copy-heavy ones: a function, then a
+request to repeat it), reported apart and together at batch 1, together at larger batches (each batch mixes both
+kinds).
 
-Methods (each on its own engine of the same model; every speedup is against
-target-only on the plain target engine):
+Methods (each on its own engine of the same model; every speedup is against target-only on the plain target engine):
 
 * target-only;
 * draft-target, k drafts from the draft engine (--draft_lens);
 * n-gram, k = 8, matching up to 3 tokens;
 * Medusa chain (k = every head) and tree (--medusa_choices), the heads in the medusa target;
-* EAGLE-3 chain (--eagle_lens) and tree (--eagle_choices), the module engine in the eagle target's eagle/.
+* EAGLE-3 chain (--eagle_lens) and tree (--eagle_choices), the module engine in the eagle target's eagle/;
+* P-EAGLE chain (--peagle_lens) and tree (--peagle_choices): the peagle target's module drafts the block in one call.
 
-Every method is loaded once and warmed up; then each round runs prompt by
-prompt, every method in turn on each prompt (the order rotated each round),
-so the methods share each stretch of machine load. Reported per method:
-tokens/s (median and min-max over rounds), the ratio to target-only in the
-same round (median, min-max: the figure to read on a shared machine), mean
-acceptance length, per-depth acceptance, and whether the output equals
-target-only's (greedy speculation must reproduce it exactly).
+Every method is loaded once and warmed up (at every batch size); then each round runs batch by batch, every method in
+turn on each batch (the order rotated each round), so the methods share each stretch of machine load. Reported per
+method and batch size: tokens/s (median and min-max over rounds), the ratio to target-only in the same round (median,
+min-max: the figure to read on a shared machine), mean acceptance length, per-depth acceptance, draft seconds per
+round, and whether the output equals target-only's (greedy speculation must reproduce it exactly).
+
+``draft-cost``: what one round's drafting costs, chain k = each of --lens, EAGLE-3 (one module call, then one per
+further token) against P-EAGLE (one call), at each of --batches (batches of consecutive prompts): seconds of the proposers' calls per round
+(Metrics.draft_s over the engine's rounds), interleaved per prompt, and each as a multiple of EAGLE-3's k = 1 round
+(one module call, the same pairs fed).
 """
 
 from __future__ import annotations
@@ -49,16 +54,32 @@ from specdec.runtime.metrics import Metrics  # noqa: E402
 from specdec.runtime.orchestrator import GenerationConfig, Orchestrator  # noqa: E402
 from specdec.runtime.proposers.eagle import EagleProposer  # noqa: E402
 from specdec.runtime.proposers.medusa import MedusaProposer  # noqa: E402
+from specdec.runtime.proposers.peagle import PEagleProposer  # noqa: E402
 
 MEDUSA_TREE = "[[0],[1],[2],[0,0],[0,1],[1,0],[0,0,0],[0,0,1]]"
 EAGLE_TREE = "[[0],[1],[2],[0,0],[0,1],[1,0],[0,0,0],[0,0,1]]"
+
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
 
 
 @dataclass
 class Method:
     name: str
     orch: Orchestrator
-    rounds: list[dict[str, Any]] = field(default_factory=list)  # per round: seconds and outputs per prompt, metrics
+    runs: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # batch size -> per round: seconds, outputs, metrics
+
+
+def module_methods(label: str, path: str, cls, lens: list[int], choices: str | None, threads: int | None) -> list[Method]:
+    """Chains of each length and a tree of one EAGLE-family target, on one target executor and one module executor."""
+    first = load_engine(load_engine_dir(path), num_threads=threads)
+    proposer = next(iter(first.proposers.values()))
+    out = [Method(f"{label} chain k={k}", Orchestrator(first.target, cls(first.target, proposer.module), draft_len=k)) for k in lens]
+    if choices:
+        tree = cls(first.target, proposer.module, choices)
+        out.append(Method(f"{label} tree n={len(tree.tree)}", Orchestrator(first.target, tree, draft_len=len(tree.tree))))
+    return out
 
 
 def methods(args: argparse.Namespace) -> list[Method]:
@@ -69,110 +90,198 @@ def methods(args: argparse.Namespace) -> list[Method]:
         for k in args.draft_lens:
             e = load_engine(args.target, args.draft, DraftTargetConfig(k, [0], [0], False), num_threads=threads, target_executor=base.target)
             out.append(Method(f"draft-target k={k}", Orchestrator.from_engine(e)))
-    e = load_engine(args.target, ngram=NGramConfig(8, 3, [0]), num_threads=threads, target_executor=base.target)
-    out.append(Method("n-gram k=8 n=3", Orchestrator.from_engine(e)))
-    # Medusa / EAGLE: each target (and EAGLE's module) opened once; chains and the tree share them
-    if args.medusa:
+    if args.ngram:
+        e = load_engine(args.target, ngram=NGramConfig(8, 3, [0]), num_threads=threads, target_executor=base.target)
+        out.append(Method("n-gram k=8 n=3", Orchestrator.from_engine(e)))
+    if args.medusa:  # the chain and the tree share the target
         chain = load_engine(load_engine_dir(args.medusa), num_threads=threads)
         out.append(Method(f"Medusa chain k={chain.speculation.draft_len}", Orchestrator.from_engine(chain)))
         if args.medusa_choices:
             tree = MedusaProposer(chain.target, args.medusa_choices)
             out.append(Method(f"Medusa tree n={len(tree.tree)}", Orchestrator(chain.target, tree, draft_len=len(tree.tree))))
     if args.eagle:
-        first = load_engine(load_engine_dir(args.eagle), num_threads=threads)
-        module = first.proposers["eagle"].module
-        for k in args.eagle_lens:
-            out.append(Method(f"EAGLE chain k={k}", Orchestrator(first.target, EagleProposer(first.target, module), draft_len=k)))
-        if args.eagle_choices:
-            tree = EagleProposer(first.target, module, args.eagle_choices)
-            out.append(Method(f"EAGLE tree n={len(tree.tree)}", Orchestrator(first.target, tree, draft_len=len(tree.tree))))
+        out += module_methods("EAGLE", args.eagle, EagleProposer, args.eagle_lens, args.eagle_choices, threads)
+    if args.peagle:
+        out += module_methods("P-EAGLE", args.peagle, PEagleProposer, args.peagle_lens, args.peagle_choices, threads)
     return out
 
 
-def run_round(ms: list[Method], prompts: list[list[int]], n_new: int, r: int) -> None:
+def batches_of(prompts: list[list[int]], subsets: dict[str, list[int]], size: int) -> list[list[int]]:
+    """Prompt indices in batches of ``size``: the kinds alternate, so every batch mixes ordinary and copy-heavy prompts."""
+    kinds = [subsets[k] for k in subsets if k != "all"]
+    order = [i for group in zip(*kinds) for i in group] + [i for k in kinds for i in k[min(map(len, kinds)):]]
+    return [order[i : i + size] for i in range(0, len(order), size)]
+
+
+def timed_generate(m: Method, prompts: list[list[int]], cfg: GenerationConfig) -> tuple[float, list[list[int]], Metrics, int]:
+    rounds = m.orch.engine.round.rounds
+    t = time.perf_counter()
+    outs, metrics = m.orch.generate(prompts, cfg)
+    return time.perf_counter() - t, [o.output_ids for o in outs], metrics, m.orch.engine.round.rounds - rounds
+
+
+def run_round(ms: list[Method], prompts: list[list[int]], groups: dict[int, list[list[int]]], n_new: int, r: int) -> None:
     order = ms[r % len(ms):] + ms[: r % len(ms)]  # rotate: no method always runs first after a pause
     order = order if r % 2 == 0 else order[::-1]
-    rec = {m.name: {"s": [], "output_ids": [], "metrics": Metrics()} for m in ms}
     cfg = GenerationConfig(max_output_len=n_new)
-    for p in prompts:
-        for m in order:
-            t = time.perf_counter()
-            (out,), metrics = m.orch.generate([p], cfg)
-            rec[m.name]["s"].append(time.perf_counter() - t)
-            rec[m.name]["output_ids"].append(out.output_ids)
-            rec[m.name]["metrics"].merge(metrics)
-    for m in ms:
-        m.rounds.append(rec[m.name])
+    for size, batches in groups.items():
+        rec = {m.name: {"s": {}, "output_ids": {}, "metrics": Metrics(), "draft_s": 0.0, "engine_rounds": 0} for m in ms}
+        for batch in batches:
+            for m in order:
+                s, outs, metrics, rounds = timed_generate(m, [prompts[i] for i in batch], cfg)
+                row = rec[m.name]
+                for i, o in zip(batch, outs):
+                    row["s"][i], row["output_ids"][i] = s / len(batch), o  # a batch's time, shared by its prompts
+                row["metrics"].merge(metrics)
+                row["draft_s"] += metrics.draft_s
+                row["engine_rounds"] += rounds
+        for m in ms:
+            m.runs.setdefault(size, []).append(rec[m.name])
 
 
 def summarize(ms: list[Method], subsets: dict[str, list[int]], n_new: int) -> dict[str, dict[str, Any]]:
     base = ms[0]
     out: dict[str, dict[str, Any]] = {}
     for m in ms:
-        row: dict[str, Any] = {}
-        for sub, idx in subsets.items():
-            tps = [n_new * len(idx) / sum(r["s"][i] for i in idx) for r in m.rounds]
-            base_tps = [n_new * len(idx) / sum(r["s"][i] for i in idx) for r in base.rounds]
-            row[sub] = {"tokens_per_s": spread(tps), "speedup": spread([a / b for a, b in zip(tps, base_tps, strict=False)])}
-        metrics = m.rounds[-1]["metrics"]
-        row["mean_acceptance_length"] = metrics.mean_acceptance_length if metrics.drafted else None
-        row["per_depth_acceptance"] = metrics.per_position_acceptance
-        row["identical"] = all(r["output_ids"] == b["output_ids"] for r, b in zip(m.rounds, base.rounds, strict=False))
-        out[m.name] = row
+        per_batch: dict[str, Any] = {}
+        for size, runs in m.runs.items():
+            row: dict[str, Any] = {}
+            for sub, idx in (subsets.items() if size == 1 else [("all", subsets["all"])]):
+                tps = [n_new * len(idx) / sum(r["s"][i] for i in idx) for r in runs]
+                base_tps = [n_new * len(idx) / sum(r["s"][i] for i in idx) for r in base.runs[size]]
+                row[sub] = {"tokens_per_s": spread(tps), "speedup": spread([a / b for a, b in zip(tps, base_tps)])}
+            metrics = runs[-1]["metrics"]
+            row["mean_acceptance_length"] = metrics.mean_acceptance_length if metrics.drafted else None
+            row["per_depth_acceptance"] = metrics.per_position_acceptance
+            row["draft_ms_per_round"] = spread([1e3 * r["draft_s"] / max(r["engine_rounds"], 1) for r in runs])
+            row["identical"] = all(r["output_ids"] == b["output_ids"] for r, b in zip(runs, base.runs[size]))
+            per_batch[str(size)] = row
+        out[m.name] = per_batch
     return out
 
 
-def print_table(summary: dict[str, dict[str, Any]], subsets: dict[str, list[int]]) -> None:
-    def cell(s: dict[str, float], suffix: str = "") -> str:
-        return f"{s['median']:.2f}{suffix} ({s['min']:.2f}-{s['max']:.2f})"
+def cell(s: dict[str, float], suffix: str = "", digits: int = 2) -> str:
+    return f"{s['median']:.{digits}f}{suffix} ({s['min']:.{digits}f}-{s['max']:.{digits}f})"
 
-    speedups = "".join(f"{'speedup ' + sub:>26}" for sub in subsets)
-    head = f"{'method':<22}{'tokens/s (all)':>22}" + speedups + f"{'acc. len':>10}  per-depth acceptance   same"
-    print(head)
-    for name, row in summary.items():
-        acc = row["mean_acceptance_length"]
-        depth = " ".join(f"{a:.2f}" for a in row["per_depth_acceptance"][:4])
-        print(f"{name:<22}{cell(row['all']['tokens_per_s']):>22}" + "".join(f"{cell(row[sub]['speedup'], 'x'):>26}" for sub in subsets)
-              + f"{(f'{acc:.2f}' if acc else '-'):>10}  {depth:<20} {'yes' if row['identical'] else 'NO'}")
+
+def print_table(summary: dict[str, dict[str, Any]], subsets: dict[str, list[int]]) -> None:
+    for size in next(iter(summary.values())):
+        subs = list(subsets) if size == "1" else ["all"]
+        print(f"\nbatch {size}")
+        print(f"{'method':<22}{'tokens/s (all)':>22}" + "".join(f"{'speedup ' + sub:>26}" for sub in subs)
+              + f"{'draft ms/round':>22}{'acc. len':>10}  per-depth acceptance   same")
+        for name, rows in summary.items():
+            row = rows[size]
+            acc = row["mean_acceptance_length"]
+            depth = " ".join(f"{a:.2f}" for a in row["per_depth_acceptance"][:4])
+            print(f"{name:<22}{cell(row['all']['tokens_per_s']):>22}" + "".join(f"{cell(row[sub]['speedup'], 'x'):>26}" for sub in subs)
+                  + f"{cell(row['draft_ms_per_round'], digits=1):>22}{(f'{acc:.2f}' if acc else '-'):>10}  {depth:<20} {'yes' if row['identical'] else 'NO'}")
+
+
+def speed(args: argparse.Namespace) -> dict[str, Any]:
+    target = load_engine_dir(args.target)
+    prompts, subsets = workloads(target.path, args.num_prompts, args.prompt_tokens)
+    groups = {size: batches_of(prompts, subsets, size) for size in args.batches}
+    ms = methods(args)
+    print(f"{len(prompts)} prompts, {args.max_new_tokens} new tokens each, batches {args.batches}, greedy, {args.rounds} rounds, "
+          f"{args.threads or 'default'} threads; load average {os.getloadavg()[0]:.2f}", flush=True)
+    for m in ms:  # warm-up: first calls pay one-time costs, at every batch size (each its own call shapes)
+        for size, batches in groups.items():
+            m.orch.generate([prompts[i][:16] for i in batches[0]], GenerationConfig(max_output_len=8))
+    for r in range(args.rounds):
+        print(f"  round {r + 1}/{args.rounds} (load average {os.getloadavg()[0]:.2f})", flush=True)
+        run_round(ms, prompts, groups, args.max_new_tokens, r)
+    summary = summarize(ms, subsets, args.max_new_tokens)
+    print_table(summary, subsets)
+    return {"summary": summary, "prompt_tokens": [len(p) for p in prompts], "batches": {str(k): v for k, v in groups.items()}}
+
+
+def draft_cost(args: argparse.Namespace) -> dict[str, Any]:
+    """Draft ms per round of EAGLE-3 and P-EAGLE chains of each length, interleaved prompt by prompt."""
+    prompts, _ = workloads(load_engine_dir(args.eagle).path, args.num_prompts, args.prompt_tokens)
+    ms = module_methods("EAGLE", args.eagle, EagleProposer, args.lens, None, args.threads)
+    ms += module_methods("P-EAGLE", args.peagle, PEagleProposer, args.lens, None, args.threads)
+    cfg = GenerationConfig(max_output_len=args.max_new_tokens)
+    sizes = sorted(set(args.batches))
+    for m in ms:
+        for size in sizes:
+            m.orch.generate([p[:16] for p in prompts[:size]], GenerationConfig(max_output_len=8))
+    per: dict[tuple[str, int], list[float]] = {}
+    counts: dict[tuple[str, int], Metrics] = {}  # every run's counts: the acceptance of each method and k
+    print(f"{len(prompts)} prompts, {args.max_new_tokens} new tokens, batches {sizes}, {args.rounds} rounds; load average {os.getloadavg()[0]:.2f}", flush=True)
+    for r in range(args.rounds):
+        order = ms[r % len(ms):] + ms[: r % len(ms)]
+        for size in sizes:
+            for start in range(0, len(prompts), size):
+                batch = prompts[start : start + size]
+                if len(batch) < size:
+                    continue
+                for m in order:
+                    _, _, metrics, rounds = timed_generate(m, batch, cfg)
+                    per.setdefault((m.name, size), []).append(1e3 * metrics.draft_s / max(rounds, 1))
+                    counts.setdefault((m.name, size), Metrics()).merge(metrics)
+    out: dict[str, Any] = {}
+    for size in sizes:
+        one_call = per[("EAGLE chain k=1", size)] if 1 in args.lens else None
+        if one_call is None:
+            raise SystemExit("draft-cost needs k = 1 in --lens: EAGLE's k = 1 round is the one-call yardstick.")
+        print(f"\nbatch {size}: draft ms per round (median, min-max over {len(one_call)} runs), and / EAGLE's k = 1 round (one module call)")
+        print(f"{'k':>3}{'EAGLE chain':>24}{'x one call':>12}{'P-EAGLE chain':>24}{'x one call':>12}{'acc. len EAGLE':>16}{'P-EAGLE':>9}")
+        rows = {}
+        for k in args.lens:
+            e, p = per[(f"EAGLE chain k={k}", size)], per[(f"P-EAGLE chain k={k}", size)]
+            ratio_e = [a / b for a, b in zip(e, one_call)]
+            ratio_p = [a / b for a, b in zip(p, one_call)]
+            acc = [counts[(f"{label} chain k={k}", size)].mean_acceptance_length for label in ("EAGLE", "P-EAGLE")]
+            rows[str(k)] = {"eagle_ms": spread(e), "eagle_x_one_call": spread(ratio_e), "peagle_ms": spread(p), "peagle_x_one_call": spread(ratio_p),
+                            "eagle_acceptance_length": acc[0], "peagle_acceptance_length": acc[1]}
+            print(f"{k:>3}{cell(spread(e), digits=1):>24}{spread(ratio_e)['median']:>11.2f}x{cell(spread(p), digits=1):>24}{spread(ratio_p)['median']:>11.2f}x"
+                  f"{acc[0]:>16.2f}{acc[1]:>9.2f}")
+        out[str(size)] = rows
+    return {"draft_cost": out}
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cost = bool(argv) and argv[0] == "draft-cost"
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", required=True, help="plain target engine (draft_tokens_external): target-only, draft-target, n-gram")
-    p.add_argument("--draft", help="draft engine for draft-target")
-    p.add_argument("--medusa", help="the same model built with --speculative_decoding_mode medusa")
-    p.add_argument("--eagle", help="the same model built with --speculative_decoding_mode eagle")
-    p.add_argument("--medusa_choices", default=MEDUSA_TREE)
-    p.add_argument("--eagle_choices", default=EAGLE_TREE)
-    p.add_argument("--draft_lens", type=lambda s: [int(x) for x in s.split(",")], default=[4])
-    p.add_argument("--eagle_lens", type=lambda s: [int(x) for x in s.split(",")], default=[3])
-    p.add_argument("--num_prompts", type=int, default=4, help="per kind (ordinary, copy-heavy)")
+    if cost:
+        argv = argv[1:]
+        p.add_argument("--eagle", required=True)
+        p.add_argument("--peagle", required=True)
+        p.add_argument("--lens", type=ints, default=list(range(1, 9)))
+        p.add_argument("--max_new_tokens", type=int, default=32)
+        p.add_argument("--num_prompts", type=int, default=2, help="per kind (ordinary, copy-heavy)")
+    else:
+        p.add_argument("--target", required=True, help="plain target engine (draft_tokens_external): target-only, draft-target, n-gram")
+        p.add_argument("--draft", help="draft engine for draft-target")
+        p.add_argument("--no_ngram", dest="ngram", action="store_false", help="leave n-gram out")
+        p.add_argument("--medusa", help="the same model built with --speculative_decoding_mode medusa")
+        p.add_argument("--eagle", help="the same model built with --speculative_decoding_mode eagle")
+        p.add_argument("--peagle", help="the same model built with --speculative_decoding_mode peagle")
+        p.add_argument("--medusa_choices", default=MEDUSA_TREE)
+        p.add_argument("--eagle_choices", default=EAGLE_TREE)
+        p.add_argument("--peagle_choices", default=EAGLE_TREE)
+        p.add_argument("--draft_lens", type=ints, default=[4])
+        p.add_argument("--eagle_lens", type=ints, default=[3])
+        p.add_argument("--peagle_lens", type=ints, default=[4])
+        p.add_argument("--max_new_tokens", type=int, default=96)
+        p.add_argument("--num_prompts", type=int, default=4, help="per kind (ordinary, copy-heavy)")
+    p.add_argument("--batches", type=ints, default=[1], help="batch sizes (each batch mixes the two kinds of prompts)")
     p.add_argument("--prompt_tokens", type=int, default=96)
-    p.add_argument("--max_new_tokens", type=int, default=96)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--output_json")
     args = p.parse_args(argv)
-    target = load_engine_dir(args.target)
-    prompts, subsets = workloads(target.path, args.num_prompts, args.prompt_tokens)
-    ms = methods(args)
-    print(f"{len(prompts)} prompts, {args.max_new_tokens} new tokens each, batch 1, greedy, {args.rounds} rounds, "
-          f"{args.threads or 'default'} threads; load average {os.getloadavg()[0]:.2f}", flush=True)
-    for m in ms:  # warm-up: first calls pay one-time costs
-        m.orch.generate([prompts[0][:16]], GenerationConfig(max_output_len=8))
-    for r in range(args.rounds):
-        print(f"  round {r + 1}/{args.rounds} (load average {os.getloadavg()[0]:.2f})", flush=True)
-        run_round(ms, prompts, args.max_new_tokens, r)
-    summary = summarize(ms, subsets, args.max_new_tokens)
-    print_table(summary, subsets)
+    result = draft_cost(args) if cost else speed(args)
     if args.output_json:
-        Path(args.output_json).write_text(json.dumps({"args": vars(args), "summary": summary, "prompt_tokens": [len(p) for p in prompts]},
-                                                     indent=1) + "\n")
+        Path(args.output_json).write_text(json.dumps({"args": vars(args) | {"command": "draft-cost" if cost else "speed"}, **result}, indent=1) + "\n")
         print(f"wrote {args.output_json}")
-        panels = {sub: [spread_bar(name, row[sub]["speedup"]) for name, row in summary.items()] for sub in subsets}
-        if path := write_bars(beside(args.output_json), f"speed over target-only, batch 1, {args.max_new_tokens} new tokens, {args.rounds} rounds",
-                              panels):
-            print(f"wrote {path}")
+        if not cost:  # the chart beside the JSON: speed over target-only per batch size, every method
+            summary = result["summary"]
+            panels = {f"batch {size}": [spread_bar(name, rows[size]["all"]["speedup"]) for name, rows in summary.items()] for size in next(iter(summary.values()))}
+            if path := write_bars(beside(args.output_json), f"speed over target-only, {args.max_new_tokens} new tokens, {args.rounds} rounds", panels):
+                print(f"wrote {path}")
     return 0
 
 

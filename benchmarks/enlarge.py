@@ -103,13 +103,14 @@ Presets (sized for examples/demo-pair; any size flag overrides its value):
   Store it with --dtype bfloat16 (3 GB; float32 would be 6 GB). Its
   query weights take the one rounding of llama1b's (x sqrt 2).
 
-Heads (``--heads DIR --base ENLARGED_BASE OUT``): Medusa heads and EAGLE-3
-modules trained on the small base, in ModelOpt's layout, padded the same way to
+Heads (``--heads DIR --base ENLARGED_BASE OUT``): Medusa heads, EAGLE-3 and
+P-EAGLE modules trained on the small base, in ModelOpt's layout, padded the same way to
 run on its enlargement (widths read from the enlarged base's config.json).
 Medusa ResBlocks [h,h] -> [H,H] and their LM heads [V,h] -> [V,H] get zeros;
 EAGLE-3's fc puts aux block a at columns a*H.., layer 0's q/k/v put the
 embedding half at columns 0.. and the hidden half at H.., its hidden-width
-norms (hidden_norm included) get sqrt(h/H) and its eps h/H, as above. Aux
+norms (hidden_norm included) get sqrt(h/H) and its eps h/H, as above; a
+P-EAGLE module's mask_hidden puts aux block a at a*H.., as fc reads it. Aux
 layer ids stay (the dead layers come after the real ones); the module gets no
 extra layers. See ``enlarge_heads``.
 
@@ -634,7 +635,7 @@ HEAD_EXTRA_FILES = ("training_log.json", "loss_curve.png")  # describe the same 
 
 
 def enlarge_heads(heads_dir: str | Path, base_dir: str | Path, dst_dir: str | Path, *, force: bool = False, seed: int = 0) -> dict[str, Any]:
-    """Write Medusa heads or an EAGLE-3 module (ModelOpt layout) enlarged to run on ``base_dir``, an enlarge.py output.
+    """Write Medusa heads or an EAGLE-3 (P-EAGLE) module (ModelOpt layout) enlarged to run on ``base_dir``, an enlarge.py output.
 
     The target widths are read from the enlarged base's config.json; its enlargement.json (when present) says which
     layers are real. Returns {"dst", "mode", "config", "num_parameters"}.
@@ -749,6 +750,15 @@ def _enlarge_eagle(heads, base_cfg: dict[str, Any], seed: int) -> tuple[dict[str
     out["lm_head.weight"] = _pad_named(t, "lm_head.weight", (t["lm_head.weight"].shape[0], H), seed)
     if "d2t" in t:
         out["d2t"] = t["d2t"]  # a vocabulary map: no hidden width in it
+    if heads.mode == "peagle":  # the placeholders' vectors [D, num_aux * h]: aux block a at a*H.., as the fused layers' outputs sit
+        m = t["mask_hidden"].astype(np.float32)
+        if m.shape[1] == h:  # already fused (fc applied): hidden-width vectors
+            big = pad(m, (m.shape[0], H), _rng(seed, "heads:mask_hidden"))
+        else:
+            big = signed_zeros((m.shape[0], num_aux * H), np.dtype(np.float32), _rng(seed, "heads:mask_hidden"))
+            for a in range(num_aux):
+                big[:, a * H : a * H + h] = m[:, a * h : (a + 1) * h]
+        out["mask_hidden"] = big[None]  # [1, D, width]: vLLM speculators' shape (D = 1 for its constant placeholder)
     return out, cfg
 
 
@@ -777,7 +787,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("paths", nargs="+", metavar="SRC DST | OUT",
                     help="source Hugging Face checkpoint and output directory; with --heads, the output directory only "
                          "(written elsewhere first, then moved into place)")
-    ap.add_argument("--heads", metavar="DIR", help="enlarge Medusa heads / an EAGLE-3 module (ModelOpt layout) instead, to match --base")
+    ap.add_argument("--heads", metavar="DIR", help="enlarge Medusa heads / an EAGLE-3 or P-EAGLE module (ModelOpt layout) instead, to match --base")
     ap.add_argument("--base", metavar="DIR", help="with --heads: the enlarged base (an output of this script) whose widths the heads get")
     ap.add_argument("--preset", choices=sorted(PRESETS), help="sizes: target325m / draft for the demo pair's target / draft at 325M / 27M; "
                     "llama8b / llama3b (targets) and llama1b (draft) for the shapes of Llama-3.1-8B, -3.2-3B and -3.2-1B; "
@@ -839,8 +849,7 @@ def _main_heads(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         print(f"error: {err.strerror or err}" + (f" ({err.filename})" if err.filename else "") + ".", file=sys.stderr)
         return 1
     c = r["config"]
-    print(f"wrote {r['dst']}: {'Medusa heads' if r['mode'] == 'medusa' else 'EAGLE-3 module'}, hidden {c['specdec_enlarge']['source_hidden_size']} "
-          f"-> {c['hidden_size']}, "
+    print(f"wrote {r['dst']}: { {'medusa': 'Medusa heads', 'eagle': 'EAGLE-3 module', 'peagle': 'P-EAGLE module'}[r['mode']] }, hidden {c['specdec_enlarge']['source_hidden_size']} -> {c['hidden_size']}, "
           f"{r['num_parameters'] / 1e6:.1f}M parameters")
     return 0
 

@@ -32,7 +32,7 @@ from .validation import check_memory_limits, validate_checkpoint
 from .weight_only import GROUP_SIZES, WEIGHT_ONLY_BITS, WeightOnlyScheme
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-MODES = ("none", "draft_tokens_external", "medusa", "eagle")
+MODES = ("none", "draft_tokens_external", "medusa", "eagle", "peagle")
 QUANTIZATIONS = ("auto", "none", "fp8", *WEIGHT_ONLY_BITS)
 # int4_awq: also search each group's clipping of the scaled weight (builder/awq.py): on the demo pair
 # it takes held-out perplexity from 16.44 (scales only) to 16.41 (float32 16.23, RTN 16.51).
@@ -67,8 +67,7 @@ def validate_build_config(build: BuildConfig, model: ModelConfig) -> None:
         problems.append(f"speculative_decoding_mode={build.speculative_decoding_mode} needs max_draft_len >= 1 (the draft tree's nodes verified per "
                         "step)")
     elif build.speculative_decoding_mode == "none" and build.max_draft_len != 0:
-        problems.append(f"max_draft_len={build.max_draft_len} needs --speculative_decoding_mode draft_tokens_external (or medusa / eagle, with their "
-                        "heads)")
+        problems.append(f"max_draft_len={build.max_draft_len} needs --speculative_decoding_mode draft_tokens_external (or medusa / eagle / peagle, with their heads)")
     if build.max_draft_len < 0:
         problems.append(f"max_draft_len={build.max_draft_len} must be >= 0")
     elif build.max_draft_len >= build.max_seq_len:  # a step verifies max_draft_len + 1 tokens of one sequence
@@ -234,6 +233,7 @@ def build_engine(
     allow_nonfinite: bool = False,
     medusa_dir: str | Path | None = None,
     eagle_dir: str | Path | None = None,
+    peagle_dir: str | Path | None = None,
 ) -> BuildResult:
     """Build one engine directory. ``progress(step, done, total)`` reports work.
 
@@ -241,6 +241,8 @@ def build_engine(
     medusa_logits output; needs speculative_decoding_mode "medusa".
     eagle_dir: an EAGLE-3 module in ModelOpt's layout; needs speculative_decoding_mode "eagle". Its fc goes into
     the network (the eagle_hidden output), the rest into its own engine in output_dir/eagle (builder/eagle.py).
+    peagle_dir: a P-EAGLE module (EAGLE-3's layout plus mask_hidden); needs speculative_decoding_mode "peagle". Built as
+    eagle_dir is, its engine drafting a whole block in one call.
     target_sm: with backend tensorrt_rtx, the RTX compute capabilities to build for ("sm89" or "sm86,sm89,sm120").
     """
     t0 = time.perf_counter()
@@ -248,7 +250,7 @@ def build_engine(
     # the backends' own options, each refused by the backend that takes it (backends/__init__.py)
     options = {"trt_timing_cache": trt_timing_cache, "trt_version_compatible": trt_version_compatible,
                "trt_exclude_lean_runtime": trt_exclude_lean_runtime, "target_sm": target_sm}
-    head_dirs = {"medusa": medusa_dir, "eagle": eagle_dir}
+    head_dirs = {"medusa": medusa_dir, "eagle": eagle_dir, "peagle": peagle_dir}
     check_before_work(build, output_dir, force, options, head_dirs)
     ckpt = load_checkpoint(checkpoint_dir, allow_pickle=allow_pickle)
     model = model_config_from_hf(ckpt.hf_config, max_seq_len=build.max_seq_len)

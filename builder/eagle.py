@@ -19,6 +19,13 @@ Outputs
 Layer 0 attends over ``[input_layernorm(embedding), hidden_norm(h)]`` (2*hidden wide q/k/v) with h as its residual
 stream; layers 1.. are plain Llama layers. network.py's layer code builds them, reading the module's tensors under
 the base's names (``layers.i.*`` -> ``model.layers.i.*``).
+
+A P-EAGLE module (a ``--speculative_decoding_mode peagle`` target's eagle/ folder, mode peagle_module; train/peagle.py)
+is the same network with placeholders and without ``hidden_out`` or ``tree_mask`` (it drafts a block in one causal
+call and feeds nothing back): a token id ``vocab_size + d - 1`` (past the vocabulary) marks the placeholder of depth
+d, which reads the base's embedding of ``ptd_token_id`` (an extra row of the module's embedding table) and depth d's
+vector fc(mask_hidden[d]), constants computed at build time: added to its ``hidden_states`` row (the anchor's
+features, anchored placeholders) or in place of it (vLLM's constant placeholder); ``_placeholders``.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from dataclasses import replace
 import numpy as np
 from onnx import TensorProto
 
-from ..formats.engine_format import BuildConfig, ModelConfig
+from ..formats.engine_format import MODULE_MODES, BuildConfig, ModelConfig
 from ..formats.errors import CheckpointError
 from ..plugins import lowering_for
 from ..plugins.attention import Shared
@@ -87,10 +94,12 @@ def module_model_config(base: ModelConfig, heads) -> ModelConfig:
 
 def module_build_config(target: BuildConfig, heads) -> BuildConfig:
     """The target's limits, lowering, dtype and backend; the module in float (never quantized: it is small and
-    decides acceptance), tree attention (it drafts a tree a level per call)."""
+    decides acceptance); EAGLE-3's with tree attention (it drafts a tree a level per call), P-EAGLE's without (its
+    one call is causal)."""
+    parallel = heads.mode == "peagle"
     return replace(
         target,
-        speculative_decoding_mode="eagle_module",
+        speculative_decoding_mode=MODULE_MODES[heads.mode],
         quantization="none",
         fp8_activations="none",
         group_size=None,
@@ -102,8 +111,31 @@ def module_build_config(target: BuildConfig, heads) -> BuildConfig:
         medusa_num_layers=0,
         eagle_num_layers=heads.num_layers,
         eagle_aux_layer_ids=(),
-        tree_attention=True,
+        tree_attention=not parallel,
     )
+
+
+def _placeholders(gb: GraphBuilder, ids: str, h: str, table: np.ndarray, heads, vocab: int) -> tuple[str, str, np.ndarray]:
+    """A P-EAGLE module's placeholder rows: token id vocab + d - 1 stands for depth d (any id >= vocab is one). Its
+    embedding is the base's of ptd_token_id (one more row of the table); its hidden_states row gets depth d's vector
+    fc(mask_hidden[d]) (the last one for deeper rows): added to what the row was fed, the anchor's features, when the
+    placeholders are anchored; in place of it when constant (vLLM's P-EAGLE). Returns (ids, hidden_states, table)."""
+    vectors = heads.placeholder_features().astype(np.float32)  # [D, hidden]
+    offsets = np.concatenate([np.zeros((1, vectors.shape[1]), np.float32), vectors])  # [D + 1, hidden]: row 0 for real tokens
+    table = np.concatenate([table, table[heads.mask_token_id][None]])  # [vocab + 1, hidden]
+    first = gb.const("/peagle/placeholder_id", np.array(vocab, np.int64))
+    depth = gb.op("Sub", [ids, gb.const("/peagle/depth_base", np.array(vocab - 1, np.int64))], "/peagle/depth_raw")  # d for a placeholder
+    depth = gb.op("Clip", [depth, gb.const("/peagle/zero", np.array(0, np.int64)), gb.const("/peagle/last_vector", np.array(len(vectors), np.int64))],
+                  "/peagle/depth")  # [B, S]: 0 for real tokens, min(d, D) for placeholders
+    offset = gb.op("Gather", [gb.const("/peagle/mask_hidden", offsets), depth], "/peagle/offset")  # [B, S, hidden]
+    if heads.placeholder_form == "anchored":
+        h = gb.op("Add", [h, offset], "/peagle/hidden_states")
+    else:
+        is_placeholder = gb.op("Unsqueeze", [gb.op("GreaterOrEqual", [ids, first], "/peagle/is_placeholder"),
+                                             gb.const("/peagle/axis_last", np.array([-1], np.int64))], "/peagle/is_placeholder_3d")
+        h = gb.op("Where", [is_placeholder, offset, h], "/peagle/hidden_states")
+    ids = gb.op("Min", [ids, first], "/peagle/token_ids")  # every placeholder reads table row vocab
+    return ids, h, table
 
 
 def build_eagle_network(base: Checkpoint, heads, cfg: ModelConfig, build: BuildConfig):
@@ -123,13 +155,16 @@ def build_eagle_network(base: Checkpoint, heads, cfg: ModelConfig, build: BuildC
     positions = gb.input("position_ids", TensorProto.INT64, ["batch", "num_tokens"])
     logits_index = gb.input("logits_index", TensorProto.INT64, ["batch", "num_logits"])
     h = gb.input("hidden_states", TensorProto.FLOAT, ["batch", "num_tokens", cfg.hidden_size])
+    parallel = heads.mode == "peagle"
+    table = base.float32("model.embed_tokens.weight")  # [vocab, hidden]
+    if parallel:
+        ids, h, table = _placeholders(gb, ids, h, table, heads, cfg.vocab_size)
     if gb.compute_type != TensorProto.FLOAT:
         h = gb.op("Cast", [h], "/eagle/hidden_states_compute", to=gb.compute_type)
 
     cos, sin = cos_sin_tables(cfg, build.kv_capacity)
     shared = lowering.prelude(Shared(positions=positions, cos=gb.const("rope_cos", cos), sin=gb.const("rope_sin", sin), capacity=build.kv_capacity))
-    # embed: [B, S, hidden]
-    embed = gb.op("Gather", [gb.weight("model.embed_tokens.weight", base.float32("model.embed_tokens.weight")), ids], "/model/embed_tokens")
+    embed = gb.op("Gather", [gb.weight("model.embed_tokens.weight", table), ids], "/model/embed_tokens")  # [B, S, hidden]
 
     # Layer 0: attention over [input_layernorm(embedding), hidden_norm(h)], h the residual stream.
     p = "/model/layers.0"
@@ -145,8 +180,8 @@ def build_eagle_network(base: Checkpoint, heads, cfg: ModelConfig, build: BuildC
 
     rows = gb.op("Unsqueeze", [logits_index, gb.const("/model/axis_last", np.array([-1], np.int64))], "/model/logits_rows")
     x = gb.op("GatherND", [x, rows], "/model/gather_logit_rows", batch_dims=1)  # [B, L, hidden]
-    float32_output(gb, "Identity", [x], "/eagle/hidden_out", "hidden_out", ["batch", "num_logits", cfg.hidden_size],
-                   cast_name="/eagle/hidden_out_float32")
+    if not parallel:
+        float32_output(gb, "Identity", [x], "/eagle/hidden_out", "hidden_out", ["batch", "num_logits", cfg.hidden_size], cast_name="/eagle/hidden_out_float32")
 
     x = _rms_norm(gb, "/model/norm", x, weights.float32("norm.weight"), cfg.rms_norm_eps)
     lm_head = gb.weight("lm_head.weight", weights.float32("lm_head.weight").T)  # [hidden, vocab]

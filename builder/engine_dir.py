@@ -64,7 +64,7 @@ def write_engine_dir(output_dir: Path, checkpoint_dir: str | Path, ckpt, network
             shutil.copy2(f, tmp / f.name)
         versions = _versions()
         if eagle is not None:  # inside tmp, so the target's hashes cover it and a failure leaves nothing
-            report("eagle module", model.num_layers + 1, total)
+            report(f"{build.speculative_decoding_mode} module", model.num_layers + 1, total)
             write_eagle_module(tmp, ckpt, eagle, model, build, versions, checkpoint_dir, say)
         compiled = backend_module(build.backend).compile_engine(tmp, network_file, build, model, options, say)
         write_build_stamp(tmp, model, build)  # what config.json must still say at load (formats/engine_format.py)

@@ -1,8 +1,9 @@
-"""The draft heads a target is built with: Medusa heads in the network, an EAGLE-3 module beside it.
+"""The draft heads a target is built with: Medusa heads in the network, an EAGLE-3 or P-EAGLE module beside it.
 
 ``--speculative_decoding_mode medusa --medusa_dir HEADS`` builds the heads into the target's network (its
 medusa_logits output); ``--speculative_decoding_mode eagle --eagle_dir MODULE`` builds the module's fc into it
-(eagle_hidden) and the rest as an engine of its own in the target's eagle/ folder (builder/eagle.py). Both head
+(eagle_hidden) and the rest as an engine of its own in the target's eagle/ folder (builder/eagle.py);
+``--speculative_decoding_mode peagle --peagle_dir MODULE`` builds a P-EAGLE module the same way. The head
 checkpoints are in ModelOpt's layout (formats/heads.py), checked against the base here before any network is built.
 """
 
@@ -38,11 +39,14 @@ class Heads:
 HEAD_FLAGS = {  # mode -> (its flag, what the directory holds)
     "medusa": ("--medusa_dir", "the Medusa heads"),
     "eagle": ("--eagle_dir", "an EAGLE-3 module"),
+    "peagle": ("--peagle_dir", "a P-EAGLE module"),
 }
+HELD = {"medusa": "Medusa heads", "eagle": "an EAGLE-3 module", "peagle": "a P-EAGLE module (EAGLE-3 with a parallel-drafting placeholder)"}
 
 
 def check_head_flags(build: BuildConfig, head_dirs: dict[str, str | Path | None]) -> None:
-    """--speculative_decoding_mode medusa|eagle and its --medusa_dir|--eagle_dir come together (checked before any work).
+    """--speculative_decoding_mode medusa|eagle|peagle and its --medusa_dir|--eagle_dir|--peagle_dir come together (checked
+    before any work).
 
     head_dirs: mode -> the directory given for it (None: not given)."""
     mode = build.speculative_decoding_mode
@@ -55,24 +59,24 @@ def check_head_flags(build: BuildConfig, head_dirs: dict[str, str | Path | None]
 
 
 def check_heads(mode: str, heads, head_dir: str | Path, model: ModelConfig, allow_nonfinite: bool = False):
-    """The head checkpoint ``heads`` (formats/heads.py) of a medusa / eagle build: of that kind, as wide as the base, and
-    finite; an EAGLE-3 module reads layers the base has, over its full vocabulary."""
+    """The head checkpoint ``heads`` (formats/heads.py) of a medusa / eagle / peagle build: of that kind, as wide as the
+    base, and finite; an EAGLE-3 (P-EAGLE) module reads layers the base has, over its full vocabulary."""
     where, noun = f"{HEAD_FLAGS[mode][0]} {head_dir}", "the heads have" if mode == "medusa" else "the module has"
     if heads.mode != mode:
-        held, other = ("Medusa heads, not an EAGLE-3 module", "medusa") if mode == "eagle" else ("an EAGLE-3 module, not Medusa heads", "eagle")
-        raise BuildConfigError(f"{where} holds {held}: use --speculative_decoding_mode {other} {HEAD_FLAGS[other][0]} {head_dir}.")
+        other = heads.mode
+        raise BuildConfigError(f"{where} holds {HELD[other]}, not {HELD[mode]}: use --speculative_decoding_mode {other} {HEAD_FLAGS[other][0]} {head_dir}.")
     if heads.hidden_size != model.hidden_size or heads.vocab_size != model.vocab_size:
         raise BuildConfigError(f"{where}: {noun} hidden_size {heads.hidden_size} and vocab_size {heads.vocab_size}, "
                                f"the base model {model.hidden_size} and {model.vocab_size}: {'heads' if mode == 'medusa' else 'a module'} trained on "
                                "another base?")
     validate_head_weights(heads, allow_nonfinite)
-    if mode == "eagle":
-        check_eagle_module(heads, head_dir, model)
+    if mode in ("eagle", "peagle"):
+        check_eagle_module(heads, head_dir, model, HEAD_FLAGS[mode][0])
     return heads
 
 
-def check_eagle_module(heads, eagle_dir: str | Path, model: ModelConfig) -> None:
-    where = f"--eagle_dir {eagle_dir}"
+def check_eagle_module(heads, eagle_dir: str | Path, model: ModelConfig, flag: str = "--eagle_dir") -> None:
+    where = f"{flag} {eagle_dir}"
     if max(heads.aux_layer_ids) >= model.num_layers:
         raise BuildConfigError(f"{where}: eagle_aux_hidden_state_layer_ids {heads.aux_layer_ids} name layers the {model.num_layers}-layer base model "
                                "lacks: a module trained on another base?")
@@ -84,7 +88,7 @@ def check_eagle_module(heads, eagle_dir: str | Path, model: ModelConfig) -> None
 
 def write_eagle_module(target_dir: Path, ckpt, heads, model: ModelConfig, build: BuildConfig, versions: dict[str, str], checkpoint_dir,
                         say: Callable[[str], None]) -> None:
-    """The EAGLE-3 module's engine in target_dir/eagle: its network, compiled (checked to load) by the target's backend, and its
+    """The EAGLE-3 (P-EAGLE) module's engine in target_dir/eagle: its network, compiled (checked to load) by the target's backend, and its
     own config.json."""
     from .eagle import build_eagle_network, module_build_config, module_model_config
     from .network_file import save_network

@@ -66,22 +66,26 @@ class _LogProgress:
 @option("max_seq_len", type=int, default=None,
         help="Longest prompt + output in tokens; the KV cache capacity [default: min(max_position_embeddings, 4096)].")
 @option("max_draft_len", type=int, default=None,
-        help="Most draft tokens verified per step; baked into the engine. Needs --speculative_decoding_mode draft_tokens_external, medusa or eagle; "
-             "for medusa and eagle it is the draft tree's node budget (a chain of k drafts is k nodes) [default: 8 with those modes, else 0].")
+        help="Most draft tokens verified per step; baked into the engine. Needs --speculative_decoding_mode draft_tokens_external, medusa, eagle or peagle; "
+             "for medusa, eagle and peagle it is the draft tree's node budget (a chain of k drafts is k nodes) [default: 8 with those modes, else 0].")
 @option("speculative_decoding_mode", type=click.Choice(MODES), default="none", show_default=True,
         help="draft_tokens_external: the target engine accepts 1..max_draft_len+1 tokens per sequence per step and returns logits for all of them "
              "(build TARGET engines this way). "
              "medusa: the same, with the Medusa heads of --medusa_dir in the network and tree attention (a tree_mask input; docs/medusa-eagle.md). "
              "eagle: the same, with tree attention and the EAGLE-3 module of --eagle_dir: its fc in the network (the eagle_hidden output), "
-             "the module itself built as a second engine in OUTPUT_DIR/eagle. none: one token per step (draft engines, plain decoding).")
+             "the module itself built as a second engine in OUTPUT_DIR/eagle. peagle: as eagle, with the P-EAGLE module of --peagle_dir, "
+             "whose engine drafts a whole block in one call. none: one token per step (draft engines, plain decoding).")
 @option("tree_attention", is_flag=True,
         help="With --speculative_decoding_mode draft_tokens_external: verify trees of drafts too (a tree_mask input), for suffix decoding's "
-             "frequency trees (docs/suffix-decoding.md); medusa and eagle targets always have it.")
+             "frequency trees (docs/suffix-decoding.md); medusa, eagle and peagle targets always have it.")
 @option("medusa_dir", type=click.Path(), default=None,
         help="With --speculative_decoding_mode medusa: Medusa heads in ModelOpt's layout (specdec-train's output).")
 @option("eagle_dir", type=click.Path(), default=None,
         help="With --speculative_decoding_mode eagle: an EAGLE-3 module in ModelOpt's layout (specdec-train's output, or ModelOpt's export) "
              "trained on this base model.")
+@option("peagle_dir", type=click.Path(), default=None,
+        help="With --speculative_decoding_mode peagle: a P-EAGLE module (specdec-train --mode peagle: EAGLE-3's layout plus mask_hidden and "
+             "ptd_token_id) trained on this base model.")
 @option("quantization", "--qformat", type=click.Choice(QUANTIZATIONS), default="auto", show_default=True,
         help="fp8: linear-layer weights stored as float8 e4m3 with per-channel scales, or per-tile for block-scaled checkpoints (quantized at build "
              "time from a "
@@ -140,11 +144,8 @@ class _LogProgress:
 @option("allow_nonfinite", is_flag=True, help="Build even if a weight holds NaN or Inf (refused by default: such an engine emits garbage).")
 @option("force", is_flag=True, help="Replace a non-empty --output_dir.")
 @clean_errors
-def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_seq_len, max_draft_len, speculative_decoding_mode, tree_attention,
-         medusa_dir, eagle_dir,
-         quantization, use_weight_only, weight_only_precision, group_size, asymmetric, quantize_lm_head, fp8_activations, calib_dataset, calib_size,
-         backend, target_sm, lowering, cpu_kernels, cuda_attention, trt_timing_cache, trt_version_compatible, trt_exclude_lean_runtime, tp_size,
-         allow_pickle, allow_nonfinite, force) -> None:
+def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_seq_len, max_draft_len, speculative_decoding_mode, tree_attention, medusa_dir, eagle_dir,
+         peagle_dir, quantization, use_weight_only, weight_only_precision, group_size, asymmetric, quantize_lm_head, fp8_activations, calib_dataset, calib_size, backend, target_sm, lowering, cpu_kernels, cuda_attention, trt_timing_cache, trt_version_compatible, trt_exclude_lean_runtime, tp_size, allow_pickle, allow_nonfinite, force) -> None:
     """Build an engine directory from a Hugging Face checkpoint.
 
     \b
@@ -154,6 +155,9 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
     EAGLE-3 target (the module's engine goes into engines/target/eagle):
       specdec-build --checkpoint_dir ./llama --output_dir engines/target \\
           --speculative_decoding_mode eagle --eagle_dir ./llama-eagle3
+    P-EAGLE target (its module drafts a whole block in one call):
+      specdec-build --checkpoint_dir ./llama --output_dir engines/target \\
+          --speculative_decoding_mode peagle --peagle_dir ./llama-peagle
     Draft engine (or a plain engine):
       specdec-build --checkpoint_dir ./llama-small --output_dir engines/draft
     """
@@ -201,7 +205,8 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
         result = build_engine(checkpoint_dir, output_dir, build, force=force, allow_pickle=allow_pickle, progress=progress, say=tqdm.write,
                               calib_dataset=calib_dataset, calib_size=calib_size, trt_timing_cache=trt_timing_cache,
                               trt_version_compatible=trt_version_compatible, trt_exclude_lean_runtime=trt_exclude_lean_runtime, target_sm=target_sm,
-                              allow_nonfinite=allow_nonfinite, medusa_dir=medusa_dir, eagle_dir=eagle_dir)
+                              allow_nonfinite=allow_nonfinite, medusa_dir=medusa_dir, eagle_dir=eagle_dir,
+                              peagle_dir=peagle_dir)
     finally:
         for bar in bars:
             bar.close()
@@ -222,9 +227,9 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
     )
     if result.backend_summary:  # what the backend made beyond the network (builder/backends/: Compiled.summary)
         click.echo(f"  {result.backend_summary}")
-    if b.speculative_decoding_mode == "eagle":
-        click.echo(f"  EAGLE-3 module engine: {Path(result.output_dir) / EAGLE_MODULE_DIR}  [{b.eagle_num_layers} layer(s), fed by layers "
-                   f"{', '.join(map(str, b.eagle_aux_layer_ids))} through eagle_hidden]")
+    if b.speculative_decoding_mode in ("eagle", "peagle"):
+        click.echo(f"  {'EAGLE-3' if b.speculative_decoding_mode == 'eagle' else 'P-EAGLE'} module engine: {Path(result.output_dir) / EAGLE_MODULE_DIR}  "
+                   f"[{b.eagle_num_layers} layer(s), fed by layers {', '.join(map(str, b.eagle_aux_layer_ids))} through eagle_hidden]")
 
 
 def _weight_only_alias(quantization: str, use_weight_only: bool, precision: str | None) -> str:

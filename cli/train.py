@@ -44,10 +44,10 @@ def main() -> None:
 
     \b
     1. specdec-train prepare-data   the base model answers your prompts -> data.jsonl
-    2. specdec-train run            Medusa heads or an EAGLE-3 module trained on data.jsonl
+    2. specdec-train run            Medusa heads, an EAGLE-3 or a P-EAGLE module trained on data.jsonl
 
     The result is saved in ModelOpt's export layout (docs/train-heads.md); build it with
-    specdec-build --speculative_decoding_mode medusa --medusa_dir OUT (or eagle --eagle_dir OUT).
+    specdec-build --speculative_decoding_mode medusa --medusa_dir OUT (or eagle --eagle_dir OUT, peagle --peagle_dir OUT).
     """
 
 
@@ -104,7 +104,7 @@ class EngineGenerator:
 
 
 @main.command("run", context_settings=CONTEXT)
-@option("mode", required=True, type=str, help="medusa or eagle (EAGLE-3).")
+@option("mode", required=True, type=str, help="medusa, eagle (EAGLE-3) or peagle (P-EAGLE: EAGLE-3's module drafting a whole block in one pass).")
 @option("model", "--model_dir", required=True, type=click.Path(), help="The base model (HF checkpoint, safetensors). It stays frozen.")
 @option("data", "--data_path", required=True, type=click.Path(),
         help="The .jsonl prepare-data wrote (or conversations to tokenize with the model's tokenizer.json).")
@@ -127,11 +127,21 @@ class EngineGenerator:
              "depth j does, so depths 2.. are trained too; the report gives top-1 per depth. 1 = depth 1 only.")
 @option("eagle_loss_decay_factor", type=float, default=0.9, show_default=True,
         help="EAGLE: TTT step j's loss weighs this^(j-1) (ModelOpt's eagle_loss_decay_factor): depth 1 matters most, every later depth needs it.")
-@option("eval_fraction", type=float, default=0.0, show_default=True,
-        help="Hold out this share of the sequences to report top-1 accuracy on (0: report on the training data).")
-@option("eval_data", type=click.Path(), default=None,
-        help="A separate .jsonl (from prepare-data) to report top-1 accuracy on, instead of --eval_fraction.")
+@option("peagle_depths", type=int, default=8, show_default=True,
+        help="P-EAGLE: drafting positions trained (the real pair, then depths-1 placeholders): the longest chain it drafts well in one call.")
+@option("peagle_mask_token_id", type=int, default=None,
+        help="P-EAGLE: the token whose embedding placeholder rows read [default: the base's pad token, else its end-of-sequence token].")
+@option("peagle_down_sample_ratio", type=float, default=0.7, show_default=True,
+        help="P-EAGLE: placeholder depth d trains on max(ratio^d, ratio_min) of the anchors (COD sampling: K depths for the price of ~2.4).")
+@option("peagle_down_sample_ratio_min", type=float, default=0.2, show_default=True, help="P-EAGLE: the floor of that share.")
+@option("peagle_placeholders", type=click.Choice(["anchored", "constant"]), default="anchored", show_default=True,
+        help="P-EAGLE: anchored = one learned vector per drafting depth, added to the anchor's features; constant = vLLM's one "
+             "placeholder vector in place of features (read by vLLM speculators' P-EAGLE).")
+@option("eval_fraction", type=float, default=0.0, show_default=True, help="Hold out this share of the sequences to report top-1 accuracy on (0: report on the training data).")
+@option("eval_data", type=click.Path(), default=None, help="A separate .jsonl (from prepare-data) to report top-1 accuracy on, instead of --eval_fraction.")
 @option("max_time", type=float, default=None, help="Stop (and save) after the step that passes this many seconds of training.")
+@option("max_cpu_time", type=float, default=None,
+        help="The same in CPU seconds of this process (all threads): a budget that a shared, busy machine does not stretch.")
 @option("seed", type=int, default=0, show_default=True, help="Initialisation and data order.")
 @option("resume", is_flag=True, help="Continue from the latest checkpoint-N in --output_dir (heads, optimizer, step).")
 @option("overwrite_output_dir", is_flag=True, help="Delete a non-empty --output_dir and start over.")
@@ -139,7 +149,7 @@ class EngineGenerator:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @clean_errors
 def run_cmd(quiet: bool, eagle_aux_layer_ids: str | None, **kwargs) -> None:
-    """Train Medusa heads or an EAGLE-3 module with the base model frozen (ModelOpt's launch.sh flags)."""
+    """Train Medusa heads, an EAGLE-3 or a P-EAGLE module with the base model frozen (ModelOpt's launch.sh flags)."""
     _require_train_extra()
     from ..train.trainer import TrainConfig, train
 

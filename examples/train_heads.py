@@ -14,9 +14,13 @@ This script follows ModelOpt's speculative-decoding workflow on it:
 4. eagle    - an EAGLE-3 module of one decoder layer over the target's layers [1, 2], with
               ``--eagle-ttt-steps`` training-time-test steps (step j = drafting depth j,
               fed the module's own outputs as drafting does);
-5. report   - top-1 accuracy per head / per depth on the held-out answers, before and after.
+5. peagle   - a P-EAGLE module (EAGLE-3's, plus a learned placeholder) drafting ``--peagle-depths`` positions
+              in one pass;
+6. report   - top-1 accuracy per head / per depth on the held-out answers, before and after.
 
-``--modes eagle`` trains the EAGLE module only (``--modes medusa`` the Medusa heads only).
+``--modes eagle`` trains the EAGLE module only (``--modes medusa`` the Medusa heads only). ``--cpu-minutes``
+budgets each mode in CPU time of this process instead of wall time (a shared machine stretches the latter);
+``--reuse-data`` keeps OUTPUT_DIR/data's answers when they are there.
 
 Example (a few minutes on 2 threads, after the quickstart built demo-engines/)::
 
@@ -90,9 +94,14 @@ def main() -> None:
     p.add_argument("--eval-prompts", type=int, default=32, help="held-out prompts (from held-out files)")
     p.add_argument("--max-token", type=int, default=64, help="tokens the target answers per prompt")
     p.add_argument("--minutes", type=float, default=2.0, help="training wall-clock budget per mode")
+    p.add_argument("--cpu-minutes", type=float, default=None, help="training budget per mode in CPU minutes of this process (instead of --minutes)")
+    p.add_argument("--max-steps", type=int, default=None, help="train exactly this many steps per mode (instead of a time budget)")
+    p.add_argument("--reuse-data", action="store_true", help="keep OUTPUT_DIR/data's answers when both files exist")
     p.add_argument("--medusa-heads", type=int, default=3)
     p.add_argument("--eagle-ttt-steps", type=int, default=3, help="EAGLE training-time-test steps (depths trained)")
-    p.add_argument("--modes", default="medusa,eagle", help="which to train: medusa, eagle or both (comma-separated)")
+    p.add_argument("--peagle-depths", type=int, default=8, help="P-EAGLE drafting positions trained (one pass drafts up to this many)")
+    p.add_argument("--peagle-decay", type=float, default=0.5, help="P-EAGLE: drafting position j's loss weighs this^(j-1)")
+    p.add_argument("--modes", default="medusa,eagle", help="which to train: medusa, eagle, peagle (comma-separated)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--threads", type=int, default=2)
@@ -109,18 +118,26 @@ def main() -> None:
     write_prompts(data / "eval_prompts.jsonl", snippets(heldout_items, args.eval_prompts, rng))
     print(f"corpus: {len(train_items)} training files, {len(heldout_items)} held out")
 
-    gen = dict(engine_dir=str(args.engine_dir)) if (args.engine_dir / "config.json").is_file() else dict(model_dir=str(args.target))
+    on_engine = (args.engine_dir / "config.json").is_file()
+    gen = dict(engine_dir=str(args.engine_dir)) if on_engine else dict(model_dir=str(args.target))
+    generator = None
+    if on_engine:  # the runtime answers: specdec-train prepare-data's own generator (train/ imports nothing of the runtime)
+        from specdec.cli.train import EngineGenerator as generator
     for name in ("prompts", "eval_prompts"):
+        if args.reuse_data and (data / f"{name}.answers.jsonl").is_file():
+            continue
         prepare_data(PrepareConfig(str(data / f"{name}.jsonl"), str(data / f"{name}.answers.jsonl"), max_token=args.max_token,
-                                   num_threads=args.threads, **gen), progress_bar=False)
+                                   num_threads=args.threads, **gen), progress_bar=False, generator=generator)
     data_s = time.perf_counter() - started
 
+    budget = (dict(max_steps=args.max_steps) if args.max_steps else dict(max_cpu_time=args.cpu_minutes * 60) if args.cpu_minutes
+              else dict(max_time=args.minutes * 60))
     common = dict(model=str(args.target), data=str(data / "prompts.answers.jsonl"), eval_data=str(data / "eval_prompts.answers.jsonl"),
-                  lr=args.lr, batch_size=args.batch_size, num_epochs=1000, max_time=args.minutes * 60, save_steps=100_000,
-                  training_seq_len=256, lr_scheduler="constant", seed=args.seed, num_threads=args.threads, overwrite_output_dir=True)
+                  lr=args.lr, batch_size=args.batch_size, num_epochs=1000, save_steps=100_000, training_seq_len=256,
+                  lr_scheduler="constant", seed=args.seed, num_threads=args.threads, overwrite_output_dir=True, **budget)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if not modes or set(modes) - {"medusa", "eagle"}:
-        p.error(f"--modes {args.modes!r}: expected medusa, eagle or medusa,eagle")
+    if not modes or set(modes) - {"medusa", "eagle", "peagle"}:
+        p.error(f"--modes {args.modes!r}: expected some of medusa, eagle, peagle")
     results = {}
     if "medusa" in modes:
         results["medusa"] = train(TrainConfig(mode="medusa", output_dir=str(out / "medusa"), medusa_num_heads=args.medusa_heads,
@@ -128,15 +145,18 @@ def main() -> None:
     if "eagle" in modes:
         results["eagle"] = train(TrainConfig(mode="eagle", output_dir=str(out / "eagle"), eagle_num_layers=1,
                                              eagle_ttt_steps=args.eagle_ttt_steps, **common))
+    if "peagle" in modes:
+        results["peagle"] = train(TrainConfig(mode="peagle", output_dir=str(out / "peagle"), eagle_num_layers=1,
+                                              peagle_depths=args.peagle_depths, eagle_loss_decay_factor=args.peagle_decay, **common))
 
     print(f"\nheld-out top-1 ({args.eval_prompts} prompts from held-out files, {args.max_token} greedy target tokens each); "
           f"data {data_s:.0f} s, {args.threads} thread(s)")
-    print(f"{'head':<34}{'before':>8}{'after':>8}{'steps':>7}{'train s':>9}")
+    print(f"{'head':<34}{'before':>8}{'after':>8}{'steps':>7}{'train s':>9}{'CPU s':>8}")
     for mode, r in results.items():
         labels = ([f"medusa head {i} (token t+{i + 2})" for i in range(len(r.accuracy))] if mode == "medusa"
-                  else [f"eagle depth {j + 1} (target's t+{j + 2})" for j in range(len(r.accuracy))])
-        for label, before, after in zip(labels, r.accuracy_before or [float("nan")] * len(labels), r.accuracy, strict=True):
-            print(f"{label:<34}{before:>8.3f}{after:>8.3f}{r.steps:>7}{r.seconds:>9.0f}")
+                  else [f"{mode} depth {j + 1} (target's t+{j + 2})" for j in range(len(r.accuracy))])
+        for label, before, after in zip(labels, r.accuracy_before or [float("nan")] * len(labels), r.accuracy):
+            print(f"{label:<34}{before:>8.3f}{after:>8.3f}{r.steps:>7}{r.seconds:>9.0f}{r.cpu_seconds:>8.0f}")
     print(f"total {time.perf_counter() - started:.0f} s; heads in {', '.join(f'{out}/{m}' for m in results)}")
 
 

@@ -21,15 +21,13 @@ from .typed_json import SchemaError, from_json
 
 FORMAT_VERSION = 1
 # targets that draft with heads of their own and verify trees of drafts (a tree_mask input, plugins/attention.py)
-TREE_MODES = ("medusa", "eagle")
-EAGLE_MODULE_DIR = "eagle"  # an eagle target's folder for its EAGLE-3 module engine
+TREE_MODES = ("medusa", "eagle", "peagle")
+MODULE_MODES = {"eagle": "eagle_module", "peagle": "peagle_module"}  # a target mode -> its drafting module engine's mode
+EAGLE_MODULE_DIR = "eagle"  # an eagle (or peagle) target's folder for its module engine
 CONFIG_FILE = "config.json"
-# The model and build sections as the network was built for them, written by the builder and hashed with the other
-# files (config.json itself is not): a config.json edited after the build (vocabulary, layers, KV layout, limits)
-# is refused at load, naming the field and both values, before it can fail mid-decode.
-STAMP_FILE = "build_stamp.json"
-# what build.speculative_decoding_mode may hold (eagle_module: the EAGLE-3 module's own engine, in an eagle target)
-SPECULATIVE_MODES = ("none", "draft_tokens_external", *TREE_MODES, "eagle_module")
+# what build.speculative_decoding_mode may hold (eagle_module / peagle_module: the EAGLE-3 / P-EAGLE module's own
+# engine, in an eagle / peagle target)
+SPECULATIVE_MODES = ("none", "draft_tokens_external", *TREE_MODES, *MODULE_MODES.values())
 KV_LAYOUTS = ("bnsh", "bsh")
 
 
@@ -69,13 +67,14 @@ class BuildConfig:
     max_input_len: int = 512
     max_seq_len: int = 1024
     max_draft_len: int = 0
-    # none | draft_tokens_external | medusa (verifies drafts too, and returns medusa_logits) | eagle (verifies drafts
-    # too, and returns eagle_hidden) | eagle_module (the EAGLE-3 drafter's own engine, in an eagle target's eagle/ folder)
+    # none | draft_tokens_external | medusa (verifies drafts too, and returns medusa_logits) | eagle, peagle (verify drafts
+    # too, and return eagle_hidden) | eagle_module, peagle_module (the EAGLE-3 / P-EAGLE drafter's own engine, in the
+    # target's eagle/ folder)
     speculative_decoding_mode: str = "none"
     medusa_num_heads: int = 0  # medusa: the heads in the network
     medusa_num_layers: int = 0  # medusa: ResBlocks per head
-    eagle_num_layers: int = 0  # eagle / eagle_module: decoder layers of the EAGLE-3 module
-    eagle_aux_layer_ids: tuple[int, ...] = ()  # eagle: the target layers whose outputs the module fuses (fc)
+    eagle_num_layers: int = 0  # eagle / peagle and their modules: decoder layers of the EAGLE-3 (P-EAGLE) module
+    eagle_aux_layer_ids: tuple[int, ...] = ()  # eagle / peagle: the target layers whose outputs the module fuses (fc)
     # a tree_mask input [batch, num_tokens, num_tokens] bool: token j attends to the cache before the call and to
     # the call's tokens i with tree_mask[j, i] (its ancestors and itself); position_ids = cache length + depth
     tree_attention: bool = False
@@ -151,7 +150,9 @@ def extra_io(model: ModelConfig, build: BuildConfig) -> tuple[tuple[ExtraTensor,
     features = ExtraTensor("eagle_hidden", True, (model.hidden_size,))  # fc(the aux layers' outputs) of every fed token
     hidden_in = ExtraTensor("hidden_states", True, (model.hidden_size,))  # an EAGLE module's input: features or its hidden_out
     hidden_out = ExtraTensor("hidden_out", False, (model.hidden_size,))  # an EAGLE module's pre-norm state on the logits rows
-    by_mode = {"medusa": ((), (heads,)), "eagle": ((), (features,)), "eagle_module": ((hidden_in,), (hidden_out,))}
+    # a P-EAGLE module reads features as EAGLE's does, and never feeds a row's output back: no hidden_out
+    by_mode = {"medusa": ((), (heads,)), "eagle": ((), (features,)), "peagle": ((), (features,)), "eagle_module": ((hidden_in,), (hidden_out,)),
+               "peagle_module": ((hidden_in,), ())}
     return by_mode.get(build.speculative_decoding_mode, ((), ()))
 
 
@@ -286,7 +287,8 @@ class EngineDir:
 
 
 def eagle_module_dir(engine: EngineDir) -> Path:
-    """The EAGLE-3 module's own engine directory inside a --speculative_decoding_mode eagle target's (builder/eagle.py)."""
+    """The EAGLE-3 (P-EAGLE) module's own engine directory inside a --speculative_decoding_mode eagle (peagle) target's
+    (builder/eagle.py)."""
     return engine.path / EAGLE_MODULE_DIR
 
 

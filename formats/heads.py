@@ -25,6 +25,13 @@ Cross-checked with TensorRT-LLM's Medusa checkpoint reader (the same
 EAGLE-3 loader (``midlayer.`` read as ``layers.0.``; aux layer ids from
 ``eagle_config``). Nothing was copied from any of them.
 
+* P-EAGLE (parallel drafting): an EAGLE-3 draft directory as above plus the tensor ``mask_hidden`` (the learned
+  placeholder features, [1, 1, num_aux * hidden] as vLLM speculators' P-EAGLE saves it; [num_aux * hidden] or an
+  already fused [hidden] read too) and the config keys ``ptd_token_id`` (the token whose embedding placeholders read,
+  vLLM's name) and ``para_depths`` (drafting positions it was trained for). Ours adds ``peagle_placeholders``:
+  "anchored" when ``mask_hidden`` is [1, placeholders, num_aux * hidden], one vector per depth added to the anchor's
+  features (train/peagle.py); absent, vLLM's one constant placeholder.
+
 This module needs numpy only (no torch): the builder reads heads with it.
 docs/train-heads.md documents the same layout for people.
 """
@@ -48,6 +55,11 @@ WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
 MEDUSA_PREFIX = "medusa_heads."
+MASK_HIDDEN = "mask_hidden"  # P-EAGLE's placeholder features
+PTD_TOKEN_KEY = "ptd_token_id"  # P-EAGLE: the placeholders' token (vLLM's parallel-drafting config key)
+PEAGLE_DEPTHS_KEY = "para_depths"  # P-EAGLE: drafting positions trained (speculators' name)
+PLACEHOLDERS_KEY = "peagle_placeholders"  # ours: "anchored" (a vector per depth added to the anchor's features); absent: vLLM's "constant"
+PLACEHOLDER_FORMS = ("constant", "anchored")
 
 # ModelOpt's eagle_config fields (its export template), with the values an EAGLE-3 module trained here has.
 EAGLE_CONFIG_DEFAULTS = {
@@ -105,7 +117,7 @@ def legacy_eagle_name(name: str, num_layers: int) -> str:
 class HeadCheckpoint:
     """What ``load_heads`` returns: the mode, the config, and float32 tensors under ModelOpt's names."""
 
-    mode: str  # "medusa" | "eagle"
+    mode: str  # "medusa" | "eagle" | "peagle"
     path: Path
     config: dict
     tensors: dict[str, np.ndarray]  # float32, except d2t (int64)
@@ -113,7 +125,16 @@ class HeadCheckpoint:
     vocab_size: int
     num_heads: int = 0  # medusa
     num_layers: int = 0  # medusa: ResBlocks per head; eagle: decoder layers
-    aux_layer_ids: list[int] = field(default_factory=list)  # eagle
+    aux_layer_ids: list[int] = field(default_factory=list)  # eagle, peagle
+    mask_token_id: int | None = None  # peagle: ptd_token_id
+    parallel_depths: int = 0  # peagle: para_depths (0: not recorded)
+    placeholder_form: str = "constant"  # peagle: "constant" (vLLM's: one vector in place of features) | "anchored" (ours)
+
+    def placeholder_features(self) -> np.ndarray:
+        """P-EAGLE: fc(mask_hidden) [placeholder vectors, hidden]: each depth's vector in the fused space (anchored: one
+        per depth, the last for deeper ones, added to the anchor's features; constant: one, in place of features)."""
+        m = self.tensors[MASK_HIDDEN]  # [vectors, num_aux * hidden or hidden]
+        return m if m.shape[1] == self.hidden_size else (m @ self.tensors["fc.weight"].T).astype(np.float32)
 
 
 def _read_config(d: Path) -> dict:
@@ -224,6 +245,27 @@ def _load_eagle(d: Path, cfg: dict) -> HeadCheckpoint:
         raise CheckpointError(f"{where}: draft_vocab_size {draft_vocab} exceeds vocab_size {vocab}.")
     raw = _read_tensors(d, lambda n: True)
     tensors = {legacy_eagle_name(n, layers): t for n, t in raw.items()}
+    parallel = MASK_HIDDEN in tensors or PTD_TOKEN_KEY in cfg
+    mask_token = depths = None
+    if parallel:
+        where = f"P-EAGLE module in {d}"
+        if MASK_HIDDEN not in tensors:
+            raise CheckpointError(f"{where}: config.json names {PTD_TOKEN_KEY} but model.safetensors has no {MASK_HIDDEN} tensor.")
+        form = cfg.get(PLACEHOLDERS_KEY, "constant")
+        if form not in PLACEHOLDER_FORMS:
+            raise CheckpointError(f"{where}: {PLACEHOLDERS_KEY} is {shown_value(form, 40)}; expected one of {', '.join(PLACEHOLDER_FORMS)}.")
+        mask = tensors[MASK_HIDDEN]
+        rows = mask.size // mask.shape[-1] if mask.ndim and mask.shape[-1] else 0
+        anchored_ok = form == "anchored" and mask.ndim in (2, 3) and mask.shape[-1] == len(aux) * hidden and rows >= 1 and (mask.ndim == 2 or mask.shape[0] == 1)
+        constant_ok = form == "constant" and mask.shape[-1] in (len(aux) * hidden, hidden) and rows == 1
+        if not (anchored_ok or constant_ok):
+            want = f"[1, placeholders, {len(aux) * hidden}]" if form == "anchored" else f"[1, 1, {len(aux) * hidden}] (or [{hidden}], already fused)"
+            raise CheckpointError(f"{where}: {MASK_HIDDEN} has shape {list(mask.shape)}, expected {want} for {form} placeholders.")
+        tensors[MASK_HIDDEN] = mask.reshape(rows, mask.shape[-1])  # [placeholder vectors, width]
+        if PTD_TOKEN_KEY not in cfg:
+            raise CheckpointError(f"{where}: config.json has no {PTD_TOKEN_KEY} (the token whose embedding placeholders read).")
+        mask_token = fields.int(PTD_TOKEN_KEY, minimum=0, maximum=vocab - 1)
+        depths = fields.int(PEAGLE_DEPTHS_KEY, 0, minimum=0)
     expected: dict[str, tuple[int, ...]] = {"fc.weight": (hidden, len(aux) * hidden), "layers.0.hidden_norm.weight": (hidden,)}
     for i in range(layers):
         p, width = f"layers.{i}.", 2 * hidden if i == 0 else hidden  # layer 0 attends over [embedding, fused hidden]
@@ -235,12 +277,17 @@ def _load_eagle(d: Path, cfg: dict) -> HeadCheckpoint:
     expected |= {"norm.weight": (hidden,), "lm_head.weight": (draft_vocab, hidden)}
     if draft_vocab < vocab:
         expected["d2t"] = (draft_vocab,)
+    if parallel:
+        expected[MASK_HIDDEN] = tensors[MASK_HIDDEN].shape
     _check_tensors(tensors, expected, where)
+    if parallel:
+        return HeadCheckpoint("peagle", d, cfg, tensors, hidden, vocab, num_layers=layers, aux_layer_ids=list(aux), mask_token_id=mask_token,
+                              parallel_depths=depths, placeholder_form=form)
     return HeadCheckpoint("eagle", d, cfg, tensors, hidden, vocab, num_layers=layers, aux_layer_ids=list(aux))
 
 
 def load_heads(path: str | Path, base_num_layers: int | None = None) -> HeadCheckpoint:
-    """Read a Medusa or EAGLE-3 head checkpoint in ModelOpt's layout (safetensors only) and check it against its config.
+    """Read a Medusa, EAGLE-3 or P-EAGLE head checkpoint in ModelOpt's layout (safetensors only) and check it against its config.
 
     ``base_num_layers``, when given, also checks that EAGLE's auxiliary layer ids exist in the base model.
     Raises CheckpointError with what is wrong and what was expected.
@@ -255,8 +302,7 @@ def load_heads(path: str | Path, base_num_layers: int | None = None) -> HeadChec
     if (isinstance(archs, list) and EAGLE3_ARCHITECTURE in archs) or "eagle_config" in cfg:
         ckpt = _load_eagle(d, cfg)
         if base_num_layers is not None and max(ckpt.aux_layer_ids) >= base_num_layers:
-            raise CheckpointError(f"EAGLE module in {d}: aux layer ids {ckpt.aux_layer_ids} name layers the {base_num_layers}-layer base model "
-                                  "lacks.")
+            raise CheckpointError(f"{'P-EAGLE' if ckpt.mode == 'peagle' else 'EAGLE'} module in {d}: aux layer ids {ckpt.aux_layer_ids} name layers the {base_num_layers}-layer base model lacks.")
         return ckpt
     raise CheckpointError(f"{d / CONFIG_FILE} describes neither Medusa heads (a \"medusa\" block) nor an EAGLE-3 module "
                           f"(architectures [\"{EAGLE3_ARCHITECTURE}\"] with an \"eagle_config\"); see docs/train-heads.md.")

@@ -37,6 +37,10 @@ draft's catch-up, desynchronised rows). Measured at 8 streams on the 325M
 pair on a CPU, k = 1 came out 1-5% ahead of k = 0 by the estimate, and
 drafting at those break-even points cost 6-19% of target-only's throughput.
 
+A drafter that drafts any number of tokens in one call (P-EAGLE; ``one_call``, the methods whose proposer says
+``drafts_in_one_call``) is timed per round, not per draft, and a round of k > 0 drafts costs one such step:
+``t_draft + t_verify(k + 1)``; its trees cost the same one step whatever their nodes.
+
 Trees and scored drafts use the same costs with their own expected tokens:
 
 * a static tree (Medusa, EAGLE) is drafted whole or not at all
@@ -148,6 +152,7 @@ class AutoDraftLen:
         # token) is a 1-row figure; at 16 rows on a CPU a second token per row costs ~60% more, not 10%.
         self.per_token = _CostLine()
         self.draft_s: dict[tuple[str, int], float] = {}  # (method, rows) -> seconds per draft step (moving average)
+        self.one_call: set[str] = set()  # methods that draft a round in one call (the Engine fills it): one step per round
         self.catch_up_s: dict[str, _CostLine] = {}  # method -> seconds of a catch-up call by the tokens it feeds
         # The first call of a shape pays ONNX Runtime's one-time work for it (memory planning,
         # kernel choice): 10x a step on the enlarged model. It is not a step's cost, so it is not timed.
@@ -192,9 +197,15 @@ class AutoDraftLen:
                 self.verify[rows].add(width, seconds)
             self.per_token.add(rows * width, seconds)
 
-    def record_draft(self, method: str, rows: int, steps: int, seconds: float) -> None:
-        if self._first(("draft", method, rows, steps)):
+    def steps(self, method: str, drafts: int) -> int:
+        """Draft steps a round of ``drafts`` drafts (chain tokens, tree nodes) costs: one each, or one for a one-call drafter."""
+        return min(drafts, 1) if method in self.one_call else drafts
+
+    def record_draft(self, method: str, rows: int, drafts: int, seconds: float) -> None:
+        """A round's drafting of ``drafts`` drafts (its longest) over ``rows`` requests took ``seconds``."""
+        if self._first(("draft", method, rows, drafts)):  # each shape's first call pays ONNX Runtime's setup
             return
+        steps = self.steps(method, drafts)
         if steps > 0:
             per = seconds / steps
             old = self.draft_s.get((method, rows))
@@ -303,7 +314,7 @@ class AutoDraftLen:
         t_draft = self.draft_cost(method, rows, default=0.1 * verify[0])  # unmeasured: a tenth of a target step
         tokens = self.expected_tokens(method, a, limit)
         spread = rows * catch_up_s / max(min(left, HORIZON), 1)  # per token the round makes
-        speed = [tokens[k] / (k * t_draft + verify[k] + (spread * tokens[k] if k else 0.0)) for k in range(limit + 1)]
+        speed = [tokens[k] / (self.steps(method, k) * t_draft + verify[k] + (spread * tokens[k] if k else 0.0)) for k in range(limit + 1)]
         speed[0] *= 1.0 + DRAFT_MARGIN
         best = max(range(limit + 1), key=speed.__getitem__)
         if current is not None and current <= limit and speed[best] < speed[current] * (1.0 + STICKY):
@@ -333,7 +344,7 @@ class AutoDraftLen:
         t_draft = self.draft_cost(method, rows, default=0.1 * self.verify_cost(rows, 1))
         tokens = self.tree_tokens(method, accepted, rounds)
         spread = rows * catch_up_s / max(min(left, HORIZON), 1)
-        tree = tokens / (nodes * t_draft + self.verify_cost(rows, nodes + 1) + spread * tokens)
+        tree = tokens / (self.steps(method, nodes) * t_draft + self.verify_cost(rows, nodes + 1) + spread * tokens)
         return nodes if tree > (1.0 + DRAFT_MARGIN) / self.verify_cost(rows, 1) else 0
 
     def calibration(self, method: str) -> float:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-METHOD_NAMES = {"draft": "draft-model", "ngram": "n-gram", "suffix": "suffix", "medusa": "Medusa", "eagle": "EAGLE"}
+METHOD_NAMES = {"draft": "draft-model", "ngram": "n-gram", "suffix": "suffix", "medusa": "Medusa", "eagle": "EAGLE", "peagle": "P-EAGLE"}
 SILENT_DRAFT_ROUNDS = 48  # consecutive drafting rounds with no draft accepted: (1 - 0.25)^48 ~ 1e-6 for a weak working pair
 
 

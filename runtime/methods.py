@@ -5,6 +5,7 @@
     ngram    ngram.py                      (prompt lookup)
     medusa   medusa.py                     --speculative_decoding_mode medusa: its Medusa heads
     eagle    eagle.py                      --speculative_decoding_mode eagle: its EAGLE-3 module
+    peagle   peagle.py                     --speculative_decoding_mode peagle: its P-EAGLE module (a block per call)
     suffix   suffix.py                     (suffix decoding)
 
 A request that drafts nothing has the method ``TARGET_ONLY`` ("none"): one
@@ -40,6 +41,7 @@ _METHODS: dict[str, Registered] = {
     "ngram": Registered(f"{_PROPOSERS}.ngram"),
     "medusa": Registered(f"{_PROPOSERS}.medusa", target_mode="medusa"),
     "eagle": Registered(f"{_PROPOSERS}.eagle", target_mode="eagle"),
+    "peagle": Registered(f"{_PROPOSERS}.peagle", target_mode="peagle"),
     "suffix": Registered(f"{_PROPOSERS}.suffix"),
 }
 

@@ -40,7 +40,7 @@ class GenerationConfig:
     end_ids: tuple[int, ...] = ()  # stop after any of these (empty: never)
     stop_words: tuple[tuple[int, ...], ...] = ()  # token sequences that end a request
     # speculation; None = the engine's default
-    method: str | None = None  # a registered method (runtime/methods.py: draft | ngram | medusa | eagle | suffix), or none
+    method: str | None = None  # a registered method (runtime/methods.py: draft | ngram | medusa | eagle | peagle | suffix), or none
     draft_len: int | str | None = None  # 0..max_draft_len, or "auto": chosen each round
     # log-probabilities of the emitted tokens (the target's, after logits processing): None = off,
     # k >= 0 = each token's own plus its k most likely alternatives

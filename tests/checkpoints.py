@@ -174,6 +174,31 @@ def write_eagle_module(base_ckpt: Path, out: Path, num_layers: int = 2, aux_ids:
     return module
 
 
+def write_peagle_module(base_ckpt: Path, out: Path, num_layers: int = 2, aux_ids: list[int] | None = None, seed: int = 1, scale: float = 2.0,
+                        mask_token_id: int = 3, depths: int = 6, placeholders: str = "anchored"):
+    """A P-EAGLE module of random weights for ``base_ckpt`` (specdec-train --mode peagle's export; ``placeholders``:
+    anchored, ours, or constant, vLLM's). Returns the torch PEagleModule."""
+    from specdec.train.eagle import eagle_llama_config
+    from specdec.train.export import peagle_config, save_heads
+    from specdec.train.peagle import PEagleModule
+
+    base_cfg = json.loads((base_ckpt / "config.json").read_text())
+    aux_ids = [0, base_cfg["num_hidden_layers"] - 1] if aux_ids is None else aux_ids
+    hf = load_hf(base_ckpt)
+    cfg = eagle_llama_config(hf.config, num_layers)
+    torch.manual_seed(seed)
+    module = PEagleModule(cfg, len(aux_ids), hf.lm_head.weight.detach(), hf.get_input_embeddings().weight[mask_token_id],
+                          anchored=placeholders == "anchored", placeholders=depths - 1).eval()
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name == "mask_hidden":
+                p.normal_()
+            elif name != "lm_head.weight":
+                p.copy_(1.0 + 0.3 * torch.randn_like(p) if p.dim() == 1 else torch.randn_like(p) * scale / p.shape[1] ** 0.5)
+    save_heads(module, peagle_config(base_cfg, cfg, aux_ids, mask_token_id, depths, {"test": True}, placeholders), out)
+    return module
+
+
 def write_medusa_heads(base_ckpt: Path, out: Path, num_heads: int = 2, num_layers: int = 1, seed: int = 1):
     """Medusa heads for ``base_ckpt`` in ModelOpt's layout (specdec-train's export), as a fresh run initialises them."""
     from specdec.train.export import medusa_config, save_heads

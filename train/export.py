@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from ..formats.heads import CONFIG_FILE, EAGLE3_ARCHITECTURE, EAGLE_CONFIG_DEFAULTS, WEIGHTS_FILE
+from ..formats.heads import CONFIG_FILE, EAGLE3_ARCHITECTURE, EAGLE_CONFIG_DEFAULTS, PEAGLE_DEPTHS_KEY, PLACEHOLDERS_KEY, PTD_TOKEN_KEY, WEIGHTS_FILE
 
 
 def medusa_config(base_config: dict, num_heads: int, num_layers: int, provenance: dict) -> dict:
@@ -54,6 +54,18 @@ def eagle_config(base_config: dict, eagle_cfg, aux_ids: list[int], provenance: d
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(aux_ids), **EAGLE_CONFIG_DEFAULTS},
         "specdec_train": provenance,
     }
+
+
+def peagle_config(base_config: dict, eagle_cfg, aux_ids: list[int], mask_token_id: int, depths: int, provenance: dict,
+                  placeholders: str = "constant") -> dict:
+    """The EAGLE-3 export plus what P-EAGLE adds (vLLM's parallel-drafting names): ``ptd_token_id``, the token whose
+    embedding placeholders read, and ``para_depths``, the drafting positions it was trained for; and ours,
+    ``peagle_placeholders`` "anchored" when each depth's vector is added to the anchor's features (absent: vLLM's one
+    constant placeholder). The tensor ``mask_hidden`` travels in model.safetensors."""
+    cfg = eagle_config(base_config, eagle_cfg, aux_ids, provenance)
+    specdec = cfg.pop("specdec_train")
+    ours = {PLACEHOLDERS_KEY: placeholders} if placeholders != "constant" else {}
+    return cfg | {PTD_TOKEN_KEY: mask_token_id, PEAGLE_DEPTHS_KEY: depths, **ours, "specdec_train": specdec}
 
 
 def head_tensors(module: nn.Module) -> dict[str, torch.Tensor]:

@@ -44,12 +44,16 @@ def _length(cfg) -> str:
     parts = [f"max_steps {cfg.max_steps}"] if cfg.max_steps else [f"epochs {cfg.num_epochs}"]
     if cfg.max_time:
         parts.append(f"max_time {cfg.max_time:g} s")
+    if cfg.max_cpu_time:
+        parts.append(f"max_cpu_time {cfg.max_cpu_time:g} CPU s")
     return ", ".join(parts)
 
 
 def model_card(cfg, described: tuple[str, str, str], provenance: dict, losses: list[float], accuracy: list[float],
-               before: list[float] | None, seconds: float, steps: int, held_out: bool, plotted: bool) -> str:
-    """described: the run's (what was trained, what the accuracy figures are, the flags that shaped it): runs.Run.card."""
+               before: list[float] | None, times: tuple[float, float], steps: int, held_out: bool, plotted: bool) -> str:
+    """described: the run's (what was trained, what the accuracy figures are, the flags that shaped it): runs.Run.card.
+    times: (wall seconds, CPU seconds of the process) over the run."""
+    seconds, cpu_seconds = times
     what, acc_label, shape = described
     tail = losses[-10:]
     split = "held-out split" if held_out else "training data (no --eval_fraction)"
@@ -71,7 +75,7 @@ def model_card(cfg, described: tuple[str, str, str], provenance: dict, losses: l
         f"| final loss (mean of last {len(tail)} steps) | {sum(tail) / max(1, len(tail)):.4f} |",
         f"| {acc_label}, {split} | {_fmt(accuracy)} |",
         f"| same, before training | {_fmt(before)} |",
-        f"| time | {seconds:.0f} s on {platform.machine()} CPU, {torch.get_num_threads()} thread(s), torch {torch.__version__} |",
+        f"| time | {seconds:.0f} s ({cpu_seconds:.0f} CPU s) on {platform.machine()} CPU, {torch.get_num_threads()} thread(s), torch {torch.__version__} |",
         "",
         "![loss](loss_curve.png)" if plotted else "(no loss curve: matplotlib is not installed)",
         "",

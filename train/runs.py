@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import nn
 
-from ..formats.heads import default_eagle_aux_layer_ids
+from ..formats.heads import PLACEHOLDER_FORMS, default_eagle_aux_layer_ids
 from .base import decoder_layers, run_base
 from .data import Sequence
 from .eagle import Eagle3Module, eagle_inputs, eagle_llama_config, eagle_loss, eagle_targets
 from .errors import TrainConfigError
-from .export import eagle_config, medusa_config
+from .export import eagle_config, medusa_config, peagle_config
 from .medusa import DECAY_COEFFICIENT, HEADS_COEFFICIENT, MedusaHeads, medusa_loss
+from .peagle import PEagleModule, batch_generator, parallel_layout, peagle_loss
 
 if TYPE_CHECKING:
     from .trainer import TrainConfig
@@ -54,7 +55,7 @@ class Run:
         """Refuse this mode's other flags that no file is needed to judge."""
 
     @staticmethod
-    def check_base(cfg: TrainConfig, num_layers: int | None) -> None:
+    def check_base(cfg: "TrainConfig", base_cfg: dict) -> None:
         """Refuse flags that do not fit the base's config.json (read before the base's weights load)."""
 
     def __init__(self, cfg: TrainConfig, base: nn.Module):
@@ -142,7 +143,8 @@ class EagleRun(Run):
             raise TrainConfigError(f"--eagle_loss_decay_factor {cfg.eagle_loss_decay_factor} must be in (0, 1] (1: every TTT step weighs the same).")
 
     @staticmethod
-    def check_base(cfg: TrainConfig, num_layers: int | None) -> None:
+    def check_base(cfg: "TrainConfig", base_cfg: dict) -> None:
+        num_layers = base_cfg.get("num_hidden_layers")
         if cfg.eagle_aux_layer_ids and num_layers and max(cfg.eagle_aux_layer_ids) >= num_layers:
             raise TrainConfigError(f"--eagle_aux_layer_ids {sorted(set(cfg.eagle_aux_layer_ids))}: the base model has layers 0..{num_layers - 1} "
                                    "only.")
@@ -190,4 +192,91 @@ class EagleRun(Run):
         return what, acc_label, f"--eagle_num_layers {cfg.eagle_num_layers} --eagle_ttt_steps {cfg.eagle_ttt_steps}"
 
 
-RUNS: dict[str, type[Run]] = {run.mode: run for run in (MedusaRun, EagleRun)}
+class PEagleRun(EagleRun):
+    """P-EAGLE (train/peagle.py): EAGLE-3's module and features, ``peagle_depths`` positions drafted in one pass."""
+
+    mode = "peagle"
+
+    @staticmethod
+    def counts(cfg: "TrainConfig") -> dict[str, int]:
+        return {"eagle_num_layers": cfg.eagle_num_layers, "peagle_depths": cfg.peagle_depths}
+
+    @staticmethod
+    def check_config(cfg: "TrainConfig") -> None:
+        EagleRun.check_config(cfg)
+        if not 0 < cfg.peagle_down_sample_ratio <= 1:
+            raise TrainConfigError(f"--peagle_down_sample_ratio {cfg.peagle_down_sample_ratio} must be in (0, 1] (1: every anchor at every depth).")
+        if not 0 <= cfg.peagle_down_sample_ratio_min <= 1:
+            raise TrainConfigError(f"--peagle_down_sample_ratio_min {cfg.peagle_down_sample_ratio_min} must be in [0, 1].")
+        if cfg.peagle_placeholders not in PLACEHOLDER_FORMS:
+            raise TrainConfigError(f"--peagle_placeholders {cfg.peagle_placeholders!r} is not one of {', '.join(PLACEHOLDER_FORMS)}.")
+        if cfg.peagle_mask_token_id is not None and cfg.peagle_mask_token_id < 0:
+            raise TrainConfigError(f"--peagle_mask_token_id {cfg.peagle_mask_token_id} must be a token id >= 0.")
+
+    @staticmethod
+    def check_base(cfg: "TrainConfig", base_cfg: dict) -> None:
+        EagleRun.check_base(cfg, base_cfg)
+        mask_token_id(cfg, base_cfg)
+
+    def __init__(self, cfg: "TrainConfig", base: nn.Module):
+        Run.__init__(self, cfg, base)
+        torch.manual_seed(cfg.seed)
+        n_layers = len(decoder_layers(base))
+        self.aux_ids = sorted(set(cfg.eagle_aux_layer_ids)) if cfg.eagle_aux_layer_ids else default_eagle_aux_layer_ids(n_layers)
+        if max(self.aux_ids) >= n_layers:
+            raise TrainConfigError(f"--eagle_aux_layer_ids {self.aux_ids}: the base model has layers 0..{n_layers - 1} only.")
+        self.mask_token_id = mask_token_id(cfg, base.config.to_dict())
+        self.eagle_cfg = eagle_llama_config(base.config, cfg.eagle_num_layers)
+        mask_embedding = base.get_input_embeddings().weight[self.mask_token_id]
+        self.heads = PEagleModule(self.eagle_cfg, len(self.aux_ids), base.get_output_embeddings().weight, mask_embedding,
+                                  anchored=cfg.peagle_placeholders == "anchored", placeholders=max(cfg.peagle_depths - 1, 1))
+
+    def forward(self, seqs: list[Sequence]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+        cfg = self.cfg
+        ids, attn, loss_mask = collate(seqs)
+        out = run_base(self.base, ids, attn, self.aux_ids)
+        aux, next_embeds = eagle_inputs(ids, out.aux_hidden, self.base.get_input_embeddings())
+        sampled = batch_generator(ids, cfg.seed) if torch.is_grad_enabled() else None  # the report keeps every anchor
+        layout = parallel_layout(attn[:, :-1], loss_mask, cfg.peagle_depths, cfg.peagle_down_sample_ratio, cfg.peagle_down_sample_ratio_min, sampled)
+        hidden = self.heads.parallel_hidden(aux, next_embeds, layout)  # [batch, T' + M, hidden]
+        return peagle_loss(self.heads, hidden, layout, out.last_hidden, self.base.get_output_embeddings(), loss_mask,
+                           cfg.peagle_depths, cfg.eagle_loss_decay_factor)
+
+    def export_config(self, base_cfg: dict, provenance: dict) -> dict:
+        return peagle_config(base_cfg, self.eagle_cfg, self.aux_ids, self.mask_token_id, self.cfg.peagle_depths, provenance, self.cfg.peagle_placeholders)
+
+    def provenance(self) -> dict:
+        cfg = self.cfg
+        return {**Run.provenance(self), "peagle_depths": cfg.peagle_depths, "ptd_token_id": self.mask_token_id,
+                "peagle_down_sample_ratio": cfg.peagle_down_sample_ratio, "peagle_down_sample_ratio_min": cfg.peagle_down_sample_ratio_min,
+                "eagle_loss_decay_factor": cfg.eagle_loss_decay_factor}
+
+    def loss_description(self) -> str:
+        return f"KL(base || P-EAGLE), mean of {self.cfg.peagle_depths} drafting positions weighted {self.cfg.eagle_loss_decay_factor}^(position - 1)"
+
+    def card(self) -> tuple[str, str, str]:
+        cfg = self.cfg
+        what = (f"a P-EAGLE module (parallel drafting) of {cfg.eagle_num_layers} decoder layer(s) over the base's layers {self.aux_ids}: "
+                f"EAGLE-3's module plus a learned placeholder (mask_hidden, with the embedding of token {self.mask_token_id}) that drafts "
+                f"{cfg.peagle_depths} positions in one pass; placeholder anchors sampled per depth (ratio {cfg.peagle_down_sample_ratio:g}, "
+                f"floor {cfg.peagle_down_sample_ratio_min:g}, nested); LM head = the base's, frozen")
+        acc_label = f"top-1 agreement with the base, per drafting position 1..{cfg.peagle_depths} (every anchor)"
+        return what, acc_label, f"--eagle_num_layers {cfg.eagle_num_layers} --peagle_depths {cfg.peagle_depths}"
+
+
+def mask_token_id(cfg: "TrainConfig", base_cfg: dict) -> int:
+    """The token whose (frozen) embedding placeholders read: --peagle_mask_token_id, else the base's pad token, else
+    its first end-of-sequence token (a token the module rarely sees as a real next token)."""
+    vocab = base_cfg.get("vocab_size")
+    chosen = cfg.peagle_mask_token_id
+    if chosen is None:
+        eos = base_cfg.get("eos_token_id")
+        chosen = next((c for c in (base_cfg.get("pad_token_id"), eos[0] if isinstance(eos, list) and eos else eos) if isinstance(c, int)), None)
+        if chosen is None:
+            raise TrainConfigError("the base model's config.json names no pad_token_id or eos_token_id: choose the placeholders' token with --peagle_mask_token_id.")
+    if isinstance(vocab, int) and not 0 <= chosen < vocab:
+        raise TrainConfigError(f"--peagle_mask_token_id {chosen} is outside the base model's vocabulary (0..{vocab - 1}).")
+    return int(chosen)
+
+
+RUNS: dict[str, type[Run]] = {run.mode: run for run in (MedusaRun, EagleRun, PEagleRun)}

@@ -48,6 +48,11 @@ class TrainConfig:
     eagle_aux_layer_ids: list[int] | None = None  # None: ModelOpt's default (low, middle, high)
     eagle_ttt_steps: int = 3  # training-time test steps (ModelOpt's eagle_ttt_steps): step j trains drafting depth j; 1 = depth 1 only
     eagle_loss_decay_factor: float = 0.9  # ModelOpt's: step j's loss weighs factor^(j-1) (depth 1 decides every later depth)
+    peagle_depths: int = 8  # P-EAGLE: drafting positions trained (1 real pair + depths - 1 placeholders)
+    peagle_mask_token_id: int | None = None  # P-EAGLE: the token placeholders read (None: the base's pad, else eos token)
+    peagle_down_sample_ratio: float = 0.7  # P-EAGLE: depth d keeps max(ratio^d, ratio_min) of the anchors (COD sampling)
+    peagle_down_sample_ratio_min: float = 0.2
+    peagle_placeholders: str = "anchored"  # P-EAGLE: anchored (one vector per depth, added to the anchor's features) | constant (vLLM's)
     batch_size: int = 4
     training_seq_len: int = 512
     max_steps: int | None = None  # overrides num_epochs
@@ -56,6 +61,7 @@ class TrainConfig:
     eval_fraction: float = 0.0  # held-out share of the sequences for the top-1 report; 0 reports on the training data
     eval_data: str | None = None  # a separate .jsonl to report top-1 on (instead of --eval_fraction)
     max_time: float | None = None  # stop (and save) after the step that passes this many seconds of training
+    max_cpu_time: float | None = None  # the same in CPU seconds of this process (all its threads): a budget a shared machine does not bend
     seed: int = 0
     resume: bool = False
     overwrite_output_dir: bool = False
@@ -85,8 +91,9 @@ class TrainConfig:
             raise TrainConfigError(f"--eval_fraction {self.eval_fraction} must be in [0, 1).")
         if self.eagle_aux_layer_ids is not None and (not self.eagle_aux_layer_ids or min(self.eagle_aux_layer_ids) < 0):
             raise TrainConfigError(f"--eagle_aux_layer_ids {self.eagle_aux_layer_ids} must be non-empty layer indices >= 0.")
-        if self.max_time is not None and not self.max_time > 0:  # NaN too
-            raise TrainConfigError(f"--max_time {self.max_time} must be > 0 seconds.")
+        for flag, value in (("max_time", self.max_time), ("max_cpu_time", self.max_cpu_time)):
+            if value is not None and not value > 0:  # NaN too
+                raise TrainConfigError(f"--{flag} {value} must be > 0 seconds.")
         try:
             check_num_threads(self.num_threads)
         except DeviceError as err:
@@ -104,6 +111,7 @@ class TrainResult:
     accuracy: list[float]  # top-1 per head (medusa) or per drafting depth 1..eagle_ttt_steps (eagle), on the eval split
     accuracy_before: list[float] | None
     seconds: float
+    cpu_seconds: float  # CPU time of the process over the run (all threads; this session only when resumed on top of others)
     base: nn.Module = field(repr=False)
     heads: nn.Module = field(repr=False)
 
@@ -150,7 +158,7 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
     out = check_output_dir(cfg)
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
 
     # Everything that can be refused is checked before the base model loads (seconds to minutes).
     base_cfg = base_config_dict(model_dir)
@@ -160,7 +168,7 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
         train_seqs, eval_seqs = seqs, read_sequences(eval_path, tokenizer, cfg.training_seq_len, base_cfg.get("vocab_size"))
     else:
         train_seqs, eval_seqs = _split(seqs, cfg.eval_fraction, cfg.seed)
-    RUNS[cfg.mode].check_base(cfg, base_cfg.get("num_hidden_layers"))
+    RUNS[cfg.mode].check_base(cfg, base_cfg)
     _check_memory(cfg, base_cfg)
     base = load_base(model_dir)
     run = make_run(cfg, base)
@@ -190,9 +198,9 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
         f"{total} steps of batch {cfg.batch_size}; {sum(p.numel() for _, p in run.params):,} trainable parameters")
 
     run.heads.train()
-    bar = _bar(None if cfg.max_time else total, step, progress_bar)  # under a time budget the step count is not known
+    bar = _bar(None if cfg.max_time or cfg.max_cpu_time else total, step, progress_bar)  # under a time budget the step count is not known
     last_saved = None
-    loop_start = time.perf_counter()
+    loop_start, loop_cpu_start = time.perf_counter(), time.process_time()
     while step < total:
         lr = _lr_at(cfg, step, total)
         for g in optimizer.param_groups:
@@ -208,8 +216,9 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
             bar.update(1)
             bar.set_postfix(loss=f"{losses[-1]:.4f}")
         out_of_time = cfg.max_time is not None and time.perf_counter() - loop_start >= cfg.max_time
-        if out_of_time and step < total:
-            say(f"--max_time {cfg.max_time:g} s reached at step {step} of {total}")
+        out_of_cpu = cfg.max_cpu_time is not None and time.process_time() - loop_cpu_start >= cfg.max_cpu_time
+        if (out_of_time or out_of_cpu) and step < total:
+            say(f"--{'max_time' if out_of_time else 'max_cpu_time'} {cfg.max_time if out_of_time else cfg.max_cpu_time:g} s reached at step {step} of {total}")
             total = step
         if step % cfg.save_steps == 0 or step == total:
             elapsed = elapsed_before + time.perf_counter() - started
@@ -219,12 +228,12 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
         bar.close()
     run.heads.eval()
     accuracy = run.accuracy(eval_seqs or train_seqs, cfg.batch_size)
-    seconds = elapsed_before + time.perf_counter() - started
+    seconds, cpu_seconds = elapsed_before + time.perf_counter() - started, time.process_time() - cpu_started
     final_loss = _tail_mean(losses)
-    _write_final(out, run, config, cfg, losses, accuracy, before, seconds, step, provenance, bool(eval_seqs))
+    _write_final(out, run, config, cfg, losses, accuracy, before, (seconds, cpu_seconds), step, provenance, bool(eval_seqs))
     if last_saved:
         say(f"checkpoint {last_saved}")
-    return TrainResult(out, step, losses, final_loss, accuracy, before, seconds, base, run.heads)
+    return TrainResult(out, step, losses, final_loss, accuracy, before, seconds, cpu_seconds, base, run.heads)
 
 
 TRAINING_BYTES_PER_PARAMETER = 16  # float32 weight, its gradient and AdamW's two moments
@@ -237,8 +246,8 @@ def trainable_parameters(cfg: TrainConfig, base_cfg: dict) -> int:
         return cfg.medusa_num_heads * (cfg.medusa_num_layers * (hidden * hidden + hidden) + vocab * hidden)
     aux = len(set(cfg.eagle_aux_layer_ids)) if cfg.eagle_aux_layer_ids else 3
     layer = 4 * hidden * hidden + 3 * hidden * inter  # q/k/v/o at most hidden wide, gate/up/down
-    # fc, layers (layer 0's q/k/v twice as wide), lm_head
-    return aux * hidden * hidden + cfg.eagle_num_layers * layer + 3 * hidden * hidden + vocab * hidden
+    placeholder = aux * hidden if cfg.mode == "peagle" else 0  # P-EAGLE's mask_hidden
+    return aux * hidden * hidden + cfg.eagle_num_layers * layer + 3 * hidden * hidden + vocab * hidden + placeholder  # fc, layers (layer 0's q/k/v twice as wide), lm_head
 
 
 def _check_memory(cfg: TrainConfig, base_cfg: dict) -> None:
@@ -299,7 +308,7 @@ def _bar(total: int | None, start: int, enabled: bool):
 
 
 def _write_final(out: Path, run: Run, config: dict, cfg: TrainConfig, losses: list[float], accuracy: list[float],
-                 before: list[float] | None, seconds: float, steps: int, provenance: dict, held_out: bool) -> None:
+                 before: list[float] | None, times: tuple[float, float], steps: int, provenance: dict, held_out: bool) -> None:
     """Heads, log, loss curve and model card, each file complete or absent (staged, then renamed into ``out``)."""
     from .report import loss_curve_png, model_card
 
@@ -307,11 +316,12 @@ def _write_final(out: Path, run: Run, config: dict, cfg: TrainConfig, losses: li
     tmp = Path(tempfile.mkdtemp(prefix=".final.", dir=out))
     try:
         save_heads(run.heads, config, tmp)
+        seconds, cpu_seconds = times
         log = {"steps": steps, "losses": losses, "accuracy": accuracy, "accuracy_before": before, "held_out": held_out,
-               "seconds": seconds, "config": asdict(cfg), "provenance": provenance}
+               "seconds": seconds, "cpu_seconds": cpu_seconds, "config": asdict(cfg), "provenance": provenance}
         (tmp / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
         plotted = loss_curve_png(losses, tmp / "loss_curve.png", f"{cfg.mode} training loss: {run.loss_description()}")
-        (tmp / "README.md").write_text(model_card(cfg, run.card(), provenance, losses, accuracy, before, seconds, steps, held_out, plotted))
+        (tmp / "README.md").write_text(model_card(cfg, run.card(), provenance, losses, accuracy, before, times, steps, held_out, plotted))
         publish(tmp)
         for f in tmp.iterdir():
             os.replace(f, out / f.name)

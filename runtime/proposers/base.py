@@ -75,7 +75,7 @@ class Proposer(Protocol):
     """A drafting method. Its optional parts are declared, never probed for: a proposer class subclasses this
     protocol and overrides the defaults below that apply to it."""
 
-    name: ClassVar[str]  # the method it implements (runtime/methods.py): draft | ngram | medusa | eagle | suffix
+    name: ClassVar[str]  # the method it implements (runtime/methods.py): draft | ngram | medusa | eagle | peagle | suffix
     # a draft model's own engine, beside the target: the Engine pairs it with the target (vocabulary, limits) and
     # sets vocab_limit; None for drafters that use the target's own outputs or the text (n-gram, Medusa, EAGLE)
     executor: Executor | None = None
@@ -104,6 +104,9 @@ class Proposer(Protocol):
     def label(self) -> str:
         """What it drafts with, as specdec-run's tables name it."""
         return self.name
+    # it drafts any number of tokens (a chain, a tree) in one model call (P-EAGLE): draft_len=auto prices a drafting
+    # round at one draft step, not one per draft
+    drafts_in_one_call: bool = False
 
     def add(self, requests: Sequence[Request]) -> None:
         """Start these requests: each has its prompt and the first token the target picked."""

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...formats.config_strings import DEFAULT_DRAFT_LEN
-from ...formats.engine_format import EngineDir, eagle_module_dir, load_engine_dir
+from ...formats.engine_format import MODULE_MODES, EngineDir, eagle_module_dir, load_engine_dir
 from ...formats.errors import EngineError
 from ..backends.base import Executor, StepOutput
 from ..request import AUTO, Request
@@ -61,21 +61,22 @@ class EagleProposer(OwnDrafter):
     name = "eagle"
     choices_flag = "--eagle_choices"
     target_outputs = (FEATURES,)
+    title, module_flag = "EAGLE", "--eagle_dir"  # for messages
+    module_mode = MODULE_MODES[name]  # the mode of the engine in the target's eagle/ folder
 
     def __init__(self, target: Executor, module: Executor, choices: str | Sequence[Sequence[int]] | DraftTree | None = None):
         """target: an eagle target's executor (returns eagle_hidden); module: the executor of its eagle/ engine.
         choices: a draft tree (TensorRT-LLM's --eagle_choices format), or None for chains."""
-        if target.build.speculative_decoding_mode != "eagle" or FEATURES not in target.extra_outputs:
-            mode = target.build.speculative_decoding_mode
-            raise EngineError(f"EAGLE drafting needs a target engine built with --speculative_decoding_mode eagle --eagle_dir MODULE; "
+        mode, want = target.build.speculative_decoding_mode, self.name
+        if mode != want or FEATURES not in target.extra_outputs:
+            raise EngineError(f"{self.title} drafting needs a target engine built with --speculative_decoding_mode {want} {self.module_flag} MODULE; "
                               f"{target.engine.path} was built with --speculative_decoding_mode {mode}"
-                              + ("" if mode != "eagle" else f" and its {type(target).__name__} does not return {FEATURES}") + ".")
-        if module.build.speculative_decoding_mode != "eagle_module":
-            raise EngineError(f"{module.engine.path} is not an EAGLE module engine (mode {module.build.speculative_decoding_mode}); "
-                              f"it is the eagle/ folder inside an eagle target engine.")
+                              + ("" if mode != want else f" and its {type(target).__name__} does not return {FEATURES}") + ".")
+        if module.build.speculative_decoding_mode != self.module_mode:
+            raise EngineError(f"{module.engine.path} is not an {self.title} module engine (mode {module.build.speculative_decoding_mode}); "
+                              f"it is the eagle/ folder inside an {want} target engine.")
         if module.model.hidden_size != target.model.hidden_size or module.vocab_size != target.vocab_size:
-            raise EngineError(f"the EAGLE module {module.engine.path} (hidden {module.model.hidden_size}, vocab {module.vocab_size}) does not belong "
-                              "to "
+            raise EngineError(f"the {self.title} module {module.engine.path} (hidden {module.model.hidden_size}, vocab {module.vocab_size}) does not belong to "
                               f"the target {target.engine.path} (hidden {target.model.hidden_size}, vocab {target.vocab_size}).")
         self.target, self.module = target, module
         self.tree = choices if isinstance(choices, DraftTree) else parse_choices(choices, self.choices_flag)
@@ -98,8 +99,8 @@ class EagleProposer(OwnDrafter):
         """The module is the engine in the target's eagle/ folder, opened where the target runs."""
         return cls(target, open_beside(load_engine_dir(eagle_module_dir(target.engine))), choices)
 
-    def with_tree(self, tree: DraftTree) -> EagleProposer:
-        return EagleProposer(self.target, self.module, tree)
+    def with_tree(self, tree: DraftTree) -> "EagleProposer":
+        return type(self)(self.target, self.module, tree)
 
     @property
     def max_chain_len(self) -> int:

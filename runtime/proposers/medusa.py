@@ -98,33 +98,40 @@ class MedusaProposer(OwnDrafter):
         return [self._draft(r, int(k)) for r, k in zip(requests, draft_lens, strict=True)]
 
     def _draft(self, r: Request, k: int) -> Draft:
-        heads = self.heads[r.request_id]  # [heads, vocab]
-        sampling = r.config.sampling
-        if self.tree is not None:
-            if sampling.greedy:
-                tokens, parents, depths = tree_draft(self.tree, k, lambda depth, top: top_k(heads[depth - 1], top))
-                return Draft(tokens, parents=parents, depths=depths)
-            k = min(k, self.tree.depth)  # a sampled request: the chain as deep as the tree
-        proc = r.processor
-        if sampling.greedy and (proc is None or proc.plain):
-            return Draft(heads[:k].argmax(axis=-1).astype(np.int64))
-        # head j guesses position j: processed as the target's row there, with the drafts before it as history
-        tokens: list[int] = []
-        qs = []
-        for j in range(k):
-            if proc is not None:
-                t, q = proc.pick(heads[j], tokens, r.rng)
-            else:
-                q = processed_probs(heads[j : j + 1], sampling)[0]
-                t = sample(q, r.rng)
-            tokens.append(t)
-            qs.append(q)
-        return Draft(np.array(tokens, np.int64), probs=None if sampling.greedy else np.stack(qs))
+        return positional_draft(r, self.heads[r.request_id], k, self.tree)
 
     def observe(self, request: Request, draft: Draft, target: TargetOutput) -> None:
         # the row of the last kept token: its target logits gave the appended token, its heads the ones after it
         self.heads[request.request_id] = target.extras[HEADS][target.rows[-1]].copy()  # [heads, vocab]
 
+
+def positional_draft(r: Request, rows: np.ndarray, k: int, tree: DraftTree | None) -> Draft:
+    """Up to k drafts from one distribution per position ahead (rows [positions, vocab]: Medusa's heads, P-EAGLE's
+    block), each blind to the tokens drafted before it. Greedy: the argmax chain, or ``tree`` with the same top-k under
+    every parent. Sampled (or processed: grammar, penalties): each position's processed distribution with the drafts
+    before it as history, drawn from and returned as the draft probabilities, so rejection sampling keeps the target's
+    distribution; with a tree, a sampled request drafts a chain as deep as the tree."""
+    sampling = r.config.sampling
+    if tree is not None:
+        if sampling.greedy:
+            tokens, parents, depths = tree_draft(tree, k, lambda depth, top: top_k(rows[depth - 1], top))
+            return Draft(tokens, parents=parents, depths=depths)
+        k = min(k, tree.depth)  # a sampled request: the chain as deep as the tree
+    proc = r.processor
+    if sampling.greedy and (proc is None or proc.plain):
+        return Draft(rows[:k].argmax(axis=-1).astype(np.int64))
+    # position j: processed as the target's row there, with the drafts before it as history
+    tokens: list[int] = []
+    qs = []
+    for j in range(k):
+        if proc is not None:
+            t, q = proc.pick(rows[j], tokens, r.rng)
+        else:
+            q = processed_probs(rows[j : j + 1], sampling)[0]
+            t = sample(q, r.rng)
+        tokens.append(t)
+        qs.append(q)
+    return Draft(np.array(tokens, np.int64), probs=None if sampling.greedy else np.stack(qs))
 
 
 # -- the method's registration (runtime/methods.py: a medusa target carries it) -----------------------------------

@@ -336,16 +336,17 @@ def torch_tensors(heads_dir: Path) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def heads_pair(pair, tmp_path_factory):
-    from checkpoints import write_eagle_module
+    from checkpoints import write_eagle_module, write_peagle_module
 
     small, big = pair
     root = tmp_path_factory.mktemp("heads")
     medusa = write_medusa_heads(small, root / "medusa")
     eagle = write_eagle_module(small, root / "eagle", num_layers=2)  # aux ids [0, 1]: both real layers
-    for name in ("medusa", "eagle"):
+    peagle = write_peagle_module(small, root / "peagle", num_layers=1, aux_ids=[0, 1])
+    for name in ("medusa", "eagle", "peagle"):
         (root / name / "README.md").write_text(f"# {name} heads\n")
         assert enlarge.main(["--heads", str(root / name), "--base", str(big), str(root / f"big-{name}")]) == 0
-    return {"small": small, "big": big, "root": root, "medusa": medusa, "eagle": eagle}
+    return {"small": small, "big": big, "root": root, "medusa": medusa, "eagle": eagle, "peagle": peagle}
 
 
 def test_enlarged_medusa_heads_give_the_same_logits(heads_pair):
@@ -411,6 +412,35 @@ def test_enlarged_eagle_module_gives_the_same_logits(heads_pair):
     want = logits(load_base(h["small"]), h["eagle"])
     assert np.abs(want).max() > 1.0
     np.testing.assert_allclose(logits(big_base, module), want, rtol=0, atol=ATOL)
+
+
+def test_enlarged_peagle_module_gives_the_same_block(heads_pair):
+    """Real rows and placeholder rows alike: the enlarged P-EAGLE module on the enlarged base gives the small one's logits."""
+    from specdec.formats.heads import load_heads
+    from specdec.train.base import load_base, run_base
+    from specdec.train.eagle import eagle_inputs, eagle_llama_config
+    from specdec.train.peagle import PEagleModule, parallel_layout
+
+    h = heads_pair
+    loaded = load_heads(h["root"] / "big-peagle", base_num_layers=4)
+    assert loaded.mode == "peagle" and loaded.tensors["mask_hidden"].shape == (5, 2 * 128) and loaded.mask_token_id == 3
+    big_base = load_base(h["big"])
+    t = loaded.tensors
+    module = PEagleModule(eagle_llama_config(big_base.config, 1), 2, torch.from_numpy(t["lm_head.weight"]), big_base.get_input_embeddings().weight[3],
+                          anchored=True, placeholders=5).eval()
+    module.load_state_dict(torch_tensors(h["root"] / "big-peagle") | {"mask_hidden": torch.from_numpy(t["mask_hidden"])[None]}, strict=True)
+    ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(6))
+    mask = torch.ones_like(ids)
+    layout = parallel_layout(mask[:, :-1].bool(), mask.bool(), 4, 0.7, 0.2, None)
+
+    def block(base, m) -> np.ndarray:
+        with torch.no_grad():
+            aux = run_base(base, ids, mask, [0, 1]).aux_hidden
+            return m.lm_head(m.parallel_hidden(*eagle_inputs(ids, aux, base.model.embed_tokens), layout)).numpy()
+
+    want = block(load_base(h["small"]), h["peagle"])
+    assert np.abs(want).max() > 1.0 and layout.used.sum() > 10
+    np.testing.assert_allclose(block(big_base, module), want, rtol=0, atol=ATOL)
 
 
 def test_heads_cli_errors_are_one_line(heads_pair, tmp_path, capsys):

@@ -42,18 +42,20 @@ def eagle_build(max_draft_len=4, **kw):
     return spec_build(max_draft_len, speculative_decoding_mode="eagle", **kw)
 
 
-def run_onnx(engine_dir, feeds: dict[str, np.ndarray], past: dict[str, np.ndarray] | None = None, start: int = 0) -> dict[str, np.ndarray]:
+def run_onnx(engine_dir, feeds: dict[str, np.ndarray], past: dict[str, np.ndarray] | None = None, start: int = 0,
+             tree_mask: bool = True) -> dict[str, np.ndarray]:
     """One call of an engine's network with onnxruntime (past/present as plain inputs/outputs): the tokens at
-    positions start.., all rows' logits, a chain's (lower-triangular) tree_mask; past: the cache of an earlier
-    call's outputs (present_* by name), else a fresh zero cache."""
+    positions start.., all rows' logits, a chain's (lower-triangular) tree_mask (tree_mask=False: the engine has
+    none); past: the cache of an earlier call's outputs (present_* by name), else a fresh zero cache."""
     import onnxruntime as ort
 
     engine = load_engine_dir(engine_dir)
     sess = ort.InferenceSession(str(engine.network_path), providers=["CPUExecutionProvider"])
     batch, tokens = feeds["input_ids"].shape
     feeds = {**feeds, "position_ids": np.broadcast_to(np.arange(start, start + tokens, dtype=np.int64), (batch, tokens)).copy(),
-             "logits_index": np.broadcast_to(np.arange(tokens, dtype=np.int64), (batch, tokens)).copy(),
-             "tree_mask": np.broadcast_to(np.tril(np.ones((tokens, tokens), bool)), (batch, tokens, tokens)).copy()}
+             "logits_index": np.broadcast_to(np.arange(tokens, dtype=np.int64), (batch, tokens)).copy()}
+    if tree_mask:
+        feeds["tree_mask"] = np.broadcast_to(np.tril(np.ones((tokens, tokens), bool)), (batch, tokens, tokens)).copy()
     dims = {"batch": batch, "kv_capacity": engine.config.build.kv_capacity}
     for inp in sess.get_inputs():
         if inp.name.startswith("past_"):

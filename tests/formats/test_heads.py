@@ -109,6 +109,47 @@ def test_eagle3_with_a_smaller_draft_vocab_needs_d2t(tmp_path):
     assert ckpt.tensors["d2t"].dtype == np.int64 and ckpt.tensors["lm_head.weight"].shape == (20, H)
 
 
+@pytest.mark.parametrize("shape, form", [((1, 1, 3 * H), "constant"), ((3 * H,), "constant"), ((H,), "constant"), ((1, 4, 3 * H), "anchored")])
+def test_peagle_is_an_eagle3_export_with_a_placeholder(tmp_path, shape, form):
+    """vLLM speculators' P-EAGLE: the EAGLE-3 tensors plus mask_hidden ([1, 1, num_aux * hidden]; flat or already
+    fused to [hidden] read too) and config.json's ptd_token_id; ours, anchored: one vector per depth. placeholder_features
+    is fc(mask_hidden), [vectors, hidden]."""
+    mask = torch.randn(*shape, generator=torch.Generator().manual_seed(2))
+    t = eagle_by_hand(1) | {"mask_hidden": mask}
+    cfg = eagle_config(1) | {"ptd_token_id": 7, "para_depths": 6} | ({"peagle_placeholders": "anchored"} if form == "anchored" else {})
+    ckpt = load_heads(write(tmp_path / "p", cfg, t), base_num_layers=32)
+    assert (ckpt.mode, ckpt.mask_token_id, ckpt.parallel_depths, ckpt.aux_layer_ids, ckpt.placeholder_form) == ("peagle", 7, 6, [1, 15, 28], form)
+    flat = mask.reshape(-1, shape[-1]).numpy()
+    want = flat if shape == (H,) else flat @ t["fc.weight"].numpy().T
+    np.testing.assert_allclose(ckpt.placeholder_features(), want, rtol=1e-5, atol=1e-5)
+    assert ckpt.placeholder_features().shape == ((4, H) if form == "anchored" else (1, H))
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"ptd_token_id": None}, "has no ptd_token_id"),
+    ({"ptd_token_id": V}, r"field 'ptd_token_id' is 50; expected an integer from 0 to 49"),
+    ({"mask": torch.randn(2 * H)}, r"mask_hidden has shape \[64\], expected \[1, 1, 96\]"),
+    ({"mask": torch.randn(1, 3, 3 * H)}, r"mask_hidden has shape \[1, 3, 96\], expected \[1, 1, 96\] .* for constant placeholders"),
+    ({"peagle_placeholders": "sideways"}, "peagle_placeholders is 'sideways'; expected one of constant, anchored"),
+    ({"mask": None}, "names ptd_token_id but model.safetensors has no mask_hidden"),
+])
+def test_peagle_errors(tmp_path, change, match):
+    cfg = eagle_config(1) | {"ptd_token_id": 3}
+    t = eagle_by_hand(1) | {"mask_hidden": torch.randn(1, 1, 3 * H)}
+    if "peagle_placeholders" in change:
+        cfg["peagle_placeholders"] = change["peagle_placeholders"]
+    if "ptd_token_id" in change:
+        cfg["ptd_token_id"] = change["ptd_token_id"]
+        if change["ptd_token_id"] is None:
+            del cfg["ptd_token_id"]
+    if "mask" in change:
+        t.pop("mask_hidden")
+        if change["mask"] is not None:
+            t["mask_hidden"] = change["mask"]
+    with pytest.raises(CheckpointError, match=match):
+        load_heads(write(tmp_path / "bad", cfg, t))
+
+
 @pytest.mark.parametrize("case, match", [
     ("missing", r"missing tensor\(s\) medusa_heads.1.0.linear.bias"),
     ("shape", r"medusa_heads.0.2.weight has shape \[49, 32\], expected \[50, 32\]"),

@@ -4,7 +4,7 @@ The demo pair and its Medusa heads and EAGLE module, built with the ort_cuda low
 attention for every engine that verifies; the draft with GroupQueryAttention), and an int4 weight-only target.
 Half precision computes differently from float32, so exactness is against the same engine's own target-only
 decoding (docs/gpu.md): every speculative output must equal it, at batch 1, 4 and 16, for draft-target, n-gram,
-suffix decoding (tree and chain), Medusa (chain and tree) and EAGLE (chain and tree). Also: a one-token step and a verification give the same
+suffix decoding (tree and chain), Medusa, EAGLE and P-EAGLE (chain and tree each). Also: a one-token step and a verification give the same
 logits (the condition for that exactness), CUDA-graph replay after a tree step and its compaction matches a run
 without graphs, and the GQA draft's split calls (token columns / rows) match one call on the CPU form.
 
@@ -40,15 +40,15 @@ def gpu(tmp_path_factory):
     d = tmp_path_factory.mktemp("cuda_methods")
     limits = dict(max_batch_size=16, max_input_len=128, max_seq_len=256, dtype="bfloat16", lowering="ort_cuda")
     quiet = dict(say=lambda _: None)
-    build_engine(DEMO / "target", d / "eagle", spec_build(8, speculative_decoding_mode="eagle", **limits), eagle_dir=DEMO / "heads" / "eagle",
-                 **quiet)
-    build_engine(DEMO / "target", d / "medusa", spec_build(8, speculative_decoding_mode="medusa", **limits), medusa_dir=DEMO / "heads" / "medusa",
-                 **quiet)
+    build_engine(DEMO / "target", d / "eagle", spec_build(8, speculative_decoding_mode="eagle", **limits), eagle_dir=DEMO / "heads" / "eagle", **quiet)
+    build_engine(DEMO / "target", d / "medusa", spec_build(8, speculative_decoding_mode="medusa", **limits), medusa_dir=DEMO / "heads" / "medusa", **quiet)
+    build_engine(DEMO / "target", d / "peagle", spec_build(8, speculative_decoding_mode="peagle", **limits), peagle_dir=DEMO / "heads" / "peagle", **quiet)
     build_engine(DEMO / "target", d / "int4", spec_build(4, quantization="int4_wo", **limits), **quiet)
     build_engine(DEMO / "draft", d / "draft", spec_build(0, **limits), **quiet)
     open_ = lambda name: CudaExecutor(load_engine_dir(d / name), 0)  # noqa: E731
-    ex = {name: open_(name) for name in ("eagle", "medusa", "int4", "draft")}
+    ex = {name: open_(name) for name in ("eagle", "medusa", "int4", "draft", "peagle")}
     ex["module"] = CudaExecutor(load_engine_dir(eagle_module_dir(ex["eagle"].engine)), 0)
+    ex["peagle_module"] = CudaExecutor(load_engine_dir(eagle_module_dir(ex["peagle"].engine)), 0)
     tok = Tokenizer(DEMO / "target")
     # 16 prompts of 6..30 tokens; every fourth repeats itself (n-gram's case)
     prompts = [tok.encode(TEXTS[i % 4])[: 6 + (i * 7) % 25] for i in range(16)]
@@ -66,7 +66,7 @@ def generate(target, prompts, proposer=None, draft_len=0, max_output_len=40):
 
 def test_the_engines_are_the_gpu_forms(gpu):
     ex = gpu["ex"]
-    for name in ("eagle", "medusa", "int4", "module"):
+    for name in ("eagle", "medusa", "int4", "module", "peagle", "peagle_module"):
         b = ex[name].build
         assert (b.cuda_attention, b.kv_layout, b.min_step_width) == ("masked", "bsh", 2) and ex[name].cuda_graphs, name
     assert ex["draft"].build.cuda_attention == "gqa" and ex["draft"].build.min_step_width == 1
@@ -108,6 +108,13 @@ def test_every_method_equals_target_only(gpu, batch):
     for choices, k in ((None, 3), (TREE, len(json.loads(TREE)))):
         got, _ = generate(medusa, prompts, MedusaProposer(medusa, choices), k)
         assert got == medusa_want, f"Medusa {'tree' if choices else 'chain'}, batch {batch}"
+    from specdec.runtime.proposers.peagle import PEagleProposer
+
+    peagle, peagle_module = ex["peagle"], ex["peagle_module"]  # its own target engine: its own target-only output
+    peagle_want, _ = generate(peagle, prompts)
+    for choices, k in ((None, 6), (TREE, len(json.loads(TREE)))):
+        got, metrics = generate(peagle, prompts, PEagleProposer(peagle, peagle_module, choices), k)
+        assert got == peagle_want and metrics.drafted > 0, f"P-EAGLE {'tree' if choices else 'chain'}, batch {batch}"
 
 
 @pytest.mark.parametrize("batch", [1, 4, 16])

@@ -3,7 +3,7 @@
 The masked form takes nothing but the engine ABI's inputs, so the CPU executor runs its float32 build with the
 inputs the CUDA executor feeds it: one call per round at any batch size, ragged rows, trees, Medusa's and
 EAGLE's extra outputs, the EAGLE module's own cache. Greedy output must be the same engine's target-only output
-for draft-target (with a draft of the same lowering), n-gram, Medusa (chain and tree) and EAGLE (chain and tree),
+for draft-target (with a draft of the same lowering), n-gram, Medusa, EAGLE and P-EAGLE (chain and tree each),
 alone and in a ragged batch of 3. On a GPU the same graphs run in bfloat16 (tests/runtime/test_cuda_executor.py,
 marked cuda).
 """
@@ -11,7 +11,7 @@ marked cuda).
 import json
 
 import pytest
-from checkpoints import make_checkpoint, write_eagle_module
+from checkpoints import make_checkpoint, write_eagle_module, write_peagle_module
 from conftest import build_and_load, spec_build
 from engine_runs import run_until_done
 from test_medusa import write_heads
@@ -24,6 +24,7 @@ from specdec.runtime.proposers.draft_model import DraftModelProposer
 from specdec.runtime.proposers.eagle import EagleProposer
 from specdec.runtime.proposers.medusa import MedusaProposer
 from specdec.runtime.proposers.ngram import NGramProposer
+from specdec.runtime.proposers.peagle import PEagleProposer
 from specdec.runtime.request import GenerationConfig
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 5, 6, 7], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30]]
@@ -100,3 +101,15 @@ def test_eagle_chain_and_tree_are_exact(pair, tmp_path):
     assert module.build.cuda_attention == "masked" and module.build.kv_layout == "bsh"  # the module's own cache, the target's form
     check_exact(target, lambda: [EagleProposer(target, module)], "eagle", [1, 3])
     check_exact(target, lambda: [EagleProposer(target, module, TREE)], "eagle", [len(json.loads(TREE))])
+
+
+def test_peagle_chain_and_tree_are_exact(pair, tmp_path):
+    """P-EAGLE's module in the masked form: no tree_mask (one causal call of pairs and placeholders per round)."""
+    base = make_checkpoint(tmp_path / "base", num_hidden_layers=3, seed=0)
+    write_peagle_module(base, tmp_path / "module", aux_ids=[0, 2])
+    build_engine(base, tmp_path / "peagle", spec_build(8, speculative_decoding_mode="peagle", **GPU_FORM), say=lambda _: None, peagle_dir=tmp_path / "module")
+    target = OrtExecutor(load_engine_dir(tmp_path / "peagle"), num_threads=1)
+    module = OrtExecutor(load_engine_dir(eagle_module_dir(target.engine)), num_threads=1)
+    assert (module.build.cuda_attention, module.build.kv_layout, module.tree_attention) == ("masked", "bsh", False)
+    check_exact(target, lambda: [PEagleProposer(target, module)], "peagle", [1, 3, 6])
+    check_exact(target, lambda: [PEagleProposer(target, module, TREE)], "peagle", [len(json.loads(TREE))])

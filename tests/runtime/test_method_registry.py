@@ -146,7 +146,8 @@ def test_configs_for_another_targets_drafter_or_twice_the_same_method_are_refuse
 def test_the_server_names_how_a_method_is_loaded():
     assert [get_method(m).loaded_by for m in method_names() if m != TARGET_ONLY] == [
         "--draft_engine_dir", "--ngram_config", "a target engine built with --speculative_decoding_mode medusa",
-        "a target engine built with --speculative_decoding_mode eagle", "--suffix_config"]
+        "a target engine built with --speculative_decoding_mode eagle",
+        "a target engine built with --speculative_decoding_mode peagle", "--suffix_config"]
 
 
 class Recording(FixedDraftPolicy):

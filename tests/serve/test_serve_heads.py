@@ -46,3 +46,33 @@ def test_sampled_requests_are_served_and_missing_methods_refused(eagle_url):
     code, err = complete(eagle_url, PROMPTS[0], speculative={"method": "medusa"})
     assert code == 400 and "speculative_decoding_mode medusa" in err["error"]["message"]
     assert httpx.get(f"{eagle_url}/health", timeout=10).status_code == 200  # still serving
+
+
+@pytest.fixture(scope="module")
+def peagle_url(tmp_path_factory):
+    from checkpoints import write_peagle_module
+
+    d = tmp_path_factory.mktemp("serve_peagle")
+    ckpt = engines()["target-ckpt"]
+    write_peagle_module(ckpt, d / "module")
+    build_engine(ckpt, d / "peagle", spec_build(6, speculative_decoding_mode="peagle", max_input_len=64, max_seq_len=160), say=lambda _: None,
+                 peagle_dir=d / "module")
+    served = build_served(d / "peagle", num_threads=1, draft_num_threads=1)
+    assert served.methods == ["none", "peagle"] and served.engine.speculation.method == "peagle"
+    with running(served) as url:
+        yield url
+
+
+def test_peagle_per_request_chains_auto_and_sampling(peagle_url):
+    """A P-EAGLE server: per request its method (chains of any length, auto), greedy answers equal target-only's;
+    a sampled request is served; another method is a 400."""
+    for p in PROMPTS:
+        code, base = complete(peagle_url, p, temperature=0, speculative={"method": "none"})
+        assert code == 200
+        for k in (2, 6, "auto"):
+            code, spec = complete(peagle_url, p, temperature=0, speculative={"method": "peagle", "num_draft_tokens": k})
+            assert code == 200 and spec["choices"][0]["text"] == base["choices"][0]["text"], (p, k)
+    code, out = complete(peagle_url, PROMPTS[0], temperature=0.8, seed=3)
+    assert code == 200 and out["usage"]["completion_tokens"] == 16
+    code, err = complete(peagle_url, PROMPTS[0], speculative={"method": "eagle"})
+    assert code == 400 and "speculative_decoding_mode eagle" in err["error"]["message"]

@@ -108,11 +108,14 @@ NUMERIC = {
     "eagle_num_layers": mostly(st.integers(1, 2)), "eagle_ttt_steps": mostly(st.integers(1, 3)), "eagle_loss_decay_factor": mostly(st.floats(0.1, 1)),
     "eval_fraction": mostly(st.floats(0, 0.5)), "max_time": mostly(st.floats(0.5, 5)), "seed": mostly(st.integers(0, 2**32)),
     "num_threads": mostly(st.just(1)), "eagle_aux_layer_ids": st.one_of(st.just("0,1"), st.just("1,2,3"), any_text(8), number_text()),
+    "peagle_depths": mostly(st.integers(1, 6)), "peagle_mask_token_id": mostly(st.integers(0, 95)),
+    "peagle_down_sample_ratio": mostly(st.floats(0.1, 1)), "peagle_down_sample_ratio_min": mostly(st.floats(0, 1)),
+    "max_cpu_time": mostly(st.floats(0.5, 5)),
 }
 
 
 @fuzz_settings(25)
-@given(st.sampled_from(["medusa", "eagle"]), st.permutations(sorted(NUMERIC)), st.integers(1, 2), st.data())
+@given(st.sampled_from(["medusa", "eagle", "peagle"]), st.permutations(sorted(NUMERIC)), st.integers(1, 2), st.data())
 def test_numeric_train_options_train_or_fail_in_one_line(tmp_path_factory, tiny_base, repetitive_data, mode, names, count, data):
     flags = {"max_steps": "1", "num_threads": "1", "max_time": "5"}  # bounded work unless fuzzed: num_epochs alone would run every epoch
     fuzzed = [n for n in names if not (n == "max_steps" and "max_time" in names[:count])][:count]
@@ -131,6 +134,7 @@ def test_numeric_train_options_train_or_fail_in_one_line(tmp_path_factory, tiny_
     # allocated until killed
     (["--medusa_num_heads", str(2**31 - 1)], "--medusa_num_heads 2147483647 --medusa_num_layers 1: training them needs about"),
     (["--max_time", "nan"], "--max_time nan must be > 0 seconds"),  # was accepted: a time budget that never ends
+    (["--max_cpu_time", "nan"], "--max_cpu_time nan must be > 0 seconds"),
 ])
 def test_train_numbers_at_the_edges_regressions(tmp_path, tiny_base, repetitive_data, flags, message):
     args = ["run", "--mode", "medusa", "--model", tiny_base, "--data", repetitive_data, "--output_dir", tmp_path / "out", "--max_steps", "1", *flags]

@@ -10,7 +10,7 @@ from checkpoints import load_hf
 from safetensors.torch import load_file
 from train_fixtures import repetitive_data, tiny_base  # noqa: F401 (fixtures)
 
-from specdec.formats.heads import EAGLE_CONFIG_DEFAULTS, eagle_tensor_names, medusa_tensor_names
+from specdec.formats.heads import EAGLE_CONFIG_DEFAULTS, MASK_HIDDEN, eagle_tensor_names, medusa_tensor_names
 from specdec.train import load_heads
 from specdec.train.base import weights_sha256
 from specdec.train.trainer import TrainConfig, train
@@ -21,10 +21,10 @@ QUIET = dict(say=lambda _: None, progress_bar=False)
 def config(mode, base, data, out, **kw) -> TrainConfig:
     return TrainConfig(**({"mode": mode, "model": str(base), "data": str(data), "output_dir": str(out), "lr": 1e-2,
                            "batch_size": 4, "max_steps": 40, "save_steps": 20, "medusa_num_heads": 2, "medusa_num_layers": 1,
-                           "eagle_ttt_steps": 3} | kw))
+                           "eagle_ttt_steps": 3, "peagle_depths": 3} | kw))
 
 
-@pytest.fixture(scope="module", params=["medusa", "eagle"])
+@pytest.fixture(scope="module", params=["medusa", "eagle", "peagle"])
 def trained(request, tmp_path_factory, tiny_base, repetitive_data):
     out = tmp_path_factory.mktemp(f"train-{request.param}") / "out"
     sha_before = weights_sha256(tiny_base)
@@ -49,8 +49,8 @@ def test_loss_falls_by_a_real_margin(trained):
     # the data is a 12-token cycle: two tokens ahead is fully determined, so the heads can learn it
     assert last < 0.5 * first, (mode, first, last)
     # top-1 (medusa: the token 2 and 3 ahead; eagle: the base's own choice at drafting depths 1, 2, 3) clearly up
-    assert len(result.accuracy) == (2 if mode == "medusa" else 3)
-    assert all(a > b + 0.1 for a, b in zip(result.accuracy, result.accuracy_before, strict=True)), (result.accuracy_before, result.accuracy)
+    assert len(result.accuracy) == (2 if mode == "medusa" else 3)  # heads, TTT steps, or drafting positions
+    assert all(a > b + 0.1 for a, b in zip(result.accuracy, result.accuracy_before)), (result.accuracy_before, result.accuracy)
 
 
 def test_saved_heads_follow_the_documented_layout(trained, tiny_base):
@@ -63,8 +63,10 @@ def test_saved_heads_follow_the_documented_layout(trained, tiny_base):
         assert cfg["medusa"] == {"num_medusa_heads": 2, "num_medusa_layers": 1}
         assert cfg["hidden_size"] == 64 and cfg["vocab_size"] == 96  # the base's own config, plus the block
     else:
-        assert set(saved) == set(eagle_tensor_names(1))
+        assert set(saved) == set(eagle_tensor_names(1)) | ({MASK_HIDDEN} if mode == "peagle" else set())
         assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
+        if mode == "peagle":  # anchored (the default): [1, depths - 1, num_aux * hidden], a vector per placeholder depth; the placeholders' token
+            assert saved[MASK_HIDDEN].shape == (1, 2, 2 * 64) and (cfg["ptd_token_id"], cfg["para_depths"], cfg["peagle_placeholders"]) == (0, 3, "anchored")
         assert cfg["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [0, 1], **EAGLE_CONFIG_DEFAULTS}
         assert cfg["num_hidden_layers"] == 1 and cfg["draft_vocab_size"] == cfg["vocab_size"] == 96
         base_head = load_hf(tiny_base).lm_head.weight
@@ -72,8 +74,8 @@ def test_saved_heads_follow_the_documented_layout(trained, tiny_base):
     assert cfg["specdec_train"]["base_model_sha256"] == weights_sha256(tiny_base)
     ckpt = load_heads(out, base_num_layers=4)
     own = result.heads.state_dict()
-    assert set(ckpt.tensors) == set(own)
-    assert all(np.array_equal(ckpt.tensors[k], own[k].numpy()) for k in own)
+    assert set(ckpt.tensors) == set(own) and ckpt.mode == mode
+    assert all(np.array_equal(ckpt.tensors[k], own[k].numpy().reshape(ckpt.tensors[k].shape)) for k in own)
 
 
 def test_run_leaves_card_curve_log_and_checkpoints(trained):
@@ -88,7 +90,7 @@ def test_run_leaves_card_curve_log_and_checkpoints(trained):
     assert not [p for p in out.iterdir() if p.name.startswith(".")], "a temporary file was left behind"
 
 
-@pytest.mark.parametrize("mode", ["medusa", "eagle"])
+@pytest.mark.parametrize("mode", ["medusa", "eagle", "peagle"])
 def test_resume_continues_where_it_stopped(tmp_path, tiny_base, repetitive_data, mode):
     straight = train(config(mode, tiny_base, repetitive_data, tmp_path / "a", max_steps=12, save_steps=4), **QUIET)
     train(config(mode, tiny_base, repetitive_data, tmp_path / "b", max_steps=8, save_steps=4), **QUIET)  # "interrupted" at 8
@@ -126,6 +128,13 @@ def test_max_time_stops_and_saves_and_eval_data_is_reported_on(tmp_path, tiny_ba
     assert log["held_out"] is True
     # 10 tokens: head 0 is counted at 8 positions, head 1 at 7; the accuracies are fractions of those
     assert [round(a * n) / n for a, n in zip(r.accuracy, (8, 7), strict=True)] == r.accuracy
+
+
+def test_max_cpu_time_stops_on_this_process_cpu_time(tmp_path, tiny_base, repetitive_data):
+    r = train(config("peagle", tiny_base, repetitive_data, tmp_path / "t", max_steps=1000, save_steps=500, max_cpu_time=1e-6), **QUIET)
+    assert r.steps == 1 and (tmp_path / "t" / "checkpoint-1").is_dir() and r.cpu_seconds > 0
+    log = json.loads((tmp_path / "t" / "training_log.json").read_text())
+    assert log["cpu_seconds"] == r.cpu_seconds and "max_cpu_time 1e-06 CPU s" in (tmp_path / "t" / "README.md").read_text()
 
 
 def test_an_epoch_visits_every_sequence_once(tmp_path, tiny_base, repetitive_data):

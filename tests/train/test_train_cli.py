@@ -35,6 +35,16 @@ def test_run_and_prepare_data_through_the_cli(tmp_path, tiny_base, repetitive_da
     cfg = json.loads((tmp_path / "e" / "config.json").read_text())
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 2, 3]
     assert cfg["specdec_train"]["eagle_ttt_steps"] == 2
+    r = invoke("run", "--mode", "peagle", "--model", tiny_base, "--data", repetitive_data, "--output_dir", tmp_path / "p",
+               "--max_steps", 1, "--peagle_depths", 3, "--peagle_mask_token_id", 7, "-q", "--num_threads", 1)
+    assert r.exit_code == 0, r.output
+    assert r.output.split("top-1 ")[1].split(";")[0].count(",") == 2  # top-1 at drafting positions 1, 2, 3
+    cfg = json.loads((tmp_path / "p" / "config.json").read_text())
+    assert (cfg["ptd_token_id"], cfg["para_depths"], cfg["peagle_placeholders"]) == (7, 3, "anchored")
+    r = invoke("run", "--mode", "peagle", "--model", tiny_base, "--data", repetitive_data, "--output_dir", tmp_path / "c",
+               "--max_steps", 1, "--peagle_depths", 3, "--peagle_placeholders", "constant", "-q", "--num_threads", 1)
+    assert r.exit_code == 0, r.output
+    assert "peagle_placeholders" not in json.loads((tmp_path / "c" / "config.json").read_text())  # vLLM's layout, as speculators writes it
 
 
 def _empty(tmp_path):
@@ -50,8 +60,10 @@ def _empty(tmp_path):
     ("no heads", lambda t: ["--medusa_num_heads", 0], "--medusa_num_heads 0 must be >= 1"),
     ("no ttt steps", lambda t: ["--mode", "eagle", "--eagle_ttt_steps", 0], "--eagle_ttt_steps 0 must be >= 1"),
     ("decay out of range", lambda t: ["--mode", "eagle", "--eagle_loss_decay_factor", 1.5], r"--eagle_loss_decay_factor 1.5 must be in \(0, 1\]"),
-    ("aux layer out of range", lambda t: ["--mode", "eagle", "--eagle_aux_layer_ids", "1,9"],
-     r"--eagle_aux_layer_ids \[1, 9\]: the base model has layers 0..3 only"),
+    ("aux layer out of range", lambda t: ["--mode", "eagle", "--eagle_aux_layer_ids", "1,9"], r"--eagle_aux_layer_ids \[1, 9\]: the base model has layers 0..3 only"),
+    ("no parallel depths", lambda t: ["--mode", "peagle", "--peagle_depths", 0], "--peagle_depths 0 must be >= 1"),
+    ("mask token out of range", lambda t: ["--mode", "peagle", "--peagle_mask_token_id", 96], r"--peagle_mask_token_id 96 is outside the base model's vocabulary \(0..95\)"),
+    ("sample ratio out of range", lambda t: ["--mode", "peagle", "--peagle_down_sample_ratio", 0], r"--peagle_down_sample_ratio 0.0 must be in \(0, 1\]"),
     ("resume with nothing", lambda t: ["--resume", True], "holds no checkpoint-N folder to resume from"),
     ("not a model", lambda t: ["--model", t], "is not a Hugging Face model directory"),
 ])

@@ -1,0 +1,260 @@
+"""P-EAGLE drafting through the request-level engine: a block of drafts in ONE module call, chains and trees.
+
+The module is an engine of its own (the peagle target's eagle/ folder) fed, per round, the pending real pairs and
+k - 1 placeholders. Greedy output must be the target's own, chain and tree, alone and in a ragged batch; sampled
+chains keep the target's distribution (chi-square, as Medusa's); the block equals the torch module's rows.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from checkpoints import load_hf, make_checkpoint, write_peagle_module
+from conftest import spec_build
+from engine_runs import run_until_done
+from test_medusa import _chi_square_critical
+
+from specdec.builder.build import build_engine
+from specdec.formats.engine_format import eagle_module_dir, load_engine_dir
+from specdec.formats.errors import EngineError, RequestError
+from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
+from specdec.runtime.engine import Engine, SpeculationConfig
+from specdec.runtime.proposers.eagle import EagleProposer
+from specdec.runtime.proposers.peagle import PEagleConfig, PEagleProposer
+from specdec.runtime.request import GenerationConfig
+from specdec.runtime.sampling import SamplingConfig
+from specdec.train.base import run_base
+from specdec.train.peagle import parallel_layout
+
+PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30]]
+TREE = "[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]"
+AUX = [0, 2]
+
+
+@pytest.fixture(scope="module")
+def peagle(tmp_path_factory):
+    d = tmp_path_factory.mktemp("peagle_run")
+    ckpt = make_checkpoint(d / "base", num_hidden_layers=3, seed=0)
+    module = write_peagle_module(ckpt, d / "module", aux_ids=AUX)
+    build_engine(ckpt, d / "engine", spec_build(8, speculative_decoding_mode="peagle"), say=lambda _: None, peagle_dir=d / "module")
+    target = OrtExecutor(load_engine_dir(d / "engine"), num_threads=1)
+    mod = OrtExecutor(load_engine_dir(eagle_module_dir(target.engine)), num_threads=1)
+    return {"dir": d, "ckpt": ckpt, "module": module, "target": target, "mod": mod}
+
+
+def generate(target, module, prompts, method, draft_len, choices=None, sampling=SamplingConfig(), max_output_len=20):
+    proposers = [PEagleProposer(target, module, choices)] if method == "peagle" else []
+    engine = Engine(target, proposers, SpeculationConfig(method, draft_len))
+    ids = [engine.add_request(p, GenerationConfig(max_output_len=max_output_len, sampling=sampling), seed_stream=i) for i, p in enumerate(prompts)]
+    done = run_until_done(engine)
+    return [done[i].output_ids for i in ids], engine.stats
+
+
+class CountingModule:
+    """The module executor, its forward calls counted (every other attribute is the executor's own)."""
+
+    def __init__(self, executor):
+        self.executor, self.calls = executor, 0
+
+    def __getattr__(self, name):
+        return getattr(self.executor, name)
+
+    def forward(self, *args, **kwargs):
+        self.calls += 1
+        return self.executor.forward(*args, **kwargs)
+
+
+@pytest.mark.parametrize("choices", [None, TREE])
+def test_greedy_peagle_is_exact(peagle, choices):
+    """Chain (draft_len 1, 3, 6) and tree: the target's greedy output, alone and in a ragged batch of 3."""
+    t, m = peagle["target"], peagle["mod"]
+    for prompts in ([PROMPTS[0]], PROMPTS):
+        want, _ = generate(t, m, prompts, "none", 0)
+        for k in ([1, 3, 6] if choices is None else [len(json.loads(TREE))]):
+            got, stats = generate(t, m, prompts, "peagle", k, choices)
+            assert got == want, (len(prompts), k, choices)
+            assert stats.drafted > 0
+
+
+def test_a_round_is_one_module_call_whatever_k(peagle):
+    """Chains of 2..8 and a tree: each round's drafting is one call of the module (the catch-up of the last
+    verification's pairs and the placeholders together), where EAGLE makes one per further token."""
+    t = peagle["target"]
+    for k, choices in ((2, None), (5, None), (8, None), (6, TREE)):
+        counted = CountingModule(peagle["mod"])
+        proposer = PEagleProposer(t, counted, choices)
+        engine = Engine(t, [proposer], SpeculationConfig("peagle", k))
+        rid = engine.add_request(PROMPTS[2], GenerationConfig(max_output_len=30))
+        engine.step()  # the prefill (and the prompt's backlog fed up to its last pair: 11 pairs)
+        req, rounds = engine.requests[rid], 0
+        while engine.has_unfinished():
+            before_calls, before_rounds = counted.calls, req.metrics.drafting_rounds
+            engine.step()
+            drafted = req.metrics.drafting_rounds - before_rounds
+            assert counted.calls - before_calls == drafted, (k, choices)  # one call per drafting round, none otherwise
+            rounds += drafted
+        assert rounds > 2
+
+
+def test_the_block_is_the_torch_modules_guess(peagle):
+    """After the prefill, the k-token block = PEagleModule's rows for the last prompt pair (depth 0) and its k - 1
+    placeholders (train/peagle.py's layout), and the chain is their argmax."""
+    t, m, module = peagle["target"], peagle["mod"], peagle["module"]
+    prompt, k = PROMPTS[2], 5
+    proposer = PEagleProposer(t, m)
+    engine = Engine(t, [proposer], SpeculationConfig("peagle", k))
+    rid = engine.add_request(prompt, GenerationConfig(max_output_len=8))
+    engine.step()
+    req = engine.requests[rid]
+    seq = torch.tensor([prompt + [req.output_ids[0]]])
+    hf = load_hf(peagle["ckpt"])
+    n = len(prompt)  # real pairs 0..n-1: features of token p with token p+1
+    with torch.no_grad():
+        aux = run_base(hf, seq, torch.ones_like(seq), AUX).aux_hidden[:, :-1]
+        layout = parallel_layout(torch.ones(1, n, dtype=torch.bool), torch.ones(1, n + k + 1, dtype=torch.bool), k, 0.7, 0.2, None)
+        rows = module.lm_head(module.parallel_hidden(aux, hf.get_input_embeddings()(seq[:, 1:]), layout))[0]
+    mine = [n - 1] + [n + j for j in range(layout.used.shape[1]) if layout.used[0, j] and layout.anchors[0, j] == n - 1]
+    (draft,) = proposer.propose([req], [k])
+    assert draft.tokens.tolist() == rows[mine].argmax(-1).tolist()
+    assert int(proposer.cache.lengths[proposer.slot_of[rid]]) == n  # the real pairs stayed, the placeholders went
+
+
+def test_sampled_peagle_chain_keeps_the_target_distribution(peagle):
+    """Sampled chains draw position j from its processed distribution (blind to the drafts before it, as the module
+    is) and pass it for rejection sampling: the first two output tokens over 1200 seeds are distributed as
+    target-only sampling's (chi-square homogeneity test, p > 0.001)."""
+    t, m = peagle["target"], peagle["mod"]
+    sampling = dict(temperature=1.5, top_k=4)
+    proposer = PEagleProposer(t, m)
+    engine = Engine(t, [proposer], SpeculationConfig("peagle", 2))
+    rid = engine.add_request(PROMPTS[1], GenerationConfig(max_output_len=4, sampling=SamplingConfig(**sampling)))
+    engine.step()
+    (draft,) = proposer.propose([engine.requests[rid]], [2])
+    assert draft.probs is not None and draft.probs.shape == (2, t.vocab_size)
+    np.testing.assert_allclose(draft.probs.sum(-1), 1.0, rtol=1e-5)
+    assert ((draft.probs > 0).sum(-1) <= 4).all()
+    counts = {}
+    for method in ("none", "peagle"):
+        engine = Engine(t, [PEagleProposer(t, m)] if method == "peagle" else [], SpeculationConfig(method, 2 if method == "peagle" else 0))
+        seen = []
+        for seed in range(1200):
+            engine.add_request(PROMPTS[1], GenerationConfig(max_output_len=3, sampling=SamplingConfig(random_seed=seed, **sampling)), seed_stream=seed)
+        while engine.has_unfinished():
+            seen += [tuple(o.output_ids[1:3]) for o in engine.step() if o.finished]
+        counts[method] = seen
+        if method == "peagle":
+            assert engine.stats.accepted > 0
+    keys = [k for k in sorted(set(counts["none"]) | set(counts["peagle"])) if counts["none"].count(k) + counts["peagle"].count(k) >= 10]
+    table = np.array([[counts[m_].count(k) for k in keys] for m_ in ("none", "peagle")], float)
+    expected = table.sum(1, keepdims=True) * table.sum(0, keepdims=True) / table.sum()
+    stat = float(((table - expected) ** 2 / expected).sum())
+    assert len(keys) >= 4 and stat < _chi_square_critical(len(keys) - 1), (stat, len(keys))
+
+
+def test_a_tree_drafts_chains_for_sampled_requests(peagle):
+    """Greedy requests draft the tree (each depth's top candidates under every parent), sampled ones a chain as deep."""
+    t, m = peagle["target"], peagle["mod"]
+    proposer = PEagleProposer(t, m, TREE)
+    engine = Engine(t, [proposer], SpeculationConfig("peagle", 6))
+    greedy = engine.add_request(PROMPTS[0], GenerationConfig(max_output_len=10))
+    sampled = engine.add_request(PROMPTS[1], GenerationConfig(max_output_len=10, sampling=SamplingConfig(temperature=0.7, random_seed=2)))
+    engine.step()
+    tree, chain = proposer.propose([engine.requests[greedy], engine.requests[sampled]], [6, 6])
+    assert tree.parents is not None and len(tree) == 6 and tree.probs is None
+    assert tree.tokens[2] == tree.tokens[4] and tree.tokens[3] != tree.tokens[2]  # [0,0] and [1,0]: depth 2's best under both
+    assert chain.parents is None and len(chain) == 3 and chain.probs is not None
+    done = run_until_done(engine)
+    want, _ = generate(t, m, [PROMPTS[0]], "none", 0, max_output_len=10)
+    assert done[greedy].output_ids == want[0] and len(done[sampled].output_ids) == 10
+
+
+def test_peagle_refusals(peagle, tmp_path):
+    from checkpoints import write_eagle_module
+
+    t, m = peagle["target"], peagle["mod"]
+    with pytest.raises(EngineError, match="is not an P-EAGLE module engine"):
+        PEagleProposer(t, t)
+    with pytest.raises(EngineError, match="needs a target engine built with --speculative_decoding_mode peagle --peagle_dir MODULE"):
+        PEagleProposer(m, m)
+    write_eagle_module(peagle["ckpt"], tmp_path / "eagle3", aux_ids=AUX)
+    build_engine(peagle["ckpt"], tmp_path / "e", spec_build(4, speculative_decoding_mode="eagle"), say=lambda _: None, eagle_dir=tmp_path / "eagle3")
+    et = OrtExecutor(load_engine_dir(tmp_path / "e"), num_threads=1)
+    with pytest.raises(EngineError, match="built with --speculative_decoding_mode eagle"):
+        PEagleProposer(et, m)
+    with pytest.raises(EngineError, match="is not an EAGLE module engine \\(mode peagle_module\\)"):
+        EagleProposer(et, m)
+
+
+def test_long_prompts_late_joiners_and_trees_to_max_seq_len(peagle):
+    """A wide tree drafted until the engine is full, and a long prompt joining a request deep into its context (its
+    pairs fed up to the last one in a call of their own, the last with the first block): exact, no capacity error."""
+    t, m = peagle["target"], peagle["mod"]
+    wide = "[[0],[1],[2],[3],[0,0],[1,0]]"
+    long_prompt = list(range(5, 50))  # 45 tokens
+    proposer = PEagleProposer(t, m, wide)
+    engine = Engine(t, [proposer], SpeculationConfig("peagle", 6))
+    first = engine.add_request(PROMPTS[2], GenerationConfig(max_output_len=200))
+    while engine.requests[first].num_tokens < 70:
+        engine.step()
+    second = engine.add_request(long_prompt, GenerationConfig(max_output_len=200))
+    engine.step()  # the prefill: the backlog fed up to its last pair, which waits for the block
+    assert len(proposer.pending[second][1]) == 1 and int(proposer.cache.lengths[proposer.slot_of[second]]) == len(long_prompt) - 1
+    outs = run_until_done(engine)
+    assert outs[first].finish_reason == outs[second].finish_reason == "max_seq_len"
+    want, _ = generate(t, m, [PROMPTS[2], long_prompt], "none", 0, max_output_len=200)
+    assert [outs[first].output_ids, outs[second].output_ids] == want
+
+
+@pytest.mark.parametrize("choices", [None, TREE])
+def test_auto_prices_a_round_as_one_call_and_stays_exact(peagle, choices):
+    """draft_len=auto: the round's drafting is timed as one step whatever k (AutoDraftLen.one_call), so a costly
+    module call does not push auto to short chains as it would a per-token drafter; exact, alone and batched."""
+    t, m = peagle["target"], peagle["mod"]
+    long_prompt = list(range(5, 25))
+    for prompts in ([long_prompt], [long_prompt, *PROMPTS]):
+        want, _ = generate(t, m, prompts, "none", 0)
+        engine = Engine(t, [PEagleProposer(t, m, choices)], SpeculationConfig("peagle", "auto"))
+        assert engine.auto.one_call == {"peagle"}
+        engine.auto.verify_cost = lambda rows, width: 1.0 + 0.01 * width  # drafting pays: auto drafts at once
+        ids = [engine.add_request(p, GenerationConfig(max_output_len=20)) for p in prompts]
+        done = run_until_done(engine)
+        assert [done[i].output_ids for i in ids] == want, (len(prompts), choices)
+        assert engine.stats.drafted > 0
+    auto = Engine(t, [PEagleProposer(t, m)], SpeculationConfig("peagle", "auto")).auto
+    auto.verify_cost = lambda rows, width: 1.0 + 0.05 * width
+    auto.draft_s[("peagle", 1)] = auto.draft_s[("eagle", 1)] = 0.3  # a draft step: 30% of a target call
+    auto.accepted, auto.reached = {"peagle": 80.0, "eagle": 80.0}, {"peagle": 100.0, "eagle": 100.0}
+    assert auto.choose("peagle", 0, 0, 8) == 8 and auto.choose("eagle", 0, 0, 8) < 4
+
+
+def test_load_engine_sweep_and_cli_open_the_module_beside_a_peagle_target(peagle, tmp_path):
+    """The loader takes the drafter from the registry (runtime/methods.py: a peagle target carries it); specdec-bench's sweep measures P-EAGLE chains and a tree;
+    specdec-run drafts with --peagle_choices: all identical to target-only."""
+    from click.testing import CliRunner
+
+    from specdec.bench.sweep import run_sweep
+    from specdec.cli.run import main as run_main
+    from specdec.runtime.loading import load_engine, method_draft_lens
+    from specdec.runtime.proposers.own import own_drafter
+
+    engine = load_engine(peagle["dir"] / "engine", num_threads=1)
+    proposer = engine.proposers["peagle"]
+    assert own_drafter("peagle") is PEagleProposer and type(proposer) is PEagleProposer
+    assert engine.speculation == SpeculationConfig("peagle", 4) and method_draft_lens(engine) == {"peagle": 4}
+    assert load_engine(peagle["dir"] / "engine", num_threads=1, drafters=[PEagleConfig(TREE)]).speculation.draft_len == 6  # the registry's typed config
+    with pytest.raises(RequestError, match="--eagle_choices needs a target engine built with --speculative_decoding_mode eagle"):
+        load_engine(peagle["dir"] / "engine", num_threads=1, eagle_choices=TREE)
+
+    data = [{"input_ids": p, "output_len": 12} for p in PROMPTS]
+    target = load_engine_dir(peagle["dir"] / "engine")
+    result = run_sweep(target, ["none", "peagle"], None, [2, 5], 2, data, threads=1, warmup=0, cost_reps=2,
+                       heads_dirs={"peagle": target}, choices={"peagle": TREE})
+    assert [r["label"] for r in result["rows"]] == ["target-only", "peagle chain k=2", "peagle chain k=5", "peagle tree n=6"]
+    assert all(r["identical_to_target_only"] for r in result["rows"])
+
+    (tmp_path / "ids.csv").write_text(",".join(map(str, PROMPTS[2])) + "\n")
+    r = CliRunner().invoke(run_main, ["--engine_dir", str(peagle["dir"] / "engine"), "--input_file", str(tmp_path / "ids.csv"), "--max_output_len", "12",
+                                      "--peagle_choices", TREE, "--baseline", "--num_threads", "1"])
+    assert r.exit_code == 0, r.output
+    assert "peagle tree" in r.output and "outputs identical to target-only: yes" in r.output

@@ -1,0 +1,128 @@
+"""P-EAGLE's training pass is its drafting pass: every row of the one-sequence training layout equals a causal run
+over what drafting feeds (the real pairs up to the anchor, then its placeholders), and its loss scores each row on the
+base's distribution for the token that row predicts."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_losses import incremental
+from transformers import LlamaConfig
+
+from specdec.train.eagle import eagle_llama_config
+from specdec.train.peagle import PEagleModule, batch_generator, parallel_layout, peagle_loss
+
+torch.set_num_threads(1)
+B, T, H, V, K = 2, 12, 16, 23, 4
+
+
+def tiny_peagle(layers: int = 2, seed: int = 3, anchored: bool = True) -> tuple[PEagleModule, torch.nn.Linear]:
+    torch.manual_seed(seed)
+    base_cfg = LlamaConfig(vocab_size=V, hidden_size=H, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1,
+                           max_position_embeddings=64)
+    base_head = torch.nn.Linear(H, V, bias=False)
+    module = PEagleModule(eagle_llama_config(base_cfg, layers), num_aux=2, base_lm_head=base_head.weight.detach(), mask_embedding=torch.randn(H),
+                          anchored=anchored, placeholders=2)  # 2 vectors for 3 placeholder depths: the deepest reuses the last
+    with torch.no_grad():  # away from the init's 0.02 so that attention, the placeholders and their order matter
+        for p in module.trainable_parameters():
+            p.normal_(0, 0.3)
+    return module.eval(), base_head
+
+
+def inputs(seed: int = 4):
+    g = torch.Generator().manual_seed(seed)
+    aux, embeds = torch.randn(B, T - 1, 2 * H, generator=g), torch.randn(B, T - 1, H, generator=g)
+    valid = torch.ones(B, T - 1, dtype=torch.bool)
+    valid[1, 8:] = False  # the second sequence is 9 tokens long
+    loss_mask = torch.zeros(B, T, dtype=torch.bool)
+    loss_mask[0, 3:] = True  # a 3-token prompt
+    loss_mask[1, 2:9] = True
+    return aux, embeds, valid, loss_mask
+
+
+@pytest.mark.parametrize("anchored", [True, False], ids=["anchored", "constant"])
+@torch.no_grad()
+def test_every_training_row_is_what_drafting_computes(anchored):
+    """Real row r: EAGLE-3's causal run over the real pairs 0..r. Placeholder (p, d): the real pairs 0..p, then d
+    placeholders at positions p+1..p+d (placeholder e reads depth e's vector, plus the anchor's features when
+    anchored, and the mask token's embedding), its output the last row."""
+    module, _ = tiny_peagle(anchored=anchored)
+    aux, embeds, valid, loss_mask = inputs()
+    layout = parallel_layout(valid, loss_mask, K, 0.7, 0.2, None)
+    out = module.parallel_hidden(aux, embeds, layout)  # [B, T' + M, H], normed
+    fused, ph = module.fc(aux), module.placeholder_hidden()
+    checked = 0
+    for b in range(B):
+        n = int(valid[b].sum())
+        for r in range(n):
+            want = module.norm(incremental(module, fused[b, : r + 1], embeds[b, : r + 1])[-1])
+            assert torch.allclose(out[b, r], want, atol=1e-5), (b, r)
+        for j in range(int(layout.used[b].sum())):
+            p, d = int(layout.anchors[b, j]), int(layout.depths[b, j])
+            vectors = torch.stack([ph[min(e, len(ph)) - 1] for e in range(1, d + 1)])  # [d, H]: depth e's vector
+            h = torch.cat([fused[b, : p + 1], vectors + (fused[b, p] if anchored else 0)])
+            e = torch.cat([embeds[b, : p + 1], module.mask_embedding.expand(d, H)])
+            want = module.norm(incremental(module, h, e)[-1])
+            assert torch.allclose(out[b, T - 1 + j], want, atol=1e-5), (b, p, d)
+            checked += 1
+    assert checked > 10
+
+
+def test_full_layout_keeps_every_counted_anchor_and_sampling_is_nested():
+    aux, embeds, valid, loss_mask = inputs()
+    full = parallel_layout(valid, loss_mask, K, 0.7, 0.2, None)
+    for b in range(B):
+        got = {(int(p), int(d)) for p, d, u in zip(full.anchors[b], full.depths[b], full.used[b]) if u}
+        want = {(p, d) for d in range(1, K) for p in range(T - 1) if valid[b, p] and p + d + 2 < T and loss_mask[b, p + d + 2]
+                and all(loss_mask[b, p + e + 2] for e in range(1, d))}
+        assert got == want, b
+    ids = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(0))
+    sampled = parallel_layout(valid, loss_mask, K, 0.5, 0.0, batch_generator(ids, seed=0))
+    again = parallel_layout(valid, loss_mask, K, 0.5, 0.0, batch_generator(ids, seed=0))
+    assert torch.equal(sampled.anchors, again.anchors) and torch.equal(sampled.depths, again.depths)  # a function of the batch
+    for b in range(B):
+        rows = {(int(p), int(d)) for p, d, u in zip(sampled.anchors[b], sampled.depths[b], sampled.used[b]) if u}
+        assert rows < {(int(p), int(d)) for p, d, u in zip(full.anchors[b], full.depths[b], full.used[b]) if u}
+        assert all(d == 1 or (p, d - 1) in rows for p, d in rows), "a placeholder without the ones before it"
+        per_depth = [sum(1 for _, d in rows if d == k) for k in range(1, K)]
+        assert per_depth == sorted(per_depth, reverse=True) and per_depth[0] >= 1
+
+
+def test_loss_is_kl_to_the_base_at_the_predicted_token_weighted_per_depth():
+    module, base_head = tiny_peagle(layers=1)
+    aux, embeds, valid, loss_mask = inputs()
+    base_hidden = torch.randn(B, T, H, generator=torch.Generator().manual_seed(5))
+    layout = parallel_layout(valid, loss_mask, K, 0.7, 0.2, None)
+    hidden = module.parallel_hidden(aux, embeds, layout)
+    decay = 0.8
+    loss, hits = peagle_loss(module, hidden, layout, base_hidden, base_head, loss_mask, K, decay)
+    per_depth: list[list[float]] = [[] for _ in range(K)]
+    same = [0] * K
+    rows = [(b, r, r, 0) for b in range(B) for r in range(T - 1) if valid[b, r]]  # (batch, row, anchor, depth)
+    rows += [(b, T - 1 + j, int(layout.anchors[b, j]), int(layout.depths[b, j])) for b in range(B) for j in range(layout.used.shape[1]) if layout.used[b, j]]
+    for b, row, p, d in rows:
+        token = p + d + 2  # the token this row guesses; the base at token - 1 says how
+        if token < T and loss_mask[b, token]:
+            want = F.log_softmax(base_head(base_hidden[b, token - 1]), -1).detach()
+            got = F.log_softmax(module.lm_head(hidden[b, row]), -1).detach()
+            per_depth[d].append(float((want.exp() * (want - got)).sum()))
+            same[d] += int(want.argmax() == got.argmax())
+    expected = sum(sum(k) / len(k) * decay**d for d, k in enumerate(per_depth)) / sum(decay**d for d in range(K))
+    assert math.isclose(loss.item(), expected, rel_tol=1e-5)
+    assert hits == [(same[d], len(per_depth[d])) for d in range(K)]
+    loss.backward()
+    assert module.mask_hidden.grad is not None and module.mask_hidden.grad.abs().sum() > 0  # the placeholder learns
+    assert module.lm_head.weight.grad is None
+
+
+@pytest.mark.parametrize("depths", [1, 3])
+@torch.no_grad()
+def test_real_rows_are_eagle_3s_depth_1_pass(depths):
+    """Placeholders never leak into the real rows: those are EAGLE-3's depth-1 pass whatever the depths (1: none)."""
+    module, _ = tiny_peagle(layers=1)
+    aux, embeds, valid, loss_mask = inputs()
+    layout = parallel_layout(valid, loss_mask, depths, 0.7, 0.2, None)
+    assert bool(layout.used.any()) == (depths > 1)
+    out = module.parallel_hidden(aux, embeds, layout)
+    assert torch.allclose(out[:, : T - 1][valid], module.hidden(aux, embeds, valid)[valid], atol=1e-5)
