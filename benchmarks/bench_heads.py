@@ -109,7 +109,7 @@ def methods(args: argparse.Namespace) -> list[Method]:
 def batches_of(prompts: list[list[int]], subsets: dict[str, list[int]], size: int) -> list[list[int]]:
     """Prompt indices in batches of ``size``: the kinds alternate, so every batch mixes ordinary and copy-heavy prompts."""
     kinds = [subsets[k] for k in subsets if k != "all"]
-    order = [i for group in zip(*kinds) for i in group] + [i for k in kinds for i in k[min(map(len, kinds)):]]
+    order = [i for group in zip(*kinds, strict=False) for i in group] + [i for k in kinds for i in k[min(map(len, kinds)):]]
     return [order[i : i + size] for i in range(0, len(order), size)]
 
 
@@ -130,7 +130,7 @@ def run_round(ms: list[Method], prompts: list[list[int]], groups: dict[int, list
             for m in order:
                 s, outs, metrics, rounds = timed_generate(m, [prompts[i] for i in batch], cfg)
                 row = rec[m.name]
-                for i, o in zip(batch, outs):
+                for i, o in zip(batch, outs, strict=False):
                     row["s"][i], row["output_ids"][i] = s / len(batch), o  # a batch's time, shared by its prompts
                 row["metrics"].merge(metrics)
                 row["draft_s"] += metrics.draft_s
@@ -149,12 +149,12 @@ def summarize(ms: list[Method], subsets: dict[str, list[int]], n_new: int) -> di
             for sub, idx in (subsets.items() if size == 1 else [("all", subsets["all"])]):
                 tps = [n_new * len(idx) / sum(r["s"][i] for i in idx) for r in runs]
                 base_tps = [n_new * len(idx) / sum(r["s"][i] for i in idx) for r in base.runs[size]]
-                row[sub] = {"tokens_per_s": spread(tps), "speedup": spread([a / b for a, b in zip(tps, base_tps)])}
+                row[sub] = {"tokens_per_s": spread(tps), "speedup": spread([a / b for a, b in zip(tps, base_tps, strict=False)])}
             metrics = runs[-1]["metrics"]
             row["mean_acceptance_length"] = metrics.mean_acceptance_length if metrics.drafted else None
             row["per_depth_acceptance"] = metrics.per_position_acceptance
             row["draft_ms_per_round"] = spread([1e3 * r["draft_s"] / max(r["engine_rounds"], 1) for r in runs])
-            row["identical"] = all(r["output_ids"] == b["output_ids"] for r, b in zip(runs, base.runs[size]))
+            row["identical"] = all(r["output_ids"] == b["output_ids"] for r, b in zip(runs, base.runs[size], strict=False))
             per_batch[str(size)] = row
         out[m.name] = per_batch
     return out
@@ -175,7 +175,8 @@ def print_table(summary: dict[str, dict[str, Any]], subsets: dict[str, list[int]
             acc = row["mean_acceptance_length"]
             depth = " ".join(f"{a:.2f}" for a in row["per_depth_acceptance"][:4])
             print(f"{name:<22}{cell(row['all']['tokens_per_s']):>22}" + "".join(f"{cell(row[sub]['speedup'], 'x'):>26}" for sub in subs)
-                  + f"{cell(row['draft_ms_per_round'], digits=1):>22}{(f'{acc:.2f}' if acc else '-'):>10}  {depth:<20} {'yes' if row['identical'] else 'NO'}")
+                  + f"{cell(row['draft_ms_per_round'], digits=1):>22}{(f'{acc:.2f}' if acc else '-'):>10}  {depth:<20} "
+                  + ("yes" if row["identical"] else "NO"))
 
 
 def speed(args: argparse.Namespace) -> dict[str, Any]:
@@ -186,7 +187,7 @@ def speed(args: argparse.Namespace) -> dict[str, Any]:
     print(f"{len(prompts)} prompts, {args.max_new_tokens} new tokens each, batches {args.batches}, greedy, {args.rounds} rounds, "
           f"{args.threads or 'default'} threads; load average {os.getloadavg()[0]:.2f}", flush=True)
     for m in ms:  # warm-up: first calls pay one-time costs, at every batch size (each its own call shapes)
-        for size, batches in groups.items():
+        for batches in groups.values():
             m.orch.generate([prompts[i][:16] for i in batches[0]], GenerationConfig(max_output_len=8))
     for r in range(args.rounds):
         print(f"  round {r + 1}/{args.rounds} (load average {os.getloadavg()[0]:.2f})", flush=True)
@@ -208,7 +209,8 @@ def draft_cost(args: argparse.Namespace) -> dict[str, Any]:
             m.orch.generate([p[:16] for p in prompts[:size]], GenerationConfig(max_output_len=8))
     per: dict[tuple[str, int], list[float]] = {}
     counts: dict[tuple[str, int], Metrics] = {}  # every run's counts: the acceptance of each method and k
-    print(f"{len(prompts)} prompts, {args.max_new_tokens} new tokens, batches {sizes}, {args.rounds} rounds; load average {os.getloadavg()[0]:.2f}", flush=True)
+    print(f"{len(prompts)} prompts, {args.max_new_tokens} new tokens, batches {sizes}, {args.rounds} rounds; load average {os.getloadavg()[0]:.2f}",
+          flush=True)
     for r in range(args.rounds):
         order = ms[r % len(ms):] + ms[: r % len(ms)]
         for size in sizes:
@@ -230,13 +232,13 @@ def draft_cost(args: argparse.Namespace) -> dict[str, Any]:
         rows = {}
         for k in args.lens:
             e, p = per[(f"EAGLE chain k={k}", size)], per[(f"P-EAGLE chain k={k}", size)]
-            ratio_e = [a / b for a, b in zip(e, one_call)]
-            ratio_p = [a / b for a, b in zip(p, one_call)]
+            ratio_e = [a / b for a, b in zip(e, one_call, strict=False)]
+            ratio_p = [a / b for a, b in zip(p, one_call, strict=False)]
             acc = [counts[(f"{label} chain k={k}", size)].mean_acceptance_length for label in ("EAGLE", "P-EAGLE")]
             rows[str(k)] = {"eagle_ms": spread(e), "eagle_x_one_call": spread(ratio_e), "peagle_ms": spread(p), "peagle_x_one_call": spread(ratio_p),
                             "eagle_acceptance_length": acc[0], "peagle_acceptance_length": acc[1]}
-            print(f"{k:>3}{cell(spread(e), digits=1):>24}{spread(ratio_e)['median']:>11.2f}x{cell(spread(p), digits=1):>24}{spread(ratio_p)['median']:>11.2f}x"
-                  f"{acc[0]:>16.2f}{acc[1]:>9.2f}")
+            print(f"{k:>3}{cell(spread(e), digits=1):>24}{spread(ratio_e)['median']:>11.2f}x"
+                  f"{cell(spread(p), digits=1):>24}{spread(ratio_p)['median']:>11.2f}x{acc[0]:>16.2f}{acc[1]:>9.2f}")
         out[str(size)] = rows
     return {"draft_cost": out}
 
@@ -275,12 +277,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     result = draft_cost(args) if cost else speed(args)
     if args.output_json:
-        Path(args.output_json).write_text(json.dumps({"args": vars(args) | {"command": "draft-cost" if cost else "speed"}, **result}, indent=1) + "\n")
+        Path(args.output_json).write_text(json.dumps({"args": vars(args) | {"command": "draft-cost" if cost else "speed"}, **result},
+                                                     indent=1) + "\n")
         print(f"wrote {args.output_json}")
         if not cost:  # the chart beside the JSON: speed over target-only per batch size, every method
             summary = result["summary"]
-            panels = {f"batch {size}": [spread_bar(name, rows[size]["all"]["speedup"]) for name, rows in summary.items()] for size in next(iter(summary.values()))}
-            if path := write_bars(beside(args.output_json), f"speed over target-only, {args.max_new_tokens} new tokens, {args.rounds} rounds", panels):
+            panels = {f"batch {size}": [spread_bar(name, rows[size]["all"]["speedup"]) for name,
+                                        rows in summary.items()] for size in next(iter(summary.values()))}
+            if path := write_bars(beside(args.output_json), f"speed over target-only, {args.max_new_tokens} new tokens, {args.rounds} rounds",
+                                  panels):
                 print(f"wrote {path}")
     return 0
 

@@ -849,7 +849,8 @@ def _main_heads(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         print(f"error: {err.strerror or err}" + (f" ({err.filename})" if err.filename else "") + ".", file=sys.stderr)
         return 1
     c = r["config"]
-    print(f"wrote {r['dst']}: { {'medusa': 'Medusa heads', 'eagle': 'EAGLE-3 module', 'peagle': 'P-EAGLE module'}[r['mode']] }, hidden {c['specdec_enlarge']['source_hidden_size']} -> {c['hidden_size']}, "
+    what = {"medusa": "Medusa heads", "eagle": "EAGLE-3 module", "peagle": "P-EAGLE module"}[r["mode"]]
+    print(f"wrote {r['dst']}: {what}, hidden {c['specdec_enlarge']['source_hidden_size']} -> {c['hidden_size']}, "
           f"{r['num_parameters'] / 1e6:.1f}M parameters")
     return 0
 

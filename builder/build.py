@@ -67,7 +67,8 @@ def validate_build_config(build: BuildConfig, model: ModelConfig) -> None:
         problems.append(f"speculative_decoding_mode={build.speculative_decoding_mode} needs max_draft_len >= 1 (the draft tree's nodes verified per "
                         "step)")
     elif build.speculative_decoding_mode == "none" and build.max_draft_len != 0:
-        problems.append(f"max_draft_len={build.max_draft_len} needs --speculative_decoding_mode draft_tokens_external (or medusa / eagle / peagle, with their heads)")
+        problems.append(f"max_draft_len={build.max_draft_len} needs --speculative_decoding_mode draft_tokens_external (or medusa / eagle / peagle, "
+                        "with their heads)")
     if build.max_draft_len < 0:
         problems.append(f"max_draft_len={build.max_draft_len} must be >= 0")
     elif build.max_draft_len >= build.max_seq_len:  # a step verifies max_draft_len + 1 tokens of one sequence

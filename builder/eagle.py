@@ -181,7 +181,8 @@ def build_eagle_network(base: Checkpoint, heads, cfg: ModelConfig, build: BuildC
     rows = gb.op("Unsqueeze", [logits_index, gb.const("/model/axis_last", np.array([-1], np.int64))], "/model/logits_rows")
     x = gb.op("GatherND", [x, rows], "/model/gather_logit_rows", batch_dims=1)  # [B, L, hidden]
     if not parallel:
-        float32_output(gb, "Identity", [x], "/eagle/hidden_out", "hidden_out", ["batch", "num_logits", cfg.hidden_size], cast_name="/eagle/hidden_out_float32")
+        float32_output(gb, "Identity", [x], "/eagle/hidden_out", "hidden_out", ["batch", "num_logits", cfg.hidden_size],
+                       cast_name="/eagle/hidden_out_float32")
 
     x = _rms_norm(gb, "/model/norm", x, weights.float32("norm.weight"), cfg.rms_norm_eps)
     lm_head = gb.weight("lm_head.weight", weights.float32("lm_head.weight").T)  # [hidden, vocab]

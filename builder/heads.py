@@ -64,7 +64,8 @@ def check_heads(mode: str, heads, head_dir: str | Path, model: ModelConfig, allo
     where, noun = f"{HEAD_FLAGS[mode][0]} {head_dir}", "the heads have" if mode == "medusa" else "the module has"
     if heads.mode != mode:
         other = heads.mode
-        raise BuildConfigError(f"{where} holds {HELD[other]}, not {HELD[mode]}: use --speculative_decoding_mode {other} {HEAD_FLAGS[other][0]} {head_dir}.")
+        raise BuildConfigError(f"{where} holds {HELD[other]}, not {HELD[mode]}: use --speculative_decoding_mode {other} "
+                               f"{HEAD_FLAGS[other][0]} {head_dir}.")
     if heads.hidden_size != model.hidden_size or heads.vocab_size != model.vocab_size:
         raise BuildConfigError(f"{where}: {noun} hidden_size {heads.hidden_size} and vocab_size {heads.vocab_size}, "
                                f"the base model {model.hidden_size} and {model.vocab_size}: {'heads' if mode == 'medusa' else 'a module'} trained on "

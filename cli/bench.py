@@ -104,16 +104,24 @@ def prepare_dataset(num_requests, input_mean, input_stdev, output_mean, output_s
 @main.command("run", context_settings=CONTEXT)
 @option("engine_dir", required=True, type=click.Path(), help="Target engine directory.")
 @option("draft_engine_dir", type=click.Path(), help="Draft engine directory (for --method draft).")
-@option("method", multiple=True, help="none | draft | ngram | medusa | eagle | peagle | suffix; repeatable or a comma list [default: none, plus draft with a draft "
+@option("method", multiple=True,
+        help="none | draft | ngram | medusa | eagle | peagle | suffix; repeatable or a comma list [default: none, plus draft with a draft "
         "engine, plus ngram when the target verifies drafts, plus medusa / eagle / peagle when such a target is given].")
-@option("medusa_engine_dir", type=click.Path(), help="The same model built with --speculative_decoding_mode medusa (for --method medusa) [default: --engine_dir if it is one].")
-@option("eagle_engine_dir", type=click.Path(), help="The same model built with --speculative_decoding_mode eagle (for --method eagle) [default: --engine_dir if it is one].")
-@option("peagle_engine_dir", type=click.Path(), help="The same model built with --speculative_decoding_mode peagle (for --method peagle) [default: --engine_dir if it is one].")
-@option("medusa_choices", type=str, default=None, help='Also measure this Medusa tree (TensorRT-LLM\'s format), e.g. "[[0],[1],[0,0],[0,1],[0,0,0]]".')
+@option("medusa_engine_dir", type=click.Path(),
+        help="The same model built with --speculative_decoding_mode medusa (for --method medusa) [default: --engine_dir if it is one].")
+@option("eagle_engine_dir", type=click.Path(),
+        help="The same model built with --speculative_decoding_mode eagle (for --method eagle) [default: --engine_dir if it is one].")
+@option("peagle_engine_dir", type=click.Path(),
+        help="The same model built with --speculative_decoding_mode peagle (for --method peagle) [default: --engine_dir if it is one].")
+@option("medusa_choices", type=str, default=None,
+        help='Also measure this Medusa tree (TensorRT-LLM\'s format), e.g. "[[0],[1],[0,0],[0,1],[0,0,0]]".')
 @option("eagle_choices", type=str, default=None, help='Also measure this EAGLE tree (TensorRT-LLM\'s format), e.g. "[[0],[1],[0,0],[0,1],[0,0,0]]".')
-@option("peagle_choices", type=str, default=None, help='Also measure this P-EAGLE tree (TensorRT-LLM\'s format), e.g. "[[0],[1],[0,0],[0,1],[0,0,0]]".')
-@option("draft_lens", type=str, default=None, help=f"Draft lengths to sweep, e.g. \"1,2,4,8\" [default: {DEFAULT_DRAFT_LENS}, up to the target's max_draft_len].")
-@option("ngram_size", "--max_matching_ngram_size", type=int, default=2, show_default=True, help="N-gram: tokens matched against the prompt and output so far.")
+@option("peagle_choices", type=str, default=None,
+        help='Also measure this P-EAGLE tree (TensorRT-LLM\'s format), e.g. "[[0],[1],[0,0],[0,1],[0,0,0]]".')
+@option("draft_lens", type=str, default=None,
+        help=f"Draft lengths to sweep, e.g. \"1,2,4,8\" [default: {DEFAULT_DRAFT_LENS}, up to the target's max_draft_len].")
+@option("ngram_size", "--max_matching_ngram_size", type=int, default=2, show_default=True,
+        help="N-gram: tokens matched against the prompt and output so far.")
 @option("dataset", required=True, type=click.Path(), help="Dataset .jsonl from prepare-dataset (or {\"prompt\"} / {\"input_ids\"} lines).")
 @option("max_output_len", type=int, default=None, help="Output length of dataset lines that have no output_len.")
 @option("tokenizer_dir", type=click.Path(), help="Tokenizer for text prompts in the dataset [default: the engine's].")
@@ -132,7 +140,8 @@ def prepare_dataset(num_requests, input_mean, input_stdev, output_mean, output_s
 @option("peers_work_dir", type=click.Path(), help="Where --compare writes the onnxruntime-genai exports [default: a temporary directory].")
 @verify_engine_option
 @clean_errors
-def run(engine_dir, draft_engine_dir, method, medusa_engine_dir, eagle_engine_dir, peagle_engine_dir, medusa_choices, eagle_choices, peagle_choices, draft_lens, ngram_size, dataset, max_output_len, tokenizer_dir, batch_size, warmup, num_threads,
+def run(engine_dir, draft_engine_dir, method, medusa_engine_dir, eagle_engine_dir, peagle_engine_dir, medusa_choices, eagle_choices, peagle_choices,
+        draft_lens, ngram_size, dataset, max_output_len, tokenizer_dir, batch_size, warmup, num_threads,
         step_cost_reps, output_json, plot, compare, target_checkpoint, draft_checkpoint, compare_peers, peers_work_dir, verify_engine) -> None:
     """Measure target-only, draft-target, n-gram, Medusa and EAGLE decoding on a dataset, sweeping draft lengths.
 
@@ -149,7 +158,8 @@ def run(engine_dir, draft_engine_dir, method, medusa_engine_dir, eagle_engine_di
     """
     target = load_engine_dir(engine_dir, verify=verify_engine)
     max_draft = target.config.build.max_draft_len
-    heads_dirs = {m: load_engine_dir(d, verify=verify_engine) for m, d in (("medusa", medusa_engine_dir), ("eagle", eagle_engine_dir), ("peagle", peagle_engine_dir)) if d}
+    given = (("medusa", medusa_engine_dir), ("eagle", eagle_engine_dir), ("peagle", peagle_engine_dir))
+    heads_dirs = {m: load_engine_dir(d, verify=verify_engine) for m, d in given if d}
     if target.config.build.speculative_decoding_mode in TREE_MODES:
         heads_dirs.setdefault(target.config.build.speculative_decoding_mode, target)
     methods = parse_methods(method) if method else (["none"] + (["draft"] if draft_engine_dir else []) + (["ngram"] if max_draft else [])
@@ -235,7 +245,8 @@ def plot_sweep(result: dict[str, Any], path: str | Path) -> None:
     fig = Figure(figsize=(10, 4), layout="constrained")
     ax_s, ax_a = fig.subplots(1, 2)
     styles = {"draft": ("tab:blue", "o", "draft-target"), "ngram": ("tab:orange", "s", "n-gram"), "medusa": ("tab:green", "^", "Medusa chain"),
-              "eagle": ("tab:red", "D", "EAGLE chain"), "peagle": ("tab:purple", "v", "P-EAGLE chain")}  # trees are one row each: in the table, not on these lines
+              "eagle": ("tab:red", "D", "EAGLE chain"), "peagle": ("tab:purple", "v",
+                                                                   "P-EAGLE chain")}  # trees are one row each: in the table, not on these lines
     for kind, (color, marker, name) in styles.items():
         rs = sorted((r for r in rows if r["method"] == kind and not r.get("tree")), key=lambda r: r["draft_len"])
         if not rs:

@@ -66,8 +66,9 @@ class _LogProgress:
 @option("max_seq_len", type=int, default=None,
         help="Longest prompt + output in tokens; the KV cache capacity [default: min(max_position_embeddings, 4096)].")
 @option("max_draft_len", type=int, default=None,
-        help="Most draft tokens verified per step; baked into the engine. Needs --speculative_decoding_mode draft_tokens_external, medusa, eagle or peagle; "
-             "for medusa, eagle and peagle it is the draft tree's node budget (a chain of k drafts is k nodes) [default: 8 with those modes, else 0].")
+        help="Most draft tokens verified per step; baked into the engine. Needs --speculative_decoding_mode draft_tokens_external, medusa, "
+             "eagle or peagle; for medusa, eagle and peagle it is the draft tree's node budget (a chain of k drafts is k nodes) "
+             "[default: 8 with those modes, else 0].")
 @option("speculative_decoding_mode", type=click.Choice(MODES), default="none", show_default=True,
         help="draft_tokens_external: the target engine accepts 1..max_draft_len+1 tokens per sequence per step and returns logits for all of them "
              "(build TARGET engines this way). "
@@ -144,8 +145,11 @@ class _LogProgress:
 @option("allow_nonfinite", is_flag=True, help="Build even if a weight holds NaN or Inf (refused by default: such an engine emits garbage).")
 @option("force", is_flag=True, help="Replace a non-empty --output_dir.")
 @clean_errors
-def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_seq_len, max_draft_len, speculative_decoding_mode, tree_attention, medusa_dir, eagle_dir,
-         peagle_dir, quantization, use_weight_only, weight_only_precision, group_size, asymmetric, quantize_lm_head, fp8_activations, calib_dataset, calib_size, backend, target_sm, lowering, cpu_kernels, cuda_attention, trt_timing_cache, trt_version_compatible, trt_exclude_lean_runtime, tp_size, allow_pickle, allow_nonfinite, force) -> None:
+def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_seq_len, max_draft_len, speculative_decoding_mode, tree_attention,
+         medusa_dir, eagle_dir,
+         peagle_dir, quantization, use_weight_only, weight_only_precision, group_size, asymmetric, quantize_lm_head, fp8_activations, calib_dataset,
+         calib_size, backend, target_sm, lowering, cpu_kernels, cuda_attention, trt_timing_cache, trt_version_compatible, trt_exclude_lean_runtime,
+         tp_size, allow_pickle, allow_nonfinite, force) -> None:
     """Build an engine directory from a Hugging Face checkpoint.
 
     \b
@@ -228,7 +232,8 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
     if result.backend_summary:  # what the backend made beyond the network (builder/backends/: Compiled.summary)
         click.echo(f"  {result.backend_summary}")
     if b.speculative_decoding_mode in ("eagle", "peagle"):
-        click.echo(f"  {'EAGLE-3' if b.speculative_decoding_mode == 'eagle' else 'P-EAGLE'} module engine: {Path(result.output_dir) / EAGLE_MODULE_DIR}  "
+        title = "EAGLE-3" if b.speculative_decoding_mode == "eagle" else "P-EAGLE"
+        click.echo(f"  {title} module engine: {Path(result.output_dir) / EAGLE_MODULE_DIR}  "
                    f"[{b.eagle_num_layers} layer(s), fed by layers {', '.join(map(str, b.eagle_aux_layer_ids))} through eagle_hidden]")
 
 

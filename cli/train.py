@@ -137,8 +137,10 @@ class EngineGenerator:
 @option("peagle_placeholders", type=click.Choice(["anchored", "constant"]), default="anchored", show_default=True,
         help="P-EAGLE: anchored = one learned vector per drafting depth, added to the anchor's features; constant = vLLM's one "
              "placeholder vector in place of features (read by vLLM speculators' P-EAGLE).")
-@option("eval_fraction", type=float, default=0.0, show_default=True, help="Hold out this share of the sequences to report top-1 accuracy on (0: report on the training data).")
-@option("eval_data", type=click.Path(), default=None, help="A separate .jsonl (from prepare-data) to report top-1 accuracy on, instead of --eval_fraction.")
+@option("eval_fraction", type=float, default=0.0, show_default=True,
+        help="Hold out this share of the sequences to report top-1 accuracy on (0: report on the training data).")
+@option("eval_data", type=click.Path(), default=None,
+        help="A separate .jsonl (from prepare-data) to report top-1 accuracy on, instead of --eval_fraction.")
 @option("max_time", type=float, default=None, help="Stop (and save) after the step that passes this many seconds of training.")
 @option("max_cpu_time", type=float, default=None,
         help="The same in CPU seconds of this process (all threads): a budget that a shared, busy machine does not stretch.")

@@ -155,7 +155,7 @@ def main() -> None:
     for mode, r in results.items():
         labels = ([f"medusa head {i} (token t+{i + 2})" for i in range(len(r.accuracy))] if mode == "medusa"
                   else [f"{mode} depth {j + 1} (target's t+{j + 2})" for j in range(len(r.accuracy))])
-        for label, before, after in zip(labels, r.accuracy_before or [float("nan")] * len(labels), r.accuracy):
+        for label, before, after in zip(labels, r.accuracy_before or [float("nan")] * len(labels), r.accuracy, strict=False):
             print(f"{label:<34}{before:>8.3f}{after:>8.3f}{r.steps:>7}{r.seconds:>9.0f}{r.cpu_seconds:>8.0f}")
     print(f"total {time.perf_counter() - started:.0f} s; heads in {', '.join(f'{out}/{m}' for m in results)}")
 

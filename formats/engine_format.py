@@ -25,6 +25,10 @@ TREE_MODES = ("medusa", "eagle", "peagle")
 MODULE_MODES = {"eagle": "eagle_module", "peagle": "peagle_module"}  # a target mode -> its drafting module engine's mode
 EAGLE_MODULE_DIR = "eagle"  # an eagle (or peagle) target's folder for its module engine
 CONFIG_FILE = "config.json"
+# The model and build sections as the network was built for them, written by the builder and hashed with the other
+# files (config.json itself is not): a config.json edited after the build (vocabulary, layers, KV layout, limits)
+# is refused at load, naming the field and both values, before it can fail mid-decode.
+STAMP_FILE = "build_stamp.json"
 # what build.speculative_decoding_mode may hold (eagle_module / peagle_module: the EAGLE-3 / P-EAGLE module's own
 # engine, in an eagle / peagle target)
 SPECULATIVE_MODES = ("none", "draft_tokens_external", *TREE_MODES, *MODULE_MODES.values())

@@ -256,7 +256,8 @@ def _load_eagle(d: Path, cfg: dict) -> HeadCheckpoint:
             raise CheckpointError(f"{where}: {PLACEHOLDERS_KEY} is {shown_value(form, 40)}; expected one of {', '.join(PLACEHOLDER_FORMS)}.")
         mask = tensors[MASK_HIDDEN]
         rows = mask.size // mask.shape[-1] if mask.ndim and mask.shape[-1] else 0
-        anchored_ok = form == "anchored" and mask.ndim in (2, 3) and mask.shape[-1] == len(aux) * hidden and rows >= 1 and (mask.ndim == 2 or mask.shape[0] == 1)
+        anchored_ok = (form == "anchored" and mask.ndim in (2, 3) and mask.shape[-1] == len(aux) * hidden and rows >= 1
+                       and (mask.ndim == 2 or mask.shape[0] == 1))
         constant_ok = form == "constant" and mask.shape[-1] in (len(aux) * hidden, hidden) and rows == 1
         if not (anchored_ok or constant_ok):
             want = f"[1, placeholders, {len(aux) * hidden}]" if form == "anchored" else f"[1, 1, {len(aux) * hidden}] (or [{hidden}], already fused)"
@@ -302,7 +303,9 @@ def load_heads(path: str | Path, base_num_layers: int | None = None) -> HeadChec
     if (isinstance(archs, list) and EAGLE3_ARCHITECTURE in archs) or "eagle_config" in cfg:
         ckpt = _load_eagle(d, cfg)
         if base_num_layers is not None and max(ckpt.aux_layer_ids) >= base_num_layers:
-            raise CheckpointError(f"{'P-EAGLE' if ckpt.mode == 'peagle' else 'EAGLE'} module in {d}: aux layer ids {ckpt.aux_layer_ids} name layers the {base_num_layers}-layer base model lacks.")
+            what = "P-EAGLE" if ckpt.mode == "peagle" else "EAGLE"
+            raise CheckpointError(f"{what} module in {d}: aux layer ids {ckpt.aux_layer_ids} name layers the {base_num_layers}-layer base model "
+                                  "lacks.")
         return ckpt
     raise CheckpointError(f"{d / CONFIG_FILE} describes neither Medusa heads (a \"medusa\" block) nor an EAGLE-3 module "
                           f"(architectures [\"{EAGLE3_ARCHITECTURE}\"] with an \"eagle_config\"); see docs/train-heads.md.")

@@ -10,7 +10,8 @@ from specdec.builder.backends import backend_module
 from specdec.runtime.request import METHODS
 
 ROOT = Path(__file__).resolve().parents[1]
-IN_WORDS = {"draft": "draft-target", "ngram": "n-gram", "medusa": "Medusa", "eagle": "EAGLE", "peagle": "P-EAGLE", "suffix": "suffix decoding"}  # a method -> how prose names it
+IN_WORDS = {"draft": "draft-target", "ngram": "n-gram", "medusa": "Medusa", "eagle": "EAGLE", "peagle": "P-EAGLE",
+            "suffix": "suffix decoding"}  # a method -> how prose names it
 
 
 def description() -> str:

@@ -55,7 +55,7 @@ class PEagleModule(Eagle3Module):
         """fc(mask_hidden): [placeholders, hidden], each depth's vector in the fused space (one row: the shared one)."""
         return self.fc(self.mask_hidden)[0]
 
-    def placeholder_rows(self, fused: torch.Tensor, layout: "ParallelLayout") -> torch.Tensor:
+    def placeholder_rows(self, fused: torch.Tensor, layout: ParallelLayout) -> torch.Tensor:
         """What each placeholder row reads in place of features: [batch, M, hidden]. fused: fc(aux) [batch, T', hidden]."""
         ph = self.placeholder_hidden()  # [D, hidden]
         rows = ph[(layout.depths.clamp(min=1) - 1).clamp(max=ph.shape[0] - 1)]  # [batch, M, hidden]: depth d's vector (the last for deeper)
@@ -63,7 +63,7 @@ class PEagleModule(Eagle3Module):
             rows = rows + fused.gather(1, layout.anchors.unsqueeze(-1).expand(-1, -1, fused.shape[-1]))
         return rows
 
-    def parallel_hidden(self, aux_hidden: torch.Tensor, next_embeds: torch.Tensor, layout: "ParallelLayout") -> torch.Tensor:
+    def parallel_hidden(self, aux_hidden: torch.Tensor, next_embeds: torch.Tensor, layout: ParallelLayout) -> torch.Tensor:
         """Every row of ``layout`` in one pass: [batch, T' + M, hidden] after the final norm.
 
         aux_hidden: [batch, T', num_aux * hidden] (the base's layers at t); next_embeds: [batch, T', hidden] (token t+1)."""
@@ -179,7 +179,8 @@ def peagle_loss(module: PEagleModule, hidden: torch.Tensor, layout: ParallelLayo
     counted = rows_ok & loss_mask.bool().gather(1, (refs + 1).clamp(max=limit - 1))
     row_depth = layout.row_depths[counted]  # [counted]
     with torch.no_grad():
-        target_logp = F.log_softmax(base_lm_head(base_hidden.gather(1, refs.clamp(max=limit - 1).unsqueeze(-1).expand(-1, -1, base_hidden.shape[-1]))[counted]).float(), -1)
+        index = refs.clamp(max=limit - 1).unsqueeze(-1).expand(-1, -1, base_hidden.shape[-1])
+        target_logp = F.log_softmax(base_lm_head(base_hidden.gather(1, index)[counted]).float(), -1)
     logp = F.log_softmax(module.lm_head(hidden[counted]).float(), dim=-1)  # [counted, vocab]
     kl = (target_logp.exp() * (target_logp - logp)).sum(-1)  # [counted]
     same = logp.detach().argmax(-1) == target_logp.argmax(-1)

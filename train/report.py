@@ -75,7 +75,8 @@ def model_card(cfg, described: tuple[str, str, str], provenance: dict, losses: l
         f"| final loss (mean of last {len(tail)} steps) | {sum(tail) / max(1, len(tail)):.4f} |",
         f"| {acc_label}, {split} | {_fmt(accuracy)} |",
         f"| same, before training | {_fmt(before)} |",
-        f"| time | {seconds:.0f} s ({cpu_seconds:.0f} CPU s) on {platform.machine()} CPU, {torch.get_num_threads()} thread(s), torch {torch.__version__} |",
+        f"| time | {seconds:.0f} s ({cpu_seconds:.0f} CPU s) on {platform.machine()} CPU, {torch.get_num_threads()} thread(s), "
+        f"torch {torch.__version__} |",
         "",
         "![loss](loss_curve.png)" if plotted else "(no loss curve: matplotlib is not installed)",
         "",

@@ -55,7 +55,7 @@ class Run:
         """Refuse this mode's other flags that no file is needed to judge."""
 
     @staticmethod
-    def check_base(cfg: "TrainConfig", base_cfg: dict) -> None:
+    def check_base(cfg: TrainConfig, base_cfg: dict) -> None:
         """Refuse flags that do not fit the base's config.json (read before the base's weights load)."""
 
     def __init__(self, cfg: TrainConfig, base: nn.Module):
@@ -143,7 +143,7 @@ class EagleRun(Run):
             raise TrainConfigError(f"--eagle_loss_decay_factor {cfg.eagle_loss_decay_factor} must be in (0, 1] (1: every TTT step weighs the same).")
 
     @staticmethod
-    def check_base(cfg: "TrainConfig", base_cfg: dict) -> None:
+    def check_base(cfg: TrainConfig, base_cfg: dict) -> None:
         num_layers = base_cfg.get("num_hidden_layers")
         if cfg.eagle_aux_layer_ids and num_layers and max(cfg.eagle_aux_layer_ids) >= num_layers:
             raise TrainConfigError(f"--eagle_aux_layer_ids {sorted(set(cfg.eagle_aux_layer_ids))}: the base model has layers 0..{num_layers - 1} "
@@ -198,11 +198,11 @@ class PEagleRun(EagleRun):
     mode = "peagle"
 
     @staticmethod
-    def counts(cfg: "TrainConfig") -> dict[str, int]:
+    def counts(cfg: TrainConfig) -> dict[str, int]:
         return {"eagle_num_layers": cfg.eagle_num_layers, "peagle_depths": cfg.peagle_depths}
 
     @staticmethod
-    def check_config(cfg: "TrainConfig") -> None:
+    def check_config(cfg: TrainConfig) -> None:
         EagleRun.check_config(cfg)
         if not 0 < cfg.peagle_down_sample_ratio <= 1:
             raise TrainConfigError(f"--peagle_down_sample_ratio {cfg.peagle_down_sample_ratio} must be in (0, 1] (1: every anchor at every depth).")
@@ -214,11 +214,11 @@ class PEagleRun(EagleRun):
             raise TrainConfigError(f"--peagle_mask_token_id {cfg.peagle_mask_token_id} must be a token id >= 0.")
 
     @staticmethod
-    def check_base(cfg: "TrainConfig", base_cfg: dict) -> None:
+    def check_base(cfg: TrainConfig, base_cfg: dict) -> None:
         EagleRun.check_base(cfg, base_cfg)
         mask_token_id(cfg, base_cfg)
 
-    def __init__(self, cfg: "TrainConfig", base: nn.Module):
+    def __init__(self, cfg: TrainConfig, base: nn.Module):
         Run.__init__(self, cfg, base)
         torch.manual_seed(cfg.seed)
         n_layers = len(decoder_layers(base))
@@ -243,7 +243,8 @@ class PEagleRun(EagleRun):
                            cfg.peagle_depths, cfg.eagle_loss_decay_factor)
 
     def export_config(self, base_cfg: dict, provenance: dict) -> dict:
-        return peagle_config(base_cfg, self.eagle_cfg, self.aux_ids, self.mask_token_id, self.cfg.peagle_depths, provenance, self.cfg.peagle_placeholders)
+        return peagle_config(base_cfg, self.eagle_cfg, self.aux_ids, self.mask_token_id, self.cfg.peagle_depths, provenance,
+                             self.cfg.peagle_placeholders)
 
     def provenance(self) -> dict:
         cfg = self.cfg
@@ -264,7 +265,7 @@ class PEagleRun(EagleRun):
         return what, acc_label, f"--eagle_num_layers {cfg.eagle_num_layers} --peagle_depths {cfg.peagle_depths}"
 
 
-def mask_token_id(cfg: "TrainConfig", base_cfg: dict) -> int:
+def mask_token_id(cfg: TrainConfig, base_cfg: dict) -> int:
     """The token whose (frozen) embedding placeholders read: --peagle_mask_token_id, else the base's pad token, else
     its first end-of-sequence token (a token the module rarely sees as a real next token)."""
     vocab = base_cfg.get("vocab_size")
@@ -273,7 +274,8 @@ def mask_token_id(cfg: "TrainConfig", base_cfg: dict) -> int:
         eos = base_cfg.get("eos_token_id")
         chosen = next((c for c in (base_cfg.get("pad_token_id"), eos[0] if isinstance(eos, list) and eos else eos) if isinstance(c, int)), None)
         if chosen is None:
-            raise TrainConfigError("the base model's config.json names no pad_token_id or eos_token_id: choose the placeholders' token with --peagle_mask_token_id.")
+            raise TrainConfigError("the base model's config.json names no pad_token_id or eos_token_id: choose the placeholders' token with "
+                                   "--peagle_mask_token_id.")
     if isinstance(vocab, int) and not 0 <= chosen < vocab:
         raise TrainConfigError(f"--peagle_mask_token_id {chosen} is outside the base model's vocabulary (0..{vocab - 1}).")
     return int(chosen)

@@ -218,7 +218,8 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
         out_of_time = cfg.max_time is not None and time.perf_counter() - loop_start >= cfg.max_time
         out_of_cpu = cfg.max_cpu_time is not None and time.process_time() - loop_cpu_start >= cfg.max_cpu_time
         if (out_of_time or out_of_cpu) and step < total:
-            say(f"--{'max_time' if out_of_time else 'max_cpu_time'} {cfg.max_time if out_of_time else cfg.max_cpu_time:g} s reached at step {step} of {total}")
+            flag, budget = ("max_time", cfg.max_time) if out_of_time else ("max_cpu_time", cfg.max_cpu_time)
+            say(f"--{flag} {budget:g} s reached at step {step} of {total}")
             total = step
         if step % cfg.save_steps == 0 or step == total:
             elapsed = elapsed_before + time.perf_counter() - started
@@ -247,7 +248,8 @@ def trainable_parameters(cfg: TrainConfig, base_cfg: dict) -> int:
     aux = len(set(cfg.eagle_aux_layer_ids)) if cfg.eagle_aux_layer_ids else 3
     layer = 4 * hidden * hidden + 3 * hidden * inter  # q/k/v/o at most hidden wide, gate/up/down
     placeholder = aux * hidden if cfg.mode == "peagle" else 0  # P-EAGLE's mask_hidden
-    return aux * hidden * hidden + cfg.eagle_num_layers * layer + 3 * hidden * hidden + vocab * hidden + placeholder  # fc, layers (layer 0's q/k/v twice as wide), lm_head
+    # fc, layers (layer 0's q/k/v twice as wide), lm_head
+    return aux * hidden * hidden + cfg.eagle_num_layers * layer + 3 * hidden * hidden + vocab * hidden + placeholder
 
 
 def _check_memory(cfg: TrainConfig, base_cfg: dict) -> None:

@@ -76,7 +76,8 @@ class EagleProposer(OwnDrafter):
             raise EngineError(f"{module.engine.path} is not an {self.title} module engine (mode {module.build.speculative_decoding_mode}); "
                               f"it is the eagle/ folder inside an {want} target engine.")
         if module.model.hidden_size != target.model.hidden_size or module.vocab_size != target.vocab_size:
-            raise EngineError(f"the {self.title} module {module.engine.path} (hidden {module.model.hidden_size}, vocab {module.vocab_size}) does not belong to "
+            raise EngineError(f"the {self.title} module {module.engine.path} (hidden {module.model.hidden_size}, vocab {module.vocab_size}) "
+                              "does not belong to "
                               f"the target {target.engine.path} (hidden {target.model.hidden_size}, vocab {target.vocab_size}).")
         self.target, self.module = target, module
         self.tree = choices if isinstance(choices, DraftTree) else parse_choices(choices, self.choices_flag)
@@ -99,7 +100,7 @@ class EagleProposer(OwnDrafter):
         """The module is the engine in the target's eagle/ folder, opened where the target runs."""
         return cls(target, open_beside(load_engine_dir(eagle_module_dir(target.engine))), choices)
 
-    def with_tree(self, tree: DraftTree) -> "EagleProposer":
+    def with_tree(self, tree: DraftTree) -> EagleProposer:
         return type(self)(self.target, self.module, tree)
 
     @property

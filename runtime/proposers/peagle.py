@@ -24,8 +24,8 @@ drafts) is fed up to its last pair: that one goes with the block, so a round is 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -66,7 +66,7 @@ class PEagleProposer(EagleProposer):
     def propose(self, requests: Sequence[Request], draft_lens: Sequence[int]) -> list[Draft]:
         out = [Draft.empty() for _ in requests]
         rows_for: dict[str, int] = {}  # request -> positions its draft reads (its chain, or its tree's depth)
-        for r, k in zip(requests, draft_lens):
+        for r, k in zip(requests, draft_lens, strict=False):
             if k > 0 and self.pending[r.request_id][1]:
                 rows_for[r.request_id] = self._positions(r, int(k))
         if not rows_for:
@@ -74,7 +74,7 @@ class PEagleProposer(EagleProposer):
         slots = sorted(self.slot_of[rid] for rid in rows_for)
         blocks: dict[str, np.ndarray] = {}
         self._feed(slots[0], slots[-1] + 1, rows_for, blocks)
-        for i, (r, k) in enumerate(zip(requests, draft_lens)):
+        for i, (r, k) in enumerate(zip(requests, draft_lens, strict=False)):
             if r.request_id in blocks:
                 out[i] = positional_draft(r, blocks[r.request_id], int(k), self.tree)
         return out
@@ -93,9 +93,9 @@ class PEagleProposer(EagleProposer):
         per slot when a row riding along would write past the cache's capacity."""
         ids = self.order[lo:hi]
         go = np.array([rid in rows_for for rid in ids])
-        pairs = [len(self.pending[rid][1]) - (rows_for[rid] == 0) if g else 0 for rid, g in zip(ids, go)]
-        extra = [max(rows_for[rid] - 1, 0) if g else 0 for rid, g in zip(ids, go)]
-        width = max(p + e for p, e in zip(pairs, extra))
+        pairs = [len(self.pending[rid][1]) - (rows_for[rid] == 0) if g else 0 for rid, g in zip(ids, go, strict=False)]
+        extra = [max(rows_for[rid] - 1, 0) if g else 0 for rid, g in zip(ids, go, strict=False)]
+        width = max(p + e for p, e in zip(pairs, extra, strict=False))
         if width == 0:
             return 0
         if hi - lo > 1 and int(self.cache.lengths[lo:hi].max()) + width > self.cache.capacity:
@@ -126,7 +126,7 @@ class PEagleProposer(EagleProposer):
             else:  # a catch-up: the last pair waits for the block
                 left = (feats[0] if len(feats) == 1 else np.concatenate(feats))[pairs[i]:]
                 self.pending[rid] = ([left], nxt[pairs[i]:])
-        return int(sum(p for p, g in zip(pairs, go) if g))
+        return int(sum(p for p, g in zip(pairs, go, strict=False) if g))
 
 
 # -- the method's registration (runtime/methods.py: a peagle target carries it) -----------------------------------

@@ -81,11 +81,14 @@ def test_peagle_module_drafts_a_block_in_one_call_as_torch_does(peagle, lowering
 def test_peagle_refusals(peagle, tmp_path):
     with pytest.raises(BuildConfigError, match="--speculative_decoding_mode peagle needs --peagle_dir DIR"):
         build_engine(peagle["ckpt"], tmp_path / "a", spec_build(4, speculative_decoding_mode="peagle"), say=lambda _: None)
-    with pytest.raises(BuildConfigError, match="holds a P-EAGLE module .*, not an EAGLE-3 module: use --speculative_decoding_mode peagle --peagle_dir"):
-        build_engine(peagle["ckpt"], tmp_path / "b", spec_build(4, speculative_decoding_mode="eagle"), say=lambda _: None, eagle_dir=peagle["dir"] / "module")
+    with pytest.raises(BuildConfigError,
+                       match="holds a P-EAGLE module .*, not an EAGLE-3 module: use --speculative_decoding_mode peagle --peagle_dir"):
+        build_engine(peagle["ckpt"], tmp_path / "b", spec_build(4, speculative_decoding_mode="eagle"), say=lambda _: None,
+                     eagle_dir=peagle["dir"] / "module")
     write_eagle_module(peagle["ckpt"], tmp_path / "eagle3", aux_ids=AUX_IDS)
     with pytest.raises(BuildConfigError, match="holds an EAGLE-3 module, not a P-EAGLE module .*: use --speculative_decoding_mode eagle --eagle_dir"):
-        build_engine(peagle["ckpt"], tmp_path / "c", spec_build(4, speculative_decoding_mode="peagle"), say=lambda _: None, peagle_dir=tmp_path / "eagle3")
+        build_engine(peagle["ckpt"], tmp_path / "c", spec_build(4, speculative_decoding_mode="peagle"), say=lambda _: None,
+                     peagle_dir=tmp_path / "eagle3")
     with pytest.raises(BuildConfigError, match="--peagle_dir needs --speculative_decoding_mode peagle"):
         build_engine(peagle["ckpt"], tmp_path / "d", spec_build(4), say=lambda _: None, peagle_dir=peagle["dir"] / "module")
     assert not any(p.name in "abcd" for p in tmp_path.iterdir())  # refused before anything was written

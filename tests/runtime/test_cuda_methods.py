@@ -40,9 +40,12 @@ def gpu(tmp_path_factory):
     d = tmp_path_factory.mktemp("cuda_methods")
     limits = dict(max_batch_size=16, max_input_len=128, max_seq_len=256, dtype="bfloat16", lowering="ort_cuda")
     quiet = dict(say=lambda _: None)
-    build_engine(DEMO / "target", d / "eagle", spec_build(8, speculative_decoding_mode="eagle", **limits), eagle_dir=DEMO / "heads" / "eagle", **quiet)
-    build_engine(DEMO / "target", d / "medusa", spec_build(8, speculative_decoding_mode="medusa", **limits), medusa_dir=DEMO / "heads" / "medusa", **quiet)
-    build_engine(DEMO / "target", d / "peagle", spec_build(8, speculative_decoding_mode="peagle", **limits), peagle_dir=DEMO / "heads" / "peagle", **quiet)
+    build_engine(DEMO / "target", d / "eagle", spec_build(8, speculative_decoding_mode="eagle", **limits), eagle_dir=DEMO / "heads" / "eagle",
+                 **quiet)
+    build_engine(DEMO / "target", d / "medusa", spec_build(8, speculative_decoding_mode="medusa", **limits), medusa_dir=DEMO / "heads" / "medusa",
+                 **quiet)
+    build_engine(DEMO / "target", d / "peagle", spec_build(8, speculative_decoding_mode="peagle", **limits), peagle_dir=DEMO / "heads" / "peagle",
+                 **quiet)
     build_engine(DEMO / "target", d / "int4", spec_build(4, quantization="int4_wo", **limits), **quiet)
     build_engine(DEMO / "draft", d / "draft", spec_build(0, **limits), **quiet)
     open_ = lambda name: CudaExecutor(load_engine_dir(d / name), 0)  # noqa: E731

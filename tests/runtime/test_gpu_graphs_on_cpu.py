@@ -107,7 +107,8 @@ def test_peagle_chain_and_tree_are_exact(pair, tmp_path):
     """P-EAGLE's module in the masked form: no tree_mask (one causal call of pairs and placeholders per round)."""
     base = make_checkpoint(tmp_path / "base", num_hidden_layers=3, seed=0)
     write_peagle_module(base, tmp_path / "module", aux_ids=[0, 2])
-    build_engine(base, tmp_path / "peagle", spec_build(8, speculative_decoding_mode="peagle", **GPU_FORM), say=lambda _: None, peagle_dir=tmp_path / "module")
+    build_engine(base, tmp_path / "peagle", spec_build(8, speculative_decoding_mode="peagle", **GPU_FORM), say=lambda _: None,
+                 peagle_dir=tmp_path / "module")
     target = OrtExecutor(load_engine_dir(tmp_path / "peagle"), num_threads=1)
     module = OrtExecutor(load_engine_dir(eagle_module_dir(target.engine)), num_threads=1)
     assert (module.build.cuda_attention, module.build.kv_layout, module.tree_attention) == ("masked", "bsh", False)

@@ -139,7 +139,8 @@ def test_sampled_peagle_chain_keeps_the_target_distribution(peagle):
         engine = Engine(t, [PEagleProposer(t, m)] if method == "peagle" else [], SpeculationConfig(method, 2 if method == "peagle" else 0))
         seen = []
         for seed in range(1200):
-            engine.add_request(PROMPTS[1], GenerationConfig(max_output_len=3, sampling=SamplingConfig(random_seed=seed, **sampling)), seed_stream=seed)
+            engine.add_request(PROMPTS[1], GenerationConfig(max_output_len=3, sampling=SamplingConfig(random_seed=seed, **sampling)),
+                               seed_stream=seed)
         while engine.has_unfinished():
             seen += [tuple(o.output_ids[1:3]) for o in engine.step() if o.finished]
         counts[method] = seen
@@ -229,7 +230,8 @@ def test_auto_prices_a_round_as_one_call_and_stays_exact(peagle, choices):
 
 
 def test_load_engine_sweep_and_cli_open_the_module_beside_a_peagle_target(peagle, tmp_path):
-    """The loader takes the drafter from the registry (runtime/methods.py: a peagle target carries it); specdec-bench's sweep measures P-EAGLE chains and a tree;
+    """The loader takes the drafter from the registry (runtime/methods.py: a peagle target carries it); specdec-bench's sweep measures
+    P-EAGLE chains and a tree;
     specdec-run drafts with --peagle_choices: all identical to target-only."""
     from click.testing import CliRunner
 
@@ -242,7 +244,8 @@ def test_load_engine_sweep_and_cli_open_the_module_beside_a_peagle_target(peagle
     proposer = engine.proposers["peagle"]
     assert own_drafter("peagle") is PEagleProposer and type(proposer) is PEagleProposer
     assert engine.speculation == SpeculationConfig("peagle", 4) and method_draft_lens(engine) == {"peagle": 4}
-    assert load_engine(peagle["dir"] / "engine", num_threads=1, drafters=[PEagleConfig(TREE)]).speculation.draft_len == 6  # the registry's typed config
+    assert load_engine(peagle["dir"] / "engine", num_threads=1,
+                       drafters=[PEagleConfig(TREE)]).speculation.draft_len == 6  # the registry's typed config
     with pytest.raises(RequestError, match="--eagle_choices needs a target engine built with --speculative_decoding_mode eagle"):
         load_engine(peagle["dir"] / "engine", num_threads=1, eagle_choices=TREE)
 
@@ -254,7 +257,8 @@ def test_load_engine_sweep_and_cli_open_the_module_beside_a_peagle_target(peagle
     assert all(r["identical_to_target_only"] for r in result["rows"])
 
     (tmp_path / "ids.csv").write_text(",".join(map(str, PROMPTS[2])) + "\n")
-    r = CliRunner().invoke(run_main, ["--engine_dir", str(peagle["dir"] / "engine"), "--input_file", str(tmp_path / "ids.csv"), "--max_output_len", "12",
+    r = CliRunner().invoke(run_main, ["--engine_dir", str(peagle["dir"] / "engine"), "--input_file", str(tmp_path / "ids.csv"), "--max_output_len",
+                                      "12",
                                       "--peagle_choices", TREE, "--baseline", "--num_threads", "1"])
     assert r.exit_code == 0, r.output
     assert "peagle tree" in r.output and "outputs identical to target-only: yes" in r.output

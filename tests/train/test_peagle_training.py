@@ -73,7 +73,7 @@ def test_full_layout_keeps_every_counted_anchor_and_sampling_is_nested():
     aux, embeds, valid, loss_mask = inputs()
     full = parallel_layout(valid, loss_mask, K, 0.7, 0.2, None)
     for b in range(B):
-        got = {(int(p), int(d)) for p, d, u in zip(full.anchors[b], full.depths[b], full.used[b]) if u}
+        got = {(int(p), int(d)) for p, d, u in zip(full.anchors[b], full.depths[b], full.used[b], strict=False) if u}
         want = {(p, d) for d in range(1, K) for p in range(T - 1) if valid[b, p] and p + d + 2 < T and loss_mask[b, p + d + 2]
                 and all(loss_mask[b, p + e + 2] for e in range(1, d))}
         assert got == want, b
@@ -82,8 +82,8 @@ def test_full_layout_keeps_every_counted_anchor_and_sampling_is_nested():
     again = parallel_layout(valid, loss_mask, K, 0.5, 0.0, batch_generator(ids, seed=0))
     assert torch.equal(sampled.anchors, again.anchors) and torch.equal(sampled.depths, again.depths)  # a function of the batch
     for b in range(B):
-        rows = {(int(p), int(d)) for p, d, u in zip(sampled.anchors[b], sampled.depths[b], sampled.used[b]) if u}
-        assert rows < {(int(p), int(d)) for p, d, u in zip(full.anchors[b], full.depths[b], full.used[b]) if u}
+        rows = {(int(p), int(d)) for p, d, u in zip(sampled.anchors[b], sampled.depths[b], sampled.used[b], strict=False) if u}
+        assert rows < {(int(p), int(d)) for p, d, u in zip(full.anchors[b], full.depths[b], full.used[b], strict=False) if u}
         assert all(d == 1 or (p, d - 1) in rows for p, d in rows), "a placeholder without the ones before it"
         per_depth = [sum(1 for _, d in rows if d == k) for k in range(1, K)]
         assert per_depth == sorted(per_depth, reverse=True) and per_depth[0] >= 1
@@ -100,7 +100,8 @@ def test_loss_is_kl_to_the_base_at_the_predicted_token_weighted_per_depth():
     per_depth: list[list[float]] = [[] for _ in range(K)]
     same = [0] * K
     rows = [(b, r, r, 0) for b in range(B) for r in range(T - 1) if valid[b, r]]  # (batch, row, anchor, depth)
-    rows += [(b, T - 1 + j, int(layout.anchors[b, j]), int(layout.depths[b, j])) for b in range(B) for j in range(layout.used.shape[1]) if layout.used[b, j]]
+    rows += [(b, T - 1 + j, int(layout.anchors[b, j]), int(layout.depths[b, j]))
+             for b in range(B) for j in range(layout.used.shape[1]) if layout.used[b, j]]
     for b, row, p, d in rows:
         token = p + d + 2  # the token this row guesses; the base at token - 1 says how
         if token < T and loss_mask[b, token]:
