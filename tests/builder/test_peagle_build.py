@@ -92,3 +92,11 @@ def test_peagle_refusals(peagle, tmp_path):
     with pytest.raises(BuildConfigError, match="--peagle_dir needs --speculative_decoding_mode peagle"):
         build_engine(peagle["ckpt"], tmp_path / "d", spec_build(4), say=lambda _: None, peagle_dir=peagle["dir"] / "module")
     assert not any(p.name in "abcd" for p in tmp_path.iterdir())  # refused before anything was written
+
+
+def test_the_torch_backend_refuses_a_peagle_build_before_any_work(peagle, tmp_path):
+    """Its module files would lack the placeholders (builder/eagle.py builds them into the ONNX network only): refused, nothing written."""
+    with pytest.raises(BuildConfigError, match="--backend torch does not build P-EAGLE modules yet"):
+        build_engine(peagle["ckpt"], tmp_path / "t", spec_build(4, speculative_decoding_mode="peagle", backend="torch"), say=lambda _: None,
+                     peagle_dir=peagle["dir"] / "module")
+    assert not (tmp_path / "t").exists() or not any((tmp_path / "t").iterdir())
