@@ -33,7 +33,8 @@ from ..formats import __version__
 from . import responses
 from .errors import ApiError, error_body
 from .guard import Guard
-from .loop import EngineLoop, Event, Job, Result
+from .jobs import Event, Job, Result
+from .loop import EngineLoop
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .params import Served, chat_plan, check_common, completion_plan
 from .protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse

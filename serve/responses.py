@@ -19,7 +19,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..formats.tokenizer import Tokenizer
-from .loop import ChoiceResult, Event, Job, Result, TokenLogprob
+from ..runtime.logits import TokenLogprob
+from .jobs import ChoiceResult, Event, Job, Result
 from .params import Served
 
 
