@@ -24,6 +24,7 @@ import numpy as np
 
 from ..formats.engine_format import ModelConfig
 from ..formats.errors import CheckpointError
+from ..formats.safetensors_io import bf16_bits_to_float32
 
 HEAD, EMBED = "lm_head.weight", "model.embed_tokens.weight"
 ROWS_PER_CHUNK = 4096  # rows compared at a time: a 128k x 4096 head is never held twice
@@ -50,10 +51,23 @@ def resolve_lm_head(model: ModelConfig, ckpt, say: Callable[[str], None]) -> Mod
 
 def _same(ckpt, a: str, b: str) -> bool:
     """Whether two stored tensors of one shape hold the same values (their stored bits when stored alike), chunk by chunk."""
-    alike = ckpt.dtype_name(a) == ckpt.dtype_name(b)
-    read = ckpt.stored if alike else ckpt.float32
-    x, y = read(a), read(b)
+    codes = ckpt.dtype_name(a), ckpt.dtype_name(b)
+    if codes[0] != codes[1]:
+        for name, code in ((a, codes[0]), (b, codes[1])):
+            if code.startswith("F8"):
+                ckpt.float32(name)  # refuses in one line: float8 is read through the quantization path
+    x, y = ckpt.stored(a), ckpt.stored(b)  # mapped, not copied (safetensors)
     for start in range(0, x.shape[0], ROWS_PER_CHUNK):
-        if not np.array_equal(x[start : start + ROWS_PER_CHUNK], y[start : start + ROWS_PER_CHUNK]):
+        rows = slice(start, start + ROWS_PER_CHUNK)
+        if codes[0] == codes[1]:  # stored alike: the same values are the same bits
+            same = np.array_equal(x[rows], y[rows])
+        else:  # each chunk widened to float32 on its own
+            same = np.array_equal(_float32(x[rows], codes[0]), _float32(y[rows], codes[1]))
+        if not same:
             return False
     return True
+
+
+def _float32(chunk: np.ndarray, code: str) -> np.ndarray:
+    """A chunk of stored values (bfloat16 as its bits) as float32; a reader that maps nothing gives float32 already."""
+    return bf16_bits_to_float32(chunk) if code == "BF16" and chunk.dtype == np.uint16 else chunk.astype(np.float32)

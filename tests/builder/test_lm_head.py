@@ -137,3 +137,32 @@ def test_the_build_reads_the_head_as_transformers_does(untied, tmp_path_factory,
     ex = build_and_load(ckpt, d / "engine2")
     got = ex.forward(ex.new_cache(1), [IDS], all_logits=True).logits[0]
     np.testing.assert_allclose(got, want, atol=2e-4, rtol=0)
+
+
+def test_a_head_stored_in_another_dtype_with_the_embeddings_values_is_tied(untied, tmp_path):
+    """The embedding in float32, the head the same values in bfloat16: compared chunk by chunk as float32 (neither read
+    whole), equal, so tied; one value changed, so not (with the warning)."""
+    from specdec.builder.architectures import model_config_from_hf
+    from specdec.builder.checkpoint import load_checkpoint
+    from specdec.builder.lm_head import resolve_lm_head
+
+    def built(change: bool):
+        d = tmp_path / f"ckpt-{change}"
+        shutil.copytree(untied, d)
+        t = load_file(d / "model.safetensors")
+        t[EMBED] = t[EMBED].to(torch.bfloat16).float()  # values a bfloat16 holds exactly
+        t[HEAD] = t[EMBED].to(torch.bfloat16)
+        if change:
+            t[HEAD][-1, -1] += 1
+        save_file(t, d / "model.safetensors", metadata={"format": "pt"})
+        cfg = json.loads((d / "config.json").read_text())
+        cfg["tie_word_embeddings"] = True
+        (d / "config.json").write_text(json.dumps(cfg))
+        said = []
+        ckpt = load_checkpoint(d)
+        return resolve_lm_head(model_config_from_hf(ckpt.hf_config), ckpt, said.append), said
+
+    model, said = built(False)
+    assert model.tie_word_embeddings and not said
+    model, said = built(True)
+    assert not model.tie_word_embeddings and "differs from" in said[0]
