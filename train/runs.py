@@ -149,13 +149,19 @@ class EagleRun(Run):
             raise TrainConfigError(f"--eagle_aux_layer_ids {sorted(set(cfg.eagle_aux_layer_ids))}: the base model has layers 0..{num_layers - 1} "
                                    "only.")
 
+    @staticmethod
+    def aux_layer_ids(cfg: TrainConfig, base: nn.Module) -> list[int]:
+        """The base layers whose outputs feed the module: the ones asked for, else EAGLE-3's default three."""
+        n_layers = len(decoder_layers(base))
+        aux_ids = sorted(set(cfg.eagle_aux_layer_ids)) if cfg.eagle_aux_layer_ids else default_eagle_aux_layer_ids(n_layers)
+        if max(aux_ids) >= n_layers:
+            raise TrainConfigError(f"--eagle_aux_layer_ids {aux_ids}: the base model has layers 0..{n_layers - 1} only.")
+        return aux_ids
+
     def __init__(self, cfg: TrainConfig, base: nn.Module):
         super().__init__(cfg, base)
         torch.manual_seed(cfg.seed)
-        n_layers = len(decoder_layers(base))
-        self.aux_ids = sorted(set(cfg.eagle_aux_layer_ids)) if cfg.eagle_aux_layer_ids else default_eagle_aux_layer_ids(n_layers)
-        if max(self.aux_ids) >= n_layers:
-            raise TrainConfigError(f"--eagle_aux_layer_ids {self.aux_ids}: the base model has layers 0..{n_layers - 1} only.")
+        self.aux_ids = self.aux_layer_ids(cfg, base)
         self.eagle_cfg = eagle_llama_config(base.config, cfg.eagle_num_layers)
         self.heads = Eagle3Module(self.eagle_cfg, len(self.aux_ids), base.get_output_embeddings().weight)
 
@@ -221,10 +227,7 @@ class PEagleRun(EagleRun):
     def __init__(self, cfg: TrainConfig, base: nn.Module):
         Run.__init__(self, cfg, base)
         torch.manual_seed(cfg.seed)
-        n_layers = len(decoder_layers(base))
-        self.aux_ids = sorted(set(cfg.eagle_aux_layer_ids)) if cfg.eagle_aux_layer_ids else default_eagle_aux_layer_ids(n_layers)
-        if max(self.aux_ids) >= n_layers:
-            raise TrainConfigError(f"--eagle_aux_layer_ids {self.aux_ids}: the base model has layers 0..{n_layers - 1} only.")
+        self.aux_ids = self.aux_layer_ids(cfg, base)
         self.mask_token_id = mask_token_id(cfg, base.config.to_dict())
         self.eagle_cfg = eagle_llama_config(base.config, cfg.eagle_num_layers)
         mask_embedding = base.get_input_embeddings().weight[self.mask_token_id]
