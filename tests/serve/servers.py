@@ -130,6 +130,22 @@ def sse_events(lines) -> list:
     return out
 
 
+def join_choices(chunks: list[dict]) -> list[dict]:
+    """A completion stream's chunks joined per choice (text, token ids, finish reason, logprobs' lists), by index."""
+    by: dict[int, dict] = {}
+    for e in chunks:
+        for c in e["choices"]:
+            j = by.setdefault(c["index"], {"index": c["index"], "text": "", "token_ids": [], "finish_reason": None, "logprobs": None})
+            j["text"] += c["text"]
+            j["token_ids"] += c["token_ids"]
+            j["finish_reason"] = c["finish_reason"] or j["finish_reason"]
+            if c["logprobs"] is not None:
+                lp = j["logprobs"] = j["logprobs"] or {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+                for k in lp:
+                    lp[k] += c["logprobs"][k]
+    return [by[i] for i in sorted(by)]
+
+
 def scrape(url: str, **kw) -> dict:
     """/metrics as {(sample name, ((label, value), ...)): value}, model_name dropped from the labels."""
     import httpx

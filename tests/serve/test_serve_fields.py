@@ -9,7 +9,7 @@ import math
 import httpx
 import openai
 import pytest
-from servers import running, served_pair, sse_events
+from servers import join_choices, running, served_pair, sse_events
 
 METHODS = [{"method": "none"}, {"method": "draft"}, {"method": "ngram"}, {"method": "draft", "num_draft_tokens": "auto"}, {"method": "suffix"},
            {"method": "suffix", "num_draft_tokens": "auto"}]
@@ -142,18 +142,7 @@ def _streamed(server, body):
     with httpx.stream("POST", f"{server}/v1/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}}, timeout=60) as r:
         events = sse_events(r.iter_lines())
     assert events[-1] == "[DONE]"
-    joined: dict[int, dict] = {}
-    for e in events[:-2]:
-        for c in e["choices"]:
-            j = joined.setdefault(c["index"], {"index": c["index"], "text": "", "token_ids": [], "finish_reason": None, "logprobs": None})
-            j["text"] += c["text"]
-            j["token_ids"] += c["token_ids"]
-            j["finish_reason"] = c["finish_reason"] or j["finish_reason"]
-            if c["logprobs"] is not None:
-                lp = j["logprobs"] = j["logprobs"] or {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-                for k in lp:
-                    lp[k] += c["logprobs"][k]
-    return [joined[i] for i in sorted(joined)], events[-2]["usage"]
+    return join_choices(events[:-2]), events[-2]["usage"]
 
 
 ECHO = [  # (prompt, max_tokens, n, logprobs)

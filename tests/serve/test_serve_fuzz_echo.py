@@ -12,7 +12,7 @@ import httpx
 import pytest
 from fuzzing import any_text, edge_ints, fuzz_settings
 from hypothesis import event, given, strategies as st
-from servers import running, served_pair, sse_events
+from servers import join_choices, running, served_pair, sse_events
 
 pytestmark = pytest.mark.fuzz
 
@@ -24,24 +24,13 @@ def url():
 
 
 def joined(events: list) -> tuple[list[dict], dict | None]:
-    by: dict[int, dict] = {}
+    chunks = [e for e in events if e != "[DONE]"]
     usage = None
-    for e in events:
-        if e == "[DONE]":
-            continue
+    for e in chunks:
         assert "error" not in e, e
         if e.get("usage"):
             usage = e["usage"]
-        for c in e["choices"]:
-            j = by.setdefault(c["index"], {"index": c["index"], "text": "", "token_ids": [], "finish_reason": None, "logprobs": None})
-            j["text"] += c["text"]
-            j["token_ids"] += c["token_ids"]
-            j["finish_reason"] = c["finish_reason"] or j["finish_reason"]
-            if c["logprobs"] is not None:
-                lp = j["logprobs"] = j["logprobs"] or {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-                for k in lp:
-                    lp[k] += c["logprobs"][k]
-    return [by[i] for i in sorted(by)], usage
+    return join_choices(chunks), usage
 
 
 prompt_texts = st.one_of(st.sampled_from(["abc abc", "def f(x):", "x", " "]),
