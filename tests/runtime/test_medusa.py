@@ -14,6 +14,7 @@ import pytest
 import torch
 from checkpoints import load_hf, make_checkpoint
 from conftest import build_and_load, spec_build
+from distributions import chi_square_critical, homogeneity, sampled_pairs
 from engine_runs import run_until_done
 
 from specdec.builder.build import build_engine
@@ -311,12 +312,6 @@ def test_a_tree_drafts_chains_for_sampled_requests_and_refuses_bad_trees(engines
         MedusaProposer(target, [[0], [500]])
 
 
-def _chi_square_critical(df: int, z: float = 3.09) -> float:
-    """The chi-square value a statistic with ``df`` degrees of freedom exceeds with probability ~0.001 (Wilson-Hilferty)."""
-    a = 2.0 / (9.0 * df)
-    return df * (1.0 - a + z * a**0.5) ** 3
-
-
 def test_sampled_medusa_chain_keeps_the_target_distribution(engines):
     """Sampled chains draw drafts from the heads' processed distributions and pass them with their probabilities
     (rejection sampling); the first two output tokens over 1200 seeds are distributed as target-only sampling's
@@ -335,20 +330,11 @@ def test_sampled_medusa_chain_keeps_the_target_distribution(engines):
     for method in ("none", "medusa"):
         proposers = [MedusaProposer(target)] if method == "medusa" else []
         engine = Engine(target, proposers, SpeculationConfig(method, 2 if method == "medusa" else 0))
-        seen = []
-        for seed in range(1200):
-            engine.add_request(PROMPTS[1], GenerationConfig(max_output_len=3, sampling=SamplingConfig(random_seed=seed, **sampling)),
-                               seed_stream=seed)
-        while engine.has_unfinished():
-            seen += [tuple(o.output_ids[1:3]) for o in engine.step() if o.finished]
-        counts[method] = seen
+        counts[method] = sampled_pairs(engine, PROMPTS[1], sampling)
         if method == "medusa":
             assert engine.stats.accepted > 0
-    keys = [k for k in sorted(set(counts["none"]) | set(counts["medusa"])) if counts["none"].count(k) + counts["medusa"].count(k) >= 10]
-    table = np.array([[counts[m].count(k) for k in keys] for m in ("none", "medusa")], float)
-    expected = table.sum(1, keepdims=True) * table.sum(0, keepdims=True) / table.sum()
-    stat = float(((table - expected) ** 2 / expected).sum())
-    assert len(keys) >= 4 and stat < _chi_square_critical(len(keys) - 1), (stat, len(keys))
+    stat, n_keys = homogeneity(counts["none"], counts["medusa"])
+    assert n_keys >= 4 and stat < chi_square_critical(n_keys - 1), (stat, n_keys)
 
 
 def test_a_modelopt_whole_model_export_builds_and_runs(medusa, tmp_path):

@@ -12,8 +12,8 @@ import pytest
 import torch
 from checkpoints import load_hf, make_checkpoint, write_peagle_module
 from conftest import spec_build
+from distributions import chi_square_critical, homogeneity, sampled_pairs
 from engine_runs import run_until_done
-from test_medusa import _chi_square_critical
 
 from specdec.builder.build import build_engine
 from specdec.formats.engine_format import eagle_module_dir, load_engine_dir
@@ -137,20 +137,11 @@ def test_sampled_peagle_chain_keeps_the_target_distribution(peagle):
     counts = {}
     for method in ("none", "peagle"):
         engine = Engine(t, [PEagleProposer(t, m)] if method == "peagle" else [], SpeculationConfig(method, 2 if method == "peagle" else 0))
-        seen = []
-        for seed in range(1200):
-            engine.add_request(PROMPTS[1], GenerationConfig(max_output_len=3, sampling=SamplingConfig(random_seed=seed, **sampling)),
-                               seed_stream=seed)
-        while engine.has_unfinished():
-            seen += [tuple(o.output_ids[1:3]) for o in engine.step() if o.finished]
-        counts[method] = seen
+        counts[method] = sampled_pairs(engine, PROMPTS[1], sampling)
         if method == "peagle":
             assert engine.stats.accepted > 0
-    keys = [k for k in sorted(set(counts["none"]) | set(counts["peagle"])) if counts["none"].count(k) + counts["peagle"].count(k) >= 10]
-    table = np.array([[counts[m_].count(k) for k in keys] for m_ in ("none", "peagle")], float)
-    expected = table.sum(1, keepdims=True) * table.sum(0, keepdims=True) / table.sum()
-    stat = float(((table - expected) ** 2 / expected).sum())
-    assert len(keys) >= 4 and stat < _chi_square_critical(len(keys) - 1), (stat, len(keys))
+    stat, n_keys = homogeneity(counts["none"], counts["peagle"])
+    assert n_keys >= 4 and stat < chi_square_critical(n_keys - 1), (stat, n_keys)
 
 
 def test_a_tree_drafts_chains_for_sampled_requests(peagle):

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from checkpoints import make_checkpoint
 from conftest import build_and_load, spec_build
+from distributions import chi_square_critical, homogeneity, sampled_pairs
 from engine_runs import run_until_done
-from test_medusa import _chi_square_critical
 
 from specdec.runtime.engine import Engine, SpeculationConfig
 from specdec.runtime.proposers.suffix import SuffixConfig, SuffixProposer
@@ -118,19 +118,11 @@ def test_sampled_suffix_keeps_the_target_distribution(targets):
             greedy = run(engine, [prompt], GenerationConfig(max_output_len=3))[0]
             for _ in range(3):
                 proposers[0].cache.add(greedy)
-        seen = []
-        for seed in range(1200):
-            engine.add_request(prompt, GenerationConfig(max_output_len=3, sampling=SamplingConfig(random_seed=seed, **sampling)), seed_stream=seed)
-        while engine.has_unfinished():
-            seen += [tuple(o.output_ids[1:3]) for o in engine.step() if o.finished]
-        counts[method] = seen
+        counts[method] = sampled_pairs(engine, prompt, sampling)
         if method == "suffix":
             assert engine.stats.accepted > 0 and engine.stats.drafted > engine.stats.accepted
-    keys = [k for k in sorted(set(counts["none"]) | set(counts["suffix"])) if counts["none"].count(k) + counts["suffix"].count(k) >= 10]
-    table = np.array([[counts[m].count(k) for k in keys] for m in ("none", "suffix")], float)
-    expected = table.sum(1, keepdims=True) * table.sum(0, keepdims=True) / table.sum()
-    stat = float(((table - expected) ** 2 / expected).sum())
-    assert len(keys) >= 4 and stat < _chi_square_critical(len(keys) - 1), (stat, len(keys))
+    stat, n_keys = homogeneity(counts["none"], counts["suffix"])
+    assert n_keys >= 4 and stat < chi_square_critical(n_keys - 1), (stat, n_keys)
 
 
 def test_tree_attention_build_refusals(tmp_path):
