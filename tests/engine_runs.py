@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from specdec.runtime.engine import Engine
-from specdec.runtime.request import RequestOutput
+from specdec.runtime.engine import Engine, SpeculationConfig
+from specdec.runtime.metrics import Metrics
+from specdec.runtime.request import GenerationConfig, RequestOutput
 
 
 def run_until_done(engine: Engine) -> dict[str, RequestOutput]:
@@ -12,3 +13,11 @@ def run_until_done(engine: Engine) -> dict[str, RequestOutput]:
     while engine.has_unfinished():
         done.update((o.request_id, o) for o in engine.step() if o.finished)
     return done
+
+
+def generate(target, proposers, method: str, draft_len, prompts: list[list[int]], max_output_len: int = 20) -> tuple[list[list[int]], Metrics]:
+    """Greedy outputs of ``prompts`` (in order) through a fresh Engine over ``target`` with ``proposers``, and its stats."""
+    engine = Engine(target, proposers, SpeculationConfig(method, draft_len))
+    ids = [engine.add_request(p, GenerationConfig(max_output_len=max_output_len)) for p in prompts]
+    done = run_until_done(engine)
+    return [done[i].output_ids for i in ids], engine.stats

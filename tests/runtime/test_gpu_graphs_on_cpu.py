@@ -13,30 +13,21 @@ import json
 import pytest
 from checkpoints import make_checkpoint, write_eagle_module, write_peagle_module
 from conftest import build_and_load, spec_build
-from engine_runs import run_until_done
+from engine_runs import generate
 from test_medusa import write_heads
 
 from specdec.builder.build import build_engine
 from specdec.formats.engine_format import eagle_module_dir, load_engine_dir
 from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
-from specdec.runtime.engine import Engine, SpeculationConfig
 from specdec.runtime.proposers.draft_model import DraftModelProposer
 from specdec.runtime.proposers.eagle import EagleProposer
 from specdec.runtime.proposers.medusa import MedusaProposer
 from specdec.runtime.proposers.ngram import NGramProposer
 from specdec.runtime.proposers.peagle import PEagleProposer
-from specdec.runtime.request import GenerationConfig
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 5, 6, 7], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30]]
 TREE = "[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]"
 GPU_FORM = dict(lowering="ort_cuda", dtype="float32")  # cuda_attention auto: masked for every engine here that verifies
-
-
-def generate(target, proposers, method, draft_len, prompts, max_output_len=20):
-    engine = Engine(target, proposers, SpeculationConfig(method, draft_len))
-    ids = [engine.add_request(p, GenerationConfig(max_output_len=max_output_len)) for p in prompts]
-    done = run_until_done(engine)
-    return [done[i].output_ids for i in ids], engine.stats
 
 
 def check_exact(target, make_proposers, method, lengths) -> int:

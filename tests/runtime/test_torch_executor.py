@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from checkpoints import make_checkpoint, write_eagle_module
 from conftest import spec_build
-from engine_runs import run_until_done
+from engine_runs import generate, run_until_done
 from test_medusa import write_heads
 
 from specdec.builder.build import build_engine
@@ -150,13 +150,6 @@ def test_an_eagle_module_call_gives_the_onnxruntime_modules_outputs(pair):
         outs[backend] = [np.array(x) for x in (first.logits, first.extras["hidden_out"], tree.logits, tree.extras["hidden_out"])]
     for i, (a, b) in enumerate(zip(*outs.values(), strict=True)):
         close(a, b, f"module output {i}")
-
-
-def generate(target, proposers, method, draft_len, prompts, max_output_len=20):
-    engine = Engine(target, proposers, SpeculationConfig(method, draft_len))
-    ids = [engine.add_request(p, GenerationConfig(max_output_len=max_output_len)) for p in prompts]
-    done = run_until_done(engine)
-    return [done[i].output_ids for i in ids], engine.stats
 
 
 def methods(ex, backend):
