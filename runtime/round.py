@@ -101,7 +101,6 @@ class SpeculativeRound:
         self.vocab_limit, self.policy, self.stats = vocab_limit, policy, stats  # policy: how many drafts (draft_policy.py)
         self.prefix = prefix  # the prefix cache: a newcomer's cached rows are copied, not prefilled
         self.rounds = 0  # rounds run: requests at k = 0 under draft_len=auto probe together (AutoDraftLen.probe_due)
-        self.paying: dict[str, bool] = {}  # this round: method -> whether any draft could pay at its batch size
 
     # -- prefill: a newcomer's prompt and its first token --------------------------------
     def prefill(self, batch: list[Request], first: int, new: NewTokens) -> list[Request]:
@@ -183,24 +182,6 @@ class SpeculativeRound:
         # the call and the per-row work after it (acceptance, rollback, the proposers' observe): what a width costs
         self.policy.verified(len(reqs), step.logits.shape[1], time.perf_counter() - t0)
         return ended
-
-    def who_may_draft(self, reqs: list[Request]) -> dict[str, bool]:
-        """Per method of the round's auto requests, whether any of them may draft (AutoDraftLen.pays_at), decided once:
-        no, where not even a perfect drafter would pay at this batch size (probes included); no, outside probe rounds,
-        where a chain drafter (a draft model, n-gram, an EAGLE chain) would not pay even at the batch's best acceptance,
-        so that a full batch where nothing pays costs one check, not a choice per request."""
-        rows, best = len(reqs), {}
-        for r in reqs:
-            if r.draft_len == AUTO and r.method != "none":
-                a = self.auto.acceptance(r.method, r.metrics.accepted, r.metrics.rejected)
-                best[r.method] = max(best.get(r.method, 0.0), a)
-        probe = self.auto.probe_due(self.rounds, rows)
-        paying = {}
-        for method, a in best.items():
-            proposer = self.proposers[method]
-            chain = proposer.tree is None and not proposer.scores_drafts
-            paying[method] = self.auto.pays_at(method, rows) and (probe or not chain or self.auto.pays_at(method, rows, a))
-        return paying
 
     def draft_len(self, r: Request, running: int) -> int:
         """How many drafts request r may take this round (``running``: requests in the batch): the policy's choice,

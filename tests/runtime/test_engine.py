@@ -500,7 +500,7 @@ def test_a_draft_cut_after_drafting_leaves_the_draft_cache_as_fed(ex):
 
 
 def test_a_batch_where_no_chain_pays_costs_one_check_not_a_choice_per_request(ex, solo):
-    """who_may_draft: a draft step at 45% of a target step, the method's prior acceptance (0.5): a perfect drafter would
+    """may_draft: a draft step at 45% of a target step, the method's prior acceptance (0.5): a perfect drafter would
     pay, this one would not, at any request's acceptance. Outside probe rounds no request is priced one by one."""
     orch = with_costs(Orchestrator(ex["target"], DraftModelProposer(ex["draft"]), "auto"), lambda w: 1.0 + 0.05 * w, 0.45)
     calls = []
