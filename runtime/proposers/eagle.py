@@ -156,6 +156,11 @@ class EagleProposer(OwnDrafter):
         pending = len(self.pending[request.request_id][1])
         return pending if pending > CATCH_UP_AFTER else 0
 
+    def _pending_features(self, rid: str) -> np.ndarray:
+        """[pending, hidden] the features of request ``rid``'s pending pairs, joined once (kept as per-round arrays)."""
+        feats = self.pending[rid][0]
+        return feats[0] if len(feats) == 1 else np.concatenate(feats)
+
     def catch_up(self, requests: Sequence[Request]) -> int:
         """Feed the long backlogs (a prompt, the tokens of rounds without drafts): one call per run of adjacent slots."""
         slots = sorted(self.slot_of[r.request_id] for r in requests if self.backlog(r))
@@ -211,8 +216,7 @@ class EagleProposer(OwnDrafter):
         tokens = [self.pending[rid][1] if go else [0] for rid, go in zip(ids, todo, strict=True)]
         hidden = np.zeros((len(ids), width, self.module.model.hidden_size), np.float32)  # [n, width, hidden], rows padded
         for i in np.flatnonzero(todo):
-            feats = self.pending[ids[i]][0]
-            hidden[i, : len(self.pending[ids[i]][1])] = feats[0] if len(feats) == 1 else np.concatenate(feats)
+            hidden[i, : len(self.pending[ids[i]][1])] = self._pending_features(ids[i])
         step = self._call(lo, tokens, hidden, todo, all_logits=False)  # logits [n, 1, vocab]: each row's last pair
         for i in np.flatnonzero(todo):
             rid = ids[i]

@@ -102,14 +102,14 @@ class PEagleProposer(EagleProposer):
             return sum(self._feed(s, s + 1, {ids[s - lo]: rows_for[ids[s - lo]]}, blocks) for s in range(lo, hi) if go[s - lo])
         hidden_size = self.module.model.hidden_size
         tokens, hidden = [], np.zeros((len(ids), width, hidden_size), np.float32)  # [n, width, hidden]
+        joined: dict[str, np.ndarray] = {}  # [pending, hidden] per fed request: a catch-up keeps its tail from it
         for i, rid in enumerate(ids):
             if not go[i] or pairs[i] + extra[i] == 0:
                 tokens.append([0])  # rides along (not advanced: what it writes is stale at once)
                 go[i] = False
                 continue
-            feats, nxt = self.pending[rid]
-            tokens.append(nxt[: pairs[i]] + [self.placeholder + j for j in range(extra[i])])  # placeholder of depth j + 1
-            rows = feats[0] if len(feats) == 1 else np.concatenate(feats)  # [pending, hidden]
+            tokens.append(self.pending[rid][1][: pairs[i]] + [self.placeholder + j for j in range(extra[i])])  # placeholder of depth j + 1
+            rows = joined[rid] = self._pending_features(rid)
             hidden[i, : pairs[i]] = rows[: pairs[i]]
             hidden[i, pairs[i] : pairs[i] + extra[i]] = rows[pairs[i] - 1]  # the anchor's features (read when anchored)
         real = self.cache.lengths[lo:hi].copy()
@@ -120,12 +120,11 @@ class PEagleProposer(EagleProposer):
                 continue
             if blocks is not None and rows_for[rid] > 0:  # the last real pair's row, then each placeholder's
                 blocks[rid] = step.logits[i, pairs[i] - 1 : pairs[i] - 1 + rows_for[rid]].copy()
-            feats, nxt = self.pending[rid]
+            nxt = self.pending[rid][1]
             if pairs[i] == len(nxt):
                 self.pending[rid] = ([], [])
             else:  # a catch-up: the last pair waits for the block
-                left = (feats[0] if len(feats) == 1 else np.concatenate(feats))[pairs[i]:]
-                self.pending[rid] = ([left], nxt[pairs[i]:])
+                self.pending[rid] = ([joined[rid][pairs[i]:]], nxt[pairs[i]:])
         return int(sum(p for p, g in zip(pairs, go, strict=False) if g))
 
 
