@@ -101,16 +101,16 @@ class TorchExecutor:
     # -- cache -------------------------------------------------------------------------
     def new_cache(self, num_slots: int) -> KVCache:
         """A cache of ``num_slots`` rows on this executor's device (cache.py), every length 0."""
-        from .cache import TorchKVCache
-
         if num_slots > self.build.max_batch_size:
             raise RequestError(f"{num_slots} cache slots exceed {self.engine.path}'s max_batch_size={self.build.max_batch_size}.")
-        m, b = self.model, self.build
-        return TorchKVCache(self, num_slots, m.num_layers, m.num_kv_heads, b.kv_capacity, m.head_dim, b.max_seq_len, self.dtype, self.torch_device)
+        return self._new_kv(num_slots)
 
     def new_prefix_pool(self, num_slots: int) -> KVCache:
         """A cache of its own (any number of slots) that holds cached prefixes (runtime/prefix_cache.py): only copied from
         and into, never run, so it has no graphs."""
+        return self._new_kv(num_slots)
+
+    def _new_kv(self, num_slots: int) -> KVCache:
         from .cache import TorchKVCache
 
         m, b = self.model, self.build
