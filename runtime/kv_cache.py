@@ -60,11 +60,16 @@ class KVCache:
             buf[slot] = 0
         self.lengths[slot] = 0
 
+    def check_prefix_copy(self, src: KVCache, src_slot: int, length: int) -> None:
+        """Refuse copying positions 0..length-1 of ``src``'s slot ``src_slot`` into this cache when ``src`` does not hold
+        them, this cache cannot, or the two lay K/V out differently (every executor's copy_prefix checks here)."""
+        if not 0 <= length <= min(int(src.lengths[src_slot]), self.capacity) or src.layout != self.layout:
+            raise ValueError(f"cannot copy {length} positions of slot {src_slot} (it holds {int(src.lengths[src_slot])})")
+
     def copy_host_prefix(self, src: KVCache, src_slot: int, dst_slot: int, length: int) -> None:
         """Copy positions 0..length-1 of ``src``'s slot ``src_slot`` into this cache's slot ``dst_slot`` and set its
         length (numpy storage; ``src`` may be this cache or a prefix pool of the same engine)."""
-        if not 0 <= length <= min(int(src.lengths[src_slot]), self.capacity) or src.layout != self.layout:
-            raise ValueError(f"cannot copy {length} positions of slot {src_slot} (it holds {int(src.lengths[src_slot])})")
+        self.check_prefix_copy(src, src_slot, length)
         for mine, theirs in zip((*self.keys, *self.values), (*src.keys, *src.values), strict=True):
             if self.layout == "bnsh":
                 mine[dst_slot, :, :length] = theirs[src_slot, :, :length]

@@ -232,8 +232,7 @@ class CudaExecutor:
         """Copy positions 0..length-1 of ``src``'s slot into ``dst``'s slot on the device (two caches or pools of this
         executor, or one) and set its length."""
         src, dst = self._own(src), self._own(dst)
-        if not 0 <= length <= min(int(src.lengths[src_slot]), dst.capacity):
-            raise ValueError(f"cannot copy {length} positions of slot {src_slot} (it holds {int(src.lengths[src_slot])})")
+        dst.check_prefix_copy(src, src_slot, length)
         if length and (src is not dst or src_slot != dst_slot):
             self._rt.set_device(self.device_id)
             dst.move_positions(src_slot, dst_slot, 0, 0, length, source=src)

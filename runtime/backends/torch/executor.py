@@ -120,8 +120,7 @@ class TorchExecutor:
         """Positions 0..length-1 of ``src``'s slot into ``dst``'s slot (caches or prefix pools of this executor; one copy
         over every layer, queued on the device) and ``dst``'s length."""
         src, dst = self._own(src), self._own(dst)
-        if not 0 <= length <= min(int(src.lengths[src_slot]), dst.capacity):
-            raise ValueError(f"cannot copy {length} positions of slot {src_slot} (it holds {int(src.lengths[src_slot])})")
+        dst.check_prefix_copy(src, src_slot, length)
         if length and (src is not dst or src_slot != dst_slot):
             with self._torch.inference_mode():
                 dst.kv[:, :, dst_slot, :, :length] = src.kv[:, :, src_slot, :, :length]
