@@ -99,14 +99,14 @@ class Proposer(Protocol):
     # does not check the two vocabularies against each other
     own_vocabulary: ClassVar[bool] = False
     pairing: Pairing | None = None  # how its draft model was paired with the target, when its method checked (runtime/pairing.py)
+    # it drafts any number of tokens (a chain, a tree) in one model call (P-EAGLE): draft_len=auto prices a drafting
+    # round at one draft step, not one per draft
+    drafts_in_one_call: bool = False
 
     @property
     def label(self) -> str:
         """What it drafts with, as specdec-run's tables name it."""
         return self.name
-    # it drafts any number of tokens (a chain, a tree) in one model call (P-EAGLE): draft_len=auto prices a drafting
-    # round at one draft step, not one per draft
-    drafts_in_one_call: bool = False
 
     def add(self, requests: Sequence[Request]) -> None:
         """Start these requests: each has its prompt and the first token the target picked."""
