@@ -16,6 +16,7 @@
  * group shares (symmetric weights: 8 or 128), which the engine then does not store per column.
  */
 #pragma once
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -36,6 +37,35 @@ enum { KERNEL_PORTABLE = 0, KERNEL_AVX2 = 1, KERNEL_VNNI = 2 };
 int q_kernel(void);
 /* which kernel runs here: "AVX-512 VNNI", "AVX2" or "portable C" */
 const char* q4_kernel_name(void);
+
+/* A group's term into the outputs: y = fma(float(dot - z * asum), sw * sa, y), y taken as 0 at the first group. The
+   int4 and int8 kernels share it (one place for the arithmetic whose bits they must agree on). rg: the row's
+   index into sa and asum for the group, s: the column's (or 16 / 8 columns') index into sw and zw. */
+static inline float q_group_term(const q_problem* p, int32_t dot, size_t rg, size_t s, float acc) {
+  dot -= p->zw[p->zw_shared ? 0 : s] * p->asum[rg];
+  return fmaf((float)dot, p->sw[s] * p->sa[rg], acc);
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+/* the same for 16 columns (as, ss: the row's asum and sa for group g, broadcast) */
+__attribute__((target("avx512f,avx512bw,avx512vnni"), always_inline)) static inline void q_group_out_512(
+    const q_problem* p, __m512i dot, __m512i as, __m512 ss, size_t s, int g, float* y) {
+  const __m512i z = p->zw_shared ? _mm512_set1_epi32(p->zw[0]) : _mm512_loadu_si512(p->zw + s);
+  const __m512i d = _mm512_sub_epi32(dot, _mm512_mullo_epi32(z, as));
+  const __m512 acc = g ? _mm512_loadu_ps(y) : _mm512_setzero_ps();
+  _mm512_storeu_ps(y, _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(_mm512_loadu_ps(p->sw + s), ss), acc));
+}
+
+/* and for 8 (AVX2) */
+__attribute__((target("avx2,fma"), always_inline)) static inline void q_group_out_256(
+    const q_problem* p, __m256i dot, __m256i as, __m256 ss, size_t s, int g, float* y) {
+  const __m256i z = p->zw_shared ? _mm256_set1_epi32(p->zw[0]) : _mm256_loadu_si256((const __m256i*)(p->zw + s));
+  const __m256i d = _mm256_sub_epi32(dot, _mm256_mullo_epi32(z, as));
+  const __m256 acc = g ? _mm256_loadu_ps(y) : _mm256_setzero_ps();
+  _mm256_storeu_ps(y, _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(_mm256_loadu_ps(p->sw + s), ss), acc));
+}
+#endif
 
 void q4_quantize_rows(const float* x, int M, int K, int group, int8_t* qa, float* sa, int32_t* asum);
 /* columns [16 * t_begin, 16 * t_end) of every row: int4 weights (q4_kernels.c), int8 weights (q8_kernels.c) */

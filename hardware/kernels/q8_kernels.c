@@ -24,8 +24,7 @@ static void gemm8_portable(const q_problem* p, int t_begin, int t_end) {
           for (int q = 0; q < Q; q++)
             for (int j = 0; j < 4; j++) dot += (int32_t)wb[q * 64 + c * 4 + j] * a[q * 4 + j];
           const size_t s = ((size_t)t * G + g) * 16 + c;
-          dot -= p->zw[p->zw_shared ? 0 : s] * p->asum[(size_t)r * G + g];
-          acc = fmaf((float)dot, p->sw[s] * p->sa[(size_t)r * G + g], acc);
+          acc = q_group_term(p, dot, (size_t)r * G + g, s, acc);
         }
         p->y[(size_t)r * p->N + (size_t)t * 16 + c] = acc;
       }
@@ -66,10 +65,7 @@ VNNI __attribute__((always_inline)) static inline void tile8_vnni(const q_proble
       for (int c = 0; c < CT; c++) {
         const size_t s = (size_t)(t + c) * tile_scales + (size_t)g * 16;
         float* y = p->y + (size_t)(r0 + r) * p->N + (size_t)(t + c) * 16;
-        const __m512i z = p->zw_shared ? _mm512_set1_epi32(p->zw[0]) : _mm512_loadu_si512(p->zw + s);
-        const __m512i d = _mm512_sub_epi32(dot[r][c], _mm512_mullo_epi32(z, as));
-        const __m512 acc = g ? _mm512_loadu_ps(y) : _mm512_setzero_ps();
-        _mm512_storeu_ps(y, _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(_mm512_loadu_ps(p->sw + s), ss), acc));
+        q_group_out_512(p, dot[r][c], as, ss, s, g, y);
       }
     }
   }
@@ -137,10 +133,7 @@ AVX2 __attribute__((always_inline)) static inline void tile8_avx2(const q_proble
       for (int h = 0; h < H; h++) {
         const size_t s = (size_t)t * tile_scales + (size_t)g * 16 + 8 * (h0 + h);
         float* y = p->y + (size_t)(r0 + r) * p->N + (size_t)t * 16 + 8 * (h0 + h);
-        const __m256i z = p->zw_shared ? _mm256_set1_epi32(p->zw[0]) : _mm256_loadu_si256((const __m256i*)(p->zw + s));
-        const __m256i d = _mm256_sub_epi32(dot[r][h], _mm256_mullo_epi32(z, as));
-        const __m256 acc = g ? _mm256_loadu_ps(y) : _mm256_setzero_ps();
-        _mm256_storeu_ps(y, _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(_mm256_loadu_ps(p->sw + s), ss), acc));
+        q_group_out_256(p, dot[r][h], as, ss, s, g, y);
       }
     }
   }
