@@ -128,26 +128,10 @@ VNNI __attribute__((always_inline)) static inline void tile_vnni(const q_problem
 TILE_FN(1, 4, 1) TILE_FN(2, 4, 1) TILE_FN(3, 4, 0) TILE_FN(4, 4, 0) TILE_FN(5, 2, 0) TILE_FN(6, 2, 0) TILE_FN(7, 2, 0) TILE_FN(8, 2, 0)
 TILE_FN(1, 2, 1) TILE_FN(2, 2, 1) TILE_FN(3, 2, 0) TILE_FN(4, 2, 0)
 TILE_FN(1, 1, 1) TILE_FN(2, 1, 1) TILE_FN(3, 1, 0) TILE_FN(4, 1, 0) TILE_FN(5, 1, 0) TILE_FN(6, 1, 0) TILE_FN(7, 1, 0) TILE_FN(8, 1, 0)
-typedef void (*tile_fn)(const q_problem*, int, int);
 /* [rows][4, 2, 1 column tiles] */
-static const tile_fn tiles_by_rows[9][3] = {{0},
+static const q_tile_fn tiles_by_rows[9][3] = {{0},
     {tile_1x4, tile_1x2, tile_1x1}, {tile_2x4, tile_2x2, tile_2x1}, {tile_3x4, tile_3x2, tile_3x1}, {tile_4x4, tile_4x2, tile_4x1},
     {0, tile_5x2, tile_5x1}, {0, tile_6x2, tile_6x1}, {0, tile_7x2, tile_7x1}, {0, tile_8x2, tile_8x1}};
-
-static void gemm_vnni(const q_problem* p, int t_begin, int t_end) {
-  for (int t = t_begin; t < t_end; t += 4) {
-    const int tiles = t_end - t < 4 ? t_end - t : 4;
-    for (int r0 = 0; r0 < p->M; r0 += 8) {
-      const int R = p->M - r0 < 8 ? p->M - r0 : 8;
-      int i = R <= 4 ? 0 : 1;
-      for (int tt = t; tt < t + tiles;) {
-        while (tt + (4 >> i) > t + tiles) i++;
-        tiles_by_rows[R][i](p, r0, tt);
-        tt += 4 >> i;
-      }
-    }
-  }
-}
 
 /* the same arithmetic as quantize_portable, 16 lanes at a time: max and the products are exact or rounded alike,
    and cvtps rounds half to even as nearbyintf does under the default rounding mode */
@@ -234,17 +218,7 @@ AVX2 __attribute__((always_inline)) static inline void tile_avx2(const q_problem
 #define AVX2_FN(R, H) \
   AVX2 static void tile_avx2_##R##x##H(const q_problem* p, int h0, int r0, int t) { tile_avx2(p, R, H, h0, r0, t); }
 AVX2_FN(1, 2) AVX2_FN(2, 2) AVX2_FN(3, 1) AVX2_FN(4, 1) AVX2_FN(5, 1) AVX2_FN(6, 1)
-static void (*const avx2_by_rows[7])(const q_problem*, int, int, int) = {0, tile_avx2_1x2, tile_avx2_2x2, tile_avx2_3x1, tile_avx2_4x1,
-                                                                          tile_avx2_5x1, tile_avx2_6x1};
-
-static void gemm_avx2(const q_problem* p, int t_begin, int t_end) {
-  for (int t = t_begin; t < t_end; t++)
-    for (int r0 = 0; r0 < p->M; r0 += 6) {
-      const int R = p->M - r0 < 6 ? p->M - r0 : 6;
-      if (R <= 2) avx2_by_rows[R](p, 0, r0, t);
-      else for (int h = 0; h < 2; h++) avx2_by_rows[R](p, h, r0, t);
-    }
-}
+static const q_half_fn avx2_by_rows[7] = {0, tile_avx2_1x2, tile_avx2_2x2, tile_avx2_3x1, tile_avx2_4x1, tile_avx2_5x1, tile_avx2_6x1};
 
 static int cpu_has(int vnni) {
   __builtin_cpu_init();
@@ -289,11 +263,11 @@ void q4_quantize_rows(const float* x, int M, int K, int group, int8_t* qa, float
 void q4_gemm_tiles(const q_problem* p, int t_begin, int t_end) {
 #if defined(__x86_64__)
   if (q_kernel() == KERNEL_VNNI) {
-    gemm_vnni(p, t_begin, t_end);
+    q_vnni_passes(p, t_begin, t_end, tiles_by_rows);
     return;
   }
   if (q_kernel() == KERNEL_AVX2) {
-    gemm_avx2(p, t_begin, t_end);
+    q_avx2_passes(p, t_begin, t_end, avx2_by_rows);
     return;
   }
 #endif

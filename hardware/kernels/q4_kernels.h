@@ -65,6 +65,35 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void q_group_ou
   const __m256 acc = g ? _mm256_loadu_ps(y) : _mm256_setzero_ps();
   _mm256_storeu_ps(y, _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(_mm256_loadu_ps(p->sw + s), ss), acc));
 }
+
+/* A call's passes, the same for int4 and int8 weights. AVX-512 VNNI: up to 8 rows x 4 tiles a pass,
+   by_rows[R] = R rows x {4, 2, 1} tiles (5-8 rows take at most 2). */
+typedef void (*q_tile_fn)(const q_problem* p, int r0, int t);
+static inline void q_vnni_passes(const q_problem* p, int t_begin, int t_end, const q_tile_fn by_rows[9][3]) {
+  for (int t = t_begin; t < t_end; t += 4) {
+    const int tiles = t_end - t < 4 ? t_end - t : 4;
+    for (int r0 = 0; r0 < p->M; r0 += 8) {
+      const int R = p->M - r0 < 8 ? p->M - r0 : 8;
+      int i = R <= 4 ? 0 : 1;
+      for (int tt = t; tt < t + tiles;) {
+        while (tt + (4 >> i) > t + tiles) i++;
+        by_rows[R][i](p, r0, tt);
+        tt += 4 >> i;
+      }
+    }
+  }
+}
+
+/* AVX2: up to 6 rows of one tile a pass, by_rows[R] = R rows x 2 halves from h0 (1-2 rows) or one (3-6 rows) */
+typedef void (*q_half_fn)(const q_problem* p, int h0, int r0, int t);
+static inline void q_avx2_passes(const q_problem* p, int t_begin, int t_end, const q_half_fn by_rows[7]) {
+  for (int t = t_begin; t < t_end; t++)
+    for (int r0 = 0; r0 < p->M; r0 += 6) {
+      const int R = p->M - r0 < 6 ? p->M - r0 : 6;
+      if (R <= 2) by_rows[R](p, 0, r0, t);
+      else for (int h = 0; h < 2; h++) by_rows[R](p, h, r0, t);
+    }
+}
 #endif
 
 void q4_quantize_rows(const float* x, int M, int K, int group, int8_t* qa, float* sa, int32_t* asum);

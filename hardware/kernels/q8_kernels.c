@@ -76,26 +76,10 @@ VNNI __attribute__((always_inline)) static inline void tile8_vnni(const q_proble
 TILE8_FN(1, 4) TILE8_FN(2, 4) TILE8_FN(3, 4) TILE8_FN(4, 4) TILE8_FN(5, 2) TILE8_FN(6, 2) TILE8_FN(7, 2) TILE8_FN(8, 2)
 TILE8_FN(1, 2) TILE8_FN(2, 2) TILE8_FN(3, 2) TILE8_FN(4, 2)
 TILE8_FN(1, 1) TILE8_FN(2, 1) TILE8_FN(3, 1) TILE8_FN(4, 1) TILE8_FN(5, 1) TILE8_FN(6, 1) TILE8_FN(7, 1) TILE8_FN(8, 1)
-typedef void (*tile8_fn)(const q_problem*, int, int);
 /* [rows][4, 2, 1 column tiles] */
-static const tile8_fn tiles8_by_rows[9][3] = {{0},
+static const q_tile_fn tiles8_by_rows[9][3] = {{0},
     {tile8_1x4, tile8_1x2, tile8_1x1}, {tile8_2x4, tile8_2x2, tile8_2x1}, {tile8_3x4, tile8_3x2, tile8_3x1}, {tile8_4x4, tile8_4x2, tile8_4x1},
     {0, tile8_5x2, tile8_5x1}, {0, tile8_6x2, tile8_6x1}, {0, tile8_7x2, tile8_7x1}, {0, tile8_8x2, tile8_8x1}};
-
-static void gemm8_vnni(const q_problem* p, int t_begin, int t_end) {
-  for (int t = t_begin; t < t_end; t += 4) {
-    const int tiles = t_end - t < 4 ? t_end - t : 4;
-    for (int r0 = 0; r0 < p->M; r0 += 8) {
-      const int R = p->M - r0 < 8 ? p->M - r0 : 8;
-      int i = R <= 4 ? 0 : 1;
-      for (int tt = t; tt < t + tiles;) {
-        while (tt + (4 >> i) > t + tiles) i++;
-        tiles8_by_rows[R][i](p, r0, tt);
-        tt += 4 >> i;
-      }
-    }
-  }
-}
 
 /* AVX2: maddubs of an unsigned code by a signed activation saturates int16 past 2 x 255 x 127, so each code goes in
    as its two nibbles (pairs of at most 2 x 15 x 128): sum(lo * a) + 16 x sum(hi * a), the same exact integer as
@@ -142,27 +126,18 @@ AVX2 __attribute__((always_inline)) static inline void tile8_avx2(const q_proble
 #define AVX2_8_FN(R, H) \
   AVX2 static void tile8_avx2_##R##x##H(const q_problem* p, int h0, int r0, int t) { tile8_avx2(p, R, H, h0, r0, t); }
 AVX2_8_FN(1, 2) AVX2_8_FN(2, 2) AVX2_8_FN(3, 1) AVX2_8_FN(4, 1) AVX2_8_FN(5, 1) AVX2_8_FN(6, 1)
-static void (*const avx2_8_by_rows[7])(const q_problem*, int, int, int) = {0, tile8_avx2_1x2, tile8_avx2_2x2, tile8_avx2_3x1,
-                                                                            tile8_avx2_4x1, tile8_avx2_5x1, tile8_avx2_6x1};
-
-static void gemm8_avx2(const q_problem* p, int t_begin, int t_end) {
-  for (int t = t_begin; t < t_end; t++)
-    for (int r0 = 0; r0 < p->M; r0 += 6) {
-      const int R = p->M - r0 < 6 ? p->M - r0 : 6;
-      if (R <= 2) avx2_8_by_rows[R](p, 0, r0, t);
-      else for (int h = 0; h < 2; h++) avx2_8_by_rows[R](p, h, r0, t);
-    }
-}
+static const q_half_fn avx2_8_by_rows[7] = {0, tile8_avx2_1x2, tile8_avx2_2x2, tile8_avx2_3x1, tile8_avx2_4x1, tile8_avx2_5x1,
+                                            tile8_avx2_6x1};
 #endif
 
 void q8_gemm_tiles(const q_problem* p, int t_begin, int t_end) {
 #if defined(__x86_64__)
   if (q_kernel() == KERNEL_VNNI) {
-    gemm8_vnni(p, t_begin, t_end);
+    q_vnni_passes(p, t_begin, t_end, tiles8_by_rows);
     return;
   }
   if (q_kernel() == KERNEL_AVX2) {
-    gemm8_avx2(p, t_begin, t_end);
+    q_avx2_passes(p, t_begin, t_end, avx2_8_by_rows);
     return;
   }
 #endif
