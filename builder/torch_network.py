@@ -91,7 +91,7 @@ def write_torch_network(out_dir: Path, ckpt: Checkpoint, cfg: ModelConfig, build
     top = _Tensors(build.dtype, written)
     top.float("embed", ckpt.float32("model.embed_tokens.weight"))
     top.float("norm", ckpt.float32("model.norm.weight"))
-    tied = cfg.tie_word_embeddings or "lm_head.weight" not in ckpt
+    tied = cfg.tie_word_embeddings  # what decodes, as transformers reads the checkpoint (builder/lm_head.py)
     if linears.scheme is not None and build.quantize_lm_head:  # a quantized copy for the head only: the embedding stays in dtype
         head_t = ckpt.float32("model.embed_tokens.weight" if tied else "lm_head.weight").T  # [hidden, vocab]
         top.linear("lm_head", LinearWeight(int_weight=linears.quantize("lm_head", head_t)))
