@@ -9,7 +9,9 @@ median [min-max] wall and CPU time of one call at a fixed context, every engine 
 round, so the figures compared share each stretch of machine load. Each is set against the floor of the machine it
 ran on: the bytes of weights a step reads (``host.step_bytes``: every initializer but the gathered embedding) over
 the read bandwidth measured in the same run (``host.read_bandwidth``, the thread count's best pass), printed as the
-achieved bandwidth and its share of the measured one. ``--kernels`` repeats the measurement with
+achieved bandwidth and its share of the measured one. Since a shared machine's bandwidth moves from minute to minute
+(19 to 28 GB/s within minutes on one 2-core VM), the bandwidth is also sampled at the start of every round and each
+round's step is set against its own round's sample: the last column, the figure to read. ``--kernels`` repeats the measurement with
 ``SPECDEC_Q4_KERNEL`` set (``avx2``, ``portable``: the slower Q4Gemm kernels of CPUs without AVX-512 VNNI), each in a
 subprocess of its own (the kernel is chosen once per process).
 
@@ -95,10 +97,14 @@ def call(ex: Any, cache: Any, width: int) -> None:
 
 
 def measure(engines: list[Path], threads: int, widths: list[int], context: int, rounds: int, calls: int,
-            libraries: dict[str, Path] | None = None, earlier: dict[str, tuple[Path, Path]] | None = None) -> dict[str, Any]:
-    """{engine: {width: {"wall_ms", "cpu_ms"}}}, engines and widths interleaved in every round (round 0 warms up);
-    each Q4Gemm engine also as "ENGINE [LABEL]" with each of ``libraries``; each of ``earlier`` (label: an earlier
-    specdec's engine and its library) as "ENGINE [LABEL]"."""
+            libraries: dict[str, Path] | None = None, earlier: dict[str, tuple[Path, Path]] | None = None,
+            reader: host.StreamReader | None = None) -> dict[str, Any]:
+    """{engine: {width: {"wall_ms", "cpu_ms"[, "read_gb_s", "of_read", "of_read_cpu"]}}}, engines and widths interleaved in
+    every round (round 0 warms up); each Q4Gemm engine also as "ENGINE [LABEL]" with each of ``libraries``; each of
+    ``earlier`` (label: an earlier specdec's engine and its library) as "ENGINE [LABEL]". With ``reader``, the read
+    bandwidth is sampled at the start of every round and each round's step is set against its own round's sample:
+    "of_read" is the spread over rounds of (the step's bytes / its wall time) / that round's bandwidth by wall time,
+    "of_read_cpu" the same by CPU time (per thread)."""
     opened = [(str(p), open_executor(p, threads)) for p in engines]
     for label, lib in (libraries or {}).items():
         opened += [(f"{p} [{label}]", open_executor(p, threads, library=lib))
@@ -108,7 +114,11 @@ def measure(engines: list[Path], threads: int, widths: list[int], context: int, 
     caches = {name: with_context(ex, context) for name, ex in opened}
     wall: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
     cpu: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
+    samples: list[tuple[float, float]] = []  # per measured round: (GB/s by wall time, by CPU time)
     for r in range(rounds + 1):
+        sample = reader.sample(threads) if reader is not None and r else None
+        if sample:
+            samples.append(sample)
         for w in widths:
             for name, ex in opened[r % len(opened):] + opened[: r % len(opened)]:
                 c0, w0 = time.process_time(), time.perf_counter()
@@ -117,7 +127,15 @@ def measure(engines: list[Path], threads: int, widths: list[int], context: int, 
                 if r:
                     wall[(name, w)].append((time.perf_counter() - w0) / calls * 1e3)
                     cpu[(name, w)].append((time.process_time() - c0) / calls * 1e3)
-    return {name: {w: {"wall_ms": spread(wall[(name, w)]), "cpu_ms": spread(cpu[(name, w)])} for w in widths} for name, _ in opened}
+    out = {name: {w: {"wall_ms": spread(wall[(name, w)]), "cpu_ms": spread(cpu[(name, w)])} for w in widths} for name, _ in opened}
+    if len(samples) == rounds:
+        sizes = {name: host.step_bytes(Path(name.split(" [")[0])) for name, _ in opened}
+        for name, per_width in out.items():
+            for w, entry in per_width.items():
+                entry["read_gb_s"] = spread([b for b, _ in samples])
+                entry["of_read"] = spread([achieved(sizes[name], ms) / b for ms, (b, _) in zip(wall[(name, w)], samples, strict=True)])
+                entry["of_read_cpu"] = spread([achieved(sizes[name], ms / threads) / c for ms, (_, c) in zip(cpu[(name, w)], samples, strict=True)])
+    return out
 
 
 def profile(path: Path, threads: int, width: int, context: int, calls: int) -> dict[str, Any]:
@@ -161,6 +179,10 @@ def fmt(s: dict[str, float], digits: int = 2) -> str:
     return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}-{s['max']:.{digits}f}]"
 
 
+def pct(s: dict[str, float]) -> str:
+    return f"{s['median']:.0%} [{s['min']:.0%}-{s['max']:.0%}]"
+
+
 def achieved(step_bytes: int, ms: float) -> float:
     return step_bytes / (ms * 1e-3) / 1e9
 
@@ -172,7 +194,7 @@ def print_steps(results: dict[str, Any], fl: dict[str, Any], bandwidth: dict[str
     print(f"\n{label}, {threads} thread(s); read bandwidth {bw['best_gb_s']:.1f} GB/s by wall time, {bw['cpu_best_gb_s']:.1f} by CPU time "
           f"(best passes; medians {bw['median_gb_s']:.1f}, {bw['cpu_median_gb_s']:.1f})")
     print(f"{'engine':<36}{'width':>6}{'wall ms':>22}{'CPU ms':>22}{'floor ms':>9}{'GB/s wall':>10}{'of read':>8}{'GB/s CPU':>10}{'of read':>8}"
-          f"{'/ width 1':>10}{'CPU / w1':>9}")
+          f"{'/ width 1':>10}{'CPU / w1':>9}  of the read bandwidth sampled in each round (median [min-max] over rounds)")
     for name, per_width in results.items():
         f = fl[name]
         one, one_cpu = per_width[widths[0]]["wall_ms"]["median"], per_width[widths[0]]["cpu_ms"]["median"]
@@ -182,7 +204,8 @@ def print_steps(results: dict[str, Any], fl: dict[str, Any], bandwidth: dict[str
             by_cpu = achieved(f["step_bytes"], c["min"] / threads)
             print(f"{Path(name.split(' [')[0]).name + (' [' + name.split(' [')[1] if ' [' in name else ''):<36}{w:>6}{fmt(m):>22}{fmt(c):>22}"
                   f"{f['floor_ms'][str(threads)]:>9.2f}{by_wall:>10.1f}{by_wall / bw['best_gb_s']:>8.0%}"
-                  f"{by_cpu:>10.1f}{by_cpu / bw['cpu_best_gb_s']:>8.0%}{m['median'] / one:>9.2f}x{c['median'] / one_cpu:>8.2f}x")
+                  f"{by_cpu:>10.1f}{by_cpu / bw['cpu_best_gb_s']:>8.0%}{m['median'] / one:>9.2f}x{c['median'] / one_cpu:>8.2f}x"
+                  + (f"  {pct(per_width[w]['of_read'])} by wall, {pct(per_width[w]['of_read_cpu'])} by CPU" if "of_read" in per_width[w] else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,7 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     libraries = {label: Path(path) for label, _, path in (x.partition("=") for x in args.q4_library)}
     earlier = {label: (Path(rest.split(":")[0]), Path(rest.split(":")[1])) for label, _, rest in (x.partition("=") for x in args.earlier)}
     if args._inner:
-        print(json.dumps({t: measure(args.engine, t, widths, args.context, args.rounds, args.calls, libraries, earlier) for t in threads}))
+        with host.StreamReader() as reader:
+            print(json.dumps({t: measure(args.engine, t, widths, args.context, args.rounds, args.calls, libraries, earlier, reader)
+                              for t in threads}))
         return 0
     rec = host.host_record(bandwidth=False)
     rec["read_bandwidth"] = host.read_bandwidth(sorted({1, *threads}))
@@ -240,7 +265,9 @@ def main(argv: list[str] | None = None) -> int:
                 by_threads = {int(t): {e: {int(w): v for w, v in r.items()} for e, r in res.items()}
                               for t, res in json.loads(out.stdout.splitlines()[-1]).items()}
             else:
-                by_threads = {t: measure(args.engine, t, widths, args.context, args.rounds, args.calls, libraries, earlier) for t in threads}
+                with host.StreamReader() as reader:
+                    by_threads = {t: measure(args.engine, t, widths, args.context, args.rounds, args.calls, libraries, earlier, reader)
+                                  for t in threads}
             report["steps"][kernel or "default"] = by_threads
             for t in threads:
                 print_steps(by_threads[t], fl, rec["read_bandwidth"], t, widths, label)

@@ -64,6 +64,35 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+class StreamReader:
+    """stream_read.c built once, to sample the read bandwidth again and again within a run (the figure moves from minute
+    to minute on a shared machine, so a step is set against the bandwidth measured next to it). Use as a context
+    manager; ``sample(threads, passes)`` -> (best GB/s by wall time, best by CPU time), or None without a C compiler."""
+
+    def __init__(self, buffer_bytes: int | None = None):
+        self.size = buffer_bytes or 8 * last_level_cache_bytes()
+        self._tmp = tempfile.TemporaryDirectory()
+        self.exe: Path | None = Path(self._tmp.name) / "stream_read"
+        cc = os.environ.get("CC") and shutil.which(os.environ["CC"]) or shutil.which("cc") or shutil.which("gcc")
+        built = cc and subprocess.run([cc, "-O3", "-march=native", "-pthread", "-o", str(self.exe), str(HERE / "stream_read.c")],
+                                      capture_output=True, text=True)
+        if not built or built.returncode != 0:
+            self.exe = None
+
+    def sample(self, threads: int, passes: int = 2) -> tuple[float, float] | None:
+        if self.exe is None:
+            return None
+        best, _, cpu_best, _, _ = subprocess.run([str(self.exe), str(self.size), str(threads), str(passes)], capture_output=True,
+                                                 text=True, check=True).stdout.split()
+        return float(best) / 1e9, float(cpu_best) / 1e9
+
+    def __enter__(self) -> StreamReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._tmp.cleanup()
+
+
 def read_bandwidth(threads: list[int] | None = None, passes: int = 7, buffer_bytes: int | None = None) -> dict[str, Any]:
     """Read bandwidth in GB/s over a buffer 8x the last-level cache: {"method", "buffer_bytes", "by_threads":
     {n: {"best_gb_s", "median_gb_s", "cpu_best_gb_s", "cpu_median_gb_s"}}}. The best pass is the machine's; the median

@@ -46,3 +46,14 @@ def test_step_bytes_counts_every_weight_but_the_gathered_embedding(tmp_path):
     assert len(embedding) == 1
     assert host.step_bytes(tmp_path / "e") == pytest.approx(sum(sizes.values()) - sizes[embedding[0]], abs=0)
     assert host.step_bytes(tmp_path / "e") < (tmp_path / "e" / "model.onnx.data").stat().st_size
+
+
+def test_stream_reader_samples_again_and_again_from_one_build():
+    with host.StreamReader(buffer_bytes=16 << 20) as reader:
+        if reader.exe is None:
+            pytest.skip("no C compiler: the reader has nothing to run")
+        first, second = reader.sample(1), reader.sample(1, passes=1)
+        for wall, cpu in (first, second):
+            assert 0.1 < wall < 10_000 and 0.1 < cpu < 10_000
+        exe = reader.exe
+    assert not exe.exists()  # the build is gone with the reader
