@@ -111,30 +111,38 @@ class _CostLine:
 
     def __init__(self) -> None:
         self.s = [0.0] * 5  # decayed sums of 1, w, w^2, t, w*t (plain floats: this runs every round)
+        self._fit: tuple[float, float, float | None] | None = None  # (mean w, mean t, slope) of s, until the next add
 
     def add(self, width: int, seconds: float) -> None:
         if self.s[0] > 0:
             seconds = min(seconds, 3.0 * self(width))  # one stall (another process, a page fault) is not a cost
         keep = 1.0 - FORGET
         self.s = [keep * a + b for a, b in zip(self.s, (1.0, width, width * width, seconds, width * seconds), strict=True)]
+        self._fit = None
 
     @property
     def measured(self) -> bool:
         return self.s[0] > 0
 
+    def _fitted(self) -> tuple[float, float, float | None]:
+        """(mean width, mean seconds, slope or None until two widths were timed), computed once per timing: a round
+        asks every width of the same line."""
+        fit = self._fit
+        if fit is None:
+            n, sw, sww, st, swt = self.s
+            mean_w, mean_t = sw / n, st / n
+            var = sww / n - mean_w * mean_w
+            fit = self._fit = (mean_w, mean_t, None if var < 0.1 else max((swt / n - mean_w * mean_t) / var, 0.0))
+        return fit
+
     @property
     def slope(self) -> float | None:
         """Seconds per unit of width, or None until two widths were timed."""
-        n, sw, sww, st, swt = self.s
-        mean_w, mean_t = sw / n, st / n
-        var = sww / n - mean_w * mean_w
-        return None if var < 0.1 else max((swt / n - mean_w * mean_t) / var, 0.0)
+        return self._fitted()[2]
 
     def __call__(self, width: int, slope: float | None = None) -> float:
         """Seconds at ``width``; ``slope``: the one to use when this line has seen one width (else PRIOR_SLOPE)."""
-        n, sw, _, st, _ = self.s
-        mean_w, mean_t = sw / n, st / n
-        own = self.slope
+        mean_w, mean_t, own = self._fitted()
         if own is None:  # one width seen: the slope given, else the prior one
             own = slope if slope is not None else PRIOR_SLOPE * mean_t
         return max(mean_t + own * (width - mean_w), 1e-9)
@@ -157,12 +165,13 @@ class AutoDraftLen:
         # The first call of a shape pays ONNX Runtime's one-time work for it (memory planning,
         # kernel choice): 10x a step on the enlarged model. It is not a step's cost, so it is not timed.
         self._seen: set[tuple] = set()
-        self._memo: dict[tuple[int, int], float] = {}  # (rows, width) -> verify_cost, until the next timing
+        self._memo: dict[int, list[float]] = {}  # rows -> verify_costs, until the next timing
         self.accepted: dict[str, float] = {}  # method -> drafts accepted (every request)
         self.reached: dict[str, float] = {}  # method -> drafts the target reached (accepted + first rejections)
         # method -> [position] drafts accepted / reached there: the acceptance at a position given the ones before
         self.accepted_at: dict[str, list[int]] = {}
         self.reached_at: dict[str, list[int]] = {}
+        self._at: dict[str, tuple[float, list[float]]] = {}  # method -> (its acceptance, at each position), until its next round
         self.drafting_rounds: dict[str, int] = {}  # method -> rounds that drafted (a tree's mean accepted per round)
         self.predicted: dict[str, float] = {}  # method -> the scores of scored drafts, summed (their calibration)
         self.scored_accepted: dict[str, float] = {}
@@ -223,6 +232,7 @@ class AutoDraftLen:
 
     def record_round(self, method: str, drafted: int, accepted: int) -> None:
         if drafted:
+            self._at.pop(method, None)
             self.drafting_rounds[method] = self.drafting_rounds.get(method, 0) + 1
             self.accepted[method] = self.accepted.get(method, 0.0) + accepted
             self.reached[method] = self.reached.get(method, 0.0) + accepted + (accepted < drafted)
@@ -242,13 +252,15 @@ class AutoDraftLen:
 
     def expected_tokens(self, method: str, a: float, limit: int) -> list[float]:
         """[k] expected tokens of a round with k = 0..limit drafts for a request of acceptance ``a``."""
-        reach = self.reached_at.get(method)
-        if reach is not None and self.reached.get(method, 0.0) > 0:
+        at = self._at.get(method)
+        if at is None and self.reached_at.get(method) is not None and self.reached.get(method, 0.0) > 0:
             method_a = self.accepted[method] / self.reached[method]
-            scale = a / max(method_a, 1e-6)
-            acc = self.accepted_at[method]
-            # smoothed acceptance at each position given the ones before, scaled to this request
-            c = [min((acc[j] + PRIOR_WEIGHT * method_a) / (reach[j] + PRIOR_WEIGHT) * scale, 0.999) for j in range(limit)]
+            acc, reach = self.accepted_at[method], self.reached_at[method]
+            # smoothed acceptance at each position given the ones before (until the method's next round)
+            at = self._at[method] = (method_a, [(acc[j] + PRIOR_WEIGHT * method_a) / (reach[j] + PRIOR_WEIGHT) for j in range(len(acc))])
+        if at is not None:
+            scale = a / max(at[0], 1e-6)
+            c = [min(x * scale, 0.999) for x in at[1][:limit]]  # scaled to this request
         else:
             c = [a] * limit
         out, survive = [1.0], 1.0
@@ -257,16 +269,20 @@ class AutoDraftLen:
             out.append(out[-1] + survive)
         return out
 
-    def verify_cost(self, rows: int, width: int) -> float:
-        """Seconds of a target call of ``rows`` x ``width`` tokens, from the nearest batch size timed (remembered until
-        the next timing: every request of a round asks for the same few)."""
-        key = (rows, width)
-        cost = self._memo.get(key)
-        if cost is None:
-            cost = self._memo[key] = self._verify_cost(rows, width)
-        return cost
+    def verify_costs(self, rows: int) -> list[float]:
+        """[w] verify_cost(rows, w) for w = 1..max_draft_len + 1 (index 0 unused), all at once and remembered until
+        the next timing: every request of a round asks for the same few."""
+        costs = self._memo.get(rows)
+        if costs is None:
+            costs = self._memo[rows] = [0.0, *(self.verify_cost(rows, w) for w in range(1, self.max_draft_len + 2))]
+        return costs
 
-    def _verify_cost(self, rows: int, width: int) -> float:
+    def _cost(self, rows: int, width: int) -> float:
+        costs = self.verify_costs(rows)
+        return costs[width] if width < len(costs) else self.verify_cost(rows, width)
+
+    def verify_cost(self, rows: int, width: int) -> float:
+        """Seconds of a target call of ``rows`` x ``width`` tokens, from the nearest batch size timed."""
         line, width = self._line(rows), self.computed_width(rows, width)
         if line is None:
             return 1.0 + PRIOR_SLOPE * (width - 1)  # unitless until the first call is timed
@@ -281,6 +297,9 @@ class AutoDraftLen:
 
     def draft_cost(self, method: str, rows: int, default: float) -> float:
         """Seconds of one draft step over ``rows`` requests: measured, else the nearest batch size measured."""
+        cost = self.draft_s.get((method, rows))
+        if cost is not None:
+            return cost
         sizes = [n for m, n in self.draft_s if m == method]
         if not sizes:
             return default
@@ -294,7 +313,7 @@ class AutoDraftLen:
         line = self.catch_up_s.get(method)
         if line is not None and line.measured:
             return line(tokens, slope=line.s[3] / max(line.s[1], 1e-9))  # one size seen: proportional to the tokens
-        return tokens * self.draft_cost(method, rows, default=0.1 * self.verify_cost(rows, 1)) / 8
+        return tokens * self.draft_cost(method, rows, default=0.1 * self._cost(rows, 1)) / 8
 
     def choose(self, method: str, accepted: int, rejected: int, limit: int, rows: int = 1, current: int | None = None,
                catch_up_s: float = 0.0, left: int = HORIZON) -> int:
@@ -310,7 +329,7 @@ class AutoDraftLen:
         if limit <= 0:
             return 0
         a = self.acceptance(method, accepted, rejected)
-        verify = [self.verify_cost(rows, w) for w in range(1, limit + 2)]  # [k]: a call of k + 1 tokens
+        verify = self.verify_costs(rows)[1 : limit + 2]  # [k]: a call of k + 1 tokens
         t_draft = self.draft_cost(method, rows, default=0.1 * verify[0])  # unmeasured: a tenth of a target step
         tokens = self.expected_tokens(method, a, limit)
         spread = rows * catch_up_s / max(min(left, HORIZON), 1)  # per token the round makes
@@ -327,10 +346,11 @@ class AutoDraftLen:
         DRAFT_MARGIN, as ``choose`` weighs them. False for a perfect drafter: no request of the method drafts this round,
         probes and exploring included, since no acceptance a probe could find would pay. True until costs are measured
         (the prior slope is cheap)."""
-        base = (1.0 + DRAFT_MARGIN) / self.verify_cost(rows, 1)
+        verify = self.verify_costs(rows)
+        base = (1.0 + DRAFT_MARGIN) / verify[1]
         t_draft = self.draft_cost(method, rows, default=0.0)
-        tokens = self.expected_tokens(method, acceptance, self.max_draft_len) if acceptance < PERFECT else list(range(1, self.max_draft_len + 2))
-        return any(tokens[k] / (k * t_draft + self.verify_cost(rows, k + 1)) > base for k in range(1, self.max_draft_len + 1))
+        tokens = self.expected_tokens(method, acceptance, self.max_draft_len) if acceptance < PERFECT else range(1, self.max_draft_len + 2)
+        return any(tokens[k] / (k * t_draft + verify[k + 1]) > base for k in range(1, self.max_draft_len + 1))
 
     # -- trees and scored drafts ------------------------------------------------------------
     def choose_tree(self, method: str, nodes: int, accepted: int, rounds: int, rows: int = 1, catch_up_s: float = 0.0,
@@ -341,11 +361,11 @@ class AutoDraftLen:
         ``left``: as for ``choose``."""
         if nodes <= 0:
             return 0
-        t_draft = self.draft_cost(method, rows, default=0.1 * self.verify_cost(rows, 1))
+        t_draft = self.draft_cost(method, rows, default=0.1 * self._cost(rows, 1))
         tokens = self.tree_tokens(method, accepted, rounds)
         spread = rows * catch_up_s / max(min(left, HORIZON), 1)
-        tree = tokens / (self.steps(method, nodes) * t_draft + self.verify_cost(rows, nodes + 1) + spread * tokens)
-        return nodes if tree > (1.0 + DRAFT_MARGIN) / self.verify_cost(rows, 1) else 0
+        tree = tokens / (self.steps(method, nodes) * t_draft + self._cost(rows, nodes + 1) + spread * tokens)
+        return nodes if tree > (1.0 + DRAFT_MARGIN) / self._cost(rows, 1) else 0
 
     def calibration(self, method: str) -> float:
         """Accepted drafts per expected draft of the method's scored drafts (1 until measured; a prior of 8 drafts)."""
@@ -355,17 +375,17 @@ class AutoDraftLen:
         """Whether a request whose last scored draft did not pay should stop proposing until a probe round: only
         when proposing costs something. Suffix decoding's proposal is ~0.05% of a target step, and its drafts change
         from one token to the next (a match starts where the text reaches a repeated part), so it looks every round."""
-        return self.draft_cost(method, rows, default=0.0) * limit > SKIP_SHARE * self.verify_cost(rows, 1)
+        return self.draft_cost(method, rows, default=0.0) * limit > SKIP_SHARE * self._cost(rows, 1)
 
     def choose_scored(self, method: str, scores, rows: int = 1) -> int:
         """How many of a draft's nodes to keep (a prefix: nodes come best first, parents before children), from each
         node's estimated probability of being accepted; 0 when no prefix beats decoding one token."""
         c = self.calibration(method)
         t_draft = self.draft_cost(method, rows, default=0.0)
-        best, best_speed, expected = 0, (1.0 + DRAFT_MARGIN) / self.verify_cost(rows, 1), 1.0
+        best, best_speed, expected = 0, (1.0 + DRAFT_MARGIN) / self._cost(rows, 1), 1.0
         for k, score in enumerate(scores, 1):
             expected += c * float(score)
-            speed = expected / (k * t_draft + self.verify_cost(rows, k + 1))
+            speed = expected / (k * t_draft + self._cost(rows, k + 1))
             if speed > best_speed:
                 best, best_speed = k, speed
         return best
@@ -386,7 +406,7 @@ class AutoDraftLen:
         best, best_speed = floor, -1.0
         for width in range(floor, top + 1):
             tokens = sum(c[min(width - 1, len(c) - 1)] for c in curves)
-            speed = tokens / self.verify_cost(rows, width) * (1.0 + DRAFT_MARGIN if width == 1 else 1.0)
+            speed = tokens / self._cost(rows, width) * (1.0 + DRAFT_MARGIN if width == 1 else 1.0)
             if speed > best_speed:
                 best, best_speed = width, speed
         return best
