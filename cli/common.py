@@ -79,6 +79,17 @@ def prefix_caching_options(fn: Callable) -> Callable:
                              "hold it].")(fn)
 
 
+STEP_COSTS = {"auto": None, "on": True, "off": False}
+
+
+def measure_step_costs_option(fn: Callable) -> Callable:
+    """--measure_step_costs auto|on|off: the value for load_engine's measure_step_costs is STEP_COSTS[value]."""
+    return option("measure_step_costs", type=click.Choice(list(STEP_COSTS)), default="auto", show_default=True,
+                  help="Time the target's calls at each batch size and draft length at load, so that draft_len=auto prices its first "
+                       "rounds from them (not a prior) and a GPU executor captures those CUDA graphs before the first request. "
+                       "auto: on GPU executors when a drafter is loaded (a few seconds at load).")(fn)
+
+
 def clean_errors(fn: Callable) -> Callable:
     """Our own errors become one line on stderr and exit status 1, not a traceback."""
 

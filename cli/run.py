@@ -22,10 +22,12 @@ from ..runtime.prefix_cache import PrefixCacheConfig
 from ..runtime.request import AUTO
 from ..runtime.sampling import SamplingConfig
 from .common import (
+    STEP_COSTS,
     check_output_file,
     clean_errors,
     end_ids,
     engine_tokenizer,
+    measure_step_costs_option,
     method_configs,
     method_options,
     option,
@@ -117,13 +119,14 @@ def read_inputs(texts: tuple[str, ...], input_file: str | None, tok: Tokenizer |
         help="Threads of the draft engine: a small draft gains nothing from more, and two sessions spinning threads on the same cores slow each "
              "other down.")
 @prefix_caching_options
+@measure_step_costs_option
 @verify_engine_option
 @run_py_options
 @click.argument("more_input_text", nargs=-1, metavar="")
 @clean_errors
 def main(engine_dir, input_text, input_file, tokenizer_dir, no_add_special_tokens, max_output_len, end_id, stop_words, temperature, top_k, top_p,
          random_seed, streaming, baseline, repeat, output_csv, output_npy, output_json, num_threads, draft_num_threads, draft_len, device,
-         allow_vocab_mismatch, prefix_cache_slots, enable_prefix_caching, verify_engine, more_input_text, **flags) -> None:
+         allow_vocab_mismatch, prefix_cache_slots, enable_prefix_caching, measure_step_costs, verify_engine, more_input_text, **flags) -> None:
     """Run a target engine, optionally with speculative decoding.
 
     \b
@@ -161,9 +164,12 @@ def main(engine_dir, input_text, input_file, tokenizer_dir, no_add_special_token
     gen = GenerationConfig(max_output_len=max_output_len, sampling=sampling, end_ids=ends)
     orch = load_orchestrator(target, drafters=[config for _, config in drafters], draft_len=parse_draft_len(draft_len), num_threads=num_threads,
                              draft_num_threads=draft_num_threads, device=device, allow_vocab_mismatch=allow_vocab_mismatch, verify=verify_engine,
-                             prefix_caching=PrefixCacheConfig(enable_prefix_caching, prefix_cache_slots))
+                             prefix_caching=PrefixCacheConfig(enable_prefix_caching, prefix_cache_slots),
+                             measure_step_costs=STEP_COSTS[measure_step_costs])
     if orch.engine.prefix_caching_off:
         click.echo(f"note: {orch.engine.prefix_caching_off}", err=True)
+    if orch.engine.step_costs_note:
+        click.echo(f"note: {orch.engine.step_costs_note}", err=True)
     if orch.engine.pairing is not None and orch.engine.pairing.mode != "shared":  # the mode worth knowing about
         click.echo(f"pairing: {orch.engine.pairing.note}", err=True)
     if streaming and len(prompts) != 1:

@@ -11,7 +11,16 @@ from ..formats.engine_format import load_engine_dir
 from ..formats.errors import RequestError
 from ..runtime.methods import method_names
 from ..runtime.prefix_cache import PrefixCacheConfig
-from .common import clean_errors, method_configs, method_options, option, prefix_caching_options, verify_engine_option
+from .common import (
+    STEP_COSTS,
+    clean_errors,
+    measure_step_costs_option,
+    method_configs,
+    method_options,
+    option,
+    prefix_caching_options,
+    verify_engine_option,
+)
 from .run import parse_draft_len
 
 
@@ -50,11 +59,12 @@ from .run import parse_draft_len
 @option("log_level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info", show_default=True,
         help="Server log level (debug: every request logged).")
 @prefix_caching_options
+@measure_step_costs_option
 @verify_engine_option
 @clean_errors
 def main(engine_dir, speculative_method, draft_len, host, port, api_key, served_model_name, tokenizer_dir, chat_template, end_id, max_request_bytes,
          max_queued_requests, request_timeout, shutdown_timeout, device, num_threads, draft_num_threads, allow_vocab_mismatch, log_level,
-         prefix_cache_slots, enable_prefix_caching, verify_engine, **flags) -> None:
+         prefix_cache_slots, enable_prefix_caching, measure_step_costs, verify_engine, **flags) -> None:
     """Serve an engine over OpenAI's API: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, /version.
 
     \b
@@ -81,9 +91,12 @@ def main(engine_dir, speculative_method, draft_len, host, port, api_key, served_
                               chat_template=chat_template, end_id=end_id, method=speculative_method, draft_len=parse_draft_len(draft_len),
                               device=device, num_threads=num_threads, draft_num_threads=draft_num_threads,
                               allow_vocab_mismatch=allow_vocab_mismatch, verify=verify_engine,
-                              prefix_caching=PrefixCacheConfig(enable_prefix_caching, prefix_cache_slots))
+                              prefix_caching=PrefixCacheConfig(enable_prefix_caching, prefix_cache_slots),
+                              measure_step_costs=STEP_COSTS[measure_step_costs])
         if served.engine.prefix_caching_off:
             click.echo(f"specdec-serve: {served.engine.prefix_caching_off}", err=True)
+        if served.engine.step_costs_note:
+            click.echo(f"specdec-serve: {served.engine.step_costs_note}", err=True)
         if served.engine.pairing is not None and served.engine.pairing.mode != "shared":
             click.echo(f"specdec-serve: pairing: {served.engine.pairing.note}", err=True)
         loaded["served"] = served

@@ -120,6 +120,7 @@ class Engine:
         self.round = SpeculativeRound(target, self.cache, self.proposers, self.vocab_limit, AutoDraftPolicy(self.auto), self.stats, self.prefix)
         self._ids = itertools.count()
         self._aborted: list[Request] = []
+        self.step_costs_note: str | None = None  # what measure_step_costs timed, for the CLIs to say
         np.random.default_rng(0)  # numpy.random loads lazily (~30 ms): pay it here, not in the first request
 
     def measure_step_costs(self, batches: Sequence[int] | None = None, widths: Sequence[int] | None = None) -> dict[tuple[int, int], float]:
@@ -132,8 +133,11 @@ class Engine:
             raise RequestError("measure_step_costs runs on the engine's own cache: call it before adding requests.")
         batches = batch_sizes(self.max_batch) if batches is None else batches
         widths = range(1, self.target.build.max_draft_len + 2) if widths is None else widths
+        t0 = time.perf_counter()
         costs = measure_verify_costs(self.target, self.cache, batches, widths)
         self.auto.seed_verify(costs)
+        self.step_costs_note = f"timed the target's calls at {len(costs)} shapes (batch sizes {', '.join(map(str, batches))}; widths " \
+                               f"{min(widths)}-{max(widths)}) in {time.perf_counter() - t0:.1f} s: draft_len=auto prices its first rounds from them"
         return costs
 
     @property

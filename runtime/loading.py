@@ -54,6 +54,7 @@ def load_engine(
     eagle_choices: str | list | None = None,
     suffix: Any = None,
     prefix_caching: PrefixCacheConfig = PrefixCacheConfig(),
+    measure_step_costs: bool | None = None,
 ) -> Engine:
     """An engine with a drafter for each method asked for, and the target's own drafter when it has one (a medusa
     target's heads, an eagle target's EAGLE module in its eagle/ folder).
@@ -75,6 +76,11 @@ def load_engine(
     every head (Medusa) or of min(4, max_draft_len) (EAGLE)).
     ``device``: cpu | cuda | auto (docs/gpu.md#the-device-rule: device lists index devices of that kind); ``draft_device``: the draft
     model's, when it differs; ``target_devices``: the target's device ids when no config string names them.
+
+    ``measure_step_costs``: time the target's calls at each batch size and width before the first request
+    (Engine.measure_step_costs), so that draft_len=auto prices its first rounds from them rather than from a prior, and a
+    GPU executor captures those shapes' CUDA graphs at load rather than in a request's latency. None (default): on a GPU
+    executor with a drafter loaded; True / False: always / never.
 
     ``prefix_caching``: newcomers copy the longest cached prefix of their prompt (runtime/prefix_cache.py): on by
     default where the target's executor can hold a prefix pool; ``PrefixCacheConfig(enabled=False)`` turns it off.
@@ -105,7 +111,7 @@ def load_engine(
     return open_engine(target_dir, configs, method=method, draft_len=draft_len, num_threads=num_threads, target_devices=target_devices,
                        device=device, draft_device=draft_device, draft_num_threads=draft_num_threads,
                        allow_vocab_mismatch=allow_vocab_mismatch, target_executor=target_executor, verify=verify,
-                       prefix_caching=prefix_caching)
+                       prefix_caching=prefix_caching, measure_step_costs=measure_step_costs)
 
 
 def open_engine(
@@ -123,6 +129,7 @@ def open_engine(
     target_executor: Executor | None = None,
     verify: str = "stamp",
     prefix_caching: PrefixCacheConfig = PrefixCacheConfig(),
+    measure_step_costs: bool | None = None,
 ) -> Engine:
     """The target and the drafter of each config in ``drafters`` (and the one the target carries): ``load_engine``
     without its older arguments. Each backend refuses what cannot fit before anything opens."""
@@ -155,8 +162,11 @@ def open_engine(
     default = method or (proposers[0].name if proposers else TARGET_ONLY)
     if draft_len is None:
         draft_len = next((p.default_draft_len for p in proposers if p.name == default), 0)
-    return Engine(target_ex, proposers, SpeculationConfig(default, draft_len if default != TARGET_ONLY else 0), allow_vocab_mismatch,
-                  prefix_caching)
+    engine = Engine(target_ex, proposers, SpeculationConfig(default, draft_len if default != TARGET_ONLY else 0), allow_vocab_mismatch,
+                    prefix_caching)
+    if measure_step_costs or (measure_step_costs is None and proposers and target_ex.device != "cpu"):
+        engine.measure_step_costs()
+    return engine
 
 
 def _methods(target: EngineDir, drafters: Sequence[Any]) -> list[tuple[Method, Any]]:

@@ -81,6 +81,21 @@ def test_run_cli_draft_target_writes_outputs(engines, tmp_path):
     assert np.load(tmp_path / "o.npy").tolist() == [q["output_ids"] for q in report["requests"]]
 
 
+def test_run_cli_measures_step_costs_at_load_when_asked(engines, tmp_path):
+    """--measure_step_costs on times the target's calls before decoding; the output is the same as without it (greedy), and an
+    unknown value is click's usage error, not a traceback."""
+    args = ["--engine_dir", engines / "target", "--ngram_config", "[4,2,[0]]", "--draft_len", "auto", "--input_file", engines / "prompts.csv",
+            "--max_output_len", 8]
+    on = invoke(run_main, *args, "--measure_step_costs", "on", "--output_json", tmp_path / "on.json")
+    off = invoke(run_main, *args, "--measure_step_costs", "off", "--output_json", tmp_path / "off.json")
+    assert on.exit_code == 0 and off.exit_code == 0, on.output + off.output
+    outs = [[q["output_ids"] for q in json.loads((tmp_path / f"{n}.json").read_text())["requests"]] for n in ("on", "off")]
+    assert outs[0] == outs[1] and all(len(o) == 8 for o in outs[0])
+    assert "note: timed the target's calls at 15 shapes (batch sizes 1, 2, 4; widths 1-5)" in on.output and "timed the target" not in off.output
+    bad = invoke(run_main, *args, "--measure_step_costs", "always")
+    assert bad.exit_code == 2 and "'always' is not one of 'auto', 'on', 'off'" in bad.output and "Traceback" not in bad.output
+
+
 @pytest.mark.parametrize(
     "args,message",
     [

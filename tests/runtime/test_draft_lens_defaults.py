@@ -38,3 +38,23 @@ def test_suffix_decoding_gets_its_configs_length_capped_at_the_targets(tmp_path)
     pair = spec_pair(tmp_path, max_draft_len=3)
     engine = load_engine(pair["target"].engine, pair["draft"].engine, suffix=SuffixConfig(max_draft_len=8, global_cache=False), num_threads=1)
     assert engine.speculation.method == "draft" and method_draft_lens(engine) == {"draft": 3, "suffix": 3}
+
+
+def test_step_costs_are_measured_at_load_when_asked_and_by_default_only_on_a_gpu(tmp_path):
+    """measure_step_costs=True times the target's calls before the first request and gives auto every batch size's line
+    (no prior left); the default (None) measures on a GPU executor only, so a CPU engine here starts from the prior."""
+    pair = spec_pair(tmp_path, max_draft_len=3)
+    target, draft = pair["target"].engine, pair["draft"].engine
+    measured = load_engine(target, draft, draft_len="auto", num_threads=1, measure_step_costs=True)
+    lines = [line for line in measured.auto.verify if line.measured]
+    assert lines and measured.auto.verify[1].measured and measured.auto.verify[1].slope is not None  # widths 1..4 timed at 1 row
+    assert not measured.has_unfinished() and int(measured.cache.lengths.max()) == 0  # the cache is left as it was
+    default = load_engine(target, draft, draft_len="auto", num_threads=1)
+    assert default.target.device == "cpu" and not any(line.measured for line in default.auto.verify)
+    # and the measured engine decodes as the unmeasured one does (greedy: the same tokens)
+    from specdec.runtime.orchestrator import GenerationConfig, Orchestrator
+
+    cfg = GenerationConfig(max_output_len=12, end_ids=())
+    a = Orchestrator.from_engine(measured).generate([[5, 6, 7, 8]], cfg)[0][0].output_ids
+    b = Orchestrator.from_engine(default).generate([[5, 6, 7, 8]], cfg)[0][0].output_ids
+    assert a == b and len(a) == 12
