@@ -209,3 +209,14 @@ def test_kernels_address_calls_past_two_to_the_31_elements():
     x = torch.randn(rows, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
     weight = torch.randn(width, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
     assert torch.equal(linear(x, weight)[tail], linear(x[tail], weight))  # a row's bits do not depend on the call's rows
+
+
+def test_load_engine_times_step_costs_on_the_gpu_by_default(gpu):
+    """On a GPU executor with a drafter loaded, load_engine times every (batch size, width) at load (--measure_step_costs
+    auto): auto starts from this GPU's costs and the graphs are captured before the first request."""
+    from specdec.runtime.loading import load_engine
+
+    engine = load_engine(gpu["dir"] / "int4", gpu["dir"] / "draft", device="cuda", draft_len="auto")
+    assert engine.step_costs_note and engine.auto.verify[1].measured and engine.auto.verify[64].measured
+    off = load_engine(gpu["dir"] / "int4", gpu["dir"] / "draft", device="cuda", draft_len="auto", measure_step_costs=False)
+    assert off.step_costs_note is None and not any(line.measured for line in off.auto.verify)
