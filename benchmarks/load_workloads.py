@@ -179,7 +179,7 @@ def start_llama(args, slots: int) -> tuple[subprocess.Popen, str]:
     cmd = [args.llama_server, "-m", args.llama_model, "-np", str(slots), "-c", str(slots * args.llama_ctx), "-t", str(args.num_threads or 2),
            "-tb", str(args.num_threads or 2), "--host", "127.0.0.1", "--port", str(port), "--cont-batching", "--no-webui"]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    return _wait(proc, r"server is listening on (http://\S+)")
+    return _wait(proc, r"listening on (http://\S+)")  # older llama.cpp: "server is listening on URL"; newer: "llama_server: listening on URL"
 
 
 def _wait(proc: subprocess.Popen, pattern: str) -> tuple[subprocess.Popen, str]:
