@@ -30,6 +30,9 @@ class KVCache:
             raise EngineError(f"a KV cache of {num_layers} layers x {list(shape)} float32 cannot be allocated here: lower max_seq_len or "
                               "max_batch_size (rebuild the engine).") from None
         self.lengths = np.zeros(num_slots, np.int64)
+        # the same lengths, read and written as Python ints: no numpy call, which after a model call costs microseconds (the
+        # call has evicted numpy's code from the CPU's caches) where the loop reads or sets one length a round
+        self.lengths_view = memoryview(self.lengths)
         self.capacity = capacity
         self.max_seq_len = max_seq_len
         self.version = 0  # bumped whenever the buffers are replaced (executors rebind)
@@ -40,9 +43,9 @@ class KVCache:
 
     def rollback(self, slot: int, length: int) -> None:
         """Forget everything of ``slot`` at positions >= ``length``."""
-        if not 0 <= length <= self.lengths[slot]:
-            raise ValueError(f"cannot roll slot {slot} back to {length}: it holds {self.lengths[slot]} tokens")
-        self.lengths[slot] = length
+        if not 0 <= length <= self.lengths_view[slot]:
+            raise ValueError(f"cannot roll slot {slot} back to {length}: it holds {self.lengths_view[slot]} tokens")
+        self.lengths_view[slot] = length
 
     def copy_host_slot(self, src: int, dst: int) -> None:
         """Copy the live part of slot ``src`` into slot ``dst`` (numpy storage)."""

@@ -79,6 +79,38 @@ def test_the_cpu_executor_is_an_executor_at_run_time(llama_engine):
         ex.forward(ex.new_cache(1), [[3]], all_logits=False, extra_inputs={"hidden_states": np.zeros((1, 1, ex.model.hidden_size), np.float32)})
 
 
+
+def test_the_cpu_executors_decode_calls_compute_what_plan_step_plans(llama_engine):
+    """The CPU executor plans the calls a round and a draft model make (lists or an array of ids, every row advancing)
+    in Python ints and writes its buffers through memoryviews; the same calls with ``advance`` set take plan_step. Both
+    give the same logits and lengths, ragged rows and prompts wider than a decode step included, and refuse the same
+    call with the same error."""
+    from specdec.formats.engine_format import load_engine_dir
+    from specdec.formats.errors import RequestError
+    from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
+
+    ex = OrtExecutor(load_engine_dir(llama_engine), num_threads=1)
+    fast, planned = ex.new_cache(4), ex.new_cache(4)
+    calls = [  # (tokens, all_logits, first_slot)
+        ([[3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], [14, 15]], False, 0),  # prompts wider than a decode step, ragged
+        ([[16], [17]], True, 0),
+        ([[18, 19, 20], [21]], True, 0),  # a ragged verification: row 1 zero-padded
+        ([[22, 23], [24, 25]], False, 0),
+        (np.array([[26], [27]], np.int64), False, 0),  # a draft model's later steps feed an array
+        ([[28, 29, 30]], True, 2),  # a newcomer's prompt in its own slot
+        ([[31], [32], [33]], True, 0),
+    ]
+    for tokens, all_logits, first in calls:
+        a = ex.forward(fast, tokens, all_logits=all_logits, first_slot=first).logits.copy()
+        b = ex.forward(planned, tokens, all_logits=all_logits, first_slot=first, advance=np.ones(len(tokens), bool)).logits
+        assert np.array_equal(a, b) and fast.lengths.tolist() == planned.lengths.tolist(), (tokens, all_logits, first)
+    assert fast.lengths.tolist() == [19, 8, 4, 0]
+    room = fast.max_seq_len - int(fast.lengths[0])
+    for cache, advance in ((fast, None), (planned, np.ones(1, bool))):  # past max_seq_len: plan_step's error, lengths kept
+        with pytest.raises(RequestError, match="more than"):
+            ex.forward(cache, [[1] * (room + 1)], all_logits=True, advance=advance)
+    assert fast.lengths.tolist() == planned.lengths.tolist() == [19, 8, 4, 0]
+
 def test_every_extra_output_a_proposer_asks_for_is_declared_by_its_targets_mode():
     """engine_format.extra_io names what an executor binds and returns in StepOutput.extras; a target's own drafter asks
     for the target's outputs by those names (Proposer.target_outputs), and the EAGLE module's input and output are the

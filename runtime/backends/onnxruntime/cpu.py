@@ -110,6 +110,7 @@ class OrtExecutor:
         self.extra_outputs = frozenset(t.name for t in self._extra_out)
         self._per_token = frozenset(t.name for t in self._extra_out if t.per_token)  # cut by StepPlan.trim
         self.tree_attention = bool(self.build.tree_attention)  # a tree_mask input: forward(parents=...) verifies trees
+        self._plain_calls = not self.tree_attention and not self._extra_in  # forward's calls may take _plain_forward
         self._warm_up()
 
     def use_session(self, session) -> None:
@@ -197,6 +198,10 @@ class OrtExecutor:
             The row's K/V land in call order: compact_slot() keeps an accepted path.
         extra_inputs: name -> [n, width, *tail] float32, each of the engine's extra inputs (rows past a row's count: anything).
         """
+        if advance is None and parents is None and not extra_inputs and self._plain_calls:
+            out = self._plain_forward(cache, tokens, all_logits, first_slot)
+            if out is not None:
+                return out
         step = plan_step(cache, tokens, advance, first_slot, self._name, self._min_width)
         batch, width = step.ids.shape
         io = self._io(cache, batch, width, width if all_logits else 1)
@@ -216,6 +221,58 @@ class OrtExecutor:
         io.run()
         step.lengths += step.grow
         return step.trim(io.output, self._per_token)
+
+    def _plain_forward(self, cache: KVCache, tokens: Sequence[Sequence[int]] | np.ndarray, all_logits: bool, first_slot: int) -> StepOutput | None:
+        """forward() of the calls a round and a draft model make every step (no tree, no extra inputs, every row
+        advancing), planned in Python ints: plan_step's checks, the same buffers, written through memoryviews. Right after
+        a model call each numpy call costs several microseconds (the call has evicted numpy's code from the CPU's caches),
+        and plan_step makes a dozen. None where the call is not one of these or a check fails: forward() then plans it
+        with plan_step, which raises the error."""
+        if type(tokens) is list:
+            if not tokens:
+                return None
+            lens = [len(t) for t in tokens]
+            batch, width = len(lens), max(lens)
+            if min(lens) < 1:
+                return None
+        elif isinstance(tokens, np.ndarray) and tokens.ndim == 2 and tokens.shape[1] >= 1:
+            batch, width = tokens.shape
+            lens = [width] * batch
+        else:
+            return None
+        if width < self._min_width or first_slot < 0 or first_slot + batch > len(cache.lengths):
+            return None
+        held = cache.lengths_view
+        lengths = held[first_slot : first_slot + batch].tolist()
+        if max(lengths) + width > cache.capacity or any(length + n > cache.max_seq_len for length, n in zip(lengths, lens, strict=True)):
+            return None
+        io = self._io(cache, batch, width, width if all_logits else 1)
+        if width > self._decode_width or type(tokens) is not list:  # a prompt, or an array: numpy fills it at once
+            if batch == 1 or min(lens) == width:
+                io.ids[...] = tokens
+            else:
+                for row, t in enumerate(tokens):
+                    io.ids[row, : lens[row]] = t
+                    io.ids[row, lens[row] :] = 0
+            np.add(cache.lengths[first_slot : first_slot + batch, None], io.steps, out=io.positions)
+        else:  # a decode step: a few ints a row ([batch, width] ids zero-padded, as pad_tokens pads them; positions)
+            ids, positions = io.flat_ids, io.flat_positions
+            for row, t in enumerate(tokens):
+                at, length = row * width, lengths[row]
+                for j, token in enumerate(t):
+                    ids[at + j] = token
+                for j in range(lens[row], width):
+                    ids[at + j] = 0
+                for j in range(width):
+                    positions[at + j] = length + j
+        if not all_logits:
+            for row, n in enumerate(lens):
+                io.flat_index[row] = n - 1
+        self._bind_cache(io, cache, first_slot, batch)
+        io.run()
+        for row, (length, n) in enumerate(zip(lengths, lens, strict=True)):
+            held[first_slot + row] = length + n
+        return io.output
 
     def _io(self, cache: KVCache, batch: int, width: int, rows: int) -> _StepIO:
         """Input/output buffers and an I/O binding for one call shape on ``cache``, bound once and then filled in
@@ -281,4 +338,6 @@ class _StepIO:
         self.binding = None  # this shape's IOBinding (OrtExecutor._io)
         self.run: Callable[[], None] = lambda: None  # runs the session on this binding (direct_run)
         self.steps = np.arange(width, dtype=np.int64)
+        # the int64 inputs as flat memoryviews (row * width + column): a decode step writes a few ints without numpy calls
+        self.flat_ids, self.flat_positions, self.flat_index = (memoryview(a).cast("B").cast("q") for a in (self.ids, self.positions, self.index))
         self.bound_cache: tuple | None = None  # (version, first slot, rows): the range of its cache bound to it
