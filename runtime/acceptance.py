@@ -30,14 +30,9 @@ def accept_token_compare(drafts: np.ndarray, target_logits: np.ndarray | Rows, c
     k = len(drafts)
     rows = as_rows(target_logits, drafts)
     if cfg.greedy:
-        if rows.plain:  # one argmax over every row, compared as Python ints (k is a few)
-            picks = rows.raw[: k + 1].argmax(axis=-1).tolist()
-            if k:
-                listed = drafts.tolist() if isinstance(drafts, np.ndarray) else drafts
-                for n, (pick, draft) in enumerate(zip(picks, listed, strict=False)):  # k + 1 picks, k drafts
-                    if pick != draft:
-                        return n, pick
-            return k, picks[k]
+        if rows.plain:
+            listed = drafts.tolist() if isinstance(drafts, np.ndarray) else list(drafts)
+            return accept_greedy_plain(listed, rows.raw[: k + 1].argmax(axis=-1).tolist())
         for j in range(k + 1):
             pick = int(np.argmax(rows.logits(j)))
             if j == k or pick != drafts[j]:
@@ -49,6 +44,15 @@ def accept_token_compare(drafts: np.ndarray, target_logits: np.ndarray | Rows, c
         if t != drafts[j]:
             return j, t
     return k, sample(rows.probs(k, cfg), rng)
+
+
+def accept_greedy_plain(drafts: list[int], picks: list[int]) -> tuple[int, int]:
+    """accept_token_compare for a greedy request whose rows need no processing (no penalties, bias or grammar), on the
+    rows' argmaxes (picks: [k + 1], the target's raw rows [k + 1, vocab] argmax'd at once), compared as Python ints."""
+    for n, (pick, draft) in enumerate(zip(picks, drafts, strict=False)):  # k + 1 picks, k drafts
+        if pick != draft:
+            return n, pick
+    return len(drafts), picks[len(drafts)]
 
 
 def accept_rejection_sampling(

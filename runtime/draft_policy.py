@@ -86,11 +86,13 @@ class AutoDraftPolicy(FixedDraftPolicy):
 
     def begin(self, reqs: Sequence[Request], round_index: int) -> None:
         self.round_index = round_index
-        self.timed = any(r.draft_len == AUTO for r in reqs)  # step costs feed draft_len=auto only
-        self.paying: dict[str, bool] = {}  # method -> whether any of its requests may draft this round (may_draft)
-        self.best: dict[str, float] = {}  # method -> the best acceptance among its auto requests in the batch
+        self.timed = False  # this round has an auto request: step costs feed draft_len=auto only
         for r in reqs:
             if r.draft_len == AUTO:
+                if not self.timed:  # (only auto requests read these: a round without one allocates nothing)
+                    self.timed = True
+                    self.paying = {}  # method -> whether any of its requests may draft this round (may_draft)
+                    self.best = {}  # method -> the best acceptance among its auto requests in the batch
                 a = self.cost.acceptance(r.method, r.metrics.accepted, r.metrics.rejected)
                 self.best[r.method] = max(self.best.get(r.method, 0.0), a)
 

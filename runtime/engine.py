@@ -240,8 +240,8 @@ class Engine:
         new: dict[str, list[int]] = {}
         ended = self._aborted
         self._aborted = []
-        if self.running:
-            ended += self._let_go(self.round.run(self.running, new))
+        if self.running and (finished := self.round.run(self.running, new)):
+            ended += self._let_go(finished)
         batch = self.scheduler.admit()
         if batch:
             calls = [batch] if self.prefix is None else self.prefix.plan(batch)  # leaders, then who copies their rows

@@ -22,6 +22,9 @@ in ``RequestOutput.warning`` of that step), and with draft_len="auto" it stops d
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import numpy as np
 
 METHOD_NAMES = {"draft": "draft-model", "ngram": "n-gram", "suffix": "suffix", "medusa": "Medusa", "eagle": "EAGLE", "peagle": "P-EAGLE"}
@@ -31,7 +34,7 @@ SILENT_DRAFT_ROUNDS = 48  # consecutive drafting rounds with no draft accepted: 
 def finite(rows: np.ndarray) -> bool:
     """All of rows [..., vocab] finite: one reduction, no boolean copy of the rows. A sum is NaN or Inf when some value
     is; it could also overflow with every value finite (logits near 1e34), which the exact check below then clears."""
-    if not rows.size or np.isfinite(np.add.reduce(rows, axis=None)):  # (the ufunc itself: ndarray.sum adds a Python call)
+    if not rows.size or math.isfinite(np.add.reduce(rows, axis=None)):  # (the ufunc itself: ndarray.sum adds a Python call)
         return True
     return bool(np.isfinite(rows).all())
 
@@ -41,6 +44,18 @@ def first_nonfinite(rows: np.ndarray) -> int | None:
     if finite(rows):
         return None
     return int(np.flatnonzero(~np.isfinite(rows).all(axis=-1))[0])
+
+
+def first_nonfinite_of_argmax(rows: np.ndarray, tops: Sequence[int]) -> int | None:
+    """first_nonfinite for rows [n, vocab] whose argmaxes the caller has (``tops[i]`` = rows[i].argmax()): np.argmax
+    returns a row's first NaN when it holds one, so a row is finite exactly when its values at its argmax and at its
+    argmin are. An argmin instead of a reduction: right after a model call numpy's reduction machinery is cold in the
+    CPU's caches, and it cost several times the arg-search that the argmax has just brought in."""
+    bottoms = rows.argmin(axis=-1).tolist()
+    for i, (top, bottom) in enumerate(zip(tops, bottoms, strict=False)):  # tops may be longer: rows are the ones read
+        if not (math.isfinite(rows.item(i, top)) and math.isfinite(rows.item(i, bottom))):
+            return i
+    return None
 
 
 def nonfinite_message(position: int) -> str:

@@ -26,10 +26,10 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from .acceptance import accept_rejection_sampling, accept_token_compare
+from .acceptance import accept_greedy_plain, accept_rejection_sampling, accept_token_compare
 from .backends.base import NO_EXTRAS, Executor, StepOutput
 from .draft_policy import DraftPolicy
-from .guards import SILENT_DRAFT_ROUNDS, finite, first_nonfinite, nonfinite_message, silent_draft_message
+from .guards import SILENT_DRAFT_ROUNDS, finite, first_nonfinite, first_nonfinite_of_argmax, nonfinite_message, silent_draft_message
 from .kv_cache import KVCache
 from .logits import Rows, logprobs
 from .metrics import Metrics
@@ -45,28 +45,32 @@ NewTokens = dict[str, list[int]]  # request id -> the tokens this step appended 
 def append(r: Request, tokens: list[int], new: NewTokens, max_seq_len: int) -> bool:
     """Append tokens one by one, stopping at the first stop condition. True if r finished."""
     cfg, out, proc = r.config, r.output_ids, r.processor
+    # only a grammar fails or completes, only a chain that reads the history commits (LogitsProcessor.failed/done/commit)
+    grammar = proc if proc is not None and proc.grammar is not None else None
+    history = proc if proc is not None and not proc.plain else None
+    end_ids, stop_words, max_output_len = cfg.end_ids, cfg.stop_words, cfg.max_output_len
     added = new.setdefault(r.request_id, [])
     reason = ""
     for t in tokens:
-        if proc is not None and (why := proc.failed(out)):  # t came from a mask llguidance could not compute
+        if grammar is not None and (why := grammar.failed(out)):  # t came from a mask llguidance could not compute
             return fail(r, why, "grammar")
         out.append(t)
         added.append(t)
-        if r.processor is not None:
-            r.processor.commit([t])
-        if t in cfg.end_ids:
+        if history is not None:
+            history.commit([t])
+        if t in end_ids:
             reason = "end_id"
-        elif r.processor is not None and r.processor.done:
+        elif grammar is not None and grammar.done:
             reason = "grammar"  # the output is complete: its grammar takes no more tokens
-        elif any(len(s) <= len(out) and tuple(out[-len(s):]) == s for s in cfg.stop_words):
+        elif stop_words and any(len(s) <= len(out) and tuple(out[-len(s):]) == s for s in stop_words):
             reason = "stop_words"
-        elif len(out) >= cfg.max_output_len:
+        elif len(out) >= max_output_len:
             reason = "length"
         if reason:
             break
-    if not reason and proc is not None and (why := proc.failed(out)):  # no next mask: the grammar cannot go on after out
+    if not reason and grammar is not None and (why := grammar.failed(out)):  # no next mask: the grammar cannot go on after out
         return fail(r, why, "grammar")
-    if not reason and r.num_tokens >= max_seq_len:
+    if not reason and len(r.prompt_ids) + len(out) >= max_seq_len:
         reason = "max_seq_len"  # the engine holds no more: a clean stop, never an overflow
     if reason:
         r.status, r.finish_reason = RequestStatus.FINISHED, reason
@@ -177,8 +181,8 @@ class SpeculativeRound:
         for r in reqs:
             r.metrics.decide_s += decide_s / len(reqs)
         t0 = time.perf_counter()
-        step, share_s = self.verify(reqs, drafts)
-        ended = [r for r, d in zip(reqs, drafts, strict=True) if self.accept(r, d, step, share_s, new)]
+        step, share_s, feed = self.verify(reqs, drafts)
+        ended = [r for r, d, fed in zip(reqs, drafts, feed, strict=True) if self.accept(r, d, fed, step, share_s, new)]
         # the call and the per-row work after it (acceptance, rollback, the proposers' observe): what a width costs
         self.policy.verified(len(reqs), step.logits.shape[1], time.perf_counter() - t0)
         return ended
@@ -192,7 +196,7 @@ class SpeculativeRound:
         limit = min(
             self.target.build.max_draft_len,
             r.config.max_output_len - len(r.output_ids) - 1,
-            self.cache.max_seq_len - int(self.cache.lengths[r.slot]) - 2,
+            self.cache.max_seq_len - self.cache.lengths_view[r.slot] - 2,
             proposer.room(r),
         )
         return self.policy.draft_len(r, proposer, limit, running) if limit > 0 else 0
@@ -221,9 +225,9 @@ class SpeculativeRound:
                 reqs[i].metrics.draft_s += (t2 - t0) / len(idx)
         return drafts
 
-    def verify(self, reqs: list[Request], drafts: Sequence[Draft]) -> tuple[StepOutput, float]:
+    def verify(self, reqs: list[Request], drafts: Sequence[Draft]) -> tuple[StepOutput, float, list[list[int]]]:
         """One target call on slots 0..n-1 fed [last token, d1..dk] per request: (its outputs, logits [n, max k + 1, vocab],
-        each request's share of the call's seconds)."""
+        each request's share of the call's seconds, what each request was fed as ints)."""
         feed = [[r.last_token, *d.tokens.tolist()] if len(d.tokens) else [r.last_token] for r, d in zip(reqs, drafts, strict=True)]
         # a tree's parents in the call's order: the last token (row 0) is the root
         trees = None
@@ -233,35 +237,51 @@ class SpeculativeRound:
         step = self.target.forward(self.cache, feed, all_logits=True, parents=trees)
         t1 = time.perf_counter()
         self.stats.target_s += t1 - t0
-        return step, (t1 - t0) / len(reqs)
+        return step, (t1 - t0) / len(reqs), feed
 
-    def accept(self, r: Request, d: Draft, step: StepOutput, share_s: float, new: NewTokens) -> bool:
-        """Keep what the target agrees with, roll the rest back, append, tell the proposer. True if r finished."""
+    def accept(self, r: Request, d: Draft, fed: list[int], step: StepOutput, share_s: float, new: NewTokens) -> bool:
+        """Keep what the target agrees with, roll the rest back, append, tell the proposer. True if r finished.
+        fed: what the call fed r, [last token, *d.tokens] as ints."""
         k = len(d)  # a proposer may offer fewer than allowed (n-gram: no match)
         raw = step.logits[r.slot, : k + 1, : self.vocab_limit]
-        rows = Rows(raw, r.processor, d.tokens)  # each row processed with its own history, when reached
-        sampling = r.config.sampling
-        start = int(self.cache.lengths[r.slot]) - k - 1  # where the call's k + 1 tokens went
+        sampling, proc = r.config.sampling, r.processor
+        rows: Rows | None = None  # each row processed with its own history, when reached (not needed for plain greedy rows)
+        picks: list[int] | None = None  # the raw rows' argmaxes, when acceptance took them
         if d.parents is not None:  # a tree: greedy requests only (proposers draft chains for sampled ones)
+            rows = Rows(raw, proc, d.tokens)
             path, nxt = accept_tree_greedy(d.tokens, d.parents, rows)
             n, kept = len(path), [0] + [j + 1 for j in path]
             emitted = d.tokens[path].tolist() + [nxt]
             depth = int(d.depths.max()) if k else 0
         else:
-            if d.probs is not None:
-                n, nxt = accept_rejection_sampling(d.tokens, d.probs, rows, sampling, r.rng)
+            if (proc is None or proc.plain) and sampling.greedy:  # what both rules do for such a request, without Rows
+                drafted = fed[1:]
+                picks = raw.argmax(axis=-1).tolist()  # [k + 1] the raw rows' argmaxes
+                n, nxt = accept_greedy_plain(drafted, picks)
+                emitted = drafted[:n]
+                emitted.append(nxt)
             else:
-                n, nxt = accept_token_compare(d.tokens, rows, sampling, r.rng)
-            emitted, kept, depth = d.tokens[:n].tolist() + [nxt], list(range(n + 1)), k
+                rows = Rows(raw, proc, d.tokens)
+                if d.probs is not None:
+                    n, nxt = accept_rejection_sampling(d.tokens, d.probs, rows, sampling, r.rng)
+                else:
+                    n, nxt = accept_token_compare(d.tokens, rows, sampling, r.rng)
+                emitted = d.tokens[:n].tolist() + [nxt]
+            kept, depth = list(range(n + 1)), k
         r.metrics.target_s += share_s
-        bad = first_nonfinite(raw[: n + 1] if d.parents is None else raw[kept])  # the raw rows read: emitted[i] comes from the i-th
+        # the raw rows read: emitted[i] comes from the i-th
+        bad = first_nonfinite(raw[kept]) if d.parents is not None else first_nonfinite(raw[: n + 1]) if picks is None else \
+            first_nonfinite_of_argmax(raw[: n + 1], picks)
         if bad is not None:  # keep the tokens of the finite rows before it, pick none from it (runtime/guards.py)
             return append(r, emitted[:bad], new, self.cache.max_seq_len) or fail(r, nonfinite_message(len(r.output_ids)), "nonfinite_logits")
         if d.parents is not None:
+            start = int(self.cache.lengths[r.slot]) - k - 1  # where the call's k + 1 tokens went
             self.target.compact_slot(self.cache, r.slot, start, kept)  # the path's K/V into contiguous slots
-        else:
-            self.cache.rollback(r.slot, start + 1 + n)  # keep the last token and n drafts
+        elif n < k:
+            self.cache.rollback(r.slot, self.cache.lengths_view[r.slot] - (k - n))  # keep the last token and n drafts
         if r.config.logprobs is not None:  # the emitted token j came from row kept[j], after emitted[:j]
+            if rows is None:
+                rows = Rows(raw, proc, d.tokens)
             # a chain's rows are Rows' own (drafts[:j] == emitted[:j]): processed once, during acceptance; a tree's need the path
             r.logprobs += [logprobs(rows.logits(row, None if d.parents is None else emitted[:j]), t, r.config.logprobs)
                            for j, (row, t) in enumerate(zip(kept, emitted, strict=True))]

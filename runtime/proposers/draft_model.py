@@ -85,7 +85,7 @@ class DraftModelProposer(Proposer):
         self.proposed.pop(request_id, None)
 
     def room(self, request: Request) -> int:
-        fed = int(self.cache.lengths[self.slot_of[request.request_id]]) + len(self.pending[request.request_id])
+        fed = self.cache.lengths_view[self.slot_of[request.request_id]] + len(self.pending[request.request_id])
         return max(self.cache.max_seq_len - fed + 1, 0)  # k drafts feed pending + (k - 1) drafts
 
     def backlog(self, request: Request) -> int:
@@ -129,7 +129,7 @@ class DraftModelProposer(Proposer):
         # if one has no room for that, draft each request in its own call (rare: near max_seq_len).
         width = max(len(self.pending[rid]) for rid in want)
         riding = [s for s in range(lo, hi) if self.order[s] not in want]
-        if any(self.cache.lengths[s] + width > self.cache.capacity for s in riding):
+        if any(self.cache.lengths_view[s] + width > self.cache.capacity for s in riding):
             ranges = [(s, s + 1) for s in slots]
         else:
             ranges = [(lo, hi)]
@@ -140,48 +140,51 @@ class DraftModelProposer(Proposer):
     def _draft_range(self, lo: int, hi: int, want: dict[str, tuple[int, int]], requests: Sequence[Request], out: list[Draft]) -> None:
         ids = self.order[lo:hi]
         reqs = [requests[want[rid][0]] if rid in want else None for rid in ids]
-        lens = np.array([want[rid][1] if rid in want else 0 for rid in ids], np.int64)  # rows may stop early (confidence)
-        steps = int(lens.max(initial=0))
-        drafts = np.zeros((len(ids), steps), np.int64)
+        wanted = [want[rid][1] if rid in want else 0 for rid in ids]
+        steps, every_row_drafts = max(wanted), min(wanted)  # every_row_drafts: steps in which no row rides along
+        drafted: list[list[int]] = [[] for _ in ids]  # each row's drafts so far, as ints (fed back as lists: no numpy per step)
         probs: list[list[np.ndarray]] = [[] for _ in ids]
         sampled = [r is not None and self.use_logits and not r.config.sampling.greedy for r in reqs]
         any_sampled = any(sampled)
         # rows whose pick is not the argmax: sampled, or with their own logits processing (penalties, bias, grammar)
         picked = [i for i, r in enumerate(reqs) if sampled[i] or (r is not None and r.processor is not None and not r.processor.plain)]
         # step 0 feeds each row's pending tokens (ragged); later steps one draft per row
-        feed: list[list[int]] | np.ndarray = [self.pending[rid] if k > 0 else [self.pending[rid][-1]] for rid, k in zip(ids, lens, strict=True)]
+        feed = [self.pending[rid] if k > 0 else [self.pending[rid][-1]] for rid, k in zip(ids, wanted, strict=True)]
         track_top = any_sampled or self.confidence_threshold > 0
-        every_row_drafts = int(lens.min())  # steps in which no row rides along (lens changes only when track_top)
+        # rows may stop early (confidence) or want fewer: then the rows done ride along, as an array (lens changes only when track_top)
+        lens = np.array(wanted, np.int64) if track_top or every_row_drafts < steps else None
         for j in range(steps):
             # rows that already have their drafts ride along, then roll back (none while every row still drafts)
-            idle = lens <= j if track_top or j >= every_row_drafts else None
+            idle = lens <= j if lens is not None and (track_top or j >= every_row_drafts) else None
             advance = None if idle is None else ~idle
             logits = self.executor.forward(self.cache, feed, all_logits=False, advance=advance, first_slot=lo).logits[:, 0, : self.vocab_limit]
-            drafts[:, j] = logits.argmax(axis=-1)
+            picks = logits.argmax(axis=-1).tolist()
             top = np.zeros(len(ids)) if track_top else None
             for i in picked:  # the request's own logits processing, with this position's history (its drafts so far)
                 if idle is not None and idle[i]:
                     continue
                 r = reqs[i]
-                t, q = r.processor.pick(logits[i], drafts[i, :j], r.rng) if r.processor is not None else _plain_pick(logits[i], r)  # type: ignore[union-attr]
-                drafts[i, j] = t
+                t, q = r.processor.pick(logits[i], list(drafted[i]), r.rng) if r.processor is not None else _plain_pick(logits[i], r)  # type: ignore[union-attr]
+                picks[i] = t
                 if sampled[i]:
                     probs[i].append(q)
                     top[i] = q.max()  # type: ignore[index]
+            for row, t in zip(drafted, picks, strict=True):
+                row.append(t)
             if top is not None and self.confidence_threshold > 0:
                 active = np.flatnonzero(advance)  # (idle is set: track_top)
                 plain = [i for i in active if not sampled[i]]
                 if plain:
                     top[plain] = _top_probability(logits[plain])
-                lens[active[top[active] < self.confidence_threshold]] = j + 1
-                if not (lens > j + 1).any():
+                lens[active[top[active] < self.confidence_threshold]] = j + 1  # type: ignore[index]
+                if not (lens > j + 1).any():  # type: ignore[operator]
                     break
-            feed = drafts[:, j : j + 1]
+            feed = [[t] for t in picks]
         for i, rid in enumerate(ids):
             if rid in want:
-                k = int(lens[i])
+                k = int(lens[i]) if lens is not None else wanted[i]
                 self.proposed[rid] = k
-                out[want[rid][0]] = Draft(drafts[i, :k].copy(), np.stack(probs[i][:k]) if probs[i] else None)
+                out[want[rid][0]] = Draft(np.array(drafted[i][:k], np.int64), np.stack(probs[i][:k]) if probs[i] else None)
 
     def observe(self, request: Request, draft: Draft, target: TargetOutput) -> None:
         # the drafts this proposer made and fed, not len(draft): the round may have cut them since (draft_len=auto's
@@ -192,8 +195,9 @@ class DraftModelProposer(Proposer):
             return
         # fed: pending + drafts[: k - 1]; of those drafts, the accepted ones stay
         kept = min(target.num_accepted, k - 1)
-        slot = self.slot_of[rid]
-        self.cache.rollback(slot, int(self.cache.lengths[slot]) - (k - 1 - kept))  # drop the rejected fed drafts
+        if kept < k - 1:
+            slot = self.slot_of[rid]
+            self.cache.rollback(slot, self.cache.lengths_view[slot] - (k - 1 - kept))  # drop the rejected fed drafts
         self.pending[rid] = target.emitted[kept:]
 
     def resync(self, request_id: str, tokens: Sequence[int], agree: int) -> None:

@@ -84,3 +84,14 @@ def test_greedy_accepts_the_matching_prefix():
     assert accept_token_compare(np.array([1, 2, 3]), logits, SamplingConfig(), rng) == (3, 4)  # bonus token
     assert accept_token_compare(np.array([0, 2, 3]), logits, SamplingConfig(), rng) == (0, 1)
     assert accept_token_compare(np.array([], np.int64), logits[:1], SamplingConfig(), rng) == (0, 1)
+
+
+def test_greedy_on_plain_rows_compares_the_argmaxes_as_ints():
+    """accept_greedy_plain (the round's path for a greedy request without logits processing) keeps the drafts up to the
+    first that differs from the target's argmax, then that argmax; every draft kept: the bonus pick."""
+    from specdec.runtime.acceptance import accept_greedy_plain
+
+    assert accept_greedy_plain([1, 2, 5], [1, 2, 3, 4]) == (2, 3)
+    assert accept_greedy_plain([1, 2, 3], [1, 2, 3, 4]) == (3, 4)  # bonus token
+    assert accept_greedy_plain([0, 2, 3], [1, 2, 3, 4]) == (0, 1)
+    assert accept_greedy_plain([], [7]) == (0, 7)  # target-only: the row's argmax

@@ -181,3 +181,27 @@ def test_specdec_run_warns_once_for_the_run(pair):
                                      "drafting "
                                      "rounds: the draft's token ids may mean something else to the target (another tokenizer or vocabulary), "
                                      "or it was trained for another model."]
+
+
+def test_the_greedy_rounds_argmax_check_finds_what_the_reduction_finds():
+    """first_nonfinite_of_argmax (a plain greedy round's check, from the rows' argmaxes and an argmin) and first_nonfinite
+    (a sum, then the exact check) name the same first bad row: NaN, +Inf or -Inf in any row and column, several at once,
+    and finite rows whose sum overflows float32 (which a sum alone would take for Inf)."""
+    from specdec.runtime.guards import first_nonfinite, first_nonfinite_of_argmax
+
+    base = np.random.default_rng(0).standard_normal((4, 50)).astype(np.float32)
+    cases = [base, np.full((4, 50), 3e38, np.float32), np.full((4, 50), -3e38, np.float32)]
+    for bad in (np.nan, np.inf, -np.inf):
+        for row in range(4):
+            for col in (0, 17, 49):
+                rows = base.copy()
+                rows[row, col] = bad
+                cases.append(rows)
+    mixed = base.copy()
+    mixed[2, 3], mixed[2, 40], mixed[3, 0] = -np.inf, np.nan, np.inf  # a NaN after a -Inf in one row, an Inf in the next
+    cases.append(mixed)
+    for rows in cases:
+        tops = rows.argmax(axis=-1).tolist()
+        assert first_nonfinite_of_argmax(rows, tops) == first_nonfinite(rows)
+        assert first_nonfinite_of_argmax(rows[:2], tops) == first_nonfinite(rows[:2])  # the rows read: fewer than were argmax'd
+    assert first_nonfinite_of_argmax(cases[4], cases[4].argmax(axis=-1).tolist()) == 0  # (a case that is bad: the check can fail)
