@@ -48,7 +48,8 @@ def accept_token_compare(drafts: np.ndarray, target_logits: np.ndarray | Rows, c
 
 def accept_greedy_plain(drafts: list[int], picks: list[int]) -> tuple[int, int]:
     """accept_token_compare for a greedy request whose rows need no processing (no penalties, bias or grammar), on the
-    rows' argmaxes (picks: [k + 1], the target's raw rows [k + 1, vocab] argmax'd at once), compared as Python ints."""
+    rows' argmaxes compared as Python ints. picks: the argmaxes of the target's raw rows [k + 1, vocab], at least up to
+    the first that differs from its draft (all k + 1 when every draft matches)."""
     for n, (pick, draft) in enumerate(zip(picks, drafts, strict=False)):  # k + 1 picks, k drafts
         if pick != draft:
             return n, pick

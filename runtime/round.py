@@ -256,7 +256,11 @@ class SpeculativeRound:
         else:
             if (proc is None or proc.plain) and sampling.greedy:  # what both rules do for such a request, without Rows
                 drafted = fed[1:]
-                picks = raw.argmax(axis=-1).tolist()  # [k + 1] the raw rows' argmaxes
+                # the raw rows' argmaxes, as far as they are read: row 0's, then the others' at once if its draft was kept (a
+                # row of a 100k+ vocabulary is a scan of its own, and an n-gram's 8 drafts often end at the first)
+                picks = [int(raw[0].argmax())]
+                if k and picks[0] == drafted[0]:
+                    picks += raw[1:].argmax(axis=-1).tolist()
                 n, nxt = accept_greedy_plain(drafted, picks)
                 emitted = drafted[:n]
                 emitted.append(nxt)
