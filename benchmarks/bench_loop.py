@@ -13,7 +13,9 @@ busy machine both parts stretch with the waiting for a core: the loop's figure i
 CPU time over its wall time. Read the loop figures on a quiet machine. Methods: target-only, draft-target k=4 (the float32 draft), n-gram k=8 over a
 3-token match (onnxruntime-genai's ``ngram_size`` 4 matches the same 3 tokens). Every method runs every prompt in
 every round, the order rotated; figures: median [min-max] over rounds. ``--calls`` adds specdec's Python function
-calls per target call (cProfile, one more pass: a count does not depend on the machine's load).
+calls per target call (cProfile, one more pass: a count does not depend on the machine's load). ``--timer`` times
+specdec's runs with a perf_counter around each ONNX Runtime run instead of the profiler (sessions without it: the
+profiler's own cost per node is then out of the runs, and ``--runtimes specdec`` compares two specdec trees alone).
 
 specdec's figures are its own: one target session per method (so the profiles do not mix), the draft on the same
 thread count. onnxruntime-genai runs in its own process (benchmarks/README.md says how its venv is made).
@@ -48,7 +50,7 @@ from specdec.runtime.proposers.ngram import NGramProposer  # noqa: E402
 METHODS = ("target-only", "draft k=4", "ngram k=8")
 
 
-def prepare(target: str, draft: str, work: Path) -> dict[str, Path]:
+def prepare(target: str, draft: str, work: Path, ortgenai: bool = True) -> dict[str, Path]:
     """specdec's float32 engines and onnxruntime-genai's fp32 exports of the pair, made once under ``work``."""
     paths = {"target": work / "target", "draft": work / "draft", "og-target": work / "og-target", "og-draft": work / "og-draft"}
 
@@ -61,30 +63,75 @@ def prepare(target: str, draft: str, work: Path) -> dict[str, Path]:
     if not (paths["draft"] / "config.json").is_file():
         build_engine(draft, paths["draft"], BuildConfig(dtype="float32", max_batch_size=1, max_input_len=1024, max_seq_len=2048),
                      force=True, say=quiet)
-    for ckpt, key in ((target, "og-target"), (draft, "og-draft")):
+    for ckpt, key in ((target, "og-target"), (draft, "og-draft")) if ortgenai else ():
         if not (paths[key] / "genai_config.json").is_file():
             peers.ortgenai_build(ckpt, str(paths[key]))
     return paths
 
 
-class Specdec:
-    """One specdec method on sessions of its own, profiled: run(ids, n) -> (output ids, wall s, CPU s, start ns, end ns)."""
+class RunTimer:
+    """--timer: a perf_counter around every ONNX Runtime run of the CPU executors opened after ``install`` (the runs
+    their call shapes bind: cpu.direct_run), counted per session: [runs, seconds]. No profiler in the sessions."""
 
-    def __init__(self, method: str, paths: dict[str, Path], threads: int, tmp: Path):
-        self.target = open_executor(paths["target"], threads, profile_prefix=str(tmp / f"sd-{method.split()[0]}"))
-        self.draft = open_executor(paths["draft"], threads, profile_prefix=str(tmp / "sd-draft")) if method.startswith("draft") else None
+    def __init__(self) -> None:
+        self.per_session: dict[int, list] = {}
+
+    def install(self) -> None:
+        import specdec.runtime.backends.onnxruntime.cpu as cpu
+
+        if not hasattr(cpu, "direct_run"):
+            raise SystemExit("--timer times specdec's cpu.direct_run, which this specdec tree does not have: measure it without --timer")
+        original, clock = cpu.direct_run, time.perf_counter
+
+        def timed_direct_run(session: Any, binding: Any) -> Any:
+            run, acc = original(session, binding), self.per_session.setdefault(id(session), [0, 0.0])
+
+            def timed() -> None:
+                t = clock()
+                run()
+                acc[1] += clock() - t
+                acc[0] += 1
+            return timed
+
+        cpu.direct_run = timed_direct_run
+
+    def read(self, session: Any) -> tuple[int, float]:
+        runs, seconds = self.per_session.get(id(session), (0, 0.0))
+        return runs, seconds
+
+
+class Specdec:
+    """One specdec method on sessions of its own, profiled (or timed: ``timer``): run(ids, n) -> (output ids, wall s, CPU s,
+    start ns, end ns)."""
+
+    def __init__(self, method: str, paths: dict[str, Path], threads: int, tmp: Path, timer: RunTimer | None = None):
+        self.timer = timer
+        profile = (lambda name: str(tmp / name)) if timer is None else (lambda name: None)
+        self.target = open_executor(paths["target"], threads, profile_prefix=profile(f"sd-{method.split()[0]}"))
+        self.draft = open_executor(paths["draft"], threads, profile_prefix=profile("sd-draft")) if method.startswith("draft") else None
         proposer, k = {"target-only": (None, 0), "draft k=4": (DraftModelProposer(self.draft) if self.draft else None, 4),
                        "ngram k=8": (NGramProposer(8, 3), 8)}[method]
         self.orch = Orchestrator(self.target, proposer, k)
+        self.timed: list[list[tuple[int, float]]] = []  # with a timer: per generation, per session (runs, seconds in them)
+
+    def sessions(self) -> list[Any]:
+        return [ex.session for ex in (self.target, self.draft) if ex is not None]
 
     def run(self, ids: list[int], n: int) -> tuple[list[int], float, float, int, int]:
+        before = [self.timer.read(s) for s in self.sessions()] if self.timer else []
         t0, w0, c0 = time.time_ns(), time.perf_counter(), time.process_time()
         outs, _ = self.orch.generate([ids], GenerationConfig(max_output_len=n, end_ids=()))
-        return outs[0].output_ids, time.perf_counter() - w0, time.process_time() - c0, t0, time.time_ns()
+        wall, cpu, t1 = time.perf_counter() - w0, time.process_time() - c0, time.time_ns()
+        if self.timer:
+            after = [self.timer.read(s) for s in self.sessions()]
+            self.timed.append([(b[0] - a[0], b[1] - a[1]) for a, b in zip(before, after, strict=True)])
+        return outs[0].output_ids, wall, cpu, t0, t1
 
     def profiles(self, intervals: list[tuple[int, int]]) -> list[list[tuple[int, float]]]:
         """Per session (target, draft), per generation: (runs, seconds in them). The profiler's events are placed in
-        time by its start (the wall clock's nanoseconds, as time.time_ns)."""
+        time by its start (the wall clock's nanoseconds, as time.time_ns); with a timer, its own counts."""
+        if self.timer:
+            return [list(per) for per in zip(*self.timed, strict=True)]
         out = []
         for ex in (self.target, self.draft):
             if ex is not None:
@@ -161,20 +208,25 @@ def main() -> None:
     ap.add_argument("--max_new_tokens", type=int, default=128)
     ap.add_argument("--runtimes", default="specdec,ortgenai")
     ap.add_argument("--calls", action="store_true", help="also count specdec's Python calls per target call (cProfile)")
+    ap.add_argument("--timer", action="store_true", help="specdec's runs timed by a perf_counter around each ONNX Runtime run, its "
+                    "sessions without the profiler (onnxruntime-genai keeps its profiler: its loop is C++)")
     ap.add_argument("--output_json", default=None)
     args = ap.parse_args()
 
     work = Path(args.work)
-    paths = prepare(args.target, args.draft, work)
+    paths = prepare(args.target, args.draft, work, "ortgenai" in args.runtimes.split(","))
     prompts = code_prompts(paths["target"], args.num_prompts, args.prompt_tokens)
     n = args.max_new_tokens
     import specdec
 
     # which specdec ran (PYTHONPATH=<an older tree> measures the loop before a change with this same script)
     record = {"host": host.host_record(bandwidth=False), "args": vars(args), "specdec": str(Path(specdec.__path__[0]).resolve())}
-    kinds = {"specdec": Specdec, "ortgenai": OrtGenai}
+    timer = RunTimer() if args.timer else None
+    if timer:
+        timer.install()
     with tempfile.TemporaryDirectory(prefix="bench_loop_") as tmp:
-        runners = {(rt, m): kinds[rt](m, paths, args.threads, Path(tmp)) for rt in args.runtimes.split(",") for m in METHODS}
+        runners = {(rt, m): Specdec(m, paths, args.threads, Path(tmp), timer) if rt == "specdec" else OrtGenai(m, paths, args.threads, Path(tmp))
+                   for rt in args.runtimes.split(",") for m in METHODS}
         names = list(runners)
         timed: dict[tuple[str, str], list[tuple[int, float, float]]] = {k: [] for k in names}  # per generation: round, wall, CPU
         intervals: dict[tuple[str, str], list[tuple[int, int]]] = {k: [] for k in names}  # per generation: start, end (ns)
