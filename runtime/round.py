@@ -169,19 +169,20 @@ class SpeculativeRound:
     def run(self, reqs: list[Request], new: NewTokens) -> list[Request]:
         """One round for ``reqs`` (the running requests, request i in slot i); the requests that finished."""
         self.rounds += 1
-        t_decide = time.perf_counter()  # deciding: the policy's begin, each request's length and the batch's fit
+        # deciding: the policy's begin, each request's length and the batch's fit (a clock read is a system call on some
+        # hosts, hundreds of ns, and more right after a model call: none is repeated where a proposer cannot run between)
+        t_decide = time.perf_counter()
         self.policy.begin(reqs, self.rounds)
         lens = [self.draft_len(r, len(reqs)) for r in reqs]
-        decide_s = time.perf_counter() - t_decide
+        t_decided = time.perf_counter()
         drafts = self.propose(reqs, lens)
-        t_decide = time.perf_counter()
+        t_fit = time.perf_counter() if self.proposers else t_decided
         drafts = self.batch_cap(reqs, drafts)
-        decide_s += time.perf_counter() - t_decide
+        decide_s = t_decided - t_decide + time.perf_counter() - t_fit
         self.stats.decide_s += decide_s
         for r in reqs:
             r.metrics.decide_s += decide_s / len(reqs)
-        t0 = time.perf_counter()
-        step, share_s, feed = self.verify(reqs, drafts)
+        step, share_s, feed, t0 = self.verify(reqs, drafts)
         ended = [r for r, d, fed in zip(reqs, drafts, feed, strict=True) if self.accept(r, d, fed, step, share_s, new)]
         # the call and the per-row work after it (acceptance, rollback, the proposers' observe): what a width costs
         self.policy.verified(len(reqs), step.logits.shape[1], time.perf_counter() - t0)
@@ -225,10 +226,10 @@ class SpeculativeRound:
                 reqs[i].metrics.draft_s += (t2 - t0) / len(idx)
         return drafts
 
-    def verify(self, reqs: list[Request], drafts: Sequence[Draft]) -> tuple[StepOutput, float, list[list[int]]]:
+    def verify(self, reqs: list[Request], drafts: Sequence[Draft]) -> tuple[StepOutput, float, list[list[int]], float]:
         """One target call on slots 0..n-1 fed [last token, d1..dk] per request: (its outputs, logits [n, max k + 1, vocab],
-        each request's share of the call's seconds, what each request was fed as ints)."""
-        feed = [[r.last_token, *d.tokens.tolist()] if len(d.tokens) else [r.last_token] for r, d in zip(reqs, drafts, strict=True)]
+        each request's share of the call's seconds, what each request was fed as ints, when the call started)."""
+        feed = [[r.output_ids[-1], *d.tokens.tolist()] if len(d.tokens) else [r.output_ids[-1]] for r, d in zip(reqs, drafts, strict=True)]
         # a tree's parents in the call's order: the last token (row 0) is the root
         trees = None
         if any(d.parents is not None for d in drafts):
@@ -237,7 +238,7 @@ class SpeculativeRound:
         step = self.target.forward(self.cache, feed, all_logits=True, parents=trees)
         t1 = time.perf_counter()
         self.stats.target_s += t1 - t0
-        return step, (t1 - t0) / len(reqs), feed
+        return step, (t1 - t0) / len(reqs), feed, t0
 
     def accept(self, r: Request, d: Draft, fed: list[int], step: StepOutput, share_s: float, new: NewTokens) -> bool:
         """Keep what the target agrees with, roll the rest back, append, tell the proposer. True if r finished.

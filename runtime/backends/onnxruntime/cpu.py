@@ -231,7 +231,7 @@ class OrtExecutor:
         if type(tokens) is list:
             if not tokens:
                 return None
-            lens = [len(t) for t in tokens]
+            lens = list(map(len, tokens))  # (builtins, no Python frame: each costs here)
             batch, width = len(lens), max(lens)
             if min(lens) < 1:
                 return None
@@ -244,8 +244,11 @@ class OrtExecutor:
             return None
         held = cache.lengths_view
         lengths = held[first_slot : first_slot + batch].tolist()
-        if max(lengths) + width > cache.capacity or any(length + n > cache.max_seq_len for length, n in zip(lengths, lens, strict=True)):
+        if max(lengths) + width > cache.capacity:
             return None
+        for length, n in zip(lengths, lens, strict=True):
+            if length + n > cache.max_seq_len:
+                return None
         io = self._io(cache, batch, width, width if all_logits else 1)
         if width > self._decode_width or type(tokens) is not list:  # a prompt, or an array: numpy fills it at once
             if batch == 1 or min(lens) == width:
