@@ -68,6 +68,10 @@ class RequestStatus(enum.Enum):
     ABORTED = "aborted"
 
 
+# read once: an enum member read off its class costs ~0.3 us (EnumType's lookup), and every step asks each request
+_ENDED = (RequestStatus.FINISHED, RequestStatus.ABORTED)
+
+
 @dataclass
 class RequestTimes:
     """perf_counter() stamps of one request's life."""
@@ -126,7 +130,7 @@ class Request:
 
     @property
     def finished(self) -> bool:
-        return self.status in (RequestStatus.FINISHED, RequestStatus.ABORTED)
+        return self.status in _ENDED
 
 
 @dataclass

@@ -98,6 +98,8 @@ class DraftModelProposer(Proposer):
         padded row would write past the cache's capacity, and pieces no longer than the engine's max_input_len (a
         backlog is the prompt plus every token emitted while the request did not draft)."""
         slots = sorted(self.slot_of[r.request_id] for r in requests if self.backlog(r))
+        if not slots:  # every round of a fixed draft_len: nothing held back
+            return 0
         runs = adjacent_runs(slots)
         piece = max(int(self.executor.build.max_input_len), 1)
         fed = 0

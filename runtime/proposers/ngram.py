@@ -57,7 +57,7 @@ class NGramPool:
         """Append tokens and index only the new tail: each new position p records
         the patterns that end right before it."""
         start = len(self.tokens)
-        self.tokens.extend(int(t) for t in new_tokens)
+        self.tokens.extend(map(int, new_tokens))
         seq = self.tokens
         for p in range(max(start, 1), len(seq)):
             for n in range(1, min(self.max_ngram, p) + 1):
@@ -106,7 +106,8 @@ class NGramProposer(Proposer):
         return self.max_draft_len
 
     def propose(self, requests: Sequence[Request], draft_lens: Sequence[int]) -> list[Draft]:
-        return [Draft(np.array(self.pools[r.request_id].draft(int(k)), np.int64)) for r, k in zip(requests, draft_lens, strict=True)]
+        drafts = [self.pools[r.request_id].draft(int(k)) for r, k in zip(requests, draft_lens, strict=True)]
+        return [Draft(np.array(d, np.int64)) if d else Draft.empty() for d in drafts]  # no match: the shared empty draft
 
     def observe(self, request: Request, draft: Draft, target: TargetOutput) -> None:
         self.pools[request.request_id].extend(target.emitted)
