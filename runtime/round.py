@@ -259,7 +259,7 @@ class SpeculativeRound:
                 drafted = fed[1:]
                 # the raw rows' argmaxes, as far as they are read: row 0's, then the others' at once if its draft was kept (a
                 # row of a 100k+ vocabulary is a scan of its own, and an n-gram's 8 drafts often end at the first)
-                picks = [int(raw[0].argmax())]
+                picks = [int((raw[0] if k else raw).argmax())]  # (raw [1, vocab] at k = 0: its flat argmax is the column)
                 if k and picks[0] == drafted[0]:
                     picks += raw[1:].argmax(axis=-1).tolist()
                 n, nxt = accept_greedy_plain(drafted, picks)
@@ -276,7 +276,7 @@ class SpeculativeRound:
         r.metrics.target_s += share_s
         # the raw rows read: emitted[i] comes from the i-th
         bad = first_nonfinite(raw[kept]) if d.parents is not None else first_nonfinite(raw[: n + 1]) if picks is None else \
-            first_nonfinite_of_argmax(raw[: n + 1], picks)
+            first_nonfinite_of_argmax(raw if n == k else raw[: n + 1], picks)
         if bad is not None:  # keep the tokens of the finite rows before it, pick none from it (runtime/guards.py)
             return append(r, emitted[:bad], new, self.cache.max_seq_len) or fail(r, nonfinite_message(len(r.output_ids)), "nonfinite_logits")
         if d.parents is not None:

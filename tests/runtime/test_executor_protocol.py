@@ -99,17 +99,21 @@ def test_the_cpu_executors_decode_calls_compute_what_plan_step_plans(llama_engin
         (np.array([[26], [27]], np.int64), False, 0),  # a draft model's later steps feed an array
         ([[28, 29, 30]], True, 2),  # a newcomer's prompt in its own slot
         ([[31], [32], [33]], True, 0),
+        ([[34]], True, 3),  # one token in one row: target-only decoding, a draft model's steps
+        ([[35]], False, 0),
     ]
     for tokens, all_logits, first in calls:
-        a = ex.forward(fast, tokens, all_logits=all_logits, first_slot=first).logits.copy()
+        planned_in_ints = ex._plain_forward(fast, tokens, all_logits, first)  # what forward() takes for these calls
+        assert planned_in_ints is not None, tokens
+        a = planned_in_ints.logits.copy()
         b = ex.forward(planned, tokens, all_logits=all_logits, first_slot=first, advance=np.ones(len(tokens), bool)).logits
         assert np.array_equal(a, b) and fast.lengths.tolist() == planned.lengths.tolist(), (tokens, all_logits, first)
-    assert fast.lengths.tolist() == [19, 8, 4, 0]
+    assert fast.lengths.tolist() == [20, 8, 4, 1]
     room = fast.max_seq_len - int(fast.lengths[0])
     for cache, advance in ((fast, None), (planned, np.ones(1, bool))):  # past max_seq_len: plan_step's error, lengths kept
         with pytest.raises(RequestError, match="more than"):
             ex.forward(cache, [[1] * (room + 1)], all_logits=True, advance=advance)
-    assert fast.lengths.tolist() == planned.lengths.tolist() == [19, 8, 4, 0]
+    assert fast.lengths.tolist() == planned.lengths.tolist() == [20, 8, 4, 1]
 
 def test_every_extra_output_a_proposer_asks_for_is_declared_by_its_targets_mode():
     """engine_format.extra_io names what an executor binds and returns in StepOutput.extras; a target's own drafter asks

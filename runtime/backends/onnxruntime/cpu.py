@@ -258,6 +258,8 @@ class OrtExecutor:
                     io.ids[row, : lens[row]] = t
                     io.ids[row, lens[row] :] = 0
             np.add(cache.lengths[first_slot : first_slot + batch, None], io.steps, out=io.positions)
+        elif width == 1 and batch == 1:  # one token (target-only decoding, a draft model's steps): two ints
+            io.flat_ids[0], io.flat_positions[0] = tokens[0][0], lengths[0]
         else:  # a decode step: a few ints a row ([batch, width] ids zero-padded, as pad_tokens pads them; positions)
             ids, positions = io.flat_ids, io.flat_positions
             for row, t in enumerate(tokens):
@@ -273,8 +275,11 @@ class OrtExecutor:
                 io.flat_index[row] = n - 1
         self._bind_cache(io, cache, first_slot, batch)
         io.run()
-        for row, (length, n) in enumerate(zip(lengths, lens, strict=True)):
-            held[first_slot + row] = length + n
+        if batch == 1:  # (the loop's own iterators cost microseconds here: the run has evicted the interpreter's state)
+            held[first_slot] = lengths[0] + lens[0]
+        else:
+            for row, (length, n) in enumerate(zip(lengths, lens, strict=True)):
+                held[first_slot + row] = length + n
         return io.output
 
     def _io(self, cache: KVCache, batch: int, width: int, rows: int) -> _StepIO:
