@@ -118,7 +118,7 @@ class DraftModelProposer(Proposer):
 
     # -- a round ------------------------------------------------------------------------
     def propose(self, requests: Sequence[Request], draft_lens: Sequence[int]) -> list[Draft]:
-        out = [Draft.empty() for _ in requests]
+        out = [Draft.empty()] * len(requests)  # (one shared empty draft: nothing writes into a draft)
         want = {r.request_id: (i, int(k)) for i, (r, k) in enumerate(zip(requests, draft_lens, strict=True)) if k > 0}
         if not want:
             return out
@@ -131,7 +131,7 @@ class DraftModelProposer(Proposer):
         # if one has no room for that, draft each request in its own call (rare: near max_seq_len).
         width = max(len(self.pending[rid]) for rid in want)
         riding = [s for s in range(lo, hi) if self.order[s] not in want]
-        if any(self.cache.lengths_view[s] + width > self.cache.capacity for s in riding):
+        if riding and any(self.cache.lengths_view[s] + width > self.cache.capacity for s in riding):
             ranges = [(s, s + 1) for s in slots]
         else:
             ranges = [(lo, hi)]
