@@ -59,13 +59,15 @@ class NGramPool:
         start = len(self.tokens)
         self.tokens.extend(map(int, new_tokens))
         seq = self.tokens
+        pool, keep_all = self.pool, self.is_keep_all
         for p in range(max(start, 1), len(seq)):
             for n in range(1, min(self.max_ngram, p) + 1):
                 key = tuple(seq[p - n : p])
-                if self.is_keep_all:
-                    self.pool.setdefault(key, []).append(p)
+                hits = pool.get(key) if keep_all else None  # (no empty list made for a pattern seen before)
+                if hits is None:
+                    pool[key] = [p]
                 else:
-                    self.pool[key] = [p]
+                    hits.append(p)
 
     def draft(self, limit: int | None = None) -> list[int]:
         """Up to ``limit`` (default max_draft_len) tokens that followed the longest matching tail pattern."""
