@@ -111,6 +111,7 @@ typedef struct OrtCustomOp {
 
 typedef struct {
   int64_t K, N, group, bits, swiglu;
+  q_weight_copy weights; /* the weights in 2 MiB pages, made at the first call (large_pages.c) */
 } QKernel;
 
 static OrtStatus* fail(int code, const char* msg) { return CALL(CreateStatus_t, CreateStatus, code, msg); }
@@ -128,7 +129,7 @@ static int64_t optional_attribute(const OrtKernelInfo* info, const char* name, i
 
 static OrtStatus* create_kernel(const OrtCustomOp* op, const OrtApi* a, const OrtKernelInfo* info, void** out) {
   (void)a;
-  QKernel k;
+  QKernel k = {0};
   OrtStatus* st;
   if ((st = CALL(KernelInfoGetAttribute_int64_t, KernelInfoGetAttribute_int64, info, "K", &k.K))) return st;
   if ((st = CALL(KernelInfoGetAttribute_int64_t, KernelInfoGetAttribute_int64, info, "N", &k.N))) return st;
@@ -148,7 +149,10 @@ static OrtStatus* create_kernel(const OrtCustomOp* op, const OrtApi* a, const Or
   return NULL;
 }
 
-static void destroy_kernel(void* kernel) { free(kernel); }
+static void destroy_kernel(void* kernel) {
+  q_weight_copy_release(&((QKernel*)kernel)->weights);
+  free(kernel);
+}
 
 enum { MAX_PARTS = 8 };
 
@@ -239,7 +243,7 @@ static OrtStatus* output_widths(const QKernel* k, OrtKernelContext* ctx, int64_t
 }
 
 static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
-  const QKernel* k = kernel;
+  QKernel* k = kernel;
   int64_t dims[8], widths[MAX_PARTS];
   size_t ndims = 0, outputs = 0;
   const void *x, *w, *sw, *zw;
@@ -253,6 +257,10 @@ static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
   if (nw != k->N * k->K * k->bits / 8 || ns != scales || (nz != scales && nz != 1))
     return fail(ERR_INVALID_ARGUMENT, "Q4Gemm: a weight, scale or zero-point input does not match K, N and group_size");
   if ((st = output_widths(k, ctx, widths, &outputs))) return st;
+  const void* weight_inputs[Q_COPY_PARTS] = {w, sw, zw};
+  const size_t part_bytes[Q_COPY_PARTS] = {(size_t)nw, (size_t)ns * sizeof(float), (size_t)nz * sizeof(int32_t)};
+  const int stream = q_weights_in_large_pages(&k->weights, weight_inputs, part_bytes, nz == 1 ? 2 : 3); /* a shared zero: as given */
+  w = weight_inputs[0], sw = weight_inputs[1], zw = weight_inputs[2];
   int64_t M = 1;
   for (size_t d = 0; d + 1 < ndims; d++) M *= dims[d];
   float* ys[MAX_PARTS];
@@ -273,7 +281,7 @@ static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
   q4_quantize_rows(x, (int)M, (int)k->K, (int)k->group, qa, sa, asum);
   const size_t tile_bytes = (size_t)k->K * 16 * k->bits / 8, tile_scales = (size_t)G * 16;
   Task task = {.bits = (int)k->bits};
-  const q_problem whole = {(int)M, (int)k->K, (int)k->N, (int)k->group, qa, sa, asum, w, sw, zw, nz == 1, NULL};
+  const q_problem whole = {(int)M, (int)k->K, (int)k->N, (int)k->group, qa, sa, asum, w, sw, zw, nz == 1, NULL, stream};
   q_problem up;
   int parts = (int)outputs, tile = 0;
   if (k->swiglu) { /* part 0: the gate's tiles into the first half of the buffer, `up`: the other half */

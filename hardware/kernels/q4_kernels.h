@@ -30,6 +30,7 @@ typedef struct {
   const int32_t* zw;
   int zw_shared;       /* zw is one value for every column and group */
   float* y;            /* [M, N] */
+  int stream;          /* the weights lie in 2 MiB pages (ort_q4gemm.c): 1-2 rows read them as one stream (q4_kernels.c) */
 } q_problem;
 
 enum { KERNEL_PORTABLE = 0, KERNEL_AVX2 = 1, KERNEL_VNNI = 2 };
@@ -95,6 +96,20 @@ static inline void q_avx2_passes(const q_problem* p, int t_begin, int t_end, con
     }
 }
 #endif
+
+/* A node's weight inputs copied once into 2 MiB pages (large_pages.c): q_weights_in_large_pages swaps parts[0..count)
+   (w, scales, zero points) for the copy's and returns 1 where it holds them (in huge pages: q_problem.stream), else
+   leaves them and returns 0. Zero-initialized with the node's kernel; q_weight_copy_release when it is destroyed. */
+enum { Q_COPY_PARTS = 3 };
+typedef struct {
+  int state, count;
+  const void* src[Q_COPY_PARTS];
+  const void* copy[Q_COPY_PARTS];
+  void* mapping;
+  size_t mapped;
+} q_weight_copy;
+int q_weights_in_large_pages(q_weight_copy* c, const void** parts, const size_t* bytes, int count);
+void q_weight_copy_release(q_weight_copy* c);
 
 void q4_quantize_rows(const float* x, int M, int K, int group, int8_t* qa, float* sa, int32_t* asum);
 /* columns [16 * t_begin, 16 * t_end) of every row: int4 weights (q4_kernels.c), int8 weights (q8_kernels.c) */

@@ -177,6 +177,31 @@ def test_every_kernel_computes_the_same_bits(tmp_path, bits, k, group, mode, ker
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), fast)
 
 
+# (the library is held open: ONNX Runtime unloads it with the last session that registered it, and its count with it)
+COPIED_NODES = ("import ctypes, numpy as np, sys; sys.path.insert(0, {here!r}); import test_cpu_kernels as t; "
+                "from specdec.hardware import cpu_kernels as rk; lib = ctypes.CDLL(str(rk.kernel_library())); "
+                "np.save({y!r}, t.outputs_by_rows({bits}, {k}, {group}, {mode!r}, np.load({x!r}))); print(lib.specdec_q4_large_page_copies())")
+
+
+@pytest.mark.parametrize("bits,k,group,mode", [(4, 256, 64, "plain"), (4, 240, 24, "split"), (4, 256, 128, "swiglu"), (8, 256, 64, "plain")])
+def test_weights_copied_into_large_pages_give_the_same_bits(tmp_path, bits, k, group, mode):
+    """SPECDEC_Q4_LARGE_PAGES=force copies every node's weights, as a node of 2 MiB or more is copied into huge pages, and
+    reads 1-2 rows of int4 as one stream (one tile a pass): the same bits as ONNX Runtime's memory and 4 tiles a pass
+    (SPECDEC_Q4_LARGE_PAGES=0), every row count from 1 to 9; and the copy is really what the nodes read."""
+    x = np.random.default_rng(8).standard_normal((9, k)).astype(np.float32) * 3
+    x[3, 5] = np.inf
+    np.save(tmp_path / "x.npy", x)
+    outputs, copied = {}, {}
+    for mode_env in ("0", "force"):
+        y = tmp_path / f"y_{mode_env}.npy"
+        script = COPIED_NODES.format(here=os.path.dirname(__file__), bits=bits, k=k, group=group, mode=mode, x=str(tmp_path / "x.npy"), y=str(y))
+        done = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True,
+                              env={**os.environ, "SPECDEC_Q4_LARGE_PAGES": mode_env})
+        outputs[mode_env], copied[mode_env] = np.load(y), int(done.stdout.split()[-1])
+    assert copied["0"] == 0 and copied["force"] > 0
+    np.testing.assert_array_equal(outputs["force"], outputs["0"])
+
+
 def test_bad_splits_are_one_clear_error():
     w = int4_weight(64, 64, 64, True)
     x = np.zeros((1, 64), np.float32)

@@ -1,0 +1,114 @@
+/* A Q4Gemm/Q8Gemm node's weights, copied once into memory of 2 MiB pages (transparent huge pages).
+ *
+ * ONNX Runtime maps an engine's weights file into memory in 4 KiB pages. A decode step reads every weight once, and
+ * in 4 KiB pages one core reads them well below the speed of the same bytes in 2 MiB pages: each page is a TLB miss
+ * (a nested page walk in a virtual machine), and the hardware prefetcher stops at every page boundary. Measured on
+ * an AMD EPYC (Zen 4) VM (benchmarks/bench_q4_kernel.c, BENCH_FILE against BENCH_HUGE), the file's pages read at about
+ * 17-19 GB/s where 2 MiB pages read at 27-29. The file's pages cannot be collapsed into huge pages in place
+ * (MADV_COLLAPSE refuses a file mapping without CONFIG_READ_ONLY_THP_FOR_FS), so the op copies its weights (w, and the
+ * scales and zero points that go with them) once into an anonymous mapping that it collapses into huge pages, and then
+ * asks the kernel to page the file's copy out (MADV_PAGEOUT: a hint that never changes what the memory holds, so
+ * ONNX Runtime's tensor stays valid): the process's resident memory stays about the same.
+ *
+ * Only where the copy really is in huge pages (MADV_COLLAPSE succeeded: Linux 6.1 or newer) is it used, and only for
+ * inputs of at least 2 MiB; elsewhere the op reads ONNX Runtime's memory as before. The bits do not depend on where
+ * the weights are. $SPECDEC_Q4_LARGE_PAGES=0 turns the copy off; =force copies every node's weights and takes the
+ * one-stream passes even where no huge page was granted (tests: those passes on small weights).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "q4_kernels.h"
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25 /* Linux 6.1; older kernels answer EINVAL, and the copy is not used */
+#endif
+#ifndef MADV_PAGEOUT
+#define MADV_PAGEOUT 21
+#endif
+#endif
+
+enum { HUGE_PAGE = 2 << 20 };
+static int copies_made; /* nodes whose weights this process has copied (specdec_q4_large_page_copies) */
+enum { STATE_UNTRIED = 0, STATE_COPYING = 1, STATE_IN_USE = 2, STATE_DECLINED = 3 };
+
+/* $SPECDEC_Q4_LARGE_PAGES: 0 off, 1 automatic (the default), 2 force */
+static int large_pages_mode(void) {
+  const char* v = getenv("SPECDEC_Q4_LARGE_PAGES");
+  if (v && strcmp(v, "0") == 0) return 0;
+  if (v && strcmp(v, "force") == 0) return 2;
+  return 1;
+}
+
+#if defined(__linux__)
+/* the whole pages inside [p, p + n): paged out once the copy holds their bytes */
+static void page_out(const void* p, size_t n) {
+  const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), begin = ((uintptr_t)p + page - 1) & ~(page - 1),
+                  end = ((uintptr_t)p + n) & ~(page - 1);
+  if (end > begin) madvise((void*)begin, end - begin, MADV_PAGEOUT); /* a hint: its failure changes nothing */
+}
+
+/* the copy of parts[0..count) one after another (each 64-byte aligned), or why not: 0 when made */
+static int make_copy(q_weight_copy* c, const void* const* parts, const size_t* bytes, int count, int force) {
+  size_t total = 0;
+  for (int i = 0; i < count; i++) total += (bytes[i] + 63) & ~(size_t)63;
+  if (!force && total < HUGE_PAGE) return 1;
+  const size_t mapped = (total + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE + HUGE_PAGE; /* room to align to 2 MiB */
+  uint8_t* m = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return 1;
+  uint8_t* at = (uint8_t*)(((uintptr_t)m + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+  madvise(at, mapped - HUGE_PAGE, MADV_HUGEPAGE); /* at + mapped - 2 MiB is within the mapping */
+  size_t off = 0;
+  for (int i = 0; i < count; i++) {
+    memcpy(at + off, parts[i], bytes[i]);
+    c->copy[i] = at + off;
+    off += (bytes[i] + 63) & ~(size_t)63;
+  }
+  const int huge = madvise(at, mapped - HUGE_PAGE, MADV_COLLAPSE) == 0;
+  if (!huge && !force) {
+    munmap(m, mapped);
+    return 1;
+  }
+  c->mapping = m, c->mapped = mapped;
+  for (int i = 0; i < count; i++) c->src[i] = parts[i];
+  c->count = count;
+  for (int i = 0; i < count; i++) page_out(parts[i], bytes[i]);
+  __atomic_add_fetch(&copies_made, 1, __ATOMIC_RELAXED);
+  return 0;
+}
+#endif
+
+int q_weights_in_large_pages(q_weight_copy* c, const void** parts, const size_t* bytes, int count) {
+  int state = __atomic_load_n(&c->state, __ATOMIC_ACQUIRE);
+  if (state == STATE_UNTRIED) {
+    int expected = STATE_UNTRIED;
+    /* one caller copies; a call that comes meanwhile (concurrent Run calls) reads ONNX Runtime's memory */
+    if (!__atomic_compare_exchange_n(&c->state, &expected, STATE_COPYING, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return 0;
+    const int mode = large_pages_mode();
+    int declined = 1;
+#if defined(__linux__)
+    if (mode && count <= Q_COPY_PARTS) declined = make_copy(c, parts, bytes, count, mode == 2);
+#endif
+    state = declined ? STATE_DECLINED : STATE_IN_USE;
+    __atomic_store_n(&c->state, state, __ATOMIC_RELEASE);
+  }
+  if (state != STATE_IN_USE || count != c->count) return 0;
+  for (int i = 0; i < count; i++)
+    if (parts[i] != c->src[i]) return 0; /* not the tensors copied (an input that is not a constant): as given */
+  for (int i = 0; i < count; i++) parts[i] = c->copy[i];
+  return 1;
+}
+
+void q_weight_copy_release(q_weight_copy* c) {
+#if defined(__linux__)
+  if (c->mapping) munmap(c->mapping, c->mapped);
+#endif
+  c->mapping = NULL;
+}
+
+/* for tests and benchmarks: how many nodes' weights this process has copied */
+__attribute__((visibility("default"))) int specdec_q4_large_page_copies(void) { return __atomic_load_n(&copies_made, __ATOMIC_RELAXED); }
