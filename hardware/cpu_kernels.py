@@ -36,7 +36,7 @@ HEADERS = ("q4_kernels.h",)
 KERNEL_DIR = Path(__file__).parent / "kernels"
 # -ffp-contract=off -fno-fast-math: no fused or reordered float operations but the explicit ones, so that the
 # AVX-512 and the portable kernels round alike
-CFLAGS = ("-O3", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-fvisibility=hidden", "-std=c11", "-D_GNU_SOURCE")
+CFLAGS = ("-O3", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-fvisibility=hidden", "-std=c11", "-D_GNU_SOURCE", "-pthread")
 
 
 class KernelBuildError(RuntimeError):

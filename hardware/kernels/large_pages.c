@@ -3,12 +3,15 @@
  * ONNX Runtime maps an engine's weights file into memory in 4 KiB pages. A decode step reads every weight once, and
  * in 4 KiB pages one core reads them well below the speed of the same bytes in 2 MiB pages: each page is a TLB miss
  * (a nested page walk in a virtual machine), and the hardware prefetcher stops at every page boundary. Measured on
- * an AMD EPYC (Zen 4) VM (benchmarks/bench_q4_kernel.c, BENCH_FILE against BENCH_HUGE), the file's pages read at about
- * 17-19 GB/s where 2 MiB pages read at 27-29. The file's pages cannot be collapsed into huge pages in place
+ * an AMD EPYC (Zen 4) VM (benchmarks/bench_q4_kernel.c, --memory FILE against --memory huge), the file's pages read at
+ * about 17-19 GB/s where 2 MiB pages read at 27-29. The file's pages cannot be collapsed into huge pages in place
  * (MADV_COLLAPSE refuses a file mapping without CONFIG_READ_ONLY_THP_FOR_FS), so the op copies its weights (w, and the
- * scales and zero points that go with them) once into an anonymous mapping that it collapses into huge pages, and then
+ * scales and zero points that go with them) at its first call into anonymous memory that it collapses into huge pages
+ * (the nodes' copies packed back to back: none is rounded up to whole huge pages), and then
  * asks the kernel to page the file's copy out (MADV_PAGEOUT: a hint that never changes what the memory holds, so
- * ONNX Runtime's tensor stays valid): the process's resident memory stays about the same.
+ * ONNX Runtime's tensor stays valid): the process's resident memory stays about the same. (An engine's weights are
+ * always in its weights file, builder/network_file.py, which ONNX Runtime maps; were they ONNX Runtime's own heap memory
+ * instead, the page-out would free nothing and the copy would double them.)
  *
  * Only where the copy really is in huge pages (MADV_COLLAPSE succeeded: Linux 6.1 or newer) is it used, and only for
  * inputs of at least 2 MiB; elsewhere the op reads ONNX Runtime's memory as before. The bits do not depend on where
@@ -22,6 +25,7 @@
 #include "q4_kernels.h"
 
 #if defined(__linux__)
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #ifndef MADV_COLLAPSE
@@ -52,28 +56,76 @@ static void page_out(const void* p, size_t n) {
   if (end > begin) madvise((void*)begin, end - begin, MADV_PAGEOUT); /* a hint: its failure changes nothing */
 }
 
+/* The copies lie back to back in chunks of at least 64 MiB (nodes are copied at their first call, in the order a step
+   runs them), so that no node rounds its copy up to whole huge pages: a chunk's address space is reserved whole, and
+   only the pages copies fill (and the rest of their last huge page) become memory. A chunk is unmapped with its last
+   copy. */
+enum { CHUNK = 64 << 20 };
+typedef struct Chunk {
+  uint8_t* mapping;
+  size_t mapped, used, size; /* used, size: from the chunk's first 2 MiB boundary */
+  int copies;
+} Chunk;
+static pthread_mutex_t arena_lock = PTHREAD_MUTEX_INITIALIZER;
+static Chunk* filling;      /* the chunk new copies go into */
+static int collapse_fails;  /* MADV_COLLAPSE failed once (an older kernel, THP off): no more copies are tried */
+
+/* n bytes (a multiple of 64) at the end of the filling chunk, or of a new one; NULL where no memory is left */
+static uint8_t* arena_take(size_t n, Chunk** chunk) {
+  pthread_mutex_lock(&arena_lock);
+  if (!filling || filling->used + n > filling->size) {
+    Chunk* c = calloc(1, sizeof *c);
+    const size_t size = n > CHUNK ? (n + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE : CHUNK;
+    uint8_t* m = c ? mmap(NULL, size + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) : MAP_FAILED;
+    if (m == MAP_FAILED) {
+      free(c);
+      pthread_mutex_unlock(&arena_lock);
+      return NULL;
+    }
+    *c = (Chunk){m, size + HUGE_PAGE, 0, size, 0};
+    madvise((void*)(((uintptr_t)m + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1)), size, MADV_HUGEPAGE);
+    filling = c; /* the one before lives on while its copies do */
+  }
+  uint8_t* at = (uint8_t*)(((uintptr_t)filling->mapping + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1)) + filling->used;
+  filling->used += n;
+  filling->copies++;
+  *chunk = filling;
+  pthread_mutex_unlock(&arena_lock);
+  return at;
+}
+
+static void arena_give_back(Chunk* c) {
+  pthread_mutex_lock(&arena_lock);
+  if (--c->copies == 0) { /* (the filling chunk too: the next session's copies start a new one) */
+    if (c == filling) filling = NULL;
+    munmap(c->mapping, c->mapped);
+    free(c);
+  }
+  pthread_mutex_unlock(&arena_lock);
+}
+
 /* the copy of parts[0..count) one after another (each 64-byte aligned), or why not: 0 when made */
 static int make_copy(q_weight_copy* c, const void* const* parts, const size_t* bytes, int count, int force) {
   size_t total = 0;
   for (int i = 0; i < count; i++) total += (bytes[i] + 63) & ~(size_t)63;
-  if (!force && total < HUGE_PAGE) return 1;
-  const size_t mapped = (total + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE + HUGE_PAGE; /* room to align to 2 MiB */
-  uint8_t* m = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (m == MAP_FAILED) return 1;
-  uint8_t* at = (uint8_t*)(((uintptr_t)m + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
-  madvise(at, mapped - HUGE_PAGE, MADV_HUGEPAGE); /* at + mapped - 2 MiB is within the mapping */
+  if (!force && (total < HUGE_PAGE || __atomic_load_n(&collapse_fails, __ATOMIC_RELAXED))) return 1;
+  Chunk* chunk;
+  uint8_t* at = arena_take(total, &chunk);
+  if (!at) return 1;
   size_t off = 0;
   for (int i = 0; i < count; i++) {
     memcpy(at + off, parts[i], bytes[i]);
     c->copy[i] = at + off;
     off += (bytes[i] + 63) & ~(size_t)63;
   }
-  const int huge = madvise(at, mapped - HUGE_PAGE, MADV_COLLAPSE) == 0;
-  if (!huge && !force) {
-    munmap(m, mapped);
+  const uintptr_t begin = (uintptr_t)at & ~(uintptr_t)(HUGE_PAGE - 1),
+                  end = ((uintptr_t)at + total + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1);
+  if (madvise((void*)begin, end - begin, MADV_COLLAPSE) != 0 && !force) {
+    __atomic_store_n(&collapse_fails, 1, __ATOMIC_RELAXED);
+    arena_give_back(chunk);
     return 1;
   }
-  c->mapping = m, c->mapped = mapped;
+  c->chunk = chunk;
   for (int i = 0; i < count; i++) c->src[i] = parts[i];
   c->count = count;
   for (int i = 0; i < count; i++) page_out(parts[i], bytes[i]);
@@ -105,9 +157,9 @@ int q_weights_in_large_pages(q_weight_copy* c, const void** parts, const size_t*
 
 void q_weight_copy_release(q_weight_copy* c) {
 #if defined(__linux__)
-  if (c->mapping) munmap(c->mapping, c->mapped);
+  if (c->chunk) arena_give_back(c->chunk);
 #endif
-  c->mapping = NULL;
+  c->chunk = NULL;
 }
 
 /* for tests and benchmarks: how many nodes' weights this process has copied */

@@ -105,8 +105,7 @@ typedef struct {
   int state, count;
   const void* src[Q_COPY_PARTS];
   const void* copy[Q_COPY_PARTS];
-  void* mapping;
-  size_t mapped;
+  struct Chunk* chunk; /* where the copy lies (large_pages.c) */
 } q_weight_copy;
 int q_weights_in_large_pages(q_weight_copy* c, const void** parts, const size_t* bytes, int count);
 void q_weight_copy_release(q_weight_copy* c);
