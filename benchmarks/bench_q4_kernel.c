@@ -3,7 +3,7 @@
  *
  *   cc -O3 -march=native -I hardware/kernels -o /tmp/bench_q4_kernel benchmarks/bench_q4_kernel.c -ldl
  *   cc -O3 -ffp-contract=off -fno-fast-math -fPIC -shared -o /tmp/q4.so hardware/kernels/q4_kernels.c hardware/kernels/q8_kernels.c -lm
- *   /tmp/bench_q4_kernel [--memory anon|huge|FILE] [--rounds N] LIB[:stream] [LIB[:stream] ...]
+ *   /tmp/bench_q4_kernel [--memory anon|huge|FILE] [--rounds N] [--rows 1,5] LIB[:stream] [LIB[:stream] ...]
  *
  * The weights are those of a 25-layer model of hidden size 2048 and MLP 8192 (the enlarged 1.5B target's shapes:
  * q|k|v 2048x3072, o 2048x2048, gate|up 2048x16384 (swiglu's halves in turn), down 8192x2048; 808 MB, group 128),
@@ -14,7 +14,8 @@
  * layers (none finds another's bytes in the cache), so that a shared machine's drifting bandwidth falls on all alike:
  *   read             the layer's bytes summed with 8 AVX-512 loads a step (stream_read.c's loop)
  *   read+prefetch    the same with a software prefetch 4 KiB ahead (across the next page boundary)
- *   LIB, R rows      one op call per matrix as ort_q4gemm.c makes it at one thread: quantize R rows, then blocks of 4
+ *   LIB, R rows      (R: each of --rows, at most 8) one op call per matrix as ort_q4gemm.c makes it at one thread: quantize
+ *                    R rows, then blocks of 4
  *                    column tiles
  * and, apart, each LIB and row count on a 256-column matrix that stays in L2: the kernel's compute ceiling.
  * Prints the median [min-max] GB/s (thread CPU time: a descheduled thread does not count) and each case over the read
@@ -39,7 +40,7 @@ typedef struct { tiles_fn tiles; quant_fn quant; int stream; const char* name; }
 typedef struct { int K, N, swiglu; const uint8_t* w; const float* sw; } Mat;
 
 enum { HIDDEN = 2048, INTER = 8192, GROUP = 128, LAYERS = 25, MAX_ROWS = 8, MAX_LIBS = 8, HUGE_PAGE = 2 << 20 };
-static const int ROWS[] = {1, 5};
+static int ROWS[MAX_ROWS] = {1, 5}, row_counts = 2;
 static int32_t zero = 8;
 static float x[MAX_ROWS * INTER], y[MAX_ROWS * 2 * INTER];
 static int8_t qa[MAX_ROWS * INTER];
@@ -128,6 +129,14 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--memory") == 0 && i + 1 < argc) memory = argv[++i];
     else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) rounds = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--rows") == 0 && i + 1 < argc) {
+      row_counts = 0;
+      for (char* tok = strtok(argv[++i], ","); tok && row_counts < MAX_ROWS; tok = strtok(NULL, ",")) {
+        const int r = atoi(tok);
+        if (r < 1 || r > MAX_ROWS) { fprintf(stderr, "--rows: 1 to %d rows\n", MAX_ROWS); return 2; }
+        ROWS[row_counts++] = r;
+      }
+    }
     else if (libs < MAX_LIBS && argv[i][0] != '-') {
       char* path = strdup(argv[i]);
       char* colon = strrchr(path, ':');
@@ -166,8 +175,8 @@ int main(int argc, char** argv) {
   }
   printf("%.0f MB of int4 weights in %d matrices, memory: %s; %d rounds\n", total / 1e6, 4 * LAYERS, memory, rounds);
 
-  /* the streaming cases, layer by layer in turns: 0 read, 1 read+prefetch, then each library x ROWS */
-  const int cases = 2 + 2 * libs;
+  /* the streaming cases, layer by layer in turns: 0 read, 1 read+prefetch, then each library x ROWS[0..row_counts) */
+  const int cases = 2 + row_counts * libs;
   double* secs = calloc((size_t)cases * rounds, sizeof(double));
   volatile uint64_t sink = 0;
   const int stride = LAYERS / cases > 0 ? LAYERS / cases : 1;
@@ -179,7 +188,7 @@ int main(int argc, char** argv) {
         for (int j = 0; j < 4; j++) {
           const Mat* m = &mats[4 * layer + j];
           if (k < 2) sink += read_bytes(m->w, mat_bytes(m), k ? 4096 : 0); /* w and its scales lie together */
-          else run_mat(&lib[(k - 2) / 2], m, ROWS[(k - 2) % 2]);
+          else run_mat(&lib[(k - 2) / row_counts], m, ROWS[(k - 2) % row_counts]);
         }
         if (r >= 0) secs[(size_t)k * rounds + r] += cpu_now() - t0;
       }
@@ -192,7 +201,7 @@ int main(int argc, char** argv) {
     spread(v, rounds, &rmed, &rlo, &rhi);
     char label[600];
     if (k < 2) snprintf(label, sizeof label, "%s", k ? "read+prefetch 4 KiB ahead" : "read");
-    else snprintf(label, sizeof label, "%s, %d row(s)", lib[(k - 2) / 2].name, ROWS[(k - 2) % 2]);
+    else snprintf(label, sizeof label, "%s, %d row(s)", lib[(k - 2) / row_counts].name, ROWS[(k - 2) % row_counts]);
     printf("%-56s %6.1f GB/s [%5.1f-%5.1f] %5.0f%% of read [%3.0f-%3.0f]\n", label, med, lo, hi, 100 * rmed, 100 * rlo, 100 * rhi);
   }
 
@@ -204,7 +213,7 @@ int main(int argc, char** argv) {
   const Mat m = {K, N, 0, small, (const float*)(small + weight_bytes(K, N))};
   const int reps = (int)(total / mat_bytes(&m) / 8);
   for (int l = 0; l < libs; l++)
-    for (int ri = 0; ri < 2; ri++) {
+    for (int ri = 0; ri < row_counts; ri++) {
       for (int r = 0; r < rounds; r++) {
         const double t0 = cpu_now();
         for (int i = 0; i < reps; i++) run_mat(&lib[l], &m, ROWS[ri]);

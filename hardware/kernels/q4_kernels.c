@@ -133,48 +133,39 @@ static const q_tile_fn tiles_by_rows[9][3] = {{0},
     {tile_1x4, tile_1x2, tile_1x1}, {tile_2x4, tile_2x2, tile_2x1}, {tile_3x4, tile_3x2, tile_3x1}, {tile_4x4, tile_4x2, tile_4x1},
     {0, tile_5x2, tile_5x1}, {0, tile_6x2, tile_6x1}, {0, tile_7x2, tile_7x1}, {0, tile_8x2, tile_8x1}};
 
-/* Weights in 2 MiB pages (p->stream, ort_q4gemm.c's copy): 1-2 rows take one tile a pass, so a call's weights are
-   read as one sequential stream (its tiles lie one after another), which the hardware prefetcher follows with no
-   software prefetch: measured on Zen 4 (benchmarks/bench_q4_kernel.c), 1 row then reads at about the speed of a plain
-   read, where 4 tiles a pass (4 streams and their prefetches) reach about 80% of it. In 4 KiB pages it is the other way
-   round: the hardware prefetcher stops at every page, and the passes above, whose prefetches run a pass ahead, are the
-   faster. Each row keeps its low and high nibbles' sums apart, and even and odd blocks too: four independent vpdpbusd
-   chains a row. The integer sums are exact, so their order does not change them, and each group's term goes into y as
-   above: the same bits. */
-VNNI __attribute__((always_inline)) static inline void stream_vnni(const q_problem* p, const int R, int r0, int t) {
+/* Weights in 2 MiB pages (p->stream, ort_q4gemm.c's copy): one row takes one tile a pass, so a call's weights are read
+   as one sequential stream (its tiles lie one after another), which the hardware prefetcher follows with no software
+   prefetch. Measured on Zen 4 (benchmarks/bench_q4_kernel.c --memory huge), 1 row then reads at about 95% of a plain
+   read of the same pages, where 4 tiles a pass (4 streams and their prefetches) reach about 75%; 2-4 rows in one
+   stream were no faster than their passes above (2 rows) or slower (3-4). In 4 KiB pages it is the other way round: the
+   hardware prefetcher stops at every page, and the passes above, whose prefetches run a pass ahead, are the faster.
+   The low and high nibbles' sums and the even and odd blocks' are kept apart (four independent vpdpbusd chains). The
+   integer sums are exact, so their order does not change them, and each group's term goes into y as above: the same
+   bits. */
+VNNI static void stream_1row(const q_problem* p, int t) {
   const int G = p->K / p->group, P = p->group / 8;
   const size_t tile_bytes = (size_t)G * P * 64, tile_scales = (size_t)G * 16;
   const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8((char)0xF0);
   const uint8_t* w0 = p->w + (size_t)t * tile_bytes;
   for (int g = 0; g < G; g++) {
-    __m512i dlo[2][2], dhi[2][2]; /* [row][even, odd block] */
-    for (int r = 0; r < R; r++) dlo[r][0] = dlo[r][1] = dhi[r][0] = dhi[r][1] = _mm512_setzero_si512();
-    const int8_t* a = p->qa + (size_t)r0 * p->K + (size_t)g * p->group;
+    __m512i dlo[2], dhi[2]; /* [even, odd block] */
+    dlo[0] = dlo[1] = dhi[0] = dhi[1] = _mm512_setzero_si512();
+    const int8_t* a = p->qa + (size_t)g * p->group;
     const uint8_t* wg = w0 + (size_t)g * P * 64;
     for (int q = 0; q < P; q += 2)
       for (int u = 0; u < 2 && q + u < P; u++) { /* unrolled by 2: u is a constant in each copy */
         const __m512i b = _mm512_loadu_si512(wg + (size_t)(q + u) * 64);
-        const __m512i lo = _mm512_and_si512(b, low), hi = _mm512_and_si512(b, high);
-        for (int r = 0; r < R; r++) {
-          int32_t a0, a1;
-          memcpy(&a0, a + (size_t)r * p->K + (q + u) * 8, 4);
-          memcpy(&a1, a + (size_t)r * p->K + (q + u) * 8 + 4, 4);
-          dlo[r][u] = _mm512_dpbusd_epi32(dlo[r][u], lo, _mm512_set1_epi32(a0));
-          dhi[r][u] = _mm512_dpbusd_epi32(dhi[r][u], hi, _mm512_set1_epi32(a1));
-        }
+        int32_t a0, a1;
+        memcpy(&a0, a + (q + u) * 8, 4);
+        memcpy(&a1, a + (q + u) * 8 + 4, 4);
+        dlo[u] = _mm512_dpbusd_epi32(dlo[u], _mm512_and_si512(b, low), _mm512_set1_epi32(a0));
+        dhi[u] = _mm512_dpbusd_epi32(dhi[u], _mm512_and_si512(b, high), _mm512_set1_epi32(a1));
       }
-    for (int r = 0; r < R; r++) {
-      const __m512i lo = _mm512_add_epi32(dlo[r][0], dlo[r][1]), hi = _mm512_add_epi32(dhi[r][0], dhi[r][1]);
-      const __m512i as = _mm512_set1_epi32(p->asum[(size_t)(r0 + r) * G + g]);
-      const __m512 ss = _mm512_set1_ps(p->sa[(size_t)(r0 + r) * G + g]);
-      float* y = p->y + (size_t)(r0 + r) * p->N + (size_t)t * 16;
-      q_group_out_512(p, _mm512_add_epi32(lo, _mm512_srai_epi32(hi, 4)), as, ss, (size_t)t * tile_scales + (size_t)g * 16, g, y);
-    }
+    const __m512i lo = _mm512_add_epi32(dlo[0], dlo[1]), hi = _mm512_add_epi32(dhi[0], dhi[1]);
+    q_group_out_512(p, _mm512_add_epi32(lo, _mm512_srai_epi32(hi, 4)), _mm512_set1_epi32(p->asum[g]), _mm512_set1_ps(p->sa[g]),
+                    (size_t)t * tile_scales + (size_t)g * 16, g, p->y + (size_t)t * 16);
   }
 }
-
-VNNI static void stream_1(const q_problem* p, int r0, int t) { stream_vnni(p, 1, r0, t); }
-VNNI static void stream_2(const q_problem* p, int r0, int t) { stream_vnni(p, 2, r0, t); }
 
 /* the same arithmetic as quantize_portable, 16 lanes at a time: max and the products are exact or rounded alike,
    and cvtps rounds half to even as nearbyintf does under the default rounding mode */
@@ -306,8 +297,8 @@ void q4_quantize_rows(const float* x, int M, int K, int group, int8_t* qa, float
 void q4_gemm_tiles(const q_problem* p, int t_begin, int t_end) {
 #if defined(__x86_64__)
   if (q_kernel() == KERNEL_VNNI) {
-    if (p->stream && p->M <= 2)
-      for (int t = t_begin; t < t_end; t++) (p->M == 1 ? stream_1 : stream_2)(p, 0, t);
+    if (p->stream && p->M == 1)
+      for (int t = t_begin; t < t_end; t++) stream_1row(p, t);
     else q_vnni_passes(p, t_begin, t_end, tiles_by_rows);
     return;
   }

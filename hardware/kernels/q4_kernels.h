@@ -30,7 +30,7 @@ typedef struct {
   const int32_t* zw;
   int zw_shared;       /* zw is one value for every column and group */
   float* y;            /* [M, N] */
-  int stream;          /* the weights lie in 2 MiB pages (ort_q4gemm.c): 1-2 rows read them as one stream (q4_kernels.c) */
+  int stream;          /* the weights lie in 2 MiB pages (ort_q4gemm.c): 1 row reads them as one stream (q4_kernels.c) */
 } q_problem;
 
 enum { KERNEL_PORTABLE = 0, KERNEL_AVX2 = 1, KERNEL_VNNI = 2 };

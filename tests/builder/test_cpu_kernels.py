@@ -186,7 +186,7 @@ COPIED_NODES = ("import ctypes, numpy as np, sys; sys.path.insert(0, {here!r}); 
 @pytest.mark.parametrize("bits,k,group,mode", [(4, 256, 64, "plain"), (4, 240, 24, "split"), (4, 256, 128, "swiglu"), (8, 256, 64, "plain")])
 def test_weights_copied_into_large_pages_give_the_same_bits(tmp_path, bits, k, group, mode):
     """SPECDEC_Q4_LARGE_PAGES=force copies every node's weights, as a node of 2 MiB or more is copied into huge pages, and
-    reads 1-2 rows of int4 as one stream (one tile a pass): the same bits as ONNX Runtime's memory and 4 tiles a pass
+    reads one row of int4 as one stream (one tile a pass): the same bits as ONNX Runtime's memory and 4 tiles a pass
     (SPECDEC_Q4_LARGE_PAGES=0), every row count from 1 to 9; and the copy is really what the nodes read."""
     x = np.random.default_rng(8).standard_normal((9, k)).astype(np.float32) * 3
     x[3, 5] = np.inf
