@@ -7,11 +7,12 @@
  * about 17-19 GB/s where 2 MiB pages read at 27-29. The file's pages cannot be collapsed into huge pages in place
  * (MADV_COLLAPSE refuses a file mapping without CONFIG_READ_ONLY_THP_FOR_FS), so the op copies its weights (w, and the
  * scales and zero points that go with them) at its first call into anonymous memory that it collapses into huge pages
- * (the nodes' copies packed back to back: none is rounded up to whole huge pages), and then
- * asks the kernel to page the file's copy out (MADV_PAGEOUT: a hint that never changes what the memory holds, so
- * ONNX Runtime's tensor stays valid): the process's resident memory stays about the same. (An engine's weights are
- * always in its weights file, builder/network_file.py, which ONNX Runtime maps; were they ONNX Runtime's own heap memory
- * instead, the page-out would free nothing and the copy would double them.)
+ * (the nodes' copies packed back to back: none is rounded up to whole huge pages), and then drops ONNX Runtime's pages
+ * of them from the process where they are an untouched private mapping of the file (MADV_DONTNEED: a later read would
+ * fault the file's bytes back in, so ONNX Runtime's tensor stays valid), else asks for them to be paged out: the
+ * process's resident memory stays about the same. (An engine's weights are always in its weights file,
+ * builder/network_file.py, which ONNX Runtime maps; were they ONNX Runtime's own heap memory instead, the copy would
+ * double them.) Each process holds its own copy: processes that serve one engine no longer share its weights' pages.
  *
  * Only where the copy really is in huge pages (MADV_COLLAPSE succeeded: Linux 6.1 or newer) is it used, and only for
  * inputs of at least 2 MiB; elsewhere the op reads ONNX Runtime's memory as before. The bits do not depend on where
@@ -19,6 +20,7 @@
  * one-stream passes even where no huge page was granted (tests: those passes on small weights).
  */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -49,11 +51,38 @@ static int large_pages_mode(void) {
 }
 
 #if defined(__linux__)
-/* the whole pages inside [p, p + n): paged out once the copy holds their bytes */
-static void page_out(const void* p, size_t n) {
+/* Whether [begin, end) lies in one private mapping of a file that no write has touched (no Anonymous pages in it, by
+   /proc/self/smaps): there, dropping its pages changes nothing but where they come from (a later read faults the
+   file's bytes back in). */
+static int untouched_file_mapping(uintptr_t begin, uintptr_t end) {
+  FILE* f = fopen("/proc/self/smaps", "r");
+  if (!f) return 0;
+  char line[512];
+  int in = 0, file = 0, answer = 0;
+  while (fgets(line, sizeof line, f)) {
+    unsigned long lo, hi;
+    char perms[8] = "", path[256] = "";
+    if (sscanf(line, "%lx-%lx %7s %*s %*s %*s %255s", &lo, &hi, perms, path) >= 3 && strchr(line, '-') < strchr(line, ' ')) {
+      if (in) break; /* past the mapping, its Anonymous line never seen */
+      in = lo <= begin && end <= hi;
+      file = in && perms[3] == 'p' && path[0] == '/';
+    } else if (in && strncmp(line, "Anonymous:", 10) == 0) {
+      answer = file && strtoul(line + 10, NULL, 10) == 0;
+      break;
+    }
+  }
+  fclose(f);
+  return answer;
+}
+
+/* ONNX Runtime's pages of [p, p + n), once the copy holds their bytes: dropped from this process where that is safe
+   (above), else only paged out (a hint, which skips pages that another process maps too) */
+static void release_source(const void* p, size_t n) {
   const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), begin = ((uintptr_t)p + page - 1) & ~(page - 1),
                   end = ((uintptr_t)p + n) & ~(page - 1);
-  if (end > begin) madvise((void*)begin, end - begin, MADV_PAGEOUT); /* a hint: its failure changes nothing */
+  if (end <= begin) return;
+  if (untouched_file_mapping(begin, end)) madvise((void*)begin, end - begin, MADV_DONTNEED);
+  else madvise((void*)begin, end - begin, MADV_PAGEOUT); /* its failure changes nothing */
 }
 
 /* The copies lie back to back in chunks of at least 64 MiB (nodes are copied at their first call, in the order a step
@@ -128,7 +157,7 @@ static int make_copy(q_weight_copy* c, const void* const* parts, const size_t* b
   c->chunk = chunk;
   for (int i = 0; i < count; i++) c->src[i] = parts[i];
   c->count = count;
-  for (int i = 0; i < count; i++) page_out(parts[i], bytes[i]);
+  for (int i = 0; i < count; i++) release_source(parts[i], bytes[i]);
   __atomic_add_fetch(&copies_made, 1, __ATOMIC_RELAXED);
   return 0;
 }
