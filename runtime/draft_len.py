@@ -205,6 +205,7 @@ class AutoDraftLen:
             if rows < len(self.verify):
                 self.verify[rows].add(width, seconds)
             self.per_token.add(rows * width, seconds)
+        self._memo.clear()  # costs a round read before (an engine that served requests first) are stale now
 
     def steps(self, method: str, drafts: int) -> int:
         """Draft steps a round of ``drafts`` drafts (chain tokens, tree nodes) costs: one each, or one for a one-call drafter."""

@@ -139,3 +139,13 @@ def test_pays_at_reads_measured_costs_and_is_optimistic_before():
         auto.record_verify(32, 1, 32 * 0.013 + 0.02)
         auto.record_draft("draft", 32, 1, 0.044)
     assert not auto.pays_at("draft", 32)
+
+
+def test_seeded_costs_replace_the_ones_a_round_read_before():
+    """seed_verify after a round priced calls from the prior (an engine that served requests, then measure_step_costs):
+    the next rounds read the seeded costs, not the remembered prior."""
+    auto = AutoDraftLen(4, 4)
+    assert auto.verify_costs(1)[1] == pytest.approx(1.0)  # unitless prior, remembered
+    auto.seed_verify({(1, 1): 0.02, (1, 2): 0.03})
+    assert auto.verify_costs(1)[1] == pytest.approx(auto.verify_cost(1, 1))
+    assert auto.verify_costs(1)[1] < 0.1
