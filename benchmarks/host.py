@@ -73,18 +73,24 @@ class StreamReader:
         self.size = buffer_bytes or 8 * last_level_cache_bytes()
         self._tmp = tempfile.TemporaryDirectory()
         self.exe: Path | None = Path(self._tmp.name) / "stream_read"
-        cc = os.environ.get("CC") and shutil.which(os.environ["CC"]) or shutil.which("cc") or shutil.which("gcc")
+        self.cc = cc = os.environ.get("CC") and shutil.which(os.environ["CC"]) or shutil.which("cc") or shutil.which("gcc")
         built = cc and subprocess.run([cc, "-O3", "-march=native", "-pthread", "-o", str(self.exe), str(HERE / "stream_read.c")],
                                       capture_output=True, text=True)
         if not built or built.returncode != 0:
             self.exe = None
 
     def sample(self, threads: int, passes: int = 2) -> tuple[float, float] | None:
+        figures = self.measure(threads, passes)
+        return None if figures is None else (figures["best_gb_s"], figures["cpu_best_gb_s"])
+
+    def measure(self, threads: int, passes: int) -> dict[str, float] | None:
+        """{"best_gb_s", "median_gb_s", "cpu_best_gb_s", "cpu_median_gb_s"} of ``passes`` passes on ``threads`` threads."""
         if self.exe is None:
             return None
-        best, _, cpu_best, _, _ = subprocess.run([str(self.exe), str(self.size), str(threads), str(passes)], capture_output=True,
-                                                 text=True, check=True).stdout.split()
-        return float(best) / 1e9, float(cpu_best) / 1e9
+        best, median, cpu_best, cpu_median, _ = subprocess.run([str(self.exe), str(self.size), str(threads), str(passes)], capture_output=True,
+                                                               text=True, check=True).stdout.split()
+        return {"best_gb_s": float(best) / 1e9, "median_gb_s": float(median) / 1e9,
+                "cpu_best_gb_s": float(cpu_best) / 1e9, "cpu_median_gb_s": float(cpu_median) / 1e9}
 
     def __enter__(self) -> StreamReader:
         return self
@@ -100,21 +106,11 @@ def read_bandwidth(threads: list[int] | None = None, passes: int = 7, buffer_byt
     stretches the wall time, not that), the steadier measure on a shared machine."""
     size = buffer_bytes or 8 * last_level_cache_bytes()
     threads = threads or sorted({1, cores()})
-    cc = os.environ.get("CC") and shutil.which(os.environ["CC"]) or shutil.which("cc") or shutil.which("gcc")
-    if cc:
-        with tempfile.TemporaryDirectory() as tmp:
-            exe = Path(tmp) / "stream_read"
-            built = subprocess.run([cc, "-O3", "-march=native", "-pthread", "-o", str(exe), str(HERE / "stream_read.c")],
-                                   capture_output=True, text=True)
-            if built.returncode == 0:
-                by = {}
-                for n in threads:
-                    best, median, cpu_best, cpu_median, _ = subprocess.run([str(exe), str(size), str(n), str(passes)], capture_output=True,
-                                                                           text=True, check=True).stdout.split()
-                    by[n] = {"best_gb_s": float(best) / 1e9, "median_gb_s": float(median) / 1e9,
-                             "cpu_best_gb_s": float(cpu_best) / 1e9, "cpu_median_gb_s": float(cpu_median) / 1e9}
-                return {"method": f"stream_read.c ({Path(cc).name} -O3 -march=native): each thread sums its slice, 64-bit words",
-                        "buffer_bytes": size, "passes": passes, "by_threads": by}
+    with StreamReader(size) as reader:
+        if reader.exe is not None:
+            by = {n: reader.measure(n, passes) for n in threads}
+            return {"method": f"stream_read.c ({Path(reader.cc).name} -O3 -march=native): each thread sums its slice, 64-bit words",
+                    "buffer_bytes": size, "passes": passes, "by_threads": by}
     import numpy as np
 
     buf = np.ones(size // 4, np.float32)
