@@ -3,6 +3,7 @@
 The round (runtime/round.py) calls its policy at named points, and nowhere else:
 
     begin(reqs, round_index)                 a round starts for these requests
+    declines(r, proposer, running)           r takes none this round, whatever its room (asked first)
     draft_len(r, proposer, limit, running)   how many drafts r takes, at most ``limit`` (the round's bound)
     fit(reqs, drafts)                        the drafts the round verifies (a policy may cut them)
     proposed(method, rows, steps, seconds, fed, catch_up_seconds)
@@ -37,6 +38,9 @@ class DraftPolicy(Protocol):
         """How many drafts ``r`` takes this round, from 0 to ``limit`` (> 0: the target's max_draft_len, the request's
         and its cache's room, the proposer's own); ``running``: the requests in the batch."""
 
+    def declines(self, r: Request, proposer: Proposer, running: int) -> bool:
+        """True where ``r`` takes no drafts this round whatever its room (asked before its room is worked out)."""
+
     def fit(self, reqs: Sequence[Request], drafts: list[Draft]) -> list[Draft]:
         """The drafts to verify, request i's in drafts[i]: all of them, or prefixes (a static tree: whole or nothing)."""
 
@@ -60,6 +64,9 @@ class FixedDraftPolicy:
     def draft_len(self, r: Request, proposer: Proposer, limit: int, running: int) -> int:
         return min(int(r.draft_len), limit)
 
+    def declines(self, r: Request, proposer: Proposer, running: int) -> bool:
+        return False
+
     def fit(self, reqs: Sequence[Request], drafts: list[Draft]) -> list[Draft]:
         return drafts
 
@@ -81,20 +88,34 @@ class AutoDraftPolicy(FixedDraftPolicy):
         self.cost = cost
         self.round_index = 0
         self.timed = False  # this round has an auto request: its costs are measured
+        self.reqs: Sequence[Request] = ()
         self.paying: dict[str, bool] = {}
         self.best: dict[str, float] = {}
 
     def begin(self, reqs: Sequence[Request], round_index: int) -> None:
         self.round_index = round_index
-        self.timed = False  # this round has an auto request: step costs feed draft_len=auto only
-        for r in reqs:
-            if r.draft_len == AUTO:
-                if not self.timed:  # (only auto requests read these: a round without one allocates nothing)
-                    self.timed = True
-                    self.paying = {}  # method -> whether any of its requests may draft this round (may_draft)
-                    self.best = {}  # method -> the best acceptance among its auto requests in the batch
-                a = self.cost.acceptance(r.method, r.metrics.accepted, r.metrics.rejected)
-                self.best[r.method] = max(self.best.get(r.method, 0.0), a)
+        self.timed = any(r.draft_len == AUTO for r in reqs)  # this round has an auto request: step costs feed draft_len=auto only
+        if self.timed:  # (only auto requests read these: a round without one allocates nothing)
+            self.reqs = reqs
+            self.paying = {}  # method -> whether any of its requests may draft this round (may_draft)
+            self.best = {}  # method -> the best acceptance among its auto requests in the batch, when may_draft asks
+
+    def best_acceptance(self, method: str) -> float:
+        """The best acceptance among the round's auto requests of ``method`` (worked out only when may_draft needs it: at a
+        batch size where even a perfect drafter does not pay, no request's acceptance is read)."""
+        best = self.best.get(method)
+        if best is None:
+            acceptance = self.cost.acceptance
+            best = self.best[method] = max((acceptance(method, r.metrics.accepted, r.metrics.rejected) for r in self.reqs
+                                            if r.draft_len == AUTO and r.method == method), default=0.0)
+        return best
+
+    def declines(self, r: Request, proposer: Proposer, running: int) -> bool:
+        """True where r takes no drafts this round whatever its room: an auto request of a method that may not draft."""
+        if r.draft_len != AUTO or self.may_draft(r.method, proposer, running):
+            return False
+        r.auto_k = 0
+        return True
 
     def may_draft(self, method: str, proposer: Proposer, running: int) -> bool:
         """Whether any request of ``method`` may draft this round, decided once per round and method: no, where not even a
@@ -106,7 +127,7 @@ class AutoDraftPolicy(FixedDraftPolicy):
             cost = self.cost
             chain = proposer.tree is None and not proposer.scores_drafts
             paying = cost.pays_at(method, running) and (cost.probe_due(self.round_index, running) or not chain
-                                                          or cost.pays_at(method, running, self.best.get(method, 0.0)))
+                                                          or cost.pays_at(method, running, self.best_acceptance(method)))
             self.paying[method] = paying
         return paying
 

@@ -192,7 +192,7 @@ class SpeculativeRound:
         """How many drafts request r may take this round (``running``: requests in the batch): the policy's choice,
         within what the target, the request's length, its cache slot and its proposer leave room for."""
         proposer = self.proposers.get(r.method)  # None: the request decodes target-only
-        if proposer is None or r.drafting_stopped:
+        if proposer is None or r.drafting_stopped or self.policy.declines(r, proposer, running):
             return 0
         limit = min(
             self.target.build.max_draft_len,
