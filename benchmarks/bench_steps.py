@@ -66,10 +66,9 @@ def open_executor(path: Path, threads: int, profile_prefix: str | None = None, l
     if profile_prefix is not None or library is not None:  # the executor's session options (ORT profiles from creation on)
         import onnxruntime as ort
 
-        so = ort.SessionOptions()
-        so.intra_op_num_threads, so.inter_op_num_threads, so.log_severity_level = threads, 1, 3
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.add_session_config_entry("session.disable_quant_qdq", "1")
+        from specdec.runtime.backends.onnxruntime.cpu import session_options
+
+        so = session_options(threads)
         if profile_prefix is not None:
             so.enable_profiling, so.profile_file_prefix = True, profile_prefix
         if ex.build.cpu_kernels == "specdec":

@@ -69,15 +69,7 @@ class OrtExecutor:
         self._min_width = engine.config.build.min_step_width  # (a property: read once)
         self.model = engine.config.model
         self.build = engine.config.build
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        opts.intra_op_num_threads = num_threads or _default_threads()
-        opts.inter_op_num_threads = 1
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        opts.log_severity_level = 3
-        # Fold DequantizeLinear of constant FP8 weights into float32 once, at load: the CPU
-        # has no FP8 GEMM, and dequantizing every step would cost more than the MatMul.
-        opts.add_session_config_entry("session.disable_quant_qdq", "1")
+        opts = session_options(num_threads)
         if self.build.cpu_kernels == "specdec":  # int4 layers on specdec's Q4Gemm op (plugins/cpu_kernels.py)
             from ....hardware.cpu_kernels import KernelBuildError, kernel_library
 
@@ -315,6 +307,35 @@ class OrtExecutor:
                 b.bind_output(name, "cpu", 0, np.float32, list(arr.shape), arr.ctypes.data)
             io.run = direct_run(self.session, b)
         return io
+
+
+def session_options(num_threads: int | None = None):
+    """A CPU engine's ONNX Runtime session options (onnxruntime.SessionOptions), before any custom op library."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.intra_op_num_threads = num_threads or _default_threads()
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.log_severity_level = 3
+    # Fold DequantizeLinear of constant FP8 weights into float32 once, at load: the CPU
+    # has no FP8 GEMM, and dequantizing every step would cost more than the MatMul.
+    opts.add_session_config_entry("session.disable_quant_qdq", "1")
+    # ONNX Runtime's worker threads spin while they wait for work, and by default go on spinning after a run returns: a
+    # core each, burnt while Python does a round's work, and taken from the draft's session, the server, other processes
+    # (the 1.5B int4 step at 2 threads beside one busy process: 84 ms spinning on, 30 ms stopped at each run's end).
+    # $SPECDEC_ORT_SPIN: stop (default: spin within a run only), on (ONNX Runtime's default), off (never spin: for cores
+    # shared with other busy processes, as OMP_WAIT_POLICY=passive).
+    spin = os.environ.get("SPECDEC_ORT_SPIN", "stop")
+    if spin not in SPIN_POLICIES:
+        raise EngineError(f"SPECDEC_ORT_SPIN={spin!r}: expected one of {', '.join(SPIN_POLICIES)}.")
+    for key, value in SPIN_POLICIES[spin].items():
+        opts.add_session_config_entry(key, value)
+    return opts
+
+
+SPIN_POLICIES = {"stop": {"session.force_spinning_stop": "1"}, "on": {}, "off": {"session.intra_op.allow_spinning": "0"}}
 
 
 def direct_run(session, binding) -> Callable[[], None]:
