@@ -34,7 +34,9 @@ SILENT_DRAFT_ROUNDS = 48  # consecutive drafting rounds with no draft accepted: 
 def finite(rows: np.ndarray) -> bool:
     """All of rows [..., vocab] finite: one reduction, no boolean copy of the rows. A sum is NaN or Inf when some value
     is; it could also overflow with every value finite (logits near 1e34), which the exact check below then clears."""
-    if not rows.size or math.isfinite(np.add.reduce(rows, axis=None)):  # (the ufunc itself: ndarray.sum adds a Python call)
+    with np.errstate(over="ignore", invalid="ignore"):  # a NaN or Inf is the answer sought, not a warning for the user's stderr
+        total = np.add.reduce(rows, axis=None)  # (the ufunc itself: ndarray.sum adds a Python call)
+    if not rows.size or math.isfinite(total):
         return True
     return bool(np.isfinite(rows).all())
 
