@@ -51,23 +51,26 @@ static int large_pages_mode(void) {
 }
 
 #if defined(__linux__)
-/* Whether [begin, end) lies in one private mapping of a file that no write has touched (no Anonymous pages in it, by
-   /proc/self/smaps): there, dropping its pages changes nothing but where they come from (a later read faults the
-   file's bytes back in). */
+/* Whether [begin, end) lies in one private mapping of a file that no write has touched (no Anonymous pages in it, and
+   none swapped out: a written page that went to swap counts under Swap, not Anonymous; by /proc/self/smaps): there,
+   dropping its pages changes nothing but where they come from (a later read faults the file's bytes back in). Without
+   both lines the answer is no, and the caller only pages them out. */
 static int untouched_file_mapping(uintptr_t begin, uintptr_t end) {
   FILE* f = fopen("/proc/self/smaps", "r");
   if (!f) return 0;
   char line[512];
-  int in = 0, file = 0, answer = 0;
+  int in = 0, file = 0, anonymous = -1, answer = 0;
   while (fgets(line, sizeof line, f)) {
     unsigned long lo, hi;
     char perms[8] = "", path[256] = "";
     if (sscanf(line, "%lx-%lx %7s %*s %*s %*s %255s", &lo, &hi, perms, path) >= 3 && strchr(line, '-') < strchr(line, ' ')) {
-      if (in) break; /* past the mapping, its Anonymous line never seen */
+      if (in) break; /* past the mapping, its Swap line never seen */
       in = lo <= begin && end <= hi;
       file = in && perms[3] == 'p' && path[0] == '/';
     } else if (in && strncmp(line, "Anonymous:", 10) == 0) {
-      answer = file && strtoul(line + 10, NULL, 10) == 0;
+      anonymous = (int)(strtoul(line + 10, NULL, 10) != 0);
+    } else if (in && strncmp(line, "Swap:", 5) == 0) { /* after Anonymous in every mapping's lines */
+      answer = file && anonymous == 0 && strtoul(line + 5, NULL, 10) == 0;
       break;
     }
   }
