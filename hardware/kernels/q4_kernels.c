@@ -209,48 +209,8 @@ VNNI static void quantize_vnni(const float* x, int M, int K, int group, int8_t* 
    registers), so a verification of up to 5 drafts unpacks each weight block once per half. */
 #define AVX2 __attribute__((target("avx2,fma")))
 
-AVX2 __attribute__((always_inline)) static inline void tile_avx2(const q_problem* p, const int R, const int H, int h0, int r0, int t) {
-  const int G = p->K / p->group, P = p->group / 8;
-  const size_t tile_bytes = (size_t)G * P * 64, tile_scales = (size_t)G * 16;
-  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  for (int g = 0; g < G; g++) {
-    __m256i dot[6][2];
-    for (int r = 0; r < R; r++)
-      for (int h = 0; h < H; h++) dot[r][h] = _mm256_setzero_si256();
-    for (int q = 0; q < P; q++) {
-      const uint8_t* src = p->w + (size_t)t * tile_bytes + ((size_t)g * P + q) * 64 + 32 * h0;
-      __m256i lo[2], hi[2];
-      for (int h = 0; h < H; h++) {
-        const __m256i b = _mm256_loadu_si256((const __m256i*)(src + 32 * h));
-        lo[h] = _mm256_and_si256(b, low);
-        hi[h] = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
-      }
-      for (int r = 0; r < R; r++) {
-        const int8_t* a = p->qa + (size_t)(r0 + r) * p->K + (size_t)g * p->group + q * 8;
-        int32_t a0, a1;
-        memcpy(&a0, a, 4);
-        memcpy(&a1, a + 4, 4);
-        const __m256i x0 = _mm256_set1_epi32(a0), x1 = _mm256_set1_epi32(a1);
-        for (int h = 0; h < H; h++) {
-          const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], x0), _mm256_maddubs_epi16(hi[h], x1));
-          dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_madd_epi16(pairs, ones));
-        }
-      }
-    }
-    for (int r = 0; r < R; r++) {
-      const __m256i as = _mm256_set1_epi32(p->asum[(size_t)(r0 + r) * G + g]);
-      const __m256 ss = _mm256_set1_ps(p->sa[(size_t)(r0 + r) * G + g]);
-      for (int h = 0; h < H; h++) {
-        const size_t s = (size_t)t * tile_scales + (size_t)g * 16 + 8 * (h0 + h);
-        float* y = p->y + (size_t)(r0 + r) * p->N + (size_t)t * 16 + 8 * (h0 + h);
-        q_group_out_256(p, dot[r][h], as, ss, s, g, y);
-      }
-    }
-  }
-}
-
 #define AVX2_FN(R, H) \
-  AVX2 static void tile_avx2_##R##x##H(const q_problem* p, int h0, int r0, int t) { tile_avx2(p, R, H, h0, r0, t); }
+  AVX2 static void tile_avx2_##R##x##H(const q_problem* p, int h0, int r0, int t) { q_tile_avx2(p, R, H, h0, r0, t, 0); }
 AVX2_FN(1, 2) AVX2_FN(2, 2) AVX2_FN(3, 1) AVX2_FN(4, 1) AVX2_FN(5, 1) AVX2_FN(6, 1)
 static const q_half_fn avx2_by_rows[7] = {0, tile_avx2_1x2, tile_avx2_2x2, tile_avx2_3x1, tile_avx2_4x1, tile_avx2_5x1, tile_avx2_6x1};
 

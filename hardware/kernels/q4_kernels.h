@@ -19,6 +19,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef struct {
   int M, K, N, group;
@@ -65,6 +66,59 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void q_group_ou
   const __m256i d = _mm256_sub_epi32(dot, _mm256_mullo_epi32(z, as));
   const __m256 acc = g ? _mm256_loadu_ps(y) : _mm256_setzero_ps();
   _mm256_storeu_ps(y, _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(_mm256_loadu_ps(p->sw + s), ss), acc));
+}
+
+/* An AVX2 pass over R rows x H halves (8 columns each) of tile t from half h0, for int4 (INT8 = 0) or int8 weights:
+   the same loads, unpacking and epilogue, and each width's own exact integer dot (q4_kernels.c and q8_kernels.c say
+   why each equals vpdpbusd's). INT8 is a constant in every caller, so each width compiles to its own loop. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void q_tile_avx2(const q_problem* p, const int R, const int H, int h0,
+                                                                                   int r0, int t, const int INT8) {
+  const int G = p->K / p->group, B = p->group / (INT8 ? 4 : 8); /* 64-byte blocks per group and tile */
+  const size_t tile_bytes = (size_t)G * B * 64, tile_scales = (size_t)G * 16;
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  for (int g = 0; g < G; g++) {
+    __m256i dot[6][2];
+    for (int r = 0; r < R; r++)
+      for (int h = 0; h < H; h++) dot[r][h] = _mm256_setzero_si256();
+    for (int q = 0; q < B; q++) {
+      const uint8_t* src = p->w + (size_t)t * tile_bytes + ((size_t)g * B + q) * 64 + 32 * h0;
+      __m256i lo[2], hi[2];
+      for (int h = 0; h < H; h++) {
+        const __m256i b = _mm256_loadu_si256((const __m256i*)(src + 32 * h));
+        lo[h] = _mm256_and_si256(b, low);
+        hi[h] = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
+      }
+      for (int r = 0; r < R; r++) {
+        const int8_t* a = p->qa + (size_t)(r0 + r) * p->K + (size_t)g * p->group + q * (INT8 ? 4 : 8);
+        int32_t a0, a1;
+        memcpy(&a0, a, 4);
+        if (INT8) {  /* a code's two nibbles by the same activations: sum(lo * a) + 16 x sum(hi * a) */
+          const __m256i x = _mm256_set1_epi32(a0);
+          for (int h = 0; h < H; h++) {
+            const __m256i l = _mm256_madd_epi16(_mm256_maddubs_epi16(lo[h], x), ones);
+            const __m256i u = _mm256_madd_epi16(_mm256_maddubs_epi16(hi[h], x), ones);
+            dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_add_epi32(l, _mm256_slli_epi32(u, 4)));
+          }
+        } else {  /* the low nibbles hold k = 8q + j, the high ones k = 8q + 4 + j */
+          memcpy(&a1, a + 4, 4);
+          const __m256i x0 = _mm256_set1_epi32(a0), x1 = _mm256_set1_epi32(a1);
+          for (int h = 0; h < H; h++) {
+            const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], x0), _mm256_maddubs_epi16(hi[h], x1));
+            dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_madd_epi16(pairs, ones));
+          }
+        }
+      }
+    }
+    for (int r = 0; r < R; r++) {
+      const __m256i as = _mm256_set1_epi32(p->asum[(size_t)(r0 + r) * G + g]);
+      const __m256 ss = _mm256_set1_ps(p->sa[(size_t)(r0 + r) * G + g]);
+      for (int h = 0; h < H; h++) {
+        const size_t s = (size_t)t * tile_scales + (size_t)g * 16 + 8 * (h0 + h);
+        float* y = p->y + (size_t)(r0 + r) * p->N + (size_t)t * 16 + 8 * (h0 + h);
+        q_group_out_256(p, dot[r][h], as, ss, s, g, y);
+      }
+    }
+  }
 }
 
 /* A call's passes, the same for int4 and int8 weights. AVX-512 VNNI: up to 8 rows x 4 tiles a pass,

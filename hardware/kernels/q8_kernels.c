@@ -84,47 +84,8 @@ static const q_tile_fn tiles8_by_rows[9][3] = {{0},
 /* AVX2: maddubs of an unsigned code by a signed activation saturates int16 past 2 x 255 x 127, so each code goes in
    as its two nibbles (pairs of at most 2 x 15 x 128): sum(lo * a) + 16 x sum(hi * a), the same exact integer as
    vpdpbusd's. R rows x H halves (8 columns each) of a tile a pass, as the int4 AVX2 kernel. */
-AVX2 __attribute__((always_inline)) static inline void tile8_avx2(const q_problem* p, const int R, const int H, int h0, int r0, int t) {
-  const int G = p->K / p->group, Q = p->group / 4;
-  const size_t tile_bytes = (size_t)G * Q * 64, tile_scales = (size_t)G * 16;
-  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  for (int g = 0; g < G; g++) {
-    __m256i dot[6][2];
-    for (int r = 0; r < R; r++)
-      for (int h = 0; h < H; h++) dot[r][h] = _mm256_setzero_si256();
-    for (int q = 0; q < Q; q++) {
-      const uint8_t* src = p->w + (size_t)t * tile_bytes + ((size_t)g * Q + q) * 64 + 32 * h0;
-      __m256i lo[2], hi[2];
-      for (int h = 0; h < H; h++) {
-        const __m256i b = _mm256_loadu_si256((const __m256i*)(src + 32 * h));
-        lo[h] = _mm256_and_si256(b, low);
-        hi[h] = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
-      }
-      for (int r = 0; r < R; r++) {
-        int32_t a4;
-        memcpy(&a4, p->qa + (size_t)(r0 + r) * p->K + (size_t)g * p->group + q * 4, 4);
-        const __m256i x = _mm256_set1_epi32(a4);
-        for (int h = 0; h < H; h++) {
-          const __m256i l = _mm256_madd_epi16(_mm256_maddubs_epi16(lo[h], x), ones);
-          const __m256i u = _mm256_madd_epi16(_mm256_maddubs_epi16(hi[h], x), ones);
-          dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_add_epi32(l, _mm256_slli_epi32(u, 4)));
-        }
-      }
-    }
-    for (int r = 0; r < R; r++) {
-      const __m256i as = _mm256_set1_epi32(p->asum[(size_t)(r0 + r) * G + g]);
-      const __m256 ss = _mm256_set1_ps(p->sa[(size_t)(r0 + r) * G + g]);
-      for (int h = 0; h < H; h++) {
-        const size_t s = (size_t)t * tile_scales + (size_t)g * 16 + 8 * (h0 + h);
-        float* y = p->y + (size_t)(r0 + r) * p->N + (size_t)t * 16 + 8 * (h0 + h);
-        q_group_out_256(p, dot[r][h], as, ss, s, g, y);
-      }
-    }
-  }
-}
-
 #define AVX2_8_FN(R, H) \
-  AVX2 static void tile8_avx2_##R##x##H(const q_problem* p, int h0, int r0, int t) { tile8_avx2(p, R, H, h0, r0, t); }
+  AVX2 static void tile8_avx2_##R##x##H(const q_problem* p, int h0, int r0, int t) { q_tile_avx2(p, R, H, h0, r0, t, 1); }
 AVX2_8_FN(1, 2) AVX2_8_FN(2, 2) AVX2_8_FN(3, 1) AVX2_8_FN(4, 1) AVX2_8_FN(5, 1) AVX2_8_FN(6, 1)
 static const q_half_fn avx2_8_by_rows[7] = {0, tile8_avx2_1x2, tile8_avx2_2x2, tile8_avx2_3x1, tile8_avx2_4x1, tile8_avx2_5x1,
                                             tile8_avx2_6x1};
