@@ -91,6 +91,8 @@ does; the cap is what makes that assumption harmless when they do not.
 
 from __future__ import annotations
 
+from functools import partial
+
 PRIOR_WEIGHT = 8.0  # drafts' worth of the method-wide acceptance in a request's estimate
 PROBE_EVERY = 16  # one round in this many is a probe round for requests at k = 0
 STICKY = 0.05  # a new draft length must promise this much more speed than the current one
@@ -172,6 +174,7 @@ class AutoDraftLen:
         self.accepted_at: dict[str, list[int]] = {}
         self.reached_at: dict[str, list[int]] = {}
         self._at: dict[str, tuple[float, list[float]]] = {}  # method -> (its acceptance, at each position), until its next round
+        self._tokens: dict[str, tuple[float, list[float]]] = {}  # method -> (a, expected_tokens to max_draft_len), likewise
         self.drafting_rounds: dict[str, int] = {}  # method -> rounds that drafted (a tree's mean accepted per round)
         self.predicted: dict[str, float] = {}  # method -> the scores of scored drafts, summed (their calibration)
         self.scored_accepted: dict[str, float] = {}
@@ -234,6 +237,7 @@ class AutoDraftLen:
     def record_round(self, method: str, drafted: int, accepted: int) -> None:
         if drafted:
             self._at.pop(method, None)
+            self._tokens.pop(method, None)
             self.drafting_rounds[method] = self.drafting_rounds.get(method, 0) + 1
             self.accepted[method] = self.accepted.get(method, 0.0) + accepted
             self.reached[method] = self.reached.get(method, 0.0) + accepted + (accepted < drafted)
@@ -252,31 +256,53 @@ class AutoDraftLen:
         return float(min(a, 0.999))
 
     def expected_tokens(self, method: str, a: float, limit: int) -> list[float]:
-        """[k] expected tokens of a round with k = 0..limit drafts for a request of acceptance ``a``."""
+        """[k] expected tokens of a round with k = 0..limit drafts for a request of acceptance ``a``. Worked out to
+        max_draft_len and remembered per method for the last ``a`` until the method's next round: a round asks for
+        the same request's curve twice (may_draft's bound, then its choice) and each answer is a prefix."""
+        last = self._tokens.get(method)
+        if last is not None and last[0] == a and limit <= self.max_draft_len:
+            return last[1][: limit + 1]
         at = self._at.get(method)
         if at is None and self.reached_at.get(method) is not None and self.reached.get(method, 0.0) > 0:
             method_a = self.accepted[method] / self.reached[method]
             acc, reach = self.accepted_at[method], self.reached_at[method]
             # smoothed acceptance at each position given the ones before (until the method's next round)
             at = self._at[method] = (method_a, [(acc[j] + PRIOR_WEIGHT * method_a) / (reach[j] + PRIOR_WEIGHT) for j in range(len(acc))])
+        depth = max(limit, self.max_draft_len)
         if at is not None:
             scale = a / max(at[0], 1e-6)
-            c = [min(x * scale, 0.999) for x in at[1][:limit]]  # scaled to this request
+            c = [min(x * scale, 0.999) for x in at[1][:depth]]  # scaled to this request
         else:
-            c = [a] * limit
+            c = [a] * depth
         out, survive = [1.0], 1.0
         for cj in c:
             survive *= cj
             out.append(out[-1] + survive)
-        return out
+        self._tokens[method] = (a, out)
+        return out[: limit + 1]
 
     def verify_costs(self, rows: int) -> list[float]:
         """[w] verify_cost(rows, w) for w = 1..max_draft_len + 1 (index 0 unused), all at once and remembered until
-        the next timing: every request of a round asks for the same few."""
+        the next timing: every request of a round asks for the same few. Every round times a call, so this runs about
+        once a round: the widths come off one fitted line in one pass, not one ``verify_cost`` each."""
         costs = self._memo.get(rows)
         if costs is None:
-            costs = self._memo[rows] = [0.0, *(self.verify_cost(rows, w) for w in range(1, self.max_draft_len + 2))]
+            widths = range(1, self.max_draft_len + 2)
+            priced = self.__dict__.get("verify_cost")  # a formula set on the instance (the tests price calls so)
+            costs = self._memo[rows] = [0.0, *(map(partial(priced, rows), widths) if priced else self._line_costs(rows, widths))]
         return costs
+
+    def _line_costs(self, rows: int, widths) -> list[float]:
+        """verify_cost(rows, w) for each w of ``widths``."""
+        line = self._line(rows)
+        odd = self.even_rows and rows % 2  # computed_width: an odd rows x width call computes width + 1
+        if line is None:  # unitless until the first call is timed
+            return [1.0 + PRIOR_SLOPE * (w + (odd and w % 2) - 1) for w in widths]
+        mean_w, mean_t, slope = line._fitted()
+        if slope is None:  # one width seen: the slope per computed token over every call, else the prior
+            per_token = self.per_token.slope
+            slope = rows * per_token if per_token is not None else PRIOR_SLOPE * mean_t
+        return [max(mean_t + slope * (w + (odd and w % 2) - mean_w), 1e-9) for w in widths]
 
     def _cost(self, rows: int, width: int) -> float:
         costs = self.verify_costs(rows)
@@ -284,11 +310,7 @@ class AutoDraftLen:
 
     def verify_cost(self, rows: int, width: int) -> float:
         """Seconds of a target call of ``rows`` x ``width`` tokens, from the nearest batch size timed."""
-        line, width = self._line(rows), self.computed_width(rows, width)
-        if line is None:
-            return 1.0 + PRIOR_SLOPE * (width - 1)  # unitless until the first call is timed
-        per_token = self.per_token.slope
-        return line(width, None if per_token is None else rows * per_token)
+        return self._line_costs(rows, (width,))[0]
 
     def _line(self, rows: int) -> _CostLine | None:
         if rows < len(self.verify) and self.verify[rows].measured:

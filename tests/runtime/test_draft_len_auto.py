@@ -149,3 +149,41 @@ def test_seeded_costs_replace_the_ones_a_round_read_before():
     auto.seed_verify({(1, 1): 0.02, (1, 2): 0.03})
     assert auto.verify_costs(1)[1] == pytest.approx(auto.verify_cost(1, 1))
     assert auto.verify_costs(1)[1] < 0.1
+
+
+@pytest.mark.parametrize("even_rows", [False, True])
+def test_verify_costs_in_one_pass_price_each_width_as_its_line_does(even_rows):
+    """verify_costs reads every width off the nearest timed line at once: the same seconds as the line itself gives at
+    the width the call computes (an odd rows x width call on an even-rows engine computes one token more), before any
+    timing (the prior), with one width timed (the slope per computed token, else the prior) and with two."""
+    auto = AutoDraftLen(4, 4, even_rows=even_rows)
+    assert auto.verify_costs(3)[1:] == pytest.approx([1.0 + 0.1 * (auto.computed_width(3, w) - 1) for w in range(1, 6)])
+    for width, seconds in ((1, 0.02), (1, 0.021), (1, 0.019)):
+        auto.record_verify(3, width, seconds)
+    for rows in (1, 2, 3, 4):  # 3 timed at one width; 1, 2 and 4 priced from it, the nearest
+        line = auto.verify[3]
+        want = [line(auto.computed_width(rows, w)) for w in range(1, 6)]  # no call of two widths yet: the prior slope
+        assert auto.verify_costs(rows)[1:] == pytest.approx(want)
+    for width, seconds in ((2, 0.03), (3, 0.035), (2, 0.031), (3, 0.036)):  # each shape's first call is not timed
+        auto.record_verify(1, width, seconds)
+    line, per_token = auto.verify[1], auto.per_token.slope
+    assert per_token is not None and line.slope is not None
+    assert auto.verify_costs(1)[1:] == pytest.approx([line(auto.computed_width(1, w)) for w in range(1, 6)])
+    assert auto.verify_costs(3)[1:] == pytest.approx([auto.verify[3](auto.computed_width(3, w), 3 * per_token) for w in range(1, 6)])
+    assert auto.verify_cost(3, 9) == pytest.approx(auto.verify[3](auto.computed_width(3, 9), 3 * per_token))  # past the memo
+
+
+def test_expected_tokens_are_remembered_as_prefixes_until_the_method_drafts_again():
+    auto = AutoDraftLen(6)
+    for accepted in (3, 1, 6, 0):
+        auto.record_round("ngram", 6, accepted)
+    full = auto.expected_tokens("ngram", 0.6, 6)
+    assert auto.expected_tokens("ngram", 0.6, 2) == full[:3]
+    assert auto.expected_tokens("ngram", 0.5, 6) != full  # another acceptance: worked out again
+    assert auto.expected_tokens("ngram", 0.6, 6) == full
+    auto.record_round("ngram", 6, 6)  # the method's positions moved: nothing stale is returned
+    again = auto.expected_tokens("ngram", 0.6, 6)
+    fresh = AutoDraftLen(6)
+    for accepted in (3, 1, 6, 0, 6):
+        fresh.record_round("ngram", 6, accepted)
+    assert again == pytest.approx(fresh.expected_tokens("ngram", 0.6, 6)) and again != full
