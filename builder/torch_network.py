@@ -144,8 +144,9 @@ def _medusa(files: _Tensors, heads) -> None:
 
 
 def write_torch_eagle_module(out_dir: Path, base: Checkpoint, heads, cfg: ModelConfig, build: BuildConfig) -> Written:
-    """An EAGLE-3 module's own engine files (builder/eagle.py says what the module computes): the base's embedding,
-    its layers (layer 0 with hidden_norm and 2 * hidden wide q|k|v inputs), its norm and lm_head; float, never quantized."""
+    """An EAGLE-3 (P-EAGLE) module's own engine files (builder/eagle.py says what the module computes): the base's
+    embedding, its layers (layer 0 with hidden_norm and 2 * hidden wide q|k|v inputs), its norm and lm_head; float,
+    never quantized. A P-EAGLE module's embedding has one more row, and its placeholder vectors beside it."""
     from .eagle import ModuleWeights
 
     written = Written()
@@ -159,9 +160,23 @@ def write_torch_eagle_module(out_dir: Path, base: Checkpoint, heads, cfg: ModelC
             files.float("hidden_norm", weights.float32("model.layers.0.hidden_norm.weight"))
         write_safetensors(out_dir / layer_file(i), files.tensors)
     top = _Tensors(build.dtype, written)
-    top.float("embed", base.float32("model.embed_tokens.weight"))
+    embed = base.float32("model.embed_tokens.weight")  # [vocab, hidden]
+    if heads.mode == "peagle":
+        embed = _placeholders(top, embed, heads)
+    top.float("embed", embed)
     top.float("norm", weights.float32("norm.weight"))
     top.float("lm_head.weight", weights.float32("lm_head.weight"))
     _rope(top, cfg, build)
     write_safetensors(out_dir / MODEL_FILE, top.tensors)
     return written
+
+
+def _placeholders(files: _Tensors, embed: np.ndarray, heads) -> np.ndarray:
+    """A P-EAGLE module's placeholder vectors (builder/eagle.py's _placeholders, the same constants): row 0 zeros for real
+    tokens, row d depth d's fc(mask_hidden[d]), kept float32 as the ONNX module adds them. Returns the embedding with
+    ptd_token_id's row appended (row vocab: what every placeholder reads)."""
+    vectors = heads.placeholder_features().astype(np.float32)  # [D, hidden]
+    offsets = np.concatenate([np.zeros((1, vectors.shape[1]), np.float32), vectors])  # [D + 1, hidden]
+    files.tensors[f"placeholders.{heads.placeholder_form}"] = np.ascontiguousarray(offsets)  # formats/torch_layout.py's PLACEHOLDER_FORMS
+    files.written.num_parameters += offsets.size
+    return np.concatenate([embed, embed[heads.mask_token_id][None]])  # [vocab + 1, hidden]

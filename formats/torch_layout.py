@@ -7,7 +7,12 @@ the two cannot drift apart. An engine of ``build.backend == "torch"`` holds, bes
                            embed [vocab, hidden]; norm [hidden]; lm_head: a LINEAR (absent: tied to embed);
                            rope_cos / rope_sin [kv_capacity, head_dim / 2] float32 (the tables the ONNX engines hold);
                            medusa.{i}.{j} (a LINEAR with bias: head i's ResBlock j) and medusa.{i}.lm_head [vocab, hidden];
-                           eagle_fc.weight [hidden, num_aux * hidden] (an EAGLE-3 target: fc over its aux layers' outputs)
+                           eagle_fc.weight [hidden, num_aux * hidden] (an EAGLE-3 or P-EAGLE target: fc over its aux layers' outputs);
+                           a P-EAGLE module (mode peagle_module): embed [vocab + 1, hidden], its last row the embedding of
+                           ptd_token_id that every placeholder reads, and one of placeholders.anchored /
+                           placeholders.constant [depths + 1, hidden] float32: row 0 zeros (real tokens), row d depth d's
+                           vector fc(mask_hidden[d]), added to the row's hidden_states (anchored) or in place of them
+                           (constant); builder/eagle.py says what the placeholder token ids are
     layer.{i}.safetensors  decoder layer i: input_norm, post_norm [hidden]; q_norm, k_norm [head_dim] (qk_norm models);
                            hidden_norm [hidden] (an EAGLE-3 module's layer 0); the LINEARs qkv (q|k|v joined along the
                            outputs, bias beside it where the model has one), o, gate_up (gate|up joined), down
@@ -32,6 +37,7 @@ import numpy as np
 LAYOUT_VERSION = 1  # recorded in config.json's extra["torch"]; the runtime refuses another
 MODEL_FILE = "model.safetensors"
 LINEARS = ("qkv", "o", "gate_up", "down")  # a decoder layer's linear layers, in the order a layer runs them
+PLACEHOLDER_FORMS = ("anchored", "constant")  # a P-EAGLE module's placeholder vectors: tensor placeholders.{form}
 
 
 def layer_file(index: int) -> str:

@@ -94,9 +94,25 @@ def test_peagle_refusals(peagle, tmp_path):
     assert not any(p.name in "abcd" for p in tmp_path.iterdir())  # refused before anything was written
 
 
-def test_the_torch_backend_refuses_a_peagle_build_before_any_work(peagle, tmp_path):
-    """Its module files would lack the placeholders (builder/eagle.py builds them into the ONNX network only): refused, nothing written."""
-    with pytest.raises(BuildConfigError, match="--backend torch does not build P-EAGLE modules yet"):
-        build_engine(peagle["ckpt"], tmp_path / "t", spec_build(4, speculative_decoding_mode="peagle", backend="torch"), say=lambda _: None,
-                     peagle_dir=peagle["dir"] / "module")
-    assert not (tmp_path / "t").exists() or not any((tmp_path / "t").iterdir())
+@pytest.mark.parametrize("form", ["module", "constant"])
+def test_the_torch_backend_builds_a_peagle_target_and_its_module(peagle, form, tmp_path):
+    """The module's placeholder rows in the torch backend's files (formats/torch_layout.py): the base's embedding with
+    ptd_token_id's row appended, and fc(mask_hidden) per depth (row 0 zeros) under the form's name; the target's fc."""
+    from specdec.formats.heads import load_heads
+    from specdec.formats.safetensors_io import SafetensorsFile
+
+    out = tmp_path / "t"
+    build_engine(peagle["ckpt"], out, spec_build(4, speculative_decoding_mode="peagle", backend="torch"), say=lambda _: None,
+                 peagle_dir=peagle["dir"] / form)
+    target, module = load_engine_dir(out), load_engine_dir(eagle_module_dir(load_engine_dir(out)))
+    assert (target.config.build.speculative_decoding_mode, module.config.build.speculative_decoding_mode) == ("peagle", "peagle_module")
+    assert not module.config.build.tree_attention and "eagle_fc.weight" in SafetensorsFile(out / "model.safetensors").entries
+    heads = load_heads(peagle["dir"] / form)
+    top = SafetensorsFile(eagle_module_dir(target) / "model.safetensors")
+    embed, base = np.array(top.raw("embed")), peagle["hf"].get_input_embeddings().weight.detach().numpy()
+    np.testing.assert_array_equal(embed, np.concatenate([base, base[heads.mask_token_id][None]]))
+    name = "placeholders.anchored" if form == "module" else "placeholders.constant"
+    assert [e for e in top.entries if e.startswith("placeholders.")] == [name]
+    vectors = np.array(top.raw(name))  # [depths + 1, hidden]
+    assert not vectors[0].any()
+    np.testing.assert_allclose(vectors[1:], heads.placeholder_features(), rtol=1e-6)

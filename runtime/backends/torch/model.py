@@ -10,7 +10,8 @@ value is a device tensor, so on a GPU a whole step is one CUDA graph (graphs.py)
 The network is the ONNX engines' (builder/network.py): embedding, decoder layers (residual add fused with the next
 RMSNorm, joined q|k|v and gate|up), final norm on the rows asked for, lm_head; a Medusa target's heads on those rows;
 an EAGLE-3 target's fc over its aux layers' outputs for every fed token; an EAGLE-3 module's layer 0 over
-[norm(embedding), hidden_norm(hidden_states)] with hidden_states as its residual stream, and its pre-norm rows.
+[norm(embedding), hidden_norm(hidden_states)] with hidden_states as its residual stream, and its pre-norm rows; a
+P-EAGLE module's placeholder rows first (ids past the vocabulary: builder/eagle.py's _placeholders), and no pre-norm rows.
 """
 
 from __future__ import annotations
@@ -50,8 +51,10 @@ class Forward:
 
     def __init__(self, weights: Weights, model: ModelConfig, build: BuildConfig, ops: ReferenceOps):
         self.w, self.m, self.ops = weights, model, ops
-        self.eagle_module = build.speculative_decoding_mode == "eagle_module"
-        self.aux_layers = set(build.eagle_aux_layer_ids) if build.speculative_decoding_mode == "eagle" else set()
+        mode = build.speculative_decoding_mode
+        self.eagle_module = mode in ("eagle_module", "peagle_module")  # layer 0 over [embedding, hidden_states]
+        self.hidden_out = mode == "eagle_module"  # a P-EAGLE module feeds nothing back
+        self.aux_layers = set(build.eagle_aux_layer_ids) if mode in ("eagle", "peagle") else set()
         self.scale = model.head_dim ** -0.5
         self.splits = [model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim, model.num_kv_heads * model.head_dim]
 
@@ -59,12 +62,15 @@ class Forward:
         """kv [layers, 2 (K, V), slots, kv_heads, capacity, head_dim], written in place. Returns float32 outputs by name."""
         w, m, ops = self.w, self.m, self.ops
         B, S = step.ids.shape
-        x = w.embed[step.ids.reshape(-1)]  # [T, hidden]
+        ids, h_in = step.ids, step.extra.get("hidden_states")
+        if w.placeholders is not None:
+            ids, h_in = self._placeholders(ids, h_in)
+        x = w.embed[ids.reshape(-1)]  # [T, hidden]
         delta = None  # the last block's output, added to the residual stream by the next norm
         aux = []  # an EAGLE-3 target's aux layers' outputs, [T, hidden] each
         for i, layer in enumerate(w.layers):
             if self.eagle_module and i == 0:  # attention over [norm(embedding), hidden_norm(h)]; h is the residual stream
-                h_in = step.extra["hidden_states"].reshape(B * S, -1)
+                h_in = h_in.reshape(B * S, -1)
                 a_in = torch.cat([ops.rmsnorm(x, layer.input_norm, m.rms_norm_eps), ops.rmsnorm(h_in, layer.hidden_norm, m.rms_norm_eps)], dim=-1)
                 x = h_in
             else:
@@ -76,6 +82,20 @@ class Forward:
                 aux.append(x + delta)
         x = (x + delta).view(B, S, -1)  # the residual stream after the last layer
         return self._outputs(x, aux, step, B, S)
+
+    def _placeholders(self, ids: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A P-EAGLE module's placeholder rows, as builder/eagle.py's _placeholders: id vocab + d - 1 is depth d's
+        placeholder. ids [B, S], hidden [B, S, hidden] -> the ids the embedding reads (every placeholder: row vocab,
+        ptd_token_id's embedding) and hidden_states with depth d's vector (the last for deeper rows) added (anchored) or in
+        their place (constant). The vectors are float32 and added in float32, as the ONNX module adds them."""
+        vocab, vectors = self.m.vocab_size, self.w.placeholders  # vectors: [D + 1, hidden], row 0 zeros
+        depth = (ids - (vocab - 1)).clamp(0, vectors.shape[0] - 1)  # [B, S]: 0 for real tokens, min(d, D) for placeholders
+        offset = vectors[depth]  # [B, S, hidden] float32
+        if self.w.placeholder_form == "anchored":
+            hidden = (hidden.float() + offset).to(hidden.dtype)
+        else:
+            hidden = torch.where((ids >= vocab)[..., None], offset.to(hidden.dtype), hidden)
+        return ids.clamp(max=vocab), hidden
 
     def _attention(self, layer, a_in: torch.Tensor, kv: torch.Tensor, step: StepInputs, B: int, S: int) -> torch.Tensor:
         """o_proj(attention(q, k, v of a_in [T, in])) -> [T, hidden]; k and v land in the cache."""
@@ -97,7 +117,7 @@ class Forward:
             out["eagle_hidden"] = ops.linear(torch.cat(aux, dim=-1), w.eagle_fc, torch.float32).view(B, S, -1)
         L = step.logits_index.shape[1]
         rows = torch.gather(x, 1, step.logits_index[:, :, None].expand(B, L, x.shape[-1]))  # [B, L, hidden]
-        if self.eagle_module:
+        if self.hidden_out:
             out["hidden_out"] = rows.float()
         normed = ops.rmsnorm(rows.reshape(B * L, -1), w.norm, m.rms_norm_eps)
         out["logits"] = ops.linear(normed, w.lm_head, torch.float32).view(B, L, -1)

@@ -14,7 +14,7 @@ import torch
 from ....formats.engine_format import EngineDir, ModelConfig
 from ....formats.errors import EngineError
 from ....formats.safetensors_io import SafetensorsFile
-from ....formats.torch_layout import MODEL_FILE, layer_file
+from ....formats.torch_layout import MODEL_FILE, PLACEHOLDER_FORMS, layer_file
 
 PER_CHANNEL = 1 << 30  # the group size of a per-output-channel scheme: every input row in group 0
 
@@ -61,6 +61,8 @@ class Weights:
     layers: list[Layer]
     medusa: list[tuple[list[Linear], Linear]] = field(default_factory=list)  # per head: its ResBlocks, its LM head
     eagle_fc: Linear | None = None
+    placeholders: torch.Tensor | None = None  # a P-EAGLE module's: [depths + 1, hidden] float32, row 0 zeros (formats/torch_layout.py)
+    placeholder_form: str = ""  # "anchored" (added to the row's hidden_states) | "constant" (in their place)
 
 
 class _File:
@@ -108,5 +110,13 @@ def load_weights(engine: EngineDir, device: torch.device) -> Weights:
     lm_head = top.linear("lm_head", bits, group) if ("lm_head.weight" in top or "lm_head.qweight" in top) else Linear(weight=embed)
     medusa = [([top.linear(f"medusa.{i}.{j}", 0, 0) for j in range(build.medusa_num_layers)], top.linear(f"medusa.{i}.lm_head", 0, 0))
               for i in range(build.medusa_num_heads)]
-    eagle_fc = top.linear("eagle_fc", 0, 0) if build.speculative_decoding_mode == "eagle" else None
-    return Weights(embed, top.get("norm"), lm_head, top.get("rope_cos"), top.get("rope_sin"), layers, medusa, eagle_fc)
+    eagle_fc = top.linear("eagle_fc", 0, 0) if build.speculative_decoding_mode in ("eagle", "peagle") else None
+    weights = Weights(embed, top.get("norm"), lm_head, top.get("rope_cos"), top.get("rope_sin"), layers, medusa, eagle_fc)
+    if build.speculative_decoding_mode == "peagle_module":
+        forms = [form for form in PLACEHOLDER_FORMS if f"placeholders.{form}" in top]
+        if len(forms) != 1 or embed.shape[0] != model.vocab_size + 1:
+            raise EngineError(f"{engine.path} is a P-EAGLE module without its placeholder rows (one of "
+                              f"{', '.join('placeholders.' + f for f in PLACEHOLDER_FORMS)}, an embedding of vocab + 1 rows): rebuild it.")
+        weights.placeholder_form = forms[0]
+        weights.placeholders = top.get(f"placeholders.{forms[0]}")
+    return weights
