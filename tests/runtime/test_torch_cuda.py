@@ -1,10 +1,10 @@
 """The torch backend on a GPU (marked cuda(backend="torch"): a host with an NVIDIA GPU, torch with CUDA and Triton;
-skipped elsewhere). The demo pair and its Medusa heads and EAGLE module built with --backend torch in bfloat16, and
-an int4 weight-only target.
+skipped elsewhere). The demo pair and its Medusa heads, EAGLE module and P-EAGLE module built with --backend torch in
+bfloat16, and an int4 weight-only target.
 
 Exactness is against the same engine's own target-only decoding: every speculative output must equal it at batch
-1, 4, 16 and 64, for draft-target, n-gram, suffix decoding (tree and chain), Medusa and EAGLE (chain and tree), int4
-included. What makes that hold: a verification step gives the bits of one-token steps (tested directly), because
+1, 4, 16 and 64, for draft-target, n-gram, suffix decoding (tree and chain), Medusa, EAGLE and P-EAGLE (chain and
+tree), int4 included. What makes that hold: a verification step gives the bits of one-token steps (tested directly), because
 every kernel computes a row the same way whatever the call's rows (kernels/gemm.py, kernels/attention.py). CUDA
 graphs replayed after rollback, copy_slot and compact_slot give the logits of a run without graphs, bit for bit.
 """
@@ -52,8 +52,11 @@ def gpu(tmp_path_factory):
                  **quiet)
     build_engine(DEMO / "target", d / "int4", spec_build(4, quantization="int4_wo", **limits), **quiet)
     build_engine(DEMO / "draft", d / "draft", spec_build(0, **limits), **quiet)
-    ex = {name: executor(d / name) for name in ("eagle", "medusa", "int4", "draft")}
+    build_engine(DEMO / "target", d / "peagle", spec_build(8, speculative_decoding_mode="peagle", **limits),
+                 peagle_dir=DEMO / "heads" / "peagle", **quiet)
+    ex = {name: executor(d / name) for name in ("eagle", "medusa", "int4", "draft", "peagle")}
     ex["module"] = executor(eagle_module_dir(ex["eagle"].engine))
+    ex["peagle_module"] = executor(eagle_module_dir(ex["peagle"].engine))
     tok = Tokenizer(DEMO / "target")
     # 64 prompts of 6..30 tokens; every fourth repeats itself (n-gram's case)
     prompts = [tok.encode(TEXTS[i % 4])[: 6 + (i * 7) % 25] for i in range(64)]
@@ -108,6 +111,44 @@ def test_every_method_equals_target_only(gpu, batch):
     for choices, k in ((None, 3), (TREE, len(json.loads(TREE)))):
         got, _ = generate(medusa, prompts, MedusaProposer(medusa, choices), k)
         assert got == medusa_want, f"Medusa {'tree' if choices else 'chain'}, batch {batch}"
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+def test_peagle_equals_its_own_target_only(gpu, batch):
+    """P-EAGLE on the torch engines (a block of drafts per module call): chains, a tree and auto, the peagle target's own
+    target-only output."""
+    from specdec.runtime.proposers.peagle import PEagleProposer
+
+    ex, prompts = gpu["ex"], gpu["prompts"][:batch]
+    target, module = ex["peagle"], ex["peagle_module"]
+    want, _ = generate(target, prompts)
+    for name, choices, k in (("chain k=4", None, 4), ("chain k=8", None, 8), ("tree", TREE, len(json.loads(TREE))), ("auto", TREE, "auto")):
+        got, metrics = generate(target, prompts, PEagleProposer(target, module, choices), k)
+        assert got == want, f"P-EAGLE {name}, batch {batch}"
+        assert metrics.drafted > 0 or k == "auto", name
+
+
+def test_peagle_module_graphs_give_the_eager_logits(gpu):
+    """The P-EAGLE module's calls (a ragged catch-up, then rounds of real pairs and placeholders up to 2 * max_draft_len wide,
+    the placeholders dropped after each) with and without CUDA graphs: the same logits, bit for bit; the widest replayed."""
+    path, prompts = eagle_module_dir(gpu["ex"]["peagle"].engine), gpu["prompts"][:5]
+    rounds, rng = (1, 9, 3, 9), np.random.default_rng(0)
+    widths = [max(map(len, prompts)), *(pairs + 7 for pairs in rounds)]  # 16 wide at 9 pairs: 2 * max_draft_len
+    hidden = [rng.standard_normal((5, w, gpu["ex"]["peagle"].model.hidden_size)).astype(np.float32) for w in widths]
+    outs, caches = [], []
+    for ex in (executor(path, cuda_graphs=True), executor(path, cuda_graphs=False)):
+        v, cache = ex.vocab_size, ex.new_cache(5)
+        got = [ex.forward(cache, prompts, all_logits=False, extra_inputs={"hidden_states": hidden[0]}).logits.copy()]
+        for pairs, h in zip(rounds, hidden[1:], strict=True):
+            start = cache.lengths.copy()
+            block = [[20 + r] * pairs + [v + j for j in range(7)] for r in range(5)]
+            got.append(ex.forward(cache, block, all_logits=True, extra_inputs={"hidden_states": h}).logits.copy())
+            cache.lengths[:] = start + pairs
+        outs.append(got)
+        caches.append(cache)
+    assert (5, 16, 16, False) in caches[0].graphs and not caches[1].graphs
+    for i, (a, b) in enumerate(zip(*outs, strict=True)):
+        np.testing.assert_array_equal(a, b, err_msg=f"call {i}")
 
 
 @pytest.mark.parametrize("batch", BATCHES)

@@ -183,3 +183,14 @@ def test_a_round_is_one_module_call_whatever_k(pairs):
     for k, choices in ((2, None), (5, None), (8, None), (len(json.loads(TREE)), TREE)):
         rounds, drafting_steps = run(t, m, pairs["demo"]["prompts"], k, choices)
         assert drafting_steps > 2 and len(rounds) >= drafting_steps, (k, choices)
+
+
+def test_the_triton_kernels_give_the_references_module_logits(pairs):
+    """The GPU path's ops (ops.TritonOps) under Triton's interpreter: the constant-placeholder module's calls, the references' logits."""
+    pytest.importorskip("triton")
+    module = pairs["constant"]["torch"][1]
+    triton_module = TorchExecutor(module.engine, "cpu", kernels="triton", warm_up=False)
+    (got, got_len), (want, want_len) = (module_calls(m, np.random.default_rng(1)) for m in (triton_module, module))
+    assert got_len.tolist() == want_len.tolist()
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * max(float(np.abs(b).max()), 1.0), err_msg=f"call {i}")

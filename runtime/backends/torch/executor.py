@@ -69,6 +69,8 @@ class TorchExecutor:
         self.tree_attention = True  # the attention kernel takes a tree mask for any engine, and compact_slot keeps any path
         self._steps = np.arange(max(self.build.max_input_len, self.build.kv_capacity), dtype=np.int64)
         self.graph_width = max(2, self.build.max_draft_len + 1)  # widest decode / verification call: wider ones (prompts) run eagerly
+        if self.build.speculative_decoding_mode == "peagle_module":  # a round: up to max_draft_len + 1 pending pairs, then k - 1 placeholders
+            self.graph_width = max(2, 2 * self.build.max_draft_len)
         self.graph_pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None  # every graph's intermediates: replays never overlap
         self.graph_outputs = None  # graphs.GraphOutputs: the device buffers every graph leaves its outputs in
         if warm_up:
