@@ -15,7 +15,8 @@ A dry run of every code path on a CPU, tiny engines in float32 (no profile, no H
         --max_new_tokens 8 --repeats 1 --json /tmp/dry/torch.json
 
 Engines (--work, reused when there): with --backend torch, the target (an EAGLE target with --eagle: it serves every
-method but Medusa), the draft, with --int4 an int4 target (group 128), with --medusa a Medusa target; with --ort the
+method but Medusa and P-EAGLE), the draft, with --int4 an int4 target (group 128), with --medusa a Medusa target, with
+--peagle a P-EAGLE target (its methods against its own target-only); with --ort the
 same target and int4 target as ort_cuda engines (needs onnxruntime-gpu). Sections, each skipped once --budget_s is
 spent (the JSON says so, and is rewritten after each):
 
@@ -71,6 +72,9 @@ def plan_builds(args, kmax: int, verify: int) -> dict[str, tuple[str, list[str],
     plan = {"target": (args.target, target, TORCH), "draft": (args.draft, batch, TORCH)}
     if args.int4:
         plan["int4"] = (args.target, batch + spec + ["--qformat", "int4_wo"], TORCH)
+    if args.peagle:
+        plan["peagle"] = (args.target, batch + ["--speculative_decoding_mode", "peagle", "--peagle_dir", args.peagle, "--max_draft_len", str(verify)],
+                          TORCH)
     if args.medusa:
         plan["medusa"] = (args.target, batch + ["--speculative_decoding_mode", "medusa", "--medusa_dir", args.medusa, "--max_draft_len", str(verify)],
                           TORCH)
@@ -230,6 +234,7 @@ def main() -> None:
     ap.add_argument("--draft", required=True)
     ap.add_argument("--eagle", help="EAGLE-3 module for the target (enlarge.py --heads): the target is built as an EAGLE target")
     ap.add_argument("--medusa", help="Medusa heads for the target: a Medusa target too")
+    ap.add_argument("--peagle", help="P-EAGLE module for the target (enlarge.py --heads): a P-EAGLE target too")
     ap.add_argument("--int4", action="store_true", help="an int4 weight-only target too (group 128)")
     ap.add_argument("--ort", action="store_true", help="the ort_cuda engines beside (needs onnxruntime-gpu)")
     ap.add_argument("--work", required=True)
@@ -252,7 +257,7 @@ def main() -> None:
     budget, work, out = Budget(args.budget_s), Path(args.work), Path(args.json) if args.json else None
     sections = set(args.sections.split(","))
     kmax = max(args.draft_len_list + [int(args.ngram.split(",")[0])] if args.ngram else args.draft_len_list)
-    verify = max(kmax, len(json.loads(TREE))) if (args.eagle or args.medusa) else kmax
+    verify = max(kmax, len(json.loads(TREE))) if (args.eagle or args.medusa or args.peagle) else kmax
     res: dict[str, Any] = {"args": vars(args), "limits": LIMITS}
     plan = plan_builds(args, kmax, verify)
     built = {name: (work / name / "config.json").is_file() for name in plan}
@@ -278,7 +283,7 @@ def main() -> None:
     res["read_tb_per_s"] = read_bw / 1e12
     print(f"read bandwidth {read_bw / 1e12:.2f} TB/s (a reduction over {'4 GiB' if args.device == 'cuda' else '64 MiB'})", flush=True)
     widths = sorted({1, *[k + 1 for k in args.draft_len_list], kmax + 1, verify + 1})
-    step_engines = {k: v for k, v in engines.items() if k != "medusa"}
+    step_engines = {k: v for k, v in engines.items() if k not in ("medusa", "peagle")}  # the target's steps, plus heads
     if "steps" in sections:
         section(res, "steps", budget, 60, lambda: steps_section(step_engines, args.batch_list, widths, read_bw, max(1, args.repeats)), out)
         section(res, "verify_vs_steps", budget, 5, lambda: {n: verify_vs_steps(engines[n][0], kmax) for n in ("target", "int4") if n in engines}, out)

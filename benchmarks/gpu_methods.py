@@ -59,6 +59,9 @@ def decode_methods(engines: dict, draft_lens: list[int], ngram: list[int] | None
         methods["Medusa target-only"] = Orchestrator(medusa)  # its own engine: its own reference (and its cost of the heads)
         methods[f"Medusa tree n={len(proposer.tree)}"] = Orchestrator(medusa, proposer, draft_len=len(proposer.tree))
         refs.update({"Medusa target-only": "Medusa target-only", f"Medusa tree n={len(proposer.tree)}": "Medusa target-only"})
+    if "peagle" in engines:  # a P-EAGLE target: its own engine (its module's fc), its own reference
+        methods.update(_peagle_methods(engines["peagle"][0], tree, kind, more))
+        refs.update({name: "P-EAGLE target-only" for name in methods if name.startswith("P-EAGLE")})
     if "int4" in engines:
         methods["int4 target-only"] = Orchestrator(engines["int4"][0])
         refs["int4 target-only"] = "int4 target-only"
@@ -67,6 +70,22 @@ def decode_methods(engines: dict, draft_lens: list[int], ngram: list[int] | None
             methods[f"int4 draft-target k={k}"] = Orchestrator(engines["int4"][0], DraftModelProposer(draft), draft_len=k)
             refs[f"int4 draft-target k={k}"] = "int4 target-only"
     return {name: (orch, refs[name]) for name, orch in methods.items()}
+
+
+def _peagle_methods(target, tree: str, kind: str, more: bool) -> dict[str, Any]:
+    """P-EAGLE (a block of drafts per module call) on a peagle target: target-only, a chain of 4, the tree (and its auto)."""
+    from specdec.formats.engine_format import eagle_module_dir, load_engine_dir
+    from specdec.runtime.backends import Placement, open_executor
+    from specdec.runtime.orchestrator import Orchestrator
+    from specdec.runtime.proposers.peagle import PEagleProposer
+
+    module = open_executor(load_engine_dir(eagle_module_dir(target.engine)), Placement(kind, 0))
+    proposer = PEagleProposer(target, module, tree)
+    methods = {"P-EAGLE target-only": Orchestrator(target), "P-EAGLE chain k=4": Orchestrator(target, PEagleProposer(target, module), draft_len=4),
+               f"P-EAGLE tree n={len(proposer.tree)}": Orchestrator(target, proposer, draft_len=len(proposer.tree))}
+    if more:
+        methods["P-EAGLE tree auto"] = Orchestrator(target, PEagleProposer(target, module, tree), draft_len="auto")
+    return methods
 
 
 def hf_section(target: str, draft: str, prompts: list[list[int]], batches: list[int], n_new: int, decode: dict, count=None) -> dict[str, Any]:

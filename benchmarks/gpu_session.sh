@@ -23,7 +23,8 @@
 # 240 s), then the pair enlarged, built with --backend torch (target as an EAGLE target, draft, int4) and measured by
 # benchmarks/bench_torch.py: read-bandwidth floor, steps at BATCHES (default here 1,4,16,64), kernels per step, every
 # method and auto, Hugging Face at HF_BATCHES (default 1,16: each batch size compiles for about a minute). ORT=1 adds the
-# ort_cuda engines beside (onnxruntime-gpu must be installed: ../shared/gpu/README.md). REPEATS (2), NEW_TOKENS (64).
+# ort_cuda engines beside (onnxruntime-gpu must be installed: ../shared/gpu/README.md). PEAGLE=1 adds a P-EAGLE target
+# and its methods (one more 8B build). REPEATS (2), NEW_TOKENS (64).
 set -euo pipefail
 start=$(date +%s)
 PRESET=${PRESET:-llama8b}

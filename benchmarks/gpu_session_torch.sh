@@ -6,6 +6,8 @@
 #   enlarge 8B + 1B + EAGLE ~115 s     (reused when there)
 #   torch builds            ~60-100 s each for the 8B bf16 and int4 targets (numpy, single-threaded), 10 s the draft
 #   bench_torch.py          the rest of the budget: sections are skipped (and said so) once it is spent
+# PEAGLE=1 adds a P-EAGLE target (the demo's P-EAGLE module enlarged, one more 8B torch build, ~60-100 s) and its methods
+# to the decode section (its exactness is in the tests either way: tests/runtime/test_torch_cuda.py).
 # DRY=1 runs the same stages on a CPU with the demo pair as it is (no enlargement), float32, batches 1 and 2, few tokens:
 # a check of this script and bench_torch.py before a device is spent on them.
 set -euo pipefail
@@ -49,7 +51,7 @@ if [ "${DRY:-0}" = 1 ]; then
     demo="$root/examples/demo-pair"
     echo "== dry run on the CPU: the demo pair, float32 ($(left) s left)"
     python3 "$root/benchmarks/bench_torch.py" --target "$demo/target" --draft "$demo/draft" --eagle "$demo/heads/eagle" --int4 \
-        --work "$WORK/torch-dry" --device cpu --dtype float32 --batches 1,2 --min_prompts 2 --prompt_tokens 24 --max_new_tokens 8 \
+        --peagle "$demo/heads/peagle" --work "$WORK/torch-dry" --device cpu --dtype float32 --batches 1,2 --min_prompts 2 --prompt_tokens 24 --max_new_tokens 8 \
         --repeats 1 --budget_s "$(left)" --json "$OUT/torch-dry.json"
     echo "== dry run done in $(( $(date +%s) - start )) s"
     exit 0
@@ -65,6 +67,10 @@ enlarge "$demo/target" "$WORK/target-$PRESET" --preset "$PRESET" --dtype bfloat1
 enlarge "$demo/draft" "$WORK/draft-$draft_preset" --preset "$draft_preset" --dtype bfloat16
 [ -f "$WORK/eagle-$PRESET/config.json" ] || python3 "$root/benchmarks/enlarge.py" --heads "$demo/heads/eagle" --base "$WORK/target-$PRESET" "$WORK/eagle-$PRESET"
 extra=()
+if [ "${PEAGLE:-0}" = 1 ]; then
+    [ -f "$WORK/peagle-$PRESET/config.json" ] || python3 "$root/benchmarks/enlarge.py" --heads "$demo/heads/peagle" --base "$WORK/target-$PRESET" "$WORK/peagle-$PRESET"
+    extra+=(--peagle "$WORK/peagle-$PRESET")
+fi
 [ "${INT4:-1}" = 1 ] && extra+=(--int4)
 [ "${ORT:-0}" = 1 ] && extra+=(--ort)
 echo "== bench_torch.py with $(left) s left"
