@@ -17,7 +17,8 @@
  *   LIB, R rows      (R: each of --rows, at most 8) one op call per matrix as ort_q4gemm.c makes it at one thread: quantize
  *                    R rows, then blocks of 4
  *                    column tiles
- * and, apart, each LIB and row count on a 256-column matrix that stays in L2: the kernel's compute ceiling.
+ * and, apart, each LIB and row count on a 256-column matrix that stays in L2 (taking turns each round): the kernel's
+ * compute ceiling.
  * Prints the median [min-max] GB/s (thread CPU time: a descheduled thread does not count) and each case over the read
  * of the same round (the paired ratio, the steadiest figure on a shared machine). */
 #define _GNU_SOURCE
@@ -212,15 +213,18 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < scale_bytes(K, N) / 4; i++) ((float*)(small + weight_bytes(K, N)))[i] = 1e-3f;
   const Mat m = {K, N, 0, small, (const float*)(small + weight_bytes(K, N))};
   const int reps = (int)(total / mat_bytes(&m) / 8);
-  for (int l = 0; l < libs; l++)
-    for (int ri = 0; ri < row_counts; ri++) {
-      for (int r = 0; r < rounds; r++) {
+  double* gbs = malloc(sizeof(double) * libs * row_counts * rounds); /* [lib][rows][round]: the cases take turns each round */
+  for (int r = 0; r < rounds; r++)
+    for (int l = 0; l < libs; l++)
+      for (int ri = 0; ri < row_counts; ri++) {
         const double t0 = cpu_now();
         for (int i = 0; i < reps; i++) run_mat(&lib[l], &m, ROWS[ri]);
-        v[r] = reps * mat_bytes(&m) / (cpu_now() - t0) / 1e9;
+        gbs[((size_t)l * row_counts + ri) * rounds + r] = reps * mat_bytes(&m) / (cpu_now() - t0) / 1e9;
       }
+  for (int l = 0; l < libs; l++)
+    for (int ri = 0; ri < row_counts; ri++) {
       double med, lo, hi;
-      spread(v, rounds, &med, &lo, &hi);
+      spread(gbs + ((size_t)l * row_counts + ri) * rounds, rounds, &med, &lo, &hi);
       char label[600];
       snprintf(label, sizeof label, "%s, %d row(s), in L2", lib[l].name, ROWS[ri]);
       printf("%-56s %6.1f GB/s [%5.1f-%5.1f]\n", label, med, lo, hi);

@@ -203,8 +203,9 @@ VNNI static void quantize_vnni(const float* x, int M, int K, int group, int8_t* 
 
 /* -- AVX2 (+FMA): CPUs without AVX-512 VNNI ---------------------------------------------------------------------
    maddubs multiplies the unsigned codes by the int8 activations and adds adjacent pairs into int16 (at most
-   2 x 15 x 128 each: no saturation), the low and high halves' pairs are added (at most 7680), and madd with ones
-   sums pairs again into int32: the same exact integer per column and group as vpdpbusd, so the same bits.
+   2 x 15 x 128 each: no saturation), the low and high halves' pairs are added (at most 7680) and summed in int16 over
+   runs of 4 blocks (at most 30720: no wrap), and madd with ones sums each run's pairs into int32: the same exact
+   integer per column and group as vpdpbusd, so the same bits (q4_kernels.h: q_tile_avx2).
    A pass takes R rows x H halves of a tile (8 columns each): 1-2 rows both halves, 3-6 rows one half (AVX2 has 16
    registers), so a verification of up to 5 drafts unpacks each weight block once per half. */
 #define AVX2 __attribute__((target("avx2,fma")))
@@ -213,6 +214,54 @@ VNNI static void quantize_vnni(const float* x, int M, int K, int group, int8_t* 
   AVX2 static void tile_avx2_##R##x##H(const q_problem* p, int h0, int r0, int t) { q_tile_avx2(p, R, H, h0, r0, t, 0); }
 AVX2_FN(1, 2) AVX2_FN(2, 2) AVX2_FN(3, 1) AVX2_FN(4, 1) AVX2_FN(5, 1) AVX2_FN(6, 1)
 static const q_half_fn avx2_by_rows[7] = {0, tile_avx2_1x2, tile_avx2_2x2, tile_avx2_3x1, tile_avx2_4x1, tile_avx2_5x1, tile_avx2_6x1};
+
+/* quantize_vnni's arithmetic 8 lanes at a time (a group's tail, if its size is not a multiple of 8, as quantize_portable:
+   nearbyintf and cvtps round alike), so that a CPU without AVX-512 does not quantize one value at a time */
+AVX2 static void quantize_avx2(const float* x, int M, int K, int group, int8_t* qa, float* sa, int32_t* asum) {
+  const int G = K / group, V = group & ~7; /* V: the lanes taken 8 at a time */
+  const __m256 no_sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)), big = _mm256_set1_ps(FLT_MAX);
+  for (int r = 0; r < M; r++) {
+    for (int g = 0; g < G; g++) {
+      const float* xs = x + (size_t)r * K + (size_t)g * group;
+      __m256 vmax = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+      for (int i = 0; i < V; i += 8) {
+        const __m256 a = _mm256_and_ps(_mm256_loadu_ps(xs + i), no_sign);
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, big, _CMP_NLE_UQ)); /* inf and NaN */
+        vmax = _mm256_max_ps(vmax, a);
+      }
+      float lanes[8], amax = 0.f;
+      int finite = _mm256_movemask_ps(bad) == 0;
+      _mm256_storeu_ps(lanes, vmax);
+      for (int i = 0; i < 8; i++) amax = lanes[i] > amax ? lanes[i] : amax; /* exact in any order without NaN */
+      for (int i = V; i < group; i++) {
+        const float a = fabsf(xs[i]);
+        finite &= a <= FLT_MAX;
+        amax = a > amax ? a : amax;
+      }
+      float inv_s = 127.f / amax;
+      if (!finite || !(inv_s <= FLT_MAX)) inv_s = 0.f;
+      const __m256 inv = _mm256_set1_ps(inv_s);
+      int8_t* q = qa + (size_t)r * K + (size_t)g * group;
+      __m256i vsum = _mm256_setzero_si256();
+      for (int i = 0; i < V; i += 8) {
+        const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xs + i), inv));
+        const __m128i v16 = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        _mm_storel_epi64((__m128i*)(q + i), _mm_packs_epi16(v16, v16));
+        vsum = _mm256_add_epi32(vsum, v);
+      }
+      int32_t sums[8], sum = 0;
+      _mm256_storeu_si256((__m256i*)sums, vsum);
+      for (int i = 0; i < 8; i++) sum += sums[i];
+      for (int i = V; i < group; i++) {
+        const int v = (int)nearbyintf(xs[i] * inv_s);
+        q[i] = (int8_t)v;
+        sum += v;
+      }
+      sa[(size_t)r * G + g] = finite ? amax / 127.f : NAN;
+      asum[(size_t)r * G + g] = sum;
+    }
+  }
+}
 
 static int cpu_has(int vnni) {
   __builtin_cpu_init();
@@ -248,6 +297,10 @@ void q4_quantize_rows(const float* x, int M, int K, int group, int8_t* qa, float
 #if defined(__x86_64__)
   if (q_kernel() == KERNEL_VNNI) {
     quantize_vnni(x, M, K, group, qa, sa, asum);
+    return;
+  }
+  if (q_kernel() == KERNEL_AVX2) {
+    quantize_avx2(x, M, K, group, qa, sa, asum);
     return;
   }
 #endif

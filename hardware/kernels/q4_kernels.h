@@ -70,42 +70,72 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void q_group_ou
 
 /* An AVX2 pass over R rows x H halves (8 columns each) of tile t from half h0, for int4 (INT8 = 0) or int8 weights:
    the same loads, unpacking and epilogue, and each width's own exact integer dot (q4_kernels.c and q8_kernels.c say
-   why each equals vpdpbusd's). INT8 is a constant in every caller, so each width compiles to its own loop. */
+   why each equals vpdpbusd's). INT8 is a constant in every caller, so each width compiles to its own loop.
+   maddubs leaves int16 pair sums; they are added up in int16 over a run of blocks and widened to int32 (madd with
+   ones) once a run, not once a block: madd runs on the multiply pipes with maddubs, which bound the loop. Exact:
+   a maddubs lane is 2 codes (0..15: int4 codes, or an int8 code's nibbles) x int8 activations, at most
+   2 x 15 x 128 = 3840 in magnitude, so RUN lanes of one kind (int8: the low or the high nibbles', 8 blocks, 30720)
+   or int4's low + high (4 blocks, 4 x 7680 = 30720) stay below 32767: the int16 sums never wrap. */
+/* n blocks of one run from src (64 bytes apart), row r's activations from a[r]: the int16 sums into lo16 (and int8's
+   high nibbles' into hi16). n is RUN in every run but a group's last, so the full runs compile unrolled. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void q_run_avx2(const uint8_t* src, const int8_t* const a[6], const int n,
+    const int R, const int H, const int INT8, size_t prefetch, __m256i lo16[6][2], __m256i hi16[6][2]) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  for (int q = 0; q < n; q++, src += 64) {
+    if (prefetch) _mm_prefetch((const char*)src + prefetch, _MM_HINT_T1);
+    __m256i lo[2], hi[2];
+    for (int h = 0; h < H; h++) {
+      const __m256i b = _mm256_loadu_si256((const __m256i*)(src + 32 * h));
+      lo[h] = _mm256_and_si256(b, low);
+      hi[h] = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
+    }
+    for (int r = 0; r < R; r++) {
+      int32_t a0, a1;
+      memcpy(&a0, a[r] + q * (INT8 ? 4 : 8), 4);
+      if (INT8) { /* a code's two nibbles by the same activations */
+        const __m256i x = _mm256_set1_epi32(a0);
+        for (int h = 0; h < H; h++) {
+          lo16[r][h] = _mm256_add_epi16(lo16[r][h], _mm256_maddubs_epi16(lo[h], x));
+          hi16[r][h] = _mm256_add_epi16(hi16[r][h], _mm256_maddubs_epi16(hi[h], x));
+        }
+      } else { /* the low nibbles hold k = 8q + j, the high ones k = 8q + 4 + j */
+        memcpy(&a1, a[r] + q * 8 + 4, 4);
+        const __m256i x0 = _mm256_set1_epi32(a0), x1 = _mm256_set1_epi32(a1);
+        for (int h = 0; h < H; h++)
+          lo16[r][h] = _mm256_add_epi16(lo16[r][h], _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], x0), _mm256_maddubs_epi16(hi[h], x1)));
+      }
+    }
+  }
+}
+
 __attribute__((target("avx2,fma"), always_inline)) static inline void q_tile_avx2(const q_problem* p, const int R, const int H, int h0,
                                                                                    int r0, int t, const int INT8) {
-  const int G = p->K / p->group, B = p->group / (INT8 ? 4 : 8); /* 64-byte blocks per group and tile */
+  const int K = p->K, group = p->group, G = K / group, B = group / (INT8 ? 4 : 8); /* 64-byte blocks per group and tile */
+  const int RUN = INT8 ? 8 : 4;                                                     /* blocks summed in int16 (above) */
   const size_t tile_bytes = (size_t)G * B * 64, tile_scales = (size_t)G * 16;
-  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  /* the next tile into L2 while this one computes, once per tile (by the pass over its first half) */
+  const size_t prefetch = h0 == 0 && t + 1 < p->N / 16 ? tile_bytes : 0;
+  const __m256i ones = _mm256_set1_epi16(1);
+  const uint8_t* w0 = p->w + (size_t)t * tile_bytes + 32 * h0;
   for (int g = 0; g < G; g++) {
+    const int8_t* a[6];
+    for (int r = 0; r < R; r++) a[r] = p->qa + (size_t)(r0 + r) * K + (size_t)g * group;
     __m256i dot[6][2];
     for (int r = 0; r < R; r++)
       for (int h = 0; h < H; h++) dot[r][h] = _mm256_setzero_si256();
-    for (int q = 0; q < B; q++) {
-      const uint8_t* src = p->w + (size_t)t * tile_bytes + ((size_t)g * B + q) * 64 + 32 * h0;
-      __m256i lo[2], hi[2];
-      for (int h = 0; h < H; h++) {
-        const __m256i b = _mm256_loadu_si256((const __m256i*)(src + 32 * h));
-        lo[h] = _mm256_and_si256(b, low);
-        hi[h] = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
-      }
+    for (int q0 = 0; q0 < B; q0 += RUN) {
+      __m256i lo16[6][2], hi16[6][2]; /* int16 pair sums of the run; hi16: int8's high nibbles' only */
+      for (int r = 0; r < R; r++)
+        for (int h = 0; h < H; h++) lo16[r][h] = hi16[r][h] = _mm256_setzero_si256();
+      const uint8_t* src = w0 + ((size_t)g * B + q0) * 64;
+      if (q0 + RUN <= B) q_run_avx2(src, a, RUN, R, H, INT8, prefetch, lo16, hi16);
+      else q_run_avx2(src, a, B - q0, R, H, INT8, prefetch, lo16, hi16);
       for (int r = 0; r < R; r++) {
-        const int8_t* a = p->qa + (size_t)(r0 + r) * p->K + (size_t)g * p->group + q * (INT8 ? 4 : 8);
-        int32_t a0, a1;
-        memcpy(&a0, a, 4);
-        if (INT8) {  /* a code's two nibbles by the same activations: sum(lo * a) + 16 x sum(hi * a) */
-          const __m256i x = _mm256_set1_epi32(a0);
-          for (int h = 0; h < H; h++) {
-            const __m256i l = _mm256_madd_epi16(_mm256_maddubs_epi16(lo[h], x), ones);
-            const __m256i u = _mm256_madd_epi16(_mm256_maddubs_epi16(hi[h], x), ones);
-            dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_add_epi32(l, _mm256_slli_epi32(u, 4)));
-          }
-        } else {  /* the low nibbles hold k = 8q + j, the high ones k = 8q + 4 + j */
-          memcpy(&a1, a + 4, 4);
-          const __m256i x0 = _mm256_set1_epi32(a0), x1 = _mm256_set1_epi32(a1);
-          for (int h = 0; h < H; h++) {
-            const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], x0), _mm256_maddubs_epi16(hi[h], x1));
-            dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_madd_epi16(pairs, ones));
-          }
+        a[r] += RUN * (INT8 ? 4 : 8);
+        for (int h = 0; h < H; h++) {
+          __m256i d = _mm256_madd_epi16(lo16[r][h], ones); /* int8: sum(lo * a) + 16 x sum(hi * a) */
+          if (INT8) d = _mm256_add_epi32(d, _mm256_slli_epi32(_mm256_madd_epi16(hi16[r][h], ones), 4));
+          dot[r][h] = _mm256_add_epi32(dot[r][h], d);
         }
       }
     }

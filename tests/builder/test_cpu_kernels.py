@@ -177,6 +177,32 @@ def test_every_kernel_computes_the_same_bits(tmp_path, bits, k, group, mode, ker
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), fast)
 
 
+def largest_sums_outputs(bits: int, k: int, group: int) -> np.ndarray:
+    """Every row count's outputs for the largest codes (15 or 255, zero point 0) against activations that quantize to
+    +-127 throughout (a group's every value alike), a whole group's sums as large as they get, and a random row."""
+    codes = np.full((k, 32), (1 << bits) - 1, np.uint8)
+    w = SimpleNamespace(bits=bits, group_size=group, perm=None, codes=codes, zero=np.zeros((k // group, 32), np.uint8),
+                        scale=np.full((k // group, 32), 1e-3, np.float32))
+    x = np.stack([np.ones(k), -np.ones(k), np.repeat([1.0, -1.0], k // 2), np.random.default_rng(9).standard_normal(k) * 3]).astype(np.float32)
+    sess = session(w, 1)
+    return np.concatenate([sess.run(None, {"x": x[:m]})[0] for m in range(1, len(x) + 1)])
+
+
+@pytest.mark.parametrize("bits,k,group", [(4, 256, 128), (4, 96, 96), (8, 512, 256), (8, 240, 120)])
+def test_the_largest_sums_are_exact_on_every_kernel(tmp_path, bits, k, group):
+    """The AVX2 kernel adds maddubs' int16 pair sums over several blocks before widening them; at the largest codes and
+    activations those sums come closest to int16's limit. Every kernel gives the same bits there, and the right value."""
+    fast = largest_sums_outputs(bits, k, group)
+    for kernel in ("avx2", "portable"):
+        script = (f"import numpy as np, sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_cpu_kernels as t; "
+                  f"np.save({str(tmp_path / 'y.npy')!r}, t.largest_sums_outputs({bits}, {k}, {group}))")
+        subprocess.run([sys.executable, "-c", script], check=True, env={**os.environ, "SPECDEC_Q4_KERNEL": kernel})
+        np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), fast, err_msg=kernel)
+    top = ((1 << bits) - 1) * 127 * k * 1e-3 / 127  # row 0: every group's dot is codes x 127 x group, times amax / 127 = 1 / 127
+    rows = fast[-4:]  # the 4-row call's: +top, -top, 0
+    np.testing.assert_allclose(rows[:3], np.broadcast_to([[top], [-top], [0]], (3, 32)), rtol=1e-5, atol=1e-5 * top)
+
+
 # (the library is held open: ONNX Runtime unloads it with the last session that registered it, and its count with it)
 COPIED_NODES = ("import ctypes, numpy as np, sys; sys.path.insert(0, {here!r}); import test_cpu_kernels as t; "
                 "from specdec.hardware import cpu_kernels as rk; lib = ctypes.CDLL(str(rk.kernel_library())); "
