@@ -59,15 +59,6 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"), always_inline)) static inl
   _mm512_storeu_ps(y, _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(_mm512_loadu_ps(p->sw + s), ss), acc));
 }
 
-/* and for 8 (AVX2) */
-__attribute__((target("avx2,fma"), always_inline)) static inline void q_group_out_256(
-    const q_problem* p, __m256i dot, __m256i as, __m256 ss, size_t s, int g, float* y) {
-  const __m256i z = p->zw_shared ? _mm256_set1_epi32(p->zw[0]) : _mm256_loadu_si256((const __m256i*)(p->zw + s));
-  const __m256i d = _mm256_sub_epi32(dot, _mm256_mullo_epi32(z, as));
-  const __m256 acc = g ? _mm256_loadu_ps(y) : _mm256_setzero_ps();
-  _mm256_storeu_ps(y, _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(_mm256_loadu_ps(p->sw + s), ss), acc));
-}
-
 /* An AVX2 pass over R rows x H halves (8 columns each) of tile t from half h0, for int4 (INT8 = 0) or int8 weights:
    the same loads, unpacking and epilogue, and each width's own exact integer dot (q4_kernels.c and q8_kernels.c say
    why each equals vpdpbusd's). INT8 is a constant in every caller, so each width compiles to its own loop.
@@ -110,44 +101,63 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void q_run_avx2
 
 __attribute__((target("avx2,fma"), always_inline)) static inline void q_tile_avx2(const q_problem* p, const int R, const int H, int h0,
                                                                                    int r0, int t, const int INT8) {
-  const int K = p->K, group = p->group, G = K / group, B = group / (INT8 ? 4 : 8); /* 64-byte blocks per group and tile */
-  const int RUN = INT8 ? 8 : 4;                                                     /* blocks summed in int16 (above) */
+  /* the problem's fields as locals: the output stores (unaligned vector stores may alias anything) would otherwise
+     reload them for every row */
+  const int K = p->K, N = p->N, group = p->group, G = K / group, B = group / (INT8 ? 4 : 8); /* 64-byte blocks per group */
+  const int8_t* const qa = p->qa;
+  const float *const sa = p->sa, *const sw = p->sw;
+  const int32_t *const asum = p->asum, *const zw = p->zw;
+  const int zw_shared = p->zw_shared;
+  float* const y = p->y;
+  const int RUN = INT8 ? 8 : 4; /* blocks summed in int16 (above) */
   const size_t tile_bytes = (size_t)G * B * 64, tile_scales = (size_t)G * 16;
   /* the next tile into L2 while this one computes, once per tile (by the pass over its first half) */
-  const size_t prefetch = h0 == 0 && t + 1 < p->N / 16 ? tile_bytes : 0;
+  const size_t prefetch = h0 == 0 && t + 1 < N / 16 ? tile_bytes : 0;
   const __m256i ones = _mm256_set1_epi16(1);
   const uint8_t* w0 = p->w + (size_t)t * tile_bytes + 32 * h0;
-  for (int g = 0; g < G; g++) {
-    const int8_t* a[6];
-    for (int r = 0; r < R; r++) a[r] = p->qa + (size_t)(r0 + r) * K + (size_t)g * group;
-    __m256i dot[6][2];
-    for (int r = 0; r < R; r++)
-      for (int h = 0; h < H; h++) dot[r][h] = _mm256_setzero_si256();
-    for (int q0 = 0; q0 < B; q0 += RUN) {
-      __m256i lo16[6][2], hi16[6][2]; /* int16 pair sums of the run; hi16: int8's high nibbles' only */
+  enum { GROUPS = 8 }; /* groups whose integer sums are kept for one float epilogue (off the integer loop's path) */
+  for (int g0 = 0; g0 < G; g0 += GROUPS) {
+    const int g1 = g0 + GROUPS < G ? g0 + GROUPS : G;
+    __m256i dots[GROUPS][6][2];
+    for (int g = g0; g < g1; g++) {
+      const int8_t* a[6];
+      for (int r = 0; r < R; r++) a[r] = qa + (size_t)(r0 + r) * K + (size_t)g * group;
+      __m256i dot[6][2];
       for (int r = 0; r < R; r++)
-        for (int h = 0; h < H; h++) lo16[r][h] = hi16[r][h] = _mm256_setzero_si256();
-      const uint8_t* src = w0 + ((size_t)g * B + q0) * 64;
-      if (q0 + RUN <= B) q_run_avx2(src, a, RUN, R, H, INT8, prefetch, lo16, hi16);
-      else q_run_avx2(src, a, B - q0, R, H, INT8, prefetch, lo16, hi16);
-      for (int r = 0; r < R; r++) {
-        a[r] += RUN * (INT8 ? 4 : 8);
-        for (int h = 0; h < H; h++) {
-          __m256i d = _mm256_madd_epi16(lo16[r][h], ones); /* int8: sum(lo * a) + 16 x sum(hi * a) */
-          if (INT8) d = _mm256_add_epi32(d, _mm256_slli_epi32(_mm256_madd_epi16(hi16[r][h], ones), 4));
-          dot[r][h] = _mm256_add_epi32(dot[r][h], d);
+        for (int h = 0; h < H; h++) dot[r][h] = _mm256_setzero_si256();
+      for (int q0 = 0; q0 < B; q0 += RUN) {
+        __m256i lo16[6][2], hi16[6][2]; /* int16 pair sums of the run; hi16: int8's high nibbles' only */
+        for (int r = 0; r < R; r++)
+          for (int h = 0; h < H; h++) lo16[r][h] = hi16[r][h] = _mm256_setzero_si256();
+        const uint8_t* src = w0 + ((size_t)g * B + q0) * 64;
+        if (q0 + RUN <= B) q_run_avx2(src, a, RUN, R, H, INT8, prefetch, lo16, hi16);
+        else q_run_avx2(src, a, B - q0, R, H, INT8, prefetch, lo16, hi16);
+        for (int r = 0; r < R; r++) {
+          a[r] += RUN * (INT8 ? 4 : 8);
+          for (int h = 0; h < H; h++) {
+            __m256i d = _mm256_madd_epi16(lo16[r][h], ones); /* int8: sum(lo * a) + 16 x sum(hi * a) */
+            if (INT8) d = _mm256_add_epi32(d, _mm256_slli_epi32(_mm256_madd_epi16(hi16[r][h], ones), 4));
+            dot[r][h] = _mm256_add_epi32(dot[r][h], d);
+          }
         }
       }
+      for (int r = 0; r < R; r++)
+        for (int h = 0; h < H; h++) dots[g - g0][r][h] = dot[r][h];
     }
-    for (int r = 0; r < R; r++) {
-      const __m256i as = _mm256_set1_epi32(p->asum[(size_t)(r0 + r) * G + g]);
-      const __m256 ss = _mm256_set1_ps(p->sa[(size_t)(r0 + r) * G + g]);
+    /* each column's group terms into y in group order: q_group_term's operations, 8 columns at a time */
+    for (int r = 0; r < R; r++)
       for (int h = 0; h < H; h++) {
-        const size_t s = (size_t)t * tile_scales + (size_t)g * 16 + 8 * (h0 + h);
-        float* y = p->y + (size_t)(r0 + r) * p->N + (size_t)t * 16 + 8 * (h0 + h);
-        q_group_out_256(p, dot[r][h], as, ss, s, g, y);
+        float* out = y + (size_t)(r0 + r) * N + (size_t)t * 16 + 8 * (h0 + h);
+        __m256 acc = g0 ? _mm256_loadu_ps(out) : _mm256_setzero_ps();
+        for (int g = g0; g < g1; g++) {
+          const size_t rg = (size_t)(r0 + r) * G + g, s = (size_t)t * tile_scales + (size_t)g * 16 + 8 * (h0 + h);
+          const __m256i zs = zw_shared ? _mm256_set1_epi32(zw[0] * asum[rg]) /* (at most 255 x 127 x 65536 < 2^31) */
+                                       : _mm256_mullo_epi32(_mm256_loadu_si256((const __m256i*)(zw + s)), _mm256_set1_epi32(asum[rg]));
+          const __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(sw + s), _mm256_set1_ps(sa[rg]));
+          acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(dots[g - g0][r][h], zs)), scale, acc);
+        }
+        _mm256_storeu_ps(out, acc);
       }
-    }
   }
 }
 
