@@ -62,11 +62,12 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"), always_inline)) static inl
 /* An AVX2 pass over R rows x H halves (8 columns each) of tile t from half h0, for int4 (INT8 = 0) or int8 weights:
    the same loads, unpacking and epilogue, and each width's own exact integer dot (q4_kernels.c and q8_kernels.c say
    why each equals vpdpbusd's). INT8 is a constant in every caller, so each width compiles to its own loop.
-   maddubs leaves int16 pair sums; they are added up in int16 over a run of blocks and widened to int32 (madd with
-   ones) once a run, not once a block: madd runs on the multiply pipes with maddubs, which bound the loop. Exact:
+   maddubs leaves int16 pair sums; they are added up in int16 over a run of 4 blocks and widened to int32 (madd with
+   ones) once a run, not once a block: fewer vector operations a block (the loop is bound by the vector pipes). Exact:
    a maddubs lane is 2 codes (0..15: int4 codes, or an int8 code's nibbles) x int8 activations, at most
-   2 x 15 x 128 = 3840 in magnitude, so RUN lanes of one kind (int8: the low or the high nibbles', 8 blocks, 30720)
-   or int4's low + high (4 blocks, 4 x 7680 = 30720) stay below 32767: the int16 sums never wrap. */
+   2 x 15 x 128 = 3840 in magnitude, so a run's int4 low + high sums (4 x 7680 = 30720) or int8 low or high ones
+   (4 x 3840) stay below 32767: the int16 sums never wrap. (int8 could take runs of 8, but its two sums a row then
+   overflow AVX2's 16 registers.) */
 /* n blocks of one run from src (64 bytes apart), row r's activations from a[r]: the int16 sums into lo16 (and int8's
    high nibbles' into hi16). n is RUN in every run but a group's last, so the full runs compile unrolled. */
 __attribute__((target("avx2,fma"), always_inline)) static inline void q_run_avx2(const uint8_t* src, const int8_t* const a[6], const int n,
@@ -109,7 +110,7 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void q_tile_avx
   const int32_t *const asum = p->asum, *const zw = p->zw;
   const int zw_shared = p->zw_shared;
   float* const y = p->y;
-  const int RUN = INT8 ? 8 : 4; /* blocks summed in int16 (above) */
+  enum { RUN = 4 }; /* blocks summed in int16 (above) */
   const size_t tile_bytes = (size_t)G * B * 64, tile_scales = (size_t)G * 16;
   /* the next tile into L2 while this one computes, once per tile (by the pass over its first half) */
   const size_t prefetch = h0 == 0 && t + 1 < N / 16 ? tile_bytes : 0;
