@@ -145,20 +145,26 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void q_tile_avx
       for (int r = 0; r < R; r++)
         for (int h = 0; h < H; h++) dots[g - g0][r][h] = dot[r][h];
     }
-    /* each column's group terms into y in group order: q_group_term's operations, 8 columns at a time */
+    /* each column's group terms into y in group order: q_group_term's operations, 8 columns at a time; the rows' and
+       halves' chains of fmas interleaved (one at a time would wait on each fma's latency) */
+    __m256 acc[6][2];
     for (int r = 0; r < R; r++)
-      for (int h = 0; h < H; h++) {
-        float* out = y + (size_t)(r0 + r) * N + (size_t)t * 16 + 8 * (h0 + h);
-        __m256 acc = g0 ? _mm256_loadu_ps(out) : _mm256_setzero_ps();
-        for (int g = g0; g < g1; g++) {
-          const size_t rg = (size_t)(r0 + r) * G + g, s = (size_t)t * tile_scales + (size_t)g * 16 + 8 * (h0 + h);
+      for (int h = 0; h < H; h++)
+        acc[r][h] = g0 ? _mm256_loadu_ps(y + (size_t)(r0 + r) * N + (size_t)t * 16 + 8 * (h0 + h)) : _mm256_setzero_ps();
+    for (int g = g0; g < g1; g++)
+      for (int r = 0; r < R; r++) {
+        const size_t rg = (size_t)(r0 + r) * G + g;
+        const __m256 ss = _mm256_set1_ps(sa[rg]);
+        for (int h = 0; h < H; h++) {
+          const size_t s = (size_t)t * tile_scales + (size_t)g * 16 + 8 * (h0 + h);
           const __m256i zs = zw_shared ? _mm256_set1_epi32(zw[0] * asum[rg]) /* (at most 255 x 127 x 65536 < 2^31) */
                                        : _mm256_mullo_epi32(_mm256_loadu_si256((const __m256i*)(zw + s)), _mm256_set1_epi32(asum[rg]));
-          const __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(sw + s), _mm256_set1_ps(sa[rg]));
-          acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(dots[g - g0][r][h], zs)), scale, acc);
+          const __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(sw + s), ss);
+          acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(dots[g - g0][r][h], zs)), scale, acc[r][h]);
         }
-        _mm256_storeu_ps(out, acc);
       }
+    for (int r = 0; r < R; r++)
+      for (int h = 0; h < H; h++) _mm256_storeu_ps(y + (size_t)(r0 + r) * N + (size_t)t * 16 + 8 * (h0 + h), acc[r][h]);
   }
 }
 
