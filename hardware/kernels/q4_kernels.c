@@ -249,16 +249,17 @@ AVX2 static void quantize_avx2(const float* x, int M, int K, int group, int8_t* 
         _mm_storel_epi64((__m128i*)(q + i), _mm_packs_epi16(v16, v16));
         vsum = _mm256_add_epi32(vsum, v);
       }
-      int32_t sums[8], sum = 0;
+      int32_t sums[8];
+      uint32_t sum = 0; /* wrapping as the lanes do (a NaN's code is INT_MIN: its row's outputs are NaN anyway) */
       _mm256_storeu_si256((__m256i*)sums, vsum);
-      for (int i = 0; i < 8; i++) sum += sums[i];
+      for (int i = 0; i < 8; i++) sum += (uint32_t)sums[i];
       for (int i = V; i < group; i++) {
         const int v = (int)nearbyintf(xs[i] * inv_s);
         q[i] = (int8_t)v;
-        sum += v;
+        sum += (uint32_t)v;
       }
       sa[(size_t)r * G + g] = finite ? amax / 127.f : NAN;
-      asum[(size_t)r * G + g] = sum;
+      asum[(size_t)r * G + g] = (int32_t)sum;
     }
   }
 }

@@ -68,9 +68,9 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"), always_inline)) static inl
    2 x 15 x 128 = 3840 in magnitude, so a run's int4 low + high sums (4 x 7680 = 30720) or int8 low or high ones
    (4 x 3840) stay below 32767: the int16 sums never wrap. (int8 could take runs of 8, but its two sums a row then
    overflow AVX2's 16 registers.) */
-/* n blocks of one run from src (64 bytes apart), row r's activations from a[r]: the int16 sums into lo16 (and int8's
-   high nibbles' into hi16). n is RUN in every run but a group's last, so the full runs compile unrolled. */
-__attribute__((target("avx2,fma"), always_inline)) static inline void q_run_avx2(const uint8_t* src, const int8_t* const a[6], const int n,
+/* n blocks of one run from src (64 bytes apart), row r's activations from a[r] + at: the int16 sums into lo16 (and
+   int8's high nibbles' into hi16). n is RUN in every run but a group's last, so the full runs compile unrolled. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void q_run_avx2(const uint8_t* src, const int8_t* const a[6], int at, const int n,
     const int R, const int H, const int INT8, size_t prefetch, __m256i lo16[6][2], __m256i hi16[6][2]) {
   const __m256i low = _mm256_set1_epi8(0x0F);
   for (int q = 0; q < n; q++, src += 64) {
@@ -83,7 +83,7 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void q_run_avx2
     }
     for (int r = 0; r < R; r++) {
       int32_t a0, a1;
-      memcpy(&a0, a[r] + q * (INT8 ? 4 : 8), 4);
+      memcpy(&a0, a[r] + at + q * (INT8 ? 4 : 8), 4);
       if (INT8) { /* a code's two nibbles by the same activations */
         const __m256i x = _mm256_set1_epi32(a0);
         for (int h = 0; h < H; h++) {
@@ -91,7 +91,7 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void q_run_avx2
           hi16[r][h] = _mm256_add_epi16(hi16[r][h], _mm256_maddubs_epi16(hi[h], x));
         }
       } else { /* the low nibbles hold k = 8q + j, the high ones k = 8q + 4 + j */
-        memcpy(&a1, a[r] + q * 8 + 4, 4);
+        memcpy(&a1, a[r] + at + q * 8 + 4, 4);
         const __m256i x0 = _mm256_set1_epi32(a0), x1 = _mm256_set1_epi32(a1);
         for (int h = 0; h < H; h++)
           lo16[r][h] = _mm256_add_epi16(lo16[r][h], _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], x0), _mm256_maddubs_epi16(hi[h], x1)));
@@ -131,16 +131,15 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void q_tile_avx
         for (int r = 0; r < R; r++)
           for (int h = 0; h < H; h++) lo16[r][h] = hi16[r][h] = _mm256_setzero_si256();
         const uint8_t* src = w0 + ((size_t)g * B + q0) * 64;
-        if (q0 + RUN <= B) q_run_avx2(src, a, RUN, R, H, INT8, prefetch, lo16, hi16);
-        else q_run_avx2(src, a, B - q0, R, H, INT8, prefetch, lo16, hi16);
-        for (int r = 0; r < R; r++) {
-          a[r] += RUN * (INT8 ? 4 : 8);
+        const int at = q0 * (INT8 ? 4 : 8); /* the run's first activation */
+        if (q0 + RUN <= B) q_run_avx2(src, a, at, RUN, R, H, INT8, prefetch, lo16, hi16);
+        else q_run_avx2(src, a, at, B - q0, R, H, INT8, prefetch, lo16, hi16);
+        for (int r = 0; r < R; r++)
           for (int h = 0; h < H; h++) {
             __m256i d = _mm256_madd_epi16(lo16[r][h], ones); /* int8: sum(lo * a) + 16 x sum(hi * a) */
             if (INT8) d = _mm256_add_epi32(d, _mm256_slli_epi32(_mm256_madd_epi16(hi16[r][h], ones), 4));
             dot[r][h] = _mm256_add_epi32(dot[r][h], d);
           }
-        }
       }
       for (int r = 0; r < R; r++)
         for (int h = 0; h < H; h++) dots[g - g0][r][h] = dot[r][h];
@@ -157,7 +156,8 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void q_tile_avx
         const __m256 ss = _mm256_set1_ps(sa[rg]);
         for (int h = 0; h < H; h++) {
           const size_t s = (size_t)t * tile_scales + (size_t)g * 16 + 8 * (h0 + h);
-          const __m256i zs = zw_shared ? _mm256_set1_epi32(zw[0] * asum[rg]) /* (at most 255 x 127 x 65536 < 2^31) */
+          /* z * asum, wrapping as vpmulld does (a row with a NaN or inf, whose outputs are NaN, has any asum) */
+          const __m256i zs = zw_shared ? _mm256_set1_epi32((int32_t)((uint32_t)zw[0] * (uint32_t)asum[rg]))
                                        : _mm256_mullo_epi32(_mm256_loadu_si256((const __m256i*)(zw + s)), _mm256_set1_epi32(asum[rg]));
           const __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(sw + s), ss);
           acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(dots[g - g0][r][h], zs)), scale, acc[r][h]);
