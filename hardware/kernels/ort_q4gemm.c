@@ -10,111 +10,26 @@
  * gate|up projection needs no Split after it. With swiglu=1 the weight is gate|up and the one output [..., N/2] is
  * silu(gate) * up (swiglu.c).
  *
- * ONNX Runtime's Python wheel ships no C headers, so the few declarations of its C API this op needs are
- * written here by hand: the C ABI is stable, OrtApi is a table of function pointers that only grows at its end,
- * and OrtCustomOp's fields are read up to the version it declares. SLOT_* are positions in that table (the order
- * of struct OrtApi in onnxruntime_c_api.h); API_VERSION 17 is the first with KernelContext_ParallelFor. */
+ * The library's other op, ai.specdec.cpu::CachedAttention, is ort_attention.c; the ONNX Runtime C API declarations both
+ * use are ort_abi.h. */
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ort_abi.h"
 #include "q4_kernels.h"
 
-#define API_VERSION 17
-
-typedef struct OrtStatus OrtStatus;
-typedef struct OrtApi OrtApi; /* opaque here: read as a table of pointers */
-typedef struct OrtKernelInfo OrtKernelInfo;
-typedef struct OrtKernelContext OrtKernelContext;
-typedef struct OrtValue OrtValue;
-typedef struct OrtTensorTypeAndShapeInfo OrtTensorTypeAndShapeInfo;
-typedef struct OrtSessionOptions OrtSessionOptions;
-typedef struct OrtCustomOpDomain OrtCustomOpDomain;
-
-typedef struct {
-  const OrtApi* (*GetApi)(uint32_t version);
-  const char* (*GetVersionString)(void);
-} OrtApiBase;
-
-enum { TYPE_FLOAT = 1, TYPE_UINT8 = 2, TYPE_INT32 = 6, TYPE_INT64 = 7 }; /* ONNXTensorElementDataType */
-enum { REQUIRED = 0, OPTIONAL = 1, VARIADIC = 2 };                         /* OrtCustomOpInputOutputCharacteristic */
-enum { ERR_FAIL = 1, ERR_INVALID_ARGUMENT = 2 };         /* OrtErrorCode */
-
-enum {
-  SLOT_CreateStatus = 0,
-  SLOT_CreateCustomOpDomain = 26,
-  SLOT_CustomOpDomain_Add = 27,
-  SLOT_AddCustomOpDomain = 28,
-  SLOT_GetTensorMutableData = 51,
-  SLOT_GetDimensionsCount = 61,
-  SLOT_GetDimensions = 62,
-  SLOT_GetTensorTypeAndShape = 65,
-  SLOT_KernelInfoGetAttribute_int64 = 86,
-  SLOT_KernelContext_GetInputCount = 88,
-  SLOT_KernelContext_GetOutputCount = 89,
-  SLOT_KernelContext_GetInput = 90,
-  SLOT_KernelContext_GetOutput = 91,
-  SLOT_ReleaseStatus = 93,
-  SLOT_ReleaseTensorTypeAndShapeInfo = 99,
-  SLOT_KernelContext_ParallelFor = 274,
-};
-
-static const OrtApi* api;
-#define SLOT(name) (((void* const*)api)[SLOT_##name])
-#define CALL(type, name, ...) (((type)SLOT(name))(__VA_ARGS__))
-
-typedef OrtStatus* (*CreateStatus_t)(int, const char*);
-typedef OrtStatus* (*CreateCustomOpDomain_t)(const char*, OrtCustomOpDomain**);
-typedef OrtStatus* (*CustomOpDomain_Add_t)(OrtCustomOpDomain*, const void*);
-typedef OrtStatus* (*AddCustomOpDomain_t)(OrtSessionOptions*, OrtCustomOpDomain*);
-typedef OrtStatus* (*GetTensorMutableData_t)(OrtValue*, void**);
-typedef OrtStatus* (*GetDimensionsCount_t)(const OrtTensorTypeAndShapeInfo*, size_t*);
-typedef OrtStatus* (*GetDimensions_t)(const OrtTensorTypeAndShapeInfo*, int64_t*, size_t);
-typedef OrtStatus* (*GetTensorTypeAndShape_t)(const OrtValue*, OrtTensorTypeAndShapeInfo**);
-typedef OrtStatus* (*KernelInfoGetAttribute_int64_t)(const OrtKernelInfo*, const char*, int64_t*);
-typedef OrtStatus* (*KernelContext_GetInputCount_t)(const OrtKernelContext*, size_t*);
-typedef OrtStatus* (*KernelContext_GetOutputCount_t)(const OrtKernelContext*, size_t*);
-typedef OrtStatus* (*KernelContext_GetInput_t)(const OrtKernelContext*, size_t, const OrtValue**);
-typedef OrtStatus* (*KernelContext_GetOutput_t)(OrtKernelContext*, size_t, const int64_t*, size_t, OrtValue**);
-typedef void (*ReleaseStatus_t)(OrtStatus*);
-typedef void (*ReleaseTensorTypeAndShapeInfo_t)(OrtTensorTypeAndShapeInfo*);
-typedef OrtStatus* (*KernelContext_ParallelFor_t)(const OrtKernelContext*, void (*)(void*, size_t), size_t, size_t, void*);
-
-/* OrtCustomOp, field for field (version 17 reads through GetEndVersion; the rest stays NULL) */
-typedef struct OrtCustomOp {
-  uint32_t version;
-  void* (*CreateKernel)(const struct OrtCustomOp*, const OrtApi*, const OrtKernelInfo*);
-  const char* (*GetName)(const struct OrtCustomOp*);
-  const char* (*GetExecutionProviderType)(const struct OrtCustomOp*);
-  int (*GetInputType)(const struct OrtCustomOp*, size_t);
-  size_t (*GetInputTypeCount)(const struct OrtCustomOp*);
-  int (*GetOutputType)(const struct OrtCustomOp*, size_t);
-  size_t (*GetOutputTypeCount)(const struct OrtCustomOp*);
-  void (*KernelCompute)(void*, OrtKernelContext*);
-  void (*KernelDestroy)(void*);
-  int (*GetInputCharacteristic)(const struct OrtCustomOp*, size_t);
-  int (*GetOutputCharacteristic)(const struct OrtCustomOp*, size_t);
-  int (*GetInputMemoryType)(const struct OrtCustomOp*, size_t);
-  int (*GetVariadicInputMinArity)(const struct OrtCustomOp*);
-  int (*GetVariadicInputHomogeneity)(const struct OrtCustomOp*);
-  int (*GetVariadicOutputMinArity)(const struct OrtCustomOp*);
-  int (*GetVariadicOutputHomogeneity)(const struct OrtCustomOp*);
-  OrtStatus* (*CreateKernelV2)(const struct OrtCustomOp*, const OrtApi*, const OrtKernelInfo*, void**);
-  OrtStatus* (*KernelComputeV2)(void*, OrtKernelContext*);
-  OrtStatus* (*InferOutputShapeFn)(const struct OrtCustomOp*, void*);
-  int (*GetStartVersion)(const struct OrtCustomOp*);
-  int (*GetEndVersion)(const struct OrtCustomOp*);
-  void* reserved[4]; /* GetMayInplace, ReleaseMayInplace, GetAliasMap, ReleaseAliasMap: not read at version 17 */
-} OrtCustomOp;
+const OrtApi* ort_api;
+extern OrtCustomOp cached_attention_op; /* ort_attention.c */
 
 typedef struct {
   int64_t K, N, group, bits, swiglu;
   q_weight_copy weights; /* the weights in 2 MiB pages, made at the first call (large_pages.c) */
 } QKernel;
 
-static OrtStatus* fail(int code, const char* msg) { return CALL(CreateStatus_t, CreateStatus, code, msg); }
+static OrtStatus* fail(int code, const char* msg) { return ort_fail(code, msg); }
 
 static OrtCustomOp q4gemm_op, q8gemm_op;
 
@@ -342,10 +257,10 @@ static int last_version(const OrtCustomOp* op) { (void)op; return INT_MAX; }
 static OrtCustomOp q4gemm_op = QGEMM_OP(q4_name), q8gemm_op = QGEMM_OP(q8_name);
 
 __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base) {
-  api = base->GetApi(API_VERSION);
-  if (!api) { /* an ONNX Runtime older than 1.17: say so with the oldest table, whose first slot is CreateStatus */
-    api = base->GetApi(1);
-    return api ? fail(ERR_FAIL, "specdec's CPU kernels need ONNX Runtime 1.17 or newer") : NULL;
+  ort_api = base->GetApi(API_VERSION);
+  if (!ort_api) { /* an ONNX Runtime older than 1.17: say so with the oldest table, whose first slot is CreateStatus */
+    ort_api = base->GetApi(1);
+    return ort_api ? fail(ERR_FAIL, "specdec's CPU kernels need ONNX Runtime 1.17 or newer") : NULL;
   }
   OrtCustomOpDomain* domain;
   OrtStatus* st;
@@ -353,6 +268,7 @@ __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(OrtSessionOp
   /* the domain must outlive every session that uses it: it is not released (as ONNX Runtime's own examples do) */
   if ((st = CALL(CustomOpDomain_Add_t, CustomOpDomain_Add, domain, &q4gemm_op))) return st;
   if ((st = CALL(CustomOpDomain_Add_t, CustomOpDomain_Add, domain, &q8gemm_op))) return st;
+  if ((st = CALL(CustomOpDomain_Add_t, CustomOpDomain_Add, domain, &cached_attention_op))) return st;
   return CALL(AddCustomOpDomain_t, AddCustomOpDomain, options, domain);
 }
 
