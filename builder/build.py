@@ -353,6 +353,7 @@ def make_network(ckpt, model: ModelConfig, build: BuildConfig, convention, heads
         from ..hardware.cpu_kernels import LAYOUT
 
         record["kernel_layout"] = LAYOUT  # the runtime refuses an engine of a layout its Q4Gemm does not read
+        record["attention_op"] = weight_only_built.get("attention_op", "Attention")  # CachedAttention in chain engines
     return OnnxNetwork(network, _count_parameters(network)), replace(build, weight_only=record)
 
 

@@ -136,9 +136,9 @@ def build_network(
         linear_inputs.update(linears.inputs)
     if weight_only_built is not None:
         weight_only_built.update(layers=linears.int_layers, act_order=linears.act_order, even_rows=step_padded and lowering.step_padding_needed,
-                                 q4gemm_layers=lowering.q4gemm_layers, kernel_ops=lowering.kernel_ops)
+                                 q4gemm_layers=lowering.q4gemm_layers, kernel_ops=lowering.kernel_ops, attention_op=lowering.attention_op)
     opsets = dict(lowering.extra_opsets)
-    if lowering.q4gemm_layers:
+    if lowering.q4gemm_layers or lowering.attention_op != "Attention":  # specdec's own ops
         from ..plugins.cpu_kernels import DOMAIN
 
         opsets[DOMAIN] = 1

@@ -48,6 +48,7 @@ class AttentionLowering:
     cpu_kernels = "ort"  # specdec: int4 / int8 weights on Q4Gemm / Q8Gemm where the lowering has them (ort_cpu; plugins/cpu_kernels.py)
     q4gemm_layers = 0  # set while building: the layers written as Q4Gemm / Q8Gemm
     kernel_ops: frozenset[str] = frozenset()  # set while building: which of the two
+    attention_op = "Attention"  # what the layers' attention lowers to (an engine built with --cpu_kernels specdec records it)
     kv_layout = "bnsh"  # cache layout: bnsh = [batch, kv_heads, capacity, head_dim]; bsh = [batch, capacity, kv_heads * head_dim]
     extra_opsets: dict[str, int] = {}
     extra_inputs: tuple[str, ...] = ()  # graph inputs beyond the engine ABI's (the runtime feeds them)

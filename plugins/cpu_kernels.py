@@ -1,4 +1,5 @@
-"""specdec's own CPU kernels for int4 and int8 weights: the ai.specdec.cpu::Q4Gemm and Q8Gemm ops (hardware/kernels/).
+"""specdec's own CPU kernels: the ai.specdec.cpu::Q4Gemm and Q8Gemm ops for int4 and int8 weights, and CachedAttention
+(hardware/kernels/).
 
 ONNX Runtime's MatMulNBits reads and unpacks the 4-bit weights once for every *pair* of rows, so a 5-token
 verification costs about 2x a one-token step on an int4 target, and it computes a lone row with other kernels
@@ -8,6 +9,10 @@ products, as llama.cpp's tinyBLAS tiles do for Q4_0), and every row takes the sa
 row count: no padding, and the verification logits equal the one-token logits bit for bit. Q8Gemm is the same for
 int8 codes. One node computes a fused projection's parts as separate outputs (q, k, v; no Split after it), or the
 MLP's silu(gate) * up straight from the gate|up weight (swiglu).
+
+CachedAttention attends over the whole static-capacity cache as TensorScatter left it (no Slice copies of the live
+slots; the token at position p sees slots 0..p), a KV head's query heads together, and a token's output is the same bits
+whatever the call's rows and tokens: no padding of a lone query row either (ONNX Runtime's Attention needs one).
 
 This module is the graph side: which weights the ops take, their weight layouts, the nodes. The C sources and their
 compiling and loading are the runtime's (hardware/kernels/, hardware/cpu_kernels.py): an engine records the layout
@@ -116,3 +121,13 @@ def q4_gemm(gb: GraphOps, name: str, x: str, w, splits: list[int] | None = None,
     inputs.append(gb.const(f"{name}/splits", np.asarray(splits, np.int64)))
     out = gb.op(p.op, inputs, name, outputs=[f"{name}/out{i}" for i in range(len(splits))], **attrs)
     return out if isinstance(out, list) else [out]
+
+
+CACHED_ATTENTION = f"CachedAttention ({DOMAIN})"  # what an engine's weight_only["attention_op"] says when it uses the op
+
+
+def cached_attention(gb: GraphOps, name: str, q: str, key: str, value: str, positions: str, heads: int, kv_heads: int) -> str:
+    """q [B, S, heads * head_dim] (after rotary), key / value the layer's whole caches [B, capacity, kv_heads * head_dim]
+    (TensorScatter's outputs, read in place), positions [B, S] int64 -> [B, S, heads * head_dim]: each token attends to
+    slots 0..its position, scale 1 / sqrt(head_dim) (hardware/kernels/attention.c)."""
+    return gb.op("CachedAttention", [q, key, value, positions], name, domain=DOMAIN, num_heads=heads, kv_num_heads=kv_heads)

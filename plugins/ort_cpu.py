@@ -8,7 +8,11 @@ graph needs only for TensorRT's sake:
   stay ``[batch, tokens, heads * head_dim]`` end to end: RotaryEmbedding and
   Attention take 3-D inputs, and no Reshape/Transpose is left per layer;
 * the residual add and the next RMSNorm are one
-  ``com.microsoft.SkipSimplifiedLayerNormalization``.
+  ``com.microsoft.SkipSimplifiedLayerNormalization``;
+* with ``--cpu_kernels specdec``, a chain engine's attention is specdec's
+  ``CachedAttention`` over the whole cache in place (plugins/cpu_kernels.py):
+  no Slice copies of the live slots, no padded query row, no mask nodes.
+  Tree engines keep ONNX Attention with their tree mask.
 
 Same ABI and semantics as the portable lowering (TensorScatter writes in
 place at each row's length; attention spans the live length); the tests run
@@ -20,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from .attention import PortableAttention, Shared
-from .cpu_kernels import TILE, q4_gemm, q4_holds
+from .cpu_kernels import CACHED_ATTENTION, TILE, cached_attention, q4_gemm, q4_holds
 from .quantized_gemm import (
     CONTRIB,
     NBITS_ACCURACY_LEVEL,
@@ -45,6 +49,26 @@ class OrtCpuAttention(PortableAttention):
         super().__init__(gb, cfg)
         self._even_rows: dict[str, EvenRows] = {}  # per leading shape (the logit rows, the layers' tokens in a tree engine)
         self.step_rows = ""  # the padded position_ids of pad_step: GEMMs on these rows are even already
+
+    def _own_attention(self) -> bool:
+        """specdec's CachedAttention: with --cpu_kernels specdec, for chain engines (a tree mask stays on ONNX Attention)."""
+        return self.cpu_kernels == "specdec" and not self.tree_attention
+
+    def prelude(self, shared: Shared) -> Shared:
+        """CachedAttention needs only each row's write index (the positions are its mask): no live length, mask or
+        padded query row."""
+        if not self._own_attention():
+            return super().prelude(shared)
+        gb, p = self.gb, "/model/attn_prelude"
+        shared.write_index = gb.op("Gather", [shared.positions, gb.const(f"{p}/idx0", np.array(0, np.int64))], f"{p}/write_index", axis=1)
+        self.attention_op = CACHED_ATTENTION
+        return shared
+
+    def cached_attention(self, prefix: str, q: str, k: str, v: str, layer: int, shared: Shared) -> str:
+        if not self._own_attention():
+            return super().cached_attention(prefix, q, k, v, layer, shared)
+        key, value = self.write_cache(prefix, k, v, layer, shared)
+        return cached_attention(self.gb, f"{prefix}/attention", q, key, value, shared.positions, self.cfg.num_heads, self.cfg.num_kv_heads)
 
     def pad_step(self, ids: str, positions: str) -> tuple[str, str]:
         """ids, positions [B, S] -> [B, S'] with S' = S + 1 when B * S is odd, else S: every decoder GEMM then
@@ -108,6 +132,8 @@ class OrtCpuAttention(PortableAttention):
         q = gb.op("RotaryEmbedding", [q, shared.cos, shared.sin, shared.positions], f"{prefix}/q_rope", num_heads=cfg.num_heads)
         k = gb.op("RotaryEmbedding", [k, shared.cos, shared.sin, shared.positions], f"{prefix}/k_rope", num_heads=cfg.num_kv_heads)
         out = self.cached_attention(prefix, q, k, v, layer, shared)
+        if self._own_attention():  # [B, S, heads * head_dim] already, and no shape inferred to correct
+            return out
         # ONNX shape inference gives 3-D grouped Attention the width of V (kv heads), not of Q;
         # the kernel returns [B, S, heads * head_dim]. Say so, or the o_proj MatMul fails to load.
         width = gb.const(f"{prefix}/o_shape", np.array([0, 0, cfg.num_heads * cfg.head_dim], np.int64))
