@@ -1,14 +1,17 @@
-/* CachedAttention's arithmetic (attention.h): per task, three passes over the token's visible slots 0..n-1.
+/* CachedAttention's arithmetic (attention.h). A task is one row's tokens over a block of its KV heads, in three passes:
  *
- *   1. scores[h][j] = dot(q_h, k_j) * scale           each K row read once for the group's query heads
- *   2. e[h][j] = exp(scores[h][j] - max_j), sum_h     the max subtracted first: no overflow, whatever the scores
- *   3. out_h = (sum_j e[h][j] * v_j) / sum_h          each V row read once for the group's query heads
+ *   1. scores[s][h][j] = dot(q_sh, k_j) * scale        slots j outermost: each K row is read once for all the task's
+ *                                                       tokens and query heads (a token sees slots 0..its position)
+ *   2. e[s][h][j] = exp(scores - max) / sum            the max subtracted first: no overflow, whatever the scores
+ *   3. out_sh = sum_j e[s][h][j] * v_j                  each V row read once, as K
  *
- * Bit identity across ISAs: a dot product and a sum over slots are 16 lanes (lane l takes elements l, l + 16, ...;
- * a tail's missing elements are zeros), reduced in one tree order (l + 8, then + 4, + 2, + 1); the AVX-512 kernel is
- * one 16-lane vector, the AVX2 kernel two 8-lane halves, the portable one an array of 16 floats, each doing the same
- * IEEE operations in the same order (compiled with -ffp-contract=off: the only fused multiply-adds are the explicit
- * ones, fmaf in C). The value pass is lane-wise in the head dimension, so its vector width does not matter.
+ * Bit identity across rows and ISAs: every (token, head) takes the same operations in the same order whatever the
+ * task holds (the loops around it only interleave independent heads and tokens). A dot product and a sum over slots
+ * are 16 lanes (lane l takes elements l, l + 16, ...; a tail's missing elements are zeros), reduced in one tree order
+ * (l + 8, then + 4, + 2, + 1); the AVX-512 kernel is one 16-lane vector, the AVX2 kernel two 8-lane halves, the
+ * portable one an array of 16 floats, each doing the same IEEE operations in the same order (compiled with
+ * -ffp-contract=off: the only fused multiply-adds are the explicit ones, fmaf in C). The value pass is lane-wise in
+ * the head dimension, so its vector width does not matter.
  *
  * exp is Cephes' expf polynomial (swiglu.c's), written out in each kernel: no vector exp of a libm is portable to
  * every compiler and CPU here, and libm's scalar expf rounds differently from any vector code. Its input is s - max
@@ -34,25 +37,6 @@
 #define P4 1.6666665459e-1f
 #define P5 5.0000001201e-1f
 #define LANES 16
-
-/* the task's pointers: its token's query heads, the token's visible slot count n, its K/V head's column offset */
-typedef struct {
-  const float* q;   /* [group][head_dim] */
-  const float* k;   /* slot j's row at k + j * row */
-  const float* v;
-  float* out;       /* [group][head_dim] */
-  float* scores;    /* [group][n] */
-  size_t row;       /* floats between two slots: kv_heads * head_dim */
-  int n, group, hd;
-} task_view;
-
-static task_view view(const attn_problem* p, size_t i) {
-  const size_t kvh = (size_t)p->kv_heads, token = i / kvh, g = i % kvh, b = token / (size_t)p->S;
-  const int group = p->heads / p->kv_heads, hd = p->head_dim;
-  const size_t q_at = (token * p->heads + g * group) * hd, kv_at = (size_t)b * p->capacity * kvh * hd + g * hd;
-  return (task_view){p->q + q_at, p->k + kv_at, p->v + kv_at, p->out + q_at, p->scratch + p->scratch_at[i], kvh * hd,
-                     (int)p->pos[token] + 1, group, hd};
-}
 
 /* -- portable C: the reference every kernel matches ------------------------------------------------------------- */
 float specdec_attention_exp(float x) {
@@ -85,46 +69,38 @@ static float max_tree(float* a) { /* the same pairs, max(x, y) as maxps(x, y) = 
   return a[0];
 }
 
-static void task_portable(const task_view* t, float scale) {
-  for (int j = 0; j < t->n; j++)
-    for (int h = 0; h < t->group; h++) {
-      const float *q = t->q + (size_t)h * t->hd, *k = t->k + j * t->row;
-      float acc[LANES] = {0};
-      for (int d0 = 0; d0 < t->hd; d0 += LANES)
-        for (int l = 0; l < LANES; l++) {
-          const int d = d0 + l;
-          acc[l] = fmaf(d < t->hd ? q[d] : 0.f, d < t->hd ? k[d] : 0.f, acc[l]);
-        }
-      t->scores[(size_t)h * t->n + j] = sum_tree(acc) * scale;
+static inline float dot_c(const float* q, const float* k, int hd) {
+  float acc[LANES] = {0};
+  for (int d0 = 0; d0 < hd; d0 += LANES)
+    for (int l = 0; l < LANES; l++) {
+      const int d = d0 + l;
+      acc[l] = fmaf(d < hd ? q[d] : 0.f, d < hd ? k[d] : 0.f, acc[l]);
     }
-  float sums[64];
-  for (int h = 0; h < t->group; h++) {
-    float* s = t->scores + (size_t)h * t->n;
-    float mx[LANES], acc[LANES] = {0};
-    for (int l = 0; l < LANES; l++) mx[l] = -INFINITY;
-    for (int j0 = 0; j0 < t->n; j0 += LANES)
-      for (int l = 0; l < LANES; l++) {
-        const float x = j0 + l < t->n ? s[j0 + l] : -INFINITY;
-        mx[l] = x > mx[l] ? x : mx[l];
-      }
-    const float m = max_tree(mx);
-    for (int j0 = 0; j0 < t->n; j0 += LANES)
-      for (int l = 0; l < LANES; l++) {
-        const float e = j0 + l < t->n ? specdec_attention_exp(s[j0 + l] - m) : 0.f;
-        acc[l] = acc[l] + e;
-        if (j0 + l < t->n) s[j0 + l] = e;
-      }
-    sums[h] = sum_tree(acc);
-  }
-  memset(t->out, 0, sizeof(float) * t->group * t->hd);
-  for (int j = 0; j < t->n; j++)
-    for (int h = 0; h < t->group; h++) {
-      const float w = t->scores[(size_t)h * t->n + j], *v = t->v + j * t->row;
-      float* o = t->out + (size_t)h * t->hd;
-      for (int d = 0; d < t->hd; d++) o[d] = fmaf(w, v[d], o[d]);
+  return sum_tree(acc);
+}
+
+/* s[0..n) -> exp(s - max) / sum, in place */
+static inline void softmax_c(float* s, int n) {
+  float mx[LANES], acc[LANES] = {0};
+  for (int l = 0; l < LANES; l++) mx[l] = -INFINITY;
+  for (int j0 = 0; j0 < n; j0 += LANES)
+    for (int l = 0; l < LANES; l++) {
+      const float x = j0 + l < n ? s[j0 + l] : -INFINITY;
+      mx[l] = x > mx[l] ? x : mx[l];
     }
-  for (int h = 0; h < t->group; h++)
-    for (int d = 0; d < t->hd; d++) t->out[(size_t)h * t->hd + d] = t->out[(size_t)h * t->hd + d] / sums[h];
+  const float m = max_tree(mx);
+  for (int j0 = 0; j0 < n; j0 += LANES)
+    for (int l = 0; l < LANES; l++) {
+      const float e = j0 + l < n ? specdec_attention_exp(s[j0 + l] - m) : 0.f;
+      acc[l] = acc[l] + e;
+      if (j0 + l < n) s[j0 + l] = e;
+    }
+  const float sum = sum_tree(acc);
+  for (int j = 0; j < n; j++) s[j] = s[j] / sum;
+}
+
+static inline void axpy_c(float w, const float* v, float* o, int hd) {
+  for (int d = 0; d < hd; d++) o[d] = fmaf(w, v[d], o[d]);
 }
 
 #if defined(__x86_64__)
@@ -161,57 +137,110 @@ AVX512 static inline float tree_512(__m512 a, int is_max) {
   return _mm_cvtss_f32(is_max ? _mm_max_ss(a2, h1) : _mm_add_ss(a2, h1));
 }
 
-AVX512 static void task_avx512(const task_view* t, float scale) {
-  const int hd = t->hd, tail = hd % LANES;
-  const __mmask16 tail_mask = (__mmask16)((1u << tail) - 1);
-  for (int j = 0; j < t->n; j++) {
-    const float* k = t->k + j * t->row;
-    for (int h = 0; h < t->group; h++) {
-      const float* q = t->q + (size_t)h * hd;
-      __m512 acc = _mm512_setzero_ps();
-      int d = 0;
-      for (; d + LANES <= hd; d += LANES) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), acc);
-      if (tail) acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail_mask, q + d), _mm512_maskz_loadu_ps(tail_mask, k + d), acc);
-      t->scores[(size_t)h * t->n + j] = tree_512(acc, 0) * scale;
-    }
+AVX512 static inline __mmask16 first_512(int count) {
+  return count >= LANES ? (__mmask16)0xFFFF : count <= 0 ? (__mmask16)0 : (__mmask16)((1u << count) - 1);
+}
+
+/* dot(q, k_i) for slots i < count of 16 rows `row` floats apart (lane i; the others 0), each as dot_c computes it
+   alone: its 16-lane sum, then sum_tree's pairs (l + 8, + 4, + 2, + 1), taken for 16 dot products at once by shuffles
+   that keep each pair, so no horizontal sum is paid per slot */
+AVX512 static inline __m512 dots16_512(const float* q, const float* k, size_t row, int count, int hd) {
+  __m512 a[LANES];
+  for (int i = 0; i < LANES; i++) a[i] = _mm512_setzero_ps();
+  for (int d = 0; d < hd; d += LANES) { /* q's chunk loaded once for the 16 rows; each row's sum still in chunk order */
+    const __mmask16 m = first_512(hd - d);
+    const __m512 qv = _mm512_maskz_loadu_ps(m, q + d);
+    if (count == LANES) {
+#pragma GCC unroll 16
+      for (int i = 0; i < LANES; i++) a[i] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k + i * row + d), a[i]);
+    } else
+      for (int i = 0; i < count; i++) a[i] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k + i * row + d), a[i]);
   }
-  float sums[64];
-  for (int h = 0; h < t->group; h++) {
-    float* s = t->scores + (size_t)h * t->n;
-    __m512 mx = _mm512_set1_ps(-INFINITY), acc = _mm512_setzero_ps();
-    for (int j = 0; j < t->n; j += LANES) {
-      const __mmask16 valid = t->n - j >= LANES ? 0xFFFF : (__mmask16)((1u << (t->n - j)) - 1);
-      mx = _mm512_max_ps(_mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), valid, s + j), mx);
-    }
-    const __m512 m = _mm512_set1_ps(tree_512(mx, 1));
-    for (int j = 0; j < t->n; j += LANES) {
-      const __mmask16 valid = t->n - j >= LANES ? 0xFFFF : (__mmask16)((1u << (t->n - j)) - 1);
-      const __m512 e = _mm512_maskz_mov_ps(valid, exp_512(_mm512_sub_ps(_mm512_maskz_loadu_ps(valid, s + j), m)));
-      acc = _mm512_add_ps(acc, e);
-      _mm512_mask_storeu_ps(s + j, valid, e);
-    }
-    sums[h] = tree_512(acc, 0);
+  __m512 b[8], c[4], d[2];
+  for (int x = 0; x < 8; x++) /* [a_2x's l + (l + 8), a_2x+1's], l < 8 */
+    b[x] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * x], a[2 * x + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(a[2 * x], a[2 * x + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int x = 0; x < 4; x++) /* quarter r: dot 4x + r's l + (l + 4), l < 4 */
+    c[x] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * x], b[2 * x + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(b[2 * x], b[2 * x + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int x = 0; x < 2; x++) /* quarter r: [l + (l + 2) of dot 8x + r, of dot 8x + 4 + r], l < 2 */
+    d[x] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * x], c[2 * x + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(c[2 * x], c[2 * x + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], _MM_SHUFFLE(2, 0, 2, 0)), /* lane 4q + t: dot 4t + q */
+                                 _mm512_shuffle_ps(d[0], d[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
+}
+
+/* o += e[j] * v_j for slots j0 <= j < j1 (rows `row` floats apart), o held in registers over the slots: per lane the
+   fmas axpy_c does, in the same order */
+AVX512 static inline void softmax_512(float* s, int n) {
+  __m512 mx = _mm512_set1_ps(-INFINITY), acc = _mm512_setzero_ps();
+  for (int j = 0; j < n; j += LANES) mx = _mm512_max_ps(_mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), first_512(n - j), s + j), mx);
+  const __m512 m = _mm512_set1_ps(tree_512(mx, 1));
+  for (int j = 0; j < n; j += LANES) {
+    const __mmask16 valid = first_512(n - j);
+    const __m512 e = _mm512_maskz_mov_ps(valid, exp_512(_mm512_sub_ps(_mm512_maskz_loadu_ps(valid, s + j), m)));
+    acc = _mm512_add_ps(acc, e);
+    _mm512_mask_storeu_ps(s + j, valid, e);
   }
-  memset(t->out, 0, sizeof(float) * t->group * hd);
-  for (int j = 0; j < t->n; j++) {
-    const float* v = t->v + j * t->row;
-    for (int h = 0; h < t->group; h++) {
-      const __m512 w = _mm512_set1_ps(t->scores[(size_t)h * t->n + j]);
-      float* o = t->out + (size_t)h * hd;
-      int d = 0;
-      for (; d + LANES <= hd; d += LANES) _mm512_storeu_ps(o + d, _mm512_fmadd_ps(w, _mm512_loadu_ps(v + d), _mm512_loadu_ps(o + d)));
-      if (tail)
-        _mm512_mask_storeu_ps(o + d, tail_mask, _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(tail_mask, v + d), _mm512_maskz_loadu_ps(tail_mask, o + d)));
-    }
-  }
-  for (int h = 0; h < t->group; h++) {
-    const __m512 sum = _mm512_set1_ps(sums[h]);
-    float* o = t->out + (size_t)h * hd;
-    int d = 0;
-    for (; d + LANES <= hd; d += LANES) _mm512_storeu_ps(o + d, _mm512_div_ps(_mm512_loadu_ps(o + d), sum));
-    if (tail) _mm512_mask_storeu_ps(o + d, tail_mask, _mm512_div_ps(_mm512_maskz_loadu_ps(tail_mask, o + d), sum));
+  const __m512 sum = _mm512_set1_ps(tree_512(acc, 0));
+  for (int j = 0; j < n; j += LANES) {
+    const __mmask16 valid = first_512(n - j);
+    _mm512_mask_storeu_ps(s + j, valid, _mm512_div_ps(_mm512_maskz_loadu_ps(valid, s + j), sum));
   }
 }
+
+#define VALUES_512(NV)                                                                                               \
+  for (int j = j0; j < j1; j++) {                                                                                  \
+    const __m512 w = _mm512_set1_ps(e[j]);                                                                         \
+    const float* vr = v + j * row + d;                                                                             \
+    for (int x = 0; x < NV; x++) o[x] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(m[x], vr + 16 * x), o[x]);         \
+  }
+AVX512 static inline void values_512(const float* e, const float* v, size_t row, int j0, int j1, float* out, int hd) {
+  for (int d = 0; d < hd; d += 4 * LANES) {
+    const int nv = (hd - d + LANES - 1) / LANES; /* vectors in this chunk: 1..4 (and more chunks after a 4) */
+    __mmask16 m[4];
+    __m512 o[4];
+    for (int x = 0; x < 4; x++) {
+      m[x] = first_512(hd - d - 16 * x);
+      o[x] = _mm512_maskz_loadu_ps(m[x], out + d + 16 * x);
+    }
+    if (nv == 1) VALUES_512(1)
+    else if (nv == 2) VALUES_512(2)
+    else if (nv == 3) VALUES_512(3)
+    else VALUES_512(4)
+    for (int x = 0; x < 4; x++) _mm512_mask_storeu_ps(out + d + 16 * x, m[x], o[x]);
+  }
+}
+
+
+/* the same for R query rows at once over slots [j0, j1) that every one of them sees: each V row loaded once for the R
+   rows, R x NV accumulators in registers (hd = 16 NV; R x NV = 16). Per lane and row: axpy_c's fmas in slot order */
+#define VALUES_ROWS_512(R, NV)                                                                                       \
+  {                                                                                                                \
+    __m512 acc[R][NV];                                                                                             \
+    _Pragma("GCC unroll 16") for (int r = 0; r < R; r++)                                                           \
+      _Pragma("GCC unroll 16") for (int x = 0; x < NV; x++) acc[r][x] = _mm512_loadu_ps(o[r] + 16 * x);            \
+    for (int j = j0; j < j1; j++) {                                                                                \
+      const float* vr = v + j * row;                                                                               \
+      __m512 vv[NV];                                                                                               \
+      _Pragma("GCC unroll 16") for (int x = 0; x < NV; x++) vv[x] = _mm512_loadu_ps(vr + 16 * x);                  \
+      _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {                                                       \
+        const __m512 w = _mm512_set1_ps(e[r][j]);                                                                  \
+        _Pragma("GCC unroll 16") for (int x = 0; x < NV; x++) acc[r][x] = _mm512_fmadd_ps(w, vv[x], acc[r][x]);     \
+      }                                                                                                            \
+    }                                                                                                              \
+    _Pragma("GCC unroll 16") for (int r = 0; r < R; r++)                                                           \
+      _Pragma("GCC unroll 16") for (int x = 0; x < NV; x++) _mm512_storeu_ps(o[r] + 16 * x, acc[r][x]);           \
+  }
+AVX512 static void values_rows_512(const float* const* e, float* const* o, const float* v, size_t row, int j0, int j1, int hd) {
+  if (hd == 32) VALUES_ROWS_512(8, 2)
+  else if (hd == 64) VALUES_ROWS_512(4, 4)
+  else VALUES_ROWS_512(2, 8)
+}
+
+/* query rows a values_rows_512 call takes for this head_dim, or 0 where it takes none */
+static inline int rows_together(int hd) { return hd == 32 ? 8 : hd == 64 ? 4 : hd == 128 ? 2 : 0; }
 
 /* -- AVX2: the 16 lanes as two 8-lane halves --------------------------------------------------------------------- */
 #define AVX2 __attribute__((target("avx2,fma")))
@@ -249,81 +278,190 @@ AVX2 static inline __m256i below(int count, int first) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_add_epi32(_mm256_set1_epi32(first), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
 }
 
-AVX2 static void task_avx2(const task_view* t, float scale) {
-  const int hd = t->hd;
-  for (int j = 0; j < t->n; j++) {
-    const float* k = t->k + j * t->row;
-    for (int h = 0; h < t->group; h++) {
-      const float* q = t->q + (size_t)h * hd;
-      __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
-      for (int d = 0; d < hd; d += LANES) {
-        if (d + LANES <= hd) {
-          lo = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), lo);
-          hi = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), _mm256_loadu_ps(k + d + 8), hi);
-        } else { /* the tail: missing elements are zeros, as in the other kernels */
-          const __m256i m0 = below(hd, d), m1 = below(hd, d + 8);
-          lo = _mm256_fmadd_ps(_mm256_maskload_ps(q + d, m0), _mm256_maskload_ps(k + d, m0), lo);
-          hi = _mm256_fmadd_ps(_mm256_maskload_ps(q + d + 8, m1), _mm256_maskload_ps(k + d + 8, m1), hi);
-        }
-      }
-      t->scores[(size_t)h * t->n + j] = tree_256(lo, hi, 0) * scale;
+AVX2 static inline float dot_256(const float* q, const float* k, int hd) {
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  for (int d = 0; d < hd; d += LANES) {
+    if (d + LANES <= hd) {
+      lo = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), lo);
+      hi = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), _mm256_loadu_ps(k + d + 8), hi);
+    } else { /* the tail: missing elements are zeros, as in the other kernels */
+      const __m256i m0 = below(hd, d), m1 = below(hd, d + 8);
+      lo = _mm256_fmadd_ps(_mm256_maskload_ps(q + d, m0), _mm256_maskload_ps(k + d, m0), lo);
+      hi = _mm256_fmadd_ps(_mm256_maskload_ps(q + d + 8, m1), _mm256_maskload_ps(k + d + 8, m1), hi);
     }
   }
-  float sums[64];
+  return tree_256(lo, hi, 0);
+}
+
+AVX2 static inline void softmax_256(float* s, int n) {
   const __m256 ninf = _mm256_set1_ps(-INFINITY);
-  for (int h = 0; h < t->group; h++) {
-    float* s = t->scores + (size_t)h * t->n;
-    __m256 mlo = ninf, mhi = ninf, alo = _mm256_setzero_ps(), ahi = _mm256_setzero_ps();
-    for (int j = 0; j < t->n; j += LANES) {
-      const __m256i v0 = below(t->n, j), v1 = below(t->n, j + 8);
-      mlo = _mm256_max_ps(_mm256_blendv_ps(ninf, _mm256_maskload_ps(s + j, v0), _mm256_castsi256_ps(v0)), mlo);
-      mhi = _mm256_max_ps(_mm256_blendv_ps(ninf, _mm256_maskload_ps(s + j + 8, v1), _mm256_castsi256_ps(v1)), mhi);
-    }
-    const __m256 m = _mm256_set1_ps(tree_256(mlo, mhi, 1));
-    for (int j = 0; j < t->n; j += LANES) {
-      const __m256i v0 = below(t->n, j), v1 = below(t->n, j + 8);
-      const __m256 e0 = _mm256_and_ps(exp_256(_mm256_sub_ps(_mm256_maskload_ps(s + j, v0), m)), _mm256_castsi256_ps(v0));
-      const __m256 e1 = _mm256_and_ps(exp_256(_mm256_sub_ps(_mm256_maskload_ps(s + j + 8, v1), m)), _mm256_castsi256_ps(v1));
-      alo = _mm256_add_ps(alo, e0);
-      ahi = _mm256_add_ps(ahi, e1);
-      _mm256_maskstore_ps(s + j, v0, e0);
-      _mm256_maskstore_ps(s + j + 8, v1, e1);
-    }
-    sums[h] = tree_256(alo, ahi, 0);
+  __m256 mlo = ninf, mhi = ninf, alo = _mm256_setzero_ps(), ahi = _mm256_setzero_ps();
+  for (int j = 0; j < n; j += LANES) {
+    const __m256i v0 = below(n, j), v1 = below(n, j + 8);
+    mlo = _mm256_max_ps(_mm256_blendv_ps(ninf, _mm256_maskload_ps(s + j, v0), _mm256_castsi256_ps(v0)), mlo);
+    mhi = _mm256_max_ps(_mm256_blendv_ps(ninf, _mm256_maskload_ps(s + j + 8, v1), _mm256_castsi256_ps(v1)), mhi);
   }
-  memset(t->out, 0, sizeof(float) * t->group * hd);
-  for (int j = 0; j < t->n; j++) {
-    const float* v = t->v + j * t->row;
-    for (int h = 0; h < t->group; h++) {
-      const __m256 w = _mm256_set1_ps(t->scores[(size_t)h * t->n + j]);
-      float* o = t->out + (size_t)h * hd;
-      int d = 0;
-      for (; d + 8 <= hd; d += 8) _mm256_storeu_ps(o + d, _mm256_fmadd_ps(w, _mm256_loadu_ps(v + d), _mm256_loadu_ps(o + d)));
-      for (; d < hd; d++) o[d] = fmaf(t->scores[(size_t)h * t->n + j], v[d], o[d]);
+  const __m256 m = _mm256_set1_ps(tree_256(mlo, mhi, 1));
+  for (int j = 0; j < n; j += LANES) {
+    const __m256i v0 = below(n, j), v1 = below(n, j + 8);
+    const __m256 e0 = _mm256_and_ps(exp_256(_mm256_sub_ps(_mm256_maskload_ps(s + j, v0), m)), _mm256_castsi256_ps(v0));
+    const __m256 e1 = _mm256_and_ps(exp_256(_mm256_sub_ps(_mm256_maskload_ps(s + j + 8, v1), m)), _mm256_castsi256_ps(v1));
+    alo = _mm256_add_ps(alo, e0);
+    ahi = _mm256_add_ps(ahi, e1);
+    _mm256_maskstore_ps(s + j, v0, e0);
+    _mm256_maskstore_ps(s + j + 8, v1, e1);
+  }
+  const __m256 sum = _mm256_set1_ps(tree_256(alo, ahi, 0));
+  for (int j = 0; j < n; j += 8) {
+    const __m256i v = below(n, j);
+    _mm256_maskstore_ps(s + j, v, _mm256_div_ps(_mm256_maskload_ps(s + j, v), sum));
+  }
+}
+
+AVX2 static inline void axpy_256(float w, const float* v, float* o, int hd) {
+  const __m256 wv = _mm256_set1_ps(w);
+  int d = 0;
+  for (; d + 8 <= hd; d += 8) _mm256_storeu_ps(o + d, _mm256_fmadd_ps(wv, _mm256_loadu_ps(v + d), _mm256_loadu_ps(o + d)));
+  for (; d < hd; d++) o[d] = fmaf(w, v[d], o[d]);
+}
+#endif
+
+/* -- the task: the same loops for every kernel ------------------------------------------------------------------
+   Task i: row i / (kv_heads / kv_per_task), KV heads [g0, g0 + kv_per_task). Token s's scores lie after the earlier
+   tokens', as [its query heads of the task][its n_s slots]. */
+/* the task's row b, its first KV head g0 (of per), query heads per token hs, the K/V rows from g0, its tokens' positions,
+   its scores and the most slots a token sees, N */
+#define TASK_SETUP                                                                                                   \
+  const int S = p->S, hd = p->head_dim, G = p->heads / p->kv_heads, per = p->kv_per_task, hs = per * G;            \
+  const size_t parts = (size_t)(p->kv_heads / per), b = i / parts, g0 = i % parts * per, row = (size_t)p->kv_heads * hd; \
+  const float *K = p->k + b * p->capacity * row + g0 * hd, *V = p->v + b * p->capacity * row + g0 * hd;           \
+  const int64_t* pos = p->pos + b * S;                                                                             \
+  float* const scores = p->scratch + p->scratch_at[i];                                                            \
+  int N = 0;                                                                                                       \
+  for (int s = 0; s < S; s++) N = (int)pos[s] + 1 > N ? (int)pos[s] + 1 : N;
+
+/* pass 2: each (token, head)'s softmax in place, and the outputs zeroed for pass 3 */
+#define SOFTMAX_PASS(SOFTMAX)                                                                                        \
+  {                                                                                                                \
+    float* sc = scores;                                                                                            \
+    for (int s = 0; s < S; s++) {                                                                                  \
+      const int n = (int)pos[s] + 1;                                                                               \
+      for (int x = 0; x < hs; x++) SOFTMAX(sc + (size_t)x * n, n);                                                 \
+      memset(p->out + ((b * S + s) * p->heads + g0 * G) * hd, 0, sizeof(float) * hs * hd);                         \
+      sc += (size_t)hs * n;                                                                                        \
+    }                                                                                                              \
+  }
+
+#define DEFINE_TASK(NAME, ATTR, DOT, SOFTMAX, AXPY)                                                                  \
+  ATTR static void NAME(const attn_problem* p, size_t i) {                                                         \
+    TASK_SETUP                                                                                                     \
+    for (int j = 0; j < N; j++) {                                                                                  \
+      float* sc = scores;                                                                                          \
+      for (int s = 0; s < S; s++) {                                                                                \
+        const int n = (int)pos[s] + 1;                                                                             \
+        if (j < n) {                                                                                               \
+          const float* q = p->q + ((b * S + s) * p->heads + g0 * G) * hd;                                           \
+          for (int g = 0; g < per; g++)                                                                            \
+            for (int h = 0; h < G; h++)                                                                            \
+              sc[(size_t)(g * G + h) * n + j] = DOT(q + (size_t)(g * G + h) * hd, K + j * row + (size_t)g * hd, hd) * p->scale; \
+        }                                                                                                          \
+        sc += (size_t)hs * n;                                                                                      \
+      }                                                                                                            \
+    }                                                                                                              \
+    SOFTMAX_PASS(SOFTMAX)                                                                                          \
+    for (int j = 0; j < N; j++) {                                                                                  \
+      float* sc = scores;                                                                                          \
+      for (int s = 0; s < S; s++) {                                                                                \
+        const int n = (int)pos[s] + 1;                                                                             \
+        if (j < n) {                                                                                               \
+          float* o = p->out + ((b * S + s) * p->heads + g0 * G) * hd;                                               \
+          for (int g = 0; g < per; g++)                                                                            \
+            for (int h = 0; h < G; h++)                                                                            \
+              AXPY(sc[(size_t)(g * G + h) * n + j], V + j * row + (size_t)g * hd, o + (size_t)(g * G + h) * hd, hd); \
+        }                                                                                                          \
+        sc += (size_t)hs * n;                                                                                      \
+      }                                                                                                            \
+    }                                                                                                              \
+  }
+
+DEFINE_TASK(task_portable, , dot_c, softmax_c, axpy_c)
+#if defined(__x86_64__)
+DEFINE_TASK(task_avx2, AVX2, dot_256, softmax_256, axpy_256)
+
+/* AVX-512: the same arithmetic per (token, head), 16 slots' dot products at a time, and the value pass over blocks of
+   SLOT_BLOCK slots (their V rows stay in cache while it goes over the task's tokens and heads) */
+enum { SLOT_BLOCK = 64, PF_K = 2 /* blocks of 16 slots ahead that the K pass prefetches */ };
+AVX512 static void task_avx512(const attn_problem* p, size_t i) {
+  TASK_SETUP
+  const __m512 scale = _mm512_set1_ps(p->scale);
+  const size_t span = (size_t)per * hd; /* floats of a row the task reads */
+  for (int j0 = 0; j0 < N; j0 += LANES) {
+    /* the slots a few blocks ahead into L1: a block's rows lie a whole cache row apart, which no hardware prefetcher follows */
+    for (int j = j0 + PF_K * LANES; j < j0 + (PF_K + 1) * LANES && j < N; j++)
+      for (size_t f = 0; f < span; f += 16) _mm_prefetch((const char*)(K + j * row + f), _MM_HINT_T1);
+    for (int g = 0; g < per; g++) { /* a KV head's 16 K rows stay in L1 over the tokens and query heads */
+      float* sc = scores;
+      for (int s = 0; s < S; s++) {
+        const int n = (int)pos[s] + 1;
+        if (j0 < n) {
+          const int count = n - j0 < LANES ? n - j0 : LANES;
+          const float* q = p->q + ((b * S + s) * p->heads + g0 * G) * hd;
+          for (int h = 0; h < G; h++) {
+            const __m512 dots = dots16_512(q + (size_t)(g * G + h) * hd, K + j0 * row + (size_t)g * hd, row, count, hd);
+            _mm512_mask_storeu_ps(sc + (size_t)(g * G + h) * n + j0, first_512(count), _mm512_mul_ps(dots, scale));
+          }
+        }
+        sc += (size_t)hs * n;
+      }
     }
   }
-  for (int h = 0; h < t->group; h++) {
-    const __m256 sum = _mm256_set1_ps(sums[h]);
-    float* o = t->out + (size_t)h * hd;
-    int d = 0;
-    for (; d + 8 <= hd; d += 8) _mm256_storeu_ps(o + d, _mm256_div_ps(_mm256_loadu_ps(o + d), sum));
-    for (; d < hd; d++) o[d] = o[d] / sums[h];
+  SOFTMAX_PASS(softmax_512)
+  const int R = rows_together(hd) ? rows_together(hd) : 1; /* (1: every row alone) */
+  for (int j0 = 0; j0 < N; j0 += SLOT_BLOCK) {
+    for (int j = j0 + SLOT_BLOCK; j < j0 + 2 * SLOT_BLOCK && j < N; j++) /* the next block's V rows into L2 */
+      for (size_t f = 0; f < span; f += 16) _mm_prefetch((const char*)(V + j * row + f), _MM_HINT_T1);
+    for (int g = 0; g < per; g++) { /* and its SLOT_BLOCK V rows, for the query rows in groups of R */
+      const float* e[8];
+      float* o[8];
+      int ends[8], pending = 0;
+      float* sc = scores;
+      for (int s = 0; s <= S; s++) {
+        const int n = s < S ? (int)pos[s] + 1 : 0;
+        for (int h = 0; h < G && j0 < n; h++) { /* row (s, h): its probabilities, its output, its last slot in the block */
+          e[pending] = sc + (size_t)(g * G + h) * n;
+          o[pending] = p->out + ((b * S + s) * p->heads + (g0 + g) * G + h) * hd;
+          ends[pending++] = n < j0 + SLOT_BLOCK ? n : j0 + SLOT_BLOCK;
+          if (pending == R && R == 1) {
+            values_512(e[0], V + (size_t)g * hd, row, j0, ends[0], o[0], hd);
+            pending = 0;
+          } else if (pending == R) {
+            int common = ends[0];
+            for (int r = 1; r < R; r++) common = ends[r] < common ? ends[r] : common;
+            values_rows_512(e, o, V + (size_t)g * hd, row, j0, common, hd);
+            for (int r = 0; r < R; r++) values_512(e[r], V + (size_t)g * hd, row, common, ends[r], o[r], hd);
+            pending = 0;
+          }
+        }
+        if (s == S) /* the rows left over, one at a time */
+          for (int r = 0; r < pending; r++) values_512(e[r], V + (size_t)g * hd, row, j0, ends[r], o[r], hd);
+        sc += (size_t)hs * n;
+      }
+    }
   }
 }
 #endif
 
 void attention_task(const attn_problem* p, size_t i) {
-  const task_view t = view(p, i);
 #if defined(__x86_64__)
   const int kernel = q_kernel();
   if (kernel == KERNEL_VNNI) { /* AVX-512 VNNI implies AVX-512F */
-    task_avx512(&t, p->scale);
+    task_avx512(p, i);
     return;
   }
   if (kernel == KERNEL_AVX2) {
-    task_avx2(&t, p->scale);
+    task_avx2(p, i);
     return;
   }
 #endif
-  task_portable(&t, p->scale);
+  task_portable(p, i);
 }

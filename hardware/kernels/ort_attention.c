@@ -55,6 +55,15 @@ static OrtStatus* input_of_rank(OrtKernelContext* ctx, size_t i, size_t rank, co
 
 static void run_task(void* problem, size_t i) { attention_task(problem, i); }
 
+/* KV heads a task takes (a divisor of kv_heads), which changes no bit, only how the cache is read and the work shared:
+   the fewest whose row segment is 512 bytes or more (a task then reads runs of 8 cache lines; one KV head of 32 floats
+   a task, its 128 bytes a row, ran slower), so that the other tasks can go to other threads */
+static int kv_per_task(int kv_heads, int hd) {
+  int per = 1;
+  while (per < kv_heads && (kv_heads % per || (size_t)per * hd * sizeof(float) < 512)) per++;
+  return per;
+}
+
 static OrtStatus* compute_attention(void* kernel, OrtKernelContext* ctx) {
   const AttentionKernel* k = kernel;
   int64_t qd[3], kd[3], vd[3], pd[2];
@@ -69,32 +78,39 @@ static OrtStatus* compute_attention(void* kernel, OrtKernelContext* ctx) {
   if (kd[0] != B || kd[2] != k->kv_heads * hd || vd[0] != kd[0] || vd[1] != kd[1] || vd[2] != kd[2])
     return ort_fail(ERR_INVALID_ARGUMENT, "CachedAttention: key and value must both be [batch, capacity, kv_num_heads x head_dim]");
   if (pd[0] != B || pd[1] != S) return ort_fail(ERR_INVALID_ARGUMENT, "CachedAttention: positions must be [batch, tokens], as q");
-  if (B > INT_MAX || S > INT_MAX || B * S > INT_MAX / k->kv_heads) return ort_fail(ERR_INVALID_ARGUMENT, "CachedAttention: too many tokens");
+  if (B > INT_MAX || S > INT_MAX || B * S > INT_MAX / k->heads) return ort_fail(ERR_INVALID_ARGUMENT, "CachedAttention: too many tokens");
   OrtValue* out;
   float* y;
   if ((st = CALL(KernelContext_GetOutput_t, KernelContext_GetOutput, ctx, 0, qd, 3, &out))) return st;
   if ((st = CALL(GetTensorMutableData_t, GetTensorMutableData, out, (void**)&y))) return st;
-  const size_t tasks = (size_t)(B * S * k->kv_heads), group = (size_t)(k->heads / k->kv_heads);
-  if (tasks == 0) return NULL;
-  /* each task's scores: group x (its position + 1) floats */
+  const int per = kv_per_task((int)k->kv_heads, (int)hd);
+  const size_t parts = (size_t)(k->kv_heads / per), tasks = (size_t)B * parts, heads_per_task = (size_t)(per * (k->heads / k->kv_heads));
+  if (tasks == 0 || S == 0) return NULL;
+  /* each task's scores: its query heads x (each token's position + 1) floats */
   size_t* at = malloc(tasks * sizeof *at);
   if (!at) return ort_fail(ERR_FAIL, "CachedAttention: out of memory");
   size_t total = 0;
-  for (size_t i = 0; i < tasks; i++) {
-    const int64_t p = ((const int64_t*)positions)[i / (size_t)k->kv_heads];
-    if (p < 0 || p >= kd[1]) {
-      free(at);
-      return ort_fail(ERR_INVALID_ARGUMENT, "CachedAttention: a position is outside the cache (each must be in [0, capacity))");
+  for (int64_t b = 0; b < B; b++) {
+    size_t slots = 0;
+    for (int64_t s = 0; s < S; s++) {
+      const int64_t p = ((const int64_t*)positions)[b * S + s];
+      if (p < 0 || p >= kd[1]) {
+        free(at);
+        return ort_fail(ERR_INVALID_ARGUMENT, "CachedAttention: a position is outside the cache (each must be in [0, capacity))");
+      }
+      slots += (size_t)(p + 1);
     }
-    at[i] = total;
-    total += group * (size_t)(p + 1);
+    for (size_t c = 0; c < parts; c++) {
+      at[b * parts + c] = total;
+      total += heads_per_task * slots;
+    }
   }
   float* scratch = malloc(total * sizeof(float));
   if (!scratch) {
     free(at);
     return ort_fail(ERR_FAIL, "CachedAttention: out of memory");
   }
-  const attn_problem problem = {(int)B, (int)S, (int)k->heads, (int)k->kv_heads, (int)hd, kd[1], q, key, value, positions, y, scratch, at,
+  const attn_problem problem = {(int)B, (int)S, (int)k->heads, (int)k->kv_heads, (int)hd, kd[1], q, key, value, positions, y, per, scratch, at,
                                 1.f / sqrtf((float)hd)};
   st = CALL(KernelContext_ParallelFor_t, KernelContext_ParallelFor, ctx, run_task, tasks, 0, (void*)&problem);
   free(scratch);
