@@ -141,28 +141,33 @@ AVX512 static inline __mmask16 first_512(int count) {
   return count >= LANES ? (__mmask16)0xFFFF : count <= 0 ? (__mmask16)0 : (__mmask16)((1u << count) - 1);
 }
 
-/* dot(q, k_i) for slots i < count of 16 rows `row` floats apart (lane i; the others 0), each as dot_c computes it
+/* dot(q, k_i) for slots i < count of 16 rows `row` floats apart (lane i; the others undefined), each as dot_c computes it
    alone: its 16-lane sum, then sum_tree's pairs (l + 8, + 4, + 2, + 1), taken for 16 dot products at once by shuffles
    that keep each pair, so no horizontal sum is paid per slot */
 AVX512 static inline __m512 dots16_512(const float* q, const float* k, size_t row, int count, int hd) {
   __m512 a[LANES];
-  for (int i = 0; i < LANES; i++) a[i] = _mm512_setzero_ps();
+  const float* kr[LANES]; /* slots past count read the last one again (their lanes are not stored): no branch per slot */
+#pragma GCC unroll 16
+  for (int i = 0; i < LANES; i++) {
+    a[i] = _mm512_setzero_ps();
+    kr[i] = k + (size_t)(i < count ? i : count - 1) * row;
+  }
   for (int d = 0; d < hd; d += LANES) { /* q's chunk loaded once for the 16 rows; each row's sum still in chunk order */
     const __mmask16 m = first_512(hd - d);
     const __m512 qv = _mm512_maskz_loadu_ps(m, q + d);
-    if (count == LANES) {
 #pragma GCC unroll 16
-      for (int i = 0; i < LANES; i++) a[i] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k + i * row + d), a[i]);
-    } else
-      for (int i = 0; i < count; i++) a[i] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k + i * row + d), a[i]);
+    for (int i = 0; i < LANES; i++) a[i] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, kr[i] + d), a[i]);
   }
   __m512 b[8], c[4], d[2];
+#pragma GCC unroll 8
   for (int x = 0; x < 8; x++) /* [a_2x's l + (l + 8), a_2x+1's], l < 8 */
     b[x] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * x], a[2 * x + 1], _MM_SHUFFLE(1, 0, 1, 0)),
                          _mm512_shuffle_f32x4(a[2 * x], a[2 * x + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+#pragma GCC unroll 4
   for (int x = 0; x < 4; x++) /* quarter r: dot 4x + r's l + (l + 4), l < 4 */
     c[x] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * x], b[2 * x + 1], _MM_SHUFFLE(2, 0, 2, 0)),
                          _mm512_shuffle_f32x4(b[2 * x], b[2 * x + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+#pragma GCC unroll 2
   for (int x = 0; x < 2; x++) /* quarter r: [l + (l + 2) of dot 8x + r, of dot 8x + 4 + r], l < 2 */
     d[x] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * x], c[2 * x + 1], _MM_SHUFFLE(1, 0, 1, 0)),
                          _mm512_shuffle_ps(c[2 * x], c[2 * x + 1], _MM_SHUFFLE(3, 2, 3, 2)));
@@ -233,13 +238,27 @@ AVX512 static inline void values_512(const float* e, const float* v, size_t row,
     _Pragma("GCC unroll 16") for (int r = 0; r < R; r++)                                                           \
       _Pragma("GCC unroll 16") for (int x = 0; x < NV; x++) _mm512_storeu_ps(o[r] + 16 * x, acc[r][x]);           \
   }
-AVX512 static void values_rows_512(const float* const* e, float* const* o, const float* v, size_t row, int j0, int j1, int hd) {
-  if (hd == 32) VALUES_ROWS_512(8, 2)
-  else if (hd == 64) VALUES_ROWS_512(4, 4)
-  else VALUES_ROWS_512(2, 8)
+AVX512 static void values_rows_512(int R, const float* const* e, float* const* o, const float* v, size_t row, int j0, int j1, int hd) {
+  if (hd == 32) {
+    if (R == 8) VALUES_ROWS_512(8, 2)
+    else if (R == 4) VALUES_ROWS_512(4, 2)
+    else VALUES_ROWS_512(2, 2)
+  } else if (hd == 64) {
+    if (R == 4) VALUES_ROWS_512(4, 4)
+    else VALUES_ROWS_512(2, 4)
+  } else
+    VALUES_ROWS_512(2, 8)
 }
 
-/* query rows a values_rows_512 call takes for this head_dim, or 0 where it takes none */
+/* rows [0, R) of a values pass over [j0, ends[r]): together over the slots all of them see, then each alone */
+AVX512 static void values_group_512(int R, const float* const* e, float* const* o, const int* ends, const float* v, size_t row, int j0, int hd) {
+  int common = ends[0];
+  for (int r = 1; r < R; r++) common = ends[r] < common ? ends[r] : common;
+  values_rows_512(R, e, o, v, row, j0, common, hd);
+  for (int r = 0; r < R; r++) values_512(e[r], v, row, common, ends[r], o[r], hd);
+}
+
+/* the most query rows a values_rows_512 call takes for this head_dim (and halves of it down to 2), or 0 where it takes none */
 static inline int rows_together(int hd) { return hd == 32 ? 8 : hd == 64 ? 4 : hd == 128 ? 2 : 0; }
 
 /* -- AVX2: the 16 lanes as two 8-lane halves --------------------------------------------------------------------- */
@@ -431,19 +450,18 @@ AVX512 static void task_avx512(const attn_problem* p, size_t i) {
           e[pending] = sc + (size_t)(g * G + h) * n;
           o[pending] = p->out + ((b * S + s) * p->heads + (g0 + g) * G + h) * hd;
           ends[pending++] = n < j0 + SLOT_BLOCK ? n : j0 + SLOT_BLOCK;
-          if (pending == R && R == 1) {
-            values_512(e[0], V + (size_t)g * hd, row, j0, ends[0], o[0], hd);
-            pending = 0;
-          } else if (pending == R) {
-            int common = ends[0];
-            for (int r = 1; r < R; r++) common = ends[r] < common ? ends[r] : common;
-            values_rows_512(e, o, V + (size_t)g * hd, row, j0, common, hd);
-            for (int r = 0; r < R; r++) values_512(e[r], V + (size_t)g * hd, row, common, ends[r], o[r], hd);
+          if (pending == R) {
+            if (R == 1) values_512(e[0], V + (size_t)g * hd, row, j0, ends[0], o[0], hd);
+            else values_group_512(R, e, o, ends, V + (size_t)g * hd, row, j0, hd);
             pending = 0;
           }
         }
-        if (s == S) /* the rows left over, one at a time */
-          for (int r = 0; r < pending; r++) values_512(e[r], V + (size_t)g * hd, row, j0, ends[r], o[r], hd);
+        if (s == S) { /* the rows left over: in groups of R / 2, R / 4, ... 2, then alone */
+          int r = 0;
+          for (int size = R / 2; size >= 2; size /= 2)
+            for (; pending - r >= size; r += size) values_group_512(size, e + r, o + r, ends + r, V + (size_t)g * hd, row, j0, hd);
+          for (; r < pending; r++) values_512(e[r], V + (size_t)g * hd, row, j0, ends[r], o[r], hd);
+        }
         sc += (size_t)hs * n;
       }
     }
