@@ -1,0 +1,227 @@
+/* CachedAttention's AVX-512 kernel (attention.c says what every kernel computes and why their bits agree): the same
+ * arithmetic per (token, head) as the portable one, 16 slots' dot products at a time, the V rows shared by several
+ * query rows, and the cache prefetched ahead of the passes. */
+#include <math.h>
+
+#include "attention_impl.h"
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define AVX512 __attribute__((target("avx512f")))
+
+AVX512 static inline __m512 exp_512(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(EXP_LO), x);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(LN2_HI)));
+  x = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(LN2_LO)));
+  const __m512 z = _mm512_mul_ps(x, x);
+  __m512 e = _mm512_set1_ps(P0);
+  e = _mm512_add_ps(_mm512_mul_ps(e, x), _mm512_set1_ps(P1));
+  e = _mm512_add_ps(_mm512_mul_ps(e, x), _mm512_set1_ps(P2));
+  e = _mm512_add_ps(_mm512_mul_ps(e, x), _mm512_set1_ps(P3));
+  e = _mm512_add_ps(_mm512_mul_ps(e, x), _mm512_set1_ps(P4));
+  e = _mm512_add_ps(_mm512_mul_ps(e, x), _mm512_set1_ps(P5));
+  e = _mm512_add_ps(_mm512_mul_ps(e, z), x);
+  e = _mm512_add_ps(e, _mm512_set1_ps(1.f));
+  const __m512i pow2 = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(e, _mm512_castsi512_ps(pow2));
+}
+
+/* the tree of sum_tree / max_tree: lanes l and l + 8, then the 4-, 2- and 1-apart pairs */
+AVX512 static inline float tree_512(__m512 a, int is_max) {
+  const __m256 lo = _mm512_castps512_ps256(a), hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+  const __m256 a8 = is_max ? _mm256_max_ps(lo, hi) : _mm256_add_ps(lo, hi);
+  const __m128 l4 = _mm256_castps256_ps128(a8), h4 = _mm256_extractf128_ps(a8, 1);
+  const __m128 a4 = is_max ? _mm_max_ps(l4, h4) : _mm_add_ps(l4, h4);
+  const __m128 h2 = _mm_movehl_ps(a4, a4);
+  const __m128 a2 = is_max ? _mm_max_ps(a4, h2) : _mm_add_ps(a4, h2);
+  const __m128 h1 = _mm_shuffle_ps(a2, a2, 1);
+  return _mm_cvtss_f32(is_max ? _mm_max_ss(a2, h1) : _mm_add_ss(a2, h1));
+}
+
+AVX512 static inline __mmask16 first_512(int count) {
+  return count >= LANES ? (__mmask16)0xFFFF : count <= 0 ? (__mmask16)0 : (__mmask16)((1u << count) - 1);
+}
+
+/* dot(q, k_i) for slots i < count of 16 rows `row` floats apart (lane i; the others undefined), each as dot_c computes it
+   alone: its 16-lane sum, then sum_tree's pairs (l + 8, + 4, + 2, + 1), taken for 16 dot products at once by shuffles
+   that keep each pair, so no horizontal sum is paid per slot */
+AVX512 static inline __m512 dots16_512(const float* q, const float* k, size_t row, int count, int hd) {
+  __m512 a[LANES];
+  const float* kr[LANES]; /* slots past count read the last one again (their lanes are not stored): no branch per slot */
+#pragma GCC unroll 16
+  for (int i = 0; i < LANES; i++) {
+    a[i] = _mm512_setzero_ps();
+    kr[i] = k + (size_t)(i < count ? i : count - 1) * row;
+  }
+  for (int d = 0; d < hd; d += LANES) { /* q's chunk loaded once for the 16 rows; each row's sum still in chunk order */
+    const __mmask16 m = first_512(hd - d);
+    const __m512 qv = _mm512_maskz_loadu_ps(m, q + d);
+#pragma GCC unroll 16
+    for (int i = 0; i < LANES; i++) a[i] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, kr[i] + d), a[i]);
+  }
+  __m512 b[8], c[4], d[2];
+#pragma GCC unroll 8
+  for (int x = 0; x < 8; x++) /* [a_2x's l + (l + 8), a_2x+1's], l < 8 */
+    b[x] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * x], a[2 * x + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(a[2 * x], a[2 * x + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+#pragma GCC unroll 4
+  for (int x = 0; x < 4; x++) /* quarter r: dot 4x + r's l + (l + 4), l < 4 */
+    c[x] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * x], b[2 * x + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(b[2 * x], b[2 * x + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+#pragma GCC unroll 2
+  for (int x = 0; x < 2; x++) /* quarter r: [l + (l + 2) of dot 8x + r, of dot 8x + 4 + r], l < 2 */
+    d[x] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * x], c[2 * x + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(c[2 * x], c[2 * x + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], _MM_SHUFFLE(2, 0, 2, 0)), /* lane 4q + t: dot 4t + q */
+                                 _mm512_shuffle_ps(d[0], d[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
+}
+
+/* o += e[j] * v_j for slots j0 <= j < j1 (rows `row` floats apart), o held in registers over the slots: per lane the
+   fmas axpy_c does, in the same order */
+AVX512 static inline void softmax_512(float* s, int n) {
+  __m512 mx = _mm512_set1_ps(-INFINITY), acc = _mm512_setzero_ps();
+  for (int j = 0; j < n; j += LANES) mx = _mm512_max_ps(_mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), first_512(n - j), s + j), mx);
+  const __m512 m = _mm512_set1_ps(tree_512(mx, 1));
+  for (int j = 0; j < n; j += LANES) {
+    const __mmask16 valid = first_512(n - j);
+    const __m512 e = _mm512_maskz_mov_ps(valid, exp_512(_mm512_sub_ps(_mm512_maskz_loadu_ps(valid, s + j), m)));
+    acc = _mm512_add_ps(acc, e);
+    _mm512_mask_storeu_ps(s + j, valid, e);
+  }
+  const __m512 sum = _mm512_set1_ps(tree_512(acc, 0));
+  for (int j = 0; j < n; j += LANES) {
+    const __mmask16 valid = first_512(n - j);
+    _mm512_mask_storeu_ps(s + j, valid, _mm512_div_ps(_mm512_maskz_loadu_ps(valid, s + j), sum));
+  }
+}
+
+#define VALUES_512(NV)                                                                                               \
+  for (int j = j0; j < j1; j++) {                                                                                  \
+    const __m512 w = _mm512_set1_ps(e[j]);                                                                         \
+    const float* vr = v + j * row + d;                                                                             \
+    for (int x = 0; x < NV; x++) o[x] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(m[x], vr + 16 * x), o[x]);         \
+  }
+AVX512 static inline void values_512(const float* e, const float* v, size_t row, int j0, int j1, float* out, int hd) {
+  for (int d = 0; d < hd; d += 4 * LANES) {
+    const int nv = (hd - d + LANES - 1) / LANES; /* vectors in this chunk: 1..4 (and more chunks after a 4) */
+    __mmask16 m[4];
+    __m512 o[4];
+    for (int x = 0; x < 4; x++) {
+      m[x] = first_512(hd - d - 16 * x);
+      o[x] = _mm512_maskz_loadu_ps(m[x], out + d + 16 * x);
+    }
+    if (nv == 1) VALUES_512(1)
+    else if (nv == 2) VALUES_512(2)
+    else if (nv == 3) VALUES_512(3)
+    else VALUES_512(4)
+    for (int x = 0; x < 4; x++) _mm512_mask_storeu_ps(out + d + 16 * x, m[x], o[x]);
+  }
+}
+
+
+/* the same for R query rows at once over slots [j0, j1) that every one of them sees: each V row loaded once for the R
+   rows, R x NV accumulators in registers (hd = 16 NV; R x NV = 16). Per lane and row: axpy_c's fmas in slot order */
+#define VALUES_ROWS_512(R, NV)                                                                                       \
+  {                                                                                                                \
+    __m512 acc[R][NV];                                                                                             \
+    _Pragma("GCC unroll 16") for (int r = 0; r < R; r++)                                                           \
+      _Pragma("GCC unroll 16") for (int x = 0; x < NV; x++) acc[r][x] = _mm512_loadu_ps(o[r] + 16 * x);            \
+    for (int j = j0; j < j1; j++) {                                                                                \
+      const float* vr = v + j * row;                                                                               \
+      __m512 vv[NV];                                                                                               \
+      _Pragma("GCC unroll 16") for (int x = 0; x < NV; x++) vv[x] = _mm512_loadu_ps(vr + 16 * x);                  \
+      _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {                                                       \
+        const __m512 w = _mm512_set1_ps(e[r][j]);                                                                  \
+        _Pragma("GCC unroll 16") for (int x = 0; x < NV; x++) acc[r][x] = _mm512_fmadd_ps(w, vv[x], acc[r][x]);     \
+      }                                                                                                            \
+    }                                                                                                              \
+    _Pragma("GCC unroll 16") for (int r = 0; r < R; r++)                                                           \
+      _Pragma("GCC unroll 16") for (int x = 0; x < NV; x++) _mm512_storeu_ps(o[r] + 16 * x, acc[r][x]);           \
+  }
+AVX512 static void values_rows_512(int R, const float* const* e, float* const* o, const float* v, size_t row, int j0, int j1, int hd) {
+  if (hd == 32) {
+    if (R == 8) VALUES_ROWS_512(8, 2)
+    else if (R == 4) VALUES_ROWS_512(4, 2)
+    else VALUES_ROWS_512(2, 2)
+  } else if (hd == 64) {
+    if (R == 4) VALUES_ROWS_512(4, 4)
+    else VALUES_ROWS_512(2, 4)
+  } else
+    VALUES_ROWS_512(2, 8)
+}
+
+/* rows [0, R) of a values pass over [j0, ends[r]): together over the slots all of them see, then each alone */
+AVX512 static void values_group_512(int R, const float* const* e, float* const* o, const int* ends, const float* v, size_t row, int j0, int hd) {
+  int common = ends[0];
+  for (int r = 1; r < R; r++) common = ends[r] < common ? ends[r] : common;
+  values_rows_512(R, e, o, v, row, j0, common, hd);
+  for (int r = 0; r < R; r++) values_512(e[r], v, row, common, ends[r], o[r], hd);
+}
+
+/* the most query rows a values_rows_512 call takes for this head_dim (and halves of it down to 2), or 0 where it takes none */
+static inline int rows_together(int hd) { return hd == 32 ? 8 : hd == 64 ? 4 : hd == 128 ? 2 : 0; }
+
+
+/* AVX-512: the same arithmetic per (token, head), 16 slots' dot products at a time, and the value pass over blocks of
+   SLOT_BLOCK slots (their V rows stay in cache while it goes over the task's tokens and heads) */
+enum { SLOT_BLOCK = 64, PF_K = 2 /* blocks of 16 slots ahead that the K pass prefetches */ };
+AVX512 void task_avx512(const attn_problem* p, size_t i) {
+  TASK_SETUP
+  const __m512 scale = _mm512_set1_ps(p->scale);
+  const size_t span = (size_t)per * hd; /* floats of a row the task reads */
+  for (int j0 = 0; j0 < N; j0 += LANES) {
+    /* the slots a few blocks ahead into L1: a block's rows lie a whole cache row apart, which no hardware prefetcher follows */
+    for (int j = j0 + PF_K * LANES; j < j0 + (PF_K + 1) * LANES && j < N; j++)
+      for (size_t f = 0; f < span; f += 16) _mm_prefetch((const char*)(K + j * row + f), _MM_HINT_T1);
+    for (int g = 0; g < per; g++) { /* a KV head's 16 K rows stay in L1 over the tokens and query heads */
+      float* sc = scores;
+      for (int s = 0; s < S; s++) {
+        const int n = (int)pos[s] + 1;
+        if (j0 < n) {
+          const int count = n - j0 < LANES ? n - j0 : LANES;
+          const float* q = p->q + ((b * S + s) * p->heads + g0 * G) * hd;
+          for (int h = 0; h < G; h++) {
+            const __m512 dots = dots16_512(q + (size_t)(g * G + h) * hd, K + j0 * row + (size_t)g * hd, row, count, hd);
+            _mm512_mask_storeu_ps(sc + (size_t)(g * G + h) * n + j0, first_512(count), _mm512_mul_ps(dots, scale));
+          }
+        }
+        sc += (size_t)hs * n;
+      }
+    }
+  }
+  SOFTMAX_PASS(softmax_512)
+  const int R = rows_together(hd) ? rows_together(hd) : 1; /* (1: every row alone) */
+  for (int j0 = 0; j0 < N; j0 += SLOT_BLOCK) {
+    for (int j = j0 + SLOT_BLOCK; j < j0 + 2 * SLOT_BLOCK && j < N; j++) /* the next block's V rows into L2 */
+      for (size_t f = 0; f < span; f += 16) _mm_prefetch((const char*)(V + j * row + f), _MM_HINT_T1);
+    for (int g = 0; g < per; g++) { /* and its SLOT_BLOCK V rows, for the query rows in groups of R */
+      const float* e[8];
+      float* o[8];
+      int ends[8], pending = 0;
+      float* sc = scores;
+      for (int s = 0; s <= S; s++) {
+        const int n = s < S ? (int)pos[s] + 1 : 0;
+        for (int h = 0; h < G && j0 < n; h++) { /* row (s, h): its probabilities, its output, its last slot in the block */
+          e[pending] = sc + (size_t)(g * G + h) * n;
+          o[pending] = p->out + ((b * S + s) * p->heads + (g0 + g) * G + h) * hd;
+          ends[pending++] = n < j0 + SLOT_BLOCK ? n : j0 + SLOT_BLOCK;
+          if (pending == R) {
+            if (R == 1) values_512(e[0], V + (size_t)g * hd, row, j0, ends[0], o[0], hd);
+            else values_group_512(R, e, o, ends, V + (size_t)g * hd, row, j0, hd);
+            pending = 0;
+          }
+        }
+        if (s == S) { /* the rows left over: in groups of R / 2, R / 4, ... 2, then alone */
+          int r = 0;
+          for (int size = R / 2; size >= 2; size /= 2)
+            for (; pending - r >= size; r += size) values_group_512(size, e + r, o + r, ends + r, V + (size_t)g * hd, row, j0, hd);
+          for (; r < pending; r++) values_512(e[r], V + (size_t)g * hd, row, j0, ends[r], o[r], hd);
+        }
+        sc += (size_t)hs * n;
+      }
+    }
+  }
+}
+#endif

@@ -1,0 +1,84 @@
+/* What attention.c (portable C, AVX2) and attention_avx512.c share: the exp polynomial's constants and the task's loops
+ * around the per-(token, head) arithmetic, whose order every kernel keeps (attention.c says how). */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "attention.h"
+
+/* Cephes expf (attention.c) */
+#define EXP_LO (-87.0f)
+#define LOG2E 1.44269504088896341f
+#define LN2_HI 0.693359375f
+#define LN2_LO (-2.12194440e-4f)
+#define P0 1.9875691500e-4f
+#define P1 1.3981999507e-3f
+#define P2 8.3334519073e-3f
+#define P3 4.1665795894e-2f
+#define P4 1.6666665459e-1f
+#define P5 5.0000001201e-1f
+#define LANES 16 /* a dot product's and a sum's lanes in every kernel */
+
+/* -- the task: the same loops for every kernel ------------------------------------------------------------------
+   Task i: row i / (kv_heads / kv_per_task), KV heads [g0, g0 + kv_per_task). Token s's scores lie after the earlier
+   tokens', as [its query heads of the task][its n_s slots]. */
+/* the task's row b, its first KV head g0 (of per), query heads per token hs, the K/V rows from g0, its tokens' positions,
+   its scores and the most slots a token sees, N */
+#define TASK_SETUP                                                                                                   \
+  const int S = p->S, hd = p->head_dim, G = p->heads / p->kv_heads, per = p->kv_per_task, hs = per * G;            \
+  const size_t parts = (size_t)(p->kv_heads / per), b = i / parts, g0 = i % parts * per, row = (size_t)p->kv_heads * hd; \
+  const float *K = p->k + b * p->capacity * row + g0 * hd, *V = p->v + b * p->capacity * row + g0 * hd;           \
+  const int64_t* pos = p->pos + b * S;                                                                             \
+  float* const scores = p->scratch + p->scratch_at[i];                                                            \
+  int N = 0;                                                                                                       \
+  for (int s = 0; s < S; s++) N = (int)pos[s] + 1 > N ? (int)pos[s] + 1 : N;
+
+/* pass 2: each (token, head)'s softmax in place, and the outputs zeroed for pass 3 */
+#define SOFTMAX_PASS(SOFTMAX)                                                                                        \
+  {                                                                                                                \
+    float* sc = scores;                                                                                            \
+    for (int s = 0; s < S; s++) {                                                                                  \
+      const int n = (int)pos[s] + 1;                                                                               \
+      for (int x = 0; x < hs; x++) SOFTMAX(sc + (size_t)x * n, n);                                                 \
+      memset(p->out + ((b * S + s) * p->heads + g0 * G) * hd, 0, sizeof(float) * hs * hd);                         \
+      sc += (size_t)hs * n;                                                                                        \
+    }                                                                                                              \
+  }
+
+#define DEFINE_TASK(NAME, ATTR, DOT, SOFTMAX, AXPY)                                                                  \
+  ATTR static void NAME(const attn_problem* p, size_t i) {                                                         \
+    TASK_SETUP                                                                                                     \
+    for (int j = 0; j < N; j++) {                                                                                  \
+      float* sc = scores;                                                                                          \
+      for (int s = 0; s < S; s++) {                                                                                \
+        const int n = (int)pos[s] + 1;                                                                             \
+        if (j < n) {                                                                                               \
+          const float* q = p->q + ((b * S + s) * p->heads + g0 * G) * hd;                                           \
+          for (int g = 0; g < per; g++)                                                                            \
+            for (int h = 0; h < G; h++)                                                                            \
+              sc[(size_t)(g * G + h) * n + j] = DOT(q + (size_t)(g * G + h) * hd, K + j * row + (size_t)g * hd, hd) * p->scale; \
+        }                                                                                                          \
+        sc += (size_t)hs * n;                                                                                      \
+      }                                                                                                            \
+    }                                                                                                              \
+    SOFTMAX_PASS(SOFTMAX)                                                                                          \
+    for (int j = 0; j < N; j++) {                                                                                  \
+      float* sc = scores;                                                                                          \
+      for (int s = 0; s < S; s++) {                                                                                \
+        const int n = (int)pos[s] + 1;                                                                             \
+        if (j < n) {                                                                                               \
+          float* o = p->out + ((b * S + s) * p->heads + g0 * G) * hd;                                               \
+          for (int g = 0; g < per; g++)                                                                            \
+            for (int h = 0; h < G; h++)                                                                            \
+              AXPY(sc[(size_t)(g * G + h) * n + j], V + j * row + (size_t)g * hd, o + (size_t)(g * G + h) * hd, hd); \
+        }                                                                                                          \
+        sc += (size_t)hs * n;                                                                                      \
+      }                                                                                                            \
+    }                                                                                                              \
+  }
+
+
+#if defined(__x86_64__)
+void task_avx512(const attn_problem* p, size_t i); /* attention_avx512.c */
+#endif
