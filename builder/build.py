@@ -370,7 +370,7 @@ def calibrate(ckpt, model: ModelConfig, build: BuildConfig, convention, calib_da
     samples = calibration_samples(calib_dataset, ckpt.path, calib_size, min(256, build.max_input_len))
     taps: dict[str, str] = {}
     float_build = replace(build, quantization="none", fp8_activations="none", dtype="float32", group_size=None, symmetric=True,
-                          quantize_lm_head=False)
+                          quantize_lm_head=False, cpu_kernels="ort")  # (a float network: ONNX Runtime's own ops, no library to load)
     if not onnx:
         float_build = replace(float_build, backend=AUTO, lowering="ort_cpu", kv_layout="bsh", cuda_attention="auto")
     float_net = build_network(ckpt, model, float_build, convention=convention, linear_inputs=taps)

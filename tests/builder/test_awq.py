@@ -340,3 +340,17 @@ def test_cli_int4_awq_without_calibration_text_is_refused(outlier_ckpt, tmp_path
     assert r.stderr.startswith("error: ") and r.stderr.strip().count("\n") == 0, r.stderr
     assert "--calib_dataset" in r.stderr and "Traceback" not in r.output
     assert not out.exists() and not list(tmp_path.glob(".e*"))
+
+
+@pytest.mark.skipif(__import__("specdec.hardware.cpu_kernels", fromlist=["compiler"]).compiler() is None, reason="needs a C compiler")
+def test_cli_int4_awq_with_specdec_kernels(outlier_ckpt, tmp_path):
+    """--cpu_kernels specdec: the float32 network AWQ calibrates on runs ONNX Runtime's own ops (no specdec library in its
+    session), and the engine runs Q4Gemm and CachedAttention."""
+    import json
+
+    ckpt, calib = outlier_ckpt
+    r = cli_build(ckpt, tmp_path / "awq", "--qformat", "int4_awq", "--group_size", 32, "--calib_dataset", calib, "--calib_size", 4,
+                  "--cpu_kernels", "specdec")
+    assert r.exit_code == 0, r.output
+    wo = json.loads((tmp_path / "awq" / "config.json").read_text())["build"]["weight_only"]
+    assert wo["source"] == "awq" and wo["op"].startswith("Q4Gemm") and wo["attention_op"].startswith("CachedAttention")
