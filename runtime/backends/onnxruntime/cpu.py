@@ -70,7 +70,7 @@ class OrtExecutor:
         self.model = engine.config.model
         self.build = engine.config.build
         opts = session_options(num_threads)
-        if self.build.cpu_kernels == "specdec":  # int4 layers on specdec's Q4Gemm op (plugins/cpu_kernels.py)
+        if self.build.cpu_kernels == "specdec":  # int4 layers on specdec's Q4Gemm op, chain attention on CachedAttention (plugins/cpu_kernels.py)
             from ....hardware.cpu_kernels import KernelBuildError, kernel_library
 
             try:
