@@ -100,6 +100,7 @@ def main() -> None:
     p.add_argument("--medusa-heads", type=int, default=3)
     p.add_argument("--eagle-ttt-steps", type=int, default=3, help="EAGLE training-time-test steps (depths trained)")
     p.add_argument("--peagle-depths", type=int, default=8, help="P-EAGLE drafting positions trained (one pass drafts up to this many)")
+    p.add_argument("--peagle-layers", type=int, default=1, help="P-EAGLE: decoder layers of the module")
     p.add_argument("--peagle-decay", type=float, default=0.5, help="P-EAGLE: drafting position j's loss weighs this^(j-1)")
     p.add_argument("--modes", default="medusa,eagle", help="which to train: medusa, eagle, peagle (comma-separated)")
     p.add_argument("--lr", type=float, default=1e-3)
@@ -146,7 +147,7 @@ def main() -> None:
         results["eagle"] = train(TrainConfig(mode="eagle", output_dir=str(out / "eagle"), eagle_num_layers=1,
                                              eagle_ttt_steps=args.eagle_ttt_steps, **common))
     if "peagle" in modes:
-        results["peagle"] = train(TrainConfig(mode="peagle", output_dir=str(out / "peagle"), eagle_num_layers=1,
+        results["peagle"] = train(TrainConfig(mode="peagle", output_dir=str(out / "peagle"), eagle_num_layers=args.peagle_layers,
                                               peagle_depths=args.peagle_depths, eagle_loss_decay_factor=args.peagle_decay, **common))
 
     print(f"\nheld-out top-1 ({args.eval_prompts} prompts from held-out files, {args.max_token} greedy target tokens each); "
