@@ -638,8 +638,8 @@ def uptime() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def make_prompts(lay: Layout, num_prompts: int, prompt_tokens: int) -> tuple[list[list[int]], dict[str, list[int]]]:
-    return workloads(lay.tokenizer_dir(), num_prompts, prompt_tokens)
+def make_prompts(lay: Layout, num_prompts: int, prompt_tokens: int, file_context: bool = False) -> tuple[list[list[int]], dict[str, list[int]]]:
+    return workloads(lay.tokenizer_dir(), num_prompts, prompt_tokens, file_context)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -649,12 +649,12 @@ def run(args: argparse.Namespace) -> int:
     bits_list = [b for b in args.bits.split(",") if b]
     spec_bits = [b for b in args.spec_bits.split(",") if b]
     families = set(args.families.split(","))
-    prompts, subsets = make_prompts(lay, args.num_prompts, args.prompt_tokens)
+    prompts, subsets = make_prompts(lay, args.num_prompts, args.prompt_tokens, args.file_context)
     log_dir = lay.work / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "fn"},
                               "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "host": host.host_record(),
-                              "prompt_tokens": [len(p) for p in prompts], "subsets": subsets, "load_start": uptime(), "threads": {}}
+                              "prompt_tokens": [len(p) for p in prompts], "file_context": args.file_context, "subsets": subsets, "load_start": uptime(), "threads": {}}
     print(f"{len(prompts)} prompts ({len(subsets['ordinary'])} ordinary, {len(subsets['copy-heavy'])} copy-heavy; "
           f"{min(map(len, prompts))}-{max(map(len, prompts))} tokens), {args.max_new_tokens} new tokens each, batch 1, greedy; "
           f"load average {report['load_start']}", flush=True)
@@ -806,6 +806,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--rounds", type=int, default=3, help="interleaved rounds (>= 3 for a spread)")
     r.add_argument("--num_prompts", type=int, default=2, help="ordinary prompts, and as many copy-heavy ones")
     r.add_argument("--prompt_tokens", type=int, default=128)
+    r.add_argument("--file_context", action="store_true",
+                   help="long-context prompts: each also holds its source file before the function, up to --prompt_tokens tokens")
     r.add_argument("--max_new_tokens", type=int, default=64)
     r.add_argument("--bits", default="fp32,int8,int4", help="precisions measured target-only")
     r.add_argument("--spec_bits", default="int8,int4", help="precisions also measured with every speculative mode")

@@ -31,6 +31,11 @@ _EVAL = re.compile(r"\beval time =\s+([\d.]+) ms /\s+(\d+) runs")
 _COUNTS = {key: re.compile(rf"{key}\s+=\s+(\d+)") for key in ("n_drafted", "n_accept")}
 
 
+def context_size(prompt_tokens: int, new_tokens: int) -> int:
+    """llama.cpp's -c for a run: 1024 (what every earlier figure used), or room for a longer prompt and its output."""
+    return max(1024, prompt_tokens + new_tokens + 64)
+
+
 class LlamaCliRunner:
     """One llama.cpp tool, run once per prompt (the model file stays in the page cache between runs)."""
 
@@ -52,7 +57,7 @@ class LlamaCliRunner:
             f.write(prompt)
         try:
             self.command = [str(self.binary), "-m", str(self.model), "-f", f.name, "-n", str(n), "--ignore-eos",
-                            "--temp", "0", "--top-k", "1", "-t", str(self.threads), "-tb", str(self.threads), "-c", "1024",
+                            "--temp", "0", "--top-k", "1", "-t", str(self.threads), "-tb", str(self.threads), "-c", str(context_size(len(ids), n)),
                             "--no-display-prompt" if self.binary.name == "llama-completion" else "", *self.extra]
             self.command = [a for a in self.command if a]
             t0, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
