@@ -1,6 +1,6 @@
 /* CachedAttention's AVX-512 kernel (attention.c says what every kernel computes and why their bits agree): the same
- * arithmetic per (token, head) as the portable one, 16 slots' dot products at a time, the V rows shared by several
- * query rows, and the cache prefetched ahead of the passes. */
+ * arithmetic per (token, head) as the portable one, two query rows' dot products with 8 slots at a time (each K row
+ * loaded once for both), the V rows shared by several query rows, and the cache prefetched ahead of the passes. */
 #include <math.h>
 
 #include "attention_impl.h"
@@ -43,23 +43,9 @@ AVX512 static inline __mmask16 first_512(int count) {
   return count >= LANES ? (__mmask16)0xFFFF : count <= 0 ? (__mmask16)0 : (__mmask16)((1u << count) - 1);
 }
 
-/* dot(q, k_i) for slots i < count of 16 rows `row` floats apart (lane i; the others undefined), each as dot_c computes it
-   alone: its 16-lane sum, then sum_tree's pairs (l + 8, + 4, + 2, + 1), taken for 16 dot products at once by shuffles
-   that keep each pair, so no horizontal sum is paid per slot */
-AVX512 static inline __m512 dots16_512(const float* q, const float* k, size_t row, int count, int hd) {
-  __m512 a[LANES];
-  const float* kr[LANES]; /* slots past count read the last one again (their lanes are not stored): no branch per slot */
-#pragma GCC unroll 16
-  for (int i = 0; i < LANES; i++) {
-    a[i] = _mm512_setzero_ps();
-    kr[i] = k + (size_t)(i < count ? i : count - 1) * row;
-  }
-  for (int d = 0; d < hd; d += LANES) { /* q's chunk loaded once for the 16 rows; each row's sum still in chunk order */
-    const __mmask16 m = first_512(hd - d);
-    const __m512 qv = _mm512_maskz_loadu_ps(m, q + d);
-#pragma GCC unroll 16
-    for (int i = 0; i < LANES; i++) a[i] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, kr[i] + d), a[i]);
-  }
+/* lane i = sum_tree(a[i]) for 16 dot products' 16-lane sums: sum_tree's pairs (l + 8, + 4, + 2, + 1), taken for the 16
+   at once by shuffles that keep each pair, so no horizontal sum is paid per slot */
+AVX512 static inline __m512 trees16_512(const __m512* a) {
   __m512 b[8], c[4], d[2];
 #pragma GCC unroll 8
   for (int x = 0; x < 8; x++) /* [a_2x's l + (l + 8), a_2x+1's], l < 8 */
@@ -76,6 +62,31 @@ AVX512 static inline __m512 dots16_512(const float* q, const float* k, size_t ro
   const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], _MM_SHUFFLE(2, 0, 2, 0)), /* lane 4q + t: dot 4t + q */
                                  _mm512_shuffle_ps(d[0], d[1], _MM_SHUFFLE(3, 1, 3, 1)));
   return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
+}
+
+/* dot(qa, k_i) in lane i and dot(qb, k_i) in lane 8 + i, for slots i < 8 of rows `row` floats apart (ca, cb: the slots
+   each query sees, >= 1; the other lanes undefined), each as dot_c computes it alone: each K chunk is loaded once for
+   both queries (two query heads of a token share a KV head), halving the loads per fma of one query at a time */
+AVX512 static inline __m512 dots2x8_512(const float* qa, const float* qb, const float* k, size_t row, int ca, int cb, int hd) {
+  __m512 a[LANES];
+  const int c = ca > cb ? ca : cb;
+  const float* kr[8]; /* slots past c read the last one again (their lanes are not stored): no branch per slot */
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; i++) {
+    a[i] = a[i + 8] = _mm512_setzero_ps();
+    kr[i] = k + (size_t)(i < c ? i : c - 1) * row;
+  }
+  for (int d = 0; d < hd; d += LANES) { /* each row's sum still in chunk order */
+    const __mmask16 m = first_512(hd - d);
+    const __m512 qva = _mm512_maskz_loadu_ps(m, qa + d), qvb = _mm512_maskz_loadu_ps(m, qb + d);
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+      const __m512 kv = _mm512_maskz_loadu_ps(m, kr[i] + d);
+      a[i] = _mm512_fmadd_ps(qva, kv, a[i]);
+      a[i + 8] = _mm512_fmadd_ps(qvb, kv, a[i + 8]);
+    }
+  }
+  return trees16_512(a);
 }
 
 /* o += e[j] * v_j for slots j0 <= j < j1 (rows `row` floats apart), o held in registers over the slots: per lane the
@@ -131,7 +142,10 @@ AVX512 static inline void values_512(const float* e, const float* v, size_t row,
     for (int j = j0; j < j1; j++) {                                                                                \
       const float* vr = v + j * row;                                                                               \
       __m512 vv[NV];                                                                                               \
-      _Pragma("GCC unroll 16") for (int x = 0; x < NV; x++) vv[x] = _mm512_loadu_ps(vr + 16 * x);                  \
+      _Pragma("GCC unroll 16") for (int x = 0; x < NV; x++) {                                                         \
+        vv[x] = _mm512_loadu_ps(vr + 16 * x);                                                                      \
+        __asm__("" : "+v"(vv[x])); /* held in a register: the compiler would load it again for every row */        \
+      }                                                                                                            \
       _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {                                                       \
         const __m512 w = _mm512_set1_ps(e[r][j]);                                                                  \
         _Pragma("GCC unroll 16") for (int x = 0; x < NV; x++) acc[r][x] = _mm512_fmadd_ps(w, vv[x], acc[r][x]);     \
@@ -164,31 +178,44 @@ AVX512 static void values_group_512(int R, const float* const* e, float* const* 
 static inline int rows_together(int hd) { return hd == 32 ? 8 : hd == 64 ? 4 : hd == 128 ? 2 : 0; }
 
 
-/* AVX-512: the same arithmetic per (token, head), 16 slots' dot products at a time, and the value pass over blocks of
-   SLOT_BLOCK slots (their V rows stay in cache while it goes over the task's tokens and heads) */
-enum { SLOT_BLOCK = 64, PF_K = 2 /* blocks of 16 slots ahead that the K pass prefetches */ };
+/* AVX-512: the same arithmetic per (token, head), the query rows' dot products in pairs over 8 slots at a time, and the
+   value pass over blocks of SLOT_BLOCK slots (their V rows stay in cache while it goes over the task's tokens and heads) */
+enum { SLOT_BLOCK = 64, PF_K = 2 /* 16 PF_K slots ahead: where the K pass prefetches */ };
 AVX512 void task_avx512(const attn_problem* p, size_t i) {
   TASK_SETUP
   const __m512 scale = _mm512_set1_ps(p->scale);
   const size_t span = (size_t)per * hd; /* floats of a row the task reads */
-  for (int j0 = 0; j0 < N; j0 += LANES) {
+  for (int j0 = 0; j0 < N; j0 += 8) {
     /* the slots a few blocks ahead into L1: a block's rows lie a whole cache row apart, which no hardware prefetcher follows */
-    for (int j = j0 + PF_K * LANES; j < j0 + (PF_K + 1) * LANES && j < N; j++)
+    for (int j = j0 + PF_K * LANES; j < j0 + PF_K * LANES + 8 && j < N; j++)
       for (size_t f = 0; f < span; f += 16) _mm_prefetch((const char*)(K + j * row + f), _MM_HINT_T1);
-    for (int g = 0; g < per; g++) { /* a KV head's 16 K rows stay in L1 over the tokens and query heads */
+    for (int g = 0; g < per; g++) { /* a KV head's 8 K rows stay in L1 over the tokens and query heads, taken in pairs */
+      const float* q2[2];
+      float* o2[2];
+      int c2[2], pending = 0;
       float* sc = scores;
       for (int s = 0; s < S; s++) {
         const int n = (int)pos[s] + 1;
         if (j0 < n) {
-          const int count = n - j0 < LANES ? n - j0 : LANES;
+          const int count = n - j0 < 8 ? n - j0 : 8;
           const float* q = p->q + ((b * S + s) * p->heads + g0 * G) * hd;
           for (int h = 0; h < G; h++) {
-            const __m512 dots = dots16_512(q + (size_t)(g * G + h) * hd, K + j0 * row + (size_t)g * hd, row, count, hd);
-            _mm512_mask_storeu_ps(sc + (size_t)(g * G + h) * n + j0, first_512(count), _mm512_mul_ps(dots, scale));
+            q2[pending] = q + (size_t)(g * G + h) * hd;
+            o2[pending] = sc + (size_t)(g * G + h) * n + j0;
+            c2[pending++] = count;
+            if (pending == 2) {
+              const __m512 dots = _mm512_mul_ps(dots2x8_512(q2[0], q2[1], K + j0 * row + (size_t)g * hd, row, c2[0], c2[1], hd), scale);
+              _mm512_mask_storeu_ps(o2[0], first_512(c2[0]), dots);
+              _mm512_mask_storeu_ps(o2[1], first_512(c2[1]), _mm512_shuffle_f32x4(dots, dots, _MM_SHUFFLE(3, 2, 3, 2)));
+              pending = 0;
+            }
           }
         }
         sc += (size_t)hs * n;
       }
+      if (pending) /* an odd row out: its pair is itself */
+        _mm512_mask_storeu_ps(o2[0], first_512(c2[0]),
+                              _mm512_mul_ps(dots2x8_512(q2[0], q2[0], K + j0 * row + (size_t)g * hd, row, c2[0], c2[0], hd), scale));
     }
   }
   SOFTMAX_PASS(softmax_512)
