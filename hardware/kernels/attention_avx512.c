@@ -43,14 +43,10 @@ AVX512 static inline __mmask16 first_512(int count) {
   return count >= LANES ? (__mmask16)0xFFFF : count <= 0 ? (__mmask16)0 : (__mmask16)((1u << count) - 1);
 }
 
-/* lane i = sum_tree(a[i]) for 16 dot products' 16-lane sums: sum_tree's pairs (l + 8, + 4, + 2, + 1), taken for the 16
-   at once by shuffles that keep each pair, so no horizontal sum is paid per slot */
-AVX512 static inline __m512 trees16_512(const __m512* a) {
-  __m512 b[8], c[4], d[2];
-#pragma GCC unroll 8
-  for (int x = 0; x < 8; x++) /* [a_2x's l + (l + 8), a_2x+1's], l < 8 */
-    b[x] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * x], a[2 * x + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_f32x4(a[2 * x], a[2 * x + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+/* the tree after its first level: b[x] = [dot 2x's l + (l + 8), dot 2x + 1's] (l < 8) -> lane f = dot f's sum_tree, in
+   the lane order[f] names of [lane 4q + t: dot 4t + q] */
+AVX512 static inline __m512 trees16_rest_512(const __m512* b, __m512i order) {
+  __m512 c[4], d[2];
 #pragma GCC unroll 4
   for (int x = 0; x < 4; x++) /* quarter r: dot 4x + r's l + (l + 4), l < 4 */
     c[x] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * x], b[2 * x + 1], _MM_SHUFFLE(2, 0, 2, 0)),
@@ -61,7 +57,18 @@ AVX512 static inline __m512 trees16_512(const __m512* a) {
                          _mm512_shuffle_ps(c[2 * x], c[2 * x + 1], _MM_SHUFFLE(3, 2, 3, 2)));
   const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], _MM_SHUFFLE(2, 0, 2, 0)), /* lane 4q + t: dot 4t + q */
                                  _mm512_shuffle_ps(d[0], d[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
+  return _mm512_permutexvar_ps(order, r);
+}
+
+/* lane i = sum_tree(a[i]) for 16 dot products' 16-lane sums: sum_tree's pairs (l + 8, + 4, + 2, + 1), taken for the 16
+   at once by shuffles that keep each pair, so no horizontal sum is paid per slot */
+AVX512 static inline __m512 trees16_512(const __m512* a) {
+  __m512 b[8];
+#pragma GCC unroll 8
+  for (int x = 0; x < 8; x++) /* [a_2x's l + (l + 8), a_2x+1's], l < 8 */
+    b[x] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * x], a[2 * x + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(a[2 * x], a[2 * x + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  return trees16_rest_512(b, _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
 }
 
 /* dot(qa, k_i) in lane i and dot(qb, k_i) in lane 8 + i, for slots i < 8 of rows `row` floats apart (ca, cb: the slots
@@ -87,6 +94,41 @@ AVX512 static inline __m512 dots2x8_512(const float* qa, const float* qb, const 
     }
   }
   return trees16_512(a);
+}
+
+/* dots2x8_512's result where hd is 32 or 64 (a multiple of 16 whose packed queries stay in registers), its first tree
+   level without shuffles: each chunk's accumulator is kept as its two 8-lane halves, qa's and qb's side by side
+   ([qa's lanes l, qb's lanes l] times a K half broadcast to both), so [lo + hi] is b[slot] of trees16_512 for the
+   dots (qa, slot), (qb, slot), with each lane's fmas and its first add the same operations in the same order */
+AVX512 static inline __m512 dots2x8_halves_512(const float* qa, const float* qb, const float* k, size_t row, int ca, int cb, int hd) {
+  __m512 lo[8], hi[8], qlo[4], qhi[4];
+  const int c = ca > cb ? ca : cb;
+  const float* kr[8]; /* slots past c read the last one again (their lanes are not stored) */
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; i++) {
+    lo[i] = hi[i] = _mm512_setzero_ps();
+    kr[i] = k + (size_t)(i < c ? i : c - 1) * row;
+  }
+  const int chunks = hd / LANES; /* 2 or 4 */
+  for (int x = 0; x < chunks; x++) { /* [qa lanes 0-7, qb lanes 0-7] and the same for lanes 8-15 of chunk x */
+    qlo[x] = _mm512_insertf32x4(_mm512_insertf32x4(_mm512_castps128_ps512(_mm_loadu_ps(qa + 16 * x)), _mm_loadu_ps(qa + 16 * x + 4), 1), _mm_loadu_ps(qb + 16 * x), 2);
+    qlo[x] = _mm512_insertf32x4(qlo[x], _mm_loadu_ps(qb + 16 * x + 4), 3);
+    qhi[x] = _mm512_insertf32x4(_mm512_insertf32x4(_mm512_castps128_ps512(_mm_loadu_ps(qa + 16 * x + 8)), _mm_loadu_ps(qa + 16 * x + 12), 1), _mm_loadu_ps(qb + 16 * x + 8), 2);
+    qhi[x] = _mm512_insertf32x4(qhi[x], _mm_loadu_ps(qb + 16 * x + 12), 3);
+  }
+  for (int x = 0; x < chunks; x++) {
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+      const __m512 kl = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd((const double*)(kr[i] + 16 * x))));
+      const __m512 kh = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd((const double*)(kr[i] + 16 * x + 8))));
+      lo[i] = _mm512_fmadd_ps(qlo[x], kl, lo[i]);
+      hi[i] = _mm512_fmadd_ps(qhi[x], kh, hi[i]);
+    }
+  }
+  __m512 b[8];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; i++) b[i] = _mm512_add_ps(lo[i], hi[i]); /* dot 2i = (qa, slot i), dot 2i + 1 = (qb, slot i) */
+  return trees16_rest_512(b, _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15));
 }
 
 /* o += e[j] * v_j for slots j0 <= j < j1 (rows `row` floats apart), o held in registers over the slots: per lane the
@@ -185,6 +227,8 @@ AVX512 void task_avx512(const attn_problem* p, size_t i) {
   TASK_SETUP
   const __m512 scale = _mm512_set1_ps(p->scale);
   const size_t span = (size_t)per * hd; /* floats of a row the task reads */
+  const int halves = hd == 32 || hd == 64;
+#define DOTS(...) (halves ? dots2x8_halves_512(__VA_ARGS__) : dots2x8_512(__VA_ARGS__))
   for (int j0 = 0; j0 < N; j0 += 8) {
     /* the slots a few blocks ahead into L1: a block's rows lie a whole cache row apart, which no hardware prefetcher follows */
     for (int j = j0 + PF_K * LANES; j < j0 + PF_K * LANES + 8 && j < N; j++)
@@ -204,7 +248,7 @@ AVX512 void task_avx512(const attn_problem* p, size_t i) {
             o2[pending] = sc + (size_t)(g * G + h) * n + j0;
             c2[pending++] = count;
             if (pending == 2) {
-              const __m512 dots = _mm512_mul_ps(dots2x8_512(q2[0], q2[1], K + j0 * row + (size_t)g * hd, row, c2[0], c2[1], hd), scale);
+              const __m512 dots = _mm512_mul_ps(DOTS(q2[0], q2[1], K + j0 * row + (size_t)g * hd, row, c2[0], c2[1], hd), scale);
               _mm512_mask_storeu_ps(o2[0], first_512(c2[0]), dots);
               _mm512_mask_storeu_ps(o2[1], first_512(c2[1]), _mm512_shuffle_f32x4(dots, dots, _MM_SHUFFLE(3, 2, 3, 2)));
               pending = 0;
@@ -215,7 +259,7 @@ AVX512 void task_avx512(const attn_problem* p, size_t i) {
       }
       if (pending) /* an odd row out: its pair is itself */
         _mm512_mask_storeu_ps(o2[0], first_512(c2[0]),
-                              _mm512_mul_ps(dots2x8_512(q2[0], q2[0], K + j0 * row + (size_t)g * hd, row, c2[0], c2[0], hd), scale));
+                              _mm512_mul_ps(DOTS(q2[0], q2[0], K + j0 * row + (size_t)g * hd, row, c2[0], c2[0], hd), scale));
     }
   }
   SOFTMAX_PASS(softmax_512)
