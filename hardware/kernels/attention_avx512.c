@@ -175,7 +175,7 @@ AVX512 static inline void values_512(const float* e, const float* v, size_t row,
 
 
 /* the same for R query rows at once over slots [j0, j1) that every one of them sees: each V row loaded once for the R
-   rows, R x NV accumulators in registers (hd = 16 NV; R x NV = 16). Per lane and row: axpy_c's fmas in slot order */
+   rows, R x NV accumulators in registers (hd = 16 NV; R x NV = 16; 24 in VALUES_ROWS_EACH_512). Per lane and row: axpy_c's fmas in slot order */
 #define VALUES_ROWS_512(R, NV)                                                                                       \
   {                                                                                                                \
     __m512 acc[R][NV];                                                                                             \
@@ -196,6 +196,25 @@ AVX512 static inline void values_512(const float* e, const float* v, size_t row,
     _Pragma("GCC unroll 16") for (int r = 0; r < R; r++)                                                           \
       _Pragma("GCC unroll 16") for (int x = 0; x < NV; x++) _mm512_storeu_ps(o[r] + 16 * x, acc[r][x]);           \
   }
+/* the same where R x NV accumulators leave no room for a V row's NV vectors: each V vector loaded in turn for the R rows */
+#define VALUES_ROWS_EACH_512(R, NV)                                                                                  \
+  {                                                                                                                \
+    __m512 acc[R][NV];                                                                                             \
+    _Pragma("GCC unroll 16") for (int r = 0; r < R; r++)                                                           \
+      _Pragma("GCC unroll 16") for (int x = 0; x < NV; x++) acc[r][x] = _mm512_loadu_ps(o[r] + 16 * x);            \
+    for (int j = j0; j < j1; j++) {                                                                                \
+      const float* vr = v + j * row;                                                                               \
+      __m512 w[R];                                                                                                 \
+      _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) w[r] = _mm512_set1_ps(e[r][j]);                         \
+      _Pragma("GCC unroll 16") for (int x = 0; x < NV; x++) {                                                      \
+        __m512 vv = _mm512_loadu_ps(vr + 16 * x);                                                                  \
+        __asm__("" : "+v"(vv)); /* loaded once for the R rows */                                                   \
+        _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) acc[r][x] = _mm512_fmadd_ps(w[r], vv, acc[r][x]);      \
+      }                                                                                                            \
+    }                                                                                                              \
+    _Pragma("GCC unroll 16") for (int r = 0; r < R; r++)                                                           \
+      _Pragma("GCC unroll 16") for (int x = 0; x < NV; x++) _mm512_storeu_ps(o[r] + 16 * x, acc[r][x]);           \
+  }
 AVX512 static void values_rows_512(int R, const float* const* e, float* const* o, const float* v, size_t row, int j0, int j1, int hd) {
   if (hd == 32) {
     if (R == 8) VALUES_ROWS_512(8, 2)
@@ -204,7 +223,9 @@ AVX512 static void values_rows_512(int R, const float* const* e, float* const* o
   } else if (hd == 64) {
     if (R == 4) VALUES_ROWS_512(4, 4)
     else VALUES_ROWS_512(2, 4)
-  } else
+  } else if (R == 3)
+    VALUES_ROWS_EACH_512(3, 8)
+  else
     VALUES_ROWS_512(2, 8)
 }
 
@@ -216,8 +237,9 @@ AVX512 static void values_group_512(int R, const float* const* e, float* const* 
   for (int r = 0; r < R; r++) values_512(e[r], v, row, common, ends[r], o[r], hd);
 }
 
-/* the most query rows a values_rows_512 call takes for this head_dim (and halves of it down to 2), or 0 where it takes none */
-static inline int rows_together(int hd) { return hd == 32 ? 8 : hd == 64 ? 4 : hd == 128 ? 2 : 0; }
+/* the most query rows a values_rows_512 call takes for this head_dim (and halves of it down to 2; 2 after 3), or 0 where
+   it takes none */
+static inline int rows_together(int hd) { return hd == 32 ? 8 : hd == 64 ? 4 : hd == 128 ? 3 : 0; }
 
 
 /* AVX-512: the same arithmetic per (token, head), the query rows' dot products in pairs over 8 slots at a time, and the
@@ -284,9 +306,9 @@ AVX512 void task_avx512(const attn_problem* p, size_t i) {
             pending = 0;
           }
         }
-        if (s == S) { /* the rows left over: in groups of R / 2, R / 4, ... 2, then alone */
+        if (s == S) { /* the rows left over: in groups of R / 2, R / 4, ... 2 (2 after 3), then alone */
           int r = 0;
-          for (int size = R / 2; size >= 2; size /= 2)
+          for (int size = R == 3 ? 2 : R / 2; size >= 2; size /= 2)
             for (; pending - r >= size; r += size) values_group_512(size, e + r, o + r, ends + r, V + (size_t)g * hd, row, j0, hd);
           for (; r < pending; r++) values_512(e[r], V + (size_t)g * hd, row, j0, ends[r], o[r], hd);
         }
