@@ -96,6 +96,12 @@ AVX512 static inline __m512 dots2x8_512(const float* qa, const float* qb, const 
   return trees16_512(a);
 }
 
+/* [a[0..8), b[0..8)] */
+AVX512 static inline __m512 pair_512(const float* a, const float* b) {
+  const __m512d lo = _mm512_castps_pd(_mm512_castps256_ps512(_mm256_loadu_ps(a)));
+  return _mm512_castpd_ps(_mm512_insertf64x4(lo, _mm256_castps_pd(_mm256_loadu_ps(b)), 1));
+}
+
 /* dots2x8_512's result where hd is 32 or 64 (a multiple of 16 whose packed queries stay in registers), its first tree
    level without shuffles: each chunk's accumulator is kept as its two 8-lane halves, qa's and qb's side by side
    ([qa's lanes l, qb's lanes l] times a K half broadcast to both), so [lo + hi] is b[slot] of trees16_512 for the
@@ -111,10 +117,8 @@ AVX512 static inline __m512 dots2x8_halves_512(const float* qa, const float* qb,
   }
   const int chunks = hd / LANES; /* 2 or 4 */
   for (int x = 0; x < chunks; x++) { /* [qa lanes 0-7, qb lanes 0-7] and the same for lanes 8-15 of chunk x */
-    qlo[x] = _mm512_insertf32x4(_mm512_insertf32x4(_mm512_castps128_ps512(_mm_loadu_ps(qa + 16 * x)), _mm_loadu_ps(qa + 16 * x + 4), 1), _mm_loadu_ps(qb + 16 * x), 2);
-    qlo[x] = _mm512_insertf32x4(qlo[x], _mm_loadu_ps(qb + 16 * x + 4), 3);
-    qhi[x] = _mm512_insertf32x4(_mm512_insertf32x4(_mm512_castps128_ps512(_mm_loadu_ps(qa + 16 * x + 8)), _mm_loadu_ps(qa + 16 * x + 12), 1), _mm_loadu_ps(qb + 16 * x + 8), 2);
-    qhi[x] = _mm512_insertf32x4(qhi[x], _mm_loadu_ps(qb + 16 * x + 12), 3);
+    qlo[x] = pair_512(qa + 16 * x, qb + 16 * x);
+    qhi[x] = pair_512(qa + 16 * x + 8, qb + 16 * x + 8);
   }
   for (int x = 0; x < chunks; x++) {
 #pragma GCC unroll 8
@@ -175,7 +179,8 @@ AVX512 static inline void values_512(const float* e, const float* v, size_t row,
 
 
 /* the same for R query rows at once over slots [j0, j1) that every one of them sees: each V row loaded once for the R
-   rows, R x NV accumulators in registers (hd = 16 NV; R x NV = 16; 24 in VALUES_ROWS_EACH_512). Per lane and row: axpy_c's fmas in slot order */
+   rows, R x NV accumulators in registers (hd = 16 NV; R x NV = 16, 24 in VALUES_ROWS_EACH_512). Per lane and row:
+   axpy_c's fmas in slot order */
 #define VALUES_ROWS_512(R, NV)                                                                                       \
   {                                                                                                                \
     __m512 acc[R][NV];                                                                                             \
