@@ -102,7 +102,7 @@ AVX512 static inline __m512 pair_512(const float* a, const float* b) {
   return _mm512_castpd_ps(_mm512_insertf64x4(lo, _mm256_castps_pd(_mm256_loadu_ps(b)), 1));
 }
 
-/* dots2x8_512's result where hd is 32 or 64 (a multiple of 16 whose packed queries stay in registers), its first tree
+/* dots2x8_512's result where hd is 32 (64 was slower: twice the K loads, and the packing), its first tree
    level without shuffles: each chunk's accumulator is kept as its two 8-lane halves, qa's and qb's side by side
    ([qa's lanes l, qb's lanes l] times a K half broadcast to both), so [lo + hi] is b[slot] of trees16_512 for the
    dots (qa, slot), (qb, slot), with each lane's fmas and its first add the same operations in the same order */
@@ -115,7 +115,7 @@ AVX512 static inline __m512 dots2x8_halves_512(const float* qa, const float* qb,
     lo[i] = hi[i] = _mm512_setzero_ps();
     kr[i] = k + (size_t)(i < c ? i : c - 1) * row;
   }
-  const int chunks = hd / LANES; /* 2 or 4 */
+  const int chunks = hd / LANES;
   for (int x = 0; x < chunks; x++) { /* [qa lanes 0-7, qb lanes 0-7] and the same for lanes 8-15 of chunk x */
     qlo[x] = pair_512(qa + 16 * x, qb + 16 * x);
     qhi[x] = pair_512(qa + 16 * x + 8, qb + 16 * x + 8);
@@ -254,7 +254,7 @@ AVX512 void task_avx512(const attn_problem* p, size_t i) {
   TASK_SETUP
   const __m512 scale = _mm512_set1_ps(p->scale);
   const size_t span = (size_t)per * hd; /* floats of a row the task reads */
-  const int halves = hd == 32 || hd == 64;
+  const int halves = hd == 32;
 #define DOTS(...) (halves ? dots2x8_halves_512(__VA_ARGS__) : dots2x8_512(__VA_ARGS__))
   for (int j0 = 0; j0 < N; j0 += 8) {
     /* the slots a few blocks ahead into L1: a block's rows lie a whole cache row apart, which no hardware prefetcher follows */
