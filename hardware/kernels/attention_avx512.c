@@ -96,6 +96,29 @@ AVX512 static inline __m512 dots2x8_512(const float* qa, const float* qb, const 
   return trees16_512(a);
 }
 
+/* dots2x8_512 where both queries see all 8 slots and hd is a multiple of 16: no masks, and the 8 rows addressed from two
+   pointers and the row stride, so the 16 accumulators and the loop fit the registers (8 row pointers and a mask a
+   chunk were spilled), and each K vector is loaded once for both fmas (GCC would fold a load into each) */
+AVX512 static inline __m512 dots2x8_full_512(const float* qa, const float* qb, const float* k, size_t row, int hd) {
+  __m512 a[LANES];
+#pragma GCC unroll 16
+  for (int i = 0; i < LANES; i++) a[i] = _mm512_setzero_ps();
+  const size_t r1 = row * sizeof(float), r3 = 3 * r1;
+  const char *k0 = (const char*)k, *k4 = (const char*)(k + 4 * row);
+  for (int d = 0; d < hd; d += LANES, k0 += LANES * sizeof(float), k4 += LANES * sizeof(float)) {
+    const __m512 qva = _mm512_loadu_ps(qa + d), qvb = _mm512_loadu_ps(qb + d);
+    const char* kr[8] = {k0, k0 + r1, k0 + 2 * r1, k0 + r3, k4, k4 + r1, k4 + 2 * r1, k4 + r3};
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+      __m512 kv = _mm512_loadu_ps((const float*)kr[i]);
+      __asm__("" : "+v"(kv));
+      a[i] = _mm512_fmadd_ps(qva, kv, a[i]);
+      a[i + 8] = _mm512_fmadd_ps(qvb, kv, a[i + 8]);
+    }
+  }
+  return trees16_512(a);
+}
+
 /* [a[0..8), b[0..8)] */
 AVX512 static inline __m512 pair_512(const float* a, const float* b) {
   const __m512d lo = _mm512_castps_pd(_mm512_castps256_ps512(_mm256_loadu_ps(a)));
@@ -133,6 +156,13 @@ AVX512 static inline __m512 dots2x8_halves_512(const float* qa, const float* qb,
 #pragma GCC unroll 8
   for (int i = 0; i < 8; i++) b[i] = _mm512_add_ps(lo[i], hi[i]); /* dot 2i = (qa, slot i), dot 2i + 1 = (qb, slot i) */
   return trees16_rest_512(b, _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15));
+}
+
+/* dots2x8_512's result by the fastest of the ways above that this call allows */
+AVX512 static inline __m512 dots_pair_512(const float* qa, const float* qb, const float* k, size_t row, int ca, int cb, int hd) {
+  if (hd == 32) return dots2x8_halves_512(qa, qb, k, row, ca, cb, hd);
+  if (ca == 8 && cb == 8 && hd % LANES == 0) return dots2x8_full_512(qa, qb, k, row, hd);
+  return dots2x8_512(qa, qb, k, row, ca, cb, hd);
 }
 
 /* o += e[j] * v_j for slots j0 <= j < j1 (rows `row` floats apart), o held in registers over the slots: per lane the
@@ -254,8 +284,6 @@ AVX512 void task_avx512(const attn_problem* p, size_t i) {
   TASK_SETUP
   const __m512 scale = _mm512_set1_ps(p->scale);
   const size_t span = (size_t)per * hd; /* floats of a row the task reads */
-  const int halves = hd == 32;
-#define DOTS(...) (halves ? dots2x8_halves_512(__VA_ARGS__) : dots2x8_512(__VA_ARGS__))
   for (int j0 = 0; j0 < N; j0 += 8) {
     /* the slots a few blocks ahead into L1: a block's rows lie a whole cache row apart, which no hardware prefetcher follows */
     for (int j = j0 + PF_K * LANES; j < j0 + PF_K * LANES + 8 && j < N; j++)
@@ -275,7 +303,7 @@ AVX512 void task_avx512(const attn_problem* p, size_t i) {
             o2[pending] = sc + (size_t)(g * G + h) * n + j0;
             c2[pending++] = count;
             if (pending == 2) {
-              const __m512 dots = _mm512_mul_ps(DOTS(q2[0], q2[1], K + j0 * row + (size_t)g * hd, row, c2[0], c2[1], hd), scale);
+              const __m512 dots = _mm512_mul_ps(dots_pair_512(q2[0], q2[1], K + j0 * row + (size_t)g * hd, row, c2[0], c2[1], hd), scale);
               _mm512_mask_storeu_ps(o2[0], first_512(c2[0]), dots);
               _mm512_mask_storeu_ps(o2[1], first_512(c2[1]), _mm512_shuffle_f32x4(dots, dots, _MM_SHUFFLE(3, 2, 3, 2)));
               pending = 0;
@@ -286,7 +314,7 @@ AVX512 void task_avx512(const attn_problem* p, size_t i) {
       }
       if (pending) /* an odd row out: its pair is itself */
         _mm512_mask_storeu_ps(o2[0], first_512(c2[0]),
-                              _mm512_mul_ps(DOTS(q2[0], q2[0], K + j0 * row + (size_t)g * hd, row, c2[0], c2[0], hd), scale));
+                              _mm512_mul_ps(dots_pair_512(q2[0], q2[0], K + j0 * row + (size_t)g * hd, row, c2[0], c2[0], hd), scale));
     }
   }
   SOFTMAX_PASS(softmax_512)
