@@ -98,7 +98,7 @@ def call(ex: Any, cache: Any, width: int) -> None:
 def measure(engines: list[Path], threads: int, widths: list[int], context: int, rounds: int, calls: int,
             libraries: dict[str, Path] | None = None, earlier: dict[str, tuple[Path, Path]] | None = None,
             reader: host.StreamReader | None = None) -> dict[str, Any]:
-    """{engine: {width: {"wall_ms", "cpu_ms"[, "read_gb_s", "of_read", "of_read_cpu"]}}}, engines and widths interleaved in
+    """{engine: {width: {"wall_ms", "cpu_ms", "cpu_ms_by_round"[, "read_gb_s", "of_read", "of_read_cpu"]}}}, engines and widths interleaved in
     every round (round 0 warms up); each Q4Gemm engine also as "ENGINE [LABEL]" with each of ``libraries``; each of
     ``earlier`` (label: an earlier specdec's engine and its library) as "ENGINE [LABEL]". With ``reader``, the read
     bandwidth is sampled at the start of every round and each round's step is set against its own round's sample:
@@ -126,7 +126,8 @@ def measure(engines: list[Path], threads: int, widths: list[int], context: int, 
                 if r:
                     wall[(name, w)].append((time.perf_counter() - w0) / calls * 1e3)
                     cpu[(name, w)].append((time.process_time() - c0) / calls * 1e3)
-    out = {name: {w: {"wall_ms": spread(wall[(name, w)]), "cpu_ms": spread(cpu[(name, w)])} for w in widths} for name, _ in opened}
+    out = {name: {w: {"wall_ms": spread(wall[(name, w)]), "cpu_ms": spread(cpu[(name, w)]),
+                      "cpu_ms_by_round": cpu[(name, w)]} for w in widths} for name, _ in opened}  # by round: for paired ratios
     if len(samples) == rounds:
         sizes = {name: host.step_bytes(Path(name.split(" [")[0])) for name, _ in opened}
         for name, per_width in out.items():
