@@ -209,7 +209,7 @@ AVX512 static inline void values_512(const float* e, const float* v, size_t row,
 
 
 /* the same for R query rows at once over slots [j0, j1) that every one of them sees: each V row loaded once for the R
-   rows, R x NV accumulators in registers (hd = 16 NV; R x NV = 16, 24 in VALUES_ROWS_EACH_512). Per lane and row:
+   rows, R x NV accumulators in registers (hd = 16 NV; R x NV = 16, 20 or 24 in VALUES_ROWS_EACH_512). Per lane and row:
    axpy_c's fmas in slot order */
 #define VALUES_ROWS_512(R, NV)                                                                                       \
   {                                                                                                                \
@@ -252,7 +252,8 @@ AVX512 static inline void values_512(const float* e, const float* v, size_t row,
   }
 AVX512 static void values_rows_512(int R, const float* const* e, float* const* o, const float* v, size_t row, int j0, int j1, int hd) {
   if (hd == 32) {
-    if (R == 8) VALUES_ROWS_512(8, 2)
+    if (R == 10) VALUES_ROWS_EACH_512(10, 2)
+    else if (R == 8) VALUES_ROWS_512(8, 2)
     else if (R == 4) VALUES_ROWS_512(4, 2)
     else VALUES_ROWS_512(2, 2)
   } else if (hd == 64) {
@@ -272,9 +273,9 @@ AVX512 static void values_group_512(int R, const float* const* e, float* const* 
   for (int r = 0; r < R; r++) values_512(e[r], v, row, common, ends[r], o[r], hd);
 }
 
-/* the most query rows a values_rows_512 call takes for this head_dim (and halves of it down to 2; 2 after 3), or 0 where
-   it takes none */
-static inline int rows_together(int hd) { return hd == 32 ? 8 : hd == 64 ? 4 : hd == 128 ? 3 : 0; }
+/* the most query rows a values_rows_512 call takes for this head_dim (and halves of it down to 2; 2 after 3, 8 after
+   10), or 0 where it takes none: 10 x 2 and 3 x 8 accumulators and their weights are what the 32 registers hold */
+static inline int rows_together(int hd) { return hd == 32 ? 10 : hd == 64 ? 4 : hd == 128 ? 3 : 0; }
 
 
 /* AVX-512: the same arithmetic per (token, head), the query rows' dot products in pairs over 8 slots at a time, and the
@@ -323,9 +324,9 @@ AVX512 void task_avx512(const attn_problem* p, size_t i) {
     for (int j = j0 + SLOT_BLOCK; j < j0 + 2 * SLOT_BLOCK && j < N; j++) /* the next block's V rows into L2 */
       for (size_t f = 0; f < span; f += 16) _mm_prefetch((const char*)(V + j * row + f), _MM_HINT_T1);
     for (int g = 0; g < per; g++) { /* and its SLOT_BLOCK V rows, for the query rows in groups of R */
-      const float* e[8];
-      float* o[8];
-      int ends[8], pending = 0;
+      const float* e[10];
+      float* o[10];
+      int ends[10], pending = 0; /* R <= 10 */
       float* sc = scores;
       for (int s = 0; s <= S; s++) {
         const int n = s < S ? (int)pos[s] + 1 : 0;
@@ -339,9 +340,9 @@ AVX512 void task_avx512(const attn_problem* p, size_t i) {
             pending = 0;
           }
         }
-        if (s == S) { /* the rows left over: in groups of R / 2, R / 4, ... 2 (2 after 3), then alone */
+        if (s == S) { /* the rows left over: in groups of R / 2, R / 4, ... 2 (2 after 3, 8 after 10), then alone */
           int r = 0;
-          for (int size = R == 3 ? 2 : R / 2; size >= 2; size /= 2)
+          for (int size = R == 3 ? 2 : R == 10 ? 8 : R / 2; size >= 2; size /= 2)
             for (; pending - r >= size; r += size) values_group_512(size, e + r, o + r, ends + r, V + (size_t)g * hd, row, j0, hd);
           for (; r < pending; r++) values_512(e[r], V + (size_t)g * hd, row, j0, ends[r], o[r], hd);
         }
