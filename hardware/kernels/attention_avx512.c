@@ -71,6 +71,25 @@ AVX512 static inline __m512 trees16_512(const __m512* a) {
   return trees16_rest_512(b, _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
 }
 
+/* dot(q, k_i) for slots i < count of 16 rows `row` floats apart (lane i; the others undefined), each as dot_c computes
+   it alone: one query's 16 dot products, the 16 rows' loads in flight together (a one-token step, which waits on memory) */
+AVX512 static inline __m512 dots16_512(const float* q, const float* k, size_t row, int count, int hd) {
+  __m512 a[LANES];
+  const float* kr[LANES]; /* slots past count read the last one again (their lanes are not stored): no branch per slot */
+#pragma GCC unroll 16
+  for (int i = 0; i < LANES; i++) {
+    a[i] = _mm512_setzero_ps();
+    kr[i] = k + (size_t)(i < count ? i : count - 1) * row;
+  }
+  for (int d = 0; d < hd; d += LANES) { /* q's chunk loaded once for the 16 rows; each row's sum still in chunk order */
+    const __mmask16 m = first_512(hd - d);
+    const __m512 qv = _mm512_maskz_loadu_ps(m, q + d);
+#pragma GCC unroll 16
+    for (int i = 0; i < LANES; i++) a[i] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, kr[i] + d), a[i]);
+  }
+  return trees16_512(a);
+}
+
 /* dot(qa, k_i) in lane i and dot(qb, k_i) in lane 8 + i, for slots i < 8 of rows `row` floats apart (ca, cb: the slots
    each query sees, >= 1; the other lanes undefined), each as dot_c computes it alone: each K chunk is loaded once for
    both queries (two query heads of a token share a KV head), halving the loads per fma of one query at a time */
@@ -285,10 +304,19 @@ AVX512 void task_avx512(const attn_problem* p, size_t i) {
   TASK_SETUP
   const __m512 scale = _mm512_set1_ps(p->scale);
   const size_t span = (size_t)per * hd; /* floats of a row the task reads */
-  for (int j0 = 0; j0 < N; j0 += 8) {
+  for (int J = 0; J < N; J += LANES) {
     /* the slots a few blocks ahead into L1: a block's rows lie a whole cache row apart, which no hardware prefetcher follows */
-    for (int j = j0 + PF_K * LANES; j < j0 + PF_K * LANES + 8 && j < N; j++)
+    for (int j = J + PF_K * LANES; j < J + (PF_K + 1) * LANES && j < N; j++)
       for (size_t f = 0; f < span; f += 16) _mm_prefetch((const char*)(K + j * row + f), _MM_HINT_T1);
+    if (S == 1) { /* one token: a query's 16 slots at a time (its K rows are in memory, not in cache: more loads in flight) */
+      const int count = N - J < LANES ? N - J : LANES;
+      for (int x = 0; x < hs; x++) {
+        const __m512 dots = dots16_512(p->q + (b * p->heads + g0 * G + x) * hd, K + J * row + (size_t)(x / G) * hd, row, count, hd);
+        _mm512_mask_storeu_ps(scores + (size_t)x * N + J, first_512(count), _mm512_mul_ps(dots, scale));
+      }
+      continue;
+    }
+    for (int j0 = J; j0 < J + LANES && j0 < N; j0 += 8)
     for (int g = 0; g < per; g++) { /* a KV head's 8 K rows stay in L1 over the tokens and query heads, taken in pairs */
       const float* q2[2];
       float* o2[2];
