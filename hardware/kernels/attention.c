@@ -12,8 +12,8 @@
  * portable one an array of 16 floats, each doing the same IEEE operations in the same order (compiled with
  * -ffp-contract=off: the only fused multiply-adds are the explicit ones, fmaf in C). The value pass is lane-wise in
  * the head dimension, so its vector width does not matter. The kernels differ only in how they go through the slots:
- * the AVX-512 one (attention_avx512.c) takes two query rows' dot products with 8 slots at a time and shares V rows
- * between query rows.
+ * the AVX-512 one (attention_avx512.c) takes two query rows' dot products with 8 slots at a time (a one-token call: one
+ * query's with 16) and shares V rows between query rows.
  *
  * exp is Cephes' expf polynomial (swiglu.c's), written out in each kernel: no vector exp of a libm is portable to
  * every compiler and CPU here, and libm's scalar expf rounds differently from any vector code. Its input is s - max

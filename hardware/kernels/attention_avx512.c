@@ -1,6 +1,7 @@
 /* CachedAttention's AVX-512 kernel (attention.c says what every kernel computes and why their bits agree): the same
  * arithmetic per (token, head) as the portable one, two query rows' dot products with 8 slots at a time (each K row
- * loaded once for both), the V rows shared by several query rows, and the cache prefetched ahead of the passes. */
+ * loaded once for both; a one-token call: one query's with 16), the V rows shared by several query rows, and the cache
+ * prefetched ahead of the passes. */
 #include <math.h>
 
 #include "attention_impl.h"
@@ -316,7 +317,7 @@ AVX512 void task_avx512(const attn_problem* p, size_t i) {
       }
       continue;
     }
-    for (int j0 = J; j0 < J + LANES && j0 < N; j0 += 8)
+    for (int j0 = J; j0 < J + LANES && j0 < N; j0 += 8) /* (the loop below, for each of the block's two halves) */
     for (int g = 0; g < per; g++) { /* a KV head's 8 K rows stay in L1 over the tokens and query heads, taken in pairs */
       const float* q2[2];
       float* o2[2];
