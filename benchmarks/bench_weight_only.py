@@ -654,7 +654,8 @@ def run(args: argparse.Namespace) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "fn"},
                               "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "host": host.host_record(),
-                              "prompt_tokens": [len(p) for p in prompts], "file_context": args.file_context, "subsets": subsets, "load_start": uptime(), "threads": {}}
+                              "prompt_tokens": [len(p) for p in prompts], "file_context": args.file_context, "subsets": subsets,
+                              "load_start": uptime(), "threads": {}}
     print(f"{len(prompts)} prompts ({len(subsets['ordinary'])} ordinary, {len(subsets['copy-heavy'])} copy-heavy; "
           f"{min(map(len, prompts))}-{max(map(len, prompts))} tokens), {args.max_new_tokens} new tokens each, batch 1, greedy; "
           f"load average {report['load_start']}", flush=True)
