@@ -29,20 +29,7 @@
 /* -- portable C: the reference every kernel matches ------------------------------------------------------------- */
 float specdec_attention_exp(float x) {
   x = EXP_LO > x ? EXP_LO : x; /* max(lo, x) as x86's maxps(lo, x): NaN stays NaN */
-  const float n = nearbyintf(x * LOG2E);
-  x = x - n * LN2_HI;
-  x = x - n * LN2_LO;
-  const float z = x * x;
-  float e = P0;
-  e = e * x + P1;
-  e = e * x + P2;
-  e = e * x + P3;
-  e = e * x + P4;
-  e = e * x + P5;
-  e = e * z + x;
-  e = e + 1.f;
-  union { int32_t i; float f; } pow2 = {.i = ((n == n ? (int32_t)n : 0) + 127) << 23}; /* NaN: e is NaN already */
-  return e * pow2.f;
+  return exp_cephes(x);
 }
 
 static float sum_tree(float* a) { /* a[16]: l + 8, + 4, + 2, + 1 */
@@ -95,23 +82,7 @@ static inline void axpy_c(float w, const float* v, float* o, int hd) {
 /* -- AVX2: the 16 lanes as two 8-lane halves --------------------------------------------------------------------- */
 #define AVX2 __attribute__((target("avx2,fma")))
 
-AVX2 static inline __m256 exp_256(__m256 x) {
-  x = _mm256_max_ps(_mm256_set1_ps(EXP_LO), x);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  x = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(LN2_HI)));
-  x = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(LN2_LO)));
-  const __m256 z = _mm256_mul_ps(x, x);
-  __m256 e = _mm256_set1_ps(P0);
-  e = _mm256_add_ps(_mm256_mul_ps(e, x), _mm256_set1_ps(P1));
-  e = _mm256_add_ps(_mm256_mul_ps(e, x), _mm256_set1_ps(P2));
-  e = _mm256_add_ps(_mm256_mul_ps(e, x), _mm256_set1_ps(P3));
-  e = _mm256_add_ps(_mm256_mul_ps(e, x), _mm256_set1_ps(P4));
-  e = _mm256_add_ps(_mm256_mul_ps(e, x), _mm256_set1_ps(P5));
-  e = _mm256_add_ps(_mm256_mul_ps(e, z), x);
-  e = _mm256_add_ps(e, _mm256_set1_ps(1.f));
-  const __m256i pow2 = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(e, _mm256_castsi256_ps(pow2));
-}
+AVX2 static inline __m256 exp_256(__m256 x) { return exp_cephes_256(_mm256_max_ps(_mm256_set1_ps(EXP_LO), x)); }
 
 AVX2 static inline float tree_256(__m256 lo, __m256 hi, int is_max) {
   const __m256 a8 = is_max ? _mm256_max_ps(lo, hi) : _mm256_add_ps(lo, hi);

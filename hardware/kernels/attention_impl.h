@@ -6,18 +6,8 @@
 #include <string.h>
 
 #include "attention.h"
+#include "exp_cephes.h" /* its constants: attention_avx512.c's 16-lane exp */
 
-/* Cephes expf (attention.c) */
-#define EXP_LO (-87.0f)
-#define LOG2E 1.44269504088896341f
-#define LN2_HI 0.693359375f
-#define LN2_LO (-2.12194440e-4f)
-#define P0 1.9875691500e-4f
-#define P1 1.3981999507e-3f
-#define P2 8.3334519073e-3f
-#define P3 4.1665795894e-2f
-#define P4 1.6666665459e-1f
-#define P5 5.0000001201e-1f
 #define LANES 16 /* a dot product's and a sum's lanes in every kernel */
 
 /* -- the task: the same loops for every kernel ------------------------------------------------------------------

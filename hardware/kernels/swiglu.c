@@ -8,22 +8,12 @@
  * float: exp(-gate) past that only decides whether silu is 0 or gate, which the clamp keeps (and NaN stays NaN). */
 #include <math.h>
 
+#include "exp_cephes.h"
 #include "q4_kernels.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
-#define EXP_HI 88.0f
-#define EXP_LO (-87.0f)
-#define LOG2E 1.44269504088896341f
-#define LN2_HI 0.693359375f
-#define LN2_LO (-2.12194440e-4f)
-#define P0 1.9875691500e-4f
-#define P1 1.3981999507e-3f
-#define P2 8.3334519073e-3f
-#define P3 4.1665795894e-2f
-#define P4 1.6666665459e-1f
-#define P5 5.0000001201e-1f
 
 /* the lane arithmetic, in the order every kernel does it; max(a, b) and min(a, b) as the x86 instructions define
    them (the second operand when either is NaN), so a NaN gate is clamped alike everywhere (its row is NaN anyway) */
@@ -31,20 +21,7 @@ static float swiglu_one(float g, float u) {
   float x = -g;
   x = x > EXP_LO ? x : EXP_LO;
   x = x < EXP_HI ? x : EXP_HI;
-  const float n = nearbyintf(x * LOG2E); /* round half to even: the default rounding mode */
-  x = x - n * LN2_HI;
-  x = x - n * LN2_LO;
-  const float z = x * x;
-  float e = P0;
-  e = e * x + P1;
-  e = e * x + P2;
-  e = e * x + P3;
-  e = e * x + P4;
-  e = e * x + P5;
-  e = e * z + x;
-  e = e + 1.f;
-  union { int32_t i; float f; } pow2 = {.i = ((int32_t)n + 127) << 23};
-  e = e * pow2.f;
+  const float e = exp_cephes(x);
   return g / (1.f + e) * u;
 }
 
@@ -65,20 +42,7 @@ __attribute__((target("avx2,fma"))) static void rows_avx2(const float* gate, con
       __m256 x = _mm256_xor_ps(g, _mm256_set1_ps(-0.f)); /* -g */
       x = _mm256_max_ps(x, _mm256_set1_ps(EXP_LO));
       x = _mm256_min_ps(x, _mm256_set1_ps(EXP_HI));
-      const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      x = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(LN2_HI)));
-      x = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(LN2_LO)));
-      const __m256 z = _mm256_mul_ps(x, x);
-      __m256 e = _mm256_set1_ps(P0);
-      e = _mm256_add_ps(_mm256_mul_ps(e, x), _mm256_set1_ps(P1));
-      e = _mm256_add_ps(_mm256_mul_ps(e, x), _mm256_set1_ps(P2));
-      e = _mm256_add_ps(_mm256_mul_ps(e, x), _mm256_set1_ps(P3));
-      e = _mm256_add_ps(_mm256_mul_ps(e, x), _mm256_set1_ps(P4));
-      e = _mm256_add_ps(_mm256_mul_ps(e, x), _mm256_set1_ps(P5));
-      e = _mm256_add_ps(_mm256_mul_ps(e, z), x);
-      e = _mm256_add_ps(e, _mm256_set1_ps(1.f));
-      const __m256i pow2 = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-      e = _mm256_mul_ps(e, _mm256_castsi256_ps(pow2));
+      const __m256 e = exp_cephes_256(x);
       const __m256 s = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), e));
       _mm256_storeu_ps(y + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
     }
