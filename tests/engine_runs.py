@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from specdec.runtime.engine import Engine, SpeculationConfig
 from specdec.runtime.metrics import Metrics
 from specdec.runtime.request import GenerationConfig, RequestOutput
@@ -21,3 +23,29 @@ def generate(target, proposers, method: str, draft_len, prompts: list[list[int]]
     ids = [engine.add_request(p, GenerationConfig(max_output_len=max_output_len)) for p in prompts]
     done = run_until_done(engine)
     return [done[i].output_ids for i in ids], engine.stats
+
+
+class CountingModule:
+    """The module executor, its forward calls counted (every other attribute is the executor's own)."""
+
+    def __init__(self, executor):
+        self.executor, self.calls = executor, 0
+
+    def __getattr__(self, name):
+        return getattr(self.executor, name)
+
+    def forward(self, *args, **kwargs):
+        self.calls += 1
+        return self.executor.forward(*args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def torch_one_thread():
+    """torch's CPU ops on one thread: these calls are tiny, and a busy machine's spinning OpenMP threads make them 100x slower.
+    A test module takes it with ``pytestmark = pytest.mark.usefixtures("torch_one_thread")`` and imports it."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

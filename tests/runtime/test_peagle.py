@@ -13,7 +13,7 @@ import torch
 from checkpoints import load_hf, make_checkpoint, write_peagle_module
 from conftest import spec_build
 from distributions import chi_square_critical, homogeneity, sampled_pairs
-from engine_runs import run_until_done
+from engine_runs import CountingModule, run_until_done
 
 from specdec.builder.build import build_engine
 from specdec.formats.engine_format import eagle_module_dir, load_engine_dir
@@ -49,20 +49,6 @@ def generate(target, module, prompts, method, draft_len, choices=None, sampling=
     ids = [engine.add_request(p, GenerationConfig(max_output_len=max_output_len, sampling=sampling), seed_stream=i) for i, p in enumerate(prompts)]
     done = run_until_done(engine)
     return [done[i].output_ids for i in ids], engine.stats
-
-
-class CountingModule:
-    """The module executor, its forward calls counted (every other attribute is the executor's own)."""
-
-    def __init__(self, executor):
-        self.executor, self.calls = executor, 0
-
-    def __getattr__(self, name):
-        return getattr(self.executor, name)
-
-    def forward(self, *args, **kwargs):
-        self.calls += 1
-        return self.executor.forward(*args, **kwargs)
 
 
 @pytest.mark.parametrize("choices", [None, TREE])

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from checkpoints import make_checkpoint, write_eagle_module
 from conftest import spec_build
-from engine_runs import generate, run_until_done
+from engine_runs import generate, run_until_done, torch_one_thread  # noqa: F401 (a fixture)
 from test_medusa import write_heads
 
 from specdec.builder.build import build_engine
@@ -44,15 +44,7 @@ def open_(path, backend):
     return OrtExecutor(engine, num_threads=1) if backend == "onnxruntime" else TorchExecutor(engine, "cpu")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """torch's CPU ops on one thread: these calls are tiny, and a busy machine's spinning OpenMP threads make them 100x slower."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 @pytest.fixture(scope="module")

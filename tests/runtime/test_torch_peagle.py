@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from checkpoints import make_checkpoint, write_peagle_module
 from conftest import spec_build
-from engine_runs import generate
+from engine_runs import CountingModule, generate, torch_one_thread  # noqa: F401 (a fixture)
 
 from specdec.builder.build import build_engine
 from specdec.formats.engine_format import eagle_module_dir, load_engine_dir
@@ -33,15 +33,7 @@ TREE = "[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]"
 BACKENDS = ("onnxruntime", "torch")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """torch's CPU ops on one thread: these calls are tiny, and a busy machine's spinning OpenMP threads make them 100x slower."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 def open_(path, backend):
@@ -109,20 +101,6 @@ def test_every_module_call_gives_the_onnxruntime_modules_logits(pairs, name):
     for i, (a, b) in enumerate(zip(torch_out, ort_out, strict=True)):
         assert a.shape == b.shape, i
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * max(float(np.abs(b).max()), 1.0), err_msg=f"{name} call {i}")
-
-
-class CountingModule:
-    """The module executor, its forward calls counted (every other attribute is the executor's own)."""
-
-    def __init__(self, executor):
-        self.executor, self.calls = executor, 0
-
-    def __getattr__(self, name):
-        return getattr(self.executor, name)
-
-    def forward(self, *args, **kwargs):
-        self.calls += 1
-        return self.executor.forward(*args, **kwargs)
 
 
 class RecordingProposer(PEagleProposer):
