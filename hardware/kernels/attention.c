@@ -84,16 +84,6 @@ static inline void axpy_c(float w, const float* v, float* o, int hd) {
 
 AVX2 static inline __m256 exp_256(__m256 x) { return exp_cephes_256(_mm256_max_ps(_mm256_set1_ps(EXP_LO), x)); }
 
-AVX2 static inline float tree_256(__m256 lo, __m256 hi, int is_max) {
-  const __m256 a8 = is_max ? _mm256_max_ps(lo, hi) : _mm256_add_ps(lo, hi);
-  const __m128 l4 = _mm256_castps256_ps128(a8), h4 = _mm256_extractf128_ps(a8, 1);
-  const __m128 a4 = is_max ? _mm_max_ps(l4, h4) : _mm_add_ps(l4, h4);
-  const __m128 h2 = _mm_movehl_ps(a4, a4);
-  const __m128 a2 = is_max ? _mm_max_ps(a4, h2) : _mm_add_ps(a4, h2);
-  const __m128 h1 = _mm_shuffle_ps(a2, a2, 1);
-  return _mm_cvtss_f32(is_max ? _mm_max_ss(a2, h1) : _mm_add_ss(a2, h1));
-}
-
 /* lanes [first, first + 8) that are below `count`, as a maskload mask */
 AVX2 static inline __m256i below(int count, int first) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_add_epi32(_mm256_set1_epi32(first), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));

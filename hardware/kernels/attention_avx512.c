@@ -30,14 +30,7 @@ AVX512 static inline __m512 exp_512(__m512 x) {
 
 /* the tree of sum_tree / max_tree: lanes l and l + 8, then the 4-, 2- and 1-apart pairs */
 AVX512 static inline float tree_512(__m512 a, int is_max) {
-  const __m256 lo = _mm512_castps512_ps256(a), hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
-  const __m256 a8 = is_max ? _mm256_max_ps(lo, hi) : _mm256_add_ps(lo, hi);
-  const __m128 l4 = _mm256_castps256_ps128(a8), h4 = _mm256_extractf128_ps(a8, 1);
-  const __m128 a4 = is_max ? _mm_max_ps(l4, h4) : _mm_add_ps(l4, h4);
-  const __m128 h2 = _mm_movehl_ps(a4, a4);
-  const __m128 a2 = is_max ? _mm_max_ps(a4, h2) : _mm_add_ps(a4, h2);
-  const __m128 h1 = _mm_shuffle_ps(a2, a2, 1);
-  return _mm_cvtss_f32(is_max ? _mm_max_ss(a2, h1) : _mm_add_ss(a2, h1));
+  return tree_256(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)), is_max);
 }
 
 AVX512 static inline __mmask16 first_512(int count) {

@@ -8,6 +8,21 @@
 #include "attention.h"
 #include "exp_cephes.h" /* its constants: attention_avx512.c's 16-lane exp */
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+/* the tree of sum_tree / max_tree over 16 lanes held as two 8-lane halves (lanes l and l + 8, then the 4-, 2- and
+   1-apart pairs): the AVX2 kernel's, and the AVX-512 one's after splitting its vector */
+__attribute__((target("avx2"))) static inline float tree_256(__m256 lo, __m256 hi, int is_max) {
+  const __m256 a8 = is_max ? _mm256_max_ps(lo, hi) : _mm256_add_ps(lo, hi);
+  const __m128 l4 = _mm256_castps256_ps128(a8), h4 = _mm256_extractf128_ps(a8, 1);
+  const __m128 a4 = is_max ? _mm_max_ps(l4, h4) : _mm_add_ps(l4, h4);
+  const __m128 h2 = _mm_movehl_ps(a4, a4);
+  const __m128 a2 = is_max ? _mm_max_ps(a4, h2) : _mm_add_ps(a4, h2);
+  const __m128 h1 = _mm_shuffle_ps(a2, a2, 1);
+  return _mm_cvtss_f32(is_max ? _mm_max_ss(a2, h1) : _mm_add_ss(a2, h1));
+}
+#endif
+
 #define LANES 16 /* a dot product's and a sum's lanes in every kernel */
 
 /* -- the task: the same loops for every kernel ------------------------------------------------------------------
