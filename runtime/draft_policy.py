@@ -153,9 +153,11 @@ class AutoDraftPolicy(FixedDraftPolicy):
             r.auto_k = k
         # look again, all at once: the text may have changed. Not a request whose draft never read its prompt, unless
         # the prompt is short (that probe would be a prefill on the draft, for one token) or the method has hardly
-        # drafted yet (its acceptance is still the prior: without probes it would stay that)
-        exploring = cost.drafting_rounds.get(r.method, 0) < EXPLORE_ROUNDS
-        if k == 0 and cost.probe_due(rounds, running) and (r.metrics.drafting_rounds or backlog <= PROBE_BACKLOG or exploring):
+        # drafted yet (its acceptance is still the prior: without probes it would stay that) and the request has
+        # tokens enough left that a perfect drafter would repay the prefill
+        if k == 0 and cost.probe_due(rounds, running) and (
+                r.metrics.drafting_rounds or backlog <= PROBE_BACKLOG
+                or (cost.drafting_rounds.get(r.method, 0) < EXPLORE_ROUNDS and cost.could_repay(r.method, running, catch_up_s, left))):
             k = limit if proposer.tree is not None else 1
         return k
 

@@ -460,6 +460,19 @@ def test_a_probe_does_not_prefill_the_draft(ex, method_rounds):
     assert (drafted[PROBE_BACKLOG + 8] == 0) == (method_rounds == "explored"), drafted
 
 
+@pytest.mark.parametrize("max_output_len", [PROBE_EVERY + 2, 3 * PROBE_EVERY])
+def test_an_exploring_probe_needs_tokens_left_to_repay_the_prefill(ex, max_output_len):
+    """While its method is still exploring, a request behind a long prompt is probed only if a perfect drafter could
+    repay the prompt's prefill on the draft in the tokens the request has left: at the first probe round (round 16) a
+    request of 18 tokens has 2 left, and the prefill of its ~56-token backlog costs ~3 target steps."""
+    from specdec.runtime.draft_len import PROBE_BACKLOG
+
+    orch = with_costs(Orchestrator(ex["target"], DraftModelProposer(ex["identity"]), "auto"), lambda w: 1.0 + 0.05 * w, 0.45)
+    out, m = orch.generate([list(range(40, 48 + PROBE_BACKLOG))], GenerationConfig(max_output_len=max_output_len))
+    assert len(out[0].output_ids) == max_output_len
+    assert (m.drafted == 0) == (max_output_len == PROBE_EVERY + 2), m.drafted
+
+
 def test_catch_up_cuts_a_backlog_to_the_engines_input_limit(ex, monkeypatch):
     """A backlog is the prompt and every token emitted while the request did not draft: it can be longer than the
     engine's max_input_len. It is fed in pieces, one slot at a time (no row pads out to another's long feed)."""
