@@ -65,7 +65,7 @@ every choice compares drafting against a prior, and without those first
 probes a draft model behind long prompts would never draft at all (measured:
 `auto` at target-only speed where k = 4 was 1.5x faster). Even then a request
 is not probed where a perfect drafter could not repay that prefill in the
-tokens it has left (``could_repay``): on a fresh server, an agent's 8-token
+tokens it has left (``pays_at`` with its catch-up): on a fresh server, an agent's 8-token
 turns behind 200-token prompts each paid a draft prefill for one draft token
 (measured: `auto` 0.83x target-only at 1 stream, without the prefix cache).
 
@@ -367,30 +367,21 @@ class AutoDraftLen:
             return current
         return best
 
-    def pays_at(self, method: str, rows: int, acceptance: float = PERFECT) -> bool:
+    def pays_at(self, method: str, rows: int, acceptance: float = PERFECT, catch_up_s: float = 0.0, left: int = HORIZON) -> bool:
         """Whether any draft length could pay in a round of ``rows`` requests at this per-token ``acceptance`` (default:
         a perfect drafter's): its expected tokens at k = 1..max_draft_len per second against one token per call, with
         DRAFT_MARGIN, as ``choose`` weighs them. False for a perfect drafter: no request of the method drafts this round,
         probes and exploring included, since no acceptance a probe could find would pay. True until costs are measured
-        (the prior slope is cheap)."""
+        (the prior slope is cheap). ``catch_up_s`` / ``left``: a request's first drafting cost, spread as ``choose``
+        spreads it (an exploring probe that could not repay it only costs: a 200-token prompt prefilled on the draft
+        for a request with 7 tokens to go)."""
         verify = self.verify_costs(rows)
         base = (1.0 + DRAFT_MARGIN) / verify[1]
         t_draft = self.draft_cost(method, rows, default=0.0)
         tokens = self.expected_tokens(method, acceptance, self.max_draft_len) if acceptance < PERFECT else range(1, self.max_draft_len + 2)
-        return any(tokens[k] / (k * t_draft + verify[k + 1]) > base for k in range(1, self.max_draft_len + 1))
-
-    def could_repay(self, method: str, rows: int, catch_up_s: float, left: int) -> bool:
-        """Whether even a perfect drafter could pay for ``catch_up_s`` (what first drafting costs this request: its
-        draft's backlog) within the ``left`` tokens the request may still make, as ``choose`` spreads it. An exploring
-        probe that could not only costs: a 200-token prompt prefilled on the draft for a request with 7 tokens to go."""
-        if catch_up_s <= 0.0:
-            return True
-        verify = self.verify_costs(rows)
-        base = (1.0 + DRAFT_MARGIN) / verify[1]
-        t_draft = self.draft_cost(method, rows, default=0.0)
         spread = rows * catch_up_s / max(min(left, HORIZON), 1)  # per token the round makes
         top = max(1, min(self.max_draft_len, left - 1))  # no round makes more than the tokens left
-        return any((k + 1) / (k * t_draft + verify[k + 1] + spread * (k + 1)) > base for k in range(1, top + 1))
+        return any(tokens[k] / (k * t_draft + verify[k + 1] + spread * tokens[k]) > base for k in range(1, top + 1))
 
     # -- trees and scored drafts ------------------------------------------------------------
     def choose_tree(self, method: str, nodes: int, accepted: int, rounds: int, rows: int = 1, catch_up_s: float = 0.0,

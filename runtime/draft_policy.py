@@ -157,7 +157,7 @@ class AutoDraftPolicy(FixedDraftPolicy):
         # tokens enough left that a perfect drafter would repay the prefill
         if k == 0 and cost.probe_due(rounds, running) and (
                 r.metrics.drafting_rounds or backlog <= PROBE_BACKLOG
-                or (cost.drafting_rounds.get(r.method, 0) < EXPLORE_ROUNDS and cost.could_repay(r.method, running, catch_up_s, left))):
+                or (cost.drafting_rounds.get(r.method, 0) < EXPLORE_ROUNDS and cost.pays_at(r.method, running, catch_up_s=catch_up_s, left=left))):
             k = limit if proposer.tree is not None else 1
         return k
 
