@@ -9,6 +9,7 @@ import click
 
 from ..formats.engine_format import load_engine_dir
 from ..formats.errors import RequestError
+from ..runtime.kv_cache import commit_host_caches
 from ..runtime.methods import method_names
 from ..runtime.prefix_cache import PrefixCacheConfig
 from .common import (
@@ -58,13 +59,17 @@ from .run import parse_draft_len
         help="Take a draft's token ids as the target's although their tokenizers differ (default: it drafts through text).")
 @option("log_level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info", show_default=True,
         help="Server log level (debug: every request logged).")
+@option("preallocate_kv", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+        help="Write the CPU KV caches (the target's, the prefix pool's, the drafts') once at load, so that the first requests "
+             "do not pay for mapping their memory (on a fresh server the first 16-stream burst ran ~30% slower). auto: when "
+             "they take at most half the memory available; off: mapped as they fill.")
 @prefix_caching_options
 @measure_step_costs_option
 @verify_engine_option
 @clean_errors
 def main(engine_dir, speculative_method, draft_len, host, port, api_key, served_model_name, tokenizer_dir, chat_template, end_id, max_request_bytes,
          max_queued_requests, request_timeout, shutdown_timeout, device, num_threads, draft_num_threads, allow_vocab_mismatch, log_level,
-         prefix_cache_slots, enable_prefix_caching, measure_step_costs, verify_engine, **flags) -> None:
+         preallocate_kv, prefix_cache_slots, enable_prefix_caching, measure_step_costs, verify_engine, **flags) -> None:
     """Serve an engine over OpenAI's API: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, /version.
 
     \b
@@ -93,6 +98,8 @@ def main(engine_dir, speculative_method, draft_len, host, port, api_key, served_
                               allow_vocab_mismatch=allow_vocab_mismatch, verify=verify_engine,
                               prefix_caching=PrefixCacheConfig(enable_prefix_caching, prefix_cache_slots),
                               measure_step_costs=STEP_COSTS[measure_step_costs])
+        if note := commit_host_caches(preallocate_kv):
+            logging.getLogger("specdec.serve").log(logging.WARNING if "not committed" in note else logging.INFO, note)
         if served.engine.prefix_caching_off:
             click.echo(f"specdec-serve: {served.engine.prefix_caching_off}", err=True)
         if served.engine.step_costs_note:

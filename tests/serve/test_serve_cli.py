@@ -17,14 +17,17 @@ def test_specdec_serve_starts_answers_and_stops():
     e = engines()
     cmd = [sys.executable, "-m", "specdec.cli.serve", "--engine_dir", str(e["target"]), "--draft-engine-dir", str(e["draft"]),
            "--draft_target_model_config", "[2,[0],[0],False]", "--ngram_config", "[4,2,[0]]", "--port", "0", "--api_key", "k",
-           "--served_model_name", "tiny", "--num_threads", "1", "--log_level", "warning"]
+           "--served_model_name", "tiny", "--num_threads", "1", "--log_level", "info", "--preallocate_kv", "on"]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        deadline, line = time.time() + 60, ""
+        deadline, line, lines = time.time() + 60, "", []
         while time.time() < deadline and "specdec-serve:" not in line:
             line = proc.stderr.readline()
+            lines.append(line)
             assert line or proc.poll() is None, "the server exited during startup"
         assert "methods: none, draft, ngram; default draft, 2 drafts" in line
+        # the target's, the pool's and the draft's caches were written while it loaded
+        assert any("KV caches committed at load" in x for x in lines), lines
         url = re.search(r"http://127\.0\.0\.1:\d+", line).group(0)
         key = {"Authorization": "Bearer k"}
         assert httpx.get(f"{url}/health", timeout=10).status_code == 200

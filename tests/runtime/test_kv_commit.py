@@ -1,0 +1,55 @@
+"""KV caches committed at load (specdec-serve --preallocate_kv): their pages are mapped before any request."""
+
+
+from specdec.runtime import kv_cache
+from specdec.runtime.kv_cache import KVCache, commit_host_caches
+
+MB = 2**20
+
+
+def rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def cache(mb: int = 64) -> KVCache:
+    # 2 layers x K and V x [4 slots, 2 heads, capacity, 64] float32 = mb MiB
+    capacity = mb * MB // (2 * 2 * 4 * 2 * 64 * 4)
+    return KVCache(2, 4, 2, capacity, 64, capacity, layout="bnsh")
+
+
+def test_on_maps_every_page_before_any_request():
+    c = cache()
+    assert c.host_bytes == 64 * MB
+    before = rss()
+    note = commit_host_caches("on", [c])
+    assert note.startswith("KV caches committed at load: 0.06 GiB")
+    assert rss() - before >= 0.9 * c.host_bytes  # np.zeros had mapped none of it
+    assert not any(buf.any() for buf in (*c.keys, *c.values))
+
+
+def test_auto_leaves_caches_unmapped_when_they_would_take_over_half_the_memory(monkeypatch):
+    c = cache()
+    monkeypatch.setattr(kv_cache, "_memory_available", lambda: c.host_bytes)
+    before = rss()
+    note = commit_host_caches("auto", [c])
+    assert "not committed at load" in note and "--preallocate_kv on" in note
+    assert rss() - before < 0.5 * c.host_bytes
+    monkeypatch.setattr(kv_cache, "_memory_available", lambda: 4 * c.host_bytes)
+    assert commit_host_caches("auto", [c]).startswith("KV caches committed")
+    assert commit_host_caches("off", [c]) is None
+
+
+def test_a_cache_that_holds_tokens_is_left_alone():
+    c = cache(8)
+    c.keys[0][1, :, :3] = 1.5
+    c.lengths[1] = 3
+    assert c.commit() is False and commit_host_caches("on", [c]) is None
+    assert c.keys[0][1, 0, 0, 0] == 1.5
+
+
+def test_the_server_commits_its_engines_caches_at_load():
+    """Every cache with numpy storage is known to commit_host_caches (the target's, the prefix pool's, a draft's)."""
+    c = cache(1)
+    assert c in kv_cache._HOST_CACHES
+    assert KVCache(2, 4, 2, 8, 64, 8, storage=False) not in kv_cache._HOST_CACHES
