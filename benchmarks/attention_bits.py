@@ -40,23 +40,15 @@ def problems(capacity: int, seed: int):
 def run_library(library: str, capacity: int, seed: int, out: str) -> None:
     """This process: every problem through one CachedAttention node registered from `library`; the outputs to `out`."""
     import onnxruntime as ort
-    from onnx import TensorProto, helper
 
     from specdec.plugins import cpu_kernels as ck
 
     results = {}
     for i, ((heads, kv_heads, _), threads, q, k, v, pos) in enumerate(problems(capacity, seed)):
-        node = helper.make_node("CachedAttention", ["q", "k", "v", "pos"], ["y"], domain=ck.DOMAIN, num_heads=heads,
-                                kv_num_heads=kv_heads)
-        inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("q", "k", "v")]
-        graph = helper.make_graph([node], "a", [*inputs, helper.make_tensor_value_info("pos", TensorProto.INT64, None)],
-                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(ck.DOMAIN, 1)])
-        model.ir_version = 10
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
         so.register_custom_ops_library(library)
-        sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(ck.cached_attention_model(heads, kv_heads), so, providers=["CPUExecutionProvider"])
         results[f"p{i}"] = sess.run(None, {"q": q, "k": k, "v": v, "pos": pos})[0]
     np.savez(out, **results)
 

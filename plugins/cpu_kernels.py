@@ -131,3 +131,17 @@ def cached_attention(gb: GraphOps, name: str, q: str, key: str, value: str, posi
     (TensorScatter's outputs, read in place), positions [B, S] int64 -> [B, S, heads * head_dim]: each token attends to
     slots 0..its position, scale 1 / sqrt(head_dim) (hardware/kernels/attention.c)."""
     return gb.op("CachedAttention", [q, key, value, positions], name, domain=DOMAIN, num_heads=heads, kv_num_heads=kv_heads)
+
+
+def cached_attention_model(heads: int, kv_heads: int) -> bytes:
+    """One CachedAttention node as a serialized model (q, k, v float32 and pos int64 -> y), for running the op alone
+    (its tests, benchmarks/attention_bits.py): the session that loads it registers specdec's kernel library."""
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("CachedAttention", ["q", "k", "v", "pos"], ["y"], domain=DOMAIN, num_heads=heads, kv_num_heads=kv_heads)
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("q", "k", "v")]
+    graph = helper.make_graph([node], "a", [*inputs, helper.make_tensor_value_info("pos", TensorProto.INT64, None)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)])
+    model.ir_version = 10
+    return model.SerializeToString()

@@ -11,7 +11,6 @@ import sys
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
 
 from specdec.hardware import cpu_kernels as rk
 from specdec.plugins import cpu_kernels as ck
@@ -21,16 +20,10 @@ pytestmark = pytest.mark.skipif(rk.compiler() is None, reason="needs a C compile
 
 def session(heads: int, kv_heads: int, threads: int = 1) -> ort.InferenceSession:
     """One CachedAttention node, as plugins/cpu_kernels.py writes it."""
-    node = helper.make_node("CachedAttention", ["q", "k", "v", "pos"], ["y"], domain=ck.DOMAIN, num_heads=heads, kv_num_heads=kv_heads)
-    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("q", "k", "v")]
-    graph = helper.make_graph([node], "a", [*inputs, helper.make_tensor_value_info("pos", TensorProto.INT64, None)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(ck.DOMAIN, 1)])
-    model.ir_version = 10
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.register_custom_ops_library(str(rk.kernel_library()))
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(ck.cached_attention_model(heads, kv_heads), so, providers=["CPUExecutionProvider"])
 
 
 def reference(q, k, v, pos, heads: int, kv_heads: int) -> np.ndarray:
