@@ -98,8 +98,7 @@ def main(engine_dir, speculative_method, draft_len, host, port, api_key, served_
                               allow_vocab_mismatch=allow_vocab_mismatch, verify=verify_engine,
                               prefix_caching=PrefixCacheConfig(enable_prefix_caching, prefix_cache_slots),
                               measure_step_costs=STEP_COSTS[measure_step_costs])
-        if note := commit_host_caches(preallocate_kv):
-            logging.getLogger("specdec.serve").log(logging.WARNING if "not committed" in note else logging.INFO, note)
+        commit_host_caches(preallocate_kv)  # logs what it did
         if served.engine.prefix_caching_off:
             click.echo(f"specdec-serve: {served.engine.prefix_caching_off}", err=True)
         if served.engine.step_costs_note:

@@ -9,6 +9,7 @@ touched. Tensors are touched only by the executor that owns them.
 
 from __future__ import annotations
 
+import logging
 import time
 import weakref
 
@@ -130,6 +131,7 @@ class KVCache:
             raise RequestError(f"a step of {padded_len} tokens would write past {what}'s KV capacity {self.capacity}.")
 
 
+_log = logging.getLogger(__name__)
 _HOST_CACHES: weakref.WeakSet[KVCache] = weakref.WeakSet()  # every cache with numpy storage, for commit_host_caches
 
 
@@ -148,7 +150,7 @@ def _memory_available() -> int | None:
 def commit_host_caches(mode: str = "auto", caches: list[KVCache] | None = None) -> str | None:
     """Commit the memory of the host KV caches (default: every live one: the target's, the prefix pool's, the
     drafts') before serving. ``mode``: "on"; "off"; "auto" = on when they take at most half the memory available now
-    (else they stay mapped as they fill, as without this). Returns what was done, for the log (None: nothing to do)."""
+    (else they stay mapped as they fill, as without this). Logs and returns what was done (None: nothing to do)."""
     caches = [c for c in (list(_HOST_CACHES) if caches is None else caches) if not c.lengths.any()]
     total = sum(c.host_bytes for c in caches)
     if mode == "off" or total == 0:
@@ -157,8 +159,12 @@ def commit_host_caches(mode: str = "auto", caches: list[KVCache] | None = None) 
     available = _memory_available()
     if mode == "auto" and (available is None or total > available // 2):
         where = f"more than half of the {available / 2**30:.1f} GiB available" if available else "the memory available is unknown"
-        return f"KV caches ({gib:.2f} GiB) not committed at load: {where}; they are mapped as they fill (--preallocate_kv on commits them)"
+        note = f"KV caches ({gib:.2f} GiB) not committed at load: {where}; they are mapped as they fill (--preallocate_kv on commits them)"
+        _log.warning(note)
+        return note
     start = time.perf_counter()
     for cache in caches:
         cache.commit()
-    return f"KV caches committed at load: {gib:.2f} GiB in {time.perf_counter() - start:.1f} s"
+    note = f"KV caches committed at load: {gib:.2f} GiB in {time.perf_counter() - start:.1f} s"
+    _log.info(note)
+    return note
