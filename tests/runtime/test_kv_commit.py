@@ -49,7 +49,7 @@ def test_a_cache_that_holds_tokens_is_left_alone():
     assert c.keys[0][1, 0, 0, 0] == 1.5
 
 
-def test_the_server_commits_its_engines_caches_at_load():
+def test_every_host_cache_is_known_to_commit_host_caches():
     """Every cache with numpy storage is known to commit_host_caches (the target's, the prefix pool's, a draft's)."""
     c = cache(1)
     assert c in kv_cache._HOST_CACHES
