@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -151,6 +152,9 @@ def decode_batch(engines: dict, b: int, prompts: list[list[int]], args, kind: st
 
     ngram = [int(x) for x in args.ngram.split(",")] if args.ngram else None
     methods = decode_methods({k: v for k, v in engines.items() if not k.startswith("ort")}, args.draft_len_list, ngram, TREE, kind=kind, more=True)
+    if args.methods:  # the others dropped; every engine's target-only stays (the speedups' and outputs' reference)
+        keep = re.compile(args.methods)
+        methods = {name: m for name, m in methods.items() if name.endswith("target-only") or keep.search(name)}
     if "ort" in engines:
         methods["ort_cuda target-only"] = (Orchestrator(engines["ort"][0]), "ort_cuda target-only")
     for name, (orch, _) in methods.items():
@@ -186,7 +190,9 @@ def _step_table(steps: dict, engine: str, b: int) -> dict:
     return {"target": {"step_ms": {b: {w: v["median"] for w, v in steps.get(engine, {}).get("step_ms", {}).get(b, {}).items()}}}}
 
 
-def decode_section(engines: dict, batches: list[int], args, kind: str, steps: dict, pool: list[list[int]], budget: Budget) -> dict:
+def decode_section(engines: dict, batches: list[int], args, kind: str, steps: dict, pool: list[list[int]], budget: Budget,
+                   saved=lambda _: None) -> dict:
+    """Per batch size; ``saved(out)`` after each (a device call cut short keeps the batch sizes it finished)."""
     out: dict = {}
     for b in batches:
         if budget.left() < 30:
@@ -198,6 +204,7 @@ def decode_section(engines: dict, batches: list[int], args, kind: str, steps: di
             ids = first.get(name, {}).get("output_ids") if isinstance(first, dict) else None
             row["identical_to_batch1"] = sum(a == c for a, c in zip(row["output_ids"], ids, strict=False)) if ids else None
         _print_batch(b, rows)
+        saved(out)
     return out
 
 
@@ -247,9 +254,12 @@ def main() -> None:
     ap.add_argument("--prompt_tokens", type=int, default=64)
     ap.add_argument("--max_new_tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--methods", default=None, help="decode only the methods whose names match this regular expression (and every "
+                    "engine's target-only), e.g. 'EAGLE|draft-target k=4' (default: every method)")
     ap.add_argument("--sections", default="build,bandwidth,steps,profile,decode,hf")
     ap.add_argument("--hf_batches", default=None, help="batch sizes for Hugging Face (default: --batches)")
     ap.add_argument("--budget_s", type=float, default=1e9)
+    ap.add_argument("--build_jobs", type=int, default=1, help="engines built at once (each a process; an 8B bfloat16 build peaks near 15 GiB)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     args.batch_list = [int(x) for x in args.batches.split(",")]
@@ -261,11 +271,16 @@ def main() -> None:
     res: dict[str, Any] = {"args": vars(args), "limits": LIMITS}
     plan = plan_builds(args, kmax, verify)
     built = {name: (work / name / "config.json").is_file() for name in plan}
-    if "build" in sections:
-        for name, (ckpt, flags, backend) in plan.items():
-            built[name] = build(name, ckpt, work / name, flags, res, budget, backend)
+    if "build" in sections:  # each specdec-build its own process; --build_jobs of them at once (numpy writes one layer at a time)
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max(1, args.build_jobs)) as pool:
+            jobs = {name: pool.submit(build, name, ckpt, work / name, flags, res, budget, backend) for name, (ckpt, flags, backend) in plan.items()}
+        built.update({name: job.result() for name, job in jobs.items()})
     save = lambda: out and out.write_text(json.dumps(res, indent=2, default=_jsonable) + "\n")  # noqa: E731
     save()
+    if sections == {"build"}:  # only the engines (gpu_session_torch.sh builds them while the GPU tests run)
+        return
     if args.ort and args.device == "cuda":
         try:
             from specdec.runtime.backends.onnxruntime.cuda_host import require_cuda_provider
@@ -294,8 +309,12 @@ def main() -> None:
     res["prompts"] = {"count": len(pool), "tokens": len(pool[0]), "new_tokens": args.max_new_tokens,
                       "per_batch": {b: max(b, args.min_prompts) for b in args.batch_list}}
     if "decode" in sections:
-        section(res, "decode", budget, 60, lambda: decode_section(engines, args.batch_list, args, args.device, res.get("steps", {}), pool, budget),
-                out)
+        def saved(partial: dict) -> None:
+            res["decode"] = partial
+            save()
+
+        section(res, "decode", budget, 60, lambda: decode_section(engines, args.batch_list, args, args.device, res.get("steps", {}), pool, budget,
+                                                                  saved), out)
     if "hf" in sections and args.device == "cuda":
         from gpu_methods import hf_section
 

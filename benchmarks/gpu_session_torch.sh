@@ -6,6 +6,8 @@
 #   enlarge 8B + 1B + EAGLE ~115 s     (reused when there)
 #   torch builds            ~60-100 s each for the 8B bf16 and int4 targets (numpy, single-threaded), 10 s the draft
 #   bench_torch.py          the rest of the budget: sections are skipped (and said so) once it is spent
+# The tests run beside the enlarging and building (GPU against CPU), and the measurement waits for them (PARALLEL_TESTS=0: first,
+# alone). METHODS: a regular expression of decode's methods to keep (bench_torch.py --methods; target-only always).
 # PEAGLE=1 adds a P-EAGLE target (the demo's P-EAGLE module enlarged, one more 8B torch build, ~60-100 s) and its methods
 # to the decode section (its exactness is in the tests either way: tests/runtime/test_torch_cuda.py).
 # DRY=1 runs the same stages on a CPU with the demo pair as it is (no enlargement), float32, batches 1 and 2, few tokens:
@@ -41,11 +43,21 @@ for name in ("onnx", "ml_dtypes", "click", "tqdm", "pytest", "onnxruntime"):
 PY
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 df -h "$WORK" | tail -1
-if [ "${TESTS:-1}" = 1 ]; then
-    echo "== GPU tests of the torch backend ($(left) s left)"
-    (cd "$root" && timeout "${TEST_S:-240}" python3 -m pytest -q -x -p no:cacheprovider -rs \
+run_tests() {
+    (cd "$root" && timeout "${TEST_S:-240}" python3 -m pytest -q -p no:cacheprovider -rs --durations=12 \
         tests/runtime/test_torch_cuda.py tests/runtime/test_torch_kernels.py "tests/serve/test_serve_gpu.py::test_sixteen_concurrent_clients_on_the_torch_backend_get_their_solo_output" \
-        2>&1 | tee "$OUT/torch-pytest-cuda.log" | tail -40) || echo "== tests failed or timed out: $OUT/torch-pytest-cuda.log"
+        > "$OUT/torch-pytest-cuda.log" 2>&1) || echo "== tests failed or timed out: $OUT/torch-pytest-cuda.log"
+    tail -40 "$OUT/torch-pytest-cuda.log"
+}
+tests_pid=
+if [ "${TESTS:-1}" = 1 ] && [ "${DRY:-0}" != 1 ] && [ "${PARALLEL_TESTS:-1}" = 1 ]; then
+    # the tests (GPU, demo pair) run while the CPU enlarges and builds the 8B pair; the measurement waits for them
+    echo "== GPU tests of the torch backend, beside the enlarging and building ($(left) s left)"
+    run_tests > "$OUT/torch-tests-summary.log" 2>&1 &
+    tests_pid=$!
+elif [ "${TESTS:-1}" = 1 ]; then
+    echo "== GPU tests of the torch backend ($(left) s left)"
+    run_tests
 fi
 if [ "${DRY:-0}" = 1 ]; then
     demo="$root/examples/demo-pair"
@@ -63,8 +75,9 @@ enlarge() {  # enlarge SRC DST ARGS...: skipped when DST already holds a checkpo
     t=$(date +%s); python3 "$root/benchmarks/enlarge.py" --quiet "$@" "$src" "$dst"; echo "enlarged $(basename "$dst") in $(( $(date +%s) - t )) s"
 }
 demo="$root/examples/demo-pair"
+enlarge "$demo/draft" "$WORK/draft-$draft_preset" --preset "$draft_preset" --dtype bfloat16 &  # beside the target's
 enlarge "$demo/target" "$WORK/target-$PRESET" --preset "$PRESET" --dtype bfloat16
-enlarge "$demo/draft" "$WORK/draft-$draft_preset" --preset "$draft_preset" --dtype bfloat16
+wait $!
 [ -f "$WORK/eagle-$PRESET/config.json" ] || python3 "$root/benchmarks/enlarge.py" --heads "$demo/heads/eagle" --base "$WORK/target-$PRESET" "$WORK/eagle-$PRESET"
 extra=()
 if [ "${PEAGLE:-0}" = 1 ]; then
@@ -73,9 +86,18 @@ if [ "${PEAGLE:-0}" = 1 ]; then
 fi
 [ "${INT4:-1}" = 1 ] && extra+=(--int4)
 [ "${ORT:-0}" = 1 ] && extra+=(--ort)
+bench=(python3 "$root/benchmarks/bench_torch.py" --target "$WORK/target-$PRESET" --draft "$WORK/draft-$draft_preset" --eagle "$WORK/eagle-$PRESET"
+       "${extra[@]}" --work "$WORK/torch-$PRESET" --batches "$BATCHES")
+if [ -n "$tests_pid" ]; then
+    echo "== builds with $(left) s left (the tests still running)"
+    "${bench[@]}" --sections build --build_jobs "${BUILD_JOBS:-3}" --budget_s "$(left)" --json "$OUT/torch-$PRESET-build.json"
+    echo "== waiting for the tests ($(left) s left)"
+    wait "$tests_pid" || true
+    cat "$OUT/torch-tests-summary.log"
+fi
 echo "== bench_torch.py with $(left) s left"
 python3 "$root/benchmarks/bench_torch.py" --target "$WORK/target-$PRESET" --draft "$WORK/draft-$draft_preset" --eagle "$WORK/eagle-$PRESET" \
     "${extra[@]}" --work "$WORK/torch-$PRESET" --batches "$BATCHES" --hf_batches "${HF_BATCHES:-1,16}" --budget_s "$(left)" \
-    --json "$OUT/torch-$PRESET.json" --max_new_tokens "${NEW_TOKENS:-64}" --repeats "${REPEATS:-2}" ${SECTIONS:+--sections "$SECTIONS"}
+    --json "$OUT/torch-$PRESET.json" --max_new_tokens "${NEW_TOKENS:-64}" --repeats "${REPEATS:-2}" ${SECTIONS:+--sections "$SECTIONS"} ${METHODS:+--methods "$METHODS"}
 echo "== done in $(( $(date +%s) - start )) s; $OUT/torch-$PRESET.json"
 du -sh "$WORK"/* 2>/dev/null || true
