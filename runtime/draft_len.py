@@ -392,11 +392,15 @@ class AutoDraftLen:
         ``left``: as for ``choose``."""
         if nodes <= 0:
             return 0
+        return nodes if self.tree_pays(method, nodes, self.tree_tokens(method, accepted, rounds), rows, catch_up_s, left) else 0
+
+    def tree_pays(self, method: str, nodes: int, tokens: float, rows: int = 1, catch_up_s: float = 0.0, left: int = HORIZON) -> bool:
+        """Whether a static tree of ``nodes`` expected to make ``tokens`` a round (tree_tokens) beats one token per call at
+        ``rows`` requests, with DRAFT_MARGIN; ``catch_up_s`` / ``left`` as for ``choose``."""
         t_draft = self.draft_cost(method, rows, default=0.1 * self._cost(rows, 1))
-        tokens = self.tree_tokens(method, accepted, rounds)
         spread = rows * catch_up_s / max(min(left, HORIZON), 1)
         tree = tokens / (self.steps(method, nodes) * t_draft + self._cost(rows, nodes + 1) + spread * tokens)
-        return nodes if tree > (1.0 + DRAFT_MARGIN) / self._cost(rows, 1) else 0
+        return tree > (1.0 + DRAFT_MARGIN) / self._cost(rows, 1)
 
     def calibration(self, method: str) -> float:
         """Accepted drafts per expected draft of the method's scored drafts (1 until measured; a prior of 8 drafts)."""

@@ -38,6 +38,16 @@ class DraftPolicy(Protocol):
         """How many drafts ``r`` takes this round, from 0 to ``limit`` (> 0: the target's max_draft_len, the request's
         and its cache's room, the proposer's own); ``running``: the requests in the batch."""
 
+    def best_tree_tokens(self, method: str) -> float:
+        """The most tokens a round that a static tree of ``method`` is expected to make for any of the round's auto
+        requests (AutoDraftLen.tree_tokens), worked out when may_draft needs it."""
+        best = self.best_tree.get(method)
+        if best is None:
+            tree_tokens = self.cost.tree_tokens
+            best = self.best_tree[method] = max((tree_tokens(method, r.metrics.accepted, r.metrics.drafting_rounds) for r in self.reqs
+                                                 if r.draft_len == AUTO and r.method == method), default=1.0)
+        return best
+
     def declines(self, r: Request, proposer: Proposer, running: int) -> bool:
         """True where ``r`` takes no drafts this round whatever its room (asked before its room is worked out)."""
 
@@ -63,6 +73,16 @@ class FixedDraftPolicy:
 
     def draft_len(self, r: Request, proposer: Proposer, limit: int, running: int) -> int:
         return min(int(r.draft_len), limit)
+
+    def best_tree_tokens(self, method: str) -> float:
+        """The most tokens a round that a static tree of ``method`` is expected to make for any of the round's auto
+        requests (AutoDraftLen.tree_tokens), worked out when may_draft needs it."""
+        best = self.best_tree.get(method)
+        if best is None:
+            tree_tokens = self.cost.tree_tokens
+            best = self.best_tree[method] = max((tree_tokens(method, r.metrics.accepted, r.metrics.drafting_rounds) for r in self.reqs
+                                                 if r.draft_len == AUTO and r.method == method), default=1.0)
+        return best
 
     def declines(self, r: Request, proposer: Proposer, running: int) -> bool:
         return False
@@ -91,6 +111,7 @@ class AutoDraftPolicy(FixedDraftPolicy):
         self.reqs: Sequence[Request] = ()
         self.paying: dict[str, bool] = {}
         self.best: dict[str, float] = {}
+        self.best_tree: dict[str, float] = {}
 
     def begin(self, reqs: Sequence[Request], round_index: int) -> None:
         self.round_index = round_index
@@ -99,6 +120,7 @@ class AutoDraftPolicy(FixedDraftPolicy):
             self.reqs = reqs
             self.paying = {}  # method -> whether any of its requests may draft this round (may_draft)
             self.best = {}  # method -> the best acceptance among its auto requests in the batch, when may_draft asks
+            self.best_tree = {}  # method -> the most tokens a round among its auto requests' static trees, likewise
 
     def best_acceptance(self, method: str) -> float:
         """The best acceptance among the round's auto requests of ``method`` (worked out only when may_draft needs it: at a
@@ -108,6 +130,16 @@ class AutoDraftPolicy(FixedDraftPolicy):
             acceptance = self.cost.acceptance
             best = self.best[method] = max((acceptance(method, r.metrics.accepted, r.metrics.rejected) for r in self.reqs
                                             if r.draft_len == AUTO and r.method == method), default=0.0)
+        return best
+
+    def best_tree_tokens(self, method: str) -> float:
+        """The most tokens a round that a static tree of ``method`` is expected to make for any of the round's auto
+        requests (AutoDraftLen.tree_tokens), worked out when may_draft needs it."""
+        best = self.best_tree.get(method)
+        if best is None:
+            tree_tokens = self.cost.tree_tokens
+            best = self.best_tree[method] = max((tree_tokens(method, r.metrics.accepted, r.metrics.drafting_rounds) for r in self.reqs
+                                                 if r.draft_len == AUTO and r.method == method), default=1.0)
         return best
 
     def declines(self, r: Request, proposer: Proposer, running: int) -> bool:
@@ -121,13 +153,18 @@ class AutoDraftPolicy(FixedDraftPolicy):
         """Whether any request of ``method`` may draft this round, decided once per round and method: no, where not even a
         perfect drafter would pay at this batch size (AutoDraftLen.pays_at; probes included); no, outside probe rounds,
         where a chain drafter (a draft model, n-gram, an EAGLE chain) would not pay even at the batch's best acceptance,
-        so that a full batch where nothing pays costs one check, not a choice per request."""
+        or a static tree (Medusa, EAGLE, P-EAGLE) even at the batch's best tokens a round, so that a full batch where
+        nothing pays costs one check, not a choice per request (at 64 requests on a GPU, a choice each was about 5% of
+        the round's time)."""
         paying = self.paying.get(method)
         if paying is None:
             cost = self.cost
-            chain = proposer.tree is None and not proposer.scores_drafts
-            paying = cost.pays_at(method, running) and (cost.probe_due(self.round_index, running) or not chain
-                                                          or cost.pays_at(method, running, self.best_acceptance(method)))
+            paying = cost.pays_at(method, running)
+            if paying and not proposer.scores_drafts and not cost.probe_due(self.round_index, running):
+                if proposer.tree is None:
+                    paying = cost.pays_at(method, running, self.best_acceptance(method))
+                else:  # a tree that does not pay whole for the best request pays for none (choose_tree's rule, no catch-up)
+                    paying = cost.tree_pays(method, len(proposer.tree), self.best_tree_tokens(method), running)
             self.paying[method] = paying
         return paying
 

@@ -187,3 +187,37 @@ def test_expected_tokens_are_remembered_as_prefixes_until_the_method_drafts_agai
     for accepted in (3, 1, 6, 0, 6):
         fresh.record_round("ngram", 6, accepted)
     assert again == pytest.approx(fresh.expected_tokens("ngram", 0.6, 6)) and again != full
+
+
+def test_a_batch_where_no_static_tree_pays_costs_one_check_not_a_choice_per_request():
+    """AutoDraftPolicy.may_draft for a static tree (Medusa, EAGLE, P-EAGLE): at 8 rows a perfect 8-node tree would pay
+    (9 tokens for 1.64 of a call), the method's trees make 1.2 tokens a round and do not (1.2 < 1.1 x 1.64). Outside
+    probe rounds the batch is declined in one check (no request priced one by one); one request whose own trees make
+    2.7 tokens a round lets the method draft; a probe round always looks."""
+    from types import SimpleNamespace
+
+    from specdec.runtime.draft_policy import AutoDraftPolicy
+    from specdec.runtime.metrics import Metrics
+    from specdec.runtime.request import AUTO
+
+    auto = costs(AutoDraftLen(8, 16))
+    for _ in range(40):
+        auto.record_round("eagle", 8, 1 if _ % 5 == 0 else 0)  # 0.2 accepted a round
+    calls = []
+    real = auto.choose_tree
+    auto.choose_tree = lambda *a, **k: calls.append(a) or real(*a, **k)
+    proposer = SimpleNamespace(tree=[0] * 8, scores_drafts=False, backlog=lambda r: 0)
+    reqs = [SimpleNamespace(draft_len=AUTO, method="eagle", metrics=Metrics(requests=1), auto_k=None, output_ids=[1],
+                            config=SimpleNamespace(max_output_len=64)) for _ in range(8)]
+    policy = AutoDraftPolicy(auto)
+    plain_round, probe_round = 3, PROBE_EVERY * 8
+    assert auto.pays_at("eagle", 8) and not auto.tree_pays("eagle", 8, auto.tree_tokens("eagle", 0, 0), 8)
+    policy.begin(reqs, plain_round)
+    assert all(policy.declines(r, proposer, 8) for r in reqs) and calls == []
+    assert all(r.auto_k == 0 for r in reqs)
+    policy.begin(reqs, probe_round)
+    assert not any(policy.declines(r, proposer, 8) for r in reqs)
+    reqs[5].metrics.rounds, reqs[5].metrics.accepted = 10, 30  # its own trees: 1 + (30 + 8 x 0.2) / 18 = 2.76 tokens
+    policy.begin(reqs, plain_round)
+    assert not policy.declines(reqs[0], proposer, 8)
+    assert policy.draft_len(reqs[5], proposer, 8, 8) == 8 and policy.draft_len(reqs[0], proposer, 8, 8) == 0
