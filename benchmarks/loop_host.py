@@ -1,0 +1,138 @@
+"""The engine loop's host time per request and round at a batch size, beside the target's forward.
+
+    python benchmarks/loop_host.py --work /tmp/loop-host --batch 64 --repeats 3 --json loop-host.json
+
+A GPU round at 16-64 requests costs a few ms of model time, so what the loop does per request in Python (acceptance,
+bookkeeping, draft_len=auto's decisions, the proposers' observe) is a visible share of it. This measures that share on
+a CPU: the demo pair built as float32 torch engines (an EAGLE-3 target, a P-EAGLE target, the draft), ``--batch``
+prompts of 59 tokens decoded together for 64 tokens each; host time = the generation's wall time less the time spent
+inside the executors' ``forward`` (timed around each call), per request and round. The methods run interleaved,
+``--repeats`` times, each after an untimed warm-up generation on the same orchestrator. Read it on a quiet machine.
+
+draft_len=auto decides from the costs it measures, and on a CPU those are not a GPU's: ``--gpu_costs`` prices every
+call width from a GPU run's target steps at this batch size (bench_torch.py's JSON, e.g.
+benchmarks/results/torch-llama8b-h200.json) and every draft step as free, fixed for the whole run, so that the loop
+makes the decisions it makes on that GPU (at batch 16 on the H200: a perfect drafter would pay, no tree does).
+
+    python benchmarks/loop_host.py --work /tmp/loop-host --batch 16 --gpu_costs benchmarks/results/torch-llama8b-h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "examples" / "demo-pair"
+TREE = "[[0],[1],[2],[0,0],[0,1],[1,0],[0,0,0],[0,0,1]]"
+
+
+def build(work: Path, batch: int) -> None:
+    from specdec.builder.build import build_engine
+    from specdec.formats.engine_format import BuildConfig
+
+    def spec(k: int, **kw) -> BuildConfig:
+        return BuildConfig(dtype="float32", backend="torch", max_batch_size=batch, max_input_len=128, max_seq_len=256, max_draft_len=k, **kw)
+
+    quiet = dict(say=lambda _: None, force=True)
+    if not (work / "eagle" / "config.json").is_file():
+        build_engine(DEMO / "target", work / "eagle", spec(8, speculative_decoding_mode="eagle"), eagle_dir=DEMO / "heads" / "eagle", **quiet)
+    if not (work / "peagle" / "config.json").is_file():
+        build_engine(DEMO / "target", work / "peagle", spec(8, speculative_decoding_mode="peagle"), peagle_dir=DEMO / "heads" / "peagle", **quiet)
+    if not (work / "draft" / "config.json").is_file():
+        build_engine(DEMO / "draft", work / "draft", spec(0), **quiet)
+
+
+def gpu_costs(path: Path, batch: int):
+    """width -> seconds of a target call at ``batch`` rows, interpolated from a bench_torch.py run's steps."""
+    steps = json.loads(path.read_text())["steps"]["target"]["step_ms"].get(str(batch))
+    if not steps:
+        raise SystemExit(f"error: {path} has no target steps at batch {batch}")
+    widths = sorted(int(w) for w in steps)
+    ms = [steps[str(w)]["median"] for w in widths]
+    return lambda width: float(np.interp(width, widths, ms)) / 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", required=True, help="where the engines are built (reused when there)")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--methods", default="target-only,eagle-auto,peagle-auto,draft-auto")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--gpu_costs", default=None, help="a bench_torch.py JSON: auto prices calls from its target steps at --batch, drafts free")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    pinned = gpu_costs(Path(args.gpu_costs), args.batch) if args.gpu_costs else None
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from specdec.formats.engine_format import eagle_module_dir, load_engine_dir
+    from specdec.runtime.backends.torch.executor import TorchExecutor
+    from specdec.runtime.orchestrator import GenerationConfig, Orchestrator
+    from specdec.runtime.proposers.draft_model import DraftModelProposer
+    from specdec.runtime.proposers.eagle import EagleProposer
+    from specdec.runtime.proposers.peagle import PEagleProposer
+
+    work = Path(args.work)
+    build(work, args.batch)
+    ex = {n: TorchExecutor(load_engine_dir(work / n), "cpu") for n in ("eagle", "peagle", "draft")}
+    ex["module"] = TorchExecutor(load_engine_dir(eagle_module_dir(ex["eagle"].engine)), "cpu")
+    ex["peagle_module"] = TorchExecutor(load_engine_dir(eagle_module_dir(ex["peagle"].engine)), "cpu")
+    inside = [0.0]
+    for e in ex.values():  # time spent inside each forward
+        def timed(*a, _f=e.forward, **k):
+            t = time.perf_counter()
+            try:
+                return _f(*a, **k)
+            finally:
+                inside[0] += time.perf_counter() - t
+        e.forward = timed
+    make = {
+        "target-only": lambda: Orchestrator(ex["eagle"]),
+        "eagle-auto": lambda: Orchestrator(ex["eagle"], EagleProposer(ex["eagle"], ex["module"], TREE), draft_len="auto"),
+        "peagle-auto": lambda: Orchestrator(ex["peagle"], PEagleProposer(ex["peagle"], ex["peagle_module"], TREE), draft_len="auto"),
+        "draft-auto": lambda: Orchestrator(ex["eagle"], DraftModelProposer(ex["draft"]), draft_len="auto"),
+    }
+    methods = args.methods.split(",")
+    unknown = [m for m in methods if m not in make]
+    if unknown:
+        raise SystemExit(f"error: unknown --methods {', '.join(unknown)}: choose from {', '.join(make)}")
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(10, 4000, 59).tolist() for _ in range(args.batch)]
+    cfg = GenerationConfig(max_output_len=64)
+    orchs = {m: make[m]() for m in methods}
+    if pinned is not None:
+        for orch in orchs.values():
+            if orch.engine.auto is not None:  # a formula on the instance replaces the measured lines (as the tests price calls)
+                orch.engine.auto.verify_cost = lambda rows, width: pinned(width)
+                orch.engine.auto.draft_cost = lambda method, rows, default: 0.0
+    for orch in orchs.values():
+        orch.generate(prompts, cfg)  # warm-up: shapes, auto's first costs
+    got: dict[str, list[float]] = {m: [] for m in methods}
+    drafted: dict[str, int] = {}
+    for r in range(args.repeats):
+        for m in methods if r % 2 == 0 else methods[::-1]:
+            inside[0] = 0.0
+            t = time.perf_counter()
+            outs, metrics = orchs[m].generate(prompts, cfg)
+            wall = time.perf_counter() - t
+            rounds = max(len(o.output_ids) for o in outs)
+            got[m].append((wall - inside[0]) / rounds / args.batch * 1e6)
+            drafted[m] = metrics.drafted
+    res = {"batch": args.batch, "threads": args.threads, "new_tokens": 64, "prompt_tokens": 59, "gpu_costs": args.gpu_costs,
+           "host_us_per_request_round": {m: {"median": float(np.median(v)), "min": min(v), "max": max(v), "runs": v} for m, v in got.items()},
+           "drafted_last_run": drafted}
+    for m, v in res["host_us_per_request_round"].items():
+        print(f"{m:<12} host {v['median']:6.1f} us per request and round [{v['min']:.1f}-{v['max']:.1f}], drafted {drafted[m]} in the last run")
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
