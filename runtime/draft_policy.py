@@ -38,16 +38,6 @@ class DraftPolicy(Protocol):
         """How many drafts ``r`` takes this round, from 0 to ``limit`` (> 0: the target's max_draft_len, the request's
         and its cache's room, the proposer's own); ``running``: the requests in the batch."""
 
-    def best_tree_tokens(self, method: str) -> float:
-        """The most tokens a round that a static tree of ``method`` is expected to make for any of the round's auto
-        requests (AutoDraftLen.tree_tokens), worked out when may_draft needs it."""
-        best = self.best_tree.get(method)
-        if best is None:
-            tree_tokens = self.cost.tree_tokens
-            best = self.best_tree[method] = max((tree_tokens(method, r.metrics.accepted, r.metrics.drafting_rounds) for r in self.reqs
-                                                 if r.draft_len == AUTO and r.method == method), default=1.0)
-        return best
-
     def declines(self, r: Request, proposer: Proposer, running: int) -> bool:
         """True where ``r`` takes no drafts this round whatever its room (asked before its room is worked out)."""
 
@@ -73,16 +63,6 @@ class FixedDraftPolicy:
 
     def draft_len(self, r: Request, proposer: Proposer, limit: int, running: int) -> int:
         return min(int(r.draft_len), limit)
-
-    def best_tree_tokens(self, method: str) -> float:
-        """The most tokens a round that a static tree of ``method`` is expected to make for any of the round's auto
-        requests (AutoDraftLen.tree_tokens), worked out when may_draft needs it."""
-        best = self.best_tree.get(method)
-        if best is None:
-            tree_tokens = self.cost.tree_tokens
-            best = self.best_tree[method] = max((tree_tokens(method, r.metrics.accepted, r.metrics.drafting_rounds) for r in self.reqs
-                                                 if r.draft_len == AUTO and r.method == method), default=1.0)
-        return best
 
     def declines(self, r: Request, proposer: Proposer, running: int) -> bool:
         return False
