@@ -153,8 +153,7 @@ def decode_batch(engines: dict, b: int, prompts: list[list[int]], args, kind: st
     ngram = [int(x) for x in args.ngram.split(",")] if args.ngram else None
     methods = decode_methods({k: v for k, v in engines.items() if not k.startswith("ort")}, args.draft_len_list, ngram, TREE, kind=kind, more=True)
     if args.methods:  # the others dropped; every engine's target-only stays (the speedups' and outputs' reference)
-        keep = re.compile(args.methods)
-        methods = {name: m for name, m in methods.items() if name.endswith("target-only") or keep.search(name)}
+        methods = {name: m for name, m in methods.items() if name.endswith("target-only") or args.methods.search(name)}
     if "ort" in engines:
         methods["ort_cuda target-only"] = (Orchestrator(engines["ort"][0]), "ort_cuda target-only")
     for name, (orch, _) in methods.items():
@@ -263,6 +262,10 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     args.batch_list = [int(x) for x in args.batches.split(",")]
+    try:
+        args.methods = re.compile(args.methods) if args.methods else None
+    except re.error as err:
+        raise SystemExit(f"error: --methods {args.methods!r} is not a regular expression: {err}") from None
     args.draft_len_list = [int(x) for x in args.draft_lens.split(",") if x]
     budget, work, out = Budget(args.budget_s), Path(args.work), Path(args.json) if args.json else None
     sections = set(args.sections.split(","))

@@ -105,7 +105,9 @@ def hf_section(target: str, draft: str, prompts: list[list[int]], batches: list[
     out["assisted k=4 b=1 (dynamic cache)"] = _versus(r, decode.get("1", {}).get("draft-target k=4"))
     for name, row in out.items():
         vs = f", ours {row['ours_over_peer']:.2f}x" if "ours_over_peer" in row else ""
-        print(f"hf {name:<34}{row['tokens_per_s']:>9.1f} tokens/s{vs}, {row['same_outputs']}/{row['outputs']} outputs equal ours", flush=True)
+        same = (f"{row['same_outputs']}/{row['outputs']} outputs equal ours" if row["same_outputs"] is not None
+                else "outputs not compared (none of ours here)")
+        print(f"hf {name:<34}{row['tokens_per_s']:>9.1f} tokens/s{vs}, {same}", flush=True)
     return out
 
 
@@ -113,7 +115,7 @@ def _versus(peer: dict, ours: dict | None) -> dict[str, Any]:
     row = {k: v for k, v in peer.items() if k != "output_ids"}
     ids = ours.get("output_ids") if ours else None
     row["outputs"] = len(peer["output_ids"])
-    row["same_outputs"] = sum(a == b for a, b in zip(peer["output_ids"], ids, strict=False)) if ids else 0
+    row["same_outputs"] = sum(a == b for a, b in zip(peer["output_ids"], ids, strict=False)) if ids else None  # None: nothing to compare
     if ours and "tokens_per_s" in ours:
         row["ours_over_peer"] = float(np.asarray(ours["tokens_per_s"]["median"])) / peer["tokens_per_s"]
     return row

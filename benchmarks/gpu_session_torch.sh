@@ -46,10 +46,10 @@ df -h "$WORK" | tail -1
 run_tests() {
     local tests=(tests/runtime/test_torch_cuda.py tests/runtime/test_torch_kernels.py)
     # the server's test where the host has the serve extra (a module that fails to import stops pytest's whole run)
-    if python3 -c "import fastapi, uvicorn" 2>/dev/null; then
+    if python3 -c "import specdec.serve, httpx" 2>/dev/null; then
         tests+=("tests/serve/test_serve_gpu.py::test_sixteen_concurrent_clients_on_the_torch_backend_get_their_solo_output")
     else
-        echo "== no fastapi/uvicorn on this host: the server's GPU test is left out (carry them as wheels to run it)"
+        echo "== specdec.serve or httpx does not import on this host: the server's GPU test is left out (carry its packages as wheels to run it)"
     fi
     (cd "$root" && timeout "${TEST_S:-240}" python3 -m pytest -q -p no:cacheprovider -rs --durations=12 "${tests[@]}" \
         > "$OUT/torch-pytest-cuda.log" 2>&1) || echo "== tests failed or timed out: $OUT/torch-pytest-cuda.log"
