@@ -166,6 +166,9 @@ def decode_batch(engines: dict, b: int, prompts: list[list[int]], args, kind: st
             runs[name].append(_run(methods[name][0], prompts, b, cfg))
     kept, refs = {m: v[1:] for m, v in runs.items()}, {m: ref for m, (_, ref) in methods.items()}
     rows = _summarize(kept, refs, _step_table(steps, "target", b), b, args.max_new_tokens)
+    for name, (orch, _) in methods.items():  # what auto's decisions read at this batch size, after its rounds
+        if "auto" in name and name in rows:
+            rows[name]["auto_state"] = {m: orch.engine.auto.describe(m, b) for m in orch.engine.proposers}
     if "int4 target-only" in kept:  # the int4 target's methods: speedup over its own target-only, bound from its own steps
         mine = [m for m in kept if refs[m] == "int4 target-only"]
         int4 = _summarize({"target-only": kept["int4 target-only"], **{m: kept[m] for m in mine if m != "int4 target-only"}},

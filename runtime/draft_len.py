@@ -183,6 +183,16 @@ class AutoDraftLen:
         self.predicted: dict[str, float] = {}  # method -> the scores of scored drafts, summed (their calibration)
         self.scored_accepted: dict[str, float] = {}
 
+    def describe(self, method: str, rows: int) -> dict:
+        """What ``method``'s decisions at ``rows`` requests read, in milliseconds: the target call by width, a draft step,
+        a 64-token catch-up, the method's acceptance and drafting rounds, and whether a perfect drafter would pay (for a
+        benchmark's report: why auto drafted, or did not)."""
+        return {"verify_ms": [round(c * 1e3, 3) for c in self.verify_costs(rows)[1:]],
+                "draft_step_ms": round(self.draft_cost(method, rows, default=float("nan")) * 1e3, 3),
+                "catch_up_64_ms": round(self.catch_up_cost(method, 64, rows) * 1e3, 3) if method in self.catch_up_s else None,
+                "acceptance": round(self.acceptance(method, 0, 0), 3), "drafting_rounds": self.drafting_rounds.get(method, 0),
+                "perfect_drafter_pays": self.pays_at(method, rows)}
+
     # -- measurements -------------------------------------------------------------------
     def _first(self, key: tuple) -> bool:
         if key in self._seen:

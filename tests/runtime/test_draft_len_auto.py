@@ -221,3 +221,14 @@ def test_a_batch_where_no_static_tree_pays_costs_one_check_not_a_choice_per_requ
     policy.begin(reqs, plain_round)
     assert not policy.declines(reqs[0], proposer, 8)
     assert policy.draft_len(reqs[5], proposer, 8, 8) == 8 and policy.draft_len(reqs[0], proposer, 8, 8) == 0
+
+
+def test_describe_reports_what_a_decision_reads():
+    auto = costs(AutoDraftLen(4, 16), draft_s=0.25)
+    for _ in range(10):
+        auto.record_round("draft", 4, 3)
+    state = auto.describe("draft", 8)
+    assert state["verify_ms"] == pytest.approx([1000 * (1.0 + 0.08 * w) for w in range(5)])
+    assert state["draft_step_ms"] == 250.0 and state["catch_up_64_ms"] is None  # no catch-up timed yet
+    assert state["drafting_rounds"] == 10 and state["acceptance"] == pytest.approx((30 + 1) / (40 + 2), abs=1e-3)
+    assert state["perfect_drafter_pays"] is auto.pays_at("draft", 8)
