@@ -522,3 +522,40 @@ def test_a_batch_where_no_chain_pays_costs_one_check_not_a_choice_per_request(ex
     out, m = orch.generate(PROMPTS[:4], GenerationConfig(max_output_len=24))  # 23 rounds of 4 rows: no probe round (64)
     assert [o.output_ids for o in out] == [solo[i] for i in range(4)]
     assert calls == [] and m.drafted == 0
+
+
+def test_rows_without_drafts_take_the_batched_greedy_path_with_the_same_outcome(ex, solo, monkeypatch):
+    """SpeculativeRound.plain_picks: a batch's greedy rows without drafts take their argmax in one call over the batch
+    (accept_plain). Outputs, metrics and auto's learning are what the per-row accept gives; a NaN, +Inf or -Inf row
+    is left to accept (which stops that request), as is a row with drafts, a sampled one or one with log-probabilities."""
+    from types import SimpleNamespace
+
+    from specdec.runtime.proposers.base import Draft
+    from specdec.runtime.round import SpeculativeRound
+
+    def run(batched: bool):
+        if not batched:
+            monkeypatch.setattr(SpeculativeRound, "plain_picks", lambda self, reqs, drafts, step: {})
+        orch = Orchestrator(ex["target"], DraftModelProposer(ex["draft"]), "auto")
+        out, m = orch.generate(PROMPTS, GenerationConfig(max_output_len=24))
+        return [o.output_ids for o in out], (m.rounds, m.drafted, m.accepted), orch.engine.auto.describe("draft", len(PROMPTS))["drafting_rounds"]
+
+    plain_picks = SpeculativeRound.plain_picks
+    calls = []
+    real = SpeculativeRound.accept_plain
+    monkeypatch.setattr(SpeculativeRound, "accept_plain", lambda self, *a: calls.append(1) or real(self, *a))
+    batched = run(True)
+    assert calls and batched[0] == [solo[i] for i in range(len(PROMPTS))]
+    assert run(False)[:2] == batched[:2]
+    logits = np.random.default_rng(0).standard_normal((5, 1, 16)).astype(np.float32)
+    logits[1, 0, 3], logits[2, 0, 7], logits[3, 0, 0] = np.nan, np.inf, -np.inf
+    greedy = SimpleNamespace(logprobs=None, sampling=SamplingConfig())
+    reqs = [SimpleNamespace(slot=i, config=greedy, processor=None) for i in range(5)]
+    round_ = SimpleNamespace(vocab_limit=None)
+    picks = plain_picks(round_, reqs, [Draft.empty()] * 5, SimpleNamespace(logits=logits))
+    assert picks == {0: int(logits[0, 0].argmax()), 4: int(logits[4, 0].argmax())}  # the non-finite rows go to accept
+    sampled = SimpleNamespace(logprobs=None, sampling=SamplingConfig(temperature=0.7))
+    reqs[4] = SimpleNamespace(slot=4, config=sampled, processor=None)
+    assert plain_picks(round_, reqs, [Draft.empty()] * 5, SimpleNamespace(logits=logits)) == {0: int(logits[0, 0].argmax())}
+    reqs[1:4] = [SimpleNamespace(slot=i, config=sampled, processor=None) for i in (1, 2, 3)]
+    assert plain_picks(round_, reqs, [Draft.empty()] * 5, SimpleNamespace(logits=logits)) == {}  # one plain row: per row
