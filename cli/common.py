@@ -85,8 +85,9 @@ STEP_COSTS = {"auto": None, "on": True, "off": False}
 def measure_step_costs_option(fn: Callable) -> Callable:
     """--measure_step_costs auto|on|off: the value for load_engine's measure_step_costs is STEP_COSTS[value]."""
     return option("measure_step_costs", type=click.Choice(list(STEP_COSTS)), default="auto", show_default=True,
-                  help="Time the target's calls at each batch size and draft length at load, so that draft_len=auto prices its first "
-                       "rounds from them (not a prior) and a GPU executor captures those CUDA graphs before the first request. "
+                  help="Time the target's calls at each batch size and draft length at load, and a draft model's steps and catch-up "
+                       "feeds, so that draft_len=auto prices its first rounds from them (not a prior) and a GPU executor captures "
+                       "those CUDA graphs before the first request. "
                        "auto: on GPU executors when a drafter is loaded (a few seconds at load).")(fn)
 
 

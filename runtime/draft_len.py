@@ -224,6 +224,18 @@ class AutoDraftLen:
             self.per_token.add(rows * width, seconds)
         self._memo.clear()  # costs a round read before (an engine that served requests first) are stale now
 
+    def seed_draft(self, method: str, steps: dict[int, float], catch_up: dict[int, float]) -> None:
+        """A draft model's costs timed before the first round (runtime/step_costs.py measure_draft_costs): rows -> seconds of
+        a draft step, tokens -> seconds of a catch-up feed. The rounds' timings take over as they come."""
+        for rows, seconds in steps.items():
+            self.draft_s[(method, rows)] = seconds
+        if catch_up:
+            self._seen.add(("catch_up", method))  # not a first call any more: the rounds' first catch-up counts
+            line = self.catch_up_s.setdefault(method, _CostLine())
+            for tokens, seconds in sorted(catch_up.items()):
+                line.add(tokens, seconds)
+        self._memo.clear()
+
     def steps(self, method: str, drafts: int) -> int:
         """Draft steps a round of ``drafts`` drafts (chain tokens, tree nodes) costs: one each, or one for a one-call drafter."""
         return min(drafts, 1) if method in self.one_call else drafts

@@ -30,6 +30,19 @@ def batch_sizes(max_batch: int) -> list[int]:
     return sorted({*(1 << i for i in range(max_batch.bit_length()) if 1 << i <= max_batch), *range(16, max_batch + 1, 16), max_batch})
 
 
+def measure_draft_costs(executor: Executor, cache: KVCache, batches: Sequence[int]) -> tuple[dict[int, float], dict[int, float]]:
+    """A draft model's costs before its first round: (rows -> seconds of a one-token step at each batch size it holds,
+    tokens -> seconds of a catch-up feed of that many tokens on one row). Without them draft_len=auto learns them from
+    its first drafting rounds, and one slow first call (a CUDA graph's capture, a kernel compiled for a new width) can
+    make drafting look as if it never pays, after which no round comes to correct it."""
+    rows = [b for b in batches if b <= cache.num_slots]
+    steps = {b: s for (b, _), s in measure_verify_costs(executor, cache, rows, [1]).items()}
+    room = min(int(executor.build.max_input_len), cache.max_seq_len - CONTEXT - 1)
+    feeds = sorted({w for w in (8, 32, CONTEXT) if w <= room})
+    catch_up = {w: s for (_, w), s in measure_verify_costs(executor, cache, [1], feeds).items()} if feeds else {}
+    return steps, catch_up
+
+
 def measure_verify_costs(executor: Executor, cache: KVCache, batches: Sequence[int], widths: Sequence[int],
                          extra_inputs=None) -> dict[tuple[int, int], float]:
     """(rows, width) -> seconds of one ``executor.forward`` of ``width`` tokens on slots 0 .. rows - 1 of ``cache``, each

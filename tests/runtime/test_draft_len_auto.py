@@ -232,3 +232,18 @@ def test_describe_reports_what_a_decision_reads():
     assert state["draft_step_ms"] == 250.0 and state["catch_up_64_ms"] is None  # no catch-up timed yet
     assert state["drafting_rounds"] == 10 and state["acceptance"] == pytest.approx((30 + 1) / (40 + 2), abs=1e-3)
     assert state["perfect_drafter_pays"] is auto.pays_at("draft", 8)
+
+
+def test_seeded_draft_costs_price_the_first_rounds():
+    """seed_draft (Engine.measure_step_costs on a draft model): draft steps and catch-up feeds timed before the first
+    round. A draft step dearer than a target call pays at no k with the prior acceptance; a cheap one does; a catch-up
+    reads the seeded line, and the rounds' first catch-up is a timing like any other."""
+    auto = AutoDraftLen(4, 4)
+    auto.verify_cost = lambda rows, width: 0.007 + 0.0001 * (width - 1)
+    auto.seed_draft("draft", {1: 0.012}, {8: 0.004, 64: 0.02})
+    assert auto.draft_cost("draft", 1, default=0.0) == 0.012 and auto.choose("draft", 0, 0, 4, 1) == 0
+    auto.seed_draft("draft", {1: 0.0015}, {})
+    assert auto.choose("draft", 0, 0, 4, 1) > 0
+    assert auto.catch_up_cost("draft", 64) == pytest.approx(0.02, rel=0.05) and auto.catch_up_cost("draft", 8) == pytest.approx(0.004, rel=0.05)
+    auto.record_catch_up("draft", 64, 0.05)  # counted, not skipped as a first call
+    assert auto.catch_up_cost("draft", 64) > 0.021

@@ -261,6 +261,12 @@ def test_auto_starts_from_step_costs_measured_on_the_executor(pair):
     assert all(engine.auto.verify[rows].measured for rows in (1, 2, 4)) and not engine.auto.verify[3].measured
     one_row = [costs[(1, w)] for w in range(1, 10)]
     assert min(one_row) * 0.5 <= engine.auto.verify_cost(1, 5) <= max(one_row) * 2  # priced from the measured line, in seconds
+    # the draft's one-token steps at the batch sizes its cache holds, and its catch-up feeds, from before the first round
+    slots = engine.proposers["draft"].cache.num_slots
+    assert sorted(rows for method, rows in engine.auto.draft_s if method == "draft") == [b for b in (1, 2, 4) if b <= slots]
+    assert all(0 < engine.auto.draft_s[("draft", rows)] < 1 for rows in (1,))
+    assert engine.auto.catch_up_s["draft"].measured and engine.auto.catch_up_cost("draft", 32) > 0
+    assert engine.proposers["draft"].cache.lengths.tolist() == [0] * slots and "the draft's steps and catch-ups" in engine.step_costs_note
     ids = [engine.add_request(p, GenerationConfig(max_output_len=20)) for p in PROMPTS]
     done = run_until_done(engine)
     assert [done[i].output_ids for i in ids] == generate(t, [], "none", 0, PROMPTS)[0]
