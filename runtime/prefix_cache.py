@@ -35,6 +35,7 @@ from ..formats.errors import EngineError, RequestError
 from .backends.base import Executor, StepOutput
 from .kv_cache import KVCache
 from .prefix_index import PrefixIndex
+from .proposers.base import kept_rows
 from .request import Request
 
 MIN_FRESH = 2  # prompt tokens a hit still prefills
@@ -187,7 +188,7 @@ class PrefixCache:
         if holder is None:
             return
         for name in self.per_token:
-            holder.features[name].append(np.array(step.extras[name][r.slot, kept]))
+            holder.features[name].append(kept_rows(step.extras[name][r.slot], kept))
 
     def release(self, r: Request) -> None:
         """``r`` leaves its slot (finished or aborted): its rows go into the pool, unless they are there already."""

@@ -71,6 +71,12 @@ class TargetOutput:
     extras: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
+def kept_rows(a: np.ndarray, rows: Sequence[int]) -> np.ndarray:
+    """A copy of ``a``'s ``rows`` (ascending from 0, as TargetOutput.rows and a round's kept rows are): a slice's copy when
+    they are 0..n (a chain, a round without drafts), about a fifth of fancy indexing's cost per request and round."""
+    return a[: len(rows)].copy() if rows[-1] == len(rows) - 1 else a[rows]
+
+
 class Proposer(Protocol):
     """A drafting method. Its optional parts are declared, never probed for: a proposer class subclasses this
     protocol and overrides the defaults below that apply to it."""

@@ -47,7 +47,7 @@ from ..backends.base import Executor, StepOutput
 from ..request import AUTO, Request
 from ..sampling import processed_probs, sample
 from ..tree import DraftTree, check_tree, parse_choices, top_k
-from .base import Draft, TargetOutput, adjacent_runs
+from .base import Draft, TargetOutput, adjacent_runs, kept_rows
 from .own import DraftTreeConfig, OwnDrafter, own_drafter_method
 
 CATCH_UP_AFTER = 9  # pending pairs beyond one round's worth are fed in a call of their own (catch_up)
@@ -148,8 +148,9 @@ class EagleProposer(OwnDrafter):
 
     def observe(self, request: Request, draft: Draft, target: TargetOutput) -> None:
         """The kept rows' features pair with the tokens that follow them: the kept drafts, then the new token."""
-        feats, (old_h, old_t) = target.extras[FEATURES][target.rows], self.pending[request.request_id]  # [len(rows), hidden]
-        old_h.append(np.array(feats, np.float32))  # a copy: the step's outputs may live in a buffer the next call reuses
+        feats, (old_h, old_t) = target.extras[FEATURES], self.pending[request.request_id]  # [k + 1, hidden]
+        # a copy (the step's outputs may live in a buffer the next call reuses) of the kept rows: [len(rows), hidden]
+        old_h.append(kept_rows(feats, target.rows) if feats.dtype == np.float32 else np.asarray(feats[target.rows], np.float32))
         old_t.extend(target.emitted)
 
     def backlog(self, request: Request) -> int:

@@ -559,3 +559,13 @@ def test_rows_without_drafts_take_the_batched_greedy_path_with_the_same_outcome(
     assert plain_picks(round_, reqs, [Draft.empty()] * 5, SimpleNamespace(logits=logits)) == {0: int(logits[0, 0].argmax())}
     reqs[1:4] = [SimpleNamespace(slot=i, config=sampled, processor=None) for i in (1, 2, 3)]
     assert plain_picks(round_, reqs, [Draft.empty()] * 5, SimpleNamespace(logits=logits)) == {}  # one plain row: per row
+
+
+def test_kept_rows_copies_a_chains_prefix_and_a_trees_path():
+    from specdec.runtime.proposers.base import kept_rows
+
+    a = np.arange(24, dtype=np.float32).reshape(6, 4)
+    for rows in ([0], [0, 1, 2], [0, 2, 5], [0, 1, 3]):
+        got = kept_rows(a, rows)
+        np.testing.assert_array_equal(got, a[rows])
+        assert not np.shares_memory(got, a)  # a copy: the step's buffer is reused by the next call
