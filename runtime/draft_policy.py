@@ -105,21 +105,20 @@ class AutoDraftPolicy(FixedDraftPolicy):
     def best_acceptance(self, method: str) -> float:
         """The best acceptance among the round's auto requests of ``method`` (worked out only when may_draft needs it: at a
         batch size where even a perfect drafter does not pay, no request's acceptance is read)."""
-        best = self.best.get(method)
-        if best is None:
-            acceptance = self.cost.acceptance
-            best = self.best[method] = max((acceptance(method, r.metrics.accepted, r.metrics.rejected) for r in self.reqs
-                                            if r.draft_len == AUTO and r.method == method), default=0.0)
-        return best
+        acceptance = self.cost.acceptance
+        return self._best(self.best, method, lambda r: acceptance(method, r.metrics.accepted, r.metrics.rejected), 0.0)
 
     def best_tree_tokens(self, method: str) -> float:
         """The most tokens a round that a static tree of ``method`` is expected to make for any of the round's auto
         requests (AutoDraftLen.tree_tokens), worked out when may_draft needs it."""
-        best = self.best_tree.get(method)
+        tree_tokens = self.cost.tree_tokens
+        return self._best(self.best_tree, method, lambda r: tree_tokens(method, r.metrics.accepted, r.metrics.drafting_rounds), 1.0)
+
+    def _best(self, memo: dict[str, float], method: str, score, default: float) -> float:
+        """The round's largest ``score(r)`` over its auto requests of ``method``, worked out once per round."""
+        best = memo.get(method)
         if best is None:
-            tree_tokens = self.cost.tree_tokens
-            best = self.best_tree[method] = max((tree_tokens(method, r.metrics.accepted, r.metrics.drafting_rounds) for r in self.reqs
-                                                 if r.draft_len == AUTO and r.method == method), default=1.0)
+            best = memo[method] = max((score(r) for r in self.reqs if r.draft_len == AUTO and r.method == method), default=default)
         return best
 
     def declines(self, r: Request, proposer: Proposer, running: int) -> bool:
