@@ -127,8 +127,7 @@ class Engine:
         """Time the target's calls of each (batch size, width) on this engine's cache before any request (runtime/step_costs.py)
         and give draft_len=auto those costs: it prices its first rounds from them instead of a prior. Default: the batch sizes
         of step_costs.batch_sizes, widths 1 .. max_draft_len + 1. Returns the costs, seconds by (rows, width)."""
-        from .proposers.draft_model import DraftModelProposer
-        from .step_costs import batch_sizes, measure_draft_costs, measure_verify_costs
+        from .step_costs import batch_sizes, measure_verify_costs
 
         if self.has_unfinished():
             raise RequestError("measure_step_costs runs on the engine's own cache: call it before adding requests.")
@@ -139,8 +138,8 @@ class Engine:
         self.auto.seed_verify(costs)
         drafts = []
         for name, p in self.proposers.items():  # a draft model's step and catch-up (an EAGLE module's calls are learned online)
-            if isinstance(p, DraftModelProposer) and not p.order:
-                self.auto.seed_draft(name, *measure_draft_costs(p.executor, p.cache, batches))
+            if (measured := p.measure_costs(batches)) is not None:
+                self.auto.seed_draft(name, *measured)
                 drafts.append(name)
         self.step_costs_note = f"timed the target's calls at {len(costs)} shapes (batch sizes {', '.join(map(str, batches))}; widths " \
                                f"{min(widths)}-{max(widths)})" + (" and the draft's steps and catch-ups" if drafts else "") + \

@@ -261,15 +261,7 @@ class SpeculativeRound:
     def accept_plain(self, r: Request, d: Draft, token: int, step: StepOutput, share_s: float, new: NewTokens) -> bool:
         """``accept`` for a row of plain_picks: its one token is the row's argmax (what accept does for such a row)."""
         r.metrics.target_s += share_s
-        if self.prefix is not None:
-            self.prefix.observe(r, step, ONE_ROW)
-        proposer = self.proposers.get(r.method)
-        if proposer is not None:
-            extras = {name: step.extras[name][r.slot, :1] for name in proposer.target_outputs} if proposer.target_outputs else NO_EXTRAS
-            proposer.observe(r, d, TargetOutput(step.logits[r.slot, :1, : self.vocab_limit], 0, [token], ONE_ROW, extras))
-            self.policy.observed(r, d, 0)
-        r.metrics.record_round(0, 0, 0)
-        return append(r, [token], new, self.cache.max_seq_len)
+        return self.keep(r, d, step, step.logits[r.slot, :1, : self.vocab_limit], 0, [token], ONE_ROW, 0, new)
 
     def accept(self, r: Request, d: Draft, fed: list[int], step: StepOutput, share_s: float, new: NewTokens) -> bool:
         """Keep what the target agrees with, roll the rest back, append, tell the proposer. True if r finished.
@@ -321,6 +313,13 @@ class SpeculativeRound:
             # a chain's rows are Rows' own (drafts[:j] == emitted[:j]): processed once, during acceptance; a tree's need the path
             r.logprobs += [logprobs(rows.logits(row, None if d.parents is None else emitted[:j]), t, r.config.logprobs)
                            for j, (row, t) in enumerate(zip(kept, emitted, strict=True))]
+        return self.keep(r, d, step, raw, n, emitted, kept, depth, new)
+
+    def keep(self, r: Request, d: Draft, step: StepOutput, raw: np.ndarray, n: int, emitted: list[int], kept: list[int], depth: int,
+             new: NewTokens) -> bool:
+        """The round kept ``n`` of r's drafts, the call's rows ``kept``: the prefix cache and the proposer see them, the
+        metrics count them, and ``emitted`` is appended. True if r finished."""
+        k = len(d)
         if self.prefix is not None:
             self.prefix.observe(r, step, kept)  # the kept rows' per-token outputs, for the pool
         proposer = self.proposers.get(r.method)  # None: the request decodes target-only

@@ -49,3 +49,21 @@ def torch_one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def run_plan(target, proposers, method: str, prefix_caching: bool, plan: list[list[list[int]]], sampling=None,
+             max_output_len: int = 24) -> list[list[RequestOutput]]:
+    """``plan``'s batches one after the other on one Engine (the later ones hit the earlier ones' rows when
+    ``prefix_caching``), with log-probabilities and a seed stream per request: the finished requests per batch."""
+    from specdec.runtime.prefix_cache import PrefixCacheConfig
+    from specdec.runtime.sampling import SamplingConfig
+
+    engine = Engine(target, proposers, SpeculationConfig(method, 3 if method != "none" else 0),
+                    prefix_caching=PrefixCacheConfig(enabled=prefix_caching))
+    cfg = GenerationConfig(max_output_len=max_output_len, sampling=sampling or SamplingConfig(), logprobs=1)
+    outs = []
+    for batch in plan:
+        ids = [engine.add_request(p, cfg, seed_stream=i) for i, p in enumerate(batch)]
+        done = run_until_done(engine)
+        outs.append([done[i] for i in ids])
+    return outs

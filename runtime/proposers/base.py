@@ -144,6 +144,11 @@ class Proposer(Protocol):
     def observe(self, request: Request, draft: Draft, target: TargetOutput) -> None:
         """The target verified ``draft``: ``target.num_accepted`` kept, ``target.emitted`` appended."""
 
+    def measure_costs(self, batches: Sequence[int]) -> tuple[dict[int, float], dict[int, float]] | None:
+        """Its costs timed before any request (Engine.measure_step_costs): rows -> seconds of a draft step, tokens ->
+        seconds of a catch-up feed; None where draft_len=auto learns them online."""
+        return None
+
 
 def adjacent_runs(slots: Sequence[int]) -> list[list[int]]:
     """Sorted cache slots grouped into runs of adjacent ones ([0, 1, 3] -> [[0, 1], [3]]): one ragged call per run

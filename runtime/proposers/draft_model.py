@@ -88,6 +88,12 @@ class DraftModelProposer(Proposer):
         fed = self.cache.lengths_view[self.slot_of[request.request_id]] + len(self.pending[request.request_id])
         return max(self.cache.max_seq_len - fed + 1, 0)  # k drafts feed pending + (k - 1) drafts
 
+    def measure_costs(self, batches: Sequence[int]) -> tuple[dict[int, float], dict[int, float]]:
+        """Its one-token steps at each batch size its cache holds and its catch-up feeds (step_costs.measure_draft_costs)."""
+        from ..step_costs import measure_draft_costs
+
+        return measure_draft_costs(self.executor, self.cache, batches)
+
     def backlog(self, request: Request) -> int:
         pending = len(self.pending[request.request_id])
         return pending - 1 if pending > CATCH_UP_AFTER else 0

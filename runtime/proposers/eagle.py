@@ -150,7 +150,7 @@ class EagleProposer(OwnDrafter):
         """The kept rows' features pair with the tokens that follow them: the kept drafts, then the new token."""
         feats, (old_h, old_t) = target.extras[FEATURES], self.pending[request.request_id]  # [k + 1, hidden]
         # a copy (the step's outputs may live in a buffer the next call reuses) of the kept rows: [len(rows), hidden]
-        old_h.append(kept_rows(feats, target.rows) if feats.dtype == np.float32 else np.asarray(feats[target.rows], np.float32))
+        old_h.append(np.asarray(kept_rows(feats, target.rows), np.float32))
         old_t.extend(target.emitted)
 
     def backlog(self, request: Request) -> int:

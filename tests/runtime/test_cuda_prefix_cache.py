@@ -42,15 +42,11 @@ def gpu(request, tmp_path_factory):
 
 
 def run(ex, method, on, prompts, sampling=None, n_out=24):
-    from engine_runs import run_until_done
+    from engine_runs import run_plan
 
-    from specdec.runtime.engine import Engine, SpeculationConfig
-    from specdec.runtime.prefix_cache import PrefixCacheConfig
     from specdec.runtime.proposers.draft_model import DraftModelProposer
     from specdec.runtime.proposers.eagle import EagleProposer
     from specdec.runtime.proposers.medusa import MedusaProposer
-    from specdec.runtime.request import GenerationConfig
-    from specdec.runtime.sampling import SamplingConfig
 
     target, proposers = ex["target"], []
     if method == "draft":
@@ -59,14 +55,7 @@ def run(ex, method, on, prompts, sampling=None, n_out=24):
         target, proposers = ex["eagle"], [EagleProposer(ex["eagle"], ex["module"])]
     elif method == "medusa":
         target, proposers = ex["medusa"], [MedusaProposer(ex["medusa"])]
-    engine = Engine(target, proposers, SpeculationConfig(method, 3 if method != "none" else 0), prefix_caching=PrefixCacheConfig(enabled=on))
-    cfg = GenerationConfig(max_output_len=n_out, sampling=sampling or SamplingConfig(), logprobs=1)
-    outs = []
-    for batch in prompts:  # one batch after the other: the later ones hit the earlier ones' rows
-        ids = [engine.add_request(p, cfg, seed_stream=i) for i, p in enumerate(batch)]
-        done = run_until_done(engine)
-        outs.append([done[i] for i in ids])
-    return outs
+    return run_plan(target, proposers, method, on, prompts, sampling, n_out)  # the later batches hit the earlier ones' rows
 
 
 def test_copy_prefix_moves_exactly_the_rows_asked_for(gpu):

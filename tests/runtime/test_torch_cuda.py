@@ -263,31 +263,13 @@ def test_load_engine_times_step_costs_on_the_gpu_by_default(gpu):
     assert off.step_costs_note is None and not any(line.measured for line in off.auto.verify)
 
 
-def cached_run(target, proposers, method: str, on: bool, plan: list[list[list[int]]], sampling=None) -> list[list]:
-    """``plan``'s batches one after the other on one engine (the later ones hit the earlier ones' rows when ``on``), with
-    log-probabilities: the finished requests per batch."""
-    from engine_runs import run_until_done
-
-    from specdec.runtime.engine import Engine, SpeculationConfig
-    from specdec.runtime.prefix_cache import PrefixCacheConfig
-    from specdec.runtime.request import GenerationConfig
-    from specdec.runtime.sampling import SamplingConfig
-
-    engine = Engine(target, proposers, SpeculationConfig(method, 3 if method != "none" else 0), prefix_caching=PrefixCacheConfig(enabled=on))
-    cfg = GenerationConfig(max_output_len=24, sampling=sampling or SamplingConfig(), logprobs=1)
-    outs = []
-    for batch in plan:
-        ids = [engine.add_request(p, cfg, seed_stream=i) for i, p in enumerate(batch)]
-        done = run_until_done(engine)
-        outs.append([done[i] for i in ids])
-    return outs
-
-
 @pytest.mark.parametrize("method", ["none", "draft", "eagle", "medusa", "peagle"])
 def test_a_prefix_cache_hit_gives_the_cold_output_alone_in_a_batch_and_as_samples(gpu, method):
     """Prefix caching on the CUDA executor (issue 40): a 40-token system prompt served alone, then to a batch of 7 that
     hits its rows, then as 3 samples of one prompt: outputs and log-probabilities equal a cold engine's, greedy and
     sampled, for target-only, draft-target, EAGLE, Medusa and P-EAGLE (the module's cache reuses its prefix too)."""
+    from engine_runs import run_plan
+
     from specdec.runtime.proposers.draft_model import DraftModelProposer
     from specdec.runtime.proposers.eagle import EagleProposer
     from specdec.runtime.proposers.medusa import MedusaProposer
@@ -303,7 +285,7 @@ def test_a_prefix_cache_hit_gives_the_cold_output_alone_in_a_batch_and_as_sample
                     "medusa": (ex["medusa"], lambda: [MedusaProposer(ex["medusa"])]),
                     "peagle": (ex["peagle"], lambda: [PEagleProposer(ex["peagle"], ex["peagle_module"])])}[method]
     for sampling in (None, SamplingConfig(temperature=0.8, top_k=40, random_seed=2)):
-        warm, cold = (cached_run(target, make(), method, on, plan, sampling) for on in (True, False))
+        warm, cold = (run_plan(target, make(), method, on, plan, sampling) for on in (True, False))
         for w_batch, c_batch in zip(warm, cold, strict=True):
             for w, c in zip(w_batch, c_batch, strict=True):
                 assert w.output_ids == c.output_ids and w.logprobs == c.logprobs, (method, sampling)
