@@ -92,6 +92,10 @@ def validate_build_config(build: BuildConfig, model: ModelConfig) -> None:
                                  ("--quantize_lm_head", build.quantize_lm_head)) if on]
         problems.append(f"{', '.join(given)} apply only to weight-only quantization (--qformat int8_wo, int4_wo or int4_awq), not to "
                         f"{build.quantization}")
+    if build.quantize_draft_heads and (scheme is None or build.speculative_decoding_mode not in ("medusa", "eagle", "peagle")):
+        problems.append("--quantize_draft_heads quantizes a target's draft heads (Medusa heads, an EAGLE-3 or P-EAGLE module) as its weight-only "
+                        "layers: use it with --speculative_decoding_mode medusa, eagle or peagle and --qformat int8_wo, int4_wo or int4_awq "
+                        f"(this build: {build.speculative_decoding_mode}, {build.quantization})")
     problems += cpu_kernels_problems(build, scheme)
     if build.backend in BACKENDS[1:]:  # what the backend itself cannot build (its module says)
         problems += backend_module(build.backend).refusals(build)
@@ -341,20 +345,25 @@ def make_network(ckpt, model: ModelConfig, build: BuildConfig, convention, heads
     network = build_network(ckpt, model, build, on_layer=lambda i: report(f"layer {i}", i + 1, total), convention=convention,
                             activation_scales=scales,
                             awq_layers=awq_layers, weight_only_built=weight_only_built, medusa=heads.medusa, eagle=heads.eagle)
+    return OnnxNetwork(network, _count_parameters(network)), replace(build, weight_only=built_record(build, convention, weight_only_built))
+
+
+def built_record(build: BuildConfig, convention, built: dict) -> dict | None:
+    """weight_only_record of an ONNX network, from what its builder filled ``built`` with (build_network's and
+    build_eagle_network's weight_only_built): the op the lowering wrote, and specdec's kernel layout where it used them."""
     from ..plugins import lowering_for
 
     op = lowering_for(build).weight_only_op
-    if weight_only_built.get("q4gemm_layers"):  # --cpu_kernels specdec: Q4Gemm / Q8Gemm where they take the weight, MatMulNBits elsewhere
-        kernel_op = "/".join(sorted(weight_only_built["kernel_ops"]))
-        op = f"{kernel_op} (ai.specdec.cpu) for {weight_only_built['q4gemm_layers']} of {len(weight_only_built.get('layers', []))} layers, else {op}"
-    record = weight_only_record(build, convention, weight_only_built.get("layers", []), op,
-                                weight_only_built.get("act_order", False), weight_only_built.get("even_rows", False))
+    if built.get("q4gemm_layers"):  # --cpu_kernels specdec: Q4Gemm / Q8Gemm where they take the weight, MatMulNBits elsewhere
+        kernels = "/".join(sorted(built["kernel_ops"]))
+        op = f"{kernels} (ai.specdec.cpu) for {built['q4gemm_layers']} of {len(built.get('layers', []))} layers, else {op}"
+    record = weight_only_record(build, convention, built.get("layers", []), op, built.get("act_order", False), built.get("even_rows", False))
     if record is not None and build.cpu_kernels == "specdec":
         from ..hardware.cpu_kernels import LAYOUT
 
         record["kernel_layout"] = LAYOUT  # the runtime refuses an engine of a layout its Q4Gemm does not read
-        record["attention_op"] = weight_only_built.get("attention_op", "Attention")  # CachedAttention in chain engines
-    return OnnxNetwork(network, _count_parameters(network)), replace(build, weight_only=record)
+        record["attention_op"] = built.get("attention_op", "Attention")  # CachedAttention in chain engines
+    return record
 
 
 def calibrate(ckpt, model: ModelConfig, build: BuildConfig, convention, calib_dataset: Path, calib_size: int,

@@ -43,6 +43,7 @@ from .checkpoint import Checkpoint
 from .graph import GraphBuilder
 from .network import _attention_block, _decoder_layer, _Linears, _mlp_block, _rms_norm, float32_output
 from .rope import cos_sin_tables
+from .weight_only import WeightOnlyScheme
 
 ARCHITECTURE = "Eagle3"  # the module engine's ModelConfig.architecture
 
@@ -93,25 +94,30 @@ def module_model_config(base: ModelConfig, heads) -> ModelConfig:
 
 
 def module_build_config(target: BuildConfig, heads) -> BuildConfig:
-    """The target's limits, lowering, dtype and backend; the module in float (never quantized: it is small and
-    decides acceptance); EAGLE-3's with tree attention (it drafts a tree a level per call), P-EAGLE's without (its
-    one call is causal)."""
+    """The target's limits, lowering, dtype and backend; EAGLE-3's with tree attention (it drafts a tree a level per
+    call), P-EAGLE's without (its one call is causal). The module in float (it is small beside a float target, and it
+    decides acceptance), unless the target asks for quantize_draft_heads: then its linear layers take the target's
+    weight-only scheme, rounded to nearest (AWQ searched the target's layers only), on the target's CPU kernels, and its
+    LM head too with quantize_lm_head."""
     parallel = heads.mode == "peagle"
+    scheme = WeightOnlyScheme.of(target) if target.quantize_draft_heads else None
+    if scheme is not None:
+        precision = {"quantization": f"int{scheme.bits}_wo", "group_size": scheme.group_size, "symmetric": scheme.symmetric,
+                     "quantize_lm_head": target.quantize_lm_head, "cpu_kernels": target.cpu_kernels}
+    else:  # a float module: no int4 op, no kernel library to load
+        precision = {"quantization": "none", "group_size": None, "symmetric": True, "quantize_lm_head": False, "cpu_kernels": "ort"}
     return replace(
         target,
         speculative_decoding_mode=MODULE_MODES[heads.mode],
-        quantization="none",
         fp8_activations="none",
-        group_size=None,
-        symmetric=True,
-        quantize_lm_head=False,
-        weight_only=None,
-        cpu_kernels="ort",  # a float module: no int4 op, no kernel library in eagle/
+        weight_only=None,  # the module's own record: write_eagle_module
+        quantize_draft_heads=False,
         medusa_num_heads=0,
         medusa_num_layers=0,
         eagle_num_layers=heads.num_layers,
         eagle_aux_layer_ids=(),
         tree_attention=not parallel,
+        **precision,
     )
 
 
@@ -138,17 +144,20 @@ def _placeholders(gb: GraphBuilder, ids: str, h: str, table: np.ndarray, heads, 
     return ids, h, table
 
 
-def build_eagle_network(base: Checkpoint, heads, cfg: ModelConfig, build: BuildConfig):
+def build_eagle_network(base: Checkpoint, heads, cfg: ModelConfig, build: BuildConfig, weight_only_built: dict | None = None):
     """The module engine's ONNX ModelProto (the ABI in this module's docstring).
 
     base: the base checkpoint (its model.embed_tokens.weight: the module has no embedding of its own).
     cfg / build: module_model_config / module_build_config.
+    weight_only_built: filled as build_network fills it (the int8/int4 layers, specdec's ops), for the module's record.
     """
     lowering_cls = lowering_for(build)
     gb = GraphBuilder(weight_dtype=build.dtype, compute_dtype=lowering_cls.compute_dtype(build))
     lowering = lowering_cls(gb, cfg)
     lowering.consistent_rows = lowering_cls.pads_lone_rows(build)  # as the target's (network.py)
     lowering.tree_attention = build.tree_attention  # a tree_mask input (plugins/attention.py)
+    lowering.probe_rows = build.max_batch_size * (build.max_draft_len + 1) + 1
+    lowering.cpu_kernels = build.cpu_kernels
     weights = ModuleWeights(heads)
     linears = _Linears(gb, lowering, weights, build, None, {}, {})
     ids = gb.input("input_ids", TensorProto.INT64, ["batch", "num_tokens"])
@@ -185,6 +194,18 @@ def build_eagle_network(base: Checkpoint, heads, cfg: ModelConfig, build: BuildC
                        cast_name="/eagle/hidden_out_float32")
 
     x = _rms_norm(gb, "/model/norm", x, weights.float32("norm.weight"), cfg.rms_norm_eps)
-    lm_head = gb.weight("lm_head.weight", weights.float32("lm_head.weight").T)  # [hidden, vocab]
-    float32_output(gb, "MatMul", [x, lm_head], "/lm_head/matmul", "logits", ["batch", "num_logits", cfg.vocab_size])
-    return gb.model(f"specdec_{ARCHITECTURE}", extra_opsets=lowering.extra_opsets)
+    if linears.scheme is not None and build.quantize_lm_head:
+        logits = linears.int_head("/lm_head/matmul", x, weights.float32("lm_head.weight").T, logits_index)  # [B, L, vocab]
+        float32_output(gb, "Identity", [logits], "/lm_head/logits", "logits", ["batch", "num_logits", cfg.vocab_size])
+    else:
+        lm_head = gb.weight("lm_head.weight", weights.float32("lm_head.weight").T)  # [hidden, vocab]
+        float32_output(gb, "MatMul", [x, lm_head], "/lm_head/matmul", "logits", ["batch", "num_logits", cfg.vocab_size])
+    if weight_only_built is not None:
+        weight_only_built.update(layers=linears.int_layers, act_order=False, even_rows=False, q4gemm_layers=lowering.q4gemm_layers,
+                                 kernel_ops=lowering.kernel_ops, attention_op=lowering.attention_op)
+    opsets = dict(lowering.extra_opsets)
+    if lowering.q4gemm_layers or lowering.attention_op != "Attention":  # specdec's own ops (network.py)
+        from ..plugins.cpu_kernels import DOMAIN
+
+        opsets[DOMAIN] = 1
+    return gb.model(f"specdec_{ARCHITECTURE}", extra_opsets=opsets)

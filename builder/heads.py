@@ -98,11 +98,18 @@ def write_eagle_module(target_dir: Path, ckpt, heads, model: ModelConfig, build:
     out = target_dir / EAGLE_MODULE_DIR
     out.mkdir()
     if backend_module(module_build.backend).NETWORK == "onnx":
-        network_file = save_network(build_eagle_network(ckpt, heads, cfg, module_build), out)
-    else:  # the torch backend's tensors (builder/torch_network.py)
-        from .torch_network import write_torch_eagle_module
+        from .build import built_record
 
-        network_file = write_torch_eagle_module(out, ckpt, heads, cfg, module_build).network_file
+        built: dict = {}
+        network_file = save_network(build_eagle_network(ckpt, heads, cfg, module_build, built), out)
+        module_build = replace(module_build, weight_only=built_record(module_build, None, built))
+    else:  # the torch backend's tensors (builder/torch_network.py)
+        from .build import weight_only_record
+        from .torch_network import OP, write_torch_eagle_module
+
+        written = write_torch_eagle_module(out, ckpt, heads, cfg, module_build)
+        network_file = written.network_file
+        module_build = replace(module_build, weight_only=weight_only_record(module_build, None, written.int_layers, OP, written.act_order))
     compiled = backend_module(module_build.backend).compile_engine(out, network_file, module_build, cfg, {}, say)
     write_build_stamp(out, cfg, module_build)
     config = EngineConfig(model=cfg, build=module_build, files=hash_directory(out), versions={**versions, **compiled.versions},

@@ -108,14 +108,14 @@ def build_network(
             on_layer(i)
     x = gb.op("Add", [x, delta], "/model/residual")
     if eagle is not None:
-        _eagle_hidden(gb, [aux[i] for i in eagle.aux_layer_ids], eagle, cfg)
+        _eagle_hidden(gb, linears, [aux[i] for i in eagle.aux_layer_ids], eagle, cfg)
 
     # Only the rows the caller asked for go through the final norm and lm_head.
     rows = gb.op("Unsqueeze", [logits_index, gb.const("/model/axis_last", np.array([-1], np.int64))], "/model/logits_rows")
     x = gb.op("GatherND", [x, rows], "/model/gather_logit_rows", batch_dims=1)
     x = _rms_norm(gb, "/model/norm", x, ckpt.float32("model.norm.weight"), cfg.rms_norm_eps)
     if medusa is not None:
-        _medusa_heads(gb, lowering, x, medusa, cfg)
+        _medusa_heads(gb, lowering, linears, x, logits_index, medusa, cfg)
     tied = cfg.tie_word_embeddings  # what decodes, as transformers reads the checkpoint (builder/lm_head.py)
     if linears.scheme is not None and build.quantize_lm_head:
         # a quantized copy for the head only: the embedding (tied or not) stays in --dtype
@@ -145,31 +145,40 @@ def build_network(
     return gb.model(f"specdec_{cfg.architecture}", extra_opsets=opsets)
 
 
-def _medusa_heads(gb: GraphBuilder, lowering, x: str, heads, cfg: ModelConfig) -> None:
-    """medusa_logits [B, L, heads, vocab] from the post-norm rows x [B, L, hidden] (train/medusa.py's MedusaHeads):
-    head i = num_layers ResBlocks h + SiLU(h W^T + b), then its own LM head. Standard ops (MatMul, Add, Sigmoid, Mul,
-    Unsqueeze, Concat), kept in float (never weight-only quantized)."""
+def _medusa_heads(gb: GraphBuilder, lowering, linears: _Linears, x: str, rows: str, heads, cfg: ModelConfig) -> None:
+    """medusa_logits [B, L, heads, vocab] from the post-norm rows x [B, L, hidden] (train/medusa.py's MedusaHeads; rows: the
+    logits_index they were gathered by): head i = num_layers ResBlocks h + SiLU(h W^T + b), then its own LM head. In float,
+    or weight-only with --quantize_draft_heads (the ResBlocks; the LM heads too with --quantize_lm_head)."""
     t, layers, axis = heads.tensors, heads.num_layers, gb.const("/medusa/axis_heads", np.array([2], np.int64))
+    quantized = linears.scheme is not None and linears.build.quantize_draft_heads
     per_head = []
     for i in range(heads.num_heads):
         p, h = f"/medusa/heads.{i}", x
         for j in range(layers):
-            w = gb.weight(f"medusa_heads.{i}.{j}.linear.weight", np.ascontiguousarray(t[f"medusa_heads.{i}.{j}.linear.weight"].T))
-            y = gb.op("Add", [gb.op("MatMul", [h, w], f"{p}/{j}/linear"),
-                              gb.weight(f"medusa_heads.{i}.{j}.linear.bias", t[f"medusa_heads.{i}.{j}.linear.bias"])],
-                      f"{p}/{j}/linear_bias")
+            w_t = np.ascontiguousarray(t[f"medusa_heads.{i}.{j}.linear.weight"].T)  # [hidden, hidden]
+            y = linears.int_rtn("medusa/resblock", f"{p}/{j}/linear", h, w_t, rows) if quantized else \
+                gb.op("MatMul", [h, gb.weight(f"medusa_heads.{i}.{j}.linear.weight", w_t)], f"{p}/{j}/linear")
+            y = gb.op("Add", [y, gb.weight(f"medusa_heads.{i}.{j}.linear.bias", t[f"medusa_heads.{i}.{j}.linear.bias"])], f"{p}/{j}/linear_bias")
             h = gb.op("Add", [h, lowering.silu(f"{p}/{j}", y)], f"{p}/{j}/residual")
-        w = gb.weight(f"medusa_heads.{i}.{layers}.weight", np.ascontiguousarray(t[f"medusa_heads.{i}.{layers}.weight"].T))
-        per_head.append(gb.op("Unsqueeze", [gb.op("MatMul", [h, w], f"{p}/lm_head"), axis], f"{p}/logits"))
+        w_t = np.ascontiguousarray(t[f"medusa_heads.{i}.{layers}.weight"].T)  # [hidden, vocab]
+        logits = linears.int_rtn("medusa/lm_head", f"{p}/lm_head", h, w_t, rows) if quantized and linears.build.quantize_lm_head else \
+            gb.op("MatMul", [h, gb.weight(f"medusa_heads.{i}.{layers}.weight", w_t)], f"{p}/lm_head")
+        per_head.append(gb.op("Unsqueeze", [logits, axis], f"{p}/logits"))
     float32_output(gb, "Concat", per_head, "/medusa/concat", "medusa_logits", ["batch", "num_logits", heads.num_heads, cfg.vocab_size],
                    cast_name="/medusa/logits_float32", axis=2)
 
 
-def _eagle_hidden(gb: GraphBuilder, outputs: list[str], eagle, cfg: ModelConfig) -> None:
+def _eagle_hidden(gb: GraphBuilder, linears: _Linears, outputs: list[str], eagle, cfg: ModelConfig) -> None:
     """eagle_hidden [B, S, hidden] = fc(concat(outputs)), over every fed token (EAGLE reads the prompt's features too):
-    the EAGLE-3 module's input (train/eagle.py). fc stays in float (never weight-only quantized)."""
+    the EAGLE-3 module's input (train/eagle.py). fc in float, or weight-only with --quantize_draft_heads."""
     cat = gb.op("Concat", outputs, "/eagle/aux_concat", axis=-1) if len(outputs) > 1 else outputs[0]  # [B, S, num_aux * hidden]
-    fc = gb.weight("eagle.fc.weight", np.ascontiguousarray(eagle.tensors["fc.weight"].T))  # [num_aux * hidden, hidden]
+    w_t = np.ascontiguousarray(eagle.tensors["fc.weight"].T)  # [num_aux * hidden, hidden]
+    if linears.scheme is not None and linears.build.quantize_draft_heads:
+        fused = linears.int_rtn("eagle/fc", "/eagle/fc", cat, w_t, linears.rows)
+        float32_output(gb, "Identity", [fused], "/eagle/fc_out", "eagle_hidden", ["batch", "num_tokens", cfg.hidden_size],
+                       cast_name="/eagle/hidden_float32")
+        return
+    fc = gb.weight("eagle.fc.weight", w_t)
     float32_output(gb, "MatMul", [cat, fc], "/eagle/fc", "eagle_hidden", ["batch", "num_tokens", cfg.hidden_size], cast_name="/eagle/hidden_float32")
 
 
@@ -281,8 +290,13 @@ class _Linears(LinearWeights):
 
     def int_head(self, name: str, x: str, w_t: np.ndarray, rows: str) -> str:
         """The LM head as int8/int4 (--quantize_lm_head): round to nearest, from a copy of the float weight [hidden, vocab]."""
-        self.int_layers.append("lm_head")
-        return self.lowering.int_matmul(name, x, self.quantize("lm_head", w_t), rows)  # never AWQ-scaled: round to nearest
+        return self.int_rtn("lm_head", name, x, w_t, rows)
+
+    def int_rtn(self, kind: str, name: str, x: str, w_t: np.ndarray, rows: str) -> str:
+        """x @ w_t [in, out] as int8/int4, rounded to nearest (never AWQ-scaled): an LM head or a draft head's layer, recorded
+        in the engine's weight_only["layers"] as ``kind``; ``name`` the node's; rows: the leading shape of x (EvenRows')."""
+        self.int_layers.append(kind)
+        return self.lowering.int_matmul(name, x, self.quantize(kind, w_t), rows)
 
     def _activation(self, name: str, x: str, w: LinearWeight) -> str:
         mode, gb = self.build.fp8_activations, self.gb

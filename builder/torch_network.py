@@ -99,10 +99,15 @@ def write_torch_network(out_dir: Path, ckpt: Checkpoint, cfg: ModelConfig, build
     elif not tied:
         top.float("lm_head.weight", ckpt.float32("lm_head.weight"))
     _rope(top, cfg, build)
+    heads_quantized = linears.scheme is not None and build.quantize_draft_heads  # their layers weight-only as the target's
     if medusa is not None:
-        _medusa(top, medusa)
+        _medusa(top, medusa, linears if heads_quantized else None, build.quantize_lm_head)
     if eagle is not None:
-        top.float("eagle_fc.weight", eagle.tensors["fc.weight"])  # [hidden, num_aux * hidden]
+        if heads_quantized:
+            top.linear("eagle_fc", LinearWeight(int_weight=linears.quantize("eagle/fc", eagle.tensors["fc.weight"].T)))
+            written.int_layers.append("eagle/fc")
+        else:
+            top.float("eagle_fc.weight", eagle.tensors["fc.weight"])  # [hidden, num_aux * hidden]
     write_safetensors(out_dir / MODEL_FILE, top.tensors)
     return written
 
@@ -133,20 +138,32 @@ def _rope(files: _Tensors, cfg: ModelConfig, build: BuildConfig) -> None:
     files.tensors["rope_cos"], files.tensors["rope_sin"] = cos, sin
 
 
-def _medusa(files: _Tensors, heads) -> None:
-    """Head i: num_layers ResBlocks (h + SiLU(h W^T + b)), then its own LM head (builder/network.py's _medusa_heads)."""
+def _medusa(files: _Tensors, heads, linears: LinearWeights | None = None, lm_heads: bool = False) -> None:
+    """Head i: num_layers ResBlocks (h + SiLU(h W^T + b)), then its own LM head (builder/network.py's _medusa_heads). linears:
+    the ResBlocks weight-only through it (--quantize_draft_heads), and the LM heads too with ``lm_heads``; None: float."""
     t = heads.tensors
+
+    def write(name: str, w: np.ndarray, kind: str, quantized: bool, bias: np.ndarray | None = None) -> None:  # w [out, in]
+        if quantized:
+            files.linear(name, LinearWeight(int_weight=linears.quantize(kind, w.T)), bias)
+            files.written.int_layers.append(kind)
+            return
+        files.float(f"{name}.weight", w)
+        if bias is not None:
+            files.float(f"{name}.bias", bias)
+
     for i in range(heads.num_heads):
         for j in range(heads.num_layers):
-            files.float(f"medusa.{i}.{j}.weight", t[f"medusa_heads.{i}.{j}.linear.weight"])  # [hidden, hidden]
-            files.float(f"medusa.{i}.{j}.bias", t[f"medusa_heads.{i}.{j}.linear.bias"])
-        files.float(f"medusa.{i}.lm_head.weight", t[f"medusa_heads.{i}.{heads.num_layers}.weight"])  # [vocab, hidden]
+            write(f"medusa.{i}.{j}", t[f"medusa_heads.{i}.{j}.linear.weight"], "medusa/resblock", linears is not None,
+                  t[f"medusa_heads.{i}.{j}.linear.bias"])  # [hidden, hidden]
+        write(f"medusa.{i}.lm_head", t[f"medusa_heads.{i}.{heads.num_layers}.weight"], "medusa/lm_head", linears is not None and lm_heads)
 
 
 def write_torch_eagle_module(out_dir: Path, base: Checkpoint, heads, cfg: ModelConfig, build: BuildConfig) -> Written:
     """An EAGLE-3 (P-EAGLE) module's own engine files (builder/eagle.py says what the module computes): the base's
-    embedding, its layers (layer 0 with hidden_norm and 2 * hidden wide q|k|v inputs), its norm and lm_head; float,
-    never quantized. A P-EAGLE module's embedding has one more row, and its placeholder vectors beside it."""
+    embedding, its layers (layer 0 with hidden_norm and 2 * hidden wide q|k|v inputs), its norm and lm_head; float unless
+    ``build`` has a weight-only scheme (module_build_config: quantize_draft_heads). A P-EAGLE module's embedding has one
+    more row, and its placeholder vectors beside it."""
     from .eagle import ModuleWeights
 
     written = Written()
@@ -165,7 +182,11 @@ def write_torch_eagle_module(out_dir: Path, base: Checkpoint, heads, cfg: ModelC
         embed = _placeholders(top, embed, heads)
     top.float("embed", embed)
     top.float("norm", weights.float32("norm.weight"))
-    top.float("lm_head.weight", weights.float32("lm_head.weight"))
+    if linears.scheme is not None and build.quantize_lm_head:
+        top.linear("lm_head", LinearWeight(int_weight=linears.quantize("lm_head", weights.float32("lm_head.weight").T)))
+        written.int_layers.append("lm_head")
+    else:
+        top.float("lm_head.weight", weights.float32("lm_head.weight"))
     _rope(top, cfg, build)
     write_safetensors(out_dir / MODEL_FILE, top.tensors)
     return written

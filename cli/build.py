@@ -103,6 +103,11 @@ class _LogProgress:
 @option("quantize_lm_head", is_flag=True,
         help="Weight-only: quantize the LM head too (off by default: it decides acceptance). Embeddings stay in --dtype; tied embeddings keep their "
              "float copy.")
+@option("quantize_draft_heads", is_flag=True,
+        help="Weight-only, with --speculative_decoding_mode medusa, eagle or peagle: quantize the draft heads as the target's layers (round to "
+             "nearest, on the target's --cpu_kernels): Medusa's ResBlocks, or the EAGLE-3 / P-EAGLE module's layers and the fc that feeds it; "
+             "their LM heads too with --quantize_lm_head. Off by default: the heads stay in --dtype. On a CPU float heads are a large share of "
+             "each draft step's memory reads (docs/medusa-eagle.md).")
 @option("fp8_activations", type=click.Choice(FP8_ACTIVATIONS), default="none", show_default=True,
         help="With fp8: how linear-layer inputs are scaled. none = weight-only; static = fixed scales (the checkpoint's "
              "input_scale, or calibrated with --calib_dataset); dynamic = amax of each step's input.")
@@ -146,10 +151,9 @@ class _LogProgress:
 @option("force", is_flag=True, help="Replace a non-empty --output_dir.")
 @clean_errors
 def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_seq_len, max_draft_len, speculative_decoding_mode, tree_attention,
-         medusa_dir, eagle_dir,
-         peagle_dir, quantization, use_weight_only, weight_only_precision, group_size, asymmetric, quantize_lm_head, fp8_activations, calib_dataset,
-         calib_size, backend, target_sm, lowering, cpu_kernels, cuda_attention, trt_timing_cache, trt_version_compatible, trt_exclude_lean_runtime,
-         tp_size, allow_pickle, allow_nonfinite, force) -> None:
+         medusa_dir, eagle_dir, peagle_dir, quantization, use_weight_only, weight_only_precision, group_size, asymmetric, quantize_lm_head,
+         quantize_draft_heads, fp8_activations, calib_dataset, calib_size, backend, target_sm, lowering, cpu_kernels, cuda_attention,
+         trt_timing_cache, trt_version_compatible, trt_exclude_lean_runtime, tp_size, allow_pickle, allow_nonfinite, force) -> None:
     """Build an engine directory from a Hugging Face checkpoint.
 
     \b
@@ -190,7 +194,8 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
         dtype=dtype, max_batch_size=max_batch_size, max_input_len=max_input_len, max_seq_len=max_seq_len,
         max_draft_len=max_draft_len, speculative_decoding_mode=speculative_decoding_mode, backend=backend, tp_size=tp_size,
         quantization=quantization, fp8_activations=fp8_activations, lowering=lowering, cpu_kernels=cpu_kernels, cuda_attention=cuda_attention,
-        group_size=group_size, symmetric=not asymmetric, quantize_lm_head=quantize_lm_head, tree_attention=tree_attention,
+        group_size=group_size, symmetric=not asymmetric, quantize_lm_head=quantize_lm_head, quantize_draft_heads=quantize_draft_heads,
+        tree_attention=tree_attention,
     )
     bars: list[tqdm] = []  # made on the first report, after the inputs were validated
     log_lines = _LogProgress(f"building {output_dir}")
@@ -234,7 +239,11 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
     if b.speculative_decoding_mode in ("eagle", "peagle"):
         title = "EAGLE-3" if b.speculative_decoding_mode == "eagle" else "P-EAGLE"
         click.echo(f"  {title} module engine: {Path(result.output_dir) / EAGLE_MODULE_DIR}  "
-                   f"[{b.eagle_num_layers} layer(s), fed by layers {', '.join(map(str, b.eagle_aux_layer_ids))} through eagle_hidden]")
+                   f"[{b.eagle_num_layers} layer(s), fed by layers {', '.join(map(str, b.eagle_aux_layer_ids))} through eagle_hidden"
+                   f"{', weight-only as the target (its layers and the fc)' if b.quantize_draft_heads else ''}]")
+    if b.speculative_decoding_mode in ("medusa", "eagle", "peagle") and b.weight_only is not None and not b.quantize_draft_heads:
+        # on a CPU the heads' float weights are much of a draft step's memory reads
+        click.echo(f"  the draft heads are in {b.dtype}; --quantize_draft_heads builds them as the target's layers (docs/medusa-eagle.md)")
 
 
 def _weight_only_alias(quantization: str, use_weight_only: bool, precision: str | None) -> str:

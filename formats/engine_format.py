@@ -96,6 +96,10 @@ class BuildConfig:
     group_size: int | None = None  # input rows per scale; 0 = per output channel; None = the default (int4: 128, int8: 0)
     symmetric: bool = True  # False: a zero point per group (asymmetric)
     quantize_lm_head: bool = False  # the LM head too (it decides acceptance; off unless asked)
+    # medusa / eagle / peagle: the draft heads weight-only too, as the target's layers (Medusa's ResBlocks, the EAGLE-3 /
+    # P-EAGLE module's layers and its fc; their LM heads with quantize_lm_head); off: they stay in dtype. On a CPU float
+    # heads cost a large share of a draft step's memory reads (docs/medusa-eagle.md)
+    quantize_draft_heads: bool = False
     # what the build did, recorded for the engine's config.json: bits, group_size, symmetric, act_order,
     # layers (linear names, lm_head included when quantized), source (rtn | awq | gptq | awq-checkpoint |
     # compressed-tensors), op (what the lowering computes with); None for float/FP8 engines

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import transformers
+from safetensors.numpy import load_file, save_file
+
+from specdec.builder.weight_only import quantize_rtn
 
 TINY = dict(
     vocab_size=96,
@@ -209,3 +214,19 @@ def write_medusa_heads(base_ckpt: Path, out: Path, num_heads: int = 2, num_layer
     heads = MedusaHeads(base_cfg["hidden_size"], base_cfg["vocab_size"], num_heads, num_layers, load_hf(base_ckpt).lm_head.weight.detach())
     save_heads(heads, medusa_config(base_cfg, num_heads, num_layers, {"test": True}), out)
     return heads
+
+
+def dequantized_checkpoint(src: Path, dst: Path, bits: int, group: int, sym: bool = True, lm_head: bool = False) -> Path:
+    """The checkpoint with every linear weight replaced by its round-to-nearest dequantization (the float reference)."""
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.name != "model.safetensors":
+            shutil.copy(f, dst / f.name)
+    tensors = load_file(src / "model.safetensors")
+    for name, w in tensors.items():
+        if is_linear(name) or (lm_head and name == "lm_head.weight"):
+            # the engine fuses q|k|v and gate|up along the output axis; groups run along the input axis, so
+            # quantizing each projection alone gives the same codes and scales
+            tensors[name] = np.ascontiguousarray(quantize_rtn(w.T, bits, group, sym).dequantized().T)
+    save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst

@@ -10,12 +10,14 @@ import json
 import numpy as np
 import pytest
 import torch
-from checkpoints import load_hf, make_checkpoint, write_eagle_module
+from checkpoints import dequantized_checkpoint, load_hf, make_checkpoint, write_eagle_module
 from conftest import cli_build, spec_build
 
 from specdec.builder.build import build_engine
+from specdec.builder.weight_only import quantize_rtn
 from specdec.formats.engine_format import eagle_module_dir, load_engine_dir
 from specdec.formats.errors import BuildConfigError, SpecdecError
+from specdec.runtime.backends.onnxruntime.cpu import session_options
 from specdec.train.base import run_base
 from specdec.train.eagle import Eagle3Module
 from specdec.train.export import medusa_config, save_heads
@@ -50,7 +52,8 @@ def run_onnx(engine_dir, feeds: dict[str, np.ndarray], past: dict[str, np.ndarra
     import onnxruntime as ort
 
     engine = load_engine_dir(engine_dir)
-    sess = ort.InferenceSession(str(engine.network_path), providers=["CPUExecutionProvider"])
+    # the runtime's session options: DequantizeLinear of constant weights folded into float32 at load, as the executor runs it
+    sess = ort.InferenceSession(str(engine.network_path), session_options(1), providers=["CPUExecutionProvider"])
     batch, tokens = feeds["input_ids"].shape
     feeds = {**feeds, "position_ids": np.broadcast_to(np.arange(start, start + tokens, dtype=np.int64), (batch, tokens)).copy(),
              "logits_index": np.broadcast_to(np.arange(tokens, dtype=np.int64), (batch, tokens)).copy()}
@@ -107,6 +110,88 @@ def test_eagle_engines_match_torch(eagle, lowering, tmp_path):
     np.testing.assert_allclose(step["hidden_out"][:, 0], pre_norm[0][:, 8].numpy(), atol=1e-4)
 
 
+def _dequantized_copy(module: Eagle3Module, bits: int, group: int, head: bool) -> Eagle3Module:
+    """A copy of ``module`` whose decoder linears (and LM head with ``head``) hold their round-to-nearest codes
+    dequantized: what a module built with --quantize_draft_heads computes. q, k and v (gate and up) are fused along
+    the output axis in the engine; groups run along the input axis, so each projection alone gets the same codes."""
+    import copy
+
+    twin = copy.deepcopy(module)
+    linears = [m for layer in twin.layers for m in layer.modules() if isinstance(m, torch.nn.Linear)] + ([twin.lm_head] if head else [])
+    with torch.no_grad():
+        for m in linears:
+            m.weight.copy_(torch.from_numpy(quantize_rtn(m.weight.numpy().T, bits, group).dequantized().T.copy()))
+    return twin
+
+
+@pytest.mark.parametrize("bits, head", [(4, False), (8, True)])
+def test_a_quantized_module_computes_its_dequantized_weights(eagle, bits, head, tmp_path):
+    """--quantize_draft_heads on the portable lowering (DequantizeLinear folded into float32 at load): the module engine
+    equals the torch module with its linears' codes dequantized, up to float32 rounding, and the float module it came
+    from is farther away than that: the codes, scales and groups land where the graph reads them."""
+    out = tmp_path / "e"
+    build = eagle_build(lowering="portable", quantization=f"int{bits}_wo", group_size=32, quantize_draft_heads=True, quantize_lm_head=head)
+    build_engine(eagle["ckpt"], out, build, say=lambda _: None, eagle_dir=eagle["dir"] / "module")
+    module_build = load_engine_dir(out / "eagle").config.build
+    assert (module_build.quantization, module_build.group_size) == (f"int{bits}_wo", 32)
+    assert ("lm_head" in module_build.weight_only["layers"]) == head
+    ids = torch.randint(4, 96, (2, 11), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        aux = run_base(eagle["hf"], ids, torch.ones_like(ids), AUX_IDS).aux_hidden
+        fused = eagle["module"].fc(aux)  # [2, 11, hidden]: the fc stays float, in the target
+        embeds = eagle["hf"].model.embed_tokens(ids[:, 1:])
+        want = _dequantized_copy(eagle["module"], bits, 32, head)(aux[:, :-1], embeds)
+        original = eagle["module"](aux[:, :-1], embeds)
+    got = run_onnx(out / "eagle", {"input_ids": ids[:, 1:].numpy(), "hidden_states": fused[:, :-1].numpy()})["logits"]
+    np.testing.assert_allclose(got, want.numpy(), atol=2e-4)
+    assert np.abs(got - original.numpy()).max() > 10 * np.abs(got - want.numpy()).max()
+    # the fc, in the target: its features are the dequantized fc over the aux layers of the dequantized target
+    target = run_onnx(out, {"input_ids": ids.numpy()})
+    deq = load_hf(dequantized_checkpoint(eagle["ckpt"], tmp_path / "deq", bits, 32))
+    with torch.no_grad():
+        aux_q = run_base(deq, ids, torch.ones_like(ids), AUX_IDS).aux_hidden.numpy()  # [2, 11, num_aux * hidden]
+    fc_t = quantize_rtn(eagle["module"].fc.weight.detach().numpy().T, bits, 32).dequantized()  # [num_aux * hidden, hidden]
+    np.testing.assert_allclose(target["eagle_hidden"], aux_q @ fc_t, atol=1e-4)
+    assert "eagle/fc" in load_engine_dir(out).config.build.weight_only["layers"]
+
+
+@pytest.mark.parametrize("head", [False, True])
+def test_quantized_medusa_heads_compute_their_dequantized_weights(eagle, head, tmp_path):
+    """--quantize_draft_heads on a Medusa target (portable lowering: exact dequantized weights): medusa_logits equal the
+    torch heads with their ResBlocks' codes dequantized (their LM heads' too with --quantize_lm_head)."""
+    medusa = _random_medusa(eagle["ckpt"], tmp_path / "medusa", seed=5)
+    out = tmp_path / "m"
+    build = spec_build(4, speculative_decoding_mode="medusa", lowering="portable", quantization="int4_wo", group_size=32, quantize_draft_heads=True,
+                       quantize_lm_head=head)
+    build_engine(eagle["ckpt"], out, build, say=lambda _: None, medusa_dir=tmp_path / "medusa")
+    layers = load_engine_dir(out).config.build.weight_only["layers"]
+    assert "medusa/resblock" in layers and ("medusa/lm_head" in layers) == head
+    ids = torch.randint(4, 96, (2, 9), generator=torch.Generator().manual_seed(4))
+    got = run_onnx(out, {"input_ids": ids.numpy()})["medusa_logits"]  # [2, 9, heads, vocab]
+    with torch.no_grad():  # the heads read the int4 target's rows after its final norm: the dequantized target's
+        last = load_hf(dequantized_checkpoint(eagle["ckpt"], tmp_path / "deq", 4, 32)).model(ids).last_hidden_state  # [2, 9, hidden]
+        original = medusa(last).permute(1, 2, 0, 3).numpy()  # [heads, B, S, vocab] -> [B, S, heads, vocab]
+        for block in medusa.medusa_heads:
+            for m in block.modules():
+                if isinstance(m, torch.nn.Linear) and (head or m is not block[-1]):
+                    m.weight.copy_(torch.from_numpy(quantize_rtn(m.weight.numpy().T, 4, 32).dequantized().T.copy()))
+        want = medusa(last).permute(1, 2, 0, 3).numpy()
+    np.testing.assert_allclose(got, want, atol=2e-4)
+    assert np.abs(got - original).max() > 10 * np.abs(got - want).max()
+
+
+def _random_medusa(ckpt, out, seed: int) -> MedusaHeads:
+    """Medusa heads of random weights (ResBlocks start at zero in training: nothing to round), saved to ``out``."""
+    cfg = json.loads((ckpt / "config.json").read_text())
+    heads = MedusaHeads(cfg["hidden_size"], cfg["vocab_size"], 2, 1)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    save_heads(heads, medusa_config(cfg, 2, 1, {"test": True}), out)
+    return heads
+
+
 def _medusa_dir(ckpt, out):
     cfg = json.loads((ckpt / "config.json").read_text())
     heads = MedusaHeads(cfg["hidden_size"], cfg["vocab_size"], 2, 1, load_hf(ckpt).lm_head.weight.detach())
@@ -140,6 +225,7 @@ def _reduced_vocab_module(src, out, draft_vocab: int):
         ("ort_cuda_gqa", "GroupQueryAttention cannot mask"),
         ("no_drafts", "needs max_draft_len >= 1"),
         ("draft_vocab", "reduced draft vocabulary"),
+        ("float_quantized_module", "--quantize_draft_heads quantizes a target's draft heads"),
     ],
 )
 def test_bad_eagle_builds_say_why(eagle, tmp_path, case, match):
@@ -166,6 +252,8 @@ def test_bad_eagle_builds_say_why(eagle, tmp_path, case, match):
         build = eagle_build(0)
     elif case == "draft_vocab":
         module_dir = _reduced_vocab_module(d / "module", tmp_path / "small_vocab", draft_vocab=32)
+    elif case == "float_quantized_module":  # nothing to quantize the module as
+        build = eagle_build(quantize_draft_heads=True)
     with pytest.raises(SpecdecError, match=match) as info:
         build_engine(ckpt, tmp_path / "out", build, say=lambda _: None, eagle_dir=module_dir)
     assert isinstance(info.value, BuildConfigError)
@@ -186,3 +274,24 @@ def test_cli_builds_an_eagle_engine(eagle, tmp_path):
     bad = cli_build(eagle["ckpt"], tmp_path / "bad", "--eagle_dir", eagle["dir"] / "module")
     assert bad.exit_code != 0 and "--eagle_dir needs --speculative_decoding_mode eagle" in bad.output
     assert not (tmp_path / "bad").exists()
+
+
+def test_cli_quantizes_the_module_when_asked_and_only_where_it_can(eagle, tmp_path):
+    flags = ("--speculative_decoding_mode", "eagle", "--eagle_dir", eagle["dir"] / "module", "--use_weight_only", "--weight_only_precision", "int4",
+             "--group_size", 32)
+    done = cli_build(eagle["ckpt"], tmp_path / "int4", *flags, "--quantize_draft_heads")
+    assert done.exit_code == 0, done.output
+    assert "weight-only as the target (its layers and the fc)" in done.output
+    assert load_engine_dir(tmp_path / "int4").config.build.quantize_draft_heads
+    assert load_engine_dir(tmp_path / "int4" / "eagle").config.build.weight_only["bits"] == 4
+    plain = cli_build(eagle["ckpt"], tmp_path / "plain", *flags)
+    assert plain.exit_code == 0 and "weight-only as the target (" not in plain.output
+    assert "the draft heads are in float32; --quantize_draft_heads builds them as the target's layers" in plain.output
+    assert load_engine_dir(tmp_path / "plain" / "eagle").config.build.weight_only is None
+    float_target = (*flags[:4], "--quantize_draft_heads")
+    no_module = ("--speculative_decoding_mode", "draft_tokens_external", "--use_weight_only", "--quantize_draft_heads")
+    for bad_flags, what in ((float_target, "eagle, none"), (no_module, "draft_tokens_external, int8_wo")):
+        bad = cli_build(eagle["ckpt"], tmp_path / "bad", *bad_flags)
+        assert bad.exit_code != 0 and "--quantize_draft_heads quantizes a target's draft heads" in bad.output, bad.output
+        assert f"(this build: {what})" in bad.output and "Traceback" not in bad.output
+        assert not (tmp_path / "bad").exists()

@@ -7,15 +7,13 @@ engines against a float32 engine whose linear weights are that reference.
 """
 
 import json
-import shutil
 
 import numpy as np
 import onnxruntime as ort
 import pytest
-from checkpoints import is_linear, make_checkpoint
+from checkpoints import dequantized_checkpoint, make_checkpoint
 from conftest import build_and_load, cli_build, spec_build
 from onnx import TensorProto
-from safetensors.numpy import load_file, save_file
 
 from specdec.builder.build import build_engine
 from specdec.builder.graph import GraphBuilder
@@ -172,22 +170,6 @@ ARCH = dict(hidden_size=128, intermediate_size=256, vocab_size=96)
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     return make_checkpoint(tmp_path_factory.mktemp("wo") / "base", "LlamaForCausalLM", **ARCH)
-
-
-def dequantized_checkpoint(src, dst, bits, group, sym, lm_head=False):
-    """The checkpoint with every linear weight replaced by its round-to-nearest dequantization (the float reference)."""
-    dst.mkdir(parents=True)
-    for f in src.iterdir():
-        if f.name != "model.safetensors":
-            shutil.copy(f, dst / f.name)
-    tensors = load_file(src / "model.safetensors")
-    for name, w in tensors.items():
-        if is_linear(name) or (lm_head and name == "lm_head.weight"):
-            # the engine fuses q|k|v and gate|up along the output axis; groups run along the input axis, so
-            # quantizing each projection alone gives the same codes and scales
-            tensors[name] = np.ascontiguousarray(quantize_rtn(w.T, bits, group, sym).dequantized().T)
-    save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
-    return dst
 
 
 def logits(ex, ids=IDS) -> np.ndarray:

@@ -108,9 +108,10 @@ def load_weights(engine: EngineDir, device: torch.device) -> Weights:
     top = _File(engine, MODEL_FILE, device)
     embed = top.get("embed")
     lm_head = top.linear("lm_head", bits, group) if ("lm_head.weight" in top or "lm_head.qweight" in top) else Linear(weight=embed)
-    medusa = [([top.linear(f"medusa.{i}.{j}", 0, 0) for j in range(build.medusa_num_layers)], top.linear(f"medusa.{i}.lm_head", 0, 0))
+    # draft heads: float, or weight-only as the layers (--quantize_draft_heads)
+    medusa = [([top.linear(f"medusa.{i}.{j}", bits, group) for j in range(build.medusa_num_layers)], top.linear(f"medusa.{i}.lm_head", bits, group))
               for i in range(build.medusa_num_heads)]
-    eagle_fc = top.linear("eagle_fc", 0, 0) if build.speculative_decoding_mode in ("eagle", "peagle") else None
+    eagle_fc = top.linear("eagle_fc", bits, group) if build.speculative_decoding_mode in ("eagle", "peagle") else None
     weights = Weights(embed, top.get("norm"), lm_head, top.get("rope_cos"), top.get("rope_sin"), layers, medusa, eagle_fc)
     if build.speculative_decoding_mode == "peagle_module":
         forms = [form for form in PLACEHOLDER_FORMS if f"placeholders.{form}" in top]
