@@ -20,8 +20,10 @@ int4), target-only at every precision (--bits) and the speculative modes at
 
 * specdec: target-only, draft-target k=4 and k=auto (a draft engine of the
   same precision), draft-target k=4 with the float32 draft, n-gram (k=8,
-  matching up to 3 tokens; and k=auto), EAGLE-3 chain k=3 (when
-  engine-eagle[-BITS] exists: benchmarks/README.md says how it is built);
+  matching up to 3 tokens; and k=auto), EAGLE-3 chain k=3 and k=auto (when
+  engine-eagle[-BITS] exists: benchmarks/README.md says how it is built), and
+  the same with the module quantized as the target (``eagle qmodule``, from
+  engine-eagle-qmodule-BITS, built with --quantize_draft_heads);
 * llama.cpp, --llama_tools cli (the default; llama.cpp's own timers):
   `llama-completion` target-only, `llama-lookup` (its n-gram cache, 8
   drafts), `llama-speculative-simple` with the draft GGUF of the same type
@@ -109,7 +111,7 @@ class Method:
     name: str
     family: str  # specdec | llama.cpp | ortgenai
     bits: str  # fp32 | int8 | int4
-    mode: str  # target-only | draft k=4 | draft auto | ngram
+    mode: str  # one of MODES
     open: Callable[[], Runner]
     runner: Runner | None = None
     rounds: list[dict[str, Any]] = field(default_factory=list)
@@ -177,10 +179,11 @@ def prepare_commands(lay: Layout, llama_cpp: Path | None, peers_python: str | No
     cmds.append((heads, [py, str(HERE / "enlarge.py"), "--heads", str(demo / "heads" / "eagle"), "--base", str(lay.ckpt("target")), str(heads),
                          "--quiet"], {}))
     for bits in [b for b in ("int4", "q4gemm") if b in bits_list]:
-        cmds.append((lay.engine("eagle", bits), [*build, "--checkpoint_dir", str(lay.ckpt("target")), "--output_dir", str(lay.engine("eagle", bits)),
-                                                 "--use_weight_only", "--weight_only_precision", "int4", "--max_draft_len", "8",
-                                                 "--speculative_decoding_mode", "eagle", "--eagle_dir", str(heads),
-                                                 *(["--cpu_kernels", "specdec"] if bits == "q4gemm" else [])], {}))
+        for role, module in (("eagle", []), ("eagle-qmodule", ["--quantize_draft_heads"])):  # the module in float32, or int4 as the target
+            cmds.append((lay.engine(role, bits), [*build, "--checkpoint_dir", str(lay.ckpt("target")), "--output_dir", str(lay.engine(role, bits)),
+                                                  "--use_weight_only", "--weight_only_precision", "int4", "--max_draft_len", "8",
+                                                  "--speculative_decoding_mode", "eagle", "--eagle_dir", str(heads), *module,
+                                                  *(["--cpu_kernels", "specdec"] if bits == "q4gemm" else [])], {}))
     if llama_cpp is not None:
         converter = [peers_python or py, str(llama_cpp / "convert_hf_to_gguf.py")]
         env = {"PYTHONPATH": str(llama_cpp / "gguf-py")}
@@ -268,8 +271,8 @@ class SpecdecEngines:
             target = self.lay.engine("target", tb)
             if role == "target":
                 ex = load_orchestrator(target, num_threads=self.threads).target
-            elif role == "eagle":  # the eagle target (its module in eagle/) and the module's executor
-                path = self.lay.engine("eagle", bits)
+            elif role.startswith("eagle"):  # the eagle target (its module in eagle/) and the module's executor
+                path = self.lay.engine(role, bits)
                 if not path.is_dir():
                     raise FileNotFoundError(f"{path} is not built")
                 engine = load_engine(path, num_threads=self.threads)
@@ -290,8 +293,9 @@ class SpecdecEngines:
         k = mode.split()[-1].removeprefix("k=")
         draft_len = k if k == "auto" else int(k) if k.isdigit() else 8
         if mode.startswith("eagle"):
-            target, module = self.executor("eagle", bits)
-            return SpecdecRunner(Orchestrator(target, EagleProposer(target, module), draft_len=draft_len), self.load_s.get(f"eagle {bits}", 0.0))
+            role = eagle_role(mode)
+            target, module = self.executor(role, bits)
+            return SpecdecRunner(Orchestrator(target, EagleProposer(target, module), draft_len=draft_len), self.load_s.get(f"{role} {bits}", 0.0))
         target = self.executor("target", bits)
         draft_bits = "fp32" if mode.startswith("draft fp32") else bits
         if mode == "target-only":
@@ -325,14 +329,20 @@ class PeerRunner:
 # --------------------------------------------------------------------------- the methods
 
 
-MODES = ("target-only", "draft k=4", "draft auto", "draft fp32 k=4", "ngram", "ngram auto", "eagle k=3")
+MODES = ("target-only", "draft k=4", "draft auto", "draft fp32 k=4", "ngram", "ngram auto", "eagle k=3", "eagle auto", "eagle qmodule k=3",
+         "eagle qmodule auto")
+
+
+def eagle_role(mode: str) -> str:
+    """The engine an EAGLE mode runs: its module in float32 (eagle) or built with --quantize_draft_heads (eagle-qmodule)."""
+    return "eagle-qmodule" if "qmodule" in mode else "eagle"
 
 
 def specdec_methods(lay: Layout, engines: SpecdecEngines, bits_list: list[str], spec_bits: list[str]) -> list[Method]:
     out = []
     for bits in bits_list:
         for mode in MODES if bits in spec_bits else MODES[:1]:
-            if mode.startswith("eagle") and not lay.engine("eagle", bits).is_dir():
+            if mode.startswith("eagle") and not lay.engine(eagle_role(mode), bits).is_dir():
                 continue
             if mode.startswith("draft fp32") and bits == "fp32":
                 continue
