@@ -21,9 +21,10 @@ int4), target-only at every precision (--bits) and the speculative modes at
 * specdec: target-only, draft-target k=4 and k=auto (a draft engine of the
   same precision), draft-target k=4 with the float32 draft, n-gram (k=8,
   matching up to 3 tokens; and k=auto), EAGLE-3 chain k=3 and k=auto (when
-  engine-eagle[-BITS] exists: benchmarks/README.md says how it is built), and
-  the same with the module quantized as the target (``eagle qmodule``, from
-  engine-eagle-qmodule-BITS, built with --quantize_draft_heads);
+  engine-eagle[-BITS] exists: benchmarks/README.md says how it is built), the
+  same with the module quantized as the target (``eagle qmodule``, from
+  engine-eagle-qmodule-BITS, built with --quantize_draft_heads), and P-EAGLE
+  chain k=4 and k=auto with its module quantized (engine-peagle-qmodule-BITS);
 * llama.cpp, --llama_tools cli (the default; llama.cpp's own timers):
   `llama-completion` target-only, `llama-lookup` (its n-gram cache, 8
   drafts), `llama-speculative-simple` with the draft GGUF of the same type
@@ -174,16 +175,19 @@ def prepare_commands(lay: Layout, llama_cpp: Path | None, peers_python: str | No
         for role in ("target", "draft"):
             cmds.append((lay.engine(role, bits), [*build, "--checkpoint_dir", str(lay.ckpt(role)), "--output_dir", str(lay.engine(role, bits)), *wo,
                                                  *(spec if role == "target" else [])], {}))
-    # EAGLE-3 at int4: the demo pair's trained module, enlarged to the target's widths, in an int4 eagle target
-    heads = lay.work / "heads-eagle"
-    cmds.append((heads, [py, str(HERE / "enlarge.py"), "--heads", str(demo / "heads" / "eagle"), "--base", str(lay.ckpt("target")), str(heads),
-                         "--quiet"], {}))
-    for bits in [b for b in ("int4", "q4gemm") if b in bits_list]:
-        for role, module in (("eagle", []), ("eagle-qmodule", ["--quantize_draft_heads"])):  # the module in float32, or int4 as the target
-            cmds.append((lay.engine(role, bits), [*build, "--checkpoint_dir", str(lay.ckpt("target")), "--output_dir", str(lay.engine(role, bits)),
-                                                  "--use_weight_only", "--weight_only_precision", "int4", "--max_draft_len", "8",
-                                                  "--speculative_decoding_mode", "eagle", "--eagle_dir", str(heads), *module,
-                                                  *(["--cpu_kernels", "specdec"] if bits == "q4gemm" else [])], {}))
+    # EAGLE-3 and P-EAGLE at int4: the demo pair's trained modules, enlarged to the target's widths, in int4 targets:
+    # EAGLE-3's module in float32 (the default) and int4 as the target (--quantize_draft_heads), P-EAGLE's int4
+    for kind in ("eagle", "peagle"):
+        heads = lay.work / f"heads-{kind}"
+        cmds.append((heads, [py, str(HERE / "enlarge.py"), "--heads", str(demo / "heads" / kind), "--base", str(lay.ckpt("target")), str(heads),
+                             "--quiet"], {}))
+        for bits in [b for b in ("int4", "q4gemm") if b in bits_list]:
+            for role in ((kind, f"{kind}-qmodule") if kind == "eagle" else (f"{kind}-qmodule",)):
+                out = lay.engine(role, bits)
+                cmds.append((out, [*build, "--checkpoint_dir", str(lay.ckpt("target")), "--output_dir", str(out), "--use_weight_only",
+                                   "--weight_only_precision", "int4", "--max_draft_len", "8", "--speculative_decoding_mode", kind,
+                                   f"--{kind}_dir", str(heads), *(["--quantize_draft_heads"] if role.endswith("qmodule") else []),
+                                   *(["--cpu_kernels", "specdec"] if bits == "q4gemm" else [])], {}))
     if llama_cpp is not None:
         converter = [peers_python or py, str(llama_cpp / "convert_hf_to_gguf.py")]
         env = {"PYTHONPATH": str(llama_cpp / "gguf-py")}
@@ -271,12 +275,12 @@ class SpecdecEngines:
             target = self.lay.engine("target", tb)
             if role == "target":
                 ex = load_orchestrator(target, num_threads=self.threads).target
-            elif role.startswith("eagle"):  # the eagle target (its module in eagle/) and the module's executor
+            elif role.split("-")[0] in HEAD_KINDS:  # an EAGLE-3 / P-EAGLE target (its module in eagle/) and the module's executor
                 path = self.lay.engine(role, bits)
                 if not path.is_dir():
                     raise FileNotFoundError(f"{path} is not built")
                 engine = load_engine(path, num_threads=self.threads)
-                ex = (engine.target, engine.proposers["eagle"].module)
+                ex = (engine.target, engine.proposers[role.split("-")[0]].module)
             else:  # the draft's placement (one thread) is load_orchestrator's, as specdec-run does it
                 ex = load_orchestrator(target, self.lay.engine("draft", bits), DraftTargetConfig(4, [0], [0], False),
                                        num_threads=self.threads, target_executor=self.executor("target", tb)).proposer.executor
@@ -289,13 +293,15 @@ class SpecdecEngines:
         from specdec.runtime.proposers.draft_model import DraftModelProposer
         from specdec.runtime.proposers.eagle import EagleProposer
         from specdec.runtime.proposers.ngram import NGramProposer
+        from specdec.runtime.proposers.peagle import PEagleProposer
 
         k = mode.split()[-1].removeprefix("k=")
         draft_len = k if k == "auto" else int(k) if k.isdigit() else 8
-        if mode.startswith("eagle"):
-            role = eagle_role(mode)
+        if mode.split()[0] in HEAD_KINDS:
+            role = head_role(mode)
             target, module = self.executor(role, bits)
-            return SpecdecRunner(Orchestrator(target, EagleProposer(target, module), draft_len=draft_len), self.load_s.get(f"{role} {bits}", 0.0))
+            proposer = (EagleProposer if mode.startswith("eagle") else PEagleProposer)(target, module)
+            return SpecdecRunner(Orchestrator(target, proposer, draft_len=draft_len), self.load_s.get(f"{role} {bits}", 0.0))
         target = self.executor("target", bits)
         draft_bits = "fp32" if mode.startswith("draft fp32") else bits
         if mode == "target-only":
@@ -330,19 +336,22 @@ class PeerRunner:
 
 
 MODES = ("target-only", "draft k=4", "draft auto", "draft fp32 k=4", "ngram", "ngram auto", "eagle k=3", "eagle auto", "eagle qmodule k=3",
-         "eagle qmodule auto")
+         "eagle qmodule auto", "peagle qmodule k=4", "peagle qmodule auto")
+HEAD_KINDS = ("eagle", "peagle")  # the modes that draft with a module in the target's eagle/ folder
 
 
-def eagle_role(mode: str) -> str:
-    """The engine an EAGLE mode runs: its module in float32 (eagle) or built with --quantize_draft_heads (eagle-qmodule)."""
-    return "eagle-qmodule" if "qmodule" in mode else "eagle"
+def head_role(mode: str) -> str:
+    """The engine an EAGLE-3 / P-EAGLE mode runs: its module in float32 (eagle) or built with --quantize_draft_heads
+    (eagle-qmodule, peagle-qmodule)."""
+    kind = mode.split()[0]
+    return f"{kind}-qmodule" if "qmodule" in mode else kind
 
 
 def specdec_methods(lay: Layout, engines: SpecdecEngines, bits_list: list[str], spec_bits: list[str]) -> list[Method]:
     out = []
     for bits in bits_list:
         for mode in MODES if bits in spec_bits else MODES[:1]:
-            if mode.startswith("eagle") and not lay.engine(eagle_role(mode), bits).is_dir():
+            if mode.split()[0] in HEAD_KINDS and not lay.engine(head_role(mode), bits).is_dir():
                 continue
             if mode.startswith("draft fp32") and bits == "fp32":
                 continue

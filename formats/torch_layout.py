@@ -6,8 +6,9 @@ the two cannot drift apart. An engine of ``build.backend == "torch"`` holds, bes
     model.safetensors    (config.json's network_file) what is not a decoder layer:
                            embed [vocab, hidden]; norm [hidden]; lm_head: a LINEAR (absent: tied to embed);
                            rope_cos / rope_sin [kv_capacity, head_dim / 2] float32 (the tables the ONNX engines hold);
-                           medusa.{i}.{j} (a LINEAR with bias: head i's ResBlock j) and medusa.{i}.lm_head [vocab, hidden];
-                           eagle_fc.weight [hidden, num_aux * hidden] (an EAGLE-3 or P-EAGLE target: fc over its aux layers' outputs);
+                           medusa.{i}.{j} (a LINEAR with bias: head i's ResBlock j) and medusa.{i}.lm_head [vocab, hidden] (a LINEAR);
+                           eagle_fc [hidden, num_aux * hidden] (a LINEAR: an EAGLE-3 or P-EAGLE target's fc over its aux layers'
+                           outputs); the draft heads' LINEARs weight-only only with --quantize_draft_heads;
                            a P-EAGLE module (mode peagle_module): embed [vocab + 1, hidden], its last row the embedding of
                            ptd_token_id that every placeholder reads, and one of placeholders.anchored /
                            placeholders.constant [depths + 1, hidden] float32: row 0 zeros (real tokens), row d depth d's

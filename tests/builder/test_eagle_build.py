@@ -150,8 +150,10 @@ def test_a_quantized_module_computes_its_dequantized_weights(eagle, bits, head, 
     deq = load_hf(dequantized_checkpoint(eagle["ckpt"], tmp_path / "deq", bits, 32))
     with torch.no_grad():
         aux_q = run_base(deq, ids, torch.ones_like(ids), AUX_IDS).aux_hidden.numpy()  # [2, 11, num_aux * hidden]
-    fc_t = quantize_rtn(eagle["module"].fc.weight.detach().numpy().T, bits, 32).dequantized()  # [num_aux * hidden, hidden]
+    fc_float = eagle["module"].fc.weight.detach().numpy().T  # [num_aux * hidden, hidden]
+    fc_t = quantize_rtn(fc_float, bits, 32).dequantized()
     np.testing.assert_allclose(target["eagle_hidden"], aux_q @ fc_t, atol=1e-4)
+    assert np.abs(target["eagle_hidden"] - aux_q @ fc_float).max() > 10 * np.abs(target["eagle_hidden"] - aux_q @ fc_t).max()
     assert "eagle/fc" in load_engine_dir(out).config.build.weight_only["layers"]
 
 
