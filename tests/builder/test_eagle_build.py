@@ -6,6 +6,7 @@ run_base), and the module engine equals train/eagle.py's Eagle3Module on the sam
 """
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -110,7 +111,7 @@ def test_eagle_engines_match_torch(eagle, lowering, tmp_path):
     np.testing.assert_allclose(step["hidden_out"][:, 0], pre_norm[0][:, 8].numpy(), atol=1e-4)
 
 
-def _dequantized_copy(module: Eagle3Module, bits: int, group: int, head: bool) -> Eagle3Module:
+def _dequantized_copy(module: Eagle3Module, bits: int, group: int, head: bool, sym: bool = True) -> Eagle3Module:
     """A copy of ``module`` whose decoder linears (and LM head with ``head``) hold their round-to-nearest codes
     dequantized: what a module built with --quantize_draft_heads computes. q, k and v (gate and up) are fused along
     the output axis in the engine; groups run along the input axis, so each projection alone gets the same codes."""
@@ -120,41 +121,57 @@ def _dequantized_copy(module: Eagle3Module, bits: int, group: int, head: bool) -
     linears = [m for layer in twin.layers for m in layer.modules() if isinstance(m, torch.nn.Linear)] + ([twin.lm_head] if head else [])
     with torch.no_grad():
         for m in linears:
-            m.weight.copy_(torch.from_numpy(quantize_rtn(m.weight.numpy().T, bits, group).dequantized().T.copy()))
+            m.weight.copy_(torch.from_numpy(quantize_rtn(m.weight.numpy().T, bits, group, sym).dequantized().T.copy()))
     return twin
 
 
-@pytest.mark.parametrize("bits, head", [(4, False), (8, True)])
-def test_a_quantized_module_computes_its_dequantized_weights(eagle, bits, head, tmp_path):
+@pytest.mark.parametrize("bits, head, sym", [(4, False, True), (8, True, True), (4, False, False)])
+def test_a_quantized_module_computes_its_dequantized_weights(eagle, bits, head, sym, tmp_path):
     """--quantize_draft_heads on the portable lowering (DequantizeLinear folded into float32 at load): the module engine
     equals the torch module with its linears' codes dequantized, up to float32 rounding, and the float module it came
-    from is farther away than that: the codes, scales and groups land where the graph reads them."""
+    from is farther away than that: the codes, scales, zero points and groups land where the graph reads them."""
     out = tmp_path / "e"
-    build = eagle_build(lowering="portable", quantization=f"int{bits}_wo", group_size=32, quantize_draft_heads=True, quantize_lm_head=head)
+    build = eagle_build(lowering="portable", quantization=f"int{bits}_wo", group_size=32, symmetric=sym, quantize_draft_heads=True,
+                        quantize_lm_head=head)
     build_engine(eagle["ckpt"], out, build, say=lambda _: None, eagle_dir=eagle["dir"] / "module")
     module_build = load_engine_dir(out / "eagle").config.build
-    assert (module_build.quantization, module_build.group_size) == (f"int{bits}_wo", 32)
+    assert (module_build.quantization, module_build.group_size, module_build.symmetric) == (f"int{bits}_wo", 32, sym)
     assert ("lm_head" in module_build.weight_only["layers"]) == head
     ids = torch.randint(4, 96, (2, 11), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         aux = run_base(eagle["hf"], ids, torch.ones_like(ids), AUX_IDS).aux_hidden
         fused = eagle["module"].fc(aux)  # [2, 11, hidden]: the fc stays float, in the target
         embeds = eagle["hf"].model.embed_tokens(ids[:, 1:])
-        want = _dequantized_copy(eagle["module"], bits, 32, head)(aux[:, :-1], embeds)
+        want = _dequantized_copy(eagle["module"], bits, 32, head, sym)(aux[:, :-1], embeds)
         original = eagle["module"](aux[:, :-1], embeds)
     got = run_onnx(out / "eagle", {"input_ids": ids[:, 1:].numpy(), "hidden_states": fused[:, :-1].numpy()})["logits"]
     np.testing.assert_allclose(got, want.numpy(), atol=2e-4)
     assert np.abs(got - original.numpy()).max() > 10 * np.abs(got - want.numpy()).max()
     # the fc, in the target: its features are the dequantized fc over the aux layers of the dequantized target
     target = run_onnx(out, {"input_ids": ids.numpy()})
-    deq = load_hf(dequantized_checkpoint(eagle["ckpt"], tmp_path / "deq", bits, 32))
+    deq = load_hf(dequantized_checkpoint(eagle["ckpt"], tmp_path / "deq", bits, 32, sym))
     with torch.no_grad():
         aux_q = run_base(deq, ids, torch.ones_like(ids), AUX_IDS).aux_hidden.numpy()  # [2, 11, num_aux * hidden]
     fc_float = eagle["module"].fc.weight.detach().numpy().T  # [num_aux * hidden, hidden]
-    fc_t = quantize_rtn(fc_float, bits, 32).dequantized()
+    fc_t = quantize_rtn(fc_float, bits, 32, sym).dequantized()
     np.testing.assert_allclose(target["eagle_hidden"], aux_q @ fc_t, atol=1e-4)
     assert np.abs(target["eagle_hidden"] - aux_q @ fc_float).max() > 10 * np.abs(target["eagle_hidden"] - aux_q @ fc_t).max()
     assert "eagle/fc" in load_engine_dir(out).config.build.weight_only["layers"]
+
+
+def test_an_awq_targets_module_is_rounded_to_nearest_in_its_scheme():
+    """AWQ searched the target's layers only: its module takes int4_wo in the same groups and symmetry, on the same
+    kernels; a float module takes none of it."""
+    from types import SimpleNamespace
+
+    from specdec.builder.eagle import module_build_config
+
+    heads = SimpleNamespace(mode="eagle", num_layers=1)
+    target = eagle_build(quantization="int4_awq", group_size=64, symmetric=False, cpu_kernels="specdec", quantize_draft_heads=True)
+    m = module_build_config(target, heads)
+    assert (m.quantization, m.group_size, m.symmetric, m.cpu_kernels, m.quantize_draft_heads) == ("int4_wo", 64, False, "specdec", False)
+    m = module_build_config(replace(target, quantize_draft_heads=False), heads)
+    assert (m.quantization, m.group_size, m.cpu_kernels) == ("none", None, "ort")
 
 
 @pytest.mark.parametrize("head", [False, True])
