@@ -20,7 +20,9 @@ int4), target-only at every precision (--bits) and the speculative modes at
 
 * specdec: target-only, draft-target k=4 and k=auto (a draft engine of the
   same precision), draft-target k=4 with the float32 draft, n-gram (k=8,
-  matching up to 3 tokens; and k=auto), EAGLE-3 chain k=3 and k=auto (when
+  matching up to 3 tokens; and k=auto), Medusa chain k=3 and k=auto with its
+  heads in float32 and quantized (``medusa qheads``; engine-medusa[-qheads]-BITS),
+  EAGLE-3 chain k=3 and k=auto (when
   engine-eagle[-BITS] exists: benchmarks/README.md says how it is built), the
   same with the module quantized as the target (``eagle qmodule``, from
   engine-eagle-qmodule-BITS, built with --quantize_draft_heads), and P-EAGLE
@@ -175,18 +177,18 @@ def prepare_commands(lay: Layout, llama_cpp: Path | None, peers_python: str | No
         for role in ("target", "draft"):
             cmds.append((lay.engine(role, bits), [*build, "--checkpoint_dir", str(lay.ckpt(role)), "--output_dir", str(lay.engine(role, bits)), *wo,
                                                  *(spec if role == "target" else [])], {}))
-    # EAGLE-3 and P-EAGLE at int4: the demo pair's trained modules, enlarged to the target's widths, in int4 targets:
-    # EAGLE-3's module in float32 (the default) and int4 as the target (--quantize_draft_heads), P-EAGLE's int4
-    for kind in ("eagle", "peagle"):
+    # Medusa, EAGLE-3 and P-EAGLE at int4: the demo pair's trained heads, enlarged to the target's widths, in int4 targets:
+    # Medusa's and EAGLE-3's heads in float32 (the default) and int4 as the target (--quantize_draft_heads), P-EAGLE's int4
+    for kind in HEAD_KINDS:
         heads = lay.work / f"heads-{kind}"
         cmds.append((heads, [py, str(HERE / "enlarge.py"), "--heads", str(demo / "heads" / kind), "--base", str(lay.ckpt("target")), str(heads),
                              "--quiet"], {}))
         for bits in [b for b in ("int4", "q4gemm") if b in bits_list]:
-            for role in ((kind, f"{kind}-qmodule") if kind == "eagle" else (f"{kind}-qmodule",)):
+            for role in ((kind, f"{kind}-{QUANTIZED[kind]}") if kind != "peagle" else (f"{kind}-qmodule",)):
                 out = lay.engine(role, bits)
                 cmds.append((out, [*build, "--checkpoint_dir", str(lay.ckpt("target")), "--output_dir", str(out), "--use_weight_only",
                                    "--weight_only_precision", "int4", "--max_draft_len", "8", "--speculative_decoding_mode", kind,
-                                   f"--{kind}_dir", str(heads), *(["--quantize_draft_heads"] if role.endswith("qmodule") else []),
+                                   f"--{kind}_dir", str(heads), *(["--quantize_draft_heads"] if role != kind else []),
                                    *(["--cpu_kernels", "specdec"] if bits == "q4gemm" else [])], {}))
     if llama_cpp is not None:
         converter = [peers_python or py, str(llama_cpp / "convert_hf_to_gguf.py")]
@@ -275,12 +277,12 @@ class SpecdecEngines:
             target = self.lay.engine("target", tb)
             if role == "target":
                 ex = load_orchestrator(target, num_threads=self.threads).target
-            elif role.split("-")[0] in HEAD_KINDS:  # an EAGLE-3 / P-EAGLE target (its module in eagle/) and the module's executor
+            elif role.split("-")[0] in HEAD_KINDS:  # a Medusa / EAGLE-3 / P-EAGLE target and its module's executor (Medusa: none)
                 path = self.lay.engine(role, bits)
                 if not path.is_dir():
                     raise FileNotFoundError(f"{path} is not built")
                 engine = load_engine(path, num_threads=self.threads)
-                ex = (engine.target, engine.proposers[role.split("-")[0]].module)
+                ex = (engine.target, getattr(engine.proposers[role.split("-")[0]], "module", None))
             else:  # the draft's placement (one thread) is load_orchestrator's, as specdec-run does it
                 ex = load_orchestrator(target, self.lay.engine("draft", bits), DraftTargetConfig(4, [0], [0], False),
                                        num_threads=self.threads, target_executor=self.executor("target", tb)).proposer.executor
@@ -292,6 +294,7 @@ class SpecdecEngines:
         from specdec.runtime import Orchestrator
         from specdec.runtime.proposers.draft_model import DraftModelProposer
         from specdec.runtime.proposers.eagle import EagleProposer
+        from specdec.runtime.proposers.medusa import MedusaProposer
         from specdec.runtime.proposers.ngram import NGramProposer
         from specdec.runtime.proposers.peagle import PEagleProposer
 
@@ -300,7 +303,7 @@ class SpecdecEngines:
         if mode.split()[0] in HEAD_KINDS:
             role = head_role(mode)
             target, module = self.executor(role, bits)
-            proposer = (EagleProposer if mode.startswith("eagle") else PEagleProposer)(target, module)
+            proposer = MedusaProposer(target) if module is None else (EagleProposer if mode.startswith("eagle") else PEagleProposer)(target, module)
             return SpecdecRunner(Orchestrator(target, proposer, draft_len=draft_len), self.load_s.get(f"{role} {bits}", 0.0))
         target = self.executor("target", bits)
         draft_bits = "fp32" if mode.startswith("draft fp32") else bits
@@ -335,16 +338,17 @@ class PeerRunner:
 # --------------------------------------------------------------------------- the methods
 
 
-MODES = ("target-only", "draft k=4", "draft auto", "draft fp32 k=4", "ngram", "ngram auto", "eagle k=3", "eagle auto", "eagle qmodule k=3",
-         "eagle qmodule auto", "peagle qmodule k=4", "peagle qmodule auto")
-HEAD_KINDS = ("eagle", "peagle")  # the modes that draft with a module in the target's eagle/ folder
+MODES = ("target-only", "draft k=4", "draft auto", "draft fp32 k=4", "ngram", "ngram auto", "medusa k=3", "medusa auto", "medusa qheads k=3",
+         "medusa qheads auto", "eagle k=3", "eagle auto", "eagle qmodule k=3", "eagle qmodule auto", "peagle qmodule k=4", "peagle qmodule auto")
+HEAD_KINDS = ("medusa", "eagle", "peagle")  # the modes that draft with the target's own heads
+QUANTIZED = {"medusa": "qheads", "eagle": "qmodule", "peagle": "qmodule"}  # a mode's word for heads built with --quantize_draft_heads
 
 
 def head_role(mode: str) -> str:
-    """The engine an EAGLE-3 / P-EAGLE mode runs: its module in float32 (eagle) or built with --quantize_draft_heads
-    (eagle-qmodule, peagle-qmodule)."""
-    kind = mode.split()[0]
-    return f"{kind}-qmodule" if "qmodule" in mode else kind
+    """The engine a Medusa / EAGLE-3 / P-EAGLE mode runs: its heads in float32 (medusa, eagle) or built with
+    --quantize_draft_heads (medusa-qheads, eagle-qmodule, peagle-qmodule)."""
+    kind, variant = mode.split()[:2]
+    return f"{kind}-{variant}" if variant == QUANTIZED[kind] else kind
 
 
 def specdec_methods(lay: Layout, engines: SpecdecEngines, bits_list: list[str], spec_bits: list[str]) -> list[Method]:
