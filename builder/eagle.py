@@ -37,11 +37,10 @@ from onnx import TensorProto
 
 from ..formats.engine_format import MODULE_MODES, BuildConfig, ModelConfig
 from ..formats.errors import CheckpointError
-from ..plugins import lowering_for
 from ..plugins.attention import Shared
 from .checkpoint import Checkpoint
 from .graph import GraphBuilder
-from .network import _attention_block, _decoder_layer, _Linears, _mlp_block, _rms_norm, float32_output
+from .network import _attention_block, _decoder_layer, _Linears, _mlp_block, _rms_norm, finish_model, float32_output, new_lowering
 from .rope import cos_sin_tables
 from .weight_only import WeightOnlyScheme
 
@@ -151,13 +150,7 @@ def build_eagle_network(base: Checkpoint, heads, cfg: ModelConfig, build: BuildC
     cfg / build: module_model_config / module_build_config.
     weight_only_built: filled as build_network fills it (the int8/int4 layers, specdec's ops), for the module's record.
     """
-    lowering_cls = lowering_for(build)
-    gb = GraphBuilder(weight_dtype=build.dtype, compute_dtype=lowering_cls.compute_dtype(build))
-    lowering = lowering_cls(gb, cfg)
-    lowering.consistent_rows = lowering_cls.pads_lone_rows(build)  # as the target's (network.py)
-    lowering.tree_attention = build.tree_attention  # a tree_mask input (plugins/attention.py)
-    lowering.probe_rows = build.max_batch_size * (build.max_draft_len + 1) + 1
-    lowering.cpu_kernels = build.cpu_kernels
+    gb, lowering = new_lowering(build, cfg)  # as the target's
     weights = ModuleWeights(heads)
     linears = _Linears(gb, lowering, weights, build, None, {}, {})
     ids = gb.input("input_ids", TensorProto.INT64, ["batch", "num_tokens"])
@@ -200,12 +193,4 @@ def build_eagle_network(base: Checkpoint, heads, cfg: ModelConfig, build: BuildC
     else:
         lm_head = gb.weight("lm_head.weight", weights.float32("lm_head.weight").T)  # [hidden, vocab]
         float32_output(gb, "MatMul", [x, lm_head], "/lm_head/matmul", "logits", ["batch", "num_logits", cfg.vocab_size])
-    if weight_only_built is not None:
-        weight_only_built.update(layers=linears.int_layers, act_order=False, even_rows=False, q4gemm_layers=lowering.q4gemm_layers,
-                                 kernel_ops=lowering.kernel_ops, attention_op=lowering.attention_op)
-    opsets = dict(lowering.extra_opsets)
-    if lowering.q4gemm_layers or lowering.attention_op != "Attention":  # specdec's own ops (network.py)
-        from ..plugins.cpu_kernels import DOMAIN
-
-        opsets[DOMAIN] = 1
-    return gb.model(f"specdec_{ARCHITECTURE}", extra_opsets=opsets)
+    return finish_model(gb, lowering, linears, ARCHITECTURE, weight_only_built)

@@ -104,12 +104,11 @@ def write_eagle_module(target_dir: Path, ckpt, heads, model: ModelConfig, build:
         network_file = save_network(build_eagle_network(ckpt, heads, cfg, module_build, built), out)
         module_build = replace(module_build, weight_only=built_record(module_build, None, built))
     else:  # the torch backend's tensors (builder/torch_network.py)
-        from .build import weight_only_record
-        from .torch_network import OP, write_torch_eagle_module
+        from .torch_network import write_torch_eagle_module
 
         written = write_torch_eagle_module(out, ckpt, heads, cfg, module_build)
         network_file = written.network_file
-        module_build = replace(module_build, weight_only=weight_only_record(module_build, None, written.int_layers, OP, written.act_order))
+        module_build = replace(module_build, weight_only=written.record(module_build))
     compiled = backend_module(module_build.backend).compile_engine(out, network_file, module_build, cfg, {}, say)
     write_build_stamp(out, cfg, module_build)
     config = EngineConfig(model=cfg, build=module_build, files=hash_directory(out), versions={**versions, **compiled.versions},

@@ -73,15 +73,7 @@ def build_network(
     medusa: Medusa heads (formats.heads.HeadCheckpoint) to add as the medusa_logits output, or None.
     eagle: an EAGLE-3 module (formats.heads.HeadCheckpoint) whose fc to add as the eagle_hidden output, or None.
     """
-    lowering_cls = lowering_for(build)
-    gb = GraphBuilder(weight_dtype=build.dtype, compute_dtype=lowering_cls.compute_dtype(build))
-    lowering = lowering_cls(gb, cfg)
-    # A target's one-token steps must compute what its verification steps compute. The kernel splits this pads
-    # away are ONNX Runtime's (docs/precision.md); TensorRT's (tactics chosen per shape) are not measured.
-    lowering.consistent_rows = lowering_cls.pads_lone_rows(build)
-    lowering.tree_attention = build.tree_attention  # a tree_mask input (plugins/attention.py)
-    lowering.probe_rows = build.max_batch_size * (build.max_draft_len + 1) + 1
-    lowering.cpu_kernels = build.cpu_kernels
+    gb, lowering = new_lowering(build, cfg)
     linears = _Linears(gb, lowering, ckpt, build, convention, activation_scales or {}, awq_layers or {})
     ids = gb.input("input_ids", TensorProto.INT64, ["batch", "num_tokens"])
     positions = gb.input("position_ids", TensorProto.INT64, ["batch", "num_tokens"])
@@ -134,15 +126,36 @@ def build_network(
                 gb.bypass(padded, given)
     if linear_inputs is not None:
         linear_inputs.update(linears.inputs)
+    return finish_model(gb, lowering, linears, cfg.architecture, weight_only_built, even_rows=step_padded and lowering.step_padding_needed)
+
+
+def new_lowering(build: BuildConfig, cfg: ModelConfig):
+    """(GraphBuilder, the build's attention lowering) set up as every network of the build needs it: a target's and its
+    EAGLE module's alike."""
+    lowering_cls = lowering_for(build)
+    gb = GraphBuilder(weight_dtype=build.dtype, compute_dtype=lowering_cls.compute_dtype(build))
+    lowering = lowering_cls(gb, cfg)
+    # A target's one-token steps must compute what its verification steps compute. The kernel splits this pads
+    # away are ONNX Runtime's (docs/precision.md); TensorRT's (tactics chosen per shape) are not measured.
+    lowering.consistent_rows = lowering_cls.pads_lone_rows(build)
+    lowering.tree_attention = build.tree_attention  # a tree_mask input (plugins/attention.py)
+    lowering.probe_rows = build.max_batch_size * (build.max_draft_len + 1) + 1
+    lowering.cpu_kernels = build.cpu_kernels
+    return gb, lowering
+
+
+def finish_model(gb: GraphBuilder, lowering, linears: _Linears, architecture: str, weight_only_built: dict | None, even_rows: bool = False):
+    """The ModelProto, with specdec's op domain where the lowering wrote its ops; ``weight_only_built`` (when given) filled
+    with what was built as int8/int4 and on which ops (builder/build.py's built_record reads it)."""
     if weight_only_built is not None:
-        weight_only_built.update(layers=linears.int_layers, act_order=linears.act_order, even_rows=step_padded and lowering.step_padding_needed,
-                                 q4gemm_layers=lowering.q4gemm_layers, kernel_ops=lowering.kernel_ops, attention_op=lowering.attention_op)
+        weight_only_built.update(layers=linears.int_layers, act_order=linears.act_order, even_rows=even_rows, q4gemm_layers=lowering.q4gemm_layers,
+                                 kernel_ops=lowering.kernel_ops, attention_op=lowering.attention_op)
     opsets = dict(lowering.extra_opsets)
     if lowering.q4gemm_layers or lowering.attention_op != "Attention":  # specdec's own ops
         from ..plugins.cpu_kernels import DOMAIN
 
         opsets[DOMAIN] = 1
-    return gb.model(f"specdec_{cfg.architecture}", extra_opsets=opsets)
+    return gb.model(f"specdec_{architecture}", extra_opsets=opsets)
 
 
 def _medusa_heads(gb: GraphBuilder, lowering, linears: _Linears, x: str, rows: str, heads, cfg: ModelConfig) -> None:
@@ -156,13 +169,12 @@ def _medusa_heads(gb: GraphBuilder, lowering, linears: _Linears, x: str, rows: s
         p, h = f"/medusa/heads.{i}", x
         for j in range(layers):
             w_t = np.ascontiguousarray(t[f"medusa_heads.{i}.{j}.linear.weight"].T)  # [hidden, hidden]
-            y = linears.int_rtn("medusa/resblock", f"{p}/{j}/linear", h, w_t, rows) if quantized else \
-                gb.op("MatMul", [h, gb.weight(f"medusa_heads.{i}.{j}.linear.weight", w_t)], f"{p}/{j}/linear")
+            y = linears.matmul(quantized, "medusa/resblock", f"{p}/{j}/linear", h, w_t, rows, f"medusa_heads.{i}.{j}.linear.weight")
             y = gb.op("Add", [y, gb.weight(f"medusa_heads.{i}.{j}.linear.bias", t[f"medusa_heads.{i}.{j}.linear.bias"])], f"{p}/{j}/linear_bias")
             h = gb.op("Add", [h, lowering.silu(f"{p}/{j}", y)], f"{p}/{j}/residual")
         w_t = np.ascontiguousarray(t[f"medusa_heads.{i}.{layers}.weight"].T)  # [hidden, vocab]
-        logits = linears.int_rtn("medusa/lm_head", f"{p}/lm_head", h, w_t, rows) if quantized and linears.build.quantize_lm_head else \
-            gb.op("MatMul", [h, gb.weight(f"medusa_heads.{i}.{layers}.weight", w_t)], f"{p}/lm_head")
+        logits = linears.matmul(quantized and linears.build.quantize_lm_head, "medusa/lm_head", f"{p}/lm_head", h, w_t, rows,
+                                f"medusa_heads.{i}.{layers}.weight")
         per_head.append(gb.op("Unsqueeze", [logits, axis], f"{p}/logits"))
     float32_output(gb, "Concat", per_head, "/medusa/concat", "medusa_logits", ["batch", "num_logits", heads.num_heads, cfg.vocab_size],
                    cast_name="/medusa/logits_float32", axis=2)
@@ -291,6 +303,13 @@ class _Linears(LinearWeights):
     def int_head(self, name: str, x: str, w_t: np.ndarray, rows: str) -> str:
         """The LM head as int8/int4 (--quantize_lm_head): round to nearest, from a copy of the float weight [hidden, vocab]."""
         return self.int_rtn("lm_head", name, x, w_t, rows)
+
+    def matmul(self, quantized: bool, kind: str, name: str, x: str, w_t: np.ndarray, rows: str, weight_name: str) -> str:
+        """x @ w_t [in, out] for a head outside the decoder layers: int_rtn when ``quantized``, else a float MatMul on the
+        weight ``weight_name``."""
+        if quantized:
+            return self.int_rtn(kind, name, x, w_t, rows)
+        return self.gb.op("MatMul", [x, self.gb.weight(weight_name, w_t)], name)
 
     def int_rtn(self, kind: str, name: str, x: str, w_t: np.ndarray, rows: str) -> str:
         """x @ w_t [in, out] as int8/int4, rounded to nearest (never AWQ-scaled): an LM head or a draft head's layer, recorded

@@ -41,10 +41,8 @@ class TorchNetwork:
     num_parameters: int = field(default=0, init=False)
 
     def save(self, out: Path, build: BuildConfig) -> tuple[str, BuildConfig]:
-        from .build import weight_only_record
-        from .torch_network import OP, write_torch_network
+        from .torch_network import write_torch_network
 
         written = write_torch_network(out, self.ckpt, self.model, build, self.convention, self.awq_layers, self.medusa, self.eagle, self.on_layer)
         self.num_parameters = written.num_parameters
-        record = weight_only_record(build, self.convention, written.int_layers, OP, written.act_order)
-        return written.network_file, replace(build, weight_only=record)
+        return written.network_file, replace(build, weight_only=written.record(build, self.convention))

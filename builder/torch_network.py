@@ -36,6 +36,12 @@ class Written:
     act_order: bool = False  # some layer gathers its input channels (GPTQ g_idx)
     num_parameters: int = 0
 
+    def record(self, build: BuildConfig, convention=None) -> dict | None:
+        """What config.json says about the weight-only layers written (builder/build.py's weight_only_record)."""
+        from .build import weight_only_record
+
+        return weight_only_record(build, convention, self.int_layers, OP, self.act_order)
+
 
 class _Tensors:
     """One file's tensors in the engine's dtype (float32 scales, rope tables and integer codes as they are)."""
@@ -53,6 +59,17 @@ class _Tensors:
             value = value.astype(np.float16)
         self.tensors[name] = np.ascontiguousarray(value)
         self.written.num_parameters += value.size if not name.endswith(".input_scale") else 0
+
+    def head(self, name: str, w: np.ndarray, kind: str, linears: LinearWeights | None, bias: np.ndarray | None = None) -> None:
+        """A LINEAR outside the decoder layers (an LM head, a draft head's layer), ``w`` [out, in]: weight-only, rounded to
+        nearest through ``linears`` and recorded as ``kind``; in float where ``linears`` is None."""
+        if linears is None:
+            self.float(f"{name}.weight", w)
+            if bias is not None:
+                self.float(f"{name}.bias", bias)
+            return
+        self.linear(name, LinearWeight(int_weight=linears.quantize(kind, np.asarray(w).T)), bias)
+        self.written.int_layers.append(kind)
 
     def linear(self, name: str, w: LinearWeight, bias: np.ndarray | None = None, input_scale: np.ndarray | None = None) -> None:
         """A LINEAR (formats/torch_layout.py): dense [out, in], or weight-only codes, scales and zero points."""
@@ -92,22 +109,15 @@ def write_torch_network(out_dir: Path, ckpt: Checkpoint, cfg: ModelConfig, build
     top.float("embed", ckpt.float32("model.embed_tokens.weight"))
     top.float("norm", ckpt.float32("model.norm.weight"))
     tied = cfg.tie_word_embeddings  # what decodes, as transformers reads the checkpoint (builder/lm_head.py)
-    if linears.scheme is not None and build.quantize_lm_head:  # a quantized copy for the head only: the embedding stays in dtype
-        head_t = ckpt.float32("model.embed_tokens.weight" if tied else "lm_head.weight").T  # [hidden, vocab]
-        top.linear("lm_head", LinearWeight(int_weight=linears.quantize("lm_head", head_t)))
-        written.int_layers.append("lm_head")
-    elif not tied:
-        top.float("lm_head.weight", ckpt.float32("lm_head.weight"))
+    quantized_head = linears.scheme is not None and build.quantize_lm_head
+    if quantized_head or not tied:  # a quantized copy for a tied head: the embedding stays in dtype
+        top.head("lm_head", ckpt.float32("model.embed_tokens.weight" if tied else "lm_head.weight"), "lm_head", linears if quantized_head else None)
     _rope(top, cfg, build)
-    heads_quantized = linears.scheme is not None and build.quantize_draft_heads  # their layers weight-only as the target's
+    draft = linears if linears.scheme is not None and build.quantize_draft_heads else None  # draft heads weight-only as the layers
     if medusa is not None:
-        _medusa(top, medusa, linears if heads_quantized else None, build.quantize_lm_head)
+        _medusa(top, medusa, draft, draft if build.quantize_lm_head else None)
     if eagle is not None:
-        if heads_quantized:
-            top.linear("eagle_fc", LinearWeight(int_weight=linears.quantize("eagle/fc", eagle.tensors["fc.weight"].T)))
-            written.int_layers.append("eagle/fc")
-        else:
-            top.float("eagle_fc.weight", eagle.tensors["fc.weight"])  # [hidden, num_aux * hidden]
+        top.head("eagle_fc", eagle.tensors["fc.weight"], "eagle/fc", draft)  # [hidden, num_aux * hidden]
     write_safetensors(out_dir / MODEL_FILE, top.tensors)
     return written
 
@@ -138,25 +148,15 @@ def _rope(files: _Tensors, cfg: ModelConfig, build: BuildConfig) -> None:
     files.tensors["rope_cos"], files.tensors["rope_sin"] = cos, sin
 
 
-def _medusa(files: _Tensors, heads, linears: LinearWeights | None = None, lm_heads: bool = False) -> None:
-    """Head i: num_layers ResBlocks (h + SiLU(h W^T + b)), then its own LM head (builder/network.py's _medusa_heads). linears:
-    the ResBlocks weight-only through it (--quantize_draft_heads), and the LM heads too with ``lm_heads``; None: float."""
+def _medusa(files: _Tensors, heads, resblocks: LinearWeights | None, lm_heads: LinearWeights | None) -> None:
+    """Head i: num_layers ResBlocks (h + SiLU(h W^T + b)), then its own LM head (builder/network.py's _medusa_heads);
+    weight-only through ``resblocks`` / ``lm_heads`` (--quantize_draft_heads, and --quantize_lm_head), float where None."""
     t = heads.tensors
-
-    def write(name: str, w: np.ndarray, kind: str, quantized: bool, bias: np.ndarray | None = None) -> None:  # w [out, in]
-        if quantized:
-            files.linear(name, LinearWeight(int_weight=linears.quantize(kind, w.T)), bias)
-            files.written.int_layers.append(kind)
-            return
-        files.float(f"{name}.weight", w)
-        if bias is not None:
-            files.float(f"{name}.bias", bias)
-
     for i in range(heads.num_heads):
         for j in range(heads.num_layers):
-            write(f"medusa.{i}.{j}", t[f"medusa_heads.{i}.{j}.linear.weight"], "medusa/resblock", linears is not None,
-                  t[f"medusa_heads.{i}.{j}.linear.bias"])  # [hidden, hidden]
-        write(f"medusa.{i}.lm_head", t[f"medusa_heads.{i}.{heads.num_layers}.weight"], "medusa/lm_head", linears is not None and lm_heads)
+            files.head(f"medusa.{i}.{j}", t[f"medusa_heads.{i}.{j}.linear.weight"], "medusa/resblock", resblocks,
+                       t[f"medusa_heads.{i}.{j}.linear.bias"])  # [hidden, hidden]
+        files.head(f"medusa.{i}.lm_head", t[f"medusa_heads.{i}.{heads.num_layers}.weight"], "medusa/lm_head", lm_heads)  # [vocab, hidden]
 
 
 def write_torch_eagle_module(out_dir: Path, base: Checkpoint, heads, cfg: ModelConfig, build: BuildConfig) -> Written:
@@ -182,11 +182,7 @@ def write_torch_eagle_module(out_dir: Path, base: Checkpoint, heads, cfg: ModelC
         embed = _placeholders(top, embed, heads)
     top.float("embed", embed)
     top.float("norm", weights.float32("norm.weight"))
-    if linears.scheme is not None and build.quantize_lm_head:
-        top.linear("lm_head", LinearWeight(int_weight=linears.quantize("lm_head", weights.float32("lm_head.weight").T)))
-        written.int_layers.append("lm_head")
-    else:
-        top.float("lm_head.weight", weights.float32("lm_head.weight"))
+    top.head("lm_head", weights.float32("lm_head.weight"), "lm_head", linears if linears.scheme is not None and build.quantize_lm_head else None)
     _rope(top, cfg, build)
     write_safetensors(out_dir / MODEL_FILE, top.tensors)
     return written

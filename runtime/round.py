@@ -248,6 +248,8 @@ class SpeculativeRound:
         a finite row. Their argmaxes (and argmins: a row is finite exactly when its values at both are, as
         first_nonfinite_of_argmax reads it) in one call over the batch instead of a few numpy calls per request: at 64
         requests on a GPU the per-request work is a visible share of a round. Empty under two such rows."""
+        if len(reqs) < 2:  # batch 1 (issue 41's loop cost): not even the scan for such rows
+            return {}
         slots = [r.slot for r, d in zip(reqs, drafts, strict=True) if not len(d) and r.config.logprobs is None and r.config.sampling.greedy
                  and (r.processor is None or r.processor.plain)]
         if len(slots) < 2:

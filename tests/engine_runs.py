@@ -9,6 +9,20 @@ from specdec.runtime.metrics import Metrics
 from specdec.runtime.request import GenerationConfig, RequestOutput
 
 
+def open_cpu_executor(path, backend: str):
+    """The executor of the engine at ``path``: onnxruntime's CPU one on one thread, or the torch backend's on the CPU."""
+    from specdec.formats.engine_format import load_engine_dir
+
+    engine = load_engine_dir(path)
+    if backend == "torch":
+        from specdec.runtime.backends.torch.executor import TorchExecutor
+
+        return TorchExecutor(engine, "cpu")
+    from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
+
+    return OrtExecutor(engine, num_threads=1)
+
+
 def run_until_done(engine: Engine) -> dict[str, RequestOutput]:
     """Step ``engine`` until no request is left; each request's final output, by request id."""
     done: dict[str, RequestOutput] = {}

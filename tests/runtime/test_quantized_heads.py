@@ -12,14 +12,13 @@ from pathlib import Path
 import onnx
 import pytest
 from conftest import spec_build
-from engine_runs import generate
+from engine_runs import generate, open_cpu_executor
 from safetensors import safe_open
 
 from specdec.builder.build import build_engine
 from specdec.formats.engine_format import eagle_module_dir, load_engine_dir
 from specdec.formats.tokenizer import Tokenizer
 from specdec.plugins.cpu_kernels import CACHED_ATTENTION
-from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 from specdec.runtime.proposers.eagle import EagleProposer
 from specdec.runtime.proposers.medusa import MedusaProposer
 from specdec.runtime.proposers.peagle import PEagleProposer
@@ -37,15 +36,6 @@ SETUPS = {
 }
 
 
-def open_(path: Path, backend: str):
-    engine = load_engine_dir(path)
-    if backend == "torch":
-        from specdec.runtime.backends.torch.executor import TorchExecutor
-
-        return TorchExecutor(engine, "cpu")
-    return OrtExecutor(engine, num_threads=1)
-
-
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
     """(mode, setup, quantized) -> (path, target executor, module executor or None); "prompts": the demo texts' ids."""
@@ -59,8 +49,8 @@ def engines(tmp_path_factory):
                 build = spec_build(8, speculative_decoding_mode=mode, quantization="int4_wo", dtype="float32", max_input_len=64, max_seq_len=128,
                                    quantize_draft_heads=quantized, **kw)
                 build_engine(DEMO / "target", path, build, say=lambda _: None, **{f"{mode}_dir": DEMO / "heads" / mode})
-                target = open_(path, backend)
-                module = open_(eagle_module_dir(target.engine), backend) if mode in MODULES else None
+                target = open_cpu_executor(path, backend)
+                module = open_cpu_executor(eagle_module_dir(target.engine), backend) if mode in MODULES else None
                 out[mode, setup, quantized] = (path, target, module)
     return out
 

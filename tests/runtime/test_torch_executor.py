@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from checkpoints import make_checkpoint, write_eagle_module
 from conftest import spec_build
-from engine_runs import generate, run_until_done, torch_one_thread  # noqa: F401 (a fixture)
+from engine_runs import generate, open_cpu_executor, run_until_done, torch_one_thread  # noqa: F401 (a fixture)
 from test_medusa import write_heads
 
 from specdec.builder.build import build_engine
@@ -24,7 +24,6 @@ from specdec.formats.engine_format import eagle_module_dir, load_engine_dir
 from specdec.formats.errors import DeviceError, EngineError, RequestError
 from specdec.runtime.backends import Placement, open_executor
 from specdec.runtime.backends.base import Executor
-from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 from specdec.runtime.backends.torch.executor import TorchExecutor
 from specdec.runtime.engine import Engine, SpeculationConfig
 from specdec.runtime.proposers.draft_model import DraftModelProposer
@@ -37,11 +36,6 @@ from specdec.runtime.request import GenerationConfig
 PROMPTS = [[5, 6, 7, 8, 9, 10, 5, 6, 7], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30]]
 TREE = "[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]"
 BACKENDS = ("onnxruntime", "torch")
-
-
-def open_(path, backend):
-    engine = load_engine_dir(path)
-    return OrtExecutor(engine, num_threads=1) if backend == "onnxruntime" else TorchExecutor(engine, "cpu")
 
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -67,8 +61,8 @@ def pair(tmp_path_factory):
         lowering = {"lowering": "portable"} if backend == "onnxruntime" else {}
         build_engine(base, d / backend / "int4", spec_build(4, quantization="int4_wo", group_size=32, **b, **lowering), **quiet)
         for name in ("eagle", "medusa", "draft", "int4"):
-            ex.setdefault(name, {})[backend] = open_(d / backend / name, backend)
-        ex.setdefault("module", {})[backend] = open_(eagle_module_dir(ex["eagle"][backend].engine), backend)
+            ex.setdefault(name, {})[backend] = open_cpu_executor(d / backend / name, backend)
+        ex.setdefault("module", {})[backend] = open_cpu_executor(eagle_module_dir(ex["eagle"][backend].engine), backend)
     return {"dir": d, "ex": ex}
 
 

@@ -15,13 +15,12 @@ import numpy as np
 import pytest
 from checkpoints import make_checkpoint, write_peagle_module
 from conftest import spec_build
-from engine_runs import CountingModule, generate, torch_one_thread  # noqa: F401 (a fixture)
+from engine_runs import CountingModule, generate, open_cpu_executor, torch_one_thread  # noqa: F401 (a fixture)
 
 from specdec.builder.build import build_engine
-from specdec.formats.engine_format import eagle_module_dir, load_engine_dir
+from specdec.formats.engine_format import eagle_module_dir
 from specdec.formats.safetensors_io import SafetensorsFile
 from specdec.formats.tokenizer import Tokenizer
-from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
 from specdec.runtime.backends.torch.executor import TorchExecutor
 from specdec.runtime.engine import Engine, SpeculationConfig
 from specdec.runtime.proposers.peagle import PEagleProposer
@@ -34,11 +33,6 @@ BACKENDS = ("onnxruntime", "torch")
 
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
-
-
-def open_(path, backend):
-    engine = load_engine_dir(path)
-    return OrtExecutor(engine, num_threads=1) if backend == "onnxruntime" else TorchExecutor(engine, "cpu")
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +52,8 @@ def pairs(tmp_path_factory):
             path = d / name / backend
             build_engine(ckpt, path, spec_build(8, speculative_decoding_mode="peagle", backend=backend, dtype="float32", max_input_len=64,
                                                 max_seq_len=128), peagle_dir=head, say=lambda _: None)
-            target = open_(path, backend)
-            out[name][backend] = (target, open_(eagle_module_dir(target.engine), backend))
+            target = open_cpu_executor(path, backend)
+            out[name][backend] = (target, open_cpu_executor(eagle_module_dir(target.engine), backend))
     return out
 
 
