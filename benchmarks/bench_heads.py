@@ -26,9 +26,9 @@ min-max: the figure to read on a shared machine), mean acceptance length, per-de
 round, and whether the output equals target-only's (greedy speculation must reproduce it exactly).
 
 ``draft-cost``: what one round's drafting costs, chain k = each of --lens, EAGLE-3 (one module call, then one per
-further token) against P-EAGLE (one call), at each of --batches (batches of consecutive prompts): seconds of the proposers' calls per round
-(Metrics.draft_s over the engine's rounds), interleaved per prompt, and each as a multiple of EAGLE-3's k = 1 round
-(one module call, the same pairs fed).
+further token) against P-EAGLE (one call), at each of --batches (batches of consecutive prompts): seconds of the
+proposers' calls per round (Metrics.round_draft_s over the engine's rounds: their passes over the prompts left out),
+interleaved per prompt, and each as a multiple of EAGLE-3's k = 1 round (one module call, the same pairs fed).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import host  # noqa: E402
 from prompts import spread, workloads  # noqa: E402
 
 from specdec.bench.plots import beside, spread_bar, write_bars  # noqa: E402
@@ -133,7 +134,7 @@ def run_round(ms: list[Method], prompts: list[list[int]], groups: dict[int, list
                 for i, o in zip(batch, outs, strict=False):
                     row["s"][i], row["output_ids"][i] = s / len(batch), o  # a batch's time, shared by its prompts
                 row["metrics"].merge(metrics)
-                row["draft_s"] += metrics.draft_s
+                row["draft_s"] += metrics.round_draft_s
                 row["engine_rounds"] += rounds
         for m in ms:
             m.runs.setdefault(size, []).append(rec[m.name])
@@ -220,7 +221,7 @@ def draft_cost(args: argparse.Namespace) -> dict[str, Any]:
                     continue
                 for m in order:
                     _, _, metrics, rounds = timed_generate(m, batch, cfg)
-                    per.setdefault((m.name, size), []).append(1e3 * metrics.draft_s / max(rounds, 1))
+                    per.setdefault((m.name, size), []).append(1e3 * metrics.round_draft_s / max(rounds, 1))
                     counts.setdefault((m.name, size), Metrics()).merge(metrics)
     out: dict[str, Any] = {}
     for size in sizes:
@@ -275,10 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--output_json")
     args = p.parse_args(argv)
+    machine = host.host_record(bandwidth=False)  # the CPU it ran on (issue 41: claims name their machine)
     result = draft_cost(args) if cost else speed(args)
     if args.output_json:
-        Path(args.output_json).write_text(json.dumps({"args": vars(args) | {"command": "draft-cost" if cost else "speed"}, **result},
-                                                     indent=1) + "\n")
+        Path(args.output_json).write_text(json.dumps({"args": vars(args) | {"command": "draft-cost" if cost else "speed"}, "host": machine,
+                                                      "load_average_end": list(os.getloadavg()), **result}, indent=1) + "\n")
         print(f"wrote {args.output_json}")
         if not cost:  # the chart beside the JSON: speed over target-only per batch size, every method
             summary = result["summary"]

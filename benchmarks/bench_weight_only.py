@@ -247,7 +247,8 @@ class SpecdecRunner:
         out = list(outs[0].output_ids)
         # decode-only CPU: its wall seconds x the generation's CPU / wall (as llama_cli.py scales llama.cpp's timers)
         decode = {"decode_s": dt - m.ttft_s[0], "decode_tokens": len(out) - 1, "decode_cpu_s": (dt - m.ttft_s[0]) * cpu / dt} if m.ttft_s else {}
-        return out, dt, {"drafted": m.drafted, "accepted": m.accepted, "draft_s": m.draft_s, "target_s": m.target_s, "rounds": m.rounds, **decode}
+        return out, dt, {"drafted": m.drafted, "accepted": m.accepted, "draft_s": m.round_draft_s, "target_s": m.round_target_s,
+                         "rounds": m.rounds, **decode}  # the rounds' own times: not the prefill, nor the proposers' prompt passes
 
     def cpu_s(self) -> float:
         return time.process_time()  # this process: specdec runs in it
@@ -555,7 +556,8 @@ def summarize(methods: list[Method], subsets: dict[str, list[int]]) -> dict[str,
         drafted = sum(r["drafted"] for r in m.rounds)
         row["acceptance"] = sum(r["accepted"] for r in m.rounds) / drafted if drafted else None
         rounds, target_s = sum(r.get("rounds", 0) for r in m.rounds), sum(r.get("target_s", 0.0) for r in m.rounds)
-        # what drafting costs a round, as a share of the target's verification in it (specdec's own timers)
+        # what drafting costs a round, as a share of the target's verification in it (specdec's own timers: the rounds'
+        # time only, not the prompts' prefill nor the proposers' passes over the prompts)
         row["draft_per_round_ms"] = 1e3 * sum(r.get("draft_s", 0.0) for r in m.rounds) / rounds if rounds else None
         row["target_per_round_ms"] = 1e3 * target_s / rounds if rounds else None
         outputs = m.rounds[0]["output_ids"]

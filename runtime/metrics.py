@@ -38,7 +38,9 @@ class Metrics:
     accepted_at: list[int] = field(default_factory=list)
     total_s: float = 0.0
     draft_s: float = 0.0
+    prompt_draft_s: float = 0.0  # of draft_s, the proposers' work on the prompts as requests join (not a round's)
     target_s: float = 0.0
+    prompt_target_s: float = 0.0  # of target_s, the prompts' prefill
     decide_s: float = 0.0  # draft_len=auto's decisions (and the batch's draft cap): its share of each round's
     ttft_s: list[float] = field(default_factory=list)  # per request
     queue_s: list[float] = field(default_factory=list)  # per request
@@ -73,7 +75,7 @@ class Metrics:
     def merge(self, other: Metrics) -> None:
         """Add ``other``'s counts and per-request figures to these (an engine's total).
 
-        Not the engine times (draft_s, target_s): requests share each call, so a sum of their
+        Not the engine times (draft_s, target_s and their prompts' shares): requests share each call, so a sum of their
         shares is the caller's to keep (the engine counts every call once)."""
         for name in ("requests", "prompt_tokens", "cached_tokens", "output_tokens", "rounds", "drafted", "accepted", "no_draft_rounds", "rejected",
                      "silent_drafts"):
@@ -120,6 +122,17 @@ class Metrics:
         return sum(self.tpot_s) / len(self.tpot_s) if self.tpot_s else 0.0
 
     @property
+    def round_draft_s(self) -> float:
+        """The proposers' time in the rounds: draft_s less their passes over the prompts (EAGLE's and Medusa's features
+        of the prompt, a pool's indexing), which a request pays once, not per round."""
+        return max(self.draft_s - self.prompt_draft_s, 0.0)
+
+    @property
+    def round_target_s(self) -> float:
+        """The target's time in the rounds (its verifications): target_s less the prompts' prefill."""
+        return max(self.target_s - self.prompt_target_s, 0.0)
+
+    @property
     def other_s(self) -> float:
         """Time in neither engine nor auto's decisions: acceptance, bookkeeping, Python."""
         return max(self.total_s - self.draft_s - self.target_s - self.decide_s, 0.0)
@@ -136,6 +149,8 @@ class Metrics:
             mean_ttft_s=self.mean_ttft_s,
             mean_tpot_s=self.mean_tpot_s,
             other_s=self.other_s,
+            round_draft_s=self.round_draft_s,
+            round_target_s=self.round_target_s,
         )
         return d
 

@@ -68,7 +68,8 @@ class Orchestrator:
         if not prompts:
             raise RequestError("no prompts given.")
         checked = [engine.validate(p, f"prompt {i}") for i, p in enumerate(prompts)]  # all, before anything runs
-        target_s, draft_s = engine.stats.target_s, engine.stats.draft_s
+        stats = engine.stats
+        before = (stats.target_s, stats.draft_s, stats.prompt_target_s, stats.prompt_draft_s)
         start = time.perf_counter()
         index = {engine.add_request(p, config, seed_stream=i): i for i, p in enumerate(checked)}
         done: dict[int, RequestOutput] = {}
@@ -89,5 +90,7 @@ class Orchestrator:
         for i in range(len(checked)):
             metrics.merge(done[i].metrics)  # type: ignore[arg-type]
         metrics.total_s = time.perf_counter() - start
-        metrics.target_s, metrics.draft_s = engine.stats.target_s - target_s, engine.stats.draft_s - draft_s
+        # the engine's times (each call counted once, where the requests' own are shares of shared calls)
+        metrics.target_s, metrics.draft_s, metrics.prompt_target_s, metrics.prompt_draft_s = (
+            now - then for now, then in zip((stats.target_s, stats.draft_s, stats.prompt_target_s, stats.prompt_draft_s), before, strict=True))
         return [done[i] for i in range(len(checked))], metrics

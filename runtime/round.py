@@ -128,9 +128,11 @@ class SpeculativeRound:
             step = self.prefix.prefilled(batch, step, first)
         t1 = time.perf_counter()
         self.stats.target_s += t1 - t0
+        self.stats.prompt_target_s += t1 - t0
         ended = []
         for r, tok in zip(batch, firsts, strict=True):
             r.metrics.target_s += (t1 - t0) / len(batch)
+            r.metrics.prompt_target_s += (t1 - t0) / len(batch)
             if tok is None:  # no token from logits that are not numbers
                 fail(r, nonfinite_message(0), "nonfinite_logits")
                 ended.append(r)
@@ -146,8 +148,10 @@ class SpeculativeRound:
                 proposer.prefilled(joining, step, first)  # Medusa's heads, EAGLE's features of the prompt
                 dt = time.perf_counter() - t2
                 self.stats.draft_s += dt
+                self.stats.prompt_draft_s += dt
                 for r in joining:
                     r.metrics.draft_s += dt / len(joining)
+                    r.metrics.prompt_draft_s += dt / len(joining)
         return ended
 
     def _prompt_logprobs(self, r: Request, rows: np.ndarray) -> list:

@@ -6,6 +6,7 @@ a ragged batch. The first draft of a round must be what the torch module predict
 """
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -258,3 +259,37 @@ def test_an_auto_request_feeds_the_module_when_it_first_drafts(eagle, choices):
             done = run_until_done(engine)
             assert [done[i].output_ids for i in ids] == want, (len(prompts), draft_len, choices)
             assert engine.stats.drafted > 0
+
+
+def test_metrics_keep_the_prompts_apart_from_the_rounds(eagle, monkeypatch):
+    """draft_s and target_s count the prompts' passes too (the module over the prompt's features, the prefill);
+    prompt_draft_s and prompt_target_s are those shares, so round_draft_s is what the rounds' drafting cost (what
+    bench_heads draft-cost divides by the rounds). A known delay in each place lands in its own share."""
+    from specdec.runtime.orchestrator import Orchestrator
+
+    t, m = eagle["target"], eagle["mod"]
+    proposer = EagleProposer(t, m)
+    prefilled, propose = proposer.prefilled, proposer.propose
+    calls = []
+
+    def slow_prefilled(*a, **kw):
+        time.sleep(0.2)
+        return prefilled(*a, **kw)
+
+    def slow_propose(*a, **kw):
+        calls.append(1)
+        time.sleep(0.01)
+        return propose(*a, **kw)
+
+    monkeypatch.setattr(proposer, "prefilled", slow_prefilled)
+    monkeypatch.setattr(proposer, "propose", slow_propose)
+    outs, metrics = Orchestrator(t, proposer, 3).generate([PROMPTS[2]], GenerationConfig(max_output_len=12))
+    assert 0 < len(calls) <= metrics.rounds
+    assert 0.2 <= metrics.prompt_draft_s < 0.2 + 0.5 * len(calls) * 0.01 + 0.1
+    assert 0.01 * len(calls) <= metrics.round_draft_s < metrics.draft_s - 0.19
+    assert abs(metrics.round_draft_s + metrics.prompt_draft_s - metrics.draft_s) < 1e-9
+    assert 0 < metrics.prompt_target_s < metrics.target_s and metrics.round_target_s == metrics.target_s - metrics.prompt_target_s
+    per_request = outs[0].metrics
+    assert per_request.prompt_draft_s >= 0.2 and per_request.prompt_target_s == pytest.approx(metrics.prompt_target_s)
+    d = metrics.to_dict()
+    assert d["round_draft_s"] == metrics.round_draft_s and d["round_target_s"] == metrics.round_target_s
