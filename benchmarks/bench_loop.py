@@ -17,6 +17,15 @@ calls per target call (cProfile, one more pass: a count does not depend on the m
 specdec's runs with a perf_counter around each ONNX Runtime run instead of the profiler (sessions without it: the
 profiler's own cost per node is then out of the runs, and ``--runtimes specdec`` compares two specdec trees alone).
 
+``--end_to_end``: generations timed whole (prefill included; no profiler, no timer), every method (target-only, draft
+k=4, n-gram k=8) on specdec's float32 engines as built by default (ONNX Attention, ``--cpu_kernels ort``) and with
+``--cpu_kernels specdec`` (CachedAttention over the cache in place), and on onnxruntime-genai; and three bare loops,
+target-only: the barest Python loop over each of specdec's two target engines (one IOBinding run, an argmax and two
+ints written per token: no requests, checks or metrics) and over onnxruntime-genai's own export (its GroupQueryAttention
+graph). Tokens/s per round, interleaved prompt by prompt, and per-round ratios: specdec / its bare loop is what
+specdec's loop costs, one bare loop / another what a graph costs, and the bare loop over genai's graph /
+onnxruntime-genai what a Python loop costs against its C++ one.
+
 specdec's figures are its own: one target session per method (so the profiles do not mix), the draft on the same
 thread count. onnxruntime-genai runs in its own process (benchmarks/README.md says how its venv is made).
 """
@@ -51,8 +60,10 @@ METHODS = ("target-only", "draft k=4", "ngram k=8")
 
 
 def prepare(target: str, draft: str, work: Path, ortgenai: bool = True) -> dict[str, Path]:
-    """specdec's float32 engines and onnxruntime-genai's fp32 exports of the pair, made once under ``work``."""
-    paths = {"target": work / "target", "draft": work / "draft", "og-target": work / "og-target", "og-draft": work / "og-draft"}
+    """specdec's float32 engines (with ONNX Attention, and with --cpu_kernels specdec's CachedAttention: -ca) and
+    onnxruntime-genai's fp32 exports of the pair, made once under ``work``."""
+    paths = {"target": work / "target", "draft": work / "draft", "og-target": work / "og-target", "og-draft": work / "og-draft",
+             "target-ca": work / "target-ca", "draft-ca": work / "draft-ca"}  # -ca: --cpu_kernels specdec (CachedAttention)
 
     def quiet(_: str) -> None:
         pass
@@ -63,6 +74,11 @@ def prepare(target: str, draft: str, work: Path, ortgenai: bool = True) -> dict[
     if not (paths["draft"] / "config.json").is_file():
         build_engine(draft, paths["draft"], BuildConfig(dtype="float32", max_batch_size=1, max_input_len=1024, max_seq_len=2048),
                      force=True, say=quiet)
+    for ckpt, key, spec in ((target, "target-ca", True), (draft, "draft-ca", False)):
+        if not (paths[key] / "config.json").is_file():
+            limits = dict(max_batch_size=1, max_input_len=1024, max_seq_len=2048, cpu_kernels="specdec")
+            mode = dict(max_draft_len=8, speculative_decoding_mode="draft_tokens_external") if spec else {}
+            build_engine(ckpt, paths[key], BuildConfig(dtype="float32", **limits, **mode), force=True, say=quiet)
     for ckpt, key in ((target, "og-target"), (draft, "og-draft")) if ortgenai else ():
         if not (paths[key] / "genai_config.json").is_file():
             peers.ortgenai_build(ckpt, str(paths[key]))
@@ -184,6 +200,165 @@ def attribute(events: list[dict[str, Any]], start_ns: int, intervals: list[tuple
     return [(n, s) for n, s in per]
 
 
+def bare_greedy(executor: Any, ids: list[int], n: int) -> list[int]:
+    """Target-only greedy decoding of ``n`` tokens as bare as Python gets over ``executor``'s own session and buffers:
+    the prompt through forward(), then per token one IOBinding run, an argmax and two ints written (the floor of
+    --end_to_end). No checks: the prompt and n fit the engine (the same prompts specdec's runner decodes)."""
+    cache = executor.new_cache(1)
+    tok = int(executor.forward(cache, [ids], all_logits=False).logits[0, -1].argmax())
+    out, pos = [tok], len(ids)
+    io = executor._io(cache, 1, 1, 1)  # the one-token call's buffers and binding, as the engine's decode steps use them
+    executor._bind_cache(io, cache, 0, 1)
+    run, logits, flat_ids, flat_positions = io.run, io.logits, io.flat_ids, io.flat_positions
+    for _ in range(n - 1):
+        flat_ids[0], flat_positions[0] = tok, pos
+        run()
+        pos += 1
+        tok = int(logits[0, 0].argmax())
+        out.append(tok)
+    return out
+
+
+class BareGenaiGraph:
+    """The bare loop over onnxruntime-genai's own export of the target (its GroupQueryAttention graph, the K/V buffers
+    shared between past and present as its genai_config.json says): what a Python loop reaches on that graph, so that
+    --end_to_end tells the graph's share of the gap from the loop's. One session, the runtime's threads."""
+
+    def __init__(self, export: Path, threads: int):
+        import numpy as np
+        import onnxruntime as ort
+
+        config = json.loads((export / "genai_config.json").read_text())
+        decoder, self.max_len = config["model"]["decoder"], int(config["search"]["max_length"])
+        if not config["search"].get("past_present_share_buffer", False):
+            raise SystemExit(f"{export}: the bare loop binds past and present K/V to one buffer (past_present_share_buffer)")
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+        self.session = ort.InferenceSession(str(export / decoder["filename"]), opts, providers=["CPUExecutionProvider"])
+        names, shape = decoder["inputs"], (1, decoder["num_key_value_heads"], self.max_len, decoder["head_size"])
+        self.kv = [np.zeros(shape, np.float32) for _ in range(2 * decoder["num_hidden_layers"])]  # [1, kv heads, max_len, head]
+        values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self.kv]
+        self.pairs = [(names[f"past_{kind}_names"] % i, decoder["outputs"][f"present_{kind}_names"] % i, values[2 * i + j])
+                      for i in range(decoder["num_hidden_layers"]) for j, kind in enumerate(("key", "value"))]
+        self.vocab = self.session.get_outputs()[0].shape[-1]
+        self.ones = np.ones((1, self.max_len), np.int64)  # the attention mask: its first total-length columns
+        self.ids = np.zeros((1, 1), np.int64)
+        self.logits = np.zeros((1, 1, self.vocab), np.float32)  # [1, 1, vocab]
+        self.np = np
+        self.decode = self._binding(self.ids, self.logits)
+
+    def _binding(self, ids: Any, logits: Any) -> Any:
+        b = self.session.io_binding()
+        for past, present, value in self.pairs:
+            b.bind_ortvalue_input(past, value)
+            b.bind_ortvalue_output(present, value)
+        b.bind_cpu_input("input_ids", ids)
+        b.bind_output("logits", "cpu", 0, self.np.float32, list(logits.shape), logits.ctypes.data)
+        return b
+
+    def __call__(self, ids: list[int], n: int) -> list[int]:
+        np = self.np
+        for a in self.kv:
+            a[...] = 0
+        prompt = np.array([ids], np.int64)
+        logits = np.zeros((1, len(ids), self.vocab), np.float32)  # its export returns every prompt row's logits
+        prefill = self._binding(prompt, logits)
+        prefill.bind_cpu_input("attention_mask", self.ones[:, : len(ids)])
+        self.session.run_with_iobinding(prefill)
+        tok = int(logits[0, -1].argmax())
+        out, total = [tok], len(ids)
+        run, decode, ones, flat_ids, last = self.session.run_with_iobinding, self.decode, self.ones, self.ids.reshape(-1), self.logits[0, 0]
+        for _ in range(n - 1):
+            flat_ids[0] = tok
+            total += 1
+            decode.bind_cpu_input("attention_mask", ones[:, :total])  # [1, total]: GroupQueryAttention reads the length from it
+            run(decode)
+            tok = int(last.argmax())
+            out.append(tok)
+        return out
+
+
+def end_to_end(args: argparse.Namespace, paths: dict[str, Path], prompts: list[list[int]], record: dict[str, Any]) -> None:
+    """--end_to_end: each method (target-only, draft k=4, n-gram k=8) on specdec's float32 engines with ONNX Attention
+    (``--cpu_kernels ort``) and with CachedAttention (``--cpu_kernels specdec``), and on onnxruntime-genai; the bare loops
+    target-only. Tokens/s per round, prefill included; ratios per round."""
+    n = args.max_new_tokens
+    workers: list[Any] = []
+    runners: dict[str, Any] = {}
+
+    def timed(run: Any) -> Any:
+        def go(ids: list[int]) -> tuple[list[int], float]:
+            t = time.perf_counter()
+            out = run(ids)
+            return out, time.perf_counter() - t
+        return go
+
+    def specdec_run(orch: Orchestrator) -> Any:
+        def go(ids: list[int]) -> list[int]:
+            outs, _ = orch.generate([ids], GenerationConfig(max_output_len=n, end_ids=()))
+            return outs[0].output_ids
+        return timed(go)
+
+    for engines, label in (("", "ort"), ("-ca", "CachedAttention")):
+        target, draft = open_executor(paths["target" + engines], args.threads), open_executor(paths["draft" + engines], args.threads)
+        for method, (proposer, k) in {"target-only": (None, 0), "draft k=4": (DraftModelProposer(draft), 4),
+                                      "ngram k=8": (NGramProposer(8, 3), 8)}.items():
+            runners[f"specdec {label}: {method}"] = specdec_run(Orchestrator(target, proposer, k))
+        runners[f"bare loop, {label}"] = timed(lambda ids, ex=target: bare_greedy(ex, ids, n))
+    genai_graph = BareGenaiGraph(paths["og-target"], args.threads)
+    runners["bare loop, genai's graph"] = timed(lambda ids: genai_graph(ids, n))
+    for method, kw in {"target-only": {}, "draft k=4": dict(draft_dir=str(paths["og-draft"]), num_draft_tokens=4),
+                       "ngram k=8": dict(ngram=4, num_draft_tokens=8)}.items():
+        worker = peers.OrtGenaiWorker(str(paths["og-target"]), num_threads=args.threads, **kw)
+        workers.append(worker)
+        runners[f"onnxruntime-genai: {method}"] = lambda ids, w=worker: w.run(ids, n)[:2]  # its worker's own clock: the pipe left out
+    names = list(runners)
+    tps: dict[str, list[float]] = {k: [] for k in names}
+    outputs: dict[str, list[list[int]]] = {k: [] for k in names}
+    try:
+        for run in runners.values():  # warm-up
+            run(prompts[0])
+        for r in range(args.rounds):
+            spent = {k: [0, 0.0] for k in names}
+            for i, ids in enumerate(prompts):
+                for k in names[(r + i) % len(names):] + names[: (r + i) % len(names)]:
+                    out, seconds = runners[k](ids)
+                    spent[k][0] += len(out)
+                    spent[k][1] += seconds
+                    if r == 0:
+                        outputs[k].append(out)
+            for k in names:
+                tps[k].append(spent[k][0] / spent[k][1])
+            print(f"round {r}: " + ", ".join(f"{k} {tps[k][-1]:.0f}" for k in names), flush=True)
+    finally:
+        for worker in workers:
+            worker.close()
+
+    def ratio(a: str, b: str) -> dict[str, float]:
+        return spread([x / y for x, y in zip(tps[a], tps[b], strict=True)])
+
+    reference = outputs["specdec ort: target-only"]
+    record["results"] = {k: {"tokens_per_s": spread(v), "same_as_specdec_target_only": outputs[k] == reference} for k, v in tps.items()}
+    ratios = {}
+    for method in ("target-only", "draft k=4", "ngram k=8"):
+        for label in ("ort", "CachedAttention"):
+            ratios[f"specdec {label} / onnxruntime-genai: {method}"] = ratio(f"specdec {label}: {method}", f"onnxruntime-genai: {method}")
+        ratios[f"specdec CachedAttention / ort: {method}"] = ratio(f"specdec CachedAttention: {method}", f"specdec ort: {method}")
+    for label in ("ort", "CachedAttention"):
+        ratios[f"specdec {label} / its bare loop: target-only"] = ratio(f"specdec {label}: target-only", f"bare loop, {label}")
+        ratios[f"bare loop, {label} / bare loop, genai's graph"] = ratio(f"bare loop, {label}", "bare loop, genai's graph")
+    ratios["bare loop, genai's graph / onnxruntime-genai: target-only"] = ratio("bare loop, genai's graph", "onnxruntime-genai: target-only")
+    record["ratios"] = ratios
+    record["load_average_end"] = list(host.os.getloadavg())
+    print(f"{host.describe(record['host'])}; {args.threads} thread(s); load average {record['host']['load_average'][0]:.2f} -> "
+          f"{record['load_average_end'][0]:.2f}")
+    for k, v in record["results"].items():
+        s = v["tokens_per_s"]
+        print(f"{k:<44} {s['median']:8.1f} tok/s [{s['min']:.1f}-{s['max']:.1f}]  same output as target-only: {v['same_as_specdec_target_only']}")
+    for k, s in ratios.items():
+        print(f"{k:<60} {s['median']:.3f}x [{s['min']:.3f}-{s['max']:.3f}]")
+
+
 def python_calls(runner: Specdec, prompts: list[list[int]], n: int) -> float:
     """specdec's Python function calls per target call (its rounds and each prompt's prefill) over one pass of the prompts."""
     target_calls = 0
@@ -210,6 +385,10 @@ def main() -> None:
     ap.add_argument("--calls", action="store_true", help="also count specdec's Python calls per target call (cProfile)")
     ap.add_argument("--timer", action="store_true", help="specdec's runs timed by a perf_counter around each ONNX Runtime run, its "
                     "sessions without the profiler (onnxruntime-genai keeps its profiler: its loop is C++)")
+    ap.add_argument("--end_to_end", action="store_true", help="generations timed whole: every method on both kinds of specdec engine and on "
+                    "onnxruntime-genai, and the bare loops (the docstring says what each ratio measures)")
+    ap.add_argument("--cached_attention", action="store_true", help="specdec's runs (not --end_to_end's, which has both) on the "
+                    "engines built with --cpu_kernels specdec (CachedAttention) instead of the default ones")
     ap.add_argument("--output_json", default=None)
     args = ap.parse_args()
 
@@ -221,6 +400,13 @@ def main() -> None:
 
     # which specdec ran (PYTHONPATH=<an older tree> measures the loop before a change with this same script)
     record = {"host": host.host_record(bandwidth=False), "args": vars(args), "specdec": str(Path(specdec.__path__[0]).resolve())}
+    if args.cached_attention and not args.end_to_end:
+        paths = {**paths, "target": paths["target-ca"], "draft": paths["draft-ca"]}
+    if args.end_to_end:
+        end_to_end(args, paths, prompts, record)
+        if args.output_json:
+            Path(args.output_json).write_text(json.dumps(record, indent=1) + "\n")
+        return
     timer = RunTimer() if args.timer else None
     if timer:
         timer.install()

@@ -104,15 +104,19 @@ def validate_build_config(build: BuildConfig, model: ModelConfig) -> None:
 
 
 def cpu_kernels_problems(build: BuildConfig, scheme: WeightOnlyScheme | None) -> list[str]:
-    """--cpu_kernels specdec: specdec's int4 / int8 GEMM ops (plugins/cpu_kernels.py), CPU ops of the ort_cpu lowering."""
+    """--cpu_kernels specdec: specdec's CPU ops of the ort_cpu lowering (plugins/cpu_kernels.py): int4 / int8 weights on
+    Q4Gemm / Q8Gemm, and a chain engine's attention on CachedAttention, whatever its precision. A float engine with tree
+    attention would take neither."""
     if build.cpu_kernels not in CPU_KERNELS:
         return [f"cpu_kernels={build.cpu_kernels!r} is not one of {', '.join(CPU_KERNELS)}"]
     if build.cpu_kernels == "ort":
         return []
     problems = []
-    if scheme is None:
-        problems.append("--cpu_kernels specdec computes int4 and int8 weights: use it with --qformat int4_wo, int4_awq or int8_wo, or a GPTQ/AWQ "
-                        f"checkpoint (this build is {build.quantization})")
+    if scheme is None and (build.tree_attention or build.speculative_decoding_mode in TREE_MODES):
+        problems.append("--cpu_kernels specdec runs int4 / int8 weights on its GEMM ops and a chain engine's attention on CachedAttention; "
+                        f"this engine has neither: its weights are not weight-only ({build.quantization}) and it verifies trees (Medusa and EAGLE "
+                        "targets, --tree_attention), whose attention stays ONNX Attention. Build it with --cpu_kernels ort, or with --qformat "
+                        "int4_wo, int4_awq or int8_wo")
     if build.lowering != "ort_cpu":  # (a lowering only the onnxruntime backend takes)
         problems.append(f"--cpu_kernels specdec is an op of the ort_cpu lowering on the onnxruntime backend (this build: {build.backend}, "
                         f"{build.lowering})")

@@ -129,9 +129,11 @@ class _LogProgress:
              "ort_cuda: for --device cuda (ONNX Runtime's CUDA provider): computes in --dtype (bfloat16/float16), fused attention, CUDA graphs; see "
              "docs/gpu.md.")
 @option("cpu_kernels", type=click.Choice(["ort", "specdec"]), default="ort", show_default=True,
-        help="int4 and int8 engines on the CPU: ort = ONNX Runtime's MatMulNBits; specdec = specdec's own GEMM ops (Q4Gemm, Q8Gemm), compiled "
-             "with the system C compiler on first use, here and on the hosts that run the engine (AVX-512 VNNI; AVX2 or portable C elsewhere): "
-             "a verification step costs little more than a one-token step and needs no row padding (docs/precision.md#specdecs-int4-kernel-q4gemm).")
+        help="CPU engines (--lowering ort_cpu): ort = ONNX Runtime's own ops (MatMulNBits for int4/int8); specdec = specdec's own ops, "
+             "compiled with the system C compiler on first use, here and on the hosts that run the engine (AVX-512 VNNI; AVX2 or portable C "
+             "elsewhere): Q4Gemm / Q8Gemm for int4 / int8 weights (a verification step costs little more than a one-token step, no row "
+             "padding) and CachedAttention, attention over the cache in place, for chain engines of any precision "
+             "(docs/precision.md#specdecs-int4-kernel-q4gemm).")
 @option("cuda_attention", type=click.Choice(["auto", "gqa", "masked"]), default="auto", show_default=True,
         help="With --lowering ort_cuda: gqa = GroupQueryAttention (fastest one-token decode; several tokens with a past only one row at a time, "
              "no trees); masked = TensorScatter + Attention with a mask (a verification round is one call at any batch size; Medusa/EAGLE trees). "

@@ -289,9 +289,10 @@ def tiny_checkpoint(tmp_path_factory):
 
 
 @pytest.mark.parametrize("flags,expected", [
-    ((), "--cpu_kernels specdec computes int4 and int8 weights"),  # a float engine
-    (("--qformat", "fp8"), "--cpu_kernels specdec computes int4 and int8 weights"),
+    (("--speculative_decoding_mode", "draft_tokens_external", "--tree_attention"), "this engine has neither"),  # float, a tree: nothing to run
+    (("--qformat", "fp8", "--speculative_decoding_mode", "draft_tokens_external", "--tree_attention"), "this engine has neither"),
     (("--qformat", "int4_wo", "--lowering", "portable"), "an op of the ort_cpu lowering"),
+    (("--lowering", "portable"), "an op of the ort_cpu lowering"),
 ])
 def test_cpu_kernels_specdec_is_refused_where_it_does_not_apply(tiny_checkpoint, tmp_path, flags, expected):
     from conftest import cli_build
@@ -299,6 +300,26 @@ def test_cpu_kernels_specdec_is_refused_where_it_does_not_apply(tiny_checkpoint,
     r = cli_build(tiny_checkpoint, tmp_path / "e", "--cpu_kernels", "specdec", *flags)
     assert r.exit_code != 0 and expected in r.output and "Traceback" not in r.output
     assert not (tmp_path / "e").exists()
+
+
+@pytest.mark.parametrize("qformat", ["none", "fp8"])
+def test_a_float_engine_takes_cached_attention(tiny_checkpoint, tmp_path, qformat):
+    """--cpu_kernels specdec on a float (or FP8, folded to float32 on the CPU) chain engine: its attention on CachedAttention,
+    its MatMuls ONNX Runtime's, no weight-only record; the runtime opens it."""
+    import onnx
+    from conftest import cli_build
+
+    from specdec.formats.engine_format import load_engine_dir
+    from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
+
+    r = cli_build(tiny_checkpoint, tmp_path / "e", "--cpu_kernels", "specdec", "--qformat", qformat)
+    assert r.exit_code == 0, r.output
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "e" / "model.onnx"), load_external_data=False).graph.node]
+    assert ops.count("CachedAttention") == 1 and "Attention" not in ops
+    engine = load_engine_dir(tmp_path / "e")
+    assert engine.config.build.cpu_kernels == "specdec" and engine.config.build.weight_only is None
+    ex = OrtExecutor(engine, num_threads=1)
+    assert ex.forward(ex.new_cache(1), [[3, 4, 5]], all_logits=False).logits.shape == (1, 1, ex.vocab_size)
 
 
 def test_cpu_kernels_specdec_without_a_compiler_is_refused_before_any_work(tiny_checkpoint, tmp_path, monkeypatch):

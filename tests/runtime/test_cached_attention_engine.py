@@ -1,6 +1,7 @@
 """Engines built with --cpu_kernels specdec attend with specdec's CachedAttention (plugins/cpu_kernels.py): the same greedy
 tokens as the same engine on ONNX Runtime's Attention and as transformers, and greedy speculation on it is exactly
-target-only (invariant 2), without padding a lone query row."""
+target-only (invariant 2), without padding a lone query row. Int4 engines, and float ones (whose MatMuls stay ONNX
+Runtime's: the op is their attention only)."""
 
 import numpy as np
 import pytest
@@ -55,6 +56,18 @@ def engines(tmp_path_factory):
         built["onnx_attention"] = build_and_load(target, d / "o", spec_build(MAX_DRAFT, **int4))
     built["hf"] = load_hf(dequantized(target, d / "deq"))
     return built
+
+
+@pytest.fixture(scope="module")
+def float_engines(tmp_path_factory):
+    """float32 engines with --cpu_kernels specdec (CachedAttention, MatMul) and without (ONNX Attention), a draft too."""
+    d = tmp_path_factory.mktemp("cached_attention_float")
+    target = make_checkpoint(d / "target", seed=0, **ARCH)
+    draft = make_checkpoint(d / "draft", num_hidden_layers=1, seed=1, **ARCH)
+    return {"target": build_and_load(target, d / "t", spec_build(MAX_DRAFT, cpu_kernels="specdec")),
+            "draft": build_and_load(draft, d / "d", spec_build(0, cpu_kernels="specdec")),
+            "onnx_attention": build_and_load(target, d / "o", spec_build(MAX_DRAFT)),
+            "hf": load_hf(target)}
 
 
 def ops(ex) -> list[str]:
@@ -149,4 +162,62 @@ def test_draft_target_is_exactly_target_only(engines, draft_len, prompts):
 def test_ngram_is_exactly_target_only(engines, draft_len):
     base, _ = run(Orchestrator(engines["target"]), REPETITIVE, 48)
     spec, m = run(Orchestrator(engines["target"], NGramProposer(draft_len, 2), draft_len), REPETITIVE, 48)
+    assert spec == base and m.accepted > 0
+
+
+def test_a_float_chain_engine_attends_with_cached_attention(float_engines):
+    """A float32 engine with --cpu_kernels specdec: one CachedAttention a layer, its MatMuls ONNX Runtime's, no Attention,
+    Slice or Pad, and no weight-only record (nothing in it is quantized); the draft's too."""
+    for name in ("target", "draft"):
+        ex = float_engines[name]
+        found = ops(ex)
+        layers = ex.engine.config.model.num_layers
+        assert found.count("CachedAttention") == layers and "MatMul" in found
+        assert not {"Attention", "Slice", "Pad", "Q4Gemm", "Q8Gemm"} & set(found)
+        assert ex.build.cpu_kernels == "specdec" and ex.build.weight_only is None
+    assert len(ops(float_engines["target"])) < len(ops(float_engines["onnx_attention"]))
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_float_greedy_tokens_and_logits_equal_onnx_attention_and_transformers(float_engines, prompt):
+    """40 greedy tokens: those of the same float32 engine on ONNX Attention and of transformers; every step's logits
+    within float32 summation order of transformers' (1e-4 of their range)."""
+    own = engine_greedy(float_engines["target"], prompt, 40)
+    assert own == engine_greedy(float_engines["onnx_attention"], prompt, 40)
+    with torch.no_grad():
+        seq = float_engines["hf"].generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0)
+        want = float_engines["hf"](seq).logits[0, len(prompt) - 1 : -1].numpy()  # [40, vocab]
+    assert own == seq[0, len(prompt):].tolist()
+    ex = float_engines["target"]
+    cache = ex.new_cache(1)
+    got = [ex.forward(cache, [prompt], all_logits=False).logits[0, -1].copy()]
+    got += [ex.forward(cache, [[t]], all_logits=False).logits[0, -1].copy() for t in own[:-1]]
+    span = want.max(-1) - want.min(-1)
+    assert (np.abs(np.stack(got) - want).max(-1) <= 1e-4 * span).all()
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_float_verification_logits_equal_one_token_logits_bit_for_bit(float_engines, batch):
+    """What greedy speculation's exactness rests on, with no padded query row: 7 tokens in one call, the bits of 7
+    one-token calls."""
+    ex = float_engines["target"]
+    prompts = [p[:n] for p, n in zip(PROMPTS, (3, 2, 7), strict=True)][:batch]
+    follow = [[30 + i + r for i in range(7)] for r in range(batch)]
+    together = ex.new_cache(batch)
+    ex.forward(together, prompts, all_logits=False)
+    one_call = ex.forward(together, follow, all_logits=True).logits.copy()
+    stepwise = ex.new_cache(batch)
+    ex.forward(stepwise, prompts, all_logits=False)
+    alone = np.concatenate([ex.forward(stepwise, [[f[i]] for f in follow], all_logits=True).logits.copy() for i in range(7)], axis=1)
+    np.testing.assert_array_equal(one_call, alone)
+
+
+@pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["batch1", "ragged-batch3"])
+def test_float_speculation_is_exactly_target_only(float_engines, prompts):
+    base, _ = run(Orchestrator(float_engines["target"]), prompts)
+    for draft_len in (1, 4, 6):
+        spec, m = run(Orchestrator(float_engines["target"], DraftModelProposer(float_engines["draft"]), draft_len), prompts)
+        assert spec == base and m.drafted > 0
+    base, _ = run(Orchestrator(float_engines["target"]), REPETITIVE, 48)
+    spec, m = run(Orchestrator(float_engines["target"], NGramProposer(6, 2), 6), REPETITIVE, 48)
     assert spec == base and m.accepted > 0

@@ -71,10 +71,11 @@ class OrtExecutor:
         self.build = engine.config.build
         opts = session_options(num_threads)
         if self.build.cpu_kernels == "specdec":  # int4 layers on specdec's Q4Gemm op, chain attention on CachedAttention (plugins/cpu_kernels.py)
-            from ....hardware.cpu_kernels import KernelBuildError, kernel_library
+            from ....hardware.cpu_kernels import LAYOUT, KernelBuildError, kernel_library
 
-            try:
-                library = kernel_library((self.build.weight_only or {}).get("kernel_layout", 0))
+            record = self.build.weight_only
+            try:  # (a float engine holds no Q4Gemm weights, whose layout the library must read: its attention only)
+                library = kernel_library(record.get("kernel_layout", 0) if record else LAYOUT)
                 opts.register_custom_ops_library(str(library))
             except KernelBuildError as err:
                 raise EngineError(f"{engine.path} was built with --cpu_kernels specdec: {err}") from None
