@@ -22,9 +22,10 @@ k=4, n-gram k=8) on specdec's float32 engines as built by default (ONNX Attentio
 ``--cpu_kernels specdec`` (CachedAttention over the cache in place), and on onnxruntime-genai; and three bare loops,
 target-only: the barest Python loop over each of specdec's two target engines (one IOBinding run, an argmax and two
 ints written per token: no requests, checks or metrics) and over onnxruntime-genai's own export (its GroupQueryAttention
-graph). Tokens/s per round, interleaved prompt by prompt, and per-round ratios: specdec / its bare loop is what
-specdec's loop costs, one bare loop / another what a graph costs, and the bare loop over genai's graph /
-onnxruntime-genai what a Python loop costs against its C++ one.
+graph, whose attention mask of the total length is bound again each token, as its own loop feeds it). Tokens/s per
+round, interleaved prompt by prompt, and per-round ratios: specdec / its bare loop is what specdec's loop costs, one
+bare loop / another what a graph costs, and the bare loop over genai's graph / onnxruntime-genai what a Python loop
+costs against its C++ one.
 
 specdec's figures are its own: one target session per method (so the profiles do not mix), the draft on the same
 thread count. onnxruntime-genai runs in its own process (benchmarks/README.md says how its venv is made).
@@ -59,7 +60,7 @@ from specdec.runtime.proposers.ngram import NGramProposer  # noqa: E402
 METHODS = ("target-only", "draft k=4", "ngram k=8")
 
 
-def prepare(target: str, draft: str, work: Path, ortgenai: bool = True) -> dict[str, Path]:
+def prepare(target: str, draft: str, work: Path, ortgenai: bool = True, cached_attention: bool = False) -> dict[str, Path]:
     """specdec's float32 engines (with ONNX Attention, and with --cpu_kernels specdec's CachedAttention: -ca) and
     onnxruntime-genai's fp32 exports of the pair, made once under ``work``."""
     paths = {"target": work / "target", "draft": work / "draft", "og-target": work / "og-target", "og-draft": work / "og-draft",
@@ -74,7 +75,7 @@ def prepare(target: str, draft: str, work: Path, ortgenai: bool = True) -> dict[
     if not (paths["draft"] / "config.json").is_file():
         build_engine(draft, paths["draft"], BuildConfig(dtype="float32", max_batch_size=1, max_input_len=1024, max_seq_len=2048),
                      force=True, say=quiet)
-    for ckpt, key, spec in ((target, "target-ca", True), (draft, "draft-ca", False)):
+    for ckpt, key, spec in ((target, "target-ca", True), (draft, "draft-ca", False)) if cached_attention else ():
         if not (paths[key] / "config.json").is_file():
             limits = dict(max_batch_size=1, max_input_len=1024, max_seq_len=2048, cpu_kernels="specdec")
             mode = dict(max_draft_len=8, speculative_decoding_mode="draft_tokens_external") if spec else {}
@@ -393,7 +394,9 @@ def main() -> None:
     args = ap.parse_args()
 
     work = Path(args.work)
-    paths = prepare(args.target, args.draft, work, "ortgenai" in args.runtimes.split(","))
+    if args.end_to_end and "ortgenai" not in args.runtimes.split(","):
+        raise SystemExit("--end_to_end runs onnxruntime-genai beside specdec: leave it in --runtimes (benchmarks/README.md: its venv)")
+    paths = prepare(args.target, args.draft, work, "ortgenai" in args.runtimes.split(","), args.cached_attention or args.end_to_end)
     prompts = code_prompts(paths["target"], args.num_prompts, args.prompt_tokens)
     n = args.max_new_tokens
     import specdec

@@ -114,9 +114,9 @@ def cpu_kernels_problems(build: BuildConfig, scheme: WeightOnlyScheme | None) ->
     problems = []
     if scheme is None and (build.tree_attention or build.speculative_decoding_mode in TREE_MODES):
         problems.append("--cpu_kernels specdec runs int4 / int8 weights on its GEMM ops and a chain engine's attention on CachedAttention; "
-                        f"this engine has neither: its weights are not weight-only ({build.quantization}) and it verifies trees (Medusa and EAGLE "
-                        "targets, --tree_attention), whose attention stays ONNX Attention. Build it with --cpu_kernels ort, or with --qformat "
-                        "int4_wo, int4_awq or int8_wo")
+                        f"this engine has neither: its weights are not weight-only ({build.quantization}) and it verifies trees (Medusa, "
+                        "EAGLE and P-EAGLE targets, --tree_attention), whose attention stays ONNX Attention. Build it with --cpu_kernels "
+                        "ort, or with --qformat int4_wo, int4_awq or int8_wo")
     if build.lowering != "ort_cpu":  # (a lowering only the onnxruntime backend takes)
         problems.append(f"--cpu_kernels specdec is an op of the ort_cpu lowering on the onnxruntime backend (this build: {build.backend}, "
                         f"{build.lowering})")

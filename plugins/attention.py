@@ -45,7 +45,7 @@ class AttentionLowering:
     # Set for engines that verify (or draft) a tree of tokens in one call: a tree_mask input says which of the
     # call's tokens each one attends to (its ancestors and itself); the cache before the call is visible to all.
     tree_attention = False
-    cpu_kernels = "ort"  # specdec: int4 / int8 weights on Q4Gemm / Q8Gemm where the lowering has them (ort_cpu; plugins/cpu_kernels.py)
+    cpu_kernels = "ort"  # specdec: int4 / int8 weights on Q4Gemm / Q8Gemm, chain attention on CachedAttention, where the lowering has them (ort_cpu)
     q4gemm_layers = 0  # set while building: the layers written as Q4Gemm / Q8Gemm
     kernel_ops: frozenset[str] = frozenset()  # set while building: which of the two
     attention_op = "Attention"  # what the layers' attention lowers to (an engine built with --cpu_kernels specdec records it)

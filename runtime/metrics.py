@@ -123,8 +123,10 @@ class Metrics:
 
     @property
     def round_draft_s(self) -> float:
-        """The proposers' time in the rounds: draft_s less their passes over the prompts (EAGLE's and Medusa's features
-        of the prompt, a pool's indexing), which a request pays once, not per round."""
+        """The proposers' time in the rounds: draft_s less their passes over the prompts as requests join (EAGLE's and
+        Medusa's features of the prompt, a pool's indexing), which a request pays once, not per round. A prompt a
+        proposer takes only when the request first drafts is in that round: draft_len=auto's catch-up of a request that
+        had not drafted, an EAGLE-family module's prompt of a few pairs (fed with the first draft)."""
         return max(self.draft_s - self.prompt_draft_s, 0.0)
 
     @property

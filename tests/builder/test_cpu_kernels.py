@@ -302,6 +302,20 @@ def test_cpu_kernels_specdec_is_refused_where_it_does_not_apply(tiny_checkpoint,
     assert not (tmp_path / "e").exists()
 
 
+@pytest.mark.parametrize("mode", ["medusa", "eagle", "peagle"])
+def test_a_float_tree_target_is_refused_and_an_int4_one_is_not(mode):
+    """Medusa / EAGLE / P-EAGLE targets verify trees: a float one would run none of the ops (refused, before its heads are
+    read); an int4 one runs Q4Gemm."""
+    from specdec.builder.build import cpu_kernels_problems
+    from specdec.builder.weight_only import WeightOnlyScheme
+    from specdec.formats.engine_format import BuildConfig
+
+    float_build = BuildConfig(speculative_decoding_mode=mode, max_draft_len=4, cpu_kernels="specdec")
+    assert any("this engine has neither" in p and "P-EAGLE" in p for p in cpu_kernels_problems(float_build, None))
+    int4 = BuildConfig(speculative_decoding_mode=mode, max_draft_len=4, cpu_kernels="specdec", quantization="int4_wo", group_size=32)
+    assert not any("this engine has neither" in p for p in cpu_kernels_problems(int4, WeightOnlyScheme.of(int4)))
+
+
 @pytest.mark.parametrize("qformat", ["none", "fp8"])
 def test_a_float_engine_takes_cached_attention(tiny_checkpoint, tmp_path, qformat):
     """--cpu_kernels specdec on a float (or FP8, folded to float32 on the CPU) chain engine: its attention on CachedAttention,

@@ -80,8 +80,8 @@ class OrtExecutor:
             except KernelBuildError as err:
                 raise EngineError(f"{engine.path} was built with --cpu_kernels specdec: {err}") from None
             except Exception as err:  # onnxruntime's own errors are untyped
-                raise EngineError(f"{engine.path} was built with --cpu_kernels specdec and specdec's int4/int8 CPU kernel library does not "
-                                  f"load here ({err}); rebuild the engine with --cpu_kernels ort") from err
+                raise EngineError(f"{engine.path} was built with --cpu_kernels specdec and specdec's CPU kernel library (int4/int8 GEMMs, "
+                                  f"CachedAttention) does not load here ({err}); rebuild the engine with --cpu_kernels ort") from err
         try:
             self.session = ort.InferenceSession(str(engine.network_path), opts, providers=["CPUExecutionProvider"])
         except Exception as err:  # onnxruntime's own errors are untyped
