@@ -133,7 +133,10 @@ def test_logits_match_onnx_attention(engines):
 @pytest.mark.parametrize("batch", [1, 3])
 def test_verification_logits_equal_one_token_logits_bit_for_bit(engines, batch):
     """One call of 7 tokens per row against 7 one-token calls on the same cache: the same bits, with no padded query row."""
-    ex = engines["target"]
+    verification_equals_one_token_steps(engines["target"], batch)
+
+
+def verification_equals_one_token_steps(ex, batch: int) -> None:
     prompts = [p[:n] for p, n in zip(PROMPTS, (3, 2, 7), strict=True)][:batch]
     follow = [[30 + i + r for i in range(7)] for r in range(batch)]
     together = ex.new_cache(batch)
@@ -200,16 +203,7 @@ def test_float_greedy_tokens_and_logits_equal_onnx_attention_and_transformers(fl
 def test_float_verification_logits_equal_one_token_logits_bit_for_bit(float_engines, batch):
     """What greedy speculation's exactness rests on, with no padded query row: 7 tokens in one call, the bits of 7
     one-token calls."""
-    ex = float_engines["target"]
-    prompts = [p[:n] for p, n in zip(PROMPTS, (3, 2, 7), strict=True)][:batch]
-    follow = [[30 + i + r for i in range(7)] for r in range(batch)]
-    together = ex.new_cache(batch)
-    ex.forward(together, prompts, all_logits=False)
-    one_call = ex.forward(together, follow, all_logits=True).logits.copy()
-    stepwise = ex.new_cache(batch)
-    ex.forward(stepwise, prompts, all_logits=False)
-    alone = np.concatenate([ex.forward(stepwise, [[f[i]] for f in follow], all_logits=True).logits.copy() for i in range(7)], axis=1)
-    np.testing.assert_array_equal(one_call, alone)
+    verification_equals_one_token_steps(float_engines["target"], batch)
 
 
 @pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["batch1", "ragged-batch3"])
