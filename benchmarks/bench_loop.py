@@ -37,12 +37,15 @@ import argparse
 import cProfile
 import glob
 import json
+import os
 import pstats
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 import host  # noqa: E402
@@ -226,7 +229,6 @@ class BareGenaiGraph:
     --end_to_end tells the graph's share of the gap from the loop's. One session, the runtime's threads."""
 
     def __init__(self, export: Path, threads: int):
-        import numpy as np
         import onnxruntime as ort
 
         config = json.loads((export / "genai_config.json").read_text())
@@ -245,7 +247,6 @@ class BareGenaiGraph:
         self.ones = np.ones((1, self.max_len), np.int64)  # the attention mask: its first total-length columns
         self.ids = np.zeros((1, 1), np.int64)
         self.logits = np.zeros((1, 1, self.vocab), np.float32)  # [1, 1, vocab]
-        self.np = np
         self.decode = self._binding(self.ids, self.logits)
 
     def _binding(self, ids: Any, logits: Any) -> Any:
@@ -254,11 +255,10 @@ class BareGenaiGraph:
             b.bind_ortvalue_input(past, value)
             b.bind_ortvalue_output(present, value)
         b.bind_cpu_input("input_ids", ids)
-        b.bind_output("logits", "cpu", 0, self.np.float32, list(logits.shape), logits.ctypes.data)
+        b.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
         return b
 
     def __call__(self, ids: list[int], n: int) -> list[int]:
-        np = self.np
         for a in self.kv:
             a[...] = 0
         prompt = np.array([ids], np.int64)
@@ -350,7 +350,7 @@ def end_to_end(args: argparse.Namespace, paths: dict[str, Path], prompts: list[l
         ratios[f"bare loop, {label} / bare loop, genai's graph"] = ratio(f"bare loop, {label}", "bare loop, genai's graph")
     ratios["bare loop, genai's graph / onnxruntime-genai: target-only"] = ratio("bare loop, genai's graph", "onnxruntime-genai: target-only")
     record["ratios"] = ratios
-    record["load_average_end"] = list(host.os.getloadavg())
+    record["load_average_end"] = list(os.getloadavg())
     print(f"{host.describe(record['host'])}; {args.threads} thread(s); load average {record['host']['load_average'][0]:.2f} -> "
           f"{record['load_average_end'][0]:.2f}")
     for k, v in record["results"].items():
@@ -456,7 +456,7 @@ def main() -> None:
                 **({"python_calls_per_target_call": calls[k[1]]} if k[0] == "specdec" and calls else {}),
                 "same_as_target_only": outputs[k] == outputs[(k[0], "target-only")],
             }
-    record["load_average_end"] = list(host.os.getloadavg())
+    record["load_average_end"] = list(os.getloadavg())
     record["results"] = results
     print(f"{host.describe(record['host'])}; {args.threads} thread(s); "
           f"load average {record['host']['load_average'][0]:.2f} -> {record['load_average_end'][0]:.2f}")

@@ -92,7 +92,7 @@ def validate_build_config(build: BuildConfig, model: ModelConfig) -> None:
                                  ("--quantize_lm_head", build.quantize_lm_head)) if on]
         problems.append(f"{', '.join(given)} apply only to weight-only quantization (--qformat int8_wo, int4_wo or int4_awq), not to "
                         f"{build.quantization}")
-    if build.quantize_draft_heads and (scheme is None or build.speculative_decoding_mode not in ("medusa", "eagle", "peagle")):
+    if build.quantize_draft_heads and (scheme is None or build.speculative_decoding_mode not in TREE_MODES):
         problems.append("--quantize_draft_heads quantizes a target's draft heads (Medusa heads, an EAGLE-3 or P-EAGLE module) as its weight-only "
                         "layers: use it with --speculative_decoding_mode medusa, eagle or peagle and --qformat int8_wo, int4_wo or int4_awq "
                         f"(this build: {build.speculative_decoding_mode}, {build.quantization})")

@@ -188,7 +188,7 @@ def build_eagle_network(base: Checkpoint, heads, cfg: ModelConfig, build: BuildC
 
     x = _rms_norm(gb, "/model/norm", x, weights.float32("norm.weight"), cfg.rms_norm_eps)
     if linears.scheme is not None and build.quantize_lm_head:
-        logits = linears.int_head("/lm_head/matmul", x, weights.float32("lm_head.weight").T, logits_index)  # [B, L, vocab]
+        logits = linears.int_rtn("lm_head", "/lm_head/matmul", x, weights.float32("lm_head.weight").T, logits_index)  # [B, L, vocab]
         float32_output(gb, "Identity", [logits], "/lm_head/logits", "logits", ["batch", "num_logits", cfg.vocab_size])
     else:
         lm_head = gb.weight("lm_head.weight", weights.float32("lm_head.weight").T)  # [hidden, vocab]

@@ -112,7 +112,7 @@ def build_network(
     if linears.scheme is not None and build.quantize_lm_head:
         # a quantized copy for the head only: the embedding (tied or not) stays in --dtype
         head_t = ckpt.float32("model.embed_tokens.weight" if tied else "lm_head.weight").T  # [hidden, vocab], read again: not held through the layers
-        gb.op("Identity", [linears.int_head("/lm_head/matmul", x, head_t, logits_index)], "/lm_head/logits", outputs=["logits"])
+        gb.op("Identity", [linears.int_rtn("lm_head", "/lm_head/matmul", x, head_t, logits_index)], "/lm_head/logits", outputs=["logits"])
     else:
         if tied:
             lm_head = gb.op("Transpose", [embed], "/lm_head/tied_weight_t", perm=[1, 0])
@@ -299,10 +299,6 @@ class _Linears(LinearWeights):
             y = self(name, x, modules, None, input_folded, w=w)
         gate, up = self.gb.op("Split", [y, _shape(self.gb, f"{name}_split", [width] * 2)], f"{name}_split_op", num_outputs=2, axis=-1)
         return self.gb.op("Mul", [silu(gate), up], f"{name}/gated")
-
-    def int_head(self, name: str, x: str, w_t: np.ndarray, rows: str) -> str:
-        """The LM head as int8/int4 (--quantize_lm_head): round to nearest, from a copy of the float weight [hidden, vocab]."""
-        return self.int_rtn("lm_head", name, x, w_t, rows)
 
     def matmul(self, quantized: bool, kind: str, name: str, x: str, w_t: np.ndarray, rows: str, weight_name: str) -> str:
         """x @ w_t [in, out] for a head outside the decoder layers: int_rtn when ``quantized``, else a float MatMul on the

@@ -243,7 +243,7 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
         click.echo(f"  {title} module engine: {Path(result.output_dir) / EAGLE_MODULE_DIR}  "
                    f"[{b.eagle_num_layers} layer(s), fed by layers {', '.join(map(str, b.eagle_aux_layer_ids))} through eagle_hidden"
                    f"{', weight-only as the target (its layers and the fc)' if b.quantize_draft_heads else ''}]")
-    if b.speculative_decoding_mode in ("medusa", "eagle", "peagle") and b.weight_only is not None and not b.quantize_draft_heads:
+    if b.speculative_decoding_mode in TREE_MODES and b.weight_only is not None and not b.quantize_draft_heads:
         # on a CPU the heads' float weights are much of a draft step's memory reads
         click.echo(f"  the draft heads are in {b.dtype}; --quantize_draft_heads builds them as the target's layers (docs/medusa-eagle.md)")
 

@@ -20,6 +20,9 @@ from .metrics import Metrics
 from .proposers.base import Proposer
 from .request import GenerationConfig, RequestOutput
 
+# the engine's times a generate() reports: each call counted once (the requests' own are shares of shared calls)
+ENGINE_TIMES = ("target_s", "draft_s", "prompt_target_s", "prompt_draft_s")
+
 __all__ = ["GenerationConfig", "Orchestrator", "RequestOutput", "TokenCallback"]
 
 # on_tokens(prompt_index, new_token_ids): called as tokens are accepted (streaming);
@@ -69,7 +72,7 @@ class Orchestrator:
             raise RequestError("no prompts given.")
         checked = [engine.validate(p, f"prompt {i}") for i, p in enumerate(prompts)]  # all, before anything runs
         stats = engine.stats
-        before = (stats.target_s, stats.draft_s, stats.prompt_target_s, stats.prompt_draft_s)
+        before = [getattr(stats, name) for name in ENGINE_TIMES]
         start = time.perf_counter()
         index = {engine.add_request(p, config, seed_stream=i): i for i, p in enumerate(checked)}
         done: dict[int, RequestOutput] = {}
@@ -90,7 +93,6 @@ class Orchestrator:
         for i in range(len(checked)):
             metrics.merge(done[i].metrics)  # type: ignore[arg-type]
         metrics.total_s = time.perf_counter() - start
-        # the engine's times (each call counted once, where the requests' own are shares of shared calls)
-        metrics.target_s, metrics.draft_s, metrics.prompt_target_s, metrics.prompt_draft_s = (
-            now - then for now, then in zip((stats.target_s, stats.draft_s, stats.prompt_target_s, stats.prompt_draft_s), before, strict=True))
+        for name, then in zip(ENGINE_TIMES, before, strict=True):
+            setattr(metrics, name, getattr(stats, name) - then)
         return [done[i] for i in range(len(checked))], metrics

@@ -129,10 +129,11 @@ class SpeculativeRound:
         t1 = time.perf_counter()
         self.stats.target_s += t1 - t0
         self.stats.prompt_target_s += t1 - t0
+        share = (t1 - t0) / len(batch)
         ended = []
         for r, tok in zip(batch, firsts, strict=True):
-            r.metrics.target_s += (t1 - t0) / len(batch)
-            r.metrics.prompt_target_s += (t1 - t0) / len(batch)
+            r.metrics.target_s += share
+            r.metrics.prompt_target_s += share
             if tok is None:  # no token from logits that are not numbers
                 fail(r, nonfinite_message(0), "nonfinite_logits")
                 ended.append(r)

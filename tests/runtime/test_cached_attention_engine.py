@@ -6,11 +6,9 @@ Runtime's: the op is their attention only)."""
 import numpy as np
 import pytest
 import torch
-from checkpoints import is_linear, load_hf, make_checkpoint
+from checkpoints import dequantized_checkpoint, load_hf, make_checkpoint
 from conftest import build_and_load, engine_greedy, spec_build
-from safetensors.numpy import load_file, save_file
 
-from specdec.builder.weight_only import quantize_rtn
 from specdec.hardware.cpu_kernels import compiler
 from specdec.plugins.cpu_kernels import CACHED_ATTENTION
 from specdec.plugins.ort_cpu import OrtCpuAttention
@@ -27,21 +25,6 @@ PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26, 27, 2
 REPETITIVE = [[40, 41, 42, 43, 44, 45, 40, 41, 42, 43, 44, 45, 40, 41], [7, 8, 9, 7, 8, 9, 7, 8]]
 
 
-def dequantized(src, dst):
-    """``src`` with its linear weights replaced by their int4 round-to-nearest dequantization, as the engine quantizes
-    them: what transformers runs as the reference (the engine's remaining difference: Q4Gemm's int8 activations)."""
-    dst.mkdir(parents=True)
-    for f in src.iterdir():
-        if f.name != "model.safetensors":
-            (dst / f.name).write_bytes(f.read_bytes())
-    tensors = load_file(src / "model.safetensors")
-    for name, w in tensors.items():
-        if is_linear(name):
-            tensors[name] = np.ascontiguousarray(quantize_rtn(w.T, 4, GROUP, True).dequantized().T)
-    save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
-    return dst
-
-
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
     d = tmp_path_factory.mktemp("cached_attention")
@@ -54,7 +37,7 @@ def engines(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:  # the same engine on ONNX Runtime's Attention (the path before the op)
         mp.setattr(OrtCpuAttention, "_own_attention", lambda self: False)
         built["onnx_attention"] = build_and_load(target, d / "o", spec_build(MAX_DRAFT, **int4))
-    built["hf"] = load_hf(dequantized(target, d / "deq"))
+    built["hf"] = load_hf(dequantized_checkpoint(target, d / "deq", 4, GROUP))  # the reference: int4 round-to-nearest weights
     return built
 
 
