@@ -104,6 +104,8 @@ def main() -> None:
     p.add_argument("--peagle-decay", type=float, default=0.5, help="P-EAGLE: drafting position j's loss weighs this^(j-1)")
     p.add_argument("--modes", default="medusa,eagle", help="which to train: medusa, eagle, peagle (comma-separated)")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr-scheduler", choices=("constant", "cosine"), default="constant",
+                   help="cosine decays over the budget (--minutes / --cpu-minutes) or --max-steps")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
@@ -135,7 +137,7 @@ def main() -> None:
               else dict(max_time=args.minutes * 60))
     common = dict(model=str(args.target), data=str(data / "prompts.answers.jsonl"), eval_data=str(data / "eval_prompts.answers.jsonl"),
                   lr=args.lr, batch_size=args.batch_size, num_epochs=1000, save_steps=100_000, training_seq_len=256,
-                  lr_scheduler="constant", seed=args.seed, num_threads=args.threads, overwrite_output_dir=True, **budget)
+                  lr_scheduler=args.lr_scheduler, seed=args.seed, num_threads=args.threads, overwrite_output_dir=True, **budget)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or set(modes) - {"medusa", "eagle", "peagle"}:
         p.error(f"--modes {args.modes!r}: expected some of medusa, eagle, peagle")

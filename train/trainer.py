@@ -136,13 +136,21 @@ def _batch_for_step(step: int, train: list[Sequence], batch_size: int, seed: int
     return [train[i] for i in order[k * batch_size : (k + 1) * batch_size]]
 
 
-def _lr_at(cfg: TrainConfig, step: int, total: int) -> float:
+def _lr_at(cfg: TrainConfig, step: int, total: int, budget_done: float | None = None) -> float:
+    """The learning rate of ``step``. Cosine decays over the steps, or under a time budget (``budget_done``: the share of
+    --max_time / --max_cpu_time spent so far) over the budget, whichever ends first: a budget's step count is unknown."""
     if cfg.warmup_steps and step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     if cfg.lr_scheduler == "cosine":
-        done = (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
+        done = max((step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps), budget_done or 0.0)
         return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, done)))
     return cfg.lr
+
+
+def _budget_done(cfg: TrainConfig, wall_s: float, cpu_s: float) -> float | None:
+    """The share of this run's time budget spent (the larger of wall and CPU), None without one."""
+    shares = [spent / budget for spent, budget in ((wall_s, cfg.max_time), (cpu_s, cfg.max_cpu_time)) if budget]
+    return max(shares) if shares else None
 
 
 def make_run(cfg: TrainConfig, base: nn.Module) -> Run:
@@ -202,7 +210,7 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
     last_saved = None
     loop_start, loop_cpu_start = time.perf_counter(), time.process_time()
     while step < total:
-        lr = _lr_at(cfg, step, total)
+        lr = _lr_at(cfg, step, total, _budget_done(cfg, time.perf_counter() - loop_start, time.process_time() - loop_cpu_start))
         for g in optimizer.param_groups:
             g["lr"] = lr
         loss, _ = run.forward(_batch_for_step(step, train_seqs, cfg.batch_size, cfg.seed))

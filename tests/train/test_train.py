@@ -138,6 +138,34 @@ def test_max_cpu_time_stops_on_this_process_cpu_time(tmp_path, tiny_base, repeti
     assert log["cpu_seconds"] == r.cpu_seconds and "max_cpu_time 1e-06 CPU s" in (tmp_path / "t" / "README.md").read_text()
 
 
+def test_cosine_decays_over_a_time_budget(tmp_path, tiny_base, repetitive_data, monkeypatch):
+    """Under --max_time the step count is unknown: cosine must reach ~0 as the budget runs out, not stay near --lr because the
+    epochs' step count is far away (as it did: the schedule read steps only)."""
+    from specdec.train import trainer
+
+    lrs = []
+    real = trainer._lr_at
+    monkeypatch.setattr(trainer, "_lr_at", lambda *a, **kw: lrs.append(real(*a, **kw)) or lrs[-1])
+    r = train(config("medusa", tiny_base, repetitive_data, tmp_path / "t", max_steps=None, num_epochs=10_000, max_time=1.5,
+                     lr_scheduler="cosine", save_steps=100_000), **QUIET)
+    assert r.steps == len(lrs) >= 5
+    assert lrs[0] == pytest.approx(1e-2, rel=0.05) and lrs[-1] < 0.1 * 1e-2  # the last step starts with the budget nearly spent
+    assert all(b <= a for a, b in zip(lrs, lrs[1:], strict=False))
+
+
+def test_cosine_follows_whichever_of_steps_and_budget_ends_first():
+    from specdec.train.trainer import _budget_done, _lr_at
+
+    cfg = TrainConfig(mode="medusa", model="m", data="d", output_dir="o", lr=1.0, lr_scheduler="cosine", max_time=10.0, max_cpu_time=20.0)
+    assert _budget_done(cfg, wall_s=5.0, cpu_s=4.0) == 0.5 and _budget_done(cfg, wall_s=1.0, cpu_s=15.0) == 0.75
+    assert _budget_done(TrainConfig(mode="medusa", model="m", data="d", output_dir="o"), 5.0, 5.0) is None
+    assert _lr_at(cfg, step=50, total=100, budget_done=0.1) == pytest.approx(0.5)  # the steps are further along
+    assert _lr_at(cfg, step=10, total=100, budget_done=0.5) == pytest.approx(0.5)  # the budget is
+    assert _lr_at(cfg, step=10, total=100, budget_done=1.3) == pytest.approx(0.0)
+    constant = TrainConfig(mode="medusa", model="m", data="d", output_dir="o", lr=1.0, max_time=10.0)
+    assert _lr_at(constant, step=99, total=100, budget_done=0.99) == 1.0
+
+
 def test_an_epoch_visits_every_sequence_once(tmp_path, tiny_base, repetitive_data):
     from specdec.train.data import Sequence
     from specdec.train.trainer import _batch_for_step
