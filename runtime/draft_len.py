@@ -38,8 +38,11 @@ pair on a CPU, k = 1 came out 1-5% ahead of k = 0 by the estimate, and
 drafting at those break-even points cost 6-19% of target-only's throughput.
 
 A drafter that drafts any number of tokens in one call (P-EAGLE; ``one_call``, the methods whose proposer says
-``drafts_in_one_call``) is timed per round, not per draft, and a round of k > 0 drafts costs one such step:
-``t_draft + t_verify(k + 1)``; its trees cost the same one step whatever their nodes.
+``drafts_in_one_call``) is timed per round, not per draft, and a round of k > 0 drafts costs one such call:
+``t_round(n, k) + t_verify(k + 1)``. The call computes a row per drafted position, which is nearly free at batch 1
+(measured on a CPU: a round of 8 drafts 1.06-1.29x one of 1) and is not at batch 16 (1.46x-3.07x for 2-8 drafts), so
+``t_round(n, k)`` is a line over k fitted to the rounds' timings per batch size, like ``t_verify``: flat (one call's
+cost whatever k) until two draft lengths were timed at that batch size. A tree is priced by its nodes, as timed.
 
 Trees and scored drafts use the same costs with their own expected tokens:
 
@@ -70,7 +73,7 @@ turns behind 200-token prompts each paid a draft prefill for one draft token
 (measured: `auto` 0.83x target-only at 1 stream, without the prefix cache).
 
 No request drafts in a round where even a perfect drafter would not pay at this batch size (``pays_at``: k + 1
-tokens for a call of width k + 1 and k draft steps, against one token per call, with DRAFT_MARGIN): there the
+tokens for a call of width k + 1 and k draft steps (a one-call drafter's round), against one token per call, with DRAFT_MARGIN): there the
 probes, the exploring rounds and the draft model's catch-ups that let auto notice a change could not find a
 draft that pays, and would only cost. Outside probe rounds a chain drafter's requests are not priced one by one either when
 no draft length would pay even at the batch's best acceptance (runtime/draft_policy.py: AutoDraftPolicy.may_draft), so a full batch
@@ -167,6 +170,7 @@ class AutoDraftLen:
         self.per_token = _CostLine()
         self.draft_s: dict[tuple[str, int], float] = {}  # (method, rows) -> seconds per draft step (moving average)
         self.one_call: set[str] = set()  # methods that draft a round in one call (the Engine fills it): one step per round
+        self.round_lines: dict[tuple[str, int], _CostLine] = {}  # (one-call method, rows) -> a round's drafting by its drafts
         self.catch_up_s: dict[str, _CostLine] = {}  # method -> seconds of a catch-up call by the tokens it feeds
         # The first call of a shape pays ONNX Runtime's one-time work for it (memory planning,
         # kernel choice): 10x a step on the enlarged model. It is not a step's cost, so it is not timed.
@@ -245,6 +249,8 @@ class AutoDraftLen:
         if self._first(("draft", method, rows, drafts)):  # each shape's first call pays ONNX Runtime's setup
             return
         steps = self.steps(method, drafts)
+        if method in self.one_call and drafts > 0:
+            self.round_lines.setdefault((method, rows), _CostLine()).add(drafts, seconds)
         if steps > 0:
             per = seconds / steps
             old = self.draft_s.get((method, rows))
@@ -354,6 +360,16 @@ class AutoDraftLen:
             return default
         return self.draft_s[(method, min(sizes, key=lambda n: abs(n - rows)))]
 
+    def drafting_costs(self, method: str, rows: int, limit: int, t_draft: float) -> list[float]:
+        """[k] seconds a round's drafting of k = 0..limit drafts costs at ``rows`` requests: k steps of ``t_draft``, or for
+        a one-call drafter its round line at k (``t_draft`` for every k until two draft lengths were timed at ``rows``)."""
+        if method not in self.one_call:
+            return [k * t_draft for k in range(limit + 1)]
+        line = self.round_lines.get((method, rows))
+        if line is None or line.slope is None:
+            return [0.0] + [t_draft] * limit
+        return [0.0, *(line(k) for k in range(1, limit + 1))]
+
     def catch_up_cost(self, method: str, tokens: int, rows: int = 1) -> float:
         """Seconds for the method's draft to be fed ``tokens`` it has not seen (unmeasured: an eighth of a draft step
         per token, about what a prompt's prefill costs per token on a CPU)."""
@@ -381,8 +397,9 @@ class AutoDraftLen:
         verify = self.verify_costs(rows)[1 : limit + 2]  # [k]: a call of k + 1 tokens
         t_draft = self.draft_cost(method, rows, default=0.1 * verify[0])  # unmeasured: a tenth of a target step
         tokens = self.expected_tokens(method, a, limit)
+        drafting = self.drafting_costs(method, rows, limit, t_draft)
         spread = rows * catch_up_s / max(min(left, HORIZON), 1)  # per token the round makes
-        speed = [tokens[k] / (self.steps(method, k) * t_draft + verify[k] + (spread * tokens[k] if k else 0.0)) for k in range(limit + 1)]
+        speed = [tokens[k] / (drafting[k] + verify[k] + (spread * tokens[k] if k else 0.0)) for k in range(limit + 1)]
         speed[0] *= 1.0 + DRAFT_MARGIN
         best = max(range(limit + 1), key=speed.__getitem__)
         if current is not None and current <= limit and speed[best] < speed[current] * (1.0 + STICKY):
@@ -403,7 +420,8 @@ class AutoDraftLen:
         tokens = self.expected_tokens(method, acceptance, self.max_draft_len) if acceptance < PERFECT else range(1, self.max_draft_len + 2)
         spread = rows * catch_up_s / max(min(left, HORIZON), 1)  # per token the round makes
         top = max(1, min(self.max_draft_len, left - 1))  # no round makes more than the tokens left
-        return any(tokens[k] / (k * t_draft + verify[k + 1] + spread * tokens[k]) > base for k in range(1, top + 1))
+        drafting = self.drafting_costs(method, rows, top, t_draft)
+        return any(tokens[k] / (drafting[k] + verify[k + 1] + spread * tokens[k]) > base for k in range(1, top + 1))
 
     # -- trees and scored drafts ------------------------------------------------------------
     def choose_tree(self, method: str, nodes: int, accepted: int, rounds: int, rows: int = 1, catch_up_s: float = 0.0,
@@ -421,7 +439,7 @@ class AutoDraftLen:
         ``rows`` requests, with DRAFT_MARGIN; ``catch_up_s`` / ``left`` as for ``choose``."""
         t_draft = self.draft_cost(method, rows, default=0.1 * self._cost(rows, 1))
         spread = rows * catch_up_s / max(min(left, HORIZON), 1)
-        tree = tokens / (self.steps(method, nodes) * t_draft + self._cost(rows, nodes + 1) + spread * tokens)
+        tree = tokens / (self.drafting_costs(method, rows, nodes, t_draft)[nodes] + self._cost(rows, nodes + 1) + spread * tokens)
         return tree > (1.0 + DRAFT_MARGIN) / self._cost(rows, 1)
 
     def calibration(self, method: str) -> float:

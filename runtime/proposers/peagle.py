@@ -42,7 +42,7 @@ class PEagleProposer(EagleProposer):
     choices_flag = "--peagle_choices"
     title, module_flag = "P-EAGLE", "--peagle_dir"
     module_mode = MODULE_MODES[name]
-    drafts_in_one_call = True  # draft_len=auto prices a round's drafts as one call, whatever k
+    drafts_in_one_call = True  # draft_len=auto prices a round's drafts as one call (a line over k, once two k were timed)
 
     @property
     def placeholder(self) -> int:

@@ -247,3 +247,42 @@ def test_seeded_draft_costs_price_the_first_rounds():
     assert auto.catch_up_cost("draft", 64) == pytest.approx(0.02, rel=0.05) and auto.catch_up_cost("draft", 8) == pytest.approx(0.004, rel=0.05)
     auto.record_catch_up("draft", 64, 0.05)  # counted, not skipped as a first call
     assert auto.catch_up_cost("draft", 64) > 0.021
+
+
+def one_call_auto(rows: int, seconds_at) -> AutoDraftLen:
+    """A one-call drafter (P-EAGLE) whose rounds at ``rows`` requests took ``seconds_at(k)`` for k drafts (k = 1..8, 30 rounds
+    each: a shape's first call is not timed, and a line caps a timing at 3x its estimate until it has learnt the slope), over
+    a flat target call of 1 s and acceptance 0.8 per draft."""
+    auto = AutoDraftLen(8, 16)
+    auto.one_call = {"peagle"}
+    auto.verify_cost = lambda rows, width: 1.0 + 0.01 * (width - 1)
+    auto.accepted, auto.reached = {"peagle": 80.0}, {"peagle": 100.0}
+    for _ in range(30):
+        for k in range(1, 9):
+            auto.record_draft("peagle", rows, k, seconds_at(k))
+    return auto
+
+
+def test_a_one_call_drafter_is_priced_by_its_width_where_rounds_show_one():
+    """A round of k drafts is one call, but the call computes k rows: nearly free at batch 1, not at batch 16 on a CPU
+    (measured 1.46x-3.07x one call for k = 2-8). Pricing every k as one call would pick k = 8 where k = 8 costs
+    4x the round of k = 1."""
+    flat = one_call_auto(1, lambda k: 0.1)
+    assert flat.drafting_costs("peagle", 1, 8, flat.draft_cost("peagle", 1, 0.0)) == pytest.approx([0.0] + [0.1] * 8)
+    assert flat.choose("peagle", 0, 0, 8, rows=1) == 8
+    steep = one_call_auto(16, lambda k: 0.1 + 0.3 * (k - 1))  # k = 8: 2.2 s of drafting against 1 s of verification
+    assert steep.drafting_costs("peagle", 16, 8, 0.0)[1:] == pytest.approx([0.1 + 0.3 * j for j in range(8)], rel=0.01)
+    # tokens 1 + 0.8 + 0.64 + ... for 0.1 + 0.3 (k - 1) s of drafting and 1 + 0.01 k of verification: k = 1 1.62 tokens/s,
+    # k = 2 1.72 (2.44 / 1.42 s), k = 3 1.71, then less; priced as one call (0.1 s) every k, k = 8 would win
+    assert steep.choose("peagle", 0, 0, 8, rows=16) == 2
+    assert not steep.pays_at("peagle", 16, acceptance=0.15)  # k = 1: 1.15 tokens / 1.11 s, short of 1 token / 1 s + 10%
+    assert steep.pays_at("peagle", 16)  # a perfect drafter's k = 1: 2 tokens for 1.11 s
+
+
+def test_a_one_call_drafter_timed_at_one_width_is_priced_as_one_call():
+    auto = one_call_auto(1, lambda k: 0.1)
+    auto.round_lines.clear()
+    for _ in range(3):
+        auto.record_draft("peagle", 4, 4, 0.5)
+    assert auto.drafting_costs("peagle", 4, 3, auto.draft_cost("peagle", 4, 0.0)) == pytest.approx([0.0, 0.5, 0.5, 0.5])
+    assert auto.drafting_costs("eagle", 4, 3, 0.2) == pytest.approx([0.0, 0.2, 0.4, 0.6])  # a chain drafter: a step a draft
