@@ -370,6 +370,15 @@ class AutoDraftLen:
             return [0.0] + [t_draft] * limit
         return [0.0, *(line(k) for k in range(1, limit + 1))]
 
+    def drafting_cost(self, method: str, rows: int, drafts: int, t_draft: float) -> float:
+        """One entry of ``drafting_costs``: a round of ``drafts`` drafts (a static tree's nodes)."""
+        if drafts <= 0:
+            return 0.0
+        if method not in self.one_call:
+            return drafts * t_draft
+        line = self.round_lines.get((method, rows))
+        return t_draft if line is None or line.slope is None else line(drafts)
+
     def catch_up_cost(self, method: str, tokens: int, rows: int = 1) -> float:
         """Seconds for the method's draft to be fed ``tokens`` it has not seen (unmeasured: an eighth of a draft step
         per token, about what a prompt's prefill costs per token on a CPU)."""
@@ -439,7 +448,7 @@ class AutoDraftLen:
         ``rows`` requests, with DRAFT_MARGIN; ``catch_up_s`` / ``left`` as for ``choose``."""
         t_draft = self.draft_cost(method, rows, default=0.1 * self._cost(rows, 1))
         spread = rows * catch_up_s / max(min(left, HORIZON), 1)
-        tree = tokens / (self.drafting_costs(method, rows, nodes, t_draft)[nodes] + self._cost(rows, nodes + 1) + spread * tokens)
+        tree = tokens / (self.drafting_cost(method, rows, nodes, t_draft) + self._cost(rows, nodes + 1) + spread * tokens)
         return tree > (1.0 + DRAFT_MARGIN) / self._cost(rows, 1)
 
     def calibration(self, method: str) -> float:

@@ -277,6 +277,8 @@ def test_a_one_call_drafter_is_priced_by_its_width_where_rounds_show_one():
     assert steep.choose("peagle", 0, 0, 8, rows=16) == 2
     assert not steep.pays_at("peagle", 16, acceptance=0.15)  # k = 1: 1.15 tokens / 1.11 s, short of 1 token / 1 s + 10%
     assert steep.pays_at("peagle", 16)  # a perfect drafter's k = 1: 2 tokens for 1.11 s
+    # a tree of 6 nodes from the same call, 2 tokens a round: 1.6 s of drafting + 1.05 s (one price: 1.72 tokens/s, "pays")
+    assert not steep.tree_pays("peagle", 6, 2.0, rows=16) and flat.tree_pays("peagle", 6, 2.0, rows=1)
 
 
 def test_a_one_call_drafter_timed_at_one_width_is_priced_as_one_call():
