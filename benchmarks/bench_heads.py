@@ -19,6 +19,10 @@ Methods (each on its own engine of the same model; every speedup is against targ
 * EAGLE-3 chain (--eagle_lens) and tree (--eagle_choices), the module engine in the eagle target's eagle/;
 * P-EAGLE chain (--peagle_lens) and tree (--peagle_choices): the peagle target's module drafts the block in one call.
 
+``auto`` in --eagle_lens / --peagle_lens adds draft_len=auto on the same engines; ``--one_price`` adds "P-EAGLE
+k=auto flat", P-EAGLE's auto pricing each round at one module call whatever its drafts (the pricing before it fitted a
+line over them: the ablation).
+
 Every method is loaded once and warmed up (at every batch size); then each round runs batch by batch, every method in
 turn on each batch (the order rotated each round), so the methods share each stretch of machine load. Reported per
 method and batch size: tokens/s (median and min-max over rounds), the ratio to target-only in the same round (median,
@@ -65,6 +69,18 @@ def ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+def lens_or_auto(text: str) -> list[int | str]:
+    """Chain lengths, and ``auto`` (draft_len=auto) among them."""
+    return [x.strip() if x.strip() == "auto" else int(x) for x in text.split(",") if x.strip()]
+
+
+def one_price(orch: Orchestrator) -> Orchestrator:
+    """The ablation of --one_price: draft_len=auto pricing a one-call drafter's round at one call whatever its drafts (as
+    before it fitted a line over them), every other cost and choice unchanged."""
+    orch.engine.auto.drafting_costs = lambda method, rows, limit, t_draft: [0.0] + [t_draft] * limit
+    return orch
+
+
 @dataclass
 class Method:
     name: str
@@ -72,11 +88,16 @@ class Method:
     runs: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # batch size -> per round: seconds, outputs, metrics
 
 
-def module_methods(label: str, path: str, cls, lens: list[int], choices: str | None, threads: int | None) -> list[Method]:
-    """Chains of each length and a tree of one EAGLE-family target, on one target executor and one module executor."""
+def module_methods(label: str, path: str, cls, lens: list[int | str], choices: str | None, threads: int | None,
+                   ablate_price: bool = False) -> list[Method]:
+    """Chains of each length (``auto``: draft_len=auto) and a tree of one EAGLE-family target, on one target executor and
+    one module executor; ``ablate_price``: also auto with one price per round (``one_price``)."""
     first = load_engine(load_engine_dir(path), num_threads=threads)
     proposer = next(iter(first.proposers.values()))
     out = [Method(f"{label} chain k={k}", Orchestrator(first.target, cls(first.target, proposer.module), draft_len=k)) for k in lens]
+    if ablate_price and "auto" in lens:
+        out.append(Method(f"{label} k=auto flat", one_price(Orchestrator(first.target, cls(first.target, proposer.module),
+                                                                                       draft_len="auto"))))
     if choices:
         tree = cls(first.target, proposer.module, choices)
         out.append(Method(f"{label} tree n={len(tree.tree)}", Orchestrator(first.target, tree, draft_len=len(tree.tree))))
@@ -103,7 +124,7 @@ def methods(args: argparse.Namespace) -> list[Method]:
     if args.eagle:
         out += module_methods("EAGLE", args.eagle, EagleProposer, args.eagle_lens, args.eagle_choices, threads)
     if args.peagle:
-        out += module_methods("P-EAGLE", args.peagle, PEagleProposer, args.peagle_lens, args.peagle_choices, threads)
+        out += module_methods("P-EAGLE", args.peagle, PEagleProposer, args.peagle_lens, args.peagle_choices, threads, args.one_price)
     return out
 
 
@@ -266,8 +287,10 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--eagle_choices", default=EAGLE_TREE)
         p.add_argument("--peagle_choices", default=EAGLE_TREE)
         p.add_argument("--draft_lens", type=ints, default=[4])
-        p.add_argument("--eagle_lens", type=ints, default=[3])
-        p.add_argument("--peagle_lens", type=ints, default=[4])
+        p.add_argument("--eagle_lens", type=lens_or_auto, default=[3], help="chain lengths; auto: draft_len=auto")
+        p.add_argument("--peagle_lens", type=lens_or_auto, default=[4], help="chain lengths; auto: draft_len=auto")
+        p.add_argument("--one_price", action="store_true",
+                       help="with auto in --peagle_lens: also P-EAGLE auto pricing a round at one call whatever its drafts (the ablation)")
         p.add_argument("--max_new_tokens", type=int, default=96)
         p.add_argument("--num_prompts", type=int, default=4, help="per kind (ordinary, copy-heavy)")
     p.add_argument("--batches", type=ints, default=[1], help="batch sizes (each batch mixes the two kinds of prompts)")

@@ -102,6 +102,8 @@ def main() -> None:
     p.add_argument("--peagle-depths", type=int, default=8, help="P-EAGLE drafting positions trained (one pass drafts up to this many)")
     p.add_argument("--peagle-layers", type=int, default=1, help="P-EAGLE: decoder layers of the module")
     p.add_argument("--peagle-decay", type=float, default=0.5, help="P-EAGLE: drafting position j's loss weighs this^(j-1)")
+    p.add_argument("--peagle-down-sample-ratio", type=float, default=0.7,
+                   help="P-EAGLE: placeholder depth d trains on max(ratio^d, 0.2) of the anchors (1: every anchor at every depth)")
     p.add_argument("--modes", default="medusa,eagle", help="which to train: medusa, eagle, peagle (comma-separated)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--lr-scheduler", choices=("constant", "cosine"), default="constant",
@@ -150,7 +152,8 @@ def main() -> None:
                                              eagle_ttt_steps=args.eagle_ttt_steps, **common))
     if "peagle" in modes:
         results["peagle"] = train(TrainConfig(mode="peagle", output_dir=str(out / "peagle"), eagle_num_layers=args.peagle_layers,
-                                              peagle_depths=args.peagle_depths, eagle_loss_decay_factor=args.peagle_decay, **common))
+                                              peagle_depths=args.peagle_depths, eagle_loss_decay_factor=args.peagle_decay,
+                                              peagle_down_sample_ratio=args.peagle_down_sample_ratio, **common))
 
     print(f"\nheld-out top-1 ({args.eval_prompts} prompts from held-out files, {args.max_token} greedy target tokens each); "
           f"data {data_s:.0f} s, {args.threads} thread(s)")
