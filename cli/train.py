@@ -113,7 +113,8 @@ class EngineGenerator:
 @option("max_steps", type=int, default=None, help="Train exactly this many steps.")
 @option("lr", type=float, default=1e-5, show_default=True, help="AdamW learning rate (the guide's 1e-5 suits large models; tiny ones want ~1e-3).")
 @option("lr_scheduler", type=click.Choice(["constant", "cosine"]), default="constant", show_default=True,
-        help="After --warmup_steps. cosine decays to 0 over the steps, or over --max_time / --max_cpu_time when the budget ends first.")
+        help="After --warmup_steps. cosine decays to 0 over the steps, or over --max_time / --max_cpu_time when the budget ends "
+             "first (a --resume'd run's budget, and its decay, start again).")
 @option("warmup_steps", type=int, default=0, show_default=True, help="Linear warmup steps.")
 @option("batch_size", type=int, default=4, show_default=True, help="Sequences per step.")
 @option("training_seq_len", type=int, default=512, show_default=True, help="Sequences are cut to this many tokens.")

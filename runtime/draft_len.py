@@ -40,9 +40,10 @@ drafting at those break-even points cost 6-19% of target-only's throughput.
 A drafter that drafts any number of tokens in one call (P-EAGLE; ``one_call``, the methods whose proposer says
 ``drafts_in_one_call``) is timed per round, not per draft, and a round of k > 0 drafts costs one such call:
 ``t_round(n, k) + t_verify(k + 1)``. The call computes a row per drafted position, which is nearly free at batch 1
-(measured on a CPU: a round of 8 drafts 1.06-1.29x one of 1) and is not at batch 16 (1.46x-3.07x for 2-8 drafts), so
-``t_round(n, k)`` is a line over k fitted to the rounds' timings per batch size, like ``t_verify``: flat (one call's
-cost whatever k) until two draft lengths were timed at that batch size. A tree is priced by its nodes, as timed.
+(measured on a CPU, the 325M pair: a round of 8 drafts 1.19x a round of 1) and is not at batch 16 (3.02x), so
+``t_round(n, k)`` is a line over k fitted to the rounds' timings per batch size, like ``t_verify``: until two draft
+lengths were timed at a batch size, the nearest batch size's line scaled to this one's k = 1 cost, and flat (one call's
+cost whatever k) while no batch size has one. A tree is priced by its nodes, as its rounds are timed.
 
 Trees and scored drafts use the same costs with their own expected tokens:
 
@@ -249,8 +250,11 @@ class AutoDraftLen:
         if self._first(("draft", method, rows, drafts)):  # each shape's first call pays ONNX Runtime's setup
             return
         steps = self.steps(method, drafts)
-        if method in self.one_call and drafts > 0:
-            self.round_lines.setdefault((method, rows), _CostLine()).add(drafts, seconds)
+        if method in self.one_call and drafts > 0:  # a tree's round is timed at its nodes, and priced at them (tree_pays)
+            line = self.round_lines.get((method, rows))
+            if line is None:
+                line = self.round_lines[(method, rows)] = _CostLine()
+            line.add(drafts, seconds)
         if steps > 0:
             per = seconds / steps
             old = self.draft_s.get((method, rows))
@@ -360,15 +364,30 @@ class AutoDraftLen:
             return default
         return self.draft_s[(method, min(sizes, key=lambda n: abs(n - rows)))]
 
+    def _round_line(self, method: str, rows: int, t_draft: float) -> tuple[_CostLine, float] | None:
+        """(line, scale): a one-call drafter's round at ``rows`` costs scale * line(k). Its own line once two draft lengths
+        were timed at ``rows``, else the nearest batch size's that was, scaled to ``t_draft`` at k = 1 (a batch size where
+        auto declines drafts only in probes, all k = 1, and would never time a second length); None while none was."""
+        own = self.round_lines.get((method, rows))
+        if own is not None and own.slope is not None:
+            return own, 1.0
+        sloped = [n for (m, n), line in self.round_lines.items() if m == method and line.slope is not None]
+        if not sloped:
+            return None
+        line = self.round_lines[(method, min(sloped, key=lambda n: abs(n - rows)))]
+        one = line(1)
+        return (line, t_draft / one) if one > 1e-6 else None
+
     def drafting_costs(self, method: str, rows: int, limit: int, t_draft: float) -> list[float]:
         """[k] seconds a round's drafting of k = 0..limit drafts costs at ``rows`` requests: k steps of ``t_draft``, or for
-        a one-call drafter its round line at k (``t_draft`` for every k until two draft lengths were timed at ``rows``)."""
+        a one-call drafter its round line at k (``_round_line``; ``t_draft`` for every k until two draft lengths were timed)."""
         if method not in self.one_call:
             return [k * t_draft for k in range(limit + 1)]
-        line = self.round_lines.get((method, rows))
-        if line is None or line.slope is None:
+        got = self._round_line(method, rows, t_draft)
+        if got is None:
             return [0.0] + [t_draft] * limit
-        return [0.0, *(line(k) for k in range(1, limit + 1))]
+        line, scale = got
+        return [0.0, *(scale * line(k) for k in range(1, limit + 1))]
 
     def drafting_cost(self, method: str, rows: int, drafts: int, t_draft: float) -> float:
         """One entry of ``drafting_costs``: a round of ``drafts`` drafts (a static tree's nodes)."""
@@ -376,8 +395,8 @@ class AutoDraftLen:
             return 0.0
         if method not in self.one_call:
             return drafts * t_draft
-        line = self.round_lines.get((method, rows))
-        return t_draft if line is None or line.slope is None else line(drafts)
+        got = self._round_line(method, rows, t_draft)
+        return t_draft if got is None else got[1] * got[0](drafts)
 
     def catch_up_cost(self, method: str, tokens: int, rows: int = 1) -> float:
         """Seconds for the method's draft to be fed ``tokens`` it has not seen (unmeasured: an eighth of a draft step

@@ -209,8 +209,12 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
     bar = _bar(None if cfg.max_time or cfg.max_cpu_time else total, step, progress_bar)  # under a time budget the step count is not known
     last_saved = None
     loop_start, loop_cpu_start = time.perf_counter(), time.process_time()
+    decay_from = 0.0  # the share of a time budget spent when warmup ended: cosine decays over the rest
     while step < total:
-        lr = _lr_at(cfg, step, total, _budget_done(cfg, time.perf_counter() - loop_start, time.process_time() - loop_cpu_start))
+        budget = _budget_done(cfg, time.perf_counter() - loop_start, time.process_time() - loop_cpu_start)
+        if budget is not None and step == cfg.warmup_steps:
+            decay_from = min(budget, 0.99)
+        lr = _lr_at(cfg, step, total, None if budget is None else (budget - decay_from) / (1.0 - decay_from))
         for g in optimizer.param_groups:
             g["lr"] = lr
         loss, _ = run.forward(_batch_for_step(step, train_seqs, cfg.batch_size, cfg.seed))

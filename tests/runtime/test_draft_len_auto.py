@@ -263,28 +263,41 @@ def one_call_auto(rows: int, seconds_at) -> AutoDraftLen:
     return auto
 
 
-def test_a_one_call_drafter_is_priced_by_its_width_where_rounds_show_one():
+def test_a_one_call_drafter_is_priced_by_its_drafts_where_its_rounds_show_a_slope():
     """A round of k drafts is one call, but the call computes k rows: nearly free at batch 1, not at batch 16 on a CPU
-    (measured 1.46x-3.07x one call for k = 2-8). Pricing every k as one call would pick k = 8 where k = 8 costs
-    4x the round of k = 1."""
+    (the 325M pair: a round of 8 drafts 1.19x a round of 1 at batch 1, 3.02x at batch 16). One price for every k (the
+    rounds' average: 1.23 s below) overprices short rounds and underprices long ones."""
     flat = one_call_auto(1, lambda k: 0.1)
     assert flat.drafting_costs("peagle", 1, 8, flat.draft_cost("peagle", 1, 0.0)) == pytest.approx([0.0] + [0.1] * 8)
     assert flat.choose("peagle", 0, 0, 8, rows=1) == 8
-    steep = one_call_auto(16, lambda k: 0.1 + 0.3 * (k - 1))  # k = 8: 2.2 s of drafting against 1 s of verification
-    assert steep.drafting_costs("peagle", 16, 8, 0.0)[1:] == pytest.approx([0.1 + 0.3 * j for j in range(8)], rel=0.01)
+    steep = one_call_auto(16, lambda k: 0.1 + 0.3 * (k - 1))  # k = 8: 2.2 s of drafting, 22x k = 1's
+    t_draft = steep.draft_cost("peagle", 16, 0.0)
+    assert t_draft == pytest.approx(1.23, abs=0.1)  # the one price
+    assert steep.drafting_costs("peagle", 16, 8, t_draft)[1:] == pytest.approx([0.1 + 0.3 * j for j in range(8)], rel=0.01)
     # tokens 1 + 0.8 + 0.64 + ... for 0.1 + 0.3 (k - 1) s of drafting and 1 + 0.01 k of verification: k = 1 1.62 tokens/s,
-    # k = 2 1.72 (2.44 / 1.42 s), k = 3 1.71, then less; priced as one call (0.1 s) every k, k = 8 would win
+    # k = 2 1.72 (2.44 / 1.42 s), k = 3 1.71, then less; at one price (1.23 s) k = 8 would win (4.33 / 2.31 s)
     assert steep.choose("peagle", 0, 0, 8, rows=16) == 2
-    assert not steep.pays_at("peagle", 16, acceptance=0.15)  # k = 1: 1.15 tokens / 1.11 s, short of 1 token / 1 s + 10%
-    assert steep.pays_at("peagle", 16)  # a perfect drafter's k = 1: 2 tokens for 1.11 s
-    # a tree of 6 nodes from the same call, 2 tokens a round: 1.6 s of drafting + 1.05 s (one price: 1.72 tokens/s, "pays")
-    assert not steep.tree_pays("peagle", 6, 2.0, rows=16) and flat.tree_pays("peagle", 6, 2.0, rows=1)
+    # half the drafts accepted: k = 1 makes 1.5 tokens in 1.11 s, past 1 token / 1 s + 10% (one price: 0.67 / s, it would not)
+    assert steep.pays_at("peagle", 16, acceptance=0.5)
+    assert not steep.pays_at("peagle", 16, acceptance=0.15)  # k = 1: 1.15 tokens / 1.11 s
+    # trees of the same call, priced at their nodes: 2 nodes making 2 tokens in 0.4 + 1.02 s pay (one price: 2 / 2.25 s would
+    # not); 8 nodes making 3 tokens in 2.2 + 1.08 s do not (one price: 3 / 2.31 s would)
+    assert steep.tree_pays("peagle", 2, 2.0, rows=16) and not steep.tree_pays("peagle", 8, 3.0, rows=16)
 
 
-def test_a_one_call_drafter_timed_at_one_width_is_priced_as_one_call():
-    auto = one_call_auto(1, lambda k: 0.1)
-    auto.round_lines.clear()
+def test_a_batch_size_timed_at_one_length_borrows_the_nearest_line():
+    """Where auto declines, a batch size drafts in probes only (k = 1) and never times a second length: it takes the
+    nearest batch size's line, scaled to its own k = 1 cost; with no line anywhere every k costs one call."""
+    auto = one_call_auto(16, lambda k: 0.1 + 0.3 * (k - 1))
+    for _ in range(5):  # batch 12's probes (the first call of the shape is not timed)
+        auto.record_draft("peagle", 12, 1, 0.08)
+    t_draft = auto.draft_cost("peagle", 12, 0.0)
+    assert t_draft == pytest.approx(0.08)
+    assert auto.drafting_costs("peagle", 12, 8, t_draft)[1:] == pytest.approx([0.8 * (0.1 + 0.3 * j) for j in range(8)], rel=0.02)
+    assert auto.drafting_cost("peagle", 12, 4, t_draft) == pytest.approx(0.8 * 1.0, rel=0.02)
+    fresh = AutoDraftLen(8, 16)
+    fresh.one_call = {"peagle"}
     for _ in range(3):
-        auto.record_draft("peagle", 4, 4, 0.5)
-    assert auto.drafting_costs("peagle", 4, 3, auto.draft_cost("peagle", 4, 0.0)) == pytest.approx([0.0, 0.5, 0.5, 0.5])
-    assert auto.drafting_costs("eagle", 4, 3, 0.2) == pytest.approx([0.0, 0.2, 0.4, 0.6])  # a chain drafter: a step a draft
+        fresh.record_draft("peagle", 4, 4, 0.5)
+    assert fresh.drafting_costs("peagle", 4, 3, fresh.draft_cost("peagle", 4, 0.0)) == pytest.approx([0.0, 0.5, 0.5, 0.5])
+    assert fresh.drafting_costs("eagle", 4, 3, 0.2) == pytest.approx([0.0, 0.2, 0.4, 0.6])  # a chain drafter: a step a draft
