@@ -73,7 +73,7 @@ def decode_methods(engines: dict, draft_lens: list[int], ngram: list[int] | None
 
 
 def _peagle_methods(target, tree: str, kind: str, more: bool) -> dict[str, Any]:
-    """P-EAGLE (a block of drafts per module call) on a peagle target: target-only, a chain of 4, the tree (and its auto)."""
+    """P-EAGLE (a block of drafts per module call) on a peagle target: target-only, a chain of 4, the tree (and both under auto)."""
     from specdec.formats.engine_format import eagle_module_dir, load_engine_dir
     from specdec.runtime.backends import Placement, open_executor
     from specdec.runtime.orchestrator import Orchestrator
@@ -83,7 +83,8 @@ def _peagle_methods(target, tree: str, kind: str, more: bool) -> dict[str, Any]:
     proposer = PEagleProposer(target, module, tree)
     methods = {"P-EAGLE target-only": Orchestrator(target), "P-EAGLE chain k=4": Orchestrator(target, PEagleProposer(target, module), draft_len=4),
                f"P-EAGLE tree n={len(proposer.tree)}": Orchestrator(target, proposer, draft_len=len(proposer.tree))}
-    if more:
+    if more:  # auto: a chain's round priced by its drafts (a line fitted per batch size), a tree's whole or nothing
+        methods["P-EAGLE chain auto"] = Orchestrator(target, PEagleProposer(target, module), draft_len="auto")
         methods["P-EAGLE tree auto"] = Orchestrator(target, PEagleProposer(target, module, tree), draft_len="auto")
     return methods
 
