@@ -77,7 +77,9 @@ def lens_or_auto(text: str) -> list[int | str]:
 def one_price(orch: Orchestrator) -> Orchestrator:
     """The ablation of --one_price: draft_len=auto pricing a one-call drafter's round at one call whatever its drafts (as
     before it fitted a line over them), every other cost and choice unchanged."""
-    orch.engine.auto.drafting_costs = lambda method, rows, limit, t_draft: [0.0] + [t_draft] * limit
+    auto = orch.engine.auto
+    auto.drafting_costs = lambda method, rows, limit, t_draft: [0.0] + [t_draft] * limit
+    auto.drafting_cost = lambda method, rows, drafts, t_draft: t_draft if drafts > 0 else 0.0  # trees
     return orch
 
 
