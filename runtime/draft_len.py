@@ -42,7 +42,7 @@ A drafter that drafts any number of tokens in one call (P-EAGLE; ``one_call``, t
 ``t_round(n, k) + t_verify(k + 1)``. The call computes a row per drafted position, which is nearly free at batch 1
 (measured on a CPU, the 325M pair: a round of 8 drafts 1.19x a round of 1) and is not at batch 16 (3.02x), so
 ``t_round(n, k)`` is a line over k fitted to the rounds' timings per batch size, like ``t_verify``: until two draft
-lengths were timed at a batch size, the nearest batch size's line scaled to this one's k = 1 cost, and flat (one call's
+lengths were timed at a batch size, the nearest batch size's line scaled to this one's own timings, and flat (one call's
 cost whatever k) while no batch size has one. The line only raises the one call's price (the rounds' average), for long
 rounds: lowering it for short ones made auto draft where nothing paid. A tree is priced by its nodes, as timed.
 
@@ -365,10 +365,11 @@ class AutoDraftLen:
             return default
         return self.draft_s[(method, min(sizes, key=lambda n: abs(n - rows)))]
 
-    def _round_line(self, method: str, rows: int, t_draft: float) -> tuple[_CostLine, float] | None:
+    def _round_line(self, method: str, rows: int) -> tuple[_CostLine, float] | None:
         """(line, scale): a one-call drafter's round at ``rows`` costs scale * line(k). Its own line once two draft lengths
-        were timed at ``rows``, else the nearest batch size's that was, scaled to ``t_draft`` at k = 1 (a batch size where
-        auto declines drafts only in probes, all k = 1, and would never time a second length); None while none was."""
+        were timed at ``rows``; else the nearest batch size's that was, scaled to meet this one's own timings where it has
+        some (at the width they were timed at: a batch size where auto declines drafts only in probes, all k = 1, and as a
+        batch drains each size sees a few rounds at one k); None while no batch size has one."""
         own = self.round_lines.get((method, rows))
         if own is not None and own.slope is not None:
             return own, 1.0
@@ -376,8 +377,11 @@ class AutoDraftLen:
         if not sloped:
             return None
         line = self.round_lines[(method, min(sloped, key=lambda n: abs(n - rows)))]
-        one = line(1)
-        return (line, t_draft / one) if one > 1e-6 else None
+        if own is None:
+            return line, 1.0
+        mean_w, mean_t, _ = own._fitted()
+        there = line(mean_w)
+        return (line, mean_t / there) if there > 1e-6 else None
 
     def drafting_costs(self, method: str, rows: int, limit: int, t_draft: float) -> list[float]:
         """[k] seconds a round's drafting of k = 0..limit drafts costs at ``rows`` requests: k steps of ``t_draft``, or for
@@ -386,7 +390,7 @@ class AutoDraftLen:
         batch 4 on a CPU where no length paid (measured: 0.99x target-only against 1.05x at one price)."""
         if method not in self.one_call:
             return [k * t_draft for k in range(limit + 1)]
-        got = self._round_line(method, rows, t_draft)
+        got = self._round_line(method, rows)
         if got is None:
             return [0.0] + [t_draft] * limit
         line, scale = got
@@ -398,7 +402,7 @@ class AutoDraftLen:
             return 0.0
         if method not in self.one_call:
             return drafts * t_draft
-        got = self._round_line(method, rows, t_draft)
+        got = self._round_line(method, rows)
         return t_draft if got is None else max(t_draft, got[1] * got[0](drafts))
 
     def catch_up_cost(self, method: str, tokens: int, rows: int = 1) -> float:

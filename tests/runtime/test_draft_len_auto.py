@@ -275,14 +275,14 @@ def test_a_one_call_drafter_is_priced_by_its_drafts_where_its_rounds_show_a_slop
     assert t_draft == pytest.approx(1.23, abs=0.1)  # the one price
     line = [0.1 + 0.3 * j for j in range(8)]
     assert steep.drafting_costs("peagle", 16, 8, t_draft)[1:] == pytest.approx([max(t_draft, c) for c in line], rel=0.01)
-    # tokens 1 + 0.8 + 0.64 + ... (k = 4: 3.36, 5: 3.69, 6: 3.95, 8: 4.33) for max(1.23, 0.1 + 0.3 (k - 1)) s of drafting
-    # and 1 + 0.01 k of verification: k = 4 1.48 tokens/s, k = 5 1.57 (3.69 / 2.35 s), k = 6 1.48; at one price k = 8 (1.87)
+    # at acceptance ~0.8 (81 / 102 with the prior) tokens 1 + 0.8 + 0.64 + ... for max(1.23, 0.1 + 0.3 (k - 1)) s of
+    # drafting and 1 + 0.01 k of verification: k = 4 about 1.47 tokens/s, k = 5 1.55, k = 6 1.47; at one price k = 8 (1.84)
     assert steep.choose("peagle", 0, 0, 8, rows=16) == 5
     # a tree of 8 nodes of the same call making 3 tokens: 3 / (2.2 + 1.08 s) is short of 1 token / 1 s + 10% (one price:
     # 3 / 2.31 s would pay); 2 nodes are priced at the average, as at one price
     assert not steep.tree_pays("peagle", 8, 3.0, rows=16)
     assert steep.drafting_cost("peagle", 16, 2, t_draft) == pytest.approx(t_draft)
-    assert steep.pays_at("peagle", 16) and not steep.pays_at("peagle", 16, acceptance=0.15)
+    assert steep.pays_at("peagle", 16) and not steep.pays_at("peagle", 16, acceptance=0.15)  # (one price agrees on these)
 
 
 def test_a_batch_size_timed_at_one_length_borrows_the_nearest_line():
@@ -295,6 +295,10 @@ def test_a_batch_size_timed_at_one_length_borrows_the_nearest_line():
     assert t_draft == pytest.approx(0.08)
     assert auto.drafting_costs("peagle", 12, 8, t_draft)[1:] == pytest.approx([0.8 * (0.1 + 0.3 * j) for j in range(8)], rel=0.02)
     assert auto.drafting_cost("peagle", 12, 4, t_draft) == pytest.approx(0.8 * 1.0, rel=0.02)  # 16's shape, 12's k = 1 cost
+    for _ in range(5):  # batch 8 timed at k = 4 only (a sticky k as a batch drains): the line meets it there, not at k = 1
+        auto.record_draft("peagle", 8, 4, 0.4)
+    assert auto.drafting_costs("peagle", 8, 8, auto.draft_cost("peagle", 8, 0.0))[4] == pytest.approx(0.4, rel=0.02)
+    assert auto.drafting_cost("peagle", 8, 8, 0.4) == pytest.approx(0.4 * 2.2, rel=0.02)
     fresh = AutoDraftLen(8, 16)
     fresh.one_call = {"peagle"}
     for _ in range(3):
