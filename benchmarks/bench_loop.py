@@ -123,6 +123,11 @@ class RunTimer:
         return runs, seconds
 
 
+def method_proposer(method: str, draft: Any) -> tuple[Any, int]:
+    """(proposer, draft length) of one of METHODS; ``draft``: the draft executor (draft-target only)."""
+    return {"target-only": (None, 0), "draft k=4": (DraftModelProposer(draft) if draft else None, 4), "ngram k=8": (NGramProposer(8, 3), 8)}[method]
+
+
 class Specdec:
     """One specdec method on sessions of its own, profiled (or timed: ``timer``): run(ids, n) -> (output ids, wall s, CPU s,
     start ns, end ns)."""
@@ -132,9 +137,7 @@ class Specdec:
         profile = (lambda name: str(tmp / name)) if timer is None else (lambda name: None)
         self.target = open_executor(paths["target"], threads, profile_prefix=profile(f"sd-{method.split()[0]}"))
         self.draft = open_executor(paths["draft"], threads, profile_prefix=profile("sd-draft")) if method.startswith("draft") else None
-        proposer, k = {"target-only": (None, 0), "draft k=4": (DraftModelProposer(self.draft) if self.draft else None, 4),
-                       "ngram k=8": (NGramProposer(8, 3), 8)}[method]
-        self.orch = Orchestrator(self.target, proposer, k)
+        self.orch = Orchestrator(self.target, *method_proposer(method, self.draft))
         self.timed: list[list[tuple[int, float]]] = []  # with a timer: per generation, per session (runs, seconds in them)
 
     def sessions(self) -> list[Any]:
@@ -305,9 +308,8 @@ def end_to_end(args: argparse.Namespace, paths: dict[str, Path], prompts: list[l
 
     for engines, label in (("", "ort"), ("-ca", "CachedAttention")):
         target, draft = open_executor(paths["target" + engines], args.threads), open_executor(paths["draft" + engines], args.threads)
-        for method, (proposer, k) in {"target-only": (None, 0), "draft k=4": (DraftModelProposer(draft), 4),
-                                      "ngram k=8": (NGramProposer(8, 3), 8)}.items():
-            runners[f"specdec {label}: {method}"] = specdec_run(Orchestrator(target, proposer, k))
+        for method in METHODS:
+            runners[f"specdec {label}: {method}"] = specdec_run(Orchestrator(target, *method_proposer(method, draft)))
         runners[f"bare loop, {label}"] = timed(lambda ids, ex=target: bare_greedy(ex, ids, n))
     genai_graph = BareGenaiGraph(paths["og-target"], args.threads)
     runners["bare loop, genai's graph"] = timed(lambda ids: genai_graph(ids, n))
@@ -380,8 +382,8 @@ def warm_python(paths: dict[str, Path], threads: int, prompts: list[list[int]], 
     those of that first run): what the Python of a round costs with the interpreter's code and data still in the core's
     caches, microseconds per round (one target call), the best of ``passes`` passes over the prompts, their prefills left
     out. Against the loop's cost beside real runs, the difference is what refilling the caches after each model call
-    costs. New sessions (the skipping is bound in as each call shape binds); n-gram drafts meet constant logits, so its
-    rounds differ from the real ones."""
+    costs. New sessions (the skipping is bound in as each call shape binds); the drafts meet frozen logits, so n-gram's
+    and the draft model's rounds accept differently from the real ones."""
     import specdec.runtime.backends.onnxruntime.cpu as cpu
 
     real = cpu.direct_run

@@ -100,6 +100,7 @@ does; the cap is what makes that assumption harmless when they do not.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 PRIOR_WEIGHT = 8.0  # drafts' worth of the method-wide acceptance in a request's estimate
@@ -383,27 +384,26 @@ class AutoDraftLen:
         there = line(mean_w)
         return (line, mean_t / there) if there > 1e-6 else None
 
-    def drafting_costs(self, method: str, rows: int, limit: int, t_draft: float) -> list[float]:
-        """[k] seconds a round's drafting of k = 0..limit drafts costs at ``rows`` requests: k steps of ``t_draft``, or for
-        a one-call drafter its round line at k (``_round_line``) where that is above ``t_draft`` (its rounds' average), else
-        ``t_draft``. The line only raises a price: where it made short rounds cheaper than the average, auto drafted at
-        batch 4 on a CPU where no length paid (measured: 0.99x target-only against 1.05x at one price)."""
+    def _round_price(self, method: str, rows: int, t_draft: float) -> Callable[[int], float]:
+        """Seconds of a round of k > 0 drafts at ``rows`` requests: k steps of ``t_draft``, or for a one-call drafter its
+        round line at k (``_round_line``) where that is above ``t_draft`` (its rounds' average), else ``t_draft``. The line
+        only raises a price: where it made short rounds cheaper than the average, auto drafted at batch 4 on a CPU where no
+        length paid (measured: 0.99x target-only against 1.05x at one price)."""
         if method not in self.one_call:
-            return [k * t_draft for k in range(limit + 1)]
+            return lambda k: k * t_draft
         got = self._round_line(method, rows)
         if got is None:
-            return [0.0] + [t_draft] * limit
+            return lambda k: t_draft
         line, scale = got
-        return [0.0, *(max(t_draft, scale * line(k)) for k in range(1, limit + 1))]
+        return lambda k: max(t_draft, scale * line(k))
+
+    def drafting_costs(self, method: str, rows: int, limit: int, t_draft: float) -> list[float]:
+        """[k] seconds a round's drafting of k = 0..limit drafts costs at ``rows`` requests (``_round_price``)."""
+        return [0.0, *map(self._round_price(method, rows, t_draft), range(1, limit + 1))]
 
     def drafting_cost(self, method: str, rows: int, drafts: int, t_draft: float) -> float:
         """One entry of ``drafting_costs``: a round of ``drafts`` drafts (a static tree's nodes)."""
-        if drafts <= 0:
-            return 0.0
-        if method not in self.one_call:
-            return drafts * t_draft
-        got = self._round_line(method, rows)
-        return t_draft if got is None else max(t_draft, got[1] * got[0](drafts))
+        return self._round_price(method, rows, t_draft)(drafts) if drafts > 0 else 0.0
 
     def catch_up_cost(self, method: str, tokens: int, rows: int = 1) -> float:
         """Seconds for the method's draft to be fed ``tokens`` it has not seen (unmeasured: an eighth of a draft step
