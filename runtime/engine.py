@@ -254,7 +254,7 @@ class Engine:
             if len(calls) > 1:
                 self.scheduler.place([r for call in calls for r in call])
             first_tokens = [r for call in calls for r in self.round.prefill(call, call[0].slot, new)]
-            ended += self._let_go(first_tokens, joined=False)
+            ended += self._let_go(first_tokens)
         outs = [self._output(self.requests[rid], tokens) for rid, tokens in new.items()]
         outs += [self._output(r, []) for r in ended if r.request_id not in new]
         for r in ended:
@@ -262,21 +262,21 @@ class Engine:
         return outs
 
     # -- leaving ------------------------------------------------------------------------
-    def _let_go(self, ended: list[Request], joined: bool = True) -> list[Request]:
+    def _let_go(self, ended: list[Request]) -> list[Request]:
         """Free the slots of requests that finished this step, highest slot first (the moved last slot is never
-        an ended one), and close their metrics. ``joined``: their proposer had them (False: ended at prefill)."""
+        an ended one), and close their metrics."""
         for r in sorted(ended, key=lambda r: -r.slot):
-            self._leave(r, joined)
+            self._leave(r)
             self._close(r)
         return ended
 
-    def _leave(self, r: Request, joined: bool = True) -> None:
+    def _leave(self, r: Request) -> None:
         if self.prefix is not None:
             self.prefix.release(r)  # its rows into the prefix pool, before its slot is reused
         self.scheduler.release(r)
-        proposer = self.proposers.get(r.method)  # None: it decoded target-only
-        if joined and proposer is not None:
-            proposer.remove(r.request_id)
+        if r.proposing:  # not a request that ended at its prefill, nor one whose prefill raised
+            self.proposers[r.method].remove(r.request_id)
+            r.proposing = False
 
     def _close(self, r: Request) -> None:
         t = r.times

@@ -119,6 +119,7 @@ class Request:
     prompt_logprobs: list[TokenLogprob | None] | None = None  # per prompt token (None for the first), when asked
     rejected_rounds: int = 0  # consecutive drafting rounds in which the target accepted no draft
     drafting_stopped: bool = False  # draft_len=auto gave up on drafts that never land (runtime/guards.py)
+    proposing: bool = False  # its proposer holds it (it joins after its prefill): leaving, it is removed from there
 
     @property
     def last_token(self) -> int:

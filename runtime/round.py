@@ -146,6 +146,8 @@ class SpeculativeRound:
             if joining:
                 t2 = time.perf_counter()
                 proposer.add(joining)
+                for r in joining:
+                    r.proposing = True
                 proposer.prefilled(joining, step, first)  # Medusa's heads, EAGLE's features of the prompt
                 dt = time.perf_counter() - t2
                 self.stats.draft_s += dt
