@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
+import host  # noqa: E402
 import peers  # noqa: E402
 from prompts import code_prompts  # noqa: E402
 
@@ -169,7 +170,8 @@ def main() -> None:
             print(f"{ours_name} / {peer_prefix}: {results[ours_name]['tokens_per_s'] / results[peer_prefix]['tokens_per_s']:.2f}x")
     if args.json:
         slim = {k: {kk: vv for kk, vv in v.items() if kk != "output_ids"} for k, v in results.items()}
-        Path(args.json).write_text(json.dumps({"args": vars(args), "c": c, "results": slim}, indent=2) + "\n")
+        record = {"args": vars(args), "host": host.host_record(bandwidth=False), "c": c, "results": slim}
+        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
         bars = [Bar(name, r["tokens_per_s"] / base) for name, r in results.items()]
         if path := write_bars(beside(args.json), f"tokens/s over specdec target-only, batch 1, best of {args.repeats} rounds", {"decode": bars}):
             print(f"wrote {path}")

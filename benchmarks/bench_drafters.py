@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import host  # noqa: E402
 from prompts import spread, workloads  # noqa: E402
 
 from specdec.bench.plots import Bar, beside, spread_bar, write_bars  # noqa: E402
@@ -357,7 +358,7 @@ def speed(args) -> None:
                   f"{spread_str([a / b for a, b in zip(dtps['suffix'], dtps['llama-lookup'], strict=False)], '.2f')}")
         report[workload] = rows
         if args.json:  # after each workload: a run cut short (a device call's time limit) keeps what it measured
-            Path(args.json).write_text(json.dumps(report, indent=1))
+            Path(args.json).write_text(json.dumps({**report, "host": host.host_record(bandwidth=False)}, indent=1))
             chart(args, f"speed over target-only (llama-lookup: over llama.cpp's), {args.tokens} tokens a request, {where(args)}",
                   {w: [spread_bar(n, r["speedup"]) for n, r in rs.items() if r.get("speedup")] for w, rs in report.items() if w != "oracle"})
 
@@ -466,7 +467,7 @@ def auto(args) -> None:
         report[f"none@{s}"] = {"tok_s": spread(ref)}
         print(line)
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1))
+        Path(args.json).write_text(json.dumps({**report, "host": host.host_record(bandwidth=False)}, indent=1))
         chart(args, f"draft_len=auto over target-only per concurrency, {args.tokens} tokens a request, {where(args)}",
               {f"{s} streams": [spread_bar(k.split("@")[0], v["ratio"]) for k, v in report.items() if k.endswith(f"@{s}") and "ratio" in v]
                for s in streams})
@@ -577,7 +578,7 @@ def serve(args) -> None:
         print(f"  {m:<8} {spread_str(tps[m])} tok/s" + (f"  x{spread_str(ratio, '.2f')}" if m != "none" else "") +
               f"  tokens/call {statistics.median(calls[m]):.2f}  output identical to target-only: {'yes' if same[m] else 'NO'}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"serve": report}, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps({"serve": report, "host": host.host_record(bandwidth=False)}, indent=1) + "\n")
         chart(args, f"through specdec-serve: client tok/s over target-only, {args.tokens} tokens a request",
               {"agentic": [spread_bar(m, r["speedup"]) for m, r in report.items() if m != "none"]})
 

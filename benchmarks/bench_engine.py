@@ -75,9 +75,11 @@ def write_json(args, figures: dict[str, dict[str, list[float]]], title: str, xla
     """--json: every round's figure per panel and method, and the chart beside it (bench/plots.py)."""
     if not args.json:
         return
+    import host
+
     from specdec.bench.plots import Bar, beside, write_bars
 
-    Path(args.json).write_text(json.dumps({"args": vars(args), "rounds": figures}, indent=1) + "\n")
+    Path(args.json).write_text(json.dumps({"args": vars(args), "host": host.host_record(bandwidth=False), "rounds": figures}, indent=1) + "\n")
     panels = {panel: [Bar(m, statistics.median(v), min(v), max(v)) for m, v in rows.items()] for panel, rows in figures.items()}
     if path := write_bars(beside(args.json), title, panels, xlabel):
         print(f"wrote {args.json} and {path}")

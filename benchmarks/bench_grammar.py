@@ -14,7 +14,9 @@ median over the tokens of the outputs of ``--repeats`` runs, with the 10th and
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -44,6 +46,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--max_tokens", type=int, default=48)
     args = ap.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import host
+
+    print("machine:", host.describe(host.host_record(bandwidth=False)))
     engine = load_engine(args.engine_dir, num_threads=1)
     tok = Tokenizer(load_engine_dir(args.engine_dir).path)
     eos = (tok.eos_token_id,) if tok.eos_token_id is not None else ()

@@ -51,6 +51,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import host  # noqa: E402
 from bench_serving import start_server, write_dataset  # noqa: E402  (one server start, one dataset for both load generators)
 
 # label -> the request's `speculative` field
@@ -345,7 +346,7 @@ def report(args: argparse.Namespace, rows: list[dict], note: str, sweep_args: di
     if args.output_json:
         tmp = args.output_json.with_suffix(".tmp")
         swept = sweep_args or {k: str(v) for k, v in vars(args).items()}  # a --report keeps the sweep's own arguments
-        tmp.write_text(json.dumps({"args": swept, "runs": rows, "summary": agg}, indent=1) + "\n")
+        tmp.write_text(json.dumps({"args": swept, "host": host.host_record(bandwidth=False), "runs": rows, "summary": agg}, indent=1) + "\n")
         tmp.replace(args.output_json)
 
 

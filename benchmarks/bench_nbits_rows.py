@@ -19,6 +19,7 @@ import argparse
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -97,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--copies", type=int, default=24, help="weights per call (the enlarged target has 24 layers)")
     args = ap.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import host
+
+    print("machine:", host.describe(host.host_record(bandwidth=False)))
     rng = np.random.default_rng(0)
     rows = [int(r) for r in args.rows.split(",")]
     print(f"onnxruntime {ort.__version__}, {args.threads} thread(s), median of {args.rounds} rounds x {args.calls} calls; "

@@ -14,6 +14,7 @@ import statistics
 import time
 from pathlib import Path
 
+import host
 from bench_steps import open_executor
 
 
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{e}: prefill of {args.tokens} tokens, {args.threads} thread(s): CPU {statistics.median(c):.2f} s [{min(c):.2f}-{max(c):.2f}], "
               f"wall {statistics.median(w):.2f} s [{min(w):.2f}-{max(w):.2f}]")
     if args.output_json:
-        out = {"tokens": args.tokens, "threads": args.threads, "rounds": args.rounds, "results": times}
+        out = {"host": host.host_record(bandwidth=False), "tokens": args.tokens, "threads": args.threads, "rounds": args.rounds, "results": times}
         Path(args.output_json).write_text(json.dumps(out, indent=1))
     return 0
 

@@ -12,7 +12,7 @@
  * Each LIB is a build of the kernel sources (above); ":stream" sets q_problem.stream (the one-stream passes of weights
  * in huge pages). Every case runs over every layer each round, the cases taking turns layer by layer on different
  * layers (none finds another's bytes in the cache), so that a shared machine's drifting bandwidth falls on all alike:
- *   read             the layer's bytes summed with 8 AVX-512 loads a step (stream_read.c's loop)
+ *   read             the layer's bytes summed with 8 AVX-512 loads a step (AVX2: 16 of 32 bytes), as stream_read.c
  *   read+prefetch    the same with a software prefetch 4 KiB ahead (across the next page boundary)
  *   LIB, R rows      (R: each of --rows, at most 8) one op call per matrix as ort_q4gemm.c makes it at one thread: quantize
  *                    R rows, then blocks of 4
@@ -103,7 +103,7 @@ static void run_mat(const Lib* lib, const Mat* m, int M) {
 }
 
 /* n bytes summed with 8 independent AVX-512 loads a step; prefetch > 0: also a prefetch that far ahead */
-__attribute__((target("avx512f"), noinline)) static uint64_t read_bytes(const uint8_t* b, size_t n, size_t prefetch) {
+__attribute__((target("avx512f"), noinline)) static uint64_t read_bytes_512(const uint8_t* b, size_t n, size_t prefetch) {
   __m512i s[8];
   for (int i = 0; i < 8; i++) s[i] = _mm512_setzero_si512();
   for (size_t i = 0; i + 512 <= n; i += 512) {
@@ -113,6 +113,26 @@ __attribute__((target("avx512f"), noinline)) static uint64_t read_bytes(const ui
   }
   for (int i = 1; i < 8; i++) s[0] = _mm512_add_epi64(s[0], s[i]);
   return (uint64_t)_mm512_reduce_add_epi64(s[0]);
+}
+
+/* the same with AVX2's 32-byte loads (16 a step), on a CPU without AVX-512 */
+__attribute__((target("avx2"), noinline)) static uint64_t read_bytes_256(const uint8_t* b, size_t n, size_t prefetch) {
+  __m256i s[8];
+  for (int i = 0; i < 8; i++) s[i] = _mm256_setzero_si256();
+  for (size_t i = 0; i + 512 <= n; i += 512) {
+    if (prefetch)
+      for (int j = 0; j < 8; j++) _mm_prefetch((const char*)b + i + prefetch + 64 * j, _MM_HINT_T1);
+    for (int j = 0; j < 16; j++) s[j & 7] = _mm256_add_epi64(s[j & 7], _mm256_loadu_si256((const __m256i*)(b + i + 32 * j)));
+  }
+  for (int i = 1; i < 8; i++) s[0] = _mm256_add_epi64(s[0], s[i]);
+  uint64_t lanes[4];
+  _mm256_storeu_si256((__m256i*)lanes, s[0]);
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+
+static uint64_t read_bytes(const uint8_t* b, size_t n, size_t prefetch) {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") ? read_bytes_512(b, n, prefetch) : read_bytes_256(b, n, prefetch);
 }
 
 static int by_value(const void* a, const void* b) { double u = *(const double*)a, v = *(const double*)b; return (u > v) - (u < v); }

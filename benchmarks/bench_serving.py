@@ -255,7 +255,11 @@ def main() -> None:
             proc.wait(30)
     print(table(rows))
     if args.output_json:
-        args.output_json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": rows}, indent=2) + "\n")
+        sys.path.insert(0, str(HERE))
+        from host import host_record
+
+        record = {"args": {k: str(v) for k, v in vars(args).items()}, "host": host_record(bandwidth=False), "results": rows}
+        args.output_json.write_text(json.dumps(record, indent=2) + "\n")
         chart(rows, args.output_json)
 
 

@@ -29,6 +29,28 @@ ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx
              "amx_tile", "amx_int8", "amx_bf16")
 
 
+# (vendor, family, first model, last model) -> core: a guest's model name is often just "AMD EPYC", which says neither
+# which core nor which kernels it runs (family 25 holds Zen 3 and Zen 4); the numbers do. Server and desktop parts.
+CORES = (
+    ("AuthenticAMD", 23, 0x00, 0x2F, "Zen / Zen+"), ("AuthenticAMD", 23, 0x30, 0xFF, "Zen 2"),
+    ("AuthenticAMD", 25, 0x00, 0x0F, "Zen 3"), ("AuthenticAMD", 25, 0x10, 0x1F, "Zen 4"), ("AuthenticAMD", 25, 0x20, 0x5F, "Zen 3"),
+    ("AuthenticAMD", 25, 0x60, 0xAF, "Zen 4"), ("AuthenticAMD", 26, 0x00, 0xFF, "Zen 5"),
+    ("GenuineIntel", 6, 0x55, 0x55, "Skylake-SP / Cascade Lake"), ("GenuineIntel", 6, 0x6A, 0x6C, "Ice Lake-SP"),
+    ("GenuineIntel", 6, 0x8F, 0x8F, "Sapphire Rapids"), ("GenuineIntel", 6, 0xCF, 0xCF, "Emerald Rapids"),
+    ("GenuineIntel", 6, 0xAD, 0xAE, "Granite Rapids"), ("GenuineIntel", 6, 0x97, 0x9A, "Alder Lake"),
+    ("GenuineIntel", 6, 0xB7, 0xBF, "Raptor Lake"),
+)
+
+
+def core_name(vendor: str | None, family: int | str | None, model: int | str | None) -> str | None:
+    """The core a CPU's vendor, family and model numbers (/proc/cpuinfo's, decimal) name, or None when not in CORES."""
+    try:
+        fam, mod = int(family), int(model)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return next((name for v, f, lo, hi, name in CORES if v == vendor and f == fam and lo <= mod <= hi), None)
+
+
 def _cpuinfo() -> dict[str, str]:
     """The first processor's fields of /proc/cpuinfo (Linux), else what platform says."""
     try:
@@ -133,6 +155,7 @@ def host_record(bandwidth: bool = True) -> dict[str, Any]:
         "cpu_model": info.get("model name", platform.processor()),
         "vendor": info.get("vendor_id"),
         "family_model": f"family {info.get('cpu family')} model {info.get('model')}" if "cpu family" in info else None,
+        "core": core_name(info.get("vendor_id"), info.get("cpu family"), info.get("model")),
         "cores": cores(),
         "caches": caches(),
         "isa": [f for f in ISA_FLAGS if f in flags],
@@ -157,7 +180,8 @@ def describe(rec: dict[str, Any]) -> str:
     isa = "AVX-512 VNNI" if "avx512_vnni" in rec["isa"] else "AVX2" if "avx2" in rec["isa"] else "no AVX2"
     bw = rec.get("read_bandwidth", {}).get("by_threads", {})
     bws = ", ".join(f"{n} thread{'s' if int(n) > 1 else ''} {v['best_gb_s']:.1f} GB/s (by CPU time {v['cpu_best_gb_s']:.1f})" for n, v in bw.items())
-    return f"{rec['cpu_model']} ({rec.get('family_model') or ''}), {rec['cores']} cores, {llc} MiB L3, {isa}" + (f"; read {bws}" if bws else "")
+    which = ", ".join(x for x in (rec.get("core"), rec.get("family_model")) if x)
+    return f"{rec['cpu_model']} ({which}), {rec['cores']} cores, {llc} MiB L3, {isa}" + (f"; read {bws}" if bws else "")
 
 
 def step_bytes(engine_dir: Path) -> int:

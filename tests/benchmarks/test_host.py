@@ -24,6 +24,17 @@ def test_the_record_names_the_cpu_its_caches_and_isa():
     assert rec["cpu_model"] in host.describe(rec)
 
 
+
+def test_the_core_is_named_from_the_family_and_model_numbers():
+    """A guest's model name is often just "AMD EPYC": the family and model numbers say which core (and kernels) it is."""
+    assert host.core_name("AuthenticAMD", "25", "1") == "Zen 3"  # EPYC 7003 (Milan): AVX2, no AVX-512
+    assert host.core_name("AuthenticAMD", "25", "17") == "Zen 4"  # EPYC 9004 (Genoa): AVX-512 VNNI
+    assert host.core_name("GenuineIntel", "6", "143") == "Sapphire Rapids"
+    assert host.core_name("AuthenticAMD", "6", "143") is None and host.core_name("GenuineIntel", None, "1") is None
+    rec = {**host.host_record(bandwidth=False), "core": "Zen 3", "family_model": "family 25 model 1"}
+    assert "(Zen 3, family 25 model 1)" in host.describe(rec)
+
+
 def test_read_bandwidth_measures_every_thread_count():
     bw = host.read_bandwidth(threads=[1, 2], passes=3, buffer_bytes=16 << 20)
     assert bw["buffer_bytes"] == 16 << 20 and set(bw["by_threads"]) <= {1, 2} and 1 in bw["by_threads"]
