@@ -186,13 +186,14 @@ static inline void q_vnni_passes(const q_problem* p, int t_begin, int t_end, con
   }
 }
 
-/* AVX2: up to 6 rows of one tile a pass, by_rows[R] = R rows x 2 halves from h0 (1-2 rows) or one (3-6 rows) */
+/* AVX2: up to 6 rows of one tile a pass, by_rows[R] = R rows x 2 halves from h0 (up to ``both`` rows: int4 6, int8 2)
+   or one (the rest: two passes) */
 typedef void (*q_half_fn)(const q_problem* p, int h0, int r0, int t);
-static inline void q_avx2_passes(const q_problem* p, int t_begin, int t_end, const q_half_fn by_rows[7]) {
+static inline void q_avx2_passes(const q_problem* p, int t_begin, int t_end, const q_half_fn by_rows[7], const int both) {
   for (int t = t_begin; t < t_end; t++)
     for (int r0 = 0; r0 < p->M; r0 += 6) {
       const int R = p->M - r0 < 6 ? p->M - r0 : 6;
-      if (R <= 2) by_rows[R](p, 0, r0, t);
+      if (R <= both) by_rows[R](p, 0, r0, t);
       else for (int h = 0; h < 2; h++) by_rows[R](p, h, r0, t);
     }
 }

@@ -98,7 +98,7 @@ void q8_gemm_tiles(const q_problem* p, int t_begin, int t_end) {
     return;
   }
   if (q_kernel() == KERNEL_AVX2) {
-    q_avx2_passes(p, t_begin, t_end, avx2_8_by_rows);
+    q_avx2_passes(p, t_begin, t_end, avx2_8_by_rows, 2);
     return;
   }
 #endif
