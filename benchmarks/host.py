@@ -34,11 +34,13 @@ ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx
 CORES = (
     ("AuthenticAMD", 23, 0x00, 0x2F, "Zen / Zen+"), ("AuthenticAMD", 23, 0x30, 0xFF, "Zen 2"),
     ("AuthenticAMD", 25, 0x00, 0x0F, "Zen 3"), ("AuthenticAMD", 25, 0x10, 0x1F, "Zen 4"), ("AuthenticAMD", 25, 0x20, 0x5F, "Zen 3"),
-    ("AuthenticAMD", 25, 0x60, 0xAF, "Zen 4"), ("AuthenticAMD", 26, 0x00, 0xFF, "Zen 5"),
+    ("AuthenticAMD", 25, 0x60, 0xAF, "Zen 4"), ("AuthenticAMD", 26, 0x00, 0x2F, "Zen 5"), ("AuthenticAMD", 26, 0x40, 0x4F, "Zen 5"),
+    ("AuthenticAMD", 26, 0x60, 0x7F, "Zen 5"),
     ("GenuineIntel", 6, 0x55, 0x55, "Skylake-SP / Cascade Lake"), ("GenuineIntel", 6, 0x6A, 0x6C, "Ice Lake-SP"),
     ("GenuineIntel", 6, 0x8F, 0x8F, "Sapphire Rapids"), ("GenuineIntel", 6, 0xCF, 0xCF, "Emerald Rapids"),
     ("GenuineIntel", 6, 0xAD, 0xAE, "Granite Rapids"), ("GenuineIntel", 6, 0x97, 0x9A, "Alder Lake"),
-    ("GenuineIntel", 6, 0xB7, 0xBF, "Raptor Lake"),
+    ("GenuineIntel", 6, 0xB7, 0xB7, "Raptor Lake"), ("GenuineIntel", 6, 0xBA, 0xBA, "Raptor Lake"),
+    ("GenuineIntel", 6, 0xBF, 0xBF, "Raptor Lake"),
 )
 
 

@@ -145,9 +145,9 @@ class SpeculativeRound:
             joining = [r for r in batch if r.method == name and r not in ended]
             if joining:
                 t2 = time.perf_counter()
-                proposer.add(joining)
                 for r in joining:
-                    r.proposing = True
+                    r.proposing = True  # before add: one cut short may hold some of them (remove takes what it holds)
+                proposer.add(joining)
                 proposer.prefilled(joining, step, first)  # Medusa's heads, EAGLE's features of the prompt
                 dt = time.perf_counter() - t2
                 self.stats.draft_s += dt

@@ -123,7 +123,8 @@ class Proposer(Protocol):
         outputs (Medusa: its heads on the last prompt row; EAGLE: the prompt's features) overrides this."""
 
     def remove(self, request_id: str) -> None:
-        """The request finished or was aborted: free what it holds."""
+        """The request finished or was aborted: free what it holds. Also called after an ``add`` that an error or an
+        interrupt cut short (the engine cannot know how far it got): a request held in part or not at all is no error."""
 
     def backlog(self, request: Request) -> int:
         """Tokens of the request its own model has not been fed yet (a draft model's prompt, held back until the

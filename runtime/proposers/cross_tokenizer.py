@@ -90,9 +90,9 @@ class CrossTokenizerProposer(Proposer):
             self.inner.add(shadows)
 
     def remove(self, request_id: str) -> None:
-        t = self.texts.pop(request_id)
+        t = self.texts.pop(request_id, None)
         self.shadows.pop(request_id, None)
-        if t.joined:
+        if t is not None and t.joined:
             self.inner.remove(request_id)
 
     def room(self, request: Request) -> int:

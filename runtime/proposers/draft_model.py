@@ -74,6 +74,8 @@ class DraftModelProposer(Proposer):
             self.executor.forward(self.cache, [prompts[s] for s in run], all_logits=False, first_slot=run[0])
 
     def remove(self, request_id: str) -> None:
+        if request_id not in self.slot_of:
+            return  # an add cut short before it took this one
         slot, last = self.slot_of.pop(request_id), len(self.order) - 1
         if slot != last:  # the last request moves into the freed slot: running slots stay 0..n-1
             moved = self.order[last]
@@ -81,7 +83,7 @@ class DraftModelProposer(Proposer):
             self.order[slot], self.slot_of[moved] = moved, slot
         self.order.pop()
         self.cache.lengths[last] = 0
-        del self.pending[request_id]
+        self.pending.pop(request_id, None)
         self.proposed.pop(request_id, None)
 
     def room(self, request: Request) -> int:

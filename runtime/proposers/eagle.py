@@ -130,6 +130,8 @@ class EagleProposer(OwnDrafter):
         self.catch_up([r for r in requests if r.draft_len != AUTO])
 
     def remove(self, request_id: str) -> None:
+        if request_id not in self.slot_of:
+            return  # an add cut short before it took this one
         slot, last = self.slot_of.pop(request_id), len(self.order) - 1
         if slot != last:
             moved = self.order[last]

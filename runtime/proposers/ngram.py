@@ -102,7 +102,7 @@ class NGramProposer(Proposer):
             pool.extend(list(r.prompt_ids) + list(r.output_ids))
 
     def remove(self, request_id: str) -> None:
-        del self.pools[request_id]
+        self.pools.pop(request_id, None)
 
     def room(self, request: Request) -> int:
         return self.max_draft_len

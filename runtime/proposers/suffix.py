@@ -139,8 +139,10 @@ class SuffixProposer(Proposer):
 
     def remove(self, request_id: str) -> None:
         """The request ended: its response joins the global cache, behind its prompt's last tokens."""
-        store = self.stores.pop(request_id)
-        start = 1 + self.prompt_len.pop(request_id)  # position 0 is the store's separator
+        store, prompt_len = self.stores.pop(request_id, None), self.prompt_len.pop(request_id, None)
+        if store is None or prompt_len is None:
+            return  # an add cut short before it took this one
+        start = 1 + prompt_len  # position 0 is the store's separator
         if self.cache is not None and store.size > start:
             self.cache.add(store.tokens[max(1, start - self.config.cached_prompt_tokens) :])
 

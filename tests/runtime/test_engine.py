@@ -137,25 +137,28 @@ def test_abort_a_queued_request(ex):
     assert out[rid].finish_reason == "abort" and out[rid].output_ids == []
 
 
-@pytest.mark.parametrize("method", ["draft", "ngram"])
-def test_an_interrupted_prefill_raises_its_own_error_and_the_engine_serves_on(ex, solo, method, monkeypatch):
-    """Ctrl-C (or any error) inside a prompt's prefill reaches generate's caller as itself: its clean-up aborts the
-    request, whose proposer never took it (a request joins its proposer after the prefill), and the engine then decodes
-    the next prompt as alone. (Aborting it called the proposer's remove for a request it never had: a KeyError hid the
-    interrupt.)"""
-    orch = Orchestrator.from_engine(make_engine(ex, method))
-    forward = ex["target"].forward
+@pytest.mark.parametrize("method,where", [("draft", "target"), ("draft", "draft"), ("ngram", "target")])
+def test_an_interrupted_prefill_raises_its_own_error_and_the_engine_serves_on(ex, solo, method, where, monkeypatch):
+    """Ctrl-C (or any error) inside a prompt's prefill, the target's or the draft model's, reaches generate's caller as
+    itself; its clean-up aborts the request, the proposer lets go of whatever of it it took (nothing, when the target's
+    prefill stopped: a request joins its proposer after it), and the engine decodes the next prompt as alone. (Aborting
+    it called the proposer's remove for a request it never had: a KeyError hid the interrupt.)"""
+    engine = make_engine(ex, method)
+    orch = Orchestrator.from_engine(engine)
+    forward = ex[where].forward
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ex["target"], "forward", interrupted)
+    monkeypatch.setattr(ex[where], "forward", interrupted)
     with pytest.raises(KeyboardInterrupt):
         orch.generate([PROMPTS[0]], GenerationConfig(max_output_len=24))
-    monkeypatch.setattr(ex["target"], "forward", forward)
-    assert not orch.engine.running and not orch.engine.waiting  # the aborted request left its slot
+    monkeypatch.setattr(ex[where], "forward", forward)
+    assert not engine.running and not engine.waiting  # the aborted request left its slot
+    draft, ngram = engine.proposers["draft"], engine.proposers["ngram"]
+    assert not draft.slot_of and not draft.order and not draft.pending and not ngram.pools  # and its proposer
     outs, _ = orch.generate([PROMPTS[2]], GenerationConfig(max_output_len=24))
-    assert outs[0].output_ids == solo[2]
+    assert outs[0].output_ids == solo[2] and not draft.order and not ngram.pools
 
 
 def test_per_request_metrics(ex):
