@@ -148,6 +148,11 @@ class _CostLine:
         return fit
 
     @property
+    def mean(self) -> tuple[float, float]:
+        """(width, seconds): the timings' decayed means, the point the line passes through."""
+        return self._fitted()[:2]
+
+    @property
     def slope(self) -> float | None:
         """Seconds per unit of width, or None until two widths were timed."""
         return self._fitted()[2]
@@ -380,7 +385,7 @@ class AutoDraftLen:
         line = self.round_lines[(method, min(sloped, key=lambda n: abs(n - rows)))]
         if own is None:
             return line, 1.0
-        mean_w, mean_t, _ = own._fitted()
+        mean_w, mean_t = own.mean
         there = line(mean_w)
         return (line, mean_t / there) if there > 1e-6 else None
 
