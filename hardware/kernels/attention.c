@@ -13,7 +13,8 @@
  * -ffp-contract=off: the only fused multiply-adds are the explicit ones, fmaf in C). The value pass is lane-wise in
  * the head dimension, so its vector width does not matter. The kernels differ only in how they go through the slots:
  * the AVX-512 one (attention_avx512.c) takes two query rows' dot products with 8 slots at a time (a one-token call: one
- * query's with 16) and shares V rows between query rows.
+ * query's with 16) and shares V rows between query rows; the AVX2 one (attention_avx2.c) takes a query's with 4 slots
+ * at a time and shares V rows between two query rows.
  *
  * exp is Cephes' expf polynomial (swiglu.c's), written out in each kernel: no vector exp of a libm is portable to
  * every compiler and CPU here, and libm's scalar expf rounds differently from any vector code. Its input is s - max
@@ -22,9 +23,6 @@
 
 #include "attention_impl.h"
 #include "q4_kernels.h" /* q_kernel(): the ISA this process runs (once per process, $SPECDEC_Q4_KERNEL can pick a slower one) */
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 
 /* -- portable C: the reference every kernel matches ------------------------------------------------------------- */
 float specdec_attention_exp(float x) {
@@ -78,69 +76,7 @@ static inline void axpy_c(float w, const float* v, float* o, int hd) {
   for (int d = 0; d < hd; d++) o[d] = fmaf(w, v[d], o[d]);
 }
 
-#if defined(__x86_64__)
-/* -- AVX2: the 16 lanes as two 8-lane halves --------------------------------------------------------------------- */
-#define AVX2 __attribute__((target("avx2,fma")))
-
-AVX2 static inline __m256 exp_256(__m256 x) { return exp_cephes_256(_mm256_max_ps(_mm256_set1_ps(EXP_LO), x)); }
-
-/* lanes [first, first + 8) that are below `count`, as a maskload mask */
-AVX2 static inline __m256i below(int count, int first) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_add_epi32(_mm256_set1_epi32(first), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
-}
-
-AVX2 static inline float dot_256(const float* q, const float* k, int hd) {
-  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
-  for (int d = 0; d < hd; d += LANES) {
-    if (d + LANES <= hd) {
-      lo = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), lo);
-      hi = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), _mm256_loadu_ps(k + d + 8), hi);
-    } else { /* the tail: missing elements are zeros, as in the other kernels */
-      const __m256i m0 = below(hd, d), m1 = below(hd, d + 8);
-      lo = _mm256_fmadd_ps(_mm256_maskload_ps(q + d, m0), _mm256_maskload_ps(k + d, m0), lo);
-      hi = _mm256_fmadd_ps(_mm256_maskload_ps(q + d + 8, m1), _mm256_maskload_ps(k + d + 8, m1), hi);
-    }
-  }
-  return tree_256(lo, hi, 0);
-}
-
-AVX2 static inline void softmax_256(float* s, int n) {
-  const __m256 ninf = _mm256_set1_ps(-INFINITY);
-  __m256 mlo = ninf, mhi = ninf, alo = _mm256_setzero_ps(), ahi = _mm256_setzero_ps();
-  for (int j = 0; j < n; j += LANES) {
-    const __m256i v0 = below(n, j), v1 = below(n, j + 8);
-    mlo = _mm256_max_ps(_mm256_blendv_ps(ninf, _mm256_maskload_ps(s + j, v0), _mm256_castsi256_ps(v0)), mlo);
-    mhi = _mm256_max_ps(_mm256_blendv_ps(ninf, _mm256_maskload_ps(s + j + 8, v1), _mm256_castsi256_ps(v1)), mhi);
-  }
-  const __m256 m = _mm256_set1_ps(tree_256(mlo, mhi, 1));
-  for (int j = 0; j < n; j += LANES) {
-    const __m256i v0 = below(n, j), v1 = below(n, j + 8);
-    const __m256 e0 = _mm256_and_ps(exp_256(_mm256_sub_ps(_mm256_maskload_ps(s + j, v0), m)), _mm256_castsi256_ps(v0));
-    const __m256 e1 = _mm256_and_ps(exp_256(_mm256_sub_ps(_mm256_maskload_ps(s + j + 8, v1), m)), _mm256_castsi256_ps(v1));
-    alo = _mm256_add_ps(alo, e0);
-    ahi = _mm256_add_ps(ahi, e1);
-    _mm256_maskstore_ps(s + j, v0, e0);
-    _mm256_maskstore_ps(s + j + 8, v1, e1);
-  }
-  const __m256 sum = _mm256_set1_ps(tree_256(alo, ahi, 0));
-  for (int j = 0; j < n; j += 8) {
-    const __m256i v = below(n, j);
-    _mm256_maskstore_ps(s + j, v, _mm256_div_ps(_mm256_maskload_ps(s + j, v), sum));
-  }
-}
-
-AVX2 static inline void axpy_256(float w, const float* v, float* o, int hd) {
-  const __m256 wv = _mm256_set1_ps(w);
-  int d = 0;
-  for (; d + 8 <= hd; d += 8) _mm256_storeu_ps(o + d, _mm256_fmadd_ps(wv, _mm256_loadu_ps(v + d), _mm256_loadu_ps(o + d)));
-  for (; d < hd; d++) o[d] = fmaf(w, v[d], o[d]);
-}
-#endif
-
 DEFINE_TASK(task_portable, , dot_c, softmax_c, axpy_c)
-#if defined(__x86_64__)
-DEFINE_TASK(task_avx2, AVX2, dot_256, softmax_256, axpy_256)
-#endif
 
 void attention_task(const attn_problem* p, size_t i) {
 #if defined(__x86_64__)

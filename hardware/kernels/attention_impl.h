@@ -86,4 +86,5 @@ __attribute__((target("avx2"))) static inline float tree_256(__m256 lo, __m256 h
 
 #if defined(__x86_64__)
 void task_avx512(const attn_problem* p, size_t i); /* attention_avx512.c */
+void task_avx2(const attn_problem* p, size_t i);   /* attention_avx2.c */
 #endif

@@ -112,7 +112,7 @@ def test_a_tokens_output_is_the_same_bits_whatever_the_call(heads, kv_heads, hd)
 
 
 @pytest.mark.parametrize("kernel", ["avx2", "portable"])
-@pytest.mark.parametrize("heads,kv_heads,hd", [(12, 2, 128), (8, 2, 32), (3, 1, 20)])
+@pytest.mark.parametrize("heads,kv_heads,hd", [(12, 2, 128), (8, 2, 32), (3, 1, 20), (4, 4, 40), (6, 3, 24)])
 def test_every_kernel_computes_the_same_bits(tmp_path, kernel, heads, kv_heads, hd):
     """SPECDEC_Q4_KERNEL=avx2 | portable runs the kernel a CPU without AVX-512 (or AVX2) runs: the same bits."""
     fast = outputs_by_shape(heads, kv_heads, hd)[:3]
