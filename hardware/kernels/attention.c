@@ -13,7 +13,7 @@
  * -ffp-contract=off: the only fused multiply-adds are the explicit ones, fmaf in C). The value pass is lane-wise in
  * the head dimension, so its vector width does not matter. The kernels differ only in how they go through the slots:
  * the AVX-512 one (attention_avx512.c) takes two query rows' dot products with 8 slots at a time (a one-token call: one
- * query's with 16) and shares V rows between query rows; the AVX2 one (attention_avx2.c) takes a query's with 4 slots
+ * query's with 16) and shares V rows between query rows; the AVX2 one (attention_avx2.c) takes a query's with 8 slots
  * at a time and shares V rows between two query rows.
  *
  * exp is Cephes' expf polynomial (swiglu.c's), written out in each kernel: no vector exp of a libm is portable to

@@ -1,9 +1,10 @@
 /* CachedAttention's AVX2 kernel (attention.c says what every kernel computes and why their bits agree): the same
- * arithmetic per (token, head) as the portable one, for CPUs without AVX-512 (AMD Zen 1-3, Intel client cores before
- * and after Ice Lake). A query's dot products go 8 slots at a time with one transposed reduction for the eight (a dot
- * product alone ends in a chain of 7 dependent shuffles and adds), and the value pass keeps two query rows' outputs
- * in registers over a block of slots, each V row loaded once for both (a row alone would load and store its output
- * for every slot). A (k + 1)-token verification spends most of its attention time in these two loops. */
+ * arithmetic per (token, head) as the portable one, for x86 CPUs without AVX-512 VNNI (AMD Zen 1-3, Intel cores before
+ * Ice Lake and client cores from Alder Lake on). A query's dot products go 8 slots at a time with one transposed
+ * reduction for the eight (a dot product alone ends in a chain of 7 dependent shuffles and adds), and the value pass
+ * keeps two query rows' outputs in registers over a block of slots, each V row loaded once for both (a row alone would
+ * load and store its output for every slot). A (k + 1)-token verification spends most of its attention time in these
+ * two loops. */
 #include <math.h>
 
 #include "attention_impl.h"
@@ -50,9 +51,10 @@ __attribute__((target("avx2,fma"), always_inline)) static inline __m256 dots8_25
       lo = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(kr + d), lo);
       hi = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), _mm256_loadu_ps(kr + d + 8), hi);
     }
-    if (whole < hd) {
+    if (whole < hd) { /* (an upper half past the head adds 0 * 0: the same as the portable kernel's zeros) */
       lo = _mm256_fmadd_ps(_mm256_maskload_ps(q + whole, m0), _mm256_maskload_ps(kr + whole, m0), lo);
-      hi = _mm256_fmadd_ps(_mm256_maskload_ps(q + whole + 8, m1), _mm256_maskload_ps(kr + whole + 8, m1), hi);
+      if (whole + 8 < hd) hi = _mm256_fmadd_ps(_mm256_maskload_ps(q + whole + 8, m1), _mm256_maskload_ps(kr + whole + 8, m1), hi);
+      else hi = _mm256_fmadd_ps(_mm256_setzero_ps(), _mm256_setzero_ps(), hi);
     }
     a[i] = _mm256_add_ps(lo, hi); /* l + (l + 8) */
   }
@@ -78,10 +80,11 @@ AVX2 static inline void softmax_256(float* s, int n) {
     mlo = _mm256_max_ps(_mm256_loadu_ps(s + j), mlo);
     mhi = _mm256_max_ps(_mm256_loadu_ps(s + j + 8), mhi);
   }
+  const int upper = whole + 8 < n; /* the tail reaches its upper half (else that half adds nothing: max with -inf, + 0) */
   if (j < n) {
     const __m256i v0 = below(n, j), v1 = below(n, j + 8);
     mlo = _mm256_max_ps(_mm256_blendv_ps(ninf, _mm256_maskload_ps(s + j, v0), _mm256_castsi256_ps(v0)), mlo);
-    mhi = _mm256_max_ps(_mm256_blendv_ps(ninf, _mm256_maskload_ps(s + j + 8, v1), _mm256_castsi256_ps(v1)), mhi);
+    if (upper) mhi = _mm256_max_ps(_mm256_blendv_ps(ninf, _mm256_maskload_ps(s + j + 8, v1), _mm256_castsi256_ps(v1)), mhi);
   }
   const __m256 m = _mm256_set1_ps(tree_256(mlo, mhi, 1));
   for (j = 0; j < whole; j += LANES) {
@@ -91,14 +94,16 @@ AVX2 static inline void softmax_256(float* s, int n) {
     _mm256_storeu_ps(s + j, e0);
     _mm256_storeu_ps(s + j + 8, e1);
   }
-  if (j < n) { /* the missing lanes add zeros, as in the other kernels */
+  if (j < n) { /* the missing lanes add zeros, as in the other kernels (the sums are never -0) */
     const __m256i v0 = below(n, j), v1 = below(n, j + 8);
     const __m256 e0 = _mm256_and_ps(exp_256(_mm256_sub_ps(_mm256_maskload_ps(s + j, v0), m)), _mm256_castsi256_ps(v0));
-    const __m256 e1 = _mm256_and_ps(exp_256(_mm256_sub_ps(_mm256_maskload_ps(s + j + 8, v1), m)), _mm256_castsi256_ps(v1));
     alo = _mm256_add_ps(alo, e0);
-    ahi = _mm256_add_ps(ahi, e1);
     _mm256_maskstore_ps(s + j, v0, e0);
-    _mm256_maskstore_ps(s + j + 8, v1, e1);
+    if (upper) {
+      const __m256 e1 = _mm256_and_ps(exp_256(_mm256_sub_ps(_mm256_maskload_ps(s + j + 8, v1), m)), _mm256_castsi256_ps(v1));
+      ahi = _mm256_add_ps(ahi, e1);
+      _mm256_maskstore_ps(s + j + 8, v1, e1);
+    }
   }
   const float total = tree_256(alo, ahi, 0);
   const __m256 sum = _mm256_set1_ps(total);
@@ -107,7 +112,7 @@ AVX2 static inline void softmax_256(float* s, int n) {
 }
 
 /* o_r += e_r[j] * v_j for slots j0 <= j < j1 and R (1 or 2) query rows, over the 32-float chunk of the head at d (NV
-   vectors, the last one masked by m where the head ends inside it): the outputs held in registers over the slots,
+   vectors, each masked by m where the head ends inside the chunk): the outputs held in registers over the slots,
    each V vector loaded once for the R rows. Per lane and row: axpy_c's fmas in slot order */
 #define VALUES_256(R, NV, LOAD)                                                                                      \
   {                                                                                                                \
@@ -137,14 +142,22 @@ AVX2 static inline void values_256(int R, const float* const* e, float* const* o
     __m256i m[4];
     for (int x = 0; x < 4; x++) m[x] = below(hd - d, 8 * x);
     if (R == 2) {
-      if (!full) VALUES_MASKED(2, 4)
-      else if (nv == 4) VALUES_FULL(2, 4)
+      if (!full) {
+        if (nv == 4) VALUES_MASKED(2, 4)
+        else if (nv == 3) VALUES_MASKED(2, 3)
+        else if (nv == 2) VALUES_MASKED(2, 2)
+        else VALUES_MASKED(2, 1)
+      } else if (nv == 4) VALUES_FULL(2, 4)
       else if (nv == 3) VALUES_FULL(2, 3)
       else if (nv == 2) VALUES_FULL(2, 2)
       else VALUES_FULL(2, 1)
     } else {
-      if (!full) VALUES_MASKED(1, 4)
-      else if (nv == 4) VALUES_FULL(1, 4)
+      if (!full) {
+        if (nv == 4) VALUES_MASKED(1, 4)
+        else if (nv == 3) VALUES_MASKED(1, 3)
+        else if (nv == 2) VALUES_MASKED(1, 2)
+        else VALUES_MASKED(1, 1)
+      } else if (nv == 4) VALUES_FULL(1, 4)
       else if (nv == 3) VALUES_FULL(1, 3)
       else if (nv == 2) VALUES_FULL(1, 2)
       else VALUES_FULL(1, 1)
@@ -157,7 +170,7 @@ AVX2 static inline void values_pair_256(const float* const* e, float* const* o, 
   const int common = ends[0] < ends[1] ? ends[0] : ends[1];
   values_256(2, e, o, v, row, j0, common, hd);
   const int r = ends[0] > ends[1] ? 0 : 1;
-  values_256(1, e + r, o + r, v, row, common, ends[r], hd);
+  if (common < ends[r]) values_256(1, e + r, o + r, v, row, common, ends[r], hd);
 }
 
 /* AVX2: each query's dot products 8 slots at a time, and the value pass over blocks of SLOT_BLOCK slots (their V rows

@@ -1,4 +1,4 @@
-/* What attention.c (portable C, AVX2) and attention_avx512.c share: the exp polynomial's constants and the task's loops
+/* What attention.c (portable C), attention_avx2.c and attention_avx512.c share: the exp polynomial's constants and the task's loops
  * around the per-(token, head) arithmetic, whose order every kernel keeps (attention.c says how). */
 #pragma once
 #include <stddef.h>

@@ -83,11 +83,12 @@ def test_large_scores_are_softmaxed_stably():
     np.testing.assert_allclose(y, reference(q, k, v, pos, 4, 2), rtol=1e-3, atol=1e-3)
 
 
-def outputs_by_shape(heads: int, kv_heads: int, hd: int, threads: int = 1) -> np.ndarray:
+def outputs_by_shape(heads: int, kv_heads: int, hd: int, threads: int = 1, capacity: int = 300) -> np.ndarray:
     """Every token of a fixed 4-row, 9-token problem, computed in calls of every batch (1..4 rows) and width (1..9 tokens):
-    [B-calls x S-calls, 4, 9, width], the calls' outputs put back where their tokens are."""
+    [B-calls x S-calls, 4, 9, width], the calls' outputs put back where their tokens are. A small ``capacity`` puts the
+    tokens at the first slots (under 8 or 16 seen: the kernels' partial first blocks)."""
     rng = np.random.default_rng(11)
-    q, k, v, pos = problem(rng, 4, 9, heads, kv_heads, hd, capacity=300)
+    q, k, v, pos = problem(rng, 4, 9, heads, kv_heads, hd, capacity=capacity)
     sess = session(heads, kv_heads, threads)
     results = []
     for rows in (1, 2, 3, 4):
@@ -112,12 +113,14 @@ def test_a_tokens_output_is_the_same_bits_whatever_the_call(heads, kv_heads, hd)
 
 
 @pytest.mark.parametrize("kernel", ["avx2", "portable"])
-@pytest.mark.parametrize("heads,kv_heads,hd", [(12, 2, 128), (8, 2, 32), (3, 1, 20), (4, 4, 40), (6, 3, 24)])
-def test_every_kernel_computes_the_same_bits(tmp_path, kernel, heads, kv_heads, hd):
-    """SPECDEC_Q4_KERNEL=avx2 | portable runs the kernel a CPU without AVX-512 (or AVX2) runs: the same bits."""
-    fast = outputs_by_shape(heads, kv_heads, hd)[:3]
+@pytest.mark.parametrize("heads,kv_heads,hd,capacity", [(12, 2, 128, 300), (8, 2, 32, 300), (3, 1, 20, 300), (4, 4, 40, 300), (6, 3, 24, 300),
+                                                        (8, 2, 32, 14), (3, 1, 5, 20), (4, 2, 52, 12)])
+def test_every_kernel_computes_the_same_bits(tmp_path, kernel, heads, kv_heads, hd, capacity):
+    """SPECDEC_Q4_KERNEL=avx2 | portable runs the kernel a CPU without AVX-512 (or AVX2) runs: the same bits. Head dims with
+    tails (5, 20, 24, 40, 52), MHA and odd groups, and tokens at the first slots (capacity 12-20)."""
+    fast = outputs_by_shape(heads, kv_heads, hd, capacity=capacity)[:3]
     script = (f"import numpy as np, sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_cpu_attention as t; "
-              f"np.save({str(tmp_path / 'y.npy')!r}, t.outputs_by_shape({heads}, {kv_heads}, {hd})[:3])")
+              f"np.save({str(tmp_path / 'y.npy')!r}, t.outputs_by_shape({heads}, {kv_heads}, {hd}, capacity={capacity})[:3])")
     subprocess.run([sys.executable, "-c", script], check=True, env={**os.environ, "SPECDEC_Q4_KERNEL": kernel})
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), fast)
 
