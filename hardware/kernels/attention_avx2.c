@@ -135,33 +135,24 @@ AVX2 static inline void softmax_256(float* s, int n) {
   }
 #define VALUES_FULL(R, NV) VALUES_256(R, NV, _mm256_loadu_ps(vr + 8 * x))
 #define VALUES_MASKED(R, NV) VALUES_256(R, NV, _mm256_maskload_ps(vr + 8 * x, m[x]))
+/* the chunk's NV (nv: 1..4) as a constant, so each loop compiles to its own registers; LOAD: FULL or MASKED */
+#define VALUES_BY_WIDTH(R, LOAD)                                                                                     \
+  {                                                                                                                \
+    if (nv == 4) VALUES_##LOAD(R, 4)                                                                               \
+    else if (nv == 3) VALUES_##LOAD(R, 3)                                                                          \
+    else if (nv == 2) VALUES_##LOAD(R, 2)                                                                          \
+    else VALUES_##LOAD(R, 1)                                                                                       \
+  }
 
 AVX2 static inline void values_256(int R, const float* const* e, float* const* o, const float* v, size_t row, int j0, int j1, int hd) {
   for (int d = 0; d < hd; d += 32) {
     const int nv = hd - d >= 32 ? 4 : (hd - d + 7) / 8, full = (hd - d) % 8 == 0 || hd - d >= 32;
     __m256i m[4];
     for (int x = 0; x < 4; x++) m[x] = below(hd - d, 8 * x);
-    if (R == 2) {
-      if (!full) {
-        if (nv == 4) VALUES_MASKED(2, 4)
-        else if (nv == 3) VALUES_MASKED(2, 3)
-        else if (nv == 2) VALUES_MASKED(2, 2)
-        else VALUES_MASKED(2, 1)
-      } else if (nv == 4) VALUES_FULL(2, 4)
-      else if (nv == 3) VALUES_FULL(2, 3)
-      else if (nv == 2) VALUES_FULL(2, 2)
-      else VALUES_FULL(2, 1)
-    } else {
-      if (!full) {
-        if (nv == 4) VALUES_MASKED(1, 4)
-        else if (nv == 3) VALUES_MASKED(1, 3)
-        else if (nv == 2) VALUES_MASKED(1, 2)
-        else VALUES_MASKED(1, 1)
-      } else if (nv == 4) VALUES_FULL(1, 4)
-      else if (nv == 3) VALUES_FULL(1, 3)
-      else if (nv == 2) VALUES_FULL(1, 2)
-      else VALUES_FULL(1, 1)
-    }
+    if (R == 2 && full) VALUES_BY_WIDTH(2, FULL)
+    else if (R == 2) VALUES_BY_WIDTH(2, MASKED)
+    else if (full) VALUES_BY_WIDTH(1, FULL)
+    else VALUES_BY_WIDTH(1, MASKED)
   }
 }
 
