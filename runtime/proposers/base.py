@@ -15,7 +15,7 @@ a tree verifies several branches in one call (Medusa/EAGLE).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
@@ -25,6 +25,7 @@ from ...formats.config_strings import DEFAULT_DRAFT_LEN
 
 if TYPE_CHECKING:
     from ..backends.base import Executor, StepOutput
+    from ..kv_cache import KVCache
     from ..pairing import Pairing
     from ..request import Request
     from ..tree import DraftTree
@@ -161,3 +162,20 @@ def adjacent_runs(slots: Sequence[int]) -> list[list[int]]:
         else:
             runs.append([s])
     return runs
+
+
+def free_slot(request_id: str, slot_of: dict[str, int], order: list[str], cache: KVCache,
+              copy_slot: Callable[[KVCache, int, int], None]) -> bool:
+    """Free a request's slot in a drafter's own cache (order[s]: the request in slot s; slot_of its inverse), keeping the
+    running slots 0..n-1: the last request's rows move into the hole (copy_slot(cache, src, dst)). False where the
+    request held no slot (an ``add`` cut short before it took this one)."""
+    if request_id not in slot_of:
+        return False
+    slot, last = slot_of.pop(request_id), len(order) - 1
+    if slot != last:
+        moved = order[last]
+        copy_slot(cache, last, slot)
+        order[slot], slot_of[moved] = moved, slot
+    order.pop()
+    cache.lengths[last] = 0
+    return True

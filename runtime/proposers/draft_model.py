@@ -30,7 +30,7 @@ from ..backends.base import Executor
 from ..pairing import Pairing
 from ..request import AUTO, Request
 from ..sampling import processed_probs, sample
-from .base import Draft, Proposer, TargetOutput, adjacent_runs
+from .base import Draft, Proposer, TargetOutput, adjacent_runs, free_slot
 
 CATCH_UP_AFTER = 9  # pending tokens beyond one round's worth (k + 1 at k = 8) are fed in a call of their own
 
@@ -74,17 +74,9 @@ class DraftModelProposer(Proposer):
             self.executor.forward(self.cache, [prompts[s] for s in run], all_logits=False, first_slot=run[0])
 
     def remove(self, request_id: str) -> None:
-        if request_id not in self.slot_of:
-            return  # an add cut short before it took this one
-        slot, last = self.slot_of.pop(request_id), len(self.order) - 1
-        if slot != last:  # the last request moves into the freed slot: running slots stay 0..n-1
-            moved = self.order[last]
-            self.executor.copy_slot(self.cache, last, slot)
-            self.order[slot], self.slot_of[moved] = moved, slot
-        self.order.pop()
-        self.cache.lengths[last] = 0
-        self.pending.pop(request_id, None)
-        self.proposed.pop(request_id, None)
+        if free_slot(request_id, self.slot_of, self.order, self.cache, self.executor.copy_slot):
+            self.pending.pop(request_id, None)
+            self.proposed.pop(request_id, None)
 
     def room(self, request: Request) -> int:
         fed = self.cache.lengths_view[self.slot_of[request.request_id]] + len(self.pending[request.request_id])

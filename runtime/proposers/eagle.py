@@ -47,7 +47,7 @@ from ..backends.base import Executor, StepOutput
 from ..request import AUTO, Request
 from ..sampling import processed_probs, sample
 from ..tree import DraftTree, check_tree, parse_choices, top_k
-from .base import Draft, TargetOutput, adjacent_runs, kept_rows
+from .base import Draft, TargetOutput, adjacent_runs, free_slot, kept_rows
 from .own import DraftTreeConfig, OwnDrafter, own_drafter_method
 
 CATCH_UP_AFTER = 9  # pending pairs beyond one round's worth are fed in a call of their own (catch_up)
@@ -130,17 +130,9 @@ class EagleProposer(OwnDrafter):
         self.catch_up([r for r in requests if r.draft_len != AUTO])
 
     def remove(self, request_id: str) -> None:
-        if request_id not in self.slot_of:
-            return  # an add cut short before it took this one
-        slot, last = self.slot_of.pop(request_id), len(self.order) - 1
-        if slot != last:
-            moved = self.order[last]
-            self.module.copy_slot(self.cache, last, slot)
-            self.order[slot], self.slot_of[moved] = moved, slot
-        self.order.pop()
-        self.cache.lengths[last] = 0
-        for d in (self.pending, self.next_logits, self.next_hidden):
-            d.pop(request_id, None)
+        if free_slot(request_id, self.slot_of, self.order, self.cache, self.module.copy_slot):
+            for d in (self.pending, self.next_logits, self.next_hidden):
+                d.pop(request_id, None)
 
     def room(self, request: Request) -> int:
         rid = request.request_id
