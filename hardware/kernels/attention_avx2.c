@@ -20,8 +20,9 @@ AVX2 static inline __m256i below(int count, int first) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_add_epi32(_mm256_set1_epi32(first), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
 }
 
-/* lane i = sum_tree of dot i's 16-lane sum, for 8 dot products whose first tree level is taken (a[i] = lanes l + (l + 8),
-   l < 8): the tree's other pairs (l + 4, + 2, + 1) for the eight at once, by shuffles that keep each pair */
+/* [a0, a2, a4, a6 | a1, a3, a5, a7]'s sum_trees, for 8 dot products whose first tree level is taken (a[i] = lanes
+   l + (l + 8), l < 8): the tree's other pairs (l + 4, + 2, + 1) for the eight at once, by shuffles that keep each
+   pair (dots8_256 puts its dots in that order, so that dot i comes out in lane i without a permute) */
 AVX2 static inline __m256 trees8_256(const __m256* a) {
   __m256 c[4], d[2];
   for (int x = 0; x < 4; x++) /* [a_2x's l + (l + 4), a_2x+1's], l < 4 */
@@ -30,8 +31,7 @@ AVX2 static inline __m256 trees8_256(const __m256* a) {
     d[y] = _mm256_add_ps(_mm256_shuffle_ps(c[2 * y], c[2 * y + 1], _MM_SHUFFLE(1, 0, 1, 0)),
                          _mm256_shuffle_ps(c[2 * y], c[2 * y + 1], _MM_SHUFFLE(3, 2, 3, 2)));
   /* l + (l + 1): [a0, a2, a4, a6 | a1, a3, a5, a7] */
-  const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(d[0], d[1], _MM_SHUFFLE(2, 0, 2, 0)), _mm256_shuffle_ps(d[0], d[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  return _mm256_add_ps(_mm256_shuffle_ps(d[0], d[1], _MM_SHUFFLE(2, 0, 2, 0)), _mm256_shuffle_ps(d[0], d[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
 /* dot(q, k_i) for slots i < 8 of rows `row` floats apart (lane i; slots past count read the last one again and their
@@ -56,18 +56,41 @@ __attribute__((target("avx2,fma"), always_inline)) static inline __m256 dots8_25
       if (whole + 8 < hd) hi = _mm256_fmadd_ps(_mm256_maskload_ps(q + whole + 8, m1), _mm256_maskload_ps(kr + whole + 8, m1), hi);
       else hi = _mm256_fmadd_ps(_mm256_setzero_ps(), _mm256_setzero_ps(), hi);
     }
-    a[i] = _mm256_add_ps(lo, hi); /* l + (l + 8) */
+    a[(i & 3) * 2 + (i >> 2)] = _mm256_add_ps(lo, hi); /* l + (l + 8); at a[0, 2, 4, 6, 1, 3, 5, 7]: trees8_256 leaves dot i in lane i */
   }
   return trees8_256(a);
 }
 
-/* dots8_256 with the common head sizes' loops compiled whole */
-AVX2 static inline __m256 dots8_any_256(const float* q, const float* k, size_t row, int count, int hd) {
-  if (hd == 32) return dots8_256(q, k, row, count, 32);
-  if (hd == 64) return dots8_256(q, k, row, count, 64);
-  if (hd == 128) return dots8_256(q, k, row, count, 128);
-  return dots8_256(q, k, row, count, hd);
-}
+/* pass 1 for head size HD (a constant for the common ones: each compiles whole, inlined): each query row's dot
+   products 8 slots at a time, a whole block's without the checks of a block cut short; the K rows prefetched a few
+   slots ahead */
+#define DOT_PASS_256(HD)                                                                                             \
+  for (int j0 = 0; j0 < N; j0 += 8) {                                                                              \
+    /* a few slots ahead into cache: a slot's rows lie a whole cache row apart, which no hardware prefetcher follows */ \
+    for (int j = j0 + PF_SLOTS; j < j0 + PF_SLOTS + 8 && j < N; j++)                                               \
+      for (size_t f = 0; f < span; f += 16) _mm_prefetch((const char*)(K + j * row + f), _MM_HINT_T0);             \
+    float* sc = scores;                                                                                            \
+    for (int s = 0; s < S; s++) {                                                                                  \
+      const int n = (int)pos[s] + 1;                                                                               \
+      if (j0 < n) {                                                                                                \
+        const int count = n - j0 < 8 ? n - j0 : 8;                                                                 \
+        const float* q = p->q + ((b * S + s) * p->heads + g0 * G) * (HD);                                          \
+        for (int g = 0, x = 0; g < per; g++)                                                                       \
+          for (int h = 0; h < G; h++, x++) { /* query head x = g G + h of the task reads KV head g */              \
+            const float *qx = q + (size_t)x * (HD), *kx = K + j0 * row + (size_t)g * (HD);                          \
+            float* to = sc + (size_t)x * n + j0;                                                                   \
+            if (count == 8) /* (a masked store is slow on AMD's cores) */                                          \
+              _mm256_storeu_ps(to, _mm256_mul_ps(dots8_256(qx, kx, row, 8, HD), scale));                           \
+            else {                                                                                                 \
+              float lanes[8];                                                                                      \
+              _mm256_storeu_ps(lanes, _mm256_mul_ps(dots8_256(qx, kx, row, count, HD), scale));                    \
+              for (int c = 0; c < count; c++) to[c] = lanes[c];                                                    \
+            }                                                                                                      \
+          }                                                                                                        \
+      }                                                                                                            \
+      sc += (size_t)hs * n;                                                                                        \
+    }                                                                                                              \
+  }
 
 /* s[0..n) -> exp(s - max) / sum, in place. Whole vectors are loaded and stored plainly, only the tail under a mask:
    a masked store costs about ten times a plain one on AMD's cores */
@@ -124,7 +147,8 @@ AVX2 static inline void softmax_256(float* s, int n) {
       __m256 w[R];                                                                                                 \
       for (int r = 0; r < R; r++) w[r] = _mm256_broadcast_ss(e[r] + j);                                            \
       for (int x = 0; x < NV; x++) {                                                                               \
-        const __m256 vv = LOAD;                                                                                    \
+        __m256 vv = LOAD;                                                                                          \
+        if (R > 1) __asm__("" : "+x"(vv)); /* in a register: GCC would load it again as each row's fma operand */     \
         for (int r = 0; r < R; r++) acc[r][x] = _mm256_fmadd_ps(w[r], vv, acc[r][x]);                              \
       }                                                                                                            \
     }                                                                                                              \
@@ -171,30 +195,10 @@ AVX2 void task_avx2(const attn_problem* p, size_t i) {
   TASK_SETUP
   const __m256 scale = _mm256_set1_ps(p->scale);
   const size_t span = (size_t)per * hd; /* floats of a row the task reads */
-  for (int j0 = 0; j0 < N; j0 += 8) {
-    /* a few slots ahead into cache: a slot's rows lie a whole cache row apart, which no hardware prefetcher follows */
-    for (int j = j0 + PF_SLOTS; j < j0 + PF_SLOTS + 8 && j < N; j++)
-      for (size_t f = 0; f < span; f += 16) _mm_prefetch((const char*)(K + j * row + f), _MM_HINT_T0);
-    float* sc = scores;
-    for (int s = 0; s < S; s++) {
-      const int n = (int)pos[s] + 1;
-      if (j0 < n) {
-        const int count = n - j0 < 8 ? n - j0 : 8;
-        const float* q = p->q + ((b * S + s) * p->heads + g0 * G) * hd;
-        for (int x = 0; x < hs; x++) { /* query head x of the task reads KV head x / G */
-          const __m256 dots = _mm256_mul_ps(dots8_any_256(q + (size_t)x * hd, K + j0 * row + (size_t)(x / G) * hd, row, count, hd), scale);
-          float* to = sc + (size_t)x * n + j0;
-          if (count == 8) _mm256_storeu_ps(to, dots); /* (a masked store is slow on AMD's cores) */
-          else {
-            float lanes[8];
-            _mm256_storeu_ps(lanes, dots);
-            for (int c = 0; c < count; c++) to[c] = lanes[c];
-          }
-        }
-      }
-      sc += (size_t)hs * n;
-    }
-  }
+  if (hd == 32) DOT_PASS_256(32)
+  else if (hd == 64) DOT_PASS_256(64)
+  else if (hd == 128) DOT_PASS_256(128)
+  else DOT_PASS_256(hd)
   SOFTMAX_PASS(softmax_256)
   for (int j0 = 0; j0 < N; j0 += SLOT_BLOCK) {
     for (int j = j0 + SLOT_BLOCK; j < j0 + 2 * SLOT_BLOCK && j < N; j++) /* the next block's V rows into L2 */
