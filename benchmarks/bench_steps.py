@@ -13,7 +13,13 @@ achieved bandwidth and its share of the measured one. Since a shared machine's b
 (19 to 28 GB/s within minutes on one 2-core VM), the bandwidth is also sampled at the start of every round and each
 round's step is set against its own round's sample: the last column, the figure to read. ``--kernels`` repeats the measurement with
 ``SPECDEC_Q4_KERNEL`` set (``avx2``, ``portable``: the slower Q4Gemm kernels of CPUs without AVX-512 VNNI), each in a
-subprocess of its own (the kernel is chosen once per process).
+subprocess of its own (the kernel is chosen once per process). Each labelled run (``--q4_library``, ``--earlier``) is
+also given against its engine's own, paired round by round (CPU time).
+
+``--processes N`` runs the rounds in N fresh processes, each making its sessions in another order, and pools them: on
+one 2-core VM the same engine opened twice in one process ran 0.91x to 1.06x itself from one process to the next,
+steadily within each (which memory a session's buffers get), so a comparison inside one process carries a bias of
+a few percent that its rounds never average out; the paired ratios are then also given per process.
 
 ``--profile`` runs ONNX Runtime's profiler over the timed calls of one width (the prefill and warm-up calls are left
 out) and prints the kernel time per op type, its share, the node count and the time per node, and what is left
@@ -97,19 +103,22 @@ def call(ex: Any, cache: Any, width: int) -> None:
 
 def measure(engines: list[Path], threads: int, widths: list[int], context: int, rounds: int, calls: int,
             libraries: dict[str, Path] | None = None, earlier: dict[str, tuple[Path, Path]] | None = None,
-            reader: host.StreamReader | None = None) -> dict[str, Any]:
-    """{engine: {width: {"wall_ms", "cpu_ms", "cpu_ms_by_round"[, "read_gb_s", "of_read", "of_read_cpu"]}}}, engines and widths interleaved in
-    every round (round 0 warms up); each Q4Gemm engine also as "ENGINE [LABEL]" with each of ``libraries``; each of
-    ``earlier`` (label: an earlier specdec's engine and its library) as "ENGINE [LABEL]". With ``reader``, the read
-    bandwidth is sampled at the start of every round and each round's step is set against its own round's sample:
-    "of_read" is the spread over rounds of (the step's bytes / its wall time) / that round's bandwidth by wall time,
-    "of_read_cpu" the same by CPU time (per thread)."""
-    opened = [(str(p), open_executor(p, threads)) for p in engines]
-    for label, lib in (libraries or {}).items():
-        opened += [(f"{p} [{label}]", open_executor(p, threads, library=lib))
-                   for p, ex in list(zip(engines, [e for _, e in opened], strict=False)) if ex.build.cpu_kernels == "specdec"]
-    opened += [(f"{engine} [{label}]", open_executor(engine, threads, library=lib, earlier=True))
-               for label, (engine, lib) in (earlier or {}).items()]
+            reader: host.StreamReader | None = None, open_turn: int = 0) -> dict[str, Any]:
+    """{engine: {width: {"wall_ms", "cpu_ms", "cpu_ms_by_round", "wall_ms_by_round"[, "read_gb_s", "of_read", "of_read_cpu" and
+    their "_by_round" lists]}}}, engines and widths interleaved in every round (round 0 warms up); each Q4Gemm engine also
+    as "ENGINE [LABEL]" with each of ``libraries``; each of ``earlier`` (label: an earlier specdec's engine and its
+    library) as "ENGINE [LABEL]". With ``reader``, the read bandwidth is sampled at the start of every round and each
+    round's step is set against its own round's sample: "of_read" is the spread over rounds of (the step's bytes / its
+    wall time) / that round's bandwidth by wall time, "of_read_cpu" the same by CPU time (per thread). open_turn: the
+    sessions are made in their order turned by that many places (--processes gives each process another turn: which
+    memory a session's buffers get can move its steps by a few percent for the whole life of the process)."""
+    specs = [(str(p), p, {}) for p in engines]  # (name, engine, open_executor's keywords)
+    kernel_engines = [p for p in engines if json.loads((p / "config.json").read_text()).get("build", {}).get("cpu_kernels") == "specdec"]
+    specs += [(f"{p} [{label}]", p, {"library": lib}) for label, lib in (libraries or {}).items() for p in kernel_engines]
+    specs += [(f"{engine} [{label}]", engine, {"library": lib, "earlier": True}) for label, (engine, lib) in (earlier or {}).items()]
+    turn = open_turn % len(specs)
+    made = {name: open_executor(path, threads, **kw) for name, path, kw in specs[turn:] + specs[:turn]}
+    opened = [(name, made[name]) for name, _, _ in specs]
     caches = {name: with_context(ex, context) for name, ex in opened}
     wall: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
     cpu: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
@@ -126,15 +135,59 @@ def measure(engines: list[Path], threads: int, widths: list[int], context: int, 
                 if r:
                     wall[(name, w)].append((time.perf_counter() - w0) / calls * 1e3)
                     cpu[(name, w)].append((time.process_time() - c0) / calls * 1e3)
-    out = {name: {w: {"wall_ms": spread(wall[(name, w)]), "cpu_ms": spread(cpu[(name, w)]),
-                      "cpu_ms_by_round": cpu[(name, w)]} for w in widths} for name, _ in opened}  # by round: for paired ratios
+    out = {name: {w: {"cpu_ms_by_round": cpu[(name, w)], "wall_ms_by_round": wall[(name, w)]} for w in widths}  # by round: for paired ratios
+           for name, _ in opened}
     if len(samples) == rounds:
         sizes = {name: host.step_bytes(Path(name.split(" [")[0])) for name, _ in opened}
         for name, per_width in out.items():
             for w, entry in per_width.items():
-                entry["read_gb_s"] = spread([b for b, _ in samples])
-                entry["of_read"] = spread([achieved(sizes[name], ms) / b for ms, (b, _) in zip(wall[(name, w)], samples, strict=True)])
-                entry["of_read_cpu"] = spread([achieved(sizes[name], ms / threads) / c for ms, (_, c) in zip(cpu[(name, w)], samples, strict=True)])
+                entry["read_gb_s_by_round"] = [b for b, _ in samples]
+                entry["of_read_by_round"] = [achieved(sizes[name], ms) / b for ms, (b, _) in zip(wall[(name, w)], samples, strict=True)]
+                entry["of_read_cpu_by_round"] = [achieved(sizes[name], ms / threads) / c for ms, (_, c) in zip(cpu[(name, w)], samples, strict=True)]
+    return with_spreads(out)
+
+
+SPREADS = {"wall_ms": "wall_ms_by_round", "cpu_ms": "cpu_ms_by_round", "read_gb_s": "read_gb_s_by_round", "of_read": "of_read_by_round",
+           "of_read_cpu": "of_read_cpu_by_round"}
+
+
+def with_spreads(results: dict[str, Any]) -> dict[str, Any]:
+    """Each entry's median [min-max] figures from its per-round lists (SPREADS)."""
+    for per_width in results.values():
+        for entry in per_width.values():
+            entry.update({k: spread(entry[by]) for k, by in SPREADS.items() if entry.get(by)})
+    return results
+
+
+def merge_processes(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """measure()'s results of several processes as one: the rounds of all, in process order ("process_by_round": which
+    process each round ran in)."""
+    merged: dict[str, Any] = {}
+    for i, part in enumerate(parts):
+        for name, per_width in part.items():
+            for w, entry in per_width.items():
+                into = merged.setdefault(name, {}).setdefault(w, {})
+                for by in [*SPREADS.values(), "process_by_round"]:
+                    if by == "process_by_round":
+                        into.setdefault(by, []).extend([i] * len(entry["cpu_ms_by_round"]))
+                    elif by in entry:
+                        into.setdefault(by, []).extend(entry[by])
+    return with_spreads(merged)
+
+
+def paired(results: dict[str, Any], widths: list[int]) -> dict[str, Any]:
+    """Each labelled run ("ENGINE [LABEL]") against its engine's own, per round by CPU time (ENGINE / ENGINE [LABEL]: under 1,
+    the engine's default build is the faster): the spread over rounds and, with several processes, each process's median."""
+    out = {}
+    for name, per_width in results.items():
+        base = name.split(" [")[0]
+        if name == base or base not in results:
+            continue
+        for w in widths:
+            ratios = [a / b for a, b in zip(results[base][w]["cpu_ms_by_round"], per_width[w]["cpu_ms_by_round"], strict=True)]
+            procs = per_width[w].get("process_by_round") or [0] * len(ratios)
+            by_process = [statistics.median([r for r, p in zip(ratios, procs, strict=True) if p == i]) for i in sorted(set(procs))]
+            out[f"{Path(base).name} / {Path(base).name} [{name.split(' [')[1]}, width {w}"] = {**spread(ratios), "by_process": by_process}
     return out
 
 
@@ -224,17 +277,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--earlier", action="append", default=[], metavar="LABEL=ENGINE:LIBRARY",
                     help="also an engine an earlier specdec built (a kernel layout this one refuses), with that specdec's "
                          "specdec_cpu_kernels.so, interleaved")
+    ap.add_argument("--processes", type=int, default=1,
+                    help="run the rounds in this many fresh processes, each making the sessions in another order, and pool them: "
+                         "which memory a session gets moves its steps by a few percent for a process's whole life, which "
+                         "rounds within one process never average out (the paired ratios are then given per process too)")
     ap.add_argument("--output_json")
-    ap.add_argument("--_inner", action="store_true", help=argparse.SUPPRESS)  # a --kernels subprocess: timings only, as JSON
+    ap.add_argument("--_inner", action="store_true", help=argparse.SUPPRESS)  # a --kernels / --processes subprocess: timings only, as JSON
+    ap.add_argument("--_open_turn", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     widths = [int(w) for w in args.widths.split(",")]
     threads = [int(t) for t in args.threads.split(",")]
     libraries = {label: Path(path) for label, _, path in (x.partition("=") for x in args.q4_library)}
     earlier = {label: (Path(rest.split(":")[0]), Path(rest.split(":")[1])) for label, _, rest in (x.partition("=") for x in args.earlier)}
+    if args.processes < 1 or args.rounds < 1:
+        ap.error("--processes and --rounds must be at least 1")
     if args._inner:
         with host.StreamReader() as reader:
-            print(json.dumps({t: measure(args.engine, t, widths, args.context, args.rounds, args.calls, libraries, earlier, reader)
-                              for t in threads}))
+            print(json.dumps({t: measure(args.engine, t, widths, args.context, args.rounds, args.calls, libraries, earlier, reader,
+                                         args._open_turn) for t in threads}))
         return 0
     rec = host.host_record(bandwidth=False)
     rec["read_bandwidth"] = host.read_bandwidth(sorted({1, *threads}))
@@ -256,14 +316,9 @@ def main(argv: list[str] | None = None) -> int:
         report["floors"], report["steps"] = fl, {}
         for kernel in ["", *[k for k in args.kernels.split(",") if k]]:
             label = f"SPECDEC_Q4_KERNEL={kernel}" if kernel else "default kernels"
-            if kernel:
-                inner = [sys.executable, __file__, *sum([["--engine", str(e)] for e in args.engine], []), "--widths", args.widths,
-                         "--threads", args.threads, "--context", str(args.context), "--rounds", str(args.rounds), "--calls", str(args.calls),
-                         "--_inner",
-                         *sum([["--q4_library", x] for x in args.q4_library], []), *sum([["--earlier", x] for x in args.earlier], [])]
-                out = subprocess.run(inner, capture_output=True, text=True, check=True, env={**os.environ, "SPECDEC_Q4_KERNEL": kernel})
-                by_threads = {int(t): {e: {int(w): v for w, v in r.items()} for e, r in res.items()}
-                              for t, res in json.loads(out.stdout.splitlines()[-1]).items()}
+            if kernel or args.processes > 1:
+                parts = [inner_run(args, kernel, turn) for turn in range(args.processes)]
+                by_threads = {t: merge_processes([part[t] for part in parts]) for t in threads}
             else:
                 with host.StreamReader() as reader:
                     by_threads = {t: measure(args.engine, t, widths, args.context, args.rounds, args.calls, libraries, earlier, reader)
@@ -271,6 +326,11 @@ def main(argv: list[str] | None = None) -> int:
             report["steps"][kernel or "default"] = by_threads
             for t in threads:
                 print_steps(by_threads[t], fl, rec["read_bandwidth"], t, widths, label)
+                pairs = paired(by_threads[t], widths)
+                report.setdefault("paired", {}).setdefault(kernel or "default", {})[t] = pairs
+                for name, r in pairs.items():
+                    each = f"; per process {', '.join(f'{x:.3f}' for x in r['by_process'])}" if len(r["by_process"]) > 1 else ""
+                    print(f"  {name}: {r['median']:.3f} [{r['min']:.3f}-{r['max']:.3f}] by CPU time, paired per round{each}")
     report["load_average_end"] = list(os.getloadavg())
     if args.output_json:
         Path(args.output_json).write_text(json.dumps(report, indent=1) + "\n")
@@ -278,6 +338,18 @@ def main(argv: list[str] | None = None) -> int:
         if report.get("steps"):
             chart(report["steps"], args.output_json)
     return 0
+
+
+def inner_run(args: argparse.Namespace, kernel: str, turn: int) -> dict[int, Any]:
+    """measure() in a fresh process (SPECDEC_Q4_KERNEL=kernel where given: the kernel is chosen once per process), its
+    sessions made ``turn`` places into their order: {threads: results}."""
+    inner = [sys.executable, __file__, *sum([["--engine", str(e)] for e in args.engine], []), "--widths", args.widths,
+             "--threads", args.threads, "--context", str(args.context), "--rounds", str(args.rounds), "--calls", str(args.calls),
+             "--_inner", "--_open_turn", str(turn),
+             *sum([["--q4_library", x] for x in args.q4_library], []), *sum([["--earlier", x] for x in args.earlier], [])]
+    env = {**os.environ, "SPECDEC_Q4_KERNEL": kernel} if kernel else None
+    out = subprocess.run(inner, capture_output=True, text=True, check=True, env=env)
+    return {int(t): {e: {int(w): v for w, v in r.items()} for e, r in res.items()} for t, res in json.loads(out.stdout.splitlines()[-1]).items()}
 
 
 def chart(steps: dict[str, Any], json_path: str) -> None:

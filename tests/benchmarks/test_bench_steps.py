@@ -1,0 +1,48 @@
+"""benchmarks/bench_steps.py: several processes' rounds pooled, and a labelled build paired with its engine's own."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+_spec = importlib.util.spec_from_file_location("bench_steps", ROOT / "benchmarks" / "bench_steps.py")
+bench_steps = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_steps)
+
+
+def process(this: list[float], main: list[float]) -> dict:
+    """measure()'s result for engine E and E [main] at width 1, with these CPU ms per round."""
+    return bench_steps.with_spreads({"E": {1: {"cpu_ms_by_round": this, "wall_ms_by_round": this}},
+                                     "E [main]": {1: {"cpu_ms_by_round": main, "wall_ms_by_round": main}}})
+
+
+def test_the_processes_rounds_are_pooled_and_each_round_keeps_its_process():
+    merged = bench_steps.merge_processes([process([2.0, 4.0], [4.0, 4.0]), process([3.0], [2.0])])
+    e = merged["E"][1]
+    assert e["cpu_ms_by_round"] == [2.0, 4.0, 3.0] and e["process_by_round"] == [0, 0, 1]
+    assert e["cpu_ms"] == {"median": 3.0, "min": 2.0, "max": 4.0} and e["wall_ms"] == e["cpu_ms"]
+
+
+def test_a_labelled_build_is_paired_round_by_round_and_per_process():
+    merged = bench_steps.merge_processes([process([2.0, 4.0], [4.0, 4.0]), process([3.0], [2.0])])
+    (name, r), = bench_steps.paired(merged, [1]).items()
+    assert name == "E / E [main], width 1"
+    assert (r["median"], r["min"], r["max"]) == (1.0, 0.5, 1.5)  # this / main: 0.5, 1.0, 1.5
+    assert r["by_process"] == [0.75, 1.5]  # a process's own median: its bias shows
+
+
+def test_one_process_has_one_median_and_no_pair_without_its_engine():
+    one = process([2.0, 2.0], [1.0, 1.0])
+    assert bench_steps.paired(one, [1])["E / E [main], width 1"]["by_process"] == [2.0]
+    alone = {"F [main]": one["E [main]"]}
+    assert bench_steps.paired(alone, [1]) == {}
+
+
+def test_processes_and_rounds_must_be_at_least_one(capsys):
+    for flag in ("--processes", "--rounds"):
+        with pytest.raises(SystemExit) as e:
+            bench_steps.main(["--engine", "x", flag, "0"])
+        assert e.value.code == 2 and "must be at least 1" in capsys.readouterr().err
