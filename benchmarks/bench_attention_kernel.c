@@ -13,7 +13,8 @@
  * that turns round by round) runs every case REPS times; a round's figure is its fastest call (the machine's other
  * work only ever adds time). Printed per case: each LIB's median [min-max] microseconds over rounds, and each LIB
  * over the first in the same round (the paired ratio, the steadiest figure on a shared machine); and whether every
- * LIB's outputs are the same bits as the first's. $SPECDEC_Q4_KERNEL = portable | avx2 picks a slower kernel (it
+ * LIB's outputs are the same bits as the first's (under the one kernel this process runs: to set the AVX2 kernel
+ * against the portable one, run it once with each). $SPECDEC_Q4_KERNEL = portable | avx2 picks a slower kernel (it
  * chooses the attention kernel too). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -91,21 +92,29 @@ static Problem make_problem(const Case* c) {
 
 int main(int argc, char** argv) {
   int rounds = 7, reps = 300;
-  const char* shapes = "8/4/32/200,12/2/128/200,16/4/64/1000,32/8/128/1000";
+  const char* shapes = "8/4/32/200,12/2/128/200,16/4/64/1000,32/8/64/1000,32/8/128/1000";
   const char* tokens = "1,5,9";
   task_fn libs[MAX_LIBS];
   const char* names[MAX_LIBS];
   const char* kernel = "?";
   int n_libs = 0;
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--shapes") && i + 1 < argc) shapes = argv[++i];
-    else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tokens = argv[++i];
+    const int valued = !strcmp(argv[i], "--rounds") || !strcmp(argv[i], "--reps") || !strcmp(argv[i], "--shapes") || !strcmp(argv[i], "--tokens");
+    if (valued && i + 1 == argc) {
+      fprintf(stderr, "%s needs a value (see the header of bench_attention_kernel.c)\n", argv[i]);
+      return 2;
+    }
+    if (!strcmp(argv[i], "--rounds")) rounds = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--shapes")) shapes = argv[++i];
+    else if (!strcmp(argv[i], "--tokens")) tokens = argv[++i];
     else if (argv[i][0] == '-') {
       fprintf(stderr, "unknown option %s (see the header of bench_attention_kernel.c)\n", argv[i]);
       return 2;
-    } else if (n_libs < MAX_LIBS) {
+    } else if (n_libs == MAX_LIBS) {
+      fprintf(stderr, "at most %d libraries\n", MAX_LIBS);
+      return 2;
+    } else {
       void* h = dlopen(argv[i], RTLD_NOW | RTLD_LOCAL);
       task_fn f = h ? (task_fn)dlsym(h, "attention_task") : NULL;
       if (!f) {
@@ -128,16 +137,21 @@ int main(int argc, char** argv) {
   for (const char* s = shapes; *s;) {
     Case c;
     int used = 0;
-    if (sscanf(s, "%d/%d/%d/%d%n", &c.heads, &c.kv, &c.hd, &c.ctx, &used) != 4 || c.kv < 1 || c.heads % c.kv || c.hd < 1 || c.ctx < 0) {
-      fprintf(stderr, "--shapes: H/KV/HD/CTX with KV dividing H (got %s)\n", s);
+    if (sscanf(s, "%d/%d/%d/%d%n", &c.heads, &c.kv, &c.hd, &c.ctx, &used) != 4 || c.kv < 1 || c.heads < c.kv || c.heads % c.kv || c.hd < 1 ||
+        c.hd > 4096 || c.ctx < 0 || c.ctx > 1 << 20) {
+      fprintf(stderr, "--shapes: H/KV/HD/CTX, each >= 1 (CTX >= 0) and KV dividing H (got %s)\n", s);
       return 2;
     }
     s += used + (s[used] == ',');
-    for (const char* t = tokens; *t && n_cases < MAX_CASES;) {
+    for (const char* t = tokens; *t;) {
       char* end;
       c.tokens = (int)strtol(t, &end, 10);
-      if (end == t || c.tokens < 1) {
-        fprintf(stderr, "--tokens: a list of counts >= 1 (got %s)\n", tokens);
+      if (end == t || c.tokens < 1 || c.tokens > 4096) {
+        fprintf(stderr, "--tokens: a list of counts from 1 to 4096 (got %s)\n", tokens);
+        return 2;
+      }
+      if (n_cases == MAX_CASES) {
+        fprintf(stderr, "at most %d cases (shapes x token counts)\n", MAX_CASES);
         return 2;
       }
       cases[n_cases++] = c;
@@ -184,6 +198,8 @@ int main(int argc, char** argv) {
       printf("\n");
     }
     free(first);
+    free((void*)pr.p.q), free((void*)pr.p.k), free((void*)pr.p.v), free(pr.p.out), free((void*)pr.p.pos), free(pr.p.scratch);
+    free((void*)pr.p.scratch_at);
   }
   return 0;
 }

@@ -13,13 +13,14 @@ achieved bandwidth and its share of the measured one. Since a shared machine's b
 (19 to 28 GB/s within minutes on one 2-core VM), the bandwidth is also sampled at the start of every round and each
 round's step is set against its own round's sample: the last column, the figure to read. ``--kernels`` repeats the measurement with
 ``SPECDEC_Q4_KERNEL`` set (``avx2``, ``portable``: the slower Q4Gemm kernels of CPUs without AVX-512 VNNI), each in a
-subprocess of its own (the kernel is chosen once per process). Each labelled run (``--q4_library``, ``--earlier``) is
-also given against its engine's own, paired round by round (CPU time).
+subprocess of its own (the kernel is chosen once per process). Each ``--q4_library`` build is also given against
+its engine's default build, paired round by round (CPU time).
 
-``--processes N`` runs the rounds in N fresh processes, each making its sessions in another order, and pools them: on
-one 2-core VM the same engine opened twice in one process ran 0.91x to 1.06x itself from one process to the next,
-steadily within each (which memory a session's buffers get), so a comparison inside one process carries a bias of
-a few percent that its rounds never average out; the paired ratios are then also given per process.
+``--processes N`` runs the measurement (its warm-up and ``--rounds`` rounds) in each of N fresh processes, each
+making its sessions in another order, and pools the rounds: on one 2-core VM the same library run twice on one
+engine in one process ran 0.96x to 1.07x itself from one process to the next, steadily within each (which memory a
+session's buffers get), so a comparison inside one process carries a bias of a few percent that its rounds never
+average out; the paired ratios are then also given per process.
 
 ``--profile`` runs ONNX Runtime's profiler over the timed calls of one width (the prefill and warm-up calls are left
 out) and prints the kernel time per op type, its share, the node count and the time per node, and what is left
@@ -177,7 +178,8 @@ def merge_processes(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 def paired(results: dict[str, Any], widths: list[int]) -> dict[str, Any]:
     """Each labelled run ("ENGINE [LABEL]") against its engine's own, per round by CPU time (ENGINE / ENGINE [LABEL]: under 1,
-    the engine's default build is the faster): the spread over rounds and, with several processes, each process's median."""
+    the engine's default build is the faster): the spread over rounds and, with several processes, each process's median.
+    An --earlier engine is another directory than any --engine: it has none to pair with."""
     out = {}
     for name, per_width in results.items():
         base = name.split(" [")[0]
@@ -278,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also an engine an earlier specdec built (a kernel layout this one refuses), with that specdec's "
                          "specdec_cpu_kernels.so, interleaved")
     ap.add_argument("--processes", type=int, default=1,
-                    help="run the rounds in this many fresh processes, each making the sessions in another order, and pool them: "
+                    help="run the measurement (warm-up and --rounds rounds) in each of this many fresh processes, each making the "
+                         "sessions in another order, and pool the rounds: "
                          "which memory a session gets moves its steps by a few percent for a process's whole life, which "
                          "rounds within one process never average out (the paired ratios are then given per process too)")
     ap.add_argument("--output_json")
@@ -348,7 +351,10 @@ def inner_run(args: argparse.Namespace, kernel: str, turn: int) -> dict[int, Any
              "--_inner", "--_open_turn", str(turn),
              *sum([["--q4_library", x] for x in args.q4_library], []), *sum([["--earlier", x] for x in args.earlier], [])]
     env = {**os.environ, "SPECDEC_Q4_KERNEL": kernel} if kernel else None
-    out = subprocess.run(inner, capture_output=True, text=True, check=True, env=env)
+    out = subprocess.run(inner, capture_output=True, text=True, env=env)
+    if out.returncode != 0:  # its own error, not a CalledProcessError's exit status
+        raise SystemExit(f"bench_steps: the measuring process{' with SPECDEC_Q4_KERNEL=' + kernel if kernel else ''} failed:\n"
+                         + "\n".join(out.stderr.strip().splitlines()[-15:]))
     return {int(t): {e: {int(w): v for w, v in r.items()} for e, r in res.items()} for t, res in json.loads(out.stdout.splitlines()[-1]).items()}
 
 

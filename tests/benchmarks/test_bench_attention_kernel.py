@@ -40,7 +40,8 @@ def test_it_times_every_case_and_compares_the_builds_bits(built, tmp_path):
 
 def test_a_bad_option_or_library_is_refused_in_one_line(built, tmp_path):
     bench, lib = built
-    for args in (["--shapes", "5/2/8/5", str(lib)], ["--tokens", "0", str(lib)], ["--bogus", str(lib)], [str(tmp_path / "missing.so")], []):
+    for args in (["--shapes", "5/2/8/5", str(lib)], ["--shapes", "-4/2/8/5", str(lib)], ["--tokens", "0", str(lib)], ["--bogus", str(lib)],
+                 [str(lib), "--rounds"], [str(tmp_path / "missing.so")], []):
         done = subprocess.run([str(bench), *args], capture_output=True, text=True)
         assert done.returncode == 2, args
         assert len(done.stderr.strip().splitlines()) == 1 and not done.stdout, args
