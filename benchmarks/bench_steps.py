@@ -111,16 +111,16 @@ def measure(engines: list[Path], threads: int, widths: list[int], context: int, 
     library) as "ENGINE [LABEL]". With ``reader``, the read bandwidth is sampled at the start of every round and each
     round's step is set against its own round's sample: "of_read" is the spread over rounds of (the step's bytes / its
     wall time) / that round's bandwidth by wall time, "of_read_cpu" the same by CPU time (per thread). open_turn: the
-    sessions are made in their order turned by that many places (--processes gives each process another turn: which
-    memory a session's buffers get can move its steps by a few percent for the whole life of the process)."""
+    sessions and their caches are made in their order turned by that many places (--processes gives each process another
+    turn: which memory a session's buffers get can move its steps by a few percent for the whole life of the process)."""
     specs = [(str(p), p, {}) for p in engines]  # (name, engine, open_executor's keywords)
     kernel_engines = [p for p in engines if json.loads((p / "config.json").read_text()).get("build", {}).get("cpu_kernels") == "specdec"]
     specs += [(f"{p} [{label}]", p, {"library": lib}) for label, lib in (libraries or {}).items() for p in kernel_engines]
     specs += [(f"{engine} [{label}]", engine, {"library": lib, "earlier": True}) for label, (engine, lib) in (earlier or {}).items()]
     turn = open_turn % len(specs)
     made = {name: open_executor(path, threads, **kw) for name, path, kw in specs[turn:] + specs[:turn]}
+    caches = {name: with_context(made[name], context) for name, _, _ in specs[turn:] + specs[:turn]}  # (their memory: the same turn)
     opened = [(name, made[name]) for name, _, _ in specs]
-    caches = {name: with_context(ex, context) for name, ex in opened}
     wall: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
     cpu: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
     samples: list[tuple[float, float]] = []  # per measured round: (GB/s by wall time, by CPU time)

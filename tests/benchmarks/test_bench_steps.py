@@ -46,3 +46,26 @@ def test_processes_and_rounds_must_be_at_least_one(capsys):
         with pytest.raises(SystemExit) as e:
             bench_steps.main(["--engine", "x", flag, "0"])
         assert e.value.code == 2 and "must be at least 1" in capsys.readouterr().err
+
+
+def test_each_turn_makes_the_sessions_and_their_caches_in_another_order(tmp_path, monkeypatch):
+    engines = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text('{"build": {"cpu_kernels": "specdec"}}')
+        engines.append(tmp_path / name)
+    events = []
+
+    def open_executor(path, threads, library=None, earlier=False):
+        events.append(("open", path.name, library))
+        return (path.name, library)
+
+    monkeypatch.setattr(bench_steps, "open_executor", open_executor)
+    monkeypatch.setattr(bench_steps, "with_context", lambda ex, context: events.append(("cache", *ex)))
+    monkeypatch.setattr(bench_steps, "call", lambda ex, cache, width: None)
+    lib = Path("other.so")
+    out = bench_steps.measure(engines, 1, [1], 0, 2, 1, {"lib": lib}, None, None, open_turn=1)
+    turned = [("b", None), ("a", lib), ("b", lib), ("a", None)]  # a, b, a [lib], b [lib] turned by one
+    assert events == [("open", *x) for x in turned] + [("cache", *x) for x in turned]
+    assert list(out) == [str(engines[0]), str(engines[1]), f"{engines[0]} [lib]", f"{engines[1]} [lib]"]  # reported in their own order
+    assert all(len(per[1]["cpu_ms_by_round"]) == 2 for per in out.values())
