@@ -8,8 +8,8 @@
  *   /tmp/bench_attention_kernel [--rounds N] [--reps R] [--shapes H/KV/HD/CTX,...] [--tokens 1,5,9] LIB [LIB ...]
  *
  * A case is a shape (query heads / KV heads / head dim / context) and a token count T: batch 1, the T tokens at
- * positions CTX .. CTX + T - 1 of a cache of CTX + T slots, split into tasks as ort_attention.c splits them (the
- * fewest KV heads whose row segment is 512 bytes or more), run one after another. Each round, every LIB (in an order
+ * positions CTX .. CTX + T - 1 of a cache of CTX + T slots, split into tasks as the op splits them
+ * (attention.h's attention_kv_per_task), run one after another. Each round, every LIB (in an order
  * that turns round by round) runs every case REPS times; a round's figure is its fastest call (the machine's other
  * work only ever adds time). Printed per case: each LIB's median [min-max] microseconds over rounds, and each LIB
  * over the first in the same round (the paired ratio, the steadiest figure on a shared machine); and whether every
@@ -51,13 +51,6 @@ static double median(double* v, int n) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-/* ort_attention.c's split: KV heads a task takes */
-static int kv_per_task(int kv_heads, int hd) {
-  int per = 1;
-  while (per < kv_heads && (kv_heads % per || (size_t)per * hd * sizeof(float) < 512)) per++;
-  return per;
-}
-
 /* One case's buffers, and its problem as the op would pose it */
 typedef struct {
   attn_problem p;
@@ -65,7 +58,7 @@ typedef struct {
 } Problem;
 
 static Problem make_problem(const Case* c) {
-  const int S = c->tokens, cap = c->ctx + S, per = kv_per_task(c->kv, c->hd);
+  const int S = c->tokens, cap = c->ctx + S, per = attention_kv_per_task(c->kv, c->hd);
   const size_t qf = (size_t)S * c->heads * c->hd, kvf = (size_t)cap * c->kv * c->hd, tasks = (size_t)(c->kv / per);
   float *q = malloc(qf * sizeof(float)), *k = malloc(kvf * sizeof(float)), *v = malloc(kvf * sizeof(float));
   float* out = malloc(qf * sizeof(float));

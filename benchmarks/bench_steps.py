@@ -102,6 +102,13 @@ def call(ex: Any, cache: Any, width: int) -> None:
     cache.lengths[0] -= width  # every call at the same cache length
 
 
+def cpu_kernels(engine: Path) -> str:
+    """The kernels an engine was built for (its build config's cpu_kernels), read without opening a session."""
+    from specdec.formats.engine_format import load_engine_dir
+
+    return load_engine_dir(engine).config.build.cpu_kernels
+
+
 def measure(engines: list[Path], threads: int, widths: list[int], context: int, rounds: int, calls: int,
             libraries: dict[str, Path] | None = None, earlier: dict[str, tuple[Path, Path]] | None = None,
             reader: host.StreamReader | None = None, open_turn: int = 0) -> dict[str, Any]:
@@ -114,12 +121,12 @@ def measure(engines: list[Path], threads: int, widths: list[int], context: int, 
     sessions and their caches are made in their order turned by that many places (--processes gives each process another
     turn: which memory a session's buffers get can move its steps by a few percent for the whole life of the process)."""
     specs = [(str(p), p, {}) for p in engines]  # (name, engine, open_executor's keywords)
-    kernel_engines = [p for p in engines if json.loads((p / "config.json").read_text()).get("build", {}).get("cpu_kernels") == "specdec"]
+    kernel_engines = [p for p in engines if cpu_kernels(p) == "specdec"]
     specs += [(f"{p} [{label}]", p, {"library": lib}) for label, lib in (libraries or {}).items() for p in kernel_engines]
     specs += [(f"{engine} [{label}]", engine, {"library": lib, "earlier": True}) for label, (engine, lib) in (earlier or {}).items()]
-    turn = open_turn % len(specs)
-    made = {name: open_executor(path, threads, **kw) for name, path, kw in specs[turn:] + specs[:turn]}
-    caches = {name: with_context(made[name], context) for name, _, _ in specs[turn:] + specs[:turn]}  # (their memory: the same turn)
+    turned = specs[open_turn % len(specs):] + specs[: open_turn % len(specs)]
+    made = {name: open_executor(path, threads, **kw) for name, path, kw in turned}
+    caches = {name: with_context(made[name], context) for name, _, _ in turned}  # (their memory: the same turn)
     opened = [(name, made[name]) for name, _, _ in specs]
     wall: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
     cpu: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
@@ -168,11 +175,9 @@ def merge_processes(parts: list[dict[str, Any]]) -> dict[str, Any]:
         for name, per_width in part.items():
             for w, entry in per_width.items():
                 into = merged.setdefault(name, {}).setdefault(w, {})
-                for by in [*SPREADS.values(), "process_by_round"]:
-                    if by == "process_by_round":
-                        into.setdefault(by, []).extend([i] * len(entry["cpu_ms_by_round"]))
-                    elif by in entry:
-                        into.setdefault(by, []).extend(entry[by])
+                for by in (by for by in SPREADS.values() if by in entry):
+                    into.setdefault(by, []).extend(entry[by])
+                into.setdefault("process_by_round", []).extend([i] * len(entry["cpu_ms_by_round"]))
     return with_spreads(merged)
 
 

@@ -25,6 +25,15 @@ typedef struct {
   float scale;
 } attn_problem;
 
+/* KV heads a task takes (a divisor of kv_heads), which changes no bit, only how the cache is read and the work shared:
+   the fewest whose row segment is 512 bytes or more (a task then reads runs of 8 cache lines; one KV head of 32 floats
+   a task, its 128 bytes a row, ran slower), so that the other tasks can go to other threads */
+static inline int attention_kv_per_task(int kv_heads, int hd) {
+  int per = 1;
+  while (per < kv_heads && (kv_heads % per || (size_t)per * hd * sizeof(float) < 512)) per++;
+  return per;
+}
+
 /* task i of B * kv_heads / kv_per_task: row i / (kv_heads / kv_per_task), KV heads from (i % (kv_heads / kv_per_task)) * kv_per_task */
 void attention_task(const attn_problem* p, size_t i);
 /* the scalar exp every kernel computes (exposed for the accuracy test): x clamped to >= -87 first */

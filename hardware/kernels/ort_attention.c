@@ -55,15 +55,6 @@ static OrtStatus* input_of_rank(OrtKernelContext* ctx, size_t i, size_t rank, co
 
 static void run_task(void* problem, size_t i) { attention_task(problem, i); }
 
-/* KV heads a task takes (a divisor of kv_heads), which changes no bit, only how the cache is read and the work shared:
-   the fewest whose row segment is 512 bytes or more (a task then reads runs of 8 cache lines; one KV head of 32 floats
-   a task, its 128 bytes a row, ran slower), so that the other tasks can go to other threads */
-static int kv_per_task(int kv_heads, int hd) {
-  int per = 1;
-  while (per < kv_heads && (kv_heads % per || (size_t)per * hd * sizeof(float) < 512)) per++;
-  return per;
-}
-
 static OrtStatus* compute_attention(void* kernel, OrtKernelContext* ctx) {
   const AttentionKernel* k = kernel;
   int64_t qd[3], kd[3], vd[3], pd[2];
@@ -83,7 +74,7 @@ static OrtStatus* compute_attention(void* kernel, OrtKernelContext* ctx) {
   float* y;
   if ((st = CALL(KernelContext_GetOutput_t, KernelContext_GetOutput, ctx, 0, qd, 3, &out))) return st;
   if ((st = CALL(GetTensorMutableData_t, GetTensorMutableData, out, (void**)&y))) return st;
-  const int per = kv_per_task((int)k->kv_heads, (int)hd);
+  const int per = attention_kv_per_task((int)k->kv_heads, (int)hd);
   const size_t parts = (size_t)(k->kv_heads / per), tasks = (size_t)B * parts, heads_per_task = (size_t)(per * (k->heads / k->kv_heads));
   if (tasks == 0 || S == 0) return NULL;
   /* each task's scores: its query heads x (each token's position + 1) floats */

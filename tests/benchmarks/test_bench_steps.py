@@ -49,17 +49,14 @@ def test_processes_and_rounds_must_be_at_least_one(capsys):
 
 
 def test_each_turn_makes_the_sessions_and_their_caches_in_another_order(tmp_path, monkeypatch):
-    engines = []
-    for name in ("a", "b"):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "config.json").write_text('{"build": {"cpu_kernels": "specdec"}}')
-        engines.append(tmp_path / name)
+    engines = [tmp_path / "a", tmp_path / "b"]
     events = []
 
     def open_executor(path, threads, library=None, earlier=False):
         events.append(("open", path.name, library))
         return (path.name, library)
 
+    monkeypatch.setattr(bench_steps, "cpu_kernels", lambda engine: "specdec")  # both built with --cpu_kernels specdec
     monkeypatch.setattr(bench_steps, "open_executor", open_executor)
     monkeypatch.setattr(bench_steps, "with_context", lambda ex, context: events.append(("cache", *ex)))
     monkeypatch.setattr(bench_steps, "call", lambda ex, cache, width: None)
