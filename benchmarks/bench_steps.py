@@ -182,19 +182,26 @@ def merge_processes(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def paired(results: dict[str, Any], widths: list[int]) -> dict[str, Any]:
-    """Each labelled run ("ENGINE [LABEL]") against its engine's own, per round by CPU time (ENGINE / ENGINE [LABEL]: under 1,
-    the engine's default build is the faster): the spread over rounds and, with several processes, each process's median.
-    An --earlier engine is another directory than any --engine: it has none to pair with."""
+    """Per round by CPU time, with the spread over rounds and, with several processes, each process's median: each labelled
+    run ("ENGINE [LABEL]") against its engine's own (ENGINE / ENGINE [LABEL]: under 1, the engine's default build is the
+    faster), and each later --engine against the first (LATER / FIRST: under 1, the later engine is the faster; two builds
+    of one checkpoint, say). An --earlier engine is another directory than any --engine: it has none to pair with."""
     out = {}
-    for name, per_width in results.items():
-        base = name.split(" [")[0]
-        if name == base or base not in results:
-            continue
+    engines = [name for name in results if " [" not in name]
+
+    def pair(over: str, under: str, label: str) -> None:
         for w in widths:
-            ratios = [a / b for a, b in zip(results[base][w]["cpu_ms_by_round"], per_width[w]["cpu_ms_by_round"], strict=True)]
-            procs = per_width[w].get("process_by_round") or [0] * len(ratios)
+            ratios = [a / b for a, b in zip(results[over][w]["cpu_ms_by_round"], results[under][w]["cpu_ms_by_round"], strict=True)]
+            procs = results[under][w].get("process_by_round") or [0] * len(ratios)
             by_process = [statistics.median([r for r, p in zip(ratios, procs, strict=True) if p == i]) for i in sorted(set(procs))]
-            out[f"{Path(base).name} / {Path(base).name} [{name.split(' [')[1]}, width {w}"] = {**spread(ratios), "by_process": by_process}
+            out[f"{label}, width {w}"] = {**spread(ratios), "by_process": by_process}
+
+    for name in results:
+        base = name.split(" [")[0]
+        if name != base and base in results:
+            pair(base, name, f"{Path(base).name} / {Path(base).name} [{name.split(' [')[1]}")
+    for name in engines[1:]:
+        pair(name, engines[0], f"{Path(name).name} / {Path(engines[0]).name}")
     return out
 
 

@@ -124,13 +124,20 @@ def q4_gemm(gb: GraphOps, name: str, x: str, w, splits: list[int] | None = None,
 
 
 CACHED_ATTENTION = f"CachedAttention ({DOMAIN})"  # what an engine's weight_only["attention_op"] says when it uses the op
+ROTARY_CACHED_ATTENTION = f"RotaryCachedAttention ({DOMAIN})"  # the same, for engines built since the op took rotary and the cache write
 
 
-def cached_attention(gb: GraphOps, name: str, q: str, key: str, value: str, positions: str, heads: int, kv_heads: int) -> str:
-    """q [B, S, heads * head_dim] (after rotary), key / value the layer's whole caches [B, capacity, kv_heads * head_dim]
-    (TensorScatter's outputs, read in place), positions [B, S] int64 -> [B, S, heads * head_dim]: each token attends to
-    slots 0..its position, scale 1 / sqrt(head_dim) (hardware/kernels/attention.c)."""
-    return gb.op("CachedAttention", [q, key, value, positions], name, domain=DOMAIN, num_heads=heads, kv_num_heads=kv_heads)
+def rotary_cached_attention(gb: GraphOps, name: str, q: str, k: str | None, v: str | None, past: list[str], present: list[str], positions: str,
+                            cos: str, sin: str, heads: int, kv_heads: int) -> str:
+    """A layer's attention from its projection: q [B, S, heads * head_dim] with k, v [B, S, kv_heads * head_dim], or the
+    packed q|k|v [B, S, (heads + 2 kv_heads) * head_dim] with k, v None; past [key, value] the layer's caches
+    [B, capacity, kv_heads * head_dim], present their names after the step (the same buffers where the runtime binds
+    them so); positions [B, S] int64; cos, sin [positions, head_dim / 2]. Rotary on q and k, k and v written at slots
+    positions[b][0] + s, then each token attends to slots 0..its position (hardware/kernels/ort_attention.c)
+    -> [B, S, heads * head_dim]."""
+    out = gb.op("RotaryCachedAttention", [q, k or "", v or "", *past, positions, cos, sin], name, outputs=[f"{name}/out0", *present],
+                domain=DOMAIN, num_heads=heads, kv_num_heads=kv_heads)
+    return out[0]
 
 
 def cached_attention_model(heads: int, kv_heads: int) -> bytes:

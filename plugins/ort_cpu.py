@@ -9,10 +9,12 @@ graph needs only for TensorRT's sake:
   Attention take 3-D inputs, and no Reshape/Transpose is left per layer;
 * the residual add and the next RMSNorm are one
   ``com.microsoft.SkipSimplifiedLayerNormalization``;
-* with ``--cpu_kernels specdec``, a chain engine's attention is specdec's
-  ``CachedAttention`` over the whole cache in place (plugins/cpu_kernels.py):
-  no Slice copies of the live slots, no padded query row, no mask nodes.
-  Tree engines keep ONNX Attention with their tree mask.
+* with ``--cpu_kernels specdec``, a chain engine's layer is one specdec
+  ``RotaryCachedAttention`` node (plugins/cpu_kernels.py) from the q|k|v
+  projection to the attention output: the Split of q|k|v, both
+  RotaryEmbeddings and TensorScatters and the attention over the whole cache
+  in place, with no Slice copies of the live slots, no padded query row and
+  no mask nodes. Tree engines keep ONNX Attention with their tree mask.
 
 Same ABI and semantics as the portable lowering (TensorScatter writes in
 place at each row's length; attention spans the live length); the tests run
@@ -22,9 +24,10 @@ both against transformers.
 from __future__ import annotations
 
 import numpy as np
+from onnx import TensorProto
 
 from .attention import PortableAttention, Shared
-from .cpu_kernels import CACHED_ATTENTION, TILE, cached_attention, q4_gemm, q4_holds
+from .cpu_kernels import ROTARY_CACHED_ATTENTION, TILE, q4_gemm, q4_holds, rotary_cached_attention
 from .quantized_gemm import (
     CONTRIB,
     NBITS_ACCURACY_LEVEL,
@@ -55,20 +58,16 @@ class OrtCpuAttention(PortableAttention):
         return self.cpu_kernels == "specdec" and not self.tree_attention
 
     def prelude(self, shared: Shared) -> Shared:
-        """CachedAttention needs only each row's write index (the positions are its mask): no live length, mask or
-        padded query row."""
+        """RotaryCachedAttention needs only the positions (its write index, its mask and its rotary angles): no live
+        length, mask or padded query row."""
         if not self._own_attention():
             return super().prelude(shared)
-        gb, p = self.gb, "/model/attn_prelude"
-        shared.write_index = gb.op("Gather", [shared.positions, gb.const(f"{p}/idx0", np.array(0, np.int64))], f"{p}/write_index", axis=1)
-        self.attention_op = CACHED_ATTENTION
+        self.attention_op = ROTARY_CACHED_ATTENTION
         return shared
 
-    def cached_attention(self, prefix: str, q: str, k: str, v: str, layer: int, shared: Shared) -> str:
-        if not self._own_attention():
-            return super().cached_attention(prefix, q, k, v, layer, shared)
-        key, value = self.write_cache(prefix, k, v, layer, shared)
-        return cached_attention(self.gb, f"{prefix}/attention", q, key, value, shared.positions, self.cfg.num_heads, self.cfg.num_kv_heads)
+    def takes_packed_qkv(self) -> bool:
+        """RotaryCachedAttention splits a packed q|k|v itself (no Split node)."""
+        return self._own_attention()
 
     def pad_step(self, ids: str, positions: str) -> tuple[str, str]:
         """ids, positions [B, S] -> [B, S'] with S' = S + 1 when B * S is odd, else S: every decoder GEMM then
@@ -127,13 +126,21 @@ class OrtCpuAttention(PortableAttention):
             return None
         return self._q_gemm(name, permute_input(self.gb, name, x, w), w, swiglu=True)
 
-    def layer(self, prefix: str, q: str, k: str, v: str, layer: int, shared: Shared) -> str:
+    def layer(self, prefix: str, q: str, k: str | None, v: str | None, layer: int, shared: Shared) -> str:
+        """q: [B,S,nh*hd] and k/v: [B,S,kvh*hd], or (takes_packed_qkv) q: [B,S,(nh+2*kvh)*hd] with k, v None."""
         gb, cfg = self.gb, self.cfg
+        if self._own_attention():  # [B, S, heads * head_dim], and no shape inferred to correct
+            shape = self.cache_shape()
+            past = [gb.input(f"past_{kind}.{layer}", TensorProto.FLOAT, shape) for kind in ("key", "value")]
+            present = [f"present_{kind}.{layer}" for kind in ("key", "value")]
+            out = rotary_cached_attention(gb, f"{prefix}/attention", q, k, v, past, present, shared.positions, shared.cos, shared.sin,
+                                          cfg.num_heads, cfg.num_kv_heads)
+            for name in present:
+                gb.output(name, TensorProto.FLOAT, shape)
+            return out
         q = gb.op("RotaryEmbedding", [q, shared.cos, shared.sin, shared.positions], f"{prefix}/q_rope", num_heads=cfg.num_heads)
         k = gb.op("RotaryEmbedding", [k, shared.cos, shared.sin, shared.positions], f"{prefix}/k_rope", num_heads=cfg.num_kv_heads)
         out = self.cached_attention(prefix, q, k, v, layer, shared)
-        if self._own_attention():  # [B, S, heads * head_dim] already, and no shape inferred to correct
-            return out
         # ONNX shape inference gives 3-D grouped Attention the width of V (kv heads), not of Q;
         # the kernel returns [B, S, heads * head_dim]. Say so, or the o_proj MatMul fails to load.
         width = gb.const(f"{prefix}/o_shape", np.array([0, 0, cfg.num_heads * cfg.head_dim], np.int64))

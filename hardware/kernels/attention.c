@@ -92,3 +92,51 @@ void attention_task(const attn_problem* p, size_t i) {
 #endif
   task_portable(p, i);
 }
+
+/* -- RotaryCachedAttention: rotary and the cache write inside the task ------------------------------------------ */
+/* One body, compiled twice: with FMA the compiler turns fmaf into vector FMAs, without it into libm's fmaf; both round
+   each fmaf once, so the bits are the same (and ONNX Runtime's AVX2 RotaryEmbedding's: MLAS computes these two FMAs) */
+#define ROTATE_BODY                                                                                  \
+  const int h = hd / 2;                                                                              \
+  for (int d = 0; d < h; d++) {                                                                      \
+    const float re = x[d], im = x[d + h];                                                            \
+    y[d] = fmaf(re, c[d], -(im * s[d]));                                                             \
+    y[d + h] = fmaf(re, s[d], im * c[d]);                                                            \
+  }
+
+static void rotate_c(const float* restrict x, const float* restrict c, const float* restrict s, int hd, float* restrict y) { ROTATE_BODY }
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) static void rotate_fma(const float* restrict x, const float* restrict c, const float* restrict s, int hd,
+                                                            float* restrict y) {
+  ROTATE_BODY
+}
+#endif
+
+void attention_rotate(const float* x, const float* c, const float* s, int hd, float* y) {
+#if defined(__x86_64__)
+  if (q_kernel() != KERNEL_PORTABLE) {
+    rotate_fma(x, c, s, hd, y);
+    return;
+  }
+#endif
+  rotate_c(x, c, s, hd, y);
+}
+
+void rotary_attention_task(const rotary_attn_problem* p, size_t i) {
+  const attn_problem* a = &p->attn;
+  const int S = a->S, hd = a->head_dim, G = a->heads / a->kv_heads, per = a->kv_per_task, half = hd / 2;
+  const size_t parts = (size_t)(a->kv_heads / per), b = i / parts, g0 = i % parts * per;
+  const size_t row = (size_t)a->kv_heads * hd;
+  const int64_t* pos = a->pos + b * S;
+  for (int s = 0; s < S; s++) {
+    const size_t t = b * S + s, slot = (size_t)pos[0] + s; /* the caller checked pos[0] + S <= capacity */
+    const float *c = p->cos + (size_t)pos[s] * half, *sn = p->sin + (size_t)pos[s] * half;
+    const float *k = p->k_in + t * p->kv_row + g0 * hd, *v = p->v_in + t * p->kv_row + g0 * hd, *q = p->q_in + t * p->q_row + g0 * G * hd;
+    float *key = p->key + (b * a->capacity + slot) * row + g0 * hd, *value = p->value + (b * a->capacity + slot) * row + g0 * hd;
+    for (int g = 0; g < per; g++) attention_rotate(k + (size_t)g * hd, c, sn, hd, key + (size_t)g * hd);
+    memcpy(value, v, sizeof(float) * per * hd);
+    float* qr = p->q_rot + (t * a->heads + g0 * G) * hd;
+    for (int x = 0; x < per * G; x++) attention_rotate(q + (size_t)x * hd, c, sn, hd, qr + (size_t)x * hd);
+  }
+  attention_task(a, i);
+}

@@ -38,3 +38,25 @@ static inline int attention_kv_per_task(int kv_heads, int hd) {
 void attention_task(const attn_problem* p, size_t i);
 /* the scalar exp every kernel computes (exposed for the accuracy test): x clamped to >= -87 first */
 float specdec_attention_exp(float x);
+
+/* RotaryCachedAttention's problem (ort_attention.c): the step's q, k, v as the projection left them, rotated and written
+   into the caches by the tasks themselves, then attended over as CachedAttention's. */
+typedef struct {
+  attn_problem attn;       /* q: q_rot below; k, v: the caches written (present, read in place where bound as past) */
+  const float* q_in;       /* token (b, s)'s query heads at q_in + (b * S + s) * q_row, its KV heads' k at */
+  const float* k_in;       /*   k_in + (b * S + s) * kv_row and v at v_in + (b * S + s) * kv_row: three views of one packed */
+  const float* v_in;       /*   q|k|v tensor (q_row = kv_row = its width) or three tensors */
+  size_t q_row, kv_row;
+  float* q_rot;            /* [B, S, heads * head_dim]: the rotated queries, attn.q */
+  float* key;              /* the caches attn reads, [B, capacity, kv_heads * head_dim], writable */
+  float* value;
+  const float* cos;        /* [positions, head_dim / 2]: a token at position p takes row p */
+  const float* sin;
+} rotary_attn_problem;
+
+/* task i (attention_task's split): rotate the task's KV heads of row i's tokens into key at slots write + s (write: the
+   row's first position, as TensorScatter's write index) with their values, its query heads into q_rot, then attend */
+void rotary_attention_task(const rotary_attn_problem* p, size_t i);
+/* y[0, hd) = x rotated by the angle whose cos and sin are c[0, hd / 2) and s (halves, not interleaved): as ONNX's
+   RotaryEmbedding and ONNX Runtime's AVX2 kernel, y_i = fma(x_i, c_i, -(x_i+h * s_i)), y_i+h = fma(x_i, s_i, x_i+h * c_i) */
+void attention_rotate(const float* x, const float* c, const float* s, int hd, float* y);

@@ -22,7 +22,7 @@
 #include "q4_kernels.h"
 
 const OrtApi* ort_api;
-extern OrtCustomOp cached_attention_op; /* ort_attention.c */
+extern OrtCustomOp cached_attention_op, rotary_cached_attention_op; /* ort_attention.c */
 
 typedef struct {
   int64_t K, N, group, bits, swiglu;
@@ -269,6 +269,7 @@ __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(OrtSessionOp
   if ((st = CALL(CustomOpDomain_Add_t, CustomOpDomain_Add, domain, &q4gemm_op))) return st;
   if ((st = CALL(CustomOpDomain_Add_t, CustomOpDomain_Add, domain, &q8gemm_op))) return st;
   if ((st = CALL(CustomOpDomain_Add_t, CustomOpDomain_Add, domain, &cached_attention_op))) return st;
+  if ((st = CALL(CustomOpDomain_Add_t, CustomOpDomain_Add, domain, &rotary_cached_attention_op))) return st;
   return CALL(AddCustomOpDomain_t, AddCustomOpDomain, options, domain);
 }
 

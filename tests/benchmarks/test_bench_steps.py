@@ -1,4 +1,5 @@
-"""benchmarks/bench_steps.py: several processes' rounds pooled, and a labelled build paired with its engine's own."""
+"""benchmarks/bench_steps.py: several processes' rounds pooled, a labelled build paired with its engine's own, and each later
+engine with the first."""
 
 import importlib.util
 import sys
@@ -39,6 +40,20 @@ def test_one_process_has_one_median_and_no_pair_without_its_engine():
     assert bench_steps.paired(one, [1])["E / E [main], width 1"]["by_process"] == [2.0]
     alone = {"F [main]": one["E [main]"]}
     assert bench_steps.paired(alone, [1]) == {}
+
+
+def test_each_later_engine_is_paired_with_the_first():
+    """Two builds of one checkpoint (--engine old --engine new): new / old per round (under 1: the new one is faster), each
+    process's median; a labelled run pairs with its own engine only."""
+    def engines(old: list[float], new: list[float]) -> dict:
+        return bench_steps.with_spreads({f"/x/{n}": {1: {"cpu_ms_by_round": v, "wall_ms_by_round": v}} for n, v in (("old", old), ("new", new))})
+
+    merged = bench_steps.merge_processes([engines([4.0, 2.0], [2.0, 2.0]), engines([2.0], [3.0])])
+    (name, r), = bench_steps.paired(merged, [1]).items()
+    assert name == "new / old, width 1"
+    assert (r["median"], r["min"], r["max"]) == (1.0, 0.5, 1.5) and r["by_process"] == [0.75, 1.5]
+    labelled = {**merged, "/x/new [main]": merged["/x/new"]}
+    assert set(bench_steps.paired(labelled, [1])) == {"new / old, width 1", "new / new [main], width 1"}
 
 
 def test_processes_and_rounds_must_be_at_least_one(capsys):

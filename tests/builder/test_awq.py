@@ -345,7 +345,7 @@ def test_cli_int4_awq_without_calibration_text_is_refused(outlier_ckpt, tmp_path
 @pytest.mark.skipif(__import__("specdec.hardware.cpu_kernels", fromlist=["compiler"]).compiler() is None, reason="needs a C compiler")
 def test_cli_int4_awq_with_specdec_kernels(outlier_ckpt, tmp_path):
     """--cpu_kernels specdec: the float32 network AWQ calibrates on runs ONNX Runtime's own ops (no specdec library in its
-    session), and the engine runs Q4Gemm and CachedAttention."""
+    session), and the engine runs Q4Gemm and RotaryCachedAttention."""
     import json
 
     ckpt, calib = outlier_ckpt
@@ -353,4 +353,4 @@ def test_cli_int4_awq_with_specdec_kernels(outlier_ckpt, tmp_path):
                   "--cpu_kernels", "specdec")
     assert r.exit_code == 0, r.output
     wo = json.loads((tmp_path / "awq" / "config.json").read_text())["build"]["weight_only"]
-    assert wo["source"] == "awq" and wo["op"].startswith("Q4Gemm") and wo["attention_op"].startswith("CachedAttention")
+    assert wo["source"] == "awq" and wo["op"].startswith("Q4Gemm") and wo["attention_op"].startswith("RotaryCachedAttention")

@@ -318,7 +318,7 @@ def test_a_float_tree_target_is_refused_and_an_int4_one_is_not(mode):
 
 @pytest.mark.parametrize("qformat", ["none", "fp8"])
 def test_a_float_engine_takes_cached_attention(tiny_checkpoint, tmp_path, qformat):
-    """--cpu_kernels specdec on a float (or FP8, folded to float32 on the CPU) chain engine: its attention on CachedAttention,
+    """--cpu_kernels specdec on a float (or FP8, folded to float32 on the CPU) chain engine: its attention on RotaryCachedAttention,
     its MatMuls ONNX Runtime's, no weight-only record; the runtime opens it."""
     import onnx
     from conftest import cli_build
@@ -329,7 +329,7 @@ def test_a_float_engine_takes_cached_attention(tiny_checkpoint, tmp_path, qforma
     r = cli_build(tiny_checkpoint, tmp_path / "e", "--cpu_kernels", "specdec", "--qformat", qformat)
     assert r.exit_code == 0, r.output
     ops = [n.op_type for n in onnx.load(str(tmp_path / "e" / "model.onnx"), load_external_data=False).graph.node]
-    assert ops.count("CachedAttention") == 1 and "Attention" not in ops
+    assert ops.count("RotaryCachedAttention") == 1 and "Attention" not in ops
     engine = load_engine_dir(tmp_path / "e")
     assert engine.config.build.cpu_kernels == "specdec" and engine.config.build.weight_only is None
     ex = OrtExecutor(engine, num_threads=1)

@@ -1,4 +1,4 @@
-"""Engines built with --cpu_kernels specdec attend with specdec's CachedAttention (plugins/cpu_kernels.py): the same greedy
+"""Engines built with --cpu_kernels specdec attend with specdec's RotaryCachedAttention (plugins/cpu_kernels.py): the same greedy
 tokens as the same engine on ONNX Runtime's Attention and as transformers, and greedy speculation on it is exactly
 target-only (invariant 2), without padding a lone query row. Int4 engines, and float ones (whose MatMuls stay ONNX
 Runtime's: the op is their attention only)."""
@@ -10,7 +10,7 @@ from checkpoints import dequantized_checkpoint, load_hf, make_checkpoint
 from conftest import build_and_load, engine_greedy, spec_build
 
 from specdec.hardware.cpu_kernels import compiler
-from specdec.plugins.cpu_kernels import CACHED_ATTENTION
+from specdec.plugins.cpu_kernels import ROTARY_CACHED_ATTENTION
 from specdec.plugins.ort_cpu import OrtCpuAttention
 from specdec.runtime.orchestrator import GenerationConfig, Orchestrator
 from specdec.runtime.proposers.draft_model import DraftModelProposer
@@ -60,17 +60,18 @@ def ops(ex) -> list[str]:
 
 
 def test_a_chain_engine_attends_with_cached_attention_over_the_cache_in_place(engines):
-    """One CachedAttention a layer on TensorScatter's outputs: no Attention, no Slice of the live slots, no mask and no Pad
-    of a lone query row; the engine's config says which attention op it runs. A tree engine keeps ONNX Attention."""
+    """One RotaryCachedAttention a layer from q|k|v's one Q4Gemm output to the attention output: no Split, RotaryEmbedding,
+    TensorScatter or Attention, no Slice of the live slots, no mask and no Pad of a lone query row; the engine's config
+    says which attention op it runs. A tree engine keeps ONNX Attention."""
     ex = engines["target"]
     found = ops(ex)
     layers = ex.engine.config.model.num_layers
-    assert found.count("CachedAttention") == layers and found.count("TensorScatter") == 2 * layers
-    assert not {"Attention", "Slice", "Pad", "LessOrEqual", "Range"} & set(found)
-    assert ex.build.weight_only["attention_op"] == CACHED_ATTENTION
+    assert found.count("RotaryCachedAttention") == layers
+    assert not {"Attention", "CachedAttention", "TensorScatter", "RotaryEmbedding", "Split", "Slice", "Pad", "LessOrEqual", "Range"} & set(found)
+    assert ex.build.weight_only["attention_op"] == ROTARY_CACHED_ATTENTION
     assert ops(engines["onnx_attention"]).count("Attention") == layers
     tree = engines["tree"]
-    assert "CachedAttention" not in ops(tree) and tree.build.weight_only["attention_op"] == "Attention"
+    assert "RotaryCachedAttention" not in ops(tree) and tree.build.weight_only["attention_op"] == "Attention"
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -152,14 +153,16 @@ def test_ngram_is_exactly_target_only(engines, draft_len):
 
 
 def test_a_float_chain_engine_attends_with_cached_attention(float_engines):
-    """A float32 engine with --cpu_kernels specdec: one CachedAttention a layer, its MatMuls ONNX Runtime's, no Attention,
-    Slice or Pad, and no weight-only record (nothing in it is quantized); the draft's too."""
+    """A float32 engine with --cpu_kernels specdec: one RotaryCachedAttention a layer on the q|k|v MatMul's output (no Split
+    of it), its MatMuls ONNX Runtime's, no Attention, Slice or Pad, and no weight-only record (nothing in it is quantized);
+    the draft's too."""
     for name in ("target", "draft"):
         ex = float_engines[name]
         found = ops(ex)
         layers = ex.engine.config.model.num_layers
-        assert found.count("CachedAttention") == layers and "MatMul" in found
-        assert not {"Attention", "Slice", "Pad", "Q4Gemm", "Q8Gemm"} & set(found)
+        assert found.count("RotaryCachedAttention") == layers and "MatMul" in found
+        assert found.count("Split") == layers  # gate|up's only
+        assert not {"Attention", "RotaryEmbedding", "TensorScatter", "Slice", "Pad", "Q4Gemm", "Q8Gemm"} & set(found)
         assert ex.build.cpu_kernels == "specdec" and ex.build.weight_only is None
     assert len(ops(float_engines["target"])) < len(ops(float_engines["onnx_attention"]))
 

@@ -18,7 +18,7 @@ from safetensors import safe_open
 from specdec.builder.build import build_engine
 from specdec.formats.engine_format import eagle_module_dir, load_engine_dir
 from specdec.formats.tokenizer import Tokenizer
-from specdec.plugins.cpu_kernels import CACHED_ATTENTION
+from specdec.plugins.cpu_kernels import ROTARY_CACHED_ATTENTION
 from specdec.runtime.proposers.eagle import EagleProposer
 from specdec.runtime.proposers.medusa import MedusaProposer
 from specdec.runtime.proposers.peagle import PEagleProposer
@@ -85,10 +85,10 @@ def test_the_module_and_its_fc_are_built_and_recorded_in_the_targets_precision(e
             assert {"eagle_fc.qweight", "eagle_fc.scales"} <= torch_tensors(path) and "eagle_fc.weight" in torch_tensors(float_path)
             continue
         ops = [n.op_type for n in onnx.load(str(path / "eagle" / "model.onnx"), load_external_data=False).graph.node]
-        if setup == "q4gemm":  # every decoder linear on specdec's kernel, the LM head in float; P-EAGLE's causal call on CachedAttention
+        if setup == "q4gemm":  # every decoder linear on specdec's kernel, the LM head in float; P-EAGLE's causal call on RotaryCachedAttention
             assert wo["op"].startswith("Q4Gemm (ai.specdec.cpu) for 4 of 4 layers") and wo["kernel_layout"] >= 1
             assert (ops.count("Q4Gemm"), ops.count("MatMulNBits")) == (4, 0)
-            assert wo["attention_op"] == (CACHED_ATTENTION if mode == "peagle" else "Attention")  # EAGLE-3's module drafts trees
+            assert wo["attention_op"] == (ROTARY_CACHED_ATTENTION if mode == "peagle" else "Attention")  # EAGLE-3's module drafts trees
             assert graph_ops(path, "/eagle/fc") == {"Q4Gemm"} and graph_ops(float_path, "/eagle/fc") == {"MatMul"}
         else:
             assert (ops.count("Q4Gemm"), ops.count("MatMulNBits")) == (0, 5)  # the four layers and the LM head

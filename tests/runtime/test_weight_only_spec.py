@@ -149,8 +149,8 @@ def test_a_draft_engine_is_left_unpadded(engines):
 @pytest.mark.parametrize("name", ["target_q4", "target_q4_asym", "draft_q4", "target_q8", "target_q4_head"])
 def test_a_q4gemm_engine_pads_nothing(engines, name):
     """--cpu_kernels specdec: every int4 (int8) layer on Q4Gemm (Q8Gemm), whose rows never split, so no Pad, no
-    MatMulNBits, and the int4 draft drafting with the same op; q|k|v is one node with three outputs and the MLP's
-    silu(gate) * up is computed in the gate|up node (no Split, Sigmoid or Mul); attention is CachedAttention; the engine
+    MatMulNBits, and the int4 draft drafting with the same op; q|k|v is one node whose one output RotaryCachedAttention
+    reads whole and the MLP's silu(gate) * up is computed in the gate|up node (no Split, Sigmoid or Mul); the engine
     directory carries no native code (the runtime compiles it)."""
     import onnx
 
@@ -160,10 +160,10 @@ def test_a_q4gemm_engine_pads_nothing(engines, name):
     layers = [n for n in model.graph.node if n.name.startswith("/model/layers.")]
     ops = [n.op_type for n in layers]
     assert ops.count(op) == 4 * ex.engine.config.model.num_layers  # q|k|v, o, gate|up, down
-    assert [len(n.output) for n in layers if n.name.endswith("qkv_proj")] == [3] * ex.engine.config.model.num_layers
+    assert [len(n.output) for n in layers if n.name.endswith("qkv_proj")] == [1] * ex.engine.config.model.num_layers
     assert not {"Split", "Sigmoid", "QuickGelu", "MatMulNBits"} & set(ops)
-    assert "Pad" not in [n.op_type for n in model.graph.node]  # CachedAttention needs no padded query row either
-    assert ops.count("CachedAttention") == ex.engine.config.model.num_layers and "Attention" not in ops
+    assert "Pad" not in [n.op_type for n in model.graph.node]  # RotaryCachedAttention needs no padded query row either
+    assert ops.count("RotaryCachedAttention") == ex.engine.config.model.num_layers and "Attention" not in ops
     head = [n.op_type for n in model.graph.node if n.name.startswith("/lm_head/")]
     assert (op in head) == ex.build.quantize_lm_head
     assert ex.build.weight_only["even_rows"] is False and ex.build.weight_only["op"].startswith(op)
