@@ -22,7 +22,7 @@ stay): the Python of a round on warm caches, per target call, against the loop's
 
 ``--end_to_end``: generations timed whole (prefill included; no profiler, no timer), every method (target-only, draft
 k=4, n-gram k=8) on specdec's float32 engines as built by default (ONNX Attention, ``--cpu_kernels ort``) and with
-``--cpu_kernels specdec`` (CachedAttention over the cache in place), and on onnxruntime-genai; and three bare loops,
+``--cpu_kernels specdec`` ("own ops": RotaryCachedAttention over the cache in place, SwiGLU), and on onnxruntime-genai; and three bare loops,
 target-only: the barest Python loop over each of specdec's two target engines (one IOBinding run, an argmax and two
 ints written per token: no requests, checks or metrics) and over onnxruntime-genai's own export (its GroupQueryAttention
 graph, whose attention mask of the total length is bound again each token, as its own loop feeds it). Tokens/s per
@@ -67,10 +67,10 @@ METHODS = ("target-only", "draft k=4", "ngram k=8")
 
 
 def prepare(target: str, draft: str, work: Path, ortgenai: bool = True, cached_attention: bool = False) -> dict[str, Path]:
-    """specdec's float32 engines (with ONNX Attention, and with --cpu_kernels specdec's CachedAttention: -ca) and
+    """specdec's float32 engines (with ONNX Attention, and with --cpu_kernels specdec's own ops: -ca) and
     onnxruntime-genai's fp32 exports of the pair, made once under ``work``."""
     paths = {"target": work / "target", "draft": work / "draft", "og-target": work / "og-target", "og-draft": work / "og-draft",
-             "target-ca": work / "target-ca", "draft-ca": work / "draft-ca"}  # -ca: --cpu_kernels specdec (CachedAttention)
+             "target-ca": work / "target-ca", "draft-ca": work / "draft-ca"}  # -ca: --cpu_kernels specdec (own ops)
 
     def quiet(_: str) -> None:
         pass
@@ -287,7 +287,7 @@ class BareGenaiGraph:
 
 def end_to_end(args: argparse.Namespace, paths: dict[str, Path], prompts: list[list[int]], record: dict[str, Any]) -> None:
     """--end_to_end: each method (target-only, draft k=4, n-gram k=8) on specdec's float32 engines with ONNX Attention
-    (``--cpu_kernels ort``) and with CachedAttention (``--cpu_kernels specdec``), and on onnxruntime-genai; the bare loops
+    (``--cpu_kernels ort``) and with specdec's own ops (``--cpu_kernels specdec``), and on onnxruntime-genai; the bare loops
     target-only. Tokens/s per round, prefill included; ratios per round."""
     n = args.max_new_tokens
     workers: list[Any] = []
@@ -306,7 +306,7 @@ def end_to_end(args: argparse.Namespace, paths: dict[str, Path], prompts: list[l
             return outs[0].output_ids
         return timed(go)
 
-    for engines, label in (("", "ort"), ("-ca", "CachedAttention")):
+    for engines, label in (("", "ort"), ("-ca", "own ops")):
         target, draft = open_executor(paths["target" + engines], args.threads), open_executor(paths["draft" + engines], args.threads)
         for method in METHODS:
             runners[f"specdec {label}: {method}"] = specdec_run(Orchestrator(target, *method_proposer(method, draft)))
@@ -347,10 +347,10 @@ def end_to_end(args: argparse.Namespace, paths: dict[str, Path], prompts: list[l
     record["results"] = {k: {"tokens_per_s": spread(v), "same_as_specdec_target_only": outputs[k] == reference} for k, v in tps.items()}
     ratios = {}
     for method in ("target-only", "draft k=4", "ngram k=8"):
-        for label in ("ort", "CachedAttention"):
+        for label in ("ort", "own ops"):
             ratios[f"specdec {label} / onnxruntime-genai: {method}"] = ratio(f"specdec {label}: {method}", f"onnxruntime-genai: {method}")
-        ratios[f"specdec CachedAttention / ort: {method}"] = ratio(f"specdec CachedAttention: {method}", f"specdec ort: {method}")
-    for label in ("ort", "CachedAttention"):
+        ratios[f"specdec own ops / ort: {method}"] = ratio(f"specdec own ops: {method}", f"specdec ort: {method}")
+    for label in ("ort", "own ops"):
         ratios[f"specdec {label} / its bare loop: target-only"] = ratio(f"specdec {label}: target-only", f"bare loop, {label}")
         ratios[f"bare loop, {label} / bare loop, genai's graph"] = ratio(f"bare loop, {label}", "bare loop, genai's graph")
     ratios["bare loop, genai's graph / onnxruntime-genai: target-only"] = ratio("bare loop, genai's graph", "onnxruntime-genai: target-only")
@@ -437,7 +437,7 @@ def main() -> None:
     ap.add_argument("--end_to_end", action="store_true", help="generations timed whole: every method on both kinds of specdec engine and on "
                     "onnxruntime-genai, and the bare loops (the docstring says what each ratio measures)")
     ap.add_argument("--cached_attention", action="store_true", help="specdec's runs (not --end_to_end's, which has both) on the "
-                    "engines built with --cpu_kernels specdec (CachedAttention) instead of the default ones")
+                    "engines built with --cpu_kernels specdec (specdec's own ops) instead of the default ones")
     ap.add_argument("--warm_python", action="store_true", help="also specdec's loop with the model runs skipped after each call "
                     "shape's first: its Python per target call on warm caches (warm_python's docstring)")
     ap.add_argument("--output_json", default=None)

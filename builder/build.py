@@ -105,15 +105,16 @@ def validate_build_config(build: BuildConfig, model: ModelConfig) -> None:
 
 def cpu_kernels_problems(build: BuildConfig, scheme: WeightOnlyScheme | None) -> list[str]:
     """--cpu_kernels specdec: specdec's CPU ops of the ort_cpu lowering (plugins/cpu_kernels.py): int4 / int8 weights on
-    Q4Gemm / Q8Gemm, and a chain engine's attention on CachedAttention, whatever its precision. A float engine with tree
-    attention would take neither."""
+    Q4Gemm / Q8Gemm, a chain engine's attention on RotaryCachedAttention, and an MLP gate after a gate|up the GEMMs do not take
+    (float, MatMulNBits) on SwiGLU, whatever its precision.
+    A float engine with tree attention is refused (its attention stays ONNX Attention)."""
     if build.cpu_kernels not in CPU_KERNELS:
         return [f"cpu_kernels={build.cpu_kernels!r} is not one of {', '.join(CPU_KERNELS)}"]
     if build.cpu_kernels == "ort":
         return []
     problems = []
     if scheme is None and (build.tree_attention or build.speculative_decoding_mode in TREE_MODES):
-        problems.append("--cpu_kernels specdec runs int4 / int8 weights on its GEMM ops and a chain engine's attention on CachedAttention; "
+        problems.append("--cpu_kernels specdec runs int4 / int8 weights on its GEMM ops and a chain engine's attention on RotaryCachedAttention; "
                         f"this engine has neither: its weights are not weight-only ({build.quantization}) and it verifies trees (Medusa, "
                         "EAGLE and P-EAGLE targets, --tree_attention), whose attention stays ONNX Attention. Build it with --cpu_kernels "
                         "ort, or with --qformat int4_wo, int4_awq or int8_wo")
@@ -366,7 +367,7 @@ def built_record(build: BuildConfig, convention, built: dict) -> dict | None:
         from ..hardware.cpu_kernels import LAYOUT
 
         record["kernel_layout"] = LAYOUT  # the runtime refuses an engine of a layout its Q4Gemm does not read
-        record["attention_op"] = built.get("attention_op", "Attention")  # CachedAttention in chain engines
+        record["attention_op"] = built.get("attention_op", "Attention")  # RotaryCachedAttention in chain engines
     return record
 
 

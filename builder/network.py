@@ -151,7 +151,7 @@ def finish_model(gb: GraphBuilder, lowering, linears: _Linears, architecture: st
         weight_only_built.update(layers=linears.int_layers, act_order=linears.act_order, even_rows=even_rows, q4gemm_layers=lowering.q4gemm_layers,
                                  kernel_ops=lowering.kernel_ops, attention_op=lowering.attention_op)
     opsets = dict(lowering.extra_opsets)
-    if lowering.q4gemm_layers or lowering.attention_op != "Attention":  # specdec's own ops
+    if lowering.q4gemm_layers or lowering.swiglu_layers or lowering.attention_op != "Attention":  # specdec's own ops
         from ..plugins.cpu_kernels import DOMAIN
 
         opsets[DOMAIN] = 1
@@ -284,7 +284,8 @@ class _Linears(LinearWeights):
 
     def gated(self, name: str, x: str, modules: list[str], width: int, silu: Callable[[str], str], input_folded: bool = False) -> str:
         """silu(gate) * up of the gate|up projection (``width`` each): in the GEMM itself where the lowering can
-        (Q4Gemm / Q8Gemm swiglu), else the GEMM's two parts, ``silu`` and a Mul."""
+        (Q4Gemm / Q8Gemm swiglu), else in one node after the GEMM where it can (SwiGLU), else the GEMM's two parts, ``silu``
+        and a Mul."""
         w = self.weights(name, modules)
         if w.is_int:
             folded = self._int_input(name, x, w.int_weight, input_folded)
@@ -297,6 +298,9 @@ class _Linears(LinearWeights):
             self.inputs[name] = x
         else:
             y = self(name, x, modules, None, input_folded, w=w)
+        gated = self.lowering.swiglu(name, y, width)
+        if gated is not None:
+            return gated
         gate, up = self.gb.op("Split", [y, _shape(self.gb, f"{name}_split", [width] * 2)], f"{name}_split_op", num_outputs=2, axis=-1)
         return self.gb.op("Mul", [silu(gate), up], f"{name}/gated")
 

@@ -32,7 +32,7 @@ MANIFEST = "specdec_cpu_kernels.json"  # beside the library: {"size", "sha256", 
 SYMBOLS = ("RegisterCustomOps", "specdec_q4_kernel_name")  # what the library must export (ONNX Runtime's entry; ours)
 LAYOUT = 2  # Q4Gemm/Q8Gemm weight layouts and arithmetic (kernels/q4_kernels.h); an engine of another layout is refused
 SOURCES = ("ort_q4gemm.c", "q4_kernels.c", "q8_kernels.c", "swiglu.c", "large_pages.c", "ort_attention.c", "attention.c", "attention_avx512.c",
-           "attention_avx2.c")
+           "attention_avx2.c", "ort_swiglu.c")
 HEADERS = ("q4_kernels.h", "ort_abi.h", "attention.h", "attention_impl.h", "exp_cephes.h")
 KERNEL_DIR = Path(__file__).parent / "kernels"
 # -ffp-contract=off -fno-fast-math: no fused or reordered float operations but the explicit ones, so that the

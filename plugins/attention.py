@@ -45,10 +45,13 @@ class AttentionLowering:
     # Set for engines that verify (or draft) a tree of tokens in one call: a tree_mask input says which of the
     # call's tokens each one attends to (its ancestors and itself); the cache before the call is visible to all.
     tree_attention = False
-    cpu_kernels = "ort"  # specdec: int4 / int8 weights on Q4Gemm / Q8Gemm, chain attention on CachedAttention, where the lowering has them (ort_cpu)
+    # specdec: int4 / int8 weights on Q4Gemm / Q8Gemm, chain attention on RotaryCachedAttention, other MLP gates on SwiGLU, where the
+    # lowering has them (ort_cpu)
+    cpu_kernels = "ort"
     q4gemm_layers = 0  # set while building: the layers written as Q4Gemm / Q8Gemm
     kernel_ops: frozenset[str] = frozenset()  # set while building: which of the two
     attention_op = "Attention"  # what the layers' attention lowers to (an engine built with --cpu_kernels specdec records it)
+    swiglu_layers = 0  # MLP gates on specdec's SwiGLU op (set while building)
     kv_layout = "bnsh"  # cache layout: bnsh = [batch, kv_heads, capacity, head_dim]; bsh = [batch, capacity, kv_heads * head_dim]
     extra_opsets: dict[str, int] = {}
     extra_inputs: tuple[str, ...] = ()  # graph inputs beyond the engine ABI's (the runtime feeds them)
@@ -130,6 +133,11 @@ class AttentionLowering:
 
     def int_swiglu(self, name: str, x: str, w: IntWeightLike, rows: str) -> str | None:
         """silu(gate) * up of the gate|up projection x @ deq(w) in one node; None where this lowering has none for ``w``."""
+        return None
+
+    def swiglu(self, name: str, y: str, width: int) -> str | None:
+        """silu(gate) * up of a computed gate|up projection y [..., 2 * width] in one node; None where this lowering has none
+        (the caller splits y)."""
         return None
 
     def takes_packed_qkv(self) -> bool:

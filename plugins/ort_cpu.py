@@ -15,10 +15,13 @@ graph needs only for TensorRT's sake:
   RotaryEmbeddings and TensorScatters and the attention over the whole cache
   in place, with no Slice copies of the live slots, no padded query row and
   no mask nodes. Tree engines keep ONNX Attention with their tree mask.
+* with ``--cpu_kernels specdec``, the MLP's silu(gate) * up is one node: in the
+  gate|up Q4Gemm / Q8Gemm itself, or a SwiGLU node after a float MatMul or a
+  MatMulNBits (no Split, Sigmoid and two Muls).
 
-Same ABI and semantics as the portable lowering (TensorScatter writes in
-place at each row's length; attention spans the live length); the tests run
-both against transformers.
+Same ABI and semantics as the portable lowering (the cache written in place
+at each row's length, by TensorScatter or RotaryCachedAttention; attention
+spans the live length); the tests run both against transformers.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import numpy as np
 from onnx import TensorProto
 
 from .attention import PortableAttention, Shared
-from .cpu_kernels import ROTARY_CACHED_ATTENTION, TILE, q4_gemm, q4_holds, rotary_cached_attention
+from .cpu_kernels import DOMAIN, ROTARY_CACHED_ATTENTION, TILE, q4_gemm, q4_holds, rotary_cached_attention
 from .quantized_gemm import (
     CONTRIB,
     NBITS_ACCURACY_LEVEL,
@@ -54,7 +57,7 @@ class OrtCpuAttention(PortableAttention):
         self.step_rows = ""  # the padded position_ids of pad_step: GEMMs on these rows are even already
 
     def _own_attention(self) -> bool:
-        """specdec's CachedAttention: with --cpu_kernels specdec, for chain engines (a tree mask stays on ONNX Attention)."""
+        """specdec's RotaryCachedAttention: with --cpu_kernels specdec, for chain engines (a tree mask stays on ONNX Attention)."""
         return self.cpu_kernels == "specdec" and not self.tree_attention
 
     def prelude(self, shared: Shared) -> Shared:
@@ -125,6 +128,14 @@ class OrtCpuAttention(PortableAttention):
         if not self._kernel_holds(w) or w.codes.shape[1] % (2 * TILE):
             return None
         return self._q_gemm(name, permute_input(self.gb, name, x, w), w, swiglu=True)
+
+    def swiglu(self, name: str, y: str, width: int) -> str | None:
+        """With --cpu_kernels specdec, silu(gate) * up of a gate|up projection not on Q4Gemm / Q8Gemm (a float MatMul, a
+        MatMulNBits) in one SwiGLU node instead of Split, QuickGelu and Mul (hardware/kernels/ort_swiglu.c)."""
+        if self.cpu_kernels != "specdec":
+            return None
+        self.swiglu_layers += 1
+        return self.gb.op("SwiGLU", [y], f"{name}/swiglu", domain=DOMAIN)
 
     def layer(self, prefix: str, q: str, k: str | None, v: str | None, layer: int, shared: Shared) -> str:
         """q: [B,S,nh*hd] and k/v: [B,S,kvh*hd], or (takes_packed_qkv) q: [B,S,(nh+2*kvh)*hd] with k, v None."""

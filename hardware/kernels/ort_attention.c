@@ -59,14 +59,14 @@ static OrtStatus* create_attention(const OrtCustomOp* op, const OrtApi* a, const
 
 static void destroy_attention(void* kernel) { free(kernel); }
 
-/* whether input i is given (an optional input left empty is not) */
-static int has_input(OrtKernelContext* ctx, size_t i) {
+/* whether input i is given (an optional input left empty is not), into *given */
+static OrtStatus* has_input(OrtKernelContext* ctx, size_t i, int* given) {
   size_t n = 0;
   const OrtValue* v = NULL;
   OrtStatus* st = CALL(KernelContext_GetInputCount_t, KernelContext_GetInputCount, ctx, &n);
   if (!st && i < n) st = CALL(KernelContext_GetInput_t, KernelContext_GetInput, ctx, i, &v);
-  if (st) CALL(ReleaseStatus_t, ReleaseStatus, st);
-  return v != NULL;
+  *given = v != NULL;
+  return st;
 }
 
 /* input i's data and its `rank` dims (a tensor of another rank is refused); `name`: the input's, for the error */
@@ -180,7 +180,9 @@ static OrtStatus* compute_rotary_attention(void* kernel, OrtKernelContext* ctx) 
   int64_t qd[3], kd[3], vd[3], pkd[3], pvd[3], pd[2], cd[2], sd[2];
   const void *q, *kin = NULL, *vin = NULL, *past_k, *past_v, *positions, *cos, *sin;
   OrtStatus* st;
-  const int separate = has_input(ctx, 1) + has_input(ctx, 2);
+  int has_key, has_value;
+  if ((st = has_input(ctx, 1, &has_key)) || (st = has_input(ctx, 2, &has_value))) return st;
+  const int separate = has_key + has_value;
   if (separate == 1) return op_fail(ERR_INVALID_ARGUMENT, name, "key and value are given together, or neither (with a packed q|k|v query)");
   if ((st = input_of_rank(k, ctx, 0, "query", 3, &q, qd)) || (separate && (st = input_of_rank(k, ctx, 1, "key", 3, &kin, kd))) ||
       (separate && (st = input_of_rank(k, ctx, 2, "value", 3, &vin, vd))) || (st = input_of_rank(k, ctx, 3, "past_key", 3, &past_k, pkd)) ||
@@ -204,8 +206,11 @@ static OrtStatus* compute_rotary_attention(void* kernel, OrtKernelContext* ctx) 
     if (pos[b * S] < 0 || pos[b * S] > capacity - S)
       return op_fail(ERR_INVALID_ARGUMENT, name, "a row's tokens do not fit the cache (they are written from its first position on: "
                                                  "positions[b][0] + tokens must be at most capacity)");
-    for (int64_t s = 0; s < S; s++)
+    for (int64_t s = 0; s < S; s++) {
+      if (pos[b * S + s] < 0 || pos[b * S + s] >= capacity)
+        return op_fail(ERR_INVALID_ARGUMENT, name, "a position is outside the cache (each must be in [0, capacity))");
       if (pos[b * S + s] >= cd[0]) return op_fail(ERR_INVALID_ARGUMENT, name, "a position is past cos_cache's and sin_cache's rows");
+    }
   }
   const int64_t yd[3] = {B, S, k->heads * hd};
   float *y, *key, *value;

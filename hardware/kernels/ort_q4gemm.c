@@ -23,6 +23,7 @@
 
 const OrtApi* ort_api;
 extern OrtCustomOp cached_attention_op, rotary_cached_attention_op; /* ort_attention.c */
+extern OrtCustomOp swiglu_op;                                       /* ort_swiglu.c */
 
 typedef struct {
   int64_t K, N, group, bits, swiglu;
@@ -95,7 +96,7 @@ static void run_block(void* data, size_t i) {
   gemm_tiles(task->bits, p, begin, end);
   if (task->up) {
     gemm_tiles(task->bits, task->up, begin, end);
-    swiglu_rows(p->y, task->up->y, task->y, p->M, p->N, begin * 16, end * 16);
+    swiglu_rows(p->y, task->up->y, p->N, task->y, p->N, p->M, begin * 16, end * 16);
   }
 }
 
@@ -270,6 +271,7 @@ __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(OrtSessionOp
   if ((st = CALL(CustomOpDomain_Add_t, CustomOpDomain_Add, domain, &q8gemm_op))) return st;
   if ((st = CALL(CustomOpDomain_Add_t, CustomOpDomain_Add, domain, &cached_attention_op))) return st;
   if ((st = CALL(CustomOpDomain_Add_t, CustomOpDomain_Add, domain, &rotary_cached_attention_op))) return st;
+  if ((st = CALL(CustomOpDomain_Add_t, CustomOpDomain_Add, domain, &swiglu_op))) return st;
   return CALL(AddCustomOpDomain_t, AddCustomOpDomain, options, domain);
 }
 

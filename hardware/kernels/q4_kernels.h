@@ -216,5 +216,6 @@ void q4_quantize_rows(const float* x, int M, int K, int group, int8_t* qa, float
 /* columns [16 * t_begin, 16 * t_end) of every row: int4 weights (q4_kernels.c), int8 weights (q8_kernels.c) */
 void q4_gemm_tiles(const q_problem* p, int t_begin, int t_end);
 void q8_gemm_tiles(const q_problem* p, int t_begin, int t_end);
-/* y[m, c] = silu(gate[m, c]) * up[m, c] for columns [c_begin, c_end) of M rows of width ld (swiglu.c) */
-void swiglu_rows(const float* gate, const float* up, float* y, int M, int ld, int c_begin, int c_end);
+/* y[m, c] = silu(gate[m, c]) * up[m, c] for columns [c_begin, c_end) of M rows: gate's and up's rows ld_in floats apart,
+   y's ld (swiglu.c) */
+void swiglu_rows(const float* gate, const float* up, int ld_in, float* y, int ld, int M, int c_begin, int c_end);

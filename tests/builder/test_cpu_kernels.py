@@ -134,6 +134,63 @@ def test_swiglu_is_silu_of_the_gate_times_up(bits):
     np.testing.assert_allclose(out[3:5], [90, 200], rtol=1e-2)
 
 
+def swiglu_session(threads: int = 1) -> ort.InferenceSession:
+    """One SwiGLU node (x -> y), as plugins/ort_cpu.py writes it after a float engine's gate|up MatMul."""
+    node = helper.make_node("SwiGLU", ["x"], ["y"], domain=ck.DOMAIN)
+    graph = helper.make_graph([node], "s", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(ck.DOMAIN, 1)])
+    model.ir_version = 10
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.register_custom_ops_library(str(rk.kernel_library()))
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_the_swiglu_op_is_q4gemms_swiglu_bit_for_bit(bits):
+    """SwiGLU on a gate|up product gives Q4Gemm's swiglu=1 output of that product bit for bit (one arithmetic, swiglu.c),
+    on 1 and 2 threads."""
+    w = int_weight(256, 192, 64, True, seed=12, bits=bits)
+    x = np.random.default_rng(4).standard_normal((7, 256)).astype(np.float32) * 4
+    gate_up = session(w).run(None, {"x": x})[0]
+    fused = session(w, swiglu=True).run(None, {"x": x})[0]
+    for threads in (1, 2):
+        np.testing.assert_array_equal(swiglu_session(threads).run(None, {"x": gate_up})[0], fused)
+
+
+def swiglu_outputs() -> list[np.ndarray]:
+    """SwiGLU of a few shapes: 1-D, rows of widths with an AVX2 tail (I = 13), past a task's 1,024 columns (I = 2,500), 3-D."""
+    rng = np.random.default_rng(21)
+    sess = swiglu_session(2)
+    return [sess.run(None, {"x": (rng.standard_normal(shape) * 6).astype(np.float32)})[0] for shape in ((26,), (5, 26), (3, 5000), (2, 3, 1536))]
+
+
+def test_the_swiglu_op_is_silu_of_the_gate_times_up():
+    """Every shape: [..., I] = silu(x[..., :I]) * x[..., I:] within float rounding of float64."""
+    rng = np.random.default_rng(21)
+    for y in swiglu_outputs():
+        x = (rng.standard_normal(y.shape[:-1] + (2 * y.shape[-1],)) * 6).astype(np.float32).astype(np.float64)
+        gate, up = x[..., : y.shape[-1]], x[..., y.shape[-1]:]
+        want = gate / (1 + np.exp(-gate)) * up
+        np.testing.assert_allclose(y, want, rtol=2e-6, atol=1e-6 * np.abs(want).max())
+
+
+def test_the_swiglu_op_computes_the_same_bits_on_every_kernel(tmp_path):
+    """SPECDEC_Q4_KERNEL=portable (a CPU without AVX2): the same bits as the vector kernel, tails and all."""
+    script = (f"import numpy as np, sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_cpu_kernels as t; "
+              f"np.savez({str(tmp_path / 'y.npz')!r}, *t.swiglu_outputs())")
+    subprocess.run([sys.executable, "-c", script], check=True, env={**os.environ, "SPECDEC_Q4_KERNEL": "portable"})
+    slow = np.load(tmp_path / "y.npz")
+    for i, y in enumerate(swiglu_outputs()):
+        np.testing.assert_array_equal(slow[f"arr_{i}"], y)
+
+
+def test_the_swiglu_op_refuses_an_odd_width():
+    with pytest.raises(Exception, match="last dimension must be even"):
+        swiglu_session().run(None, {"x": np.zeros((2, 7), np.float32)})
+
+
 def outputs_by_rows(bits: int, k: int, group: int, mode: str, x: np.ndarray) -> np.ndarray:
     """Every output of an m-row call, m = 1..len(x), concatenated: plain, split in three, or swiglu."""
     w = int_weight(k, 96, group, mode != "plain", seed=5, bits=bits)

@@ -150,19 +150,36 @@ def test_the_op_is_rotary_cache_write_and_attention(packed, heads, kv_heads, hd)
                 np.testing.assert_array_equal(key[r, untouched], p["past_k"][r, untouched])
 
 
-def test_the_same_bits_as_the_graph_it_replaces():
+def _host_has_avx2_fma() -> bool:
+    """Whether ONNX Runtime's MLAS takes its AVX2 rotary kernel here (the CPU's flags, whatever SPECDEC_Q4_KERNEL says)."""
+    try:
+        flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return {"avx2", "fma"} <= set(flags)
+
+
+@pytest.mark.skipif(not _host_has_avx2_fma(), reason="ONNX Runtime's RotaryEmbedding rounds with FMAs only in its AVX2 kernel")
+@pytest.mark.parametrize("hd", [16, 24, 64, 128])
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_same_bits_as_the_graph_it_replaces(hd, packed):
     """Engines built before the op run RotaryEmbedding + TensorScatter + CachedAttention: the op computes their output and
-    caches bit for bit (ONNX Runtime's AVX2 RotaryEmbedding takes the same two FMAs; the builder's own cos/sin tables)."""
-    if rk.kernel_name(rk.kernel_library()) == "portable C":
-        pytest.skip("ONNX Runtime's RotaryEmbedding rounds with FMAs only in its AVX2 kernel")
-    rng = np.random.default_rng(5)
-    cos, sin = cos_sin_tables(_rope_config(HD), CAPACITY)
-    fused, separate = session(fused_model(HEADS, KV_HEADS, False)), session(separate_model(HEADS, KV_HEADS))
-    for batch, tokens in ((1, 1), (1, 5), (2, 9), (3, 3)):
-        p = problem(rng, batch, tokens)
-        feeds = fused_feeds(p, cos, sin, False)
-        for got, want in zip(fused.run(None, feeds), separate.run(None, feeds), strict=True):
-            np.testing.assert_array_equal(got, want)
+    caches bit for bit (ONNX Runtime's AVX2 RotaryEmbedding takes the same two FMAs, its masked tail too: head dims 24
+    and 16; the builder's own cos/sin tables), packed or not, on 1 and 2 threads, and with pad_step's extra token (the
+    last token and position repeated)."""
+    rng = np.random.default_rng(hd)
+    cos, sin = cos_sin_tables(_rope_config(hd), CAPACITY)
+    for threads in (1, 2):
+        fused, separate = session(fused_model(HEADS, KV_HEADS, packed), threads), session(separate_model(HEADS, KV_HEADS), threads)
+        for batch, tokens in ((1, 1), (1, 5), (2, 9), (3, 3)):
+            p = problem(rng, batch, tokens, hd=hd)
+            if tokens > 1 and batch > 1:  # pad_step's padding: the last token again, at the last position
+                for name in ("q", "k", "v"):
+                    p[name][:, -1] = p[name][:, -2]
+                p["pos"][:, -1] = p["pos"][:, -2]
+            want = separate.run(None, fused_feeds(p, cos, sin, False))
+            for got, expected in zip(fused.run(None, fused_feeds(p, cos, sin, packed)), want, strict=True):
+                np.testing.assert_array_equal(got, expected)
 
 
 def _rope_config(hd: int):
@@ -172,24 +189,26 @@ def _rope_config(hd: int):
     return SimpleNamespace(head_dim=hd, rope_theta=10000.0, rope_scaling=None, max_position_embeddings=4096)
 
 
-def bound_run(sess: ort.InferenceSession, p: dict, cos, sin, key: np.ndarray, value: np.ndarray) -> np.ndarray:
-    """A run with present bound to past's buffers, as the runtime binds them: the caches are written in place."""
+def bound_run(sess: ort.InferenceSession, p: dict, cos, sin, key: np.ndarray, value: np.ndarray, present: tuple | None = None) -> np.ndarray:
+    """A run with present bound to past's buffers, as the runtime binds them (the caches are written in place), or to the
+    buffers ``present`` (key, value)."""
     b = sess.io_binding()
     b.bind_output("y")  # the first output bound: copy_outputs_to_cpu()[0]
     for name, arr in fused_feeds(p, cos, sin, True).items():
         if name not in ("past_k", "past_v"):
             b.bind_cpu_input(name, arr)
-    for kind, arr in (("k", key), ("v", value)):
+    for i, (kind, arr) in enumerate((("k", key), ("v", value))):
         ov = ort.OrtValue.ortvalue_from_numpy(arr)
         b.bind_ortvalue_input(f"past_{kind}", ov)
-        b.bind_ortvalue_output(f"present_{kind}", ov)
+        b.bind_ortvalue_output(f"present_{kind}", ov if present is None else ort.OrtValue.ortvalue_from_numpy(present[i]))
     sess.run_with_iobinding(b)
     return b.copy_outputs_to_cpu()[0]
 
 
 def test_present_bound_to_past_is_written_in_place():
     """With present bound to past's buffer the step writes its slots into that buffer and nothing else changes; the
-    output and caches equal an unbound run's (which copies past into present first and leaves past as it was)."""
+    output and caches equal an unbound run's (which copies past into present first and leaves past as it was) and a run
+    whose present is bound to other buffers, full of garbage (past copied over it, past left as it was)."""
     rng = np.random.default_rng(7)
     cos, sin = tables(HD, CAPACITY)
     sess = session(fused_model(HEADS, KV_HEADS, True))
@@ -198,6 +217,11 @@ def test_present_bound_to_past_is_written_in_place():
     y, present_k, present_v = sess.run(None, fused_feeds(p, cos, sin, True))
     np.testing.assert_array_equal(p["past_k"], before_k)  # unbound: past itself untouched
     np.testing.assert_array_equal(p["past_v"], before_v)
+    elsewhere = (np.full_like(before_k, np.nan), np.full_like(before_v, -7.0))
+    np.testing.assert_array_equal(bound_run(sess, p, cos, sin, p["past_k"], p["past_v"], elsewhere), y)
+    np.testing.assert_array_equal(elsewhere[0], present_k)
+    np.testing.assert_array_equal(elsewhere[1], present_v)
+    np.testing.assert_array_equal(p["past_k"], before_k)
     key, value = p["past_k"].copy(), p["past_v"].copy()
     y_bound = bound_run(sess, p, cos, sin, key, value)
     np.testing.assert_array_equal(y_bound, y)

@@ -43,7 +43,7 @@ def engines(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def float_engines(tmp_path_factory):
-    """float32 engines with --cpu_kernels specdec (CachedAttention, MatMul) and without (ONNX Attention), a draft too."""
+    """float32 engines with --cpu_kernels specdec (RotaryCachedAttention, SwiGLU, MatMul) and without (ONNX Attention), a draft too."""
     d = tmp_path_factory.mktemp("cached_attention_float")
     target = make_checkpoint(d / "target", seed=0, **ARCH)
     draft = make_checkpoint(d / "draft", num_hidden_layers=1, seed=1, **ARCH)
@@ -154,15 +154,15 @@ def test_ngram_is_exactly_target_only(engines, draft_len):
 
 def test_a_float_chain_engine_attends_with_cached_attention(float_engines):
     """A float32 engine with --cpu_kernels specdec: one RotaryCachedAttention a layer on the q|k|v MatMul's output (no Split
-    of it), its MatMuls ONNX Runtime's, no Attention, Slice or Pad, and no weight-only record (nothing in it is quantized);
-    the draft's too."""
+    of it) and one SwiGLU on the gate|up MatMul's, its MatMuls ONNX Runtime's, no Attention, Slice or Pad, and no weight-only
+    record (nothing in it is quantized); the draft's too."""
     for name in ("target", "draft"):
         ex = float_engines[name]
         found = ops(ex)
         layers = ex.engine.config.model.num_layers
         assert found.count("RotaryCachedAttention") == layers and "MatMul" in found
-        assert found.count("Split") == layers  # gate|up's only
-        assert not {"Attention", "RotaryEmbedding", "TensorScatter", "Slice", "Pad", "Q4Gemm", "Q8Gemm"} & set(found)
+        assert found.count("SwiGLU") == layers  # the MLP's silu(gate) * up after the gate|up MatMul
+        assert not {"Attention", "RotaryEmbedding", "TensorScatter", "Split", "Sigmoid", "Slice", "Pad", "Q4Gemm", "Q8Gemm"} & set(found)
         assert ex.build.cpu_kernels == "specdec" and ex.build.weight_only is None
     assert len(ops(float_engines["target"])) < len(ops(float_engines["onnx_attention"]))
 
@@ -201,3 +201,44 @@ def test_float_speculation_is_exactly_target_only(float_engines, prompts):
     base, _ = run(Orchestrator(float_engines["target"]), REPETITIVE, 48)
     spec, m = run(Orchestrator(float_engines["target"], NGramProposer(6, 2), 6), REPETITIVE, 48)
     assert spec == base and m.accepted > 0
+
+
+def test_an_engine_of_a_newer_specdec_is_refused_in_one_line(float_engines, tmp_path):
+    """An engine whose graph runs a specdec op this specdec's library lacks (built by a later specdec; here SwiGLU renamed
+    to an op no library has) is refused naming the op and what to do, not with ONNX Runtime's bare load error."""
+    import shutil
+
+    import onnx
+
+    from specdec.formats.engine_format import load_engine_dir
+    from specdec.formats.errors import EngineError
+    from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
+
+    newer = tmp_path / "newer"
+    shutil.copytree(float_engines["target"].engine.path, newer)
+    engine = load_engine_dir(newer)  # its files' hashes checked here, before the edit
+    model = onnx.load(str(engine.network_path), load_external_data=False)
+    next(n for n in model.graph.node if n.op_type == "SwiGLU").op_type = "SwiGLUFromTheFuture"
+    onnx.save(model, str(engine.network_path))
+    with pytest.raises(EngineError, match="runs specdec's CPU op SwiGLUFromTheFuture, which this specdec's kernels do not have: the engine "
+                                          "was built by a newer specdec"):
+        OrtExecutor(engine, num_threads=1)
+
+
+def test_a_qwen3_engine_feeds_the_op_its_normed_q_and_k_apart(tmp_path):
+    """Qwen3 norms q and k per head before rotary, so its layers give RotaryCachedAttention q, k and v apart (a Split, the
+    two norms, then the op): its logits within float32 summation order of transformers', its verification logits its
+    one-token logits bit for bit, and greedy n-gram speculation exactly target-only."""
+    ckpt = make_checkpoint(tmp_path / "qwen3", arch="Qwen3ForCausalLM", seed=2, head_dim=32, **ARCH)
+    ex = build_and_load(ckpt, tmp_path / "e", spec_build(MAX_DRAFT, cpu_kernels="specdec"))
+    found = ops(ex)
+    assert found.count("RotaryCachedAttention") == ex.engine.config.model.num_layers and "RotaryEmbedding" not in found
+    prompt = PROMPTS[2]
+    with torch.no_grad():
+        want = load_hf(ckpt)(torch.tensor([prompt])).logits[0].numpy()
+    got = ex.forward(ex.new_cache(1), [prompt], all_logits=True).logits[0]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * (want.max() - want.min()))
+    verification_equals_one_token_steps(ex, 3)
+    base, _ = run(Orchestrator(ex), REPETITIVE, 32)
+    spec, m = run(Orchestrator(ex, NGramProposer(MAX_DRAFT, 2), MAX_DRAFT), REPETITIVE, 32)
+    assert spec == base and m.drafted > 0

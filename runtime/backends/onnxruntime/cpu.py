@@ -1,7 +1,7 @@
 """Run one engine: ``num_tokens`` new tokens for each row of a batch.
 
 The ONNX Runtime executor binds the KV buffers once as both the cache input
-and the updated-cache output (TensorScatter then writes in place), and
+and the updated-cache output (TensorScatter, or specdec's RotaryCachedAttention, then writes in place), and
 reuses preallocated output buffers (per cache and call shape), so a decode
 step allocates nothing big and copies no cache. The engine's extra inputs and
 outputs are bound by name as its config declares them (engine_format.extra_io),
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 
@@ -70,7 +71,7 @@ class OrtExecutor:
         self.model = engine.config.model
         self.build = engine.config.build
         opts = session_options(num_threads)
-        if self.build.cpu_kernels == "specdec":  # int4 layers on specdec's Q4Gemm op, chain attention on CachedAttention (plugins/cpu_kernels.py)
+        if self.build.cpu_kernels == "specdec":  # int4 layers on specdec's Q4Gemm op, chain attention on its own (plugins/cpu_kernels.py)
             from ....hardware.cpu_kernels import LAYOUT, KernelBuildError, kernel_library
 
             record = self.build.weight_only
@@ -81,10 +82,14 @@ class OrtExecutor:
                 raise EngineError(f"{engine.path} was built with --cpu_kernels specdec: {err}") from None
             except Exception as err:  # onnxruntime's own errors are untyped
                 raise EngineError(f"{engine.path} was built with --cpu_kernels specdec and specdec's CPU kernel library (int4/int8 GEMMs, "
-                                  f"CachedAttention) does not load here ({err}); rebuild the engine with --cpu_kernels ort") from err
+                                  f"attention) does not load here ({err}); rebuild the engine with --cpu_kernels ort") from err
         try:
             self.session = ort.InferenceSession(str(engine.network_path), opts, providers=["CPUExecutionProvider"])
         except Exception as err:  # onnxruntime's own errors are untyped
+            missing = re.search(r"ai\.specdec\.cpu:(\w+)\(-?\d+\) is not a registered function/op", str(err))
+            if missing:  # an op a later specdec added (RotaryCachedAttention, SwiGLU came after CachedAttention)
+                raise EngineError(f"{engine.path} runs specdec's CPU op {missing.group(1)}, which this specdec's kernels do not have: the "
+                                  "engine was built by a newer specdec. Run it with that version, or rebuild it with this one.") from None
             raise EngineError(f"ONNX Runtime could not load {engine.network_path}: {err}") from err
         check_network_io(engine, self.session.get_inputs(), self.session.get_outputs())
         self._ort = ort

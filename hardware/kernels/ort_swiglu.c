@@ -1,0 +1,88 @@
+/* ONNX Runtime custom op ai.specdec.cpu::SwiGLU, registered with Q4Gemm (ort_q4gemm.c):
+ *
+ *   SwiGLU(x float [..., 2 * I]) -> float [..., I] = silu(x[..., :I]) * x[..., I:]
+ *
+ * An MLP gate from a gate|up projection the GEMM ops do not take (a float MatMul, a MatMulNBits) in one node, where the ONNX
+ * graph has four (Split, Sigmoid and two Muls, which ONNX Runtime fuses to three; on a small model each node's overhead
+ * costs as much as its arithmetic). The arithmetic is Q4Gemm's swiglu
+ * epilogue (swiglu.c): every kernel gives the same bits, and a row's bits never depend on the rows beside it. The work
+ * goes to ONNX Runtime's intra-op threads in blocks of rows and columns. */
+#include <limits.h>
+#include <stdint.h>
+
+#include "ort_abi.h"
+#include "q4_kernels.h"
+
+enum { BLOCK_COLUMNS = 1024 }; /* a task's columns (a multiple of 8: the AVX2 loop's); a one-token step's I splits into a few */
+
+typedef struct {
+  const float* x;
+  float* y;
+  int64_t rows, width; /* y's width I; x's rows are 2 * I */
+  int64_t column_blocks;
+} SwigluTask;
+
+static void run_swiglu(void* data, size_t i) {
+  const SwigluTask* t = data;
+  const int64_t r = (int64_t)i / t->column_blocks, c0 = (int64_t)i % t->column_blocks * BLOCK_COLUMNS;
+  const int64_t c1 = c0 + BLOCK_COLUMNS < t->width ? c0 + BLOCK_COLUMNS : t->width;
+  const float* row = t->x + r * 2 * t->width;
+  swiglu_rows(row, row + t->width, (int)(2 * t->width), t->y + r * t->width, (int)t->width, 1, (int)c0, (int)c1);
+}
+
+static OrtStatus* create_swiglu(const OrtCustomOp* op, const OrtApi* a, const OrtKernelInfo* info, void** out) {
+  (void)op, (void)a, (void)info;
+  static int stateless;
+  *out = &stateless; /* no attributes, no state */
+  return NULL;
+}
+
+static void destroy_swiglu(void* kernel) { (void)kernel; }
+
+static OrtStatus* compute_swiglu(void* kernel, OrtKernelContext* ctx) {
+  (void)kernel;
+  const OrtValue* in;
+  OrtStatus* st;
+  if ((st = CALL(KernelContext_GetInput_t, KernelContext_GetInput, ctx, 0, &in))) return st;
+  OrtTensorTypeAndShapeInfo* info;
+  if ((st = CALL(GetTensorTypeAndShape_t, GetTensorTypeAndShape, in, &info))) return st;
+  int64_t dims[8];
+  size_t n;
+  st = CALL(GetDimensionsCount_t, GetDimensionsCount, info, &n);
+  if (!st && (n < 1 || n > 8)) st = ort_fail(ERR_INVALID_ARGUMENT, "SwiGLU: x must have 1 to 8 dimensions");
+  if (!st) st = CALL(GetDimensions_t, GetDimensions, info, dims, n);
+  CALL(ReleaseTensorTypeAndShapeInfo_t, ReleaseTensorTypeAndShapeInfo, info);
+  if (st) return st;
+  if (dims[n - 1] % 2 || dims[n - 1] / 2 > INT_MAX / 2)
+    return ort_fail(ERR_INVALID_ARGUMENT, "SwiGLU: x's last dimension must be even (gate | up), at most 2^31 - 2");
+  int64_t rows = 1;
+  for (size_t d = 0; d + 1 < n; d++) rows *= dims[d];
+  const int64_t width = dims[n - 1] / 2;
+  dims[n - 1] = width;
+  OrtValue* out;
+  float *x, *y;
+  if ((st = CALL(KernelContext_GetOutput_t, KernelContext_GetOutput, ctx, 0, dims, n, &out))) return st;
+  if ((st = CALL(GetTensorMutableData_t, GetTensorMutableData, out, (void**)&y))) return st;
+  if ((st = CALL(GetTensorMutableData_t, GetTensorMutableData, (OrtValue*)in, (void**)&x))) return st;
+  if (rows == 0 || width == 0) return NULL;
+  const SwigluTask task = {x, y, rows, width, (width + BLOCK_COLUMNS - 1) / BLOCK_COLUMNS};
+  return CALL(KernelContext_ParallelFor_t, KernelContext_ParallelFor, ctx, run_swiglu, (size_t)(rows * task.column_blocks), 0, (void*)&task);
+}
+
+static const char* swiglu_name(const OrtCustomOp* op) { (void)op; return "SwiGLU"; }
+static const char* cpu_provider(const OrtCustomOp* op) { (void)op; return "CPUExecutionProvider"; }
+static int float_type(const OrtCustomOp* op, size_t i) { (void)op, (void)i; return TYPE_FLOAT; }
+static size_t single(const OrtCustomOp* op) { (void)op; return 1; }
+static int required(const OrtCustomOp* op, size_t i) { (void)op, (void)i; return REQUIRED; }
+static int default_memory(const OrtCustomOp* op, size_t i) { (void)op, (void)i; return 0; /* OrtMemTypeDefault */ }
+static int first_version(const OrtCustomOp* op) { (void)op; return 1; }
+static int last_version(const OrtCustomOp* op) { (void)op; return INT_MAX; }
+
+OrtCustomOp swiglu_op = {
+    .version = API_VERSION, .GetName = swiglu_name, .GetExecutionProviderType = cpu_provider, .GetInputType = float_type,
+    .GetInputTypeCount = single, .GetOutputType = float_type, .GetOutputTypeCount = single, .KernelDestroy = destroy_swiglu,
+    .GetInputCharacteristic = required, .GetOutputCharacteristic = required, .GetInputMemoryType = default_memory,
+    .GetVariadicInputMinArity = first_version, .GetVariadicInputHomogeneity = first_version, .GetVariadicOutputMinArity = first_version,
+    .GetVariadicOutputHomogeneity = first_version,
+    .CreateKernelV2 = create_swiglu, .KernelComputeV2 = compute_swiglu, .GetStartVersion = first_version, .GetEndVersion = last_version,
+};
