@@ -5,6 +5,7 @@
  * declares. SLOT_* are positions in that table (the order of struct OrtApi in onnxruntime_c_api.h); API_VERSION 17 is
  * the first with KernelContext_ParallelFor. */
 #pragma once
+#include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -98,3 +99,18 @@ typedef struct OrtCustomOp {
 
 
 static inline OrtStatus* ort_fail(int code, const char* msg) { return CALL(CreateStatus_t, CreateStatus, code, msg); }
+
+/* OrtCustomOp callbacks every op of the library shares (static: each op's file its own copy) */
+static inline const char* op_cpu_provider(const OrtCustomOp* op) { (void)op; return "CPUExecutionProvider"; }
+static inline int op_float_type(const OrtCustomOp* op, size_t i) { (void)op, (void)i; return TYPE_FLOAT; }
+static inline size_t op_one_output(const OrtCustomOp* op) { (void)op; return 1; }
+static inline int op_required(const OrtCustomOp* op, size_t i) { (void)op, (void)i; return REQUIRED; }
+static inline int op_default_memory(const OrtCustomOp* op, size_t i) { (void)op, (void)i; return 0; /* OrtMemTypeDefault */ }
+static inline int op_one(const OrtCustomOp* op) { (void)op; return 1; }
+static inline int op_last_version(const OrtCustomOp* op) { (void)op; return INT_MAX; }
+/* the fields every op of the library fills alike: the CPU provider, default memory, opset versions 1 on, no variadic
+   input (and a variadic output, Q4Gemm's, of at least one homogeneous value) */
+#define OP_COMMON_FIELDS                                                                                               \
+  .version = API_VERSION, .GetExecutionProviderType = op_cpu_provider, .GetInputMemoryType = op_default_memory,     \
+  .GetVariadicInputMinArity = op_one, .GetVariadicInputHomogeneity = op_one, .GetVariadicOutputMinArity = op_one,    \
+  .GetVariadicOutputHomogeneity = op_one, .GetStartVersion = op_one, .GetEndVersion = op_last_version

@@ -257,32 +257,21 @@ static int rotary_input_type(const OrtCustomOp* op, size_t i) { (void)op; return
 static size_t eight(const OrtCustomOp* op) { (void)op; return 8; }
 static size_t three(const OrtCustomOp* op) { (void)op; return 3; }
 static int key_value_optional(const OrtCustomOp* op, size_t i) { (void)op; return i == 1 || i == 2 ? OPTIONAL : REQUIRED; }
-static const char* cpu_provider(const OrtCustomOp* op) { (void)op; return "CPUExecutionProvider"; }
 static int attention_input_type(const OrtCustomOp* op, size_t i) { (void)op; return i == 3 ? TYPE_INT64 : TYPE_FLOAT; }
 static size_t four(const OrtCustomOp* op) { (void)op; return 4; }
-static int float_type(const OrtCustomOp* op, size_t i) { (void)op, (void)i; return TYPE_FLOAT; }
-static size_t single(const OrtCustomOp* op) { (void)op; return 1; }
-static int required(const OrtCustomOp* op, size_t i) { (void)op, (void)i; return REQUIRED; }
-static int default_memory(const OrtCustomOp* op, size_t i) { (void)op, (void)i; return 0; /* OrtMemTypeDefault */ }
-static int first_version(const OrtCustomOp* op) { (void)op; return 1; }
-static int last_version(const OrtCustomOp* op) { (void)op; return INT_MAX; }
 
 OrtCustomOp cached_attention_op = {
-    .version = API_VERSION, .GetName = attention_name, .GetExecutionProviderType = cpu_provider, .GetInputType = attention_input_type,
-    .GetInputTypeCount = four, .GetOutputType = float_type, .GetOutputTypeCount = single, .KernelDestroy = destroy_attention,
-    .GetInputCharacteristic = required, .GetOutputCharacteristic = required, .GetInputMemoryType = default_memory,
-    .GetVariadicInputMinArity = first_version, .GetVariadicInputHomogeneity = first_version, .GetVariadicOutputMinArity = first_version,
-    .GetVariadicOutputHomogeneity = first_version,
-    .CreateKernelV2 = create_attention, .KernelComputeV2 = compute_attention, .GetStartVersion = first_version, .GetEndVersion = last_version,
+    OP_COMMON_FIELDS, .GetName = attention_name, .GetInputType = attention_input_type, .GetInputTypeCount = four,
+    .GetOutputType = op_float_type, .GetOutputTypeCount = op_one_output, .GetInputCharacteristic = op_required,
+    .GetOutputCharacteristic = op_required, .CreateKernelV2 = create_attention, .KernelComputeV2 = compute_attention,
+    .KernelDestroy = destroy_attention,
 };
 
 OrtCustomOp rotary_cached_attention_op = {
-    .version = API_VERSION, .GetName = rotary_attention_name, .GetExecutionProviderType = cpu_provider, .GetInputType = rotary_input_type,
-    .GetInputTypeCount = eight, .GetOutputType = float_type, .GetOutputTypeCount = three, .KernelDestroy = destroy_attention,
-    .GetInputCharacteristic = key_value_optional, .GetOutputCharacteristic = required, .GetInputMemoryType = default_memory,
-    .GetVariadicInputMinArity = first_version, .GetVariadicInputHomogeneity = first_version, .GetVariadicOutputMinArity = first_version,
-    .GetVariadicOutputHomogeneity = first_version,
-    .CreateKernelV2 = create_attention, .KernelComputeV2 = compute_rotary_attention, .GetStartVersion = first_version, .GetEndVersion = last_version,
+    OP_COMMON_FIELDS, .GetName = rotary_attention_name, .GetInputType = rotary_input_type, .GetInputTypeCount = eight,
+    .GetOutputType = op_float_type, .GetOutputTypeCount = three, .GetInputCharacteristic = key_value_optional,
+    .GetOutputCharacteristic = op_required, .CreateKernelV2 = create_attention, .KernelComputeV2 = compute_rotary_attention,
+    .KernelDestroy = destroy_attention,
 };
 
 /* for the accuracy test of the exp every kernel computes (tests/builder/test_cpu_attention.py) */

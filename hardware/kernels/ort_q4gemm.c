@@ -231,29 +231,21 @@ static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
 
 static const char* q4_name(const OrtCustomOp* op) { (void)op; return "Q4Gemm"; }
 static const char* q8_name(const OrtCustomOp* op) { (void)op; return "Q8Gemm"; }
-static const char* op_provider(const OrtCustomOp* op) { (void)op; return "CPUExecutionProvider"; }
 static int input_type(const OrtCustomOp* op, size_t i) {
   (void)op;
   static const int types[5] = {TYPE_FLOAT, TYPE_UINT8, TYPE_FLOAT, TYPE_INT32, TYPE_INT64};
   return i < 5 ? types[i] : 0;
 }
 static size_t input_types(const OrtCustomOp* op) { (void)op; return 5; }
-static int output_type(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return TYPE_FLOAT; }
-static size_t output_types(const OrtCustomOp* op) { (void)op; return 1; }
 static int input_kind(const OrtCustomOp* op, size_t i) { (void)op; return i == 4 ? OPTIONAL : REQUIRED; /* splits */ }
 static int output_kind(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return VARIADIC; /* one output per split */ }
-static int default_memory(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return 0; /* OrtMemTypeDefault */ }
-static int one(const OrtCustomOp* op) { (void)op; return 1; }
-static int last_version(const OrtCustomOp* op) { (void)op; return INT_MAX; }
 
 #define QGEMM_OP(NAME)                                                                                              \
   {                                                                                                                  \
-    .version = API_VERSION, .GetName = NAME, .GetExecutionProviderType = op_provider, .GetInputType = input_type,    \
-    .GetInputTypeCount = input_types, .GetOutputType = output_type, .GetOutputTypeCount = output_types,              \
-    .KernelDestroy = destroy_kernel, .GetInputCharacteristic = input_kind, .GetOutputCharacteristic = output_kind,   \
-    .GetInputMemoryType = default_memory, .GetVariadicInputMinArity = one, .GetVariadicInputHomogeneity = one,       \
-    .GetVariadicOutputMinArity = one, .GetVariadicOutputHomogeneity = one, .CreateKernelV2 = create_kernel,          \
-    .KernelComputeV2 = compute, .GetStartVersion = one, .GetEndVersion = last_version,                               \
+    OP_COMMON_FIELDS, .GetName = NAME, .GetInputType = input_type, .GetInputTypeCount = input_types,                 \
+    .GetOutputType = op_float_type, .GetOutputTypeCount = op_one_output, .KernelDestroy = destroy_kernel,            \
+    .GetInputCharacteristic = input_kind, .GetOutputCharacteristic = output_kind, .CreateKernelV2 = create_kernel,    \
+    .KernelComputeV2 = compute,                                                                                      \
   }
 static OrtCustomOp q4gemm_op = QGEMM_OP(q4_name), q8gemm_op = QGEMM_OP(q8_name);
 

@@ -70,19 +70,9 @@ static OrtStatus* compute_swiglu(void* kernel, OrtKernelContext* ctx) {
 }
 
 static const char* swiglu_name(const OrtCustomOp* op) { (void)op; return "SwiGLU"; }
-static const char* cpu_provider(const OrtCustomOp* op) { (void)op; return "CPUExecutionProvider"; }
-static int float_type(const OrtCustomOp* op, size_t i) { (void)op, (void)i; return TYPE_FLOAT; }
-static size_t single(const OrtCustomOp* op) { (void)op; return 1; }
-static int required(const OrtCustomOp* op, size_t i) { (void)op, (void)i; return REQUIRED; }
-static int default_memory(const OrtCustomOp* op, size_t i) { (void)op, (void)i; return 0; /* OrtMemTypeDefault */ }
-static int first_version(const OrtCustomOp* op) { (void)op; return 1; }
-static int last_version(const OrtCustomOp* op) { (void)op; return INT_MAX; }
-
 OrtCustomOp swiglu_op = {
-    .version = API_VERSION, .GetName = swiglu_name, .GetExecutionProviderType = cpu_provider, .GetInputType = float_type,
-    .GetInputTypeCount = single, .GetOutputType = float_type, .GetOutputTypeCount = single, .KernelDestroy = destroy_swiglu,
-    .GetInputCharacteristic = required, .GetOutputCharacteristic = required, .GetInputMemoryType = default_memory,
-    .GetVariadicInputMinArity = first_version, .GetVariadicInputHomogeneity = first_version, .GetVariadicOutputMinArity = first_version,
-    .GetVariadicOutputHomogeneity = first_version,
-    .CreateKernelV2 = create_swiglu, .KernelComputeV2 = compute_swiglu, .GetStartVersion = first_version, .GetEndVersion = last_version,
+    OP_COMMON_FIELDS, .GetName = swiglu_name, .GetInputType = op_float_type, .GetInputTypeCount = op_one_output,
+    .GetOutputType = op_float_type, .GetOutputTypeCount = op_one_output, .GetInputCharacteristic = op_required,
+    .GetOutputCharacteristic = op_required, .CreateKernelV2 = create_swiglu, .KernelComputeV2 = compute_swiglu,
+    .KernelDestroy = destroy_swiglu,
 };

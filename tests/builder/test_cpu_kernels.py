@@ -42,8 +42,13 @@ def session(w, threads: int = 1, splits: list[int] | None = None, swiglu: bool =
         inputs, outputs = [*inputs, "splits"], [f"y{i}" for i in range(len(splits))]
     extra = dict(swiglu=1) if swiglu else {}
     node = helper.make_node(p.op, inputs, outputs, domain=ck.DOMAIN, K=p.k, N=p.n, group_size=p.group, **extra)
+    return node_session(node, outputs, threads, inits)
+
+
+def node_session(node, outputs: list[str], threads: int, inits=()) -> ort.InferenceSession:
+    """A session of one specdec node whose one input is the float tensor x, with specdec's kernel library."""
     graph = helper.make_graph([node], "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
-                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], inits)
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], list(inits))
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(ck.DOMAIN, 1)])
     model.ir_version = 10
     so = ort.SessionOptions()
@@ -136,15 +141,7 @@ def test_swiglu_is_silu_of_the_gate_times_up(bits):
 
 def swiglu_session(threads: int = 1) -> ort.InferenceSession:
     """One SwiGLU node (x -> y), as plugins/ort_cpu.py writes it after a float engine's gate|up MatMul."""
-    node = helper.make_node("SwiGLU", ["x"], ["y"], domain=ck.DOMAIN)
-    graph = helper.make_graph([node], "s", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(ck.DOMAIN, 1)])
-    model.ir_version = 10
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.register_custom_ops_library(str(rk.kernel_library()))
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return node_session(helper.make_node("SwiGLU", ["x"], ["y"], domain=ck.DOMAIN), ["y"], threads)
 
 
 @pytest.mark.parametrize("bits", [4, 8])
