@@ -94,18 +94,24 @@ class AttentionLowering:
             return ["batch", cfg.num_kv_heads, "kv_capacity", cfg.head_dim]
         return ["batch", "kv_capacity", cfg.num_kv_heads * cfg.head_dim]
 
+    def cache_io(self, layer: int, elem_type: int = TensorProto.FLOAT) -> tuple[list[str], list[str]]:
+        """The layer's cache as graph inputs [past_key, past_value] and outputs [present_key, present_value], whole caches
+        of cache_shape() (the runtime binds each pair to one buffer: the op that writes present writes in place)."""
+        gb, shape = self.gb, self.cache_shape()
+        past = [gb.input(f"past_{kind}.{layer}", elem_type, shape) for kind in ("key", "value")]
+        present = [f"present_{kind}.{layer}" for kind in ("key", "value")]
+        for name in present:
+            gb.output(name, elem_type, shape)
+        return past, present
+
     def write_cache(self, prefix: str, k: str, v: str, layer: int, shared: Shared, elem_type: int = TensorProto.FLOAT) -> list[str]:
         """The layer's past_key/past_value inputs with k/v written at each row's write_index (TensorScatter, in place when
         the runtime binds one buffer as past and present): [present_key, present_value], the whole caches."""
-        gb, shape, out = self.gb, self.cache_shape(), []
-        for kind, new in (("key", k), ("value", v)):
-            past = gb.input(f"past_{kind}.{layer}", elem_type, shape)
-            present = f"present_{kind}.{layer}"
+        pasts, presents = self.cache_io(layer, elem_type)
+        for kind, new, past, present in zip(("key", "value"), (k, v), pasts, presents, strict=True):
             # the capacity axis is -2 of either layout
-            gb.op("TensorScatter", [past, new, shared.write_index], f"{prefix}/{kind}_cache_update", outputs=[present], axis=-2)
-            gb.output(present, elem_type, shape)
-            out.append(present)
-        return out
+            self.gb.op("TensorScatter", [past, new, shared.write_index], f"{prefix}/{kind}_cache_update", outputs=[present], axis=-2)
+        return presents
 
     def cached_attention(self, prefix: str, q: str, k: str, v: str, layer: int, shared: Shared) -> str:
         """Write k/v into the layer's cache in place, then attend over its live slots."""

@@ -27,7 +27,6 @@ spans the live length); the tests run both against transformers.
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto
 
 from .attention import PortableAttention, Shared
 from .cpu_kernels import DOMAIN, ROTARY_CACHED_ATTENTION, TILE, q4_gemm, q4_holds, rotary_cached_attention
@@ -131,7 +130,7 @@ class OrtCpuAttention(PortableAttention):
 
     def swiglu(self, name: str, y: str, width: int) -> str | None:
         """With --cpu_kernels specdec, silu(gate) * up of a gate|up projection not on Q4Gemm / Q8Gemm (a float MatMul, a
-        MatMulNBits) in one SwiGLU node instead of Split, QuickGelu and Mul (hardware/kernels/ort_swiglu.c)."""
+        MatMulNBits) in one SwiGLU node instead of Split, Sigmoid and two Muls (hardware/kernels/ort_swiglu.c)."""
         if self.cpu_kernels != "specdec":
             return None
         self.swiglu_layers += 1
@@ -141,14 +140,8 @@ class OrtCpuAttention(PortableAttention):
         """q: [B,S,nh*hd] and k/v: [B,S,kvh*hd], or (takes_packed_qkv) q: [B,S,(nh+2*kvh)*hd] with k, v None."""
         gb, cfg = self.gb, self.cfg
         if self._own_attention():  # [B, S, heads * head_dim], and no shape inferred to correct
-            shape = self.cache_shape()
-            past = [gb.input(f"past_{kind}.{layer}", TensorProto.FLOAT, shape) for kind in ("key", "value")]
-            present = [f"present_{kind}.{layer}" for kind in ("key", "value")]
-            out = rotary_cached_attention(gb, f"{prefix}/attention", q, k, v, past, present, shared.positions, shared.cos, shared.sin,
-                                          cfg.num_heads, cfg.num_kv_heads)
-            for name in present:
-                gb.output(name, TensorProto.FLOAT, shape)
-            return out
+            return rotary_cached_attention(gb, f"{prefix}/attention", q, k, v, *self.cache_io(layer), shared.positions, shared.cos,
+                                           shared.sin, cfg.num_heads, cfg.num_kv_heads)
         q = gb.op("RotaryEmbedding", [q, shared.cos, shared.sin, shared.positions], f"{prefix}/q_rope", num_heads=cfg.num_heads)
         k = gb.op("RotaryEmbedding", [k, shared.cos, shared.sin, shared.positions], f"{prefix}/k_rope", num_heads=cfg.num_kv_heads)
         out = self.cached_attention(prefix, q, k, v, layer, shared)

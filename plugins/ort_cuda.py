@@ -136,11 +136,9 @@ class OrtCudaAttention(OrtCudaBase):
         else:
             q = gb.op("RotaryEmbedding", [q, self._cos, self._sin, shared.positions], f"{prefix}/q_rope", num_heads=cfg.num_heads)
             k = gb.op("RotaryEmbedding", [k, self._cos, self._sin, shared.positions], f"{prefix}/k_rope", num_heads=cfg.num_kv_heads)
-        shape = self.cache_shape()
-        past = [gb.input(f"past_{kind}.{layer}", gb.compute_type, shape) for kind in ("key", "value")]
-        present = [f"present_{kind}.{layer}" for kind in ("key", "value")]
+        past, present = self.cache_io(layer, gb.compute_type)
         inputs = [q, k or "", v or "", *past, self._seqlens, self._total] + ([self._cos, self._sin] if self._fused_rotary else [])
-        out = gb.op(
+        return gb.op(
             "GroupQueryAttention",
             inputs,
             f"{prefix}/gqa",
@@ -151,6 +149,3 @@ class OrtCudaAttention(OrtCudaBase):
             scale=float(cfg.head_dim) ** -0.5,
             **rotary,
         )[0]
-        for name in present:
-            gb.output(name, gb.compute_type, shape)
-        return out

@@ -206,28 +206,27 @@ static OrtStatus* compute_rotary_attention(void* kernel, OrtKernelContext* ctx) 
     if (pos[b * S] < 0 || pos[b * S] > capacity - S)
       return op_fail(ERR_INVALID_ARGUMENT, name, "a row's tokens do not fit the cache (they are written from its first position on: "
                                                  "positions[b][0] + tokens must be at most capacity)");
-    for (int64_t s = 0; s < S; s++) {
-      if (pos[b * S + s] < 0 || pos[b * S + s] >= capacity)
-        return op_fail(ERR_INVALID_ARGUMENT, name, "a position is outside the cache (each must be in [0, capacity))");
+    for (int64_t s = 0; s < S; s++)
       if (pos[b * S + s] >= cd[0]) return op_fail(ERR_INVALID_ARGUMENT, name, "a position is past cos_cache's and sin_cache's rows");
-    }
   }
+  /* the tasks first: plan_tasks refuses a position outside the cache before any output is written */
+  const int per = attention_kv_per_task((int)k->kv_heads, (int)hd);
+  size_t *at, tasks;
+  float* scratch;
+  if ((st = plan_tasks(k, B, S, per, positions, capacity, &tasks, &at, &scratch))) return st;
   const int64_t yd[3] = {B, S, k->heads * hd};
-  float *y, *key, *value;
-  if ((st = output_like(ctx, 0, yd, 3, &y)) || (st = output_like(ctx, 1, pkd, 3, &key)) || (st = output_like(ctx, 2, pvd, 3, &value))) return st;
+  float *y, *key, *value, *q_rot = NULL;
+  if ((st = output_like(ctx, 0, yd, 3, &y)) || (st = output_like(ctx, 1, pkd, 3, &key)) || (st = output_like(ctx, 2, pvd, 3, &value)))
+    goto done;
   /* present bound to past's buffer (the runtime's binding): written in place; else present starts as a copy of past */
   const size_t cache_bytes = (size_t)B * (size_t)capacity * (size_t)kvw * sizeof(float);
   if (key != past_k) memcpy(key, past_k, cache_bytes);
   if (value != past_v) memcpy(value, past_v, cache_bytes);
-  const int per = attention_kv_per_task((int)k->kv_heads, (int)hd);
-  size_t *at, tasks;
-  float* scratch;
-  if ((st = plan_tasks(k, B, S, per, positions, capacity, &tasks, &at, &scratch)) || !tasks) return st;
-  float* q_rot = malloc((size_t)(B * S * k->heads * hd) * sizeof(float));
+  if (!tasks) goto done;
+  q_rot = malloc((size_t)(B * S * k->heads * hd) * sizeof(float));
   if (!q_rot) {
-    free(scratch);
-    free(at);
-    return op_fail(ERR_FAIL, name, "out of memory");
+    st = op_fail(ERR_FAIL, name, "out of memory");
+    goto done;
   }
   const float* qf = q;
   const rotary_attn_problem problem = {
@@ -245,6 +244,7 @@ static OrtStatus* compute_rotary_attention(void* kernel, OrtKernelContext* ctx) 
       .sin = sin,
   };
   st = CALL(KernelContext_ParallelFor_t, KernelContext_ParallelFor, ctx, run_rotary_task, tasks, 0, (void*)&problem);
+done:
   free(q_rot);
   free(scratch);
   free(at);

@@ -260,6 +260,8 @@ def test_a_tokens_output_and_cache_are_the_same_bits_whatever_the_call(threads):
 def test_every_kernel_computes_the_same_bits(tmp_path, kernel):
     """SPECDEC_Q4_KERNEL=avx2 | portable: the rotary (FMAs as vector instructions or libm's fmaf) and the attention of the
     slower kernels give the same bits."""
+    if kernel == "avx2" and rk.kernel_name(rk.kernel_library()) == "AVX2":
+        pytest.skip("this CPU runs the AVX2 kernel already: no faster one to compare it with")
     fast = steps_by_width(3)
     script = (f"import numpy as np, sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_rotary_cached_attention as t; "
               f"y, k = t.steps_by_width(3); np.save({str(tmp_path / 'y.npy')!r}, y); np.save({str(tmp_path / 'k.npy')!r}, k)")
