@@ -81,10 +81,6 @@ def check_eagle_module(heads, eagle_dir: str | Path, model: ModelConfig, flag: s
     if max(heads.aux_layer_ids) >= model.num_layers:
         raise BuildConfigError(f"{where}: eagle_aux_hidden_state_layer_ids {heads.aux_layer_ids} name layers the {model.num_layers}-layer base model "
                                "lacks: a module trained on another base?")
-    draft_vocab = heads.config.get("draft_vocab_size") or heads.vocab_size
-    if "d2t" in heads.tensors or draft_vocab < heads.vocab_size:
-        raise BuildConfigError(f"{where}: a reduced draft vocabulary (draft_vocab_size {draft_vocab} < vocab_size {heads.vocab_size}, d2t) "
-                               "is not supported yet; train the module over the full vocabulary.")
 
 
 def write_eagle_module(target_dir: Path, ckpt, heads, model: ModelConfig, build: BuildConfig, versions: dict[str, str], checkpoint_dir,

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..formats.engine_format import BuildConfig, ModelConfig
 from ..formats.safetensors_io import write_safetensors
-from ..formats.torch_layout import MODEL_FILE, layer_file, pack_int4
+from ..formats.torch_layout import DRAFT_TO_TARGET, MODEL_FILE, layer_file, pack_int4
 from .architectures import ARCHITECTURES
 from .checkpoint import Checkpoint
 from .linear_weights import LinearWeights, layer_names
@@ -183,6 +183,11 @@ def write_torch_eagle_module(out_dir: Path, base: Checkpoint, heads, cfg: ModelC
     top.float("embed", embed)
     top.float("norm", weights.float32("norm.weight"))
     top.head("lm_head", weights.float32("lm_head.weight"), "lm_head", linears if linears.scheme is not None and build.quantize_lm_head else None)
+    targets = heads.draft_targets()
+    if targets is not None:  # builder/eagle.py's _draft_to_target_vocab, the same column map
+        column = np.full(cfg.vocab_size, len(targets), np.int64)
+        column[targets] = np.arange(len(targets), dtype=np.int64)
+        top.tensors[DRAFT_TO_TARGET] = column
     _rope(top, cfg, build)
     write_safetensors(out_dir / MODEL_FILE, top.tensors)
     return written

@@ -56,6 +56,7 @@ INDEX_FILE = "model.safetensors.index.json"
 EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
 MEDUSA_PREFIX = "medusa_heads."
 MASK_HIDDEN = "mask_hidden"  # P-EAGLE's placeholder features
+D2T, T2D = "d2t", "t2d"  # EAGLE-3's draft vocabulary: draft id i scores target id i + d2t[i]; t2d marks those target ids
 PTD_TOKEN_KEY = "ptd_token_id"  # P-EAGLE: the placeholders' token (vLLM's parallel-drafting config key)
 PEAGLE_DEPTHS_KEY = "para_depths"  # P-EAGLE: drafting positions trained (speculators' name)
 PLACEHOLDERS_KEY = "peagle_placeholders"  # ours: "anchored" (a vector per depth added to the anchor's features); absent: vLLM's "constant"
@@ -120,7 +121,7 @@ class HeadCheckpoint:
     mode: str  # "medusa" | "eagle" | "peagle"
     path: Path
     config: dict
-    tensors: dict[str, np.ndarray]  # float32, except d2t (int64)
+    tensors: dict[str, np.ndarray]  # float32, except d2t (int64) and t2d (bool)
     hidden_size: int
     vocab_size: int
     num_heads: int = 0  # medusa
@@ -129,6 +130,13 @@ class HeadCheckpoint:
     mask_token_id: int | None = None  # peagle: ptd_token_id
     parallel_depths: int = 0  # peagle: para_depths (0: not recorded)
     placeholder_form: str = "constant"  # peagle: "constant" (vLLM's: one vector in place of features) | "anchored" (ours)
+
+    def draft_targets(self) -> np.ndarray | None:
+        """EAGLE-3 / P-EAGLE with a draft vocabulary of its own (``d2t``): the target token id of each draft id,
+        [draft_vocab] int64 (``lm_head`` row i scores target token ``i + d2t[i]``, EAGLE-3's and vLLM's convention),
+        checked distinct and in range at load. None: lm_head scores the whole vocabulary in order."""
+        d2t = self.tensors.get(D2T)
+        return None if d2t is None else np.arange(len(d2t), dtype=np.int64) + d2t
 
     def placeholder_features(self) -> np.ndarray:
         """P-EAGLE: fc(mask_hidden) [placeholder vectors, hidden]: each depth's vector in the fused space (anchored: one
@@ -177,7 +185,8 @@ def _read_tensors(d: Path, keep) -> dict[str, np.ndarray]:
         for name in st.keys():
             if keep(name):
                 code = st.dtype_name(name)
-                out[name] = st.raw(name).astype(np.int64) if code.startswith("I") else st.float32(name)
+                out[name] = (st.raw(name).astype(np.int64) if code.startswith("I") else st.raw(name).astype(bool) if code == "BOOL"
+                             else st.float32(name))
     return out
 
 
@@ -275,16 +284,39 @@ def _load_eagle(d: Path, cfg: dict) -> HeadCheckpoint:
                      p + "self_attn.v_proj.weight": (kv_heads * head_dim, width), p + "self_attn.o_proj.weight": (hidden, heads * head_dim),
                      p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden),
                      p + "mlp.down_proj.weight": (hidden, inter)}
-    expected |= {"norm.weight": (hidden,), "lm_head.weight": (draft_vocab, hidden)}
-    if draft_vocab < vocab:
-        expected["d2t"] = (draft_vocab,)
+    expected |= {"norm.weight": (hidden,), "lm_head.weight": (draft_vocab, hidden), D2T: (draft_vocab,), T2D: (vocab,)}
     if parallel:
         expected[MASK_HIDDEN] = tensors[MASK_HIDDEN].shape
-    _check_tensors(tensors, expected, where)
+    # d2t is required with a smaller draft vocabulary, allowed with a full one (a reordering); t2d, its inverse mask, optional
+    _check_tensors(tensors, expected, where, optional={T2D} | (set() if draft_vocab < vocab else {D2T}))
+    _check_draft_vocabulary(tensors, vocab, where)
     if parallel:
         return HeadCheckpoint("peagle", d, cfg, tensors, hidden, vocab, num_layers=layers, aux_layer_ids=list(aux), mask_token_id=mask_token,
                               parallel_depths=depths, placeholder_form=form)
     return HeadCheckpoint("eagle", d, cfg, tensors, hidden, vocab, num_layers=layers, aux_layer_ids=list(aux))
+
+
+def _check_draft_vocabulary(tensors: dict[str, np.ndarray], vocab: int, where: str) -> None:
+    """d2t must send every draft id to its own target id in [0, vocab): vLLM indexes with it unchecked, and a negative or
+    repeated target there drafts from the wrong rows without a word. t2d, when present, must mark exactly those ids."""
+    d2t, t2d = tensors.get(D2T), tensors.get(T2D)
+    if d2t is None:
+        if t2d is not None:
+            raise CheckpointError(f"{where}: {T2D} without {D2T}: the draft vocabulary's map to target ids is missing.")
+        return
+    targets = np.arange(len(d2t), dtype=np.int64) + d2t
+    bad = np.flatnonzero((targets < 0) | (targets >= vocab))
+    if len(bad):
+        i = int(bad[0])
+        raise CheckpointError(f"{where}: {D2T} sends draft id {i} to target id {int(targets[i])} (draft id + {D2T}[id]), outside the "
+                              f"vocabulary [0, {vocab}); {len(bad)} such id(s).")
+    seen = np.zeros(vocab, bool)
+    seen[targets] = True
+    if int(seen.sum()) != len(targets):
+        dup = int(targets[np.flatnonzero(np.bincount(targets, minlength=vocab)[targets] > 1)[0]])
+        raise CheckpointError(f"{where}: {D2T} sends two draft ids to target id {dup}: each target token needs one row of lm_head.")
+    if t2d is not None and not np.array_equal(t2d, seen):
+        raise CheckpointError(f"{where}: {T2D} does not mark the target ids {D2T} maps to ({int(t2d.sum())} marked, {len(targets)} mapped).")
 
 
 def load_heads(path: str | Path, base_num_layers: int | None = None) -> HeadCheckpoint:

@@ -13,7 +13,10 @@ the two cannot drift apart. An engine of ``build.backend == "torch"`` holds, bes
                            ptd_token_id that every placeholder reads, and one of placeholders.anchored /
                            placeholders.constant [depths + 1, hidden] float32: row 0 zeros (real tokens), row d depth d's
                            vector fc(mask_hidden[d]), added to the row's hidden_states (anchored) or in place of them
-                           (constant); builder/eagle.py says what the placeholder token ids are
+                           (constant); builder/eagle.py says what the placeholder token ids are;
+                           an EAGLE-3 or P-EAGLE module with a draft vocabulary of its own (d2t): lm_head [draft vocab, hidden]
+                           and draft_to_target int64 [vocab], each target id's lm_head row, or draft vocab (a -inf column)
+                           where the module cannot draft it
     layer.{i}.safetensors  decoder layer i: input_norm, post_norm [hidden]; q_norm, k_norm [head_dim] (qk_norm models);
                            hidden_norm [hidden] (an EAGLE-3 module's layer 0); the LINEARs qkv (q|k|v joined along the
                            outputs, bias beside it where the model has one), o, gate_up (gate|up joined), down
@@ -39,6 +42,7 @@ LAYOUT_VERSION = 1  # recorded in config.json's extra["torch"]; the runtime refu
 MODEL_FILE = "model.safetensors"
 LINEARS = ("qkv", "o", "gate_up", "down")  # a decoder layer's linear layers, in the order a layer runs them
 PLACEHOLDER_FORMS = ("anchored", "constant")  # a P-EAGLE module's placeholder vectors: tensor placeholders.{form}
+DRAFT_TO_TARGET = "draft_to_target"  # a module's map from its draft vocabulary's logits to the target's (above)
 
 
 def layer_file(index: int) -> str:

@@ -218,20 +218,6 @@ def _medusa_dir(ckpt, out):
     return out
 
 
-def _reduced_vocab_module(src, out, draft_vocab: int):
-    """A copy of module ``src`` with a draft vocabulary of its first ``draft_vocab`` tokens (ModelOpt's d2t layout)."""
-    from safetensors.torch import load_file, save_file
-
-    out.mkdir()
-    tensors = load_file(src / "model.safetensors")
-    tensors["lm_head.weight"] = tensors["lm_head.weight"][:draft_vocab].contiguous()
-    tensors["d2t"] = torch.zeros(draft_vocab, dtype=torch.int64)  # draft id + d2t[id] = target id
-    save_file(tensors, str(out / "model.safetensors"))
-    cfg = json.loads((src / "config.json").read_text())
-    (out / "config.json").write_text(json.dumps({**cfg, "draft_vocab_size": draft_vocab}))
-    return out
-
-
 @pytest.mark.parametrize(
     "case, match",
     [
@@ -243,7 +229,6 @@ def _reduced_vocab_module(src, out, draft_vocab: int):
         ("tensorrt", "onnxruntime backend only"),
         ("ort_cuda_gqa", "GroupQueryAttention cannot mask"),
         ("no_drafts", "needs max_draft_len >= 1"),
-        ("draft_vocab", "reduced draft vocabulary"),
         ("float_quantized_module", "--quantize_draft_heads quantizes a target's draft heads"),
     ],
 )
@@ -269,8 +254,6 @@ def test_bad_eagle_builds_say_why(eagle, tmp_path, case, match):
         build = eagle_build(lowering="ort_cuda", dtype="float16", cuda_attention="gqa")
     elif case == "no_drafts":
         build = eagle_build(0)
-    elif case == "draft_vocab":
-        module_dir = _reduced_vocab_module(d / "module", tmp_path / "small_vocab", draft_vocab=32)
     elif case == "float_quantized_module":  # nothing to quantize the module as
         build = eagle_build(quantize_draft_heads=True)
     with pytest.raises(SpecdecError, match=match) as info:

@@ -107,6 +107,10 @@ def test_eagle3_with_a_smaller_draft_vocab_needs_d2t(tmp_path):
         load_heads(write(tmp_path / "a", cfg, t))
     ckpt = load_heads(write(tmp_path / "b", cfg, t | {"d2t": torch.arange(20, dtype=torch.int64)}))
     assert ckpt.tensors["d2t"].dtype == np.int64 and ckpt.tensors["lm_head.weight"].shape == (20, H)
+    assert ckpt.draft_targets().tolist() == list(range(0, 40, 2))  # draft id i scores target id i + d2t[i]
+    mask = torch.zeros(cfg["vocab_size"], dtype=torch.bool)
+    mask[0:40:2] = True  # t2d, the inverse map's mask, read as bool
+    assert load_heads(write(tmp_path / "c", cfg, t | {"d2t": torch.arange(20, dtype=torch.int64), "t2d": mask})).tensors["t2d"].dtype == bool
 
 
 @pytest.mark.parametrize("shape, form", [((1, 1, 3 * H), "constant"), ((3 * H,), "constant"), ((H,), "constant"), ((1, 4, 3 * H), "anchored")])

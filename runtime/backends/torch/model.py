@@ -121,6 +121,9 @@ class Forward:
             out["hidden_out"] = rows.float()
         normed = ops.rmsnorm(rows.reshape(B * L, -1), w.norm, m.rms_norm_eps)
         out["logits"] = ops.linear(normed, w.lm_head, torch.float32).view(B, L, -1)
+        if w.draft_to_target is not None:  # a draft vocabulary of its own: spread to the target's, -inf where it cannot draft
+            padded = torch.nn.functional.pad(out["logits"], (0, 1), value=float("-inf"))  # [B, L, draft vocab + 1]
+            out["logits"] = padded.index_select(-1, w.draft_to_target)  # [B, L, vocab]
         if w.medusa:  # head i: ResBlocks h + SiLU(h W^T + b), then its own LM head
             heads = []
             for blocks, head in w.medusa:

@@ -14,7 +14,7 @@ import torch
 from ....formats.engine_format import EngineDir, ModelConfig
 from ....formats.errors import EngineError
 from ....formats.safetensors_io import SafetensorsFile
-from ....formats.torch_layout import MODEL_FILE, PLACEHOLDER_FORMS, layer_file
+from ....formats.torch_layout import DRAFT_TO_TARGET, MODEL_FILE, PLACEHOLDER_FORMS, layer_file
 
 PER_CHANNEL = 1 << 30  # the group size of a per-output-channel scheme: every input row in group 0
 
@@ -63,6 +63,8 @@ class Weights:
     eagle_fc: Linear | None = None
     placeholders: torch.Tensor | None = None  # a P-EAGLE module's: [depths + 1, hidden] float32, row 0 zeros (formats/torch_layout.py)
     placeholder_form: str = ""  # "anchored" (added to the row's hidden_states) | "constant" (in their place)
+    draft_to_target: torch.Tensor | None = None  # a module with its own draft vocabulary: [vocab] int64, each target id's lm_head row
+    # (draft vocab: the -inf column past the last row; formats/torch_layout.py)
 
 
 class _File:
@@ -113,6 +115,7 @@ def load_weights(engine: EngineDir, device: torch.device) -> Weights:
               for i in range(build.medusa_num_heads)]
     eagle_fc = top.linear("eagle_fc", bits, group) if build.speculative_decoding_mode in ("eagle", "peagle") else None
     weights = Weights(embed, top.get("norm"), lm_head, top.get("rope_cos"), top.get("rope_sin"), layers, medusa, eagle_fc)
+    weights.draft_to_target = top.get(DRAFT_TO_TARGET, optional=True)
     if build.speculative_decoding_mode == "peagle_module":
         forms = [form for form in PLACEHOLDER_FORMS if f"placeholders.{form}" in top]
         if len(forms) != 1 or embed.shape[0] != model.vocab_size + 1:
