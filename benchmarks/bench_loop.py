@@ -28,7 +28,8 @@ ints written per token: no requests, checks or metrics) and over onnxruntime-gen
 graph, whose attention mask of the total length is bound again each token, as its own loop feeds it). Tokens/s per
 round, interleaved prompt by prompt, and per-round ratios: specdec / its bare loop is what specdec's loop costs, one
 bare loop / another what a graph costs, and the bare loop over genai's graph / onnxruntime-genai what a Python loop
-costs against its C++ one.
+costs against its C++ one. ``--general_round`` adds target-only on the own-ops engines through the general round
+(SpeculativeRound.decode_plain off, as before it): the short round against it, in the same run.
 
 specdec's figures are its own: one target session per method (so the profiles do not mix), the draft on the same
 thread count. onnxruntime-genai runs in its own process (benchmarks/README.md says how its venv is made).
@@ -310,6 +311,10 @@ def end_to_end(args: argparse.Namespace, paths: dict[str, Path], prompts: list[l
         target, draft = open_executor(paths["target" + engines], args.threads), open_executor(paths["draft" + engines], args.threads)
         for method in METHODS:
             runners[f"specdec {label}: {method}"] = specdec_run(Orchestrator(target, *method_proposer(method, draft)))
+        if args.general_round and engines:  # the same target-only decoding without SpeculativeRound.decode_plain
+            general = Orchestrator(target, None, 0)
+            general.engine.round.plain_decoding = lambda r: False
+            runners[f"specdec {label}: target-only, general round"] = specdec_run(general)
         runners[f"bare loop, {label}"] = timed(lambda ids, ex=target: bare_greedy(ex, ids, n))
     genai_graph = BareGenaiGraph(paths["og-target"], args.threads)
     runners["bare loop, genai's graph"] = timed(lambda ids: genai_graph(ids, n))
@@ -354,6 +359,9 @@ def end_to_end(args: argparse.Namespace, paths: dict[str, Path], prompts: list[l
         ratios[f"specdec {label} / its bare loop: target-only"] = ratio(f"specdec {label}: target-only", f"bare loop, {label}")
         ratios[f"bare loop, {label} / bare loop, genai's graph"] = ratio(f"bare loop, {label}", "bare loop, genai's graph")
     ratios["bare loop, genai's graph / onnxruntime-genai: target-only"] = ratio("bare loop, genai's graph", "onnxruntime-genai: target-only")
+    if args.general_round:
+        ours = "specdec own ops: target-only"
+        ratios[f"{ours} / its general round"] = ratio(ours, f"{ours}, general round")
     record["ratios"] = ratios
     record["load_average_end"] = list(os.getloadavg())
     print(f"{host.describe(record['host'])}; {args.threads} thread(s); load average {record['host']['load_average'][0]:.2f} -> "
@@ -438,6 +446,8 @@ def main() -> None:
                     "onnxruntime-genai, and the bare loops (the docstring says what each ratio measures)")
     ap.add_argument("--cached_attention", action="store_true", help="specdec's runs (not --end_to_end's, which has both) on the "
                     "engines built with --cpu_kernels specdec (specdec's own ops) instead of the default ones")
+    ap.add_argument("--general_round", action="store_true", help="with --end_to_end: also target-only on the own-ops engines "
+                    "through the general round (SpeculativeRound.decode_plain turned off), against the short one")
     ap.add_argument("--warm_python", action="store_true", help="also specdec's loop with the model runs skipped after each call "
                     "shape's first: its Python per target call on warm caches (warm_python's docstring)")
     ap.add_argument("--output_json", default=None)

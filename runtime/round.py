@@ -21,6 +21,7 @@ grammar forbids ends its draft there (``trim``).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 
@@ -106,6 +107,8 @@ class SpeculativeRound:
         self.vocab_limit, self.policy, self.stats = vocab_limit, policy, stats  # policy: how many drafts (draft_policy.py)
         self.prefix = prefix  # the prefix cache: a newcomer's cached rows are copied, not prefilled
         self.rounds = 0  # rounds run: requests at k = 0 under draft_len=auto probe together (AutoDraftLen.probe_due)
+        self._plain_logits: np.ndarray | None = None  # decode_plain's last logits buffer and its row
+        self._plain_row: np.ndarray | None = None
 
     # -- prefill: a newcomer's prompt and its first token --------------------------------
     def prefill(self, batch: list[Request], first: int, new: NewTokens) -> list[Request]:
@@ -176,6 +179,8 @@ class SpeculativeRound:
     # -- a round ------------------------------------------------------------------------
     def run(self, reqs: list[Request], new: NewTokens) -> list[Request]:
         """One round for ``reqs`` (the running requests, request i in slot i); the requests that finished."""
+        if len(reqs) == 1 and self.plain_decoding(reqs[0]):
+            return self.decode_plain(reqs, new)
         self.rounds += 1
         # deciding: the policy's begin, each request's length and the batch's fit (a clock read is a system call on some
         # hosts, hundreds of ns, and more right after a model call: none is repeated where a proposer cannot run between)
@@ -197,6 +202,40 @@ class SpeculativeRound:
         # the call and the per-row work after it (acceptance, rollback, the proposers' observe): what a width costs
         self.policy.verified(len(reqs), step.logits.shape[1], time.perf_counter() - t0)
         return ended
+
+    def plain_decoding(self, r: Request) -> bool:
+        """r decodes target-only (no proposer for its method), greedy, with no logits processing or log-probabilities:
+        its round is one token, its argmax (decode_plain)."""
+        proc = r.processor
+        return (r.method not in self.proposers and r.config.logprobs is None and r.config.sampling.greedy
+                and (proc is None or proc.plain))
+
+    def decode_plain(self, reqs: list[Request], new: NewTokens) -> list[Request]:
+        """run() for one request that plain_decoding() takes: the same call, token, checks and bookkeeping as propose,
+        verify, accept and keep make for it (no drafts: nothing to decide, fit or roll back), in a few lines. On a small
+        model a step is a few milliseconds and each Python call after it runs on cold caches (the call streamed the
+        weights through them): the general round's ~100 calls cost about 5% of a step there (issue 41)."""
+        (r,) = reqs
+        self.rounds += 1
+        self.policy.begin(reqs, self.rounds)  # (draft_len=auto times the target's width-1 calls in rounds it prices)
+        t0 = time.perf_counter()
+        step = self.target.forward(self.cache, [[r.output_ids[-1]]], all_logits=True)
+        t1 = time.perf_counter()
+        self.stats.target_s += t1 - t0
+        r.metrics.target_s += t1 - t0
+        if step.logits is not self._plain_logits:  # the call shape's output buffer, the same one every step: its row view kept
+            self._plain_logits, self._plain_row = step.logits, step.logits[0, 0, : self.vocab_limit]  # [vocab]
+        row = self._plain_row
+        token, bottom = int(row.argmax()), int(row.argmin())
+        if not (math.isfinite(row.item(token)) and math.isfinite(row.item(bottom))):  # first_nonfinite_of_argmax's test, one row
+            ended = fail(r, nonfinite_message(len(r.output_ids)), "nonfinite_logits")
+        else:
+            if self.prefix is not None:
+                self.prefix.observe(r, step, ONE_ROW)
+            r.metrics.record_round(0, 0, 0)
+            ended = append(r, [token], new, self.cache.max_seq_len)
+        self.policy.verified(1, 1, time.perf_counter() - t0)
+        return [r] if ended else []  # a new list: reqs is the engine's running list, which letting r go empties
 
     def draft_len(self, r: Request, running: int) -> int:
         """How many drafts request r may take this round (``running``: requests in the batch): the policy's choice,

@@ -89,6 +89,15 @@ def test_nonfinite_logits_stop_that_request_with_an_error_and_no_token(pair, met
     assert metrics.requests == 3
 
 
+def test_a_lone_request_stops_on_nonfinite_logits_as_in_a_batch(pair):
+    """Alone, a plain greedy request runs the short round (SpeculativeRound.decode_plain): the same stop, tokens and error."""
+    outputs, _ = load_orchestrator(pair["dir"] / "target-nan", num_threads=1).generate([PROMPTS[0]], GenerationConfig(max_output_len=OUT, end_ids=()))
+    (first,) = outputs
+    assert first.finish_reason == "error" and first.error_cause == "nonfinite_logits"
+    assert "logits are not finite (NaN or Inf) at output position" in first.error
+    assert first.output_ids == pair["clean"][0][: pair["at"] + 1]
+
+
 def test_a_slot_that_held_nan_is_clean_for_the_next_request(pair):
     """A request that ended on NaN leaves NaN keys and values in its slot. Masked positions past a slot's length are
     still read when a longer neighbour sets the call's length, and a zero weight times NaN is NaN: the next request in
