@@ -28,7 +28,10 @@ ints written per token: no requests, checks or metrics) and over onnxruntime-gen
 graph, whose attention mask of the total length is bound again each token, as its own loop feeds it). Tokens/s per
 round, interleaved prompt by prompt, and per-round ratios: specdec / its bare loop is what specdec's loop costs, one
 bare loop / another what a graph costs, and the bare loop over genai's graph / onnxruntime-genai what a Python loop
-costs against its C++ one. ``--general_round`` adds target-only on the own-ops engines through the general round
+costs against its C++ one. Each runner runs in a process of its own, as each onnxruntime-genai worker does and as a
+user's specdec does: in this one, holding every runner's engines, the same runner runs slower (``--process_pairs``
+measures by how much in the same run; ``--in_process`` keeps that set-up, the one runs before this option used).
+``--general_round`` adds target-only on the own-ops engines through the general round
 (SpeculativeRound.decode_plain off, as before it): the short round against it, in the same run.
 
 specdec's figures are its own: one target session per method (so the profiles do not mix), the draft on the same
@@ -286,38 +289,95 @@ class BareGenaiGraph:
         return out
 
 
+def runner_from_spec(spec: dict[str, Any]) -> Any:
+    """One --end_to_end runner: ids -> (output ids, seconds of the generation). spec["kind"]: "specdec" (a method on an
+    Orchestrator over spec["target"] and spec["draft"]; "general": SpeculativeRound.decode_plain off), "bare" (bare_greedy
+    over spec["target"]) or "bare_genai" (BareGenaiGraph over spec["export"])."""
+    n, threads = spec["n"], spec["threads"]
+    if spec["kind"] == "bare_genai":
+        graph = BareGenaiGraph(Path(spec["export"]), threads)
+        run = lambda ids: graph(ids, n)  # noqa: E731
+    else:
+        target = open_executor(Path(spec["target"]), threads)
+        if spec["kind"] == "bare":
+            run = lambda ids: bare_greedy(target, ids, n)  # noqa: E731
+        else:
+            draft = open_executor(Path(spec["draft"]), threads) if spec["method"].startswith("draft") else None
+            orch = Orchestrator(target, *method_proposer(spec["method"], draft))
+            if spec.get("general"):
+                orch.engine.round.plain_decoding = lambda r: False
+            run = lambda ids: orch.generate([ids], GenerationConfig(max_output_len=n, end_ids=()))[0][0].output_ids  # noqa: E731
+
+    def go(ids: list[int]) -> tuple[list[int], float]:
+        t = time.perf_counter()
+        out = run(ids)
+        return out, time.perf_counter() - t
+    return go
+
+
+def serve_runner(spec: dict[str, Any]) -> None:
+    """--serve_runner: a runner in a process of its own, as a user's specdec (and each onnxruntime-genai worker) runs:
+    a JSON prompt per stdin line, a JSON {"out", "s"} per stdout line; anything else the libraries print goes to stderr."""
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    go = runner_from_spec(spec)
+    for line in sys.stdin:
+        out, seconds = go(json.loads(line))
+        answers.write(json.dumps({"out": out, "s": seconds}) + "\n")
+        answers.flush()
+
+
+class RunnerProcess:
+    """runner_from_spec(spec) in a child process (serve_runner), called as the in-process runner is."""
+
+    def __init__(self, spec: dict[str, Any]):
+        import subprocess
+
+        self.proc = subprocess.Popen([sys.executable, __file__, "--serve_runner", json.dumps(spec)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+
+    def __call__(self, ids: list[int]) -> tuple[list[int], float]:
+        self.proc.stdin.write(json.dumps(ids) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"a runner's process ended (exit {self.proc.wait()}): its stderr above says why")
+        answer = json.loads(line)
+        return answer["out"], answer["s"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
 def end_to_end(args: argparse.Namespace, paths: dict[str, Path], prompts: list[list[int]], record: dict[str, Any]) -> None:
     """--end_to_end: each method (target-only, draft k=4, n-gram k=8) on specdec's float32 engines with ONNX Attention
     (``--cpu_kernels ort``) and with specdec's own ops (``--cpu_kernels specdec``), and on onnxruntime-genai; the bare loops
-    target-only. Tokens/s per round, prefill included; ratios per round."""
+    target-only. Tokens/s per round, prefill included; ratios per round. Every runner in a process of its own, as
+    onnxruntime-genai's workers are (``--in_process``: specdec's runners and the bare loops in this one, as before)."""
     n = args.max_new_tokens
     workers: list[Any] = []
     runners: dict[str, Any] = {}
-
-    def timed(run: Any) -> Any:
-        def go(ids: list[int]) -> tuple[list[int], float]:
-            t = time.perf_counter()
-            out = run(ids)
-            return out, time.perf_counter() - t
-        return go
-
-    def specdec_run(orch: Orchestrator) -> Any:
-        def go(ids: list[int]) -> list[int]:
-            outs, _ = orch.generate([ids], GenerationConfig(max_output_len=n, end_ids=()))
-            return outs[0].output_ids
-        return timed(go)
-
+    specs: dict[str, dict[str, Any]] = {}
+    common = {"n": n, "threads": args.threads}
     for engines, label in (("", "ort"), ("-ca", "own ops")):
-        target, draft = open_executor(paths["target" + engines], args.threads), open_executor(paths["draft" + engines], args.threads)
+        target, draft = str(paths["target" + engines]), str(paths["draft" + engines])
         for method in METHODS:
-            runners[f"specdec {label}: {method}"] = specdec_run(Orchestrator(target, *method_proposer(method, draft)))
+            specs[f"specdec {label}: {method}"] = {"kind": "specdec", "target": target, "draft": draft, "method": method, **common}
         if args.general_round and engines:  # the same target-only decoding without SpeculativeRound.decode_plain
-            general = Orchestrator(target, None, 0)
-            general.engine.round.plain_decoding = lambda r: False
-            runners[f"specdec {label}: target-only, general round"] = specdec_run(general)
-        runners[f"bare loop, {label}"] = timed(lambda ids, ex=target: bare_greedy(ex, ids, n))
-    genai_graph = BareGenaiGraph(paths["og-target"], args.threads)
-    runners["bare loop, genai's graph"] = timed(lambda ids: genai_graph(ids, n))
+            specs[f"specdec {label}: target-only, general round"] = {"kind": "specdec", "target": target, "draft": draft,
+                                                                     "method": "target-only", "general": True, **common}
+        specs[f"bare loop, {label}"] = {"kind": "bare", "target": target, **common}
+    specs["bare loop, genai's graph"] = {"kind": "bare_genai", "export": str(paths["og-target"]), **common}
+    record["runners_in_process"] = args.in_process
+    for name, spec in specs.items():
+        runner = runner_from_spec(spec) if args.in_process else RunnerProcess(spec)
+        if not args.in_process:
+            workers.append(runner)
+        runners[name] = runner
+    if args.process_pairs and not args.in_process:  # what the set-up costs: two runners again, in this process
+        for name in ("specdec own ops: target-only", "bare loop, genai's graph"):
+            runners[f"{name}, in this process"] = runner_from_spec(specs[name])
     for method, kw in {"target-only": {}, "draft k=4": dict(draft_dir=str(paths["og-draft"]), num_draft_tokens=4),
                        "ngram k=8": dict(ngram=4, num_draft_tokens=8)}.items():
         worker = peers.OrtGenaiWorker(str(paths["og-target"]), num_threads=args.threads, **kw)
@@ -359,6 +419,9 @@ def end_to_end(args: argparse.Namespace, paths: dict[str, Path], prompts: list[l
         ratios[f"specdec {label} / its bare loop: target-only"] = ratio(f"specdec {label}: target-only", f"bare loop, {label}")
         ratios[f"bare loop, {label} / bare loop, genai's graph"] = ratio(f"bare loop, {label}", "bare loop, genai's graph")
     ratios["bare loop, genai's graph / onnxruntime-genai: target-only"] = ratio("bare loop, genai's graph", "onnxruntime-genai: target-only")
+    if args.process_pairs and not args.in_process:
+        for name in ("specdec own ops: target-only", "bare loop, genai's graph"):
+            ratios[f"{name}: its own process / this one"] = ratio(name, f"{name}, in this process")
     if args.general_round:
         ours = "specdec own ops: target-only"
         ratios[f"{ours} / its general round"] = ratio(ours, f"{ours}, general round")
@@ -446,11 +509,19 @@ def main() -> None:
                     "onnxruntime-genai, and the bare loops (the docstring says what each ratio measures)")
     ap.add_argument("--cached_attention", action="store_true", help="specdec's runs (not --end_to_end's, which has both) on the "
                     "engines built with --cpu_kernels specdec (specdec's own ops) instead of the default ones")
+    ap.add_argument("--in_process", action="store_true", help="with --end_to_end: specdec's runners and the bare loops in this "
+                    "process (each holding its engines beside the others'), not each in its own as onnxruntime-genai's are")
+    ap.add_argument("--process_pairs", action="store_true", help="with --end_to_end: also specdec's own-ops target-only and the "
+                    "bare loop over genai's graph in this process, beside their own processes (what the set-up costs)")
+    ap.add_argument("--serve_runner", default=None, help=argparse.SUPPRESS)  # a runner's child process (serve_runner)
     ap.add_argument("--general_round", action="store_true", help="with --end_to_end: also target-only on the own-ops engines "
                     "through the general round (SpeculativeRound.decode_plain turned off), against the short one")
     ap.add_argument("--warm_python", action="store_true", help="also specdec's loop with the model runs skipped after each call "
                     "shape's first: its Python per target call on warm caches (warm_python's docstring)")
     ap.add_argument("--output_json", default=None)
+    if "--serve_runner" in sys.argv:
+        serve_runner(json.loads(sys.argv[sys.argv.index("--serve_runner") + 1]))
+        return
     args = ap.parse_args()
 
     work = Path(args.work)
