@@ -29,8 +29,9 @@ graph, whose attention mask of the total length is bound again each token, as it
 round, interleaved prompt by prompt, and per-round ratios: specdec / its bare loop is what specdec's loop costs, one
 bare loop / another what a graph costs, and the bare loop over genai's graph / onnxruntime-genai what a Python loop
 costs against its C++ one. Each runner runs in a process of its own, as each onnxruntime-genai worker does and as a
-user's specdec does: in this one, holding every runner's engines, the same runner runs slower (``--process_pairs``
-measures by how much in the same run; ``--in_process`` keeps that set-up, the one runs before this option used).
+user's specdec does: in the benchmark's process the same runner runs slower (``--process_pairs`` runs two runners
+again in it, beside their own processes, in the same run; ``--in_process`` runs every specdec runner and bare loop
+in it, close to the set-up of the runs before this option, which also shared one target session per engine kind).
 ``--general_round`` adds target-only on the own-ops engines through the general round
 (SpeculativeRound.decode_plain off, as before it): the short round against it, in the same run.
 
@@ -337,17 +338,27 @@ class RunnerProcess:
                                      stdout=subprocess.PIPE, text=True)
 
     def __call__(self, ids: list[int]) -> tuple[list[int], float]:
-        self.proc.stdin.write(json.dumps(ids) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
+        try:
+            self.proc.stdin.write(json.dumps(ids) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except OSError:  # BrokenPipeError: it ended before reading the prompt
+            line = ""
         if not line:
             raise SystemExit(f"a runner's process ended (exit {self.proc.wait()}): its stderr above says why")
         answer = json.loads(line)
         return answer["out"], answer["s"]
 
     def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait()
+        try:
+            self.proc.stdin.close()
+        except OSError:  # its end of the pipe is gone already
+            pass
+        try:
+            self.proc.wait(timeout=30)
+        except Exception:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def end_to_end(args: argparse.Namespace, paths: dict[str, Path], prompts: list[list[int]], record: dict[str, Any]) -> None:
@@ -370,23 +381,23 @@ def end_to_end(args: argparse.Namespace, paths: dict[str, Path], prompts: list[l
         specs[f"bare loop, {label}"] = {"kind": "bare", "target": target, **common}
     specs["bare loop, genai's graph"] = {"kind": "bare_genai", "export": str(paths["og-target"]), **common}
     record["runners_in_process"] = args.in_process
-    for name, spec in specs.items():
-        runner = runner_from_spec(spec) if args.in_process else RunnerProcess(spec)
-        if not args.in_process:
-            workers.append(runner)
-        runners[name] = runner
-    if args.process_pairs and not args.in_process:  # what the set-up costs: two runners again, in this process
-        for name in ("specdec own ops: target-only", "bare loop, genai's graph"):
-            runners[f"{name}, in this process"] = runner_from_spec(specs[name])
-    for method, kw in {"target-only": {}, "draft k=4": dict(draft_dir=str(paths["og-draft"]), num_draft_tokens=4),
-                       "ngram k=8": dict(ngram=4, num_draft_tokens=8)}.items():
-        worker = peers.OrtGenaiWorker(str(paths["og-target"]), num_threads=args.threads, **kw)
-        workers.append(worker)
-        runners[f"onnxruntime-genai: {method}"] = lambda ids, w=worker: w.run(ids, n)[:2]  # its worker's own clock: the pipe left out
-    names = list(runners)
-    tps: dict[str, list[float]] = {k: [] for k in names}
-    outputs: dict[str, list[list[int]]] = {k: [] for k in names}
     try:
+        for name, spec in specs.items():
+            runner = runner_from_spec(spec) if args.in_process else RunnerProcess(spec)
+            if not args.in_process:
+                workers.append(runner)
+            runners[name] = runner
+        if args.process_pairs:  # what the set-up costs: two runners again, in this process
+            for name in ("specdec own ops: target-only", "bare loop, genai's graph"):
+                runners[f"{name}, in this process"] = runner_from_spec(specs[name])
+        for method, kw in {"target-only": {}, "draft k=4": dict(draft_dir=str(paths["og-draft"]), num_draft_tokens=4),
+                           "ngram k=8": dict(ngram=4, num_draft_tokens=8)}.items():
+            worker = peers.OrtGenaiWorker(str(paths["og-target"]), num_threads=args.threads, **kw)
+            workers.append(worker)
+            runners[f"onnxruntime-genai: {method}"] = lambda ids, w=worker: w.run(ids, n)[:2]  # its worker's own clock: the pipe left out
+        names = list(runners)
+        tps: dict[str, list[float]] = {k: [] for k in names}
+        outputs: dict[str, list[list[int]]] = {k: [] for k in names}
         for run in runners.values():  # warm-up
             run(prompts[0])
         for r in range(args.rounds):
@@ -403,7 +414,10 @@ def end_to_end(args: argparse.Namespace, paths: dict[str, Path], prompts: list[l
             print(f"round {r}: " + ", ".join(f"{k} {tps[k][-1]:.0f}" for k in names), flush=True)
     finally:
         for worker in workers:
-            worker.close()
+            try:
+                worker.close()
+            except Exception as e:  # one that failed must not keep the others open
+                print(f"closing a runner: {e}", file=sys.stderr)
 
     def ratio(a: str, b: str) -> dict[str, float]:
         return spread([x / y for x, y in zip(tps[a], tps[b], strict=True)])
@@ -510,7 +524,7 @@ def main() -> None:
     ap.add_argument("--cached_attention", action="store_true", help="specdec's runs (not --end_to_end's, which has both) on the "
                     "engines built with --cpu_kernels specdec (specdec's own ops) instead of the default ones")
     ap.add_argument("--in_process", action="store_true", help="with --end_to_end: specdec's runners and the bare loops in this "
-                    "process (each holding its engines beside the others'), not each in its own as onnxruntime-genai's are")
+                    "process (each with its own sessions, beside the others'), not each in its own as onnxruntime-genai's are")
     ap.add_argument("--process_pairs", action="store_true", help="with --end_to_end: also specdec's own-ops target-only and the "
                     "bare loop over genai's graph in this process, beside their own processes (what the set-up costs)")
     ap.add_argument("--serve_runner", default=None, help=argparse.SUPPRESS)  # a runner's child process (serve_runner)
@@ -523,6 +537,8 @@ def main() -> None:
         serve_runner(json.loads(sys.argv[sys.argv.index("--serve_runner") + 1]))
         return
     args = ap.parse_args()
+    if args.process_pairs and args.in_process:
+        raise SystemExit("--process_pairs runs two runners in this process beside their own processes: not with --in_process")
 
     work = Path(args.work)
     if args.end_to_end and "ortgenai" not in args.runtimes.split(","):

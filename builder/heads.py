@@ -60,7 +60,7 @@ def check_head_flags(build: BuildConfig, head_dirs: dict[str, str | Path | None]
 
 def check_heads(mode: str, heads, head_dir: str | Path, model: ModelConfig, allow_nonfinite: bool = False):
     """The head checkpoint ``heads`` (formats/heads.py) of a medusa / eagle / peagle build: of that kind, as wide as the
-    base, and finite; an EAGLE-3 (P-EAGLE) module reads layers the base has, over its full vocabulary."""
+    base, and finite; an EAGLE-3 (P-EAGLE) module reads layers the base has (its draft vocabulary, d2t, checked at load)."""
     where, noun = f"{HEAD_FLAGS[mode][0]} {head_dir}", "the heads have" if mode == "medusa" else "the module has"
     if heads.mode != mode:
         other = heads.mode

@@ -185,8 +185,11 @@ def _read_tensors(d: Path, keep) -> dict[str, np.ndarray]:
         for name in st.keys():
             if keep(name):
                 code = st.dtype_name(name)
-                out[name] = (st.raw(name).astype(np.int64) if code.startswith("I") else st.raw(name).astype(bool) if code == "BOOL"
-                             else st.float32(name))
+                # integers (d2t, whatever width it was exported in) as int64, bool (t2d) as bool, the rest as float32
+                raw = st.raw(name) if code.startswith(("I", "U")) or code == "BOOL" else None
+                if raw is not None and code == "U64" and raw.size and int(raw.max()) > np.iinfo(np.int64).max:
+                    raise CheckpointError(f"{f}: {name} holds a value past int64's range: not a token map.")
+                out[name] = st.float32(name) if raw is None else raw.astype(bool) if code == "BOOL" else raw.astype(np.int64)
     return out
 
 
@@ -300,6 +303,12 @@ def _check_draft_vocabulary(tensors: dict[str, np.ndarray], vocab: int, where: s
     """d2t must send every draft id to its own target id in [0, vocab): vLLM indexes with it unchecked, and a negative or
     repeated target there drafts from the wrong rows without a word. t2d, when present, must mark exactly those ids."""
     d2t, t2d = tensors.get(D2T), tensors.get(T2D)
+    if d2t is not None and d2t.dtype.kind != "i":  # _read_tensors read it as float32: it was stored as floats
+        raise CheckpointError(f"{where}: {D2T} is stored as floating point; it must hold integers (draft id + {D2T}[id] = target id).")
+    if t2d is not None and t2d.dtype.kind == "i" and np.isin(t2d, (0, 1)).all():
+        t2d = tensors[T2D] = t2d.astype(bool)  # a 0/1 integer mask
+    if t2d is not None and t2d.dtype.kind != "b":
+        raise CheckpointError(f"{where}: {T2D} must be a bool (or 0/1) mask over the vocabulary; it holds {t2d.dtype} values.")
     if d2t is None:
         if t2d is not None:
             raise CheckpointError(f"{where}: {T2D} without {D2T}: the draft vocabulary's map to target ids is missing.")

@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import numpy as np
 
-LAYOUT_VERSION = 1  # recorded in config.json's extra["torch"]; the runtime refuses another
+LAYOUT_VERSION = 1  # recorded in config.json's extra["torch"]; the runtime refuses one it does not read
+DRAFT_VOCAB_LAYOUT_VERSION = 2  # a module with draft_to_target: a runtime that reads 1 only refuses it instead of drafting wrong ids
+READ_VERSIONS = (LAYOUT_VERSION, DRAFT_VOCAB_LAYOUT_VERSION)
 MODEL_FILE = "model.safetensors"
 LINEARS = ("qkv", "o", "gate_up", "down")  # a decoder layer's linear layers, in the order a layer runs them
 PLACEHOLDER_FORMS = ("anchored", "constant")  # a P-EAGLE module's placeholder vectors: tensor placeholders.{form}

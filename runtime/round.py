@@ -228,7 +228,8 @@ class SpeculativeRound:
         row = self._plain_row
         token, bottom = int(row.argmax()), int(row.argmin())
         if not (math.isfinite(row.item(token)) and math.isfinite(row.item(bottom))):  # first_nonfinite_of_argmax's test, one row
-            ended = fail(r, nonfinite_message(len(r.output_ids)), "nonfinite_logits")
+            # as accept: no token from this row (append of none still ends r at max_seq_len, and lists it in new)
+            ended = append(r, [], new, self.cache.max_seq_len) or fail(r, nonfinite_message(len(r.output_ids)), "nonfinite_logits")
         else:
             if self.prefix is not None:
                 self.prefix.observe(r, step, ONE_ROW)

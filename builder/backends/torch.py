@@ -15,7 +15,8 @@ from typing import Any
 
 from ...formats.engine_format import BuildConfig, ModelConfig
 from ...formats.errors import BuildConfigError
-from ...formats.torch_layout import LAYOUT_VERSION, MODEL_FILE, layer_file
+from ...formats.safetensors_io import SafetensorsFile
+from ...formats.torch_layout import DRAFT_TO_TARGET, DRAFT_VOCAB_LAYOUT_VERSION, LAYOUT_VERSION, MODEL_FILE, layer_file
 from .base import Compiled
 
 TITLE = "PyTorch"
@@ -59,5 +60,7 @@ def compile_engine(out_dir: Path, network_file: str, build: BuildConfig, model: 
     missing = [name for name in (MODEL_FILE, *map(layer_file, range(model.num_layers))) if not (out_dir / name).is_file()]
     if missing:
         raise BuildConfigError(f"the torch engine in {out_dir} lacks {', '.join(missing)}: the build did not finish writing it.")
-    return Compiled(network_file, extra={"torch": {"layout_version": LAYOUT_VERSION}},
+    draft_vocab = DRAFT_TO_TARGET in SafetensorsFile(out_dir / MODEL_FILE).keys()
+    version = DRAFT_VOCAB_LAYOUT_VERSION if draft_vocab else LAYOUT_VERSION
+    return Compiled(network_file, extra={"torch": {"layout_version": version}},
                     summary="torch engine: runs on an NVIDIA GPU with --device cuda (Triton kernels, CUDA graphs), or in float32 on a CPU")

@@ -10,7 +10,7 @@ drafting, a batch of two) take the general round.
 from __future__ import annotations
 
 import pytest
-from checkpoints import add_word_tokenizer, make_checkpoint
+from checkpoints import add_word_tokenizer, make_checkpoint, write_eagle_module
 from conftest import spec_build
 from engine_runs import run_until_done
 
@@ -21,7 +21,7 @@ from specdec.runtime.round import SpeculativeRound
 from specdec.runtime.sampling import SamplingConfig
 
 PROMPT = [1, 40, 41, 42, 43, 44]
-COUNTED = ("rounds", "drafted", "accepted", "no_draft_rounds", "output_tokens", "rejected")
+COUNTED = ("rounds", "drafted", "accepted", "no_draft_rounds", "output_tokens", "rejected", "cached_tokens")
 
 
 @pytest.fixture(scope="module")
@@ -110,3 +110,25 @@ def test_a_batch_of_two_runs_the_general_round(engines, monkeypatch):
     done = run_until_done(engine)
     # 5 rounds together (a ends), then b alone: its last 6 rounds short
     assert len(done[a].output_ids) == 6 and len(done[b].output_ids) == 12 and len(taken) == 6
+
+
+def test_on_an_eagle_target_the_short_round_feeds_the_prefix_cache(tmp_path, monkeypatch):
+    """An EAGLE target's rows carry per-token features (eagle_hidden) into the prefix pool; a target-only request's short
+    rounds must record them as the general round does: an EAGLE request that starts from its rows drafts the same."""
+    ckpt = make_checkpoint(tmp_path / "ckpt", num_hidden_layers=3, seed=0)
+    write_eagle_module(ckpt, tmp_path / "module", aux_ids=[0, 2])
+    build_engine(ckpt, tmp_path / "eagle", spec_build(4, speculative_decoding_mode="eagle", max_input_len=40, max_seq_len=64),
+                 say=lambda _: None, eagle_dir=tmp_path / "module")
+    results = {}
+    for fast in (False, True):
+        with monkeypatch.context() as m:
+            if not fast:
+                m.setattr(SpeculativeRound, "plain_decoding", lambda self, r: False)
+            engine = load_engine(tmp_path / "eagle", num_threads=1)
+            first = engine.add_request(PROMPT, GenerationConfig(max_output_len=26, method="none"))
+            out = run_until_done(engine)[first]
+            follow = engine.add_request(PROMPT + out.output_ids, GenerationConfig(max_output_len=10, method="eagle", draft_len=3))
+            results[fast] = (out, run_until_done(engine)[follow])
+    (a, b), (a2, b2) = results[False], results[True]
+    same([a, b], [a2, b2])
+    assert b2.metrics.cached_tokens == b.metrics.cached_tokens >= 16 and b2.metrics.drafted > 0

@@ -28,6 +28,7 @@ from specdec.runtime.sampling import SamplingConfig
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30]]
 VOCAB = 96  # make_checkpoint's
+TREE = "[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]"
 PROPOSERS = {"eagle": EagleProposer, "peagle": PEagleProposer}
 
 
@@ -64,9 +65,9 @@ def executors(base, mode: str, module_dir, name: str):
     return target, OrtExecutor(load_engine_dir(eagle_module_dir(target.engine)), num_threads=1)
 
 
-def generate(target, module, mode, draft_len, sampling=SamplingConfig(), max_output_len=20):
-    """Outputs, stats and every draft the proposer made (its tokens)."""
-    proposer = PROPOSERS[mode](target, module) if module is not None else None
+def generate(target, module, mode, draft_len, sampling=SamplingConfig(), max_output_len=20, choices=None):
+    """Outputs, stats and every draft the proposer made (its tokens); ``choices``: a draft tree."""
+    proposer = PROPOSERS[mode](target, module, choices) if module is not None else None
     drafted: list[int] = []
     if proposer is not None:
         propose = proposer.propose
@@ -113,6 +114,11 @@ def test_a_reordered_draft_vocabulary_drafts_as_the_module(base, mode):
     got, stats2, drafts2 = generate(t2, m2, mode, 4)
     assert got == want and drafts2 == drafts
     assert (stats2.drafted, stats2.accepted) == (stats.drafted, stats.accepted) and stats.drafted > 0
+    # a tree (each node a top-k pick of its parent's row) and draft_len=auto: the same drafts too
+    for k, choices in ((len(json.loads(TREE)), TREE), ("auto", None)):
+        want, stats, drafts = generate(t, m, mode, k, choices=choices)
+        got, stats2, drafts2 = generate(t2, m2, mode, k, choices=choices)
+        assert got == want and drafts2 == drafts and stats2.accepted == stats.accepted and stats.drafted > 0, k
 
 
 def test_a_smaller_draft_vocabulary_scores_only_its_tokens(base):
@@ -169,6 +175,8 @@ def test_sampled_drafts_keep_to_the_draft_vocabulary(base):
         ("t2d", "t2d does not mark the target ids d2t maps to"),
         ("rows", "lm_head.weight has shape"),
         ("no_d2t", "missing tensor"),
+        ("float_d2t", "d2t is stored as floating point"),
+        ("float_t2d", "t2d must be a bool"),
     ],
 )
 def test_a_bad_draft_vocabulary_is_refused_at_build(base, tmp_path, case, match):
@@ -194,10 +202,29 @@ def test_a_bad_draft_vocabulary_is_refused_at_build(base, tmp_path, case, match)
         tensors = load_file(module / "model.safetensors")
         del tensors["d2t"], tensors["t2d"]
         save_file(tensors, str(module / "model.safetensors"))
+    elif case in ("float_d2t", "float_t2d"):
+        tensors = load_file(module / "model.safetensors")
+        name = case.split("_")[1]
+        tensors[name] = tensors[name].float()
+        save_file(tensors, str(module / "model.safetensors"))
     with pytest.raises(SpecdecError, match=match) as info:
         build_engine(base["ckpt"], tmp_path / "out", spec_build(4, speculative_decoding_mode="eagle"), say=lambda _: None, eagle_dir=module)
     assert "\n" not in str(info.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_draft_vocabulary_in_other_integer_widths_builds(base, tmp_path):
+    """d2t exported as uint8 or int32 and t2d as a 0/1 uint8 mask read as int64 and bool: the same module as int64 and bool."""
+    src, targets = base["dir"] / "eagle", np.arange(10, 42)
+    module = draft_vocab_module(src, tmp_path / "module", targets)
+    tensors = load_file(module / "model.safetensors")
+    tensors["d2t"], tensors["t2d"] = tensors["d2t"].to(torch.uint8), tensors["t2d"].to(torch.uint8)
+    save_file(tensors, str(module / "model.safetensors"))
+    from specdec.formats.heads import load_heads
+
+    heads = load_heads(module)
+    assert heads.draft_targets().tolist() == targets.tolist() and heads.tensors["t2d"].dtype == bool
+    build_engine(base["ckpt"], tmp_path / "out", spec_build(4, speculative_decoding_mode="eagle"), say=lambda _: None, eagle_dir=module)
 
 
 @pytest.mark.usefixtures("torch_one_thread")
@@ -214,6 +241,8 @@ def test_the_torch_backend_spreads_a_draft_vocabulary_alike(base, mode):
     build_engine(base["ckpt"], out, spec_build(8, speculative_decoding_mode=mode, backend="torch", dtype="float32"), say=lambda _: None,
                  **{f"{mode}_dir": module})
     target = open_cpu_executor(out, "torch")
+    layouts = [e.config.extra["torch"]["layout_version"] for e in (target.engine, load_engine_dir(eagle_module_dir(target.engine)))]
+    assert layouts == [1, 2]  # the module's draft_to_target: a specdec reading layout 1 only refuses it
     got, stats2, drafts2 = generate(target, open_cpu_executor(eagle_module_dir(target.engine), "torch"), mode, 4)
     assert got == want and drafts2 == drafts and stats2.accepted == stats.accepted
 

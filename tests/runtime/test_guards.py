@@ -89,9 +89,14 @@ def test_nonfinite_logits_stop_that_request_with_an_error_and_no_token(pair, met
     assert metrics.requests == 3
 
 
-def test_a_lone_request_stops_on_nonfinite_logits_as_in_a_batch(pair):
+def test_a_lone_request_stops_on_nonfinite_logits_as_in_a_batch(pair, monkeypatch):
     """Alone, a plain greedy request runs the short round (SpeculativeRound.decode_plain): the same stop, tokens and error."""
+    from specdec.runtime.round import SpeculativeRound
+
+    taken, plain = [], SpeculativeRound.decode_plain
+    monkeypatch.setattr(SpeculativeRound, "decode_plain", lambda self, reqs, new: taken.append(1) or plain(self, reqs, new))
     outputs, _ = load_orchestrator(pair["dir"] / "target-nan", num_threads=1).generate([PROMPTS[0]], GenerationConfig(max_output_len=OUT, end_ids=()))
+    assert len(taken) == pair["at"] + 1  # every round of it was the short one, the last stopping on NaN
     (first,) = outputs
     assert first.finish_reason == "error" and first.error_cause == "nonfinite_logits"
     assert "logits are not finite (NaN or Inf) at output position" in first.error

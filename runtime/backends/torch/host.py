@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ....formats.engine_format import EngineDir
 from ....formats.errors import DeviceError, EngineError
-from ....formats.torch_layout import LAYOUT_VERSION
+from ....formats.torch_layout import READ_VERSIONS
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -29,9 +29,9 @@ def check_engine(engine: EngineDir, kind: str) -> None:
     if build.backend != "torch":
         raise EngineError(f"{where} is a {build.backend} engine; the torch executor runs engines built with --backend torch.")
     version = (engine.config.extra.get("torch") or {}).get("layout_version")
-    if version != LAYOUT_VERSION:
-        raise EngineError(f"{where} holds torch engine layout {version}, this specdec reads layout {LAYOUT_VERSION}: rebuild it with this "
-                          "specdec-build.")
+    if version not in READ_VERSIONS:
+        raise EngineError(f"{where} holds torch engine layout {version}, this specdec reads layouts {', '.join(map(str, READ_VERSIONS))}: "
+                          "rebuild it with this specdec-build.")
     if build.dtype not in DTYPES:
         raise EngineError(f"{where} has dtype {build.dtype!r}; the torch executor runs {', '.join(DTYPES)}.")
     if kind == "cpu" and build.dtype != "float32":
