@@ -187,35 +187,33 @@ def build_eagle_network(base: Checkpoint, heads, cfg: ModelConfig, build: BuildC
                        cast_name="/eagle/hidden_out_float32")
 
     x = _rms_norm(gb, "/model/norm", x, weights.float32("norm.weight"), cfg.rms_norm_eps)
-    targets = heads.draft_targets()  # None: lm_head scores the whole vocabulary
+    columns = heads.target_columns()  # None: lm_head scores the whole vocabulary
     dims = ["batch", "num_logits", cfg.vocab_size]
     if linears.scheme is not None and build.quantize_lm_head:
         logits = linears.int_rtn("lm_head", "/lm_head/matmul", x, weights.float32("lm_head.weight").T, logits_index)  # [B, L, draft vocab]
-        if targets is None:
+        if columns is None:
             float32_output(gb, "Identity", [logits], "/lm_head/logits", "logits", dims)
     else:
         lm_head = gb.weight("lm_head.weight", weights.float32("lm_head.weight").T)  # [hidden, draft vocab]
-        if targets is None:
+        if columns is None:
             float32_output(gb, "MatMul", [x, lm_head], "/lm_head/matmul", "logits", dims)
         else:
             logits = gb.op("MatMul", [x, lm_head], "/lm_head/matmul")
-    if targets is not None:
-        _draft_to_target_vocab(gb, logits, targets, cfg.vocab_size)
+    if columns is not None:
+        _draft_to_target_vocab(gb, logits, columns)
         gb.output("logits", TensorProto.FLOAT, dims)
     return finish_model(gb, lowering, linears, ARCHITECTURE, weight_only_built)
 
 
-def _draft_to_target_vocab(gb: GraphBuilder, logits: str, targets: np.ndarray, vocab: int) -> None:
+def _draft_to_target_vocab(gb: GraphBuilder, logits: str, columns: np.ndarray) -> None:
     """A module with a draft vocabulary of its own (EAGLE-3's d2t): its logits [B, L, draft vocab] spread to the target's
     vocabulary as the graph output ``logits`` [B, L, vocab], -inf at every token it cannot draft (vLLM's compute_logits
-    does the same), so that the runtime's argmax, top-k and sampling read target ids. One Pad and one Gather, after the
-    draft-sized lm_head: the lm_head's cost (the module's largest matrix with a 128k vocabulary) shrinks with the draft
-    vocabulary, the spread is a copy."""
+    does the same), so that the runtime's argmax, top-k and sampling read target ids. One Pad and one Gather over
+    ``columns`` (HeadCheckpoint.target_columns), after the draft-sized lm_head: the lm_head's cost (the module's largest
+    matrix with a 128k vocabulary) shrinks with the draft vocabulary, the spread is a copy."""
     if gb.compute_type != TensorProto.FLOAT:
         logits = gb.op("Cast", [logits], "/lm_head/logits_float32", to=TensorProto.FLOAT)
-    column = np.full(vocab, len(targets), np.int64)  # target id -> its draft id, or the -inf column past the draft vocabulary
-    column[targets] = np.arange(len(targets), dtype=np.int64)
     pads = gb.const("/lm_head/not_drafted_pads", np.array([0, 0, 0, 0, 0, 1], np.int64))  # one column after the last axis
     padded = gb.op("Pad", [logits, pads, gb.const("/lm_head/not_drafted", np.array(-np.inf, np.float32))], "/lm_head/not_drafted_column",
                    mode="constant")  # [B, L, draft vocab + 1]
-    gb.op("Gather", [padded, gb.const("/lm_head/draft_to_target", column)], "/lm_head/target_vocab", outputs=["logits"], axis=-1)
+    gb.op("Gather", [padded, gb.const("/lm_head/draft_to_target", columns)], "/lm_head/target_vocab", outputs=["logits"], axis=-1)

@@ -183,11 +183,9 @@ def write_torch_eagle_module(out_dir: Path, base: Checkpoint, heads, cfg: ModelC
     top.float("embed", embed)
     top.float("norm", weights.float32("norm.weight"))
     top.head("lm_head", weights.float32("lm_head.weight"), "lm_head", linears if linears.scheme is not None and build.quantize_lm_head else None)
-    targets = heads.draft_targets()
-    if targets is not None:  # builder/eagle.py's _draft_to_target_vocab, the same column map
-        column = np.full(cfg.vocab_size, len(targets), np.int64)
-        column[targets] = np.arange(len(targets), dtype=np.int64)
-        top.tensors[DRAFT_TO_TARGET] = column
+    columns = heads.target_columns()
+    if columns is not None:  # the map builder/eagle.py's graph gathers with
+        top.tensors[DRAFT_TO_TARGET] = columns
     _rope(top, cfg, build)
     write_safetensors(out_dir / MODEL_FILE, top.tensors)
     return written

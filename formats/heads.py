@@ -136,7 +136,18 @@ class HeadCheckpoint:
         [draft_vocab] int64 (``lm_head`` row i scores target token ``i + d2t[i]``, EAGLE-3's and vLLM's convention),
         checked distinct and in range at load. None: lm_head scores the whole vocabulary in order."""
         d2t = self.tensors.get(D2T)
-        return None if d2t is None else np.arange(len(d2t), dtype=np.int64) + d2t
+        return None if d2t is None else _d2t_targets(d2t)
+
+    def target_columns(self) -> np.ndarray | None:
+        """The module's logits spread over the target's vocabulary, as a column map: [vocab] int64, target id t's draft id
+        (its lm_head row), or draft_vocab (a -inf column past the last row) where the module cannot draft t. None: no
+        draft vocabulary of its own. builder/eagle.py gathers the ONNX graph's logits with it, the torch engine stores it."""
+        targets = self.draft_targets()
+        if targets is None:
+            return None
+        column = np.full(self.vocab_size, len(targets), np.int64)
+        column[targets] = np.arange(len(targets), dtype=np.int64)
+        return column
 
     def placeholder_features(self) -> np.ndarray:
         """P-EAGLE: fc(mask_hidden) [placeholder vectors, hidden]: each depth's vector in the fused space (anchored: one
@@ -299,6 +310,11 @@ def _load_eagle(d: Path, cfg: dict) -> HeadCheckpoint:
     return HeadCheckpoint("eagle", d, cfg, tensors, hidden, vocab, num_layers=layers, aux_layer_ids=list(aux))
 
 
+def _d2t_targets(d2t: np.ndarray) -> np.ndarray:
+    """d2t's delta map as absolute ids: draft id i -> target id i + d2t[i]."""
+    return np.arange(len(d2t), dtype=np.int64) + d2t
+
+
 def _check_draft_vocabulary(tensors: dict[str, np.ndarray], vocab: int, where: str) -> None:
     """d2t must send every draft id to its own target id in [0, vocab): vLLM indexes with it unchecked, and a negative or
     repeated target there drafts from the wrong rows without a word. t2d, when present, must mark exactly those ids."""
@@ -313,7 +329,7 @@ def _check_draft_vocabulary(tensors: dict[str, np.ndarray], vocab: int, where: s
         if t2d is not None:
             raise CheckpointError(f"{where}: {T2D} without {D2T}: the draft vocabulary's map to target ids is missing.")
         return
-    targets = np.arange(len(d2t), dtype=np.int64) + d2t
+    targets = _d2t_targets(d2t)
     bad = np.flatnonzero((targets < 0) | (targets >= vocab))
     if len(bad):
         i = int(bad[0])

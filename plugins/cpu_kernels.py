@@ -123,8 +123,8 @@ def q4_gemm(gb: GraphOps, name: str, x: str, w, splits: list[int] | None = None,
     return out if isinstance(out, list) else [out]
 
 
-CACHED_ATTENTION = f"CachedAttention ({DOMAIN})"  # what an engine's weight_only["attention_op"] says when it uses the op
-ROTARY_CACHED_ATTENTION = f"RotaryCachedAttention ({DOMAIN})"  # the same, for engines built since the op took rotary and the cache write
+ROTARY_CACHED_ATTENTION = f"RotaryCachedAttention ({DOMAIN})"  # what an engine's weight_only["attention_op"] says when it uses the op
+# (engines built before it say "CachedAttention (ai.specdec.cpu)": that op is still registered, no longer built)
 
 
 def rotary_cached_attention(gb: GraphOps, name: str, q: str, k: str | None, v: str | None, past: list[str], present: list[str], positions: str,

@@ -134,6 +134,13 @@ static OrtStatus* plan_tasks(const AttentionKernel* k, int64_t B, int64_t S, int
   return NULL;
 }
 
+/* output i of `rank` dims `dims`, and its data */
+static OrtStatus* output_of(OrtKernelContext* ctx, size_t i, const int64_t* dims, size_t rank, float** data) {
+  OrtValue* out;
+  OrtStatus* st = CALL(KernelContext_GetOutput_t, KernelContext_GetOutput, ctx, i, dims, rank, &out);
+  return st ? st : CALL(GetTensorMutableData_t, GetTensorMutableData, out, (void**)data);
+}
+
 static OrtStatus* compute_attention(void* kernel, OrtKernelContext* ctx) {
   const AttentionKernel* k = kernel;
   int64_t qd[3], kd[3], vd[3], pd[2];
@@ -149,10 +156,8 @@ static OrtStatus* compute_attention(void* kernel, OrtKernelContext* ctx) {
     return op_fail(ERR_INVALID_ARGUMENT, k->name, "key and value must both be [batch, capacity, kv_num_heads x head_dim]");
   if (pd[0] != B || pd[1] != S) return op_fail(ERR_INVALID_ARGUMENT, k->name, "positions must be [batch, tokens], as q");
   if (B > INT_MAX || S > INT_MAX || B * S > INT_MAX / k->heads) return op_fail(ERR_INVALID_ARGUMENT, k->name, "too many tokens");
-  OrtValue* out;
   float* y;
-  if ((st = CALL(KernelContext_GetOutput_t, KernelContext_GetOutput, ctx, 0, qd, 3, &out))) return st;
-  if ((st = CALL(GetTensorMutableData_t, GetTensorMutableData, out, (void**)&y))) return st;
+  if ((st = output_of(ctx, 0, qd, 3, &y))) return st;
   const int per = attention_kv_per_task((int)k->kv_heads, (int)hd);
   size_t *at, tasks;
   float* scratch;
@@ -166,13 +171,6 @@ static OrtStatus* compute_attention(void* kernel, OrtKernelContext* ctx) {
 }
 
 static void run_rotary_task(void* problem, size_t i) { rotary_attention_task(problem, i); }
-
-/* output i with the dims of `like`, and its data */
-static OrtStatus* output_like(OrtKernelContext* ctx, size_t i, const int64_t* dims, size_t rank, float** data) {
-  OrtValue* out;
-  OrtStatus* st = CALL(KernelContext_GetOutput_t, KernelContext_GetOutput, ctx, i, dims, rank, &out);
-  return st ? st : CALL(GetTensorMutableData_t, GetTensorMutableData, out, (void**)data);
-}
 
 static OrtStatus* compute_rotary_attention(void* kernel, OrtKernelContext* ctx) {
   const AttentionKernel* k = kernel;
@@ -216,7 +214,7 @@ static OrtStatus* compute_rotary_attention(void* kernel, OrtKernelContext* ctx) 
   if ((st = plan_tasks(k, B, S, per, positions, capacity, &tasks, &at, &scratch))) return st;
   const int64_t yd[3] = {B, S, k->heads * hd};
   float *y, *key, *value, *q_rot = NULL;
-  if ((st = output_like(ctx, 0, yd, 3, &y)) || (st = output_like(ctx, 1, pkd, 3, &key)) || (st = output_like(ctx, 2, pvd, 3, &value)))
+  if ((st = output_of(ctx, 0, yd, 3, &y)) || (st = output_of(ctx, 1, pkd, 3, &key)) || (st = output_of(ctx, 2, pvd, 3, &value)))
     goto done;
   /* present bound to past's buffer (the runtime's binding): written in place; else present starts as a copy of past */
   const size_t cache_bytes = (size_t)B * (size_t)capacity * (size_t)kvw * sizeof(float);
