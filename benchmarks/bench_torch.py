@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import re
 import sys
 import time
@@ -121,6 +122,11 @@ def steps_section(engines: dict, batches: list[int], widths: list[int], read_bw:
                      "step_over_floor": {b: table[b][1]["median"] / floor for b in batches}}
         print(f"{name:<9} floor {floor:.3f} ms; " + "; ".join(f"b={b}: " + " ".join(f"w{w} {v['median']:.3f}" for w, v in t.items())
                                                            for b, t in table.items()), flush=True)
+    if "target_fixed" in timed:  # the one-tile GEMM over per-shape tiles, same engine, same run
+        out["fixed_over_shape_tiles"] = {b: {w: timed["target_fixed"][b][w]["median"] / timed["target"][b][w]["median"] for w in timed["target"][b]}
+                                         for b in batches}
+        print("target_fixed / target: " + "; ".join(f"b={b}: " + " ".join(f"w{w} {r:.2f}x" for w, r in t.items())
+                                                   for b, t in out["fixed_over_shape_tiles"].items()), flush=True)
     for name in ("ort", "ort_int4"):
         if name in timed:
             mine = name.replace("ort", "target") if name == "ort" else "int4"
@@ -260,6 +266,8 @@ def main() -> None:
                     "engine's target-only), e.g. 'EAGLE|draft-target k=4' (default: every method)")
     ap.add_argument("--sections", default="build,bandwidth,steps,profile,decode,hf")
     ap.add_argument("--hf_batches", default=None, help="batch sizes for Hugging Face (default: --batches)")
+    ap.add_argument("--compare_fixed", action="store_true", help="also time the target's steps with every layer on the one 16 x 32 "
+                    "GEMM tile (SPECDEC_TORCH_DENSE=fixed: the kernels before per-shape tiles), interleaved with the others")
     ap.add_argument("--budget_s", type=float, default=1e9)
     ap.add_argument("--build_jobs", type=int, default=1, help="engines built at once (each a process; an 8B bfloat16 build peaks near 15 GiB)")
     ap.add_argument("--json", default=None)
@@ -305,6 +313,12 @@ def main() -> None:
     print(f"read bandwidth {read_bw / 1e12:.2f} TB/s (a reduction over {'4 GiB' if args.device == 'cuda' else '64 MiB'})", flush=True)
     widths = sorted({1, *[k + 1 for k in args.draft_len_list], kmax + 1, verify + 1})
     step_engines = {k: v for k, v in engines.items() if k not in ("medusa", "peagle")}  # the target's steps, plus heads
+    if args.compare_fixed and args.device == "cuda" and "steps" in sections:  # the same engine on the one-tile GEMM, steps only
+        os.environ["SPECDEC_TORCH_DENSE"] = "fixed"
+        try:
+            step_engines["target_fixed"] = (open_engine(work / "target", args.device), work / "target")
+        finally:
+            del os.environ["SPECDEC_TORCH_DENSE"]
     if "steps" in sections:
         section(res, "steps", budget, 60, lambda: steps_section(step_engines, args.batch_list, widths, read_bw, max(1, args.repeats)), out)
         section(res, "verify_vs_steps", budget, 5, lambda: {n: verify_vs_steps(engines[n][0], kmax) for n in ("target", "int4") if n in engines}, out)

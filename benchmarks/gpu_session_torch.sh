@@ -10,6 +10,9 @@
 # alone). METHODS: a regular expression of decode's methods to keep (bench_torch.py --methods; target-only always).
 # PEAGLE=1 adds a P-EAGLE target (the demo's P-EAGLE module enlarged, one more 8B torch build, ~60-100 s) and its methods
 # to the decode section (its exactness is in the tests either way: tests/runtime/test_torch_cuda.py).
+# GEMM=1 (default) times the GEMM's per-shape tiles against the one 16 x 32 tile and cuBLAS (bench_gemm.py --tiles policy, ~20 s;
+# GEMM_SWEEP=1 adds every candidate tile on the 8B and 1B shapes, ~2 min), after the tests and beside the building;
+# COMPARE_FIXED=1 (default) times the target's steps on the one tile too (bench_torch.py --compare_fixed).
 # DRY=1 runs the same stages on a CPU with the demo pair as it is (no enlargement), float32, batches 1 and 2, few tokens:
 # a check of this script and bench_torch.py before a device is spent on them.
 set -euo pipefail
@@ -55,16 +58,29 @@ run_tests() {
         > "$OUT/torch-pytest-cuda.log" 2>&1) || echo "== tests failed or timed out: $OUT/torch-pytest-cuda.log"
     tail -40 "$OUT/torch-pytest-cuda.log"
 }
+run_gemm() {  # GEMM=1: the per-shape tiles against the one 16 x 32 tile and cuBLAS; GEMM_SWEEP=1: every candidate tile, 8B and 1B shapes
+    [ "${GEMM:-1}" = 1 ] || return 0
+    echo "== bench_gemm.py --tiles policy ($(left) s left)"
+    python3 "$root/benchmarks/bench_gemm.py" --tiles policy --kinds dense,int4 --json "$OUT/gemm-$PRESET-policy.json" > "$OUT/gemm-$PRESET-policy.log" 2>&1 \
+        || echo "== bench_gemm.py failed: $OUT/gemm-$PRESET-policy.log"
+    cut -c1-200 "$OUT/gemm-$PRESET-policy.log" | tail -30
+    [ "${GEMM_SWEEP:-0}" = 1 ] || return 0
+    for preset in $PRESET llama1b; do
+        python3 "$root/benchmarks/bench_gemm.py" --preset "$preset" --kinds "$([ "$preset" = "$PRESET" ] && echo int4,dense || echo dense)" \
+            --budget_s "$([ "$preset" = "$PRESET" ] && echo 75 || echo 40)" --json "$OUT/gemm-$preset-sweep.json" > "$OUT/gemm-$preset-sweep.log" 2>&1 || echo "== sweep $preset failed"
+    done
+}
 tests_pid=
 if [ "${TESTS:-1}" = 1 ] && [ "${DRY:-0}" != 1 ] && [ "${PARALLEL_TESTS:-1}" = 1 ]; then
     # the tests (GPU, demo pair) run while the CPU enlarges and builds the 8B pair; the measurement waits for them
     echo "== GPU tests of the torch backend, beside the enlarging and building ($(left) s left)"
-    run_tests > "$OUT/torch-tests-summary.log" 2>&1 &
+    { run_tests; run_gemm; } > "$OUT/torch-tests-summary.log" 2>&1 &  # the GEMM timings too, while the CPU builds
     tests_pid=$!
 elif [ "${TESTS:-1}" = 1 ]; then
     echo "== GPU tests of the torch backend ($(left) s left)"
     run_tests
 fi
+[ -z "$tests_pid" ] && [ "${DRY:-0}" != 1 ] && run_gemm
 if [ "${DRY:-0}" = 1 ]; then
     demo="$root/examples/demo-pair"
     echo "== dry run on the CPU: the demo pair, float32 ($(left) s left)"
@@ -104,6 +120,7 @@ fi
 echo "== bench_torch.py with $(left) s left"
 python3 "$root/benchmarks/bench_torch.py" --target "$WORK/target-$PRESET" --draft "$WORK/draft-$draft_preset" --eagle "$WORK/eagle-$PRESET" \
     "${extra[@]}" --work "$WORK/torch-$PRESET" --batches "$BATCHES" --hf_batches "${HF_BATCHES:-1,16}" --budget_s "$(left)" \
-    --json "$OUT/torch-$PRESET.json" --max_new_tokens "${NEW_TOKENS:-64}" --repeats "${REPEATS:-2}" ${SECTIONS:+--sections "$SECTIONS"} ${METHODS:+--methods "$METHODS"}
+    --json "$OUT/torch-$PRESET.json" --max_new_tokens "${NEW_TOKENS:-64}" --repeats "${REPEATS:-2}" ${SECTIONS:+--sections "$SECTIONS"} ${METHODS:+--methods "$METHODS"} \
+    $([ "${COMPARE_FIXED:-1}" = 1 ] && echo --compare_fixed)
 echo "== done in $(( $(date +%s) - start )) s; $OUT/torch-$PRESET.json"
 du -sh "$WORK"/* 2>/dev/null || true

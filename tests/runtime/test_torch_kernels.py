@@ -177,28 +177,96 @@ def test_int_linear(bits, K, group):
     torch.testing.assert_close(gemm.int_linear(x, q, s, z, bits, group), gemm.int_linear_ref(x, q, s, z, bits, group), rtol=1e-5, atol=1e-5)
 
 
+# FIXED, tile_for's tile (one part, and split as o_proj's), and others of three and two parts
+TILES = [gemm.FIXED, gemm.WIDE, gemm.Tile(64, 64, 64, split=2, num_stages=3), gemm.Tile(16, 32, 32, split=3),
+         gemm.Tile(32, 16, 64, split=2, num_stages=2)]
+
+
+@pytest.mark.parametrize("bits, group", [(4, 64), (4, 128), (8, 64), (4, 1 << 30)])  # 1 << 30: per channel (weights.PER_CHANNEL)
+def test_a_chunk_within_one_group_reads_its_zeros_and_scales_once_with_the_same_bits(bits, group):
+    """ONE_GROUP (the group a multiple of BLOCK_K) loads a chunk's zero and scale rows once: bit for bit the per-element
+    loads' result, with K ending inside a chunk (rows past K have codes 0 but a zero point) and a split reduction."""
+    K, N, M = 200, 40, 6
+    q, s, z, _ = int_weight(K, N, bits, group)
+    x = rand(M, K, seed=8)
+    tile = gemm.Tile(16, 32, 64, split=2)
+    k_per = tile.k_per_split(K)
+    parts = -(-K // k_per)
+    outs = []
+    for one_group in (True, False):
+        out = torch.zeros((parts, M, N), dtype=torch.float32, device=DEVICE)
+        gemm._int_kernel[(1, 2, parts)](x, q, s, z, out, M, N, K, k_per, group, x.stride(0), out.stride(1), BITS=bits, IEEE=True, SPLIT=True,
+                                         ONE_GROUP=one_group, BLOCK_M=16, BLOCK_N=32, BLOCK_K=64)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+    torch.testing.assert_close(outs[0].sum(0), gemm.int_linear_ref(x, q, s, z, bits, group), rtol=1e-4, atol=1e-4)
+
+
 def test_dense_linear_and_a_float32_output():
     x, w = rand(9, 70), rand(33, 70, seed=1)
     torch.testing.assert_close(gemm.linear(x, w), gemm.linear_ref(x, w), rtol=1e-5, atol=1e-5)
     assert gemm.linear(x.half(), w.half(), out_dtype=torch.float32).dtype == torch.float32
 
 
+@pytest.mark.parametrize("tile", TILES[1:] + [gemm.Tile(16, 16, 32, split=8)], ids=str)  # split 8 of K = 200's 7 chunks: 7 parts
+def test_a_split_reduction_sums_every_part_once(tile, monkeypatch):
+    """Split tiles against the reference, dense and int4, with a long call run in chunks of rows (SPLIT_ROWS) through
+    their partials: every k in exactly one part, every row in exactly one chunk, float32 outputs too."""
+    monkeypatch.setattr(gemm, "SPLIT_ROWS", 7)
+    x, w = rand(23, 200, seed=5), rand(40, 200, seed=6)
+    torch.testing.assert_close(gemm.linear(x, w, tile=tile), gemm.linear_ref(x, w), rtol=1e-5, atol=1e-5)
+    q, s, z, _ = int_weight(200, 40, 4, 64)
+    got = gemm.int_linear(x, q, s, z, 4, 64, out_dtype=torch.float32, tile=tile)
+    torch.testing.assert_close(got, gemm.int_linear_ref(x, q, s, z, 4, 64), rtol=1e-5, atol=1e-5)
+    assert got.dtype == torch.float32
+
+
+def test_a_tile_the_gpu_cannot_hold_falls_back_for_every_later_call(monkeypatch):
+    """A tile whose pipeline stages exceed the GPU's shared memory (Triton's OutOfResources at its first launch) runs with 2
+    stages, then as FIXED, and every later call starts from the tile that ran: a layer's tile never depends on the call."""
+    class OutOfResources(Exception):  # triton.runtime.errors' name, which _launch recognises
+        pass
+
+    monkeypatch.setattr(gemm, "_SMALLER", {})
+    ran = []
+
+    def launch(out, rows, m, k_per, grid, **meta):
+        ran.append(meta["num_stages"] if meta["BLOCK_M"] != 16 else "fixed")
+        if meta["BLOCK_M"] != 16 and meta["num_stages"] > limit:  # FIXED always fits
+            raise OutOfResources("shared memory")
+
+    y = torch.zeros(3, 8)
+    for limit, tries in ((2, [4, 2]), (1, [2, "fixed"])):
+        ran.clear()
+        gemm._launch(launch, 3, 8, 64, y, gemm.Tile(64, 64, 64, num_stages=4))
+        assert ran == tries, limit
+    ran.clear()
+    gemm._launch(launch, 3, 8, 64, y, gemm.Tile(64, 64, 64, num_stages=4))
+    assert ran == ["fixed"]  # straight to the tile that ran
+    with pytest.raises(ValueError):  # any other error is the caller's
+        gemm._launch(lambda *a, **k: (_ for _ in ()).throw(ValueError("bad")), 3, 8, 64, y, gemm.Tile(32, 32, 64))
+
+
 HALF = pytest.mark.skipif(DEVICE == "cpu", reason="bfloat16 kernels run on a GPU (the interpreter computes with numpy, which has no bfloat16)")
 
 
+
+
+@pytest.mark.parametrize("tile", TILES, ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=HALF)], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("bits", [4, 8, 0])  # 0: the dense kernel
-def test_a_rows_result_does_not_depend_on_the_calls_row_count(bits, dtype):
-    """Rows 0..M-1 of calls of M = 1, 2, 5, 17 and 33 rows (1 to 3 row tiles): each row bit-identical to the 1-row call of it."""
+def test_a_rows_result_does_not_depend_on_the_calls_row_count(bits, dtype, tile):
+    """Rows 0..M-1 of calls of M = 1, 2, 5, 17 and 33 rows (1 to 3 row tiles): each row bit-identical to the 1-row call of it,
+    with a tile of one part and with the reduction split in parts (float32 partials added in part order)."""
     K, N = 128, 48
     x = rand(33, K, seed=21, dtype=dtype)
     if bits:
         q, s, z, _ = int_weight(K, N, bits, 32)
-        run = lambda rows: gemm.int_linear(rows, q, s, z, bits, 32)  # noqa: E731
+        run = lambda rows: gemm.int_linear(rows, q, s, z, bits, 32, tile=tile)  # noqa: E731
     else:
         w = rand(N, K, seed=22, dtype=dtype)
-        run = lambda rows: gemm.linear(rows, w)  # noqa: E731
-    if DEVICE == "cpu" and not numpy_keeps_a_rows_bits_anywhere_in_a_block(gemm.BLOCK_M, gemm.BLOCK_K, gemm.BLOCK_N):
+        run = lambda rows: gemm.linear(rows, w, tile=tile)  # noqa: E731
+    if DEVICE == "cpu" and not numpy_keeps_a_rows_bits_anywhere_in_a_block(tile.block_m, tile.block_k, tile.block_n):
         # The interpreter computes tl.dot with numpy's matmul, and this CPU's BLAS (OpenBLAS' Haswell kernels: AVX2
         # without AVX-512) sums a block's rows in orders that depend on the row's place in it. What the kernel decides,
         # whether a row's bits depend on the call's row count, is then checked with every row at its own place.

@@ -25,7 +25,7 @@ from ..base import StepOutput, check_extra_inputs, fill_tree, plan_step
 from .host import check_engine, cuda_device, require_torch, torch_dtype
 
 KERNELS = ("triton", "torch")  # SPECDEC_TORCH_KERNELS: the ops a GPU runs (torch: the references, for comparing); a CPU runs torch
-DENSE = ("stable", "cublas")  # SPECDEC_TORCH_DENSE: dense layers on the fixed-tile kernel, or on torch's matmul (ops.TritonOps)
+DENSE = ("stable", "fixed", "cublas")  # SPECDEC_TORCH_DENSE: each layer's tile, one 16 x 32 tile everywhere, or torch's matmul (ops.TritonOps)
 
 
 class TorchExecutor:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from .executor import DENSE
 from .kernels import attention, gemm, norm, rotary, silu
 from .weights import Linear
 
@@ -51,16 +52,19 @@ class ReferenceOps:
 
 
 class TritonOps(ReferenceOps):
-    """specdec's kernels. ``dense``: "stable" runs dense layers on the fixed-tile kernel too (a row's bits never depend on
-    the call's row count: exact speculation); "cublas" runs them with torch's matmul (cuBLAS picks its kernel per shape).
-    Weight-only layers always take the fixed-tile kernel."""
+    """specdec's kernels. ``dense``: "stable" runs dense layers on specdec's GEMM too, each layer on the tile of its shape
+    (gemm.tile_for: a row's bits never depend on the call's row count, so speculation is exact); "fixed" runs every layer,
+    weight-only ones too, on the one 16 x 32 tile (gemm.FIXED: the kernels' first tiles, for comparing); "cublas" runs
+    dense layers with torch's matmul (cuBLAS picks its kernel per shape: not row-exact). Weight-only layers always take
+    specdec's GEMM."""
 
     needs_live = False
 
     def __init__(self, dense: str = "stable"):
-        if dense not in ("stable", "cublas"):
-            raise ValueError(f"dense GEMM {dense!r}: expected stable or cublas")
+        if dense not in DENSE:
+            raise ValueError(f"dense GEMM {dense!r}: expected one of {DENSE}")
         self.dense = dense
+        self.tile = gemm.FIXED if dense == "fixed" else None  # None: gemm.tile_for the layer's shape
 
     def add_rmsnorm(self, x, delta, weight, eps):
         return norm.add_rmsnorm(x, delta, weight, eps)
@@ -79,7 +83,7 @@ class TritonOps(ReferenceOps):
 
     def matmul(self, x, lin, out_dtype):
         if lin.weight is None:
-            return gemm.int_linear(x, lin.qweight, lin.scales, lin.zeros, lin.bits, lin.group_size, out_dtype)
+            return gemm.int_linear(x, lin.qweight, lin.scales, lin.zeros, lin.bits, lin.group_size, out_dtype, tile=self.tile)
         if self.dense == "cublas":
             return gemm.linear_ref(x, lin.weight, out_dtype)
-        return gemm.linear(x, lin.weight, out_dtype)
+        return gemm.linear(x, lin.weight, out_dtype, tile=self.tile)

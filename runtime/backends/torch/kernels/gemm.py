@@ -16,13 +16,57 @@ and odd input rows are two dot products of half a tile each, in a fixed order.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ._triton import kernel
 
 tl = None  # triton.language, bound when a kernel of this module first launches (_triton.LazyKernel): the references need no Triton
 
-BLOCK_M, BLOCK_N, BLOCK_K = 16, 32, 64  # fixed for every call (the module docstring says why)
+
+@dataclass(frozen=True)
+class Tile:
+    """One launch configuration: a BLOCK_M x BLOCK_N output tile, BLOCK_K along the reduction, and ``split`` parts of
+    the reduction (each part's partial sums land in float32; a second kernel adds them in part order). A layer's tile is
+    chosen from its shape alone (tile_for), never from the call's row count, so a row's bits stay those of a 1-row call."""
+
+    block_m: int = 16
+    block_n: int = 32
+    block_k: int = 64
+    split: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def k_per_split(self, K: int) -> int:
+        """Reduction length each part covers: a whole number of BLOCK_K, so no chunk straddles two parts."""
+        chunks = -(-K // self.block_k)
+        return -(-chunks // self.split) * self.block_k
+
+    def __str__(self) -> str:
+        return f"{self.block_m}x{self.block_n}x{self.block_k} s{self.split} w{self.num_warps} st{self.num_stages}"
+
+
+FIXED = Tile()  # one tile for every layer (16 x 32, BLOCK_K 64, no split): the kernels' first tile, kept for comparison
+BLOCK_M, BLOCK_N, BLOCK_K = FIXED.block_m, FIXED.block_n, FIXED.block_k
+SPLIT_ROWS = 512  # a split layer runs a long call in chunks of this many rows: its float32 partials stay a few MB
+WIDE = Tile(64, 64, 128, num_stages=3)  # dense layers: within 6% of the best tile at 1 row, 1.8x the 16 x 32 one at 80 (H200)
+TILES = ("shape", "fixed")  # SPECDEC_TORCH_TILES: tile_for's choice per layer shape, or FIXED everywhere
+
+
+def tile_for(N: int, K: int, bits: int = 0) -> Tile:
+    """The tile of a [K -> N] layer (bits 0: dense), from its shape alone (see Tile), as measured on an H200 by
+    benchmarks/bench_gemm.py (docs/benchmarks.md). A 64 x 64 tile reads each weight tile once for up to 64 rows, where
+    16 rows re-read it per 16 (a 16 x 5-token verification read the weights 5 times); a layer with few column tiles
+    (o_proj and down_proj: 64 at 4096 columns, under half an H200's 132 SMs) splits its reduction so that enough
+    programs stream weights at once. int4 layers keep the 16 x 32 tile where it measured faster (wide layers)."""
+    col_tiles = -(-N // WIDE.block_n)
+    split = 1
+    if col_tiles <= 64:
+        split = max(1, min(8, 256 // col_tiles, K // (2 * WIDE.block_k)))  # at least two chunks of BLOCK_K a part
+    if bits:
+        return Tile(64, 64, 128, split=split, num_stages=3) if split > 1 else FIXED
+    return Tile(64, 64, 128, split=split, num_stages=3)
 
 
 # -- references ----------------------------------------------------------------------------
@@ -50,12 +94,14 @@ def int_linear_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
 
 # -- kernels -------------------------------------------------------------------------------
 @kernel(do_not_specialize=["M"])
-def _dense_kernel(x_ptr, w_ptr, y_ptr, M, N, K, x_stride, w_stride, y_stride,
-                  IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _dense_kernel(x_ptr, w_ptr, y_ptr, M, N, K, K_PER, x_stride, w_stride, y_stride,
+                  IEEE: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y [M, N] = x @ w^T, or with SPLIT part program_id(2)'s float32 partial sums at y + part * M * N."""
     m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # int64: m * stride passes 2**31 in a long prefill
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_begin = tl.program_id(2) * K_PER
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_begin, tl.minimum(k_begin + K_PER, K), BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + m[:, None] * x_stride + k[None, :], mask=(m[:, None] < M) & (k[None, :] < K), other=0.0)
         w = tl.load(w_ptr + n[None, :] * w_stride + k[:, None], mask=(n[None, :] < N) & (k[:, None] < K), other=0.0)  # [BLOCK_K, BLOCK_N]
@@ -63,18 +109,29 @@ def _dense_kernel(x_ptr, w_ptr, y_ptr, M, N, K, x_stride, w_stride, y_stride,
             acc += tl.dot(x, w, input_precision="ieee")
         else:
             acc += tl.dot(x, w)
-    tl.store(y_ptr + m[:, None] * y_stride + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=(m[:, None] < M) & (n[None, :] < N))
+    ok = (m[:, None] < M) & (n[None, :] < N)
+    if SPLIT:
+        tl.store(y_ptr + tl.program_id(2).to(tl.int64) * M * N + m[:, None] * N + n[None, :], acc, mask=ok)
+    else:
+        tl.store(y_ptr + m[:, None] * y_stride + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=ok)
 
 
 @kernel(do_not_specialize=["M"])
-def _int_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, GROUP, x_stride, y_stride,
-                BITS: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _int_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, K_PER, GROUP, x_stride, y_stride,
+                BITS: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr, ONE_GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """ONE_GROUP: GROUP is a multiple of BLOCK_K, so a chunk's input rows share one row of zeros and scales, loaded once
+    ([1, BLOCK_N]) instead of per element: the same values, the same float32 arithmetic."""
     m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # int64: m * stride passes 2**31 in a long prefill
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = m[:, None] < M
     n_ok = n[None, :] < N
+    k_begin = tl.program_id(2) * K_PER
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_begin, tl.minimum(k_begin + K_PER, K), BLOCK_K):
+        if ONE_GROUP:
+            zero_row = tl.load(z_ptr + (k0 // GROUP) * N + n[None, :], mask=n_ok, other=0).to(tl.float32)  # [1, BLOCK_N]
+            scale_row = tl.load(s_ptr + (k0 // GROUP) * N + n[None, :], mask=n_ok, other=0.0)
         if BITS == 4:
             half = tl.arange(0, BLOCK_K // 2)
             packed = tl.load(q_ptr + (k0 // 2 + half)[:, None] * N + n[None, :], mask=((k0 + 2 * half)[:, None] < K) & n_ok, other=0)
@@ -82,10 +139,13 @@ def _int_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, GROUP, x_stride, y_s
                 k = k0 + 2 * half + part
                 k_ok = k[:, None] < K
                 codes = (packed >> (4 * part)) & 0x0F
-                zero = tl.load(z_ptr + (k // GROUP)[:, None] * N + n[None, :], mask=k_ok & n_ok, other=0)
-                scale = tl.load(s_ptr + (k // GROUP)[:, None] * N + n[None, :], mask=k_ok & n_ok, other=0.0)
                 x = tl.load(x_ptr + m[:, None] * x_stride + k[None, :], mask=m_ok & (k[None, :] < K), other=0.0)
-                w = ((codes.to(tl.float32) - zero.to(tl.float32)) * scale).to(x.dtype)  # [BLOCK_K / 2, BLOCK_N]
+                if ONE_GROUP:  # rows past K: codes 0 but a zero point, so w != 0 there; x is 0 there
+                    w = ((codes.to(tl.float32) - zero_row) * scale_row).to(x.dtype)  # [BLOCK_K / 2, BLOCK_N]
+                else:
+                    zero = tl.load(z_ptr + (k // GROUP)[:, None] * N + n[None, :], mask=k_ok & n_ok, other=0)
+                    scale = tl.load(s_ptr + (k // GROUP)[:, None] * N + n[None, :], mask=k_ok & n_ok, other=0.0)
+                    w = ((codes.to(tl.float32) - zero.to(tl.float32)) * scale).to(x.dtype)
                 if IEEE:
                     acc += tl.dot(x, w, input_precision="ieee")
                 else:
@@ -94,37 +154,96 @@ def _int_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, GROUP, x_stride, y_s
             k = k0 + tl.arange(0, BLOCK_K)
             k_ok = k[:, None] < K
             codes = tl.load(q_ptr + k[:, None] * N + n[None, :], mask=k_ok & n_ok, other=0)
-            zero = tl.load(z_ptr + (k // GROUP)[:, None] * N + n[None, :], mask=k_ok & n_ok, other=0)
-            scale = tl.load(s_ptr + (k // GROUP)[:, None] * N + n[None, :], mask=k_ok & n_ok, other=0.0)
             x = tl.load(x_ptr + m[:, None] * x_stride + k[None, :], mask=m_ok & (k[None, :] < K), other=0.0)
-            w = ((codes.to(tl.float32) - zero.to(tl.float32)) * scale).to(x.dtype)
+            if ONE_GROUP:
+                w = ((codes.to(tl.float32) - zero_row) * scale_row).to(x.dtype)
+            else:
+                zero = tl.load(z_ptr + (k // GROUP)[:, None] * N + n[None, :], mask=k_ok & n_ok, other=0)
+                scale = tl.load(s_ptr + (k // GROUP)[:, None] * N + n[None, :], mask=k_ok & n_ok, other=0.0)
+                w = ((codes.to(tl.float32) - zero.to(tl.float32)) * scale).to(x.dtype)
             if IEEE:
                 acc += tl.dot(x, w, input_precision="ieee")
             else:
                 acc += tl.dot(x, w)
-    tl.store(y_ptr + m[:, None] * y_stride + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=m_ok & n_ok)
+    if SPLIT:
+        tl.store(y_ptr + tl.program_id(2).to(tl.int64) * M * N + m[:, None] * N + n[None, :], acc, mask=m_ok & n_ok)
+    else:
+        tl.store(y_ptr + m[:, None] * y_stride + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=m_ok & n_ok)
 
 
-def _grid(M: int, N: int) -> tuple[int, int]:
-    return (-(-M // BLOCK_M), -(-N // BLOCK_N))
+@kernel(do_not_specialize=["MN"])
+def _sum_parts_kernel(p_ptr, y_ptr, MN, PARTS: tl.constexpr, BLOCK: tl.constexpr):
+    """y[i] = p[0, i] + p[1, i] + ... in part order, in float32 (y contiguous [M, N], p [PARTS, M, N])."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < MN
+    acc = tl.load(p_ptr + i, mask=ok, other=0.0)
+    for part in tl.static_range(1, PARTS):
+        acc += tl.load(p_ptr + part * MN + i, mask=ok, other=0.0)
+    tl.store(y_ptr + i, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """linear_ref as the fixed-tile kernel. x [M, K] (unit stride along K), weight [N, K] contiguous."""
+SUM_BLOCK = 1024
+
+
+_SMALLER: dict[Tile, Tile] = {}  # a tile this GPU's shared memory cannot hold -> the tile run instead (found at its first launch)
+
+
+def _launch(launch, M: int, N: int, K: int, y: torch.Tensor, tile: Tile) -> torch.Tensor:
+    """Run ``launch(out, rows, M, K_PER, grid)`` over x's rows into y [M, N]: at once, or for a split tile in chunks of
+    SPLIT_ROWS rows through float32 partials that _sum_parts_kernel adds in part order. A tile too big for the GPU (fewer
+    pipeline stages fit in its shared memory) falls back, for every later call too, to 2 stages and then to FIXED: a
+    layer's tile still never depends on the row count."""
+    while tile in _SMALLER:
+        tile = _SMALLER[tile]
+    try:
+        return _launch_tile(launch, M, N, K, y, tile)
+    except Exception as err:  # triton.runtime.errors.OutOfResources, raised when the kernel is compiled (its first launch)
+        if type(err).__name__ != "OutOfResources" or tile == FIXED:
+            raise
+        _SMALLER[tile] = FIXED if tile.num_stages <= 2 else Tile(tile.block_m, tile.block_n, tile.block_k, tile.split, tile.num_warps, 2)
+        return _launch(launch, M, N, K, y, tile)
+
+
+def _launch_tile(launch, M: int, N: int, K: int, y: torch.Tensor, tile: Tile) -> torch.Tensor:
+    meta = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, num_warps=tile.num_warps, num_stages=tile.num_stages)
+    n_tiles = -(-N // tile.block_n)
+    if tile.split == 1:
+        launch(y, slice(0, M), M, K, (-(-M // tile.block_m), n_tiles, 1), SPLIT=False, **meta)
+        return y
+    k_per = tile.k_per_split(K)
+    parts = -(-K // k_per)  # k_per_split rounds up: the last part may be empty when K is short
+    for r0 in range(0, M, SPLIT_ROWS):
+        rows = min(SPLIT_ROWS, M - r0)
+        partial = torch.empty((parts, rows, N), dtype=torch.float32, device=y.device)
+        launch(partial, slice(r0, r0 + rows), rows, k_per, (-(-rows // tile.block_m), n_tiles, parts), SPLIT=True, **meta)
+        _sum_parts_kernel[(-(-(rows * N) // SUM_BLOCK),)](partial, y[r0 : r0 + rows], rows * N, PARTS=parts, BLOCK=SUM_BLOCK)
+    return y
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None, tile: Tile | None = None) -> torch.Tensor:
+    """linear_ref as the fixed-tile kernel. x [M, K] (unit stride along K), weight [N, K] contiguous. tile: the layer's
+    (default tile_for its shape)."""
     M, K = x.shape
     N = weight.shape[0]
+    tile = tile or tile_for(N, K)
     y = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
-    _dense_kernel[_grid(M, N)](x, weight, y, M, N, K, x.stride(0), weight.stride(0), y.stride(0), IEEE=x.dtype == torch.float32,
-                               BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K)
-    return y
+
+    def launch(out, rows, m, k_per, grid, **meta):
+        _dense_kernel[grid](x[rows], weight, out, m, N, K, k_per, x.stride(0), weight.stride(0), out.stride(0), IEEE=x.dtype == torch.float32, **meta)
+
+    return _launch(launch, M, N, K, y, tile)
 
 
 def int_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int, group: int,
-               out_dtype: torch.dtype | None = None) -> torch.Tensor:
+               out_dtype: torch.dtype | None = None, tile: Tile | None = None) -> torch.Tensor:
     """int_linear_ref as the fixed-tile kernel. x [M, K] (unit stride along K); qweight, scales, zeros contiguous."""
     M, K = x.shape
     N = qweight.shape[1]
+    tile = tile or tile_for(N, K, bits)
     y = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
-    _int_kernel[_grid(M, N)](x, qweight, scales, zeros, y, M, N, K, group, x.stride(0), y.stride(0), BITS=bits, IEEE=x.dtype == torch.float32,
-                             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K)
-    return y
+
+    def launch(out, rows, m, k_per, grid, **meta):
+        _int_kernel[grid](x[rows], qweight, scales, zeros, out, m, N, K, k_per, group, x.stride(0), out.stride(0), BITS=bits,
+                          IEEE=x.dtype == torch.float32, ONE_GROUP=group % meta["BLOCK_K"] == 0, **meta)
+
+    return _launch(launch, M, N, K, y, tile)
