@@ -24,6 +24,11 @@ OUT=${OUT:-$PWD/gpu-results}
 BUDGET_S=${BUDGET_S:-540}
 BATCHES=${BATCHES_TORCH:-1,4,16,64}
 left() { echo $(( BUDGET_S - ($(date +%s) - start) )); }
+pack_out() {  # at most 8 files come back from a device call: past 7, all but the log, the results and the tests' summary go into results.tgz
+    (cd "$OUT" && mapfile -t files < <(ls -1 | grep -v -x -F -e "gpu-session-$PRESET.log" -e "torch-$PRESET.json" -e torch-tests-summary.log \
+        -e results.tgz) && [ "${#files[@]}" -gt 4 ] && tar czf results.tgz "${files[@]}" && rm -f "${files[@]}" && echo "== packed into $OUT/results.tgz: ${files[*]}") || true
+}
+trap pack_out EXIT
 # specdec importable without installing anything: the checkout is the package (setup.py maps its folders to specdec.*)
 if ! python3 -c "import specdec.runtime.backends.torch" 2>/dev/null; then
     mkdir -p /tmp/specdec-site && ln -sfn "$root" /tmp/specdec-site/specdec

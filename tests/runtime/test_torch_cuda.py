@@ -220,12 +220,13 @@ def test_a_float32_engine_on_the_gpu_decodes_what_the_cpu_decodes(gpu, tmp_path)
     assert on_gpu == on_cpu
 
 
-def test_the_cublas_dense_path_computes_the_same_model(gpu):
-    """SPECDEC_TORCH_DENSE=cublas (dense layers on torch's matmul, for comparing speed): the stable kernel's logits within
-    bfloat16 rounding."""
+@pytest.mark.parametrize("dense", ["cublas", "fixed"])
+def test_the_cublas_and_one_tile_dense_paths_compute_the_same_model(gpu, dense):
+    """SPECDEC_TORCH_DENSE=cublas (dense layers on torch's matmul) and =fixed (every layer on the one 16 x 32 tile), for
+    comparing speed: the per-shape tiles' logits within bfloat16 rounding."""
     path, prompts = gpu["dir"] / "eagle", gpu["prompts"][:4]
     outs = []
-    for ex in (executor(path, dense="cublas"), gpu["ex"]["eagle"]):
+    for ex in (executor(path, dense=dense), gpu["ex"]["eagle"]):
         cache = ex.new_cache(4)
         outs.append(ex.forward(cache, prompts, all_logits=False).logits.copy())
     scale = np.abs(outs[1]).max()

@@ -177,9 +177,9 @@ def test_int_linear(bits, K, group):
     torch.testing.assert_close(gemm.int_linear(x, q, s, z, bits, group), gemm.int_linear_ref(x, q, s, z, bits, group), rtol=1e-5, atol=1e-5)
 
 
-# FIXED, tile_for's tile (one part, and split as o_proj's), and others of three and two parts
-TILES = [gemm.FIXED, gemm.WIDE, gemm.Tile(64, 64, 64, split=2, num_stages=3), gemm.Tile(16, 32, 32, split=3),
-         gemm.Tile(32, 16, 64, split=2, num_stages=2)]
+# FIXED, tile_for's dense and int tiles at shapes that split (2 parts at K = 512), others of one, three and two parts
+TILES = [gemm.FIXED, gemm.tile_for(4096, 512), gemm.tile_for(4096, 512, 4), gemm.Tile(64, 64, 64, num_stages=3),
+         gemm.Tile(16, 32, 32, split=3), gemm.Tile(32, 16, 64, split=2, num_stages=2)]
 
 
 @pytest.mark.parametrize("bits, group", [(4, 64), (4, 128), (8, 64), (4, 1 << 30)])  # 1 << 30: per channel (weights.PER_CHANNEL)
@@ -202,6 +202,16 @@ def test_a_chunk_within_one_group_reads_its_zeros_and_scales_once_with_the_same_
     torch.testing.assert_close(outs[0].sum(0), gemm.int_linear_ref(x, q, s, z, bits, group), rtol=1e-4, atol=1e-4)
 
 
+def test_tile_for_splits_narrow_layers_within_whole_chunks():
+    """The 8B's o_proj and down_proj split in 4 parts, its qkv, gate_up and LM head not; a short reduction splits less
+    (two chunks of BLOCK_K a part at least); int layers split but the LM head; a split's partials stay in PARTIAL_BYTES."""
+    assert [gemm.tile_for(n, k).split for n, k in ((4096, 4096), (4096, 14336), (6144, 4096), (28672, 4096), (128256, 4096))] == [4, 4, 1, 1, 1]
+    assert gemm.tile_for(4096, 512).split == 2 and gemm.tile_for(2048, 2048).split == 8 and gemm.tile_for(4096, 128).split == 1
+    assert [gemm.tile_for(n, 4096, 4).split for n in (4096, 28672, 128256)] == [4, 4, 1]
+    rows = gemm._chunk_rows(4, 28672, 16)
+    assert rows % 16 == 0 and 4 * 4 * rows * 28672 <= gemm.PARTIAL_BYTES and gemm._chunk_rows(8, 10**9, 64) == 64
+
+
 def test_dense_linear_and_a_float32_output():
     x, w = rand(9, 70), rand(33, 70, seed=1)
     torch.testing.assert_close(gemm.linear(x, w), gemm.linear_ref(x, w), rtol=1e-5, atol=1e-5)
@@ -210,9 +220,9 @@ def test_dense_linear_and_a_float32_output():
 
 @pytest.mark.parametrize("tile", TILES[1:] + [gemm.Tile(16, 16, 32, split=8)], ids=str)  # split 8 of K = 200's 7 chunks: 7 parts
 def test_a_split_reduction_sums_every_part_once(tile, monkeypatch):
-    """Split tiles against the reference, dense and int4, with a long call run in chunks of rows (SPLIT_ROWS) through
-    their partials: every k in exactly one part, every row in exactly one chunk, float32 outputs too."""
-    monkeypatch.setattr(gemm, "SPLIT_ROWS", 7)
+    """Split tiles against the reference, dense and int4, with a long call run in chunks of rows (PARTIAL_BYTES: 16 rows)
+    through their partials: every k in exactly one part, every row in exactly one chunk, float32 outputs too."""
+    monkeypatch.setattr(gemm, "PARTIAL_BYTES", 4 * tile.split * 40 * 16)
     x, w = rand(23, 200, seed=5), rand(40, 200, seed=6)
     torch.testing.assert_close(gemm.linear(x, w, tile=tile), gemm.linear_ref(x, w), rtol=1e-5, atol=1e-5)
     q, s, z, _ = int_weight(200, 40, 4, 64)
@@ -286,3 +296,26 @@ def numpy_keeps_a_rows_bits_anywhere_in_a_block(rows: int, depth: int, cols: int
     a, b = rng.standard_normal((rows, depth), dtype=np.float32), rng.standard_normal((depth, cols), dtype=np.float32)
     full = a @ b
     return all(np.array_equal(full[i], (np.pad(a[i : i + 1], ((0, rows - 1), (0, 0))) @ b)[0]) for i in range(rows))
+
+
+def test_the_dense_choice_sets_every_layers_tile(monkeypatch):
+    """TritonOps' "stable" runs each layer on tile_for's tile, "fixed" every layer (int ones too) on FIXED, and an unknown
+    choice is refused naming the choices."""
+    from specdec.runtime.backends.torch.ops import TritonOps
+    from specdec.runtime.backends.torch.weights import Linear
+
+    seen = []
+    monkeypatch.setattr(gemm, "_launch", lambda launch, M, N, K, y, tile: seen.append(tile) or y)
+    x = rand(3, 512)
+    dense = Linear(weight=rand(4096, 512, seed=1))
+    q, s, z, _ = int_weight(512, 4096, 4, 128)
+    int4 = Linear(qweight=q, scales=s, zeros=z, bits=4, group_size=128)
+    for choice, want in (("stable", [gemm.tile_for(4096, 512), gemm.tile_for(4096, 512, 4)]), ("fixed", [gemm.FIXED, gemm.FIXED])):
+        seen.clear()
+        ops = TritonOps(choice)
+        ops.linear(x, dense)
+        ops.linear(x, int4)
+        assert seen == want, choice
+    assert seen[0] != gemm.tile_for(4096, 512)  # the two choices differ at this shape
+    with pytest.raises(ValueError, match="stable"):
+        TritonOps("fast")

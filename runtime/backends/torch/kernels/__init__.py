@@ -5,8 +5,8 @@
     silu.py       silu_mul: SiLU(gate) * up from the joined gate|up projection
     attention.py  attention for one-token decode, chain and tree verification, and prefill: ragged rows, a tree mask,
                   each row's own cache length read on the device (no host value: CUDA graphs replay it)
-    gemm.py       linear layers: dense and weight-only int8/int4 (W8A16/W4A16), one fixed tile for every row count,
-                  so a row's result never depends on how many rows the call has
+    gemm.py       linear layers: dense and weight-only int8/int4 (W8A16/W4A16), each layer on the tile of its shape
+                  for every row count, so a row's result never depends on how many rows the call has
 
 The GPU path (runtime/backends/torch/ops.py: TritonOps) launches the kernels; the CPU path runs the references
 (ReferenceOps). tests/runtime/test_torch_kernels.py checks each kernel against its reference under the Triton

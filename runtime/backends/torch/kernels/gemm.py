@@ -1,9 +1,10 @@
 """Linear layers: y = x @ W (+ bias), W dense or weight-only int8/int4 (W8A16, W4A16) with per-group scales.
 
-Every launch uses one tile shape (BLOCK_M x BLOCK_N, BLOCK_K along the reduction) whatever the row count M, no
-split of the reduction, and the row count is not specialised on: one compiled kernel serves every call. Each output
-element is then the same float32 sum in the same order, of the same products, in every call: a row's result does
-not depend on how many rows the call has, so a token verified among k + 1 gets the bits of a one-token step and
+Each layer has one tile (Tile: BLOCK_M x BLOCK_N, BLOCK_K along the reduction, the reduction's number of parts),
+chosen from its shape alone (tile_for), and the row count M is not specialised on: one compiled kernel serves every
+call of a layer. Each output element is then the same float32 sum in the same order, of the same products, in every
+call; a split reduction's parts are float32 partials that a second kernel adds in part order. So a row's result
+does not depend on how many rows the call has, a token verified among k + 1 gets the bits of a one-token step, and
 speculation on the target is exact at every batch size (the principle of the CPU int4 kernel, hardware/kernels/).
 The programs of one column tile sit next to each other in launch order (M varies fastest), so a weight tile read
 from memory by the first is in L2 for the others.
@@ -47,26 +48,39 @@ class Tile:
         return f"{self.block_m}x{self.block_n}x{self.block_k} s{self.split} w{self.num_warps} st{self.num_stages}"
 
 
-FIXED = Tile()  # one tile for every layer (16 x 32, BLOCK_K 64, no split): the kernels' first tile, kept for comparison
+FIXED = Tile()  # one tile for every layer (16 x 32, BLOCK_K 64, no split): the kernels' first tile, kept for comparing
 BLOCK_M, BLOCK_N, BLOCK_K = FIXED.block_m, FIXED.block_n, FIXED.block_k
-SPLIT_ROWS = 512  # a split layer runs a long call in chunks of this many rows: its float32 partials stay a few MB
-WIDE = Tile(64, 64, 128, num_stages=3)  # dense layers: within 6% of the best tile at 1 row, 1.8x the 16 x 32 one at 80 (H200)
-TILES = ("shape", "fixed")  # SPECDEC_TORCH_TILES: tile_for's choice per layer shape, or FIXED everywhere
+PARTIAL_BYTES = 64 << 20  # a split layer runs a long call in chunks of rows whose float32 partials fit in this
 
 
 def tile_for(N: int, K: int, bits: int = 0) -> Tile:
     """The tile of a [K -> N] layer (bits 0: dense), from its shape alone (see Tile), as measured on an H200 by
-    benchmarks/bench_gemm.py (docs/benchmarks.md). A 64 x 64 tile reads each weight tile once for up to 64 rows, where
-    16 rows re-read it per 16 (a 16 x 5-token verification read the weights 5 times); a layer with few column tiles
-    (o_proj and down_proj: 64 at 4096 columns, under half an H200's 132 SMs) splits its reduction so that enough
-    programs stream weights at once. int4 layers keep the 16 x 32 tile where it measured faster (wide layers)."""
-    col_tiles = -(-N // WIDE.block_n)
-    split = 1
-    if col_tiles <= 64:
-        split = max(1, min(8, 256 // col_tiles, K // (2 * WIDE.block_k)))  # at least two chunks of BLOCK_K a part
+    benchmarks/bench_gemm.py (docs/gpu.md#the-gemm-tiles).
+
+    Dense: 64 x 64 x 128. A 64-row tile reads each weight tile once for up to 64 rows, where 16-row tiles re-read it per
+    16 (a 16 x 5-token verification read the weights 5 times); at 1 row a step's GEMMs are within 6% of the fastest
+    tile per layer (q|k|v alone 24%: kept for the 80-row calls). A layer
+    with at most 64 column tiles (o_proj and down_proj at 4096 columns: under half an H200's 132 SMs) splits its
+    reduction so that enough programs stream weights at once.
+    int8 / int4: 16 x 64 x 128, the reduction in 4 parts (dequantizing is the bottleneck: more programs, fewer rows
+    each), except a layer wider than 32768 columns (the LM head), whose partials would be large."""
     if bits:
-        return Tile(64, 64, 128, split=split, num_stages=3) if split > 1 else FIXED
-    return Tile(64, 64, 128, split=split, num_stages=3)
+        split = 4 if N <= 32768 else 1
+        return Tile(16, 64, 128, split=_parts(split, K, 128), num_stages=4)
+    col_tiles = -(-N // 64)
+    split = min(8, 256 // col_tiles) if col_tiles <= 64 else 1
+    return Tile(64, 64, 128, split=_parts(split, K, 128), num_stages=3)
+
+
+def _parts(split: int, K: int, block_k: int) -> int:
+    """At most ``split`` parts of at least two chunks of BLOCK_K each."""
+    return max(1, min(split, K // (2 * block_k)))
+
+
+def _chunk_rows(parts: int, N: int, block_m: int) -> int:
+    """Rows per launch of a split layer: float32 partials [parts, rows, N] within PARTIAL_BYTES, whole row tiles."""
+    rows = PARTIAL_BYTES // (4 * parts * N)
+    return max(block_m, rows // block_m * block_m)
 
 
 # -- references ----------------------------------------------------------------------------
@@ -190,7 +204,7 @@ _SMALLER: dict[Tile, Tile] = {}  # a tile this GPU's shared memory cannot hold -
 
 def _launch(launch, M: int, N: int, K: int, y: torch.Tensor, tile: Tile) -> torch.Tensor:
     """Run ``launch(out, rows, M, K_PER, grid)`` over x's rows into y [M, N]: at once, or for a split tile in chunks of
-    SPLIT_ROWS rows through float32 partials that _sum_parts_kernel adds in part order. A tile too big for the GPU (fewer
+    _chunk_rows rows through float32 partials that _sum_parts_kernel adds in part order. A tile too big for the GPU (fewer
     pipeline stages fit in its shared memory) falls back, for every later call too, to 2 stages and then to FIXED: a
     layer's tile still never depends on the row count."""
     while tile in _SMALLER:
@@ -212,8 +226,9 @@ def _launch_tile(launch, M: int, N: int, K: int, y: torch.Tensor, tile: Tile) ->
         return y
     k_per = tile.k_per_split(K)
     parts = -(-K // k_per)  # k_per_split rounds up: the last part may be empty when K is short
-    for r0 in range(0, M, SPLIT_ROWS):
-        rows = min(SPLIT_ROWS, M - r0)
+    chunk = _chunk_rows(parts, N, tile.block_m)
+    for r0 in range(0, M, chunk):
+        rows = min(chunk, M - r0)
         partial = torch.empty((parts, rows, N), dtype=torch.float32, device=y.device)
         launch(partial, slice(r0, r0 + rows), rows, k_per, (-(-rows // tile.block_m), n_tiles, parts), SPLIT=True, **meta)
         _sum_parts_kernel[(-(-(rows * N) // SUM_BLOCK),)](partial, y[r0 : r0 + rows], rows * N, PARTS=parts, BLOCK=SUM_BLOCK)
