@@ -175,6 +175,7 @@ def decode_batch(engines: dict, b: int, prompts: list[list[int]], args, kind: st
     for name, (orch, _) in methods.items():  # what auto's decisions read at this batch size, after its rounds
         if "auto" in name and name in rows:
             rows[name]["auto_state"] = {m: orch.engine.auto.describe(m, b) for m in orch.engine.proposers}
+            print(f"auto_state b={b} {name}: {json.dumps(rows[name]['auto_state'])}", flush=True)  # in the log too: a JSON can be lost
     if "int4 target-only" in kept:  # the int4 target's methods: speedup over its own target-only, bound from its own steps
         mine = [m for m in kept if refs[m] == "int4 target-only"]
         int4 = _summarize({"target-only": kept["int4 target-only"], **{m: kept[m] for m in mine if m != "int4 target-only"}},
