@@ -8,7 +8,7 @@ row's bits whatever the call's row count (what exact speculation needs: kernels/
 Each (shape, rows, tile) is timed as a CUDA graph of ``--calls`` launches over enough copies of the weight that they
 do not fit in L2 (each call reads its weight from memory, as a decode step does), best of ``--repeats`` replays.
 GB/s counts the weight's bytes only (the activations are small beside it at these row counts). A tile that does not
-compile (shared memory) is listed as such. Needs torch with CUDA and Triton.
+fit the GPU's shared memory (gemm._launch would run a smaller one in its place) is listed as such, not timed. Needs torch with CUDA and Triton.
 """
 
 from __future__ import annotations
@@ -155,8 +155,11 @@ def main() -> None:
             for tile in tiles:
                 rec = {"kind": kind, "layer": layer, "N": N, "K": K, "tile": str(tile), "tile_fields": vars(tile), "ms": {}, "gb_s": {},
                        "chosen": tile == gemm.tile_for(N, K, 0 if kind == "dense" else 4)}
+                gemm._SMALLER.clear()  # a tile that does not fit falls back inside gemm._launch: said below, not timed as itself
                 try:
                     rec["row_exact"] = row_exact(torch, lambda x, t=tile, f=make: f(t, x)(0), x_all, [r for r in rows if r < max(rows)] + [2, 5, 17])
+                    if gemm._SMALLER:
+                        raise RuntimeError(f"does not fit this GPU's shared memory: runs as {list(gemm._SMALLER.values())[-1]}")
                     for m in rows:
                         s = graph_time(torch, make(tile, x_all[:m]), args.calls, args.repeats)
                         rec["ms"][m], rec["gb_s"][m] = s * 1e3, nbytes / s / 1e9

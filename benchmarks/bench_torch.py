@@ -315,11 +315,14 @@ def main() -> None:
     widths = sorted({1, *[k + 1 for k in args.draft_len_list], kmax + 1, verify + 1})
     step_engines = {k: v for k, v in engines.items() if k not in ("medusa", "peagle")}  # the target's steps, plus heads
     if args.compare_fixed and args.device == "cuda" and "steps" in sections:  # the same engine on the one-tile GEMM, steps only
+        if os.environ.get("SPECDEC_TORCH_DENSE", "stable") != "stable":
+            raise SystemExit(f"error: --compare_fixed compares against the per-shape tiles: unset SPECDEC_TORCH_DENSE "
+                             f"(it is {os.environ['SPECDEC_TORCH_DENSE']!r})")
         os.environ["SPECDEC_TORCH_DENSE"] = "fixed"
         try:
             step_engines["target_fixed"] = (open_engine(work / "target", args.device), work / "target")
         finally:
-            del os.environ["SPECDEC_TORCH_DENSE"]
+            os.environ.pop("SPECDEC_TORCH_DENSE")
     if "steps" in sections:
         section(res, "steps", budget, 60, lambda: steps_section(step_engines, args.batch_list, widths, read_bw, max(1, args.repeats)), out)
         section(res, "verify_vs_steps", budget, 5, lambda: {n: verify_vs_steps(engines[n][0], kmax) for n in ("target", "int4") if n in engines}, out)

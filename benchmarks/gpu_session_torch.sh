@@ -25,6 +25,7 @@ BUDGET_S=${BUDGET_S:-540}
 BATCHES=${BATCHES_TORCH:-1,4,16,64}
 left() { echo $(( BUDGET_S - ($(date +%s) - start) )); }
 pack_out() {  # at most 8 files come back from a device call: past 7, all but the log, the results and the tests' summary go into results.tgz
+    [ -n "${tests_pid:-}" ] && { kill "$tests_pid" 2>/dev/null; wait "$tests_pid" 2>/dev/null; }  # no file packed while written
     (cd "$OUT" && mapfile -t files < <(ls -1 | grep -v -x -F -e "gpu-session-$PRESET.log" -e "torch-$PRESET.json" -e torch-tests-summary.log \
         -e results.tgz) && [ "${#files[@]}" -gt 4 ] && tar czf results.tgz "${files[@]}" && rm -f "${files[@]}" && echo "== packed into $OUT/results.tgz: ${files[*]}") || true
 }
@@ -70,7 +71,7 @@ run_gemm() {  # GEMM=1: the per-shape tiles against the one 16 x 32 tile and cuB
         || echo "== bench_gemm.py failed: $OUT/gemm-$PRESET-policy.log"
     cut -c1-200 "$OUT/gemm-$PRESET-policy.log" | tail -30
     [ "${GEMM_SWEEP:-0}" = 1 ] || return 0
-    for preset in $PRESET llama1b; do
+    for preset in $(printf '%s\n' "$PRESET" llama1b | awk '!seen[$0]++'); do  # the draft's shapes too, once
         python3 "$root/benchmarks/bench_gemm.py" --preset "$preset" --kinds "$([ "$preset" = "$PRESET" ] && echo int4,dense || echo dense)" \
             --budget_s "$([ "$preset" = "$PRESET" ] && echo 75 || echo 40)" --json "$OUT/gemm-$preset-sweep.json" > "$OUT/gemm-$preset-sweep.log" 2>&1 || echo "== sweep $preset failed"
     done
@@ -120,6 +121,7 @@ if [ -n "$tests_pid" ]; then
     "${bench[@]}" --sections build --build_jobs "${BUILD_JOBS:-3}" --budget_s "$(left)" --json "$OUT/torch-$PRESET-build.json"
     echo "== waiting for the tests ($(left) s left)"
     wait "$tests_pid" || true
+    tests_pid=
     cat "$OUT/torch-tests-summary.log"
 fi
 echo "== bench_torch.py with $(left) s left"

@@ -225,6 +225,14 @@ def test_a_split_reduction_sums_every_part_once(tile, monkeypatch):
     monkeypatch.setattr(gemm, "PARTIAL_BYTES", 4 * tile.split * 40 * 16)
     x, w = rand(23, 200, seed=5), rand(40, 200, seed=6)
     torch.testing.assert_close(gemm.linear(x, w, tile=tile), gemm.linear_ref(x, w), rtol=1e-5, atol=1e-5)
+    if tile.split > 1:  # the parts are added in part order: ((p0 + p1) + p2) ..., bit for bit
+        k_per = tile.k_per_split(200)
+        parts = [gemm.linear(x[:, k0 : k0 + k_per], w[:, k0 : k0 + k_per].contiguous(), tile=gemm.Tile(tile.block_m, tile.block_n, tile.block_k))
+                 for k0 in range(0, 200, k_per)]
+        in_order = parts[0]
+        for part in parts[1:]:
+            in_order = in_order + part
+        assert torch.equal(gemm.linear(x, w, tile=tile), in_order)
     q, s, z, _ = int_weight(200, 40, 4, 64)
     got = gemm.int_linear(x, q, s, z, 4, 64, out_dtype=torch.float32, tile=tile)
     torch.testing.assert_close(got, gemm.int_linear_ref(x, q, s, z, 4, 64), rtol=1e-5, atol=1e-5)
@@ -246,13 +254,18 @@ def test_a_tile_the_gpu_cannot_hold_falls_back_for_every_later_call(monkeypatch)
             raise OutOfResources("shared memory")
 
     y = torch.zeros(3, 8)
+    kind = ("dense", torch.float32)
     for limit, tries in ((2, [4, 2]), (1, [2, "fixed"])):
         ran.clear()
-        gemm._launch(launch, 3, 8, 64, y, gemm.Tile(64, 64, 64, num_stages=4))
+        gemm._launch(launch, 3, 8, 64, y, gemm.Tile(64, 64, 64, num_stages=4), kind)
         assert ran == tries, limit
     ran.clear()
-    gemm._launch(launch, 3, 8, 64, y, gemm.Tile(64, 64, 64, num_stages=4))
+    gemm._launch(launch, 3, 8, 64, y, gemm.Tile(64, 64, 64, num_stages=4), kind)
     assert ran == ["fixed"]  # straight to the tile that ran
+    ran.clear()
+    limit = 4  # another kernel or dtype compiles a binary of its own: the same tile is tried for it
+    gemm._launch(launch, 3, 8, 64, y, gemm.Tile(64, 64, 64, num_stages=4), ("dense", torch.bfloat16))
+    assert ran == [4]
     with pytest.raises(ValueError):  # any other error is the caller's
         gemm._launch(lambda *a, **k: (_ for _ in ()).throw(ValueError("bad")), 3, 8, 64, y, gemm.Tile(32, 32, 64))
 
@@ -265,10 +278,12 @@ HALF = pytest.mark.skipif(DEVICE == "cpu", reason="bfloat16 kernels run on a GPU
 @pytest.mark.parametrize("tile", TILES, ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=HALF)], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("bits", [4, 8, 0])  # 0: the dense kernel
-def test_a_rows_result_does_not_depend_on_the_calls_row_count(bits, dtype, tile):
+def test_a_rows_result_does_not_depend_on_the_calls_row_count(bits, dtype, tile, monkeypatch):
     """Rows 0..M-1 of calls of M = 1, 2, 5, 17 and 33 rows (1 to 3 row tiles): each row bit-identical to the 1-row call of it,
-    with a tile of one part and with the reduction split in parts (float32 partials added in part order)."""
-    K, N = 128, 48
+    with a tile of one part and with the reduction split in parts (float32 partials added in part order), a split call
+    of more than 16 rows run in chunks of 16 rows."""
+    K, N = 512, 48  # tile_for's split tiles split K = 512 in 2 parts
+    monkeypatch.setattr(gemm, "PARTIAL_BYTES", 4 * tile.split * N * 16)
     x = rand(33, K, seed=21, dtype=dtype)
     if bits:
         q, s, z, _ = int_weight(K, N, bits, 32)
@@ -305,7 +320,7 @@ def test_the_dense_choice_sets_every_layers_tile(monkeypatch):
     from specdec.runtime.backends.torch.weights import Linear
 
     seen = []
-    monkeypatch.setattr(gemm, "_launch", lambda launch, M, N, K, y, tile: seen.append(tile) or y)
+    monkeypatch.setattr(gemm, "_launch", lambda launch, M, N, K, y, tile, kind: seen.append(tile) or y)
     x = rand(3, 512)
     dense = Linear(weight=rand(4096, 512, seed=1))
     q, s, z, _ = int_weight(512, 4096, 4, 128)

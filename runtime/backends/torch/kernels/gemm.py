@@ -199,23 +199,25 @@ def _sum_parts_kernel(p_ptr, y_ptr, MN, PARTS: tl.constexpr, BLOCK: tl.constexpr
 SUM_BLOCK = 1024
 
 
-_SMALLER: dict[Tile, Tile] = {}  # a tile this GPU's shared memory cannot hold -> the tile run instead (found at its first launch)
+# (kernel, activation dtype, tile) this GPU's shared memory cannot hold -> the tile run instead (found at its first launch):
+# per kernel and dtype, as each compiles its own binary (float32 needs twice bfloat16's shared memory)
+_SMALLER: dict[tuple, Tile] = {}
 
 
-def _launch(launch, M: int, N: int, K: int, y: torch.Tensor, tile: Tile) -> torch.Tensor:
+def _launch(launch, M: int, N: int, K: int, y: torch.Tensor, tile: Tile, kind: tuple = ()) -> torch.Tensor:
     """Run ``launch(out, rows, M, K_PER, grid)`` over x's rows into y [M, N]: at once, or for a split tile in chunks of
     _chunk_rows rows through float32 partials that _sum_parts_kernel adds in part order. A tile too big for the GPU (fewer
     pipeline stages fit in its shared memory) falls back, for every later call too, to 2 stages and then to FIXED: a
-    layer's tile still never depends on the row count."""
-    while tile in _SMALLER:
-        tile = _SMALLER[tile]
+    layer's tile still never depends on the row count. kind: the kernel and its compile-time choices (dtype, bits)."""
+    while (*kind, tile) in _SMALLER:
+        tile = _SMALLER[(*kind, tile)]
     try:
         return _launch_tile(launch, M, N, K, y, tile)
     except Exception as err:  # triton.runtime.errors.OutOfResources, raised when the kernel is compiled (its first launch)
         if type(err).__name__ != "OutOfResources" or tile == FIXED:
             raise
-        _SMALLER[tile] = FIXED if tile.num_stages <= 2 else Tile(tile.block_m, tile.block_n, tile.block_k, tile.split, tile.num_warps, 2)
-        return _launch(launch, M, N, K, y, tile)
+        _SMALLER[(*kind, tile)] = FIXED if tile.num_stages <= 2 else Tile(tile.block_m, tile.block_n, tile.block_k, tile.split, tile.num_warps, 2)
+        return _launch(launch, M, N, K, y, tile, kind)
 
 
 def _launch_tile(launch, M: int, N: int, K: int, y: torch.Tensor, tile: Tile) -> torch.Tensor:
@@ -246,7 +248,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None 
     def launch(out, rows, m, k_per, grid, **meta):
         _dense_kernel[grid](x[rows], weight, out, m, N, K, k_per, x.stride(0), weight.stride(0), out.stride(0), IEEE=x.dtype == torch.float32, **meta)
 
-    return _launch(launch, M, N, K, y, tile)
+    return _launch(launch, M, N, K, y, tile, ("dense", x.dtype, weight.dtype))
 
 
 def int_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int, group: int,
@@ -261,4 +263,4 @@ def int_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
         _int_kernel[grid](x[rows], qweight, scales, zeros, out, m, N, K, k_per, group, x.stride(0), out.stride(0), BITS=bits,
                           IEEE=x.dtype == torch.float32, ONE_GROUP=group % meta["BLOCK_K"] == 0, **meta)
 
-    return _launch(launch, M, N, K, y, tile)
+    return _launch(launch, M, N, K, y, tile, ("int", bits, x.dtype))
