@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from .acceptance import accept_greedy_plain, accept_rejection_sampling, accept_token_compare
-from .backends.base import NO_EXTRAS, Executor, StepOutput
+from .backends.base import NO_EXTRAS, Executor, Setups, StepOutput
 from .draft_policy import DraftPolicy
 from .guards import SILENT_DRAFT_ROUNDS, finite, first_nonfinite, first_nonfinite_of_argmax, nonfinite_message, silent_draft_message
 from .kv_cache import KVCache
@@ -195,12 +195,15 @@ class SpeculativeRound:
         self.stats.decide_s += decide_s
         for r in reqs:
             r.metrics.decide_s += decide_s / len(reqs)
+        setups = Setups.count
         step, share_s, feed, t0 = self.verify(reqs, drafts)
         plain = self.plain_picks(reqs, drafts, step)
         ended = [r for r, d, fed in zip(reqs, drafts, feed, strict=True)
                  if (self.accept_plain(r, d, plain[r.slot], step, share_s, new) if r.slot in plain else self.accept(r, d, fed, step, share_s, new))]
-        # the call and the per-row work after it (acceptance, rollback, the proposers' observe): what a width costs
-        self.policy.verified(len(reqs), step.logits.shape[1], time.perf_counter() - t0)
+        # the call and the per-row work after it (acceptance, rollback, the proposers' observe): what a width costs,
+        # unless the call captured a CUDA graph (a new shape on this cache: once, not the width's cost)
+        if Setups.count == setups:
+            self.policy.verified(len(reqs), step.logits.shape[1], time.perf_counter() - t0)
         return ended
 
     def plain_decoding(self, r: Request) -> bool:
@@ -264,13 +267,15 @@ class SpeculativeRound:
             idx = [i for i, r in enumerate(reqs) if r.method == name and lens[i] > 0]
             if not idx:
                 continue
+            setups = Setups.count
             t0 = time.perf_counter()
             fed = proposer.catch_up([reqs[i] for i in idx])  # timed apart: a prefill is not a draft step
             t1 = time.perf_counter()
             got = proposer.propose([reqs[i] for i in idx], [lens[i] for i in idx])
             t2 = time.perf_counter()
             self.stats.draft_s += t2 - t0
-            self.policy.proposed(name, len(idx), max(map(len, got)), t2 - t1, fed, t1 - t0)
+            if Setups.count == setups:  # a call that captured a CUDA graph is not what drafting costs
+                self.policy.proposed(name, len(idx), max(map(len, got)), t2 - t1, fed, t1 - t0)
             for i, d in zip(idx, got, strict=True):
                 drafts[i] = trim(reqs[i], d)
                 reqs[i].metrics.draft_s += (t2 - t0) / len(idx)

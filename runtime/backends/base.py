@@ -27,6 +27,16 @@ from ...formats.errors import EngineError, RequestError
 from ..kv_cache import KVCache
 
 DEVICE_KINDS = ("cpu", "cuda")
+
+
+class Setups:
+    """Calls that paid a one-time setup on the way, process-wide: an executor adds one when a call captures a CUDA graph
+    (tens of ms beside a step of a few). A timing that spans one is not what the call's shape costs, so draft_len=auto
+    leaves it out (runtime/round.py); a graph is per cache, so a draft model's or a new batch bucket's first call of a
+    shape comes mid-run, after step_costs timed the engine's own cache."""
+
+    count = 0
+
 NO_EXTRAS: Mapping[str, np.ndarray] = MappingProxyType({})  # an engine without extra inputs or outputs (shared, read-only)
 
 

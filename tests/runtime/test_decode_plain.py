@@ -9,6 +9,8 @@ drafting, a batch of two) take the general round.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from checkpoints import add_word_tokenizer, make_checkpoint, write_eagle_module
 from conftest import spec_build
@@ -132,3 +134,36 @@ def test_on_an_eagle_target_the_short_round_feeds_the_prefix_cache(tmp_path, mon
     (a, b), (a2, b2) = results[False], results[True]
     same([a, b], [a2, b2])
     assert b2.metrics.cached_tokens == b.metrics.cached_tokens >= 16 and b2.metrics.drafted > 0
+
+
+def test_auto_leaves_out_the_calls_that_captured_a_cuda_graph(engines, monkeypatch):
+    """A call that captured a CUDA graph (backends.base.Setups: a new shape on a cache, mid-run for a draft model's cache
+    or a new batch bucket) is timed for none of auto's costs: a capture's tens of ms would price a shape far above what
+    it costs. Here every third target call and every third draft call "capture" (count a setup and take 30 ms more)."""
+    from specdec.runtime.backends.base import Setups
+    from specdec.runtime.draft_len import AutoDraftLen
+
+    recorded = []
+    for name in ("record_verify", "record_draft", "record_catch_up"):
+        real = getattr(AutoDraftLen, name)
+        monkeypatch.setattr(AutoDraftLen, name, lambda self, *a, _real=real, _name=name: recorded.append((_name, a[-1])) or _real(self, *a))
+    engine = load_engine(engines / "target", num_threads=1, draft_dir=engines / "draft", draft_len="auto")
+    def capturing(real):
+        calls = 0
+
+        def forward(*a, **k):
+            nonlocal calls
+            calls += 1
+            if calls % 3 == 0:
+                Setups.count += 1
+                time.sleep(0.03)
+            return real(*a, **k)
+        return forward
+
+    for ex in (engine.target, next(iter(engine.proposers.values())).executor):
+        monkeypatch.setattr(ex, "forward", capturing(ex.forward))
+    engine.add_request(PROMPT, GenerationConfig(max_output_len=24, draft_len="auto"))
+    run_until_done(engine)
+    kinds = {name for name, _ in recorded}
+    assert {"record_verify", "record_draft"} <= kinds  # the other calls are timed
+    assert max(seconds for _, seconds in recorded) < 0.025, sorted(recorded, key=lambda r: -r[1])[:3]

@@ -25,6 +25,7 @@ import warnings
 import numpy as np
 import torch
 
+from ..base import Setups
 from .model import StepInputs, tree_path
 
 WARMUPS = 1  # eager runs of a shape before its capture (lazy setup, Triton's compilation and module loads, must not happen inside one)
@@ -134,6 +135,7 @@ class StepGraph:
         cuBLAS sets up: what a capture cannot do; the same inputs write the same K/V each time), then capture the same
         forward for the calls after it. The eager run's outputs are this call's. A capture that fails leaves this call's
         outputs as they are and turns the executor's graphs off, saying so once: correctness never depends on a graph."""
+        Setups.count += 1  # this call's time is not the shape's cost (draft_len=auto skips it)
         main = torch.cuda.current_stream(self.ex.torch_device)
         side = torch.cuda.Stream(self.ex.torch_device)
         side.wait_stream(main)
