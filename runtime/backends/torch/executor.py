@@ -22,10 +22,9 @@ from ....formats.engine_format import EngineDir, extra_io
 from ....formats.errors import EngineError, RequestError
 from ...kv_cache import KVCache
 from ..base import StepOutput, check_extra_inputs, fill_tree, plan_step
-from .host import check_engine, cuda_device, require_torch, torch_dtype
+from .host import DENSE, check_engine, cuda_device, require_torch, torch_dtype
 
 KERNELS = ("triton", "torch")  # SPECDEC_TORCH_KERNELS: the ops a GPU runs (torch: the references, for comparing); a CPU runs torch
-DENSE = ("stable", "fixed", "cublas")  # SPECDEC_TORCH_DENSE: each layer's tile, one 16 x 32 tile everywhere, or torch's matmul (ops.TritonOps)
 
 
 class TorchExecutor:

@@ -7,6 +7,7 @@ from ....formats.errors import DeviceError, EngineError
 from ....formats.torch_layout import READ_VERSIONS
 
 DTYPES = ("float32", "float16", "bfloat16")
+DENSE = ("stable", "fixed", "cublas")  # SPECDEC_TORCH_DENSE: each layer's tile, one 16 x 32 tile everywhere, or torch's matmul (ops.TritonOps)
 
 
 def require_torch(what: str):

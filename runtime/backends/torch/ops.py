@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .executor import DENSE
+from .host import DENSE
 from .kernels import attention, gemm, norm, rotary, silu
 from .weights import Linear
 
