@@ -267,7 +267,7 @@ def test_a_tile_the_gpu_cannot_hold_falls_back_for_every_later_call(monkeypatch)
     gemm._launch(launch, 3, 8, 64, y, gemm.Tile(64, 64, 64, num_stages=4), ("dense", torch.bfloat16))
     assert ran == [4]
     with pytest.raises(ValueError):  # any other error is the caller's
-        gemm._launch(lambda *a, **k: (_ for _ in ()).throw(ValueError("bad")), 3, 8, 64, y, gemm.Tile(32, 32, 64))
+        gemm._launch(lambda *a, **k: (_ for _ in ()).throw(ValueError("bad")), 3, 8, 64, y, gemm.Tile(32, 32, 64), kind)
 
 
 HALF = pytest.mark.skipif(DEVICE == "cpu", reason="bfloat16 kernels run on a GPU (the interpreter computes with numpy, which has no bfloat16)")

@@ -17,7 +17,7 @@ and odd input rows are two dot products of half a tile each, in a fixed order.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -49,7 +49,8 @@ class Tile:
 
 
 FIXED = Tile()  # one tile for every layer (16 x 32, BLOCK_K 64, no split): the kernels' first tile, kept for comparing
-BLOCK_M, BLOCK_N, BLOCK_K = FIXED.block_m, FIXED.block_n, FIXED.block_k
+DENSE_TILE = Tile(64, 64, 128, num_stages=3)  # tile_for's dense tile, before its split
+INT_TILE = Tile(16, 64, 128, num_stages=4)  # tile_for's int8 / int4 tile, before its split
 PARTIAL_BYTES = 64 << 20  # a split layer runs a long call in chunks of rows whose float32 partials fit in this
 
 
@@ -65,16 +66,14 @@ def tile_for(N: int, K: int, bits: int = 0) -> Tile:
     int8 / int4: 16 x 64 x 128, the reduction in 4 parts (dequantizing is the bottleneck: more programs, fewer rows
     each), except a layer wider than 32768 columns (the LM head), whose partials would be large."""
     if bits:
-        split = 4 if N <= 32768 else 1
-        return Tile(16, 64, 128, split=_parts(split, K, 128), num_stages=4)
-    col_tiles = -(-N // 64)
-    split = min(8, 256 // col_tiles) if col_tiles <= 64 else 1
-    return Tile(64, 64, 128, split=_parts(split, K, 128), num_stages=3)
+        return _split(INT_TILE, 4 if N <= 32768 else 1, K)
+    col_tiles = -(-N // DENSE_TILE.block_n)
+    return _split(DENSE_TILE, min(8, 256 // col_tiles) if col_tiles <= 64 else 1, K)
 
 
-def _parts(split: int, K: int, block_k: int) -> int:
-    """At most ``split`` parts of at least two chunks of BLOCK_K each."""
-    return max(1, min(split, K // (2 * block_k)))
+def _split(tile: Tile, split: int, K: int) -> Tile:
+    """``tile`` in at most ``split`` parts of at least two chunks of BLOCK_K each."""
+    return replace(tile, split=max(1, min(split, K // (2 * tile.block_k))))
 
 
 def _chunk_rows(parts: int, N: int, block_m: int) -> int:
@@ -204,7 +203,7 @@ SUM_BLOCK = 1024
 _SMALLER: dict[tuple, Tile] = {}
 
 
-def _launch(launch, M: int, N: int, K: int, y: torch.Tensor, tile: Tile, kind: tuple = ()) -> torch.Tensor:
+def _launch(launch, M: int, N: int, K: int, y: torch.Tensor, tile: Tile, kind: tuple) -> torch.Tensor:
     """Run ``launch(out, rows, M, K_PER, grid)`` over x's rows into y [M, N]: at once, or for a split tile in chunks of
     _chunk_rows rows through float32 partials that _sum_parts_kernel adds in part order. A tile too big for the GPU (fewer
     pipeline stages fit in its shared memory) falls back, for every later call too, to 2 stages and then to FIXED: a
@@ -216,7 +215,7 @@ def _launch(launch, M: int, N: int, K: int, y: torch.Tensor, tile: Tile, kind: t
     except Exception as err:  # triton.runtime.errors.OutOfResources, raised when the kernel is compiled (its first launch)
         if type(err).__name__ != "OutOfResources" or tile == FIXED:
             raise
-        _SMALLER[(*kind, tile)] = FIXED if tile.num_stages <= 2 else Tile(tile.block_m, tile.block_n, tile.block_k, tile.split, tile.num_warps, 2)
+        _SMALLER[(*kind, tile)] = FIXED if tile.num_stages <= 2 else replace(tile, num_stages=2)
         return _launch(launch, M, N, K, y, tile, kind)
 
 
@@ -227,7 +226,7 @@ def _launch_tile(launch, M: int, N: int, K: int, y: torch.Tensor, tile: Tile) ->
         launch(y, slice(0, M), M, K, (-(-M // tile.block_m), n_tiles, 1), SPLIT=False, **meta)
         return y
     k_per = tile.k_per_split(K)
-    parts = -(-K // k_per)  # k_per_split rounds up: the last part may be empty when K is short
+    parts = -(-K // k_per)  # the parts that hold some of K: fewer than tile.split where k_per_split rounded up
     chunk = _chunk_rows(parts, N, tile.block_m)
     for r0 in range(0, M, chunk):
         rows = min(chunk, M - r0)
@@ -238,8 +237,7 @@ def _launch_tile(launch, M: int, N: int, K: int, y: torch.Tensor, tile: Tile) ->
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None, tile: Tile | None = None) -> torch.Tensor:
-    """linear_ref as the fixed-tile kernel. x [M, K] (unit stride along K), weight [N, K] contiguous. tile: the layer's
-    (default tile_for its shape)."""
+    """linear_ref on the layer's tile (default: tile_for its shape). x [M, K] (unit stride along K), weight [N, K] contiguous."""
     M, K = x.shape
     N = weight.shape[0]
     tile = tile or tile_for(N, K)
@@ -253,7 +251,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None 
 
 def int_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int, group: int,
                out_dtype: torch.dtype | None = None, tile: Tile | None = None) -> torch.Tensor:
-    """int_linear_ref as the fixed-tile kernel. x [M, K] (unit stride along K); qweight, scales, zeros contiguous."""
+    """int_linear_ref on the layer's tile (default: tile_for its shape). x [M, K] (unit stride along K); qweight, scales, zeros
+    contiguous."""
     M, K = x.shape
     N = qweight.shape[1]
     tile = tile or tile_for(N, K, bits)
