@@ -234,6 +234,21 @@ def test_the_cublas_and_one_tile_dense_paths_compute_the_same_model(gpu, dense):
     assert (outs[0].argmax(-1) == outs[1].argmax(-1)).mean() >= 0.75
 
 
+@pytest.mark.parametrize("name", ["eagle", "int4"])
+def test_split_sums_left_to_the_norm_give_the_bits_of_their_own_kernel(gpu, name):
+    """The demo target's down_proj splits its reduction: "stable" adds its partials in the next add_rmsnorm, "unfused" in a
+    kernel of their own first. A prefill and a verification step give the same logits, bit for bit, graphs and all."""
+    from specdec.runtime.backends.torch.kernels import gemm
+
+    assert gemm.tile_for(256, 768).split > 1 and gemm.tile_for(256, 768, 4).split > 1  # the demo's down_proj, dense and int4
+    outs = []
+    for ex in (executor(gpu["dir"] / name, dense="unfused"), gpu["ex"][name]):
+        cache = ex.new_cache(4)
+        first = ex.forward(cache, gpu["prompts"][:4], all_logits=False).logits.copy()
+        outs.append((first, ex.forward(cache, [[5, 6, 7]] * 4, all_logits=True).logits.copy()))
+    assert np.array_equal(outs[0][0], outs[1][0]) and np.array_equal(outs[0][1], outs[1][1])
+
+
 def test_kernels_address_calls_past_two_to_the_31_elements():
     """A long prefill's rows times a layer's width pass 2**31 (Llama-3-8B's gate|up, 28672 wide, at 75k tokens): the
     kernels' offsets are int64, so the last rows are computed and stored where they belong (4.3 GB of bfloat16 here)."""

@@ -199,6 +199,30 @@ def test_the_triton_kernels_give_the_references_outputs(pair):
                 close(a[field], b[field], f"{name} call {i} {field}")
 
 
+def test_split_layers_summed_in_the_next_norm_give_the_bits_of_their_own_sum(pair, monkeypatch):
+    """With every layer's reduction split (tile_for patched: the tiny engines' layers are too narrow to split), "stable"
+    leaves o_proj's and down_proj's sums to the next add_rmsnorm, "unfused" runs them as kernels of their own: the
+    same bits in every output of every call, the EAGLE target's aux layers (a delta summed once for two consumers) too."""
+    pytest.importorskip("triton")
+    from specdec.runtime.backends.torch.kernels import gemm, norm
+
+    monkeypatch.setattr(gemm, "tile_for", lambda N, K, bits=0: gemm._split(gemm.Tile(16, 32, 16), 2, K))
+    fused = []
+    add_rmsnorm = norm.add_rmsnorm
+    monkeypatch.setattr(norm, "add_rmsnorm", lambda x, delta, *a: fused.append(isinstance(delta, gemm.Partials)) or add_rmsnorm(x, delta, *a))
+    for name, calls in (("eagle", CALLS[1:2]), ("int4", CALLS[1:2])):
+        engine = pair["ex"][name]["torch"].engine
+        outs = {}
+        for dense in ("stable", "unfused"):
+            fused.clear()
+            outs[dense], _ = run_calls(TorchExecutor(engine, "cpu", kernels="triton", dense=dense, warm_up=False), calls)
+            layers = engine.config.model.num_layers
+            assert sum(fused) == (2 * layers - 1 - (name == "eagle") if dense == "stable" else 0), (name, dense)  # aux layer 0 summed
+        for a, b in zip(outs["stable"], outs["unfused"], strict=True):
+            for field in a:
+                assert np.array_equal(a[field], b[field]), (name, field)
+
+
 def test_open_executor_runs_a_torch_engine_on_the_cpu(pair):
     ex = open_executor(pair["ex"]["draft"]["torch"].engine, Placement("cpu"))
     assert type(ex).__name__ == "TorchExecutor" and ex.device == "cpu"

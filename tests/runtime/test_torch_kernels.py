@@ -196,7 +196,7 @@ def test_a_chunk_within_one_group_reads_its_zeros_and_scales_once_with_the_same_
     for one_group in (True, False):
         out = torch.zeros((parts, M, N), dtype=torch.float32, device=DEVICE)
         gemm._int_kernel[(1, 2, parts)](x, q, s, z, out, M, N, K, k_per, group, x.stride(0), out.stride(1), BITS=bits, IEEE=True, SPLIT=True,
-                                         ONE_GROUP=one_group, BLOCK_M=16, BLOCK_N=32, BLOCK_K=64)
+                                         ONE_GROUP=one_group, GATED=False, BLOCK_M=16, BLOCK_N=32, BLOCK_K=64)
         outs.append(out)
     assert torch.equal(outs[0], outs[1])
     torch.testing.assert_close(outs[0].sum(0), gemm.int_linear_ref(x, q, s, z, bits, group), rtol=1e-4, atol=1e-4)
@@ -253,21 +253,104 @@ def test_a_tile_the_gpu_cannot_hold_falls_back_for_every_later_call(monkeypatch)
         if meta["BLOCK_M"] != 16 and meta["num_stages"] > limit:  # FIXED always fits
             raise OutOfResources("shared memory")
 
-    y = torch.zeros(3, 8)
+    y = (torch.float32, "cpu")  # the output's dtype and device
     kind = ("dense", torch.float32)
     for limit, tries in ((2, [4, 2]), (1, [2, "fixed"])):
         ran.clear()
-        gemm._launch(launch, 3, 8, 64, y, gemm.Tile(64, 64, 64, num_stages=4), kind)
+        gemm._launch(launch, 3, 8, 64, y, gemm.Tile(64, 64, 64, num_stages=4), kind, False)
         assert ran == tries, limit
     ran.clear()
-    gemm._launch(launch, 3, 8, 64, y, gemm.Tile(64, 64, 64, num_stages=4), kind)
+    gemm._launch(launch, 3, 8, 64, y, gemm.Tile(64, 64, 64, num_stages=4), kind, False)
     assert ran == ["fixed"]  # straight to the tile that ran
     ran.clear()
     limit = 4  # another kernel or dtype compiles a binary of its own: the same tile is tried for it
-    gemm._launch(launch, 3, 8, 64, y, gemm.Tile(64, 64, 64, num_stages=4), ("dense", torch.bfloat16))
+    gemm._launch(launch, 3, 8, 64, y, gemm.Tile(64, 64, 64, num_stages=4), ("dense", torch.bfloat16), False)
     assert ran == [4]
     with pytest.raises(ValueError):  # any other error is the caller's
-        gemm._launch(lambda *a, **k: (_ for _ in ()).throw(ValueError("bad")), 3, 8, 64, y, gemm.Tile(32, 32, 64), kind)
+        gemm._launch(lambda *a, **k: (_ for _ in ()).throw(ValueError("bad")), 3, 8, 64, y, gemm.Tile(32, 32, 64), kind, False)
+
+
+SPLIT = gemm.Tile(16, 32, 32, split=4)  # K = 200's 7 chunks of 32 in 4 parts (2, 2, 2, 1 chunks)
+
+
+@pytest.mark.parametrize("bits", [0, 4])
+def test_a_split_layers_partials_summed_in_the_norm_give_the_bits_of_its_output(bits, monkeypatch):
+    """linear(..., unsummed=True) on a split tile returns its float32 Partials; their sum() is bit for bit the output the
+    layer returns summed, and add_rmsnorm adding them itself (the residual add after o_proj / down_proj) gives the bits of
+    add_rmsnorm over that output: the sum and the normalised row. A call longer than one chunk of rows comes back summed."""
+    x = rand(9, 200, seed=31)
+    if bits:
+        q, s, z, _ = int_weight(200, 40, 4, 32)
+        run = lambda rows, **kw: gemm.int_linear(rows, q, s, z, 4, 32, tile=SPLIT, **kw)  # noqa: E731
+    else:
+        w = rand(40, 200, seed=32)
+        run = lambda rows, **kw: gemm.linear(rows, w, tile=SPLIT, **kw)  # noqa: E731
+    whole = run(x)
+    parts = run(x, unsummed=True)
+    assert isinstance(parts, gemm.Partials) and parts.parts.shape == (4, 9, 40) and parts.shape == (9, 40)
+    assert torch.equal(parts.sum(), whole) and torch.equal(gemm.summed(parts), whole) and gemm.summed(whole) is whole
+    residual, weight = rand(9, 40, seed=33), rand(40, seed=34)
+    want_norm, want_sum = norm.add_rmsnorm(residual, whole, weight, 1e-6)
+    got_norm, got_sum = norm.add_rmsnorm(residual, parts, weight, 1e-6)
+    assert torch.equal(got_sum, want_sum) and torch.equal(got_norm, want_norm)
+    monkeypatch.setattr(gemm, "PARTIAL_BYTES", 4 * 4 * 40 * 16)  # 16 rows a chunk: a 23-row call is summed chunk by chunk
+    long = rand(23, 200, seed=35)
+    assert not isinstance(run(long, unsummed=True), gemm.Partials) and torch.equal(run(long, unsummed=True), run(long))
+
+
+def test_only_the_stable_choice_leaves_a_split_layers_sum_to_the_norm():
+    """TritonOps.linear(..., into_norm=True) returns Partials for a split layer under "stable" only; "unfused", "fixed"
+    and "cublas" return the output, as do a layer with a bias (added to the output) and an unsplit layer."""
+    from specdec.runtime.backends.torch.ops import TritonOps
+    from specdec.runtime.backends.torch.weights import Linear
+
+    x = rand(3, 512)
+    split = Linear(weight=rand(64, 512, seed=1))  # tile_for(64, 512): 2 parts
+    assert gemm.tile_for(64, 512).split == 2 and gemm.tile_for(64, 128).split == 1
+    for choice in ("stable", "unfused", "fixed", "cublas"):
+        y = TritonOps(choice).linear(x, split, into_norm=True)
+        assert isinstance(y, gemm.Partials) == (choice == "stable"), choice
+        torch.testing.assert_close(gemm.summed(y), gemm.linear_ref(x, split.weight), rtol=1e-5, atol=1e-5)
+    ops = TritonOps("stable")
+    assert isinstance(ops.linear(x, split), torch.Tensor)  # not into a norm
+    gate_up = rand(3, 1024, seed=4)
+    want = TritonOps("unfused").silu_mul_linear(gate_up, split, into_norm=True)
+    got = ops.silu_mul_linear(gate_up, split, into_norm=True)  # silu(gate) * up in the GEMM's loads, the sum left to the norm
+    assert isinstance(want, torch.Tensor) and isinstance(got, gemm.Partials) and torch.equal(got.sum(), want)
+    perm = Linear(weight=split.weight, perm=torch.arange(512, device=DEVICE).flip(0))  # act-order: gathers silu_mul's output, apart
+    torch.testing.assert_close(gemm.summed(ops.silu_mul_linear(gate_up, perm)), gemm.linear_ref(silu.silu_mul_ref(gate_up).flip(1), split.weight),
+                               rtol=1e-5, atol=1e-5)
+    assert isinstance(ops.linear(x, Linear(weight=split.weight, bias=rand(64, seed=2)), into_norm=True), torch.Tensor)
+    assert isinstance(ops.linear(x[:, :128], Linear(weight=rand(64, 128, seed=3)), into_norm=True), torch.Tensor)
+
+
+@pytest.mark.parametrize("bits", [0, 4, 8])
+def test_a_gated_layer_computes_silu_mul_in_its_loads_with_the_bits_of_silu_mul(bits):
+    """gated=True (the MLP's down_proj over the joined gate|up): the GEMM's loads compute silu(gate) * up as silu_mul's
+    kernel does, so the output is bit for bit the layer's over silu_mul's output, on one part and split, summed or not."""
+    gate_up = rand(9, 2 * 200, seed=41)
+    x = silu.silu_mul(gate_up)
+    if bits:
+        q, s, z, _ = int_weight(200, 40, bits, 32)
+        run = lambda rows, **kw: gemm.int_linear(rows, q, s, z, bits, 32, **kw)  # noqa: E731
+    else:
+        w = rand(40, 200, seed=42)
+        run = lambda rows, **kw: gemm.linear(rows, w, **kw)  # noqa: E731
+    for tile in (gemm.Tile(16, 32, 32), SPLIT):
+        assert torch.equal(run(gate_up, tile=tile, gated=True), run(x, tile=tile)), tile
+    got = run(gate_up, tile=SPLIT, gated=True, unsummed=True)
+    assert isinstance(got, gemm.Partials) and torch.equal(got.parts, run(x, tile=SPLIT, unsummed=True).parts)
+
+
+def test_partials_of_another_dtype_are_summed_before_the_norm():
+    """add_rmsnorm's fused sum rounds to the residual's dtype: Partials meant for another dtype are summed to it first."""
+    parts = gemm.Partials(rand(3, 4, 32, seed=36), torch.float16)
+    residual, weight = rand(4, 32, seed=37), rand(32, seed=38)
+    summed = parts.sum()
+    assert summed.dtype == torch.float16
+    want = norm.add_rmsnorm(residual, summed, weight, 1e-6)
+    got = norm.add_rmsnorm(residual, parts, weight, 1e-6)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 HALF = pytest.mark.skipif(DEVICE == "cpu", reason="bfloat16 kernels run on a GPU (the interpreter computes with numpy, which has no bfloat16)")
@@ -320,12 +403,13 @@ def test_the_dense_choice_sets_every_layers_tile(monkeypatch):
     from specdec.runtime.backends.torch.weights import Linear
 
     seen = []
-    monkeypatch.setattr(gemm, "_launch", lambda launch, M, N, K, y, tile, kind: seen.append(tile) or y)
+    monkeypatch.setattr(gemm, "_launch", lambda launch, M, N, K, out, tile, kind, unsummed: seen.append(tile) or torch.zeros(M, N))
     x = rand(3, 512)
     dense = Linear(weight=rand(4096, 512, seed=1))
     q, s, z, _ = int_weight(512, 4096, 4, 128)
     int4 = Linear(qweight=q, scales=s, zeros=z, bits=4, group_size=128)
-    for choice, want in (("stable", [gemm.tile_for(4096, 512), gemm.tile_for(4096, 512, 4)]), ("fixed", [gemm.FIXED, gemm.FIXED])):
+    shaped = [gemm.tile_for(4096, 512), gemm.tile_for(4096, 512, 4)]
+    for choice, want in (("stable", shaped), ("unfused", shaped), ("fixed", [gemm.FIXED, gemm.FIXED])):
         seen.clear()
         ops = TritonOps(choice)
         ops.linear(x, dense)

@@ -7,7 +7,9 @@ from ....formats.errors import DeviceError, EngineError
 from ....formats.torch_layout import READ_VERSIONS
 
 DTYPES = ("float32", "float16", "bfloat16")
-DENSE = ("stable", "fixed", "cublas")  # SPECDEC_TORCH_DENSE: each layer's tile, one 16 x 32 tile everywhere, or torch's matmul (ops.TritonOps)
+# SPECDEC_TORCH_DENSE (ops.TritonOps): each layer's tile; the same with split layers' sums in a kernel of their own; one 16 x 32
+# tile everywhere; torch's matmul
+DENSE = ("stable", "unfused", "fixed", "cublas")
 
 
 def require_torch(what: str):

@@ -77,8 +77,10 @@ class Forward:
                 a_in, x = ops.add_rmsnorm(x, delta, layer.input_norm, m.rms_norm_eps)
             o = self._attention(layer, a_in, kv[i], step, B, S)
             h, x = ops.add_rmsnorm(x, o, layer.post_norm, m.rms_norm_eps)
-            delta = ops.linear(ops.silu_mul(ops.linear(h, layer.gate_up)), layer.down)
+            last = i + 1 == len(w.layers)  # the last layer's delta is added by plain torch below, not by a norm
+            delta = ops.silu_mul_linear(ops.linear(h, layer.gate_up), layer.down, into_norm=not last)
             if i in self.aux_layers:
+                delta = ops.summed(delta)  # summed once, for the aux output and the next norm alike
                 aux.append(x + delta)
         x = (x + delta).view(B, S, -1)  # the residual stream after the last layer
         return self._outputs(x, aux, step, B, S)
@@ -107,7 +109,7 @@ class Forward:
         q, k, v = (t.reshape(B, S, -1, m.head_dim) for t in (q, k, v))
         q = ops.rope_append(q, k, v, self.w.rope_cos, self.w.rope_sin, step.positions, kv[0], kv[1], step.slots, step.start)
         out = ops.attention(q, kv[0], kv[1], step, self.scale)  # [B, S, heads, head_dim]
-        return ops.linear(out.reshape(B * S, -1), layer.o)
+        return ops.linear(out.reshape(B * S, -1), layer.o, into_norm=True)  # the delta of the residual add in the next add_rmsnorm
 
     def _outputs(self, x: torch.Tensor, aux: list[torch.Tensor], step: StepInputs, B: int, S: int) -> dict[str, torch.Tensor]:
         """"logits" and the engine's extra outputs under engine_format.extra_io's names, float32."""

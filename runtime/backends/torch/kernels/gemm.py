@@ -108,15 +108,23 @@ def int_linear_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
 # -- kernels -------------------------------------------------------------------------------
 @kernel(do_not_specialize=["M"])
 def _dense_kernel(x_ptr, w_ptr, y_ptr, M, N, K, K_PER, x_stride, w_stride, y_stride,
-                  IEEE: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """y [M, N] = x @ w^T, or with SPLIT part program_id(2)'s float32 partial sums at y + part * M * N."""
+                  IEEE: tl.constexpr, SPLIT: tl.constexpr, GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr):
+    """y [M, N] = x @ w^T, or with SPLIT part program_id(2)'s float32 partial sums at y + part * M * N. GATED: x is a joined
+    gate|up [M, 2K] and the input is silu(gate) * up, computed as silu._silu_mul_kernel computes it (same bits)."""
     m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # int64: m * stride passes 2**31 in a long prefill
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     k_begin = tl.program_id(2) * K_PER
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(k_begin, tl.minimum(k_begin + K_PER, K), BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + m[:, None] * x_stride + k[None, :], mask=(m[:, None] < M) & (k[None, :] < K), other=0.0)
+        x_at, x_ok = x_ptr + m[:, None] * x_stride + k[None, :], (m[:, None] < M) & (k[None, :] < K)
+        if GATED:
+            g = tl.load(x_at, mask=x_ok, other=0.0).to(tl.float32)
+            u = tl.load(x_at + K, mask=x_ok, other=0.0).to(tl.float32)
+            x = (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty)
+        else:
+            x = tl.load(x_at, mask=x_ok, other=0.0)
         w = tl.load(w_ptr + n[None, :] * w_stride + k[:, None], mask=(n[None, :] < N) & (k[:, None] < K), other=0.0)  # [BLOCK_K, BLOCK_N]
         if IEEE:
             acc += tl.dot(x, w, input_precision="ieee")
@@ -131,10 +139,10 @@ def _dense_kernel(x_ptr, w_ptr, y_ptr, M, N, K, K_PER, x_stride, w_stride, y_str
 
 @kernel(do_not_specialize=["M"])
 def _int_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, K_PER, GROUP, x_stride, y_stride,
-                BITS: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr, ONE_GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                BITS: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr, ONE_GROUP: tl.constexpr, GATED: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """ONE_GROUP: GROUP is a multiple of BLOCK_K, so a chunk's input rows share one row of zeros and scales, loaded once
-    ([1, BLOCK_N]) instead of per element: the same values, the same float32 arithmetic."""
+    ([1, BLOCK_N]) instead of per element: the same values, the same float32 arithmetic. GATED: as _dense_kernel's."""
     m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # int64: m * stride passes 2**31 in a long prefill
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = m[:, None] < M
@@ -152,7 +160,13 @@ def _int_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, K_PER, GROUP, x_stri
                 k = k0 + 2 * half + part
                 k_ok = k[:, None] < K
                 codes = (packed >> (4 * part)) & 0x0F
-                x = tl.load(x_ptr + m[:, None] * x_stride + k[None, :], mask=m_ok & (k[None, :] < K), other=0.0)
+                x_at, x_ok = x_ptr + m[:, None] * x_stride + k[None, :], m_ok & (k[None, :] < K)
+                if GATED:
+                    g = tl.load(x_at, mask=x_ok, other=0.0).to(tl.float32)
+                    u = tl.load(x_at + K, mask=x_ok, other=0.0).to(tl.float32)
+                    x = (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty)
+                else:
+                    x = tl.load(x_at, mask=x_ok, other=0.0)
                 if ONE_GROUP:  # rows past K: codes 0 but a zero point, so w != 0 there; x is 0 there
                     w = ((codes.to(tl.float32) - zero_row) * scale_row).to(x.dtype)  # [BLOCK_K / 2, BLOCK_N]
                 else:
@@ -167,7 +181,13 @@ def _int_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, K_PER, GROUP, x_stri
             k = k0 + tl.arange(0, BLOCK_K)
             k_ok = k[:, None] < K
             codes = tl.load(q_ptr + k[:, None] * N + n[None, :], mask=k_ok & n_ok, other=0)
-            x = tl.load(x_ptr + m[:, None] * x_stride + k[None, :], mask=m_ok & (k[None, :] < K), other=0.0)
+            x_at, x_ok = x_ptr + m[:, None] * x_stride + k[None, :], m_ok & (k[None, :] < K)
+            if GATED:
+                g = tl.load(x_at, mask=x_ok, other=0.0).to(tl.float32)
+                u = tl.load(x_at + K, mask=x_ok, other=0.0).to(tl.float32)
+                x = (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty)
+            else:
+                x = tl.load(x_at, mask=x_ok, other=0.0)
             if ONE_GROUP:
                 w = ((codes.to(tl.float32) - zero_row) * scale_row).to(x.dtype)
             else:
@@ -198,68 +218,105 @@ def _sum_parts_kernel(p_ptr, y_ptr, MN, PARTS: tl.constexpr, BLOCK: tl.constexpr
 SUM_BLOCK = 1024
 
 
+@dataclass
+class Partials:
+    """A split layer's output before its sum: float32 partials [parts, M, N] whose sum in part order, rounded to ``dtype``,
+    is the output (what _sum_parts_kernel writes). A consumer that adds them itself (norm.add_rmsnorm: the residual add
+    after o_proj and down_proj) saves the sum's kernel and the output's round trip through memory, with the same bits."""
+
+    parts: torch.Tensor  # [parts, M, N] float32, contiguous
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.parts.shape[1:]
+
+    def sum(self) -> torch.Tensor:
+        """The output [M, N] in ``dtype``."""
+        P, M, N = self.parts.shape
+        y = torch.empty((M, N), dtype=self.dtype, device=self.parts.device)
+        _sum_parts_kernel[(-(-(M * N) // SUM_BLOCK),)](self.parts, y, M * N, PARTS=P, BLOCK=SUM_BLOCK)
+        return y
+
+
+def summed(y: torch.Tensor | Partials) -> torch.Tensor:
+    """A layer's output as a tensor, whether or not its sum was left to the consumer."""
+    return y.sum() if isinstance(y, Partials) else y
+
+
 # (kernel, activation dtype, tile) this GPU's shared memory cannot hold -> the tile run instead (found at its first launch):
 # per kernel and dtype, as each compiles its own binary (float32 needs twice bfloat16's shared memory)
 _SMALLER: dict[tuple, Tile] = {}
 
 
-def _launch(launch, M: int, N: int, K: int, y: torch.Tensor, tile: Tile, kind: tuple) -> torch.Tensor:
-    """Run ``launch(out, rows, M, K_PER, grid)`` over x's rows into y [M, N]: at once, or for a split tile in chunks of
-    _chunk_rows rows through float32 partials that _sum_parts_kernel adds in part order. A tile too big for the GPU (fewer
-    pipeline stages fit in its shared memory) falls back, for every later call too, to 2 stages and then to FIXED: a
-    layer's tile still never depends on the row count. kind: the kernel and its compile-time choices (dtype, bits)."""
+def _launch(launch, M: int, N: int, K: int, out: tuple, tile: Tile, kind: tuple, unsummed: bool) -> torch.Tensor | Partials:
+    """Run ``launch(out, rows, M, K_PER, grid)`` over x's rows into a new [M, N] tensor (out: its dtype and device): at once,
+    or for a split tile in chunks of _chunk_rows rows through float32 partials that _sum_parts_kernel adds in part order.
+    ``unsummed``: a split call that fits in one chunk returns its Partials instead, for the consumer to add. A tile too big
+    for the GPU (fewer pipeline stages fit in its shared memory) falls back, for every later call too, to 2 stages and then
+    to FIXED: a layer's tile still never depends on the row count. kind: the kernel and its compile-time choices."""
     while (*kind, tile) in _SMALLER:
         tile = _SMALLER[(*kind, tile)]
     try:
-        return _launch_tile(launch, M, N, K, y, tile)
+        return _launch_tile(launch, M, N, K, out, tile, unsummed)
     except Exception as err:  # triton.runtime.errors.OutOfResources, raised when the kernel is compiled (its first launch)
         if type(err).__name__ != "OutOfResources" or tile == FIXED:
             raise
         _SMALLER[(*kind, tile)] = FIXED if tile.num_stages <= 2 else replace(tile, num_stages=2)
-        return _launch(launch, M, N, K, y, tile, kind)
+        return _launch(launch, M, N, K, out, tile, kind, unsummed)
 
 
-def _launch_tile(launch, M: int, N: int, K: int, y: torch.Tensor, tile: Tile) -> torch.Tensor:
+def _launch_tile(launch, M: int, N: int, K: int, out: tuple, tile: Tile, unsummed: bool) -> torch.Tensor | Partials:
+    dtype, device = out
     meta = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, num_warps=tile.num_warps, num_stages=tile.num_stages)
     n_tiles = -(-N // tile.block_n)
     if tile.split == 1:
+        y = torch.empty((M, N), dtype=dtype, device=device)
         launch(y, slice(0, M), M, K, (-(-M // tile.block_m), n_tiles, 1), SPLIT=False, **meta)
         return y
     k_per = tile.k_per_split(K)
     parts = -(-K // k_per)  # the parts that hold some of K: fewer than tile.split where k_per_split rounded up
     chunk = _chunk_rows(parts, N, tile.block_m)
+    if unsummed and M <= chunk:
+        partial = torch.empty((parts, M, N), dtype=torch.float32, device=device)
+        launch(partial, slice(0, M), M, k_per, (-(-M // tile.block_m), n_tiles, parts), SPLIT=True, **meta)
+        return Partials(partial, dtype)
+    y = torch.empty((M, N), dtype=dtype, device=device)
     for r0 in range(0, M, chunk):
         rows = min(chunk, M - r0)
-        partial = torch.empty((parts, rows, N), dtype=torch.float32, device=y.device)
+        partial = torch.empty((parts, rows, N), dtype=torch.float32, device=device)
         launch(partial, slice(r0, r0 + rows), rows, k_per, (-(-rows // tile.block_m), n_tiles, parts), SPLIT=True, **meta)
         _sum_parts_kernel[(-(-(rows * N) // SUM_BLOCK),)](partial, y[r0 : r0 + rows], rows * N, PARTS=parts, BLOCK=SUM_BLOCK)
     return y
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None, tile: Tile | None = None) -> torch.Tensor:
-    """linear_ref on the layer's tile (default: tile_for its shape). x [M, K] (unit stride along K), weight [N, K] contiguous."""
-    M, K = x.shape
+def linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None, tile: Tile | None = None,
+           unsummed: bool = False, gated: bool = False) -> torch.Tensor | Partials:
+    """linear_ref on the layer's tile (default: tile_for its shape). x [M, K] (unit stride along K), weight [N, K] contiguous.
+    unsummed: a split layer may return its Partials (summed() makes them the output). gated: x is a joined gate|up
+    [M, 2K] and the layer's input silu.silu_mul(x), computed in the GEMM's loads (the MLP's down_proj)."""
+    M, K = x.shape[0], x.shape[1] // (2 if gated else 1)
     N = weight.shape[0]
     tile = tile or tile_for(N, K)
-    y = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
 
     def launch(out, rows, m, k_per, grid, **meta):
-        _dense_kernel[grid](x[rows], weight, out, m, N, K, k_per, x.stride(0), weight.stride(0), out.stride(0), IEEE=x.dtype == torch.float32, **meta)
+        _dense_kernel[grid](x[rows], weight, out, m, N, K, k_per, x.stride(0), weight.stride(0), out.stride(0), IEEE=x.dtype == torch.float32,
+                            GATED=gated, **meta)
 
-    return _launch(launch, M, N, K, y, tile, ("dense", x.dtype, weight.dtype))
+    return _launch(launch, M, N, K, (out_dtype or x.dtype, x.device), tile, ("dense", x.dtype, weight.dtype, gated), unsummed)
 
 
 def int_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int, group: int,
-               out_dtype: torch.dtype | None = None, tile: Tile | None = None) -> torch.Tensor:
+               out_dtype: torch.dtype | None = None, tile: Tile | None = None, unsummed: bool = False,
+               gated: bool = False) -> torch.Tensor | Partials:
     """int_linear_ref on the layer's tile (default: tile_for its shape). x [M, K] (unit stride along K); qweight, scales, zeros
-    contiguous."""
-    M, K = x.shape
+    contiguous. unsummed, gated: as linear's."""
+    M, K = x.shape[0], x.shape[1] // (2 if gated else 1)
     N = qweight.shape[1]
     tile = tile or tile_for(N, K, bits)
-    y = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
 
     def launch(out, rows, m, k_per, grid, **meta):
         _int_kernel[grid](x[rows], qweight, scales, zeros, out, m, N, K, k_per, group, x.stride(0), out.stride(0), BITS=bits,
-                          IEEE=x.dtype == torch.float32, ONE_GROUP=group % meta["BLOCK_K"] == 0, **meta)
+                          IEEE=x.dtype == torch.float32, ONE_GROUP=group % meta["BLOCK_K"] == 0, GATED=gated, **meta)
 
-    return _launch(launch, M, N, K, y, tile, ("int", bits, x.dtype))
+    return _launch(launch, M, N, K, (out_dtype or x.dtype, x.device), tile, ("int", bits, x.dtype, gated), unsummed)

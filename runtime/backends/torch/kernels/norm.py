@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from . import gemm
 from ._triton import kernel, next_power_of_2
 
 tl = None  # triton.language, bound when a kernel of this module first launches (_triton.LazyKernel): the references need no Triton
@@ -29,14 +30,22 @@ def add_rmsnorm_ref(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.T
 
 # -- kernel --------------------------------------------------------------------------------
 @kernel()
-def _add_rmsnorm_kernel(x_ptr, delta_ptr, w_ptr, out_ptr, sum_ptr, H, x_stride, delta_stride, out_stride, sum_stride, eps,
-                        HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
+def _add_rmsnorm_kernel(x_ptr, delta_ptr, w_ptr, out_ptr, sum_ptr, H, x_stride, delta_stride, part_stride, out_stride, sum_stride, eps,
+                        HAS_DELTA: tl.constexpr, PARTS: tl.constexpr, BLOCK: tl.constexpr):
+    """PARTS > 0: delta is a split GEMM's float32 partials (gemm.Partials, part p at delta + p * part_stride), added here in
+    part order and rounded to x's dtype, as gemm._sum_parts_kernel would have written it."""
     row = tl.program_id(0).to(tl.int64)  # row * stride passes 2**31 in a long prefill
     cols = tl.arange(0, BLOCK)
     keep = cols < H
     x = tl.load(x_ptr + row * x_stride + cols, mask=keep, other=0.0)
     if HAS_DELTA:
-        d = tl.load(delta_ptr + row * delta_stride + cols, mask=keep, other=0.0)
+        if PARTS:
+            acc = tl.load(delta_ptr + row * delta_stride + cols, mask=keep, other=0.0)
+            for part in tl.static_range(1, PARTS):
+                acc += tl.load(delta_ptr + part * part_stride + row * delta_stride + cols, mask=keep, other=0.0)
+            d = acc.to(x.dtype)
+        else:
+            d = tl.load(delta_ptr + row * delta_stride + cols, mask=keep, other=0.0)
         x = (x.to(tl.float32) + d.to(tl.float32)).to(x.dtype)
         tl.store(sum_ptr + row * sum_stride + cols, x, mask=keep)
     xf = x.to(tl.float32)
@@ -45,14 +54,23 @@ def _add_rmsnorm_kernel(x_ptr, delta_ptr, w_ptr, out_ptr, sum_ptr, H, x_stride, 
     tl.store(out_ptr + row * out_stride + cols, (xf * inv * w).to(x.dtype), mask=keep)
 
 
-def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """add_rmsnorm_ref as one kernel: a program per row. x, delta [T, H] with unit stride along H."""
+def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor | gemm.Partials | None, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """add_rmsnorm_ref as one kernel: a program per row. x, delta [T, H] with unit stride along H. delta may be a split
+    GEMM's gemm.Partials, summed here (the same bits as summing them first, one kernel and one round trip fewer)."""
     T, H = x.shape
     out = torch.empty_like(x)
     summed = torch.empty_like(x) if delta is not None else x
+    parts = 0
+    if isinstance(delta, gemm.Partials):
+        if delta.dtype != x.dtype:  # the fused sum rounds to x's dtype: another output dtype is summed on its own first
+            delta = delta.sum()
+        else:
+            parts, delta = delta.parts.shape[0], delta.parts  # [parts, T, H] float32
     d = delta if delta is not None else x
-    _add_rmsnorm_kernel[(T,)](x, d, weight, out, summed, H, x.stride(0), d.stride(0), out.stride(0), summed.stride(0), eps,
-                              HAS_DELTA=delta is not None, BLOCK=next_power_of_2(H))
+    part_stride = d.stride(0) if parts else 0
+    row_stride = d.stride(1) if parts else d.stride(0)
+    _add_rmsnorm_kernel[(T,)](x, d, weight, out, summed, H, x.stride(0), row_stride, part_stride, out.stride(0), summed.stride(0), eps,
+                              HAS_DELTA=delta is not None, PARTS=parts, BLOCK=next_power_of_2(H))
     return out, summed
 
 
