@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -49,6 +50,13 @@ def policy_tiles(gemm, N: int, K: int, bits: int) -> list:
     """--tiles policy: the one tile before per-shape tiles, and what gemm.tile_for picks for this shape now."""
     chosen = gemm.tile_for(N, K, bits)
     return [gemm.FIXED] + ([chosen] if chosen != gemm.FIXED else [])
+
+
+def row_tiles(gemm, N: int, K: int, bits: int) -> list:
+    """--tiles rows: gemm.tile_for's tile with other row tiles (BLOCK_M), the reduction (BLOCK_K, split) unchanged. Each is
+    checked for the chosen tile's bits: where they match, a call's row tile could follow its row count and stay exact."""
+    chosen = gemm.tile_for(N, K, bits)
+    return [chosen] + [replace(chosen, block_m=m) for m in (16, 32, 64, 128) if m != chosen.block_m]
 
 
 def int4_tiles(gemm) -> list:
@@ -114,8 +122,9 @@ def main() -> None:
     ap.add_argument("--kinds", default="dense,int4", help="dense (bfloat16 weights) and/or int4 (group 128)")
     ap.add_argument("--layers", default=None, help="comma list of layers (default: all of shapes())")
     ap.add_argument("--rows", default="1,16,64,80,320", help="row counts M (decode at batch 1/16/64, 16 x 5 verification, P-EAGLE at 16 x 20)")
-    ap.add_argument("--tiles", default="candidates", choices=["candidates", "policy"],
-                    help="candidates: every tile of candidate_tiles / int4_tiles; policy: FIXED against gemm.tile_for's tile per shape")
+    ap.add_argument("--tiles", default="candidates", choices=["candidates", "policy", "rows"],
+                    help="candidates: every tile of candidate_tiles / int4_tiles; policy: FIXED against gemm.tile_for's tile per shape; "
+                    "rows: tile_for's tile with each other BLOCK_M, each checked for the same bits as it (row_tiles)")
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--l2_spill_mb", type=int, default=256, help="weight copies per shape until they reach this many MB")
@@ -142,6 +151,8 @@ def main() -> None:
         for layer, (N, K) in layers.items():
             if args.tiles == "policy":
                 tiles = policy_tiles(gemm, N, K, 0 if kind == "dense" else 4)
+            elif args.tiles == "rows":
+                tiles = row_tiles(gemm, N, K, 0 if kind == "dense" else 4)
             else:
                 tiles = candidate_tiles(gemm) if kind == "dense" else int4_tiles(gemm)
             if time.time() - t0 > args.budget_s:
@@ -152,6 +163,7 @@ def main() -> None:
             out_dtype = torch.float32 if layer == "lm_head" else torch.bfloat16
             nbytes, make, ref = layer_calls(torch, gemm, kind, N, K, out_dtype, args.l2_spill_mb, g)
             x_all = torch.randn(max(rows), K, device=dev, dtype=torch.bfloat16, generator=g)
+            chosen_out = make(gemm.tile_for(N, K, 0 if kind == "dense" else 4), x_all)(0) if args.tiles == "rows" else None
             for tile in tiles:
                 rec = {"kind": kind, "layer": layer, "N": N, "K": K, "tile": str(tile), "tile_fields": vars(tile), "ms": {}, "gb_s": {},
                        "chosen": tile == gemm.tile_for(N, K, 0 if kind == "dense" else 4)}
@@ -160,6 +172,8 @@ def main() -> None:
                     rec["row_exact"] = row_exact(torch, lambda x, t=tile, f=make: f(t, x)(0), x_all, [r for r in rows if r < max(rows)] + [2, 5, 17])
                     if gemm._SMALLER:
                         raise RuntimeError(f"does not fit this GPU's shared memory: runs as {list(gemm._SMALLER.values())[-1]}")
+                    if chosen_out is not None:  # --tiles rows: the chosen tile's bits, every row of the widest call
+                        rec["same_bits_as_chosen"] = bool(torch.equal(make(tile, x_all)(0), chosen_out))
                     for m in rows:
                         s = graph_time(torch, make(tile, x_all[:m]), args.calls, args.repeats)
                         rec["ms"][m], rec["gb_s"][m] = s * 1e3, nbytes / s / 1e9
@@ -167,7 +181,8 @@ def main() -> None:
                     rec["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
                 out["results"].append(rec)
                 line = rec.get("error") or " ".join(f"M{m} {rec['ms'][m] * 1e3:7.1f}us {rec['gb_s'][m]:5.0f}GB/s" for m in rows)
-                print(f"{kind:5} {layer:8} {str(tile):26} exact={rec.get('row_exact')!s:5} {line}", flush=True)
+                same = f" same={rec['same_bits_as_chosen']!s:5}" if "same_bits_as_chosen" in rec else ""
+                print(f"{kind:5} {layer:8} {str(tile):26} exact={rec.get('row_exact')!s:5}{same} {line}", flush=True)
             if ref is not None:
                 rec = {"kind": "cublas", "layer": layer, "N": N, "K": K, "ms": {}, "gb_s": {}}
                 for m in rows:

@@ -55,6 +55,7 @@ from prompts import code_prompts, spread  # noqa: E402
 
 LIMITS = dict(max_input_len=128, max_seq_len=256)  # prompts of ~64 tokens and 64 new ones: a short cache at batch 64
 TORCH = ("--backend", "torch")
+DENSE_COMPARED = ("unfused", "fixed", "cublas")  # --compare: the target's steps under these SPECDEC_TORCH_DENSE choices too
 
 
 def open_engine(path: Path, kind: str):
@@ -122,11 +123,13 @@ def steps_section(engines: dict, batches: list[int], widths: list[int], read_bw:
                      "step_over_floor": {b: table[b][1]["median"] / floor for b in batches}}
         print(f"{name:<9} floor {floor:.3f} ms; " + "; ".join(f"b={b}: " + " ".join(f"w{w} {v['median']:.3f}" for w, v in t.items())
                                                            for b, t in table.items()), flush=True)
-    if "target_fixed" in timed:  # the one-tile GEMM over per-shape tiles, same engine, same run
-        out["fixed_over_shape_tiles"] = {b: {w: timed["target_fixed"][b][w]["median"] / timed["target"][b][w]["median"] for w in timed["target"][b]}
-                                         for b in batches}
-        print("target_fixed / target: " + "; ".join(f"b={b}: " + " ".join(f"w{w} {r:.2f}x" for w, r in t.items())
-                                                   for b, t in out["fixed_over_shape_tiles"].items()), flush=True)
+    for mode in DENSE_COMPARED:  # the same engine on another SPECDEC_TORCH_DENSE over the default, same run, interleaved
+        if f"target_{mode}" in timed:
+            key = "fixed_over_shape_tiles" if mode == "fixed" else f"{mode}_over_stable"
+            out[key] = {b: {w: timed[f"target_{mode}"][b][w]["median"] / timed["target"][b][w]["median"] for w in timed["target"][b]}
+                        for b in batches}
+            print(f"target_{mode} / target: " + "; ".join(f"b={b}: " + " ".join(f"w{w} {r:.2f}x" for w, r in t.items())
+                                                         for b, t in out[key].items()), flush=True)
     for name in ("ort", "ort_int4"):
         if name in timed:
             mine = name.replace("ort", "target") if name == "ort" else "int4"
@@ -267,8 +270,9 @@ def main() -> None:
                     "engine's target-only), e.g. 'EAGLE|draft-target k=4' (default: every method)")
     ap.add_argument("--sections", default="build,bandwidth,steps,profile,decode,hf")
     ap.add_argument("--hf_batches", default=None, help="batch sizes for Hugging Face (default: --batches)")
-    ap.add_argument("--compare_fixed", action="store_true", help="also time the target's steps with every layer on the one 16 x 32 "
-                    "GEMM tile (SPECDEC_TORCH_DENSE=fixed: the kernels before per-shape tiles), interleaved with the others")
+    ap.add_argument("--compare", default="", help="also time the target's steps under these SPECDEC_TORCH_DENSE choices, interleaved "
+                    "with the default's: 'unfused' (split layers' sums in kernels of their own), 'fixed' (every layer on the one "
+                    "16 x 32 GEMM tile: the kernels before per-shape tiles), e.g. unfused,fixed")
     ap.add_argument("--budget_s", type=float, default=1e9)
     ap.add_argument("--build_jobs", type=int, default=1, help="engines built at once (each a process; an 8B bfloat16 build peaks near 15 GiB)")
     ap.add_argument("--json", default=None)
@@ -279,6 +283,9 @@ def main() -> None:
     except re.error as err:
         raise SystemExit(f"error: --methods {args.methods!r} is not a regular expression: {err}") from None
     args.draft_len_list = [int(x) for x in args.draft_lens.split(",") if x]
+    compared = [m for m in args.compare.split(",") if m]
+    if any(m not in DENSE_COMPARED for m in compared):
+        raise SystemExit(f"error: --compare {args.compare!r}: choose among {', '.join(DENSE_COMPARED)}")
     budget, work, out = Budget(args.budget_s), Path(args.work), Path(args.json) if args.json else None
     sections = set(args.sections.split(","))
     kmax = max(args.draft_len_list + [int(args.ngram.split(",")[0])] if args.ngram else args.draft_len_list)
@@ -314,13 +321,13 @@ def main() -> None:
     print(f"read bandwidth {read_bw / 1e12:.2f} TB/s (a reduction over {'4 GiB' if args.device == 'cuda' else '64 MiB'})", flush=True)
     widths = sorted({1, *[k + 1 for k in args.draft_len_list], kmax + 1, verify + 1})
     step_engines = {k: v for k, v in engines.items() if k not in ("medusa", "peagle")}  # the target's steps, plus heads
-    if args.compare_fixed and args.device == "cuda" and "steps" in sections:  # the same engine on the one-tile GEMM, steps only
+    for mode in compared if args.device == "cuda" and "steps" in sections else []:  # the same engine under another choice, steps only
         if os.environ.get("SPECDEC_TORCH_DENSE", "stable") != "stable":
-            raise SystemExit(f"error: --compare_fixed compares against the per-shape tiles: unset SPECDEC_TORCH_DENSE "
+            raise SystemExit(f"error: --compare compares against the default GEMMs: unset SPECDEC_TORCH_DENSE "
                              f"(it is {os.environ['SPECDEC_TORCH_DENSE']!r})")
-        os.environ["SPECDEC_TORCH_DENSE"] = "fixed"
+        os.environ["SPECDEC_TORCH_DENSE"] = mode
         try:
-            step_engines["target_fixed"] = (open_engine(work / "target", args.device), work / "target")
+            step_engines[f"target_{mode}"] = (open_engine(work / "target", args.device), work / "target")
         finally:
             os.environ.pop("SPECDEC_TORCH_DENSE")
     if "steps" in sections:

@@ -11,8 +11,9 @@
 # PEAGLE=1 adds a P-EAGLE target (the demo's P-EAGLE module enlarged, one more 8B torch build, ~60-100 s) and its methods
 # to the decode section (its exactness is in the tests either way: tests/runtime/test_torch_cuda.py).
 # GEMM=1 (default) times the GEMM's per-shape tiles against the one 16 x 32 tile and cuBLAS (bench_gemm.py --tiles policy, ~20 s;
-# GEMM_SWEEP=1 adds every candidate tile on the 8B and 1B shapes, ~2 min), after the tests and beside the building;
-# COMPARE_FIXED=1 (default) times the target's steps on the one tile too (bench_torch.py --compare_fixed).
+# GEMM_SWEEP=1 adds every candidate tile on the 8B and 1B shapes, ~2 min; GEMM_ROWS=1, default, each layer's tile with other
+# row tiles, checked for the same bits, ~30 s), after the tests and beside the building;
+# COMPARE=unfused,fixed (default) times the target's steps under those SPECDEC_TORCH_DENSE choices too (bench_torch.py --compare).
 # DRY=1 runs the same stages on a CPU with the demo pair as it is (no enlargement), float32, batches 1 and 2, few tokens:
 # a check of this script and bench_torch.py before a device is spent on them.
 set -euo pipefail
@@ -70,6 +71,11 @@ run_gemm() {  # GEMM=1: the per-shape tiles against the one 16 x 32 tile and cuB
     python3 "$root/benchmarks/bench_gemm.py" --tiles policy --kinds dense,int4 --json "$OUT/gemm-$PRESET-policy.json" > "$OUT/gemm-$PRESET-policy.log" 2>&1 \
         || echo "== bench_gemm.py failed: $OUT/gemm-$PRESET-policy.log"
     cut -c1-200 "$OUT/gemm-$PRESET-policy.log" | tail -30
+    if [ "${GEMM_ROWS:-1}" = 1 ]; then  # does a layer keep its bits on another row tile? (bench_gemm.py --tiles rows)
+        python3 "$root/benchmarks/bench_gemm.py" --tiles rows --kinds dense,int4 --layers qkv,o,gate_up,down --rows 1,16,80 \
+            --json "$OUT/gemm-$PRESET-rows.json" > "$OUT/gemm-$PRESET-rows.log" 2>&1 || echo "== bench_gemm.py --tiles rows failed"
+        cut -c1-200 "$OUT/gemm-$PRESET-rows.log" | tail -30
+    fi
     [ "${GEMM_SWEEP:-0}" = 1 ] || return 0
     for preset in $(printf '%s\n' "$PRESET" llama1b | awk '!seen[$0]++'); do  # the draft's shapes too, once
         python3 "$root/benchmarks/bench_gemm.py" --preset "$preset" --kinds "$([ "$preset" = "$PRESET" ] && echo int4,dense || echo dense)" \
@@ -128,6 +134,6 @@ echo "== bench_torch.py with $(left) s left"
 python3 "$root/benchmarks/bench_torch.py" --target "$WORK/target-$PRESET" --draft "$WORK/draft-$draft_preset" --eagle "$WORK/eagle-$PRESET" \
     "${extra[@]}" --work "$WORK/torch-$PRESET" --batches "$BATCHES" --hf_batches "${HF_BATCHES:-1,16}" --budget_s "$(left)" \
     --json "$OUT/torch-$PRESET.json" --max_new_tokens "${NEW_TOKENS:-64}" --repeats "${REPEATS:-2}" ${SECTIONS:+--sections "$SECTIONS"} ${METHODS:+--methods "$METHODS"} \
-    $([ "${COMPARE_FIXED:-1}" = 1 ] && echo --compare_fixed)
+    --compare "${COMPARE-unfused,fixed}"
 echo "== done in $(( $(date +%s) - start )) s; $OUT/torch-$PRESET.json"
 du -sh "$WORK"/* 2>/dev/null || true
