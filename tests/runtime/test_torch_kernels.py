@@ -196,7 +196,7 @@ def test_a_chunk_within_one_group_reads_its_zeros_and_scales_once_with_the_same_
     for one_group in (True, False):
         out = torch.zeros((parts, M, N), dtype=torch.float32, device=DEVICE)
         gemm._int_kernel[(1, 2, parts)](x, q, s, z, out, M, N, K, k_per, group, x.stride(0), out.stride(1), BITS=bits, IEEE=True, SPLIT=True,
-                                         ONE_GROUP=one_group, GATED=False, BLOCK_M=16, BLOCK_N=32, BLOCK_K=64)
+                                         ONE_GROUP=one_group, BLOCK_M=16, BLOCK_N=32, BLOCK_K=64)
         outs.append(out)
     assert torch.equal(outs[0], outs[1])
     torch.testing.assert_close(outs[0].sum(0), gemm.int_linear_ref(x, q, s, z, bits, group), rtol=1e-4, atol=1e-4)
@@ -313,33 +313,8 @@ def test_only_the_stable_choice_leaves_a_split_layers_sum_to_the_norm():
         torch.testing.assert_close(gemm.summed(y), gemm.linear_ref(x, split.weight), rtol=1e-5, atol=1e-5)
     ops = TritonOps("stable")
     assert isinstance(ops.linear(x, split), torch.Tensor)  # not into a norm
-    gate_up = rand(3, 1024, seed=4)
-    want = TritonOps("unfused").silu_mul_linear(gate_up, split, into_norm=True)
-    got = ops.silu_mul_linear(gate_up, split, into_norm=True)  # silu(gate) * up in the GEMM's loads, the sum left to the norm
-    assert isinstance(want, torch.Tensor) and isinstance(got, gemm.Partials) and torch.equal(got.sum(), want)
-    perm = Linear(weight=split.weight, perm=torch.arange(512, device=DEVICE).flip(0))  # act-order: gathers silu_mul's output, apart
-    torch.testing.assert_close(gemm.summed(ops.silu_mul_linear(gate_up, perm)), gemm.linear_ref(silu.silu_mul_ref(gate_up).flip(1), split.weight),
-                               rtol=1e-5, atol=1e-5)
     assert isinstance(ops.linear(x, Linear(weight=split.weight, bias=rand(64, seed=2)), into_norm=True), torch.Tensor)
     assert isinstance(ops.linear(x[:, :128], Linear(weight=rand(64, 128, seed=3)), into_norm=True), torch.Tensor)
-
-
-@pytest.mark.parametrize("bits", [0, 4, 8])
-def test_a_gated_layer_computes_silu_mul_in_its_loads_with_the_bits_of_silu_mul(bits):
-    """gated=True (the MLP's down_proj over the joined gate|up): the GEMM's loads compute silu(gate) * up as silu_mul's
-    kernel does, so the output is bit for bit the layer's over silu_mul's output, on one part and split, summed or not."""
-    gate_up = rand(9, 2 * 200, seed=41)
-    x = silu.silu_mul(gate_up)
-    if bits:
-        q, s, z, _ = int_weight(200, 40, bits, 32)
-        run = lambda rows, **kw: gemm.int_linear(rows, q, s, z, bits, 32, **kw)  # noqa: E731
-    else:
-        w = rand(40, 200, seed=42)
-        run = lambda rows, **kw: gemm.linear(rows, w, **kw)  # noqa: E731
-    for tile in (gemm.Tile(16, 32, 32), SPLIT):
-        assert torch.equal(run(gate_up, tile=tile, gated=True), run(x, tile=tile)), tile
-    got = run(gate_up, tile=SPLIT, gated=True, unsummed=True)
-    assert isinstance(got, gemm.Partials) and torch.equal(got.parts, run(x, tile=SPLIT, unsummed=True).parts)
 
 
 def test_partials_of_another_dtype_are_summed_before_the_norm():

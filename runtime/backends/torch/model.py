@@ -78,7 +78,7 @@ class Forward:
             o = self._attention(layer, a_in, kv[i], step, B, S)
             h, x = ops.add_rmsnorm(x, o, layer.post_norm, m.rms_norm_eps)
             last = i + 1 == len(w.layers)  # the last layer's delta is added by plain torch below, not by a norm
-            delta = ops.silu_mul_linear(ops.linear(h, layer.gate_up), layer.down, into_norm=not last)
+            delta = ops.linear(ops.silu_mul(ops.linear(h, layer.gate_up)), layer.down, into_norm=not last)
             if i in self.aux_layers:
                 delta = ops.summed(delta)  # summed once, for the aux output and the next norm alike
                 aux.append(x + delta)

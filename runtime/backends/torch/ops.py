@@ -51,10 +51,6 @@ class ReferenceOps:
         y = self.matmul(x.contiguous() if x.stride(-1) != 1 else x, lin, out_dtype, into_norm and lin.bias is None)
         return y if lin.bias is None else y + lin.bias.to(y.dtype)
 
-    def silu_mul_linear(self, gate_up: torch.Tensor, lin: Linear, into_norm: bool = False) -> torch.Tensor:
-        """The MLP's down_proj over silu_mul(gate_up [T, 2 * I]) -> [T, out]."""
-        return self.linear(self.silu_mul(gate_up), lin, into_norm=into_norm)
-
     def summed(self, y):
         """linear(..., into_norm=True)'s output as a tensor, for a consumer other than add_rmsnorm."""
         return y
@@ -63,8 +59,8 @@ class ReferenceOps:
 class TritonOps(ReferenceOps):
     """specdec's kernels. ``dense``: "stable" runs dense layers on specdec's GEMM too, each layer on the tile of its shape
     (gemm.tile_for: a row's bits never depend on the call's row count, so speculation is exact), and leaves the sum of a
-    split o_proj / down_proj to the next add_rmsnorm and the MLP's silu(gate) * up to down_proj's loads; "unfused" is the same
-    with those in kernels of their own (the same bits, for comparing); "fixed" runs every layer,
+    split o_proj / down_proj to the next add_rmsnorm; "unfused" is the same with those sums in a kernel of their own (the
+    same bits, for comparing); "fixed" runs every layer,
     weight-only ones too, on the one 16 x 32 tile (gemm.FIXED: the kernels' first tiles, for comparing); "cublas" runs
     dense layers with torch's matmul (cuBLAS picks its kernel per shape: not row-exact). Weight-only layers always take
     specdec's GEMM."""
@@ -76,7 +72,7 @@ class TritonOps(ReferenceOps):
             raise ValueError(f"dense GEMM {dense!r}: expected one of {DENSE}")
         self.dense = dense
         self.tile = gemm.FIXED if dense == "fixed" else None  # None: gemm.tile_for the layer's shape
-        self.fuse = dense == "stable"  # split sums into the next norm, silu(gate) * up into down_proj's loads
+        self.fuse_sums = dense == "stable"  # a split o_proj's / down_proj's sum in the next add_rmsnorm
 
     def add_rmsnorm(self, x, delta, weight, eps):
         return norm.add_rmsnorm(x, delta, weight, eps)
@@ -96,18 +92,8 @@ class TritonOps(ReferenceOps):
     def summed(self, y):
         return gemm.summed(y)
 
-    def silu_mul_linear(self, gate_up, lin, into_norm=False):
-        """"stable": the GEMM computes silu(gate) * up in its loads (gemm's GATED: the bits of silu_mul's kernel), one kernel
-        and one round trip fewer; a layer that gathers or scales its inputs (GPTQ act-order, AWQ) or has a bias runs apart."""
-        if not self.fuse or lin.perm is not None or lin.input_scale is not None or lin.bias is not None:
-            return super().silu_mul_linear(gate_up, lin, into_norm)
-        if lin.weight is None:
-            return gemm.int_linear(gate_up, lin.qweight, lin.scales, lin.zeros, lin.bits, lin.group_size, tile=self.tile, unsummed=into_norm,
-                                   gated=True)
-        return gemm.linear(gate_up, lin.weight, tile=self.tile, unsummed=into_norm, gated=True)
-
     def matmul(self, x, lin, out_dtype, unsummed=False):
-        unsummed = unsummed and self.fuse
+        unsummed = unsummed and self.fuse_sums
         if lin.weight is None:
             return gemm.int_linear(x, lin.qweight, lin.scales, lin.zeros, lin.bits, lin.group_size, out_dtype, tile=self.tile, unsummed=unsummed)
         if self.dense == "cublas":

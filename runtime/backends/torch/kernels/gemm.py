@@ -108,23 +108,15 @@ def int_linear_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
 # -- kernels -------------------------------------------------------------------------------
 @kernel(do_not_specialize=["M"])
 def _dense_kernel(x_ptr, w_ptr, y_ptr, M, N, K, K_PER, x_stride, w_stride, y_stride,
-                  IEEE: tl.constexpr, SPLIT: tl.constexpr, GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr):
-    """y [M, N] = x @ w^T, or with SPLIT part program_id(2)'s float32 partial sums at y + part * M * N. GATED: x is a joined
-    gate|up [M, 2K] and the input is silu(gate) * up, computed as silu._silu_mul_kernel computes it (same bits)."""
+                  IEEE: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y [M, N] = x @ w^T, or with SPLIT part program_id(2)'s float32 partial sums at y + part * M * N."""
     m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # int64: m * stride passes 2**31 in a long prefill
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     k_begin = tl.program_id(2) * K_PER
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(k_begin, tl.minimum(k_begin + K_PER, K), BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
-        x_at, x_ok = x_ptr + m[:, None] * x_stride + k[None, :], (m[:, None] < M) & (k[None, :] < K)
-        if GATED:
-            g = tl.load(x_at, mask=x_ok, other=0.0).to(tl.float32)
-            u = tl.load(x_at + K, mask=x_ok, other=0.0).to(tl.float32)
-            x = (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty)
-        else:
-            x = tl.load(x_at, mask=x_ok, other=0.0)
+        x = tl.load(x_ptr + m[:, None] * x_stride + k[None, :], mask=(m[:, None] < M) & (k[None, :] < K), other=0.0)
         w = tl.load(w_ptr + n[None, :] * w_stride + k[:, None], mask=(n[None, :] < N) & (k[:, None] < K), other=0.0)  # [BLOCK_K, BLOCK_N]
         if IEEE:
             acc += tl.dot(x, w, input_precision="ieee")
@@ -139,10 +131,10 @@ def _dense_kernel(x_ptr, w_ptr, y_ptr, M, N, K, K_PER, x_stride, w_stride, y_str
 
 @kernel(do_not_specialize=["M"])
 def _int_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, K_PER, GROUP, x_stride, y_stride,
-                BITS: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr, ONE_GROUP: tl.constexpr, GATED: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                BITS: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr, ONE_GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """ONE_GROUP: GROUP is a multiple of BLOCK_K, so a chunk's input rows share one row of zeros and scales, loaded once
-    ([1, BLOCK_N]) instead of per element: the same values, the same float32 arithmetic. GATED: as _dense_kernel's."""
+    ([1, BLOCK_N]) instead of per element: the same values, the same float32 arithmetic."""
     m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # int64: m * stride passes 2**31 in a long prefill
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = m[:, None] < M
@@ -160,13 +152,7 @@ def _int_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, K_PER, GROUP, x_stri
                 k = k0 + 2 * half + part
                 k_ok = k[:, None] < K
                 codes = (packed >> (4 * part)) & 0x0F
-                x_at, x_ok = x_ptr + m[:, None] * x_stride + k[None, :], m_ok & (k[None, :] < K)
-                if GATED:
-                    g = tl.load(x_at, mask=x_ok, other=0.0).to(tl.float32)
-                    u = tl.load(x_at + K, mask=x_ok, other=0.0).to(tl.float32)
-                    x = (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty)
-                else:
-                    x = tl.load(x_at, mask=x_ok, other=0.0)
+                x = tl.load(x_ptr + m[:, None] * x_stride + k[None, :], mask=m_ok & (k[None, :] < K), other=0.0)
                 if ONE_GROUP:  # rows past K: codes 0 but a zero point, so w != 0 there; x is 0 there
                     w = ((codes.to(tl.float32) - zero_row) * scale_row).to(x.dtype)  # [BLOCK_K / 2, BLOCK_N]
                 else:
@@ -181,13 +167,7 @@ def _int_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, K_PER, GROUP, x_stri
             k = k0 + tl.arange(0, BLOCK_K)
             k_ok = k[:, None] < K
             codes = tl.load(q_ptr + k[:, None] * N + n[None, :], mask=k_ok & n_ok, other=0)
-            x_at, x_ok = x_ptr + m[:, None] * x_stride + k[None, :], m_ok & (k[None, :] < K)
-            if GATED:
-                g = tl.load(x_at, mask=x_ok, other=0.0).to(tl.float32)
-                u = tl.load(x_at + K, mask=x_ok, other=0.0).to(tl.float32)
-                x = (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty)
-            else:
-                x = tl.load(x_at, mask=x_ok, other=0.0)
+            x = tl.load(x_ptr + m[:, None] * x_stride + k[None, :], mask=m_ok & (k[None, :] < K), other=0.0)
             if ONE_GROUP:
                 w = ((codes.to(tl.float32) - zero_row) * scale_row).to(x.dtype)
             else:
@@ -291,32 +271,29 @@ def _launch_tile(launch, M: int, N: int, K: int, out: tuple, tile: Tile, unsumme
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None, tile: Tile | None = None,
-           unsummed: bool = False, gated: bool = False) -> torch.Tensor | Partials:
+           unsummed: bool = False) -> torch.Tensor | Partials:
     """linear_ref on the layer's tile (default: tile_for its shape). x [M, K] (unit stride along K), weight [N, K] contiguous.
-    unsummed: a split layer may return its Partials (summed() makes them the output). gated: x is a joined gate|up
-    [M, 2K] and the layer's input silu.silu_mul(x), computed in the GEMM's loads (the MLP's down_proj)."""
-    M, K = x.shape[0], x.shape[1] // (2 if gated else 1)
+    unsummed: a split layer may return its Partials (summed() makes them the output)."""
+    M, K = x.shape
     N = weight.shape[0]
     tile = tile or tile_for(N, K)
 
     def launch(out, rows, m, k_per, grid, **meta):
-        _dense_kernel[grid](x[rows], weight, out, m, N, K, k_per, x.stride(0), weight.stride(0), out.stride(0), IEEE=x.dtype == torch.float32,
-                            GATED=gated, **meta)
+        _dense_kernel[grid](x[rows], weight, out, m, N, K, k_per, x.stride(0), weight.stride(0), out.stride(0), IEEE=x.dtype == torch.float32, **meta)
 
-    return _launch(launch, M, N, K, (out_dtype or x.dtype, x.device), tile, ("dense", x.dtype, weight.dtype, gated), unsummed)
+    return _launch(launch, M, N, K, (out_dtype or x.dtype, x.device), tile, ("dense", x.dtype, weight.dtype), unsummed)
 
 
 def int_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int, group: int,
-               out_dtype: torch.dtype | None = None, tile: Tile | None = None, unsummed: bool = False,
-               gated: bool = False) -> torch.Tensor | Partials:
+               out_dtype: torch.dtype | None = None, tile: Tile | None = None, unsummed: bool = False) -> torch.Tensor | Partials:
     """int_linear_ref on the layer's tile (default: tile_for its shape). x [M, K] (unit stride along K); qweight, scales, zeros
-    contiguous. unsummed, gated: as linear's."""
-    M, K = x.shape[0], x.shape[1] // (2 if gated else 1)
+    contiguous. unsummed: as linear's."""
+    M, K = x.shape
     N = qweight.shape[1]
     tile = tile or tile_for(N, K, bits)
 
     def launch(out, rows, m, k_per, grid, **meta):
         _int_kernel[grid](x[rows], qweight, scales, zeros, out, m, N, K, k_per, group, x.stride(0), out.stride(0), BITS=bits,
-                          IEEE=x.dtype == torch.float32, ONE_GROUP=group % meta["BLOCK_K"] == 0, GATED=gated, **meta)
+                          IEEE=x.dtype == torch.float32, ONE_GROUP=group % meta["BLOCK_K"] == 0, **meta)
 
-    return _launch(launch, M, N, K, (out_dtype or x.dtype, x.device), tile, ("int", bits, x.dtype, gated), unsummed)
+    return _launch(launch, M, N, K, (out_dtype or x.dtype, x.device), tile, ("int", bits, x.dtype), unsummed)

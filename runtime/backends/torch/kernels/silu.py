@@ -24,7 +24,7 @@ def _silu_mul_kernel(gu_ptr, out_ptr, inter, gu_stride, out_stride, BLOCK: tl.co
     keep = cols < inter
     g = tl.load(gu_ptr + row * gu_stride + cols, mask=keep, other=0.0).to(tl.float32)
     u = tl.load(gu_ptr + row * gu_stride + inter + cols, mask=keep, other=0.0).to(tl.float32)
-    y = g / (1.0 + tl.exp(-g)) * u  # gemm.py's GATED loads compute this expression too: change both together (same bits)
+    y = g / (1.0 + tl.exp(-g)) * u
     tl.store(out_ptr + row * out_stride + cols, y.to(out_ptr.dtype.element_ty), mask=keep)
 
 
