@@ -130,6 +130,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -399,11 +400,15 @@ def enlarge_checkpoint(
     force: bool = False,
     seed: int = 0,
     progress: bool = True,
+    workers: int | None = None,
 ) -> dict[str, Any]:
     """Write a zero-padded, function-preserving enlargement of ``src_dir`` to ``dst_dir``.
 
     dtype: None keeps each tensor's stored dtype; else float32 / float16 / bfloat16.
     head_dim: None keeps the source's; a wider one moves the real dims and rope_theta (benchmarks/head_layout.py).
+    workers: threads that draw the new layers and hash the tensors (default: the CPUs, at most 16). Every tensor has a
+    random generator of its own, seeded by its name, so the output is the same bytes whatever the count; numpy's
+    generators and hashlib release the GIL over large arrays, so an 8B-shaped enlargement scales with the cores.
     Returns {"dst", "config", "source_parameters", "num_parameters", "bytes", "seconds"}.
     """
     t0 = time.perf_counter()
@@ -449,17 +454,17 @@ def enlarge_checkpoint(
     dtypes = {k: out_dtype or _STORED[ckpt.dtype_name(f"model.layers.0.{k}")] for k in keys}
     generated: set[str] = set()
     bar = _progress(num_layers + extra_layers, progress)
-    for i in range(num_layers + extra_layers):
-        for key in keys:
-            name = f"model.layers.{i}.{key}"
-            if i < num_layers:
-                out[name] = enlarge(name, LAYER_TENSORS[key])
-        if i >= num_layers:  # a new layer: dead (adds exact zeros) but distinct in its bytes
-            layer = dead_layer(i, keys, after, dtypes, seed, ratio)
+    for i in range(num_layers):  # the real layers, padded (the checkpoint's reader is used from this thread only)
+        out.update({f"model.layers.{i}.{key}": enlarge(f"model.layers.{i}.{key}", LAYER_TENSORS[key]) for key in keys})
+        bar(f"layer {i + 1}/{num_layers + extra_layers}")
+    threads = max(1, workers or min(16, os.cpu_count() or 1))
+    with ThreadPoolExecutor(threads) as pool:  # the new layers: dead (they add exact zeros) but distinct in their bytes
+        for i, layer in enumerate(pool.map(lambda i: dead_layer(i, keys, after, dtypes, seed, ratio), range(num_layers, num_layers + extra_layers)),
+                                  start=num_layers):
             out.update(layer)
             generated.update(layer)
-        bar(f"layer {i + 1}/{num_layers + extra_layers}" + (" (new, dead)" if i >= num_layers else ""))
-    _check_distinct(out, generated)
+            bar(f"layer {i + 1}/{num_layers + extra_layers} (new, dead)")
+        _check_distinct(out, generated, pool)
 
     n_params = sum(a.size for a in out.values())
     report = {
@@ -542,12 +547,14 @@ def _enlarged_config(old: dict[str, Any], sizes: dict[str, int], dtype: str | No
     return cfg
 
 
-def _check_distinct(tensors: dict[str, np.ndarray], generated: set[str]) -> None:
+def _check_distinct(tensors: dict[str, np.ndarray], generated: set[str], pool: ThreadPoolExecutor | None = None) -> None:
     """No generated tensor may share its bytes with any other tensor (ONNX Runtime would keep one copy)."""
+    def digest(arr: np.ndarray) -> tuple:
+        return arr.dtype.str, arr.shape, hashlib.blake2b(np.ascontiguousarray(arr).view(np.uint8), digest_size=16).digest()
+
     seen: dict[tuple, str] = {}
-    for name, arr in tensors.items():
-        digest = (arr.dtype.str, arr.shape, hashlib.blake2b(np.ascontiguousarray(arr).view(np.uint8), digest_size=16).digest())
-        other = seen.setdefault(digest, name)
+    for name, key in zip(tensors, (pool.map if pool else map)(digest, tensors.values()), strict=True):
+        other = seen.setdefault(key, name)
         if other != name and (name in generated or other in generated):
             raise EnlargeError(f"{name} and {other} have identical bytes; pass another --seed.")
 
@@ -799,6 +806,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the +0.0/-0.0 sign patterns and the dead layers' weights")
     ap.add_argument("--force", action="store_true", help="replace a non-empty output directory")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    ap.add_argument("--workers", type=int, default=None, help="threads drawing the new layers (default: the CPUs, at most 16); "
+                    "the output is the same bytes whatever the count")
     args = ap.parse_args(argv)
     from specdec.builder.memory import reuse_freed_memory
 
@@ -816,7 +825,8 @@ def main(argv: list[str] | None = None) -> int:
         missing = [k for k in SIZE_FLAGS if k not in sizes and k != "head_dim"]
         if missing:
             raise EnlargeError(f"no size for {', '.join('--' + m for m in missing)}: pass them, or a --preset ({', '.join(PRESETS)}).")
-        r = enlarge_checkpoint(args.src, args.dst, **sizes, dtype=args.dtype, force=args.force, seed=args.seed, progress=not args.quiet)
+        r = enlarge_checkpoint(args.src, args.dst, **sizes, dtype=args.dtype, force=args.force, seed=args.seed, progress=not args.quiet,
+                               workers=args.workers)
     except SpecdecError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -161,6 +161,17 @@ def test_dead_layers_stay_dead_and_distinct_after_int4(pair, tmp_path):
     np.testing.assert_array_equal(hs[3], hs[2])
 
 
+def test_threads_give_the_same_bytes(tmp_path):
+    """The new layers are drawn in threads, each tensor from a generator seeded by its name: one thread and four write
+    the same checkpoint, byte for byte."""
+    small = make_checkpoint(tmp_path / "small", num_hidden_layers=1)
+    files = []
+    for workers in (1, 4):
+        enlarge.enlarge_checkpoint(small, tmp_path / f"w{workers}", 128, 256, 8, 4, 3, progress=False, workers=workers)
+        files.append((tmp_path / f"w{workers}" / "model.safetensors").read_bytes())
+    assert files[0] == files[1] and len(files[0]) > 0
+
+
 def test_parameter_count(pair):
     small, big = pair
     # per layer: q + k + v + o + gate/up/down + 2 norms; tied embedding once; final norm
