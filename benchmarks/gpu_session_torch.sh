@@ -13,7 +13,8 @@
 # GEMM=1 (default) times the GEMM's per-shape tiles against the one 16 x 32 tile and cuBLAS (bench_gemm.py --tiles policy, ~20 s;
 # GEMM_SWEEP=1 adds every candidate tile on the 8B and 1B shapes, ~2 min; GEMM_ROWS=1, default, each layer's tile with other
 # row tiles, checked for the same bits, ~30 s), after the tests and beside the building;
-# COMPARE=unfused,fixed (default) times the target's steps under those SPECDEC_TORCH_DENSE choices too (bench_torch.py --compare).
+# COMPARE=unfused,fixed (default) times the target's steps under those SPECDEC_TORCH_DENSE choices too (bench_torch.py --compare;
+# COMPARE= times the default alone).
 # DRY=1 runs the same stages on a CPU with the demo pair as it is (no enlargement), float32, batches 1 and 2, few tokens:
 # a check of this script and bench_torch.py before a device is spent on them.
 set -euo pipefail

@@ -253,54 +253,63 @@ def test_a_tile_the_gpu_cannot_hold_falls_back_for_every_later_call(monkeypatch)
         if meta["BLOCK_M"] != 16 and meta["num_stages"] > limit:  # FIXED always fits
             raise OutOfResources("shared memory")
 
-    y = (torch.float32, "cpu")  # the output's dtype and device
     kind = ("dense", torch.float32)
     for limit, tries in ((2, [4, 2]), (1, [2, "fixed"])):
         ran.clear()
-        gemm._launch(launch, 3, 8, 64, y, gemm.Tile(64, 64, 64, num_stages=4), kind, False)
+        gemm._launch(launch, 3, 8, 64, torch.float32, "cpu", gemm.Tile(64, 64, 64, num_stages=4), kind, False)
         assert ran == tries, limit
     ran.clear()
-    gemm._launch(launch, 3, 8, 64, y, gemm.Tile(64, 64, 64, num_stages=4), kind, False)
+    gemm._launch(launch, 3, 8, 64, torch.float32, "cpu", gemm.Tile(64, 64, 64, num_stages=4), kind, False)
     assert ran == ["fixed"]  # straight to the tile that ran
     ran.clear()
     limit = 4  # another kernel or dtype compiles a binary of its own: the same tile is tried for it
-    gemm._launch(launch, 3, 8, 64, y, gemm.Tile(64, 64, 64, num_stages=4), ("dense", torch.bfloat16), False)
+    gemm._launch(launch, 3, 8, 64, torch.float32, "cpu", gemm.Tile(64, 64, 64, num_stages=4), ("dense", torch.bfloat16), False)
     assert ran == [4]
+    ran.clear()  # unsummed: a split tile that fell back to 2 stages still leaves its sum to the caller, FIXED (no split) cannot
+    limit = 2
+    got = gemm._launch(launch, 3, 8, 256, torch.float32, "cpu", gemm.Tile(32, 32, 64, split=2, num_stages=4), kind, True)
+    assert ran == [4, 2] and isinstance(got, gemm.Partials)
+    limit = 1
+    got = gemm._launch(launch, 3, 8, 256, torch.float32, "cpu", gemm.Tile(32, 16, 64, split=2, num_stages=4), kind, True)
+    assert isinstance(got, torch.Tensor)
     with pytest.raises(ValueError):  # any other error is the caller's
-        gemm._launch(lambda *a, **k: (_ for _ in ()).throw(ValueError("bad")), 3, 8, 64, y, gemm.Tile(32, 32, 64), kind, False)
+        gemm._launch(lambda *a, **k: (_ for _ in ()).throw(ValueError("bad")), 3, 8, 64, torch.float32, "cpu", gemm.Tile(32, 32, 64), kind, False)
 
 
 SPLIT = gemm.Tile(16, 32, 32, split=4)  # K = 200's 7 chunks of 32 in 4 parts (2, 2, 2, 1 chunks)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32", "float16"])
 @pytest.mark.parametrize("bits", [0, 4])
-def test_a_split_layers_partials_summed_in_the_norm_give_the_bits_of_its_output(bits, monkeypatch):
+def test_a_split_layers_partials_summed_in_the_norm_give_the_bits_of_its_output(bits, dtype, monkeypatch):
     """linear(..., unsummed=True) on a split tile returns its float32 Partials; their sum() is bit for bit the output the
     layer returns summed, and add_rmsnorm adding them itself (the residual add after o_proj / down_proj) gives the bits of
-    add_rmsnorm over that output: the sum and the normalised row. A call longer than one chunk of rows comes back summed."""
-    x = rand(9, 200, seed=31)
+    add_rmsnorm over that output: the sum and the normalised row. In float16 the float32 sum must be rounded to the
+    activation dtype before the add, as the sum kernel rounds it. A call longer than one chunk of rows comes back summed."""
+    x = rand(9, 200, seed=31, dtype=dtype)
     if bits:
         q, s, z, _ = int_weight(200, 40, 4, 32)
         run = lambda rows, **kw: gemm.int_linear(rows, q, s, z, 4, 32, tile=SPLIT, **kw)  # noqa: E731
     else:
-        w = rand(40, 200, seed=32)
+        w = rand(40, 200, seed=32, dtype=dtype)
         run = lambda rows, **kw: gemm.linear(rows, w, tile=SPLIT, **kw)  # noqa: E731
     whole = run(x)
     parts = run(x, unsummed=True)
     assert isinstance(parts, gemm.Partials) and parts.parts.shape == (4, 9, 40) and parts.shape == (9, 40)
     assert torch.equal(parts.sum(), whole) and torch.equal(gemm.summed(parts), whole) and gemm.summed(whole) is whole
-    residual, weight = rand(9, 40, seed=33), rand(40, seed=34)
+    residual, weight = rand(9, 40, seed=33, dtype=dtype), rand(40, seed=34, dtype=dtype)
     want_norm, want_sum = norm.add_rmsnorm(residual, whole, weight, 1e-6)
     got_norm, got_sum = norm.add_rmsnorm(residual, parts, weight, 1e-6)
     assert torch.equal(got_sum, want_sum) and torch.equal(got_norm, want_norm)
     monkeypatch.setattr(gemm, "PARTIAL_BYTES", 4 * 4 * 40 * 16)  # 16 rows a chunk: a 23-row call is summed chunk by chunk
-    long = rand(23, 200, seed=35)
+    long = rand(23, 200, seed=35, dtype=dtype)
     assert not isinstance(run(long, unsummed=True), gemm.Partials) and torch.equal(run(long, unsummed=True), run(long))
 
 
 def test_only_the_stable_choice_leaves_a_split_layers_sum_to_the_norm():
-    """TritonOps.linear(..., into_norm=True) returns Partials for a split layer under "stable" only; "unfused", "fixed"
-    and "cublas" return the output, as do a layer with a bias (added to the output) and an unsplit layer."""
+    """TritonOps.linear(..., into_norm=True) returns Partials for a split dense layer under "stable" only; "unfused",
+    "fixed" and "cublas" (torch's matmul) return the output, as do a layer with a bias (added to the output) and an
+    unsplit layer. A split int4 layer leaves its sum to the norm under "cublas" too (it runs on specdec's GEMM there)."""
     from specdec.runtime.backends.torch.ops import TritonOps
     from specdec.runtime.backends.torch.weights import Linear
 
@@ -315,6 +324,10 @@ def test_only_the_stable_choice_leaves_a_split_layers_sum_to_the_norm():
     assert isinstance(ops.linear(x, split), torch.Tensor)  # not into a norm
     assert isinstance(ops.linear(x, Linear(weight=split.weight, bias=rand(64, seed=2)), into_norm=True), torch.Tensor)
     assert isinstance(ops.linear(x[:, :128], Linear(weight=rand(64, 128, seed=3)), into_norm=True), torch.Tensor)
+    q, s, z, _ = int_weight(512, 64, 4, 128)
+    int4 = Linear(qweight=q, scales=s, zeros=z, bits=4, group_size=128)
+    assert [isinstance(TritonOps(c).linear(x, int4, into_norm=True), gemm.Partials) for c in ("stable", "unfused", "fixed", "cublas")] == [
+        True, False, False, True]
 
 
 def test_partials_of_another_dtype_are_summed_before_the_norm():
@@ -378,7 +391,7 @@ def test_the_dense_choice_sets_every_layers_tile(monkeypatch):
     from specdec.runtime.backends.torch.weights import Linear
 
     seen = []
-    monkeypatch.setattr(gemm, "_launch", lambda launch, M, N, K, out, tile, kind, unsummed: seen.append(tile) or torch.zeros(M, N))
+    monkeypatch.setattr(gemm, "_launch", lambda launch, M, N, K, dtype, device, tile, kind, unsummed: seen.append(tile) or torch.zeros(M, N))
     x = rand(3, 512)
     dense = Linear(weight=rand(4096, 512, seed=1))
     q, s, z, _ = int_weight(512, 4096, 4, 128)

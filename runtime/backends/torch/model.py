@@ -75,14 +75,16 @@ class Forward:
                 x = h_in
             else:
                 a_in, x = ops.add_rmsnorm(x, delta, layer.input_norm, m.rms_norm_eps)
+                if i - 1 in self.aux_layers:  # layer i - 1's output: the residual this add made (x + delta, rounded once)
+                    aux.append(x)
             o = self._attention(layer, a_in, kv[i], step, B, S)
             h, x = ops.add_rmsnorm(x, o, layer.post_norm, m.rms_norm_eps)
             last = i + 1 == len(w.layers)  # the last layer's delta is added by plain torch below, not by a norm
             delta = ops.linear(ops.silu_mul(ops.linear(h, layer.gate_up)), layer.down, into_norm=not last)
-            if i in self.aux_layers:
-                delta = ops.summed(delta)  # summed once, for the aux output and the next norm alike
-                aux.append(x + delta)
-        x = (x + delta).view(B, S, -1)  # the residual stream after the last layer
+        x = x + delta  # [T, hidden]: the residual stream after the last layer
+        if len(w.layers) - 1 in self.aux_layers:
+            aux.append(x)
+        x = x.view(B, S, -1)
         return self._outputs(x, aux, step, B, S)
 
     def _placeholders(self, ids: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

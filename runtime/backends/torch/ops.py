@@ -20,7 +20,9 @@ class ReferenceOps:
 
     needs_live = True  # attention reads the cache up to a host-side length (model.py passes it)
 
-    def add_rmsnorm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_rmsnorm(self, x: torch.Tensor, delta: torch.Tensor | gemm.Partials | None, weight: torch.Tensor,
+                    eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rmsnorm(x + delta), x + delta); delta: the block's output, as linear(..., into_norm=True) gave it."""
         return norm.add_rmsnorm_ref(x, delta, weight, eps)
 
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -36,12 +38,13 @@ class ReferenceOps:
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return silu.silu_mul_ref(gate_up)
 
-    def matmul(self, x: torch.Tensor, lin: Linear, out_dtype: torch.dtype | None, unsummed: bool = False) -> torch.Tensor:
+    def matmul(self, x: torch.Tensor, lin: Linear, out_dtype: torch.dtype | None, unsummed: bool = False) -> torch.Tensor | gemm.Partials:
         if lin.weight is not None:
             return gemm.linear_ref(x, lin.weight, out_dtype)
         return gemm.int_linear_ref(x, lin.qweight, lin.scales, lin.zeros, lin.bits, lin.group_size, out_dtype)
 
-    def linear(self, x: torch.Tensor, lin: Linear, out_dtype: torch.dtype | None = None, into_norm: bool = False) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, lin: Linear, out_dtype: torch.dtype | None = None,
+               into_norm: bool = False) -> torch.Tensor | gemm.Partials:
         """x [T, in] -> [T, out]: an act-order layer gathers its inputs, a build-time AWQ one scales them, a bias adds on.
         into_norm: the output goes to add_rmsnorm as its delta, and may come back unsummed (gemm.Partials: TritonOps)."""
         if lin.perm is not None:
@@ -50,10 +53,6 @@ class ReferenceOps:
             x = x * lin.input_scale
         y = self.matmul(x.contiguous() if x.stride(-1) != 1 else x, lin, out_dtype, into_norm and lin.bias is None)
         return y if lin.bias is None else y + lin.bias.to(y.dtype)
-
-    def summed(self, y):
-        """linear(..., into_norm=True)'s output as a tensor, for a consumer other than add_rmsnorm."""
-        return y
 
 
 class TritonOps(ReferenceOps):
@@ -72,7 +71,7 @@ class TritonOps(ReferenceOps):
             raise ValueError(f"dense GEMM {dense!r}: expected one of {DENSE}")
         self.dense = dense
         self.tile = gemm.FIXED if dense == "fixed" else None  # None: gemm.tile_for the layer's shape
-        self.fuse_sums = dense == "stable"  # a split o_proj's / down_proj's sum in the next add_rmsnorm
+        self.fuse_sums = dense != "unfused"  # a split o_proj's / down_proj's sum in the next add_rmsnorm ("fixed" never splits)
 
     def add_rmsnorm(self, x, delta, weight, eps):
         return norm.add_rmsnorm(x, delta, weight, eps)
@@ -88,9 +87,6 @@ class TritonOps(ReferenceOps):
 
     def silu_mul(self, gate_up):
         return silu.silu_mul(gate_up)
-
-    def summed(self, y):
-        return gemm.summed(y)
 
     def matmul(self, x, lin, out_dtype, unsummed=False):
         unsummed = unsummed and self.fuse_sums

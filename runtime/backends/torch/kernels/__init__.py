@@ -1,6 +1,7 @@
 """specdec's Triton kernels for the torch executor, each beside the few lines of torch that define what it computes.
 
-    norm.py       rmsnorm / add_rmsnorm: the residual add and the next RMSNorm in one pass
+    norm.py       rmsnorm / add_rmsnorm: the residual add and the next RMSNorm in one pass (the add may sum a split
+                  GEMM's float32 partials itself: gemm.Partials)
     rotary.py     rope_append: rotary on q and k, and k, v written into the KV cache at each row's positions
     silu.py       silu_mul: SiLU(gate) * up from the joined gate|up projection
     attention.py  attention for one-token decode, chain and tree verification, and prefill: ragged rows, a tree mask,

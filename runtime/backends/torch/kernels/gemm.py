@@ -3,7 +3,8 @@
 Each layer has one tile (Tile: BLOCK_M x BLOCK_N, BLOCK_K along the reduction, the reduction's number of parts),
 chosen from its shape alone (tile_for), and the row count M is not specialised on: one compiled kernel serves every
 call of a layer. Each output element is then the same float32 sum in the same order, of the same products, in every
-call; a split reduction's parts are float32 partials that a second kernel adds in part order. So a row's result
+call; a split reduction's parts are float32 partials added in part order, by a second kernel or, for o_proj and
+down_proj, by the next residual add + RMSNorm (Partials, norm.add_rmsnorm). So a row's result
 does not depend on how many rows the call has, a token verified among k + 1 gets the bits of a one-token step, and
 speculation on the target is exact at every batch size (the principle of the CPU int4 kernel, hardware/kernels/).
 The programs of one column tile sit next to each other in launch order (M varies fastest), so a weight tile read
@@ -29,7 +30,7 @@ tl = None  # triton.language, bound when a kernel of this module first launches 
 @dataclass(frozen=True)
 class Tile:
     """One launch configuration: a BLOCK_M x BLOCK_N output tile, BLOCK_K along the reduction, and ``split`` parts of
-    the reduction (each part's partial sums land in float32; a second kernel adds them in part order). A layer's tile is
+    the reduction (each part's partial sums land in float32, added in part order after: Partials). A layer's tile is
     chosen from its shape alone (tile_for), never from the call's row count, so a row's bits stay those of a 1-row call."""
 
     block_m: int = 16
@@ -213,10 +214,15 @@ class Partials:
 
     def sum(self) -> torch.Tensor:
         """The output [M, N] in ``dtype``."""
-        P, M, N = self.parts.shape
-        y = torch.empty((M, N), dtype=self.dtype, device=self.parts.device)
-        _sum_parts_kernel[(-(-(M * N) // SUM_BLOCK),)](self.parts, y, M * N, PARTS=P, BLOCK=SUM_BLOCK)
-        return y
+        _, M, N = self.parts.shape
+        return _sum_parts(self.parts, torch.empty((M, N), dtype=self.dtype, device=self.parts.device))
+
+
+def _sum_parts(partial: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """y [rows, N] (contiguous) = partial [parts, rows, N] summed in part order (_sum_parts_kernel)."""
+    parts, rows, N = partial.shape
+    _sum_parts_kernel[(-(-(rows * N) // SUM_BLOCK),)](partial, y, rows * N, PARTS=parts, BLOCK=SUM_BLOCK)
+    return y
 
 
 def summed(y: torch.Tensor | Partials) -> torch.Tensor:
@@ -229,25 +235,25 @@ def summed(y: torch.Tensor | Partials) -> torch.Tensor:
 _SMALLER: dict[tuple, Tile] = {}
 
 
-def _launch(launch, M: int, N: int, K: int, out: tuple, tile: Tile, kind: tuple, unsummed: bool) -> torch.Tensor | Partials:
-    """Run ``launch(out, rows, M, K_PER, grid)`` over x's rows into a new [M, N] tensor (out: its dtype and device): at once,
-    or for a split tile in chunks of _chunk_rows rows through float32 partials that _sum_parts_kernel adds in part order.
+def _launch(launch, M: int, N: int, K: int, dtype: torch.dtype, device: torch.device, tile: Tile, kind: tuple,
+            unsummed: bool) -> torch.Tensor | Partials:
+    """Run ``launch(out, rows, M, K_PER, grid)`` over x's rows into a new [M, N] tensor of ``dtype``: at once, or for a
+    split tile in chunks of _chunk_rows rows through float32 partials that _sum_parts_kernel adds in part order.
     ``unsummed``: a split call that fits in one chunk returns its Partials instead, for the consumer to add. A tile too big
     for the GPU (fewer pipeline stages fit in its shared memory) falls back, for every later call too, to 2 stages and then
     to FIXED: a layer's tile still never depends on the row count. kind: the kernel and its compile-time choices."""
     while (*kind, tile) in _SMALLER:
         tile = _SMALLER[(*kind, tile)]
     try:
-        return _launch_tile(launch, M, N, K, out, tile, unsummed)
+        return _launch_tile(launch, M, N, K, dtype, device, tile, unsummed)
     except Exception as err:  # triton.runtime.errors.OutOfResources, raised when the kernel is compiled (its first launch)
         if type(err).__name__ != "OutOfResources" or tile == FIXED:
             raise
         _SMALLER[(*kind, tile)] = FIXED if tile.num_stages <= 2 else replace(tile, num_stages=2)
-        return _launch(launch, M, N, K, out, tile, kind, unsummed)
+        return _launch(launch, M, N, K, dtype, device, tile, kind, unsummed)
 
 
-def _launch_tile(launch, M: int, N: int, K: int, out: tuple, tile: Tile, unsummed: bool) -> torch.Tensor | Partials:
-    dtype, device = out
+def _launch_tile(launch, M: int, N: int, K: int, dtype: torch.dtype, device: torch.device, tile: Tile, unsummed: bool) -> torch.Tensor | Partials:
     meta = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, num_warps=tile.num_warps, num_stages=tile.num_stages)
     n_tiles = -(-N // tile.block_n)
     if tile.split == 1:
@@ -257,16 +263,14 @@ def _launch_tile(launch, M: int, N: int, K: int, out: tuple, tile: Tile, unsumme
     k_per = tile.k_per_split(K)
     parts = -(-K // k_per)  # the parts that hold some of K: fewer than tile.split where k_per_split rounded up
     chunk = _chunk_rows(parts, N, tile.block_m)
-    if unsummed and M <= chunk:
-        partial = torch.empty((parts, M, N), dtype=torch.float32, device=device)
-        launch(partial, slice(0, M), M, k_per, (-(-M // tile.block_m), n_tiles, parts), SPLIT=True, **meta)
-        return Partials(partial, dtype)
-    y = torch.empty((M, N), dtype=dtype, device=device)
+    y = None if unsummed and M <= chunk else torch.empty((M, N), dtype=dtype, device=device)
     for r0 in range(0, M, chunk):
         rows = min(chunk, M - r0)
         partial = torch.empty((parts, rows, N), dtype=torch.float32, device=device)
         launch(partial, slice(r0, r0 + rows), rows, k_per, (-(-rows // tile.block_m), n_tiles, parts), SPLIT=True, **meta)
-        _sum_parts_kernel[(-(-(rows * N) // SUM_BLOCK),)](partial, y[r0 : r0 + rows], rows * N, PARTS=parts, BLOCK=SUM_BLOCK)
+        if y is None:  # one chunk, left to the consumer
+            return Partials(partial, dtype)
+        _sum_parts(partial, y[r0 : r0 + rows])
     return y
 
 
@@ -281,7 +285,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None 
     def launch(out, rows, m, k_per, grid, **meta):
         _dense_kernel[grid](x[rows], weight, out, m, N, K, k_per, x.stride(0), weight.stride(0), out.stride(0), IEEE=x.dtype == torch.float32, **meta)
 
-    return _launch(launch, M, N, K, (out_dtype or x.dtype, x.device), tile, ("dense", x.dtype, weight.dtype), unsummed)
+    return _launch(launch, M, N, K, out_dtype or x.dtype, x.device, tile, ("dense", x.dtype, weight.dtype), unsummed)
 
 
 def int_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int, group: int,
@@ -296,4 +300,4 @@ def int_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
         _int_kernel[grid](x[rows], qweight, scales, zeros, out, m, N, K, k_per, group, x.stride(0), out.stride(0), BITS=bits,
                           IEEE=x.dtype == torch.float32, ONE_GROUP=group % meta["BLOCK_K"] == 0, **meta)
 
-    return _launch(launch, M, N, K, (out_dtype or x.dtype, x.device), tile, ("int", bits, x.dtype), unsummed)
+    return _launch(launch, M, N, K, out_dtype or x.dtype, x.device, tile, ("int", bits, x.dtype), unsummed)

@@ -3,6 +3,8 @@
 A decoder layer adds each block's output to the residual stream and normalises the sum for the next block: one
 pass reads both, writes the sum (the new residual) and the normalised row. Statistics in float32; the sum is
 rounded to the activation dtype before it is normalised (what the residual stream holds is what the norm reads).
+The block's output may come as a split GEMM's float32 partials (gemm.Partials): the pass adds them in part order and
+rounds them to the activation dtype first, as gemm's sum kernel would have, so the bits are the same.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def _add_rmsnorm_kernel(x_ptr, delta_ptr, w_ptr, out_ptr, sum_ptr, H, x_stride, 
     if HAS_DELTA:
         if PARTS:
             acc = tl.load(delta_ptr + row * delta_stride + cols, mask=keep, other=0.0)
-            for part in tl.static_range(1, PARTS):
+            for part in tl.static_range(1, PARTS):  # part * part_stride in int32: Partials stay within gemm.PARTIAL_BYTES
                 acc += tl.load(delta_ptr + part * part_stride + row * delta_stride + cols, mask=keep, other=0.0)
             d = acc.to(x.dtype)
         else:
@@ -62,6 +64,8 @@ def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor | gemm.Partials | None, wei
     summed = torch.empty_like(x) if delta is not None else x
     parts = 0
     if isinstance(delta, gemm.Partials):
+        if tuple(delta.shape) != (T, H):
+            raise ValueError(f"add_rmsnorm: partials of shape {tuple(delta.shape)} for a residual of shape {(T, H)}")
         if delta.dtype != x.dtype:  # the fused sum rounds to x's dtype: another output dtype is summed on its own first
             delta = delta.sum()
         else:

@@ -1,0 +1,32 @@
+"""The GPU benchmarks' choices that run before any GPU is touched: bench_torch.py's --compare and bench_gemm.py's row tiles."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import bench_gemm  # noqa: E402
+import bench_torch  # noqa: E402
+
+from specdec.runtime.backends.torch.host import DENSE  # noqa: E402
+from specdec.runtime.backends.torch.kernels import gemm  # noqa: E402
+
+
+def test_compare_takes_the_dense_choices_and_refuses_others(monkeypatch):
+    assert set(bench_torch.DENSE_COMPARED) == set(DENSE) - {"stable"}  # every choice but the default it compares against
+    monkeypatch.setattr(sys, "argv", ["bench_torch.py", "--target", "t", "--draft", "d", "--work", "w", "--compare", "unfused,fast"])
+    with pytest.raises(SystemExit, match=r"--compare 'unfused,fast': choose among unfused, fixed, cublas"):
+        bench_torch.main()
+
+
+@pytest.mark.parametrize("bits", [0, 4])
+def test_row_tiles_change_the_row_tile_only(bits):
+    """--tiles rows: tile_for's tile first, then the same reduction (BLOCK_K, parts), columns and stages on each other
+    BLOCK_M, so that a same-bits check compares row tiles alone."""
+    chosen = gemm.tile_for(4096, 4096, bits)
+    tiles = bench_gemm.row_tiles(gemm, 4096, 4096, bits)
+    assert tiles[0] == chosen and sorted(t.block_m for t in tiles) == [16, 32, 64, 128]
+    keep = lambda t: (t.block_n, t.block_k, t.split, t.num_warps, t.num_stages)  # noqa: E731
+    assert all(keep(t) == keep(chosen) for t in tiles)
