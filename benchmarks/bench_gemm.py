@@ -149,10 +149,12 @@ def main() -> None:
         layers = {k: v for k, v in layers.items() if k in args.layers.split(",")}
     for kind in args.kinds.split(","):
         for layer, (N, K) in layers.items():
+            bits = 0 if kind == "dense" else 4
+            chosen = gemm.tile_for(N, K, bits)
             if args.tiles == "policy":
-                tiles = policy_tiles(gemm, N, K, 0 if kind == "dense" else 4)
+                tiles = policy_tiles(gemm, N, K, bits)
             elif args.tiles == "rows":
-                tiles = row_tiles(gemm, N, K, 0 if kind == "dense" else 4)
+                tiles = row_tiles(gemm, N, K, bits)
             else:
                 tiles = candidate_tiles(gemm) if kind == "dense" else int4_tiles(gemm)
             if time.time() - t0 > args.budget_s:
@@ -163,10 +165,10 @@ def main() -> None:
             out_dtype = torch.float32 if layer == "lm_head" else torch.bfloat16
             nbytes, make, ref = layer_calls(torch, gemm, kind, N, K, out_dtype, args.l2_spill_mb, g)
             x_all = torch.randn(max(rows), K, device=dev, dtype=torch.bfloat16, generator=g)
-            chosen_out = make(gemm.tile_for(N, K, 0 if kind == "dense" else 4), x_all)(0) if args.tiles == "rows" else None
+            chosen_out = make(chosen, x_all)(0) if args.tiles == "rows" else None
             for tile in tiles:
                 rec = {"kind": kind, "layer": layer, "N": N, "K": K, "tile": str(tile), "tile_fields": vars(tile), "ms": {}, "gb_s": {},
-                       "chosen": tile == gemm.tile_for(N, K, 0 if kind == "dense" else 4)}
+                       "chosen": tile == chosen}
                 gemm._SMALLER.clear()  # a tile that does not fit falls back inside gemm._launch: said below, not timed as itself
                 try:
                     rec["row_exact"] = row_exact(torch, lambda x, t=tile, f=make: f(t, x)(0), x_all, [r for r in rows if r < max(rows)] + [2, 5, 17])

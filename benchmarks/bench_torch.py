@@ -58,10 +58,15 @@ TORCH = ("--backend", "torch")
 DENSE_COMPARED = ("unfused", "fixed", "cublas")  # --compare: the target's steps under these SPECDEC_TORCH_DENSE choices too
 
 
-def open_engine(path: Path, kind: str):
+def open_engine(path: Path, kind: str, dense: str | None = None):
+    """The engine's executor on ``kind``; dense: a torch engine's SPECDEC_TORCH_DENSE choice (TorchExecutor's ``dense``)."""
     from specdec.formats.engine_format import load_engine_dir
     from specdec.runtime.backends import Placement, open_executor
 
+    if dense is not None:
+        from specdec.runtime.backends.torch.executor import TorchExecutor
+
+        return TorchExecutor(load_engine_dir(path), "cuda:0" if kind == "cuda" else kind, dense=dense)
     return open_executor(load_engine_dir(path), Placement(kind, 0))
 
 
@@ -325,11 +330,7 @@ def main() -> None:
         if os.environ.get("SPECDEC_TORCH_DENSE", "stable") != "stable":
             raise SystemExit(f"error: --compare compares against the default GEMMs: unset SPECDEC_TORCH_DENSE "
                              f"(it is {os.environ['SPECDEC_TORCH_DENSE']!r})")
-        os.environ["SPECDEC_TORCH_DENSE"] = mode
-        try:
-            step_engines[f"target_{mode}"] = (open_engine(work / "target", args.device), work / "target")
-        finally:
-            os.environ.pop("SPECDEC_TORCH_DENSE")
+        step_engines[f"target_{mode}"] = (open_engine(work / "target", args.device, dense=mode), work / "target")
     if "steps" in sections:
         section(res, "steps", budget, 60, lambda: steps_section(step_engines, args.batch_list, widths, read_bw, max(1, args.repeats)), out)
         section(res, "verify_vs_steps", budget, 5, lambda: {n: verify_vs_steps(engines[n][0], kmax) for n in ("target", "int4") if n in engines}, out)

@@ -30,3 +30,15 @@ def test_row_tiles_change_the_row_tile_only(bits):
     assert tiles[0] == chosen and sorted(t.block_m for t in tiles) == [16, 32, 64, 128]
     keep = lambda t: (t.block_n, t.block_k, t.split, t.num_warps, t.num_stages)  # noqa: E731
     assert all(keep(t) == keep(chosen) for t in tiles)
+
+
+def test_a_compared_engine_opens_with_its_dense_choice(tmp_path):
+    """--compare opens the target again with TorchExecutor's own ``dense`` (no environment variable set and unset)."""
+    from checkpoints import make_checkpoint
+    from conftest import spec_build
+
+    from specdec.builder.build import build_engine
+
+    build_engine(make_checkpoint(tmp_path / "ckpt"), tmp_path / "eng", spec_build(0, backend="torch"), say=lambda _: None)
+    assert bench_torch.open_engine(tmp_path / "eng", "cpu", dense="unfused").dense == "unfused"
+    assert bench_torch.open_engine(tmp_path / "eng", "cpu").dense == "stable"

@@ -19,6 +19,7 @@ and odd input rows are two dot products of half a tile each, in a fixed order.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cache
 
 import torch
 
@@ -55,6 +56,7 @@ INT_TILE = Tile(16, 64, 128, num_stages=4)  # tile_for's int8 / int4 tile, befor
 PARTIAL_BYTES = 64 << 20  # a split layer runs a long call in chunks of rows whose float32 partials fit in this
 
 
+@cache  # a pure function of the shape, asked at every eager call of a layer (dataclasses.replace costs microseconds)
 def tile_for(N: int, K: int, bits: int = 0) -> Tile:
     """The tile of a [K -> N] layer (bits 0: dense), from its shape alone (see Tile), as measured on an H200 by
     benchmarks/bench_gemm.py (docs/gpu.md#the-gemm-tiles).
