@@ -54,9 +54,12 @@ def policy_tiles(gemm, N: int, K: int, bits: int) -> list:
 
 def row_tiles(gemm, N: int, K: int, bits: int) -> list:
     """--tiles rows: gemm.tile_for's tile with other row tiles (BLOCK_M), the reduction (BLOCK_K, split) unchanged. Each is
-    checked for the chosen tile's bits: where they match, a call's row tile could follow its row count and stay exact."""
+    checked for the chosen tile's bits: where they match, a call's row tile could follow its row count and stay exact.
+    The 16-row tile also with 4 and 5 pipeline stages (q|k|v's fastest tile at 1 row had 4): stages move loads, and
+    whether Triton's code for them keeps the sum's order is what the bit check answers."""
     chosen = gemm.tile_for(N, K, bits)
-    return [chosen] + [replace(chosen, block_m=m) for m in (16, 32, 64, 128) if m != chosen.block_m]
+    deeper = [replace(chosen, block_m=16, num_stages=s) for s in (4, 5) if s != chosen.num_stages]
+    return [chosen] + [replace(chosen, block_m=m) for m in (16, 32, 64, 128) if m != chosen.block_m] + deeper
 
 
 def int4_tiles(gemm) -> list:

@@ -24,12 +24,16 @@ def test_compare_takes_the_dense_choices_and_refuses_others(monkeypatch):
 @pytest.mark.parametrize("bits", [0, 4])
 def test_row_tiles_change_the_row_tile_only(bits):
     """--tiles rows: tile_for's tile first, then the same reduction (BLOCK_K, parts), columns and stages on each other
-    BLOCK_M, so that a same-bits check compares row tiles alone."""
+    BLOCK_M, so that a same-bits check compares row tiles alone; then the 16-row tile with deeper pipelines, nothing
+    else changed, and no tile twice."""
     chosen = gemm.tile_for(4096, 4096, bits)
     tiles = bench_gemm.row_tiles(gemm, 4096, 4096, bits)
-    assert tiles[0] == chosen and sorted(t.block_m for t in tiles) == [16, 32, 64, 128]
-    keep = lambda t: (t.block_n, t.block_k, t.split, t.num_warps, t.num_stages)  # noqa: E731
-    assert all(keep(t) == keep(chosen) for t in tiles)
+    same_stages = [t for t in tiles if t.num_stages == chosen.num_stages]
+    assert tiles[0] == chosen and sorted(t.block_m for t in same_stages) == [16, 32, 64, 128]
+    keep = lambda t: (t.block_n, t.block_k, t.split, t.num_warps)  # noqa: E731
+    assert all(keep(t) == keep(chosen) for t in tiles) and len(set(tiles)) == len(tiles)
+    deeper = [t for t in tiles if t.num_stages != chosen.num_stages]
+    assert {(t.block_m, t.num_stages) for t in deeper} == {(16, s) for s in (4, 5) if s != chosen.num_stages}
 
 
 def test_a_compared_engine_opens_with_its_dense_choice(tmp_path):
