@@ -55,7 +55,7 @@ from prompts import code_prompts, spread  # noqa: E402
 
 LIMITS = dict(max_input_len=128, max_seq_len=256)  # prompts of ~64 tokens and 64 new ones: a short cache at batch 64
 TORCH = ("--backend", "torch")
-DENSE_COMPARED = ("unfused", "fixed", "cublas")  # --compare: the target's steps under these SPECDEC_TORCH_DENSE choices too
+DENSE_COMPARED = ("unfused", "shape", "fixed", "cublas")  # --compare: the target's steps under these SPECDEC_TORCH_DENSE choices too
 
 
 def open_engine(path: Path, kind: str, dense: str | None = None):

@@ -15,6 +15,11 @@
 # row tiles, checked for the same bits, ~30 s), after the tests and beside the building;
 # COMPARE=unfused,fixed (default) times the target's steps under those SPECDEC_TORCH_DENSE choices too (bench_torch.py --compare;
 # COMPARE= times the default alone).
+# TEST_K: a pytest -k expression choosing among the GPU tests (default: all of them).
+# The server's GPU test needs specdec's serve extra, which GPU hosts without a registry lack: wheels for the host's Python in
+# build/serve-wheels (carried with the call) are installed from there first, made on a machine with a registry by
+#   pip download --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
+#       -d build/serve-wheels fastapi uvicorn prometheus_client jinja2 llguidance httpx      # ~7 MB
 # DRY=1 runs the same stages on a CPU with the demo pair as it is (no enlargement), float32, batches 1 and 2, few tokens:
 # a check of this script and bench_torch.py before a device is spent on them.
 set -euo pipefail
@@ -54,6 +59,12 @@ for name in ("onnx", "ml_dtypes", "click", "tqdm", "pytest", "onnxruntime"):
 PY
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 df -h "$WORK" | tail -1
+if [ -d "$root/build/serve-wheels" ] && ! python3 -c "import fastapi, httpx, llguidance" 2>/dev/null; then
+    echo "== the serve extra from $root/build/serve-wheels"
+    python3 -m pip install -q --no-index --find-links "$root/build/serve-wheels" fastapi uvicorn prometheus_client jinja2 llguidance httpx 2>&1 \
+        || python3 -m pip install -q --no-index --find-links "$root/build/serve-wheels" --break-system-packages fastapi uvicorn \
+            prometheus_client jinja2 llguidance httpx 2>&1 || echo "== could not install the serve extra from build/serve-wheels"
+fi
 run_tests() {
     local tests=(tests/runtime/test_torch_cuda.py tests/runtime/test_torch_kernels.py)
     # the server's test where the host has the serve extra (a module that fails to import stops pytest's whole run)
@@ -62,7 +73,7 @@ run_tests() {
     else
         echo "== specdec.serve or httpx does not import on this host: the server's GPU test is left out (carry its packages as wheels to run it)"
     fi
-    (cd "$root" && timeout "${TEST_S:-240}" python3 -m pytest -q -p no:cacheprovider -rs --durations=12 "${tests[@]}" \
+    (cd "$root" && timeout "${TEST_S:-240}" python3 -m pytest -q -p no:cacheprovider -rs --durations=12 ${TEST_K:+-k "$TEST_K"} "${tests[@]}" \
         > "$OUT/torch-pytest-cuda.log" 2>&1) || echo "== tests failed or timed out: $OUT/torch-pytest-cuda.log"
     tail -40 "$OUT/torch-pytest-cuda.log"
 }

@@ -17,7 +17,7 @@ from specdec.runtime.backends.torch.kernels import gemm  # noqa: E402
 def test_compare_takes_the_dense_choices_and_refuses_others(monkeypatch):
     assert set(bench_torch.DENSE_COMPARED) == set(DENSE) - {"stable"}  # every choice but the default it compares against
     monkeypatch.setattr(sys, "argv", ["bench_torch.py", "--target", "t", "--draft", "d", "--work", "w", "--compare", "unfused,fast"])
-    with pytest.raises(SystemExit, match=r"--compare 'unfused,fast': choose among unfused, fixed, cublas"):
+    with pytest.raises(SystemExit, match=r"--compare 'unfused,fast': choose among unfused, shape, fixed, cublas"):
         bench_torch.main()
 
 

@@ -249,6 +249,24 @@ def test_split_sums_left_to_the_norm_give_the_bits_of_their_own_kernel(gpu, name
     assert np.array_equal(outs[0][0], outs[1][0]) and np.array_equal(outs[0][1], outs[1][1])
 
 
+@pytest.mark.parametrize("name", ["eagle", "int4"])
+def test_small_calls_on_the_16_row_tile_give_the_shape_tiles_bits(gpu, name):
+    """Calls of at most 16 rows run the demo target's unsplit dense layers (q|k|v, gate|up, the LM head) on the 16-row tile
+    where it gave the shape tile's bits at first use; "shape" keeps every call on the shape tile. A prefill (more than 16
+    rows), one-token steps and a verification step give the same logits, bit for bit, graphs and all, and the 16-row
+    tile was taken (an int4 target's LM head is its one dense layer)."""
+    from specdec.runtime.backends.torch.kernels import gemm
+
+    outs = []
+    for ex in (executor(gpu["dir"] / name, dense="shape"), gpu["ex"][name]):
+        cache = ex.new_cache(4)
+        first = ex.forward(cache, gpu["prompts"][:4], all_logits=False).logits.copy()
+        step = ex.forward(cache, [[5]] * 4, all_logits=True).logits.copy()
+        outs.append((first, step, ex.forward(cache, [[6, 7, 8]] * 4, all_logits=True).logits.copy()))
+    assert all(np.array_equal(a, b) for a, b in zip(outs[0], outs[1], strict=True))
+    assert True in gemm._SMALL_AGREES.values(), gemm._SMALL_AGREES
+
+
 def test_kernels_address_calls_past_two_to_the_31_elements():
     """A long prefill's rows times a layer's width pass 2**31 (Llama-3-8B's gate|up, 28672 wide, at 75k tokens): the
     kernels' offsets are int64, so the last rows are computed and stored where they belong (4.3 GB of bfloat16 here)."""

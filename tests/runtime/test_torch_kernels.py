@@ -406,3 +406,49 @@ def test_the_dense_choice_sets_every_layers_tile(monkeypatch):
     assert seen[0] != gemm.tile_for(4096, 512)  # the two choices differ at this shape
     with pytest.raises(ValueError, match="stable"):
         TritonOps("fast")
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the mechanism, on tiles whose bits the interpreter fixes; on a GPU test_torch_cuda "
+                    "checks the real 16-row tile (a GPU may also run a tile too big for its memory with fewer stages)")
+def test_small_calls_take_the_16_row_tile_only_where_its_bits_agree(monkeypatch):
+    """A dense call of at most 16 rows runs on small_tile_for's tile once that tile gave the shape tile's bits for the
+    layer's shape (checked at the first such call); a tile that gives other bits is refused and the call takes the shape
+    tile; a 17-row call, an explicit tile and ``small=False`` always take the shape tile. Whichever runs, a row's bits are
+    the shape tile's. (Stages do not change the interpreter's sums; BLOCK_K does: 4 float32 adds per 128 instead of 1.
+    Which tiles agree on a GPU is test_torch_cuda's: the 16-row tile on the demo pair.)"""
+    K, N = 256, 96  # K = 2 x BLOCK_K: the shape tile does not split
+    shape = gemm.tile_for(N, K)
+    assert shape.split == 1
+    w, x = rand(N, K, seed=40), rand(17, K, seed=41)
+    want = gemm.linear(x, w, small=False)
+    seen = []
+    launch = gemm._launch  # the tile each call asks for
+    monkeypatch.setattr(gemm, "_launch", lambda run, M, N, K, dtype, device, tile, kind, unsummed: seen.append((M, tile)) or launch(
+        run, M, N, K, dtype, device, tile, kind, unsummed))
+    # agreeing: the shape tile with 5 stages (on this CPU numpy's matmul itself gives a 16-row block other bits than a 64-row
+    # one, see numpy_keeps_a_rows_bits_anywhere_in_a_block); disagreeing: 16 rows and BLOCK_K 32
+    for little, agrees in ((gemm.replace(shape, num_stages=5), True), (gemm.replace(shape, block_m=16, block_k=32), False)):
+        monkeypatch.setattr(gemm, "_SMALL_AGREES", {})
+        monkeypatch.setattr(gemm, "small_tile_for", lambda tile, N, little=little: little)
+        seen.clear()
+        for M in (1, 5, 16, 17):
+            assert torch.equal(gemm.linear(x[:M], w), want[:M]), (little, M)
+        assert list(gemm._SMALL_AGREES.values()) == [agrees]  # asked once, at the first small call
+        # the check's two 16-row probes, then the calls: 1, 5 and 16 rows on the small tile where it agrees, 17 on the shape tile
+        assert seen[:2] == [(16, shape), (16, little)]
+        assert seen[2:] == [(1, little if agrees else shape), (5, little if agrees else shape), (16, little if agrees else shape), (17, shape)]
+        seen.clear()
+        gemm.linear(x[:1], w, small=False)
+        gemm.linear(x[:1], w, tile=shape)
+        assert seen == [(1, shape), (1, shape)]
+
+
+def test_which_layers_have_a_small_call_tile():
+    """small_tile_for: 16 rows and 5 stages on the shape tile of an unsplit layer of at most 32768 columns (the 8B
+    q|k|v and gate|up); none for a split layer (o_proj, down_proj) or the 8B LM head (not measured)."""
+    for N, K in ((6144, 4096), (28672, 4096)):
+        little = gemm.small_tile_for(gemm.tile_for(N, K), N)
+        assert little == gemm.replace(gemm.tile_for(N, K), block_m=16, num_stages=5) and little.split == 1
+    for N, K in ((4096, 4096), (4096, 14336)):
+        assert gemm.tile_for(N, K).split > 1 and gemm.small_tile_for(gemm.tile_for(N, K), N) is None
+    assert gemm.small_tile_for(gemm.tile_for(128256, 4096), 128256) is None

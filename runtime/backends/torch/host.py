@@ -7,9 +7,9 @@ from ....formats.errors import DeviceError, EngineError
 from ....formats.torch_layout import READ_VERSIONS
 
 DTYPES = ("float32", "float16", "bfloat16")
-# SPECDEC_TORCH_DENSE (ops.TritonOps): each layer's tile; the same with split layers' sums in a kernel of their own; one 16 x 32
-# tile everywhere; torch's matmul
-DENSE = ("stable", "unfused", "fixed", "cublas")
+# SPECDEC_TORCH_DENSE (ops.TritonOps): each layer's tile (16 rows for small calls where exact); the same with split layers' sums
+# in a kernel of their own; each layer's shape tile for every call; one 16 x 32 tile everywhere; torch's matmul
+DENSE = ("stable", "unfused", "shape", "fixed", "cublas")
 
 
 def require_torch(what: str):

@@ -57,9 +57,10 @@ class ReferenceOps:
 
 class TritonOps(ReferenceOps):
     """specdec's kernels. ``dense``: "stable" runs dense layers on specdec's GEMM too, each layer on the tile of its shape
-    (gemm.tile_for: a row's bits never depend on the call's row count, so speculation is exact), and leaves the sum of a
-    split o_proj / down_proj to the next add_rmsnorm; "unfused" is the same with those sums in a kernel of their own (the
-    same bits, for comparing); "fixed" runs every layer,
+    (gemm.tile_for: a row's bits never depend on the call's row count, so speculation is exact; a call of at most 16 rows
+    on gemm.small_tile_for's tile where it gives the same bits), and leaves the sum of a split o_proj / down_proj to the
+    next add_rmsnorm; "unfused" is the same with those sums in a kernel of their own (the same bits, for comparing);
+    "shape" runs every call on the shape tile (no small-call tile: the same bits, for comparing); "fixed" runs every layer,
     weight-only ones too, on the one 16 x 32 tile (gemm.FIXED: the kernels' first tiles, for comparing); "cublas" runs
     dense layers with torch's matmul (cuBLAS picks its kernel per shape: not row-exact). Weight-only layers always take
     specdec's GEMM."""
@@ -72,6 +73,7 @@ class TritonOps(ReferenceOps):
         self.dense = dense
         self.tile = gemm.FIXED if dense == "fixed" else None  # None: gemm.tile_for the layer's shape
         self.fuse_sums = dense != "unfused"  # a split o_proj's / down_proj's sum in the next add_rmsnorm ("fixed" never splits)
+        self.small_calls = dense != "shape"  # calls of at most 16 rows on gemm.small_tile_for's tile, where its bits agree
 
     def add_rmsnorm(self, x, delta, weight, eps):
         return norm.add_rmsnorm(x, delta, weight, eps)
@@ -94,4 +96,4 @@ class TritonOps(ReferenceOps):
             return gemm.int_linear(x, lin.qweight, lin.scales, lin.zeros, lin.bits, lin.group_size, out_dtype, tile=self.tile, unsummed=unsummed)
         if self.dense == "cublas":
             return gemm.linear_ref(x, lin.weight, out_dtype)
-        return gemm.linear(x, lin.weight, out_dtype, tile=self.tile, unsummed=unsummed)
+        return gemm.linear(x, lin.weight, out_dtype, tile=self.tile, unsummed=unsummed, small=self.small_calls)

@@ -3,7 +3,8 @@
 Each layer has one tile (Tile: BLOCK_M x BLOCK_N, BLOCK_K along the reduction, the reduction's number of parts),
 chosen from its shape alone (tile_for), and the row count M is not specialised on: one compiled kernel serves every
 call of a layer. Each output element is then the same float32 sum in the same order, of the same products, in every
-call; a split reduction's parts are float32 partials added in part order, by a second kernel or, for o_proj and
+call. (Calls of at most SMALL_ROWS rows may take a 16-row tile instead, where small_tile_for offers one and it gave
+the shape tile's bits on this device: checked once per shape, at first use, see _small_tile_agrees.) a split reduction's parts are float32 partials added in part order, by a second kernel or, for o_proj and
 down_proj, by the next residual add + RMSNorm (Partials, norm.add_rmsnorm). So a row's result
 does not depend on how many rows the call has, a token verified among k + 1 gets the bits of a one-token step, and
 speculation on the target is exact at every batch size (the principle of the CPU int4 kernel, hardware/kernels/).
@@ -53,6 +54,7 @@ class Tile:
 FIXED = Tile()  # one tile for every layer (16 x 32, BLOCK_K 64, no split): the kernels' first tile, kept for comparing
 DENSE_TILE = Tile(64, 64, 128, num_stages=3)  # tile_for's dense tile, before its split
 INT_TILE = Tile(16, 64, 128, num_stages=4)  # tile_for's int8 / int4 tile, before its split
+SMALL_ROWS = 16  # a call of at most this many rows may run on small_tile_for's tile
 PARTIAL_BYTES = 64 << 20  # a split layer runs a long call in chunks of rows whose float32 partials fit in this
 
 
@@ -72,6 +74,19 @@ def tile_for(N: int, K: int, bits: int = 0) -> Tile:
         return _split(INT_TILE, 4 if N <= 32768 else 1, K)
     col_tiles = -(-N // DENSE_TILE.block_n)
     return _split(DENSE_TILE, min(8, 256 // col_tiles) if col_tiles <= 64 else 1, K)
+
+
+@cache
+def small_tile_for(tile: Tile, N: int) -> Tile | None:
+    """The tile for calls of at most SMALL_ROWS rows (decode at batch 1 to 16, verification at batch 1 to 3) of a dense
+    layer of N columns whose shape tile is ``tile``, or None: ``tile`` with 16 rows and 5 pipeline stages, for a layer
+    whose tile does not split and has at most 32768 columns (on an H200 at 1 row: q|k|v 15.9 us against 20.5, gate|up 56.7 against 59.1, each giving the
+    shape tile's bits; a split layer gained under 1 us; the LM head was not measured: bench_gemm.py --tiles rows).
+    Used only where it gives the shape tile's bits on the device (_small_tile_agrees), so a row's bits stay those of a
+    one-row call."""
+    if tile.split != 1 or N > 32768:
+        return None
+    return replace(tile, block_m=SMALL_ROWS, num_stages=5)
 
 
 def _split(tile: Tile, split: int, K: int) -> Tile:
@@ -277,17 +292,51 @@ def _launch_tile(launch, M: int, N: int, K: int, dtype: torch.dtype, device: tor
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None, tile: Tile | None = None,
-           unsummed: bool = False) -> torch.Tensor | Partials:
-    """linear_ref on the layer's tile (default: tile_for its shape). x [M, K] (unit stride along K), weight [N, K] contiguous.
+           unsummed: bool = False, small: bool = True) -> torch.Tensor | Partials:
+    """linear_ref on the layer's tile (default: tile_for its shape; with ``small``, a call of at most SMALL_ROWS rows on
+    small_tile_for's tile where it gives the same bits). x [M, K] (unit stride along K), weight [N, K] contiguous.
     unsummed: a split layer may return its Partials (summed() makes them the output)."""
     M, K = x.shape
     N = weight.shape[0]
-    tile = tile or tile_for(N, K)
+    dtype = out_dtype or x.dtype
+    kind = ("dense", x.dtype, weight.dtype)
+    if tile is None:
+        tile = tile_for(N, K)
+        if small and M <= SMALL_ROWS and (little := small_tile_for(tile, N)) is not None and _small_tile_agrees(x, weight, dtype, tile, little, kind):
+            tile = little
 
     def launch(out, rows, m, k_per, grid, **meta):
         _dense_kernel[grid](x[rows], weight, out, m, N, K, k_per, x.stride(0), weight.stride(0), out.stride(0), IEEE=x.dtype == torch.float32, **meta)
 
-    return _launch(launch, M, N, K, out_dtype or x.dtype, x.device, tile, ("dense", x.dtype, weight.dtype), unsummed)
+    return _launch(launch, M, N, K, dtype, x.device, tile, kind, unsummed)
+
+
+# (kind, out dtype, N, K, device, shape tile, small tile) -> whether the small tile gave the shape tile's bits there
+_SMALL_AGREES: dict[tuple, bool] = {}
+
+
+def _small_tile_agrees(x: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype, tile: Tile, little: Tile, kind: tuple) -> bool:
+    """Whether ``little`` gives ``tile``'s bits for this layer's shape on x's device, asked once per shape: both run on
+    SMALL_ROWS random rows of the layer's own weight and are compared bit for bit. Where they match, the two compiled
+    kernels sum each element in the same order (a tile's rows never interact), so a row's bits do not depend on which
+    of them a call takes. Measured on an H200 for every dense 8B layer (bench_gemm.py --tiles rows), checked here
+    because another GPU or Triton may compile them otherwise. Not asked inside a CUDA graph's capture (a comparison
+    syncs): such a call takes the shape tile, as exact either way."""
+    N, K = weight.shape
+    key = (*kind, dtype, N, K, x.device, tile, little)
+    if key not in _SMALL_AGREES:
+        if x.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return False
+        probe = torch.randn(SMALL_ROWS, K, generator=torch.Generator(x.device).manual_seed(0), device=x.device).to(x.dtype)
+
+        def run(t: Tile) -> torch.Tensor:
+            def launch(out, rows, m, k_per, grid, **meta):
+                _dense_kernel[grid](probe[rows], weight, out, m, N, K, k_per, probe.stride(0), weight.stride(0), out.stride(0),
+                                    IEEE=x.dtype == torch.float32, **meta)
+            return _launch(launch, SMALL_ROWS, N, K, dtype, x.device, t, kind, False)
+
+        _SMALL_AGREES[key] = torch.equal(run(tile), run(little))
+    return _SMALL_AGREES[key]
 
 
 def int_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int, group: int,
