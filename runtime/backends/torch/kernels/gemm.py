@@ -3,9 +3,10 @@
 Each layer has one tile (Tile: BLOCK_M x BLOCK_N, BLOCK_K along the reduction, the reduction's number of parts),
 chosen from its shape alone (tile_for), and the row count M is not specialised on: one compiled kernel serves every
 call of a layer. Each output element is then the same float32 sum in the same order, of the same products, in every
-call. (Calls of at most SMALL_ROWS rows may take a 16-row tile instead, where small_tile_for offers one and it gave
-the shape tile's bits on this device: checked once per shape, at first use, see _small_tile_agrees.) a split reduction's parts are float32 partials added in part order, by a second kernel or, for o_proj and
-down_proj, by the next residual add + RMSNorm (Partials, norm.add_rmsnorm). So a row's result
+call; a split reduction's parts are float32 partials added in part order, by a second kernel or, for o_proj and
+down_proj, by the next residual add + RMSNorm (Partials, norm.add_rmsnorm). Calls of at most SMALL_ROWS rows may take
+a 16-row tile instead, where small_tile_for offers one and it gave the shape tile's bits on this device (checked once
+per shape at first use: _small_tile_agrees). So a row's result
 does not depend on how many rows the call has, a token verified among k + 1 gets the bits of a one-token step, and
 speculation on the target is exact at every batch size (the principle of the CPU int4 kernel, hardware/kernels/).
 The programs of one column tile sit next to each other in launch order (M varies fastest), so a weight tile read
@@ -80,8 +81,9 @@ def tile_for(N: int, K: int, bits: int = 0) -> Tile:
 def small_tile_for(tile: Tile, N: int) -> Tile | None:
     """The tile for calls of at most SMALL_ROWS rows (decode at batch 1 to 16, verification at batch 1 to 3) of a dense
     layer of N columns whose shape tile is ``tile``, or None: ``tile`` with 16 rows and 5 pipeline stages, for a layer
-    whose tile does not split and has at most 32768 columns (on an H200 at 1 row: q|k|v 15.9 us against 20.5, gate|up 56.7 against 59.1, each giving the
-    shape tile's bits; a split layer gained under 1 us; the LM head was not measured: bench_gemm.py --tiles rows).
+    whose tile does not split and has at most 32768 columns (on an H200 at 1 row: q|k|v 15.9 us against 20.5, gate|up
+    56.7 against 59.1, each giving the shape tile's bits; a split layer gained under 1 us; the LM head was not measured:
+    bench_gemm.py --tiles rows).
     Used only where it gives the shape tile's bits on the device (_small_tile_agrees), so a row's bits stay those of a
     one-row call."""
     if tile.split != 1 or N > 32768:
