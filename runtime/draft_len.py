@@ -119,16 +119,11 @@ SKIP_SHARE = 0.02  # a scored draft whose proposal costs less than this share of
 class _CostLine:
     """seconds = intercept + slope * width, fitted to recent timings (exponentially forgotten
     least squares). One line, not one average per width: a width timed once during a noisy
-    moment cannot lock itself out, every timing informs every width. Once its recent timings sit at
-    one width (auto drafting the same k round after round) the line keeps the slope it last fitted
-    over two, so the widths it does not time any more still cost what they did; without it a batch
-    size's line fell back to the per-token slope over every batch size, which a GPU, flat in small
-    calls and steep in large ones, makes wrong either way."""
+    moment cannot lock itself out, every timing informs every width."""
 
     def __init__(self) -> None:
         self.s = [0.0] * 5  # decayed sums of 1, w, w^2, t, w*t (plain floats: this runs every round)
         self._fit: tuple[float, float, float | None] | None = None  # (mean w, mean t, slope) of s, until the next add
-        self._kept: float | None = None  # the last slope fitted over two widths or more
 
     def add(self, width: int, seconds: float) -> None:
         if self.s[0] > 0:
@@ -149,9 +144,7 @@ class _CostLine:
             n, sw, sww, st, swt = self.s
             mean_w, mean_t = sw / n, st / n
             var = sww / n - mean_w * mean_w
-            if var >= 0.1:  # two widths or more: their own slope, kept for when they sit at one width again
-                self._kept = max((swt / n - mean_w * mean_t) / var, 0.0)
-            fit = self._fit = (mean_w, mean_t, self._kept)
+            fit = self._fit = (mean_w, mean_t, None if var < 0.1 else max((swt / n - mean_w * mean_t) / var, 0.0))
         return fit
 
     @property
@@ -161,7 +154,7 @@ class _CostLine:
 
     @property
     def slope(self) -> float | None:
-        """Seconds per unit of width, or None until two widths were timed (then the last fitted over two, see the class)."""
+        """Seconds per unit of width, or None until two widths were timed."""
         return self._fitted()[2]
 
     def __call__(self, width: int, slope: float | None = None) -> float:

@@ -173,27 +173,6 @@ def test_verify_costs_in_one_pass_price_each_width_as_its_line_does(even_rows):
     assert auto.verify_cost(3, 9) == pytest.approx(auto.verify[3](auto.computed_width(3, 9), 3 * per_token))  # past the memo
 
 
-def test_a_line_timed_at_one_width_for_hundreds_of_rounds_keeps_the_slope_it_had():
-    """As on a GPU: verification costs measured at load rise steeply with width at 16 rows and barely at 1 row; then 400
-    rounds draft k = 4 at 16 rows, so the 16-row line's timings sit at width 5. Its widths must still cost what the load
-    measured, not what a per-token slope over every batch size says (20% too steep here: the fallback this replaced)."""
-    auto = AutoDraftLen(8, 16)
-    steep = lambda w: 4.8e-3 + 0.6e-3 * (w - 1)  # noqa: E731  16 rows: compute-bound past a few tokens
-    flat = lambda w: 4.6e-3 + 0.025e-3 * (w - 1)  # noqa: E731  1 row: the weights' read
-    auto.seed_verify({**{(16, w): steep(w) for w in range(1, 10)}, **{(1, w): flat(w) for w in range(1, 10)}})
-    for i in range(200):
-        auto.record_verify(1, 1 + i % 5, flat(1 + i % 5))
-    for _ in range(400):
-        auto.record_verify(16, 5, steep(5))
-    costs = auto.verify_costs(16)
-    assert costs[5] == pytest.approx(steep(5), rel=0.01)
-    assert costs[9] - costs[1] == pytest.approx(steep(9) - steep(1), rel=0.05)
-    fresh = AutoDraftLen(8, 16)
-    for _ in range(3):
-        fresh.record_verify(2, 5, 5e-3)
-    assert fresh.verify[2].slope is None  # a line never timed at two widths still has no slope of its own
-
-
 def test_expected_tokens_are_remembered_as_prefixes_until_the_method_drafts_again():
     auto = AutoDraftLen(6)
     for accepted in (3, 1, 6, 0):
