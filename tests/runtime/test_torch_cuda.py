@@ -250,21 +250,33 @@ def test_split_sums_left_to_the_norm_give_the_bits_of_their_own_kernel(gpu, name
 
 
 @pytest.mark.parametrize("name", ["eagle", "int4"])
-def test_small_calls_on_the_16_row_tile_give_the_shape_tiles_bits(gpu, name):
-    """Calls of at most 16 rows run the demo target's unsplit dense layers (q|k|v, gate|up, the LM head) on the 16-row tile
-    where it gave the shape tile's bits at first use; "shape" keeps every call on the shape tile. A prefill (more than 16
-    rows), one-token steps and a verification step give the same logits, bit for bit, graphs and all, and the 16-row
-    tile was taken (an int4 target's LM head is its one dense layer)."""
+def test_small_calls_on_the_16_row_tile_give_the_shape_tiles_bits(gpu, name, monkeypatch):
+    """Calls of at most 16 rows run the demo target's unsplit dense layers on the 16-row tile where it gave the shape
+    tile's bits at first use; "shape" keeps every call on the shape tile. A prefill (more than 16 rows), a one-token step
+    (4 rows) and a verification (12 rows) give the same logits either way, and across the boundary a 5-token
+    verification of 4 requests (20 rows: the shape tile) gives its first token the one-token step's logits. The 16-row
+    tile is taken wherever its check agreed (an int4 target's dense layers: its LM head)."""
     from specdec.runtime.backends.torch.kernels import gemm
 
+    taken = []
+    launch = gemm._launch
+    monkeypatch.setattr(gemm, "_launch", lambda run, M, N, K, dtype, device, tile, kind, unsummed: taken.append((kind[0], N, K, tile)) or launch(
+        run, M, N, K, dtype, device, tile, kind, unsummed))
     outs = []
-    for ex in (executor(gpu["dir"] / name, dense="shape"), gpu["ex"][name]):
+    for ex in (executor(gpu["dir"] / name, dense="shape"), executor(gpu["dir"] / name)):
         cache = ex.new_cache(4)
         first = ex.forward(cache, gpu["prompts"][:4], all_logits=False).logits.copy()
         step = ex.forward(cache, [[5]] * 4, all_logits=True).logits.copy()
         outs.append((first, step, ex.forward(cache, [[6, 7, 8]] * 4, all_logits=True).logits.copy()))
+        wide = ex.new_cache(4)
+        ex.forward(wide, gpu["prompts"][:4], all_logits=False)
+        verified = ex.forward(wide, [[5, 6, 7, 8, 9]] * 4, all_logits=True).logits
+        assert np.array_equal(verified[:, :1], step)
     assert all(np.array_equal(a, b) for a, b in zip(outs[0], outs[1], strict=True))
-    assert True in gemm._SMALL_AGREES.values(), gemm._SMALL_AGREES
+    small = [t for kind, _, _, t in taken if kind == "dense" and t.block_m == gemm.SMALL_ROWS and t.num_stages == 5]
+    shapes = {(N, K) for kind, N, K, _ in taken if kind == "dense"}
+    agreed = [ok for key, ok in gemm._SMALL_AGREES.items() if key[4:6] in shapes]  # key: (*kind, dtype, N, K, ...)
+    assert agreed and bool(small) == any(agreed), gemm._SMALL_AGREES
 
 
 def test_kernels_address_calls_past_two_to_the_31_elements():

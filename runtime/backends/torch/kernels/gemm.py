@@ -82,8 +82,8 @@ def small_tile_for(tile: Tile, N: int) -> Tile | None:
     """The tile for calls of at most SMALL_ROWS rows (decode at batch 1 to 16, verification at batch 1 to 3) of a dense
     layer of N columns whose shape tile is ``tile``, or None: ``tile`` with 16 rows and 5 pipeline stages, for a layer
     whose tile does not split and has at most 32768 columns (on an H200 at 1 row: q|k|v 15.9 us against 20.5, gate|up
-    56.7 against 59.1, each giving the shape tile's bits; a split layer gained under 1 us; the LM head was not measured:
-    bench_gemm.py --tiles rows).
+    56.7 against 59.1, each giving the shape tile's bits; a split layer gained under 1 us; the 8B LM head, 128256
+    columns, was not measured, and an LM head within 32768 columns takes it as any layer: bench_gemm.py --tiles rows).
     Used only where it gives the shape tile's bits on the device (_small_tile_agrees), so a row's bits stay those of a
     one-row call."""
     if tile.split != 1 or N > 32768:
@@ -318,18 +318,25 @@ _SMALL_AGREES: dict[tuple, bool] = {}
 
 
 def _small_tile_agrees(x: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype, tile: Tile, little: Tile, kind: tuple) -> bool:
-    """Whether ``little`` gives ``tile``'s bits for this layer's shape on x's device, asked once per shape: both run on
-    SMALL_ROWS random rows of the layer's own weight and are compared bit for bit. Where they match, the two compiled
-    kernels sum each element in the same order (a tile's rows never interact), so a row's bits do not depend on which
-    of them a call takes. Measured on an H200 for every dense 8B layer (bench_gemm.py --tiles rows), checked here
-    because another GPU or Triton may compile them otherwise. Not asked inside a CUDA graph's capture (a comparison
-    syncs): such a call takes the shape tile, as exact either way."""
+    """Whether ``little`` gives ``tile``'s bits for this layer's shape on x's device, asked once per shape (on the first
+    layer of that shape's weight): both run on a probe of SMALL_ROWS rows and are compared bit for bit. The probe's rows
+    span 2**-8 to 2**7 in scale, with exact zeros and outlier columns, so that a different order of adding or a
+    different rounding inside the tensor-core instruction shows (on an H200 the 64-row tile compiles to wgmma and the
+    16-row one to mma.sync). Where they match, a row's bits are taken not to depend on which tile a call takes: the
+    evidence bench_gemm.py --tiles rows gave for every dense 8B layer, asked again here because another GPU or Triton
+    may compile them otherwise. Not asked inside a CUDA graph's capture (a comparison syncs): such a call takes the
+    shape tile, as exact either way."""
     N, K = weight.shape
     key = (*kind, dtype, N, K, x.device, tile, little)
     if key not in _SMALL_AGREES:
         if x.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return False
-        probe = torch.randn(SMALL_ROWS, K, generator=torch.Generator(x.device).manual_seed(0), device=x.device).to(x.dtype)
+        gen = torch.Generator(x.device).manual_seed(0)
+        probe = torch.randn(SMALL_ROWS, K, generator=gen, device=x.device)  # [16, K] float32
+        probe *= 2.0 ** (torch.arange(SMALL_ROWS, device=x.device, dtype=torch.float32) - 8)[:, None]  # each row its scale
+        probe[::3, ::7] = 0.0
+        probe[1::4, ::97] *= 16.0  # outliers, within float16's range
+        probe = probe.to(x.dtype)
 
         def run(t: Tile) -> torch.Tensor:
             def launch(out, rows, m, k_per, grid, **meta):
@@ -337,7 +344,9 @@ def _small_tile_agrees(x: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype
                                     IEEE=x.dtype == torch.float32, **meta)
             return _launch(launch, SMALL_ROWS, N, K, dtype, x.device, t, kind, False)
 
-        _SMALL_AGREES[key] = torch.equal(run(tile), run(little))
+        a, b = run(tile), run(little)
+        bits = torch.int16 if a.element_size() == 2 else torch.int32
+        _SMALL_AGREES[key] = torch.equal(a.view(bits), b.view(bits))  # bits: -0.0 is not 0.0 here
     return _SMALL_AGREES[key]
 
 
