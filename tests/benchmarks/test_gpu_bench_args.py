@@ -46,3 +46,24 @@ def test_a_compared_engine_opens_with_its_dense_choice(tmp_path):
     build_engine(make_checkpoint(tmp_path / "ckpt"), tmp_path / "eng", spec_build(0, backend="torch"), say=lambda _: None)
     assert bench_torch.open_engine(tmp_path / "eng", "cpu", dense="unfused").dense == "unfused"
     assert bench_torch.open_engine(tmp_path / "eng", "cpu").dense == "stable"
+
+
+def test_steps_are_timed_up_to_each_engines_widest_step():
+    """bench_torch's steps: the draft at 1 token, every other engine up to its max_draft_len + 1 tokens (a wider call is
+    a prompt's, run without CUDA graphs), so an engine built for k = 4 has no 9-token figure."""
+    from types import SimpleNamespace
+
+    class Engine:
+        def __init__(self, k):
+            self.build, self.widths = SimpleNamespace(max_draft_len=k), set()
+
+        def new_cache(self, batch):
+            return None
+
+        def forward(self, cache, tokens, all_logits, advance=None):
+            self.widths.add(len(tokens[0]))
+
+    engines = {"target": (Engine(8), None), "draft": (Engine(0), None), "int4": (Engine(4), None), "target_unfused": (Engine(4), None)}
+    got = bench_torch.timed_steps(engines, [1, 2], [1, 3, 5, 9], repeats=1, reps=1)
+    assert [sorted(got[name][2]) for name in engines] == [[1, 3, 5, 9], [1], [1, 3, 5], [1, 3, 5]]
+    assert engines["int4"][0].widths == {1, 3, 5, 100}  # 100: the cache's prompt
