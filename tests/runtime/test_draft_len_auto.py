@@ -232,6 +232,11 @@ def test_describe_reports_what_a_decision_reads():
     assert state["draft_step_ms"] == 250.0 and state["catch_up_64_ms"] is None  # no catch-up timed yet
     assert state["drafting_rounds"] == 10 and state["acceptance"] == pytest.approx((30 + 1) / (40 + 2), abs=1e-3)
     assert state["perfect_drafter_pays"] is auto.pays_at("draft", 8)
+    assert state["rounds_timed"] == {}  # the costs were set, no round timed
+    for width, seconds in ((5, 0.009), (5, 0.009), (5, 0.011), (2, 0.004), (2, 0.006)):  # each shape's first call is not timed
+        auto.record_verify(8, width, seconds)
+    auto.seed_verify({(8, 9): 0.5})  # a seed is not a round
+    assert auto.describe("draft", 8)["rounds_timed"] == {2: [1, 6.0], 5: [2, 10.0]}
 
 
 def test_seeded_draft_costs_price_the_first_rounds():
