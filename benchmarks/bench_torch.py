@@ -278,8 +278,9 @@ def main() -> None:
     ap.add_argument("--sections", default="build,bandwidth,steps,profile,decode,hf")
     ap.add_argument("--hf_batches", default=None, help="batch sizes for Hugging Face (default: --batches)")
     ap.add_argument("--compare", default="", help="also time the target's steps under these SPECDEC_TORCH_DENSE choices, interleaved "
-                    "with the default's: 'unfused' (split layers' sums in kernels of their own), 'fixed' (every layer on the one "
-                    "16 x 32 GEMM tile: the kernels before per-shape tiles), e.g. unfused,fixed")
+                    "with the default's: 'unfused' (split layers' sums in kernels of their own), 'shape' (no 16-row tile for small "
+                    "calls), 'fixed' (every layer on the one 16 x 32 GEMM tile: the kernels before per-shape tiles), 'cublas' "
+                    "(torch's matmul), e.g. unfused,fixed")
     ap.add_argument("--budget_s", type=float, default=1e9)
     ap.add_argument("--build_jobs", type=int, default=1, help="engines built at once (each a process; an 8B bfloat16 build peaks near 15 GiB)")
     ap.add_argument("--json", default=None)

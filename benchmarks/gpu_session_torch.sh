@@ -61,9 +61,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 df -h "$WORK" | tail -1
 if [ -d "$root/build/serve-wheels" ] && ! python3 -c "import fastapi, httpx, llguidance" 2>/dev/null; then
     echo "== the serve extra from $root/build/serve-wheels"
-    python3 -m pip install -q --no-index --find-links "$root/build/serve-wheels" fastapi uvicorn prometheus_client jinja2 llguidance httpx 2>&1 \
-        || python3 -m pip install -q --no-index --find-links "$root/build/serve-wheels" --break-system-packages fastapi uvicorn \
-            prometheus_client jinja2 llguidance httpx 2>&1 || echo "== could not install the serve extra from build/serve-wheels"
+    serve=(python3 -m pip install -q --no-index --find-links "$root/build/serve-wheels" fastapi uvicorn prometheus_client jinja2 llguidance httpx)
+    "${serve[@]}" 2>&1 || "${serve[@]}" --break-system-packages 2>&1 || echo "== could not install the serve extra from build/serve-wheels"
 fi
 run_tests() {
     local tests=(tests/runtime/test_torch_cuda.py tests/runtime/test_torch_kernels.py)

@@ -176,9 +176,9 @@ class AutoDraftLen:
         # auto rarely drafts) takes its slope from here, rows x seconds per token. The fixed prior (10% of a call per
         # token) is a 1-row figure; at 16 rows on a CPU a second token per row costs ~60% more, not 10%.
         self.per_token = _CostLine()
-        # rows -> width -> [calls, seconds] the rounds timed (seeds not counted): describe() sets them beside the line, so
+        # (rows, width) -> [calls, seconds] the rounds timed (seeds not counted): describe() sets them beside the line, so
         # a report shows which widths the line was fitted on and what they cost (a GPU's cost is no line: flat, then steep)
-        self.timed: dict[int, dict[int, list[float]]] = {}
+        self.timed: dict[tuple[int, int], list[float]] = {}
         self.draft_s: dict[tuple[str, int], float] = {}  # (method, rows) -> seconds per draft step (moving average)
         self.one_call: set[str] = set()  # methods that draft a round in one call (the Engine fills it): one step per round
         self.round_lines: dict[tuple[str, int], _CostLine] = {}  # (one-call method, rows) -> a round's drafting by its drafts
@@ -203,9 +203,8 @@ class AutoDraftLen:
         a 64-token catch-up, the method's acceptance and drafting rounds, and whether a perfect drafter would pay (for a
         benchmark's report: why auto drafted, or did not); beside the call's line, the widths the rounds timed at ``rows``
         (calls, mean ms: every round of the engine's life, not only the line's recent ones)."""
-        timed = self.timed.get(rows, {})
         return {"verify_ms": [round(c * 1e3, 3) for c in self.verify_costs(rows)[1:]],
-                "rounds_timed": {w: [int(n), round(t / n * 1e3, 3)] for w, (n, t) in sorted(timed.items())},
+                "rounds_timed": {w: [int(n), round(t / n * 1e3, 3)] for (r, w), (n, t) in sorted(self.timed.items()) if r == rows},
                 "draft_step_ms": round(self.draft_cost(method, rows, default=float("nan")) * 1e3, 3),
                 "catch_up_64_ms": round(self.catch_up_cost(method, 64, rows) * 1e3, 3) if method in self.catch_up_s else None,
                 "acceptance": round(self.acceptance(method, 0, 0), 3), "drafting_rounds": self.drafting_rounds.get(method, 0),
@@ -230,7 +229,9 @@ class AutoDraftLen:
             self.verify[rows].add(width, seconds)
         self.per_token.add(rows * width, seconds)
         self._memo.clear()
-        tally = self.timed.setdefault(rows, {}).setdefault(width, [0, 0.0])
+        tally = self.timed.get((rows, width))
+        if tally is None:
+            tally = self.timed[(rows, width)] = [0, 0.0]
         tally[0] += 1
         tally[1] += seconds
 

@@ -34,7 +34,9 @@ tl = None  # triton.language, bound when a kernel of this module first launches 
 class Tile:
     """One launch configuration: a BLOCK_M x BLOCK_N output tile, BLOCK_K along the reduction, and ``split`` parts of
     the reduction (each part's partial sums land in float32, added in part order after: Partials). A layer's tile is
-    chosen from its shape alone (tile_for), never from the call's row count, so a row's bits stay those of a 1-row call."""
+    chosen from its shape alone (tile_for), never from the call's row count, so a row's bits stay those of a 1-row call;
+    the one exception, small_tile_for's tile for calls of at most SMALL_ROWS rows, is taken only where a check on the
+    device found it gives the same bits (_small_tile_agrees)."""
 
     block_m: int = 16
     block_n: int = 32
@@ -337,14 +339,7 @@ def _small_tile_agrees(x: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype
         probe[::3, ::7] = 0.0
         probe[1::4, ::97] *= 16.0  # outliers, within float16's range
         probe = probe.to(x.dtype)
-
-        def run(t: Tile) -> torch.Tensor:
-            def launch(out, rows, m, k_per, grid, **meta):
-                _dense_kernel[grid](probe[rows], weight, out, m, N, K, k_per, probe.stride(0), weight.stride(0), out.stride(0),
-                                    IEEE=x.dtype == torch.float32, **meta)
-            return _launch(launch, SMALL_ROWS, N, K, dtype, x.device, t, kind, False)
-
-        a, b = run(tile), run(little)
+        a, b = (linear(probe, weight, dtype, tile=t) for t in (tile, little))  # an explicit tile: no small-call choice
         bits = torch.int16 if a.element_size() == 2 else torch.int32
         _SMALL_AGREES[key] = torch.equal(a.view(bits), b.view(bits))  # bits: -0.0 is not 0.0 here
     return _SMALL_AGREES[key]
