@@ -179,6 +179,8 @@ class AutoDraftLen:
         # (rows, width) -> [calls, seconds] the rounds timed (seeds not counted): describe() sets them beside the line, so
         # a report shows which widths the line was fitted on and what they cost (a GPU's cost is no line: flat, then steep)
         self.timed: dict[tuple[int, int], list[float]] = {}
+        # (method, rows, drafts) -> [calls, seconds] of the drafting rounds timed, likewise (a one-call drafter's cost by k)
+        self.drafts_timed: dict[tuple[str, int, int], list[float]] = {}
         self.draft_s: dict[tuple[str, int], float] = {}  # (method, rows) -> seconds per draft step (moving average)
         self.one_call: set[str] = set()  # methods that draft a round in one call (the Engine fills it): one step per round
         self.round_lines: dict[tuple[str, int], _CostLine] = {}  # (one-call method, rows) -> a round's drafting by its drafts
@@ -202,9 +204,12 @@ class AutoDraftLen:
         """What ``method``'s decisions at ``rows`` requests read, in milliseconds: the target call by width, a draft step,
         a 64-token catch-up, the method's acceptance and drafting rounds, and whether a perfect drafter would pay (for a
         benchmark's report: why auto drafted, or did not); beside the call's line, the widths the rounds timed at ``rows``
-        (calls, mean ms: every round of the engine's life, not only the line's recent ones)."""
+        (calls, mean ms: every round of the engine's life, not only the line's recent ones), and the method's drafting
+        rounds there by their drafts, likewise (a one-call drafter's round line is fitted on these)."""
         return {"verify_ms": [round(c * 1e3, 3) for c in self.verify_costs(rows)[1:]],
                 "rounds_timed": {w: [int(n), round(t / n * 1e3, 3)] for (r, w), (n, t) in sorted(self.timed.items()) if r == rows},
+                "drafts_timed": {k: [int(n), round(t / n * 1e3, 3)] for (m, r, k), (n, t) in sorted(self.drafts_timed.items())
+                                 if m == method and r == rows},
                 "draft_step_ms": round(self.draft_cost(method, rows, default=float("nan")) * 1e3, 3),
                 "catch_up_64_ms": round(self.catch_up_cost(method, 64, rows) * 1e3, 3) if method in self.catch_up_s else None,
                 "acceptance": round(self.acceptance(method, 0, 0), 3), "drafting_rounds": self.drafting_rounds.get(method, 0),
@@ -267,6 +272,11 @@ class AutoDraftLen:
         if self._first(("draft", method, rows, drafts)):  # each shape's first call pays ONNX Runtime's setup
             return
         steps = self.steps(method, drafts)
+        tally = self.drafts_timed.get((method, rows, drafts))
+        if tally is None:
+            tally = self.drafts_timed[(method, rows, drafts)] = [0, 0.0]
+        tally[0] += 1
+        tally[1] += seconds
         if method in self.one_call and drafts > 0:  # a tree's round is timed at its nodes, and priced at them (tree_pays)
             line = self.round_lines.get((method, rows))
             if line is None:
