@@ -5,6 +5,7 @@ depend on how many rows share its call, nor on which kernel (AVX-512 VNNI, AVX2,
 import os
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -325,6 +326,30 @@ def test_no_compiler_is_one_clear_line(tmp_path, monkeypatch):
     assert not list(tmp_path.iterdir())  # nothing half-written
 
 
+@pytest.mark.parametrize("fails", ["q8_kernels.c", "the link"])
+def test_a_compiler_that_fails_on_one_file_is_one_error_naming_it(tmp_path, monkeypatch, fails):
+    """The sources compile in processes of their own: one that fails is the error, with its command and the compiler's
+    words, and nothing is linked or left behind (no objects, no library)."""
+    real = rk.compiler()
+    cc = tmp_path / "bin" / "cc"
+    cc.parent.mkdir()
+    trigger = '[ "$1" = "-shared" ]' if fails == "the link" else f'case "$*" in *{fails}*) true;; *) false;; esac'
+    cc.write_text(f'#!/bin/sh\nif {trigger}; then echo "cc: it broke here" >&2; exit 1; fi\nexec {real} "$@"\n')
+    cc.chmod(0o755)
+    monkeypatch.setenv("CC", str(cc))
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(rk.KernelBuildError) as err:
+        rk.build_library(out / rk.LIBRARY)
+    message = str(err.value)
+    assert "cc: it broke here" in message and "\n" not in message
+    if fails == "the link":
+        assert " -shared " in message and " -c " not in message
+    else:  # that file's command, not the link's
+        assert f"{fails}.o " in message and " -shared " not in message
+    assert not list(out.iterdir())  # nothing half-written: no library, no objects
+
+
 def test_the_library_is_compiled_once_into_a_private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
     lib = rk.kernel_library()
@@ -436,6 +461,23 @@ def cached(cache):
     return cache / "kernels" / rk.source_digest() / rk.LIBRARY
 
 
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """A cache holding the library that kernel_library() compiled, and the kernel name a call into it printed: compiled
+    once for the tests below, each of which damages a copy of it (a compile is most of a test's time)."""
+    cache = tmp_path_factory.mktemp("kernels") / "cache"
+    first = probe(cache)
+    assert first.returncode == 0, first.stderr
+    return SimpleNamespace(cache=cache, name=first.stdout)
+
+
+def copy_of(compiled, tmp_path):
+    """A cache of one's own, holding ``compiled``'s library and manifest (as written: bytes and modes)."""
+    import shutil
+
+    return Path(shutil.copytree(compiled.cache, tmp_path / "cache"))
+
+
 def foreign_library(tmp_path):
     """A valid shared library of someone else's: no RegisterCustomOps, no specdec_q4_kernel_name."""
     (tmp_path / "other.c").write_text("int other_symbol(void) { return 7; }\n")
@@ -444,10 +486,9 @@ def foreign_library(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["cut short", "another library", "another library, its manifest forged", "no manifest", "a manifest of junk"])
-def test_a_cache_entry_that_is_not_what_was_compiled_is_compiled_again(tmp_path, damage):
-    cache = tmp_path / "cache"
-    first = probe(cache)
-    assert first.returncode == 0, first.stderr
+def test_a_cache_entry_that_is_not_what_was_compiled_is_compiled_again(compiled, tmp_path, damage):
+    cache = copy_of(compiled, tmp_path)
+    assert rk.check_cached(cached(cache)) is None
     lib, manifest = cached(cache), cached(cache).parent / rk.MANIFEST
     good = lib.read_bytes()
     if damage == "cut short":  # a copy or a disk that ran out mid-write: loading it was a SIGBUS
@@ -465,14 +506,13 @@ def test_a_cache_entry_that_is_not_what_was_compiled_is_compiled_again(tmp_path,
     else:
         manifest.write_text("{not json")
     again = probe(cache)
-    assert again.returncode == 0 and again.stdout == first.stdout, again.stderr
+    assert again.returncode == 0 and again.stdout == compiled.name, again.stderr
     assert lib.read_bytes() == good and rk.check_cached(lib) is None
     assert sorted(p.name for p in lib.parent.iterdir()) == sorted([rk.LIBRARY, rk.MANIFEST])  # no temporary left
 
 
-def test_a_bad_cache_entry_that_cannot_be_compiled_again_is_one_line(tmp_path):
-    cache = tmp_path / "cache"
-    assert probe(cache).returncode == 0
+def test_a_bad_cache_entry_that_cannot_be_compiled_again_is_one_line(compiled, tmp_path):
+    cache = copy_of(compiled, tmp_path)
     lib = cached(cache)
     damage_in_place(lib, lib.read_bytes()[:1000])
     r = probe(cache, CC=str(tmp_path / "no-such-cc"))
@@ -483,12 +523,12 @@ def test_a_bad_cache_entry_that_cannot_be_compiled_again_is_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("tool", ["specdec-build", "specdec-run"])
-def test_the_clis_meet_a_cut_short_cache_entry_with_a_rebuild_or_one_line(tiny_checkpoint, tmp_path, monkeypatch, tool):
+def test_the_clis_meet_a_cut_short_cache_entry_with_a_rebuild_or_one_line(compiled, tiny_checkpoint, tmp_path, monkeypatch, tool):
     """specdec-build and specdec-run in a child process each (a SIGBUS would be its exit status): they compile the kernel
     again, or, with no compiler, refuse in one line and leave no engine or temporary behind."""
     from conftest import cli_build
 
-    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(copy_of(compiled, tmp_path)))
     engine = tmp_path / "engine"
     assert cli_build(tiny_checkpoint, engine, "--cpu_kernels", "specdec", "--qformat", "int4_wo", "--group_size", "32").exit_code == 0
     lib = cached(tmp_path / "cache")
