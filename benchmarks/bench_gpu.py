@@ -195,7 +195,7 @@ def decode_section(methods: dict, prompts: list[list[int]], batches: list[int], 
 
 
 def _run(orch, prompts: list[list[int]], b: int, cfg) -> dict:
-    t, ids, m = time.perf_counter(), [], {"drafted": 0, "accepted": 0, "rounds": 0, "draft_s": 0.0}
+    t, ids, m = time.perf_counter(), [], {"drafted": 0, "accepted": 0, "rounds": 0, "draft_s": 0.0, "decide_s": 0.0, "other_s": 0.0}
     for lo in range(0, len(prompts), b):
         outs, metrics = orch.generate(prompts[lo : lo + b], cfg)
         ids += [o.output_ids for o in outs]
@@ -217,6 +217,9 @@ def _summarize(runs: dict[str, list[dict]], refs: dict[str, str], steps: dict, b
                      "reference": refs[name], "identical_to_target_only": sum(a == c for a, c in zip(rs[-1]["ids"], ref[-1]["ids"], strict=False)),
                      "outputs": len(ref[-1]["ids"]), "output_ids": rs[-1]["ids"]}
         last = rs[-1]
+        if last.get("rounds"):  # the host's own work per request and round (Metrics.other_s) and deciding drafts, microseconds
+            row["host_us_per_row_round"] = round(last["other_s"] / last["rounds"] * 1e6, 2)
+            row["decide_us_per_row_round"] = round(last["decide_s"] / last["rounds"] * 1e6, 2)
         if last["rounds"] and last["drafted"] and t:
             per = last["drafted"] / last["rounds"]
             t1, tv = t[1], float(np.interp(1 + per, sorted(t), [t[w] for w in sorted(t)]))

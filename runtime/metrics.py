@@ -160,7 +160,8 @@ class Metrics:
         lines = [
             f"requests {self.requests}, output tokens {self.output_tokens}, {self.tokens_per_s:.1f} tokens/s "
             f"(incl. time to first token {self.mean_ttft_s * 1e3:.1f} ms)",
-            f"time: total {self.total_s:.3f}s = target {self.target_s:.3f}s + draft {self.draft_s:.3f}s + other {self.other_s:.3f}s",
+            f"time: total {self.total_s:.3f}s = target {self.target_s:.3f}s + draft {self.draft_s:.3f}s"
+            + (f" + deciding drafts {self.decide_s:.3f}s" if self.decide_s else "") + f" + other {self.other_s:.3f}s",
         ]
         if self.cached_tokens:
             lines.append(f"prefix cache: {self.cached_tokens} of {self.prompt_tokens} prompt tokens copied, not prefilled (hit rate "

@@ -20,8 +20,9 @@ from .metrics import Metrics
 from .proposers.base import Proposer
 from .request import GenerationConfig, RequestOutput
 
-# the engine's times a generate() reports: each call counted once (the requests' own are shares of shared calls)
-ENGINE_TIMES = ("target_s", "draft_s", "prompt_target_s", "prompt_draft_s")
+# the engine's times a generate() reports: each call counted once (the requests' own are shares of shared calls), and
+# the rounds' deciding of draft lengths (so that other_s is the loop's own time, not the decisions' too)
+ENGINE_TIMES = ("target_s", "draft_s", "prompt_target_s", "prompt_draft_s", "decide_s")
 
 __all__ = ["GenerationConfig", "Orchestrator", "RequestOutput", "TokenCallback"]
 

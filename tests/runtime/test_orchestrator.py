@@ -4,6 +4,8 @@ Draft-target for every draft length up to the engine's max, n-gram, batch 1
 and ragged batches; identity draft = 100% acceptance; clean stops.
 """
 
+import re
+
 import numpy as np
 import pytest
 from checkpoints import make_checkpoint
@@ -180,3 +182,18 @@ def test_end_to_end_sampling_distribution(tmp_path, method):
     df = int(mask.sum()) - 1
     # 99.9% quantile of chi-square(df) ~ df + 3.1*sqrt(2 df) + 5 (Wilson-Hilferty, rounded up)
     assert chi2 < df + 3.1 * np.sqrt(2 * df) + 5, (chi2, df)
+
+
+def test_generate_reports_the_rounds_deciding_apart_from_the_loops_own_time(engines):
+    """generate()'s Metrics carry the engine's decide_s over the call (each round's decisions once, as its engine times:
+    draft_len=auto's choices, a fixed length's trivial one), so other_s is what is neither an engine call nor a decision,
+    and the summary's parts add up to its total."""
+    for draft_len in ("auto", 4):
+        orch = Orchestrator(engines["target"], DraftModelProposer(engines["draft"]), draft_len)
+        before = orch.engine.stats.decide_s
+        _, m = run(orch, PROMPTS)
+        assert m.decide_s > 0 and m.decide_s == pytest.approx(orch.engine.stats.decide_s - before)
+        assert m.other_s == pytest.approx(m.total_s - m.target_s - m.draft_s - m.decide_s)
+        line = m.summary().splitlines()[1]
+        parts = [float(x) for x in re.findall(r"([0-9.]+)s\b", line)]
+        assert f"deciding drafts {m.decide_s:.3f}s" in line and parts[0] == pytest.approx(sum(parts[1:]), abs=0.003)
