@@ -81,7 +81,8 @@ def build_library(dest: Path) -> Path:
         objects = tempfile.mkdtemp(prefix=".specdec_kernels.", dir=dest.parent)
         outputs = [os.path.join(objects, f"{name}.o") for name in SOURCES]
         steps = [[cc, *CFLAGS, "-c", "-o", out, str(KERNEL_DIR / name)] for name, out in zip(SOURCES, outputs, strict=True)]
-        with ThreadPoolExecutor(max_workers=min(len(steps), os.cpu_count() or 1)) as pool:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # the CPUs this process may use
+        with ThreadPoolExecutor(max_workers=min(len(steps), cpus)) as pool:
             runs = list(pool.map(lambda cmd: subprocess.run(cmd, capture_output=True, text=True), steps))
         link = [cc, *LDFLAGS, "-o", tmp, *outputs, "-lm"]
         steps.append(link)
