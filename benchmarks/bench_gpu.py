@@ -217,7 +217,7 @@ def _summarize(runs: dict[str, list[dict]], refs: dict[str, str], steps: dict, b
                      "reference": refs[name], "identical_to_target_only": sum(a == c for a, c in zip(rs[-1]["ids"], ref[-1]["ids"], strict=False)),
                      "outputs": len(ref[-1]["ids"]), "output_ids": rs[-1]["ids"]}
         last = rs[-1]
-        if last.get("rounds"):  # the host's own work per request and round (Metrics.other_s) and deciding drafts, microseconds
+        if last["rounds"]:  # the host's own work per request and round (Metrics.other_s) and deciding drafts, microseconds
             row["host_us_per_row_round"] = round(last["other_s"] / last["rounds"] * 1e6, 2)
             row["decide_us_per_row_round"] = round(last["decide_s"] / last["rounds"] * 1e6, 2)
         if last["rounds"] and last["drafted"] and t:

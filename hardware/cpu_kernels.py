@@ -65,9 +65,10 @@ def build_library(dest: Path) -> Path:
     """Compile the kernel library to ``dest``, check that it exports SYMBOLS, and write its manifest: each written
     beside its place first, then moved there whole (a concurrent build or reader never sees half a file), the
     library before the manifest that vouches for it. Each source is compiled by a process of its own, as many at once
-    as there are CPUs, then linked: the same objects as one compiler call makes (each file is its own translation unit
-    either way), in about the time of the slowest file (8.7 s against 16.2 s on 2 cores; a user's first
-    ``--cpu_kernels specdec`` build or run waits for it)."""
+    as this process may use CPUs, then linked: the same objects as one compiler call makes (each file is its own
+    translation unit either way), in about half the time on 2 cores (a user's first ``--cpu_kernels specdec`` build or
+    run waits for it: docs/benchmarks.md, "Compiling the CPU kernels on first use"). The objects go to a private
+    temporary folder, never the cache: a build killed midway leaves at most one temporary library beside ``dest``."""
     cc = compiler()
     if cc is None:
         raise KernelBuildError("specdec's int4/int8 CPU kernels (--cpu_kernels specdec) are compiled on first use and no C compiler "
@@ -78,12 +79,17 @@ def build_library(dest: Path) -> Path:
     os.close(fd)
     objects = None
     try:
-        objects = tempfile.mkdtemp(prefix=".specdec_kernels.", dir=dest.parent)
+        objects = tempfile.mkdtemp(prefix="specdec_kernels.")  # (mode 0700)
         outputs = [os.path.join(objects, f"{name}.o") for name in SOURCES]
         steps = [[cc, *CFLAGS, "-c", "-o", out, str(KERNEL_DIR / name)] for name, out in zip(SOURCES, outputs, strict=True)]
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # the CPUs this process may use
-        with ThreadPoolExecutor(max_workers=min(len(steps), cpus)) as pool:
+        # the CPUs this process may use (hardware/cpu.py's usable_cpus, inline: benchmarks/kernel_first_use.sh loads this
+        # file alone, from another checkout)
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        pool = ThreadPoolExecutor(max_workers=min(len(steps), cpus))
+        try:
             runs = list(pool.map(lambda cmd: subprocess.run(cmd, capture_output=True, text=True), steps))
+        finally:  # an interrupt (Ctrl-C) starts no compile still queued
+            pool.shutdown(cancel_futures=True)
         link = [cc, *LDFLAGS, "-o", tmp, *outputs, "-lm"]
         steps.append(link)
         runs.append(subprocess.run(link, capture_output=True, text=True) if all(r.returncode == 0 for r in runs) else None)

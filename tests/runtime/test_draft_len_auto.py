@@ -238,8 +238,8 @@ def test_describe_reports_what_a_decision_reads():
     auto.seed_verify({(8, 9): 0.5})  # a seed is not a round
     assert auto.describe("draft", 8)["rounds_timed"] == {2: [1, 6.0], 5: [2, 10.0]}
     assert state["drafts_timed"] == {}
-    for method, rows, drafts, seconds in (("draft", 8, 3, 0.5), ("draft", 8, 3, 0.003), ("draft", 8, 3, 0.005), ("draft", 4, 3, 0.001),
-                                          ("draft", 4, 3, 0.001), ("ngram", 8, 3, 0.0001), ("ngram", 8, 3, 0.0001)):
+    for method, rows, drafts, seconds in (("draft", 8, 3, 0.5), ("draft", 8, 3, 0.003), ("draft", 8, 3, 0.005), ("draft", 16, 3, 0.001),
+                                          ("draft", 16, 3, 0.001), ("ngram", 8, 3, 0.0001), ("ngram", 8, 3, 0.0001)):
         auto.record_draft(method, rows, drafts, seconds)  # (the first call of each shape is not timed)
     assert auto.describe("draft", 8)["drafts_timed"] == {3: [2, 4.0]}  # this method at this batch size only
 
