@@ -15,6 +15,7 @@ import click
 from ..formats.engine_format import VERIFY_MODES, EngineDir
 from ..formats.errors import RequestError, SpecdecError
 from ..formats.tokenizer import Tokenizer
+from ..hardware import cpu_kernels
 from ..runtime.methods import method_names
 from ..runtime.proposers.method import Flag, Method, get_method
 
@@ -97,6 +98,7 @@ def clean_errors(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         warnings.showwarning = _one_line_warning
+        cpu_kernels.compile_note = _note  # a first use compiles specdec's CPU kernels: 10-20 s, said before it starts
         try:
             return fn(*args, **kwargs)
         except SpecdecError as err:
@@ -111,6 +113,10 @@ def clean_errors(fn: Callable) -> Callable:
             sys.exit(130)
 
     return wrapper
+
+
+def _note(text: str) -> None:
+    click.echo(f"note: {text}", err=True)
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:

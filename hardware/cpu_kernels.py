@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -40,6 +41,9 @@ KERNEL_DIR = Path(__file__).parent / "kernels"
 # AVX-512 and the portable kernels round alike
 CFLAGS = ("-O3", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-fvisibility=hidden", "-std=c11", "-D_GNU_SOURCE", "-pthread")
 LDFLAGS = ("-shared", "-pthread")
+# told, before a compile starts, what it compiles and where (the CLIs print it: a first use waits 10-20 s on 2 cores
+# with nothing else to show); None: silent (a library's caller)
+compile_note: Callable[[str], None] | None = None
 
 
 class KernelBuildError(RuntimeError):
@@ -184,6 +188,7 @@ def kernel_library(layout: int = LAYOUT) -> Path:
                 return lib
             why = missing if isinstance(missing, str) else f"it does not export {', '.join(missing)}"
         try:
+            _note(f"compiling specdec's CPU kernels again: the cached library is not what specdec compiled ({why})", folder)
             return build_library(lib)
         except KernelBuildError as err:
             raise KernelBuildError(f"the cached int4 CPU kernel {lib} is not what specdec compiled ({why}), and compiling it again failed: "
@@ -193,10 +198,16 @@ def kernel_library(layout: int = LAYOUT) -> Path:
                                    f"({err.strerror}): remove {folder}, or set SPECDEC_CACHE_DIR to a folder of your own") from None
     try:
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _note("compiling specdec's CPU kernels for this host (its first use by this specdec version)", folder)
         return build_library(lib)
     except OSError as err:
         raise KernelBuildError(f"cannot write specdec's int4 CPU kernel into {folder} ({err.strerror}): set SPECDEC_CACHE_DIR to a writable "
                                "folder of your own") from None
+
+
+def _note(what: str, folder: Path) -> None:
+    if compile_note is not None and compiler() is not None:  # (without a compiler the build's error says so at once)
+        compile_note(f"{what} into {folder}: about 10-20 s on 2 cores, once")
 
 
 def kernel_name(library: Path) -> str:

@@ -356,11 +356,16 @@ def test_a_compiler_that_fails_on_one_file_is_one_error_naming_it(tmp_path, monk
 
 
 def test_the_library_is_compiled_once_into_a_private_cache(tmp_path, monkeypatch):
+    """... and the compile is announced before it starts (the CLIs print the note: a first use waits 10-20 s), the reuse not."""
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
+    notes: list[str] = []
+    monkeypatch.setattr(rk, "compile_note", notes.append)
     lib = rk.kernel_library()
     assert lib.parent == tmp_path / "kernels" / rk.source_digest() and (lib.parent.stat().st_mode & 0o077) == 0
+    assert len(notes) == 1 and notes[0].startswith("compiling specdec's CPU kernels for this host") and str(lib.parent) in notes[0]
     mtime = lib.stat().st_mtime_ns
     assert rk.kernel_library() == lib and lib.stat().st_mtime_ns == mtime  # reused, not rebuilt
+    assert len(notes) == 1
     with pytest.raises(rk.KernelBuildError, match="layout is 0, this specdec's is 2: rebuild"):
         rk.kernel_library(0)
 
@@ -556,6 +561,8 @@ def test_the_clis_meet_a_cut_short_cache_entry_with_a_rebuild_or_one_line(compil
         if cc is None:
             assert r.returncode == 0, r.stderr
             assert rk.check_cached(lib) is None
+            notes = [line for line in r.stderr.splitlines() if line.startswith("note: compiling specdec's CPU kernels again")]
+            assert len(notes) == 1 and "4096 bytes" in notes[0], r.stderr  # said before the wait, with why
             for out in outputs:
                 import shutil
 
@@ -563,6 +570,7 @@ def test_the_clis_meet_a_cut_short_cache_entry_with_a_rebuild_or_one_line(compil
         else:
             errors = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
             assert r.returncode == 1 and len(errors) == 1 and "no C compiler" in errors[0], r.stderr
+            assert "note: compiling" not in r.stderr  # nothing announced that cannot start
             assert tool == "specdec-build" or "not what specdec compiled" in errors[0]  # (the build asks for a compiler before any work)
         for out in outputs:
             assert not out.exists() and not list(out.parent.glob(f".{out.name}*"))
