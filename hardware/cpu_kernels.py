@@ -29,6 +29,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from .cpu import usable_cpus
+
 LIBRARY = "specdec_cpu_kernels.so"
 MANIFEST = "specdec_cpu_kernels.json"  # beside the library: {"size", "sha256", "source_digest", "symbols"}
 SYMBOLS = ("RegisterCustomOps", "specdec_q4_kernel_name")  # what the library must export (ONNX Runtime's entry; ours)
@@ -86,20 +88,15 @@ def build_library(dest: Path) -> Path:
         objects = tempfile.mkdtemp(prefix="specdec_kernels.")  # (mode 0700)
         outputs = [os.path.join(objects, f"{name}.o") for name in SOURCES]
         steps = [[cc, *CFLAGS, "-c", "-o", out, str(KERNEL_DIR / name)] for name, out in zip(SOURCES, outputs, strict=True)]
-        # the CPUs this process may use (hardware/cpu.py's usable_cpus, inline: benchmarks/kernel_first_use.sh loads this
-        # file alone, from another checkout)
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        pool = ThreadPoolExecutor(max_workers=min(len(steps), cpus))
+        pool = ThreadPoolExecutor(max_workers=min(len(steps), usable_cpus()))
         try:
-            runs = list(pool.map(lambda cmd: subprocess.run(cmd, capture_output=True, text=True), steps))
+            runs = list(pool.map(_run, steps))
         finally:  # an interrupt (Ctrl-C) starts no compile still queued
             pool.shutdown(cancel_futures=True)
+        for cmd, done in zip(steps, runs, strict=True):  # the first compile that failed, if any: then nothing is linked
+            _check(cmd, done)
         link = [cc, *LDFLAGS, "-o", tmp, *outputs, "-lm"]
-        steps.append(link)
-        runs.append(subprocess.run(link, capture_output=True, text=True) if all(r.returncode == 0 for r in runs) else None)
-        for cmd, done in zip(steps, runs, strict=True):
-            if done is not None and done.returncode != 0:  # the first that failed (a failed compile leaves nothing to link)
-                raise KernelBuildError(f"compiling specdec's int4/int8 CPU kernels failed ({' '.join(cmd)}): {' '.join(done.stderr.split())[-2000:]}")
+        _check(link, _run(link))
         missing = _missing_symbols(Path(tmp))
         if missing:
             what = missing if isinstance(missing, str) else f"it lacks the symbols {', '.join(missing)}"
@@ -115,6 +112,15 @@ def build_library(dest: Path) -> Path:
         if objects is not None:
             shutil.rmtree(objects, ignore_errors=True)
     return dest
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def _check(cmd: list[str], done: subprocess.CompletedProcess) -> None:
+    if done.returncode != 0:
+        raise KernelBuildError(f"compiling specdec's int4/int8 CPU kernels failed ({' '.join(cmd)}): {' '.join(done.stderr.split())[-2000:]}")
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -116,6 +116,21 @@ PERFECT = 1.0  # pays_at's default acceptance: every draft accepted
 SKIP_SHARE = 0.02  # a scored draft whose proposal costs less than this share of a target step is proposed every round
 
 
+def _tally(tallies: dict[tuple, list[float]], key: tuple, seconds: float) -> None:
+    """One more call of ``key`` into its [calls, seconds] (no default list allocated per call: this runs every round)."""
+    tally = tallies.get(key)
+    if tally is None:
+        tally = tallies[key] = [0, 0.0]
+    tally[0] += 1
+    tally[1] += seconds
+
+
+def _means(tallies: dict[tuple, list[float]], prefix: tuple) -> dict:
+    """The tallies whose key starts with ``prefix``, by the key's last part: [calls, mean ms]."""
+    n = len(prefix)
+    return {key[n]: [int(calls), round(s / calls * 1e3, 3)] for key, (calls, s) in sorted(tallies.items()) if key[:n] == prefix}
+
+
 class _CostLine:
     """seconds = intercept + slope * width, fitted to recent timings (exponentially forgotten
     least squares). One line, not one average per width: a width timed once during a noisy
@@ -207,9 +222,8 @@ class AutoDraftLen:
         (calls, mean ms: every round of the engine's life, not only the line's recent ones), and the method's drafting
         rounds there by their drafts, likewise (a one-call drafter's round line is fitted on these)."""
         return {"verify_ms": [round(c * 1e3, 3) for c in self.verify_costs(rows)[1:]],
-                "rounds_timed": {w: [int(n), round(t / n * 1e3, 3)] for (r, w), (n, t) in sorted(self.timed.items()) if r == rows},
-                "drafts_timed": {k: [int(n), round(t / n * 1e3, 3)] for (m, r, k), (n, t) in sorted(self.drafts_timed.items())
-                                 if m == method and r == rows},
+                "rounds_timed": _means(self.timed, (rows,)),
+                "drafts_timed": _means(self.drafts_timed, (method, rows)),
                 "draft_step_ms": round(self.draft_cost(method, rows, default=float("nan")) * 1e3, 3),
                 "catch_up_64_ms": round(self.catch_up_cost(method, 64, rows) * 1e3, 3) if method in self.catch_up_s else None,
                 "acceptance": round(self.acceptance(method, 0, 0), 3), "drafting_rounds": self.drafting_rounds.get(method, 0),
@@ -234,11 +248,7 @@ class AutoDraftLen:
             self.verify[rows].add(width, seconds)
         self.per_token.add(rows * width, seconds)
         self._memo.clear()
-        tally = self.timed.get((rows, width))
-        if tally is None:
-            tally = self.timed[(rows, width)] = [0, 0.0]
-        tally[0] += 1
-        tally[1] += seconds
+        _tally(self.timed, (rows, width), seconds)
 
     def seed_verify(self, costs: dict[tuple[int, int], float]) -> None:
         """Target calls timed before the first round ((rows, width) -> seconds, runtime/step_costs.py), counted as if
@@ -272,11 +282,7 @@ class AutoDraftLen:
         if self._first(("draft", method, rows, drafts)):  # each shape's first call pays ONNX Runtime's setup
             return
         steps = self.steps(method, drafts)
-        tally = self.drafts_timed.get((method, rows, drafts))
-        if tally is None:
-            tally = self.drafts_timed[(method, rows, drafts)] = [0, 0.0]
-        tally[0] += 1
-        tally[1] += seconds
+        _tally(self.drafts_timed, (method, rows, drafts), seconds)
         if method in self.one_call and drafts > 0:  # a tree's round is timed at its nodes, and priced at them (tree_pays)
             line = self.round_lines.get((method, rows))
             if line is None:
