@@ -9,6 +9,7 @@
  * q|k|v 2048x3072, o 2048x2048, gate|up 2048x16384 (swiglu's halves in turn), down 8192x2048; 808 MB, group 128),
  * held in --memory: anon (malloc's 4 KiB pages), huge (2 MiB pages, what ort_q4gemm.c's copy gets) or FILE (carved in
  * order from a mapping of FILE, e.g. an engine's model.onnx.data: the 4 KiB page-cache pages ONNX Runtime reads).
+ * anon and huge get random codes and scales of 1e-3 (a FILE's scales are whatever bytes lie there).
  * Each LIB is a build of the kernel sources (above); ":stream" sets q_problem.stream (the one-stream passes of weights
  * in huge pages). Every case runs over every layer each round, the cases taking turns layer by layer on different
  * layers (none finds another's bytes in the cache), so that a shared machine's drifting bandwidth falls on all alike:
@@ -193,7 +194,8 @@ int main(int argc, char** argv) {
     const int K = shapes[i % 4][0], N = shapes[i % 4][1];
     mats[i] = (Mat){K, N, shapes[i % 4][2], bytes + off, (const float*)(bytes + off + weight_bytes(K, N))};
     if (strcmp(memory, "anon") == 0 || strcmp(memory, "huge") == 0) /* scales of a real size: random bytes read as floats
-      include subnormals, which cost an Intel core a microcode assist in every group's epilogue (AMD's: nothing) */
+      include subnormals, which cost an Intel core a microcode assist in every group's epilogue (an AMD core's cost for
+      them was not measured; the logs before this fix were taken with random scales) */
       for (size_t j = 0; j < scale_bytes(K, N) / 4; j++) ((float*)(bytes + off + weight_bytes(K, N)))[j] = 1e-3f;
     off += mat_bytes(&mats[i]);
   }

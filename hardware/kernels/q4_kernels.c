@@ -138,14 +138,14 @@ static const q_tile_fn tiles_by_rows[9][3] = {{0},
    Zen 4 the hardware prefetcher alone then reads 1 row at about 95% of a plain read of the same pages, where 4 tiles a
    pass (4 streams and their prefetches) reach about 75%; 2-4 rows in one stream were no faster than their passes above
    (2 rows) or slower (3-4). An Intel core's L2 streamer stops at every 4 KiB boundary, huge page or not: on a Xeon with
-   AVX-512 VNNI the stream alone read at 84%, and with each block's line prefetched into L2 4 KiB ahead (into the next
-   page before the stream reaches it) at 102% (8 KiB: the same, 2 KiB: 99%, into L1: 95%); the same prefetch in a plain
-   read cost Zen 4 nothing (101-103% of the read without it). In 4 KiB pages the passes above, whose prefetches run a
-   pass ahead, are the faster on both.
+   AVX-512 VNNI the stream alone read at 84% (the passes above at 94-95%), and with each block's line prefetched into L2
+   4 KiB ahead (into the next 4 KiB region before the stream reaches it) at 102% (8 KiB: the same, 2 KiB: 99%, into L1:
+   95%); the same prefetch in a plain read cost Zen 4 nothing (101-103% of the read without it). In 4 KiB pages the
+   passes above, whose prefetches run a pass ahead, are the faster on Zen 4 (not measured on the Xeon).
    The low and high nibbles' sums and the even and odd blocks' are kept apart (four independent vpdpbusd chains). The
    integer sums are exact, so their order does not change them, and each group's term goes into y as above: the same
    bits. */
-enum { STREAM_AHEAD = 4096 }; /* bytes: one 4 KiB page ahead of the stream */
+enum { STREAM_AHEAD = 4096 }; /* bytes ahead of the stream: the next 4 KiB region's line */
 VNNI static void stream_1row(const q_problem* p, int t) {
   const int G = p->K / p->group, P = p->group / 8;
   const size_t tile_bytes = (size_t)G * P * 64, tile_scales = (size_t)G * 16;
@@ -158,7 +158,8 @@ VNNI static void stream_1row(const q_problem* p, int t) {
     const uint8_t* wg = w0 + (size_t)g * P * 64;
     for (int q = 0; q < P; q += 2)
       for (int u = 0; u < 2 && q + u < P; u++) { /* unrolled by 2: u is a constant in each copy */
-        _mm_prefetch((const char*)(wg + (size_t)(q + u) * 64) + STREAM_AHEAD, _MM_HINT_T1); /* never faults: past the end, nothing */
+        /* a hint, never a fault: past the call's weights it fetches whatever lies next (their scales, the next node's) */
+        _mm_prefetch((const char*)(wg + (size_t)(q + u) * 64) + STREAM_AHEAD, _MM_HINT_T1);
         const __m512i b = _mm512_loadu_si512(wg + (size_t)(q + u) * 64);
         int32_t a0, a1;
         memcpy(&a0, a + (q + u) * 8, 4);
