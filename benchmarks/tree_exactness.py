@@ -2,9 +2,10 @@
 
     python benchmarks/tree_exactness.py --engine ENGINE --context 100,300
 
-For each tree (a chain; a branch whose path is the call's first rows; a wide tree whose path skips siblings), the
-engine prefills ``--context`` tokens, verifies the tree in one call, then decodes the path's tokens one step at a time
-on a fresh cache, and prints the largest |difference| of the path's logits per row: 0 where the two agree bit for bit.
+For each tree (chains of 3 and 7 rows; a branch whose path is the call's first rows; paths that skip one sibling row,
+and two or three), the engine prefills ``--context`` tokens, verifies the tree in one call, then decodes the path's
+tokens one step at a time on a fresh cache, and prints the largest |difference| of the path's logits per row: 0 where
+the two agree bit for bit. Exits 1 if any row differs.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import argparse
 import numpy as np
 
 TREES = {  # the call's tokens (row 0: the last token), each row's parent (-1: none), the path compared
-    "chain": ([11, 12, 13], [-1, 0, 1], [0, 1, 2]),
-    "branch, path first": ([11, 12, 99, 13], [-1, 0, 0, 1], [0, 1, 3]),
-    "wide, path skips siblings": ([11, 50, 51, 52, 12, 53, 13], [-1, 0, 0, 0, 1, 1, 4], [0, 1, 4, 6]),
+    "chain of 3": ([11, 12, 13], [-1, 0, 1], [0, 1, 2]),
+    "chain of 7": ([11, 12, 13, 14, 15, 16, 17], [-1, 0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5, 6]),
+    "branch, the path first": ([11, 12, 13, 99], [-1, 0, 1, 0], [0, 1, 2]),
+    "path skips one sibling row": ([11, 12, 99, 13], [-1, 0, 0, 1], [0, 1, 3]),
+    "wide: path skips 2, then 1 rows": ([11, 50, 51, 52, 12, 53, 13], [-1, 0, 0, 0, 1, 1, 4], [0, 1, 4, 6]),
 }
 
 
@@ -29,6 +32,7 @@ def main() -> None:
     ap.add_argument("--context", default="100,300", help="tokens in the cache before the tree (comma list)")
     args = ap.parse_args()
     ex = open_executor(load_engine_dir(args.engine), Placement("cpu", 0))
+    differ = False
     for length in (int(c) for c in args.context.split(",")):
         prompt = [(7 * i) % 500 + 10 for i in range(length)]
         for name, (tokens, parents, path) in TREES.items():
@@ -40,8 +44,10 @@ def main() -> None:
             ex.forward(steps, [prompt], all_logits=False)
             narrow = np.stack([np.array(ex.forward(steps, [[tokens[i]]], all_logits=True).logits[0, 0]) for i in path])
             diff = np.abs(wide - narrow).max(axis=-1)
+            differ |= bool(diff.any())
             print(f"context {length}, {name}: largest |difference| along the path {np.array2string(diff, precision=3)}"
                   + (" (bit for bit)" if not diff.any() else ""), flush=True)
+    raise SystemExit(1 if differ else 0)
 
 
 if __name__ == "__main__":
