@@ -63,8 +63,9 @@ static Problem make_problem(const Case* c) {
   float *q = malloc(qf * sizeof(float)), *k = malloc(kvf * sizeof(float)), *v = malloc(kvf * sizeof(float));
   float* out = malloc(qf * sizeof(float));
   int64_t* pos = malloc(S * sizeof(int64_t));
+  int32_t* seen = malloc(S * sizeof(int32_t)); /* a chain: every slot seen is cached, seen and cached the same */
   size_t* at = malloc(tasks * sizeof(size_t));
-  if (!q || !k || !v || !out || !pos || !at) {
+  if (!q || !k || !v || !out || !pos || !seen || !at) {
     fprintf(stderr, "out of memory\n");
     exit(1);
   }
@@ -72,14 +73,14 @@ static Problem make_problem(const Case* c) {
   for (size_t i = 0; i < qf; i++) q[i] = frand();
   for (size_t i = 0; i < kvf; i++) k[i] = frand(), v[i] = frand();
   size_t slots = 0, total = 0;
-  for (int s = 0; s < S; s++) pos[s] = c->ctx + s, slots += (size_t)c->ctx + s + 1;
+  for (int s = 0; s < S; s++) pos[s] = c->ctx + s, seen[s] = c->ctx + s + 1, slots += (size_t)c->ctx + s + 1;
   for (size_t t = 0; t < tasks; t++) at[t] = total, total += (size_t)per * (c->heads / c->kv) * slots;
   float* scratch = malloc(total * sizeof(float));
   if (!scratch) {
     fprintf(stderr, "out of memory\n");
     exit(1);
   }
-  const attn_problem p = {1, S, c->heads, c->kv, c->hd, cap, q, k, v, pos, out, per, scratch, at, 1.f / sqrtf((float)c->hd)};
+  const attn_problem p = {1, S, c->heads, c->kv, c->hd, cap, q, k, v, pos, out, per, scratch, at, 1.f / sqrtf((float)c->hd), seen, seen, NULL};
   return (Problem){p, tasks, qf};
 }
 
@@ -192,7 +193,7 @@ int main(int argc, char** argv) {
     }
     free(first);
     free((void*)pr.p.q), free((void*)pr.p.k), free((void*)pr.p.v), free(pr.p.out), free((void*)pr.p.pos), free(pr.p.scratch);
-    free((void*)pr.p.scratch_at);
+    free((void*)pr.p.scratch_at), free((void*)pr.p.seen);
   }
   return 0;
 }

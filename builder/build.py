@@ -96,28 +96,22 @@ def validate_build_config(build: BuildConfig, model: ModelConfig) -> None:
         problems.append("--quantize_draft_heads quantizes a target's draft heads (Medusa heads, an EAGLE-3 or P-EAGLE module) as its weight-only "
                         "layers: use it with --speculative_decoding_mode medusa, eagle or peagle and --qformat int8_wo, int4_wo or int4_awq "
                         f"(this build: {build.speculative_decoding_mode}, {build.quantization})")
-    problems += cpu_kernels_problems(build, scheme)
+    problems += cpu_kernels_problems(build)
     if build.backend in BACKENDS[1:]:  # what the backend itself cannot build (its module says)
         problems += backend_module(build.backend).refusals(build)
     if problems:
         raise BuildConfigError("invalid build configuration: " + "; ".join(problems) + ".")
 
 
-def cpu_kernels_problems(build: BuildConfig, scheme: WeightOnlyScheme | None) -> list[str]:
+def cpu_kernels_problems(build: BuildConfig) -> list[str]:
     """--cpu_kernels specdec: specdec's CPU ops of the ort_cpu lowering (plugins/cpu_kernels.py): int4 / int8 weights on
-    Q4Gemm / Q8Gemm, a chain engine's attention on RotaryCachedAttention, and an MLP gate after a gate|up the GEMMs do not take
-    (float, MatMulNBits) on SwiGLU, whatever its precision.
-    A float engine with tree attention is refused (its attention stays ONNX Attention)."""
+    Q4Gemm / Q8Gemm, a chain or tree engine's attention on RotaryCachedAttention, and an MLP gate after a gate|up the GEMMs do
+    not take (float, MatMulNBits) on SwiGLU, whatever its precision."""
     if build.cpu_kernels not in CPU_KERNELS:
         return [f"cpu_kernels={build.cpu_kernels!r} is not one of {', '.join(CPU_KERNELS)}"]
     if build.cpu_kernels == "ort":
         return []
     problems = []
-    if scheme is None and (build.tree_attention or build.speculative_decoding_mode in TREE_MODES):
-        problems.append("--cpu_kernels specdec runs int4 / int8 weights on its GEMM ops and a chain engine's attention on RotaryCachedAttention; "
-                        f"this engine has neither: its weights are not weight-only ({build.quantization}) and it verifies trees (Medusa, "
-                        "EAGLE and P-EAGLE targets, --tree_attention), whose attention stays ONNX Attention. Build it with --cpu_kernels "
-                        "ort, or with --qformat int4_wo, int4_awq or int8_wo")
     if build.lowering != "ort_cpu":  # (a lowering only the onnxruntime backend takes)
         problems.append(f"--cpu_kernels specdec is an op of the ort_cpu lowering on the onnxruntime backend (this build: {build.backend}, "
                         f"{build.lowering})")

@@ -132,8 +132,9 @@ class _LogProgress:
         help="CPU engines (--lowering ort_cpu): ort = ONNX Runtime's own ops (MatMulNBits for int4/int8); specdec = specdec's own ops, "
              "compiled with the system C compiler on first use, here and on the hosts that run the engine (AVX-512 VNNI; AVX2 or portable C "
              "elsewhere): Q4Gemm / Q8Gemm for int4 / int8 weights (a verification step costs little more than a one-token step, no row "
-             "padding), RotaryCachedAttention (a layer's rotary, cache write and attention over the cache in place) for chain engines of any "
-             "precision, and SwiGLU (an MLP gate after a float or MatMulNBits gate|up) "
+             "padding), RotaryCachedAttention (a layer's rotary, cache write and attention over the cache in place; in a tree engine each node "
+             "reads its ancestors in path order, so trees verify with a chain's bits) for engines of any precision, "
+             "and SwiGLU (an MLP gate after a float or MatMulNBits gate|up) "
              "(docs/precision.md#specdecs-int4-kernel-q4gemm).")
 @option("cuda_attention", type=click.Choice(["auto", "gqa", "masked"]), default="auto", show_default=True,
         help="With --lowering ort_cuda: gqa = GroupQueryAttention (fastest one-token decode; several tokens with a past only one row at a time, "

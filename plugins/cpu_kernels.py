@@ -128,15 +128,18 @@ ROTARY_CACHED_ATTENTION = f"RotaryCachedAttention ({DOMAIN})"  # what an engine'
 
 
 def rotary_cached_attention(gb: GraphOps, name: str, q: str, k: str | None, v: str | None, past: list[str], present: list[str], positions: str,
-                            cos: str, sin: str, heads: int, kv_heads: int) -> str:
+                            cos: str, sin: str, heads: int, kv_heads: int, tree_mask: str | None = None) -> str:
     """A layer's attention from its projection: q [B, S, heads * head_dim] with k, v [B, S, kv_heads * head_dim], or the
     packed q|k|v [B, S, (heads + 2 kv_heads) * head_dim] with k, v None; past [key, value] the layer's caches
     [B, capacity, kv_heads * head_dim], present their names after the step (the same buffers where the runtime binds
     them so); positions [B, S] int64; cos, sin [positions, head_dim / 2]. Rotary on q and k, k and v written at slots
-    positions[b][0] + s, then each token attends to slots 0..its position (hardware/kernels/ort_attention.c)
+    positions[b][0] + s, then each token attends to slots 0..its position (hardware/kernels/ort_attention.c), or with
+    tree_mask [B, S, S] bool (a tree engine's) to the slots before positions[b][0] and the call's tokens its mask row
+    names, in call order: a tree token's output the same bits as in a chain once its path is accepted
     -> [B, S, heads * head_dim]."""
-    out = gb.op("RotaryCachedAttention", [q, k or "", v or "", *past, positions, cos, sin], name, outputs=[f"{name}/out0", *present],
-                domain=DOMAIN, num_heads=heads, kv_num_heads=kv_heads)
+    inputs = [q, k or "", v or "", *past, positions, cos, sin] + ([tree_mask] if tree_mask else [])
+    out = gb.op("RotaryCachedAttention", inputs, name, outputs=[f"{name}/out0", *present], domain=DOMAIN, num_heads=heads,
+                kv_num_heads=kv_heads)
     return out[0]
 
 

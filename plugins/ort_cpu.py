@@ -9,12 +9,13 @@ graph needs only for TensorRT's sake:
   Attention take 3-D inputs, and no Reshape/Transpose is left per layer;
 * the residual add and the next RMSNorm are one
   ``com.microsoft.SkipSimplifiedLayerNormalization``;
-* with ``--cpu_kernels specdec``, a chain engine's layer is one specdec
+* with ``--cpu_kernels specdec``, a layer's attention is one specdec
   ``RotaryCachedAttention`` node (plugins/cpu_kernels.py) from the q|k|v
   projection to the attention output: the Split of q|k|v, both
   RotaryEmbeddings and TensorScatters and the attention over the whole cache
   in place, with no Slice copies of the live slots, no padded query row and
-  no mask nodes. Tree engines keep ONNX Attention with their tree mask.
+  no mask nodes. A tree engine's node takes its ``tree_mask`` input as is and
+  reads each token's ancestors in path order: the bits of a chain.
 * with ``--cpu_kernels specdec``, the MLP's silu(gate) * up is one node: in the
   gate|up Q4Gemm / Q8Gemm itself, or a SwiGLU node after a float MatMul or a
   MatMulNBits (no Split, Sigmoid and two Muls).
@@ -27,6 +28,7 @@ spans the live length); the tests run both against transformers.
 from __future__ import annotations
 
 import numpy as np
+from onnx import TensorProto
 
 from .attention import PortableAttention, Shared
 from .cpu_kernels import DOMAIN, ROTARY_CACHED_ATTENTION, TILE, q4_gemm, q4_holds, rotary_cached_attention
@@ -54,17 +56,20 @@ class OrtCpuAttention(PortableAttention):
         super().__init__(gb, cfg)
         self._even_rows: dict[str, EvenRows] = {}  # per leading shape (the logit rows, the layers' tokens in a tree engine)
         self.step_rows = ""  # the padded position_ids of pad_step: GEMMs on these rows are even already
+        self._tree_input: str | None = None  # a tree engine's tree_mask input, with RotaryCachedAttention
 
     def _own_attention(self) -> bool:
-        """specdec's RotaryCachedAttention: with --cpu_kernels specdec, for chain engines (a tree mask stays on ONNX Attention)."""
-        return self.cpu_kernels == "specdec" and not self.tree_attention
+        """specdec's RotaryCachedAttention: with --cpu_kernels specdec, for chain and tree engines alike."""
+        return self.cpu_kernels == "specdec"
 
     def prelude(self, shared: Shared) -> Shared:
-        """RotaryCachedAttention needs only the positions (its write index, its mask and its rotary angles): no live
-        length, mask or padded query row."""
+        """RotaryCachedAttention needs only the positions (its write index, its mask and its rotary angles) and a tree
+        engine's tree_mask input as the runtime feeds it: no live length, mask nodes or padded query row."""
         if not self._own_attention():
             return super().prelude(shared)
         self.attention_op = ROTARY_CACHED_ATTENTION
+        if self.tree_attention:
+            self._tree_input = self.gb.input("tree_mask", TensorProto.BOOL, ["batch", "num_tokens", "num_tokens"])
         return shared
 
     def takes_packed_qkv(self) -> bool:
@@ -141,7 +146,7 @@ class OrtCpuAttention(PortableAttention):
         gb, cfg = self.gb, self.cfg
         if self._own_attention():  # [B, S, heads * head_dim], and no shape inferred to correct
             return rotary_cached_attention(gb, f"{prefix}/attention", q, k, v, *self.cache_io(layer), shared.positions, shared.cos,
-                                           shared.sin, cfg.num_heads, cfg.num_kv_heads)
+                                           shared.sin, cfg.num_heads, cfg.num_kv_heads, self._tree_input)
         q = gb.op("RotaryEmbedding", [q, shared.cos, shared.sin, shared.positions], f"{prefix}/q_rope", num_heads=cfg.num_heads)
         k = gb.op("RotaryEmbedding", [k, shared.cos, shared.sin, shared.positions], f"{prefix}/k_rope", num_heads=cfg.num_kv_heads)
         out = self.cached_attention(prefix, q, k, v, layer, shared)

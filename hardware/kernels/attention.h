@@ -2,6 +2,10 @@
  *
  * The token at position p of row b attends to cache slots 0..p of its row (plugins/attention.py's rule: slot j is
  * visible iff j <= p), with scale 1 / sqrt(head_dim); query head h reads KV head h / (num_heads / kv_heads) (GQA).
+ * In a tree call (tree given) token s of row b instead attends to the slots before the call's first, pos[b][0], then to
+ * the call's tokens i that tree[b][s][i] names, in call order (token i's slot is pos[b][0] + i): its ancestors, parents
+ * before children, then itself. Its slots are then the same K/V rows, in the same order, as that token's in a chain once
+ * its path is accepted, and its output the same bits: a tree is verified exactly as a chain (docs/precision.md).
  * A task is one row's tokens over kv_per_task of its KV heads with their query heads, slots outermost: each K/V row
  * is read once per call, for every token and query head of the task. A (token, head)'s operations depend only on
  * its position and the model's shape, never on how many rows or tokens the call has, how the heads are split into
@@ -20,9 +24,14 @@ typedef struct {
   const int64_t* pos;      /* [B, S]: each in [0, capacity) (checked by the caller) */
   float* out;              /* [B, S, heads * head_dim] */
   int kv_per_task;         /* divides kv_heads */
-  float* scratch;          /* the tasks' scores: task i's, kv_per_task x group x (sum of its tokens' pos + 1) floats, at scratch_at[i] */
+  float* scratch;          /* the tasks' scores: task i's, kv_per_task x group x (sum of its tokens' seen) floats, at scratch_at[i] */
   const size_t* scratch_at;
   float scale;
+  const int32_t* seen;     /* [B, S]: how many slots token s sees (pos + 1 in a chain), the length of its scores */
+  const int32_t* cached;   /* [B, S]: of which the first `cached` are slots 0..cached - 1, read in slot order by the kernels'
+                              passes (all of them in a chain: cached = seen); a tree token's others, the call's tokens it sees,
+                              are read after them in call order (seen - cached of them) */
+  const uint8_t* tree;     /* [B, S, S] bool, or NULL in a chain call: tree[b][s][i], token s sees the call's token i */
 } attn_problem;
 
 /* KV heads a task takes (a divisor of kv_heads), which changes no bit, only how the cache is read and the work shared:

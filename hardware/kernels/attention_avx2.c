@@ -71,9 +71,9 @@ __attribute__((target("avx2,fma"), always_inline)) static inline __m256 dots8_25
       for (size_t f = 0; f < span; f += 16) _mm_prefetch((const char*)(K + j * row + f), _MM_HINT_T0);             \
     float* sc = scores;                                                                                            \
     for (int s = 0; s < S; s++) {                                                                                  \
-      const int n = (int)pos[s] + 1;                                                                               \
-      if (j0 < n) {                                                                                                \
-        const int count = n - j0 < 8 ? n - j0 : 8;                                                                 \
+      const int n = seen[s];                                                                                       \
+      if (j0 < cached[s]) {                                                                                        \
+        const int count = cached[s] - j0 < 8 ? cached[s] - j0 : 8;                                                 \
         const float* q = p->q + ((b * S + s) * p->heads + g0 * G) * (HD);                                          \
         for (int g = 0, x = 0; g < per; g++)                                                                       \
           for (int h = 0; h < G; h++, x++) { /* query head x = g G + h of the task reads KV head g */              \
@@ -188,6 +188,30 @@ AVX2 static inline void values_pair_256(const float* const* e, float* const* o, 
   if (common < ends[r]) values_256(1, e + r, o + r, v, row, common, ends[r], hd);
 }
 
+/* dot(q, k) alone, as dots8_256 computes each of its eight (for a tree token's own slots, TREE_DOTS) */
+AVX2 static inline float dot1_256(const float* q, const float* k, int hd) {
+  const int whole = hd / LANES * LANES;
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  for (int d = 0; d < whole; d += LANES) {
+    lo = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), lo);
+    hi = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), _mm256_loadu_ps(k + d + 8), hi);
+  }
+  if (whole < hd) {
+    const __m256i m0 = below(hd, whole), m1 = below(hd, whole + 8);
+    lo = _mm256_fmadd_ps(_mm256_maskload_ps(q + whole, m0), _mm256_maskload_ps(k + whole, m0), lo);
+    if (whole + 8 < hd) hi = _mm256_fmadd_ps(_mm256_maskload_ps(q + whole + 8, m1), _mm256_maskload_ps(k + whole + 8, m1), hi);
+    else hi = _mm256_fmadd_ps(_mm256_setzero_ps(), _mm256_setzero_ps(), hi);
+  }
+  return tree_256(lo, hi, 0); /* sum_tree's pairs: l + (l + 8), then + 4, + 2, + 1 */
+}
+
+/* o += w * v over the head (for a tree token's own slots, TREE_VALUES): values_256 for one row and one slot */
+AVX2 static inline void axpy1_256(float w, const float* v, float* o, int hd) {
+  const float* e[1] = {&w};
+  float* out[1] = {o};
+  values_256(1, e, out, v, 0, 0, 1, hd);
+}
+
 /* AVX2: each query's dot products 8 slots at a time, and the value pass over blocks of SLOT_BLOCK slots (their V rows
    stay in cache while it goes over the task's tokens and heads), its query rows in pairs */
 enum { SLOT_BLOCK = 64, PF_SLOTS = 16 /* how far ahead the K pass prefetches */ };
@@ -199,6 +223,7 @@ AVX2 void task_avx2(const attn_problem* p, size_t i) {
   else if (hd == 64) DOT_PASS_256(64)
   else if (hd == 128) DOT_PASS_256(128)
   else DOT_PASS_256(hd)
+  TREE_DOTS(dot1_256)
   SOFTMAX_PASS(softmax_256)
   for (int j0 = 0; j0 < N; j0 += SLOT_BLOCK) {
     for (int j = j0 + SLOT_BLOCK; j < j0 + 2 * SLOT_BLOCK && j < N; j++) /* the next block's V rows into L2 */
@@ -209,11 +234,11 @@ AVX2 void task_avx2(const attn_problem* p, size_t i) {
       int ends[2], pending = 0;
       float* sc = scores;
       for (int s = 0; s < S; s++) {
-        const int n = (int)pos[s] + 1;
-        for (int h = 0; h < G && j0 < n; h++) { /* row (s, h): its probabilities, its output, its last slot in the block */
+        const int n = seen[s], c = cached[s];
+        for (int h = 0; h < G && j0 < c; h++) { /* row (s, h): its probabilities, its output, its last slot in the block */
           e[pending] = sc + (size_t)(g * G + h) * n;
           o[pending] = p->out + ((b * S + s) * p->heads + (g0 + g) * G + h) * hd;
-          ends[pending++] = n < j0 + SLOT_BLOCK ? n : j0 + SLOT_BLOCK;
+          ends[pending++] = c < j0 + SLOT_BLOCK ? c : j0 + SLOT_BLOCK;
           if (pending == 2) {
             values_pair_256(e, o, ends, V + (size_t)g * hd, row, j0, hd);
             pending = 0;
@@ -224,5 +249,6 @@ AVX2 void task_avx2(const attn_problem* p, size_t i) {
       if (pending) values_256(1, e, o, V + (size_t)g * hd, row, j0, ends[0], hd);
     }
   }
+  TREE_VALUES(axpy1_256)
 }
 #endif

@@ -291,6 +291,19 @@ AVX512 static void values_group_512(int R, const float* const* e, float* const* 
 static inline int rows_together(int hd) { return hd == 32 ? 10 : hd == 64 ? 4 : hd == 128 ? 3 : 0; }
 
 
+/* dot(q, k) alone, as dots16_512 computes each of its sixteen (for a tree token's own slots, TREE_DOTS) */
+AVX512 static inline float dot1_512(const float* q, const float* k, int hd) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int d = 0; d < hd; d += LANES) {
+    const __mmask16 m = first_512(hd - d);
+    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d), _mm512_maskz_loadu_ps(m, k + d), acc);
+  }
+  return tree_512(acc, 0);
+}
+
+/* o += w * v over the head (for a tree token's own slots, TREE_VALUES) */
+AVX512 static inline void axpy1_512(float w, const float* v, float* o, int hd) { values_512(&w, v, 0, 0, 1, o, hd); }
+
 /* AVX-512: the same arithmetic per (token, head), the query rows' dot products in pairs over 8 slots at a time, and the
    value pass over blocks of SLOT_BLOCK slots (their V rows stay in cache while it goes over the task's tokens and heads) */
 enum { SLOT_BLOCK = 64, PF_K = 2 /* 16 PF_K slots ahead: where the K pass prefetches */ };
@@ -306,7 +319,7 @@ AVX512 void task_avx512(const attn_problem* p, size_t i) {
       const int count = N - J < LANES ? N - J : LANES;
       for (int x = 0; x < hs; x++) {
         const __m512 dots = dots16_512(p->q + (b * p->heads + g0 * G + x) * hd, K + J * row + (size_t)(x / G) * hd, row, count, hd);
-        _mm512_mask_storeu_ps(scores + (size_t)x * N + J, first_512(count), _mm512_mul_ps(dots, scale));
+        _mm512_mask_storeu_ps(scores + (size_t)x * seen[0] + J, first_512(count), _mm512_mul_ps(dots, scale));
       }
       continue;
     }
@@ -317,9 +330,9 @@ AVX512 void task_avx512(const attn_problem* p, size_t i) {
       int c2[2], pending = 0;
       float* sc = scores;
       for (int s = 0; s < S; s++) {
-        const int n = (int)pos[s] + 1;
-        if (j0 < n) {
-          const int count = n - j0 < 8 ? n - j0 : 8;
+        const int n = seen[s];
+        if (j0 < cached[s]) {
+          const int count = cached[s] - j0 < 8 ? cached[s] - j0 : 8;
           const float* q = p->q + ((b * S + s) * p->heads + g0 * G) * hd;
           for (int h = 0; h < G; h++) {
             q2[pending] = q + (size_t)(g * G + h) * hd;
@@ -340,6 +353,7 @@ AVX512 void task_avx512(const attn_problem* p, size_t i) {
                               _mm512_mul_ps(dots_pair_512(q2[0], q2[0], K + j0 * row + (size_t)g * hd, row, c2[0], c2[0], hd), scale));
     }
   }
+  TREE_DOTS(dot1_512)
   SOFTMAX_PASS(softmax_512)
   const int R = rows_together(hd) ? rows_together(hd) : 1; /* (1: every row alone) */
   for (int j0 = 0; j0 < N; j0 += SLOT_BLOCK) {
@@ -351,11 +365,11 @@ AVX512 void task_avx512(const attn_problem* p, size_t i) {
       int ends[10], pending = 0; /* R <= 10 */
       float* sc = scores;
       for (int s = 0; s <= S; s++) {
-        const int n = s < S ? (int)pos[s] + 1 : 0;
-        for (int h = 0; h < G && j0 < n; h++) { /* row (s, h): its probabilities, its output, its last slot in the block */
+        const int n = s < S ? seen[s] : 0, c = s < S ? cached[s] : 0;
+        for (int h = 0; h < G && j0 < c; h++) { /* row (s, h): its probabilities, its output, its last slot in the block */
           e[pending] = sc + (size_t)(g * G + h) * n;
           o[pending] = p->out + ((b * S + s) * p->heads + (g0 + g) * G + h) * hd;
-          ends[pending++] = n < j0 + SLOT_BLOCK ? n : j0 + SLOT_BLOCK;
+          ends[pending++] = c < j0 + SLOT_BLOCK ? c : j0 + SLOT_BLOCK;
           if (pending == R) {
             if (R == 1) values_512(e[0], V + (size_t)g * hd, row, j0, ends[0], o[0], hd);
             else values_group_512(R, e, o, ends, V + (size_t)g * hd, row, j0, hd);
@@ -372,5 +386,6 @@ AVX512 void task_avx512(const attn_problem* p, size_t i) {
       }
     }
   }
+  TREE_VALUES(axpy1_512)
 }
 #endif

@@ -27,24 +27,69 @@ __attribute__((target("avx2"))) static inline float tree_256(__m256 lo, __m256 h
 
 /* -- the task: the same loops for every kernel ------------------------------------------------------------------
    Task i: row i / (kv_heads / kv_per_task), KV heads [g0, g0 + kv_per_task). Token s's scores lie after the earlier
-   tokens', as [its query heads of the task][its n_s slots]. */
+   tokens', as [its query heads of the task][its seen[s] slots]. The kernels' passes go over the cache's slots
+   0..cached[s] - 1 of each token; a tree token's others (the call's tokens it sees) come after, in TREE_DOTS and
+   TREE_VALUES. */
 /* the task's row b, its first KV head g0 (of per), query heads per token hs, the K/V rows from g0, its tokens' positions,
-   its scores and the most slots a token sees, N */
+   slots seen and slots cached, its scores and the most cached slots a token reads, N */
 #define TASK_SETUP                                                                                                   \
   const int S = p->S, hd = p->head_dim, G = p->heads / p->kv_heads, per = p->kv_per_task, hs = per * G;            \
   const size_t parts = (size_t)(p->kv_heads / per), b = i / parts, g0 = i % parts * per, row = (size_t)p->kv_heads * hd; \
   const float *K = p->k + b * p->capacity * row + g0 * hd, *V = p->v + b * p->capacity * row + g0 * hd;           \
   const int64_t* pos = p->pos + b * S;                                                                             \
+  const int32_t *seen = p->seen + b * S, *cached = p->cached + b * S;                                              \
   float* const scores = p->scratch + p->scratch_at[i];                                                            \
   int N = 0;                                                                                                       \
-  for (int s = 0; s < S; s++) N = (int)pos[s] + 1 > N ? (int)pos[s] + 1 : N;
+  for (int s = 0; s < S; s++) N = cached[s] > N ? cached[s] : N;
+
+/* pass 1 of a tree token's slots past the cached ones: dot(q, k) * scale of the call's tokens it sees, in call order, by
+   DOT1(q, k, hd), a kernel's dot product of one query and one K row (the same bits as its passes' dot products) */
+#define TREE_DOTS(DOT1)                                                                                              \
+  if (p->tree) {                                                                                                   \
+    float* sc = scores;                                                                                            \
+    for (int s = 0; s < S; s++) {                                                                                  \
+      const int n = seen[s];                                                                                       \
+      if (cached[s] < n) {                                                                                         \
+        const uint8_t* sees = p->tree + (b * S + s) * S;                                                           \
+        const float* q = p->q + ((b * S + s) * p->heads + g0 * G) * hd;                                             \
+        for (int t = 0, j = cached[s]; t < S; t++)                                                                 \
+          if (sees[t]) {                                                                                           \
+            const float* kr = K + ((size_t)pos[0] + t) * row;                                                      \
+            for (int x = 0; x < hs; x++) sc[(size_t)x * n + j] = DOT1(q + (size_t)x * hd, kr + (size_t)(x / G) * hd, hd) * p->scale; \
+            j++;                                                                                                   \
+          }                                                                                                        \
+      }                                                                                                            \
+      sc += (size_t)hs * n;                                                                                        \
+    }                                                                                                              \
+  }
+
+/* pass 3 of the same slots, after the cached ones: out += e * v in call order, by AXPY(e, v, out, hd), lane-wise fmas
+   as every kernel's value pass */
+#define TREE_VALUES(AXPY)                                                                                            \
+  if (p->tree) {                                                                                                   \
+    float* sc = scores;                                                                                            \
+    for (int s = 0; s < S; s++) {                                                                                  \
+      const int n = seen[s];                                                                                       \
+      if (cached[s] < n) {                                                                                         \
+        const uint8_t* sees = p->tree + (b * S + s) * S;                                                           \
+        float* o = p->out + ((b * S + s) * p->heads + g0 * G) * hd;                                                 \
+        for (int t = 0, j = cached[s]; t < S; t++)                                                                 \
+          if (sees[t]) {                                                                                           \
+            const float* vr = V + ((size_t)pos[0] + t) * row;                                                      \
+            for (int x = 0; x < hs; x++) AXPY(sc[(size_t)x * n + j], vr + (size_t)(x / G) * hd, o + (size_t)x * hd, hd); \
+            j++;                                                                                                   \
+          }                                                                                                        \
+      }                                                                                                            \
+      sc += (size_t)hs * n;                                                                                        \
+    }                                                                                                              \
+  }
 
 /* pass 2: each (token, head)'s softmax in place, and the outputs zeroed for pass 3 */
 #define SOFTMAX_PASS(SOFTMAX)                                                                                        \
   {                                                                                                                \
     float* sc = scores;                                                                                            \
     for (int s = 0; s < S; s++) {                                                                                  \
-      const int n = (int)pos[s] + 1;                                                                               \
+      const int n = seen[s];                                                                                       \
       for (int x = 0; x < hs; x++) SOFTMAX(sc + (size_t)x * n, n);                                                 \
       memset(p->out + ((b * S + s) * p->heads + g0 * G) * hd, 0, sizeof(float) * hs * hd);                         \
       sc += (size_t)hs * n;                                                                                        \
@@ -57,8 +102,8 @@ __attribute__((target("avx2"))) static inline float tree_256(__m256 lo, __m256 h
     for (int j = 0; j < N; j++) {                                                                                  \
       float* sc = scores;                                                                                          \
       for (int s = 0; s < S; s++) {                                                                                \
-        const int n = (int)pos[s] + 1;                                                                             \
-        if (j < n) {                                                                                               \
+        const int n = seen[s];                                                                                     \
+        if (j < cached[s]) {                                                                                       \
           const float* q = p->q + ((b * S + s) * p->heads + g0 * G) * hd;                                           \
           for (int g = 0; g < per; g++)                                                                            \
             for (int h = 0; h < G; h++)                                                                            \
@@ -67,12 +112,13 @@ __attribute__((target("avx2"))) static inline float tree_256(__m256 lo, __m256 h
         sc += (size_t)hs * n;                                                                                      \
       }                                                                                                            \
     }                                                                                                              \
+    TREE_DOTS(DOT)                                                                                                 \
     SOFTMAX_PASS(SOFTMAX)                                                                                          \
     for (int j = 0; j < N; j++) {                                                                                  \
       float* sc = scores;                                                                                          \
       for (int s = 0; s < S; s++) {                                                                                \
-        const int n = (int)pos[s] + 1;                                                                             \
-        if (j < n) {                                                                                               \
+        const int n = seen[s];                                                                                     \
+        if (j < cached[s]) {                                                                                       \
           float* o = p->out + ((b * S + s) * p->heads + g0 * G) * hd;                                               \
           for (int g = 0; g < per; g++)                                                                            \
             for (int h = 0; h < G; h++)                                                                            \
@@ -81,6 +127,7 @@ __attribute__((target("avx2"))) static inline float tree_256(__m256 lo, __m256 h
         sc += (size_t)hs * n;                                                                                      \
       }                                                                                                            \
     }                                                                                                              \
+    TREE_VALUES(AXPY)                                                                                              \
   }
 
 

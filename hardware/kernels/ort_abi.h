@@ -25,7 +25,7 @@ typedef struct {
   const char* (*GetVersionString)(void);
 } OrtApiBase;
 
-enum { TYPE_FLOAT = 1, TYPE_UINT8 = 2, TYPE_INT32 = 6, TYPE_INT64 = 7 }; /* ONNXTensorElementDataType */
+enum { TYPE_FLOAT = 1, TYPE_UINT8 = 2, TYPE_INT32 = 6, TYPE_INT64 = 7, TYPE_BOOL = 9 }; /* ONNXTensorElementDataType */
 enum { REQUIRED = 0, OPTIONAL = 1, VARIADIC = 2 };                         /* OrtCustomOpInputOutputCharacteristic */
 enum { ERR_FAIL = 1, ERR_INVALID_ARGUMENT = 2 };         /* OrtErrorCode */
 

@@ -378,8 +378,6 @@ def tiny_checkpoint(tmp_path_factory):
 
 
 @pytest.mark.parametrize("flags,expected", [
-    (("--speculative_decoding_mode", "draft_tokens_external", "--tree_attention"), "this engine has neither"),  # float, a tree: nothing to run
-    (("--qformat", "fp8", "--speculative_decoding_mode", "draft_tokens_external", "--tree_attention"), "this engine has neither"),
     (("--qformat", "int4_wo", "--lowering", "portable"), "an op of the ort_cpu lowering"),
     (("--lowering", "portable"), "an op of the ort_cpu lowering"),
 ])
@@ -391,18 +389,20 @@ def test_cpu_kernels_specdec_is_refused_where_it_does_not_apply(tiny_checkpoint,
     assert not (tmp_path / "e").exists()
 
 
-@pytest.mark.parametrize("mode", ["medusa", "eagle", "peagle"])
-def test_a_float_tree_target_is_refused_and_an_int4_one_is_not(mode):
-    """Medusa / EAGLE / P-EAGLE targets verify trees: a float one would run none of the ops (refused, before its heads are
-    read); an int4 one runs Q4Gemm."""
-    from specdec.builder.build import cpu_kernels_problems
-    from specdec.builder.weight_only import WeightOnlyScheme
-    from specdec.formats.engine_format import BuildConfig
+@pytest.mark.parametrize("qformat", ["none", "fp8"])
+def test_a_float_tree_engine_takes_cached_attention_with_its_tree_mask(tiny_checkpoint, tmp_path, qformat):
+    """A float (or FP8) engine that verifies trees: its attention on RotaryCachedAttention fed the tree_mask input, no ONNX
+    Attention or mask nodes (tests/runtime/test_cached_attention_engine.py checks its trees' bits)."""
+    import onnx
+    from conftest import cli_build
 
-    float_build = BuildConfig(speculative_decoding_mode=mode, max_draft_len=4, cpu_kernels="specdec")
-    assert any("this engine has neither" in p and "P-EAGLE" in p for p in cpu_kernels_problems(float_build, None))
-    int4 = BuildConfig(speculative_decoding_mode=mode, max_draft_len=4, cpu_kernels="specdec", quantization="int4_wo", group_size=32)
-    assert not any("this engine has neither" in p for p in cpu_kernels_problems(int4, WeightOnlyScheme.of(int4)))
+    r = cli_build(tiny_checkpoint, tmp_path / "e", "--cpu_kernels", "specdec", "--qformat", qformat, "--speculative_decoding_mode",
+                  "draft_tokens_external", "--max_draft_len", "4", "--tree_attention")
+    assert r.exit_code == 0, r.output
+    graph = onnx.load(str(tmp_path / "e" / "model.onnx"), load_external_data=False).graph
+    nodes = [n for n in graph.node if n.op_type == "RotaryCachedAttention"]
+    assert len(nodes) == 1 and nodes[0].input[-1] == "tree_mask" and "tree_mask" in [i.name for i in graph.input]
+    assert not {"Attention", "GatherElements"} & {n.op_type for n in graph.node}
 
 
 @pytest.mark.parametrize("qformat", ["none", "fp8"])

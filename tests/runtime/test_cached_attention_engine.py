@@ -43,11 +43,13 @@ def engines(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def float_engines(tmp_path_factory):
-    """float32 engines with --cpu_kernels specdec (RotaryCachedAttention, SwiGLU, MatMul) and without (ONNX Attention), a draft too."""
+    """float32 engines with --cpu_kernels specdec (RotaryCachedAttention, SwiGLU, MatMul; a chain target and a tree one) and
+    without (ONNX Attention), a draft too."""
     d = tmp_path_factory.mktemp("cached_attention_float")
     target = make_checkpoint(d / "target", seed=0, **ARCH)
     draft = make_checkpoint(d / "draft", num_hidden_layers=1, seed=1, **ARCH)
     return {"target": build_and_load(target, d / "t", spec_build(MAX_DRAFT, cpu_kernels="specdec")),
+            "tree": build_and_load(target, d / "tree", spec_build(MAX_DRAFT, tree_attention=True, cpu_kernels="specdec")),
             "draft": build_and_load(draft, d / "d", spec_build(0, cpu_kernels="specdec")),
             "onnx_attention": build_and_load(target, d / "o", spec_build(MAX_DRAFT)),
             "hf": load_hf(target)}
@@ -62,7 +64,7 @@ def ops(ex) -> list[str]:
 def test_a_chain_engine_attends_with_cached_attention_over_the_cache_in_place(engines):
     """One RotaryCachedAttention a layer from q|k|v's one Q4Gemm output to the attention output: no Split, RotaryEmbedding,
     TensorScatter or Attention, no Slice of the live slots, no mask and no Pad of a lone query row; the engine's config
-    says which attention op it runs. A tree engine keeps ONNX Attention."""
+    says which attention op it runs. A tree engine's node takes its tree_mask as is (no mask nodes either)."""
     ex = engines["target"]
     found = ops(ex)
     layers = ex.engine.config.model.num_layers
@@ -71,7 +73,8 @@ def test_a_chain_engine_attends_with_cached_attention_over_the_cache_in_place(en
     assert ex.build.weight_only["attention_op"] == ROTARY_CACHED_ATTENTION
     assert ops(engines["onnx_attention"]).count("Attention") == layers
     tree = engines["tree"]
-    assert "RotaryCachedAttention" not in ops(tree) and tree.build.weight_only["attention_op"] == "Attention"
+    assert ops(tree).count("RotaryCachedAttention") == layers and tree.build.weight_only["attention_op"] == ROTARY_CACHED_ATTENTION
+    assert not {"Attention", "GatherElements", "LessOrEqual", "Range"} & set(ops(tree))
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -130,6 +133,38 @@ def verification_equals_one_token_steps(ex, batch: int) -> None:
     ex.forward(stepwise, prompts, all_logits=False)
     alone = np.concatenate([ex.forward(stepwise, [[f[i]] for f in follow], all_logits=True).logits.copy() for i in range(7)], axis=1)
     np.testing.assert_array_equal(one_call, alone)
+
+
+# a tree whose paths skip one sibling row and two then one (where ONNX Runtime's Attention regrouped a token's sums)
+TREE = [-1, 0, 0, 1, 1, 2, 3, 3, 6, -1]
+
+
+def path(parents: list[int], j: int) -> list[int]:
+    out = []
+    while j >= 0:
+        out.append(j)
+        j = parents[j]
+    return out[::-1]
+
+
+@pytest.mark.parametrize("kind", ["int4", "float"])
+@pytest.mark.parametrize("context", [0, 2, 17])
+def test_a_tree_verification_gives_each_node_the_logits_of_its_path_bit_for_bit(engines, float_engines, kind, context):
+    """A tree engine verifies 10 nodes in one call: each node's logits equal, bit for bit, those of its path fed one token a
+    step after the same prompt (as a chain is verified, and as greedy decoding would have reached it): tree output is exactly
+    the target's (docs/precision.md). Int4 (Q4Gemm) and float32 (ONNX Runtime's MatMul) engines."""
+    ex = (engines if kind == "int4" else float_engines)["tree"]
+    prompt = (PROMPTS[2] * 2)[: context + 1]
+    tokens = [40 + j for j in range(len(TREE))]
+    cache = ex.new_cache(1)
+    ex.forward(cache, [prompt], all_logits=False)
+    tree = ex.forward(cache, [tokens], all_logits=True, parents=[np.array(TREE)]).logits[0].copy()
+    for j in range(len(TREE)):
+        chain = ex.new_cache(1)
+        ex.forward(chain, [prompt], all_logits=False)
+        for t in path(TREE, j):
+            last = ex.forward(chain, [[tokens[t]]], all_logits=False).logits[0, -1]
+        np.testing.assert_array_equal(tree[j], last, err_msg=f"node {j}, path {path(TREE, j)}")
 
 
 def run(orch, prompts, n=40):

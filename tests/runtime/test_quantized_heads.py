@@ -88,7 +88,7 @@ def test_the_module_and_its_fc_are_built_and_recorded_in_the_targets_precision(e
         if setup == "q4gemm":  # every decoder linear on specdec's kernel, the LM head in float; P-EAGLE's causal call on RotaryCachedAttention
             assert wo["op"].startswith("Q4Gemm (ai.specdec.cpu) for 4 of 4 layers") and wo["kernel_layout"] >= 1
             assert (ops.count("Q4Gemm"), ops.count("MatMulNBits")) == (4, 0)
-            assert wo["attention_op"] == (ROTARY_CACHED_ATTENTION if mode == "peagle" else "Attention")  # EAGLE-3's module drafts trees
+            assert wo["attention_op"] == ROTARY_CACHED_ATTENTION  # chains and trees (EAGLE-3's module drafts trees) alike
             assert graph_ops(path, "/eagle/fc") == {"Q4Gemm"} and graph_ops(float_path, "/eagle/fc") == {"MatMul"}
         else:
             assert (ops.count("Q4Gemm"), ops.count("MatMulNBits")) == (0, 5)  # the four layers and the LM head
