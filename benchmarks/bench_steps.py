@@ -22,6 +22,10 @@ engine in one process ran 0.96x to 1.07x itself from one process to the next, st
 session's buffers get), so a comparison inside one process carries a bias of a few percent that its rounds never
 average out; the paired ratios are then also given per process.
 
+``--tree PARENTS`` (a JSON list, -1 for a child of the cache's last token) makes each call of len(PARENTS) tokens verify
+that tree, on engines built to (``--tree_attention``, Medusa and EAGLE targets): a tree step's cost on one attention
+against another, say (an engine built before specdec's attention op took trees runs ONNX Runtime's ``Attention``).
+
 ``--profile`` runs ONNX Runtime's profiler over the timed calls of one width (the prefill and warm-up calls are left
 out) and prints the kernel time per op type, its share, the node count and the time per node, and what is left
 between the nodes (the executor's own overhead: thread-pool wake-ups, allocation, I/O binding).
@@ -97,8 +101,14 @@ def with_context(ex: Any, context: int) -> Any:
     return cache
 
 
+TREE: list[int] | None = None  # --tree: the parents of each call of len(TREE) tokens
+
+
 def call(ex: Any, cache: Any, width: int) -> None:
-    ex.forward(cache, [[7] * width], all_logits=True)
+    import numpy as np
+
+    parents = [np.array(TREE)] if TREE is not None and width == len(TREE) else None
+    ex.forward(cache, [[7] * width], all_logits=True, parents=parents)
     cache.lengths[0] -= width  # every call at the same cache length
 
 
@@ -296,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
                          "sessions in another order, and pool the rounds: "
                          "which memory a session gets moves its steps by a few percent for a process's whole life, which "
                          "rounds within one process never average out (the paired ratios are then given per process too)")
+    ap.add_argument("--tree", metavar="PARENTS", help="calls of len(PARENTS) tokens verify this tree (a JSON list of parents, "
+                    "-1: a child of the cache's last token), on engines built with tree attention")
     ap.add_argument("--output_json")
     ap.add_argument("--_inner", action="store_true", help=argparse.SUPPRESS)  # a --kernels / --processes subprocess: timings only, as JSON
     ap.add_argument("--_open_turn", type=int, default=0, help=argparse.SUPPRESS)
@@ -306,6 +318,14 @@ def main(argv: list[str] | None = None) -> int:
     earlier = {label: (Path(rest.split(":")[0]), Path(rest.split(":")[1])) for label, _, rest in (x.partition("=") for x in args.earlier)}
     if args.processes < 1 or args.rounds < 1:
         ap.error("--processes and --rounds must be at least 1")
+    if args.tree:
+        global TREE
+        try:
+            TREE = [int(p) for p in json.loads(args.tree)]
+        except (ValueError, TypeError) as e:
+            ap.error(f"--tree must be a JSON list of parent indices, as [-1, 0, 0, 1]: {e}")
+        if len(TREE) not in widths:
+            ap.error(f"--tree has {len(TREE)} tokens: give that width in --widths too")
     if args._inner:
         with host.StreamReader() as reader:
             print(json.dumps({t: measure(args.engine, t, widths, args.context, args.rounds, args.calls, libraries, earlier, reader,
@@ -360,7 +380,7 @@ def inner_run(args: argparse.Namespace, kernel: str, turn: int) -> dict[int, Any
     sessions made ``turn`` places into their order: {threads: results}."""
     inner = [sys.executable, __file__, *sum([["--engine", str(e)] for e in args.engine], []), "--widths", args.widths,
              "--threads", args.threads, "--context", str(args.context), "--rounds", str(args.rounds), "--calls", str(args.calls),
-             "--_inner", "--_open_turn", str(turn),
+             "--_inner", "--_open_turn", str(turn), *(["--tree", args.tree] if args.tree else []),
              *sum([["--q4_library", x] for x in args.q4_library], []), *sum([["--earlier", x] for x in args.earlier], [])]
     env = {**os.environ, "SPECDEC_Q4_KERNEL": kernel} if kernel else None
     out = subprocess.run(inner, capture_output=True, text=True, env=env)

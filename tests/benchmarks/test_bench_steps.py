@@ -81,3 +81,25 @@ def test_each_turn_makes_the_sessions_and_their_caches_in_another_order(tmp_path
     assert events == [("open", *x) for x in turned] + [("cache", *x) for x in turned]
     assert list(out) == [str(engines[0]), str(engines[1]), f"{engines[0]} [lib]", f"{engines[1]} [lib]"]  # reported in their own order
     assert all(len(per[1]["cpu_ms_by_round"]) == 2 for per in out.values())
+
+
+def test_a_tree_makes_the_calls_of_its_width_verify_it(monkeypatch, capsys):
+    """--tree: calls of its token count pass its parents to forward; other widths stay chains; a tree whose width is not
+    measured, or that is not a list of parents, is refused."""
+    calls = []
+
+    class Ex:
+        def forward(self, cache, tokens, all_logits, parents=None):
+            calls.append((len(tokens[0]), None if parents is None else parents[0].tolist()))
+
+    class Cache:
+        lengths = [10]
+
+    monkeypatch.setattr(bench_steps, "TREE", [-1, 0, 0])
+    bench_steps.call(Ex(), Cache(), 3)
+    bench_steps.call(Ex(), Cache(), 1)
+    assert calls == [(3, [-1, 0, 0]), (1, None)]
+    for tree, expected in (("[-1, 0, 0]", "give that width in --widths"), ("{bad", "a JSON list of parent indices")):
+        with pytest.raises(SystemExit) as e:
+            bench_steps.main(["--engine", "x", "--widths", "1,5", "--tree", tree])
+        assert e.value.code == 2 and expected in capsys.readouterr().err
