@@ -103,7 +103,7 @@ def module_build_config(target: BuildConfig, heads) -> BuildConfig:
     if scheme is not None:
         precision = {"quantization": f"int{scheme.bits}_wo", "group_size": scheme.group_size, "symmetric": scheme.symmetric,
                      "quantize_lm_head": target.quantize_lm_head, "cpu_kernels": target.cpu_kernels}
-    else:  # a float module (its target is a tree engine, so never a float --cpu_kernels specdec one): ONNX Runtime's ops only
+    else:  # a float module: ONNX Runtime's ops only, whatever the target's --cpu_kernels (specdec's were not measured on it)
         precision = {"quantization": "none", "group_size": None, "symmetric": True, "quantize_lm_head": False, "cpu_kernels": "ort"}
     return replace(
         target,
