@@ -361,7 +361,7 @@ def built_record(build: BuildConfig, convention, built: dict) -> dict | None:
         from ..hardware.cpu_kernels import LAYOUT
 
         record["kernel_layout"] = LAYOUT  # the runtime refuses an engine of a layout its Q4Gemm does not read
-        record["attention_op"] = built.get("attention_op", "Attention")  # RotaryCachedAttention in chain engines
+        record["attention_op"] = built.get("attention_op", "Attention")  # RotaryCachedAttention (chain and tree engines)
     return record
 
 

@@ -104,8 +104,8 @@ class BuildConfig:
     # layers (linear names, lm_head included when quantized), source (rtn | awq | gptq | awq-checkpoint |
     # compressed-tensors), op (what the lowering computes with); None for float/FP8 engines
     weight_only: dict[str, Any] | None = None
-    # ort (ONNX Runtime's own kernels) | specdec: int4 / int8 weights on specdec's Q4Gemm / Q8Gemm ops, a chain engine's attention on
-    # its RotaryCachedAttention (CachedAttention in engines built before it) and MLP gates on SwiGLU, in any precision
+    # ort (ONNX Runtime's own kernels) | specdec: int4 / int8 weights on specdec's Q4Gemm / Q8Gemm ops, a chain or tree engine's attention
+    # on its RotaryCachedAttention (CachedAttention in engines built before it) and MLP gates on SwiGLU, in any precision
     # (plugins/cpu_kernels.py), whose library the runtime compiles from the installed sources
     # (weight_only["kernel_layout"] says which weight layout; a float engine has no weights in it)
     cpu_kernels: str = "ort"

@@ -3,8 +3,9 @@
  * The token at position p of row b attends to cache slots 0..p of its row (plugins/attention.py's rule: slot j is
  * visible iff j <= p), with scale 1 / sqrt(head_dim); query head h reads KV head h / (num_heads / kv_heads) (GQA).
  * In a tree call (tree given) token s of row b instead attends to the slots before the call's first, pos[b][0], then to
- * the call's tokens i that tree[b][s][i] names, in call order (token i's slot is pos[b][0] + i): its ancestors, parents
- * before children, then itself. Its slots are then the same K/V rows, in the same order, as that token's in a chain once
+ * the call's tokens i that tree[b][s][i] names, in call order (token i's slot is pos[b][0] + i): its ancestors, then
+ * itself, in path order wherever a parent comes before its children in the call (the runtime's trees: parents[j] < j;
+ * a mask may name any of the call's tokens, all written before any is read, but the bits are a chain's only then). Its slots are then the same K/V rows, in the same order, as that token's in a chain once
  * its path is accepted, and its output the same bits: a tree is verified exactly as a chain (docs/precision.md).
  * A task is one row's tokens over kv_per_task of its KV heads with their query heads, slots outermost: each K/V row
  * is read once per call, for every token and query head of the task. A (token, head)'s operations depend only on

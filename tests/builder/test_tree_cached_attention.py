@@ -19,7 +19,7 @@ from specdec.plugins import cpu_kernels as ck
 
 pytestmark = pytest.mark.skipif(rk.compiler() is None, reason="needs a C compiler")
 
-CAPACITY = 48
+CAPACITY = 168  # room for a cache of 150 before a tree: the value pass crosses its 64-slot blocks with tree tokens in them
 # parents of each row's tree (-1: a child of the cache's last token); paths that skip one sibling row, two then one, and a
 # second root, as suffix decoding's and EAGLE's trees do
 TREES = [[-1, 0, 0, 1, 1, 2, 3, 3, 6], [-1, -1, 0, 1, 2, 0, 5, 4, 3]]
@@ -103,7 +103,7 @@ def tree_outputs(heads: int, kv_heads: int, hd: int, lengths: list[int], seed: i
 
 
 @pytest.mark.parametrize("heads,kv_heads,hd", [(4, 2, 16), (8, 2, 32), (6, 6, 24), (8, 1, 64), (4, 2, 128), (2, 1, 20)])
-@pytest.mark.parametrize("lengths", [[0, 5], [17, 3], [39, 1]])
+@pytest.mark.parametrize("lengths", [[0, 5], [17, 3], [63, 1], [150, 130]])
 def test_a_tree_token_is_the_bits_of_its_path_as_a_chain(heads, kv_heads, hd, lengths):
     """Every node of two different trees in one call (paths that skip one sibling row, two then one, a second root):
     its output equals, bit for bit, that of its path fed as a chain; its key is written at the row's length + its index,
@@ -174,14 +174,17 @@ def test_a_causal_mask_is_a_chain():
 
 
 @pytest.mark.parametrize("kernel", ["avx2", "portable"])
-def test_every_kernel_gives_a_tree_the_same_bits(tmp_path, kernel):
+@pytest.mark.parametrize("heads,kv_heads,hd", [(8, 2, 64), (6, 2, 28), (12, 4, 44), (2, 1, 20)])
+def test_every_kernel_gives_a_tree_the_same_bits(tmp_path, kernel, heads, kv_heads, hd):
     """SPECDEC_Q4_KERNEL=avx2 | portable: a tree step's outputs the same bits as the fastest kernel's (each equal to its
-    paths as chains on that kernel)."""
+    paths as chains on that kernel), head dims that end in a masked tail of each kernel's dot product among them, and a
+    cache that crosses the value pass's 64-slot block."""
     if kernel == "avx2" and rk.kernel_name(rk.kernel_library()) == "AVX2":
         pytest.skip("this CPU runs the AVX2 kernel already: no faster one to compare it with")
-    fast = tree_outputs(8, 2, 64, [13, 4], seed=1)[0]
+    shape = f"{heads}, {kv_heads}, {hd}, [70, 4], seed=1"
+    fast = tree_outputs(heads, kv_heads, hd, [70, 4], seed=1)[0]
     script = (f"import numpy as np, sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_tree_cached_attention as t; "
-              f"y, chained, *_ = t.tree_outputs(8, 2, 64, [13, 4], seed=1); assert (y == chained).all(), 'tree != chain'; "
+              f"y, chained, *_ = t.tree_outputs({shape}); assert (y == chained).all(), 'tree != chain'; "
               f"np.save({str(tmp_path / 'y.npy')!r}, y)")
     subprocess.run([sys.executable, "-c", script], check=True, env={**os.environ, "SPECDEC_Q4_KERNEL": kernel})
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), fast)
@@ -202,3 +205,17 @@ def test_a_bad_tree_mask_is_one_clear_error(bad, expected):
     feeds = dict(q=p["q"], past_k=p["past_k"], past_v=p["past_v"], pos=p["pos"], cos=cos, sin=sin, tree=p["tree"])
     with pytest.raises(Exception, match=expected.replace("[", r"\[")):
         session(tree_model(4, 2)).run(None, feeds)
+    key, value = p["past_k"].copy(), p["past_v"].copy()  # bound in place, as the runtime binds them: refused before any write
+    sess = session(tree_model(4, 2))
+    b = sess.io_binding()
+    b.bind_output("y")
+    for name in ("q", "pos", "cos", "sin", "tree"):
+        b.bind_cpu_input(name, feeds[name])
+    for kind, arr in (("k", key), ("v", value)):
+        ov = ort.OrtValue.ortvalue_from_numpy(arr)
+        b.bind_ortvalue_input(f"past_{kind}", ov)
+        b.bind_ortvalue_output(f"present_{kind}", ov)
+    with pytest.raises(Exception, match=expected.replace("[", r"\[")):
+        sess.run_with_iobinding(b)
+    np.testing.assert_array_equal(key, p["past_k"])
+    np.testing.assert_array_equal(value, p["past_v"])

@@ -167,6 +167,27 @@ def test_a_tree_verification_gives_each_node_the_logits_of_its_path_bit_for_bit(
         np.testing.assert_array_equal(tree[j], last, err_msg=f"node {j}, path {path(TREE, j)}")
 
 
+@pytest.mark.parametrize("kind", ["int4", "float"])
+def test_a_batch_of_trees_chains_and_padded_trees_is_exact(engines, float_engines, kind):
+    """One ragged call as a batched round sends it: a 10-node tree, a chain and a 3-node tree with two roots (padded to the
+    call's width), after prompts of different lengths: every real node's logits equal its path's decoded a token a step."""
+    ex = (engines if kind == "int4" else float_engines)["tree"]
+    short = [-1, -1, 0]
+    prompts = [[5, 6, 7, 8], [11, 12, 13, 14, 15, 16, 17], [20, 21]]
+    rows = [[40 + j for j in range(len(TREE))], [50 + j for j in range(6)], [60, 61, 62]]
+    parents = [np.array(TREE), None, np.array(short)]
+    cache = ex.new_cache(3)
+    ex.forward(cache, prompts, all_logits=False)
+    out = ex.forward(cache, rows, all_logits=True, parents=parents).logits.copy()
+    for r, (prompt, tokens, par) in enumerate(zip(prompts, rows, [TREE, list(range(-1, 5)), short], strict=True)):
+        for j in range(len(tokens)):
+            chain = ex.new_cache(1)
+            ex.forward(chain, [prompt], all_logits=False)
+            for t in path(par, j):
+                last = ex.forward(chain, [[tokens[t]]], all_logits=False).logits[0, -1]
+            np.testing.assert_array_equal(out[r, j], last, err_msg=f"row {r}, node {j}")
+
+
 def run(orch, prompts, n=40):
     outputs, metrics = orch.generate(prompts, GenerationConfig(max_output_len=n))
     return [o.output_ids for o in outputs], metrics

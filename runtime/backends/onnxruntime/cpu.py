@@ -71,7 +71,7 @@ class OrtExecutor:
         self.model = engine.config.model
         self.build = engine.config.build
         opts = session_options(num_threads)
-        if self.build.cpu_kernels == "specdec":  # int4 layers on specdec's Q4Gemm op, chain attention on its own (plugins/cpu_kernels.py)
+        if self.build.cpu_kernels == "specdec":  # int4 layers on specdec's Q4Gemm op, attention on its own (plugins/cpu_kernels.py)
             from ....hardware.cpu_kernels import LAYOUT, KernelBuildError, kernel_library
 
             record = self.build.weight_only
