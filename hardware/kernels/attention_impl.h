@@ -42,20 +42,20 @@ __attribute__((target("avx2"))) static inline float tree_256(__m256 lo, __m256 h
   int N = 0;                                                                                                       \
   for (int s = 0; s < S; s++) N = cached[s] > N ? cached[s] : N;
 
-/* pass 1 of a tree token's slots past the cached ones: dot(q, k) * scale of the call's tokens it sees, in call order, by
-   DOT1(q, k, hd), a kernel's dot product of one query and one K row (the same bits as its passes' dot products) */
-#define TREE_DOTS(DOT1)                                                                                              \
+/* for each tree token s whose slots go past its cached ones, and each call token t it sees, in call order: the statements
+   given, with n (its slots seen), sc (its scores), j (the slot's index among its n) and r (the offset of t's K and V rows
+   from K and V: t's slot is pos[0] + t) */
+#define FOR_TREE_SLOTS(...)                                                                                          \
   if (p->tree) {                                                                                                   \
     float* sc = scores;                                                                                            \
     for (int s = 0; s < S; s++) {                                                                                  \
       const int n = seen[s];                                                                                       \
       if (cached[s] < n) {                                                                                         \
         const uint8_t* sees = p->tree + (b * S + s) * S;                                                           \
-        const float* q = p->q + ((b * S + s) * p->heads + g0 * G) * hd;                                             \
         for (int t = 0, j = cached[s]; t < S; t++)                                                                 \
           if (sees[t]) {                                                                                           \
-            const float* kr = K + ((size_t)pos[0] + t) * row;                                                      \
-            for (int x = 0; x < hs; x++) sc[(size_t)x * n + j] = DOT1(q + (size_t)x * hd, kr + (size_t)(x / G) * hd, hd) * p->scale; \
+            const size_t r = ((size_t)pos[0] + t) * row;                                                           \
+            __VA_ARGS__                                                                                            \
             j++;                                                                                                   \
           }                                                                                                        \
       }                                                                                                            \
@@ -63,26 +63,17 @@ __attribute__((target("avx2"))) static inline float tree_256(__m256 lo, __m256 h
     }                                                                                                              \
   }
 
-/* pass 3 of the same slots, after the cached ones: out += e * v in call order, by AXPY(e, v, out, hd), lane-wise fmas
-   as every kernel's value pass */
+/* pass 1 of those slots: dot(q, k) * scale by DOT1(q, k, hd), a kernel's dot product of one query and one K row (the same
+   bits as its passes' dot products) */
+#define TREE_DOTS(DOT1)                                                                                              \
+  FOR_TREE_SLOTS(const float* q = p->q + ((b * S + s) * p->heads + g0 * G) * hd;                                   \
+                 for (int x = 0; x < hs; x++) sc[(size_t)x * n + j] = DOT1(q + (size_t)x * hd, K + r + (size_t)(x / G) * hd, hd) * p->scale;)
+
+/* pass 3 of those slots, after the cached ones: out += e * v by AXPY(e, v, out, hd), lane-wise fmas as every kernel's
+   value pass */
 #define TREE_VALUES(AXPY)                                                                                            \
-  if (p->tree) {                                                                                                   \
-    float* sc = scores;                                                                                            \
-    for (int s = 0; s < S; s++) {                                                                                  \
-      const int n = seen[s];                                                                                       \
-      if (cached[s] < n) {                                                                                         \
-        const uint8_t* sees = p->tree + (b * S + s) * S;                                                           \
-        float* o = p->out + ((b * S + s) * p->heads + g0 * G) * hd;                                                 \
-        for (int t = 0, j = cached[s]; t < S; t++)                                                                 \
-          if (sees[t]) {                                                                                           \
-            const float* vr = V + ((size_t)pos[0] + t) * row;                                                      \
-            for (int x = 0; x < hs; x++) AXPY(sc[(size_t)x * n + j], vr + (size_t)(x / G) * hd, o + (size_t)x * hd, hd); \
-            j++;                                                                                                   \
-          }                                                                                                        \
-      }                                                                                                            \
-      sc += (size_t)hs * n;                                                                                        \
-    }                                                                                                              \
-  }
+  FOR_TREE_SLOTS(float* o = p->out + ((b * S + s) * p->heads + g0 * G) * hd;                                        \
+                 for (int x = 0; x < hs; x++) AXPY(sc[(size_t)x * n + j], V + r + (size_t)(x / G) * hd, o + (size_t)x * hd, hd);)
 
 /* pass 2: each (token, head)'s softmax in place, and the outputs zeroed for pass 3 */
 #define SOFTMAX_PASS(SOFTMAX)                                                                                        \

@@ -13,6 +13,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 from test_rotary_cached_attention import _model, rotate, session, tables
+from tree_paths import path_to
 
 from specdec.hardware import cpu_kernels as rk
 from specdec.plugins import cpu_kernels as ck
@@ -58,15 +59,6 @@ def mask_and_depths(parents: list[int]) -> tuple[np.ndarray, np.ndarray]:
     return mask, depth
 
 
-def path(parents: list[int], j: int) -> list[int]:
-    """Node j's ancestors and itself, root first."""
-    out = []
-    while j >= 0:
-        out.append(j)
-        j = parents[j]
-    return out[::-1]
-
-
 def tree_problem(rng, heads: int, kv_heads: int, hd: int, lengths: list[int]) -> dict:
     """Row b: TREES[b]'s tokens after a cache of lengths[b] slots (the slots past it garbage a leak would show)."""
     batch, tokens = len(lengths), len(TREES[0])
@@ -95,7 +87,7 @@ def tree_outputs(heads: int, kv_heads: int, hd: int, lengths: list[int], seed: i
     chained = np.empty_like(y)
     for b, n in enumerate(lengths):
         for j in range(len(TREES[b])):
-            nodes = path(TREES[b], j)
+            nodes = path_to(TREES[b], j)
             feeds = dict(q=p["q"][b:b + 1, nodes], past_k=p["past_k"][b:b + 1].copy(), past_v=p["past_v"][b:b + 1].copy(),
                          pos=(n + np.arange(len(nodes)))[None].astype(np.int64), cos=cos, sin=sin)
             chained[b, j] = chain_sess.run(None, feeds)[0][0, -1]
@@ -183,7 +175,8 @@ def test_every_kernel_gives_a_tree_the_same_bits(tmp_path, kernel, heads, kv_hea
         pytest.skip("this CPU runs the AVX2 kernel already: no faster one to compare it with")
     shape = f"{heads}, {kv_heads}, {hd}, [70, 4], seed=1"
     fast = tree_outputs(heads, kv_heads, hd, [70, 4], seed=1)[0]
-    script = (f"import numpy as np, sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_tree_cached_attention as t; "
+    here = os.path.dirname(__file__)  # (and tests/, for tree_paths)
+    script = (f"import numpy as np, sys; sys.path[:0] = [{here!r}, {os.path.dirname(here)!r}]; import test_tree_cached_attention as t; "
               f"y, chained, *_ = t.tree_outputs({shape}); assert (y == chained).all(), 'tree != chain'; "
               f"np.save({str(tmp_path / 'y.npy')!r}, y)")
     subprocess.run([sys.executable, "-c", script], check=True, env={**os.environ, "SPECDEC_Q4_KERNEL": kernel})

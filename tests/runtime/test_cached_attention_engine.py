@@ -8,6 +8,7 @@ import pytest
 import torch
 from checkpoints import dequantized_checkpoint, load_hf, make_checkpoint
 from conftest import build_and_load, engine_greedy, spec_build
+from tree_paths import path_to
 
 from specdec.hardware.cpu_kernels import compiler
 from specdec.plugins.cpu_kernels import ROTARY_CACHED_ATTENTION
@@ -139,14 +140,6 @@ def verification_equals_one_token_steps(ex, batch: int) -> None:
 TREE = [-1, 0, 0, 1, 1, 2, 3, 3, 6, -1]
 
 
-def path(parents: list[int], j: int) -> list[int]:
-    out = []
-    while j >= 0:
-        out.append(j)
-        j = parents[j]
-    return out[::-1]
-
-
 @pytest.mark.parametrize("kind", ["int4", "float"])
 @pytest.mark.parametrize("context", [0, 2, 17])
 def test_a_tree_verification_gives_each_node_the_logits_of_its_path_bit_for_bit(engines, float_engines, kind, context):
@@ -162,9 +155,9 @@ def test_a_tree_verification_gives_each_node_the_logits_of_its_path_bit_for_bit(
     for j in range(len(TREE)):
         chain = ex.new_cache(1)
         ex.forward(chain, [prompt], all_logits=False)
-        for t in path(TREE, j):
+        for t in path_to(TREE, j):
             last = ex.forward(chain, [[tokens[t]]], all_logits=False).logits[0, -1]
-        np.testing.assert_array_equal(tree[j], last, err_msg=f"node {j}, path {path(TREE, j)}")
+        np.testing.assert_array_equal(tree[j], last, err_msg=f"node {j}, path {path_to(TREE, j)}")
 
 
 @pytest.mark.parametrize("kind", ["int4", "float"])
@@ -183,7 +176,7 @@ def test_a_batch_of_trees_chains_and_padded_trees_is_exact(engines, float_engine
         for j in range(len(tokens)):
             chain = ex.new_cache(1)
             ex.forward(chain, [prompt], all_logits=False)
-            for t in path(par, j):
+            for t in path_to(par, j):
                 last = ex.forward(chain, [[tokens[t]]], all_logits=False).logits[0, -1]
             np.testing.assert_array_equal(out[r, j], last, err_msg=f"row {r}, node {j}")
 
