@@ -5,7 +5,7 @@ A round, per request (gpt-fast's verbs):
     propose   the request's proposer offers up to k drafts (k: the DraftPolicy's, runtime/draft_policy.py:
               the request's own, or what draft_len=auto's cost model expects to pay)
     verify    the target scores [last token, d1..dk] in ONE call with every other request
-    accept    token compare, rejection sampling or a tree's longest path keeps n <= k drafts
+    accept    token compare, rejection sampling or a tree's longest path (greedy or sampled) keeps n <= k drafts
     append    d1..dn and the recovered (or bonus) token; the target rolls back to what was kept,
               the proposer observes the outcome
 
@@ -38,7 +38,7 @@ from .prefix_cache import PrefixCache
 from .proposers.base import Draft, Proposer, TargetOutput
 from .request import AUTO, Request, RequestStatus
 from .sampling import next_token
-from .tree import accept_tree_greedy
+from .tree import accept_tree_token_compare
 
 NewTokens = dict[str, list[int]]  # request id -> the tokens this step appended to it
 ONE_ROW = [0]  # the rows a round without drafts keeps: its only one (never written to)
@@ -325,9 +325,9 @@ class SpeculativeRound:
         sampling, proc = r.config.sampling, r.processor
         rows: Rows | None = None  # each row processed with its own history, when reached (not needed for plain greedy rows)
         picks: list[int] | None = None  # the raw rows' argmaxes, when acceptance took them
-        if d.parents is not None:  # a tree: greedy requests only (proposers draft chains for sampled ones)
+        if d.parents is not None:  # a tree (proposers draft them for greedy requests; a sampled one would be walked by token compare)
             rows = Rows(raw, proc, d.tokens)
-            path, nxt = accept_tree_greedy(d.tokens, d.parents, rows)
+            path, nxt = accept_tree_token_compare(d.tokens, d.parents, rows, sampling, r.rng)
             n, kept = len(path), [0] + [j + 1 for j in path]
             emitted = d.tokens[path].tolist() + [nxt]
             depth = int(d.depths.max()) if k else 0

@@ -27,6 +27,7 @@ from ..formats.errors import EngineError, RequestError
 
 if TYPE_CHECKING:
     from .backends.base import Executor
+    from .sampling import SamplingConfig
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,31 @@ def accept_tree_greedy(tokens: np.ndarray, parents: np.ndarray, logits) -> tuple
             want = int(picks[node + 1])
         else:
             want = int(np.argmax(rows.logits(node + 1, [int(tokens[j]) for j in path])))
+        match = np.flatnonzero((parents == node) & (tokens == want))
+        if not len(match):
+            return path, want
+        node = int(match[0])
+        path.append(node)
+
+
+def accept_tree_token_compare(tokens: np.ndarray, parents: np.ndarray, logits, cfg: SamplingConfig,
+                               rng: np.random.Generator) -> tuple[list[int], int]:
+    """accept_tree_greedy for a sampled request: at each node reached (the root first) the target's token is drawn from its
+    own processed distribution there, given the path so far, and the walk goes on into the child holding that token, if
+    any. Every token emitted is a draw from the target's distribution after the tokens before it, whatever the tree held:
+    the output is distributed as target-only sampling's (for a deterministic tree, each child is a one-hot draft tried in
+    turn: "accept x with probability p(x)", over the node's children at once). Returns what accept_tree_greedy does."""
+    from .logits import as_rows
+    from .sampling import processed_probs, sample
+
+    if cfg.greedy:
+        return accept_tree_greedy(tokens, parents, logits)
+    rows = as_rows(logits)
+    path: list[int] = []
+    node = -1
+    while True:
+        # (row node + 1 is processed only now, with the path as its history: past the first miss no row is needed)
+        want = sample(processed_probs(rows.logits(node + 1, [int(tokens[j]) for j in path])[None], cfg)[0], rng)
         match = np.flatnonzero((parents == node) & (tokens == want))
         if not len(match):
             return path, want

@@ -11,7 +11,7 @@ from checkpoints import make_checkpoint
 from conftest import build_and_load, spec_build
 
 from specdec.formats.errors import EngineError, RequestError
-from specdec.runtime.tree import DraftTree, accept_tree_greedy, parse_choices
+from specdec.runtime.tree import DraftTree, accept_tree_greedy, accept_tree_token_compare, parse_choices
 
 # A tree of 7 drafts under the root r (the last accepted token), in verification order:
 #   r -> a(0) -> c(2) -> f(5)
@@ -159,3 +159,35 @@ def test_bad_parents_are_refused_before_the_mask_is_touched(tree_target):
     chain = ex.forward(ex.new_cache(1), [[1, 2, 3]], all_logits=True).logits.copy()
     explicit = ex.forward(ex.new_cache(1), [[1, 2, 3]], all_logits=True, parents=[np.array([-1, 0, 1])]).logits.copy()
     np.testing.assert_array_equal(chain, explicit)
+
+
+def test_sampled_tree_acceptance_emits_the_targets_own_draws():
+    """Token compare down a tree: the first token emitted is distributed as the root row's distribution, and after a
+    draw that a child holds the walk goes into that child, whose row gives the next token (chi-square goodness of fit
+    over 4000 draws, p > 0.001); a greedy request takes the greedy path."""
+    from distributions import chi_square_critical
+
+    from specdec.runtime.sampling import SamplingConfig
+
+    vocab = 10
+    tokens = np.array([4, 5, 6, 7, 8, 9, 3])  # a, b, c, d, e, f, g (PARENTS)
+    rows = np.full((len(PARENTS) + 1, vocab), -4.0)
+    rows[0, [4, 5, 2]] = [1.0, 0.5, 0.0]  # the root: a, b or a token no child holds
+    rows[1, [6, 7, 1]] = [0.2, 0.8, 0.0]  # a's row: c, d or a token no child holds
+    probs = np.exp(rows) / np.exp(rows).sum(-1, keepdims=True)
+    cfg = SamplingConfig(temperature=1.0)
+    firsts, after_a = np.zeros(vocab), np.zeros(vocab)
+    for seed in range(4000):
+        path, nxt = accept_tree_token_compare(tokens, PARENTS, rows, cfg, np.random.default_rng(seed))
+        emitted = [int(tokens[j]) for j in path] + [nxt]
+        assert all(PARENTS[b] == a for a, b in zip([-1, *path], path, strict=False))  # a path down the tree
+        firsts[emitted[0]] += 1
+        if path and path[0] == 0:
+            after_a[emitted[1]] += 1
+    for counts, p in ((firsts, probs[0]), (after_a, probs[1])):
+        expected = counts.sum() * p
+        stat = float((((counts - expected) ** 2) / expected).sum())
+        assert stat < chi_square_critical(vocab - 1), (stat, counts, expected)
+    assert firsts[4] > 0 and after_a[7] > 0  # both walks went down
+    greedy = accept_tree_token_compare(tokens, PARENTS, rows, SamplingConfig(), np.random.default_rng(0))
+    assert greedy == accept_tree_greedy(tokens, PARENTS, rows) == ([0, 3], 0)
