@@ -22,7 +22,9 @@ Workloads:
 ``speed`` runs the requests one at a time, interleaved across methods (request i with every method, then
 request i + 1), and repeats that ``--rounds`` times with fresh drafter state (the global suffix cache and
 llama.cpp's dynamic n-gram cache start empty each round). It prints each method's speed over target-only
-(median [min-max] over rounds), its acceptance, and whether its greedy output equals target-only's.
+(median [min-max] over rounds), its acceptance, and whether its greedy output equals target-only's. With
+``--temperature`` every request is sampled instead (each with --seed): speed and acceptance only, as a sample is no
+other method's output (suffix's trees against ``suffix-chain``, its best path alone, say).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from specdec.runtime.devices import placement  # noqa: E402
 from specdec.runtime.draft_len import AutoDraftLen  # noqa: E402
 from specdec.runtime.engine import Engine, SpeculationConfig  # noqa: E402
 from specdec.runtime.proposers.suffix import SuffixConfig, SuffixProposer  # noqa: E402
+from specdec.runtime.sampling import SamplingConfig  # noqa: E402
 from specdec.runtime.suffix_cache import ResponseCache  # noqa: E402
 
 # -- the agentic workload ---------------------------------------------------------------------
@@ -247,7 +250,8 @@ def speed(args) -> None:
     if args.methods:  # any of make_methods' names (target-only is always measured: every speedup is against it)
         names = ["none"] + [n for n in args.methods.split(",") if n != "none"]
     peers = ["llama-target-only", "llama-lookup"] if args.llama_lookup else []
-    cfg = GenerationConfig(max_output_len=args.tokens)
+    sampled = args.temperature > 0  # each request drawn with --seed: every method's output a sample, none compared with target-only's
+    cfg = GenerationConfig(max_output_len=args.tokens, sampling=SamplingConfig(temperature=args.temperature, random_seed=args.seed))
     report = {}
     # one target session for every method and round (on a GPU, each call shape's CUDA graph is captured once);
     # each round starts the drafters afresh (fresh_drafter_state: the suffix cache and auto's costs start empty)
@@ -299,7 +303,7 @@ def speed(args) -> None:
                     toks[n] += len(out)
                     stats[n].append((m.drafted, m.accepted, m.rounds))
                 want.append(outs["none"])
-                for n in names[1:]:
+                for n in [] if sampled else names[1:]:
                     same[n] &= outs[n] == outs["none"]
                     if outs[n] != outs["none"]:
                         differing[n][r] += 1
@@ -337,7 +341,7 @@ def speed(args) -> None:
             rows[n] = {"tok_s": spread(tps[n]), "decode_tok_s": spread(dtps[n]), "speedup": spread(ratios[n]) if n in ratios else None,
                        "decode_speedup": spread(decode_ratios[n]) if n in ratios else None,
                        "acceptance": accepted / drafted if drafted else None,
-                       "tokens_per_call": (rounds + accepted) / rounds if rounds else None, "exact": same.get(n, True),
+                       "tokens_per_call": (rounds + accepted) / rounds if rounds else None, "exact": None if sampled else same.get(n, True),
                        "differences": differences.get(n) or None, "differing_per_round": differing.get(n)}
             print(f"  {n:<17} with prefill {spread_str(tps[n], '.2f')} tok/s" + (f" x{spread_str(ratios[n], '.2f')}" if n in ratios else "")
                   + f" | decode only {spread_str(dtps[n], '.2f')} tok/s" + (f" x{spread_str(decode_ratios[n], '.2f')}" if n in ratios else "")
@@ -618,10 +622,15 @@ def main() -> None:
     ap.add_argument("--oracle", action="store_true",
                     help="print the share of output tokens suffix decoding could draft at best, and the speedup a perfect drafter would reach under "
                          "this target's measured call costs (round 1)")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="speed: sample every request at this temperature (seeded by --seed) instead of greedy: the outputs are then "
+                         "samples, not compared with target-only's; llama.cpp's runs stay greedy, so not with --llama_lookup")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
     if args.llama_lookup and not args.gguf:
         raise SystemExit("--llama_lookup needs --gguf (the same target in GGUF, at the same bits).")
+    if args.temperature < 0 or (args.temperature > 0 and args.llama_lookup):
+        raise SystemExit("--temperature must be >= 0, and > 0 only without --llama_lookup (llama.cpp's runs here are greedy).")
     {"speed": speed, "auto": auto, "micro": micro, "serve": serve}[args.cmd](args)
 
 

@@ -70,3 +70,15 @@ def test_first_difference_names_the_token_and_the_targets_logits_there(tmp_path)
     assert (d["at"], d["want"], d["got"], d["got_rank"]) == (2, want[2], third, 3)
     assert d["want_logit"] == pytest.approx(float(logits.max()), abs=1e-5) and d["got_logit"] == pytest.approx(float(logits[third]), abs=1e-5)
     assert d["relative_gap"] == pytest.approx(float((logits.max() - logits[third]) / np.abs(logits).max()), abs=1e-6)
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["speed", "--target", "T", "--temperature", "-1"], "--temperature must be >= 0"),
+    (["speed", "--target", "T", "--temperature", "0.7", "--llama_lookup", "B", "--gguf", "G"], "only without --llama_lookup"),
+])
+def test_a_sampled_speed_run_is_refused_where_it_cannot_hold(monkeypatch, argv, expected):
+    """--temperature: a negative one, or llama.cpp's greedy runs beside sampled ones, refused before anything runs."""
+    monkeypatch.setattr(sys, "argv", ["bench_drafters.py", *argv])
+    monkeypatch.setattr(bench, "speed", lambda args: pytest.fail("ran"))
+    with pytest.raises(SystemExit, match=expected):
+        bench.main()
