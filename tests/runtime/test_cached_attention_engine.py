@@ -181,6 +181,32 @@ def test_a_batch_of_trees_chains_and_padded_trees_is_exact(engines, float_engine
             np.testing.assert_array_equal(out[r, j], last, err_msg=f"row {r}, node {j}")
 
 
+def test_a_tree_engine_built_before_the_ops_trees_warns_at_load(tmp_path):
+    """An int4 tree engine whose layers run ONNX Attention (as --cpu_kernels specdec built them before the op took trees)
+    opens with one ApproximateTreesWarning that says to rebuild; a tree engine on the op, and a chain engine on ONNX
+    Attention, open without one."""
+    import warnings
+
+    from specdec.formats.engine_format import load_engine_dir
+    from specdec.runtime.backends.onnxruntime.cpu import ApproximateTreesWarning, OrtExecutor
+
+    target = make_checkpoint(tmp_path / "target", seed=0, num_hidden_layers=1, **ARCH)
+    int4 = dict(quantization="int4_wo", group_size=GROUP, cpu_kernels="specdec")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(OrtCpuAttention, "_own_attention", lambda self: False)
+        with pytest.warns(ApproximateTreesWarning):  # (build_and_load opens it too)
+            build_and_load(target, tmp_path / "old-tree", spec_build(MAX_DRAFT, tree_attention=True, **int4))
+        build_and_load(target, tmp_path / "old-chain", spec_build(MAX_DRAFT, **int4))
+    build_and_load(target, tmp_path / "tree", spec_build(MAX_DRAFT, tree_attention=True, **int4))
+    with pytest.warns(ApproximateTreesWarning, match="Rebuild it with this specdec") as caught:
+        OrtExecutor(load_engine_dir(tmp_path / "old-tree"), num_threads=1)
+    assert len(caught) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ApproximateTreesWarning)
+        for name in ("tree", "old-chain"):
+            OrtExecutor(load_engine_dir(tmp_path / name), num_threads=1)
+
+
 def run(orch, prompts, n=40):
     outputs, metrics = orch.generate(prompts, GenerationConfig(max_output_len=n))
     return [o.output_ids for o in outputs], metrics

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 
@@ -25,6 +26,11 @@ from ....hardware.cpu import physical_memory_bytes
 from ...kv_cache import KVCache
 from ..base import Placement, StepOutput, check_extra_inputs, fill_tree, plan_step, refuse_trees
 from .network_io import check_network_io
+
+
+class ApproximateTreesWarning(UserWarning):
+    """An engine built with --cpu_kernels specdec before specdec's attention took trees: its trees run ONNX Runtime's
+    Attention, exact only up to near-ties (docs/precision.md#attention-over-a-tree)."""
 
 
 def _default_threads() -> int:
@@ -92,6 +98,11 @@ class OrtExecutor:
                                   "engine was built by a newer specdec. Run it with that version, or rebuild it with this one.") from None
             raise EngineError(f"ONNX Runtime could not load {engine.network_path}: {err}") from err
         check_network_io(engine, self.session.get_inputs(), self.session.get_outputs())
+        record = self.build.weight_only  # (a float tree engine with specdec's ops is never older than its attention's trees)
+        if self.build.tree_attention and self.build.cpu_kernels == "specdec" and record and record.get("attention_op", "Attention") == "Attention":
+            warnings.warn(f"{engine.path} verifies trees with ONNX Runtime's Attention (it was built before specdec's attention took trees): "
+                          "its greedy tree output equals target-only's only up to near-ties. Rebuild it with this specdec for trees "
+                          "verified bit for bit (docs/precision.md#attention-over-a-tree).", ApproximateTreesWarning, stacklevel=3)
         self._ort = ort
         self._cache_values: tuple[tuple, list] | None = None  # (cache key, its OrtValues): made once per slot range
         # per cache, its call shapes' buffers: what a call returns is overwritten by the next call of that shape on that
