@@ -160,8 +160,9 @@ class Rows:
             self._done[j] = self.processor.logits(self.raw[j], self.drafts[:j])  # type: ignore[union-attr]
         return self._done[j]
 
-    def probs(self, j: int, cfg: SamplingConfig) -> np.ndarray:
-        return processed_probs(self.logits(j)[None], cfg)[0]
+    def probs(self, j: int, cfg: SamplingConfig, appended: Sequence[int] | None = None) -> np.ndarray:
+        """Row j's processed distribution (its history as logits() takes it)."""
+        return processed_probs(self.logits(j, appended)[None], cfg)[0]
 
 
 def as_rows(target: Rows | np.ndarray, drafts: Sequence[int] = ()) -> Rows:

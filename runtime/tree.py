@@ -107,19 +107,10 @@ def accept_tree_greedy(tokens: np.ndarray, parents: np.ndarray, logits) -> tuple
     from .logits import as_rows
 
     rows = as_rows(logits)
-    picks = rows.raw.argmax(axis=-1) if rows.plain else None  # [k + 1]
-    path: list[int] = []
-    node = -1
-    while True:
-        if picks is not None:
-            want = int(picks[node + 1])
-        else:
-            want = int(np.argmax(rows.logits(node + 1, [int(tokens[j]) for j in path])))
-        match = np.flatnonzero((parents == node) & (tokens == want))
-        if not len(match):
-            return path, want
-        node = int(match[0])
-        path.append(node)
+    if rows.plain:  # every row's argmax at once
+        picks = rows.raw.argmax(axis=-1)  # [k + 1]
+        return _walk(tokens, parents, lambda row, path: int(picks[row]))
+    return _walk(tokens, parents, lambda row, path: int(np.argmax(rows.logits(row, path))))
 
 
 def accept_tree_token_compare(tokens: np.ndarray, parents: np.ndarray, logits, cfg: SamplingConfig,
@@ -130,16 +121,21 @@ def accept_tree_token_compare(tokens: np.ndarray, parents: np.ndarray, logits, c
     the output is distributed as target-only sampling's (for a deterministic tree, each child is a one-hot draft tried in
     turn: "accept x with probability p(x)", over the node's children at once). Returns what accept_tree_greedy does."""
     from .logits import as_rows
-    from .sampling import processed_probs, sample
+    from .sampling import sample
 
     if cfg.greedy:
         return accept_tree_greedy(tokens, parents, logits)
     rows = as_rows(logits)
+    return _walk(tokens, parents, lambda row, path: sample(rows.probs(row, cfg, path), rng))
+
+
+def _walk(tokens: np.ndarray, parents: np.ndarray, pick) -> tuple[list[int], int]:
+    """From the root down: the target's token at each node reached, pick(its row, the path's tokens so far), and on into
+    the child holding it while one does (a row is read only when the walk reaches it). (path, the last pick)."""
     path: list[int] = []
     node = -1
     while True:
-        # (row node + 1 is processed only now, with the path as its history: past the first miss no row is needed)
-        want = sample(processed_probs(rows.logits(node + 1, [int(tokens[j]) for j in path])[None], cfg)[0], rng)
+        want = pick(node + 1, [int(tokens[j]) for j in path])
         match = np.flatnonzero((parents == node) & (tokens == want))
         if not len(match):
             return path, want

@@ -30,13 +30,14 @@ def tables(hd: int, positions: int) -> tuple[np.ndarray, np.ndarray]:
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
-def fused_model(heads: int, kv_heads: int, packed: bool) -> bytes:
+def fused_model(heads: int, kv_heads: int, packed: bool, tree: bool = False) -> bytes:
     """One RotaryCachedAttention node as plugins/cpu_kernels.py writes it: inputs q (or qkv), k, v, past_k, past_v, pos,
-    cos, sin; outputs y, present_k, present_v."""
-    names = ["q", "" if packed else "k", "" if packed else "v", "past_k", "past_v", "pos", "cos", "sin"]
+    cos, sin (and a tree engine's tree: its tree_mask); outputs y, present_k, present_v."""
+    names = ["q", "" if packed else "k", "" if packed else "v", "past_k", "past_v", "pos", "cos", "sin"] + (["tree"] if tree else [])
     node = helper.make_node("RotaryCachedAttention", names, ["y", "present_k", "present_v"], domain=ck.DOMAIN, num_heads=heads,
                             kv_num_heads=kv_heads)
-    inputs = [helper.make_tensor_value_info(n, TensorProto.INT64 if n == "pos" else TensorProto.FLOAT, None) for n in names if n]
+    types = {"pos": TensorProto.INT64, "tree": TensorProto.BOOL}
+    inputs = [helper.make_tensor_value_info(n, types.get(n, TensorProto.FLOAT), None) for n in names if n]
     outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "present_k", "present_v")]
     return _model([node], inputs, outputs)
 

@@ -11,12 +11,11 @@ import sys
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
-from test_rotary_cached_attention import _model, rotate, session, tables
+from test_rotary_cached_attention import fused_model, rotate, session, tables
 from tree_paths import path_to
 
 from specdec.hardware import cpu_kernels as rk
-from specdec.plugins import cpu_kernels as ck
+from specdec.runtime.backends.base import fill_tree
 
 pytestmark = pytest.mark.skipif(rk.compiler() is None, reason="needs a C compiler")
 
@@ -28,35 +27,29 @@ TREES = [[-1, 0, 0, 1, 1, 2, 3, 3, 6], [-1, -1, 0, 1, 2, 0, 5, 4, 3]]
 
 def tree_model(heads: int, kv_heads: int) -> bytes:
     """One packed RotaryCachedAttention node with the tree_mask input (plugins/ort_cpu.py's tree engines)."""
-    names = ["q", "", "", "past_k", "past_v", "pos", "cos", "sin", "tree"]
-    node = helper.make_node("RotaryCachedAttention", names, ["y", "present_k", "present_v"], domain=ck.DOMAIN, num_heads=heads,
-                            kv_num_heads=kv_heads)
-    types = {"pos": TensorProto.INT64, "tree": TensorProto.BOOL}
-    inputs = [helper.make_tensor_value_info(n, types.get(n, TensorProto.FLOAT), None) for n in names if n]
-    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "present_k", "present_v")]
-    return _model([node], inputs, outputs)
+    return fused_model(heads, kv_heads, packed=True, tree=True)
 
 
 def chain_model(heads: int, kv_heads: int) -> bytes:
     """The same node without tree_mask: a chain engine's."""
-    names = ["q", "", "", "past_k", "past_v", "pos", "cos", "sin"]
-    node = helper.make_node("RotaryCachedAttention", names, ["y", "present_k", "present_v"], domain=ck.DOMAIN, num_heads=heads,
-                            kv_num_heads=kv_heads)
-    inputs = [helper.make_tensor_value_info(n, TensorProto.INT64 if n == "pos" else TensorProto.FLOAT, None) for n in names if n]
-    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "present_k", "present_v")]
-    return _model([node], inputs, outputs)
+    return fused_model(heads, kv_heads, packed=True)
 
 
-def mask_and_depths(parents: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """[S, S] ancestors-and-self mask and [S] depths, as runtime/backends/base.py's fill_tree makes them."""
-    n = len(parents)
-    mask, depth = np.zeros((n, n), bool), np.zeros(n, np.int64)
-    for j, p in enumerate(parents):
-        if p >= 0:
-            mask[j] = mask[p]
-            depth[j] = depth[p] + 1
-        mask[j, j] = True
-    return mask, depth
+def run_in_place(model: bytes, feeds: dict, key: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """y of one run whose caches are key and value (in place of feeds' past_k and past_v), present bound to them as the
+    runtime binds it: the run writes them in place."""
+    sess = session(model)
+    b = sess.io_binding()
+    b.bind_output("y")
+    for name, arr in feeds.items():
+        if name not in ("past_k", "past_v"):
+            b.bind_cpu_input(name, arr)
+    for kind, arr in (("k", key), ("v", value)):
+        ov = ort.OrtValue.ortvalue_from_numpy(arr)
+        b.bind_ortvalue_input(f"past_{kind}", ov)
+        b.bind_ortvalue_output(f"present_{kind}", ov)
+    sess.run_with_iobinding(b)
+    return b.copy_outputs_to_cpu()[0]
 
 
 def tree_problem(rng, heads: int, kv_heads: int, hd: int, lengths: list[int]) -> dict:
@@ -66,13 +59,11 @@ def tree_problem(rng, heads: int, kv_heads: int, hd: int, lengths: list[int]) ->
     qkv = rng.standard_normal((batch, tokens, width)).astype(np.float32)
     past_k = rng.standard_normal((batch, CAPACITY, kv_heads * hd)).astype(np.float32)
     past_v = rng.standard_normal((batch, CAPACITY, kv_heads * hd)).astype(np.float32)
-    masks, pos = [], []
     for b, n in enumerate(lengths):
         past_k[b, n:], past_v[b, n:] = 1e4, 1e6
-        mask, depth = mask_and_depths(TREES[b])
-        masks.append(mask)
-        pos.append(n + depth)
-    return dict(q=qkv, past_k=past_k, past_v=past_v, pos=np.stack(pos), tree=np.stack(masks))
+    tree, pos = np.zeros((batch, tokens, tokens), bool), np.zeros((batch, tokens), np.int64)
+    fill_tree(tree, np.tril(np.ones((tokens, tokens), bool)), [], pos, np.array(lengths), [np.array(t) for t in TREES[:batch]])
+    return dict(q=qkv, past_k=past_k, past_v=past_v, pos=pos, tree=tree)
 
 
 def tree_outputs(heads: int, kv_heads: int, hd: int, lengths: list[int], seed: int = 0, threads: int = 1):
@@ -149,19 +140,9 @@ def test_a_causal_mask_is_a_chain():
     tree = session(tree_model(4, 2)).run(None, {**feeds, "tree": p["tree"]})
     for a, b in zip(tree, chain, strict=True):
         np.testing.assert_array_equal(a, b)
-    key, value = p["past_k"].copy(), p["past_v"].copy()
-    sess = session(tree_model(4, 2))
-    b = sess.io_binding()
-    b.bind_output("y")
-    for name in ("q", "pos", "cos", "sin"):
-        b.bind_cpu_input(name, feeds[name])
-    b.bind_cpu_input("tree", p["tree"])
-    for kind, arr in (("k", key), ("v", value)):
-        ov = ort.OrtValue.ortvalue_from_numpy(arr)
-        b.bind_ortvalue_input(f"past_{kind}", ov)
-        b.bind_ortvalue_output(f"present_{kind}", ov)
-    sess.run_with_iobinding(b)
-    np.testing.assert_array_equal(b.copy_outputs_to_cpu()[0], chain[0])
+    key = p["past_k"].copy()
+    y = run_in_place(tree_model(4, 2), {**feeds, "tree": p["tree"]}, key, p["past_v"].copy())
+    np.testing.assert_array_equal(y, chain[0])
     np.testing.assert_array_equal(key, chain[1])
 
 
@@ -198,17 +179,8 @@ def test_a_bad_tree_mask_is_one_clear_error(bad, expected):
     feeds = dict(q=p["q"], past_k=p["past_k"], past_v=p["past_v"], pos=p["pos"], cos=cos, sin=sin, tree=p["tree"])
     with pytest.raises(Exception, match=expected.replace("[", r"\[")):
         session(tree_model(4, 2)).run(None, feeds)
-    key, value = p["past_k"].copy(), p["past_v"].copy()  # bound in place, as the runtime binds them: refused before any write
-    sess = session(tree_model(4, 2))
-    b = sess.io_binding()
-    b.bind_output("y")
-    for name in ("q", "pos", "cos", "sin", "tree"):
-        b.bind_cpu_input(name, feeds[name])
-    for kind, arr in (("k", key), ("v", value)):
-        ov = ort.OrtValue.ortvalue_from_numpy(arr)
-        b.bind_ortvalue_input(f"past_{kind}", ov)
-        b.bind_ortvalue_output(f"present_{kind}", ov)
-    with pytest.raises(Exception, match=expected.replace("[", r"\[")):
-        sess.run_with_iobinding(b)
+    key, value = p["past_k"].copy(), p["past_v"].copy()
+    with pytest.raises(Exception, match=expected.replace("[", r"\[")):  # bound in place: refused before any write
+        run_in_place(tree_model(4, 2), feeds, key, value)
     np.testing.assert_array_equal(key, p["past_k"])
     np.testing.assert_array_equal(value, p["past_v"])

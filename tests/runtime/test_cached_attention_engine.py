@@ -153,11 +153,17 @@ def test_a_tree_verification_gives_each_node_the_logits_of_its_path_bit_for_bit(
     ex.forward(cache, [prompt], all_logits=False)
     tree = ex.forward(cache, [tokens], all_logits=True, parents=[np.array(TREE)]).logits[0].copy()
     for j in range(len(TREE)):
-        chain = ex.new_cache(1)
-        ex.forward(chain, [prompt], all_logits=False)
-        for t in path_to(TREE, j):
-            last = ex.forward(chain, [[tokens[t]]], all_logits=False).logits[0, -1]
-        np.testing.assert_array_equal(tree[j], last, err_msg=f"node {j}, path {path_to(TREE, j)}")
+        np.testing.assert_array_equal(tree[j], decoded_path(ex, prompt, tokens, TREE, j), err_msg=f"node {j}, path {path_to(TREE, j)}")
+
+
+def decoded_path(ex, prompt: list[int], tokens: list[int], parents: list[int], j: int) -> np.ndarray:
+    """The logits after node j's path, fed a token a step after ``prompt`` on a fresh cache: what greedy decoding of that
+    path computes."""
+    chain = ex.new_cache(1)
+    ex.forward(chain, [prompt], all_logits=False)
+    for t in path_to(parents, j):
+        last = ex.forward(chain, [[tokens[t]]], all_logits=False).logits[0, -1]
+    return last
 
 
 @pytest.mark.parametrize("kind", ["int4", "float"])
@@ -174,11 +180,7 @@ def test_a_batch_of_trees_chains_and_padded_trees_is_exact(engines, float_engine
     out = ex.forward(cache, rows, all_logits=True, parents=parents).logits.copy()
     for r, (prompt, tokens, par) in enumerate(zip(prompts, rows, [TREE, list(range(-1, 5)), short], strict=True)):
         for j in range(len(tokens)):
-            chain = ex.new_cache(1)
-            ex.forward(chain, [prompt], all_logits=False)
-            for t in path_to(par, j):
-                last = ex.forward(chain, [[tokens[t]]], all_logits=False).logits[0, -1]
-            np.testing.assert_array_equal(out[r, j], last, err_msg=f"row {r}, node {j}")
+            np.testing.assert_array_equal(out[r, j], decoded_path(ex, prompt, tokens, par, j), err_msg=f"row {r}, node {j}")
 
 
 def test_a_tree_engine_built_before_the_ops_trees_warns_at_load(tmp_path):

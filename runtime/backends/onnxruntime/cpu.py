@@ -77,10 +77,10 @@ class OrtExecutor:
         self.model = engine.config.model
         self.build = engine.config.build
         opts = session_options(num_threads)
+        record = self.build.weight_only
         if self.build.cpu_kernels == "specdec":  # int4 layers on specdec's Q4Gemm op, attention on its own (plugins/cpu_kernels.py)
             from ....hardware.cpu_kernels import LAYOUT, KernelBuildError, kernel_library
 
-            record = self.build.weight_only
             try:  # (a float engine holds no Q4Gemm weights, whose layout the library must read: its attention only)
                 library = kernel_library(record.get("kernel_layout", 0) if record else LAYOUT)
                 opts.register_custom_ops_library(str(library))
@@ -98,7 +98,7 @@ class OrtExecutor:
                                   "engine was built by a newer specdec. Run it with that version, or rebuild it with this one.") from None
             raise EngineError(f"ONNX Runtime could not load {engine.network_path}: {err}") from err
         check_network_io(engine, self.session.get_inputs(), self.session.get_outputs())
-        record = self.build.weight_only  # (a float tree engine with specdec's ops is never older than its attention's trees)
+        # (a float tree engine with specdec's ops, no weight-only record, is never older than its attention's trees)
         if self.build.tree_attention and self.build.cpu_kernels == "specdec" and record and record.get("attention_op", "Attention") == "Attention":
             warnings.warn(f"{engine.path} verifies trees with ONNX Runtime's Attention (it was built before specdec's attention took trees): "
                           "its greedy tree output equals target-only's only up to near-ties. Rebuild it with this specdec for trees "
