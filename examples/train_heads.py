@@ -20,7 +20,9 @@ This script follows ModelOpt's speculative-decoding workflow on it:
 
 ``--modes eagle`` trains the EAGLE module only (``--modes medusa`` the Medusa heads only). ``--cpu-minutes``
 budgets each mode in CPU time of this process instead of wall time (a shared machine stretches the latter);
-``--reuse-data`` keeps OUTPUT_DIR/data's answers when they are there.
+``--reuse-data`` keeps OUTPUT_DIR/data's answers when they answer the prompts drawn (the same ``--prompts``,
+``--more-prompts`` and ``--seed``). ``--more-prompts N`` adds N training prompts drawn after the held-out ones, so a
+larger set keeps the smaller one's prompts and held-out split (to compare training on more answers).
 
 Example (a few minutes on 2 threads, after the quickstart built demo-engines/)::
 
@@ -85,6 +87,22 @@ def write_prompts(path: Path, prompts: list[str]) -> Path:
     return path
 
 
+def draw_prompts(train_items: list[tuple[str, str]], heldout_items: list[tuple[str, str]], prompts: int, eval_prompts: int,
+                 more_prompts: int, seed: int) -> dict[str, list[str]]:
+    """{"prompts": training prompts, "eval_prompts": held-out ones}. The held-out ones are drawn after ``prompts``
+    training ones from the same stream, and ``more_prompts`` come after them from seed + 1's: adding more keeps both."""
+    rng = random.Random(seed)
+    drawn = {"prompts": snippets(train_items, prompts, rng)}
+    drawn["eval_prompts"] = snippets(heldout_items, eval_prompts, rng)
+    drawn["prompts"] += snippets(train_items, more_prompts, random.Random(seed + 1))
+    return drawn
+
+
+def answered_prompts(path: Path) -> list[str]:
+    """The prompts an answers file (prepare-data's conversations) answers, in order."""
+    return [json.loads(line)["conversations"][0]["content"] for line in path.read_text().splitlines() if line.strip()]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output-dir", type=Path, default=Path("demo-engines/heads"))
@@ -92,11 +110,14 @@ def main() -> None:
     p.add_argument("--engine-dir", type=Path, default=Path("demo-engines/target"), help="used for prepare-data when it exists")
     p.add_argument("--prompts", type=int, default=256, help="training prompts")
     p.add_argument("--eval-prompts", type=int, default=32, help="held-out prompts (from held-out files)")
+    p.add_argument("--more-prompts", type=int, default=0,
+                   help="training prompts drawn after the held-out ones (seed + 1): a larger set that keeps --prompts' "
+                        "prompts and held-out split, to compare training on more answers")
     p.add_argument("--max-token", type=int, default=64, help="tokens the target answers per prompt")
     p.add_argument("--minutes", type=float, default=2.0, help="training wall-clock budget per mode")
     p.add_argument("--cpu-minutes", type=float, default=None, help="training budget per mode in CPU minutes of this process (instead of --minutes)")
     p.add_argument("--max-steps", type=int, default=None, help="train exactly this many steps per mode (instead of a time budget)")
-    p.add_argument("--reuse-data", action="store_true", help="keep OUTPUT_DIR/data's answers when both files exist")
+    p.add_argument("--reuse-data", action="store_true", help="keep OUTPUT_DIR/data's answers when they answer the prompts drawn")
     p.add_argument("--medusa-heads", type=int, default=3)
     p.add_argument("--eagle-ttt-steps", type=int, default=3, help="EAGLE training-time-test steps (depths trained)")
     p.add_argument("--peagle-depths", type=int, default=8, help="P-EAGLE drafting positions trained (one pass drafts up to this many)")
@@ -118,9 +139,9 @@ def main() -> None:
     data = out / "data"
     data.mkdir(parents=True, exist_ok=True)
     train_items, heldout_items = collect_corpus(Path(sysconfig.get_paths()["stdlib"]), HELDOUT_MOD)
-    rng = random.Random(args.seed)
-    write_prompts(data / "prompts.jsonl", snippets(train_items, args.prompts, rng))
-    write_prompts(data / "eval_prompts.jsonl", snippets(heldout_items, args.eval_prompts, rng))
+    drawn = draw_prompts(train_items, heldout_items, args.prompts, args.eval_prompts, args.more_prompts, args.seed)
+    for name, prompts in drawn.items():
+        write_prompts(data / f"{name}.jsonl", prompts)
     print(f"corpus: {len(train_items)} training files, {len(heldout_items)} held out")
 
     on_engine = (args.engine_dir / "config.json").is_file()
@@ -128,9 +149,12 @@ def main() -> None:
     generator = None
     if on_engine:  # the runtime answers: specdec-train prepare-data's own generator (train/ imports nothing of the runtime)
         from specdec.cli.train import EngineGenerator as generator
-    for name in ("prompts", "eval_prompts"):
-        if args.reuse_data and (data / f"{name}.answers.jsonl").is_file():
-            continue
+    for name, prompts in drawn.items():
+        answers = data / f"{name}.answers.jsonl"
+        if args.reuse_data and answers.is_file():
+            if answered_prompts(answers) == prompts:
+                continue
+            print(f"--reuse-data: {answers} answers other prompts (another --prompts, --more-prompts or --seed); answering again")
         prepare_data(PrepareConfig(str(data / f"{name}.jsonl"), str(data / f"{name}.answers.jsonl"), max_token=args.max_token,
                                    num_threads=args.threads, **gen), progress_bar=False, generator=generator)
     data_s = time.perf_counter() - started
