@@ -126,8 +126,8 @@ class EagleProposer(OwnDrafter):
             self.pending[r.request_id] = ([feats[r.slot - first_slot, :n].copy()], [*r.prompt_ids[1:], r.output_ids[0]])
         # a fixed draft_len: a prompt longer than one round's pairs now, in a call of its own (the joining requests hold
         # the last module slots, and a prompt fed beside running requests would make them ride along a prompt-wide
-        # step; a short one goes with the next draft); auto: when the request first drafts
-        self.catch_up([r for r in requests if r.draft_len != AUTO])
+        # step; a short one goes with the next draft); auto: when the request first drafts; draft_len 0: never
+        self.catch_up([r for r in requests if r.draft_len != AUTO and r.draft_len != 0])
 
     def remove(self, request_id: str) -> None:
         if free_slot(request_id, self.slot_of, self.order, self.cache, self.module.copy_slot):

@@ -261,6 +261,28 @@ def test_an_auto_request_feeds_the_module_when_it_first_drafts(eagle, choices):
             assert engine.stats.drafted > 0
 
 
+def test_a_request_with_draft_len_0_never_feeds_the_module(eagle):
+    """A request of the EAGLE method that asks for no drafts (draft_len 0, as a server request's num_draft_tokens 0)
+    is decoded target-only: its prompt is not prefilled on the module, which never runs for it; a fixed-length request
+    beside it still is, at admission. Both exact."""
+    t, m = eagle["target"], eagle["mod"]
+    long_prompt, other = list(range(5, 25)), list(range(30, 50))  # 20 pairs each: a backlog at admission
+    want, _ = generate(t, m, [long_prompt, other], "none", 0)
+    proposer = EagleProposer(t, m)
+    engine = Engine(t, [proposer], SpeculationConfig("eagle", 3))
+    calls = []
+    run = proposer.module.forward
+    proposer.module.forward = lambda *a, **k: calls.append(1) or run(*a, **k)
+    none = engine.add_request(long_prompt, GenerationConfig(max_output_len=20, draft_len=0))
+    three = engine.add_request(other, GenerationConfig(max_output_len=20))
+    engine.step()  # the target's prefill
+    assert int(proposer.cache.lengths[proposer.slot_of[none]]) == 0
+    assert int(proposer.cache.lengths[proposer.slot_of[three]]) > 0
+    done = run_until_done(engine)
+    assert [done[none].output_ids, done[three].output_ids] == want
+    assert done[none].metrics.drafted == 0 and done[three].metrics.drafted > 0 and calls
+
+
 def test_metrics_keep_the_prompts_apart_from_the_rounds(eagle, monkeypatch):
     """draft_s and target_s count the prompts' passes too (the module over the prompt's features, the prefill);
     prompt_draft_s and prompt_target_s are those shares, so round_draft_s is what the rounds' drafting cost (what
