@@ -62,7 +62,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", required=True, help="where the engines are built (reused when there)")
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--methods", default="target-only,eagle-auto,peagle-auto,draft-auto")
+    ap.add_argument("--methods", default="target-only,eagle-auto,peagle-auto,draft-auto",
+                    help="comma-separated: target-only, eagle-auto / peagle-auto (trees), eagle-chain-auto, peagle-chain-auto, draft-auto")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="torch's CPU threads (default: torch's own)")
     ap.add_argument("--gpu_costs", default=None, help="a bench_torch.py JSON: auto prices calls from its target steps at --batch, drafts free")
@@ -99,6 +100,8 @@ def main() -> None:
         "eagle-auto": lambda: Orchestrator(ex["eagle"], EagleProposer(ex["eagle"], ex["module"], TREE), draft_len="auto"),
         "peagle-auto": lambda: Orchestrator(ex["peagle"], PEagleProposer(ex["peagle"], ex["peagle_module"], TREE), draft_len="auto"),
         "draft-auto": lambda: Orchestrator(ex["eagle"], DraftModelProposer(ex["draft"]), draft_len="auto"),
+        "eagle-chain-auto": lambda: Orchestrator(ex["eagle"], EagleProposer(ex["eagle"], ex["module"]), draft_len="auto"),
+        "peagle-chain-auto": lambda: Orchestrator(ex["peagle"], PEagleProposer(ex["peagle"], ex["peagle_module"]), draft_len="auto"),
     }
     methods = args.methods.split(",")
     unknown = [m for m in methods if m not in make]

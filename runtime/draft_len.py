@@ -78,8 +78,9 @@ No request drafts in a round where even a perfect drafter would not pay at this 
 tokens for a call of width k + 1 and k draft steps (a one-call drafter's round), against one token per call, with DRAFT_MARGIN): there the
 probes, the exploring rounds and the draft model's catch-ups that let auto notice a change could not find a
 draft that pays, and would only cost. Outside probe rounds a chain drafter's requests are not priced one by one either when
-no draft length would pay even at the batch's best acceptance (runtime/draft_policy.py: AutoDraftPolicy.may_draft), so a full batch
-where nothing pays costs one check per round, not a choice per request; what deciding costs per round is
+no draft length would pay even at the batch's best acceptance with its lightest catch-up (runtime/draft_policy.py:
+AutoDraftPolicy.may_draft; a static tree likewise at its best tokens a round), so a full batch where nothing pays, a batch
+of requests whose drafts have not read their prompts included, costs one check per round, not a choice per request; what deciding costs per round is
 measured (``Metrics.decide_s``, the server's ``spec_decode_decision_seconds``).
 
 Probes of requests at k = 0 fall on the same rounds (``probe_due``): a probe

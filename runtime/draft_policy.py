@@ -25,7 +25,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .draft_len import EXPLORE_ROUNDS, PROBE_BACKLOG, AutoDraftLen
+from .draft_len import EXPLORE_ROUNDS, HORIZON, PROBE_BACKLOG, AutoDraftLen
 from .proposers.base import Draft, Proposer
 from .request import AUTO, Request
 
@@ -141,11 +141,38 @@ class AutoDraftPolicy(FixedDraftPolicy):
             paying = cost.pays_at(method, running)
             if paying and not proposer.scores_drafts and not cost.probe_due(self.round_index, running):
                 if proposer.tree is None:
-                    paying = cost.pays_at(method, running, self.best_acceptance(method))
-                else:  # a tree that does not pay whole for the best request pays for none (choose_tree's rule, no catch-up)
-                    paying = cost.tree_pays(method, len(proposer.tree), self.best_tree_tokens(method), running)
+                    best = self.best_acceptance(method)
+                    paying = cost.pays_at(method, running, best)
+                    if paying:  # ... nor with the batch's lightest catch-up (requests whose draft has not read their text)
+                        spread = self.least_catch_up(method, proposer, running)
+                        paying = spread == 0.0 or cost.pays_at(method, running, best, catch_up_s=spread * HORIZON)
+                else:  # a tree that does not pay whole for the best request pays for none (choose_tree's rule)
+                    tokens = self.best_tree_tokens(method)
+                    paying = cost.tree_pays(method, len(proposer.tree), tokens, running)
+                    if paying:
+                        spread = self.least_catch_up(method, proposer, running)
+                        paying = spread == 0.0 or cost.tree_pays(method, len(proposer.tree), tokens, running, catch_up_s=spread * HORIZON)
             self.paying[method] = paying
         return paying
+
+    def least_catch_up(self, method: str, proposer: Proposer, running: int) -> float:
+        """The smallest catch-up a round of ``method`` would spread over each token it makes, among the round's auto
+        requests of it (draft_len's ``catch_up_s / min(left, HORIZON)``; 0 once one request's draft is caught up). With
+        the best acceptance it bounds every request's speed: where even that pair does not pay, none does, and a full
+        batch of requests whose drafts have not read their prompts costs one check a round, not a choice per request."""
+        cost, least = self.cost, None
+        for r in self.reqs:
+            if r.draft_len != AUTO or r.method != method:
+                continue
+            backlog = proposer.backlog(r)
+            if not backlog:
+                return 0.0
+            left = r.config.max_output_len - len(r.output_ids)
+            spread = cost.catch_up_cost(method, backlog, running) / max(min(left, HORIZON), 1)
+            if spread <= 0.0:
+                return 0.0
+            least = spread if least is None else min(least, spread)
+        return least or 0.0
 
     def draft_len(self, r: Request, proposer: Proposer, limit: int, running: int) -> int:
         if r.draft_len != AUTO:

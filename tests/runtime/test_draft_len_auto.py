@@ -223,6 +223,55 @@ def test_a_batch_where_no_static_tree_pays_costs_one_check_not_a_choice_per_requ
     assert policy.draft_len(reqs[5], proposer, 8, 8) == 8 and policy.draft_len(reqs[0], proposer, 8, 8) == 0
 
 
+@pytest.mark.parametrize("tree", [False, True])
+def test_a_batch_whose_drafts_must_first_read_their_prompts_costs_one_check_where_no_catch_up_pays(tree):
+    """may_draft with catch-ups: at 8 rows the method's best acceptance pays when its draft has read the text (an
+    EAGLE chain, 0.75 a token; a static 4-node tree), and not for requests whose draft must first be fed 100 tokens
+    (5 s, spread over the 63 tokens each has left). Outside probe rounds the batch is declined in one check, as
+    choosing request by request would (each chooses 0, asked apart); once one request's draft is caught up, the method
+    may draft again, and that request drafts while the others still choose 0."""
+    from types import SimpleNamespace
+
+    from specdec.runtime.draft_policy import AutoDraftPolicy
+    from specdec.runtime.metrics import Metrics
+    from specdec.runtime.request import AUTO
+
+    auto = costs(AutoDraftLen(8, 16), draft_s=0.05)
+    auto.catch_up_cost = lambda method, tokens, rows=1: 0.05 * tokens
+    for _ in range(20):
+        auto.record_round("eagle", 4, 3)
+    calls = []
+    for name in ("choose", "choose_tree"):
+        real = getattr(auto, name)
+        setattr(auto, name, lambda *a, real=real, **k: calls.append(a) or real(*a, **k))
+    proposer = SimpleNamespace(tree=[0] * 4 if tree else None, scores_drafts=False, backlog=lambda r: r.backlog)
+    reqs = [SimpleNamespace(draft_len=AUTO, method="eagle", metrics=Metrics(requests=1), auto_k=None, output_ids=[1],
+                            config=SimpleNamespace(max_output_len=64), backlog=100) for _ in range(8)]
+    limit = 4 if tree else 8
+
+    def alone(r) -> int:  # the request's own choice, priced with its catch-up
+        catch_up, left = auto.catch_up_cost("eagle", r.backlog, 8), r.config.max_output_len - len(r.output_ids)
+        if tree:
+            return auto.choose_tree("eagle", 4, r.metrics.accepted, r.metrics.drafting_rounds, 8, catch_up, left)
+        return auto.choose("eagle", r.metrics.accepted, r.metrics.rejected, limit, 8, None, catch_up, left)
+
+    policy = AutoDraftPolicy(auto)
+    policy.begin(reqs, 3)
+    assert policy.best_acceptance("eagle") == pytest.approx(0.75, abs=0.02)
+    if tree:
+        assert auto.tree_pays("eagle", 4, policy.best_tree_tokens("eagle"), 8)
+    else:
+        assert auto.pays_at("eagle", 8, policy.best_acceptance("eagle"))  # without the catch-up it would pay
+    assert all(policy.declines(r, proposer, 8) for r in reqs) and calls == []
+    assert [alone(r) for r in reqs] == [0] * 8
+    calls.clear()
+    reqs[2].backlog = 0  # its draft has read its text
+    policy.begin(reqs, 4)
+    assert not policy.declines(reqs[2], proposer, 8)
+    assert policy.draft_len(reqs[2], proposer, limit, 8) == alone(reqs[2]) > 0
+    assert policy.draft_len(reqs[0], proposer, limit, 8) == 0 and calls
+
+
 def test_describe_reports_what_a_decision_reads():
     auto = costs(AutoDraftLen(4, 16), draft_s=0.25)
     for _ in range(10):
