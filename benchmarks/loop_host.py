@@ -131,8 +131,10 @@ def main() -> None:
     res = {"batch": args.batch, "threads": args.threads, "new_tokens": 64, "prompt_tokens": 59, "gpu_costs": args.gpu_costs,
            "host_us_per_request_round": {m: {"median": float(np.median(v)), "min": min(v), "max": max(v), "runs": v} for m, v in got.items()},
            "drafted": drafted}
+    width = max(map(len, methods))
     for m, v in res["host_us_per_request_round"].items():
-        print(f"{m:<12} host {v['median']:6.1f} us per request and round [{v['min']:.1f}-{v['max']:.1f}], drafted {drafted[m]} in each run")
+        print(f"{m:<{width}} host {v['median']:6.1f} us per request and round [{v['min']:.1f}-{v['max']:.1f}], "
+              f"drafted {drafted[m]} in each run")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
 

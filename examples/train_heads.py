@@ -21,8 +21,9 @@ This script follows ModelOpt's speculative-decoding workflow on it:
 ``--modes eagle`` trains the EAGLE module only (``--modes medusa`` the Medusa heads only). ``--cpu-minutes``
 budgets each mode in CPU time of this process instead of wall time (a shared machine stretches the latter);
 ``--reuse-data`` keeps OUTPUT_DIR/data's answers when they answer the prompts drawn (the same ``--prompts``,
-``--more-prompts`` and ``--seed``). ``--more-prompts N`` adds N training prompts drawn after the held-out ones, so a
-larger set keeps the smaller one's prompts and held-out split (to compare training on more answers).
+``--more-prompts`` and ``--data-seed``; ``--seed`` seeds the training only). ``--more-prompts N`` adds N training
+prompts from a stream of their own, so a larger set keeps the smaller one's prompts and held-out snippets (to compare
+training on more answers).
 
 Example (a few minutes on 2 threads, after the quickstart built demo-engines/)::
 
@@ -90,7 +91,8 @@ def write_prompts(path: Path, prompts: list[str]) -> Path:
 def draw_prompts(train_items: list[tuple[str, str]], heldout_items: list[tuple[str, str]], prompts: int, eval_prompts: int,
                  more_prompts: int, seed: int) -> dict[str, list[str]]:
     """{"prompts": training prompts, "eval_prompts": held-out ones}. The held-out ones are drawn after ``prompts``
-    training ones from the same stream, and ``more_prompts`` come after them from seed + 1's: adding more keeps both."""
+    training ones from the same stream, and ``more_prompts`` from a stream of their own (seed + 1): adding more keeps
+    both."""
     rng = random.Random(seed)
     drawn = {"prompts": snippets(train_items, prompts, rng)}
     drawn["eval_prompts"] = snippets(heldout_items, eval_prompts, rng)
@@ -103,6 +105,11 @@ def answered_prompts(path: Path) -> list[str]:
     return [json.loads(line)["conversations"][0]["content"] for line in path.read_text().splitlines() if line.strip()]
 
 
+def reusable(answers: Path, prompts: list[str]) -> bool:
+    """--reuse-data: whether ``answers`` answers exactly ``prompts``, in order (else they are answered again)."""
+    return answers.is_file() and answered_prompts(answers) == prompts
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output-dir", type=Path, default=Path("demo-engines/heads"))
@@ -111,8 +118,8 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=256, help="training prompts")
     p.add_argument("--eval-prompts", type=int, default=32, help="held-out prompts (from held-out files)")
     p.add_argument("--more-prompts", type=int, default=0,
-                   help="training prompts drawn after the held-out ones (seed + 1): a larger set that keeps --prompts' "
-                        "prompts and held-out split, to compare training on more answers")
+                   help="more training prompts, from a stream of their own: a larger set that keeps --prompts' "
+                        "prompts and held-out snippets, to compare training on more answers")
     p.add_argument("--max-token", type=int, default=64, help="tokens the target answers per prompt")
     p.add_argument("--minutes", type=float, default=2.0, help="training wall-clock budget per mode")
     p.add_argument("--cpu-minutes", type=float, default=None, help="training budget per mode in CPU minutes of this process (instead of --minutes)")
@@ -131,7 +138,8 @@ def main() -> None:
                    help="cosine decays over the budget (--minutes / --cpu-minutes) or --max-steps")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the training's seed")
+    p.add_argument("--data-seed", type=int, default=0, help="the prompts' seed (the shipped heads': 0)")
     args = p.parse_args()
 
     started = time.perf_counter()
@@ -139,7 +147,7 @@ def main() -> None:
     data = out / "data"
     data.mkdir(parents=True, exist_ok=True)
     train_items, heldout_items = collect_corpus(Path(sysconfig.get_paths()["stdlib"]), HELDOUT_MOD)
-    drawn = draw_prompts(train_items, heldout_items, args.prompts, args.eval_prompts, args.more_prompts, args.seed)
+    drawn = draw_prompts(train_items, heldout_items, args.prompts, args.eval_prompts, args.more_prompts, args.data_seed)
     for name, prompts in drawn.items():
         write_prompts(data / f"{name}.jsonl", prompts)
     print(f"corpus: {len(train_items)} training files, {len(heldout_items)} held out")
@@ -152,9 +160,9 @@ def main() -> None:
     for name, prompts in drawn.items():
         answers = data / f"{name}.answers.jsonl"
         if args.reuse_data and answers.is_file():
-            if answered_prompts(answers) == prompts:
+            if reusable(answers, prompts):
                 continue
-            print(f"--reuse-data: {answers} answers other prompts (another --prompts, --more-prompts or --seed); answering again")
+            print(f"--reuse-data: {answers} answers other prompts (another --prompts, --more-prompts or --data-seed); answering again")
         prepare_data(PrepareConfig(str(data / f"{name}.jsonl"), str(data / f"{name}.answers.jsonl"), max_token=args.max_token,
                                    num_threads=args.threads, **gen), progress_bar=False, generator=generator)
     data_s = time.perf_counter() - started

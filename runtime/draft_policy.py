@@ -132,9 +132,10 @@ class AutoDraftPolicy(FixedDraftPolicy):
         """Whether any request of ``method`` may draft this round, decided once per round and method: no, where not even a
         perfect drafter would pay at this batch size (AutoDraftLen.pays_at; probes included); no, outside probe rounds,
         where a chain drafter (a draft model, n-gram, an EAGLE chain) would not pay even at the batch's best acceptance,
-        or a static tree (Medusa, EAGLE, P-EAGLE) even at the batch's best tokens a round, so that a full batch where
-        nothing pays costs one check, not a choice per request. The tree check prices the whole tree: a request whose
-        room truncates it (near its end) no longer drafts the cheaper truncated tree when the whole one does not pay."""
+        or a static tree (Medusa, EAGLE, P-EAGLE) even at the batch's best tokens a round, each with the batch's lightest
+        catch-up (least_catch_up), so that a full batch where nothing pays costs one check, not a choice per request.
+        The tree check prices the whole tree: a request whose room truncates it (near its end) no longer drafts the
+        cheaper truncated tree when the whole one does not pay."""
         paying = self.paying.get(method)
         if paying is None:
             cost = self.cost

@@ -123,10 +123,13 @@ class EagleProposer(OwnDrafter):
         feats = step.extras[FEATURES]  # [len(prefilled), width, hidden]
         for r in requests:
             n = len(r.prompt_ids)
+            if r.draft_len == 0:  # it never drafts: the module never reads its pairs (observe keeps none either)
+                self.pending[r.request_id] = ([], [])
+                continue
             self.pending[r.request_id] = ([feats[r.slot - first_slot, :n].copy()], [*r.prompt_ids[1:], r.output_ids[0]])
         # a fixed draft_len: a prompt longer than one round's pairs now, in a call of its own (the joining requests hold
         # the last module slots, and a prompt fed beside running requests would make them ride along a prompt-wide
-        # step; a short one goes with the next draft); auto: when the request first drafts; draft_len 0: never
+        # step; a short one goes with the next draft); auto: when the request first drafts
         self.catch_up([r for r in requests if r.draft_len != AUTO and r.draft_len != 0])
 
     def remove(self, request_id: str) -> None:
@@ -142,6 +145,8 @@ class EagleProposer(OwnDrafter):
 
     def observe(self, request: Request, draft: Draft, target: TargetOutput) -> None:
         """The kept rows' features pair with the tokens that follow them: the kept drafts, then the new token."""
+        if request.draft_len == 0:
+            return
         feats, (old_h, old_t) = target.extras[FEATURES], self.pending[request.request_id]  # [k + 1, hidden]
         # a copy (the step's outputs may live in a buffer the next call reuses) of the kept rows: [len(rows), hidden]
         old_h.append(np.asarray(kept_rows(feats, target.rows), np.float32))

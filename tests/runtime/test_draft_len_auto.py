@@ -228,8 +228,9 @@ def test_a_batch_whose_drafts_must_first_read_their_prompts_costs_one_check_wher
     """may_draft with catch-ups: at 8 rows the method's best acceptance pays when its draft has read the text (an
     EAGLE chain, 0.75 a token; a static 4-node tree), and not for requests whose draft must first be fed 100 tokens
     (5 s, spread over the 63 tokens each has left). Outside probe rounds the batch is declined in one check, as
-    choosing request by request would (each chooses 0, asked apart); once one request's draft is caught up, the method
-    may draft again, and that request drafts while the others still choose 0."""
+    choosing request by request would (each chooses 0, asked apart); once one request's catch-up is light enough to pay
+    (30 tokens), or its draft is caught up, the method may draft again, and that request drafts while the others still
+    choose 0."""
     from types import SimpleNamespace
 
     from specdec.runtime.draft_policy import AutoDraftPolicy
@@ -264,12 +265,13 @@ def test_a_batch_whose_drafts_must_first_read_their_prompts_costs_one_check_wher
         assert auto.pays_at("eagle", 8, policy.best_acceptance("eagle"))  # without the catch-up it would pay
     assert all(policy.declines(r, proposer, 8) for r in reqs) and calls == []
     assert [alone(r) for r in reqs] == [0] * 8
-    calls.clear()
-    reqs[2].backlog = 0  # its draft has read its text
-    policy.begin(reqs, 4)
-    assert not policy.declines(reqs[2], proposer, 8)
-    assert policy.draft_len(reqs[2], proposer, limit, 8) == alone(reqs[2]) > 0
-    assert policy.draft_len(reqs[0], proposer, limit, 8) == 0 and calls
+    for backlog in (30, 0):  # its draft has read all but 30 tokens (a lighter catch-up that pays), then all of it
+        calls.clear()
+        reqs[2].backlog = backlog
+        policy.begin(reqs, 4)
+        assert not policy.declines(reqs[2], proposer, 8), backlog
+        assert policy.draft_len(reqs[2], proposer, limit, 8) == alone(reqs[2]) > 0
+        assert policy.draft_len(reqs[0], proposer, limit, 8) == 0 and calls
 
 
 def test_describe_reports_what_a_decision_reads():

@@ -263,8 +263,8 @@ def test_an_auto_request_feeds_the_module_when_it_first_drafts(eagle, choices):
 
 def test_a_request_with_draft_len_0_never_feeds_the_module(eagle):
     """A request of the EAGLE method that asks for no drafts (draft_len 0, as a server request's num_draft_tokens 0)
-    is decoded target-only: its prompt is not prefilled on the module, which never runs for it; a fixed-length request
-    beside it still is, at admission. Both exact."""
+    is decoded target-only: its prompt is not prefilled on the module, which never runs for it, and no features are
+    kept for it; a fixed-length request beside it still is, at admission. Both exact."""
     t, m = eagle["target"], eagle["mod"]
     long_prompt, other = list(range(5, 25)), list(range(30, 50))  # 20 pairs each: a backlog at admission
     want, _ = generate(t, m, [long_prompt, other], "none", 0)
@@ -276,8 +276,10 @@ def test_a_request_with_draft_len_0_never_feeds_the_module(eagle):
     none = engine.add_request(long_prompt, GenerationConfig(max_output_len=20, draft_len=0))
     three = engine.add_request(other, GenerationConfig(max_output_len=20))
     engine.step()  # the target's prefill
-    assert int(proposer.cache.lengths[proposer.slot_of[none]]) == 0
+    assert int(proposer.cache.lengths[proposer.slot_of[none]]) == 0 and proposer.pending[none] == ([], [])
     assert int(proposer.cache.lengths[proposer.slot_of[three]]) > 0
+    engine.step()
+    assert proposer.pending[none] == ([], [])  # nor are the rounds' features kept for it
     done = run_until_done(engine)
     assert [done[none].output_ids, done[three].output_ids] == want
     assert done[none].metrics.drafted == 0 and done[three].metrics.drafted > 0 and calls

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import random
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,9 +32,21 @@ def test_more_prompts_extend_the_smaller_set_and_keep_its_held_out_split():
     assert train_heads.draw_prompts(TRAIN, HELDOUT, 20, 6, 0, seed=1)["prompts"] != small["prompts"]
 
 
-def test_answered_prompts_reads_prepare_datas_conversations(tmp_path):
+def test_the_default_draw_is_the_shipped_heads_one():
+    """Without --more-prompts the prompts and held-out snippets are what one stream seeded 0 gives, training first (how
+    the shipped heads' data was drawn): an edit that reorders the draws would change every module trained again."""
+    rng = random.Random(0)
+    want = {"prompts": train_heads.snippets(TRAIN, 20, rng), "eval_prompts": train_heads.snippets(HELDOUT, 6, rng)}
+    assert train_heads.draw_prompts(TRAIN, HELDOUT, 20, 6, 0, seed=0) == want
+
+
+def test_reuse_data_keeps_only_answers_to_the_prompts_drawn(tmp_path):
     answers = tmp_path / "prompts.answers.jsonl"
     rows = [{"conversation_id": i, "conversations": [{"role": "user", "content": p}, {"role": "assistant", "content": "x"}]}
             for i, p in enumerate(["a\n", "b\n"])]
     answers.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert train_heads.answered_prompts(answers) == ["a\n", "b\n"]
+    assert train_heads.reusable(answers, ["a\n", "b\n"])
+    assert not train_heads.reusable(answers, ["a\n"])  # fewer prompts (another --prompts)
+    assert not train_heads.reusable(answers, ["b\n", "a\n"])  # the same prompts in another order
+    assert not train_heads.reusable(tmp_path / "missing.jsonl", ["a\n", "b\n"])
