@@ -6,7 +6,8 @@ A GPU round at 16-64 requests costs a few ms of model time, so what the loop doe
 bookkeeping, draft_len=auto's decisions, the proposers' observe) is a visible share of it. This measures that share on
 a CPU: the demo pair built as float32 torch engines (an EAGLE-3 target, a P-EAGLE target, the draft), ``--batch``
 prompts of 59 tokens decoded together for 64 tokens each; host time = the generation's wall time less the time spent
-inside the executors' ``forward`` (timed around each call), per request and round. The methods run interleaved,
+inside the executors' ``forward`` (timed around each call), per request and round, and of it the time draft_len=auto
+spent deciding (Metrics.decide_s). The methods run interleaved,
 ``--repeats`` times, each after an untimed warm-up generation on the same orchestrator. Read it on a quiet machine.
 
 draft_len=auto decides from the costs it measures, and on a CPU those are not a GPU's: ``--gpu_costs`` prices every
@@ -120,6 +121,7 @@ def main() -> None:
         orch.generate(prompts, cfg)  # warm-up: shapes, auto's first costs
     got: dict[str, list[float]] = {m: [] for m in methods}
     drafted: dict[str, list[int]] = {m: [] for m in methods}
+    decide: dict[str, list[float]] = {m: [] for m in methods}  # of the host time: draft_len=auto's choices (Metrics.decide_s)
     for r in range(args.repeats):
         for m in methods if r % 2 == 0 else methods[::-1]:
             inside[0] = 0.0
@@ -128,13 +130,15 @@ def main() -> None:
             wall = time.perf_counter() - t
             got[m].append((wall - inside[0]) / metrics.rounds * 1e6)  # metrics.rounds: row-rounds, one request verified once
             drafted[m].append(metrics.drafted)
+            decide[m].append(metrics.decide_s / metrics.rounds * 1e6)
     res = {"batch": args.batch, "threads": args.threads, "new_tokens": 64, "prompt_tokens": 59, "gpu_costs": args.gpu_costs,
            "host_us_per_request_round": {m: {"median": float(np.median(v)), "min": min(v), "max": max(v), "runs": v} for m, v in got.items()},
+           "decide_us_per_request_round": {m: {"median": float(np.median(v)), "min": min(v), "max": max(v), "runs": v} for m, v in decide.items()},
            "drafted": drafted}
     width = max(map(len, methods))
     for m, v in res["host_us_per_request_round"].items():
         print(f"{m:<{width}} host {v['median']:6.1f} us per request and round [{v['min']:.1f}-{v['max']:.1f}], "
-              f"drafted {drafted[m]} in each run")
+              f"of it deciding {np.median(decide[m]):.1f}, drafted {drafted[m]} in each run")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
 
