@@ -21,6 +21,7 @@ pay, every request's outcome teaching it the methods' acceptance.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Protocol
 
 import numpy as np
@@ -143,16 +144,13 @@ class AutoDraftPolicy(FixedDraftPolicy):
             if paying and not proposer.scores_drafts and not cost.probe_due(self.round_index, running):
                 if proposer.tree is None:
                     best = self.best_acceptance(method)
-                    paying = cost.pays_at(method, running, best)
-                    if paying:  # ... nor with the batch's lightest catch-up (requests whose draft has not read their text)
-                        spread = self.least_catch_up(method, proposer, running)
-                        paying = spread == 0.0 or cost.pays_at(method, running, best, catch_up_s=spread * HORIZON)
+                    pays = partial(cost.pays_at, method, running, best)
                 else:  # a tree that does not pay whole for the best request pays for none (choose_tree's rule)
-                    tokens = self.best_tree_tokens(method)
-                    paying = cost.tree_pays(method, len(proposer.tree), tokens, running)
-                    if paying:
-                        spread = self.least_catch_up(method, proposer, running)
-                        paying = spread == 0.0 or cost.tree_pays(method, len(proposer.tree), tokens, running, catch_up_s=spread * HORIZON)
+                    pays = partial(cost.tree_pays, method, len(proposer.tree), self.best_tree_tokens(method), running)
+                paying = pays()
+                if paying:  # ... nor with the batch's lightest catch-up (requests whose draft has not read their text)
+                    spread = self.least_catch_up(method, proposer, running)
+                    paying = spread == 0.0 or pays(catch_up_s=spread * HORIZON)
             self.paying[method] = paying
         return paying
 

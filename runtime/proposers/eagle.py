@@ -130,7 +130,7 @@ class EagleProposer(OwnDrafter):
         # a fixed draft_len: a prompt longer than one round's pairs now, in a call of its own (the joining requests hold
         # the last module slots, and a prompt fed beside running requests would make them ride along a prompt-wide
         # step; a short one goes with the next draft); auto: when the request first drafts
-        self.catch_up([r for r in requests if r.draft_len != AUTO and r.draft_len != 0])
+        self.catch_up([r for r in requests if r.draft_len != AUTO])  # (draft_len 0: nothing pending, nothing fed)
 
     def remove(self, request_id: str) -> None:
         if free_slot(request_id, self.slot_of, self.order, self.cache, self.module.copy_slot):
