@@ -133,14 +133,16 @@ def _walk(tokens: np.ndarray, parents: np.ndarray, pick) -> tuple[list[int], int
     """From the root down: the target's token at each node reached, pick(its row, the path's tokens so far), and on into
     the child holding it while one does (a row is read only when the walk reaches it). (path, the last pick)."""
     path: list[int] = []
+    history: list[int] = []  # the path's tokens, grown as the walk goes (not rebuilt at every node)
     node = -1
     while True:
-        want = pick(node + 1, [int(tokens[j]) for j in path])
+        want = pick(node + 1, history)
         match = np.flatnonzero((parents == node) & (tokens == want))
         if not len(match):
             return path, want
         node = int(match[0])
         path.append(node)
+        history.append(want)
 
 
 def top_k(logits: np.ndarray, k: int) -> np.ndarray:
