@@ -313,6 +313,13 @@ def _error_handlers(app: FastAPI) -> None:
 UNION_PARTS = ("str", "int", "float", "bool", "none", "list", "dict")
 
 
+def _field(error: dict) -> str | None:
+    """The request field a validation error is about: its location without "body" and without the union members, which
+    show up as type names ("list[int]", "str", "constrained-int")."""
+    loc = [str(p) for p in error.get("loc", ()) if p != "body"]
+    return ".".join(p for p in loc if not any(c in p for c in "[]-") and p not in UNION_PARTS) or None
+
+
 def _validation_response(errors: list[dict]) -> JSONResponse:
     """Malformed JSON, and JSON of the wrong shape or types, is a 400 naming the field, as OpenAI and vLLM answer it
     (the openai client raises BadRequestError; FastAPI's own 422 would be its UnprocessableEntityError)."""
@@ -321,11 +328,18 @@ def _validation_response(errors: list[dict]) -> JSONResponse:
         ctx = first.get("ctx") or {}
         return JSONResponse(error_body(400, f"the request body is not valid JSON: {ctx.get('error', first.get('msg'))}."), status_code=400)
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if not loc and first.get("type") in ("model_attributes_type", "dict_type", "model_type"):  # a list, a string: or no JSON content type
+        return JSONResponse(error_body(400, "the request body must be a JSON object, sent with Content-Type: application/json."), status_code=400)
     if loc and loc[0] == "prompt":
         return JSONResponse(error_body(400, "prompt must be a string, a list of token ids (integers >= 0), or a list of those (at most 256, none "
                                             "empty).", "prompt"), status_code=400)
-    # union members show up in the location as type names ("list[int]", "str", "constrained-int"): drop them
-    loc = [p for p in loc if not any(c in p for c in "[]-") and p not in UNION_PARTS]
-    param = ".".join(loc) or None
-    msg = " ".join(str(first.get("msg", "invalid value")).split())
+    param = _field(first)
+    # a value of a union type (stop: a string or a list) fails each member: the member whose type matched says what is wrong
+    # ("List should have at most 16 items"), not the first one ("Input should be a valid string")
+    # (several such members, as int | "auto" given "AUTO": each says what it takes)
+    same = [e for e in errors if _field(e) == param]
+    matched = [e for e in same if not str(e.get("type", "")).endswith("_type")] or [first]
+    if all(e.get("type") == "literal_error" for e in matched):  # int | "auto" given 2.5: the int member's word too
+        matched = [e for e in same if e not in matched] + matched
+    msg = "; or ".join(dict.fromkeys(" ".join(str(e.get("msg", "invalid value")).split()) for e in matched))
     return JSONResponse(error_body(400, f"{param or 'body'}: {msg}.", param), status_code=400)

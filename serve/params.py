@@ -141,6 +141,7 @@ def chat_prompt(req: ChatCompletionRequest, served: Served, tools: ToolPlan | No
 
 
 def completion_plan(req: CompletionRequest, served: Served) -> Plan:
+    same_limit(req)
     if req.suffix:
         raise ApiError(400, "suffix (insertion) is not supported by this server.", "suffix")
     n, best_of = req.n, req.best_of or req.n
@@ -155,7 +156,9 @@ def completion_plan(req: CompletionRequest, served: Served) -> Plan:
         raise ApiError(400, f"{len(prompts)} prompts x {'best_of' if req.best_of else 'n'}={best_of} is {len(prompts) * best_of} sequences; at most "
                             f"{MAX_CHOICES} per request.", "n")
     drop = req.max_tokens == 0
-    p = plan(req, prompts, 1 if drop else req.max_tokens, served, default_max_tokens=16)  # OpenAI's default
+    name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    limit = 1 if drop else req.max_completion_tokens or req.max_tokens
+    p = plan(req, prompts, limit, served, default_max_tokens=16, max_tokens_param=name)  # 16: OpenAI's default
     logprobs = req.logprobs
     want = logprobs if logprobs is not None else (0 if best_of > n else None)  # best_of ranks by log-probability
     config = replace(p.config, logprobs=want, prompt_logprobs=req.echo and logprobs is not None)
@@ -169,9 +172,14 @@ def _prompt_texts(prompt: Any) -> list[str | None]:
     return [p if isinstance(p, str) else None for p in prompts]
 
 
-def chat_plan(req: ChatCompletionRequest, served: Served) -> Plan:
+def same_limit(req: CompletionRequest | ChatCompletionRequest) -> None:
+    """max_tokens and max_completion_tokens (OpenAI's newer name) may both come, if they agree."""
     if req.max_tokens is not None and req.max_completion_tokens is not None and req.max_tokens != req.max_completion_tokens:
         raise ApiError(400, "max_tokens and max_completion_tokens differ; send one of them.", "max_completion_tokens")
+
+
+def chat_plan(req: ChatCompletionRequest, served: Served) -> Plan:
+    same_limit(req)
     if req.top_logprobs is not None and not req.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs=true.", "top_logprobs")
     tools = plan_tools(req, served)
@@ -210,7 +218,8 @@ def plan(req: Sampling, prompts: list[list[int]], max_tokens: int | None, served
     seed = req.seed if req.seed is not None else secrets.randbits(63)
     sampling = SamplingConfig(
         temperature=1.0 if req.temperature is None else req.temperature,  # OpenAI's default
-        top_k=max(req.top_k or 0, 0),
+        # top_p 0 is OpenAI's nucleus of the most probable token alone (SamplingConfig's 0 is TensorRT-LLM's "off")
+        top_k=1 if req.top_p == 0 else max(req.top_k or 0, 0),
         top_p=1.0 if req.top_p is None else req.top_p,
         random_seed=seed % 2**64,  # OpenAI takes any 64-bit seed; numpy's take non-negative ones
         min_p=req.min_p or 0.0,
@@ -219,6 +228,9 @@ def plan(req: Sampling, prompts: list[list[int]], max_tokens: int | None, served
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
         logit_bias=logit_bias(req, engine.target.vocab_size),
     )
+    tree = engine.proposers[method].tree if isinstance(k, int) and k > 0 else None
+    if tree is not None:  # what the request runs with: a greedy request the tree cut to k nodes, a sampled one a chain as deep
+        k = min(k, len(tree) if sampling.greedy else tree.depth)
     grammar = None
     spec, param = tools.grammar if tools is not None and tools.grammar is not None else grammar_spec(req)
     if spec is not None:

@@ -124,6 +124,7 @@ class Sampling(BaseModel):
 class CompletionRequest(Sampling):
     prompt: Prompt
     max_tokens: Annotated[int, Field(ge=0, le=INT64)] | None = None  # 0: only with echo (score the prompt)
+    max_completion_tokens: Annotated[int, Field(ge=1, le=INT64)] | None = None  # chat's newer name, taken here too
     echo: bool = False
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     best_of: Annotated[int, Field(ge=1, le=MAX_BEST_OF)] | None = None

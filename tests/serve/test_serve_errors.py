@@ -96,6 +96,9 @@ BATTERY = [
     ("chat max_tokens beyond max_seq_len", "chat/completions", {"messages": CHAT["messages"], "max_completion_tokens": 1000}, 400,
      "max_completion_tokens"),
     ("max_tokens and max_completion_tokens differ", "chat/completions", {**CHAT, "max_completion_tokens": 5}, 400, "max_completion_tokens"),
+    ("completions: the two limits differ", "completions", {**OK, "max_completion_tokens": 5}, 400, "max_completion_tokens"),
+    ("max_completion_tokens beyond max_seq_len", "completions", {"prompt": "x", "max_completion_tokens": 1000}, 400, "max_completion_tokens"),
+    ("too many stop strings", "completions", {**OK, "stop": [str(i) for i in range(17)]}, 400, "stop"),
 ]
 
 
@@ -136,6 +139,17 @@ def test_clear_messages(server):
         assert err["code"] == "model_not_found" and "'target'" in err["message"]
         err = check_error(c.post("/v1/chat/completions", json={**CHAT, "messages": [{"role": "tool", "content": "x"}]}), 400)
         assert "roles must be system, user or assistant" in err["message"]
+        # a union's member that matched the type says what is wrong, not the first member ("a valid string")
+        err = check_error(c.post("/v1/completions", json={**OK, "stop": [str(i) for i in range(17)]}), 400)
+        assert "at most 16 items" in err["message"]
+        for bad in ("AUTO", 2.5):  # each member of int | "auto" says what it takes
+            err = check_error(c.post("/v1/completions", json={**OK, "speculative": {"num_draft_tokens": bad}}), 400)
+            assert "valid integer" in err["message"] and "'auto'" in err["message"], err
+        for body in (b"[1, 2]", b'"text"'):  # a body that is not an object, or JSON sent without its content type
+            err = check_error(c.post("/v1/completions", content=body, headers={"content-type": "application/json"}), 400)
+            assert "must be a JSON object" in err["message"]
+        err = check_error(c.post("/v1/completions", content=b'{"prompt": "x"}'), 400)
+        assert "Content-Type: application/json" in err["message"]
 
 
 def test_invalid_bodies_are_400s_the_openai_client_raises_as_bad_requests(server):

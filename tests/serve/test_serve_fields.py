@@ -174,3 +174,22 @@ def test_echo_streamed_and_not_agree_and_usage_counts_what_was_returned(server, 
             assert len(c["logprobs"]["tokens"]) == len(c["logprobs"]["token_logprobs"]) == prompt_len + max_tokens
             assert c["logprobs"]["token_logprobs"][0] is None
     assert whole["usage"]["completion_tokens"] == sum(len(c["token_ids"]) for c in whole["choices"]) == max_tokens * n * len(prompts)
+
+
+def test_top_p_zero_keeps_the_most_likely_token_alone(client):
+    """OpenAI reads top_p 0 as a nucleus of the most probable token (SamplingConfig's 0 would be "off": a full draw)."""
+    greedy = complete(client, METHODS[0]).choices[0].model_extra["token_ids"]
+    for seed in (1, 2, 3):
+        for spec in (METHODS[0], METHODS[1]):
+            got = client.completions.create(model="target", prompt=PROMPT, max_tokens=16, temperature=1.0, top_p=0, seed=seed,
+                                            extra_body={"speculative": spec, "ignore_eos": True}).choices[0].model_extra["token_ids"]
+            assert got == greedy
+
+
+def test_max_completion_tokens_limits_a_completion_too(client):
+    """Chat's newer name for max_tokens is taken on /v1/completions as well, never dropped as an unknown field."""
+    r = client.completions.create(model="target", prompt=PROMPT, temperature=0, extra_body={"max_completion_tokens": 3, "ignore_eos": True})
+    assert r.usage.completion_tokens == 3 and r.choices[0].finish_reason == "length"
+    same = client.completions.create(model="target", prompt=PROMPT, temperature=0, max_tokens=3,
+                                     extra_body={"max_completion_tokens": 3, "ignore_eos": True})
+    assert same.choices[0].text == r.choices[0].text
