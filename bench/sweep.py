@@ -164,6 +164,12 @@ def parse_draft_lens(text: str) -> list[int]:
     return sorted(set(lens))
 
 
+def chain_limit(engine: EngineDir) -> int:
+    """The longest chain a Medusa, EAGLE or P-EAGLE target's own drafter drafts (its proposer's max_chain_len)."""
+    build = engine.config.build
+    return min(build.medusa_num_heads, build.max_draft_len) if build.speculative_decoding_mode == "medusa" else build.max_draft_len
+
+
 def run_sweep(
     target_dir: str | Path | EngineDir,
     method: Sequence[str],
@@ -178,11 +184,14 @@ def run_sweep(
     say: Callable[[str], None] = lambda _: None,
     heads_dirs: dict[str, str | Path | EngineDir] | None = None,
     choices: dict[str, str | None] | None = None,
+    cut_lens: bool = True,
 ) -> dict[str, Any]:
     """Target-only first (every speedup is against it), then each method x draft length.
 
-    heads_dirs: the target engines of methods "medusa" and "eagle" (the same model built with
-    --speculative_decoding_mode medusa / eagle); choices: their draft trees (TensorRT-LLM's format), or None.
+    heads_dirs: the target engines of methods "medusa", "eagle" and "peagle" (the same model built with that
+    --speculative_decoding_mode); choices: their draft trees (TensorRT-LLM's format), or None.
+    cut_lens: a length longer than a target's own drafter drafts (Medusa's heads, an engine's max_draft_len) is left out
+    for that method, saying so (a default list); False refuses it before anything is measured (lengths the user chose).
 
     Returns {"settings", "step_cost", "rows"}; rows carry the figures of the module docstring and
     ``identical_to_target_only`` (greedy drafting must reproduce target-only's tokens).
@@ -205,11 +214,25 @@ def run_sweep(
     if not 1 <= cost_reps <= MAX_COST_REPS:
         raise RequestError(f"--step_cost_reps={cost_reps} must be from 1 to {MAX_COST_REPS} (timed steps per engine).")
     heads_dirs, choices = dict(heads_dirs or {}), dict(choices or {})
+    for m, tree in choices.items():  # a tree nothing would draft is refused, not dropped
+        if tree and m not in methods:
+            raise RequestError(f"--{m}_choices is given but --method has no {m!r}: add it (with a target built with "
+                               f"--speculative_decoding_mode {m}), or leave the tree out.")
     for m in TREE_MODES:
         if m in methods and heads_dirs.get(m) is None:
             raise RequestError(f"--method {m} needs a target engine built with --speculative_decoding_mode {m}: pass --{m}_engine_dir "
                                f"(or give it as --engine_dir).")
     heads = {m: (d if isinstance(d, EngineDir) else load_engine_dir(d)) for m, d in heads_dirs.items() if m in methods}
+    for m, e in heads.items():  # an engine of another kind is refused before anything is measured, saying where it belongs
+        mode = e.config.build.speculative_decoding_mode
+        if mode != m:
+            where = f"; pass it as --{mode}_engine_dir" if mode in TREE_MODES else ""
+            raise RequestError(f"--method {m} needs a target engine built with --speculative_decoding_mode {m}: {e.path} was built with "
+                               f"--speculative_decoding_mode {mode}{where}.")
+        longest = chain_limit(e)
+        if not cut_lens and draft_lens and max(draft_lens) > longest:
+            raise RequestError(f"--draft_lens {max(draft_lens)} is longer than {m} drafts on {e.path} ({longest}: "
+                               f"{'its heads, or ' if m == 'medusa' else ''}the engine's max_draft_len); use lengths <= {longest}.")
     trees = {m: parse_choices(choices.get(m), f"--{m}_choices") for m in heads}
     for m, tree in trees.items():  # a tree the engine cannot verify is refused before anything is measured
         if tree is not None:
@@ -221,6 +244,10 @@ def run_sweep(
         draft = draft_dir if isinstance(draft_dir, EngineDir) else load_engine_dir(draft_dir)  # type: ignore[arg-type]
     limits = [target.config.build] + ([draft.config.build] if draft else []) + [e.config.build for e in heads.values()]
     check_fits(dataset, min(b.max_input_len for b in limits), min(b.max_seq_len for b in limits))
+    most = min(b.max_batch_size for b in limits)
+    if batch_size > most:  # (generate_each checks it too, but only once target-only has been measured)
+        raise RequestError(f"--batch_size={batch_size} exceeds the engines' max_batch_size={most}; use --batch_size <= {most} or rebuild "
+                           f"the engines with --max_batch_size {batch_size}.")
     if "ngram" in methods or "suffix" in methods:
         check_draft_len(target, max(draft_lens), "ngram max_draft_len" if "ngram" in methods else "suffix max_draft_len")
 
@@ -290,7 +317,10 @@ def run_sweep(
         own_target = target_ex if engine_dir.path == target.path else None
         chain = load_engine(engine_dir, method=m, num_threads=threads, target_executor=own_target)
         proposer = cast(OwnDrafter, chain.proposers[m])  # a target's own drafter (proposers/own.py)
-        for k in [k for k in draft_lens if k <= proposer.max_chain_len]:
+        for k in draft_lens:
+            if k > proposer.max_chain_len:
+                say(f"{m} chain k={k}: left out ({m} drafts at most {proposer.max_chain_len} on this engine)")
+                continue
             say(f"{m} chain k={k}")
             row(m, f"{m} chain k={k}", measure(Orchestrator(chain.target, proposer, draft_len=k)), draft_len=k, tree=None)
         if trees[m] is not None:  # the same executors, a proposer with the tree

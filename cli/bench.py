@@ -182,11 +182,12 @@ def run(engine_dir, draft_engine_dir, method, medusa_engine_dir, eagle_engine_di
     tok = engine_tokenizer(target, tokenizer_dir)
     records = prepare_from_jsonl(dataset, tok, max_output_len)
 
-    click.echo(f"{len(records)} requests, batch {batch_size}, methods {', '.join(methods)}, draft lengths {','.join(map(str, lens)) or '-'}",
-               err=True)
+    drafting = [m for m in methods if m != "none"]
+    click.echo(f"{len(records)} requests, batch {batch_size}, methods {', '.join(methods)}, draft lengths "
+               f"{','.join(map(str, lens)) if drafting and lens else '-'}", err=True)
     result = run_sweep(target, methods, draft, lens, ngram_size, records, num_threads, warmup, batch_size,
                        step_cost_reps, say=lambda what: click.echo(f"  measuring {what}", err=True), heads_dirs=heads_dirs,
-                       choices={"medusa": medusa_choices, "eagle": eagle_choices, "peagle": peagle_choices})
+                       choices={"medusa": medusa_choices, "eagle": eagle_choices, "peagle": peagle_choices}, cut_lens=draft_lens is None)
     base_ids = result.pop("target_only_output_ids")
     click.echo(sweep_table(result))
     # our measurements are written before the peers run: a failing peer never costs them
