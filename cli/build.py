@@ -85,7 +85,7 @@ class _LogProgress:
         help="With --speculative_decoding_mode eagle: an EAGLE-3 module in ModelOpt's layout (specdec-train's output, or ModelOpt's export) "
              "trained on this base model; one with a draft vocabulary of its own (draft_vocab_size, d2t, as published EAGLE-3 heads) too.")
 @option("peagle_dir", type=click.Path(), default=None,
-        help="With --speculative_decoding_mode peagle: a P-EAGLE module (specdec-train --mode peagle: EAGLE-3's layout plus mask_hidden and "
+        help="With --speculative_decoding_mode peagle: a P-EAGLE module (specdec-train run --mode peagle: EAGLE-3's layout plus mask_hidden and "
              "ptd_token_id) trained on this base model.")
 @option("quantization", "--qformat", type=click.Choice(QUANTIZATIONS), default="auto", show_default=True,
         help="fp8: linear-layer weights stored as float8 e4m3 with per-channel scales, or per-tile for block-scaled checkpoints (quantized at build "

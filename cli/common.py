@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from ..formats.engine_format import VERIFY_MODES, EngineDir
+from ..formats.engine_format import VERIFY_MODES, EngineDir, check_decodes_alone
 from ..formats.errors import RequestError, SpecdecError
 from ..formats.tokenizer import Tokenizer
 from ..hardware import cpu_kernels
@@ -166,7 +166,9 @@ def human_bytes(n: float) -> str:
 
 
 def engine_tokenizer(engine: EngineDir, tokenizer_dir: str | None) -> Tokenizer | None:
-    """--tokenizer_dir, else the tokenizer.json shipped in the engine, else None."""
+    """--tokenizer_dir, else the tokenizer.json shipped in the engine, else None. Every CLI asks this first of the engine it
+    decodes with, so an EAGLE module's own engine is refused here, before a tokenizer message could point elsewhere."""
+    check_decodes_alone(engine)
     tok_dir = tokenizer_dir or (engine.path if engine.tokenizer_path else None)
     return Tokenizer(tok_dir) if tok_dir else None
 

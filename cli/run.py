@@ -135,8 +135,9 @@ def main(engine_dir, input_text, input_file, tokenizer_dir, no_add_special_token
           --draft_target_model_config "[4,[0],[0],False]" --input_text "def fib(n):"
     NGram / prompt lookup:
       specdec-run --engine_dir engines/target --ngram_config "[8,2,[0]]" --input_file prompts.txt
-    Medusa / EAGLE (a target built with --speculative_decoding_mode medusa or eagle drafts with its own heads):
+    Medusa / EAGLE / P-EAGLE (a target built with --speculative_decoding_mode medusa, eagle or peagle drafts with its own heads):
       specdec-run --engine_dir engines/eagle --eagle_choices "[[0],[1],[0,0],[0,1],[0,0,0]]" --input_text "def fib(n):"
+      specdec-run --engine_dir engines/peagle --draft_len 4 --input_text "def fib(n):"
     Target only (the baseline):
       specdec-run --engine_dir engines/target --input_text "def fib(n):"
     """
@@ -153,6 +154,10 @@ def main(engine_dir, input_text, input_file, tokenizer_dir, no_add_special_token
     if len(own) > 1:
         raise RequestError(f"{' and '.join(m.flag for m in own)} are mutually exclusive: {own[-1].flag} is a drafting method of its own, "
                            "and specdec-run decodes with one (specdec-serve serves several).")
+    carried = [m for m, _ in drafters if m.target_mode is not None]  # a target's own drafter, asked for by its flags (a tree)
+    if own and carried:
+        raise RequestError(f"{carried[0].flag} asks for the target's own {carried[0].name} drafter and {own[0].flag} for {own[0].name}: "
+                           "specdec-run decodes with one method (specdec-serve serves several); drop one of the two.")
     target = load_engine_dir(engine_dir, verify=verify_engine)
     tok = engine_tokenizer(target, tokenizer_dir)
     prompts = read_inputs(input_text, input_file, tok, not no_add_special_tokens, target.config.model.pad_token_id)
@@ -175,7 +180,7 @@ def main(engine_dir, input_text, input_file, tokenizer_dir, no_add_special_token
     if streaming and len(prompts) != 1:
         raise RequestError("--streaming prints one request as it is decoded: give exactly one prompt.")
 
-    method = method_label(orch.engine)
+    method = method_label(orch.engine, sampling)
     base_orch = Orchestrator(orch.target) if baseline else None  # the same target session: no second copy of the engine
     for o in (base_orch, orch) if baseline else ():  # first calls pay one-time costs: keep them out of both timings
         o.generate([prompts[0][:8]], GenerationConfig(max_output_len=4, sampling=sampling))
@@ -232,11 +237,18 @@ def main(engine_dir, input_text, input_file, tokenizer_dir, no_add_special_token
         raise RequestError(f"request {failed[0][0]} stopped: {failed[0][1]}{more}")
 
 
-def method_label(engine: Engine) -> str:
+def method_label(engine: Engine, sampling: SamplingConfig | None = None) -> str:
     """How a run is named in tables: its default method's proposer's label (draft-target, ngram, medusa / eagle chain or
-    tree, ...), or target-only."""
+    tree, ...), or target-only; with what it really ran where that differs: no drafts (--draft_len 0), or a tree's chain
+    (sampled requests draft a chain as deep as the tree)."""
     proposer = engine.proposers.get(engine.speculation.method)
-    return proposer.label if proposer is not None else "target-only"
+    if proposer is None:
+        return "target-only"
+    if engine.speculation.draft_len == 0:
+        return f"{proposer.name}, --draft_len 0: target-only"
+    if proposer.tree is not None and sampling is not None and not sampling.greedy:
+        return f"{proposer.name} chain (sampled: the tree's depth, {proposer.tree.depth})"
+    return proposer.label
 
 
 def parse_draft_len(value: str | None) -> int | str | None:

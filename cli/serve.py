@@ -29,9 +29,9 @@ from .run import parse_draft_len
 @option("engine_dir", required=True, type=click.Path(), help="Target engine directory (from specdec-build).")
 @method_options
 @option("speculative_method", type=click.Choice(list(method_names())), default=None,
-        help="The default for requests that do not choose [default: draft if a draft engine is loaded, else ngram if --ngram_config, else suffix if "
-             "--suffix_config, "
-             "else medusa / eagle for a target built with them, else none].")
+        help="The method a request runs when it names none (a request's speculative.method chooses per request) [default: draft if a "
+             "draft engine is loaded, else ngram if --ngram_config, else suffix if --suffix_config, else medusa / eagle / peagle for a "
+             "target built with them, else none].")
 @option("draft_len", type=str, default=None,
         help="Default drafts per round of the default method: a number, or 'auto' [default: from the config string].")
 @option("host", type=str, default="127.0.0.1", show_default=True,

@@ -75,6 +75,16 @@ def check_draft_len(target: EngineDir, draft_len: int | str, what: str = "draft_
         )
 
 
+def _loaded_by(method: str) -> str:
+    """What loads ``method``, for messages (imported here: proposers import the engine's modules)."""
+    from .proposers.method import get_method
+
+    try:
+        return get_method(method).loaded_by
+    except KeyError:
+        return "a registered drafting method"
+
+
 class Engine:
     def __init__(
         self,
@@ -105,8 +115,8 @@ class Engine:
                 self.vocab_limit = limit if self.vocab_limit is None or limit is None else min(self.vocab_limit, limit)
                 p.vocab_limit = limit
         if speculation.drafts and speculation.method not in self.proposers:
-            raise EngineError(f"the default speculation method {speculation.method!r} has no proposer loaded (loaded: "
-                              f"{', '.join(self.proposers) or 'none'}).")
+            raise EngineError(f"speculation method {speculation.method!r} is not loaded (loaded: {', '.join(self.proposers) or 'none'}): "
+                              f"it needs {_loaded_by(speculation.method)}.")
         if speculation.drafts:
             self._check_draft_len(speculation.draft_len, self.proposers[speculation.method].draft_len_name)
         self.cache = target.new_cache(self.max_batch)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..formats.config_strings import DraftTargetConfig, NGramConfig
-from ..formats.engine_format import EngineDir, load_engine_dir
+from ..formats.engine_format import EngineDir, check_decodes_alone, load_engine_dir
 from ..formats.errors import RequestError
 from .backends import check_placement, open_executor
 from .backends.base import Executor, Placement
@@ -137,6 +137,7 @@ def open_engine(
         return d if isinstance(d, EngineDir) else load_engine_dir(d, verify)  # an already loaded EngineDir is not hashed again
 
     target = load(target_dir)
+    check_decodes_alone(target)
     asked = _methods(target, drafters)
     ids = next((ids for m, c in asked if (ids := m.target_devices(c)) is not None), None)
     where = placement(ids or target_devices or [0], target, "target", device, num_threads)

@@ -239,3 +239,57 @@ def test_load_engine_sweep_and_cli_open_the_module_beside_a_peagle_target(peagle
                                       "--peagle_choices", TREE, "--baseline", "--num_threads", "1"])
     assert r.exit_code == 0, r.output
     assert "peagle tree" in r.output and "outputs identical to target-only: yes" in r.output
+
+
+def test_what_a_user_can_mix_up_is_refused_before_anything_runs(peagle, tmp_path):
+    """The module's own engine where a target goes, an engine of the other kind, lengths a method cannot draft, a tree for a method not
+    measured, a tree beside another method on specdec-run: each refused in one line that says what to pass instead, before decoding."""
+    from click.testing import CliRunner
+
+    from specdec.bench.sweep import run_sweep
+    from specdec.cli.run import main as run_main
+    from specdec.runtime.loading import load_engine
+
+    module_dir = eagle_module_dir(peagle["target"].engine)
+    with pytest.raises(EngineError, match=f"P-EAGLE module's own engine .* Pass its target engine, {peagle['dir'] / 'engine'}, instead"):
+        load_engine(module_dir, num_threads=1)
+    runner = CliRunner()
+    r = runner.invoke(run_main, ["--engine_dir", str(module_dir), "--input_text", "x"])
+    assert r.exit_code == 1 and "Pass its target engine" in r.output and "tokenizer" not in r.output, r.output
+    r = runner.invoke(run_main, ["--engine_dir", str(peagle["dir"] / "engine"), "--ngram_config", "[4,2,[0]]", "--peagle_choices", TREE,
+                                 "--input_text", "x"])
+    assert r.exit_code == 1 and "specdec-run decodes with one method" in r.output, r.output
+
+    data = [{"input_ids": p, "output_len": 6} for p in PROMPTS]
+    target = load_engine_dir(peagle["dir"] / "engine")
+    said: list[str] = []
+    for heads, methods, lens, choices, message in [
+        ({"eagle": target}, ["eagle"], [2], {}, "built with --speculative_decoding_mode peagle; pass it as --peagle_engine_dir"),
+        ({"peagle": target}, ["peagle"], [2, 9], {}, "--draft_lens 9 is longer than peagle drafts"),
+        ({}, ["none"], [2], {"peagle": TREE}, "--peagle_choices is given but --method has no 'peagle'"),
+        ({"peagle": target}, ["peagle"], [2], {}, "--batch_size=9 exceeds the engines' max_batch_size"),
+    ]:
+        with pytest.raises(RequestError, match=message):
+            run_sweep(target, methods, None, lens, 2, data, threads=1, warmup=0, cost_reps=1, say=said.append, heads_dirs=heads, choices=choices,
+                      cut_lens=False, batch_size=9 if "batch" in message else 1)
+    assert said == []  # nothing was measured
+    # a default list leaves a length out for the method that cannot draft it, saying so
+    result = run_sweep(target, ["peagle"], None, [2, 9], 2, data[:1], threads=1, warmup=0, cost_reps=1, say=said.append,
+                       heads_dirs={"peagle": target})
+    assert [r["label"] for r in result["rows"]] == ["target-only", "peagle chain k=2"]
+    assert "peagle chain k=9: left out (peagle drafts at most 8 on this engine)" in said
+
+
+def test_specdec_run_names_what_ran(peagle, tmp_path):
+    """--draft_len 0 decodes target-only, and a sampled request on a tree drafts a chain: the header says so."""
+    from click.testing import CliRunner
+
+    from specdec.cli.run import main as run_main
+
+    (tmp_path / "ids.csv").write_text(",".join(map(str, PROMPTS[0])) + "\n")
+    base = ["--engine_dir", str(peagle["dir"] / "engine"), "--input_file", str(tmp_path / "ids.csv"), "--max_output_len", "6", "--num_threads", "1"]
+    for extra, header in [(["--draft_len", "0"], "--- peagle, --draft_len 0: target-only ---"),
+                          (["--peagle_choices", TREE, "--temperature", "0.8"], "--- peagle chain (sampled: the tree's depth, 3) ---"),
+                          (["--peagle_choices", TREE], "--- peagle tree ---")]:
+        r = CliRunner().invoke(run_main, base + extra)
+        assert r.exit_code == 0 and header in r.output, (extra, r.output)
