@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..formats.errors import CheckpointError
+from ..formats.heads import EAGLE3_ARCHITECTURE
 from .errors import TrainConfigError
 
 
@@ -20,6 +21,14 @@ def check_model_dir(path: str | Path, flag: str = "--model") -> Path:
         raise TrainConfigError(f"{flag} {d} is not a Hugging Face model directory (no config.json).")
     if not list(d.glob("*.safetensors")):
         raise TrainConfigError(f"{flag} {d} has no .safetensors weights (specdec-train never loads pickled .bin files).")
+    try:
+        cfg = json.loads((d / "config.json").read_text())
+    except (OSError, ValueError) as err:
+        raise TrainConfigError(f"{flag} {d}: config.json is not readable JSON ({err}).") from None
+    archs = cfg.get("architectures") if isinstance(cfg, dict) else None
+    if isinstance(cfg, dict) and ("medusa" in cfg or "eagle_config" in cfg or (isinstance(archs, list) and EAGLE3_ARCHITECTURE in archs)):
+        raise TrainConfigError(f"{flag} {d} holds draft heads (Medusa heads or an EAGLE-3 / P-EAGLE module), not a base model: {flag} takes "
+                               "the base model they are trained on (the target's Hugging Face checkpoint).")
     return d
 
 
@@ -31,7 +40,7 @@ def load_base(path: str | Path) -> nn.Module:
     transformers.utils.logging.disable_progress_bar()  # our own bar says what happens; theirs would garble one-line errors
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, use_safetensors=True, trust_remote_code=False)
-    except (ValueError, KeyError, OSError) as err:
+    except (ValueError, KeyError, OSError, RuntimeError) as err:  # RuntimeError: weights whose shapes the config does not have
         raise CheckpointError(f"cannot load {d} with transformers: {str(err).splitlines()[0]}") from err
     model.eval()
     for p in model.parameters():

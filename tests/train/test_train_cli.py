@@ -3,12 +3,15 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from train_fixtures import repetitive_data, tiny_base  # noqa: F401 (fixtures)
 
 from specdec.cli.train import main
+
+DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-pair"
 
 
 def invoke(*args):
@@ -69,6 +72,9 @@ def _empty(tmp_path):
      r"--peagle_down_sample_ratio 0.0 must be in \(0, 1\]"),
     ("resume with nothing", lambda t: ["--resume", True], "holds no checkpoint-N folder to resume from"),
     ("not a model", lambda t: ["--model", t], "is not a Hugging Face model directory"),
+    ("heads, not a base", lambda t: ["--model", DEMO / "heads" / "peagle"],
+     "holds draft heads .* --model takes the base model they are trained on"),
+    ("medusa heads, not a base", lambda t: ["--model", DEMO / "heads" / "medusa"], "holds draft heads"),
 ])
 def test_bad_inputs_are_one_line_errors(tmp_path, tiny_base, repetitive_data, case, extra, message):
     args = {"--mode": "medusa", "--model": tiny_base, "--data": repetitive_data, "--output_dir": tmp_path / "out", "--max_steps": 2}
