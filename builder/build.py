@@ -320,6 +320,9 @@ def load_build_heads(build: BuildConfig, model: ModelConfig, head_dirs: dict[str
         return Heads()
     from ..formats.heads import load_heads
 
+    flag, holds = HEAD_FLAGS[mode]
+    if not Path(head_dirs[mode]).is_dir():  # (load_heads says it too, without the flag)
+        raise BuildConfigError(f"{flag} {head_dirs[mode]} does not exist or is not a directory: it takes {holds} (specdec-train's output).")
     heads = check_heads(mode, load_heads(head_dirs[mode]), head_dirs[mode], model, allow_nonfinite)
     return Heads(medusa=heads) if mode == "medusa" else Heads(eagle=heads)
 

@@ -161,6 +161,12 @@ def open_engine(
     target_ex = open_target()
     proposers += [m.open(c, context) for m, c in asked if m.target_mode is not None]
     default = method or (proposers[0].name if proposers else TARGET_ONLY)
+    if default == TARGET_ONLY and draft_len not in (None, 0):  # drafts asked for, nothing to draft them: not a silent target-only run
+        if proposers:
+            raise RequestError(f"draft_len={draft_len} is the default method's, and that is {TARGET_ONLY!r} (target-only): choose a method "
+                               f"that drafts ({', '.join(p.name for p in proposers)}), or leave draft_len out.")
+        hint = "; ".join(f"{m.name}: {m.loaded_by}" for m in map(get_method, method_names()[1:]))
+        raise RequestError(f"draft_len={draft_len} but no drafting method is loaded, so nothing would draft ({hint}).")
     if draft_len is None:
         draft_len = next((p.default_draft_len for p in proposers if p.name == default), 0)
     engine = Engine(target_ex, proposers, SpeculationConfig(default, draft_len if default != TARGET_ONLY else 0), allow_vocab_mismatch,

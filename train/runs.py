@@ -210,6 +210,9 @@ class PEagleRun(EagleRun):
     @staticmethod
     def check_config(cfg: TrainConfig) -> None:
         EagleRun.check_config(cfg)
+        if cfg.peagle_depths == 1:  # (0 and below: counts' check, before this)
+            raise TrainConfigError("--peagle_depths 1 trains no placeholder, so the module would draft one token a call (an EAGLE-3 module "
+                                   "of one step, --mode eagle); use >= 2, the positions one call drafts.")
         if not 0 < cfg.peagle_down_sample_ratio <= 1:
             raise TrainConfigError(f"--peagle_down_sample_ratio {cfg.peagle_down_sample_ratio} must be in (0, 1] (1: every anchor at every depth).")
         if not 0 <= cfg.peagle_down_sample_ratio_min <= 1:

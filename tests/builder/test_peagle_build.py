@@ -91,7 +91,10 @@ def test_peagle_refusals(peagle, tmp_path):
                      peagle_dir=tmp_path / "eagle3")
     with pytest.raises(BuildConfigError, match="--peagle_dir needs --speculative_decoding_mode peagle"):
         build_engine(peagle["ckpt"], tmp_path / "d", spec_build(4), say=lambda _: None, peagle_dir=peagle["dir"] / "module")
-    assert not any(p.name in "abcd" for p in tmp_path.iterdir())  # refused before anything was written
+    with pytest.raises(BuildConfigError, match="--peagle_dir .*missing does not exist or is not a directory: it takes a P-EAGLE module"):
+        build_engine(peagle["ckpt"], tmp_path / "e", spec_build(4, speculative_decoding_mode="peagle"), say=lambda _: None,
+                     peagle_dir=tmp_path / "missing")
+    assert not any(p.name in "abcde" for p in tmp_path.iterdir())  # refused before anything was written
 
 
 @pytest.mark.parametrize("form", ["module", "constant"])

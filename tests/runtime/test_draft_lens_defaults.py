@@ -58,3 +58,19 @@ def test_step_costs_are_measured_at_load_when_asked_and_by_default_only_on_a_gpu
     a = Orchestrator.from_engine(measured).generate([[5, 6, 7, 8]], cfg)[0][0].output_ids
     b = Orchestrator.from_engine(default).generate([[5, 6, 7, 8]], cfg)[0][0].output_ids
     assert a == b and len(a) == 12
+
+
+def test_drafts_asked_for_with_nothing_to_draft_them_are_refused(tmp_path):
+    """A draft length for a target-only default is an error saying what would draft, never a silent target-only run."""
+    import pytest
+
+    from specdec.formats.errors import RequestError
+
+    pair = spec_pair(tmp_path, max_draft_len=3)
+    target, draft = pair["target"].engine, pair["draft"].engine
+    for k in (2, "auto"):
+        with pytest.raises(RequestError, match=f"draft_len={k} but no drafting method is loaded.*ngram: --ngram_config"):
+            load_engine(target, draft_len=k, num_threads=1)
+    with pytest.raises(RequestError, match="draft_len=2 is the default method's, and that is 'none'.*choose a method that drafts \\(draft\\)"):
+        load_engine(target, draft, method="none", draft_len=2, num_threads=1)
+    assert load_engine(target, draft_len=0, num_threads=1).speculation.method == "none"  # 0 drafts is target-only, as asked

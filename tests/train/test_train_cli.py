@@ -66,6 +66,7 @@ def _empty(tmp_path):
     ("aux layer out of range", lambda t: ["--mode", "eagle", "--eagle_aux_layer_ids", "1,9"],
      r"--eagle_aux_layer_ids \[1, 9\]: the base model has layers 0..3 only"),
     ("no parallel depths", lambda t: ["--mode", "peagle", "--peagle_depths", 0], "--peagle_depths 0 must be >= 1"),
+    ("one parallel depth", lambda t: ["--mode", "peagle", "--peagle_depths", 1], "--peagle_depths 1 trains no placeholder.* use >= 2"),
     ("mask token out of range", lambda t: ["--mode", "peagle", "--peagle_mask_token_id", 96],
      r"--peagle_mask_token_id 96 is outside the base model's vocabulary \(0..95\)"),
     ("sample ratio out of range", lambda t: ["--mode", "peagle", "--peagle_down_sample_ratio", 0],
