@@ -125,7 +125,8 @@ def create_app(
     @app.get("/v1/models", responses=ERRORS)
     async def models() -> dict:
         s, _ = state.ready()
-        card = {"id": s.model_name, "object": "model", "created": started, "owned_by": "specdec", "max_model_len": s.max_seq_len}
+        card = {"id": s.model_name, "object": "model", "created": started, "owned_by": "specdec", "max_model_len": s.max_seq_len,
+                "max_input_len": s.engine.max_input_len}  # vLLM's card has the first; a prompt longer than the second is refused
         return {"object": "list", "data": [card]}
 
     @app.get("/metrics", responses={**ERRORS, 200: {"content": {"text/plain": {}}}})

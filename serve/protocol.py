@@ -143,6 +143,12 @@ class ChatMessage(BaseModel):
     content: PromptText | Annotated[list[ContentPart], Field(max_length=1024)] | None = None
     name: Annotated[str, Field(max_length=256)] | None = None
 
+    @model_validator(mode="after")
+    def _content(self) -> ChatMessage:
+        if self.content is None and self.role != "assistant":  # as OpenAI: only an assistant message (with tool_calls) may have none
+            raise ValueError(f"a {self.role} message needs content (only an assistant message, with tool_calls, may leave it out)")
+        return self
+
 
 class FunctionDefinition(BaseModel):
     model_config = STRICT

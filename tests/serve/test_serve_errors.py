@@ -80,6 +80,7 @@ BATTERY = [
     ("messages missing", "chat/completions", {"max_tokens": 4}, 400, "messages"),
     ("messages empty", "chat/completions", {**CHAT, "messages": []}, 400, "messages"),
     ("message without role", "chat/completions", {**CHAT, "messages": [{"content": "hi"}]}, 400, "messages.0.role"),
+    ("user message without content", "chat/completions", {**CHAT, "messages": [{"role": "user", "content": None}]}, 400, "messages.0"),
     ("role the template refuses", "chat/completions", {**CHAT, "messages": [{"role": "tool", "content": "hi"}]}, 400, "messages"),
     ("role no one knows", "chat/completions", {**CHAT, "messages": [{"role": "robot", "content": "hi"}]}, 400, "messages.0.role"),
     ("image content", "chat/completions", {**CHAT, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},

@@ -156,6 +156,8 @@ def test_models_version_health(client, server):
     url, served = server
     models = client.models.list()
     assert [m.id for m in models.data] == ["target"]
+    card = models.data[0].model_extra
+    assert card["max_model_len"] == httpx.get(f"{url}/version").json()["max_seq_len"] and 0 < card["max_input_len"] <= card["max_model_len"]
     v = httpx.get(f"{url}/version").json()
     assert v["speculative_methods"] == ["none", "draft", "ngram", "suffix"] and v["max_draft_len"] == MAX_DRAFT and v["max_batch_size"] == 4
     assert httpx.get(f"{url}/health").json() == {"status": "ok"}
