@@ -94,6 +94,12 @@ def check_pair(target: EngineDir, draft: EngineDir, allow_mismatch: bool = False
         )
     if tv != dv:
         used = max(t_id[0].values(), default=-1) + 1 if t_id is not None else None
+        if used is not None and used > dv:  # not even with allow_mismatch: the draft cannot read tokens the target writes, and keeping
+            # the target to the draft's ids (the shared limit) would change the target's output
+            raise EngineError(f"{where} have vocabularies of {dv} and {tv} ids, but the target's tokenizer uses ids up to {used - 1}: the "
+                              f"draft cannot read the target's tokens past id {dv - 1}, so its ids cannot be taken as the target's. "
+                              + ("Leave out --allow_vocab_mismatch: the draft then drafts through text (cross-tokenizer mode)."
+                                 if d_id is not None else "Rebuild the draft from a checkpoint with its tokenizer files to draft through text."))
         if used is not None and used > min(tv, dv):
             _refuse(
                 f"{where} have vocabularies of {dv} and {tv} ids, but the tokenizer uses ids up to {used - 1}: "

@@ -213,3 +213,16 @@ def test_pairing_refuses_only_what_cannot_work(pair, tmp_path):
     assert "no tokenizer.json to draft through text" in str(err.value) and "\n" not in str(err.value)
     assert choose(target, target).mode == "shared"  # the same tokenizer: ids as they are
     assert choose(target, mirror, allow_mismatch=True).mode == "shared"  # ids as they are (the engine's check_pair warns)
+
+
+def test_ids_a_draft_cannot_read_are_refused_even_when_the_mismatch_is_allowed(pair):
+    """allow_mismatch takes a draft's ids as the target's; where the target's tokenizer writes ids past the draft's vocabulary, the
+    draft could not read them (an out-of-range gather), and keeping the target to the shared ids would change its output: refused."""
+    from specdec.formats.errors import EngineError
+    from specdec.runtime.pairing import PairWarning, check_pair
+
+    big, small = pair["mirror"].engine, pair["target"].engine  # 260 ids, its tokenizer using them all; 258
+    with pytest.raises(EngineError, match="cannot read the target's tokens past id 257.*Leave out --allow_vocab_mismatch"):
+        check_pair(big, small, allow_mismatch=True)
+    with pytest.warns(PairWarning, match="different tokenizers"):  # the other way round the draft reads every target token
+        assert check_pair(small, big, allow_mismatch=True) == 258
