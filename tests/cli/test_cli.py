@@ -81,6 +81,20 @@ def test_run_cli_draft_target_writes_outputs(engines, tmp_path):
     assert np.load(tmp_path / "o.npy").tolist() == [q["output_ids"] for q in report["requests"]]
 
 
+def test_the_baseline_caches_prefixes_as_the_method_does(engines, tmp_path):
+    """--baseline's target-only run takes the method's prefix-cache settings: a baseline that reused shared prefixes where the
+    method may not would skew the speedup (it used to cache whatever the flags said)."""
+    shared = tmp_path / "shared.csv"
+    prefix = ",".join(str(5 + i % 40) for i in range(40))
+    shared.write_text(f"{prefix},50\n{prefix},51\n{prefix},52\n")
+    for flag, cached in (("--no_enable_prefix_caching", False), ("--enable_prefix_caching", True)):
+        r = invoke(run_main, "--engine_dir", engines / "target", "--draft_engine_dir", engines / "draft", "--input_file", shared,
+                   "--max_output_len", 4, "--baseline", flag, "--output_json", tmp_path / "b.json")
+        assert r.exit_code == 0, r.output
+        report = json.loads((tmp_path / "b.json").read_text())
+        assert (report["baseline"]["metrics"]["cached_tokens"] > 0) == cached, report["baseline"]["metrics"]
+
+
 def test_run_cli_measures_step_costs_at_load_when_asked(engines, tmp_path):
     """--measure_step_costs on times the target's calls before decoding; the output is the same as without it (greedy), and an
     unknown value is click's usage error, not a traceback."""
