@@ -82,6 +82,14 @@ class DraftTargetConfig:
     target_devices: list[int]
     use_logits: bool
 
+    def __post_init__(self) -> None:  # a config built in Python gets the config string's checks (parse_draft_target_config)
+        if not (_is_int(self.draft_len) and _int_list(self.draft_devices) and _int_list(self.target_devices)
+                and isinstance(self.use_logits, bool)):
+            raise ConfigStringError(f"{self!r}: expected DraftTargetConfig(draft_len: int, draft_devices: list[int], target_devices: "
+                                    "list[int], use_logits: bool).")
+        if self.draft_len < 1:
+            raise ConfigStringError(f"DraftTargetConfig: draft_len must be >= 1, got {self.draft_len}.")
+
     @classmethod
     def default_for(cls, max_draft_len: int) -> DraftTargetConfig:
         """What a draft engine given without --draft_target_model_config gets: DEFAULT_DRAFT_LEN drafts (fewer when the
@@ -100,6 +108,17 @@ class NGramConfig:
     is_keep_all: bool = True  # keep every earlier occurrence of a pattern, or only the newest
     is_use_oldest: bool = False  # draft from a pattern's oldest occurrence (TensorRT-LLM's default) or its newest
     min_matching_ngram_size: int = 1  # the shortest pattern matched
+
+    def __post_init__(self) -> None:  # a config built in Python gets the config string's and the flags' checks
+        if not (_is_int(self.max_draft_len) and _is_int(self.max_matching_ngram_size) and _int_list(self.devices)
+                and _is_int(self.min_matching_ngram_size)):
+            raise ConfigStringError(f"{self!r}: expected NGramConfig(max_draft_len: int, max_matching_ngram_size: int, devices: list[int]).")
+        if self.max_draft_len < 1 or self.max_matching_ngram_size < 1:
+            raise ConfigStringError(f"NGramConfig: max_draft_len and max_matching_ngram_size must be >= 1, got {self.max_draft_len} and "
+                                    f"{self.max_matching_ngram_size}.")
+        if not 1 <= self.min_matching_ngram_size <= self.max_matching_ngram_size:
+            raise ConfigStringError(f"--ngram_min_match {self.min_matching_ngram_size}: expected a pattern length >= 1 and at most "
+                                    f"max_matching_ngram_size ({self.max_matching_ngram_size}).")
 
 
 def shown(text: str, limit: int = SHOWN_CHARS) -> str:

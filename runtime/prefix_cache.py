@@ -55,6 +55,8 @@ class PrefixCacheConfig:
     def __post_init__(self) -> None:
         if self.slots is not None and self.slots < 1:
             raise RequestError(f"prefix_cache_slots={self.slots}: give at least 1 slot, or turn prefix caching off.")
+        if self.slots is not None and self.enabled is False:
+            raise RequestError(f"prefix_cache_slots={self.slots} with prefix caching off: drop one of the two.")
         if self.block < 1:
             raise RequestError(f"prefix cache block={self.block}: a block holds at least one token.")
 

@@ -59,6 +59,18 @@ class GenerationConfig:
             raise RequestError(f"draft_len={self.draft_len} must be an integer >= 0 or 'auto'.")
         if self.logprobs is not None and self.logprobs < 0:
             raise RequestError(f"logprobs={self.logprobs} must be None (off) or an integer >= 0 (alternatives per token).")
+        # token ids, not text: a string here would be read character by character and match nothing (vLLM's and Hugging Face's
+        # stop strings are text; the CLIs and the server match those on the decoded output, cli/stops.py)
+        if not isinstance(self.end_ids, (tuple, list)) or not all(_is_id(t) for t in self.end_ids):
+            raise RequestError(f"end_ids={self.end_ids!r} must be a tuple of token ids (integers >= 0).")
+        if not isinstance(self.stop_words, (tuple, list)) or not all(
+                isinstance(w, (tuple, list)) and w and all(_is_id(t) for t in w) for w in self.stop_words):
+            raise RequestError(f"stop_words={self.stop_words!r} must be a tuple of token-id sequences, e.g. ((53, 51),): token ids, "
+                               "not text (encode a stop string with the tokenizer, or stop on text as specdec-run --stop_words does).")
+
+
+def _is_id(t: object) -> bool:
+    return isinstance(t, (int, np.integer)) and not isinstance(t, bool) and t >= 0
 
 
 class RequestStatus(enum.Enum):

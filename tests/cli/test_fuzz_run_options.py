@@ -126,6 +126,7 @@ DRAFT = ("--draft_target_model_config", "[3,[0],[0],True]")
     ("--num_threads", "99999999999", "--num_threads 99999999999: expected a number of threads from 1"),  # a pybind TypeError traceback
     ("--draft_confidence_threshold", "nan", "--draft_confidence_threshold nan: expected a probability"),  # was accepted
     ("--ngram_min_match", "-5", "--ngram_min_match -5: expected a pattern length >= 1"),  # was clamped silently
+    ("--ngram_min_match", "3", "--ngram_min_match 3: expected a pattern length >= 1 and at most max_matching_ngram_size (2)"),  # likewise
     ("--repeat", "1000000", "--repeat 1000000: expected a number from 1 to 100"),  # ran two million timed decodes
 ])
 def test_numbers_at_the_edges_regressions(engines, tmp_path, flag, value, message):
@@ -140,6 +141,22 @@ def test_numbers_at_the_edges_regressions(engines, tmp_path, flag, value, messag
         assert json.loads(out.read_text())["requests"][0]["output_ids"] == greedy_reference(engines, 12)
     else:
         assert r.exit_code == 1 and message in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--ngram_min_match", "2"], "--ngram_min_match is a setting of the 'ngram' method, which is not asked for: add --ngram_config"),
+    (["--ngram_keep_newest"], "--ngram_keep_newest is a setting of the 'ngram' method"),
+    (["--ngram_config", "[3,2,[0]]", "--draft_confidence_threshold", "0.5"],
+     "--draft_confidence_threshold is a setting of the 'draft' method, which is not asked for: add --draft_engine_dir"),
+    (["--draft_len", "2"], "draft_len=2 but no drafting method is loaded"),
+    (["--prefix_cache_slots", "2", "--no_enable_prefix_caching"], "prefix_cache_slots=2 with prefix caching off"),
+])
+def test_a_setting_nothing_would_use_is_refused(engines, tmp_path, args, message):
+    """Each of these ran before, the setting dropped without a word."""
+    r = run("--engine_dir", engines / "target", "--input_text", PROMPT, "--max_output_len", 4, "--num_threads", 1, "--output_json",
+            tmp_path / "o.json", *args)
+    assert_clean(r, tmp_path / "o.json")
+    assert r.exit_code == 1 and message in r.stderr, r.stderr
 
 
 def test_a_prompt_that_is_not_unicode_is_one_clean_line(engines, tmp_path):

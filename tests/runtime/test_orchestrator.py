@@ -197,3 +197,27 @@ def test_generate_reports_the_rounds_deciding_apart_from_the_loops_own_time(engi
         line = m.summary().splitlines()[1]
         parts = [float(x) for x in re.findall(r"([0-9.]+)s\b", line)]
         assert f"deciding drafts {m.decide_s:.3f}s" in line and parts[0] == pytest.approx(sum(parts[1:]), abs=0.003)
+
+
+def test_configs_built_in_python_get_the_checks_their_flags_get():
+    """A typed config or a GenerationConfig made in Python is checked as the CLI's strings are: stop words as text (read character
+    by character, matching nothing), a negative draft length, an n-gram pattern of 0 tokens ran before, without a word."""
+    from specdec.formats.config_strings import DraftTargetConfig, NGramConfig
+    from specdec.formats.errors import ConfigStringError, RequestError
+    from specdec.runtime.prefix_cache import PrefixCacheConfig
+
+    for bad in (("QOr",), "QOr", [["Q", "O"]], ((),), ((5, -1),)):
+        with pytest.raises(RequestError, match="stop_words=.* must be a tuple of token-id sequences"):
+            GenerationConfig(stop_words=bad)
+    assert GenerationConfig(stop_words=((53, 51, 86),), end_ids=[2]).stop_words == ((53, 51, 86),)
+    for bad in (2, ("2",), (True,)):
+        with pytest.raises(RequestError, match="end_ids=.* must be a tuple of token ids"):
+            GenerationConfig(end_ids=bad)
+    with pytest.raises(ConfigStringError, match="max_draft_len and max_matching_ngram_size must be >= 1, got 4 and 0"):
+        NGramConfig(4, 0, [0])
+    with pytest.raises(ConfigStringError, match="--ngram_min_match 3: .* at most max_matching_ngram_size \\(2\\)"):
+        NGramConfig(4, 2, [0], min_matching_ngram_size=3)
+    with pytest.raises(ConfigStringError, match="draft_len must be >= 1, got -1"):
+        DraftTargetConfig(-1, [0], [0], False)
+    with pytest.raises(RequestError, match="prefix_cache_slots=4 with prefix caching off"):
+        PrefixCacheConfig(enabled=False, slots=4)
