@@ -250,12 +250,13 @@ def build_engine(
     target_sm: with backend tensorrt_rtx, the RTX compute capabilities to build for ("sm89" or "sm86,sm89,sm120").
     """
     t0 = time.perf_counter()
-    output_dir = Path(output_dir)
+    output_dir = Path(output_dir).resolve()  # "." gets a name; a link is written through, to where it points
     # the backends' own options, each refused by the backend that takes it (backends/__init__.py)
     options = {"trt_timing_cache": trt_timing_cache, "trt_version_compatible": trt_version_compatible,
                "trt_exclude_lean_runtime": trt_exclude_lean_runtime, "target_sm": target_sm}
     head_dirs = {"medusa": medusa_dir, "eagle": eagle_dir, "peagle": peagle_dir}
-    check_before_work(build, output_dir, force, options, head_dirs)
+    inputs = {"--checkpoint_dir": checkpoint_dir, "--calib_dataset": calib_dataset, **{f"--{m}_dir": d for m, d in head_dirs.items()}}
+    check_before_work(build, output_dir, force, options, head_dirs, inputs)
     ckpt = load_checkpoint(checkpoint_dir, allow_pickle=allow_pickle)
     model = model_config_from_hf(ckpt.hf_config, max_seq_len=build.max_seq_len)
     convention = detect_checkpoint_quantization(ckpt.hf_config, ckpt.path)
@@ -273,11 +274,13 @@ def build_engine(
     return BuildResult(output_dir, written.config, network.num_parameters, written.engine_bytes, time.perf_counter() - t0, written.backend_summary)
 
 
-def check_before_work(build: BuildConfig, output_dir: Path, force: bool, options: dict, head_dirs: dict[str, str | Path | None]) -> None:
-    """What the flags alone can refuse, before the checkpoint is read: the backends' own options, the output directory,
-    a head directory without its mode (or the other way round), tree attention on a backend without it."""
+def check_before_work(build: BuildConfig, output_dir: Path, force: bool, options: dict, head_dirs: dict[str, str | Path | None],
+                      inputs: dict[str, str | Path | None] | None = None) -> None:
+    """What the flags alone can refuse, before the checkpoint is read: the backends' own options, the output directory (not
+    one of the build's ``inputs``), a head directory without its mode (or the other way round), tree attention on a backend
+    without it."""
     check_own_options(options)
-    prepare_output(output_dir, force)
+    prepare_output(output_dir, force, inputs)
     check_head_flags(build, head_dirs)
     check_tree_backend(build)
 

@@ -5,6 +5,7 @@ A failed or interrupted build leaves nothing; every file is hashed into config.j
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shutil
@@ -31,11 +32,32 @@ class Written:
     backend_summary: str | None  # the backend's line for the report (Compiled.summary)
 
 
-def prepare_output(output_dir: Path, force: bool) -> None:
+def prepare_output(output_dir: Path, force: bool, inputs: dict[str, str | Path | None] | None = None) -> None:
+    """Refuse an output directory the build must not replace. ``output_dir`` resolved (a link is written through, "." has a
+    name); ``inputs``: flag -> a path the build reads (the checkpoint, heads, calibration text), which the output may not be
+    nor hold: replacing it would delete what is being built from."""
     if output_dir.exists() and not output_dir.is_dir():
         raise BuildConfigError(f"--output_dir {output_dir} exists and is not a directory.")
-    if output_dir.is_dir() and any(output_dir.iterdir()) and not force:
-        raise BuildConfigError(f"--output_dir {output_dir} exists and is not empty; pass --force to replace it.")
+    for flag, path in (inputs or {}).items():
+        if path is not None and (output_dir == Path(path).resolve() or output_dir in Path(path).resolve().parents):
+            raise BuildConfigError(f"--output_dir {output_dir} is or holds {flag} {path}: building there would delete it. Choose another "
+                                   "--output_dir.")
+    if output_dir.is_dir() and any(output_dir.iterdir()):
+        if not force:
+            raise BuildConfigError(f"--output_dir {output_dir} exists and is not empty; pass --force to replace it (an engine directory).")
+        if not is_engine_dir(output_dir):
+            shown = ", ".join(sorted(p.name for p in output_dir.iterdir())[:3])
+            raise BuildConfigError(f"--output_dir {output_dir} holds files that are not a specdec engine ({shown}, ...): --force replaces "
+                                   "only an engine directory. Choose another --output_dir, or empty it yourself.")
+
+
+def is_engine_dir(path: Path) -> bool:
+    """Whether ``path`` holds a specdec engine (its config.json has the model and build sections): what --force may replace."""
+    try:
+        config = json.loads((path / CONFIG_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and {"model", "build"} <= config.keys()
 
 
 def _versions() -> dict[str, str]:
@@ -98,7 +120,11 @@ def _move_into_place(tmp: Path, output_dir: Path) -> None:
     os.chmod(tmp, 0o755)
     for f in tmp.rglob("*"):
         os.chmod(f, 0o755 if f.is_dir() else 0o644)
-    if output_dir.exists():
+    if output_dir.is_dir() and not any(output_dir.iterdir()):  # an empty directory (perhaps the shell's own: "."): filled in place
+        for f in tmp.iterdir():
+            os.replace(f, output_dir / f.name)
+        tmp.rmdir()
+    elif output_dir.exists():  # an engine (prepare_output): swapped whole, so a reader never sees half of each
         trash = output_dir.with_name(f".{output_dir.name}.old-{os.getpid()}")
         os.replace(output_dir, trash)
         os.replace(tmp, output_dir)

@@ -7,6 +7,7 @@ AWQ run the float network from them under ONNX Runtime.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import onnx
@@ -17,12 +18,19 @@ WEIGHTS_FILE = "model.onnx.data"
 
 def save_network(model: onnx.ModelProto, out_dir: Path) -> str:
     """Serialize the network into ``out_dir``, weights external (one proto is capped at 2 GiB); return the network file's name."""
-    onnx.save_model(
-        model,
-        str(out_dir / NETWORK_FILE),
-        save_as_external_data=True,
-        all_tensors_to_one_file=True,
-        location=WEIGHTS_FILE,
-        size_threshold=1024,
-    )
+    # onnx refuses a weights file that exists at ``location`` taken relative to the CURRENT directory, not the model's: a build
+    # run from inside an engine directory (or into ".") failed with FileExistsError. Checked where the file goes instead.
+    back = os.getcwd()
+    os.chdir(out_dir.resolve())  # (contextlib.chdir is 3.11's; a build runs on one thread)
+    try:
+        onnx.save_model(
+            model,
+            str((out_dir / NETWORK_FILE).resolve()),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=WEIGHTS_FILE,
+            size_threshold=1024,
+        )
+    finally:
+        os.chdir(back)
     return NETWORK_FILE

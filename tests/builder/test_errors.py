@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from checkpoints import make_checkpoint
@@ -91,9 +92,39 @@ def test_non_empty_output_dir_needs_force(tmp_path, llama_ckpt):
     with pytest.raises(BuildConfigError, match="not empty; pass --force"):
         build(llama_ckpt, out)
     assert (out / "precious.txt").read_text() == "keep me"
-    build(llama_ckpt, out, force=True)
-    assert not (out / "precious.txt").exists()
+    # --force replaces an engine, never a directory of other files (it used to delete them)
+    with pytest.raises(BuildConfigError, match="holds files that are not a specdec engine \\(precious.txt, ...\\): --force replaces only"):
+        build(llama_ckpt, out, force=True)
+    assert (out / "precious.txt").read_text() == "keep me"
+    (out / "precious.txt").unlink()
+    build(llama_ckpt, out)  # empty: filled in place
+    first = load_engine_dir(out).config.files
+    build(llama_ckpt, out, force=True)  # an engine: replaced whole
+    assert load_engine_dir(out).config.files == first
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary directory left
+
+
+def test_the_output_is_never_an_input_and_dots_and_links_resolve(tmp_path, llama_ckpt, monkeypatch):
+    """Building into the checkpoint (or a folder holding it) would delete what is being built from: refused, --force or not.
+    "." builds into the current directory, and a link is written through to where it points."""
+    ckpt = Path(shutil.copytree(llama_ckpt, tmp_path / "parent" / "ckpt"))
+    for out in (ckpt, ckpt.parent):
+        for force in (False, True):
+            with pytest.raises(BuildConfigError, match="is or holds --checkpoint_dir .*: building there would delete it"):
+                build(ckpt, out, force=force)
+    assert (ckpt / "config.json").is_file() and any(ckpt.glob("*.safetensors"))
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    build(ckpt, Path("."))
+    load_engine_dir(here)
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    build(ckpt, tmp_path / "link")
+    build(ckpt, tmp_path / "link", force=True)
+    assert (tmp_path / "link").is_symlink() and load_engine_dir(real).config.build
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # nothing left beside them
 
 
 @pytest.mark.parametrize(
