@@ -302,14 +302,16 @@ def eagle_module_dir(engine: EngineDir) -> Path:
     return engine.path / EAGLE_MODULE_DIR
 
 
-def check_decodes_alone(engine: EngineDir) -> None:
-    """Refuse an EAGLE-3 / P-EAGLE module's own engine where a target is expected: it drafts from a target's features and
-    cannot decode by itself; its target is the folder around it."""
+def check_decodes_alone(engine: EngineDir, role: str = "target") -> None:
+    """Refuse an EAGLE-3 / P-EAGLE module's own engine where a target (or a draft model) is expected: it drafts from a target's
+    features and cannot decode by itself; its target is the folder around it."""
     mode = engine.config.build.speculative_decoding_mode
     if mode in MODULE_MODES.values():
         what = "P-EAGLE" if mode == MODULE_MODES["peagle"] else "EAGLE-3"
+        fix = (f"Pass its target engine, {engine.path.parent}, instead" if role == "target" else
+               f"It drafts with its target: pass {engine.path.parent} as the target engine (--engine_dir), without a draft engine")
         raise EngineError(f"{engine.path} is the {what} module's own engine (the drafter in a target's {EAGLE_MODULE_DIR}/ folder); it cannot "
-                          f"decode by itself. Pass its target engine, {engine.path.parent}, instead.")
+                          f"decode by itself. {fix}.")
 
 
 def load_engine_dir(path: str | Path, verify: str = "stamp") -> EngineDir:

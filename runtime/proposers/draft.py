@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ...formats.config_strings import DTM_FORM, DraftTargetConfig, parse_draft_target_config
-from ...formats.engine_format import EngineDir
+from ...formats.engine_format import EngineDir, check_decodes_alone
 from ...formats.errors import RequestError
 from ..pairing import pair
 from .base import Proposer
@@ -41,6 +41,7 @@ class DraftModelConfig:
 def open_draft(config: DraftModelConfig, context: OpenContext) -> Proposer:
     """Pair the draft with the target (refusing what cannot work before anything opens), open it on its devices, draft."""
     target, draft = context.target, context.load(config.engine_dir)
+    check_decodes_alone(draft, "draft")
     dtm = config.resolved(target.config.build.max_draft_len)
     pairing = pair(target, draft, context.allow_vocab_mismatch)
     executor = context.open_own(draft, dtm.draft_devices)

@@ -253,6 +253,8 @@ def test_what_a_user_can_mix_up_is_refused_before_anything_runs(peagle, tmp_path
     module_dir = eagle_module_dir(peagle["target"].engine)
     with pytest.raises(EngineError, match=f"P-EAGLE module's own engine .* Pass its target engine, {peagle['dir'] / 'engine'}, instead"):
         load_engine(module_dir, num_threads=1)
+    with pytest.raises(EngineError, match=f"P-EAGLE module's own engine .* pass {peagle['dir'] / 'engine'} as the target engine"):
+        load_engine(peagle["dir"] / "engine", module_dir, num_threads=1)  # ... or where a draft model goes
     runner = CliRunner()
     r = runner.invoke(run_main, ["--engine_dir", str(module_dir), "--input_text", "x"])
     assert r.exit_code == 1 and "Pass its target engine" in r.output and "tokenizer" not in r.output, r.output
