@@ -48,6 +48,8 @@ _PUBLIC = {
     "Orchestrator": "runtime.orchestrator",
     "RequestOutput": "runtime.orchestrator",
     "SamplingConfig": "runtime.sampling",
+    "SuffixConfig": "runtime.proposers.suffix",  # the methods' typed configs beside NGramConfig and DraftTargetConfig
+    "PEagleConfig": "runtime.proposers.peagle",
     "OrtExecutor": "runtime.backends.onnxruntime.cpu",
 }
 __all__ = ["__version__", *_PUBLIC]
@@ -70,6 +72,8 @@ if TYPE_CHECKING:  # what type checkers and editors see (re-exported: `X as X`);
     from .metrics import Metrics as Metrics
     from .orchestrator import GenerationConfig as GenerationConfig, Orchestrator as Orchestrator, RequestOutput as RequestOutput
     from .prefix_cache import PrefixCacheConfig as PrefixCacheConfig
+    from .proposers.peagle import PEagleConfig as PEagleConfig
+    from .proposers.suffix import SuffixConfig as SuffixConfig
     from .sampling import SamplingConfig as SamplingConfig
 
 
