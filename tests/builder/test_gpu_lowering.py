@@ -163,6 +163,22 @@ def half_precision_checks(model: onnx.ModelProto, half: int) -> list[str]:
     return ops
 
 
+def test_the_cpu_executor_refuses_what_only_the_cuda_provider_runs(llama_ckpt, tmp_path):
+    """GroupQueryAttention's host input and half-precision compute are the CUDA provider's: one line saying what to rebuild, not
+    ONNX Runtime's missing-input traceback at the first step. A float32 masked engine runs (the lowering's CPU check)."""
+    from specdec.formats.engine_format import load_engine_dir
+    from specdec.formats.errors import EngineError
+    from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
+
+    for name, kw, fix in (("gqa32", dict(dtype="float32", cuda_attention="gqa"), "rebuild it with --dtype bfloat16 for a GPU"),
+                          ("half", dict(dtype="float16", cuda_attention="masked"), "run it on an NVIDIA GPU \\(--device cuda")):
+        build_engine(llama_ckpt, tmp_path / name, spec_build(lowering="ort_cuda", **kw), **quiet)
+        with pytest.raises(EngineError, match=f"built for ONNX Runtime's CUDA provider .*{fix}.*or rebuild it without --lowering"):
+            OrtExecutor(load_engine_dir(tmp_path / name), num_threads=1)
+    build_engine(llama_ckpt, tmp_path / "masked32", spec_build(lowering="ort_cuda", dtype="float32", cuda_attention="masked"), **quiet)
+    OrtExecutor(load_engine_dir(tmp_path / "masked32"), num_threads=1)
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_half_precision_builds_compute_in_their_dtype(dtype, llama_ckpt, tmp_path):
     half = {"bfloat16": onnx.TensorProto.BFLOAT16, "float16": onnx.TensorProto.FLOAT16}[dtype]
