@@ -21,6 +21,7 @@ from ..bench.sweep import generate_each, token_agreement
 from ..formats.config_strings import DTM_FORM, NGRAM_FORM, parse_draft_target_config, parse_ngram_config
 from ..formats.engine_format import load_engine_dir
 from ..formats.errors import RequestError
+from ..hardware.cpu import check_num_threads
 from ..runtime.loading import load_orchestrator
 from .common import check_output_file, clean_errors, end_ids, engine_tokenizer, fmt_or_dash, option, verify_engine_option, yes_no_dash
 
@@ -65,6 +66,15 @@ def _threshold(value: float) -> float:
     return value / 100 if value > 1 else value
 
 
+def _is_engine(path: Path) -> bool:
+    """A specdec engine directory (config.json with model and build sections), where a Hugging Face checkpoint is wanted."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and {"model", "build"} <= config.keys()
+
+
 def _hf_available() -> bool:
     import importlib.util
 
@@ -92,12 +102,15 @@ def _hf_available() -> bool:
         help="ROUGE-1 F-measure threshold for --check_accuracy: a fraction, or percent like TensorRT-LLM when > 1 (14 = 0.14). "
              "The default is TensorRT-LLM summarize.py's, meant for real models summarizing CNN/DailyMail; set one your model and "
              "dataset meet (the demo pair scores about 10 on examples/eval: use 8 there).")
-@option("num_threads", type=int, default=None, help="ONNX Runtime intra-op threads (and torch threads for HF).")
+@option("num_threads", type=int, default=None, help="ONNX Runtime intra-op threads (and torch threads for HF) [default: all cores, up to 8].")
+@option("device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+        help="Where the engines run (as specdec-run): auto = the backend's own (a GPU for torch engines).")
 @option("output_json", type=click.Path(), help="Write scores, agreement and every example's outputs.")
 @verify_engine_option
 @clean_errors
 def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, dataset, num_examples, hf_model_dir, test_hf, test_trt_llm,
-         tokenizer_dir, max_input_len, max_output_len, end_id, check_accuracy, rouge_threshold, num_threads, output_json, verify_engine) -> None:
+         tokenizer_dir, max_input_len, max_output_len, end_id, check_accuracy, rouge_threshold, num_threads, device, output_json,
+         verify_engine) -> None:
     """Score an engine's greedy outputs with ROUGE and against HF transformers.
 
     \b
@@ -110,6 +123,9 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
     check_output_file(output_json, "--output_json")  # before decoding, not after
     if max_output_len < 1:
         raise RequestError(f"--max_output_len={max_output_len} must be >= 1.")
+    if num_examples is not None and num_examples < 1:
+        raise RequestError(f"--num_examples={num_examples} must be >= 1 (leave it out for every example).")
+    check_num_threads(num_threads)
     dtm = parse_draft_target_config(draft_target_model_config) if draft_target_model_config else None
     ngram = parse_ngram_config(ngram_config) if ngram_config else None
     if dtm and not draft_engine_dir:
@@ -143,6 +159,9 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
         click.echo(f"note: {truncated} prompt(s) longer than {in_cap} tokens keep their last {in_cap} tokens.", err=True)
 
     hf_dir = hf_model_dir or target.config.extra.get("checkpoint")
+    if hf_dir and _is_engine(Path(hf_dir)):
+        raise RequestError(f"{hf_dir} is a specdec engine, not a Hugging Face checkpoint: pass the checkpoint it was built from as "
+                           "--hf_model_dir (its config.json's extra.checkpoint), or --no_test_hf.")
     if test_hf is None:
         test_hf = bool(hf_dir and Path(hf_dir).is_dir() and _hf_available())
         if not test_hf:
@@ -153,26 +172,27 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
         if not _hf_available():
             raise RequestError("--test_hf needs torch and transformers: pip install 'specdec[hf]' (CPU torch: torch==2.13.0).")
 
+    configs: list[tuple[str, dict[str, Any]]] = [("target-only", {})]
+    if draft_engine_dir:
+        configs.append(("draft-target", {"draft_dir": draft, "draft_target": dtm}))
+    if ngram:
+        configs.append((f"ngram k={ngram.max_draft_len} n={ngram.max_matching_ngram_size}", {"ngram": ngram}))
+    # every engine opened (and every pairing and draft length checked) before anything decodes: a refusal costs no run
+    orchs, target_ex = [], None
+    for name, kw in configs:  # one target session serves every configuration
+        orch = load_orchestrator(target, num_threads=num_threads, target_executor=target_ex, device=device, **kw)
+        target_ex = orch.target
+        orchs.append((f"draft-target k={orch.draft_len}" if name == "draft-target" else name, orch))
+
     runs: list[tuple[str, dict[str, Any]]] = []
-    click.echo(f"{len(examples)} examples, up to {max_output_len} new tokens each, greedy", err=True)
+    click.echo(f"{len(examples)} example{'s' if len(examples) != 1 else ''}, up to {max_output_len} new tokens each, greedy", err=True)
     if test_hf:
         from ..bench import peers
 
         click.echo("  decoding with HF transformers", err=True)
         r = peers.hf_generate(str(hf_dir), prompts, n_new, num_threads=num_threads, stop_ids=list(ends))
         runs.append(("hf", {"output_ids": r["output_ids"], "output_tokens_per_s": r["tokens_per_s"], "acceptance_rate": None}))
-    configs: list[tuple[str, dict[str, Any]]] = [("target-only", {})]
-    if draft_engine_dir:
-        configs.append(("draft-target", {"draft_dir": draft, "draft_target": dtm}))
-    if ngram:
-        configs.append((f"ngram k={ngram.max_draft_len} n={ngram.max_matching_ngram_size}", {"ngram": ngram}))
-    target_ex = None
-    for name, kw in configs:
-        # engines loaded (and hashed) once; one target session serves every configuration
-        orch = load_orchestrator(target, num_threads=num_threads, target_executor=target_ex, **kw)
-        target_ex = orch.target
-        if name == "draft-target":
-            name = f"draft-target k={orch.draft_len}"
+    for name, orch in orchs:
         click.echo(f"  decoding with the engine: {name}", err=True)
         runs.append((name, generate_each(orch, prompts, n_new, ends, warmup=1)))  # first calls pay one-time costs: not timed
 

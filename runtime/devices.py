@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..formats.engine_format import EngineDir
 from ..formats.errors import DeviceError
 from ..hardware.cpu import check_num_threads
-from .backends import available_devices, natural_kind
+from .backends import available_devices, device_kinds, natural_kind
 from .backends.base import DEVICE_KINDS, Placement
 
 
@@ -38,5 +38,8 @@ def placement(devices: list[int], engine: EngineDir, role: str, device: str = "a
     for d in devices:
         if d not in have:
             where = "the CPU is device 0" if kind == "cpu" else f"this host has {len(have)} {kind} device(s): {have}"
-            raise DeviceError(f"{role} device {d} does not exist ({where}).")
+            # --device auto means the backend's own kind (a GPU for torch engines): say where else the engine runs
+            also = (f"; {build.backend} engines run on the CPU too: pass --device cpu" if kind != "cpu" and not have
+                    and "cpu" in device_kinds(build.backend) else "")
+            raise DeviceError(f"{role} device {d} does not exist ({where}){also}.")
     return Placement(kind, devices[0], num_threads)

@@ -246,6 +246,21 @@ def test_eval_errors(work, tmp_path):
     assert r.exit_code == 1 and "--rouge_threshold=150.0 must be a fraction" in r.output
 
 
+def test_eval_refuses_before_decoding_anything(work, eval_set):
+    """A draft length the target cannot verify, no examples, an engine where the HF checkpoint goes: refused before the HF and
+    target-only runs (they used to run the whole dataset first)."""
+    base = ["--engine_dir", work / "target", "--dataset", eval_set, "--max_output_len", 4]
+    for args, message in [
+        (["--draft_engine_dir", work / "draft", "--draft_target_model_config", "[9,[0],[0],False]"], "draft_len=9 is larger than"),
+        (["--ngram_config", "[8,2,[0]]"], "ngram max_draft_len=8 is larger than"),
+        (["--num_examples", 0], "--num_examples=0 must be >= 1"),
+        (["--hf_model_dir", work / "draft"], "is a specdec engine, not a Hugging Face checkpoint"),
+    ]:
+        r = invoke(eval_main, *base, *args)
+        assert r.exit_code == 1 and message in r.output, (args, r.output)
+        assert "decoding with" not in r.output, r.output
+
+
 # --------------------------------------------------------------------------- pieces
 
 
