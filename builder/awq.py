@@ -249,8 +249,9 @@ class AwqLayer:
 
 
 def awq_search(float_network, taps, cache_shape, num_layers, samples, bits, group_size, symmetric, clip: bool = True,
-               say=None) -> dict[str, AwqLayer]:
-    """awq_input_scales plus, with ``clip``, the per-group clipping of the scaled weights."""
+               say=None, progress=None) -> dict[str, AwqLayer]:
+    """awq_input_scales plus, with ``clip``, the per-group clipping of the scaled weights. ``progress(done, total)``: after each
+    linear layer searched (the build's progress line: the search is most of an AWQ build's time)."""
     layers = {}
 
     def on_layer(name: str, w_t: np.ndarray, stats: InputStats, found: ScaleSearch) -> None:
@@ -259,6 +260,8 @@ def awq_search(float_network, taps, cache_shape, num_layers, samples, bits, grou
             inv = 1.0 / found.scale.astype(np.float64)
             ratio = search_clip(found.scale[:, None] * w_t, stats.gram * np.outer(inv, inv), bits, group_size, symmetric)  # inputs are x / s
         layers[name] = AwqLayer(found.scale, ratio)
+        if progress:
+            progress(len(layers), len(taps))
 
     search_network_scales(float_network, taps, cache_shape, num_layers, samples, bits, group_size, symmetric, say, on_layer)
     return layers

@@ -269,7 +269,7 @@ def build_engine(
     build = heads.recorded(build)
     total = model.num_layers + 3 + (heads.eagle is not None)
     report = progress or (lambda *_: None)
-    network, build = make_network(ckpt, model, build, convention, heads, calib_dataset, calib_size, report, total)
+    network, build = make_network(ckpt, model, build, convention, heads, calib_dataset, calib_size, report, total, say)
     written = write_engine_dir(output_dir, checkpoint_dir, ckpt, network, model, build, heads.eagle, fp8, options, report, total, say)
     return BuildResult(output_dir, written.config, network.num_parameters, written.engine_bytes, time.perf_counter() - t0, written.backend_summary)
 
@@ -311,6 +311,9 @@ def check_resolved(build: BuildConfig, model: ModelConfig, fp8: Fp8Convention | 
     if build.quantization == "int4_awq" and calib_dataset is None:
         raise BuildConfigError("--qformat int4_awq searches its scales on calibration text: pass --calib_dataset FILE (or use int4_wo, plain "
                                "round-to-nearest).")
+    if calib_dataset is not None and not (build.fp8_activations == "static" or build.quantization == "int4_awq"):
+        raise BuildConfigError("--calib_dataset is read only to calibrate --fp8_activations static or --qformat int4_awq, and this build "
+                               f"does neither (--qformat {build.quantization}, --fp8_activations {build.fp8_activations}): leave it out.")
     if build.max_seq_len > model.max_position_embeddings:
         say(f"warning: max_seq_len={build.max_seq_len} exceeds the model's max_position_embeddings={model.max_position_embeddings}")
 
@@ -331,7 +334,7 @@ def load_build_heads(build: BuildConfig, model: ModelConfig, head_dirs: dict[str
 
 
 def make_network(ckpt, model: ModelConfig, build: BuildConfig, convention, heads: Heads, calib_dataset, calib_size: int,
-                 report: Callable[[str, int, int], None], total: int):
+                 report: Callable[[str, int, int], None], total: int, say: Callable[[str], None] = lambda _: None):
     """The network (calibrated first when the quantization needs it), and ``build`` with its weight-only record: the ONNX
     graph of the build's lowering, or the torch backend's tensors (builder/network_writers.py: written into the engine's
     folder, which records their weight-only layers then)."""
@@ -342,7 +345,7 @@ def make_network(ckpt, model: ModelConfig, build: BuildConfig, convention, heads
     scales = awq_layers = None
     onnx = backend_module(build.backend).NETWORK == "onnx"
     if (build.fp8_activations == "static" and calib_dataset is not None) or build.quantization == "int4_awq":
-        scales, awq_layers = calibrate(ckpt, model, build, convention, Path(calib_dataset), calib_size, report, total, onnx)
+        scales, awq_layers = calibrate(ckpt, model, build, convention, Path(calib_dataset), calib_size, report, total, onnx, say)
     if not onnx:
         return TorchNetwork(ckpt, model, build, convention, awq_layers, heads.medusa, heads.eagle,
                             lambda i: report(f"layer {i}", i + 1, total)), build
@@ -372,7 +375,7 @@ def built_record(build: BuildConfig, convention, built: dict) -> dict | None:
 
 
 def calibrate(ckpt, model: ModelConfig, build: BuildConfig, convention, calib_dataset: Path, calib_size: int,
-              report: Callable[[str, int, int], None], total: int, onnx: bool = True):
+              report: Callable[[str, int, int], None], total: int, onnx: bool = True, say: Callable[[str], None] = lambda _: None):
     """(static FP8 activation scales, AWQ's per-layer scales): the one the build needs, from a float32 network of the
     same lowering with every linear layer's input exposed, run over the calibration samples under ONNX Runtime on this
     CPU; ``onnx`` False (a backend that writes no graph: torch): a float32 ort_cpu network of the same checkpoint."""
@@ -381,7 +384,11 @@ def calibrate(ckpt, model: ModelConfig, build: BuildConfig, convention, calib_da
     from .network import build_network
 
     report("calibrate", 0, total)
-    samples = calibration_samples(calib_dataset, ckpt.path, calib_size, min(256, build.max_input_len))
+    sample_len = min(256, build.max_input_len)
+    samples = calibration_samples(calib_dataset, ckpt.path, calib_size, sample_len)
+    if len(samples) < calib_size:  # the scales rest on what the file holds: say how little, rather than build as if it were enough
+        say(f"warning: --calib_dataset {calib_dataset} gives {len(samples)} sample(s) of up to {sample_len} tokens "
+            f"({sum(map(len, samples))} tokens), not --calib_size {calib_size}: the calibration rests on that much text.")
     taps: dict[str, str] = {}
     float_build = replace(build, quantization="none", fp8_activations="none", dtype="float32", group_size=None, symmetric=True,
                           quantize_lm_head=False, cpu_kernels="ort")  # (a float network: ONNX Runtime's own ops, no library to load)
@@ -394,7 +401,7 @@ def calibrate(ckpt, model: ModelConfig, build: BuildConfig, convention, calib_da
 
         scheme = WeightOnlyScheme.of(build)
         return None, awq_search(float_net, taps, cache_shape, model.num_layers, samples, scheme.bits, scheme.group_size, scheme.symmetric,
-                                clip=AWQ_CLIP)
+                                clip=AWQ_CLIP, progress=lambda done, of: report(f"AWQ search, {done}/{of} linear layers", 0, total))
     return calibrate_activation_scales(float_net, taps, cache_shape, model.num_layers, samples), None
 
 

@@ -25,7 +25,11 @@ def calibration_samples(text_file: Path, tokenizer_dir: Path, num_samples: int, 
     tok_file = tokenizer_dir / "tokenizer.json"
     if not tok_file.is_file():
         raise BuildConfigError(f"calibration needs the checkpoint's tokenizer.json, which {tokenizer_dir} lacks.")
-    ids = Tokenizer.from_file(str(tok_file)).encode(text_file.read_text(errors="replace")).ids
+    try:
+        text = text_file.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise BuildConfigError(f"--calib_dataset {text_file} is not UTF-8 text (byte {err.start}): calibrate on text like the model's.") from None
+    ids = Tokenizer.from_file(str(tok_file)).encode(text).ids
     samples = [ids[i : i + sample_len] for i in range(0, len(ids), sample_len)][:num_samples]
     samples = [s for s in samples if len(s) >= 2]
     if not samples:

@@ -112,8 +112,9 @@ class _LogProgress:
         help="With fp8: how linear-layer inputs are scaled. none = weight-only; static = fixed scales (the checkpoint's "
              "input_scale, or calibrated with --calib_dataset); dynamic = amax of each step's input.")
 @option("calib_dataset", type=click.Path(),
-        help="UTF-8 text file to calibrate static FP8 activation scales on (needs the checkpoint's tokenizer.json).")
-@option("calib_size", type=int, default=64, show_default=True, help="Calibration samples (chunks of up to 256 tokens) taken from --calib_dataset.")
+        help="UTF-8 text file to calibrate on: static FP8 activation scales (--fp8_activations static) or int4_awq's scales (needs the "
+             "checkpoint's tokenizer.json).")
+@option("calib_size", type=int, default=None, help="Calibration samples (chunks of up to 256 tokens) taken from --calib_dataset [default: 64].")
 @option("backend", type=click.Choice(BACKENDS), default="auto", show_default=True,
         help="onnxruntime runs everywhere (CPU); tensorrt compiles the same ONNX network into a TensorRT plan (NVIDIA GPU + TensorRT >= 10.15; "
              "untested in CI, see docs/tensorrt.md); tensorrt_rtx compiles it ahead of time with TensorRT for RTX for the GPUs of --target_sm, on "
@@ -193,7 +194,10 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
     quantization = _weight_only_alias(quantization, use_weight_only, weight_only_precision)
     if tree_attention and speculative_decoding_mode != "draft_tokens_external" and speculative_decoding_mode not in TREE_MODES:
         raise BuildConfigError("--tree_attention needs --speculative_decoding_mode draft_tokens_external (a target); got "
-                               f"{speculative_decoding_mode}.")
+                               f"{speculative_decoding_mode}{' (the default)' if speculative_decoding_mode == 'none' else ''}.")
+    if calib_size is not None and calib_dataset is None:
+        raise BuildConfigError("--calib_size counts samples of --calib_dataset, which is not given: pass both, or neither.")
+    calib_size = 64 if calib_size is None else calib_size
     build = BuildConfig(
         dtype=dtype, max_batch_size=max_batch_size, max_input_len=max_input_len, max_seq_len=max_seq_len,
         max_draft_len=max_draft_len, speculative_decoding_mode=speculative_decoding_mode, backend=backend, tp_size=tp_size,

@@ -342,6 +342,25 @@ def test_cli_int4_awq_without_calibration_text_is_refused(outlier_ckpt, tmp_path
     assert not out.exists() and not list(tmp_path.glob(".e*"))
 
 
+def test_calibration_text_that_nothing_reads_or_that_is_not_text_is_refused_and_little_text_said(outlier_ckpt, tmp_path):
+    """--calib_dataset / --calib_size where nothing calibrates, and bytes that are not UTF-8, were taken without a word; a file
+    that gives fewer samples than --calib_size builds, saying how little the scales rest on."""
+    ckpt, calib = outlier_ckpt
+    (tmp_path / "bin.txt").write_bytes(bytes(range(128, 256)) * 4)
+    (tmp_path / "short.txt").write_text("def f(x): return x\n")
+    for args, message in [
+        (["--calib_size", 8], "--calib_size counts samples of --calib_dataset, which is not given"),
+        (["--calib_dataset", calib], "--calib_dataset is read only to calibrate --fp8_activations static or --qformat int4_awq"),
+        (["--qformat", "int4_awq", "--group_size", 32, "--calib_dataset", tmp_path / "bin.txt"], "is not UTF-8 text"),
+    ]:
+        r = cli_build(ckpt, tmp_path / "e", *args)
+        assert r.exit_code == 1 and message in r.stderr and "Traceback" not in r.output, (args, r.output)
+        assert not (tmp_path / "e").exists()
+    r = cli_build(ckpt, tmp_path / "e", "--qformat", "int4_awq", "--group_size", 32, "--calib_dataset", tmp_path / "short.txt")
+    assert r.exit_code == 0, r.output
+    assert "gives 1 sample(s)" in r.stderr and "not --calib_size 64" in r.stderr, r.stderr
+
+
 @pytest.mark.skipif(__import__("specdec.hardware.cpu_kernels", fromlist=["compiler"]).compiler() is None, reason="needs a C compiler")
 def test_cli_int4_awq_with_specdec_kernels(outlier_ckpt, tmp_path):
     """--cpu_kernels specdec: the float32 network AWQ calibrates on runs ONNX Runtime's own ops (no specdec library in its
