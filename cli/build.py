@@ -96,7 +96,8 @@ class _LogProgress:
              "compressed-tensors checkpoint; int4_awq: int4 with activation-aware scales searched on --calib_dataset. See docs/precision.md. "
              "auto = what the checkpoint holds (fp8, int8_wo/int4_wo), else none; none on a quantized checkpoint dequantizes it.")
 @option("use_weight_only", is_flag=True, help="TensorRT-LLM's spelling of --qformat int8_wo / int4_wo (with --weight_only_precision).")
-@option("weight_only_precision", type=click.Choice(["int8", "int4"]), default=None, help="With --use_weight_only: int8 (W8A16) or int4 (W4A16).")
+@option("weight_only_precision", type=click.Choice(["int8", "int4"]), default=None,
+        help="With --use_weight_only: int8 (W8A16) or int4 (W4A16) [default: int8, as TensorRT-LLM's].")
 @option("group_size", type=int, default=None,
         help="Weight-only: input rows sharing one scale: 32, 64, 128, or 0 = one per output channel [default: 128 for int4, 0 for int8].")
 @option("asymmetric", is_flag=True, help="Weight-only: a zero point per group as well as a scale (default: symmetric, zero at mid-range).")
@@ -125,8 +126,8 @@ class _LogProgress:
         help="With --backend tensorrt_rtx: the RTX GPUs to build for, comma-separated: sm86 (RTX 30xx), sm89 (RTX 40xx), sm120 (RTX 50xx), sm121 "
              "(GB10). One engine each.")
 @option("lowering", type=click.Choice(["auto", "portable", "ort_cpu", "ort_cuda", "torch"]), default="auto", show_default=True,
-        help="How attention and the KV update become graph nodes (plugins/). auto = ort_cpu for onnxruntime, portable for tensorrt, torch for torch "
-             "(no graph: the torch backend's own forward). "
+        help="How attention and the KV update become graph nodes (plugins/). auto = ort_cpu for onnxruntime, portable for tensorrt and tensorrt_rtx, "
+             "torch for torch (no graph: the torch backend's own forward). "
              "ort_cuda: for --device cuda (ONNX Runtime's CUDA provider): computes in --dtype (bfloat16/float16), fused attention, CUDA graphs; see "
              "docs/gpu.md.")
 @option("cpu_kernels", type=click.Choice(["ort", "specdec"]), default="ort", show_default=True,
@@ -187,6 +188,8 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
     model = model_config_from_hf(hf_config)  # for the default limits; build_engine reads the weights
     if max_seq_len is None:
         max_seq_len = min(model.max_position_embeddings, 4096)
+    if max_seq_len < 2:  # (before the defaults that follow from it name values nobody set)
+        raise BuildConfigError(f"--max_seq_len {max_seq_len} must be >= 2: a prompt token and a generated one.")
     if max_input_len is None:
         max_input_len = max(1, max_seq_len // 2)
     if max_draft_len is None:

@@ -63,4 +63,6 @@ def compile_engine(out_dir: Path, network_file: str, build: BuildConfig, model: 
     draft_vocab = DRAFT_TO_TARGET in SafetensorsFile(out_dir / MODEL_FILE).keys()
     version = DRAFT_VOCAB_LAYOUT_VERSION if draft_vocab else LAYOUT_VERSION
     return Compiled(network_file, extra={"torch": {"layout_version": version}},
-                    summary="torch engine: runs on an NVIDIA GPU with --device cuda (Triton kernels, CUDA graphs), or in float32 on a CPU")
+                    summary="torch engine: runs on an NVIDIA GPU with --device cuda (Triton kernels, CUDA graphs)"
+                            + (", or on a CPU with --device cpu" if build.dtype == "float32" else
+                               f"; on a CPU only when built with --dtype float32 (this one is {build.dtype})"))

@@ -78,6 +78,8 @@ def test_numeric_build_options_build_what_was_asked_or_fail_in_one_line(ckpt, tm
     (["--calib_size", "-1", "--qformat", "int4_awq", "--calib_dataset", "README.md"], "--calib_size -1 must be >= 1"),
     # found by the 10x run: a KV cache past 1e308 bytes could not be written as a float (OverflowError)
     (["--max_seq_len", "1" + "0" * 400], "max_seq_len=about 1e400 with max_batch_size=8 needs a KV cache of about 1e403 bytes"),
+    # the message named the defaults that follow from it (max_input_len=1 must be smaller than max_seq_len=0)
+    (["--max_seq_len", "0"], "--max_seq_len 0 must be >= 2"),
 ])
 def test_build_numbers_at_the_edges_regressions(ckpt, tmp_path, flags, message):
     r = build("--checkpoint_dir", ckpt, "--output_dir", tmp_path / "e", *flags)
