@@ -175,12 +175,27 @@ def engine_tokenizer(engine: EngineDir, tokenizer_dir: str | None) -> Tokenizer 
     decodes with, so an EAGLE module's own engine is refused here, before a tokenizer message could point elsewhere."""
     check_decodes_alone(engine)
     tok_dir = tokenizer_dir or (engine.path if engine.tokenizer_path else None)
-    return Tokenizer(tok_dir) if tok_dir else None
+    if not tok_dir:
+        return None
+    tok = Tokenizer(tok_dir)
+    if tokenizer_dir:  # another tokenizer than the engine's own: its ids must be the model's
+        vocab = engine.config.model.vocab_size
+        used = max(tok.vocab().values(), default=-1) + 1
+        if used > vocab:
+            raise RequestError(f"--tokenizer_dir {tokenizer_dir} uses token ids up to {used - 1}, past the engine's vocabulary of {vocab}: "
+                               "it is not this model's tokenizer (pass the checkpoint's directory, or leave it out for the engine's own).")
+        if used < vocab // 2:
+            click.echo(f"warning: --tokenizer_dir {tokenizer_dir} has {used} tokens for an engine of {vocab}: is it this model's "
+                       "tokenizer? Text decodes wrong with another's.", err=True)
+    return tok
 
 
 def end_ids(end_id: int | None, tok: Tokenizer | None, engine: EngineDir) -> tuple[int, ...]:
     """--end_id (negative: none), else the tokenizer's EOS, else the checkpoint's eos_token_id(s)."""
     if end_id is not None:
+        if end_id >= engine.config.model.vocab_size:  # it could never be generated: a request would never stop on it
+            raise RequestError(f"--end_id {end_id} is outside the engine's vocabulary (0..{engine.config.model.vocab_size - 1}); "
+                               "-1 never stops early.")
         return () if end_id < 0 else (end_id,)
     return (tok.eos_token_id,) if tok and tok.eos_token_id is not None else tuple(engine.config.model.eos_token_id)
 

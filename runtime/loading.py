@@ -19,12 +19,13 @@ from ..formats.errors import RequestError
 from .backends import check_placement, open_executor
 from .backends.base import Executor, Placement
 from .devices import placement
-from .engine import Engine, SpeculationConfig
+from .engine import Engine, SpeculationConfig, check_draft_len
 from .methods import TARGET_ONLY, carried_by, method_names
 from .orchestrator import Orchestrator
 from .pairing import Pairing
 from .prefix_cache import PrefixCacheConfig
 from .proposers.method import Method, OpenContext, get_method, method_of
+from .request import AUTO
 
 __all__ = ["load_engine", "load_orchestrator", "method_draft_lens", "open_executor", "open_engine", "Pairing", "Placement"]
 
@@ -169,6 +170,8 @@ def open_engine(
         raise RequestError(f"draft_len={draft_len} but no drafting method is loaded, so nothing would draft ({hint}).")
     if draft_len is None:
         draft_len = next((p.default_draft_len for p in proposers if p.name == default), 0)
+    elif draft_len != AUTO:  # the caller's own length: an error names it as given, not as the method's config would
+        check_draft_len(target, draft_len)
     engine = Engine(target_ex, proposers, SpeculationConfig(default, draft_len if default != TARGET_ONLY else 0), allow_vocab_mismatch,
                     prefix_caching)
     if measure_step_costs or (measure_step_costs is None and proposers and target_ex.device != "cpu"):

@@ -102,19 +102,21 @@ def parse_suffix_config(text: str, flag: str = "--suffix_config") -> SuffixConfi
         if want is int:
             value[key] = int(v)
     cfg = SuffixConfig(**value)
-    if cfg.max_draft_len < 1 or cfg.max_tree_depth < 2:
-        raise fail("max_draft_len must be >= 1 and max_tree_depth >= 2")
-    if not 0.0 <= cfg.min_token_prob <= 1.0 or cfg.max_spec_factor < 0:
-        raise fail("min_token_prob must be in [0, 1] and max_spec_factor >= 0")
-    if cfg.cached_prompt_tokens < 0:
-        raise fail("cached_prompt_tokens must be >= 0 (0: responses alone)")
-    if cfg.max_cached_tokens < 1 or cfg.max_cached_responses < 1:
-        raise fail("max_cached_tokens and max_cached_responses must be >= 1 (turn the cache off with global_cache: false)")
+    for bad, why in ((cfg.max_draft_len < 1, f"max_draft_len must be >= 1, found {cfg.max_draft_len}"),  # each says only what failed
+                     (cfg.max_tree_depth < 2, f"max_tree_depth must be >= 2, found {cfg.max_tree_depth}"),
+                     (not 0.0 <= cfg.min_token_prob <= 1.0, f"min_token_prob must be in [0, 1], found {cfg.min_token_prob}"),
+                     (cfg.max_spec_factor < 0, f"max_spec_factor must be >= 0, found {cfg.max_spec_factor}"),
+                     (cfg.cached_prompt_tokens < 0, "cached_prompt_tokens must be >= 0 (0: responses alone)"),
+                     (cfg.max_cached_tokens < 1, "max_cached_tokens must be >= 1 (turn the cache off with global_cache: false)"),
+                     (cfg.max_cached_responses < 1, "max_cached_responses must be >= 1 (turn the cache off with global_cache: false)")):
+        if bad:
+            raise fail(why)
     return cfg
 
 
 class SuffixProposer(Proposer):
     name = "suffix"
+    draft_len_name = "suffix max_draft_len"  # its default draft length is its config's limit
     scores_drafts = True  # each node carries its estimated acceptance: draft_len=auto trims the draft it returns
 
     def __init__(self, config: SuffixConfig = SuffixConfig(), trees: bool = False, cache: ResponseCache | None = None):

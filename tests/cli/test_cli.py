@@ -122,10 +122,15 @@ def test_run_cli_measures_step_costs_at_load_when_asked(engines, tmp_path):
         (["--ngram_config", "[4,2,[0]]", "--draft_target_model_config", "[2,[0],[0],False]"], "mutually exclusive"),
         (["--ngram_config", "[10,2]"], "--ngram_config '[10,2]' is malformed"),
         (["--ngram_config", "[10,2,[0]]"], "ngram max_draft_len=10 is larger than the target engine's max_draft_len=4"),
+        # each names what the user gave: --draft_len itself, or the suffix config's own limit (they were named the other way round)
+        (["--ngram_config", "[4,2,[0]]", "--draft_len", "12"], "error: draft_len=12 is larger than the target engine's max_draft_len=4"),
+        (["--suffix_config", '{"max_draft_len": 12}'], "suffix max_draft_len=12 is larger than the target engine's max_draft_len=4"),
+        (["--suffix_config", '{"min_token_prob": 2}'], "is malformed (min_token_prob must be in [0, 1], found 2"),
     ],
 )
 def test_run_cli_errors(engines, args, message):
-    draft = [] if any("ngram" in a for a in args) and not any("draft_target" in a for a in args) else ["--draft_engine_dir", engines / "draft"]
+    alone = any("ngram" in a or "suffix" in a for a in args) and not any("draft_target" in a for a in args)  # methods without a draft
+    draft = [] if alone else ["--draft_engine_dir", engines / "draft"]
     r = invoke(run_main, "--engine_dir", engines / "target", *draft, *args, "--input_file", engines / "prompts.csv")
     assert r.exit_code == 1, r.output
     assert message in r.output

@@ -9,6 +9,7 @@ clean error line and no output file.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from checkpoints import add_word_tokenizer, make_checkpoint
@@ -150,6 +151,9 @@ def test_numbers_at_the_edges_regressions(engines, tmp_path, flag, value, messag
      "--draft_confidence_threshold is a setting of the 'draft' method, which is not asked for: add --draft_engine_dir"),
     (["--draft_len", "2"], "draft_len=2 but no drafting method is loaded"),
     (["--prefix_cache_slots", "2", "--no_enable_prefix_caching"], "prefix_cache_slots=2 with prefix caching off"),
+    (["--end_id", "100000"], "--end_id 100000 is outside the engine's vocabulary"),  # no request could stop on it
+    (["--tokenizer_dir", Path(__file__).resolve().parents[2] / "examples" / "demo-pair" / "target"],
+     "uses token ids up to 4095, past the engine's vocabulary"),  # another model's tokenizer: its ids are not this model's
 ])
 def test_a_setting_nothing_would_use_is_refused(engines, tmp_path, args, message):
     """Each of these ran before, the setting dropped without a word."""
