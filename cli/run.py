@@ -269,11 +269,12 @@ def parse_draft_len(value: str | None) -> int | str | None:
 def summary_table(rows) -> str:
     """A compact comparison, the first row being the baseline."""
     base = rows[0][1].tokens_per_s or 1.0
-    lines = [f"{'method':<14}{'tokens/s':>10}{'speedup':>9}{'acceptance':>12}{'mean acc. len':>15}{'TTFT ms':>9}"]
+    w = max(14, *(len(name) + 2 for name, _ in rows))  # the longest label keeps the columns aligned
+    lines = [f"{'method':<{w}}{'tokens/s':>10}{'speedup':>9}{'acceptance':>12}{'mean acc. len':>15}{'TTFT ms':>9}"]
     for name, m in rows:
         acc = f"{m.acceptance_rate:.3f}" if m.drafted else "-"
         mal = f"{m.mean_acceptance_length:.2f}" if m.drafted else "-"
-        lines.append(f"{name:<14}{m.tokens_per_s:>10.1f}{m.tokens_per_s / base:>8.2f}x{acc:>12}{mal:>15}{m.mean_ttft_s * 1e3:>9.1f}")
+        lines.append(f"{name:<{w}}{m.tokens_per_s:>10.1f}{m.tokens_per_s / base:>8.2f}x{acc:>12}{mal:>15}{m.mean_ttft_s * 1e3:>9.1f}")
     return "\n".join(lines)
 
 
@@ -305,7 +306,8 @@ def _write_outputs(outputs, report: dict, output_csv, output_npy, output_json) -
         arr = np.full((len(outputs), width), -1, np.int64)
         for i, o in enumerate(outputs):
             arr[i, : len(o.output_ids)] = o.output_ids
-        np.save(output_npy, arr)
+        with open(output_npy, "wb") as f:  # the path as given: np.save(path) would append .npy to one without it
+            np.save(f, arr)
     if output_json:
         requests = [dict(input_ids=o.input_ids, output_ids=o.output_ids, text=o.text, finish_reason=o.finish_reason,
                          **({"error": o.error} if o.error else {}))

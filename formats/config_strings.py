@@ -89,6 +89,8 @@ class DraftTargetConfig:
                                     "list[int], use_logits: bool).")
         if self.draft_len < 1:
             raise ConfigStringError(f"DraftTargetConfig: draft_len must be >= 1, got {self.draft_len}.")
+        if not self.draft_devices or not self.target_devices:  # (an empty list read as the default device)
+            raise ConfigStringError("DraftTargetConfig: the device lists need a device id each, e.g. [0].")
 
     @classmethod
     def default_for(cls, max_draft_len: int) -> DraftTargetConfig:
@@ -116,6 +118,8 @@ class NGramConfig:
         if self.max_draft_len < 1 or self.max_matching_ngram_size < 1:
             raise ConfigStringError(f"NGramConfig: max_draft_len and max_matching_ngram_size must be >= 1, got {self.max_draft_len} and "
                                     f"{self.max_matching_ngram_size}.")
+        if not self.devices:  # (an empty list read as the default device)
+            raise ConfigStringError("NGramConfig: the device list needs the target's device id, e.g. [0].")
         if not 1 <= self.min_matching_ngram_size <= self.max_matching_ngram_size:
             raise ConfigStringError(f"--ngram_min_match {self.min_matching_ngram_size}: expected a pattern length >= 1 and at most "
                                     f"max_matching_ngram_size ({self.max_matching_ngram_size}).")
@@ -145,7 +149,10 @@ def parse_draft_target_config(text: str, flag: str = "--draft_target_model_confi
         raise _fail(flag, text, "wrong shape", DTM_FORM, DTM_EXAMPLE)
     if v[0] < 1:
         raise _fail(flag, text, f"draft_len must be >= 1, got {v[0]}", DTM_FORM, DTM_EXAMPLE)
-    return DraftTargetConfig(v[0], v[1], v[2], v[3])
+    try:
+        return DraftTargetConfig(v[0], v[1], v[2], v[3])
+    except ConfigStringError as err:  # the config's own checks, said of the flag as given
+        raise _fail(flag, text, str(err).split(": ", 1)[-1].rstrip("."), DTM_FORM, DTM_EXAMPLE) from None
 
 
 def parse_ngram_config(text: str, flag: str = "--ngram_config") -> NGramConfig:
@@ -157,4 +164,7 @@ def parse_ngram_config(text: str, flag: str = "--ngram_config") -> NGramConfig:
         raise _fail(flag, text, "wrong shape", NGRAM_FORM, NGRAM_EXAMPLE)
     if v[0] < 1 or v[1] < 1:
         raise _fail(flag, text, "max_draft_len and max_matching_ngram_size must be >= 1", NGRAM_FORM, NGRAM_EXAMPLE)
-    return NGramConfig(v[0], v[1], v[2])
+    try:
+        return NGramConfig(v[0], v[1], v[2])
+    except ConfigStringError as err:  # the config's own checks, said of the flag as given
+        raise _fail(flag, text, str(err).split(": ", 1)[-1].rstrip("."), NGRAM_FORM, NGRAM_EXAMPLE) from None

@@ -79,6 +79,9 @@ def test_run_cli_draft_target_writes_outputs(engines, tmp_path):
     import numpy as np
 
     assert np.load(tmp_path / "o.npy").tolist() == [q["output_ids"] for q in report["requests"]]
+    r = invoke(run_main, "--engine_dir", engines / "target", "--input_file", engines / "prompts.csv", "--max_output_len", 4,
+               "--output_npy", tmp_path / "ids.bin")
+    assert r.exit_code == 0 and np.load(tmp_path / "ids.bin").shape == (2, 4) and not (tmp_path / "ids.bin.npy").exists()  # the path given
 
 
 def test_the_baseline_caches_prefixes_as_the_method_does(engines, tmp_path):
@@ -126,6 +129,7 @@ def test_run_cli_measures_step_costs_at_load_when_asked(engines, tmp_path):
         (["--ngram_config", "[4,2,[0]]", "--draft_len", "12"], "error: draft_len=12 is larger than the target engine's max_draft_len=4"),
         (["--suffix_config", '{"max_draft_len": 12}'], "suffix max_draft_len=12 is larger than the target engine's max_draft_len=4"),
         (["--suffix_config", '{"min_token_prob": 2}'], "is malformed (min_token_prob must be in [0, 1], found 2"),
+        (["--ngram_config", "[4,2,[]]"], "is malformed (the device list needs the target's device id"),  # was read as [0]
     ],
 )
 def test_run_cli_errors(engines, args, message):
