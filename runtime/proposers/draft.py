@@ -10,6 +10,7 @@ a ``CrossTokenizerProposer`` (cross_tokenizer.py) for another tokenizer.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any
 from ...formats.config_strings import DTM_FORM, DraftTargetConfig, parse_draft_target_config
 from ...formats.engine_format import EngineDir, check_decodes_alone
 from ...formats.errors import RequestError
-from ..pairing import pair
+from ..pairing import PairWarning, pair
 from .base import Proposer
 from .draft_model import DraftModelProposer
 from .method import Flag, Method, OpenContext
@@ -44,6 +45,9 @@ def open_draft(config: DraftModelConfig, context: OpenContext) -> Proposer:
     check_decodes_alone(draft, "draft")
     dtm = config.resolved(target.config.build.max_draft_len)
     pairing = pair(target, draft, context.allow_vocab_mismatch)
+    if pairing.mode == "cross_tokenizer" and dtm.use_logits:  # said, not dropped without a word
+        warnings.warn("use_logits=True is not used with a draft of another tokenizer: its drafts are its argmax tokens, verified "
+                      "token by token (docs/suffix-decoding.md#a-draft-with-another-tokenizer).", PairWarning, stacklevel=2)
     executor = context.open_own(draft, dtm.draft_devices)
     proposer = DraftModelProposer(executor, dtm.use_logits, config.confidence_threshold, draft_len=dtm.draft_len, pairing=pairing)
     return cross_tokenizer(target, draft, proposer) if pairing.mode == "cross_tokenizer" else proposer

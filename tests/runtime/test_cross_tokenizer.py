@@ -226,3 +226,12 @@ def test_ids_a_draft_cannot_read_are_refused_even_when_the_mismatch_is_allowed(p
         check_pair(big, small, allow_mismatch=True)
     with pytest.warns(PairWarning, match="different tokenizers"):  # the other way round the draft reads every target token
         assert check_pair(small, big, allow_mismatch=True) == 258
+
+
+def test_use_logits_with_a_draft_of_another_tokenizer_is_said_not_dropped(pair):
+    from specdec.runtime import DraftTargetConfig, load_engine
+    from specdec.runtime.pairing import PairWarning
+
+    with pytest.warns(PairWarning, match="use_logits=True is not used with a draft of another tokenizer"):
+        engine = load_engine(pair["target"].engine.path, pair["mirror"].engine.path, DraftTargetConfig(3, [0], [0], True), num_threads=1)
+    assert isinstance(engine.proposers["draft"], CrossTokenizerProposer)
