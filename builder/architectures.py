@@ -52,6 +52,9 @@ ARCHITECTURES: dict[str, Family] = {
     "Phi3ForCausalLM": Family(lambda c: False, False, _mistral_window, fused_projections=True),
 }
 
+BY_MODEL_TYPE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 "phi3": "Phi3ForCausalLM"}  # a config.json without "architectures"
+
 
 def _rope(cfg: ConfigFields, max_seq_len: int | None = None) -> tuple[float, dict[str, Any] | None]:
     """rope_theta and scaling, from either spelling.
@@ -135,6 +138,8 @@ def model_config_from_hf(hf_config: dict[str, Any], max_seq_len: int | None = No
     cfg = ConfigFields(hf_config)
     archs = hf_config.get("architectures")
     arch = archs[0] if isinstance(archs, list) and archs else archs
+    if arch is None:  # as transformers' Auto classes read a config without the field: by its model_type
+        arch = BY_MODEL_TYPE.get(hf_config.get("model_type"))
     if not isinstance(arch, str) or arch not in ARCHITECTURES:
         raise CheckpointError(
             f"architecture {shown_value(arch, 40)} (config.json field 'architectures') is not supported; "

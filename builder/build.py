@@ -90,7 +90,8 @@ def validate_build_config(build: BuildConfig, model: ModelConfig) -> None:
     if scheme is None and (build.group_size is not None or not build.symmetric or build.quantize_lm_head):
         given = [f for f, on in (("--group_size", build.group_size is not None), ("--asymmetric", not build.symmetric),
                                  ("--quantize_lm_head", build.quantize_lm_head)) if on]
-        problems.append(f"{', '.join(given)} apply only to weight-only quantization (--qformat int8_wo, int4_wo or int4_awq), not to "
+        verb = "applies" if len(given) == 1 else "apply"
+        problems.append(f"{', '.join(given)} {verb} only to weight-only quantization (--qformat int8_wo, int4_wo or int4_awq), not to "
                         f"{build.quantization}")
     if build.quantize_draft_heads and (scheme is None or build.speculative_decoding_mode not in TREE_MODES):
         problems.append("--quantize_draft_heads quantizes a target's draft heads (Medusa heads, an EAGLE-3 or P-EAGLE module) as its weight-only "
@@ -265,6 +266,9 @@ def build_engine(
     check_resolved(build, model, fp8, options, calib_dataset, calib_size, say)
     model = resolve_lm_head(model, ckpt, say)  # what decodes, as transformers reads the checkpoint
     validate_checkpoint(ckpt, model, build, convention, allow_nonfinite=allow_nonfinite)
+    if not (ckpt.path / "tokenizer.json").is_file():  # builds, and takes token ids only: said now rather than at the first text prompt
+        say(f"warning: {checkpoint_dir} has no tokenizer files (tokenizer.json): the engine takes token ids; text needs --tokenizer_dir "
+            "at run time.")
     heads = load_build_heads(build, model, head_dirs, allow_nonfinite)
     build = heads.recorded(build)
     total = model.num_layers + 3 + (heads.eagle is not None)

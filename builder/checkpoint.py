@@ -80,7 +80,8 @@ def read_hf_config(path: str | Path) -> dict[str, Any]:
     """config.json of a checkpoint directory, without opening (or unpickling) its weights."""
     root = Path(path)
     if not root.is_dir():
-        raise CheckpointError(f"checkpoint directory {root} does not exist.")
+        what = "is a file, not a checkpoint directory (pass the folder that holds config.json)" if root.is_file() else "does not exist"
+        raise CheckpointError(f"checkpoint directory {root} {what}.")
     cfg_file = root / "config.json"
     if not cfg_file.is_file():
         raise CheckpointError(

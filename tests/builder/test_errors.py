@@ -171,3 +171,16 @@ def test_corrupt_or_missing_engine_files_are_caught_at_load(tmp_path, llama_ckpt
         load_engine_dir(out)
     with pytest.raises(EngineError, match="looks like a Hugging Face checkpoint"):
         load_engine_dir(llama_ckpt)  # a checkpoint is not an engine
+
+
+def test_a_config_without_architectures_builds_by_its_model_type_and_a_file_is_not_a_checkpoint(tmp_path, llama_ckpt):
+    """transformers reads a config.json without "architectures" by its model_type, and so does the builder (it said
+    "architecture None is not supported"); a weights file given as --checkpoint_dir is said to be a file, not missing."""
+    ckpt = Path(shutil.copytree(llama_ckpt, tmp_path / "ckpt"))
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg.pop("architectures")
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    assert load_engine_dir(build(ckpt, tmp_path / "e").output_dir).config.model.architecture == "LlamaForCausalLM"
+    weights = next(ckpt.glob("*.safetensors"))
+    with pytest.raises(CheckpointError, match="is a file, not a checkpoint directory"):
+        build(weights, tmp_path / "f")

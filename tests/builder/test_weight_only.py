@@ -249,8 +249,8 @@ def test_int4_engine_is_smaller(base, tmp_path):
 
 @pytest.mark.parametrize("kw,message", [
     (dict(quantization="int4_wo", group_size=48), "--group_size 48 is not one of"),
-    (dict(quantization="fp8", group_size=64), "apply only to weight-only quantization"),
-    (dict(quantization="none", quantize_lm_head=True), "apply only to weight-only quantization"),
+    (dict(quantization="fp8", group_size=64), "applies only to weight-only quantization"),
+    (dict(quantization="none", quantize_lm_head=True), "applies only to weight-only quantization"),
     (dict(quantization="int8_wo", fp8_activations="dynamic"), "needs --quantization fp8"),
     (dict(quantization="int4_awq"), "--calib_dataset"),
 ])
@@ -299,7 +299,7 @@ def test_cli_weight_only_flags(base, tmp_path, flags, bits, group):
     (("--weight_only_precision", "int4"), "needs --use_weight_only"),
     (("--use_weight_only", "--weight_only_precision", "int4", "--qformat", "fp8"), "means --qformat int4_wo, not fp8"),
     (("--qformat", "int4_wo", "--group_size", "100"), "--group_size 100 is not one of"),
-    (("--qformat", "fp8", "--quantize_lm_head"), "apply only to weight-only quantization"),
+    (("--qformat", "fp8", "--quantize_lm_head"), "applies only to weight-only quantization"),
 ])
 def test_cli_refuses_bad_weight_only_flags_in_one_line(base, tmp_path, flags, message):
     r = cli_build(base, tmp_path / "e", *flags)
