@@ -358,7 +358,7 @@ def test_calibration_text_that_nothing_reads_or_that_is_not_text_is_refused_and_
         assert not (tmp_path / "e").exists()
     r = cli_build(ckpt, tmp_path / "e", "--qformat", "int4_awq", "--group_size", 32, "--calib_dataset", tmp_path / "short.txt")
     assert r.exit_code == 0, r.output
-    assert "gives 1 sample(s)" in r.stderr and "not --calib_size 64" in r.stderr, r.stderr
+    assert "gives 1 sample(s)" in r.output and "not --calib_size 64" in r.output, r.output
 
 
 @pytest.mark.skipif(__import__("specdec.hardware.cpu_kernels", fromlist=["compiler"]).compiler() is None, reason="needs a C compiler")
