@@ -72,6 +72,13 @@ def check_pair(target: EngineDir, draft: EngineDir, allow_mismatch: bool = False
     tv, dv = target.config.model.vocab_size, draft.config.model.vocab_size
     t_id, d_id = _identity(target), _identity(draft)
     where = f"the draft engine {draft.path} and the target engine {target.path}"
+    used = max(t_id[0].values(), default=-1) + 1 if t_id is not None else None  # ids the target's tokenizer writes
+    if used is not None and used > dv:  # not even with allow_mismatch: the draft cannot read tokens the target writes, and keeping
+        # the target to the draft's ids (the shared limit) would change the target's output
+        raise EngineError(f"{where} have vocabularies of {dv} and {tv} ids, but the target's tokenizer uses ids up to {used - 1}: the "
+                          f"draft cannot read the target's tokens past id {dv - 1}, so its ids cannot be taken as the target's. "
+                          + ("Leave out --allow_vocab_mismatch: the draft then drafts through text (cross-tokenizer mode)."
+                             if d_id is not None else "Rebuild the draft from a checkpoint with its tokenizer files to draft through text."))
     if t_id is not None and d_id is not None:
         (t_vocab, t_special), (d_vocab, d_special) = t_id, d_id
         if t_vocab != d_vocab:
@@ -93,13 +100,6 @@ def check_pair(target: EngineDir, draft: EngineDir, allow_mismatch: bool = False
             stacklevel=2,
         )
     if tv != dv:
-        used = max(t_id[0].values(), default=-1) + 1 if t_id is not None else None
-        if used is not None and used > dv:  # not even with allow_mismatch: the draft cannot read tokens the target writes, and keeping
-            # the target to the draft's ids (the shared limit) would change the target's output
-            raise EngineError(f"{where} have vocabularies of {dv} and {tv} ids, but the target's tokenizer uses ids up to {used - 1}: the "
-                              f"draft cannot read the target's tokens past id {dv - 1}, so its ids cannot be taken as the target's. "
-                              + ("Leave out --allow_vocab_mismatch: the draft then drafts through text (cross-tokenizer mode)."
-                                 if d_id is not None else "Rebuild the draft from a checkpoint with its tokenizer files to draft through text."))
         if used is not None and used > min(tv, dv):
             _refuse(
                 f"{where} have vocabularies of {dv} and {tv} ids, but the tokenizer uses ids up to {used - 1}: "
