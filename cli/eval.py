@@ -18,11 +18,14 @@ import click
 
 from ..bench.datasets import jsonl_values
 from ..bench.sweep import generate_each, token_agreement
-from ..formats.config_strings import DTM_FORM, NGRAM_FORM, parse_draft_target_config, parse_ngram_config
-from ..formats.engine_format import load_engine_dir
+from ..formats.config_strings import DTM_FORM, NGRAM_FORM, DraftTargetConfig, parse_draft_target_config, parse_ngram_config
+from ..formats.engine_format import check_decodes_alone, load_engine_dir
 from ..formats.errors import RequestError
 from ..hardware.cpu import check_num_threads
+from ..runtime.devices import placement
+from ..runtime.engine import check_draft_len
 from ..runtime.loading import load_orchestrator
+from ..runtime.pairing import pair
 from .common import check_output_file, clean_errors, end_ids, engine_tokenizer, fmt_or_dash, option, verify_engine_option, yes_no_dash
 
 ROUGE_KEYS = ("rouge1", "rouge2", "rougeL")
@@ -177,12 +180,16 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
         configs.append(("draft-target", {"draft_dir": draft, "draft_target": dtm}))
     if ngram:
         configs.append((f"ngram k={ngram.max_draft_len} n={ngram.max_matching_ngram_size}", {"ngram": ngram}))
-    # every engine opened (and every pairing and draft length checked) before anything decodes: a refusal costs no run
-    orchs, target_ex = [], None
-    for name, kw in configs:  # one target session serves every configuration
-        orch = load_orchestrator(target, num_threads=num_threads, target_executor=target_ex, device=device, **kw)
-        target_ex = orch.target
-        orchs.append((f"draft-target k={orch.draft_len}" if name == "draft-target" else name, orch))
+    # what the engines will refuse, checked before anything decodes (a refusal costs no run) without opening them: opened
+    # one at a time below, after Hugging Face's float32 copy is gone
+    check_decodes_alone(target)
+    placement([0], target, "target", device, num_threads)
+    if draft is not None:
+        check_decodes_alone(draft, "draft")
+        pair(target, draft)
+        check_draft_len(target, (dtm or DraftTargetConfig.default_for(target.config.build.max_draft_len)).draft_len)
+    if ngram is not None:
+        check_draft_len(target, ngram.max_draft_len, "ngram max_draft_len")
 
     runs: list[tuple[str, dict[str, Any]]] = []
     click.echo(f"{len(examples)} example{'s' if len(examples) != 1 else ''}, up to {max_output_len} new tokens each, greedy", err=True)
@@ -192,7 +199,12 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
         click.echo("  decoding with HF transformers", err=True)
         r = peers.hf_generate(str(hf_dir), prompts, n_new, num_threads=num_threads, stop_ids=list(ends))
         runs.append(("hf", {"output_ids": r["output_ids"], "output_tokens_per_s": r["tokens_per_s"], "acceptance_rate": None}))
-    for name, orch in orchs:
+    target_ex = None
+    for name, kw in configs:  # engines loaded (and hashed) once; one target session serves every configuration
+        orch = load_orchestrator(target, num_threads=num_threads, target_executor=target_ex, device=device, **kw)
+        target_ex = orch.target
+        if name == "draft-target":
+            name = f"draft-target k={orch.draft_len}"
         click.echo(f"  decoding with the engine: {name}", err=True)
         runs.append((name, generate_each(orch, prompts, n_new, ends, warmup=1)))  # first calls pay one-time costs: not timed
 

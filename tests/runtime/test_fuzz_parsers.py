@@ -77,13 +77,18 @@ def test_config_strings_give_a_config_or_one_clean_line(text):
 
 
 @fuzz_settings(100)
-@given(st.integers(1, 2**63 - 1), st.lists(st.integers(0, 2**63 - 1), max_size=3), st.lists(st.integers(0, 2**63 - 1), max_size=3), st.booleans(),
-       st.data())
+@given(st.integers(1, 2**63 - 1), st.lists(st.integers(0, 2**63 - 1), min_size=1, max_size=3),
+       st.lists(st.integers(0, 2**63 - 1), min_size=1, max_size=3), st.booleans(), st.data())
 def test_every_well_formed_config_string_parses_to_what_it_says(draft_len, draft_devices, target_devices, use_logits, data):
     text = data.draw(written([draft_len, draft_devices, target_devices, use_logits]))
     assert parse_draft_target_config(text) == DraftTargetConfig(draft_len, draft_devices, target_devices, use_logits)
     text = data.draw(written([draft_len, draft_len, target_devices]))
     assert parse_ngram_config(text) == NGramConfig(draft_len, draft_len, target_devices)
+    # an empty device list is refused (it used to be read as device 0)
+    with pytest.raises(ConfigStringError, match="device list"):
+        parse_draft_target_config(data.draw(written([draft_len, [], target_devices, use_logits])))
+    with pytest.raises(ConfigStringError, match="device list"):
+        parse_ngram_config(data.draw(written([draft_len, draft_len, []])))
 
 
 @pytest.mark.parametrize("text", ["[" * 5000 + "]" * 5000, "[1" + "0" * 5000 + ",[0],[0],False]", "[4,[0],[99999999999999999999],False]"])
