@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..formats import __version__
-from ..formats.engine_format import CONFIG_FILE, BuildConfig, EngineConfig, ModelConfig, hash_directory, write_build_stamp
+from ..formats.engine_format import CONFIG_FILE, STAMP_FILE, BuildConfig, EngineConfig, ModelConfig, hash_directory, write_build_stamp
 from ..formats.errors import BuildConfigError
 from .architectures import checkpoint_dtype
 from .backends import backend_module
@@ -45,19 +45,28 @@ def prepare_output(output_dir: Path, force: bool, inputs: dict[str, str | Path |
     if output_dir.is_dir() and any(output_dir.iterdir()):
         if not force:
             raise BuildConfigError(f"--output_dir {output_dir} exists and is not empty; pass --force to replace it (an engine directory).")
-        if not is_engine_dir(output_dir):
-            shown = ", ".join(sorted(p.name for p in output_dir.iterdir())[:3])
-            raise BuildConfigError(f"--output_dir {output_dir} holds files that are not a specdec engine ({shown}, ...): --force replaces "
-                                   "only an engine directory. Choose another --output_dir, or empty it yourself.")
+        others = files_beside_engine(output_dir)
+        if others:
+            raise BuildConfigError(f"--output_dir {output_dir} holds files that are not a specdec engine's ({', '.join(others[:3])}"
+                                   f"{', ...' if len(others) > 3 else ''}): --force replaces only an engine. Choose another --output_dir, or "
+                                   "move them out yourself.")
+        if output_dir == Path.cwd().resolve():  # swapping it would leave the shell in a deleted directory
+            raise BuildConfigError(f"--output_dir {output_dir} is the current directory and holds an engine: build into another "
+                                   "directory, or cd out of this one first.")
 
 
-def is_engine_dir(path: Path) -> bool:
-    """Whether ``path`` holds a specdec engine (its config.json has the model and build sections): what --force may replace."""
+def files_beside_engine(path: Path) -> list[str]:
+    """The entries of ``path`` that are not a specdec engine's (its config.json, and the files it hashes): --force replaces a
+    directory only when this is empty. Everything, when there is no engine config at all."""
+    entries = sorted(p.name for p in path.iterdir())
     try:
         config = json.loads((path / CONFIG_FILE).read_text())
     except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and {"model", "build"} <= config.keys()
+        return entries
+    if not (isinstance(config, dict) and {"model", "build"} <= config.keys() and isinstance(config.get("files"), dict)):
+        return entries
+    known = {CONFIG_FILE, STAMP_FILE, *(Path(name).parts[0] for name in config["files"])}
+    return [name for name in entries if name not in known]
 
 
 def _versions() -> dict[str, str]:
@@ -78,7 +87,10 @@ def write_engine_dir(output_dir: Path, checkpoint_dir: str | Path, ckpt, network
     """The network (builder/network_writers.py: an ONNX graph, or the torch backend's tensors), the tokenizer files and an
     EAGLE module written, compiled by the build's backend, hashed into config.json, and moved into ``output_dir``."""
     output_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.building-", dir=output_dir.parent))
+    # an empty directory is filled from a temporary one inside it (the same file system, whatever is mounted where: ".", a
+    # mount point); anything else from one beside it, swapped in whole (_move_into_place)
+    into = output_dir.is_dir() and not any(output_dir.iterdir())
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.building-", dir=output_dir if into else output_dir.parent))
     try:
         network_file, build = network.save(tmp, build)
         report("write", model.num_layers + 1, total)
@@ -120,9 +132,16 @@ def _move_into_place(tmp: Path, output_dir: Path) -> None:
     os.chmod(tmp, 0o755)
     for f in tmp.rglob("*"):
         os.chmod(f, 0o755 if f.is_dir() else 0o644)
-    if output_dir.is_dir() and not any(output_dir.iterdir()):  # an empty directory (perhaps the shell's own: "."): filled in place
-        for f in tmp.iterdir():
-            os.replace(f, output_dir / f.name)
+    if tmp.parent == output_dir:  # an empty directory (perhaps the shell's own: "."): filled in place, config.json last
+        moved: list[Path] = []
+        try:
+            for f in sorted(tmp.iterdir(), key=lambda f: f.name == CONFIG_FILE):
+                os.replace(f, output_dir / f.name)
+                moved.append(output_dir / f.name)
+        except BaseException:  # what was moved goes again: the directory is left empty, as it was
+            for f in moved:
+                shutil.rmtree(f) if f.is_dir() else f.unlink(missing_ok=True)
+            raise
         tmp.rmdir()
     elif output_dir.exists():  # an engine (prepare_output): swapped whole, so a reader never sees half of each
         trash = output_dir.with_name(f".{output_dir.name}.old-{os.getpid()}")

@@ -20,12 +20,13 @@ def save_network(model: onnx.ModelProto, out_dir: Path) -> str:
     """Serialize the network into ``out_dir``, weights external (one proto is capped at 2 GiB); return the network file's name."""
     # onnx refuses a weights file that exists at ``location`` taken relative to the CURRENT directory, not the model's: a build
     # run from inside an engine directory (or into ".") failed with FileExistsError. Checked where the file goes instead.
+    target = (out_dir / NETWORK_FILE).resolve()  # before the chdir: a relative out_dir is relative to where we are now
     back = os.getcwd()
-    os.chdir(out_dir.resolve())  # (contextlib.chdir is 3.11's; a build runs on one thread)
+    os.chdir(target.parent)  # (contextlib.chdir is 3.11's; a build runs on one thread)
     try:
         onnx.save_model(
             model,
-            str((out_dir / NETWORK_FILE).resolve()),
+            str(target),
             save_as_external_data=True,
             all_tensors_to_one_file=True,
             location=WEIGHTS_FILE,

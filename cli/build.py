@@ -154,7 +154,8 @@ class _LogProgress:
 @option("allow_pickle", is_flag=True,
         help="Allow loading pickled pytorch_model*.bin weights (unpickling can run arbitrary code: only for checkpoints you trust).")
 @option("allow_nonfinite", is_flag=True, help="Build even if a weight holds NaN or Inf (refused by default: such an engine emits garbage).")
-@option("force", is_flag=True, help="Replace the engine in a non-empty --output_dir (only an engine: other files are refused, never deleted).")
+@option("force", is_flag=True,
+        help="Replace the engine in a non-empty --output_dir (an engine and nothing else: other files are refused, never deleted).")
 @clean_errors
 def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_seq_len, max_draft_len, speculative_decoding_mode, tree_attention,
          medusa_dir, eagle_dir, peagle_dir, quantization, use_weight_only, weight_only_precision, group_size, asymmetric, quantize_lm_head,

@@ -144,7 +144,8 @@ def check_output_dir(path: str, flag: str) -> None:
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise RequestError(f"{flag} {path} exists and is not a directory.")
-    _check_folder(p.parent, f"{flag} {path}")
+    # an existing directory is written into itself (builder/engine_dir.py), a new one beside it: where the build writes
+    _check_folder(p.resolve() if p.is_dir() else p.parent, f"{flag} {path}")
 
 
 def _check_folder(folder: Path, what: str) -> None:

@@ -93,7 +93,7 @@ def test_non_empty_output_dir_needs_force(tmp_path, llama_ckpt):
         build(llama_ckpt, out)
     assert (out / "precious.txt").read_text() == "keep me"
     # --force replaces an engine, never a directory of other files (it used to delete them)
-    with pytest.raises(BuildConfigError, match="holds files that are not a specdec engine \\(precious.txt, ...\\): --force replaces only"):
+    with pytest.raises(BuildConfigError, match="holds files that are not a specdec engine's \\(precious.txt\\): --force replaces only"):
         build(llama_ckpt, out, force=True)
     assert (out / "precious.txt").read_text() == "keep me"
     (out / "precious.txt").unlink()
@@ -102,6 +102,10 @@ def test_non_empty_output_dir_needs_force(tmp_path, llama_ckpt):
     build(llama_ckpt, out, force=True)  # an engine: replaced whole
     assert load_engine_dir(out).config.files == first
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary directory left
+    (out / "bench.json").write_text("mine")  # an engine with a file of the user's beside it: not replaced, the file kept
+    with pytest.raises(BuildConfigError, match="holds files that are not a specdec engine's \\(bench.json\\)"):
+        build(llama_ckpt, out, force=True)
+    assert (out / "bench.json").read_text() == "mine"
 
 
 def test_the_output_is_never_an_input_and_dots_and_links_resolve(tmp_path, llama_ckpt, monkeypatch):
@@ -118,6 +122,8 @@ def test_the_output_is_never_an_input_and_dots_and_links_resolve(tmp_path, llama
     monkeypatch.chdir(here)
     build(ckpt, Path("."))
     load_engine_dir(here)
+    with pytest.raises(BuildConfigError, match="is the current directory and holds an engine"):  # swapping it would delete the shell's
+        build(ckpt, Path("."), force=True)
     real = tmp_path / "real"
     real.mkdir()
     (tmp_path / "link").symlink_to(real)
