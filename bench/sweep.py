@@ -191,7 +191,8 @@ def run_sweep(
     heads_dirs: the target engines of methods "medusa", "eagle" and "peagle" (the same model built with that
     --speculative_decoding_mode); choices: their draft trees (TensorRT-LLM's format), or None.
     cut_lens: a length longer than a target's own drafter drafts (Medusa's heads, an engine's max_draft_len) is left out
-    for that method, saying so (a default list); False refuses it before anything is measured (lengths the user chose).
+    for that method, saying so; False (lengths the user chose) also refuses, before anything is measured, a length that no
+    method asked for drafts.
 
     Returns {"settings", "step_cost", "rows"}; rows carry the figures of the module docstring and
     ``identical_to_target_only`` (greedy drafting must reproduce target-only's tokens).
@@ -229,16 +230,20 @@ def run_sweep(
             where = f"; pass it as --{mode}_engine_dir" if mode in TREE_MODES else ""
             raise RequestError(f"--method {m} needs a target engine built with --speculative_decoding_mode {m}: {e.path} was built with "
                                f"--speculative_decoding_mode {mode}{where}.")
-        longest = chain_limit(e)
-        if not cut_lens and draft_lens and max(draft_lens) > longest:
-            raise RequestError(f"--draft_lens {max(draft_lens)} is longer than {m} drafts on {e.path} ({longest}: "
-                               f"{'its heads, or ' if m == 'medusa' else ''}the engine's max_draft_len); use lengths <= {longest}.")
     trees = {m: parse_choices(choices.get(m), f"--{m}_choices") for m in heads}
     for m, tree in trees.items():  # a tree the engine cannot verify is refused before anything is measured
         if tree is not None:
             check_nodes(tree, heads[m].config.build.max_draft_len, f"--{m}_choices", heads[m].path)
     # each engine is loaded (and hashed) once and passed on as an EngineDir
     target = target_dir if isinstance(target_dir, EngineDir) else load_engine_dir(target_dir)
+    # a length the user chose that no method asked for can draft is refused; one that only some can is left out for the others,
+    # saying so (below), as a default list's is
+    reach = [target.config.build.max_draft_len] if {"draft", "ngram", "suffix"} & set(methods) else []
+    reach += [chain_limit(e) for e in heads.values()]
+    if not cut_lens and draft_lens and reach and max(draft_lens) > max(reach):
+        longest = max(reach)
+        raise RequestError(f"--draft_lens {max(draft_lens)} is longer than any method asked for drafts here (at most {longest}: an engine's "
+                           f"max_draft_len{', or Medusa heads' if 'medusa' in heads else ''}); use lengths <= {longest}.")
     draft = None
     if "draft" in methods:
         draft = draft_dir if isinstance(draft_dir, EngineDir) else load_engine_dir(draft_dir)  # type: ignore[arg-type]

@@ -39,7 +39,9 @@ def placement(devices: list[int], engine: EngineDir, role: str, device: str = "a
         if d not in have:
             where = "the CPU is device 0" if kind == "cpu" else f"this host has {len(have)} {kind} device(s): {have}"
             # --device auto means the backend's own kind (a GPU for torch engines): say where else the engine runs
-            also = (f"; {build.backend} engines run on the CPU too: pass --device cpu" if kind != "cpu" and not have
-                    and "cpu" in device_kinds(build.backend) else "")
+            also = ""
+            if kind != "cpu" and not have and "cpu" in device_kinds(build.backend):
+                also = (f"; a float32 {build.backend} engine runs on the CPU too: pass --device cpu" if build.dtype == "float32" else
+                        f"; a {build.backend} engine runs on the CPU in float32 only: rebuild it with --dtype float32, then --device cpu")
             raise DeviceError(f"{role} device {d} does not exist ({where}){also}.")
     return Placement(kind, devices[0], num_threads)

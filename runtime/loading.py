@@ -140,6 +140,16 @@ def open_engine(
     target = load(target_dir)
     check_decodes_alone(target)
     asked = _methods(target, drafters)
+    # the flags alone, before anything opens: drafts asked for with nothing to draft them, a length the target cannot verify
+    names = [m.name for m, _ in asked if m.target_mode is None] + [m.name for m, _ in asked if m.target_mode is not None]  # opening order
+    if (method or (names[0] if names else TARGET_ONLY)) == TARGET_ONLY and draft_len not in (None, 0):  # not a silent target-only run
+        if names:
+            raise RequestError(f"draft_len={draft_len} is the default method's, and that is {TARGET_ONLY!r} (target-only): choose a method "
+                               f"that drafts ({', '.join(names)}), or leave draft_len out.")
+        hint = "; ".join(f"{m.name}: {m.loaded_by}" for m in map(get_method, method_names()[1:]))
+        raise RequestError(f"draft_len={draft_len} but no drafting method is loaded, so nothing would draft ({hint}).")
+    if draft_len is not None and draft_len != AUTO:  # the caller's own length: an error names it as given, not as a method's config
+        check_draft_len(target, draft_len)
     ids = next((ids for m, c in asked if (ids := m.target_devices(c)) is not None), None)
     where = placement(ids or target_devices or [0], target, "target", device, num_threads)
     opened: list[Executor] = [target_executor] if target_executor is not None else []
@@ -162,16 +172,8 @@ def open_engine(
     target_ex = open_target()
     proposers += [m.open(c, context) for m, c in asked if m.target_mode is not None]
     default = method or (proposers[0].name if proposers else TARGET_ONLY)
-    if default == TARGET_ONLY and draft_len not in (None, 0):  # drafts asked for, nothing to draft them: not a silent target-only run
-        if proposers:
-            raise RequestError(f"draft_len={draft_len} is the default method's, and that is {TARGET_ONLY!r} (target-only): choose a method "
-                               f"that drafts ({', '.join(p.name for p in proposers)}), or leave draft_len out.")
-        hint = "; ".join(f"{m.name}: {m.loaded_by}" for m in map(get_method, method_names()[1:]))
-        raise RequestError(f"draft_len={draft_len} but no drafting method is loaded, so nothing would draft ({hint}).")
     if draft_len is None:
         draft_len = next((p.default_draft_len for p in proposers if p.name == default), 0)
-    elif draft_len != AUTO:  # the caller's own length: an error names it as given, not as the method's config would
-        check_draft_len(target, draft_len)
     engine = Engine(target_ex, proposers, SpeculationConfig(default, draft_len if default != TARGET_ONLY else 0), allow_vocab_mismatch,
                     prefix_caching)
     if measure_step_costs or (measure_step_costs is None and proposers and target_ex.device != "cpu"):

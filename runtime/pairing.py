@@ -75,10 +75,14 @@ def check_pair(target: EngineDir, draft: EngineDir, allow_mismatch: bool = False
     used = max(t_id[0].values(), default=-1) + 1 if t_id is not None else None  # ids the target's tokenizer writes
     if used is not None and used > dv:  # not even with allow_mismatch: the draft cannot read tokens the target writes, and keeping
         # the target to the draft's ids (the shared limit) would change the target's output
+        if allow_mismatch and d_id is not None and d_id != t_id:
+            fix = "Leave out --allow_vocab_mismatch: the draft then drafts through text (cross-tokenizer mode)."
+        elif d_id is None:
+            fix = "Rebuild the draft from a checkpoint with its tokenizer files to draft through text."
+        else:  # the same tokenizer over a smaller embedding: not a pair any mode can use
+            fix = "The draft's vocabulary is smaller than its own tokenizer's: rebuild it from a checkpoint whose vocabulary covers it."
         raise EngineError(f"{where} have vocabularies of {dv} and {tv} ids, but the target's tokenizer uses ids up to {used - 1}: the "
-                          f"draft cannot read the target's tokens past id {dv - 1}, so its ids cannot be taken as the target's. "
-                          + ("Leave out --allow_vocab_mismatch: the draft then drafts through text (cross-tokenizer mode)."
-                             if d_id is not None else "Rebuild the draft from a checkpoint with its tokenizer files to draft through text."))
+                          f"draft cannot read the target's tokens past id {dv - 1}, so its ids cannot be taken as the target's. {fix}")
     if t_id is not None and d_id is not None:
         (t_vocab, t_special), (d_vocab, d_special) = t_id, d_id
         if t_vocab != d_vocab:

@@ -205,14 +205,14 @@ class PEagleRun(EagleRun):
 
     @staticmethod
     def counts(cfg: TrainConfig) -> dict[str, int]:
-        return {"eagle_num_layers": cfg.eagle_num_layers, "peagle_depths": cfg.peagle_depths}
+        return {"eagle_num_layers": cfg.eagle_num_layers}  # (peagle_depths: at least 2, check_config)
 
     @staticmethod
     def check_config(cfg: TrainConfig) -> None:
         EagleRun.check_config(cfg)
-        if cfg.peagle_depths == 1:  # (0 and below: counts' check, before this)
-            raise TrainConfigError("--peagle_depths 1 trains no placeholder, so the module would draft one token a call (an EAGLE-3 module "
-                                   "of one step, --mode eagle); use >= 2, the positions one call drafts.")
+        if cfg.peagle_depths < 2:
+            raise TrainConfigError(f"--peagle_depths {cfg.peagle_depths} must be >= 2, the positions one call drafts (1 trains no placeholder: "
+                                   "an EAGLE-3 module of one step, --mode eagle).")
         if not 0 < cfg.peagle_down_sample_ratio <= 1:
             raise TrainConfigError(f"--peagle_down_sample_ratio {cfg.peagle_down_sample_ratio} must be in (0, 1] (1: every anchor at every depth).")
         if not 0 <= cfg.peagle_down_sample_ratio_min <= 1:

@@ -267,7 +267,7 @@ def test_what_a_user_can_mix_up_is_refused_before_anything_runs(peagle, tmp_path
     said: list[str] = []
     for heads, methods, lens, choices, message in [
         ({"eagle": target}, ["eagle"], [2], {}, "built with --speculative_decoding_mode peagle; pass it as --peagle_engine_dir"),
-        ({"peagle": target}, ["peagle"], [2, 9], {}, "--draft_lens 9 is longer than peagle drafts"),
+        ({"peagle": target}, ["peagle"], [2, 9], {}, "--draft_lens 9 is longer than any method asked for drafts here \\(at most 8"),
         ({}, ["none"], [2], {"peagle": TREE}, "--peagle_choices is given but --method has no 'peagle'"),
         ({"peagle": target}, ["peagle"], [2], {}, "--batch_size=9 exceeds the engines' max_batch_size"),
     ]:

@@ -368,3 +368,21 @@ def test_a_cache_that_cannot_be_allocated_is_one_line_and_the_prefix_cache_steps
     assert pool is None and "cannot be allocated" in why
     with pytest.raises(EngineError):
         open_prefix_cache(t, cache, PrefixCacheConfig(enabled=True, slots=10**9))
+
+
+def test_auto_on_a_host_without_a_gpu_says_where_a_torch_engine_runs(pair, tmp_path):
+    """--device auto means a GPU for torch engines; with none, the error says --device cpu for a float32 engine, and to rebuild
+    one of another dtype first (the CPU executor takes float32 only)."""
+    import torch
+
+    from specdec.formats.errors import DeviceError
+    from specdec.runtime.devices import placement
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU host: auto finds one")
+    with pytest.raises(DeviceError, match="a float32 torch engine runs on the CPU too: pass --device cpu"):
+        placement([0], pair["ex"]["draft"]["torch"].engine, "target")
+    draft = make_checkpoint(tmp_path / "ckpt", num_hidden_layers=1, hidden_size=32, intermediate_size=64, seed=0)
+    build_engine(draft, tmp_path / "half", spec_build(0, backend="torch", dtype="float16"), say=lambda _: None)
+    with pytest.raises(DeviceError, match="in float32 only: rebuild it with --dtype float32, then --device cpu"):
+        placement([0], load_engine_dir(tmp_path / "half"), "target")
