@@ -238,9 +238,9 @@ def run_sweep(
     target = target_dir if isinstance(target_dir, EngineDir) else load_engine_dir(target_dir)
     # a length the user chose that no method asked for can draft is refused; one that only some can is left out for the others,
     # saying so (below), as a default list's is
-    reach = [target.config.build.max_draft_len] if {"draft", "ngram", "suffix"} & set(methods) else []
-    reach += [chain_limit(e) for e in heads.values()]
-    if not cut_lens and draft_lens and reach and max(draft_lens) > max(reach):
+    # (draft, ngram and suffix take any length up to the target's max_draft_len: check_draft_len refuses past it, naming the rebuild)
+    reach = [chain_limit(e) for e in heads.values()]
+    if not cut_lens and draft_lens and reach and not {"draft", "ngram", "suffix"} & set(methods) and max(draft_lens) > max(reach):
         longest = max(reach)
         raise RequestError(f"--draft_lens {max(draft_lens)} is longer than any method asked for drafts here (at most {longest}: an engine's "
                            f"max_draft_len{', or Medusa heads' if 'medusa' in heads else ''}); use lengths <= {longest}.")
