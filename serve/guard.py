@@ -28,7 +28,7 @@ MAX_DEPTH = 64
 class Guard:
     def __init__(self, app, api_key: str | None, max_request_bytes: int):
         self.app = app
-        self.expected = f"Bearer {api_key}".encode() if api_key else None
+        self.expected = api_key.encode() if api_key else None  # the credentials after the scheme
         self.limit = max_request_bytes
 
     async def __call__(self, scope, receive, send) -> None:
@@ -37,7 +37,9 @@ class Guard:
         headers = dict(scope.get("headers") or [])
         if self.expected is not None and scope.get("path") not in OPEN_PATHS:
             given = headers.get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
+            scheme, _, credentials = given.strip().partition(b" ")
+            # the scheme is case-insensitive (RFC 7235: "bearer" is "Bearer"); the key is compared in constant time
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(credentials.strip(), self.expected):
                 why = "missing Authorization header" if not given else "invalid API key"
                 body = error_body(401, f"{why}: send 'Authorization: Bearer <key>' with the server's --api_key.", code="invalid_api_key")
                 return await send_json(send, 401, body, [(b"www-authenticate", b"Bearer")])

@@ -104,9 +104,9 @@ class EngineLoop:
                 if queued > self.max_queued:
                     raise ApiError(
                         503,
-                        f"the server is at capacity: {self._running} requests running, {self._unadded + self._waiting} waiting "
-                        "(--max_queued_requests "
-                        f"{self.max_queued}); retry after the Retry-After header's seconds.",
+                        f"the server is at capacity: {self._running} sequences running and {self._unadded + self._waiting} accepted, "
+                        f"{max(free, 0)} slots free of max_batch_size {self.engine.max_batch}, and this request's {samples} would "
+                        f"queue past --max_queued_requests {self.max_queued}; retry after the Retry-After header's seconds.",
                         code="server_overloaded",
                         headers={"Retry-After": str(self.retry_after())},
                     )

@@ -220,13 +220,15 @@ def test_suffix_drafts_past_its_own_max_draft_len_are_refused():
 def test_api_key(tmp_path):
     with running(served_pair(), api_key="s3cret") as url, httpx.Client(base_url=url, timeout=30) as c:
         assert c.get("/health").status_code == 200  # probes need no key
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}, {"Authorization": "Basic s3cret"},
+                        {"Authorization": "Bearer s3cret-and-more"}):
             for method, path in (("GET", "/v1/models"), ("POST", "/v1/completions"), ("GET", "/metrics"), ("GET", "/version"), ("GET", "/nowhere")):
                 r = c.request(method, path, json=OK, headers=headers)
                 err = check_error(r, 401)
                 assert err["code"] == "invalid_api_key" and r.headers["www-authenticate"] == "Bearer"
         ok = {"Authorization": "Bearer s3cret"}
         assert c.get("/metrics", headers=ok).status_code == 200
+        assert c.get("/metrics", headers={"Authorization": "bearer s3cret"}).status_code == 200  # the scheme is case-insensitive (RFC 7235)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="s3cret", max_retries=0)
         assert client.completions.create(model="target", prompt="hi", max_tokens=3, temperature=0).usage.completion_tokens == 3
         with pytest.raises(openai.AuthenticationError):
