@@ -148,7 +148,8 @@ class EngineGenerator:
         help="The same in CPU seconds of this process (all threads): a budget that a shared, busy machine does not stretch.")
 @option("seed", type=int, default=0, show_default=True, help="Initialisation and data order.")
 @option("resume", is_flag=True, help="Continue from the latest checkpoint-N in --output_dir (heads, optimizer, step).")
-@option("overwrite_output_dir", is_flag=True, help="Delete a non-empty --output_dir and start over.")
+@option("overwrite_output_dir", is_flag=True,
+        help="Delete a previous run's --output_dir and start over (only a run's output: never the current directory, --model or --data).")
 @option("num_threads", type=int, default=None, help="CPU threads [default: all cores].")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @clean_errors

@@ -8,7 +8,8 @@ prepare-data reads prompts from
 and writes one object per prompt (ModelOpt's conversation format plus the token ids):
   {"conversation_id": i, "conversations": [{"role": "user", "content": prompt},
    {"role": "assistant", "content": answer}], "input_ids": prompt + answer ids, "prompt_len": n}
-`run` trains on "input_ids" when present, else tokenizes the conversation text.
+`run` trains on "input_ids" when present, else tokenizes the conversation text: one sequence per assistant turn, the turns
+before it (in their order) its prompt.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .errors import TrainConfigError
 
 PROMPT_FIELDS = ("prompt", "text", "input")
 USER_ROLES = ("user", "human")
+PROMPT_ROLES = (*USER_ROLES, "system", "developer", "tool")  # the turns a run never trains on: every other turn answers
 
 
 @dataclass
@@ -108,6 +110,24 @@ def record(index: int, prompt: str, answer: str, prompt_ids: list[int], answer_i
     }
 
 
+def _check_vocab(p: Path, n: int, ids: list[int], vocab_size: int | None) -> None:
+    if vocab_size is not None and ids and max(ids) >= vocab_size:
+        raise TrainConfigError(f"{p} line {n}: token id {max(ids)} is outside the model's vocabulary ({vocab_size}); was this data made for "
+                               "another model?")
+
+
+def _turn_sequences(turns: list[tuple[str, str]], tokenizer) -> Iterator[tuple[list[int], int]]:
+    """One (ids, prompt_len) per answering turn of a conversation, in its order: the turns before it are its prompt (not trained
+    on), it is the answer. A multi-turn conversation trains on each assistant turn once, never on a user's, system's or tool's
+    text; one without an answering turn is all prompt (nothing to learn)."""
+    answers = [i for i, (role, _) in enumerate(turns) if role not in PROMPT_ROLES]
+    for i in answers or [len(turns)]:
+        prompt = "".join(text for _, text in turns[:i])
+        prompt_ids = tokenizer.encode(prompt) if prompt else []
+        answer_ids = tokenizer.encode(turns[i][1], add_special_tokens=not prompt_ids) if i < len(turns) else []
+        yield prompt_ids + answer_ids, len(prompt_ids)
+
+
 def read_sequences(path: str | Path, tokenizer=None, max_len: int = 512, vocab_size: int | None = None) -> list[Sequence]:
     """Training sequences from a prepare-data .jsonl (or any conversation .jsonl, tokenized with ``tokenizer``).
 
@@ -120,6 +140,13 @@ def read_sequences(path: str | Path, tokenizer=None, max_len: int = 512, vocab_s
     out, lines = [], 0
     for n, obj in _jsonl(p):
         lines += 1
+        if "input_ids" not in obj and tokenizer is not None and _turns(obj):
+            for ids, prompt_len in _turn_sequences(_turns(obj), tokenizer):
+                _check_vocab(p, n, ids, vocab_size)
+                ids = ids[:max_len]
+                if len(ids) > max(2, prompt_len):
+                    out.append(Sequence(ids, prompt_len))
+            continue
         if "input_ids" in obj:
             ids = obj["input_ids"]
             if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 2**63 for i in ids):
@@ -131,18 +158,11 @@ def read_sequences(path: str | Path, tokenizer=None, max_len: int = 512, vocab_s
         else:
             if tokenizer is None:
                 raise TrainConfigError(f"{p} line {n} has no input_ids and the model has no tokenizer.json to tokenize its text with.")
-            turns = _turns(obj)
-            if turns:
-                prompt = "".join(t for r, t in turns if r in USER_ROLES)
-                answer = "".join(t for r, t in turns if r not in USER_ROLES)
-            else:
-                prompt, answer = "", _prompt_of(obj) or ""
+            prompt, answer = "", _prompt_of(obj) or ""  # (conversations: above, turn by turn)
             prompt_ids = tokenizer.encode(prompt) if prompt else []
             ids = prompt_ids + tokenizer.encode(answer, add_special_tokens=not prompt_ids)
             prompt_len = len(prompt_ids)
-        if vocab_size is not None and ids and max(ids) >= vocab_size:
-            raise TrainConfigError(f"{p} line {n}: token id {max(ids)} is outside the model's vocabulary ({vocab_size}); was this data made for "
-                                   "another model?")
+        _check_vocab(p, n, ids, vocab_size)
         ids = ids[:max_len]
         if len(ids) > max(2, int(prompt_len)):
             out.append(Sequence(ids, int(prompt_len)))

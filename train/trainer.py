@@ -116,6 +116,10 @@ class TrainResult:
     heads: nn.Module = field(repr=False)
 
 
+RESUME_FIXED = ("batch_size", "seed", "model", "data", "training_seq_len", "medusa_num_layers", "eagle_num_layers", "eagle_aux_layer_ids",
+                "eagle_ttt_steps", "peagle_depths", "peagle_placeholders", "peagle_mask_token_id")  # what --resume must be given again
+
+
 def check_output_dir(cfg: TrainConfig) -> Path:
     out = Path(cfg.output_dir)
     if out.exists() and not out.is_dir():
@@ -126,7 +130,29 @@ def check_output_dir(cfg: TrainConfig) -> Path:
     if busy and not cfg.resume and not cfg.overwrite_output_dir:
         raise TrainConfigError(f"--output_dir {out} exists and is not empty; pass --resume to continue its run or --overwrite_output_dir to start "
                                "over.")
+    if busy and cfg.overwrite_output_dir:  # it is deleted: only ever a run's own output, never what the run reads or where it stands
+        where = out.resolve()
+        for flag, path in (("--model", cfg.model), ("--data", cfg.data), ("--eval_data", cfg.eval_data)):
+            if path is not None and (where == Path(path).resolve() or where in Path(path).resolve().parents):
+                raise TrainConfigError(f"--output_dir {out} is or holds {flag} {path}: --overwrite_output_dir would delete it. Choose another "
+                                       "--output_dir.")
+        if where == Path.cwd().resolve() or where in Path.cwd().resolve().parents:
+            raise TrainConfigError(f"--output_dir {out} is the current directory or holds it: --overwrite_output_dir would delete it. Choose "
+                                   "another --output_dir.")
+        if not is_training_output(out):
+            raise TrainConfigError(f"--output_dir {out} holds files that are not a specdec-train run's output: --overwrite_output_dir deletes "
+                                   "only a previous run. Choose another --output_dir, or empty it yourself.")
     return out
+
+
+def is_training_output(path: Path) -> bool:
+    """A previous specdec-train run's output directory: its checkpoints or its exported heads (a config.json it wrote)."""
+    if latest_checkpoint(path) is not None or (path / "training_log.json").is_file():
+        return True
+    try:
+        return "specdec_train" in json.loads((path / "config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def _batch_for_step(step: int, train: list[Sequence], batch_size: int, seed: int) -> list[Sequence]:
@@ -195,8 +221,14 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
         state = load_checkpoint(ckpt, run.heads, optimizer, names)
         step, losses, elapsed_before = state["step"], state["losses"], state.get("elapsed_s", 0.0)
         saved = state.get("config") or {}
-        changed = [f"--{k} {saved[k]} (now {getattr(cfg, k)})" for k in ("batch_size", "seed") if k in saved and saved[k] != getattr(cfg, k)]
-        if changed:  # the batch order is a function of (seed, batch size): another one would not continue this run
+        def same(k: str) -> bool:  # paths compared resolved: the run's own files, wherever it is started from
+            a, b = saved[k], getattr(cfg, k)
+            return str(Path(a).resolve()) == str(Path(b).resolve()) if k in ("model", "data") and a and b else a == b
+
+        # the batch order is a function of (seed, batch size, data); the heads' shapes and inputs of the rest: another value
+        # would not continue this run, and the model card would describe a run that never happened
+        changed = [f"--{k} {saved[k]} (now {getattr(cfg, k)})" for k in RESUME_FIXED if k in saved and not same(k)]
+        if changed:
             raise TrainConfigError(f"cannot resume from {ckpt}: it was trained with {', '.join(changed)}; resume with the same values.")
         say(f"resuming from {ckpt} at step {step}")
         if step >= total:

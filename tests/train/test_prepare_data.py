@@ -97,3 +97,18 @@ def test_long_prompts_are_cut_and_the_record_says_so(tmp_path, tiny_base, prompt
     assert [r["prompt_len"] for r in records] == [3, 3, 2]  # <s> w5 w6 | <s> w20 w21 | <s> w40
     assert records[1]["conversations"][0]["content"] == "w20 w21" and records[2]["conversations"][0]["content"] == "w40"
     assert said[0] == "2 of 3 prompts cut to 3 tokens"
+
+
+def test_a_multi_turn_conversation_trains_each_answer_on_the_turns_before_it(tmp_path, tiny_base):
+    """Turn order is kept (the user turns were joined first, the rest after, and a system prompt trained on as answer text):
+    one sequence per assistant turn, its prompt every turn before it, never a user's or system's text trained on."""
+    from specdec.train.data import read_sequences
+
+    tok = Tokenizer(tiny_base)
+    turns = [("system", "w1 "), ("user", "w2 w3 "), ("assistant", "w4 w5 "), ("user", "w6 "), ("assistant", "w7 w8 w9")]
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps({"messages": [{"role": r, "content": c} for r, c in turns]}) + "\n")
+    first, second = read_sequences(path, tok, vocab_size=96)
+    for seq, prompt, answer in ((first, "w1 w2 w3 ", "w4 w5 "), (second, "w1 w2 w3 w4 w5 w6 ", "w7 w8 w9")):
+        assert seq.ids[: seq.prompt_len] == tok.encode(prompt)
+        assert tok.decode(seq.ids[seq.prompt_len :]).split() == answer.split()

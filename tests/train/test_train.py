@@ -2,6 +2,7 @@
 and what is saved is ModelOpt's layout, read back identically by load_heads."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -117,6 +118,35 @@ def test_resume_refuses_other_heads(tmp_path, tiny_base, repetitive_data):
     # another seed or batch size would draw other batches: not a continuation of this run
     with pytest.raises(TrainConfigError, match="--seed 0 \\(now 7\\)"):
         train(config("medusa", tiny_base, repetitive_data, tmp_path / "o", max_steps=4, seed=7, resume=True), **QUIET)
+    # nor other data or sequences (they were accepted, and the card described a run that never happened)
+    with pytest.raises(TrainConfigError, match="--training_seq_len .* \\(now 8\\)"):
+        train(config("medusa", tiny_base, repetitive_data, tmp_path / "o", max_steps=4, training_seq_len=8, resume=True), **QUIET)
+    other = tmp_path / "other.jsonl"
+    other.write_text(Path(repetitive_data).read_text())
+    with pytest.raises(TrainConfigError, match="--data .*other.jsonl\\)"):
+        train(config("medusa", tiny_base, str(other), tmp_path / "o", max_steps=4, resume=True), **QUIET)
+
+
+def test_overwrite_deletes_only_a_previous_run(tmp_path, tiny_base, repetitive_data, monkeypatch):
+    """--overwrite_output_dir deleted whatever it was pointed at: the current directory, the base model, the data's folder."""
+    from specdec.train.errors import TrainConfigError
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    with pytest.raises(TrainConfigError, match="not a specdec-train run's output"):
+        train(config("medusa", tiny_base, repetitive_data, mine, max_steps=1, overwrite_output_dir=True), **QUIET)
+    with pytest.raises(TrainConfigError, match="is or holds --model"):
+        train(config("medusa", tiny_base, repetitive_data, Path(tiny_base), max_steps=1, overwrite_output_dir=True), **QUIET)
+    with pytest.raises(TrainConfigError, match="is or holds --data"):
+        train(config("medusa", tiny_base, repetitive_data, Path(repetitive_data).parent, max_steps=1, overwrite_output_dir=True), **QUIET)
+    monkeypatch.chdir(mine)
+    with pytest.raises(TrainConfigError, match="is the current directory or holds it"):
+        train(config("medusa", tiny_base, repetitive_data, Path("."), max_steps=1, overwrite_output_dir=True), **QUIET)
+    assert (mine / "notes.txt").read_text() == "keep" and any(Path(tiny_base).glob("*.safetensors")) and Path(repetitive_data).is_file()
+    run = tmp_path / "run"  # a previous run's output: replaced
+    train(config("medusa", tiny_base, repetitive_data, run, max_steps=1), **QUIET)
+    assert train(config("medusa", tiny_base, repetitive_data, run, max_steps=2, overwrite_output_dir=True), **QUIET).steps == 2
 
 
 def test_max_time_stops_and_saves_and_eval_data_is_reported_on(tmp_path, tiny_base, repetitive_data):
