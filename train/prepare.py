@@ -93,7 +93,11 @@ class TransformersGenerator:
         self.torch, self.cfg = torch, cfg
         self.tokenizer = Tokenizer(tokenizer_dir(cfg.model_dir))
         self.model = load_base(cfg.model_dir)
-        self.prompt_limit = max(1, self.model.config.max_position_embeddings - cfg.max_token)
+        positions = self.model.config.max_position_embeddings
+        if cfg.max_token >= positions:  # answers past the model's positions: cut prompts to nothing and degenerate text
+            raise TrainConfigError(f"--max_token {cfg.max_token} leaves no room in the model's {positions} positions for a prompt: use "
+                                   f"--max_token < {positions} (its default is 512).")
+        self.prompt_limit = max(1, positions - cfg.max_token)
         eos = self.tokenizer.eos_token_id
         self.eos = eos if eos is not None else self.model.config.eos_token_id
 

@@ -86,6 +86,13 @@ def test_bad_prompt_files(tmp_path, tiny_base):
     with pytest.raises(TrainConfigError, match="line 2 is not JSON"):
         prepare_data(PrepareConfig(str(broken), str(tmp_path / "o.jsonl"), model_dir=str(tiny_base)), **QUIET)
     assert not (tmp_path / "o.jsonl").exists()
+    # answers as long as the model's positions: prompts were cut to one token and the answer ran past the positions
+    positions = json.loads((tiny_base / "config.json").read_text())["max_position_embeddings"]
+    good = tmp_path / "good.txt"
+    good.write_text("w5 w6\n")
+    with pytest.raises(TrainConfigError, match=f"--max_token {positions} leaves no room in the model's {positions} positions"):
+        prepare_data(PrepareConfig(str(good), str(tmp_path / "o.jsonl"), model_dir=str(tiny_base), max_token=positions), **QUIET)
+    assert not (tmp_path / "o.jsonl").exists()
 
 
 def test_long_prompts_are_cut_and_the_record_says_so(tmp_path, tiny_base, prompts_txt):
