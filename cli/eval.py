@@ -78,6 +78,16 @@ def _is_engine(path: Path) -> bool:
     return isinstance(config, dict) and {"model", "build"} <= config.keys()
 
 
+def _vocab_size(path: Path) -> int | None:
+    """A Hugging Face checkpoint's vocab_size (its text_config's for a multimodal one), None where its config says none."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    size = config.get("vocab_size", (config.get("text_config") or {}).get("vocab_size")) if isinstance(config, dict) else None
+    return size if isinstance(size, int) else None
+
+
 def _hf_available() -> bool:
     import importlib.util
 
@@ -165,6 +175,10 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
     if hf_dir and _is_engine(Path(hf_dir)):
         raise RequestError(f"{hf_dir} is a specdec engine, not a Hugging Face checkpoint: pass the checkpoint it was built from as "
                            "--hf_model_dir (its config.json's extra.checkpoint), or --no_test_hf.")
+    hf_vocab = _vocab_size(Path(hf_dir)) if hf_dir and test_hf is not False else None
+    if hf_vocab is not None and hf_vocab != target.config.model.vocab_size:  # another model: its agreement would read 0, not a fault
+        raise RequestError(f"--hf_model_dir {hf_dir} has a vocabulary of {hf_vocab}, the engine {target.config.model.vocab_size}: it is not "
+                           "the model the engine was built from; pass that checkpoint, or --no_test_hf.")
     if test_hf is None:
         test_hf = bool(hf_dir and Path(hf_dir).is_dir() and _hf_available())
         if not test_hf:

@@ -128,15 +128,15 @@ def _turn_sequences(turns: list[tuple[str, str]], tokenizer) -> Iterator[tuple[l
         yield prompt_ids + answer_ids, len(prompt_ids)
 
 
-def read_sequences(path: str | Path, tokenizer=None, max_len: int = 512, vocab_size: int | None = None) -> list[Sequence]:
+def read_sequences(path: str | Path, tokenizer=None, max_len: int = 512, vocab_size: int | None = None, flag: str = "--data") -> list[Sequence]:
     """Training sequences from a prepare-data .jsonl (or any conversation .jsonl, tokenized with ``tokenizer``).
 
     Sequences are cut to ``max_len`` tokens. One teaches only if it has a token to score at position >= 2 after its
     prompt (a head at t predicts t+2 at the nearest); the others are dropped.
     """
-    p = check_data_file(path, "--data")
+    p = check_data_file(path, flag)
     if p.suffix == ".txt":
-        raise TrainConfigError(f"--data {p} is a .txt of prompts: run `specdec-train prepare-data` on it first, and train on the .jsonl it writes.")
+        raise TrainConfigError(f"{flag} {p} is a .txt of prompts: run `specdec-train prepare-data` on it first, and train on the .jsonl it writes.")
     out, lines = [], 0
     for n, obj in _jsonl(p):
         lines += 1
@@ -169,5 +169,5 @@ def read_sequences(path: str | Path, tokenizer=None, max_len: int = 512, vocab_s
     if not out:
         why = ("is empty" if lines == 0
                else f"has no sequence with a token to learn (of {lines} lines: each needs 3 tokens or more, and answer tokens after its prompt_len)")
-        raise TrainConfigError(f"--data {p} {why}; nothing to train on.")
+        raise TrainConfigError(f"{flag} {p} {why}; nothing to {'train on' if flag == '--data' else 'report on'}.")
     return out

@@ -69,6 +69,8 @@ class PrepareConfig:
         out = Path(self.output_path)
         if out.is_dir():
             raise TrainConfigError(f"--output_path {out} is a directory: give a .jsonl file name.")
+        if out.suffix == ".txt":  # `run` reads a .txt as prompts to prepare, and would refuse what this writes
+            raise TrainConfigError(f"--output_path {out}: the answers are JSON lines, which `run` reads from a .jsonl; give a .jsonl name.")
 
 
 class Generator(Protocol):

@@ -83,6 +83,9 @@ class TrainConfig:
             raise TrainConfigError(f"--lr {self.lr} must be a positive number.")
         if self.max_steps is not None and self.max_steps < 1:
             raise TrainConfigError(f"--max_steps {self.max_steps} must be >= 1.")
+        if self.max_steps is not None and self.warmup_steps > self.max_steps:  # every step would run below --lr
+            raise TrainConfigError(f"--warmup_steps {self.warmup_steps} is more than --max_steps {self.max_steps}: the run would end while "
+                                   "still warming up. Use fewer warmup steps.")
         if self.warmup_steps < 0:
             raise TrainConfigError(f"--warmup_steps {self.warmup_steps} must be >= 0.")
         if self.lr_scheduler not in SCHEDULERS:
@@ -199,7 +202,7 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
     tokenizer = _tokenizer(model_dir)
     seqs = read_sequences(data_path, tokenizer, cfg.training_seq_len, base_cfg.get("vocab_size"))
     if eval_path:
-        train_seqs, eval_seqs = seqs, read_sequences(eval_path, tokenizer, cfg.training_seq_len, base_cfg.get("vocab_size"))
+        train_seqs, eval_seqs = seqs, read_sequences(eval_path, tokenizer, cfg.training_seq_len, base_cfg.get("vocab_size"), "--eval_data")
     else:
         train_seqs, eval_seqs = _split(seqs, cfg.eval_fraction, cfg.seed)
     RUNS[cfg.mode].check_base(cfg, base_cfg)

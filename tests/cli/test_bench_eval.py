@@ -255,6 +255,8 @@ def test_eval_refuses_before_decoding_anything(work, eval_set):
         (["--ngram_config", "[8,2,[0]]"], "ngram max_draft_len=8 is larger than"),
         (["--num_examples", 0], "--num_examples=0 must be >= 1"),
         (["--hf_model_dir", work / "draft"], "is a specdec engine, not a Hugging Face checkpoint"),
+        (["--hf_model_dir", Path(__file__).resolve().parents[2] / "examples" / "demo-pair" / "target"],
+         "has a vocabulary of 4096, the engine 96: it is not the model the engine was built from"),  # agreement read 0.000, silently
     ]:
         r = invoke(eval_main, *base, *args)
         assert r.exit_code == 1 and message in r.output, (args, r.output)

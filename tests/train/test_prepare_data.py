@@ -86,6 +86,9 @@ def test_bad_prompt_files(tmp_path, tiny_base):
     with pytest.raises(TrainConfigError, match="line 2 is not JSON"):
         prepare_data(PrepareConfig(str(broken), str(tmp_path / "o.jsonl"), model_dir=str(tiny_base)), **QUIET)
     assert not (tmp_path / "o.jsonl").exists()
+    with pytest.raises(TrainConfigError, match="the answers are JSON lines, which `run` reads from a .jsonl"):  # run refused the .txt after
+        prepare_data(PrepareConfig(str(broken), str(tmp_path / "answers.txt"), model_dir=str(tiny_base)), **QUIET)
+    assert not (tmp_path / "answers.txt").exists()
     # answers as long as the model's positions: prompts were cut to one token and the answer ran past the positions
     positions = json.loads((tiny_base / "config.json").read_text())["max_position_embeddings"]
     good = tmp_path / "good.txt"

@@ -72,6 +72,8 @@ def _empty(tmp_path):
     ("sample ratio out of range", lambda t: ["--mode", "peagle", "--peagle_down_sample_ratio", 0],
      r"--peagle_down_sample_ratio 0.0 must be in \(0, 1\]"),
     ("resume with nothing", lambda t: ["--resume", True], "holds no checkpoint-N folder to resume from"),
+    ("warmup past the steps", lambda t: ["--warmup_steps", 5], "--warmup_steps 5 is more than --max_steps 2"),
+    ("empty eval data", lambda t: ["--eval_data", _empty(t)], "--eval_data .*empty.jsonl is empty; nothing to report on"),
     ("not a model", lambda t: ["--model", t], "is not a Hugging Face model directory"),
     ("heads, not a base", lambda t: ["--model", DEMO / "heads" / "peagle"],
      "holds draft heads .* --model takes the base model they are trained on"),
