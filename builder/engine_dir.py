@@ -5,7 +5,6 @@ A failed or interrupted build leaves nothing; every file is hashed into config.j
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import shutil
@@ -18,7 +17,16 @@ from typing import Any
 import numpy as np
 
 from ..formats import __version__
-from ..formats.engine_format import CONFIG_FILE, STAMP_FILE, BuildConfig, EngineConfig, ModelConfig, hash_directory, write_build_stamp
+from ..formats.engine_format import (
+    CONFIG_FILE,
+    STAMP_FILE,
+    BuildConfig,
+    EngineConfig,
+    ModelConfig,
+    hash_directory,
+    read_engine_config,
+    write_build_stamp,
+)
 from ..formats.errors import BuildConfigError
 from .architectures import checkpoint_dtype
 from .backends import backend_module
@@ -59,11 +67,8 @@ def files_beside_engine(path: Path) -> list[str]:
     """The entries of ``path`` that are not a specdec engine's (its config.json, and the files it hashes): --force replaces a
     directory only when this is empty. Everything, when there is no engine config at all."""
     entries = sorted(p.name for p in path.iterdir())
-    try:
-        config = json.loads((path / CONFIG_FILE).read_text())
-    except (OSError, ValueError):
-        return entries
-    if not (isinstance(config, dict) and {"model", "build"} <= config.keys() and isinstance(config.get("files"), dict)):
+    config = read_engine_config(path)
+    if config is None or not isinstance(config.get("files"), dict):
         return entries
     known = {CONFIG_FILE, STAMP_FILE, *(Path(name).parts[0] for name in config["files"])}
     return [name for name in entries if name not in known]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from ..formats.engine_format import EAGLE_MODULE_DIR, TREE_MODES, BuildConfig
+from ..formats.engine_format import EAGLE_MODULE_DIR, TREE_MODES, BuildConfig, is_engine_config
 from ..formats.errors import BuildConfigError, CheckpointError
 from .common import check_output_dir, clean_errors, human_bytes, option
 
@@ -273,7 +273,7 @@ def _weight_only_alias(quantization: str, use_weight_only: bool, precision: str 
 
 def _refuse_engine_dir(checkpoint_dir: str, hf_config: dict) -> None:
     """An engine directory given as the checkpoint: say so (its config.json is ours, not Hugging Face's)."""
-    if not {"build", "model", "files"} <= set(hf_config):
+    if not (is_engine_config(hf_config) and "files" in hf_config):
         return
     source = (hf_config.get("extra") or {}).get("checkpoint")
     hint = f" It was built from {source}; pass that." if source and Path(source).is_dir() else " Pass the Hugging Face checkpoint it was built from."

@@ -19,7 +19,7 @@ import click
 from ..bench.datasets import jsonl_values
 from ..bench.sweep import generate_each, token_agreement
 from ..formats.config_strings import DTM_FORM, NGRAM_FORM, DraftTargetConfig, parse_draft_target_config, parse_ngram_config
-from ..formats.engine_format import check_decodes_alone, load_engine_dir
+from ..formats.engine_format import check_decodes_alone, load_engine_dir, read_engine_config
 from ..formats.errors import RequestError
 from ..hardware.cpu import check_num_threads
 from ..runtime.devices import placement
@@ -67,15 +67,6 @@ def _threshold(value: float) -> float:
     if value < 0 or value > 100:
         raise RequestError(f"--rouge_threshold={value} must be a fraction in [0, 1] or a percentage in (1, 100].")
     return value / 100 if value > 1 else value
-
-
-def _is_engine(path: Path) -> bool:
-    """A specdec engine directory (config.json with model and build sections), where a Hugging Face checkpoint is wanted."""
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and {"model", "build"} <= config.keys()
 
 
 def _vocab_size(path: Path) -> int | None:
@@ -172,7 +163,7 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
         click.echo(f"note: {truncated} prompt(s) longer than {in_cap} tokens keep their last {in_cap} tokens.", err=True)
 
     hf_dir = hf_model_dir or target.config.extra.get("checkpoint")
-    if hf_dir and _is_engine(Path(hf_dir)):
+    if hf_dir and read_engine_config(Path(hf_dir)) is not None:
         raise RequestError(f"{hf_dir} is a specdec engine, not a Hugging Face checkpoint: pass the checkpoint it was built from as "
                            "--hf_model_dir (its config.json's extra.checkpoint), or --no_test_hf.")
     hf_vocab = _vocab_size(Path(hf_dir)) if hf_dir and test_hf is not False else None

@@ -302,6 +302,21 @@ def eagle_module_dir(engine: EngineDir) -> Path:
     return engine.path / EAGLE_MODULE_DIR
 
 
+def is_engine_config(data: object) -> bool:
+    """Whether a parsed config.json is a specdec engine's (its model and build sections), not a checkpoint's or anything else."""
+    return isinstance(data, dict) and "model" in data and "build" in data
+
+
+def read_engine_config(directory: Path) -> dict | None:
+    """``directory``'s config.json when it is an engine's (is_engine_config), else None: how a tool tells an engine directory
+    from a checkpoint or any other folder without loading it."""
+    try:
+        data = json.loads((directory / CONFIG_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if is_engine_config(data) else None
+
+
 def check_decodes_alone(engine: EngineDir, role: str = "target") -> None:
     """Refuse an EAGLE-3 / P-EAGLE module's own engine where a target (or a draft model) is expected: it drafts from a target's
     features and cannot decode by itself; its target is the folder around it."""
@@ -333,7 +348,7 @@ def load_engine_dir(path: str | Path, verify: str = "stamp") -> EngineDir:
         data = json.loads(cfg_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise EngineError(f"{cfg_path} is not valid JSON ({err}); the engine is corrupt, rebuild it.") from err
-    if not isinstance(data, dict) or "build" not in data or "model" not in data:
+    if not is_engine_config(data):
         looks_hf = isinstance(data, dict) and "architectures" in data
         hint = " It looks like a Hugging Face checkpoint: build an engine from it with specdec-build." if looks_hf else ""
         raise EngineError(f"{cfg_path} is not a specdec engine config (no 'model'/'build' sections).{hint}")

@@ -344,6 +344,17 @@ def _check_draft_vocabulary(tensors: dict[str, np.ndarray], vocab: int, where: s
         raise CheckpointError(f"{where}: {T2D} does not mark the target ids {D2T} maps to ({int(t2d.sum())} marked, {len(targets)} mapped).")
 
 
+def head_kind(cfg: object) -> str | None:
+    """What a parsed config.json describes: "medusa" (a "medusa" block), "eagle" (an EAGLE-3 or P-EAGLE module: its
+    architecture or an "eagle_config"), or None (not draft heads: a base model, say)."""
+    if not isinstance(cfg, dict):
+        return None
+    if "medusa" in cfg:
+        return "medusa"
+    archs = cfg.get("architectures")
+    return "eagle" if (isinstance(archs, list) and EAGLE3_ARCHITECTURE in archs) or "eagle_config" in cfg else None
+
+
 def load_heads(path: str | Path, base_num_layers: int | None = None) -> HeadCheckpoint:
     """Read a Medusa, EAGLE-3 or P-EAGLE head checkpoint in ModelOpt's layout (safetensors only) and check it against its config.
 
@@ -354,10 +365,10 @@ def load_heads(path: str | Path, base_num_layers: int | None = None) -> HeadChec
     if not d.is_dir():
         raise CheckpointError(f"head checkpoint {d} does not exist or is not a directory.")
     cfg = _read_config(d)
-    if "medusa" in cfg:
+    kind = head_kind(cfg)
+    if kind == "medusa":
         return _load_medusa(d, cfg)
-    archs = cfg.get("architectures")
-    if (isinstance(archs, list) and EAGLE3_ARCHITECTURE in archs) or "eagle_config" in cfg:
+    if kind == "eagle":
         ckpt = _load_eagle(d, cfg)
         if base_num_layers is not None and max(ckpt.aux_layer_ids) >= base_num_layers:
             what = "P-EAGLE" if ckpt.mode == "peagle" else "EAGLE"

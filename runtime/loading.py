@@ -142,7 +142,8 @@ def open_engine(
     asked = _methods(target, drafters)
     # the flags alone, before anything opens: drafts asked for with nothing to draft them, a length the target cannot verify
     names = [m.name for m, _ in asked if m.target_mode is None] + [m.name for m, _ in asked if m.target_mode is not None]  # opening order
-    if (method or (names[0] if names else TARGET_ONLY)) == TARGET_ONLY and draft_len not in (None, 0):  # not a silent target-only run
+    default = method or (names[0] if names else TARGET_ONLY)  # the first drafter opened below, unless the caller chose
+    if default == TARGET_ONLY and draft_len not in (None, 0):  # not a silent target-only run
         if names:
             raise RequestError(f"draft_len={draft_len} is the default method's, and that is {TARGET_ONLY!r} (target-only): choose a method "
                                f"that drafts ({', '.join(names)}), or leave draft_len out.")
@@ -171,7 +172,6 @@ def open_engine(
     proposers = [m.open(c, context) for m, c in asked if m.target_mode is None]
     target_ex = open_target()
     proposers += [m.open(c, context) for m, c in asked if m.target_mode is not None]
-    default = method or (proposers[0].name if proposers else TARGET_ONLY)
     if draft_len is None:
         draft_len = next((p.default_draft_len for p in proposers if p.name == default), 0)
     engine = Engine(target_ex, proposers, SpeculationConfig(default, draft_len if default != TARGET_ONLY else 0), allow_vocab_mismatch,

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..formats.errors import CheckpointError
-from ..formats.heads import EAGLE3_ARCHITECTURE
+from ..formats.heads import head_kind
 from .errors import TrainConfigError
 
 
@@ -25,8 +25,7 @@ def check_model_dir(path: str | Path, flag: str = "--model") -> Path:
         cfg = json.loads((d / "config.json").read_text())
     except (OSError, ValueError) as err:
         raise TrainConfigError(f"{flag} {d}: config.json is not readable JSON ({err}).") from None
-    archs = cfg.get("architectures") if isinstance(cfg, dict) else None
-    if isinstance(cfg, dict) and ("medusa" in cfg or "eagle_config" in cfg or (isinstance(archs, list) and EAGLE3_ARCHITECTURE in archs)):
+    if head_kind(cfg) is not None:
         raise TrainConfigError(f"{flag} {d} holds draft heads (Medusa heads or an EAGLE-3 / P-EAGLE module), not a base model: {flag} takes "
                                "the base model they are trained on (the target's Hugging Face checkpoint).")
     return d
