@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +79,21 @@ def _vocab_size(path: Path) -> int | None:
         return None
     size = config.get("vocab_size", (config.get("text_config") or {}).get("vocab_size")) if isinstance(config, dict) else None
     return size if isinstance(size, int) else None
+
+
+@contextmanager
+def _no_hf_progress_bars() -> Iterator[None]:
+    """transformers' own bars ("Loading weights") off while HF decodes: our progress lines say what runs, and a tqdm bar's
+    carriage returns garble a log. Put back as found after, for a caller in the same process."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
 
 
 def _hf_available() -> bool:
@@ -202,7 +219,8 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
         from ..bench import peers
 
         click.echo("  decoding with HF transformers", err=True)
-        r = peers.hf_generate(str(hf_dir), prompts, n_new, num_threads=num_threads, stop_ids=list(ends))
+        with _no_hf_progress_bars():
+            r = peers.hf_generate(str(hf_dir), prompts, n_new, num_threads=num_threads, stop_ids=list(ends))
         runs.append(("hf", {"output_ids": r["output_ids"], "output_tokens_per_s": r["tokens_per_s"], "acceptance_rate": None}))
     target_ex = None
     for name, kw in configs:  # engines loaded (and hashed) once; one target session serves every configuration

@@ -6,6 +6,7 @@ import sys
 from typing import TYPE_CHECKING
 
 import click
+from click.core import ParameterSource
 
 from .common import clean_errors, option
 
@@ -51,14 +52,32 @@ def main() -> None:
     """
 
 
+def _refuse_other_modes_flags(mode: str) -> None:
+    """A flag of another mode than --mode's would be dropped without a word: refused, as specdec-build refuses --eagle_dir
+    without --speculative_decoding_mode eagle. Only flags given: a default is no one's choice."""
+    from ..train.errors import TrainConfigError
+    from ..train.runs import RUNS, modes_of
+
+    if mode not in RUNS:  # TrainConfig.validate names the modes
+        return
+    ctx = click.get_current_context()
+    for name in ctx.params:
+        owners = modes_of(name)
+        if owners and mode not in owners and ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP):
+            raise TrainConfigError(f"--{name} is a setting of --mode {' or '.join(owners)}, not of --mode {mode}: drop it, or train with "
+                                   f"--mode {owners[0]}.")
+
+
 @main.command("prepare-data", context_settings=CONTEXT)
 @option("data_path", required=True, type=click.Path(),
         help="Prompts: a .txt (one per line) or a .jsonl (\"prompt\"/\"text\" or a user turn in \"conversations\").")
 @option("output_path", required=True, type=click.Path(),
         help="The .jsonl to write: one conversation with the base's answer and its token ids per prompt.")
 @option("model_dir", type=click.Path(),
-        help="The base model (HF checkpoint with tokenizer.json); generates with transformers unless --engine_dir is given.")
-@option("engine_dir", type=click.Path(), help="A specdec engine of the base model: generates with ONNX Runtime (much faster than transformers).")
+        help="The base model (HF checkpoint with tokenizer.json): generates with transformers. With --engine_dir it gives only the tokenizer "
+             "(needed where the engine has no tokenizer.json) and must be the engine's model.")
+@option("engine_dir", type=click.Path(),
+        help="A specdec engine of the base model: generates with ONNX Runtime (much faster than transformers), in place of --model_dir.")
 @option("max_token", type=int, default=512, show_default=True, help="Most new tokens per answer.")
 @option("max_prompt_tokens", type=int, default=None,
         help="Cut prompts to this many tokens [default: the engine's max_input_len; with transformers 512 or what fits].")
@@ -110,7 +129,7 @@ class EngineGenerator:
         help="The .jsonl prepare-data wrote (or conversations to tokenize with the model's tokenizer.json).")
 @option("output_dir", required=True, type=click.Path(), help="Where the heads, checkpoints, loss curve and model card go.")
 @option("num_epochs", type=int, default=1, show_default=True, help="Passes over the data (ignored with --max_steps).")
-@option("max_steps", type=int, default=None, help="Train exactly this many steps.")
+@option("max_steps", type=int, default=None, help="Train exactly this many steps (with --resume: in all, at least the checkpoint's step).")
 @option("lr", type=float, default=1e-5, show_default=True, help="AdamW learning rate (the guide's 1e-5 suits large models; tiny ones want ~1e-3).")
 @option("lr_scheduler", type=click.Choice(["constant", "cosine"]), default="constant", show_default=True,
         help="After --warmup_steps. cosine decays to 0 over the steps, or over --max_time / --max_cpu_time when the budget ends "
@@ -154,8 +173,12 @@ class EngineGenerator:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @clean_errors
 def run_cmd(quiet: bool, eagle_aux_layer_ids: str | None, **kwargs) -> None:
-    """Train Medusa heads, an EAGLE-3 or a P-EAGLE module with the base model frozen (ModelOpt's launch.sh flags)."""
+    """Train Medusa heads, an EAGLE-3 or a P-EAGLE module with the base model frozen (ModelOpt's launch.sh flags).
+
+    A flag of another mode (--peagle_depths with --mode eagle, --eagle_ttt_steps with --mode peagle, a --medusa_* flag with
+    eagle or peagle) is refused, not ignored."""
     _require_train_extra()
+    _refuse_other_modes_flags(kwargs["mode"])
     from ..train.trainer import TrainConfig, train
 
     cfg = TrainConfig(eagle_aux_layer_ids=_ids(eagle_aux_layer_ids), **kwargs)

@@ -8,7 +8,8 @@ very tokens verification will compare against. --temperature > 0 samples instead
 (more varied data; the right choice when the heads will serve sampled requests).
 
 Two generators: our own engine (``--engine_dir``: ONNX Runtime, fast, needs a
-built target; cli/train.py's EngineGenerator) or transformers on the checkpoint (``--model_dir``).
+built target; cli/train.py's EngineGenerator) or transformers on the checkpoint (``--model_dir``). With both, the
+engine generates and the checkpoint gives only its tokenizer: they must be the same model (check_same_model).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from ..formats.engine_format import read_engine_config
 from ..formats.errors import DeviceError, RequestError
 from ..formats.sampling_params import SamplingConfig
 from ..formats.tokenizer import Tokenizer
@@ -116,6 +118,37 @@ class TransformersGenerator:
         return out
 
 
+SAME_MODEL_KEYS = ("architectures", "vocab_size", "hidden_size", "num_hidden_layers")  # config.json's, as the engine records it
+
+
+def check_same_model(model_dir: str, engine_dir: str) -> None:
+    """Refuse a --model_dir that is not the --engine_dir's model: the engine generates, and the prompts would be tokenized
+    with the other model's tokenizer. Compared: the checkpoint's config.json and the one the engine copied at build
+    (extra.hf_config), on the keys that tell models apart. Folders that are not a checkpoint or an engine are left to the
+    generator's own errors."""
+    engine = read_engine_config(Path(engine_dir))
+    try:
+        ours = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return
+    theirs = ((engine or {}).get("extra") or {}).get("hf_config")
+    if not isinstance(ours, dict) or not isinstance(theirs, dict):
+        return
+    for key in SAME_MODEL_KEYS:
+        a, b = _config_value(ours, key), _config_value(theirs, key)
+        if a is not None and b is not None and a != b:
+            built_from = (engine.get("extra") or {}).get("checkpoint")
+            raise TrainConfigError(f"--model_dir {model_dir} is not the model of --engine_dir {engine_dir} ({key} {a} vs {b}"
+                                   f"{f'; the engine was built from {built_from}' if built_from else ''}): leave out --model_dir (the engine "
+                                   "generates and has its own tokenizer), or pass the checkpoint the engine was built from.")
+
+
+def _config_value(config: dict, key: str):
+    """A Hugging Face config's ``key``, or its text_config's (a multimodal checkpoint's language model)."""
+    text = config.get("text_config")
+    return config.get(key, text.get(key) if isinstance(text, dict) else None)
+
+
 def tokenizer_dir(d: str) -> str:
     if not (Path(d) / "tokenizer.json").is_file():
         raise TrainConfigError(f"{d} has no tokenizer.json: prepare-data turns text prompts into tokens with it.")
@@ -129,6 +162,8 @@ def prepare_data(cfg: PrepareConfig, say: Callable[[str], None] = print, progres
     ``generator``: makes the generator for ``cfg``; None: transformers on ``cfg.model_dir``. An ``engine_dir``
     needs one that runs the engine (specdec-train's CLI passes cli/train.py's EngineGenerator)."""
     cfg.validate()
+    if cfg.model_dir and cfg.engine_dir:
+        check_same_model(cfg.model_dir, cfg.engine_dir)
     if generator is None and cfg.engine_dir:
         raise TrainConfigError("generating with --engine_dir runs a specdec engine: use specdec-train prepare-data, or pass "
                                "generator=specdec.cli.train.EngineGenerator.")

@@ -50,9 +50,10 @@ def _length(cfg) -> str:
 
 
 def model_card(cfg, described: tuple[str, str, str], provenance: dict, losses: list[float], accuracy: list[float],
-               before: list[float] | None, times: tuple[float, float], steps: int, held_out: bool, plotted: bool) -> str:
+               before: list[float] | None, times: tuple[float, float], steps: int, held_out: bool, plotted: bool,
+               before_missing: str = "not measured") -> str:
     """described: the run's (what was trained, what the accuracy figures are, the flags that shaped it): runs.Run.card.
-    times: (wall seconds, CPU seconds of the process) over the run."""
+    times: (wall seconds, CPU seconds of the process) over the run. before_missing: why ``before`` is None."""
     seconds, cpu_seconds = times
     what, acc_label, shape = described
     tail = losses[-10:]
@@ -74,7 +75,7 @@ def model_card(cfg, described: tuple[str, str, str], provenance: dict, losses: l
         f"| steps | {steps} |",
         f"| final loss (mean of last {len(tail)} steps) | {sum(tail) / max(1, len(tail)):.4f} |",
         f"| {acc_label}, {split} | {_fmt(accuracy)} |",
-        f"| same, before training | {_fmt(before)} |",
+        f"| same, before training | {_fmt(before) if before is not None else f'not available: {before_missing}'} |",
         f"| time | {seconds:.0f} s ({cpu_seconds:.0f} CPU s) on {platform.machine()} CPU, {torch.get_num_threads()} thread(s), "
         f"torch {torch.__version__} |",
         "",

@@ -42,6 +42,7 @@ class Run:
     """The heads of one mode on a frozen base: their loss, accuracy, export and description."""
 
     mode: ClassVar[str]
+    flags: ClassVar[tuple[str, ...]]  # the mode's own settings (TrainConfig fields, run's flags): refused with another mode
     aux_ids: list[int] | None = None  # the base layers whose outputs the heads read (None: the last hidden state)
     heads: nn.Module
 
@@ -96,6 +97,7 @@ class Run:
 
 class MedusaRun(Run):
     mode = "medusa"
+    flags = ("medusa_num_heads", "medusa_num_layers")
 
     @staticmethod
     def counts(cfg: TrainConfig) -> dict[str, int]:
@@ -132,6 +134,7 @@ class MedusaRun(Run):
 
 class EagleRun(Run):
     mode = "eagle"
+    flags = ("eagle_num_layers", "eagle_aux_layer_ids", "eagle_ttt_steps", "eagle_loss_decay_factor")
 
     @staticmethod
     def counts(cfg: TrainConfig) -> dict[str, int]:
@@ -202,6 +205,8 @@ class PEagleRun(EagleRun):
     """P-EAGLE (train/peagle.py): EAGLE-3's module and features, ``peagle_depths`` positions drafted in one pass."""
 
     mode = "peagle"
+    flags = ("eagle_num_layers", "eagle_aux_layer_ids", "eagle_loss_decay_factor", "peagle_depths", "peagle_mask_token_id",
+             "peagle_down_sample_ratio", "peagle_down_sample_ratio_min", "peagle_placeholders")  # no TTT: its depths are drafted in one pass
 
     @staticmethod
     def counts(cfg: TrainConfig) -> dict[str, int]:
@@ -288,3 +293,8 @@ def mask_token_id(cfg: TrainConfig, base_cfg: dict) -> int:
 
 
 RUNS: dict[str, type[Run]] = {run.mode: run for run in (MedusaRun, EagleRun, PEagleRun)}
+
+
+def modes_of(flag: str) -> list[str]:
+    """The modes whose run reads ``flag`` (a TrainConfig field); [] for the flags every mode reads."""
+    return [mode for mode, run in RUNS.items() if flag in run.flags]

@@ -3,7 +3,7 @@
 checkpoint-{step}/
   model.safetensors, config.json   the heads, as load_heads reads them
   optimizer.safetensors            AdamW moments and step counts, as "state.{param name}.{key}"
-  trainer_state.json               step, losses so far, param-group hyper-parameters, elapsed seconds
+  trainer_state.json               step, losses so far, param-group hyper-parameters, elapsed seconds, top-1 before training
 """
 
 from __future__ import annotations
@@ -83,6 +83,11 @@ def publish(folder: Path) -> None:
 def latest_checkpoint(output_dir: Path) -> Path | None:
     found = [(int(m.group(1)), p) for p in output_dir.iterdir() if (m := CHECKPOINT_RE.match(p.name)) and p.is_dir()] if output_dir.is_dir() else []
     return max(found)[1] if found else None
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step checkpoint-{step} was saved at (its name: read without opening it)."""
+    return int(CHECKPOINT_RE.match(path.name).group(1))
 
 
 def load_checkpoint(path: Path, module: nn.Module, optimizer: torch.optim.Optimizer, names: dict[int, str]) -> dict:

@@ -28,7 +28,7 @@ from .data import Sequence, check_data_file, read_sequences
 from .errors import TrainConfigError
 from .export import save_heads
 from .runs import RUNS, Run
-from .state import latest_checkpoint, load_checkpoint, publish, save_checkpoint
+from .state import checkpoint_step, latest_checkpoint, load_checkpoint, publish, save_checkpoint
 
 SCHEDULERS = ("constant", "cosine")
 
@@ -205,6 +205,10 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
         train_seqs, eval_seqs = seqs, read_sequences(eval_path, tokenizer, cfg.training_seq_len, base_cfg.get("vocab_size"), "--eval_data")
     else:
         train_seqs, eval_seqs = _split(seqs, cfg.eval_fraction, cfg.seed)
+    per_epoch = math.ceil(len(train_seqs) / cfg.batch_size)
+    total = cfg.max_steps or cfg.num_epochs * per_epoch
+    if cfg.resume:
+        _check_resume_length(cfg, latest_checkpoint(out), total, per_epoch)
     RUNS[cfg.mode].check_base(cfg, base_cfg)
     _check_memory(cfg, base_cfg)
     base = load_base(model_dir)
@@ -212,11 +216,12 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
     names = {i: n for i, (n, _) in enumerate(run.params)}
     optimizer = torch.optim.AdamW([p for _, p in run.params], lr=cfg.lr, weight_decay=0.0)
 
-    per_epoch = math.ceil(len(train_seqs) / cfg.batch_size)
-    total = cfg.max_steps or cfg.num_epochs * per_epoch
     provenance = _provenance(cfg, model_dir, data_path, len(seqs), run)
     config = run.export_config(base_cfg, provenance)
     step, losses, elapsed_before = 0, [], 0.0
+    # what the before-training figures are measured on: kept with them in each checkpoint, so a resumed run's card shows them
+    measured_on = {"eval_data": str(eval_path.resolve()) if eval_path else None, "eval_fraction": 0.0 if eval_path else cfg.eval_fraction}
+    before, before_missing = None, ""
     if cfg.overwrite_output_dir and out.exists():
         shutil.rmtree(out)
     if cfg.resume:
@@ -234,9 +239,11 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
         if changed:
             raise TrainConfigError(f"cannot resume from {ckpt}: it was trained with {', '.join(changed)}; resume with the same values.")
         say(f"resuming from {ckpt} at step {step}")
-        if step >= total:
+        if step == total:  # (past it was refused before the base loaded); the outputs are written again, as an interrupted end would
             say(f"{ckpt.name} is already at step {step} of {total}; nothing left to train (raise --max_steps or --num_epochs to go on).")
-    before = run.accuracy(eval_seqs or train_seqs, cfg.batch_size) if step == 0 else None  # the baseline the card compares with
+        before, before_missing = _resumed_before(state, measured_on, ckpt)
+    if step == 0:
+        before = run.accuracy(eval_seqs or train_seqs, cfg.batch_size)  # the baseline the card compares with
     say(f"{cfg.mode}: {len(train_seqs)} training sequences{f', {len(eval_seqs)} held out' if eval_seqs else ''}; "
         f"{total} steps of batch {cfg.batch_size}; {sum(p.numel() for _, p in run.params):,} trainable parameters")
 
@@ -271,17 +278,41 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
         if step % cfg.save_steps == 0 or step == total:
             elapsed = elapsed_before + time.perf_counter() - started
             last_saved = save_checkpoint(out, step, run.heads, config, optimizer, names,
-                                         {"losses": losses, "elapsed_s": elapsed, "config": asdict(cfg)})
+                                         {"losses": losses, "elapsed_s": elapsed, "config": asdict(cfg), "accuracy_before": before,
+                                          "accuracy_before_on": measured_on})
     if bar is not None:
         bar.close()
     run.heads.eval()
     accuracy = run.accuracy(eval_seqs or train_seqs, cfg.batch_size)
     seconds, cpu_seconds = elapsed_before + time.perf_counter() - started, time.process_time() - cpu_started
     final_loss = _tail_mean(losses)
-    _write_final(out, run, config, cfg, losses, accuracy, before, (seconds, cpu_seconds), step, provenance, bool(eval_seqs))
+    _write_final(out, run, config, cfg, losses, accuracy, before, (seconds, cpu_seconds), step, provenance, bool(eval_seqs), before_missing)
     if last_saved:
         say(f"checkpoint {last_saved}")
     return TrainResult(out, step, losses, final_loss, accuracy, before, seconds, cpu_seconds, base, run.heads)
+
+
+def _check_resume_length(cfg: TrainConfig, ckpt: Path, total: int, per_epoch: int) -> None:
+    """A resumed run cannot end before the step its checkpoint reached: it trained nothing and wrote the longer run's heads and
+    card again under the shorter run's flags."""
+    step = checkpoint_step(ckpt)
+    if step <= total:
+        return
+    asked = f"--max_steps {cfg.max_steps}" if cfg.max_steps else f"--num_epochs {cfg.num_epochs} ({total} steps)"
+    more = f"--max_steps {step} or more" if cfg.max_steps else f"--num_epochs {math.ceil(step / per_epoch)} or more (or --max_steps {step})"
+    raise TrainConfigError(f"--resume: {asked} ends before step {step}, where {ckpt} already is; resume with {more}, or leave out --resume and "
+                           "pass another --output_dir to start over.")
+
+
+def _resumed_before(state: dict, measured_on: dict, ckpt: Path) -> tuple[list[float] | None, str]:
+    """The top-1 the first run measured before training (each checkpoint keeps it), or None and why: never a figure of
+    another evaluation set than this run's."""
+    saved = state.get("accuracy_before")
+    if saved is None:
+        return None, f"{ckpt.name}, which this run resumed from, does not record it"
+    if state.get("accuracy_before_on") != measured_on:
+        return None, "the first run measured it on another evaluation set (--eval_fraction or --eval_data changed on --resume)"
+    return saved, ""
 
 
 TRAINING_BYTES_PER_PARAMETER = 16  # float32 weight, its gradient and AdamW's two moments
@@ -357,8 +388,10 @@ def _bar(total: int | None, start: int, enabled: bool):
 
 
 def _write_final(out: Path, run: Run, config: dict, cfg: TrainConfig, losses: list[float], accuracy: list[float],
-                 before: list[float] | None, times: tuple[float, float], steps: int, provenance: dict, held_out: bool) -> None:
-    """Heads, log, loss curve and model card, each file complete or absent (staged, then renamed into ``out``)."""
+                 before: list[float] | None, times: tuple[float, float], steps: int, provenance: dict, held_out: bool,
+                 before_missing: str = "") -> None:
+    """Heads, log, loss curve and model card, each file complete or absent (staged, then renamed into ``out``).
+    before_missing: why ``before`` is None (on --resume: the checkpoint lacks it, or measured it on another evaluation set)."""
     from .report import loss_curve_png, model_card
 
     out.mkdir(parents=True, exist_ok=True)
@@ -366,11 +399,13 @@ def _write_final(out: Path, run: Run, config: dict, cfg: TrainConfig, losses: li
     try:
         save_heads(run.heads, config, tmp)
         seconds, cpu_seconds = times
-        log = {"steps": steps, "losses": losses, "accuracy": accuracy, "accuracy_before": before, "held_out": held_out,
+        log = {"steps": steps, "losses": losses, "accuracy": accuracy, "accuracy_before": before,
+               **({"accuracy_before_missing": before_missing} if before is None else {}), "held_out": held_out,
                "seconds": seconds, "cpu_seconds": cpu_seconds, "config": asdict(cfg), "provenance": provenance}
         (tmp / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
         plotted = loss_curve_png(losses, tmp / "loss_curve.png", f"{cfg.mode} training loss: {run.loss_description()}")
-        (tmp / "README.md").write_text(model_card(cfg, run.card(), provenance, losses, accuracy, before, times, steps, held_out, plotted))
+        (tmp / "README.md").write_text(model_card(cfg, run.card(), provenance, losses, accuracy, before, times, steps, held_out, plotted,
+                                                     before_missing))
         publish(tmp)
         for f in tmp.iterdir():
             os.replace(f, out / f.name)

@@ -237,6 +237,19 @@ def test_eval_fails_on_a_perturbed_engine(work, eval_set, tmp_path):
     assert report["accuracy_check"]["passed"] is False
 
 
+def test_eval_shows_no_transformers_progress_bar(work, eval_set):
+    """HF's model load drew transformers' 'Loading weights' tqdm bar on stderr, among specdec-eval's own progress lines."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_progress_bar()  # as a fresh process has it (training tests in this process turn it off)
+    r = CliRunner().invoke(eval_main, [str(a) for a in ("--engine_dir", work / "target", "--dataset", eval_set, "--num_examples", 2,
+                                                         "--max_output_len", 2, "--test_hf", "--num_threads", 1)])
+    assert r.exit_code == 0, r.output
+    assert r.stderr.splitlines() == ["2 examples, up to 2 new tokens each, greedy", "  decoding with HF transformers",
+                                     "  decoding with the engine: target-only"], r.stderr
+    assert hf_logging.is_progress_bar_enabled()  # put back as found: only specdec-eval's HF run is silenced
+
+
 def test_eval_errors(work, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "w5"}\n')

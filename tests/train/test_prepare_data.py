@@ -1,15 +1,17 @@
 """prepare-data: the base model's own greedy answers, with transformers and with a specdec engine (the same tokens)."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
-from checkpoints import load_hf
+from checkpoints import add_word_tokenizer, load_hf, make_checkpoint
+from click.testing import CliRunner
 from conftest import spec_build
 from train_fixtures import tiny_base  # noqa: F401 (fixture)
 
 from specdec.builder.build import build_engine
-from specdec.cli.train import EngineGenerator
+from specdec.cli.train import EngineGenerator, main
 from specdec.formats.tokenizer import Tokenizer
 from specdec.train.errors import TrainConfigError
 from specdec.train.prepare import PrepareConfig, prepare_data
@@ -63,6 +65,23 @@ def test_engine_path_gives_the_same_tokens(tmp_path, tiny_base, prompts_txt):
     prepare_data(PrepareConfig(str(prompts_txt), str(via_engine), engine_dir=str(engine), max_token=6, num_threads=1, batch=2), **QUIET,
                  generator=EngineGenerator)
     assert read_jsonl(via_engine) == read_jsonl(via_hf)
+
+
+def test_engine_dir_and_model_dir_must_be_the_same_model(tmp_path, tiny_base, prompts_txt):
+    """With both, the engine generated and --model_dir's tokenizer encoded the prompts, whatever model it was: now refused."""
+    engine = tmp_path / "engine"
+    build_engine(tiny_base, engine, spec_build(0, max_batch_size=2, max_input_len=16, max_seq_len=32), say=lambda _: None)
+    other = add_word_tokenizer(make_checkpoint(tmp_path / "other", "LlamaForCausalLM", num_hidden_layers=2, tie_word_embeddings=True))
+    out = tmp_path / "o.jsonl"
+    args = ["prepare-data", "--engine_dir", engine, "--data_path", prompts_txt, "--output_path", out, "--max_token", 2, "-q", "--num_threads", 1]
+    r = CliRunner().invoke(main, [str(a) for a in [*args, "--model_dir", other]])
+    assert r.exit_code == 1, r.output
+    assert r.output.strip() == (f"error: --model_dir {other} is not the model of --engine_dir {engine} (num_hidden_layers 2 vs 4; the engine "
+                                f"was built from {Path(tiny_base).resolve()}): leave out --model_dir (the engine generates and has its own "
+                                "tokenizer), or pass the checkpoint the engine was built from."), r.output
+    assert not out.exists()
+    r = CliRunner().invoke(main, [str(a) for a in [*args, "--model_dir", tiny_base]])  # the engine's own model: as before
+    assert r.exit_code == 0 and len(read_jsonl(out)) == 3, r.output
 
 
 def test_jsonl_prompts_in_modelopt_conversation_format(tmp_path, tiny_base):

@@ -127,6 +127,29 @@ def test_resume_refuses_other_heads(tmp_path, tiny_base, repetitive_data):
         train(config("medusa", tiny_base, str(other), tmp_path / "o", max_steps=4, resume=True), **QUIET)
 
 
+def _before_row(out: Path) -> str:
+    return next(line for line in (out / "README.md").read_text().splitlines() if line.startswith("| same, before training |"))
+
+
+def test_a_resumed_run_keeps_the_before_training_row(tmp_path, tiny_base, repetitive_data):
+    """The top-1 before training was measured only at step 0 and not saved: a resumed run's card showed '-' there."""
+    straight = train(config("medusa", tiny_base, repetitive_data, tmp_path / "a", max_steps=4, save_steps=2), **QUIET)
+    train(config("medusa", tiny_base, repetitive_data, tmp_path / "b", max_steps=2, save_steps=2), **QUIET)  # "interrupted" at 2
+    resumed = train(config("medusa", tiny_base, repetitive_data, tmp_path / "b", max_steps=4, save_steps=2, resume=True), **QUIET)
+    assert resumed.accuracy_before == straight.accuracy_before and len(straight.accuracy_before) == 2
+    assert _before_row(tmp_path / "b") == _before_row(tmp_path / "a") == (
+        f"| same, before training | {', '.join(f'{a:.3f}' for a in straight.accuracy_before)} |")
+    assert json.loads((tmp_path / "b" / "training_log.json").read_text())["accuracy_before"] == straight.accuracy_before
+    # measured on another evaluation set than this run reports on: said, not shown as if comparable
+    train(config("medusa", tiny_base, repetitive_data, tmp_path / "b", max_steps=6, save_steps=2, eval_fraction=0.25, resume=True), **QUIET)
+    assert "not available: the first run measured it on another evaluation set" in _before_row(tmp_path / "b")
+    # a checkpoint without the figures (written before they were saved): said, not a number
+    state = tmp_path / "a" / "checkpoint-4" / "trainer_state.json"
+    state.write_text(json.dumps({k: v for k, v in json.loads(state.read_text()).items() if not k.startswith("accuracy_before")}))
+    train(config("medusa", tiny_base, repetitive_data, tmp_path / "a", max_steps=6, save_steps=2, resume=True), **QUIET)
+    assert _before_row(tmp_path / "a") == "| same, before training | not available: checkpoint-4, which this run resumed from, does not record it |"
+
+
 def test_overwrite_deletes_only_a_previous_run(tmp_path, tiny_base, repetitive_data, monkeypatch):
     """--overwrite_output_dir deleted whatever it was pointed at: the current directory, the base model, the data's folder."""
     from specdec.train.errors import TrainConfigError

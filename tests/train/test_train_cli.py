@@ -116,3 +116,44 @@ def test_data_without_answer_tokens_is_refused(tmp_path, tiny_base):
     r = invoke("run", "--mode", "medusa", "--model", tiny_base, "--data", prompts_only, "--output_dir", tmp_path / "out")
     assert r.exit_code == 1 and "has no sequence with a token to learn (of 2 lines" in r.output, r.output
     assert not (tmp_path / "out").exists()
+
+
+def test_resume_refuses_to_end_before_the_checkpoints_step(tmp_path, tiny_base, repetitive_data):
+    """--max_steps below the step a checkpoint reached trained nothing and rewrote the outputs as a run of that many steps."""
+    base = ["run", "--mode", "medusa", "--model", tiny_base, "--data", repetitive_data, "--output_dir", tmp_path / "out", "--lr", 1e-2,
+            "-q", "--num_threads", 1]
+    r = invoke(*base, "--max_steps", 8, "--save_steps", 4)  # 24 sequences in batches of 4: an epoch is 6 steps
+    assert r.exit_code == 0, r.output
+    written = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in (tmp_path / "out").iterdir() if p.is_file()}
+    for extra, message in [
+        (["--max_steps", 3], "--max_steps 3 ends before step 8, where {ckpt} already is; resume with --max_steps 8 or more, or leave out"),
+        ([], "--num_epochs 1 (6 steps) ends before step 8, where {ckpt} already is; resume with --num_epochs 2 or more (or --max_steps 8)"),
+    ]:
+        r = invoke(*base, "--resume", *extra)
+        assert r.exit_code == 1, r.output
+        lines = r.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: --resume: "), r.output
+        assert message.format(ckpt=tmp_path / "out" / "checkpoint-8") in lines[0], r.output
+        assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in (tmp_path / "out").iterdir() if p.is_file()} == written
+    r = invoke(*base, "--resume", "--max_steps", 8)  # at the step asked for: the outputs are written again (an interrupted end)
+    assert r.exit_code == 0 and "already at step 8 of 8" in r.output, r.output
+
+
+@pytest.mark.parametrize("mode, flag, value, owners", [
+    ("eagle", "--peagle_depths", 4, "peagle"),
+    ("eagle", "--peagle-placeholders", "constant", "peagle"),  # the dashed spelling too
+    ("medusa", "--eagle_num_layers", 2, "eagle or peagle"),
+    ("medusa", "--eagle_aux_layer_ids", "0,1", "eagle or peagle"),
+    ("peagle", "--eagle_ttt_steps", 2, "eagle"),  # P-EAGLE drafts its depths in one pass: no TTT steps
+    ("eagle", "--medusa_num_heads", 3, "medusa"),
+    ("peagle", "--medusa_num_layers", 1, "medusa"),  # given, though equal to the default
+])
+def test_another_modes_flags_are_refused(tmp_path, tiny_base, repetitive_data, mode, flag, value, owners):
+    """They were dropped without a word: --mode eagle --peagle_depths 4 trained an EAGLE-3 module and said nothing."""
+    r = invoke("run", "--mode", mode, "--model", tiny_base, "--data", repetitive_data, "--output_dir", tmp_path / "out", "--max_steps", 1,
+               flag, value)
+    assert r.exit_code == 1, r.output
+    name = flag.replace("-", "_").replace("__", "--")
+    assert r.output.strip() == (f"error: {name} is a setting of --mode {owners}, not of --mode {mode}: drop it, or train with "
+                                f"--mode {owners.split()[0]}."), r.output
+    assert not (tmp_path / "out").exists()
