@@ -225,7 +225,10 @@ def main(engine_dir, input_text, input_file, tokenizer_dir, no_add_special_token
         same = all(a.output_ids == b.output_ids for r in spec_runs for a, b in zip(r[0], base_out, strict=True))
         click.echo(summary_table([("target-only", base_metrics), (method, metrics)]) if repeat == 1 else
                    repeat_table(method, [m for _, m in base_runs], [m for _, m in spec_runs]))
-        note = "" if sampling.greedy else " (sampling: not expected to be identical)"
+        proposer = orch.engine.proposers.get(orch.engine.speculation.method)
+        note = ("" if sampling.greedy or proposer is None else
+                " (rejection sampling: the sample follows the drafts, not expected to be identical)" if proposer.samples_drafts else
+                " (sampled by token compare: target-only's draws, expected to be identical)")
         click.echo(f"outputs identical to target-only: {'yes' if same else 'no'}{note}")
         speedups = [s.tokens_per_s / b.tokens_per_s for (_, b), (_, s) in zip(base_runs, spec_runs, strict=True) if b.tokens_per_s]
         report["baseline"] = {"metrics": base_metrics.to_dict(), "speedup": statistics.median(speedups) if speedups else 0.0,

@@ -15,17 +15,18 @@ from __future__ import annotations
 import numpy as np
 
 from .logits import Rows, as_rows
-from .sampling import SamplingConfig, sample
+from .sampling import ACCEPT_TEST, RESIDUAL, RowDraws, SamplingConfig, draw
 
 
-def accept_token_compare(drafts: np.ndarray, target_logits: np.ndarray | Rows, cfg: SamplingConfig, rng: np.random.Generator) -> tuple[int, int]:
+def accept_token_compare(drafts: np.ndarray, target_logits: np.ndarray | Rows, cfg: SamplingConfig, draws: RowDraws) -> tuple[int, int]:
     """Accept while the draft equals the token the target picks at that position.
 
     drafts: [k]; target_logits: [k + 1, vocab]. With sampling, the target's
-    token is drawn from its own processed distribution at each position, so
-    the output is distributed exactly as target-only sampling, whatever the
-    drafts were (for a deterministic draft this is the rule "accept x with
-    probability p(x), else sample from p without x").
+    token is drawn from its own processed distribution at each position, with
+    that position's uniform (``draws``, keyed by output position), so the
+    output is target-only sampling's with the same seed, token for token,
+    whatever the drafts were (for a deterministic draft this is the rule
+    "accept x with probability p(x), else sample from p without x").
     """
     k = len(drafts)
     rows = as_rows(target_logits, drafts)
@@ -40,10 +41,10 @@ def accept_token_compare(drafts: np.ndarray, target_logits: np.ndarray | Rows, c
     # each row's distribution is computed only when the loop reaches it: past the first rejection
     # none is needed, and one costs milliseconds at a 100k+ vocabulary with top-p
     for j in range(k):
-        t = sample(rows.probs(j, cfg), rng)
+        t = draws.draw(rows.probs(j, cfg), j)
         if t != drafts[j]:
             return j, t
-    return k, sample(rows.probs(k, cfg), rng)
+    return k, draws.draw(rows.probs(k, cfg), k)
 
 
 def accept_greedy_plain(drafts: list[int], picks: list[int]) -> tuple[int, int]:
@@ -57,7 +58,7 @@ def accept_greedy_plain(drafts: list[int], picks: list[int]) -> tuple[int, int]:
 
 
 def accept_rejection_sampling(
-    drafts: np.ndarray, draft_probs: np.ndarray, target_logits: np.ndarray | Rows, cfg: SamplingConfig, rng: np.random.Generator
+    drafts: np.ndarray, draft_probs: np.ndarray, target_logits: np.ndarray | Rows, cfg: SamplingConfig, draws: RowDraws
 ) -> tuple[int, int]:
     """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
 
@@ -65,18 +66,20 @@ def accept_rejection_sampling(
     ``cfg`` and the position's history); target_logits: [k + 1, vocab] -> p with the same processing.
     Accept x with probability min(1, p(x)/q(x)); at the first rejection draw
     from normalize(max(0, p - q)); if all survive, draw the bonus from p[k].
+    The test and the residual's draw take the position's own uniforms; the
+    bonus takes target-only's, as token compare does.
     """
     k = len(drafts)
     rows = as_rows(target_logits, drafts)
     if cfg.greedy:
-        return accept_token_compare(drafts, rows, cfg, rng)
+        return accept_token_compare(drafts, rows, cfg, draws)
     for j in range(k):
         x = int(drafts[j])
         p = rows.probs(j, cfg)
         px, qx = p[x], draft_probs[j, x]
-        if qx > 0 and rng.random() < min(1.0, px / qx):
+        if qx > 0 and draws.uniform(j, ACCEPT_TEST) < min(1.0, px / qx):
             continue
         residual = np.maximum(p - draft_probs[j], 0.0)
         total = residual.sum()
-        return j, sample(residual / total if total > 0 else p, rng)
-    return k, sample(rows.probs(k, cfg), rng)
+        return j, draw(residual / total if total > 0 else p, draws.uniform(j, RESIDUAL))
+    return k, draws.draw(rows.probs(k, cfg), k)

@@ -21,10 +21,11 @@ import numpy as np
 from ..formats.errors import RequestError
 from .methods import method_names
 from .metrics import Metrics
-from .sampling import SamplingConfig
+from .sampling import SamplingConfig, TargetDraws
 
 if TYPE_CHECKING:
     from .logits import LogitsProcessor, TokenLogprob
+    from .sampling import RowDraws
 
 METHODS = method_names()  # the methods registered at import (runtime/methods.py: method_names() sees later ones too)
 AUTO = "auto"
@@ -115,7 +116,7 @@ class Request:
     config: GenerationConfig
     method: str  # resolved: a loaded method, or none (runtime/methods.py: TARGET_ONLY)
     draft_len: int | str  # resolved: a fixed length or "auto"
-    rng: np.random.Generator  # this request's own: its output never depends on its batch
+    rng: np.random.Generator  # its drafts' samples (its own: its output never depends on its batch)
     output_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str = ""  # end_id | stop_words | grammar | length | max_seq_len | abort | error
@@ -132,6 +133,16 @@ class Request:
     rejected_rounds: int = 0  # consecutive drafting rounds in which the target accepted no draft
     drafting_stopped: bool = False  # draft_len=auto gave up on drafts that never land (runtime/guards.py)
     proposing: bool = False  # its proposer holds it (it joins after its prefill): leaving, it is removed from there
+    draws: TargetDraws | None = None  # the target's uniforms, keyed by output position: (its seed, stream 0) when not given
+
+    def __post_init__(self) -> None:
+        if self.draws is None:
+            self.draws = TargetDraws(self.config.sampling.random_seed)
+
+    @property
+    def target_draws(self) -> RowDraws:
+        """The target's uniforms for its next call: row 0 picks the output's next position."""
+        return self.draws.at(len(self.output_ids))  # type: ignore[union-attr]  (set by __post_init__)
 
     @property
     def last_token(self) -> int:

@@ -37,7 +37,7 @@ from .metrics import Metrics
 from .prefix_cache import PrefixCache
 from .proposers.base import Draft, Proposer, TargetOutput
 from .request import AUTO, Request, RequestStatus
-from .sampling import next_token
+from .sampling import processed_probs
 from .tree import accept_tree_token_compare
 
 NewTokens = dict[str, list[int]]  # request id -> the tokens this step appended to it
@@ -171,7 +171,7 @@ class SpeculativeRound:
         """The token the prefill picks (last: [vocab] at the prompt's last token)."""
         proc = r.processor
         x = proc.logits(last) if proc is not None else last
-        tok = proc.choose(x, r.rng)[0] if proc is not None else next_token(last, r.config.sampling, r.rng)
+        tok = r.target_draws.draw(processed_probs(x[None], r.config.sampling)[0], 0) if not r.config.sampling.greedy else int(np.argmax(x))
         if r.config.logprobs is not None:
             r.logprobs.append(logprobs(x, tok, r.config.logprobs))
         return tok
@@ -327,7 +327,7 @@ class SpeculativeRound:
         picks: list[int] | None = None  # the raw rows' argmaxes, when acceptance took them
         if d.parents is not None:  # a tree (proposers draft them for greedy requests; a sampled one would be walked by token compare)
             rows = Rows(raw, proc, d.tokens)
-            path, nxt = accept_tree_token_compare(d.tokens, d.parents, rows, sampling, r.rng)
+            path, nxt = accept_tree_token_compare(d.tokens, d.parents, rows, sampling, r.target_draws)
             n, kept = len(path), [0] + [j + 1 for j in path]
             emitted = d.tokens[path].tolist() + [nxt]
             depth = int(d.depths.max()) if k else 0
@@ -345,9 +345,9 @@ class SpeculativeRound:
             else:
                 rows = Rows(raw, proc, d.tokens)
                 if d.probs is not None:
-                    n, nxt = accept_rejection_sampling(d.tokens, d.probs, rows, sampling, r.rng)
+                    n, nxt = accept_rejection_sampling(d.tokens, d.probs, rows, sampling, r.target_draws)
                 else:
-                    n, nxt = accept_token_compare(d.tokens, rows, sampling, r.rng)
+                    n, nxt = accept_token_compare(d.tokens, rows, sampling, r.target_draws)
                 emitted = d.tokens[:n].tolist() + [nxt]
             kept, depth = list(range(n + 1)), k
         r.metrics.target_s += share_s

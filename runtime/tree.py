@@ -27,7 +27,7 @@ from ..formats.errors import EngineError, RequestError
 
 if TYPE_CHECKING:
     from .backends.base import Executor
-    from .sampling import SamplingConfig
+    from .sampling import RowDraws, SamplingConfig
 
 
 @dataclass(frozen=True)
@@ -114,19 +114,20 @@ def accept_tree_greedy(tokens: np.ndarray, parents: np.ndarray, logits) -> tuple
 
 
 def accept_tree_token_compare(tokens: np.ndarray, parents: np.ndarray, logits, cfg: SamplingConfig,
-                               rng: np.random.Generator) -> tuple[list[int], int]:
+                               draws: RowDraws) -> tuple[list[int], int]:
     """accept_tree_greedy for a sampled request: at each node reached (the root first) the target's token is drawn from its
     own processed distribution there, given the path so far, and the walk goes on into the child holding that token, if
     any. Every token emitted is a draw from the target's distribution after the tokens before it, whatever the tree held:
     the output is distributed as target-only sampling's (for a deterministic tree, each child is a one-hot draft tried in
-    turn: "accept x with probability p(x)", over the node's children at once). Returns what accept_tree_greedy does."""
+    turn: "accept x with probability p(x)", over the node's children at once). A node at depth j draws with output
+    position start + j's uniform (``draws``), so the tokens are target-only's with the same seed. Returns what
+    accept_tree_greedy does."""
     from .logits import as_rows
-    from .sampling import sample
 
     if cfg.greedy:
         return accept_tree_greedy(tokens, parents, logits)
     rows = as_rows(logits)
-    return _walk(tokens, parents, lambda row, path: sample(rows.probs(row, cfg, path), rng))
+    return _walk(tokens, parents, lambda row, path: draws.draw(rows.probs(row, cfg, path), len(path)))
 
 
 def _walk(tokens: np.ndarray, parents: np.ndarray, pick) -> tuple[list[int], int]:

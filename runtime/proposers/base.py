@@ -109,6 +109,10 @@ class Proposer(Protocol):
     # it drafts any number of tokens (a chain, a tree) in one model call (P-EAGLE): draft_len=auto prices a drafting
     # round at one draft step, not one per draft
     drafts_in_one_call: bool = False
+    # a sampled request's drafts are drawn from the drafter's own distribution and verified by rejection sampling (a
+    # draft model with use_logits, Medusa, EAGLE, P-EAGLE): its sample follows the drafts. False: deterministic drafts,
+    # verified by token compare, whose sample is target-only's for the seed (runtime/sampling.py: TargetDraws)
+    samples_drafts: bool = False
 
     @property
     def label(self) -> str:

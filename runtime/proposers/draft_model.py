@@ -61,6 +61,10 @@ class DraftModelProposer(Proposer):
         self.proposed: dict[str, int] = {}  # drafts made (and all but the last fed) this round, until observe
 
     # -- requests come and go -----------------------------------------------------------
+    @property
+    def samples_drafts(self) -> bool:  # type: ignore[override]  (Proposer's attribute, here use_logits)
+        return self.use_logits
+
     def add(self, requests: Sequence[Request]) -> None:
         prompts: dict[int, list[int]] = {}  # slot -> prompt, of the requests prefilled now (a fixed draft_len)
         for r in requests:

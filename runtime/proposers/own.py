@@ -39,6 +39,7 @@ class OwnDrafter(Proposer):
 
     choices_flag: ClassVar[str]  # the flag of its draft tree, e.g. --medusa_choices
     target: Executor
+    samples_drafts = True  # a sampled request's chain: each position's draw from the drafter's distribution
 
     @classmethod
     def for_target(cls, target: Executor, choices: str | Sequence[Sequence[int]] | None,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from specdec.runtime.acceptance import accept_rejection_sampling, accept_token_compare
-from specdec.runtime.sampling import SamplingConfig, processed_probs, sample
+from specdec.runtime.sampling import ACCEPT_TEST, DRAW, RESIDUAL, SamplingConfig, TargetDraws, draw, processed_probs, sample
 
 V, K, N = 6, 3, 30000
 TV_BOUND = 0.02  # sampling noise at N=30000, V=6 is about 0.006
@@ -26,10 +26,10 @@ def emitted_histograms(rule) -> np.ndarray:
     """hist[j] = empirical distribution of the j-th emitted token (positions are independent here)."""
     hist = np.zeros((K + 1, V))
     q = processed_probs(DRAFT_LOGITS, SAMPLING)
-    rng = np.random.default_rng(7)
-    for _ in range(N):
+    rng = np.random.default_rng(7)  # the drafts' samples
+    for i in range(N):
         drafts = np.array([sample(q[j], rng) for j in range(K)])
-        n, nxt = rule(drafts, q, rng)
+        n, nxt = rule(drafts, q, TargetDraws(7, stream=i).at(0))  # the target's: each round a request of its own
         for j, t in enumerate(list(drafts[:n]) + [nxt]):
             hist[j, t] += 1
     return hist / hist.sum(axis=1, keepdims=True)
@@ -48,11 +48,11 @@ def test_processed_probs_apply_top_k_and_top_p():
 @pytest.mark.parametrize("name", ["rejection_sampling", "token_compare"])
 def test_output_distribution_is_the_targets(name):
     if name == "rejection_sampling":
-        def rule(d, q, rng):
-            return accept_rejection_sampling(d, q, TARGET_LOGITS, SAMPLING, rng)
+        def rule(d, q, draws):
+            return accept_rejection_sampling(d, q, TARGET_LOGITS, SAMPLING, draws)
     else:
-        def rule(d, q, rng):
-            return accept_token_compare(d, TARGET_LOGITS, SAMPLING, rng)
+        def rule(d, q, draws):
+            return accept_token_compare(d, TARGET_LOGITS, SAMPLING, draws)
     p = processed_probs(TARGET_LOGITS, SAMPLING)
     hist = emitted_histograms(rule)
     assert tv(hist[0], p[0]) < TV_BOUND
@@ -63,13 +63,13 @@ def test_the_bound_catches_a_wrong_residual():
     """Resampling from p after a rejection (instead of max(0, p - q)) is biased; the test must see it."""
     p = processed_probs(TARGET_LOGITS, SAMPLING)
 
-    def wrong(drafts, q, rng):
+    def wrong(drafts, q, draws):
         for j in range(K):
             x = drafts[j]
-            if rng.random() < min(1.0, p[j, x] / q[j, x]):
+            if draws.uniform(j, ACCEPT_TEST) < min(1.0, p[j, x] / q[j, x]):
                 continue
-            return j, sample(p[j], rng)
-        return K, sample(p[K], rng)
+            return j, draw(p[j], draws.uniform(j, RESIDUAL))
+        return K, draws.draw(p[K], K)
 
     hist = emitted_histograms(wrong)
     assert tv(hist[0], p[0]) > 2 * TV_BOUND
@@ -79,11 +79,11 @@ def test_greedy_accepts_the_matching_prefix():
     logits = np.full((4, V), -5.0)
     for j, t in enumerate([1, 2, 3, 4]):
         logits[j, t] = 5.0
-    rng = np.random.default_rng(0)
-    assert accept_token_compare(np.array([1, 2, 5]), logits, SamplingConfig(), rng) == (2, 3)
-    assert accept_token_compare(np.array([1, 2, 3]), logits, SamplingConfig(), rng) == (3, 4)  # bonus token
-    assert accept_token_compare(np.array([0, 2, 3]), logits, SamplingConfig(), rng) == (0, 1)
-    assert accept_token_compare(np.array([], np.int64), logits[:1], SamplingConfig(), rng) == (0, 1)
+    draws = TargetDraws(0).at(0)
+    assert accept_token_compare(np.array([1, 2, 5]), logits, SamplingConfig(), draws) == (2, 3)
+    assert accept_token_compare(np.array([1, 2, 3]), logits, SamplingConfig(), draws) == (3, 4)  # bonus token
+    assert accept_token_compare(np.array([0, 2, 3]), logits, SamplingConfig(), draws) == (0, 1)
+    assert accept_token_compare(np.array([], np.int64), logits[:1], SamplingConfig(), draws) == (0, 1)
 
 
 def test_greedy_on_plain_rows_compares_the_argmaxes_as_ints():
@@ -95,3 +95,50 @@ def test_greedy_on_plain_rows_compares_the_argmaxes_as_ints():
     assert accept_greedy_plain([1, 2, 3], [1, 2, 3, 4]) == (3, 4)  # bonus token
     assert accept_greedy_plain([0, 2, 3], [1, 2, 3, 4]) == (0, 1)
     assert accept_greedy_plain([], [7]) == (0, 7)  # target-only: the row's argmax
+
+
+def test_target_draws_are_keyed_by_position_and_uniform():
+    """The uniform at a position is a function of (seed, stream, position, purpose) alone: the same whenever it is asked
+    for and whatever was asked before, different across each of the four; and the numbers are uniform on [0, 1)."""
+    a, b = TargetDraws(3, 1), TargetDraws(3, 1)
+    first = [a.uniform(t) for t in range(6)]
+    assert [b.uniform(t) for t in reversed(range(6))] == first[::-1]  # asked in another order: the same numbers
+    assert a.at(4).uniform(1) == first[5]  # a call whose row 0 is position 4: its row 1 is position 5
+    others = {TargetDraws(4, 1).uniform(0), TargetDraws(3, 0).uniform(0), a.uniform(0, ACCEPT_TEST), a.uniform(0, RESIDUAL), a.uniform(1)}
+    assert len(others | {first[0]}) == 6
+    # seed 5, stream 0, position 0 is not the drafts' generator's first number (numpy's SeedSequence drops trailing zeros)
+    assert TargetDraws(5).uniform(0, DRAW) != np.random.default_rng([5, 0]).random()
+    u = np.array([TargetDraws(9, s).uniform(t) for s in range(40) for t in range(250)])  # 10,000 numbers
+    counts = np.histogram(u, bins=20, range=(0.0, 1.0))[0]
+    chi2 = float(((counts - 500) ** 2 / 500).sum())
+    assert 0.0 <= u.min() and u.max() < 1.0
+    assert chi2 < 43.8  # 19 degrees of freedom: p = 0.001
+
+
+@pytest.mark.parametrize("rule", ["token_compare", "tree"])
+def test_token_compare_samples_target_onlys_tokens_whatever_the_drafts(rule):
+    """With the same target draws, verification by token compare emits the tokens target-only sampling picks at those
+    positions, one call or several, whatever the drafts: a request's sampled output does not depend on its drafts."""
+    from specdec.runtime.tree import accept_tree_token_compare
+
+    rows = np.random.default_rng(4).normal(size=(40, V)) * 1.5  # the target's row at output position t (history-free here)
+    p = processed_probs(rows, SAMPLING)
+    draws = TargetDraws(11, 2)
+    alone = [draws.at(t).draw(p[t], 0) for t in range(len(rows))]  # target-only: one token a call
+    drafts_rng = np.random.default_rng(0)
+    for _ in range(20):  # drafts of random lengths, some right (taken from target-only's output), some not
+        out: list[int] = []
+        while len(out) < len(rows) - K - 1:
+            t, k = len(out), int(drafts_rng.integers(0, K + 1))
+            guess = [alone[t + j] if drafts_rng.random() < 0.6 else int(drafts_rng.integers(V)) for j in range(k)]
+            if rule == "token_compare":
+                n, nxt = accept_token_compare(np.array(guess, np.int64), rows[t : t + k + 1], SAMPLING, draws.at(t))
+                out += guess[:n] + [nxt]
+            else:  # the same guesses as a chain tree, beside a wrong sibling at the root
+                tokens = np.array(guess + [(alone[t] + 1) % V], np.int64)
+                parents = np.array(list(range(-1, k - 1)) + [-1], np.int64)
+                tree_rows = np.concatenate([rows[t : t + k + 1], rows[t : t + 1]])  # row j + 1: node j's; the sibling's is position t + 1's
+                tree_rows[k + 1] = rows[t + 1]
+                path, nxt = accept_tree_token_compare(tokens, parents, tree_rows, SAMPLING, draws.at(t))
+                out += [int(tokens[j]) for j in path] + [nxt]
+        assert out == alone[: len(out)]

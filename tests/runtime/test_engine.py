@@ -111,6 +111,37 @@ def test_seeded_sampling_does_not_depend_on_the_batch(ex):
     assert drain(busy)[rid].output_ids == want
 
 
+@pytest.mark.parametrize("method,draft_len", [("draft", 3), ("draft", "auto"), ("ngram", 1), ("ngram", 3), ("ngram", "auto")])
+def test_a_seeded_sample_verified_by_token_compare_is_target_onlys(ex, method, draft_len):
+    """Drafts without probabilities (n-gram; a draft model without use_logits) are verified by token compare, and the
+    target draws each position's token with that position's own number: the sampled output is target-only's with the
+    same seed, token for token, whatever the draft length, under auto, and beside other requests."""
+    sampling = SamplingConfig(temperature=0.2, random_seed=5)
+    cfg = GenerationConfig(max_output_len=24, sampling=sampling)
+    want = [o.output_ids for o in Orchestrator(ex["target"]).generate(PROMPTS, cfg)[0]]
+    engine = Engine(ex["target"], [DraftModelProposer(ex["identity"]), NGramProposer(MAX_DRAFT, 2)], SpeculationConfig(method, draft_len))
+    ids = {engine.add_request(p, cfg, seed_stream=i): i for i, p in enumerate(PROMPTS)}  # the streams generate() gives them
+    out = drain(engine)
+    assert [out[rid].output_ids for rid in ids] == want
+    if draft_len == 3:  # drafts were kept, so rounds emitted several tokens
+        assert sum(out[rid].metrics.accepted for rid in ids) > 0
+
+
+def test_rejection_sampling_keeps_a_seeded_sample_at_a_fixed_draft_length(ex):
+    """Drafts sampled from the draft's distribution (use_logits) are verified by rejection sampling, whose output follows
+    the drafts: the same seed and draft length give the same tokens again."""
+    cfg = GenerationConfig(max_output_len=24, sampling=SamplingConfig(temperature=0.7, random_seed=5))
+
+    def run() -> list[list[int]]:
+        engine = Engine(ex["target"], [DraftModelProposer(ex["draft"], use_logits=True)], SpeculationConfig("draft", 3))
+        ids = [engine.add_request(p, cfg, seed_stream=i) for i, p in enumerate(PROMPTS)]
+        out = drain(engine)
+        return [out[rid].output_ids for rid in ids]
+
+    first = run()
+    assert run() == first
+
+
 def test_abort_frees_the_slot_and_leaves_the_others_alone(ex, solo):
     engine = make_engine(ex, "draft")
     cfg = GenerationConfig(max_output_len=24)

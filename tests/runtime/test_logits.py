@@ -24,7 +24,7 @@ from specdec.runtime.proposers.draft_model import DraftModelProposer
 from specdec.runtime.proposers.ngram import NGramProposer
 from specdec.runtime.proposers.suffix import SuffixConfig, SuffixProposer
 from specdec.runtime.request import GenerationConfig
-from specdec.runtime.sampling import SamplingConfig, processed_probs, sample
+from specdec.runtime.sampling import SamplingConfig, TargetDraws, processed_probs
 
 V, N = 6, 6000
 TV_BOUND = 0.025  # measured at N=6000: 0.003-0.008 for the right rules, 0.18 for the forgetful one
@@ -69,15 +69,15 @@ def exact_joint() -> np.ndarray:
 
 def joint_histogram(rule, history_for_draft: bool = True) -> np.ndarray:
     proc = processor()
-    rng = np.random.default_rng(11)
+    rng = np.random.default_rng(11)  # the drafts' samples
     hist = np.zeros((V, V))
-    for _ in range(N):
+    for i in range(N):
         drafts, qs = [], []
         for j in range(2):
             t, q = proc.pick(DRAFT[j], drafts if history_for_draft else [], rng)
             drafts.append(t)
             qs.append(q)
-        out = rule(proc, np.array(drafts), np.stack(qs), rng)
+        out = rule(proc, np.array(drafts), np.stack(qs), TargetDraws(11, stream=i).at(0))  # the target's: a request of its own
         hist[out[0], out[1]] += 1
     return hist / N
 
@@ -86,19 +86,19 @@ def tv(a, b) -> float:
     return 0.5 * float(np.abs(a - b).sum())
 
 
-def rejection(proc, drafts, qs, rng):
-    n, nxt = accept_rejection_sampling(drafts, qs, Rows(TARGET, proc, drafts), SETTINGS, rng)
+def rejection(proc, drafts, qs, draws):
+    n, nxt = accept_rejection_sampling(drafts, qs, Rows(TARGET, proc, drafts), SETTINGS, draws)
     out = list(drafts[:n]) + [nxt]
     if len(out) < 2:  # one more step of target-only sampling after the correction
-        out.append(sample(processed_probs(proc.logits(TARGET[1], out)[None], SETTINGS)[0], rng))
+        out.append(draws.draw(processed_probs(proc.logits(TARGET[1], out)[None], SETTINGS)[0], 1))  # position 1's own
     return out
 
 
-def compare(proc, drafts, qs, rng):
-    n, nxt = accept_token_compare(drafts, Rows(TARGET, proc, drafts), SETTINGS, rng)
+def compare(proc, drafts, qs, draws):
+    n, nxt = accept_token_compare(drafts, Rows(TARGET, proc, drafts), SETTINGS, draws)
     out = list(drafts[:n]) + [nxt]
     if len(out) < 2:
-        out.append(sample(processed_probs(proc.logits(TARGET[1], out)[None], SETTINGS)[0], rng))
+        out.append(draws.draw(processed_probs(proc.logits(TARGET[1], out)[None], SETTINGS)[0], 1))  # position 1's own
     return out
 
 
@@ -111,12 +111,12 @@ def test_every_setting_keeps_the_targets_joint_distribution(rule):
 def test_the_bound_catches_a_target_row_processed_without_the_drafted_history():
     """The bug the chain exists to prevent: verifying row 1 as if draft 0 were not in the output."""
 
-    def forgetful(proc, drafts, qs, rng):
+    def forgetful(proc, drafts, qs, draws):
         rows = Rows(np.stack([proc.logits(TARGET[0]), proc.logits(TARGET[1]), proc.logits(TARGET[2])]), None)
-        n, nxt = accept_rejection_sampling(drafts, qs, rows, SETTINGS, rng)
+        n, nxt = accept_rejection_sampling(drafts, qs, rows, SETTINGS, draws)
         out = list(drafts[:n]) + [nxt]
         if len(out) < 2:
-            out.append(sample(processed_probs(proc.logits(TARGET[1], out)[None], SETTINGS)[0], rng))
+            out.append(draws.draw(processed_probs(proc.logits(TARGET[1], out)[None], SETTINGS)[0], 1))  # position 1's own
         return out
 
     d = tv(joint_histogram(forgetful), exact_joint())

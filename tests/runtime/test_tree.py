@@ -167,7 +167,7 @@ def test_sampled_tree_acceptance_emits_the_targets_own_draws():
     over 4000 draws, p > 0.001); a greedy request takes the greedy path."""
     from distributions import chi_square_critical
 
-    from specdec.runtime.sampling import SamplingConfig
+    from specdec.runtime.sampling import SamplingConfig, TargetDraws
 
     vocab = 10
     tokens = np.array([4, 5, 6, 7, 8, 9, 3])  # a, b, c, d, e, f, g (PARENTS)
@@ -178,7 +178,7 @@ def test_sampled_tree_acceptance_emits_the_targets_own_draws():
     cfg = SamplingConfig(temperature=1.0)
     firsts, after_a = np.zeros(vocab), np.zeros(vocab)
     for seed in range(4000):
-        path, nxt = accept_tree_token_compare(tokens, PARENTS, rows, cfg, np.random.default_rng(seed))
+        path, nxt = accept_tree_token_compare(tokens, PARENTS, rows, cfg, TargetDraws(seed).at(0))
         emitted = [int(tokens[j]) for j in path] + [nxt]
         assert all(PARENTS[b] == a for a, b in zip([-1, *path], path, strict=False))  # a path down the tree
         firsts[emitted[0]] += 1
@@ -189,5 +189,5 @@ def test_sampled_tree_acceptance_emits_the_targets_own_draws():
         stat = float((((counts - expected) ** 2) / expected).sum())
         assert stat < chi_square_critical(vocab - 1), (stat, counts, expected)
     assert firsts[4] > 0 and after_a[7] > 0  # both walks went down
-    greedy = accept_tree_token_compare(tokens, PARENTS, rows, SamplingConfig(), np.random.default_rng(0))
+    greedy = accept_tree_token_compare(tokens, PARENTS, rows, SamplingConfig(), TargetDraws(0).at(0))
     assert greedy == accept_tree_greedy(tokens, PARENTS, rows) == ([0, 3], 0)
