@@ -37,8 +37,11 @@ def _row_probs(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
     as indices into the vocabulary (``support``), so top-k, min-p and top-p work on those alone, not on every token."""
     vocab = logits.shape[-1]
     x = np.array(logits, dtype=np.float64)  # a copy, changed in place below
+    top = x.max()
+    if np.isnan(top):  # no distribution: NaN throughout, as the whole-row version gave, for the caller's guard to refuse
+        return np.full(vocab, np.nan)
     # shifted before the division: a tiny temperature sends the others to -inf, never inf - inf
-    x -= x.max()
+    x -= top
     with np.errstate(over="ignore"):  # -> -inf: the token cannot be drawn
         x /= cfg.temperature
     support: np.ndarray | None = None  # the possible tokens' ids, ascending; None: every token

@@ -24,6 +24,7 @@ from specdec.formats.config_strings import DraftTargetConfig
 from specdec.formats.engine_format import BuildConfig
 from specdec.runtime import GenerationConfig, load_engine, load_orchestrator
 from specdec.runtime.guards import SILENT_DRAFT_ROUNDS
+from specdec.runtime.sampling import SamplingConfig
 
 PROMPTS = [[1, 40, 41, 42, 43], [1, 70, 71, 72, 73, 74]]
 OUT = 24
@@ -87,6 +88,22 @@ def test_nonfinite_logits_stop_that_request_with_an_error_and_no_token(pair, met
     assert second.finish_reason == "length" and second.output_ids == pair["clean"][1] and not second.error  # its neighbour is untouched
     assert third.finish_reason == "error" and third.output_ids == [] and "at output position 0" in third.error
     assert metrics.requests == 3
+
+
+@pytest.mark.parametrize("method", ["none", "draft"])
+def test_nonfinite_logits_stop_a_sampled_request_and_the_engine_serves_on(pair, method):
+    """A sampled request turns its rows into probabilities (top-k, min-p and top-p on the tokens still possible) before
+    the non-finite check reads them: a NaN row must end that request with the error, as for a greedy one, not raise out
+    of the round. The poison token is forced by a logit bias; the next generate on the same engine is served."""
+    d = pair["dir"]
+    draft = (d / "draft", DraftTargetConfig(3, [0], [0], False)) if method == "draft" else (None, None)
+    orch = load_orchestrator(d / "target-nan", *draft, num_threads=1)
+    sampled = SamplingConfig(temperature=0.7, top_k=5, top_p=0.9, min_p=0.01, random_seed=1, logit_bias=((pair["poison"], 100.0),))
+    (out,), _ = orch.generate([PROMPTS[0]], GenerationConfig(max_output_len=OUT, end_ids=(), sampling=sampled))
+    assert out.finish_reason == "error" and "logits are not finite (NaN or Inf) at output position" in out.error
+    assert pair["poison"] in out.output_ids  # it emitted the poison, then its next row was NaN
+    (after,), _ = orch.generate([PROMPTS[1]], GenerationConfig(max_output_len=OUT, end_ids=()))
+    assert after.finish_reason == "length" and after.output_ids == pair["clean"][1]
 
 
 def test_a_lone_request_stops_on_nonfinite_logits_as_in_a_batch(pair, monkeypatch):

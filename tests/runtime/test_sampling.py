@@ -86,3 +86,11 @@ def test_top_p_finds_a_nucleus_past_the_first_cut():
     p[3:] = (1 - 0.8) / (len(p) - 3)  # 20% of the mass in a tail each 1e-5 as likely as the top token
     assert_same(np.log(p)[None], SamplingConfig(temperature=1.0, top_p=0.9))
     assert_same(np.log(p)[None], SamplingConfig(temperature=1.0, top_p=0.79))
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"t{c.temperature}-k{c.top_k}-p{c.top_p}-m{c.min_p}")
+def test_a_row_with_nan_gives_nan_for_the_callers_guard(cfg):
+    """No distribution for a row holding NaN: NaN throughout, as the whole-row version gives, so the round's non-finite
+    check ends that request (runtime/guards.py) rather than an error raised from inside a setting."""
+    row = np.array([[0.5, np.nan, 2.0, 1.0, -1.0, 3.0]], np.float32)
+    assert np.isnan(processed_probs(row, cfg)).all() and np.isnan(reference_probs(row, cfg)).all()
