@@ -28,7 +28,7 @@ from .data import Sequence, check_data_file, read_sequences
 from .errors import TrainConfigError
 from .export import save_heads
 from .runs import RUNS, Run
-from .state import checkpoint_step, latest_checkpoint, load_checkpoint, publish, save_checkpoint
+from .state import STATE_FILE, checkpoint_step, latest_checkpoint, load_checkpoint, publish, save_checkpoint
 
 SCHEDULERS = ("constant", "cosine")
 
@@ -119,8 +119,12 @@ class TrainResult:
     heads: nn.Module = field(repr=False)
 
 
-RESUME_FIXED = ("batch_size", "seed", "model", "data", "training_seq_len", "medusa_num_layers", "eagle_num_layers", "eagle_aux_layer_ids",
-                "eagle_ttt_steps", "peagle_depths", "peagle_placeholders", "peagle_mask_token_id")  # what --resume must be given again
+# what --resume must be given again: the batch order is a function of (seed, batch size, the data less what is held out),
+# the heads' shapes and inputs of the rest; another value would not continue the run, and its card would describe a run
+# that never happened (and a held-out set changed on resume could hold sequences already trained on)
+RESUME_FIXED = ("batch_size", "seed", "model", "data", "eval_data", "eval_fraction", "training_seq_len", "medusa_num_layers", "eagle_num_layers",
+                "eagle_aux_layer_ids", "eagle_ttt_steps", "peagle_depths", "peagle_placeholders", "peagle_mask_token_id")
+RESUME_PATHS = ("model", "data", "eval_data")  # compared resolved: the run's own files, wherever it is started from
 
 
 def check_output_dir(cfg: TrainConfig) -> Path:
@@ -208,6 +212,7 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
     per_epoch = math.ceil(len(train_seqs) / cfg.batch_size)
     total = cfg.max_steps or cfg.num_epochs * per_epoch
     if cfg.resume:
+        _check_resume_flags(cfg, latest_checkpoint(out))
         _check_resume_length(cfg, latest_checkpoint(out), total, per_epoch)
     RUNS[cfg.mode].check_base(cfg, base_cfg)
     _check_memory(cfg, base_cfg)
@@ -219,29 +224,17 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
     provenance = _provenance(cfg, model_dir, data_path, len(seqs), run)
     config = run.export_config(base_cfg, provenance)
     step, losses, elapsed_before = 0, [], 0.0
-    # what the before-training figures are measured on: kept with them in each checkpoint, so a resumed run's card shows them
-    measured_on = {"eval_data": str(eval_path.resolve()) if eval_path else None, "eval_fraction": 0.0 if eval_path else cfg.eval_fraction}
-    before, before_missing = None, ""
+    before, before_missing = None, ""  # the top-1 before training: kept in each checkpoint, so a resumed run's card shows it
     if cfg.overwrite_output_dir and out.exists():
         shutil.rmtree(out)
     if cfg.resume:
         ckpt = latest_checkpoint(out)
         state = load_checkpoint(ckpt, run.heads, optimizer, names)
         step, losses, elapsed_before = state["step"], state["losses"], state.get("elapsed_s", 0.0)
-        saved = state.get("config") or {}
-        def same(k: str) -> bool:  # paths compared resolved: the run's own files, wherever it is started from
-            a, b = saved[k], getattr(cfg, k)
-            return str(Path(a).resolve()) == str(Path(b).resolve()) if k in ("model", "data") and a and b else a == b
-
-        # the batch order is a function of (seed, batch size, data); the heads' shapes and inputs of the rest: another value
-        # would not continue this run, and the model card would describe a run that never happened
-        changed = [f"--{k} {saved[k]} (now {getattr(cfg, k)})" for k in RESUME_FIXED if k in saved and not same(k)]
-        if changed:
-            raise TrainConfigError(f"cannot resume from {ckpt}: it was trained with {', '.join(changed)}; resume with the same values.")
         say(f"resuming from {ckpt} at step {step}")
         if step == total:  # (past it was refused before the base loaded); the outputs are written again, as an interrupted end would
             say(f"{ckpt.name} is already at step {step} of {total}; nothing left to train (raise --max_steps or --num_epochs to go on).")
-        before, before_missing = _resumed_before(state, measured_on, ckpt)
+        before, before_missing = _resumed_before(state, ckpt)
     if step == 0:
         before = run.accuracy(eval_seqs or train_seqs, cfg.batch_size)  # the baseline the card compares with
     say(f"{cfg.mode}: {len(train_seqs)} training sequences{f', {len(eval_seqs)} held out' if eval_seqs else ''}; "
@@ -278,8 +271,7 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
         if step % cfg.save_steps == 0 or step == total:
             elapsed = elapsed_before + time.perf_counter() - started
             last_saved = save_checkpoint(out, step, run.heads, config, optimizer, names,
-                                         {"losses": losses, "elapsed_s": elapsed, "config": asdict(cfg), "accuracy_before": before,
-                                          "accuracy_before_on": measured_on})
+                                         {"losses": losses, "elapsed_s": elapsed, "config": asdict(cfg), "accuracy_before": before})
     if bar is not None:
         bar.close()
     run.heads.eval()
@@ -290,6 +282,23 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
     if last_saved:
         say(f"checkpoint {last_saved}")
     return TrainResult(out, step, losses, final_loss, accuracy, before, seconds, cpu_seconds, base, run.heads)
+
+
+def _check_resume_flags(cfg: TrainConfig, ckpt: Path) -> None:
+    """Refuse a --resume whose RESUME_FIXED flags differ from the checkpoint's run (read from its trainer_state.json, before
+    the base loads; an unreadable one is load_checkpoint's to report)."""
+    try:
+        saved = json.loads((ckpt / STATE_FILE).read_text()).get("config") or {}
+    except (OSError, ValueError, AttributeError):
+        return
+
+    def same(k: str) -> bool:
+        a, b = saved[k], getattr(cfg, k)
+        return str(Path(a).resolve()) == str(Path(b).resolve()) if k in RESUME_PATHS and a and b else a == b
+
+    changed = [f"--{k} {saved[k]} (now {getattr(cfg, k)})" for k in RESUME_FIXED if k in saved and not same(k)]
+    if changed:
+        raise TrainConfigError(f"cannot resume from {ckpt}: it was trained with {', '.join(changed)}; resume with the same values.")
 
 
 def _check_resume_length(cfg: TrainConfig, ckpt: Path, total: int, per_epoch: int) -> None:
@@ -304,14 +313,12 @@ def _check_resume_length(cfg: TrainConfig, ckpt: Path, total: int, per_epoch: in
                            "pass another --output_dir to start over.")
 
 
-def _resumed_before(state: dict, measured_on: dict, ckpt: Path) -> tuple[list[float] | None, str]:
-    """The top-1 the first run measured before training (each checkpoint keeps it), or None and why: never a figure of
-    another evaluation set than this run's."""
+def _resumed_before(state: dict, ckpt: Path) -> tuple[list[float] | None, str]:
+    """The top-1 the first run measured before training (each checkpoint keeps it; --resume refuses another evaluation
+    set), or None and why."""
     saved = state.get("accuracy_before")
     if saved is None:
         return None, f"{ckpt.name}, which this run resumed from, does not record it"
-    if state.get("accuracy_before_on") != measured_on:
-        return None, "the first run measured it on another evaluation set (--eval_fraction or --eval_data changed on --resume)"
     return saved, ""
 
 
