@@ -228,7 +228,8 @@ def main(engine_dir, input_text, input_file, tokenizer_dir, no_add_special_token
         proposer = orch.engine.proposers.get(orch.engine.speculation.method)
         note = ("" if sampling.greedy or proposer is None else
                 " (rejection sampling: the sample follows the drafts, not expected to be identical)" if proposer.samples_drafts else
-                " (sampled by token compare: target-only's draws, expected to be identical)")
+                f" (sampled over the {orch.engine.vocab_limit} ids draft and target share, not expected to be identical)"
+                if orch.engine.vocab_limit is not None else " (sampled by token compare: target-only's draws, expected to be identical)")
         click.echo(f"outputs identical to target-only: {'yes' if same else 'no'}{note}")
         speedups = [s.tokens_per_s / b.tokens_per_s for (_, b), (_, s) in zip(base_runs, spec_runs, strict=True) if b.tokens_per_s]
         report["baseline"] = {"metrics": base_metrics.to_dict(), "speedup": statistics.median(speedups) if speedups else 0.0,

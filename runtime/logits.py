@@ -112,8 +112,9 @@ class LogitsProcessor:
 
     # -- picking a token --------------------------------------------------------------------
     def pick(self, row: np.ndarray, appended: Sequence[int], rng: np.random.Generator) -> tuple[int, np.ndarray | None]:
-        """The token this request's settings pick at a position (a draft's or the target's), and the
-        distribution it was drawn from ([vocab], None when greedy)."""
+        """The token this request's settings pick at a draft's position, with the request's generator (the target's
+        draws are keyed by position: runtime/sampling.py's TargetDraws), and the distribution it was drawn from ([vocab],
+        None when greedy)."""
         return self.choose(self.logits(row, appended), rng)
 
     def choose(self, x: np.ndarray, rng: np.random.Generator) -> tuple[int, np.ndarray | None]:

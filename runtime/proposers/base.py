@@ -110,8 +110,8 @@ class Proposer(Protocol):
     # round at one draft step, not one per draft
     drafts_in_one_call: bool = False
     # a sampled request's drafts are drawn from the drafter's own distribution and verified by rejection sampling (a
-    # draft model with use_logits, Medusa, EAGLE, P-EAGLE): its sample follows the drafts. False: deterministic drafts,
-    # verified by token compare, whose sample is target-only's for the seed (runtime/sampling.py: TargetDraws)
+    # draft model with use_logits, Medusa, EAGLE, P-EAGLE): its sample follows the drafts. False: drafts without their
+    # distribution, verified by token compare, whose sample is target-only's for the seed (runtime/sampling.py: TargetDraws)
     samples_drafts: bool = False
 
     @property

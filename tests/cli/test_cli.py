@@ -179,6 +179,21 @@ def test_run_cli_another_tokenizer_drafts_through_text(engines, tmp_path):
     assert r.exit_code == 0 and "pairing:" not in r.output
 
 
+@pytest.mark.parametrize("use_logits,same", [("False", True), ("True", None)])
+def test_run_cli_baseline_says_whether_a_sample_is_target_onlys(engines, use_logits, same):
+    """A sampled --baseline: drafts verified by token compare give target-only's sample for the seed (the line says so and
+    it is so); rejection sampling's follows its drafts (the line says that instead of promising)."""
+    r = invoke(run_main, "--engine_dir", engines / "target", "--draft_engine_dir", engines / "draft", "--draft_target_model_config",
+               f"[3,[0],[0],{use_logits}]", "--temperature", 0.8, "--top_p", 0.9, "--random_seed", 3, "--input_file",
+               engines / "prompts.csv", "--max_output_len", 16, "--baseline", "--draft_len", "auto" if same else 3)
+    assert r.exit_code == 0, r.output
+    line = next(x for x in r.output.splitlines() if x.startswith("outputs identical to target-only"))
+    if same:
+        assert line == "outputs identical to target-only: yes (sampled by token compare: target-only's draws, expected to be identical)"
+    else:
+        assert line.endswith("(rejection sampling: the sample follows the drafts, not expected to be identical)")
+
+
 def test_run_cli_suffix_config(engines):
     r = invoke(run_main, "--engine_dir", engines / "target", "--suffix_config", '{"max_draft_len": 4, "global_cache": false}',
                "--input_file", engines / "prompts.csv", "--max_output_len", 12, "--baseline")
