@@ -40,7 +40,7 @@ from .prefix_cache import PrefixCacheConfig, open_prefix_cache
 from .proposers.base import Proposer
 from .request import AUTO, GenerationConfig, Request, RequestOutput, RequestStatus
 from .round import SpeculativeRound
-from .sampling import TargetDraws
+from .sampling import TargetDraws, draft_generator
 from .scheduler import Scheduler
 
 
@@ -213,8 +213,8 @@ class Engine:
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.requests:
             raise RequestError(f"request id {rid!r} is already in use.")
-        rng = np.random.default_rng([config.sampling.random_seed, seed_stream])  # the drafts' samples
-        req = Request(rid, ids, config, method, draft_len, rng, draws=TargetDraws(config.sampling.random_seed, seed_stream))
+        seed = config.sampling.random_seed
+        req = Request(rid, ids, config, method, draft_len, draft_generator(seed, seed_stream), draws=TargetDraws(seed, seed_stream))
         req.processor = LogitsProcessor(config.sampling, ids, config.grammar.start() if config.grammar is not None else None)
         req.metrics.prompt_tokens = len(ids)
         self.requests[rid] = req

@@ -114,7 +114,19 @@ def draw(probs: np.ndarray, u: float) -> int:
 # what a target uniform at a position is for: the token's draw, and rejection sampling's test of a draft and its draw
 # from the residual (each its own number: within a position they must be independent)
 DRAW, ACCEPT_TEST, RESIDUAL = 0, 1, 2
-_TAG = 0x5EED_D4A7  # keeps these keys apart from the draft generator's [seed, stream] (SeedSequence drops trailing zeros)
+_TARGET_TAG, _DRAFT_TAG = 0x5EED_D4A7, 0xD4AF_75EE  # the kinds of keys apart, and never a trailing zero
+
+
+def seed_words(*values: int) -> list[int]:
+    """Integers below 2**64 as two 32-bit words each, low first: numpy's SeedSequence splits an entry into as many words
+    as it needs and drops trailing zero words, so [S + 2**32, 0] and [S, 1] would be the same key; fixed widths cannot
+    run into each other."""
+    return [w for v in values for w in (int(v) & 0xFFFF_FFFF, int(v) >> 32)]
+
+
+def draft_generator(seed: int, stream: int) -> np.random.Generator:
+    """A request's generator for its drafts' samples: keyed by (seed, stream), apart from its TargetDraws."""
+    return np.random.default_rng([*seed_words(seed, stream), _DRAFT_TAG])
 
 
 class TargetDraws:
@@ -135,7 +147,7 @@ class TargetDraws:
 
     def uniform(self, position: int, purpose: int = DRAW) -> float:
         """The uniform in [0, 1) for output ``position`` (0: the first output token) and ``purpose``."""
-        (bits,) = np.random.SeedSequence([self.seed, self.stream, _TAG + purpose, position]).generate_state(1, np.uint64)
+        (bits,) = np.random.SeedSequence([*seed_words(self.seed, self.stream, position), _TARGET_TAG + purpose]).generate_state(1, np.uint64)
         return float(bits >> np.uint64(11)) * 2.0**-53  # the top 53 bits: every double in [0, 1) a multiple of 2**-53
 
     def at(self, start: int) -> RowDraws:

@@ -11,7 +11,17 @@ import numpy as np
 import pytest
 
 from specdec.runtime.acceptance import accept_rejection_sampling, accept_token_compare
-from specdec.runtime.sampling import ACCEPT_TEST, DRAW, RESIDUAL, SamplingConfig, TargetDraws, draw, processed_probs, sample
+from specdec.runtime.sampling import (
+    ACCEPT_TEST,
+    DRAW,
+    RESIDUAL,
+    SamplingConfig,
+    TargetDraws,
+    draft_generator,
+    draw,
+    processed_probs,
+    sample,
+)
 
 V, K, N = 6, 3, 30000
 TV_BOUND = 0.02  # sampling noise at N=30000, V=6 is about 0.006
@@ -106,8 +116,12 @@ def test_target_draws_are_keyed_by_position_and_uniform():
     assert a.at(4).uniform(1) == first[5]  # a call whose row 0 is position 4: its row 1 is position 5
     others = {TargetDraws(4, 1).uniform(0), TargetDraws(3, 0).uniform(0), a.uniform(0, ACCEPT_TEST), a.uniform(0, RESIDUAL), a.uniform(1)}
     assert len(others | {first[0]}) == 6
-    # seed 5, stream 0, position 0 is not the drafts' generator's first number (numpy's SeedSequence drops trailing zeros)
-    assert TargetDraws(5).uniform(0, DRAW) != np.random.default_rng([5, 0]).random()
+    # nor the drafts' generator's first number, nor another seed's and stream's (numpy's SeedSequence splits a large entry
+    # into 32-bit words and drops trailing zero words: [S + 2**32, 0] and [S, 1] were one key)
+    assert TargetDraws(5).uniform(0, DRAW) != draft_generator(5, 0).random()
+    assert TargetDraws(5 + 2**32, 0).uniform(0) != TargetDraws(5, 1).uniform(0)
+    assert draft_generator(5 + 2**32, 0).random() != draft_generator(5, 1).random()
+    assert TargetDraws(2**64 - 1, 3).uniform(2**20) == TargetDraws(2**64 - 1, 3).uniform(2**20)  # the largest seed the server passes
     u = np.array([TargetDraws(9, s).uniform(t) for s in range(40) for t in range(250)])  # 10,000 numbers
     counts = np.histogram(u, bins=20, range=(0.0, 1.0))[0]
     chi2 = float(((counts - 500) ** 2 / 500).sum())
