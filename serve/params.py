@@ -19,11 +19,13 @@ from ..runtime.engine import Engine, check_draft_len
 from ..runtime.grammar import Grammar, GrammarCompiler, GrammarSpec
 from ..runtime.methods import TARGET_ONLY, method_names
 from ..runtime.proposers.method import get_method
+from ..runtime.proposers.own import OwnDrafter
 from ..runtime.request import AUTO, GenerationConfig
 from ..runtime.sampling import SamplingConfig
+from ..runtime.token_bytes import TokenBytes
 from .chat import render_chat
 from .errors import ApiError
-from .protocol import ChatCompletionRequest, CompletionRequest, Sampling
+from .protocol import UNSUPPORTED_VLLM_FIELDS, ChatCompletionRequest, CompletionRequest, Sampling
 from .tools import ToolPlan, plan_tools
 
 MAX_CHOICES = 256  # engine requests one HTTP request may start (prompts x best_of)
@@ -43,6 +45,7 @@ class Served:
     _grammars: GrammarCompiler | None = None
     _compiled: OrderedDict = field(default_factory=OrderedDict)  # (kind, source) -> Grammar: agents resend the same schema
     _lock: threading.Lock = field(default_factory=threading.Lock)  # requests are planned in worker threads (serve/app.py)
+    _token_bytes: TokenBytes | None = None  # made on the first chat logprobs
 
     @property
     def max_seq_len(self) -> int:
@@ -51,6 +54,16 @@ class Served:
     @property
     def methods(self) -> list[str]:
         return [TARGET_ONLY, *self.engine.proposers]
+
+    def token_bytes(self, token: int) -> bytes | None:
+        """The exact bytes a token stands for (a piece of a multi-byte character decodes to U+FFFD, its bytes do not);
+        a special token's text; None without a tokenizer."""
+        if self.tokenizer is None:
+            return None
+        with self._lock:
+            if self._token_bytes is None:
+                self._token_bytes = TokenBytes(self.tokenizer)
+        return self._token_bytes.bytes_of([token]) or self.tokenizer.decode_token(token).encode("utf-8")
 
     def grammar(self, spec: GrammarSpec, param: str) -> Grammar:
         """The compiled grammar for a spec (cached), or a 400 naming ``param``."""
@@ -173,7 +186,12 @@ def _prompt_texts(prompt: Any) -> list[str | None]:
 
 
 def same_limit(req: CompletionRequest | ChatCompletionRequest) -> None:
-    """max_tokens and max_completion_tokens (OpenAI's newer name) may both come, if they agree."""
+    """max_tokens and max_completion_tokens (OpenAI's newer name) may both come, if they agree; and vLLM's extensions
+    this server does not implement are refused by name unless neutral (what every request is checked for first)."""
+    for name, (neutral, instead) in UNSUPPORTED_VLLM_FIELDS.items():
+        value = getattr(req, name)
+        if value is not None and value != neutral:
+            raise ApiError(400, f"{name} (a vLLM extension) is not supported by this server{instead}.", name)
     if req.max_tokens is not None and req.max_completion_tokens is not None and req.max_tokens != req.max_completion_tokens:
         raise ApiError(400, "max_tokens and max_completion_tokens differ; send one of them.", "max_completion_tokens")
 
@@ -215,7 +233,8 @@ def plan(req: Sampling, prompts: list[list[int]], max_tokens: int | None, served
         )
     method, k = speculation(req, served)
     stops = stop_strings(req, served)
-    seed = req.seed if req.seed is not None else secrets.randbits(63)
+    # no seed (or vLLM's -1, "random"): a fresh one per request
+    seed = req.seed if req.seed is not None and req.seed != -1 else secrets.randbits(63)
     sampling = SamplingConfig(
         temperature=1.0 if req.temperature is None else req.temperature,  # OpenAI's default
         # top_p 0 is OpenAI's nucleus of the most probable token alone (SamplingConfig's 0 is TensorRT-LLM's "off")
@@ -228,9 +247,12 @@ def plan(req: Sampling, prompts: list[list[int]], max_tokens: int | None, served
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
         logit_bias=logit_bias(req, engine.target.vocab_size),
     )
-    tree = engine.proposers[method].tree if isinstance(k, int) and k > 0 else None
+    proposer = engine.proposers.get(method)
+    tree = proposer.tree if proposer is not None and isinstance(k, int) and k > 0 else None
     if tree is not None:  # what the request runs with: a greedy request the tree cut to k nodes, a sampled one a chain as deep
         k = min(k, len(tree) if sampling.greedy else tree.depth)
+    elif isinstance(proposer, OwnDrafter) and isinstance(k, int):  # a chain: at most one draft per Medusa head / module depth
+        k = min(k, proposer.max_chain_len)
     grammar = None
     spec, param = tools.grammar if tools is not None and tools.grammar is not None else grammar_spec(req)
     if spec is not None:
@@ -238,13 +260,23 @@ def plan(req: Sampling, prompts: list[list[int]], max_tokens: int | None, served
     config = GenerationConfig(
         max_output_len=max_tokens,
         sampling=sampling,
-        end_ids=() if req.ignore_eos and grammar is None else served.end_ids,
+        end_ids=(() if req.ignore_eos and grammar is None else served.end_ids) + stop_token_ids(req, engine.target.vocab_size),
         method=method,
         draft_len=k,  # 0 for TARGET_ONLY (speculation)
         grammar=grammar,
     )
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return Plan(checked, config, stops, method, k, req.stream, include_usage, grammar_param=param if grammar is not None else None)
+
+
+def stop_token_ids(req: Sampling, vocab: int) -> tuple[int, ...]:
+    """vLLM's stop_token_ids: the request ends at any of them (kept in the output, as an end id is; ignore_eos leaves them
+    on, as vLLM's does)."""
+    ids = tuple(dict.fromkeys(req.stop_token_ids or ()))
+    for t in ids:
+        if t >= vocab:
+            raise ApiError(400, f"stop_token_ids has token id {t}, outside the vocabulary [0, {vocab}).", "stop_token_ids")
+    return ids
 
 
 def logit_bias(req: Sampling, vocab: int) -> tuple[tuple[int, float], ...]:

@@ -68,7 +68,9 @@ def completion_logprobs(served: Served, ids: Sequence[int], lps: Sequence[TokenL
     return {
         "tokens": tokens,
         "token_logprobs": [lp[0] if lp is not None else None for lp in lps],
-        "top_logprobs": [{_piece(tok, a): v for a, v in lp[1]} if lp is not None else None for lp in lps],
+        # OpenAI: "always the logprob of the sampled token, so there may be up to logprobs+1 elements"
+        "top_logprobs": [{**{_piece(tok, a): v for a, v in lp[1]}, **({} if s in dict(lp[1]) else {_piece(tok, s): lp[0]})}
+                         if lp is not None else None for s, lp in zip(ids, lps, strict=False)],
         "text_offset": offsets,
     }
 
@@ -78,7 +80,8 @@ def chat_logprobs(served: Served, ids: Sequence[int], lps: Sequence[TokenLogprob
 
     def entry(t: int, lp: float) -> dict[str, Any]:
         s = _piece(tok, t)
-        return {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8", "replace"))}
+        exact = served.token_bytes(t)  # a token ending inside a character: its own bytes, not U+FFFD's
+        return {"token": s, "logprob": lp, "bytes": list(exact if exact is not None else s.encode("utf-8", "replace"))}
 
     return {"content": [{**entry(t, lp), "top_logprobs": [entry(a, v) for a, v in top]} for t, (lp, top) in zip(ids, lps, strict=False)]}
 

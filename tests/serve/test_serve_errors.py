@@ -94,6 +94,11 @@ BATTERY = [
     ("a function name with spaces", "chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f g"}}]}, 400,
      "tools.0.function.name"),
     ("top_logprobs without logprobs", "chat/completions", {**CHAT, "top_logprobs": 2}, 400, "top_logprobs"),
+    # vLLM's extensions this server does not implement: refused by name, never dropped without a word
+    ("vLLM's guided_json", "completions", {**OK, "guided_json": {"type": "object"}}, 400, "guided_json"),
+    ("vLLM's min_tokens", "chat/completions", {**CHAT, "min_tokens": 3}, 400, "min_tokens"),
+    ("vLLM's use_beam_search", "completions", {**OK, "use_beam_search": True}, 400, "use_beam_search"),
+    ("stop_token_ids outside the vocabulary", "completions", {**OK, "stop_token_ids": [10**6]}, 400, "stop_token_ids"),
     ("chat max_tokens beyond max_seq_len", "chat/completions", {"messages": CHAT["messages"], "max_completion_tokens": 1000}, 400,
      "max_completion_tokens"),
     ("max_tokens and max_completion_tokens differ", "chat/completions", {**CHAT, "max_completion_tokens": 5}, 400, "max_completion_tokens"),

@@ -57,6 +57,46 @@ def test_penalties_and_bias_keep_greedy_output_identical(client, spec):
     assert got == want
 
 
+def test_sampled_top_logprobs_hold_the_sampled_token(client):
+    """OpenAI's legacy completions: 'the logprob of the sampled token' always, so up to logprobs + 1 entries (a sampled
+    token outside the top ones was left out; logprobs 0 gave empty dicts)."""
+    for n in (0, 2):
+        c = client.completions.create(model="target", prompt=PROMPT, max_tokens=12, temperature=2.0, seed=5, logprobs=n,
+                                      extra_body={"ignore_eos": True}).choices[0]
+        lp = c.logprobs
+        assert all(n <= len(top) <= n + 1 for top in lp.top_logprobs)
+        assert all(top[t] == v for top, t, v in zip(lp.top_logprobs, lp.tokens, lp.token_logprobs, strict=True))
+    assert any(len(top) == 3 for top in lp.top_logprobs)  # at temperature 2 some sampled token was not among the top 2
+
+
+@pytest.mark.parametrize("spec", METHODS, ids=IDS)
+def test_a_seeded_sample_by_token_compare_is_target_onlys(client, spec):
+    """Every method here verifies by token compare (draft-target without use_logits, n-gram, suffix; auto): a seeded
+    sampled request gives target-only's tokens for that seed (the target draws each position with its own number), with
+    n > 1 too; a seed of -1 (vLLM's "random") draws a fresh seed each time."""
+    def tokens(s, seed):
+        r = client.completions.create(model="target", prompt=PROMPT, max_tokens=16, temperature=0.8, top_p=0.9, seed=seed, n=2,
+                                      extra_body={"speculative": s, "ignore_eos": True})
+        return [c.model_extra["token_ids"] for c in sorted(r.choices, key=lambda c: c.index)]
+
+    want = tokens(METHODS[0], 11)
+    assert tokens(spec, 11) == want and want[0] != want[1]
+    assert tokens(spec, -1) != tokens(spec, -1)
+
+
+def test_vllms_stop_token_ids_end_the_request_and_neutral_extensions_pass(client):
+    """stop_token_ids (vLLM's) end a request at the first of them, kept in the output as an end id is, with
+    finish_reason stop, under speculation too and with ignore_eos on (as vLLM's); vLLM's extensions this server lacks
+    pass when a client sends their neutral values (refused otherwise: test_serve_errors)."""
+    neutral = {"min_tokens": 0, "use_beam_search": False, "typical_p": 1.0, "length_penalty": 1.0, "include_stop_str_in_output": False}
+    plain = complete(client, METHODS[0], extra=neutral).choices[0].model_extra["token_ids"]
+    stop_at = plain[5]
+    want = plain[: plain.index(stop_at) + 1]
+    for spec in METHODS:
+        c = complete(client, spec, extra={"stop_token_ids": [stop_at]}).choices[0]
+        assert c.model_extra["token_ids"] == want and c.finish_reason == "stop", spec
+
+
 def test_echo_scores_the_prompt(client):
     r = client.completions.create(model="target", prompt=PROMPT, max_tokens=0, echo=True, logprobs=1, temperature=0)
     c = r.choices[0]

@@ -3,7 +3,7 @@ sampled requests on a tree server are served (they draft a chain), and a method 
 
 import httpx
 import pytest
-from checkpoints import write_eagle_module
+from checkpoints import write_eagle_module, write_medusa_heads
 from conftest import spec_build
 from servers import engines, running
 
@@ -85,3 +85,19 @@ def test_peagle_per_request_chains_auto_and_sampling(peagle_url):
     assert code == 200 and out["usage"]["completion_tokens"] == 16
     code, err = complete(peagle_url, PROMPTS[0], speculative={"method": "eagle"})
     assert code == 400 and "speculative_decoding_mode eagle" in err["error"]["message"]
+
+
+def test_a_medusa_chain_reports_the_drafts_it_ran_with(tmp_path_factory):
+    """Without a tree a Medusa chain drafts one token per head: a request asking for more ran with that many, and its
+    speculative.num_draft_tokens says so (it reported what was asked, 6, where 2 ran)."""
+    d = tmp_path_factory.mktemp("serve_medusa")
+    ckpt = engines()["target-ckpt"]
+    write_medusa_heads(ckpt, d / "heads", num_heads=2)
+    build_engine(ckpt, d / "medusa", spec_build(6, speculative_decoding_mode="medusa", max_input_len=64, max_seq_len=160), say=lambda _: None,
+                 medusa_dir=d / "heads")
+    with running(build_served(d / "medusa", num_threads=1, draft_num_threads=1)) as url:
+        for asked, ran in ((6, 2), (1, 1)):
+            for temperature in (0, 0.8):
+                code, out = complete(url, PROMPTS[0], temperature=temperature, seed=1, speculative={"num_draft_tokens": asked})
+                assert code == 200 and out["speculative"]["num_draft_tokens"] == ran, (asked, temperature, out["speculative"])
+                assert len(out["speculative"]["drafted_per_position"]) <= 2

@@ -1,4 +1,5 @@
-"""Structured outputs and tool calls on the demo pair (a real BPE tokenizer), through the openai client.
+"""Structured outputs and tool calls on the demo pair (a real BPE tokenizer), through the openai client; and chat
+logprobs' bytes, which a byte-level tokenizer's pieces of a character need.
 
 The grammar masks the target's logits at every verified position and cuts the
 drafts where it forbids a token, for every method: the output always parses
@@ -183,6 +184,16 @@ def test_logprobs_with_a_grammar_list_only_allowed_tokens(client):
     c = r.choices[0]
     assert c.text in (" True", " False")
     assert all(len(top) < 20 and all(v > -9999 for v in top.values()) for top in c.logprobs.top_logprobs)
+
+
+def test_chat_logprob_bytes_are_a_partial_characters_own(client):
+    """A token that ends inside a UTF-8 character decodes to U+FFFD; OpenAI's bytes field is there for it: the token's
+    own bytes (0xC3 here, the demo vocabulary's 'Ã'), not U+FFFD's three."""
+    r = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "hi"}], max_tokens=1, temperature=0,
+                                       logprobs=True, top_logprobs=1, logit_bias={"129": 100})
+    (entry,) = r.choices[0].logprobs.content
+    assert entry.token == "\ufffd" and entry.bytes == [0xC3]
+    assert entry.top_logprobs[0].bytes == [0xC3]
 
 
 # -- constraints that no string satisfies -----------------------------------------------------------
