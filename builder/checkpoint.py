@@ -76,12 +76,26 @@ def load_checkpoint(path: str | Path, allow_pickle: bool = False) -> Checkpoint:
     return Checkpoint(root, read_hf_config(root), _index_tensors(root, allow_pickle))
 
 
+def _looks_like_hub_id(text: str) -> bool:
+    """'org/name' as the Hub spells repositories: one slash, no leading ./ or /, no file suffix."""
+    parts = text.split("/")
+    return len(parts) == 2 and all(parts) and not text.startswith((".", "~")) and "\\" not in text
+
+
 def read_hf_config(path: str | Path) -> dict[str, Any]:
     """config.json of a checkpoint directory, without opening (or unpickling) its weights."""
     root = Path(path)
     if not root.is_dir():
-        what = "is a file, not a checkpoint directory (pass the folder that holds config.json)" if root.is_file() else "does not exist"
-        raise CheckpointError(f"checkpoint directory {root} {what}.")
+        if root.is_file() and root.suffix.lower() == ".gguf":
+            raise CheckpointError(f"checkpoint directory {root} is a GGUF file (llama.cpp's format), not a checkpoint directory: build "
+                                  "from the Hugging Face checkpoint it was converted from (the folder that holds config.json).")
+        if root.is_file():
+            raise CheckpointError(f"checkpoint directory {root} is a file, not a checkpoint directory (pass the folder that holds "
+                                  "config.json).")
+        # "org/name" that is no folder here reads as a Hugging Face Hub id: specdec reads local folders only
+        hub = (f"; if {path} is a Hugging Face Hub id, download it first (nothing is downloaded here): "
+               f"hf download {path} --local-dir {root.name}, then pass --checkpoint_dir {root.name}") if _looks_like_hub_id(str(path)) else ""
+        raise CheckpointError(f"checkpoint directory {root} does not exist{hub}.")
     cfg_file = root / "config.json"
     if not cfg_file.is_file():
         raise CheckpointError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import tempfile
 import warnings
@@ -108,6 +109,9 @@ def clean_errors(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
         except SpecdecError as err:
             click.echo(f"error: {err}", err=True)
+            sys.exit(1)
+        except BrokenPipeError:  # the reader left (| head): quiet, as other tools are (Python's docs' recipe: no flush error at exit)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(1)
         except OSError as err:  # a file or folder we could not read or write: say which, in one line
             where = f": {err.filename}" if err.filename else ""

@@ -21,7 +21,12 @@ STATIC_CACHE = "the KV cache is static here (max_batch_size x max_seq_len, fixed
 # run.py flag -> (click type, or None for a flag without a value; why it does nothing here)
 IGNORED: dict[str, tuple[Any, str]] = {
     "use_py_session": (None, "there is one runtime (no C++ / Python session to choose)"),
-    "kv_cache_enable_block_reuse": (None, "draft and target keep their KV caches across rounds by design"),
+    "kv_cache_enable_block_reuse": (None, "prefix caching, its equivalent here, is on by default (--enable_prefix_caching / "
+                                          "--no_enable_prefix_caching)"),
+    "streaming_interval": (int, "--streaming prints after every verification round"),
+    "run_profiling": (None, "time runs with --baseline --repeat N, or specdec-bench"),
+    "debug_mode": (None, "specdec has no debug mode for engines"),
+    "output_generation_logits": (None, "logits are not written out (--output_logits_npy is not supported)"),
     "kv_cache_free_gpu_memory_fraction": (float, STATIC_CACHE),
     "max_tokens_in_paged_kv_cache": (int, STATIC_CACHE),
     "enable_chunked_context": (None, "prompts are prefilled whole (up to the engine's max_input_len)"),

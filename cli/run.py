@@ -90,7 +90,7 @@ def read_inputs(texts: tuple[str, ...], input_file: str | None, tok: Tokenizer |
              "acceptance and step costs, 0 when drafting does not pay (docs/speculative-decoding.md).")
 @option("device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
         help="Where engines run; device ids in the config strings index devices of this kind. auto: cpu for onnxruntime engines, cuda for tensorrt "
-             "engines.")
+             "and torch engines (a float32 torch engine runs on a CPU with --device cpu).")
 @option("allow_vocab_mismatch", is_flag=True,
         help="Take a draft's token ids as the target's although their tokenizers differ, with a warning (default: such a draft drafts through text).")
 @option("input_text", multiple=True,
