@@ -8,7 +8,7 @@
 #     tokens, but a target whose step costs its weight bytes, as a real model's does. The demo target is
 #     so small that per-call overhead, not weights, sets its speed, which hides what speculation buys.
 # Each comparison is timed several times, interleaved (target-only, method, method, target-only, ...);
-# the tables give the median and the spread. About a minute on 2 cores.
+# the tables give the median and the spread. A few minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${SPECDEC_DEMO_OUT:-demo-engines}
