@@ -28,7 +28,8 @@ def processed_probs(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
 
 # Where top-p looks for the nucleus first: the tokens above this share of the most likely one's probability. A model's
 # distribution holds nearly all its mass there, so sorting those few hundred replaces sorting the whole vocabulary
-# (about 30 ms at 152k tokens); where they hold less than top_p, the cut is lowered, down to a sort of everything.
+# (14-18 ms a row at 128k-152k tokens on a 2-core Xeon: docs/benchmarks.md); where they hold less than top_p, the cut is
+# lowered, down to a sort of everything.
 _NUCLEUS_CUTS = (1e-3, 1e-6, 1e-12)
 
 
