@@ -44,6 +44,7 @@ from ..runtime.tree import check_nodes, parse_choices
 from .datasets import Record, check_fits
 
 METHODS = ENGINE_METHODS  # none | draft | ngram | medusa | eagle | peagle | suffix
+CHAIN_METHODS = frozenset({"draft", "ngram", "suffix"})  # swept over --draft_lens, each length a chain
 
 
 def analytic_bound(alpha: float, gamma: int, c: float) -> float:
@@ -202,7 +203,7 @@ def run_sweep(
         raise RequestError(f"no --method given: choose from {', '.join(METHODS)}.")
     if "draft" in methods and draft_dir is None:
         raise RequestError("--method draft needs a draft engine: pass --draft_engine_dir.")
-    if ("draft" in methods or "ngram" in methods or "suffix" in methods) and not draft_lens:
+    if CHAIN_METHODS & set(methods) and not draft_lens:
         raise RequestError("no draft lengths to sweep: pass --draft_lens, e.g. \"1,2,4,8\".")
     if "ngram" in methods and ngram_size < 1:
         raise RequestError(f"--ngram_size={ngram_size} must be >= 1.")
@@ -240,7 +241,7 @@ def run_sweep(
     # saying so (below), as a default list's is
     # (draft, ngram and suffix take any length up to the target's max_draft_len: check_draft_len refuses past it, naming the rebuild)
     reach = [chain_limit(e) for e in heads.values()]
-    if not cut_lens and draft_lens and reach and not {"draft", "ngram", "suffix"} & set(methods) and max(draft_lens) > max(reach):
+    if not cut_lens and draft_lens and reach and not CHAIN_METHODS & set(methods) and max(draft_lens) > max(reach):
         longest = max(reach)
         raise RequestError(f"--draft_lens {max(draft_lens)} is longer than any method asked for drafts here (at most {longest}: an engine's "
                            f"max_draft_len{', or Medusa heads' if 'medusa' in heads else ''}); use lengths <= {longest}.")

@@ -47,7 +47,7 @@ def prepare_output(output_dir: Path, force: bool, inputs: dict[str, str | Path |
     if output_dir.exists() and not output_dir.is_dir():
         raise BuildConfigError(f"--output_dir {output_dir} exists and is not a directory.")
     for flag, path in (inputs or {}).items():
-        if path is not None and (output_dir == Path(path).resolve() or output_dir in Path(path).resolve().parents):
+        if path is not None and Path(path).resolve().is_relative_to(output_dir):
             raise BuildConfigError(f"--output_dir {output_dir} is or holds {flag} {path}: building there would delete it. Choose another "
                                    "--output_dir.")
     if output_dir.is_dir() and any(output_dir.iterdir()):

@@ -60,7 +60,9 @@ def method_configs(values: dict[str, Any]) -> list[tuple[Method, Any]]:
     flags = {f.name: values.pop(f.name) for m in drafting_methods() for f in m.flags if f.name in values}
     configs = [(m, m.from_flags(flags)) for m in drafting_methods()]
     for m, c in configs:  # a setting of a method not asked for would be dropped without a word: refused
-        stray = [f for f in m.flags[1:] if c is None and flags.get(f.name) is not None and flags[f.name] != f.default]
+        if c is not None:
+            continue
+        stray = [f for f in m.flags[1:] if flags.get(f.name) is not None and flags[f.name] != f.default]
         if stray:
             shown = "--" + (stray[0].off if stray[0].type is bool and stray[0].off and not flags[stray[0].name] else stray[0].name)
             raise RequestError(f"{shown} is a setting of the {m.name!r} method, which is not asked for: add {m.flag}, or drop {shown}.")

@@ -20,14 +20,15 @@ import click
 
 from ..bench.datasets import jsonl_values
 from ..bench.sweep import generate_each, token_agreement
-from ..formats.config_strings import DTM_FORM, NGRAM_FORM, DraftTargetConfig, parse_draft_target_config, parse_ngram_config
-from ..formats.engine_format import check_decodes_alone, load_engine_dir, read_engine_config
+from ..formats.config_strings import DTM_FORM, NGRAM_FORM, parse_draft_target_config, parse_ngram_config
+from ..formats.engine_format import check_decodes_alone, is_engine_config, load_engine_dir
 from ..formats.errors import RequestError
 from ..hardware.cpu import check_num_threads
 from ..runtime.devices import placement
 from ..runtime.engine import check_draft_len
 from ..runtime.loading import load_orchestrator
 from ..runtime.pairing import pair
+from ..runtime.proposers.draft import DraftModelConfig
 from .common import check_output_file, clean_errors, end_ids, engine_tokenizer, fmt_or_dash, option, verify_engine_option, yes_no_dash
 
 ROUGE_KEYS = ("rouge1", "rouge2", "rougeL")
@@ -71,12 +72,16 @@ def _threshold(value: float) -> float:
     return value / 100 if value > 1 else value
 
 
-def _vocab_size(path: Path) -> int | None:
-    """A Hugging Face checkpoint's vocab_size (its text_config's for a multimodal one), None where its config says none."""
+def _read_config(path: Path) -> object:
+    """A folder's parsed config.json, or None where it has none (or not JSON)."""
     try:
-        config = json.loads((path / "config.json").read_text())
+        return json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
         return None
+
+
+def _vocab_size(config: object) -> int | None:
+    """A Hugging Face config's vocab_size (its text_config's for a multimodal one), None where it says none."""
     size = config.get("vocab_size", (config.get("text_config") or {}).get("vocab_size")) if isinstance(config, dict) else None
     return size if isinstance(size, int) else None
 
@@ -180,10 +185,11 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
         click.echo(f"note: {truncated} prompt(s) longer than {in_cap} tokens keep their last {in_cap} tokens.", err=True)
 
     hf_dir = hf_model_dir or target.config.extra.get("checkpoint")
-    if hf_dir and read_engine_config(Path(hf_dir)) is not None:
+    hf_config = _read_config(Path(hf_dir)) if hf_dir else None
+    if is_engine_config(hf_config):
         raise RequestError(f"{hf_dir} is a specdec engine, not a Hugging Face checkpoint: pass the checkpoint it was built from as "
                            "--hf_model_dir (its config.json's extra.checkpoint), or --no_test_hf.")
-    hf_vocab = _vocab_size(Path(hf_dir)) if hf_dir and test_hf is not False else None
+    hf_vocab = _vocab_size(hf_config) if test_hf is not False else None
     if hf_vocab is not None and hf_vocab != target.config.model.vocab_size:  # another model: its agreement would read 0, not a fault
         raise RequestError(f"--hf_model_dir {hf_dir} has a vocabulary of {hf_vocab}, the engine {target.config.model.vocab_size}: it is not "
                            "the model the engine was built from; pass that checkpoint, or --no_test_hf.")
@@ -204,12 +210,11 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
         configs.append((f"ngram k={ngram.max_draft_len} n={ngram.max_matching_ngram_size}", {"ngram": ngram}))
     # what the engines will refuse, checked before anything decodes (a refusal costs no run) without opening them: opened
     # one at a time below, after Hugging Face's float32 copy is gone
-    check_decodes_alone(target)
-    placement([0], target, "target", device, num_threads)
+    placement([0], target, "target", device, num_threads)  # (the target's check_decodes_alone ran in engine_tokenizer)
     if draft is not None:
         check_decodes_alone(draft, "draft")
         pair(target, draft)
-        check_draft_len(target, (dtm or DraftTargetConfig.default_for(target.config.build.max_draft_len)).draft_len)
+        check_draft_len(target, DraftModelConfig(draft_engine_dir, dtm).resolved(target.config.build.max_draft_len).draft_len)
     if ngram is not None:
         check_draft_len(target, ngram.max_draft_len, "ngram max_draft_len")
 

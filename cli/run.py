@@ -225,12 +225,7 @@ def main(engine_dir, input_text, input_file, tokenizer_dir, no_add_special_token
         same = all(a.output_ids == b.output_ids for r in spec_runs for a, b in zip(r[0], base_out, strict=True))
         click.echo(summary_table([("target-only", base_metrics), (method, metrics)]) if repeat == 1 else
                    repeat_table(method, [m for _, m in base_runs], [m for _, m in spec_runs]))
-        proposer = orch.engine.proposers.get(orch.engine.speculation.method)
-        note = ("" if sampling.greedy or proposer is None else
-                " (rejection sampling: the sample follows the drafts, not expected to be identical)" if proposer.samples_drafts else
-                f" (sampled over the {orch.engine.vocab_limit} ids draft and target share, not expected to be identical)"
-                if orch.engine.vocab_limit is not None else " (sampled by token compare: target-only's draws, expected to be identical)")
-        click.echo(f"outputs identical to target-only: {'yes' if same else 'no'}{note}")
+        click.echo(f"outputs identical to target-only: {'yes' if same else 'no'}{_sampled_note(orch.engine, sampling)}")
         speedups = [s.tokens_per_s / b.tokens_per_s for (_, b), (_, s) in zip(base_runs, spec_runs, strict=True) if b.tokens_per_s]
         report["baseline"] = {"metrics": base_metrics.to_dict(), "speedup": statistics.median(speedups) if speedups else 0.0,
                               "identical_outputs": same}
@@ -256,6 +251,19 @@ def method_label(engine: Engine, sampling: SamplingConfig | None = None) -> str:
     if proposer.tree is not None and sampling is not None and not sampling.greedy:
         return f"{proposer.name} chain (sampled: the tree's depth, {proposer.tree.depth})"
     return proposer.label
+
+
+def _sampled_note(engine: Engine, sampling: SamplingConfig) -> str:
+    """What --baseline's identity line may expect of a sampled run: token compare draws target-only's tokens for the
+    seed, rejection sampling follows its drafts, and a padded draft cuts sampling to the ids both share."""
+    proposer = engine.proposers.get(engine.speculation.method)
+    if sampling.greedy or proposer is None:
+        return ""
+    if proposer.samples_drafts:
+        return " (rejection sampling: the sample follows the drafts, not expected to be identical)"
+    if engine.vocab_limit is not None:
+        return f" (sampled over the {engine.vocab_limit} ids draft and target share, not expected to be identical)"
+    return " (sampled by token compare: target-only's draws, expected to be identical)"
 
 
 def parse_draft_len(value: str | None) -> int | str | None:

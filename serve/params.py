@@ -154,6 +154,7 @@ def chat_prompt(req: ChatCompletionRequest, served: Served, tools: ToolPlan | No
 
 
 def completion_plan(req: CompletionRequest, served: Served) -> Plan:
+    refuse_unsupported_fields(req)
     same_limit(req)
     if req.suffix:
         raise ApiError(400, "suffix (insertion) is not supported by this server.", "suffix")
@@ -185,18 +186,23 @@ def _prompt_texts(prompt: Any) -> list[str | None]:
     return [p if isinstance(p, str) else None for p in prompts]
 
 
-def same_limit(req: CompletionRequest | ChatCompletionRequest) -> None:
-    """max_tokens and max_completion_tokens (OpenAI's newer name) may both come, if they agree; and vLLM's extensions
-    this server does not implement are refused by name unless neutral (what every request is checked for first)."""
+def refuse_unsupported_fields(req: Sampling) -> None:
+    """vLLM's extensions this server does not implement: refused by name unless neutral (dropped, they would change
+    nothing without a word)."""
     for name, (neutral, instead) in UNSUPPORTED_VLLM_FIELDS.items():
         value = getattr(req, name)
         if value is not None and value != neutral:
             raise ApiError(400, f"{name} (a vLLM extension) is not supported by this server{instead}.", name)
+
+
+def same_limit(req: CompletionRequest | ChatCompletionRequest) -> None:
+    """max_tokens and max_completion_tokens (OpenAI's newer name) may both come, if they agree."""
     if req.max_tokens is not None and req.max_completion_tokens is not None and req.max_tokens != req.max_completion_tokens:
         raise ApiError(400, "max_tokens and max_completion_tokens differ; send one of them.", "max_completion_tokens")
 
 
 def chat_plan(req: ChatCompletionRequest, served: Served) -> Plan:
+    refuse_unsupported_fields(req)
     same_limit(req)
     if req.top_logprobs is not None and not req.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs=true.", "top_logprobs")

@@ -140,14 +140,10 @@ def read_sequences(path: str | Path, tokenizer=None, max_len: int = 512, vocab_s
     out, lines = [], 0
     for n, obj in _jsonl(p):
         lines += 1
-        if "input_ids" not in obj and tokenizer is not None and _turns(obj):
-            for ids, prompt_len in _turn_sequences(_turns(obj), tokenizer):
-                _check_vocab(p, n, ids, vocab_size)
-                ids = ids[:max_len]
-                if len(ids) > max(2, prompt_len):
-                    out.append(Sequence(ids, prompt_len))
-            continue
-        if "input_ids" in obj:
+        turns = _turns(obj) if "input_ids" not in obj and tokenizer is not None else None
+        if turns:
+            pairs = list(_turn_sequences(turns, tokenizer))  # (ids, prompt_len) per answering turn
+        elif "input_ids" in obj:
             ids = obj["input_ids"]
             if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 2**63 for i in ids):
                 raise TrainConfigError(f"{p} line {n}: input_ids must be a list of token ids (integers >= 0).")
@@ -155,17 +151,16 @@ def read_sequences(path: str | Path, tokenizer=None, max_len: int = 512, vocab_s
             prompt_len = 0 if prompt_len is None else prompt_len  # absent or null: the whole sequence is trained on
             if not isinstance(prompt_len, int) or isinstance(prompt_len, bool) or prompt_len < 0:
                 raise TrainConfigError(f"{p} line {n}: prompt_len must be an integer >= 0 (the prompt's tokens), found {str(prompt_len)[:40]!r}.")
+            pairs = [(ids, prompt_len)]
         else:
             if tokenizer is None:
                 raise TrainConfigError(f"{p} line {n} has no input_ids and the model has no tokenizer.json to tokenize its text with.")
-            prompt, answer = "", _prompt_of(obj) or ""  # (conversations: above, turn by turn)
-            prompt_ids = tokenizer.encode(prompt) if prompt else []
-            ids = prompt_ids + tokenizer.encode(answer, add_special_tokens=not prompt_ids)
-            prompt_len = len(prompt_ids)
-        _check_vocab(p, n, ids, vocab_size)
-        ids = ids[:max_len]
-        if len(ids) > max(2, int(prompt_len)):
-            out.append(Sequence(ids, int(prompt_len)))
+            pairs = [(tokenizer.encode(_prompt_of(obj) or "", add_special_tokens=True), 0)]  # a text, all answer (conversations: above, turn by turn)
+        for ids, prompt_len in pairs:
+            _check_vocab(p, n, ids, vocab_size)
+            ids = ids[:max_len]
+            if len(ids) > max(2, prompt_len):
+                out.append(Sequence(ids, prompt_len))
     if not out:
         why = ("is empty" if lines == 0
                else f"has no sequence with a token to learn (of {lines} lines: each needs 3 tokens or more, and answer tokens after its prompt_len)")

@@ -140,10 +140,10 @@ def check_output_dir(cfg: TrainConfig) -> Path:
     if busy and cfg.overwrite_output_dir:  # it is deleted: only ever a run's own output, never what the run reads or where it stands
         where = out.resolve()
         for flag, path in (("--model", cfg.model), ("--data", cfg.data), ("--eval_data", cfg.eval_data)):
-            if path is not None and (where == Path(path).resolve() or where in Path(path).resolve().parents):
+            if path is not None and Path(path).resolve().is_relative_to(where):
                 raise TrainConfigError(f"--output_dir {out} is or holds {flag} {path}: --overwrite_output_dir would delete it. Choose another "
                                        "--output_dir.")
-        if where == Path.cwd().resolve() or where in Path.cwd().resolve().parents:
+        if Path.cwd().resolve().is_relative_to(where):
             raise TrainConfigError(f"--output_dir {out} is the current directory or holds it: --overwrite_output_dir would delete it. Choose "
                                    "another --output_dir.")
         if not is_training_output(out):
@@ -212,8 +212,9 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
     per_epoch = math.ceil(len(train_seqs) / cfg.batch_size)
     total = cfg.max_steps or cfg.num_epochs * per_epoch
     if cfg.resume:
-        _check_resume_flags(cfg, latest_checkpoint(out))
-        _check_resume_length(cfg, latest_checkpoint(out), total, per_epoch)
+        resume_from = latest_checkpoint(out)  # (check_output_dir made sure there is one)
+        _check_resume_flags(cfg, resume_from)
+        _check_resume_length(cfg, resume_from, total, per_epoch)
     RUNS[cfg.mode].check_base(cfg, base_cfg)
     _check_memory(cfg, base_cfg)
     base = load_base(model_dir)
@@ -228,7 +229,7 @@ def train(cfg: TrainConfig, say: Callable[[str], None] = print, progress_bar: bo
     if cfg.overwrite_output_dir and out.exists():
         shutil.rmtree(out)
     if cfg.resume:
-        ckpt = latest_checkpoint(out)
+        ckpt = resume_from
         state = load_checkpoint(ckpt, run.heads, optimizer, names)
         step, losses, elapsed_before = state["step"], state["losses"], state.get("elapsed_s", 0.0)
         say(f"resuming from {ckpt} at step {step}")
