@@ -120,6 +120,12 @@ class BuildConfig:
         return 2 if self.lowering == "ort_cuda" and self.max_draft_len > 0 and self.cuda_attention == "masked" else 1
 
     @property
+    def attends_with_gqa(self) -> bool:
+        """Whether an ort_cuda engine attends with ONNX Runtime's GroupQueryAttention: "gqa", and "auto" in the records of
+        engines built before --cuda_attention was resolved at build time (those attended with it)."""
+        return self.lowering == "ort_cuda" and self.cuda_attention != "masked"
+
+    @property
     def rows_consistent(self) -> bool:
         """Whether a token's K/V and logits are the same bits whatever call computes them (a whole prompt, a prompt's
         suffix after cached rows, a decoding step): engines that verify drafts on ONNX Runtime run a one-token step on a
@@ -128,7 +134,7 @@ class BuildConfig:
         as its own decode case, and TensorRT's kernels per shape were never measured: not these."""
         if self.max_draft_len <= 0 or self.backend != "onnxruntime":
             return False
-        return not (self.lowering == "ort_cuda" and self.cuda_attention != "masked")
+        return not self.attends_with_gqa
 
     @property
     def kv_capacity(self) -> int:

@@ -179,6 +179,29 @@ def test_the_cpu_executor_refuses_what_only_the_cuda_provider_runs(llama_ckpt, t
     OrtExecutor(load_engine_dir(tmp_path / "masked32"), num_threads=1)
 
 
+def test_the_cpu_executor_refuses_an_older_gqa_engine_recorded_as_auto(llama_ckpt, tmp_path):
+    """Engines built before --cuda_attention was resolved at build time record "auto" and attend with GroupQueryAttention:
+    refused like "gqa" (the CUDA executor's uses_gqa counted them; the CPU executor's check did not)."""
+    import json
+
+    from specdec.formats.engine_format import CONFIG_FILE, STAMP_FILE, load_engine_dir, sha256_file
+    from specdec.formats.errors import EngineError
+    from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
+
+    engine = tmp_path / "older"
+    build_engine(llama_ckpt, engine, spec_build(lowering="ort_cuda", dtype="float32", cuda_attention="gqa"), **quiet)
+    cfg, stamp = (json.loads((engine / name).read_text()) for name in (CONFIG_FILE, STAMP_FILE))
+    for held in (cfg, stamp):
+        held["build"]["cuda_attention"] = "auto"
+    (engine / STAMP_FILE).write_text(json.dumps(stamp))
+    cfg["files"][STAMP_FILE] = sha256_file(engine / STAMP_FILE)
+    (engine / CONFIG_FILE).write_text(json.dumps(cfg))
+    older = load_engine_dir(engine)
+    assert older.config.build.cuda_attention == "auto" and older.config.build.attends_with_gqa
+    with pytest.raises(EngineError, match=r"GroupQuery attention\): ONNX Runtime's CUDA GroupQueryAttention takes float16"):
+        OrtExecutor(older, num_threads=1)
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_half_precision_builds_compute_in_their_dtype(dtype, llama_ckpt, tmp_path):
     half = {"bfloat16": onnx.TensorProto.BFLOAT16, "float16": onnx.TensorProto.FLOAT16}[dtype]

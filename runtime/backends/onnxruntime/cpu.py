@@ -72,13 +72,13 @@ class OrtExecutor:
         import onnxruntime as ort
 
         build = engine.config.build
-        if build.lowering == "ort_cuda" and (build.cuda_attention == "gqa" or build.dtype != "float32"):
+        if build.lowering == "ort_cuda" and (build.attends_with_gqa or build.dtype != "float32"):
             # GroupQueryAttention's host-side total_sequence_length and float16/bfloat16 compute: the CUDA provider's, not the CPU's
             # (a float32 ort_cuda engine with masked attention runs here: the lowering's CPU check)
             gpu = ("run it on an NVIDIA GPU (--device cuda, onnxruntime-gpu)" if build.dtype != "float32" else
                    "ONNX Runtime's CUDA GroupQueryAttention takes float16/bfloat16 only, so rebuild it with --dtype bfloat16 for a GPU")
             raise EngineError(f"{engine.path} was built for ONNX Runtime's CUDA provider (--lowering ort_cuda, {build.dtype}, "
-                              f"{build.cuda_attention} attention): {gpu}, or rebuild it without --lowering to run on the CPU.")
+                              f"{'GroupQuery' if build.attends_with_gqa else 'masked'} attention): {gpu}, or rebuild it without --lowering to run on the CPU.")
         self.engine = engine
         self._name = str(engine.path)  # for plan_step's errors, made once rather than on every forward
         self._min_width = engine.config.build.min_step_width  # (a property: read once)

@@ -81,8 +81,7 @@ def rows_one_by_one(lengths: np.ndarray, width: int) -> bool:
 
 def uses_gqa(engine: EngineDir) -> bool:
     """Whether an ort_cuda engine attends with GroupQueryAttention (engines built before cuda_attention existed do)."""
-    build = engine.config.build
-    return build.lowering == "ort_cuda" and build.cuda_attention != "masked"
+    return engine.config.build.attends_with_gqa
 
 
 def check_engine(engine: EngineDir, cuda_graphs: bool | None) -> bool:
