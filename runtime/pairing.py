@@ -66,9 +66,9 @@ def _refuse(message: str, allow_mismatch: bool) -> None:
     raise EngineError(message + " Use a draft that shares the target's tokenizer, or pass --allow_vocab_mismatch if you know the ids agree.")
 
 
-def check_pair(target: EngineDir, draft: EngineDir, allow_mismatch: bool = False) -> int | None:
-    """Refuse a draft whose token ids mean something else; return the shared vocabulary
-    limit (None when both vocabularies have the same size)."""
+def _refuse_unreadable(target: EngineDir, draft: EngineDir, allow_mismatch: bool) -> None:
+    """Refuse a draft whose vocabulary stops short of ids the target's tokenizer writes, when its ids would be taken as
+    the target's: no mode reads them (allow_mismatch included)."""
     tv, dv = target.config.model.vocab_size, draft.config.model.vocab_size
     t_id, d_id = _identity(target), _identity(draft)
     where = f"the draft engine {draft.path} and the target engine {target.path}"
@@ -83,6 +83,16 @@ def check_pair(target: EngineDir, draft: EngineDir, allow_mismatch: bool = False
             fix = "The draft's vocabulary is smaller than its own tokenizer's: rebuild it from a checkpoint whose vocabulary covers it."
         raise EngineError(f"{where} have vocabularies of {dv} and {tv} ids, but the target's tokenizer uses ids up to {used - 1}: the "
                           f"draft cannot read the target's tokens past id {dv - 1}, so its ids cannot be taken as the target's. {fix}")
+
+
+def check_pair(target: EngineDir, draft: EngineDir, allow_mismatch: bool = False) -> int | None:
+    """Refuse a draft whose token ids mean something else; return the shared vocabulary
+    limit (None when both vocabularies have the same size)."""
+    tv, dv = target.config.model.vocab_size, draft.config.model.vocab_size
+    t_id, d_id = _identity(target), _identity(draft)
+    where = f"the draft engine {draft.path} and the target engine {target.path}"
+    used = max(t_id[0].values(), default=-1) + 1 if t_id is not None else None  # ids the target's tokenizer writes
+    _refuse_unreadable(target, draft, allow_mismatch)
     if t_id is not None and d_id is not None:
         (t_vocab, t_special), (d_vocab, d_special) = t_id, d_id
         if t_vocab != d_vocab:
@@ -131,8 +141,8 @@ class Pairing:
 
 def pair(target: EngineDir, draft: EngineDir, allow_mismatch: bool = False) -> Pairing:
     """How ``draft`` drafts for ``target`` (see the module's docstring); refuses, before anything is opened, ids
-    that one side's tokenizer uses beyond the other side's vocabulary when that side has no tokenizer to go through.
-    Shared mode's own checks (``check_pair``) run where the engine is built."""
+    that one side's tokenizer uses beyond the other side's vocabulary when that side has no tokenizer to go through,
+    and a draft that cannot read the target's ids. Shared mode's other checks (``check_pair``) run where the engine is built."""
     t_id, d_id = _identity(target), _identity(draft)
     if t_id is not None and d_id is not None and t_id != d_id and not allow_mismatch:
         return Pairing("cross_tokenizer", f"the draft's tokenizer ({len(d_id[0])} tokens) is not the target's ({len(t_id[0])} tokens): "
@@ -146,5 +156,6 @@ def pair(target: EngineDir, draft: EngineDir, allow_mismatch: bool = False) -> P
             raise EngineError(f"the draft engine {draft.path} ({dv} ids) and the target engine {target.path} ({tv} ids) have different "
                               f"vocabularies and {missing.path} has no tokenizer.json to draft through text; rebuild it from a checkpoint "
                               "with its tokenizer files, or pass --allow_vocab_mismatch if you know the ids agree.")
+    _refuse_unreadable(target, draft, allow_mismatch)
     return Pairing("shared", "the draft shares the target's token ids." if t_id is not None and d_id is not None else
                    "the draft's ids are taken as the target's (an engine without tokenizer.json: checked by size only).")
