@@ -77,8 +77,9 @@ class OrtExecutor:
             # (a float32 ort_cuda engine with masked attention runs here: the lowering's CPU check)
             gpu = ("run it on an NVIDIA GPU (--device cuda, onnxruntime-gpu)" if build.dtype != "float32" else
                    "ONNX Runtime's CUDA GroupQueryAttention takes float16/bfloat16 only, so rebuild it with --dtype bfloat16 for a GPU")
+            attention = "GroupQuery" if build.attends_with_gqa else "masked"
             raise EngineError(f"{engine.path} was built for ONNX Runtime's CUDA provider (--lowering ort_cuda, {build.dtype}, "
-                              f"{'GroupQuery' if build.attends_with_gqa else 'masked'} attention): {gpu}, or rebuild it without --lowering to run on the CPU.")
+                              f"{attention} attention): {gpu}, or rebuild it without --lowering to run on the CPU.")
         self.engine = engine
         self._name = str(engine.path)  # for plan_step's errors, made once rather than on every forward
         self._min_width = engine.config.build.min_step_width  # (a property: read once)
