@@ -31,6 +31,10 @@ class SamplingConfig:
     frequency_penalty: float = 0.0  # subtracted per occurrence in the output
     repetition_penalty: float = 1.0  # tokens in the prompt or output: positive logits divided, negative multiplied; 1 = off
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    # token bans, applied with the settings above (runtime/logits.py); all exact under speculation: each position reads its own history
+    allowed_token_ids: tuple[int, ...] = ()  # only these may be sampled (vLLM's allowed_token_ids); empty = every token
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()  # token sequences never produced: the last token is banned after the others
+    no_repeat_ngram_size: int = 0  # no n-gram of this size occurs twice in prompt + output (transformers', TensorRT-LLM's); 0 = off
 
     def __post_init__(self) -> None:
         if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature >= 0):
@@ -48,6 +52,14 @@ class SamplingConfig:
             raise RequestError("presence_penalty, frequency_penalty and logit_bias values must be finite numbers.")
         if not _is_int(self.random_seed) or self.random_seed < 0:
             raise RequestError(f"random_seed={self.random_seed} must be an integer >= 0.")
+        if not isinstance(self.allowed_token_ids, (tuple, list)) or not all(_is_id(t) for t in self.allowed_token_ids):
+            raise RequestError(f"allowed_token_ids={self.allowed_token_ids!r} must be a tuple of token ids (integers >= 0); "
+                               "empty allows every token.")
+        if not isinstance(self.bad_words_ids, (tuple, list)) or not all(
+                isinstance(w, (tuple, list)) and w and all(_is_id(t) for t in w) for w in self.bad_words_ids):
+            raise RequestError(f"bad_words_ids={self.bad_words_ids!r} must be a tuple of non-empty token-id sequences, e.g. ((53,), (80, 12)).")
+        if not _is_int(self.no_repeat_ngram_size) or self.no_repeat_ngram_size < 0:
+            raise RequestError(f"no_repeat_ngram_size={self.no_repeat_ngram_size} must be an integer >= 0 (0 means off).")
 
     @property
     def greedy(self) -> bool:
@@ -56,3 +68,7 @@ class SamplingConfig:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _is_id(value: object) -> bool:
+    return _is_int(value) and value >= 0  # type: ignore[operator]

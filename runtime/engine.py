@@ -198,6 +198,10 @@ class Engine:
         each prompt's index, so prompts with the same seed still draw differently).
         """
         ids = self.validate(prompt_ids)
+        vocab = self.target.vocab_size
+        outside = [t for t in (*config.sampling.allowed_token_ids, *(t for w in config.sampling.bad_words_ids for t in w)) if t >= vocab]
+        if outside:
+            raise RequestError(f"allowed_token_ids / bad_words_ids hold token id {outside[0]}, outside the vocabulary [0, {vocab}).")
         method = config.method or self.speculation.method
         proposer = self.proposers.get(method)  # None: the request decodes target-only
         if proposer is None and method != TARGET_ONLY:
@@ -215,7 +219,8 @@ class Engine:
             raise RequestError(f"request id {rid!r} is already in use.")
         seed = config.sampling.random_seed
         req = Request(rid, ids, config, method, draft_len, draft_generator(seed, seed_stream), draws=TargetDraws(seed, seed_stream))
-        req.processor = LogitsProcessor(config.sampling, ids, config.grammar.start() if config.grammar is not None else None)
+        req.processor = LogitsProcessor(config.sampling, ids, config.grammar.start() if config.grammar is not None else None,
+                                        config.end_ids, config.min_output_len)
         req.metrics.prompt_tokens = len(ids)
         self.requests[rid] = req
         self.scheduler.add(req)

@@ -6,7 +6,9 @@ before it), to the target's logits and to a draft's alike:
 
     penalties    repetition (prompt + output), frequency and presence (output)   on the raw logits
     logit_bias   added per token id
+    allowed      tokens outside allowed_token_ids get -inf (runtime/bans.py)
     grammar      tokens the request's grammar forbids get -inf (runtime/grammar.py)
+    bans         bad words, repeated n-grams, and the end ids before min_output_len: -inf, unless that leaves no token (runtime/bans.py)
     ---- the processed logits: greedy picks their argmax; logprobs are their log-softmax
     temperature, top-k, min-p, top-p    runtime/sampling.py's processed_probs -> the distribution sampled
 
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from .bans import TokenBans
 from .sampling import SamplingConfig, processed_probs, sample
 
 if TYPE_CHECKING:
@@ -38,16 +41,19 @@ if TYPE_CHECKING:
 class LogitsProcessor:
     """One request's chain and the history it reads."""
 
-    def __init__(self, cfg: SamplingConfig, prompt_ids: Sequence[int] = (), grammar: GrammarState | None = None):
+    def __init__(self, cfg: SamplingConfig, prompt_ids: Sequence[int] = (), grammar: GrammarState | None = None,
+                 end_ids: Sequence[int] = (), min_output_len: int = 0):
         self.cfg = cfg
         self.grammar = grammar
+        bans = TokenBans(cfg, prompt_ids, end_ids, min_output_len)
+        self.bans = bans if bans.active else None
         self.counts: Counter[int] = Counter()  # output tokens (frequency, presence)
         self.seen: set[int] = set(int(t) for t in prompt_ids) if cfg.repetition_penalty != 1.0 else set()
         self.bias_ids = np.array([t for t, _ in cfg.logit_bias], np.int64)
         self.bias_values = np.array([b for _, b in cfg.logit_bias], np.float64)
         self.penalized = cfg.repetition_penalty != 1.0 or cfg.frequency_penalty != 0.0 or cfg.presence_penalty != 0.0
         # nothing history-dependent: the raw logits are the processed ones (the engine's fast paths)
-        self.plain = not (self.penalized or len(self.bias_ids) or grammar is not None)
+        self.plain = not (self.penalized or len(self.bias_ids) or grammar is not None or self.bans is not None)
 
     # -- the chain ------------------------------------------------------------------------
     def logits(self, row: np.ndarray, appended: Sequence[int] = ()) -> np.ndarray:
@@ -63,10 +69,14 @@ class LogitsProcessor:
             x[self.bias_ids[inside]] += self.bias_values[inside]
         # a tiny repetition penalty divides a logit past float64's range: the largest finite one instead, never inf - inf
         np.minimum(x, np.finfo(np.float64).max, out=x)
+        if self.bans is not None:
+            self.bans.apply_allowed(x)
         if self.grammar is not None:
             mask = self.grammar.allowed(appended)  # [grammar vocab]
             x[: min(width, len(mask))][~mask[:width]] = -np.inf
             x[len(mask) :] = -np.inf
+        if self.bans is not None:
+            self.bans.apply_bans(x, appended)  # after the constraints: a ban that would leave no token yields
         return x
 
     def _penalize(self, x: np.ndarray, appended: Sequence[int]) -> None:
@@ -100,6 +110,11 @@ class LogitsProcessor:
             self.seen.update(int(t) for t in tokens)
         if self.grammar is not None:
             self.grammar.commit(tokens)
+        if self.bans is not None:
+            self.bans.commit(tokens)
+            if not self.bans.active:  # min_output_len reached and nothing else banned: back to the plain paths
+                self.bans = None
+                self.plain = not (self.penalized or len(self.bias_ids) or self.grammar is not None)
 
     def failed(self, output: Sequence[int]) -> str | None:
         """Why the output cannot go on after exactly ``output`` (its grammar's llguidance gave up there), or None."""

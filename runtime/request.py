@@ -37,6 +37,7 @@ ERROR_CAUSES = ("nonfinite_logits", "grammar")
 @dataclass(frozen=True)
 class GenerationConfig:
     max_output_len: int = 128
+    min_output_len: int = 0  # the end ids are banned, and stop words not matched, before this many new tokens (vLLM's min_tokens)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     end_ids: tuple[int, ...] = ()  # stop after any of these (empty: never)
     stop_words: tuple[tuple[int, ...], ...] = ()  # token sequences that end a request
@@ -52,6 +53,10 @@ class GenerationConfig:
     def __post_init__(self) -> None:
         if self.max_output_len < 1:
             raise RequestError(f"max_output_len={self.max_output_len} must be >= 1.")
+        if isinstance(self.min_output_len, bool) or not isinstance(self.min_output_len, (int, np.integer)) or self.min_output_len < 0:
+            raise RequestError(f"min_output_len={self.min_output_len} must be an integer >= 0 (0 means off).")
+        if self.min_output_len > self.max_output_len:
+            raise RequestError(f"min_output_len={self.min_output_len} is larger than max_output_len={self.max_output_len}.")
         if self.method is not None and self.method not in method_names():
             raise RequestError(f"unknown speculation method {self.method!r}; expected one of {', '.join(method_names())}.")
         if isinstance(self.draft_len, str) and self.draft_len != AUTO:
@@ -68,6 +73,12 @@ class GenerationConfig:
                 isinstance(w, (tuple, list)) and w and all(_is_id(t) for t in w) for w in self.stop_words):
             raise RequestError(f"stop_words={self.stop_words!r} must be a tuple of token-id sequences, e.g. ((53, 51),): token ids, "
                                "not text (encode a stop string with the tokenizer, or stop on text as specdec-run --stop_words does).")
+        allowed = set(self.sampling.allowed_token_ids)
+        if allowed and self.grammar is not None:
+            raise RequestError("allowed_token_ids beside a grammar (structured outputs): constrain the grammar instead; the two "
+                               "together could leave no token.")
+        if allowed and allowed <= {w[0] for w in self.sampling.bad_words_ids if len(w) == 1}:
+            raise RequestError(f"every one of allowed_token_ids {sorted(allowed)[:8]} is a one-token bad word: nothing could be produced.")
 
 
 def _is_id(t: object) -> bool:

@@ -64,7 +64,7 @@ def append(r: Request, tokens: list[int], new: NewTokens, max_seq_len: int) -> b
             reason = "end_id"
         elif grammar is not None and grammar.done:
             reason = "grammar"  # the output is complete: its grammar takes no more tokens
-        elif stop_words and any(len(s) <= len(out) and tuple(out[-len(s):]) == s for s in stop_words):
+        elif stop_words and len(out) > cfg.min_output_len and any(len(s) <= len(out) and tuple(out[-len(s):]) == s for s in stop_words):
             reason = "stop_words"
         elif len(out) >= max_output_len:
             reason = "length"
