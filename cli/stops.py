@@ -26,7 +26,7 @@ def generate_with_stops(orch: Orchestrator, prompts: list[list[int]], gen: Gener
     if not stops and on_text is None:
         return orch.generate(prompts, gen)
     # the output is decoded on its own, as run.py and decode_text do (no prompt context: a first "▁word" loses its space)
-    streams = {i: TextStream(tok, [], stops, keep_stop=True) for i in range(len(prompts))} if tok else {}
+    streams = {i: TextStream(tok, [], stops, keep_stop=True, min_tokens=gen.min_output_len) for i in range(len(prompts))} if tok else {}
     stopped: dict[int, int] = {}  # prompt index -> tokens kept
 
     def on_tokens(i: int, new: list[int]) -> bool:
@@ -54,8 +54,8 @@ def generate_with_stops(orch: Orchestrator, prompts: list[list[int]], gen: Gener
     return outputs, metrics
 
 
-def decode_text(tok: Tokenizer, out: RequestOutput, stops: Sequence[str]) -> str:
-    """The output's text, cut at the end of its stop string when it stopped on one."""
-    stream = TextStream(tok, [], stops if out.finish_reason == "stop_words" else (), keep_stop=True)
+def decode_text(tok: Tokenizer, out: RequestOutput, stops: Sequence[str], min_tokens: int = 0) -> str:
+    """The output's text, cut at the end of its stop string when it stopped on one (none in its first min_tokens tokens)."""
+    stream = TextStream(tok, [], stops if out.finish_reason == "stop_words" else (), keep_stop=True, min_tokens=min_tokens)
     text, _ = stream.feed(out.output_ids)
     return text + stream.finish()

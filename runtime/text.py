@@ -79,15 +79,19 @@ class IncrementalDetokenizer:
 class TextStream:
     """One request's output text: detokenized incrementally, ended at the first stop string."""
 
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int], stops: Sequence[str] = (), keep_stop: bool = False):
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int], stops: Sequence[str] = (), keep_stop: bool = False,
+                 min_tokens: int = 0):
         self.detok = IncrementalDetokenizer(tokenizer, prompt_ids)
         self.stops = tuple(s for s in stops if s)
         self.keep_stop = keep_stop
+        self.min_tokens = min_tokens  # no stop string ends the text at its first min_tokens tokens (vLLM's min_tokens)
         self.lookback = max((len(s) for s in self.stops), default=1) - 1  # a stop can start this far back in shown text
         self.shown: list[str] = []  # text handed out, in pieces (joined only when asked)
         self.recent = ""  # the last ``lookback`` characters handed out
         self.unsent = ""  # text decoded but not handed out yet (held back, or this round's)
         self.num_tokens = 0  # tokens consumed: up to the one that completed a stop string
+        self.num_chars = 0  # characters decoded so far
+        self.free_from = 0  # a stop string must end past this many characters: the text of the first min_tokens tokens
         self.stopped = False
 
     @property
@@ -118,11 +122,16 @@ class TextStream:
         if not piece:
             return
         self.unsent += piece
+        self.num_chars += len(piece)
+        if self.num_tokens <= self.min_tokens:
+            self.free_from = self.num_chars
+            return
         if not self.stops:
             return
         # a new match ends in the new piece, so it starts at most ``lookback`` characters before the unsent text
         window = self.recent + self.unsent
-        hits = [(i, i + len(s)) for s in self.stops if (i := window.find(s)) >= 0]
+        at = self.num_chars - len(window)  # where the window starts in the whole text
+        hits = [(i, i + len(s)) for s in self.stops if (i := window.find(s, max(0, self.free_from - at - len(s) + 1))) >= 0]
         if hits:
             cut = min(end for _, end in hits) if self.keep_stop else min(start for start, _ in hits)
             # without keep_stop nothing shown held a stop's beginning (_held), so the cut is in the unsent text

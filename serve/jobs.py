@@ -69,7 +69,9 @@ class Choice:
         self.index, self.prompt = index, prompt
         self.request_id = f"{job.id}-{index}"
         ids = job.plan.prompts[prompt]
-        self.stream = TextStream(served.tokenizer, ids, job.plan.stops) if served.tokenizer else None
+        plan = job.plan
+        self.stream = (TextStream(served.tokenizer, ids, plan.stops, keep_stop=plan.include_stop, min_tokens=plan.config.min_output_len)
+                       if served.tokenizer else None)
         self.token_ids: list[int] = []
         self.text: list[str] = []
         self.logprobs: list[TokenLogprob] = []

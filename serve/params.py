@@ -105,6 +105,7 @@ class Plan:
     prompt_texts: list[str | None] = field(default_factory=list)  # per prompt: the text as sent (echo returns it), None for token ids
     tools: ToolPlan | None = None
     grammar_param: str | None = None  # the request field the output's grammar came from (named by a grammar's error)
+    include_stop: bool = False  # include_stop_str_in_output: the text ends after the stop string, not before it
 
 
 def check_common(req: Sampling, served: Served) -> None:
@@ -165,7 +166,7 @@ def completion_plan(req: CompletionRequest, served: Served) -> Plan:
         raise ApiError(400, "best_of > n cannot be streamed: the best choices are known only at the end. Send stream=false.", "best_of")
     if req.max_tokens == 0 and not req.echo:
         raise ApiError(400, "max_tokens=0 is only allowed with echo=true (scoring the prompt); send max_tokens >= 1.", "max_tokens")
-    prompts = completion_prompts(req, served)
+    prompts, cut = truncated(req, completion_prompts(req, served), served)
     if len(prompts) * best_of > MAX_CHOICES:
         raise ApiError(400, f"{len(prompts)} prompts x {'best_of' if req.best_of else 'n'}={best_of} is {len(prompts) * best_of} sequences; at most "
                             f"{MAX_CHOICES} per request.", "n")
@@ -176,7 +177,7 @@ def completion_plan(req: CompletionRequest, served: Served) -> Plan:
     logprobs = req.logprobs
     want = logprobs if logprobs is not None else (0 if best_of > n else None)  # best_of ranks by log-probability
     config = replace(p.config, logprobs=want, prompt_logprobs=req.echo and logprobs is not None)
-    texts = _prompt_texts(req.prompt) if req.echo else []
+    texts = [None if was_cut else t for t, was_cut in zip(_prompt_texts(req.prompt), cut, strict=True)] if req.echo else []
     return replace(p, config=config, n=n, samples=best_of, echo=req.echo, logprobs=logprobs, drop_output=drop, prompt_texts=texts)
 
 
@@ -184,6 +185,18 @@ def _prompt_texts(prompt: Any) -> list[str | None]:
     """Each prompt as sent, for echo: OpenAI and vLLM echo a text prompt as it came, not as its tokens decode."""
     prompts = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) else [prompt]
     return [p if isinstance(p, str) else None for p in prompts]
+
+
+def truncated(req: Sampling, prompts: list[list[int]], served: Served) -> tuple[list[list[int]], list[bool]]:
+    """vLLM's truncate_prompt_tokens: each prompt's last k tokens (-1: the engine's max_input_len); whether each was cut."""
+    k = req.truncate_prompt_tokens
+    if k is None:
+        return prompts, [False] * len(prompts)
+    if k == 0:
+        raise ApiError(400, "truncate_prompt_tokens=0 would leave no prompt: send k >= 1 (the prompt's last k tokens), or -1 "
+                            f"(the engine's max_input_len, {served.engine.max_input_len}).", "truncate_prompt_tokens")
+    k = served.engine.max_input_len if k == -1 else k
+    return [p[-k:] for p in prompts], [len(p) > k for p in prompts]
 
 
 def refuse_unsupported_fields(req: Sampling) -> None:
@@ -208,7 +221,8 @@ def chat_plan(req: ChatCompletionRequest, served: Served) -> Plan:
         raise ApiError(400, "top_logprobs needs logprobs=true.", "top_logprobs")
     tools = plan_tools(req, served)
     name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    p = plan(req, [chat_prompt(req, served, tools)], req.max_completion_tokens or req.max_tokens, served, None, name, tools=tools)
+    prompts, _ = truncated(req, [chat_prompt(req, served, tools)], served)
+    p = plan(req, prompts, req.max_completion_tokens or req.max_tokens, served, None, name, tools=tools)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     return replace(p, config=replace(p.config, logprobs=logprobs), n=req.n, samples=req.n, logprobs=logprobs, tools=tools)
 
@@ -252,6 +266,8 @@ def plan(req: Sampling, prompts: list[list[int]], max_tokens: int | None, served
         frequency_penalty=req.frequency_penalty or 0.0,
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
         logit_bias=logit_bias(req, engine.target.vocab_size),
+        allowed_token_ids=allowed_token_ids(req, engine.target.vocab_size),
+        bad_words_ids=bad_words_ids(req, served),
     )
     proposer = engine.proposers.get(method)
     tree = proposer.tree if proposer is not None and isinstance(k, int) and k > 0 else None
@@ -262,9 +278,16 @@ def plan(req: Sampling, prompts: list[list[int]], max_tokens: int | None, served
     grammar = None
     spec, param = tools.grammar if tools is not None and tools.grammar is not None else grammar_spec(req)
     if spec is not None:
+        if req.allowed_token_ids:
+            raise ApiError(400, f"allowed_token_ids cannot be combined with structured outputs ({param}): the two together could "
+                                "leave no token; constrain the output with one of them.", "allowed_token_ids")
         grammar = served.grammar(spec, param)
+    min_tokens = req.min_tokens or 0
+    if min_tokens > max_tokens:
+        raise ApiError(400, f"min_tokens={min_tokens} is larger than {max_tokens_param}={max_tokens}.", "min_tokens")
     config = GenerationConfig(
         max_output_len=max_tokens,
+        min_output_len=min_tokens,
         sampling=sampling,
         end_ids=(() if req.ignore_eos and grammar is None else served.end_ids) + stop_token_ids(req, engine.target.vocab_size),
         method=method,
@@ -272,7 +295,8 @@ def plan(req: Sampling, prompts: list[list[int]], max_tokens: int | None, served
         grammar=grammar,
     )
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    return Plan(checked, config, stops, method, k, req.stream, include_usage, grammar_param=param if grammar is not None else None)
+    return Plan(checked, config, stops, method, k, req.stream, include_usage, grammar_param=param if grammar is not None else None,
+                include_stop=req.include_stop_str_in_output)
 
 
 def stop_token_ids(req: Sampling, vocab: int) -> tuple[int, ...]:
@@ -283,6 +307,33 @@ def stop_token_ids(req: Sampling, vocab: int) -> tuple[int, ...]:
         if t >= vocab:
             raise ApiError(400, f"stop_token_ids has token id {t}, outside the vocabulary [0, {vocab}).", "stop_token_ids")
     return ids
+
+
+def allowed_token_ids(req: Sampling, vocab: int) -> tuple[int, ...]:
+    ids = tuple(dict.fromkeys(req.allowed_token_ids or ()))
+    outside = [t for t in ids if t >= vocab]
+    if outside:
+        raise ApiError(400, f"allowed_token_ids has token id {outside[0]}, outside the vocabulary [0, {vocab}).", "allowed_token_ids")
+    return ids
+
+
+def bad_words_ids(req: Sampling, served: Served) -> tuple[tuple[int, ...], ...]:
+    """vLLM's bad_words, tokenized as vLLM does: each word as it starts a text and after a space (its tokens differ), both
+    banned; a word's last token is banned where the tokens before it end the output."""
+    if not req.bad_words:
+        return ()
+    if served.tokenizer is None:
+        raise ApiError(400, "bad_words are tokenized with the model's tokenizer and the engine has none: restart with --tokenizer_dir, or "
+                            "ban token ids with logit_bias (-100).", "bad_words")
+    words: dict[tuple[int, ...], None] = {}
+    for word in req.bad_words:
+        for text in (word.lstrip(), " " + word.lstrip()):
+            ids = tuple(served.tokenizer.encode(text, add_special_tokens=False)) if text.strip() else ()
+            if ids:
+                words[ids] = None
+    if not words:
+        raise ApiError(400, "bad_words holds only whitespace: nothing to ban.", "bad_words")
+    return tuple(words)
 
 
 def logit_bias(req: Sampling, vocab: int) -> tuple[tuple[int, float], ...]:

@@ -13,7 +13,8 @@ Extensions (ignored by clients that do not know them):
     "speculative": {"method": "none" | "draft" | "ngram" | "suffix" | "medusa" | "eagle", "num_draft_tokens": k | "auto"}
     "ignore_eos": true        decode max_tokens tokens whatever the model says (benchmarks)
     "top_k", "min_p", "repetition_penalty", "stop_token_ids"     as vLLM accepts them
-    vLLM's other sampling extensions (min_tokens, guided_json, use_beam_search, ...: UNSUPPORTED_VLLM_FIELDS) are
+    "min_tokens", "allowed_token_ids", "bad_words", "include_stop_str_in_output", "truncate_prompt_tokens"   as vLLM's
+    vLLM's other sampling extensions (guided_json, use_beam_search, prompt_logprobs, ...: UNSUPPORTED_VLLM_FIELDS) are
     refused by name when set to anything but their neutral value: dropped, they would change nothing without a word
     "structured_outputs": {"json": schema} | {"regex": "..."} | {"choice": [...]} | {"grammar": "lark"}   as vLLM's
 """
@@ -40,6 +41,8 @@ MAX_STOPS = 16
 MAX_TEXT = 1_000_000  # characters in a string field that is not tokenized as a prompt (a description, a stop string's list ...)
 MAX_BIAS = 1024  # logit_bias entries
 MAX_STOP_IDS = 64  # stop_token_ids entries
+MAX_ALLOWED = 1 << 20  # allowed_token_ids entries (a vocabulary's worth)
+MAX_BAD_WORDS = 1024
 
 TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 # A prompt's length has no limit of its own: the body limit (--max_request_bytes) bounds it, and the engine's
@@ -123,11 +126,13 @@ class Sampling(BaseModel):
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_IDS)] | None = None  # vLLM's: any of them ends the request
+    # vLLM's, as vLLM reads them (serve/params.py)
+    min_tokens: Annotated[int, Field(ge=0, le=INT64)] | None = None  # no end id, stop id or stop string before this many tokens
+    include_stop_str_in_output: bool = False  # the stop string ends the text, instead of being cut off
+    allowed_token_ids: Annotated[list[TokenId], Field(min_length=1, max_length=MAX_ALLOWED)] | None = None  # only these are sampled
+    bad_words: Annotated[list[Annotated[str, Field(min_length=1, max_length=1000)]], Field(max_length=MAX_BAD_WORDS)] | None = None
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=INT64)] | None = None  # keep the prompt's last k tokens; -1: max_input_len
     # vLLM's extensions not implemented here (serve/params.py refuses them unless neutral); typed loosely: the refusal names them
-    min_tokens: int | None = None
-    include_stop_str_in_output: bool | None = None
-    allowed_token_ids: list[int] | None = None
-    bad_words: list[str] | None = None
     prompt_logprobs: int | None = None
     guided_json: Any = None
     guided_regex: Any = None
@@ -135,16 +140,11 @@ class Sampling(BaseModel):
     guided_grammar: Any = None
     use_beam_search: bool | None = None
     length_penalty: float | None = None
-    truncate_prompt_tokens: int | None = None
     typical_p: float | None = None
 
 
 # vLLM's extension -> its neutral value (sent by clients that fill in defaults: served as nothing), and what to use here
 UNSUPPORTED_VLLM_FIELDS: dict[str, tuple[Any, str]] = {
-    "min_tokens": (0, ""),
-    "include_stop_str_in_output": (False, ""),
-    "allowed_token_ids": (None, "; logit_bias can ban tokens (-100)"),
-    "bad_words": ([], "; logit_bias can ban tokens (-100)"),
     "prompt_logprobs": (None, "; on /v1/completions, echo with logprobs scores the prompt"),
     "guided_json": (None, '; send structured_outputs {"json": schema} or response_format'),
     "guided_regex": (None, '; send structured_outputs {"regex": "..."}'),
@@ -152,7 +152,6 @@ UNSUPPORTED_VLLM_FIELDS: dict[str, tuple[Any, str]] = {
     "guided_grammar": (None, '; send structured_outputs {"grammar": "..."}'),
     "use_beam_search": (False, ""),
     "length_penalty": (1.0, ""),
-    "truncate_prompt_tokens": (None, ""),
     "typical_p": (1.0, ""),
 }
 

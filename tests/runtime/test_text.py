@@ -104,6 +104,20 @@ def test_stop_string_cuts_the_output_and_is_never_sent(byte_tok, sizes):
     assert stream.num_tokens == len(byte_tok.encode("alpha beta STOP", add_special_tokens=False))  # usage stops at the token that completed it
 
 
+@pytest.mark.parametrize("sizes", [[1], [4], [2, 7], [100]])
+@pytest.mark.parametrize("keep", [False, True])
+def test_no_stop_string_ends_the_text_in_its_first_min_tokens(byte_tok, sizes, keep):
+    """vLLM's min_tokens: a stop string completed by one of the first min_tokens tokens does not count, even when one
+    round brings those tokens and later ones together; one completed after them does."""
+    ids = byte_tok.encode("a STOP b STOP c", add_special_tokens=False)
+    stream = TextStream(byte_tok, [], stops=("STOP",), keep_stop=keep, min_tokens=len("a STOP"))
+    sent, stopped = feed_until_stopped(stream, ids, sizes)
+    assert stopped and "".join(sent) + stream.finish() == ("a STOP b STOP" if keep else "a STOP b ")
+    assert stream.num_tokens == len("a STOP b STOP")
+    late = TextStream(byte_tok, [], stops=("STOP",), min_tokens=len("a STO"))  # its last letter is past the first min_tokens: counts
+    assert late.feed(ids) == ("a ", True)
+
+
 def test_earliest_stop_wins_and_held_prefix_is_released(byte_tok):
     stream = TextStream(byte_tok, [], stops=("xyz", "cd"))
     ids = byte_tok.encode("abxy", add_special_tokens=False)

@@ -88,13 +88,63 @@ def test_vllms_stop_token_ids_end_the_request_and_neutral_extensions_pass(client
     """stop_token_ids (vLLM's) end a request at the first of them, kept in the output as an end id is, with
     finish_reason stop, under speculation too and with ignore_eos on (as vLLM's); vLLM's extensions this server lacks
     pass when a client sends their neutral values (refused otherwise: test_serve_errors)."""
-    neutral = {"min_tokens": 0, "use_beam_search": False, "typical_p": 1.0, "length_penalty": 1.0, "include_stop_str_in_output": False}
+    neutral = {"min_tokens": 0, "use_beam_search": False, "typical_p": 1.0, "length_penalty": 1.0, "include_stop_str_in_output": False,
+               "prompt_logprobs": None}
     plain = complete(client, METHODS[0], extra=neutral).choices[0].model_extra["token_ids"]
     stop_at = plain[5]
     want = plain[: plain.index(stop_at) + 1]
     for spec in METHODS:
         c = complete(client, spec, extra={"stop_token_ids": [stop_at]}).choices[0]
         assert c.model_extra["token_ids"] == want and c.finish_reason == "stop", spec
+
+
+@pytest.mark.parametrize("spec", METHODS, ids=IDS)
+def test_vllms_min_tokens_allowed_token_ids_and_bad_words_keep_greedy_output_identical(client, spec):
+    """min_tokens holds back the stop ids (and stop strings) for its first tokens; allowed_token_ids keeps the output inside
+    them; bad_words never appear (tokenized as vLLM does); each changes the output, and speculation does not."""
+    plain = complete(client, METHODS[0]).choices[0]
+    ids = plain.model_extra["token_ids"]
+    cases = [
+        {"stop_token_ids": [ids[1]], "min_tokens": 6},
+        {"allowed_token_ids": sorted(set(ids[2:6]))},
+        {"bad_words": [plain.text[:2], plain.text[4]]},
+    ]
+    for extra in cases:
+        want = complete(client, METHODS[0], extra=extra).choices[0]
+        got = complete(client, spec, extra=extra).choices[0]
+        assert got.model_extra["token_ids"] == want.model_extra["token_ids"] != ids, extra
+        assert got.text == want.text and got.finish_reason == want.finish_reason
+    first, limited, banned = (complete(client, spec, extra=e).choices[0] for e in cases)
+    assert len(first.model_extra["token_ids"]) > 6 and ids[1] not in first.model_extra["token_ids"][:6]
+    assert set(limited.model_extra["token_ids"]) <= set(ids[2:6])
+    assert plain.text[:2] not in banned.text and plain.text[4] not in banned.text
+
+
+def test_stop_strings_wait_for_min_tokens_and_include_stop_str_in_output_keeps_them(client):
+    plain = complete(client, METHODS[0]).choices[0].text
+    stop = plain[1]
+    early = complete(client, METHODS[0], stop=[stop]).choices[0]
+    assert early.text == plain[:1] and early.finish_reason == "stop"
+    kept = complete(client, METHODS[1], stop=[stop], extra={"include_stop_str_in_output": True}).choices[0]
+    assert kept.text == plain[:2] and kept.finish_reason == "stop"
+    pieces = complete(client, METHODS[0], logprobs=0).choices[0].logprobs.tokens  # each token's text
+    first = next(j for j in range(len(pieces)) if stop in "".join(pieces[: j + 1]))  # the token that completes the first stop
+    later = complete(client, METHODS[2], stop=[stop], extra={"min_tokens": first + 1}).choices[0]  # the first stop is in the first tokens
+    again = plain.find(stop, 2)
+    assert later.text == (plain[:again] if again >= 0 else plain) and later.finish_reason == ("stop" if again >= 0 else "length")
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(client):
+    long = "xyz " * 10 + PROMPT
+    kw = dict(model="target", prompt=long, max_tokens=8, temperature=0, echo=True)
+    whole = client.completions.create(**kw, extra_body={"ignore_eos": True})
+    cut = client.completions.create(**kw, extra_body={"truncate_prompt_tokens": len(PROMPT), "ignore_eos": True})
+    assert whole.usage.prompt_tokens == len(long) + 1 and cut.usage.prompt_tokens == len(PROMPT)  # one token a character, and BOS
+    assert whole.choices[0].text.startswith(long) and cut.choices[0].text.startswith(PROMPT)  # echo: the prompt the model read
+    assert not cut.choices[0].text.startswith("xyz")
+    chat = client.chat.completions.create(model="target", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0,
+                                          extra_body={"truncate_prompt_tokens": -1})
+    assert chat.choices[0].finish_reason in ("stop", "length")
 
 
 def test_echo_scores_the_prompt(client):
