@@ -106,6 +106,17 @@ def read_inputs(texts: tuple[str, ...], input_file: str | None, tok: Tokenizer |
 @option("top_k", type=int, default=0, show_default=True, help="0 = off.")
 @option("top_p", type=float, default=1.0, show_default=True, help="1.0 = off.")
 @option("random_seed", type=int, default=0, show_default=True, help="Same seed, same output.")
+@option("min_p", type=float, default=0.0, show_default=True, help="Drop tokens less likely than min_p x the most likely one; 0 = off.")
+@option("repetition_penalty", type=float, default=1.0, show_default=True,
+        help="Tokens of the prompt or output: positive logits divided by it, negative ones multiplied; 1.0 = off.")
+@option("presence_penalty", type=float, default=0.0, show_default=True, help="Subtracted once from the logit of every token in the output.")
+@option("frequency_penalty", type=float, default=0.0, show_default=True, help="Subtracted from a token's logit per time it is in the output.")
+@option("bad_words", multiple=True,
+        help="A string never produced (repeatable): tokenized as given (' London' and 'London' differ), its last token is banned where its "
+             "other tokens end the prompt + output.")
+@option("no_repeat_ngram_size", type=int, default=0, show_default=True, help="No n-gram of this size occurs twice in prompt + output; 0 = off.")
+@option("min_output_len", type=int, default=0, show_default=True,
+        help="New tokens before an end id or a stop word may end a request (vLLM's min_tokens, transformers' min_new_tokens).")
 @option("streaming", is_flag=True, help="Print text as tokens are accepted (one prompt).")
 @option("baseline", is_flag=True, help="Also run target-only decoding on the same inputs first, and report the speedup and whether outputs match.")
 @option("repeat", type=int, default=1, show_default=True,
@@ -125,7 +136,8 @@ def read_inputs(texts: tuple[str, ...], input_file: str | None, tok: Tokenizer |
 @click.argument("more_input_text", nargs=-1, metavar="")
 @clean_errors
 def main(engine_dir, input_text, input_file, tokenizer_dir, no_add_special_tokens, max_output_len, end_id, stop_words, temperature, top_k, top_p,
-         random_seed, streaming, baseline, repeat, output_csv, output_npy, output_json, num_threads, draft_num_threads, draft_len, device,
+         random_seed, min_p, repetition_penalty, presence_penalty, frequency_penalty, bad_words, no_repeat_ngram_size, min_output_len, streaming,
+         baseline, repeat, output_csv, output_npy, output_json, num_threads, draft_num_threads, draft_len, device,
          allow_vocab_mismatch, prefix_cache_slots, enable_prefix_caching, measure_step_costs, verify_engine, more_input_text, **flags) -> None:
     """Run a target engine, optionally with speculative decoding.
 
@@ -161,12 +173,17 @@ def main(engine_dir, input_text, input_file, tokenizer_dir, no_add_special_token
     target = load_engine_dir(engine_dir, verify=verify_engine)
     tok = engine_tokenizer(target, tokenizer_dir)
     prompts = read_inputs(input_text, input_file, tok, not no_add_special_tokens, target.config.model.pad_token_id)
-    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, random_seed=random_seed)
+    if (stop_words or bad_words) and tok is None:
+        raise RequestError(f"{'--stop_words' if stop_words else '--bad_words'} needs a tokenizer: pass --tokenizer_dir.")
+    bans = tuple(dict.fromkeys(tuple(tok.encode(w.replace("\\n", "\n"), add_special_tokens=False)) for w in bad_words))  # type: ignore[union-attr]
+    if () in bans:
+        raise RequestError(f"--bad_words {next(w for w in bad_words if not tok.encode(w, add_special_tokens=False))!r} is no token at all.")  # type: ignore[union-attr]
+    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, random_seed=random_seed, min_p=min_p,
+                              repetition_penalty=repetition_penalty, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                              bad_words_ids=bans, no_repeat_ngram_size=no_repeat_ngram_size)
     ends = end_ids(end_id, tok, target)
-    if stop_words and tok is None:
-        raise RequestError("--stop_words needs a tokenizer: pass --tokenizer_dir.")
     stops = tuple(s.replace("\\n", "\n") for s in stop_words)  # matched on the output text (cli/stops.py)
-    gen = GenerationConfig(max_output_len=max_output_len, sampling=sampling, end_ids=ends)
+    gen = GenerationConfig(max_output_len=max_output_len, sampling=sampling, end_ids=ends, min_output_len=min_output_len)
     caching = PrefixCacheConfig(enable_prefix_caching, prefix_cache_slots)
     orch = load_orchestrator(target, drafters=[config for _, config in drafters], draft_len=parse_draft_len(draft_len), num_threads=num_threads,
                              draft_num_threads=draft_num_threads, device=device, allow_vocab_mismatch=allow_vocab_mismatch, verify=verify_engine,
@@ -206,7 +223,7 @@ def main(engine_dir, input_text, input_file, tokenizer_dir, no_add_special_token
     if streaming:
         click.echo()
     for i, out in enumerate(outputs):
-        out.text = decode_text(tok, out, stops) if tok else None
+        out.text = decode_text(tok, out, stops, min_output_len) if tok else None
         if not streaming:
             shown = repr(tok.decode(out.input_ids)) if tok else str(out.input_ids)
             click.echo(f"[{i}] input: {shown}")

@@ -115,3 +115,40 @@ def test_streaming_decodes_a_short_window_per_token(cycle_engine):
     assert max(windows) <= 8  # the old code decoded the whole output every round: 132 tokens at the end
     assert sum(windows) <= 8 * 132
     assert "".join(shown) == CYCLE * 12
+
+
+def run_json(cycle_engine, tmp_path, *flags):
+    out = tmp_path / "o.json"
+    r = CliRunner().invoke(run_main, ["--engine_dir", str(cycle_engine), "--input_text", "a", "--output_json", str(out), *flags])
+    assert r.exit_code == 0, r.output
+    return json.loads(out.read_text()), r.output
+
+
+def test_min_output_len_holds_back_stop_words_and_bans_apply_under_speculation(cycle_engine, tmp_path):
+    """The first "🙂" completes at the 9th token: with --min_output_len 10 it does not count, the second one does. Bad
+    words and no repeated n-grams change the walk, and n-gram speculation (--baseline) gives target-only's tokens."""
+    got, _ = run_json(cycle_engine, tmp_path, "--max_output_len", "40", "--stop_words", "🙂", "--min_output_len", "10")
+    req = got["requests"][0]
+    assert req["text"] == "é東🙂 aé東🙂" and req["finish_reason"] == "stop_words"
+    plain, _ = run_json(cycle_engine, tmp_path, "--max_output_len", "30")
+    assert plain["requests"][0]["text"].startswith(CYCLE * 2)
+    for flags, absent in ((["--bad_words", "🙂"], "🙂"), (["--bad_words", " a"], " a"), (["--no_repeat_ngram_size", "4"], None),
+                          (["--frequency_penalty", "1000"], None)):  # this model's walk outscores its other tokens by hundreds
+        spec, printed = run_json(cycle_engine, tmp_path, "--max_output_len", "30", "--ngram_config", "[4,2,[0]]", "--baseline", *flags)
+        out = spec["requests"][0]
+        assert out["output_ids"] != plain["requests"][0]["output_ids"], flags
+        assert spec["baseline"]["identical_outputs"] and "outputs identical to target-only: yes" in printed
+        if absent is not None:
+            assert absent not in out["text"], (flags, out["text"])
+        elif flags[0] == "--no_repeat_ngram_size":
+            ids = out["input_ids"] + out["output_ids"]
+            grams = [tuple(ids[i:i + 4]) for i in range(len(ids) - 3)]
+            assert len(grams) == len(set(grams))
+
+
+def test_bad_words_and_min_output_len_errors_are_one_line(cycle_engine, tmp_path):
+    for flags, says in ((["--bad_words", ""], "--bad_words '' is no token at all"),
+                        (["--min_output_len", "9", "--max_output_len", "8"], "min_output_len=9 is larger than max_output_len=8"),
+                        (["--no_repeat_ngram_size", "-1"], "no_repeat_ngram_size=-1 must be an integer >= 0")):
+        r = CliRunner().invoke(run_main, ["--engine_dir", str(cycle_engine), "--input_text", "a", *flags])
+        assert r.exit_code != 0 and says in r.output and "Traceback" not in r.output, r.output
