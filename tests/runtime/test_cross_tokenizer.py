@@ -219,8 +219,7 @@ def test_ids_a_draft_cannot_read_are_refused_even_when_the_mismatch_is_allowed(p
     """allow_mismatch takes a draft's ids as the target's; where the target's tokenizer writes ids past the draft's vocabulary, the
     draft could not read them (an out-of-range gather), and keeping the target to the shared ids would change its output: refused."""
     from specdec.formats.errors import EngineError
-    from specdec.runtime.pairing import PairWarning, check_pair
-    from specdec.runtime.pairing import pair as choose
+    from specdec.runtime.pairing import PairWarning, check_pair, pair as choose
 
     big, small = pair["mirror"].engine, pair["target"].engine  # 260 ids, its tokenizer using them all; 258
     for check in (check_pair, choose):  # pair(), the check made before anything opens (specdec-eval's too), refuses it as well
