@@ -31,6 +31,7 @@ class TokenBans:
 
     def __init__(self, cfg: SamplingConfig, prompt_ids: Sequence[int] = (), end_ids: Sequence[int] = (), min_output_len: int = 0):
         self.allowed = np.unique(np.asarray(cfg.allowed_token_ids, np.int64)) if cfg.allowed_token_ids else None
+        self._outside: np.ndarray | None = None  # [vocab] bool: the tokens allowed_token_ids leaves out
         words = [tuple(int(t) for t in w) for w in cfg.bad_words_ids]
         self.banned_always = np.unique(np.asarray([w[0] for w in words if len(w) == 1], np.int64))
         self.phrases = [w for w in words if len(w) > 1]  # their last token is banned after the others
@@ -56,10 +57,10 @@ class TokenBans:
         """x: [vocab] logits: every token outside allowed_token_ids -> -inf, in place (a constraint, as a grammar's is)."""
         if self.allowed is None:
             return
-        keep = np.full(len(x), -np.inf)
-        inside = self.allowed[self.allowed < len(x)]
-        keep[inside] = x[inside]
-        x[:] = keep
+        if self._outside is None or len(self._outside) != len(x):  # made once per width: a row of a real vocabulary is ~1 MB
+            self._outside = np.ones(len(x), bool)
+            self._outside[self.allowed[self.allowed < len(x)]] = False
+        np.putmask(x, self._outside, -np.inf)
 
     def apply_bans(self, x: np.ndarray, appended: Sequence[int]) -> None:
         """x: [vocab] logits at the position after the committed output and ``appended``, after the allowed ids and the
