@@ -198,7 +198,7 @@ class Engine:
         each prompt's index, so prompts with the same seed still draw differently).
         """
         ids = self.validate(prompt_ids)
-        vocab = self.target.vocab_size
+        vocab = self.vocab_limit or self.target.vocab_size  # a draft's smaller vocabulary cuts every row to the ids both have
         outside = [t for t in (*config.sampling.allowed_token_ids, *(t for w in config.sampling.bad_words_ids for t in w)) if t >= vocab]
         if outside:
             raise RequestError(f"allowed_token_ids / bad_words_ids hold token id {outside[0]}, outside the vocabulary [0, {vocab}).")

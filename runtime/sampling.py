@@ -3,8 +3,8 @@
 Draft and target probabilities are always computed by the same function with
 the same settings: rejection sampling is only exact when p and q are the
 *same* processed distributions (temperature, top-k, min-p and top-p applied to
-both). The settings that read a request's history (penalties, logit bias, a
-grammar) are applied before these, by runtime/logits.py.
+both). The settings that read a request's history (penalties, logit bias, token
+bans, a grammar) are applied before these, by runtime/logits.py.
 
 The settings themselves, checked, and what counts as greedy: formats/sampling_params.py.
 """

@@ -266,7 +266,7 @@ def plan(req: Sampling, prompts: list[list[int]], max_tokens: int | None, served
         frequency_penalty=req.frequency_penalty or 0.0,
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
         logit_bias=logit_bias(req, engine.target.vocab_size),
-        allowed_token_ids=allowed_token_ids(req, engine.target.vocab_size),
+        allowed_token_ids=allowed_token_ids(req, engine.vocab_limit or engine.target.vocab_size),
         bad_words_ids=bad_words_ids(req, served),
     )
     proposer = engine.proposers.get(method)
@@ -285,15 +285,18 @@ def plan(req: Sampling, prompts: list[list[int]], max_tokens: int | None, served
     min_tokens = req.min_tokens or 0
     if min_tokens > max_tokens:
         raise ApiError(400, f"min_tokens={min_tokens} is larger than {max_tokens_param}={max_tokens}.", "min_tokens")
-    config = GenerationConfig(
-        max_output_len=max_tokens,
-        min_output_len=min_tokens,
-        sampling=sampling,
-        end_ids=(() if req.ignore_eos and grammar is None else served.end_ids) + stop_token_ids(req, engine.target.vocab_size),
-        method=method,
-        draft_len=k,  # 0 for TARGET_ONLY (speculation)
-        grammar=grammar,
-    )
+    try:
+        config = GenerationConfig(
+            max_output_len=max_tokens,
+            min_output_len=min_tokens,
+            sampling=sampling,
+            end_ids=(() if req.ignore_eos and grammar is None else served.end_ids) + stop_token_ids(req, engine.target.vocab_size),
+            method=method,
+            draft_len=k,  # 0 for TARGET_ONLY (speculation)
+            grammar=grammar,
+        )
+    except SpecdecError as err:  # what the fields say together (allowed ids that are all bad words): a 400, never a 500
+        raise ApiError(400, str(err), "allowed_token_ids" if "allowed_token_ids" in str(err) else None) from None
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return Plan(checked, config, stops, method, k, req.stream, include_usage, grammar_param=param if grammar is not None else None,
                 include_stop=req.include_stop_str_in_output)
@@ -318,8 +321,9 @@ def allowed_token_ids(req: Sampling, vocab: int) -> tuple[int, ...]:
 
 
 def bad_words_ids(req: Sampling, served: Served) -> tuple[tuple[int, ...], ...]:
-    """vLLM's bad_words, tokenized as vLLM does: each word as it starts a text and after a space (its tokens differ), both
-    banned; a word's last token is banned where the tokens before it end the output."""
+    """vLLM's bad_words: each word tokenized as it starts a text and after a space, both banned (vLLM keeps the second only
+    where it is as many tokens as the first); a word's last token is banned where its other tokens end the prompt + output
+    (vLLM reads the output alone)."""
     if not req.bad_words:
         return ()
     if served.tokenizer is None:

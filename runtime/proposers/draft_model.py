@@ -152,7 +152,7 @@ class DraftModelProposer(Proposer):
         probs: list[list[np.ndarray]] = [[] for _ in ids]
         sampled = [r is not None and self.use_logits and not r.config.sampling.greedy for r in reqs]
         any_sampled = any(sampled)
-        # rows whose pick is not the argmax: sampled, or with their own logits processing (penalties, bias, grammar)
+        # rows whose pick is not the argmax: sampled, or with their own logits processing (penalties, bias, bans, grammar)
         picked = [i for i, r in enumerate(reqs) if sampled[i] or (r is not None and r.processor is not None and not r.processor.plain)]
         # step 0 feeds each row's pending tokens (ragged); later steps one draft per row
         feed = [self.pending[rid] if k > 0 else [self.pending[rid][-1]] for rid, k in zip(ids, wanted, strict=True)]

@@ -135,6 +135,35 @@ def test_greedy_with_bans_equals_target_only(ex, method):  # noqa: F811
             assert abs(a[0] - b[0]) < 1e-4
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_min_output_len_alone_equals_target_only_and_hands_back_the_fast_paths(ex, method):  # noqa: F811
+    """Only end ids held back: the processor goes back to plain once the output reaches min_output_len, mid-round."""
+    plain = target_only(ex, method, GenerationConfig(max_output_len=16))
+    ends = (plain[1].output_ids[2], plain[0].output_ids[1])  # target-only would end early
+    cfg = GenerationConfig(max_output_len=16, end_ids=ends, min_output_len=5)
+    want = target_only(ex, method, cfg)
+    assert [o.output_ids for o in want] != [o.output_ids for o in target_only(ex, method, replace_min(cfg, 0))]  # it holds the ends back
+    engine = engine_for(ex, method)
+    for _ in range(2 if method.startswith("suffix") else 1):
+        ids = [engine.add_request(p, cfg) for p in PROMPTS]
+        done, seen = {}, {True: 0, False: 0}  # running requests' processors past / before min_output_len: plain?
+        while engine.has_unfinished():
+            for o in engine.step():
+                if o.finished:
+                    done[o.request_id] = o
+                else:
+                    proc = engine.requests[o.request_id].processor
+                    assert proc.plain == (len(o.output_ids) >= 5), (len(o.output_ids), proc.plain)
+                    seen[proc.plain] += 1
+        assert [done[i].output_ids for i in ids] == [o.output_ids for o in want]
+    assert seen[True] and seen[False]
+    assert all(len(o.output_ids) > 5 or o.finish_reason != "end_id" for o in want)
+
+
+def replace_min(cfg: GenerationConfig, n: int) -> GenerationConfig:
+    return GenerationConfig(**{**cfg.__dict__, "min_output_len": n})
+
+
 def test_stop_words_are_not_matched_before_min_output_len(ex):  # noqa: F811
     plain = target_only(ex, "ngram", GenerationConfig(max_output_len=12))
     out = plain[0].output_ids

@@ -125,6 +125,17 @@ def check_error(r: httpx.Response, status: int, param=None) -> dict:
     return err
 
 
+def test_allowed_token_ids_that_are_all_bad_words_are_a_400(server):
+    """Checked by GenerationConfig, from two fields together: a 400 naming allowed_token_ids, not a 500."""
+    from specdec.formats.tokenizer import Tokenizer
+
+    x = Tokenizer(engines()["target"]).encode("x", add_special_tokens=False)
+    with httpx.Client(base_url=server, timeout=30) as c:
+        err = check_error(c.post("/v1/completions", json={**OK, "allowed_token_ids": x, "bad_words": ["x"]}), 400, "allowed_token_ids")
+        assert "one-token bad word" in err["message"]
+        assert c.post("/v1/completions", json=OK).status_code == 200
+
+
 def test_the_bad_request_battery_then_the_server_still_serves(server):
     with httpx.Client(base_url=server, timeout=30) as c:
         for _name, route, body, status, param in BATTERY:

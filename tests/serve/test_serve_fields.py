@@ -142,9 +142,12 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(client):
     assert whole.usage.prompt_tokens == len(long) + 1 and cut.usage.prompt_tokens == len(PROMPT)  # one token a character, and BOS
     assert whole.choices[0].text.startswith(long) and cut.choices[0].text.startswith(PROMPT)  # echo: the prompt the model read
     assert not cut.choices[0].text.startswith("xyz")
-    chat = client.chat.completions.create(model="target", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0,
+    messages = [{"role": "user", "content": "hi " * 40}]  # more than the engine's max_input_len (64) once templated
+    with pytest.raises(openai.BadRequestError, match="max_input_len"):
+        client.chat.completions.create(model="target", messages=messages, max_tokens=4, temperature=0)
+    chat = client.chat.completions.create(model="target", messages=messages, max_tokens=4, temperature=0,
                                           extra_body={"truncate_prompt_tokens": -1})
-    assert chat.choices[0].finish_reason in ("stop", "length")
+    assert chat.usage.prompt_tokens == 64  # the rendered conversation's last max_input_len tokens
 
 
 def test_echo_scores_the_prompt(client):
