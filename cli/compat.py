@@ -9,6 +9,7 @@ words, since speculative decoding decodes one sequence per request.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -61,3 +62,38 @@ def check_run_py_options(kwargs: dict[str, Any]) -> None:
     if beams != 1:
         raise RequestError(f"--num_beams {beams}: beam search is not supported. Speculative decoding (and specdec) decodes one "
                            "sequence per request, greedy or sampled; use --num_beams 1 (or leave it out).")
+
+
+# run.py's options that take several values after one flag (argparse nargs="+"): click takes one value per flag
+MANY_VALUES = ("input_text", "stop_words", "bad_words")
+_NEGATIVE = re.compile(r"-\d")
+
+
+def spread_many_values(args: list[str], names: tuple[str, ...] = MANY_VALUES) -> list[str]:
+    """run.py's ``--stop_words " London" " chef"`` as click's ``--stop_words " London" --stop_words " chef"``: each bare
+    value after one of these flags (up to the next option) gets the flag again, as argparse's nargs="+" reads them. A value
+    after any other flag is left as it is (click refuses a stray one)."""
+    flags = {f"--{n}" for n in names} | {f"--{n.replace('_', '-')}" for n in names}
+    out: list[str] = []
+    flag, first = None, False  # the many-values flag being read; whether its first value (click's own) is next
+    for i, a in enumerate(args):
+        if a == "--":
+            return out + args[i:]
+        if first:  # the flag's own value, whatever it looks like (click reads it so too)
+            out.append(a)
+            first = False
+        elif a.startswith("-") and len(a) > 1 and not _NEGATIVE.match(a):
+            flag, first = (a, True) if a in flags else (None, False)  # --flag=value: one value, as argparse takes it
+            out.append(a)
+        elif flag is not None:
+            out += [flag, a]
+        else:
+            out.append(a)
+    return out
+
+
+class RunPyCommand(click.Command):
+    """A click command that reads run.py's several-values options as argparse does (``spread_many_values``)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, spread_many_values(list(args)))

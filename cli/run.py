@@ -34,7 +34,7 @@ from .common import (
     prefix_caching_options,
     verify_engine_option,
 )
-from .compat import check_run_py_options, run_py_options
+from .compat import RunPyCommand, check_run_py_options, run_py_options
 from .stops import decode_text, generate_with_stops
 
 MAX_REPEAT = 100  # interleaved timings: the median of 100 pairs is as steady as a busy machine allows; more only takes longer
@@ -82,7 +82,7 @@ def read_inputs(texts: tuple[str, ...], input_file: str | None, tok: Tokenizer |
     return prompts
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.command(cls=RunPyCommand, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @option("engine_dir", required=True, type=click.Path(), help="Target engine directory (from specdec-build).")
 @method_options
 @option("draft_len", type=str, default=None,
@@ -101,7 +101,8 @@ def read_inputs(texts: tuple[str, ...], input_file: str | None, tok: Tokenizer |
 @option("max_output_len", type=int, default=128, show_default=True, help="Most new tokens per request.")
 @option("end_id", type=int, default=None, help="Token id that ends a request [default: the tokenizer's EOS]; -1: never stop on EOS.")
 @option("stop_words", multiple=True,
-        help="A string that ends a request when the output text contains it (matched on text, not tokens; kept in the output; repeatable).")
+        help="A string that ends a request when the output text contains it (matched on text, not tokens; kept in the output; repeatable, or "
+             "several after one flag as run.py takes them).")
 @option("temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
 @option("top_k", type=int, default=0, show_default=True, help="0 = off.")
 @option("top_p", type=float, default=1.0, show_default=True, help="1.0 = off.")
@@ -112,8 +113,8 @@ def read_inputs(texts: tuple[str, ...], input_file: str | None, tok: Tokenizer |
 @option("presence_penalty", type=float, default=0.0, show_default=True, help="Subtracted once from the logit of every token in the output.")
 @option("frequency_penalty", type=float, default=0.0, show_default=True, help="Subtracted from a token's logit per time it is in the output.")
 @option("bad_words", multiple=True,
-        help="A string never produced (repeatable): tokenized as given (' London' and 'London' differ), its last token is banned where its "
-             "other tokens end the prompt + output.")
+        help="A string never produced (repeatable, or several after one flag): tokenized as given (' London' and 'London' differ), its last "
+             "token is banned where its other tokens end the prompt + output.")
 @option("no_repeat_ngram_size", type=int, default=0, show_default=True, help="No n-gram of this size occurs twice in prompt + output; 0 = off.")
 @option("min_output_len", type=int, default=0, show_default=True,
         help="New tokens before an end id or a stop word may end a request (vLLM's min_tokens, transformers' min_new_tokens).")
@@ -155,9 +156,9 @@ def main(engine_dir, input_text, input_file, tokenizer_dir, no_add_special_token
     """
     drafters = method_configs(flags)  # each drafting method's flags (runtime/methods.py) -> its config
     check_run_py_options(flags)
-    if more_input_text and not input_text:
-        raise RequestError(f"unexpected argument {more_input_text[0]!r}: prompts go after --input_text (several may follow one flag).")
-    input_text = input_text + more_input_text  # run.py's form: --input_text "a" "b"
+    if more_input_text:  # run.py's --input_text "a" "b" (and --stop_words, --bad_words) were spread over their flags: a stray value
+        raise RequestError(f"unexpected argument {more_input_text[0]!r}: prompts go after --input_text, stop strings after --stop_words, "
+                           "bad words after --bad_words (several may follow one flag).")
     if not 1 <= repeat <= MAX_REPEAT or (repeat > 1 and not baseline):
         raise RequestError(f"--repeat {repeat}: expected a number from 1 to {MAX_REPEAT}, used with --baseline (it repeats the timed comparison).")
     for path, flag in ((output_csv, "--output_csv"), (output_npy, "--output_npy"), (output_json, "--output_json")):

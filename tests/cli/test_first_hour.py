@@ -144,6 +144,27 @@ def test_run_refuses_beam_search_in_words(demo):
 def test_run_positional_text_needs_input_text(demo):
     r = invoke(run_main, "--engine_dir", demo / "target", "stray")
     assert r.exit_code == 1 and "unexpected argument 'stray'" in r.output
+    r = invoke(run_main, "--engine_dir", demo / "target", "--input_text", PROMPT, "--max_output_len", 4, "stray")  # not after --input_text
+    assert r.exit_code == 1 and "unexpected argument 'stray'" in r.output
+
+
+def test_run_py_several_stop_and_bad_words_after_one_flag(demo, tmp_path):
+    """run.py's nargs="+" options: the words after --stop_words / --bad_words are theirs (they were read as more prompts)."""
+    from specdec.cli.compat import spread_many_values
+
+    assert spread_many_values(["--input_text", "a", "b", "--bad-words", " x", "-1", "--top_k", "2", "--stop_words=s", "t"]) == [
+        "--input_text", "a", "--input_text", "b", "--bad-words", " x", "--bad-words", "-1", "--top_k", "2", "--stop_words=s", "t"]
+    texts = []
+    for bans in ([], ["--bad_words", " name", "self"]):
+        out = tmp_path / "out.json"
+        r = invoke(run_main, "--engine_dir", demo / "target", "--input_text", "class Stack:", "--max_output_len", 24, *bans,
+                   "--stop_words", "zzz", "yyy", "--output_json", out)
+        assert r.exit_code == 0, r.output
+        requests = json.loads(out.read_text())["requests"]
+        assert len(requests) == 1
+        texts.append(requests[0]["text"])
+    assert " name" in texts[0] and "self" in texts[0]  # the demo target's __init__(self, name, name, ...)
+    assert " name" not in texts[1] and "self" not in texts[1]
 
 
 # 10. hints that do not mislead
