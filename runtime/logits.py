@@ -45,8 +45,9 @@ class LogitsProcessor:
                  end_ids: Sequence[int] = (), min_output_len: int = 0):
         self.cfg = cfg
         self.grammar = grammar
-        bans = TokenBans(cfg, prompt_ids, end_ids, min_output_len)
-        self.bans = bans if bans.active else None
+        banning = cfg.allowed_token_ids or cfg.bad_words_ids or cfg.no_repeat_ngram_size or (min_output_len and len(end_ids))
+        bans = TokenBans(cfg, prompt_ids, end_ids, min_output_len) if banning else None  # (most requests: none, and nothing built)
+        self.bans = bans if bans is not None and bans.active else None
         self.counts: Counter[int] = Counter()  # output tokens (frequency, presence)
         self.seen: set[int] = set(int(t) for t in prompt_ids) if cfg.repetition_penalty != 1.0 else set()
         self.bias_ids = np.array([t for t, _ in cfg.logit_bias], np.int64)
