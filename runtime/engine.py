@@ -198,10 +198,11 @@ class Engine:
         each prompt's index, so prompts with the same seed still draw differently).
         """
         ids = self.validate(prompt_ids)
+        # (a bad word's id past the vocabulary bans nothing: such a token is never produced)
         vocab = self.vocab_limit or self.target.vocab_size  # a draft's smaller vocabulary cuts every row to the ids both have
-        outside = [t for t in (*config.sampling.allowed_token_ids, *(t for w in config.sampling.bad_words_ids for t in w)) if t >= vocab]
+        outside = [t for t in config.sampling.allowed_token_ids if t >= vocab]
         if outside:
-            raise RequestError(f"allowed_token_ids / bad_words_ids hold token id {outside[0]}, outside the vocabulary [0, {vocab}).")
+            raise RequestError(f"allowed_token_ids holds token id {outside[0]}, outside the vocabulary [0, {vocab}).")
         method = config.method or self.speculation.method
         proposer = self.proposers.get(method)  # None: the request decodes target-only
         if proposer is None and method != TARGET_ONLY:
