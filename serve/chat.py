@@ -80,13 +80,31 @@ def special_tokens(tokenizer: Tokenizer) -> dict[str, str]:
     return out
 
 
-def render_chat(template: str, messages: list[dict[str, Any]], tokens: dict[str, str], **extra: Any) -> str:
-    """The prompt text for ``messages``, ending where the assistant's answer starts."""
+# what the server itself gives a template: a request's chat_template_kwargs may not replace them
+RESERVED = frozenset({"messages", "tools", "add_generation_prompt", "raise_exception", "strftime_now", *SPECIAL_TOKENS})
+
+
+def render_chat(template: str, messages: list[dict[str, Any]], tokens: dict[str, str], add_generation_prompt: bool = True,
+                continue_final_message: bool = False, **extra: Any) -> str:
+    """The prompt text for ``messages``, ending where the assistant's answer starts (``add_generation_prompt``), or
+    inside the final message, which the model continues (``continue_final_message``, as transformers cuts it)."""
     import jinja2
 
     try:
-        return _compile(template).render(messages=messages, add_generation_prompt=True, **tokens, **extra)
+        text = _compile(template).render(messages=messages, add_generation_prompt=add_generation_prompt, **tokens, **extra)
     except TemplateRaised as err:
         raise ApiError(400, f"the chat template refused these messages: {err}", param="messages") from None
     except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as err:  # jinja's include the sandbox's SecurityError
         raise ApiError(400, f"the chat template failed on these messages: {type(err).__name__}: {err}", param="messages") from None
+    return _open_ended(text, messages[-1]) if continue_final_message else text
+
+
+def _open_ended(text: str, final: dict[str, Any]) -> str:
+    """The rendered chat cut right after the final message's text (what the template writes after it, an end of turn, goes)."""
+    content = final.get("content")
+    content = content if isinstance(content, str) else ""
+    for shown in (content, content.strip()):  # templates that trim a message write it stripped
+        if shown and (at := text.rfind(shown)) >= 0:
+            return text[: at + len(shown)]
+    raise ApiError(400, "continue_final_message needs a final message whose text the chat template writes out as given; this one's "
+                        "is empty or the template rewrites it.", param="messages")

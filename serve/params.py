@@ -23,7 +23,7 @@ from ..runtime.proposers.own import OwnDrafter
 from ..runtime.request import AUTO, GenerationConfig
 from ..runtime.sampling import SamplingConfig
 from ..runtime.token_bytes import TokenBytes
-from .chat import render_chat
+from .chat import RESERVED, render_chat
 from .errors import ApiError
 from .protocol import UNSUPPORTED_VLLM_FIELDS, ChatCompletionRequest, CompletionRequest, Sampling
 from .tools import ToolPlan, plan_tools
@@ -149,8 +149,17 @@ def chat_prompt(req: ChatCompletionRequest, served: Served, tools: ToolPlan | No
                 raise ApiError(400, f"messages[{i}] has a content part {why}; this server takes text parts only.", "messages")
             msg["content"] = "".join(p.text or "" for p in m.content)
         messages.append(msg)
-    extra: dict[str, Any] = {"tools": tools.definitions} if tools is not None and tools.definitions else {}
-    text = render_chat(served.chat_template, messages, served.special_tokens, **extra)
+    extra: dict[str, Any] = dict(req.chat_template_kwargs or {})  # vLLM's: say, {"enable_thinking": false} for Qwen3's template
+    taken = sorted(RESERVED & extra.keys())
+    if taken:
+        raise ApiError(400, f"chat_template_kwargs may not set {', '.join(taken)}: the server gives the template those (send messages, "
+                            "tools and add_generation_prompt as request fields).", "chat_template_kwargs")
+    if tools is not None and tools.definitions:
+        extra["tools"] = tools.definitions
+    if req.continue_final_message and req.add_generation_prompt:
+        raise ApiError(400, "continue_final_message continues the last message, add_generation_prompt starts a new one: send "
+                            "add_generation_prompt=false with it.", "continue_final_message")
+    text = render_chat(served.chat_template, messages, served.special_tokens, req.add_generation_prompt, req.continue_final_message, **extra)
     return served.tokenizer.encode(text, add_special_tokens=False)
 
 

@@ -14,6 +14,7 @@ Extensions (ignored by clients that do not know them):
     "ignore_eos": true        decode max_tokens tokens whatever the model says (benchmarks)
     "top_k", "min_p", "repetition_penalty", "stop_token_ids"     as vLLM accepts them
     "min_tokens", "allowed_token_ids", "bad_words", "include_stop_str_in_output", "truncate_prompt_tokens"   as vLLM's
+    chat: "chat_template_kwargs", "add_generation_prompt", "continue_final_message"   as vLLM's
     vLLM's other sampling extensions (guided_json, use_beam_search, prompt_logprobs, ...: UNSUPPORTED_VLLM_FIELDS) are
     refused by name when set to anything but their neutral value: dropped, they would change nothing without a word
     "structured_outputs": {"json": schema} | {"regex": "..."} | {"choice": [...]} | {"grammar": "lark"}   as vLLM's
@@ -219,6 +220,10 @@ class ChatCompletionRequest(Sampling):
     tools: Annotated[list[Tool], Field(max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # vLLM's: how the chat template renders the conversation
+    chat_template_kwargs: Annotated[dict[Annotated[str, Field(max_length=256)], Any], Field(max_length=64)] | None = None
+    add_generation_prompt: bool = True  # end with the assistant's turn opened (false: the conversation as it stands)
+    continue_final_message: bool = False  # the model continues the final (assistant) message, as transformers cuts it
 
 
 class ErrorDetail(BaseModel):

@@ -35,7 +35,7 @@ CHAT_TEMPLATE = (
     "{% if message['role'] not in ['system', 'user', 'assistant'] %}{{ raise_exception('roles must be system, user or assistant') }}{% endif %}"
     "{{ message['role'] }}: {{ message['content'] | trim }}\n"
     "{% endfor %}"
-    "{% if add_generation_prompt %}assistant:{% endif %}"
+    "{% if add_generation_prompt %}assistant:{% if enable_thinking is defined and not enable_thinking %} (no thinking){% endif %}{% endif %}"
 )
 
 

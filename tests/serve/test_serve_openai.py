@@ -141,6 +141,34 @@ def test_chat_uses_the_checkpoints_template_as_transformers_renders_it(client, s
     assert r2.choices[0].message.content == r.choices[0].message.content  # text parts are joined
 
 
+def test_vllms_chat_template_fields_render_as_transformers_renders_them(client):
+    """chat_template_kwargs (Qwen3's enable_thinking, say), add_generation_prompt and continue_final_message: the prompt
+    is the one transformers' apply_chat_template makes with the same arguments."""
+    from transformers import PreTrainedTokenizerFast
+
+    hf = PreTrainedTokenizerFast.from_pretrained(engines()["target-ckpt"])
+    user = [{"role": "user", "content": "Write fib in Python."}]
+    started = [*user, {"role": "assistant", "content": "def fib(n):"}]
+    cases = [
+        (user, {"chat_template_kwargs": {"enable_thinking": False}}, dict(add_generation_prompt=True, enable_thinking=False)),
+        (user, {}, dict(add_generation_prompt=True)),
+        (started, {"add_generation_prompt": False}, dict(add_generation_prompt=False)),
+        (started, {"add_generation_prompt": False, "continue_final_message": True}, dict(continue_final_message=True)),
+    ]
+    counts = []
+    for messages, fields, hf_kw in cases:
+        ids = list(hf.apply_chat_template(messages, tokenize=True, return_dict=True, **hf_kw)["input_ids"])
+        r = client.chat.completions.create(model="target", messages=messages, max_tokens=4, temperature=0, extra_body=fields)
+        assert r.usage.prompt_tokens == len(ids), (fields, hf.decode(ids))
+        counts.append(len(ids))
+    assert counts[0] != counts[1] and counts[2] != counts[3]  # the fields changed the prompt
+    for fields, param in (({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
+                          ({"continue_final_message": True}, "continue_final_message")):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model="target", messages=started, max_tokens=4, extra_body=fields)
+        assert err.value.body["param"] == param
+
+
 def test_seeded_sampling_is_reproducible(client):
     def ask(seed, method):
         r = client.completions.create(model="target", prompt="Hello world", max_tokens=20, temperature=0.9, top_p=0.95, seed=seed,
