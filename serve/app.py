@@ -5,6 +5,7 @@
     GET  /v1/models              the one served model
     POST /v1/completions         prompts as text or token ids; n, best_of, echo, logprobs; stream or not
     POST /v1/chat/completions    messages through the checkpoint's chat template; tools; stream or not
+    POST /tokenize, /detokenize  vLLM's: a prompt's or a conversation's token ids, and token ids' text
     GET  /metrics                Prometheus (serve/metrics.py)
     GET  /openapi.json           the request and response schemas (what schemathesis fuzzes)
 
@@ -36,8 +37,8 @@ from .guard import Guard
 from .jobs import Event, Job, Result
 from .loop import EngineLoop
 from .metrics import CONTENT_TYPE, ServerMetrics
-from .params import Served, chat_plan, check_common, completion_plan
-from .protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse
+from .params import Served, chat_plan, check_common, completion_plan, detokenized, tokenized
+from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ErrorResponse, TokenizeChatRequest, TokenizeCompletionRequest
 from .tools import ToolTextFilter
 
 log = logging.getLogger("specdec.serve")
@@ -162,6 +163,18 @@ def create_app(
             return _stream(loop, job, request_timeout, _chat_chunks(job, s), "chat.completion.chunk")
         result = await _result(loop, job, request, request_timeout)
         return JSONResponse(responses.chat_completion(job, s, result)) if result else Response(status_code=499)
+
+    @app.post("/tokenize", responses=ERRORS)
+    async def tokenize(body: TokenizeChatRequest | TokenizeCompletionRequest) -> dict:
+        """vLLM's route: a prompt's (or a conversation's, through the chat template) token ids, as the generation routes read them."""
+        s, _ = state.ready()
+        return await asyncio.to_thread(tokenized, body, s)
+
+    @app.post("/detokenize", responses=ERRORS)
+    async def detokenize(body: DetokenizeRequest) -> dict:
+        """vLLM's route: token ids -> text."""
+        s, _ = state.ready()
+        return detokenized(body, s)
 
     return app
 

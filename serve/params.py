@@ -25,7 +25,15 @@ from ..runtime.sampling import SamplingConfig
 from ..runtime.token_bytes import TokenBytes
 from .chat import RESERVED, render_chat
 from .errors import ApiError
-from .protocol import UNSUPPORTED_VLLM_FIELDS, ChatCompletionRequest, CompletionRequest, Sampling
+from .protocol import (
+    UNSUPPORTED_VLLM_FIELDS,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    Sampling,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+)
 from .tools import ToolPlan, plan_tools
 
 MAX_CHOICES = 256  # engine requests one HTTP request may start (prompts x best_of)
@@ -108,10 +116,14 @@ class Plan:
     include_stop: bool = False  # include_stop_str_in_output: the text ends after the stop string, not before it
 
 
-def check_common(req: Sampling, served: Served) -> None:
-    if req.model is not None and req.model != served.model_name:
-        raise ApiError(404, f"the model {req.model!r} does not exist on this server; it serves {served.model_name!r} (GET /v1/models).", "model",
+def check_model(model: str | None, served: Served) -> None:
+    if model is not None and model != served.model_name:
+        raise ApiError(404, f"the model {model!r} does not exist on this server; it serves {served.model_name!r} (GET /v1/models).", "model",
                        "model_not_found")
+
+
+def check_common(req: Sampling, served: Served) -> None:
+    check_model(req.model, served)
     if req.stream_options is not None and not req.stream:
         raise ApiError(400, "stream_options is only allowed with stream=true.", "stream_options")
 
@@ -131,7 +143,32 @@ def completion_prompts(req: CompletionRequest, served: Served) -> list[list[int]
     return out
 
 
-def chat_prompt(req: ChatCompletionRequest, served: Served, tools: ToolPlan | None) -> list[int]:
+def tokenized(req: TokenizeChatRequest | TokenizeCompletionRequest, served: Served) -> dict[str, Any]:
+    """vLLM's /tokenize: the ids a completion's prompt or a chat's conversation becomes here."""
+    check_model(req.model, served)
+    if served.tokenizer is None:
+        raise ApiError(400, "the engine has no tokenizer to tokenize with: restart with --tokenizer_dir.", "prompt")
+    if isinstance(req, TokenizeChatRequest):
+        ids = chat_prompt(req, served, plan_tools(req, served), req.add_special_tokens)
+    else:
+        ids = served.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+    strs = [served.tokenizer.backend.id_to_token(t) for t in ids] if req.return_token_strs else None
+    return {"count": len(ids), "max_model_len": served.max_seq_len, "tokens": ids, "token_strs": strs}
+
+
+def detokenized(req: DetokenizeRequest, served: Served) -> dict[str, Any]:
+    """vLLM's /detokenize: the text of token ids (special tokens left out, as a completion's text leaves them)."""
+    check_model(req.model, served)
+    if served.tokenizer is None:
+        raise ApiError(400, "the engine has no tokenizer to detokenize with: restart with --tokenizer_dir.", "tokens")
+    vocab = served.engine.target.vocab_size
+    outside = [t for t in req.tokens if t >= vocab]
+    if outside:
+        raise ApiError(400, f"tokens has token id {outside[0]}, outside the vocabulary [0, {vocab}).", "tokens")
+    return {"prompt": served.tokenizer.decode(req.tokens)}
+
+
+def chat_prompt(req: ChatCompletionRequest, served: Served, tools: ToolPlan | None, add_special_tokens: bool = False) -> list[int]:
     if served.tokenizer is None or served.chat_template is None:
         raise ApiError(
             400,
@@ -160,7 +197,7 @@ def chat_prompt(req: ChatCompletionRequest, served: Served, tools: ToolPlan | No
         raise ApiError(400, "continue_final_message continues the last message, add_generation_prompt starts a new one: send "
                             "add_generation_prompt=false with it.", "continue_final_message")
     text = render_chat(served.chat_template, messages, served.special_tokens, req.add_generation_prompt, req.continue_final_message, **extra)
-    return served.tokenizer.encode(text, add_special_tokens=False)
+    return served.tokenizer.encode(text, add_special_tokens=add_special_tokens)  # the template writes the special tokens itself
 
 
 def completion_plan(req: CompletionRequest, served: Served) -> Plan:

@@ -226,6 +226,32 @@ class ChatCompletionRequest(Sampling):
     continue_final_message: bool = False  # the model continues the final (assistant) message, as transformers cuts it
 
 
+class TokenizeCompletionRequest(BaseModel):
+    """vLLM's /tokenize, a prompt: its token ids as /v1/completions reads it."""
+
+    model_config = STRICT
+    model: Annotated[str, Field(max_length=256)] | None = None
+    prompt: PromptText
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class TokenizeChatRequest(ChatCompletionRequest):
+    """vLLM's /tokenize, a conversation: its token ids as /v1/chat/completions renders it (the template writes the special
+    tokens: none are added by default)."""
+
+    add_special_tokens: bool = False
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    """vLLM's /detokenize: token ids -> text."""
+
+    model_config = STRICT
+    model: Annotated[str, Field(max_length=256)] | None = None
+    tokens: TokenIds
+
+
 class ErrorDetail(BaseModel):
     message: str
     type: str

@@ -169,6 +169,26 @@ def test_vllms_chat_template_fields_render_as_transformers_renders_them(client):
         assert err.value.body["param"] == param
 
 
+def test_vllms_tokenize_and_detokenize_routes(client, server):
+    """/tokenize gives the ids the generation routes read (a prompt, or a conversation through the template, its fields
+    included); /detokenize gives their text back."""
+    url, _ = server
+    messages = [{"role": "user", "content": "Write fib in Python."}]
+    with httpx.Client(base_url=url, timeout=30) as c:
+        t = c.post("/tokenize", json={"model": "target", "prompt": "def fib(n):", "return_token_strs": True}).json()
+        done = client.completions.create(model="target", prompt="def fib(n):", max_tokens=1, temperature=0)
+        assert t["count"] == len(t["tokens"]) == done.usage.prompt_tokens == len(t["token_strs"]) and t["max_model_len"] == 160
+        assert c.post("/detokenize", json={"tokens": t["tokens"]}).json() == {"prompt": "def fib(n):"}
+        for fields in ({}, {"chat_template_kwargs": {"enable_thinking": False}}):
+            chat = c.post("/tokenize", json={"messages": messages, **fields}).json()
+            r = client.chat.completions.create(model="target", messages=messages, max_tokens=1, temperature=0, extra_body=fields)
+            assert chat["count"] == r.usage.prompt_tokens and chat["token_strs"] is None
+        for route, body, status, param in (("/detokenize", {"tokens": [10**6]}, 400, "tokens"), ("/tokenize", {"prompt": 5}, 400, None),
+                                           ("/tokenize", {"model": "other", "prompt": "x"}, 404, "model")):
+            r = c.post(route, json=body)
+            assert r.status_code == status and (param is None or r.json()["error"]["param"] == param), r.text
+
+
 def test_seeded_sampling_is_reproducible(client):
     def ask(seed, method):
         r = client.completions.create(model="target", prompt="Hello world", max_tokens=20, temperature=0.9, top_p=0.95, seed=seed,
