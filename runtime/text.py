@@ -39,7 +39,10 @@ class IncrementalDetokenizer:
 
     def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int]):
         self.tok = tokenizer
-        self.shown = [int(t) for t in prompt_ids[-PROMPT_CONTEXT:]]  # the last tokens whose text came out: context
+        context = [int(t) for t in prompt_ids[-PROMPT_CONTEXT:]]
+        while context and tokenizer.decode(context).endswith("\ufffd"):  # a prompt that ends inside a character: that part is
+            context.pop()  # not context (the stream would hand out the prompt's text with the output's first character)
+        self.shown = context  # the last tokens whose text came out: context
         self.pending: list[int] = []  # tokens since then: an incomplete character, held
         self.stream = DecodeStream(ids=list(self.shown), skip_special_tokens=True)
 

@@ -118,6 +118,14 @@ def test_no_stop_string_ends_the_text_in_its_first_min_tokens(byte_tok, sizes, k
     assert late.feed(ids) == ("a ", True)
 
 
+def test_a_prompt_that_ends_inside_a_character_is_not_output_text(byte_tok):
+    """Token-id prompts can end inside a multi-byte character: that part is not context, and never the output's text."""
+    prompt = byte_tok.encode("café", add_special_tokens=False)[:-1]  # "caf" and the first byte of "é"
+    stream = TextStream(byte_tok, prompt)
+    out = byte_tok.encode(" wise", add_special_tokens=False)
+    assert stream.feed(out)[0] + stream.finish() == " wise"
+
+
 def test_earliest_stop_wins_and_held_prefix_is_released(byte_tok):
     stream = TextStream(byte_tok, [], stops=("xyz", "cd"))
     ids = byte_tok.encode("abxy", add_special_tokens=False)
