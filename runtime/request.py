@@ -77,6 +77,9 @@ class GenerationConfig:
         if allowed and self.grammar is not None:
             raise RequestError("allowed_token_ids beside a grammar (structured outputs): constrain the grammar instead; the two "
                                "together could leave no token.")
+        if allowed and self.min_output_len and allowed <= set(self.end_ids):
+            raise RequestError(f"every one of allowed_token_ids {sorted(allowed)[:8]} is an end id, which min_output_len="
+                               f"{self.min_output_len} holds back: the output could not reach it.")
         if allowed and allowed <= {w[0] for w in self.sampling.bad_words_ids if len(w) == 1}:
             raise RequestError(f"every one of allowed_token_ids {sorted(allowed)[:8]} is a one-token bad word: nothing could be produced.")
 

@@ -38,7 +38,7 @@ from .jobs import Event, Job, Result
 from .loop import EngineLoop
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .params import Served, chat_plan, check_common, completion_plan, detokenized, tokenized
-from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ErrorResponse, TokenizeChatRequest, TokenizeCompletionRequest
+from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ErrorResponse, TokenizeRequest
 from .tools import ToolTextFilter
 
 log = logging.getLogger("specdec.serve")
@@ -165,7 +165,7 @@ def create_app(
         return JSONResponse(responses.chat_completion(job, s, result)) if result else Response(status_code=499)
 
     @app.post("/tokenize", responses=ERRORS)
-    async def tokenize(body: TokenizeChatRequest | TokenizeCompletionRequest) -> dict:
+    async def tokenize(body: TokenizeRequest) -> dict:
         """vLLM's route: a prompt's (or a conversation's, through the chat template) token ids, as the generation routes read them."""
         s, _ = state.ready()
         return await asyncio.to_thread(tokenized, body, s)

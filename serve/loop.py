@@ -232,10 +232,14 @@ class EngineLoop:
         lps = list(out.new_logprobs)
         text, stopped = "", False
         if c.stream is not None:
+            # the end id (or stop_token_ids entry) that ended it stays in token_ids and usage, and its text is left out, as
+            # vLLM leaves it out, unless include_stop_str_in_output
+            end = out.finish_reason == "end_id" and not job.plan.include_stop and bool(new)
             before = c.stream.num_tokens
-            text, stopped = c.stream.feed(new)
-            new = new[: c.stream.num_tokens - before]  # none past the one that completed a stop string
-            lps = lps[: len(new)]
+            text, stopped = c.stream.feed(new[:-1] if end else new)
+            if stopped:
+                new = new[: c.stream.num_tokens - before]  # none past the one that completed a stop string
+                lps = lps[: len(new)]
         if stopped and not out.finished:
             self.engine.abort(c.request_id)  # frees the slot now; its late "abort" output is ignored
         if not (out.finished or stopped):

@@ -241,7 +241,11 @@ def truncated(req: Sampling, prompts: list[list[int]], served: Served) -> tuple[
     if k == 0:
         raise ApiError(400, "truncate_prompt_tokens=0 would leave no prompt: send k >= 1 (the prompt's last k tokens), or -1 "
                             f"(the engine's max_input_len, {served.engine.max_input_len}).", "truncate_prompt_tokens")
-    k = served.engine.max_input_len if k == -1 else k
+    limit = served.engine.max_input_len
+    if k > limit and any(len(p) > limit for p in prompts):
+        raise ApiError(400, f"truncate_prompt_tokens={k} keeps more than the engine's max_input_len={limit} tokens: send at most {limit}, "
+                            "or -1.", "truncate_prompt_tokens", "context_length_exceeded")
+    k = limit if k == -1 else k
     return [p[-k:] for p in prompts], [len(p) > k for p in prompts]
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from ..runtime.methods import method_names
 
@@ -236,12 +236,32 @@ class TokenizeCompletionRequest(BaseModel):
     return_token_strs: bool = False
 
 
-class TokenizeChatRequest(ChatCompletionRequest):
+class TokenizeChatRequest(BaseModel):
     """vLLM's /tokenize, a conversation: its token ids as /v1/chat/completions renders it (the template writes the special
     tokens: none are added by default)."""
 
+    model_config = STRICT
+    model: Annotated[str, Field(max_length=256)] | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=10_000)]
+    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None  # (read by the tools' plan; no grammar is compiled here)
+    structured_outputs: StructuredOutputs | None = None
+    chat_template_kwargs: Annotated[dict[Annotated[str, Field(max_length=256)], Any], Field(max_length=64)] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
     add_special_tokens: bool = False
     return_token_strs: bool = False
+
+
+def _tokenize_form(body: Any) -> str:
+    return "tokenize-messages" if isinstance(body, dict) and "messages" in body else "tokenize-prompt"
+
+
+# /tokenize's body: a conversation when it has messages, else a prompt (the tags hold a "-": errors name the field alone)
+TokenizeRequest = Annotated[Annotated[TokenizeChatRequest, Tag("tokenize-messages")] | Annotated[TokenizeCompletionRequest, Tag("tokenize-prompt")],
+                            Discriminator(_tokenize_form)]
 
 
 class DetokenizeRequest(BaseModel):

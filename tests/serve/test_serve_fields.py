@@ -85,17 +85,26 @@ def test_a_seeded_sample_by_token_compare_is_target_onlys(client, spec):
 
 
 def test_vllms_stop_token_ids_end_the_request_and_neutral_extensions_pass(client):
-    """stop_token_ids (vLLM's) end a request at the first of them, kept in the output as an end id is, with
-    finish_reason stop, under speculation too and with ignore_eos on (as vLLM's); vLLM's extensions this server lacks
-    pass when a client sends their neutral values (refused otherwise: test_serve_errors)."""
+    """stop_token_ids (vLLM's) end a request at the first of them, its id kept in token_ids and its text left out unless
+    include_stop_str_in_output (vLLM's way), with finish_reason stop, under speculation too and with ignore_eos on (as
+    vLLM's); vLLM's extensions this server lacks pass when a client sends their neutral values (refused otherwise:
+    test_serve_errors)."""
     neutral = {"min_tokens": 0, "use_beam_search": False, "typical_p": 1.0, "length_penalty": 1.0, "include_stop_str_in_output": False,
                "prompt_logprobs": None}
     plain = complete(client, METHODS[0], extra=neutral).choices[0].model_extra["token_ids"]
-    stop_at = plain[5]
+    stop_at = next(t for t in plain[5:] if t > 2)  # a token with text (0-2: the character tokenizer's special tokens)
     want = plain[: plain.index(stop_at) + 1]
+    pieces = complete(client, METHODS[0], logprobs=0).choices[0].logprobs.tokens  # each token's text, special ones too
+
+    def text(n: int) -> str:  # the first n tokens' text, as a completion shows it (special tokens left out)
+        return "".join(p for p in pieces[:n] if p not in ("<pad>", "<s>", "</s>"))
+
     for spec in METHODS:
         c = complete(client, spec, extra={"stop_token_ids": [stop_at]}).choices[0]
         assert c.model_extra["token_ids"] == want and c.finish_reason == "stop", spec
+        assert c.text == text(len(want) - 1) and text(len(want)) != c.text  # the stop token's text left out, as vLLM leaves it out
+    kept = complete(client, METHODS[1], extra={"stop_token_ids": [stop_at], "include_stop_str_in_output": True}).choices[0]
+    assert kept.model_extra["token_ids"] == want and kept.text == text(len(want))
 
 
 @pytest.mark.parametrize("spec", METHODS, ids=IDS)

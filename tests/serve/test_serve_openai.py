@@ -179,11 +179,18 @@ def test_vllms_tokenize_and_detokenize_routes(client, server):
         done = client.completions.create(model="target", prompt="def fib(n):", max_tokens=1, temperature=0)
         assert t["count"] == len(t["tokens"]) == done.usage.prompt_tokens == len(t["token_strs"]) and t["max_model_len"] == 160
         assert c.post("/detokenize", json={"tokens": t["tokens"]}).json() == {"prompt": "def fib(n):"}
+        counts = []
         for fields in ({}, {"chat_template_kwargs": {"enable_thinking": False}}):
             chat = c.post("/tokenize", json={"messages": messages, **fields}).json()
             r = client.chat.completions.create(model="target", messages=messages, max_tokens=1, temperature=0, extra_body=fields)
             assert chat["count"] == r.usage.prompt_tokens and chat["token_strs"] is None
-        for route, body, status, param in (("/detokenize", {"tokens": [10**6]}, 400, "tokens"), ("/tokenize", {"prompt": 5}, 400, None),
+            counts.append(chat["count"])
+        assert counts[0] != counts[1]
+        # a conversation's body is read as one: its sampling fields are not /tokenize's (ignored, as unknown fields are)
+        assert c.post("/tokenize", json={"messages": messages, "temperature": "hot"}).json()["count"] == counts[0]
+        for route, body, status, param in (("/detokenize", {"tokens": [10**6]}, 400, "tokens"), ("/tokenize", {"prompt": 5}, 400, "prompt"),
+                                           ("/tokenize", {}, 400, "prompt"), ("/tokenize", {"prompt": "x", "add_special_tokens": "no"}, 400,
+                                                                               "add_special_tokens"),
                                            ("/tokenize", {"model": "other", "prompt": "x"}, 404, "model")):
             r = c.post(route, json=body)
             assert r.status_code == status and (param is None or r.json()["error"]["param"] == param), r.text
