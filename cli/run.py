@@ -183,6 +183,8 @@ def main(engine_dir, input_text, input_file, tokenizer_dir, no_add_special_token
                               repetition_penalty=repetition_penalty, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                               bad_words_ids=bans, no_repeat_ngram_size=no_repeat_ngram_size)
     ends = end_ids(end_id, tok, target)
+    if "" in stop_words:
+        raise RequestError("--stop_words '' is empty: give the text that ends a request.")
     stops = tuple(s.replace("\\n", "\n") for s in stop_words)  # matched on the output text (cli/stops.py)
     gen = GenerationConfig(max_output_len=max_output_len, sampling=sampling, end_ids=ends, min_output_len=min_output_len)
     caching = PrefixCacheConfig(enable_prefix_caching, prefix_cache_slots)

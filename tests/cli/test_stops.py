@@ -147,7 +147,7 @@ def test_min_output_len_holds_back_stop_words_and_bans_apply_under_speculation(c
 
 
 def test_bad_words_and_min_output_len_errors_are_one_line(cycle_engine, tmp_path):
-    for flags, says in ((["--bad_words", ""], "--bad_words '' is no token at all"),
+    for flags, says in ((["--bad_words", ""], "--bad_words '' is no token at all"), (["--stop_words", ""], "--stop_words '' is empty"),
                         (["--min_output_len", "9", "--max_output_len", "8"], "min_output_len=9 is larger than max_output_len=8"),
                         (["--no_repeat_ngram_size", "-1"], "no_repeat_ngram_size=-1 must be an integer >= 0")):
         r = CliRunner().invoke(run_main, ["--engine_dir", str(cycle_engine), "--input_text", "a", *flags])
