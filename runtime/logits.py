@@ -197,7 +197,15 @@ class TokenLogprob(NamedTuple):
     top: list[tuple[int, float]]  # (id, log-probability), most likely first: the request's ``logprobs`` of them
 
 
-def logprobs(x: np.ndarray, token: int, top: int = 0) -> TokenLogprob:
+class RankedLogprob(NamedTuple):
+    """A TokenLogprob with the token's rank: 1 + the tokens more likely than it (vLLM's prompt_logprobs report it)."""
+
+    logprob: float
+    top: list[tuple[int, float]]
+    rank: int
+
+
+def logprobs(x: np.ndarray, token: int, top: int = 0, rank: bool = False) -> TokenLogprob | RankedLogprob:
     """x: [vocab] processed logits -> (the token's log-probability, the ``top`` most likely (id, log-probability)).
 
     Tokens the processing forbids (-inf: a grammar's mask) are never listed among the alternatives."""
@@ -214,4 +222,6 @@ def logprobs(x: np.ndarray, token: int, top: int = 0) -> TokenLogprob:
             idx = idx[np.lexsort((idx, -lp[idx]))]
             best = [(int(i), float(lp[i])) for i in idx]
     own = float(lp[token])
+    if rank:
+        return RankedLogprob(own if np.isfinite(own) else FLOOR, best, 1 + int(np.count_nonzero(lp > lp[token])))
     return TokenLogprob(own if np.isfinite(own) else FLOOR, best)

@@ -48,6 +48,7 @@ class GenerationConfig:
     # k >= 0 = each token's own plus its k most likely alternatives
     logprobs: int | None = None
     prompt_logprobs: bool = False  # the raw model's log-probability of every prompt token after the first
+    prompt_logprobs_top: int | None = None  # with it: alternatives per prompt token, and each token's rank (None: logprobs' count)
     grammar: Any = None  # runtime.grammar.Grammar (or anything with .start() -> a GrammarState): the output's constraint
 
     def __post_init__(self) -> None:
@@ -63,6 +64,8 @@ class GenerationConfig:
             raise RequestError(f"draft_len={self.draft_len!r} must be an integer >= 0 or 'auto'.")
         if isinstance(self.draft_len, int) and (isinstance(self.draft_len, bool) or self.draft_len < 0):
             raise RequestError(f"draft_len={self.draft_len} must be an integer >= 0 or 'auto'.")
+        if self.prompt_logprobs_top is not None and self.prompt_logprobs_top < 0:
+            raise RequestError(f"prompt_logprobs_top={self.prompt_logprobs_top} must be None or an integer >= 0.")
         if self.logprobs is not None and self.logprobs < 0:
             raise RequestError(f"logprobs={self.logprobs} must be None (off) or an integer >= 0 (alternatives per token).")
         # token ids, not text: a string here would be read character by character and match nothing (vLLM's and Hugging Face's

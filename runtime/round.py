@@ -163,9 +163,10 @@ class SpeculativeRound:
     def _prompt_logprobs(self, r: Request, rows: np.ndarray) -> list:
         """rows: [prompt len, vocab], the prompt's every row: row t - 1 scores prompt token t. None for the first token,
         and for a token after a row that holds NaN or Inf (no distribution to score it by)."""
-        top = r.config.logprobs or 0
-        return [None] + [logprobs(rows[t - 1, : self.vocab_limit], r.prompt_ids[t], top) if finite(rows[t - 1, : self.vocab_limit]) else None
-                         for t in range(1, len(r.prompt_ids))]
+        cfg = r.config
+        top, rank = (cfg.logprobs or 0, False) if cfg.prompt_logprobs_top is None else (cfg.prompt_logprobs_top, True)
+        return [None] + [logprobs(rows[t - 1, : self.vocab_limit], r.prompt_ids[t], top, rank) if finite(rows[t - 1, : self.vocab_limit])
+                         else None for t in range(1, len(r.prompt_ids))]
 
     def _first_token(self, r: Request, last: np.ndarray) -> int:
         """The token the prefill picks (last: [vocab] at the prompt's last token)."""

@@ -114,6 +114,7 @@ class Plan:
     tools: ToolPlan | None = None
     grammar_param: str | None = None  # the request field the output's grammar came from (named by a grammar's error)
     include_stop: bool = False  # include_stop_str_in_output: the text ends after the stop string, not before it
+    prompt_logprobs: int | None = None  # vLLM's prompt_logprobs: alternatives per prompt token in the response's prompt_logprobs
 
 
 def check_model(model: str | None, served: Served) -> None:
@@ -222,7 +223,9 @@ def completion_plan(req: CompletionRequest, served: Served) -> Plan:
     p = plan(req, prompts, limit, served, default_max_tokens=16, max_tokens_param=name)  # 16: OpenAI's default
     logprobs = req.logprobs
     want = logprobs if logprobs is not None else (0 if best_of > n else None)  # best_of ranks by log-probability
-    config = replace(p.config, logprobs=want, prompt_logprobs=req.echo and logprobs is not None)
+    echo_scores = req.echo and logprobs is not None
+    top = max(req.prompt_logprobs, logprobs or 0) if req.prompt_logprobs is not None else None  # echo's alternatives are cut to logprobs
+    config = replace(p.config, logprobs=want, prompt_logprobs=echo_scores or req.prompt_logprobs is not None, prompt_logprobs_top=top)
     texts = [None if was_cut else t for t, was_cut in zip(_prompt_texts(req.prompt), cut, strict=True)] if req.echo else []
     return replace(p, config=config, n=n, samples=best_of, echo=req.echo, logprobs=logprobs, drop_output=drop, prompt_texts=texts)
 
@@ -274,7 +277,8 @@ def chat_plan(req: ChatCompletionRequest, served: Served) -> Plan:
     prompts, _ = truncated(req, [chat_prompt(req, served, tools)], served)
     p = plan(req, prompts, req.max_completion_tokens or req.max_tokens, served, None, name, tools=tools)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    return replace(p, config=replace(p.config, logprobs=logprobs), n=req.n, samples=req.n, logprobs=logprobs, tools=tools)
+    config = replace(p.config, logprobs=logprobs, prompt_logprobs=req.prompt_logprobs is not None, prompt_logprobs_top=req.prompt_logprobs)
+    return replace(p, config=config, n=req.n, samples=req.n, logprobs=logprobs, tools=tools)
 
 
 def plan(req: Sampling, prompts: list[list[int]], max_tokens: int | None, served: Served, default_max_tokens: int | None,
@@ -348,8 +352,11 @@ def plan(req: Sampling, prompts: list[list[int]], max_tokens: int | None, served
     except SpecdecError as err:  # what the fields say together (allowed ids that are all bad words): a 400, never a 500
         raise ApiError(400, str(err), "allowed_token_ids" if "allowed_token_ids" in str(err) else None) from None
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    if req.prompt_logprobs is not None and req.stream:
+        raise ApiError(400, "prompt_logprobs are returned with the whole response: send stream=false (or, on /v1/completions, echo with "
+                            "logprobs, which streams the prompt's scores in the first chunk).", "prompt_logprobs")
     return Plan(checked, config, stops, method, k, req.stream, include_usage, grammar_param=param if grammar is not None else None,
-                include_stop=req.include_stop_str_in_output)
+                include_stop=req.include_stop_str_in_output, prompt_logprobs=req.prompt_logprobs)
 
 
 def stop_token_ids(req: Sampling, vocab: int) -> tuple[int, ...]:

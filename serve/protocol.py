@@ -13,9 +13,9 @@ Extensions (ignored by clients that do not know them):
     "speculative": {"method": "none" | "draft" | "ngram" | "suffix" | "medusa" | "eagle", "num_draft_tokens": k | "auto"}
     "ignore_eos": true        decode max_tokens tokens whatever the model says (benchmarks)
     "top_k", "min_p", "repetition_penalty", "stop_token_ids"     as vLLM accepts them
-    "min_tokens", "allowed_token_ids", "bad_words", "include_stop_str_in_output", "truncate_prompt_tokens"   as vLLM's
+    "min_tokens", "allowed_token_ids", "bad_words", "include_stop_str_in_output", "truncate_prompt_tokens", "prompt_logprobs"   as vLLM's
     chat: "chat_template_kwargs", "add_generation_prompt", "continue_final_message"   as vLLM's
-    vLLM's other sampling extensions (guided_json, use_beam_search, prompt_logprobs, ...: UNSUPPORTED_VLLM_FIELDS) are
+    vLLM's other sampling extensions (guided_json, use_beam_search, length_penalty, ...: UNSUPPORTED_VLLM_FIELDS) are
     refused by name when set to anything but their neutral value: dropped, they would change nothing without a word
     "structured_outputs": {"json": schema} | {"regex": "..."} | {"choice": [...]} | {"grammar": "lark"}   as vLLM's
 """
@@ -133,8 +133,8 @@ class Sampling(BaseModel):
     allowed_token_ids: Annotated[list[TokenId], Field(min_length=1, max_length=MAX_ALLOWED)] | None = None  # only these are sampled
     bad_words: Annotated[list[Annotated[str, Field(min_length=1, max_length=1000)]], Field(max_length=MAX_BAD_WORDS)] | None = None
     truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=INT64)] | None = None  # keep the prompt's last k tokens; -1: max_input_len
+    prompt_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None  # vLLM's: each prompt token's, with k alternatives
     # vLLM's extensions not implemented here (serve/params.py refuses them unless neutral); typed loosely: the refusal names them
-    prompt_logprobs: int | None = None
     guided_json: Any = None
     guided_regex: Any = None
     guided_choice: Any = None
@@ -146,7 +146,6 @@ class Sampling(BaseModel):
 
 # vLLM's extension -> its neutral value (sent by clients that fill in defaults: served as nothing), and what to use here
 UNSUPPORTED_VLLM_FIELDS: dict[str, tuple[Any, str]] = {
-    "prompt_logprobs": (None, "; on /v1/completions, echo with logprobs scores the prompt"),
     "guided_json": (None, '; send structured_outputs {"json": schema} or response_format'),
     "guided_regex": (None, '; send structured_outputs {"regex": "..."}'),
     "guided_choice": (None, '; send structured_outputs {"choice": [...]}'),

@@ -99,12 +99,32 @@ def _completion_choice(job: Job, served: Served, c: ChoiceResult) -> dict[str, A
     logprobs = None
     if plan.logprobs is not None:
         if plan.echo:
-            prompt_lps = c.prompt_logprobs or [None] * len(c.prompt_ids)
-            logprobs = completion_logprobs(served, c.prompt_ids + ids, list(prompt_lps) + list(lps or []))
+            prompt_lps = [lp if lp is None else lp._replace(top=lp.top[: plan.logprobs]) for lp in c.prompt_logprobs or [None] * len(c.prompt_ids)]
+            logprobs = completion_logprobs(served, c.prompt_ids + ids, prompt_lps + list(lps or []))
         else:
             logprobs = completion_logprobs(served, ids, lps or [])
     text = echoed_prompt(job, served, c.index) + text if plan.echo else text
-    return _with_error({"index": c.index, "text": text, "logprobs": logprobs, "finish_reason": c.finish_reason, "token_ids": ids}, c.error)
+    choice = {"index": c.index, "text": text, "logprobs": logprobs, "finish_reason": c.finish_reason, "token_ids": ids}
+    if plan.prompt_logprobs is not None:
+        choice["prompt_logprobs"] = vllm_prompt_logprobs(served, c.prompt_ids, c.prompt_logprobs, plan.prompt_logprobs)
+    return _with_error(choice, c.error)
+
+
+def vllm_prompt_logprobs(served: Served, prompt_ids: list[int], lps: list[TokenLogprob | None] | None, top: int) -> list[dict[str, Any] | None]:
+    """vLLM's prompt_logprobs: per prompt token (None for the first, and where no distribution scored it), the token's own
+    and its ``top`` most likely alternatives, by id: {"logprob", "rank", "decoded_token"}."""
+    out: list[dict[str, Any] | None] = []
+    for t, lp in zip(prompt_ids, lps or [None] * len(prompt_ids), strict=True):
+        if lp is None:
+            out.append(None)
+            continue
+        entry = {str(t): {"logprob": lp.logprob, "rank": getattr(lp, "rank", None), "decoded_token": _piece(served.tokenizer, t)}}
+        for i, (alt, value) in enumerate(lp.top[:top]):
+            entry.setdefault(str(alt), {"logprob": value, "rank": i + 1, "decoded_token": _piece(served.tokenizer, alt)})
+        out.append(entry)
+    return out
+
+
 
 
 def echoed_prompt(job: Job, served: Served, index: int) -> str:
@@ -136,8 +156,12 @@ def chat_completion(job: Job, served: Served, r: Result) -> dict[str, Any]:
         logprobs = chat_logprobs(served, c.token_ids, c.logprobs) if job.plan.logprobs is not None and c.logprobs is not None else None
         choices.append(_with_error({"index": c.index, "message": message, "logprobs": logprobs, "finish_reason": reason, "token_ids": c.token_ids},
                                    c.error))
-    return {**_head(job, served.model_name, "chat.completion"), "choices": choices, "usage": usage(r), "speculative": speculative(job, r),
+    body = {**_head(job, served.model_name, "chat.completion"), "choices": choices, "usage": usage(r), "speculative": speculative(job, r),
             "timings": r.timings}
+    if job.plan.prompt_logprobs is not None and r.choices:  # vLLM's: the conversation's, once (every choice shares it)
+        first = r.choices[0]
+        body["prompt_logprobs"] = vllm_prompt_logprobs(served, first.prompt_ids, first.prompt_logprobs, job.plan.prompt_logprobs)
+    return body
 
 
 # -- streams -------------------------------------------------------------------------------------

@@ -96,7 +96,8 @@ BATTERY = [
     ("top_logprobs without logprobs", "chat/completions", {**CHAT, "top_logprobs": 2}, 400, "top_logprobs"),
     # vLLM's extensions this server does not implement: refused by name, never dropped without a word
     ("vLLM's guided_json", "completions", {**OK, "guided_json": {"type": "object"}}, 400, "guided_json"),
-    ("vLLM's prompt_logprobs", "chat/completions", {**CHAT, "prompt_logprobs": 3}, 400, "prompt_logprobs"),
+    ("vLLM's length_penalty", "chat/completions", {**CHAT, "length_penalty": 0.5}, 400, "length_penalty"),
+    ("prompt_logprobs past 20", "completions", {**OK, "prompt_logprobs": 21}, 400, "prompt_logprobs"),
     ("min_tokens beyond max_tokens", "chat/completions", {**CHAT, "min_tokens": 5}, 400, "min_tokens"),
     ("allowed_token_ids outside the vocabulary", "completions", {**OK, "allowed_token_ids": [10**6]}, 400, "allowed_token_ids"),
     ("allowed_token_ids empty", "completions", {**OK, "allowed_token_ids": []}, 400, "allowed_token_ids"),

@@ -90,7 +90,7 @@ def test_vllms_stop_token_ids_end_the_request_and_neutral_extensions_pass(client
     vLLM's); vLLM's extensions this server lacks pass when a client sends their neutral values (refused otherwise:
     test_serve_errors)."""
     neutral = {"min_tokens": 0, "use_beam_search": False, "typical_p": 1.0, "length_penalty": 1.0, "include_stop_str_in_output": False,
-               "prompt_logprobs": None}
+               "guided_json": None}
     plain = complete(client, METHODS[0], extra=neutral).choices[0].model_extra["token_ids"]
     stop_at = next(t for t in plain[5:] if t > 2)  # a token with text (0-2: the character tokenizer's special tokens)
     want = plain[: plain.index(stop_at) + 1]
@@ -157,6 +157,28 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(client):
     chat = client.chat.completions.create(model="target", messages=messages, max_tokens=4, temperature=0,
                                           extra_body={"truncate_prompt_tokens": -1})
     assert chat.usage.prompt_tokens == 64  # the rendered conversation's last max_input_len tokens
+
+
+def test_vllms_prompt_logprobs(client, server):
+    """Each prompt token's log-probability (the raw model's, as echo's), its rank, and k alternatives by id; the first None."""
+    echo = client.completions.create(model="target", prompt=PROMPT, max_tokens=1, temperature=0, echo=True, logprobs=1)
+    with httpx.Client(base_url=server, timeout=30) as c:
+        body = {"model": "target", "prompt": PROMPT, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 2}
+        for spec in (METHODS[0], METHODS[1]):
+            got = c.post("/v1/completions", json={**body, "speculative": spec}).json()["choices"][0]["prompt_logprobs"]
+            assert got[0] is None and len(got) == echo.usage.prompt_tokens
+            for entry, own in zip(got[1:], echo.choices[0].logprobs.token_logprobs[1:echo.usage.prompt_tokens], strict=True):
+                assert 2 <= len(entry) <= 3 and sorted(v["rank"] for v in entry.values())[:2] == [1, 2]
+                mine = [v for v in entry.values() if math.isclose(v["logprob"], own, abs_tol=1e-5)]
+                assert mine and all(v["rank"] >= 1 and v["decoded_token"] for v in entry.values())
+        # both at once: echo's alternatives stay logprobs' count
+        both = c.post("/v1/completions", json={**body, "echo": True, "logprobs": 1}).json()["choices"][0]
+        assert all(t is None or len(t) <= 2 for t in both["logprobs"]["top_logprobs"]) and len(both["prompt_logprobs"][1]) >= 2
+        chat = c.post("/v1/chat/completions", json={"model": "target", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+                                                    "prompt_logprobs": 0}).json()
+        assert len(chat["prompt_logprobs"]) == chat["usage"]["prompt_tokens"] and all(len(e) == 1 for e in chat["prompt_logprobs"][1:])
+        r = c.post("/v1/completions", json={**body, "stream": True})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_logprobs"
 
 
 def test_echo_scores_the_prompt(client):
