@@ -66,7 +66,7 @@ def check_run_py_options(kwargs: dict[str, Any]) -> None:
 
 # run.py's options that take several values after one flag (argparse nargs="+"): click takes one value per flag
 MANY_VALUES = ("input_text", "stop_words", "bad_words")
-_NEGATIVE = re.compile(r"-\d")
+_NUMBER = re.compile(r"-\d+$|-\d*\.\d+$")  # argparse reads these as values, not options, and any argument with a space
 
 
 def spread_many_values(args: list[str], names: tuple[str, ...] = MANY_VALUES) -> list[str]:
@@ -82,7 +82,7 @@ def spread_many_values(args: list[str], names: tuple[str, ...] = MANY_VALUES) ->
         if first:  # the flag's own value, whatever it looks like (click reads it so too)
             out.append(a)
             first = False
-        elif a.startswith("-") and len(a) > 1 and not _NEGATIVE.match(a):
+        elif a.startswith("-") and len(a) > 1 and not _NUMBER.match(a) and " " not in a:
             flag, first = (a, True) if a in flags else (None, False)  # --flag=value: one value, as argparse takes it
             out.append(a)
         elif flag is not None:

@@ -163,9 +163,10 @@ class SpeculativeRound:
     def _prompt_logprobs(self, r: Request, rows: np.ndarray) -> list:
         """rows: [prompt len, vocab], the prompt's every row: row t - 1 scores prompt token t. None for the first token,
         and for a token after a row that holds NaN or Inf (no distribution to score it by)."""
-        cfg = r.config
+        cfg, width = r.config, self.vocab_limit or rows.shape[-1]
         top, rank = (cfg.logprobs or 0, False) if cfg.prompt_logprobs_top is None else (cfg.prompt_logprobs_top, True)
-        return [None] + [logprobs(rows[t - 1, : self.vocab_limit], r.prompt_ids[t], top, rank) if finite(rows[t - 1, : self.vocab_limit])
+        # (a prompt id past a smaller draft's vocabulary, which cuts the rows: no score, as for a row that is not finite)
+        return [None] + [logprobs(rows[t - 1, :width], r.prompt_ids[t], top, rank) if r.prompt_ids[t] < width and finite(rows[t - 1, :width])
                          else None for t in range(1, len(r.prompt_ids))]
 
     def _first_token(self, r: Request, last: np.ndarray) -> int:

@@ -40,11 +40,16 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int]):
         self.tok = tokenizer
         context = [int(t) for t in prompt_ids[-PROMPT_CONTEXT:]]
-        while context and tokenizer.decode(context).endswith("\ufffd"):  # a prompt that ends inside a character: that part is
-            context.pop()  # not context (the stream would hand out the prompt's text with the output's first character)
+        dangling: list[int] = []  # a prompt that ends inside a character: its last bytes, which the output may complete
+        while context and tokenizer.decode(context).endswith("\ufffd"):
+            dangling.insert(0, context.pop())
         self.shown = context  # the last tokens whose text came out: context
         self.pending: list[int] = []  # tokens since then: an incomplete character, held
         self.stream = DecodeStream(ids=list(self.shown), skip_special_tokens=True)
+        self.orphan = False  # the first text out starts with U+FFFD for the dangling prompt bytes alone: not the output's
+        for t in dangling:  # held as an unfinished character is, so the output's completing bytes come out as the whole one
+            self.pending.append(t)
+            self.orphan = self._step(t) is None
 
     def push(self, new_ids: Sequence[int]) -> str:
         """The text that ``new_ids`` add, or "" while a character is incomplete."""
@@ -52,6 +57,9 @@ class IncrementalDetokenizer:
         for t in new_ids:
             self.pending.append(int(t))
             piece = self._step(int(t))
+            if piece and self.orphan:  # the prompt's unfinished character was not finished by the output: not the output's text
+                piece = piece[1:] if piece.startswith("\ufffd") else piece
+                self.orphan = False
             if piece:
                 out.append(piece)
                 self.shown = (self.shown + self.pending)[-PROMPT_CONTEXT:]
@@ -65,7 +73,10 @@ class IncrementalDetokenizer:
         held, context = self.pending, self.shown
         before, now = self.tok.decode(context), self.tok.decode(context + held)
         self.shown, self.pending = (context + held)[-PROMPT_CONTEXT:], []
-        return now[len(before) :] if now.startswith(before) else self.tok.decode(held)
+        text = now[len(before) :] if now.startswith(before) else self.tok.decode(held)
+        if self.orphan and text.startswith("\ufffd"):  # the prompt's unfinished character's mark, not the output's
+            text, self.orphan = text[1:], False
+        return text
 
     def _step(self, token: int) -> str | None:
         try:

@@ -90,21 +90,28 @@ def render_chat(template: str, messages: list[dict[str, Any]], tokens: dict[str,
     inside the final message, which the model continues (``continue_final_message``, as transformers cuts it)."""
     import jinja2
 
+    if continue_final_message:  # a mark after the final message's text shows where the rendered chat is cut
+        final = messages[-1]
+        content = final.get("content") if isinstance(final.get("content"), str) else ""
+        messages = [*messages[:-1], {**final, "content": content + CONTINUE_MARK}]
     try:
         text = _compile(template).render(messages=messages, add_generation_prompt=add_generation_prompt, **tokens, **extra)
     except TemplateRaised as err:
         raise ApiError(400, f"the chat template refused these messages: {err}", param="messages") from None
-    except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as err:  # jinja's include the sandbox's SecurityError
+    # jinja's errors include the sandbox's SecurityError; a client's chat_template_kwargs can make a template overflow or recurse
+    except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError, ArithmeticError, RecursionError) as err:
         raise ApiError(400, f"the chat template failed on these messages: {type(err).__name__}: {err}", param="messages") from None
-    return _open_ended(text, messages[-1]) if continue_final_message else text
+    return _open_ended(text) if continue_final_message else text
 
 
-def _open_ended(text: str, final: dict[str, Any]) -> str:
-    """The rendered chat cut right after the final message's text (what the template writes after it, an end of turn, goes)."""
-    content = final.get("content")
-    content = content if isinstance(content, str) else ""
-    for shown in (content, content.strip()):  # templates that trim a message write it stripped
-        if shown and (at := text.rfind(shown)) >= 0:
-            return text[: at + len(shown)]
-    raise ApiError(400, "continue_final_message needs a final message whose text the chat template writes out as given; this one's "
-                        "is empty or the template rewrites it.", param="messages")
+CONTINUE_MARK = "SPECDEC_CONTINUE_FINAL_MESSAGE "  # text no message holds; its space shows whether the template trims the message
+
+
+def _open_ended(text: str) -> str:
+    """The rendered chat cut where the final message's text ends (what the template writes after it, an end of turn, goes),
+    as transformers cuts it: at the mark, and before the whitespace a trimming template left."""
+    at = text.rfind(CONTINUE_MARK.strip())
+    if at < 0:
+        raise ApiError(400, "continue_final_message needs a chat template that writes the final message's text; this one leaves it out "
+                            "or rewrites it.", param="messages")
+    return text[:at] if text.startswith(CONTINUE_MARK, at) else text[:at].rstrip()

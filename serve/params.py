@@ -158,7 +158,7 @@ def tokenized(req: TokenizeChatRequest | TokenizeCompletionRequest, served: Serv
 
 
 def detokenized(req: DetokenizeRequest, served: Served) -> dict[str, Any]:
-    """vLLM's /detokenize: the text of token ids (special tokens left out, as a completion's text leaves them)."""
+    """vLLM's /detokenize: the text of token ids, special tokens kept (as vLLM's: /tokenize's ids of a rendered chat come back)."""
     check_model(req.model, served)
     if served.tokenizer is None:
         raise ApiError(400, "the engine has no tokenizer to detokenize with: restart with --tokenizer_dir.", "tokens")
@@ -166,7 +166,7 @@ def detokenized(req: DetokenizeRequest, served: Served) -> dict[str, Any]:
     outside = [t for t in req.tokens if t >= vocab]
     if outside:
         raise ApiError(400, f"tokens has token id {outside[0]}, outside the vocabulary [0, {vocab}).", "tokens")
-    return {"prompt": served.tokenizer.decode(req.tokens)}
+    return {"prompt": served.tokenizer.backend.decode(req.tokens, skip_special_tokens=False)}
 
 
 def chat_prompt(req: ChatCompletionRequest, served: Served, tools: ToolPlan | None, add_special_tokens: bool = False) -> list[int]:

@@ -154,6 +154,9 @@ def test_run_py_several_stop_and_bad_words_after_one_flag(demo, tmp_path):
 
     assert spread_many_values(["--input_text", "a", "b", "--bad-words", " x", "-1", "--top_k", "2", "--stop_words=s", "t"]) == [
         "--input_text", "a", "--input_text", "b", "--bad-words", " x", "--bad-words", "-1", "--top_k", "2", "--stop_words=s", "t"]
+    # argparse's values that start with a dash: numbers, and anything with a space (a markdown "- " stop word)
+    assert spread_many_values(["--stop_words", "a", "- b", "-.5", "--baseline"]) == [
+        "--stop_words", "a", "--stop_words", "- b", "--stop_words", "-.5", "--baseline"]
     texts = []
     for bans in ([], ["--bad_words", " name", "self"]):
         out = tmp_path / "out.json"

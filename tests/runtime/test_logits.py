@@ -243,3 +243,18 @@ def test_a_subnormal_repetition_penalty_keeps_the_logits_finite():
     p = processed_probs(x[None], cfg)[0]
     np.testing.assert_allclose(p, [0.5, 0.5, 0.0, 0.0])
     assert np.isfinite(logprobs(x, 0, top=2)[0])
+
+
+def test_prompt_logprobs_skip_a_prompt_id_past_the_pairs_shared_vocabulary():
+    """A draft with a smaller vocabulary cuts the target's rows to the ids both have; a prompt id past them gets no score
+    (it raised IndexError), and vLLM's prompt_logprobs get each scored token's rank."""
+    from types import SimpleNamespace
+
+    from specdec.runtime.round import SpeculativeRound
+
+    rows = np.log(np.array([[0.5, 0.2, 0.2, 0.1], [0.1, 0.6, 0.2, 0.1], [0.25, 0.25, 0.25, 0.25]]))  # [prompt len, vocab 4]
+    cut = SimpleNamespace(vocab_limit=3)
+    req = SimpleNamespace(prompt_ids=[0, 3, 2], config=GenerationConfig(prompt_logprobs=True, prompt_logprobs_top=1))
+    scores = SpeculativeRound._prompt_logprobs(cut, req, rows)
+    assert scores[0] is None and scores[1] is None  # id 3: past the shared 3
+    assert scores[2].rank == 2 and scores[2].top[0][0] == 1 and np.isclose(np.exp(scores[2].logprob), 0.2 / 0.9)

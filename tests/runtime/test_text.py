@@ -120,10 +120,15 @@ def test_no_stop_string_ends_the_text_in_its_first_min_tokens(byte_tok, sizes, k
 
 def test_a_prompt_that_ends_inside_a_character_is_not_output_text(byte_tok):
     """Token-id prompts can end inside a multi-byte character: that part is not context, and never the output's text."""
-    prompt = byte_tok.encode("café", add_special_tokens=False)[:-1]  # "caf" and the first byte of "é"
-    stream = TextStream(byte_tok, prompt)
-    out = byte_tok.encode(" wise", add_special_tokens=False)
-    assert stream.feed(out)[0] + stream.finish() == " wise"
+    whole = byte_tok.encode("café wise", add_special_tokens=False)
+    prompt, rest = whole[:4], whole[4:]  # "caf" and the first byte of "é"; the second byte, then " wise"
+    for sizes in ([1], [3], [len(rest)]):
+        stream = TextStream(byte_tok, prompt)
+        text = "".join(stream.feed(ids)[0] for ids in rounds(rest, sizes)) + stream.finish()
+        assert text == "é wise"  # the output completed the character: it is the output's, whole, as vLLM shows it
+    for tail in (" wise", ""):  # not completed: the prompt's unfinished bytes are no part of the output's text
+        stream = TextStream(byte_tok, prompt)
+        assert stream.feed(byte_tok.encode(tail, add_special_tokens=False))[0] + stream.finish() == tail
 
 
 def test_earliest_stop_wins_and_held_prefix_is_released(byte_tok):

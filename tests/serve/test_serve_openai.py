@@ -141,7 +141,7 @@ def test_chat_uses_the_checkpoints_template_as_transformers_renders_it(client, s
     assert r2.choices[0].message.content == r.choices[0].message.content  # text parts are joined
 
 
-def test_vllms_chat_template_fields_render_as_transformers_renders_them(client):
+def test_vllms_chat_template_fields_render_as_transformers_renders_them(client, server):
     """chat_template_kwargs (Qwen3's enable_thinking, say), add_generation_prompt and continue_final_message: the prompt
     is the one transformers' apply_chat_template makes with the same arguments."""
     from transformers import PreTrainedTokenizerFast
@@ -162,6 +162,12 @@ def test_vllms_chat_template_fields_render_as_transformers_renders_them(client):
         assert r.usage.prompt_tokens == len(ids), (fields, hf.decode(ids))
         counts.append(len(ids))
     assert counts[0] != counts[1] and counts[2] != counts[3]  # the fields changed the prompt
+    # the ids themselves, where the final message's text (trimmed by the template) also appears in an earlier turn
+    echoing = [{"role": "user", "content": "Answer: fib"}, {"role": "assistant", "content": "Answer: "}]
+    want = list(hf.apply_chat_template(echoing, tokenize=True, return_dict=True, continue_final_message=True)["input_ids"])
+    with httpx.Client(base_url=server[0], timeout=30) as c:
+        got = c.post("/tokenize", json={"messages": echoing, "add_generation_prompt": False, "continue_final_message": True}).json()["tokens"]
+    assert got == want and hf.decode(got).endswith("assistant: Answer:")
     for fields, param in (({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
                           ({"continue_final_message": True}, "continue_final_message")):
         with pytest.raises(openai.BadRequestError) as err:
@@ -178,7 +184,7 @@ def test_vllms_tokenize_and_detokenize_routes(client, server):
         t = c.post("/tokenize", json={"model": "target", "prompt": "def fib(n):", "return_token_strs": True}).json()
         done = client.completions.create(model="target", prompt="def fib(n):", max_tokens=1, temperature=0)
         assert t["count"] == len(t["tokens"]) == done.usage.prompt_tokens == len(t["token_strs"]) and t["max_model_len"] == 160
-        assert c.post("/detokenize", json={"tokens": t["tokens"]}).json() == {"prompt": "def fib(n):"}
+        assert c.post("/detokenize", json={"tokens": t["tokens"]}).json() == {"prompt": "<s>def fib(n):"}  # special tokens kept, as vLLM's
         counts = []
         for fields in ({}, {"chat_template_kwargs": {"enable_thinking": False}}):
             chat = c.post("/tokenize", json={"messages": messages, **fields}).json()
@@ -188,6 +194,8 @@ def test_vllms_tokenize_and_detokenize_routes(client, server):
         assert counts[0] != counts[1]
         # a conversation's body is read as one: its sampling fields are not /tokenize's (ignored, as unknown fields are)
         assert c.post("/tokenize", json={"messages": messages, "temperature": "hot"}).json()["count"] == counts[0]
+        r = c.post("/tokenize", json=["not", "an", "object"])
+        assert r.status_code == 400 and "must be a JSON object" in r.json()["error"]["message"]
         for route, body, status, param in (("/detokenize", {"tokens": [10**6]}, 400, "tokens"), ("/tokenize", {"prompt": 5}, 400, "prompt"),
                                            ("/tokenize", {}, 400, "prompt"), ("/tokenize", {"prompt": "x", "add_special_tokens": "no"}, 400,
                                                                                "add_special_tokens"),
@@ -216,3 +224,17 @@ def test_models_version_health(client, server):
     v = httpx.get(f"{url}/version").json()
     assert v["speculative_methods"] == ["none", "draft", "ngram", "suffix"] and v["max_draft_len"] == MAX_DRAFT and v["max_batch_size"] == 4
     assert httpx.get(f"{url}/health").json() == {"status": "ok"}
+
+
+def test_a_template_that_a_clients_variables_overflow_is_a_400():
+    """chat_template_kwargs reach the template: what they make it raise (here the sandbox's "range too big") is the
+    client's 400, never a 500."""
+    from specdec.serve.chat import render_chat
+    from specdec.serve.errors import ApiError
+
+    template = "{% for i in range(n) %}x{% endfor %}{{ messages[0]['content'] }}"
+    assert render_chat(template, [{"role": "user", "content": "hi"}], {}, n=2) == "xxhi"
+    for n in (10**9, 10**30):
+        with pytest.raises(ApiError) as err:
+            render_chat(template, [{"role": "user", "content": "hi"}], {}, n=n)
+        assert err.value.status == 400
