@@ -333,7 +333,7 @@ def plan(req: Sampling, prompts: list[list[int]], max_tokens: int | None, served
     spec, param = tools.grammar if tools is not None and tools.grammar is not None else grammar_spec(req)
     if spec is not None:
         if req.allowed_token_ids:
-            raise ApiError(400, f"allowed_token_ids cannot be combined with structured outputs ({param}): the two together could "
+            raise ApiError(400, f"allowed_token_ids cannot be combined with structured outputs or tools ({param}): the two together could "
                                 "leave no token; constrain the output with one of them.", "allowed_token_ids")
         grammar = served.grammar(spec, param)
     min_tokens = req.min_tokens or 0
