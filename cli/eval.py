@@ -21,7 +21,7 @@ import click
 from ..bench.datasets import jsonl_values
 from ..bench.sweep import generate_each, token_agreement
 from ..formats.config_strings import DTM_FORM, NGRAM_FORM, parse_draft_target_config, parse_ngram_config
-from ..formats.engine_format import check_decodes_alone, is_engine_config, load_engine_dir
+from ..formats.engine_format import check_decodes_alone, is_engine_config, load_engine_dir, read_config_json
 from ..formats.errors import RequestError
 from ..hardware.cpu import check_num_threads
 from ..runtime.devices import placement
@@ -70,14 +70,6 @@ def _threshold(value: float) -> float:
     if value < 0 or value > 100:
         raise RequestError(f"--rouge_threshold={value} must be a fraction in [0, 1] or a percentage in (1, 100].")
     return value / 100 if value > 1 else value
-
-
-def _read_config(path: Path) -> object:
-    """A folder's parsed config.json, or None where it has none (or not JSON)."""
-    try:
-        return json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _vocab_size(config: object) -> int | None:
@@ -185,7 +177,7 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
         click.echo(f"note: {truncated} prompt(s) longer than {in_cap} tokens keep their last {in_cap} tokens.", err=True)
 
     hf_dir = hf_model_dir or target.config.extra.get("checkpoint")
-    hf_config = _read_config(Path(hf_dir)) if hf_dir else None
+    hf_config = read_config_json(Path(hf_dir)) if hf_dir else None
     if is_engine_config(hf_config):
         raise RequestError(f"{hf_dir} is a specdec engine, not a Hugging Face checkpoint: pass the checkpoint it was built from as "
                            "--hf_model_dir (its config.json's extra.checkpoint), or --no_test_hf.")

@@ -176,9 +176,10 @@ def main(engine_dir, input_text, input_file, tokenizer_dir, no_add_special_token
     prompts = read_inputs(input_text, input_file, tok, not no_add_special_tokens, target.config.model.pad_token_id)
     if (stop_words or bad_words) and tok is None:
         raise RequestError(f"{'--stop_words' if stop_words else '--bad_words'} needs a tokenizer: pass --tokenizer_dir.")
-    bans = tuple(dict.fromkeys(tuple(tok.encode(w.replace("\\n", "\n"), add_special_tokens=False)) for w in bad_words))  # type: ignore[union-attr]
-    if () in bans:
-        raise RequestError(f"--bad_words {next(w for w in bad_words if not tok.encode(w, add_special_tokens=False))!r} is no token at all.")  # type: ignore[union-attr]
+    words = [tuple(tok.encode(w.replace("\\n", "\n"), add_special_tokens=False)) for w in bad_words] if tok is not None else []
+    if () in words:
+        raise RequestError(f"--bad_words {bad_words[words.index(())]!r} is no token at all.")
+    bans = tuple(dict.fromkeys(words))
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, random_seed=random_seed, min_p=min_p,
                               repetition_penalty=repetition_penalty, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                               bad_words_ids=bans, no_repeat_ngram_size=no_repeat_ngram_size)

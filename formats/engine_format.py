@@ -313,14 +313,19 @@ def is_engine_config(data: object) -> bool:
     return isinstance(data, dict) and "model" in data and "build" in data
 
 
+def read_config_json(directory: Path) -> object:
+    """``directory``'s parsed config.json (an engine's, a checkpoint's, anything), or None where it has none or not JSON."""
+    try:
+        return json.loads((directory / CONFIG_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def read_engine_config(directory: Path) -> dict | None:
     """``directory``'s config.json when it is an engine's (is_engine_config), else None: how a tool tells an engine directory
     from a checkpoint or any other folder without loading it."""
-    try:
-        data = json.loads((directory / CONFIG_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if is_engine_config(data) else None
+    data = read_config_json(directory)
+    return data if is_engine_config(data) else None  # type: ignore[return-value]
 
 
 def check_decodes_alone(engine: EngineDir, role: str = "target") -> None:

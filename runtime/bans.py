@@ -47,6 +47,11 @@ class TokenBans:
             for end in range(self.ngram, len(self.history) + 1):
                 self._index(end)
 
+    @staticmethod
+    def needed(cfg: SamplingConfig, end_ids: Sequence[int], min_output_len: int) -> bool:
+        """Whether a request bans anything (most do not: nothing is built for them)."""
+        return bool(cfg.allowed_token_ids or cfg.bad_words_ids or cfg.no_repeat_ngram_size or (min_output_len > 0 and len(end_ids)))
+
     @property
     def active(self) -> bool:
         """Whether any ban can still apply (min_output_len's ends stop applying once the output reaches it)."""

@@ -45,16 +45,13 @@ class LogitsProcessor:
                  end_ids: Sequence[int] = (), min_output_len: int = 0):
         self.cfg = cfg
         self.grammar = grammar
-        banning = cfg.allowed_token_ids or cfg.bad_words_ids or cfg.no_repeat_ngram_size or (min_output_len and len(end_ids))
-        bans = TokenBans(cfg, prompt_ids, end_ids, min_output_len) if banning else None  # (most requests: none, and nothing built)
-        self.bans = bans if bans is not None and bans.active else None
+        self.bans = TokenBans(cfg, prompt_ids, end_ids, min_output_len) if TokenBans.needed(cfg, end_ids, min_output_len) else None
         self.counts: Counter[int] = Counter()  # output tokens (frequency, presence)
         self.seen: set[int] = set(int(t) for t in prompt_ids) if cfg.repetition_penalty != 1.0 else set()
         self.bias_ids = np.array([t for t, _ in cfg.logit_bias], np.int64)
         self.bias_values = np.array([b for _, b in cfg.logit_bias], np.float64)
         self.penalized = cfg.repetition_penalty != 1.0 or cfg.frequency_penalty != 0.0 or cfg.presence_penalty != 0.0
-        # nothing history-dependent: the raw logits are the processed ones (the engine's fast paths)
-        self.plain = not (self.penalized or len(self.bias_ids) or grammar is not None or self.bans is not None)
+        self.plain = self._plain()
 
     # -- the chain ------------------------------------------------------------------------
     def logits(self, row: np.ndarray, appended: Sequence[int] = ()) -> np.ndarray:
@@ -115,7 +112,11 @@ class LogitsProcessor:
             self.bans.commit(tokens)
             if not self.bans.active:  # min_output_len reached and nothing else banned: back to the plain paths
                 self.bans = None
-                self.plain = not (self.penalized or len(self.bias_ids) or self.grammar is not None)
+                self.plain = self._plain()
+
+    def _plain(self) -> bool:
+        """Nothing to apply: the raw logits are the processed ones (the engine's fast paths)."""
+        return not (self.penalized or len(self.bias_ids) or self.grammar is not None or self.bans is not None)
 
     def failed(self, output: Sequence[int]) -> str | None:
         """Why the output cannot go on after exactly ``output`` (its grammar's llguidance gave up there), or None."""

@@ -50,7 +50,7 @@ def _row_probs(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
         kth = np.partition(x, -cfg.top_k)[-cfg.top_k]
         support = np.flatnonzero(x >= kth)  # ties with the k-th kept
         x = x[support]
-    p = np.exp(x - x.max(), out=x)
+    p = np.exp(x, out=x)  # the most likely token is at 0 already (shifted above; top-k keeps it): no second shift
     p /= p.sum()
     if cfg.min_p > 0.0:
         kept = np.flatnonzero(p >= cfg.min_p * p.max())
@@ -84,9 +84,9 @@ def _nucleus(p: np.ndarray, top_p: float) -> np.ndarray:
         # the tokens left out are the least likely, so the sorted candidates are the whole row's sorted order up to
         # there, and the mass before the first token left out is cum[-1]: reaching top_p, it and all after it are cut
         if cum[-1] >= top_p:
-            return np.sort(_cut(order, p, cum, top_p))
+            return _cut(order, p, cum, top_p)
     order, cum = _sorted_mass(p, np.arange(len(p)))
-    return np.sort(_cut(order, p, cum, top_p))
+    return _cut(order, p, cum, top_p)
 
 
 def _sorted_mass(p: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -96,9 +96,9 @@ def _sorted_mass(p: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray
 
 
 def _cut(order: np.ndarray, p: np.ndarray, cum: np.ndarray, top_p: float) -> np.ndarray:
-    """The sorted ids up to and including the token whose mass before it is still below top_p."""
+    """The sorted ids up to and including the token whose mass before it is still below top_p, ascending."""
     before = cum - p[order]  # nondecreasing
-    return order[: max(int(np.searchsorted(before, top_p, side="left")), 1)]
+    return np.sort(order[: max(int(np.searchsorted(before, top_p, side="left")), 1)])
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
@@ -141,14 +141,15 @@ class TargetDraws:
     samples come from the request's generator (Request.rng), apart from these. About 8 us a draw.
     """
 
-    __slots__ = ("seed", "stream")
+    __slots__ = ("seed", "stream", "_key")
 
     def __init__(self, seed: int, stream: int = 0) -> None:
         self.seed, self.stream = int(seed), int(stream)
+        self._key = seed_words(self.seed, self.stream)  # the request's words of every key, split once
 
     def uniform(self, position: int, purpose: int = DRAW) -> float:
         """The uniform in [0, 1) for output ``position`` (0: the first output token) and ``purpose``."""
-        (bits,) = np.random.SeedSequence([*seed_words(self.seed, self.stream, position), _TARGET_TAG + purpose]).generate_state(1, np.uint64)
+        (bits,) = np.random.SeedSequence([*self._key, *seed_words(position), _TARGET_TAG + purpose]).generate_state(1, np.uint64)
         return float(bits >> np.uint64(11)) * 2.0**-53  # the top 53 bits: every double in [0, 1) a multiple of 2**-53
 
     def at(self, start: int) -> RowDraws:

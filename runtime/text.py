@@ -56,10 +56,7 @@ class IncrementalDetokenizer:
         out = []
         for t in new_ids:
             self.pending.append(int(t))
-            piece = self._step(int(t))
-            if piece and self.orphan:  # the prompt's unfinished character was not finished by the output: not the output's text
-                piece = piece[1:] if piece.startswith("\ufffd") else piece
-                self.orphan = False
+            piece = self._without_orphan(self._step(int(t)))
             if piece:
                 out.append(piece)
                 self.shown = (self.shown + self.pending)[-PROMPT_CONTEXT:]
@@ -73,9 +70,14 @@ class IncrementalDetokenizer:
         held, context = self.pending, self.shown
         before, now = self.tok.decode(context), self.tok.decode(context + held)
         self.shown, self.pending = (context + held)[-PROMPT_CONTEXT:], []
-        text = now[len(before) :] if now.startswith(before) else self.tok.decode(held)
-        if self.orphan and text.startswith("\ufffd"):  # the prompt's unfinished character's mark, not the output's
-            text, self.orphan = text[1:], False
+        return self._without_orphan(now[len(before) :] if now.startswith(before) else self.tok.decode(held))
+
+    def _without_orphan(self, text: str | None) -> str | None:
+        """The first text out, less the U+FFFD that stands for the prompt's unfinished character when the output did not finish
+        it (that mark is the prompt's, not the output's text)."""
+        if text and self.orphan:
+            self.orphan = False
+            return text[1:] if text.startswith("\ufffd") else text
         return text
 
     def _step(self, token: int) -> str | None:

@@ -10,6 +10,7 @@ import json
 import secrets
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -68,9 +69,10 @@ class Served:
         a special token's text; None without a tokenizer."""
         if self.tokenizer is None:
             return None
-        with self._lock:
-            if self._token_bytes is None:
-                self._token_bytes = TokenBytes(self.tokenizer)
+        if self._token_bytes is None:  # (checked again under the lock: grammar compiles hold it, a response need not wait on them)
+            with self._lock:
+                if self._token_bytes is None:
+                    self._token_bytes = TokenBytes(self.tokenizer)
         return self._token_bytes.bytes_of([token]) or self.tokenizer.decode_token(token).encode("utf-8")
 
     def grammar(self, spec: GrammarSpec, param: str) -> Grammar:
@@ -162,10 +164,7 @@ def detokenized(req: DetokenizeRequest, served: Served) -> dict[str, Any]:
     check_model(req.model, served)
     if served.tokenizer is None:
         raise ApiError(400, "the engine has no tokenizer to detokenize with: restart with --tokenizer_dir.", "tokens")
-    vocab = served.engine.target.vocab_size
-    outside = [t for t in req.tokens if t >= vocab]
-    if outside:
-        raise ApiError(400, f"tokens has token id {outside[0]}, outside the vocabulary [0, {vocab}).", "tokens")
+    inside_vocabulary(req.tokens, served.engine.target.vocab_size, "tokens")
     return {"prompt": served.tokenizer.backend.decode(req.tokens, skip_special_tokens=False)}
 
 
@@ -359,22 +358,22 @@ def plan(req: Sampling, prompts: list[list[int]], max_tokens: int | None, served
                 include_stop=req.include_stop_str_in_output, prompt_logprobs=req.prompt_logprobs)
 
 
-def stop_token_ids(req: Sampling, vocab: int) -> tuple[int, ...]:
-    """vLLM's stop_token_ids: the request ends at any of them (kept in the output, as an end id is; ignore_eos leaves them
-    on, as vLLM's does)."""
-    ids = tuple(dict.fromkeys(req.stop_token_ids or ()))
+def inside_vocabulary(ids: Sequence[int], vocab: int, param: str) -> tuple[int, ...]:
+    """A request's token ids, each once (in order), or a 400 naming ``param`` for the first outside [0, vocab)."""
     for t in ids:
         if t >= vocab:
-            raise ApiError(400, f"stop_token_ids has token id {t}, outside the vocabulary [0, {vocab}).", "stop_token_ids")
-    return ids
+            raise ApiError(400, f"{param} has token id {t}, outside the vocabulary [0, {vocab}).", param)
+    return tuple(dict.fromkeys(ids))
+
+
+def stop_token_ids(req: Sampling, vocab: int) -> tuple[int, ...]:
+    """vLLM's stop_token_ids: the request ends at any of them (the id kept in token_ids as an end id is, its text left out
+    unless include_stop_str_in_output; ignore_eos leaves them on, as vLLM's does)."""
+    return inside_vocabulary(req.stop_token_ids or (), vocab, "stop_token_ids")
 
 
 def allowed_token_ids(req: Sampling, vocab: int) -> tuple[int, ...]:
-    ids = tuple(dict.fromkeys(req.allowed_token_ids or ()))
-    outside = [t for t in ids if t >= vocab]
-    if outside:
-        raise ApiError(400, f"allowed_token_ids has token id {outside[0]}, outside the vocabulary [0, {vocab}).", "allowed_token_ids")
-    return ids
+    return inside_vocabulary(req.allowed_token_ids or (), vocab, "allowed_token_ids")
 
 
 def bad_words_ids(req: Sampling, served: Served) -> tuple[tuple[int, ...], ...]:
@@ -400,13 +399,9 @@ def bad_words_ids(req: Sampling, served: Served) -> tuple[tuple[int, ...], ...]:
 def logit_bias(req: Sampling, vocab: int) -> tuple[tuple[int, float], ...]:
     if not req.logit_bias:
         return ()
-    out = []
-    for key, value in req.logit_bias.items():
-        t = int(key)
-        if t >= vocab:
-            raise ApiError(400, f"logit_bias has token id {t}, outside the vocabulary [0, {vocab}).", "logit_bias")
-        out.append((t, float(value)))
-    return tuple(out)
+    bias = [(int(key), float(value)) for key, value in req.logit_bias.items()]  # ("7" and "07": both kept, as before)
+    inside_vocabulary([t for t, _ in bias], vocab, "logit_bias")
+    return tuple(bias)
 
 
 def grammar_spec(req: Sampling) -> tuple[GrammarSpec | None, str]:

@@ -210,12 +210,11 @@ class NamedToolChoice(BaseModel):
     function: NamedFunction
 
 
-class ChatCompletionRequest(Sampling):
+class Conversation(BaseModel):
+    """A conversation and how the chat template renders it: what /v1/chat/completions and /tokenize share."""
+
+    model_config = STRICT
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=10_000)]
-    max_tokens: Annotated[int, Field(ge=1, le=INT64)] | None = None
-    max_completion_tokens: Annotated[int, Field(ge=1, le=INT64)] | None = None
-    logprobs: bool | None = False
-    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     tools: Annotated[list[Tool], Field(max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -223,6 +222,13 @@ class ChatCompletionRequest(Sampling):
     chat_template_kwargs: Annotated[dict[Annotated[str, Field(max_length=256)], Any], Field(max_length=64)] | None = None
     add_generation_prompt: bool = True  # end with the assistant's turn opened (false: the conversation as it stands)
     continue_final_message: bool = False  # the model continues the final (assistant) message, as transformers cuts it
+
+
+class ChatCompletionRequest(Sampling, Conversation):
+    max_tokens: Annotated[int, Field(ge=1, le=INT64)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1, le=INT64)] | None = None
+    logprobs: bool | None = False
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
 
 
 class TokenizeCompletionRequest(BaseModel):
@@ -235,21 +241,13 @@ class TokenizeCompletionRequest(BaseModel):
     return_token_strs: bool = False
 
 
-class TokenizeChatRequest(BaseModel):
+class TokenizeChatRequest(Conversation):
     """vLLM's /tokenize, a conversation: its token ids as /v1/chat/completions renders it (the template writes the special
     tokens: none are added by default)."""
 
-    model_config = STRICT
     model: Annotated[str, Field(max_length=256)] | None = None
-    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=10_000)]
-    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None  # (read by the tools' plan; no grammar is compiled here)
     structured_outputs: StructuredOutputs | None = None
-    chat_template_kwargs: Annotated[dict[Annotated[str, Field(max_length=256)], Any], Field(max_length=64)] | None = None
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
     add_special_tokens: bool = False
     return_token_strs: bool = False
 
