@@ -16,7 +16,9 @@ from ..formats.engine_format import ModelConfig
 from ..formats.errors import CheckpointError
 from ..formats.hf_config import INT32_MAX, ConfigFields
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
+# frequency_factors is specdec's: one divisor per rotary frequency, as llama.cpp's rope_freqs tensor stores Llama 3.1's
+# scaling (a GGUF file's config says it; builder/gguf_checkpoint.py)
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope", "frequency_factors")
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,11 @@ def _rope(cfg: ConfigFields, max_seq_len: int | None = None) -> tuple[float, dic
         return theta, None
     if rope_type == "longrope":
         return theta, _longrope(cfg, fields, max_seq_len)
+    if rope_type == "frequency_factors":
+        factors = fields.number_list("factors")
+        if not factors or min(factors) <= 0:
+            raise CheckpointError(f"{fields.where} of type 'frequency_factors' needs a non-empty list 'factors' of positive numbers.")
+        return theta, {"rope_type": rope_type, "factors": factors}
     if "factor" not in scaling:
         raise CheckpointError(f"rope_scaling of type {rope_type!r} needs a 'factor' field.")
     checked = {"factor": fields.number("factor", above=True)}
@@ -170,6 +177,8 @@ def model_config_from_hf(hf_config: dict[str, Any], max_seq_len: int | None = No
         raise CheckpointError(f"hidden_size={hidden} is not a multiple of num_attention_heads={num_heads}, and config.json has no head_dim.")
     head_dim = cfg.int("head_dim", hidden // num_heads)
     theta, scaling = _rope(cfg, max_seq_len)
+    if scaling and scaling["rope_type"] == "frequency_factors" and len(scaling["factors"]) != head_dim // 2:
+        raise CheckpointError(f"rope frequency factors: {len(scaling['factors'])} of them; head_dim={head_dim} needs {head_dim // 2}.")
     if scaling and scaling["rope_type"] == "longrope" and len(scaling["short_factor"]) != head_dim // 2:
         raise CheckpointError(f"rope_scaling.short_factor has {len(scaling['short_factor'])} entries; head_dim={head_dim} needs {head_dim // 2}.")
     return ModelConfig(

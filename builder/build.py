@@ -25,6 +25,7 @@ from .architectures import checkpoint_dtype, model_config_from_hf
 from .backends import AUTO, BACKENDS, backend_module, check_own_options, refuse_foreign_options, resolve_backend
 from .checkpoint import load_checkpoint
 from .engine_dir import prepare_output, write_engine_dir
+from .gguf_checkpoint import dequantized_note
 from .heads import HEAD_FLAGS, Heads, check_head_flags, check_heads
 from .lm_head import resolve_lm_head
 from .quantization import Fp8Convention, IntConvention, detect_checkpoint_quantization
@@ -37,7 +38,8 @@ QUANTIZATIONS = ("auto", "none", "fp8", *WEIGHT_ONLY_BITS)
 # int4_awq: also search each group's clipping of the scaled weight (builder/awq.py): on the demo pair
 # it takes held-out perplexity from 16.44 (scales only) to 16.41 (float32 16.23, RTN 16.51).
 AWQ_CLIP = True
-CHECKPOINT_SOURCES = {"gptq": "gptq", "awq": "awq-checkpoint", "compressed-tensors": "compressed-tensors"}  # IntConvention.method -> source
+# IntConvention.method -> source
+CHECKPOINT_SOURCES = {"gptq": "gptq", "awq": "awq-checkpoint", "compressed-tensors": "compressed-tensors", "gguf": "gguf"}
 FP8_ACTIVATIONS = ("none", "static", "dynamic")
 
 
@@ -265,8 +267,10 @@ def build_engine(
     build = resolve_build(build, ckpt.hf_config, convention, say)
     check_resolved(build, model, fp8, options, calib_dataset, calib_size, say)
     model = resolve_lm_head(model, ckpt, say)  # what decodes, as transformers reads the checkpoint
+    if ckpt.gguf is not None and (note := dequantized_note(ckpt.gguf, build.quantization)):
+        say(note)
     validate_checkpoint(ckpt, model, build, convention, allow_nonfinite=allow_nonfinite)
-    if not (ckpt.path / "tokenizer.json").is_file():  # builds, and takes token ids only: said now rather than at the first text prompt
+    if not (ckpt.tokenizer_path / "tokenizer.json").is_file():  # builds, and takes token ids only: said now rather than at the first text prompt
         say(f"warning: {checkpoint_dir} has no tokenizer files (tokenizer.json): the engine takes token ids; text needs --tokenizer_dir "
             "at run time.")
     heads = load_build_heads(build, model, head_dirs, allow_nonfinite)
@@ -389,7 +393,7 @@ def calibrate(ckpt, model: ModelConfig, build: BuildConfig, convention, calib_da
 
     report("calibrate", 0, total)
     sample_len = min(256, build.max_input_len)
-    samples = calibration_samples(calib_dataset, ckpt.path, calib_size, sample_len)
+    samples = calibration_samples(calib_dataset, ckpt.tokenizer_path, calib_size, sample_len)
     if len(samples) < calib_size:  # the scales rest on what the file holds: say how little, rather than build as if it were enough
         say(f"warning: --calib_dataset {calib_dataset} gives {len(samples)} sample(s) of up to {sample_len} tokens "
             f"({sum(map(len, samples))} tokens), not --calib_size {calib_size}: the calibration rests on that much text.")

@@ -1,4 +1,4 @@
-"""Hugging Face checkpoint directories: config.json + safetensors (+ tokenizer).
+"""Hugging Face checkpoint directories: config.json + safetensors (+ tokenizer), and llama.cpp's GGUF files read as one.
 
 Pickled ``.bin`` weights are never loaded unless the caller opts in
 (``allow_pickle=True``), because unpickling runs arbitrary code.
@@ -16,6 +16,7 @@ import numpy as np
 
 from ..formats.errors import CheckpointError
 from ..formats.safetensors_io import SafetensorsFile
+from .gguf_checkpoint import is_gguf
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -36,6 +37,12 @@ class Checkpoint:
     path: Path
     hf_config: dict[str, Any]
     _tensors: dict[str, Any]  # name -> the reader of the file that holds it
+    tokenizer_dir: Path | None = None  # where its tokenizer files are, when not beside config.json (a GGUF file's, converted)
+    gguf: Any = None  # the GgufTensors of a GGUF file (builder/gguf_checkpoint.py), else None
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.tokenizer_dir or self.path
 
     def __contains__(self, name: str) -> bool:
         return name in self._tensors
@@ -64,15 +71,24 @@ class Checkpoint:
     def float32(self, name: str) -> np.ndarray:
         return self._reader(name).float32(name)
 
+    def int_weight(self, name: str):
+        """A GGUF file's Q4_0 / Q8_0 weight as integer codes (an IntWeight), None where it holds another type."""
+        reader = self._reader(name)
+        return reader.int_weight(name) if hasattr(reader, "int_weight") else None
+
     def tokenizer_files(self) -> Iterator[Path]:
         for name in TOKENIZER_FILES:
-            p = self.path / name
+            p = self.tokenizer_path / name
             if p.is_file():
                 yield p
 
 
 def load_checkpoint(path: str | Path, allow_pickle: bool = False) -> Checkpoint:
     root = Path(path)
+    if is_gguf(root):  # llama.cpp's format: its metadata, tokenizer and tensors read as a checkpoint (builder/gguf_checkpoint.py)
+        from .gguf_checkpoint import load_gguf
+
+        return load_gguf(root)
     return Checkpoint(root, read_hf_config(root), _index_tensors(root, allow_pickle))
 
 
@@ -85,10 +101,11 @@ def _looks_like_hub_id(text: str) -> bool:
 def read_hf_config(path: str | Path) -> dict[str, Any]:
     """config.json of a checkpoint directory, without opening (or unpickling) its weights."""
     root = Path(path)
+    if is_gguf(root):
+        from .gguf_checkpoint import gguf_hf_config
+
+        return gguf_hf_config(root)
     if not root.is_dir():
-        if root.is_file() and root.suffix.lower() == ".gguf":
-            raise CheckpointError(f"checkpoint directory {root} is a GGUF file (llama.cpp's format), not a checkpoint directory: build "
-                                  "from the Hugging Face checkpoint it was converted from (the folder that holds config.json).")
         if root.is_file():
             raise CheckpointError(f"checkpoint directory {root} is a file, not a checkpoint directory (pass the folder that holds "
                                   "config.json).")

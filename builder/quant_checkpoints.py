@@ -36,6 +36,7 @@ import numpy as np
 
 from ..formats.errors import CheckpointError
 from ..formats.hf_config import config_groups, value_at
+from .gguf_checkpoint import is_gguf
 from .weight_only import BITS, IntWeight
 
 # AutoAWQ WQLinear_GEMM.from_linear packs output column order_map[j] into nibble j
@@ -52,7 +53,7 @@ class IntConvention:
     group_size: int  # 0 = per output channel
     symmetric: bool
     act_order: bool = False  # GPTQ desc_act / compressed-tensors actorder "group": g_idx permutes the groups
-    layout: str = ""  # gptq | gptq_v2 (zero points stored as is) | gemm | pack-quantized
+    layout: str = ""  # gptq | gptq_v2 (zero points stored as is) | gemm | pack-quantized | Q4_0 | Q8_0 (gguf)
 
 
 # ---------------------------------------------------------------------------
@@ -70,6 +71,8 @@ def detect_int_convention(hf_config: dict[str, Any], checkpoint_dir) -> IntConve
     if not qc:
         return None
     method = qc.get("quant_method")
+    if method == "gguf" and checkpoint_dir is not None and is_gguf(checkpoint_dir):  # its Q4_0 / Q8_0 blocks (gguf_checkpoint.py says so)
+        return IntConvention("gguf", int(qc["bits"]), int(qc["group_size"]), True, layout=str(qc["ggml_type"]))
     if method == "gptq":
         conv = _gptq_convention(qc)
     elif method == "awq":
@@ -253,6 +256,8 @@ def unpack_awq_cols(packed: np.ndarray, bits: int = 4) -> np.ndarray:
 def read_int_weight(ckpt, name: str, conv: IntConvention) -> IntWeight | None:
     """Module ``name``'s packed weight as an IntWeight; None when the module is stored in float
     (modules_to_not_convert / ignore lists leave some layers unquantized)."""
+    if conv.method == "gguf":  # the layer's own ggml type decides: Q4_0 / Q8_0 as codes, anything else dequantized
+        return ckpt.int_weight(f"{name}.weight")
     packed = f"{name}.{_PACKED_NAMES[conv.method]}"
     if packed not in ckpt:
         if f"{name}.weight" in ckpt:

@@ -24,6 +24,8 @@ def inverse_frequencies(cfg: ModelConfig) -> np.ndarray:
         inv_freq = (inv_freq / np.float32(scaling["factor"])).astype(np.float32)
     elif kind == "llama3":
         inv_freq = _llama3(inv_freq, scaling)
+    elif kind == "frequency_factors":  # llama.cpp's rope_freqs: theta_i = p * base**(-2i/d) / factors[i]
+        inv_freq = (inv_freq / np.asarray(scaling["factors"], np.float32)).astype(np.float32)
     elif kind == "longrope":
         # short_factor only: architectures.py refuses sequences long enough for transformers to switch to long_factor
         shape = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim

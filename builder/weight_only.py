@@ -54,7 +54,7 @@ class IntWeight:
     symmetric: bool
     # GPTQ act-order: stored row r holds input channel perm[r], so y = x[..., perm] @ w_stored
     perm: np.ndarray | None = None  # [in] int64
-    source: str = "rtn"  # rtn | awq | gptq | awq-checkpoint | compressed-tensors
+    source: str = "rtn"  # rtn | awq | gptq | awq-checkpoint | compressed-tensors | gguf
 
     @property
     def in_features(self) -> int:

@@ -55,7 +55,8 @@ class _LogProgress:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @option("checkpoint_dir", "--model_dir", required=True, type=click.Path(),
-        help="Hugging Face model directory: config.json + *.safetensors (+ tokenizer files).")
+        help="Hugging Face model directory: config.json + *.safetensors (+ tokenizer files); or a llama.cpp GGUF file (model.gguf: "
+             "Q4_0 / Q8_0 layers kept as they are, other types dequantized; needs the gguf extra).")
 @option("output_dir", required=True, type=click.Path(),
         help="Where to write the engine directory (refused if it exists and is not empty, unless --force).")
 @option("dtype", type=click.Choice(DTYPES), default="auto", show_default=True,
@@ -161,7 +162,7 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
          medusa_dir, eagle_dir, peagle_dir, quantization, use_weight_only, weight_only_precision, group_size, asymmetric, quantize_lm_head,
          quantize_draft_heads, fp8_activations, calib_dataset, calib_size, backend, target_sm, lowering, cpu_kernels, cuda_attention,
          trt_timing_cache, trt_version_compatible, trt_exclude_lean_runtime, tp_size, allow_pickle, allow_nonfinite, force) -> None:
-    """Build an engine directory from a Hugging Face checkpoint.
+    """Build an engine directory from a Hugging Face checkpoint (or a llama.cpp GGUF file).
 
     \b
     Target engine for draft-target or n-gram speculative decoding:
@@ -175,6 +176,9 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
           --speculative_decoding_mode peagle --peagle_dir ./llama-peagle
     Draft engine (or a plain engine):
       specdec-build --checkpoint_dir ./llama-small --output_dir engines/draft
+    From llama.cpp's file (its Q4_0 blocks become an int4 engine, bit for bit):
+      specdec-build --checkpoint_dir model-Q4_0.gguf --output_dir engines/target \\
+          --speculative_decoding_mode draft_tokens_external --cpu_kernels specdec
     """
     _require_build_extra()  # the builder imports onnx only when it writes the network: check before any work
     from ..builder.memory import reuse_freed_memory

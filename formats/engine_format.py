@@ -102,7 +102,7 @@ class BuildConfig:
     quantize_draft_heads: bool = False
     # what the build did, recorded for the engine's config.json: bits, group_size, symmetric, act_order,
     # layers (linear names, lm_head included when quantized), source (rtn | awq | gptq | awq-checkpoint |
-    # compressed-tensors), op (what the lowering computes with); None for float/FP8 engines
+    # compressed-tensors | gguf), op (what the lowering computes with); None for float/FP8 engines
     weight_only: dict[str, Any] | None = None
     # ort (ONNX Runtime's own kernels) | specdec: int4 / int8 weights on specdec's Q4Gemm / Q8Gemm ops, a chain or tree engine's attention
     # on its RotaryCachedAttention (CachedAttention in engines built before it) and MLP gates on SwiGLU, in any precision

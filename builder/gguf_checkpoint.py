@@ -1,0 +1,329 @@
+"""llama.cpp's GGUF files read as a checkpoint: ``specdec-build --checkpoint_dir model.gguf``.
+
+Who reads what (libraries where one exists):
+
+  metadata -> config.json   transformers' GGUF support (what ``from_pretrained(..., gguf_file=...)`` reads), plus
+                            what it leaves out and specdec's network needs: the architecture, tied embeddings and
+                            attention biases from the tensors present, and llama.cpp's ``rope_freqs`` tensor (Llama
+                            3.1's rotary scaling, stored as one divisor per frequency) as specdec's
+                            ``frequency_factors`` rope type.
+  tokenizer                 transformers' GGUF tokenizer converters, saved as tokenizer.json + tokenizer_config.json
+                            (with the file's chat template) into a folder the build copies from.
+  tensors                   gguf-py (llama.cpp's own reader), memory-mapped; each tensor dequantized to float32 when
+                            the build reads it. Q4_0 and Q8_0 blocks (32 weights and one float16 scale d:
+                            w = d * (q - 8), w = d * q) are specdec's int4 / int8 weights with group size 32 already,
+                            so they are read as integer codes (``int_weight``), bit for bit, with no second rounding.
+
+llama.cpp stores the q and k projections of its ``llama`` architecture (Llama, Mistral) with each head's rows
+interleaved for its rotary layout (convert_hf_to_gguf.py's ``LlamaModel.permute``); they are put back in Hugging
+Face's order. That moves whole rows, so a block of 32 input weights stays whole.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import weakref
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..formats.errors import CheckpointError
+from .weight_only import IntWeight
+
+# general.architecture -> the Hugging Face class specdec builds it as
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 "phi3": "Phi3ForCausalLM"}
+PERMUTED_QK = ("llama", "mistral")  # llama.cpp's llama architecture: q and k rows interleaved per head
+
+# GGUF tensor names -> Hugging Face's. A table, not a regex: a name not in it is refused (experts, vision towers).
+GLOBAL_TENSORS = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+LAYER_TENSORS = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "attn_qkv.weight": "self_attn.qkv_proj.weight",  # Phi-3: q|k|v in one tensor, as in its HF checkpoint
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",  # Phi-3: gate|up in one tensor (mlp.gate_up_proj)
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+ROPE_FREQS = "rope_freqs.weight"
+# ggml types read as integer codes: (bits, the code of w = 0, bytes per block of 32)
+INT_BLOCKS = {"Q4_0": (4, 8, 18), "Q8_0": (8, 128, 34)}
+BLOCK = 32
+INSTALL = "reading a GGUF file needs the gguf extra: pip install 'specdec[build,gguf]' (install torch's CPU build first: docs/install.md)"
+
+
+def is_gguf(path: str | Path) -> bool:
+    return Path(path).is_file() and Path(path).suffix.lower() == ".gguf"
+
+
+def _gguf():
+    try:
+        import gguf
+    except ImportError:
+        raise CheckpointError(INSTALL) from None
+    return gguf
+
+
+def _open(path: Path):
+    gguf = _gguf()
+    try:
+        return gguf.GGUFReader(str(path))
+    except (ValueError, OSError, KeyError, IndexError, TypeError) as err:  # gguf-py's errors for a truncated or foreign file
+        raise CheckpointError(f"{path} is not a readable GGUF file ({type(err).__name__}: {str(err)[:160]}).") from None
+
+
+def _field(reader, key: str) -> Any:
+    """A scalar metadata value (a string or a number), or None when the file has no such key."""
+    field = reader.fields.get(key)
+    if field is None or not field.data:
+        return None
+    value = field.parts[field.data[0]]
+    if field.types and field.types[0] == _gguf().GGUFValueType.STRING:
+        return bytes(value).decode("utf-8", errors="replace")
+    return value.tolist()[0] if len(value) == 1 else None
+
+
+@lru_cache(maxsize=4)
+def _hf_config_cached(path: str, mtime_ns: int) -> dict[str, Any]:
+    return _synthesize_config(Path(path), _open(Path(path)))
+
+
+def gguf_hf_config(path: str | Path) -> dict[str, Any]:
+    """The Hugging Face config.json the GGUF file stands for (metadata and tensor names only; no tensor data read)."""
+    p = Path(path).resolve()
+    return dict(_hf_config_cached(str(p), p.stat().st_mtime_ns))
+
+
+def _synthesize_config(path: Path, reader) -> dict[str, Any]:
+    arch = _field(reader, "general.architecture")
+    names = {t.name for t in reader.tensors}
+    if arch not in ARCHITECTURES:
+        raise CheckpointError(f"{path}: GGUF architecture {arch!r} (field general.architecture) is not supported; supported: "
+                              f"{', '.join(a for a in ARCHITECTURES if a != 'mistral')} (Llama and Mistral files are 'llama').")
+    try:
+        from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    except ImportError:
+        raise CheckpointError(INSTALL) from None
+    try:
+        cfg = dict(load_gguf_checkpoint(str(path), return_tensors=False)["config"])
+    except (ValueError, KeyError, TypeError, IndexError) as err:
+        raise CheckpointError(f"{path}: transformers could not read its metadata ({type(err).__name__}: {str(err)[:160]}).") from None
+    model_type = cfg.get("model_type", arch)
+    cfg["architectures"] = [ARCHITECTURES.get(model_type, ARCHITECTURES[arch])]
+    cfg["tie_word_embeddings"] = "output.weight" not in names
+    if arch in ("llama", "qwen3"):
+        cfg["attention_bias"] = "blk.0.attn_q.bias" in names
+    # transformers reads rope.dimension_count as head_dim; a rotary part smaller than the head (partial rotary) is refused
+    key_length, rope_dim = _field(reader, f"{arch}.attention.key_length"), _field(reader, f"{arch}.rope.dimension_count")
+    if key_length is not None:
+        cfg["head_dim"] = int(key_length)
+    if rope_dim is not None and key_length is not None and int(rope_dim) != int(key_length):
+        raise CheckpointError(f"{path}: rotary dimensions {rope_dim} of a head of {key_length} (partial rotary) are not supported.")
+    _rope_from_gguf(path, reader, arch, cfg, names)
+    cfg["dtype"] = _float_dtype(reader)
+    quantization = _int_blocks_held(reader)
+    if quantization is not None:
+        cfg["quantization_config"] = quantization
+    return cfg
+
+
+def _rope_from_gguf(path: Path, reader, arch: str, cfg: dict[str, Any], names: set[str]) -> None:
+    """rope_parameters from the file: its base, llama.cpp's linear scaling, and rope_freqs as frequency factors."""
+    theta = float(cfg.pop("rope_theta", _field(reader, f"{arch}.rope.freq_base") or 10000.0))
+    kind = _field(reader, f"{arch}.rope.scaling.type")
+    if any(n.startswith("rope_factors_") for n in names) or kind not in (None, "none", "linear"):
+        raise CheckpointError(f"{path}: rotary scaling {kind or 'longrope (rope_factors_long/short)'!r} is not supported from a GGUF file; build "
+                              "from the Hugging Face checkpoint it was converted from.")
+    if kind == "linear":
+        cfg["rope_parameters"] = {"rope_type": "linear", "rope_theta": theta, "factor": float(_field(reader, f"{arch}.rope.scaling.factor"))}
+    elif ROPE_FREQS in names:
+        factors = _tensor(reader, ROPE_FREQS)
+        cfg["rope_parameters"] = {"rope_type": "frequency_factors", "rope_theta": theta,
+                                  "factors": [float(f) for f in np.asarray(factors.data, np.float32).reshape(-1)]}
+    else:
+        cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
+    cfg.pop("rope_scaling", None)
+
+
+def _float_dtype(reader) -> str:
+    """The dtype of the file's float matrices: float16 or bfloat16 where it holds them, else float32 (norms are F32 in every GGUF)."""
+    kinds = {t.tensor_type.name for t in reader.tensors if len(t.shape) > 1}
+    return "bfloat16" if "BF16" in kinds else "float16" if "F16" in kinds else "float32"
+
+
+def _linear_names(reader) -> list:
+    return [t for t in reader.tensors if t.name.startswith("blk.") and t.name.endswith(".weight") and len(t.shape) == 2]
+
+
+def _int_blocks_held(reader) -> dict[str, Any] | None:
+    """quantization_config for a file whose linear layers are Q4_0 or Q8_0 (the more common of the two where both are):
+    those layers are built from their codes as they are; layers of other types are dequantized and stay float."""
+    counts = {kind: 0 for kind in INT_BLOCKS}
+    for t in _linear_names(reader):
+        if t.tensor_type.name in counts:
+            counts[t.tensor_type.name] += 1
+    kind = max(counts, key=lambda k: counts[k])
+    if not counts[kind]:
+        return None
+    return {"quant_method": "gguf", "ggml_type": kind, "bits": INT_BLOCKS[kind][0], "group_size": BLOCK}
+
+
+def _tensor(reader, name: str):
+    for t in reader.tensors:
+        if t.name == name:
+            return t
+    raise CheckpointError(f"GGUF file has no tensor {name!r}.")
+
+
+def _hf_name(name: str) -> str | None:
+    if name in GLOBAL_TENSORS:
+        return GLOBAL_TENSORS[name]
+    parts = name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in LAYER_TENSORS:
+        return f"model.layers.{parts[1]}.{LAYER_TENSORS[parts[2]]}"
+    return None
+
+
+def _is_linear(hf_name: str) -> bool:
+    """A decoder layer's projection weight (what the network reads as a linear layer), not a norm or a bias."""
+    return hf_name.startswith("model.layers.") and hf_name.endswith("_proj.weight")
+
+
+def hf_row_order(n_rows: int, n_head: int) -> np.ndarray:
+    """For llama.cpp's ``permute(w, n_head)``: row r of the GGUF tensor is row order[r] of the Hugging Face one."""
+    half = n_rows // n_head // 2
+    return np.arange(n_rows).reshape(n_head, 2, half).swapaxes(1, 2).reshape(-1)
+
+
+class GgufTensors:
+    """Checkpoint reader over one GGUF file: Hugging Face names, [out, in] shapes, float32 values (dequantized)."""
+
+    def __init__(self, path: Path, reader, hf_config: dict[str, Any]):
+        self.path, self.reader = path, reader
+        self.int_type = (hf_config.get("quantization_config") or {}).get("ggml_type")  # Q4_0 | Q8_0 | None: read as codes
+        arch = _field(reader, "general.architecture")
+        self.tensors: dict[str, Any] = {}
+        self.row_order: dict[str, np.ndarray] = {}
+        heads, kv_heads = int(hf_config["num_attention_heads"]), int(hf_config.get("num_key_value_heads", hf_config["num_attention_heads"]))
+        for t in reader.tensors:
+            if t.name == ROPE_FREQS:
+                continue  # read into the config's rope_parameters
+            hf = _hf_name(t.name)
+            if hf is None:
+                raise CheckpointError(f"{path}: tensor {t.name!r} is not one a {arch} network reads (a mixture-of-experts or multimodal file?); "
+                                      "specdec builds dense text models.")
+            if arch == "phi3" and hf.endswith("mlp.up_proj.weight"):
+                hf = hf.replace("mlp.up_proj", "mlp.gate_up_proj")
+            self.tensors[hf] = t
+            if arch in PERMUTED_QK and (".q_proj." in hf or ".k_proj." in hf):
+                n = heads if ".q_proj." in hf else kv_heads
+                rows = int(t.shape[-1]) if len(t.shape) > 1 else int(t.shape[0])  # ggml shapes list the input dimension first
+                self.row_order[hf] = hf_row_order(rows, n)
+
+    def keys(self):
+        return self.tensors.keys()
+
+    def dtype_name(self, name: str) -> str:
+        """The held type (Q4_0 / Q8_0) for the linear layers read as codes (int_weight), so that the checks read them so too
+        (not dequantized); F32 for every other tensor, which is handed out dequantized."""
+        kind = self.tensors[name].tensor_type.name
+        return kind if kind == self.int_type and _is_linear(name) else "F32"
+
+    def ggml_type(self, name: str) -> str:
+        return self.tensors[name].tensor_type.name
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(int(d) for d in reversed(self.tensors[name].shape))  # ggml lists ne0 (the input dimension) first
+
+    def _in_hf_order(self, name: str, rows: np.ndarray) -> np.ndarray:
+        order = self.row_order.get(name)
+        if order is None:
+            return rows
+        out = np.empty_like(rows)
+        out[order] = rows
+        return out
+
+    def float32(self, name: str) -> np.ndarray:
+        t = self.tensors[name]
+        values = _gguf().quants.dequantize(t.data, t.tensor_type)
+        return self._in_hf_order(name, np.asarray(values, np.float32).reshape(self.shape(name)))
+
+    def int_weight(self, name: str) -> IntWeight | None:
+        """A Q4_0 / Q8_0 linear weight as specdec's codes ([in, out]), bit for bit; None for other types."""
+        t = self.tensors[name]
+        kind = t.tensor_type.name
+        if kind not in INT_BLOCKS or not _is_linear(name):
+            return None
+        bits, zero, nbytes = INT_BLOCKS[kind]
+        n_out, n_in = self.shape(name)
+        blocks = np.asarray(t.data, np.uint8).reshape(n_out, n_in // BLOCK, nbytes)
+        scale = np.ascontiguousarray(blocks[:, :, :2]).view(np.float16)[..., 0].astype(np.float32)  # [out, groups]
+        if kind == "Q4_0":  # 16 bytes: elements 0-15 in the low nibbles, 16-31 in the high ones
+            qs = blocks[:, :, 2:]
+            codes = np.concatenate([qs & 0xF, qs >> 4], axis=2)
+        else:  # 32 signed bytes
+            codes = (blocks[:, :, 2:].view(np.int8).astype(np.int16) + zero).astype(np.uint8)
+        codes = self._in_hf_order(name, codes.reshape(n_out, n_in))
+        scale = self._in_hf_order(name, scale)
+        if not np.all(np.isfinite(scale)):
+            raise CheckpointError(f"{self.path}: {t.name} holds non-finite scales.")
+        groups = n_in // BLOCK
+        return IntWeight(codes=np.ascontiguousarray(codes.T), scale=np.ascontiguousarray(scale.T), zero=np.full((groups, n_out), zero, np.uint8),
+                         bits=bits, group_size=BLOCK, symmetric=True, source="gguf")
+
+
+def dequantized_note(tensors: GgufTensors, quantization: str) -> str | None:
+    """What the build does with the file's matrices of ggml types specdec has no kernel for (K-quants, i-quants, ...)."""
+    held = tensors.int_type
+    others: dict[str, int] = {}
+    for t in _linear_names(tensors.reader):
+        kind = t.tensor_type.name
+        if kind not in ("F32", "F16", "BF16", held):
+            others[kind] = others.get(kind, 0) + 1
+    if not others:
+        return None
+    if held is not None and quantization != "none":
+        fate = f"they stay float in this engine, beside its {held} layers"
+    elif quantization == "none":
+        fate = "this engine stores them in float, as large as a float checkpoint; --qformat int4_wo --group_size 32 rounds them to int4 again"
+    else:
+        fate = f"--qformat {quantization} rounds them again (a second rounding)"
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(others.items()))
+    return f"note: {tensors.path.name} holds linear layers in ggml types specdec has no kernel for ({kinds}), read dequantized: {fate}."
+
+
+def load_gguf(path: Path):
+    """A Checkpoint over a GGUF file, its tokenizer written to a folder of its own (removed with the checkpoint)."""
+    from .checkpoint import Checkpoint
+
+    hf_config = gguf_hf_config(path)
+    reader = _open(path)
+    tensors = GgufTensors(path, reader, hf_config)
+    tokenizer_dir = Path(tempfile.mkdtemp(prefix="specdec-gguf-tokenizer-"))
+    ckpt = Checkpoint(path, hf_config, dict.fromkeys(tensors.keys(), tensors), tokenizer_dir=tokenizer_dir, gguf=tensors)
+    weakref.finalize(ckpt, shutil.rmtree, tokenizer_dir, True)
+    if _field(reader, "tokenizer.ggml.model") is not None:  # without one the build warns, as for a checkpoint without tokenizer.json
+        _write_tokenizer(path, tokenizer_dir)
+    return ckpt
+
+
+def _write_tokenizer(path: Path, folder: Path) -> None:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except (ValueError, KeyError, TypeError, IndexError, OSError) as err:
+        raise CheckpointError(f"{path}: transformers could not read its tokenizer ({type(err).__name__}: {str(err)[:160]}).") from None
+    tokenizer.save_pretrained(str(folder))
