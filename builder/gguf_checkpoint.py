@@ -21,6 +21,7 @@ Face's order. That moves whole rows, so a block of 32 input weights stays whole.
 
 from __future__ import annotations
 
+import copy
 import shutil
 import tempfile
 import weakref
@@ -80,8 +81,13 @@ def _open(path: Path):
     gguf = _gguf()
     try:
         return gguf.GGUFReader(str(path))
-    except (ValueError, OSError, KeyError, IndexError, TypeError) as err:  # gguf-py's errors for a truncated or foreign file
-        raise CheckpointError(f"{path} is not a readable GGUF file ({type(err).__name__}: {str(err)[:160]}).") from None
+    except Exception as err:  # noqa: BLE001  gguf-py raises numpy's and its own errors, of many types, on a damaged file
+        raise CheckpointError(f"{path} is not a readable GGUF file ({_said(err)}).") from None
+
+
+def _said(err: Exception) -> str:
+    """A library's error in one line: its type and the start of its message (some span lines)."""
+    return f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
 
 
 def _field(reader, key: str) -> Any:
@@ -96,14 +102,16 @@ def _field(reader, key: str) -> Any:
 
 
 @lru_cache(maxsize=4)
-def _hf_config_cached(path: str, mtime_ns: int) -> dict[str, Any]:
+def _hf_config_cached(path: str, mtime_ns: int, size: int) -> dict[str, Any]:
     return _synthesize_config(Path(path), _open(Path(path)))
 
 
 def gguf_hf_config(path: str | Path) -> dict[str, Any]:
-    """The Hugging Face config.json the GGUF file stands for (metadata and tensor names only; no tensor data read)."""
+    """The Hugging Face config.json the GGUF file stands for (metadata and tensor names only; no tensor data read).
+    Read once per file version: specdec-build asks for it before the build (its default limits) and in it."""
     p = Path(path).resolve()
-    return dict(_hf_config_cached(str(p), p.stat().st_mtime_ns))
+    stat = p.stat()
+    return copy.deepcopy(_hf_config_cached(str(p), stat.st_mtime_ns, stat.st_size))
 
 
 def _synthesize_config(path: Path, reader) -> dict[str, Any]:
@@ -118,18 +126,19 @@ def _synthesize_config(path: Path, reader) -> dict[str, Any]:
         raise CheckpointError(INSTALL) from None
     try:
         cfg = dict(load_gguf_checkpoint(str(path), return_tensors=False)["config"])
-    except (ValueError, KeyError, TypeError, IndexError) as err:
-        raise CheckpointError(f"{path}: transformers could not read its metadata ({type(err).__name__}: {str(err)[:160]}).") from None
+    except Exception as err:  # noqa: BLE001  transformers reads damaged metadata with whatever error the value meets
+        raise CheckpointError(f"{path}: transformers could not read its metadata ({_said(err)}).") from None
     model_type = cfg.get("model_type", arch)
     cfg["architectures"] = [ARCHITECTURES.get(model_type, ARCHITECTURES[arch])]
     cfg["tie_word_embeddings"] = "output.weight" not in names
     if arch in ("llama", "qwen3"):
         cfg["attention_bias"] = "blk.0.attn_q.bias" in names
-    # transformers reads rope.dimension_count as head_dim; a rotary part smaller than the head (partial rotary) is refused
+    # transformers reads rope.dimension_count as head_dim; a rotary part smaller than the head (partial rotary) is refused.
+    # Values go into the config as they are: model_config_from_hf checks each (a number, in range) as it does config.json's
     key_length, rope_dim = _field(reader, f"{arch}.attention.key_length"), _field(reader, f"{arch}.rope.dimension_count")
     if key_length is not None:
-        cfg["head_dim"] = int(key_length)
-    if rope_dim is not None and key_length is not None and int(rope_dim) != int(key_length):
+        cfg["head_dim"] = key_length
+    if rope_dim is not None and key_length is not None and rope_dim != key_length:
         raise CheckpointError(f"{path}: rotary dimensions {rope_dim} of a head of {key_length} (partial rotary) are not supported.")
     _rope_from_gguf(path, reader, arch, cfg, names)
     cfg["dtype"] = _float_dtype(reader)
@@ -141,17 +150,17 @@ def _synthesize_config(path: Path, reader) -> dict[str, Any]:
 
 def _rope_from_gguf(path: Path, reader, arch: str, cfg: dict[str, Any], names: set[str]) -> None:
     """rope_parameters from the file: its base, llama.cpp's linear scaling, and rope_freqs as frequency factors."""
-    theta = float(cfg.pop("rope_theta", _field(reader, f"{arch}.rope.freq_base") or 10000.0))
+    theta = cfg.pop("rope_theta", _field(reader, f"{arch}.rope.freq_base") or 10000.0)
     kind = _field(reader, f"{arch}.rope.scaling.type")
     if any(n.startswith("rope_factors_") for n in names) or kind not in (None, "none", "linear"):
         raise CheckpointError(f"{path}: rotary scaling {kind or 'longrope (rope_factors_long/short)'!r} is not supported from a GGUF file; build "
                               "from the Hugging Face checkpoint it was converted from.")
     if kind == "linear":
-        cfg["rope_parameters"] = {"rope_type": "linear", "rope_theta": theta, "factor": float(_field(reader, f"{arch}.rope.scaling.factor"))}
+        cfg["rope_parameters"] = {"rope_type": "linear", "rope_theta": theta, "factor": _field(reader, f"{arch}.rope.scaling.factor")}
     elif ROPE_FREQS in names:
-        factors = _tensor(reader, ROPE_FREQS)
-        cfg["rope_parameters"] = {"rope_type": "frequency_factors", "rope_theta": theta,
-                                  "factors": [float(f) for f in np.asarray(factors.data, np.float32).reshape(-1)]}
+        t = _tensor(reader, ROPE_FREQS)
+        factors = np.asarray(_gguf().quants.dequantize(t.data, t.tensor_type), np.float32).reshape(-1)
+        cfg["rope_parameters"] = {"rope_type": "frequency_factors", "rope_theta": theta, "factors": [float(f) for f in factors]}
     else:
         cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
     cfg.pop("rope_scaling", None)
@@ -210,13 +219,12 @@ def hf_row_order(n_rows: int, n_head: int) -> np.ndarray:
 class GgufTensors:
     """Checkpoint reader over one GGUF file: Hugging Face names, [out, in] shapes, float32 values (dequantized)."""
 
-    def __init__(self, path: Path, reader, hf_config: dict[str, Any]):
+    def __init__(self, path: Path, reader, hf_config: dict[str, Any], heads: int, kv_heads: int):
         self.path, self.reader = path, reader
         self.int_type = (hf_config.get("quantization_config") or {}).get("ggml_type")  # Q4_0 | Q8_0 | None: read as codes
         arch = _field(reader, "general.architecture")
         self.tensors: dict[str, Any] = {}
         self.row_order: dict[str, np.ndarray] = {}
-        heads, kv_heads = int(hf_config["num_attention_heads"]), int(hf_config.get("num_key_value_heads", hf_config["num_attention_heads"]))
         for t in reader.tensors:
             if t.name == ROPE_FREQS:
                 continue  # read into the config's rope_parameters
@@ -230,6 +238,8 @@ class GgufTensors:
             if arch in PERMUTED_QK and (".q_proj." in hf or ".k_proj." in hf):
                 n = heads if ".q_proj." in hf else kv_heads
                 rows = int(t.shape[-1]) if len(t.shape) > 1 else int(t.shape[0])  # ggml shapes list the input dimension first
+                if rows % (2 * n):
+                    raise CheckpointError(f"{path}: {t.name} has {rows} rows, not a whole number of {n} heads' rotary pairs.")
                 self.row_order[hf] = hf_row_order(rows, n)
 
     def keys(self):
@@ -306,11 +316,13 @@ def dequantized_note(tensors: GgufTensors, quantization: str) -> str | None:
 
 def load_gguf(path: Path):
     """A Checkpoint over a GGUF file, its tokenizer written to a folder of its own (removed with the checkpoint)."""
+    from .architectures import model_config_from_hf
     from .checkpoint import Checkpoint
 
     hf_config = gguf_hf_config(path)
+    model = model_config_from_hf(hf_config)  # checked before any tensor is mapped: a damaged header is one clean error
     reader = _open(path)
-    tensors = GgufTensors(path, reader, hf_config)
+    tensors = GgufTensors(path, reader, hf_config, model.num_heads, model.num_kv_heads)
     tokenizer_dir = Path(tempfile.mkdtemp(prefix="specdec-gguf-tokenizer-"))
     ckpt = Checkpoint(path, hf_config, dict.fromkeys(tensors.keys(), tensors), tokenizer_dir=tokenizer_dir, gguf=tensors)
     weakref.finalize(ckpt, shutil.rmtree, tokenizer_dir, True)
@@ -324,6 +336,6 @@ def _write_tokenizer(path: Path, folder: Path) -> None:
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    except (ValueError, KeyError, TypeError, IndexError, OSError) as err:
-        raise CheckpointError(f"{path}: transformers could not read its tokenizer ({type(err).__name__}: {str(err)[:160]}).") from None
+    except Exception as err:  # noqa: BLE001  the tokenizers library raises a bare Exception on a damaged vocabulary
+        raise CheckpointError(f"{path}: transformers could not read its tokenizer ({_said(err)}).") from None
     tokenizer.save_pretrained(str(folder))

@@ -166,3 +166,33 @@ def test_nonfinite_head_weights_are_refused_or_built_with_one_warning(ckpts, tmp
     built = build(*args, "--output_dir", tmp_path / "built", "--allow_nonfinite")
     assert built.exit_code == 0, built.output
     assert built.stderr.splitlines() == [f"warning: building with non-finite weights (--allow_nonfinite): {tensor} holds 2 NaN and 1 Inf."]
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tmp_path_factory):
+    """A valid GGUF file (Q4_0 layers, a BPE tokenizer, a chat template), and where its tensors' data begins."""
+    import gguf
+    from gguf_files import add_bpe_tokenizer, write_gguf
+
+    d = tmp_path_factory.mktemp("fuzz-gguf")
+    base = add_bpe_tokenizer(make_checkpoint(d / "ckpt", num_hidden_layers=1, hidden_size=64, intermediate_size=64, vocab_size=300), 300)
+    path = write_gguf(base, d / "model.gguf", linear_type="Q4_0", chat_template="{{ messages[0]['content'] }}")
+    return path, int(gguf.GGUFReader(str(path)).data_offset)
+
+
+@fuzz_settings(60)
+@given(data=st.data())
+def test_gguf_file_mutations(gguf_file, tmp_path_factory, data):
+    """llama.cpp's files are binary: random bytes anywhere in the header, the metadata (names, lengths, types, the
+    tokenizer's strings) and the tensor index, or in the tensors' blocks."""
+    path, head = gguf_file
+    valid = path.read_bytes()
+    edits = data.draw(st.lists(st.tuples(st.integers(0, head - 1) if data.draw(st.booleans(), label="in the metadata")
+                                         else st.integers(head, len(valid) - 1), st.integers(0, 255)), min_size=1, max_size=4),
+                      label="byte edits")
+    mutated_file = bytearray(valid)
+    for where, value in edits:
+        mutated_file[where] = value
+    d = tmp_path_factory.mktemp("g")
+    (d / "model.gguf").write_bytes(bytes(mutated_file))
+    check_build(build("--checkpoint_dir", d / "model.gguf", "--output_dir", d / "engine", *LIMITS), d / "engine")
