@@ -14,7 +14,8 @@ it: n-gram drafting's case), reported apart and together.
 
 Methods, per precision (fp32, int8, int4, and q4gemm: int4 engines built with
 --cpu_kernels specdec, specdec's own int4 op, compared with the peers' 4-bit
-engines; llama.cpp's f32, Q8_0, Q4_0; the onnxruntime-genai builder's fp32 and
+engines; gguf: q4gemm engines built from llama.cpp's Q4_0 files themselves, so
+both compute with the same weights; llama.cpp's f32, Q8_0, Q4_0; the onnxruntime-genai builder's fp32 and
 int4), target-only at every precision (--bits) and the speculative modes at
 --spec_bits (default int8, int4):
 
@@ -56,7 +57,9 @@ the same round (median, min-max): on a shared machine the ratio is the figure
 to read. Exactness: whether each method's output equals its own target-only
 output at the same precision (specdec's speculation must; llama.cpp and
 onnxruntime-genai may differ where their verification kernels round
-differently), and the token agreement with specdec fp32.
+differently), and the token agreement with specdec fp32 and, for specdec's
+rows, with llama.cpp's target-only of the same GGUF type (and how many outputs
+are identical to it).
 """
 
 from __future__ import annotations
@@ -83,11 +86,12 @@ from prompts import spread, workloads  # noqa: E402
 from specdec.bench import peers  # noqa: E402
 from specdec.bench.plots import Bar, beside, spread_bar, write_bars  # noqa: E402
 
-BITS = ("fp32", "int8", "int4", "q4gemm")
+BITS = ("fp32", "int8", "int4", "q4gemm", "gguf")
 # q4gemm: the int4 engines built with --cpu_kernels specdec (specdec's own int4 op, plugins/cpu_kernels.py); the
-# peers have no such variant, so it is compared with their 4-bit engines
-PEER_BITS = {"q4gemm": "int4"}
-LLAMA_TYPE = {"fp32": "f32", "int8": "q8_0", "int4": "q4_0", "q4gemm": "q4_0"}
+# peers have no such variant, so it is compared with their 4-bit engines. gguf: q4gemm engines built from llama.cpp's
+# Q4_0 files themselves (specdec-build --checkpoint_dir FILE.gguf: the same weights as llama.cpp's, bit for bit)
+PEER_BITS = {"q4gemm": "int4", "gguf": "int4"}
+LLAMA_TYPE = {"fp32": "f32", "int8": "q8_0", "int4": "q4_0", "q4gemm": "q4_0", "gguf": "q4_0"}
 ORTGENAI_PRECISION = {"fp32": "fp32", "int4": "int4"}  # its builder's int8 is not a weight-only CPU path
 BASE = "specdec fp32 target-only"
 WORKLOADS = ("ordinary", "copy-heavy", "all")
@@ -170,7 +174,7 @@ def prepare_commands(lay: Layout, llama_cpp: Path | None, peers_python: str | No
                      {}))
     build = [str(Path(py).with_name("specdec-build")), "--dtype", "float32", "--max_batch_size", "1", "--max_input_len", "512", "--max_seq_len",
              "1024"]
-    for bits in bits_list:
+    for bits in [b for b in bits_list if b != "gguf"]:  # gguf: from the GGUF files, below
         wo = [] if bits == "fp32" else ["--use_weight_only", "--weight_only_precision", PEER_BITS.get(bits, bits)]
         wo += ["--cpu_kernels", "specdec"] if bits == "q4gemm" else []
         spec = ["--max_draft_len", "8", "--speculative_decoding_mode", "draft_tokens_external"]
@@ -196,9 +200,13 @@ def prepare_commands(lay: Layout, llama_cpp: Path | None, peers_python: str | No
         for role in ("target", "draft"):
             f32 = lay.work / "gguf" / f"{role}-{gguf_source}.gguf" if role == "target" else lay.gguf(role, "fp32")
             cmds.append((f32, [*converter, str(lay.ckpt(role)), "--outtype", gguf_source if role == "target" else "f32", "--outfile", str(f32)], env))
-            for bits in [b for b in ("int8", "int4") if b in bits_list or (b == "int4" and "q4gemm" in bits_list)]:
+            for bits in [b for b in ("int8", "int4") if b in bits_list or (b == "int4" and {"q4gemm", "gguf"} & set(bits_list))]:
                 cmds.append((lay.gguf(role, bits),
                              [str(llama_bin(llama_cpp, "llama-quantize")), str(f32), str(lay.gguf(role, bits)), LLAMA_TYPE[bits].upper(), "2"], {}))
+            if "gguf" in bits_list:  # specdec's engine from llama.cpp's own Q4_0 file
+                spec = ["--max_draft_len", "8", "--speculative_decoding_mode", "draft_tokens_external"] if role == "target" else []
+                cmds.append((lay.engine(role, "gguf"), [*build, "--checkpoint_dir", str(lay.gguf(role, "int4")), "--output_dir",
+                                                        str(lay.engine(role, "gguf")), "--cpu_kernels", "specdec", *spec], {}))
     if peers_python is not None:
         for role in ("target", "draft"):
             for bits in ORTGENAI_PRECISION:
@@ -565,6 +573,10 @@ def summarize(methods: list[Method], subsets: dict[str, list[int]]) -> dict[str,
         row["equals_own_target_only"] = None if own_to is None or own_to is m else all(
             r["output_ids"] == t["output_ids"] for r, t in zip(m.rounds, own_to.rounds, strict=False))
         row["agreement_with_specdec_fp32"] = agreement(outputs, base.rounds[0]["output_ids"]) if base else None
+        # llama.cpp's target-only of the same type: the same weights for gguf, the same format rounded by each for int4
+        peer = by_name.get(f"llama.cpp {LLAMA_TYPE.get(m.bits, '')} target-only") if m.family == "specdec" else None
+        row["agreement_with_llama_cpp"] = agreement(outputs, peer.rounds[0]["output_ids"]) if peer else None
+        row["identical_to_llama_cpp"] = (sum(a == b for a, b in zip(outputs, peer.rounds[0]["output_ids"], strict=False)) if peer else None)
         out[m.name] = row
     return out
 
@@ -609,7 +621,7 @@ def fmt(s: dict[str, float] | None, digits: int = 1, suffix: str = "") -> str:
 
 def print_table(summary: dict[str, dict[str, Any]], threads: int) -> None:
     head = (f"{'method':<34}" + "".join(f"{w + ' tok/s':>24}" for w in WORKLOADS) + f"{'decode-only all':>24}" + f"{'all vs specdec fp32 TO':>26}"
-            f"{'tok/CPU-s':>11}{'CPU vs fp32 TO':>22}{'accept':>8}{'==own TO':>9}{'agree fp32':>11}{'load s':>8}")
+            f"{'tok/CPU-s':>11}{'CPU vs fp32 TO':>22}{'accept':>8}{'==own TO':>9}{'agree fp32':>11}{'agree llama':>12}{'load s':>8}")
     print(f"\n--- {threads} thread(s): median [min-max] over rounds ---")
     print(head)
     for name, r in summary.items():
@@ -617,11 +629,12 @@ def print_table(summary: dict[str, dict[str, Any]], threads: int) -> None:
         acc = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
         vs = fmt(r["all"]["vs_base"], 2, "x") if "vs_base" in r["all"] else "-"
         agree = f"{r['agreement_with_specdec_fp32']:.0%}" if r["agreement_with_specdec_fp32"] is not None else "-"
+        llama = f"{r['agreement_with_llama_cpp']:.0%}" if r.get("agreement_with_llama_cpp") is not None else "-"
         load = f"{r['load_s']:.1f}" if r["load_s"] is not None else "-"
         vs_cpu = fmt(r["all"]["vs_base_cpu"], 2, "x") if "vs_base_cpu" in r["all"] else "-"
         print(f"{name:<34}" + "".join(f"{fmt(r[w]['tokens_per_s']):>24}" for w in WORKLOADS) + f"{fmt(r['all'].get('decode_tokens_per_s')):>24}"
               + f"{vs:>26}"
-              f"{r['all']['tokens_per_cpu_s']['median']:>11.1f}{vs_cpu:>22}{acc:>8}{eq:>9}{agree:>11}{load:>8}")
+              f"{r['all']['tokens_per_cpu_s']['median']:>11.1f}{vs_cpu:>22}{acc:>8}{eq:>9}{agree:>11}{llama:>12}{load:>8}")
 
 
 def step_bandwidth(summary: dict[str, dict[str, Any]], lay: Layout, threads: int, bandwidth: dict[str, Any]) -> None:

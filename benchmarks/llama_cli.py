@@ -54,7 +54,9 @@ class LlamaCliRunner:
         """-> (the output's token ids by the benchmark's tokenizer, seconds with prefill by llama.cpp's timers, stats)."""
         prompt = self.decode_text(ids)
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
-            f.write(prompt)
+            # llama.cpp's -f drops one trailing newline of the file (common/arg.cpp): one more keeps the prompt whole (a prompt
+            # ending in "\n", as the copy-heavy ones do, lost its last token before this)
+            f.write(prompt + "\n")
         try:
             self.command = [str(self.binary), "-m", str(self.model), "-f", f.name, "-n", str(n), "--ignore-eos",
                             "--temp", "0", "--top-k", "1", "-t", str(self.threads), "-tb", str(self.threads), "-c", str(context_size(len(ids), n)),
