@@ -22,9 +22,11 @@ Face's order. That moves whole rows, so a block of 32 input weights stays whole.
 from __future__ import annotations
 
 import copy
+import json
 import shutil
 import tempfile
 import weakref
+from collections import Counter
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -32,11 +34,11 @@ from typing import Any
 import numpy as np
 
 from ..formats.errors import CheckpointError
+from .architectures import BY_MODEL_TYPE
 from .weight_only import IntWeight
 
-# general.architecture -> the Hugging Face class specdec builds it as
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                 "phi3": "Phi3ForCausalLM"}
+# general.architecture (transformers' model_type where it renames one: a 'llama' file named Mistral) -> the class built
+ARCHITECTURES = BY_MODEL_TYPE
 PERMUTED_QK = ("llama", "mistral")  # llama.cpp's llama architecture: q and k rows interleaved per head
 
 # GGUF tensor names -> Hugging Face's. A table, not a regex: a name not in it is refused (experts, vision towers).
@@ -117,6 +119,10 @@ def gguf_hf_config(path: str | Path) -> dict[str, Any]:
 def _synthesize_config(path: Path, reader) -> dict[str, Any]:
     arch = _field(reader, "general.architecture")
     names = {t.name for t in reader.tensors}
+    parts = _field(reader, "split.count")
+    if isinstance(parts, int) and parts > 1:
+        raise CheckpointError(f"{path} is one of {parts} parts of a split GGUF file: merge them first (llama-gguf-split --merge FIRST-PART "
+                              "merged.gguf) and pass the merged file.")
     if arch not in ARCHITECTURES:
         raise CheckpointError(f"{path}: GGUF architecture {arch!r} (field general.architecture) is not supported; supported: "
                               f"{', '.join(a for a in ARCHITECTURES if a != 'mistral')} (Llama and Mistral files are 'llama').")
@@ -126,6 +132,8 @@ def _synthesize_config(path: Path, reader) -> dict[str, Any]:
         raise CheckpointError(INSTALL) from None
     try:
         cfg = dict(load_gguf_checkpoint(str(path), return_tensors=False)["config"])
+    except ImportError:  # transformers reads GGUF metadata only with torch installed
+        raise CheckpointError(INSTALL) from None
     except Exception as err:  # noqa: BLE001  transformers reads damaged metadata with whatever error the value meets
         raise CheckpointError(f"{path}: transformers could not read its metadata ({_said(err)}).") from None
     model_type = cfg.get("model_type", arch)
@@ -140,6 +148,9 @@ def _synthesize_config(path: Path, reader) -> dict[str, Any]:
         cfg["head_dim"] = key_length
     if rope_dim is not None and key_length is not None and rope_dim != key_length:
         raise CheckpointError(f"{path}: rotary dimensions {rope_dim} of a head of {key_length} (partial rotary) are not supported.")
+    window = _field(reader, f"{arch}.attention.sliding_window")  # Phi-3's (llama.cpp ignores it; transformers masks by it)
+    if window:
+        cfg["sliding_window"] = window
     _rope_from_gguf(path, reader, arch, cfg, names)
     cfg["dtype"] = _float_dtype(reader)
     quantization = _int_blocks_held(reader)
@@ -172,7 +183,7 @@ def _float_dtype(reader) -> str:
     return "bfloat16" if "BF16" in kinds else "float16" if "F16" in kinds else "float32"
 
 
-def _linear_names(reader) -> list:
+def _linear_tensors(reader) -> list:
     return [t for t in reader.tensors if t.name.startswith("blk.") and t.name.endswith(".weight") and len(t.shape) == 2]
 
 
@@ -180,7 +191,7 @@ def _int_blocks_held(reader) -> dict[str, Any] | None:
     """quantization_config for a file whose linear layers are Q4_0 or Q8_0 (the more common of the two where both are):
     those layers are built from their codes as they are; layers of other types are dequantized and stay float."""
     counts = {kind: 0 for kind in INT_BLOCKS}
-    for t in _linear_names(reader):
+    for t in _linear_tensors(reader):
         if t.tensor_type.name in counts:
             counts[t.tensor_type.name] += 1
     kind = max(counts, key=lambda k: counts[k])
@@ -193,7 +204,7 @@ def _tensor(reader, name: str):
     for t in reader.tensors:
         if t.name == name:
             return t
-    raise CheckpointError(f"GGUF file has no tensor {name!r}.")
+    raise CheckpointError(f"{reader.data.filename}: the GGUF file has no tensor {name!r}.")
 
 
 def _hf_name(name: str) -> str | None:
@@ -274,7 +285,7 @@ class GgufTensors:
         """A Q4_0 / Q8_0 linear weight as specdec's codes ([in, out]), bit for bit; None for other types."""
         t = self.tensors[name]
         kind = t.tensor_type.name
-        if kind not in INT_BLOCKS or not _is_linear(name):
+        if kind != self.int_type or not _is_linear(name):  # the file's other types, Q8_0 in a Q4_0 file too, are read dequantized
             return None
         bits, zero, nbytes = INT_BLOCKS[kind]
         n_out, n_in = self.shape(name)
@@ -295,22 +306,22 @@ class GgufTensors:
 
 
 def dequantized_note(tensors: GgufTensors, quantization: str) -> str | None:
-    """What the build does with the file's matrices of ggml types specdec has no kernel for (K-quants, i-quants, ...)."""
+    """What the build does with the linear layers it reads dequantized: ggml types specdec has no kernel for (K-quants,
+    i-quants, ...) and, in a Q4_0 or Q8_0 file, layers of any other type, which stay float beside the codes."""
     held = tensors.int_type
-    others: dict[str, int] = {}
-    for t in _linear_names(tensors.reader):
-        kind = t.tensor_type.name
-        if kind not in ("F32", "F16", "BF16", held):
-            others[kind] = others.get(kind, 0) + 1
+    if held is not None and quantization == "none":
+        return None  # every layer dequantized, as asked
+    others = Counter(t.tensor_type.name for t in _linear_tensors(tensors.reader) if t.tensor_type.name not in ("F32", "F16", "BF16", held))
     if not others:
         return None
-    if held is not None and quantization != "none":
-        fate = f"they stay float in this engine, beside its {held} layers"
-    elif quantization == "none":
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(others.items()))
+    if held is not None:
+        return (f"note: {tensors.path.name} holds linear layers of other types beside its {held} ones ({kinds}): they are read dequantized "
+                f"and stay float in this engine, as do the {held} projections fused with one of them (q|k|v, gate|up).")
+    if quantization == "none":
         fate = "this engine stores them in float, as large as a float checkpoint; --qformat int4_wo --group_size 32 rounds them to int4 again"
     else:
         fate = f"--qformat {quantization} rounds them again (a second rounding)"
-    kinds = ", ".join(f"{n} {k}" for k, n in sorted(others.items()))
     return f"note: {tensors.path.name} holds linear layers in ggml types specdec has no kernel for ({kinds}), read dequantized: {fate}."
 
 
@@ -327,15 +338,33 @@ def load_gguf(path: Path):
     ckpt = Checkpoint(path, hf_config, dict.fromkeys(tensors.keys(), tensors), tokenizer_dir=tokenizer_dir, gguf=tensors)
     weakref.finalize(ckpt, shutil.rmtree, tokenizer_dir, True)
     if _field(reader, "tokenizer.ggml.model") is not None:  # without one the build warns, as for a checkpoint without tokenizer.json
-        _write_tokenizer(path, tokenizer_dir)
+        _write_tokenizer(path, tokenizer_dir, len(reader.fields["tokenizer.ggml.tokens"].data))
     return ckpt
 
 
-def _write_tokenizer(path: Path, folder: Path) -> None:
+def _write_tokenizer(path: Path, folder: Path, num_tokens: int) -> None:
+    """The file's tokenizer as tokenizer.json (+ config, chat template) in ``folder``. transformers is pointed at a folder
+    holding only a link to the file: beside it, tokenizer files of the checkpoint it was converted from (where
+    convert_hf_to_gguf.py writes by default) would replace the file's own."""
     from transformers import AutoTokenizer
 
+    link = folder / "model.gguf"
+    link.symlink_to(path.resolve())
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), gguf_file=link.name)
+    except ImportError:
+        raise CheckpointError(INSTALL) from None
     except Exception as err:  # noqa: BLE001  the tokenizers library raises a bare Exception on a damaged vocabulary
         raise CheckpointError(f"{path}: transformers could not read its tokenizer ({_said(err)}).") from None
+    finally:
+        link.unlink()
     tokenizer.save_pretrained(str(folder))
+    # transformers' GPT-2 converter adds its default "<|endoftext|>" whether the file has it or not (Llama 3's has not): past
+    # the file's tokens it would encode to an id the model has no row for
+    tok_file = folder / "tokenizer.json"
+    spec = json.loads(tok_file.read_text(encoding="utf-8"))
+    added = spec.get("added_tokens") or []
+    kept = [t for t in added if t.get("id", 0) < num_tokens]
+    if len(kept) != len(added):
+        spec["added_tokens"] = kept
+        tok_file.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")

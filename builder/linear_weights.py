@@ -58,7 +58,11 @@ class LinearWeights:
 
     def weights(self, name: str, modules: list[str]) -> LinearWeight:
         """The projections ``modules`` fused along the output axis, in the build's precision."""
-        w = concat_out([read_linear(self.ckpt, m, self.convention) for m in modules])
+        parts = [read_linear(self.ckpt, m, self.convention) for m in modules]
+        if getattr(self.convention, "method", None) == "gguf" and len({p.is_int for p in parts}) > 1:
+            # a GGUF file may give fused projections different types (llama-quantize --tensor-type): the group is read as float
+            parts = [LinearWeight(dense=p.dequantized(), name=p.name) if p.is_int else p for p in parts]
+        w = concat_out(parts)
         q = self.build.quantization
         if q == "fp8" and not w.is_fp8:
             w = quantize_fp8_per_channel(w.dense)

@@ -47,11 +47,12 @@ def llama3_rope_freqs(rope: dict, head_dim: int) -> np.ndarray:
 
 
 def write_gguf(ckpt: Path, out: Path, linear_type: str = "F32", embedding_type: str | None = None, chat_template: str | None = None,
-               name: str | None = None) -> Path:
+               name: str | None = None, types: dict[str, str] | None = None, extra_keys: dict[str, int] | None = None) -> Path:
     """``ckpt`` (config.json + model.safetensors, optionally a byte-level BPE tokenizer.json) as the GGUF file ``out``.
 
     linear_type: the type of the blocks' matrices (F32, F16, Q4_0, Q8_0, Q5_0); embedding_type: token_embd's (default F32;
-    llama-quantize leaves norms in F32 and quantizes the embedding too).
+    llama-quantize leaves norms in F32 and quantizes the embedding too); types: other types for some matrices, by their
+    name in a block ({"attn_v": "Q8_0"}: llama-quantize --tensor-type); extra_keys: more integer metadata, as written.
     """
     cfg = json.loads((ckpt / "config.json").read_text())
     arch = GGUF_ARCH[cfg["architectures"][0]]
@@ -73,6 +74,10 @@ def write_gguf(ckpt: Path, out: Path, linear_type: str = "F32", embedding_type: 
     w.add_value_length(head_dim)
     w.add_rope_dimension_count(head_dim)
     w.add_vocab_size(cfg["vocab_size"])
+    if cfg.get("sliding_window") and arch == "phi3":  # Phi3MiniModel.set_gguf_parameters writes it
+        w.add_sliding_window(cfg["sliding_window"])
+    for key, value in (extra_keys or {}).items():
+        w.add_uint32(key, value)
     kind = rope.get("rope_type") or rope.get("type")
     if kind == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -89,7 +94,8 @@ def write_gguf(ckpt: Path, out: Path, linear_type: str = "F32", embedding_type: 
         gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         assert gguf_name is not None, hf_name
         block_matrix = gguf_name.startswith("blk.") and value.ndim == 2
-        _add(w, gguf_name, value, linear_type if block_matrix else embedding_type if gguf_name == "token_embd.weight" and embedding_type else "F32")
+        kind_here = (types or {}).get(gguf_name.split(".")[2], linear_type) if block_matrix else None
+        _add(w, gguf_name, value, kind_here or (embedding_type if gguf_name == "token_embd.weight" and embedding_type else "F32"))
     if kind == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_rope_freqs(rope, head_dim))
     w.write_header_to_file()

@@ -12,7 +12,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from checkpoints import load_hf, make_checkpoint
+from checkpoints import add_word_tokenizer, load_hf, make_checkpoint
 from conftest import build_and_load, cli_build, engine_greedy, spec_build
 from gguf_files import add_bpe_tokenizer, permute, write_gguf
 
@@ -170,16 +170,63 @@ def test_types_without_a_kernel_are_dequantized_and_the_build_says_what_it_did(t
     assert json.loads((tmp_path / "half" / "config.json").read_text())["build"]["dtype"] == "float16"
 
 
+def test_a_file_of_several_types_keeps_the_main_ones_codes_and_reads_the_rest_as_float(tmp_path):
+    """llama-quantize --tensor-type gives some matrices other types: a Q8_0 v_proj beside Q4_0 q and k (one fused
+    MatMul: the group is read as float) and a Q5_0 down_proj. The build says so, and the file decodes as transformers
+    reads it."""
+    ckpt = make_checkpoint(tmp_path / "ckpt", **QUANT_TINY)
+    gguf_file = write_gguf(ckpt, tmp_path / "model.gguf", linear_type="Q4_0", types={"attn_v": "Q8_0", "ffn_down": "Q5_0"})
+    read = load_checkpoint(gguf_file)
+    assert read.int_weight("model.layers.0.self_attn.v_proj.weight") is None  # Q8_0 beside Q4_0: not codes
+    assert read.int_weight("model.layers.0.self_attn.q_proj.weight").bits == 4
+    r = cli_build(gguf_file, tmp_path / "engine", "--lowering", "portable")
+    assert r.exit_code == 0, r.output
+    assert ("holds linear layers of other types beside its Q4_0 ones (2 Q5_0, 2 Q8_0): they are read dequantized and stay float in this "
+            "engine, as do the Q4_0 projections fused with one of them") in r.output
+    wo = json.loads((tmp_path / "engine" / "config.json").read_text())["build"]["weight_only"]
+    assert wo["source"] == "gguf" and wo["layers"] == ["attn/o_proj", "mlp/gate_up_proj"]
+    from transformers import AutoModelForCausalLM
+
+    from specdec.formats.engine_format import load_engine_dir
+    from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
+
+    ids = prompt_ids()
+    with torch.no_grad():
+        want = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="model.gguf", dtype=torch.float32).eval()(ids).logits[0].numpy()
+    got, _ = logits_and_greedy(OrtExecutor(load_engine_dir(tmp_path / "engine"), num_threads=1), ids)
+    np.testing.assert_allclose(got, want, atol=2e-4, rtol=0)  # portable: the codes in float arithmetic
+
+
+def test_phi3s_sliding_window_is_read_as_from_the_checkpoint(tmp_path):
+    """llama.cpp writes Phi-3's window (and ignores it); transformers masks by it, and so does specdec's build: a window
+    shorter than max_seq_len is refused from the file as from the checkpoint."""
+    ckpt = make_checkpoint(tmp_path / "ckpt", "Phi3ForCausalLM", sliding_window=64)
+    gguf_file = write_gguf(ckpt, tmp_path / "model.gguf")
+    assert load_checkpoint(gguf_file).hf_config["sliding_window"] == 64
+    for source in (ckpt, gguf_file):
+        r = cli_build(source, tmp_path / "engine")  # --max_seq_len 96
+        assert r.exit_code != 0 and "sliding_window=64 is smaller than max_seq_len=96" in r.output, r.output
+
+
+def test_one_part_of_a_split_file_is_refused_with_what_to_do(tmp_path):
+    gguf_file = write_gguf(make_checkpoint(tmp_path / "ckpt"), tmp_path / "model-00001-of-00002.gguf", extra_keys={"split.count": 2})
+    r = cli_build(gguf_file, tmp_path / "engine")
+    assert r.exit_code != 0 and "is one of 2 parts of a split GGUF file: merge them first (llama-gguf-split --merge" in r.output, r.output
+
+
 def test_tokenizer_and_chat_template_come_from_the_file(tmp_path):
     from tokenizers import Tokenizer
 
-    ckpt = add_bpe_tokenizer(make_checkpoint(tmp_path / "ckpt", "Qwen2ForCausalLM", vocab_size=320, bos_token_id=1, eos_token_id=2), 320)
+    ckpt = add_bpe_tokenizer(make_checkpoint(tmp_path / "ckpt", "LlamaForCausalLM", vocab_size=320, bos_token_id=1, eos_token_id=2), 320)
     template = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}{% if add_generation_prompt %}<s>assistant:{% endif %}"
     gguf_file = write_gguf(ckpt, tmp_path / "model.gguf", chat_template=template)
+    # tokenizer files beside the file (convert_hf_to_gguf.py writes into the checkpoint's folder) are not the file's: unused
+    add_word_tokenizer(tmp_path)
     r = cli_build(gguf_file, tmp_path / "engine")
     assert r.exit_code == 0, r.output
     assert "no tokenizer files" not in r.output
     built, source = Tokenizer.from_file(str(tmp_path / "engine" / "tokenizer.json")), Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    assert built.get_vocab() == source.get_vocab()  # the word tokenizer beside the file added its <unk> before it was kept apart
     for text in ["class Stack:\n    def push(self, x):", "for i in range(10): print(i * i)", "héllo wörld  \t 123", "<s>x</s>"]:
         assert built.encode(text).ids == source.encode(text).ids, text
         assert built.decode(source.encode(text).ids) == source.decode(source.encode(text).ids)
