@@ -10,13 +10,17 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..formats.errors import CheckpointError
 from ..formats.safetensors_io import SafetensorsFile
 from .gguf_checkpoint import is_gguf
+
+if TYPE_CHECKING:
+    from .gguf_checkpoint import GgufTensors
+    from .weight_only import IntWeight
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -38,7 +42,7 @@ class Checkpoint:
     hf_config: dict[str, Any]
     _tensors: dict[str, Any]  # name -> the reader of the file that holds it
     tokenizer_dir: Path | None = None  # where its tokenizer files are, when not beside config.json (a GGUF file's, converted)
-    gguf: Any = None  # the GgufTensors of a GGUF file (builder/gguf_checkpoint.py), else None
+    gguf: GgufTensors | None = None  # a GGUF file's tensors (builder/gguf_checkpoint.py), else None
 
     @property
     def tokenizer_path(self) -> Path:
@@ -71,7 +75,7 @@ class Checkpoint:
     def float32(self, name: str) -> np.ndarray:
         return self._reader(name).float32(name)
 
-    def int_weight(self, name: str):
+    def int_weight(self, name: str) -> IntWeight | None:
         """A GGUF file's Q4_0 / Q8_0 weight as integer codes (an IntWeight), None where it holds another type."""
         reader = self._reader(name)
         return reader.int_weight(name) if hasattr(reader, "int_weight") else None
