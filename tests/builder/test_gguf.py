@@ -315,3 +315,22 @@ def test_without_the_gguf_package_the_error_says_what_to_install(tmp_path, monke
     gguf_checkpoint._hf_config_cached.cache_clear()
     with pytest.raises(CheckpointError, match=r"needs the gguf extra: pip install 'specdec\[build,gguf\]'"):
         load_checkpoint(gguf_file)
+
+
+def test_quantize_lm_head_rounds_the_files_output_matrix_and_keeps_its_layers(tmp_path):
+    """The output matrix (F32 here, Q6_K from llama-quantize) is rounded to int4 in groups of 32; the layers stay the file's."""
+    ckpt = make_checkpoint(tmp_path / "ckpt", tie_word_embeddings=False, **QUANT_TINY)
+    gguf_file = write_gguf(ckpt, tmp_path / "model.gguf", linear_type="Q4_0")
+    r = cli_build(gguf_file, tmp_path / "engine", "--quantize_lm_head", "--lowering", "portable")
+    assert r.exit_code == 0, r.output
+    wo = json.loads((tmp_path / "engine" / "config.json").read_text())["build"]["weight_only"]
+    assert (wo["bits"], wo["group_size"], wo["source"]) == (4, 32, "gguf") and "lm_head" in wo["layers"]
+    assert cli_build(gguf_file, tmp_path / "float_head", "--lowering", "portable").exit_code == 0
+    from specdec.formats.engine_format import load_engine_dir
+    from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
+
+    ids = prompt_ids()
+    rounded, _ = logits_and_greedy(OrtExecutor(load_engine_dir(tmp_path / "engine"), num_threads=1), ids)
+    exact, _ = logits_and_greedy(OrtExecutor(load_engine_dir(tmp_path / "float_head"), num_threads=1), ids)
+    span = exact.max() - exact.min()
+    assert 0 < np.abs(rounded - exact).max() <= 0.1 * span  # the head's int4 rounding, and only that
