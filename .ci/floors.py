@@ -34,6 +34,10 @@ def requirements(project: dict, extra: str | None, seen: set[str]) -> list[str]:
     return out
 
 
+def _numbers(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version.split("*")[0]))
+
+
 def main() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     pins: dict[str, str] = {}
@@ -44,7 +48,10 @@ def main() -> None:
         floor = re.search(r">=\s*([0-9][^,\s]*)", spec)
         if not (exact or floor):
             sys.exit(f"{req!r} in pyproject.toml has no floor (>=) or pin (==): every dependency needs one")
-        pins[name] = exact.group(1) if exact else floor.group(1) + ".*"  # an exact pin is its own floor
+        version = exact.group(1) if exact else floor.group(1) + ".*"  # an exact pin is its own floor
+        # named twice (transformers: >=5.3 in hf, >=5.24 in gguf): the lowest version every extra allows is the highest floor
+        if name not in pins or _numbers(version) > _numbers(pins[name]):
+            pins[name] = version
     for name, version in sorted(pins.items()):
         print(f"{name}=={version}")
 

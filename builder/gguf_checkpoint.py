@@ -116,6 +116,22 @@ def gguf_hf_config(path: str | Path) -> dict[str, Any]:
     return copy.deepcopy(_hf_config_cached(str(p), stat.st_mtime_ns, stat.st_size))
 
 
+# transformers' GGUF tokenizer converters before this read some files wrongly (pyproject.toml's gguf extra says how)
+TRANSFORMERS_FLOOR = (5, 24)
+
+
+def _transformers_checked() -> None:
+    try:
+        import transformers
+    except ImportError:
+        raise CheckpointError(INSTALL) from None
+    found = tuple(int(p) for p in transformers.__version__.split(".")[:2] if p.isdigit())
+    if found < TRANSFORMERS_FLOOR:
+        raise CheckpointError(f"reading a GGUF file needs transformers >= {'.'.join(map(str, TRANSFORMERS_FLOOR))} (found "
+                              f"{transformers.__version__}, whose GGUF tokenizer conversion gets some files wrong): "
+                              "pip install 'transformers>=5.24,<6'")
+
+
 def _synthesize_config(path: Path, reader) -> dict[str, Any]:
     arch = _field(reader, "general.architecture")
     names = {t.name for t in reader.tensors}
@@ -126,6 +142,7 @@ def _synthesize_config(path: Path, reader) -> dict[str, Any]:
     if arch not in ARCHITECTURES:
         raise CheckpointError(f"{path}: GGUF architecture {arch!r} (field general.architecture) is not supported; supported: "
                               f"{', '.join(a for a in ARCHITECTURES if a != 'mistral')} (Llama and Mistral files are 'llama').")
+    _transformers_checked()
     try:
         from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
     except ImportError:

@@ -141,6 +141,9 @@ def _add_tokenizer(w, ckpt: Path, cfg: dict, chat_template: str | None) -> None:
     for key, add in (("bos_token_id", w.add_bos_token_id), ("eos_token_id", w.add_eos_token_id), ("pad_token_id", w.add_pad_token_id)):
         if isinstance(cfg.get(key), int):
             add(cfg[key])
+    tok_config = json.loads((ckpt / "tokenizer_config.json").read_text()) if (ckpt / "tokenizer_config.json").is_file() else {}
+    if "add_bos_token" in tok_config:  # gguf-py's SpecialVocab writes it when the tokenizer's config says it
+        w.add_add_bos_token(bool(tok_config["add_bos_token"]))
     if chat_template:
         w.add_chat_template(chat_template)
 
@@ -158,5 +161,5 @@ def add_bpe_tokenizer(ckpt: Path, vocab_size: int) -> Path:
              "The quick brown fox jumps over the lazy dog.\n", "for i in range(10):\n    print(i * i)\n"] * 20
     tok.train_from_iterator(lines, trainer)
     tok.save(str(ckpt / "tokenizer.json"))
-    (ckpt / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}))
+    (ckpt / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "add_bos_token": False}))
     return ckpt

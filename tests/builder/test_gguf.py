@@ -334,3 +334,16 @@ def test_quantize_lm_head_rounds_the_files_output_matrix_and_keeps_its_layers(tm
     exact, _ = logits_and_greedy(OrtExecutor(load_engine_dir(tmp_path / "float_head"), num_threads=1), ids)
     span = exact.max() - exact.min()
     assert 0 < np.abs(rounded - exact).max() <= 0.1 * span  # the head's int4 rounding, and only that
+
+
+def test_an_older_transformers_is_refused_with_the_upgrade_line(tmp_path, monkeypatch):
+    """transformers 5.3 converted a GPT-2-style GGUF vocabulary into a CodeLlama tokenizer with the wrong end token."""
+    import transformers
+
+    gguf_file = write_gguf(make_checkpoint(tmp_path / "ckpt"), tmp_path / "model.gguf")
+    monkeypatch.setattr(transformers, "__version__", "5.3.0")
+    from specdec.builder import gguf_checkpoint
+
+    gguf_checkpoint._hf_config_cached.cache_clear()
+    with pytest.raises(CheckpointError, match=r"needs transformers >= 5\.24 \(found 5\.3\.0, .*pip install 'transformers>=5\.24,<6'"):
+        load_checkpoint(gguf_file)
