@@ -125,12 +125,20 @@ def test_floors_pin_every_direct_dependency_and_known_movers_have_ceilings():
     out = subprocess.run([sys.executable, str(ROOT / ".ci" / "floors.py")], capture_output=True, text=True, check=True).stdout
     pins = dict(line.split("==") for line in out.split())
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    extras = ("build", "hf", "bench", "serve", "train", "lmeval", "docs", "tensorrt-dispatch", "tensorrt-lean", "tensorrt-rtx-build", "dev")
+    extras = ("build", "hf", "bench", "serve", "train", "lmeval", "docs", "gguf", "tensorrt-dispatch", "tensorrt-lean", "tensorrt-rtx-build",
+              "dev")
     direct = [r for r in project["dependencies"] + [r for e in extras for r in project["optional-dependencies"][e]] if not r.startswith("specdec[")]
+    wanted: dict[str, tuple[tuple[int, ...], str]] = {}  # a package two extras name: the higher floor, which both allow
     for req in direct:
         name = re.match(r"[A-Za-z0-9_.\-]+", req).group(0).lower().replace("_", "-")
         exact, floor = re.search(r"==\s*([\d.]+)", req), re.search(r">=\s*([\d.]+)", req)
-        assert pins[name] == (exact.group(1) if exact else f"{floor.group(1)}.*"), (name, pins.get(name))
+        version = exact.group(1) if exact else f"{floor.group(1)}.*"
+        key = tuple(int(p) for p in re.findall(r"\d+", version))
+        if name not in wanted or key > wanted[name][0]:
+            wanted[name] = (key, version)
+    for name, (_, version) in wanted.items():
+        assert pins[name] == version, (name, pins.get(name))
+    assert pins["transformers"] == "5.24.*"  # hf's floor is 5.3, gguf's 5.24
     optional = project["optional-dependencies"]
     ceilings = {re.match(r"[\w\-]+", r).group(0): r for r in project["dependencies"] + optional["hf"] + optional["gpu"]}
     for name in ("onnxruntime", "tokenizers", "transformers", "onnxruntime-gpu"):  # APIs specdec calls that moved between releases
