@@ -103,17 +103,28 @@ def _field(reader, key: str) -> Any:
     return value.tolist()[0] if len(value) == 1 else None
 
 
+def _version(path: str | Path) -> tuple[str, int, int]:
+    """What the caches below are keyed by: the file, and its version (a file rewritten in place is read again)."""
+    p = Path(path).resolve()
+    stat = p.stat()
+    return str(p), stat.st_mtime_ns, stat.st_size
+
+
+@lru_cache(maxsize=2)
+def _reader(path: str, mtime_ns: int, size: int):
+    """One parse of the file's header and metadata (a large vocabulary's strings take a while) for the config and the tensors."""
+    return _open(Path(path))
+
+
 @lru_cache(maxsize=4)
 def _hf_config_cached(path: str, mtime_ns: int, size: int) -> dict[str, Any]:
-    return _synthesize_config(Path(path), _open(Path(path)))
+    return _synthesize_config(Path(path), _reader(path, mtime_ns, size))
 
 
 def gguf_hf_config(path: str | Path) -> dict[str, Any]:
     """The Hugging Face config.json the GGUF file stands for (metadata and tensor names only; no tensor data read).
     Read once per file version: specdec-build asks for it before the build (its default limits) and in it."""
-    p = Path(path).resolve()
-    stat = p.stat()
-    return copy.deepcopy(_hf_config_cached(str(p), stat.st_mtime_ns, stat.st_size))
+    return copy.deepcopy(_hf_config_cached(*_version(path)))
 
 
 # transformers' GGUF tokenizer converters before this read some files wrongly (pyproject.toml's gguf extra says how)
@@ -207,13 +218,10 @@ def _linear_tensors(reader) -> list:
 def _int_blocks_held(reader) -> dict[str, Any] | None:
     """quantization_config for a file whose linear layers are Q4_0 or Q8_0 (the more common of the two where both are):
     those layers are built from their codes as they are; layers of other types are dequantized and stay float."""
-    counts = {kind: 0 for kind in INT_BLOCKS}
-    for t in _linear_tensors(reader):
-        if t.tensor_type.name in counts:
-            counts[t.tensor_type.name] += 1
-    kind = max(counts, key=lambda k: counts[k])
-    if not counts[kind]:
+    counts = Counter(t.tensor_type.name for t in _linear_tensors(reader) if t.tensor_type.name in INT_BLOCKS)
+    if not counts:
         return None
+    kind = counts.most_common(1)[0][0]
     return {"quant_method": "gguf", "ggml_type": kind, "bits": INT_BLOCKS[kind][0], "group_size": BLOCK}
 
 
@@ -278,9 +286,6 @@ class GgufTensors:
         (not dequantized); F32 for every other tensor, which is handed out dequantized."""
         kind = self.tensors[name].tensor_type.name
         return kind if kind == self.int_type and _is_linear(name) else "F32"
-
-    def ggml_type(self, name: str) -> str:
-        return self.tensors[name].tensor_type.name
 
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(int(d) for d in reversed(self.tensors[name].shape))  # ggml lists ne0 (the input dimension) first
@@ -349,7 +354,7 @@ def load_gguf(path: Path):
 
     hf_config = gguf_hf_config(path)
     model = model_config_from_hf(hf_config)  # checked before any tensor is mapped: a damaged header is one clean error
-    reader = _open(path)
+    reader = _reader(*_version(path))
     tensors = GgufTensors(path, reader, hf_config, model.num_heads, model.num_kv_heads)
     tokenizer_dir = Path(tempfile.mkdtemp(prefix="specdec-gguf-tokenizer-"))
     ckpt = Checkpoint(path, hf_config, dict.fromkeys(tensors.keys(), tensors), tokenizer_dir=tokenizer_dir, gguf=tensors)

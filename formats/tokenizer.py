@@ -58,8 +58,12 @@ class Tokenizer:
             ids = [bos] + ids
         return ids
 
-    def decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=True)
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """The vocabulary's own string for a token (byte-level pieces as stored), as vLLM's /tokenize shows it."""
+        return self._tok.id_to_token(int(token_id))
 
     def to_json(self) -> str:
         """The tokenizer as tokenizer.json text (what llguidance reads)."""

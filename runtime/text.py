@@ -56,7 +56,9 @@ class IncrementalDetokenizer:
         out = []
         for t in new_ids:
             self.pending.append(int(t))
-            piece = self._without_orphan(self._step(int(t)))
+            piece = self._step(int(t))
+            if self.orphan:  # only until the first text after a prompt that ended inside a character
+                piece = self._without_orphan(piece)
             if piece:
                 out.append(piece)
                 self.shown = (self.shown + self.pending)[-PROMPT_CONTEXT:]

@@ -38,7 +38,7 @@ from .jobs import Event, Job, Result
 from .loop import EngineLoop
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .params import Served, chat_plan, check_common, completion_plan, detokenized, tokenized
-from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ErrorResponse, TokenizeRequest
+from .protocol import TOKENIZE_TAGS, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ErrorResponse, TokenizeRequest
 from .tools import ToolTextFilter
 
 log = logging.getLogger("specdec.serve")
@@ -341,7 +341,7 @@ def _validation_response(errors: list[dict]) -> JSONResponse:
     if first.get("type") == "json_invalid":
         ctx = first.get("ctx") or {}
         return JSONResponse(error_body(400, f"the request body is not valid JSON: {ctx.get('error', first.get('msg'))}."), status_code=400)
-    loc = [str(p) for p in first.get("loc", ()) if p != "body" and "-" not in str(p)]  # (tags of a union's members hold a "-")
+    loc = [str(p) for p in first.get("loc", ()) if p != "body" and p not in TOKENIZE_TAGS]  # a union's member tags are no field
     if not loc and first.get("type") in ("model_attributes_type", "dict_type", "model_type"):  # a list, a string: or no JSON content type
         return JSONResponse(error_body(400, "the request body must be a JSON object, sent with Content-Type: application/json."), status_code=400)
     if loc and loc[0] == "prompt":

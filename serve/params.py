@@ -155,7 +155,7 @@ def tokenized(req: TokenizeChatRequest | TokenizeCompletionRequest, served: Serv
         ids = chat_prompt(req, served, plan_tools(req, served), req.add_special_tokens)
     else:
         ids = served.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
-    strs = [served.tokenizer.backend.id_to_token(t) for t in ids] if req.return_token_strs else None
+    strs = [served.tokenizer.id_to_token(t) for t in ids] if req.return_token_strs else None
     return {"count": len(ids), "max_model_len": served.max_seq_len, "tokens": ids, "token_strs": strs}
 
 
@@ -165,7 +165,7 @@ def detokenized(req: DetokenizeRequest, served: Served) -> dict[str, Any]:
     if served.tokenizer is None:
         raise ApiError(400, "the engine has no tokenizer to detokenize with: restart with --tokenizer_dir.", "tokens")
     inside_vocabulary(req.tokens, served.engine.target.vocab_size, "tokens")
-    return {"prompt": served.tokenizer.backend.decode(req.tokens, skip_special_tokens=False)}
+    return {"prompt": served.tokenizer.decode(req.tokens, skip_special_tokens=False)}
 
 
 def chat_prompt(req: ChatCompletionRequest, served: Served, tools: ToolPlan | None, add_special_tokens: bool = False) -> list[int]:

@@ -252,12 +252,16 @@ class TokenizeChatRequest(Conversation):
     return_token_strs: bool = False
 
 
+# the union's member tags (messages, prompt): pydantic puts them in error locations, where they name no field
+TOKENIZE_TAGS = ("tokenize-messages", "tokenize-prompt")
+
+
 def _tokenize_form(body: Any) -> str:
-    return "tokenize-messages" if isinstance(body, dict) and "messages" in body else "tokenize-prompt"
+    return TOKENIZE_TAGS[0] if isinstance(body, dict) and "messages" in body else TOKENIZE_TAGS[1]
 
 
 # /tokenize's body: a conversation when it has messages, else a prompt (the tags hold a "-": errors name the field alone)
-TokenizeRequest = Annotated[Annotated[TokenizeChatRequest, Tag("tokenize-messages")] | Annotated[TokenizeCompletionRequest, Tag("tokenize-prompt")],
+TokenizeRequest = Annotated[Annotated[TokenizeChatRequest, Tag(TOKENIZE_TAGS[0])] | Annotated[TokenizeCompletionRequest, Tag(TOKENIZE_TAGS[1])],
                             Discriminator(_tokenize_form)]
 
 

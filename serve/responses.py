@@ -125,8 +125,6 @@ def vllm_prompt_logprobs(served: Served, prompt_ids: list[int], lps: list[TokenL
     return out
 
 
-
-
 def echoed_prompt(job: Job, served: Served, index: int) -> str:
     """The prompt of choice ``index`` as echo returns it: the text as sent, or token ids decoded."""
     p = index // job.plan.n
