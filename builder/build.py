@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -28,6 +28,7 @@ from .engine_dir import prepare_output, write_engine_dir
 from .gguf_checkpoint import dequantized_note
 from .heads import HEAD_FLAGS, Heads, check_head_flags, check_heads
 from .lm_head import resolve_lm_head
+from .lora import load_lora_adapters, merge_lora
 from .quantization import Fp8Convention, IntConvention, detect_checkpoint_quantization
 from .validation import check_memory_limits, validate_checkpoint
 from .weight_only import GROUP_SIZES, WEIGHT_ONLY_BITS, WeightOnlyScheme
@@ -241,6 +242,8 @@ def build_engine(
     medusa_dir: str | Path | None = None,
     eagle_dir: str | Path | None = None,
     peagle_dir: str | Path | None = None,
+    lora_dirs: Sequence[str | Path] = (),
+    lora_scales: Sequence[float] = (),
 ) -> BuildResult:
     """Build one engine directory. ``progress(step, done, total)`` reports work.
 
@@ -251,6 +254,8 @@ def build_engine(
     peagle_dir: a P-EAGLE module (EAGLE-3's layout plus mask_hidden); needs speculative_decoding_mode "peagle". Built as
     eagle_dir is, its engine drafting a whole block in one call.
     target_sm: with backend tensorrt_rtx, the RTX compute capabilities to build for ("sm89" or "sm86,sm89,sm120").
+    lora_dirs: peft LoRA adapters merged into the checkpoint's weights, in order, each scaled by its ``lora_scales`` entry
+    (none: 1.0 each; one: for all) (builder/lora.py).
     """
     t0 = time.perf_counter()
     output_dir = Path(output_dir).resolve()  # "." gets a name; a link is written through, to where it points
@@ -258,15 +263,19 @@ def build_engine(
     options = {"trt_timing_cache": trt_timing_cache, "trt_version_compatible": trt_version_compatible,
                "trt_exclude_lean_runtime": trt_exclude_lean_runtime, "target_sm": target_sm}
     head_dirs = {"medusa": medusa_dir, "eagle": eagle_dir, "peagle": peagle_dir}
-    inputs = {"--checkpoint_dir": checkpoint_dir, "--calib_dataset": calib_dataset, **{f"--{m}_dir": d for m, d in head_dirs.items()}}
+    inputs = {"--checkpoint_dir": checkpoint_dir, "--calib_dataset": calib_dataset, **{f"--{m}_dir": d for m, d in head_dirs.items()},
+              **{"--lora_dir" + (f" #{i + 1}" if i else ""): d for i, d in enumerate(lora_dirs)}}
     check_before_work(build, output_dir, force, options, head_dirs, inputs)
     ckpt = load_checkpoint(checkpoint_dir, allow_pickle=allow_pickle)
+    adapters = load_lora_adapters(lora_dirs, lora_scales, allow_pickle) if lora_dirs or lora_scales else []
     model = model_config_from_hf(ckpt.hf_config, max_seq_len=build.max_seq_len)
     convention = detect_checkpoint_quantization(ckpt.hf_config, ckpt.path)
     fp8 = convention if isinstance(convention, Fp8Convention) else None
     build = resolve_build(build, ckpt.hf_config, convention, say)
     check_resolved(build, model, fp8, options, calib_dataset, calib_size, say)
     model = resolve_lm_head(model, ckpt, say)  # what decodes, as transformers reads the checkpoint
+    if adapters:
+        ckpt = merge_lora(ckpt, adapters, model.tie_word_embeddings, _quantized_weights(convention), say)
     if ckpt.gguf is not None and (note := dequantized_note(ckpt.gguf, build.quantization)):
         say(note)
     validate_checkpoint(ckpt, model, build, convention, allow_nonfinite=allow_nonfinite)
@@ -280,6 +289,13 @@ def build_engine(
     network, build = make_network(ckpt, model, build, convention, heads, calib_dataset, calib_size, report, total, say)
     written = write_engine_dir(output_dir, checkpoint_dir, ckpt, network, model, build, heads.eagle, fp8, options, report, total, say)
     return BuildResult(output_dir, written.config, network.num_parameters, written.engine_bytes, time.perf_counter() - t0, written.backend_summary)
+
+
+def _quantized_weights(convention: Fp8Convention | IntConvention | None) -> str | None:
+    """What a quantized checkpoint's linear layers hold ("FP8 (fp8)", "int4 (gptq)"), None for a float checkpoint."""
+    if convention is None:
+        return None
+    return f"FP8 ({convention.method})" if isinstance(convention, Fp8Convention) else f"int{convention.bits} ({convention.method})"
 
 
 def check_before_work(build: BuildConfig, output_dir: Path, force: bool, options: dict, head_dirs: dict[str, str | Path | None],

@@ -43,6 +43,7 @@ class Checkpoint:
     _tensors: dict[str, Any]  # name -> the reader of the file that holds it
     tokenizer_dir: Path | None = None  # where its tokenizer files are, when not beside config.json (a GGUF file's, converted)
     gguf: GgufTensors | None = None  # a GGUF file's tensors (builder/gguf_checkpoint.py), else None
+    lora: tuple[dict[str, Any], ...] = ()  # the LoRA adapters merged into its tensors (builder/lora.py), as config.json records them
 
     @property
     def tokenizer_path(self) -> Path:

@@ -120,6 +120,7 @@ def write_engine_dir(output_dir: Path, checkpoint_dir: str | Path, ckpt, network
                 "checkpoint_dtype": checkpoint_dtype(ckpt.hf_config),
                 "checkpoint_fp8": fp8.method if fp8 else None,
                 "hf_config": ckpt.hf_config,
+                **({"lora": list(ckpt.lora)} if ckpt.lora else {}),
             },
         )
         (tmp / CONFIG_FILE).write_text(config.to_json())

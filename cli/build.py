@@ -88,6 +88,14 @@ class _LogProgress:
 @option("peagle_dir", type=click.Path(), default=None,
         help="With --speculative_decoding_mode peagle: a P-EAGLE module (specdec-train run --mode peagle: EAGLE-3's layout plus mask_hidden and "
              "ptd_token_id) trained on this base model.")
+@option("lora_dir", type=click.Path(), multiple=True,
+        help="A peft LoRA adapter folder (adapter_config.json + adapter_model.safetensors) merged into the checkpoint's weights at build time, "
+             "as peft's merge_and_unload does: the engine decodes the adapted model at the base model's cost per step. Repeat to merge several, "
+             "in order. LoRA on linear layers and embeddings, and modules_to_save; DoRA and other variants are refused "
+             "(docs/cli-build.md#lora-adapters).")
+@option("lora_scale", type=float, multiple=True,
+        help="Multiplies a --lora_dir adapter's update (llama.cpp's --lora-scaled): once for all adapters, or once per --lora_dir in the same "
+             "order [default: 1.0].")
 @option("quantization", "--qformat", type=click.Choice(QUANTIZATIONS), default="auto", show_default=True,
         help="fp8: linear-layer weights stored as float8 e4m3 with per-channel scales, or per-tile for block-scaled checkpoints (quantized at build "
              "time from a "
@@ -161,7 +169,8 @@ class _LogProgress:
 def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_seq_len, max_draft_len, speculative_decoding_mode, tree_attention,
          medusa_dir, eagle_dir, peagle_dir, quantization, use_weight_only, weight_only_precision, group_size, asymmetric, quantize_lm_head,
          quantize_draft_heads, fp8_activations, calib_dataset, calib_size, backend, target_sm, lowering, cpu_kernels, cuda_attention,
-         trt_timing_cache, trt_version_compatible, trt_exclude_lean_runtime, tp_size, allow_pickle, allow_nonfinite, force) -> None:
+         trt_timing_cache, trt_version_compatible, trt_exclude_lean_runtime, tp_size, allow_pickle, allow_nonfinite, force, lora_dir,
+         lora_scale) -> None:
     """Build an engine directory from a Hugging Face checkpoint (or a llama.cpp GGUF file).
 
     \b
@@ -176,6 +185,9 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
           --speculative_decoding_mode peagle --peagle_dir ./llama-peagle
     Draft engine (or a plain engine):
       specdec-build --checkpoint_dir ./llama-small --output_dir engines/draft
+    A fine-tune's LoRA adapter merged into the base (peft's folder):
+      specdec-build --checkpoint_dir ./llama --lora_dir ./llama-lora --output_dir engines/target \\
+          --speculative_decoding_mode draft_tokens_external
     From llama.cpp's file (its Q4_0 blocks become an int4 engine, bit for bit):
       specdec-build --checkpoint_dir model-Q4_0.gguf --output_dir engines/target \\
           --speculative_decoding_mode draft_tokens_external --cpu_kernels specdec
@@ -231,7 +243,7 @@ def main(checkpoint_dir, output_dir, dtype, max_batch_size, max_input_len, max_s
                               calib_dataset=calib_dataset, calib_size=calib_size, trt_timing_cache=trt_timing_cache,
                               trt_version_compatible=trt_version_compatible, trt_exclude_lean_runtime=trt_exclude_lean_runtime, target_sm=target_sm,
                               allow_nonfinite=allow_nonfinite, medusa_dir=medusa_dir, eagle_dir=eagle_dir,
-                              peagle_dir=peagle_dir)
+                              peagle_dir=peagle_dir, lora_dirs=lora_dir, lora_scales=lora_scale)
     finally:
         for bar in bars:
             bar.close()
