@@ -268,3 +268,42 @@ def test_the_merge_is_what_every_backend_and_precision_reads(tmp_path):
     reference = engine_logits(build_merged(tmp_path / "merged-by-peft", tmp_path / "int4-peft", build=int4), ids())
     np.testing.assert_allclose(got, reference, atol=2e-3, rtol=0)
     assert np.abs(got - want).max() > 0.01  # (int4: not the float model's logits, so the comparison above is the one that counts)
+
+
+def test_the_examples_adapter_builds(tmp_path):
+    """examples/train_lora.py (two steps, on a copy of the stdlib's json package) writes an adapter specdec-build merges, and prompts."""
+    import json as json_module
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    corpus = tmp_path / "corpus"
+    shutil.copytree(Path(json_module.__file__).parent, corpus, ignore=shutil.ignore_patterns("__pycache__"))
+    run = subprocess.run([sys.executable, root / "examples" / "train_lora.py", "--corpus", corpus, "--output-dir", tmp_path / "lora",
+                          "--max-steps", "2", "--batch", "2", "--window", "64", "--rank", "4", "--prompts-file", tmp_path / "p.jsonl",
+                          "--prompts", "3"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "held-out loss after 2 steps" in run.stdout and "wrote 3 held-out prompts" in run.stdout
+    prompts = [json.loads(line)["prompt"] for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert len(prompts) == 3 and all(prompts)
+    target = root / "examples" / "demo-pair" / "target"
+    built = cli_build(target, tmp_path / "engine", "--lora_dir", tmp_path / "lora", "--speculative_decoding_mode", "draft_tokens_external")
+    assert built.exit_code == 0 and "r 4): 42 layers updated" in built.output, built.output
+
+
+def test_an_adapter_merges_into_a_float_gguf_file_not_into_q4_0_codes(tmp_path):
+    pytest.importorskip("gguf")
+    from gguf_files import write_gguf
+
+    ckpt = make_checkpoint(tmp_path / "ckpt", tie_word_embeddings=False, hidden_size=128, intermediate_size=256)
+    adapted = make_adapter(ckpt, tmp_path / "adapter", r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "gate_proj", "down_proj"])
+    f32 = write_gguf(ckpt, tmp_path / "model-f32.gguf")
+    got = engine_logits(build_merged(f32, tmp_path / "e", [tmp_path / "adapter"]), ids())  # llama's q/k rows put back first, then merged
+    with torch.no_grad():
+        want = adapted(ids()).logits[0].numpy()
+    np.testing.assert_allclose(got, want, atol=2e-4, rtol=0)
+    q4 = write_gguf(ckpt, tmp_path / "model-q4_0.gguf", linear_type="Q4_0")
+    result = cli_build(q4, tmp_path / "q4", "--lora_dir", tmp_path / "adapter")
+    assert result.exit_code != 0 and "holds int4 (gguf) weights" in result.output, result.output
+    assert not (tmp_path / "q4").exists()
