@@ -15,6 +15,7 @@
 Workloads:
 
 * demo: the demo prompts (benchmarks/prompts.py: ordinary and copy-heavy functions of the held-out stdlib files).
+* a ``.jsonl`` file: its ``{"prompt": ...}`` lines (examples/train_lora.py --prompts-file writes held-out ones).
 * agentic: ``--requests`` requests in sequence, each a tool call of an agent editing code: one of a few fixed
   templates (a handler, a test, a config entry, a log call) filled with varying names, so the target's answers
   repeat earlier answers in part, as an agent's repeated tool calls and code edits do (agentic_prompts()).
@@ -263,6 +264,9 @@ def speed(args) -> None:
     for workload in args.workload.split(","):
         if workload == "agentic":
             texts = agentic_prompts(args.requests, seed=args.seed)
+            prompts = [tok.encode(t) for t in texts]
+        elif workload.endswith(".jsonl"):  # {"prompt": ...} lines of a file (examples/train_lora.py --prompts-file writes one)
+            texts = [json.loads(line)["prompt"] for line in Path(workload).read_text().splitlines() if line.strip()]
             prompts = [tok.encode(t) for t in texts]
         else:
             prompts, _ = workloads(Path(args.target), args.demo_prompts, args.prompt_tokens)
