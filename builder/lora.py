@@ -161,10 +161,24 @@ def _read_config(root: Path) -> dict[str, Any]:
             raise CheckpointError(f"{cfg_file} uses {what} ({key}), which a merge as W + B·A does not express; merge it with peft "
                                   "(merge_and_unload, save_pretrained) and build from the saved checkpoint.")
     for key in ("lora_alpha", "r"):
-        value = config.get(key, 8)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-            raise CheckpointError(f"{cfg_file}: {key} is {value!r}; expected a positive number.")
+        _positive(config.get(key, 8), f"{cfg_file}: {key}")
+    if config.get("use_rslora") not in (None, True, False):
+        raise CheckpointError(f"{cfg_file}: use_rslora is {config['use_rslora']!r}; expected true or false.")
+    patterns = config.get("alpha_pattern") or {}
+    if not isinstance(patterns, dict):
+        raise CheckpointError(f"{cfg_file}: alpha_pattern is {patterns!r}; expected an object of module patterns and alphas.")
+    for pattern, alpha in patterns.items():
+        _positive(alpha, f"{cfg_file}: alpha_pattern[{pattern!r}]")
+        try:
+            re.compile(pattern)
+        except re.error as err:
+            raise CheckpointError(f"{cfg_file}: alpha_pattern key {pattern!r} is not a regular expression peft can match ({err}).") from None
     return config
+
+
+def _positive(value: Any, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+        raise CheckpointError(f"{what} is {value!r}; expected a positive number.")
 
 
 def _open_weights(root: Path, allow_pickle: bool) -> tuple[Any, str]:

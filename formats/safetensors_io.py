@@ -34,6 +34,21 @@ def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
+def _check_entry(name: str, entry: object) -> None:
+    """A header entry as the format defines it: a dtype code, a shape of sizes, and [start, stop] offsets that hold
+    exactly the shape's bytes (a damaged header fails here, with a name, rather than in a reshape later)."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("dtype"), str):
+        raise ValueError(f"tensor {name!r} has no dtype")
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise ValueError(f"tensor {name!r} has shape {shape!r}")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets) and 0 <= offsets[0] <= offsets[1]):
+        raise ValueError(f"tensor {name!r} has data_offsets {offsets!r}")
+    dtype = _NUMPY_DTYPES.get(entry["dtype"]) or _RAW_DTYPES.get(entry["dtype"])
+    if dtype is not None and offsets[1] - offsets[0] != int(np.prod(shape, dtype=object)) * np.dtype(dtype).itemsize:
+        raise ValueError(f"tensor {name!r} of shape {shape} and dtype {entry['dtype']} has {offsets[1] - offsets[0]} bytes")
+
+
 class SafetensorsFile:
     """One .safetensors file, memory-mapped; tensors are read on demand."""
 
@@ -49,10 +64,15 @@ class SafetensorsFile:
                 if n > size - 8:
                     raise ValueError(f"header length {n} runs past the end of the file ({size} bytes)")
                 header = json.loads(f.read(n))
-        except (OSError, ValueError, UnicodeDecodeError) as err:
-            raise CheckpointError(f"{path} is not a readable safetensors file ({err}). Re-save or re-download the checkpoint.") from err
+            if not isinstance(header, dict):
+                raise ValueError(f"its header is {type(header).__name__}, not an object")
+            header.pop("__metadata__", None)  # free-form strings, not a tensor
+            for name, entry in header.items():
+                _check_entry(name, entry)
+        except (OSError, ValueError, UnicodeDecodeError, RecursionError) as err:
+            raise CheckpointError(f"{path} is not a readable safetensors file ({str(err)[:200] or 'nested too deeply'}). Re-save or "
+                                  "re-download the checkpoint.") from err
         self._data_start = 8 + n
-        header.pop("__metadata__", None)  # free-form strings, not a tensor
         self.entries: dict[str, dict] = header
         end = max((e["data_offsets"][1] for e in header.values()), default=0)
         if self._data_start + end > size:

@@ -196,3 +196,56 @@ def test_gguf_file_mutations(gguf_file, tmp_path_factory, data):
     d = tmp_path_factory.mktemp("g")
     (d / "model.gguf").write_bytes(bytes(mutated_file))
     check_build(build("--checkpoint_dir", d / "model.gguf", "--output_dir", d / "engine", *LIMITS), d / "engine")
+
+
+@pytest.fixture(scope="module")
+def lora_adapter(ckpts):
+    """A valid LoRA adapter of the base checkpoint, as peft writes one: q_proj and down_proj of both layers, an alpha pattern."""
+    d = ckpts / "lora"
+    if not d.exists():
+        d.mkdir()
+        config = {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "use_rslora": False, "target_modules": ["q_proj", "down_proj"],
+                  "alpha_pattern": {"down_proj": 4}, "rank_pattern": {}, "modules_to_save": None, "use_dora": False, "lora_bias": False,
+                  "fan_in_fan_out": False, "base_model_name_or_path": str(ckpts / "base")}
+        (d / "adapter_config.json").write_text(json.dumps(config))
+        shapes = {"self_attn.q_proj": (64, 64), "mlp.down_proj": (64, 64)}  # [out, in] of TINY's hidden 64, intermediate 64
+        rng = np.random.default_rng(0)
+        tensors = {}
+        for layer in range(2):
+            for module, (n_out, n_in) in shapes.items():
+                key = f"base_model.model.model.layers.{layer}.{module}"
+                tensors[f"{key}.lora_A.weight"] = rng.standard_normal((4, n_in)).astype(np.float32)
+                tensors[f"{key}.lora_B.weight"] = rng.standard_normal((n_out, 4)).astype(np.float32)
+        save_file(tensors, str(d / "adapter_model.safetensors"))
+    return d
+
+
+@fuzz_settings(40)
+@given(data=st.data())
+def test_lora_adapter_config_mutations(ckpts, lora_adapter, tmp_path_factory, data):
+    config = data.draw(mutated(json.loads((lora_adapter / "adapter_config.json").read_text())), label="adapter_config.json")
+    d = tmp_path_factory.mktemp("l")
+    adapter = with_config(lora_adapter, d / "adapter", {})
+    (adapter / "adapter_config.json").unlink()
+    (adapter / "adapter_config.json").write_text(json.dumps(config, allow_nan=True))
+    check_build(build("--checkpoint_dir", ckpts / "base", "--output_dir", d / "engine", "--lora_dir", adapter, *LIMITS), d / "engine")
+
+
+@fuzz_settings(40)
+@given(data=st.data())
+def test_lora_adapter_weights_mutations(ckpts, lora_adapter, tmp_path_factory, data):
+    """Random bytes in the adapter's safetensors header (names, shapes, dtypes, offsets) or its tensors."""
+    valid = (lora_adapter / "adapter_model.safetensors").read_bytes()
+    head = 8 + int.from_bytes(valid[:8], "little")
+    edits = data.draw(st.lists(st.tuples(st.integers(0, head - 1) if data.draw(st.booleans(), label="in the header")
+                                         else st.integers(head, len(valid) - 1), st.integers(0, 255)), min_size=1, max_size=4),
+                      label="byte edits")
+    mutated_file = bytearray(valid)
+    for where, value in edits:
+        mutated_file[where] = value
+    d = tmp_path_factory.mktemp("w")
+    adapter = d / "adapter"
+    adapter.mkdir()
+    shutil.copy(lora_adapter / "adapter_config.json", adapter)
+    (adapter / "adapter_model.safetensors").write_bytes(bytes(mutated_file))
+    check_build(build("--checkpoint_dir", ckpts / "base", "--output_dir", d / "engine", "--lora_dir", adapter, *LIMITS), d / "engine")
