@@ -277,6 +277,10 @@ def plot_sweep(result: dict[str, Any], path: str | Path) -> None:
 
 def _checkpoint(given: str | None, engine: Any, what: str, flag: str) -> str:
     path = given or engine.config.extra.get("checkpoint")
+    if not given and engine.config.extra.get("lora"):  # the recorded checkpoint is the base, not the model the engine decodes
+        raise RequestError(f"--compare runs the peers on the HF checkpoint, and the {what} engine merged LoRA adapters into {path} at build "
+                           f"(its config.json's extra.lora): the peers would run the base model. Save the merged model (peft's "
+                           f"merge_and_unload().save_pretrained(DIR)) and pass it as {flag}.")
     if not path or not Path(path).is_dir():
         where = f"the {what} engine was built from {path}, which is not here" if path else f"the {what} engine does not record its checkpoint"
         raise RequestError(f"--compare runs the peers on the HF checkpoint: {where}; pass {flag}.")

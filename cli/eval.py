@@ -177,6 +177,15 @@ def main(engine_dir, draft_engine_dir, draft_target_model_config, ngram_config, 
         click.echo(f"note: {truncated} prompt(s) longer than {in_cap} tokens keep their last {in_cap} tokens.", err=True)
 
     hf_dir = hf_model_dir or target.config.extra.get("checkpoint")
+    if not hf_model_dir and target.config.extra.get("lora"):  # the recorded checkpoint is the base of a merged LoRA fine-tune
+        if test_hf:
+            raise RequestError("--test_hf compares with transformers on the engine's checkpoint, and the engine merged LoRA adapters into it "
+                               "at build (extra.lora): save the merged model (peft's merge_and_unload().save_pretrained(DIR)) and pass it "
+                               "as --hf_model_dir.")
+        if test_hf is None:
+            click.echo("note: skipping HF transformers: the engine merged LoRA adapters into its checkpoint (extra.lora); pass the merged "
+                       "model as --hf_model_dir to compare with it.", err=True)
+        hf_dir, test_hf = None, False
     hf_config = read_config_json(Path(hf_dir)) if hf_dir else None
     if is_engine_config(hf_config):
         raise RequestError(f"{hf_dir} is a specdec engine, not a Hugging Face checkpoint: pass the checkpoint it was built from as "

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from checkpoints import load_hf, make_checkpoint, save_fp8_checkpoint
+from click.testing import CliRunner
 from conftest import cli_build, engine_greedy, spec_build
 from engine_runs import generate, torch_one_thread  # noqa: F401 (a fixture)
 
@@ -307,3 +308,35 @@ def test_an_adapter_merges_into_a_float_gguf_file_not_into_q4_0_codes(tmp_path):
     result = cli_build(q4, tmp_path / "q4", "--lora_dir", tmp_path / "adapter")
     assert result.exit_code != 0 and "holds int4 (gguf) weights" in result.output, result.output
     assert not (tmp_path / "q4").exists()
+
+
+def test_bench_and_eval_do_not_compare_a_lora_engine_with_its_base(tmp_path):
+    """The engine records the base checkpoint; HF peers on it would run the base model. Refused (bench --compare, eval --test_hf) or
+    skipped with a note (eval's default) unless the merged model is given, with which HF's greedy tokens are the engine's."""
+    from checkpoints import add_word_tokenizer
+
+    from specdec.cli.bench import main as bench_main
+    from specdec.cli.eval import main as eval_main
+
+    ckpt = add_word_tokenizer(make_checkpoint(tmp_path / "ckpt", tie_word_embeddings=False))
+    adapted = make_adapter(ckpt, tmp_path / "adapter", r=4, lora_alpha=8, target_modules=LINEAR)
+    with torch.no_grad():
+        adapted.merge_and_unload().save_pretrained(tmp_path / "merged")
+    build_merged(ckpt, tmp_path / "engine", [tmp_path / "adapter"], build=spec_build(max_batch_size=2))
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"input_ids": ids(s)[0, :8].tolist(), "output_len": 8}) + "\n" for s in (1, 2)))
+    run = ("run", "--engine_dir", tmp_path / "engine", "--dataset", data, "--method", "none", "--num_threads", 1, "--step_cost_reps", 2,
+           "--compare", "--compare_peers", "hf")
+    refused = CliRunner().invoke(bench_main, [str(a) for a in run])
+    assert refused.exit_code == 1 and "merged LoRA adapters into" in refused.output and "--target_checkpoint" in refused.output, refused.output
+    ok = CliRunner().invoke(bench_main, [str(a) for a in (*run, "--target_checkpoint", tmp_path / "merged", "--output_json", tmp_path / "c.json")])
+    assert ok.exit_code == 0, ok.output
+    [compared] = json.loads((tmp_path / "c.json").read_text())["compare"]
+    assert compared["agreement_with_our_target_only"] == {"tokens": 1.0, "sequences": 1.0}  # HF on peft's merge == our merge
+    evals = tmp_path / "eval.jsonl"
+    evals.write_text('{"prompt": "w5 w9 w13", "reference": "w7"}\n')
+    args = ("--engine_dir", tmp_path / "engine", "--dataset", evals, "--max_output_len", 4, "--num_threads", 1)
+    skipped = CliRunner().invoke(eval_main, [str(a) for a in args])
+    assert skipped.exit_code == 0 and "skipping HF transformers: the engine merged LoRA adapters" in skipped.output, skipped.output
+    insisted = CliRunner().invoke(eval_main, [str(a) for a in (*args, "--test_hf")])
+    assert insisted.exit_code == 1 and "--test_hf compares with transformers" in insisted.output, insisted.output
