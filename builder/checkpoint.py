@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,33 +52,37 @@ class Checkpoint:
     def __contains__(self, name: str) -> bool:
         return name in self._tensors
 
-    def _reader(self, name: str) -> Any:
+    def reader(self, name: str) -> Any:
         if name not in self._tensors:
             raise CheckpointError(f"checkpoint {self.path} has no tensor {name!r}; is the config's architecture right?")
         return self._tensors[name]
 
+    def with_readers(self, readers: dict[str, Any], **changes: Any) -> Checkpoint:
+        """This checkpoint with some tensors read by other readers (builder/lora.py: merged ones), and ``changes`` to its fields."""
+        return replace(self, _tensors={**self._tensors, **readers}, **changes)
+
     def dtype_name(self, name: str) -> str:
-        return self._reader(name).dtype_name(name)
+        return self.reader(name).dtype_name(name)
 
     def raw(self, name: str) -> np.ndarray:
         """Stored bits (float8 as uint8, bfloat16 as uint16)."""
-        return self._reader(name).raw(name)
+        return self.reader(name).raw(name)
 
     def shape(self, name: str) -> tuple[int, ...]:
         """The stored shape, read from the file's header (no tensor data)."""
-        return self._reader(name).shape(name)
+        return self.reader(name).shape(name)
 
     def stored(self, name: str) -> np.ndarray:
         """The stored bits where the file maps them (safetensors: no copy), else the values as float32."""
-        reader = self._reader(name)
+        reader = self.reader(name)
         return reader.raw(name) if hasattr(reader, "raw") else reader.float32(name)
 
     def float32(self, name: str) -> np.ndarray:
-        return self._reader(name).float32(name)
+        return self.reader(name).float32(name)
 
     def int_weight(self, name: str) -> IntWeight | None:
         """A GGUF file's Q4_0 / Q8_0 weight as integer codes (an IntWeight), None where it holds another type."""
-        reader = self._reader(name)
+        reader = self.reader(name)
         return reader.int_weight(name) if hasattr(reader, "int_weight") else None
 
     def tokenizer_files(self) -> Iterator[Path]:
@@ -175,13 +179,16 @@ def _index_tensors(root: Path, allow_pickle: bool) -> dict[str, Any]:
     raise CheckpointError(f"{root} has no model weights: expected model.safetensors or model.safetensors.index.json.")
 
 
-class _PickledReader:
+class PickledReader:
     """Opt-in only: torch.load with weights_only=True (still a pickle)."""
 
     def __init__(self, path: Path):
         import torch  # the build extra; only reached with allow_pickle
 
         self.state = torch.load(path, map_location="cpu", weights_only=True)
+
+    def keys(self) -> list[str]:
+        return list(self.state)
 
     def dtype_name(self, key: str) -> str:
         return {"torch.bfloat16": "BF16", "torch.float16": "F16"}.get(str(self.state[key].dtype), "F32")
@@ -196,6 +203,6 @@ class _PickledReader:
 def _index_pickled(bins: list[Path]) -> dict[str, Any]:
     tensors = {}
     for b in bins:
-        reader = _PickledReader(b)
+        reader = PickledReader(b)
         tensors.update(dict.fromkeys(reader.state, reader))
     return tensors

@@ -19,8 +19,8 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ import numpy as np
 
 from ..formats.errors import BuildConfigError, CheckpointError
 from ..formats.safetensors_io import SafetensorsFile
+from .checkpoint import Checkpoint, PickledReader
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -46,6 +47,7 @@ NOT_MERGEABLE = {
     "target_parameters": "LoRA on bare parameters (mixture-of-experts)",
     "trainable_token_indices": "trainable tokens",
     "layer_replication": "layer replication",
+    "arrow_config": "Arrow routing (adapters chosen per token)",
 }
 
 
@@ -61,8 +63,6 @@ class LoraUpdate:
     def shape(self) -> tuple[int, int]:
         return self.b.shape[0], self.a.shape[1]
 
-    def delta(self) -> np.ndarray:
-        return (self.b @ self.a) * np.float32(self.scaling)  # [rows, cols]
 
 
 @dataclass
@@ -79,7 +79,7 @@ class LoraAdapter:
     def record(self) -> dict[str, Any]:
         """What the engine's config.json says of it."""
         ranks = sorted({u.a.shape[0] for u in self.updates.values()})
-        return {"path": str(self.path), "scale": self.scale, "sha256": self.sha256, "r": ranks, "lora_alpha": self.config.get("lora_alpha"),
+        return {"path": str(self.path), "scale": self.scale, "sha256": self.sha256, "r": ranks, "lora_alpha": self.config.get("lora_alpha", 8),
                 "use_rslora": bool(self.config.get("use_rslora")), "updated": len(self.updates), "replaced": sorted(self.replacements),
                 "base_model_name_or_path": self.config.get("base_model_name_or_path")}
 
@@ -87,8 +87,8 @@ class LoraAdapter:
 def load_lora_adapters(dirs: Sequence[str | Path], scales: Sequence[float] = (), allow_pickle: bool = False) -> list[LoraAdapter]:
     """The adapters of ``dirs``, each with its scale: ``scales`` empty (1.0 each), one for all, or one per adapter."""
     if len(scales) not in (0, 1, len(dirs)) or (scales and not dirs):
-        raise BuildConfigError(f"--lora_scale was given {len(scales)} times for {len(dirs)} --lora_dir: give one scale for all adapters, or one "
-                               "per --lora_dir in the same order.")
+        raise BuildConfigError(f"--lora_scale was given {len(scales)} time{'s' * (len(scales) != 1)} for {len(dirs)} --lora_dir: give one "
+                               "scale for all adapters, or one per --lora_dir in the same order.")
     for s in scales:
         if not math.isfinite(s):
             raise BuildConfigError(f"--lora_scale {s} is not a finite number.")
@@ -99,43 +99,46 @@ def load_lora_adapters(dirs: Sequence[str | Path], scales: Sequence[float] = (),
 def load_lora_adapter(path: str | Path, scale: float = 1.0, allow_pickle: bool = False) -> LoraAdapter:
     root = Path(path)
     config = _read_config(root)
-    weights, digest = _open_weights(root, allow_pickle)
+    weights, where, digest = _open_weights(root, allow_pickle)
     adapter = LoraAdapter(root.resolve(), float(scale), config, sha256=digest)
     pairs: dict[str, dict[str, str]] = {}  # module -> {"A": key, "B": key, "kind": linear|embedding}
     for key in weights.keys():
         if not key.startswith(PREFIX):
-            raise CheckpointError(f"{root / weights.name} holds {key!r}, which is not a peft adapter's tensor name (base_model.model.<module>...). "
+            raise CheckpointError(f"{where} holds {key!r}, which is not a peft adapter's tensor name (base_model.model.<module>...). "
                                   "Save the adapter with peft's save_pretrained.")
         name = key[len(PREFIX):]
         if m := re.fullmatch(r"(.+)\.lora_([AB])\.weight", name):
             pairs.setdefault(m[1], {"kind": "linear"})[m[2]] = key
         elif m := re.fullmatch(r"(.+)\.lora_embedding_([AB])", name):
             pairs.setdefault(m[1], {"kind": "embedding"})[m[2]] = key
-        elif name.endswith(".base_layer.weight"):  # an embedding layer's own weight, saved beside its LoRA (save_embedding_layers)
-            adapter.replacements[name.removesuffix(".base_layer.weight") + ".weight"] = (weights, key)
+        elif ".base_layer." in name:  # the layer's own tensor, saved beside its LoRA: an embedding's (save_embedding_layers), a bias
+            adapter.replacements[name.replace(".base_layer.", ".")] = (weights, key)  # trained with bias="all" / "lora_only"
         elif ".lora_" in name or "lora_magnitude_vector" in name:
-            raise CheckpointError(f"{root / weights.name} holds {key!r}, a LoRA tensor of a kind specdec does not merge (LoRA A/B pairs on linear "
+            raise CheckpointError(f"{where} holds {key!r}, a LoRA tensor of a kind specdec does not merge (LoRA A/B pairs on linear "
                                   "and embedding layers are merged); merge it with peft (merge_and_unload) and build from the result.")
-        else:  # modules_to_save: a whole tensor trained in place of the model's
+        else:  # modules_to_save (a whole layer trained in place of the model's), a bias trained with bias="all"
             adapter.replacements[name] = (weights, key)
+    for reader, key in adapter.replacements.values():
+        if not np.isfinite(reader.float32(key)).all():
+            raise CheckpointError(f"{where}: {key} holds NaN or Inf; the adapter is damaged.")
     for module, pair in sorted(pairs.items()):
         if "A" not in pair or "B" not in pair:
-            raise CheckpointError(f"{root / weights.name} holds LoRA {'A' if 'A' in pair else 'B'} of {module} without its "
+            raise CheckpointError(f"{where} holds LoRA {'A' if 'A' in pair else 'B'} of {module} without its "
                                   f"{'B' if 'A' in pair else 'A'}: the adapter file is incomplete.")
         a, b = weights.float32(pair["A"]), weights.float32(pair["B"])
         if pair["kind"] == "embedding":  # lora_embedding_A [r, vocab], _B [hidden, r]: the weight [vocab, hidden] moves by (B @ A).T
             a, b = np.ascontiguousarray(b.T), np.ascontiguousarray(a.T)
         if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[1]:
-            raise CheckpointError(f"{root / weights.name}: {module}'s LoRA A {list(a.shape)} and B {list(b.shape)} do not share a rank.")
+            raise CheckpointError(f"{where}: {module}'s LoRA A {list(a.shape)} and B {list(b.shape)} do not share a rank.")
         r = a.shape[0]
         alpha = float(_pattern_value(config.get("alpha_pattern") or {}, module, config.get("lora_alpha", 8)))
         scaling = alpha / (math.sqrt(r) if config.get("use_rslora") else r) * adapter.scale
         for what, t in (("A", a), ("B", b)):
             if not np.isfinite(t).all():
-                raise CheckpointError(f"{root / weights.name}: {module}'s LoRA {what} holds NaN or Inf; the adapter is damaged.")
+                raise CheckpointError(f"{where}: {module}'s LoRA {what} holds NaN or Inf; the adapter is damaged.")
         adapter.updates[f"{module}.weight"] = LoraUpdate(a, b, scaling)
     if not adapter.updates and not adapter.replacements:
-        raise CheckpointError(f"{root / weights.name} holds no LoRA weights.")
+        raise CheckpointError(f"{where} holds no LoRA weights.")
     return adapter
 
 
@@ -160,6 +163,12 @@ def _read_config(root: Path) -> dict[str, Any]:
         if config.get(key):
             raise CheckpointError(f"{cfg_file} uses {what} ({key}), which a merge as W + B·A does not express; merge it with peft "
                                   "(merge_and_unload, save_pretrained) and build from the saved checkpoint.")
+    init = config.get("init_lora_weights")
+    if isinstance(init, str) and (init.lower().startswith(("pissa", "corda")) or init.lower() in ("olora", "loftq", "lora_ga")):
+        raise CheckpointError(f"{cfg_file}: init_lora_weights {init!r} subtracts its initial B·A from the base weights, so the adapter applies "
+                              "to a changed base, not to this checkpoint. Save it with peft's save_pretrained(..., "
+                              "path_initial_model_for_weight_conversion=...) (a plain LoRA of the original base), or merge it with peft "
+                              "(merge_and_unload) and build from the saved checkpoint.")
     for key in ("lora_alpha", "r"):
         _positive(config.get(key, 8), f"{cfg_file}: {key}")
     if config.get("use_rslora") not in (None, True, False):
@@ -181,30 +190,26 @@ def _positive(value: Any, what: str) -> None:
         raise CheckpointError(f"{what} is {value!r}; expected a positive number.")
 
 
-def _open_weights(root: Path, allow_pickle: bool) -> tuple[Any, str]:
-    """The adapter file's reader (its ``name`` set) and the file's SHA-256."""
+def _open_weights(root: Path, allow_pickle: bool) -> tuple[SafetensorsFile | PickledReader, Path, str]:
+    """The adapter file's reader, its path and its SHA-256."""
     safe, pickled = root / ADAPTER_WEIGHTS, root / ADAPTER_PICKLE
     if safe.is_file():
-        reader: Any = SafetensorsFile(safe)
+        reader: SafetensorsFile | PickledReader = SafetensorsFile(safe)
         path = safe
     elif pickled.is_file():
         if not allow_pickle:
             raise CheckpointError(f"--lora_dir {root} holds only a pickled adapter ({ADAPTER_PICKLE}); specdec does not unpickle files by default "
                                   "because unpickling can run arbitrary code. Re-save it with peft's save_pretrained (safetensors, its default), "
                                   "or pass --allow_pickle if you trust the file.")
-        from .checkpoint import _PickledReader
-
-        reader = _PickledReader(pickled)
-        reader.keys = lambda: list(reader.state)
+        reader = PickledReader(pickled)
         path = pickled
     else:
         raise CheckpointError(f"--lora_dir {root} has no {ADAPTER_WEIGHTS}: expected a peft LoRA adapter's folder.")
-    reader.name = path.name
     digest = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
-    return reader, digest.hexdigest()
+    return reader, path, digest.hexdigest()
 
 
 def _pattern_value(patterns: dict[str, Any], module: str, default: Any) -> Any:
@@ -217,6 +222,8 @@ def _pattern_value(patterns: dict[str, Any], module: str, default: Any) -> Any:
 
 class _MergedReader:
     """A checkpoint tensor read as the base's (or an adapter's replacement) plus the adapters' updates, in float32."""
+
+    ROWS = 4096  # rows of an update added at a time: no weight-sized temporary (a 128k-token LM head's would be gigabytes)
 
     def __init__(self, base: tuple[Any, str], updates: list[LoraUpdate]):
         self.base, self.updates = base, updates
@@ -232,49 +239,49 @@ class _MergedReader:
         reader, key = self.base
         w = np.array(reader.float32(key), dtype=np.float32)  # a copy: the file's own values may be a read-only map
         for update in self.updates:
-            w += update.delta()
+            b = update.b * np.float32(update.scaling)  # [rows, r]: scaled while small
+            for start in range(0, w.shape[0], self.ROWS):
+                w[start : start + self.ROWS] += b[start : start + self.ROWS] @ update.a
         return w
 
     raw = float32
 
 
-def merge_lora(ckpt, adapters: list[LoraAdapter], tie_word_embeddings: bool, quantized: str | None, say=print):
+def merge_lora(ckpt: Checkpoint, adapters: list[LoraAdapter], tie_word_embeddings: bool, quantized: str | None,
+               say: Callable[[str], None] = print) -> Checkpoint:
     """``ckpt`` with every tensor the adapters touch read merged: the same Checkpoint otherwise.
 
     quantized: what the checkpoint holds when its linear layers are not float ("fp8", "int4 (gptq)", ...), else None."""
     if quantized is not None:
         raise BuildConfigError(f"--lora_dir merges an adapter into float weights, and {ckpt.path} holds {quantized} weights: build from the float "
                                "checkpoint the adapter was trained on (--qformat then quantizes the merged weights).")
-    tensors = dict(ckpt._tensors)
     merged: dict[str, tuple[tuple[Any, str], list[LoraUpdate]]] = {}
     for adapter in adapters:
         for name in sorted({*adapter.updates, *adapter.replacements}):
             _check_target(ckpt, adapter, name, tie_word_embeddings)
-            base, updates = merged.get(name, ((tensors[name], name), []))
+            base, updates = merged.get(name, ((ckpt.reader(name), name), []))
             if name in adapter.replacements:  # a whole tensor of this adapter: earlier adapters' updates to it are gone, as in peft
                 base, updates = adapter.replacements[name], []
             if name in adapter.updates:
                 updates = [*updates, adapter.updates[name]]
             merged[name] = (base, updates)
-    for name, (base, updates) in merged.items():
-        tensors[name] = _MergedReader(base, updates)
     for adapter in adapters:
         ranks = "/".join(map(str, adapter.record()["r"])) or "-"
         say(f"note: LoRA adapter {adapter.path} merged (scale {adapter.scale:g}, r {ranks}): {len(adapter.updates)} layers updated"
-            f"{f', {len(adapter.replacements)} tensors replaced' if adapter.replacements else ''}.")
-    return replace(ckpt, _tensors=tensors, lora=(*ckpt.lora, *(a.record() for a in adapters)))
+            f"{f', {len(adapter.replacements)} tensors taken whole from it' if adapter.replacements else ''}.")
+    readers = {name: _MergedReader(base, updates) for name, (base, updates) in merged.items()}
+    return ckpt.with_readers(readers, lora=(*ckpt.lora, *(a.record() for a in adapters)))
 
 
-def _check_target(ckpt, adapter: LoraAdapter, name: str, tie_word_embeddings: bool) -> None:
-    where = adapter.path / ADAPTER_WEIGHTS
+def _check_target(ckpt: Checkpoint, adapter: LoraAdapter, name: str, tie_word_embeddings: bool) -> None:
+    if tie_word_embeddings and name in EMBEDDINGS:  # (before "not in the checkpoint": a tied one has no lm_head.weight)
+        raise CheckpointError(f"LoRA adapter {adapter.path} changes {name.removesuffix('.weight')}, and checkpoint {ckpt.path} ties its LM head to "
+                              "its embedding (tie_word_embeddings): merging would change both, which is not the adapted model peft runs. "
+                              "LoRA on the attention and MLP layers of such a model merges.")
     if name not in ckpt:
         module = name.removesuffix(".weight")
         raise CheckpointError(f"LoRA adapter {adapter.path} changes {module}, which checkpoint {ckpt.path} does not have: the adapter was trained "
                               f"on another model (its base_model_name_or_path: {adapter.config.get('base_model_name_or_path')}).")
-    if tie_word_embeddings and name in EMBEDDINGS:
-        raise CheckpointError(f"LoRA adapter {adapter.path} changes {name.removesuffix('.weight')}, and checkpoint {ckpt.path} ties its LM head to "
-                              "its embedding (tie_word_embeddings): merging would change both, which is not the adapted model peft runs. "
-                              "LoRA on the attention and MLP layers of such a model merges.")
     want = tuple(ckpt.shape(name))
     if name in adapter.updates and adapter.updates[name].shape != want:
         got = list(adapter.updates[name].shape)
@@ -286,4 +293,4 @@ def _check_target(ckpt, adapter: LoraAdapter, name: str, tie_word_embeddings: bo
         if got != want:
             grew = " (the adapter resized the vocabulary: not supported; build from the model saved with its new vocabulary)" if (
                 name in EMBEDDINGS and got[1:] == want[1:]) else ""
-            raise CheckpointError(f"{where}'s {key} is {list(got)}, the checkpoint's {name} is {list(want)}{grew}.")
+            raise CheckpointError(f"LoRA adapter {adapter.path}: its {key} is {list(got)}, the checkpoint's {name} is {list(want)}{grew}.")

@@ -35,6 +35,9 @@ CASES = {
     "qwen2-rslora-patterns-modules-to-save": ("Qwen2ForCausalLM", dict(tie_word_embeddings=False),
                                               dict(r=6, lora_alpha=4, use_rslora=True, target_modules=LINEAR, modules_to_save=["lm_head"],
                                                    rank_pattern={"layers.1.self_attn.q_proj": 2}, alpha_pattern={"down_proj": 16})),
+    # biases trained beside the LoRA (bias="all": peft saves the targeted layers' as base_layer.bias)
+    "qwen2-trained-biases": ("Qwen2ForCausalLM", dict(tie_word_embeddings=False),
+                             dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj"], bias="all")),
     # Phi-3's fused projections are peft's target modules as they are
     "phi3-fused": ("Phi3ForCausalLM", dict(sliding_window=2047), dict(r=4, lora_alpha=16, target_modules=["qkv_proj", "gate_up_proj", "o_proj"])),
 }
@@ -48,7 +51,7 @@ def make_adapter(ckpt, out, seed: int = 1, safe: bool = True, **lora) -> torch.n
         for name, p in model.named_parameters():
             if "lora_B" in name or "lora_embedding_B" in name:
                 p.mul_(4.0)
-            elif "modules_to_save" in name:  # a whole layer trained in place: unlike the base's
+            elif "modules_to_save" in name or (name.endswith(".bias") and p.requires_grad):  # trained in place: unlike the base's
                 p.add_(torch.randn_like(p))
     model.save_pretrained(out, safe_serialization=safe)
     return model.eval()
@@ -190,9 +193,14 @@ def refused(refusals, tmp_path, *flags, ckpt=None) -> str:
     ("fan_in_fan_out", True, "fan_in_fan_out"),
     ("peft_type", "IA3", "a IA3 adapter"),
     ("lora_alpha", "eight", "lora_alpha is 'eight'"),
+    ("init_lora_weights", "pissa_niter_4", "subtracts its initial B·A from the base weights"),
+    ("init_lora_weights", "olora", "path_initial_model_for_weight_conversion"),
+    ("arrow_config", {"top_k": 2}, "Arrow routing"),
+    ("use_rslora", "yes", "use_rslora is 'yes'"),
 ])
 def test_adapters_that_do_not_merge_as_w_plus_ba_are_refused(refusals, tmp_path, key, value, said):
-    adapter = variant(refusals, f"{key}-{value}", **{key: value})
+    adapter = variant(refusals, f"{key}-{value}".replace("{", "").replace("}", "").replace(":", "").replace("'", "").replace(" ", ""),
+                      **{key: value})
     assert said in refused(refusals, tmp_path, "--lora_dir", adapter)
 
 
@@ -230,6 +238,9 @@ def test_a_tied_lm_head_or_a_quantized_checkpoint_is_refused(refusals, tmp_path)
     make_adapter(tied, tmp_path / "head", r=4, lora_alpha=8, target_modules=["q_proj", "embed_tokens"])
     out = refused(refusals, tmp_path, "--lora_dir", tmp_path / "head", ckpt=tied)
     assert "changes model.embed_tokens" in out and "ties its LM head to its embedding" in out
+    make_adapter(tied, tmp_path / "lm-head", r=4, lora_alpha=8, target_modules=["q_proj", "lm_head"])  # (a tied model has no lm_head.weight)
+    out = refused(refusals, tmp_path, "--lora_dir", tmp_path / "lm-head", ckpt=tied)
+    assert "changes lm_head, and checkpoint" in out and "ties its LM head to its embedding" in out
     d, ckpt = refusals
     save_fp8_checkpoint(ckpt, tmp_path / "fp8", "modelopt")
     out = refused(refusals, tmp_path, "--lora_dir", d / "good", ckpt=tmp_path / "fp8")
@@ -250,6 +261,15 @@ def test_a_damaged_adapter_is_refused(refusals, tmp_path):
     del tensors[key]
     save_file(tensors, bad / "adapter_model.safetensors")
     assert "without its B: the adapter file is incomplete" in refused(refusals, tmp_path, "--lora_dir", bad)
+    good = load_file(d / "good" / "adapter_model.safetensors")
+    for extra, said in [
+        ({"base_model.model.lm_head.weight": np.full((96, 64), np.inf, np.float32)}, "lm_head.weight holds NaN or Inf"),
+        ({"base_model.model.lm_head.weight": np.zeros((104, 64), np.float32)}, "(the adapter resized the vocabulary: not supported"),
+        ({"base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector": np.ones(64, np.float32)},
+         "a LoRA tensor of a kind specdec does not merge"),
+    ]:
+        save_file({**good, **extra}, bad / "adapter_model.safetensors")
+        assert said in refused(refusals, tmp_path, "--lora_dir", bad)
 
 
 def test_the_merge_is_what_every_backend_and_precision_reads(tmp_path):
@@ -273,14 +293,13 @@ def test_the_merge_is_what_every_backend_and_precision_reads(tmp_path):
 
 def test_the_examples_adapter_builds(tmp_path):
     """examples/train_lora.py (two steps, on a copy of the stdlib's json package) writes an adapter specdec-build merges, and prompts."""
-    import json as json_module
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
     corpus = tmp_path / "corpus"
-    shutil.copytree(Path(json_module.__file__).parent, corpus, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(Path(json.__file__).parent, corpus, ignore=shutil.ignore_patterns("__pycache__"))
     run = subprocess.run([sys.executable, root / "examples" / "train_lora.py", "--corpus", corpus, "--output-dir", tmp_path / "lora",
                           "--max-steps", "2", "--batch", "2", "--window", "64", "--rank", "4", "--prompts-file", tmp_path / "p.jsonl",
                           "--prompts", "3"], capture_output=True, text=True, timeout=600)
