@@ -64,7 +64,6 @@ class LoraUpdate:
         return self.b.shape[0], self.a.shape[1]
 
 
-
 @dataclass
 class LoraAdapter:
     """An adapter read from its folder: the updates and the replacements it makes, by checkpoint tensor name."""
@@ -97,6 +96,7 @@ def load_lora_adapters(dirs: Sequence[str | Path], scales: Sequence[float] = (),
 
 
 def load_lora_adapter(path: str | Path, scale: float = 1.0, allow_pickle: bool = False) -> LoraAdapter:
+    """One adapter folder read and checked on its own (against the checkpoint: merge_lora); its A/B pairs held in float32."""
     root = Path(path)
     config = _read_config(root)
     weights, where, digest = _open_weights(root, allow_pickle)
