@@ -180,21 +180,25 @@ def gguf_file(tmp_path_factory):
     return path, int(gguf.GGUFReader(str(path)).data_offset)
 
 
+def byte_edits(data, valid: bytes, head: int, in_head: str) -> bytes:
+    """``valid`` with 1 to 4 bytes set to random values, each in its first ``head`` bytes (a binary file's header) or after."""
+    edits = data.draw(st.lists(st.tuples(st.integers(0, head - 1) if data.draw(st.booleans(), label=in_head)
+                                         else st.integers(head, len(valid) - 1), st.integers(0, 255)), min_size=1, max_size=4),
+                      label="byte edits")
+    mutated_file = bytearray(valid)
+    for where, value in edits:
+        mutated_file[where] = value
+    return bytes(mutated_file)
+
+
 @fuzz_settings(60)
 @given(data=st.data())
 def test_gguf_file_mutations(gguf_file, tmp_path_factory, data):
     """llama.cpp's files are binary: random bytes anywhere in the header, the metadata (names, lengths, types, the
     tokenizer's strings) and the tensor index, or in the tensors' blocks."""
     path, head = gguf_file
-    valid = path.read_bytes()
-    edits = data.draw(st.lists(st.tuples(st.integers(0, head - 1) if data.draw(st.booleans(), label="in the metadata")
-                                         else st.integers(head, len(valid) - 1), st.integers(0, 255)), min_size=1, max_size=4),
-                      label="byte edits")
-    mutated_file = bytearray(valid)
-    for where, value in edits:
-        mutated_file[where] = value
     d = tmp_path_factory.mktemp("g")
-    (d / "model.gguf").write_bytes(bytes(mutated_file))
+    (d / "model.gguf").write_bytes(byte_edits(data, path.read_bytes(), head, "in the metadata"))
     check_build(build("--checkpoint_dir", d / "model.gguf", "--output_dir", d / "engine", *LIMITS), d / "engine")
 
 
@@ -237,15 +241,9 @@ def test_lora_adapter_weights_mutations(ckpts, lora_adapter, tmp_path_factory, d
     """Random bytes in the adapter's safetensors header (names, shapes, dtypes, offsets) or its tensors."""
     valid = (lora_adapter / "adapter_model.safetensors").read_bytes()
     head = 8 + int.from_bytes(valid[:8], "little")
-    edits = data.draw(st.lists(st.tuples(st.integers(0, head - 1) if data.draw(st.booleans(), label="in the header")
-                                         else st.integers(head, len(valid) - 1), st.integers(0, 255)), min_size=1, max_size=4),
-                      label="byte edits")
-    mutated_file = bytearray(valid)
-    for where, value in edits:
-        mutated_file[where] = value
     d = tmp_path_factory.mktemp("w")
     adapter = d / "adapter"
     adapter.mkdir()
     shutil.copy(lora_adapter / "adapter_config.json", adapter)
-    (adapter / "adapter_model.safetensors").write_bytes(bytes(mutated_file))
+    (adapter / "adapter_model.safetensors").write_bytes(byte_edits(data, valid, head, "in the header"))
     check_build(build("--checkpoint_dir", ckpts / "base", "--output_dir", d / "engine", "--lora_dir", adapter, *LIMITS), d / "engine")
