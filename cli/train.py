@@ -112,6 +112,9 @@ class EngineGenerator:
         self.tokenizer = Tokenizer(tokenizer_dir(cfg.model_dir or cfg.engine_dir))
         self.orch = load_orchestrator(cfg.engine_dir, num_threads=cfg.num_threads)
         engine = self.orch.engine
+        if engine.target.engine.config.extra.get("lora"):  # the answers are the fine-tune's; heads learn from --model_dir's hidden states
+            click.echo(f"note: {cfg.engine_dir} merged LoRA adapters (extra.lora): these answers are the fine-tune's. Heads for it train on the "
+                       "merged model: pass peft's merge_and_unload().save_pretrained(DIR) as specdec-train run --model_dir.", err=True)
         self.prompt_limit = engine.max_input_len
         eos = self.tokenizer.eos_token_id
         ends = (eos,) if eos is not None else tuple(engine.target.engine.config.model.eos_token_id)

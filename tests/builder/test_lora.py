@@ -359,3 +359,20 @@ def test_bench_and_eval_do_not_compare_a_lora_engine_with_its_base(tmp_path):
     assert skipped.exit_code == 0 and "skipping HF transformers: the engine merged LoRA adapters" in skipped.output, skipped.output
     insisted = CliRunner().invoke(eval_main, [str(a) for a in (*args, "--test_hf")])
     assert insisted.exit_code == 1 and "--test_hf compares with transformers" in insisted.output, insisted.output
+
+
+def test_prepare_data_from_a_lora_engine_says_heads_need_the_merged_model(tmp_path):
+    from checkpoints import add_word_tokenizer
+
+    from specdec.cli.train import main as train_main
+
+    ckpt = add_word_tokenizer(make_checkpoint(tmp_path / "ckpt", tie_word_embeddings=False))
+    make_adapter(ckpt, tmp_path / "adapter", r=4, lora_alpha=8, target_modules=["q_proj"])
+    build_merged(ckpt, tmp_path / "engine", [tmp_path / "adapter"])
+    (tmp_path / "prompts.txt").write_text("w5 w9 w13\nw7 w8\n")
+    result = CliRunner().invoke(train_main, [str(a) for a in ("prepare-data", "--engine_dir", tmp_path / "engine", "--data_path",
+                                                              tmp_path / "prompts.txt", "--output_path", tmp_path / "d.jsonl", "--max_token", 4,
+                                                              "-q")])
+    assert result.exit_code == 0, result.output
+    assert "merged LoRA adapters (extra.lora): these answers are the fine-tune's" in result.output
+    assert len((tmp_path / "d.jsonl").read_text().splitlines()) == 2
