@@ -48,6 +48,7 @@ from prompts import spread, workloads  # noqa: E402
 
 from specdec.bench.plots import Bar, beside, spread_bar, write_bars  # noqa: E402
 from specdec.formats.engine_format import load_engine_dir  # noqa: E402
+from specdec.formats.jsonl import json_lines  # noqa: E402
 from specdec.formats.tokenizer import Tokenizer  # noqa: E402
 from specdec.runtime import DraftTargetConfig, GenerationConfig, NGramConfig, load_engine  # noqa: E402
 from specdec.runtime.backends import Executor, open_executor  # noqa: E402
@@ -266,7 +267,7 @@ def speed(args) -> None:
             texts = agentic_prompts(args.requests, seed=args.seed)
             prompts = [tok.encode(t) for t in texts]
         elif workload.endswith(".jsonl"):  # {"prompt": ...} lines of a file (examples/train_lora.py --prompts-file writes one)
-            texts = [json.loads(line)["prompt"] for line in Path(workload).read_text().splitlines() if line.strip()]
+            texts = [value["prompt"] for _, value in json_lines(workload)]
             prompts = [tok.encode(t) for t in texts]
         else:
             prompts, _ = workloads(Path(args.target), args.demo_prompts, args.prompt_tokens)

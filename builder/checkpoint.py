@@ -128,13 +128,18 @@ def read_hf_config(path: str | Path) -> dict[str, Any]:
             f"{root} has no config.json; expected a Hugging Face model directory (config.json + *.safetensors), "
             "as written by `model.save_pretrained(dir)`."
         )
+    return read_json_object(cfg_file, "a Hugging Face config")
+
+
+def read_json_object(path: Path, what: str) -> dict[str, Any]:
+    """A JSON file that must hold an object (``what`` names it in the error): a config.json, a peft adapter_config.json."""
     try:
-        hf_config = json.loads(cfg_file.read_text(encoding="utf-8"))
+        value = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeDecodeError; nesting past json's recursion
-        raise CheckpointError(f"{cfg_file} is not valid JSON: {str(err)[:120] or 'nested too deeply'}") from None
-    if not isinstance(hf_config, dict):
-        raise CheckpointError(f"{cfg_file} holds {type(hf_config).__name__}; expected a JSON object (a Hugging Face config).")
-    return hf_config
+        raise CheckpointError(f"{path} is not valid JSON: {str(err)[:120] or 'nested too deeply'}") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path} holds {type(value).__name__}; expected a JSON object ({what}).")
+    return value
 
 
 def _index_tensors(root: Path, allow_pickle: bool) -> dict[str, Any]:

@@ -15,8 +15,6 @@ The tests compare engines against peft's own forward.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -27,8 +25,9 @@ from typing import Any
 import numpy as np
 
 from ..formats.errors import BuildConfigError, CheckpointError
+from ..formats.file_stamps import sha256_file
 from ..formats.safetensors_io import SafetensorsFile
-from .checkpoint import Checkpoint, PickledReader
+from .checkpoint import Checkpoint, PickledReader, read_json_object
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -75,10 +74,13 @@ class LoraAdapter:
     replacements: dict[str, tuple[Any, str]] = field(default_factory=dict)  # name -> (the adapter file's reader, its key)
     sha256: str = ""
 
+    @property
+    def ranks(self) -> list[int]:
+        return sorted({u.a.shape[0] for u in self.updates.values()})
+
     def record(self) -> dict[str, Any]:
         """What the engine's config.json says of it."""
-        ranks = sorted({u.a.shape[0] for u in self.updates.values()})
-        return {"path": str(self.path), "scale": self.scale, "sha256": self.sha256, "r": ranks, "lora_alpha": self.config.get("lora_alpha", 8),
+        return {"path": str(self.path), "scale": self.scale, "sha256": self.sha256, "r": self.ranks, "lora_alpha": self.config.get("lora_alpha", 8),
                 "use_rslora": bool(self.config.get("use_rslora")), "updated": len(self.updates), "replaced": sorted(self.replacements),
                 "base_model_name_or_path": self.config.get("base_model_name_or_path")}
 
@@ -150,12 +152,7 @@ def _read_config(root: Path) -> dict[str, Any]:
     if not cfg_file.is_file():
         hint = " (it holds config.json: a whole model, not an adapter; pass it as --checkpoint_dir)" if (root / "config.json").is_file() else ""
         raise CheckpointError(f"--lora_dir {root} has no {ADAPTER_CONFIG}{hint}: expected a peft LoRA adapter's folder.")
-    try:
-        config = json.loads(cfg_file.read_text(encoding="utf-8"))
-    except (ValueError, RecursionError) as err:
-        raise CheckpointError(f"{cfg_file} is not valid JSON: {str(err)[:120] or 'nested too deeply'}") from None
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{cfg_file} holds {type(config).__name__}; expected a JSON object.")
+    config = read_json_object(cfg_file, "a peft adapter config")
     kind = config.get("peft_type")
     if kind != "LORA":
         raise CheckpointError(f"{cfg_file} describes a {kind or 'untyped'} adapter (peft_type); specdec merges LORA adapters only.")
@@ -205,11 +202,7 @@ def _open_weights(root: Path, allow_pickle: bool) -> tuple[SafetensorsFile | Pic
         path = pickled
     else:
         raise CheckpointError(f"--lora_dir {root} has no {ADAPTER_WEIGHTS}: expected a peft LoRA adapter's folder.")
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return reader, path, digest.hexdigest()
+    return reader, path, sha256_file(path)
 
 
 def _pattern_value(patterns: dict[str, Any], module: str, default: Any) -> Any:
@@ -266,7 +259,7 @@ def merge_lora(ckpt: Checkpoint, adapters: list[LoraAdapter], tie_word_embedding
                 updates = [*updates, adapter.updates[name]]
             merged[name] = (base, updates)
     for adapter in adapters:
-        ranks = "/".join(map(str, adapter.record()["r"])) or "-"
+        ranks = "/".join(map(str, adapter.ranks)) or "-"
         say(f"note: LoRA adapter {adapter.path} merged (scale {adapter.scale:g}, r {ranks}): {len(adapter.updates)} layers updated"
             f"{f', {len(adapter.replacements)} tensors taken whole from it' if adapter.replacements else ''}.")
     readers = {name: _MergedReader(base, updates) for name, (base, updates) in merged.items()}
