@@ -348,7 +348,8 @@ def dequantized_note(tensors: GgufTensors, quantization: str) -> str | None:
 
 
 def load_gguf(path: Path):
-    """A Checkpoint over a GGUF file, its tokenizer written to a folder of its own (removed with the checkpoint)."""
+    """A Checkpoint over a GGUF file, its tokenizer written to a folder of its own (removed with the file's tensors, which every
+    copy of the checkpoint holds: a LoRA merge's with_readers copy keeps the folder alive)."""
     from .architectures import model_config_from_hf
     from .checkpoint import Checkpoint
 
@@ -358,9 +359,13 @@ def load_gguf(path: Path):
     tensors = GgufTensors(path, reader, hf_config, model.num_heads, model.num_kv_heads)
     tokenizer_dir = Path(tempfile.mkdtemp(prefix="specdec-gguf-tokenizer-"))
     ckpt = Checkpoint(path, hf_config, dict.fromkeys(tensors.keys(), tensors), tokenizer_dir=tokenizer_dir, gguf=tensors)
-    weakref.finalize(ckpt, shutil.rmtree, tokenizer_dir, True)
+    weakref.finalize(tensors, shutil.rmtree, tokenizer_dir, True)
     if _field(reader, "tokenizer.ggml.model") is not None:  # without one the build warns, as for a checkpoint without tokenizer.json
-        _write_tokenizer(path, tokenizer_dir, len(reader.fields["tokenizer.ggml.tokens"].data))
+        tokens = reader.fields.get("tokenizer.ggml.tokens")
+        if tokens is None:
+            raise CheckpointError(f"{path} names a tokenizer (tokenizer.ggml.model) but holds no token list (tokenizer.ggml.tokens): the file is "
+                                  "damaged; convert it again.")
+        _write_tokenizer(path, tokenizer_dir, len(tokens.data))
     return ckpt
 
 

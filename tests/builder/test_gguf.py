@@ -214,6 +214,13 @@ def test_one_part_of_a_split_file_is_refused_with_what_to_do(tmp_path):
     assert r.exit_code != 0 and "is one of 2 parts of a split GGUF file: merge them first (llama-gguf-split --merge" in r.output, r.output
 
 
+def test_a_tokenizer_without_its_token_list_is_refused(tmp_path):
+    gguf_file = write_gguf(make_checkpoint(tmp_path / "ckpt"), tmp_path / "model.gguf", extra_keys={"tokenizer.ggml.model": 1})
+    r = cli_build(gguf_file, tmp_path / "engine")
+    assert r.exit_code == 1 and "names a tokenizer (tokenizer.ggml.model) but holds no token list" in r.output, r.output
+    assert "Traceback" not in r.output and not (tmp_path / "engine").exists()
+
+
 def test_tokenizer_and_chat_template_come_from_the_file(tmp_path):
     from tokenizers import Tokenizer
 

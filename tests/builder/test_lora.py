@@ -314,12 +314,14 @@ def test_the_examples_adapter_builds(tmp_path):
 
 def test_an_adapter_merges_into_a_float_gguf_file_not_into_q4_0_codes(tmp_path):
     pytest.importorskip("gguf")
-    from gguf_files import write_gguf
+    from gguf_files import add_bpe_tokenizer, write_gguf
 
-    ckpt = make_checkpoint(tmp_path / "ckpt", tie_word_embeddings=False, hidden_size=128, intermediate_size=256)
+    ckpt = add_bpe_tokenizer(make_checkpoint(tmp_path / "ckpt", tie_word_embeddings=False, hidden_size=128, intermediate_size=256,
+                                             vocab_size=320), 320)
     adapted = make_adapter(ckpt, tmp_path / "adapter", r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "gate_proj", "down_proj"])
     f32 = write_gguf(ckpt, tmp_path / "model-f32.gguf")
     got = engine_logits(build_merged(f32, tmp_path / "e", [tmp_path / "adapter"]), ids())  # llama's q/k rows put back first, then merged
+    assert (tmp_path / "e" / "tokenizer.json").is_file()  # the file's own tokenizer, kept through the merge
     with torch.no_grad():
         want = adapted(ids()).logits[0].numpy()
     np.testing.assert_allclose(got, want, atol=2e-4, rtol=0)
