@@ -35,7 +35,7 @@ def requirements(project: dict, extra: str | None, seen: set[str]) -> list[str]:
 
 
 def _numbers(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in re.findall(r"\d+", version.split("*")[0]))
+    return tuple(int(part) for part in re.findall(r"\d+", version))
 
 
 def main() -> None:

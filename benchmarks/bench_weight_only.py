@@ -174,13 +174,13 @@ def prepare_commands(lay: Layout, llama_cpp: Path | None, peers_python: str | No
                      {}))
     build = [str(Path(py).with_name("specdec-build")), "--dtype", "float32", "--max_batch_size", "1", "--max_input_len", "512", "--max_seq_len",
              "1024"]
+    role_flags = {"target": ["--max_draft_len", "8", "--speculative_decoding_mode", "draft_tokens_external"], "draft": []}  # targets verify drafts
     for bits in [b for b in bits_list if b != "gguf"]:  # gguf: from the GGUF files, below
         wo = [] if bits == "fp32" else ["--use_weight_only", "--weight_only_precision", PEER_BITS.get(bits, bits)]
         wo += ["--cpu_kernels", "specdec"] if bits == "q4gemm" else []
-        spec = ["--max_draft_len", "8", "--speculative_decoding_mode", "draft_tokens_external"]
         for role in ("target", "draft"):
             cmds.append((lay.engine(role, bits), [*build, "--checkpoint_dir", str(lay.ckpt(role)), "--output_dir", str(lay.engine(role, bits)), *wo,
-                                                 *(spec if role == "target" else [])], {}))
+                                                 *role_flags[role]], {}))
     # Medusa, EAGLE-3 and P-EAGLE at int4: the demo pair's trained heads, enlarged to the target's widths, in int4 targets:
     # Medusa's and EAGLE-3's heads in float32 (the default) and int4 as the target (--quantize_draft_heads), P-EAGLE's int4
     for kind in HEAD_KINDS:
@@ -204,9 +204,8 @@ def prepare_commands(lay: Layout, llama_cpp: Path | None, peers_python: str | No
                 cmds.append((lay.gguf(role, bits),
                              [str(llama_bin(llama_cpp, "llama-quantize")), str(f32), str(lay.gguf(role, bits)), LLAMA_TYPE[bits].upper(), "2"], {}))
             if "gguf" in bits_list:  # specdec's engine from llama.cpp's own Q4_0 file
-                spec = ["--max_draft_len", "8", "--speculative_decoding_mode", "draft_tokens_external"] if role == "target" else []
                 cmds.append((lay.engine(role, "gguf"), [*build, "--checkpoint_dir", str(lay.gguf(role, "int4")), "--output_dir",
-                                                        str(lay.engine(role, "gguf")), "--cpu_kernels", "specdec", *spec], {}))
+                                                        str(lay.engine(role, "gguf")), "--cpu_kernels", "specdec", *role_flags[role]], {}))
     if peers_python is not None:
         for role in ("target", "draft"):
             for bits in ORTGENAI_PRECISION:

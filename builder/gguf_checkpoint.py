@@ -140,7 +140,7 @@ def _transformers_checked() -> None:
     if found < TRANSFORMERS_FLOOR:
         raise CheckpointError(f"reading a GGUF file needs transformers >= {'.'.join(map(str, TRANSFORMERS_FLOOR))} (found "
                               f"{transformers.__version__}, whose GGUF tokenizer conversion gets some files wrong): "
-                              "pip install 'transformers>=5.24,<6'")
+                              f"pip install 'transformers>={'.'.join(map(str, TRANSFORMERS_FLOOR))},<6'")
 
 
 def _synthesize_config(path: Path, reader) -> dict[str, Any]:
@@ -197,12 +197,16 @@ def _rope_from_gguf(path: Path, reader, arch: str, cfg: dict[str, Any], names: s
     if kind == "linear":
         cfg["rope_parameters"] = {"rope_type": "linear", "rope_theta": theta, "factor": _field(reader, f"{arch}.rope.scaling.factor")}
     elif ROPE_FREQS in names:
-        t = _tensor(reader, ROPE_FREQS)
-        factors = np.asarray(_gguf().quants.dequantize(t.data, t.tensor_type), np.float32).reshape(-1)
+        factors = _dequantized(_tensor(reader, ROPE_FREQS)).reshape(-1)
         cfg["rope_parameters"] = {"rope_type": "frequency_factors", "rope_theta": theta, "factors": [float(f) for f in factors]}
     else:
         cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
     cfg.pop("rope_scaling", None)
+
+
+def _dequantized(t) -> np.ndarray:
+    """A gguf-py tensor's values as float32, in the order the file stores them (gguf-py's own dequantization)."""
+    return np.asarray(_gguf().quants.dequantize(t.data, t.tensor_type), np.float32)
 
 
 def _float_dtype(reader) -> str:
@@ -284,8 +288,11 @@ class GgufTensors:
     def dtype_name(self, name: str) -> str:
         """The held type (Q4_0 / Q8_0) for the linear layers read as codes (int_weight), so that the checks read them so too
         (not dequantized); F32 for every other tensor, which is handed out dequantized."""
-        kind = self.tensors[name].tensor_type.name
-        return kind if kind == self.int_type and _is_linear(name) else "F32"
+        return self.int_type if self._as_codes(name) else "F32"
+
+    def _as_codes(self, name: str) -> bool:
+        """Whether ``name`` is read as integer codes: a linear layer of the file's main int type (Q8_0 in a Q4_0 file is not)."""
+        return self.tensors[name].tensor_type.name == self.int_type and _is_linear(name)
 
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(int(d) for d in reversed(self.tensors[name].shape))  # ggml lists ne0 (the input dimension) first
@@ -299,16 +306,14 @@ class GgufTensors:
         return out
 
     def float32(self, name: str) -> np.ndarray:
-        t = self.tensors[name]
-        values = _gguf().quants.dequantize(t.data, t.tensor_type)
-        return self._in_hf_order(name, np.asarray(values, np.float32).reshape(self.shape(name)))
+        return self._in_hf_order(name, _dequantized(self.tensors[name]).reshape(self.shape(name)))
 
     def int_weight(self, name: str) -> IntWeight | None:
         """A Q4_0 / Q8_0 linear weight as specdec's codes ([in, out]), bit for bit; None for other types."""
+        if not self._as_codes(name):  # the file's other types, Q8_0 in a Q4_0 file too, are read dequantized
+            return None
         t = self.tensors[name]
         kind = t.tensor_type.name
-        if kind != self.int_type or not _is_linear(name):  # the file's other types, Q8_0 in a Q4_0 file too, are read dequantized
-            return None
         bits, zero, nbytes = INT_BLOCKS[kind]
         n_out, n_in = self.shape(name)
         blocks = np.asarray(t.data, np.uint8).reshape(n_out, n_in // BLOCK, nbytes)

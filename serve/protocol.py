@@ -260,7 +260,8 @@ def _tokenize_form(body: Any) -> str:
     return TOKENIZE_TAGS[0] if isinstance(body, dict) and "messages" in body else TOKENIZE_TAGS[1]
 
 
-# /tokenize's body: a conversation when it has messages, else a prompt (the tags hold a "-": errors name the field alone)
+# /tokenize's body: a conversation when it has messages, else a prompt (app.py drops TOKENIZE_TAGS from error locations: errors
+# name the field alone)
 TokenizeRequest = Annotated[Annotated[TokenizeChatRequest, Tag(TOKENIZE_TAGS[0])] | Annotated[TokenizeCompletionRequest, Tag(TOKENIZE_TAGS[1])],
                             Discriminator(_tokenize_form)]
 

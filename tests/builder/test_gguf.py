@@ -40,6 +40,22 @@ def logits_and_greedy(ex, ids: torch.Tensor):
     return np.concatenate([context, several]), engine_greedy(ex, ids[0, :10].tolist(), 24)
 
 
+def engine_logits(engine_dir, ids: torch.Tensor) -> np.ndarray:
+    """The logits (logits_and_greedy's) of the engine at ``engine_dir``, opened on one thread."""
+    from specdec.formats.engine_format import load_engine_dir
+    from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
+
+    return logits_and_greedy(OrtExecutor(load_engine_dir(engine_dir), num_threads=1), ids)[0]
+
+
+def transformers_logits(folder, ids: torch.Tensor) -> np.ndarray:
+    """``folder``/model.gguf as transformers' own GGUF loader reads it: an independent reading of the same file."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.no_grad():
+        return AutoModelForCausalLM.from_pretrained(folder, gguf_file="model.gguf", dtype=torch.float32).eval()(ids).logits[0].numpy()
+
+
 def prompt_ids(vocab: int = 96) -> torch.Tensor:
     return torch.randint(3, vocab, (1, 17), generator=torch.Generator().manual_seed(1))
 
@@ -99,22 +115,13 @@ def test_quantized_gguf_builds_an_integer_engine_that_decodes_as_transformers_re
     assert (wo["bits"], wo["group_size"], wo["symmetric"], wo["source"]) == ((4 if kind == "Q4_0" else 8), 32, True, "gguf")
     assert cli_build(gguf_file, tmp_path / "float", "--qformat", "none").exit_code == 0
 
-    from transformers import AutoModelForCausalLM
-
     ids = prompt_ids()
-    with torch.no_grad():
-        hf = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="model.gguf", dtype=torch.float32).eval()
-        want = hf(ids).logits[0].numpy()
-    from specdec.formats.engine_format import load_engine_dir
-    from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
-
-    def engine_logits(name: str) -> np.ndarray:
-        return logits_and_greedy(OrtExecutor(load_engine_dir(tmp_path / name), num_threads=1), ids)[0]
-
-    np.testing.assert_allclose(engine_logits("float"), want, atol=2e-4, rtol=0)
+    want = transformers_logits(tmp_path, ids)
+    np.testing.assert_allclose(engine_logits(tmp_path / "float", ids), want, atol=2e-4, rtol=0)
     # the codes in float arithmetic: DequantizeLinear + MatMul (portable), and the torch backend's kernels
     assert cli_build(gguf_file, tmp_path / "portable", "--lowering", "portable").exit_code == 0
-    np.testing.assert_allclose(engine_logits("portable"), want, atol=2e-4, rtol=0)
+    np.testing.assert_allclose(engine_logits(tmp_path / "portable", ids), want, atol=2e-4, rtol=0)
+    from specdec.formats.engine_format import load_engine_dir
     from specdec.runtime.backends.torch.executor import TorchExecutor
 
     assert cli_build(gguf_file, tmp_path / "torch", "--backend", "torch").exit_code == 0
@@ -127,7 +134,7 @@ def test_quantized_gguf_builds_an_integer_engine_that_decodes_as_transformers_re
     assert r.exit_code == 0, r.output
     span = want.max() - want.min()
     for name in ("int", "kernel"):
-        assert np.abs(engine_logits(name) - want).max() <= 0.03 * span, name
+        assert np.abs(engine_logits(tmp_path / name, ids) - want).max() <= 0.03 * span, name
 
     from click.testing import CliRunner
 
@@ -150,15 +157,9 @@ def test_types_without_a_kernel_are_dequantized_and_the_build_says_what_it_did(t
     assert ("note: model.gguf holds linear layers in ggml types specdec has no kernel for (14 Q5_0), read dequantized: this engine stores "
             "them in float") in r.output
     assert json.loads((tmp_path / "float" / "config.json").read_text())["build"]["weight_only"] is None
-    from transformers import AutoModelForCausalLM
-
-    from specdec.formats.engine_format import load_engine_dir
-    from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
-
     ids = prompt_ids()
-    with torch.no_grad():
-        want = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="model.gguf", dtype=torch.float32).eval()(ids).logits[0].numpy()
-    got, _ = logits_and_greedy(OrtExecutor(load_engine_dir(tmp_path / "float"), num_threads=1), ids)
+    want = transformers_logits(tmp_path, ids)
+    got = engine_logits(tmp_path / "float", ids)
     np.testing.assert_allclose(got, want, atol=2e-4, rtol=0)
 
     r = cli_build(gguf_file, tmp_path / "int4", "--qformat", "int4_wo")
@@ -185,15 +186,9 @@ def test_a_file_of_several_types_keeps_the_main_ones_codes_and_reads_the_rest_as
             "engine, as do the Q4_0 projections fused with one of them") in r.output
     wo = json.loads((tmp_path / "engine" / "config.json").read_text())["build"]["weight_only"]
     assert wo["source"] == "gguf" and wo["layers"] == ["attn/o_proj", "mlp/gate_up_proj"]
-    from transformers import AutoModelForCausalLM
-
-    from specdec.formats.engine_format import load_engine_dir
-    from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
-
     ids = prompt_ids()
-    with torch.no_grad():
-        want = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="model.gguf", dtype=torch.float32).eval()(ids).logits[0].numpy()
-    got, _ = logits_and_greedy(OrtExecutor(load_engine_dir(tmp_path / "engine"), num_threads=1), ids)
+    want = transformers_logits(tmp_path, ids)
+    got = engine_logits(tmp_path / "engine", ids)
     np.testing.assert_allclose(got, want, atol=2e-4, rtol=0)  # portable: the codes in float arithmetic
 
 
@@ -333,12 +328,8 @@ def test_quantize_lm_head_rounds_the_files_output_matrix_and_keeps_its_layers(tm
     wo = json.loads((tmp_path / "engine" / "config.json").read_text())["build"]["weight_only"]
     assert (wo["bits"], wo["group_size"], wo["source"]) == (4, 32, "gguf") and "lm_head" in wo["layers"]
     assert cli_build(gguf_file, tmp_path / "float_head", "--lowering", "portable").exit_code == 0
-    from specdec.formats.engine_format import load_engine_dir
-    from specdec.runtime.backends.onnxruntime.cpu import OrtExecutor
-
     ids = prompt_ids()
-    rounded, _ = logits_and_greedy(OrtExecutor(load_engine_dir(tmp_path / "engine"), num_threads=1), ids)
-    exact, _ = logits_and_greedy(OrtExecutor(load_engine_dir(tmp_path / "float_head"), num_threads=1), ids)
+    rounded, exact = engine_logits(tmp_path / "engine", ids), engine_logits(tmp_path / "float_head", ids)
     span = exact.max() - exact.min()
     assert 0 < np.abs(rounded - exact).max() <= 0.1 * span  # the head's int4 rounding, and only that
 
