@@ -202,7 +202,7 @@ def main(engine_dir, input_text, input_file, tokenizer_dir, no_add_special_token
     if streaming and len(prompts) != 1:
         raise RequestError("--streaming prints one request as it is decoded: give exactly one prompt.")
 
-    method = method_label(orch.engine, sampling)
+    method = method_label(orch.engine)
     # the same target session (no second copy of the engine), with the method's prefix caching: a baseline that caches
     # where the method does not (or the other way round) would skew the speedup
     base_orch = Orchestrator.from_engine(Engine(orch.target, prefix_caching=caching)) if baseline else None
@@ -260,17 +260,14 @@ def main(engine_dir, input_text, input_file, tokenizer_dir, no_add_special_token
         raise RequestError(f"request {failed[0][0]} stopped: {failed[0][1]}{more}")
 
 
-def method_label(engine: Engine, sampling: SamplingConfig | None = None) -> str:
+def method_label(engine: Engine) -> str:
     """How a run is named in tables: its default method's proposer's label (draft-target, ngram, medusa / eagle chain or
-    tree, ...), or target-only; with what it really ran where that differs: no drafts (--draft_len 0), or a tree's chain
-    (sampled requests draft a chain as deep as the tree)."""
+    tree, ...), or target-only; with what it really ran where that differs: no drafts (--draft_len 0)."""
     proposer = engine.proposers.get(engine.speculation.method)
     if proposer is None:
         return "target-only"
     if engine.speculation.draft_len == 0:
         return f"{proposer.name}, --draft_len 0: target-only"
-    if proposer.tree is not None and sampling is not None and not sampling.greedy:
-        return f"{proposer.name} chain (sampled: the tree's depth, {proposer.tree.depth})"
     return proposer.label
 
 

@@ -5,7 +5,8 @@ A round, per request (gpt-fast's verbs):
     propose   the request's proposer offers up to k drafts (k: the DraftPolicy's, runtime/draft_policy.py:
               the request's own, or what draft_len=auto's cost model expects to pay)
     verify    the target scores [last token, d1..dk] in ONE call with every other request
-    accept    token compare, rejection sampling or a tree's longest path (greedy or sampled) keeps n <= k drafts
+    accept    token compare, rejection sampling or a tree's path (greedy, token compare or recursive rejection
+              sampling) keeps n <= k drafts
     append    d1..dn and the recovered (or bonus) token; the target rolls back to what was kept,
               the proposer observes the outcome
 
@@ -38,7 +39,7 @@ from .prefix_cache import PrefixCache
 from .proposers.base import Draft, Proposer, TargetOutput
 from .request import AUTO, Request, RequestStatus
 from .sampling import processed_probs
-from .tree import accept_tree_token_compare
+from .tree import accept_tree_rejection_sampling, accept_tree_token_compare
 
 NewTokens = dict[str, list[int]]  # request id -> the tokens this step appended to it
 ONE_ROW = [0]  # the rows a round without drafts keeps: its only one (never written to)
@@ -327,9 +328,12 @@ class SpeculativeRound:
         sampling, proc = r.config.sampling, r.processor
         rows: Rows | None = None  # each row processed with its own history, when reached (not needed for plain greedy rows)
         picks: list[int] | None = None  # the raw rows' argmaxes, when acceptance took them
-        if d.parents is not None:  # a tree (proposers draft them for greedy requests; a sampled one would be walked by token compare)
-            rows = Rows(raw, proc, d.tokens)
-            path, nxt = accept_tree_token_compare(d.tokens, d.parents, rows, sampling, r.target_draws)
+        if d.parents is not None:  # a tree: the path of argmaxes (greedy), of recursive rejection sampling (drawn children)
+            rows = Rows(raw, proc, d.tokens)  # or of the target's own draws (sampled, deterministic nodes: token compare)
+            if d.probs is not None:
+                path, nxt = accept_tree_rejection_sampling(d.tokens, d.parents, d.probs, rows, sampling, r.target_draws)
+            else:
+                path, nxt = accept_tree_token_compare(d.tokens, d.parents, rows, sampling, r.target_draws)
             n, kept = len(path), [0] + [j + 1 for j in path]
             emitted = d.tokens[path].tolist() + [nxt]
             depth = int(d.depths.max()) if k else 0
@@ -390,8 +394,10 @@ class SpeculativeRound:
 
 
 def trim(r: Request, d: Draft) -> Draft:
-    """A draft cut where the request's grammar forbids a token: a chain at its first forbidden token,
-    a tree to the nodes whose whole path it allows."""
+    """A draft cut where the request's grammar forbids a token: a chain at its first forbidden token, a tree to the
+    nodes whose whole path it allows. In a sampled tree (drafts with probabilities) a node's children are tried in the
+    order drawn, so a cut child takes its later siblings with it (recursive rejection sampling needs the draws before
+    each child it tests)."""
     proc = r.processor
     if proc is None or proc.grammar is None or not len(d):
         return d
@@ -399,20 +405,19 @@ def trim(r: Request, d: Draft) -> Draft:
         n = proc.valid_prefix(d.tokens)
         return d if n == len(d) else d.prefix(n)
     keep: list[int] = []
-    index: dict[int, int] = {-1: -1}  # old node -> new node, for the nodes kept
+    kept: set[int] = {-1}
+    closed: set[int] = set()  # parents with a child cut, in a sampled tree: no later child of theirs is kept
     for j, parent in enumerate(d.parents.tolist()):
-        if parent not in index:
-            continue  # its parent was cut
+        if parent not in kept or parent in closed:
+            continue  # its parent was cut, or an earlier sibling was
         path, a = [int(d.tokens[j])], parent
         while a >= 0:
             path.append(int(d.tokens[a]))
             a = int(d.parents[a])
         if proc.valid_prefix(path[::-1]) == len(path):
-            index[j] = len(keep)
+            kept.add(j)
             keep.append(j)
-    if len(keep) == len(d):
-        return d
-    ks = np.array(keep, np.int64)
-    parents = np.array([index[int(p)] for p in d.parents[ks]], np.int64)
+        elif d.probs is not None:
+            closed.add(parent)
     # the kept nodes keep their order (parents first) and their scores (suffix decoding's, for draft_len=auto)
-    return Draft(d.tokens[ks], None, parents, d.depths[ks] if d.depths is not None else None, d.scores[ks] if d.scores is not None else None)
+    return d.nodes(keep)

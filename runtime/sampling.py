@@ -106,6 +106,23 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     return draw(probs, rng.random())
 
 
+def sample_distinct(probs: np.ndarray, m: int, rng: np.random.Generator) -> list[int]:
+    """Up to m tokens drawn one after another from probs [vocab] without replacement: each from the distribution left
+    when the ones before it are removed (fewer where fewer tokens have mass). A sampled draft tree's children of one
+    node, in the order recursive rejection sampling tests them (runtime/tree.py)."""
+    rest = np.array(probs, dtype=np.float64)  # a copy: the drawn tokens are zeroed in it
+    out: list[int] = []
+    for _ in range(m):
+        if rest.sum() <= 0:
+            break
+        t = draw(rest, rng.random())
+        if rest[t] <= 0:  # only past the last token with mass (rounding at the CDF's end): none left to draw
+            break
+        out.append(t)
+        rest[t] = 0.0
+    return out
+
+
 def draw(probs: np.ndarray, u: float) -> int:
     """The token a uniform ``u`` in [0, 1) picks from a probability vector [vocab] (the inverse of its CDF)."""
     cdf = np.cumsum(probs)
@@ -116,6 +133,12 @@ def draw(probs: np.ndarray, u: float) -> int:
 # from the residual (each its own number: within a position they must be independent)
 DRAW, ACCEPT_TEST, RESIDUAL = 0, 1, 2
 _TARGET_TAG, _DRAFT_TAG = 0x5EED_D4A7, 0xD4AF_75EE  # the kinds of keys apart, and never a trailing zero
+
+
+def sibling_test(i: int) -> int:
+    """The purpose of the uniform that tests a tree node's i-th child (0: the first, as a chain's draft is tested;
+    then 3, 4, ..., past RESIDUAL)."""
+    return ACCEPT_TEST if i == 0 else RESIDUAL + i
 
 
 def seed_words(*values: int) -> list[int]:

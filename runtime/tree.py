@@ -24,6 +24,7 @@ import numpy as np
 
 from ..formats.config_strings import INT64, shown, shown_value
 from ..formats.errors import EngineError, RequestError
+from .sampling import RESIDUAL, draw, sibling_test
 
 if TYPE_CHECKING:
     from .backends.base import Executor
@@ -38,6 +39,7 @@ class DraftTree:
     parents: np.ndarray  # [nodes] parent node index, -1 = the root
     depths: np.ndarray  # [nodes] 1 for the root's children
     ranks: np.ndarray  # [nodes] its top-k index among its parent's candidates (the path's last entry)
+    orders: np.ndarray  # [nodes] its place among its parent's children in the tree: a sampled tree's draw it holds (0: the first)
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -73,7 +75,13 @@ class DraftTree:
         ordered = sorted(clean, key=lambda p: (len(p), p))
         index = {p: j for j, p in enumerate(ordered)}
         parents = np.array([index[p[:-1]] if len(p) > 1 else -1 for p in ordered], np.int64)
-        return DraftTree(tuple(ordered), parents, np.array([len(p) for p in ordered], np.int64), np.array([p[-1] for p in ordered], np.int64))
+        orders = np.zeros(len(ordered), np.int64)
+        seen: dict[int, int] = {}  # parent -> children met so far (siblings are adjacent, by rank)
+        for j, parent in enumerate(parents.tolist()):
+            orders[j] = seen.get(parent, 0)
+            seen[parent] = orders[j] + 1
+        return DraftTree(tuple(ordered), parents, np.array([len(p) for p in ordered], np.int64),
+                         np.array([p[-1] for p in ordered], np.int64), orders)
 
 
 def parse_choices(text: str | Sequence[Sequence[int]] | None, flag: str = "--medusa_choices") -> DraftTree | None:
@@ -128,6 +136,58 @@ def accept_tree_token_compare(tokens: np.ndarray, parents: np.ndarray, logits, c
         return accept_tree_greedy(tokens, parents, logits)
     rows = as_rows(logits)
     return _walk(tokens, parents, lambda row, path: draws.draw(rows.probs(row, cfg, path), len(path)))
+
+
+def accept_tree_rejection_sampling(tokens: np.ndarray, parents: np.ndarray, draft_probs: np.ndarray, logits, cfg: SamplingConfig,
+                                   draws: RowDraws) -> tuple[list[int], int]:
+    """Recursive rejection sampling down a tree whose children were drawn (SpecInfer's multi-draft verification, the
+    children drawn without replacement as in Recursive Speculative Decoding, Jeon et al. 2024).
+
+    A node's children x_1, x_2, .. were drawn one after another from q without replacement (runtime/sampling.py's
+    sample_distinct), so x_i came from q_i: q with x_1..x_{i-1} removed, renormalized. At the node reached, with the
+    target's processed distribution p_1 = p there (its path as history): accept x_i with probability
+    min(1, p_i(x_i) / q_i(x_i)) and go on into it; else p_{i+1} = normalize(max(0, p_i - q_i)) and try the next child;
+    when none is left, draw from the last p_i. Each step is speculative sampling's rule for one draft, so the token
+    emitted at every node is distributed as p (a rejected child has no mass left in the residual); a tree with one
+    child per node is rejection sampling on a chain.
+
+    tokens, parents: [k] (parents first, each node's children in the order drawn); draft_probs: [k, vocab] node j's q,
+    the distribution it and its siblings were drawn from (before any was removed); logits: [k + 1, vocab] or Rows
+    (row 0 the root's, row j + 1 node j's). The child tests and the residual's draw take their position's own
+    uniforms, a leaf's bonus token target-only's (``draws``). Returns what accept_tree_greedy does."""
+    from .logits import as_rows
+
+    if cfg.greedy:
+        return accept_tree_greedy(tokens, parents, logits)
+    rows = as_rows(logits)
+    path: list[int] = []
+    history: list[int] = []  # the path's tokens
+    node = -1
+    while True:
+        depth = len(path)
+        p = rows.probs(node + 1, cfg, history)  # [vocab]
+        children = np.flatnonzero(parents == node)
+        if not len(children):  # a leaf: the bonus token, target-only's draw
+            return path, draws.draw(p, depth)
+        rest = np.array(draft_probs[children[0]], dtype=np.float64)  # q with the children tried so far removed
+        kept = None
+        for i, child in enumerate(children.tolist()):
+            total = rest.sum()
+            if total <= 0:  # (children are drawn from q: none is left without mass, but never divide by 0)
+                break
+            q, x = rest / total, int(tokens[child])
+            if q[x] > 0 and draws.uniform(depth, sibling_test(i)) < min(1.0, p[x] / q[x]):
+                kept = child
+                break
+            residual = np.maximum(p - q, 0.0)
+            if residual.sum() > 0:  # (0 only where p and q agree to rounding: then p is its own residual)
+                p = residual / residual.sum()
+            rest[x] = 0.0
+        if kept is None:
+            return path, draw(p, draws.uniform(depth, RESIDUAL))
+        path.append(kept)
+        history.append(int(tokens[kept]))
+        node = kept
 
 
 def _walk(tokens: np.ndarray, parents: np.ndarray, pick) -> tuple[list[int], int]:

@@ -324,8 +324,8 @@ def plan(req: Sampling, prompts: list[list[int]], max_tokens: int | None, served
     )
     proposer = engine.proposers.get(method)
     tree = proposer.tree if proposer is not None and isinstance(k, int) and k > 0 else None
-    if tree is not None:  # what the request runs with: a greedy request the tree cut to k nodes, a sampled one a chain as deep
-        k = min(k, len(tree) if sampling.greedy else tree.depth)
+    if tree is not None:  # what the request runs with: the tree cut to k nodes
+        k = min(k, len(tree))
     elif isinstance(proposer, OwnDrafter) and isinstance(k, int):  # a chain: at most one draft per Medusa head / module depth
         k = min(k, proposer.max_chain_len)
     grammar = None

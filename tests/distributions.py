@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdec.runtime.engine import Engine
+from specdec.runtime.engine import Engine, SpeculationConfig
 from specdec.runtime.request import GenerationConfig
 from specdec.runtime.sampling import SamplingConfig
 
@@ -33,3 +33,28 @@ def homogeneity(a: list, b: list) -> tuple[float, int]:
     table = np.array([[sample.count(k) for k in keys] for sample in (a, b)], float)
     expected = table.sum(1, keepdims=True) * table.sum(0, keepdims=True) / table.sum()
     return float(((table - expected) ** 2 / expected).sum()), len(keys)
+
+
+def assert_drawn_tree(draft, vocab: int) -> None:
+    """A sampled request's tree draft: every node carries the distribution q [vocab] it was drawn from (summing to 1,
+    with mass on its token), siblings share it and hold distinct tokens, and parents come first."""
+    assert draft.parents is not None and draft.probs is not None and draft.probs.shape == (len(draft), vocab)
+    np.testing.assert_allclose(draft.probs.sum(-1), 1.0, rtol=1e-5)
+    assert (draft.probs[np.arange(len(draft)), draft.tokens] > 0).all()
+    for parent in set(draft.parents.tolist()):
+        kids = np.flatnonzero(draft.parents == parent)
+        assert parent < kids.min() and len(set(draft.tokens[kids].tolist())) == len(kids)
+        np.testing.assert_array_equal(draft.probs[kids], np.broadcast_to(draft.probs[kids[0]], (len(kids), vocab)))
+
+
+def keeps_target_distribution(target, proposer_for, method: str, draft_len: int, prompt: list[int], sampling: dict) -> None:
+    """Output tokens 1..2 over 1200 seeds with ``method`` (a fresh proposer from ``proposer_for()``) against target-only
+    sampling's: chi-square homogeneity, p > 0.001; some drafts were kept (the speculative path ran)."""
+    counts = {}
+    for name in ("none", method):
+        engine = Engine(target, [proposer_for()] if name == method else [], SpeculationConfig(name, draft_len if name == method else 0))
+        counts[name] = sampled_pairs(engine, prompt, sampling)
+        if name == method:
+            assert engine.stats.accepted > 0
+    stat, n_keys = homogeneity(counts["none"], counts[method])
+    assert n_keys >= 4 and stat < chi_square_critical(n_keys - 1), (stat, n_keys)

@@ -7,6 +7,13 @@ import pytest
 from specdec.runtime.engine import Engine, SpeculationConfig
 from specdec.runtime.metrics import Metrics
 from specdec.runtime.request import GenerationConfig, RequestOutput
+from specdec.runtime.sampling import SamplingConfig
+
+# sampled requests with their own seeds, and every setting that reshapes the target's distribution
+SEEDED = [SamplingConfig(temperature=0.9, random_seed=s) for s in range(6)] + [
+    SamplingConfig(temperature=1.3, top_k=5, random_seed=6), SamplingConfig(temperature=0.6, top_p=0.8, random_seed=7),
+    SamplingConfig(temperature=1.0, min_p=0.05, repetition_penalty=1.3, random_seed=8),
+    SamplingConfig(temperature=0.8, presence_penalty=0.5, frequency_penalty=0.4, random_seed=9)]
 
 
 def open_cpu_executor(path, backend: str):
@@ -35,6 +42,19 @@ def generate(target, proposers, method: str, draft_len, prompts: list[list[int]]
     """Greedy outputs of ``prompts`` (in order) through a fresh Engine over ``target`` with ``proposers``, and its stats."""
     engine = Engine(target, proposers, SpeculationConfig(method, draft_len))
     ids = [engine.add_request(p, GenerationConfig(max_output_len=max_output_len)) for p in prompts]
+    done = run_until_done(engine)
+    return [done[i].output_ids for i in ids], engine.stats
+
+
+def seeded_outputs(target, proposers, method: str, draft_len, prompts: list[list[int]], samplings=SEEDED,
+                   max_output_len: int = 16) -> tuple[list[list[int]], Metrics]:
+    """One request per sampling config (on the prompts in turn, each with its own seed stream, as generate() gives
+    them) in one engine, beside a greedy request on the first prompt: their outputs (the greedy one last) and the
+    engine's stats. Run with method "none" for target-only's."""
+    engine = Engine(target, proposers, SpeculationConfig(method, draft_len))
+    ids = [engine.add_request(prompts[i % len(prompts)], GenerationConfig(max_output_len=max_output_len, sampling=s), seed_stream=i)
+           for i, s in enumerate(samplings)]
+    ids.append(engine.add_request(prompts[0], GenerationConfig(max_output_len=max_output_len)))
     done = run_until_done(engine)
     return [done[i].output_ids for i in ids], engine.stats
 

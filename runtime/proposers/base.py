@@ -48,6 +48,16 @@ class Draft:
         cut = lambda a: None if a is None else a[:k]  # noqa: E731
         return Draft(self.tokens[:k], cut(self.probs), cut(self.parents), cut(self.depths), cut(self.scores))
 
+    def nodes(self, keep: Sequence[int]) -> Draft:
+        """A tree's nodes ``keep`` (ascending, each one's parent kept too), renumbered: still a tree, in the same order."""
+        if len(keep) == len(self):
+            return self
+        at = np.asarray(keep, np.int64)
+        new = {-1: -1, **{int(j): i for i, j in enumerate(keep)}}
+        parents = np.array([new[int(p)] for p in self.parents[at]], np.int64)  # type: ignore[index]  (a tree's)
+        pick = lambda a: None if a is None else a[at]  # noqa: E731
+        return Draft(self.tokens[at], pick(self.probs), parents, pick(self.depths), pick(self.scores))
+
     @staticmethod
     def empty() -> Draft:
         """No drafts (one shared instance: a round asks for it per request, and nothing writes into a draft)."""
@@ -87,7 +97,7 @@ class Proposer(Protocol):
     # sets vocab_limit; None for drafters that use the target's own outputs or the text (n-gram, Medusa, EAGLE)
     executor: Executor | None = None
     vocab_limit: int | None = None  # set by the Engine for a proposer with an executor: the ids both vocabularies share
-    tree: DraftTree | None = None  # a static draft tree it drafts for greedy requests (draft_len=auto leaves its size alone)
+    tree: DraftTree | None = None  # a static draft tree it drafts for every request (draft_len=auto leaves its size alone)
     # the largest draft_len a request may ask of it, from its own config (n-gram: --ngram_config's max_draft_len; a
     # server refuses more); None: only the target's limit (the rest is capped per round by room())
     max_draft_len: int | None = None

@@ -28,9 +28,11 @@ once when fed.
 
 Greedy chains and trees are exact (runtime/tree.py); sampled chains draw each
 draft from the module's processed distribution and pass it for rejection
-sampling. With a tree, greedy requests draft the tree and sampled requests a
-chain as deep as the tree (a distribution-preserving tree sampler is not
-implemented, and greedy tree acceptance would be wrong for them).
+sampling. Trees: a greedy request's node holds its parent's top
+candidates; a sampled request's children of a node are drawn without
+replacement from the module's processed distribution there (its path as
+history) and verified by recursive rejection sampling (runtime/tree.py), so
+the output keeps the target's distribution.
 """
 
 from __future__ import annotations
@@ -45,9 +47,10 @@ from ...formats.engine_format import MODULE_MODES, EngineDir, eagle_module_dir, 
 from ...formats.errors import EngineError
 from ..backends.base import Executor, StepOutput
 from ..request import AUTO, Request
-from ..sampling import processed_probs, sample
+from ..sampling import processed_probs, sample, sample_distinct
 from ..tree import DraftTree, check_tree, parse_choices, top_k
 from .base import Draft, TargetOutput, adjacent_runs, free_slot, kept_rows
+from .drawn import draft_distribution, drawn_tree
 from .own import DraftTreeConfig, OwnDrafter, own_drafter_method
 
 CATCH_UP_AFTER = 9  # pending pairs beyond one round's worth are fed in a call of their own (catch_up)
@@ -181,15 +184,11 @@ class EagleProposer(OwnDrafter):
         self._catch_up(lo, hi, want)
         real = self.cache.lengths[lo:hi].copy()
         ids = self.order[lo:hi]
-        trees, chains = {}, want
-        if self.tree is not None:  # sampled requests draft a chain as deep as the tree
-            chains = {rid: (i, min(k, self.tree.depth)) for rid, (i, k) in want.items() if not requests[i].config.sampling.greedy}
-            trees = {rid: v for rid, v in want.items() if rid not in chains}
         try:
-            if trees:  # its levels never advance the cache
-                self._draft_tree(lo, ids, trees, out)
-            if chains:
-                self._draft_chain(lo, ids, chains, requests, out)
+            if self.tree is not None:  # every request, greedy or sampled; its levels never advance the cache
+                self._draft_tree(lo, ids, want, requests, out)
+            else:
+                self._draft_chain(lo, ids, want, requests, out)
         finally:
             self.cache.lengths[lo:hi] = real  # only real pairs stay between rounds
         return out
@@ -255,15 +254,36 @@ class EagleProposer(OwnDrafter):
                 k = int(lens[i])
                 out[want[rid][0]] = Draft(drafts[i, :k].copy(), np.stack(probs[i][:k]) if probs[i] else None)
 
-    def _draft_tree(self, lo: int, ids: list[str], want: dict, out: list[Draft]) -> None:
+    def _draft_tree(self, lo: int, ids: list[str], want: dict, requests: Sequence[Request], out: list[Draft]) -> None:
         tree = self.tree
         n, nodes = len(ids), len(tree)
         tokens = np.zeros((n, nodes), np.int64)
         feed_hidden = np.zeros((n, nodes, self.module.model.hidden_size), np.float32)  # each node's input: its parent's hidden_out
         go = np.flatnonzero([rid in want for rid in ids])
-        first = tree.depths == 1
+        # sampled requests: each node's children drawn without replacement from its processed distribution (kept for
+        # recursive rejection sampling), per request i: [nodes, vocab] the distributions, [nodes] which nodes were drawn
+        sampled = {int(i): requests[want[ids[i]][0]] for i in go if not requests[want[ids[i]][0]].config.sampling.greedy}
+        probs = {i: np.zeros((nodes, self.module.vocab_size), np.float64) for i in sampled}
+        drawn = {i: np.zeros(nodes, bool) for i in sampled}
+
+        def children(i: int, row: np.ndarray, parent: int, kids: np.ndarray) -> None:
+            """Fill request i's nodes ``kids`` (every child of ``parent``, in order) from the module's row at the parent."""
+            if i not in sampled:
+                tokens[i, kids] = top_k(row, int(tree.ranks[kids].max()) + 1)[tree.ranks[kids]]
+                return
+            path = []
+            while parent >= 0:
+                path.append(int(tokens[i, parent]))
+                parent = int(tree.parents[parent])
+            q = draft_distribution(sampled[i], row, path[::-1])
+            draws = sample_distinct(q, len(kids), sampled[i].rng)
+            tokens[i, kids[: len(draws)]] = draws
+            drawn[i][kids[: len(draws)]] = True
+            probs[i][kids] = q
+
+        first = np.flatnonzero(tree.depths == 1)
         for i in go:
-            tokens[i, first] = top_k(self.next_logits[ids[i]], tree.top_k(1))[tree.ranks[first]]
+            children(int(i), self.next_logits[ids[i]], -1, first)
             feed_hidden[i, first] = self.next_hidden[ids[i]]
         need = min(max(k for _, k in want.values()), nodes)  # the nodes any request takes: deeper levels are not drafted
         riding = np.zeros(n, bool)  # no row advances: the module's cache keeps its real pairs, the tree is re-fed per level
@@ -272,16 +292,19 @@ class EagleProposer(OwnDrafter):
             parents = tree.parents[:upto]  # -1: a child of the last real pair (the cache's last row)
             step = self._call(lo, tokens[:, :upto], feed_hidden[:, :upto], riding, all_logits=True, parents=[parents] * n)
             logits, hidden_out = step.logits, step.extras[HIDDEN_OUT]  # [n, upto, vocab], [n, upto, hidden]
-            children = np.flatnonzero(tree.depths == depth + 1)
-            for p in np.unique(tree.parents[children]).tolist():  # one top-k per parent, shared by its children
-                kids = children[tree.parents[children] == p]
+            level = np.flatnonzero(tree.depths == depth + 1)
+            for p in np.unique(tree.parents[level]).tolist():  # one top-k (or draw) per parent, shared by its children
+                kids = level[tree.parents[level] == p]
                 for i in go:
-                    tokens[i, kids] = top_k(logits[i, p], int(tree.ranks[kids].max()) + 1)[tree.ranks[kids]]
+                    children(int(i), logits[i, p], p, kids)
                     feed_hidden[i, kids] = hidden_out[i, p]
         for i, rid in enumerate(ids):
             if rid in want:
                 k = min(want[rid][1], nodes)
-                out[want[rid][0]] = Draft(tokens[i, :k].copy(), parents=tree.parents[:k].copy(), depths=tree.depths[:k].copy())
+                if i in sampled:
+                    out[want[rid][0]] = drawn_tree(tree, tokens[i, :k].copy(), probs[i][:k], drawn[i][:k])
+                else:
+                    out[want[rid][0]] = Draft(tokens[i, :k].copy(), parents=tree.parents[:k].copy(), depths=tree.depths[:k].copy())
 
 
 # -- the method's registration (runtime/methods.py: an eagle target carries it) -----------------------------------

@@ -16,10 +16,11 @@ it (runtime/acceptance.py), so the output is distributed as the target's.
 
 Tree (``choices``, TensorRT-LLM's ``--medusa_choices``): the node with path
 [i0, .., id] is head d's (i_d + 1)-th best token under its parent. The target
-verifies every node in one call (runtime/tree.py). Trees serve greedy
-requests; a sampled request drafts the tree's deepest chain instead (verified
-by rejection sampling, as above): a distribution-preserving tree sampler is
-not implemented, and greedy tree acceptance on sampled requests would be wrong.
+verifies every node in one call (runtime/tree.py). A greedy request keeps the
+longest path of the target's argmaxes. A sampled request's node of place i
+under its parent holds head d's i-th draw without replacement from its
+processed distribution (the same draws under every parent), verified by
+recursive rejection sampling, so the output is distributed as the target's.
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ from ...formats.engine_format import EngineDir
 from ...formats.errors import EngineError
 from ..backends.base import Executor, StepOutput
 from ..request import Request
-from ..sampling import processed_probs, sample
+from ..sampling import processed_probs, sample, sample_distinct
 from ..tree import DraftTree, check_tree, parse_choices, top_k, tree_draft
 from .base import Draft, TargetOutput
+from .drawn import draft_distribution, drawn_tree
 from .own import DraftTreeConfig, OwnDrafter, own_drafter_method
 
 HEADS = "medusa_logits"  # the target's extra output: [rows, heads, vocab] each head on the logits rows (engine_format.extra_io)
@@ -110,14 +112,13 @@ def positional_draft(r: Request, rows: np.ndarray, k: int, tree: DraftTree | Non
     block), each blind to the tokens drafted before it. Greedy: the argmax chain, or ``tree`` with the same top-k under
     every parent. Sampled (or processed: grammar, penalties): each position's processed distribution with the drafts
     before it as history, drawn from and returned as the draft probabilities, so rejection sampling keeps the target's
-    distribution; with a tree, a sampled request drafts a chain as deep as the tree."""
-    sampling = r.config.sampling
+    distribution; with a tree, each depth's draws without replacement (positional_tree_sample)."""
+    sampling, proc = r.config.sampling, r.processor
     if tree is not None:
         if sampling.greedy:
             tokens, parents, depths = tree_draft(tree, k, lambda depth, top: top_k(rows[depth - 1], top))
             return Draft(tokens, parents=parents, depths=depths)
-        k = min(k, tree.depth)  # a sampled request: the chain as deep as the tree
-    proc = r.processor
+        return positional_tree_sample(r, rows, k, tree)
     if sampling.greedy and (proc is None or proc.plain):
         return Draft(rows[:k].argmax(axis=-1).astype(np.int64))
     # position j: processed as the target's row there, with the drafts before it as history
@@ -134,6 +135,31 @@ def positional_draft(r: Request, rows: np.ndarray, k: int, tree: DraftTree | Non
     return Draft(np.array(tokens, np.int64), probs=None if sampling.greedy else np.stack(qs))
 
 
+def positional_tree_sample(r: Request, rows: np.ndarray, k: int, tree: DraftTree) -> Draft:
+    """A sampled request's tree from one distribution per position ahead (rows [positions, vocab]): each depth's
+    processed distribution (the first draws of the depths before it as history, as a chain's) drawn from without
+    replacement, as many times as a node there has children; a node holds its place's draw, the same under every
+    parent (Medusa's heads do not see the parent). Verified by recursive rejection sampling (runtime/tree.py)."""
+    n = min(k, len(tree))
+    depths, orders = tree.depths[:n], tree.orders[:n]
+    tokens = np.zeros(n, np.int64)
+    drawn = np.zeros(n, bool)
+    probs = np.zeros((n, rows.shape[-1]), np.float64)
+    history: list[int] = []
+    for depth in range(1, int(depths.max()) + 1):
+        at = np.flatnonzero(depths == depth)
+        q = draft_distribution(r, rows[depth - 1], history)
+        draws = sample_distinct(q, int(orders[at].max()) + 1, r.rng)
+        for j in at.tolist():
+            if orders[j] < len(draws):
+                tokens[j], drawn[j] = draws[orders[j]], True
+        probs[at] = q
+        if not draws:
+            break
+        history.append(draws[0])
+    return drawn_tree(tree, tokens, probs, drawn)
+
+
 # -- the method's registration (runtime/methods.py: a medusa target carries it) -----------------------------------
 @dataclass(frozen=True)
 class MedusaConfig(DraftTreeConfig):
@@ -143,5 +169,5 @@ class MedusaConfig(DraftTreeConfig):
 METHOD = own_drafter_method(
     MedusaProposer, MedusaConfig,
     'A --speculative_decoding_mode medusa target: the draft tree, TensorRT-LLM\'s format (paths of top-k indices), e.g. '
-    '"[[0],[0,0],[1],[0,1],[2],[0,0,0]]"; at most the engine\'s max_draft_len nodes; greedy requests draft the tree, sampled ones '
-    "its deepest chain [default: a chain, one draft per head].")
+    '"[[0],[0,0],[1],[0,1],[2],[0,0,0]]"; at most the engine\'s max_draft_len nodes '
+    "[default: a chain, one draft per head].")

@@ -39,7 +39,7 @@ class OwnDrafter(Proposer):
 
     choices_flag: ClassVar[str]  # the flag of its draft tree, e.g. --medusa_choices
     target: Executor
-    samples_drafts = True  # a sampled request's chain: each position's draw from the drafter's distribution
+    samples_drafts = True  # a sampled request's chain, or its tree's children: draws from the drafter's distribution
 
     @classmethod
     def for_target(cls, target: Executor, choices: str | Sequence[Sequence[int]] | None,
@@ -49,7 +49,7 @@ class OwnDrafter(Proposer):
         raise NotImplementedError
 
     def with_tree(self, tree: DraftTree) -> OwnDrafter:
-        """The same drafter on the same executors, drafting ``tree`` for greedy requests."""
+        """The same drafter on the same executors, drafting ``tree``."""
         raise NotImplementedError
 
     @property

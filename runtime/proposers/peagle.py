@@ -16,7 +16,8 @@ at once (the cache keeps the real pairs only), as EAGLE rolls its drafted rows b
 Chains take each position's pick (greedy: argmax; sampled: a draw from the processed distribution, passed on for
 rejection sampling; runtime/proposers/medusa.py's ``positional_draft``, Medusa's heads being the same kind of
 per-position guesses); trees take each depth's top candidates under every parent (``--peagle_choices``), from the
-same single call. A sampled request on a tree drafts a chain as deep as the tree.
+same single call: a greedy request's its top candidates, a sampled request's its draws without replacement, verified by
+recursive rejection sampling (runtime/tree.py).
 
 Pending pairs, prefill and removal are EAGLE's (EagleProposer), except that a backlog (a long prompt, rounds without
 drafts) is fed up to its last pair: that one goes with the block, so a round is always one call.
@@ -68,7 +69,7 @@ class PEagleProposer(EagleProposer):
         rows_for: dict[str, int] = {}  # request -> positions its draft reads (its chain, or its tree's depth)
         for r, k in zip(requests, draft_lens, strict=False):
             if k > 0 and self.pending[r.request_id][1]:
-                rows_for[r.request_id] = self._positions(r, int(k))
+                rows_for[r.request_id] = self._positions(int(k))
         if not rows_for:
             return out
         slots = sorted(self.slot_of[rid] for rid in rows_for)
@@ -79,11 +80,10 @@ class PEagleProposer(EagleProposer):
                 out[i] = positional_draft(r, blocks[r.request_id], int(k), self.tree)
         return out
 
-    def _positions(self, r: Request, k: int) -> int:
+    def _positions(self, k: int) -> int:
+        """The block's positions a draft of k reads: its chain, or its tree's depth."""
         if self.tree is None:
             return k
-        if not r.config.sampling.greedy:
-            return min(k, self.tree.depth)  # a sampled request drafts a chain as deep as the tree
         return int(self.tree.depths[: min(k, len(self.tree))].max())
 
     def _feed(self, lo: int, hi: int, rows_for: dict[str, int], blocks: dict[str, np.ndarray] | None = None) -> int:

@@ -18,12 +18,13 @@ match length, nodes below ``min_token_prob`` are dropped) and the draft with
 the higher score wins (the request's own on a tie). No model runs.
 
 Trees: a target built with tree attention (``--speculative_decoding_mode
-medusa`` or ``eagle``) verifies the whole frequency tree of a greedy request
-in one call (runtime/tree.py's greedy tree acceptance). Otherwise, and for
-sampled requests, the draft is the tree's most frequent path, a chain; a
-sampled request's chain is verified by token compare, which for a
-deterministic draft is rejection sampling with a one-hot q: the output is
-distributed as the target's.
+medusa``, ``eagle`` or ``peagle``) verifies the whole frequency tree in one
+call (runtime/tree.py: a greedy request keeps the longest path of the
+target's argmaxes, a sampled one draws the target's own token at each node
+and goes on into the child holding it). Otherwise the draft is the tree's
+most frequent path, a chain. A sampled request's drafts are verified by
+token compare, which for a deterministic draft is rejection sampling with a
+one-hot q: the output is distributed as the target's.
 """
 
 from __future__ import annotations
@@ -169,7 +170,7 @@ class SuffixProposer(Proposer):
     def _draft(self, r: Request, k: int) -> Draft:
         if k <= 0:
             return Draft.empty()
-        tree = self.trees and r.config.sampling.greedy
+        tree = self.trees
         found = self.best(r, min(k, self.config.max_draft_len), tree)
         tokens = np.array(found.tokens, np.int64)
         scores = np.array(found.probs, np.float64)  # best first: a tree's nodes as taken, a path in order

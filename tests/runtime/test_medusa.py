@@ -14,7 +14,7 @@ import pytest
 import torch
 from checkpoints import load_hf, make_checkpoint
 from conftest import build_and_load, spec_build
-from distributions import chi_square_critical, homogeneity, sampled_pairs
+from distributions import assert_drawn_tree, chi_square_critical, homogeneity, keeps_target_distribution, sampled_pairs
 from engine_runs import run_until_done
 
 from specdec.builder.build import build_engine
@@ -292,24 +292,36 @@ def test_tree_accepts_at_least_its_chain(engines):
     assert tree.mean_acceptance_length >= chain.mean_acceptance_length > 1.0
 
 
-def test_a_tree_drafts_chains_for_sampled_requests_and_refuses_bad_trees(engines):
-    """Greedy tree acceptance is only right for greedy requests: a sampled one gets the tree's deepest chain, with
-    the heads' probabilities (rejection sampling)."""
+def test_every_request_drafts_the_tree_and_bad_trees_are_refused(engines):
+    """Greedy and sampled requests in one batch both draft the tree: a greedy one the heads' top candidates, a sampled
+    one each depth's draws without replacement from its head's processed distribution, with that distribution."""
     target = engines["copy"]
     proposer = MedusaProposer(target, TREES[0])
     engine = Engine(target, [proposer], SpeculationConfig("medusa", 5))
     greedy = engine.add_request(PROMPTS[0], GenerationConfig(max_output_len=8))
     sampled = engine.add_request(PROMPTS[1], GenerationConfig(max_output_len=8, sampling=SamplingConfig(temperature=0.8)))
     engine.step()
-    tree, chain = proposer.propose([engine.requests[greedy], engine.requests[sampled]], [5, 5])
-    assert tree.parents is not None and len(tree) == 5 and tree.probs is None
-    assert chain.parents is None and len(chain) == 2 and chain.probs is not None
+    tree, drawn = proposer.propose([engine.requests[greedy], engine.requests[sampled]], [5, 5])
+    assert tree.parents.tolist() == drawn.parents.tolist() == [-1, -1, 0, 0, 1] and tree.probs is None
+    assert_drawn_tree(drawn, 96)
+    assert drawn.tokens[2] == drawn.tokens[4]  # [0, 0] and [1, 0]: depth 2's first draw under both parents
     with pytest.raises(EngineError, match="deep"):
         MedusaProposer(target, "[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]")
     with pytest.raises(EngineError, match="more than the target engine's max_draft_len"):
         MedusaProposer(target, [[i] for i in range(9)])
     with pytest.raises(EngineError, match="vocabulary"):
         MedusaProposer(target, [[0], [500]])
+
+
+@pytest.mark.parametrize("heads", ["random", "copy"])
+@pytest.mark.parametrize("choices", TREES)
+def test_sampled_medusa_tree_keeps_the_target_distribution(engines, heads, choices):
+    """Sampled trees, verified by recursive rejection sampling: the first two output tokens over 1200 seeds are
+    distributed as target-only sampling's (chi-square homogeneity test, p > 0.001), with heads whose guesses are
+    random (most draws rejected: the residuals) and heads that copy the next token (most kept)."""
+    target = engines[heads]
+    keeps_target_distribution(target, lambda: MedusaProposer(target, choices), "medusa", len(json.loads(choices)), PROMPTS[1],
+                              dict(temperature=1.5, top_k=4))
 
 
 def test_sampled_medusa_chain_keeps_the_target_distribution(engines):

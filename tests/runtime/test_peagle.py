@@ -12,7 +12,7 @@ import pytest
 import torch
 from checkpoints import load_hf, make_checkpoint, write_peagle_module
 from conftest import spec_build
-from distributions import chi_square_critical, homogeneity, sampled_pairs
+from distributions import assert_drawn_tree, chi_square_critical, homogeneity, keeps_target_distribution, sampled_pairs
 from engine_runs import CountingModule, run_until_done
 
 from specdec.builder.build import build_engine
@@ -130,21 +130,30 @@ def test_sampled_peagle_chain_keeps_the_target_distribution(peagle):
     assert n_keys >= 4 and stat < chi_square_critical(n_keys - 1), (stat, n_keys)
 
 
-def test_a_tree_drafts_chains_for_sampled_requests(peagle):
-    """Greedy requests draft the tree (each depth's top candidates under every parent), sampled ones a chain as deep."""
+def test_every_request_drafts_the_tree(peagle):
+    """Greedy and sampled requests both draft the tree: a greedy one each depth's top candidates under every parent, a
+    sampled one each depth's draws without replacement from its processed distribution, with it."""
     t, m = peagle["target"], peagle["mod"]
     proposer = PEagleProposer(t, m, TREE)
     engine = Engine(t, [proposer], SpeculationConfig("peagle", 6))
     greedy = engine.add_request(PROMPTS[0], GenerationConfig(max_output_len=10))
     sampled = engine.add_request(PROMPTS[1], GenerationConfig(max_output_len=10, sampling=SamplingConfig(temperature=0.7, random_seed=2)))
     engine.step()
-    tree, chain = proposer.propose([engine.requests[greedy], engine.requests[sampled]], [6, 6])
+    tree, drawn = proposer.propose([engine.requests[greedy], engine.requests[sampled]], [6, 6])
     assert tree.parents is not None and len(tree) == 6 and tree.probs is None
     assert tree.tokens[2] == tree.tokens[4] and tree.tokens[3] != tree.tokens[2]  # [0,0] and [1,0]: depth 2's best under both
-    assert chain.parents is None and len(chain) == 3 and chain.probs is not None
+    assert_drawn_tree(drawn, t.vocab_size)
+    assert drawn.tokens[2] == drawn.tokens[4]  # depth 2's first draw under both parents
     done = run_until_done(engine)
     want, _ = generate(t, m, [PROMPTS[0]], "none", 0, max_output_len=10)
     assert done[greedy].output_ids == want[0] and len(done[sampled].output_ids) == 10
+
+
+def test_sampled_peagle_tree_keeps_the_target_distribution(peagle):
+    """Sampled trees, verified by recursive rejection sampling: the first two output tokens over 1200 seeds are
+    distributed as target-only sampling's (chi-square homogeneity test, p > 0.001)."""
+    t, m = peagle["target"], peagle["mod"]
+    keeps_target_distribution(t, lambda: PEagleProposer(t, m, TREE), "peagle", 6, PROMPTS[1], dict(temperature=1.5, top_k=4))
 
 
 def test_peagle_refusals(peagle, tmp_path):
@@ -283,7 +292,7 @@ def test_what_a_user_can_mix_up_is_refused_before_anything_runs(peagle, tmp_path
 
 
 def test_specdec_run_names_what_ran(peagle, tmp_path):
-    """--draft_len 0 decodes target-only, and a sampled request on a tree drafts a chain: the header says so."""
+    """--draft_len 0 decodes target-only (the header says so); a sampled request on a tree drafts the tree."""
     from click.testing import CliRunner
 
     from specdec.cli.run import main as run_main
@@ -291,7 +300,7 @@ def test_specdec_run_names_what_ran(peagle, tmp_path):
     (tmp_path / "ids.csv").write_text(",".join(map(str, PROMPTS[0])) + "\n")
     base = ["--engine_dir", str(peagle["dir"] / "engine"), "--input_file", str(tmp_path / "ids.csv"), "--max_output_len", "6", "--num_threads", "1"]
     for extra, header in [(["--draft_len", "0"], "--- peagle, --draft_len 0: target-only ---"),
-                          (["--peagle_choices", TREE, "--temperature", "0.8"], "--- peagle chain (sampled: the tree's depth, 3) ---"),
+                          (["--peagle_choices", TREE, "--temperature", "0.8"], "--- peagle tree ---"),
                           (["--peagle_choices", TREE], "--- peagle tree ---")]:
         r = CliRunner().invoke(run_main, base + extra)
         assert r.exit_code == 0 and header in r.output, (extra, r.output)

@@ -6,7 +6,7 @@ import pytest
 from checkpoints import make_checkpoint
 from conftest import build_and_load, spec_build
 from distributions import chi_square_critical, homogeneity, sampled_pairs
-from engine_runs import run_until_done
+from engine_runs import run_until_done, seeded_outputs
 
 from specdec.runtime.engine import Engine, SpeculationConfig
 from specdec.runtime.proposers.suffix import SuffixConfig, SuffixProposer
@@ -89,24 +89,25 @@ def test_a_prompt_that_ends_as_an_earlier_one_drafts_its_response_from_the_first
 
 
 def test_trees_carry_their_structure():
-    # after [1, 2] came 3 twice and 4 once: greedy requests get a tree with both (3 first), sampled ones the best path
+    # after [1, 2] came 3 twice and 4 once: a tree with both (3 first), for greedy and sampled requests alike
     prompt = [1, 2, 3, 9, 1, 2, 4, 7, 1, 2, 3, 8, 1, 2]
     greedy = Request("g", prompt, GenerationConfig(), "suffix", MAX_DRAFT, np.random.default_rng(0))
     sampled = Request("s", prompt, GenerationConfig(sampling=SamplingConfig(temperature=1.0)), "suffix", MAX_DRAFT, np.random.default_rng(0))
     proposer = SuffixProposer(SuffixConfig(max_draft_len=MAX_DRAFT, global_cache=False), trees=True)
     proposer.add([greedy, sampled])
-    tree, chain = proposer.propose([greedy, sampled], [MAX_DRAFT, MAX_DRAFT])
-    assert (tree.tokens.tolist(), tree.parents.tolist(), tree.depths.tolist()) == ([3, 4], [-1, -1], [1, 1])
-    assert chain.tokens.tolist() == [3, 8] and chain.parents is None
-    # a target without tree attention gets the path for greedy requests too
+    for tree in proposer.propose([greedy, sampled], [MAX_DRAFT, MAX_DRAFT]):
+        assert (tree.tokens.tolist(), tree.parents.tolist(), tree.depths.tolist()) == ([3, 4], [-1, -1], [1, 1])
+    # a target without tree attention gets the best path: 3, then what followed [1, 2, 3] last
     plain = SuffixProposer(SuffixConfig(max_draft_len=MAX_DRAFT, global_cache=False), trees=False)
-    plain.add([greedy])
-    assert plain.propose([greedy], [MAX_DRAFT])[0].parents is None
+    plain.add([greedy, sampled])
+    for chain in plain.propose([greedy, sampled], [MAX_DRAFT, MAX_DRAFT]):
+        assert chain.tokens.tolist() == [3, 8] and chain.parents is None
 
 
 def test_sampled_suffix_keeps_the_target_distribution(targets):
-    """Sampled requests draft the most frequent path and are verified by token compare; the output tokens 1..2
-    over 1200 seeds are distributed as target-only sampling's (chi-square homogeneity test, p > 0.001)."""
+    """Sampled requests draft the frequency tree (this target verifies trees) and are walked by token compare; the
+    output tokens 1..2 over 1200 seeds are distributed as target-only sampling's (chi-square homogeneity test,
+    p > 0.001)."""
     target = targets["tree"]
     sampling = dict(temperature=1.5, top_k=4)
     prompt = PROMPTS[1]
@@ -123,6 +124,20 @@ def test_sampled_suffix_keeps_the_target_distribution(targets):
             assert engine.stats.accepted > 0 and engine.stats.drafted > engine.stats.accepted
     stat, n_keys = homogeneity(counts["none"], counts["suffix"])
     assert n_keys >= 4 and stat < chi_square_critical(n_keys - 1), (stat, n_keys)
+
+
+@pytest.mark.parametrize("target_kind", ["tree", "chain"])
+def test_a_sampled_suffix_request_is_target_onlys_sample_for_its_seed(targets, target_kind):
+    """Trees (a target with tree attention) or chains: a sampled request's output is target-only's for its seed, token
+    for token, under every sampling setting, beside a greedy request, with a global cache that holds what these
+    prompts go on to (so drafts are kept)."""
+    target = targets[target_kind]
+    want, _ = seeded_outputs(target, [], "none", 0, PROMPTS)
+    proposer = SuffixProposer(SuffixConfig(max_draft_len=MAX_DRAFT), trees=target_kind == "tree")
+    for out in want:  # responses to draft from
+        proposer.cache.add(out)
+    got, stats = seeded_outputs(target, [proposer], "suffix", MAX_DRAFT, PROMPTS)
+    assert got == want and stats.accepted > 0
 
 
 def test_tree_attention_build_refusals(tmp_path):

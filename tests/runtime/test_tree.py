@@ -191,3 +191,74 @@ def test_sampled_tree_acceptance_emits_the_targets_own_draws():
     assert firsts[4] > 0 and after_a[7] > 0  # both walks went down
     greedy = accept_tree_token_compare(tokens, PARENTS, rows, SamplingConfig(), TargetDraws(0).at(0))
     assert greedy == accept_tree_greedy(tokens, PARENTS, rows) == ([0, 3], 0)
+
+
+def _drawn_tree_case(rng: np.random.Generator, q_root: np.ndarray, q_next: np.ndarray, p_next: np.ndarray, p_root: np.ndarray):
+    """A sampled tree as a drafter draws it: 3 children of the root drawn without replacement from q_root, 2 under the
+    first of them and 1 under the second from q_next[their parent's token], 1 under the first grandchild. The target's
+    row at a node depends on its token alone (p_next[token]; the root's p_root). (tokens, parents, probs, logits)."""
+    from specdec.runtime.sampling import sample_distinct
+
+    parents = [-1, -1, -1, 0, 0, 1, 3]  # siblings adjacent, parents first: drawing at a parent's first child fills them in order
+    tokens, probs = [], []
+    for j, parent in enumerate(parents):
+        if parent not in parents[:j]:
+            q = q_root if parent < 0 else q_next[tokens[parent]]
+            drawn = sample_distinct(q, parents.count(parent), rng)
+            assert len(drawn) == parents.count(parent)
+            tokens += drawn
+            probs += [q] * len(drawn)
+    logits = np.log(np.vstack([p_root] + [p_next[t] for t in tokens]))
+    return np.array(tokens, np.int64), np.array(parents, np.int64), np.array(probs), logits
+
+
+def test_recursive_rejection_sampling_down_a_drawn_tree_keeps_the_target_distribution():
+    """Children drawn without replacement from q (far from the target's p) and tested in turn, each against p's
+    residual after its elder siblings: the first two tokens emitted (the second from the next call's target draw where
+    the walk stopped at the root) are distributed as p(t1) p(t2 | t1) (chi-square goodness of fit over 12,000 trees,
+    p > 0.001). Without the residual update or the removal of drawn siblings from q this fails."""
+    from distributions import chi_square_critical
+
+    from specdec.runtime.sampling import SamplingConfig, TargetDraws
+    from specdec.runtime.tree import accept_tree_rejection_sampling
+
+    vocab, cfg = 5, SamplingConfig(temperature=1.0)
+    gen = np.random.default_rng(7)
+    p_root = np.array([0.05, 0.4, 0.3, 0.15, 0.1])
+    q_root = np.array([0.5, 0.1, 0.25, 0.05, 0.1])  # favours token 0, which the target rarely picks
+    p_next = gen.dirichlet(np.ones(vocab), size=vocab)
+    q_next = gen.dirichlet(np.ones(vocab) * 0.5, size=vocab)
+    counts = np.zeros((vocab, vocab))
+    went_down = 0
+    for seed in range(12000):
+        tokens, parents, probs, logits = _drawn_tree_case(gen, q_root, q_next, p_next, p_root)
+        path, nxt = accept_tree_rejection_sampling(tokens, parents, probs, logits, cfg, TargetDraws(seed).at(0))
+        emitted = [int(tokens[j]) for j in path] + [nxt]
+        assert all(parents[b] == a for a, b in zip([-1, *path], path, strict=False))  # a path down the tree
+        if len(emitted) == 1:
+            emitted.append(int(gen.choice(vocab, p=p_next[emitted[0]])))  # the next call's draw
+        went_down += len(path) > 0
+        counts[emitted[0], emitted[1]] += 1
+    expected = counts.sum() * p_root[:, None] * p_next
+    stat = float(((counts - expected) ** 2 / expected).sum())
+    assert stat < chi_square_critical(vocab * vocab - 1), stat
+    assert went_down > 6000  # most walks kept a drawn child
+
+
+def test_a_drawn_chain_is_rejection_sampling():
+    """A tree with one child per node is a chain: recursive rejection sampling takes the same uniforms as speculative
+    sampling's and keeps the same drafts and next token, draft for draft."""
+    from specdec.runtime.acceptance import accept_rejection_sampling
+    from specdec.runtime.sampling import SamplingConfig, TargetDraws, processed_probs, sample
+    from specdec.runtime.tree import accept_tree_rejection_sampling
+
+    gen = np.random.default_rng(3)
+    cfg = SamplingConfig(temperature=0.8, top_k=6)
+    for seed in range(300):
+        k = int(gen.integers(1, 6))
+        rows = gen.normal(size=(k + 1, 12)) * 2
+        q = processed_probs(gen.normal(size=(k, 12)) * 2 + rows[:k] * gen.random(), cfg)
+        drafts = np.array([sample(q[j], gen) for j in range(k)], np.int64)
+        chain = accept_rejection_sampling(drafts, q, rows, cfg, TargetDraws(seed).at(4))
+        path, nxt = accept_tree_rejection_sampling(drafts, np.arange(-1, k - 1), q, rows, cfg, TargetDraws(seed).at(4))
+        assert (len(path), nxt) == chain and path == list(range(len(path)))

@@ -60,3 +60,20 @@ def test_a_draft_the_grammar_allows_is_returned_as_is():
     r, tok = request_with("[0-9]+")
     d = Draft(np.array(ids(tok, "123")), None, np.array([-1, 0, 0]), np.array([1, 2, 2]), np.array([0.5, 0.4, 0.3]))
     assert trim(r, d) is d
+
+
+def test_a_drawn_tree_loses_a_forbidden_child_with_its_later_siblings():
+    """In a sampled tree (drafts with probabilities) a node's children are tried in the order drawn, each against the
+    target's residual after the ones before it: a forbidden child takes the siblings drawn after it along (the
+    earlier ones stay, and so do the children of other nodes), each kept node with its q row."""
+    r, tok = request_with("[0-9]{1,3}")
+    one, two, a, three, four, five = ids(tok, "12a345")
+    # node:      0    1  2  3      4      5
+    tokens = [one, two, a, three, four, five]
+    parents = [-1, -1, -1, -1, 0, 0]  # the root's children 1, 2, 'a', 3 (drawn in that order), then 4 and 5 under "1"
+    probs = np.arange(6, dtype=np.float64)[:, None] * np.ones((1, len(tok.vocab())))  # row j marks node j
+    got = trim(r, Draft(np.array(tokens), probs, np.array(parents), np.array([1, 1, 1, 1, 2, 2])))
+    assert got.tokens.tolist() == [one, two, four, five]  # "3", drawn after 'a', is gone with it
+    assert got.parents.tolist() == [-1, -1, 0, 0] and got.probs[:, 0].tolist() == [0, 1, 4, 5]
+    kept = trim(r, Draft(np.array(tokens), None, np.array(parents), np.array([1, 1, 1, 1, 2, 2])))
+    assert kept.tokens.tolist() == [one, two, three, four, five]  # deterministic nodes: only 'a' goes

@@ -41,17 +41,18 @@ def test_greedy_eagle_tree_answers_equal_target_only(eagle_url):
 
 
 def test_a_tree_servers_requests_report_the_drafts_they_ran_with(eagle_url):
-    """speculative.num_draft_tokens in the response is what the request drafted: a greedy one the tree cut to its nodes
-    (5 here, asked for 6 or 3), a sampled one a chain no deeper than the tree (3)."""
-    for asked, temperature, ran in ((6, 0, 5), (3, 0, 3), (6, 0.8, 3), (2, 0.8, 2)):
+    """speculative.num_draft_tokens in the response is what the request drafted: the tree cut to its nodes (5 here,
+    asked for 6, 3 or 2), greedy and sampled alike."""
+    for asked, temperature, ran in ((6, 0, 5), (3, 0, 3), (6, 0.8, 5), (2, 0.8, 2)):
         code, out = complete(eagle_url, PROMPTS[0], temperature=temperature, seed=1, speculative={"num_draft_tokens": asked})
         assert code == 200 and out["speculative"]["num_draft_tokens"] == ran, (asked, temperature, out["speculative"])
         assert len(out["speculative"]["drafted_per_position"]) <= 3  # the tree's depth bounds either
 
 
 def test_sampled_requests_are_served_and_missing_methods_refused(eagle_url):
-    code, out = complete(eagle_url, PROMPTS[0], temperature=0.8, seed=3)  # a chain with rejection sampling
-    assert code == 200 and out["usage"]["completion_tokens"] == 16
+    code, out = complete(eagle_url, PROMPTS[0], temperature=0.8, seed=3)  # the tree, recursive rejection sampling
+    assert code == 200 and out["usage"]["completion_tokens"] == 16 and out["speculative"]["drafted"] > 0
+    assert complete(eagle_url, PROMPTS[0], temperature=0.8, seed=3)[1]["choices"] == out["choices"]  # the seed decides
     code, err = complete(eagle_url, PROMPTS[0], speculative={"method": "medusa"})
     assert code == 400 and "speculative_decoding_mode medusa" in err["error"]["message"]
     assert httpx.get(f"{eagle_url}/health", timeout=10).status_code == 200  # still serving
