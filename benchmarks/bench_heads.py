@@ -5,7 +5,8 @@
         --batches 1,4,16 --rounds 3 --output_json heads.json
     python benchmarks/bench_heads.py draft-cost --eagle /tmp/big/engine-eagle --peagle /tmp/big/engine-peagle --lens 1,2,3,4,5,6,7,8
 
-Greedy, the same token ids and the same number of new tokens (EOS ignored) for every method; prompts from
+Greedy (or sampled: --temperature, --top_p), the same token ids and the same number of new tokens (EOS ignored) for
+every method; prompts from
 benchmarks/prompts.py (the start of a held-out standard-library function, and copy-heavy ones: a function, then a
 request to repeat it), reported apart and together at batch 1, together at larger batches (each batch mixes both
 kinds).
@@ -28,6 +29,11 @@ turn on each batch (the order rotated each round), so the methods share each str
 method and batch size: tokens/s (median and min-max over rounds), the ratio to target-only in the same round (median,
 min-max: the figure to read on a shared machine), mean acceptance length, per-depth acceptance, draft seconds per
 round, and whether the output equals target-only's (greedy speculation must reproduce it exactly).
+
+Sampled (--temperature > 0): round r seeds every request with --seed + r (its stream: its place in the batch), the
+same for every method. Drafts verified by token compare (trees, n-gram, draft-target here) draw target-only's own
+tokens for the seed, so their output must equal target-only's; chains verified by rejection sampling (Medusa, EAGLE-3,
+P-EAGLE chains) keep the target's distribution but follow their drafts ("same" shows "-" for them).
 
 ``draft-cost``: what one round's drafting costs, chain k = each of --lens, EAGLE-3 (one module call, then one per
 further token) against P-EAGLE (one call), at each of --batches (batches of consecutive prompts): seconds of the
@@ -60,6 +66,7 @@ from specdec.runtime.orchestrator import GenerationConfig, Orchestrator  # noqa:
 from specdec.runtime.proposers.eagle import EagleProposer  # noqa: E402
 from specdec.runtime.proposers.medusa import MedusaProposer  # noqa: E402
 from specdec.runtime.proposers.peagle import PEagleProposer  # noqa: E402
+from specdec.runtime.sampling import SamplingConfig  # noqa: E402
 
 MEDUSA_TREE = "[[0],[1],[2],[0,0],[0,1],[1,0],[0,0,0],[0,0,1]]"
 EAGLE_TREE = "[[0],[1],[2],[0,0],[0,1],[1,0],[0,0,0],[0,0,1]]"
@@ -88,6 +95,12 @@ class Method:
     name: str
     orch: Orchestrator
     runs: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # batch size -> per round: seconds, outputs, metrics
+
+    @property
+    def follows_drafts(self) -> bool:
+        """A sampled request's output follows its drafts (rejection sampling), so it need not equal target-only's."""
+        proposer = self.orch.engine.proposers.get(self.orch.engine.speculation.method)
+        return proposer is not None and proposer.samples_drafts
 
 
 def module_methods(label: str, path: str, cls, lens: list[int | str], choices: str | None, threads: int | None,
@@ -144,10 +157,18 @@ def timed_generate(m: Method, prompts: list[list[int]], cfg: GenerationConfig) -
     return time.perf_counter() - t, [o.output_ids for o in outs], metrics, m.orch.engine.round.rounds - rounds
 
 
-def run_round(ms: list[Method], prompts: list[list[int]], groups: dict[int, list[list[int]]], n_new: int, r: int) -> None:
+def sampling_of(args: argparse.Namespace, r: int) -> SamplingConfig:
+    """Round r's sampling: greedy, or --temperature / --top_p seeded with --seed + r."""
+    if not args.temperature:
+        return SamplingConfig()
+    return SamplingConfig(temperature=args.temperature, top_p=args.top_p, random_seed=args.seed + r)
+
+
+def run_round(ms: list[Method], prompts: list[list[int]], groups: dict[int, list[list[int]]], n_new: int, r: int,
+              sampling: SamplingConfig) -> None:
     order = ms[r % len(ms):] + ms[: r % len(ms)]  # rotate: no method always runs first after a pause
     order = order if r % 2 == 0 else order[::-1]
-    cfg = GenerationConfig(max_output_len=n_new)
+    cfg = GenerationConfig(max_output_len=n_new, sampling=sampling)
     for size, batches in groups.items():
         rec = {m.name: {"s": {}, "output_ids": {}, "metrics": Metrics(), "draft_s": 0.0, "engine_rounds": 0} for m in ms}
         for batch in batches:
@@ -163,7 +184,7 @@ def run_round(ms: list[Method], prompts: list[list[int]], groups: dict[int, list
             m.runs.setdefault(size, []).append(rec[m.name])
 
 
-def summarize(ms: list[Method], subsets: dict[str, list[int]], n_new: int) -> dict[str, dict[str, Any]]:
+def summarize(ms: list[Method], subsets: dict[str, list[int]], n_new: int, sampled: bool) -> dict[str, dict[str, Any]]:
     base = ms[0]
     out: dict[str, dict[str, Any]] = {}
     for m in ms:
@@ -179,6 +200,7 @@ def summarize(ms: list[Method], subsets: dict[str, list[int]], n_new: int) -> di
             row["per_depth_acceptance"] = metrics.per_position_acceptance
             row["draft_ms_per_round"] = spread([1e3 * r["draft_s"] / max(r["engine_rounds"], 1) for r in runs])
             row["identical"] = all(r["output_ids"] == b["output_ids"] for r, b in zip(runs, base.runs[size], strict=False))
+            row["identical_expected"] = not (sampled and m.follows_drafts)
             per_batch[str(size)] = row
         out[m.name] = per_batch
     return out
@@ -200,7 +222,7 @@ def print_table(summary: dict[str, dict[str, Any]], subsets: dict[str, list[int]
             depth = " ".join(f"{a:.2f}" for a in row["per_depth_acceptance"][:4])
             print(f"{name:<22}{cell(row['all']['tokens_per_s']):>22}" + "".join(f"{cell(row[sub]['speedup'], 'x'):>26}" for sub in subs)
                   + f"{cell(row['draft_ms_per_round'], digits=1):>22}{(f'{acc:.2f}' if acc else '-'):>10}  {depth:<20} "
-                  + ("yes" if row["identical"] else "NO"))
+                  + ("yes" if row["identical"] else "NO" if row["identical_expected"] else "-"))
 
 
 def speed(args: argparse.Namespace) -> dict[str, Any]:
@@ -208,17 +230,19 @@ def speed(args: argparse.Namespace) -> dict[str, Any]:
     prompts, subsets = workloads(target.path, args.num_prompts, args.prompt_tokens)
     groups = {size: batches_of(prompts, subsets, size) for size in args.batches}
     ms = methods(args)
-    print(f"{len(prompts)} prompts, {args.max_new_tokens} new tokens each, batches {args.batches}, greedy, {args.rounds} rounds, "
+    how = f"temperature {args.temperature}, top_p {args.top_p}, seeds {args.seed}.." if args.temperature else "greedy"
+    print(f"{len(prompts)} prompts, {args.max_new_tokens} new tokens each, batches {args.batches}, {how}, {args.rounds} rounds, "
           f"{args.threads or 'default'} threads; load average {os.getloadavg()[0]:.2f}", flush=True)
     for m in ms:  # warm-up: first calls pay one-time costs, at every batch size (each its own call shapes)
         for batches in groups.values():
             m.orch.generate([prompts[i][:16] for i in batches[0]], GenerationConfig(max_output_len=8))
     for r in range(args.rounds):
         print(f"  round {r + 1}/{args.rounds} (load average {os.getloadavg()[0]:.2f})", flush=True)
-        run_round(ms, prompts, groups, args.max_new_tokens, r)
-    summary = summarize(ms, subsets, args.max_new_tokens)
+        run_round(ms, prompts, groups, args.max_new_tokens, r, sampling_of(args, r))
+    summary = summarize(ms, subsets, args.max_new_tokens, bool(args.temperature))
     print_table(summary, subsets)
-    return {"summary": summary, "prompt_tokens": [len(p) for p in prompts], "batches": {str(k): v for k, v in groups.items()}}
+    return {"summary": summary, "prompt_tokens": [len(p) for p in prompts], "batches": {str(k): v for k, v in groups.items()},
+            "sampling": {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed} if args.temperature else "greedy"}
 
 
 def draft_cost(args: argparse.Namespace) -> dict[str, Any]:
@@ -295,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="with auto in --peagle_lens: also P-EAGLE auto pricing a round at one call whatever its drafts (the ablation)")
         p.add_argument("--max_new_tokens", type=int, default=96)
         p.add_argument("--num_prompts", type=int, default=4, help="per kind (ordinary, copy-heavy)")
+        p.add_argument("--temperature", type=float, default=0.0, help="sample at this temperature (0: greedy)")
+        p.add_argument("--top_p", type=float, default=1.0, help="with --temperature: nucleus sampling")
+        p.add_argument("--seed", type=int, default=0, help="with --temperature: round r's seed is this + r")
     p.add_argument("--batches", type=ints, default=[1], help="batch sizes (each batch mixes the two kinds of prompts)")
     p.add_argument("--prompt_tokens", type=int, default=96)
     p.add_argument("--rounds", type=int, default=3)
