@@ -1,4 +1,4 @@
-"""Draft trees: TensorRT-LLM's ``--medusa_choices`` / ``--eagle_choices`` and greedy tree acceptance.
+"""Draft trees: TensorRT-LLM's ``--medusa_choices`` / ``--eagle_choices`` and tree acceptance.
 
 A tree is a list of paths of top-k indices: ``[[0], [0, 0], [1], [0, 1]]``
 has two depth-1 nodes (the drafter's best and second-best guess for the
@@ -9,8 +9,15 @@ Nodes are ordered by depth, then by their path (TensorRT-LLM sorts them the
 same way), so a node's parent always comes before it; ``parents[j]`` is the
 index of node j's parent, -1 for a child of the last accepted token (the
 root). The target verifies every node in one call (each attends to its
-ancestors only: runtime/backends/onnxruntime/cpu.py's tree_mask) and the longest path whose
-every token equals the target's greedy choice is kept.
+ancestors only: runtime/backends/onnxruntime/cpu.py's tree_mask), and one
+path is kept, walked from the root:
+
+    greedy                       the longest path whose every token is the target's argmax (accept_tree_greedy)
+    sampled, deterministic nodes the target draws its token at each node and goes on into the child holding it
+                                 (accept_tree_token_compare: suffix decoding's trees)
+    sampled, drawn children      a sampled request's path indices are its place among the children drawn (the i-th
+                                 draw without replacement, not the i-th best); recursive rejection sampling
+                                 (accept_tree_rejection_sampling: Medusa, EAGLE-3, P-EAGLE)
 """
 
 from __future__ import annotations

@@ -16,10 +16,12 @@ def chi_square_critical(df: int, z: float = 3.09) -> float:
     return df * (1.0 - a + z * a**0.5) ** 3
 
 
-def sampled_pairs(engine: Engine, prompt: list[int], sampling: dict, seeds: int = 1200) -> list[tuple[int, ...]]:
-    """Output tokens 1..2 of ``prompt`` sampled once per seed 0..seeds-1 (3 tokens each, one request per seed)."""
+def sampled_pairs(engine: Engine, prompt: list[int], sampling: dict, seeds: int = 1200, max_output_len: int = 3) -> list[tuple[int, ...]]:
+    """Output tokens 1..2 of ``prompt`` sampled once per seed 0..seeds-1 (one request per seed). A request of 3 tokens
+    drafts one token after the prefill's (its room): a longer one lets a tree draft whole."""
     for seed in range(seeds):
-        engine.add_request(prompt, GenerationConfig(max_output_len=3, sampling=SamplingConfig(random_seed=seed, **sampling)), seed_stream=seed)
+        cfg = GenerationConfig(max_output_len=max_output_len, sampling=SamplingConfig(random_seed=seed, **sampling))
+        engine.add_request(prompt, cfg, seed_stream=seed)
     seen = []
     while engine.has_unfinished():
         seen += [tuple(o.output_ids[1:3]) for o in engine.step() if o.finished]
@@ -48,13 +50,15 @@ def assert_drawn_tree(draft, vocab: int) -> None:
 
 
 def keeps_target_distribution(target, proposer_for, method: str, draft_len: int, prompt: list[int], sampling: dict) -> None:
-    """Output tokens 1..2 over 1200 seeds with ``method`` (a fresh proposer from ``proposer_for()``) against target-only
-    sampling's: chi-square homogeneity, p > 0.001; some drafts were kept (the speculative path ran)."""
+    """Output tokens 1..2 over 1200 seeds with ``method`` (a fresh proposer from ``proposer_for()``) drafting
+    ``draft_len`` tokens or tree nodes against target-only sampling's: chi-square homogeneity, p > 0.001. Requests run
+    long enough to draft whole trees; some drafts were kept, and some round verified a node with several children
+    (more nodes than its depth)."""
     counts = {}
     for name in ("none", method):
         engine = Engine(target, [proposer_for()] if name == method else [], SpeculationConfig(name, draft_len if name == method else 0))
-        counts[name] = sampled_pairs(engine, prompt, sampling)
+        counts[name] = sampled_pairs(engine, prompt, sampling, max_output_len=3 + draft_len)
         if name == method:
-            assert engine.stats.accepted > 0
+            assert engine.stats.accepted > 0 and engine.stats.drafted > sum(engine.stats.drafted_at)
     stat, n_keys = homogeneity(counts["none"], counts[method])
     assert n_keys >= 4 and stat < chi_square_critical(n_keys - 1), (stat, n_keys)

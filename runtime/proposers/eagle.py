@@ -263,14 +263,18 @@ class EagleProposer(OwnDrafter):
         # sampled requests: each node's children drawn without replacement from its processed distribution (kept for
         # recursive rejection sampling), per request i: [nodes, vocab] the distributions, [nodes] which nodes were drawn
         sampled = {int(i): requests[want[ids[i]][0]] for i in go if not requests[want[ids[i]][0]].config.sampling.greedy}
-        probs = {i: np.zeros((nodes, self.module.vocab_size), np.float64) for i in sampled}
-        drawn = {i: np.zeros(nodes, bool) for i in sampled}
+        takes = {i: min(want[ids[i]][1], nodes) for i in sampled}  # the nodes it drafts: a prefix of the tree
+        probs = {i: np.zeros((takes[i], self.module.vocab_size), np.float64) for i in sampled}
+        drawn = {i: np.zeros(takes[i], bool) for i in sampled}
 
         def children(i: int, row: np.ndarray, parent: int, kids: np.ndarray) -> None:
             """Fill request i's nodes ``kids`` (every child of ``parent``, in order) from the module's row at the parent."""
             if i not in sampled:
                 tokens[i, kids] = top_k(row, int(tree.ranks[kids].max()) + 1)[tree.ranks[kids]]
                 return
+            kids = kids[kids < takes[i]]  # (siblings are adjacent: a prefix of them)
+            if not len(kids) or (parent >= 0 and not drawn[i][parent]):
+                return  # past its nodes, or under a node its parent's distribution had no draw left for (no path to process)
             path = []
             while parent >= 0:
                 path.append(int(tokens[i, parent]))
@@ -302,7 +306,7 @@ class EagleProposer(OwnDrafter):
             if rid in want:
                 k = min(want[rid][1], nodes)
                 if i in sampled:
-                    out[want[rid][0]] = drawn_tree(tree, tokens[i, :k].copy(), probs[i][:k], drawn[i][:k])
+                    out[want[rid][0]] = drawn_tree(tree, tokens[i, :k].copy(), probs[i], drawn[i])
                 else:
                     out[want[rid][0]] = Draft(tokens[i, :k].copy(), parents=tree.parents[:k].copy(), depths=tree.depths[:k].copy())
 

@@ -152,6 +152,42 @@ def test_every_request_drafts_the_tree(eagle):
     assert done[greedy].output_ids == want[0] and len(done[sampled].output_ids) == 10  # the greedy request stays exact beside a sampled one
 
 
+def test_a_node_whose_distribution_has_fewer_tokens_than_children_drafts_fewer(eagle):
+    """top_k=2: two tokens with mass at every node, so two draws: the root's third child is not drawn, nor its own
+    child; the draft is the rest of the tree, renumbered."""
+    t, m = eagle["target"], eagle["mod"]
+    proposer = EagleProposer(t, m, "[[0], [1], [2], [0, 0], [2, 0]]")
+    engine = Engine(t, [proposer], SpeculationConfig("eagle", 5))
+    rid = engine.add_request(PROMPTS[2], GenerationConfig(max_output_len=10, sampling=SamplingConfig(temperature=0.7, top_k=2, random_seed=3)))
+    engine.step()
+    (draft,) = proposer.propose([engine.requests[rid]], [5])
+    assert_drawn_tree(draft, t.vocab_size)
+    assert draft.parents.tolist() == [-1, -1, 0] and ((draft.probs > 0).sum(-1) == 2).all()  # [0], [1], [0, 0]
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_a_tree_under_a_grammar_that_forces_tokens(eagle, greedy):
+    """A grammar that allows one token at every other position ('~' after each digit): a sampled request's node there
+    has one draw and its siblings none; their children are not drafted (no path to process), and the output keeps to
+    the grammar. (The demo tokenizer's grammar over this model's 96 ids: the digits and '~' are among them.)"""
+    from pathlib import Path
+
+    from specdec.formats.tokenizer import Tokenizer
+    from specdec.runtime.grammar import GrammarCompiler, GrammarSpec
+
+    tok = Tokenizer(Path(__file__).resolve().parents[2] / "examples" / "demo-pair" / "target")
+    compiler = GrammarCompiler(tok.to_json(), len(tok.vocab()), [tok.eos_token_id])
+    t, m = eagle["target"], eagle["mod"]
+    engine = Engine(t, [EagleProposer(t, m, TREE)], SpeculationConfig("eagle", 6))
+    sampling = SamplingConfig() if greedy else SamplingConfig(temperature=0.8, random_seed=1)
+    rid = engine.add_request(PROMPTS[0], GenerationConfig(max_output_len=12, sampling=sampling,
+                                                          grammar=compiler.compile(GrammarSpec("regex", "([0-9]~){6}"))))
+    out = run_until_done(engine)[rid]
+    text = tok.decode(out.output_ids)
+    assert out.finish_reason != "error" and len(text) == 12 and all(c.isdigit() for c in text[::2]) and set(text[1::2]) == {"~"}
+    assert engine.stats.drafted > 0
+
+
 def test_sampled_eagle_tree_keeps_the_target_distribution(eagle):
     """Sampled trees, verified by recursive rejection sampling: the first two output tokens over 1200 seeds are
     distributed as target-only sampling's (chi-square homogeneity test, p > 0.001)."""

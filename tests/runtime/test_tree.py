@@ -216,7 +216,8 @@ def test_recursive_rejection_sampling_down_a_drawn_tree_keeps_the_target_distrib
     """Children drawn without replacement from q (far from the target's p) and tested in turn, each against p's
     residual after its elder siblings: the first two tokens emitted (the second from the next call's target draw where
     the walk stopped at the root) are distributed as p(t1) p(t2 | t1) (chi-square goodness of fit over 12,000 trees,
-    p > 0.001). Without the residual update or the removal of drawn siblings from q this fails."""
+    p > 0.001, and the first token's alone). Without the residual update, the removal of drawn siblings from q, or a
+    uniform of each sibling's own, this fails."""
     from distributions import chi_square_critical
 
     from specdec.runtime.sampling import SamplingConfig, TargetDraws
@@ -242,6 +243,9 @@ def test_recursive_rejection_sampling_down_a_drawn_tree_keeps_the_target_distrib
     expected = counts.sum() * p_root[:, None] * p_next
     stat = float(((counts - expected) ** 2 / expected).sum())
     assert stat < chi_square_critical(vocab * vocab - 1), stat
+    firsts, expected_firsts = counts.sum(1), counts.sum() * p_root  # the first token alone: a sharper test of the root's rule
+    stat = float(((firsts - expected_firsts) ** 2 / expected_firsts).sum())
+    assert stat < chi_square_critical(vocab - 1), stat
     assert went_down > 6000  # most walks kept a drawn child
 
 

@@ -1,5 +1,5 @@
 """specdec-serve with an EAGLE target: its own drafter is served (chain or tree), greedy answers equal target-only's,
-sampled requests on a tree server are served (they draft a chain), and a method the server lacks is a 400."""
+sampled requests on a tree server draft the tree too, and a method the server lacks is a 400."""
 
 import httpx
 import pytest
