@@ -31,9 +31,10 @@ min-max: the figure to read on a shared machine), mean acceptance length, per-de
 round, and whether the output equals target-only's (greedy speculation must reproduce it exactly).
 
 Sampled (--temperature > 0): round r seeds every request with --seed + r (its stream: its place in the batch), the
-same for every method. Drafts verified by token compare (trees, n-gram, draft-target here) draw target-only's own
-tokens for the seed, so their output must equal target-only's; chains verified by rejection sampling (Medusa, EAGLE-3,
-P-EAGLE chains) keep the target's distribution but follow their drafts ("same" shows "-" for them).
+same for every method. Drafts verified by token compare (n-gram, draft-target here) draw target-only's own tokens
+for the seed, so their output must equal target-only's; Medusa, EAGLE-3 and P-EAGLE chains and trees, verified by
+rejection sampling (recursive, on a tree), keep the target's distribution but follow their drafts ("same" shows "-"
+for them).
 
 ``draft-cost``: what one round's drafting costs, chain k = each of --lens, EAGLE-3 (one module call, then one per
 further token) against P-EAGLE (one call), at each of --batches (batches of consecutive prompts): seconds of the
