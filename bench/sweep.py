@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -40,6 +41,7 @@ from ..runtime.proposers.ngram import NGramProposer
 from ..runtime.proposers.own import OwnDrafter
 from ..runtime.proposers.suffix import SuffixConfig, SuffixProposer
 from ..runtime.request import METHODS as ENGINE_METHODS
+from ..runtime.sampling import SamplingConfig
 from ..runtime.tree import check_nodes, parse_choices
 from .datasets import Record, check_fits
 
@@ -87,12 +89,15 @@ def generate_each(
     end_ids: tuple[int, ...] = (),
     batch_size: int = 1,
     warmup: int = 0,
+    sampling: SamplingConfig | None = None,
 ) -> dict[str, Any]:
     """Decode ``prompts`` in consecutive batches of ``batch_size``, each request up to its output length.
 
     A batch runs with its longest output length (static batching: with ``end_ids=()`` every row
     of a batch generates that many tokens). Returns outputs and summed figures; ``latencies_s``
-    has one entry per request (its batch's latency).
+    has one entry per request (its batch's latency). ``sampling``: greedy when None; else the batch
+    that starts at request i is seeded random_seed + i (each of its rows its own stream), so every
+    configuration samples each request with the same numbers.
     """
     if batch_size < 1:
         raise RequestError(f"batch_size={batch_size} must be >= 1.")
@@ -101,7 +106,9 @@ def generate_each(
     chunks = [(list(range(lo, min(lo + batch_size, len(prompts))))) for lo in range(0, len(prompts), batch_size)]
 
     def config(rows: list[int]) -> GenerationConfig:
-        return GenerationConfig(max_output_len=max(output_lens[r] for r in rows), end_ids=tuple(end_ids))
+        seeded = None if sampling is None else replace(sampling, random_seed=(sampling.random_seed + rows[0]) % 2**64)
+        return GenerationConfig(max_output_len=max(output_lens[r] for r in rows), end_ids=tuple(end_ids),
+                                **({} if seeded is None else {"sampling": seeded}))
 
     for rows in chunks[: max(0, warmup)]:
         orch.generate([prompts[r] for r in rows], config(rows))
@@ -186,6 +193,7 @@ def run_sweep(
     heads_dirs: dict[str, str | Path | EngineDir] | None = None,
     choices: dict[str, str | None] | None = None,
     cut_lens: bool = True,
+    sampling: SamplingConfig | None = None,
 ) -> dict[str, Any]:
     """Target-only first (every speedup is against it), then each method x draft length.
 
@@ -195,9 +203,15 @@ def run_sweep(
     for that method, saying so; False (lengths the user chose) also refuses, before anything is measured, a length that no
     method asked for drafts.
 
-    Returns {"settings", "step_cost", "rows"}; rows carry the figures of the module docstring and
-    ``identical_to_target_only`` (greedy drafting must reproduce target-only's tokens).
+    sampling: sample every request with it (generate_each seeds them), else greedy.
+
+    Returns {"settings", "step_cost", "rows"}; rows carry the figures of the module docstring,
+    ``identical_to_target_only`` and ``identical_expected``: greedy drafting must reproduce target-only's
+    tokens, and so must sampled drafts verified by token compare (target-only's draws for the seed); drafts
+    verified by rejection sampling follow their drafts (the target's distribution, not its tokens).
     """
+    if sampling is not None and sampling.greedy:
+        sampling = None
     methods = parse_methods(method)
     if not methods:
         raise RequestError(f"no --method given: choose from {', '.join(METHODS)}.")
@@ -269,14 +283,14 @@ def run_sweep(
     lens = [r["output_len"] for r in dataset]
 
     def measure(orch: Orchestrator) -> dict[str, Any]:
-        return generate_each(orch, prompts, lens, (), batch_size, warmup)
+        return generate_each(orch, prompts, lens, (), batch_size, warmup, sampling)
 
     say("target-only")
     base = measure(Orchestrator(target_ex))
     base_tps = base["output_tokens_per_s"]
     rows: list[dict[str, Any]] = []
 
-    def row(kind: str, label: str, r: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    def row(kind: str, label: str, r: dict[str, Any], proposer: Any = None, **extra: Any) -> dict[str, Any]:
         out = {
             "method": kind,
             "label": label,
@@ -292,6 +306,8 @@ def run_sweep(
             "mean_ttft_s": r["mean_ttft_s"],
             **percentiles(r["latencies_s"]),
             "identical_to_target_only": r["output_ids"] == base["output_ids"],
+            # rejection sampling's output follows its drafts: the same distribution as target-only's, other tokens
+            "identical_expected": sampling is None or not (proposer is not None and proposer.samples_drafts),
         }
         rows.append(out)
         return out
@@ -304,7 +320,8 @@ def run_sweep(
         cost = {"target_step_s": t_s, "draft_step_s": d_s, "c": d_s / t_s}
         for k in draft_lens:
             say(f"draft-target k={k}")
-            r = row("draft", f"draft-target k={k}", measure(Orchestrator(target_ex, DraftModelProposer(draft_ex), draft_len=k)), draft_len=k)
+            drafter = DraftModelProposer(draft_ex)
+            r = row("draft", f"draft-target k={k}", measure(Orchestrator(target_ex, drafter, draft_len=k)), drafter, draft_len=k)
             alpha = r["per_token_acceptance"] or 0.0
             r["analytic_bound"] = analytic_bound(alpha, k, cost["c"])
             r["fraction_of_bound"] = r["speedup"] / r["analytic_bound"] if r["analytic_bound"] else None
@@ -328,12 +345,12 @@ def run_sweep(
                 say(f"{m} chain k={k}: left out ({m} drafts at most {proposer.max_chain_len} on this engine)")
                 continue
             say(f"{m} chain k={k}")
-            row(m, f"{m} chain k={k}", measure(Orchestrator(chain.target, proposer, draft_len=k)), draft_len=k, tree=None)
+            row(m, f"{m} chain k={k}", measure(Orchestrator(chain.target, proposer, draft_len=k)), proposer, draft_len=k, tree=None)
         if trees[m] is not None:  # the same executors, a proposer with the tree
             treed = proposer.with_tree(trees[m])
             nodes = len(trees[m])
             say(f"{m} tree ({nodes} nodes)")
-            row(m, f"{m} tree n={nodes}", measure(Orchestrator(chain.target, treed, draft_len=nodes)), draft_len=nodes, tree=choices[m])
+            row(m, f"{m} tree n={nodes}", measure(Orchestrator(chain.target, treed, draft_len=nodes)), treed, draft_len=nodes, tree=choices[m])
     if "none" not in methods:
         rows[0]["reference_only"] = True  # measured for the speedups, not asked for
     settings = {
@@ -350,7 +367,9 @@ def run_sweep(
         "batch_size": batch_size,
         "warmup": warmup,
         "num_threads": threads,
-        "greedy": True,
+        "greedy": sampling is None,
+        "sampling": None if sampling is None else {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
+                                                   "random_seed": sampling.random_seed},
     }
     return {"settings": settings, "step_cost": cost, "rows": rows, "target_only_output_ids": base["output_ids"]}
 

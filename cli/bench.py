@@ -19,6 +19,7 @@ from ..bench.datasets import dumps_dataset, prepare_from_jsonl, prepare_syntheti
 from ..bench.sweep import parse_draft_lens, parse_methods, run_sweep, token_agreement
 from ..formats.engine_format import TREE_MODES, load_engine_dir
 from ..formats.errors import RequestError
+from ..formats.sampling_params import SamplingConfig
 from ..formats.tokenizer import Tokenizer
 from .common import check_output_file, clean_errors, engine_tokenizer, fmt_or_dash, option, verify_engine_option, yes_no_dash
 
@@ -128,6 +129,12 @@ def prepare_dataset(num_requests, input_mean, input_stdev, output_mean, output_s
 @option("batch_size", type=int, default=1, show_default=True,
         help="Requests per generate call (static batching; a batch runs to its longest output_len).")
 @option("warmup", type=int, default=1, show_default=True, help="Batches decoded before measuring, per configuration.")
+@option("temperature", type=float, default=0.0, show_default=True,
+        help="Sample every request at this temperature (0 = greedy): acceptance under sampling is what sampled traffic gets.")
+@option("top_k", type=int, default=0, show_default=True, help="With --temperature: 0 = off.")
+@option("top_p", type=float, default=1.0, show_default=True, help="With --temperature: 1.0 = off.")
+@option("random_seed", type=int, default=0, show_default=True,
+        help="With --temperature: the batch starting at request i is seeded random_seed + i, the same for every configuration.")
 @option("num_threads", type=int, default=None, help="ONNX Runtime intra-op threads (and torch threads for --compare) [default: all cores, up to 8].")
 @option("step_cost_reps", type=int, default=100, show_default=True, help="One-token steps timed per engine to measure c = draft/target step cost.")
 @option("output_json", type=click.Path(), help="Write settings, step costs and every row (and peer results).")
@@ -141,12 +148,12 @@ def prepare_dataset(num_requests, input_mean, input_stdev, output_mean, output_s
 @verify_engine_option
 @clean_errors
 def run(engine_dir, draft_engine_dir, method, medusa_engine_dir, eagle_engine_dir, peagle_engine_dir, medusa_choices, eagle_choices, peagle_choices,
-        draft_lens, ngram_size, dataset, max_output_len, tokenizer_dir, batch_size, warmup, num_threads,
+        draft_lens, ngram_size, dataset, max_output_len, tokenizer_dir, batch_size, warmup, temperature, top_k, top_p, random_seed, num_threads,
         step_cost_reps, output_json, plot, compare, target_checkpoint, draft_checkpoint, compare_peers, peers_work_dir, verify_engine) -> None:
     """Measure target-only, draft-target, n-gram, Medusa and EAGLE decoding on a dataset, sweeping draft lengths.
 
-    Every request generates exactly its output_len tokens (no EOS stop), greedy, one request per
-    call (--batch_size 1). tokens/s = generated tokens / summed request latency, time to first
+    Every request generates exactly its output_len tokens (no EOS stop), greedy (or sampled: --temperature),
+    one request per call (--batch_size 1). tokens/s = generated tokens / summed request latency, time to first
     token included; speedups are against target-only measured in the same run.
 
     \b
@@ -175,6 +182,12 @@ def run(engine_dir, draft_engine_dir, method, medusa_engine_dir, eagle_engine_di
         _import_matplotlib()  # fail before the measurements, not after
     if compare and batch_size != 1:
         raise RequestError("--compare runs the peers one request at a time: use --batch_size 1.")
+    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, random_seed=random_seed)
+    if compare and not sampling.greedy:
+        raise RequestError(f"--compare runs the peers greedy, token for token against ours: leave --temperature {temperature:g} out "
+                           "(or measure the sampled sweep without --compare).")
+    if sampling.greedy and (top_k, top_p, random_seed) != (0, 1.0, 0) and top_k != 1:
+        click.echo("note: --top_k, --top_p and --random_seed apply to sampled runs: without --temperature the run is greedy.", err=True)
     draft = load_engine_dir(draft_engine_dir, verify=verify_engine) if draft_engine_dir and "draft" in methods else None
     peer_setup = _check_compare(compare_peers, target, draft, target_checkpoint, draft_checkpoint) if compare else None  # before measuring
     check_output_file(output_json, "--output_json")  # before measuring: results must not be lost to an unwritable path
@@ -187,7 +200,8 @@ def run(engine_dir, draft_engine_dir, method, medusa_engine_dir, eagle_engine_di
                f"{','.join(map(str, lens)) if drafting and lens else '-'}", err=True)
     result = run_sweep(target, methods, draft, lens, ngram_size, records, num_threads, warmup, batch_size,
                        step_cost_reps, say=lambda what: click.echo(f"  measuring {what}", err=True), heads_dirs=heads_dirs,
-                       choices={"medusa": medusa_choices, "eagle": eagle_choices, "peagle": peagle_choices}, cut_lens=draft_lens is None)
+                       choices={"medusa": medusa_choices, "eagle": eagle_choices, "peagle": peagle_choices}, cut_lens=draft_lens is None,
+                       sampling=sampling)
     base_ids = result.pop("target_only_output_ids")
     click.echo(sweep_table(result))
     # our measurements are written before the peers run: a failing peer never costs them
@@ -214,7 +228,7 @@ def sweep_table(result: dict[str, Any]) -> str:
             f"{r['label']:<20}{r['output_tokens_per_s']:>10.1f}{r['speedup']:>8.2f}x{fmt_or_dash(r['acceptance_rate'], '.3f'):>12}"
             f"{fmt_or_dash(r['mean_acceptance_length'], '.2f'):>13}{fmt_or_dash(r.get('analytic_bound'), '.2f'):>7}"
             f"{r['latency_p50_s'] * 1e3:>9.1f}{r['latency_p90_s'] * 1e3:>9.1f}{r['latency_p99_s'] * 1e3:>9.1f}"
-            f"{yes_no_dash(None if r['method'] == 'none' else r['identical_to_target_only']):>11}"
+            f"{yes_no_dash(None if r['method'] == 'none' or not r['identical_expected'] else r['identical_to_target_only']):>11}"
         )
     cost = result.get("step_cost")
     if cost:
@@ -224,6 +238,10 @@ def sweep_table(result: dict[str, Any]) -> str:
         )
     s = result["settings"]
     lines.append(f"{s['requests']} requests, {s['input_tokens']} input tokens, batch {s['batch_size']}; tokens/s include time to first token")
+    if s.get("sampling"):
+        sp = s["sampling"]
+        lines.append(f"sampled: temperature {sp['temperature']:g}, top_k {sp['top_k']}, top_p {sp['top_p']:g}, seeds from {sp['random_seed']}; "
+                     "same as TO '-': rejection sampling follows its drafts (the target's distribution, not its tokens)")
     return "\n".join(lines)
 
 

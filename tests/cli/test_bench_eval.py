@@ -179,6 +179,31 @@ def test_bench_run_batch_and_errors(work, dataset, tmp_path):
         assert message in r.output and "Traceback" not in r.output, r.output
 
 
+def test_bench_run_sampled(work, dataset, tmp_path):
+    """--temperature samples every configuration with the same seeds: drafts verified by token compare (draft-target
+    without use_logits, n-gram) give target-only's tokens for the seeds, and the settings record the sampling."""
+    args = ["run", "--engine_dir", work / "target", "--draft_engine_dir", work / "draft", "--dataset", dataset, "--method", "none,draft,ngram",
+            "--draft_lens", "2", "--num_threads", 1, "--step_cost_reps", 10, "--temperature", 0.9, "--top_p", 0.9, "--random_seed", 5]
+    r = invoke(bench_main, *args, "--output_json", tmp_path / "s.json")
+    assert r.exit_code == 0, r.output
+    report = json.loads((tmp_path / "s.json").read_text())
+    assert report["settings"]["greedy"] is False
+    assert report["settings"]["sampling"] == {"temperature": 0.9, "top_k": 0, "top_p": 0.9, "random_seed": 5}
+    assert all(row["identical_to_target_only"] and row["identical_expected"] for row in report["rows"])
+    assert "sampled: temperature 0.9, top_k 0, top_p 0.9, seeds from 5" in r.stdout
+    greedy = invoke(bench_main, *args[:-6], "--output_json", tmp_path / "g.json")  # the same run without the sampling flags
+    assert greedy.exit_code == 0 and json.loads((tmp_path / "g.json").read_text())["settings"]["sampling"] is None
+    for args_, message in [
+        (["--temperature", 0.5, "--compare"], "--compare runs the peers greedy"),
+        (["--temperature", -1], "temperature=-1.0 must be a finite number >= 0"),
+        (["--temperature", 0.5, "--top_p", 2], "top_p=2.0 must be in [0, 1]"),
+    ]:
+        r = invoke(bench_main, "run", "--engine_dir", work / "target", "--dataset", dataset, "--method", "none", "--num_threads", 1, *args_)
+        assert r.exit_code == 1 and message in r.output and "Traceback" not in r.output, (args_, r.output)
+    r = invoke(bench_main, "run", "--engine_dir", work / "target", "--dataset", dataset, "--method", "none", "--num_threads", 1, "--top_p", 0.5)
+    assert r.exit_code == 0 and "note: --top_k, --top_p and --random_seed apply to sampled runs" in r.output
+
+
 def test_bench_compare_with_hf(work, dataset, tmp_path):
     r = invoke(bench_main, "run", "--engine_dir", work / "target", "--draft_engine_dir", work / "draft", "--dataset", dataset,
                "--method", "none,draft", "--draft_lens", "2", "--num_threads", 1, "--step_cost_reps", 5, "--compare", "--compare_peers", "hf",

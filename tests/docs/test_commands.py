@@ -203,8 +203,10 @@ def scratch(tmp_path_factory) -> Path:
     for name in ("examples", "benchmarks"):
         (d / name).symlink_to(ROOT / name)
     env = _env()
-    for name, extra in (("target", ["--speculative_decoding_mode", "draft_tokens_external", "--max_draft_len", "8"]), ("draft", [])):
-        subprocess.run([str(BIN / "specdec-build"), "--checkpoint_dir", f"examples/demo-pair/{name}", "--output_dir", f"demo-engines/{name}",
+    eagle = ["--speculative_decoding_mode", "eagle", "--eagle_dir", "examples/demo-pair/heads/eagle", "--max_draft_len", "8"]
+    for name, source, extra in (("target", "target", ["--speculative_decoding_mode", "draft_tokens_external", "--max_draft_len", "8"]),
+                                ("draft", "draft", []), ("eagle", "target", eagle)):  # examples/quickstart.sh's three
+        subprocess.run([str(BIN / "specdec-build"), "--checkpoint_dir", f"examples/demo-pair/{source}", "--output_dir", f"demo-engines/{name}",
                         "--max_seq_len", "1024", "--max_batch_size", "4", *extra], cwd=d, env=env, check=True, capture_output=True)
     return d
 

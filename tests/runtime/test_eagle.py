@@ -208,6 +208,12 @@ def test_bench_sweep_measures_eagle_chains_and_a_tree(eagle):
     assert labels == ["target-only", "eagle chain k=1", "eagle chain k=2", "eagle tree n=6"]
     assert all(r["identical_to_target_only"] for r in result["rows"])
     assert result["rows"][-1]["tree"] == TREE and result["settings"]["eagle_choices"] == TREE
+    sampled = run_sweep(target, ["none", "eagle"], None, [2], 2, data, threads=1, warmup=0, cost_reps=2,
+                        heads_dirs={"eagle": target}, choices={"eagle": TREE}, sampling=SamplingConfig(temperature=0.8, random_seed=3))
+    rows = {r["label"]: r for r in sampled["rows"]}
+    assert rows["target-only"]["identical_expected"]  # rejection sampling follows its drafts: not compared
+    assert not rows["eagle chain k=2"]["identical_expected"] and not rows["eagle tree n=6"]["identical_expected"]
+    assert rows["eagle tree n=6"]["mean_acceptance_length"] > 1 and sampled["settings"]["sampling"]["temperature"] == 0.8
 
 
 def test_load_engine_opens_the_module_beside_an_eagle_target(eagle):
