@@ -109,17 +109,28 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
 def sample_distinct(probs: np.ndarray, m: int, rng: np.random.Generator) -> list[int]:
     """Up to m tokens drawn one after another from probs [vocab] without replacement: each from the distribution left
     when the ones before it are removed (fewer where fewer tokens have mass). A sampled draft tree's children of one
-    node, in the order recursive rejection sampling tests them (runtime/tree.py)."""
-    rest = np.array(probs, dtype=np.float64)  # a copy: the drawn tokens are zeroed in it
+    node, in the order recursive rejection sampling tests them (runtime/tree.py).
+
+    One CDF serves every draw: a draw that lands on a token already taken is drawn again, which is exactly the
+    distribution left (q restricted to the rest, renormalized); once half the mass is taken, the rest is drawn from
+    directly (a vocabulary-long pass per draw, as retries would grow)."""
+    cdf = np.cumsum(probs, dtype=np.float64)  # [vocab]
+    total = float(cdf[-1]) if len(cdf) else 0.0
     out: list[int] = []
-    for _ in range(m):
-        if rest.sum() <= 0:
-            break
-        t = draw(rest, rng.random())
-        if rest[t] <= 0:  # only past the last token with mass (rounding at the CDF's end): none left to draw
-            break
+    taken = 0.0  # the mass of the tokens drawn
+    while len(out) < m and total > 0 and total - taken > total * 1e-12:
+        if taken > 0.5 * total:
+            rest = np.array(probs, dtype=np.float64)
+            rest[out] = 0.0
+            t = draw(rest, rng.random())
+            if rest[t] <= 0:  # (rounding past the last token with mass: nothing left to draw)
+                break
+        else:
+            t = int(min(np.searchsorted(cdf, rng.random() * total, side="right"), len(cdf) - 1))
+            if probs[t] <= 0 or t in out:
+                continue  # a token taken (or rounding onto one without mass): draw again
         out.append(t)
-        rest[t] = 0.0
+        taken += float(probs[t])
     return out
 
 

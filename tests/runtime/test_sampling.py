@@ -94,3 +94,28 @@ def test_a_row_with_nan_gives_nan_for_the_callers_guard(cfg):
     check ends that request (runtime/guards.py) rather than an error raised from inside a setting."""
     row = np.array([[0.5, np.nan, 2.0, 1.0, -1.0, 3.0]], np.float32)
     assert np.isnan(processed_probs(row, cfg)).all() and np.isnan(reference_probs(row, cfg)).all()
+
+
+@pytest.mark.parametrize("q", [[0.1, 0.2, 0.3, 0.25, 0.15], [0.7, 0.05, 0.15, 0.1, 0.0]])
+def test_sample_distinct_draws_without_replacement(q):
+    """The pair of first two draws follows q(a) q(b) / (1 - q(a)) (chi-square goodness of fit over 20,000 pairs,
+    p > 0.001), with a flat q and with one holding 0.7 of the mass (its second draw taken from the rest directly);
+    draws are distinct and never a token without mass; a q with fewer tokens with mass gives fewer draws."""
+    from distributions import chi_square_critical
+
+    from specdec.runtime.sampling import sample_distinct
+
+    q = np.array(q)
+    rng = np.random.default_rng(11)
+    counts = np.zeros((5, 5))
+    for _ in range(20000):
+        drawn = sample_distinct(q, 3, rng)
+        assert len(drawn) == 3 and len(set(drawn)) == 3 and all(q[t] > 0 for t in drawn)
+        counts[drawn[0], drawn[1]] += 1
+    expected = 20000 * q[:, None] * q[None, :] / (1 - q[:, None])
+    np.fill_diagonal(expected, 0.0)
+    cells = expected > 0
+    stat = float(((counts[cells] - expected[cells]) ** 2 / expected[cells]).sum())
+    assert counts[~cells].sum() == 0 and stat < chi_square_critical(int(cells.sum()) - 1), stat
+    assert sorted(sample_distinct(np.array([0.0, 0.6, 0.0, 0.4]), 3, rng)) == [1, 3]
+    assert sample_distinct(np.zeros(4), 2, rng) == []
