@@ -15,9 +15,9 @@ at once (the cache keeps the real pairs only), as EAGLE rolls its drafted rows b
 
 Chains take each position's pick (greedy: argmax; sampled: a draw from the processed distribution, passed on for
 rejection sampling; runtime/proposers/medusa.py's ``positional_draft``, Medusa's heads being the same kind of
-per-position guesses); trees take each depth's top candidates under every parent (``--peagle_choices``), from the
-same single call: a greedy request's its top candidates, a sampled request's its draws without replacement, verified by
-recursive rejection sampling (runtime/tree.py).
+per-position guesses); trees (``--peagle_choices``) take, from the same single call, each depth's top candidates
+(greedy) or its draws without replacement (sampled, verified by recursive rejection sampling: runtime/tree.py), the
+same under every parent.
 
 Pending pairs, prefill and removal are EAGLE's (EagleProposer), except that a backlog (a long prompt, rounds without
 drafts) is fed up to its last pair: that one goes with the block, so a round is always one call.
