@@ -290,7 +290,8 @@ def run_sweep(
     base_tps = base["output_tokens_per_s"]
     rows: list[dict[str, Any]] = []
 
-    def row(kind: str, label: str, r: dict[str, Any], proposer: Any = None, **extra: Any) -> dict[str, Any]:
+    def row(kind: str, label: str, r: dict[str, Any], orch: Orchestrator | None = None, **extra: Any) -> dict[str, Any]:
+        """One configuration's figures (orch: what measured it; None for target-only itself)."""
         out = {
             "method": kind,
             "label": label,
@@ -306,8 +307,9 @@ def run_sweep(
             "mean_ttft_s": r["mean_ttft_s"],
             **percentiles(r["latencies_s"]),
             "identical_to_target_only": r["output_ids"] == base["output_ids"],
-            # rejection sampling's output follows its drafts: the same distribution as target-only's, other tokens
-            "identical_expected": sampling is None or not (proposer is not None and proposer.samples_drafts),
+            # rejection sampling's output follows its drafts (the same distribution as target-only's, other tokens); a padded
+            # draft's cuts sampling to the ids both share
+            "identical_expected": sampling is None or orch is None or orch.engine.sample_differs() is None,
         }
         rows.append(out)
         return out
@@ -320,8 +322,8 @@ def run_sweep(
         cost = {"target_step_s": t_s, "draft_step_s": d_s, "c": d_s / t_s}
         for k in draft_lens:
             say(f"draft-target k={k}")
-            drafter = DraftModelProposer(draft_ex)
-            r = row("draft", f"draft-target k={k}", measure(Orchestrator(target_ex, drafter, draft_len=k)), drafter, draft_len=k)
+            orch = Orchestrator(target_ex, DraftModelProposer(draft_ex), draft_len=k)
+            r = row("draft", f"draft-target k={k}", measure(orch), orch, draft_len=k)
             alpha = r["per_token_acceptance"] or 0.0
             r["analytic_bound"] = analytic_bound(alpha, k, cost["c"])
             r["fraction_of_bound"] = r["speedup"] / r["analytic_bound"] if r["analytic_bound"] else None
@@ -329,13 +331,13 @@ def run_sweep(
         for k in draft_lens:
             say(f"ngram k={k} n={ngram_size}")
             orch = Orchestrator(target_ex, NGramProposer(k, ngram_size), draft_len=k)
-            row("ngram", f"ngram k={k} n={ngram_size}", measure(orch), draft_len=k, ngram_size=ngram_size)
+            row("ngram", f"ngram k={k} n={ngram_size}", measure(orch), orch, draft_len=k, ngram_size=ngram_size)
     if "suffix" in methods:  # a fresh global cache per draft length: each row starts from the same empty cache
         on_trees = bool(target.config.build.tree_attention)
         for k in draft_lens:
             say(f"suffix k={k}")
             orch = Orchestrator(target_ex, SuffixProposer(SuffixConfig(max_draft_len=k), trees=on_trees), draft_len=k)
-            row("suffix", f"suffix {'tree' if on_trees else 'chain'} k={k}", measure(orch), draft_len=k)
+            row("suffix", f"suffix {'tree' if on_trees else 'chain'} k={k}", measure(orch), orch, draft_len=k)
     for m, engine_dir in heads.items():  # Medusa / EAGLE: the target's own drafter, on its own engine
         own_target = target_ex if engine_dir.path == target.path else None
         chain = load_engine(engine_dir, method=m, num_threads=threads, target_executor=own_target)
@@ -345,12 +347,14 @@ def run_sweep(
                 say(f"{m} chain k={k}: left out ({m} drafts at most {proposer.max_chain_len} on this engine)")
                 continue
             say(f"{m} chain k={k}")
-            row(m, f"{m} chain k={k}", measure(Orchestrator(chain.target, proposer, draft_len=k)), proposer, draft_len=k, tree=None)
+            orch = Orchestrator(chain.target, proposer, draft_len=k)
+            row(m, f"{m} chain k={k}", measure(orch), orch, draft_len=k, tree=None)
         if trees[m] is not None:  # the same executors, a proposer with the tree
             treed = proposer.with_tree(trees[m])
             nodes = len(trees[m])
             say(f"{m} tree ({nodes} nodes)")
-            row(m, f"{m} tree n={nodes}", measure(Orchestrator(chain.target, treed, draft_len=nodes)), treed, draft_len=nodes, tree=choices[m])
+            orch = Orchestrator(chain.target, treed, draft_len=nodes)
+            row(m, f"{m} tree n={nodes}", measure(orch), orch, draft_len=nodes, tree=choices[m])
     if "none" not in methods:
         rows[0]["reference_only"] = True  # measured for the speedups, not asked for
     settings = {

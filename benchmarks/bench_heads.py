@@ -97,11 +97,6 @@ class Method:
     orch: Orchestrator
     runs: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # batch size -> per round: seconds, outputs, metrics
 
-    @property
-    def follows_drafts(self) -> bool:
-        """A sampled request's output follows its drafts (rejection sampling), so it need not equal target-only's."""
-        proposer = self.orch.engine.proposers.get(self.orch.engine.speculation.method)
-        return proposer is not None and proposer.samples_drafts
 
 
 def module_methods(label: str, path: str, cls, lens: list[int | str], choices: str | None, threads: int | None,
@@ -201,7 +196,7 @@ def summarize(ms: list[Method], subsets: dict[str, list[int]], n_new: int, sampl
             row["per_depth_acceptance"] = metrics.per_position_acceptance
             row["draft_ms_per_round"] = spread([1e3 * r["draft_s"] / max(r["engine_rounds"], 1) for r in runs])
             row["identical"] = all(r["output_ids"] == b["output_ids"] for r, b in zip(runs, base.runs[size], strict=False))
-            row["identical_expected"] = not (sampled and m.follows_drafts)
+            row["identical_expected"] = not (sampled and m.orch.engine.sample_differs())
             per_batch[str(size)] = row
         out[m.name] = per_batch
     return out

@@ -274,14 +274,10 @@ def method_label(engine: Engine) -> str:
 def _sampled_note(engine: Engine, sampling: SamplingConfig) -> str:
     """What --baseline's identity line may expect of a sampled run: token compare draws target-only's tokens for the
     seed, rejection sampling follows its drafts, and a padded draft cuts sampling to the ids both share."""
-    proposer = engine.proposers.get(engine.speculation.method)
-    if sampling.greedy or proposer is None:
+    if sampling.greedy or engine.speculation.method not in engine.proposers:
         return ""
-    if proposer.samples_drafts:
-        return " (rejection sampling: the sample follows the drafts, not expected to be identical)"
-    if engine.vocab_limit is not None:
-        return f" (sampled over the {engine.vocab_limit} ids draft and target share, not expected to be identical)"
-    return " (sampled by token compare: target-only's draws, expected to be identical)"
+    why = engine.sample_differs()
+    return f" ({why}, not expected to be identical)" if why else " (sampled by token compare: target-only's draws, expected to be identical)"
 
 
 def parse_draft_len(value: str | None) -> int | str | None:

@@ -162,6 +162,19 @@ class Engine:
         """How the draft model drafts for this target, when its method paired them (runtime/pairing.py): shared ids or text."""
         return next((p.pairing for p in self.proposers.values() if p.pairing is not None), None)
 
+    def sample_differs(self, method: str | None = None) -> str | None:
+        """Why a sampled request of ``method`` (default: the engine's) need not give target-only's tokens for its seed,
+        or None when it does: drafts verified by token compare draw target-only's own tokens, rejection sampling follows
+        its drafts, and a draft with a smaller vocabulary cuts sampling to the ids both share."""
+        proposer = self.proposers.get(method or self.speculation.method)
+        if proposer is None:
+            return None
+        if proposer.samples_drafts:
+            return "rejection sampling: the sample follows the drafts"
+        if self.vocab_limit is not None:
+            return f"sampled over the {self.vocab_limit} ids draft and target share"
+        return None
+
     @property
     def running(self) -> list[Request]:
         """The requests holding a slot, ``running[s]`` in slot ``s``."""

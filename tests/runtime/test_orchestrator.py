@@ -136,6 +136,16 @@ def test_padded_vocabularies_share_the_tokenizer_range(tmp_path):
     assert orch.vocab_limit == 96
     out, m = run(orch, PROMPTS)
     assert all(max(o.output_ids) < 96 for o in out) and m.drafted > 0
+    # sampled, its drafts verified by token compare but over the 96 shared ids: not target-only's tokens for the seed,
+    # as specdec-run's --baseline and specdec-bench's sweep say (Engine.sample_differs)
+    assert orch.engine.sample_differs() == "sampled over the 96 ids draft and target share"
+    from specdec.bench.sweep import run_sweep
+
+    data = [{"input_ids": p, "output_len": 8} for p in PROMPTS]
+    with pytest.warns(PairWarning):
+        sweep = run_sweep(t.engine.path, ["none", "draft"], tmp_path / "de", [2], 2, data, threads=1, warmup=0, cost_reps=2,
+                          sampling=SamplingConfig(temperature=0.9, random_seed=1))
+    assert [r["identical_expected"] for r in sweep["rows"]] == [True, False]
 
 
 @pytest.mark.parametrize("method", ["draft_rejection_sampling", "ngram_token_compare"])
