@@ -187,8 +187,9 @@ def accept_tree_rejection_sampling(tokens: np.ndarray, parents: np.ndarray, draf
                 kept = child
                 break
             residual = np.maximum(p - q, 0.0)
-            if residual.sum() > 0:  # (0 only where p and q agree to rounding: then p is its own residual)
-                p = residual / residual.sum()
+            mass = residual.sum()
+            if mass > 0:  # (0 only where p and q agree to rounding: then p is its own residual)
+                p = residual / mass
             rest[x] = 0.0
         if kept is None:
             return path, draw(p, draws.uniform(depth, RESIDUAL))

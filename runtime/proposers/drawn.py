@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..sampling import processed_probs
+from ..logits import Rows
 from .base import Draft
 
 if TYPE_CHECKING:
@@ -23,9 +23,8 @@ if TYPE_CHECKING:
 
 def draft_distribution(r: Request, row: np.ndarray, path: Sequence[int]) -> np.ndarray:
     """The distribution a sampled request's drafter proposes from at a node: its row [vocab] processed as the target's
-    would be there (penalties, bias, grammar with the path's tokens as history; temperature, top-k, top-p)."""
-    x = r.processor.logits(row, path) if r.processor is not None else row
-    return processed_probs(np.asarray(x)[None], r.config.sampling)[0]
+    row is there (penalties, bias, grammar with the path's tokens as history; temperature, top-k, top-p): Rows.probs."""
+    return Rows(row[None], r.processor).probs(0, r.config.sampling, list(path))
 
 
 def drawn_tree(tree: DraftTree, tokens: np.ndarray, probs: np.ndarray, drawn: np.ndarray) -> Draft:

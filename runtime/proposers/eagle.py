@@ -306,7 +306,7 @@ class EagleProposer(OwnDrafter):
             if rid in want:
                 k = min(want[rid][1], nodes)
                 if i in sampled:
-                    out[want[rid][0]] = drawn_tree(tree, tokens[i, :k].copy(), probs[i], drawn[i])
+                    out[want[rid][0]] = drawn_tree(tree, tokens[i, :k], probs[i], drawn[i])  # (it copies the tokens)
                 else:
                     out[want[rid][0]] = Draft(tokens[i, :k].copy(), parents=tree.parents[:k].copy(), depths=tree.depths[:k].copy())
 
