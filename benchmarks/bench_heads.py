@@ -22,7 +22,9 @@ Methods (each on its own engine of the same model; every speedup is against targ
 
 ``auto`` in --eagle_lens / --peagle_lens adds draft_len=auto on the same engines; ``--one_price`` adds "P-EAGLE
 k=auto flat", P-EAGLE's auto pricing each round at one module call whatever its drafts (the pricing before it fitted a
-line over them: the ablation).
+line over them: the ablation). ``--tree_auto`` adds draft_len=auto on each tree ("tree auto": the nodes that pay, by
+each node's measured acceptance) and its ablation ("tree auto whole": the same estimates, the whole tree or nothing,
+as auto drafted static trees before). "nodes" is the drafts verified per drafting round (a tree's nodes kept).
 
 Every method is loaded once and warmed up (at every batch size); then each round runs batch by batch, every method in
 turn on each batch (the order rotated each round), so the methods share each stretch of machine load. Reported per
@@ -53,6 +55,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import host  # noqa: E402
@@ -61,6 +65,7 @@ from prompts import spread, workloads  # noqa: E402
 from specdec.bench.plots import beside, spread_bar, write_bars  # noqa: E402
 from specdec.formats.config_strings import DraftTargetConfig, NGramConfig  # noqa: E402
 from specdec.formats.engine_format import load_engine_dir  # noqa: E402
+from specdec.runtime.draft_len import DRAFT_MARGIN  # noqa: E402
 from specdec.runtime.loading import load_engine  # noqa: E402
 from specdec.runtime.metrics import Metrics  # noqa: E402
 from specdec.runtime.orchestrator import GenerationConfig, Orchestrator  # noqa: E402
@@ -99,8 +104,25 @@ class Method:
 
 
 
+def whole_tree(orch: Orchestrator) -> Orchestrator:
+    """The ablation of --tree_auto: draft_len=auto drafting a static tree whole or not at all (what auto did before it
+    kept the nodes that pay), from the same per-node estimates: choose_nodes, its n limited to all or none."""
+    auto = orch.engine.auto
+
+    def whole(method: str, limit: int, scale: float = 1.0, rows: int = 1, catch_up_s: float = 0.0, left: int = 128) -> np.ndarray:
+        values = auto.node_values(method)[0][:limit]
+        tokens = 1.0 + float(np.minimum(scale * values, 0.999).sum())
+        t_draft = auto.draft_cost(method, rows, default=0.1 * auto._cost(rows, 1))
+        spread = rows * catch_up_s / max(min(left, 128), 1)
+        cost = auto.drafting_cost(method, rows, len(values), t_draft) + auto._cost(rows, len(values) + 1) + spread * tokens
+        return np.arange(len(values) if tokens / cost > (1.0 + DRAFT_MARGIN) / auto._cost(rows, 1) else 0)
+
+    auto.choose_nodes = whole
+    return orch
+
+
 def module_methods(label: str, path: str, cls, lens: list[int | str], choices: str | None, threads: int | None,
-                   ablate_price: bool = False) -> list[Method]:
+                   ablate_price: bool = False, tree_auto: bool = False) -> list[Method]:
     """Chains of each length (``auto``: draft_len=auto) and a tree of one EAGLE-family target, on one target executor and
     one module executor; ``ablate_price``: also auto with one price per round (``one_price``)."""
     first = load_engine(load_engine_dir(path), num_threads=threads)
@@ -112,6 +134,9 @@ def module_methods(label: str, path: str, cls, lens: list[int | str], choices: s
     if choices:
         tree = cls(first.target, proposer.module, choices)
         out.append(Method(f"{label} tree n={len(tree.tree)}", Orchestrator(first.target, tree, draft_len=len(tree.tree))))
+        if tree_auto:
+            fresh = lambda: Orchestrator(first.target, cls(first.target, proposer.module, choices), draft_len="auto")  # noqa: E731
+            out += [Method(f"{label} tree auto", fresh()), Method(f"{label} tree auto whole", whole_tree(fresh()))]
     return out
 
 
@@ -132,10 +157,14 @@ def methods(args: argparse.Namespace) -> list[Method]:
         if args.medusa_choices:
             tree = MedusaProposer(chain.target, args.medusa_choices)
             out.append(Method(f"Medusa tree n={len(tree.tree)}", Orchestrator(chain.target, tree, draft_len=len(tree.tree))))
+            if args.tree_auto:
+                fresh = lambda: Orchestrator(chain.target, MedusaProposer(chain.target, args.medusa_choices), draft_len="auto")  # noqa: E731
+                out += [Method("Medusa tree auto", fresh()), Method("Medusa tree auto whole", whole_tree(fresh()))]
     if args.eagle:
-        out += module_methods("EAGLE", args.eagle, EagleProposer, args.eagle_lens, args.eagle_choices, threads)
+        out += module_methods("EAGLE", args.eagle, EagleProposer, args.eagle_lens, args.eagle_choices, threads, tree_auto=args.tree_auto)
     if args.peagle:
-        out += module_methods("P-EAGLE", args.peagle, PEagleProposer, args.peagle_lens, args.peagle_choices, threads, args.one_price)
+        out += module_methods("P-EAGLE", args.peagle, PEagleProposer, args.peagle_lens, args.peagle_choices, threads, args.one_price,
+                              args.tree_auto)
     return out
 
 
@@ -193,6 +222,7 @@ def summarize(ms: list[Method], subsets: dict[str, list[int]], n_new: int, sampl
                 row[sub] = {"tokens_per_s": spread(tps), "speedup": spread([a / b for a, b in zip(tps, base_tps, strict=False)])}
             metrics = runs[-1]["metrics"]
             row["mean_acceptance_length"] = metrics.mean_acceptance_length if metrics.drafted else None
+            row["drafts_per_round"] = metrics.drafted / metrics.drafting_rounds if metrics.drafting_rounds else None
             row["per_depth_acceptance"] = metrics.per_position_acceptance
             row["draft_ms_per_round"] = spread([1e3 * r["draft_s"] / max(r["engine_rounds"], 1) for r in runs])
             row["identical"] = all(r["output_ids"] == b["output_ids"] for r, b in zip(runs, base.runs[size], strict=False))
@@ -211,13 +241,15 @@ def print_table(summary: dict[str, dict[str, Any]], subsets: dict[str, list[int]
         subs = list(subsets) if size == "1" else ["all"]
         print(f"\nbatch {size}")
         print(f"{'method':<22}{'tokens/s (all)':>22}" + "".join(f"{'speedup ' + sub:>26}" for sub in subs)
-              + f"{'draft ms/round':>22}{'acc. len':>10}  per-depth acceptance   same")
+              + f"{'draft ms/round':>22}{'acc. len':>10}{'nodes':>7}  per-depth acceptance   same")
         for name, rows in summary.items():
             row = rows[size]
             acc = row["mean_acceptance_length"]
             depth = " ".join(f"{a:.2f}" for a in row["per_depth_acceptance"][:4])
+            nodes = row.get("drafts_per_round")
             print(f"{name:<22}{cell(row['all']['tokens_per_s']):>22}" + "".join(f"{cell(row[sub]['speedup'], 'x'):>26}" for sub in subs)
-                  + f"{cell(row['draft_ms_per_round'], digits=1):>22}{(f'{acc:.2f}' if acc else '-'):>10}  {depth:<20} "
+                  + f"{cell(row['draft_ms_per_round'], digits=1):>22}{(f'{acc:.2f}' if acc else '-'):>10}"
+                  + f"{(f'{nodes:.1f}' if nodes else '-'):>7}  {depth:<20} "
                   + ("yes" if row["identical"] else "NO" if row["identical_expected"] else "-"))
 
 
@@ -311,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--draft_lens", type=ints, default=[4])
         p.add_argument("--eagle_lens", type=lens_or_auto, default=[3], help="chain lengths; auto: draft_len=auto")
         p.add_argument("--peagle_lens", type=lens_or_auto, default=[4], help="chain lengths; auto: draft_len=auto")
+        p.add_argument("--tree_auto", action="store_true",
+                       help="also draft_len=auto on each tree, and its ablation drafting the tree whole or not at all")
         p.add_argument("--one_price", action="store_true",
                        help="with auto in --peagle_lens: also P-EAGLE auto pricing a round at one call whatever its drafts (the ablation)")
         p.add_argument("--max_new_tokens", type=int, default=96)

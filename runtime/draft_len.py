@@ -48,9 +48,22 @@ rounds: lowering it for short ones made auto draft where nothing paid. A tree is
 
 Trees and scored drafts use the same costs with their own expected tokens:
 
-* a static tree (Medusa, EAGLE) is drafted whole or not at all
-  (``choose_tree``): its expected tokens are 1 + the accepted drafts per
-  round measured for the method, shrunk as above;
+* a static tree (Medusa, EAGLE-3, P-EAGLE choices) keeps the nodes that pay
+  (``choose_nodes``): each node's chance of being on the path the target
+  keeps is measured per method (``record_tree``; a prior worth
+  ``PRIOR_WEIGHT`` rounds, halving with depth, before it was), and the n best
+  nodes make 1 + the sum of those chances, scaled by how the request's own
+  trees fare against them (``tree_scale``). The n with the most tokens per
+  second wins (Sequoia's and EAGLE-2's point: the tree that pays depends on
+  the hardware and the batch, not only on the drafter), priced at the call's
+  width n + 1 and at drafting the tree's first nodes up to the deepest kept;
+  none, where no n beats one token per call. A node is never worth more than
+  its parent or an earlier sibling, so the best n nodes are always a tree
+  whose nodes keep their first children: what a sampled tree's recursive
+  rejection sampling needs. A kept node's chance does not depend on which
+  other nodes are kept (a greedy node is kept when the target's token is its
+  own; a sampled one after its earlier siblings were tried), so the sum holds
+  for any such subtree;
 * a draft that scores its own nodes (suffix decoding: each node's estimated
   probability of being accepted, from the counts) keeps the best prefix of
   its nodes (``choose_scored``): the expected tokens of k nodes are 1 + c *
@@ -79,7 +92,7 @@ tokens for a call of width k + 1 and k draft steps (a one-call drafter's round),
 probes, the exploring rounds and the draft model's catch-ups that let auto notice a change could not find a
 draft that pays, and would only cost. Outside probe rounds a chain drafter's requests are not priced one by one either when
 no draft length would pay even at the batch's best acceptance with its lightest catch-up (runtime/draft_policy.py:
-AutoDraftPolicy.may_draft; a static tree likewise at its best tokens a round), so a full batch where nothing pays, a batch
+AutoDraftPolicy.may_draft; a static tree likewise at the batch's best scale), so a full batch where nothing pays, a batch
 of requests whose drafts have not read their prompts included, costs one check per round, not a choice per request; what deciding costs per round is
 measured (``Metrics.decide_s``, the server's ``spec_decode_decision_seconds``).
 
@@ -103,6 +116,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .tree import DraftTree
 
 PRIOR_WEIGHT = 8.0  # drafts' worth of the method-wide acceptance in a request's estimate
 PROBE_EVERY = 16  # one round in this many is a probe round for requests at k = 0
@@ -114,6 +133,7 @@ HORIZON = 128  # tokens over which a catch-up is spread at most (a request's max
 PROBE_BACKLOG = 2 * 16  # a request that never drafted is not probed if that would feed its draft more than this ...
 EXPLORE_ROUNDS = 8  # ... unless its method has drafted in fewer rounds than this: auto has nothing else to learn from
 PERFECT = 1.0  # pays_at's default acceptance: every draft accepted
+NODE_PRIOR = 0.5  # a static tree node's chance of being kept before it was measured: this to its depth, over its place
 SKIP_SHARE = 0.02  # a scored draft whose proposal costs less than this share of a target step is proposed every round
 
 
@@ -214,6 +234,11 @@ class AutoDraftLen:
         self._tokens: dict[str, tuple[float, list[float]]] = {}  # method -> (a, expected_tokens to max_draft_len), likewise
         self.drafting_rounds: dict[str, int] = {}  # method -> rounds that drafted (a tree's mean accepted per round)
         self.predicted: dict[str, float] = {}  # method -> the scores of scored drafts, summed (their calibration)
+        # static trees (Medusa, EAGLE-3, P-EAGLE choices), filled by the Engine: method -> its proposer's DraftTree
+        self.trees: dict[str, DraftTree] = {}
+        self.node_counts: dict[str, np.ndarray] = {}  # method -> [2, max_draft_len]: rounds each node was verified, kept
+        self._values: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # method -> node_values
+        self._stale: set[str] = set()  # methods whose tree rounds came after their node_values
         self.scored_accepted: dict[str, float] = {}
 
     def describe(self, method: str, rows: int) -> dict:
@@ -228,6 +253,7 @@ class AutoDraftLen:
                 "draft_step_ms": round(self.draft_cost(method, rows, default=float("nan")) * 1e3, 3),
                 "catch_up_64_ms": round(self.catch_up_cost(method, 64, rows) * 1e3, 3) if method in self.catch_up_s else None,
                 "acceptance": round(self.acceptance(method, 0, 0), 3), "drafting_rounds": self.drafting_rounds.get(method, 0),
+                **({"node_values": [round(v, 3) for v in self.node_values(method)[0].tolist()]} if method in self.trees else {}),
                 "perfect_drafter_pays": self.pays_at(method, rows)}
 
     # -- measurements -------------------------------------------------------------------
@@ -491,24 +517,6 @@ class AutoDraftLen:
         return any(tokens[k] / (drafting[k] + verify[k + 1] + spread * tokens[k]) > base for k in range(1, top + 1))
 
     # -- trees and scored drafts ------------------------------------------------------------
-    def choose_tree(self, method: str, nodes: int, accepted: int, rounds: int, rows: int = 1, catch_up_s: float = 0.0,
-                    left: int = HORIZON) -> int:
-        """``nodes`` (the whole tree) or 0: whichever gives more expected tokens per second at ``rows`` requests.
-
-        ``accepted`` / ``rounds``: the request's own accepted drafts and drafting rounds so far; ``catch_up_s``,
-        ``left``: as for ``choose``."""
-        if nodes <= 0:
-            return 0
-        return nodes if self.tree_pays(method, nodes, self.tree_tokens(method, accepted, rounds), rows, catch_up_s, left) else 0
-
-    def tree_pays(self, method: str, nodes: int, tokens: float, rows: int = 1, catch_up_s: float = 0.0, left: int = HORIZON) -> bool:
-        """Whether a static tree of ``nodes`` expected to make ``tokens`` a round (tree_tokens) beats one token per call at
-        ``rows`` requests, with DRAFT_MARGIN; ``catch_up_s`` / ``left`` as for ``choose``."""
-        t_draft = self.draft_cost(method, rows, default=0.1 * self._cost(rows, 1))
-        spread = rows * catch_up_s / max(min(left, HORIZON), 1)
-        tree = tokens / (self.drafting_cost(method, rows, nodes, t_draft) + self._cost(rows, nodes + 1) + spread * tokens)
-        return tree > (1.0 + DRAFT_MARGIN) / self._cost(rows, 1)
-
     def calibration(self, method: str) -> float:
         """Accepted drafts per expected draft of the method's scored drafts (1 until measured; a prior of 8 drafts)."""
         return (self.scored_accepted.get(method, 0.0) + PRIOR_WEIGHT) / (self.predicted.get(method, 0.0) + PRIOR_WEIGHT)
@@ -532,11 +540,72 @@ class AutoDraftLen:
                 best, best_speed = k, speed
         return best
 
-    def tree_tokens(self, method: str, accepted: int, rounds: int) -> float:
-        """A static tree's expected tokens per round for a request with ``accepted`` drafts over ``rounds``
-        drafting rounds, shrunk towards the method's mean (as choose_tree)."""
-        method_mean = self.accepted.get(method, 0.0) / max(self.drafting_rounds.get(method, 0), 1) if method in self.drafting_rounds else 1.0
-        return 1.0 + (accepted + PRIOR_WEIGHT * method_mean) / (rounds + PRIOR_WEIGHT)
+    # -- static trees: each node's acceptance -----------------------------------------------------------------
+    def record_tree(self, method: str, verified: np.ndarray, kept: np.ndarray) -> None:
+        """A static tree's round: its nodes ``verified`` and those on the path the target ``kept`` (indices in the
+        method's DraftTree, ``trees``)."""
+        counts = self.node_counts.get(method)
+        if counts is None:
+            counts = self.node_counts[method] = np.zeros((2, self.max_draft_len))  # [verified, kept] per node
+        counts[0, verified] += 1
+        counts[1, kept] += 1
+        self._stale.add(method)
+
+    def node_values(self, method: str, fresh: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """(values [nodes], order [nodes]): each node of the method's tree's chance of being on the kept path when it is
+        verified, from its counts with a prior worth PRIOR_WEIGHT rounds (NODE_PRIOR^depth / (1 + its place among its
+        siblings)), made no larger than its parent's or an earlier sibling's; and the nodes best first (ties: tree
+        order). So every first n of ``order`` holds each node's parent and earlier siblings: a tree, and one a sampled
+        request can verify (its children are tried in the order drawn). Worked out again after the method's tree rounds
+        when ``fresh`` (once a round: the rounds' outcomes are recorded request by request, and read as the last round
+        left them until the next round plans)."""
+        got = self._values.get(method)
+        if got is not None and (not fresh or method not in self._stale):
+            return got
+        self._stale.discard(method)
+        tree = self.trees[method]
+        n = len(tree)
+        prior = NODE_PRIOR ** tree.depths.astype(np.float64) / (1.0 + tree.orders)
+        counts = self.node_counts.get(method)
+        values = prior if counts is None else (counts[1, :n] + PRIOR_WEIGHT * prior) / (counts[0, :n] + PRIOR_WEIGHT)
+        values = values.tolist()
+        last: dict[int, int] = {}  # parent -> its child met last
+        for j, parent in enumerate(tree.parents.tolist()):  # parents and earlier siblings come first
+            cap = 1.0 if parent < 0 else values[parent]
+            if parent in last:
+                cap = min(cap, values[last[parent]])
+            values[j] = min(values[j], cap)
+            last[parent] = j
+        out = np.array(values)
+        got = self._values[method] = (out, np.argsort(-out, kind="stable"))
+        return got
+
+    def tree_scale(self, accepted: int, expected: float) -> float:
+        """How a request's static trees fare against the method's: its accepted drafts over what its verified nodes'
+        values promised (``expected``), with PRIOR_WEIGHT drafts at 1."""
+        return (accepted + PRIOR_WEIGHT) / (expected + PRIOR_WEIGHT)
+
+    def choose_nodes(self, method: str, limit: int, scale: float = 1.0, rows: int = 1, catch_up_s: float = 0.0,
+                     left: int = HORIZON) -> np.ndarray:
+        """The nodes of the method's static tree (ascending indices, each below ``limit``) to verify at ``rows`` requests:
+        the n best by value (``node_values``, times the request's ``scale``) for the n with the most expected tokens per
+        second, or none where no n beats one token per call with DRAFT_MARGIN. Drafting is priced at the tree's first
+        (deepest kept index + 1) nodes, what its proposer drafts; ``catch_up_s`` / ``left`` as for ``choose``."""
+        values, order = self.node_values(method)
+        if limit < len(order):
+            order = order[order < limit]
+        t_draft = self.draft_cost(method, rows, default=0.1 * self._cost(rows, 1))
+        price = self._round_price(method, rows, t_draft)
+        spread = rows * catch_up_s / max(min(left, HORIZON), 1)
+        best, best_speed = 0, (1.0 + DRAFT_MARGIN) / self._cost(rows, 1)
+        tokens, drafted = 1.0, 0
+        for n, j in enumerate(order.tolist(), 1):
+            tokens += min(scale * values[j], 0.999)
+            drafted = max(drafted, j + 1)
+            speed = tokens / (price(drafted) + self._cost(rows, n + 1) + spread * tokens)
+            if speed > best_speed:
+                best, best_speed = n, speed
+        return np.sort(order[:best])
 
     def batch_width(self, curves: list[list[float]], rows: int, floor: int = 1) -> int:
         """The width of the round's target call (1 + the most drafts any row keeps) with the most expected tokens

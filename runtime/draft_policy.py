@@ -9,7 +9,7 @@ The round (runtime/round.py) calls its policy at named points, and nowhere else:
     proposed(method, rows, steps, seconds, fed, catch_up_seconds)
                                              a proposer's call: its draft steps and its catch-up, timed
     verified(rows, width, seconds)           the target's call and the per-row work after it, timed
-    observed(r, draft, accepted)             what the target kept of r's draft
+    observed(r, draft, accepted, path)       what the target kept of r's draft (a tree's: the nodes of its path)
 
 ``FixedDraftPolicy``: each request drafts its own draft_len; nothing measured,
 nothing cut. ``AutoDraftPolicy`` (the Engine's): the same for those, and for
@@ -43,7 +43,7 @@ class DraftPolicy(Protocol):
         """True where ``r`` takes no drafts this round whatever its room (asked before its room is worked out)."""
 
     def fit(self, reqs: Sequence[Request], drafts: list[Draft]) -> list[Draft]:
-        """The drafts to verify, request i's in drafts[i]: all of them, or prefixes (a static tree: whole or nothing)."""
+        """The drafts to verify, request i's in drafts[i]: all of them, or prefixes (a static tree: the nodes that pay)."""
 
     def proposed(self, method: str, rows: int, steps: int, seconds: float, fed: int, catch_up_seconds: float) -> None:
         """One proposer's call for ``rows`` requests: ``steps`` drafts deep in ``seconds``, after feeding ``fed`` tokens
@@ -52,8 +52,8 @@ class DraftPolicy(Protocol):
     def verified(self, rows: int, width: int, seconds: float) -> None:
         """The target's call of ``rows`` x ``width`` tokens and the per-row work after it took ``seconds``."""
 
-    def observed(self, r: Request, draft: Draft, accepted: int) -> None:
-        """The target kept ``accepted`` of ``r``'s ``draft``."""
+    def observed(self, r: Request, draft: Draft, accepted: int, path: Sequence[int] = ()) -> None:
+        """The target kept ``accepted`` of ``r``'s ``draft``: a tree's nodes ``path``, from the root."""
 
 
 class FixedDraftPolicy:
@@ -77,7 +77,7 @@ class FixedDraftPolicy:
     def verified(self, rows: int, width: int, seconds: float) -> None:
         pass
 
-    def observed(self, r: Request, draft: Draft, accepted: int) -> None:
+    def observed(self, r: Request, draft: Draft, accepted: int, path: Sequence[int] = ()) -> None:
         pass
 
 
@@ -92,7 +92,7 @@ class AutoDraftPolicy(FixedDraftPolicy):
         self.reqs: Sequence[Request] = ()
         self.paying: dict[str, bool] = {}
         self.best: dict[str, float] = {}
-        self.best_tree: dict[str, float] = {}
+        self.best_scale: dict[str, float] = {}
 
     def begin(self, reqs: Sequence[Request], round_index: int) -> None:
         self.round_index = round_index
@@ -101,7 +101,7 @@ class AutoDraftPolicy(FixedDraftPolicy):
             self.reqs = reqs
             self.paying = {}  # method -> whether any of its requests may draft this round (may_draft)
             self.best = {}  # method -> the best acceptance among its auto requests in the batch, when may_draft asks
-            self.best_tree = {}  # method -> the most tokens a round among its auto requests' static trees, likewise
+            self.best_scale = {}  # method -> the best tree_scale among its auto requests (static trees), likewise
 
     def best_acceptance(self, method: str) -> float:
         """The best acceptance among the round's auto requests of ``method`` (worked out only when may_draft needs it: at a
@@ -109,11 +109,11 @@ class AutoDraftPolicy(FixedDraftPolicy):
         acceptance = self.cost.acceptance
         return self._best(self.best, method, lambda r: acceptance(method, r.metrics.accepted, r.metrics.rejected), 0.0)
 
-    def best_tree_tokens(self, method: str) -> float:
-        """The most tokens a round that a static tree of ``method`` is expected to make for any of the round's auto
-        requests (AutoDraftLen.tree_tokens), worked out when may_draft needs it."""
-        tree_tokens = self.cost.tree_tokens
-        return self._best(self.best_tree, method, lambda r: tree_tokens(method, r.metrics.accepted, r.metrics.drafting_rounds), 1.0)
+    def best_tree_scale(self, method: str) -> float:
+        """The best AutoDraftLen.tree_scale among the round's auto requests of ``method`` (a static tree's), worked out
+        when may_draft needs it."""
+        tree_scale = self.cost.tree_scale
+        return self._best(self.best_scale, method, lambda r: tree_scale(r.metrics.accepted, r.auto_expected), 0.0)
 
     def _best(self, memo: dict[str, float], method: str, score, default: float) -> float:
         """The round's largest ``score(r)`` over its auto requests of ``method``, worked out once per round."""
@@ -133,10 +133,9 @@ class AutoDraftPolicy(FixedDraftPolicy):
         """Whether any request of ``method`` may draft this round, decided once per round and method: no, where not even a
         perfect drafter would pay at this batch size (AutoDraftLen.pays_at; probes included); no, outside probe rounds,
         where a chain drafter (a draft model, n-gram, an EAGLE chain) would not pay even at the batch's best acceptance,
-        or a static tree (Medusa, EAGLE, P-EAGLE) even at the batch's best tokens a round, each with the batch's lightest
-        catch-up (least_catch_up), so that a full batch where nothing pays costs one check, not a choice per request.
-        The tree check prices the whole tree: a request whose room truncates it (near its end) no longer drafts the
-        cheaper truncated tree when the whole one does not pay."""
+        or no nodes of a static tree (Medusa, EAGLE, P-EAGLE) even at the batch's best scale, each with the batch's
+        lightest catch-up (least_catch_up), so that a full batch where nothing pays costs one check, not a choice per
+        request."""
         paying = self.paying.get(method)
         if paying is None:
             cost = self.cost
@@ -145,8 +144,9 @@ class AutoDraftPolicy(FixedDraftPolicy):
                 if proposer.tree is None:
                     best = self.best_acceptance(method)
                     pays = partial(cost.pays_at, method, running, best)
-                else:  # a tree that does not pay whole for the best request pays for none (choose_tree's rule)
-                    pays = partial(cost.tree_pays, method, len(proposer.tree), self.best_tree_tokens(method), running)
+                else:  # no nodes of a tree pay for any request where none pay for the best one (choose_nodes)
+                    best_nodes = partial(cost.choose_nodes, method, len(proposer.tree), self.best_tree_scale(method), running)
+                    pays = lambda catch_up_s=0.0: len(best_nodes(catch_up_s)) > 0  # noqa: E731
                 paying = pays()
                 if paying:  # ... nor with the batch's lightest catch-up (requests whose draft has not read their text)
                     spread = self.least_catch_up(method, proposer, running)
@@ -188,8 +188,10 @@ class AutoDraftPolicy(FixedDraftPolicy):
         backlog = proposer.backlog(r)
         catch_up_s = cost.catch_up_cost(r.method, backlog, running)
         left = r.config.max_output_len - len(r.output_ids)
-        if proposer.tree is not None:  # a static tree (Medusa, EAGLE): whole, or nothing
-            k = cost.choose_tree(r.method, limit, r.metrics.accepted, r.metrics.drafting_rounds, running, catch_up_s, left)
+        if proposer.tree is not None:  # a static tree: the nodes that pay, and its first nodes up to them drafted
+            keep = r.auto_nodes = cost.choose_nodes(r.method, limit, cost.tree_scale(r.metrics.accepted, r.auto_expected), running,
+                                                    catch_up_s, left)
+            k = int(keep[-1]) + 1 if len(keep) else 0
         else:
             k = cost.choose(r.method, r.metrics.accepted, r.metrics.rejected, limit, running, r.auto_k, catch_up_s, left)
             r.auto_k = k
@@ -201,15 +203,18 @@ class AutoDraftPolicy(FixedDraftPolicy):
                 r.metrics.drafting_rounds or backlog <= PROBE_BACKLOG
                 or (cost.drafting_rounds.get(r.method, 0) < EXPLORE_ROUNDS and cost.pays_at(r.method, running, catch_up_s=catch_up_s, left=left))):
             k = limit if proposer.tree is not None else 1
+            r.auto_nodes = None  # a probe verifies what it drafts: every node's acceptance is measured so
         return k
 
     def fit(self, reqs: Sequence[Request], drafts: list[Draft]) -> list[Draft]:
-        """Scored drafts cut to the prefix that pays at this batch size, then every auto request's draft to the width that
-        pays for the whole batch (probe rounds keep their width: they are how estimates update)."""
+        """Scored drafts cut to the prefix that pays at this batch size, static trees to the nodes chosen for them, then
+        every auto request's draft to the width that pays for the whole batch (probe rounds keep their width: they are
+        how estimates update)."""
         if not self.timed:
             return drafts
         running = len(reqs)
-        drafts = [self.prefix(r, d, running) if r.draft_len == AUTO and d.scores is not None else d for r, d in zip(reqs, drafts, strict=True)]
+        drafts = [d if r.draft_len != AUTO or not len(d) else self.prefix(r, d, running) if d.scores is not None
+                  else chosen_nodes(d, r.auto_nodes) if d.tree_index is not None else d for r, d in zip(reqs, drafts, strict=True)]
         if running > 1 and not self.cost.probe_due(self.round_index, running):
             drafts = self.batch_cap(reqs, drafts)
         return drafts
@@ -237,17 +242,24 @@ class AutoDraftPolicy(FixedDraftPolicy):
         out = list(drafts)
         for i in auto:
             d = drafts[i]
-            if len(d) >= width:  # a static tree is whole or nothing; chains and scored drafts keep a prefix
-                out[i] = Draft.empty() if d.parents is not None and d.scores is None else d.prefix(width - 1)
+            if len(d) >= width:  # chains and scored drafts keep a prefix, static trees their best nodes
+                out[i] = d.prefix(width - 1) if d.tree_index is None else d.nodes(np.sort(self.best_first(reqs[i], d)[: width - 1]).tolist())
         return out
+
+    def best_first(self, r: Request, d: Draft) -> np.ndarray:
+        """[len(d)] a static tree draft's nodes (their places in ``d``), best first by the method's node values (ties: in
+        order): every first n of them is a tree, as AutoDraftLen.node_values orders them."""
+        return np.argsort(-self.cost.node_values(r.method)[0][d.tree_index], kind="stable")
 
     def expected_curve(self, r: Request, d: Draft) -> list[float]:
         """[k] request r's expected tokens this round if it keeps at most k of its drafts ``d`` (k = 0..len(d))."""
         cost = self.cost
         if d.scores is not None:  # suffix: 1 + the calibrated sum of the kept nodes' scores
             return [1.0, *(1.0 + cost.calibration(r.method) * np.cumsum(d.scores)).tolist()]
-        if d.parents is not None:  # a static tree: nothing unless whole
-            return [1.0] * len(d) + [cost.tree_tokens(r.method, r.metrics.accepted, r.metrics.drafting_rounds)]
+        if d.tree_index is not None:  # a static tree: 1 + the values of its best nodes, scaled to the request
+            values = cost.node_values(r.method)[0][d.tree_index[self.best_first(r, d)]]
+            scale = cost.tree_scale(r.metrics.accepted, r.auto_expected)
+            return [1.0, *(1.0 + np.cumsum(np.minimum(scale * values, 0.999))).tolist()]
         a = cost.acceptance(r.method, r.metrics.accepted, r.metrics.rejected)
         return cost.expected_tokens(r.method, a, len(d))
 
@@ -261,8 +273,21 @@ class AutoDraftPolicy(FixedDraftPolicy):
         if self.timed:
             self.cost.record_verify(rows, width, seconds)
 
-    def observed(self, r: Request, draft: Draft, accepted: int) -> None:
+    def observed(self, r: Request, draft: Draft, accepted: int, path: Sequence[int] = ()) -> None:
         k = len(draft)
+        if draft.tree_index is not None and k:
+            if r.draft_len == AUTO:
+                r.auto_expected += float(self.cost.node_values(r.method, fresh=False)[0][draft.tree_index].sum())
+            self.cost.record_tree(r.method, draft.tree_index, draft.tree_index[list(path)])
         self.cost.record_round(r.method, k, accepted)
         if draft.scores is not None and k:
             self.cost.record_scored(r.method, float(draft.scores.sum()), accepted)
+
+
+def chosen_nodes(d: Draft, nodes: np.ndarray | None) -> Draft:
+    """A static tree's draft cut to the tree's ``nodes`` (None: all it drafted). A draft may lack some of them (a sampled
+    node's distribution had fewer tokens than children, a grammar cut one): the rest is still a tree."""
+    if nodes is None:
+        return d
+    keep = np.flatnonzero(np.isin(d.tree_index, nodes))
+    return d if len(keep) == len(d) else d.nodes(keep.tolist())

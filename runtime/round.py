@@ -387,7 +387,7 @@ class SpeculativeRound:
             # the target's extra outputs it asked for, on the request's fed rows
             extras = {name: step.extras[name][r.slot, : k + 1] for name in proposer.target_outputs} if proposer.target_outputs else NO_EXTRAS
             proposer.observe(r, d, TargetOutput(raw, n, emitted, kept, extras))
-            self.policy.observed(r, d, n)
+            self.policy.observed(r, d, n, [row - 1 for row in kept[1:]] if d.tree_index is not None else ())
         r.metrics.record_round(k, n, depth)
         watch_drafts(r, k, n)
         return append(r, emitted, new, self.cache.max_seq_len)

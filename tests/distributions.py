@@ -49,15 +49,19 @@ def assert_drawn_tree(draft, vocab: int) -> None:
         np.testing.assert_array_equal(draft.probs[kids], np.broadcast_to(draft.probs[kids[0]], (len(kids), vocab)))
 
 
-def keeps_target_distribution(target, proposer_for, method: str, draft_len: int, prompt: list[int], sampling: dict) -> None:
+def keeps_target_distribution(target, proposer_for, method: str, draft_len: int | str, prompt: list[int], sampling: dict,
+                              prepare=None, nodes: int = 6) -> None:
     """Output tokens 1..2 over 1200 seeds with ``method`` (a fresh proposer from ``proposer_for()``) drafting
-    ``draft_len`` tokens or tree nodes against target-only sampling's: chi-square homogeneity, p > 0.001. Requests run
-    long enough to draft whole trees; some drafts were kept, and some round verified a node with several children
-    (more nodes than its depth)."""
+    ``draft_len`` tokens or tree nodes (``auto``: up to ``nodes``) against target-only sampling's: chi-square
+    homogeneity, p > 0.001. Requests run long enough to draft whole trees; some drafts were kept, and some round
+    verified a node with several children (more nodes than its depth). ``prepare(engine)``: before the method's runs."""
     counts = {}
+    longest = draft_len if isinstance(draft_len, int) else nodes
     for name in ("none", method):
         engine = Engine(target, [proposer_for()] if name == method else [], SpeculationConfig(name, draft_len if name == method else 0))
-        counts[name] = sampled_pairs(engine, prompt, sampling, max_output_len=3 + draft_len)
+        if name == method and prepare is not None:
+            prepare(engine)
+        counts[name] = sampled_pairs(engine, prompt, sampling, max_output_len=3 + longest)
         if name == method:
             assert engine.stats.accepted > 0 and engine.stats.drafted > sum(engine.stats.drafted_at)
     stat, n_keys = homogeneity(counts["none"], counts[method])

@@ -39,6 +39,8 @@ class Draft:
     depths: np.ndarray | None = None  # [k] a tree's depth per draft (1 = a child of the last accepted token)
     scores: np.ndarray | None = None  # [k] each draft's estimated chance of being accepted, best first (suffix decoding's
     #                                   counts): draft_len=auto keeps the prefix that pays (runtime/draft_len.py)
+    tree_index: np.ndarray | None = None  # [k] a static tree's draft: each node's index in the proposer's DraftTree
+    #                                       (draft_len=auto learns each node's acceptance by it and keeps the nodes that pay)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -46,7 +48,7 @@ class Draft:
     def prefix(self, k: int) -> Draft:
         """The first k drafts: still a tree when parents come before children (scored drafts are ordered so)."""
         cut = lambda a: None if a is None else a[:k]  # noqa: E731
-        return Draft(self.tokens[:k], cut(self.probs), cut(self.parents), cut(self.depths), cut(self.scores))
+        return Draft(self.tokens[:k], cut(self.probs), cut(self.parents), cut(self.depths), cut(self.scores), cut(self.tree_index))
 
     def nodes(self, keep: Sequence[int]) -> Draft:
         """A tree's nodes ``keep`` (ascending, each one's parent kept too), renumbered: still a tree, in the same order."""
@@ -56,7 +58,7 @@ class Draft:
         new = {-1: -1, **{int(j): i for i, j in enumerate(keep)}}
         parents = np.array([new[int(p)] for p in self.parents[at]], np.int64)  # type: ignore[index]  (a tree's)
         pick = lambda a: None if a is None else a[at]  # noqa: E731
-        return Draft(self.tokens[at], pick(self.probs), parents, pick(self.depths), pick(self.scores))
+        return Draft(self.tokens[at], pick(self.probs), parents, pick(self.depths), pick(self.scores), pick(self.tree_index))
 
     @staticmethod
     def empty() -> Draft:

@@ -36,5 +36,5 @@ def drawn_tree(tree: DraftTree, tokens: np.ndarray, probs: np.ndarray, drawn: np
     for j in range(n):
         parent = int(tree.parents[j])
         kept[j] = drawn[j] and (parent < 0 or kept[parent])
-    draft = Draft(tokens.astype(np.int64), probs, tree.parents[:n].copy(), tree.depths[:n].copy())
+    draft = Draft(tokens.astype(np.int64), probs, tree.parents[:n].copy(), tree.depths[:n].copy(), tree_index=np.arange(n))
     return draft.nodes(np.flatnonzero(kept).tolist())

@@ -308,7 +308,8 @@ class EagleProposer(OwnDrafter):
                 if i in sampled:
                     out[want[rid][0]] = drawn_tree(tree, tokens[i, :k], probs[i], drawn[i])  # (it copies the tokens)
                 else:
-                    out[want[rid][0]] = Draft(tokens[i, :k].copy(), parents=tree.parents[:k].copy(), depths=tree.depths[:k].copy())
+                    out[want[rid][0]] = Draft(tokens[i, :k].copy(), parents=tree.parents[:k].copy(), depths=tree.depths[:k].copy(),
+                                              tree_index=np.arange(k))
 
 
 # -- the method's registration (runtime/methods.py: an eagle target carries it) -----------------------------------

@@ -117,7 +117,7 @@ def positional_draft(r: Request, rows: np.ndarray, k: int, tree: DraftTree | Non
     if tree is not None:
         if sampling.greedy:
             tokens, parents, depths = tree_draft(tree, k, lambda depth, top: top_k(rows[depth - 1], top))
-            return Draft(tokens, parents=parents, depths=depths)
+            return Draft(tokens, parents=parents, depths=depths, tree_index=np.arange(len(tokens)))
         return positional_tree_sample(r, rows, k, tree)
     if sampling.greedy and (proc is None or proc.plain):
         return Draft(rows[:k].argmax(axis=-1).astype(np.int64))

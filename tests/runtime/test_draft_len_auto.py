@@ -1,8 +1,10 @@
 """draft_len=auto for trees and scored drafts, under fixed costs at several batch sizes (deterministic, not timed)."""
 
+import numpy as np
 import pytest
 
 from specdec.runtime.draft_len import PROBE_EVERY, AutoDraftLen
+from specdec.runtime.tree import DraftTree
 
 
 def costs(auto: AutoDraftLen, draft_s: float = 0.0) -> AutoDraftLen:
@@ -40,17 +42,63 @@ def test_scored_drafts_follow_their_calibration():
     assert auto.choose_scored("suffix", scores, 1) == 4
 
 
-@pytest.mark.parametrize("rows, want", [(1, 10), (2, 10), (4, 10), (8, 10), (16, 0)])
-def test_a_tree_is_drafted_whole_or_not_at_all(rows, want):
-    auto = costs(AutoDraftLen(10, 16))
-    for _ in range(40):  # 2 drafts accepted per round on average: 3 tokens for 1 + 10 * slope (11 at 16 rows)
-        auto.record_round("medusa", 10, 2)
-    assert auto.choose_tree("medusa", 10, accepted=0, rounds=0, rows=rows) == want
-    # a request whose own 20 rounds accepted nothing: 1.57 expected tokens, worth a tree where it is nearly free
-    assert auto.choose_tree("medusa", 10, accepted=0, rounds=20, rows=1) == 10
-    assert auto.choose_tree("medusa", 10, accepted=0, rounds=20, rows=8) == 0  # 1.57 tokens for 1.8 of a call
-    # after 200 such rounds, 1.08 tokens for 1.02 of a call: a gain inside DRAFT_MARGIN, not worth a tree
-    assert auto.choose_tree("medusa", 10, accepted=0, rounds=200, rows=1) == 0
+TREE = DraftTree.from_paths([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1]])  # nodes 0..7 in this order
+# 100 rounds verifying the whole tree, by the path the target kept (node indices): 45 kept [0], [0, 0], [0, 0, 0] ...
+PATHS = [([0, 3, 6], 45), ([0, 3], 15), ([0], 10), ([0, 4], 10), ([1, 5], 8), ([2], 2), ([], 10)]
+
+
+def measured(auto: AutoDraftLen, method: str = "medusa", rounds: int = 1) -> AutoDraftLen:
+    auto.trees[method] = TREE
+    for _ in range(rounds):
+        for path, times in PATHS:
+            for _ in range(times):
+                auto.record_tree(method, np.arange(8), np.array(path, np.int64))
+    return auto
+
+
+def test_node_values_are_each_nodes_kept_share_bounded_by_its_parent_and_earlier_siblings():
+    auto = measured(costs(AutoDraftLen(8, 16)))
+    values, order = auto.node_values("medusa")
+    # (kept + 8 x prior) / (100 + 8), prior 0.5^depth / (1 + place among siblings): node 0 (80 + 4) / 108, ...
+    assert values[[0, 3, 6, 4]] == pytest.approx([84 / 108, 62 / 108, 46 / 108, 11 / 108])
+    assert order.tolist() == [0, 3, 6, 4, 1, 5, 2, 7]
+    auto.record_tree("medusa", np.arange(8), np.array([0, 4]))  # kept more often than its earlier sibling 3 ...
+    for _ in range(200):
+        auto.record_tree("medusa", np.array([0, 4]), np.array([0, 4]))
+    values, order = auto.node_values("medusa")
+    assert values[4] == values[3] < values[0]  # ... it is worth no more than 3: a sampled tree tries 3 first
+    assert order.tolist().index(3) < order.tolist().index(4)
+
+
+@pytest.mark.parametrize("rows, want", [(1, [0, 1, 2, 3, 4, 5, 6]), (4, [0, 1, 3, 4, 5, 6]), (8, [0, 3, 6]), (16, [])])
+def test_a_static_tree_keeps_the_nodes_that_pay(rows, want):
+    """The best n nodes by value for the n with the most tokens per second: at 1 row a node costs 0.2% of a call and
+    all but node 7 (0.5% of a round's tokens) pay; at 8 rows (8% a node) the chain [0], [0, 0], [0, 0, 0] (2.78 tokens
+    for 1.24 calls; [0, 1] next would bring 0.10 for 0.08); at 16 rows (a call a node) no node beats one token per call."""
+    auto = measured(costs(AutoDraftLen(8, 16)))
+    assert auto.choose_nodes("medusa", 8, 1.0, rows).tolist() == want
+    assert auto.choose_nodes("medusa", 5, 1.0, rows).tolist() == [j for j in want if j < 5]  # a request with room for 5
+
+
+def test_a_request_whose_trees_fall_short_keeps_fewer_nodes():
+    auto = measured(costs(AutoDraftLen(8, 16)))
+    assert auto.tree_scale(0, 0.0) == 1.0
+    # its rounds' verified nodes promised 100 accepted drafts and it got none: scale 8 / 108, nothing pays at 8 rows
+    assert auto.choose_nodes("medusa", 8, auto.tree_scale(0, 100.0), 8).tolist() == []
+    # one that got what they promised is the method's average request; a third of it still pays for the chain at 8 rows
+    assert auto.tree_scale(100, 100.0) == 1.0 and auto.choose_nodes("medusa", 8, 0.3, 8).tolist() == [0, 3, 6]
+    assert auto.choose_nodes("medusa", 8, 0.2, 8).tolist() == []  # 1.16 tokens for 1.08 of a call: inside DRAFT_MARGIN
+
+
+def test_a_drafting_cost_counts_the_nodes_drafted_up_to_the_deepest_kept():
+    """A tree's proposer drafts its first nodes up to the deepest one kept (EAGLE-3 level by level): keeping node 6
+    ([0, 0, 0]) drafts nodes 0..6. At 8 rows with a draft step of 0.08 of a call per node drafted, the chain of three
+    (2.78 tokens for 0.56 + 1.24 calls: 1.54/s) loses to [0], [0, 0] (2.35 for 0.32 + 1.16: 1.59/s; [0] alone 1.53/s);
+    free drafting keeps it."""
+    free = measured(costs(AutoDraftLen(8, 16), draft_s=0.0))
+    dear = measured(costs(AutoDraftLen(8, 16), draft_s=0.08))
+    assert free.choose_nodes("medusa", 8, 1.0, 8).tolist() == [0, 3, 6]
+    assert dear.choose_nodes("medusa", 8, 1.0, 8).tolist() == [0, 3]
 
 
 def test_a_costly_draft_step_is_counted():
@@ -190,10 +238,10 @@ def test_expected_tokens_are_remembered_as_prefixes_until_the_method_drafts_agai
 
 
 def test_a_batch_where_no_static_tree_pays_costs_one_check_not_a_choice_per_request():
-    """AutoDraftPolicy.may_draft for a static tree (Medusa, EAGLE, P-EAGLE): at 8 rows a perfect 8-node tree would pay
-    (9 tokens for 1.64 of a call), the method's trees make 1.2 tokens a round and do not (1.2 < 1.1 x 1.64). Outside
-    probe rounds the batch is declined in one check (no request priced one by one); one request whose own trees make
-    2.7 tokens a round lets the method draft; a probe round always looks."""
+    """AutoDraftPolicy.may_draft for a static tree (Medusa, EAGLE, P-EAGLE): at 8 rows a perfect tree would pay (2 tokens
+    for 1.08 of a call), the method's nodes do not (its best, kept 1 round in 10, makes 1.12 tokens for 1.08 calls, inside
+    DRAFT_MARGIN). Outside probe rounds the batch is declined in one check (no request priced one by one); one request
+    whose own trees made twice what their nodes promised lets the method draft its best nodes; a probe round always looks."""
     from types import SimpleNamespace
 
     from specdec.runtime.draft_policy import AutoDraftPolicy
@@ -201,26 +249,62 @@ def test_a_batch_where_no_static_tree_pays_costs_one_check_not_a_choice_per_requ
     from specdec.runtime.request import AUTO
 
     auto = costs(AutoDraftLen(8, 16))
-    for _ in range(40):
-        auto.record_round("eagle", 8, 1 if _ % 5 == 0 else 0)  # 0.2 accepted a round
+    auto.trees["eagle"] = TREE
+    for i in range(200):
+        auto.record_tree("eagle", np.arange(8), np.array([0] if i % 10 == 0 else [], np.int64))
     calls = []
-    real = auto.choose_tree
-    auto.choose_tree = lambda *a, **k: calls.append(a) or real(*a, **k)
-    proposer = SimpleNamespace(tree=[0] * 8, scores_drafts=False, backlog=lambda r: 0)
-    reqs = [SimpleNamespace(draft_len=AUTO, method="eagle", metrics=Metrics(requests=1), auto_k=None, output_ids=[1],
-                            config=SimpleNamespace(max_output_len=64)) for _ in range(8)]
+    real = auto.choose_nodes
+    auto.choose_nodes = lambda *a, **k: calls.append(a) or real(*a, **k)
+    proposer = SimpleNamespace(tree=TREE, scores_drafts=False, backlog=lambda r: 0)
+    reqs = [SimpleNamespace(draft_len=AUTO, method="eagle", metrics=Metrics(requests=1), auto_k=None, auto_nodes=None, auto_expected=0.0,
+                            output_ids=[1], config=SimpleNamespace(max_output_len=64)) for _ in range(8)]
     policy = AutoDraftPolicy(auto)
     plain_round, probe_round = 3, PROBE_EVERY * 8
-    assert auto.pays_at("eagle", 8) and not auto.tree_pays("eagle", 8, auto.tree_tokens("eagle", 0, 0), 8)
+    assert auto.pays_at("eagle", 8) and not len(real("eagle", 8, 1.0, 8))
     policy.begin(reqs, plain_round)
-    assert all(policy.declines(r, proposer, 8) for r in reqs) and calls == []
+    assert all(policy.declines(r, proposer, 8) for r in reqs) and calls == [("eagle", 8, 1.0, 8, 0.0)]  # one check
     assert all(r.auto_k == 0 for r in reqs)
     policy.begin(reqs, probe_round)
     assert not any(policy.declines(r, proposer, 8) for r in reqs)
-    reqs[5].metrics.rounds, reqs[5].metrics.accepted = 10, 30  # its own trees: 1 + (30 + 8 x 0.2) / 18 = 2.76 tokens
+    assert policy.draft_len(reqs[0], proposer, 8, 8) == 8 and reqs[0].auto_nodes is None  # a probe verifies the whole tree
+    reqs[5].metrics.accepted, reqs[5].auto_expected = 30, 10.0  # its own trees: (30 + 8) / (10 + 8) = 2.1x their values
     policy.begin(reqs, plain_round)
     assert not policy.declines(reqs[0], proposer, 8)
-    assert policy.draft_len(reqs[5], proposer, 8, 8) == 8 and policy.draft_len(reqs[0], proposer, 8, 8) == 0
+    assert policy.draft_len(reqs[5], proposer, 8, 8) == 1 and reqs[5].auto_nodes.tolist() == [0]
+    assert policy.draft_len(reqs[0], proposer, 8, 8) == 0
+
+
+def test_the_round_verifies_the_chosen_nodes_and_learns_each_nodes_share():
+    """fit cuts an auto request's static tree draft to the nodes chosen for it (whatever else it drafted), batch_cap
+    to its best nodes by value where the batch's call width pays for fewer, and observed counts each verified node and
+    the path kept (tree indices, not the cut draft's places), and what the request's nodes promised."""
+    from types import SimpleNamespace
+
+    from specdec.runtime.draft_policy import AutoDraftPolicy
+    from specdec.runtime.metrics import Metrics
+    from specdec.runtime.proposers.base import Draft
+    from specdec.runtime.request import AUTO
+
+    auto = measured(costs(AutoDraftLen(8, 16)), "eagle")
+    policy = AutoDraftPolicy(auto)
+    r = SimpleNamespace(draft_len=AUTO, method="eagle", metrics=Metrics(requests=1), auto_nodes=np.array([0, 3, 6]), auto_expected=0.0)
+    whole = Draft(np.arange(100, 108), parents=TREE.parents.copy(), depths=TREE.depths.copy(), tree_index=np.arange(8))
+    policy.begin([r], 3)
+    cut = policy.fit([r], [whole])[0]
+    assert cut.tree_index.tolist() == [0, 3, 6] and cut.tokens.tolist() == [100, 103, 106] and cut.parents.tolist() == [-1, 0, 1]
+    values = auto.node_values("eagle")[0]
+    assert policy.expected_curve(r, whole) == pytest.approx([1.0, *(1.0 + np.cumsum(values[[0, 3, 6, 4, 1, 5, 2, 7]]))])
+    two = [SimpleNamespace(**{**vars(r), "auto_nodes": None}) for _ in range(16)]  # at 16 rows: 1 + 0.78 for 2 calls
+    policy.begin(two, 3)
+    assert [len(d) for d in policy.fit(two, [whole] * 16)] == [0] * 16
+    auto.verify_cost = lambda rows, width: 1.0 + 0.35 * (width - 1)  # at 0.35 a token the best 2 nodes pay: [0], [0, 0]
+    auto._memo.clear()
+    kept = policy.fit(two, [whole] * 16)
+    assert [d.tree_index.tolist() for d in kept] == [[0, 3]] * 16
+    before = auto.node_counts["eagle"].copy()
+    policy.observed(r, cut, 2, [0, 1])  # the cut draft's places 0, 1: tree nodes 0 and 3
+    assert (auto.node_counts["eagle"] - before).tolist() == [[1, 0, 0, 1, 0, 0, 1, 0], [1, 0, 0, 1, 0, 0, 0, 0]]
+    assert r.auto_expected == pytest.approx(values[[0, 3, 6]].sum())
 
 
 @pytest.mark.parametrize("tree", [False, True])
@@ -242,28 +326,34 @@ def test_a_batch_whose_drafts_must_first_read_their_prompts_costs_one_check_wher
     for _ in range(20):
         auto.record_round("eagle", 4, 3)
     calls = []
-    for name in ("choose", "choose_tree"):
+    auto.trees["eagle"] = DraftTree.chain(4)
+    for _ in range(20):
+        auto.record_tree("eagle", np.arange(4), np.arange(3))
+    for name in ("choose", "choose_nodes"):
         real = getattr(auto, name)
-        setattr(auto, name, lambda *a, real=real, **k: calls.append(a) or real(*a, **k))
-    proposer = SimpleNamespace(tree=[0] * 4 if tree else None, scores_drafts=False, backlog=lambda r: r.backlog)
-    reqs = [SimpleNamespace(draft_len=AUTO, method="eagle", metrics=Metrics(requests=1), auto_k=None, output_ids=[1],
+        setattr(auto, name, lambda *a, real=real, name=name, **k: calls.append((name, a)) or real(*a, **k))
+    proposer = SimpleNamespace(tree=auto.trees["eagle"] if tree else None, scores_drafts=False, backlog=lambda r: r.backlog)
+    reqs = [SimpleNamespace(draft_len=AUTO, method="eagle", metrics=Metrics(requests=1), auto_k=None, auto_nodes=None, auto_expected=0.0,
+                            output_ids=[1],
                             config=SimpleNamespace(max_output_len=64), backlog=100) for _ in range(8)]
     limit = 4 if tree else 8
 
     def alone(r) -> int:  # the request's own choice, priced with its catch-up
         catch_up, left = auto.catch_up_cost("eagle", r.backlog, 8), r.config.max_output_len - len(r.output_ids)
         if tree:
-            return auto.choose_tree("eagle", 4, r.metrics.accepted, r.metrics.drafting_rounds, 8, catch_up, left)
+            keep = auto.choose_nodes("eagle", 4, auto.tree_scale(r.metrics.accepted, r.auto_expected), 8, catch_up, left)
+            return int(keep[-1]) + 1 if len(keep) else 0
         return auto.choose("eagle", r.metrics.accepted, r.metrics.rejected, limit, 8, None, catch_up, left)
 
     policy = AutoDraftPolicy(auto)
     policy.begin(reqs, 3)
     assert policy.best_acceptance("eagle") == pytest.approx(0.75, abs=0.02)
     if tree:
-        assert auto.tree_pays("eagle", 4, policy.best_tree_tokens("eagle"), 8)
+        assert len(auto.choose_nodes("eagle", 4, policy.best_tree_scale("eagle"), 8))  # without the catch-up its first 3 nodes pay
     else:
         assert auto.pays_at("eagle", 8, policy.best_acceptance("eagle"))  # without the catch-up it would pay
-    assert all(policy.declines(r, proposer, 8) for r in reqs) and calls == []
+    chosen = lambda: [a for name, a in calls if name == "choose" or len(a) == 6]  # noqa: E731  (a request's own choice, not may_draft's)
+    assert all(policy.declines(r, proposer, 8) for r in reqs) and chosen() == []
     assert [alone(r) for r in reqs] == [0] * 8
     for backlog in (30, 0):  # its draft has read all but 30 tokens (a lighter catch-up that pays), then all of it
         calls.clear()
@@ -271,7 +361,7 @@ def test_a_batch_whose_drafts_must_first_read_their_prompts_costs_one_check_wher
         policy.begin(reqs, 4)
         assert not policy.declines(reqs[2], proposer, 8), backlog
         assert policy.draft_len(reqs[2], proposer, limit, 8) == alone(reqs[2]) > 0
-        assert policy.draft_len(reqs[0], proposer, limit, 8) == 0 and calls
+        assert policy.draft_len(reqs[0], proposer, limit, 8) == 0 and chosen()
 
 
 def test_describe_reports_what_a_decision_reads():
@@ -339,9 +429,13 @@ def test_a_one_call_drafter_is_priced_by_its_drafts_where_its_rounds_show_a_slop
     # at acceptance ~0.8 (81 / 102 with the prior) tokens 1 + 0.8 + 0.64 + ... for max(1.23, 0.1 + 0.3 (k - 1)) s of
     # drafting and 1 + 0.01 k of verification: k = 4 about 1.47 tokens/s, k = 5 1.55, k = 6 1.47; at one price k = 8 (1.84)
     assert steep.choose("peagle", 0, 0, 8, rows=16) == 5
-    # a tree of 8 nodes of the same call making 3 tokens: 3 / (2.2 + 1.08 s) is short of 1 token / 1 s + 10% (one price:
-    # 3 / 2.31 s would pay); 2 nodes are priced at the average, as at one price
-    assert not steep.tree_pays("peagle", 8, 3.0, rows=16)
+    # a tree of the same call (a chain of 8 nodes), its first 4 nodes kept 80 rounds in 100, the next 4 50: all 8 make
+    # 6.0 tokens for 2.2 + 1.09 s (1.82/s), 5 nodes 4.59 for 1.3 + 1.06 s (1.94/s), 4 nodes 4.12 for 1.23 + 1.05 s (1.81/s);
+    # 2 nodes are priced at the average, as at one price
+    steep.trees["peagle"] = DraftTree.chain(8)
+    for kept in [8] * 50 + [4] * 30 + [0] * 20:
+        steep.record_tree("peagle", np.arange(8), np.arange(kept))
+    assert steep.choose_nodes("peagle", 8, 1.0, 16).tolist() == [0, 1, 2, 3, 4]
     assert steep.drafting_cost("peagle", 16, 2, t_draft) == pytest.approx(t_draft)
     assert steep.pays_at("peagle", 16) and not steep.pays_at("peagle", 16, acceptance=0.15)  # (one price agrees on these)
 

@@ -175,7 +175,7 @@ class Recording(FixedDraftPolicy):
     def verified(self, rows, width, seconds):
         self.calls.append(f"verified {rows}x{width}")
 
-    def observed(self, r, draft, accepted):
+    def observed(self, r, draft, accepted, path=()):
         self.calls.append("observed")
 
 
