@@ -133,7 +133,7 @@ HORIZON = 128  # tokens over which a catch-up is spread at most (a request's max
 PROBE_BACKLOG = 2 * 16  # a request that never drafted is not probed if that would feed its draft more than this ...
 EXPLORE_ROUNDS = 8  # ... unless its method has drafted in fewer rounds than this: auto has nothing else to learn from
 PERFECT = 1.0  # pays_at's default acceptance: every draft accepted
-NODE_PRIOR = 0.5  # a static tree node's chance of being kept before it was measured: this to its depth, over its place
+NODE_PRIOR = 0.5  # a static tree's first-level node's chance of being kept before it was measured, over its place
 SKIP_SHARE = 0.02  # a scored draft whose proposal costs less than this share of a target step is proposed every round
 
 
@@ -239,6 +239,7 @@ class AutoDraftLen:
         self.node_counts: dict[str, np.ndarray] = {}  # method -> [2, max_draft_len]: rounds each node was verified, kept
         self._values: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # method -> node_values
         self._stale: set[str] = set()  # methods whose tree rounds came after their node_values
+        self._levels: dict[str, list[int]] = {}  # method -> [k] the levels of its tree's first k nodes (steps)
         self.scored_accepted: dict[str, float] = {}
 
     def describe(self, method: str, rows: int) -> dict:
@@ -301,8 +302,17 @@ class AutoDraftLen:
         self._memo.clear()
 
     def steps(self, method: str, drafts: int) -> int:
-        """Draft steps a round of ``drafts`` drafts (chain tokens, tree nodes) costs: one each, or one for a one-call drafter."""
-        return min(drafts, 1) if method in self.one_call else drafts
+        """Draft steps a round of ``drafts`` drafts costs: one per chain token; one per level of a static tree's first
+        ``drafts`` nodes (EAGLE-3 drafts a level in one call, whatever its nodes); one for a one-call drafter."""
+        if method in self.one_call:
+            return min(drafts, 1)
+        levels = self._levels.get(method)
+        if levels is None:
+            tree = self.trees.get(method)
+            if tree is None:
+                return drafts
+            levels = self._levels[method] = [0, *np.maximum.accumulate(tree.depths).tolist()]  # [k]: levels of the first k nodes
+        return levels[min(drafts, len(levels) - 1)]
 
     def record_draft(self, method: str, rows: int, drafts: int, seconds: float) -> None:
         """A round's drafting of ``drafts`` drafts (its longest) over ``rows`` requests took ``seconds``."""
@@ -443,12 +453,12 @@ class AutoDraftLen:
         return (line, mean_t / there) if there > 1e-6 else None
 
     def _round_price(self, method: str, rows: int, t_draft: float) -> Callable[[int], float]:
-        """Seconds of a round of k > 0 drafts at ``rows`` requests: k steps of ``t_draft``, or for a one-call drafter its
+        """Seconds of a round of k > 0 drafts at ``rows`` requests: its ``steps`` of ``t_draft``, or for a one-call drafter its
         round line at k (``_round_line``) where that is above ``t_draft`` (its rounds' average), else ``t_draft``. The line
         only raises a price: where it made short rounds cheaper than the average, auto drafted at batch 4 on a CPU where no
         length paid (measured: 0.99x target-only against 1.05x at one price)."""
         if method not in self.one_call:
-            return lambda k: k * t_draft
+            return lambda k: self.steps(method, k) * t_draft
         got = self._round_line(method, rows)
         if got is None:
             return lambda k: t_draft
@@ -553,28 +563,36 @@ class AutoDraftLen:
 
     def node_values(self, method: str, fresh: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """(values [nodes], order [nodes]): each node of the method's tree's chance of being on the kept path when it is
-        verified, from its counts with a prior worth PRIOR_WEIGHT rounds (NODE_PRIOR^depth / (1 + its place among its
-        siblings)), made no larger than its parent's or an earlier sibling's; and the nodes best first (ties: tree
-        order). So every first n of ``order`` holds each node's parent and earlier siblings: a tree, and one a sampled
-        request can verify (its children are tried in the order drawn). Worked out again after the method's tree rounds
-        when ``fresh`` (once a round: the rounds' outcomes are recorded request by request, and read as the last round
-        left them until the next round plans)."""
+        verified, from its counts with a prior worth PRIOR_WEIGHT rounds, made no larger than its parent's or an earlier
+        sibling's; and the nodes best first (ties: tree order). So every first n of ``order`` holds each node's parent
+        and earlier siblings: a tree, and one a sampled request can verify (its children are tried in the order drawn).
+
+        The prior of a child of the root is NODE_PRIOR / (1 + its place among its siblings); of a deeper node, its
+        parent's value times the value of the root's child in its place: a drafter guesses about as well at every
+        depth, so a node seldom verified (auto keeps the nodes that pay; the rest are verified in probe rounds only)
+        starts from what its parent and the first level show, not from a constant. Worked out again after the
+        method's tree rounds when ``fresh`` (once a round: the rounds' outcomes are recorded request by request, and
+        read as the last round left them until the next round plans)."""
         got = self._values.get(method)
         if got is not None and (not fresh or method not in self._stale):
             return got
         self._stale.discard(method)
         tree = self.trees[method]
-        n = len(tree)
-        prior = NODE_PRIOR ** tree.depths.astype(np.float64) / (1.0 + tree.orders)
         counts = self.node_counts.get(method)
-        values = prior if counts is None else (counts[1, :n] + PRIOR_WEIGHT * prior) / (counts[0, :n] + PRIOR_WEIGHT)
-        values = values.tolist()
+        kept, verified = (counts[1].tolist(), counts[0].tolist()) if counts is not None else ([0.0] * len(tree), [0.0] * len(tree))
+        values: list[float] = []
+        first: list[int] = []  # the root's children, in their order
         last: dict[int, int] = {}  # parent -> its child met last
-        for j, parent in enumerate(tree.parents.tolist()):  # parents and earlier siblings come first
-            cap = 1.0 if parent < 0 else values[parent]
+        for j, (parent, place) in enumerate(zip(tree.parents.tolist(), tree.orders.tolist(), strict=True)):  # parents first
+            if parent < 0:
+                prior, cap = NODE_PRIOR / (1 + place), 1.0
+                first.append(j)
+            else:
+                prior = cap = values[parent]
+                prior *= values[first[min(place, len(first) - 1)]]
             if parent in last:
                 cap = min(cap, values[last[parent]])
-            values[j] = min(values[j], cap)
+            values.append(min((kept[j] + PRIOR_WEIGHT * prior) / (verified[j] + PRIOR_WEIGHT), cap))
             last[parent] = j
         out = np.array(values)
         got = self._values[method] = (out, np.argsort(-out, kind="stable"))

@@ -192,6 +192,8 @@ class AutoDraftPolicy(FixedDraftPolicy):
             keep = r.auto_nodes = cost.choose_nodes(r.method, limit, cost.tree_scale(r.metrics.accepted, r.auto_expected), running,
                                                     catch_up_s, left)
             k = int(keep[-1]) + 1 if len(keep) else 0
+            if k and cost.probe_due(rounds, running):  # the whole tree, on the probe rounds: the nodes it leaves out are measured
+                k, r.auto_nodes = limit, None
         else:
             k = cost.choose(r.method, r.metrics.accepted, r.metrics.rejected, limit, running, r.auto_k, catch_up_s, left)
             r.auto_k = k

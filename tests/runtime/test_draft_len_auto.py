@@ -59,8 +59,11 @@ def measured(auto: AutoDraftLen, method: str = "medusa", rounds: int = 1) -> Aut
 def test_node_values_are_each_nodes_kept_share_bounded_by_its_parent_and_earlier_siblings():
     auto = measured(costs(AutoDraftLen(8, 16)))
     values, order = auto.node_values("medusa")
-    # (kept + 8 x prior) / (100 + 8), prior 0.5^depth / (1 + place among siblings): node 0 (80 + 4) / 108, ...
-    assert values[[0, 3, 6, 4]] == pytest.approx([84 / 108, 62 / 108, 46 / 108, 11 / 108])
+    # (kept + 8 x prior) / (100 + 8); the prior of a child of the root 0.5 / (1 + its place), of a deeper node its
+    # parent's value times the root's child's in its place
+    v0, v1 = 84 / 108, 10 / 108
+    v3 = (60 + 8 * v0 * v0) / 108
+    assert values[[0, 1, 3, 6, 4]] == pytest.approx([v0, v1, v3, (45 + 8 * v3 * v0) / 108, (10 + 8 * v0 * v1) / 108])
     assert order.tolist() == [0, 3, 6, 4, 1, 5, 2, 7]
     auto.record_tree("medusa", np.arange(8), np.array([0, 4]))  # kept more often than its earlier sibling 3 ...
     for _ in range(200):
@@ -73,7 +76,7 @@ def test_node_values_are_each_nodes_kept_share_bounded_by_its_parent_and_earlier
 @pytest.mark.parametrize("rows, want", [(1, [0, 1, 2, 3, 4, 5, 6]), (4, [0, 1, 3, 4, 5, 6]), (8, [0, 3, 6]), (16, [])])
 def test_a_static_tree_keeps_the_nodes_that_pay(rows, want):
     """The best n nodes by value for the n with the most tokens per second: at 1 row a node costs 0.2% of a call and
-    all but node 7 (0.5% of a round's tokens) pay; at 8 rows (8% a node) the chain [0], [0, 0], [0, 0, 0] (2.78 tokens
+    all but node 7 (0.1% of a round's tokens) pay; at 8 rows (8% a node) the chain [0], [0, 0], [0, 0, 0] (2.83 tokens
     for 1.24 calls; [0, 1] next would bring 0.10 for 0.08); at 16 rows (a call a node) no node beats one token per call."""
     auto = measured(costs(AutoDraftLen(8, 16)))
     assert auto.choose_nodes("medusa", 8, 1.0, rows).tolist() == want
@@ -87,18 +90,24 @@ def test_a_request_whose_trees_fall_short_keeps_fewer_nodes():
     assert auto.choose_nodes("medusa", 8, auto.tree_scale(0, 100.0), 8).tolist() == []
     # one that got what they promised is the method's average request; a third of it still pays for the chain at 8 rows
     assert auto.tree_scale(100, 100.0) == 1.0 and auto.choose_nodes("medusa", 8, 0.3, 8).tolist() == [0, 3, 6]
-    assert auto.choose_nodes("medusa", 8, 0.2, 8).tolist() == []  # 1.16 tokens for 1.08 of a call: inside DRAFT_MARGIN
+    assert auto.choose_nodes("medusa", 8, 0.15, 8).tolist() == []  # 1.12 tokens for 1.08 of a call: inside DRAFT_MARGIN
 
 
-def test_a_drafting_cost_counts_the_nodes_drafted_up_to_the_deepest_kept():
-    """A tree's proposer drafts its first nodes up to the deepest one kept (EAGLE-3 level by level): keeping node 6
-    ([0, 0, 0]) drafts nodes 0..6. At 8 rows with a draft step of 0.08 of a call per node drafted, the chain of three
-    (2.78 tokens for 0.56 + 1.24 calls: 1.54/s) loses to [0], [0, 0] (2.35 for 0.32 + 1.16: 1.59/s; [0] alone 1.53/s);
-    free drafting keeps it."""
+def test_a_trees_drafting_costs_a_step_per_level_of_the_nodes_drafted():
+    """A tree's proposer drafts its first nodes up to the deepest one kept, level by level (EAGLE-3: one module call a
+    level, whatever its nodes): keeping node 6 ([0, 0, 0]) drafts nodes 0..6, 3 levels. At 8 rows with a step of 0.35 of
+    a call, the chain of three (2.83 tokens for 1.05 + 1.24 calls: 1.24/s) loses to [0], [0, 0] (2.38 for 0.7 + 1.16:
+    1.28/s; [0] alone 1.24/s); free drafting keeps it. A step timed over a tree's round counts its levels."""
     free = measured(costs(AutoDraftLen(8, 16), draft_s=0.0))
-    dear = measured(costs(AutoDraftLen(8, 16), draft_s=0.08))
+    dear = measured(costs(AutoDraftLen(8, 16), draft_s=0.35))
     assert free.choose_nodes("medusa", 8, 1.0, 8).tolist() == [0, 3, 6]
     assert dear.choose_nodes("medusa", 8, 1.0, 8).tolist() == [0, 3]
+    assert [dear.steps("medusa", k) for k in range(9)] == [0, 1, 1, 1, 2, 2, 2, 3, 3]
+    assert dear.steps("draft", 7) == 7  # a chain: a step a token
+    timed = measured(AutoDraftLen(8, 16))
+    for _ in range(3):  # (the first call of a shape is not timed)
+        timed.record_draft("medusa", 1, 8, 0.3)
+    assert timed.draft_cost("medusa", 1, 0.0) == pytest.approx(0.1)  # 8 nodes in 3 levels
 
 
 def test_a_costly_draft_step_is_counted():
