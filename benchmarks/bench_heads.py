@@ -69,6 +69,7 @@ from specdec.runtime.draft_len import DRAFT_MARGIN  # noqa: E402
 from specdec.runtime.loading import load_engine  # noqa: E402
 from specdec.runtime.metrics import Metrics  # noqa: E402
 from specdec.runtime.orchestrator import GenerationConfig, Orchestrator  # noqa: E402
+from specdec.runtime.proposers.base import Draft  # noqa: E402
 from specdec.runtime.proposers.eagle import EagleProposer  # noqa: E402
 from specdec.runtime.proposers.medusa import MedusaProposer  # noqa: E402
 from specdec.runtime.proposers.peagle import PEagleProposer  # noqa: E402
@@ -105,9 +106,18 @@ class Method:
 
 
 def whole_tree(orch: Orchestrator) -> Orchestrator:
-    """The ablation of --tree_auto: draft_len=auto drafting a static tree whole or not at all (what auto did before it
-    kept the nodes that pay), from the same per-node estimates: choose_nodes, its n limited to all or none."""
-    auto = orch.engine.auto
+    """The ablation of --tree_auto: draft_len=auto verifying a static tree whole or not at all (as auto did before it
+    kept the nodes that pay), from the same per-node estimates and prices: choose_nodes with n all or none, and the
+    batch's width cap keeping a tree whole or cutting it to nothing."""
+    auto, policy = orch.engine.auto, orch.engine.round.policy
+    curve, cap = policy.expected_curve, policy.batch_cap
+
+    def whole_curve(r, d, first=None) -> list[float]:
+        got = curve(r, d, first)
+        return got if d.tree_index is None else [1.0] * (len(got) - 1) + got[-1:]
+
+    def whole_cap(reqs, drafts) -> list[Draft]:
+        return [c if c.tree_index is None or len(c) == len(d) else Draft.empty() for c, d in zip(cap(reqs, drafts), drafts, strict=True)]
 
     def whole(method: str, limit: int, scale: float = 1.0, rows: int = 1, catch_up_s: float = 0.0, left: int = 128) -> np.ndarray:
         values = auto.node_values(method)[0][:limit]
@@ -117,7 +127,7 @@ def whole_tree(orch: Orchestrator) -> Orchestrator:
         cost = auto.drafting_cost(method, rows, len(values), t_draft) + auto._cost(rows, len(values) + 1) + spread * tokens
         return np.arange(len(values) if tokens / cost > (1.0 + DRAFT_MARGIN) / auto._cost(rows, 1) else 0)
 
-    auto.choose_nodes = whole
+    auto.choose_nodes, policy.expected_curve, policy.batch_cap = whole, whole_curve, whole_cap
     return orch
 
 
@@ -227,6 +237,9 @@ def summarize(ms: list[Method], subsets: dict[str, list[int]], n_new: int, sampl
             row["draft_ms_per_round"] = spread([1e3 * r["draft_s"] / max(r["engine_rounds"], 1) for r in runs])
             row["identical"] = all(r["output_ids"] == b["output_ids"] for r, b in zip(runs, base.runs[size], strict=False))
             row["identical_expected"] = not (sampled and m.orch.engine.sample_differs())
+            engine = m.orch.engine
+            if engine.speculation.draft_len == "auto":  # what auto's decisions read at the end (a tree's node_values among them)
+                row["auto_state"] = engine.auto.describe(engine.speculation.method, size)
             per_batch[str(size)] = row
         out[m.name] = per_batch
     return out

@@ -83,7 +83,7 @@ def _peagle_methods(target, tree: str, kind: str, more: bool) -> dict[str, Any]:
     proposer = PEagleProposer(target, module, tree)
     methods = {"P-EAGLE target-only": Orchestrator(target), "P-EAGLE chain k=4": Orchestrator(target, PEagleProposer(target, module), draft_len=4),
                f"P-EAGLE tree n={len(proposer.tree)}": Orchestrator(target, proposer, draft_len=len(proposer.tree))}
-    if more:  # auto: a chain's round priced by its drafts (a line fitted per batch size), a tree's whole or nothing
+    if more:  # auto: a chain's round priced by its drafts (a line fitted per batch size), a tree's nodes that pay
         methods["P-EAGLE chain auto"] = Orchestrator(target, PEagleProposer(target, module), draft_len="auto")
         methods["P-EAGLE tree auto"] = Orchestrator(target, PEagleProposer(target, module, tree), draft_len="auto")
     return methods

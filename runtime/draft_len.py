@@ -51,7 +51,8 @@ Trees and scored drafts use the same costs with their own expected tokens:
 * a static tree (Medusa, EAGLE-3, P-EAGLE choices) keeps the nodes that pay
   (``choose_nodes``): each node's chance of being on the path the target
   keeps is measured per method (``record_tree``; a prior worth
-  ``PRIOR_WEIGHT`` rounds, halving with depth, before it was), and the n best
+  ``PRIOR_WEIGHT`` rounds, a deeper node's its parent's share times the
+  first level's, before it was), and the n best
   nodes make 1 + the sum of those chances, scaled by how the request's own
   trees fare against them (``tree_scale``). The n with the most tokens per
   second wins (Sequoia's and EAGLE-2's point: the tree that pays depends on
@@ -87,8 +88,9 @@ tokens it has left (``pays_at`` with its catch-up): on a fresh server, an agent'
 turns behind 200-token prompts each paid a draft prefill for one draft token
 (measured: `auto` 0.83x target-only at 1 stream, without the prefix cache).
 
-No request drafts in a round where even a perfect drafter would not pay at this batch size (``pays_at``: k + 1
-tokens for a call of width k + 1 and k draft steps (a one-call drafter's round), against one token per call, with DRAFT_MARGIN): there the
+No request drafts in a round where even a perfect drafter would not pay at this batch size (``pays_at``: k + 1 tokens
+(a static tree's first k nodes: their levels + 1) for a call of width k + 1 and k draft steps (``steps``), against one
+token per call, with DRAFT_MARGIN): there the
 probes, the exploring rounds and the draft model's catch-ups that let auto notice a change could not find a
 draft that pays, and would only cost. Outside probe rounds a chain drafter's requests are not priced one by one either when
 no draft length would pay even at the batch's best acceptance with its lightest catch-up (runtime/draft_policy.py:
@@ -232,7 +234,7 @@ class AutoDraftLen:
         self.reached_at: dict[str, list[int]] = {}
         self._at: dict[str, tuple[float, list[float]]] = {}  # method -> (its acceptance, at each position), until its next round
         self._tokens: dict[str, tuple[float, list[float]]] = {}  # method -> (a, expected_tokens to max_draft_len), likewise
-        self.drafting_rounds: dict[str, int] = {}  # method -> rounds that drafted (a tree's mean accepted per round)
+        self.drafting_rounds: dict[str, int] = {}  # method -> rounds that drafted
         self.predicted: dict[str, float] = {}  # method -> the scores of scored drafts, summed (their calibration)
         # static trees (Medusa, EAGLE-3, P-EAGLE choices), filled by the Engine: method -> its proposer's DraftTree
         self.trees: dict[str, DraftTree] = {}
@@ -240,6 +242,7 @@ class AutoDraftLen:
         self._values: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # method -> node_values
         self._stale: set[str] = set()  # methods whose tree rounds came after their node_values
         self._levels: dict[str, list[int]] = {}  # method -> [k] the levels of its tree's first k nodes (steps)
+        self._lists: dict[str, tuple[list[float], list[int]]] = {}  # method -> node_values as lists
         self.scored_accepted: dict[str, float] = {}
 
     def describe(self, method: str, rows: int) -> dict:
@@ -306,13 +309,17 @@ class AutoDraftLen:
         ``drafts`` nodes (EAGLE-3 drafts a level in one call, whatever its nodes); one for a one-call drafter."""
         if method in self.one_call:
             return min(drafts, 1)
+        if method not in self.trees:
+            return drafts
+        levels = self.tree_levels(method)
+        return levels[min(drafts, len(levels) - 1)]
+
+    def tree_levels(self, method: str) -> list[int]:
+        """[k] the levels the first k nodes of the method's static tree span (k = 0..its nodes)."""
         levels = self._levels.get(method)
         if levels is None:
-            tree = self.trees.get(method)
-            if tree is None:
-                return drafts
-            levels = self._levels[method] = [0, *np.maximum.accumulate(tree.depths).tolist()]  # [k]: levels of the first k nodes
-        return levels[min(drafts, len(levels) - 1)]
+            levels = self._levels[method] = [0, *np.maximum.accumulate(self.trees[method].depths).tolist()]
+        return levels
 
     def record_draft(self, method: str, rows: int, drafts: int, seconds: float) -> None:
         """A round's drafting of ``drafts`` drafts (its longest) over ``rows`` requests took ``seconds``."""
@@ -320,7 +327,7 @@ class AutoDraftLen:
             return
         steps = self.steps(method, drafts)
         _tally(self.drafts_timed, (method, rows, drafts), seconds)
-        if method in self.one_call and drafts > 0:  # a tree's round is timed at its nodes, and priced at them (tree_pays)
+        if method in self.one_call and drafts > 0:  # a tree's round is timed at its nodes drafted, and priced at them (choose_nodes)
             line = self.round_lines.get((method, rows))
             if line is None:
                 line = self.round_lines[(method, rows)] = _CostLine()
@@ -516,13 +523,18 @@ class AutoDraftLen:
         probes and exploring included, since no acceptance a probe could find would pay. True until costs are measured
         (the prior slope is cheap). ``catch_up_s`` / ``left``: a request's first drafting cost, spread as ``choose``
         spreads it (an exploring probe that could not repay it only costs: a 200-token prompt prefilled on the draft
-        for a request with 7 tokens to go)."""
+        for a request with 7 tokens to go). A static tree's first k nodes make at most their levels + 1 tokens."""
         verify = self.verify_costs(rows)
         base = (1.0 + DRAFT_MARGIN) / verify[1]
         t_draft = self.draft_cost(method, rows, default=0.0)
         tokens = self.expected_tokens(method, acceptance, self.max_draft_len) if acceptance < PERFECT else range(1, self.max_draft_len + 2)
         spread = rows * catch_up_s / max(min(left, HORIZON), 1)  # per token the round makes
         top = max(1, min(self.max_draft_len, left - 1))  # no round makes more than the tokens left
+        tree = self.trees.get(method)
+        if tree is not None:
+            top = min(top, len(tree))
+            levels = self.tree_levels(method)
+            tokens = [min(tokens[k], 1.0 + levels[k]) for k in range(top + 1)]
         drafting = self.drafting_costs(method, rows, top, t_draft)
         return any(tokens[k] / (drafting[k] + verify[k + 1] + spread * tokens[k]) > base for k in range(1, top + 1))
 
@@ -596,7 +608,13 @@ class AutoDraftLen:
             last[parent] = j
         out = np.array(values)
         got = self._values[method] = (out, np.argsort(-out, kind="stable"))
+        self._lists[method] = (values, got[1].tolist())
         return got
+
+    def _value_lists(self, method: str) -> tuple[list[float], list[int]]:
+        """node_values as lists (choose_nodes walks them per request and round: a list's items are cheaper to read)."""
+        self.node_values(method)
+        return self._lists[method]
 
     def tree_scale(self, accepted: int, expected: float) -> float:
         """How a request's static trees fare against the method's: its accepted drafts over what its verified nodes'
@@ -609,21 +627,22 @@ class AutoDraftLen:
         the n best by value (``node_values``, times the request's ``scale``) for the n with the most expected tokens per
         second, or none where no n beats one token per call with DRAFT_MARGIN. Drafting is priced at the tree's first
         (deepest kept index + 1) nodes, what its proposer drafts; ``catch_up_s`` / ``left`` as for ``choose``."""
-        values, order = self.node_values(method)
+        values, order = self._value_lists(method)
         if limit < len(order):
-            order = order[order < limit]
+            order = [j for j in order if j < limit]
         t_draft = self.draft_cost(method, rows, default=0.1 * self._cost(rows, 1))
         price = self._round_price(method, rows, t_draft)
         spread = rows * catch_up_s / max(min(left, HORIZON), 1)
         best, best_speed = 0, (1.0 + DRAFT_MARGIN) / self._cost(rows, 1)
         tokens, drafted = 1.0, 0
-        for n, j in enumerate(order.tolist(), 1):
+        verify = self.verify_costs(rows)
+        for n, j in enumerate(order, 1):
             tokens += min(scale * values[j], 0.999)
             drafted = max(drafted, j + 1)
-            speed = tokens / (price(drafted) + self._cost(rows, n + 1) + spread * tokens)
+            speed = tokens / (price(drafted) + (verify[n + 1] if n + 1 < len(verify) else self._cost(rows, n + 1)) + spread * tokens)
             if speed > best_speed:
                 best, best_speed = n, speed
-        return np.sort(order[:best])
+        return np.array(sorted(order[:best]), np.int64)
 
     def batch_width(self, curves: list[list[float]], rows: int, floor: int = 1) -> int:
         """The width of the round's target call (1 + the most drafts any row keeps) with the most expected tokens

@@ -215,7 +215,7 @@ class AutoDraftPolicy(FixedDraftPolicy):
         if not self.timed:
             return drafts
         running = len(reqs)
-        drafts = [d if r.draft_len != AUTO or not len(d) else self.prefix(r, d, running) if d.scores is not None
+        drafts = [d if r.draft_len != AUTO else self.prefix(r, d, running) if d.scores is not None
                   else chosen_nodes(d, r.auto_nodes) if d.tree_index is not None else d for r, d in zip(reqs, drafts, strict=True)]
         if running > 1 and not self.cost.probe_due(self.round_index, running):
             drafts = self.batch_cap(reqs, drafts)
@@ -238,14 +238,18 @@ class AutoDraftPolicy(FixedDraftPolicy):
         floor = 1 + max((len(d) for r, d in zip(reqs, drafts, strict=True) if r.draft_len != AUTO), default=0)
         # every row counts: one without drafts makes its token at any width, and pays for the widest row all the same
         curves = [[1.0]] * len(reqs)
+        firsts: dict[int, np.ndarray] = {}  # a static tree's nodes, best first
         for i in auto:
-            curves[i] = self.expected_curve(reqs[i], drafts[i])
+            d = drafts[i]
+            if d.tree_index is not None:
+                firsts[i] = self.best_first(reqs[i], d)
+            curves[i] = self.expected_curve(reqs[i], d, firsts.get(i))
         width = self.cost.batch_width(curves, len(reqs), floor)
         out = list(drafts)
         for i in auto:
             d = drafts[i]
             if len(d) >= width:  # chains and scored drafts keep a prefix, static trees their best nodes
-                out[i] = d.prefix(width - 1) if d.tree_index is None else d.nodes(np.sort(self.best_first(reqs[i], d)[: width - 1]).tolist())
+                out[i] = d.prefix(width - 1) if i not in firsts else d.nodes(np.sort(firsts[i][: width - 1]).tolist())
         return out
 
     def best_first(self, r: Request, d: Draft) -> np.ndarray:
@@ -253,13 +257,14 @@ class AutoDraftPolicy(FixedDraftPolicy):
         order): every first n of them is a tree, as AutoDraftLen.node_values orders them."""
         return np.argsort(-self.cost.node_values(r.method)[0][d.tree_index], kind="stable")
 
-    def expected_curve(self, r: Request, d: Draft) -> list[float]:
-        """[k] request r's expected tokens this round if it keeps at most k of its drafts ``d`` (k = 0..len(d))."""
+    def expected_curve(self, r: Request, d: Draft, first: np.ndarray | None = None) -> list[float]:
+        """[k] request r's expected tokens this round if it keeps at most k of its drafts ``d`` (k = 0..len(d)); ``first``:
+        a static tree draft's best_first, when known."""
         cost = self.cost
         if d.scores is not None:  # suffix: 1 + the calibrated sum of the kept nodes' scores
             return [1.0, *(1.0 + cost.calibration(r.method) * np.cumsum(d.scores)).tolist()]
         if d.tree_index is not None:  # a static tree: 1 + the values of its best nodes, scaled to the request
-            values = cost.node_values(r.method)[0][d.tree_index[self.best_first(r, d)]]
+            values = cost.node_values(r.method)[0][d.tree_index[self.best_first(r, d) if first is None else first]]
             scale = cost.tree_scale(r.metrics.accepted, r.auto_expected)
             return [1.0, *(1.0 + np.cumsum(np.minimum(scale * values, 0.999))).tolist()]
         a = cost.acceptance(r.method, r.metrics.accepted, r.metrics.rejected)
@@ -289,7 +294,10 @@ class AutoDraftPolicy(FixedDraftPolicy):
 def chosen_nodes(d: Draft, nodes: np.ndarray | None) -> Draft:
     """A static tree's draft cut to the tree's ``nodes`` (None: all it drafted). A draft may lack some of them (a sampled
     node's distribution had fewer tokens than children, a grammar cut one): the rest is still a tree."""
-    if nodes is None:
+    if nodes is None or not len(d):
         return d
-    keep = np.flatnonzero(np.isin(d.tree_index, nodes))
+    if int(d.tree_index[-1]) == len(d) - 1:  # the tree's first len(d) nodes, none left out: places are tree indices
+        keep = nodes[nodes < len(d)]
+    else:
+        keep = np.flatnonzero(np.isin(d.tree_index, nodes))
     return d if len(keep) == len(d) else d.nodes(keep.tolist())

@@ -278,7 +278,7 @@ class SpeculativeRound:
             t2 = time.perf_counter()
             self.stats.draft_s += t2 - t0
             if Setups.count == setups:  # a call that captured a CUDA graph is not what drafting costs
-                self.policy.proposed(name, len(idx), max(map(len, got)), t2 - t1, fed, t1 - t0)
+                self.policy.proposed(name, len(idx), max(d.drafted for d in got), t2 - t1, fed, t1 - t0)
             for i, d in zip(idx, got, strict=True):
                 drafts[i] = trim(reqs[i], d)
                 reqs[i].metrics.draft_s += (t2 - t0) / len(idx)

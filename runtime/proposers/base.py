@@ -45,8 +45,17 @@ class Draft:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    @property
+    def drafted(self) -> int:
+        """The drafts its proposer drafted for it: a static tree's first nodes up to its last one kept (the nodes a
+        sampled node's draws or a grammar left out were drafted too), else its drafts."""
+        return int(self.tree_index[-1]) + 1 if self.tree_index is not None and len(self.tree_index) else len(self.tokens)
+
     def prefix(self, k: int) -> Draft:
-        """The first k drafts: still a tree when parents come before children (scored drafts are ordered so)."""
+        """The first k drafts: still a tree when parents come before children (scored drafts are ordered so). k = 0: the
+        shared empty draft (a tree cut to nothing is no tree: the round verifies it as a row without drafts)."""
+        if k <= 0:
+            return _EMPTY
         cut = lambda a: None if a is None else a[:k]  # noqa: E731
         return Draft(self.tokens[:k], cut(self.probs), cut(self.parents), cut(self.depths), cut(self.scores), cut(self.tree_index))
 
@@ -54,6 +63,8 @@ class Draft:
         """A tree's nodes ``keep`` (ascending, each one's parent kept too), renumbered: still a tree, in the same order."""
         if len(keep) == len(self):
             return self
+        if not len(keep):
+            return _EMPTY
         at = np.asarray(keep, np.int64)
         new = {-1: -1, **{int(j): i for i, j in enumerate(keep)}}
         parents = np.array([new[int(p)] for p in self.parents[at]], np.int64)  # type: ignore[index]  (a tree's)

@@ -217,14 +217,14 @@ def test_auto_prices_a_round_as_one_call_and_stays_exact(peagle, choices):
 
 def seed_tree_auto(engine: Engine, verified: list[list[int]]) -> None:
     """draft_len=auto on TREE ([0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]) with a verified token at 10% of a call,
-    free drafting, and a long history of kept nodes (60%, 5%, 45%, 30%, 1%, 25%): the nodes that pay are [0], [0, 0],
-    [0, 1], [0, 0, 0] (2.6 tokens for 1.4 calls; [1] next brings 0.05 for 0.1), drafted as the tree's first 6 nodes and
+    free drafting, and a long history of kept nodes (80%, 5%, 45%, 30%, 1%, 25%): the nodes that pay are [0], [0, 0],
+    [0, 1], [0, 0, 0] (2.8 tokens for 1.4 calls; [1] next brings 0.05 for 0.1), drafted as the tree's first 6 nodes and
     cut to those 4. Each draft the round verifies is appended to ``verified`` (its tree nodes)."""
     auto = engine.auto
     auto.verify_cost = lambda rows, width: 1.0 + 0.1 * (width - 1)
     auto.draft_cost = lambda method, rows, default: 0.0
     auto.node_counts["peagle"] = np.zeros((2, auto.max_draft_len))
-    auto.node_counts["peagle"][:, :6] = [[1e6] * 6, [6e5, 5e4, 4.5e5, 3e5, 1e4, 2.5e5]]
+    auto.node_counts["peagle"][:, :6] = [[1e6] * 6, [8e5, 5e4, 4.5e5, 3e5, 1e4, 2.5e5]]
     fit = engine.round.policy.fit
     engine.round.policy.fit = lambda reqs, drafts: [verified.append(d.tree_index.tolist()) or d if len(d) else d for d in fit(reqs, drafts)]
 
@@ -234,14 +234,21 @@ def test_auto_verifies_the_tree_nodes_that_pay_exact_and_keeping_the_distributio
     nothing: greedy output stays the target's, alone and batched; sampled output (drawn children, the chosen nodes of
     each draw) keeps the target's distribution (chi-square over 1200 seeds)."""
     t, m = peagle["target"], peagle["mod"]
+    accepted = 0
     for prompts in ([PROMPTS[0]], PROMPTS):
         want, _ = generate(t, m, prompts, "none", 0)
         engine, verified = Engine(t, [PEagleProposer(t, m, TREE)], SpeculationConfig("peagle", "auto")), []
         seed_tree_auto(engine, verified)
+        before = engine.auto.node_counts["peagle"].copy()
         ids = [engine.add_request(p, GenerationConfig(max_output_len=20)) for p in prompts]
         done = run_until_done(engine)
         assert [done[i].output_ids for i in ids] == want
+        counted = engine.auto.node_counts["peagle"] - before  # [verified, kept] per node, the run's own rounds
+        assert counted[1].sum() == engine.stats.accepted and (counted[1] <= counted[0]).all()
+        assert counted[0].sum() == sum(map(len, verified))
+        accepted += engine.stats.accepted
         assert [0, 2, 3, 5] in verified and wider(verified) <= len(verified) / 8  # (the probe rounds: 1 in 16 per row)
+    assert accepted > 0
     verified = []
     keeps_target_distribution(t, lambda: PEagleProposer(t, m, TREE), "peagle", "auto", PROMPTS[1], dict(temperature=1.5, top_k=4),
                               prepare=lambda engine: seed_tree_auto(engine, verified))
