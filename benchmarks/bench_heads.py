@@ -65,7 +65,6 @@ from prompts import spread, workloads  # noqa: E402
 from specdec.bench.plots import beside, spread_bar, write_bars  # noqa: E402
 from specdec.formats.config_strings import DraftTargetConfig, NGramConfig  # noqa: E402
 from specdec.formats.engine_format import load_engine_dir  # noqa: E402
-from specdec.runtime.draft_len import DRAFT_MARGIN  # noqa: E402
 from specdec.runtime.loading import load_engine  # noqa: E402
 from specdec.runtime.metrics import Metrics  # noqa: E402
 from specdec.runtime.orchestrator import GenerationConfig, Orchestrator  # noqa: E402
@@ -119,13 +118,9 @@ def whole_tree(orch: Orchestrator) -> Orchestrator:
     def whole_cap(reqs, drafts) -> list[Draft]:
         return [c if c.tree_index is None or len(c) == len(d) else Draft.empty() for c, d in zip(cap(reqs, drafts), drafts, strict=True)]
 
-    def whole(method: str, limit: int, scale: float = 1.0, rows: int = 1, catch_up_s: float = 0.0, left: int = 128) -> np.ndarray:
-        values = auto.node_values(method)[0][:limit]
-        tokens = 1.0 + float(np.minimum(scale * values, 0.999).sum())
-        t_draft = auto.draft_cost(method, rows, default=0.1 * auto._cost(rows, 1))
-        spread = rows * catch_up_s / max(min(left, 128), 1)
-        cost = auto.drafting_cost(method, rows, len(values), t_draft) + auto._cost(rows, len(values) + 1) + spread * tokens
-        return np.arange(len(values) if tokens / cost > (1.0 + DRAFT_MARGIN) / auto._cost(rows, 1) else 0)
+    def whole(method: str, *args, **kwargs) -> np.ndarray:
+        order, speeds, base = auto.node_speeds(method, *args, **kwargs)
+        return np.array(sorted(order) if speeds and speeds[-1] > base else [], np.int64)
 
     auto.choose_nodes, policy.expected_curve, policy.batch_cap = whole, whole_curve, whole_cap
     return orch

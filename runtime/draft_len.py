@@ -238,11 +238,10 @@ class AutoDraftLen:
         self.predicted: dict[str, float] = {}  # method -> the scores of scored drafts, summed (their calibration)
         # static trees (Medusa, EAGLE-3, P-EAGLE choices), filled by the Engine: method -> its proposer's DraftTree
         self.trees: dict[str, DraftTree] = {}
-        self.node_counts: dict[str, np.ndarray] = {}  # method -> [2, max_draft_len]: rounds each node was verified, kept
-        self._values: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # method -> node_values
+        self.node_counts: dict[str, tuple[list[float], list[float]]] = {}  # method -> rounds each node was (verified, kept)
+        self._values: dict[str, tuple[np.ndarray, np.ndarray, list[float], list[int]]] = {}  # method -> _node_values
         self._stale: set[str] = set()  # methods whose tree rounds came after their node_values
         self._levels: dict[str, list[int]] = {}  # method -> [k] the levels of its tree's first k nodes (steps)
-        self._lists: dict[str, tuple[list[float], list[int]]] = {}  # method -> node_values as lists
         self.scored_accepted: dict[str, float] = {}
 
     def describe(self, method: str, rows: int) -> dict:
@@ -563,17 +562,29 @@ class AutoDraftLen:
         return best
 
     # -- static trees: each node's acceptance -----------------------------------------------------------------
-    def record_tree(self, method: str, verified: np.ndarray, kept: np.ndarray) -> None:
+    def record_tree(self, method: str, verified: list[int], kept: list[int]) -> None:
         """A static tree's round: its nodes ``verified`` and those on the path the target ``kept`` (indices in the
-        method's DraftTree, ``trees``)."""
+        method's DraftTree, ``trees``). Every tree request's every round counts: plain lists, a few items each."""
         counts = self.node_counts.get(method)
         if counts is None:
-            counts = self.node_counts[method] = np.zeros((2, self.max_draft_len))  # [verified, kept] per node
-        counts[0, verified] += 1
-        counts[1, kept] += 1
+            counts = self.node_counts[method] = ([0.0] * self.max_draft_len, [0.0] * self.max_draft_len)
+        seen, hit = counts
+        for j in verified:
+            seen[j] += 1
+        for j in kept:
+            hit[j] += 1
         self._stale.add(method)
 
     def node_values(self, method: str, fresh: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """``_node_values``' arrays: (values [nodes], order [nodes])."""
+        return self._node_values(method, fresh)[:2]
+
+    def promised(self, method: str, nodes: list[int]) -> float:
+        """The accepted drafts the method's tree ``nodes`` promise: their values summed (as the last round left them)."""
+        values = self._node_values(method, fresh=False)[2]
+        return sum(values[j] for j in nodes)
+
+    def _node_values(self, method: str, fresh: bool = True) -> tuple[np.ndarray, np.ndarray, list[float], list[int]]:
         """(values [nodes], order [nodes]): each node of the method's tree's chance of being on the kept path when it is
         verified, from its counts with a prior worth PRIOR_WEIGHT rounds, made no larger than its parent's or an earlier
         sibling's; and the nodes best first (ties: tree order). So every first n of ``order`` holds each node's parent
@@ -584,14 +595,14 @@ class AutoDraftLen:
         depth, so a node seldom verified (auto keeps the nodes that pay; the rest are verified in probe rounds only)
         starts from what its parent and the first level show, not from a constant. Worked out again after the
         method's tree rounds when ``fresh`` (once a round: the rounds' outcomes are recorded request by request, and
-        read as the last round left them until the next round plans)."""
+        read as the last round left them until the next round plans). Also as lists: choose_nodes walks them per request
+        and round, and a list's items are cheaper to read."""
         got = self._values.get(method)
         if got is not None and (not fresh or method not in self._stale):
             return got
         self._stale.discard(method)
         tree = self.trees[method]
-        counts = self.node_counts.get(method)
-        kept, verified = (counts[1].tolist(), counts[0].tolist()) if counts is not None else ([0.0] * len(tree), [0.0] * len(tree))
+        verified, kept = self.node_counts.get(method) or ([0.0] * len(tree), [0.0] * len(tree))
         values: list[float] = []
         first: list[int] = []  # the root's children, in their order
         last: dict[int, int] = {}  # parent -> its child met last
@@ -607,42 +618,44 @@ class AutoDraftLen:
             values.append(min((kept[j] + PRIOR_WEIGHT * prior) / (verified[j] + PRIOR_WEIGHT), cap))
             last[parent] = j
         out = np.array(values)
-        got = self._values[method] = (out, np.argsort(-out, kind="stable"))
-        self._lists[method] = (values, got[1].tolist())
+        order = np.argsort(-out, kind="stable")
+        got = self._values[method] = (out, order, values, order.tolist())
         return got
-
-    def _value_lists(self, method: str) -> tuple[list[float], list[int]]:
-        """node_values as lists (choose_nodes walks them per request and round: a list's items are cheaper to read)."""
-        self.node_values(method)
-        return self._lists[method]
 
     def tree_scale(self, accepted: int, expected: float) -> float:
         """How a request's static trees fare against the method's: its accepted drafts over what its verified nodes'
         values promised (``expected``), with PRIOR_WEIGHT drafts at 1."""
         return (accepted + PRIOR_WEIGHT) / (expected + PRIOR_WEIGHT)
 
-    def choose_nodes(self, method: str, limit: int, scale: float = 1.0, rows: int = 1, catch_up_s: float = 0.0,
-                     left: int = HORIZON) -> np.ndarray:
-        """The nodes of the method's static tree (ascending indices, each below ``limit``) to verify at ``rows`` requests:
-        the n best by value (``node_values``, times the request's ``scale``) for the n with the most expected tokens per
-        second, or none where no n beats one token per call with DRAFT_MARGIN. Drafting is priced at the tree's first
-        (deepest kept index + 1) nodes, what its proposer drafts; ``catch_up_s`` / ``left`` as for ``choose``."""
-        values, order = self._value_lists(method)
+    def node_speeds(self, method: str, limit: int, scale: float = 1.0, rows: int = 1, catch_up_s: float = 0.0,
+                    left: int = HORIZON) -> tuple[list[int], list[float], float]:
+        """(order, speeds, base): the method's static tree's nodes below ``limit``, best first by value (``node_values``,
+        times the request's ``scale``); speeds[n - 1] the expected tokens per second at ``rows`` requests of verifying
+        the first n of them, drafting priced at the tree's first (deepest kept index + 1) nodes, what its proposer
+        drafts; base: one token per call's, with DRAFT_MARGIN. ``catch_up_s`` / ``left`` as for ``choose``."""
+        _, _, values, order = self._node_values(method)
         if limit < len(order):
             order = [j for j in order if j < limit]
         t_draft = self.draft_cost(method, rows, default=0.1 * self._cost(rows, 1))
         price = self._round_price(method, rows, t_draft)
         spread = rows * catch_up_s / max(min(left, HORIZON), 1)
-        best, best_speed = 0, (1.0 + DRAFT_MARGIN) / self._cost(rows, 1)
-        tokens, drafted = 1.0, 0
         verify = self.verify_costs(rows)
+        tokens, drafted, speeds = 1.0, 0, []
         for n, j in enumerate(order, 1):
             tokens += min(scale * values[j], 0.999)
             drafted = max(drafted, j + 1)
-            speed = tokens / (price(drafted) + (verify[n + 1] if n + 1 < len(verify) else self._cost(rows, n + 1)) + spread * tokens)
-            if speed > best_speed:
-                best, best_speed = n, speed
-        return np.array(sorted(order[:best]), np.int64)
+            speeds.append(tokens / (price(drafted) + (verify[n + 1] if n + 1 < len(verify) else self._cost(rows, n + 1)) + spread * tokens))
+        return order, speeds, (1.0 + DRAFT_MARGIN) / self._cost(rows, 1)
+
+    def choose_nodes(self, method: str, limit: int, scale: float = 1.0, rows: int = 1, catch_up_s: float = 0.0,
+                     left: int = HORIZON) -> np.ndarray:
+        """The nodes of the method's static tree (ascending indices, each below ``limit``) to verify at ``rows`` requests:
+        the n best by value for the n with the most expected tokens per second (``node_speeds``; the fewest on a tie),
+        or none where no n beats one token per call with DRAFT_MARGIN."""
+        order, speeds, base = self.node_speeds(method, limit, scale, rows, catch_up_s, left)
+        best = max(range(len(speeds)), key=speeds.__getitem__, default=-1)
+        n = best + 1 if best >= 0 and speeds[best] > base else 0
+        return np.array(sorted(order[:n]), np.int64)
 
     def batch_width(self, curves: list[list[float]], rows: int, floor: int = 1) -> int:
         """The width of the round's target call (1 + the most drafts any row keeps) with the most expected tokens

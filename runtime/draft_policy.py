@@ -283,9 +283,10 @@ class AutoDraftPolicy(FixedDraftPolicy):
     def observed(self, r: Request, draft: Draft, accepted: int, path: Sequence[int] = ()) -> None:
         k = len(draft)
         if draft.tree_index is not None and k:
+            nodes = draft.tree_index.tolist()
             if r.draft_len == AUTO:
-                r.auto_expected += float(self.cost.node_values(r.method, fresh=False)[0][draft.tree_index].sum())
-            self.cost.record_tree(r.method, draft.tree_index, draft.tree_index[list(path)])
+                r.auto_expected += self.cost.promised(r.method, nodes)
+            self.cost.record_tree(r.method, nodes, [nodes[j] for j in path])
         self.cost.record_round(r.method, k, accepted)
         if draft.scores is not None and k:
             self.cost.record_scored(r.method, float(draft.scores.sum()), accepted)

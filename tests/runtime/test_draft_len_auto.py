@@ -367,9 +367,9 @@ def test_the_round_verifies_the_chosen_nodes_and_learns_each_nodes_share():
     auto._memo.clear()
     kept = policy.fit(two, [whole] * 16)
     assert [d.tree_index.tolist() for d in kept] == [[0, 3]] * 16
-    before = auto.node_counts["eagle"].copy()
+    before = np.array(auto.node_counts["eagle"])
     policy.observed(r, cut, 2, [0, 1])  # the cut draft's places 0, 1: tree nodes 0 and 3
-    assert (auto.node_counts["eagle"] - before).tolist() == [[1, 0, 0, 1, 0, 0, 1, 0], [1, 0, 0, 1, 0, 0, 0, 0]]
+    assert (np.array(auto.node_counts["eagle"]) - before).tolist() == [[1, 0, 0, 1, 0, 0, 1, 0], [1, 0, 0, 1, 0, 0, 0, 0]]
     assert r.auto_expected == pytest.approx(values[[0, 3, 6]].sum())
 
 

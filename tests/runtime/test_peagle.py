@@ -223,8 +223,8 @@ def seed_tree_auto(engine: Engine, verified: list[list[int]]) -> None:
     auto = engine.auto
     auto.verify_cost = lambda rows, width: 1.0 + 0.1 * (width - 1)
     auto.draft_cost = lambda method, rows, default: 0.0
-    auto.node_counts["peagle"] = np.zeros((2, auto.max_draft_len))
-    auto.node_counts["peagle"][:, :6] = [[1e6] * 6, [8e5, 5e4, 4.5e5, 3e5, 1e4, 2.5e5]]
+    rest = [0.0] * (auto.max_draft_len - 6)
+    auto.node_counts["peagle"] = ([1e6] * 6 + rest, [8e5, 5e4, 4.5e5, 3e5, 1e4, 2.5e5] + rest)
     fit = engine.round.policy.fit
     engine.round.policy.fit = lambda reqs, drafts: [verified.append(d.tree_index.tolist()) or d if len(d) else d for d in fit(reqs, drafts)]
 
@@ -239,11 +239,11 @@ def test_auto_verifies_the_tree_nodes_that_pay_exact_and_keeping_the_distributio
         want, _ = generate(t, m, prompts, "none", 0)
         engine, verified = Engine(t, [PEagleProposer(t, m, TREE)], SpeculationConfig("peagle", "auto")), []
         seed_tree_auto(engine, verified)
-        before = engine.auto.node_counts["peagle"].copy()
+        before = np.array(engine.auto.node_counts["peagle"])
         ids = [engine.add_request(p, GenerationConfig(max_output_len=20)) for p in prompts]
         done = run_until_done(engine)
         assert [done[i].output_ids for i in ids] == want
-        counted = engine.auto.node_counts["peagle"] - before  # [verified, kept] per node, the run's own rounds
+        counted = np.array(engine.auto.node_counts["peagle"]) - before  # [verified, kept] per node, the run's own rounds
         assert counted[1].sum() == engine.stats.accepted and (counted[1] <= counted[0]).all()
         assert counted[0].sum() == sum(map(len, verified))
         accepted += engine.stats.accepted
