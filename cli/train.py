@@ -158,6 +158,9 @@ class EngineGenerator:
 @option("peagle_down_sample_ratio", type=float, default=0.7, show_default=True,
         help="P-EAGLE: placeholder depth d trains on max(ratio^d, ratio_min) of the anchors (COD sampling: K depths for the price of ~2.4).")
 @option("peagle_down_sample_ratio_min", type=float, default=0.2, show_default=True, help="P-EAGLE: the floor of that share.")
+@option("peagle_gate", type=click.Choice(["none", "greedy", "soft"]), default="none", show_default=True,
+        help="P-EAGLE: weigh drafting position j's loss by whether (greedy) or how likely (soft) the module's guesses at "
+             "positions 1..j-1 of the same block were the base's top-1: what a round accepts, since position j counts only after them.")
 @option("peagle_placeholders", type=click.Choice(["anchored", "constant"]), default="anchored", show_default=True,
         help="P-EAGLE: anchored = one learned vector per drafting depth, added to the anchor's features; constant = vLLM's one "
              "placeholder vector in place of features (read by vLLM speculators' P-EAGLE).")

@@ -132,6 +132,8 @@ def main() -> None:
     p.add_argument("--peagle-decay", type=float, default=0.5, help="P-EAGLE: drafting position j's loss weighs this^(j-1)")
     p.add_argument("--peagle-down-sample-ratio", type=float, default=0.7,
                    help="P-EAGLE: placeholder depth d trains on max(ratio^d, 0.2) of the anchors (1: every anchor at every depth)")
+    p.add_argument("--peagle-gate", choices=("none", "greedy", "soft"), default="none",
+                   help="P-EAGLE: weigh position j's loss by whether (greedy) or how likely (soft) positions 1..j-1 were right")
     p.add_argument("--modes", default="medusa,eagle", help="which to train: medusa, eagle, peagle (comma-separated)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--lr-scheduler", choices=("constant", "cosine"), default="constant",
@@ -185,7 +187,7 @@ def main() -> None:
     if "peagle" in modes:
         results["peagle"] = train(TrainConfig(mode="peagle", output_dir=str(out / "peagle"), eagle_num_layers=args.peagle_layers,
                                               peagle_depths=args.peagle_depths, eagle_loss_decay_factor=args.peagle_decay,
-                                              peagle_down_sample_ratio=args.peagle_down_sample_ratio, **common))
+                                              peagle_down_sample_ratio=args.peagle_down_sample_ratio, peagle_gate=args.peagle_gate, **common))
 
     print(f"\nheld-out top-1 ({args.eval_prompts} prompts from held-out files, {args.max_token} greedy target tokens each); "
           f"data {data_s:.0f} s, {args.threads} thread(s)")

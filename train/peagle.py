@@ -15,7 +15,8 @@ depths at the cost of about 2.4 at the defaults) with one difference: the sampli
 a subset of depth d-1's), so that every placeholder row sees exactly the placeholders drafting feeds before it.
 The mask (``parallel_mask``) is drafting's: a real row sees the real rows before it; placeholder (p, d) the real
 rows up to p and placeholders (p, 1..d). Each row is distilled against the base's distribution for the token it
-predicts, as EAGLE's loss does; depth d's mean weighs ``decay^d``. Without gradients (the accuracy report) every
+predicts, as EAGLE's loss does; depth d's mean weighs ``decay^d`` (with a gate, each row also weighs how right its
+block's earlier positions were: ``position_gates``). Without gradients (the accuracy report) every
 anchor is kept.
 """
 
@@ -166,10 +167,33 @@ def batch_generator(ids: torch.Tensor, seed: int) -> torch.Generator:
     return torch.Generator().manual_seed((seed * 1_000_003 + int((ids * weights).sum())) % (2**62))
 
 
+GATES = ("none", "greedy", "soft")
+
+
+def position_gates(layout: ParallelLayout, counted: torch.Tensor, right: torch.Tensor, depths: int) -> torch.Tensor:
+    """[counted]: for each counted row, the product of how right the positions before it in its block were (1 for a
+    real row). right: [counted] in [0, 1]; a position that is not counted (its token is the prompt's) counts as right.
+
+    A placeholder (p, d) adds to the tokens a round accepts only when positions 1..d of its block were right, so
+    its loss is worth that much: weighing it so makes it learn token p + d + 2 GIVEN its own earlier guesses, which is
+    what drafting needs, instead of its average over every token p + 1 .. p + d + 1 could be."""
+    b, t = layout.valid.shape
+    grid = right.new_ones(b, t, depths)  # [batch, anchor, depth]: how right the block's row at that depth was
+    anchors = torch.cat([torch.arange(t).expand(b, t), layout.anchors], dim=1)  # [batch, T' + M]
+    row_depths = layout.row_depths
+    batch_index = torch.arange(b).unsqueeze(1).expand_as(anchors)
+    grid[batch_index[counted], anchors[counted], row_depths[counted]] = right
+    before = torch.cumprod(torch.cat([grid.new_ones(b, t, 1), grid[..., :-1]], dim=-1), dim=-1)  # exclusive product
+    return before[batch_index[counted], anchors[counted], row_depths[counted]]
+
+
 def peagle_loss(module: PEagleModule, hidden: torch.Tensor, layout: ParallelLayout, base_hidden: torch.Tensor,
-                base_lm_head: nn.Module, loss_mask: torch.Tensor, depths: int, decay: float) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+                base_lm_head: nn.Module, loss_mask: torch.Tensor, depths: int, decay: float,
+                gate: str = "none") -> tuple[torch.Tensor, list[tuple[int, int]]]:
     """KL(base || module) per drafting position 1..depths (position j = depth j - 1), weighted decay^(j-1), and
-    (module's top-1 = base's, counted) per position.
+    (module's top-1 = base's, counted) per position. ``gate`` "greedy" / "soft": each row's KL weighs
+    ``position_gates`` (whether / how likely the block's earlier positions were the base's top-1), each position's
+    weighted sum divided by its rows.
 
     hidden: [batch, T' + M, hidden] (``PEagleModule.parallel_hidden``); base_hidden: [batch, T, hidden], the base's
     last hidden state; loss_mask: [batch, T]."""
@@ -183,14 +207,20 @@ def peagle_loss(module: PEagleModule, hidden: torch.Tensor, layout: ParallelLayo
         target_logp = F.log_softmax(base_lm_head(base_hidden.gather(1, index)[counted]).float(), -1)
     logp = F.log_softmax(module.lm_head(hidden[counted]).float(), dim=-1)  # [counted, vocab]
     kl = (target_logp.exp() * (target_logp - logp)).sum(-1)  # [counted]
-    same = logp.detach().argmax(-1) == target_logp.argmax(-1)
+    top = target_logp.argmax(-1)  # [counted]
+    same = logp.detach().argmax(-1) == top
+    if gate == "none":
+        weights = None
+    else:
+        right = same.float() if gate == "greedy" else logp.detach().gather(1, top.unsqueeze(1)).squeeze(1).exp()
+        weights = position_gates(layout, counted, right, depths)  # [counted]
     total, weight, hits = hidden.new_zeros(()), 0.0, []
     for d in range(depths):
         at = row_depth == d
         n = int(at.sum())
         hits.append((int(same[at].sum()), n))
         if n:
-            total = total + kl[at].mean() * decay**d
+            total = total + (kl[at].mean() if weights is None else (kl[at] * weights[at]).sum() / n) * decay**d
             weight += decay**d
     if weight == 0:
         return hidden.new_zeros(()) * hidden.sum(), hits

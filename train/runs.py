@@ -20,7 +20,7 @@ from .eagle import Eagle3Module, eagle_inputs, eagle_llama_config, eagle_loss, e
 from .errors import TrainConfigError
 from .export import eagle_config, medusa_config, peagle_config
 from .medusa import DECAY_COEFFICIENT, HEADS_COEFFICIENT, MedusaHeads, medusa_loss
-from .peagle import PEagleModule, batch_generator, parallel_layout, peagle_loss
+from .peagle import GATES, PEagleModule, batch_generator, parallel_layout, peagle_loss
 
 if TYPE_CHECKING:
     from .trainer import TrainConfig
@@ -205,8 +205,8 @@ class PEagleRun(EagleRun):
     """P-EAGLE (train/peagle.py): EAGLE-3's module and features, ``peagle_depths`` positions drafted in one pass."""
 
     mode = "peagle"
-    flags = ("eagle_num_layers", "eagle_aux_layer_ids", "eagle_loss_decay_factor", "peagle_depths", "peagle_mask_token_id",
-             "peagle_down_sample_ratio", "peagle_down_sample_ratio_min", "peagle_placeholders")  # no TTT: its depths are drafted in one pass
+    flags = ("eagle_num_layers", "eagle_aux_layer_ids", "eagle_loss_decay_factor", "peagle_depths", "peagle_mask_token_id",  # no TTT: its depths
+             "peagle_down_sample_ratio", "peagle_down_sample_ratio_min", "peagle_placeholders", "peagle_gate")  # are drafted in one pass
 
     @staticmethod
     def counts(cfg: TrainConfig) -> dict[str, int]:
@@ -222,6 +222,8 @@ class PEagleRun(EagleRun):
             raise TrainConfigError(f"--peagle_down_sample_ratio {cfg.peagle_down_sample_ratio} must be in (0, 1] (1: every anchor at every depth).")
         if not 0 <= cfg.peagle_down_sample_ratio_min <= 1:
             raise TrainConfigError(f"--peagle_down_sample_ratio_min {cfg.peagle_down_sample_ratio_min} must be in [0, 1].")
+        if cfg.peagle_gate not in GATES:
+            raise TrainConfigError(f"--peagle_gate {cfg.peagle_gate!r} is not one of {', '.join(GATES)}.")
         if cfg.peagle_placeholders not in PLACEHOLDER_FORMS:
             raise TrainConfigError(f"--peagle_placeholders {cfg.peagle_placeholders!r} is not one of {', '.join(PLACEHOLDER_FORMS)}.")
         if cfg.peagle_mask_token_id is not None and cfg.peagle_mask_token_id < 0:
@@ -251,7 +253,7 @@ class PEagleRun(EagleRun):
         layout = parallel_layout(attn[:, :-1], loss_mask, cfg.peagle_depths, cfg.peagle_down_sample_ratio, cfg.peagle_down_sample_ratio_min, sampled)
         hidden = self.heads.parallel_hidden(aux, next_embeds, layout)  # [batch, T' + M, hidden]
         return peagle_loss(self.heads, hidden, layout, out.last_hidden, self.base.get_output_embeddings(), loss_mask,
-                           cfg.peagle_depths, cfg.eagle_loss_decay_factor)
+                           cfg.peagle_depths, cfg.eagle_loss_decay_factor, cfg.peagle_gate)
 
     def export_config(self, base_cfg: dict, provenance: dict) -> dict:
         return peagle_config(base_cfg, self.eagle_cfg, self.aux_ids, self.mask_token_id, self.cfg.peagle_depths, provenance,
@@ -261,10 +263,12 @@ class PEagleRun(EagleRun):
         cfg = self.cfg
         return {**Run.provenance(self), "peagle_depths": cfg.peagle_depths, "ptd_token_id": self.mask_token_id,
                 "peagle_down_sample_ratio": cfg.peagle_down_sample_ratio, "peagle_down_sample_ratio_min": cfg.peagle_down_sample_ratio_min,
-                "eagle_loss_decay_factor": cfg.eagle_loss_decay_factor}
+                "eagle_loss_decay_factor": cfg.eagle_loss_decay_factor, "peagle_gate": cfg.peagle_gate}
 
     def loss_description(self) -> str:
-        return f"KL(base || P-EAGLE), mean of {self.cfg.peagle_depths} drafting positions weighted {self.cfg.eagle_loss_decay_factor}^(position - 1)"
+        gated = "" if self.cfg.peagle_gate == "none" else f", each row gated ({self.cfg.peagle_gate}) by its block's earlier positions"
+        return (f"KL(base || P-EAGLE), mean of {self.cfg.peagle_depths} drafting positions weighted {self.cfg.eagle_loss_decay_factor}^(position - 1)"
+                + gated)
 
     def card(self) -> tuple[str, str, str]:
         cfg = self.cfg

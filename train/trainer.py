@@ -52,6 +52,7 @@ class TrainConfig:
     peagle_mask_token_id: int | None = None  # P-EAGLE: the token placeholders read (None: the base's pad, else eos token)
     peagle_down_sample_ratio: float = 0.7  # P-EAGLE: depth d keeps max(ratio^d, ratio_min) of the anchors (COD sampling)
     peagle_down_sample_ratio_min: float = 0.2
+    peagle_gate: str = "none"  # P-EAGLE: none | greedy | soft: weigh a position's loss by how right the block's earlier positions were
     peagle_placeholders: str = "anchored"  # P-EAGLE: anchored (one vector per depth, added to the anchor's features) | constant (vLLM's)
     batch_size: int = 4
     training_seq_len: int = 512

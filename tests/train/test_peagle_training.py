@@ -127,3 +127,49 @@ def test_real_rows_are_eagle_3s_depth_1_pass(depths):
     assert bool(layout.used.any()) == (depths > 1)
     out = module.parallel_hidden(aux, embeds, layout)
     assert torch.allclose(out[:, : T - 1][valid], module.hidden(aux, embeds, valid)[valid], atol=1e-5)
+
+
+@pytest.mark.parametrize("gate", ["greedy", "soft"])
+def test_gated_loss_weighs_each_position_by_how_right_its_block_was_before_it(gate):
+    """--peagle_gate: placeholder (p, d)'s KL weighs the product over the block's earlier rows (real row p, then
+    placeholders (p, 1..d-1)) of whether (greedy) or how likely (soft) the module's guess there was the base's top-1; a
+    row whose token is not counted weighs 1 in that product, and each depth's sum is divided by its rows."""
+    module, base_head = tiny_peagle(layers=1)
+    aux, embeds, valid, loss_mask = inputs()
+    layout = parallel_layout(valid, loss_mask, K, 0.7, 0.2, None)
+    hidden = module.parallel_hidden(aux, embeds, layout)
+    base_head.weight.data.copy_(module.lm_head.weight)
+    base_hidden = torch.randn(B, T, H, generator=torch.Generator().manual_seed(5))
+    base_hidden[:, 1:T:2] = hidden[:, 0 : T - 1 : 2].detach()  # the base agrees with every even real row: blocks right and wrong
+    decay = 0.8
+    loss, _ = peagle_loss(module, hidden, layout, base_hidden, base_head, loss_mask, K, decay, gate=gate)
+    rows = {(b, r, 0): r for b in range(B) for r in range(T - 1) if valid[b, r]}  # (batch, anchor, depth): row
+    rows |= {(b, int(layout.anchors[b, j]), int(layout.depths[b, j])): T - 1 + j
+             for b in range(B) for j in range(layout.used.shape[1]) if layout.used[b, j]}
+    kl, right = {}, {}
+    for (b, p, d), row in rows.items():
+        token = p + d + 2
+        if token < T and loss_mask[b, token]:
+            want = F.log_softmax(base_head(base_hidden[b, token - 1]), -1).detach()
+            got = F.log_softmax(module.lm_head(hidden[b, row]), -1).detach()
+            kl[b, p, d] = float((want.exp() * (want - got)).sum())
+            top = int(want.argmax())
+            right[b, p, d] = float(int(got.argmax()) == top) if gate == "greedy" else float(got[top].exp())
+    gates = {(b, p, d): math.prod(right.get((b, p, e), 1.0) for e in range(d)) for b, p, d in kl}
+    at_1 = [g for key, g in gates.items() if key[2] == 1]
+    assert min(at_1) < 0.5 < max(at_1)  # some blocks right at position 1, some wrong
+    per_depth: list[list[float]] = [[] for _ in range(K)]
+    for key, value in kl.items():
+        per_depth[key[2]].append(value * gates[key])
+    expected = sum(sum(k) / len(k) * decay**d for d, k in enumerate(per_depth)) / sum(decay**d for d in range(K))
+    assert math.isclose(loss.item(), expected, rel_tol=1e-5)
+    loss.backward()
+    assert module.mask_hidden.grad is not None and module.mask_hidden.grad.abs().sum() > 0
+
+
+def test_an_unknown_gate_is_refused_before_training():
+    from specdec.train.errors import TrainConfigError
+    from specdec.train.trainer import TrainConfig
+
+    with pytest.raises(TrainConfigError, match="--peagle_gate 'hard' is not one of none, greedy, soft"):
+        TrainConfig(mode="peagle", model="m", data="d", output_dir="o", peagle_gate="hard").validate()

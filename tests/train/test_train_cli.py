@@ -39,11 +39,12 @@ def test_run_and_prepare_data_through_the_cli(tmp_path, tiny_base, repetitive_da
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 2, 3]
     assert cfg["specdec_train"]["eagle_ttt_steps"] == 2
     r = invoke("run", "--mode", "peagle", "--model", tiny_base, "--data", repetitive_data, "--output_dir", tmp_path / "p",
-               "--max_steps", 1, "--peagle_depths", 3, "--peagle_mask_token_id", 7, "-q", "--num_threads", 1)
+               "--max_steps", 1, "--peagle_depths", 3, "--peagle_mask_token_id", 7, "--peagle_gate", "greedy", "-q", "--num_threads", 1)
     assert r.exit_code == 0, r.output
     assert r.output.split("top-1 ")[1].split(";")[0].count(",") == 2  # top-1 at drafting positions 1, 2, 3
     cfg = json.loads((tmp_path / "p" / "config.json").read_text())
     assert (cfg["ptd_token_id"], cfg["para_depths"], cfg["peagle_placeholders"]) == (7, 3, "anchored")
+    assert cfg["specdec_train"]["peagle_gate"] == "greedy"  # the recipe, in the module's provenance
     r = invoke("run", "--mode", "peagle", "--model", tiny_base, "--data", repetitive_data, "--output_dir", tmp_path / "c",
                "--max_steps", 1, "--peagle_depths", 3, "--peagle_placeholders", "constant", "-q", "--num_threads", 1)
     assert r.exit_code == 0, r.output
@@ -142,6 +143,7 @@ def test_resume_refuses_to_end_before_the_checkpoints_step(tmp_path, tiny_base, 
 @pytest.mark.parametrize("mode, flag, value, owners", [
     ("eagle", "--peagle_depths", 4, "peagle"),
     ("eagle", "--peagle-placeholders", "constant", "peagle"),  # the dashed spelling too
+    ("eagle", "--peagle_gate", "greedy", "peagle"),
     ("medusa", "--eagle_num_layers", 2, "eagle or peagle"),
     ("medusa", "--eagle_aux_layer_ids", "0,1", "eagle or peagle"),
     ("peagle", "--eagle_ttt_steps", 2, "eagle"),  # P-EAGLE drafts its depths in one pass: no TTT steps
