@@ -176,8 +176,9 @@ def position_gates(layout: ParallelLayout, counted: torch.Tensor, right: torch.T
 
     A placeholder (p, d) adds to the tokens a round accepts only when positions 1..d of its block were right, so
     its loss is worth that much: weighing it so makes it learn token p + d + 2 GIVEN its own earlier guesses, which is
-    what drafting needs, instead of its average over every token p + 1 .. p + d + 1 could be."""
+    what drafting needs, instead of its average over every token p + 2 .. p + d + 1 could be."""
     b, t = layout.valid.shape
+    depths = max(depths, int(layout.depths.max()) + 1)  # a layout deeper than the loss reads still indexes
     grid = right.new_ones(b, t, depths)  # [batch, anchor, depth]: how right the block's row at that depth was
     anchors = torch.cat([torch.arange(t).expand(b, t), layout.anchors], dim=1)  # [batch, T' + M]
     row_depths = layout.row_depths
@@ -209,9 +210,10 @@ def peagle_loss(module: PEagleModule, hidden: torch.Tensor, layout: ParallelLayo
     kl = (target_logp.exp() * (target_logp - logp)).sum(-1)  # [counted]
     top = target_logp.argmax(-1)  # [counted]
     same = logp.detach().argmax(-1) == top
-    if gate == "none":
-        weights = None
-    else:
+    if gate not in GATES:
+        raise ValueError(f"gate {gate!r} is not one of {GATES}")
+    weights = None
+    if gate != "none":  # detached: the loss must not fall by making the earlier positions less right
         right = same.float() if gate == "greedy" else logp.detach().gather(1, top.unsqueeze(1)).squeeze(1).exp()
         weights = position_gates(layout, counted, right, depths)  # [counted]
     total, weight, hits = hidden.new_zeros(()), 0.0, []

@@ -205,8 +205,9 @@ class PEagleRun(EagleRun):
     """P-EAGLE (train/peagle.py): EAGLE-3's module and features, ``peagle_depths`` positions drafted in one pass."""
 
     mode = "peagle"
-    flags = ("eagle_num_layers", "eagle_aux_layer_ids", "eagle_loss_decay_factor", "peagle_depths", "peagle_mask_token_id",  # no TTT: its depths
-             "peagle_down_sample_ratio", "peagle_down_sample_ratio_min", "peagle_placeholders", "peagle_gate")  # are drafted in one pass
+    # no TTT: its depths are drafted in one pass
+    flags = ("eagle_num_layers", "eagle_aux_layer_ids", "eagle_loss_decay_factor", "peagle_depths", "peagle_mask_token_id",
+             "peagle_down_sample_ratio", "peagle_down_sample_ratio_min", "peagle_placeholders", "peagle_gate")
 
     @staticmethod
     def counts(cfg: TrainConfig) -> dict[str, int]:
@@ -277,7 +278,8 @@ class PEagleRun(EagleRun):
                 f"{cfg.peagle_depths} positions in one pass; placeholder anchors sampled per depth (ratio {cfg.peagle_down_sample_ratio:g}, "
                 f"floor {cfg.peagle_down_sample_ratio_min:g}, nested); LM head = the base's, frozen")
         acc_label = f"top-1 agreement with the base, per drafting position 1..{cfg.peagle_depths} (every anchor)"
-        return what, acc_label, f"--eagle_num_layers {cfg.eagle_num_layers} --peagle_depths {cfg.peagle_depths}"
+        gate = "" if cfg.peagle_gate == "none" else f" --peagle_gate {cfg.peagle_gate}"
+        return what, acc_label, f"--eagle_num_layers {cfg.eagle_num_layers} --peagle_depths {cfg.peagle_depths}{gate}"
 
 
 def mask_token_id(cfg: TrainConfig, base_cfg: dict) -> int:
