@@ -41,6 +41,17 @@ def inputs(seed: int = 4):
     return aux, embeds, valid, loss_mask
 
 
+
+def counted_rows(module, base_head, hidden, base_hidden, layout, valid, loss_mask) -> dict:
+    """{(batch, anchor, depth): (the base's, the module's log-probabilities)} for every row whose token counts: real row
+    r is anchor r at depth 0; a row at (p, d) guesses token p + d + 2, which the base says how at token - 1."""
+    rows = {(b, r, 0): r for b in range(B) for r in range(T - 1) if valid[b, r]}
+    rows |= {(b, int(layout.anchors[b, j]), int(layout.depths[b, j])): T - 1 + j
+             for b in range(B) for j in range(layout.used.shape[1]) if layout.used[b, j]}
+    return {(b, p, d): (F.log_softmax(base_head(base_hidden[b, p + d + 1]), -1).detach(), F.log_softmax(module.lm_head(hidden[b, row]), -1).detach())
+            for (b, p, d), row in rows.items() if p + d + 2 < T and loss_mask[b, p + d + 2]}
+
+
 @pytest.mark.parametrize("anchored", [True, False], ids=["anchored", "constant"])
 @torch.no_grad()
 def test_every_training_row_is_what_drafting_computes(anchored):
@@ -99,16 +110,9 @@ def test_loss_is_kl_to_the_base_at_the_predicted_token_weighted_per_depth():
     loss, hits = peagle_loss(module, hidden, layout, base_hidden, base_head, loss_mask, K, decay)
     per_depth: list[list[float]] = [[] for _ in range(K)]
     same = [0] * K
-    rows = [(b, r, r, 0) for b in range(B) for r in range(T - 1) if valid[b, r]]  # (batch, row, anchor, depth)
-    rows += [(b, T - 1 + j, int(layout.anchors[b, j]), int(layout.depths[b, j]))
-             for b in range(B) for j in range(layout.used.shape[1]) if layout.used[b, j]]
-    for b, row, p, d in rows:
-        token = p + d + 2  # the token this row guesses; the base at token - 1 says how
-        if token < T and loss_mask[b, token]:
-            want = F.log_softmax(base_head(base_hidden[b, token - 1]), -1).detach()
-            got = F.log_softmax(module.lm_head(hidden[b, row]), -1).detach()
-            per_depth[d].append(float((want.exp() * (want - got)).sum()))
-            same[d] += int(want.argmax() == got.argmax())
+    for (_, _, d), (want, got) in counted_rows(module, base_head, hidden, base_hidden, layout, valid, loss_mask).items():
+        per_depth[d].append(float((want.exp() * (want - got)).sum()))
+        same[d] += int(want.argmax() == got.argmax())
     expected = sum(sum(k) / len(k) * decay**d for d, k in enumerate(per_depth)) / sum(decay**d for d in range(K))
     assert math.isclose(loss.item(), expected, rel_tol=1e-5)
     assert hits == [(same[d], len(per_depth[d])) for d in range(K)]
@@ -144,18 +148,11 @@ def test_gated_loss_weighs_each_position_by_how_right_its_block_was_before_it(ga
     base_hidden[:, 1:T:2] = hidden[:, 0 : T - 1 : 2].detach()  # the base agrees with every even real row: blocks right and wrong
     decay = 0.8
     loss, _ = peagle_loss(module, hidden, layout, base_hidden, base_head, loss_mask, K, decay, gate=gate)
-    rows = {(b, r, 0): r for b in range(B) for r in range(T - 1) if valid[b, r]}  # (batch, anchor, depth): row
-    rows |= {(b, int(layout.anchors[b, j]), int(layout.depths[b, j])): T - 1 + j
-             for b in range(B) for j in range(layout.used.shape[1]) if layout.used[b, j]}
     kl, right = {}, {}
-    for (b, p, d), row in rows.items():
-        token = p + d + 2
-        if token < T and loss_mask[b, token]:
-            want = F.log_softmax(base_head(base_hidden[b, token - 1]), -1).detach()
-            got = F.log_softmax(module.lm_head(hidden[b, row]), -1).detach()
-            kl[b, p, d] = float((want.exp() * (want - got)).sum())
-            top = int(want.argmax())
-            right[b, p, d] = float(int(got.argmax()) == top) if gate == "greedy" else float(got[top].exp())
+    for key, (want, got) in counted_rows(module, base_head, hidden, base_hidden, layout, valid, loss_mask).items():
+        kl[key] = float((want.exp() * (want - got)).sum())
+        top = int(want.argmax())
+        right[key] = float(int(got.argmax()) == top) if gate == "greedy" else float(got[top].exp())
     gates = {(b, p, d): math.prod(right.get((b, p, e), 1.0) for e in range(d)) for b, p, d in kl}
     at_1 = [g for (b, p, d), g in gates.items() if d == 1 and (b, p, 0) in right]  # blocks whose position 1 counts
     assert min(at_1) < 0.5 < max(at_1)  # some blocks right at position 1, some wrong
