@@ -62,6 +62,7 @@ sys.path.insert(0, str(HERE))
 
 from train_demo_pair import collect_corpus  # noqa: E402  (the demo corpus and its held-out split)
 
+from specdec.train.peagle import PEagleModule  # noqa: E402
 from specdec.train.prepare import PrepareConfig, prepare_data  # noqa: E402
 from specdec.train.trainer import TrainConfig, train  # noqa: E402
 
@@ -134,6 +135,9 @@ def main() -> None:
                    help="P-EAGLE: placeholder depth d trains on max(ratio^d, 0.2) of the anchors (1: every anchor at every depth)")
     p.add_argument("--peagle-gate", choices=("none", "greedy", "soft"), default="none",
                    help="P-EAGLE: weigh position j's loss by whether (greedy) or how likely (soft) positions 1..j-1 were right")
+    p.add_argument("--peagle-truth-tokens", action="store_true",
+                   help="P-EAGLE: a bound, not a drafter: the placeholders read the true tokens (what a k-call drafter reads), into "
+                        "OUTPUT_DIR/peagle-truth-tokens, for benchmarks/peagle_replay.py --truth_tokens; never build it")
     p.add_argument("--modes", default="medusa,eagle", help="which to train: medusa, eagle, peagle (comma-separated)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--lr-scheduler", choices=("constant", "cosine"), default="constant",
@@ -185,7 +189,9 @@ def main() -> None:
         results["eagle"] = train(TrainConfig(mode="eagle", output_dir=str(out / "eagle"), eagle_num_layers=1,
                                              eagle_ttt_steps=args.eagle_ttt_steps, **common))
     if "peagle" in modes:
-        results["peagle"] = train(TrainConfig(mode="peagle", output_dir=str(out / "peagle"), eagle_num_layers=args.peagle_layers,
+        PEagleModule.reads_true_tokens = args.peagle_truth_tokens  # the bound (train/peagle.py)
+        results["peagle"] = train(TrainConfig(mode="peagle", output_dir=str(out / ("peagle-truth-tokens" if args.peagle_truth_tokens else "peagle")),
+                                              eagle_num_layers=args.peagle_layers,
                                               peagle_depths=args.peagle_depths, eagle_loss_decay_factor=args.peagle_decay,
                                               peagle_down_sample_ratio=args.peagle_down_sample_ratio, peagle_gate=args.peagle_gate, **common))
 
@@ -197,7 +203,8 @@ def main() -> None:
                   else [f"{mode} depth {j + 1} (target's t+{j + 2})" for j in range(len(r.accuracy))])
         for label, before, after in zip(labels, r.accuracy_before or [float("nan")] * len(labels), r.accuracy, strict=False):
             print(f"{label:<34}{before:>8.3f}{after:>8.3f}{r.steps:>7}{r.seconds:>9.0f}{r.cpu_seconds:>8.0f}")
-    print(f"total {time.perf_counter() - started:.0f} s; heads in {', '.join(f'{out}/{m}' for m in results)}")
+    folders = {m: f"{out}/{m}-truth-tokens" if m == "peagle" and args.peagle_truth_tokens else f"{out}/{m}" for m in results}
+    print(f"total {time.perf_counter() - started:.0f} s; heads in {', '.join(folders.values())}")
 
 
 if __name__ == "__main__":

@@ -44,6 +44,11 @@ class PEagleModule(Eagle3Module):
     context as a Medusa head does, and learns where it stands from its depth's vector (a one-layer module otherwise
     carries the context into a placeholder row through one attention only)."""
 
+    # A bound, never a drafter: placeholder (p, d) reads token p + d + 1's embedding, the true token, in place of the mask
+    # token's, as a k-call drafter reads its drafts (under greedy verification a position counts only after drafts that
+    # were the true tokens). What the one call's blindness costs (benchmarks/peagle_replay.py --truth_tokens).
+    reads_true_tokens = False
+
     def __init__(self, config: LlamaConfig, num_aux: int, base_lm_head: torch.Tensor, mask_embedding: torch.Tensor,
                  anchored: bool = False, placeholders: int = 1):
         super().__init__(config, num_aux, base_lm_head)
@@ -72,7 +77,11 @@ class PEagleModule(Eagle3Module):
         m = layout.anchors.shape[1]
         fused = self.fc(aux_hidden)
         h_in = torch.cat([fused, self.placeholder_rows(fused, layout)], dim=1)
-        e_in = torch.cat([next_embeds, self.mask_embedding.to(next_embeds.dtype).expand(b, m, hidden)], dim=1)
+        if self.reads_true_tokens:  # next_embeds[:, r] is token r + 1's: placeholder (p, d) reads token p + d + 1
+            tokens = next_embeds.gather(1, (layout.anchors + layout.depths).clamp(max=t - 1).unsqueeze(-1).expand(-1, -1, hidden))
+        else:
+            tokens = self.mask_embedding.to(next_embeds.dtype).expand(b, m, hidden)
+        e_in = torch.cat([next_embeds, tokens], dim=1)  # [batch, T' + M, hidden]
         rope = self.rotary_emb(h_in, layout.positions)
         return self.norm(self.step(h_in, e_in, rope, layout.additive_mask(h_in.dtype)))
 

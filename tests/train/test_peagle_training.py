@@ -52,13 +52,15 @@ def counted_rows(module, base_head, hidden, base_hidden, layout, valid, loss_mas
             for (b, p, d), row in rows.items() if p + d + 2 < T and loss_mask[b, p + d + 2]}
 
 
-@pytest.mark.parametrize("anchored", [True, False], ids=["anchored", "constant"])
+@pytest.mark.parametrize("anchored,truth", [(True, False), (False, False), (True, True)], ids=["anchored", "constant", "true-tokens"])
 @torch.no_grad()
-def test_every_training_row_is_what_drafting_computes(anchored):
+def test_every_training_row_is_what_drafting_computes(anchored, truth):
     """Real row r: EAGLE-3's causal run over the real pairs 0..r. Placeholder (p, d): the real pairs 0..p, then d
     placeholders at positions p+1..p+d (placeholder e reads depth e's vector, plus the anchor's features when
-    anchored, and the mask token's embedding), its output the last row."""
+    anchored, and the mask token's embedding), its output the last row. ``reads_true_tokens`` (the bound): placeholder
+    e reads token p+e+1's embedding instead, as a k-call drafter reads its accepted drafts."""
     module, _ = tiny_peagle(anchored=anchored)
+    module.reads_true_tokens = truth
     aux, embeds, valid, loss_mask = inputs()
     layout = parallel_layout(valid, loss_mask, K, 0.7, 0.2, None)
     out = module.parallel_hidden(aux, embeds, layout)  # [B, T' + M, H], normed
@@ -73,7 +75,7 @@ def test_every_training_row_is_what_drafting_computes(anchored):
             p, d = int(layout.anchors[b, j]), int(layout.depths[b, j])
             vectors = torch.stack([ph[min(e, len(ph)) - 1] for e in range(1, d + 1)])  # [d, H]: depth e's vector
             h = torch.cat([fused[b, : p + 1], vectors + (fused[b, p] if anchored else 0)])
-            e = torch.cat([embeds[b, : p + 1], module.mask_embedding.expand(d, H)])
+            e = torch.cat([embeds[b, : p + 1], embeds[b, p + 1 : p + d + 1] if truth else module.mask_embedding.expand(d, H)])
             want = module.norm(incremental(module, h, e)[-1])
             assert torch.allclose(out[b, T - 1 + j], want, atol=1e-5), (b, p, d)
             checked += 1
