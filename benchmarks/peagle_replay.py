@@ -12,18 +12,32 @@ at each depth, as benchmarks/bench_heads.py reports them for a built engine. ``-
 ``--data``, bench_heads.py's N ordinary and N copy-heavy prompts, answered greedily by the base (transformers, float32).
 ``--every_position`` scores a block at every anchor instead: the gap between the two is how much harder drafting's
 anchors (mostly just after a miss) are.
+
+``--choices TREE`` also replays a draft tree from the same blocks (each depth's top candidates, the same under every
+parent, as drafting's trees), and ``--best_first`` beside it the tree of as many nodes whose paths have the highest
+products of the positions' probabilities, chosen anew each round (EAGLE-2's dynamic tree, for a block whose
+positions are blind to each other): what choosing the tree per round would add to a static one.
+
+``--truth_tokens`` replays a module trained with its placeholders reading the true tokens (``examples/train_heads.py
+--peagle-truth-tokens``) as it was trained: under greedy verification a position counts only after drafts that were
+the true tokens, so this is the acceptance of the same module drafting one call per token, reading its drafts. Its gap
+to the blind module's is what drafting the block in one call costs.
 """
 
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from specdec.formats.errors import RequestError
+from specdec.runtime.tree import parse_choices
 from specdec.train.base import load_base, run_base
 from specdec.train.data import Sequence, read_sequences
 from specdec.train.peagle import parallel_layout
@@ -43,21 +57,52 @@ def load_module(heads: Path, base_dir: str, base):
     return run
 
 
+Block = tuple[list[list[int]], list[list[float]]]  # per position: its top candidates' ids, and their probabilities
+
+
 @torch.no_grad()
-def blocks(run, base, seq, k: int) -> tuple[dict[int, list[int]], list[int]]:
-    """{anchor p: the k drafted tokens}, and the sequence's ids."""
+def blocks(run, base, seq, k: int, top: int = 1) -> tuple[dict[int, Block], list[int]]:
+    """{anchor p: the block the module drafts there, k positions x ``top`` candidates}, and the sequence's ids."""
     ids, attn, loss_mask = collate([seq])
     out = run_base(base, ids, attn, run.aux_ids)
     aux, next_embeds = out.aux_hidden[:, :-1], base.get_input_embeddings()(ids[:, 1:])  # pairs: features at t, token t+1
     layout = parallel_layout(attn[:, :-1], loss_mask, k, 1.0, 1.0, None)  # every anchor
-    drafted = run.heads.lm_head(run.heads.parallel_hidden(aux, next_embeds, layout))[0].argmax(-1)  # [T' + M]
+    logits = run.heads.lm_head(run.heads.parallel_hidden(aux, next_embeds, layout))[0]  # [T' + M, vocab]
+    probs, cands = torch.softmax(logits.float(), dim=-1).topk(top, dim=-1)  # [T' + M, top] each
     real = aux.shape[1]
-    found: dict[int, dict[int, int]] = {p: {0: int(drafted[p])} for p in range(real)}
+    found: dict[int, dict[int, int]] = {p: {0: p} for p in range(real)}  # anchor -> depth -> its row
     for j in range(layout.used.shape[1]):
         if layout.used[0, j]:
-            found[int(layout.anchors[0, j])][int(layout.depths[0, j])] = int(drafted[real + j])
-    full = {p: [d[i] for i in range(k)] for p, d in found.items() if len(d) == k}
+            found[int(layout.anchors[0, j])][int(layout.depths[0, j])] = real + j
+    full = {p: ([cands[d[i]].tolist() for i in range(k)], [probs[d[i]].tolist() for i in range(k)])
+            for p, d in found.items() if len(d) == k}
     return full, ids[0].tolist()
+
+
+def best_first(probs: list[list[float]], nodes: int) -> list[tuple[int, ...]]:
+    """The ``nodes`` paths of candidate ranks (as --peagle_choices writes them) with the highest products of the
+    positions' probabilities; probs [positions][candidates], each position's in descending order. A path's value is
+    at most its prefix's, so every prefix is taken first: the paths are a tree, in the order taken."""
+    def value(path: tuple[int, ...]) -> float:
+        return float(np.prod([probs[d][r] for d, r in enumerate(path)]))
+
+    heap = [(-value((0,)), (0,))]
+    taken: list[tuple[int, ...]] = []
+    while heap and len(taken) < nodes:
+        _, path = heapq.heappop(heap)
+        taken.append(path)  # each path is pushed once, by its previous sibling or (a first child) its parent
+        if path[-1] + 1 < len(probs[0]):
+            sibling = path[:-1] + (path[-1] + 1,)
+            heapq.heappush(heap, (-value(sibling), sibling))
+        if len(path) < len(probs):
+            child = path + (0,)
+            heapq.heappush(heap, (-value(child), child))
+    return taken
+
+
+def accepted(paths: list[tuple[int, ...]], cands: list[list[int]], truth: list[int]) -> int:
+    """Greedy acceptance of a tree drawn from one block: the longest path whose tokens are the truth's first ones."""
+    return max((len(p) for p in paths if all(cands[d][r] == truth[d] for d, r in enumerate(p))), default=0)
 
 
 @torch.no_grad()
@@ -85,34 +130,58 @@ def main() -> None:
     p.add_argument("--k", type=int, default=4, help="chain length drafted per round")
     p.add_argument("--max_len", type=int, default=512)
     p.add_argument("--every_position", action="store_true", help="score a block at every anchor, not round by round")
+    p.add_argument("--choices", help='a draft tree to replay beside the chain, as --peagle_choices, e.g. "[[0],[1],[0,0]]"')
+    p.add_argument("--best_first", action="store_true", help="with --choices: also the best-first tree of as many nodes, chosen each round")
+    p.add_argument("--truth_tokens", action="store_true",
+                   help="the placeholders read the true tokens: for a module trained so (train_heads.py --peagle-truth-tokens), the bound")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     if bool(args.data) == bool(args.bench_prompts):
         p.error("give one of --data and --bench_prompts")
+    if args.best_first and not args.choices:
+        p.error("--best_first compares with --choices' tree: give both")
+    try:
+        tree = parse_choices(args.choices, "--choices")
+    except RequestError as err:
+        p.error(str(err))
     torch.set_num_threads(args.threads)
     base = load_base(args.base)
     run = load_module(args.heads, args.base, base)
     run.heads.eval()
-    accepted = [0] * (args.k + 1)  # rounds that accepted a tokens
+    run.heads.reads_true_tokens = args.truth_tokens
+    chain = [(0,) * d for d in range(1, args.k + 1)]
+    drafts = {"chain": lambda probs: chain}
+    if tree is not None:
+        drafts[f"tree {args.choices}"] = lambda probs: tree.paths
+        if args.best_first:
+            drafts[f"best-first, {len(tree)} nodes"] = lambda probs: best_first(probs, len(tree))
+    depth = max(args.k, tree.depth if tree is not None else 0)
+    top = 1 if tree is None else len(tree) if args.best_first else max(tree.top_k(d) for d in range(1, tree.depth + 1))  # candidates a position needs
     seqs = (read_sequences(args.data, None, args.max_len, None) if args.data
             else bench_answers(base, args.base, args.bench_prompts, args.prompt_tokens, args.max_new_tokens))
-    for seq in seqs:
-        drafted, ids = blocks(run, base, seq, args.k)
-        anchor = seq.prompt_len - 1  # the prompt's last pair: its next token is the target's first answer token
-        while anchor in drafted:
-            truth = ids[anchor + 2 : anchor + 2 + args.k]
-            a = 0
-            while a < args.k and drafted[anchor][a] == truth[a]:
-                a += 1
-            accepted[a] += 1
-            anchor += 1 if args.every_position else a + 1
-    rounds = sum(accepted)
-    per_depth = [sum(accepted[d:]) / rounds for d in range(1, args.k + 1)]
+    found = [blocks(run, base, seq, depth, top) for seq in seqs]
+    rounds_of = {}  # draft -> rounds that accepted a tokens, per a
+    for name, paths_for in drafts.items():
+        rounds_at = [0] * (depth + 1)
+        for seq, (drafted, ids) in zip(seqs, found, strict=True):
+            anchor = seq.prompt_len - 1  # the prompt's last pair: its next token is the target's first answer token
+            while anchor in drafted:
+                cands, probs = drafted[anchor]
+                a = accepted(paths_for(probs), cands, ids[anchor + 2 : anchor + 2 + depth])
+                rounds_at[a] += 1
+                anchor += 1 if args.every_position else a + 1
+        rounds_of[name] = rounds_at
+    rounds_at = rounds_of.pop("chain")
+    rounds = sum(rounds_at)
+    per_depth = [sum(rounds_at[d:]) / rounds for d in range(1, args.k + 1)]
     data = args.data or f"bench_heads.py's {args.bench_prompts} + {args.bench_prompts} prompts x {args.max_new_tokens} tokens"
-    print(json.dumps({"heads": str(args.heads), "data": data, "k": args.k, "rounds": rounds,
-                      "anchors": "every position" if args.every_position else "round by round",
-                      "acceptance_length": round(1 + sum(per_depth), 3), "per_depth_acceptance": [round(x, 3) for x in per_depth]}))
-
+    result = {"heads": str(args.heads), "data": data, "truth_tokens": args.truth_tokens, "k": args.k, "rounds": rounds,
+              "anchors": "every position" if args.every_position else "round by round",
+              "acceptance_length": round(1 + sum(per_depth), 3), "per_depth_acceptance": [round(x, 3) for x in per_depth]}
+    if rounds_of:
+        result["trees"] = {name: {"rounds": sum(r), "acceptance_length": round(1 + sum(a * n for a, n in enumerate(r)) / sum(r), 3)}
+                           for name, r in rounds_of.items()}
+    print(json.dumps(result))
 
 if __name__ == "__main__":
     main()
