@@ -62,7 +62,6 @@ sys.path.insert(0, str(HERE))
 
 from train_demo_pair import collect_corpus  # noqa: E402  (the demo corpus and its held-out split)
 
-from specdec.train.peagle import PEagleModule  # noqa: E402
 from specdec.train.prepare import PrepareConfig, prepare_data  # noqa: E402
 from specdec.train.trainer import TrainConfig, train  # noqa: E402
 
@@ -137,7 +136,7 @@ def main() -> None:
                    help="P-EAGLE: weigh position j's loss by whether (greedy) or how likely (soft) positions 1..j-1 were right")
     p.add_argument("--peagle-truth-tokens", action="store_true",
                    help="P-EAGLE: a bound, not a drafter: the placeholders read the true tokens (what a k-call drafter reads), into "
-                        "OUTPUT_DIR/peagle-truth-tokens, for benchmarks/peagle_replay.py --truth_tokens; never build it")
+                        "OUTPUT_DIR/peagle-truth-tokens, for benchmarks/peagle_replay.py (specdec-build refuses it)")
     p.add_argument("--modes", default="medusa,eagle", help="which to train: medusa, eagle, peagle (comma-separated)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--lr-scheduler", choices=("constant", "cosine"), default="constant",
@@ -147,6 +146,12 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0, help="the training's seed")
     p.add_argument("--data-seed", type=int, default=0, help="the prompts' seed (the shipped heads': 0)")
     args = p.parse_args()
+
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or set(modes) - {"medusa", "eagle", "peagle"}:
+        p.error(f"--modes {args.modes!r}: expected some of medusa, eagle, peagle")
+    if args.peagle_truth_tokens and "peagle" not in modes:
+        p.error("--peagle-truth-tokens trains a P-EAGLE module: add peagle to --modes")
 
     started = time.perf_counter()
     out = args.output_dir
@@ -178,9 +183,6 @@ def main() -> None:
     common = dict(model=str(args.target), data=str(data / "prompts.answers.jsonl"), eval_data=str(data / "eval_prompts.answers.jsonl"),
                   lr=args.lr, batch_size=args.batch_size, num_epochs=1000, save_steps=100_000, training_seq_len=256,
                   lr_scheduler=args.lr_scheduler, seed=args.seed, num_threads=args.threads, overwrite_output_dir=True, **budget)
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if not modes or set(modes) - {"medusa", "eagle", "peagle"}:
-        p.error(f"--modes {args.modes!r}: expected some of medusa, eagle, peagle")
     results = {}
     if "medusa" in modes:
         results["medusa"] = train(TrainConfig(mode="medusa", output_dir=str(out / "medusa"), medusa_num_heads=args.medusa_heads,
@@ -189,9 +191,8 @@ def main() -> None:
         results["eagle"] = train(TrainConfig(mode="eagle", output_dir=str(out / "eagle"), eagle_num_layers=1,
                                              eagle_ttt_steps=args.eagle_ttt_steps, **common))
     if "peagle" in modes:
-        PEagleModule.reads_true_tokens = args.peagle_truth_tokens  # the bound (train/peagle.py)
         results["peagle"] = train(TrainConfig(mode="peagle", output_dir=str(out / ("peagle-truth-tokens" if args.peagle_truth_tokens else "peagle")),
-                                              eagle_num_layers=args.peagle_layers,
+                                              eagle_num_layers=args.peagle_layers, peagle_truth_tokens=args.peagle_truth_tokens,
                                               peagle_depths=args.peagle_depths, eagle_loss_decay_factor=args.peagle_decay,
                                               peagle_down_sample_ratio=args.peagle_down_sample_ratio, peagle_gate=args.peagle_gate, **common))
 

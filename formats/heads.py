@@ -30,7 +30,8 @@ EAGLE-3 loader (``midlayer.`` read as ``layers.0.``; aux layer ids from
   already fused [hidden] read too) and the config keys ``ptd_token_id`` (the token whose embedding placeholders read,
   vLLM's name) and ``para_depths`` (drafting positions it was trained for). Ours adds ``peagle_placeholders``:
   "anchored" when ``mask_hidden`` is [1, placeholders, num_aux * hidden], one vector per depth added to the anchor's
-  features (train/peagle.py); absent, vLLM's one constant placeholder.
+  features (train/peagle.py); absent, vLLM's one constant placeholder. ``specdec_train.peagle_truth_tokens`` true
+  marks a bound trained with its placeholders reading the true tokens: refused, it cannot draft.
 
 This module needs numpy only (no torch): the builder reads heads with it.
 docs/train-heads.md documents the same layout for people.
@@ -59,6 +60,7 @@ MASK_HIDDEN = "mask_hidden"  # P-EAGLE's placeholder features
 D2T, T2D = "d2t", "t2d"  # EAGLE-3's draft vocabulary: draft id i scores target id i + d2t[i]; t2d marks those target ids
 PTD_TOKEN_KEY = "ptd_token_id"  # P-EAGLE: the placeholders' token (vLLM's parallel-drafting config key)
 PEAGLE_DEPTHS_KEY = "para_depths"  # P-EAGLE: drafting positions trained (speculators' name)
+TRUTH_TOKENS_KEY = "peagle_truth_tokens"  # ours, in specdec_train: a bound trained on the true tokens, which cannot draft
 PLACEHOLDERS_KEY = "peagle_placeholders"  # ours: "anchored" (a vector per depth added to the anchor's features); absent: vLLM's "constant"
 PLACEHOLDER_FORMS = ("constant", "anchored")
 
@@ -290,6 +292,11 @@ def _load_eagle(d: Path, cfg: dict) -> HeadCheckpoint:
             raise CheckpointError(f"{where}: config.json has no {PTD_TOKEN_KEY} (the token whose embedding placeholders read).")
         mask_token = fields.int(PTD_TOKEN_KEY, minimum=0, maximum=vocab - 1)
         depths = fields.int(PEAGLE_DEPTHS_KEY, 0, minimum=0)
+        trained = cfg.get("specdec_train")
+        if isinstance(trained, dict) and trained.get(TRUTH_TOKENS_KEY):
+            raise CheckpointError(f"{where}: trained with its placeholders reading the true tokens ({TRUTH_TOKENS_KEY}, "
+                                  "examples/train_heads.py --peagle-truth-tokens): a bound for benchmarks/peagle_replay.py, it cannot draft "
+                                  "(a drafter has no true tokens to read). Train one without --peagle-truth-tokens.")
     expected: dict[str, tuple[int, ...]] = {"fc.weight": (hidden, len(aux) * hidden), "layers.0.hidden_norm.weight": (hidden,)}
     for i in range(layers):
         p, width = f"layers.{i}.", 2 * hidden if i == 0 else hidden  # layer 0 attends over [embedding, fused hidden]

@@ -44,15 +44,14 @@ class PEagleModule(Eagle3Module):
     context as a Medusa head does, and learns where it stands from its depth's vector (a one-layer module otherwise
     carries the context into a placeholder row through one attention only)."""
 
-    # A bound, never a drafter: placeholder (p, d) reads token p + d + 1's embedding, the true token, in place of the mask
-    # token's, as a k-call drafter reads its drafts (under greedy verification a position counts only after drafts that
-    # were the true tokens). What the one call's blindness costs (benchmarks/peagle_replay.py --truth_tokens).
-    reads_true_tokens = False
-
     def __init__(self, config: LlamaConfig, num_aux: int, base_lm_head: torch.Tensor, mask_embedding: torch.Tensor,
-                 anchored: bool = False, placeholders: int = 1):
+                 anchored: bool = False, placeholders: int = 1, reads_true_tokens: bool = False):
         super().__init__(config, num_aux, base_lm_head)
         self.anchored = anchored
+        # A bound, never a drafter: placeholder (p, d) reads token p + d + 1's embedding, the true token, in place of the
+        # mask token's, as a k-call drafter reads its drafts (under greedy verification a position counts only after
+        # drafts that were the true tokens). What the one call's blindness costs (benchmarks/peagle_replay.py).
+        self.reads_true_tokens = reads_true_tokens
         shape = (1, placeholders if anchored else 1, num_aux * config.hidden_size)
         self.mask_hidden = nn.Parameter(torch.zeros(shape) if anchored else torch.randn(shape))  # speculators' init for the shared one
         self.register_buffer("mask_embedding", mask_embedding.detach().clone().reshape(-1), persistent=False)

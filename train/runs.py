@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import nn
 
-from ..formats.heads import PLACEHOLDER_FORMS, default_eagle_aux_layer_ids
+from ..formats.heads import PLACEHOLDER_FORMS, TRUTH_TOKENS_KEY, default_eagle_aux_layer_ids
 from .base import decoder_layers, run_base
 from .data import Sequence
 from .eagle import Eagle3Module, eagle_inputs, eagle_llama_config, eagle_loss, eagle_targets
@@ -207,7 +207,7 @@ class PEagleRun(EagleRun):
     mode = "peagle"
     # no TTT: its depths are drafted in one pass
     flags = ("eagle_num_layers", "eagle_aux_layer_ids", "eagle_loss_decay_factor", "peagle_depths", "peagle_mask_token_id",
-             "peagle_down_sample_ratio", "peagle_down_sample_ratio_min", "peagle_placeholders", "peagle_gate")
+             "peagle_down_sample_ratio", "peagle_down_sample_ratio_min", "peagle_placeholders", "peagle_gate", "peagle_truth_tokens")
 
     @staticmethod
     def counts(cfg: TrainConfig) -> dict[str, int]:
@@ -243,7 +243,8 @@ class PEagleRun(EagleRun):
         self.eagle_cfg = eagle_llama_config(base.config, cfg.eagle_num_layers)
         mask_embedding = base.get_input_embeddings().weight[self.mask_token_id]
         self.heads = PEagleModule(self.eagle_cfg, len(self.aux_ids), base.get_output_embeddings().weight, mask_embedding,
-                                  anchored=cfg.peagle_placeholders == "anchored", placeholders=max(cfg.peagle_depths - 1, 1))
+                                  anchored=cfg.peagle_placeholders == "anchored", placeholders=max(cfg.peagle_depths - 1, 1),
+                                  reads_true_tokens=cfg.peagle_truth_tokens)
 
     def forward(self, seqs: list[Sequence]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
         cfg = self.cfg
@@ -264,7 +265,8 @@ class PEagleRun(EagleRun):
         cfg = self.cfg
         return {**Run.provenance(self), "peagle_depths": cfg.peagle_depths, "ptd_token_id": self.mask_token_id,
                 "peagle_down_sample_ratio": cfg.peagle_down_sample_ratio, "peagle_down_sample_ratio_min": cfg.peagle_down_sample_ratio_min,
-                "eagle_loss_decay_factor": cfg.eagle_loss_decay_factor, "peagle_gate": cfg.peagle_gate}
+                "eagle_loss_decay_factor": cfg.eagle_loss_decay_factor, "peagle_gate": cfg.peagle_gate,
+                **({TRUTH_TOKENS_KEY: True} if cfg.peagle_truth_tokens else {})}  # the builder refuses such a module
 
     def loss_description(self) -> str:
         gated = "" if self.cfg.peagle_gate == "none" else f", each row gated ({self.cfg.peagle_gate}) by its block's earlier positions"

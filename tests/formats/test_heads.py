@@ -136,12 +136,14 @@ def test_peagle_is_an_eagle3_export_with_a_placeholder(tmp_path, shape, form):
     ({"mask": torch.randn(1, 3, 3 * H)}, r"mask_hidden has shape \[1, 3, 96\], expected \[1, 1, 96\] .* for constant placeholders"),
     ({"peagle_placeholders": "sideways"}, "peagle_placeholders is 'sideways'; expected one of constant, anchored"),
     ({"mask": None}, "names ptd_token_id but model.safetensors has no mask_hidden"),
+    ({"specdec_train": {"peagle_truth_tokens": True}}, r"trained with its placeholders reading the true tokens .* it cannot draft"),
 ])
 def test_peagle_errors(tmp_path, change, match):
     cfg = eagle_config(1) | {"ptd_token_id": 3}
     t = eagle_by_hand(1) | {"mask_hidden": torch.randn(1, 1, 3 * H)}
-    if "peagle_placeholders" in change:
-        cfg["peagle_placeholders"] = change["peagle_placeholders"]
+    for key in ("peagle_placeholders", "specdec_train"):
+        if key in change:
+            cfg[key] = change[key]
     if "ptd_token_id" in change:
         cfg["ptd_token_id"] = change["ptd_token_id"]
         if change["ptd_token_id"] is None:

@@ -193,6 +193,21 @@ def test_max_cpu_time_stops_on_this_process_cpu_time(tmp_path, tiny_base, repeti
     assert log["cpu_seconds"] == r.cpu_seconds and "max_cpu_time 1e-06 CPU s" in (tmp_path / "t" / "README.md").read_text()
 
 
+def test_a_peagle_module_trained_on_the_true_tokens_says_so_and_is_refused_as_a_drafter(tmp_path, tiny_base, repetitive_data):
+    """--peagle_truth_tokens (examples/train_heads.py --peagle-truth-tokens) trains a bound whose placeholders read the true
+    tokens: its config.json records it, so that the replay reads it so and no build drafts with it."""
+    from specdec.formats.errors import CheckpointError
+
+    train(config("peagle", tiny_base, repetitive_data, tmp_path / "bound", max_steps=1, peagle_truth_tokens=True), **QUIET)
+    cfg = json.loads((tmp_path / "bound" / "config.json").read_text())
+    assert cfg["specdec_train"]["peagle_truth_tokens"] is True
+    with pytest.raises(CheckpointError, match="reading the true tokens .* it cannot draft"):
+        load_heads(tmp_path / "bound")
+    train(config("peagle", tiny_base, repetitive_data, tmp_path / "blind", max_steps=1), **QUIET)
+    assert "peagle_truth_tokens" not in json.loads((tmp_path / "blind" / "config.json").read_text())["specdec_train"]
+    assert load_heads(tmp_path / "blind").mode == "peagle"
+
+
 def test_cosine_decays_over_a_time_budget(tmp_path, tiny_base, repetitive_data, monkeypatch):
     """Under --max_time the step count is unknown: cosine must reach ~0 as the budget runs out, not stay near --lr because the
     epochs' step count is far away (as it did: the schedule read steps only)."""
