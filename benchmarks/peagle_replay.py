@@ -18,10 +18,11 @@ parent, as drafting's trees), and ``--best_first`` beside it the tree of as many
 products of the positions' probabilities, chosen anew each round (EAGLE-2's dynamic tree, for a block whose
 positions are blind to each other): what choosing the tree per round would add to a static one.
 
-``--truth_tokens`` replays a module trained with its placeholders reading the true tokens (``examples/train_heads.py
---peagle-truth-tokens``) as it was trained: under greedy verification a position counts only after drafts that were
-the true tokens, so this is the acceptance of the same module drafting one call per token, reading its drafts. Its gap
-to the blind module's is what drafting the block in one call costs.
+A module trained with its placeholders reading the true tokens (``examples/train_heads.py --peagle-truth-tokens``,
+recorded in its config.json) is replayed as it was trained: under greedy verification a position counts only after
+drafts that were the true tokens, so this is the acceptance of the same module drafting one call per token, reading
+its drafts. Its gap to the blind module's is what drafting the block in one call costs. A tree deeper than ``--k``
+replays the blocks of its depth (the chain's figure is then over those anchors).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import torch
 from safetensors.torch import load_file
 
 from specdec.formats.errors import RequestError
+from specdec.formats.heads import TRUTH_TOKENS_KEY
 from specdec.runtime.tree import parse_choices
 from specdec.train.base import load_base, run_base
 from specdec.train.data import Sequence, read_sequences
@@ -52,7 +54,8 @@ def load_module(heads: Path, base_dir: str, base):
     run = make_run(TrainConfig(mode="peagle", model=base_dir, data="-", output_dir="-", eagle_num_layers=cfg["num_hidden_layers"],
                                peagle_depths=cfg.get("para_depths", trained.get("peagle_depths", 8)),
                                eagle_aux_layer_ids=cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"],
-                               peagle_placeholders=cfg.get("peagle_placeholders", "constant")), base)
+                               peagle_placeholders=cfg.get("peagle_placeholders", "constant"),
+                               peagle_truth_tokens=bool(trained.get(TRUTH_TOKENS_KEY, False))), base)
     run.heads.load_state_dict({k: v.float() for k, v in load_file(str(heads / "model.safetensors")).items()}, strict=True)
     return run
 
@@ -132,8 +135,6 @@ def main() -> None:
     p.add_argument("--every_position", action="store_true", help="score a block at every anchor, not round by round")
     p.add_argument("--choices", help='a draft tree to replay beside the chain, as --peagle_choices, e.g. "[[0],[1],[0,0]]"')
     p.add_argument("--best_first", action="store_true", help="with --choices: also the best-first tree of as many nodes, chosen each round")
-    p.add_argument("--truth_tokens", action="store_true",
-                   help="the placeholders read the true tokens: for a module trained so (train_heads.py --peagle-truth-tokens), the bound")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     if bool(args.data) == bool(args.bench_prompts):
@@ -148,7 +149,9 @@ def main() -> None:
     base = load_base(args.base)
     run = load_module(args.heads, args.base, base)
     run.heads.eval()
-    run.heads.reads_true_tokens = args.truth_tokens
+    truth_tokens = run.heads.reads_true_tokens  # the bound: its probabilities saw the truth, so they may not choose a tree
+    if truth_tokens and args.best_first:
+        p.error(f"{args.heads} reads the true tokens (the bound): --best_first would choose its trees from the truth")
     chain = [(0,) * d for d in range(1, args.k + 1)]
     drafts = {"chain": lambda probs: chain}
     if tree is not None:
@@ -175,7 +178,7 @@ def main() -> None:
     rounds = sum(rounds_at)
     per_depth = [sum(rounds_at[d:]) / rounds for d in range(1, args.k + 1)]
     data = args.data or f"bench_heads.py's {args.bench_prompts} + {args.bench_prompts} prompts x {args.max_new_tokens} tokens"
-    result = {"heads": str(args.heads), "data": data, "truth_tokens": args.truth_tokens, "k": args.k, "rounds": rounds,
+    result = {"heads": str(args.heads), "data": data, "truth_tokens": truth_tokens, "k": args.k, "rounds": rounds,
               "anchors": "every position" if args.every_position else "round by round",
               "acceptance_length": round(1 + sum(per_depth), 3), "per_depth_acceptance": [round(x, 3) for x in per_depth]}
     if rounds_of:

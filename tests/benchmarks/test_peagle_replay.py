@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -53,3 +54,19 @@ def test_the_replay_of_a_chain_as_a_tree_is_the_chain_and_best_first_runs_beside
     assert (chain_as_tree["rounds"], chain_as_tree["acceptance_length"]) == (result["rounds"], result["acceptance_length"])
     assert result["acceptance_length"] > 1.2  # the shipped module drafts: not a replay that accepts nothing
     assert 1.0 <= result["trees"]["best-first, 3 nodes"]["acceptance_length"] <= 4.0
+
+
+def test_a_module_trained_on_the_true_tokens_is_replayed_so_and_may_not_choose_trees(tmp_path):
+    """The bound's config.json says it reads the true tokens (train_heads.py --peagle-truth-tokens): the replay reads it
+    so, and refuses --best_first, whose trees its probabilities (conditioned on the truth) would choose."""
+    heads = tmp_path / "bound"
+    shutil.copytree(ROOT / "examples/demo-pair/heads/peagle", heads)
+    cfg = json.loads((heads / "config.json").read_text())
+    cfg["specdec_train"]["peagle_truth_tokens"] = True
+    (heads / "config.json").write_text(json.dumps(cfg))
+    args = [sys.executable, str(ROOT / "benchmarks" / "peagle_replay.py"), "--heads", str(heads), "--base", str(ROOT / "examples/demo-pair/target"),
+            "--bench_prompts", "1", "--prompt_tokens", "24", "--max_new_tokens", "24", "--k", "3"]
+    refused = subprocess.run([*args, "--choices", "[[0],[1]]", "--best_first"], capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "reads the true tokens" in refused.stderr and "Traceback" not in refused.stderr
+    out = subprocess.run(args, capture_output=True, text=True, timeout=300, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1])["truth_tokens"] is True
