@@ -164,6 +164,9 @@ class EngineGenerator:
 @option("peagle_placeholders", type=click.Choice(["anchored", "constant"]), default="anchored", show_default=True,
         help="P-EAGLE: anchored = one learned vector per drafting depth, added to the anchor's features; constant = vLLM's one "
              "placeholder vector in place of features (read by vLLM speculators' P-EAGLE).")
+@option("peagle_refine", is_flag=True,
+        help="P-EAGLE: train half the blocks with their placeholders reading the true tokens, so that drafting may refine a "
+             "block with more module calls that read its drafts (specdec-run --peagle_refine N); it still drafts in one call.")
 @option("eval_fraction", type=float, default=0.0, show_default=True,
         help="Hold out this share of the sequences to report top-1 accuracy on (0: report on the training data).")
 @option("eval_data", type=click.Path(), default=None,

@@ -137,6 +137,9 @@ def main() -> None:
     p.add_argument("--peagle-truth-tokens", action="store_true",
                    help="P-EAGLE: a bound, not a drafter: the placeholders read the true tokens (what a k-call drafter reads), into "
                         "OUTPUT_DIR/peagle-truth-tokens, for benchmarks/peagle_replay.py (specdec-build refuses it)")
+    p.add_argument("--peagle-refine", action="store_true",
+                   help="P-EAGLE: train half the blocks reading the true tokens, so that drafting may refine a block with a second "
+                        "call that reads the first call's drafts (it still drafts in one call)")
     p.add_argument("--modes", default="medusa,eagle", help="which to train: medusa, eagle, peagle (comma-separated)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--lr-scheduler", choices=("constant", "cosine"), default="constant",
@@ -152,6 +155,10 @@ def main() -> None:
         p.error(f"--modes {args.modes!r}: expected some of medusa, eagle, peagle")
     if args.peagle_truth_tokens and "peagle" not in modes:
         p.error("--peagle-truth-tokens trains a P-EAGLE module: add peagle to --modes")
+    if args.peagle_refine and "peagle" not in modes:
+        p.error("--peagle-refine trains a P-EAGLE module: add peagle to --modes")
+    if args.peagle_refine and args.peagle_truth_tokens:
+        p.error("--peagle-refine trains a drafter; --peagle-truth-tokens a bound that reads the true tokens always: give one")
 
     started = time.perf_counter()
     out = args.output_dir
@@ -193,6 +200,7 @@ def main() -> None:
     if "peagle" in modes:
         results["peagle"] = train(TrainConfig(mode="peagle", output_dir=str(out / ("peagle-truth-tokens" if args.peagle_truth_tokens else "peagle")),
                                               eagle_num_layers=args.peagle_layers, peagle_truth_tokens=args.peagle_truth_tokens,
+                                              peagle_refine=args.peagle_refine,
                                               peagle_depths=args.peagle_depths, eagle_loss_decay_factor=args.peagle_decay,
                                               peagle_down_sample_ratio=args.peagle_down_sample_ratio, peagle_gate=args.peagle_gate, **common))
 

@@ -61,6 +61,7 @@ D2T, T2D = "d2t", "t2d"  # EAGLE-3's draft vocabulary: draft id i scores target 
 PTD_TOKEN_KEY = "ptd_token_id"  # P-EAGLE: the placeholders' token (vLLM's parallel-drafting config key)
 PEAGLE_DEPTHS_KEY = "para_depths"  # P-EAGLE: drafting positions trained (speculators' name)
 TRUTH_TOKENS_KEY = "peagle_truth_tokens"  # ours, in specdec_train: a bound trained on the true tokens, which cannot draft
+REFINE_KEY = "peagle_refine"  # ours, in specdec_train: half its blocks trained reading the true tokens (it drafts blind too)
 PLACEHOLDERS_KEY = "peagle_placeholders"  # ours: "anchored" (a vector per depth added to the anchor's features); absent: vLLM's "constant"
 PLACEHOLDER_FORMS = ("constant", "anchored")
 

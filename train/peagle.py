@@ -45,13 +45,17 @@ class PEagleModule(Eagle3Module):
     carries the context into a placeholder row through one attention only)."""
 
     def __init__(self, config: LlamaConfig, num_aux: int, base_lm_head: torch.Tensor, mask_embedding: torch.Tensor,
-                 anchored: bool = False, placeholders: int = 1, reads_true_tokens: bool = False):
+                 anchored: bool = False, placeholders: int = 1, reads_true_tokens: bool = False, refines: bool = False):
         super().__init__(config, num_aux, base_lm_head)
         self.anchored = anchored
         # A bound, never a drafter: placeholder (p, d) reads token p + d + 1's embedding, the true token, in place of the
         # mask token's, as a k-call drafter reads its drafts (under greedy verification a position counts only after
         # drafts that were the true tokens). What the one call's blindness costs (benchmarks/peagle_replay.py).
         self.reads_true_tokens = reads_true_tokens
+        # A drafter that may refine its block: trained on blocks whose placeholders read the mask token (the first call)
+        # and blocks whose placeholders read the true tokens (a second call, reading the first call's drafts: where
+        # positions 1..d were right, row (p, d) reads exactly what it was trained on), half each (the layout's ``reads``).
+        self.refines = refines
         shape = (1, placeholders if anchored else 1, num_aux * config.hidden_size)
         self.mask_hidden = nn.Parameter(torch.zeros(shape) if anchored else torch.randn(shape))  # speculators' init for the shared one
         self.register_buffer("mask_embedding", mask_embedding.detach().clone().reshape(-1), persistent=False)
@@ -68,18 +72,23 @@ class PEagleModule(Eagle3Module):
             rows = rows + fused.gather(1, layout.anchors.unsqueeze(-1).expand(-1, -1, fused.shape[-1]))
         return rows
 
-    def parallel_hidden(self, aux_hidden: torch.Tensor, next_embeds: torch.Tensor, layout: ParallelLayout) -> torch.Tensor:
+    def parallel_hidden(self, aux_hidden: torch.Tensor, next_embeds: torch.Tensor, layout: ParallelLayout,
+                        read_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """Every row of ``layout`` in one pass: [batch, T' + M, hidden] after the final norm.
 
-        aux_hidden: [batch, T', num_aux * hidden] (the base's layers at t); next_embeds: [batch, T', hidden] (token t+1)."""
+        aux_hidden: [batch, T', num_aux * hidden] (the base's layers at t); next_embeds: [batch, T', hidden] (token t+1).
+        A placeholder row that reads (all of them for the bound, ``layout.reads`` otherwise) reads ``read_embeds``
+        [batch, M, hidden] (a refining call: the drafts), by default the true token at its position."""
         b, t, hidden = next_embeds.shape
         m = layout.anchors.shape[1]
         fused = self.fc(aux_hidden)
         h_in = torch.cat([fused, self.placeholder_rows(fused, layout)], dim=1)
-        if self.reads_true_tokens:  # next_embeds[:, r] is token r + 1's: placeholder (p, d) reads token p + d + 1
-            tokens = next_embeds.gather(1, (layout.anchors + layout.depths).clamp(max=t - 1).unsqueeze(-1).expand(-1, -1, hidden))
-        else:
-            tokens = self.mask_embedding.to(next_embeds.dtype).expand(b, m, hidden)
+        tokens = self.mask_embedding.to(next_embeds.dtype).expand(b, m, hidden)
+        reads = layout.used if self.reads_true_tokens else layout.reads  # [batch, M] or None
+        if reads is not None:
+            if read_embeds is None:  # next_embeds[:, r] is token r + 1's: placeholder (p, d) reads token p + d + 1
+                read_embeds = next_embeds.gather(1, (layout.anchors + layout.depths).clamp(max=t - 1).unsqueeze(-1).expand(-1, -1, hidden))
+            tokens = torch.where(reads.unsqueeze(-1), read_embeds.to(tokens.dtype), tokens)
         e_in = torch.cat([next_embeds, tokens], dim=1)  # [batch, T' + M, hidden]
         rope = self.rotary_emb(h_in, layout.positions)
         return self.norm(self.step(h_in, e_in, rope, layout.additive_mask(h_in.dtype)))
@@ -93,6 +102,7 @@ class ParallelLayout:
     anchors: torch.Tensor  # [batch, M] anchor p of each placeholder row
     depths: torch.Tensor  # [batch, M] its depth d >= 1 (0: a padding slot)
     used: torch.Tensor  # [batch, M] bool: a placeholder row, not padding
+    reads: torch.Tensor | None = None  # [batch, M] bool: a row reading its token, not the mask token's (PEagleModule.refines)
 
     @property
     def positions(self) -> torch.Tensor:
@@ -173,6 +183,14 @@ def batch_generator(ids: torch.Tensor, seed: int) -> torch.Generator:
     same anchors as an uninterrupted one without carrying an RNG state in the checkpoint."""
     weights = torch.arange(ids.numel()).view_as(ids) % 9973 + 1
     return torch.Generator().manual_seed((seed * 1_000_003 + int((ids * weights).sum())) % (2**62))
+
+
+def reading_blocks(layout: ParallelLayout, generator: torch.Generator) -> torch.Tensor:
+    """[batch, M] bool: the placeholder rows of the blocks that read their tokens, half the anchors drawn (a whole
+    block reads, or none of it: a refining call reads every draft of the first)."""
+    b, t = layout.valid.shape
+    coin = torch.rand(b, t, generator=generator) < 0.5  # [batch, anchor]
+    return coin.gather(1, layout.anchors) & layout.used
 
 
 GATES = ("none", "greedy", "soft")

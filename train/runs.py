@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import nn
 
-from ..formats.heads import PLACEHOLDER_FORMS, TRUTH_TOKENS_KEY, default_eagle_aux_layer_ids
+from ..formats.heads import PLACEHOLDER_FORMS, REFINE_KEY, TRUTH_TOKENS_KEY, default_eagle_aux_layer_ids
 from .base import decoder_layers, run_base
 from .data import Sequence
 from .eagle import Eagle3Module, eagle_inputs, eagle_llama_config, eagle_loss, eagle_targets
 from .errors import TrainConfigError
 from .export import eagle_config, medusa_config, peagle_config
 from .medusa import DECAY_COEFFICIENT, HEADS_COEFFICIENT, MedusaHeads, medusa_loss
-from .peagle import GATES, PEagleModule, batch_generator, parallel_layout, peagle_loss
+from .peagle import GATES, PEagleModule, batch_generator, parallel_layout, peagle_loss, reading_blocks
 
 if TYPE_CHECKING:
     from .trainer import TrainConfig
@@ -207,7 +207,8 @@ class PEagleRun(EagleRun):
     mode = "peagle"
     # no TTT: its depths are drafted in one pass
     flags = ("eagle_num_layers", "eagle_aux_layer_ids", "eagle_loss_decay_factor", "peagle_depths", "peagle_mask_token_id",
-             "peagle_down_sample_ratio", "peagle_down_sample_ratio_min", "peagle_placeholders", "peagle_gate", "peagle_truth_tokens")
+             "peagle_down_sample_ratio", "peagle_down_sample_ratio_min", "peagle_placeholders", "peagle_gate", "peagle_truth_tokens",
+             "peagle_refine")
 
     @staticmethod
     def counts(cfg: TrainConfig) -> dict[str, int]:
@@ -227,6 +228,9 @@ class PEagleRun(EagleRun):
             raise TrainConfigError(f"--peagle_gate {cfg.peagle_gate!r} is not one of {', '.join(GATES)}.")
         if cfg.peagle_placeholders not in PLACEHOLDER_FORMS:
             raise TrainConfigError(f"--peagle_placeholders {cfg.peagle_placeholders!r} is not one of {', '.join(PLACEHOLDER_FORMS)}.")
+        if cfg.peagle_refine and cfg.peagle_truth_tokens:
+            raise TrainConfigError("--peagle_refine trains a drafter (half its blocks reading the true tokens); --peagle_truth_tokens a bound "
+                                   "whose blocks always read them: give one.")
         if cfg.peagle_mask_token_id is not None and cfg.peagle_mask_token_id < 0:
             raise TrainConfigError(f"--peagle_mask_token_id {cfg.peagle_mask_token_id} must be a token id >= 0.")
 
@@ -244,7 +248,7 @@ class PEagleRun(EagleRun):
         mask_embedding = base.get_input_embeddings().weight[self.mask_token_id]
         self.heads = PEagleModule(self.eagle_cfg, len(self.aux_ids), base.get_output_embeddings().weight, mask_embedding,
                                   anchored=cfg.peagle_placeholders == "anchored", placeholders=max(cfg.peagle_depths - 1, 1),
-                                  reads_true_tokens=cfg.peagle_truth_tokens)
+                                  reads_true_tokens=cfg.peagle_truth_tokens, refines=cfg.peagle_refine)
 
     def forward(self, seqs: list[Sequence]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
         cfg = self.cfg
@@ -253,6 +257,8 @@ class PEagleRun(EagleRun):
         aux, next_embeds = eagle_inputs(ids, out.aux_hidden, self.base.get_input_embeddings())
         sampled = batch_generator(ids, cfg.seed) if torch.is_grad_enabled() else None  # the report keeps every anchor
         layout = parallel_layout(attn[:, :-1], loss_mask, cfg.peagle_depths, cfg.peagle_down_sample_ratio, cfg.peagle_down_sample_ratio_min, sampled)
+        if cfg.peagle_refine and sampled is not None:  # (the report: every block blind, as a first call drafts)
+            layout.reads = reading_blocks(layout, sampled)
         hidden = self.heads.parallel_hidden(aux, next_embeds, layout)  # [batch, T' + M, hidden]
         return peagle_loss(self.heads, hidden, layout, out.last_hidden, self.base.get_output_embeddings(), loss_mask,
                            cfg.peagle_depths, cfg.eagle_loss_decay_factor, cfg.peagle_gate)
@@ -266,10 +272,12 @@ class PEagleRun(EagleRun):
         return {**Run.provenance(self), "peagle_depths": cfg.peagle_depths, "ptd_token_id": self.mask_token_id,
                 "peagle_down_sample_ratio": cfg.peagle_down_sample_ratio, "peagle_down_sample_ratio_min": cfg.peagle_down_sample_ratio_min,
                 "eagle_loss_decay_factor": cfg.eagle_loss_decay_factor, "peagle_gate": cfg.peagle_gate,
-                **({TRUTH_TOKENS_KEY: True} if cfg.peagle_truth_tokens else {})}  # the builder refuses such a module
+                **({TRUTH_TOKENS_KEY: True} if cfg.peagle_truth_tokens else {}),
+                **({REFINE_KEY: True} if cfg.peagle_refine else {})}  # the builder refuses such a module
 
     def loss_description(self) -> str:
         gated = "" if self.cfg.peagle_gate == "none" else f", each row gated ({self.cfg.peagle_gate}) by its block's earlier positions"
+        gated += "; half the blocks' placeholders read the true tokens (--peagle_refine)" if self.cfg.peagle_refine else ""
         return (f"KL(base || P-EAGLE), mean of {self.cfg.peagle_depths} drafting positions weighted {self.cfg.eagle_loss_decay_factor}^(position - 1)"
                 + gated)
 
@@ -280,7 +288,7 @@ class PEagleRun(EagleRun):
                 f"{cfg.peagle_depths} positions in one pass; placeholder anchors sampled per depth (ratio {cfg.peagle_down_sample_ratio:g}, "
                 f"floor {cfg.peagle_down_sample_ratio_min:g}, nested); LM head = the base's, frozen")
         acc_label = f"top-1 agreement with the base, per drafting position 1..{cfg.peagle_depths} (every anchor)"
-        gate = "" if cfg.peagle_gate == "none" else f" --peagle_gate {cfg.peagle_gate}"
+        gate = ("" if cfg.peagle_gate == "none" else f" --peagle_gate {cfg.peagle_gate}") + (" --peagle_refine" if cfg.peagle_refine else "")
         return what, acc_label, f"--eagle_num_layers {cfg.eagle_num_layers} --peagle_depths {cfg.peagle_depths}{gate}"
 
 

@@ -55,6 +55,7 @@ class TrainConfig:
     peagle_gate: str = "none"  # P-EAGLE: none | greedy | soft: weigh a position's loss by how right the block's earlier positions were
     peagle_placeholders: str = "anchored"  # P-EAGLE: anchored (one vector per depth, added to the anchor's features) | constant (vLLM's)
     peagle_truth_tokens: bool = False  # P-EAGLE: placeholders read the true tokens: a bound for benchmarks/peagle_replay.py, never built
+    peagle_refine: bool = False  # P-EAGLE: half the blocks read the true tokens, so a second call may refine a block reading its drafts
     batch_size: int = 4
     training_seq_len: int = 512
     max_steps: int | None = None  # overrides num_epochs
@@ -125,7 +126,8 @@ class TrainResult:
 # the heads' shapes and inputs of the rest; another value would not continue the run, and its card would describe a run
 # that never happened (and a held-out set changed on resume could hold sequences already trained on)
 RESUME_FIXED = ("batch_size", "seed", "model", "data", "eval_data", "eval_fraction", "training_seq_len", "medusa_num_layers", "eagle_num_layers",
-                "eagle_aux_layer_ids", "eagle_ttt_steps", "peagle_depths", "peagle_placeholders", "peagle_mask_token_id", "peagle_truth_tokens")
+                "eagle_aux_layer_ids", "eagle_ttt_steps", "peagle_depths", "peagle_placeholders", "peagle_mask_token_id", "peagle_truth_tokens",
+                "peagle_refine")
 RESUME_PATHS = ("model", "data", "eval_data")  # compared resolved: the run's own files, wherever it is started from
 
 

@@ -11,7 +11,7 @@ from test_losses import incremental
 from transformers import LlamaConfig
 
 from specdec.train.eagle import eagle_llama_config
-from specdec.train.peagle import PEagleModule, batch_generator, parallel_layout, peagle_loss
+from specdec.train.peagle import PEagleModule, batch_generator, parallel_layout, peagle_loss, reading_blocks
 
 torch.set_num_threads(1)
 B, T, H, V, K = 2, 12, 16, 23, 4
@@ -52,18 +52,28 @@ def counted_rows(module, base_head, hidden, base_hidden, layout, valid, loss_mas
             for (b, p, d), row in rows.items() if p + d + 2 < T and loss_mask[b, p + d + 2]}
 
 
-@pytest.mark.parametrize("anchored,truth", [(True, False), (False, False), (True, True)], ids=["anchored", "constant", "true-tokens"])
+@pytest.mark.parametrize("anchored,truth,reads", [(True, False, None), (False, False, None), (True, True, None), (True, False, "true"),
+                                                  (True, False, "drafts")],
+                         ids=["anchored", "constant", "true-tokens", "refine-true-tokens", "refine-drafts"])
 @torch.no_grad()
-def test_every_training_row_is_what_drafting_computes(anchored, truth):
+def test_every_training_row_is_what_drafting_computes(anchored, truth, reads):
     """Real row r: EAGLE-3's causal run over the real pairs 0..r. Placeholder (p, d): the real pairs 0..p, then d
     placeholders at positions p+1..p+d (placeholder e reads depth e's vector, plus the anchor's features when
     anchored, and the mask token's embedding), its output the last row. ``reads_true_tokens`` (the bound): placeholder
-    e reads token p+e+1's embedding instead, as a k-call drafter reads its accepted drafts."""
+    e reads token p+e+1's embedding instead, as a k-call drafter reads its accepted drafts. ``layout.reads`` (a refining
+    module, --peagle_refine): the blocks drawn read the true tokens in training, or the drafts given (a refining call)."""
     module, _ = tiny_peagle(anchored=anchored)
     module.reads_true_tokens = truth
     aux, embeds, valid, loss_mask = inputs()
     layout = parallel_layout(valid, loss_mask, K, 0.7, 0.2, None)
-    out = module.parallel_hidden(aux, embeds, layout)  # [B, T' + M, H], normed
+    drafts = None
+    if reads:
+        layout.reads = reading_blocks(layout, torch.Generator().manual_seed(1))
+        assert 0 < int(layout.reads.sum()) < int(layout.used.sum())  # some blocks read, some are blind
+        if reads == "drafts":
+            drafts = torch.randn(B, layout.used.shape[1], H, generator=torch.Generator().manual_seed(2))  # [B, M, H]
+    out = module.parallel_hidden(aux, embeds, layout, read_embeds=drafts)  # [B, T' + M, H], normed
+    slot = {(b, int(layout.anchors[b, j]), int(layout.depths[b, j])): j for b in range(B) for j in range(layout.used.shape[1]) if layout.used[b, j]}
     fused, ph = module.fc(aux), module.placeholder_hidden()
     checked = 0
     for b in range(B):
@@ -75,11 +85,35 @@ def test_every_training_row_is_what_drafting_computes(anchored, truth):
             p, d = int(layout.anchors[b, j]), int(layout.depths[b, j])
             vectors = torch.stack([ph[min(e, len(ph)) - 1] for e in range(1, d + 1)])  # [d, H]: depth e's vector
             h = torch.cat([fused[b, : p + 1], vectors + (fused[b, p] if anchored else 0)])
-            e = torch.cat([embeds[b, : p + 1], embeds[b, p + 1 : p + d + 1] if truth else module.mask_embedding.expand(d, H)])
+            read = truth or (reads is not None and bool(layout.reads[b, j]))
+            if read and drafts is not None:  # placeholder e reads the draft given at its own slot
+                read_rows = torch.stack([drafts[b, slot[b, p, e]] for e in range(1, d + 1)])
+            else:
+                read_rows = embeds[b, p + 1 : p + d + 1]
+            e = torch.cat([embeds[b, : p + 1], read_rows if read else module.mask_embedding.expand(d, H)])
             want = module.norm(incremental(module, h, e)[-1])
             assert torch.allclose(out[b, T - 1 + j], want, atol=1e-5), (b, p, d)
             checked += 1
     assert checked > 10
+
+
+def test_reading_blocks_reads_whole_blocks_half_the_anchors_as_a_function_of_the_batch():
+    """--peagle_refine: a block reads its tokens whole or not at all (a refining call reads every draft of the first), about
+    half the anchors, drawn from the batch's generator (a resumed run draws the same)."""
+    valid, loss_mask = torch.ones(B, 40, dtype=torch.bool), torch.ones(B, 41, dtype=torch.bool)
+    layout = parallel_layout(valid, loss_mask, K, 1.0, 1.0, None)
+    ids = torch.randint(0, V, (B, 41), generator=torch.Generator().manual_seed(0))
+    reads = reading_blocks(layout, batch_generator(ids, seed=0))
+    assert torch.equal(reads, reading_blocks(layout, batch_generator(ids, seed=0)))
+    assert not bool((reads & ~layout.used).any())
+    for b in range(B):
+        by_anchor: dict[int, set[bool]] = {}
+        for j in range(layout.used.shape[1]):
+            if layout.used[b, j]:
+                by_anchor.setdefault(int(layout.anchors[b, j]), set()).add(bool(reads[b, j]))
+        assert all(len(v) == 1 for v in by_anchor.values()), "a block half read"
+        share = sum(v == {True} for v in by_anchor.values()) / len(by_anchor)
+        assert 0.25 < share < 0.75, share
 
 
 def test_full_layout_keeps_every_counted_anchor_and_sampling_is_nested():

@@ -208,6 +208,23 @@ def test_a_peagle_module_trained_on_the_true_tokens_says_so_and_is_refused_as_a_
     assert load_heads(tmp_path / "blind").mode == "peagle"
 
 
+def test_a_peagle_module_trained_to_refine_says_so_and_still_drafts(tmp_path, tiny_base, repetitive_data):
+    """--peagle_refine (examples/train_heads.py --peagle-refine): half its blocks read the true tokens; config.json
+    records it (the replay's --refine reads it), the builder loads it as any P-EAGLE module (it drafts blind too), and
+    it resumes only as such. Asked together with the bound, the run is refused before it trains."""
+    from specdec.train.errors import TrainConfigError
+
+    train(config("peagle", tiny_base, repetitive_data, tmp_path / "refine", max_steps=1, peagle_refine=True), **QUIET)
+    cfg = json.loads((tmp_path / "refine" / "config.json").read_text())
+    assert cfg["specdec_train"]["peagle_refine"] is True
+    assert load_heads(tmp_path / "refine").mode == "peagle"
+    with pytest.raises(TrainConfigError, match="--peagle_refine .* \\(now False\\)"):
+        train(config("peagle", tiny_base, repetitive_data, tmp_path / "refine", max_steps=2, resume=True), **QUIET)
+    with pytest.raises(TrainConfigError, match="--peagle_refine trains a drafter .* give one"):
+        train(config("peagle", tiny_base, repetitive_data, tmp_path / "both", max_steps=1, peagle_refine=True, peagle_truth_tokens=True), **QUIET)
+    assert not (tmp_path / "both").exists()
+
+
 def test_cosine_decays_over_a_time_budget(tmp_path, tiny_base, repetitive_data, monkeypatch):
     """Under --max_time the step count is unknown: cosine must reach ~0 as the budget runs out, not stay near --lr because the
     epochs' step count is far away (as it did: the schedule read steps only)."""
