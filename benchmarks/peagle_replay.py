@@ -38,7 +38,7 @@ import torch
 from safetensors.torch import load_file
 
 from specdec.formats.errors import RequestError
-from specdec.formats.heads import TRUTH_TOKENS_KEY
+from specdec.formats.heads import REFINE_KEY, TRUTH_TOKENS_KEY
 from specdec.runtime.tree import parse_choices
 from specdec.train.base import load_base, run_base
 from specdec.train.data import Sequence, read_sequences
@@ -55,7 +55,8 @@ def load_module(heads: Path, base_dir: str, base):
                                peagle_depths=cfg.get("para_depths", trained.get("peagle_depths", 8)),
                                eagle_aux_layer_ids=cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"],
                                peagle_placeholders=cfg.get("peagle_placeholders", "constant"),
-                               peagle_truth_tokens=bool(trained.get(TRUTH_TOKENS_KEY, False))), base)
+                               peagle_truth_tokens=bool(trained.get(TRUTH_TOKENS_KEY, False)),
+                               peagle_refine=bool(trained.get(REFINE_KEY, False))), base)
     run.heads.load_state_dict({k: v.float() for k, v in load_file(str(heads / "model.safetensors")).items()}, strict=True)
     return run
 
@@ -64,19 +65,27 @@ Block = tuple[list[list[int]], list[list[float]]]  # per position: its top candi
 
 
 @torch.no_grad()
-def blocks(run, base, seq, k: int, top: int = 1) -> tuple[dict[int, Block], list[int]]:
-    """{anchor p: the block the module drafts there, k positions x ``top`` candidates}, and the sequence's ids."""
+def blocks(run, base, seq, k: int, top: int = 1, refine: int = 0) -> tuple[dict[int, Block], list[int]]:
+    """{anchor p: the block the module drafts there, k positions x ``top`` candidates}, and the sequence's ids.
+    ``refine``: calls after the first, each placeholder reading the previous call's greedy draft at its position."""
     ids, attn, loss_mask = collate([seq])
     out = run_base(base, ids, attn, run.aux_ids)
     aux, next_embeds = out.aux_hidden[:, :-1], base.get_input_embeddings()(ids[:, 1:])  # pairs: features at t, token t+1
     layout = parallel_layout(attn[:, :-1], loss_mask, k, 1.0, 1.0, None)  # every anchor
     logits = run.heads.lm_head(run.heads.parallel_hidden(aux, next_embeds, layout))[0]  # [T' + M, vocab]
-    probs, cands = torch.softmax(logits.float(), dim=-1).topk(top, dim=-1)  # [T' + M, top] each
     real = aux.shape[1]
     found: dict[int, dict[int, int]] = {p: {0: p} for p in range(real)}  # anchor -> depth -> its row
     for j in range(layout.used.shape[1]):
         if layout.used[0, j]:
             found[int(layout.anchors[0, j])][int(layout.depths[0, j])] = real + j
+    # placeholder (p, d) reads the draft at position d: row (p, d - 1)'s guess (the real row p's for d = 1)
+    slots = zip(layout.anchors[0].tolist(), layout.depths[0].tolist(), layout.used[0].tolist(), strict=True)
+    source = torch.tensor([found[a][d - 1] if u else 0 for a, d, u in slots])  # [M]
+    layout.reads = layout.used
+    for _ in range(refine):  # real rows do not see placeholders: only the placeholders' guesses change
+        read = base.get_input_embeddings()(logits.argmax(-1)[source]).unsqueeze(0)  # [1, M, hidden]
+        logits = run.heads.lm_head(run.heads.parallel_hidden(aux, next_embeds, layout, read_embeds=read))[0]
+    probs, cands = torch.softmax(logits.float(), dim=-1).topk(top, dim=-1)  # [T' + M, top] each
     full = {p: ([cands[d[i]].tolist() for i in range(k)], [probs[d[i]].tolist() for i in range(k)])
             for p, d in found.items() if len(d) == k}
     return full, ids[0].tolist()
@@ -135,6 +144,8 @@ def main() -> None:
     p.add_argument("--every_position", action="store_true", help="score a block at every anchor, not round by round")
     p.add_argument("--choices", help='a draft tree to replay beside the chain, as --peagle_choices, e.g. "[[0],[1],[0,0]]"')
     p.add_argument("--best_first", action="store_true", help="with --choices: also the best-first tree of as many nodes, chosen each round")
+    p.add_argument("--refine", type=int, default=0,
+                   help="a module trained with --peagle-refine: calls after the first, each reading the previous call's drafts")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     if bool(args.data) == bool(args.bench_prompts):
@@ -152,6 +163,10 @@ def main() -> None:
     truth_tokens = run.heads.reads_true_tokens  # the bound: its probabilities saw the truth, so they may not choose a tree
     if truth_tokens and args.best_first:
         p.error(f"{args.heads} reads the true tokens (the bound): --best_first would choose its trees from the truth")
+    if args.refine and not run.heads.refines:
+        p.error(f"{args.heads} was not trained to read drafts (examples/train_heads.py --peagle-refine): --refine needs one that was")
+    if args.refine < 0:
+        p.error("--refine counts calls after the first: 0 or more")
     chain = [(0,) * d for d in range(1, args.k + 1)]
     drafts = {"chain": lambda probs: chain}
     if tree is not None:
@@ -162,7 +177,7 @@ def main() -> None:
     top = 1 if tree is None else len(tree) if args.best_first else max(tree.top_k(d) for d in range(1, tree.depth + 1))  # candidates a position needs
     seqs = (read_sequences(args.data, None, args.max_len, None) if args.data
             else bench_answers(base, args.base, args.bench_prompts, args.prompt_tokens, args.max_new_tokens))
-    found = [blocks(run, base, seq, depth, top) for seq in seqs]
+    found = [blocks(run, base, seq, depth, top, args.refine) for seq in seqs]
     rounds_of = {}  # draft -> rounds that accepted a tokens, per a
     for name, paths_for in drafts.items():
         rounds_at = [0] * (depth + 1)
@@ -178,7 +193,7 @@ def main() -> None:
     rounds = sum(rounds_at)
     per_depth = [sum(rounds_at[d:]) / rounds for d in range(1, args.k + 1)]
     data = args.data or f"bench_heads.py's {args.bench_prompts} + {args.bench_prompts} prompts x {args.max_new_tokens} tokens"
-    result = {"heads": str(args.heads), "data": data, "truth_tokens": truth_tokens, "k": args.k, "rounds": rounds,
+    result = {"heads": str(args.heads), "data": data, "truth_tokens": truth_tokens, "refine": args.refine, "k": args.k, "rounds": rounds,
               "anchors": "every position" if args.every_position else "round by round",
               "acceptance_length": round(1 + sum(per_depth), 3), "per_depth_acceptance": [round(x, 3) for x in per_depth]}
     if rounds_of:

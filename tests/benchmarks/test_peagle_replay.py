@@ -70,3 +70,64 @@ def test_a_module_trained_on_the_true_tokens_is_replayed_so_and_may_not_choose_t
     assert refused.returncode == 2 and "reads the true tokens" in refused.stderr and "Traceback" not in refused.stderr
     out = subprocess.run(args, capture_output=True, text=True, timeout=300, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1])["truth_tokens"] is True
+
+
+def refining_copy(tmp_path: Path) -> Path:
+    """The shipped module, its config.json saying it was trained to read drafts (the mechanics need no such training)."""
+    heads = tmp_path / "refine"
+    shutil.copytree(ROOT / "examples/demo-pair/heads/peagle", heads)
+    cfg = json.loads((heads / "config.json").read_text())
+    cfg["specdec_train"]["peagle_refine"] = True
+    (heads / "config.json").write_text(json.dumps(cfg))
+    return heads
+
+
+def test_refining_k_minus_1_times_drafts_what_one_call_per_token_drafts(tmp_path):
+    """--refine: each call after the first reads the previous call's drafts, so call m + 1 fixes position m + 1 and
+    k - 1 of them draft what the module drafts reading its own drafts one position at a time (a reference built
+    position by position here); no refining is the blind block."""
+    import torch
+
+    from specdec.train.base import load_base, run_base
+    from specdec.train.peagle import parallel_layout
+    from specdec.train.runs import collate
+
+    base_dir = str(ROOT / "examples/demo-pair/target")
+    base = load_base(base_dir)
+    run = replay.load_module(refining_copy(tmp_path), base_dir, base)
+    run.heads.eval()
+    assert run.heads.refines
+    seq = replay.bench_answers(base, base_dir, 1, 24, 24)[0]
+    k = 4
+    blind, ids = replay.blocks(run, base, seq, k)
+    refined, _ = replay.blocks(run, base, seq, k, refine=k - 1)
+    assert refined.keys() == blind.keys() and len(refined) > 10
+    with torch.no_grad():  # the reference: position d + 1 read from row (p, d) after positions 1..d are drafted
+        t, attn, loss_mask = collate([seq])
+        out = run_base(base, t, attn, run.aux_ids)
+        aux, next_embeds = out.aux_hidden[:, :-1], base.get_input_embeddings()(t[:, 1:])
+        layout = parallel_layout(attn[:, :-1], loss_mask, k, 1.0, 1.0, None)
+        layout.reads = layout.used
+        slots = {(int(a), int(d)): j for j, (a, d, u) in enumerate(zip(layout.anchors[0], layout.depths[0], layout.used[0], strict=True)) if u}
+        real = aux.shape[1]
+        drafts = {p: [blind[p][0][0][0]] for p in refined}  # position 1: the real row's guess, the same blind or not
+        for d in range(1, k):
+            read = torch.zeros(1, layout.used.shape[1], dtype=torch.long)
+            for p in drafts:
+                for e in range(1, d + 1):
+                    read[0, slots[p, e]] = drafts[p][e - 1]
+            logits = run.heads.lm_head(run.heads.parallel_hidden(aux, next_embeds, layout, read_embeds=base.get_input_embeddings()(read)))[0]
+            for p in drafts:
+                drafts[p].append(int(logits[real + slots[p, d]].argmax()))
+    assert {p: [c[0] for c in b[0]] for p, b in refined.items()} == drafts
+    changed = sum(refined[p][0] != blind[p][0] for p in refined)
+    assert changed > 0  # reading the drafts changes some blocks (else the reference proves nothing)
+
+
+def test_refine_needs_a_module_trained_to_read_drafts(tmp_path):
+    args = [sys.executable, str(ROOT / "benchmarks" / "peagle_replay.py"), "--base", str(ROOT / "examples/demo-pair/target"),
+            "--bench_prompts", "1", "--prompt_tokens", "24", "--max_new_tokens", "24", "--k", "3", "--refine", "1"]
+    refused = subprocess.run([*args, "--heads", str(ROOT / "examples/demo-pair/heads/peagle")], capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "not trained to read drafts" in refused.stderr and "Traceback" not in refused.stderr
+    out = subprocess.run([*args, "--heads", str(refining_copy(tmp_path))], capture_output=True, text=True, timeout=300, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1])["refine"] == 1
