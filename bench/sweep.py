@@ -39,6 +39,7 @@ from ..runtime.orchestrator import GenerationConfig, Orchestrator
 from ..runtime.proposers.draft_model import DraftModelProposer
 from ..runtime.proposers.ngram import NGramProposer
 from ..runtime.proposers.own import OwnDrafter
+from ..runtime.proposers.peagle import PEagleProposer
 from ..runtime.proposers.suffix import SuffixConfig, SuffixProposer
 from ..runtime.request import METHODS as ENGINE_METHODS
 from ..runtime.sampling import SamplingConfig
@@ -194,6 +195,7 @@ def run_sweep(
     choices: dict[str, str | None] | None = None,
     cut_lens: bool = True,
     sampling: SamplingConfig | None = None,
+    peagle_refine: int = 0,
 ) -> dict[str, Any]:
     """Target-only first (every speedup is against it), then each method x draft length.
 
@@ -230,6 +232,9 @@ def run_sweep(
     if not 1 <= cost_reps <= MAX_COST_REPS:
         raise RequestError(f"--step_cost_reps={cost_reps} must be from 1 to {MAX_COST_REPS} (timed steps per engine).")
     heads_dirs, choices = dict(heads_dirs or {}), dict(choices or {})
+    if peagle_refine and "peagle" not in methods:
+        raise RequestError("--peagle_refine refines P-EAGLE's blocks but --method has no 'peagle': add it (with a target built with "
+                           "--speculative_decoding_mode peagle).")
     for m, tree in choices.items():  # a tree nothing would draft is refused, not dropped
         if tree and m not in methods:
             raise RequestError(f"--{m}_choices is given but --method has no {m!r}: add it (with a target built with "
@@ -342,19 +347,23 @@ def run_sweep(
         own_target = target_ex if engine_dir.path == target.path else None
         chain = load_engine(engine_dir, method=m, num_threads=threads, target_executor=own_target)
         proposer = cast(OwnDrafter, chain.proposers[m])  # a target's own drafter (proposers/own.py)
+        refined = ""
+        if m == "peagle" and peagle_refine:  # its calls after the first, each reading the last one's drafts
+            proposer = cast(PEagleProposer, proposer).refined(peagle_refine)
+            refined = f", refined x{peagle_refine}"
         for k in draft_lens:
             if k > proposer.max_chain_len:
                 say(f"{m} chain k={k}: left out ({m} drafts at most {proposer.max_chain_len} on this engine)")
                 continue
-            say(f"{m} chain k={k}")
+            say(f"{m} chain k={k}{refined}")
             orch = Orchestrator(chain.target, proposer, draft_len=k)
-            row(m, f"{m} chain k={k}", measure(orch), orch, draft_len=k, tree=None)
+            row(m, f"{m} chain k={k}{refined}", measure(orch), orch, draft_len=k, tree=None)
         if trees[m] is not None:  # the same executors, a proposer with the tree
             treed = proposer.with_tree(trees[m])
             nodes = len(trees[m])
-            say(f"{m} tree ({nodes} nodes)")
+            say(f"{m} tree ({nodes} nodes){refined}")
             orch = Orchestrator(chain.target, treed, draft_len=nodes)
-            row(m, f"{m} tree n={nodes}", measure(orch), orch, draft_len=nodes, tree=choices[m])
+            row(m, f"{m} tree n={nodes}{refined}", measure(orch), orch, draft_len=nodes, tree=choices[m])
     if "none" not in methods:
         rows[0]["reference_only"] = True  # measured for the speedups, not asked for
     settings = {
@@ -362,6 +371,7 @@ def run_sweep(
         "draft_engine_dir": str(draft.path) if draft else None,
         **{f"{m}_engine_dir": str(e.path) for m, e in heads.items()},
         **{f"{m}_choices": c for m, c in choices.items() if c and m in heads},
+        **({"peagle_refine": peagle_refine} if peagle_refine and "peagle" in heads else {}),
         "methods": methods,
         "draft_lens": list(draft_lens),
         "ngram_size": ngram_size,

@@ -167,9 +167,11 @@ def methods(args: argparse.Namespace) -> list[Method]:
                 out += [Method("Medusa tree auto", fresh()), Method("Medusa tree auto whole", whole_tree(fresh()))]
     if args.eagle:
         out += module_methods("EAGLE", args.eagle, EagleProposer, args.eagle_lens, args.eagle_choices, threads, tree_auto=args.tree_auto)
-    if args.peagle:
-        out += module_methods("P-EAGLE", args.peagle, PEagleProposer, args.peagle_lens, args.peagle_choices, threads, args.one_price,
-                              args.tree_auto)
+    for refine in args.peagle_refine if args.peagle else []:  # refine 0: one call a round; n: n more, each reading the last one's drafts
+        def refined(target, module, choices=None, refine=refine):
+            return PEagleProposer(target, module, choices, refine)
+        out += module_methods("P-EAGLE" + (f" refined x{refine}" if refine else ""), args.peagle, refined, args.peagle_lens, args.peagle_choices,
+                              threads, args.one_price, args.tree_auto)
     return out
 
 
@@ -351,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--draft_lens", type=ints, default=[4])
         p.add_argument("--eagle_lens", type=lens_or_auto, default=[3], help="chain lengths; auto: draft_len=auto")
         p.add_argument("--peagle_lens", type=lens_or_auto, default=[4], help="chain lengths; auto: draft_len=auto")
+        p.add_argument("--peagle_refine", type=ints, default=[0],
+                       help="P-EAGLE refining calls to measure, e.g. 0,1 (a module trained with --peagle_refine; 0: one call a round)")
         p.add_argument("--tree_auto", action="store_true",
                        help="also draft_len=auto on each tree, and its ablation drafting the tree whole or not at all")
         p.add_argument("--one_price", action="store_true",

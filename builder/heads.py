@@ -14,8 +14,20 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..formats.engine_format import CONFIG_FILE, EAGLE_MODULE_DIR, BuildConfig, EngineConfig, ModelConfig, hash_directory, write_build_stamp
+import numpy as np
+
+from ..formats.engine_format import (
+    CONFIG_FILE,
+    EAGLE_MODULE_DIR,
+    PLACEHOLDER_FEATURES_FILE,
+    BuildConfig,
+    EngineConfig,
+    ModelConfig,
+    hash_directory,
+    write_build_stamp,
+)
 from ..formats.errors import BuildConfigError
+from ..formats.heads import REFINE_KEY
 from .backends import backend_module
 from .validation import validate_head_weights
 
@@ -105,10 +117,16 @@ def write_eagle_module(target_dir: Path, ckpt, heads, model: ModelConfig, build:
         written = write_torch_eagle_module(out, ckpt, heads, cfg, module_build)
         network_file = written.network_file
         module_build = replace(module_build, weight_only=written.record(module_build))
+    placeholders = {}
+    if heads.mode == "peagle":  # a refining call feeds a placeholder's features itself, with a drafted token (runtime/proposers/peagle.py)
+        np.save(out / PLACEHOLDER_FEATURES_FILE, heads.placeholder_features().astype(np.float32), allow_pickle=False)
+        trained = heads.config.get("specdec_train")
+        placeholders = {"peagle_placeholders": heads.placeholder_form,
+                        "peagle_refine": bool(isinstance(trained, dict) and trained.get(REFINE_KEY))}  # trained to read drafts
     compiled = backend_module(module_build.backend).compile_engine(out, network_file, module_build, cfg, {}, say)
     write_build_stamp(out, cfg, module_build)
     config = EngineConfig(model=cfg, build=module_build, files=hash_directory(out), versions={**versions, **compiled.versions},
                           network_file=compiled.network_file,
                           extra={**compiled.extra, "checkpoint": str(Path(checkpoint_dir).resolve()), "eagle_dir": str(Path(heads.path).resolve()),
-                                 "eagle_config": heads.config})
+                                 "eagle_config": heads.config, **placeholders})
     (out / CONFIG_FILE).write_text(config.to_json())

@@ -119,6 +119,9 @@ def prepare_dataset(num_requests, input_mean, input_stdev, output_mean, output_s
 @option("eagle_choices", type=str, default=None, help='Also measure this EAGLE tree (TensorRT-LLM\'s format), e.g. "[[0],[1],[0,0],[0,1],[0,0,0]]".')
 @option("peagle_choices", type=str, default=None,
         help='Also measure this P-EAGLE tree (TensorRT-LLM\'s format), e.g. "[[0],[1],[0,0],[0,1],[0,0,0]]".')
+@option("peagle_refine", type=click.IntRange(0, 7), default=0, show_default=True,
+        help="P-EAGLE: module calls after the first each round, each reading the previous call's drafts (a module trained with "
+             "specdec-train --peagle_refine).")
 @option("draft_lens", type=str, default=None,
         help=f"Draft lengths to sweep, e.g. \"1,2,4,8\" [default: {DEFAULT_DRAFT_LENS}, up to the target's max_draft_len].")
 @option("ngram_size", "--max_matching_ngram_size", type=int, default=2, show_default=True,
@@ -148,8 +151,9 @@ def prepare_dataset(num_requests, input_mean, input_stdev, output_mean, output_s
 @verify_engine_option
 @clean_errors
 def run(engine_dir, draft_engine_dir, method, medusa_engine_dir, eagle_engine_dir, peagle_engine_dir, medusa_choices, eagle_choices, peagle_choices,
-        draft_lens, ngram_size, dataset, max_output_len, tokenizer_dir, batch_size, warmup, temperature, top_k, top_p, random_seed, num_threads,
-        step_cost_reps, output_json, plot, compare, target_checkpoint, draft_checkpoint, compare_peers, peers_work_dir, verify_engine) -> None:
+        peagle_refine, draft_lens, ngram_size, dataset, max_output_len, tokenizer_dir, batch_size, warmup, temperature, top_k, top_p, random_seed,
+        num_threads, step_cost_reps, output_json, plot, compare, target_checkpoint, draft_checkpoint, compare_peers, peers_work_dir,
+        verify_engine) -> None:
     """Measure target-only, draft-target, n-gram, Medusa and EAGLE decoding on a dataset, sweeping draft lengths.
 
     Every request generates exactly its output_len tokens (no EOS stop), greedy (or sampled: --temperature),
@@ -201,7 +205,7 @@ def run(engine_dir, draft_engine_dir, method, medusa_engine_dir, eagle_engine_di
     result = run_sweep(target, methods, draft, lens, ngram_size, records, num_threads, warmup, batch_size,
                        step_cost_reps, say=lambda what: click.echo(f"  measuring {what}", err=True), heads_dirs=heads_dirs,
                        choices={"medusa": medusa_choices, "eagle": eagle_choices, "peagle": peagle_choices}, cut_lens=draft_lens is None,
-                       sampling=sampling)
+                       sampling=sampling, peagle_refine=peagle_refine)
     base_ids = result.pop("target_only_output_ids")
     click.echo(sweep_table(result))
     # our measurements are written before the peers run: a failing peer never costs them

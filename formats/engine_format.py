@@ -24,6 +24,9 @@ FORMAT_VERSION = 1
 TREE_MODES = ("medusa", "eagle", "peagle")
 MODULE_MODES = {"eagle": "eagle_module", "peagle": "peagle_module"}  # a target mode -> its drafting module engine's mode
 EAGLE_MODULE_DIR = "eagle"  # an eagle (or peagle) target's folder for its module engine
+# in a P-EAGLE module engine: fc(mask_hidden) [placeholder vectors, hidden] float32 (.npy), the depth vectors its graph adds
+# to a placeholder's features, for a refining call that feeds drafted tokens in the placeholders' rows (runtime/proposers/peagle.py)
+PLACEHOLDER_FEATURES_FILE = "placeholder_features.npy"
 CONFIG_FILE = "config.json"
 # The model and build sections as the network was built for them, written by the builder and hashed with the other
 # files (config.json itself is not): a config.json edited after the build (vocabulary, layers, KV layout, limits)

@@ -180,9 +180,10 @@ def write_eagle_module(base_ckpt: Path, out: Path, num_layers: int = 2, aux_ids:
 
 
 def write_peagle_module(base_ckpt: Path, out: Path, num_layers: int = 2, aux_ids: list[int] | None = None, seed: int = 1, scale: float = 2.0,
-                        mask_token_id: int = 3, depths: int = 6, placeholders: str = "anchored"):
+                        mask_token_id: int = 3, depths: int = 6, placeholders: str = "anchored", trained: dict | None = None):
     """A P-EAGLE module of random weights for ``base_ckpt`` (specdec-train --mode peagle's export; ``placeholders``:
-    anchored, ours, or constant, vLLM's). Returns the torch PEagleModule."""
+    anchored, ours, or constant, vLLM's; ``trained``: more of its specdec_train provenance, e.g. peagle_refine).
+    Returns the torch PEagleModule."""
     from specdec.train.eagle import eagle_llama_config
     from specdec.train.export import peagle_config, save_heads
     from specdec.train.peagle import PEagleModule
@@ -200,7 +201,7 @@ def write_peagle_module(base_ckpt: Path, out: Path, num_layers: int = 2, aux_ids
                 p.normal_()
             elif name != "lm_head.weight":
                 p.copy_(1.0 + 0.3 * torch.randn_like(p) if p.dim() == 1 else torch.randn_like(p) * scale / p.shape[1] ** 0.5)
-    save_heads(module, peagle_config(base_cfg, cfg, aux_ids, mask_token_id, depths, {"test": True}, placeholders), out)
+    save_heads(module, peagle_config(base_cfg, cfg, aux_ids, mask_token_id, depths, {"test": True, **(trained or {})}, placeholders), out)
     return module
 
 

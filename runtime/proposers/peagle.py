@@ -21,21 +21,41 @@ same under every parent.
 
 Pending pairs, prefill and removal are EAGLE's (EagleProposer), except that a backlog (a long prompt, rounds without
 drafts) is fed up to its last pair: that one goes with the block, so a round is always one call.
+
+``refine`` (``--peagle_refine N``, a module trained with ``specdec-train --peagle_refine``) adds N calls to a round,
+each feeding the block's k - 1 placeholder rows again with the drafted tokens in place of the placeholder ids: row d
+reads the previous call's most likely token at position d (the raw block's argmax) and, as a placeholder does, the
+anchor's features plus depth d's vector (fed by the runtime: the engine's placeholder_features.npy, the vectors its
+graph adds to a placeholder id's row). Where positions 1..d were right, row d then reads what the module was trained
+on for such blocks (the true tokens), so call m + 1 drafts position m + 1 as a one-call-per-token drafter would; the
+real pairs are in the cache already, and the refining rows are dropped as the placeholders are.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...formats.engine_format import MODULE_MODES
+from ...formats.engine_format import MODULE_MODES, PLACEHOLDER_FEATURES_FILE
+from ...formats.errors import EngineError, RequestError
 from ..request import Request
 from .base import Draft, adjacent_runs
 from .eagle import CATCH_UP_AFTER, HIDDEN_IN, EagleProposer
 from .medusa import positional_draft
-from .own import DraftTreeConfig, own_drafter_method
+from .method import Flag, Method
+from .own import DraftTreeConfig
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ...formats.engine_format import EngineDir
+    from ..backends.base import Executor
+    from ..tree import DraftTree
+
+MAX_REFINE = 7  # a block of 8 positions is fixed by 7 refining calls (call m + 1 fixes position m + 1)
 
 
 class PEagleProposer(EagleProposer):
@@ -44,6 +64,50 @@ class PEagleProposer(EagleProposer):
     title, module_flag = "P-EAGLE", "--peagle_dir"
     module_mode = MODULE_MODES[name]
     drafts_in_one_call = True  # draft_len=auto prices a round's drafts as one call (a line over k, once two k were timed)
+
+    def __init__(self, target: Executor, module: Executor, choices: str | Sequence[Sequence[int]] | DraftTree | None = None,
+                 refine: int = 0):
+        """refine: calls after the first, each reading the previous one's drafts (a module trained to: --peagle_refine)."""
+        super().__init__(target, module, choices)
+        if not isinstance(refine, int) or isinstance(refine, bool) or not 0 <= refine <= MAX_REFINE:
+            raise RequestError(f"--peagle_refine {refine!r} must be a whole number of calls from 0 to {MAX_REFINE}.")
+        self.refine = refine
+        self.depth_vectors: np.ndarray | None = None  # [vectors, hidden]: what a refining row adds to (or feeds as) its features
+        self.anchored = True
+        self.anchor_features: dict[str, np.ndarray] = {}  # [hidden]: the features of the last real pair a block was drafted at
+        if refine:
+            extra = module.engine.config.extra
+            path = module.engine.path / PLACEHOLDER_FEATURES_FILE
+            if not path.is_file() or "peagle_placeholders" not in extra:
+                raise EngineError(f"--peagle_refine needs the module's {PLACEHOLDER_FEATURES_FILE}, which {module.engine.path} was built "
+                                  "without (an older specdec-build): rebuild the target.")
+            if not extra.get("peagle_refine"):
+                raise EngineError(f"--peagle_refine: the P-EAGLE module in {module.engine.path} was not trained to read its drafts (specdec-train "
+                                  "--peagle_refine): a refining call would feed it tokens where it learned placeholders. Train the module "
+                                  "with --peagle_refine, or draft without --peagle_refine.")
+            self.depth_vectors = np.load(path, allow_pickle=False).astype(np.float32)
+            self.anchored = extra["peagle_placeholders"] == "anchored"
+
+    @classmethod
+    def for_target(cls, target: Executor, choices, open_beside: Callable[[EngineDir], Executor], refine: int = 0) -> PEagleProposer:
+        from ...formats.engine_format import eagle_module_dir, load_engine_dir
+
+        return cls(target, open_beside(load_engine_dir(eagle_module_dir(target.engine))), choices, refine)
+
+    def with_tree(self, tree: DraftTree) -> PEagleProposer:
+        return type(self)(self.target, self.module, tree, self.refine)
+
+    def refined(self, refine: int) -> PEagleProposer:
+        """The same drafter on the same executors, refining each block ``refine`` times."""
+        return type(self)(self.target, self.module, self.tree, refine)
+
+    @property
+    def label(self) -> str:
+        return super().label + (f", refined x{self.refine}" if self.refine else "")
+
+    def remove(self, request_id: str) -> None:
+        super().remove(request_id)
+        self.anchor_features.pop(request_id, None)
 
     @property
     def placeholder(self) -> int:
@@ -75,6 +139,8 @@ class PEagleProposer(EagleProposer):
         slots = sorted(self.slot_of[rid] for rid in rows_for)
         blocks: dict[str, np.ndarray] = {}
         self._feed(slots[0], slots[-1] + 1, rows_for, blocks)
+        for _ in range(self.refine):
+            self._refine(slots[0], slots[-1] + 1, rows_for, blocks)
         for i, (r, k) in enumerate(zip(requests, draft_lens, strict=False)):
             if r.request_id in blocks:
                 out[i] = positional_draft(r, blocks[r.request_id], int(k), self.tree)
@@ -120,6 +186,7 @@ class PEagleProposer(EagleProposer):
                 continue
             if blocks is not None and rows_for[rid] > 0:  # the last real pair's row, then each placeholder's
                 blocks[rid] = step.logits[i, pairs[i] - 1 : pairs[i] - 1 + rows_for[rid]].copy()
+                self.anchor_features[rid] = joined[rid][pairs[i] - 1].copy()
             nxt = self.pending[rid][1]
             if pairs[i] == len(nxt):
                 self.pending[rid] = ([], [])
@@ -127,15 +194,60 @@ class PEagleProposer(EagleProposer):
                 self.pending[rid] = ([joined[rid][pairs[i]:]], nxt[pairs[i]:])
         return int(sum(p for p, g in zip(pairs, go, strict=False) if g))
 
+    def _refine(self, lo: int, hi: int, rows_for: dict[str, int], blocks: dict[str, np.ndarray]) -> None:
+        """One refining call on slots lo..hi: each block of 2+ positions fed its k - 1 placeholder rows again, row d with
+        the block's most likely token at position d and the placeholder's features; its rows 2..k replaced by the
+        call's. The cache holds the real pairs only, before and after."""
+        ids = self.order[lo:hi]
+        go = np.array([rid in blocks and rows_for[rid] > 1 for rid in ids])
+        if not go.any():
+            return
+        width = max(rows_for[rid] - 1 for rid, g in zip(ids, go, strict=True) if g)
+        if hi - lo > 1 and int(self.cache.lengths[lo:hi].max()) + width > self.cache.capacity:
+            for s in range(lo, hi):
+                if go[s - lo]:
+                    self._refine(s, s + 1, rows_for, blocks)
+            return
+        vectors = self.depth_vectors  # [D, hidden]: depth d's is row min(d, D) - 1
+        tokens, hidden = [], np.zeros((len(ids), width, self.module.model.hidden_size), np.float32)  # [n, width, hidden]
+        for i, rid in enumerate(ids):
+            if not go[i]:
+                tokens.append([0])  # rides along, not advanced
+                continue
+            rows = rows_for[rid] - 1
+            tokens.append(blocks[rid][:rows].argmax(-1).tolist())  # position d's guess, read by row d (d = 1..rows)
+            depth = vectors[np.minimum(np.arange(rows), len(vectors) - 1)]  # [rows, hidden]
+            hidden[i, :rows] = depth + self.anchor_features[rid] if self.anchored else depth
+        real = self.cache.lengths[lo:hi].copy()
+        try:
+            step = self.module.forward(self.cache, tokens, all_logits=True, advance=go, first_slot=lo, extra_inputs={HIDDEN_IN: hidden})
+        finally:
+            self.cache.lengths[lo:hi] = real  # the refining rows go, as the placeholders did
+        for i, rid in enumerate(ids):
+            if go[i]:
+                blocks[rid][1 : rows_for[rid]] = step.logits[i, : rows_for[rid] - 1]
+
 
 # -- the method's registration (runtime/methods.py: a peagle target carries it) -----------------------------------
 @dataclass(frozen=True)
 class PEagleConfig(DraftTreeConfig):
     """P-EAGLE drafting with the module in a --speculative_decoding_mode peagle target's eagle/ folder: a draft tree
-    (each depth's top candidates from the one call's block), or chains."""
+    (each depth's top candidates from the one call's block), or chains; ``refine`` calls after the first, each reading
+    the previous one's drafts (a module trained with --peagle_refine)."""
+
+    refine: int = 0
 
 
-METHOD = own_drafter_method(
-    PEagleProposer, PEagleConfig,
-    'A --speculative_decoding_mode peagle target: the draft tree, as --medusa_choices, e.g. "[[0],[1],[0,0],[0,1],[0,0,0]]", '
-    "drafted from one module call [default: a chain of --draft_len drafts, 4].")
+def _from_flags(values) -> PEagleConfig | None:
+    choices, refine = values.get("peagle_choices"), values.get("peagle_refine")
+    return None if choices is None and refine is None else PEagleConfig(choices, 0 if refine is None else refine)
+
+
+METHOD = Method(
+    name=PEagleProposer.name, config=PEagleConfig, proposer=PEagleProposer, flag=PEagleProposer.choices_flag, from_flags=_from_flags,
+    flags=(Flag("peagle_choices", 'A --speculative_decoding_mode peagle target: the draft tree, as --medusa_choices, e.g. '
+                '"[[0],[1],[0,0],[0,1],[0,0,0]]", drafted from one module call [default: a chain of --draft_len drafts, 4].'),
+           Flag("peagle_refine", "P-EAGLE: module calls after the first, each reading the previous call's drafts (a module trained with "
+                "specdec-train --peagle_refine; 1 call more fixes one more position) [default: 0, one call a round].", type=int)),
+    open=lambda c, context: PEagleProposer.for_target(context.open_target(), c.choices, context.open_beside, c.refine),
+    default_config=PEagleConfig)

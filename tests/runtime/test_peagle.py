@@ -83,27 +83,47 @@ def test_a_round_is_one_module_call_whatever_k(peagle):
         assert rounds > 2
 
 
-def test_the_block_is_the_torch_modules_guess(peagle):
-    """After the prefill, the k-token block = PEagleModule's rows for the last prompt pair (depth 0) and its k - 1
-    placeholders (train/peagle.py's layout), and the chain is their argmax."""
-    t, m, module = peagle["target"], peagle["mod"], peagle["module"]
-    prompt, k = PROMPTS[2], 5
-    proposer = PEagleProposer(t, m)
-    engine = Engine(t, [proposer], SpeculationConfig("peagle", k))
+@torch.no_grad()
+def torch_block(ckpt, module, prompt: list[int], first: int, k: int, refine: int = 0) -> torch.Tensor:
+    """[k, vocab]: PEagleModule's rows for the last pair of prompt + [first] (depth 0) and its k - 1 placeholders
+    (train/peagle.py's layout), after ``refine`` refining calls: each placeholder (p, d) reading position d's guess, the
+    row before it's argmax (parallel_hidden with read_embeds)."""
+    seq = torch.tensor([prompt + [first]])
+    hf = load_hf(ckpt)
+    n = len(prompt)  # real pairs 0..n-1: features of token p with token p+1
+    aux = run_base(hf, seq, torch.ones_like(seq), AUX).aux_hidden[:, :-1]
+    embeds = hf.get_input_embeddings()(seq[:, 1:])
+    layout = parallel_layout(torch.ones(1, n, dtype=torch.bool), torch.ones(1, n + k + 1, dtype=torch.bool), k, 0.7, 0.2, None)
+    mine = [n - 1] + [n + j for j in range(layout.used.shape[1]) if layout.used[0, j] and layout.anchors[0, j] == n - 1]
+    rows = module.lm_head(module.parallel_hidden(aux, embeds, layout))[0]
+    layout.reads = layout.used
+    for _ in range(refine):
+        read = torch.zeros(1, layout.used.shape[1], dtype=torch.long)
+        for d in range(1, k):
+            read[0, mine[d] - n] = rows[mine[d - 1]].argmax()
+        rows = module.lm_head(module.parallel_hidden(aux, embeds, layout, read_embeds=hf.get_input_embeddings()(read)))[0]
+    return rows[mine]
+
+
+def check_first_block(pair: dict, ckpt, k: int, refine: int = 0) -> None:
+    """After the prefill of PROMPTS[2], the proposer's k-token chain is the torch module's rows' argmax, and the module's
+    cache holds the real pairs only."""
+    prompt = PROMPTS[2]
+    proposer = PEagleProposer(pair["target"], pair["mod"], None, refine)
+    engine = Engine(pair["target"], [proposer], SpeculationConfig("peagle", k))
     rid = engine.add_request(prompt, GenerationConfig(max_output_len=8))
     engine.step()
     req = engine.requests[rid]
-    seq = torch.tensor([prompt + [req.output_ids[0]]])
-    hf = load_hf(peagle["ckpt"])
-    n = len(prompt)  # real pairs 0..n-1: features of token p with token p+1
-    with torch.no_grad():
-        aux = run_base(hf, seq, torch.ones_like(seq), AUX).aux_hidden[:, :-1]
-        layout = parallel_layout(torch.ones(1, n, dtype=torch.bool), torch.ones(1, n + k + 1, dtype=torch.bool), k, 0.7, 0.2, None)
-        rows = module.lm_head(module.parallel_hidden(aux, hf.get_input_embeddings()(seq[:, 1:]), layout))[0]
-    mine = [n - 1] + [n + j for j in range(layout.used.shape[1]) if layout.used[0, j] and layout.anchors[0, j] == n - 1]
+    rows = torch_block(ckpt, pair["module"], prompt, req.output_ids[0], k, refine)
     (draft,) = proposer.propose([req], [k])
-    assert draft.tokens.tolist() == rows[mine].argmax(-1).tolist()
-    assert int(proposer.cache.lengths[proposer.slot_of[rid]]) == n  # the real pairs stayed, the placeholders went
+    assert draft.tokens.tolist() == rows.argmax(-1).tolist()
+    assert int(proposer.cache.lengths[proposer.slot_of[rid]]) == len(prompt)  # the real pairs stayed, the placeholders went
+
+
+def test_the_block_is_the_torch_modules_guess(peagle):
+    """After the prefill, the k-token block = PEagleModule's rows for the last prompt pair (depth 0) and its k - 1
+    placeholders (train/peagle.py's layout), and the chain is their argmax."""
+    check_first_block(peagle, peagle["ckpt"], 5)
 
 
 def test_sampled_peagle_chain_keeps_the_target_distribution(peagle):
@@ -350,3 +370,95 @@ def test_specdec_run_names_what_ran(peagle, tmp_path):
                           (["--peagle_choices", TREE], "--- peagle tree ---")]:
         r = CliRunner().invoke(run_main, base + extra)
         assert r.exit_code == 0 and header in r.output, (extra, r.output)
+
+
+# -- refining calls (--peagle_refine): a module trained with specdec-train --peagle_refine --------------------------
+@pytest.fixture(scope="module", params=["anchored", "constant"])
+def refining(request, peagle):
+    """The peagle fixture's base with a module that says it was trained to read its drafts (random weights: the
+    mechanics need no training), built per placeholder form (anchored: the runtime adds depth d's vector to the anchor's
+    features; constant: feeds it)."""
+    d = peagle["dir"] / f"refine-{request.param}"
+    module = write_peagle_module(peagle["ckpt"], d / "module", aux_ids=AUX, placeholders=request.param, trained={"peagle_refine": True})
+    build_engine(peagle["ckpt"], d / "engine", spec_build(8, speculative_decoding_mode="peagle"), say=lambda _: None, peagle_dir=d / "module")
+    target = OrtExecutor(load_engine_dir(d / "engine"), num_threads=1)
+    return {"module": module, "target": target, "mod": OrtExecutor(load_engine_dir(eagle_module_dir(target.engine)), num_threads=1)}
+
+
+@pytest.mark.parametrize("refine", [1, 4])
+def test_a_refined_block_is_the_torch_modules_rows_reading_the_previous_calls_drafts(peagle, refining, refine):
+    """After the prefill, each refining call = PEagleModule's placeholder rows reading the previous block's argmax at
+    their positions (train/peagle.py's parallel_hidden with read_embeds); k - 1 = 4 of them draft what the module
+    drafts reading its own drafts one position at a time."""
+    check_first_block(refining, peagle["ckpt"], 5, refine)
+
+
+@pytest.mark.parametrize("choices", [None, TREE])
+def test_greedy_refined_peagle_is_exact(refining, choices):
+    """Chains and a tree refined once and twice: the target's greedy output, alone and in a ragged batch of 3."""
+    t, m = refining["target"], refining["mod"]
+    k = 4 if choices is None else len(json.loads(TREE))
+    for prompts in ([PROMPTS[0]], PROMPTS):
+        want, _ = generate(t, m, prompts, "none", 0)
+        for refine in (1, 2):
+            engine = Engine(t, [PEagleProposer(t, m, choices, refine)], SpeculationConfig("peagle", k))
+            ids = [engine.add_request(p, GenerationConfig(max_output_len=20)) for p in prompts]
+            done = run_until_done(engine)
+            assert [done[i].output_ids for i in ids] == want, (len(prompts), refine, choices)
+            assert engine.stats.drafted > 0
+
+
+@pytest.mark.parametrize("refine,choices", [(1, None), (3, None), (2, TREE)])
+def test_a_refined_round_is_1_plus_refine_module_calls(refining, refine, choices):
+    t = refining["target"]
+    counted = CountingModule(refining["mod"])
+    engine = Engine(t, [PEagleProposer(t, counted, choices, refine)], SpeculationConfig("peagle", 5 if choices is None else 6))
+    rid = engine.add_request(PROMPTS[2], GenerationConfig(max_output_len=30))
+    engine.step()
+    req, rounds = engine.requests[rid], 0
+    while engine.has_unfinished():
+        before_calls, before_rounds, room = counted.calls, req.metrics.drafting_rounds, 30 - len(req.output_ids)
+        engine.step()
+        drafted = req.metrics.drafting_rounds - before_rounds
+        if room > 8:  # a whole block (near the end a round drafts fewer positions: one, nothing to refine)
+            assert counted.calls - before_calls == drafted * (1 + refine)
+            rounds += drafted
+    assert rounds > 2
+
+
+def test_sampled_refined_peagle_keeps_the_target_distribution(refining):
+    """Sampled chains and trees refined once: each position drawn from the last call's processed distribution (which
+    read the previous call's most likely tokens), verified as without refining: chi-square homogeneity, p > 0.001."""
+    t, m = refining["target"], refining["mod"]
+    sampling = dict(temperature=1.5, top_k=4)
+    counts = {}
+    for method in ("none", "peagle"):
+        engine = Engine(t, [PEagleProposer(t, m, None, 1)] if method == "peagle" else [], SpeculationConfig(method, 3 if method == "peagle" else 0))
+        counts[method] = sampled_pairs(engine, PROMPTS[1], sampling)
+        if method == "peagle":
+            assert engine.stats.accepted > 0
+    stat, n_keys = homogeneity(counts["none"], counts["peagle"])
+    assert n_keys >= 4 and stat < chi_square_critical(n_keys - 1), (stat, n_keys)
+    keeps_target_distribution(t, lambda: PEagleProposer(t, m, TREE, 1), "peagle", 6, PROMPTS[1], sampling)
+
+
+def test_refine_refusals(peagle, refining, tmp_path):
+    """A module not trained to read its drafts, an engine built before placeholder_features.npy, and a refine count
+    out of range are refused with what to do."""
+    with pytest.raises(EngineError, match="was not trained to read its drafts .* --peagle_refine"):
+        PEagleProposer(peagle["target"], peagle["mod"], None, 1)
+    assert PEagleProposer(peagle["target"], peagle["mod"], None, 0).refine == 0  # without refining it drafts as before
+    t, m = refining["target"], refining["mod"]
+    for bad in (-1, 8, True, 1.5):
+        with pytest.raises(RequestError, match="--peagle_refine .* from 0 to 7"):
+            PEagleProposer(t, m, None, bad)
+    old = tmp_path / "old"
+    import shutil
+
+    shutil.copytree(m.engine.path, old)
+    (old / "placeholder_features.npy").unlink()
+    stale = type(m.engine)(old, m.engine.config)
+    m_old = type("Stale", (), {"engine": stale, "build": m.build, "model": m.model, "vocab_size": m.vocab_size,
+                               "new_cache": m.new_cache})()
+    with pytest.raises(EngineError, match="placeholder_features.npy.*rebuild the target"):
+        PEagleProposer(t, m_old, None, 1)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from checkpoints import make_checkpoint, write_peagle_module
 from conftest import spec_build
-from engine_runs import CountingModule, generate, open_cpu_executor, torch_one_thread  # noqa: F401 (a fixture)
+from engine_runs import CountingModule, generate, open_cpu_executor, run_until_done, torch_one_thread  # noqa: F401 (a fixture)
 
 from specdec.builder.build import build_engine
 from specdec.formats.engine_format import eagle_module_dir
@@ -41,7 +41,7 @@ def pairs(tmp_path_factory):
     (a tiny random checkpoint and a P-EAGLE module of vLLM's constant placeholders), each built float32 for both backends."""
     d = tmp_path_factory.mktemp("torch_peagle")
     tiny = make_checkpoint(d / "base", num_hidden_layers=3, seed=0)
-    write_peagle_module(tiny, d / "constant_module", aux_ids=[0, 2], placeholders="constant")
+    write_peagle_module(tiny, d / "constant_module", aux_ids=[0, 2], placeholders="constant", trained={"peagle_refine": True})  # may refine
     tok = Tokenizer(DEMO / "target")
     sources = {"demo": (DEMO / "target", DEMO / "heads" / "peagle", [tok.encode(t) for t in TEXTS]),
                "constant": (tiny, d / "constant_module", [[5, 6, 7, 8, 9, 10], [11, 12, 13], list(range(20, 31))])}
@@ -155,6 +155,26 @@ def test_a_round_is_one_module_call_whatever_k(pairs):
     for k, choices in ((2, None), (5, None), (8, None), (len(json.loads(TREE)), TREE)):
         rounds, drafting_steps = run(t, m, pairs["demo"]["prompts"], k, choices)
         assert drafting_steps > 2 and len(rounds) >= drafting_steps, (k, choices)
+
+
+def test_refined_drafts_are_the_onnxruntime_modules_and_greedy_output_is_target_only(pairs):
+    """--peagle_refine 2 (the constant-placeholder module says it was trained to read drafts): every round's drafts on the torch
+    engines are the onnxruntime engines', in a ragged batch of 3, chain and tree, and greedy output is target-only's."""
+    prompts = pairs["constant"]["prompts"]
+    want, _ = generate(pairs["constant"]["torch"][0], [], "none", 0, prompts, max_output_len=24)
+    for k, choices in ((4, None), (len(json.loads(TREE)), TREE)):
+        drafts = {}
+        for backend in BACKENDS:
+            target, module = pairs["constant"][backend]
+            proposer = RecordingProposer(target, module, choices, 2)
+            proposer.rounds = []
+            engine = Engine(target, [proposer], SpeculationConfig("peagle", k))
+            ids = [engine.add_request(p, GenerationConfig(max_output_len=24)) for p in prompts]
+            done = run_until_done(engine)
+            assert [done[i].output_ids for i in ids] == want, (backend, choices)
+            drafts[backend] = proposer.rounds
+        assert drafts["torch"] == drafts["onnxruntime"], choices
+        assert sum(len(tokens) for round_ in drafts["torch"] for tokens, _ in round_) > 0
 
 
 def test_the_triton_kernels_give_the_references_module_logits(pairs):
