@@ -71,7 +71,7 @@ from specdec.runtime.orchestrator import GenerationConfig, Orchestrator  # noqa:
 from specdec.runtime.proposers.base import Draft  # noqa: E402
 from specdec.runtime.proposers.eagle import EagleProposer  # noqa: E402
 from specdec.runtime.proposers.medusa import MedusaProposer  # noqa: E402
-from specdec.runtime.proposers.peagle import PEagleProposer  # noqa: E402
+from specdec.runtime.proposers.peagle import MAX_REFINE, PEagleProposer  # noqa: E402
 from specdec.runtime.sampling import SamplingConfig  # noqa: E402
 
 MEDUSA_TREE = "[[0],[1],[2],[0,0],[0,1],[1,0],[0,0,0],[0,0,1]]"
@@ -167,6 +167,8 @@ def methods(args: argparse.Namespace) -> list[Method]:
                 out += [Method("Medusa tree auto", fresh()), Method("Medusa tree auto whole", whole_tree(fresh()))]
     if args.eagle:
         out += module_methods("EAGLE", args.eagle, EagleProposer, args.eagle_lens, args.eagle_choices, threads, tree_auto=args.tree_auto)
+    if args.peagle and (not args.peagle_refine or not all(0 <= n <= MAX_REFINE for n in args.peagle_refine)):
+        raise SystemExit(f"--peagle_refine {args.peagle_refine}: give refining calls from 0 to {MAX_REFINE}, e.g. 0,1")
     for refine in args.peagle_refine if args.peagle else []:  # refine 0: one call a round; n: n more, each reading the last one's drafts
         def refined(target, module, choices=None, refine=refine):
             return PEagleProposer(target, module, choices, refine)

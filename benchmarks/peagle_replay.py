@@ -156,6 +156,9 @@ def main() -> None:
         tree = parse_choices(args.choices, "--choices")
     except RequestError as err:
         p.error(str(err))
+    depth = max(args.k, tree.depth if tree is not None else 0)
+    if not 0 <= args.refine < depth:
+        p.error(f"--refine counts calls after the first: 0 to {depth - 1} (call m + 1 settles position m + 1 of {depth})")
     torch.set_num_threads(args.threads)
     base = load_base(args.base)
     run = load_module(args.heads, args.base, base)
@@ -165,15 +168,12 @@ def main() -> None:
         p.error(f"{args.heads} reads the true tokens (the bound): --best_first would choose its trees from the truth")
     if args.refine and not run.heads.refines:
         p.error(f"{args.heads} was not trained to read drafts (examples/train_heads.py --peagle-refine): --refine needs one that was")
-    if args.refine < 0:
-        p.error("--refine counts calls after the first: 0 or more")
     chain = [(0,) * d for d in range(1, args.k + 1)]
     drafts = {"chain": lambda probs: chain}
     if tree is not None:
         drafts[f"tree {args.choices}"] = lambda probs: tree.paths
         if args.best_first:
             drafts[f"best-first, {len(tree)} nodes"] = lambda probs: best_first(probs, len(tree))
-    depth = max(args.k, tree.depth if tree is not None else 0)
     top = 1 if tree is None else len(tree) if args.best_first else max(tree.top_k(d) for d in range(1, tree.depth + 1))  # candidates a position needs
     seqs = (read_sequences(args.data, None, args.max_len, None) if args.data
             else bench_answers(base, args.base, args.bench_prompts, args.prompt_tokens, args.max_new_tokens))

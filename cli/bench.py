@@ -21,6 +21,7 @@ from ..formats.engine_format import TREE_MODES, load_engine_dir
 from ..formats.errors import RequestError
 from ..formats.sampling_params import SamplingConfig
 from ..formats.tokenizer import Tokenizer
+from ..runtime.proposers.peagle import MAX_REFINE
 from .common import check_output_file, clean_errors, engine_tokenizer, fmt_or_dash, option, verify_engine_option, yes_no_dash
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -119,7 +120,7 @@ def prepare_dataset(num_requests, input_mean, input_stdev, output_mean, output_s
 @option("eagle_choices", type=str, default=None, help='Also measure this EAGLE tree (TensorRT-LLM\'s format), e.g. "[[0],[1],[0,0],[0,1],[0,0,0]]".')
 @option("peagle_choices", type=str, default=None,
         help='Also measure this P-EAGLE tree (TensorRT-LLM\'s format), e.g. "[[0],[1],[0,0],[0,1],[0,0,0]]".')
-@option("peagle_refine", type=click.IntRange(0, 7), default=0, show_default=True,
+@option("peagle_refine", type=click.IntRange(0, MAX_REFINE), default=0, show_default=True,
         help="P-EAGLE: module calls after the first each round, each reading the previous call's drafts (a module trained with "
              "specdec-train --peagle_refine).")
 @option("draft_lens", type=str, default=None,

@@ -272,8 +272,8 @@ class PEagleRun(EagleRun):
         return {**Run.provenance(self), "peagle_depths": cfg.peagle_depths, "ptd_token_id": self.mask_token_id,
                 "peagle_down_sample_ratio": cfg.peagle_down_sample_ratio, "peagle_down_sample_ratio_min": cfg.peagle_down_sample_ratio_min,
                 "eagle_loss_decay_factor": cfg.eagle_loss_decay_factor, "peagle_gate": cfg.peagle_gate,
-                **({TRUTH_TOKENS_KEY: True} if cfg.peagle_truth_tokens else {}),
-                **({REFINE_KEY: True} if cfg.peagle_refine else {})}  # the builder refuses such a module
+                **({TRUTH_TOKENS_KEY: True} if cfg.peagle_truth_tokens else {}),  # the builder refuses such a module
+                **({REFINE_KEY: True} if cfg.peagle_refine else {})}  # --peagle_refine at run time requires it
 
     def loss_description(self) -> str:
         gated = "" if self.cfg.peagle_gate == "none" else f", each row gated ({self.cfg.peagle_gate}) by its block's earlier positions"

@@ -139,8 +139,8 @@ class PEagleProposer(EagleProposer):
         slots = sorted(self.slot_of[rid] for rid in rows_for)
         blocks: dict[str, np.ndarray] = {}
         self._feed(slots[0], slots[-1] + 1, rows_for, blocks)
-        for _ in range(self.refine):
-            self._refine(slots[0], slots[-1] + 1, rows_for, blocks)
+        for call in range(self.refine):
+            self._refine(slots[0], slots[-1] + 1, rows_for, blocks, call)
         for i, (r, k) in enumerate(zip(requests, draft_lens, strict=False)):
             if r.request_id in blocks:
                 out[i] = positional_draft(r, blocks[r.request_id], int(k), self.tree)
@@ -194,20 +194,17 @@ class PEagleProposer(EagleProposer):
                 self.pending[rid] = ([joined[rid][pairs[i]:]], nxt[pairs[i]:])
         return int(sum(p for p, g in zip(pairs, go, strict=False) if g))
 
-    def _refine(self, lo: int, hi: int, rows_for: dict[str, int], blocks: dict[str, np.ndarray]) -> None:
-        """One refining call on slots lo..hi: each block of 2+ positions fed its k - 1 placeholder rows again, row d with
-        the block's most likely token at position d and the placeholder's features; its rows 2..k replaced by the
-        call's. The cache holds the real pairs only, before and after."""
+    def _refine(self, lo: int, hi: int, rows_for: dict[str, int], blocks: dict[str, np.ndarray], call: int) -> None:
+        """Refining call ``call`` (0-based) on slots lo..hi: each block not yet settled (positions 1..call + 1 are, so
+        one of more than call + 2 positions) fed its k - 1 placeholder rows again, row d with the block's most likely
+        token at position d and the placeholder's features; its rows 2..k replaced by the call's. The cache holds the
+        real pairs only, before and after."""
         ids = self.order[lo:hi]
-        go = np.array([rid in blocks and rows_for[rid] > 1 for rid in ids])
+        go = np.array([rid in blocks and rows_for[rid] - 1 > call for rid in ids])
         if not go.any():
             return
+        # at most max_draft_len - 1 rows wide, which the cache holds past max_seq_len for every slot: one ragged call always
         width = max(rows_for[rid] - 1 for rid, g in zip(ids, go, strict=True) if g)
-        if hi - lo > 1 and int(self.cache.lengths[lo:hi].max()) + width > self.cache.capacity:
-            for s in range(lo, hi):
-                if go[s - lo]:
-                    self._refine(s, s + 1, rows_for, blocks)
-            return
         vectors = self.depth_vectors  # [D, hidden]: depth d's is row min(d, D) - 1
         tokens, hidden = [], np.zeros((len(ids), width, self.module.model.hidden_size), np.float32)  # [n, width, hidden]
         for i, rid in enumerate(ids):
@@ -239,8 +236,8 @@ class PEagleConfig(DraftTreeConfig):
 
 
 def _from_flags(values) -> PEagleConfig | None:
-    choices, refine = values.get("peagle_choices"), values.get("peagle_refine")
-    return None if choices is None and refine is None else PEagleConfig(choices, 0 if refine is None else refine)
+    choices, refine = values.get("peagle_choices"), values.get("peagle_refine") or 0  # 0, the default, asks for nothing
+    return None if choices is None and not refine else PEagleConfig(choices, refine)
 
 
 METHOD = Method(
@@ -248,6 +245,6 @@ METHOD = Method(
     flags=(Flag("peagle_choices", 'A --speculative_decoding_mode peagle target: the draft tree, as --medusa_choices, e.g. '
                 '"[[0],[1],[0,0],[0,1],[0,0,0]]", drafted from one module call [default: a chain of --draft_len drafts, 4].'),
            Flag("peagle_refine", "P-EAGLE: module calls after the first, each reading the previous call's drafts (a module trained with "
-                "specdec-train --peagle_refine; 1 call more fixes one more position) [default: 0, one call a round].", type=int)),
+                f"specdec-train --peagle_refine; 1 call more fixes one more position), 0 to {MAX_REFINE} [default: 0, one call a round].", type=int)),
     open=lambda c, context: PEagleProposer.for_target(context.open_target(), c.choices, context.open_beside, c.refine),
     default_config=PEagleConfig)

@@ -442,6 +442,22 @@ def test_sampled_refined_peagle_keeps_the_target_distribution(refining):
     keeps_target_distribution(t, lambda: PEagleProposer(t, m, TREE, 1), "peagle", 6, PROMPTS[1], sampling)
 
 
+def test_refined_trees_to_max_seq_len_beside_a_late_long_prompt(refining):
+    """The long-prompt scenario above, refined twice: refining calls beside rows up to the cache's end (a refining call is
+    at most max_draft_len - 1 rows wide, which the module's cache holds past max_seq_len); exact, no capacity error."""
+    t, m = refining["target"], refining["mod"]
+    long_prompt = list(range(5, 50))
+    engine = Engine(t, [PEagleProposer(t, m, "[[0],[1],[2],[3],[0,0],[1,0]]", 2)], SpeculationConfig("peagle", 6))
+    first = engine.add_request(PROMPTS[2], GenerationConfig(max_output_len=200))
+    while engine.requests[first].num_tokens < 70:
+        engine.step()
+    second = engine.add_request(long_prompt, GenerationConfig(max_output_len=200))
+    outs = run_until_done(engine)
+    assert outs[first].finish_reason == outs[second].finish_reason == "max_seq_len"
+    want, _ = generate(t, m, [PROMPTS[2], long_prompt], "none", 0, max_output_len=200)
+    assert [outs[first].output_ids, outs[second].output_ids] == want
+
+
 def test_refine_refusals(peagle, refining, tmp_path):
     """A module not trained to read its drafts, an engine built before placeholder_features.npy, and a refine count
     out of range are refused with what to do."""
