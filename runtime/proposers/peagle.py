@@ -196,7 +196,7 @@ class PEagleProposer(EagleProposer):
 
     def _refine(self, lo: int, hi: int, rows_for: dict[str, int], blocks: dict[str, np.ndarray], call: int) -> None:
         """Refining call ``call`` (0-based) on slots lo..hi: each block not yet settled (positions 1..call + 1 are, so
-        one of more than call + 2 positions) fed its k - 1 placeholder rows again, row d with the block's most likely
+        one of more than call + 1 positions) fed its k - 1 placeholder rows again, row d with the block's most likely
         token at position d and the placeholder's features; its rows 2..k replaced by the call's. The cache holds the
         real pairs only, before and after."""
         ids = self.order[lo:hi]
