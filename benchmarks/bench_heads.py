@@ -52,6 +52,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -170,10 +171,8 @@ def methods(args: argparse.Namespace) -> list[Method]:
     if args.peagle and (not args.peagle_refine or not all(0 <= n <= MAX_REFINE for n in args.peagle_refine)):
         raise SystemExit(f"--peagle_refine {args.peagle_refine}: give refining calls from 0 to {MAX_REFINE}, e.g. 0,1")
     for refine in args.peagle_refine if args.peagle else []:  # refine 0: one call a round; n: n more, each reading the last one's drafts
-        def refined(target, module, choices=None, refine=refine):
-            return PEagleProposer(target, module, choices, refine)
-        out += module_methods("P-EAGLE" + (f" refined x{refine}" if refine else ""), args.peagle, refined, args.peagle_lens, args.peagle_choices,
-                              threads, args.one_price, args.tree_auto)
+        out += module_methods("P-EAGLE" + (f" refined x{refine}" if refine else ""), args.peagle, partial(PEagleProposer, refine=refine),
+                              args.peagle_lens, args.peagle_choices, threads, args.one_price, args.tree_auto)
     return out
 
 

@@ -78,10 +78,10 @@ def blocks(run, base, seq, k: int, top: int = 1, refine: int = 0) -> tuple[dict[
     for j in range(layout.used.shape[1]):
         if layout.used[0, j]:
             found[int(layout.anchors[0, j])][int(layout.depths[0, j])] = real + j
-    # placeholder (p, d) reads the draft at position d: row (p, d - 1)'s guess (the real row p's for d = 1)
-    slots = zip(layout.anchors[0].tolist(), layout.depths[0].tolist(), layout.used[0].tolist(), strict=True)
-    source = torch.tensor([found[a][d - 1] if u else 0 for a, d, u in slots])  # [M]
-    layout.reads = layout.used
+    if refine:  # placeholder (p, d) reads the draft at position d: row (p, d - 1)'s guess (the real row p's for d = 1)
+        slots = zip(layout.anchors[0].tolist(), layout.depths[0].tolist(), layout.used[0].tolist(), strict=True)
+        source = torch.tensor([found[a][d - 1] if u else 0 for a, d, u in slots])  # [M]
+        layout.reads = layout.used
     for _ in range(refine):  # real rows do not see placeholders: only the placeholders' guesses change
         read = base.get_input_embeddings()(logits.argmax(-1)[source]).unsqueeze(0)  # [1, M, hidden]
         logits = run.heads.lm_head(run.heads.parallel_hidden(aux, next_embeds, layout, read_embeds=read))[0]

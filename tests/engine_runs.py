@@ -73,6 +73,27 @@ class CountingModule:
         return self.executor.forward(*args, **kwargs)
 
 
+WIDE_TREE = "[[0],[1],[2],[3],[0,0],[1,0]]"  # a wide tree: its levels must never grow a module's cache
+LATE_LONG_PROMPT = list(range(5, 50))  # 45 tokens
+
+
+def run_to_max_seq_len_with_a_late_long_prompt(engine: Engine, target, first_prompt: list[int], after_join=None) -> None:
+    """``first_prompt`` drafted until its 70th token, then LATE_LONG_PROMPT joining it deep into its context
+    (``after_join(second)``, when given, after the step that prefills it); both run until the engine is full, and must
+    end at max_seq_len with target-only's output (no capacity error on the way)."""
+    first = engine.add_request(first_prompt, GenerationConfig(max_output_len=200))
+    while engine.requests[first].num_tokens < 70:
+        engine.step()
+    second = engine.add_request(LATE_LONG_PROMPT, GenerationConfig(max_output_len=200))
+    if after_join is not None:
+        engine.step()
+        after_join(second)
+    outs = run_until_done(engine)
+    assert outs[first].finish_reason == outs[second].finish_reason == "max_seq_len"
+    want, _ = generate(target, [], "none", 0, [first_prompt, LATE_LONG_PROMPT], max_output_len=200)
+    assert [outs[first].output_ids, outs[second].output_ids] == want
+
+
 @pytest.fixture(scope="module")
 def torch_one_thread():
     """torch's CPU ops on one thread: these calls are tiny, and a busy machine's spinning OpenMP threads make them 100x slower.

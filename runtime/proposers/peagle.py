@@ -74,7 +74,6 @@ class PEagleProposer(EagleProposer):
         self.refine = refine
         self.depth_vectors: np.ndarray | None = None  # [vectors, hidden]: what a refining row adds to (or feeds as) its features
         self.anchored = True
-        self.anchor_features: dict[str, np.ndarray] = {}  # [hidden]: the features of the last real pair a block was drafted at
         if refine:
             extra = module.engine.config.extra
             path = module.engine.path / PLACEHOLDER_FEATURES_FILE
@@ -105,10 +104,6 @@ class PEagleProposer(EagleProposer):
     def label(self) -> str:
         return super().label + (f", refined x{self.refine}" if self.refine else "")
 
-    def remove(self, request_id: str) -> None:
-        super().remove(request_id)
-        self.anchor_features.pop(request_id, None)
-
     @property
     def placeholder(self) -> int:
         """The token id of the first position not drafted yet (depth 1; depth d is this + d - 1): past the vocabulary
@@ -138,9 +133,10 @@ class PEagleProposer(EagleProposer):
             return out
         slots = sorted(self.slot_of[rid] for rid in rows_for)
         blocks: dict[str, np.ndarray] = {}
-        self._feed(slots[0], slots[-1] + 1, rows_for, blocks)
+        anchors: dict[str, np.ndarray] | None = {} if self.refine else None  # [hidden] per block: what its refining rows add to
+        self._feed(slots[0], slots[-1] + 1, rows_for, blocks, anchors)
         for call in range(self.refine):
-            self._refine(slots[0], slots[-1] + 1, rows_for, blocks, call)
+            self._refine(slots[0], slots[-1] + 1, rows_for, blocks, anchors, call)
         for i, (r, k) in enumerate(zip(requests, draft_lens, strict=False)):
             if r.request_id in blocks:
                 out[i] = positional_draft(r, blocks[r.request_id], int(k), self.tree)
@@ -152,11 +148,13 @@ class PEagleProposer(EagleProposer):
             return k
         return int(self.tree.depths[: min(k, len(self.tree))].max())
 
-    def _feed(self, lo: int, hi: int, rows_for: dict[str, int], blocks: dict[str, np.ndarray] | None = None) -> int:
+    def _feed(self, lo: int, hi: int, rows_for: dict[str, int], blocks: dict[str, np.ndarray] | None = None,
+              anchors: dict[str, np.ndarray] | None = None) -> int:
         """One call on slots lo..hi: each request of ``rows_for`` fed its pending pairs (all but the last when it drafts
         0 positions: a catch-up), then positions - 1 placeholders; the real pairs stay in the cache, the placeholders do
-        not. ``blocks``: filled with each drafting request's logits [positions, vocab]. Returns the pairs fed. One call
-        per slot when a row riding along would write past the cache's capacity."""
+        not. ``blocks``: filled with each drafting request's logits [positions, vocab]; ``anchors`` (refining): with the
+        features of its last real pair [hidden]. Returns the pairs fed. One call per slot when a row riding along would
+        write past the cache's capacity."""
         ids = self.order[lo:hi]
         go = np.array([rid in rows_for for rid in ids])
         pairs = [len(self.pending[rid][1]) - (rows_for[rid] == 0) if g else 0 for rid, g in zip(ids, go, strict=False)]
@@ -165,7 +163,7 @@ class PEagleProposer(EagleProposer):
         if width == 0:
             return 0
         if hi - lo > 1 and int(self.cache.lengths[lo:hi].max()) + width > self.cache.capacity:
-            return sum(self._feed(s, s + 1, {ids[s - lo]: rows_for[ids[s - lo]]}, blocks) for s in range(lo, hi) if go[s - lo])
+            return sum(self._feed(s, s + 1, {ids[s - lo]: rows_for[ids[s - lo]]}, blocks, anchors) for s in range(lo, hi) if go[s - lo])
         hidden_size = self.module.model.hidden_size
         tokens, hidden = [], np.zeros((len(ids), width, hidden_size), np.float32)  # [n, width, hidden]
         joined: dict[str, np.ndarray] = {}  # [pending, hidden] per fed request: a catch-up keeps its tail from it
@@ -186,7 +184,8 @@ class PEagleProposer(EagleProposer):
                 continue
             if blocks is not None and rows_for[rid] > 0:  # the last real pair's row, then each placeholder's
                 blocks[rid] = step.logits[i, pairs[i] - 1 : pairs[i] - 1 + rows_for[rid]].copy()
-                self.anchor_features[rid] = joined[rid][pairs[i] - 1].copy()
+                if anchors is not None:
+                    anchors[rid] = joined[rid][pairs[i] - 1]
             nxt = self.pending[rid][1]
             if pairs[i] == len(nxt):
                 self.pending[rid] = ([], [])
@@ -194,7 +193,8 @@ class PEagleProposer(EagleProposer):
                 self.pending[rid] = ([joined[rid][pairs[i]:]], nxt[pairs[i]:])
         return int(sum(p for p, g in zip(pairs, go, strict=False) if g))
 
-    def _refine(self, lo: int, hi: int, rows_for: dict[str, int], blocks: dict[str, np.ndarray], call: int) -> None:
+    def _refine(self, lo: int, hi: int, rows_for: dict[str, int], blocks: dict[str, np.ndarray], anchors: dict[str, np.ndarray],
+                call: int) -> None:
         """Refining call ``call`` (0-based) on slots lo..hi: each block not yet settled (positions 1..call + 1 are, so
         one of more than call + 1 positions) fed its k - 1 placeholder rows again, row d with the block's most likely
         token at position d and the placeholder's features; its rows 2..k replaced by the call's. The cache holds the
@@ -214,7 +214,7 @@ class PEagleProposer(EagleProposer):
             rows = rows_for[rid] - 1
             tokens.append(blocks[rid][:rows].argmax(-1).tolist())  # position d's guess, read by row d (d = 1..rows)
             depth = vectors[np.minimum(np.arange(rows), len(vectors) - 1)]  # [rows, hidden]
-            hidden[i, :rows] = depth + self.anchor_features[rid] if self.anchored else depth
+            hidden[i, :rows] = depth + anchors[rid] if self.anchored else depth
         real = self.cache.lengths[lo:hi].copy()
         try:
             step = self.module.forward(self.cache, tokens, all_logits=True, advance=go, first_slot=lo, extra_inputs={HIDDEN_IN: hidden})

@@ -14,7 +14,7 @@ import torch
 from checkpoints import load_hf, make_checkpoint, write_eagle_module
 from conftest import spec_build
 from distributions import assert_drawn_tree, keeps_target_distribution
-from engine_runs import run_until_done
+from engine_runs import WIDE_TREE, run_to_max_seq_len_with_a_late_long_prompt, run_until_done
 
 from specdec.builder.build import build_engine
 from specdec.formats.engine_format import eagle_module_dir, load_engine_dir
@@ -278,17 +278,7 @@ def test_trees_run_to_max_seq_len_and_late_joiners_catch_up(eagle):
     """A wide tree drafted until the engine is full (its levels never grow the module's cache), and a long prompt
     joining a request deep into its context (its pairs go in a call of their own): both exact, no capacity error."""
     t, m = eagle["target"], eagle["mod"]
-    wide = "[[0],[1],[2],[3],[0,0],[1,0]]"
-    long_prompt = list(range(5, 50))  # 45 tokens
-    engine = Engine(t, [EagleProposer(t, m, wide)], SpeculationConfig("eagle", 6))
-    first = engine.add_request(PROMPTS[2], GenerationConfig(max_output_len=200))
-    while engine.requests[first].num_tokens < 70:
-        engine.step()
-    second = engine.add_request(long_prompt, GenerationConfig(max_output_len=200))
-    outs = run_until_done(engine)
-    assert outs[first].finish_reason == outs[second].finish_reason == "max_seq_len"
-    want, _ = generate(t, m, [PROMPTS[2], long_prompt], "none", 0, max_output_len=200)
-    assert [outs[first].output_ids, outs[second].output_ids] == want
+    run_to_max_seq_len_with_a_late_long_prompt(Engine(t, [EagleProposer(t, m, WIDE_TREE)], SpeculationConfig("eagle", 6)), t, PROMPTS[2])
 
 
 @pytest.mark.parametrize("choices", [None, TREE])

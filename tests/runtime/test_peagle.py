@@ -13,7 +13,7 @@ import torch
 from checkpoints import load_hf, make_checkpoint, write_peagle_module
 from conftest import spec_build
 from distributions import assert_drawn_tree, chi_square_critical, homogeneity, keeps_target_distribution, sampled_pairs
-from engine_runs import CountingModule, run_until_done
+from engine_runs import LATE_LONG_PROMPT, WIDE_TREE, CountingModule, run_to_max_seq_len_with_a_late_long_prompt, run_until_done
 
 from specdec.builder.build import build_engine
 from specdec.formats.engine_format import eagle_module_dir, load_engine_dir
@@ -197,20 +197,12 @@ def test_long_prompts_late_joiners_and_trees_to_max_seq_len(peagle):
     """A wide tree drafted until the engine is full, and a long prompt joining a request deep into its context (its
     pairs fed up to the last one in a call of their own, the last with the first block): exact, no capacity error."""
     t, m = peagle["target"], peagle["mod"]
-    wide = "[[0],[1],[2],[3],[0,0],[1,0]]"
-    long_prompt = list(range(5, 50))  # 45 tokens
-    proposer = PEagleProposer(t, m, wide)
-    engine = Engine(t, [proposer], SpeculationConfig("peagle", 6))
-    first = engine.add_request(PROMPTS[2], GenerationConfig(max_output_len=200))
-    while engine.requests[first].num_tokens < 70:
-        engine.step()
-    second = engine.add_request(long_prompt, GenerationConfig(max_output_len=200))
-    engine.step()  # the prefill: the backlog fed up to its last pair, which waits for the block
-    assert len(proposer.pending[second][1]) == 1 and int(proposer.cache.lengths[proposer.slot_of[second]]) == len(long_prompt) - 1
-    outs = run_until_done(engine)
-    assert outs[first].finish_reason == outs[second].finish_reason == "max_seq_len"
-    want, _ = generate(t, m, [PROMPTS[2], long_prompt], "none", 0, max_output_len=200)
-    assert [outs[first].output_ids, outs[second].output_ids] == want
+    proposer = PEagleProposer(t, m, WIDE_TREE)
+
+    def after_prefill(second: str) -> None:  # the backlog fed up to its last pair, which waits for the block
+        assert len(proposer.pending[second][1]) == 1 and int(proposer.cache.lengths[proposer.slot_of[second]]) == len(LATE_LONG_PROMPT) - 1
+
+    run_to_max_seq_len_with_a_late_long_prompt(Engine(t, [proposer], SpeculationConfig("peagle", 6)), t, PROMPTS[2], after_prefill)
 
 
 @pytest.mark.parametrize("choices", [None, TREE])
@@ -446,16 +438,7 @@ def test_refined_trees_to_max_seq_len_beside_a_late_long_prompt(refining):
     """The long-prompt scenario above, refined twice: refining calls beside rows up to the cache's end (a refining call is
     at most max_draft_len - 1 rows wide, which the module's cache holds past max_seq_len); exact, no capacity error."""
     t, m = refining["target"], refining["mod"]
-    long_prompt = list(range(5, 50))
-    engine = Engine(t, [PEagleProposer(t, m, "[[0],[1],[2],[3],[0,0],[1,0]]", 2)], SpeculationConfig("peagle", 6))
-    first = engine.add_request(PROMPTS[2], GenerationConfig(max_output_len=200))
-    while engine.requests[first].num_tokens < 70:
-        engine.step()
-    second = engine.add_request(long_prompt, GenerationConfig(max_output_len=200))
-    outs = run_until_done(engine)
-    assert outs[first].finish_reason == outs[second].finish_reason == "max_seq_len"
-    want, _ = generate(t, m, [PROMPTS[2], long_prompt], "none", 0, max_output_len=200)
-    assert [outs[first].output_ids, outs[second].output_ids] == want
+    run_to_max_seq_len_with_a_late_long_prompt(Engine(t, [PEagleProposer(t, m, WIDE_TREE, 2)], SpeculationConfig("peagle", 6)), t, PROMPTS[2])
 
 
 def test_refine_refusals(peagle, refining, tmp_path):
