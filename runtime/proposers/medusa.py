@@ -112,52 +112,92 @@ def positional_draft(r: Request, rows: np.ndarray, k: int, tree: DraftTree | Non
     block), each blind to the tokens drafted before it. Greedy: the argmax chain, or ``tree`` with the same top-k under
     every parent. Sampled (or processed: grammar, penalties): each position's processed distribution with the drafts
     before it as history, drawn from and returned as the draft probabilities, so rejection sampling keeps the target's
-    distribution; with a tree, each depth's draws without replacement (positional_tree_sample)."""
-    sampling, proc = r.config.sampling, r.processor
-    if tree is not None:
-        if sampling.greedy:
-            tokens, parents, depths = tree_draft(tree, k, lambda depth, top: top_k(rows[depth - 1], top))
-            return Draft(tokens, parents=parents, depths=depths, tree_index=np.arange(len(tokens)))
-        return positional_tree_sample(r, rows, k, tree)
-    if sampling.greedy and (proc is None or proc.plain):
-        return Draft(rows[:k].argmax(axis=-1).astype(np.int64))
-    # position j: processed as the target's row there, with the drafts before it as history
-    tokens: list[int] = []
-    qs = []
-    for j in range(k):
-        if proc is not None:
-            t, q = proc.pick(rows[j], tokens, r.rng)
+    distribution; with a tree, each depth's draws without replacement (the first draws of the depths before it as
+    history, as a chain's), as many as a node there has children, a node holding its place's draw under every parent
+    (Medusa's heads do not see the parent), verified by recursive rejection sampling (runtime/tree.py)."""
+    return PositionalDraft(r, k, tree).draft(rows)
+
+
+class PositionalDraft:
+    """positional_draft one position at a time, for a drafter that computes a position's row again once the positions
+    before it are drafted (P-EAGLE's refining calls: call m + 1 reads the tokens drafted at positions 1..m + 1).
+    ``settle(row)`` drafts the next position from its final row [vocab] and returns the token drafted there (a tree:
+    the depth's first draw, the history of the depths after it), which the drafter's next call reads; ``draft(rows)``
+    drafts the positions not settled from their rows [positions, vocab]. The Draft is positional_draft's on the rows
+    each position was settled from, from the same random draws in the same order (one stream per request)."""
+
+    def __init__(self, r: Request, k: int, tree: DraftTree | None):
+        self.r, self.k, self.tree = r, k, tree
+        greedy, proc = r.config.sampling.greedy, r.processor
+        self.picks = greedy and (tree is not None or proc is None or proc.plain)  # argmax / top-k: no history, no draws
+        self.read: list[int] = []  # the token each settled position hands the next call
+        self.rows: list[np.ndarray] = []  # picks: each settled position's row [vocab]
+        self.qs: list[np.ndarray] = []  # a chain's draws: each position's distribution [vocab]
+        if tree is not None and not self.picks:
+            n = min(k, len(tree))
+            self.depths, self.orders = tree.depths[:n], tree.orders[:n]
+            self.tokens, self.drawn = np.zeros(n, np.int64), np.zeros(n, bool)
+            self.probs: np.ndarray | None = None  # [n, vocab], from the first row
+            self.stopped = False  # a depth drew nothing: the depths below it are not drawn
+
+    def settle(self, row: np.ndarray) -> int:
+        """Drafts position len(read) + 1 from ``row`` [vocab]; returns the token drafted there (a tree: its first)."""
+        if self.picks:
+            self.rows.append(row.copy())
+            token = int(row.argmax())
+        elif self.tree is None:
+            token = self._draw_chain(row)
         else:
-            q = processed_probs(rows[j : j + 1], sampling)[0]
-            t = sample(q, r.rng)
-        tokens.append(t)
-        qs.append(q)
-    return Draft(np.array(tokens, np.int64), probs=None if sampling.greedy else np.stack(qs))
+            token = self._draw_depth(row)
+        self.read.append(token)
+        return token
 
+    def draft(self, rows: np.ndarray) -> Draft:
+        """The Draft: the settled positions as drafted, the rest from rows [positions, vocab] (the same positions)."""
+        done = len(self.read)
+        if self.picks:
+            rows = np.concatenate([np.stack(self.rows), rows[done:]]) if done else rows
+            if self.tree is None:
+                return Draft(rows[: self.k].argmax(axis=-1).astype(np.int64))
+            tokens, parents, depths = tree_draft(self.tree, self.k, lambda depth, top: top_k(rows[depth - 1], top))
+            return Draft(tokens, parents=parents, depths=depths, tree_index=np.arange(len(tokens)))
+        if self.tree is None:
+            for j in range(done, self.k):
+                self.settle(rows[j])
+            return Draft(np.array(self.read, np.int64), probs=None if self.r.config.sampling.greedy else np.stack(self.qs))
+        for depth in range(done + 1, int(self.depths.max()) + 1):
+            self.settle(rows[depth - 1])
+        return drawn_tree(self.tree, self.tokens, self.probs, self.drawn)
 
-def positional_tree_sample(r: Request, rows: np.ndarray, k: int, tree: DraftTree) -> Draft:
-    """A sampled request's tree from one distribution per position ahead (rows [positions, vocab]): each depth's
-    processed distribution (the first draws of the depths before it as history, as a chain's) drawn from without
-    replacement, as many times as a node there has children; a node holds its place's draw, the same under every
-    parent (Medusa's heads do not see the parent). Verified by recursive rejection sampling (runtime/tree.py)."""
-    n = min(k, len(tree))
-    depths, orders = tree.depths[:n], tree.orders[:n]
-    tokens = np.zeros(n, np.int64)
-    drawn = np.zeros(n, bool)
-    probs = np.zeros((n, rows.shape[-1]), np.float64)
-    history: list[int] = []
-    for depth in range(1, int(depths.max()) + 1):
-        at = np.flatnonzero(depths == depth)
-        q = draft_distribution(r, rows[depth - 1], history)
-        draws = sample_distinct(q, int(orders[at].max()) + 1, r.rng)
+    def _draw_chain(self, row: np.ndarray) -> int:
+        """Position j: processed as the target's row there, with the drafts before it as history."""
+        if self.r.processor is not None:
+            token, q = self.r.processor.pick(row, self.read, self.r.rng)
+        else:
+            q = processed_probs(row[None], self.r.config.sampling)[0]
+            token = sample(q, self.r.rng)
+        self.qs.append(q)
+        return int(token)
+
+    def _draw_depth(self, row: np.ndarray) -> int:
+        """A sampled tree's next depth: its processed distribution drawn from without replacement, as many times as a
+        node there has children; returns the first draw (the row's argmax once a depth drew nothing)."""
+        if self.probs is None:
+            self.probs = np.zeros((len(self.tokens), row.shape[-1]), np.float64)
+        depth = len(self.read) + 1
+        at = np.flatnonzero(self.depths == depth)
+        if self.stopped or not len(at):
+            return int(row.argmax())
+        q = draft_distribution(self.r, row, self.read)
+        draws = sample_distinct(q, int(self.orders[at].max()) + 1, self.r.rng)
         for j in at.tolist():
-            if orders[j] < len(draws):
-                tokens[j], drawn[j] = draws[orders[j]], True
-        probs[at] = q
+            if self.orders[j] < len(draws):
+                self.tokens[j], self.drawn[j] = draws[self.orders[j]], True
+        self.probs[at] = q
         if not draws:
-            break
-        history.append(draws[0])
-    return drawn_tree(tree, tokens, probs, drawn)
+            self.stopped = True
+            return int(row.argmax())
+        return int(draws[0])
 
 
 # -- the method's registration (runtime/methods.py: a medusa target carries it) -----------------------------------

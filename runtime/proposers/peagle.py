@@ -23,12 +23,14 @@ Pending pairs, prefill and removal are EAGLE's (EagleProposer), except that a ba
 drafts) is fed up to its last pair: that one goes with the block, so a round is always one call.
 
 ``refine`` (``--peagle_refine N``, a module trained with ``specdec-train --peagle_refine``) adds N calls to a round,
-each feeding the block's k - 1 placeholder rows again with the drafted tokens in place of the placeholder ids: row d
-reads the previous call's most likely token at position d (the raw block's argmax) and, as a placeholder does, the
-anchor's features plus depth d's vector (fed by the runtime: the engine's placeholder_features.npy, the vectors its
-graph adds to a placeholder id's row). Where positions 1..d were right, row d then reads what the module was trained
-on for such blocks (the true tokens), so call m + 1 drafts position m + 1 as a one-call-per-token drafter would; the
-real pairs are in the cache already, and the refining rows are dropped as the placeholders are.
+each feeding the block's k - 1 placeholder rows again with tokens in place of the placeholder ids: before call m + 1,
+position m + 1 is drafted from its final row (the draw of a sampled request, a processor's pick, a tree's first
+draw: medusa.py's PositionalDraft), and row d reads the token drafted at position d (d <= m + 1; beyond, the last
+call's most likely token) and, as a placeholder does, the anchor's features plus depth d's vector (fed by the
+runtime: the engine's placeholder_features.npy, the vectors its graph adds to a placeholder id's row). Where
+positions 1..d were right, row d then reads what the module was trained on for such blocks (the true tokens), so
+call m + 1 drafts position m + 1 as a one-call-per-token drafter would, reading the request's own drafts; the real
+pairs are in the cache already, and the refining rows are dropped as the placeholders are.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from ...formats.errors import EngineError, RequestError
 from ..request import Request
 from .base import Draft, adjacent_runs
 from .eagle import CATCH_UP_AFTER, HIDDEN_IN, EagleProposer
-from .medusa import positional_draft
+from .medusa import PositionalDraft
 from .method import Flag, Method
 from .own import DraftTreeConfig
 
@@ -135,11 +137,13 @@ class PEagleProposer(EagleProposer):
         blocks: dict[str, np.ndarray] = {}
         anchors: dict[str, np.ndarray] | None = {} if self.refine else None  # [hidden] per block: what its refining rows add to
         self._feed(slots[0], slots[-1] + 1, rows_for, blocks, anchors)
+        drafts = {r.request_id: PositionalDraft(r, int(k), self.tree) for r, k in zip(requests, draft_lens, strict=False)
+                  if r.request_id in blocks}
         for call in range(self.refine):
-            self._refine(slots[0], slots[-1] + 1, rows_for, blocks, anchors, call)
-        for i, (r, k) in enumerate(zip(requests, draft_lens, strict=False)):
+            self._refine(slots[0], slots[-1] + 1, rows_for, blocks, anchors, drafts, call)
+        for i, r in enumerate(requests):
             if r.request_id in blocks:
-                out[i] = positional_draft(r, blocks[r.request_id], int(k), self.tree)
+                out[i] = drafts[r.request_id].draft(blocks[r.request_id])
         return out
 
     def _positions(self, k: int) -> int:
@@ -194,11 +198,12 @@ class PEagleProposer(EagleProposer):
         return int(sum(p for p, g in zip(pairs, go, strict=False) if g))
 
     def _refine(self, lo: int, hi: int, rows_for: dict[str, int], blocks: dict[str, np.ndarray], anchors: dict[str, np.ndarray],
-                call: int) -> None:
+                drafts: dict[str, PositionalDraft], call: int) -> None:
         """Refining call ``call`` (0-based) on slots lo..hi: each block not yet settled (positions 1..call + 1 are, so
-        one of more than call + 1 positions) fed its k - 1 placeholder rows again, row d with the block's most likely
-        token at position d and the placeholder's features; its rows 2..k replaced by the call's. The cache holds the
-        real pairs only, before and after."""
+        one of more than call + 1 positions) drafts position call + 1 from its final row, then feeds its k - 1
+        placeholder rows again with the placeholder's features, row d reading the token drafted at position d where
+        it is drafted (1..call + 1: a draw for a sampled request, a processor's pick) and the block's most likely token
+        beyond; its rows call + 2..k are replaced by the call's. The cache holds the real pairs only, before and after."""
         ids = self.order[lo:hi]
         go = np.array([rid in blocks and rows_for[rid] - 1 > call for rid in ids])
         if not go.any():
@@ -212,7 +217,8 @@ class PEagleProposer(EagleProposer):
                 tokens.append([0])  # rides along, not advanced
                 continue
             rows = rows_for[rid] - 1
-            tokens.append(blocks[rid][:rows].argmax(-1).tolist())  # position d's guess, read by row d (d = 1..rows)
+            drafts[rid].settle(blocks[rid][call])  # position call + 1: final since the last call
+            tokens.append(drafts[rid].read + blocks[rid][call + 1 : rows].argmax(-1).tolist())  # row d reads position d's token
             depth = vectors[np.minimum(np.arange(rows), len(vectors) - 1)]  # [rows, hidden]
             hidden[i, :rows] = depth + anchors[rid] if self.anchored else depth
         real = self.cache.lengths[lo:hi].copy()
@@ -221,8 +227,8 @@ class PEagleProposer(EagleProposer):
         finally:
             self.cache.lengths[lo:hi] = real  # the refining rows go, as the placeholders did
         for i, rid in enumerate(ids):
-            if go[i]:
-                blocks[rid][1 : rows_for[rid]] = step.logits[i, : rows_for[rid] - 1]
+            if go[i]:  # row d's logits are position d + 1's; positions 1..call + 1 stay as drafted
+                blocks[rid][call + 1 : rows_for[rid]] = step.logits[i, call : rows_for[rid] - 1]
 
 
 # -- the method's registration (runtime/methods.py: a peagle target carries it) -----------------------------------

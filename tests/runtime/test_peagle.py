@@ -434,6 +434,57 @@ def test_sampled_refined_peagle_keeps_the_target_distribution(refining):
     keeps_target_distribution(t, lambda: PEagleProposer(t, m, TREE, 1), "peagle", 6, PROMPTS[1], sampling)
 
 
+class RecordingModule(CountingModule):
+    """The module executor, each forward call's fed tokens (per slot) and logits recorded."""
+
+    def __init__(self, executor):
+        super().__init__(executor)
+        self.fed: list[list[list[int]]] = []
+        self.logits: list[np.ndarray] = []
+
+    def forward(self, cache, tokens, **kwargs):
+        step = super().forward(cache, tokens, **kwargs)
+        self.fed.append([list(map(int, t)) for t in tokens])
+        self.logits.append(np.asarray(step.logits).copy())
+        return step
+
+
+HOT = SamplingConfig(temperature=1.5, top_k=4)
+
+
+@pytest.mark.parametrize("sampling,choices", [(HOT, None), (HOT, TREE), (SamplingConfig(logit_bias=((7, 50.0),)), None)],
+                         ids=["sampled-chain", "sampled-tree", "processed-greedy"])
+def test_refining_calls_read_the_tokens_the_request_drafts(refining, sampling, choices):
+    """Refining call c reads, at positions 1..c + 1 (each drafted from its final row before the call), the tokens the
+    request drafts there: a sampled chain's draws, a sampled tree's first draw per depth, a processor's pick (a logit
+    bias here), not the raw block's most likely token; the last call's rows draft the rest."""
+    t = refining["target"]
+    rec = RecordingModule(refining["mod"])
+    proposer = PEagleProposer(t, rec, choices, 3)
+    k = 4 if choices is None else len(json.loads(TREE))
+    positions = 4 if choices is None else 3  # the chain, or the tree's depth
+    engine = Engine(t, [proposer], SpeculationConfig("peagle", k))
+    ids = [engine.add_request(p, GenerationConfig(max_output_len=8, sampling=sampling), seed_stream=i) for i, p in enumerate(PROMPTS)]
+    engine.step()  # the prefills
+    reqs = [engine.requests[i] for i in ids]
+    rec.fed.clear(), rec.logits.clear()
+    drafts = proposer.propose(reqs, [k] * len(reqs))
+    assert len(rec.fed) == positions  # the block's call, then one per position settled before the last
+    lo = min(proposer.slot_of[i] for i in ids)
+    differs = 0
+    for r, draft in zip(reqs, drafts, strict=True):
+        row = proposer.slot_of[r.request_id] - lo
+        # the token drafted at each depth: a chain's tokens, a tree's first node per depth (its first draw there)
+        drafted = [int(draft.tokens[np.flatnonzero(draft.depths == d)[0]]) for d in range(1, positions + 1)] if choices else draft.tokens.tolist()
+        for c, fed in enumerate(rec.fed[1:]):
+            assert fed[row][: c + 1] == drafted[: c + 1], (c, fed[row], drafted)
+        n = len(rec.fed[0][row])  # pairs + positions - 1 placeholders: the block is its last `positions` rows
+        differs += drafted[0] != int(rec.logits[0][row, n - positions].argmax())  # what a call reading the raw block would read
+        if sampling.logit_bias:
+            assert drafted == [7] * positions
+    assert differs > 0  # the draws are not the block's most likely tokens: the test tells the two readings apart
+
+
 def test_refined_trees_to_max_seq_len_beside_a_late_long_prompt(refining):
     """The long-prompt scenario above, refined twice: refining calls beside rows up to the cache's end (a refining call is
     at most max_draft_len - 1 rows wide, which the module's cache holds past max_seq_len); exact, no capacity error."""
