@@ -251,14 +251,15 @@ def print_table(summary: dict[str, dict[str, Any]], subsets: dict[str, list[int]
     for size in next(iter(summary.values())):
         subs = list(subsets) if size == "1" else ["all"]
         print(f"\nbatch {size}")
-        print(f"{'method':<22}{'tokens/s (all)':>22}" + "".join(f"{'speedup ' + sub:>26}" for sub in subs)
+        width = max(22, *(len(name) + 2 for name in summary))  # the longest label ("P-EAGLE refined x2 chain k=auto") keeps its column
+        print(f"{'method':<{width}}{'tokens/s (all)':>22}" + "".join(f"{'speedup ' + sub:>26}" for sub in subs)
               + f"{'draft ms/round':>22}{'acc. len':>10}{'nodes':>7}  per-depth acceptance   same")
         for name, rows in summary.items():
             row = rows[size]
             acc = row["mean_acceptance_length"]
             depth = " ".join(f"{a:.2f}" for a in row["per_depth_acceptance"][:4])
             nodes = row.get("drafts_per_round")
-            print(f"{name:<22}{cell(row['all']['tokens_per_s']):>22}" + "".join(f"{cell(row[sub]['speedup'], 'x'):>26}" for sub in subs)
+            print(f"{name:<{width}}{cell(row['all']['tokens_per_s']):>22}" + "".join(f"{cell(row[sub]['speedup'], 'x'):>26}" for sub in subs)
                   + f"{cell(row['draft_ms_per_round'], digits=1):>22}{(f'{acc:.2f}' if acc else '-'):>10}"
                   + f"{(f'{nodes:.1f}' if nodes else '-'):>7}  {depth:<20} "
                   + ("yes" if row["identical"] else "NO" if row["identical_expected"] else "-"))
