@@ -186,7 +186,7 @@ class PositionalDraft:
             self.probs = np.zeros((len(self.tokens), row.shape[-1]), np.float64)
         depth = len(self.read) + 1
         at = np.flatnonzero(self.depths == depth)
-        if self.stopped or not len(at):
+        if self.stopped:  # (every depth down to the tree's deepest has a node: DraftTree sorts its paths by length)
             return int(row.argmax())
         q = draft_distribution(self.r, row, self.read)
         draws = sample_distinct(q, int(self.orders[at].max()) + 1, self.r.rng)

@@ -200,10 +200,11 @@ class PEagleProposer(EagleProposer):
     def _refine(self, lo: int, hi: int, rows_for: dict[str, int], blocks: dict[str, np.ndarray], anchors: dict[str, np.ndarray],
                 drafts: dict[str, PositionalDraft], call: int) -> None:
         """Refining call ``call`` (0-based) on slots lo..hi: each block not yet settled (positions 1..call + 1 are, so
-        one of more than call + 1 positions) drafts position call + 1 from its final row, then feeds its k - 1
-        placeholder rows again with the placeholder's features, row d reading the token drafted at position d where
-        it is drafted (1..call + 1: a draw for a sampled request, a processor's pick) and the block's most likely token
-        beyond; its rows call + 2..k are replaced by the call's. The cache holds the real pairs only, before and after."""
+        one of more than call + 1 positions; a block's positions: its chain, or its tree's depth) drafts position
+        call + 1 from its final row, then feeds its positions - 1 placeholder rows again with the placeholder's
+        features, row d reading the token drafted at position d where it is drafted (1..call + 1: a draw for a sampled
+        request, a processor's pick) and the block's most likely token beyond; its rows call + 2..positions are
+        replaced by the call's. The cache holds the real pairs only, before and after."""
         ids = self.order[lo:hi]
         go = np.array([rid in blocks and rows_for[rid] - 1 > call for rid in ids])
         if not go.any():

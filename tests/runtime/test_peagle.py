@@ -23,7 +23,7 @@ from specdec.runtime.engine import Engine, SpeculationConfig
 from specdec.runtime.proposers.eagle import EagleProposer
 from specdec.runtime.proposers.peagle import PEagleConfig, PEagleProposer
 from specdec.runtime.request import GenerationConfig
-from specdec.runtime.sampling import SamplingConfig
+from specdec.runtime.sampling import SamplingConfig, processed_probs
 from specdec.train.base import run_base
 from specdec.train.peagle import parallel_layout
 
@@ -419,8 +419,8 @@ def test_a_refined_round_is_1_plus_refine_module_calls(refining, refine, choices
 
 
 def test_sampled_refined_peagle_keeps_the_target_distribution(refining):
-    """Sampled chains and trees refined once: each position drawn from the last call's processed distribution (which
-    read the previous call's most likely tokens), verified as without refining: chi-square homogeneity, p > 0.001."""
+    """Sampled chains and trees refined once: each position drawn from the processed distribution of the call that made
+    it final (which read the tokens drafted before it), verified as without refining: chi-square homogeneity, p > 0.001."""
     t, m = refining["target"], refining["mod"]
     sampling = dict(temperature=1.5, top_k=4)
     counts = {}
@@ -457,31 +457,37 @@ HOT = SamplingConfig(temperature=1.5, top_k=4)
 def test_refining_calls_read_the_tokens_the_request_drafts(refining, sampling, choices):
     """Refining call c reads, at positions 1..c + 1 (each drafted from its final row before the call), the tokens the
     request drafts there: a sampled chain's draws, a sampled tree's first draw per depth, a processor's pick (a logit
-    bias here), not the raw block's most likely token; the last call's rows draft the rest."""
+    bias here), not the raw block's most likely token; each position is drafted from the call that made it final (the
+    last call's rows draft the rest). A ragged batch: each request's block stops being refined once it is settled."""
     t = refining["target"]
     rec = RecordingModule(refining["mod"])
     proposer = PEagleProposer(t, rec, choices, 3)
-    k = 4 if choices is None else len(json.loads(TREE))
-    positions = 4 if choices is None else 3  # the chain, or the tree's depth
-    engine = Engine(t, [proposer], SpeculationConfig("peagle", k))
+    lens = [4, 2, 3] if choices is None else [6, 3, 6]
+    positions = lens if choices is None else [3, 2, 3]  # the chain, or the depth of the tree's first k nodes
+    engine = Engine(t, [proposer], SpeculationConfig("peagle", max(lens)))
     ids = [engine.add_request(p, GenerationConfig(max_output_len=8, sampling=sampling), seed_stream=i) for i, p in enumerate(PROMPTS)]
     engine.step()  # the prefills
     reqs = [engine.requests[i] for i in ids]
     rec.fed.clear(), rec.logits.clear()
-    drafts = proposer.propose(reqs, [k] * len(reqs))
-    assert len(rec.fed) == positions  # the block's call, then one per position settled before the last
+    drafts = proposer.propose(reqs, lens)
+    assert len(rec.fed) == max(positions)  # the blocks' call, then one per position settled before the deepest block's last
     lo = min(proposer.slot_of[i] for i in ids)
     differs = 0
-    for r, draft in zip(reqs, drafts, strict=True):
+    for r, draft, p in zip(reqs, drafts, positions, strict=True):
         row = proposer.slot_of[r.request_id] - lo
         # the token drafted at each depth: a chain's tokens, a tree's first node per depth (its first draw there)
-        drafted = [int(draft.tokens[np.flatnonzero(draft.depths == d)[0]]) for d in range(1, positions + 1)] if choices else draft.tokens.tolist()
+        drafted = [int(draft.tokens[np.flatnonzero(draft.depths == d)[0]]) for d in range(1, p + 1)] if choices else draft.tokens.tolist()
         for c, fed in enumerate(rec.fed[1:]):
-            assert fed[row][: c + 1] == drafted[: c + 1], (c, fed[row], drafted)
-        n = len(rec.fed[0][row])  # pairs + positions - 1 placeholders: the block is its last `positions` rows
-        differs += drafted[0] != int(rec.logits[0][row, n - positions].argmax())  # what a call reading the raw block would read
+            assert fed[row] == (drafted[: c + 1] + fed[row][c + 1 :] if c < p - 1 else [0]), (c, fed[row], drafted)  # settled: rides along
+            assert len(fed[row]) == (p - 1 if c < p - 1 else 1)
+        n = len(rec.fed[0][row])  # pairs + p - 1 placeholders: the block is its last p rows
+        differs += drafted[0] != int(rec.logits[0][row, n - p].argmax())  # what a call reading the raw block would read
+        if choices is None and not sampling.greedy:  # position j + 1 drawn from the call that made it final: the block's
+            final = [rec.logits[0][row, n - p]] + [rec.logits[1 + c][row, c] for c in range(p - 1)]  # first, then call c's
+            for j, logits in enumerate(final):
+                assert np.allclose(draft.probs[j], processed_probs(logits[None].astype(np.float64), sampling)[0], atol=1e-6), j
         if sampling.logit_bias:
-            assert drafted == [7] * positions
+            assert drafted == [7] * p
     assert differs > 0  # the draws are not the block's most likely tokens: the test tells the two readings apart
 
 
