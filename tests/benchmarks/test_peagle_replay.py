@@ -72,14 +72,7 @@ def test_a_module_trained_on_the_true_tokens_is_replayed_so_and_may_not_choose_t
     assert json.loads(out.stdout.strip().splitlines()[-1])["truth_tokens"] is True
 
 
-def refining_copy(tmp_path: Path) -> Path:
-    """The shipped module, its config.json saying it was trained to read drafts (the mechanics need no such training)."""
-    heads = tmp_path / "refine"
-    shutil.copytree(ROOT / "examples/demo-pair/heads/peagle", heads)
-    cfg = json.loads((heads / "config.json").read_text())
-    cfg["specdec_train"]["peagle_refine"] = True
-    (heads / "config.json").write_text(json.dumps(cfg))
-    return heads
+REFINING = ROOT / "examples/demo-pair/heads/peagle-refine"  # the shipped module trained to read its drafts (--peagle_refine)
 
 
 def test_refining_k_minus_1_times_drafts_what_one_call_per_token_drafts(tmp_path):
@@ -94,7 +87,7 @@ def test_refining_k_minus_1_times_drafts_what_one_call_per_token_drafts(tmp_path
 
     base_dir = str(ROOT / "examples/demo-pair/target")
     base = load_base(base_dir)
-    run = replay.load_module(refining_copy(tmp_path), base_dir, base)
+    run = replay.load_module(REFINING, base_dir, base)
     run.heads.eval()
     assert run.heads.refines
     seq = replay.bench_answers(base, base_dir, 1, 24, 24)[0]
@@ -129,5 +122,5 @@ def test_refine_needs_a_module_trained_to_read_drafts(tmp_path):
             "--bench_prompts", "1", "--prompt_tokens", "24", "--max_new_tokens", "24", "--k", "3", "--refine", "1"]
     refused = subprocess.run([*args, "--heads", str(ROOT / "examples/demo-pair/heads/peagle")], capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2 and "not trained to read drafts" in refused.stderr and "Traceback" not in refused.stderr
-    out = subprocess.run([*args, "--heads", str(refining_copy(tmp_path))], capture_output=True, text=True, timeout=300, check=True)
+    out = subprocess.run([*args, "--heads", str(REFINING)], capture_output=True, text=True, timeout=300, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1])["refine"] == 1
