@@ -123,15 +123,15 @@ class PositionalDraft:
     before it are drafted (P-EAGLE's refining calls: call m + 1 reads the tokens drafted at positions 1..m + 1).
     ``settle(row)`` drafts the next position from its final row [vocab] and returns the token drafted there (a tree:
     the depth's first draw, the history of the depths after it), which the drafter's next call reads; ``draft(rows)``
-    drafts the positions not settled from their rows [positions, vocab]. The Draft is positional_draft's on the rows
-    each position was settled from, from the same random draws in the same order (one stream per request)."""
+    drafts the positions not settled from their rows [positions, vocab], whose settled positions' rows are the ones they
+    were settled from. The Draft is positional_draft's on those rows, from the same random draws in the same order (one
+    stream per request)."""
 
     def __init__(self, r: Request, k: int, tree: DraftTree | None):
         self.r, self.k, self.tree = r, k, tree
         greedy, proc = r.config.sampling.greedy, r.processor
         self.picks = greedy and (tree is not None or proc is None or proc.plain)  # argmax / top-k: no history, no draws
         self.read: list[int] = []  # the token each settled position hands the next call
-        self.rows: list[np.ndarray] = []  # picks: each settled position's row [vocab]
         self.qs: list[np.ndarray] = []  # a chain's draws: each position's distribution [vocab]
         if tree is not None and not self.picks:
             n = min(k, len(tree))
@@ -142,8 +142,7 @@ class PositionalDraft:
 
     def settle(self, row: np.ndarray) -> int:
         """Drafts position len(read) + 1 from ``row`` [vocab]; returns the token drafted there (a tree: its first)."""
-        if self.picks:
-            self.rows.append(row.copy())
+        if self.picks:  # drafted from the rows at the end, settled rows included
             token = int(row.argmax())
         elif self.tree is None:
             token = self._draw_chain(row)
@@ -156,7 +155,6 @@ class PositionalDraft:
         """The Draft: the settled positions as drafted, the rest from rows [positions, vocab] (the same positions)."""
         done = len(self.read)
         if self.picks:
-            rows = np.concatenate([np.stack(self.rows), rows[done:]]) if done else rows
             if self.tree is None:
                 return Draft(rows[: self.k].argmax(axis=-1).astype(np.int64))
             tokens, parents, depths = tree_draft(self.tree, self.k, lambda depth, top: top_k(rows[depth - 1], top))
@@ -184,10 +182,9 @@ class PositionalDraft:
         node there has children; returns the first draw (the row's argmax once a depth drew nothing)."""
         if self.probs is None:
             self.probs = np.zeros((len(self.tokens), row.shape[-1]), np.float64)
-        depth = len(self.read) + 1
-        at = np.flatnonzero(self.depths == depth)
-        if self.stopped:  # (every depth down to the tree's deepest has a node: DraftTree sorts its paths by length)
+        if self.stopped:
             return int(row.argmax())
+        at = np.flatnonzero(self.depths == len(self.read) + 1)  # (every depth down to the deepest has a node: paths sorted by length)
         q = draft_distribution(self.r, row, self.read)
         draws = sample_distinct(q, int(self.orders[at].max()) + 1, self.r.rng)
         for j in at.tolist():

@@ -49,8 +49,8 @@ def peagle(tmp_path_factory):
     return {"dir": d, "ckpt": ckpt, "module": module, "target": target, "mod": mod}
 
 
-def generate(target, module, prompts, method, draft_len, choices=None, sampling=SamplingConfig(), max_output_len=20):
-    proposers = [PEagleProposer(target, module, choices)] if method == "peagle" else []
+def generate(target, module, prompts, method, draft_len, choices=None, sampling=SamplingConfig(), max_output_len=20, refine=0):
+    proposers = [PEagleProposer(target, module, choices, refine)] if method == "peagle" else []
     engine = Engine(target, proposers, SpeculationConfig(method, draft_len))
     ids = [engine.add_request(p, GenerationConfig(max_output_len=max_output_len, sampling=sampling), seed_stream=i) for i, p in enumerate(prompts)]
     done = run_until_done(engine)
@@ -399,11 +399,9 @@ def test_greedy_refined_peagle_is_exact(refining, choices):
     for prompts in ([PROMPTS[0]], PROMPTS):
         want, _ = generate(t, m, prompts, "none", 0)
         for refine in (1, 2):
-            engine = Engine(t, [PEagleProposer(t, m, choices, refine)], SpeculationConfig("peagle", k))
-            ids = [engine.add_request(p, GenerationConfig(max_output_len=20)) for p in prompts]
-            done = run_until_done(engine)
-            assert [done[i].output_ids for i in ids] == want, (len(prompts), refine, choices)
-            assert engine.stats.drafted > 0
+            got, stats = generate(t, m, prompts, "peagle", k, choices, refine=refine)
+            assert got == want, (len(prompts), refine, choices)
+            assert stats.drafted > 0
 
 
 @pytest.mark.parametrize("refine,choices", [(1, None), (3, None), (2, TREE)])
@@ -511,11 +509,9 @@ def test_the_shipped_refining_module_accepts_more_with_a_refining_call(tmp_path)
     want, _ = generate(t, m, prompts, "none", 0, max_output_len=64)
     length = {}
     for refine in (0, 1):
-        engine = Engine(t, [PEagleProposer(t, m, None, refine)], SpeculationConfig("peagle", 4))
-        ids = [engine.add_request(p, GenerationConfig(max_output_len=64)) for p in prompts]
-        done = run_until_done(engine)
-        assert [done[i].output_ids for i in ids] == want, refine
-        length[refine] = engine.stats.mean_acceptance_length
+        got, stats = generate(t, m, prompts, "peagle", 4, max_output_len=64, refine=refine)
+        assert got == want, refine
+        length[refine] = stats.mean_acceptance_length
     assert length[1] > length[0] + 0.15, length
 
 
