@@ -39,7 +39,7 @@ from ..runtime.orchestrator import GenerationConfig, Orchestrator
 from ..runtime.proposers.draft_model import DraftModelProposer
 from ..runtime.proposers.ngram import NGramProposer
 from ..runtime.proposers.own import OwnDrafter
-from ..runtime.proposers.peagle import PEagleProposer
+from ..runtime.proposers.peagle import AUTO_REFINE, PEagleProposer, refine_value
 from ..runtime.proposers.suffix import SuffixConfig, SuffixProposer
 from ..runtime.request import METHODS as ENGINE_METHODS
 from ..runtime.sampling import SamplingConfig
@@ -195,7 +195,7 @@ def run_sweep(
     choices: dict[str, str | None] | None = None,
     cut_lens: bool = True,
     sampling: SamplingConfig | None = None,
-    peagle_refine: int = 0,
+    peagle_refine: int | str = 0,
 ) -> dict[str, Any]:
     """Target-only first (every speedup is against it), then each method x draft length.
 
@@ -232,9 +232,12 @@ def run_sweep(
     if not 1 <= cost_reps <= MAX_COST_REPS:
         raise RequestError(f"--step_cost_reps={cost_reps} must be from 1 to {MAX_COST_REPS} (timed steps per engine).")
     heads_dirs, choices = dict(heads_dirs or {}), dict(choices or {})
+    peagle_refine = refine_value(peagle_refine)
     if peagle_refine and "peagle" not in methods:
         raise RequestError("--peagle_refine refines P-EAGLE's blocks but --method has no 'peagle': add it (with a target built with "
                            "--speculative_decoding_mode peagle).")
+    if peagle_refine == AUTO_REFINE and choices.get("peagle"):
+        raise RequestError("--peagle_refine auto chooses the refining calls of chains; with --peagle_choices give a number of calls.")
     for m, tree in choices.items():  # a tree nothing would draft is refused, not dropped
         if tree and m not in methods:
             raise RequestError(f"--{m}_choices is given but --method has no {m!r}: add it (with a target built with "
@@ -349,8 +352,8 @@ def run_sweep(
         proposer = cast(OwnDrafter, chain.proposers[m])  # a target's own drafter (proposers/own.py)
         refined = ""
         if m == "peagle" and peagle_refine:  # its calls after the first, each reading the last one's drafts
-            proposer = cast(PEagleProposer, proposer).refined(peagle_refine)
-            refined = f", refined x{peagle_refine}"
+            proposer = cast(PEagleProposer, proposer).refining(peagle_refine)
+            refined = ", refined auto" if peagle_refine == AUTO_REFINE else f", refined x{peagle_refine}"
         for k in draft_lens:
             if k > proposer.max_chain_len:
                 say(f"{m} chain k={k}: left out ({m} drafts at most {proposer.max_chain_len} on this engine)")

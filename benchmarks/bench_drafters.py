@@ -413,7 +413,7 @@ def fresh_drafter_state(engine: Engine) -> None:
     """A repeat starts from nothing: draft_len=auto's costs and acceptance, suffix decoding's global cache. The
     sessions stay (a server's are loaded once; each call shape's first run is ONNX Runtime's one-time planning)."""
     fresh = AutoDraftLen(engine.auto.max_draft_len, len(engine.auto.verify) - 1, engine.auto.even_rows)
-    fresh.one_call, fresh.trees = engine.auto.one_call, engine.auto.trees  # what the Engine fills from its proposers
+    fresh.one_call, fresh.trees, fresh.refining = engine.auto.one_call, engine.auto.trees, engine.auto.refining  # the Engine's, from its proposers
     engine.auto = engine.round.policy.cost = fresh
     for proposer in engine.proposers.values():
         if isinstance(proposer, SuffixProposer) and proposer.cache is not None:

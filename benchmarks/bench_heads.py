@@ -72,7 +72,7 @@ from specdec.runtime.orchestrator import GenerationConfig, Orchestrator  # noqa:
 from specdec.runtime.proposers.base import Draft  # noqa: E402
 from specdec.runtime.proposers.eagle import EagleProposer  # noqa: E402
 from specdec.runtime.proposers.medusa import MedusaProposer  # noqa: E402
-from specdec.runtime.proposers.peagle import MAX_REFINE, PEagleProposer  # noqa: E402
+from specdec.runtime.proposers.peagle import AUTO_REFINE, MAX_REFINE, PEagleProposer  # noqa: E402
 from specdec.runtime.sampling import SamplingConfig  # noqa: E402
 
 MEDUSA_TREE = "[[0],[1],[2],[0,0],[0,1],[1,0],[0,0,0],[0,0,1]]"
@@ -168,11 +168,12 @@ def methods(args: argparse.Namespace) -> list[Method]:
                 out += [Method("Medusa tree auto", fresh()), Method("Medusa tree auto whole", whole_tree(fresh()))]
     if args.eagle:
         out += module_methods("EAGLE", args.eagle, EagleProposer, args.eagle_lens, args.eagle_choices, threads, tree_auto=args.tree_auto)
-    if args.peagle and (not args.peagle_refine or not all(0 <= n <= MAX_REFINE for n in args.peagle_refine)):
-        raise SystemExit(f"--peagle_refine {args.peagle_refine}: give refining calls from 0 to {MAX_REFINE}, e.g. 0,1")
+    if args.peagle and (not args.peagle_refine or not all(n == AUTO_REFINE or 0 <= n <= MAX_REFINE for n in args.peagle_refine)):
+        raise SystemExit(f"--peagle_refine {args.peagle_refine}: give refining calls from 0 to {MAX_REFINE} or auto, e.g. 0,1,auto")
     for refine in args.peagle_refine if args.peagle else []:  # refine 0: one call a round; n: n more, each reading the last one's drafts
-        out += module_methods("P-EAGLE" + (f" refined x{refine}" if refine else ""), args.peagle, partial(PEagleProposer, refine=refine),
-                              args.peagle_lens, args.peagle_choices, threads, args.one_price, args.tree_auto)
+        label = "P-EAGLE" + (f" refined {refine}" if refine == AUTO_REFINE else f" refined x{refine}" if refine else "")
+        out += module_methods(label, args.peagle, partial(PEagleProposer, refine=refine), args.peagle_lens,
+                              None if refine == AUTO_REFINE else args.peagle_choices, threads, args.one_price, args.tree_auto)
     return out
 
 
@@ -236,7 +237,8 @@ def summarize(ms: list[Method], subsets: dict[str, list[int]], n_new: int, sampl
             row["identical"] = all(r["output_ids"] == b["output_ids"] for r, b in zip(runs, base.runs[size], strict=False))
             row["identical_expected"] = not (sampled and m.orch.engine.sample_differs())
             engine = m.orch.engine
-            if engine.speculation.draft_len == "auto":  # what auto's decisions read at the end (a tree's node_values among them)
+            if engine.speculation.draft_len == "auto" or engine.auto.refining:  # what auto's decisions read at the end (a tree's
+                # node_values, the refining calls' estimates among them)
                 row["auto_state"] = engine.auto.describe(engine.speculation.method, size)
             per_batch[str(size)] = row
         out[m.name] = per_batch
@@ -355,8 +357,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--draft_lens", type=ints, default=[4])
         p.add_argument("--eagle_lens", type=lens_or_auto, default=[3], help="chain lengths; auto: draft_len=auto")
         p.add_argument("--peagle_lens", type=lens_or_auto, default=[4], help="chain lengths; auto: draft_len=auto")
-        p.add_argument("--peagle_refine", type=ints, default=[0],
-                       help="P-EAGLE refining calls to measure, e.g. 0,1 (a module trained with --peagle_refine; 0: one call a round)")
+        p.add_argument("--peagle_refine", type=lens_or_auto, default=[0],
+                       help="P-EAGLE refining calls to measure, e.g. 0,1,auto (a module trained with --peagle_refine; 0: one call a round; "
+                            "auto: chosen per request and round, chains only)")
         p.add_argument("--tree_auto", action="store_true",
                        help="also draft_len=auto on each tree, and its ablation drafting the tree whole or not at all")
         p.add_argument("--one_price", action="store_true",

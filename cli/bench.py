@@ -21,11 +21,23 @@ from ..formats.engine_format import TREE_MODES, load_engine_dir
 from ..formats.errors import RequestError
 from ..formats.sampling_params import SamplingConfig
 from ..formats.tokenizer import Tokenizer
-from ..runtime.proposers.peagle import MAX_REFINE
+from ..runtime.proposers.peagle import MAX_REFINE, refine_value
 from .common import check_output_file, clean_errors, engine_tokenizer, fmt_or_dash, option, verify_engine_option, yes_no_dash
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 DEFAULT_DRAFT_LENS = "1,2,4,8"
+
+
+class RefineCalls(click.ParamType):
+    """--peagle_refine: a number of refining calls, or auto."""
+
+    name = f"[0-{MAX_REFINE}|auto]"
+
+    def convert(self, value, param, ctx):
+        try:
+            return refine_value(value)
+        except RequestError as e:
+            self.fail(str(e), param, ctx)
 
 
 @click.group(context_settings=CONTEXT)
@@ -120,9 +132,9 @@ def prepare_dataset(num_requests, input_mean, input_stdev, output_mean, output_s
 @option("eagle_choices", type=str, default=None, help='Also measure this EAGLE tree (TensorRT-LLM\'s format), e.g. "[[0],[1],[0,0],[0,1],[0,0,0]]".')
 @option("peagle_choices", type=str, default=None,
         help='Also measure this P-EAGLE tree (TensorRT-LLM\'s format), e.g. "[[0],[1],[0,0],[0,1],[0,0,0]]".')
-@option("peagle_refine", type=click.IntRange(0, MAX_REFINE), default=0, show_default=True,
-        help="P-EAGLE: module calls after the first each round, each reading the previous call's drafts (a module trained with "
-             "specdec-train --peagle_refine).")
+@option("peagle_refine", type=RefineCalls(), default="0", show_default=True,
+        help=f"P-EAGLE: module calls after the first each round, each reading the previous call's drafts (a module trained with "
+             f"specdec-train --peagle_refine), 0 to {MAX_REFINE}, or auto: chosen per request and round (chains only).")
 @option("draft_lens", type=str, default=None,
         help=f"Draft lengths to sweep, e.g. \"1,2,4,8\" [default: {DEFAULT_DRAFT_LENS}, up to the target's max_draft_len].")
 @option("ngram_size", "--max_matching_ngram_size", type=int, default=2, show_default=True,

@@ -46,6 +46,20 @@ lengths were timed at a batch size, the nearest batch size's line scaled to this
 cost whatever k) while no batch size has one. The line only raises the one call's price (the rounds' average), for long
 rounds: lowering it for short ones made auto draft where nothing paid. A tree is priced by its nodes, as timed.
 
+A drafter that can refine its block (P-EAGLE with ``--peagle_refine auto``: ``refining``, method -> the most calls)
+is priced per round at (k, n): k drafts and n refining calls after the one call (``choose_refined``). A refining call
+costs ``refine_share`` of the round's one call, timed per batch size (the nearest batch size's, 1 before any). What n
+calls buy comes from the rounds themselves: a round that made n calls also drafted, for free, what m < n calls would
+have drafted (the block's most likely tokens after call m; positions 1..m + 1 are the same as drafted), and a greedy
+request's verification tells whether each of those drafts would have been kept, as far as the target's tokens go
+(``record_fewer``): past them a draft is censored (its kept drafts a lower bound). The expected tokens with no
+refining call come from every greedy round's acceptance at each position; with n calls, plus the drafts n calls kept
+more than none in the rounds that measured n (``expected_refined``: a difference on the same text; the requests that
+refine are the ones that chose to, so their own acceptance says more of them than of the calls). Rounds refine as far
+as a chain can (k - 1 calls) until REFINE_EXPLORE rounds measured every n, and in probe rounds after, so a number of
+calls that does not pay now is still measured. Sampled requests choose by what greedy rounds measured (a draw is not
+the block's most likely token: what fewer calls would have drawn is not known).
+
 Trees and scored drafts use the same costs with their own expected tokens:
 
 * a static tree (Medusa, EAGLE-3, P-EAGLE choices) keeps the nodes that pay
@@ -137,6 +151,19 @@ EXPLORE_ROUNDS = 8  # ... unless its method has drafted in fewer rounds than thi
 PERFECT = 1.0  # pays_at's default acceptance: every draft accepted
 NODE_PRIOR = 0.5  # a static tree's first-level node's chance of being kept before it was measured, over its place
 SKIP_SHARE = 0.02  # a scored draft whose proposal costs less than this share of a target step is proposed every round
+REFINE_EXPLORE = 32  # greedy chain rounds that refine as far as they can before the refining calls are chosen (a drafter
+#                      measured its acceptance with and without refining on 40 rounds of the demo pair: too few to see a gain of 13%)
+GAIN_PRIOR = 2.0  # rounds' worth of "refining changes nothing" in the measured gain of n refining calls
+REFINE_MARGIN = 0.03  # refining must promise this much more speed than drafting the same k in one call (see choose_refined)
+
+
+def _survival(c: list[float]) -> list[float]:
+    """[k] expected tokens of a round of k = 0..len(c) drafts whose j-th survives with probability c[j] given the ones before."""
+    out, survive = [1.0], 1.0
+    for cj in c:
+        survive *= cj
+        out.append(out[-1] + survive)
+    return out
 
 
 def _tally(tallies: dict[tuple, list[float]], key: tuple, seconds: float) -> None:
@@ -243,6 +270,18 @@ class AutoDraftLen:
         self._stale: set[str] = set()  # methods whose tree rounds came after their node_values
         self._levels: dict[str, list[int]] = {}  # method -> [k] the levels of its tree's first k nodes (steps)
         self.scored_accepted: dict[str, float] = {}
+        # refining drafters (P-EAGLE --peagle_refine auto), filled by the Engine: method -> the most refining calls a round
+        self.refining: dict[str, int] = {}
+        # method -> [position] drafts accepted / reached there with no refining call, over every greedy chain round (record_fewer)
+        self.unrefined_accepted: dict[str, list[int]] = {}
+        self.unrefined_reached: dict[str, list[int]] = {}
+        # method -> [n][j - 1] how much more often n refining calls kept a draft at position j than none did, summed over the
+        # rounds that measured n with at least j drafts, and those rounds (what n calls buy, measured on the same text as none)
+        self.gain_sum: dict[str, list[list[float]]] = {}
+        self.gain_rounds: dict[str, list[list[int]]] = {}
+        self.refine_rounds: dict[str, int] = {}  # method -> greedy chain rounds that made its most refining calls (measured them all)
+        self.refine_ratio: dict[tuple[str, int], float] = {}  # (method, rows) -> a refining call's seconds / the round's one call's
+        self.refines_timed: dict[tuple[str, int, int], list[float]] = {}  # (method, rows, calls) -> [rounds, seconds] (describe)
 
     def describe(self, method: str, rows: int) -> dict:
         """What ``method``'s decisions at ``rows`` requests read, in milliseconds: the target call by width, a draft step,
@@ -257,6 +296,10 @@ class AutoDraftLen:
                 "catch_up_64_ms": round(self.catch_up_cost(method, 64, rows) * 1e3, 3) if method in self.catch_up_s else None,
                 "acceptance": round(self.acceptance(method, 0, 0), 3), "drafting_rounds": self.drafting_rounds.get(method, 0),
                 **({"node_values": [round(v, 3) for v in self.node_values(method)[0].tolist()]} if method in self.trees else {}),
+                **({"refine_share": round(self.refine_share(method, rows), 3), "refine_rounds": self.refine_rounds.get(method, 0),
+                    "refines_timed": _means(self.refines_timed, (method, rows)),
+                    "refined_tokens_k2_4": [[round(x, 3) for x in self.expected_refined(method, self.acceptance(method, 0, 0), 4, n)[2:]]
+                                            for n in range(self.refining[method] + 1)]} if method in self.refining else {}),
                 "perfect_drafter_pays": self.pays_at(method, rows)}
 
     # -- measurements -------------------------------------------------------------------
@@ -336,6 +379,66 @@ class AutoDraftLen:
             old = self.draft_s.get((method, rows))
             self.draft_s[(method, rows)] = per if old is None else min((1 - FORGET) * old + FORGET * per, 3.0 * old)
 
+    def record_refine(self, method: str, rows: int, calls: int, seconds: float, first_s: float) -> None:
+        """A round's ``calls`` refining calls over ``rows`` requests took ``seconds`` after its one call took ``first_s``."""
+        if calls <= 0 or first_s <= 0 or self._first(("refine", method, rows, calls)):  # a new shape's first call: setup
+            return
+        _tally(self.refines_timed, (method, rows, calls), seconds)
+        share = seconds / calls / first_s
+        old = self.refine_ratio.get((method, rows))
+        self.refine_ratio[(method, rows)] = share if old is None else min((1 - FORGET) * old + FORGET * share, 3.0 * old)
+
+    def refine_share(self, method: str, rows: int) -> float:
+        """A refining call's cost as a share of the round's one call at ``rows`` requests: measured, else the nearest batch
+        size's, else 1 (a refining call feeds each request its block again, about what the one call feeds)."""
+        share = self.refine_ratio.get((method, rows))
+        if share is not None:
+            return share
+        sizes = [n for m, n in self.refine_ratio if m == method]
+        return self.refine_ratio[(method, min(sizes, key=lambda n: abs(n - rows)))] if sizes else 1.0
+
+    def record_fewer(self, method: str, calls: int, outcomes: list[tuple[int, bool]], drafts: int) -> None:
+        """A greedy chain round that made ``calls`` refining calls: ``outcomes[m]`` for m = 0..calls (more where its chain was
+        settled before: more calls change nothing), (drafts kept, missed): the draft m calls would have made kept that many
+        of its drafts, then (missed) had its next one rejected; not missed where it ran out, or where the target's tokens
+        stop before its first miss (censored); ``drafts``: the chain's length. A censored draft's positions after those
+        the target's tokens cover count, in the gains, at their chance of being kept, the unrefined acceptance from there
+        on: it is censored exactly where it beat the drafted chain, so counting them as misses would favour refining,
+        and leaving them out would drop the rounds where fewer calls did better."""
+        cap, top = self.refining.get(method, 0), self.max_draft_len
+        if method not in self.gain_sum:
+            self.unrefined_accepted[method], self.unrefined_reached[method] = [0] * top, [0] * top
+            self.gain_sum[method] = [[0.0] * top for _ in range(cap + 1)]
+            self.gain_rounds[method] = [[0] * top for _ in range(cap + 1)]
+        kept0, missed = outcomes[0]
+        acc, reach = self.unrefined_accepted[method], self.unrefined_reached[method]
+        for j in range(min(kept0, top)):
+            acc[j] += 1
+            reach[j] += 1
+        if missed and kept0 < top:
+            reach[kept0] += 1
+        width = min(drafts, top)
+        p = [(acc[j] + 1) / (reach[j] + 2) for j in range(width)]  # the unrefined acceptance at each position, for the censored
+
+        def kept_at(kept: int, missed: bool) -> list[float]:
+            """[position] 1 where the draft was kept, 0 where it was not, its chance where it is censored."""
+            out, chance = [1.0] * min(kept, width) + [0.0] * (width - min(kept, width)), 1.0
+            if not missed and kept < width:
+                for j in range(kept, width):
+                    chance *= p[j]
+                    out[j] = chance
+            return out
+
+        if len(outcomes) > 1:
+            none = kept_at(kept0, missed)
+            for n, outcome in enumerate(outcomes[1 : cap + 1], 1):
+                gains, rounds = self.gain_sum[method][n], self.gain_rounds[method][n]
+                for j, (x, y) in enumerate(zip(kept_at(*outcome), none, strict=True)):  # position j + 1: n calls' draft, less none's
+                    gains[j] += x - y
+                    rounds[j] += 1
+        if calls > 0 and drafts > 1 and len(outcomes) > cap:  # (a single draft, never refined, says nothing of what a call buys)
+            self.refine_rounds[method] = self.refine_rounds.get(method, 0) + 1
+
     def record_catch_up(self, method: str, tokens: int, seconds: float) -> None:
         if self._first(("catch_up", method)):  # the first call of a long feed pays ONNX Runtime's setup for it
             return
@@ -374,23 +477,45 @@ class AutoDraftLen:
         last = self._tokens.get(method)
         if last is not None and last[0] == a and limit <= self.max_draft_len:
             return last[1][: limit + 1]
+        at = self._positions(method)
+        depth = max(limit, self.max_draft_len)
+        out = _survival([min(x * a / max(at[0], 1e-6), 0.999) for x in at[1][:depth]] if at is not None else [a] * depth)  # scaled to r
+        self._tokens[method] = (a, out)
+        return out[: limit + 1]
+
+    def _positions(self, method: str) -> tuple[float, list[float]] | None:
+        """(the method's acceptance, [position] its smoothed acceptance there given the ones before), until its next round;
+        None before it drafted."""
         at = self._at.get(method)
         if at is None and self.reached_at.get(method) is not None and self.reached.get(method, 0.0) > 0:
             method_a = self.accepted[method] / self.reached[method]
             acc, reach = self.accepted_at[method], self.reached_at[method]
-            # smoothed acceptance at each position given the ones before (until the method's next round)
             at = self._at[method] = (method_a, [(acc[j] + PRIOR_WEIGHT * method_a) / (reach[j] + PRIOR_WEIGHT) for j in range(len(acc))])
-        depth = max(limit, self.max_draft_len)
-        if at is not None:
-            scale = a / max(at[0], 1e-6)
-            c = [min(x * scale, 0.999) for x in at[1][:depth]]  # scaled to this request
-        else:
-            c = [a] * depth
-        out, survive = [1.0], 1.0
-        for cj in c:
-            survive *= cj
-            out.append(out[-1] + survive)
-        self._tokens[method] = (a, out)
+        return at
+
+    def expected_refined(self, method: str, a: float, limit: int, calls: int) -> list[float]:
+        """[k] expected tokens of a round of k = 0..limit drafts refined by (at most) ``calls`` calls, for a request of
+        acceptance ``a``: with no refining call, each position's acceptance counted over every greedy chain round (the
+        method's acceptance there as the prior); with n calls, plus how much more often n calls kept a draft at each
+        position up to k than none did, averaged over the rounds that measured both (GAIN_PRIOR rounds of no gain with them). A difference on the same
+        text, not n calls' own acceptance: the rounds that refine are the ones whose requests chose to, and their
+        acceptance says more of those requests than of the calls; a ratio of the two's acceptance at each position, given
+        the ones before, swung with a handful of rounds (measured: 2.77 tokens a round for 2.10). Both scaled by how the
+        request compares with the method, as expected_tokens does."""
+        at = self._positions(method)
+        gains = self.gain_sum.get(method)
+        if at is None or gains is None or calls >= len(gains):
+            return self.expected_tokens(method, a, limit)
+        scale = a / max(at[0], 1e-6)
+        acc, reach = self.unrefined_accepted[method], self.unrefined_reached[method]
+        c = [min((acc[j] + PRIOR_WEIGHT * at[1][j]) / (reach[j] + PRIOR_WEIGHT) * scale, 0.999) for j in range(min(limit, len(acc)))]
+        out = _survival(c)
+        if calls:  # plus each position's gain, up to k (per position: a long chain's rounds, copying text where refining buys
+            # least, would otherwise price every k > 3 apart from the short chains' rounds, and a longer chain below a shorter)
+            rounds, more = self.gain_rounds[method][calls], 0.0
+            for k in range(1, len(out)):
+                more += scale * gains[calls][k - 1] / (rounds[k - 1] + GAIN_PRIOR)
+                out[k] = min(max(out[k] + more, 1.0), k + 1.0)
         return out[: limit + 1]
 
     def verify_costs(self, rows: int) -> list[float]:
@@ -512,6 +637,45 @@ class AutoDraftLen:
         speed[0] *= 1.0 + DRAFT_MARGIN
         best = max(range(limit + 1), key=speed.__getitem__)
         if current is not None and current <= limit and speed[best] < speed[current] * (1.0 + STICKY):
+            return current
+        return best
+
+    def exploring_refines(self, method: str) -> bool:
+        """Whether the method's rounds still refine as far as they can: fewer than REFINE_EXPLORE greedy chain rounds
+        measured what every number of calls buys (record_fewer)."""
+        return self.refine_rounds.get(method, 0) < REFINE_EXPLORE
+
+    def choose_refined(self, method: str, accepted: int, rejected: int, limit: int, rows: int = 1, current: tuple[int, int] | None = None,
+                       catch_up_s: float = 0.0, left: int = HORIZON, draft_len: int | None = None) -> tuple[int, int]:
+        """(k, n): the k in 0..limit drafts and n in 0..min(refining[method], k - 1) refining calls with the most expected
+        tokens per second in a round of ``rows`` requests (``choose``'s, each (k, n) priced at the round's one call times
+        1 + n * refine_share and its expected tokens expected_refined's), a pair with n > 0 only where it promises
+        REFINE_MARGIN more than it would without the margin: the estimates are noisy and near each other (the best of
+        them is biased upwards), and a refining call costs what they leave out (more call shapes, a batch's rows that
+        ride along). Measured on the 325M pair at batch 4, where every pair came within 3% of the others by the estimate,
+        refining without the margin made 1.00x target-only against the one call's 1.05x; at batch 1, where one refining
+        call makes 1.80x against 1.65x, a margin of 5% kept auto from it (the estimates of 50 rounds are a few % apart). ``draft_len``: k is fixed (a
+        request's own length), only n is chosen. ``current`` is kept unless another pair is STICKY faster."""
+        limit = min(limit, self.max_draft_len)
+        if draft_len is not None:
+            limit = min(limit, draft_len)
+        if limit <= 0:
+            return 0, 0
+        a = self.acceptance(method, accepted, rejected)
+        verify = self.verify_costs(rows)[1 : limit + 2]  # [k]: a call of k + 1 tokens
+        t_draft = self.draft_cost(method, rows, default=0.1 * verify[0])
+        drafting = self.drafting_costs(method, rows, limit, t_draft)
+        share = self.refine_share(method, rows)
+        spread = rows * catch_up_s / max(min(left, HORIZON), 1)
+        speeds: dict[tuple[int, int], float] = {}
+        if draft_len is None:
+            speeds[(0, 0)] = (1.0 + DRAFT_MARGIN) / verify[0]
+        for n in range(min(self.refining.get(method, 0), limit - 1) + 1):
+            tokens = self.expected_refined(method, a, limit, n)
+            for k in range(max(n + 1, limit if draft_len is not None else 1), limit + 1):
+                speeds[(k, n)] = tokens[k] / (drafting[k] * (1.0 + n * share) + verify[k] + spread * tokens[k]) / (1.0 + REFINE_MARGIN * (n > 0))
+        best = max(speeds, key=speeds.__getitem__)
+        if current is not None and current in speeds and speeds[best] < speeds[current] * (1.0 + STICKY):
             return current
         return best
 

@@ -6,16 +6,21 @@ The round (runtime/round.py) calls its policy at named points, and nowhere else:
     declines(r, proposer, running)           r takes none this round, whatever its room (asked first)
     draft_len(r, proposer, limit, running)   how many drafts r takes, at most ``limit`` (the round's bound)
     fit(reqs, drafts)                        the drafts the round verifies (a policy may cut them)
-    proposed(method, rows, steps, seconds, fed, catch_up_seconds)
-                                             a proposer's call: its draft steps and its catch-up, timed
+    proposed(method, rows, steps, seconds, fed, catch_up_seconds, refined)
+                                             a proposer's call: its draft steps and its catch-up, timed (refined: a
+                                             P-EAGLE round's refining calls and their seconds, apart)
     verified(rows, width, seconds)           the target's call and the per-row work after it, timed
-    observed(r, draft, accepted, path)       what the target kept of r's draft (a tree's: the nodes of its path)
+    observed(r, draft, accepted, path, emitted)
+                                             what the target kept of r's draft (a tree's: the nodes of its path) and
+                                             the tokens it emitted
 
 ``FixedDraftPolicy``: each request drafts its own draft_len; nothing measured,
 nothing cut. ``AutoDraftPolicy`` (the Engine's): the same for those, and for
 ``draft_len="auto"`` requests the length the cost model (runtime/draft_len.py:
 ``AutoDraftLen``, measured step costs and per-request acceptance) expects to
-pay, every request's outcome teaching it the methods' acceptance.
+pay, every request's outcome teaching it the methods' acceptance; and for a
+P-EAGLE drafter with ``--peagle_refine auto``, every request's refining calls
+(``Request.refine_calls``), with the length (auto) or for its own length.
 """
 
 from __future__ import annotations
@@ -45,15 +50,17 @@ class DraftPolicy(Protocol):
     def fit(self, reqs: Sequence[Request], drafts: list[Draft]) -> list[Draft]:
         """The drafts to verify, request i's in drafts[i]: all of them, or prefixes (a static tree: the nodes that pay)."""
 
-    def proposed(self, method: str, rows: int, steps: int, seconds: float, fed: int, catch_up_seconds: float) -> None:
+    def proposed(self, method: str, rows: int, steps: int, seconds: float, fed: int, catch_up_seconds: float,
+                 refined: tuple[int, float] = (0, 0.0)) -> None:
         """One proposer's call for ``rows`` requests: ``steps`` drafts deep in ``seconds``, after feeding ``fed`` tokens
-        its model had not seen in ``catch_up_seconds``."""
+        its model had not seen in ``catch_up_seconds``; ``refined``: then (calls, seconds) of refining calls."""
 
     def verified(self, rows: int, width: int, seconds: float) -> None:
         """The target's call of ``rows`` x ``width`` tokens and the per-row work after it took ``seconds``."""
 
-    def observed(self, r: Request, draft: Draft, accepted: int, path: Sequence[int] = ()) -> None:
-        """The target kept ``accepted`` of ``r``'s ``draft``: a tree's nodes ``path``, from the root."""
+    def observed(self, r: Request, draft: Draft, accepted: int, path: Sequence[int] = (), emitted: Sequence[int] = ()) -> None:
+        """The target kept ``accepted`` of ``r``'s ``draft``: a tree's nodes ``path``, from the root; it emitted ``emitted``
+        (the kept drafts, then its own token)."""
 
 
 class FixedDraftPolicy:
@@ -71,13 +78,14 @@ class FixedDraftPolicy:
     def fit(self, reqs: Sequence[Request], drafts: list[Draft]) -> list[Draft]:
         return drafts
 
-    def proposed(self, method: str, rows: int, steps: int, seconds: float, fed: int, catch_up_seconds: float) -> None:
+    def proposed(self, method: str, rows: int, steps: int, seconds: float, fed: int, catch_up_seconds: float,
+                 refined: tuple[int, float] = (0, 0.0)) -> None:
         pass
 
     def verified(self, rows: int, width: int, seconds: float) -> None:
         pass
 
-    def observed(self, r: Request, draft: Draft, accepted: int, path: Sequence[int] = ()) -> None:
+    def observed(self, r: Request, draft: Draft, accepted: int, path: Sequence[int] = (), emitted: Sequence[int] = ()) -> None:
         pass
 
 
@@ -96,7 +104,9 @@ class AutoDraftPolicy(FixedDraftPolicy):
 
     def begin(self, reqs: Sequence[Request], round_index: int) -> None:
         self.round_index = round_index
-        self.timed = any(r.draft_len == AUTO for r in reqs)  # this round has an auto request: step costs feed draft_len=auto only
+        # this round has an auto request (or one whose refining calls are chosen): step costs feed those choices only
+        refining = self.cost.refining
+        self.timed = any(r.draft_len == AUTO or r.method in refining for r in reqs)
         if self.timed:  # (only auto requests read these: a round without one allocates nothing)
             self.reqs = reqs
             self.paying = {}  # method -> whether any of its requests may draft this round (may_draft)
@@ -175,9 +185,12 @@ class AutoDraftPolicy(FixedDraftPolicy):
 
     def draft_len(self, r: Request, proposer: Proposer, limit: int, running: int) -> int:
         if r.draft_len != AUTO:
-            return min(int(r.draft_len), limit)  # FixedDraftPolicy's, inline: this runs per request per round
+            k = min(int(r.draft_len), limit)  # FixedDraftPolicy's, inline: this runs per request per round
+            if r.method in self.cost.refining:
+                self.refine_calls(r, k, running)
+            return k
         if not self.may_draft(r.method, proposer, running):
-            r.auto_k = 0
+            r.auto_k, r.refine_calls = 0, 0
             return 0
         cost, rounds = self.cost, self.round_index
         if proposer.scores_drafts:  # proposes its best, then ``fit`` keeps a prefix ... unless none paid last time and
@@ -194,6 +207,13 @@ class AutoDraftPolicy(FixedDraftPolicy):
             k = int(keep[-1]) + 1 if len(keep) else 0
             if k and cost.probe_due(rounds, running):  # the whole tree, on the probe rounds: the nodes it leaves out are measured
                 k, r.auto_nodes = limit, None
+        elif r.method in cost.refining:  # P-EAGLE --peagle_refine auto: the drafts and the refining calls, together
+            current = (r.auto_k, r.auto_refine or 0) if r.auto_k is not None else None
+            k, n = cost.choose_refined(r.method, r.metrics.accepted, r.metrics.rejected, limit, running, current, catch_up_s, left)
+            r.auto_k, r.auto_refine = k, n
+            r.refine_calls = n
+            if k > 1 and measures_refining(r) and (cost.exploring_refines(r.method) or cost.probe_due(rounds, running)):
+                r.refine_calls = min(cost.refining[r.method], k - 1)  # measures what every number of calls buys (record_fewer)
         else:
             k = cost.choose(r.method, r.metrics.accepted, r.metrics.rejected, limit, running, r.auto_k, catch_up_s, left)
             r.auto_k = k
@@ -207,6 +227,21 @@ class AutoDraftPolicy(FixedDraftPolicy):
             k = limit if proposer.tree is not None else 1
             r.auto_nodes = None  # a probe verifies what it drafts: every node's acceptance is measured so
         return k
+
+    def refine_calls(self, r: Request, k: int, running: int) -> None:
+        """A fixed-length request's refining calls this round (``r.refine_calls``), for its k drafts: the most while the
+        method explores and in probe rounds (a request whose drafts measure them), else the number the cost model expects
+        to pay; none for a single draft."""
+        cost, cap = self.cost, min(self.cost.refining[r.method], k - 1)
+        if cap <= 0:
+            r.refine_calls = 0
+            return
+        if measures_refining(r) and (cost.exploring_refines(r.method) or cost.probe_due(self.round_index, running)):
+            r.refine_calls = cap
+            return
+        current = (k, r.auto_refine) if r.auto_refine is not None else None
+        r.refine_calls = r.auto_refine = cost.choose_refined(r.method, r.metrics.accepted, r.metrics.rejected, k, running, current,
+                                                             left=r.config.max_output_len - len(r.output_ids), draft_len=k)[1]
 
     def fit(self, reqs: Sequence[Request], drafts: list[Draft]) -> list[Draft]:
         """Scored drafts cut to the prefix that pays at this batch size, static trees to the nodes chosen for them, then
@@ -268,20 +303,30 @@ class AutoDraftPolicy(FixedDraftPolicy):
             scale = cost.tree_scale(r.metrics.accepted, r.auto_expected)
             return [1.0, *(1.0 + np.cumsum(np.minimum(scale * values, 0.999))).tolist()]
         a = cost.acceptance(r.method, r.metrics.accepted, r.metrics.rejected)
+        if r.method in cost.refining:  # drafted with its refining calls: what those buy counts (they are paid for already)
+            return cost.expected_refined(r.method, a, len(d), min(r.refine_calls or 0, cost.refining[r.method]))
         return cost.expected_tokens(r.method, a, len(d))
 
-    def proposed(self, method: str, rows: int, steps: int, seconds: float, fed: int, catch_up_seconds: float) -> None:
+    def proposed(self, method: str, rows: int, steps: int, seconds: float, fed: int, catch_up_seconds: float,
+                 refined: tuple[int, float] = (0, 0.0)) -> None:
         if self.timed:
             if fed:
                 self.cost.record_catch_up(method, fed, catch_up_seconds)
+            calls, refine_s = refined
+            if method not in self.cost.refining:  # a fixed number of refining calls: a round's price includes them
+                seconds, calls = seconds + refine_s, 0
             self.cost.record_draft(method, rows, steps, seconds)
+            if calls:
+                self.cost.record_refine(method, rows, calls, refine_s, seconds)
 
     def verified(self, rows: int, width: int, seconds: float) -> None:
         if self.timed:
             self.cost.record_verify(rows, width, seconds)
 
-    def observed(self, r: Request, draft: Draft, accepted: int, path: Sequence[int] = ()) -> None:
+    def observed(self, r: Request, draft: Draft, accepted: int, path: Sequence[int] = (), emitted: Sequence[int] = ()) -> None:
         k = len(draft)
+        if draft.fewer_calls is not None and k:
+            self.cost.record_fewer(r.method, len(draft.fewer_calls), fewer_outcomes(draft, emitted, self.cost.refining.get(r.method, 0)), k)
         if draft.tree_index is not None and k:
             nodes = draft.tree_index.tolist()
             if r.draft_len == AUTO:
@@ -290,6 +335,33 @@ class AutoDraftPolicy(FixedDraftPolicy):
         self.cost.record_round(r.method, k, accepted)
         if draft.scores is not None and k:
             self.cost.record_scored(r.method, float(draft.scores.sum()), accepted)
+
+
+def measures_refining(r: Request) -> bool:
+    """Whether r's drafts tell what refining calls buy (Draft.fewer_calls): a greedy request whose picks are the block's
+    most likely tokens. A sampled one would pay for the most calls in exploring rounds and learn nothing."""
+    proc = r.processor
+    return r.config.sampling.greedy and (proc is None or proc.plain)
+
+
+def fewer_outcomes(d: Draft, emitted: Sequence[int], cap: int) -> list[tuple[int, bool]]:
+    """[m] (drafts kept, missed) for the chain m refining calls would have drafted (m = 0..the calls made: ``d.fewer_calls``
+    then ``d`` itself; up to ``cap`` where ``d`` was settled, its k - 1 calls made), judged by the tokens the target
+    ``emitted`` (greedy: its own after the drafts it kept, so each is the target's token after the ones before). missed:
+    its next draft was not the target's; False where it kept all, or where it matches every emitted token and goes on
+    (censored: whether its next draft would have been kept was not computed)."""
+    fewer = d.fewer_calls
+    assert fewer is not None
+    chains = [*fewer.tolist(), d.tokens.tolist()]
+    if len(fewer) >= len(d) - 1:  # settled: more calls draft the same
+        chains += [chains[-1]] * max(cap + 1 - len(chains), 0)
+    out = []
+    for chain in chains:
+        kept = 0
+        while kept < len(chain) and kept < len(emitted) and chain[kept] == emitted[kept]:
+            kept += 1
+        out.append((kept, kept < len(chain) and kept < len(emitted)))
+    return out
 
 
 def chosen_nodes(d: Draft, nodes: np.ndarray | None) -> Draft:

@@ -127,6 +127,9 @@ class Engine:
         # draft_len="auto"'s cost model (measured step costs, per-method acceptance), behind the round's one policy seam
         self.auto = AutoDraftLen(build.max_draft_len, self.max_batch, even_rows=bool((build.weight_only or {}).get("even_rows")))
         self.auto.one_call = {name for name, p in self.proposers.items() if p.drafts_in_one_call}
+        # P-EAGLE --peagle_refine auto: the most refining calls a chain of max_draft_len takes (call m + 1 fixes position m + 1)
+        self.auto.refining = {name: min(p.auto_refine_calls, build.max_draft_len - 1) for name, p in self.proposers.items()
+                              if p.auto_refine_calls and build.max_draft_len > 1}
         self.auto.trees = {name: p.tree for name, p in self.proposers.items() if p.tree is not None}
         self.stats = Metrics()  # engine totals: every request's counts, merged as it finishes
         self.round = SpeculativeRound(target, self.cache, self.proposers, self.vocab_limit, AutoDraftPolicy(self.auto), self.stats, self.prefix)

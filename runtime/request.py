@@ -146,6 +146,8 @@ class Request:
     auto_k: int | None = None  # the draft length draft_len=auto chose last round
     auto_nodes: np.ndarray | None = None  # a static tree's nodes draft_len=auto keeps this round (None: what was drafted)
     auto_expected: float = 0.0  # the accepted drafts its verified static tree nodes promised so far (AutoDraftLen.tree_scale)
+    refine_calls: int | None = None  # P-EAGLE --peagle_refine auto: the refining calls it makes this round (None: the proposer's own)
+    auto_refine: int | None = None  # ... the number the cost model chose last (exploring rounds make more): kept unless another pays
     processor: LogitsProcessor | None = None  # its logits processing chain (runtime/logits.py), made on add_request
     logprobs: list[TokenLogprob] = field(default_factory=list)  # per output token, when asked
     prompt_logprobs: list[TokenLogprob | None] | None = None  # per prompt token (None for the first), when asked

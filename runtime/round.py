@@ -278,7 +278,8 @@ class SpeculativeRound:
             t2 = time.perf_counter()
             self.stats.draft_s += t2 - t0
             if Setups.count == setups:  # a call that captured a CUDA graph is not what drafting costs
-                self.policy.proposed(name, len(idx), max(d.drafted for d in got), t2 - t1, fed, t1 - t0)
+                calls, refine_s = proposer.refined  # (P-EAGLE's refining calls: timed apart from the call that drafted)
+                self.policy.proposed(name, len(idx), max(d.drafted for d in got), t2 - t1 - refine_s, fed, t1 - t0, (calls, refine_s))
             for i, d in zip(idx, got, strict=True):
                 drafts[i] = trim(reqs[i], d)
                 reqs[i].metrics.draft_s += (t2 - t0) / len(idx)
@@ -387,7 +388,7 @@ class SpeculativeRound:
             # the target's extra outputs it asked for, on the request's fed rows
             extras = {name: step.extras[name][r.slot, : k + 1] for name in proposer.target_outputs} if proposer.target_outputs else NO_EXTRAS
             proposer.observe(r, d, TargetOutput(raw, n, emitted, kept, extras))
-            self.policy.observed(r, d, n, [row - 1 for row in kept[1:]] if d.tree_index is not None else ())
+            self.policy.observed(r, d, n, [row - 1 for row in kept[1:]] if d.tree_index is not None else (), emitted)
         r.metrics.record_round(k, n, depth)
         watch_drafts(r, k, n)
         return append(r, emitted, new, self.cache.max_seq_len)

@@ -41,6 +41,8 @@ class Draft:
     #                                   counts): draft_len=auto keeps the prefix that pays (runtime/draft_len.py)
     tree_index: np.ndarray | None = None  # [k] a static tree's draft: each node's index in the proposer's DraftTree
     #                                       (draft_len=auto learns each node's acceptance by it and keeps the nodes that pay)
+    fewer_calls: np.ndarray | None = None  # [n, k] a greedy chain refined by n calls (P-EAGLE): row m, the chain m calls
+    #                                        would have drafted (--peagle_refine auto learns what each call buys from them)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -57,7 +59,8 @@ class Draft:
         if k <= 0:
             return _EMPTY
         cut = lambda a: None if a is None else a[:k]  # noqa: E731
-        return Draft(self.tokens[:k], cut(self.probs), cut(self.parents), cut(self.depths), cut(self.scores), cut(self.tree_index))
+        return Draft(self.tokens[:k], cut(self.probs), cut(self.parents), cut(self.depths), cut(self.scores), cut(self.tree_index),
+                     None if self.fewer_calls is None else self.fewer_calls[:, :k])
 
     def nodes(self, keep: Sequence[int]) -> Draft:
         """A tree's nodes ``keep`` (ascending, each one's parent kept too), renumbered: still a tree, in the same order."""
@@ -136,6 +139,11 @@ class Proposer(Protocol):
     # draft model with use_logits, Medusa, EAGLE, P-EAGLE): its sample follows the drafts. False: drafts without their
     # distribution, verified by token compare, whose sample is target-only's for the seed (runtime/sampling.py: TargetDraws)
     samples_drafts: bool = False
+    # the most refining calls (P-EAGLE: module calls after the one that drafts, each reading its drafts) the draft policy
+    # chooses among per request and round (Request.refine_calls); 0: it refines as configured, or not at all
+    auto_refine_calls: int = 0
+    # the last propose's refining calls and their seconds, timed apart from the call that drafted
+    refined: tuple[int, float] = (0, 0.0)
 
     @property
     def label(self) -> str:

@@ -31,12 +31,19 @@ runtime: the engine's placeholder_features.npy, the vectors its graph adds to a 
 positions 1..d were right, row d then reads what the module was trained on for such blocks (the true tokens), so
 call m + 1 drafts position m + 1 as a one-call-per-token drafter would, reading the request's own drafts; the real
 pairs are in the cache already, and the refining rows are dropped as the placeholders are.
+
+``refine="auto"`` (``--peagle_refine auto``) makes each request's refining calls the draft policy's choice
+(``Request.refine_calls``, runtime/draft_policy.py), up to a chain's k - 1: the calls after the first that a round
+makes are timed apart (``refined``), and a greedy chain's draft carries the chains fewer calls would have drafted
+(``Draft.fewer_calls``: the block's most likely tokens after each call), which the policy judges against the
+target's tokens to learn what each call buys. Chains only: a tree's nodes are priced as drafted by one number of calls.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -58,6 +65,20 @@ if TYPE_CHECKING:
     from ..tree import DraftTree
 
 MAX_REFINE = 7  # a block of 8 positions is fixed by 7 refining calls (call m + 1 fixes position m + 1)
+AUTO_REFINE = "auto"  # the draft policy chooses each request's refining calls, each round (up to MAX_REFINE)
+
+
+def refine_value(text: str | int) -> int | str:
+    """A --peagle_refine value: a whole number of calls from 0 to MAX_REFINE, or "auto" (RequestError otherwise)."""
+    if isinstance(text, str) and text.strip().lower() == AUTO_REFINE:
+        return AUTO_REFINE
+    try:
+        n = int(text)
+    except (TypeError, ValueError):
+        n = -1
+    if isinstance(text, bool) or not 0 <= n <= MAX_REFINE or (isinstance(text, float) and text != n):
+        raise RequestError(f"--peagle_refine {text!r}: give a whole number of calls from 0 to {MAX_REFINE}, or auto.")
+    return n
 
 
 class PEagleProposer(EagleProposer):
@@ -68,12 +89,19 @@ class PEagleProposer(EagleProposer):
     drafts_in_one_call = True  # draft_len=auto prices a round's drafts as one call (a line over k, once two k were timed)
 
     def __init__(self, target: Executor, module: Executor, choices: str | Sequence[Sequence[int]] | DraftTree | None = None,
-                 refine: int = 0):
-        """refine: calls after the first, each reading the previous one's drafts (a module trained to: --peagle_refine)."""
+                 refine: int | str = 0):
+        """refine: calls after the first, each reading the previous one's drafts (a module trained to: --peagle_refine);
+        "auto": each request's, as the draft policy chooses (Request.refine_calls), up to MAX_REFINE."""
         super().__init__(target, module, choices)
-        if not isinstance(refine, int) or isinstance(refine, bool) or not 0 <= refine <= MAX_REFINE:
-            raise RequestError(f"--peagle_refine {refine!r} must be a whole number of calls from 0 to {MAX_REFINE}.")
-        self.refine = refine
+        if not isinstance(refine, (int, str)):
+            raise RequestError(f"--peagle_refine {refine!r}: give a whole number of calls from 0 to {MAX_REFINE}, or auto.")
+        refine = refine_value(refine)
+        self.auto_refine = refine == AUTO_REFINE
+        if self.auto_refine and self.tree is not None:
+            raise RequestError("--peagle_refine auto chooses the refining calls of chains; with --peagle_choices give a number of calls.")
+        self.refine = MAX_REFINE if self.auto_refine else int(refine)  # the most calls a round makes
+        self.auto_refine_calls = self.refine if self.auto_refine else 0
+        self.refined = (0, 0.0)
         self.depth_vectors: np.ndarray | None = None  # [vectors, hidden]: what a refining row adds to (or feeds as) its features
         self.anchored = True
         if refine:
@@ -96,15 +124,15 @@ class PEagleProposer(EagleProposer):
         return cls(target, open_beside(load_engine_dir(eagle_module_dir(target.engine))), choices, refine)
 
     def with_tree(self, tree: DraftTree) -> PEagleProposer:
-        return type(self)(self.target, self.module, tree, self.refine)
+        return type(self)(self.target, self.module, tree, AUTO_REFINE if self.auto_refine else self.refine)
 
-    def refined(self, refine: int) -> PEagleProposer:
-        """The same drafter on the same executors, refining each block ``refine`` times."""
+    def refining(self, refine: int | str) -> PEagleProposer:
+        """The same drafter on the same executors, refining each block ``refine`` times (or "auto")."""
         return type(self)(self.target, self.module, self.tree, refine)
 
     @property
     def label(self) -> str:
-        return super().label + (f", refined x{self.refine}" if self.refine else "")
+        return super().label + (", refined auto" if self.auto_refine else f", refined x{self.refine}" if self.refine else "")
 
     @property
     def placeholder(self) -> int:
@@ -126,6 +154,7 @@ class PEagleProposer(EagleProposer):
 
     # -- a round ------------------------------------------------------------------------
     def propose(self, requests: Sequence[Request], draft_lens: Sequence[int]) -> list[Draft]:
+        self.refined = (0, 0.0)
         out = [Draft.empty() for _ in requests]
         rows_for: dict[str, int] = {}  # request -> positions its draft reads (its chain, or its tree's depth)
         for r, k in zip(requests, draft_lens, strict=False):
@@ -135,15 +164,32 @@ class PEagleProposer(EagleProposer):
             return out
         slots = sorted(self.slot_of[rid] for rid in rows_for)
         blocks: dict[str, np.ndarray] = {}
-        anchors: dict[str, np.ndarray] | None = {} if self.refine else None  # [hidden] per block: what its refining rows add to
+        # refining calls per request: its own (auto: the policy's choice, none where it chose none) or the proposer's
+        calls = {r.request_id: ((r.refine_calls or 0) if self.auto_refine else self.refine) for r in requests if r.request_id in rows_for}
+        calls = {rid: min(n, rows_for[rid] - 1) for rid, n in calls.items()}  # a block of p positions is settled by p - 1 calls
+        most = max(calls.values())
+        anchors: dict[str, np.ndarray] | None = {} if most > 0 else None  # [hidden] per block: what its refining rows add to
         self._feed(slots[0], slots[-1] + 1, rows_for, blocks, anchors)
         drafts = {r.request_id: PositionalDraft(r, int(k), self.tree) for r, k in zip(requests, draft_lens, strict=False)
                   if r.request_id in blocks}
-        for call in range(self.refine):
-            self._refine(slots[0], slots[-1] + 1, rows_for, blocks, anchors, drafts, call)
+        # auto: a greedy chain's chains after each call but its last (what fewer calls would have drafted), [k] each; none
+        # for a chain not refined (its draft is what no call drafts: the policy learns the one call's acceptance from it)
+        fewer: dict[str, list[np.ndarray]] = {rid: [] for rid, d in drafts.items() if self.auto_refine and d.picks and self.tree is None}
+        refine_s = 0.0  # the calls' own time, not the bookkeeping of what fewer calls drafted
+        for call in range(most):
+            for rid in fewer:
+                if call < calls[rid]:
+                    fewer[rid].append(blocks[rid].argmax(-1))
+            t0 = time.perf_counter()
+            self._refine(slots[0], slots[-1] + 1, rows_for, blocks, anchors, drafts, call, calls)
+            refine_s += time.perf_counter() - t0
+        self.refined = (most, refine_s)
         for i, r in enumerate(requests):
-            if r.request_id in blocks:
-                out[i] = drafts[r.request_id].draft(blocks[r.request_id])
+            rid = r.request_id
+            if rid in blocks:
+                out[i] = drafts[rid].draft(blocks[rid])
+                if rid in fewer:  # [calls, k]
+                    out[i] = replace(out[i], fewer_calls=np.stack(fewer[rid]) if fewer[rid] else np.zeros((0, rows_for[rid]), np.int64))
         return out
 
     def _positions(self, k: int) -> int:
@@ -198,15 +244,16 @@ class PEagleProposer(EagleProposer):
         return int(sum(p for p, g in zip(pairs, go, strict=False) if g))
 
     def _refine(self, lo: int, hi: int, rows_for: dict[str, int], blocks: dict[str, np.ndarray], anchors: dict[str, np.ndarray],
-                drafts: dict[str, PositionalDraft], call: int) -> None:
+                drafts: dict[str, PositionalDraft], call: int, calls: dict[str, int]) -> None:
         """Refining call ``call`` (0-based) on slots lo..hi: each block not yet settled (positions 1..call + 1 are, so
         one of more than call + 1 positions; a block's positions: its chain, or its tree's depth) drafts position
         call + 1 from its final row, then feeds its positions - 1 placeholder rows again with the placeholder's
         features, row d reading the token drafted at position d where it is drafted (1..call + 1: a draw for a sampled
         request, a processor's pick) and the block's most likely token beyond; its rows call + 2..positions are
-        replaced by the call's. The cache holds the real pairs only, before and after."""
+        replaced by the call's. ``calls``: each request's refining calls (one takes part in calls 0..its own - 1). The
+        cache holds the real pairs only, before and after."""
         ids = self.order[lo:hi]
-        go = np.array([rid in blocks and rows_for[rid] - 1 > call for rid in ids])
+        go = np.array([rid in blocks and rows_for[rid] - 1 > call and calls[rid] > call for rid in ids])
         if not go.any():
             return
         # at most max_draft_len - 1 rows wide, which the cache holds past max_seq_len for every slot: one ragged call always
@@ -239,11 +286,17 @@ class PEagleConfig(DraftTreeConfig):
     (each depth's top candidates from the one call's block), or chains; ``refine`` calls after the first, each reading
     the previous one's drafts (a module trained with --peagle_refine)."""
 
-    refine: int = 0
+    refine: int | str = 0  # or "auto"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "refine", refine_value(self.refine))
+        if self.refine == AUTO_REFINE and self.choices is not None:
+            raise RequestError("--peagle_refine auto chooses the refining calls of chains; with --peagle_choices give a number of calls.")
 
 
 def _from_flags(values) -> PEagleConfig | None:
-    choices, refine = values.get("peagle_choices"), values.get("peagle_refine") or 0  # 0, the default, asks for nothing
+    given = values.get("peagle_refine")
+    choices, refine = values.get("peagle_choices"), 0 if given is None else refine_value(given)  # 0, the default, asks for nothing
     return None if choices is None and not refine else PEagleConfig(choices, refine)
 
 
@@ -252,6 +305,7 @@ METHOD = Method(
     flags=(Flag("peagle_choices", 'A --speculative_decoding_mode peagle target: the draft tree, as --medusa_choices, e.g. '
                 '"[[0],[1],[0,0],[0,1],[0,0,0]]", drafted from one module call [default: a chain of --draft_len drafts, 4].'),
            Flag("peagle_refine", "P-EAGLE: module calls after the first, each reading the previous call's drafts (a module trained with "
-                f"specdec-train --peagle_refine; 1 call more fixes one more position), 0 to {MAX_REFINE} [default: 0, one call a round].", type=int)),
+                f"specdec-train --peagle_refine; 1 call more fixes one more position), 0 to {MAX_REFINE}, or auto: chosen per request and "
+                "round from measured costs and what each call buys (chains) [default: 0, one call a round].")),
     open=lambda c, context: PEagleProposer.for_target(context.open_target(), c.choices, context.open_beside, c.refine),
     default_config=PEagleConfig)

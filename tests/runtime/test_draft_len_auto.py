@@ -3,7 +3,9 @@
 import numpy as np
 import pytest
 
-from specdec.runtime.draft_len import PROBE_EVERY, AutoDraftLen
+from specdec.runtime.draft_len import PROBE_EVERY, REFINE_EXPLORE, AutoDraftLen
+from specdec.runtime.draft_policy import fewer_outcomes
+from specdec.runtime.proposers.base import Draft
 from specdec.runtime.tree import DraftTree
 
 
@@ -526,3 +528,170 @@ def test_a_batch_size_timed_at_one_length_borrows_the_nearest_line():
         fresh.record_draft("peagle", 4, 4, 0.5)
     assert fresh.drafting_costs("peagle", 4, 3, fresh.draft_cost("peagle", 4, 0.0)) == pytest.approx([0.0, 0.5, 0.5, 0.5])
     assert fresh.drafting_costs("eagle", 4, 3, 0.2) == pytest.approx([0.0, 0.2, 0.4, 0.6])  # a chain drafter: a step a draft
+
+
+# -- P-EAGLE --peagle_refine auto: the refining calls chosen with the drafts --------------------------------------------
+def test_what_fewer_refining_calls_would_have_drafted_is_judged_as_far_as_the_targets_tokens_go():
+    """A chain refined twice carries the chains 0 and 1 calls would have drafted; each is judged against the tokens the
+    target emitted: kept up to its first miss (missed), kept to its end (not missed), or matching every emitted token and
+    going on, where the target's next token was never computed (censored: not missed). A settled chain (k - 1 calls)
+    stands for every further call up to the cap."""
+    d = Draft(np.array([1, 2, 3, 4]), fewer_calls=np.array([[1, 2, 9, 9], [1, 2, 3, 8]]))
+    assert fewer_outcomes(d, [1, 2, 3, 5], cap=3) == [(2, True), (3, True), (3, True)]
+    assert fewer_outcomes(d, [1, 2, 3, 4, 7], cap=3) == [(2, True), (3, True), (4, False)]  # all four kept: nothing missed
+    censored = Draft(np.array([1, 6, 3, 4]), fewer_calls=np.array([[1, 5, 7, 7], [1, 5, 3, 8]]))
+    assert fewer_outcomes(censored, [1, 5], cap=3) == [(2, False), (2, False), (1, True)]  # 1 5 match all the target said
+    settled = Draft(np.array([1, 2]), fewer_calls=np.array([[1, 3]]))  # k = 2: one call settles it
+    assert fewer_outcomes(settled, [1, 2, 4], cap=3) == [(1, True), (2, False), (2, False), (2, False)]
+    assert fewer_outcomes(d.prefix(2), [1, 2, 4], cap=3) == [(2, False)] * 4  # cut by the batch's width: settled too
+
+
+def refining_auto(share: float, seed: int = 0) -> AutoDraftLen:
+    """A one-call drafter refining up to 3 calls a round (flat rounds of 0.1 s over a 1 s target call), whose 400 greedy
+    rounds of 4 drafts kept position 1 at 0.8, and each later position at 0.4 with no refining call, 0.85 with one or
+    more (each round judged at every n, as record_fewer is fed); a refining call costs ``share`` of the round's one call."""
+    auto = one_call_auto(1, lambda k: 0.1)
+    auto.refining = {"peagle": 3}
+    rng = np.random.default_rng(seed)
+    for _ in range(400):
+        u = rng.random(4)
+        outcomes = []
+        for n in range(4):
+            ok = u < np.array([0.8] + [0.4 if n == 0 else 0.85] * 3)
+            kept = int(np.argmin(ok)) if not ok.all() else 4
+            outcomes.append((kept, kept < 4))
+        auto.record_fewer("peagle", 3, outcomes, 4)
+        auto.record_round("peagle", 4, outcomes[3][0])
+    for _ in range(3):  # the first call of a shape is not timed
+        auto.record_refine("peagle", 1, 2, 2 * share * 0.1, 0.1)
+    return auto
+
+
+def test_refining_calls_are_chosen_where_what_they_buy_pays_for_them():
+    """What n refining calls buy is measured on the same rounds as none (record_fewer): one call lifts positions 2..4
+    from 0.4 to 0.85, so a round of 4 drafts keeps about 2.55 drafts refined against 1.30. Cheap calls (a tenth of the
+    one call's cost) are made; calls costing 20 target steps are not; a fixed draft length only chooses the calls."""
+    cheap = refining_auto(0.1)
+    a = cheap.acceptance("peagle", 0, 0)
+    blind, once, thrice = (cheap.expected_refined("peagle", a, 4, n)[4] for n in (0, 1, 3))
+    assert blind == pytest.approx(1 + 0.8 + 0.8 * 0.4 + 0.8 * 0.16 + 0.8 * 0.064, rel=0.12)
+    assert once == pytest.approx(blind + 2.55 - 1.30, rel=0.08) and thrice == pytest.approx(once)
+    assert cheap.refine_share("peagle", 1) == pytest.approx(0.1)
+    k, n = cheap.choose_refined("peagle", 0, 0, 8, rows=1)
+    assert n >= 1 and k >= 4, (k, n)
+    dear = refining_auto(200.0)  # a refining call at 20 s
+    assert dear.choose_refined("peagle", 0, 0, 8, rows=1)[1] == 0
+    assert cheap.choose_refined("peagle", 0, 0, 8, rows=1, draft_len=2) in ((2, 0), (2, 1))
+    assert cheap.choose_refined("peagle", 0, 0, 8, rows=1, draft_len=1) == (1, 0)  # a single draft is never refined
+    assert cheap.refine_share("peagle", 4) == pytest.approx(0.1)  # the nearest batch size's share
+    assert AutoDraftLen(8, 16).refine_share("peagle", 4) == 1.0  # none timed: a refining call costs what the one call does
+    assert not cheap.exploring_refines("peagle")
+    described = cheap.describe("peagle", 1)
+    assert described["refine_rounds"] == 400 and described["refined_tokens_k2_4"][1][-1] > described["refined_tokens_k2_4"][0][-1] + 1.0
+    assert described["refines_timed"] == {2: [2, pytest.approx(2 * 0.1 * 0.1 * 1e3)]}  # 2 calls, 0.02 s: the first round not timed
+
+
+def test_only_rounds_that_measured_every_number_of_calls_end_the_exploring():
+    """A round that made fewer than the most calls (and was not settled) measured only the fewer: the method keeps
+    exploring until REFINE_EXPLORE rounds measured them all. Each round counts the unrefined chain's acceptance at each
+    position, and each n's drafts kept more than none's among the first k drafts."""
+    auto = AutoDraftLen(8, 16)
+    auto.refining = {"peagle": 3}
+    for _ in range(20):
+        auto.record_fewer("peagle", 1, [(1, True), (3, True)], 4)
+    assert auto.exploring_refines("peagle")
+    for _ in range(20):  # single drafts (probes): settled, but never refined
+        auto.record_fewer("peagle", 0, [(0, True)] * 4, 1)
+    assert auto.exploring_refines("peagle")
+    for _ in range(REFINE_EXPLORE):
+        auto.record_fewer("peagle", 3, [(1, True)] * 4, 4)
+    assert not auto.exploring_refines("peagle")
+    assert auto.unrefined_reached["peagle"][:3] == [40 + REFINE_EXPLORE, 20 + REFINE_EXPLORE, 0]  # kept 1, missed the 2nd
+    assert auto.unrefined_accepted["peagle"][:2] == [20 + REFINE_EXPLORE, 0]
+    assert auto.gain_rounds["peagle"][1] == [40 + REFINE_EXPLORE] + [20 + REFINE_EXPLORE] * 3 + [0] * 4  # a single draft: no gain
+    assert auto.gain_sum["peagle"][1][:4] == [0, 20, 20, 0]  # 3 kept against 1: positions 2 and 3 kept more often
+
+
+def test_a_censored_draft_counts_at_its_chance_beyond_the_targets_tokens():
+    """With no call the draft kept 2 and matched all the target said (censored); refined once it kept 1 and missed. The
+    gain at position 2 is -1 (known), at 3 and 4 minus the unrefined draft's chance of getting there (the unrefined
+    acceptance there, from the counts): neither a miss (which would favour refining) nor left out."""
+    auto = AutoDraftLen(8, 16)
+    auto.refining = {"peagle": 1}
+    for _ in range(8):  # unrefined drafts that kept 3 of 4: positions 1-3 kept 8 in 8, position 4 missed 8 in 8
+        auto.record_fewer("peagle", 0, [(3, True), (3, True)], 4)
+    auto.gain_sum["peagle"][1] = [0.0] * 8
+    auto.record_fewer("peagle", 1, [(2, False), (1, True)], 4)
+    p3, p4 = 9 / 10, 1 / 10  # (kept + 1) / (reached + 2) at positions 3 and 4
+    assert auto.gain_sum["peagle"][1][:4] == pytest.approx([0.0, -1.0, -p3, -p3 * p4])
+    assert auto.unrefined_reached["peagle"][:4] == [8 + 1, 8 + 1, 8, 8] and auto.unrefined_accepted["peagle"][:3] == [9, 9, 8]
+
+
+def test_a_fixed_number_of_refining_calls_is_priced_in_the_round_and_auto_times_them_apart():
+    """A round's refining calls (Proposer.refined) are timed apart from its one call: for a drafter whose calls auto
+    chooses, as a share of that call; for a fixed number of calls, added back to the round's price."""
+    from types import SimpleNamespace
+
+    from specdec.runtime.draft_policy import AutoDraftPolicy
+    from specdec.runtime.request import AUTO
+
+    for refining in ({}, {"peagle": 3}):
+        cost = AutoDraftLen(8, 16)
+        cost.one_call, cost.refining = {"peagle"}, refining
+        policy = AutoDraftPolicy(cost)
+        policy.begin([SimpleNamespace(draft_len=AUTO, method="peagle")], 1)
+        for _ in range(2):  # (a shape's first call is not timed)
+            policy.proposed("peagle", 1, 4, 0.1, 0, 0.0, (2, 0.05))
+        if refining:
+            assert cost.draft_s[("peagle", 1)] == pytest.approx(0.1) and cost.refine_share("peagle", 1) == pytest.approx(0.25)
+        else:
+            assert cost.draft_s[("peagle", 1)] == pytest.approx(0.15) and not cost.refine_ratio
+
+
+def test_only_requests_whose_drafts_measure_refining_explore_it():
+    """While the method explores, a greedy request refines as far as its chain goes; a sampled one (its draws say
+    nothing of what fewer calls would have drafted) takes the number the cost model expects to pay, and a single draft
+    none, whatever it took before."""
+    from types import SimpleNamespace
+
+    from specdec.runtime.draft_policy import AutoDraftPolicy
+    from specdec.runtime.metrics import Metrics
+    from specdec.runtime.sampling import SamplingConfig
+
+    cost = AutoDraftLen(8, 16)
+    cost.one_call, cost.refining = {"peagle"}, {"peagle": 7}
+    policy = AutoDraftPolicy(cost)
+    policy.begin([], 3)
+
+    def request(sampling):
+        return SimpleNamespace(draft_len=4, method="peagle", metrics=Metrics(requests=1), processor=None, refine_calls=None,
+                               auto_refine=None, config=SimpleNamespace(sampling=sampling, max_output_len=64), output_ids=[1])
+
+    greedy, hot = request(SamplingConfig()), request(SamplingConfig(temperature=0.8))
+    policy.refine_calls(greedy, 4, 1)
+    policy.refine_calls(hot, 4, 1)
+    assert cost.exploring_refines("peagle") and greedy.refine_calls == 3 and hot.refine_calls == 0
+    policy.refine_calls(greedy, 1, 1)
+    assert greedy.refine_calls == 0
+
+
+def test_the_batch_width_reads_what_a_requests_refining_calls_bought():
+    """Once a chain was refined, the batch's call width (batch_cap) weighs its drafts at what its calls bought (they are
+    paid for already), not at the unrefined acceptance (0.4 past the first draft here, 0.85 refined). Measured before:
+    auto refining at batch 4 on the 325M pair had its refined chains cut short (acceptance 1.62 against 1.83 unrefined)."""
+    from types import SimpleNamespace
+
+    from specdec.runtime.draft_policy import AutoDraftPolicy
+    from specdec.runtime.metrics import Metrics
+    from specdec.runtime.request import AUTO
+
+    cost = refining_auto(0.1)
+    policy = AutoDraftPolicy(cost)
+    chain = Draft(np.arange(100, 104))
+    r = SimpleNamespace(draft_len=AUTO, method="peagle", metrics=Metrics(requests=1), refine_calls=1)
+    refined = policy.expected_curve(r, chain)
+    a = cost.acceptance("peagle", 0, 0)
+    assert refined == pytest.approx(cost.expected_refined("peagle", a, 4, 1))
+    r.refine_calls = 0
+    unrefined = policy.expected_curve(r, chain)
+    assert unrefined == pytest.approx(cost.expected_refined("peagle", a, 4, 0)) and refined[4] > unrefined[4] + 1

@@ -169,13 +169,13 @@ class Recording(FixedDraftPolicy):
         self.calls.append("fit")
         return drafts
 
-    def proposed(self, method, rows, steps, seconds, fed, catch_up_seconds):
+    def proposed(self, method, rows, steps, seconds, fed, catch_up_seconds, refined=(0, 0.0)):
         self.calls.append("proposed")
 
     def verified(self, rows, width, seconds):
         self.calls.append(f"verified {rows}x{width}")
 
-    def observed(self, r, draft, accepted, path=()):
+    def observed(self, r, draft, accepted, path=(), emitted=()):
         self.calls.append("observed")
 
 

@@ -495,6 +495,125 @@ def test_refining_calls_read_the_tokens_the_request_drafts(refining, sampling, c
     assert differs > 0  # the draws are not the block's most likely tokens: the test tells the two readings apart
 
 
+# -- --peagle_refine auto: each request's refining calls chosen by the draft policy ------------------------------------
+@pytest.mark.parametrize("draft_len", [4, "auto"])
+def test_auto_refined_peagle_is_exact(refining, draft_len):
+    """Chains whose refining calls the policy chooses per request and round (exploring first: the most calls), with a
+    fixed length and with draft_len=auto: the target's greedy output, alone and in a ragged batch of 3; the rounds teach
+    the cost model what the calls cost and buy."""
+    t, m = refining["target"], refining["mod"]
+    for prompts in ([PROMPTS[0]], PROMPTS):
+        want, _ = generate(t, m, prompts, "none", 0)
+        engine = Engine(t, [PEagleProposer(t, m, None, "auto")], SpeculationConfig("peagle", draft_len))
+        ids = [engine.add_request(p, GenerationConfig(max_output_len=20), seed_stream=i) for i, p in enumerate(prompts)]
+        done = run_until_done(engine)
+        assert [done[i].output_ids for i in ids] == want, (len(prompts), draft_len)
+        auto = engine.auto
+        assert auto.refining == {"peagle": 7}  # max_draft_len 8: a chain of 8 is settled by 7 calls
+        if draft_len == 4:  # (auto may draft one token at a time here: random weights, nothing to refine)
+            assert auto.refine_rounds["peagle"] > 0 and sum(auto.unrefined_reached["peagle"]) > 0 and sum(auto.gain_rounds["peagle"][1]) > 0
+            assert ("peagle", len(prompts)) in auto.refine_ratio
+
+
+def test_each_request_makes_the_refining_calls_chosen_for_it(refining):
+    """Requests asking for 2, 0 and 1 refining calls in one round: 1 + 2 module calls, each request fed in its own calls
+    only (riding along after); a greedy chain's draft carries the chains its fewer calls drafted (the block's most likely
+    tokens after each call; none for no calls), a sampled one nothing; the refining calls are timed apart."""
+    t = refining["target"]
+    rec = RecordingModule(refining["mod"])
+    proposer = PEagleProposer(t, rec, None, "auto")
+    engine = Engine(t, [proposer], SpeculationConfig("peagle", 4))
+    sampled = GenerationConfig(max_output_len=8, sampling=HOT)
+    ids = [engine.add_request(p, GenerationConfig(max_output_len=8) if i < 3 else sampled, seed_stream=i)
+           for i, p in enumerate([*PROMPTS, PROMPTS[0]])]
+    engine.step()  # the prefills
+    reqs = [engine.requests[i] for i in ids]
+    for r, n in zip(reqs, [2, 0, 1, 2], strict=True):
+        r.refine_calls = n
+    rec.fed.clear(), rec.logits.clear()
+    drafts = proposer.propose(reqs, [4] * 4)
+    assert len(rec.fed) == 3 and proposer.refined[0] == 2 and proposer.refined[1] > 0
+    lo = min(proposer.slot_of[i] for i in ids)
+    rows = [proposer.slot_of[i] - lo for i in ids]
+    for c, fed in enumerate(rec.fed[1:]):
+        assert [len(fed[row]) for row in rows] == [3, 1, 3 if c == 0 else 1, 3]  # 3 rows refined, [0] riding along
+    assert drafts[1].fewer_calls.shape == (0, 4) and drafts[3].fewer_calls is None  # no calls: the one call's chain; sampled: none
+    n = len(rec.fed[0][rows[0]])  # pairs + 3 placeholders: the block is its last 4 rows
+    first = rec.logits[0][rows[0], n - 4 : n].argmax(-1)
+    after_one = np.concatenate([first[:1], rec.logits[1][rows[0], 0:3].argmax(-1)])
+    assert drafts[0].fewer_calls.tolist() == [first.tolist(), after_one.tolist()]
+    assert drafts[0].tokens.tolist() == [*after_one[:2], *rec.logits[2][rows[0], 1:3].argmax(-1)]
+    n2 = len(rec.fed[0][rows[2]])
+    assert drafts[2].fewer_calls.tolist() == [rec.logits[0][rows[2], n2 - 4 : n2].argmax(-1).tolist()]
+    proposer.propose(reqs, [0] * 4)
+    assert proposer.refined == (0, 0.0)
+
+    def fresh(configs):
+        proposer = PEagleProposer(t, rec, None, "auto")
+        engine = Engine(t, [proposer], SpeculationConfig("peagle", 4))
+        ids = [engine.add_request(p, c, seed_stream=i) for i, (p, c) in enumerate(zip([*PROMPTS, PROMPTS[0]], configs, strict=False))]
+        engine.step()
+        return proposer, [engine.requests[i] for i in ids]
+
+    proposer, reqs = fresh([GenerationConfig(max_output_len=8)] * 4)
+    for r, n in zip(reqs, [3, 1, 3, 3], strict=True):  # a single draft is never refined, whatever it asks for
+        r.refine_calls = n
+    rec.fed.clear()
+    proposer.propose(reqs, [1, 4, 1, 1])
+    assert len(rec.fed) == 2 and proposer.refined[0] == 1  # the calls that ran
+    proposer, (r,) = fresh([GenerationConfig(max_output_len=8, sampling=SamplingConfig(logit_bias=((7, 50.0),)))])
+    r.refine_calls = 2
+    (draft,) = proposer.propose([r], [4])
+    assert draft.fewer_calls is None and proposer.refined[0] == 2  # greedy through a processor: picks are not the argmax
+
+
+def test_specdec_run_and_bench_take_auto_refining(refining, tmp_path):
+    """specdec-run --peagle_refine auto (with draft_len auto) and specdec-bench's sweep: the target's greedy output; a value
+    that is neither a number of calls nor auto, or auto with a tree, is refused in one line before anything runs."""
+    from click.testing import CliRunner
+
+    from specdec.bench.sweep import run_sweep
+    from specdec.cli.run import main as run_main
+
+    engine_dir = refining["target"].engine.path
+    (tmp_path / "ids.csv").write_text(",".join(map(str, PROMPTS[2])) + "\n")
+    base = ["--engine_dir", str(engine_dir), "--input_file", str(tmp_path / "ids.csv"), "--max_output_len", "12", "--num_threads", "1"]
+    r = CliRunner().invoke(run_main, [*base, "--peagle_refine", "auto", "--draft_len", "auto", "--baseline"])
+    assert r.exit_code == 0 and "refined auto" in r.output and "outputs identical to target-only: yes" in r.output, r.output
+    for extra in (["--peagle_refine", "often"], ["--peagle_refine", "auto", "--peagle_choices", TREE]):
+        r = CliRunner().invoke(run_main, [*base, *extra])
+        assert r.exit_code != 0 and "--peagle_refine" in r.output and "Traceback" not in r.output, r.output
+    data = [{"input_ids": p, "output_len": 12} for p in PROMPTS]
+    target = load_engine_dir(engine_dir)
+    result = run_sweep(target, ["none", "peagle"], None, [4], 2, data, threads=1, warmup=0, cost_reps=2, heads_dirs={"peagle": target},
+                       peagle_refine="auto")
+    assert [r["label"] for r in result["rows"]] == ["target-only", "peagle chain k=4, refined auto"]
+    assert all(r["identical_to_target_only"] for r in result["rows"]) and result["settings"]["peagle_refine"] == "auto"
+    with pytest.raises(RequestError, match="--peagle_refine auto chooses the refining calls of chains"):
+        run_sweep(target, ["peagle"], None, [4], 2, data, threads=1, warmup=0, cost_reps=1, heads_dirs={"peagle": target},
+                  choices={"peagle": TREE}, peagle_refine="auto")
+
+
+def test_auto_refine_refusals(refining):
+    """auto chooses the calls of chains: with a tree it is refused (a config, a proposer), as is anything but a number
+    from 0 to 7 or auto."""
+    t, m = refining["target"], refining["mod"]
+    with pytest.raises(RequestError, match="--peagle_refine auto chooses the refining calls of chains"):
+        PEagleConfig(TREE, "auto")
+    with pytest.raises(RequestError, match="--peagle_refine auto chooses the refining calls of chains"):
+        PEagleProposer(t, m, TREE, "auto")
+    assert PEagleConfig(None, " Auto ").refine == "auto" and PEagleConfig(None, "3").refine == 3
+    from specdec.runtime.proposers.peagle import METHOD
+
+    assert METHOD.from_flags({"peagle_refine": "0"}) is None  # 0 asks for nothing (on any target)
+    assert METHOD.from_flags({"peagle_refine": None}) is None and METHOD.from_flags({"peagle_refine": "auto"}).refine == "auto"
+    for bad in ("often", "8", "-1", ""):
+        with pytest.raises(RequestError, match="--peagle_refine .* from 0 to 7, or auto"):
+            PEagleConfig(None, bad)
+        with pytest.raises(RequestError, match="--peagle_refine .* from 0 to 7, or auto"):
+            METHOD.from_flags({"peagle_refine": bad})
+
+
 def test_the_shipped_refining_module_accepts_more_with_a_refining_call(tmp_path):
     """examples/demo-pair/heads/peagle-refine (trained with --peagle_refine) on the demo target, k = 4, 12 held-out
     functions' starts (the benchmarks' prompts): one refining call accepts at least 0.15 more tokens a round than the one
