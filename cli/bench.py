@@ -33,6 +33,9 @@ class RefineCalls(click.ParamType):
 
     name = f"[0-{MAX_REFINE}|auto]"
 
+    def get_metavar(self, param, ctx=None) -> str:  # (click would print the name in capitals)
+        return self.name
+
     def convert(self, value, param, ctx):
         try:
             return refine_value(value)

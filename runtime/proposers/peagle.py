@@ -306,6 +306,6 @@ METHOD = Method(
                 '"[[0],[1],[0,0],[0,1],[0,0,0]]", drafted from one module call [default: a chain of --draft_len drafts, 4].'),
            Flag("peagle_refine", "P-EAGLE: module calls after the first, each reading the previous call's drafts (a module trained with "
                 f"specdec-train --peagle_refine; 1 call more fixes one more position), 0 to {MAX_REFINE}, or auto: chosen per request and "
-                "round from measured costs and what each call buys (chains) [default: 0, one call a round].")),
+                "round from measured costs and what each call buys (chains); 0: one call a round.", default="0")),
     open=lambda c, context: PEagleProposer.for_target(context.open_target(), c.choices, context.open_beside, c.refine),
     default_config=PEagleConfig)

@@ -580,6 +580,8 @@ def test_specdec_run_and_bench_take_auto_refining(refining, tmp_path):
     base = ["--engine_dir", str(engine_dir), "--input_file", str(tmp_path / "ids.csv"), "--max_output_len", "12", "--num_threads", "1"]
     r = CliRunner().invoke(run_main, [*base, "--peagle_refine", "auto", "--draft_len", "auto", "--baseline"])
     assert r.exit_code == 0 and "refined auto" in r.output and "outputs identical to target-only: yes" in r.output, r.output
+    r = CliRunner().invoke(run_main, [*base, "--peagle_refine", "0"])  # the default said out loud: one call a round
+    assert r.exit_code == 0 and "--- peagle chain ---" in r.output, r.output
     for extra in (["--peagle_refine", "often"], ["--peagle_refine", "auto", "--peagle_choices", TREE]):
         r = CliRunner().invoke(run_main, [*base, *extra])
         assert r.exit_code != 0 and "--peagle_refine" in r.output and "Traceback" not in r.output, r.output
