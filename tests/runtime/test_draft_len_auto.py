@@ -576,6 +576,9 @@ def test_refining_calls_are_chosen_where_what_they_buy_pays_for_them():
     blind, once, thrice = (cheap.expected_refined("peagle", a, 4, n)[4] for n in (0, 1, 3))
     assert blind == pytest.approx(1 + 0.8 + 0.8 * 0.4 + 0.8 * 0.16 + 0.8 * 0.064, rel=0.12)
     assert once == pytest.approx(blind + 2.55 - 1.30, rel=0.08) and thrice == pytest.approx(once)
+    # a request the one call drafts worse for gains what the method gains, not less (ordinary text gains most)
+    low = [cheap.expected_refined("peagle", a / 2, 4, n)[4] for n in (0, 1)]
+    assert low[0] < blind - 0.5 and low[1] - low[0] == pytest.approx(once - blind)
     assert cheap.refine_share("peagle", 1) == pytest.approx(0.1)
     k, n = cheap.choose_refined("peagle", 0, 0, 8, rows=1)
     assert n >= 1 and k >= 4, (k, n)
