@@ -39,7 +39,7 @@ from ..runtime.orchestrator import GenerationConfig, Orchestrator
 from ..runtime.proposers.draft_model import DraftModelProposer
 from ..runtime.proposers.ngram import NGramProposer
 from ..runtime.proposers.own import OwnDrafter
-from ..runtime.proposers.peagle import AUTO_REFINE, PEagleProposer, refine_value
+from ..runtime.proposers.peagle import AUTO_ON_A_TREE, AUTO_REFINE, PEagleProposer, refine_value
 from ..runtime.proposers.suffix import SuffixConfig, SuffixProposer
 from ..runtime.request import METHODS as ENGINE_METHODS
 from ..runtime.sampling import SamplingConfig
@@ -237,7 +237,7 @@ def run_sweep(
         raise RequestError("--peagle_refine refines P-EAGLE's blocks but --method has no 'peagle': add it (with a target built with "
                            "--speculative_decoding_mode peagle).")
     if peagle_refine == AUTO_REFINE and choices.get("peagle"):
-        raise RequestError("--peagle_refine auto chooses the refining calls of chains; with --peagle_choices give a number of calls.")
+        raise RequestError(AUTO_ON_A_TREE)
     for m, tree in choices.items():  # a tree nothing would draft is refused, not dropped
         if tree and m not in methods:
             raise RequestError(f"--{m}_choices is given but --method has no {m!r}: add it (with a target built with "

@@ -166,6 +166,20 @@ def _survival(c: list[float]) -> list[float]:
     return out
 
 
+def _moving(old: float | None, new: float) -> float:
+    """A moving average's next value (FORGET's weight on the new timing, at most 3x the old one: one stall is not a cost)."""
+    return new if old is None else min((1 - FORGET) * old + FORGET * new, 3.0 * old)
+
+
+def _nearest(table: dict[tuple[str, int], float], method: str, rows: int) -> float | None:
+    """``table``'s value for (method, rows), else for the method's nearest batch size in it, else None."""
+    value = table.get((method, rows))
+    if value is not None:
+        return value
+    sizes = [n for m, n in table if m == method]
+    return table[(method, min(sizes, key=lambda n: abs(n - rows)))] if sizes else None
+
+
 def _tally(tallies: dict[tuple, list[float]], key: tuple, seconds: float) -> None:
     """One more call of ``key`` into its [calls, seconds] (no default list allocated per call: this runs every round)."""
     tally = tallies.get(key)
@@ -376,26 +390,20 @@ class AutoDraftLen:
             line.add(drafts, seconds)
         if steps > 0:
             per = seconds / steps
-            old = self.draft_s.get((method, rows))
-            self.draft_s[(method, rows)] = per if old is None else min((1 - FORGET) * old + FORGET * per, 3.0 * old)
+            self.draft_s[(method, rows)] = _moving(self.draft_s.get((method, rows)), per)
 
     def record_refine(self, method: str, rows: int, calls: int, seconds: float, first_s: float) -> None:
         """A round's ``calls`` refining calls over ``rows`` requests took ``seconds`` after its one call took ``first_s``."""
         if calls <= 0 or first_s <= 0 or self._first(("refine", method, rows, calls)):  # a new shape's first call: setup
             return
         _tally(self.refines_timed, (method, rows, calls), seconds)
-        share = seconds / calls / first_s
-        old = self.refine_ratio.get((method, rows))
-        self.refine_ratio[(method, rows)] = share if old is None else min((1 - FORGET) * old + FORGET * share, 3.0 * old)
+        self.refine_ratio[(method, rows)] = _moving(self.refine_ratio.get((method, rows)), seconds / calls / first_s)
 
     def refine_share(self, method: str, rows: int) -> float:
         """A refining call's cost as a share of the round's one call at ``rows`` requests: measured, else the nearest batch
         size's, else 1 (a refining call feeds each request its block again, about what the one call feeds)."""
-        share = self.refine_ratio.get((method, rows))
-        if share is not None:
-            return share
-        sizes = [n for m, n in self.refine_ratio if m == method]
-        return self.refine_ratio[(method, min(sizes, key=lambda n: abs(n - rows)))] if sizes else 1.0
+        share = _nearest(self.refine_ratio, method, rows)
+        return 1.0 if share is None else share
 
     def record_fewer(self, method: str, calls: int, outcomes: list[tuple[int, bool]], drafts: int) -> None:
         """A greedy chain round that made ``calls`` refining calls: ``outcomes[m]`` for m = 0..calls (more where its chain was
@@ -559,13 +567,8 @@ class AutoDraftLen:
 
     def draft_cost(self, method: str, rows: int, default: float) -> float:
         """Seconds of one draft step over ``rows`` requests: measured, else the nearest batch size measured."""
-        cost = self.draft_s.get((method, rows))
-        if cost is not None:
-            return cost
-        sizes = [n for m, n in self.draft_s if m == method]
-        if not sizes:
-            return default
-        return self.draft_s[(method, min(sizes, key=lambda n: abs(n - rows)))]
+        cost = _nearest(self.draft_s, method, rows)
+        return default if cost is None else cost
 
     def _round_line(self, method: str, rows: int) -> tuple[_CostLine, float] | None:
         """(line, scale): a one-call drafter's round at ``rows`` costs scale * line(k). Its own line once two draft lengths
@@ -629,18 +632,22 @@ class AutoDraftLen:
         limit = min(limit, self.max_draft_len)
         if limit <= 0:
             return 0
-        a = self.acceptance(method, accepted, rejected)
-        verify = self.verify_costs(rows)[1 : limit + 2]  # [k]: a call of k + 1 tokens
-        t_draft = self.draft_cost(method, rows, default=0.1 * verify[0])  # unmeasured: a tenth of a target step
-        tokens = self.expected_tokens(method, a, limit)
-        drafting = self.drafting_costs(method, rows, limit, t_draft)
-        spread = rows * catch_up_s / max(min(left, HORIZON), 1)  # per token the round makes
+        tokens = self.expected_tokens(method, self.acceptance(method, accepted, rejected), limit)
+        verify, drafting, spread = self._round_prices(method, rows, limit, catch_up_s, left)
         speed = [tokens[k] / (drafting[k] + verify[k] + (spread * tokens[k] if k else 0.0)) for k in range(limit + 1)]
         speed[0] *= 1.0 + DRAFT_MARGIN
         best = max(range(limit + 1), key=speed.__getitem__)
         if current is not None and current <= limit and speed[best] < speed[current] * (1.0 + STICKY):
             return current
         return best
+
+    def _round_prices(self, method: str, rows: int, limit: int, catch_up_s: float, left: int) -> tuple[list[float], list[float], float]:
+        """(verify [k], drafting [k], spread): the seconds of a round of k = 0..limit drafts at ``rows`` requests, its target
+        call of k + 1 tokens and its drafting; and a catch-up's seconds per token the round makes (``choose``)."""
+        verify = self.verify_costs(rows)[1 : limit + 2]  # [k]: a call of k + 1 tokens
+        t_draft = self.draft_cost(method, rows, default=0.1 * verify[0])  # unmeasured: a tenth of a target step
+        spread = rows * catch_up_s / max(min(left, HORIZON), 1)  # per token the round makes
+        return verify, self.drafting_costs(method, rows, limit, t_draft), spread
 
     def exploring_refines(self, method: str) -> bool:
         """Whether the method's rounds still refine as far as they can: fewer than REFINE_EXPLORE greedy chain rounds
@@ -664,11 +671,8 @@ class AutoDraftLen:
         if limit <= 0:
             return 0, 0
         a = self.acceptance(method, accepted, rejected)
-        verify = self.verify_costs(rows)[1 : limit + 2]  # [k]: a call of k + 1 tokens
-        t_draft = self.draft_cost(method, rows, default=0.1 * verify[0])
-        drafting = self.drafting_costs(method, rows, limit, t_draft)
+        verify, drafting, spread = self._round_prices(method, rows, limit, catch_up_s, left)
         share = self.refine_share(method, rows)
-        spread = rows * catch_up_s / max(min(left, HORIZON), 1)
         speeds: dict[tuple[int, int], float] = {}
         if draft_len is None:
             speeds[(0, 0)] = (1.0 + DRAFT_MARGIN) / verify[0]

@@ -211,9 +211,7 @@ class AutoDraftPolicy(FixedDraftPolicy):
             current = (r.auto_k, r.auto_refine or 0) if r.auto_k is not None else None
             k, n = cost.choose_refined(r.method, r.metrics.accepted, r.metrics.rejected, limit, running, current, catch_up_s, left)
             r.auto_k, r.auto_refine = k, n
-            r.refine_calls = n
-            if k > 1 and measures_refining(r) and (cost.exploring_refines(r.method) or cost.probe_due(rounds, running)):
-                r.refine_calls = min(cost.refining[r.method], k - 1)  # measures what every number of calls buys (record_fewer)
+            r.refine_calls = self.exploring(r, k, running) or n
         else:
             k = cost.choose(r.method, r.metrics.accepted, r.metrics.rejected, limit, running, r.auto_k, catch_up_s, left)
             r.auto_k = k
@@ -232,16 +230,22 @@ class AutoDraftPolicy(FixedDraftPolicy):
         """A fixed-length request's refining calls this round (``r.refine_calls``), for its k drafts: the most while the
         method explores and in probe rounds (a request whose drafts measure them), else the number the cost model expects
         to pay; none for a single draft."""
-        cost, cap = self.cost, min(self.cost.refining[r.method], k - 1)
-        if cap <= 0:
+        if k <= 1:
             r.refine_calls = 0
             return
-        if measures_refining(r) and (cost.exploring_refines(r.method) or cost.probe_due(self.round_index, running)):
-            r.refine_calls = cap
-            return
-        current = (k, r.auto_refine) if r.auto_refine is not None else None
-        r.refine_calls = r.auto_refine = cost.choose_refined(r.method, r.metrics.accepted, r.metrics.rejected, k, running, current,
-                                                             left=r.config.max_output_len - len(r.output_ids), draft_len=k)[1]
+        r.refine_calls = self.exploring(r, k, running)
+        if not r.refine_calls:
+            current = (k, r.auto_refine) if r.auto_refine is not None else None
+            r.refine_calls = r.auto_refine = self.cost.choose_refined(r.method, r.metrics.accepted, r.metrics.rejected, k, running, current,
+                                                                      left=r.config.max_output_len - len(r.output_ids), draft_len=k)[1]
+
+    def exploring(self, r: Request, k: int, running: int) -> int:
+        """The refining calls r makes this round to measure what every number of calls buys (record_fewer): as many as its
+        k drafts take while the method explores and in probe rounds, where its drafts can measure them; else 0."""
+        cost = self.cost
+        if k > 1 and measures_refining(r) and (cost.exploring_refines(r.method) or cost.probe_due(self.round_index, running)):
+            return min(cost.refining[r.method], k - 1)
+        return 0
 
     def fit(self, reqs: Sequence[Request], drafts: list[Draft]) -> list[Draft]:
         """Scored drafts cut to the prefix that pays at this batch size, static trees to the nodes chosen for them, then

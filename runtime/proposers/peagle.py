@@ -66,6 +66,7 @@ if TYPE_CHECKING:
 
 MAX_REFINE = 7  # a block of 8 positions is fixed by 7 refining calls (call m + 1 fixes position m + 1)
 AUTO_REFINE = "auto"  # the draft policy chooses each request's refining calls, each round (up to MAX_REFINE)
+AUTO_ON_A_TREE = "--peagle_refine auto chooses the refining calls of chains; with --peagle_choices give a number of calls."
 
 
 def refine_value(text: str | int) -> int | str:
@@ -93,12 +94,10 @@ class PEagleProposer(EagleProposer):
         """refine: calls after the first, each reading the previous one's drafts (a module trained to: --peagle_refine);
         "auto": each request's, as the draft policy chooses (Request.refine_calls), up to MAX_REFINE."""
         super().__init__(target, module, choices)
-        if not isinstance(refine, (int, str)):
-            raise RequestError(f"--peagle_refine {refine!r}: give a whole number of calls from 0 to {MAX_REFINE}, or auto.")
         refine = refine_value(refine)
         self.auto_refine = refine == AUTO_REFINE
         if self.auto_refine and self.tree is not None:
-            raise RequestError("--peagle_refine auto chooses the refining calls of chains; with --peagle_choices give a number of calls.")
+            raise RequestError(AUTO_ON_A_TREE)
         self.refine = MAX_REFINE if self.auto_refine else int(refine)  # the most calls a round makes
         self.auto_refine_calls = self.refine if self.auto_refine else 0
         self.refined = (0, 0.0)
@@ -165,8 +164,9 @@ class PEagleProposer(EagleProposer):
         slots = sorted(self.slot_of[rid] for rid in rows_for)
         blocks: dict[str, np.ndarray] = {}
         # refining calls per request: its own (auto: the policy's choice, none where it chose none) or the proposer's
-        calls = {r.request_id: ((r.refine_calls or 0) if self.auto_refine else self.refine) for r in requests if r.request_id in rows_for}
-        calls = {rid: min(n, rows_for[rid] - 1) for rid, n in calls.items()}  # a block of p positions is settled by p - 1 calls
+        # (a block of p positions is settled by p - 1 calls)
+        calls = {r.request_id: min((r.refine_calls or 0) if self.auto_refine else self.refine, rows_for[r.request_id] - 1)
+                 for r in requests if r.request_id in rows_for}
         most = max(calls.values())
         anchors: dict[str, np.ndarray] | None = {} if most > 0 else None  # [hidden] per block: what its refining rows add to
         self._feed(slots[0], slots[-1] + 1, rows_for, blocks, anchors)
@@ -174,7 +174,7 @@ class PEagleProposer(EagleProposer):
                   if r.request_id in blocks}
         # auto: a greedy chain's chains after each call but its last (what fewer calls would have drafted), [k] each; none
         # for a chain not refined (its draft is what no call drafts: the policy learns the one call's acceptance from it)
-        fewer: dict[str, list[np.ndarray]] = {rid: [] for rid, d in drafts.items() if self.auto_refine and d.picks and self.tree is None}
+        fewer: dict[str, list[np.ndarray]] = {rid: [] for rid, d in drafts.items() if d.picks} if self.auto_refine else {}  # (chains only)
         refine_s = 0.0  # the calls' own time, not the bookkeeping of what fewer calls drafted
         for call in range(most):
             for rid in fewer:
@@ -291,7 +291,7 @@ class PEagleConfig(DraftTreeConfig):
     def __post_init__(self) -> None:
         object.__setattr__(self, "refine", refine_value(self.refine))
         if self.refine == AUTO_REFINE and self.choices is not None:
-            raise RequestError("--peagle_refine auto chooses the refining calls of chains; with --peagle_choices give a number of calls.")
+            raise RequestError(AUTO_ON_A_TREE)
 
 
 def _from_flags(values) -> PEagleConfig | None:
