@@ -167,7 +167,8 @@ def decode_batch(engines: dict, b: int, prompts: list[list[int]], args, kind: st
     from specdec.runtime.orchestrator import GenerationConfig, Orchestrator
 
     ngram = [int(x) for x in args.ngram.split(",")] if args.ngram else None
-    methods = decode_methods({k: v for k, v in engines.items() if not k.startswith("ort")}, args.draft_len_list, ngram, TREE, kind=kind, more=True)
+    methods = decode_methods({k: v for k, v in engines.items() if not k.startswith("ort")}, args.draft_len_list, ngram, TREE, kind=kind, more=True,
+                             peagle_refine=args.peagle_refine_list)
     if args.methods:  # the others dropped; every engine's target-only stays (the speedups' and outputs' reference)
         methods = {name: m for name, m in methods.items() if name.endswith("target-only") or args.methods.search(name)}
     if "ort" in engines:
@@ -227,6 +228,27 @@ def decode_section(engines: dict, batches: list[int], args, kind: str, steps: di
     return out
 
 
+def peagle_refine_settings(text: str, peagle: str | None) -> tuple[int | str, ...]:
+    """--peagle_refine's settings, checked before anything is built: each a number of calls or auto, a module trained to read
+    its drafts (SystemExit otherwise: a GPU call would find out after its builds)."""
+    from specdec.formats.errors import RequestError
+    from specdec.runtime.proposers.peagle import refine_value
+
+    if not text:
+        return ()
+    if not peagle:
+        raise SystemExit("error: --peagle_refine refines a P-EAGLE module's chains: give --peagle too")
+    try:
+        settings = tuple(refine_value(x) for x in text.split(","))
+    except RequestError as err:
+        raise SystemExit(f"error: {err}") from None
+    trained = json.loads((Path(peagle) / "config.json").read_text()).get("specdec_train", {}).get("peagle_refine")
+    if not trained:
+        raise SystemExit(f"error: --peagle_refine: the module in {peagle} was not trained to read its drafts (specdec-train --peagle_refine); "
+                         "enlarge examples/demo-pair/heads/peagle-refine instead")
+    return settings
+
+
 def goals(res: dict, batches: list[int]) -> dict:
     """Issue 37's goals, each with the figure it is judged on (None where that section did not run)."""
     steps, decode, hf = res.get("steps", {}), res.get("decode", {}), res.get("hf", {})
@@ -246,9 +268,10 @@ def goals(res: dict, batches: list[int]) -> dict:
         if "tokens_per_s" in peer:
             g[f"target-only / HF static compiled at {b} (>= {1.0 if b == 1 else 1.2})"] = base / peer["tokens_per_s"]
         for name, row in rows.items():
-            if "of_bound" in row and b <= 16 and "auto" not in name:
+            auto_len = name.split(",")[0].endswith(" auto")  # draft_len=auto ("P-EAGLE chain k=4, refine auto" is a fixed length)
+            if "of_bound" in row and b <= 16 and not auto_len:
                 g[f"{name} at {b}: of bound (>= 0.9)"] = row["of_bound"]
-            if "auto" in name:
+            if auto_len:
                 g[f"{name} at {b}: / target-only (>= 0.97)"] = row["speedup"]["median"]
             g[f"{name} at {b}: outputs = target-only's"] = f"{row['identical_to_target_only']}/{row['outputs']}"
     return g
@@ -261,6 +284,8 @@ def main() -> None:
     ap.add_argument("--eagle", help="EAGLE-3 module for the target (enlarge.py --heads): the target is built as an EAGLE target")
     ap.add_argument("--medusa", help="Medusa heads for the target: a Medusa target too")
     ap.add_argument("--peagle", help="P-EAGLE module for the target (enlarge.py --heads): a P-EAGLE target too")
+    ap.add_argument("--peagle_refine", default="", help="with --peagle: P-EAGLE's chains again with each of these --peagle_refine settings, "
+                    'e.g. "1,auto" (the module must be trained to read its drafts: examples/demo-pair/heads/peagle-refine enlarged)')
     ap.add_argument("--int4", action="store_true", help="an int4 weight-only target too (group 128)")
     ap.add_argument("--ort", action="store_true", help="the ort_cuda engines beside (needs onnxruntime-gpu)")
     ap.add_argument("--work", required=True)
@@ -291,6 +316,7 @@ def main() -> None:
     except re.error as err:
         raise SystemExit(f"error: --methods {args.methods!r} is not a regular expression: {err}") from None
     args.draft_len_list = [int(x) for x in args.draft_lens.split(",") if x]
+    args.peagle_refine_list = peagle_refine_settings(args.peagle_refine, args.peagle)
     compared = [m for m in args.compare.split(",") if m]
     if any(m not in DENSE_COMPARED for m in compared):
         raise SystemExit(f"error: --compare {args.compare!r}: choose among {', '.join(DENSE_COMPARED)}")

@@ -13,11 +13,12 @@ import numpy as np
 
 
 def decode_methods(engines: dict, draft_lens: list[int], ngram: list[int] | None, tree: str, kind: str = "cuda",
-                   more: bool = False) -> dict[str, tuple[Any, str]]:
+                   more: bool = False, peagle_refine: tuple[int | str, ...] = ()) -> dict[str, tuple[Any, str]]:
     """name -> (Orchestrator, the name of the target-only run on the same engine: the output it must reproduce).
 
     kind: where the EAGLE module opens (the target's device kind). more: also n-gram auto, suffix decoding (its trees
-    where the target verifies them) and EAGLE auto: every method and auto (benchmarks/bench_torch.py)."""
+    where the target verifies them) and EAGLE auto: every method and auto (benchmarks/bench_torch.py). peagle_refine:
+    P-EAGLE's chains again with each of these --peagle_refine settings (a module trained to read its drafts)."""
     from specdec.runtime.orchestrator import Orchestrator
     from specdec.runtime.proposers.draft_model import DraftModelProposer
     from specdec.runtime.proposers.ngram import NGramProposer
@@ -60,7 +61,7 @@ def decode_methods(engines: dict, draft_lens: list[int], ngram: list[int] | None
         methods[f"Medusa tree n={len(proposer.tree)}"] = Orchestrator(medusa, proposer, draft_len=len(proposer.tree))
         refs.update({"Medusa target-only": "Medusa target-only", f"Medusa tree n={len(proposer.tree)}": "Medusa target-only"})
     if "peagle" in engines:  # a P-EAGLE target: its own engine (its module's fc), its own reference
-        methods.update(_peagle_methods(engines["peagle"][0], tree, kind, more))
+        methods.update(_peagle_methods(engines["peagle"][0], tree, kind, more, peagle_refine))
         refs.update({name: "P-EAGLE target-only" for name in methods if name.startswith("P-EAGLE")})
     if "int4" in engines:
         methods["int4 target-only"] = Orchestrator(engines["int4"][0])
@@ -72,8 +73,9 @@ def decode_methods(engines: dict, draft_lens: list[int], ngram: list[int] | None
     return {name: (orch, refs[name]) for name, orch in methods.items()}
 
 
-def _peagle_methods(target, tree: str, kind: str, more: bool) -> dict[str, Any]:
-    """P-EAGLE (a block of drafts per module call) on a peagle target: target-only, a chain of 4, the tree (and both under auto)."""
+def _peagle_methods(target, tree: str, kind: str, more: bool, refine: tuple[int | str, ...] = ()) -> dict[str, Any]:
+    """P-EAGLE (a block of drafts per module call) on a peagle target: target-only, a chain of 4, the tree (and both under
+    auto); for each ``refine`` setting, the chain of 4 (and auto's) refined so (the same module executor)."""
     from specdec.formats.engine_format import eagle_module_dir, load_engine_dir
     from specdec.runtime.backends import Placement, open_executor
     from specdec.runtime.orchestrator import Orchestrator
@@ -86,6 +88,10 @@ def _peagle_methods(target, tree: str, kind: str, more: bool) -> dict[str, Any]:
     if more:  # auto: a chain's round priced by its drafts (a line fitted per batch size), a tree's nodes that pay
         methods["P-EAGLE chain auto"] = Orchestrator(target, PEagleProposer(target, module), draft_len="auto")
         methods["P-EAGLE tree auto"] = Orchestrator(target, PEagleProposer(target, module, tree), draft_len="auto")
+    for r in refine:  # "auto" needs the draft policy: its name says auto, so its step costs are measured before it runs
+        methods[f"P-EAGLE chain k=4, refine {r}"] = Orchestrator(target, PEagleProposer(target, module, refine=r), draft_len=4)
+        if more:
+            methods[f"P-EAGLE chain auto, refine {r}"] = Orchestrator(target, PEagleProposer(target, module, refine=r), draft_len="auto")
     return methods
 
 

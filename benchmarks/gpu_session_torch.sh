@@ -9,7 +9,9 @@
 # The tests run beside the enlarging and building (GPU against CPU), and the measurement waits for them (PARALLEL_TESTS=0: first,
 # alone). METHODS: a regular expression of decode's methods to keep (bench_torch.py --methods; target-only always).
 # PEAGLE=1 adds a P-EAGLE target (the demo's P-EAGLE module enlarged, one more 8B torch build, ~60-100 s) and its methods
-# to the decode section (its exactness is in the tests either way: tests/runtime/test_torch_cuda.py).
+# to the decode section (its exactness is in the tests either way: tests/runtime/test_torch_cuda.py). PEAGLE_REFINE=1,auto
+# (with PEAGLE=1) enlarges the module trained to read its drafts instead (heads/peagle-refine: its one call drafts as the
+# blind module's) and decodes its chains again with those --peagle_refine settings, fixed k = 4 and auto.
 # GEMM=1 (default) times the GEMM's per-shape tiles against the one 16 x 32 tile and cuBLAS (bench_gemm.py --tiles policy, ~20 s;
 # GEMM_SWEEP=1 adds every candidate tile on the 8B and 1B shapes, ~2 min; GEMM_ROWS=1, default, each layer's tile with other
 # row tiles, checked for the same bits, ~30 s), after the tests and beside the building;
@@ -30,6 +32,7 @@ WORK=${WORK:-/tmp/specdec-gpu}
 OUT=${OUT:-$PWD/gpu-results}
 BUDGET_S=${BUDGET_S:-540}
 BATCHES=${BATCHES_TORCH:-1,4,16,64}
+mkdir -p "$WORK" "$OUT"  # (gpu_session.sh made them; a DRY=1 run calls this script itself)
 left() { echo $(( BUDGET_S - ($(date +%s) - start) )); }
 pack_out() {  # at most 8 files come back from a device call: past 7, all but the log, the results and the tests' summary go into results.tgz
     [ -n "${tests_pid:-}" ] && { kill "$tests_pid" 2>/dev/null; wait "$tests_pid" 2>/dev/null; }  # no file packed while written
@@ -108,7 +111,7 @@ if [ "${DRY:-0}" = 1 ]; then
     demo="$root/examples/demo-pair"
     echo "== dry run on the CPU: the demo pair, float32 ($(left) s left)"
     python3 "$root/benchmarks/bench_torch.py" --target "$demo/target" --draft "$demo/draft" --eagle "$demo/heads/eagle" --int4 \
-        --peagle "$demo/heads/peagle" --work "$WORK/torch-dry" --device cpu --dtype float32 --batches 1,2 --min_prompts 2 --prompt_tokens 24 --max_new_tokens 8 \
+        --peagle "$demo/heads/peagle-refine" --peagle_refine 1,auto --work "$WORK/torch-dry" --device cpu --dtype float32 --batches 1,2 --min_prompts 2 --prompt_tokens 24 --max_new_tokens 8 \
         --repeats 1 --budget_s "$(left)" --json "$OUT/torch-dry.json"
     echo "== dry run done in $(( $(date +%s) - start )) s"
     exit 0
@@ -126,8 +129,15 @@ wait $!
 [ -f "$WORK/eagle-$PRESET/config.json" ] || python3 "$root/benchmarks/enlarge.py" --heads "$demo/heads/eagle" --base "$WORK/target-$PRESET" "$WORK/eagle-$PRESET"
 extra=()
 if [ "${PEAGLE:-0}" = 1 ]; then
-    [ -f "$WORK/peagle-$PRESET/config.json" ] || python3 "$root/benchmarks/enlarge.py" --heads "$demo/heads/peagle" --base "$WORK/target-$PRESET" "$WORK/peagle-$PRESET"
-    extra+=(--peagle "$WORK/peagle-$PRESET")
+    if [ -n "${PEAGLE_REFINE:-}" ]; then  # refining needs a module trained to read its drafts; its one call drafts as the blind one's
+        peagle_heads=peagle-refine
+        extra+=(--peagle_refine "$PEAGLE_REFINE")
+    else
+        peagle_heads=peagle
+    fi
+    [ -f "$WORK/$peagle_heads-$PRESET/config.json" ] || python3 "$root/benchmarks/enlarge.py" --heads "$demo/heads/$peagle_heads" \
+        --base "$WORK/target-$PRESET" "$WORK/$peagle_heads-$PRESET"
+    extra+=(--peagle "$WORK/$peagle_heads-$PRESET")
 fi
 [ "${INT4:-1}" = 1 ] && extra+=(--int4)
 [ "${ORT:-0}" = 1 ] && extra+=(--ort)

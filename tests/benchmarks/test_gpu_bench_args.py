@@ -67,3 +67,19 @@ def test_steps_are_timed_up_to_each_engines_widest_step():
     got = bench_torch.timed_steps(engines, [1, 2], [1, 3, 5, 9], repeats=1, reps=1)
     assert [sorted(got[name][2]) for name in engines] == [[1, 3, 5, 9], [1], [1, 3, 5], [1, 3, 5]]
     assert engines["int4"][0].widths == {1, 3, 5, 100}  # 100: the cache's prompt
+
+
+DEMO_HEADS = Path(__file__).resolve().parents[2] / "examples" / "demo-pair" / "heads"
+
+
+def test_peagle_refine_settings_are_checked_before_anything_is_built():
+    """--peagle_refine: numbers of calls and auto, for a module trained to read its drafts; the blind module, a bad value and
+    a missing --peagle stop the run before its builds (a GPU call would find out after them)."""
+    assert bench_torch.peagle_refine_settings("", None) == ()
+    assert bench_torch.peagle_refine_settings("1,auto", str(DEMO_HEADS / "peagle-refine")) == (1, "auto")
+    with pytest.raises(SystemExit, match="not trained to read its drafts"):
+        bench_torch.peagle_refine_settings("1", str(DEMO_HEADS / "peagle"))
+    with pytest.raises(SystemExit, match="give a whole number of calls from 0 to 7, or auto"):
+        bench_torch.peagle_refine_settings("1,9", str(DEMO_HEADS / "peagle-refine"))
+    with pytest.raises(SystemExit, match="give --peagle too"):
+        bench_torch.peagle_refine_settings("auto", None)
