@@ -199,12 +199,14 @@ def sampling_of(args: argparse.Namespace, r: int) -> SamplingConfig:
 
 
 def run_round(ms: list[Method], prompts: list[list[int]], groups: dict[int, list[list[int]]], n_new: int, r: int,
-              sampling: SamplingConfig) -> None:
+              sampling: SamplingConfig, kind_of: dict[int, str] | None = None) -> None:
+    """One round: every method on every batch, in turn. ``kind_of`` (prompt -> its kind): a batch of one's metrics are kept
+    per kind too (each kind's acceptance)."""
     order = ms[r % len(ms):] + ms[: r % len(ms)]  # rotate: no method always runs first after a pause
     order = order if r % 2 == 0 else order[::-1]
     cfg = GenerationConfig(max_output_len=n_new, sampling=sampling)
     for size, batches in groups.items():
-        rec = {m.name: {"s": {}, "output_ids": {}, "metrics": Metrics(), "draft_s": 0.0, "engine_rounds": 0} for m in ms}
+        rec = {m.name: {"s": {}, "output_ids": {}, "metrics": Metrics(), "draft_s": 0.0, "engine_rounds": 0, "by_kind": {}} for m in ms}
         for batch in batches:
             for m in order:
                 s, outs, metrics, rounds = timed_generate(m, [prompts[i] for i in batch], cfg)
@@ -212,6 +214,8 @@ def run_round(ms: list[Method], prompts: list[list[int]], groups: dict[int, list
                 for i, o in zip(batch, outs, strict=False):
                     row["s"][i], row["output_ids"][i] = s / len(batch), o  # a batch's time, shared by its prompts
                 row["metrics"].merge(metrics)
+                if size == 1 and kind_of:
+                    row["by_kind"].setdefault(kind_of[batch[0]], Metrics()).merge(metrics)
                 row["draft_s"] += metrics.round_draft_s
                 row["engine_rounds"] += rounds
         for m in ms:
@@ -233,6 +237,9 @@ def summarize(ms: list[Method], subsets: dict[str, list[int]], n_new: int, sampl
             row["mean_acceptance_length"] = metrics.mean_acceptance_length if metrics.drafted else None
             row["drafts_per_round"] = metrics.drafted / metrics.drafting_rounds if metrics.drafting_rounds else None
             row["per_depth_acceptance"] = metrics.per_position_acceptance
+            if runs[-1]["by_kind"] and metrics.drafted:  # batch 1: each kind's own (what a drafter buys differs by text)
+                row["by_kind"] = {kind: {"mean_acceptance_length": km.mean_acceptance_length if km.drafted else None,
+                                         "per_depth_acceptance": km.per_position_acceptance} for kind, km in runs[-1]["by_kind"].items()}
             row["draft_ms_per_round"] = spread([1e3 * r["draft_s"] / max(r["engine_rounds"], 1) for r in runs])
             row["identical"] = all(r["output_ids"] == b["output_ids"] for r, b in zip(runs, base.runs[size], strict=False))
             row["identical_expected"] = not (sampled and m.orch.engine.sample_differs())
@@ -265,12 +272,20 @@ def print_table(summary: dict[str, dict[str, Any]], subsets: dict[str, list[int]
                   + f"{cell(row['draft_ms_per_round'], digits=1):>22}{(f'{acc:.2f}' if acc else '-'):>10}"
                   + f"{(f'{nodes:.1f}' if nodes else '-'):>7}  {depth:<20} "
                   + ("yes" if row["identical"] else "NO" if row["identical_expected"] else "-"))
+        kinds = {name: rows[size]["by_kind"] for name, rows in summary.items() if rows[size].get("by_kind")}
+        if kinds:
+            print("acceptance length by kind (per-depth acceptance)")
+            for name, by in kinds.items():
+                print(f"{name:<{width}}" + "   ".join(f"{kind} {v['mean_acceptance_length']:.2f} ("
+                                                    + " ".join(f"{a:.2f}" for a in v["per_depth_acceptance"][:4]) + ")"
+                                                    for kind, v in by.items() if v["mean_acceptance_length"]))
 
 
 def speed(args: argparse.Namespace) -> dict[str, Any]:
     target = load_engine_dir(args.target)
     prompts, subsets = workloads(target.path, args.num_prompts, args.prompt_tokens)
     groups = {size: batches_of(prompts, subsets, size) for size in args.batches}
+    kind_of = {i: kind for kind, idx in subsets.items() if kind != "all" for i in idx}
     ms = methods(args)
     how = f"temperature {args.temperature}, top_p {args.top_p}, seeds {args.seed}.." if args.temperature else "greedy"
     print(f"{len(prompts)} prompts, {args.max_new_tokens} new tokens each, batches {args.batches}, {how}, {args.rounds} rounds, "
@@ -280,7 +295,7 @@ def speed(args: argparse.Namespace) -> dict[str, Any]:
             m.orch.generate([prompts[i][:16] for i in batches[0]], GenerationConfig(max_output_len=8))
     for r in range(args.rounds):
         print(f"  round {r + 1}/{args.rounds} (load average {os.getloadavg()[0]:.2f})", flush=True)
-        run_round(ms, prompts, groups, args.max_new_tokens, r, sampling_of(args, r))
+        run_round(ms, prompts, groups, args.max_new_tokens, r, sampling_of(args, r), kind_of)
     summary = summarize(ms, subsets, args.max_new_tokens, bool(args.temperature))
     print_table(summary, subsets)
     return {"summary": summary, "prompt_tokens": [len(p) for p in prompts], "batches": {str(k): v for k, v in groups.items()},
