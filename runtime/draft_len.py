@@ -509,9 +509,10 @@ class AutoDraftLen:
         text, not n calls' own acceptance: the rounds that refine are the ones whose requests chose to, and their
         acceptance says more of those requests than of the calls; a ratio of the two's acceptance at each position, given
         the ones before, swung with a handful of rounds (measured: 2.77 tokens a round for 2.10). The first is scaled by
-        how the request compares with the method, as expected_tokens does; the gain is not: text the one call drafts well
-        (a copy) leaves refining least to fix, and scaling the gain up there and down elsewhere kept auto from refining the
-        ordinary prompts where one call buys most (measured: 1.55x where one refining call makes 1.80x)."""
+        how the request compares with the method, as expected_tokens does; the gain is not: what a call buys varies from
+        prompt to prompt, not with how well the one call drafts it (measured per kind of prompt: docs/benchmarks.md), and
+        scaling the gain with the request's acceptance kept auto from refining prompts where one call bought most
+        (measured: 1.55x where one refining call makes 1.80x)."""
         at = self._positions(method)
         gains = self.gain_sum.get(method)
         if at is None or gains is None or calls >= len(gains):
@@ -692,7 +693,9 @@ class AutoDraftLen:
         probes and exploring included, since no acceptance a probe could find would pay. True until costs are measured
         (the prior slope is cheap). ``catch_up_s`` / ``left``: a request's first drafting cost, spread as ``choose``
         spreads it (an exploring probe that could not repay it only costs: a 200-token prompt prefilled on the draft
-        for a request with 7 tokens to go). A static tree's first k nodes make at most their levels + 1 tokens."""
+        for a request with 7 tokens to go). A static tree's first k nodes make at most their levels + 1 tokens. A chain
+        whose refining calls are chosen (``refining``) pays where any number of them would, each priced as choose_refined
+        prices it: more calls can pay where the one call does not."""
         verify = self.verify_costs(rows)
         base = (1.0 + DRAFT_MARGIN) / verify[1]
         t_draft = self.draft_cost(method, rows, default=0.0)
@@ -705,7 +708,16 @@ class AutoDraftLen:
             levels = self.tree_levels(method)
             tokens = [min(tokens[k], 1.0 + levels[k]) for k in range(top + 1)]
         drafting = self.drafting_costs(method, rows, top, t_draft)
-        return any(tokens[k] / (drafting[k] + verify[k + 1] + spread * tokens[k]) > base for k in range(1, top + 1))
+        calls = min(self.refining.get(method, 0), top - 1) if acceptance < PERFECT and tree is None else 0
+        if not calls:
+            return any(tokens[k] / (drafting[k] + verify[k + 1] + spread * tokens[k]) > base for k in range(1, top + 1))
+        share = self.refine_share(method, rows)
+        for n in range(calls + 1):  # as choose_refined weighs (k, n): the one call's tokens are its own, not its rounds'
+            tokens = self.expected_refined(method, acceptance, top, n)
+            price = (1.0 + n * share, 1.0 + REFINE_MARGIN * (n > 0))
+            if any(tokens[k] / (drafting[k] * price[0] + verify[k + 1] + spread * tokens[k]) / price[1] > base for k in range(n + 1, top + 1)):
+                return True
+        return False
 
     # -- trees and scored drafts ------------------------------------------------------------
     def calibration(self, method: str) -> float:
