@@ -55,6 +55,7 @@ from prompts import code_prompts, spread  # noqa: E402
 
 LIMITS = dict(max_input_len=128, max_seq_len=256)  # prompts of ~64 tokens and 64 new ones: a short cache at batch 64
 TORCH = ("--backend", "torch")
+PEAGLE_REFINING = "peagle-refine"  # the engine folder of a P-EAGLE target whose module reads its drafts (plain: "peagle")
 DENSE_COMPARED = ("unfused", "shape", "fixed", "cublas")  # --compare: the target's steps under these SPECDEC_TORCH_DENSE choices too
 
 
@@ -80,9 +81,9 @@ def plan_builds(args, kmax: int, verify: int) -> dict[str, tuple[str, list[str],
     plan = {"target": (args.target, target, TORCH), "draft": (args.draft, batch, TORCH)}
     if args.int4:
         plan["int4"] = (args.target, batch + spec + ["--qformat", "int4_wo"], TORCH)
-    if args.peagle:
-        plan["peagle"] = (args.target, batch + ["--speculative_decoding_mode", "peagle", "--peagle_dir", args.peagle, "--max_draft_len", str(verify)],
-                          TORCH)
+    if args.peagle:  # a module trained to read its drafts gets its own folder: a reused engine is the module asked for
+        plan[PEAGLE_REFINING if trained_to_refine(args.peagle) else "peagle"] = (
+            args.target, batch + ["--speculative_decoding_mode", "peagle", "--peagle_dir", args.peagle, "--max_draft_len", str(verify)], TORCH)
     if args.medusa:
         plan["medusa"] = (args.target, batch + ["--speculative_decoding_mode", "medusa", "--medusa_dir", args.medusa, "--max_draft_len", str(verify)],
                           TORCH)
@@ -228,22 +229,30 @@ def decode_section(engines: dict, batches: list[int], args, kind: str, steps: di
     return out
 
 
+def trained_to_refine(peagle: str) -> bool:
+    """Whether the P-EAGLE module (checkpoint) in ``peagle`` was trained to read its drafts (specdec-train --peagle_refine)."""
+    path = Path(peagle) / "config.json"
+    if not path.is_file():
+        raise SystemExit(f"error: --peagle {peagle}: no config.json there (give a P-EAGLE module's folder: enlarge.py --heads writes one)")
+    return bool(json.loads(path.read_text()).get("specdec_train", {}).get("peagle_refine"))
+
+
 def peagle_refine_settings(text: str, peagle: str | None) -> tuple[int | str, ...]:
-    """--peagle_refine's settings, checked before anything is built: each a number of calls or auto, a module trained to read
-    its drafts (SystemExit otherwise: a GPU call would find out after its builds)."""
+    """--peagle_refine's settings, checked before anything is built: each a number of calls or auto (each once; empty
+    entries ignored), a module trained to read its drafts (SystemExit otherwise: a GPU call would find out after its builds)."""
     from specdec.formats.errors import RequestError
     from specdec.runtime.proposers.peagle import refine_value
 
-    if not text:
+    entries = [x for x in text.split(",") if x.strip()]
+    if not entries:
         return ()
     if not peagle:
         raise SystemExit("error: --peagle_refine refines a P-EAGLE module's chains: give --peagle too")
     try:
-        settings = tuple(refine_value(x) for x in text.split(","))
+        settings = tuple(dict.fromkeys(refine_value(x) for x in entries))
     except RequestError as err:
         raise SystemExit(f"error: {err}") from None
-    trained = json.loads((Path(peagle) / "config.json").read_text()).get("specdec_train", {}).get("peagle_refine")
-    if not trained:
+    if not trained_to_refine(peagle):
         raise SystemExit(f"error: --peagle_refine: the module in {peagle} was not trained to read its drafts (specdec-train --peagle_refine); "
                          "enlarge examples/demo-pair/heads/peagle-refine instead")
     return settings
@@ -347,6 +356,8 @@ def main() -> None:
             print(f"-- ort_cuda skipped: {err}", flush=True)
             built = {k: v and not k.startswith("ort") for k, v in built.items()}
     engines = {name: (open_engine(work / name, args.device), work / name) for name in plan if built[name]}
+    if PEAGLE_REFINING in engines:  # decoded as any P-EAGLE target
+        engines["peagle"] = engines.pop(PEAGLE_REFINING)
     if "target" not in engines or "draft" not in engines:
         raise SystemExit("the target and draft engines are needed: build them first (section build)")
     res["devices"] = {name: ex.device for name, (ex, _) in engines.items()}

@@ -128,8 +128,18 @@ enlarge "$demo/target" "$WORK/target-$PRESET" --preset "$PRESET" --dtype bfloat1
 wait $!
 [ -f "$WORK/eagle-$PRESET/config.json" ] || python3 "$root/benchmarks/enlarge.py" --heads "$demo/heads/eagle" --base "$WORK/target-$PRESET" "$WORK/eagle-$PRESET"
 extra=()
+[ -n "${PEAGLE_REFINE:-}" ] && [ "${PEAGLE:-0}" != 1 ] && echo "== PEAGLE_REFINE=$PEAGLE_REFINE ignored: it refines the P-EAGLE target's chains (PEAGLE=1)"
 if [ "${PEAGLE:-0}" = 1 ]; then
     if [ -n "${PEAGLE_REFINE:-}" ]; then  # refining needs a module trained to read its drafts; its one call drafts as the blind one's
+        python3 - "$PEAGLE_REFINE" <<'PY'  # a bad value stops the session here, before the module is enlarged
+import sys
+from specdec.formats.errors import RequestError
+from specdec.runtime.proposers.peagle import refine_value
+try:
+    [refine_value(x) for x in sys.argv[1].split(",") if x.strip()]
+except RequestError as err:
+    sys.exit(f"PEAGLE_REFINE: {err}")
+PY
         peagle_heads=peagle-refine
         extra+=(--peagle_refine "$PEAGLE_REFINE")
     else

@@ -83,3 +83,17 @@ def test_peagle_refine_settings_are_checked_before_anything_is_built():
         bench_torch.peagle_refine_settings("1,9", str(DEMO_HEADS / "peagle-refine"))
     with pytest.raises(SystemExit, match="give --peagle too"):
         bench_torch.peagle_refine_settings("auto", None)
+    assert bench_torch.peagle_refine_settings("1,,1,", str(DEMO_HEADS / "peagle-refine")) == (1,)  # each once, empty entries ignored
+    with pytest.raises(SystemExit, match="no config.json there"):
+        bench_torch.peagle_refine_settings("1", str(DEMO_HEADS))
+
+
+def test_a_refining_module_builds_into_its_own_folder():
+    """The blind and the refining module build P-EAGLE targets in different folders of --work, so a reused engine is always
+    built from the kind of module asked for (a refining setting on a blind module's engine would fail after the builds)."""
+    args = bench_torch.argparse.Namespace(dtype="float32", batch_list=[1], target="t", draft="d", eagle=None, int4=False, medusa=None, ort=False,
+                                          peagle=str(DEMO_HEADS / "peagle"))
+    assert "peagle" in bench_torch.plan_builds(args, 4, 8)
+    args.peagle = str(DEMO_HEADS / "peagle-refine")
+    plan = bench_torch.plan_builds(args, 4, 8)
+    assert bench_torch.PEAGLE_REFINING in plan and "peagle" not in plan
