@@ -10,7 +10,7 @@ the vocabulary, speculation, a grammar that compiles) are made by
 OpenAI-compatible servers do; ``suffix`` is refused by name when used.
 
 Extensions (ignored by clients that do not know them):
-    "speculative": {"method": "none" | "draft" | "ngram" | "suffix" | "medusa" | "eagle", "num_draft_tokens": k | "auto"}
+    "speculative": {"method": "none" | "draft" | "ngram" | "suffix" | "medusa" | "eagle" | "peagle", "num_draft_tokens": k | "auto"}
     "ignore_eos": true        decode max_tokens tokens whatever the model says (benchmarks)
     "top_k", "min_p", "repetition_penalty", "stop_token_ids"     as vLLM accepts them
     "min_tokens", "allowed_token_ids", "bad_words", "include_stop_str_in_output", "truncate_prompt_tokens", "prompt_logprobs"   as vLLM's
