@@ -166,6 +166,12 @@ def _survival(c: list[float]) -> list[float]:
     return out
 
 
+def _refined_speed(tokens: float, drafting: float, verify: float, spread: float, n: int, share: float) -> float:
+    """A round's expected tokens per second: its one call ``drafting`` s, n refining calls each ``share`` of it, its target
+    call ``verify`` s, ``spread`` s per token; refining discounted by REFINE_MARGIN (choose_refined says why)."""
+    return tokens / (drafting * (1.0 + n * share) + verify + spread * tokens) / (1.0 + REFINE_MARGIN * (n > 0))
+
+
 def _moving(old: float | None, new: float) -> float:
     """A moving average's next value (FORGET's weight on the new timing, at most 3x the old one: one stall is not a cost)."""
     return new if old is None else min((1 - FORGET) * old + FORGET * new, 3.0 * old)
@@ -680,7 +686,7 @@ class AutoDraftLen:
         for n in range(min(self.refining.get(method, 0), limit - 1) + 1):
             tokens = self.expected_refined(method, a, limit, n)
             for k in range(max(n + 1, limit if draft_len is not None else 1), limit + 1):
-                speeds[(k, n)] = tokens[k] / (drafting[k] * (1.0 + n * share) + verify[k] + spread * tokens[k]) / (1.0 + REFINE_MARGIN * (n > 0))
+                speeds[(k, n)] = _refined_speed(tokens[k], drafting[k], verify[k], spread, n, share)
         best = max(speeds, key=speeds.__getitem__)
         if current is not None and current in speeds and speeds[best] < speeds[current] * (1.0 + STICKY):
             return current
@@ -699,25 +705,25 @@ class AutoDraftLen:
         verify = self.verify_costs(rows)
         base = (1.0 + DRAFT_MARGIN) / verify[1]
         t_draft = self.draft_cost(method, rows, default=0.0)
-        tokens = self.expected_tokens(method, acceptance, self.max_draft_len) if acceptance < PERFECT else range(1, self.max_draft_len + 2)
         spread = rows * catch_up_s / max(min(left, HORIZON), 1)  # per token the round makes
         top = max(1, min(self.max_draft_len, left - 1))  # no round makes more than the tokens left
         tree = self.trees.get(method)
         if tree is not None:
             top = min(top, len(tree))
-            levels = self.tree_levels(method)
-            tokens = [min(tokens[k], 1.0 + levels[k]) for k in range(top + 1)]
         drafting = self.drafting_costs(method, rows, top, t_draft)
         calls = min(self.refining.get(method, 0), top - 1) if acceptance < PERFECT and tree is None else 0
-        if not calls:
-            return any(tokens[k] / (drafting[k] + verify[k + 1] + spread * tokens[k]) > base for k in range(1, top + 1))
-        share = self.refine_share(method, rows)
-        for n in range(calls + 1):  # as choose_refined weighs (k, n): the one call's tokens are its own, not its rounds'
-            tokens = self.expected_refined(method, acceptance, top, n)
-            price = (1.0 + n * share, 1.0 + REFINE_MARGIN * (n > 0))
-            if any(tokens[k] / (drafting[k] * price[0] + verify[k + 1] + spread * tokens[k]) / price[1] > base for k in range(n + 1, top + 1)):
-                return True
-        return False
+        if calls:  # as choose_refined weighs (k, n): the one call's tokens are its own chain's, not its rounds'
+            share = self.refine_share(method, rows)
+            for n in range(calls + 1):
+                tokens = self.expected_refined(method, acceptance, top, n)
+                if any(_refined_speed(tokens[k], drafting[k], verify[k + 1], spread, n, share) > base for k in range(n + 1, top + 1)):
+                    return True
+            return False
+        tokens = self.expected_tokens(method, acceptance, self.max_draft_len) if acceptance < PERFECT else range(1, self.max_draft_len + 2)
+        if tree is not None:
+            levels = self.tree_levels(method)
+            tokens = [min(tokens[k], 1.0 + levels[k]) for k in range(top + 1)]
+        return any(tokens[k] / (drafting[k] + verify[k + 1] + spread * tokens[k]) > base for k in range(1, top + 1))
 
     # -- trees and scored drafts ------------------------------------------------------------
     def calibration(self, method: str) -> float:
