@@ -130,7 +130,7 @@ does; the cap is what makes that assumption harmless when they do not.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -483,6 +483,14 @@ class AutoDraftLen:
         prior = (self.accepted.get(method, 0.0) + 1.0) / (self.reached.get(method, 0.0) + 2.0)
         a = (accepted + PRIOR_WEIGHT * prior) / (accepted + rejected + PRIOR_WEIGHT)
         return float(min(a, 0.999))
+
+    def best_acceptance(self, method: str, counts: Iterable[tuple[int, int]]) -> float:
+        """The largest ``acceptance`` over (accepted, rejected) ``counts`` (0.0 for none), in one pass: may_draft reads
+        it over a batch's requests every round."""
+        prior = (self.accepted.get(method, 0.0) + 1.0) / (self.reached.get(method, 0.0) + 2.0)
+        given = PRIOR_WEIGHT * prior
+        best = max(((accepted + given) / (accepted + rejected + PRIOR_WEIGHT) for accepted, rejected in counts), default=None)
+        return 0.0 if best is None else float(min(best, 0.999))
 
     def expected_tokens(self, method: str, a: float, limit: int) -> list[float]:
         """[k] expected tokens of a round with k = 0..limit drafts for a request of acceptance ``a``. Worked out to

@@ -3,16 +3,19 @@
 The round (runtime/round.py) calls its policy at named points, and nowhere else:
 
     begin(reqs, round_index)                 a round starts for these requests
+    declines_all(method, proposer, running)  no draft_len=auto request of the method takes any this round (asked
+                                             once per method and round, before the requests)
     declines(r, proposer, running)           r takes none this round, whatever its room (asked first)
     draft_len(r, proposer, limit, running)   how many drafts r takes, at most ``limit`` (the round's bound)
-    fit(reqs, drafts)                        the drafts the round verifies (a policy may cut them)
+    fit(reqs, drafts)                        the drafts the round verifies (a policy may cut them); asked where a
+                                             request was granted drafts
     proposed(method, rows, steps, seconds, fed, catch_up_seconds, refined)
                                              a proposer's call: its draft steps and its catch-up, timed (refined: a
                                              P-EAGLE round's refining calls and their seconds, apart)
     verified(rows, width, seconds)           the target's call and the per-row work after it, timed
     observed(r, draft, accepted, path, emitted)
                                              what the target kept of r's draft (a tree's: the nodes of its path) and
-                                             the tokens it emitted
+                                             the tokens it emitted (rounds where r drafted)
 
 ``FixedDraftPolicy``: each request drafts its own draft_len; nothing measured,
 nothing cut. ``AutoDraftPolicy`` (the Engine's): the same for those, and for
@@ -44,6 +47,9 @@ class DraftPolicy(Protocol):
         """How many drafts ``r`` takes this round, from 0 to ``limit`` (> 0: the target's max_draft_len, the request's
         and its cache's room, the proposer's own); ``running``: the requests in the batch."""
 
+    def declines_all(self, method: str, proposer: Proposer, running: int) -> bool:
+        """True where no draft_len=auto request of ``method`` takes drafts this round: they are not asked one by one."""
+
     def declines(self, r: Request, proposer: Proposer, running: int) -> bool:
         """True where ``r`` takes no drafts this round whatever its room (asked before its room is worked out)."""
 
@@ -60,7 +66,7 @@ class DraftPolicy(Protocol):
 
     def observed(self, r: Request, draft: Draft, accepted: int, path: Sequence[int] = (), emitted: Sequence[int] = ()) -> None:
         """The target kept ``accepted`` of ``r``'s ``draft``: a tree's nodes ``path``, from the root; it emitted ``emitted``
-        (the kept drafts, then its own token)."""
+        (the kept drafts, then its own token). Called where r drafted: a round without drafts has nothing to teach."""
 
 
 class FixedDraftPolicy:
@@ -71,6 +77,9 @@ class FixedDraftPolicy:
 
     def draft_len(self, r: Request, proposer: Proposer, limit: int, running: int) -> int:
         return min(int(r.draft_len), limit)
+
+    def declines_all(self, method: str, proposer: Proposer, running: int) -> bool:
+        return False
 
     def declines(self, r: Request, proposer: Proposer, running: int) -> bool:
         return False
@@ -116,8 +125,11 @@ class AutoDraftPolicy(FixedDraftPolicy):
     def best_acceptance(self, method: str) -> float:
         """The best acceptance among the round's auto requests of ``method`` (worked out only when may_draft needs it: at a
         batch size where even a perfect drafter does not pay, no request's acceptance is read)."""
-        acceptance = self.cost.acceptance
-        return self._best(self.best, method, lambda r: acceptance(method, r.metrics.accepted, r.metrics.rejected), 0.0)
+        best = self.best.get(method)
+        if best is None:
+            counts = ((m.accepted, m.rejected) for r in self.reqs if r.draft_len == AUTO and r.method == method for m in (r.metrics,))
+            best = self.best[method] = self.cost.best_acceptance(method, counts)
+        return best
 
     def best_tree_scale(self, method: str) -> float:
         """The best AutoDraftLen.tree_scale among the round's auto requests of ``method`` (a static tree's), worked out
@@ -131,6 +143,16 @@ class AutoDraftPolicy(FixedDraftPolicy):
         if best is None:
             best = memo[method] = max((score(r) for r in self.reqs if r.draft_len == AUTO and r.method == method), default=default)
         return best
+
+    def declines_all(self, method: str, proposer: Proposer, running: int) -> bool:
+        """True where the method may not draft this round (may_draft): none of its auto requests is asked (a full batch
+        where nothing pays costs one check a round, not one per request); each one's auto_k is 0, as declines sets it."""
+        if not self.timed or self.may_draft(method, proposer, running):
+            return False
+        for r in self.reqs:
+            if r.draft_len == AUTO and r.method == method:
+                r.auto_k = 0
+        return True
 
     def declines(self, r: Request, proposer: Proposer, running: int) -> bool:
         """True where r takes no drafts this round whatever its room: an auto request of a method that may not draft."""

@@ -189,11 +189,14 @@ class SpeculativeRound:
         # hosts, hundreds of ns, and more right after a model call: none is repeated where a proposer cannot run between)
         t_decide = time.perf_counter()
         self.policy.begin(reqs, self.rounds)
-        lens = [self.draft_len(r, len(reqs)) for r in reqs]
+        lens = self.draft_lens(reqs)
         t_decided = time.perf_counter()
-        drafts = self.propose(reqs, lens)
-        t_fit = time.perf_counter() if self.proposers else t_decided
-        drafts = self.batch_cap(reqs, drafts)
+        if any(lens):
+            drafts = self.propose(reqs, lens)
+            t_fit = time.perf_counter()
+            drafts = self.batch_cap(reqs, drafts)
+        else:  # no request drafts: nothing to propose or fit
+            drafts, t_fit = [Draft.empty()] * len(reqs), t_decided
         decide_s = t_decided - t_decide + time.perf_counter() - t_fit
         self.stats.decide_s += decide_s
         for r in reqs:
@@ -201,6 +204,8 @@ class SpeculativeRound:
         setups = Setups.count
         step, share_s, feed, t0 = self.verify(reqs, drafts)
         plain = self.plain_picks(reqs, drafts, step)
+        if plain:
+            self.observe_plain(reqs, plain, step)
         ended = [r for r, d, fed in zip(reqs, drafts, feed, strict=True)
                  if (self.accept_plain(r, d, plain[r.slot], step, share_s, new) if r.slot in plain else self.accept(r, d, fed, step, share_s, new))]
         # the call and the per-row work after it (acceptance, rollback, the proposers' observe): what a width costs,
@@ -243,6 +248,15 @@ class SpeculativeRound:
             ended = append(r, [token], new, self.cache.max_seq_len)
         self.policy.verified(1, 1, time.perf_counter() - t0)
         return [r] if ended else []  # a new list: reqs is the engine's running list, which letting r go empties
+
+    def draft_lens(self, reqs: list[Request]) -> list[int]:
+        """Each request's draft_len this round. A method whose draft_len=auto requests all take none this round (the
+        policy's one check for the batch: DraftPolicy.declines_all) does not have them asked one by one."""
+        running, policy = len(reqs), self.policy
+        quiet = {name for name, proposer in self.proposers.items() if policy.declines_all(name, proposer, running)}
+        if not quiet:
+            return [self.draft_len(r, running) for r in reqs]
+        return [0 if r.method in quiet and r.draft_len == AUTO else self.draft_len(r, running) for r in reqs]
 
     def draft_len(self, r: Request, running: int) -> int:
         """How many drafts request r may take this round (``running``: requests in the batch): the policy's choice,
@@ -316,10 +330,19 @@ class SpeculativeRound:
         finite_rows = np.isfinite(rows[at, tops]) & np.isfinite(rows[at, bottoms])
         return {s: t for s, t, ok in zip(slots, tops.tolist(), finite_rows.tolist(), strict=True) if ok}
 
+    def observe_plain(self, reqs: list[Request], plain: dict[int, int], step: StepOutput) -> None:
+        """The proposers' observe for the rows of plain_picks, one call per proposer for all of its requests among them
+        (Proposer.observe_plain): at a full batch where draft_len=auto does not draft, every request's row is one."""
+        for name, proposer in self.proposers.items():
+            mine = [r for r in reqs if r.method == name and r.slot in plain]
+            if mine:
+                proposer.observe_plain(mine, step, [plain[r.slot] for r in mine], self.vocab_limit)
+
     def accept_plain(self, r: Request, d: Draft, token: int, step: StepOutput, share_s: float, new: NewTokens) -> bool:
-        """``accept`` for a row of plain_picks: its one token is the row's argmax (what accept does for such a row)."""
+        """``accept`` for a row of plain_picks: its one token is the row's argmax (what accept does for such a row); its
+        proposer has observed it already (observe_plain)."""
         r.metrics.target_s += share_s
-        return self.keep(r, d, step, step.logits[r.slot, :1, : self.vocab_limit], 0, [token], ONE_ROW, 0, new)
+        return self.keep(r, d, step, step.logits[r.slot, :1, : self.vocab_limit], 0, [token], ONE_ROW, 0, new, observed=True)
 
     def accept(self, r: Request, d: Draft, fed: list[int], step: StepOutput, share_s: float, new: NewTokens) -> bool:
         """Keep what the target agrees with, roll the rest back, append, tell the proposer. True if r finished.
@@ -377,17 +400,17 @@ class SpeculativeRound:
         return self.keep(r, d, step, raw, n, emitted, kept, depth, new)
 
     def keep(self, r: Request, d: Draft, step: StepOutput, raw: np.ndarray, n: int, emitted: list[int], kept: list[int], depth: int,
-             new: NewTokens) -> bool:
-        """The round kept ``n`` of r's drafts, the call's rows ``kept``: the prefix cache and the proposer see them, the
-        metrics count them, and ``emitted`` is appended. True if r finished."""
+             new: NewTokens, observed: bool = False) -> bool:
+        """The round kept ``n`` of r's drafts, the call's rows ``kept``: the prefix cache and the proposer see them (unless
+        ``observed``: its proposer has), the metrics count them, and ``emitted`` is appended. True if r finished."""
         k = len(d)
         if self.prefix is not None:
             self.prefix.observe(r, step, kept)  # the kept rows' per-token outputs, for the pool
-        proposer = self.proposers.get(r.method)  # None: the request decodes target-only
-        if proposer is not None:
+        if not observed and (proposer := self.proposers.get(r.method)) is not None:  # None: the request decodes target-only
             # the target's extra outputs it asked for, on the request's fed rows
             extras = {name: step.extras[name][r.slot, : k + 1] for name in proposer.target_outputs} if proposer.target_outputs else NO_EXTRAS
             proposer.observe(r, d, TargetOutput(raw, n, emitted, kept, extras))
+        if k:  # (a round without drafts teaches the policy nothing)
             self.policy.observed(r, d, n, [row - 1 for row in kept[1:]] if d.tree_index is not None else (), emitted)
         r.metrics.record_round(k, n, depth)
         watch_drafts(r, k, n)

@@ -104,6 +104,11 @@ def kept_rows(a: np.ndarray, rows: Sequence[int]) -> np.ndarray:
     return a[: len(rows)].copy() if rows[-1] == len(rows) - 1 else a[rows]
 
 
+def kept(a: np.ndarray, rows: Sequence[int]) -> np.ndarray:
+    """``a``'s ``rows`` as kept_rows picks them, for a caller that copies them itself: a view when they are 0..n."""
+    return a[: len(rows)] if rows[-1] == len(rows) - 1 else a[rows]
+
+
 class Proposer(Protocol):
     """A drafting method. Its optional parts are declared, never probed for: a proposer class subclasses this
     protocol and overrides the defaults below that apply to it."""
@@ -180,6 +185,16 @@ class Proposer(Protocol):
 
     def observe(self, request: Request, draft: Draft, target: TargetOutput) -> None:
         """The target verified ``draft``: ``target.num_accepted`` kept, ``target.emitted`` appended."""
+
+    def observe_plain(self, requests: Sequence[Request], step: StepOutput, tokens: Sequence[int], vocab_limit: int | None) -> None:
+        """``observe`` for the round's requests that took no drafts, all at once, before any of them is appended to:
+        request i's one new token is ``tokens[i]``, from row 0 of its slot in ``step`` (the round's verification call;
+        logits cut to ``vocab_limit``). This default observes each one as the round would; a proposer with per-request
+        work to save overrides it (EAGLE: one row of features a request, no TargetOutput)."""
+        names = self.target_outputs
+        for r, t in zip(requests, tokens, strict=True):
+            extras = {name: step.extras[name][r.slot, :1] for name in names}
+            self.observe(r, Draft.empty(), TargetOutput(step.logits[r.slot, :1, :vocab_limit], 0, [t], [0], extras))
 
     def measure_costs(self, batches: Sequence[int]) -> tuple[dict[int, float], dict[int, float]] | None:
         """Its costs timed before any request (Engine.measure_step_costs): rows -> seconds of a draft step, tokens ->

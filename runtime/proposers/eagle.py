@@ -23,8 +23,11 @@ A request with ``draft_len="auto"`` keeps its prompt's pairs pending until it
 first drafts (``backlog`` / ``catch_up``, as a draft model does): at a full
 batch auto rarely drafts, and the module's prefill of every prompt was 7% of
 the wall time at 4 streams on the 325M int4 pair for requests that then did
-not draft. Pending features are kept as a list of per-round arrays, joined
-once when fed.
+not draft. Pending features are kept in one buffer per request
+(``PendingPairs``): a round appends its rows with one copy, a feed reads them
+as they lie. The rows of a round where a request took no drafts reach the
+proposer all at once (``observe_plain``): a batch whose auto requests do not
+draft pays one row's copy a request and round for them, not a call each.
 
 Greedy chains and trees are exact (runtime/tree.py); sampled chains draw each
 draft from the module's processed distribution and pass it for rejection
@@ -49,15 +52,71 @@ from ..backends.base import Executor, StepOutput
 from ..request import AUTO, Request
 from ..sampling import processed_probs, sample, sample_distinct
 from ..tree import DraftTree, check_tree, parse_choices, top_k
-from .base import Draft, TargetOutput, adjacent_runs, free_slot, kept_rows
+from .base import Draft, TargetOutput, adjacent_runs, free_slot, kept
 from .drawn import draft_distribution, drawn_tree
 from .own import DraftTreeConfig, OwnDrafter, own_drafter_method
 
 CATCH_UP_AFTER = 9  # pending pairs beyond one round's worth are fed in a call of their own (catch_up)
+SPARE_ROWS = 16  # a request's pending buffer holds this many rows beyond what it was given, and shrinks back to it once fed
 # the engines' extra tensors (engine_format.extra_io), by name
 FEATURES = "eagle_hidden"  # the target's output: [rows, hidden] fc(its aux layers' outputs) of every fed token
 HIDDEN_IN = "hidden_states"  # the module's input: [n, width, hidden] the features (or its own hidden_out) of each fed token
 HIDDEN_OUT = "hidden_out"  # the module's output: [n, rows, hidden] its pre-norm state on the logits rows
+
+
+class PendingPairs:
+    """A request's real pairs its module has not been fed yet: the features of tokens the target saw ([n, hidden], in one
+    float32 buffer that grows by doubling, so a round appends its rows with one copy and a feed reads them as they lie)
+    and the token after each ([n] ints)."""
+
+    __slots__ = ("_rows", "tokens")
+
+    def __init__(self, hidden: int, features: np.ndarray | None = None, tokens: Sequence[int] = ()):
+        """features [n, hidden] (copied) and their n tokens; room for SPARE_ROWS more."""
+        n = 0 if features is None else len(features)
+        self._rows = np.empty((n + SPARE_ROWS, hidden), np.float32)
+        if n:
+            self._rows[:n] = features
+        self.tokens: list[int] = list(tokens)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def features(self) -> np.ndarray:
+        """[n, hidden] the pending pairs' features: a view, valid until the next add or drop."""
+        return self._rows[: len(self.tokens)]
+
+    def add(self, rows: np.ndarray, tokens: Sequence[int]) -> None:
+        """Append rows [m, hidden] (copied) and the token after each."""
+        n, m = len(self.tokens), len(tokens)
+        self._make_room(n + m)
+        self._rows[n : n + m] = rows
+        self.tokens.extend(tokens)
+
+    def add_one(self, row: np.ndarray, token: int) -> None:
+        """Append one pair: row [hidden] (copied) and its token."""
+        n = len(self.tokens)
+        if n == len(self._rows):
+            self._make_room(n + 1)
+        self._rows[n] = row
+        self.tokens.append(token)
+
+    def drop(self, fed: int) -> None:
+        """Forget the first ``fed`` pairs (the module has them now); a buffer emptied goes back to SPARE_ROWS rows (a
+        prompt's features are not held for the rest of the request)."""
+        rest = len(self.tokens) - fed
+        if rest <= 0 and len(self._rows) > SPARE_ROWS:
+            self._rows = np.empty((SPARE_ROWS, self._rows.shape[1]), np.float32)
+        elif rest > 0:
+            self._rows[:rest] = self._rows[fed : fed + rest]  # (numpy copies overlapping rows correctly)
+        del self.tokens[:fed]
+
+    def _make_room(self, rows: int) -> None:
+        if rows > len(self._rows):
+            grown = np.empty((max(2 * len(self._rows), rows), self._rows.shape[1]), np.float32)
+            grown[: len(self.tokens)] = self.features
+            self._rows = grown
 
 
 class EagleProposer(OwnDrafter):
@@ -92,9 +151,7 @@ class EagleProposer(OwnDrafter):
         self.cache = module.new_cache(module.build.max_batch_size)
         self.order: list[str] = []  # order[s]: the request in module slot s
         self.slot_of: dict[str, int] = {}
-        # real pairs not yet fed: features of tokens the target saw ([rows, hidden] arrays, m rows in all), and the
-        # token after each [m]
-        self.pending: dict[str, tuple[list[np.ndarray], list[int]]] = {}
+        self.pending: dict[str, PendingPairs] = {}  # per request: its real pairs not fed to the module yet
         self.next_logits: dict[str, np.ndarray] = {}  # [vocab]: the module's guess for depth 1 (after catch-up)
         self.next_hidden: dict[str, np.ndarray] = {}  # [hidden]: its hidden_out on that row
 
@@ -119,7 +176,10 @@ class EagleProposer(OwnDrafter):
         for r in requests:
             self.slot_of[r.request_id] = len(self.order)
             self.order.append(r.request_id)
-            self.pending[r.request_id] = ([], [])
+            self.pending[r.request_id] = self._no_pairs()
+
+    def _no_pairs(self) -> PendingPairs:
+        return PendingPairs(self.module.model.hidden_size)
 
     def prefilled(self, requests: Sequence[Request], step: StepOutput, first_slot: int) -> None:
         """The target just prefilled ``requests``: the prompt's features pair with the prompt shifted by one and the first token."""
@@ -127,9 +187,9 @@ class EagleProposer(OwnDrafter):
         for r in requests:
             n = len(r.prompt_ids)
             if r.draft_len == 0:  # it never drafts: the module never reads its pairs (observe keeps none either)
-                self.pending[r.request_id] = ([], [])
                 continue
-            self.pending[r.request_id] = ([feats[r.slot - first_slot, :n].copy()], [*r.prompt_ids[1:], r.output_ids[0]])
+            self.pending[r.request_id] = PendingPairs(self.module.model.hidden_size, feats[r.slot - first_slot, :n],
+                                                      [*r.prompt_ids[1:], r.output_ids[0]])
         # a fixed draft_len: a prompt longer than one round's pairs now, in a call of its own (the joining requests hold
         # the last module slots, and a prompt fed beside running requests would make them ride along a prompt-wide
         # step; a short one goes with the next draft); auto: when the request first drafts
@@ -142,7 +202,7 @@ class EagleProposer(OwnDrafter):
 
     def room(self, request: Request) -> int:
         rid = request.request_id
-        fed = int(self.cache.lengths[self.slot_of[rid]]) + len(self.pending[rid][1])
+        fed = int(self.cache.lengths[self.slot_of[rid]]) + len(self.pending[rid])
         limit = len(self.tree) if self.tree is not None else self.module.build.max_draft_len
         return max(0, min(limit, self.cache.max_seq_len - fed))
 
@@ -150,25 +210,26 @@ class EagleProposer(OwnDrafter):
         """The kept rows' features pair with the tokens that follow them: the kept drafts, then the new token."""
         if request.draft_len == 0:
             return
-        feats, (old_h, old_t) = target.extras[FEATURES], self.pending[request.request_id]  # [k + 1, hidden]
-        # a copy (the step's outputs may live in a buffer the next call reuses) of the kept rows: [len(rows), hidden]
-        old_h.append(np.asarray(kept_rows(feats, target.rows), np.float32))
-        old_t.extend(target.emitted)
+        # (copied: the step's outputs may live in a buffer the next call reuses)
+        self.pending[request.request_id].add(kept(target.extras[FEATURES], target.rows), target.emitted)  # [len(rows), hidden]
+
+    def observe_plain(self, requests: Sequence[Request], step: StepOutput, tokens: Sequence[int], vocab_limit: int | None) -> None:
+        """observe for the requests that took no drafts: each one's row 0 of the step's features, with its token."""
+        feats = step.extras[FEATURES]  # [n, width, hidden]
+        pending = self.pending
+        for r, t in zip(requests, tokens, strict=True):
+            if r.draft_len != 0:
+                pending[r.request_id].add_one(feats[r.slot, 0], t)
 
     def backlog(self, request: Request) -> int:
-        pending = len(self.pending[request.request_id][1])
+        pending = len(self.pending[request.request_id])
         return pending if pending > CATCH_UP_AFTER else 0
-
-    def _pending_features(self, rid: str) -> np.ndarray:
-        """[pending, hidden] the features of request ``rid``'s pending pairs, joined once (kept as per-round arrays)."""
-        feats = self.pending[rid][0]
-        return feats[0] if len(feats) == 1 else np.concatenate(feats)
 
     def catch_up(self, requests: Sequence[Request]) -> int:
         """Feed the long backlogs (a prompt, the tokens of rounds without drafts): one call per run of adjacent slots."""
         slots = sorted(self.slot_of[r.request_id] for r in requests if self.backlog(r))
         runs = adjacent_runs(slots)
-        fed = sum(len(self.pending[self.order[s]][1]) for s in slots)
+        fed = sum(len(self.pending[self.order[s]]) for s in slots)
         for run in runs:
             self._catch_up(run[0], run[-1] + 1, {self.order[s] for s in run})
         return fed
@@ -203,24 +264,25 @@ class EagleProposer(OwnDrafter):
         """Feed the pending real pairs of the requests ``want`` among slots lo..hi (one ragged call; one call per slot
         when a row riding along would write past the cache's capacity)."""
         ids = self.order[lo:hi]
-        todo = np.array([rid in want and len(self.pending[rid][1]) > 0 for rid in ids])
+        todo = np.array([rid in want and len(self.pending[rid]) > 0 for rid in ids])
         if not todo.any():
             return
-        width = max(len(self.pending[rid][1]) for rid, go in zip(ids, todo, strict=True) if go)
+        width = max(len(self.pending[rid]) for rid, go in zip(ids, todo, strict=True) if go)
         if hi - lo > 1 and int(self.cache.lengths[lo:hi].max()) + width > self.cache.capacity:
             for s in range(lo, hi):
                 if todo[s - lo]:
                     self._catch_up(s, s + 1, want)
             return
-        tokens = [self.pending[rid][1] if go else [0] for rid, go in zip(ids, todo, strict=True)]
+        tokens = [self.pending[rid].tokens if go else [0] for rid, go in zip(ids, todo, strict=True)]
         hidden = np.zeros((len(ids), width, self.module.model.hidden_size), np.float32)  # [n, width, hidden], rows padded
         for i in np.flatnonzero(todo):
-            hidden[i, : len(self.pending[ids[i]][1])] = self._pending_features(ids[i])
+            pending = self.pending[ids[i]]
+            hidden[i, : len(pending)] = pending.features
         step = self._call(lo, tokens, hidden, todo, all_logits=False)  # logits [n, 1, vocab]: each row's last pair
         for i in np.flatnonzero(todo):
             rid = ids[i]
             self.next_logits[rid], self.next_hidden[rid] = step.logits[i, 0].copy(), step.extras[HIDDEN_OUT][i, 0].copy()
-            self.pending[rid] = ([], [])
+            self.pending[rid].drop(len(self.pending[rid]))
 
     def _draft_chain(self, lo: int, ids: list[str], want: dict, requests: Sequence[Request], out: list[Draft]) -> None:
         lens = np.array([want[rid][1] if rid in want else 0 for rid in ids], np.int64)

@@ -141,7 +141,7 @@ class PEagleProposer(EagleProposer):
 
     # -- backlogs: fed up to their last pair --------------------------------------------
     def backlog(self, request: Request) -> int:
-        pending = len(self.pending[request.request_id][1])
+        pending = len(self.pending[request.request_id])
         return pending - 1 if pending > CATCH_UP_AFTER else 0
 
     def catch_up(self, requests: Sequence[Request]) -> int:
@@ -157,7 +157,7 @@ class PEagleProposer(EagleProposer):
         out = [Draft.empty() for _ in requests]
         rows_for: dict[str, int] = {}  # request -> positions its draft reads (its chain, or its tree's depth)
         for r, k in zip(requests, draft_lens, strict=False):
-            if k > 0 and self.pending[r.request_id][1]:
+            if k > 0 and len(self.pending[r.request_id]):
                 rows_for[r.request_id] = self._positions(int(k))
         if not rows_for:
             return out
@@ -207,7 +207,7 @@ class PEagleProposer(EagleProposer):
         write past the cache's capacity."""
         ids = self.order[lo:hi]
         go = np.array([rid in rows_for for rid in ids])
-        pairs = [len(self.pending[rid][1]) - (rows_for[rid] == 0) if g else 0 for rid, g in zip(ids, go, strict=False)]
+        pairs = [len(self.pending[rid]) - (rows_for[rid] == 0) if g else 0 for rid, g in zip(ids, go, strict=False)]
         extra = [max(rows_for[rid] - 1, 0) if g else 0 for rid, g in zip(ids, go, strict=False)]
         width = max(p + e for p, e in zip(pairs, extra, strict=False))
         if width == 0:
@@ -216,14 +216,14 @@ class PEagleProposer(EagleProposer):
             return sum(self._feed(s, s + 1, {ids[s - lo]: rows_for[ids[s - lo]]}, blocks, anchors) for s in range(lo, hi) if go[s - lo])
         hidden_size = self.module.model.hidden_size
         tokens, hidden = [], np.zeros((len(ids), width, hidden_size), np.float32)  # [n, width, hidden]
-        joined: dict[str, np.ndarray] = {}  # [pending, hidden] per fed request: a catch-up keeps its tail from it
         for i, rid in enumerate(ids):
             if not go[i] or pairs[i] + extra[i] == 0:
                 tokens.append([0])  # rides along (not advanced: what it writes is stale at once)
                 go[i] = False
                 continue
-            tokens.append(self.pending[rid][1][: pairs[i]] + [self.placeholder + j for j in range(extra[i])])  # placeholder of depth j + 1
-            rows = joined[rid] = self._pending_features(rid)
+            pending = self.pending[rid]
+            tokens.append(pending.tokens[: pairs[i]] + [self.placeholder + j for j in range(extra[i])])  # placeholder of depth j + 1
+            rows = pending.features  # [pending, hidden]
             hidden[i, : pairs[i]] = rows[: pairs[i]]
             hidden[i, pairs[i] : pairs[i] + extra[i]] = rows[pairs[i] - 1]  # the anchor's features (read when anchored)
         real = self.cache.lengths[lo:hi].copy()
@@ -235,12 +235,8 @@ class PEagleProposer(EagleProposer):
             if blocks is not None and rows_for[rid] > 0:  # the last real pair's row, then each placeholder's
                 blocks[rid] = step.logits[i, pairs[i] - 1 : pairs[i] - 1 + rows_for[rid]].copy()
                 if anchors is not None:
-                    anchors[rid] = joined[rid][pairs[i] - 1]
-            nxt = self.pending[rid][1]
-            if pairs[i] == len(nxt):
-                self.pending[rid] = ([], [])
-            else:  # a catch-up: the last pair waits for the block
-                self.pending[rid] = ([joined[rid][pairs[i]:]], nxt[pairs[i]:])
+                    anchors[rid] = self.pending[rid].features[pairs[i] - 1].copy()  # (a view of a buffer that drop reuses)
+            self.pending[rid].drop(pairs[i])  # a catch-up's last pair waits for the block
         return int(sum(p for p, g in zip(pairs, go, strict=False) if g))
 
     def _refine(self, lo: int, hi: int, rows_for: dict[str, int], blocks: dict[str, np.ndarray], anchors: dict[str, np.ndarray],

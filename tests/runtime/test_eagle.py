@@ -304,6 +304,65 @@ def test_an_auto_request_feeds_the_module_when_it_first_drafts(eagle, choices):
             assert engine.stats.drafted > 0
 
 
+def test_rounds_without_drafts_keep_the_targets_features_for_the_module(eagle, monkeypatch):
+    """A batch of draft_len=auto requests where drafting does not pay: the policy declines the method once a round (no
+    request is asked on its own), and each request's pending pairs hold the target's features of every token it saw,
+    prompt and rounds (what one prefill of the whole text gives), with the token after each; once drafting pays they
+    are fed and the outputs are target-only's."""
+    from specdec.runtime.draft_policy import AutoDraftPolicy
+
+    t, m = eagle["target"], eagle["mod"]
+    want, _ = generate(t, m, PROMPTS, "none", 0)
+    proposer = EagleProposer(t, m)
+    engine = Engine(t, [proposer], SpeculationConfig("eagle", "auto"))
+    engine.auto.verify_cost = lambda rows, width: float(width)  # a drafted token costs a whole step: nothing pays
+    engine.auto.draft_cost = lambda method, rows, default: 0.0
+
+    def asked(*a, **k):
+        raise AssertionError("a declined method's requests are not asked one by one")
+
+    monkeypatch.setattr(AutoDraftPolicy, "declines", asked)
+    ids = [engine.add_request(p, GenerationConfig(max_output_len=20)) for p in PROMPTS]
+    for _ in range(6):  # the prefill, then 5 rounds
+        engine.step()
+    cache = t.new_cache(1)
+    for rid, prompt in zip(ids, PROMPTS, strict=True):
+        r = engine.requests[rid]
+        assert r.metrics.drafted == 0 and r.auto_k == 0 and len(r.output_ids) == 6
+        text = prompt + r.output_ids
+        pending = proposer.pending[rid]
+        assert pending.tokens == text[1:]  # each token the target saw pairs with the one after it
+        cache.lengths[:] = 0
+        whole = t.forward(cache, [text[:-1]], all_logits=True).extras["eagle_hidden"][0]  # [len(text) - 1, hidden]
+        np.testing.assert_allclose(pending.features, whole, rtol=1e-4, atol=1e-4)
+    monkeypatch.undo()
+    engine.auto.verify_cost = lambda rows, width: 1.0 + 0.01 * width  # now drafting pays
+    done = run_until_done(engine)
+    assert [done[i].output_ids for i in ids] == want
+    assert engine.stats.drafted > 0
+
+
+def test_pending_pairs_grow_drop_and_give_back_their_buffer():
+    """PendingPairs: rows appended one at a time or in blocks past its spare room come back in order; dropping fed pairs
+    keeps the rest (an overlapping move), and an emptied buffer shrinks back to its spare rows."""
+    from specdec.runtime.proposers.eagle import SPARE_ROWS, PendingPairs
+
+    rows = np.arange(100 * 3, dtype=np.float32).reshape(100, 3)
+    p = PendingPairs(3, rows[:40], range(40))
+    for i in range(40, 60):
+        p.add_one(rows[i], i)
+    p.add(rows[60:100], range(60, 100))
+    np.testing.assert_array_equal(p.features, rows)
+    assert p.tokens == list(range(100)) and len(p) == 100
+    p.drop(70)
+    np.testing.assert_array_equal(p.features, rows[70:])
+    assert p.tokens == list(range(70, 100))
+    p.drop(30)
+    assert len(p) == 0 and p.features.shape == (0, 3) and p._rows.shape == (SPARE_ROWS, 3)
+    p.add_one(rows[5], 5)
+    np.testing.assert_array_equal(p.features, rows[5:6])
+
+
 def test_a_request_with_draft_len_0_never_feeds_the_module(eagle):
     """A request of the EAGLE method that asks for no drafts (draft_len 0, as a server request's num_draft_tokens 0)
     is decoded target-only: its prompt is not prefilled on the module, which never runs for it, and no features are
@@ -319,10 +378,10 @@ def test_a_request_with_draft_len_0_never_feeds_the_module(eagle):
     none = engine.add_request(long_prompt, GenerationConfig(max_output_len=20, draft_len=0))
     three = engine.add_request(other, GenerationConfig(max_output_len=20))
     engine.step()  # the target's prefill
-    assert int(proposer.cache.lengths[proposer.slot_of[none]]) == 0 and proposer.pending[none] == ([], [])
+    assert int(proposer.cache.lengths[proposer.slot_of[none]]) == 0 and len(proposer.pending[none]) == 0
     assert int(proposer.cache.lengths[proposer.slot_of[three]]) > 0
     engine.step()
-    assert proposer.pending[none] == ([], [])  # nor are the rounds' features kept for it
+    assert len(proposer.pending[none]) == 0  # nor are the rounds' features kept for it
     done = run_until_done(engine)
     assert [done[none].output_ids, done[three].output_ids] == want
     assert done[none].metrics.drafted == 0 and done[three].metrics.drafted > 0 and calls

@@ -206,7 +206,7 @@ def test_long_prompts_late_joiners_and_trees_to_max_seq_len(peagle):
     proposer = PEagleProposer(t, m, WIDE_TREE)
 
     def after_prefill(second: str) -> None:  # the backlog fed up to its last pair, which waits for the block
-        assert len(proposer.pending[second][1]) == 1 and int(proposer.cache.lengths[proposer.slot_of[second]]) == len(LATE_LONG_PROMPT) - 1
+        assert len(proposer.pending[second]) == 1 and int(proposer.cache.lengths[proposer.slot_of[second]]) == len(LATE_LONG_PROMPT) - 1
 
     run_to_max_seq_len_with_a_late_long_prompt(Engine(t, [proposer], SpeculationConfig("peagle", 6)), t, PROMPTS[2], after_prefill)
 

@@ -101,8 +101,8 @@ def test_the_eagle_module_is_fed_what_a_cold_prefill_feeds_it(targets):
         run(eng, [A], n_out=3)
         rid = eng.add_request(B, GenerationConfig(max_output_len=3))
         eng.step()
-        feats, tokens = eng.proposers["eagle"].pending[rid]
-        pending[on] = (np.concatenate(feats), tokens)
+        got = eng.proposers["eagle"].pending[rid]
+        pending[on] = (got.features.copy(), list(got.tokens))
         assert eng.requests[rid].metrics.cached_tokens == (len(SYSTEM) if on else 0)
     np.testing.assert_array_equal(pending[True][0], pending[False][0])
     assert pending[True][1] == pending[False][1]
