@@ -16,13 +16,26 @@ benchmarks/results/torch-llama8b-h200.json) and every draft step as free, fixed 
 makes the decisions it makes on that GPU (at batch 16 on the H200: a perfect drafter would pay, no tree does).
 
     python benchmarks/loop_host.py --work /tmp/loop-host --batch 16 --gpu_costs benchmarks/results/torch-llama8b-h200.json
+
+On a CPU the forward streams the weights through the caches the loop's Python then runs on; a GPU host's CPU waits
+for the device instead. ``--warm_python`` skips each executor's compute after its call shape's first (the outputs of
+that first call come back again; the caches' lengths advance as before), so the loop runs alone on warm caches, as
+on a GPU host: the per-request figures that a GPU round pays.
+
+``--before TREE`` runs every method on another specdec source tree too (a git worktree of an earlier commit, imported
+under another name), interleaved with this one's in the same process: a change's effect on the loop, side by side.
+
+    git worktree add /tmp/before HEAD~1
+    python benchmarks/loop_host.py --work /tmp/loop-host --batch 64 --warm_python --repeats 7 --before /tmp/before
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -56,7 +69,62 @@ def gpu_costs(path: Path, batch: int):
         raise SystemExit(f"error: {path} has no target steps at batch {batch}")
     widths = sorted(int(w) for w in steps)
     ms = [steps[str(w)]["median"] for w in widths]
-    return lambda width: float(np.interp(width, widths, ms)) / 1e3
+
+    @functools.cache  # (asked every round: the benchmark's own arithmetic is not the loop's cost)
+    def seconds(width: int) -> float:
+        return float(np.interp(width, widths, ms)) / 1e3
+
+    return seconds
+
+
+def skip_compute(executor) -> None:
+    """Make the executor's compute (TorchExecutor._run) return its first outputs for each call shape again (copies, as a
+    call's outputs are new arrays): what it is fed, its caches' lengths and the loop around it stay as they were."""
+    run, seen = executor._run, {}
+
+    def cached(cache, first, ids, positions, start, index, tree, extra):
+        key = (id(cache), ids.shape, index.shape, tree is not None)
+        if key not in seen:
+            seen[key] = run(cache, first, ids, positions, start, index, tree, extra)
+        return {name: a.copy() for name, a in seen[key].items()}
+
+    executor._run = cached
+
+
+def runners(package: str, work: Path, warm_python: bool, inside: list[float]) -> dict:
+    """method -> a function making its Orchestrator, from ``package`` (specdec, or another tree imported under another
+    name) on executors of its own; each executor's forward adds its wall and CPU seconds to ``inside``."""
+    from importlib import import_module
+
+    fmt = import_module(f"{package}.formats.engine_format")
+    TorchExecutor = import_module(f"{package}.runtime.backends.torch.executor").TorchExecutor
+    Orchestrator = import_module(f"{package}.runtime.orchestrator").Orchestrator
+    DraftModelProposer = import_module(f"{package}.runtime.proposers.draft_model").DraftModelProposer
+    EagleProposer = import_module(f"{package}.runtime.proposers.eagle").EagleProposer
+    PEagleProposer = import_module(f"{package}.runtime.proposers.peagle").PEagleProposer
+    ex = {n: TorchExecutor(fmt.load_engine_dir(work / n), "cpu") for n in ("eagle", "peagle", "draft")}
+    ex["module"] = TorchExecutor(fmt.load_engine_dir(fmt.eagle_module_dir(ex["eagle"].engine)), "cpu")
+    ex["peagle_module"] = TorchExecutor(fmt.load_engine_dir(fmt.eagle_module_dir(ex["peagle"].engine)), "cpu")
+    for e in ex.values():
+        if warm_python:
+            skip_compute(e)
+
+        def timed(*a, _f=e.forward, **k):
+            t, c = time.perf_counter(), time.process_time()
+            try:
+                return _f(*a, **k)
+            finally:
+                inside[0] += time.perf_counter() - t
+                inside[1] += time.process_time() - c
+        e.forward = timed
+    return {
+        "target-only": lambda: Orchestrator(ex["eagle"]),
+        "eagle-auto": lambda: Orchestrator(ex["eagle"], EagleProposer(ex["eagle"], ex["module"], TREE), draft_len="auto"),
+        "peagle-auto": lambda: Orchestrator(ex["peagle"], PEagleProposer(ex["peagle"], ex["peagle_module"], TREE), draft_len="auto"),
+        "draft-auto": lambda: Orchestrator(ex["eagle"], DraftModelProposer(ex["draft"]), draft_len="auto"),
+        "eagle-chain-auto": lambda: Orchestrator(ex["eagle"], EagleProposer(ex["eagle"], ex["module"]), draft_len="auto"),
+        "peagle-chain-auto": lambda: Orchestrator(ex["peagle"], PEagleProposer(ex["peagle"], ex["peagle_module"]), draft_len="auto"),
+    }
 
 
 def main() -> None:
@@ -68,46 +136,35 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="torch's CPU threads (default: torch's own)")
     ap.add_argument("--gpu_costs", default=None, help="a bench_torch.py JSON: auto prices calls from its target steps at --batch, drafts free")
+    ap.add_argument("--warm_python", action="store_true", help="skip the executors' compute after each call shape's first (outputs reused)")
+    ap.add_argument("--before", default=None, metavar="TREE",
+                    help="another specdec source tree (e.g. a git worktree of an earlier commit): every method runs on both, interleaved")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     pinned = gpu_costs(Path(args.gpu_costs), args.batch) if args.gpu_costs else None
+    if args.before and not (Path(args.before) / "runtime" / "round.py").is_file():
+        raise SystemExit(f"error: --before {args.before} is not a specdec source tree (no runtime/round.py)")
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    from specdec.formats.engine_format import eagle_module_dir, load_engine_dir
-    from specdec.runtime.backends.torch.executor import TorchExecutor
-    from specdec.runtime.orchestrator import GenerationConfig, Orchestrator
-    from specdec.runtime.proposers.draft_model import DraftModelProposer
-    from specdec.runtime.proposers.eagle import EagleProposer
-    from specdec.runtime.proposers.peagle import PEagleProposer
-
     work = Path(args.work)
     build(work, args.batch)
-    ex = {n: TorchExecutor(load_engine_dir(work / n), "cpu") for n in ("eagle", "peagle", "draft")}
-    ex["module"] = TorchExecutor(load_engine_dir(eagle_module_dir(ex["eagle"].engine)), "cpu")
-    ex["peagle_module"] = TorchExecutor(load_engine_dir(eagle_module_dir(ex["peagle"].engine)), "cpu")
-    inside = [0.0]
-    for e in ex.values():  # time spent inside each forward
-        def timed(*a, _f=e.forward, **k):
-            t = time.perf_counter()
-            try:
-                return _f(*a, **k)
-            finally:
-                inside[0] += time.perf_counter() - t
-        e.forward = timed
-    make = {
-        "target-only": lambda: Orchestrator(ex["eagle"]),
-        "eagle-auto": lambda: Orchestrator(ex["eagle"], EagleProposer(ex["eagle"], ex["module"], TREE), draft_len="auto"),
-        "peagle-auto": lambda: Orchestrator(ex["peagle"], PEagleProposer(ex["peagle"], ex["peagle_module"], TREE), draft_len="auto"),
-        "draft-auto": lambda: Orchestrator(ex["eagle"], DraftModelProposer(ex["draft"]), draft_len="auto"),
-        "eagle-chain-auto": lambda: Orchestrator(ex["eagle"], EagleProposer(ex["eagle"], ex["module"]), draft_len="auto"),
-        "peagle-chain-auto": lambda: Orchestrator(ex["peagle"], PEagleProposer(ex["peagle"], ex["peagle_module"]), draft_len="auto"),
-    }
+    inside = [0.0, 0.0]  # seconds inside the executors' forward: wall, CPU
+    make = runners("specdec", work, args.warm_python, inside)
     methods = args.methods.split(",")
     unknown = [m for m in methods if m not in make]
     if unknown:
         raise SystemExit(f"error: unknown --methods {', '.join(unknown)}: choose from {', '.join(make)}")
+    if args.before:  # the other tree, importable as specdec_before: each method runs on both, side by side
+        link = Path(tempfile.mkdtemp(prefix="loop-host-before-")) / "specdec_before"
+        link.symlink_to(Path(args.before).resolve())
+        sys.path.insert(0, str(link.parent))
+        earlier = runners("specdec_before", work, args.warm_python, inside)
+        make.update({f"{m} (before)": earlier[m] for m in methods})
+        methods = [name for m in methods for name in (m, f"{m} (before)")]
+    from specdec.runtime.orchestrator import GenerationConfig
+
     rng = np.random.default_rng(0)
     prompts = [rng.integers(10, 4000, 59).tolist() for _ in range(args.batch)]
     cfg = GenerationConfig(max_output_len=64)
@@ -120,25 +177,29 @@ def main() -> None:
     for orch in orchs.values():
         orch.generate(prompts, cfg)  # warm-up: shapes, auto's first costs
     got: dict[str, list[float]] = {m: [] for m in methods}
+    cpu: dict[str, list[float]] = {m: [] for m in methods}  # the same in CPU time (the process's): time another process took is not in it
     drafted: dict[str, list[int]] = {m: [] for m in methods}
     decide: dict[str, list[float]] = {m: [] for m in methods}  # of the host time: draft_len=auto's choices (Metrics.decide_s)
     for r in range(args.repeats):
         for m in methods if r % 2 == 0 else methods[::-1]:
-            inside[0] = 0.0
-            t = time.perf_counter()
+            inside[:] = 0.0, 0.0
+            t, c = time.perf_counter(), time.process_time()
             outs, metrics = orchs[m].generate(prompts, cfg)
-            wall = time.perf_counter() - t
+            wall, spent = time.perf_counter() - t, time.process_time() - c
             got[m].append((wall - inside[0]) / metrics.rounds * 1e6)  # metrics.rounds: row-rounds, one request verified once
+            cpu[m].append((spent - inside[1]) / metrics.rounds * 1e6)
             drafted[m].append(metrics.drafted)
             decide[m].append(metrics.decide_s / metrics.rounds * 1e6)
-    res = {"batch": args.batch, "threads": args.threads, "new_tokens": 64, "prompt_tokens": 59, "gpu_costs": args.gpu_costs,
+    res = {"batch": args.batch, "threads": args.threads, "warm_python": args.warm_python, "before": args.before, "new_tokens": 64,
+           "prompt_tokens": 59, "gpu_costs": args.gpu_costs,
            "host_us_per_request_round": {m: {"median": float(np.median(v)), "min": min(v), "max": max(v), "runs": v} for m, v in got.items()},
+           "host_cpu_us_per_request_round": {m: {"median": float(np.median(v)), "min": min(v), "max": max(v), "runs": v} for m, v in cpu.items()},
            "decide_us_per_request_round": {m: {"median": float(np.median(v)), "min": min(v), "max": max(v), "runs": v} for m, v in decide.items()},
            "drafted": drafted}
     width = max(map(len, methods))
     for m, v in res["host_us_per_request_round"].items():
         print(f"{m:<{width}} host {v['median']:6.1f} us per request and round [{v['min']:.1f}-{v['max']:.1f}], "
-              f"of it deciding {np.median(decide[m]):.1f}, drafted {drafted[m]} in each run")
+              f"(CPU time {np.median(cpu[m]):.1f}), of it deciding {np.median(decide[m]):.1f}, drafted {drafted[m]} in each run")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
 
