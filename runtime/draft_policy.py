@@ -59,7 +59,8 @@ class DraftPolicy(Protocol):
     def proposed(self, method: str, rows: int, steps: int, seconds: float, fed: int, catch_up_seconds: float,
                  refined: tuple[int, float] = (0, 0.0)) -> None:
         """One proposer's call for ``rows`` requests: ``steps`` drafts deep in ``seconds``, after feeding ``fed`` tokens
-        its model had not seen in ``catch_up_seconds``; ``refined``: then (calls, seconds) of refining calls."""
+        its model had not seen in ``catch_up_seconds``; ``refined``: then (calls, seconds) of refining calls. rows 0: a
+        feed alone (backlogs past the proposer's bound, Proposer.overdue), nothing drafted."""
 
     def verified(self, rows: int, width: int, seconds: float) -> None:
         """The target's call of ``rows`` x ``width`` tokens and the per-row work after it took ``seconds``."""
@@ -339,6 +340,8 @@ class AutoDraftPolicy(FixedDraftPolicy):
             if fed:
                 self.cost.record_catch_up(method, fed, catch_up_seconds)
             calls, refine_s = refined
+            if not rows:  # a feed alone
+                return
             if method not in self.cost.refining:  # a fixed number of refining calls: a round's price includes them
                 seconds, calls = seconds + refine_s, 0
             self.cost.record_draft(method, rows, steps, seconds)

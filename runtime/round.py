@@ -191,7 +191,7 @@ class SpeculativeRound:
         self.policy.begin(reqs, self.rounds)
         lens = self.draft_lens(reqs)
         t_decided = time.perf_counter()
-        if any(lens):
+        if any(lens) or any(p.overdue for p in self.proposers.values()):
             drafts = self.propose(reqs, lens)
             t_fit = time.perf_counter()
             drafts = self.batch_cap(reqs, drafts)
@@ -278,16 +278,27 @@ class SpeculativeRound:
         return self.policy.fit(reqs, drafts)
 
     def propose(self, reqs: list[Request], lens: list[int]) -> list[Draft]:
-        """Each request's drafts (empty where it takes none), one ``propose`` call per proposer."""
+        """Each request's drafts (empty where it takes none), one ``propose`` call per proposer; the backlogs of the
+        requests that draft, and the proposer's overdue ones, fed first."""
         drafts: list[Draft] = [Draft.empty()] * len(reqs)
         for name, proposer in self.proposers.items():
             idx = [i for i, r in enumerate(reqs) if r.method == name and lens[i] > 0]
-            if not idx:
+            feeding = [reqs[i] for i in idx]
+            if proposer.overdue:  # backlogs past what it keeps: fed now, drafting or not
+                feeding += [r for i, r in enumerate(reqs) if r.request_id in proposer.overdue and lens[i] == 0]
+            if not feeding:
                 continue
             setups = Setups.count
             t0 = time.perf_counter()
-            fed = proposer.catch_up([reqs[i] for i in idx])  # timed apart: a prefill is not a draft step
+            fed = proposer.catch_up(feeding)  # timed apart: a prefill is not a draft step
             t1 = time.perf_counter()
+            if not idx:  # backlogs alone
+                self.stats.draft_s += t1 - t0
+                if Setups.count == setups:
+                    self.policy.proposed(name, 0, 0, 0.0, fed, t1 - t0)
+                for r in feeding:
+                    r.metrics.draft_s += (t1 - t0) / len(feeding)
+                continue
             got = proposer.propose([reqs[i] for i in idx], [lens[i] for i in idx])
             t2 = time.perf_counter()
             self.stats.draft_s += t2 - t0

@@ -15,7 +15,7 @@ a tree verifies several branches in one call (Medusa/EAGLE).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
@@ -149,6 +149,9 @@ class Proposer(Protocol):
     auto_refine_calls: int = 0
     # the last propose's refining calls and their seconds, timed apart from the call that drafted
     refined: tuple[int, float] = (0, 0.0)
+    # requests whose backlog passed what it keeps unfed (EAGLE: MAX_PENDING pairs of features): the round feeds them
+    # (catch_up) whether or not they draft
+    overdue: AbstractSet[str] = frozenset()
 
     @property
     def label(self) -> str:

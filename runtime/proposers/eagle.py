@@ -28,6 +28,10 @@ not draft. Pending features are kept in one buffer per request
 as they lie. The rows of a round where a request took no drafts reach the
 proposer all at once (``observe_plain``): a batch whose auto requests do not
 draft pays one row's copy a request and round for them, not a call each.
+A request keeps at most ``MAX_PENDING`` pairs unfed: past them (a long prompt
+at admission, a long run of rounds without drafts) the round feeds them
+(``overdue``), so a long text does not hold 4 bytes x hidden a token of
+features on the host while auto declines.
 
 Greedy chains and trees are exact (runtime/tree.py); sampled chains draw each
 draft from the module's processed distribution and pass it for rejection
@@ -57,6 +61,7 @@ from .drawn import draft_distribution, drawn_tree
 from .own import DraftTreeConfig, OwnDrafter, own_drafter_method
 
 CATCH_UP_AFTER = 9  # pending pairs beyond one round's worth are fed in a call of their own (catch_up)
+MAX_PENDING = 512  # pairs a request keeps unfed (an 8B target's features: 16 KiB each, 8 MiB in all); past them the round feeds them
 SPARE_ROWS = 16  # a request's pending buffer holds this many rows beyond what it was given, and shrinks back to it once fed
 # the engines' extra tensors (engine_format.extra_io), by name
 FEATURES = "eagle_hidden"  # the target's output: [rows, hidden] fc(its aux layers' outputs) of every fed token
@@ -103,12 +108,15 @@ class PendingPairs:
         self.tokens.append(token)
 
     def drop(self, fed: int) -> None:
-        """Forget the first ``fed`` pairs (the module has them now); a buffer emptied goes back to SPARE_ROWS rows (a
-        prompt's features are not held for the rest of the request)."""
-        rest = len(self.tokens) - fed
-        if rest <= 0 and len(self._rows) > SPARE_ROWS:
-            self._rows = np.empty((SPARE_ROWS, self._rows.shape[1]), np.float32)
-        elif rest > 0:
+        """Forget the first ``fed`` pairs (the module has them now). A big buffer left with a few rows (a prompt's, a long
+        backlog's: P-EAGLE keeps the last pair) is given back for one of those rows and SPARE_ROWS more, so a request does
+        not hold a prompt's worth of buffer for the rest of its life."""
+        rest = max(len(self.tokens) - fed, 0)
+        if rest <= SPARE_ROWS and len(self._rows) > rest + SPARE_ROWS:
+            small = np.empty((rest + SPARE_ROWS, self._rows.shape[1]), np.float32)
+            small[:rest] = self._rows[fed : fed + rest]
+            self._rows = small
+        elif rest:
             self._rows[:rest] = self._rows[fed : fed + rest]  # (numpy copies overlapping rows correctly)
         del self.tokens[:fed]
 
@@ -152,6 +160,7 @@ class EagleProposer(OwnDrafter):
         self.order: list[str] = []  # order[s]: the request in module slot s
         self.slot_of: dict[str, int] = {}
         self.pending: dict[str, PendingPairs] = {}  # per request: its real pairs not fed to the module yet
+        self.overdue: set[str] = set()  # requests holding more than MAX_PENDING pending pairs: the round feeds them
         self.next_logits: dict[str, np.ndarray] = {}  # [vocab]: the module's guess for depth 1 (after catch-up)
         self.next_hidden: dict[str, np.ndarray] = {}  # [hidden]: its hidden_out on that row
 
@@ -192,13 +201,14 @@ class EagleProposer(OwnDrafter):
                                                       [*r.prompt_ids[1:], r.output_ids[0]])
         # a fixed draft_len: a prompt longer than one round's pairs now, in a call of its own (the joining requests hold
         # the last module slots, and a prompt fed beside running requests would make them ride along a prompt-wide
-        # step; a short one goes with the next draft); auto: when the request first drafts
-        self.catch_up([r for r in requests if r.draft_len != AUTO])  # (draft_len 0: nothing pending, nothing fed)
+        # step; a short one goes with the next draft); auto: when the request first drafts, or now past MAX_PENDING
+        self.catch_up([r for r in requests if r.draft_len != AUTO or len(self.pending[r.request_id]) > MAX_PENDING])  # (draft_len 0: none)
 
     def remove(self, request_id: str) -> None:
         if free_slot(request_id, self.slot_of, self.order, self.cache, self.module.copy_slot):
             for d in (self.pending, self.next_logits, self.next_hidden):
                 d.pop(request_id, None)
+            self.overdue.discard(request_id)
 
     def room(self, request: Request) -> int:
         rid = request.request_id
@@ -211,15 +221,20 @@ class EagleProposer(OwnDrafter):
         if request.draft_len == 0:
             return
         # (copied: the step's outputs may live in a buffer the next call reuses)
-        self.pending[request.request_id].add(kept(target.extras[FEATURES], target.rows), target.emitted)  # [len(rows), hidden]
+        pending = self.pending[request.request_id]
+        pending.add(kept(target.extras[FEATURES], target.rows), target.emitted)  # [len(rows), hidden]
+        if len(pending) > MAX_PENDING:
+            self.overdue.add(request.request_id)
 
     def observe_plain(self, requests: Sequence[Request], step: StepOutput, tokens: Sequence[int], vocab_limit: int | None) -> None:
         """observe for the requests that took no drafts: each one's row 0 of the step's features, with its token."""
         feats = step.extras[FEATURES]  # [n, width, hidden]
-        pending = self.pending
         for r, t in zip(requests, tokens, strict=True):
             if r.draft_len != 0:
-                pending[r.request_id].add_one(feats[r.slot, 0], t)
+                pending = self.pending[r.request_id]
+                pending.add_one(feats[r.slot, 0], t)
+                if len(pending) > MAX_PENDING:
+                    self.overdue.add(r.request_id)
 
     def backlog(self, request: Request) -> int:
         pending = len(self.pending[request.request_id])
@@ -283,6 +298,7 @@ class EagleProposer(OwnDrafter):
             rid = ids[i]
             self.next_logits[rid], self.next_hidden[rid] = step.logits[i, 0].copy(), step.extras[HIDDEN_OUT][i, 0].copy()
             self.pending[rid].drop(len(self.pending[rid]))
+            self.overdue.discard(rid)
 
     def _draft_chain(self, lo: int, ids: list[str], want: dict, requests: Sequence[Request], out: list[Draft]) -> None:
         lens = np.array([want[rid][1] if rid in want else 0 for rid in ids], np.int64)

@@ -237,6 +237,7 @@ class PEagleProposer(EagleProposer):
                 if anchors is not None:
                     anchors[rid] = self.pending[rid].features[pairs[i] - 1].copy()  # (a view of a buffer that drop reuses)
             self.pending[rid].drop(pairs[i])  # a catch-up's last pair waits for the block
+            self.overdue.discard(rid)
         return int(sum(p for p, g in zip(pairs, go, strict=False) if g))
 
     def _refine(self, lo: int, hi: int, rows_for: dict[str, int], blocks: dict[str, np.ndarray], anchors: dict[str, np.ndarray],

@@ -344,7 +344,7 @@ def test_rounds_without_drafts_keep_the_targets_features_for_the_module(eagle, m
 
 def test_pending_pairs_grow_drop_and_give_back_their_buffer():
     """PendingPairs: rows appended one at a time or in blocks past its spare room come back in order; dropping fed pairs
-    keeps the rest (an overlapping move), and an emptied buffer shrinks back to its spare rows."""
+    keeps the rest (an overlapping move), and a big buffer left with a few rows shrinks to them and its spare rows."""
     from specdec.runtime.proposers.eagle import SPARE_ROWS, PendingPairs
 
     rows = np.arange(100 * 3, dtype=np.float32).reshape(100, 3)
@@ -361,6 +361,10 @@ def test_pending_pairs_grow_drop_and_give_back_their_buffer():
     assert len(p) == 0 and p.features.shape == (0, 3) and p._rows.shape == (SPARE_ROWS, 3)
     p.add_one(rows[5], 5)
     np.testing.assert_array_equal(p.features, rows[5:6])
+    p.add(rows[:60], range(60))
+    p.drop(60)  # P-EAGLE's catch-up: all but the last pair fed
+    np.testing.assert_array_equal(p.features, rows[59:60])
+    assert p.tokens == [59] and p._rows.shape == (1 + SPARE_ROWS, 3)
 
 
 def test_a_request_with_draft_len_0_never_feeds_the_module(eagle):
@@ -419,3 +423,35 @@ def test_metrics_keep_the_prompts_apart_from_the_rounds(eagle, monkeypatch):
     assert per_request.prompt_draft_s >= 0.2 and per_request.prompt_target_s == pytest.approx(metrics.prompt_target_s)
     d = metrics.to_dict()
     assert d["round_draft_s"] == metrics.round_draft_s and d["round_target_s"] == metrics.round_target_s
+
+
+def test_rounds_without_drafts_keep_at_most_max_pending_pairs_unfed(eagle, monkeypatch):
+    """draft_len=auto where nothing pays: a request's unfed pairs stay within MAX_PENDING (here 12): a prompt past it is
+    fed at admission, the rounds' pairs once they pass it, drafting or not (the module's cache holds the rest, the
+    feeds timed as catch-ups); outputs are target-only's, alone and when drafting pays later."""
+    from specdec.runtime.proposers import eagle as eagle_module
+
+    monkeypatch.setattr(eagle_module, "MAX_PENDING", 12)
+    t, m = eagle["target"], eagle["mod"]
+    prompts = [list(range(5, 25)), PROMPTS[1]]  # 20 pairs: past the bound at admission; 3: within it
+    want, _ = generate(t, m, prompts, "none", 0, max_output_len=30)
+    proposer = EagleProposer(t, m)
+    engine = Engine(t, [proposer], SpeculationConfig('eagle', "auto"))
+    engine.auto.verify_cost = lambda rows, width: float(width)  # a drafted token costs a whole step: nothing pays
+    engine.auto.draft_cost = lambda method, rows, default: 0.0
+    ids = [engine.add_request(p, GenerationConfig(max_output_len=30)) for p in prompts]
+    engine.step()  # the prefill
+    fed = {rid: int(proposer.cache.lengths[proposer.slot_of[rid]]) for rid in ids}
+    assert fed[ids[0]] >= 20 - 1 and len(proposer.pending[ids[0]]) <= 1 and fed[ids[1]] == 0
+    for _ in range(20):
+        engine.step()
+        for rid, prompt in zip(ids, prompts, strict=True):
+            r, pending = engine.requests[rid], proposer.pending[rid]
+            assert len(pending) <= 12 + 1  # (the round's own pair lands after its feed)
+            assert int(proposer.cache.lengths[proposer.slot_of[rid]]) + len(pending) == len(prompt) + len(r.output_ids) - 1
+    assert all(engine.requests[rid].metrics.drafted == 0 for rid in ids)
+    assert int(proposer.cache.lengths[proposer.slot_of[ids[1]]]) > 0 and 'eagle' in engine.auto.catch_up_s
+    engine.auto.verify_cost = lambda rows, width: 1.0 + 0.01 * width  # now drafting pays
+    done = run_until_done(engine)
+    assert [done[i].output_ids for i in ids] == want
+    assert engine.stats.drafted > 0

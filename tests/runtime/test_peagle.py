@@ -663,3 +663,35 @@ def test_refine_refusals(peagle, refining, tmp_path):
                                "new_cache": m.new_cache})()
     with pytest.raises(EngineError, match="placeholder_features.npy.*rebuild the target"):
         PEagleProposer(t, m_old, None, 1)
+
+
+def test_rounds_without_drafts_keep_at_most_max_pending_pairs_unfed(peagle, monkeypatch):
+    """draft_len=auto where nothing pays: a request's unfed pairs stay within MAX_PENDING (here 12): a prompt past it is
+    fed at admission, the rounds' pairs once they pass it, drafting or not (the module's cache holds the rest, the
+    feeds timed as catch-ups); outputs are target-only's, alone and when drafting pays later."""
+    from specdec.runtime.proposers import eagle as eagle_module
+
+    monkeypatch.setattr(eagle_module, "MAX_PENDING", 12)
+    t, m = peagle["target"], peagle["mod"]
+    prompts = [list(range(5, 25)), PROMPTS[1]]  # 20 pairs: past the bound at admission; 3: within it
+    want, _ = generate(t, m, prompts, "none", 0, max_output_len=30)
+    proposer = PEagleProposer(t, m)
+    engine = Engine(t, [proposer], SpeculationConfig('peagle', "auto"))
+    engine.auto.verify_cost = lambda rows, width: float(width)  # a drafted token costs a whole step: nothing pays
+    engine.auto.draft_cost = lambda method, rows, default: 0.0
+    ids = [engine.add_request(p, GenerationConfig(max_output_len=30)) for p in prompts]
+    engine.step()  # the prefill
+    fed = {rid: int(proposer.cache.lengths[proposer.slot_of[rid]]) for rid in ids}
+    assert fed[ids[0]] >= 20 - 1 and len(proposer.pending[ids[0]]) <= 1 and fed[ids[1]] == 0
+    for _ in range(20):
+        engine.step()
+        for rid, prompt in zip(ids, prompts, strict=True):
+            r, pending = engine.requests[rid], proposer.pending[rid]
+            assert len(pending) <= 12 + 1  # (the round's own pair lands after its feed)
+            assert int(proposer.cache.lengths[proposer.slot_of[rid]]) + len(pending) == len(prompt) + len(r.output_ids) - 1
+    assert all(engine.requests[rid].metrics.drafted == 0 for rid in ids)
+    assert int(proposer.cache.lengths[proposer.slot_of[ids[1]]]) > 0 and 'peagle' in engine.auto.catch_up_s
+    engine.auto.verify_cost = lambda rows, width: 1.0 + 0.01 * width  # now drafting pays
+    done = run_until_done(engine)
+    assert [done[i].output_ids for i in ids] == want
+    assert engine.stats.drafted > 0
