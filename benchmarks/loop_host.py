@@ -196,10 +196,21 @@ def main() -> None:
            "host_cpu_us_per_request_round": {m: {"median": float(np.median(v)), "min": min(v), "max": max(v), "runs": v} for m, v in cpu.items()},
            "decide_us_per_request_round": {m: {"median": float(np.median(v)), "min": min(v), "max": max(v), "runs": v} for m, v in decide.items()},
            "drafted": drafted}
+    # each method's host time less its tree's target-only's in the same repeat (run next to it): what the method adds,
+    # with the machine's drift between repeats left out
+    over = {}
+    for m in methods:
+        ref = "target-only (before)" if m.endswith(" (before)") else "target-only"
+        if m != ref and ref in got:
+            d = [a - b for a, b in zip(got[m], got[ref], strict=True)]
+            over[m] = {"median": float(np.median(d)), "min": min(d), "max": max(d), "runs": d}
+    res["over_target_only_us_per_request_round"] = over
     width = max(map(len, methods))
     for m, v in res["host_us_per_request_round"].items():
         print(f"{m:<{width}} host {v['median']:6.1f} us per request and round [{v['min']:.1f}-{v['max']:.1f}], "
               f"(CPU time {np.median(cpu[m]):.1f}), of it deciding {np.median(decide[m]):.1f}, drafted {drafted[m]} in each run")
+    for m, v in over.items():
+        print(f"{m:<{width}} over target-only in the same repeat: {v['median']:+6.1f} us [{v['min']:+.1f} to {v['max']:+.1f}]")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
 

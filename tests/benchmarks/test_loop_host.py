@@ -67,4 +67,8 @@ def test_before_runs_every_method_on_a_second_tree_beside_this_one(tmp_path, mon
     res = json.loads(out.read_text())
     assert set(res["host_us_per_request_round"]) == {"target-only", "target-only (before)", "peagle-chain-auto", "peagle-chain-auto (before)"}
     assert res["warm_python"] and res["before"] == str(root)
+    over = res["over_target_only_us_per_request_round"]
+    assert set(over) == {"peagle-chain-auto", "peagle-chain-auto (before)"}
+    host = res["host_us_per_request_round"]
+    assert over["peagle-chain-auto (before)"]["runs"] == [host["peagle-chain-auto (before)"]["runs"][0] - host["target-only (before)"]["runs"][0]]
     assert Path(sys.modules["specdec_before.runtime.round"].__file__).resolve() == root / "runtime" / "round.py"
